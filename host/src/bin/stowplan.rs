@@ -1,0 +1,331 @@
+//! `stowplan`: the command-line face of the kernel.
+//!
+//! Exit codes: 0 ok, 1 infeasible, 2 bad input or any other error. Logs go to stderr,
+//! filtered by `STOWPLAN_LOG` (e.g. `STOWPLAN_LOG=debug`).
+
+use std::io::{IsTerminal, Read};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Instant;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use serde_json::json;
+use stowplan::input::{DEFAULT_WORKLOAD, DEFAULT_WORKLOAD_NAME, parse_lengths};
+use stowplan::{
+    Backend, Error, Kernel, OversizePolicy, PackMethod, PackOptions, PartitionMethod, PartitionOptions,
+};
+
+#[derive(Parser, Debug)]
+#[command(name = "stowplan", version, about = "Plan how variable-length sequences are packed into micro-batches and spread over ranks.")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Split lengths (weights) into K groups with balanced sums, e.g. a global batch over DP ranks.
+    Partition(PartitionArgs),
+    /// Pack lengths into bins of at most CAPACITY tokens, e.g. sequences into packed micro-batches.
+    Pack(PackArgs),
+}
+
+#[derive(Args, Debug)]
+struct Common {
+    /// Lengths, one integer per line or a JSON array; `-` reads standard input. Without
+    /// FILE the built-in workload (4,096 RL rollout lengths) is used.
+    file: Option<PathBuf>,
+    /// Which kernel runs the plan: the WASM component (default) or the same code natively.
+    #[arg(long, value_enum, default_value_t = BackendArg::Wasm)]
+    backend: BackendArg,
+    /// Print the result as JSON on stdout instead of a human summary.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args, Debug)]
+struct PartitionArgs {
+    /// Number of groups (≥ 1, ≤ number of lengths).
+    #[arg(long, short = 'k', default_value_t = 8)]
+    k: u32,
+    /// Every group gets exactly n / k items (n must be a multiple of k).
+    #[arg(long)]
+    equal_size: bool,
+    /// Algorithm: Karmarkar–Karp, greedy LPT, or verl 0.9.1's exact output.
+    #[arg(long, value_enum, default_value_t = PartMethodArg::Kk)]
+    method: PartMethodArg,
+    /// Skip the pairwise move/swap refinement (kk and greedy only; verl never refines).
+    #[arg(long)]
+    no_refine: bool,
+    #[command(flatten)]
+    common: Common,
+}
+
+#[derive(Args, Debug)]
+struct PackArgs {
+    /// Tokens per bin (≥ 1).
+    #[arg(long, short = 'c', default_value_t = 16_384)]
+    capacity: u64,
+    /// Round every length up to a multiple of ALIGN (≥ 1) before packing.
+    #[arg(long, default_value_t = 1)]
+    align: u64,
+    /// Algorithm: best-fit decreasing, first-fit decreasing, or order-preserving next-fit.
+    #[arg(long, value_enum, default_value_t = PackMethodArg::Bfd)]
+    method: PackMethodArg,
+    /// What to do with a length above the capacity: fail, give it its own bin, or drop it.
+    #[arg(long, value_enum, default_value_t = OversizeArg::Error)]
+    oversize: OversizeArg,
+    #[command(flatten)]
+    common: Common,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug)]
+enum BackendArg {
+    Wasm,
+    Native,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug)]
+enum PartMethodArg {
+    Kk,
+    Greedy,
+    Verl,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug)]
+enum PackMethodArg {
+    Bfd,
+    Ffd,
+    NextFit,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug)]
+enum OversizeArg {
+    Error,
+    Single,
+    Drop,
+}
+
+/// A failure of the CLI with its exit code.
+struct Failure {
+    code: u8,
+    message: String,
+}
+
+impl From<Error> for Failure {
+    fn from(e: Error) -> Self {
+        let code = if matches!(e, Error::Infeasible(_)) { 1 } else { 2 };
+        Failure { code, message: e.to_string() }
+    }
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("STOWPLAN_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .init();
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Partition(a) => run_partition(a),
+        Command::Pack(a) => run_pack(a),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(f) => {
+            eprintln!("stowplan: error: {}", f.message);
+            ExitCode::from(f.code)
+        }
+    }
+}
+
+/// Reads the lengths and names their source.
+fn read_input(common: &Common) -> Result<(Vec<u64>, String), Failure> {
+    let (text, source) = match &common.file {
+        None => (DEFAULT_WORKLOAD.to_string(), DEFAULT_WORKLOAD_NAME.to_string()),
+        Some(p) if p.as_os_str() == "-" => {
+            let mut s = String::new();
+            std::io::stdin()
+                .read_to_string(&mut s)
+                .map_err(|e| Failure { code: 2, message: format!("reading standard input: {e}") })?;
+            (s, "standard input".to_string())
+        }
+        Some(p) => {
+            let s = std::fs::read_to_string(p)
+                .map_err(|e| Failure { code: 2, message: format!("reading {}: {e}", p.display()) })?;
+            (s, p.display().to_string())
+        }
+    };
+    let lengths = parse_lengths(&text).map_err(|e| Failure { code: 2, message: format!("{source}: {e}") })?;
+    tracing::debug!(n = lengths.len(), %source, "read lengths");
+    Ok((lengths, source))
+}
+
+fn kernel(common: &Common) -> Result<(Kernel, f64), Failure> {
+    let t = Instant::now();
+    let backend = match common.backend {
+        BackendArg::Wasm => Backend::Wasm,
+        BackendArg::Native => Backend::Native,
+    };
+    let k = Kernel::new(backend)?;
+    let ms = t.elapsed().as_secs_f64() * 1e3;
+    tracing::debug!(?backend, origin = ?k.wasm_origin(), ms, "kernel ready");
+    Ok((k, ms))
+}
+
+fn backend_name(k: &Kernel) -> &'static str {
+    match k.backend() {
+        Backend::Wasm => "wasm",
+        Backend::Native => "native",
+    }
+}
+
+fn lists(offsets: &[u32], indices: &[u32]) -> Vec<Vec<u32>> {
+    offsets.windows(2).map(|w| indices[w[0] as usize..w[1] as usize].to_vec()).collect()
+}
+
+fn run_partition(a: PartitionArgs) -> Result<(), Failure> {
+    let (lengths, source) = read_input(&a.common)?;
+    let method = match a.method {
+        PartMethodArg::Kk => PartitionMethod::Kk,
+        PartMethodArg::Greedy => PartitionMethod::Greedy,
+        PartMethodArg::Verl => PartitionMethod::Verl,
+    };
+    let refine = !a.no_refine && method != PartitionMethod::Verl;
+    let options = PartitionOptions { method, equal_size: a.equal_size, refine };
+    let (kernel, init_ms) = kernel(&a.common)?;
+    let t = Instant::now();
+    let p = kernel.partition(&lengths, a.k, &options)?;
+    let ms = t.elapsed().as_secs_f64() * 1e3;
+    let max = p.max_sum();
+    let min = p.sums.iter().copied().min().unwrap_or(0);
+    if a.common.json {
+        let v = json!({
+            "operation": "partition",
+            "source": source,
+            "backend": backend_name(&kernel),
+            "method": format!("{:?}", a.method).to_lowercase(),
+            "equal_size": a.equal_size,
+            "refine": refine,
+            "n": lengths.len(),
+            "k": a.k,
+            "groups": lists(&p.offsets, &p.indices),
+            "sums": p.sums,
+            "total": p.total,
+            "max": max,
+            "min": min,
+            "spread": p.spread,
+            "lower_bound": p.lower_bound,
+            "elapsed_ms": ms,
+            "init_ms": init_ms,
+        });
+        println!("{v}");
+        return Ok(());
+    }
+    let excess = max - p.lower_bound;
+    println!("partition of {} lengths from {source} into {} groups", lengths.len(), a.k);
+    println!(
+        "  method {} ({}{}), backend {}",
+        format!("{:?}", a.method).to_lowercase(),
+        if a.equal_size { "equal size" } else { "unequal size" },
+        if refine { ", refined" } else { "" },
+        backend_name(&kernel)
+    );
+    println!("  total        {:>14} tokens", p.total);
+    println!("  lower bound  {:>14} tokens  (max of ceil(total/k), longest item)", p.lower_bound);
+    println!(
+        "  largest      {:>14} tokens  (+{} over the bound, {:.4}%)",
+        max,
+        excess,
+        100.0 * excess as f64 / p.lower_bound.max(1) as f64
+    );
+    println!("  smallest     {:>14} tokens", min);
+    println!("  spread       {:>14} tokens  (largest − smallest)", p.spread);
+    let sizes: Vec<usize> = p.offsets.windows(2).map(|w| (w[1] - w[0]) as usize).collect();
+    println!(
+        "  group sizes  {}..{} items",
+        sizes.iter().min().copied().unwrap_or(0),
+        sizes.iter().max().copied().unwrap_or(0)
+    );
+    println!("  time         {ms:>14.3} ms  (kernel ready in {init_ms:.1} ms)");
+    Ok(())
+}
+
+fn run_pack(a: PackArgs) -> Result<(), Failure> {
+    let (lengths, source) = read_input(&a.common)?;
+    let options = PackOptions {
+        capacity: a.capacity,
+        align: a.align,
+        method: match a.method {
+            PackMethodArg::Bfd => PackMethod::Bfd,
+            PackMethodArg::Ffd => PackMethod::Ffd,
+            PackMethodArg::NextFit => PackMethod::NextFit,
+        },
+        oversize: match a.oversize {
+            OversizeArg::Error => OversizePolicy::Error,
+            OversizeArg::Single => OversizePolicy::Single,
+            OversizeArg::Drop => OversizePolicy::Drop,
+        },
+    };
+    let (kernel, init_ms) = kernel(&a.common)?;
+    let t = Instant::now();
+    let p = kernel.pack(&lengths, &options)?;
+    let ms = t.elapsed().as_secs_f64() * 1e3;
+    let bins = p.bins() as u64;
+    let regular = bins - p.single.len() as u64;
+    let single_tokens: u64 = p.single.iter().map(|&i| lengths[i as usize]).sum();
+    // Fill of the regular bins: real tokens over the capacity they offer.
+    let efficiency = if regular == 0 {
+        0.0
+    } else {
+        (p.real_tokens - single_tokens) as f64 / (regular as f64 * a.capacity as f64)
+    };
+    let method = format!("{:?}", a.method).to_lowercase().replace("nextfit", "next-fit");
+    if a.common.json {
+        let v = json!({
+            "operation": "pack",
+            "source": source,
+            "backend": backend_name(&kernel),
+            "method": method,
+            "capacity": a.capacity,
+            "align": a.align,
+            "oversize": format!("{:?}", a.oversize).to_lowercase(),
+            "n": lengths.len(),
+            "bins": lists(&p.offsets, &p.indices),
+            "loads": p.loads,
+            "dropped": p.dropped,
+            "single": p.single,
+            "real_tokens": p.real_tokens,
+            "aligned_tokens": p.aligned_tokens,
+            "padding_tokens": p.padding_tokens(),
+            "lower_bound": p.lower_bound,
+            "efficiency": efficiency,
+            "elapsed_ms": ms,
+            "init_ms": init_ms,
+        });
+        println!("{v}");
+        return Ok(());
+    }
+    println!("packing of {} lengths from {source} into bins of {} tokens", lengths.len(), a.capacity);
+    println!("  method {method}, align {}, oversize {}, backend {}", a.align, format!("{:?}", a.oversize).to_lowercase(), backend_name(&kernel));
+    println!(
+        "  bins         {:>12}  (lower bound {} for the items that fit{})",
+        bins,
+        p.lower_bound,
+        if p.single.is_empty() { String::new() } else { format!(", + {} single bins", p.single.len()) }
+    );
+    println!(
+        "  over bound   {:>12}  ({:.3}%)",
+        regular.saturating_sub(p.lower_bound),
+        100.0 * regular.saturating_sub(p.lower_bound) as f64 / p.lower_bound.max(1) as f64
+    );
+    println!("  real tokens  {:>12}", p.real_tokens);
+    println!("  align pad    {:>12}  tokens", p.padding_tokens());
+    println!("  efficiency   {:>11.3}%  (real tokens / (regular bins × capacity))", 100.0 * efficiency);
+    println!("  oversized    {:>12}  single, {} dropped", p.single.len(), p.dropped.len());
+    println!("  time         {ms:>12.3} ms  (kernel ready in {init_ms:.1} ms)");
+    Ok(())
+}

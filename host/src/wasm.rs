@@ -1,0 +1,162 @@
+//! The WASM backend: the embedded kernel component run by wasmtime.
+//!
+//! The component is compiled once per process (from a precompiled artifact cached on disk
+//! when possible) and instantiated per call from a shared `InstancePre` with an **empty
+//! linker**: the kernel imports nothing.
+
+use std::path::PathBuf;
+use std::sync::OnceLock;
+
+use sha2::{Digest, Sha256};
+use wasmtime::component::{Component, Linker};
+use wasmtime::{Config, Engine, Store};
+
+use crate::error::{Error, runtime};
+
+mod bindings {
+    wasmtime::component::bindgen!({
+        path: "../wit",
+        world: "kernel",
+    });
+}
+
+pub(crate) use bindings::exports::stowplan::kernel::{pack as wpack, partition as wpart, verl as wverl};
+pub(crate) use bindings::stowplan::kernel::types as wtypes;
+
+/// The kernel component, built by `cargo xtask build-kernel` (see `ARCHITECTURE.md`).
+pub const KERNEL_WASM: &[u8] = include_bytes!("../assets/stowplan_kernel.wasm");
+
+/// The sha256 (hex) recorded when the component was built.
+pub const KERNEL_WASM_SHA256: &str = include_str!("../assets/stowplan_kernel.wasm.sha256");
+
+/// Hex sha256 of `bytes`.
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    let digest = Sha256::digest(bytes);
+    let mut out = String::with_capacity(64);
+    for b in digest {
+        out.push_str(&format!("{b:02x}"));
+    }
+    out
+}
+
+pub(crate) struct Shared {
+    pub(crate) engine: Engine,
+    pub(crate) pre: bindings::KernelPre<()>,
+    /// Where the compiled component came from: `cache` or `compiled`.
+    pub(crate) origin: &'static str,
+}
+
+static SHARED: OnceLock<Result<Shared, Error>> = OnceLock::new();
+
+/// The process-wide engine and pre-instantiated kernel, built on first use.
+pub(crate) fn shared() -> Result<&'static Shared, Error> {
+    SHARED.get_or_init(init).as_ref().map_err(Clone::clone)
+}
+
+fn init() -> Result<Shared, Error> {
+    let expected = KERNEL_WASM_SHA256.trim();
+    let actual = sha256_hex(KERNEL_WASM);
+    if actual != expected {
+        return Err(Error::Runtime(format!(
+            "embedded kernel component is corrupt: sha256 {actual}, recorded {expected}"
+        )));
+    }
+    let mut config = Config::new();
+    config.wasm_component_model(true);
+    let engine = Engine::new(&config).map_err(|e| runtime("creating the wasmtime engine", e))?;
+    let (component, origin) = load_component(&engine, &actual)?;
+    let linker: Linker<()> = Linker::new(&engine);
+    let instance_pre =
+        linker.instantiate_pre(&component).map_err(|e| runtime("pre-instantiating the kernel (it must import nothing)", e))?;
+    let pre = bindings::KernelPre::new(instance_pre).map_err(|e| runtime("binding the kernel's exports", e))?;
+    Ok(Shared { engine, pre, origin })
+}
+
+/// The cache directory for precompiled components: `$STOWPLAN_CACHE_DIR`, else
+/// `$XDG_CACHE_HOME/stowplan`, else `$HOME/.cache/stowplan`; `None` when
+/// `STOWPLAN_NO_CACHE` is set (to anything but empty or `0`) or no location is known.
+pub fn cache_dir() -> Option<PathBuf> {
+    if std::env::var("STOWPLAN_NO_CACHE").is_ok_and(|v| !v.is_empty() && v != "0") {
+        return None;
+    }
+    if let Some(d) = std::env::var_os("STOWPLAN_CACHE_DIR") {
+        return Some(PathBuf::from(d));
+    }
+    if let Some(d) = std::env::var_os("XDG_CACHE_HOME") {
+        return Some(PathBuf::from(d).join("stowplan"));
+    }
+    std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache").join("stowplan"))
+}
+
+/// Compiles the component, or loads the precompiled artifact cached under a name made of the
+/// component's sha256 and the engine's compatibility hash. A cached artifact is used only if
+/// its own recorded sha256 matches; a broken cache entry is rebuilt, never fatal.
+fn load_component(engine: &Engine, wasm_sha: &str) -> Result<(Component, &'static str), Error> {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::hash::DefaultHasher::new();
+    engine.precompile_compatibility_hash().hash(&mut h);
+    let name = format!("kernel-{}-{:016x}.cwasm", &wasm_sha[..16], h.finish());
+    let path = cache_dir().map(|d| d.join(name));
+    if let Some(path) = &path {
+        if let (Ok(bytes), Ok(sum)) = (std::fs::read(path), std::fs::read_to_string(path.with_extension("sha256"))) {
+            if sha256_hex(&bytes) == sum.trim() {
+                // SAFETY: the bytes are an artifact this code wrote with
+                // `Engine::precompile_component` for an engine with the same compatibility
+                // hash, and their sha256 matches the one recorded next to them.
+                match unsafe { Component::deserialize(engine, &bytes) } {
+                    Ok(c) => return Ok((c, "cache")),
+                    Err(e) => tracing::warn!(path = %path.display(), "ignoring unusable cached kernel: {e:?}"),
+                }
+            }
+        }
+    }
+    let bytes =
+        engine.precompile_component(KERNEL_WASM).map_err(|e| runtime("compiling the kernel component", e))?;
+    if let Some(path) = &path {
+        if let Err(e) = write_atomically(path, &bytes) {
+            tracing::debug!(path = %path.display(), "not caching the compiled kernel: {e}");
+        }
+    }
+    // SAFETY: `bytes` was just produced by `precompile_component` on this engine.
+    let component = unsafe { Component::deserialize(engine, &bytes) }
+        .map_err(|e| runtime("loading the compiled kernel component", e))?;
+    Ok((component, "compiled"))
+}
+
+fn write_atomically(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    let dir = path.parent().unwrap_or(std::path::Path::new("."));
+    std::fs::create_dir_all(dir)?;
+    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+    {
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+    }
+    std::fs::write(path.with_extension("sha256.tmp"), sha256_hex(bytes))?;
+    std::fs::rename(&tmp, path)?;
+    std::fs::rename(path.with_extension("sha256.tmp"), path.with_extension("sha256"))?;
+    Ok(())
+}
+
+/// Runs `f` on a fresh instance of the kernel.
+pub(crate) fn with_instance<R>(
+    f: impl FnOnce(&bindings::Kernel, &mut Store<()>) -> wasmtime::Result<R>,
+) -> Result<R, Error> {
+    let shared = shared()?;
+    let mut store = Store::new(&shared.engine, ());
+    let instance = shared.pre.instantiate(&mut store).map_err(|e| runtime("instantiating the kernel", e))?;
+    f(&instance, &mut store).map_err(|e| runtime("kernel call trapped", e))
+}
+
+pub(crate) fn error(e: wtypes::Error) -> Error {
+    match e {
+        wtypes::Error::InvalidArgument(m) => Error::InvalidArgument(m),
+        wtypes::Error::Infeasible(m) => Error::Infeasible(m),
+    }
+}
+
+/// The flat groups of a WIT result as (offsets, indices).
+pub(crate) fn flat(g: wtypes::Groups) -> (Vec<u32>, Vec<u32>) {
+    (g.offsets, g.indices)
+}

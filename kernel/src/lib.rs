@@ -1,0 +1,93 @@
+//! # stowplan-kernel
+//!
+//! The pure algorithms of stowplan: partitioning weights into balanced groups and packing
+//! lengths into bins of fixed capacity. The same code runs natively (as an `rlib`, used by the
+//! host's `native` backend and by tests) and inside the WebAssembly component built from
+//! `kernel/wasm` (the host's default backend).
+//!
+//! Invariants (see `ARCHITECTURE.md`):
+//! - **pure**: no I/O, no clocks, no randomness; `no_std` + `alloc`;
+//! - **integer decisions**: every comparison that decides a placement uses integers;
+//! - **documented tie-breaking**: the same input gives byte-identical output everywhere;
+//! - **errors are values** ([`Error`]), never panics on any input.
+//!
+//! The behaviour of every function is specified item by item in `wit/kernel.wit`; the Rust
+//! docs here repeat what a native caller needs.
+#![no_std]
+#![deny(missing_docs)]
+
+extern crate alloc;
+
+use alloc::string::String;
+
+pub mod pack;
+pub mod partition;
+mod refine;
+pub mod verl;
+
+pub use pack::{OversizePolicy, PackMethod, PackOptions, Packing, pack};
+pub use partition::{PartitionMethod, PartitionOptions, Partitioning, partition};
+
+/// An error returned by a kernel operation. Mirrors the WIT `error` variant.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Error {
+    /// An argument is out of its documented range; the message names the argument and the
+    /// allowed range.
+    InvalidArgument(String),
+    /// The arguments are valid but no result satisfies them (e.g. an item longer than the
+    /// bin capacity under the `error` oversize policy); the message says which item and why.
+    Infeasible(String),
+}
+
+impl core::fmt::Display for Error {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            Error::InvalidArgument(m) => write!(f, "invalid argument: {m}"),
+            Error::Infeasible(m) => write!(f, "infeasible: {m}"),
+        }
+    }
+}
+
+/// Shorthand for `Err(Error::InvalidArgument(format!(...)))`.
+macro_rules! invalid {
+    ($($arg:tt)*) => {
+        Err($crate::Error::InvalidArgument(alloc::format!($($arg)*)))
+    };
+}
+pub(crate) use invalid;
+
+/// Converts a list length to `u32`, the index type of every result.
+pub(crate) fn checked_len(name: &str, len: usize) -> Result<u32, Error> {
+    u32::try_from(len).map_err(|_| {
+        Error::InvalidArgument(alloc::format!(
+            "{name} has {len} entries; at most {} are supported",
+            u32::MAX
+        ))
+    })
+}
+
+/// Sum of `values` in `u64`, or an `invalid-argument` error naming `name` on overflow.
+pub(crate) fn checked_sum(name: &str, values: impl IntoIterator<Item = u64>) -> Result<u64, Error> {
+    let mut total: u64 = 0;
+    for v in values {
+        total = match total.checked_add(v) {
+            Some(t) => t,
+            None => return invalid!("the sum of {name} overflows u64 (at most {} allowed)", u64::MAX),
+        };
+    }
+    Ok(total)
+}
+
+/// Builds flat `offsets` (len = groups + 1) and `indices` from per-group index lists.
+pub(crate) fn flatten(groups: &[alloc::vec::Vec<u32>]) -> (alloc::vec::Vec<u32>, alloc::vec::Vec<u32>) {
+    let mut offsets = alloc::vec::Vec::with_capacity(groups.len() + 1);
+    let total: usize = groups.iter().map(|g| g.len()).sum();
+    let mut indices = alloc::vec::Vec::with_capacity(total);
+    offsets.push(0u32);
+    for g in groups {
+        indices.extend_from_slice(g);
+        // `total` fits in u32: every index list length was checked by `checked_len`.
+        offsets.push(indices.len() as u32);
+    }
+    (offsets, indices)
+}

@@ -1,0 +1,335 @@
+//! Exact reproductions of verl 0.9.1's `verl/utils/seqlen_balancing.py` partition functions.
+//!
+//! Behaviour reproduced (facts from `shared/reference/PEERS.md`, checked against the shared
+//! vectors): `karmarkar_karp`, `greedy_partition` and `get_seqlen_balanced_partitions` give
+//! the same groups in the same order, including verl's behaviour on out-of-domain input
+//! (negative lengths, `n < k`, empty input), and fail where verl fails with the same Python
+//! exception type and message ([`PyError`]).
+//!
+//! Unlike verl, empty sets are not materialised: a state holds only its non-empty sets, so
+//! memory is O(n) instead of O(n·k). Python's `heapq` sift order is replicated step by step,
+//! so ties between states resolve exactly as in verl.
+
+use alloc::collections::BinaryHeap;
+use alloc::string::String;
+use alloc::vec::Vec;
+use core::cmp::{Ordering, Reverse};
+
+/// A failure of a verl function, named by the Python exception verl raises.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PyError {
+    /// `AssertionError` with verl's message.
+    AssertionError(String),
+    /// `IndexError` (verl indexes an empty list).
+    IndexError(String),
+    /// `TypeError` (verl indexes a list with `None`).
+    TypeError(String),
+    /// `ZeroDivisionError` (`n % 0`).
+    ZeroDivisionError(String),
+    /// `MemoryError`: verl would materialise `n·k` sets; refused above [`MAX_VERL_K`] groups.
+    MemoryError(String),
+}
+
+impl PyError {
+    /// The Python exception class name, e.g. `"AssertionError"`.
+    pub fn type_name(&self) -> &'static str {
+        match self {
+            PyError::AssertionError(_) => "AssertionError",
+            PyError::IndexError(_) => "IndexError",
+            PyError::TypeError(_) => "TypeError",
+            PyError::ZeroDivisionError(_) => "ZeroDivisionError",
+            PyError::MemoryError(_) => "MemoryError",
+        }
+    }
+
+    /// The exception message (what `str(exc)` gives in Python).
+    pub fn message(&self) -> &str {
+        match self {
+            PyError::AssertionError(m)
+            | PyError::IndexError(m)
+            | PyError::TypeError(m)
+            | PyError::ZeroDivisionError(m)
+            | PyError::MemoryError(m) => m,
+        }
+    }
+}
+
+impl core::fmt::Display for PyError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        write!(f, "{}: {}", self.type_name(), self.message())
+    }
+}
+
+/// The largest `k` accepted where verl's output would hold `k` lists (`n < k` is allowed by
+/// verl's `karmarkar_karp` and `greedy_partition`): 2^24.
+pub const MAX_VERL_K: u32 = 1 << 24;
+
+fn index_error() -> PyError {
+    PyError::IndexError("list index out of range".into())
+}
+
+fn check_k(k: u32) -> Result<(), PyError> {
+    if k > MAX_VERL_K {
+        return Err(PyError::MemoryError(alloc::format!(
+            "k_partitions = {k} is above the supported maximum of {MAX_VERL_K}"
+        )));
+    }
+    Ok(())
+}
+
+/// A set of verl's KK: (index, length) items in insertion order.
+#[derive(Clone, Debug, Default)]
+struct VSet {
+    sum: i128,
+    items: Vec<(i64, i64)>,
+}
+
+/// Python's `Set.__lt__` as a total order: (sum, item count, items lexicographically).
+fn cmp_set(a: Option<&VSet>, b: Option<&VSet>) -> Ordering {
+    let key = |s: Option<&VSet>| s.map_or((0, 0), |s| (s.sum, s.items.len()));
+    fn items(s: Option<&VSet>) -> &[(i64, i64)] {
+        s.map_or(&[], |s| &s.items)
+    }
+    key(a).cmp(&key(b)).then_with(|| items(a).cmp(items(b)))
+}
+
+/// A KK state: its non-empty sets in descending order; the `k - sets.len()` empty sets sit
+/// logically between the sets that compare above an empty set (sum ≥ 0, `hi` of them) and
+/// those below it (sum < 0).
+#[derive(Debug)]
+struct VState {
+    sets: Vec<VSet>,
+    hi: usize,
+}
+
+impl VState {
+    fn new(mut sets: Vec<VSet>) -> Self {
+        sets.sort_by(|a, b| cmp_set(Some(b), Some(a)));
+        let hi = sets.iter().filter(|s| s.sum >= 0).count();
+        Self { sets, hi }
+    }
+
+    /// Where logical position `i` of `k` (descending order) is stored in `sets`, `None` if
+    /// that set is empty.
+    fn slot(&self, i: usize, k: usize) -> Option<usize> {
+        let lo = self.sets.len() - self.hi;
+        if i < self.hi {
+            Some(i)
+        } else if i >= k - lo {
+            Some(self.hi + i - (k - lo))
+        } else {
+            None
+        }
+    }
+
+    /// The set at logical position `i` of `k`, `None` if empty.
+    fn at(&self, i: usize, k: usize) -> Option<&VSet> {
+        self.slot(i, k).map(|p| &self.sets[p])
+    }
+
+    fn spread(&self, k: usize) -> i128 {
+        self.at(0, k).map_or(0, |s| s.sum) - self.at(k - 1, k).map_or(0, |s| s.sum)
+    }
+
+    /// The logical positions holding a non-empty set.
+    fn occupied(&self, k: usize) -> impl Iterator<Item = usize> + use<> {
+        let lo = self.sets.len() - self.hi;
+        (0..self.hi).chain(k - lo..k)
+    }
+
+    /// `State.merge`: set i takes the items of `other`'s set k−1−i; then re-sorted.
+    fn merge(self, other: VState, k: usize) -> VState {
+        let mut positions: Vec<usize> = self.occupied(k).collect();
+        positions.extend(other.occupied(k).map(|j| k - 1 - j));
+        positions.sort_unstable();
+        positions.dedup();
+        let slots: Vec<(Option<usize>, Option<usize>)> =
+            positions.iter().map(|&i| (self.slot(i, k), other.slot(k - 1 - i, k))).collect();
+        let mut mine: Vec<Option<VSet>> = self.sets.into_iter().map(Some).collect();
+        let mut theirs: Vec<Option<VSet>> = other.sets.into_iter().map(Some).collect();
+        let mut out = Vec::with_capacity(slots.len());
+        for (pa, pb) in slots {
+            let a = pa.and_then(|p| mine[p].take());
+            let b = pb.and_then(|p| theirs[p].take());
+            match (a, b) {
+                (Some(mut x), Some(y)) => {
+                    x.sum += y.sum;
+                    x.items.extend(y.items);
+                    out.push(x);
+                }
+                (Some(x), None) | (None, Some(x)) => out.push(x),
+                (None, None) => {}
+            }
+        }
+        VState::new(out)
+    }
+}
+
+/// Python's `heapq` on state indices with `State.__lt__`.
+struct PyHeap {
+    heap: Vec<usize>,
+}
+
+impl PyHeap {
+    fn lt(states: &[Option<VState>], k: usize, a: usize, b: usize) -> bool {
+        let (Some(sa), Some(sb)) = (&states[a], &states[b]) else { return false };
+        let (pa, pb) = (sa.spread(k), sb.spread(k));
+        if pa != pb {
+            return pa > pb;
+        }
+        // self.sets[0] > other.sets[0]
+        cmp_set(sb.at(0, k), sa.at(0, k)) == Ordering::Less
+    }
+
+    fn sift_down(&mut self, states: &[Option<VState>], k: usize, start: usize, mut pos: usize) {
+        let new = self.heap[pos];
+        while pos > start {
+            let parent_pos = (pos - 1) >> 1;
+            let parent = self.heap[parent_pos];
+            if Self::lt(states, k, new, parent) {
+                self.heap[pos] = parent;
+                pos = parent_pos;
+                continue;
+            }
+            break;
+        }
+        self.heap[pos] = new;
+    }
+
+    fn sift_up(&mut self, states: &[Option<VState>], k: usize, mut pos: usize) {
+        let end = self.heap.len();
+        let start = pos;
+        let new = self.heap[pos];
+        let mut child = 2 * pos + 1;
+        while child < end {
+            let right = child + 1;
+            if right < end && !Self::lt(states, k, self.heap[child], self.heap[right]) {
+                child = right;
+            }
+            self.heap[pos] = self.heap[child];
+            pos = child;
+            child = 2 * pos + 1;
+        }
+        self.heap[pos] = new;
+        self.sift_down(states, k, start, pos);
+    }
+
+    fn push(&mut self, states: &[Option<VState>], k: usize, item: usize) {
+        self.heap.push(item);
+        let last = self.heap.len() - 1;
+        self.sift_down(states, k, 0, last);
+    }
+
+    fn pop(&mut self, states: &[Option<VState>], k: usize) -> Option<usize> {
+        let last = self.heap.pop()?;
+        if self.heap.is_empty() {
+            return Some(last);
+        }
+        let ret = self.heap[0];
+        self.heap[0] = last;
+        self.sift_up(states, k, 0);
+        Some(ret)
+    }
+}
+
+/// verl's `karmarkar_karp(seqlen_list, k_partitions, equal_size)`: `k` lists of indices in
+/// verl's order (sets by descending (sum, count, items); members in insertion order).
+pub fn karmarkar_karp(seqlens: &[i64], k: u32, equal_size: bool) -> Result<Vec<Vec<u32>>, PyError> {
+    let n = seqlens.len();
+    if equal_size {
+        if k == 0 {
+            return Err(PyError::ZeroDivisionError("integer modulo by zero".into()));
+        }
+        if n % k as usize != 0 {
+            return Err(PyError::AssertionError(alloc::format!("{n} % {k} != 0")));
+        }
+    } else if k == 0 && n > 0 {
+        return Err(index_error());
+    }
+    if n == 0 {
+        return Err(index_error());
+    }
+    check_k(k)?;
+    let ku = k as usize;
+    let mut sorted: Vec<(i64, i64)> = seqlens.iter().enumerate().map(|(i, &s)| (s, i as i64)).collect();
+    sorted.sort_unstable();
+    let single = |s: i64, i: i64| VSet { sum: i128::from(s), items: alloc::vec![(i, s)] };
+    let mut states: Vec<Option<VState>> = Vec::new();
+    let mut heap = PyHeap { heap: Vec::new() };
+    if equal_size {
+        for run in sorted.chunks(ku) {
+            states.push(Some(VState::new(run.iter().map(|&(s, i)| single(s, i)).collect())));
+            heap.push(&states, ku, states.len() - 1);
+        }
+    } else {
+        for &(s, i) in &sorted {
+            states.push(Some(VState::new(alloc::vec![single(s, i)])));
+            heap.push(&states, ku, states.len() - 1);
+        }
+    }
+    while heap.heap.len() > 1 {
+        let (Some(a), Some(b)) = (heap.pop(&states, ku), heap.pop(&states, ku)) else { break };
+        let (Some(sa), Some(sb)) = (states[a].take(), states[b].take()) else { break };
+        states[a] = Some(sa.merge(sb, ku));
+        heap.push(&states, ku, a);
+    }
+    let Some(final_state) = heap.heap.first().and_then(|&i| states[i].as_ref()) else {
+        return Err(index_error());
+    };
+    Ok((0..ku)
+        .map(|i| final_state.at(i, ku).map_or_else(Vec::new, |s| s.items.iter().map(|&(i, _)| i as u32).collect()))
+        .collect())
+}
+
+/// verl's `greedy_partition(seqlen_list, k_partitions, equal_size)`: items in input order,
+/// each to the lowest-index partition with the strictly smallest sum; `equal_size` adds a
+/// bias of `sum + 1` to every item.
+pub fn greedy_partition(seqlens: &[i64], k: u32, equal_size: bool) -> Result<Vec<Vec<u32>>, PyError> {
+    let n = seqlens.len();
+    if k == 0 {
+        if n == 0 {
+            return Ok(Vec::new());
+        }
+        return Err(PyError::TypeError("list indices must be integers or slices, not NoneType".into()));
+    }
+    check_k(k)?;
+    let bias: i128 = if equal_size { seqlens.iter().map(|&s| i128::from(s)).sum::<i128>() + 1 } else { 0 };
+    let mut parts: Vec<Vec<u32>> = alloc::vec![Vec::new(); k as usize];
+    let mut heap: BinaryHeap<Reverse<(i128, u32)>> = (0..k).map(|j| Reverse((0i128, j))).collect();
+    for (i, &s) in seqlens.iter().enumerate() {
+        let Some(Reverse((sum, j))) = heap.pop() else { break };
+        parts[j as usize].push(i as u32);
+        heap.push(Reverse((sum + i128::from(s) + bias, j)));
+    }
+    if equal_size {
+        for p in &parts {
+            if p.len() * k as usize != n {
+                return Err(PyError::AssertionError(alloc::format!("{} * {k} != {n}", p.len())));
+            }
+        }
+    }
+    Ok(parts)
+}
+
+/// verl's `get_seqlen_balanced_partitions(seqlen_list, k_partitions, equal_size)`: KK, then
+/// every partition must be non-empty and is sorted ascending; partition order is kept.
+pub fn get_seqlen_balanced_partitions(
+    seqlens: &[i64],
+    k: u32,
+    equal_size: bool,
+) -> Result<Vec<Vec<u32>>, PyError> {
+    let n = seqlens.len();
+    if n < k as usize {
+        return Err(PyError::AssertionError(alloc::format!(
+            "number of items:[{n}] < k_partitions:[{k}]"
+        )));
+    }
+    let mut parts = karmarkar_karp(seqlens, k, equal_size)?;
+    for (i, p) in parts.iter_mut().enumerate() {
+        if p.is_empty() {
+            return Err(PyError::AssertionError(alloc::format!("the {i}-th partition is empty")));
+        }
+        p.sort_unstable();
+    }
+    Ok(parts)
+}
