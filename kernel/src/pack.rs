@@ -13,10 +13,11 @@
 //! Items whose aligned length exceeds `capacity` follow the [`OversizePolicy`]. Bins are
 //! reported in creation order; members of a bin ascending by input index.
 
-use alloc::collections::BTreeSet;
+use alloc::collections::{BTreeSet, BinaryHeap};
+use core::cmp::Reverse;
 use alloc::vec::Vec;
 
-use crate::{Error, checked_len, checked_sum, flatten, invalid};
+use crate::{Error, checked_len, checked_sum, invalid};
 
 /// The packing algorithm.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -143,116 +144,240 @@ pub fn pack(lengths: &[u64], options: &PackOptions) -> Result<Packing, Error> {
             }
         }
     }
-    let fits = |i: u32| aligned[i as usize] <= capacity;
-    let mut bins: Vec<Vec<u32>> = match method {
+    let fit_total: u64 = aligned.iter().copied().filter(|&a| a <= capacity).sum();
+    let lower_bound = fit_total.div_ceil(capacity);
+    // bin[i]: the bin of item i, NONE when dropped.
+    let (bin, bins) = match method {
         PackMethod::NextFit => next_fit(&aligned, capacity, oversize),
         PackMethod::Bfd | PackMethod::Ffd => {
-            let mut order: Vec<u32> = (0..n).collect();
-            order.sort_unstable_by(|&a, &b| aligned[b as usize].cmp(&aligned[a as usize]).then(a.cmp(&b)));
-            // Oversized items come first in this order; with `single` each opens its own bin.
-            let mut bins: Vec<Vec<u32>> = single.iter().map(|&i| alloc::vec![i]).collect();
-            let fitting: Vec<u32> = order.into_iter().filter(|&i| fits(i)).collect();
-            if method == PackMethod::Bfd {
-                best_fit(&aligned, capacity, &fitting, &mut bins);
-            } else {
-                first_fit(&aligned, capacity, &fitting, &mut bins);
+            let mut bin = alloc::vec![NONE; aligned.len()];
+            // Oversized items first, longest first; with `single` each opens its own bin.
+            let mut singles: Vec<u32> = single.clone();
+            singles.sort_unstable_by(|&a, &b| aligned[b as usize].cmp(&aligned[a as usize]).then(a.cmp(&b)));
+            for (b, &i) in singles.iter().enumerate() {
+                bin[i as usize] = b as u32;
             }
-            bins
+            let order = decreasing_order(&aligned, capacity);
+            // Any-fit algorithms leave at most one bin at most half full, so they open at
+            // most 2·lower_bound + 1 bins.
+            let max_bins = (2 * lower_bound + 1).min(order.len() as u64) as usize;
+            let opened = if method == PackMethod::Bfd {
+                best_fit(&aligned, capacity, &order, &mut bin, singles.len() as u32)
+            } else {
+                first_fit(&aligned, capacity, &order, &mut bin, singles.len() as u32, max_bins)
+            };
+            (bin, singles.len() + opened)
         }
     };
-    for b in &mut bins {
-        b.sort_unstable();
+    // Counting sort by bin: members come out ascending by index.
+    let mut offsets = alloc::vec![0u32; bins + 1];
+    let mut loads = alloc::vec![0u64; bins];
+    let (mut real_tokens, mut aligned_tokens) = (0u64, 0u64);
+    for (i, &b) in bin.iter().enumerate() {
+        if b != NONE {
+            offsets[b as usize + 1] += 1;
+            loads[b as usize] += aligned[i];
+            real_tokens += lengths[i];
+            aligned_tokens += aligned[i];
+        }
     }
-    let loads: Vec<u64> = bins.iter().map(|b| b.iter().map(|&i| aligned[i as usize]).sum()).collect();
-    let packed = || bins.iter().flatten().map(|&i| i as usize);
-    let real_tokens = packed().map(|i| lengths[i]).sum();
-    let aligned_tokens = packed().map(|i| aligned[i]).sum();
-    let fit_total: u64 = aligned.iter().copied().filter(|&a| a <= capacity).sum();
-    let (offsets, indices) = flatten(&bins);
-    Ok(Packing {
-        offsets,
-        indices,
-        loads,
-        dropped,
-        single,
-        real_tokens,
-        aligned_tokens,
-        lower_bound: fit_total.div_ceil(capacity),
-    })
+    for b in 0..bins {
+        offsets[b + 1] += offsets[b];
+    }
+    let mut fill: Vec<u32> = offsets[..bins].to_vec();
+    let mut indices = alloc::vec![0u32; offsets[bins] as usize];
+    for (i, &b) in bin.iter().enumerate() {
+        if b != NONE {
+            indices[fill[b as usize] as usize] = i as u32;
+            fill[b as usize] += 1;
+        }
+    }
+    Ok(Packing { offsets, indices, loads, dropped, single, real_tokens, aligned_tokens, lower_bound })
 }
 
-fn next_fit(aligned: &[u64], capacity: u64, oversize: OversizePolicy) -> Vec<Vec<u32>> {
-    let mut bins: Vec<Vec<u32>> = Vec::new();
-    let mut current: Vec<u32> = Vec::new();
-    let mut used = 0u64;
+/// "No bin" in the per-item bin table.
+const NONE: u32 = u32::MAX;
+
+/// The items that fit, by (aligned length desc, index asc).
+fn decreasing_order(aligned: &[u64], capacity: u64) -> Vec<u32> {
+    if capacity < 1 << 31 {
+        // One u64 key per item: (capacity - a) in the high half sorts lengths descending,
+        // the index in the low half breaks ties ascending.
+        let mut keys: Vec<u64> = aligned
+            .iter()
+            .enumerate()
+            .filter(|&(_, &a)| a <= capacity)
+            .map(|(i, &a)| ((capacity - a) << 32) | i as u64)
+            .collect();
+        keys.sort_unstable();
+        keys.into_iter().map(|k| k as u32).collect()
+    } else {
+        let mut order: Vec<u32> =
+            (0..aligned.len() as u32).filter(|&i| aligned[i as usize] <= capacity).collect();
+        order.sort_unstable_by(|&a, &b| aligned[b as usize].cmp(&aligned[a as usize]).then(a.cmp(&b)));
+        order
+    }
+}
+
+fn next_fit(aligned: &[u64], capacity: u64, oversize: OversizePolicy) -> (Vec<u32>, usize) {
+    let mut bin = alloc::vec![NONE; aligned.len()];
+    let mut bins = 0usize;
+    // The bin being filled and its load; `None` before the first item or after a single.
+    let mut current: Option<(u32, u64)> = None;
     for (i, &a) in aligned.iter().enumerate() {
         if a > capacity {
             if oversize == OversizePolicy::Single {
-                if !current.is_empty() {
-                    bins.push(core::mem::take(&mut current));
-                    used = 0;
-                }
-                bins.push(alloc::vec![i as u32]);
+                bin[i] = bins as u32;
+                bins += 1;
+                current = None;
             }
             continue;
         }
-        if used + a > capacity && !current.is_empty() {
-            bins.push(core::mem::take(&mut current));
-            used = 0;
+        match current {
+            Some((b, used)) if used + a <= capacity => {
+                bin[i] = b;
+                current = Some((b, used + a));
+            }
+            _ => {
+                bin[i] = bins as u32;
+                current = Some((bins as u32, a));
+                bins += 1;
+            }
         }
-        current.push(i as u32);
-        used += a;
     }
-    if !current.is_empty() {
-        bins.push(current);
-    }
-    bins
+    (bin, bins)
 }
 
-/// Best fit over an ordered set of (room, bin): the smallest room ≥ the item, oldest bin on ties.
-fn best_fit(aligned: &[u64], capacity: u64, order: &[u32], bins: &mut Vec<Vec<u32>>) {
-    let mut open: BTreeSet<(u64, u32)> = BTreeSet::new();
+/// Best fit: the bin with the least room ≥ the item, the oldest on ties. Returns the
+/// number of bins opened (numbered from `first`).
+fn best_fit(aligned: &[u64], capacity: u64, order: &[u32], bin: &mut [u32], first: u32) -> usize {
+    let mut rooms = RoomIndex::new(capacity, order.len());
+    let mut opened = 0usize;
     for &i in order {
         let a = aligned[i as usize];
-        let found = open.range((a, 0)..).next().copied();
-        let (room, b) = match found {
-            Some(entry) => {
-                open.remove(&entry);
-                entry
-            }
+        let (room, b) = match rooms.take_best(a) {
+            Some(found) => found,
             None => {
-                bins.push(Vec::new());
-                (capacity, (bins.len() - 1) as u32)
+                opened += 1;
+                (capacity, (opened - 1) as u32)
             }
         };
-        bins[b as usize].push(i);
-        let left = room - a;
-        if left > 0 {
-            open.insert((left, b));
+        bin[i as usize] = first + b;
+        rooms.insert(room - a, b);
+    }
+    opened
+}
+
+/// Open bins by remaining room. Rooms up to 2^20 (and not far above the item count) use
+/// one bucket per room value with a two-level bitmap of non-empty buckets; larger
+/// capacities use an ordered set of (room, bin).
+enum RoomIndex {
+    Buckets { buckets: Vec<BinaryHeap<Reverse<u32>>>, words: Vec<u64>, summary: Vec<u64> },
+    Ordered(BTreeSet<(u64, u32)>),
+}
+
+impl RoomIndex {
+    fn new(capacity: u64, n: usize) -> Self {
+        if capacity <= 1 << 20 && capacity <= 64 * n as u64 + 4096 {
+            let slots = capacity as usize + 1;
+            let words = slots.div_ceil(64);
+            RoomIndex::Buckets {
+                buckets: (0..slots).map(|_| BinaryHeap::new()).collect(),
+                words: alloc::vec![0; words],
+                summary: alloc::vec![0; words.div_ceil(64)],
+            }
+        } else {
+            RoomIndex::Ordered(BTreeSet::new())
+        }
+    }
+
+    /// Records bin `b` with `room` left (full bins too: a zero-length item fits there).
+    fn insert(&mut self, room: u64, b: u32) {
+        match self {
+            RoomIndex::Buckets { buckets, words, summary } => {
+                let r = room as usize;
+                buckets[r].push(Reverse(b));
+                words[r / 64] |= 1 << (r % 64);
+                summary[r / 4096] |= 1 << ((r / 64) % 64);
+            }
+            RoomIndex::Ordered(set) => {
+                set.insert((room, b));
+            }
+        }
+    }
+
+    /// Removes and returns the (room, bin) with the least room ≥ `a`, oldest bin on ties.
+    fn take_best(&mut self, a: u64) -> Option<(u64, u32)> {
+        match self {
+            RoomIndex::Buckets { buckets, words, summary } => {
+                let r = next_set(words, summary, a as usize)?;
+                let Reverse(b) = buckets[r].pop()?;
+                if buckets[r].is_empty() {
+                    words[r / 64] &= !(1 << (r % 64));
+                    if words[r / 64] == 0 {
+                        summary[r / 4096] &= !(1 << ((r / 64) % 64));
+                    }
+                }
+                Some((r as u64, b))
+            }
+            RoomIndex::Ordered(set) => {
+                let found = set.range((a, 0)..).next().copied()?;
+                set.remove(&found);
+                Some(found)
+            }
         }
     }
 }
 
-/// First fit over a max segment tree of the bins' room: the oldest bin with room ≥ the item.
-fn first_fit(aligned: &[u64], capacity: u64, order: &[u32], bins: &mut Vec<Vec<u32>>) {
-    // At most one bin per item; leaves beyond the opened bins hold a full capacity.
-    let first_bin = bins.len();
-    let leaves = order.len().max(1).next_power_of_two();
+/// The smallest set bit ≥ `from` in the bitmap `words`, with `summary` marking non-zero words.
+fn next_set(words: &[u64], summary: &[u64], from: usize) -> Option<usize> {
+    let w = from / 64;
+    let here = words.get(w)? & (u64::MAX << (from % 64));
+    if here != 0 {
+        return Some(w * 64 + here.trailing_zeros() as usize);
+    }
+    // The first non-zero word after w, found through the summary.
+    let next = w + 1;
+    let mut s = next / 64;
+    let mut bits = summary.get(s)? & (u64::MAX << (next % 64));
+    loop {
+        if bits != 0 {
+            let word = s * 64 + bits.trailing_zeros() as usize;
+            return Some(word * 64 + words[word].trailing_zeros() as usize);
+        }
+        s += 1;
+        bits = *summary.get(s)?;
+    }
+}
+
+/// First fit over a max segment tree of the bins' room: the oldest bin with room ≥ the
+/// item. Returns the number of bins opened (numbered from `first`).
+fn first_fit(aligned: &[u64], capacity: u64, order: &[u32], bin: &mut [u32], first: u32, max_bins: usize) -> usize {
+    // Unopened bins (leaves beyond `opened`) hold the full capacity.
+    let mut leaves = max_bins.max(1).next_power_of_two();
     let mut tree = alloc::vec![capacity; 2 * leaves];
+    let mut opened = 0usize;
     for &i in order {
         let a = aligned[i as usize];
-        // Descend to the leftmost leaf with room >= a (the root always qualifies: an
-        // unopened bin has the full capacity and a <= capacity).
+        if tree[1] < a {
+            // All `leaves` bins are too full (the any-fit bound makes this unreachable):
+            // double the tree; the new leaves are fresh bins.
+            let old = core::mem::take(&mut tree);
+            tree = alloc::vec![capacity; 4 * leaves];
+            tree[2 * leaves..3 * leaves].copy_from_slice(&old[leaves..]);
+            leaves *= 2;
+            for node in (1..leaves).rev() {
+                tree[node] = tree[2 * node].max(tree[2 * node + 1]);
+            }
+        }
+        // Descend to the leftmost leaf with room >= a.
         let mut node = 1;
         while node < leaves {
             node = if tree[2 * node] >= a { 2 * node } else { 2 * node + 1 };
         }
         let leaf = node - leaves;
-        let b = first_bin + leaf;
-        if b == bins.len() {
-            bins.push(Vec::new());
-        }
-        bins[b].push(i);
+        opened = opened.max(leaf + 1);
+        bin[i as usize] = first + leaf as u32;
         tree[node] -= a;
         let mut up = node / 2;
         while up >= 1 {
@@ -260,4 +385,5 @@ fn first_fit(aligned: &[u64], capacity: u64, order: &[u32], bins: &mut Vec<Vec<u
             up /= 2;
         }
     }
+    opened
 }

@@ -175,18 +175,19 @@ fn sorted_desc(weights: &[u64]) -> Vec<u32> {
 }
 
 /// LPT: items by (weight desc, index asc); each goes to the group with the smallest
-/// (sum, group index). With `equal_size`, full groups (n/k items) take no more items.
+/// (sum, item count, group index) — the count keeps zero weights from leaving a group
+/// empty. With `equal_size`, full groups (n/k items) take no more items.
 fn lpt(weights: &[u64], k: u32, equal_size: bool) -> Vec<Vec<u32>> {
     let n = weights.len();
     let cap = if equal_size { n / k as usize } else { usize::MAX };
     let mut groups: Vec<Vec<u32>> = (0..k).map(|_| Vec::new()).collect();
-    let mut heap: BinaryHeap<Reverse<(u64, u32)>> = (0..k).map(|g| Reverse((0u64, g))).collect();
+    let mut heap: BinaryHeap<Reverse<(u64, usize, u32)>> = (0..k).map(|g| Reverse((0u64, 0, g))).collect();
     for i in sorted_desc(weights) {
         // The heap is never empty here: n <= k * cap, and only full groups leave it.
-        let Some(Reverse((sum, g))) = heap.pop() else { break };
+        let Some(Reverse((sum, count, g))) = heap.pop() else { break };
         groups[g as usize].push(i);
-        if groups[g as usize].len() < cap {
-            heap.push(Reverse((sum + weights[i as usize], g)));
+        if count + 1 < cap {
+            heap.push(Reverse((sum + weights[i as usize], count + 1, g)));
         }
     }
     groups
