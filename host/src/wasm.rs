@@ -20,8 +20,9 @@ mod bindings {
     });
 }
 
-pub(crate) use bindings::exports::stowplan::kernel::{pack as wpack, partition as wpart, verl as wverl};
-pub(crate) use bindings::stowplan::kernel::types as wtypes;
+pub(crate) use bindings::exports::stowplan::kernel::{
+    pack as wpack, partition as wpart, types as wtypes, verl as wverl,
+};
 
 /// The kernel component, built by `cargo xtask build-kernel` (see `ARCHITECTURE.md`).
 pub const KERNEL_WASM: &[u8] = include_bytes!("../assets/stowplan_kernel.wasm");

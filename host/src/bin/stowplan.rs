@@ -221,6 +221,7 @@ fn run_partition(a: PartitionArgs) -> Result<(), Failure> {
             "lower_bound": p.lower_bound,
             "elapsed_ms": ms,
             "init_ms": init_ms,
+            "kernel_origin": kernel.wasm_origin(),
         });
         println!("{v}");
         return Ok(());
@@ -305,6 +306,7 @@ fn run_pack(a: PackArgs) -> Result<(), Failure> {
             "efficiency": efficiency,
             "elapsed_ms": ms,
             "init_ms": init_ms,
+            "kernel_origin": kernel.wasm_origin(),
         });
         println!("{v}");
         return Ok(());

@@ -11,8 +11,7 @@ wit_bindgen::generate!({
     world: "kernel",
 });
 
-use exports::stowplan::kernel::{pack, partition, verl};
-use stowplan::kernel::types;
+use exports::stowplan::kernel::{pack, partition, types, verl};
 
 #[global_allocator]
 static ALLOC: dlmalloc::GlobalDlmalloc = dlmalloc::GlobalDlmalloc;

@@ -1,0 +1,113 @@
+//! The `stowplan` command line: default workload, input formats, JSON, exit codes, cache.
+
+use std::io::Write;
+use std::process::{Command, Output, Stdio};
+
+fn stowplan(args: &[&str], stdin: Option<&str>, envs: &[(&str, &str)]) -> Output {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_stowplan"));
+    cmd.args(args).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    for (k, v) in envs {
+        cmd.env(k, v);
+    }
+    let mut child = cmd.spawn().expect("runs stowplan");
+    if let Some(text) = stdin {
+        child.stdin.take().unwrap().write_all(text.as_bytes()).unwrap();
+    }
+    drop(child.stdin.take());
+    child.wait_with_output().unwrap()
+}
+
+fn json(out: &Output) -> serde_json::Value {
+    assert!(out.status.success(), "stderr: {}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).expect("valid JSON on stdout")
+}
+
+fn temp_dir(name: &str) -> std::path::PathBuf {
+    let d = std::env::temp_dir().join(format!("stowplan-test-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+#[test]
+fn default_workload_partition_human_summary() {
+    let out = stowplan(&["partition"], None, &[]);
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.contains("partition of 4096 lengths from built-in rl-math-8k"), "{text}");
+    assert!(text.contains("lower bound"), "{text}");
+    assert!(text.contains("spread"), "{text}");
+}
+
+#[test]
+fn default_workload_pack_json() {
+    let v = json(&stowplan(&["pack", "--capacity", "16384", "--json"], None, &[]));
+    assert_eq!(v["n"], 4096);
+    let bins = v["bins"].as_array().unwrap();
+    let mut seen: Vec<u64> =
+        bins.iter().flat_map(|b| b.as_array().unwrap().iter().map(|x| x.as_u64().unwrap())).collect();
+    seen.sort();
+    assert_eq!(seen, (0..4096).collect::<Vec<u64>>(), "every index once");
+    assert!(v["loads"].as_array().unwrap().iter().all(|l| l.as_u64().unwrap() <= 16384));
+    assert!(bins.len() as u64 >= v["lower_bound"].as_u64().unwrap());
+}
+
+#[test]
+fn stdin_json_array_and_file_lines() {
+    let v = json(&stowplan(&["partition", "-k", "2", "--json", "-"], Some("[100, 900, 50, 950, 400, 600]"), &[]));
+    assert_eq!(v["groups"], serde_json::json!([[0, 2, 3, 4], [1, 5]]));
+    assert_eq!(v["spread"], 0);
+    let dir = temp_dir("lines");
+    let f = dir.join("lengths.txt");
+    std::fs::write(&f, "5\n3\n7\n2\n6\n").unwrap();
+    let path = f.to_str().unwrap();
+    let v = json(&stowplan(&["pack", "-c", "10", "--method", "next-fit", "--json", path], None, &[]));
+    assert_eq!(v["bins"], serde_json::json!([[0, 1], [2, 3], [4]]));
+    let native =
+        json(&stowplan(&["pack", "-c", "10", "--method", "next-fit", "--json", "--backend", "native", path], None, &[]));
+    assert_eq!(native["bins"], v["bins"]);
+}
+
+#[test]
+fn bad_input_exits_2_naming_the_line() {
+    let out = stowplan(&["pack", "-"], Some("12\nabc\n"), &[]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("line 2"), "{err}");
+    let out = stowplan(&["partition", "-k", "0"], None, &[]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("k must be at least 1"));
+    let out = stowplan(&["pack", "/nonexistent/lengths.txt"], None, &[]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/lengths.txt"));
+    let out = stowplan(&["pack", "--method", "worst-fit"], None, &[]);
+    assert_eq!(out.status.code(), Some(2), "clap rejects unknown values");
+}
+
+#[test]
+fn infeasible_exits_1() {
+    let out = stowplan(&["pack", "-c", "100", "-"], Some("50\n101\n"), &[]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("lengths[1] = 101") && err.contains("capacity = 100"), "{err}");
+}
+
+#[test]
+fn precompiled_kernel_is_cached_and_a_broken_cache_is_rebuilt() {
+    let dir = temp_dir("cache");
+    let env = [("STOWPLAN_CACHE_DIR", dir.to_str().unwrap())];
+    let args = ["partition", "--json", "-k", "4"];
+    assert_eq!(json(&stowplan(&args, None, &env))["kernel_origin"], "compiled");
+    assert_eq!(json(&stowplan(&args, None, &env))["kernel_origin"], "cache");
+    // Corrupt every cached artifact: the next run must recompile, not crash.
+    for e in std::fs::read_dir(&dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.extension().is_some_and(|x| x == "cwasm") {
+            std::fs::write(&p, b"garbage").unwrap();
+        }
+    }
+    assert_eq!(json(&stowplan(&args, None, &env))["kernel_origin"], "compiled");
+    assert_eq!(json(&stowplan(&args, None, &env))["kernel_origin"], "cache");
+    let no_cache = [("STOWPLAN_CACHE_DIR", dir.to_str().unwrap()), ("STOWPLAN_NO_CACHE", "1")];
+    assert_eq!(json(&stowplan(&args, None, &no_cache))["kernel_origin"], "compiled");
+}
