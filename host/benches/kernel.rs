@@ -1,1 +1,93 @@
-fn main(){}
+//! Criterion benchmarks of the kernel on the shared workloads, WASM vs native.
+//!
+//! Run: `cargo bench -p stowplan --bench kernel` (workloads from `../shared/workloads`, or
+//! `$STOWPLAN_WORKLOADS`). Before timing, each case prints its quality figures (largest
+//! group vs lower bound, spread, bins vs lower bound) so BENCHMARKS.md can quote both.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
+use stowplan::{Kernel, OversizePolicy, PackMethod, PackOptions, PartitionMethod, PartitionOptions};
+
+fn workload(name: &str, take: usize) -> Vec<u64> {
+    let dir = std::env::var_os("STOWPLAN_WORKLOADS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/workloads"));
+    let path = dir.join(name);
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+    let mut v = stowplan::input::parse_lengths(&text).expect("workload parses");
+    v.truncate(take);
+    v
+}
+
+fn kernels() -> [(&'static str, Kernel); 2] {
+    [("wasm", Kernel::wasm().expect("WASM kernel")), ("native", Kernel::native())]
+}
+
+fn partition_cases(c: &mut Criterion) {
+    let cases: [(&str, usize, u32, PartitionOptions); 4] = [
+        ("unequal_262144_k1024", 262_144, 1024, PartitionOptions::default()),
+        ("unequal_16384_k64", 16_384, 64, PartitionOptions::default()),
+        ("equal_16384_k64", 16_384, 64, PartitionOptions { equal_size: true, ..Default::default() }),
+        (
+            "verl_unequal_16384_k64",
+            16_384,
+            64,
+            PartitionOptions { method: PartitionMethod::Verl, refine: false, equal_size: false },
+        ),
+    ];
+    let mut g = c.benchmark_group("partition/pretrain-docs-1m");
+    g.sample_size(10).warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(4));
+    for (name, n, k, opts) in cases {
+        let weights = workload("pretrain-docs-1m.txt", n);
+        for (backend, kernel) in kernels() {
+            let p = kernel.partition(&weights, k, &opts).expect("partition");
+            eprintln!(
+                "quality {name} [{backend}]: largest {} lower bound {} (+{}), spread {}",
+                p.max_sum(),
+                p.lower_bound,
+                p.max_sum() - p.lower_bound,
+                p.spread
+            );
+            g.bench_with_input(BenchmarkId::new(name, backend), &weights, |b, w| {
+                b.iter(|| kernel.partition(w, k, &opts).expect("partition"))
+            });
+        }
+    }
+    g.finish();
+}
+
+fn pack_cases(c: &mut Criterion) {
+    let lengths = workload("pretrain-docs-1m.txt", usize::MAX);
+    let rl = workload("rl-math-8k.txt", usize::MAX);
+    let mut g = c.benchmark_group("pack");
+    g.sample_size(10).warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(5));
+    for (method, label) in [(PackMethod::Bfd, "bfd"), (PackMethod::Ffd, "ffd"), (PackMethod::NextFit, "next-fit")] {
+        let opts = PackOptions { capacity: 32_768, align: 1, method, oversize: OversizePolicy::Single };
+        for (backend, kernel) in kernels() {
+            let p = kernel.pack(&lengths, &opts).expect("pack");
+            let regular = p.bins() - p.single.len();
+            eprintln!(
+                "quality pack {label} 1m cap 32768 [{backend}]: {} regular bins, lower bound {} (+{:.3}%), {} single",
+                regular,
+                p.lower_bound,
+                100.0 * (regular as f64 - p.lower_bound as f64) / p.lower_bound as f64,
+                p.single.len()
+            );
+            g.bench_with_input(BenchmarkId::new(format!("{label}_pretrain-docs-1m_cap32768"), backend), &lengths, |b, l| {
+                b.iter(|| kernel.pack(l, &opts).expect("pack"))
+            });
+        }
+    }
+    let opts = PackOptions::new(16_384);
+    for (backend, kernel) in kernels() {
+        g.bench_with_input(BenchmarkId::new("bfd_rl-math-8k_cap16384", backend), &rl, |b, l| {
+            b.iter(|| kernel.pack(l, &opts).expect("pack"))
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(benches, partition_cases, pack_cases);
+criterion_main!(benches);

@@ -42,7 +42,7 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
 
 pub(crate) struct Shared {
     pub(crate) engine: Engine,
-    pub(crate) pre: bindings::KernelPre<()>,
+    pub(crate) pre: bindings::KernelPre<Tracker>,
     /// Where the compiled component came from: `cache` or `compiled`.
     pub(crate) origin: &'static str,
 }
@@ -66,7 +66,7 @@ fn init() -> Result<Shared, Error> {
     config.wasm_component_model(true);
     let engine = Engine::new(&config).map_err(|e| runtime("creating the wasmtime engine", e))?;
     let (component, origin) = load_component(&engine, &actual)?;
-    let linker: Linker<()> = Linker::new(&engine);
+    let linker: Linker<Tracker> = Linker::new(&engine);
     let instance_pre =
         linker.instantiate_pre(&component).map_err(|e| runtime("pre-instantiating the kernel (it must import nothing)", e))?;
     let pre = bindings::KernelPre::new(instance_pre).map_err(|e| runtime("binding the kernel's exports", e))?;
@@ -140,14 +140,60 @@ fn write_atomically(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()>
     Ok(())
 }
 
-/// Runs `f` on a fresh instance of the kernel.
+/// Per-store state: tracks the size of the instance's linear memory.
+#[derive(Default)]
+pub(crate) struct Tracker {
+    memory_bytes: usize,
+}
+
+impl wasmtime::ResourceLimiter for Tracker {
+    fn memory_growing(&mut self, _current: usize, desired: usize, _maximum: Option<usize>) -> wasmtime::Result<bool> {
+        self.memory_bytes = desired;
+        Ok(true)
+    }
+
+    fn table_growing(&mut self, _current: usize, _desired: usize, _maximum: Option<usize>) -> wasmtime::Result<bool> {
+        Ok(true)
+    }
+}
+
+/// A warm instance kept for the next call on the same thread.
+struct Warm {
+    store: Store<Tracker>,
+    instance: bindings::Kernel,
+}
+
+/// An instance whose linear memory grew beyond this is dropped after its call instead of
+/// being kept warm, so an occasional huge call does not pin its memory for the thread's life.
+pub const RETAIN_MEMORY_BYTES: usize = 256 << 20;
+
+thread_local! {
+    static WARM: std::cell::RefCell<Option<Warm>> = const { std::cell::RefCell::new(None) };
+}
+
+/// Runs `f` on this thread's warm instance of the kernel (made from the shared
+/// pre-instantiation on first use). The kernel is pure, so reusing an instance cannot change
+/// a result; an instance that trapped is discarded, never reused.
 pub(crate) fn with_instance<R>(
-    f: impl FnOnce(&bindings::Kernel, &mut Store<()>) -> wasmtime::Result<R>,
+    f: impl FnOnce(&bindings::Kernel, &mut Store<Tracker>) -> wasmtime::Result<R>,
 ) -> Result<R, Error> {
     let shared = shared()?;
-    let mut store = Store::new(&shared.engine, ());
-    let instance = shared.pre.instantiate(&mut store).map_err(|e| runtime("instantiating the kernel", e))?;
-    f(&instance, &mut store).map_err(|e| runtime("kernel call trapped", e))
+    let warm = WARM.with(|w| w.borrow_mut().take());
+    let mut warm = match warm {
+        Some(w) => w,
+        None => {
+            let mut store = Store::new(&shared.engine, Tracker::default());
+            store.limiter(|t| t);
+            let instance =
+                shared.pre.instantiate(&mut store).map_err(|e| runtime("instantiating the kernel", e))?;
+            Warm { store, instance }
+        }
+    };
+    let result = f(&warm.instance, &mut warm.store).map_err(|e| runtime("kernel call trapped", e))?;
+    if warm.store.data().memory_bytes <= RETAIN_MEMORY_BYTES {
+        WARM.with(|w| *w.borrow_mut() = Some(warm));
+    }
+    Ok(result)
 }
 
 pub(crate) fn error(e: wtypes::Error) -> Error {

@@ -38,7 +38,7 @@ fn build() -> Result<Vec<u8>, String> {
         .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cargo")))
         .ok_or("neither CARGO_HOME nor HOME is set")?;
     let flags = format!(
-        "--remap-path-prefix={}=/stowplan --remap-path-prefix={}=/cargo",
+        "-C target-feature=+simd128 --remap-path-prefix={}=/stowplan --remap-path-prefix={}=/cargo",
         root.display(),
         cargo_home.display()
     );
