@@ -13,11 +13,12 @@
 //! Items whose aligned length exceeds `capacity` follow the [`OversizePolicy`]. Bins are
 //! reported in creation order; members of a bin ascending by input index.
 
+use alloc::borrow::Cow;
 use alloc::collections::{BTreeSet, BinaryHeap};
 use core::cmp::Reverse;
 use alloc::vec::Vec;
 
-use crate::{Error, checked_len, checked_sum, invalid};
+use crate::{Error, checked_len, invalid};
 
 /// The packing algorithm.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -119,36 +120,52 @@ pub fn pack(lengths: &[u64], options: &PackOptions) -> Result<Packing, Error> {
     if align == 0 {
         return invalid!("align must be at least 1 (got 0)");
     }
-    let mut aligned = Vec::with_capacity(lengths.len());
-    for (i, &len) in lengths.iter().enumerate() {
-        match len.div_ceil(align).checked_mul(align) {
-            Some(a) => aligned.push(a),
-            None => return invalid!("lengths[{i}] = {len} rounded up to a multiple of align = {align} overflows u64"),
+    // With align 1 the aligned lengths are the lengths: borrow them.
+    let aligned: Cow<'_, [u64]> = if align == 1 {
+        Cow::Borrowed(lengths)
+    } else {
+        let mut aligned = Vec::with_capacity(lengths.len());
+        for (i, &len) in lengths.iter().enumerate() {
+            match len.div_ceil(align).checked_mul(align) {
+                Some(a) => aligned.push(a),
+                None => {
+                    return invalid!("lengths[{i}] = {len} rounded up to a multiple of align = {align} overflows u64");
+                }
+            }
         }
-    }
-    checked_sum("aligned lengths", aligned.iter().copied())?;
+        Cow::Owned(aligned)
+    };
+    let aligned: &[u64] = &aligned;
+    // One pass: overflow check of the total, the total of the items that fit, and the
+    // oversize policy.
+    let (mut total, mut fit_total) = (0u64, 0u64);
     let mut dropped = Vec::new();
     let mut single = Vec::new();
     for (i, &a) in aligned.iter().enumerate() {
-        if a > capacity {
-            match oversize {
-                OversizePolicy::Error => {
-                    return Err(Error::Infeasible(alloc::format!(
-                        "lengths[{i}] = {} (aligned to {a} with align = {align}) exceeds capacity = {capacity}; \
-                         use oversize single or drop to accept such items",
-                        lengths[i]
-                    )));
-                }
-                OversizePolicy::Single => single.push(i as u32),
-                OversizePolicy::Drop => dropped.push(i as u32),
+        total = match total.checked_add(a) {
+            Some(t) => t,
+            None => return invalid!("the sum of aligned lengths overflows u64 (at most {} allowed)", u64::MAX),
+        };
+        if a <= capacity {
+            fit_total += a;
+            continue;
+        }
+        match oversize {
+            OversizePolicy::Error => {
+                return Err(Error::Infeasible(alloc::format!(
+                    "lengths[{i}] = {} (aligned to {a} with align = {align}) exceeds capacity = {capacity}; \
+                     use oversize single or drop to accept such items",
+                    lengths[i]
+                )));
             }
+            OversizePolicy::Single => single.push(i as u32),
+            OversizePolicy::Drop => dropped.push(i as u32),
         }
     }
-    let fit_total: u64 = aligned.iter().copied().filter(|&a| a <= capacity).sum();
     let lower_bound = fit_total.div_ceil(capacity);
     // bin[i]: the bin of item i, NONE when dropped.
     let (bin, bins) = match method {
-        PackMethod::NextFit => next_fit(&aligned, capacity, oversize),
+        PackMethod::NextFit => next_fit(aligned, capacity, oversize),
         PackMethod::Bfd | PackMethod::Ffd => {
             let mut bin = alloc::vec![NONE; aligned.len()];
             // Oversized items first, longest first; with `single` each opens its own bin.
@@ -157,14 +174,14 @@ pub fn pack(lengths: &[u64], options: &PackOptions) -> Result<Packing, Error> {
             for (b, &i) in singles.iter().enumerate() {
                 bin[i as usize] = b as u32;
             }
-            let order = decreasing_order(&aligned, capacity);
+            let order = decreasing_order(aligned, capacity);
             // Any-fit algorithms leave at most one bin at most half full, so they open at
             // most 2·lower_bound + 1 bins.
             let max_bins = (2 * lower_bound + 1).min(order.len() as u64) as usize;
             let opened = if method == PackMethod::Bfd {
-                best_fit(&aligned, capacity, &order, &mut bin, singles.len() as u32)
+                best_fit(aligned, capacity, &order, &mut bin, singles.len() as u32)
             } else {
-                first_fit(&aligned, capacity, &order, &mut bin, singles.len() as u32, max_bins)
+                first_fit(aligned, capacity, &order, &mut bin, singles.len() as u32, max_bins)
             };
             (bin, singles.len() + opened)
         }

@@ -7,10 +7,6 @@ use stowplan_kernel::{
     partition,
 };
 
-fn groups(p: &Partitioning) -> Vec<Vec<u32>> {
-    (0..p.k()).map(|g| p.group(g).to_vec()).collect()
-}
-
 fn check_partition(weights: &[u64], k: u32, opts: &PartitionOptions, p: &Partitioning) {
     let n = weights.len();
     assert_eq!(p.k(), k as usize, "k groups");
