@@ -16,7 +16,7 @@
 
 use alloc::collections::{BinaryHeap, VecDeque};
 use alloc::vec::Vec;
-use core::cmp::{Ordering, Reverse};
+use core::cmp::Reverse;
 
 use crate::{Error, checked_len, checked_sum, flatten, invalid};
 
@@ -239,39 +239,37 @@ impl Sets {
 /// the `k - len` missing ones are empty and sort before all others.
 type State = VecDeque<u32>;
 
-/// Priority of a state: larger spread first, then larger largest-set sum, then (via the
-/// `Reverse` id) the older state.
-type Priority = (u64, u64, Reverse<u32>);
+/// Heap entry of a merged state: larger spread first, then larger largest-set sum, then the
+/// older state (smaller age); the last field is the slot holding the state.
+type Entry = (u64, u64, Reverse<u32>, usize);
 
-fn priority(sets: &Sets, state: &State, k: usize, id: u32) -> Priority {
+fn spread_and_max(sets: &Sets, state: &State, k: usize) -> (u64, u64) {
     let max = state.back().map_or(0, |&s| sets.sum[s as usize]);
     let min = if state.len() < k { 0 } else { state.front().map_or(0, |&s| sets.sum[s as usize]) };
-    (max - min, max, Reverse(id))
+    (max - min, max)
+}
+
+/// Adds the single set `s` to `a`: it joins `a`'s smallest logical set (a new set if `a`
+/// has fewer than `k`), keeping `a` sorted.
+fn absorb_single(sets: &mut Sets, a: &mut State, s: u32, k: usize) {
+    let joined = if a.len() < k {
+        s
+    } else {
+        match a.pop_front() {
+            Some(smallest) => sets.merge(smallest, s),
+            None => s,
+        }
+    };
+    let key = sets.key(joined);
+    let pos = a.partition_point(|&x| sets.key(x) < key);
+    a.insert(pos, joined);
 }
 
 /// Merges `b` into `a` pairing the i-th smallest logical set of one with the i-th largest of
-/// the other (the differencing step), keeping `a` sorted.
-fn merge_states(sets: &mut Sets, a: &mut State, mut b: State, k: usize) {
-    if a.len() == 1 && b.len() > 1 {
-        // The pairing is symmetric: let the single-set state be `b`.
-        core::mem::swap(a, &mut b);
-    }
-    if b.len() == 1 && !a.is_empty() {
-        // Fast path: a single set joins `a`'s smallest logical set.
-        let s = b[0];
-        let joined = if a.len() < k {
-            s
-        } else {
-            let Some(smallest) = a.pop_front() else { return };
-            sets.merge(smallest, s)
-        };
-        let key = sets.key(joined);
-        let pos = a.partition_point(|&x| sets.key(x) < key);
-        a.insert(pos, joined);
-        return;
-    }
+/// the other (the differencing step), keeping `a` sorted. `out` is scratch space.
+fn merge_states(sets: &mut Sets, a: &mut State, b: &State, k: usize, out: &mut Vec<u32>) {
     let (ma, mb) = (a.len(), b.len());
-    let mut out: Vec<u32> = Vec::with_capacity((ma + mb).min(k));
+    out.clear();
     // Logical ascending arrays of length k: A[j] = a[j - (k - ma)] for j >= k - ma.
     // Pair A[j] with B[k - 1 - j]; B[k-1-j] is non-empty for j < mb.
     let first_a = k - ma;
@@ -288,7 +286,13 @@ fn merge_states(sets: &mut Sets, a: &mut State, mut b: State, k: usize) {
     }
     out.sort_unstable_by_key(|&s| sets.key(s));
     a.clear();
-    a.extend(out);
+    a.extend(out.iter().copied());
+}
+
+/// What the next pop yields: a single item not yet made a state, or a merged state's slot.
+enum Node {
+    Single(u32),
+    Merged(usize),
 }
 
 /// Karmarkar–Karp largest differencing for `k` groups.
@@ -296,65 +300,92 @@ fn merge_states(sets: &mut Sets, a: &mut State, mut b: State, k: usize) {
 /// Unequal: every item starts as its own state (one set, `k - 1` implicit empty ones), taken
 /// in (weight desc, index asc) order. Equal size: items sorted by (weight desc, index asc)
 /// are cut into runs of `k`, each run a state of `k` single-item sets. The two states of
-/// highest priority (spread, then largest set, then age) are merged until one is left.
+/// highest priority (spread, then largest set, then age, single items being the oldest) are
+/// merged until one is left.
 fn karmarkar_karp(weights: &[u64], k: u32, equal_size: bool) -> Vec<Vec<u32>> {
     let k = k as usize;
-    let mut sets = Sets::new(weights);
-    let order = sorted_desc(weights);
     if k == 1 {
         return alloc::vec![(0..weights.len() as u32).collect()];
     }
-    let mut states: Vec<Option<State>> = Vec::new();
-    let mut heap: BinaryHeap<Priority> = BinaryHeap::new();
-    // Singletons not yet turned into states, consumed in `order` (their priority is
+    let mut sets = Sets::new(weights);
+    let order = sorted_desc(weights);
+    // Merged states live in reusable slots; `free` lists the empty ones.
+    let mut slots: Vec<State> = Vec::new();
+    let mut free: Vec<usize> = Vec::new();
+    let mut heap: BinaryHeap<Entry> = BinaryHeap::new();
+    let mut age: u32 = 0;
+    let mut scratch: Vec<u32> = Vec::new();
+    // Single items not yet turned into states, consumed in `order` (their priority is
     // (w, w), non-increasing along `order`).
     let mut pending: &[u32] = &[];
     if equal_size {
         for run in order.chunks(k) {
             let mut st: State = run.iter().copied().collect();
             st.make_contiguous().sort_unstable_by_key(|&s| sets.key(s));
-            let id = states.len() as u32;
-            heap.push(priority(&sets, &st, k, id));
-            states.push(Some(st));
+            let (spread, max) = spread_and_max(&sets, &st, k);
+            heap.push((spread, max, Reverse(age), slots.len()));
+            age += 1;
+            slots.push(st);
         }
     } else {
         pending = &order;
     }
-    // Pops the next state: the composite one on top of the heap or the next singleton,
-    // whichever has the higher priority; singletons win ties (they are older).
-    let pop = |heap: &mut BinaryHeap<Priority>,
-                   states: &mut Vec<Option<State>>,
-                   pending: &mut &[u32]|
-     -> Option<State> {
-        let single = pending.first().map(|&i| (weights[i as usize], weights[i as usize]));
+    let pop = |heap: &mut BinaryHeap<Entry>, pending: &mut &[u32]| -> Option<Node> {
+        let single = pending.first().map(|&i| weights[i as usize]);
         let take_single = match (single, heap.peek()) {
-            (Some(s), Some(top)) => (s.0, s.1).cmp(&(top.0, top.1)) != Ordering::Less,
+            (Some(w), Some(top)) => (w, w) >= (top.0, top.1),
             (Some(_), None) => true,
             (None, _) => false,
         };
         if take_single {
             let i = pending[0];
             *pending = &pending[1..];
-            let mut st = State::with_capacity(1);
-            st.push_back(i);
-            Some(st)
+            Some(Node::Single(i))
         } else {
-            let top = heap.pop()?;
-            states[top.2.0 as usize].take()
+            heap.pop().map(|e| Node::Merged(e.3))
         }
     };
     loop {
-        let Some(mut a) = pop(&mut heap, &mut states, &mut pending) else { break };
-        let Some(b) = pop(&mut heap, &mut states, &mut pending) else {
+        let Some(a) = pop(&mut heap, &mut pending) else { break };
+        let Some(b) = pop(&mut heap, &mut pending) else {
             // `a` is the final state.
-            let mut groups: Vec<Vec<u32>> = a.iter().map(|&s| sets.members(s)).collect();
+            let mut groups: Vec<Vec<u32>> = match a {
+                Node::Single(i) => alloc::vec![alloc::vec![i]],
+                Node::Merged(slot) => slots[slot].iter().map(|&s| sets.members(s)).collect(),
+            };
             groups.resize_with(k, Vec::new);
             return groups;
         };
-        merge_states(&mut sets, &mut a, b, k);
-        let id = states.len() as u32;
-        heap.push(priority(&sets, &a, k, id));
-        states.push(Some(a));
+        let slot = match (a, b) {
+            (Node::Single(x), Node::Single(y)) => {
+                let slot = free.pop().unwrap_or_else(|| {
+                    slots.push(State::new());
+                    slots.len() - 1
+                });
+                let st = &mut slots[slot];
+                st.clear();
+                // k >= 2: two separate sets, ascending by (sum, name).
+                let (lo, hi) = if sets.key(x) < sets.key(y) { (x, y) } else { (y, x) };
+                st.push_back(lo);
+                st.push_back(hi);
+                slot
+            }
+            (Node::Single(x), Node::Merged(slot)) | (Node::Merged(slot), Node::Single(x)) => {
+                absorb_single(&mut sets, &mut slots[slot], x, k);
+                slot
+            }
+            (Node::Merged(sa), Node::Merged(sb)) => {
+                let b_state = core::mem::take(&mut slots[sb]);
+                merge_states(&mut sets, &mut slots[sa], &b_state, k, &mut scratch);
+                slots[sb] = b_state;
+                slots[sb].clear();
+                free.push(sb);
+                sa
+            }
+        };
+        let (spread, max) = spread_and_max(&sets, &slots[slot], k);
+        heap.push((spread, max, Reverse(age), slot));
+        age += 1;
     }
     alloc::vec![Vec::new(); k]
 }

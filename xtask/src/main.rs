@@ -6,6 +6,9 @@
 //! - `check-kernel`: builds the same way into `target/` and fails if the bytes differ from
 //!   the committed component. Exits 3 (with a message) when the `wasm32-wasip2` target is
 //!   not installed, so callers can tell "cannot check here" from "differs".
+//! - `test`: every test of the project — `cargo test --release` of the workspace (kernel
+//!   proptests, conformance vectors on native and WASM, host and CLI tests), then the
+//!   Python SDK's tests when `sdk-python/` holds a package (see `sdk-python/README.md`).
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
@@ -64,6 +67,7 @@ fn main() -> ExitCode {
     let wasm_path = assets.join("stowplan_kernel.wasm");
     let sha_path = assets.join("stowplan_kernel.wasm.sha256");
     match cmd.as_str() {
+        "test" => run_tests(),
         "build-kernel" | "check-kernel" => {
             if !target_installed() {
                 eprintln!(
@@ -109,8 +113,36 @@ fn main() -> ExitCode {
             }
         }
         _ => {
-            eprintln!("usage: cargo xtask build-kernel | check-kernel");
+            eprintln!("usage: cargo xtask test | build-kernel | check-kernel");
             ExitCode::from(2)
         }
     }
+}
+
+/// Runs a command in the workspace root, echoing it; `Err` with a message if it fails.
+fn run(program: &str, args: &[&str]) -> Result<(), String> {
+    eprintln!("xtask: $ {program} {}", args.join(" "));
+    let status = Command::new(program)
+        .current_dir(root())
+        .args(args)
+        .status()
+        .map_err(|e| format!("running {program}: {e}"))?;
+    if status.success() { Ok(()) } else { Err(format!("`{program} {}` failed ({status})", args.join(" "))) }
+}
+
+fn run_tests() -> ExitCode {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let mut steps: Vec<(&str, Vec<&str>)> = vec![(cargo.as_str(), vec!["test", "--release", "--locked"])];
+    let sdk_script = root().join("sdk-python/run_tests.sh");
+    let sdk_script = sdk_script.to_string_lossy().into_owned();
+    if Path::new(&sdk_script).is_file() {
+        steps.push(("bash", vec![sdk_script.as_str()]));
+    }
+    for (program, args) in steps {
+        if let Err(e) = run(program, &args) {
+            eprintln!("xtask: {e}");
+            return ExitCode::from(1);
+        }
+    }
+    ExitCode::SUCCESS
 }
