@@ -23,7 +23,7 @@ pub mod input;
 mod wasm;
 
 pub use error::Error;
-pub use stowplan_kernel::verl::PyError;
+pub use stowplan_kernel::verl::{PyError, SeqlenUnbalance, UnbalanceError};
 pub use stowplan_kernel::{
     OversizePolicy, PackMethod, PackOptions, Packing, PartitionMethod, PartitionOptions, Partitioning,
 };
@@ -59,6 +59,16 @@ pub enum VerlFunction {
     GreedyPartition,
     /// `get_seqlen_balanced_partitions`.
     GetSeqlenBalancedPartitions,
+}
+
+/// verl 0.9.1's `log_seqlen_unbalance` figures for `partitions` of `seqlens` (a metric,
+/// computed by the kernel crate natively on every backend; see
+/// [`stowplan_kernel::verl::log_seqlen_unbalance`]).
+pub fn verl_log_seqlen_unbalance(
+    seqlens: &[i64],
+    partitions: &[Vec<i64>],
+) -> Result<SeqlenUnbalance, UnbalanceError> {
+    stowplan_kernel::verl::log_seqlen_unbalance(seqlens, partitions)
 }
 
 /// The stowplan kernel behind one typed API. Cheap to create and to clone; `Send + Sync`.

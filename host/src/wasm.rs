@@ -15,7 +15,7 @@ use crate::error::{Error, runtime};
 
 mod bindings {
     wasmtime::component::bindgen!({
-        path: "../wit",
+        path: "wit",
         world: "kernel",
     });
 }

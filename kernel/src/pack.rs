@@ -101,6 +101,18 @@ impl Packing {
     pub fn padding_tokens(&self) -> u64 {
         self.aligned_tokens - self.real_tokens
     }
+
+    /// Fill of the regular bins (all but the `single` ones): their real tokens over
+    /// `bins × capacity`, in 0..=1; 0 when there is no regular bin. `lengths` and `capacity`
+    /// are the ones the packing was made from. (A figure for reports, not a decision.)
+    pub fn efficiency(&self, lengths: &[u64], capacity: u64) -> f64 {
+        let regular = self.bins() - self.single.len();
+        if regular == 0 || capacity == 0 {
+            return 0.0;
+        }
+        let single_real: u64 = self.single.iter().map(|&i| lengths[i as usize]).sum();
+        (self.real_tokens - single_real) as f64 / (regular as f64 * capacity as f64)
+    }
 }
 
 /// Packs `lengths` into bins of `options.capacity` tokens.

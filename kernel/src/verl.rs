@@ -333,3 +333,77 @@ pub fn get_seqlen_balanced_partitions(
     }
     Ok(parts)
 }
+
+/// The integer figures of verl's `log_seqlen_unbalance(seqlen_list, partitions, prefix)`.
+/// verl's `mean` is `total / k` in Python float division; the other keys are
+/// `min`, `max`, `minmax_diff = max - min`, `balanced_min`, `balanced_max`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SeqlenUnbalance {
+    /// Smallest sum over contiguous chunks of `n / k` items of the input order ("before").
+    pub min: i128,
+    /// Largest such chunk sum.
+    pub max: i128,
+    /// Smallest partition sum ("after").
+    pub balanced_min: i128,
+    /// Largest partition sum.
+    pub balanced_max: i128,
+    /// Sum over all chunks (every item once).
+    pub total: i128,
+    /// Number of partitions (the divisor of `mean`).
+    pub k: usize,
+}
+
+/// verl's `log_seqlen_unbalance`: chunk sums of the input order in steps of `n // k`, and
+/// partition sums (indices follow Python's rules: negative indices count from the end).
+/// Fails like verl ([`UnbalanceError`]): `ZeroDivisionError` with no partitions,
+/// `ValueError("range() arg 3 must not be zero")` when `n < k`, `IndexError` for an index
+/// outside the list.
+pub fn log_seqlen_unbalance(seqlens: &[i64], partitions: &[Vec<i64>]) -> Result<SeqlenUnbalance, UnbalanceError> {
+    let n = seqlens.len();
+    let k = partitions.len();
+    if k == 0 {
+        return Err(UnbalanceError::ZeroDivision("integer division or modulo by zero".into()));
+    }
+    let chunk = n / k;
+    if chunk == 0 {
+        return Err(UnbalanceError::Value("range() arg 3 must not be zero".into()));
+    }
+    let (mut min, mut max, mut total): (Option<i128>, Option<i128>, i128) = (None, None, 0);
+    for c in seqlens.chunks(chunk) {
+        let s: i128 = c.iter().map(|&x| i128::from(x)).sum();
+        min = Some(min.map_or(s, |m| m.min(s)));
+        max = Some(max.map_or(s, |m| m.max(s)));
+        total += s;
+    }
+    let mut sums = Vec::with_capacity(k);
+    for p in partitions {
+        let mut s: i128 = 0;
+        for &i in p {
+            let idx = if i < 0 { i.checked_add(n as i64) } else { Some(i) };
+            match idx.and_then(|j| usize::try_from(j).ok()).filter(|&j| j < n) {
+                Some(j) => s += i128::from(seqlens[j]),
+                None => return Err(UnbalanceError::Index("list index out of range".into())),
+            }
+        }
+        sums.push(s);
+    }
+    Ok(SeqlenUnbalance {
+        min: min.unwrap_or(0),
+        max: max.unwrap_or(0),
+        balanced_min: sums.iter().copied().min().unwrap_or(0),
+        balanced_max: sums.iter().copied().max().unwrap_or(0),
+        total,
+        k,
+    })
+}
+
+/// A failure of [`log_seqlen_unbalance`], named by the Python exception verl raises.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum UnbalanceError {
+    /// `ZeroDivisionError` (no partitions).
+    ZeroDivision(String),
+    /// `ValueError` (fewer items than partitions: a zero chunk size).
+    Value(String),
+    /// `IndexError` (a partition names an index outside the list).
+    Index(String),
+}

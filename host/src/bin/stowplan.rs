@@ -277,13 +277,7 @@ fn run_pack(a: PackArgs) -> Result<(), Failure> {
     let ms = t.elapsed().as_secs_f64() * 1e3;
     let bins = p.bins() as u64;
     let regular = bins - p.single.len() as u64;
-    let single_tokens: u64 = p.single.iter().map(|&i| lengths[i as usize]).sum();
-    // Fill of the regular bins: real tokens over the capacity they offer.
-    let efficiency = if regular == 0 {
-        0.0
-    } else {
-        (p.real_tokens - single_tokens) as f64 / (regular as f64 * a.capacity as f64)
-    };
+    let efficiency = p.efficiency(&lengths, a.capacity);
     let method = format!("{:?}", a.method).to_lowercase().replace("nextfit", "next-fit");
     if a.common.json {
         let v = json!({

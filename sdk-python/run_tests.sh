@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Builds and installs the SDK into a fresh virtual environment exactly as a user would
+# (`pip install ./sdk-python`), then runs its tests. Called by `cargo xtask test`.
+set -euo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+root="$(dirname "$here")"
+venv="${STOWPLAN_SDK_VENV:-$root/target/sdk-venv}"
+python="${PYTHON:-python3}"
+
+rm -rf "$venv"
+"$python" -m venv "$venv"
+"$venv/bin/python" -m pip install --quiet --upgrade pip
+# The same cargo target directory as the rest of the workspace: no second wasmtime build.
+CARGO_TARGET_DIR="$root/target" "$venv/bin/python" -m pip install --quiet "$here[test]"
+cd "$venv"   # import the installed package, not the source tree
+"$venv/bin/python" -c "import stowplan; p = stowplan.partition([100, 900, 50, 950, 400, 600], 2); assert p.groups == [[0, 2, 3, 4], [1, 5]], p.groups; print('sdk: import ok,', stowplan.kernel_info()['sha256'][:12])"
+"$venv/bin/python" -m pytest -q -p no:cacheprovider "$here/tests"

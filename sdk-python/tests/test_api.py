@@ -1,0 +1,182 @@
+"""The public API: inputs of every kind, results, errors, threads and properties."""
+
+from __future__ import annotations
+
+import concurrent.futures
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import stowplan
+
+DOCS = [100, 900, 50, 950, 400, 600]
+
+
+class ArrayLike:
+    """Only ``__array__`` (like a CPU torch tensor)."""
+
+    def __init__(self, data):
+        self._data = np.asarray(data)
+
+    def __array__(self, dtype=None, copy=None):
+        return self._data if dtype is None else self._data.astype(dtype)
+
+
+class DLPackOnly:
+    """Only the DLPack protocol."""
+
+    def __init__(self, data):
+        self._data = np.asarray(data)
+
+    def __dlpack__(self, **kwargs):
+        return self._data.__dlpack__(**kwargs)
+
+    def __dlpack_device__(self):
+        return self._data.__dlpack_device__()
+
+
+@pytest.mark.parametrize(
+    "weights",
+    [
+        DOCS,
+        tuple(DOCS),
+        np.array(DOCS, dtype=np.uint64),
+        np.array(DOCS, dtype=np.int64),
+        np.array(DOCS, dtype=np.int32),
+        np.array(DOCS, dtype=np.uint16),
+        np.repeat(np.array(DOCS, dtype=np.int64), 2)[::2],  # not contiguous
+        ArrayLike(DOCS),
+        DLPackOnly(np.array(DOCS, dtype=np.int64)),
+    ],
+)
+def test_input_kinds(weights):
+    p = stowplan.partition(weights, 2)
+    assert p.groups == [[0, 2, 3, 4], [1, 5]]
+    assert p.sums.tolist() == [1500, 1500]
+    assert (p.total, p.spread, p.lower_bound, p.k, p.max, len(p)) == (3000, 0, 1500, 2, 1500, 2)
+
+
+def test_outputs_are_numpy():
+    p = stowplan.partition(np.arange(1, 101), 7)
+    assert p.offsets.dtype == np.uint32 and p.indices.dtype == np.uint32 and p.sums.dtype == np.uint64
+    assert len(p.offsets) == 8 and sorted(p.indices.tolist()) == list(range(100))
+    b = stowplan.pack(np.arange(1, 101), 120, align=4, method="ffd")
+    assert b.loads.dtype == np.uint64 and b.dropped.dtype == np.uint32
+    assert b.real_tokens == 5050 and b.padding_tokens == b.aligned_tokens - 5050
+    assert 0 < b.efficiency <= 1
+    assert "Packing(" in repr(b) and "Partition(" in repr(p)
+
+
+def test_pack_policies():
+    b = stowplan.pack([3, 20, 4, 15], 10, oversize="single")
+    assert b.bins == [[1], [3], [0, 2]] and b.single.tolist() == [1, 3] and b.lower_bound == 1
+    assert b.efficiency == pytest.approx(7 / 10)
+    b = stowplan.pack([3, 20, 4, 15], 10, oversize="drop")
+    assert b.bins == [[0, 2]] and b.dropped.tolist() == [1, 3]
+    assert stowplan.pack([5, 3, 7, 2, 6], 10, method="next-fit").bins == [[0, 1], [2, 3], [4]]
+
+
+def test_native_backend_agrees():
+    rng = np.random.default_rng(7)
+    lengths = rng.integers(1, 8192, size=3000)
+    a = stowplan.partition(lengths, 16, backend="wasm")
+    b = stowplan.partition(lengths, 16, backend="native")
+    assert a.groups == b.groups and a.sums.tolist() == b.sums.tolist()
+
+
+@pytest.mark.parametrize(
+    "call, fragment",
+    [
+        (lambda: stowplan.partition(DOCS, 0), "k must be in 1..="),
+        (lambda: stowplan.partition(DOCS, -3), "k must be in 1..="),
+        (lambda: stowplan.partition(DOCS, 2.0), "k must be an integer"),
+        (lambda: stowplan.partition(DOCS, True), "k must be an integer"),
+        (lambda: stowplan.partition(DOCS, 7), "k must be at most the number of weights n = 6"),
+        (lambda: stowplan.partition([], 1), "weights must not be empty"),
+        (lambda: stowplan.partition([1, -2, 3], 1), "weights[1] = -2 is negative"),
+        (lambda: stowplan.partition([1.5, 2.0], 1), "weights must hold integers"),
+        (lambda: stowplan.partition([[1, 2]], 1), "weights must be one-dimensional"),
+        (lambda: stowplan.partition([2**64], 1), "weights must hold integers in 0..=2**64-1"),
+        (lambda: stowplan.partition([1, 2, 3], 2, equal_size=True), "multiple of k"),
+        (lambda: stowplan.partition(DOCS, 2, method="best"), "method must be 'kk', 'greedy' or 'verl'"),
+        (lambda: stowplan.partition(DOCS, 2, method="verl", refine=True), "refine must be false"),
+        (lambda: stowplan.partition(DOCS, 2, backend="gpu"), "backend must be 'wasm' or 'native'"),
+        (lambda: stowplan.pack(DOCS, 0), "capacity must be in 1..="),
+        (lambda: stowplan.pack(DOCS, 1000, align=0), "align must be in 1..="),
+        (lambda: stowplan.pack(DOCS, 1000, method="worst"), "method must be 'bfd', 'ffd' or 'next-fit'"),
+        (lambda: stowplan.pack(DOCS, 1000, oversize="truncate"), "oversize must be 'error', 'single' or 'drop'"),
+        (lambda: stowplan.pack([2**63, 2**63], 2**64 - 1), "overflows"),
+    ],
+)
+def test_invalid_arguments_name_the_argument(call, fragment):
+    with pytest.raises(stowplan.InvalidArgumentError) as info:
+        call()
+    assert fragment in str(info.value)
+    assert isinstance(info.value, ValueError) and isinstance(info.value, stowplan.StowplanError)
+
+
+def test_infeasible():
+    with pytest.raises(stowplan.InfeasibleError, match=r"lengths\[1\] = 1001 .*capacity = 1000"):
+        stowplan.pack([10, 1001], 1000)
+    assert not issubclass(stowplan.InfeasibleError, ValueError)
+
+
+def test_threads_share_the_kernel():
+    rng = np.random.default_rng(1)
+    batches = [rng.integers(1, 16384, size=2048) for _ in range(8)]
+    expected = [stowplan.partition(b, 8).groups for b in batches]
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        got = list(pool.map(lambda b: stowplan.partition(b, 8).groups, batches * 3))
+    assert got == expected * 3
+
+
+def test_kernel_info():
+    info = stowplan.kernel_info()
+    assert len(info["sha256"]) == 64 and info["imports"] == []
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    weights=st.lists(st.integers(0, 100_000), min_size=1, max_size=150),
+    k=st.integers(1, 12),
+    method=st.sampled_from(["kk", "greedy"]),
+    equal_size=st.booleans(),
+)
+def test_partition_invariants(weights, k, method, equal_size):
+    if k > len(weights):
+        k = len(weights)
+    if equal_size:
+        weights = weights[: len(weights) - len(weights) % k]
+    p = stowplan.partition(weights, k, method=method, equal_size=equal_size)
+    assert len(p.groups) == k
+    assert sorted(i for g in p.groups for i in g) == list(range(len(weights)))
+    assert [sum(weights[i] for i in g) for g in p.groups] == p.sums.tolist()
+    assert p.spread == max(p.sums) - min(p.sums)
+    assert p.max >= p.lower_bound == max(-(-sum(weights) // k), max(weights))
+    if equal_size:
+        assert {len(g) for g in p.groups} == {len(weights) // k}
+    native = stowplan.partition(weights, k, method=method, equal_size=equal_size, backend="native")
+    assert native.groups == p.groups
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    lengths=st.lists(st.integers(0, 3000), min_size=1, max_size=200),
+    capacity=st.integers(1, 4000),
+    align=st.integers(1, 8),
+    method=st.sampled_from(["bfd", "ffd", "next-fit"]),
+    oversize=st.sampled_from(["single", "drop"]),
+)
+def test_pack_invariants(lengths, capacity, align, method, oversize):
+    b = stowplan.pack(lengths, capacity, align=align, method=method, oversize=oversize)
+    aligned = [-(-x // align) * align for x in lengths]
+    placed = sorted(i for bin_ in b.bins for i in bin_)
+    oversized = [i for i, a in enumerate(aligned) if a > capacity]
+    expected = [i for i in range(len(lengths)) if not (oversize == "drop" and i in oversized)]
+    assert placed == expected
+    for bin_, load in zip(b.bins, b.loads.tolist()):
+        assert load == sum(aligned[i] for i in bin_)
+        assert load <= capacity or (len(bin_) == 1 and bin_[0] in b.single.tolist())
+    assert b.num_bins - len(b.single) >= b.lower_bound
