@@ -33,6 +33,7 @@ fn main() {
     let d262 = docs[..262_144].to_vec();
     let d16 = docs[..16_384].to_vec();
     let rl = workload("rl-math-8k.txt", usize::MAX);
+    let rl1k = rl[..1024].to_vec();
     let docs2 = docs.clone();
     let docs3 = docs.clone();
     let d16b = d16.clone();
@@ -47,6 +48,7 @@ fn main() {
         ("pack ffd 1m cap 32768", Box::new(move |k| drop(k.pack(&docs2, &single(PackMethod::Ffd)).unwrap()))),
         ("pack next-fit 1m cap 32768", Box::new(move |k| drop(k.pack(&docs3, &single(PackMethod::NextFit)).unwrap()))),
         ("pack bfd rl-math-8k cap 16384", Box::new(move |k| drop(k.pack(&rl, &PackOptions::new(16_384)).unwrap()))),
+        ("partition 1024 rl-math k8", Box::new(move |k| drop(k.partition(&rl1k, 8, &PartitionOptions::default()).unwrap()))),
     ];
     let wasm = Kernel::wasm().expect("WASM kernel");
     let native = Kernel::native();

@@ -167,10 +167,51 @@ fn canonical_order(weights: &[u64], mut groups: Vec<Vec<u32>>) -> Vec<Vec<u32>> 
     keyed.into_iter().map(|(_, _, g)| g).collect()
 }
 
+/// Groups from a per-item group label: members come out ascending, no sort needed.
+fn groups_from_labels(labels: &[u32], k: usize) -> Vec<Vec<u32>> {
+    let mut counts = alloc::vec![0usize; k];
+    for &g in labels {
+        counts[g as usize] += 1;
+    }
+    let mut groups: Vec<Vec<u32>> = counts.iter().map(|&c| Vec::with_capacity(c)).collect();
+    for (i, &g) in labels.iter().enumerate() {
+        groups[g as usize].push(i as u32);
+    }
+    groups
+}
+
 /// Items sorted by (weight descending, index ascending).
 fn sorted_desc(weights: &[u64]) -> Vec<u32> {
-    let mut order: Vec<u32> = (0..weights.len() as u32).collect();
-    order.sort_unstable_by(|&a, &b| weights[b as usize].cmp(&weights[a as usize]).then(a.cmp(&b)));
+    // Stable LSD radix sort on `max - w` (ascending), 8 bits a pass, only as many passes as
+    // `max` has bits: O(n · bytes), and stability keeps equal weights in index order.
+    let n = weights.len();
+    let max = weights.iter().copied().max().unwrap_or(0);
+    let bits = 64 - max.leading_zeros();
+    let mut order: Vec<u32> = (0..n as u32).collect();
+    let mut tmp: Vec<u32> = alloc::vec![0; n];
+    let mut shift = 0;
+    while shift < bits {
+        let digit = |i: u32| (((max - weights[i as usize]) >> shift) & 0xff) as usize;
+        let mut counts = [0usize; 257];
+        for &i in &order {
+            counts[digit(i) + 1] += 1;
+        }
+        if counts.iter().any(|&c| c == n) {
+            // Every item has the same digit here: this pass would not move anything.
+            shift += 8;
+            continue;
+        }
+        for d in 0..256 {
+            counts[d + 1] += counts[d];
+        }
+        for &i in &order {
+            let d = digit(i);
+            tmp[counts[d]] = i;
+            counts[d] += 1;
+        }
+        core::mem::swap(&mut order, &mut tmp);
+        shift += 8;
+    }
     order
 }
 
@@ -180,17 +221,17 @@ fn sorted_desc(weights: &[u64]) -> Vec<u32> {
 fn lpt(weights: &[u64], k: u32, equal_size: bool) -> Vec<Vec<u32>> {
     let n = weights.len();
     let cap = if equal_size { n / k as usize } else { usize::MAX };
-    let mut groups: Vec<Vec<u32>> = (0..k).map(|_| Vec::new()).collect();
+    let mut labels = alloc::vec![0u32; n];
     let mut heap: BinaryHeap<Reverse<(u64, usize, u32)>> = (0..k).map(|g| Reverse((0u64, 0, g))).collect();
     for i in sorted_desc(weights) {
         // The heap is never empty here: n <= k * cap, and only full groups leave it.
         let Some(Reverse((sum, count, g))) = heap.pop() else { break };
-        groups[g as usize].push(i);
+        labels[i as usize] = g;
         if count + 1 < cap {
             heap.push(Reverse((sum + weights[i as usize], count + 1, g)));
         }
     }
-    groups
+    groups_from_labels(&labels, k as usize)
 }
 
 /// Arena of item sets for Karmarkar–Karp: sets are linked lists of items, named by their
@@ -224,14 +265,13 @@ impl Sets {
         (self.sum[s as usize], s)
     }
 
-    fn members(&self, s: u32) -> Vec<u32> {
-        let mut out = Vec::new();
+    /// Writes `label` for every member of set `s`.
+    fn label(&self, s: u32, label: u32, labels: &mut [u32]) {
         let mut cur = s;
         while cur != NIL {
-            out.push(cur);
+            labels[cur as usize] = label;
             cur = self.next[cur as usize];
         }
-        out
     }
 }
 
@@ -267,7 +307,7 @@ fn absorb_single(sets: &mut Sets, a: &mut State, s: u32, k: usize) {
 
 /// Merges `b` into `a` pairing the i-th smallest logical set of one with the i-th largest of
 /// the other (the differencing step), keeping `a` sorted. `out` is scratch space.
-fn merge_states(sets: &mut Sets, a: &mut State, b: &State, k: usize, out: &mut Vec<u32>) {
+fn merge_states(sets: &mut Sets, a: &mut State, b: &State, k: usize, out: &mut Vec<(u64, u32)>) {
     let (ma, mb) = (a.len(), b.len());
     out.clear();
     // Logical ascending arrays of length k: A[j] = a[j - (k - ma)] for j >= k - ma.
@@ -278,15 +318,16 @@ fn merge_states(sets: &mut Sets, a: &mut State, b: &State, k: usize, out: &mut V
     for j in js {
         let sa = (j >= first_a).then(|| a[j - first_a]);
         let sb = (j < mb).then(|| b[mb - 1 - j]);
-        match (sa, sb) {
-            (Some(x), Some(y)) => out.push(sets.merge(x, y)),
-            (Some(x), None) | (None, Some(x)) => out.push(x),
-            (None, None) => {}
-        }
+        let joined = match (sa, sb) {
+            (Some(x), Some(y)) => sets.merge(x, y),
+            (Some(x), None) | (None, Some(x)) => x,
+            (None, None) => continue,
+        };
+        out.push(sets.key(joined));
     }
-    out.sort_unstable_by_key(|&s| sets.key(s));
+    out.sort_unstable();
     a.clear();
-    a.extend(out.iter().copied());
+    a.extend(out.iter().map(|&(_, s)| s));
 }
 
 /// What the next pop yields: a single item not yet made a state, or a merged state's slot.
@@ -314,7 +355,7 @@ fn karmarkar_karp(weights: &[u64], k: u32, equal_size: bool) -> Vec<Vec<u32>> {
     let mut free: Vec<usize> = Vec::new();
     let mut heap: BinaryHeap<Entry> = BinaryHeap::new();
     let mut age: u32 = 0;
-    let mut scratch: Vec<u32> = Vec::new();
+    let mut scratch: Vec<(u64, u32)> = Vec::new();
     // Single items not yet turned into states, consumed in `order` (their priority is
     // (w, w), non-increasing along `order`).
     let mut pending: &[u32] = &[];
@@ -346,20 +387,40 @@ fn karmarkar_karp(weights: &[u64], k: u32, equal_size: bool) -> Vec<Vec<u32>> {
         }
     };
     loop {
+        // Fast path, the common case: the heap's top state absorbs the next single item.
+        // That is what the two pops below would do when the top beats the next item and the
+        // item beats the runner-up (the larger child of the root); updating the top in place
+        // costs one sift instead of a pop and a push, and gives the same result.
+        if let (Some(&i), Some(top)) = (pending.first(), heap.peek()) {
+            let w = weights[i as usize];
+            let runner_up = heap.as_slice()[1..].iter().take(2).max();
+            if (w, w) < (top.0, top.1) && runner_up.is_none_or(|r| (w, w) >= (r.0, r.1)) {
+                pending = &pending[1..];
+                if let Some(mut top) = heap.peek_mut() {
+                    let slot = top.3;
+                    absorb_single(&mut sets, &mut slots[slot], i, k);
+                    let (spread, max) = spread_and_max(&sets, &slots[slot], k);
+                    *top = (spread, max, Reverse(age), slot);
+                    age += 1;
+                }
+                continue;
+            }
+        }
         let Some(a) = pop(&mut heap, &mut pending) else { break };
         let Some(b) = pop(&mut heap, &mut pending) else {
-            // `a` is the final state.
-            let mut groups: Vec<Vec<u32>> = match a {
-                Node::Single(i) => alloc::vec![alloc::vec![i]],
-                Node::Merged(slot) => slots[slot].iter().map(|&s| sets.members(s)).collect(),
-            };
-            groups.resize_with(k, Vec::new);
-            return groups;
+            // `a` is the final state: label each item with its set's position.
+            let mut labels = alloc::vec![0u32; weights.len()];
+            if let Node::Merged(slot) = a {
+                for (g, &s) in slots[slot].iter().enumerate() {
+                    sets.label(s, g as u32, &mut labels);
+                }
+            }
+            return groups_from_labels(&labels, k);
         };
         let slot = match (a, b) {
             (Node::Single(x), Node::Single(y)) => {
                 let slot = free.pop().unwrap_or_else(|| {
-                    slots.push(State::new());
+                    slots.push(State::with_capacity(k.min(weights.len())));
                     slots.len() - 1
                 });
                 let st = &mut slots[slot];
