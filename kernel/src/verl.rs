@@ -77,17 +77,37 @@ fn check_k(k: u32) -> Result<(), PyError> {
     Ok(())
 }
 
-/// A set of verl's KK: (index, length) items in insertion order.
+/// The integer type of set sums: `i64` when the sum of absolute lengths fits (exact, and
+/// fast in WebAssembly), `i128` otherwise (sums of up to 2^64 lengths of any i64 value).
+trait Sum: Copy + Ord + Default + core::fmt::Debug + core::ops::Add<Output = Self> + core::ops::Sub<Output = Self> {
+    fn of(v: i64) -> Self;
+}
+
+impl Sum for i64 {
+    fn of(v: i64) -> Self {
+        v
+    }
+}
+
+impl Sum for i128 {
+    fn of(v: i64) -> Self {
+        i128::from(v)
+    }
+}
+
+/// A set of verl's KK: its item indices in insertion order. verl's items are
+/// (index, length) tuples; indices are unique, so comparing two item lists
+/// lexicographically is the same as comparing their index lists.
 #[derive(Clone, Debug, Default)]
-struct VSet {
-    sum: i128,
-    items: Vec<(i64, i64)>,
+struct VSet<S> {
+    sum: S,
+    items: Vec<u32>,
 }
 
 /// Python's `Set.__lt__` as a total order: (sum, item count, items lexicographically).
-fn cmp_set(a: Option<&VSet>, b: Option<&VSet>) -> Ordering {
-    let key = |s: Option<&VSet>| s.map_or((0, 0), |s| (s.sum, s.items.len()));
-    fn items(s: Option<&VSet>) -> &[(i64, i64)] {
+fn cmp_set<S: Sum>(a: Option<&VSet<S>>, b: Option<&VSet<S>>) -> Ordering {
+    let key = |s: Option<&VSet<S>>| s.map_or((S::default(), 0), |s| (s.sum, s.items.len()));
+    fn items<S>(s: Option<&VSet<S>>) -> &[u32] {
         s.map_or(&[], |s| &s.items)
     }
     key(a).cmp(&key(b)).then_with(|| items(a).cmp(items(b)))
@@ -97,16 +117,23 @@ fn cmp_set(a: Option<&VSet>, b: Option<&VSet>) -> Ordering {
 /// logically between the sets that compare above an empty set (sum ≥ 0, `hi` of them) and
 /// those below it (sum < 0).
 #[derive(Debug)]
-struct VState {
-    sets: Vec<VSet>,
+struct VState<S> {
+    sets: Vec<VSet<S>>,
     hi: usize,
+    /// `State.spread`, cached: largest logical set sum minus smallest.
+    spread: S,
 }
 
-impl VState {
-    fn new(mut sets: Vec<VSet>) -> Self {
-        sets.sort_by(|a, b| cmp_set(Some(b), Some(a)));
-        let hi = sets.iter().filter(|s| s.sum >= 0).count();
-        Self { sets, hi }
+impl<S: Sum> VState<S> {
+    fn new(mut sets: Vec<VSet<S>>, k: usize) -> Self {
+        // Non-empty sets never compare equal (their items differ), so an unstable sort
+        // gives Python's order.
+        sets.sort_unstable_by(|a, b| cmp_set(Some(b), Some(a)));
+        let hi = sets.iter().filter(|s| s.sum >= S::default()).count();
+        let mut state = Self { sets, hi, spread: S::default() };
+        state.spread =
+            state.at(0, k).map_or(S::default(), |s| s.sum) - state.at(k - 1, k).map_or(S::default(), |s| s.sum);
+        state
     }
 
     /// Where logical position `i` of `k` (descending order) is stored in `sets`, `None` if
@@ -123,65 +150,65 @@ impl VState {
     }
 
     /// The set at logical position `i` of `k`, `None` if empty.
-    fn at(&self, i: usize, k: usize) -> Option<&VSet> {
+    fn at(&self, i: usize, k: usize) -> Option<&VSet<S>> {
         self.slot(i, k).map(|p| &self.sets[p])
     }
 
-    fn spread(&self, k: usize) -> i128 {
-        self.at(0, k).map_or(0, |s| s.sum) - self.at(k - 1, k).map_or(0, |s| s.sum)
-    }
-
-    /// The logical positions holding a non-empty set.
-    fn occupied(&self, k: usize) -> impl Iterator<Item = usize> + use<> {
-        let lo = self.sets.len() - self.hi;
-        (0..self.hi).chain(k - lo..k)
-    }
-
     /// `State.merge`: set i takes the items of `other`'s set k−1−i; then re-sorted.
-    fn merge(self, other: VState, k: usize) -> VState {
-        let mut positions: Vec<usize> = self.occupied(k).collect();
-        positions.extend(other.occupied(k).map(|j| k - 1 - j));
-        positions.sort_unstable();
-        positions.dedup();
-        let slots: Vec<(Option<usize>, Option<usize>)> =
-            positions.iter().map(|&i| (self.slot(i, k), other.slot(k - 1 - i, k))).collect();
-        let mut mine: Vec<Option<VSet>> = self.sets.into_iter().map(Some).collect();
-        let mut theirs: Vec<Option<VSet>> = other.sets.into_iter().map(Some).collect();
-        let mut out = Vec::with_capacity(slots.len());
-        for (pa, pb) in slots {
-            let a = pa.and_then(|p| mine[p].take());
-            let b = pb.and_then(|p| theirs[p].take());
-            match (a, b) {
-                (Some(mut x), Some(y)) => {
-                    x.sum += y.sum;
+    fn merge(self, other: VState<S>, k: usize) -> VState<S> {
+        // Logical positions with a non-empty side: self's [0, hi) ∪ [k - lo, k), and
+        // other's mirrored, [0, other.lo) ∪ [k - other.hi, k): two ranges in all.
+        let (lo_s, lo_o) = (self.sets.len() - self.hi, other.sets.len() - other.hi);
+        let head = self.hi.max(lo_o);
+        let tail = (k - lo_s).min(k - other.hi).max(head);
+        let slot = |hi: usize, len: usize, i: usize| -> Option<usize> {
+            let lo = len - hi;
+            if i < hi {
+                Some(i)
+            } else if i >= k - lo {
+                Some(hi + i - (k - lo))
+            } else {
+                None
+            }
+        };
+        let (hi_s, len_s, hi_o, len_o) = (self.hi, self.sets.len(), other.hi, other.sets.len());
+        let (mut mine, mut theirs) = (self.sets, other.sets);
+        let mut out = Vec::with_capacity(head + (k - tail));
+        for i in (0..head).chain(tail..k) {
+            match (slot(hi_s, len_s, i), slot(hi_o, len_o, k - 1 - i)) {
+                (Some(a), Some(b)) => {
+                    let mut x = core::mem::take(&mut mine[a]);
+                    let y = core::mem::take(&mut theirs[b]);
+                    x.sum = x.sum + y.sum;
                     x.items.extend(y.items);
                     out.push(x);
                 }
-                (Some(x), None) | (None, Some(x)) => out.push(x),
+                (Some(a), None) => out.push(core::mem::take(&mut mine[a])),
+                (None, Some(b)) => out.push(core::mem::take(&mut theirs[b])),
                 (None, None) => {}
             }
         }
-        VState::new(out)
+        VState::new(out, k)
     }
 }
 
-/// Python's `heapq` on state indices with `State.__lt__`.
-struct PyHeap {
-    heap: Vec<usize>,
+/// Python's `heapq` with `State.__lt__`, on (spread, state index) entries: the spread is
+/// kept in the entry so most comparisons need not look at the state.
+struct PyHeap<S> {
+    heap: Vec<(S, usize)>,
 }
 
-impl PyHeap {
-    fn lt(states: &[Option<VState>], k: usize, a: usize, b: usize) -> bool {
-        let (Some(sa), Some(sb)) = (&states[a], &states[b]) else { return false };
-        let (pa, pb) = (sa.spread(k), sb.spread(k));
-        if pa != pb {
-            return pa > pb;
+impl<S: Sum> PyHeap<S> {
+    fn lt(states: &[Option<VState<S>>], k: usize, a: (S, usize), b: (S, usize)) -> bool {
+        if a.0 != b.0 {
+            return a.0 > b.0;
         }
+        let (Some(sa), Some(sb)) = (&states[a.1], &states[b.1]) else { return false };
         // self.sets[0] > other.sets[0]
         cmp_set(sb.at(0, k), sa.at(0, k)) == Ordering::Less
     }
 
-    fn sift_down(&mut self, states: &[Option<VState>], k: usize, start: usize, mut pos: usize) {
+    fn sift_down(&mut self, states: &[Option<VState<S>>], k: usize, start: usize, mut pos: usize) {
         let new = self.heap[pos];
         while pos > start {
             let parent_pos = (pos - 1) >> 1;
@@ -196,7 +223,7 @@ impl PyHeap {
         self.heap[pos] = new;
     }
 
-    fn sift_up(&mut self, states: &[Option<VState>], k: usize, mut pos: usize) {
+    fn sift_up(&mut self, states: &[Option<VState<S>>], k: usize, mut pos: usize) {
         let end = self.heap.len();
         let start = pos;
         let new = self.heap[pos];
@@ -214,21 +241,22 @@ impl PyHeap {
         self.sift_down(states, k, start, pos);
     }
 
-    fn push(&mut self, states: &[Option<VState>], k: usize, item: usize) {
-        self.heap.push(item);
+    fn push(&mut self, states: &[Option<VState<S>>], k: usize, item: usize) {
+        let spread = states[item].as_ref().map_or(S::default(), |s| s.spread);
+        self.heap.push((spread, item));
         let last = self.heap.len() - 1;
         self.sift_down(states, k, 0, last);
     }
 
-    fn pop(&mut self, states: &[Option<VState>], k: usize) -> Option<usize> {
+    fn pop(&mut self, states: &[Option<VState<S>>], k: usize) -> Option<usize> {
         let last = self.heap.pop()?;
         if self.heap.is_empty() {
-            return Some(last);
+            return Some(last.1);
         }
         let ret = self.heap[0];
         self.heap[0] = last;
         self.sift_up(states, k, 0);
-        Some(ret)
+        Some(ret.1)
     }
 }
 
@@ -250,20 +278,29 @@ pub fn karmarkar_karp(seqlens: &[i64], k: u32, equal_size: bool) -> Result<Vec<V
         return Err(index_error());
     }
     check_k(k)?;
-    let ku = k as usize;
+    // Exact in i64 when no partial sum can overflow it; i128 otherwise.
+    let abs_total: i128 = seqlens.iter().map(|&s| i128::from(s).abs()).sum();
+    if abs_total <= i128::from(i64::MAX) {
+        kk_with::<i64>(seqlens, k as usize, equal_size)
+    } else {
+        kk_with::<i128>(seqlens, k as usize, equal_size)
+    }
+}
+
+fn kk_with<S: Sum>(seqlens: &[i64], ku: usize, equal_size: bool) -> Result<Vec<Vec<u32>>, PyError> {
     let mut sorted: Vec<(i64, i64)> = seqlens.iter().enumerate().map(|(i, &s)| (s, i as i64)).collect();
     sorted.sort_unstable();
-    let single = |s: i64, i: i64| VSet { sum: i128::from(s), items: alloc::vec![(i, s)] };
-    let mut states: Vec<Option<VState>> = Vec::new();
+    let single = |s: i64, i: i64| VSet { sum: S::of(s), items: alloc::vec![i as u32] };
+    let mut states: Vec<Option<VState<S>>> = Vec::new();
     let mut heap = PyHeap { heap: Vec::new() };
     if equal_size {
         for run in sorted.chunks(ku) {
-            states.push(Some(VState::new(run.iter().map(|&(s, i)| single(s, i)).collect())));
+            states.push(Some(VState::new(run.iter().map(|&(s, i)| single(s, i)).collect(), ku)));
             heap.push(&states, ku, states.len() - 1);
         }
     } else {
         for &(s, i) in &sorted {
-            states.push(Some(VState::new(alloc::vec![single(s, i)])));
+            states.push(Some(VState::new(alloc::vec![single(s, i)], ku)));
             heap.push(&states, ku, states.len() - 1);
         }
     }
@@ -273,11 +310,11 @@ pub fn karmarkar_karp(seqlens: &[i64], k: u32, equal_size: bool) -> Result<Vec<V
         states[a] = Some(sa.merge(sb, ku));
         heap.push(&states, ku, a);
     }
-    let Some(final_state) = heap.heap.first().and_then(|&i| states[i].as_ref()) else {
+    let Some(final_state) = heap.heap.first().and_then(|&(_, i)| states[i].as_ref()) else {
         return Err(index_error());
     };
     Ok((0..ku)
-        .map(|i| final_state.at(i, ku).map_or_else(Vec::new, |s| s.items.iter().map(|&(i, _)| i as u32).collect()))
+        .map(|i| final_state.at(i, ku).map_or_else(Vec::new, |s| s.items.clone()))
         .collect())
 }
 
