@@ -50,12 +50,7 @@ fn u64s(v: &Value, what: &str) -> Result<Vec<u64>, String> {
 }
 
 fn lists(offsets: &[u32], indices: &[u32]) -> Value {
-    Value::from(
-        offsets
-            .windows(2)
-            .map(|w| Value::from(indices[w[0] as usize..w[1] as usize].to_vec()))
-            .collect::<Vec<_>>(),
-    )
+    serde_json::to_value(stowplan::json::lists(offsets, indices)).unwrap_or(Value::Null)
 }
 
 fn error_value(e: &Error) -> Value {
@@ -82,13 +77,7 @@ pub fn run_stowplan_vector(kernel: &Kernel, v: &Value) -> Result<Value, String> 
                 refine: input["refine"].as_bool().unwrap_or(method != PartitionMethod::Verl),
             };
             Ok(match kernel.partition(&weights, k, &options) {
-                Ok(p) => serde_json::json!({
-                    "groups": lists(&p.offsets, &p.indices),
-                    "sums": p.sums,
-                    "total": p.total,
-                    "spread": p.spread,
-                    "lower_bound": p.lower_bound,
-                }),
+                Ok(p) => stowplan::json::partition(&p),
                 Err(e) => error_value(&e),
             })
         }
@@ -111,15 +100,7 @@ pub fn run_stowplan_vector(kernel: &Kernel, v: &Value) -> Result<Value, String> 
                 },
             };
             Ok(match kernel.pack(&lengths, &options) {
-                Ok(p) => serde_json::json!({
-                    "bins": lists(&p.offsets, &p.indices),
-                    "loads": p.loads,
-                    "dropped": p.dropped,
-                    "single": p.single,
-                    "real_tokens": p.real_tokens,
-                    "aligned_tokens": p.aligned_tokens,
-                    "lower_bound": p.lower_bound,
-                }),
+                Ok(p) => stowplan::json::packing(&p),
                 Err(e) => error_value(&e),
             })
         }

@@ -20,6 +20,7 @@
 
 mod error;
 pub mod input;
+pub mod json;
 mod wasm;
 
 pub use error::Error;

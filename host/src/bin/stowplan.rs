@@ -183,9 +183,6 @@ fn backend_name(k: &Kernel) -> &'static str {
     }
 }
 
-fn lists(offsets: &[u32], indices: &[u32]) -> Vec<Vec<u32>> {
-    offsets.windows(2).map(|w| indices[w[0] as usize..w[1] as usize].to_vec()).collect()
-}
 
 fn run_partition(a: PartitionArgs) -> Result<(), Failure> {
     let (lengths, source) = read_input(&a.common)?;
@@ -203,7 +200,7 @@ fn run_partition(a: PartitionArgs) -> Result<(), Failure> {
     let max = p.max_sum();
     let min = p.sums.iter().copied().min().unwrap_or(0);
     if a.common.json {
-        let v = json!({
+        let v = stowplan::json::with(stowplan::json::partition(&p), json!({
             "operation": "partition",
             "source": source,
             "backend": backend_name(&kernel),
@@ -212,17 +209,12 @@ fn run_partition(a: PartitionArgs) -> Result<(), Failure> {
             "refine": refine,
             "n": lengths.len(),
             "k": a.k,
-            "groups": lists(&p.offsets, &p.indices),
-            "sums": p.sums,
-            "total": p.total,
             "max": max,
             "min": min,
-            "spread": p.spread,
-            "lower_bound": p.lower_bound,
             "elapsed_ms": ms,
             "init_ms": init_ms,
             "kernel_origin": kernel.wasm_origin(),
-        });
+        }));
         println!("{v}");
         return Ok(());
     }
@@ -280,7 +272,7 @@ fn run_pack(a: PackArgs) -> Result<(), Failure> {
     let efficiency = p.efficiency(&lengths, a.capacity);
     let method = format!("{:?}", a.method).to_lowercase().replace("nextfit", "next-fit");
     if a.common.json {
-        let v = json!({
+        let v = stowplan::json::with(stowplan::json::packing(&p), json!({
             "operation": "pack",
             "source": source,
             "backend": backend_name(&kernel),
@@ -289,19 +281,11 @@ fn run_pack(a: PackArgs) -> Result<(), Failure> {
             "align": a.align,
             "oversize": format!("{:?}", a.oversize).to_lowercase(),
             "n": lengths.len(),
-            "bins": lists(&p.offsets, &p.indices),
-            "loads": p.loads,
-            "dropped": p.dropped,
-            "single": p.single,
-            "real_tokens": p.real_tokens,
-            "aligned_tokens": p.aligned_tokens,
-            "padding_tokens": p.padding_tokens(),
-            "lower_bound": p.lower_bound,
             "efficiency": efficiency,
             "elapsed_ms": ms,
             "init_ms": init_ms,
             "kernel_origin": kernel.wasm_origin(),
-        });
+        }));
         println!("{v}");
         return Ok(());
     }
