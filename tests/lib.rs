@@ -14,8 +14,7 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 use stowplan::{
-    Error, Kernel, OversizePolicy, PackMethod, PackOptions, PartitionMethod, PartitionOptions, PyError,
-    VerlFunction,
+    Error, Kernel, OversizePolicy, PackMethod, PackOptions, PartitionMethod, PartitionOptions, VerlFunction,
 };
 
 /// The folder holding the vectors.
@@ -172,9 +171,4 @@ pub fn check_verl_partition_vector(kernel: &Kernel, v: &Value) -> Result<(), Str
         }
     }
     Ok(())
-}
-
-/// A verl error kind as stowplan's [`PyError`] type name, for messages.
-pub fn py_error_name(e: &PyError) -> &'static str {
-    e.type_name()
 }

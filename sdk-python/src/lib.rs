@@ -17,7 +17,10 @@ use stowplan::{
 /// Raises the `stowplan.errors` class named `class` with `message`.
 fn raise(py: Python<'_>, class: &str, message: String) -> PyErr {
     match py.import("stowplan.errors").and_then(|m| m.getattr(class)) {
-        Ok(cls) => PyErr::from_type(cls.cast_into().unwrap_or_else(|e| panic!("{class} is a type: {e}")), message),
+        Ok(cls) => match cls.cast_into() {
+            Ok(t) => PyErr::from_type(t, message),
+            Err(e) => PyTypeError::new_err(format!("stowplan.errors.{class} is not a type ({e}): {message}")),
+        },
         Err(e) => e,
     }
 }

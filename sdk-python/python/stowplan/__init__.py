@@ -3,7 +3,8 @@ over ranks.
 
 The algorithms run in stowplan's WebAssembly kernel (through the Rust host and wasmtime);
 this package only converts inputs and outputs. Every call releases the GIL and is safe to
-make from several threads.
+make from several threads; contiguous ``uint64``/``int64`` inputs are read in place, so do
+not modify an input array from another thread while a call on it runs.
 
 >>> import stowplan
 >>> p = stowplan.partition([100, 900, 50, 950, 400, 600], 2)

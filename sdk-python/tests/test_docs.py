@@ -1,0 +1,15 @@
+"""The examples in the package's docstrings are true."""
+
+from __future__ import annotations
+
+import doctest
+
+import stowplan
+import stowplan.compat.verl
+
+
+def test_docstring_examples():
+    for module in (stowplan, stowplan.compat.verl):
+        result = doctest.testmod(module, optionflags=doctest.NORMALIZE_WHITESPACE)
+        assert result.failed == 0, module.__name__
+    assert doctest.testmod(stowplan).attempted >= 4
