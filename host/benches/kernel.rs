@@ -75,9 +75,11 @@ fn pack_cases(c: &mut Criterion) {
                 100.0 * (regular as f64 - p.lower_bound as f64) / p.lower_bound as f64,
                 p.single.len()
             );
-            g.bench_with_input(BenchmarkId::new(format!("{label}_pretrain-docs-1m_cap32768"), backend), &lengths, |b, l| {
-                b.iter(|| kernel.pack(l, &opts).expect("pack"))
-            });
+            g.bench_with_input(
+                BenchmarkId::new(format!("{label}_pretrain-docs-1m_cap32768"), backend),
+                &lengths,
+                |b, l| b.iter(|| kernel.pack(l, &opts).expect("pack")),
+            );
         }
     }
     let opts = PackOptions::new(16_384);

@@ -39,16 +39,28 @@ fn main() {
     let d16b = d16.clone();
     let single = |method| PackOptions { capacity: 32_768, align: 1, method, oversize: OversizePolicy::Single };
     let cases: Vec<Case> = vec![
-        ("partition unequal 262144 k1024", Box::new(move |k| drop(k.partition(&d262, 1024, &PartitionOptions::default()).unwrap()))),
-        ("partition unequal 16384 k64", Box::new(move |k| drop(k.partition(&d16, 64, &PartitionOptions::default()).unwrap()))),
-        ("partition equal 16384 k64", Box::new(move |k| {
-            drop(k.partition(&d16b, 64, &PartitionOptions { equal_size: true, ..Default::default() }).unwrap())
-        })),
+        (
+            "partition unequal 262144 k1024",
+            Box::new(move |k| drop(k.partition(&d262, 1024, &PartitionOptions::default()).unwrap())),
+        ),
+        (
+            "partition unequal 16384 k64",
+            Box::new(move |k| drop(k.partition(&d16, 64, &PartitionOptions::default()).unwrap())),
+        ),
+        (
+            "partition equal 16384 k64",
+            Box::new(move |k| {
+                drop(k.partition(&d16b, 64, &PartitionOptions { equal_size: true, ..Default::default() }).unwrap())
+            }),
+        ),
         ("pack bfd 1m cap 32768", Box::new(move |k| drop(k.pack(&docs, &single(PackMethod::Bfd)).unwrap()))),
         ("pack ffd 1m cap 32768", Box::new(move |k| drop(k.pack(&docs2, &single(PackMethod::Ffd)).unwrap()))),
         ("pack next-fit 1m cap 32768", Box::new(move |k| drop(k.pack(&docs3, &single(PackMethod::NextFit)).unwrap()))),
         ("pack bfd rl-math-8k cap 16384", Box::new(move |k| drop(k.pack(&rl, &PackOptions::new(16_384)).unwrap()))),
-        ("partition 1024 rl-math k8", Box::new(move |k| drop(k.partition(&rl1k, 8, &PartitionOptions::default()).unwrap()))),
+        (
+            "partition 1024 rl-math k8",
+            Box::new(move |k| drop(k.partition(&rl1k, 8, &PartitionOptions::default()).unwrap())),
+        ),
     ];
     let wasm = Kernel::wasm().expect("WASM kernel");
     let native = Kernel::native();

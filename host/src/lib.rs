@@ -65,10 +65,7 @@ pub enum VerlFunction {
 /// verl 0.9.1's `log_seqlen_unbalance` figures for `partitions` of `seqlens` (a metric,
 /// computed by the kernel crate natively on every backend; see
 /// [`stowplan_kernel::verl::log_seqlen_unbalance`]).
-pub fn verl_log_seqlen_unbalance(
-    seqlens: &[i64],
-    partitions: &[Vec<i64>],
-) -> Result<SeqlenUnbalance, UnbalanceError> {
+pub fn verl_log_seqlen_unbalance(seqlens: &[i64], partitions: &[Vec<i64>]) -> Result<SeqlenUnbalance, UnbalanceError> {
     stowplan_kernel::verl::log_seqlen_unbalance(seqlens, partitions)
 }
 
@@ -209,7 +206,9 @@ impl Kernel {
                     VerlFunction::GreedyPartition => wverl::Function::GreedyPartition,
                     VerlFunction::GetSeqlenBalancedPartitions => wverl::Function::GetSeqlenBalancedPartitions,
                 };
-                let r = wasm::with_instance(|inst, store| inst.stowplan_kernel_verl().call_call(store, f, seqlens, k, equal_size))?;
+                let r = wasm::with_instance(|inst, store| {
+                    inst.stowplan_kernel_verl().call_call(store, f, seqlens, k, equal_size)
+                })?;
                 Ok(match r {
                     Ok(g) => {
                         let (offsets, indices) = wasm::flat(g);

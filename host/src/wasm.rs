@@ -67,8 +67,9 @@ fn init() -> Result<Shared, Error> {
     let engine = Engine::new(&config).map_err(|e| runtime("creating the wasmtime engine", e))?;
     let (component, origin) = load_component(&engine, &actual)?;
     let linker: Linker<Tracker> = Linker::new(&engine);
-    let instance_pre =
-        linker.instantiate_pre(&component).map_err(|e| runtime("pre-instantiating the kernel (it must import nothing)", e))?;
+    let instance_pre = linker
+        .instantiate_pre(&component)
+        .map_err(|e| runtime("pre-instantiating the kernel (it must import nothing)", e))?;
     let pre = bindings::KernelPre::new(instance_pre).map_err(|e| runtime("binding the kernel's exports", e))?;
     Ok(Shared { engine, pre, origin })
 }
@@ -111,8 +112,7 @@ fn load_component(engine: &Engine, wasm_sha: &str) -> Result<(Component, &'stati
             }
         }
     }
-    let bytes =
-        engine.precompile_component(KERNEL_WASM).map_err(|e| runtime("compiling the kernel component", e))?;
+    let bytes = engine.precompile_component(KERNEL_WASM).map_err(|e| runtime("compiling the kernel component", e))?;
     if let Some(path) = &path {
         if let Err(e) = write_atomically(path, &bytes) {
             tracing::debug!(path = %path.display(), "not caching the compiled kernel: {e}");
@@ -184,8 +184,7 @@ pub(crate) fn with_instance<R>(
         None => {
             let mut store = Store::new(&shared.engine, Tracker::default());
             store.limiter(|t| t);
-            let instance =
-                shared.pre.instantiate(&mut store).map_err(|e| runtime("instantiating the kernel", e))?;
+            let instance = shared.pre.instantiate(&mut store).map_err(|e| runtime("instantiating the kernel", e))?;
             Warm { store, instance }
         }
     };

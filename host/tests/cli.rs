@@ -63,8 +63,11 @@ fn stdin_json_array_and_file_lines() {
     let path = f.to_str().unwrap();
     let v = json(&stowplan(&["pack", "-c", "10", "--method", "next-fit", "--json", path], None, &[]));
     assert_eq!(v["bins"], serde_json::json!([[0, 1], [2, 3], [4]]));
-    let native =
-        json(&stowplan(&["pack", "-c", "10", "--method", "next-fit", "--json", "--backend", "native", path], None, &[]));
+    let native = json(&stowplan(
+        &["pack", "-c", "10", "--method", "next-fit", "--json", "--backend", "native", path],
+        None,
+        &[],
+    ));
     assert_eq!(native["bins"], v["bins"]);
 }
 

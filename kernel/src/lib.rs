@@ -59,10 +59,7 @@ pub(crate) use invalid;
 /// Converts a list length to `u32`, the index type of every result.
 pub(crate) fn checked_len(name: &str, len: usize) -> Result<u32, Error> {
     u32::try_from(len).map_err(|_| {
-        Error::InvalidArgument(alloc::format!(
-            "{name} has {len} entries; at most {} are supported",
-            u32::MAX
-        ))
+        Error::InvalidArgument(alloc::format!("{name} has {len} entries; at most {} are supported", u32::MAX))
     })
 }
 

@@ -15,8 +15,8 @@
 
 use alloc::borrow::Cow;
 use alloc::collections::{BTreeSet, BinaryHeap};
-use core::cmp::Reverse;
 use alloc::vec::Vec;
+use core::cmp::Reverse;
 
 use crate::{Error, checked_len, invalid};
 
@@ -241,8 +241,7 @@ fn decreasing_order(aligned: &[u64], capacity: u64) -> Vec<u32> {
         keys.sort_unstable();
         keys.into_iter().map(|k| k as u32).collect()
     } else {
-        let mut order: Vec<u32> =
-            (0..aligned.len() as u32).filter(|&i| aligned[i as usize] <= capacity).collect();
+        let mut order: Vec<u32> = (0..aligned.len() as u32).filter(|&i| aligned[i as usize] <= capacity).collect();
         order.sort_unstable_by(|&a, &b| aligned[b as usize].cmp(&aligned[a as usize]).then(a.cmp(&b)));
         order
     }

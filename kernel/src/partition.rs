@@ -84,8 +84,7 @@ impl Partitioning {
     }
 
     pub(crate) fn from_groups(weights: &[u64], groups: Vec<Vec<u32>>, k: u32) -> Self {
-        let sums: Vec<u64> =
-            groups.iter().map(|g| g.iter().map(|&i| weights[i as usize]).sum()).collect();
+        let sums: Vec<u64> = groups.iter().map(|g| g.iter().map(|&i| weights[i as usize]).sum()).collect();
         let total: u64 = sums.iter().sum();
         let max = sums.iter().copied().max().unwrap_or(0);
         let min = sums.iter().copied().min().unwrap_or(0);
@@ -123,9 +122,7 @@ pub fn partition(weights: &[u64], k: u32, options: &PartitionOptions) -> Result<
     let mut groups = match options.method {
         PartitionMethod::Verl => {
             if options.refine {
-                return invalid!(
-                    "refine must be false with method verl (verl's output is reproduced exactly)"
-                );
+                return invalid!("refine must be false with method verl (verl's output is reproduced exactly)");
             }
             let mut signed = Vec::with_capacity(weights.len());
             for (i, &w) in weights.iter().enumerate() {

@@ -21,8 +21,7 @@ pub(crate) fn refine(weights: &[u64], groups: &mut [Vec<u32>], equal_size: bool)
     if k < 2 {
         return;
     }
-    let mut sums: Vec<u64> =
-        groups.iter().map(|g| g.iter().map(|&i| weights[i as usize]).sum()).collect();
+    let mut sums: Vec<u64> = groups.iter().map(|g| g.iter().map(|&i| weights[i as usize]).sum()).collect();
     let mut order: BTreeSet<(u64, u32)> = sums.iter().enumerate().map(|(g, &s)| (s, g as u32)).collect();
     let max_steps = 8 * k + 2048;
     let mut scratch: Vec<(u64, u32)> = Vec::new();
@@ -33,8 +32,7 @@ pub(crate) fn refine(weights: &[u64], groups: &mut [Vec<u32>], equal_size: bool)
         }
         let mut done = try_pair(weights, groups, &mut sums, &mut order, hi, lo, equal_size, &mut scratch);
         if !done {
-            let partners: Vec<u32> =
-                order.iter().skip(1).take(PARTNERS).filter(|e| e.0 < s_hi).map(|e| e.1).collect();
+            let partners: Vec<u32> = order.iter().skip(1).take(PARTNERS).filter(|e| e.0 < s_hi).map(|e| e.1).collect();
             for p in partners {
                 if try_pair(weights, groups, &mut sums, &mut order, hi, p, equal_size, &mut scratch) {
                     done = true;

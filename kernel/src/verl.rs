@@ -313,9 +313,7 @@ fn kk_with<S: Sum>(seqlens: &[i64], ku: usize, equal_size: bool) -> Result<Vec<V
     let Some(final_state) = heap.heap.first().and_then(|&(_, i)| states[i].as_ref()) else {
         return Err(index_error());
     };
-    Ok((0..ku)
-        .map(|i| final_state.at(i, ku).map_or_else(Vec::new, |s| s.items.clone()))
-        .collect())
+    Ok((0..ku).map(|i| final_state.at(i, ku).map_or_else(Vec::new, |s| s.items.clone())).collect())
 }
 
 /// verl's `greedy_partition(seqlen_list, k_partitions, equal_size)`: items in input order,
@@ -350,16 +348,10 @@ pub fn greedy_partition(seqlens: &[i64], k: u32, equal_size: bool) -> Result<Vec
 
 /// verl's `get_seqlen_balanced_partitions(seqlen_list, k_partitions, equal_size)`: KK, then
 /// every partition must be non-empty and is sorted ascending; partition order is kept.
-pub fn get_seqlen_balanced_partitions(
-    seqlens: &[i64],
-    k: u32,
-    equal_size: bool,
-) -> Result<Vec<Vec<u32>>, PyError> {
+pub fn get_seqlen_balanced_partitions(seqlens: &[i64], k: u32, equal_size: bool) -> Result<Vec<Vec<u32>>, PyError> {
     let n = seqlens.len();
     if n < k as usize {
-        return Err(PyError::AssertionError(alloc::format!(
-            "number of items:[{n}] < k_partitions:[{k}]"
-        )));
+        return Err(PyError::AssertionError(alloc::format!("number of items:[{n}] < k_partitions:[{k}]")));
     }
     let mut parts = karmarkar_karp(seqlens, k, equal_size)?;
     for (i, p) in parts.iter_mut().enumerate() {

@@ -247,10 +247,18 @@ fn pack_errors_name_the_argument() {
     let o = PackOptions::new(10);
     assert!(matches!(pack(&[], &o), Err(Error::InvalidArgument(m)) if m.contains("lengths must not be empty")));
     assert!(matches!(pack(&[1], &PackOptions::new(0)), Err(Error::InvalidArgument(m)) if m.contains("capacity")));
-    assert!(matches!(pack(&[1], &PackOptions { align: 0, ..o }), Err(Error::InvalidArgument(m)) if m.contains("align")));
-    assert!(matches!(pack(&[3, 11, 12], &o), Err(Error::Infeasible(m)) if m.contains("lengths[1] = 11") && m.contains("capacity = 10")));
-    assert!(matches!(pack(&[u64::MAX], &PackOptions { align: 2, ..o }), Err(Error::InvalidArgument(m)) if m.contains("overflows")));
-    assert!(matches!(pack(&[u64::MAX, 1], &PackOptions { oversize: OversizePolicy::Drop, ..o }), Err(Error::InvalidArgument(m)) if m.contains("overflows")));
+    assert!(
+        matches!(pack(&[1], &PackOptions { align: 0, ..o }), Err(Error::InvalidArgument(m)) if m.contains("align"))
+    );
+    assert!(
+        matches!(pack(&[3, 11, 12], &o), Err(Error::Infeasible(m)) if m.contains("lengths[1] = 11") && m.contains("capacity = 10"))
+    );
+    assert!(
+        matches!(pack(&[u64::MAX], &PackOptions { align: 2, ..o }), Err(Error::InvalidArgument(m)) if m.contains("overflows"))
+    );
+    assert!(
+        matches!(pack(&[u64::MAX, 1], &PackOptions { oversize: OversizePolicy::Drop, ..o }), Err(Error::InvalidArgument(m)) if m.contains("overflows"))
+    );
 }
 
 #[test]

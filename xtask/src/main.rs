@@ -86,7 +86,9 @@ fn main() -> ExitCode {
             };
             let sum = hex(&bytes);
             if cmd == "build-kernel" {
-                if let Err(e) = std::fs::write(&wasm_path, &bytes).and_then(|()| std::fs::write(&sha_path, format!("{sum}\n"))) {
+                if let Err(e) =
+                    std::fs::write(&wasm_path, &bytes).and_then(|()| std::fs::write(&sha_path, format!("{sum}\n")))
+                {
                     eprintln!("xtask: writing {}: {e}", wasm_path.display());
                     return ExitCode::from(2);
                 }
@@ -122,11 +124,8 @@ fn main() -> ExitCode {
 /// Runs a command in the workspace root, echoing it; `Err` with a message if it fails.
 fn run(program: &str, args: &[&str]) -> Result<(), String> {
     eprintln!("xtask: $ {program} {}", args.join(" "));
-    let status = Command::new(program)
-        .current_dir(root())
-        .args(args)
-        .status()
-        .map_err(|e| format!("running {program}: {e}"))?;
+    let status =
+        Command::new(program).current_dir(root()).args(args).status().map_err(|e| format!("running {program}: {e}"))?;
     if status.success() { Ok(()) } else { Err(format!("`{program} {}` failed ({status})", args.join(" "))) }
 }
 

@@ -11,12 +11,14 @@ use std::time::Instant;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use serde_json::json;
 use stowplan::input::{DEFAULT_WORKLOAD, DEFAULT_WORKLOAD_NAME, parse_lengths};
-use stowplan::{
-    Backend, Error, Kernel, OversizePolicy, PackMethod, PackOptions, PartitionMethod, PartitionOptions,
-};
+use stowplan::{Backend, Error, Kernel, OversizePolicy, PackMethod, PackOptions, PartitionMethod, PartitionOptions};
 
 #[derive(Parser, Debug)]
-#[command(name = "stowplan", version, about = "Plan how variable-length sequences are packed into micro-batches and spread over ranks.")]
+#[command(
+    name = "stowplan",
+    version,
+    about = "Plan how variable-length sequences are packed into micro-batches and spread over ranks."
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -183,7 +185,6 @@ fn backend_name(k: &Kernel) -> &'static str {
     }
 }
 
-
 fn run_partition(a: PartitionArgs) -> Result<(), Failure> {
     let (lengths, source) = read_input(&a.common)?;
     let method = match a.method {
@@ -200,21 +201,24 @@ fn run_partition(a: PartitionArgs) -> Result<(), Failure> {
     let max = p.max_sum();
     let min = p.sums.iter().copied().min().unwrap_or(0);
     if a.common.json {
-        let v = stowplan::json::with(stowplan::json::partition(&p), json!({
-            "operation": "partition",
-            "source": source,
-            "backend": backend_name(&kernel),
-            "method": format!("{:?}", a.method).to_lowercase(),
-            "equal_size": a.equal_size,
-            "refine": refine,
-            "n": lengths.len(),
-            "k": a.k,
-            "max": max,
-            "min": min,
-            "elapsed_ms": ms,
-            "init_ms": init_ms,
-            "kernel_origin": kernel.wasm_origin(),
-        }));
+        let v = stowplan::json::with(
+            stowplan::json::partition(&p),
+            json!({
+                "operation": "partition",
+                "source": source,
+                "backend": backend_name(&kernel),
+                "method": format!("{:?}", a.method).to_lowercase(),
+                "equal_size": a.equal_size,
+                "refine": refine,
+                "n": lengths.len(),
+                "k": a.k,
+                "max": max,
+                "min": min,
+                "elapsed_ms": ms,
+                "init_ms": init_ms,
+                "kernel_origin": kernel.wasm_origin(),
+            }),
+        );
         println!("{v}");
         return Ok(());
     }
@@ -272,25 +276,33 @@ fn run_pack(a: PackArgs) -> Result<(), Failure> {
     let efficiency = p.efficiency(&lengths, a.capacity);
     let method = format!("{:?}", a.method).to_lowercase().replace("nextfit", "next-fit");
     if a.common.json {
-        let v = stowplan::json::with(stowplan::json::packing(&p), json!({
-            "operation": "pack",
-            "source": source,
-            "backend": backend_name(&kernel),
-            "method": method,
-            "capacity": a.capacity,
-            "align": a.align,
-            "oversize": format!("{:?}", a.oversize).to_lowercase(),
-            "n": lengths.len(),
-            "efficiency": efficiency,
-            "elapsed_ms": ms,
-            "init_ms": init_ms,
-            "kernel_origin": kernel.wasm_origin(),
-        }));
+        let v = stowplan::json::with(
+            stowplan::json::packing(&p),
+            json!({
+                "operation": "pack",
+                "source": source,
+                "backend": backend_name(&kernel),
+                "method": method,
+                "capacity": a.capacity,
+                "align": a.align,
+                "oversize": format!("{:?}", a.oversize).to_lowercase(),
+                "n": lengths.len(),
+                "efficiency": efficiency,
+                "elapsed_ms": ms,
+                "init_ms": init_ms,
+                "kernel_origin": kernel.wasm_origin(),
+            }),
+        );
         println!("{v}");
         return Ok(());
     }
     println!("packing of {} lengths from {source} into bins of {} tokens", lengths.len(), a.capacity);
-    println!("  method {method}, align {}, oversize {}, backend {}", a.align, format!("{:?}", a.oversize).to_lowercase(), backend_name(&kernel));
+    println!(
+        "  method {method}, align {}, oversize {}, backend {}",
+        a.align,
+        format!("{:?}", a.oversize).to_lowercase(),
+        backend_name(&kernel)
+    );
     println!(
         "  bins         {:>12}  (lower bound {} for the items that fit{})",
         bins,
