@@ -7,15 +7,12 @@ fn kernels() -> Vec<(&'static str, Kernel)> {
     vec![("native", Kernel::native()), ("wasm", Kernel::wasm().expect("the WASM kernel loads"))]
 }
 
-#[test]
-fn verl_partition_vectors() {
-    let vectors = load_dir(&vectors_dir().join("verl"));
-    let partition: Vec<_> = vectors.iter().filter(|(_, v)| v["kind"] == "partition").collect();
-    assert!(partition.len() >= 36, "expected the 36 shared verl partition vectors, found {}", partition.len());
+/// Checks every vector on every backend and reports all failures at once.
+fn check_all(vectors: &[&(String, serde_json::Value)], check: fn(&Kernel, &serde_json::Value) -> Result<(), String>) {
     let mut failures = Vec::new();
     for (backend, kernel) in kernels() {
-        for (name, v) in &partition {
-            if let Err(e) = check_verl_partition_vector(&kernel, v) {
+        for (name, v) in vectors {
+            if let Err(e) = check(&kernel, v) {
                 failures.push(format!("{backend} {name}: {e}"));
             }
         }
@@ -24,18 +21,18 @@ fn verl_partition_vectors() {
 }
 
 #[test]
+fn verl_partition_vectors() {
+    let vectors = load_dir(&vectors_dir().join("verl"));
+    let partition: Vec<_> = vectors.iter().filter(|(_, v)| v["kind"] == "partition").collect();
+    assert!(partition.len() >= 36, "expected the 36 shared verl partition vectors, found {}", partition.len());
+    check_all(&partition, check_verl_partition_vector);
+}
+
+#[test]
 fn stowplan_vectors() {
     let vectors = load_dir(&vectors_dir());
     assert!(vectors.len() >= 10, "expected stowplan's own vectors, found {}", vectors.len());
-    let mut failures = Vec::new();
-    for (backend, kernel) in kernels() {
-        for (name, v) in &vectors {
-            if let Err(e) = check_stowplan_vector(&kernel, v) {
-                failures.push(format!("{backend} {name}: {e}"));
-            }
-        }
-    }
-    assert!(failures.is_empty(), "{} failures:\n{}", failures.len(), failures.join("\n"));
+    check_all(&vectors.iter().collect::<Vec<_>>(), check_stowplan_vector);
 }
 
 fn ints(v: &serde_json::Value) -> Vec<i64> {
