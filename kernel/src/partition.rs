@@ -417,7 +417,9 @@ fn karmarkar_karp(weights: &[u64], k: u32, equal_size: bool) -> Vec<Vec<u32>> {
         let slot = match (a, b) {
             (Node::Single(x), Node::Single(y)) => {
                 let slot = free.pop().unwrap_or_else(|| {
-                    slots.push(State::with_capacity(k.min(weights.len())));
+                    // Small: a pair state grows as it absorbs sets; sizing it to k could cost
+                    // O(n·k) memory when many pair states coexist.
+                    slots.push(State::with_capacity(4));
                     slots.len() - 1
                 });
                 let st = &mut slots[slot];
