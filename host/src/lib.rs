@@ -212,7 +212,7 @@ impl Kernel {
                 Ok(match r {
                     Ok(g) => {
                         let (offsets, indices) = wasm::flat(g);
-                        Ok(offsets.windows(2).map(|w| indices[w[0] as usize..w[1] as usize].to_vec()).collect())
+                        Ok(json::lists(&offsets, &indices))
                     }
                     Err(e) => Err(match e {
                         wverl::PyError::AssertionError(m) => PyError::AssertionError(m),

@@ -75,8 +75,9 @@ pub(crate) fn checked_sum(name: &str, values: impl IntoIterator<Item = u64>) -> 
     Ok(total)
 }
 
-/// Builds flat `offsets` (len = groups + 1) and `indices` from per-group index lists.
-pub(crate) fn flatten(groups: &[alloc::vec::Vec<u32>]) -> (alloc::vec::Vec<u32>, alloc::vec::Vec<u32>) {
+/// Flat `offsets` (one more than there are groups, starting at 0) and `indices` from
+/// per-group index lists: the form every result crosses the WIT boundary in.
+pub fn flatten(groups: &[alloc::vec::Vec<u32>]) -> (alloc::vec::Vec<u32>, alloc::vec::Vec<u32>) {
     let mut offsets = alloc::vec::Vec::with_capacity(groups.len() + 1);
     let total: usize = groups.iter().map(|g| g.len()).sum();
     let mut indices = alloc::vec::Vec::with_capacity(total);
@@ -87,4 +88,39 @@ pub(crate) fn flatten(groups: &[alloc::vec::Vec<u32>]) -> (alloc::vec::Vec<u32>,
         offsets.push(indices.len() as u32);
     }
     (offsets, indices)
+}
+
+/// Items sorted by (weight descending, index ascending).
+pub(crate) fn sorted_desc(weights: &[u64]) -> alloc::vec::Vec<u32> {
+    // Stable LSD radix sort on `max - w` (ascending), 8 bits a pass, only as many passes as
+    // `max` has bits: O(n · bytes), and stability keeps equal weights in index order.
+    let n = weights.len();
+    let max = weights.iter().copied().max().unwrap_or(0);
+    let bits = 64 - max.leading_zeros();
+    let mut order: alloc::vec::Vec<u32> = (0..n as u32).collect();
+    let mut tmp: alloc::vec::Vec<u32> = alloc::vec![0; n];
+    let mut shift = 0;
+    while shift < bits {
+        let digit = |i: u32| (((max - weights[i as usize]) >> shift) & 0xff) as usize;
+        let mut counts = [0usize; 257];
+        for &i in &order {
+            counts[digit(i) + 1] += 1;
+        }
+        if counts.iter().any(|&c| c == n) {
+            // Every item has the same digit here: this pass would not move anything.
+            shift += 8;
+            continue;
+        }
+        for d in 0..256 {
+            counts[d + 1] += counts[d];
+        }
+        for &i in &order {
+            let d = digit(i);
+            tmp[counts[d]] = i;
+            counts[d] += 1;
+        }
+        core::mem::swap(&mut order, &mut tmp);
+        shift += 8;
+    }
+    order
 }

@@ -18,7 +18,7 @@ use alloc::collections::{BTreeSet, BinaryHeap};
 use alloc::vec::Vec;
 use core::cmp::Reverse;
 
-use crate::{Error, checked_len, invalid};
+use crate::{Error, checked_len, invalid, sorted_desc};
 
 /// The packing algorithm.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -180,20 +180,21 @@ pub fn pack(lengths: &[u64], options: &PackOptions) -> Result<Packing, Error> {
         PackMethod::NextFit => next_fit(aligned, capacity, oversize),
         PackMethod::Bfd | PackMethod::Ffd => {
             let mut bin = alloc::vec![NONE; aligned.len()];
-            // Oversized items first, longest first; with `single` each opens its own bin.
-            let mut singles: Vec<u32> = single.clone();
-            singles.sort_unstable_by(|&a, &b| aligned[b as usize].cmp(&aligned[a as usize]).then(a.cmp(&b)));
+            // In (aligned length desc, index asc) order the oversized items come first; with
+            // `single` each opens its own bin, the rest are packed.
+            let order = sorted_desc(aligned);
+            let (oversized, order) = order.split_at(order.partition_point(|&i| aligned[i as usize] > capacity));
+            let singles: &[u32] = if oversize == OversizePolicy::Single { oversized } else { &[] };
             for (b, &i) in singles.iter().enumerate() {
                 bin[i as usize] = b as u32;
             }
-            let order = decreasing_order(aligned, capacity);
             // Any-fit algorithms leave at most one bin at most half full, so they open at
             // most 2·lower_bound + 1 bins.
             let max_bins = (2 * lower_bound + 1).min(order.len() as u64) as usize;
             let opened = if method == PackMethod::Bfd {
-                best_fit(aligned, capacity, &order, &mut bin, singles.len() as u32)
+                best_fit(aligned, capacity, order, &mut bin, singles.len() as u32)
             } else {
-                first_fit(aligned, capacity, &order, &mut bin, singles.len() as u32, max_bins)
+                first_fit(aligned, capacity, order, &mut bin, singles.len() as u32, max_bins)
             };
             (bin, singles.len() + opened)
         }
@@ -226,26 +227,6 @@ pub fn pack(lengths: &[u64], options: &PackOptions) -> Result<Packing, Error> {
 
 /// "No bin" in the per-item bin table.
 const NONE: u32 = u32::MAX;
-
-/// The items that fit, by (aligned length desc, index asc).
-fn decreasing_order(aligned: &[u64], capacity: u64) -> Vec<u32> {
-    if capacity < 1 << 31 {
-        // One u64 key per item: (capacity - a) in the high half sorts lengths descending,
-        // the index in the low half breaks ties ascending.
-        let mut keys: Vec<u64> = aligned
-            .iter()
-            .enumerate()
-            .filter(|&(_, &a)| a <= capacity)
-            .map(|(i, &a)| ((capacity - a) << 32) | i as u64)
-            .collect();
-        keys.sort_unstable();
-        keys.into_iter().map(|k| k as u32).collect()
-    } else {
-        let mut order: Vec<u32> = (0..aligned.len() as u32).filter(|&i| aligned[i as usize] <= capacity).collect();
-        order.sort_unstable_by(|&a, &b| aligned[b as usize].cmp(&aligned[a as usize]).then(a.cmp(&b)));
-        order
-    }
-}
 
 fn next_fit(aligned: &[u64], capacity: u64, oversize: OversizePolicy) -> (Vec<u32>, usize) {
     let mut bin = alloc::vec![NONE; aligned.len()];

@@ -18,7 +18,7 @@ use alloc::collections::{BinaryHeap, VecDeque};
 use alloc::vec::Vec;
 use core::cmp::Reverse;
 
-use crate::{Error, checked_len, checked_sum, flatten, invalid};
+use crate::{Error, checked_len, checked_sum, flatten, invalid, sorted_desc};
 
 /// Which partitioning algorithm to run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -175,41 +175,6 @@ fn groups_from_labels(labels: &[u32], k: usize) -> Vec<Vec<u32>> {
         groups[g as usize].push(i as u32);
     }
     groups
-}
-
-/// Items sorted by (weight descending, index ascending).
-fn sorted_desc(weights: &[u64]) -> Vec<u32> {
-    // Stable LSD radix sort on `max - w` (ascending), 8 bits a pass, only as many passes as
-    // `max` has bits: O(n · bytes), and stability keeps equal weights in index order.
-    let n = weights.len();
-    let max = weights.iter().copied().max().unwrap_or(0);
-    let bits = 64 - max.leading_zeros();
-    let mut order: Vec<u32> = (0..n as u32).collect();
-    let mut tmp: Vec<u32> = alloc::vec![0; n];
-    let mut shift = 0;
-    while shift < bits {
-        let digit = |i: u32| (((max - weights[i as usize]) >> shift) & 0xff) as usize;
-        let mut counts = [0usize; 257];
-        for &i in &order {
-            counts[digit(i) + 1] += 1;
-        }
-        if counts.iter().any(|&c| c == n) {
-            // Every item has the same digit here: this pass would not move anything.
-            shift += 8;
-            continue;
-        }
-        for d in 0..256 {
-            counts[d + 1] += counts[d];
-        }
-        for &i in &order {
-            let d = digit(i);
-            tmp[counts[d]] = i;
-            counts[d] += 1;
-        }
-        core::mem::swap(&mut order, &mut tmp);
-        shift += 8;
-    }
-    order
 }
 
 /// LPT: items by (weight desc, index asc); each goes to the group with the smallest

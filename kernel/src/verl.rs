@@ -139,14 +139,7 @@ impl<S: Sum> VState<S> {
     /// Where logical position `i` of `k` (descending order) is stored in `sets`, `None` if
     /// that set is empty.
     fn slot(&self, i: usize, k: usize) -> Option<usize> {
-        let lo = self.sets.len() - self.hi;
-        if i < self.hi {
-            Some(i)
-        } else if i >= k - lo {
-            Some(self.hi + i - (k - lo))
-        } else {
-            None
-        }
+        slot(self.hi, self.sets.len(), i, k)
     }
 
     /// The set at logical position `i` of `k`, `None` if empty.
@@ -161,21 +154,11 @@ impl<S: Sum> VState<S> {
         let (lo_s, lo_o) = (self.sets.len() - self.hi, other.sets.len() - other.hi);
         let head = self.hi.max(lo_o);
         let tail = (k - lo_s).min(k - other.hi).max(head);
-        let slot = |hi: usize, len: usize, i: usize| -> Option<usize> {
-            let lo = len - hi;
-            if i < hi {
-                Some(i)
-            } else if i >= k - lo {
-                Some(hi + i - (k - lo))
-            } else {
-                None
-            }
-        };
         let (hi_s, len_s, hi_o, len_o) = (self.hi, self.sets.len(), other.hi, other.sets.len());
         let (mut mine, mut theirs) = (self.sets, other.sets);
         let mut out = Vec::with_capacity(head + (k - tail));
         for i in (0..head).chain(tail..k) {
-            match (slot(hi_s, len_s, i), slot(hi_o, len_o, k - 1 - i)) {
+            match (slot(hi_s, len_s, i, k), slot(hi_o, len_o, k - 1 - i, k)) {
                 (Some(a), Some(b)) => {
                     let mut x = core::mem::take(&mut mine[a]);
                     let y = core::mem::take(&mut theirs[b]);
@@ -189,6 +172,19 @@ impl<S: Sum> VState<S> {
             }
         }
         VState::new(out, k)
+    }
+}
+
+/// Where logical position `i` of `k` is stored among a state's `len` non-empty sets, of which
+/// the first `hi` compare above an empty set; `None` if that position holds an empty set.
+fn slot(hi: usize, len: usize, i: usize, k: usize) -> Option<usize> {
+    let lo = len - hi;
+    if i < hi {
+        Some(i)
+    } else if i >= k - lo {
+        Some(hi + i - (k - lo))
+    } else {
+        None
     }
 }
 

@@ -32,13 +32,7 @@ fn error(e: k::Error) -> types::Error {
 }
 
 fn groups_of(parts: Vec<Vec<u32>>) -> types::Groups {
-    let mut offsets = Vec::with_capacity(parts.len() + 1);
-    let mut indices = Vec::new();
-    offsets.push(0);
-    for p in parts {
-        indices.extend_from_slice(&p);
-        offsets.push(indices.len() as u32);
-    }
+    let (offsets, indices) = k::flatten(&parts);
     types::Groups { offsets, indices }
 }
 
