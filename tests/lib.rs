@@ -172,3 +172,179 @@ pub fn check_verl_partition_vector(kernel: &Kernel, v: &Value) -> Result<(), Str
     }
     Ok(())
 }
+
+fn i64s(v: &Value, what: &str) -> Result<Vec<i64>, String> {
+    v.as_array()
+        .ok_or(format!("{what} is not an array"))?
+        .iter()
+        .map(|x| x.as_i64().ok_or(format!("{what} holds a non-integer value {x}")))
+        .collect()
+}
+
+fn opt_i64(v: &Value) -> Option<i64> {
+    v.as_i64()
+}
+
+/// Compares a peer's outcome with stowplan's: `want_ok` and `want` are the peer's success
+/// flag and result (or error type and message).
+fn compare_outcome<T: serde::Serialize>(
+    got: Result<T, stowplan::PyError>,
+    want_ok: bool,
+    want: &Value,
+    want_error: (&Value, &Value),
+) -> Result<(), String> {
+    match (got, want_ok) {
+        (Ok(r), true) => {
+            let r = serde_json::to_value(&r).map_err(|e| e.to_string())?;
+            if &r == want {
+                return Ok(());
+            }
+            // Name the first differing key rather than printing two large documents.
+            let key = want
+                .as_object()
+                .and_then(|o| o.iter().find(|(k, w)| r.get(k.as_str()) != Some(*w)).map(|(k, _)| k.clone()));
+            let short = |v: &Value| {
+                let s = v.to_string();
+                if s.len() > 300 { format!("{}…", &s[..300]) } else { s }
+            };
+            match key {
+                Some(k) => Err(format!("{k}: expected {}, got {}", short(&want[&k]), short(&r[&k]))),
+                None => Err(format!("expected {}, got {}", short(want), short(&r))),
+            }
+        }
+        (Err(e), false) => {
+            if want_error.0.as_str() != Some(e.type_name()) || want_error.1.as_str() != Some(e.message()) {
+                Err(format!("expected {}: {}, got {e}", want_error.0, want_error.1))
+            } else {
+                Ok(())
+            }
+        }
+        (Ok(r), false) => Err(format!(
+            "expected {}: {}, got Ok({})",
+            want_error.0,
+            want_error.1,
+            serde_json::to_value(&r).unwrap_or(Value::Null)
+        )),
+        (Err(e), true) => Err(format!("expected {want}, got {e}")),
+    }
+}
+
+/// Checks a verl `micro_batch`-kind vector (`rearrange_micro_batches`): same index lists in
+/// the same order, or the same exception type and message.
+pub fn check_verl_micro_batch_vector(kernel: &Kernel, v: &Value) -> Result<(), String> {
+    let input = &v["input"];
+    let seqlens = i64s(&input["seqlen_list"], "seqlen_list")?;
+    let options = stowplan::VerlMicroOptions {
+        max_token_len: input["max_token_len"].as_i64().ok_or("max_token_len")?,
+        min_num_micro_batch: opt_i64(&input["min_num_micro_batch"]),
+        num_batches_divided_by: opt_i64(&input["num_batches_divided_by"]),
+        use_dynamic_bsz_balance: input["use_dynamic_bsz_balance"].as_bool().unwrap_or(true),
+        force_group_size: input["force_group_size"].as_i64().unwrap_or(1),
+        padded_width: opt_i64(&input["padded_width"]),
+        dp_num_micro_batches: opt_i64(&input["dp_num_micro_batches"]),
+    };
+    let out = &v["outputs"]["rearrange_micro_batches"];
+    let got = kernel.verl_rearrange_micro_batches(&seqlens, &options).map_err(|e| e.to_string())?;
+    compare_outcome(got, out["ok"] == true, &out["result"], (&out["error_type"], &out["error"]))
+}
+
+/// verl's `log_seqlen_unbalance` dict (`prefix` + `/min` …) for `parts` of `seqlens`.
+pub fn unbalance_dict(prefix: &str, seqlens: &[i64], parts: &[Vec<u32>]) -> Result<Value, String> {
+    let parts: Vec<Vec<i64>> = parts.iter().map(|p| p.iter().map(|&i| i64::from(i)).collect()).collect();
+    stowplan::json::verl_unbalance(prefix, seqlens, &parts).map_err(|e| format!("{e:?}"))
+}
+
+/// Checks a verl `balance_batch`-kind vector (the trainer's `_balance_batch`): partitions,
+/// `global_idx` and the logged metrics.
+pub fn check_verl_balance_batch_vector(kernel: &Kernel, v: &Value) -> Result<(), String> {
+    let input = &v["input"];
+    let seqlens = i64s(&input["seqlen_list"], "seqlen_list")?;
+    let dp = input["dp_size"].as_u64().ok_or("dp_size")? as u32;
+    let mb = if input["keep_minibatch"] == true { opt_i64(&input["minibatch_size"]) } else { None };
+    let prefix = input["prefix"].as_str().unwrap_or("global_seqlen");
+    let out = &v["outputs"]["balance_batch"];
+    let got = kernel.balance_batch(&seqlens, dp, mb).map_err(|e| e.to_string())?;
+    let got = match got {
+        Ok(r) => {
+            let global: Vec<u32> = r.partitions.concat();
+            let stats = unbalance_dict(prefix, &seqlens, &r.partitions)?;
+            Ok(serde_json::json!({"partitions": r.partitions, "global_idx": global, "stats": stats}))
+        }
+        Err(e) => Err(e),
+    };
+    compare_outcome(got, out["ok"] == true, &out["result"], (&out["error_type"], &out["error"]))
+}
+
+/// Checks a ROLL vector of kind `load_balance` or `batch_balance`. Returns `Ok(false)` for a
+/// case stowplan does not model (ROLL's algorithm-name dispatch and its missing-DP-group
+/// assertion: configuration of ROLL's packer class, not balancing).
+pub fn check_roll_vector(kernel: &Kernel, v: &Value) -> Result<bool, String> {
+    let input = &v["input"];
+    let expect_ok = v.get("output").is_some();
+    let (want_err_type, want_err_msg) = (&v["error"]["type"], &v["error"]["message"]);
+    let out = &v["output"];
+    match v["kind"].as_str() {
+        Some("load_balance") => {
+            if input.get("algorithm").is_some() || input.get("dp_group_none").is_some() {
+                return Ok(false);
+            }
+            let lengths = i64s(&input["lengths"], "lengths")?;
+            let mut o = stowplan::RollLoadBalanceOptions::new(
+                input["mask_width"].as_i64().ok_or("mask_width")?,
+                input["max_packed_sequence_length"].as_i64().ok_or("max_packed_sequence_length")?,
+            );
+            o.min_num_micro_batches = input["min_num_micro_batches"].as_i64().unwrap_or(1);
+            o.tp = input["tp"].as_i64().unwrap_or(1);
+            o.cp = input["cp"].as_i64().unwrap_or(1);
+            o.vp = input["vp"].as_i64().unwrap_or(1);
+            o.dp_num_micro_batches = input["dp_peer_num_micro_batches"]
+                .as_array()
+                .map(|peers| peers.iter().filter_map(Value::as_i64).max().unwrap_or(0));
+            let got = kernel.roll_load_balance(&lengths, &o).map_err(|e| e.to_string())?.map(|r| {
+                let order: Vec<u32> = r.micro_batches.concat();
+                let mut restored = vec![0u32; order.len()];
+                for (pos, &i) in order.iter().enumerate() {
+                    restored[i as usize] = pos as u32;
+                }
+                serde_json::json!({
+                    "micro_batches": r.micro_batches,
+                    "num_micro_batches": r.micro_batches.len(),
+                    "kk_partitions": r.kk_partitions,
+                    "restored_positions": restored,
+                    "pad_factor": r.pad_factor,
+                    "padded_lengths": r.padded_lengths,
+                })
+            });
+            let want = serde_json::json!({
+                "micro_batches": out["micro_batches"],
+                "num_micro_batches": out["num_micro_batches"],
+                "kk_partitions": out["kk_partitions"],
+                "restored_positions": out["restored_positions"],
+                "pad_factor": out["derived"]["pad_factor"],
+                "padded_lengths": out["derived"]["padded_lengths"],
+            });
+            compare_outcome(got, expect_ok, &want, (want_err_type, want_err_msg)).map(|()| true)
+        }
+        Some("batch_balance") => {
+            let lengths = i64s(&input["lengths"], "lengths")?;
+            let dp = input["dp_size"].as_u64().ok_or("dp_size")? as u32;
+            let mb = if input["keep_minibatch"] == true { opt_i64(&input["minibatch_size"]) } else { None };
+            let got = kernel.balance_batch(&lengths, dp, mb).map_err(|e| e.to_string())?;
+            let got = match got {
+                Ok(r) => {
+                    let metrics = unbalance_dict("global_seqlen", &lengths, &r.partitions)?;
+                    Ok(serde_json::json!({
+                        "global_idx": r.partitions.concat(),
+                        "rank_partitions": r.partitions,
+                        "kk_partitions": r.kk_partitions,
+                        "metrics": metrics,
+                        "dropped": r.dropped,
+                    }))
+                }
+                Err(e) => Err(e),
+            };
+            compare_outcome(got, expect_ok, out, (want_err_type, want_err_msg)).map(|()| true)
+        }
+        _ => Ok(false),
+    }
+}

@@ -8,7 +8,10 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
-use stowplan::{Kernel, OversizePolicy, PackMethod, PackOptions, PartitionMethod, PartitionOptions};
+use stowplan::{
+    Cost, DpOptions, Kernel, MicroOptions, OversizePolicy, PackMethod, PackOptions, PartitionMethod, PartitionOptions,
+    VerlMicroOptions,
+};
 
 fn workload(name: &str, take: usize) -> Vec<u64> {
     let dir = std::env::var_os("STOWPLAN_WORKLOADS")
@@ -91,5 +94,51 @@ fn pack_cases(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, partition_cases, pack_cases);
+fn balance_cases(c: &mut Criterion) {
+    let rl = workload("rl-math-8k.txt", usize::MAX);
+    let mut g = c.benchmark_group("balance/rl-math-8k");
+    g.sample_size(20).warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(4));
+    let micro = MicroOptions::new(16_384);
+    let attention = DpOptions { cost: Cost::ATTENTION, ..DpOptions::default() };
+    let two_level = MicroOptions { cost: Cost::ATTENTION, ..micro };
+    for (backend, kernel) in kernels() {
+        let p = kernel.micro_batches(&rl, &micro).expect("micro_batches");
+        eprintln!(
+            "quality micro_batches cap 16384 [{backend}]: {} micro-batches, lower bound {}, largest {} tokens",
+            p.count(),
+            p.lower_bound,
+            p.tokens.iter().max().unwrap_or(&0)
+        );
+        g.bench_with_input(BenchmarkId::new("micro_batches_cap16384", backend), &rl, |b, l| {
+            b.iter(|| kernel.micro_batches(l, &micro).expect("micro_batches"))
+        });
+        let p = kernel.plan(&rl, 8, &attention, &two_level).expect("plan");
+        let max = *p.dp.costs.iter().max().unwrap_or(&0) as f64;
+        let mean = p.dp.costs.iter().map(|&c| c as f64).sum::<f64>() / p.dp.costs.len() as f64;
+        eprintln!(
+            "quality plan dp8 attention cap 16384 [{backend}]: heaviest rank {:.6}% over the mean, {} micro-batches per rank",
+            100.0 * (max / mean - 1.0),
+            p.ranks[0].count()
+        );
+        g.bench_with_input(BenchmarkId::new("plan_dp8_attention_cap16384", backend), &rl, |b, l| {
+            b.iter(|| kernel.plan(l, 8, &attention, &two_level).expect("plan"))
+        });
+    }
+    // verl's own algorithm (exact reproduction, add-one-and-retry loop) for comparison.
+    let seqlens: Vec<i64> = rl.iter().map(|&l| l as i64).collect();
+    let verl = VerlMicroOptions::new(16_384);
+    for (backend, kernel) in kernels() {
+        let p = kernel.verl_rearrange_micro_batches(&seqlens, &verl).expect("kernel").expect("verl");
+        eprintln!("quality verl rearrange_micro_batches cap 16384 [{backend}]: {} micro-batches", p.len());
+    }
+    g.sample_size(10);
+    for (backend, kernel) in kernels() {
+        g.bench_with_input(BenchmarkId::new("verl_rearrange_micro_batches_cap16384", backend), &seqlens, |b, l| {
+            b.iter(|| kernel.verl_rearrange_micro_batches(l, &verl).expect("kernel").expect("verl"))
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(benches, partition_cases, pack_cases, balance_cases);
 criterion_main!(benches);

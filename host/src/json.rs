@@ -2,7 +2,7 @@
 
 use serde_json::{Value, json};
 
-use crate::{Packing, Partitioning};
+use crate::{DpPlan, MicroPlan, Packing, Partitioning, Plan};
 
 /// Flat `offsets` + `indices` as a list of index lists.
 pub fn lists(offsets: &[u32], indices: &[u32]) -> Vec<Vec<u32>> {
@@ -41,4 +41,85 @@ pub fn with(mut base: Value, extra: Value) -> Value {
         b.extend(e);
     }
     base
+}
+
+/// `{"max", "min", "mean", "max_over_mean", "spread"}` of per-group totals (tokens or costs):
+/// the balance metrics of a plan. `max_over_mean` is 1.0 for a perfect balance.
+pub fn summary(values: &[u64]) -> Value {
+    let max = values.iter().copied().max().unwrap_or(0);
+    let min = values.iter().copied().min().unwrap_or(0);
+    let total: u128 = values.iter().map(|&v| u128::from(v)).sum();
+    let mean = if values.is_empty() { 0.0 } else { total as f64 / values.len() as f64 };
+    json!({
+        "max": max,
+        "min": min,
+        "mean": mean,
+        "max_over_mean": if mean > 0.0 { max as f64 / mean } else { 1.0 },
+        "spread": max - min,
+    })
+}
+
+/// A micro-batch plan: `{"batches", "tokens", "costs", "restore", "count", "lower_bound",
+/// "required", "token_balance", "cost_balance"}` (the balances as in [`summary`]).
+pub fn micro_plan(p: &MicroPlan) -> Value {
+    json!({
+        "batches": lists(&p.offsets, &p.indices),
+        "tokens": p.tokens,
+        "costs": p.costs,
+        "restore": p.restore,
+        "count": p.count(),
+        "lower_bound": p.lower_bound,
+        "required": p.required,
+        "token_balance": summary(&p.tokens),
+        "cost_balance": summary(&p.costs),
+    })
+}
+
+/// A DP plan: `{"ranks", "order", "tokens", "costs", "cost_lower_bound", "token_balance",
+/// "cost_balance", "verl_unbalance"}`; `verl_unbalance` holds verl's `log_seqlen_unbalance`
+/// figures (`global_seqlen/min` …) for these ranks, or null when verl's would fail.
+pub fn dp_plan(p: &DpPlan, lengths: &[u64]) -> Value {
+    let seqlens: Vec<i64> = lengths.iter().map(|&l| i64::try_from(l).unwrap_or(i64::MAX)).collect();
+    let ranks = lists(&p.offsets, &p.order);
+    let parts: Vec<Vec<i64>> = ranks.iter().map(|r| r.iter().map(|&i| i64::from(i)).collect()).collect();
+    let verl = verl_unbalance("global_seqlen", &seqlens, &parts).ok();
+    json!({
+        "ranks": ranks,
+        "order": p.order,
+        "tokens": p.tokens,
+        "costs": p.costs,
+        "cost_lower_bound": p.cost_lower_bound,
+        "token_balance": summary(&p.tokens),
+        "cost_balance": summary(&p.costs),
+        "verl_unbalance": verl,
+    })
+}
+
+/// verl's `log_seqlen_unbalance` dict (`{prefix}/min`, `/max`, `/minmax_diff`,
+/// `/balanced_min`, `/balanced_max`, `/mean`) for `partitions` of `seqlens`, or verl's error.
+pub fn verl_unbalance(prefix: &str, seqlens: &[i64], partitions: &[Vec<i64>]) -> Result<Value, crate::UnbalanceError> {
+    let u = crate::verl_log_seqlen_unbalance(seqlens, partitions)?;
+    Ok(json!({
+        format!("{prefix}/min"): u.min as i64,
+        format!("{prefix}/max"): u.max as i64,
+        format!("{prefix}/minmax_diff"): (u.max - u.min) as i64,
+        format!("{prefix}/balanced_min"): u.balanced_min as i64,
+        format!("{prefix}/balanced_max"): u.balanced_max as i64,
+        format!("{prefix}/mean"): u.total as f64 / u.k as f64,
+    }))
+}
+
+/// A two-level plan: `{"dp": dp_plan, "micro_batches": [micro_plan per rank], "count",
+/// "micro_batch_token_balance", "micro_batch_cost_balance"}` (balances over every
+/// micro-batch of every rank).
+pub fn plan(p: &Plan, lengths: &[u64]) -> Value {
+    let tokens: Vec<u64> = p.ranks.iter().flat_map(|r| r.tokens.iter().copied()).collect();
+    let costs: Vec<u64> = p.ranks.iter().flat_map(|r| r.costs.iter().copied()).collect();
+    json!({
+        "dp": dp_plan(&p.dp, lengths),
+        "micro_batches": p.ranks.iter().map(micro_plan).collect::<Vec<_>>(),
+        "count": p.ranks.first().map_or(0, MicroPlan::count),
+        "micro_batch_token_balance": summary(&tokens),
+        "micro_batch_cost_balance": summary(&costs),
+    })
 }

@@ -18,15 +18,18 @@
 //! ```
 #![deny(missing_docs)]
 
+mod balance;
 mod error;
 pub mod input;
 pub mod json;
 mod wasm;
 
 pub use error::Error;
+pub use stowplan_kernel::peers::{DpReorder, RollLoadBalanceOptions, RollMicroBatches, VerlMicroOptions};
 pub use stowplan_kernel::verl::{PyError, SeqlenUnbalance, UnbalanceError};
 pub use stowplan_kernel::{
-    OversizePolicy, PackMethod, PackOptions, Packing, PartitionMethod, PartitionOptions, Partitioning,
+    Cost, DpOptions, DpPlan, MicroOptions, MicroPlan, Order, OversizePolicy, PackMethod, PackOptions, Packing,
+    PartitionMethod, PartitionOptions, Partitioning, Plan,
 };
 pub use wasm::{KERNEL_WASM, KERNEL_WASM_SHA256, cache_dir, sha256_hex};
 

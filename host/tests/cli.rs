@@ -114,3 +114,37 @@ fn precompiled_kernel_is_cached_and_a_broken_cache_is_rebuilt() {
     let no_cache = [("STOWPLAN_CACHE_DIR", dir.to_str().unwrap()), ("STOWPLAN_NO_CACHE", "1")];
     assert_eq!(json(&stowplan(&args, None, &no_cache))["kernel_origin"], "compiled");
 }
+
+#[test]
+fn balance_two_level_on_the_default_workload() {
+    let v = json(&stowplan(
+        &["balance", "--dp", "8", "--max-token-len", "16384", "--cost", "attention", "--json"],
+        None,
+        &[],
+    ));
+    assert_eq!(v["operation"], "balance");
+    assert_eq!(v["dp"]["ranks"].as_array().unwrap().len(), 8);
+    let per_rank = v["micro_batches"].as_array().unwrap();
+    let count = v["count"].as_u64().unwrap();
+    assert!(per_rank.iter().all(|m| m["count"].as_u64() == Some(count)));
+    assert!(v["micro_batch_token_balance"]["max"].as_u64().unwrap() <= 16_384);
+    assert!(v["dp"]["verl_unbalance"]["global_seqlen/balanced_max"].is_i64());
+    let text = String::from_utf8(stowplan(&["balance", "--max-token-len", "16384"], None, &[]).stdout).unwrap();
+    assert!(text.contains("micro-batches") && text.contains("lower bound 450"), "{text}");
+}
+
+#[test]
+fn balance_errors_exit_with_the_right_code() {
+    let out = stowplan(&["balance", "--max-token-len", "10", "-"], Some("5\n20\n"), &[]);
+    assert_eq!(out.status.code(), Some(1), "infeasible: a sequence longer than the cap");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("sequence 1 has 20 tokens"));
+    let out = stowplan(&["balance", "--dp", "4", "-"], Some("5\n20\n"), &[]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("at least 4 samples"));
+    let out = stowplan(&["balance", "--dp", "2", "--cost", "flops"], None, &[]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("cost must be tokens, attention or LINEAR,QUADRATIC"));
+    let out = stowplan(&["balance"], None, &[]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("nothing to plan"));
+}

@@ -1,7 +1,8 @@
 //! # stowplan-kernel
 //!
-//! The pure algorithms of stowplan: partitioning weights into balanced groups and packing
-//! lengths into bins of fixed capacity. The same code runs natively (as an `rlib`, used by the
+//! The pure algorithms of stowplan: partitioning weights into balanced groups, packing
+//! lengths into bins of fixed capacity, and balancing batches over data-parallel ranks and
+//! micro-batches under a token cap (plus exact reproductions of the peers' versions). The same code runs natively (as an `rlib`, used by the
 //! host's `native` backend and by tests) and inside the WebAssembly component built from
 //! `kernel/wasm` (the host's default backend).
 //!
@@ -20,11 +21,14 @@ extern crate alloc;
 
 use alloc::string::String;
 
+pub mod balance;
 pub mod pack;
 pub mod partition;
+pub mod peers;
 mod refine;
 pub mod verl;
 
+pub use balance::{Cost, DpOptions, DpPlan, MicroOptions, MicroPlan, Order, Plan, balance_dp, micro_batches, plan};
 pub use pack::{OversizePolicy, PackMethod, PackOptions, Packing, pack};
 pub use partition::{PartitionMethod, PartitionOptions, Partitioning, partition};
 

@@ -143,7 +143,7 @@ pub fn partition(weights: &[u64], k: u32, options: &PartitionOptions) -> Result<
         PartitionMethod::Greedy => lpt(weights, k, options.equal_size),
     };
     if options.refine {
-        crate::refine::refine(weights, &mut groups, options.equal_size);
+        crate::refine::refine(weights, &mut groups, options.equal_size, None);
     }
     Ok(Partitioning::from_groups(weights, canonical_order(weights, groups), k))
 }

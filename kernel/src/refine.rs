@@ -10,13 +10,35 @@
 //! Pairs tried per step: (heaviest, lightest); if nothing improves, the heaviest against
 //! the next 16 lighter groups, then the lightest against the next 16 heavier ones. The
 //! step stops when none of them improves or the spread is at most 1.
+//!
+//! With a [`TokenCap`] (micro-batches), the weights are costs and every group also has a
+//! token load that must stay at or below the cap: a move or swap that would push either
+//! group's load over the cap is not a candidate.
 
 use alloc::collections::BTreeSet;
 use alloc::vec::Vec;
 
 const PARTNERS: usize = 16;
 
-pub(crate) fn refine(weights: &[u64], groups: &mut [Vec<u32>], equal_size: bool) {
+/// A hard per-group token limit kept by [`refine`]: `loads[g]` is the sum of `lengths` of
+/// group `g`'s members and never exceeds `cap` after a step that starts within it.
+pub(crate) struct TokenCap<'a> {
+    /// Tokens of each item.
+    pub lengths: &'a [u64],
+    /// The largest load a group may reach.
+    pub cap: u64,
+    /// Current token load of each group.
+    pub loads: Vec<u64>,
+}
+
+impl TokenCap<'_> {
+    /// Whether moving `out` tokens out of group `g` and `inc` tokens into it keeps it within the cap.
+    fn fits(&self, g: usize, inc: u64, out: u64) -> bool {
+        self.loads[g] - out + inc <= self.cap
+    }
+}
+
+pub(crate) fn refine(weights: &[u64], groups: &mut [Vec<u32>], equal_size: bool, mut cap: Option<&mut TokenCap<'_>>) {
     let k = groups.len();
     if k < 2 {
         return;
@@ -30,11 +52,13 @@ pub(crate) fn refine(weights: &[u64], groups: &mut [Vec<u32>], equal_size: bool)
         if s_hi - s_lo <= 1 {
             return;
         }
-        let mut done = try_pair(weights, groups, &mut sums, &mut order, hi, lo, equal_size, &mut scratch);
+        let mut done =
+            try_pair(weights, groups, &mut sums, &mut order, hi, lo, equal_size, &mut scratch, cap.as_deref_mut());
         if !done {
             let partners: Vec<u32> = order.iter().skip(1).take(PARTNERS).filter(|e| e.0 < s_hi).map(|e| e.1).collect();
             for p in partners {
-                if try_pair(weights, groups, &mut sums, &mut order, hi, p, equal_size, &mut scratch) {
+                if try_pair(weights, groups, &mut sums, &mut order, hi, p, equal_size, &mut scratch, cap.as_deref_mut())
+                {
                     done = true;
                     break;
                 }
@@ -44,7 +68,8 @@ pub(crate) fn refine(weights: &[u64], groups: &mut [Vec<u32>], equal_size: bool)
             let partners: Vec<u32> =
                 order.iter().rev().skip(1).take(PARTNERS).filter(|e| e.0 > s_lo).map(|e| e.1).collect();
             for p in partners {
-                if try_pair(weights, groups, &mut sums, &mut order, p, lo, equal_size, &mut scratch) {
+                if try_pair(weights, groups, &mut sums, &mut order, p, lo, equal_size, &mut scratch, cap.as_deref_mut())
+                {
                     done = true;
                     break;
                 }
@@ -68,6 +93,7 @@ fn try_pair(
     lo: u32,
     equal_size: bool,
     lo_sorted: &mut Vec<(u64, u32)>,
+    mut cap: Option<&mut TokenCap<'_>>,
 ) -> bool {
     let (h, l) = (hi as usize, lo as usize);
     if sums[h] <= sums[l] {
@@ -88,9 +114,20 @@ fn try_pair(
             *best = Some((sc, pa, pb));
         }
     };
+    // Whether a move of `a` (b = None) or a swap of `a` with `b` keeps both loads within the cap.
+    let allowed = |a: u32, b: Option<u32>, cap: &Option<&mut TokenCap<'_>>| match cap {
+        None => true,
+        Some(c) => {
+            let la = c.lengths[a as usize];
+            let lb = b.map_or(0, |b| c.lengths[b as usize]);
+            c.fits(l, la, lb) && c.fits(h, lb, la)
+        }
+    };
     if !equal_size {
         for (pa, &a) in groups[h].iter().enumerate() {
-            consider(weights[a as usize], pa, usize::MAX, &mut best);
+            if allowed(a, None, &cap) {
+                consider(weights[a as usize], pa, usize::MAX, &mut best);
+            }
         }
     }
     lo_sorted.clear();
@@ -105,7 +142,7 @@ fn try_pair(
             let pos = lo_sorted.partition_point(|e| e.0 < target);
             for q in [pos.wrapping_sub(1), pos, pos + 1] {
                 if let Some(&(wb, pb)) = lo_sorted.get(q) {
-                    if wb < wa {
+                    if wb < wa && allowed(a, Some(groups[l][pb as usize]), &cap) {
                         consider(wa - wb, pa, pb as usize, &mut best);
                     }
                 }
@@ -121,10 +158,18 @@ fn try_pair(
     let a = groups[h].swap_remove(pa);
     sums[h] -= weights[a as usize];
     sums[l] += weights[a as usize];
+    if let Some(c) = cap.as_deref_mut() {
+        c.loads[h] -= c.lengths[a as usize];
+        c.loads[l] += c.lengths[a as usize];
+    }
     if pb != usize::MAX {
         let b = groups[l].swap_remove(pb);
         sums[l] -= weights[b as usize];
         sums[h] += weights[b as usize];
+        if let Some(c) = cap.as_deref_mut() {
+            c.loads[l] -= c.lengths[b as usize];
+            c.loads[h] += c.lengths[b as usize];
+        }
         groups[h].push(b);
     }
     groups[l].push(a);

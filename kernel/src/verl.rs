@@ -28,6 +28,8 @@ pub enum PyError {
     ZeroDivisionError(String),
     /// `MemoryError`: verl would materialise `n·k` sets; refused above [`MAX_VERL_K`] groups.
     MemoryError(String),
+    /// `ValueError` (raised by the micro-batch and DP entry points of [`crate::peers`]).
+    ValueError(String),
 }
 
 impl PyError {
@@ -39,6 +41,7 @@ impl PyError {
             PyError::TypeError(_) => "TypeError",
             PyError::ZeroDivisionError(_) => "ZeroDivisionError",
             PyError::MemoryError(_) => "MemoryError",
+            PyError::ValueError(_) => "ValueError",
         }
     }
 
@@ -49,7 +52,8 @@ impl PyError {
             | PyError::IndexError(m)
             | PyError::TypeError(m)
             | PyError::ZeroDivisionError(m)
-            | PyError::MemoryError(m) => m,
+            | PyError::MemoryError(m)
+            | PyError::ValueError(m) => m,
         }
     }
 }

@@ -281,3 +281,166 @@ fn large_k_unequal_uses_little_memory() {
     assert_eq!(p.k(), 32_768);
     assert!(p.max_sum() <= p.lower_bound + 5000);
 }
+
+mod balance {
+    use proptest::prelude::*;
+    use stowplan_kernel::{Cost, DpOptions, Error, MicroOptions, Order, balance_dp, micro_batches, plan};
+
+    fn order() -> impl Strategy<Value = Order> {
+        prop_oneof![Just(Order::None), Just(Order::CostDesc), Just(Order::Verl), Just(Order::Roll)]
+    }
+
+    fn cost() -> impl Strategy<Value = Cost> {
+        prop_oneof![
+            Just(Cost::TOKENS),
+            Just(Cost::ATTENTION),
+            (0u64..5, 0u64..5).prop_map(|(linear, quadratic)| Cost { linear, quadratic })
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(300))]
+
+        /// Cap never exceeded, every index once, no empty micro-batch, count rules, restore.
+        #[test]
+        fn micro_batch_invariants(
+            lengths in proptest::collection::vec(0u64..400, 1..120),
+            cap in 400u64..2000,
+            min_count in 0u32..6,
+            divisible_by in 1u32..4,
+            cost in cost(),
+            order in order(),
+        ) {
+            let o = MicroOptions { max_token_len: cap, cost, min_count, divisible_by, count: None, order };
+            let p = match micro_batches(&lengths, &o) {
+                Ok(p) => p,
+                Err(Error::InvalidArgument(m)) => {
+                    prop_assert!(m.contains("never empty"), "{m}");
+                    return Ok(());
+                }
+                Err(e) => return Err(TestCaseError::fail(format!("{e}"))),
+            };
+            let count = p.count() as u32;
+            prop_assert_eq!(count % divisible_by, 0);
+            prop_assert!(count >= min_count && count >= p.lower_bound && count == p.required);
+            let mut seen = vec![false; lengths.len()];
+            for b in 0..p.count() {
+                let batch = p.batch(b);
+                prop_assert!(!batch.is_empty());
+                prop_assert!(batch.windows(2).all(|w| w[0] < w[1]));
+                let tokens: u64 = batch.iter().map(|&i| lengths[i as usize]).sum();
+                prop_assert_eq!(tokens, p.tokens[b]);
+                prop_assert!(tokens <= cap);
+                for &i in batch {
+                    prop_assert!(!seen[i as usize]);
+                    seen[i as usize] = true;
+                }
+            }
+            prop_assert!(seen.iter().all(|&s| s));
+            for (i, &pos) in p.restore.iter().enumerate() {
+                prop_assert_eq!(p.indices[pos as usize] as usize, i);
+            }
+        }
+
+        /// A forced count between the required count and n is honoured exactly.
+        #[test]
+        fn forced_count_is_exact(lengths in proptest::collection::vec(1u64..300, 1..60), extra in 0u32..60) {
+            let o = MicroOptions::new(600);
+            let need = micro_batches(&lengths, &o).map_err(|e| TestCaseError::fail(format!("{e}")))?.required;
+            let c = (need + extra).min(lengths.len() as u32);
+            let p = micro_batches(&lengths, &MicroOptions { count: Some(c), ..o }).map_err(|e| TestCaseError::fail(format!("{e}")))?;
+            prop_assert_eq!(p.count() as u32, c);
+            prop_assert!(p.tokens.iter().all(|&t| t <= 600));
+        }
+
+        /// Equal counts per rank, every index once, heaviest rank ≥ the bound; two-level plans
+        /// give every rank the same micro-batch count and only its own samples.
+        #[test]
+        fn dp_and_two_level_invariants(
+            per_rank in 1usize..20,
+            dp in 1u32..7,
+            seed in proptest::collection::vec(0u64..700, 140),
+            cost in cost(),
+        ) {
+            let lengths: Vec<u64> = seed.iter().copied().cycle().take(per_rank * dp as usize).collect();
+            let o = DpOptions { cost, ..DpOptions::default() };
+            let p = balance_dp(&lengths, dp, &o).map_err(|e| TestCaseError::fail(format!("{e}")))?;
+            let mut all: Vec<u32> = p.order.clone();
+            all.sort_unstable();
+            prop_assert_eq!(all, (0..lengths.len() as u32).collect::<Vec<_>>());
+            for r in 0..p.dp() {
+                prop_assert_eq!(p.rank(r).len(), per_rank);
+            }
+            prop_assert!(p.costs.iter().copied().max().unwrap_or(0) >= p.cost_lower_bound);
+            let two = plan(&lengths, dp, &o, &MicroOptions { cost, ..MicroOptions::new(700) })
+                .map_err(|e| TestCaseError::fail(format!("{e}")))?;
+            let count = two.ranks[0].count();
+            for (r, m) in two.ranks.iter().enumerate() {
+                prop_assert_eq!(m.count(), count);
+                let mut mine = m.indices.clone();
+                mine.sort_unstable();
+                let mut want = two.dp.rank(r).to_vec();
+                want.sort_unstable();
+                prop_assert_eq!(mine, want);
+                for (j, &pos) in m.restore.iter().enumerate() {
+                    prop_assert_eq!(m.indices[pos as usize], two.dp.rank(r)[j]);
+                }
+            }
+        }
+
+        /// Groups stay on one rank; mini-batches are balanced one at a time and listed in order.
+        #[test]
+        fn groups_and_minibatches(groups_per_rank in 1usize..5, dp in 1u32..5, size in 1usize..4, seed in proptest::collection::vec(0u64..500, 80)) {
+            let n = groups_per_rank * dp as usize * size;
+            let lengths: Vec<u64> = seed.iter().copied().cycle().take(n).collect();
+            let labels: Vec<u32> = (0..n).map(|i| (i / size) as u32).collect();
+            let o = DpOptions { groups: Some(&labels), ..DpOptions::default() };
+            let p = balance_dp(&lengths, dp, &o).map_err(|e| TestCaseError::fail(format!("{e}")))?;
+            let mut rank_of = vec![0usize; n];
+            for r in 0..p.dp() {
+                for &i in p.rank(r) {
+                    rank_of[i as usize] = r;
+                }
+            }
+            for i in 0..n {
+                prop_assert_eq!(rank_of[i], rank_of[i - i % size]);
+            }
+            let mb = dp as usize * size;
+            let o = DpOptions { minibatch_size: Some(mb as u32), ..DpOptions::default() };
+            let p = balance_dp(&lengths, dp, &o).map_err(|e| TestCaseError::fail(format!("{e}")))?;
+            for r in 0..p.dp() {
+                let chunks: Vec<usize> = p.rank(r).iter().map(|&i| i as usize / mb).collect();
+                prop_assert!(chunks.windows(2).all(|w| w[0] <= w[1]), "rank {} lists mini-batches in order", r);
+                prop_assert_eq!(p.rank(r).len(), n / dp as usize);
+            }
+        }
+    }
+
+    #[test]
+    fn errors_name_the_argument() {
+        let o = MicroOptions::new(100);
+        let e = micro_batches(&[50, 150], &o).unwrap_err();
+        assert!(matches!(&e, Error::Infeasible(m) if m.contains("sequence 1 has 150 tokens")), "{e}");
+        let e = micro_batches(&[60, 60, 60], &MicroOptions { count: Some(1), ..o }).unwrap_err();
+        assert!(matches!(&e, Error::Infeasible(m) if m.contains("count = 1 is below")), "{e}");
+        let e = micro_batches(&[60, 60, 60], &MicroOptions { max_token_len: 0, ..o }).unwrap_err();
+        assert!(matches!(&e, Error::InvalidArgument(m) if m.contains("max_token_len")), "{e}");
+        let e = micro_batches(&[60, 60, 60], &MicroOptions { divisible_by: 0, ..o }).unwrap_err();
+        assert!(matches!(&e, Error::InvalidArgument(m) if m.contains("divisible_by")), "{e}");
+        // Forced below what best-fit finds but not below the bound: 3 × 60 into 2 × 100 is impossible.
+        let e = micro_batches(&[60, 60, 60, 10], &MicroOptions { count: Some(2), ..o }).unwrap_err();
+        assert!(matches!(&e, Error::Infeasible(m) if m.contains("no assignment into count = 2")), "{e}");
+        let e = balance_dp(&[1, 2, 3], 4, &DpOptions::default()).unwrap_err();
+        assert!(matches!(&e, Error::InvalidArgument(m) if m.contains("at least 4 samples")), "{e}");
+        let e = balance_dp(&[1, 2, 3], 0, &DpOptions::default()).unwrap_err();
+        assert!(matches!(&e, Error::InvalidArgument(m) if m.contains("dp must be at least 1")), "{e}");
+        let labels = [0, 0, 1, 1];
+        let o = DpOptions { groups: Some(&labels), minibatch_size: Some(2), ..DpOptions::default() };
+        assert!(balance_dp(&[1, 2, 3, 4], 1, &o).is_ok());
+        let labels = [0, 1, 1, 2];
+        let o =
+            DpOptions { groups: Some(&labels), minibatch_size: Some(2), equal_count: false, ..DpOptions::default() };
+        let e = balance_dp(&[1, 2, 3, 4], 1, &o).unwrap_err();
+        assert!(matches!(&e, Error::InvalidArgument(m) if m.contains("different mini-batches")), "{e}");
+    }
+}

@@ -10,8 +10,9 @@ use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyList;
 use stowplan::{
-    Backend, Error, Kernel, OversizePolicy, PackMethod, PackOptions, PartitionMethod, PartitionOptions, PyError,
-    UnbalanceError, VerlFunction,
+    Backend, Cost, DpOptions, DpPlan, Error, Kernel, MicroOptions, MicroPlan, Order, OversizePolicy, PackMethod,
+    PackOptions, PartitionMethod, PartitionOptions, PyError, RollLoadBalanceOptions, UnbalanceError, VerlFunction,
+    VerlMicroOptions,
 };
 
 /// Raises the `stowplan.errors` class named `class` with `message`.
@@ -222,7 +223,7 @@ fn verl<'py>(
     let r = py.detach(|| kernel.verl(f, &seqlens, k, equal_size)).map_err(|e| to_py(py, e))?;
     match r {
         Ok(groups) => PyList::new(py, groups),
-        Err(e) => Err(builtin_error(py, PyError::type_name(&e), e.message())),
+        Err(e) => Err(peer_error(py, &e)),
     }
 }
 
@@ -241,6 +242,250 @@ fn log_seqlen_unbalance(
     }
 }
 
+fn u32_arg(py: Python<'_>, name: &str, v: i64, low: u32) -> PyResult<u32> {
+    match u32::try_from(v) {
+        Ok(x) if x >= low => Ok(x),
+        _ => Err(invalid(py, format!("{name} must be in {low}..=4294967295 (got {v})"))),
+    }
+}
+
+fn u64_arg(py: Python<'_>, name: &str, v: i128, low: u64) -> PyResult<u64> {
+    match u64::try_from(v) {
+        Ok(x) if x >= low => Ok(x),
+        _ => Err(invalid(py, format!("{name} must be in {low}..=2**64-1 (got {v})"))),
+    }
+}
+
+fn cost_arg(py: Python<'_>, linear: i128, quadratic: i128) -> PyResult<Cost> {
+    Ok(Cost {
+        linear: u64_arg(py, "cost linear coefficient", linear, 0)?,
+        quadratic: u64_arg(py, "cost quadratic coefficient", quadratic, 0)?,
+    })
+}
+
+fn order_arg(py: Python<'_>, order: &str) -> PyResult<Order> {
+    match order {
+        "none" => Ok(Order::None),
+        "cost_desc" | "cost-desc" => Ok(Order::CostDesc),
+        "verl" => Ok(Order::Verl),
+        "roll" => Ok(Order::Roll),
+        other => Err(invalid(py, format!("order must be 'none', 'cost_desc', 'verl' or 'roll' (got {other:?})"))),
+    }
+}
+
+/// Micro-batch options from the Python arguments (validated ranges, named).
+#[allow(clippy::too_many_arguments)]
+fn micro_arg(
+    py: Python<'_>,
+    max_token_len: i128,
+    cost: Cost,
+    min_count: i64,
+    divisible_by: i64,
+    count: Option<i64>,
+    order: &str,
+) -> PyResult<MicroOptions> {
+    Ok(MicroOptions {
+        max_token_len: u64_arg(py, "max_token_len", max_token_len, 1)?,
+        cost,
+        min_count: u32_arg(py, "min_count", min_count, 0)?,
+        divisible_by: u32_arg(py, "divisible_by", divisible_by, 1)?,
+        count: count.map(|c| u32_arg(py, "count", c, 1)).transpose()?,
+        order: order_arg(py, order)?,
+    })
+}
+
+type MicroTuple<'py> = (
+    Bound<'py, PyArray1<u32>>,
+    Bound<'py, PyArray1<u32>>,
+    Bound<'py, PyArray1<u64>>,
+    Bound<'py, PyArray1<u64>>,
+    Bound<'py, PyArray1<u32>>,
+    u32,
+    u32,
+);
+
+fn micro_tuple(py: Python<'_>, p: MicroPlan) -> MicroTuple<'_> {
+    (
+        p.offsets.into_pyarray(py),
+        p.indices.into_pyarray(py),
+        p.tokens.into_pyarray(py),
+        p.costs.into_pyarray(py),
+        p.restore.into_pyarray(py),
+        p.lower_bound,
+        p.required,
+    )
+}
+
+type DpTuple<'py> =
+    (Bound<'py, PyArray1<u32>>, Bound<'py, PyArray1<u32>>, Bound<'py, PyArray1<u64>>, Bound<'py, PyArray1<u64>>, u64);
+
+fn dp_tuple(py: Python<'_>, p: DpPlan) -> DpTuple<'_> {
+    (
+        p.offsets.into_pyarray(py),
+        p.order.into_pyarray(py),
+        p.tokens.into_pyarray(py),
+        p.costs.into_pyarray(py),
+        p.cost_lower_bound,
+    )
+}
+
+/// micro_batches(lengths, max_token_len, linear, quadratic, min_count, divisible_by, count,
+/// order, backend) -> (offsets, indices, tokens, costs, restore, lower_bound, required)
+#[pyfunction]
+#[allow(clippy::too_many_arguments)]
+fn micro_batches<'py>(
+    py: Python<'py>,
+    lengths: &Bound<'py, PyAny>,
+    max_token_len: i128,
+    linear: i128,
+    quadratic: i128,
+    min_count: i64,
+    divisible_by: i64,
+    count: Option<i64>,
+    order: &str,
+    backend: &str,
+) -> PyResult<MicroTuple<'py>> {
+    let options =
+        micro_arg(py, max_token_len, cost_arg(py, linear, quadratic)?, min_count, divisible_by, count, order)?;
+    let lengths = Lengths::extract(py, lengths, "lengths")?;
+    let kernel = kernel(py, backend)?;
+    let l = lengths.slice();
+    let p = py.detach(|| kernel.micro_batches(l, &options)).map_err(|e| to_py(py, e))?;
+    Ok(micro_tuple(py, p))
+}
+
+/// balance(lengths, dp, linear, quadratic, groups, minibatch_size, equal_count,
+/// max_token_len, min_count, divisible_by, count, order, backend)
+/// -> (dp tuple, list of micro tuples per rank, or None without max_token_len)
+#[pyfunction]
+#[allow(clippy::too_many_arguments)]
+fn balance<'py>(
+    py: Python<'py>,
+    lengths: &Bound<'py, PyAny>,
+    dp: i64,
+    linear: i128,
+    quadratic: i128,
+    groups: Option<PyReadonlyArray1<'py, u32>>,
+    minibatch_size: Option<i64>,
+    equal_count: bool,
+    max_token_len: Option<i128>,
+    min_count: i64,
+    divisible_by: i64,
+    count: Option<i64>,
+    order: &str,
+    backend: &str,
+) -> PyResult<(DpTuple<'py>, Option<Vec<MicroTuple<'py>>>)> {
+    let cost = cost_arg(py, linear, quadratic)?;
+    let dp = u32_arg(py, "dp", dp, 1)?;
+    let minibatch_size = minibatch_size.map(|m| u32_arg(py, "minibatch_size", m, 1)).transpose()?;
+    let micro = max_token_len.map(|t| micro_arg(py, t, cost, min_count, divisible_by, count, order)).transpose()?;
+    let labels = match &groups {
+        Some(g) => Some(g.as_slice().map_err(|e| invalid(py, format!("groups: {e}")))?),
+        None => None,
+    };
+    let lengths = Lengths::extract(py, lengths, "lengths")?;
+    let kernel = kernel(py, backend)?;
+    let l = lengths.slice();
+    let options = DpOptions { cost, groups: labels, minibatch_size, equal_count };
+    match micro {
+        None => {
+            let p = py.detach(|| kernel.balance_dp(l, dp, &options)).map_err(|e| to_py(py, e))?;
+            Ok((dp_tuple(py, p), None))
+        }
+        Some(m) => {
+            let p = py.detach(|| kernel.plan(l, dp, &options, &m)).map_err(|e| to_py(py, e))?;
+            let ranks = p.ranks.into_iter().map(|r| micro_tuple(py, r)).collect();
+            Ok((dp_tuple(py, p.dp), Some(ranks)))
+        }
+    }
+}
+
+fn peer_error(py: Python<'_>, e: &PyError) -> PyErr {
+    builtin_error(py, e.type_name(), e.message())
+}
+
+/// verl_rearrange_micro_batches(seqlens, max_token_len, min_num_micro_batch,
+/// num_batches_divided_by, use_dynamic_bsz_balance, force_group_size, padded_width,
+/// dp_num_micro_batches, backend) -> list[list[int]]; raises verl's exception.
+#[pyfunction]
+#[allow(clippy::too_many_arguments)]
+fn verl_rearrange_micro_batches<'py>(
+    py: Python<'py>,
+    seqlens: Vec<i64>,
+    max_token_len: i64,
+    min_num_micro_batch: Option<i64>,
+    num_batches_divided_by: Option<i64>,
+    use_dynamic_bsz_balance: bool,
+    force_group_size: i64,
+    padded_width: Option<i64>,
+    dp_num_micro_batches: Option<i64>,
+    backend: &str,
+) -> PyResult<Bound<'py, PyList>> {
+    let o = VerlMicroOptions {
+        max_token_len,
+        min_num_micro_batch,
+        num_batches_divided_by,
+        use_dynamic_bsz_balance,
+        force_group_size,
+        padded_width,
+        dp_num_micro_batches,
+    };
+    let kernel = kernel(py, backend)?;
+    match py.detach(|| kernel.verl_rearrange_micro_batches(&seqlens, &o)).map_err(|e| to_py(py, e))? {
+        Ok(groups) => PyList::new(py, groups),
+        Err(e) => Err(peer_error(py, &e)),
+    }
+}
+
+/// balance_batch(seqlens, dp, minibatch_size, backend) -> (partitions, kk_partitions, dropped)
+#[pyfunction]
+fn balance_batch(
+    py: Python<'_>,
+    seqlens: Vec<i64>,
+    dp: u32,
+    minibatch_size: Option<i64>,
+    backend: &str,
+) -> PyResult<(Vec<Vec<u32>>, Vec<Vec<Vec<u32>>>, Vec<u32>)> {
+    let kernel = kernel(py, backend)?;
+    match py.detach(|| kernel.balance_batch(&seqlens, dp, minibatch_size)).map_err(|e| to_py(py, e))? {
+        Ok(r) => Ok((r.partitions, r.kk_partitions, r.dropped)),
+        Err(e) => Err(peer_error(py, &e)),
+    }
+}
+
+/// roll_load_balance(lengths, mask_width, max_packed_sequence_length, min_num_micro_batches,
+/// tp, cp, vp, dp_num_micro_batches, backend)
+/// -> (micro_batches, kk_partitions, pad_factor, padded_lengths)
+#[pyfunction]
+#[allow(clippy::too_many_arguments)]
+fn roll_load_balance(
+    py: Python<'_>,
+    lengths: Vec<i64>,
+    mask_width: i64,
+    max_packed_sequence_length: i64,
+    min_num_micro_batches: i64,
+    tp: i64,
+    cp: i64,
+    vp: i64,
+    dp_num_micro_batches: Option<i64>,
+    backend: &str,
+) -> PyResult<(Vec<Vec<u32>>, Vec<Vec<u32>>, i64, Vec<i64>)> {
+    let o = RollLoadBalanceOptions {
+        mask_width,
+        max_packed_sequence_length,
+        min_num_micro_batches,
+        tp,
+        cp,
+        vp,
+        dp_num_micro_batches,
+    };
+    let kernel = kernel(py, backend)?;
+    match py.detach(|| kernel.roll_load_balance(&lengths, &o)).map_err(|e| to_py(py, e))? {
+        Ok(r) => Ok((r.micro_batches, r.kk_partitions, r.pad_factor, r.padded_lengths)),
+        Err(e) => Err(peer_error(py, &e)),
+    }
+}
+
 /// kernel_info() -> dict with the component's sha256 and import list.
 #[pyfunction]
 fn kernel_info(py: Python<'_>) -> PyResult<(String, Vec<String>)> {
@@ -256,6 +501,11 @@ fn _stowplan(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(verl, m)?)?;
     m.add_function(wrap_pyfunction!(log_seqlen_unbalance, m)?)?;
     m.add_function(wrap_pyfunction!(kernel_info, m)?)?;
+    m.add_function(wrap_pyfunction!(micro_batches, m)?)?;
+    m.add_function(wrap_pyfunction!(balance, m)?)?;
+    m.add_function(wrap_pyfunction!(verl_rearrange_micro_batches, m)?)?;
+    m.add_function(wrap_pyfunction!(balance_batch, m)?)?;
+    m.add_function(wrap_pyfunction!(roll_load_balance, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

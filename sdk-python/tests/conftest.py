@@ -25,3 +25,8 @@ def verl_vectors() -> List[Dict[str, Any]]:
 @pytest.fixture(scope="session")
 def stowplan_vectors() -> List[Dict[str, Any]]:
     return load(VECTORS)
+
+
+@pytest.fixture(scope="session")
+def roll_vectors() -> List[Dict[str, Any]]:
+    return [v for v in load(VECTORS / "roll") if "kind" in v]

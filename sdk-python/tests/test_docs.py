@@ -5,11 +5,13 @@ from __future__ import annotations
 import doctest
 
 import stowplan
+import stowplan._balance
+import stowplan.compat.roll
 import stowplan.compat.verl
 
 
 def test_docstring_examples():
-    for module in (stowplan, stowplan.compat.verl):
+    for module in (stowplan, stowplan._balance, stowplan.compat.verl, stowplan.compat.roll):
         result = doctest.testmod(module, optionflags=doctest.NORMALIZE_WHITESPACE)
         assert result.failed == 0, module.__name__
     assert doctest.testmod(stowplan).attempted >= 4

@@ -42,19 +42,11 @@ fn ints(v: &serde_json::Value) -> Vec<i64> {
 /// verl's `log_seqlen_unbalance` figures, as verl's dict would hold them.
 fn unbalance_dict(seqlens: &[i64], parts: &[Vec<i64>]) -> Result<serde_json::Value, (&'static str, String)> {
     use stowplan::UnbalanceError as E;
-    match stowplan::verl_log_seqlen_unbalance(seqlens, parts) {
-        Ok(u) => Ok(serde_json::json!({
-            "global_seqlen/min": u.min as i64,
-            "global_seqlen/max": u.max as i64,
-            "global_seqlen/minmax_diff": (u.max - u.min) as i64,
-            "global_seqlen/balanced_min": u.balanced_min as i64,
-            "global_seqlen/balanced_max": u.balanced_max as i64,
-            "global_seqlen/mean": u.total as f64 / u.k as f64,
-        })),
-        Err(E::ZeroDivision(m)) => Err(("ZeroDivisionError", m)),
-        Err(E::Value(m)) => Err(("ValueError", m)),
-        Err(E::Index(m)) => Err(("IndexError", m)),
-    }
+    stowplan::json::verl_unbalance("global_seqlen", seqlens, parts).map_err(|e| match e {
+        E::ZeroDivision(m) => ("ZeroDivisionError", m),
+        E::Value(m) => ("ValueError", m),
+        E::Index(m) => ("IndexError", m),
+    })
 }
 
 #[test]
@@ -95,4 +87,42 @@ fn verl_log_unbalance_vectors_and_partition_stats() {
         }
     }
     assert!(checked >= 30, "checked {checked}");
+}
+
+#[test]
+fn verl_micro_batch_and_balance_batch_vectors() {
+    let vectors = load_dir(&vectors_dir().join("verl"));
+    let micro: Vec<_> = vectors.iter().filter(|(_, v)| v["kind"] == "micro_batch").collect();
+    assert!(micro.len() >= 14, "expected the 14 shared verl micro_batch vectors, found {}", micro.len());
+    check_all(&micro, stowplan_conformance::check_verl_micro_batch_vector);
+    let balance: Vec<_> = vectors.iter().filter(|(_, v)| v["kind"] == "balance_batch").collect();
+    assert!(!balance.is_empty(), "expected the shared verl balance_batch vector");
+    check_all(&balance, stowplan_conformance::check_verl_balance_batch_vector);
+}
+
+#[test]
+fn roll_load_balance_and_batch_balance_vectors() {
+    let vectors = load_dir(&vectors_dir().join("roll"));
+    let cases: Vec<_> =
+        vectors.iter().filter(|(_, v)| v["kind"] == "load_balance" || v["kind"] == "batch_balance").collect();
+    let modelled = std::sync::atomic::AtomicUsize::new(0);
+    let check = |kernel: &Kernel, v: &serde_json::Value| -> Result<(), String> {
+        if stowplan_conformance::check_roll_vector(kernel, v)? {
+            modelled.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        Ok(())
+    };
+    let mut failures = Vec::new();
+    for (backend, kernel) in kernels() {
+        for (name, v) in &cases {
+            if let Err(e) = check(&kernel, v) {
+                failures.push(format!("{backend} {name}: {e}"));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{} failures:\n{}", failures.len(), failures.join("\n"));
+    // Of the shared load_balance/batch_balance cases, 3 test ROLL's packer configuration
+    // (algorithm name, missing DP group), which stowplan does not model; the rest are checked.
+    assert!(cases.len() >= 29, "expected the shared ROLL vectors, found {}", cases.len());
+    assert_eq!(modelled.into_inner(), 2 * (cases.len() - 3), "ROLL vectors checked on both backends");
 }

@@ -11,7 +11,10 @@ use std::time::Instant;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use serde_json::json;
 use stowplan::input::{DEFAULT_WORKLOAD, DEFAULT_WORKLOAD_NAME, parse_lengths};
-use stowplan::{Backend, Error, Kernel, OversizePolicy, PackMethod, PackOptions, PartitionMethod, PartitionOptions};
+use stowplan::{
+    Backend, Cost, DpOptions, Error, Kernel, MicroOptions, Order, OversizePolicy, PackMethod, PackOptions,
+    PartitionMethod, PartitionOptions,
+};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -30,6 +33,9 @@ enum Command {
     Partition(PartitionArgs),
     /// Pack lengths into bins of at most CAPACITY tokens, e.g. sequences into packed micro-batches.
     Pack(PackArgs),
+    /// Balance a global batch over DP ranks and/or split it into micro-batches of at most
+    /// MAX_TOKEN_LEN tokens (a hard cap), balancing a cost model.
+    Balance(BalanceArgs),
 }
 
 #[derive(Args, Debug)]
@@ -79,6 +85,68 @@ struct PackArgs {
     oversize: OversizeArg,
     #[command(flatten)]
     common: Common,
+}
+
+#[derive(Args, Debug)]
+struct BalanceArgs {
+    /// Number of data-parallel ranks (≥ 1). With 1, only micro-batches are planned.
+    #[arg(long, default_value_t = 1)]
+    dp: u32,
+    /// Hard cap on the tokens of a micro-batch. Without it, only the DP level is planned.
+    #[arg(long)]
+    max_token_len: Option<u64>,
+    /// Cost of a sequence of L tokens: `tokens` (L), `attention` (24576·L + L², verl's and
+    /// ROLL's workload) or `A,B` for A·L + B·L².
+    #[arg(long, default_value = "tokens", value_parser = parse_cost)]
+    cost: Cost,
+    /// At least this many micro-batches per rank.
+    #[arg(long, default_value_t = 0)]
+    min_count: u32,
+    /// Round the micro-batch count up to a multiple of this (virtual pipeline stages).
+    #[arg(long, default_value_t = 1)]
+    divisible_by: u32,
+    /// Exactly this many micro-batches per rank (e.g. a count agreed across ranks).
+    #[arg(long)]
+    count: Option<u32>,
+    /// Order of the micro-batches: input order, cost descending, verl's or ROLL's
+    /// cheapest-at-both-ends order.
+    #[arg(long, value_enum, default_value_t = OrderArg::None)]
+    order: OrderArg,
+    /// Balance each run of this many consecutive samples separately (verl's keep_minibatch).
+    #[arg(long)]
+    minibatch_size: Option<u32>,
+    /// Runs of this many consecutive samples (e.g. one prompt's rollouts) stay on one rank.
+    #[arg(long)]
+    group_size: Option<u32>,
+    /// Allow ranks to get different sample counts (needed with groups of different sizes).
+    #[arg(long)]
+    unequal_count: bool,
+    #[command(flatten)]
+    common: Common,
+}
+
+fn parse_cost(s: &str) -> Result<Cost, String> {
+    match s {
+        "tokens" => Ok(Cost::TOKENS),
+        "attention" => Ok(Cost::ATTENTION),
+        _ => {
+            let (a, b) = s.split_once(',').ok_or_else(|| {
+                format!("cost must be tokens, attention or LINEAR,QUADRATIC (two integers ≥ 0), got {s:?}")
+            })?;
+            let int = |x: &str, what: &str| {
+                x.trim().parse::<u64>().map_err(|e| format!("cost {what} coefficient {x:?}: {e} (an integer ≥ 0)"))
+            };
+            Ok(Cost { linear: int(a, "linear")?, quadratic: int(b, "quadratic")? })
+        }
+    }
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug)]
+enum OrderArg {
+    None,
+    CostDesc,
+    Verl,
+    Roll,
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug)]
@@ -134,6 +202,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Partition(a) => run_partition(a),
         Command::Pack(a) => run_pack(a),
+        Command::Balance(a) => run_balance(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -320,4 +389,142 @@ fn run_pack(a: PackArgs) -> Result<(), Failure> {
     println!("  oversized    {:>12}  single, {} dropped", p.single.len(), p.dropped.len());
     println!("  time         {ms:>12.3} ms  (kernel ready in {init_ms:.1} ms)");
     Ok(())
+}
+
+fn run_balance(a: BalanceArgs) -> Result<(), Failure> {
+    let (lengths, source) = read_input(&a.common)?;
+    if a.dp == 1 && a.max_token_len.is_none() {
+        return Err(Failure {
+            code: 2,
+            message: "nothing to plan: give --dp N (N > 1) for DP balancing and/or --max-token-len T for micro-batches"
+                .into(),
+        });
+    }
+    let labels: Option<Vec<u32>> = match a.group_size {
+        None => None,
+        Some(0) => return Err(Failure { code: 2, message: "--group-size must be at least 1 (got 0)".into() }),
+        Some(g) => Some((0..lengths.len() as u64).map(|i| (i / u64::from(g)) as u32).collect()),
+    };
+    let dp_options = DpOptions {
+        cost: a.cost,
+        groups: labels.as_deref(),
+        minibatch_size: a.minibatch_size,
+        equal_count: !a.unequal_count,
+    };
+    let micro = a.max_token_len.map(|cap| MicroOptions {
+        max_token_len: cap,
+        cost: a.cost,
+        min_count: a.min_count,
+        divisible_by: a.divisible_by,
+        count: a.count,
+        order: match a.order {
+            OrderArg::None => Order::None,
+            OrderArg::CostDesc => Order::CostDesc,
+            OrderArg::Verl => Order::Verl,
+            OrderArg::Roll => Order::Roll,
+        },
+    });
+    let (kernel, init_ms) = kernel(&a.common)?;
+    let t = Instant::now();
+    let value = match &micro {
+        Some(m) if a.dp == 1 => {
+            json!({"micro_batches": stowplan::json::micro_plan(&kernel.micro_batches(&lengths, m)?)})
+        }
+        Some(m) => stowplan::json::plan(&kernel.plan(&lengths, a.dp, &dp_options, m)?, &lengths),
+        None => json!({"dp": stowplan::json::dp_plan(&kernel.balance_dp(&lengths, a.dp, &dp_options)?, &lengths)}),
+    };
+    let ms = t.elapsed().as_secs_f64() * 1e3;
+    if a.common.json {
+        let v = stowplan::json::with(
+            value,
+            json!({
+                "operation": "balance",
+                "source": source,
+                "backend": backend_name(&kernel),
+                "n": lengths.len(),
+                "dp_size": a.dp,
+                "max_token_len": a.max_token_len,
+                "cost": {"linear": a.cost.linear, "quadratic": a.cost.quadratic},
+                "elapsed_ms": ms,
+                "init_ms": init_ms,
+                "kernel_origin": kernel.wasm_origin(),
+            }),
+        );
+        println!("{v}");
+        return Ok(());
+    }
+    print_balance(&a, &lengths, &source, &value, &kernel);
+    println!("  time               {ms:>12.3} ms  (kernel ready in {init_ms:.1} ms)");
+    Ok(())
+}
+
+/// The human summary of a balance plan, read from its JSON form.
+fn print_balance(a: &BalanceArgs, lengths: &[u64], source: &str, v: &serde_json::Value, kernel: &Kernel) {
+    let cost = match (a.cost.linear, a.cost.quadratic) {
+        (1, 0) => "tokens".to_string(),
+        (24_576, 1) => "attention (24576·L + L²)".to_string(),
+        (l, q) => format!("{l}·L + {q}·L²"),
+    };
+    println!(
+        "balance of {} lengths from {source}: dp {}{}",
+        lengths.len(),
+        a.dp,
+        a.max_token_len.map(|c| format!(", micro-batches ≤ {c} tokens")).unwrap_or_default()
+    );
+    println!("  cost {cost}, backend {}", backend_name(kernel));
+    let bal = |b: &serde_json::Value| {
+        format!(
+            "max/mean {:.5}, spread {}",
+            b["max_over_mean"].as_f64().unwrap_or(f64::NAN),
+            b["spread"].as_u64().unwrap_or(0)
+        )
+    };
+    if let Some(dp) = v.get("dp") {
+        let sizes: Vec<usize> = dp["ranks"]
+            .as_array()
+            .map(|r| r.iter().map(|x| x.as_array().map_or(0, Vec::len)).collect())
+            .unwrap_or_default();
+        println!(
+            "  ranks              {:>12}  ({}..{} samples each)",
+            sizes.len(),
+            sizes.iter().min().copied().unwrap_or(0),
+            sizes.iter().max().copied().unwrap_or(0)
+        );
+        println!("  rank cost          {}", bal(&dp["cost_balance"]));
+        let lb = dp["cost_lower_bound"].as_u64().unwrap_or(0);
+        let max = dp["cost_balance"]["max"].as_u64().unwrap_or(0);
+        println!(
+            "  costliest rank     {:>12}  (lower bound {lb}, +{:.4}%)",
+            max,
+            100.0 * max.saturating_sub(lb) as f64 / lb.max(1) as f64
+        );
+        println!("  rank tokens        {}", bal(&dp["token_balance"]));
+        if let Some(u) = dp["verl_unbalance"].as_object() {
+            println!(
+                "  verl unbalance     before {}..{}, after {}..{} tokens",
+                u["global_seqlen/min"],
+                u["global_seqlen/max"],
+                u["global_seqlen/balanced_min"],
+                u["global_seqlen/balanced_max"]
+            );
+        }
+    }
+    let micro: Vec<&serde_json::Value> = match v.get("micro_batches") {
+        Some(serde_json::Value::Array(per_rank)) => per_rank.iter().collect(),
+        Some(single) => vec![single],
+        None => Vec::new(),
+    };
+    if micro.is_empty() {
+        return;
+    }
+    let count = micro[0]["count"].as_u64().unwrap_or(0);
+    let lb = micro.iter().filter_map(|m| m["lower_bound"].as_u64()).max().unwrap_or(0);
+    let required = micro.iter().filter_map(|m| m["required"].as_u64()).max().unwrap_or(0);
+    println!("  micro-batches      {count:>12}  per rank (lower bound {lb}, the cap requires {required})");
+    let (tb, cb) = match v.get("micro_batch_token_balance") {
+        Some(tb) => (tb, &v["micro_batch_cost_balance"]),
+        None => (&micro[0]["token_balance"], &micro[0]["cost_balance"]),
+    };
+    println!("  largest mb tokens  {:>12}  (cap {})", tb["max"].as_u64().unwrap_or(0), a.max_token_len.unwrap_or(0));
+    println!("  mb cost            {}", bal(cb));
 }

@@ -11,7 +11,7 @@ wit_bindgen::generate!({
     world: "kernel",
 });
 
-use exports::stowplan::kernel::{pack, partition, types, verl};
+use exports::stowplan::kernel::{balance, pack, partition, peers, types, verl};
 
 #[global_allocator]
 static ALLOC: dlmalloc::GlobalDlmalloc = dlmalloc::GlobalDlmalloc;
@@ -105,6 +105,131 @@ impl verl::Guest for Kernel {
             k::verl::PyError::TypeError(m) => verl::PyError::TypeError(m),
             k::verl::PyError::ZeroDivisionError(m) => verl::PyError::ZeroDivisionError(m),
             k::verl::PyError::MemoryError(m) => verl::PyError::MemoryError(m),
+            // Not raised by these three functions (only by the `peers` entry points).
+            k::verl::PyError::ValueError(m) => verl::PyError::AssertionError(m),
+        })
+    }
+}
+
+fn cost(c: balance::Cost) -> k::Cost {
+    k::Cost { linear: c.linear, quadratic: c.quadratic }
+}
+
+fn micro_options(o: balance::MicroOptions) -> k::MicroOptions {
+    k::MicroOptions {
+        max_token_len: o.max_token_len,
+        cost: cost(o.cost),
+        min_count: o.min_count,
+        divisible_by: o.divisible_by,
+        count: o.count,
+        order: match o.order {
+            balance::Order::None => k::Order::None,
+            balance::Order::CostDesc => k::Order::CostDesc,
+            balance::Order::Verl => k::Order::Verl,
+            balance::Order::Roll => k::Order::Roll,
+        },
+    }
+}
+
+fn dp_options(o: &balance::DpOptions) -> k::DpOptions<'_> {
+    k::DpOptions {
+        cost: cost(o.cost),
+        groups: o.groups.as_deref(),
+        minibatch_size: o.minibatch_size,
+        equal_count: o.equal_count,
+    }
+}
+
+fn micro_plan(p: k::MicroPlan) -> balance::MicroPlan {
+    balance::MicroPlan {
+        batches: types::Groups { offsets: p.offsets, indices: p.indices },
+        tokens: p.tokens,
+        costs: p.costs,
+        restore: p.restore,
+        lower_bound: p.lower_bound,
+        required: p.required,
+    }
+}
+
+fn dp_plan(p: k::DpPlan) -> balance::DpPlan {
+    balance::DpPlan {
+        ranks: types::Groups { offsets: p.offsets, indices: p.order },
+        tokens: p.tokens,
+        costs: p.costs,
+        cost_lower_bound: p.cost_lower_bound,
+    }
+}
+
+impl balance::Guest for Kernel {
+    fn micro_batches(lengths: Vec<u64>, options: balance::MicroOptions) -> Result<balance::MicroPlan, types::Error> {
+        k::micro_batches(&lengths, &micro_options(options)).map(micro_plan).map_err(error)
+    }
+
+    fn balance_dp(lengths: Vec<u64>, dp: u32, options: balance::DpOptions) -> Result<balance::DpPlan, types::Error> {
+        k::balance_dp(&lengths, dp, &dp_options(&options)).map(dp_plan).map_err(error)
+    }
+
+    fn plan(
+        lengths: Vec<u64>,
+        dp: u32,
+        dp_opts: balance::DpOptions,
+        micro: balance::MicroOptions,
+    ) -> Result<balance::TwoLevel, types::Error> {
+        let p = k::plan(&lengths, dp, &dp_options(&dp_opts), &micro_options(micro)).map_err(error)?;
+        Ok(balance::TwoLevel { dp: dp_plan(p.dp), ranks: p.ranks.into_iter().map(micro_plan).collect() })
+    }
+}
+
+fn py_error(e: k::verl::PyError) -> peers::PyError {
+    peers::PyError { exception: e.type_name().into(), message: e.message().into() }
+}
+
+impl peers::Guest for Kernel {
+    fn verl_rearrange_micro_batches(
+        seqlens: Vec<i64>,
+        o: peers::VerlMicroOptions,
+    ) -> Result<types::Groups, peers::PyError> {
+        let opts = k::peers::VerlMicroOptions {
+            max_token_len: o.max_token_len,
+            min_num_micro_batch: o.min_num_micro_batch,
+            num_batches_divided_by: o.num_batches_divided_by,
+            use_dynamic_bsz_balance: o.use_dynamic_bsz_balance,
+            force_group_size: o.force_group_size,
+            padded_width: o.padded_width,
+            dp_num_micro_batches: o.dp_num_micro_batches,
+        };
+        k::peers::verl_rearrange_micro_batches(&seqlens, &opts).map(groups_of).map_err(py_error)
+    }
+
+    fn balance_batch(
+        seqlens: Vec<i64>,
+        dp: u32,
+        minibatch_size: Option<i64>,
+    ) -> Result<peers::DpReorder, peers::PyError> {
+        let r = k::peers::balance_batch(&seqlens, dp, minibatch_size).map_err(py_error)?;
+        Ok(peers::DpReorder {
+            partitions: groups_of(r.partitions),
+            kk_partitions: r.kk_partitions.into_iter().map(groups_of).collect(),
+            dropped: r.dropped,
+        })
+    }
+
+    fn roll_load_balance(lengths: Vec<i64>, o: peers::RollOptions) -> Result<peers::RollMicroBatches, peers::PyError> {
+        let opts = k::peers::RollLoadBalanceOptions {
+            mask_width: o.mask_width,
+            max_packed_sequence_length: o.max_packed_sequence_length,
+            min_num_micro_batches: o.min_num_micro_batches,
+            tp: o.tp,
+            cp: o.cp,
+            vp: o.vp,
+            dp_num_micro_batches: o.dp_num_micro_batches,
+        };
+        let r = k::peers::roll_load_balance(&lengths, &opts).map_err(py_error)?;
+        Ok(peers::RollMicroBatches {
+            micro_batches: groups_of(r.micro_batches),
+            kk_partitions: groups_of(r.kk_partitions),
+            pad_factor: r.pad_factor,
+            padded_lengths: r.padded_lengths,
         })
     }
 }

@@ -13,6 +13,9 @@ not modify an input array from another thread while a call on it runs.
 >>> b = stowplan.pack([5, 3, 7, 2, 6], 10, method="ffd")
 >>> b.bins, b.loads.tolist()
 ([[1, 2], [3, 4], [0]], [10, 8, 5])
+>>> mb = stowplan.micro_batches([100, 900, 50, 950, 400, 600], 2000, cost="attention")
+>>> mb.count, mb.tokens.tolist()
+(2, [1500, 1500])
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from typing import Any, List, Optional
 import numpy as np
 
 from . import _stowplan
+from ._balance import COSTS, Balance, MicroBatches, balance, micro_batches
 from ._convert import as_lengths, check_int
 from .errors import InfeasibleError, InvalidArgumentError, KernelRuntimeError, StowplanError
 
@@ -32,6 +36,11 @@ __all__ = [
     "pack",
     "Partition",
     "Packing",
+    "micro_batches",
+    "balance",
+    "MicroBatches",
+    "Balance",
+    "COSTS",
     "kernel_info",
     "StowplanError",
     "InvalidArgumentError",

@@ -1,0 +1,622 @@
+//! Balancing: cost models, a global batch over data-parallel ranks, one rank's batch into
+//! dynamic micro-batches under a hard token cap, and both levels in one plan.
+//!
+//! - **Cost** ([`Cost`]): a sequence of `len` tokens costs `linear·len + quadratic·len²`
+//!   (integers; [`Cost::TOKENS`] = (1, 0), [`Cost::ATTENTION`] = (24576, 1), the workload
+//!   verl and ROLL balance). Every decision compares integer costs.
+//! - **DP balancing** ([`balance_dp`]): equal-size Karmarkar–Karp on costs plus swap
+//!   refinement, over samples or over groups that must stay together, optionally one
+//!   mini-batch at a time (verl's `keep_minibatch`, with the mini-batch order kept).
+//! - **Micro-batches** ([`micro_batches`]): the count is the smallest the cap allows
+//!   (best-fit decreasing, which reaches the bin-packing lower bound on typical inputs),
+//!   raised to `min_count`, rounded up to `divisible_by`, or forced by `count`; then the
+//!   cost is balanced across that many micro-batches without any exceeding the cap.
+//! - **Two-level plan** ([`plan`]): DP balancing, then every rank's micro-batches with one
+//!   common count (the largest any rank needs), computed from the global lengths alone, so
+//!   every rank derives the same plan without an all-reduce.
+
+use alloc::collections::BTreeSet;
+use alloc::vec::Vec;
+use core::cmp::Reverse;
+
+use crate::pack::{OversizePolicy, PackMethod, PackOptions, pack};
+use crate::partition::{PartitionMethod, PartitionOptions, partition};
+use crate::refine::{TokenCap, refine};
+use crate::{Error, checked_len, checked_sum, invalid, sorted_desc};
+
+/// The cost of a sequence of `len` tokens: `linear·len + quadratic·len²`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Cost {
+    /// Coefficient of `len`.
+    pub linear: u64,
+    /// Coefficient of `len²`.
+    pub quadratic: u64,
+}
+
+impl Cost {
+    /// Tokens: (1, 0).
+    pub const TOKENS: Cost = Cost { linear: 1, quadratic: 0 };
+    /// verl's and ROLL's attention workload `24576·len + len²` (a 7B dense model).
+    pub const ATTENTION: Cost = Cost { linear: 24_576, quadratic: 1 };
+
+    /// The cost of `len` tokens, or `None` if it does not fit in `u64`.
+    pub fn of(&self, len: u64) -> Option<u64> {
+        let l = u128::from(len);
+        let v = u128::from(self.linear).checked_mul(l)?.checked_add(u128::from(self.quadratic).checked_mul(l * l)?)?;
+        u64::try_from(v).ok()
+    }
+}
+
+impl Default for Cost {
+    fn default() -> Self {
+        Cost::TOKENS
+    }
+}
+
+/// Per-item costs, or an `invalid-argument` error naming the first item whose cost
+/// overflows `u64`.
+pub fn costs(lengths: &[u64], cost: &Cost) -> Result<Vec<u64>, Error> {
+    lengths
+        .iter()
+        .enumerate()
+        .map(|(i, &l)| {
+            cost.of(l).ok_or_else(|| {
+                Error::InvalidArgument(alloc::format!(
+                    "the cost of lengths[{i}] = {l} under cost ({}, {}) overflows u64",
+                    cost.linear,
+                    cost.quadratic
+                ))
+            })
+        })
+        .collect()
+}
+
+/// The order of micro-batches in a plan. Members of a micro-batch are always ascending.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Order {
+    /// By smallest member index (input order).
+    #[default]
+    None,
+    /// By cost descending, ties by smallest member index ascending.
+    CostDesc,
+    /// verl's and ROLL's micro-batch order: sort by (cost, smallest member) descending into
+    /// `L`, then `L[::2][::-1] + L[1::2]` (the smallest at both ends).
+    Verl,
+    /// ROLL's (and verl's) in-rank sample order applied to micro-batches: sort by (cost,
+    /// smallest member) ascending into `p`, then `p[::2] + p[1::2][::-1]`.
+    Roll,
+}
+
+/// Options of [`micro_batches`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MicroOptions {
+    /// Hard cap on the tokens of every micro-batch (≥ 1).
+    pub max_token_len: u64,
+    /// The cost balanced across micro-batches.
+    pub cost: Cost,
+    /// At least this many micro-batches (0 and 1 mean no minimum).
+    pub min_count: u32,
+    /// The count is rounded up to a multiple of this (≥ 1; virtual pipeline stages).
+    pub divisible_by: u32,
+    /// Exactly this many micro-batches (e.g. the count agreed by every DP rank). Must be a
+    /// multiple of `divisible_by`, at least `min_count`, at most the number of sequences.
+    pub count: Option<u32>,
+    /// The order of the micro-batches.
+    pub order: Order,
+}
+
+impl MicroOptions {
+    /// Options with cap `max_token_len`, token cost, no minimum, no rounding, no forced
+    /// count, input order.
+    pub fn new(max_token_len: u64) -> Self {
+        Self { max_token_len, cost: Cost::TOKENS, min_count: 0, divisible_by: 1, count: None, order: Order::None }
+    }
+}
+
+/// Micro-batches of one batch, in flat form.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MicroPlan {
+    /// `count + 1` offsets into `indices`.
+    pub offsets: Vec<u32>,
+    /// Input indices, micro-batch after micro-batch (each micro-batch ascending).
+    pub indices: Vec<u32>,
+    /// Tokens of each micro-batch (each ≤ `max_token_len`).
+    pub tokens: Vec<u64>,
+    /// Cost of each micro-batch.
+    pub costs: Vec<u64>,
+    /// `restore[i]` is the position of input `i` in `indices`: outputs computed in
+    /// micro-batch order are put back in input order by `outputs[restore]`.
+    pub restore: Vec<u32>,
+    /// `max(1, ceil(total tokens / max_token_len))`: no plan has fewer micro-batches.
+    pub lower_bound: u32,
+    /// The count this batch needs on its own: the smallest count found under the cap,
+    /// raised to `min_count` and rounded up to `divisible_by` (what `count` overrides).
+    pub required: u32,
+}
+
+impl MicroPlan {
+    /// Number of micro-batches.
+    pub fn count(&self) -> usize {
+        self.offsets.len() - 1
+    }
+
+    /// The input indices of micro-batch `b`.
+    pub fn batch(&self, b: usize) -> &[u32] {
+        &self.indices[self.offsets[b] as usize..self.offsets[b + 1] as usize]
+    }
+}
+
+/// Splits one batch (`lengths`, tokens) into micro-batches of at most
+/// `options.max_token_len` tokens, balancing `options.cost` across them.
+///
+/// Errors: `invalid-argument` for empty `lengths`, `max_token_len` = 0, `divisible_by` = 0,
+/// a cost overflowing `u64`, `count` = 0 / not a multiple of `divisible_by` / below
+/// `min_count`, or a count (forced, or raised by `min_count`/`divisible_by`) above the number
+/// of sequences (micro-batches are never empty); `infeasible` for a sequence longer than the
+/// cap (never split) or a forced count the cap does not allow.
+pub fn micro_batches(lengths: &[u64], options: &MicroOptions) -> Result<MicroPlan, Error> {
+    let costs = micro_checks(lengths, options)?;
+    let need = needed_count(lengths, options)?;
+    let m = match options.count {
+        Some(c) => {
+            check_count(c, options, lengths.len() as u32, need.lower_bound)?;
+            c
+        }
+        None => need.required,
+    };
+    let groups = distribute(lengths, &costs, options.max_token_len, m, &need)?;
+    Ok(finish(lengths, &costs, groups, options.order, need.lower_bound, need.required))
+}
+
+/// Validates the arguments of [`micro_batches`] and returns the per-item costs.
+fn micro_checks(lengths: &[u64], options: &MicroOptions) -> Result<Vec<u64>, Error> {
+    let n = checked_len("lengths", lengths.len())?;
+    if n == 0 {
+        return invalid!("lengths must not be empty (a batch needs at least one sequence)");
+    }
+    let cap = options.max_token_len;
+    if cap == 0 {
+        return invalid!("max_token_len must be at least 1 (got 0)");
+    }
+    if options.divisible_by == 0 {
+        return invalid!("divisible_by must be at least 1 (got 0)");
+    }
+    if let Some((i, &l)) = lengths.iter().enumerate().find(|&(_, &l)| l > cap) {
+        return Err(Error::Infeasible(alloc::format!(
+            "sequence {i} has {l} tokens, more than max_token_len = {cap}; sequences are never split"
+        )));
+    }
+    checked_sum("lengths", lengths.iter().copied())?;
+    costs(lengths, &options.cost)
+}
+
+/// What a batch needs under the cap, before a forced count.
+struct Need {
+    lower_bound: u32,
+    /// Best-fit decreasing's bins: a feasible assignment with `bins.len()` micro-batches.
+    bins: Vec<Vec<u32>>,
+    required: u32,
+}
+
+fn needed_count(lengths: &[u64], options: &MicroOptions) -> Result<Need, Error> {
+    let n = lengths.len() as u32;
+    let cap = options.max_token_len;
+    let opts = PackOptions { capacity: cap, align: 1, method: PackMethod::Bfd, oversize: OversizePolicy::Error };
+    let packing = pack(lengths, &opts)?;
+    let bins: Vec<Vec<u32>> = (0..packing.bins()).map(|b| packing.bin(b).to_vec()).collect();
+    // Every length is ≤ cap, so ceil(total / cap) ≤ n fits in u32.
+    let lower_bound = packing.lower_bound.max(1) as u32;
+    let raised = (bins.len() as u32).max(options.min_count);
+    let d = options.divisible_by;
+    let required = match raised.div_ceil(d).checked_mul(d) {
+        Some(r) if r <= n => r,
+        _ => {
+            if options.count.is_none() {
+                return if raised > n {
+                    invalid!(
+                        "min_count = {} exceeds the number of sequences n = {n}; micro-batches are never empty",
+                        options.min_count
+                    )
+                } else {
+                    invalid!(
+                        "divisible_by = {d} rounds {raised} micro-batches up past the number of sequences n = {n}; \
+                         micro-batches are never empty"
+                    )
+                };
+            }
+            // With a forced count, `required` is only reported; saturate it.
+            raised.div_ceil(d).saturating_mul(d)
+        }
+    };
+    Ok(Need { lower_bound, bins, required })
+}
+
+fn check_count(c: u32, options: &MicroOptions, n: u32, lower_bound: u32) -> Result<(), Error> {
+    if c == 0 {
+        return invalid!("count must be at least 1 (got 0)");
+    }
+    if c > n {
+        return invalid!("count = {c} exceeds the number of sequences n = {n}; micro-batches are never empty");
+    }
+    if c % options.divisible_by != 0 {
+        return invalid!("count = {c} must be a multiple of divisible_by = {}", options.divisible_by);
+    }
+    if c < options.min_count {
+        return invalid!("count = {c} is below min_count = {}", options.min_count);
+    }
+    if c < lower_bound {
+        return Err(Error::Infeasible(alloc::format!(
+            "count = {c} is below what max_token_len = {} allows: the tokens need at least {lower_bound} \
+             micro-batches",
+            options.max_token_len
+        )));
+    }
+    Ok(())
+}
+
+/// Assigns the items to exactly `m` non-empty groups of at most `cap` tokens with balanced
+/// costs: cost-greedy first fit (LPT restricted to groups with room); if that gets stuck and
+/// `m` is at least best-fit decreasing's count, BFD's bins (plus empty groups); then
+/// cap-keeping refinement and filling of any empty group.
+fn distribute(lengths: &[u64], costs: &[u64], cap: u64, m: u32, need: &Need) -> Result<Vec<Vec<u32>>, Error> {
+    let m_us = m as usize;
+    let mut groups = match lpt_fit(lengths, costs, cap, m_us) {
+        Some(g) => g,
+        None if m_us >= need.bins.len() => {
+            let mut g = need.bins.clone();
+            g.resize(m_us, Vec::new());
+            g
+        }
+        None => {
+            return Err(Error::Infeasible(alloc::format!(
+                "no assignment into count = {m} micro-batches of at most {cap} tokens was found (lower bound {}, \
+                 best-fit decreasing needs {})",
+                need.lower_bound,
+                need.bins.len()
+            )));
+        }
+    };
+    let loads: Vec<u64> = groups.iter().map(|g| g.iter().map(|&i| lengths[i as usize]).sum()).collect();
+    let mut tc = TokenCap { lengths, cap, loads };
+    refine(costs, &mut groups, false, Some(&mut tc));
+    fill_empty(costs, &mut groups);
+    Ok(groups)
+}
+
+/// How many of the cheapest groups LPT-fit probes for room before it asks the least-loaded one.
+const PROBES: usize = 64;
+
+/// Items by length descending (so cost descending: costs are monotone in the length), each
+/// to the cheapest group with room (ties: lower load, then lower group number); `None` when
+/// an item fits nowhere.
+fn lpt_fit(lengths: &[u64], costs: &[u64], cap: u64, m: usize) -> Option<Vec<Vec<u32>>> {
+    let mut groups: Vec<Vec<u32>> = alloc::vec![Vec::new(); m];
+    let mut cost = alloc::vec![0u64; m];
+    let mut load = alloc::vec![0u64; m];
+    let mut by_cost: BTreeSet<(u64, u64, u32)> = (0..m as u32).map(|g| (0, 0, g)).collect();
+    let mut by_load: BTreeSet<(u64, u32)> = (0..m as u32).map(|g| (0, g)).collect();
+    for i in sorted_desc(lengths) {
+        let len = lengths[i as usize];
+        let fits = |g: u32| load[g as usize] + len <= cap;
+        let g = match by_cost.iter().take(PROBES).map(|e| e.2).find(|&g| fits(g)) {
+            Some(g) => g,
+            None => by_load.first().map(|e| e.1).filter(|&g| fits(g))?,
+        };
+        let gu = g as usize;
+        by_cost.remove(&(cost[gu], load[gu], g));
+        by_load.remove(&(load[gu], g));
+        cost[gu] += costs[i as usize];
+        load[gu] += len;
+        groups[gu].push(i);
+        by_cost.insert((cost[gu], load[gu], g));
+        by_load.insert((load[gu], g));
+    }
+    Some(groups)
+}
+
+/// Gives every empty group one item: the cheapest item of the group with the most items
+/// (ties: the lower group number). Needs `m ≤ n`, which the callers check.
+fn fill_empty(costs: &[u64], groups: &mut [Vec<u32>]) {
+    for e in 0..groups.len() {
+        if !groups[e].is_empty() {
+            continue;
+        }
+        let Some(donor) =
+            (0..groups.len()).filter(|&g| groups[g].len() > 1).max_by_key(|&g| (groups[g].len(), Reverse(g)))
+        else {
+            return;
+        };
+        let Some((pos, _)) = groups[donor].iter().enumerate().min_by_key(|&(_, &i)| (costs[i as usize], i)) else {
+            return;
+        };
+        let item = groups[donor].swap_remove(pos);
+        groups[e].push(item);
+    }
+}
+
+/// Sorts members, orders the micro-batches by `order`, and computes the figures.
+fn finish(
+    lengths: &[u64],
+    costs: &[u64],
+    mut groups: Vec<Vec<u32>>,
+    order: Order,
+    lower_bound: u32,
+    required: u32,
+) -> MicroPlan {
+    for g in &mut groups {
+        g.sort_unstable();
+    }
+    let cost_of = |g: &Vec<u32>| g.iter().map(|&i| costs[i as usize]).sum::<u64>();
+    let first = |g: &Vec<u32>| g.first().copied().unwrap_or(u32::MAX);
+    groups = apply_order(groups, order, cost_of, first);
+    let (offsets, indices) = crate::flatten(&groups);
+    let tokens = groups.iter().map(|g| g.iter().map(|&i| lengths[i as usize]).sum()).collect();
+    let bin_costs = groups.iter().map(cost_of).collect();
+    let mut restore = alloc::vec![0u32; lengths.len()];
+    for (pos, &i) in indices.iter().enumerate() {
+        restore[i as usize] = pos as u32;
+    }
+    MicroPlan { offsets, indices, tokens, costs: bin_costs, restore, lower_bound, required }
+}
+
+/// Reorders `items` by `order`, given each item's cost and its tie-breaking key.
+pub(crate) fn apply_order<T, C: Ord, K: Ord>(
+    mut items: Vec<T>,
+    order: Order,
+    cost: impl Fn(&T) -> C,
+    key: impl Fn(&T) -> K,
+) -> Vec<T> {
+    match order {
+        Order::None => items.sort_by_key(|t| key(t)),
+        Order::CostDesc => items.sort_by(|a, b| cost(b).cmp(&cost(a)).then(key(a).cmp(&key(b)))),
+        Order::Verl => {
+            items.sort_by(|a, b| (cost(b), key(b)).cmp(&(cost(a), key(a))));
+            return ends_small(items, true);
+        }
+        Order::Roll => {
+            items.sort_by(|a, b| (cost(a), key(a)).cmp(&(cost(b), key(b))));
+            return ends_small(items, false);
+        }
+    }
+    items
+}
+
+/// `L[::2][::-1] + L[1::2]` (`evens_reversed`) or `L[::2] + L[1::2][::-1]`.
+pub(crate) fn ends_small<T>(items: Vec<T>, evens_reversed: bool) -> Vec<T> {
+    let mut evens = Vec::with_capacity(items.len().div_ceil(2));
+    let mut odds = Vec::with_capacity(items.len() / 2);
+    for (i, t) in items.into_iter().enumerate() {
+        if i % 2 == 0 { evens.push(t) } else { odds.push(t) }
+    }
+    if evens_reversed {
+        evens.reverse();
+    } else {
+        odds.reverse();
+    }
+    evens.extend(odds);
+    evens
+}
+
+/// Options of [`balance_dp`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DpOptions<'a> {
+    /// The cost balanced across ranks.
+    pub cost: Cost,
+    /// A group label per sample: samples with the same label go to the same rank (e.g. the
+    /// samples of one prompt). `None`: every sample is its own group.
+    pub groups: Option<&'a [u32]>,
+    /// Balance each run of `minibatch_size` consecutive samples separately (verl's
+    /// `keep_minibatch`): every rank gets `minibatch_size / dp` samples of each mini-batch,
+    /// and a rank's slice lists them mini-batch by mini-batch. `None`: the whole batch.
+    pub minibatch_size: Option<u32>,
+    /// Every rank gets the same number of samples (default). With groups of different
+    /// sizes this needs `false`.
+    pub equal_count: bool,
+}
+
+impl Default for DpOptions<'_> {
+    fn default() -> Self {
+        Self { cost: Cost::TOKENS, groups: None, minibatch_size: None, equal_count: true }
+    }
+}
+
+/// A global batch reordered over `dp` ranks.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DpPlan {
+    /// `dp + 1` offsets into `order`: rank `r` gets `order[offsets[r]..offsets[r + 1]]`.
+    pub offsets: Vec<u32>,
+    /// The permutation of the input: rank after rank; inside a rank ascending by index
+    /// (mini-batch by mini-batch with `minibatch_size`).
+    pub order: Vec<u32>,
+    /// Tokens of each rank.
+    pub tokens: Vec<u64>,
+    /// Cost of each rank.
+    pub costs: Vec<u64>,
+    /// `max(ceil(total cost / dp), costliest group)`: no assignment has a lighter heaviest rank.
+    pub cost_lower_bound: u64,
+}
+
+impl DpPlan {
+    /// Number of ranks.
+    pub fn dp(&self) -> usize {
+        self.offsets.len() - 1
+    }
+
+    /// The input indices of rank `r`.
+    pub fn rank(&self, r: usize) -> &[u32] {
+        &self.order[self.offsets[r] as usize..self.offsets[r + 1] as usize]
+    }
+}
+
+/// Reorders a global batch over `dp` ranks so that the heaviest rank's cost is as small as
+/// the heuristic finds (equal-size Karmarkar–Karp on costs, then swaps).
+///
+/// Errors (`invalid-argument`): `dp` = 0; empty `lengths`; fewer samples (or groups) than
+/// ranks; `groups` of the wrong length; `equal_count` with n (or the mini-batch size) not a
+/// multiple of `dp`, or with groups of different sizes or a group count not a multiple of
+/// `dp`; `minibatch_size` = 0, not dividing n, or not a multiple of `dp`; a group spanning
+/// two mini-batches; a cost overflowing `u64`.
+pub fn balance_dp(lengths: &[u64], dp: u32, options: &DpOptions<'_>) -> Result<DpPlan, Error> {
+    let n = checked_len("lengths", lengths.len())?;
+    if dp == 0 {
+        return invalid!("dp must be at least 1 (got 0)");
+    }
+    if n == 0 {
+        return invalid!("lengths must not be empty (a batch needs at least one sequence)");
+    }
+    let costs = costs(lengths, &options.cost)?;
+    checked_sum("lengths", lengths.iter().copied())?;
+    let total_cost = checked_sum("costs", costs.iter().copied())?;
+    let mb = match options.minibatch_size {
+        None => n,
+        Some(0) => return invalid!("minibatch_size must be at least 1 (got 0)"),
+        Some(m) if n % m != 0 => {
+            return invalid!(
+                "the batch size n = {n} is not a multiple of minibatch_size = {m}: the last {} samples would be \
+                 left out",
+                n % m
+            );
+        }
+        Some(m) if options.equal_count && m % dp != 0 => {
+            return invalid!("minibatch_size = {m} must be a multiple of dp = {dp} for equal sample counts per rank");
+        }
+        Some(m) => m,
+    };
+    let units = units(n, options.groups)?;
+    // Split the units by mini-batch (a unit must lie inside one).
+    let mut per_mb: Vec<Vec<usize>> = alloc::vec![Vec::new(); (n / mb) as usize];
+    for (u, members) in units.iter().enumerate() {
+        let b = members[0] / mb;
+        if let Some(&bad) = members.iter().find(|&&i| i / mb != b) {
+            return invalid!(
+                "groups: samples {} and {bad} share a group but lie in different mini-batches of minibatch_size = {mb}",
+                members[0]
+            );
+        }
+        per_mb[b as usize].push(u);
+    }
+    let mut ranks: Vec<Vec<u32>> = alloc::vec![Vec::new(); dp as usize];
+    let mut rank_cost = alloc::vec![0u64; dp as usize];
+    let mut costliest = 0u64;
+    for us in &per_mb {
+        let weights: Vec<u64> = us.iter().map(|&u| units[u].iter().map(|&i| costs[i as usize]).sum()).collect();
+        costliest = costliest.max(weights.iter().copied().max().unwrap_or(0));
+        if us.len() < dp as usize {
+            return invalid!(
+                "dp = {dp} ranks need at least {dp} {} per {}, got {}",
+                if options.groups.is_some() { "groups" } else { "samples" },
+                if options.minibatch_size.is_some() { "mini-batch" } else { "batch" },
+                us.len()
+            );
+        }
+        let equal_size = options.equal_count && equal_units(&units, us, dp)?;
+        let p = partition(&weights, dp, &PartitionOptions { method: PartitionMethod::Kk, equal_size, refine: true })?;
+        // The heaviest part of this mini-batch goes to the lightest rank so far (ties: lower rank).
+        let mut free: BTreeSet<(u64, u32)> = (0..dp).map(|r| (rank_cost[r as usize], r)).collect();
+        for g in 0..p.k() {
+            let Some((_, r)) = free.pop_first() else { break };
+            let mut members: Vec<u32> =
+                p.group(g).iter().flat_map(|&u| units[us[u as usize]].iter().copied()).collect();
+            members.sort_unstable();
+            rank_cost[r as usize] += p.sums[g];
+            ranks[r as usize].extend(members);
+        }
+    }
+    let (offsets, order) = crate::flatten(&ranks);
+    let tokens = ranks.iter().map(|r| r.iter().map(|&i| lengths[i as usize]).sum()).collect();
+    let cost_lower_bound = total_cost.div_ceil(u64::from(dp)).max(costliest);
+    Ok(DpPlan { offsets, order, tokens, costs: rank_cost, cost_lower_bound })
+}
+
+/// The balancing units: one per sample, or one per group label (members ascending, units
+/// ordered by their first member).
+fn units(n: u32, groups: Option<&[u32]>) -> Result<Vec<Vec<u32>>, Error> {
+    let Some(labels) = groups else {
+        return Ok((0..n).map(|i| alloc::vec![i]).collect());
+    };
+    if labels.len() != n as usize {
+        return invalid!("groups has {} labels but lengths has {n} entries; give one label per sample", labels.len());
+    }
+    let mut by_label: Vec<(u32, u32)> = labels.iter().enumerate().map(|(i, &l)| (l, i as u32)).collect();
+    by_label.sort_unstable();
+    let mut units: Vec<Vec<u32>> = Vec::new();
+    for (j, &(l, i)) in by_label.iter().enumerate() {
+        if j > 0 && by_label[j - 1].0 == l {
+            if let Some(u) = units.last_mut() {
+                u.push(i);
+            }
+        } else {
+            units.push(alloc::vec![i]);
+        }
+    }
+    units.sort_unstable_by_key(|u| u[0]);
+    Ok(units)
+}
+
+/// Whether the units `us` allow equal sample counts per rank: all the same size and their
+/// number a multiple of `dp`. An error says why not.
+fn equal_units(units: &[Vec<u32>], us: &[usize], dp: u32) -> Result<bool, Error> {
+    let size = units[us[0]].len();
+    if let Some(&u) = us.iter().find(|&&u| units[u].len() != size) {
+        return invalid!(
+            "groups of different sizes ({size} and {}) cannot give every rank the same number of samples; \
+             set equal_count to false",
+            units[u].len()
+        );
+    }
+    if us.len() % dp as usize != 0 {
+        return invalid!(
+            "{} {} is not a multiple of dp = {dp}: equal sample counts per rank are impossible; \
+             set equal_count to false or change the batch size",
+            us.len(),
+            if size > 1 { "groups" } else { "samples" }
+        );
+    }
+    Ok(true)
+}
+
+/// Both levels: DP balancing, then every rank's micro-batches with one common count.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Plan {
+    /// The DP level.
+    pub dp: DpPlan,
+    /// Every rank's micro-batches (indices into the global input), rank after rank.
+    pub ranks: Vec<MicroPlan>,
+}
+
+/// Plans `lengths` over `dp` ranks, then each rank's samples into micro-batches of at most
+/// `micro.max_token_len` tokens. Every rank gets the same count: `micro.count` if given,
+/// else the largest count any rank requires. Each rank's [`MicroPlan`] holds global
+/// indices, and its `restore` maps the rank's samples in [`DpPlan::rank`] order.
+///
+/// Errors: those of [`balance_dp`] and [`micro_batches`].
+pub fn plan(lengths: &[u64], dp: u32, dp_options: &DpOptions<'_>, micro: &MicroOptions) -> Result<Plan, Error> {
+    let dp_plan = balance_dp(lengths, dp, dp_options)?;
+    let mut locals: Vec<Vec<u64>> = Vec::with_capacity(dp as usize);
+    for r in 0..dp_plan.dp() {
+        locals.push(dp_plan.rank(r).iter().map(|&i| lengths[i as usize]).collect());
+    }
+    let mut count = micro.count;
+    if count.is_none() {
+        let mut agreed = 0u32;
+        for local in &locals {
+            micro_checks(local, micro)?;
+            agreed = agreed.max(needed_count(local, micro)?.required);
+        }
+        count = Some(agreed);
+    }
+    let opts = MicroOptions { count, ..*micro };
+    let mut ranks = Vec::with_capacity(locals.len());
+    for (r, local) in locals.iter().enumerate() {
+        let mut mp = micro_batches(local, &opts).map_err(|e| match e {
+            Error::InvalidArgument(m) => Error::InvalidArgument(alloc::format!("rank {r}: {m}")),
+            Error::Infeasible(m) => Error::Infeasible(alloc::format!("rank {r}: {m}")),
+        })?;
+        let global = dp_plan.rank(r);
+        for i in &mut mp.indices {
+            *i = global[*i as usize];
+        }
+        ranks.push(mp);
+    }
+    Ok(Plan { dp: dp_plan, ranks })
+}
