@@ -591,6 +591,8 @@ pub struct Plan {
 ///
 /// Errors: those of [`balance_dp`] and [`micro_batches`].
 pub fn plan(lengths: &[u64], dp: u32, dp_options: &DpOptions<'_>, micro: &MicroOptions) -> Result<Plan, Error> {
+    // Name an oversized sequence by its global index (the per-rank checks see local ones).
+    micro_checks(lengths, &MicroOptions { count: None, min_count: 0, ..*micro })?;
     let dp_plan = balance_dp(lengths, dp, dp_options)?;
     let mut locals: Vec<Vec<u64>> = Vec::with_capacity(dp as usize);
     for r in 0..dp_plan.dp() {

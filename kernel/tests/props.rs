@@ -430,6 +430,8 @@ mod balance {
         // Forced below what best-fit finds but not below the bound: 3 × 60 into 2 × 100 is impossible.
         let e = micro_batches(&[60, 60, 60, 10], &MicroOptions { count: Some(2), ..o }).unwrap_err();
         assert!(matches!(&e, Error::Infeasible(m) if m.contains("no assignment into count = 2")), "{e}");
+        let e = plan(&[1, 2, 3, 4], 2, &DpOptions::default(), &MicroOptions::new(3)).unwrap_err();
+        assert!(matches!(&e, Error::Infeasible(m) if m.contains("sequence 3 has 4 tokens")), "global index: {e}");
         let e = balance_dp(&[1, 2, 3], 4, &DpOptions::default()).unwrap_err();
         assert!(matches!(&e, Error::InvalidArgument(m) if m.contains("at least 4 samples")), "{e}");
         let e = balance_dp(&[1, 2, 3], 0, &DpOptions::default()).unwrap_err();

@@ -221,7 +221,7 @@ def test_groups_stay_together():
         (lambda: stowplan.balance([1, 2, 3, 4], 2, groups=[0, 0, 0, 1]), stowplan.InvalidArgumentError, "different sizes"),
         (lambda: stowplan.balance([1, 2, 3, 4], 2, groups=[0, 1]), stowplan.InvalidArgumentError, "one label per sample"),
         (lambda: stowplan.balance([1, 2, 3, 4], 2, minibatch_size=3), stowplan.InvalidArgumentError, "minibatch_size"),
-        (lambda: stowplan.balance([1, 2, 3, 4], 2, max_token_len=3), stowplan.InfeasibleError, "sequence 1 has 4 tokens"),
+        (lambda: stowplan.balance([1, 2, 3, 4], 2, max_token_len=3), stowplan.InfeasibleError, "sequence 3 has 4 tokens"),
     ],
 )
 def test_errors_name_the_argument(call, error, match):
