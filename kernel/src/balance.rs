@@ -157,6 +157,11 @@ impl MicroPlan {
 pub fn micro_batches(lengths: &[u64], options: &MicroOptions) -> Result<MicroPlan, Error> {
     let costs = micro_checks(lengths, options)?;
     let need = needed_count(lengths, options)?;
+    plan_micro(lengths, &costs, options, need)
+}
+
+/// [`micro_batches`] after validation, given what the batch needs under the cap.
+fn plan_micro(lengths: &[u64], costs: &[u64], options: &MicroOptions, need: Need) -> Result<MicroPlan, Error> {
     let m = match options.count {
         Some(c) => {
             check_count(c, options, lengths.len() as u32, need.lower_bound)?;
@@ -164,8 +169,9 @@ pub fn micro_batches(lengths: &[u64], options: &MicroOptions) -> Result<MicroPla
         }
         None => need.required,
     };
-    let groups = distribute(lengths, &costs, options.max_token_len, m, &need)?;
-    Ok(finish(lengths, &costs, groups, options.order, need.lower_bound, need.required))
+    let (lower_bound, required) = (need.lower_bound, need.required);
+    let groups = distribute(lengths, costs, options.max_token_len, m, need)?;
+    Ok(finish(lengths, costs, groups, options.order, lower_bound, required))
 }
 
 /// Validates the arguments of [`micro_batches`] and returns the per-item costs.
@@ -258,12 +264,12 @@ fn check_count(c: u32, options: &MicroOptions, n: u32, lower_bound: u32) -> Resu
 /// costs: cost-greedy first fit (LPT restricted to groups with room); if that gets stuck and
 /// `m` is at least best-fit decreasing's count, BFD's bins (plus empty groups); then
 /// cap-keeping refinement and filling of any empty group.
-fn distribute(lengths: &[u64], costs: &[u64], cap: u64, m: u32, need: &Need) -> Result<Vec<Vec<u32>>, Error> {
+fn distribute(lengths: &[u64], costs: &[u64], cap: u64, m: u32, need: Need) -> Result<Vec<Vec<u32>>, Error> {
     let m_us = m as usize;
     let mut groups = match lpt_fit(lengths, costs, cap, m_us) {
         Some(g) => g,
         None if m_us >= need.bins.len() => {
-            let mut g = need.bins.clone();
+            let mut g = need.bins;
             g.resize(m_us, Vec::new());
             g
         }
@@ -382,7 +388,7 @@ pub(crate) fn apply_order<T, C: Ord, K: Ord>(
 }
 
 /// `L[::2][::-1] + L[1::2]` (`evens_reversed`) or `L[::2] + L[1::2][::-1]`.
-pub(crate) fn ends_small<T>(items: Vec<T>, evens_reversed: bool) -> Vec<T> {
+fn ends_small<T>(items: Vec<T>, evens_reversed: bool) -> Vec<T> {
     let mut evens = Vec::with_capacity(items.len().div_ceil(2));
     let mut odds = Vec::with_capacity(items.len() / 2);
     for (i, t) in items.into_iter().enumerate() {
@@ -594,23 +600,19 @@ pub fn plan(lengths: &[u64], dp: u32, dp_options: &DpOptions<'_>, micro: &MicroO
     // Name an oversized sequence by its global index (the per-rank checks see local ones).
     micro_checks(lengths, &MicroOptions { count: None, min_count: 0, ..*micro })?;
     let dp_plan = balance_dp(lengths, dp, dp_options)?;
-    let mut locals: Vec<Vec<u64>> = Vec::with_capacity(dp as usize);
+    // Each rank's lengths, costs and needs, computed once: the needs give the agreed count.
+    let mut locals = Vec::with_capacity(dp as usize);
     for r in 0..dp_plan.dp() {
-        locals.push(dp_plan.rank(r).iter().map(|&i| lengths[i as usize]).collect());
+        let local: Vec<u64> = dp_plan.rank(r).iter().map(|&i| lengths[i as usize]).collect();
+        let costs = micro_checks(&local, micro)?;
+        let need = needed_count(&local, micro)?;
+        locals.push((local, costs, need));
     }
-    let mut count = micro.count;
-    if count.is_none() {
-        let mut agreed = 0u32;
-        for local in &locals {
-            micro_checks(local, micro)?;
-            agreed = agreed.max(needed_count(local, micro)?.required);
-        }
-        count = Some(agreed);
-    }
+    let count = micro.count.or_else(|| locals.iter().map(|l| l.2.required).max());
     let opts = MicroOptions { count, ..*micro };
     let mut ranks = Vec::with_capacity(locals.len());
-    for (r, local) in locals.iter().enumerate() {
-        let mut mp = micro_batches(local, &opts).map_err(|e| match e {
+    for (r, (local, costs, need)) in locals.into_iter().enumerate() {
+        let mut mp = plan_micro(&local, &costs, &opts, need).map_err(|e| match e {
             Error::InvalidArgument(m) => Error::InvalidArgument(alloc::format!("rank {r}: {m}")),
             Error::Infeasible(m) => Error::Infeasible(alloc::format!("rank {r}: {m}")),
         })?;

@@ -11,7 +11,7 @@
 
 use alloc::vec::Vec;
 
-use crate::balance::ends_small;
+use crate::balance::{Order, apply_order};
 use crate::verl::{PyError, get_seqlen_balanced_partitions};
 
 /// `24576·s + s²` in torch `int64` arithmetic (wrapping), verl's and ROLL's workload.
@@ -169,13 +169,12 @@ pub fn verl_rearrange_micro_batches(seqlens: &[i64], o: &VerlMicroOptions) -> Re
             (sum, samples)
         })
         .collect();
-    if !o.use_dynamic_bsz_balance {
-        return Ok(batches.into_iter().map(|b| b.1).collect());
+    if o.use_dynamic_bsz_balance {
+        // Python's stable sort with reverse=True on (workload sum, first index): the keys are
+        // unique (first indices differ), so a plain descending sort is the same.
+        batches = apply_order(batches, Order::Verl, |b| b.0, |b| b.1.first().copied());
     }
-    // Python's stable sort with reverse=True on (workload sum, first index): the keys are
-    // unique (first indices differ), so a plain descending sort is the same.
-    batches.sort_by(|a, b| (b.0, b.1.first()).cmp(&(a.0, a.1.first())));
-    Ok(ends_small(batches, true).into_iter().map(|b| b.1).collect())
+    Ok(batches.into_iter().map(|b| b.1).collect())
 }
 
 /// The result of [`balance_batch`].
@@ -224,8 +223,8 @@ pub fn balance_batch(seqlens: &[i64], dp: u32, minibatch_size: Option<i64>) -> R
     }
     let mut seen = alloc::vec![false; seqlens.len()];
     for r in &mut ranks {
-        r.sort_by_key(|&x| (w[x as usize], x));
-        *r = ends_small(core::mem::take(r), false);
+        // Sort by (workload, index), then `p[::2] + p[1::2][::-1]`.
+        *r = apply_order(core::mem::take(r), Order::Roll, |&x| w[x as usize], |&x| x);
         for &x in r.iter() {
             seen[x as usize] = true;
         }
@@ -322,9 +321,9 @@ pub fn roll_load_balance(lengths: &[i64], o: &RollLoadBalanceOptions) -> Result<
     k = roundup_divisible(k, i128::from(o.vp))?;
     let w: Vec<i64> = padded.iter().map(|&p| workload(p)).collect();
     let kk_partitions = get_seqlen_balanced_partitions(&w, as_k(k)?, false)?;
-    let mut batches: Vec<(i128, Vec<u32>)> =
-        kk_partitions.iter().map(|p| (p.iter().map(|&i| i128::from(w[i as usize])).sum::<i128>(), p.clone())).collect();
-    batches.sort_by(|a, b| (b.0, b.1.first()).cmp(&(a.0, a.1.first())));
-    let micro_batches = ends_small(batches, true).into_iter().map(|b| b.1).collect();
+    let batches: Vec<(i128, Vec<u32>)> =
+        kk_partitions.iter().map(|p| (p.iter().map(|&i| i128::from(w[i as usize])).sum(), p.clone())).collect();
+    let micro_batches =
+        apply_order(batches, Order::Verl, |b| b.0, |b| b.1.first().copied()).into_iter().map(|b| b.1).collect();
     Ok(RollMicroBatches { micro_batches, kk_partitions, pad_factor: f, padded_lengths: padded })
 }
