@@ -345,6 +345,253 @@ pub fn check_roll_vector(kernel: &Kernel, v: &Value) -> Result<bool, String> {
             };
             compare_outcome(got, expect_ok, out, (want_err_type, want_err_msg)).map(|()| true)
         }
+        Some("pad_factor") => {
+            let (cp, tp) = (input["cp"].as_u64().ok_or("cp")?, input["tp"].as_u64().ok_or("tp")?);
+            if cp == 0 || tp == 0 {
+                // ROLL treats cp = 0 as no CP and gives 0 for tp = 0; stowplan rejects both.
+                return Ok(false);
+            }
+            let o = stowplan::AlignOptions {
+                factor: stowplan::Factor::Roll,
+                ..stowplan::AlignOptions::new(cp as u32, tp as u32)
+            };
+            let got = kernel.pad_factor(&o).map_err(|e| e.to_string())?;
+            let want = out["sequence_packing_pad_factor"].as_u64().ok_or("sequence_packing_pad_factor")?;
+            if got != want {
+                return Err(format!("pad factor {got}, ROLL {want}"));
+            }
+            Ok(true)
+        }
+        Some("cp_zigzag") => {
+            let Some(factor) = input["pad_factor_override"].as_u64() else { return Ok(false) };
+            let lengths = u64s(&input["lengths"], "lengths")?;
+            let o = stowplan::AlignOptions {
+                factor: stowplan::Factor::Multiple(factor),
+                ..stowplan::AlignOptions::new(
+                    input["cp"].as_u64().ok_or("cp")? as u32,
+                    input["tp"].as_u64().unwrap_or(1) as u32,
+                )
+            };
+            match (kernel.cp_layout(&lengths, &o), expect_ok) {
+                (Err(Error::InvalidArgument(_)), false) => Ok(true),
+                (Ok(l), true) => {
+                    let want = u64s(&out["cu_seqlens_padded"], "cu_seqlens_padded")?;
+                    if l.cu_seqlens_padded != want {
+                        return Err(format!("cu_seqlens_padded {:?}, ROLL {want:?}", l.cu_seqlens_padded));
+                    }
+                    Ok(true)
+                }
+                (got, _) => Err(format!("got {got:?}, ROLL {}", if expect_ok { "succeeded" } else { "failed" })),
+            }
+        }
         _ => Ok(false),
+    }
+}
+
+/// A prime-rl vector sample, with prime-rl's defaults filled in (see
+/// `vectors/prime-rl/README.md`).
+#[derive(Clone, Debug)]
+pub struct PrimeSample {
+    /// LoRA index.
+    pub lora: u32,
+    /// Prompt ids.
+    pub prompt_ids: Vec<i64>,
+    /// Completion ids.
+    pub completion_ids: Vec<i64>,
+    /// Prompt loss mask.
+    pub prompt_mask: Vec<bool>,
+    /// Completion loss mask.
+    pub completion_mask: Vec<bool>,
+    /// Completion logprobs.
+    pub completion_logprobs: Vec<f32>,
+    /// Completion temperatures.
+    pub completion_temperatures: Vec<f32>,
+    /// Advantage.
+    pub advantage: f32,
+    /// Teacher logprobs.
+    pub teacher_logprobs: Option<Vec<f32>>,
+    /// Training mode (`rl` or `sft`).
+    pub training_mode: String,
+}
+
+impl PrimeSample {
+    /// Sample `i` of a vector's `samples` list.
+    pub fn from_json(i: usize, v: &Value) -> Result<Self, String> {
+        let (lora, p, c) = match v {
+            Value::Array(t) => (t[0].as_u64(), t[1].as_u64(), t[2].as_u64()),
+            _ => (
+                v["lora"].as_u64().or(Some(0)),
+                v["prompt_len"].as_u64().or(v["prompt_ids"].as_array().map(|a| a.len() as u64)),
+                v["completion_len"].as_u64().or(v["completion_ids"].as_array().map(|a| a.len() as u64)),
+            ),
+        };
+        let (lora, p, c) =
+            (lora.ok_or("lora")? as u32, p.ok_or("prompt_len")? as usize, c.ok_or("completion_len")? as usize);
+        let id = |j: usize| ((i + 1) * 100_000 + j) as i64;
+        let ids = |key: &str, default: Vec<i64>| -> Result<Vec<i64>, String> {
+            match v.get(key) {
+                Some(x) => i64s(x, key),
+                None => Ok(default),
+            }
+        };
+        let bools = |key: &str, n: usize, d: bool| -> Vec<bool> {
+            v.get(key).and_then(Value::as_array).map_or(vec![d; n], |a| a.iter().map(|b| b == true).collect())
+        };
+        let floats = |key: &str, n: usize, d: f32| -> Vec<f32> {
+            v.get(key)
+                .and_then(Value::as_array)
+                .map_or(vec![d; n], |a| a.iter().map(|x| x.as_f64().unwrap_or(0.0) as f32).collect())
+        };
+        Ok(PrimeSample {
+            lora,
+            prompt_ids: ids("prompt_ids", (0..p).map(id).collect())?,
+            completion_ids: ids("completion_ids", (p..p + c).map(id).collect())?,
+            prompt_mask: bools("prompt_mask", p, false),
+            completion_mask: bools("completion_mask", c, true),
+            completion_logprobs: floats("completion_logprobs", c, -0.25),
+            completion_temperatures: floats("completion_temperatures", c, 1.0),
+            advantage: v.get("advantage").and_then(Value::as_f64).unwrap_or(1.0) as f32,
+            teacher_logprobs: v
+                .get("teacher_logprobs")
+                .and_then(Value::as_array)
+                .map(|a| a.iter().map(|x| x.as_f64().unwrap_or(0.0) as f32).collect()),
+            training_mode: v.get("training_mode").and_then(Value::as_str).unwrap_or("rl").to_string(),
+        })
+    }
+
+    /// prime-rl's classic `prepare_sample` truncation to `seq_len` tokens (prompt first).
+    pub fn truncated(mut self, seq_len: usize) -> Self {
+        let p = self.prompt_ids.len().min(seq_len);
+        let c = self.completion_ids.len().min(seq_len - p);
+        self.prompt_ids.truncate(p);
+        self.prompt_mask.truncate(p);
+        self.completion_ids.truncate(c);
+        self.completion_mask.truncate(c);
+        self.completion_logprobs.truncate(c);
+        self.completion_temperatures.truncate(c);
+        if let Some(t) = self.teacher_logprobs.as_mut() {
+            t.truncate(p + c);
+        }
+        self
+    }
+
+    /// The borrowed [`stowplan::Sample`].
+    pub fn sample(&self) -> stowplan::Sample<'_> {
+        stowplan::Sample {
+            prompt_ids: &self.prompt_ids,
+            completion_ids: &self.completion_ids,
+            prompt_mask: Some(&self.prompt_mask),
+            completion_mask: Some(&self.completion_mask),
+            completion_logprobs: Some(&self.completion_logprobs),
+            temperature: stowplan::Temperature::PerToken(&self.completion_temperatures),
+            advantage: self.advantage,
+            run: self.lora,
+            teacher_logprobs: self.teacher_logprobs.as_deref(),
+        }
+    }
+}
+
+/// Checks a prime-rl vector of kind `ffd_pack` or `pad_micro_batch` (packing with
+/// [`Kernel::prime_rl_ffd`], rows with [`Kernel::materialize_plan`]). `Ok(false)`: a kind
+/// or case this runner does not cover (the `env_name == "all"` check lives in the Python
+/// compatibility layer).
+pub fn check_prime_rl_vector(kernel: &Kernel, v: &Value) -> Result<bool, String> {
+    let input = &v["input"];
+    let kind = v["kind"].as_str().unwrap_or("");
+    if !matches!(kind, "ffd_pack" | "pad_micro_batch") {
+        return Ok(false);
+    }
+    let raw = input["samples"].as_array().ok_or("samples")?;
+    if raw.iter().any(|s| s.get("env_name").is_some_and(|e| e == "all")) {
+        return Ok(false);
+    }
+    let seq_len = input["seq_len"].as_u64().ok_or("seq_len")?;
+    let num_loras = input["num_loras"].as_u64().ok_or("num_loras")? as u32;
+    let samples: Vec<PrimeSample> = raw
+        .iter()
+        .enumerate()
+        .map(|(i, s)| PrimeSample::from_json(i, s).map(|s| s.truncated(seq_len as usize)))
+        .collect::<Result<_, _>>()?;
+    let lengths: Vec<u64> = samples.iter().map(|s| (s.prompt_ids.len() + s.completion_ids.len()) as u64).collect();
+    let runs: Vec<u32> = samples.iter().map(|s| s.lora).collect();
+    let labels: Vec<u32> = samples.iter().map(|s| u32::from(s.training_mode != "rl")).collect();
+    let (bins, _dropped) = kernel.prime_rl_ffd(&lengths, &runs, &labels, seq_len).map_err(|e| e.to_string())?;
+    let out = &v["output"];
+    if kind == "ffd_pack" {
+        let lnt: Vec<Vec<u64>> = bins
+            .iter()
+            .map(|b| {
+                let mut t = vec![0u64; num_loras as usize];
+                for &i in b {
+                    t[runs[i as usize] as usize] += lengths[i as usize];
+                }
+                t
+            })
+            .collect();
+        let got = serde_json::json!({
+            "bins": bins,
+            "lora_num_tokens": lnt,
+            "bin_lengths": bins.iter().map(|b| b.iter().map(|&i| lengths[i as usize]).sum::<u64>()).collect::<Vec<_>>(),
+        });
+        return if &got == out { Ok(true) } else { Err(format!("got {got}, prime-rl {out}")) };
+    }
+    let m = input["pad_to_multiple_of"].as_u64().ok_or("pad_to_multiple_of")?;
+    let opts = stowplan::MaterializeOptions {
+        padding: stowplan::Padding::PerMicroBatch(m),
+        num_runs: Some(num_loras),
+        mix_runs: true,
+        allow_empty_completion: true,
+        ..stowplan::MaterializeOptions::new(u64::MAX, 1)
+    };
+    let borrowed: Vec<stowplan::Sample<'_>> = samples.iter().map(PrimeSample::sample).collect();
+    let plan = vec![bins.iter().map(Vec::as_slice).collect::<Vec<_>>()];
+    match (kernel.materialize_plan(&borrowed, &plan, &opts), v.get("error")) {
+        (Err(Error::InvalidArgument(_)), Some(_)) => Ok(true),
+        (Ok(ranks), None) => {
+            let want = out["micro_batches"].as_array().ok_or("micro_batches")?;
+            if ranks[0].len() != want.len() {
+                return Err(format!("{} micro-batches, prime-rl {}", ranks[0].len(), want.len()));
+            }
+            for (mb, w) in ranks[0].iter().zip(want) {
+                let f32s = |x: &[f32]| x.iter().map(|&f| f64::from(f)).collect::<Vec<_>>();
+                let mut got = serde_json::json!({
+                    "input_ids": mb.input_ids,
+                    "position_ids": mb.position_ids,
+                    "loss_mask": mb.loss_mask,
+                    "advantages": f32s(&mb.advantages),
+                    "inference_logprobs": f32s(&mb.inference_logprobs),
+                    "temperatures": f32s(&mb.temperatures),
+                    "lora_num_tokens": mb.lora_num_tokens,
+                });
+                let mut w = w.clone();
+                if w.get("sequence_lengths").is_some() {
+                    got["sequence_lengths"] = serde_json::json!(mb.sequence_lengths());
+                }
+                if let Some(t) = &mb.teacher_logprobs {
+                    got["teacher_logprobs"] = serde_json::json!(f32s(t));
+                }
+                let keys: Vec<String> = got.as_object().map(|o| o.keys().cloned().collect()).unwrap_or_default();
+                let mut want_sub = serde_json::Map::new();
+                for k in &keys {
+                    want_sub.insert(k.clone(), w[k.as_str()].take());
+                }
+                let want_v = round_floats(&Value::Object(want_sub));
+                if round_floats(&got) != want_v {
+                    return Err(format!("got {got}, prime-rl {want_v}"));
+                }
+            }
+            Ok(true)
+        }
+        (got, want) => Err(format!("got {:?}, prime-rl {want:?}", got.map(|r| r.len()))),
+    }
+}
+
+/// Floats rounded to 6 significant decimals (the arrays are float32; the vectors float64).
+fn round_floats(v: &Value) -> Value {
+    match v {
+        Value::Number(n) if n.is_f64() => serde_json::json!((n.as_f64().unwrap_or(0.0) * 1e6).round() / 1e6),
+        Value::Array(a) => Value::Array(a.iter().map(round_floats).collect()),
+        Value::Object(o) => Value::Object(o.iter().map(|(k, x)| (k.clone(), round_floats(x))).collect()),
+        other => other.clone(),
     }
 }

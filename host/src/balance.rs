@@ -7,7 +7,7 @@ use crate::wasm::{self, wbal, wpeers, wtypes};
 use crate::{Backend, Cost, DpOptions, DpPlan, Error, Kernel, MicroOptions, MicroPlan, Order, Plan, PyError};
 use crate::{DpReorder, RollLoadBalanceOptions, RollMicroBatches, VerlMicroOptions};
 
-fn w_cost(c: Cost) -> wbal::Cost {
+pub(crate) fn w_cost(c: Cost) -> wbal::Cost {
     wbal::Cost { linear: c.linear, quadratic: c.quadratic }
 }
 

@@ -22,14 +22,18 @@ mod balance;
 mod error;
 pub mod input;
 pub mod json;
+mod layout;
+pub mod materialize;
 mod wasm;
 
 pub use error::Error;
+pub use materialize::{CpRuns, CpView, MaterializeOptions, Materialized, MicroBatch, Sample, Temperature};
 pub use stowplan_kernel::peers::{DpReorder, RollLoadBalanceOptions, RollMicroBatches, VerlMicroOptions};
 pub use stowplan_kernel::verl::{PyError, SeqlenUnbalance, UnbalanceError};
 pub use stowplan_kernel::{
-    Cost, DpOptions, DpPlan, MicroOptions, MicroPlan, Order, OversizePolicy, PackMethod, PackOptions, Packing,
-    PartitionMethod, PartitionOptions, Partitioning, Plan,
+    AlignOptions, Cost, CpLayout, DistributeOptions, Distribution, DpOptions, DpPlan, Factor, MicroOptions, MicroPlan,
+    Order, OversizePolicy, PackMethod, PackOptions, Packing, Padding, PartitionMethod, PartitionOptions, Partitioning,
+    Plan,
 };
 pub use wasm::{KERNEL_WASM, KERNEL_WASM_SHA256, cache_dir, sha256_hex};
 

@@ -2,7 +2,9 @@
 //!
 //! The pure algorithms of stowplan: partitioning weights into balanced groups, packing
 //! lengths into bins of fixed capacity, and balancing batches over data-parallel ranks and
-//! micro-batches under a token cap (plus exact reproductions of the peers' versions). The same code runs natively (as an `rlib`, used by the
+//! micro-batches under a token cap, alignment and context-parallel layouts for the trainer,
+//! and the distribution of micro-batches to ranks (plus exact reproductions of the peers'
+//! versions). The same code runs natively (as an `rlib`, used by the
 //! host's `native` backend and by tests) and inside the WebAssembly component built from
 //! `kernel/wasm` (the host's default backend).
 //!
@@ -22,6 +24,7 @@ extern crate alloc;
 use alloc::string::String;
 
 pub mod balance;
+pub mod layout;
 pub mod pack;
 pub mod partition;
 pub mod peers;
@@ -29,6 +32,10 @@ mod refine;
 pub mod verl;
 
 pub use balance::{Cost, DpOptions, DpPlan, MicroOptions, MicroPlan, Order, Plan, balance_dp, micro_batches, plan};
+pub use layout::{
+    AlignOptions, CpLayout, DistributeOptions, Distribution, Factor, Padding, cp_layout, distribute, pad_factor,
+    prime_rl_ffd,
+};
 pub use pack::{OversizePolicy, PackMethod, PackOptions, Packing, pack};
 pub use partition::{PartitionMethod, PartitionOptions, Partitioning, partition};
 

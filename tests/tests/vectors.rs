@@ -126,3 +126,37 @@ fn roll_load_balance_and_batch_balance_vectors() {
     assert!(cases.len() >= 29, "expected the shared ROLL vectors, found {}", cases.len());
     assert_eq!(modelled.into_inner(), 2 * (cases.len() - 3), "ROLL vectors checked on both backends");
 }
+
+#[test]
+fn prime_rl_packing_and_padding_vectors() {
+    let all = stowplan_conformance::load_dir(&stowplan_conformance::vectors_dir().join("prime-rl"));
+    let mut checked = 0;
+    for (name, kernel) in kernels() {
+        for (file, v) in &all {
+            match stowplan_conformance::check_prime_rl_vector(&kernel, v) {
+                Ok(true) => checked += 1,
+                Ok(false) => {}
+                Err(e) => panic!("{name}: {file}: {e}"),
+            }
+        }
+    }
+    // 7 of 8 ffd_pack (the env_name case is checked from Python) + 8 pad_micro_batch, on both kernels.
+    assert_eq!(checked, 2 * 15, "vectors checked");
+}
+
+#[test]
+fn roll_pad_factor_and_zigzag_vectors() {
+    let all = stowplan_conformance::load_dir(&stowplan_conformance::vectors_dir().join("roll"));
+    let mut checked = 0;
+    for (name, kernel) in kernels() {
+        for (file, v) in all.iter().filter(|(_, v)| v["kind"] == "pad_factor" || v["kind"] == "cp_zigzag") {
+            match stowplan_conformance::check_roll_vector(&kernel, v) {
+                Ok(true) => checked += 1,
+                Ok(false) => {}
+                Err(e) => panic!("{name}: {file}: {e}"),
+            }
+        }
+    }
+    // pf_cp1_tp3, pf_cp3_tp1 and the factor-3 zigzag failure, on both kernels.
+    assert_eq!(checked, 2 * 3, "vectors checked");
+}

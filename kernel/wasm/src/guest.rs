@@ -11,7 +11,7 @@ wit_bindgen::generate!({
     world: "kernel",
 });
 
-use exports::stowplan::kernel::{balance, pack, partition, peers, types, verl};
+use exports::stowplan::kernel::{balance, layout, pack, partition, peers, types, verl};
 
 #[global_allocator]
 static ALLOC: dlmalloc::GlobalDlmalloc = dlmalloc::GlobalDlmalloc;
@@ -230,6 +230,74 @@ impl peers::Guest for Kernel {
             kk_partitions: groups_of(r.kk_partitions),
             pad_factor: r.pad_factor,
             padded_lengths: r.padded_lengths,
+        })
+    }
+}
+
+fn align_options(o: layout::AlignOptions) -> k::AlignOptions {
+    let factor = match o.factor {
+        layout::Factor::CpTp => k::Factor::CpTp,
+        layout::Factor::Roll => k::Factor::Roll,
+        layout::Factor::Multiple(m) => k::Factor::Multiple(m),
+    };
+    k::AlignOptions { cp: o.cp, tp: o.tp, factor, power_of_two: o.power_of_two }
+}
+
+impl layout::Guest for Kernel {
+    fn pad_factor(options: layout::AlignOptions) -> Result<u64, types::Error> {
+        k::pad_factor(&align_options(options)).map_err(error)
+    }
+
+    fn cp_layout(lengths: Vec<u64>, options: layout::AlignOptions) -> Result<layout::CpSplit, types::Error> {
+        let l = k::cp_layout(&lengths, &align_options(options)).map_err(error)?;
+        Ok(layout::CpSplit {
+            factor: l.factor,
+            cu_seqlens: l.cu_seqlens,
+            cu_seqlens_padded: l.cu_seqlens_padded,
+            max_seqlen: l.max_seqlen,
+            max_seqlen_padded: l.max_seqlen_padded,
+            run_offsets: l.run_offsets,
+            run_starts: l.run_starts,
+            run_lengths: l.run_lengths,
+            local_bounds: l.local_bounds,
+            rank_real_tokens: l.rank_real_tokens,
+        })
+    }
+
+    fn prime_rl_ffd(
+        lengths: Vec<u64>,
+        runs: Vec<u32>,
+        labels: Vec<u32>,
+        seq_len: u64,
+    ) -> Result<(types::Groups, Vec<u32>), types::Error> {
+        let (bins, dropped) = k::prime_rl_ffd(&lengths, &runs, &labels, seq_len).map_err(error)?;
+        Ok((groups_of(bins), dropped))
+    }
+
+    fn distribute(lengths: Vec<u64>, o: layout::DistributeOptions) -> Result<layout::Distribution, types::Error> {
+        let opts = k::DistributeOptions {
+            capacity: o.capacity,
+            dp: o.dp,
+            cost: k::Cost { linear: o.cost.linear, quadratic: o.cost.quadratic },
+            padding: match o.padding {
+                layout::Padding::PerSequence(m) => k::Padding::PerSequence(m),
+                layout::Padding::PerMicroBatch(m) => k::Padding::PerMicroBatch(m),
+            },
+            runs: o.runs.as_deref(),
+            mix_runs: o.mix_runs,
+        };
+        let d = k::distribute(&lengths, &opts).map_err(error)?;
+        Ok(layout::Distribution {
+            per_rank: d.per_rank,
+            batches: types::Groups { offsets: d.offsets, indices: d.indices },
+            tokens: d.tokens,
+            real_tokens: d.real_tokens,
+            costs: d.costs,
+            rank_costs: d.rank_costs,
+            packed: d.packed,
+            splits: d.splits,
+            dummies: d.dummies,
+            lower_bound: d.lower_bound,
         })
     }
 }
