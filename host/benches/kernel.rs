@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use stowplan::{
-    Cost, DpOptions, Kernel, MicroOptions, OversizePolicy, PackMethod, PackOptions, PartitionMethod, PartitionOptions,
-    VerlMicroOptions,
+    Cost, DpOptions, Kernel, MaterializeOptions, MicroOptions, OversizePolicy, PackMethod, PackOptions,
+    PartitionMethod, PartitionOptions, Sample, Temperature, VerlMicroOptions,
 };
 
 fn workload(name: &str, take: usize) -> Vec<u64> {
@@ -140,5 +140,89 @@ fn balance_cases(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, partition_cases, pack_cases, balance_cases);
+/// rl-agentic-32k as rollouts: prompt = a third of each length, pseudo-random token ids
+/// (xorshift, fixed seed), per-token logprobs, one temperature.
+struct Rollouts {
+    prompts: Vec<Vec<i64>>,
+    completions: Vec<Vec<i64>>,
+    logprobs: Vec<Vec<f32>>,
+}
+
+fn rollouts(lengths: &[u64]) -> Rollouts {
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut next = move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        (x % 151_000) as i64
+    };
+    let mut r = Rollouts { prompts: Vec::new(), completions: Vec::new(), logprobs: Vec::new() };
+    for &l in lengths {
+        let p = (l / 3) as usize;
+        let c = l as usize - p;
+        r.prompts.push((0..p).map(|_| next()).collect());
+        r.completions.push((0..c).map(|_| next()).collect());
+        r.logprobs.push((0..c).map(|j| -((j % 97) as f32) / 32.0).collect());
+    }
+    r
+}
+
+fn materialize_cases(c: &mut Criterion) {
+    let lengths = workload("rl-agentic-32k.txt", usize::MAX);
+    let data = rollouts(&lengths);
+    let samples: Vec<Sample<'_>> = (0..lengths.len())
+        .map(|i| Sample {
+            prompt_ids: &data.prompts[i],
+            completion_ids: &data.completions[i],
+            prompt_mask: None,
+            completion_mask: None,
+            completion_logprobs: Some(&data.logprobs[i]),
+            temperature: Temperature::One(1.0),
+            advantage: (i % 7) as f32 - 3.0,
+            run: 0,
+            teacher_logprobs: None,
+        })
+        .collect();
+    let opts = MaterializeOptions::new(65_536, 8).with_cp(2, 1).expect("cp options");
+    let kernel = Kernel::wasm().expect("WASM kernel");
+    let m = kernel.materialize(&samples, &opts).expect("materialize");
+    let bytes = m.array_bytes();
+    eprintln!(
+        "quality materialize rl-agentic-32k cap 65536 dp 8 cp 2 (factor 4): {} real tokens, {} padding ({:.4}%), {} \
+         micro-batches per rank ({} packed, {} splits, {} dummies, lower bound {}), {:.1} MB of arrays",
+        m.real_tokens,
+        m.padding_tokens,
+        100.0 * m.padding_overhead(),
+        m.distribution.per_rank,
+        m.distribution.packed,
+        m.distribution.splits,
+        m.distribution.dummies,
+        m.distribution.lower_bound,
+        bytes as f64 / 1e6
+    );
+    let mut g = c.benchmark_group("materialize/rl-agentic-32k");
+    g.sample_size(10).warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(6));
+    g.throughput(criterion::Throughput::Bytes(bytes));
+    g.bench_function("materialize_cap65536_dp8_cp2", |b| {
+        b.iter(|| kernel.materialize(&samples, &opts).expect("materialize"))
+    });
+    g.bench_function("materialize_and_cp_views", |b| {
+        b.iter(|| {
+            let m = kernel.materialize(&samples, &opts).expect("materialize");
+            let views: usize = m
+                .ranks
+                .iter()
+                .flatten()
+                .map(|mb| (0..2).map(|r| mb.cp_view(r).expect("view").input_ids.len()).sum::<usize>())
+                .sum();
+            views
+        })
+    });
+    // The machine's copy bandwidth on the same number of bytes, into fresh memory each time.
+    let src = vec![7u8; bytes as usize];
+    g.bench_function("memcpy_same_bytes", |b| b.iter(|| src.to_vec()));
+    g.finish();
+}
+
+criterion_group!(benches, partition_cases, pack_cases, balance_cases, materialize_cases);
 criterion_main!(benches);

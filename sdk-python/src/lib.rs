@@ -5,6 +5,8 @@
 //! as numpy arrays that own the Rust vectors (no copy). Validation of values happens in the
 //! kernel; errors become the exception classes of `stowplan.errors`.
 
+mod layout;
+
 use numpy::{IntoPyArray, PyArray1, PyReadonlyArray1, PyUntypedArrayMethods};
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
@@ -26,7 +28,7 @@ fn raise(py: Python<'_>, class: &str, message: String) -> PyErr {
     }
 }
 
-fn to_py(py: Python<'_>, e: Error) -> PyErr {
+pub(crate) fn to_py(py: Python<'_>, e: Error) -> PyErr {
     let class = match e {
         Error::InvalidArgument(_) => "InvalidArgumentError",
         Error::Infeasible(_) => "InfeasibleError",
@@ -35,11 +37,11 @@ fn to_py(py: Python<'_>, e: Error) -> PyErr {
     raise(py, class, e.to_string())
 }
 
-fn invalid(py: Python<'_>, message: String) -> PyErr {
+pub(crate) fn invalid(py: Python<'_>, message: String) -> PyErr {
     raise(py, "InvalidArgumentError", message)
 }
 
-fn kernel(py: Python<'_>, backend: &str) -> PyResult<Kernel> {
+pub(crate) fn kernel(py: Python<'_>, backend: &str) -> PyResult<Kernel> {
     let backend = match backend {
         "wasm" => Backend::Wasm,
         "native" => Backend::Native,
@@ -51,13 +53,13 @@ fn kernel(py: Python<'_>, backend: &str) -> PyResult<Kernel> {
 
 /// Lengths/weights as a borrowed numpy array: `uint64`, or `int64` checked non-negative and
 /// read as `uint64` (same size and alignment), both without copying.
-enum Lengths<'py> {
+pub(crate) enum Lengths<'py> {
     U64(PyReadonlyArray1<'py, u64>),
     I64(PyReadonlyArray1<'py, i64>),
 }
 
 impl<'py> Lengths<'py> {
-    fn extract(py: Python<'py>, obj: &Bound<'py, PyAny>, name: &str) -> PyResult<Self> {
+    pub(crate) fn extract(py: Python<'py>, obj: &Bound<'py, PyAny>, name: &str) -> PyResult<Self> {
         if let Ok(a) = obj.extract::<PyReadonlyArray1<'py, u64>>() {
             return Self::contiguous(py, Lengths::U64(a), name);
         }
@@ -82,7 +84,7 @@ impl<'py> Lengths<'py> {
         if ok { Ok(l) } else { Err(invalid(py, format!("{name} must be C-contiguous"))) }
     }
 
-    fn slice(&self) -> &[u64] {
+    pub(crate) fn slice(&self) -> &[u64] {
         match self {
             Lengths::U64(a) => a.as_slice().unwrap_or(&[]),
             Lengths::I64(a) => {
@@ -506,6 +508,7 @@ fn _stowplan(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(verl_rearrange_micro_batches, m)?)?;
     m.add_function(wrap_pyfunction!(balance_batch, m)?)?;
     m.add_function(wrap_pyfunction!(roll_load_balance, m)?)?;
+    layout::register(m)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

@@ -27,6 +27,7 @@ import numpy as np
 from . import _stowplan
 from ._balance import COSTS, Balance, MicroBatches, balance, micro_batches
 from ._convert import as_lengths, check_int
+from ._layout import CpLayout, Materialized, MicroBatch, cp_layout, materialize, pad_factor
 from .errors import InfeasibleError, InvalidArgumentError, KernelRuntimeError, StowplanError
 
 __version__: str = _stowplan.__version__
@@ -41,6 +42,12 @@ __all__ = [
     "MicroBatches",
     "Balance",
     "COSTS",
+    "pad_factor",
+    "cp_layout",
+    "CpLayout",
+    "materialize",
+    "Materialized",
+    "MicroBatch",
     "kernel_info",
     "StowplanError",
     "InvalidArgumentError",

@@ -2,5 +2,8 @@
 
 - :mod:`stowplan.compat.verl` — verl 0.9.1 ``verl.utils.seqlen_balancing`` and the trainer's
   ``_balance_batch``.
-- :mod:`stowplan.compat.roll` — ROLL's ``load_balance`` micro-batching and ``batch_balance``.
+- :mod:`stowplan.compat.roll` — ROLL's ``load_balance`` micro-batching, ``batch_balance`` and
+  the CP/TP sequence packing (``pack_sequences``/``unpack_sequences``).
+- :mod:`stowplan.compat.prime_rl` — prime-rl's classic packer and micro-batch padding in its
+  ``MicroBatch`` field layout.
 """

@@ -3,6 +3,9 @@
 - :func:`load_balance` — ``LoadBalancePacker``: micro-batches of a mini-batch (ROLL does not
   enforce the token cap per micro-batch; use :func:`stowplan.micro_batches` for a hard cap).
 - :func:`batch_balance` — the global batch over DP ranks (``roll/utils/functionals.py``).
+- :func:`pack_sequences`, :func:`unpack_sequences` — the Megatron strategy's
+  ``_pack_sequences``/``_unpack_sequences``: sequences padded to the pad factor, packed, and
+  split over CP ranks (zigzag), built by stowplan's Rust host.
 - :func:`get_pad_factor`, :func:`restore_results_order`.
 
 The behaviour (and the exception types and messages) is ROLL's at commit ``8eb27cc``.
@@ -17,7 +20,7 @@ from typing import Any, Dict, List, Optional, Sequence
 from .. import _stowplan
 from .verl import _mask_or_lengths, log_seqlen_unbalance
 
-__all__ = ["get_pad_factor", "load_balance", "restore_results_order", "batch_balance"]
+__all__ = ["get_pad_factor", "load_balance", "restore_results_order", "batch_balance", "pack_sequences", "unpack_sequences"]
 
 
 def get_pad_factor(cp: int, tp: int) -> int:
@@ -28,6 +31,11 @@ def get_pad_factor(cp: int, tp: int) -> int:
         >>> get_pad_factor(2, 2), get_pad_factor(3, 1), get_pad_factor(1, 1)
         (16, 48, 16)
     """
+    if cp >= 1 and tp >= 1:
+        from .._layout import pad_factor
+
+        return pad_factor(cp=cp, tp=tp, align="roll")
+    # ROLL's edge cases (not valid parallel sizes): cp = 0 counts as no CP, tp = 0 gives 0.
     return math.lcm(16, 2 * cp * tp) if cp > 1 else math.lcm(16, tp)
 
 
@@ -125,3 +133,69 @@ def batch_balance(lengths: Any, dp_size: int, *, minibatch_size: Optional[int] =
         "metrics": log_seqlen_unbalance(seqlens, partitions, "global_seqlen"),
         "dropped": dropped,
     }
+
+
+def pack_sequences(
+    sequences: Sequence[Any],
+    *,
+    cp: int = 1,
+    tp: int = 1,
+    cp_rank: Optional[int] = None,
+    pad_val: int = 0,
+    pad_factor: Optional[int] = None,
+    backend: str = "wasm",
+) -> Dict[str, Any]:
+    """ROLL's sequence packing of ``sequences`` (each the valid tokens of one sample): every
+    sequence padded with ``pad_val`` to a multiple of ``pad_factor`` (default ROLL's
+    :func:`get_pad_factor`; seed 001 uses ``2·cp·tp``), concatenated, and split over ``cp``
+    ranks — rank ``r`` gets chunks ``r`` and ``2·cp−1−r`` of every sequence.
+
+    Returns ``{"input_ids": the row of CP rank cp_rank (or a list with every rank's row when
+    cp_rank is None), "cu_seqlens", "cu_seqlens_padded", "max_seqlen" (padded),
+    "pad_factor", "qkv_format": "thd"}``.
+
+    Example (seed 001, factor 2·cp·tp = 4; -1 marks padding):
+        >>> r = pack_sequences([[0, 0], [1, 1, 1, 1], [2] * 6, [3]], cp=2, pad_val=-1, pad_factor=4)
+        >>> [row.tolist() for row in r["input_ids"]]
+        [[0, -1, 1, 1, 2, 2, -1, -1, 3, -1], [0, -1, 1, 1, 2, 2, 2, 2, -1, -1]]
+        >>> r["cu_seqlens_padded"].tolist()
+        [0, 4, 8, 16, 20]
+    """
+    from .._layout import materialize
+
+    factor = get_pad_factor(cp, tp) if pad_factor is None else pad_factor
+    samples = [{"prompt_ids": list(seq), "completion_ids": [], "advantage": 0.0} for seq in sequences]
+    m = materialize(
+        samples,
+        capacity=2**63,
+        cp=cp,
+        padding="sequence",
+        align=factor,
+        pad_token_id=pad_val,
+        allow_empty_completion=True,
+        plan=[[list(range(len(samples)))]],
+        backend=backend,
+    )
+    mb = m.ranks[0][0]
+    rows = [mb.cp_view(r)["input_ids"] for r in range(cp)] if cp > 1 else [mb.input_ids]
+    lengths = mb.sequence_lengths
+    return {
+        "input_ids": rows if cp_rank is None else rows[cp_rank],
+        "cu_seqlens": mb.cu_seqlens,
+        "cu_seqlens_padded": mb.cu_seqlens_padded,
+        "max_seqlen": int(lengths.max()) if len(lengths) else 0,
+        "pad_factor": factor,
+        "qkv_format": "thd",
+    }
+
+
+def unpack_sequences(row: Any, cu_seqlens_padded: Any, cp: int = 1) -> List[Any]:
+    """ROLL's ``_unpack_sequences``: the slices of one CP rank's ``row`` (e.g. its logits)
+    per sequence, from ``cu_seqlens_padded[:-1] // cp`` to ``cu_seqlens_padded[1:] // cp``.
+
+    Example:
+        >>> unpack_sequences(list(range(10)), [0, 4, 8, 16, 20], cp=2)
+        [[0, 1], [2, 3], [4, 5, 6, 7], [8, 9]]
+    """
+    bounds = [int(b) // cp for b in cu_seqlens_padded]
+    return [row[bounds[i] : bounds[i + 1]] for i in range(len(bounds) - 1)]
