@@ -3,7 +3,7 @@
 Use the public functions of :mod:`stowplan` instead; these take already-converted arrays.
 """
 
-from typing import List, Optional, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Tuple, Union
 
 import numpy as np
 import numpy.typing as npt
@@ -118,3 +118,77 @@ def roll_load_balance(
     backend: str,
 ) -> Tuple[List[List[int]], List[List[int]], int, List[int]]:
     """-> (micro_batches, kk_partitions, pad_factor, padded_lengths); raises ROLL's exception."""
+
+def pad_factor(cp: int, tp: int, align: Union[None, str, int], power_of_two: bool, backend: str) -> int:
+    """The alignment factor (align: None/'cp_tp', 'roll' or a multiple)."""
+
+def cp_layout(
+    lengths: npt.NDArray[Any], cp: int, tp: int, align: Union[None, str, int], power_of_two: bool, backend: str
+) -> Tuple[
+    int,
+    npt.NDArray[np.uint64],
+    npt.NDArray[np.uint64],
+    int,
+    int,
+    List[npt.NDArray[np.uint64]],
+    npt.NDArray[np.uint64],
+    npt.NDArray[np.uint64],
+]:
+    """-> (factor, cu_seqlens, cu_seqlens_padded, max_seqlen, max_seqlen_padded, gather maps, local_bounds, rank_real_tokens)"""
+
+def scatter(positions: List[npt.NDArray[np.uint64]], rows: List[npt.NDArray[Any]], total: int) -> npt.NDArray[Any]:
+    """out[positions[r]] = rows[r] for every rank (float32/float64/int64/int32/bool)."""
+
+class MicroBatch:
+    """One materialized micro-batch; per-token fields are numpy arrays of the row's length."""
+
+    samples: npt.NDArray[np.uint32]
+    input_ids: npt.NDArray[np.int64]
+    position_ids: npt.NDArray[np.int64]
+    loss_mask: npt.NDArray[np.bool_]
+    advantages: npt.NDArray[np.float32]
+    inference_logprobs: npt.NDArray[np.float32]
+    temperatures: npt.NDArray[np.float32]
+    teacher_logprobs: Optional[npt.NDArray[np.float32]]
+    cu_seqlens: npt.NDArray[np.int32]
+    cu_seqlens_padded: npt.NDArray[np.int32]
+    max_seqlen: int
+    lora_num_tokens: npt.NDArray[np.int32]
+    real_tokens: int
+    padding_tokens: int
+    dummy: bool
+    @property
+    def sequence_lengths(self) -> npt.NDArray[np.int32]: ...
+    @property
+    def cp(self) -> int: ...
+    def __len__(self) -> int: ...
+    def cp_view(self, rank: int) -> Dict[str, Any]:
+        """CP rank `rank`'s arrays: positions, input_ids, position_ids, loss_mask, advantages,
+        inference_logprobs, temperatures, teacher_logprobs (or None), local_bounds."""
+    def cp_unpack(self, rows: List[npt.NDArray[Any]]) -> npt.NDArray[Any]:
+        """Every CP rank's row back in the padded row's order."""
+    def to_bytes(self) -> bytes:
+        """SPMB header, format version, postcard body."""
+    @staticmethod
+    def from_bytes(data: bytes) -> "MicroBatch": ...
+
+def materialize(
+    samples: Iterable[Any],
+    capacity: int,
+    dp: int,
+    cp: int,
+    padding: str,
+    multiple: int,
+    linear: int,
+    quadratic: int,
+    pad_token_id: int,
+    num_runs: Optional[int],
+    mix_runs: bool,
+    allow_empty_completion: bool,
+    plan: Optional[List[List[List[int]]]],
+    backend: str,
+) -> Tuple[List[List[MicroBatch]], Optional[Dict[str, Any]]]:
+    """-> (micro-batches per rank, figures: real_tokens, padding_tokens, per_rank, packed, splits, dummies, lower_bound, rank_costs; None for a plan)"""
+
+def prime_rl_ffd(lengths: List[int], runs: List[int], labels: List[int], seq_len: int, backend: str) -> Tuple[List[List[int]], List[int]]:
+    """prime-rl's classic packer: (bins, dropped zero-length samples)."""
