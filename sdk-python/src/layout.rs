@@ -16,7 +16,9 @@ fn factor(py: Python<'_>, align: Option<&Bound<'_, PyAny>>) -> PyResult<Factor> 
         return match s.as_str() {
             "cp_tp" => Ok(Factor::CpTp),
             "roll" => Ok(Factor::Roll),
-            other => Err(invalid(py, format!("align must be None, 'cp_tp', 'roll' or a positive integer (got {other:?})"))),
+            other => {
+                Err(invalid(py, format!("align must be None, 'cp_tp', 'roll' or a positive integer (got {other:?})")))
+            }
         };
     }
     match a.extract::<i128>() {
@@ -27,7 +29,10 @@ fn factor(py: Python<'_>, align: Option<&Bound<'_, PyAny>>) -> PyResult<Factor> 
 }
 
 fn u32_arg(py: Python<'_>, name: &str, v: i64) -> PyResult<u32> {
-    u32::try_from(v).ok().filter(|&v| v >= 1).ok_or_else(|| invalid(py, format!("{name} must be in 1..=2**32-1 (got {v})")))
+    u32::try_from(v)
+        .ok()
+        .filter(|&v| v >= 1)
+        .ok_or_else(|| invalid(py, format!("{name} must be in 1..=2**32-1 (got {v})")))
 }
 
 fn align_options(
@@ -37,7 +42,12 @@ fn align_options(
     align: Option<&Bound<'_, PyAny>>,
     power_of_two: bool,
 ) -> PyResult<AlignOptions> {
-    Ok(AlignOptions { cp: u32_arg(py, "cp", cp)?, tp: u32_arg(py, "tp", tp)?, factor: factor(py, align)?, power_of_two })
+    Ok(AlignOptions {
+        cp: u32_arg(py, "cp", cp)?,
+        tp: u32_arg(py, "tp", tp)?,
+        factor: factor(py, align)?,
+        power_of_two,
+    })
 }
 
 /// pad_factor(cp, tp, align, power_of_two, backend) -> int
@@ -116,18 +126,28 @@ pub fn scatter<'py>(
     total: usize,
 ) -> PyResult<Bound<'py, PyAny>> {
     if positions.len() != rows.len() {
-        return Err(invalid(py, format!("rows has {} entries; give one per CP rank ({})", rows.len(), positions.len())));
+        return Err(invalid(
+            py,
+            format!("rows has {} entries; give one per CP rank ({})", rows.len(), positions.len()),
+        ));
     }
-    let pos: Vec<&[u64]> =
-        positions.iter().map(|p| p.as_slice().map_err(|e| invalid(py, format!("positions: {e}")))).collect::<PyResult<_>>()?;
+    let pos: Vec<&[u64]> = positions
+        .iter()
+        .map(|p| p.as_slice().map_err(|e| invalid(py, format!("positions: {e}"))))
+        .collect::<PyResult<_>>()?;
     macro_rules! typed {
         ($t:ty) => {
-            if let Ok(arrs) = rows.iter().map(|r| r.extract::<PyReadonlyArray1<'py, $t>>()).collect::<PyResult<Vec<_>>>() {
+            if let Ok(arrs) =
+                rows.iter().map(|r| r.extract::<PyReadonlyArray1<'py, $t>>()).collect::<PyResult<Vec<_>>>()
+            {
                 let mut out = vec![<$t>::default(); total];
                 for (r, (p, a)) in pos.iter().zip(&arrs).enumerate() {
                     let a = a.as_slice().map_err(|e| invalid(py, format!("rows[{r}]: {e}")))?;
                     if a.len() != p.len() {
-                        return Err(invalid(py, format!("rows[{r}] has {} elements; CP rank {r} holds {}", a.len(), p.len())));
+                        return Err(invalid(
+                            py,
+                            format!("rows[{r}] has {} elements; CP rank {r} holds {}", a.len(), p.len()),
+                        ));
                     }
                     for (&i, &v) in p.iter().zip(a) {
                         match out.get_mut(i as usize) {
@@ -145,7 +165,9 @@ pub fn scatter<'py>(
     typed!(i64);
     typed!(i32);
     typed!(bool);
-    Err(PyTypeError::new_err("rows must be one-dimensional contiguous numpy arrays of float32, float64, int64, int32 or bool"))
+    Err(PyTypeError::new_err(
+        "rows must be one-dimensional contiguous numpy arrays of float32, float64, int64, int32 or bool",
+    ))
 }
 
 /// One materialized micro-batch; every per-token field is a numpy array of the row's length.
@@ -485,7 +507,12 @@ pub fn materialize<'py>(
         other => return Err(invalid(py, format!("padding must be 'sequence' or 'micro_batch' (got {other:?})"))),
     };
     let num_runs = num_runs
-        .map(|n| u32::try_from(n).ok().filter(|&n| n >= 1).ok_or_else(|| invalid(py, format!("num_runs must be in 1..=2**32-1 (got {n})"))))
+        .map(|n| {
+            u32::try_from(n)
+                .ok()
+                .filter(|&n| n >= 1)
+                .ok_or_else(|| invalid(py, format!("num_runs must be in 1..=2**32-1 (got {n})")))
+        })
         .transpose()?;
     let options = MaterializeOptions {
         capacity: cap,
@@ -516,7 +543,16 @@ pub fn materialize<'py>(
                 None => {
                     let m = k.materialize(&borrowed, &options)?;
                     let d = &m.distribution;
-                    let figures = (m.real_tokens, m.padding_tokens, d.per_rank, d.packed, d.splits, d.dummies, d.lower_bound, d.rank_costs.clone());
+                    let figures = (
+                        m.real_tokens,
+                        m.padding_tokens,
+                        d.per_rank,
+                        d.packed,
+                        d.splits,
+                        d.dummies,
+                        d.lower_bound,
+                        d.rank_costs.clone(),
+                    );
                     Ok((m.ranks, Some(figures)))
                 }
             }
