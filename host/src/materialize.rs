@@ -576,7 +576,7 @@ impl Kernel {
     /// with a per-sequence factor that is not a multiple of `2·cp`; those of `distribute`
     /// (`infeasible` for a sample longer than the capacity).
     pub fn materialize(&self, samples: &[Sample<'_>], options: &MaterializeOptions) -> Result<Materialized, Error> {
-        validate(samples, options)?;
+        let num_runs = validate(samples, options)?;
         let lengths: Vec<u64> = samples.iter().map(|s| s.len() as u64).collect();
         let runs: Vec<u32> = samples.iter().map(|s| s.run).collect();
         let d = self.distribute(
@@ -593,7 +593,7 @@ impl Kernel {
         let plan: Vec<Vec<&[u32]>> = (0..d.dp())
             .map(|r| (0..d.per_rank as usize).map(|j| d.batch(r * d.per_rank as usize + j)).collect())
             .collect();
-        let ranks = self.materialize_plan(samples, &plan, options)?;
+        let ranks = self.build_plan(samples, &plan, options, num_runs)?;
         let (mut real_tokens, mut padding_tokens) = (0, 0);
         for mb in ranks.iter().flatten() {
             real_tokens += mb.real_tokens;
@@ -617,6 +617,17 @@ impl Kernel {
         options: &MaterializeOptions,
     ) -> Result<Vec<Vec<MicroBatch>>, Error> {
         let num_runs = validate(samples, options)?;
+        self.build_plan(samples, plan, options, num_runs)
+    }
+
+    /// [`Kernel::materialize_plan`] after `validate` (which gave `num_runs`).
+    fn build_plan(
+        &self,
+        samples: &[Sample<'_>],
+        plan: &[Vec<&[u32]>],
+        options: &MaterializeOptions,
+        num_runs: u32,
+    ) -> Result<Vec<Vec<MicroBatch>>, Error> {
         if options.cp == 0 {
             return Err(Error::InvalidArgument("cp must be at least 1 (got 0)".into()));
         }
