@@ -16,15 +16,33 @@ pub enum Error {
     /// instantiate, or a call trapped. Always a bug or a broken installation, never bad input.
     #[error("kernel runtime failure: {0}")]
     Runtime(String),
+    /// A configuration is invalid; the message names the key, the value and what to set.
+    #[error("invalid configuration: {0}")]
+    Config(String),
+    /// Reading or writing a file failed; the message names the path and the operation.
+    #[error("I/O error: {0}")]
+    Io(String),
+    /// A cache artifact was made for other inputs (its fingerprint differs) or is corrupt;
+    /// the message names the file, what differs and how to proceed.
+    #[error("cache mismatch: {0}")]
+    CacheMismatch(String),
+    /// Waiting for an artifact another process writes took longer than allowed.
+    #[error("timed out: {0}")]
+    Timeout(String),
 }
 
 impl Error {
-    /// A short machine-readable kind: `invalid-argument`, `infeasible` or `runtime`.
+    /// A short machine-readable kind: `invalid-argument`, `infeasible`, `runtime`, `config`,
+    /// `io`, `cache-mismatch` or `timeout`.
     pub fn kind(&self) -> &'static str {
         match self {
             Error::InvalidArgument(_) => "invalid-argument",
             Error::Infeasible(_) => "infeasible",
             Error::Runtime(_) => "runtime",
+            Error::Config(_) => "config",
+            Error::Io(_) => "io",
+            Error::CacheMismatch(_) => "cache-mismatch",
+            Error::Timeout(_) => "timeout",
         }
     }
 }
@@ -41,4 +59,9 @@ impl From<stowplan_kernel::Error> for Error {
 /// Formats a wasmtime error with its whole cause chain.
 pub(crate) fn runtime(context: &str, e: impl std::fmt::Debug) -> Error {
     Error::Runtime(format!("{context}: {e:?}"))
+}
+
+/// An [`Error::Io`] naming `what` was done to `path`.
+pub(crate) fn io(what: &str, path: &std::path::Path, e: std::io::Error) -> Error {
+    Error::Io(format!("{what} {}: {e}", path.display()))
 }

@@ -38,6 +38,46 @@ pub fn parse_lengths(text: &str) -> Result<Vec<u64>, Error> {
     Ok(out)
 }
 
+/// Parses lengths from column `column` (1-based) of a simple delimited text file: fields
+/// separated by tabs (when the line holds one), else commas (when it holds one), else
+/// whitespace. Blank lines and lines starting with `#` are skipped; when the first remaining
+/// line's field is not an integer it is taken as a header. Errors name the line and column.
+pub fn parse_column(text: &str, column: usize) -> Result<Vec<u64>, Error> {
+    if column == 0 {
+        return Err(Error::InvalidArgument("column is 1-based: it must be at least 1 (got 0)".to_string()));
+    }
+    let mut out = Vec::new();
+    let mut first = true;
+    for (no, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let field = if line.contains('\t') {
+            line.split('\t').nth(column - 1)
+        } else if line.contains(',') {
+            line.split(',').nth(column - 1)
+        } else {
+            line.split_whitespace().nth(column - 1)
+        };
+        let Some(field) = field.map(str::trim) else {
+            return Err(Error::InvalidArgument(format!("lengths, line {}: has no column {column}", no + 1)));
+        };
+        match field.parse::<u64>() {
+            Ok(v) => out.push(v),
+            Err(_) if first => {}
+            Err(e) => {
+                return Err(Error::InvalidArgument(format!(
+                    "lengths, line {}, column {column}: {field:?} is not an integer in 0..=18446744073709551615 ({e})",
+                    no + 1
+                )));
+            }
+        }
+        first = false;
+    }
+    Ok(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -47,6 +87,18 @@ mod tests {
         assert_eq!(parse_lengths("3\n\n# c\n 5 \n").unwrap(), vec![3, 5]);
         assert_eq!(parse_lengths(" [1, 2,3]").unwrap(), vec![1, 2, 3]);
         assert_eq!(parse_lengths(&DEFAULT_WORKLOAD).unwrap().len(), 4096);
+    }
+
+    #[test]
+    fn columns() {
+        assert_eq!(parse_column("id\tlen\na\t3\nb\t5\n", 2).unwrap(), vec![3, 5]);
+        assert_eq!(parse_column("# x\n1,7\n2,9\n", 2).unwrap(), vec![7, 9]);
+        assert_eq!(parse_column("1 7\n2   9\n", 1).unwrap(), vec![1, 2]);
+        let e = parse_column("1,7\n2\n", 2).unwrap_err();
+        assert!(e.to_string().contains("line 2: has no column 2"), "{e}");
+        let e = parse_column("1,7\n2,x\n", 2).unwrap_err();
+        assert!(e.to_string().contains("line 2, column 2"), "{e}");
+        assert!(parse_column("1", 0).unwrap_err().to_string().contains("at least 1"));
     }
 
     #[test]

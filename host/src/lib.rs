@@ -18,16 +18,23 @@
 //! ```
 #![deny(missing_docs)]
 
+mod atomic;
 mod balance;
 mod error;
 pub mod input;
 pub mod json;
 mod layout;
+pub mod length_cache;
 pub mod materialize;
+pub mod packing_config;
+pub mod plan;
 mod wasm;
 
 pub use error::Error;
+pub use length_cache::LengthCache;
 pub use materialize::{CpRuns, CpView, MaterializeOptions, Materialized, MicroBatch, Sample, Temperature};
+pub use packing_config::{EffectiveBatch, PackingConfig, PackingMode};
+pub use plan::StaticPackPlan;
 pub use stowplan_kernel::peers::{DpReorder, RollLoadBalanceOptions, RollMicroBatches, VerlMicroOptions};
 pub use stowplan_kernel::verl::{PyError, SeqlenUnbalance, UnbalanceError};
 pub use stowplan_kernel::{
@@ -35,6 +42,7 @@ pub use stowplan_kernel::{
     Order, OversizePolicy, PackMethod, PackOptions, Packing, Padding, PartitionMethod, PartitionOptions, Partitioning,
     Plan,
 };
+pub use stowplan_kernel::{AlignedPlan, PlanOptions, RawPlan};
 pub use wasm::{KERNEL_WASM, KERNEL_WASM_SHA256, cache_dir, sha256_hex};
 
 /// Which implementation of the kernel runs a call.

@@ -21,7 +21,8 @@ mod bindings {
 }
 
 pub(crate) use bindings::exports::stowplan::kernel::{
-    balance as wbal, layout as wlay, pack as wpack, partition as wpart, peers as wpeers, types as wtypes, verl as wverl,
+    balance as wbal, layout as wlay, pack as wpack, partition as wpart, peers as wpeers, plan as wplan,
+    types as wtypes, verl as wverl,
 };
 
 /// The kernel component, built by `cargo xtask build-kernel` (see `ARCHITECTURE.md`).

@@ -3,7 +3,7 @@
 //! The pure algorithms of stowplan: partitioning weights into balanced groups, packing
 //! lengths into bins of fixed capacity, and balancing batches over data-parallel ranks and
 //! micro-batches under a token cap, alignment and context-parallel layouts for the trainer,
-//! and the distribution of micro-batches to ranks (plus exact reproductions of the peers'
+//! the distribution of micro-batches to ranks, and static pack plans of whole datasets (plus exact reproductions of the peers'
 //! versions). The same code runs natively (as an `rlib`, used by the
 //! host's `native` backend and by tests) and inside the WebAssembly component built from
 //! `kernel/wasm` (the host's default backend).
@@ -28,6 +28,7 @@ pub mod layout;
 pub mod pack;
 pub mod partition;
 pub mod peers;
+pub mod plan;
 mod refine;
 pub mod verl;
 
@@ -38,6 +39,7 @@ pub use layout::{
 };
 pub use pack::{OversizePolicy, PackMethod, PackOptions, Packing, pack};
 pub use partition::{PartitionMethod, PartitionOptions, Partitioning, partition};
+pub use plan::{AlignedPlan, PlanOptions, RawPlan, aligned_plan, raw_plan};
 
 /// An error returned by a kernel operation. Mirrors the WIT `error` variant.
 #[derive(Clone, Debug, PartialEq, Eq)]

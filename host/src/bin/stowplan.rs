@@ -36,6 +36,9 @@ enum Command {
     /// Balance a global batch over DP ranks and/or split it into micro-batches of at most
     /// MAX_TOKEN_LEN tokens (a hard cap), balancing a cost model.
     Balance(BalanceArgs),
+    /// Build a static pack plan of a whole SFT dataset (seed 002): packs of at most
+    /// PACKING_LENGTH tokens, aligned so that WORLD_SIZE ranks get the same number of packs.
+    Plan(PlanArgs),
 }
 
 #[derive(Args, Debug)]
@@ -125,6 +128,48 @@ struct BalanceArgs {
     common: Common,
 }
 
+#[derive(Args, Debug)]
+struct PlanArgs {
+    /// The dataset's sample lengths: one integer per line or a JSON array (or, with
+    /// --column, a column of a tab/comma/space separated file); `-` reads standard input.
+    /// Without it the built-in workload (4,096 RL rollout lengths) is used.
+    #[arg(long)]
+    lengths: Option<PathBuf>,
+    /// Read lengths from this 1-based column of a delimited text file (a non-numeric first
+    /// line is a header).
+    #[arg(long)]
+    column: Option<usize>,
+    /// The hard cap of a multi-sample pack, tokens (≥ 1).
+    #[arg(long)]
+    packing_length: u64,
+    /// Learner ranks the plan is aligned for (≥ 1).
+    #[arg(long, default_value_t = 1)]
+    world_size: u32,
+    /// Drop the last N_raw_packs mod WORLD_SIZE packs instead of repeating the first ones.
+    #[arg(long)]
+    drop_last: bool,
+    /// Emit samples with length ≥ PACKING_LENGTH as single-sample packs (default: drop them,
+    /// listed in the summary).
+    #[arg(long)]
+    allow_single_long: bool,
+    /// Round every length up to a multiple of ALIGN (≥ 1) before packing.
+    #[arg(long, default_value_t = 1)]
+    align: u64,
+    /// Keep the lengths in a run-scoped cache directory (fingerprinted by the file's sha256
+    /// and the column); a later run with the same inputs reads them from there.
+    #[arg(long)]
+    cache_dir: Option<PathBuf>,
+    /// Write the plan (format stowplan.static-pack-plan/1, checksums verified on load) here.
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// Which kernel builds the plan: the WASM component (default) or the same code natively.
+    #[arg(long, value_enum, default_value_t = BackendArg::Wasm)]
+    backend: BackendArg,
+    /// Print the summary as JSON on stdout.
+    #[arg(long)]
+    json: bool,
+}
+
 fn parse_cost(s: &str) -> Result<Cost, String> {
     match s {
         "tokens" => Ok(Cost::TOKENS),
@@ -203,6 +248,7 @@ fn main() -> ExitCode {
         Command::Partition(a) => run_partition(a),
         Command::Pack(a) => run_pack(a),
         Command::Balance(a) => run_balance(a),
+        Command::Plan(a) => run_plan(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -236,8 +282,12 @@ fn read_input(common: &Common) -> Result<(Vec<u64>, String), Failure> {
 }
 
 fn kernel(common: &Common) -> Result<(Kernel, f64), Failure> {
+    kernel_on(common.backend)
+}
+
+fn kernel_on(backend: BackendArg) -> Result<(Kernel, f64), Failure> {
     let t = Instant::now();
-    let backend = match common.backend {
+    let backend = match backend {
         BackendArg::Wasm => Backend::Wasm,
         BackendArg::Native => Backend::Native,
     };
@@ -527,4 +577,171 @@ fn print_balance(a: &BalanceArgs, lengths: &[u64], source: &str, v: &serde_json:
     };
     println!("  largest mb tokens  {:>12}  (cap {})", tb["max"].as_u64().unwrap_or(0), a.max_token_len.unwrap_or(0));
     println!("  mb cost            {}", bal(cb));
+}
+
+/// A progress bar on stderr, hidden unless stderr is a terminal.
+fn progress(len: u64, what: &str) -> indicatif::ProgressBar {
+    let bar = if std::io::stderr().is_terminal() {
+        indicatif::ProgressBar::new(len)
+    } else {
+        indicatif::ProgressBar::hidden()
+    };
+    let style = indicatif::ProgressStyle::with_template("{msg:>16} [{bar:40}] {bytes}/{total_bytes} {elapsed}")
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
+        .progress_chars("=> ");
+    bar.set_style(style);
+    bar.set_message(what.to_string());
+    bar
+}
+
+/// Reads the plan's input text (with a progress bar over the bytes of large files).
+fn read_plan_text(path: Option<&PathBuf>) -> Result<(String, String), Failure> {
+    let fail = |m: String| Failure { code: 2, message: m };
+    match path {
+        None => Ok((DEFAULT_WORKLOAD.to_string(), DEFAULT_WORKLOAD_NAME.to_string())),
+        Some(p) if p.as_os_str() == "-" => {
+            let mut s = String::new();
+            std::io::stdin().read_to_string(&mut s).map_err(|e| fail(format!("reading standard input: {e}")))?;
+            Ok((s, "standard input".to_string()))
+        }
+        Some(p) => {
+            let file = std::fs::File::open(p).map_err(|e| fail(format!("reading {}: {e}", p.display())))?;
+            let size = file.metadata().map(|m| m.len()).unwrap_or(0);
+            let bar = progress(size, "reading lengths");
+            let mut s = String::with_capacity(size as usize);
+            bar.wrap_read(file).read_to_string(&mut s).map_err(|e| fail(format!("reading {}: {e}", p.display())))?;
+            bar.finish_and_clear();
+            Ok((s, p.display().to_string()))
+        }
+    }
+}
+
+fn run_plan(a: PlanArgs) -> Result<(), Failure> {
+    let t0 = Instant::now();
+    let (text, source) = read_plan_text(a.lengths.as_ref())?;
+    let parse = |text: &str| match a.column {
+        Some(c) => stowplan::input::parse_column(text, c),
+        None => parse_lengths(text),
+    };
+    let mut cache_note = None;
+    let lengths = match &a.cache_dir {
+        None => parse(&text).map_err(|e| Failure { code: 2, message: format!("{source}: {e}") })?,
+        Some(dir) => {
+            // The dataset identity: the content hash (the same data under another path is the
+            // same dataset) and how lengths are read from it.
+            let identity = format!("sha256:{}", stowplan::sha256_hex(text.as_bytes()));
+            let config = json!({"column": a.column, "reader": "stowplan-cli"});
+            let samples = parse(&text).map_err(|e| Failure { code: 2, message: format!("{source}: {e}") })?;
+            let mut cache = stowplan::LengthCache::open(dir, &identity, samples.len(), &config, None)?;
+            let resumed = cache.known();
+            let lengths = cache.precompute(1, |i| Ok(samples[i]))?.to_vec();
+            cache_note = Some(json!({
+                "path": cache.path().display().to_string(),
+                "fingerprint": cache.fingerprint(),
+                "reused": resumed,
+            }));
+            lengths
+        }
+    };
+    let read_ms = t0.elapsed().as_secs_f64() * 1e3;
+    let (kernel, init_ms) = kernel_on(a.backend)?;
+    let options = stowplan::PlanOptions {
+        packing_length: a.packing_length,
+        align: a.align,
+        allow_single_long: a.allow_single_long,
+    };
+    let t = Instant::now();
+    let plan = stowplan::StaticPackPlan::build(&kernel, &lengths, &options, a.world_size, a.drop_last)?;
+    let plan_ms = t.elapsed().as_secs_f64() * 1e3;
+    plan.log();
+    if let Some(out) = &a.out {
+        plan.save(out)?;
+    }
+    let raw = plan.raw_len() as u64;
+    let regular = raw - plan.raw.single_long.len() as u64;
+    let regular_bound = plan.raw.lower_bound - plan.raw.single_long.len() as u64;
+    let over = regular.saturating_sub(regular_bound);
+    if a.json {
+        let v = json!({
+            "operation": "plan",
+            "source": source,
+            "backend": backend_name(&kernel),
+            "samples": lengths.len(),
+            "packing_length": a.packing_length,
+            "align": a.align,
+            "allow_single_long": a.allow_single_long,
+            "world_size": a.world_size,
+            "drop_last": a.drop_last,
+            "n_raw_packs": raw,
+            "n_aligned_packs": plan.len(),
+            "packs_per_rank": plan.per_rank(),
+            "lower_bound": plan.raw.lower_bound,
+            "efficiency": plan.efficiency(),
+            "real_tokens": plan.raw.real_tokens,
+            "single_long": plan.raw.single_long.len(),
+            "dropped_long": plan.raw.dropped.len(),
+            "pad_needed": plan.aligned.pad_needed,
+            "repeated_packs": &plan.aligned.packs[plan.raw_len().min(plan.len())..],
+            "dropped_packs": plan.aligned.dropped_packs,
+            "dropped_pack_samples": plan.aligned.dropped_samples,
+            "raw_checksum": plan.raw_checksum(),
+            "aligned_checksum": plan.aligned_checksum(),
+            "out": a.out.as_ref().map(|p| p.display().to_string()),
+            "cache": cache_note,
+            "read_ms": read_ms,
+            "init_ms": init_ms,
+            "plan_ms": plan_ms,
+        });
+        println!("{v}");
+        return Ok(());
+    }
+    println!(
+        "static pack plan of {} samples from {source}, packing_length {}, align {}, backend {}",
+        lengths.len(),
+        a.packing_length,
+        a.align,
+        backend_name(&kernel)
+    );
+    println!(
+        "  raw packs     {raw:>12}  (lower bound {}; {over} over = {:.3}%)",
+        plan.raw.lower_bound,
+        100.0 * over as f64 / regular_bound.max(1) as f64
+    );
+    println!(
+        "  aligned packs {:>12}  (world_size {}, {} per rank, drop_last {})",
+        plan.len(),
+        a.world_size,
+        plan.per_rank(),
+        a.drop_last
+    );
+    if plan.aligned.pad_needed > 0 {
+        println!("  repeated      {:>12}  packs from the start of the raw plan", plan.aligned.pad_needed);
+    }
+    if plan.aligned.dropped_packs > 0 {
+        println!(
+            "  dropped       {:>12}  packs at the end ({} samples never trained on)",
+            plan.aligned.dropped_packs, plan.aligned.dropped_samples
+        );
+    }
+    println!(
+        "  efficiency    {:>11.3}%  (real tokens / (multi-sample packs × packing_length))",
+        100.0 * plan.efficiency()
+    );
+    println!("  real tokens   {:>12}", plan.raw.real_tokens);
+    println!(
+        "  long samples  {:>12}  single-long packs, {} dropped{}",
+        plan.raw.single_long.len(),
+        plan.raw.dropped.len(),
+        if plan.raw.dropped.is_empty() { "" } else { " (length >= packing_length; --allow-single-long keeps them)" }
+    );
+    println!("  raw sha256    {}", plan.raw_checksum());
+    println!("  aligned sha256 {}", plan.aligned_checksum());
+    if let Some(out) = &a.out {
+        println!("  written to    {}", out.display());
+    }
+    if let Some(c) = &cache_note {
+        println!("  length cache  {} ({} lengths reused)", c["path"].as_str().unwrap_or(""), c["reused"]);
+    }
+    println!("  time          {plan_ms:>12.3} ms  (reading {read_ms:.1} ms, kernel ready in {init_ms:.1} ms)");
+    Ok(())
 }

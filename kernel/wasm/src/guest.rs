@@ -11,7 +11,7 @@ wit_bindgen::generate!({
     world: "kernel",
 });
 
-use exports::stowplan::kernel::{balance, layout, pack, partition, peers, types, verl};
+use exports::stowplan::kernel::{balance, layout, pack, partition, peers, plan, types, verl};
 
 #[global_allocator]
 static ALLOC: dlmalloc::GlobalDlmalloc = dlmalloc::GlobalDlmalloc;
@@ -329,4 +329,42 @@ unsafe extern "C" fn cabi_realloc(old_ptr: *mut u8, old_len: usize, align: usize
         core::arch::wasm32::unreachable()
     }
     ptr
+}
+
+impl plan::Guest for Kernel {
+    fn raw_plan(lengths: Vec<u64>, options: plan::PlanOptions) -> Result<plan::RawPackPlan, types::Error> {
+        let opts = k::PlanOptions {
+            packing_length: options.packing_length,
+            align: options.align,
+            allow_single_long: options.allow_single_long,
+        };
+        let r = k::raw_plan(&lengths, &opts).map_err(error)?;
+        let checksum = r.checksum_hex();
+        Ok(plan::RawPackPlan {
+            packs: types::Groups { offsets: r.offsets, indices: r.indices },
+            tokens: r.tokens,
+            single_long: r.single_long,
+            dropped: r.dropped,
+            real_tokens: r.real_tokens,
+            aligned_tokens: r.aligned_tokens,
+            lower_bound: r.lower_bound,
+            checksum,
+        })
+    }
+
+    fn align_plan(
+        packs: types::Groups,
+        world_size: u32,
+        drop_last: bool,
+    ) -> Result<plan::AlignedPackPlan, types::Error> {
+        let a = k::aligned_plan(&packs.offsets, &packs.indices, world_size, drop_last).map_err(error)?;
+        let checksum = a.checksum_hex();
+        Ok(plan::AlignedPackPlan {
+            packs: a.packs,
+            pad_needed: a.pad_needed,
+            dropped_packs: a.dropped_packs,
+            dropped_samples: a.dropped_samples,
+            checksum,
+        })
+    }
 }

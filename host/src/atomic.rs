@@ -1,0 +1,51 @@
+//! Atomic file replacement: write a temporary file beside the target, fsync it, rename it
+//! over the target, fsync the directory. Readers see the old or the new file, never a torn
+//! one; a crash leaves at most a stale temporary file (named `.NAME.tmp.PID.N`), which
+//! readers ignore and the next write of the same process id replaces.
+
+use std::fs::{File, OpenOptions};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::Error;
+use crate::error::io;
+
+static COUNTER: AtomicU64 = AtomicU64::new(0);
+
+/// The temporary path used for the next write of `path`.
+fn temp_path(path: &Path) -> PathBuf {
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    path.with_file_name(format!(".{name}.tmp.{}.{n}", std::process::id()))
+}
+
+/// Replaces `path` by `bytes` atomically (creating the parent directory if needed).
+pub(crate) fn write(path: &Path, bytes: &[u8]) -> Result<(), Error> {
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    std::fs::create_dir_all(&dir).map_err(|e| io("creating directory", &dir, e))?;
+    let tmp = temp_path(path);
+    let result = (|| {
+        let mut f = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&tmp)
+            .map_err(|e| io("creating", &tmp, e))?;
+        f.write_all(bytes).map_err(|e| io("writing", &tmp, e))?;
+        f.sync_all().map_err(|e| io("syncing", &tmp, e))?;
+        std::fs::rename(&tmp, path).map_err(|e| io("renaming into place", path, e))?;
+        // Make the rename itself durable.
+        if let Ok(d) = File::open(&dir) {
+            let _ = d.sync_all();
+        }
+        Ok(())
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result
+}

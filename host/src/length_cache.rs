@@ -1,0 +1,470 @@
+//! The per-sample length cache of static packing (seed 002): lengths computed once by a
+//! caller-supplied function, persisted under a run-scoped directory with a fingerprint of
+//! what they depend on, flushed periodically and atomically, resumed after a crash.
+//!
+//! File `DIR/lengths.splc`, format 1, little-endian:
+//!
+//! | bytes | field |
+//! |---|---|
+//! | 4 | magic `SPLC` |
+//! | 2 | format version, 1 |
+//! | 1 | complete: 1 when every length is known, else 0 |
+//! | 1 | reserved, 0 |
+//! | 32 | fingerprint: sha256 of the inputs JSON |
+//! | 4 | inputs JSON size `m` |
+//! | m | inputs JSON: `{"config": …, "format": "stowplan.length-cache/1", "samples": n, "source": …}` (keys sorted) |
+//! | 8 | number of samples `n` |
+//! | 8·n | lengths; `u64::MAX` marks one not computed yet |
+//! | 32 | sha256 of everything above |
+//!
+//! The bytes depend only on the inputs and the lengths, so a cache filled by any number of
+//! workers in any order is byte-identical to a serial one once complete.
+//!
+//! ```no_run
+//! use stowplan::LengthCache;
+//!
+//! let config = serde_json::json!({"template": "chatml", "max_length": 16384});
+//! let mut cache = LengthCache::open("out/run1/stowplan".as_ref(), "data/train.jsonl", 1_000, &config, None)?;
+//! let lengths = cache.precompute(8, |i| Ok(100 + i as u64))?.to_vec();
+//! assert_eq!(lengths.len(), 1_000);
+//! # Ok::<(), stowplan::Error>(())
+//! ```
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
+
+use crate::Error;
+use crate::error::io;
+
+/// The cache file's name inside the cache directory.
+pub const FILE_NAME: &str = "lengths.splc";
+/// The format tag stored in the inputs JSON.
+pub const FORMAT: &str = "stowplan.length-cache/1";
+const MAGIC: &[u8; 4] = b"SPLC";
+const VERSION: u16 = 1;
+/// Marks a length not computed yet.
+const MISSING: u64 = u64::MAX;
+
+/// The adaptive flush cadence used when no `persist_every` is given: about 1 % of the
+/// samples, at least 1,024 and at most 262,144 lengths between flushes (a flush rewrites the
+/// whole file, so larger datasets flush less often relative to their size).
+pub fn adaptive_persist_every(samples: u64) -> u64 {
+    (samples / 100).clamp(1_024, 262_144)
+}
+
+/// An open length cache (see the module docs).
+#[derive(Debug)]
+pub struct LengthCache {
+    path: PathBuf,
+    inputs: String,
+    fingerprint: [u8; 32],
+    lengths: Vec<u64>,
+    known: u64,
+    persist_every: u64,
+    since_flush: u64,
+    flushes: u64,
+}
+
+impl LengthCache {
+    /// Opens (or starts) the cache of `samples` lengths of dataset `source` under `dir`.
+    /// `config` is everything else the lengths depend on (template, tokenizer, packing
+    /// configuration …). An existing file with the same fingerprint is resumed; one with
+    /// another fingerprint is an [`Error::CacheMismatch`] naming what differs.
+    /// `persist_every` (≥ 1) is the flush cadence in computed lengths; `None` = adaptive.
+    pub fn open(
+        dir: &Path,
+        source: &str,
+        samples: usize,
+        config: &Value,
+        persist_every: Option<u64>,
+    ) -> Result<Self, Error> {
+        if persist_every == Some(0) {
+            return Err(Error::InvalidArgument("persist_every must be at least 1 (got 0)".to_string()));
+        }
+        let inputs = inputs_json(source, samples, config);
+        let fingerprint: [u8; 32] = Sha256::digest(inputs.as_bytes()).into();
+        let path = dir.join(FILE_NAME);
+        let persist_every = persist_every.unwrap_or_else(|| adaptive_persist_every(samples as u64));
+        let mut cache = Self {
+            path,
+            inputs,
+            fingerprint,
+            lengths: vec![MISSING; samples],
+            known: 0,
+            persist_every,
+            since_flush: 0,
+            flushes: 0,
+        };
+        match std::fs::read(&cache.path) {
+            Ok(bytes) => {
+                let stored = decode(&cache.path, &bytes)?;
+                if stored.fingerprint != cache.fingerprint {
+                    return Err(mismatch(&cache.path, &stored.inputs, &cache.inputs));
+                }
+                cache.known = stored.lengths.iter().filter(|&&l| l != MISSING).count() as u64;
+                cache.lengths = stored.lengths;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                std::fs::create_dir_all(dir).map_err(|e| io("creating directory", dir, e))?;
+            }
+            Err(e) => return Err(io("reading", &cache.path, e)),
+        }
+        Ok(cache)
+    }
+
+    /// Waits until the cache under `dir` is complete (another process — rank 0 — fills it)
+    /// and returns its lengths. Polls every 50 ms up to 1 s apart; `timeout` `None` waits
+    /// forever. A file with another fingerprint fails at once.
+    pub fn wait(
+        dir: &Path,
+        source: &str,
+        samples: usize,
+        config: &Value,
+        timeout: Option<Duration>,
+    ) -> Result<Vec<u64>, Error> {
+        let inputs = inputs_json(source, samples, config);
+        let fingerprint: [u8; 32] = Sha256::digest(inputs.as_bytes()).into();
+        let path = dir.join(FILE_NAME);
+        let start = Instant::now();
+        let mut pause = Duration::from_millis(50);
+        loop {
+            match std::fs::read(&path) {
+                Ok(bytes) => {
+                    let stored = decode(&path, &bytes)?;
+                    if stored.fingerprint != fingerprint {
+                        return Err(mismatch(&path, &stored.inputs, &inputs));
+                    }
+                    if stored.complete {
+                        return Ok(stored.lengths);
+                    }
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(io("reading", &path, e)),
+            }
+            if let Some(t) = timeout
+                && start.elapsed() >= t
+            {
+                return Err(Error::Timeout(format!(
+                    "waited {:.1} s for the complete length cache {} (packing_wait_timeout_s = {}); rank 0 may have \
+                     failed or still be computing lengths: check its log, or raise packing_wait_timeout_s (0 waits \
+                     forever)",
+                    start.elapsed().as_secs_f64(),
+                    path.display(),
+                    t.as_secs()
+                )));
+            }
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(Duration::from_secs(1));
+        }
+    }
+
+    /// The cache file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The fingerprint, lowercase hex.
+    pub fn fingerprint(&self) -> String {
+        stowplan_kernel::plan::hex(&self.fingerprint)
+    }
+
+    /// Number of samples.
+    pub fn samples(&self) -> usize {
+        self.lengths.len()
+    }
+
+    /// Number of lengths known (loaded or computed).
+    pub fn known(&self) -> u64 {
+        self.known
+    }
+
+    /// Whether every length is known.
+    pub fn is_complete(&self) -> bool {
+        self.known == self.lengths.len() as u64
+    }
+
+    /// Flushes written so far by this handle.
+    pub fn flushes(&self) -> u64 {
+        self.flushes
+    }
+
+    /// The flush cadence in computed lengths.
+    pub fn persist_every(&self) -> u64 {
+        self.persist_every
+    }
+
+    /// Indices whose length is not known yet, ascending.
+    pub fn missing(&self) -> Vec<u32> {
+        self.lengths.iter().enumerate().filter(|&(_, &l)| l == MISSING).map(|(i, _)| i as u32).collect()
+    }
+
+    /// The length of sample `i`, if known.
+    pub fn get(&self, i: usize) -> Option<u64> {
+        self.lengths.get(i).copied().filter(|&l| l != MISSING)
+    }
+
+    /// Records the length of sample `index`; flushes when `persist_every` lengths were
+    /// recorded since the last flush. Errors: index out of range, a length of 0 or 2^64 − 1,
+    /// a different length for an index already known (the length function is not
+    /// deterministic).
+    pub fn set(&mut self, index: usize, length: u64) -> Result<(), Error> {
+        let n = self.lengths.len();
+        let Some(slot) = self.lengths.get_mut(index) else {
+            return Err(Error::InvalidArgument(format!("index {index} is out of range 0..{n}")));
+        };
+        if length == 0 || length == MISSING {
+            return Err(Error::InvalidArgument(format!(
+                "length of sample {index} must be in 1..={} tokens (got {length})",
+                MISSING - 1
+            )));
+        }
+        if *slot == MISSING {
+            *slot = length;
+            self.known += 1;
+            self.since_flush += 1;
+        } else if *slot != length {
+            return Err(Error::CacheMismatch(format!(
+                "sample {index} measured {length} tokens but the cache holds {}: the length function is not \
+                 deterministic for this dataset, so static packing cannot be used (disable packing or make \
+                 encoding deterministic)",
+                *slot
+            )));
+        }
+        if self.since_flush >= self.persist_every {
+            self.flush()?;
+        }
+        Ok(())
+    }
+
+    /// Writes the cache file atomically (temporary file, fsync, rename).
+    pub fn flush(&mut self) -> Result<(), Error> {
+        let bytes = encode(&self.inputs, &self.fingerprint, &self.lengths, self.is_complete());
+        crate::atomic::write(&self.path, &bytes)?;
+        self.since_flush = 0;
+        self.flushes += 1;
+        Ok(())
+    }
+
+    /// All lengths, once complete (else an error naming how many are missing).
+    pub fn lengths(&self) -> Result<&[u64], Error> {
+        if !self.is_complete() {
+            return Err(Error::InvalidArgument(format!(
+                "the length cache is incomplete: {} of {} lengths missing",
+                self.lengths.len() as u64 - self.known,
+                self.lengths.len()
+            )));
+        }
+        Ok(&self.lengths)
+    }
+
+    /// Computes every missing length with `f(index)` on `workers` threads (1 = serial),
+    /// records them by index, flushes every `persist_every` lengths and at the end, and
+    /// returns all lengths. When `f` fails, what was computed is flushed first (so a rerun
+    /// resumes from there) and the error names the sample.
+    pub fn precompute<F>(&mut self, workers: usize, f: F) -> Result<&[u64], Error>
+    where
+        F: Fn(usize) -> Result<u64, String> + Sync,
+    {
+        if workers == 0 {
+            return Err(Error::InvalidArgument("workers must be at least 1 (got 0)".to_string()));
+        }
+        let missing = self.missing();
+        let result = if workers == 1 {
+            missing.iter().try_for_each(|&i| {
+                let len = f(i as usize).map_err(|e| failed(i, e))?;
+                self.set(i as usize, len)
+            })
+        } else {
+            self.precompute_parallel(&missing, workers, &f)
+        };
+        match result {
+            Ok(()) => {
+                if self.since_flush > 0 || self.flushes == 0 {
+                    self.flush()?;
+                }
+                self.lengths()
+            }
+            Err(e) => {
+                // Keep what was computed for the next attempt.
+                self.flush()?;
+                Err(e)
+            }
+        }
+    }
+
+    fn precompute_parallel<F>(&mut self, missing: &[u32], workers: usize, f: &F) -> Result<(), Error>
+    where
+        F: Fn(usize) -> Result<u64, String> + Sync,
+    {
+        // Chunks small enough to flush on time and balance load.
+        let chunk = (self.persist_every as usize / workers).clamp(1, 4096);
+        let next = AtomicUsize::new(0);
+        let stop = std::sync::atomic::AtomicBool::new(false);
+        std::thread::scope(|scope| {
+            let (tx, rx) = mpsc::sync_channel::<Result<(usize, Vec<u64>), Error>>(2 * workers);
+            for _ in 0..workers {
+                let tx = tx.clone();
+                let (next, stop) = (&next, &stop);
+                scope.spawn(move || {
+                    loop {
+                        if stop.load(Ordering::Relaxed) {
+                            return;
+                        }
+                        let start = next.fetch_add(chunk, Ordering::Relaxed);
+                        if start >= missing.len() {
+                            return;
+                        }
+                        let end = (start + chunk).min(missing.len());
+                        let mut out = Vec::with_capacity(end - start);
+                        for &i in &missing[start..end] {
+                            match f(i as usize) {
+                                Ok(l) => out.push(l),
+                                Err(e) => {
+                                    // Send what this chunk computed, then the failure.
+                                    let _ = tx.send(Ok((start, out)));
+                                    let _ = tx.send(Err(failed(i, e)));
+                                    return;
+                                }
+                            }
+                        }
+                        if tx.send(Ok((start, out))).is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+            drop(tx);
+            let mut first_error = None;
+            for msg in rx {
+                match msg {
+                    Ok((start, lens)) => {
+                        for (j, len) in lens.into_iter().enumerate() {
+                            if let Err(e) = self.set(missing[start + j] as usize, len) {
+                                first_error.get_or_insert(e);
+                                stop.store(true, Ordering::Relaxed);
+                                break;
+                            }
+                        }
+                    }
+                    Err(e) => {
+                        first_error.get_or_insert(e);
+                        stop.store(true, Ordering::Relaxed);
+                    }
+                }
+            }
+            first_error.map_or(Ok(()), Err)
+        })
+    }
+}
+
+fn failed(i: u32, e: String) -> Error {
+    Error::InvalidArgument(format!("the length function failed on sample {i}: {e}"))
+}
+
+/// The canonical inputs JSON (serde_json objects keep keys sorted).
+fn inputs_json(source: &str, samples: usize, config: &Value) -> String {
+    json!({"format": FORMAT, "source": source, "samples": samples, "config": config}).to_string()
+}
+
+fn encode(inputs: &str, fingerprint: &[u8; 32], lengths: &[u64], complete: bool) -> Vec<u8> {
+    let mut out = Vec::with_capacity(56 + inputs.len() + 8 * lengths.len() + 32);
+    out.extend_from_slice(MAGIC);
+    out.extend_from_slice(&VERSION.to_le_bytes());
+    out.push(u8::from(complete));
+    out.push(0);
+    out.extend_from_slice(fingerprint);
+    out.extend_from_slice(&(inputs.len() as u32).to_le_bytes());
+    out.extend_from_slice(inputs.as_bytes());
+    out.extend_from_slice(&(lengths.len() as u64).to_le_bytes());
+    for &l in lengths {
+        out.extend_from_slice(&l.to_le_bytes());
+    }
+    let digest = Sha256::digest(&out);
+    out.extend_from_slice(&digest);
+    out
+}
+
+struct Stored {
+    complete: bool,
+    fingerprint: [u8; 32],
+    inputs: String,
+    lengths: Vec<u64>,
+}
+
+fn decode(path: &Path, bytes: &[u8]) -> Result<Stored, Error> {
+    let corrupt = |what: &str| {
+        Error::CacheMismatch(format!(
+            "{} is not a valid length cache ({what}); delete it (or use a fresh output directory) to recompute",
+            path.display()
+        ))
+    };
+    if bytes.len() < 4 + 2 + 2 + 32 + 4 + 8 + 32 || &bytes[..4] != MAGIC {
+        return Err(corrupt("no SPLC header"));
+    }
+    let version = u16::from_le_bytes([bytes[4], bytes[5]]);
+    if version != VERSION {
+        return Err(corrupt(&format!("format version {version}, this stowplan reads {VERSION}")));
+    }
+    let (body, digest) = bytes.split_at(bytes.len() - 32);
+    if Sha256::digest(body).as_slice() != digest {
+        return Err(corrupt("checksum mismatch: truncated or damaged"));
+    }
+    let complete = bytes[6] == 1;
+    let mut fingerprint = [0u8; 32];
+    fingerprint.copy_from_slice(&bytes[8..40]);
+    let m = u32::from_le_bytes([bytes[40], bytes[41], bytes[42], bytes[43]]) as usize;
+    let rest = body.get(44..).ok_or_else(|| corrupt("short header"))?;
+    if rest.len() < m + 8 {
+        return Err(corrupt("short inputs"));
+    }
+    let inputs = String::from_utf8(rest[..m].to_vec()).map_err(|_| corrupt("inputs are not UTF-8"))?;
+    let mut n8 = [0u8; 8];
+    n8.copy_from_slice(&rest[m..m + 8]);
+    let n = u64::from_le_bytes(n8) as usize;
+    let data = &rest[m + 8..];
+    if data.len() != n.saturating_mul(8) {
+        return Err(corrupt("length table size"));
+    }
+    let lengths = data
+        .chunks_exact(8)
+        .map(|c| {
+            let mut b = [0u8; 8];
+            b.copy_from_slice(c);
+            u64::from_le_bytes(b)
+        })
+        .collect();
+    Ok(Stored { complete, fingerprint, inputs, lengths })
+}
+
+/// The mismatch error, naming the inputs that differ.
+fn mismatch(path: &Path, stored: &str, wanted: &str) -> Error {
+    let parse = |s: &str| serde_json::from_str::<Value>(s).unwrap_or(Value::Null);
+    let (a, b) = (parse(stored), parse(wanted));
+    let mut diffs = Vec::new();
+    diff("", &a, &b, &mut diffs);
+    Error::CacheMismatch(format!(
+        "{} was computed for other inputs ({}); the run-scoped cache directory must not be reused across \
+         datasets or length-affecting settings: use a fresh output directory or delete the file",
+        path.display(),
+        if diffs.is_empty() { "fingerprint differs".to_string() } else { diffs.join("; ") }
+    ))
+}
+
+fn diff(prefix: &str, a: &Value, b: &Value, out: &mut Vec<String>) {
+    match (a, b) {
+        (Value::Object(x), Value::Object(y)) => {
+            let keys: std::collections::BTreeSet<&String> = x.keys().chain(y.keys()).collect();
+            for k in keys {
+                let name = if prefix.is_empty() { k.clone() } else { format!("{prefix}.{k}") };
+                diff(&name, x.get(k).unwrap_or(&Value::Null), y.get(k).unwrap_or(&Value::Null), out);
+            }
+        }
+        _ if a != b => out.push(format!("{prefix}: cached {a}, now {b}")),
+        _ => {}
+    }
+}

@@ -1,0 +1,385 @@
+//! Static pack plans (seed 002): [`Kernel::raw_plan`], [`Kernel::aligned_plan`] and
+//! [`StaticPackPlan`], the pair training consumes, with its summary, log lines and a JSON
+//! form that is verified when loaded.
+//!
+//! ```no_run
+//! use stowplan::{Kernel, PlanOptions, StaticPackPlan};
+//!
+//! let kernel = Kernel::wasm()?;
+//! let lengths = [900, 3_000, 120, 4_096, 2_000, 15_000];
+//! let mut options = PlanOptions::new(4_096);
+//! options.allow_single_long = true;
+//! let plan = StaticPackPlan::build(&kernel, &lengths, &options, 4, false)?;
+//! assert_eq!(plan.len() % 4, 0);
+//! for line in plan.log_lines() {
+//!     println!("{line}");
+//! }
+//! # Ok::<(), stowplan::Error>(())
+//! ```
+
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+use stowplan_kernel as k;
+
+use crate::wasm::{self, wplan};
+use crate::{AlignedPlan, Backend, Error, Kernel, PlanOptions, RawPlan};
+
+/// Format tag of [`StaticPackPlan::to_json`].
+pub const PLAN_FORMAT: &str = "stowplan.static-pack-plan/1";
+
+fn unhex(s: &str) -> Result<[u8; 32], Error> {
+    let bad = || Error::Runtime(format!("kernel returned a malformed checksum {s:?}"));
+    if s.len() != 64 {
+        return Err(bad());
+    }
+    let mut out = [0u8; 32];
+    for (j, byte) in out.iter_mut().enumerate() {
+        *byte = u8::from_str_radix(&s[2 * j..2 * j + 2], 16).map_err(|_| bad())?;
+    }
+    Ok(out)
+}
+
+impl Kernel {
+    /// The raw plan of `lengths` (see `wit/kernel.wit`, `plan.raw-plan`).
+    pub fn raw_plan(&self, lengths: &[u64], options: &PlanOptions) -> Result<RawPlan, Error> {
+        match self.backend() {
+            Backend::Native => Ok(k::raw_plan(lengths, options)?),
+            Backend::Wasm => {
+                let o = wplan::PlanOptions {
+                    packing_length: options.packing_length,
+                    align: options.align,
+                    allow_single_long: options.allow_single_long,
+                };
+                let r =
+                    wasm::with_instance(|inst, store| inst.stowplan_kernel_plan().call_raw_plan(store, lengths, o))?
+                        .map_err(wasm::error)?;
+                Ok(RawPlan {
+                    offsets: r.packs.offsets,
+                    indices: r.packs.indices,
+                    tokens: r.tokens,
+                    single_long: r.single_long,
+                    dropped: r.dropped,
+                    real_tokens: r.real_tokens,
+                    aligned_tokens: r.aligned_tokens,
+                    lower_bound: r.lower_bound,
+                    checksum: unhex(&r.checksum)?,
+                })
+            }
+        }
+    }
+
+    /// The plan `world_size` ranks consume from `raw` (see `plan.align-plan`): truncated to a
+    /// multiple of `world_size` with `drop_last`, else padded by repeating the first packs.
+    pub fn aligned_plan(&self, raw: &RawPlan, world_size: u32, drop_last: bool) -> Result<AlignedPlan, Error> {
+        match self.backend() {
+            Backend::Native => Ok(k::aligned_plan(&raw.offsets, &raw.indices, world_size, drop_last)?),
+            Backend::Wasm => {
+                let packs = wasm::wtypes::Groups { offsets: raw.offsets.clone(), indices: raw.indices.clone() };
+                let a = wasm::with_instance(|inst, store| {
+                    inst.stowplan_kernel_plan().call_align_plan(store, &packs, world_size, drop_last)
+                })?
+                .map_err(wasm::error)?;
+                Ok(AlignedPlan {
+                    packs: a.packs,
+                    pad_needed: a.pad_needed,
+                    dropped_packs: a.dropped_packs,
+                    dropped_samples: a.dropped_samples,
+                    checksum: unhex(&a.checksum)?,
+                })
+            }
+        }
+    }
+}
+
+/// A raw plan and its alignment for `world_size` ranks: what one training run consumes.
+///
+/// `len()` is the number of aligned packs (the dataset length per epoch); `pack(i)` the
+/// sample indices of aligned pack `i`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StaticPackPlan {
+    /// The options the raw plan was built with.
+    pub options: PlanOptions,
+    /// Number of samples the plan was built from.
+    pub samples: u64,
+    /// Learner ranks the plan is aligned for.
+    pub world_size: u32,
+    /// Whether the remainder was dropped (true) or padded by repeats (false).
+    pub drop_last: bool,
+    /// The world-size independent plan.
+    pub raw: RawPlan,
+    /// The alignment of `raw` for `world_size` ranks.
+    pub aligned: AlignedPlan,
+}
+
+impl StaticPackPlan {
+    /// Builds the raw plan of `lengths` and aligns it for `world_size` ranks.
+    pub fn build(
+        kernel: &Kernel,
+        lengths: &[u64],
+        options: &PlanOptions,
+        world_size: u32,
+        drop_last: bool,
+    ) -> Result<Self, Error> {
+        let raw = kernel.raw_plan(lengths, options)?;
+        let aligned = kernel.aligned_plan(&raw, world_size, drop_last)?;
+        Ok(Self { options: *options, samples: lengths.len() as u64, world_size, drop_last, raw, aligned })
+    }
+
+    /// The same raw plan aligned for another `world_size` / `drop_last` (e.g. the eval
+    /// split, which never drops).
+    pub fn realign(&self, kernel: &Kernel, world_size: u32, drop_last: bool) -> Result<Self, Error> {
+        let aligned = kernel.aligned_plan(&self.raw, world_size, drop_last)?;
+        Ok(Self { aligned, world_size, drop_last, ..self.clone() })
+    }
+
+    /// Number of aligned packs: the length of the packed dataset per epoch.
+    pub fn len(&self) -> usize {
+        self.aligned.packs.len()
+    }
+
+    /// Whether the aligned plan is empty (never: building fails instead).
+    pub fn is_empty(&self) -> bool {
+        self.aligned.packs.is_empty()
+    }
+
+    /// The sample indices of aligned pack `i` (ascending); `None` past the end.
+    pub fn pack(&self, i: usize) -> Option<&[u32]> {
+        self.aligned.packs.get(i).map(|&p| self.raw.pack(p as usize))
+    }
+
+    /// Number of raw packs.
+    pub fn raw_len(&self) -> usize {
+        self.raw.packs()
+    }
+
+    /// Aligned packs per rank (`len() / world_size`).
+    pub fn per_rank(&self) -> usize {
+        self.len() / self.world_size.max(1) as usize
+    }
+
+    /// The raw plan's checksum, lowercase hex.
+    pub fn raw_checksum(&self) -> String {
+        self.raw.checksum_hex()
+    }
+
+    /// The aligned plan's checksum, lowercase hex.
+    pub fn aligned_checksum(&self) -> String {
+        self.aligned.checksum_hex()
+    }
+
+    /// Fill of the packs that may hold several samples: their real tokens over
+    /// `packs × packing_length`, in 0..=1 (a figure for reports).
+    pub fn efficiency(&self) -> f64 {
+        let regular = self.raw_len() - self.raw.single_long.len();
+        if regular == 0 {
+            return 0.0;
+        }
+        let single: u64 = self.raw.single_long.iter().map(|&i| self.single_tokens(i)).sum();
+        (self.raw.real_tokens - single) as f64 / (regular as f64 * self.options.packing_length as f64)
+    }
+
+    /// Tokens of the single-long pack of sample `i`.
+    fn single_tokens(&self, i: u32) -> u64 {
+        // Packs are ordered by first index and a single-long pack holds only `i`.
+        let p = self.raw.offsets[..self.raw_len()].partition_point(|&o| self.raw.indices[o as usize] < i);
+        self.raw.tokens[p]
+    }
+
+    /// The lines seed 002 requires in the log: raw and aligned pack counts, world size and
+    /// `drop_last`, the packs repeated (or dropped), long samples, and both checksums.
+    pub fn log_lines(&self) -> Vec<String> {
+        let mut lines = vec![format!(
+            "static pack plan: N_raw_packs={} N_aligned_packs={} world_size={} dataloader_drop_last={} \
+             packing_length={} samples={}",
+            self.raw_len(),
+            self.len(),
+            self.world_size,
+            self.drop_last,
+            self.options.packing_length,
+            self.samples
+        )];
+        if self.aligned.pad_needed > 0 {
+            lines.push(format!(
+                "static pack plan: pad_needed={} repeated raw packs {}",
+                self.aligned.pad_needed,
+                index_list(self.aligned.packs[self.raw_len()..].iter().copied())
+            ));
+        }
+        if self.aligned.dropped_packs > 0 {
+            lines.push(format!(
+                "static pack plan: drop_last drops the last {} raw packs ({} samples): {}",
+                self.aligned.dropped_packs,
+                self.aligned.dropped_samples,
+                index_list((self.len() as u32)..self.raw_len() as u32)
+            ));
+        }
+        if !self.raw.single_long.is_empty() {
+            lines.push(format!(
+                "static pack plan: {} long samples (length >= {}) emitted as single-sample packs: {}",
+                self.raw.single_long.len(),
+                self.options.packing_length,
+                index_list(self.raw.single_long.iter().copied())
+            ));
+        }
+        if !self.raw.dropped.is_empty() {
+            lines.push(format!(
+                "static pack plan: {} long samples (length >= {}) dropped (allow_single_long=false): {}",
+                self.raw.dropped.len(),
+                self.options.packing_length,
+                index_list(self.raw.dropped.iter().copied())
+            ));
+        }
+        lines.push(format!(
+            "static pack plan: raw_plan sha256={} aligned_plan sha256={}",
+            self.raw_checksum(),
+            self.aligned_checksum()
+        ));
+        lines
+    }
+
+    /// Emits [`Self::log_lines`] through `tracing` (target `stowplan::plan`, level info;
+    /// long-sample drops at warn).
+    pub fn log(&self) {
+        for line in self.log_lines() {
+            if line.contains("dropped (allow_single_long=false)") || line.contains("drop_last drops") {
+                tracing::warn!(target: "stowplan::plan", "{line}");
+            } else {
+                tracing::info!(target: "stowplan::plan", "{line}");
+            }
+        }
+    }
+
+    /// The plan as a JSON document (format [`PLAN_FORMAT`]): options, the raw packs as index
+    /// lists, the aligned plan as raw pack indices, long samples and both checksums.
+    pub fn to_json(&self) -> serde_json::Value {
+        let doc = PlanDoc {
+            format: PLAN_FORMAT.to_string(),
+            packing_length: self.options.packing_length,
+            align: self.options.align,
+            allow_single_long: self.options.allow_single_long,
+            samples: self.samples,
+            world_size: self.world_size,
+            drop_last: self.drop_last,
+            raw_checksum: self.raw_checksum(),
+            aligned_checksum: self.aligned_checksum(),
+            raw_plan: (0..self.raw_len()).map(|p| self.raw.pack(p).to_vec()).collect(),
+            raw_tokens: self.raw.tokens.clone(),
+            aligned_plan: self.aligned.packs.clone(),
+            pad_needed: self.aligned.pad_needed,
+            dropped_packs: self.aligned.dropped_packs,
+            single_long: self.raw.single_long.clone(),
+            dropped_samples: self.raw.dropped.clone(),
+            lower_bound: self.raw.lower_bound,
+            real_tokens: self.raw.real_tokens,
+            aligned_tokens: self.raw.aligned_tokens,
+        };
+        // Serializing plain integers, strings and vectors cannot fail.
+        serde_json::to_value(doc).unwrap_or(serde_json::Value::Null)
+    }
+
+    /// Reads a plan written by [`Self::to_json`], recomputing both checksums from the packs:
+    /// a document whose packs do not match its checksums is an [`Error::CacheMismatch`].
+    pub fn from_json(value: &serde_json::Value) -> Result<Self, Error> {
+        let doc: PlanDoc =
+            serde_json::from_value(value.clone()).map_err(|e| Error::InvalidArgument(format!("plan document: {e}")))?;
+        if doc.format != PLAN_FORMAT {
+            return Err(Error::InvalidArgument(format!(
+                "plan document: format {:?} is not {PLAN_FORMAT:?}",
+                doc.format
+            )));
+        }
+        if doc.raw_tokens.len() != doc.raw_plan.len() {
+            return Err(Error::InvalidArgument(format!(
+                "plan document: raw_tokens has {} entries for {} packs",
+                doc.raw_tokens.len(),
+                doc.raw_plan.len()
+            )));
+        }
+        let (offsets, indices) = k::flatten(&doc.raw_plan);
+        let raw_check = k::aligned_plan(&offsets, &indices, 1, false)?;
+        let aligned = k::aligned_plan(&offsets, &indices, doc.world_size, doc.drop_last)?;
+        if raw_check.checksum_hex() != doc.raw_checksum || aligned.checksum_hex() != doc.aligned_checksum {
+            return Err(Error::CacheMismatch(format!(
+                "plan document: the packs hash to raw {} / aligned {} but the document records {} / {}; \
+                 the file was edited or corrupted — rebuild the plan",
+                raw_check.checksum_hex(),
+                aligned.checksum_hex(),
+                doc.raw_checksum,
+                doc.aligned_checksum
+            )));
+        }
+        if aligned.packs != doc.aligned_plan {
+            return Err(Error::CacheMismatch(
+                "plan document: aligned_plan does not follow from raw_plan, world_size and drop_last".to_string(),
+            ));
+        }
+        let raw = RawPlan {
+            offsets,
+            indices,
+            tokens: doc.raw_tokens,
+            single_long: doc.single_long,
+            dropped: doc.dropped_samples,
+            real_tokens: doc.real_tokens,
+            aligned_tokens: doc.aligned_tokens,
+            lower_bound: doc.lower_bound,
+            checksum: raw_check.checksum,
+        };
+        let options = PlanOptions {
+            packing_length: doc.packing_length,
+            align: doc.align,
+            allow_single_long: doc.allow_single_long,
+        };
+        Ok(Self { options, samples: doc.samples, world_size: doc.world_size, drop_last: doc.drop_last, raw, aligned })
+    }
+
+    /// Writes [`Self::to_json`] to `path` atomically (temporary file, fsync, rename).
+    pub fn save(&self, path: &Path) -> Result<(), Error> {
+        let bytes = serde_json::to_vec(&self.to_json()).map_err(|e| Error::Io(format!("encoding the plan: {e}")))?;
+        crate::atomic::write(path, &bytes)
+    }
+
+    /// Reads and verifies a plan saved by [`Self::save`].
+    pub fn load(path: &Path) -> Result<Self, Error> {
+        let bytes = std::fs::read(path).map_err(|e| crate::error::io("reading", path, e))?;
+        let value: serde_json::Value = serde_json::from_slice(&bytes)
+            .map_err(|e| Error::InvalidArgument(format!("{}: not a plan document: {e}", path.display())))?;
+        Self::from_json(&value)
+    }
+}
+
+/// The on-disk form of a [`StaticPackPlan`].
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PlanDoc {
+    format: String,
+    packing_length: u64,
+    align: u64,
+    allow_single_long: bool,
+    samples: u64,
+    world_size: u32,
+    drop_last: bool,
+    raw_checksum: String,
+    aligned_checksum: String,
+    raw_plan: Vec<Vec<u32>>,
+    raw_tokens: Vec<u64>,
+    aligned_plan: Vec<u32>,
+    pad_needed: u32,
+    dropped_packs: u32,
+    single_long: Vec<u32>,
+    dropped_samples: Vec<u32>,
+    lower_bound: u64,
+    real_tokens: u64,
+    aligned_tokens: u64,
+}
+
+/// `[a, b, c]` for up to 16 indices, `[a, b, …, z] (n in all)` beyond.
+fn index_list(items: impl ExactSizeIterator<Item = u32>) -> String {
+    let n = items.len();
+    let all: Vec<u32> = items.collect();
+    if n <= 16 {
+        return format!("{all:?}");
+    }
+    let head: Vec<String> = all[..8].iter().map(u32::to_string).collect();
+    format!("[{}, …, {}] ({n} in all)", head.join(", "), all[n - 1])
+}

@@ -1,0 +1,184 @@
+//! Static pack plans (seed 002): every invariant of the raw and aligned plans on random
+//! inputs, the checksum against an independent encoding, and the errors.
+
+use proptest::prelude::*;
+use sha2::{Digest, Sha256};
+use stowplan_kernel::{Error, PlanOptions, RawPlan, aligned_plan, raw_plan};
+
+/// The documented canonical encoding, written out independently of the kernel.
+fn reference_checksum(packs: &[Vec<u32>]) -> [u8; 32] {
+    let mut bytes = (packs.len() as u64).to_le_bytes().to_vec();
+    for p in packs {
+        bytes.extend_from_slice(&(p.len() as u32).to_le_bytes());
+        for &i in p {
+            bytes.extend_from_slice(&i.to_le_bytes());
+        }
+    }
+    Sha256::digest(&bytes).into()
+}
+
+fn packs_of(r: &RawPlan) -> Vec<Vec<u32>> {
+    (0..r.packs()).map(|p| r.pack(p).to_vec()).collect()
+}
+
+fn aligned(l: u64, a: u64) -> u64 {
+    l.div_ceil(a) * a
+}
+
+/// Checks every raw-plan invariant of seed 002 and returns the packs.
+fn check_raw(lengths: &[u64], o: &PlanOptions, r: &RawPlan) -> Vec<Vec<u32>> {
+    let packs = packs_of(r);
+    let long = |i: usize| lengths[i] >= o.packing_length || aligned(lengths[i], o.align) > o.packing_length;
+    let mut seen = vec![0u32; lengths.len()];
+    for (p, pack) in packs.iter().enumerate() {
+        assert!(!pack.is_empty());
+        // Intra-pack order ascending.
+        assert!(pack.windows(2).all(|w| w[0] < w[1]), "pack {p} not ascending: {pack:?}");
+        for &i in pack {
+            seen[i as usize] += 1;
+        }
+        if pack.len() >= 2 || !long(pack[0] as usize) {
+            let sum: u64 = pack.iter().map(|&i| aligned(lengths[i as usize], o.align)).sum();
+            assert!(sum <= o.packing_length, "pack {p} holds {sum} > {}", o.packing_length);
+            assert!(pack.iter().all(|&i| !long(i as usize)), "a long sample shares pack {p}");
+        }
+        assert_eq!(r.tokens[p], pack.iter().map(|&i| lengths[i as usize]).sum::<u64>());
+    }
+    // Packs ordered by smallest index (strictly: packs are disjoint).
+    assert!(packs.windows(2).all(|w| w[0][0] < w[1][0]));
+    for (i, &count) in seen.iter().enumerate() {
+        if long(i) && !o.allow_single_long {
+            assert_eq!(count, 0, "long sample {i} packed without allow_single_long");
+            assert!(r.dropped.binary_search(&(i as u32)).is_ok());
+        } else {
+            assert_eq!(count, 1, "sample {i} appears {count} times");
+        }
+        if long(i) && o.allow_single_long {
+            assert!(packs.contains(&vec![i as u32]), "long sample {i} not alone");
+            assert!(r.single_long.binary_search(&(i as u32)).is_ok());
+        }
+    }
+    assert_eq!(r.checksum, reference_checksum(&packs));
+    assert!(r.packs() as u64 >= r.lower_bound);
+    packs
+}
+
+fn arb_case() -> impl Strategy<Value = (Vec<u64>, PlanOptions)> {
+    (1u64..200, prop::sample::select(vec![1u64, 1, 4, 8]), any::<bool>()).prop_flat_map(|(cap, align, single)| {
+        (
+            prop::collection::vec(1u64..cap + cap / 2 + 2, 1..120),
+            Just(PlanOptions { packing_length: cap, align, allow_single_long: single }),
+        )
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(400))]
+
+    #[test]
+    fn raw_plan_invariants((lengths, o) in arb_case()) {
+        match raw_plan(&lengths, &o) {
+            Ok(r) => {
+                check_raw(&lengths, &o, &r);
+                // Deterministic.
+                prop_assert_eq!(raw_plan(&lengths, &o).unwrap(), r);
+            }
+            Err(Error::Infeasible(m)) => {
+                // Only when every sample is long and dropped.
+                prop_assert!(!o.allow_single_long, "{}", m);
+                prop_assert!(lengths.iter().all(|&l| l >= o.packing_length || aligned(l, o.align) > o.packing_length));
+            }
+            Err(e) => prop_assert!(false, "unexpected {e}"),
+        }
+    }
+
+    #[test]
+    fn aligned_plan_follows_the_pad_and_drop_rules((lengths, o) in arb_case(), ws in 1u32..12, drop_last in any::<bool>()) {
+        let Ok(r) = raw_plan(&lengths, &o) else { return Ok(()) };
+        let packs = packs_of(&r);
+        let n = packs.len();
+        match aligned_plan(&r.offsets, &r.indices, ws, drop_last) {
+            Ok(a) => {
+                let w = ws as usize;
+                prop_assert_eq!(a.packs.len() % w, 0);
+                if drop_last {
+                    prop_assert_eq!(a.packs.len(), n / w * w);
+                    prop_assert_eq!(&a.packs, &(0..a.packs.len() as u32).collect::<Vec<_>>());
+                    prop_assert_eq!(a.dropped_packs as usize, n - a.packs.len());
+                    let dropped: usize = packs[a.packs.len()..].iter().map(Vec::len).sum();
+                    prop_assert_eq!(a.dropped_samples as usize, dropped);
+                } else {
+                    prop_assert_eq!(a.packs.len(), n.div_ceil(w) * w);
+                    // Every original pack once, in order, then repeats from the start.
+                    prop_assert_eq!(&a.packs[..n], &(0..n as u32).collect::<Vec<_>>()[..]);
+                    for (j, &p) in a.packs[n..].iter().enumerate() {
+                        prop_assert_eq!(p as usize, j % n);
+                    }
+                    prop_assert_eq!(a.pad_needed as usize, a.packs.len() - n);
+                }
+                let consumed: Vec<Vec<u32>> = a.packs.iter().map(|&p| packs[p as usize].clone()).collect();
+                prop_assert_eq!(a.checksum, reference_checksum(&consumed));
+                if ws == 1 {
+                    prop_assert_eq!(a.checksum, r.checksum);
+                }
+            }
+            Err(Error::Infeasible(_)) => prop_assert!(drop_last && n < ws as usize),
+            Err(e) => prop_assert!(false, "unexpected {e}"),
+        }
+    }
+}
+
+#[test]
+fn long_samples_follow_the_policy() {
+    // length >= packing_length is long, even when it would fit exactly.
+    let lengths = [10, 4, 3, 12, 6, 2];
+    let keep = PlanOptions { allow_single_long: true, ..PlanOptions::new(10) };
+    let r = raw_plan(&lengths, &keep).unwrap();
+    assert_eq!(packs_of(&r), [vec![0], vec![1, 4], vec![2, 5], vec![3]]);
+    assert_eq!(r.single_long, [0, 3]);
+    assert_eq!(r.lower_bound, 2 + 2);
+    let drop = raw_plan(&lengths, &PlanOptions::new(10)).unwrap();
+    assert_eq!(packs_of(&drop), [vec![1, 4], vec![2, 5]]);
+    assert_eq!(drop.dropped, [0, 3]);
+    // Alignment makes a sample long when its aligned length exceeds the cap.
+    let a = PlanOptions { align: 8, ..PlanOptions::new(12) };
+    let r = raw_plan(&[9, 3, 2], &a).unwrap();
+    assert_eq!(r.dropped, [0]);
+    assert_eq!(packs_of(&r), [vec![1], vec![2]]);
+}
+
+#[test]
+fn ties_break_by_index() {
+    // 1,024 equal lengths: best-fit decreasing in index order fills packs of 4 consecutive
+    // samples.
+    let r = raw_plan(&[1000; 1024], &PlanOptions::new(4000)).unwrap();
+    assert_eq!(r.packs(), 256);
+    for p in 0..256 {
+        assert_eq!(r.pack(p), [4 * p as u32, 4 * p as u32 + 1, 4 * p as u32 + 2, 4 * p as u32 + 3]);
+    }
+}
+
+#[test]
+fn errors_name_the_argument() {
+    let msg = |e: Error| e.to_string();
+    assert!(msg(raw_plan(&[], &PlanOptions::new(8)).unwrap_err()).contains("lengths must not be empty"));
+    assert!(msg(raw_plan(&[1], &PlanOptions::new(0)).unwrap_err()).contains("packing_length must be at least 1"));
+    let o = PlanOptions { align: 0, ..PlanOptions::new(8) };
+    assert!(msg(raw_plan(&[1], &o).unwrap_err()).contains("align must be at least 1"));
+    assert!(msg(raw_plan(&[3, 0], &PlanOptions::new(8)).unwrap_err()).contains("lengths[1] = 0"));
+    let e = raw_plan(&[9, 8], &PlanOptions::new(8)).unwrap_err();
+    assert!(matches!(e, Error::Infeasible(ref m) if m.contains("produced no packs")), "{e}");
+    let o = PlanOptions { align: 1 << 63, ..PlanOptions::new(8) };
+    assert!(msg(raw_plan(&[(1 << 63) + 1], &o).unwrap_err()).contains("overflows"));
+    assert!(msg(aligned_plan(&[0, 1], &[0], 0, false).unwrap_err()).contains("world_size must be at least 1"));
+    assert!(matches!(aligned_plan(&[0], &[], 2, false).unwrap_err(), Error::Infeasible(_)));
+    assert!(msg(aligned_plan(&[], &[], 2, false).unwrap_err()).contains("offsets must hold"));
+    assert!(msg(aligned_plan(&[1, 2], &[0, 1], 2, false).unwrap_err()).contains("offsets[0] must be 0"));
+    assert!(msg(aligned_plan(&[0, 1, 1], &[0], 2, false).unwrap_err()).contains("pack 1 is empty"));
+    assert!(msg(aligned_plan(&[0, 1], &[0, 1], 2, false).unwrap_err()).contains("last offset"));
+    let e = aligned_plan(&[0, 1, 2], &[0, 1], 4, true).unwrap_err();
+    assert!(matches!(e, Error::Infeasible(ref m) if m.contains("drops all 2 packs")), "{e}");
+    // Fewer packs than ranks without drop_last: repeated cyclically.
+    let a = aligned_plan(&[0, 1, 2], &[0, 1], 5, false).unwrap();
+    assert_eq!(a.packs, [0, 1, 0, 1, 0]);
+}
