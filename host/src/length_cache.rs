@@ -117,9 +117,29 @@ impl LengthCache {
         Ok(cache)
     }
 
+    /// One look at the cache under `dir`: its lengths when the file exists and is complete,
+    /// `None` when it is missing or still partial. A file made for other inputs is an
+    /// [`Error::CacheMismatch`] (fail fast instead of waiting for it to change).
+    pub fn poll(dir: &Path, source: &str, samples: usize, config: &Value) -> Result<Option<Vec<u64>>, Error> {
+        let inputs = inputs_json(source, samples, config);
+        let fingerprint: [u8; 32] = Sha256::digest(inputs.as_bytes()).into();
+        let path = dir.join(FILE_NAME);
+        match std::fs::read(&path) {
+            Ok(bytes) => {
+                let stored = decode(&path, &bytes)?;
+                if stored.fingerprint != fingerprint {
+                    return Err(mismatch(&path, &stored.inputs, &inputs));
+                }
+                Ok(stored.complete.then_some(stored.lengths))
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(io("reading", &path, e)),
+        }
+    }
+
     /// Waits until the cache under `dir` is complete (another process — rank 0 — fills it)
-    /// and returns its lengths. Polls every 50 ms up to 1 s apart; `timeout` `None` waits
-    /// forever. A file with another fingerprint fails at once.
+    /// and returns its lengths, polling ([`Self::poll`]) every 50 ms, backing off to 1 s;
+    /// `timeout` `None` waits forever.
     pub fn wait(
         dir: &Path,
         source: &str,
@@ -127,36 +147,16 @@ impl LengthCache {
         config: &Value,
         timeout: Option<Duration>,
     ) -> Result<Vec<u64>, Error> {
-        let inputs = inputs_json(source, samples, config);
-        let fingerprint: [u8; 32] = Sha256::digest(inputs.as_bytes()).into();
-        let path = dir.join(FILE_NAME);
         let start = Instant::now();
         let mut pause = Duration::from_millis(50);
         loop {
-            match std::fs::read(&path) {
-                Ok(bytes) => {
-                    let stored = decode(&path, &bytes)?;
-                    if stored.fingerprint != fingerprint {
-                        return Err(mismatch(&path, &stored.inputs, &inputs));
-                    }
-                    if stored.complete {
-                        return Ok(stored.lengths);
-                    }
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => return Err(io("reading", &path, e)),
+            if let Some(lengths) = Self::poll(dir, source, samples, config)? {
+                return Ok(lengths);
             }
             if let Some(t) = timeout
                 && start.elapsed() >= t
             {
-                return Err(Error::Timeout(format!(
-                    "waited {:.1} s for the complete length cache {} (packing_wait_timeout_s = {}); rank 0 may have \
-                     failed or still be computing lengths: check its log, or raise packing_wait_timeout_s (0 waits \
-                     forever)",
-                    start.elapsed().as_secs_f64(),
-                    path.display(),
-                    t.as_secs()
-                )));
+                return Err(wait_timeout(&dir.join(FILE_NAME), start.elapsed(), t));
             }
             std::thread::sleep(pause);
             pause = (pause * 2).min(Duration::from_secs(1));
@@ -250,6 +250,15 @@ impl LengthCache {
         Ok(())
     }
 
+    /// Flushes what was recorded since the last flush (if anything) and returns all lengths,
+    /// once complete (else an error naming how many are missing).
+    pub fn finish(&mut self) -> Result<&[u64], Error> {
+        if self.since_flush > 0 || (self.flushes == 0 && !self.path.exists()) {
+            self.flush()?;
+        }
+        self.lengths()
+    }
+
     /// All lengths, once complete (else an error naming how many are missing).
     pub fn lengths(&self) -> Result<&[u64], Error> {
         if !self.is_complete() {
@@ -283,12 +292,7 @@ impl LengthCache {
             self.precompute_parallel(&missing, workers, &f)
         };
         match result {
-            Ok(()) => {
-                if self.since_flush > 0 || self.flushes == 0 {
-                    self.flush()?;
-                }
-                self.lengths()
-            }
+            Ok(()) => self.finish(),
             Err(e) => {
                 // Keep what was computed for the next attempt.
                 self.flush()?;
@@ -360,6 +364,17 @@ impl LengthCache {
             first_error.map_or(Ok(()), Err)
         })
     }
+}
+
+/// The [`Error::Timeout`] of a wait for the cache at `path`.
+pub fn wait_timeout(path: &Path, waited: Duration, limit: Duration) -> Error {
+    Error::Timeout(format!(
+        "waited {:.1} s for the complete length cache {} (packing_wait_timeout_s = {}); rank 0 may have failed or \
+         still be computing lengths: check its log, or raise packing_wait_timeout_s (0 waits forever)",
+        waited.as_secs_f64(),
+        path.display(),
+        limit.as_secs_f64()
+    ))
 }
 
 fn failed(i: u32, e: String) -> Error {

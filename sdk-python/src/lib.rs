@@ -6,6 +6,7 @@
 //! kernel; errors become the exception classes of `stowplan.errors`.
 
 mod layout;
+mod plan;
 
 use numpy::{IntoPyArray, PyArray1, PyReadonlyArray1, PyUntypedArrayMethods};
 use pyo3::exceptions::{PyTypeError, PyValueError};
@@ -33,6 +34,10 @@ pub(crate) fn to_py(py: Python<'_>, e: Error) -> PyErr {
         Error::InvalidArgument(_) => "InvalidArgumentError",
         Error::Infeasible(_) => "InfeasibleError",
         Error::Runtime(_) => "KernelRuntimeError",
+        Error::Config(_) => "ConfigError",
+        Error::Io(_) => "StowplanIOError",
+        Error::CacheMismatch(_) => "CacheMismatchError",
+        Error::Timeout(_) => "StowplanTimeoutError",
     };
     raise(py, class, e.to_string())
 }
@@ -509,6 +514,7 @@ fn _stowplan(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(balance_batch, m)?)?;
     m.add_function(wrap_pyfunction!(roll_load_balance, m)?)?;
     layout::register(m)?;
+    plan::register(m)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

@@ -180,3 +180,18 @@ def test_pack_invariants(lengths, capacity, align, method, oversize):
         assert load == sum(aligned[i] for i in bin_)
         assert load <= capacity or (len(bin_) == 1 and bin_[0] in b.single.tolist())
     assert b.num_bins - len(b.single) >= b.lower_bound
+
+
+def test_stubs_cover_the_native_module() -> None:
+    """Every public function and class of the native module has a stub, and no stub names
+    something the module lacks (the stubs stay in step with the Rust API)."""
+    import ast
+    import pathlib
+
+    from stowplan import _stowplan
+
+    stub = pathlib.Path(stowplan.__file__).with_name("_stowplan.pyi")
+    tree = ast.parse(stub.read_text())
+    stubbed = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+    native = {name for name in dir(_stowplan) if not name.startswith("_")}
+    assert stubbed == native, (sorted(native - stubbed), sorted(stubbed - native))

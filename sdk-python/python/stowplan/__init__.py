@@ -28,7 +28,24 @@ from . import _stowplan
 from ._balance import COSTS, Balance, MicroBatches, balance, micro_batches
 from ._convert import as_lengths, check_int
 from ._layout import CpLayout, Materialized, MicroBatch, cp_layout, materialize, pad_factor
-from .errors import InfeasibleError, InvalidArgumentError, KernelRuntimeError, StowplanError
+from ._plan import (
+    LengthCache,
+    PackedDataset,
+    PackingConfig,
+    StaticPackPlan,
+    compute_lengths,
+    plan_dataset,
+)
+from .errors import (
+    CacheMismatchError,
+    ConfigError,
+    InfeasibleError,
+    InvalidArgumentError,
+    KernelRuntimeError,
+    StowplanError,
+    StowplanIOError,
+    StowplanTimeoutError,
+)
 
 __version__: str = _stowplan.__version__
 
@@ -48,11 +65,21 @@ __all__ = [
     "materialize",
     "Materialized",
     "MicroBatch",
+    "StaticPackPlan",
+    "PackedDataset",
+    "PackingConfig",
+    "LengthCache",
+    "compute_lengths",
+    "plan_dataset",
     "kernel_info",
     "StowplanError",
     "InvalidArgumentError",
     "InfeasibleError",
     "KernelRuntimeError",
+    "ConfigError",
+    "CacheMismatchError",
+    "StowplanIOError",
+    "StowplanTimeoutError",
 ]
 
 _U32_MAX = 2**32 - 1

@@ -192,3 +192,100 @@ def materialize(
 
 def prime_rl_ffd(lengths: List[int], runs: List[int], labels: List[int], seq_len: int, backend: str) -> Tuple[List[List[int]], List[int]]:
     """prime-rl's classic packer: (bins, dropped zero-length samples)."""
+
+class StaticPackPlan:
+    """A static pack plan (seed 002): the world-size independent raw plan of a dataset and
+    its alignment for ``world_size`` ranks. ``len(plan)`` is the number of aligned packs and
+    ``plan[i]`` the sample indices (ascending) of aligned pack ``i``."""
+
+    raw_offsets: npt.NDArray[np.uint32]
+    raw_indices: npt.NDArray[np.uint32]
+    raw_tokens: npt.NDArray[np.uint64]
+    aligned_packs: npt.NDArray[np.uint32]
+    n_raw_packs: int
+    n_aligned_packs: int
+    per_rank: int
+    samples: int
+    packing_length: int
+    align: int
+    allow_single_long: bool
+    world_size: int
+    drop_last: bool
+    pad_needed: int
+    repeated: List[int]
+    dropped_packs: int
+    dropped_pack_samples: int
+    single_long: List[int]
+    dropped_long: List[int]
+    lower_bound: int
+    real_tokens: int
+    efficiency: float
+    raw_checksum: str
+    aligned_checksum: str
+    @staticmethod
+    def from_lengths(
+        lengths: Any,
+        *,
+        packing_length: int,
+        world_size: int = 1,
+        drop_last: bool = False,
+        allow_single_long: bool = False,
+        align: int = 1,
+        backend: str = "wasm",
+    ) -> "StaticPackPlan":
+        """Best-fit decreasing packs of at most ``packing_length`` aligned tokens; samples
+        with length >= packing_length alone (``allow_single_long``) or dropped; aligned for
+        ``world_size`` ranks by dropping the remainder (``drop_last``) or repeating the first
+        packs."""
+    @staticmethod
+    def load(path: Any) -> "StaticPackPlan":
+        """Reads a plan saved by :meth:`save` (or ``stowplan plan --out``), verifying both
+        checksums."""
+    def save(self, path: Any) -> None:
+        """Writes the plan (JSON, format ``stowplan.static-pack-plan/1``) atomically."""
+    def to_json(self) -> str: ...
+    def realign(self, world_size: int, drop_last: bool = False, backend: str = "wasm") -> "StaticPackPlan":
+        """The same raw plan aligned for other ranks."""
+    def __len__(self) -> int: ...
+    def __getitem__(self, index: int) -> List[int]: ...
+    def pack(self, index: int) -> List[int]:
+        """Sample indices of aligned pack ``index`` (negative counts from the end)."""
+    def raw_packs(self) -> List[List[int]]:
+        """The raw packs as index lists."""
+    def log_lines(self) -> List[str]:
+        """The lines seed 002 requires in the log."""
+    def log(self, logger: Any = None) -> None:
+        """Writes :meth:`log_lines` to ``logger`` (default ``stowplan.plan``)."""
+
+class LengthCache:
+    """The fingerprinted per-sample length cache (run-scoped directory, atomic flushes)."""
+
+    known: int
+    complete: bool
+    flushes: int
+    persist_every: int
+    path: Any
+    fingerprint: str
+    def __init__(
+        self, cache_dir: Any, source: str, samples: int, config_json: Optional[str] = None, persist_every: Optional[int] = None
+    ) -> None: ...
+    def missing(self) -> npt.NDArray[np.uint32]:
+        """Sample indices whose length is not known yet."""
+    def set_many(self, indices: List[int], lengths: List[int]) -> None:
+        """Records lengths by sample index (flushing on cadence)."""
+    def flush(self) -> None: ...
+    def finish(self) -> npt.NDArray[np.uint64]:
+        """Flushes pending lengths and returns all of them."""
+    @staticmethod
+    def wait(
+        cache_dir: Any, source: str, samples: int, config_json: Optional[str] = None, timeout_s: float = 7200.0
+    ) -> npt.NDArray[np.uint64]:
+        """Waits for rank 0's complete cache (timeout 0 = forever)."""
+
+def resolve_packing_config(config_json: str, world_size: int) -> str:
+    """The validated packing configuration as JSON (with ``batch_report``)."""
+
+def accumulation_warning(
+    world_size: int, per_device_train_batch_size: int, gradient_accumulation_steps: int, per_rank_batches: int
+) -> Optional[str]:
+    """Seed 002's partial accumulation window warning, or None."""

@@ -1,0 +1,507 @@
+//! Static pack plans (seed 002) for Python: `StaticPackPlan`, `LengthCache` and the
+//! packing-config validation. Behaviour lives in the host crate; this converts.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use numpy::{IntoPyArray, PyArray1};
+use pyo3::exceptions::PyIndexError;
+use pyo3::prelude::*;
+use pyo3::types::PyList;
+use stowplan::{EffectiveBatch, LengthCache, PackingConfig, PlanOptions, StaticPackPlan};
+
+use crate::{Lengths, invalid, kernel, to_py};
+
+fn json_value(py: Python<'_>, text: Option<&str>, name: &str) -> PyResult<serde_json::Value> {
+    match text {
+        None => Ok(serde_json::Value::Null),
+        Some(t) => serde_json::from_str(t).map_err(|e| invalid(py, format!("{name} is not valid JSON: {e}"))),
+    }
+}
+
+/// A static pack plan: the world-size independent raw plan of a dataset and its alignment
+/// for `world_size` ranks (what training consumes).
+///
+/// ``len(plan)`` is the number of aligned packs; ``plan[i]`` (or ``plan.pack(i)``) the sample
+/// indices of aligned pack ``i``, ascending. Build one with
+/// :meth:`StaticPackPlan.from_lengths`, :func:`stowplan.plan_dataset` or
+/// :meth:`StaticPackPlan.load`.
+#[pyclass(frozen, module = "stowplan._stowplan", name = "StaticPackPlan")]
+#[derive(Debug)]
+pub struct PyStaticPackPlan {
+    plan: StaticPackPlan,
+}
+
+#[pymethods]
+impl PyStaticPackPlan {
+    /// from_lengths(lengths, *, packing_length, world_size=1, drop_last=False,
+    /// allow_single_long=False, align=1, backend="wasm")
+    ///
+    /// Plans the samples of ``lengths`` (tokens per sample, dataset order): packs of at most
+    /// ``packing_length`` aligned tokens by best-fit decreasing, long samples (length >=
+    /// packing_length) alone (``allow_single_long``) or dropped, then aligned for
+    /// ``world_size`` ranks by dropping the remainder (``drop_last``) or repeating the first
+    /// packs.
+    #[staticmethod]
+    #[pyo3(signature = (lengths, *, packing_length, world_size=1, drop_last=false, allow_single_long=false, align=1, backend="wasm"))]
+    #[allow(clippy::too_many_arguments)]
+    fn from_lengths(
+        py: Python<'_>,
+        lengths: &Bound<'_, PyAny>,
+        packing_length: i128,
+        world_size: i128,
+        drop_last: bool,
+        allow_single_long: bool,
+        align: i128,
+        backend: &str,
+    ) -> PyResult<Self> {
+        let packing_length = u64::try_from(packing_length)
+            .map_err(|_| invalid(py, format!("packing_length must be in 1..=2**64-1 tokens (got {packing_length})")))?;
+        let align =
+            u64::try_from(align).map_err(|_| invalid(py, format!("align must be in 1..=2**64-1 (got {align})")))?;
+        let world_size = world(py, world_size)?;
+        // Lists, tensors and other integer dtypes become a uint64/int64 array (numpy arrays of
+        // those dtypes pass through without a copy).
+        let array = py.import("stowplan._convert")?.call_method1("as_lengths", (lengths, "lengths"))?;
+        let lengths = Lengths::extract(py, &array, "lengths")?;
+        let kernel = kernel(py, backend)?;
+        let options = PlanOptions { packing_length, align, allow_single_long };
+        let l = lengths.slice();
+        let plan = py
+            .detach(|| StaticPackPlan::build(&kernel, l, &options, world_size, drop_last))
+            .map_err(|e| to_py(py, e))?;
+        Ok(Self { plan })
+    }
+
+    /// load(path) -> StaticPackPlan: reads a plan saved by :meth:`save` (or ``stowplan plan
+    /// --out``) and verifies both checksums against its packs.
+    #[staticmethod]
+    fn load(py: Python<'_>, path: PathBuf) -> PyResult<Self> {
+        let plan = py.detach(|| StaticPackPlan::load(&path)).map_err(|e| to_py(py, e))?;
+        Ok(Self { plan })
+    }
+
+    /// save(path): writes the plan as JSON (format ``stowplan.static-pack-plan/1``),
+    /// atomically.
+    fn save(&self, py: Python<'_>, path: PathBuf) -> PyResult<()> {
+        py.detach(|| self.plan.save(&path)).map_err(|e| to_py(py, e))
+    }
+
+    /// to_json() -> str: the document :meth:`save` writes.
+    fn to_json(&self) -> String {
+        self.plan.to_json().to_string()
+    }
+
+    /// realign(world_size, drop_last=False, backend="wasm") -> StaticPackPlan: the same raw
+    /// plan aligned for other ranks (e.g. eval, which never drops).
+    #[pyo3(signature = (world_size, drop_last=false, backend="wasm"))]
+    fn realign(&self, py: Python<'_>, world_size: i128, drop_last: bool, backend: &str) -> PyResult<Self> {
+        let world_size = world(py, world_size)?;
+        let kernel = kernel(py, backend)?;
+        let plan = py.detach(|| self.plan.realign(&kernel, world_size, drop_last)).map_err(|e| to_py(py, e))?;
+        Ok(Self { plan })
+    }
+
+    fn __len__(&self) -> usize {
+        self.plan.len()
+    }
+
+    fn __getitem__(&self, index: isize) -> PyResult<Vec<u32>> {
+        self.pack(index)
+    }
+
+    /// pack(i) -> list[int]: the sample indices of aligned pack ``i`` (negative counts from
+    /// the end); IndexError outside.
+    fn pack(&self, index: isize) -> PyResult<Vec<u32>> {
+        let n = self.plan.len() as isize;
+        let i = if index < 0 { index + n } else { index };
+        match (i >= 0).then(|| self.plan.pack(i as usize)).flatten() {
+            Some(p) => Ok(p.to_vec()),
+            None => Err(PyIndexError::new_err(format!("pack index {index} out of range for {n} packs"))),
+        }
+    }
+
+    /// The raw packs as a list of index lists (world-size independent).
+    fn raw_packs<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        PyList::new(py, (0..self.plan.raw_len()).map(|p| self.plan.raw.pack(p).to_vec()))
+    }
+
+    /// Raw pack offsets (``n_raw_packs + 1``) into :attr:`raw_indices` (numpy uint32).
+    #[getter]
+    fn raw_offsets<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<u32>> {
+        self.plan.raw.offsets.clone().into_pyarray(py)
+    }
+
+    /// Sample indices of every raw pack, pack after pack (numpy uint32).
+    #[getter]
+    fn raw_indices<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<u32>> {
+        self.plan.raw.indices.clone().into_pyarray(py)
+    }
+
+    /// Real tokens of every raw pack (numpy uint64).
+    #[getter]
+    fn raw_tokens<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<u64>> {
+        self.plan.raw.tokens.clone().into_pyarray(py)
+    }
+
+    /// The raw pack consumed by every aligned slot (numpy uint32).
+    #[getter]
+    fn aligned_packs<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<u32>> {
+        self.plan.aligned.packs.clone().into_pyarray(py)
+    }
+
+    /// Number of raw packs (``N_raw_packs``).
+    #[getter]
+    fn n_raw_packs(&self) -> usize {
+        self.plan.raw_len()
+    }
+
+    /// Number of aligned packs (``N_aligned_packs`` = ``len(plan)``).
+    #[getter]
+    fn n_aligned_packs(&self) -> usize {
+        self.plan.len()
+    }
+
+    /// Aligned packs per rank.
+    #[getter]
+    fn per_rank(&self) -> usize {
+        self.plan.per_rank()
+    }
+
+    /// Number of samples the plan was built from.
+    #[getter]
+    fn samples(&self) -> u64 {
+        self.plan.samples
+    }
+
+    /// The per-pack cap in tokens.
+    #[getter]
+    fn packing_length(&self) -> u64 {
+        self.plan.options.packing_length
+    }
+
+    /// The alignment of every length.
+    #[getter]
+    fn align(&self) -> u64 {
+        self.plan.options.align
+    }
+
+    /// Whether long samples became single-sample packs.
+    #[getter]
+    fn allow_single_long(&self) -> bool {
+        self.plan.options.allow_single_long
+    }
+
+    /// Ranks the plan is aligned for.
+    #[getter]
+    fn world_size(&self) -> u32 {
+        self.plan.world_size
+    }
+
+    /// Whether the remainder was dropped.
+    #[getter]
+    fn drop_last(&self) -> bool {
+        self.plan.drop_last
+    }
+
+    /// Packs repeated at the end (``pad_needed``).
+    #[getter]
+    fn pad_needed(&self) -> u32 {
+        self.plan.aligned.pad_needed
+    }
+
+    /// The raw packs repeated at the end, in order.
+    #[getter]
+    fn repeated(&self) -> Vec<u32> {
+        self.plan.aligned.packs[self.plan.raw_len().min(self.plan.len())..].to_vec()
+    }
+
+    /// Raw packs dropped at the end (``drop_last``).
+    #[getter]
+    fn dropped_packs(&self) -> u32 {
+        self.plan.aligned.dropped_packs
+    }
+
+    /// Samples in the dropped packs.
+    #[getter]
+    fn dropped_pack_samples(&self) -> u64 {
+        self.plan.aligned.dropped_samples
+    }
+
+    /// Long samples emitted as single-sample packs, ascending.
+    #[getter]
+    fn single_long(&self) -> Vec<u32> {
+        self.plan.raw.single_long.clone()
+    }
+
+    /// Long samples dropped (``allow_single_long=False``), ascending.
+    #[getter]
+    fn dropped_long(&self) -> Vec<u32> {
+        self.plan.raw.dropped.clone()
+    }
+
+    /// No plan of these samples has fewer raw packs.
+    #[getter]
+    fn lower_bound(&self) -> u64 {
+        self.plan.raw.lower_bound
+    }
+
+    /// Real tokens of every packed sample.
+    #[getter]
+    fn real_tokens(&self) -> u64 {
+        self.plan.raw.real_tokens
+    }
+
+    /// Fill of the multi-sample packs (real tokens / (packs × packing_length)).
+    #[getter]
+    fn efficiency(&self) -> f64 {
+        self.plan.efficiency()
+    }
+
+    /// sha256 (hex) of the raw plan's canonical encoding.
+    #[getter]
+    fn raw_checksum(&self) -> String {
+        self.plan.raw_checksum()
+    }
+
+    /// sha256 (hex) of the aligned plan's canonical encoding.
+    #[getter]
+    fn aligned_checksum(&self) -> String {
+        self.plan.aligned_checksum()
+    }
+
+    /// The log lines seed 002 requires (counts, world size, drop_last, repeats, long samples,
+    /// both checksums).
+    fn log_lines(&self) -> Vec<String> {
+        self.plan.log_lines()
+    }
+
+    /// log(logger=None): writes :meth:`log_lines` to ``logger`` (default
+    /// ``logging.getLogger("stowplan.plan")``): dropped samples or packs at WARNING, the rest
+    /// at INFO.
+    #[pyo3(signature = (logger=None))]
+    fn log(&self, py: Python<'_>, logger: Option<Bound<'_, PyAny>>) -> PyResult<()> {
+        let logger = match logger {
+            Some(l) => l,
+            None => py.import("logging")?.call_method1("getLogger", ("stowplan.plan",))?,
+        };
+        for line in self.plan.log_lines() {
+            let level = if line.contains("dropped (allow_single_long=false)") || line.contains("drop_last drops") {
+                "warning"
+            } else {
+                "info"
+            };
+            logger.call_method1(level, (line,))?;
+        }
+        Ok(())
+    }
+
+    fn __eq__(&self, other: &Bound<'_, PyAny>) -> bool {
+        other.cast::<Self>().is_ok_and(|o| o.get().plan == self.plan)
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "StaticPackPlan(samples={}, packing_length={}, n_raw_packs={}, n_aligned_packs={}, world_size={}, \
+             drop_last={}, raw_checksum='{}')",
+            self.plan.samples,
+            self.plan.options.packing_length,
+            self.plan.raw_len(),
+            self.plan.len(),
+            self.plan.world_size,
+            self.plan.drop_last,
+            &self.plan.raw_checksum()[..16]
+        )
+    }
+}
+
+/// The fingerprinted per-sample length cache of static packing (run-scoped directory,
+/// periodic atomic flushes, resume after a crash). Normally driven by
+/// :func:`stowplan.compute_lengths`.
+#[pyclass(module = "stowplan._stowplan", name = "LengthCache")]
+#[derive(Debug)]
+pub struct PyLengthCache {
+    cache: LengthCache,
+}
+
+#[pymethods]
+impl PyLengthCache {
+    /// LengthCache(cache_dir, source, samples, config_json=None, persist_every=None)
+    #[new]
+    #[pyo3(signature = (cache_dir, source, samples, config_json=None, persist_every=None))]
+    fn new(
+        py: Python<'_>,
+        cache_dir: PathBuf,
+        source: &str,
+        samples: usize,
+        config_json: Option<&str>,
+        persist_every: Option<i128>,
+    ) -> PyResult<Self> {
+        let config = json_value(py, config_json, "config")?;
+        let persist_every = persist_every
+            .map(|p| {
+                u64::try_from(p)
+                    .ok()
+                    .filter(|&p| p > 0)
+                    .ok_or_else(|| invalid(py, format!("persist_every must be a positive integer (got {p})")))
+            })
+            .transpose()?;
+        let cache = py
+            .detach(|| LengthCache::open(&cache_dir, source, samples, &config, persist_every))
+            .map_err(|e| to_py(py, e))?;
+        Ok(Self { cache })
+    }
+
+    /// missing() -> numpy uint32: sample indices whose length is not known yet.
+    fn missing<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<u32>> {
+        self.cache.missing().into_pyarray(py)
+    }
+
+    /// set_many(indices, lengths): records lengths by sample index (flushing on cadence).
+    fn set_many(&mut self, py: Python<'_>, indices: Vec<i128>, lengths: Vec<i128>) -> PyResult<()> {
+        if indices.len() != lengths.len() {
+            return Err(invalid(
+                py,
+                format!("indices ({}) and lengths ({}) must have the same size", indices.len(), lengths.len()),
+            ));
+        }
+        for (&i, &l) in indices.iter().zip(&lengths) {
+            let i = usize::try_from(i).map_err(|_| invalid(py, format!("sample index {i} is negative")))?;
+            let l = u64::try_from(l)
+                .map_err(|_| invalid(py, format!("length of sample {i} must be in 1..=2**64-2 tokens (got {l})")))?;
+            self.cache.set(i, l).map_err(|e| to_py(py, e))?;
+        }
+        Ok(())
+    }
+
+    /// flush(): writes the cache file atomically now.
+    fn flush(&mut self, py: Python<'_>) -> PyResult<()> {
+        self.cache.flush().map_err(|e| to_py(py, e))
+    }
+
+    /// finish() -> numpy uint64: flushes pending lengths and returns all of them (error when
+    /// some are missing).
+    fn finish<'py>(&mut self, py: Python<'py>) -> PyResult<Bound<'py, PyArray1<u64>>> {
+        let l = self.cache.finish().map_err(|e| to_py(py, e))?;
+        Ok(l.to_vec().into_pyarray(py))
+    }
+
+    /// Number of known lengths.
+    #[getter]
+    fn known(&self) -> u64 {
+        self.cache.known()
+    }
+
+    /// Whether every length is known.
+    #[getter]
+    fn complete(&self) -> bool {
+        self.cache.is_complete()
+    }
+
+    /// Flushes written by this handle.
+    #[getter]
+    fn flushes(&self) -> u64 {
+        self.cache.flushes()
+    }
+
+    /// The flush cadence in lengths.
+    #[getter]
+    fn persist_every(&self) -> u64 {
+        self.cache.persist_every()
+    }
+
+    /// The cache file.
+    #[getter]
+    fn path(&self) -> PathBuf {
+        self.cache.path().to_path_buf()
+    }
+
+    /// sha256 (hex) of the inputs the lengths depend on.
+    #[getter]
+    fn fingerprint(&self) -> String {
+        self.cache.fingerprint()
+    }
+
+    /// wait(cache_dir, source, samples, config_json=None, timeout_s=7200) -> numpy uint64:
+    /// waits for rank 0's complete cache (0 = forever), interruptible with Ctrl-C.
+    #[staticmethod]
+    #[pyo3(signature = (cache_dir, source, samples, config_json=None, timeout_s=7200.0))]
+    fn wait<'py>(
+        py: Python<'py>,
+        cache_dir: PathBuf,
+        source: &str,
+        samples: usize,
+        config_json: Option<&str>,
+        timeout_s: f64,
+    ) -> PyResult<Bound<'py, PyArray1<u64>>> {
+        if !(timeout_s >= 0.0 && timeout_s.is_finite()) {
+            return Err(invalid(py, format!("timeout_s must be a finite number >= 0 (got {timeout_s})")));
+        }
+        let config = json_value(py, config_json, "config")?;
+        let limit = (timeout_s > 0.0).then(|| Duration::from_secs_f64(timeout_s));
+        let start = Instant::now();
+        let mut pause = Duration::from_millis(50);
+        loop {
+            let found =
+                py.detach(|| LengthCache::poll(&cache_dir, source, samples, &config)).map_err(|e| to_py(py, e))?;
+            if let Some(lengths) = found {
+                return Ok(lengths.into_pyarray(py));
+            }
+            if let Some(t) = limit
+                && start.elapsed() >= t
+            {
+                let path = cache_dir.join(stowplan::length_cache::FILE_NAME);
+                return Err(to_py(py, stowplan::length_cache::wait_timeout(&path, start.elapsed(), t)));
+            }
+            py.detach(|| std::thread::sleep(pause));
+            py.check_signals()?;
+            pause = (pause * 2).min(Duration::from_secs(1));
+        }
+    }
+}
+
+fn world(py: Python<'_>, world_size: i128) -> PyResult<u32> {
+    u32::try_from(world_size)
+        .map_err(|_| invalid(py, format!("world_size must be in 1..=4294967295 (got {world_size})")))
+}
+
+/// resolve_packing_config(config_json, world_size) -> str: the validated configuration
+/// (`stowplan::PackingConfig`) as JSON, plus `batch_report` (requested vs realized packs per
+/// optimizer step).
+#[pyfunction]
+fn resolve_packing_config(py: Python<'_>, config_json: &str, world_size: i128) -> PyResult<String> {
+    let config = json_value(py, Some(config_json), "config")?;
+    let c = PackingConfig::from_json(&config, world(py, world_size)?).map_err(|e| to_py(py, e))?;
+    let mut v = serde_json::to_value(&c).map_err(|e| invalid(py, format!("encoding the configuration: {e}")))?;
+    v["batch_report"] = serde_json::Value::String(c.batch.report());
+    Ok(v.to_string())
+}
+
+/// accumulation_warning(world_size, per_device_train_batch_size, gradient_accumulation_steps,
+/// per_rank_batches) -> str | None: seed 002's partial-window warning for derived sizes.
+#[pyfunction]
+fn accumulation_warning(
+    py: Python<'_>,
+    world_size: i128,
+    per_device_train_batch_size: u64,
+    gradient_accumulation_steps: u64,
+    per_rank_batches: u64,
+) -> PyResult<Option<String>> {
+    let b = EffectiveBatch::derive(
+        world(py, world_size)?,
+        per_device_train_batch_size,
+        gradient_accumulation_steps,
+        None,
+        false,
+    )
+    .map_err(|e| to_py(py, e))?;
+    Ok(b.accumulation_warning(per_rank_batches))
+}
+
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<PyStaticPackPlan>()?;
+    m.add_class::<PyLengthCache>()?;
+    m.add_function(wrap_pyfunction!(resolve_packing_config, m)?)?;
+    m.add_function(wrap_pyfunction!(accumulation_warning, m)?)?;
+    Ok(())
+}
