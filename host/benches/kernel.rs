@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use stowplan::{
-    Cost, DpOptions, Kernel, MaterializeOptions, MicroOptions, OversizePolicy, PackMethod, PackOptions,
-    PartitionMethod, PartitionOptions, Sample, Temperature, VerlMicroOptions,
+    Cost, DpOptions, Kernel, LengthCache, MaterializeOptions, MicroOptions, OversizePolicy, PackMethod, PackOptions,
+    PartitionMethod, PartitionOptions, PlanOptions, Sample, StaticPackPlan, Temperature, VerlMicroOptions,
 };
 
 fn workload(name: &str, take: usize) -> Vec<u64> {
@@ -224,5 +224,65 @@ fn materialize_cases(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, partition_cases, pack_cases, balance_cases, materialize_cases);
+/// Static pack plans (raw + aligned, checksums included), and the length cache's precompute
+/// with 1 and 8 workers on 200,000 samples.
+fn plan_cases(c: &mut Criterion) {
+    let sft = workload("sft-chat-200k.txt", usize::MAX);
+    let docs = workload("pretrain-docs-1m.txt", usize::MAX);
+    let mut g = c.benchmark_group("plan");
+    g.sample_size(10).warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(5));
+    let cases = [
+        ("sft-chat-200k_L16384_ws8", &sft, PlanOptions::new(16_384)),
+        (
+            "pretrain-docs-1m_L32768_single-long_ws8",
+            &docs,
+            PlanOptions { allow_single_long: true, ..PlanOptions::new(32_768) },
+        ),
+    ];
+    for (name, lengths, opts) in cases {
+        let sum: u64 = lengths.iter().sum();
+        for (backend, kernel) in kernels() {
+            let p = StaticPackPlan::build(&kernel, lengths, &opts, 8, false).expect("plan");
+            eprintln!(
+                "quality plan {name} [{backend}]: {} raw packs (lower bound {}, ceil(sum/L) {}), {} aligned, {} \
+                 single-long, {} dropped, efficiency {:.3}%, raw {} aligned {}",
+                p.raw_len(),
+                p.raw.lower_bound,
+                sum.div_ceil(opts.packing_length),
+                p.len(),
+                p.raw.single_long.len(),
+                p.raw.dropped.len(),
+                100.0 * p.efficiency(),
+                &p.raw_checksum()[..16],
+                &p.aligned_checksum()[..16]
+            );
+            g.bench_with_input(BenchmarkId::new(name, backend), lengths, |b, l| {
+                b.iter(|| StaticPackPlan::build(&kernel, l, &opts, 8, false).expect("plan"))
+            });
+        }
+    }
+    // A length function costing a few µs per sample (a stand-in for a cheap tokenizer call).
+    let measure = |i: usize| -> Result<u64, String> {
+        let mut h = i as u64 ^ 0x9e37_79b9_7f4a_7c15;
+        for _ in 0..4_000 {
+            h = h.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+        }
+        Ok(1 + h % 16_384)
+    };
+    let dir = std::env::temp_dir().join(format!("stowplan-bench-cache-{}", std::process::id()));
+    let config = serde_json::json!({"bench": true});
+    for workers in [1usize, 8] {
+        g.bench_function(BenchmarkId::new("length_cache_200k_precompute", workers), |b| {
+            b.iter(|| {
+                let _ = std::fs::remove_dir_all(&dir);
+                let mut cache = LengthCache::open(&dir, "bench", 200_000, &config, None).expect("open");
+                cache.precompute(workers, measure).expect("precompute").len()
+            })
+        });
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    g.finish();
+}
+
+criterion_group!(benches, partition_cases, pack_cases, balance_cases, materialize_cases, plan_cases);
 criterion_main!(benches);

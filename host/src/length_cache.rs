@@ -52,10 +52,15 @@ const MISSING: u64 = u64::MAX;
 
 /// The adaptive flush cadence used when no `persist_every` is given: about 1 % of the
 /// samples, at least 1,024 and at most 262,144 lengths between flushes (a flush rewrites the
-/// whole file, so larger datasets flush less often relative to their size).
+/// whole file, so larger datasets flush less often relative to their size), and in adaptive
+/// mode never more often than every [`ADAPTIVE_MIN_INTERVAL`], so cheap length functions do
+/// not spend their time in fsync. An explicit `persist_every` is followed exactly.
 pub fn adaptive_persist_every(samples: u64) -> u64 {
     (samples / 100).clamp(1_024, 262_144)
 }
+
+/// The shortest time between two flushes in adaptive mode.
+pub const ADAPTIVE_MIN_INTERVAL: Duration = Duration::from_secs(2);
 
 /// An open length cache (see the module docs).
 #[derive(Debug)]
@@ -68,6 +73,8 @@ pub struct LengthCache {
     persist_every: u64,
     since_flush: u64,
     flushes: u64,
+    /// Adaptive mode: the time of the last flush (or of opening), to rate-limit flushes.
+    adaptive_since: Option<Instant>,
 }
 
 impl LengthCache {
@@ -89,6 +96,7 @@ impl LengthCache {
         let inputs = inputs_json(source, samples, config);
         let fingerprint: [u8; 32] = Sha256::digest(inputs.as_bytes()).into();
         let path = dir.join(FILE_NAME);
+        let adaptive_since = persist_every.is_none().then(Instant::now);
         let persist_every = persist_every.unwrap_or_else(|| adaptive_persist_every(samples as u64));
         let mut cache = Self {
             path,
@@ -99,6 +107,7 @@ impl LengthCache {
             persist_every,
             since_flush: 0,
             flushes: 0,
+            adaptive_since,
         };
         match std::fs::read(&cache.path) {
             Ok(bytes) => {
@@ -235,7 +244,8 @@ impl LengthCache {
                 *slot
             )));
         }
-        if self.since_flush >= self.persist_every {
+        let due = self.adaptive_since.is_none_or(|t| t.elapsed() >= ADAPTIVE_MIN_INTERVAL);
+        if self.since_flush >= self.persist_every && due {
             self.flush()?;
         }
         Ok(())
@@ -246,6 +256,9 @@ impl LengthCache {
         let bytes = encode(&self.inputs, &self.fingerprint, &self.lengths, self.is_complete());
         crate::atomic::write(&self.path, &bytes)?;
         self.since_flush = 0;
+        if let Some(t) = self.adaptive_since.as_mut() {
+            *t = Instant::now();
+        }
         self.flushes += 1;
         Ok(())
     }
