@@ -238,9 +238,10 @@ impl LengthCache {
             self.since_flush += 1;
         } else if *slot != length {
             return Err(Error::CacheMismatch(format!(
-                "sample {index} measured {length} tokens but the cache holds {}: the length function is not \
-                 deterministic for this dataset, so static packing cannot be used (disable packing or make \
-                 encoding deterministic)",
+                "sample {index} measured {length} tokens but the cache holds {}: either the length function is \
+                 not deterministic for this dataset (static packing cannot be used: disable packing or make \
+                 encoding deterministic) or something the lengths depend on changed without entering the \
+                 fingerprint (use a fresh output directory, or add it to the cache config)",
                 *slot
             )));
         }

@@ -34,7 +34,7 @@ pub use error::Error;
 pub use length_cache::LengthCache;
 pub use materialize::{CpRuns, CpView, MaterializeOptions, Materialized, MicroBatch, Sample, Temperature};
 pub use packing_config::{EffectiveBatch, PackingConfig, PackingMode};
-pub use plan::StaticPackPlan;
+pub use plan::{LogLine, StaticPackPlan};
 pub use stowplan_kernel::peers::{DpReorder, RollLoadBalanceOptions, RollMicroBatches, VerlMicroOptions};
 pub use stowplan_kernel::verl::{PyError, SeqlenUnbalance, UnbalanceError};
 pub use stowplan_kernel::{

@@ -189,7 +189,15 @@ impl StaticPackPlan {
     /// The lines seed 002 requires in the log: raw and aligned pack counts, world size and
     /// `drop_last`, the packs repeated (or dropped), long samples, and both checksums.
     pub fn log_lines(&self) -> Vec<String> {
-        let mut lines = vec![format!(
+        self.log_records().into_iter().map(|r| r.text).collect()
+    }
+
+    /// [`Self::log_lines`] with their level: lines reporting samples that will not be trained
+    /// on (dropped long samples, packs dropped by `drop_last`) are warnings.
+    pub fn log_records(&self) -> Vec<LogLine> {
+        let info = |text: String| LogLine { warning: false, text };
+        let warn = |text: String| LogLine { warning: true, text };
+        let mut lines = vec![info(format!(
             "static pack plan: N_raw_packs={} N_aligned_packs={} world_size={} dataloader_drop_last={} \
              packing_length={} samples={}",
             self.raw_len(),
@@ -198,54 +206,53 @@ impl StaticPackPlan {
             self.drop_last,
             self.options.packing_length,
             self.samples
-        )];
+        ))];
         if self.aligned.pad_needed > 0 {
-            lines.push(format!(
+            lines.push(info(format!(
                 "static pack plan: pad_needed={} repeated raw packs {}",
                 self.aligned.pad_needed,
                 index_list(self.aligned.packs[self.raw_len()..].iter().copied())
-            ));
+            )));
         }
         if self.aligned.dropped_packs > 0 {
-            lines.push(format!(
+            lines.push(warn(format!(
                 "static pack plan: drop_last drops the last {} raw packs ({} samples): {}",
                 self.aligned.dropped_packs,
                 self.aligned.dropped_samples,
                 index_list((self.len() as u32)..self.raw_len() as u32)
-            ));
+            )));
         }
         if !self.raw.single_long.is_empty() {
-            lines.push(format!(
+            lines.push(info(format!(
                 "static pack plan: {} long samples (length >= {}) emitted as single-sample packs: {}",
                 self.raw.single_long.len(),
                 self.options.packing_length,
                 index_list(self.raw.single_long.iter().copied())
-            ));
+            )));
         }
         if !self.raw.dropped.is_empty() {
-            lines.push(format!(
+            lines.push(warn(format!(
                 "static pack plan: {} long samples (length >= {}) dropped (allow_single_long=false): {}",
                 self.raw.dropped.len(),
                 self.options.packing_length,
                 index_list(self.raw.dropped.iter().copied())
-            ));
+            )));
         }
-        lines.push(format!(
+        lines.push(info(format!(
             "static pack plan: raw_plan sha256={} aligned_plan sha256={}",
             self.raw_checksum(),
             self.aligned_checksum()
-        ));
+        )));
         lines
     }
 
-    /// Emits [`Self::log_lines`] through `tracing` (target `stowplan::plan`, level info;
-    /// long-sample drops at warn).
+    /// Emits [`Self::log_records`] through `tracing` (target `stowplan::plan`).
     pub fn log(&self) {
-        for line in self.log_lines() {
-            if line.contains("dropped (allow_single_long=false)") || line.contains("drop_last drops") {
-                tracing::warn!(target: "stowplan::plan", "{line}");
+        for line in self.log_records() {
+            if line.warning {
+                tracing::warn!(target: "stowplan::plan", "{}", line.text);
             } else {
-                tracing::info!(target: "stowplan::plan", "{line}");
+                tracing::info!(target: "stowplan::plan", "{}", line.text);
             }
         }
     }
@@ -346,6 +353,15 @@ impl StaticPackPlan {
             .map_err(|e| Error::InvalidArgument(format!("{}: not a plan document: {e}", path.display())))?;
         Self::from_json(&value)
     }
+}
+
+/// One line of a plan's log (see [`StaticPackPlan::log_records`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LogLine {
+    /// Whether the line reports samples that will not be trained on.
+    pub warning: bool,
+    /// The text.
+    pub text: String,
 }
 
 /// The on-disk form of a [`StaticPackPlan`].

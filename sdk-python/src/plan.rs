@@ -285,13 +285,9 @@ impl PyStaticPackPlan {
             Some(l) => l,
             None => py.import("logging")?.call_method1("getLogger", ("stowplan.plan",))?,
         };
-        for line in self.plan.log_lines() {
-            let level = if line.contains("dropped (allow_single_long=false)") || line.contains("drop_last drops") {
-                "warning"
-            } else {
-                "info"
-            };
-            logger.call_method1(level, (line,))?;
+        for line in self.plan.log_records() {
+            let level = if line.warning { "warning" } else { "info" };
+            logger.call_method1(level, (line.text,))?;
         }
         Ok(())
     }

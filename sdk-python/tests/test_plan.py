@@ -206,7 +206,8 @@ def test_length_cache_resumes_after_a_crash(tmp_path: pathlib.Path) -> None:
     assert cache.known == first
     counting = FlakyLength(-1)
     lengths = stowplan.compute_lengths(data, counting, cache_dir=tmp_path, source="d", workers=1)
-    assert counting.calls == 5000 - first
+    # Only the missing lengths are computed, plus the 8 cached ones measured again (verify=8).
+    assert counting.calls == 5000 - first + 8
     assert lengths.tolist() == [vl_length(r) for r in data]
 
 
@@ -217,6 +218,9 @@ def test_length_cache_mismatch_and_bad_lengths_fail_fast(tmp_path: pathlib.Path)
         stowplan.compute_lengths(data, vl_length, cache_dir=tmp_path, source="b.jsonl", config={"m": 1})
     with pytest.raises(stowplan.CacheMismatchError, match="config.m: cached 1, now 2"):
         stowplan.compute_lengths(data, vl_length, cache_dir=tmp_path, source="a.jsonl", config={"m": 2}, rank=1)
+    # Lengths that changed behind the fingerprint's back are caught on reuse.
+    with pytest.raises(stowplan.CacheMismatchError, match="not deterministic"):
+        stowplan.compute_lengths(data, lambda r: vl_length(r) + 1, cache_dir=tmp_path, source="a.jsonl", config={"m": 1})
     with pytest.raises(stowplan.InvalidArgumentError, match="must return an int"):
         stowplan.compute_lengths(data, lambda r: "7", cache_dir=tmp_path / "x", source="a", workers=1)
     with pytest.raises(stowplan.InvalidArgumentError, match="length of sample 0 must be in 1"):

@@ -150,6 +150,7 @@ def compute_lengths(
     persist_every: Optional[int] = None,
     rank: int = 0,
     wait_timeout_s: float = 7200,
+    verify: int = 8,
 ) -> np.ndarray:
     """Per-sample planning lengths, ``length_fn(dataset[i])`` for every ``i``, through the
     fingerprinted cache under ``cache_dir`` (run-scoped, e.g. ``output_dir/stowplan``).
@@ -161,7 +162,11 @@ def compute_lengths(
     seconds (0 = forever) for rank 0's complete cache. ``source`` identifies the dataset
     (e.g. the resolved JSONL path) and ``config`` everything else lengths depend on
     (template, max length …): both enter the fingerprint, and a cache made for other inputs
-    raises :class:`stowplan.CacheMismatchError`.
+    raises :class:`stowplan.CacheMismatchError`. On rank 0, ``verify`` lengths already in
+    the cache (evenly spread) are measured again: a different result means the length
+    function is not deterministic or something it depends on changed without entering the
+    fingerprint, and raises :class:`stowplan.CacheMismatchError` instead of planning with
+    stale lengths.
     """
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise InvalidArgumentError(f"workers must be a positive integer (got {workers!r})")
@@ -173,6 +178,11 @@ def compute_lengths(
         return _stowplan.LengthCache.wait(cache_dir, source, n, config_json, float(wait_timeout_s))
     cache = LengthCache(cache_dir, source, n, config_json, persist_every)
     missing = cache.missing().tolist()
+    if cache.known and verify > 0:
+        known = np.setdiff1d(np.arange(n), np.asarray(missing, dtype=np.int64)) if missing else np.arange(n)
+        picks = known[np.linspace(0, len(known) - 1, min(verify, len(known))).astype(np.int64)].tolist()
+        # Recording a known index with another length raises CacheMismatchError.
+        cache.set_many(picks, [_checked_length(length_fn(dataset[i]), i) for i in picks])
     if missing:
         _log.info("length cache %s: computing %d of %d lengths on %d worker(s)", cache.path, len(missing), n, workers)
     chunk = max(1, min(cache.persist_every, 4096) // workers)
