@@ -22,18 +22,22 @@ pub enum Error {
     /// Reading or writing a file failed; the message names the path and the operation.
     #[error("I/O error: {0}")]
     Io(String),
-    /// A cache artifact was made for other inputs (its fingerprint differs) or is corrupt;
-    /// the message names the file, what differs and how to proceed.
+    /// A saved artifact (length cache, plan, data source state) was made for other inputs
+    /// or is corrupt; the message names the file, what differs and how to proceed.
     #[error("cache mismatch: {0}")]
     CacheMismatch(String),
     /// Waiting for an artifact another process writes took longer than allowed.
     #[error("timed out: {0}")]
     Timeout(String),
+    /// A buffer filter failed or returned an invalid selection (out of range, duplicate,
+    /// more than asked); the buffer is left untouched.
+    #[error("buffer filter: {0}")]
+    Filter(String),
 }
 
 impl Error {
     /// A short machine-readable kind: `invalid-argument`, `infeasible`, `runtime`, `config`,
-    /// `io`, `cache-mismatch` or `timeout`.
+    /// `io`, `cache-mismatch`, `timeout` or `filter`.
     pub fn kind(&self) -> &'static str {
         match self {
             Error::InvalidArgument(_) => "invalid-argument",
@@ -43,6 +47,7 @@ impl Error {
             Error::Io(_) => "io",
             Error::CacheMismatch(_) => "cache-mismatch",
             Error::Timeout(_) => "timeout",
+            Error::Filter(_) => "filter",
         }
     }
 }

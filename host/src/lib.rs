@@ -20,6 +20,7 @@
 
 mod atomic;
 mod balance;
+pub mod data_source;
 mod error;
 pub mod input;
 pub mod json;
@@ -30,6 +31,9 @@ pub mod packing_config;
 pub mod plan;
 mod wasm;
 
+pub use data_source::{
+    BufferFilter, DataSource, DataSourceOptions, FilterContext, Group, PopFirst, RolloutSample, Status,
+};
 pub use error::Error;
 pub use length_cache::LengthCache;
 pub use materialize::{CpRuns, CpView, MaterializeOptions, Materialized, MicroBatch, Sample, Temperature};

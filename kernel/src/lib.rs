@@ -30,6 +30,7 @@ pub mod partition;
 pub mod peers;
 pub mod plan;
 mod refine;
+pub mod shuffle;
 pub mod verl;
 
 pub use balance::{Cost, DpOptions, DpPlan, MicroOptions, MicroPlan, Order, Plan, balance_dp, micro_batches, plan};

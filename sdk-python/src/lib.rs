@@ -38,6 +38,7 @@ pub(crate) fn to_py(py: Python<'_>, e: Error) -> PyErr {
         Error::Io(_) => "StowplanIOError",
         Error::CacheMismatch(_) => "CacheMismatchError",
         Error::Timeout(_) => "StowplanTimeoutError",
+        Error::Filter(_) => "FilterError",
     };
     raise(py, class, e.to_string())
 }

@@ -11,7 +11,7 @@ wit_bindgen::generate!({
     world: "kernel",
 });
 
-use exports::stowplan::kernel::{balance, layout, pack, partition, peers, plan, types, verl};
+use exports::stowplan::kernel::{balance, layout, pack, partition, peers, plan, shuffle, types, verl};
 
 #[global_allocator]
 static ALLOC: dlmalloc::GlobalDlmalloc = dlmalloc::GlobalDlmalloc;
@@ -366,5 +366,11 @@ impl plan::Guest for Kernel {
             dropped_samples: a.dropped_samples,
             checksum,
         })
+    }
+}
+
+impl shuffle::Guest for Kernel {
+    fn permutation(n: u64, seed: u64, epoch: u64) -> Result<Vec<u32>, types::Error> {
+        k::shuffle::permutation(n, seed, epoch).map_err(error)
     }
 }

@@ -19,6 +19,7 @@ __all__ = [
     "CacheMismatchError",
     "StowplanIOError",
     "StowplanTimeoutError",
+    "FilterError",
 ]
 
 
@@ -53,3 +54,7 @@ class StowplanIOError(StowplanError, OSError):
 
 class StowplanTimeoutError(StowplanError, TimeoutError):
     """Waiting for another process's artifact took longer than allowed."""
+
+
+class FilterError(StowplanError):
+    """A buffer filter failed or returned an invalid selection; the buffer is unchanged."""
