@@ -7,6 +7,7 @@
 
 mod layout;
 mod plan;
+mod source;
 
 use numpy::{IntoPyArray, PyArray1, PyReadonlyArray1, PyUntypedArrayMethods};
 use pyo3::exceptions::{PyTypeError, PyValueError};
@@ -516,6 +517,7 @@ fn _stowplan(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(roll_load_balance, m)?)?;
     layout::register(m)?;
     plan::register(m)?;
+    source::register(m)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

@@ -36,6 +36,7 @@ from ._plan import (
     compute_lengths,
     plan_dataset,
 )
+from ._source import BufferedDataSource, DataSource, Sample
 from .errors import (
     CacheMismatchError,
     ConfigError,
@@ -45,6 +46,7 @@ from .errors import (
     StowplanError,
     StowplanIOError,
     StowplanTimeoutError,
+    FilterError,
 )
 
 __version__: str = _stowplan.__version__
@@ -71,6 +73,9 @@ __all__ = [
     "LengthCache",
     "compute_lengths",
     "plan_dataset",
+    "DataSource",
+    "BufferedDataSource",
+    "Sample",
     "kernel_info",
     "StowplanError",
     "InvalidArgumentError",
@@ -80,6 +85,7 @@ __all__ = [
     "CacheMismatchError",
     "StowplanIOError",
     "StowplanTimeoutError",
+    "FilterError",
 ]
 
 _U32_MAX = 2**32 - 1

@@ -289,3 +289,45 @@ def accumulation_warning(
     world_size: int, per_device_train_batch_size: int, gradient_accumulation_steps: int, per_rank_batches: int
 ) -> Optional[str]:
     """Seed 002's partial accumulation window warning, or None."""
+
+class DataSource:
+    """The host's rollout data source (use :class:`stowplan.DataSource` /
+    :class:`stowplan.BufferedDataSource`); samples cross as dicts of the host fields."""
+
+    buffer_len: int
+    epoch: int
+    offset: int
+    next_index: int
+    identity: str
+    def __init__(
+        self,
+        path: str,
+        n_samples_per_prompt: int,
+        shuffle: bool,
+        seed: int,
+        input_key: str,
+        label_key: Optional[str],
+        metadata_key: Optional[str],
+        backend: str,
+    ) -> None: ...
+    @staticmethod
+    def from_records(
+        records_json: List[str],
+        identity: str,
+        n_samples_per_prompt: int,
+        shuffle: bool,
+        seed: int,
+        input_key: str,
+        label_key: Optional[str],
+        metadata_key: Optional[str],
+        backend: str,
+    ) -> "DataSource": ...
+    def get_samples(self, n: int, rollout_id: Optional[int] = None) -> List[List[Dict[str, Any]]]:
+        """Groups of sample dicts (index, group, prompt_index, prompt, label, metadata,
+        prompt_length, response_length, rewards, status, payload); FIFO buffer first."""
+    def add_samples(self, groups: List[List[Dict[str, Any]]]) -> None: ...
+    def save(self, path: str) -> None: ...
+    def load(self, path: str) -> None: ...
+    def metadata_json(self) -> str: ...
+    def update_metadata_json(self, text: str) -> None: ...
+    def __len__(self) -> int: ...

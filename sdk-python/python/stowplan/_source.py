@@ -1,0 +1,233 @@
+"""The rollout data source with a buffer (seed 003, slime's data source), run by the Rust
+host: prompts from a JSONL file, an epoch cursor with a seeded shuffle identical in every
+host, groups of ``n_samples_per_prompt`` samples with consecutive indices, a buffer served
+first (FIFO), and a saved state that includes the buffer.
+
+>>> import stowplan
+>>> ds = stowplan.BufferedDataSource.from_records(
+...     [{"prompt": "1+1?", "label": "2"}, {"prompt": "2+2?", "label": "4"}], n_samples_per_prompt=2)
+>>> [[s.index for s in g] for g in ds.get_samples(3)]
+[[0, 1], [2, 3], [4, 5]]
+>>> ds.epoch, ds.offset
+(1, 1)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+from dataclasses import dataclass, field
+from typing import Any, Dict, Iterable, List, Optional, Sequence
+
+from . import _stowplan
+from .errors import InvalidArgumentError
+
+__all__ = ["Sample", "DataSource", "BufferedDataSource"]
+
+_UNKNOWN_PROMPT = 2**32 - 1
+
+
+@dataclass
+class Sample:
+    """A rollout sample drawn from a data source (slime's ``Sample`` fields that the data
+    source and buffer filters use). Samples of other types put into the buffer come back as
+    the same objects (they travel pickled, also through ``save``/``load``)."""
+
+    index: int
+    group: int
+    prompt_index: int
+    prompt: Any
+    label: Optional[str] = None
+    metadata: Dict[str, Any] = field(default_factory=dict)
+    prompt_length: int = 0
+    response_length: int = 0
+    rewards: List[float] = field(default_factory=list)
+    status: str = "pending"
+
+
+def _get(sample: Any, name: str, default: Any = None) -> Any:
+    if isinstance(sample, dict):
+        return sample.get(name, default)
+    return getattr(sample, name, default)
+
+
+def _to_native(sample: Any, k: int, at: str) -> Dict[str, Any]:
+    index = _get(sample, "index")
+    if isinstance(index, bool) or not isinstance(index, int) or index < 0:
+        raise InvalidArgumentError(f"{at}.index must be an integer >= 0 (got {index!r})")
+    rewards = _get(sample, "rewards")
+    if rewards is None:
+        reward = _get(sample, "reward")
+        if reward is None:
+            rewards = []
+        elif isinstance(reward, dict):
+            rewards = [reward[key] for key in sorted(reward)]
+        else:
+            rewards = [reward]
+    try:
+        rewards = [float(r) for r in rewards]
+    except (TypeError, ValueError):
+        raise InvalidArgumentError(f"{at}: rewards must be numbers (got {rewards!r})") from None
+    status = _get(sample, "status", "pending")
+    status = getattr(status, "value", status)
+    response_length = int(_get(sample, "response_length", 0) or 0)
+    prompt_length = _get(sample, "prompt_length")
+    if prompt_length is None:
+        tokens = _get(sample, "tokens")
+        prompt_length = max(0, len(tokens) - response_length) if tokens else 0
+    label = _get(sample, "label")
+    metadata = _get(sample, "metadata") or {}
+    if not isinstance(metadata, dict):
+        raise InvalidArgumentError(f"{at}.metadata must be a dict (got {type(metadata).__name__})")
+    prompt_index = _get(sample, "prompt_index")
+    native = {
+        "index": index,
+        "group": _get(sample, "group", index // k),
+        "prompt_index": _UNKNOWN_PROMPT if prompt_index is None else prompt_index,
+        "prompt": json.dumps(_get(sample, "prompt", "")),
+        "label": label if label is None or isinstance(label, str) else json.dumps(label),
+        "metadata": json.dumps(metadata),
+        "prompt_length": int(prompt_length),
+        "response_length": response_length,
+        "rewards": rewards,
+        "status": str(status),
+        "payload": b"" if isinstance(sample, Sample) else pickle.dumps(sample),
+    }
+    return native
+
+
+def _from_native(d: Dict[str, Any]) -> Any:
+    if d["payload"]:
+        return pickle.loads(d["payload"])
+    return Sample(
+        index=d["index"],
+        group=d["group"],
+        prompt_index=d["prompt_index"],
+        prompt=json.loads(d["prompt"]),
+        label=d["label"],
+        metadata=json.loads(d["metadata"]),
+        prompt_length=d["prompt_length"],
+        response_length=d["response_length"],
+        rewards=list(d["rewards"]),
+        status=d["status"],
+    )
+
+
+class DataSource:
+    """Prompts from a JSONL file (``path``), drawn as groups of ``n_samples_per_prompt``
+    samples; ``shuffle`` uses the kernel's seeded permutation of ``(seed, epoch)`` every
+    epoch. Read-only: :meth:`add_samples` raises (use :class:`BufferedDataSource`)."""
+
+    _buffered = False
+
+    def __init__(
+        self,
+        path: Any,
+        *,
+        n_samples_per_prompt: int,
+        shuffle: bool = False,
+        seed: int = 0,
+        input_key: str = "prompt",
+        label_key: Optional[str] = "label",
+        metadata_key: Optional[str] = "metadata",
+        backend: str = "wasm",
+    ) -> None:
+        self._native = _stowplan.DataSource(
+            os.fspath(path), n_samples_per_prompt, shuffle, seed, input_key, label_key, metadata_key, backend
+        )
+        self.n_samples_per_prompt = n_samples_per_prompt
+
+    @classmethod
+    def from_records(
+        cls,
+        records: Iterable[Dict[str, Any]],
+        *,
+        n_samples_per_prompt: int,
+        identity: str = "records",
+        shuffle: bool = False,
+        seed: int = 0,
+        input_key: str = "prompt",
+        label_key: Optional[str] = "label",
+        metadata_key: Optional[str] = "metadata",
+        backend: str = "wasm",
+    ) -> "DataSource":
+        """A data source over in-memory records (``identity`` names them in saved states)."""
+        self = cls.__new__(cls)
+        self._native = _stowplan.DataSource.from_records(
+            [json.dumps(r) for r in records],
+            identity,
+            n_samples_per_prompt,
+            shuffle,
+            seed,
+            input_key,
+            label_key,
+            metadata_key,
+            backend,
+        )
+        self.n_samples_per_prompt = n_samples_per_prompt
+        return self
+
+    def get_samples(self, num_samples: int, rollout_id: Optional[int] = None) -> List[List[Any]]:
+        """``num_samples`` groups: buffered ones first (FIFO), then from the dataset."""
+        return [[_from_native(d) for d in g] for g in self._native.get_samples(num_samples, rollout_id)]
+
+    def add_samples(self, samples: Sequence[Sequence[Any]]) -> None:
+        """Appends groups to the buffer after checking every group has
+        ``n_samples_per_prompt`` samples (nothing is added when one is wrong)."""
+        if not self._buffered:
+            raise InvalidArgumentError(f"cannot add samples to {type(self).__name__}: it is read-only")
+        if not isinstance(samples, (list, tuple)) or any(not isinstance(g, (list, tuple)) for g in samples):
+            raise InvalidArgumentError("samples must be a list of groups (lists of samples)")
+        k = self.n_samples_per_prompt
+        native = [[_to_native(s, k, f"groups[{g}][{j}]") for j, s in enumerate(group)] for g, group in enumerate(samples)]
+        self._native.add_samples(native)
+
+    def save(self, path: Any) -> None:
+        """Writes the state — cursor, indices, metadata and the buffer — atomically."""
+        self._native.save(os.fspath(path))
+
+    def load(self, path: Any) -> None:
+        """Restores a saved state; a missing, damaged or foreign file raises."""
+        self._native.load(os.fspath(path))
+
+    def update_metadata(self, metadata: Dict[str, Any]) -> None:
+        """Merges ``metadata`` (JSON-serializable) into the saved metadata."""
+        try:
+            text = json.dumps(metadata)
+        except (TypeError, ValueError) as exc:
+            raise InvalidArgumentError(f"metadata must be JSON-serializable: {exc}") from None
+        self._native.update_metadata_json(text)
+
+    def get_metadata(self) -> Dict[str, Any]:
+        """The metadata."""
+        return json.loads(self._native.metadata_json())
+
+    def get_buffer_length(self) -> int:
+        """Groups in the buffer."""
+        return self._native.buffer_len
+
+    @property
+    def epoch(self) -> int:
+        """The current epoch (0-based)."""
+        return self._native.epoch
+
+    @property
+    def offset(self) -> int:
+        """Prompts of the current epoch already drawn."""
+        return self._native.offset
+
+    @property
+    def next_index(self) -> int:
+        """The index the next sample drawn from the dataset gets."""
+        return self._native.next_index
+
+    def __len__(self) -> int:
+        return len(self._native)
+
+
+class BufferedDataSource(DataSource):
+    """A :class:`DataSource` with a buffer: :meth:`add_samples` puts groups back (e.g.
+    partial rollouts) and :meth:`get_samples` serves them first, oldest first."""
+
+    _buffered = True

@@ -1,0 +1,246 @@
+//! The rollout data source with a buffer for Python (`stowplan._stowplan.DataSource`).
+//! Samples cross as dicts of the host's `RolloutSample` fields; behaviour lives in the host.
+
+use std::path::PathBuf;
+
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyDict, PyList};
+use stowplan::{DataSource, DataSourceOptions, Group, RolloutSample, Status};
+
+use crate::{invalid, kernel, to_py};
+
+fn status_name(s: Status) -> &'static str {
+    match s {
+        Status::Pending => "pending",
+        Status::Completed => "completed",
+        Status::Truncated => "truncated",
+        Status::Aborted => "aborted",
+    }
+}
+
+fn sample_dict<'py>(py: Python<'py>, s: &RolloutSample) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("index", s.index)?;
+    d.set_item("group", s.group)?;
+    d.set_item("prompt_index", s.prompt_index)?;
+    d.set_item("prompt", &s.prompt)?;
+    d.set_item("label", &s.label)?;
+    d.set_item("metadata", &s.metadata)?;
+    d.set_item("prompt_length", s.prompt_length)?;
+    d.set_item("response_length", s.response_length)?;
+    d.set_item("rewards", &s.rewards)?;
+    d.set_item("status", status_name(s.status))?;
+    d.set_item("payload", PyBytes::new(py, &s.payload))?;
+    Ok(d)
+}
+
+fn groups_list<'py>(py: Python<'py>, groups: &[Group]) -> PyResult<Bound<'py, PyList>> {
+    let out = PyList::empty(py);
+    for g in groups {
+        let samples = PyList::empty(py);
+        for s in g {
+            samples.append(sample_dict(py, s)?)?;
+        }
+        out.append(samples)?;
+    }
+    Ok(out)
+}
+
+fn sample_from(py: Python<'_>, d: &Bound<'_, PyDict>, at: &str) -> PyResult<RolloutSample> {
+    let get = |key: &str| -> PyResult<Bound<'_, PyAny>> {
+        d.get_item(key)?.ok_or_else(|| invalid(py, format!("{at} has no {key:?}")))
+    };
+    let field = |key: &str, what: &str| invalid(py, format!("{at}.{key} must be {what}"));
+    let status = match get("status")?.extract::<String>()?.as_str() {
+        "pending" => Status::Pending,
+        "completed" => Status::Completed,
+        "truncated" => Status::Truncated,
+        "aborted" => Status::Aborted,
+        other => {
+            return Err(invalid(
+                py,
+                format!("{at}.status must be pending, completed, truncated or aborted (got {other:?})"),
+            ));
+        }
+    };
+    Ok(RolloutSample {
+        index: get("index")?.extract().map_err(|_| field("index", "an integer in 0..=2**64-1"))?,
+        group: get("group")?.extract().map_err(|_| field("group", "an integer in 0..=2**64-1"))?,
+        prompt_index: get("prompt_index")?.extract().map_err(|_| field("prompt_index", "an integer in 0..=2**32-1"))?,
+        prompt: get("prompt")?.extract().map_err(|_| field("prompt", "JSON text"))?,
+        label: get("label")?.extract().map_err(|_| field("label", "a string or None"))?,
+        metadata: get("metadata")?.extract().map_err(|_| field("metadata", "JSON object text"))?,
+        prompt_length: get("prompt_length")?
+            .extract()
+            .map_err(|_| field("prompt_length", "an integer in 0..=2**32-1"))?,
+        response_length: get("response_length")?
+            .extract()
+            .map_err(|_| field("response_length", "an integer in 0..=2**32-1"))?,
+        rewards: get("rewards")?.extract().map_err(|_| field("rewards", "a list of floats"))?,
+        status,
+        payload: get("payload")?.extract().map_err(|_| field("payload", "bytes"))?,
+    })
+}
+
+/// The host data source; see `stowplan.DataSource` for the Python-facing class.
+#[pyclass(module = "stowplan._stowplan", name = "DataSource")]
+#[derive(Debug)]
+pub struct PyDataSource {
+    inner: DataSource,
+}
+
+#[pymethods]
+impl PyDataSource {
+    /// DataSource(path, n_samples_per_prompt, shuffle, seed, input_key, label_key,
+    /// metadata_key, backend) over a JSONL file.
+    #[new]
+    #[pyo3(signature = (path, n_samples_per_prompt, shuffle, seed, input_key, label_key, metadata_key, backend))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        path: PathBuf,
+        n_samples_per_prompt: i128,
+        shuffle: bool,
+        seed: i128,
+        input_key: String,
+        label_key: Option<String>,
+        metadata_key: Option<String>,
+        backend: &str,
+    ) -> PyResult<Self> {
+        let options = options(py, n_samples_per_prompt, shuffle, seed, input_key, label_key, metadata_key)?;
+        let kernel = kernel(py, backend)?;
+        let inner = py.detach(|| DataSource::from_jsonl(&path, options, kernel)).map_err(|e| to_py(py, e))?;
+        Ok(Self { inner })
+    }
+
+    /// from_records(records_json, identity, ...) over records given as JSON lines text.
+    #[staticmethod]
+    #[pyo3(signature = (records_json, identity, n_samples_per_prompt, shuffle, seed, input_key, label_key, metadata_key, backend))]
+    #[allow(clippy::too_many_arguments)]
+    fn from_records(
+        py: Python<'_>,
+        records_json: Vec<String>,
+        identity: &str,
+        n_samples_per_prompt: i128,
+        shuffle: bool,
+        seed: i128,
+        input_key: String,
+        label_key: Option<String>,
+        metadata_key: Option<String>,
+        backend: &str,
+    ) -> PyResult<Self> {
+        let options = options(py, n_samples_per_prompt, shuffle, seed, input_key, label_key, metadata_key)?;
+        let kernel = kernel(py, backend)?;
+        let mut records = Vec::with_capacity(records_json.len());
+        for (i, r) in records_json.iter().enumerate() {
+            records.push(serde_json::from_str(r).map_err(|e| invalid(py, format!("records[{i}] is not JSON: {e}")))?);
+        }
+        let inner = DataSource::from_records(records, identity, options, kernel).map_err(|e| to_py(py, e))?;
+        Ok(Self { inner })
+    }
+
+    /// get_samples(n, rollout_id=None) -> list of groups of sample dicts (FIFO buffer first).
+    #[pyo3(signature = (n, rollout_id=None))]
+    fn get_samples<'py>(&mut self, py: Python<'py>, n: i128, rollout_id: Option<u64>) -> PyResult<Bound<'py, PyList>> {
+        let n = usize::try_from(n).map_err(|_| invalid(py, format!("n must be a number of groups >= 0 (got {n})")))?;
+        let groups = self.inner.get_samples(n, rollout_id, None).map_err(|e| to_py(py, e))?;
+        groups_list(py, &groups)
+    }
+
+    /// add_samples(groups): validates every group, then appends them to the buffer.
+    fn add_samples(&mut self, py: Python<'_>, groups: &Bound<'_, PyList>) -> PyResult<()> {
+        let mut out = Vec::with_capacity(groups.len());
+        for (g, group) in groups.iter().enumerate() {
+            let group = group.cast_into::<PyList>().map_err(|_| invalid(py, format!("groups[{g}] must be a list")))?;
+            let mut samples = Vec::with_capacity(group.len());
+            for (s, sample) in group.iter().enumerate() {
+                let d = sample
+                    .cast_into::<PyDict>()
+                    .map_err(|_| invalid(py, format!("groups[{g}][{s}] must be a dict")))?;
+                samples.push(sample_from(py, &d, &format!("groups[{g}][{s}]"))?);
+            }
+            out.push(samples);
+        }
+        self.inner.add_samples(out).map_err(|e| to_py(py, e))
+    }
+
+    /// save(path): the state, including the buffer, written atomically.
+    fn save(&self, py: Python<'_>, path: PathBuf) -> PyResult<()> {
+        py.detach(|| self.inner.save(&path)).map_err(|e| to_py(py, e))
+    }
+
+    /// load(path): restores a saved state (errors for a missing, damaged or foreign file).
+    fn load(&mut self, py: Python<'_>, path: PathBuf) -> PyResult<()> {
+        self.inner.load(&path).map_err(|e| to_py(py, e))
+    }
+
+    /// The metadata as JSON text.
+    fn metadata_json(&self) -> String {
+        serde_json::Value::Object(self.inner.metadata().clone()).to_string()
+    }
+
+    /// update_metadata_json(text): merges a JSON object into the metadata.
+    fn update_metadata_json(&mut self, py: Python<'_>, text: &str) -> PyResult<()> {
+        match serde_json::from_str::<serde_json::Value>(text) {
+            Ok(serde_json::Value::Object(m)) => {
+                self.inner.update_metadata(m);
+                Ok(())
+            }
+            _ => Err(invalid(py, "metadata must be a JSON-serializable dict".to_string())),
+        }
+    }
+
+    /// Groups in the buffer.
+    #[getter]
+    fn buffer_len(&self) -> usize {
+        self.inner.buffer_len()
+    }
+
+    /// The current epoch.
+    #[getter]
+    fn epoch(&self) -> u64 {
+        self.inner.epoch()
+    }
+
+    /// Prompts of the current epoch already drawn.
+    #[getter]
+    fn offset(&self) -> u64 {
+        self.inner.offset()
+    }
+
+    /// The global index of the next sample drawn from the dataset.
+    #[getter]
+    fn next_index(&self) -> u64 {
+        self.inner.next_index()
+    }
+
+    /// The dataset identity checked by load.
+    #[getter]
+    fn identity(&self) -> String {
+        self.inner.identity().to_string()
+    }
+
+    fn __len__(&self) -> usize {
+        self.inner.len()
+    }
+}
+
+fn options(
+    py: Python<'_>,
+    n_samples_per_prompt: i128,
+    shuffle: bool,
+    seed: i128,
+    input_key: String,
+    label_key: Option<String>,
+    metadata_key: Option<String>,
+) -> PyResult<DataSourceOptions> {
+    let n_samples_per_prompt = u32::try_from(n_samples_per_prompt).ok().filter(|&k| k > 0).ok_or_else(|| {
+        invalid(py, format!("n_samples_per_prompt must be in 1..=4294967295 (got {n_samples_per_prompt})"))
+    })?;
+    let seed = u64::try_from(seed).map_err(|_| invalid(py, format!("seed must be in 0..=2**64-1 (got {seed})")))?;
+    Ok(DataSourceOptions { n_samples_per_prompt, shuffle, seed, input_key, label_key, metadata_key })
+}
+
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<PyDataSource>()
+}
