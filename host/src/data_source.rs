@@ -353,7 +353,7 @@ impl DataSource {
     ) -> Result<Vec<Group>, Error> {
         let wanted = u32::try_from(n)
             .map_err(|_| Error::InvalidArgument(format!("n must be at most {} groups (got {n})", u32::MAX)))?;
-        let mut out = Vec::with_capacity(n);
+        let mut picks = Vec::new();
         if wanted > 0 && !self.buffer.is_empty() {
             let ctx = FilterContext { rollout_id, wanted, n_samples_per_prompt: self.options.n_samples_per_prompt };
             let mut fifo = PopFirst;
@@ -361,21 +361,23 @@ impl DataSource {
                 Some(f) => f,
                 None => &mut fifo,
             };
-            let picks = filter.select(&ctx, &self.buffer)?;
+            picks = filter.select(&ctx, &self.buffer)?;
             validate_selection(&picks, self.buffer.len(), wanted)?;
-            out = self.take_from_buffer(&picks);
         }
-        let rest = n - out.len();
-        if rest > 0 {
-            if self.prompts.is_empty() {
-                return Err(Error::Infeasible(format!(
-                    "{rest} more groups wanted but the buffer is empty and the dataset has no prompts"
-                )));
-            }
-            // Draw the dataset part into a copy of the cursor, so a failure takes nothing.
-            let drawn = self.draw(rest)?;
-            out.extend(drawn);
-        }
+        // The dataset part first (it commits the cursor only on success), then the buffer
+        // part: a failure anywhere takes nothing.
+        let rest = n - picks.len();
+        let drawn = if rest == 0 {
+            Vec::new()
+        } else if self.prompts.is_empty() {
+            return Err(Error::Infeasible(format!(
+                "{rest} more groups wanted than the buffer provides, and the dataset has no prompts"
+            )));
+        } else {
+            self.draw(rest)?
+        };
+        let mut out = self.take_from_buffer(&picks);
+        out.extend(drawn);
         Ok(out)
     }
 

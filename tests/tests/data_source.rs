@@ -96,6 +96,11 @@ fn epochs_wrap_around_with_the_seeded_shuffle_on_both_kernels() {
     let mut empty = DataSource::from_records(vec![], "e", DataSourceOptions::new(1), Kernel::native()).unwrap();
     assert_eq!(empty.get_samples(1, None, None).unwrap_err().kind(), "infeasible");
     assert!(empty.get_samples(0, None, None).unwrap().is_empty());
+    // A request the buffer cannot fill and the dataset cannot top up takes nothing.
+    empty.add_samples(plain.get_samples(1, None, None).unwrap()).unwrap();
+    assert_eq!(empty.get_samples(2, None, None).unwrap_err().kind(), "infeasible");
+    assert_eq!(empty.buffer_len(), 1);
+    assert_eq!(empty.get_samples(1, None, None).unwrap().len(), 1);
 }
 
 fn stowplan_kernel_permutation(n: u64, seed: u64, epoch: u64) -> Vec<u32> {
