@@ -24,7 +24,7 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 use crate::error::io;
-use crate::{Backend, Error, Kernel};
+use crate::{Error, Kernel};
 
 const MAGIC: &[u8; 4] = b"SPDS";
 /// The state format version written by [`DataSource::save`].
@@ -279,13 +279,7 @@ impl DataSource {
         if !self.options.shuffle {
             return Ok((0..n as u32).collect());
         }
-        match self.kernel.backend() {
-            Backend::Native => Ok(stowplan_kernel::shuffle::permutation(n, self.options.seed, epoch)?),
-            Backend::Wasm => crate::wasm::with_instance(|inst, store| {
-                inst.stowplan_kernel_shuffle().call_permutation(store, n, self.options.seed, epoch)
-            })?
-            .map_err(crate::wasm::error),
-        }
+        self.kernel.permutation(n, self.options.seed, epoch)
     }
 
     /// Number of prompts in the dataset.

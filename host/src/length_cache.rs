@@ -93,8 +93,7 @@ impl LengthCache {
         if persist_every == Some(0) {
             return Err(Error::InvalidArgument("persist_every must be at least 1 (got 0)".to_string()));
         }
-        let inputs = inputs_json(source, samples, config);
-        let fingerprint: [u8; 32] = Sha256::digest(inputs.as_bytes()).into();
+        let (inputs, fingerprint) = fingerprint(source, samples, config);
         let path = dir.join(FILE_NAME);
         let adaptive_since = persist_every.is_none().then(Instant::now);
         let persist_every = persist_every.unwrap_or_else(|| adaptive_persist_every(samples as u64));
@@ -130,8 +129,7 @@ impl LengthCache {
     /// `None` when it is missing or still partial. A file made for other inputs is an
     /// [`Error::CacheMismatch`] (fail fast instead of waiting for it to change).
     pub fn poll(dir: &Path, source: &str, samples: usize, config: &Value) -> Result<Option<Vec<u64>>, Error> {
-        let inputs = inputs_json(source, samples, config);
-        let fingerprint: [u8; 32] = Sha256::digest(inputs.as_bytes()).into();
+        let (inputs, fingerprint) = fingerprint(source, samples, config);
         let path = dir.join(FILE_NAME);
         match std::fs::read(&path) {
             Ok(bytes) => {
@@ -395,9 +393,11 @@ fn failed(i: u32, e: String) -> Error {
     Error::InvalidArgument(format!("the length function failed on sample {i}: {e}"))
 }
 
-/// The canonical inputs JSON (serde_json objects keep keys sorted).
-fn inputs_json(source: &str, samples: usize, config: &Value) -> String {
-    json!({"format": FORMAT, "source": source, "samples": samples, "config": config}).to_string()
+/// The canonical inputs JSON (serde_json objects keep keys sorted) and its sha256.
+fn fingerprint(source: &str, samples: usize, config: &Value) -> (String, [u8; 32]) {
+    let inputs = json!({"format": FORMAT, "source": source, "samples": samples, "config": config}).to_string();
+    let digest = Sha256::digest(inputs.as_bytes()).into();
+    (inputs, digest)
 }
 
 fn encode(inputs: &str, fingerprint: &[u8; 32], lengths: &[u64], complete: bool) -> Vec<u8> {

@@ -41,6 +41,18 @@ fn unhex(s: &str) -> Result<[u8; 32], Error> {
 }
 
 impl Kernel {
+    /// The seeded permutation of `0..n` for `(seed, epoch)` (see `wit/kernel.wit`,
+    /// `shuffle.permutation`): the order data sources draw an epoch's prompts in.
+    pub fn permutation(&self, n: u64, seed: u64, epoch: u64) -> Result<Vec<u32>, Error> {
+        match self.backend() {
+            Backend::Native => Ok(k::shuffle::permutation(n, seed, epoch)?),
+            Backend::Wasm => wasm::with_instance(|inst, store| {
+                inst.stowplan_kernel_shuffle().call_permutation(store, n, seed, epoch)
+            })?
+            .map_err(wasm::error),
+        }
+    }
+
     /// The raw plan of `lengths` (see `wit/kernel.wit`, `plan.raw-plan`).
     pub fn raw_plan(&self, lengths: &[u64], options: &PlanOptions) -> Result<RawPlan, Error> {
         match self.backend() {

@@ -12,6 +12,9 @@ use stowplan::{EffectiveBatch, LengthCache, PackingConfig, PlanOptions, StaticPa
 
 use crate::{Lengths, invalid, kernel, to_py};
 
+/// How long one host wait runs before Python signals are checked.
+const SLICE: Duration = Duration::from_secs(1);
+
 fn json_value(py: Python<'_>, text: Option<&str>, name: &str) -> PyResult<serde_json::Value> {
     match text {
         None => Ok(serde_json::Value::Null),
@@ -436,22 +439,22 @@ impl PyLengthCache {
         let config = json_value(py, config_json, "config")?;
         let limit = (timeout_s > 0.0).then(|| Duration::from_secs_f64(timeout_s));
         let start = Instant::now();
-        let mut pause = Duration::from_millis(50);
+        // The host's wait, one second at a time, so Ctrl-C is seen between slices.
         loop {
-            let found =
-                py.detach(|| LengthCache::poll(&cache_dir, source, samples, &config)).map_err(|e| to_py(py, e))?;
-            if let Some(lengths) = found {
-                return Ok(lengths.into_pyarray(py));
+            let slice = limit.map_or(SLICE, |t| t.saturating_sub(start.elapsed()).min(SLICE));
+            match py.detach(|| LengthCache::wait(&cache_dir, source, samples, &config, Some(slice))) {
+                Ok(lengths) => return Ok(lengths.into_pyarray(py)),
+                Err(stowplan::Error::Timeout(_)) => {
+                    if let Some(t) = limit
+                        && start.elapsed() >= t
+                    {
+                        let path = cache_dir.join(stowplan::length_cache::FILE_NAME);
+                        return Err(to_py(py, stowplan::length_cache::wait_timeout(&path, start.elapsed(), t)));
+                    }
+                    py.check_signals()?;
+                }
+                Err(e) => return Err(to_py(py, e)),
             }
-            if let Some(t) = limit
-                && start.elapsed() >= t
-            {
-                let path = cache_dir.join(stowplan::length_cache::FILE_NAME);
-                return Err(to_py(py, stowplan::length_cache::wait_timeout(&path, start.elapsed(), t)));
-            }
-            py.detach(|| std::thread::sleep(pause));
-            py.check_signals()?;
-            pause = (pause * 2).min(Duration::from_secs(1));
         }
     }
 }

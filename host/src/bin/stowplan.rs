@@ -261,21 +261,7 @@ fn main() -> ExitCode {
 
 /// Reads the lengths and names their source.
 fn read_input(common: &Common) -> Result<(Vec<u64>, String), Failure> {
-    let (text, source) = match &common.file {
-        None => (DEFAULT_WORKLOAD.to_string(), DEFAULT_WORKLOAD_NAME.to_string()),
-        Some(p) if p.as_os_str() == "-" => {
-            let mut s = String::new();
-            std::io::stdin()
-                .read_to_string(&mut s)
-                .map_err(|e| Failure { code: 2, message: format!("reading standard input: {e}") })?;
-            (s, "standard input".to_string())
-        }
-        Some(p) => {
-            let s = std::fs::read_to_string(p)
-                .map_err(|e| Failure { code: 2, message: format!("reading {}: {e}", p.display()) })?;
-            (s, p.display().to_string())
-        }
-    };
+    let (text, source) = read_text(common.file.as_ref())?;
     let lengths = parse_lengths(&text).map_err(|e| Failure { code: 2, message: format!("{source}: {e}") })?;
     tracing::debug!(n = lengths.len(), %source, "read lengths");
     Ok((lengths, source))
@@ -594,8 +580,9 @@ fn progress(len: u64, what: &str) -> indicatif::ProgressBar {
     bar
 }
 
-/// Reads the plan's input text (with a progress bar over the bytes of large files).
-fn read_plan_text(path: Option<&PathBuf>) -> Result<(String, String), Failure> {
+/// Reads the input text — the built-in workload, standard input or a file (with a progress
+/// bar over its bytes on a terminal) — and names its source.
+fn read_text(path: Option<&PathBuf>) -> Result<(String, String), Failure> {
     let fail = |m: String| Failure { code: 2, message: m };
     match path {
         None => Ok((DEFAULT_WORKLOAD.to_string(), DEFAULT_WORKLOAD_NAME.to_string())),
@@ -618,7 +605,7 @@ fn read_plan_text(path: Option<&PathBuf>) -> Result<(String, String), Failure> {
 
 fn run_plan(a: PlanArgs) -> Result<(), Failure> {
     let t0 = Instant::now();
-    let (text, source) = read_plan_text(a.lengths.as_ref())?;
+    let (text, source) = read_text(a.lengths.as_ref())?;
     let parse = |text: &str| match a.column {
         Some(c) => stowplan::input::parse_column(text, c),
         None => parse_lengths(text),
