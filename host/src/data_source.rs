@@ -23,7 +23,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
-use crate::error::io;
+use crate::error::{FilterError, io};
+use crate::plugin::BufferColumns;
 use crate::{Error, Kernel};
 
 const MAGIC: &[u8; 4] = b"SPDS";
@@ -118,11 +119,22 @@ pub struct FilterContext {
     pub n_samples_per_prompt: u32,
 }
 
+/// What a buffer filter reads: the buffered groups, oldest first, and the same data in the
+/// columnar layout plugins receive (the data source keeps both, so no call re-encodes).
+#[derive(Clone, Copy, Debug)]
+pub struct BufferView<'a> {
+    /// The buffered groups.
+    pub groups: &'a [Group],
+    /// The same groups, columnar (`wit/filter/filter.wit`).
+    pub columns: &'a BufferColumns,
+}
+
 /// A policy choosing which buffered groups a request takes, in order.
 pub trait BufferFilter {
-    /// Indices into `buffer` of the groups to take, in the order they are returned; at most
-    /// `ctx.wanted`, no duplicates. Errors are reported to the caller of `get_samples`.
-    fn select(&mut self, ctx: &FilterContext, buffer: &[Group]) -> Result<Vec<u32>, Error>;
+    /// Indices into `buffer.groups` of the groups to take, in the order they are returned;
+    /// at most `ctx.wanted`, no duplicates. Errors are reported to the caller of
+    /// `get_samples`.
+    fn select(&mut self, ctx: &FilterContext, buffer: BufferView<'_>) -> Result<Vec<u32>, Error>;
 }
 
 /// First in, first out: the oldest `min(wanted, buffered)` groups (slime's `pop_first`).
@@ -130,8 +142,8 @@ pub trait BufferFilter {
 pub struct PopFirst;
 
 impl BufferFilter for PopFirst {
-    fn select(&mut self, ctx: &FilterContext, buffer: &[Group]) -> Result<Vec<u32>, Error> {
-        Ok((0..buffer.len().min(ctx.wanted as usize) as u32).collect())
+    fn select(&mut self, ctx: &FilterContext, buffer: BufferView<'_>) -> Result<Vec<u32>, Error> {
+        Ok((0..buffer.groups.len().min(ctx.wanted as usize) as u32).collect())
     }
 }
 
@@ -174,6 +186,8 @@ pub struct DataSource {
     next_group: u64,
     metadata: serde_json::Map<String, Value>,
     buffer: Vec<Group>,
+    /// `buffer`, columnar, for plugins.
+    columns: BufferColumns,
 }
 
 impl DataSource {
@@ -268,6 +282,7 @@ impl DataSource {
             next_group: 0,
             metadata: serde_json::Map::new(),
             buffer: Vec::new(),
+            columns: BufferColumns::default(),
         };
         source.order = source.epoch_order(0)?;
         Ok(source)
@@ -355,7 +370,7 @@ impl DataSource {
                 Some(f) => f,
                 None => &mut fifo,
             };
-            picks = filter.select(&ctx, &self.buffer)?;
+            picks = filter.select(&ctx, BufferView { groups: &self.buffer, columns: &self.columns })?;
             validate_selection(&picks, self.buffer.len(), wanted)?;
         }
         // The dataset part first (it commits the cursor only on success), then the buffer
@@ -377,8 +392,13 @@ impl DataSource {
 
     /// Removes the groups at `picks` (validated) from the buffer, in the order of `picks`.
     fn take_from_buffer(&mut self, picks: &[u32]) -> Vec<Group> {
+        if picks.is_empty() {
+            return Vec::new();
+        }
         let mut slots: Vec<Option<Group>> = std::mem::take(&mut self.buffer).into_iter().map(Some).collect();
         let taken = picks.iter().filter_map(|&p| slots[p as usize].take()).collect();
+        let keep: Vec<bool> = slots.iter().map(Option::is_some).collect();
+        self.columns.retain(&keep);
         self.buffer = slots.into_iter().flatten().collect();
         taken
     }
@@ -455,6 +475,19 @@ impl DataSource {
                 }
             }
         }
+        let (labels, metadata) = self.columns.blob_bytes();
+        let samples = self.columns.samples() + groups.len() * k;
+        let added = |f: &dyn Fn(&RolloutSample) -> usize| groups.iter().flatten().map(f).sum::<usize>();
+        let labels = labels + added(&|s| s.label.as_ref().map_or(0, String::len));
+        let metadata = metadata + added(&|s| s.metadata.len());
+        let rewards = self.columns.reward_count() + added(&|s| s.rewards.len());
+        if [samples, labels, metadata, rewards].iter().any(|&n| n > u32::MAX as usize) {
+            return Err(Error::InvalidArgument(format!(
+                "the buffer would hold {samples} samples, {rewards} rewards, {labels} bytes of labels and {metadata} \
+                 bytes of metadata; each must stay below 2^32 (take groups out of the buffer first)"
+            )));
+        }
+        self.columns.extend(&groups);
         self.buffer.extend(groups);
         Ok(())
     }
@@ -543,30 +576,28 @@ impl DataSource {
         self.next_index = state.next_index;
         self.next_group = state.next_group;
         self.metadata = metadata;
+        self.columns = BufferColumns::from_groups(&state.buffer);
         self.buffer = state.buffer;
         Ok(())
     }
 }
 
-/// Checks a filter's selection against a buffer of `len` groups and a request of `wanted`.
+/// Checks a filter's selection against a buffer of `len` groups and a request of `wanted`:
+/// [`FilterError::InvalidResult`] naming the broken rule.
 pub fn validate_selection(picks: &[u32], len: usize, wanted: u32) -> Result<(), Error> {
+    let invalid = |m: String| Err(Error::Filter(FilterError::InvalidResult(m)));
     if picks.len() > wanted as usize {
-        return Err(Error::Filter(format!(
-            "the buffer filter returned {} groups; at most {wanted} were asked for",
-            picks.len()
-        )));
+        return invalid(format!("the buffer filter returned {} groups; at most {wanted} were asked for", picks.len()));
     }
     let mut seen = vec![false; len];
     for (k, &p) in picks.iter().enumerate() {
         match seen.get_mut(p as usize) {
             None => {
-                return Err(Error::Filter(format!(
+                return invalid(format!(
                     "the buffer filter returned index {p} at position {k}; the buffer holds {len} groups (0..{len})"
-                )));
+                ));
             }
-            Some(true) => {
-                return Err(Error::Filter(format!("the buffer filter returned index {p} twice (position {k})")));
-            }
+            Some(true) => return invalid(format!("the buffer filter returned index {p} twice (position {k})")),
             Some(s) => *s = true,
         }
     }

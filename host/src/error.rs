@@ -30,9 +30,63 @@ pub enum Error {
     #[error("timed out: {0}")]
     Timeout(String),
     /// A buffer filter failed or returned an invalid selection (out of range, duplicate,
-    /// more than asked); the buffer is left untouched.
+    /// more than asked); the buffer is left untouched. [`FilterError`] tells which.
     #[error("buffer filter: {0}")]
-    Filter(String),
+    Filter(FilterError),
+}
+
+/// How a buffer filter failed. Every message names the plugin (or the filter) and the bound
+/// or rule involved.
+#[derive(Debug, Error, Clone, PartialEq, Eq)]
+pub enum FilterError {
+    /// A plugin call ran past its deadline (`timeout`).
+    #[error("timeout: {0}")]
+    Timeout(String),
+    /// A plugin call used up its fuel budget (`fuel`).
+    #[error("out of fuel: {0}")]
+    OutOfFuel(String),
+    /// A plugin tried to grow its memory past `memory_limit`.
+    #[error("memory limit: {0}")]
+    MemoryLimit(String),
+    /// A plugin trapped (panic, `unreachable`, exit, …); the message is the trap's.
+    #[error("trap: {0}")]
+    Trap(String),
+    /// A selection broke a rule: an index out of range, an index twice, more than asked.
+    #[error("invalid result: {0}")]
+    InvalidResult(String),
+    /// The plugin file's sha256 is not the pinned one.
+    #[error("hash mismatch: {0}")]
+    HashMismatch(String),
+    /// The filter returned an error of its own (the plugin's `err(text)`).
+    #[error("filter error: {0}")]
+    Guest(String),
+    /// The file is not a buffer-filter component this host can run (not a component, wrong
+    /// world, imports other than WASI).
+    #[error("cannot load: {0}")]
+    Load(String),
+}
+
+impl FilterError {
+    /// A short machine-readable kind: `timeout`, `out-of-fuel`, `memory-limit`, `trap`,
+    /// `invalid-result`, `hash-mismatch`, `guest` or `load`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            FilterError::Timeout(_) => "timeout",
+            FilterError::OutOfFuel(_) => "out-of-fuel",
+            FilterError::MemoryLimit(_) => "memory-limit",
+            FilterError::Trap(_) => "trap",
+            FilterError::InvalidResult(_) => "invalid-result",
+            FilterError::HashMismatch(_) => "hash-mismatch",
+            FilterError::Guest(_) => "guest",
+            FilterError::Load(_) => "load",
+        }
+    }
+}
+
+impl From<FilterError> for Error {
+    fn from(e: FilterError) -> Self {
+        Error::Filter(e)
+    }
 }
 
 impl Error {

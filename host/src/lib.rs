@@ -29,16 +29,18 @@ pub mod length_cache;
 pub mod materialize;
 pub mod packing_config;
 pub mod plan;
+pub mod plugin;
 mod wasm;
 
 pub use data_source::{
-    BufferFilter, DataSource, DataSourceOptions, FilterContext, Group, PopFirst, RolloutSample, Status,
+    BufferFilter, BufferView, DataSource, DataSourceOptions, FilterContext, Group, PopFirst, RolloutSample, Status,
 };
-pub use error::Error;
+pub use error::{Error, FilterError};
 pub use length_cache::LengthCache;
 pub use materialize::{CpRuns, CpView, MaterializeOptions, Materialized, MicroBatch, Sample, Temperature};
 pub use packing_config::{EffectiveBatch, PackingConfig, PackingMode};
 pub use plan::{LogLine, StaticPackPlan};
+pub use plugin::{BufferColumns, FilterOptions, FilterStats, OnFailure, WasmFilter};
 pub use stowplan_kernel::peers::{DpReorder, RollLoadBalanceOptions, RollMicroBatches, VerlMicroOptions};
 pub use stowplan_kernel::verl::{PyError, SeqlenUnbalance, UnbalanceError};
 pub use stowplan_kernel::{

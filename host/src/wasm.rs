@@ -95,33 +95,46 @@ pub fn cache_dir() -> Option<PathBuf> {
 /// component's sha256 and the engine's compatibility hash. A cached artifact is used only if
 /// its own recorded sha256 matches; a broken cache entry is rebuilt, never fatal.
 fn load_component(engine: &Engine, wasm_sha: &str) -> Result<(Component, &'static str), Error> {
+    load_cached(engine, KERNEL_WASM, wasm_sha, "kernel").map_err(|e| runtime("compiling the kernel component", e))
+}
+
+/// Compiles `bytes` (a component whose sha256 is `wasm_sha`) for `engine`, or loads the
+/// artifact precompiled earlier from the cache directory ([`cache_dir`]), named
+/// `{prefix}-{sha256[..16]}-{engine compatibility hash}.cwasm`. A cached artifact is used only
+/// if the sha256 recorded beside it matches its bytes; a broken or unwritable cache is never
+/// fatal. Returns where the component came from: `cache` or `compiled`.
+pub(crate) fn load_cached(
+    engine: &Engine,
+    bytes: &[u8],
+    wasm_sha: &str,
+    prefix: &str,
+) -> wasmtime::Result<(Component, &'static str)> {
     use std::hash::{Hash, Hasher};
     let mut h = std::hash::DefaultHasher::new();
     engine.precompile_compatibility_hash().hash(&mut h);
-    let name = format!("kernel-{}-{:016x}.cwasm", &wasm_sha[..16], h.finish());
+    let name = format!("{prefix}-{}-{:016x}.cwasm", &wasm_sha[..16], h.finish());
     let path = cache_dir().map(|d| d.join(name));
     if let Some(path) = &path {
-        if let (Ok(bytes), Ok(sum)) = (std::fs::read(path), std::fs::read_to_string(path.with_extension("sha256"))) {
-            if sha256_hex(&bytes) == sum.trim() {
+        if let (Ok(cached), Ok(sum)) = (std::fs::read(path), std::fs::read_to_string(path.with_extension("sha256"))) {
+            if sha256_hex(&cached) == sum.trim() {
                 // SAFETY: the bytes are an artifact this code wrote with
                 // `Engine::precompile_component` for an engine with the same compatibility
                 // hash, and their sha256 matches the one recorded next to them.
-                match unsafe { Component::deserialize(engine, &bytes) } {
+                match unsafe { Component::deserialize(engine, &cached) } {
                     Ok(c) => return Ok((c, "cache")),
-                    Err(e) => tracing::warn!(path = %path.display(), "ignoring unusable cached kernel: {e:?}"),
+                    Err(e) => tracing::warn!(path = %path.display(), "ignoring an unusable cached component: {e:?}"),
                 }
             }
         }
     }
-    let bytes = engine.precompile_component(KERNEL_WASM).map_err(|e| runtime("compiling the kernel component", e))?;
+    let compiled = engine.precompile_component(bytes)?;
     if let Some(path) = &path {
-        if let Err(e) = write_atomically(path, &bytes) {
-            tracing::debug!(path = %path.display(), "not caching the compiled kernel: {e}");
+        if let Err(e) = write_atomically(path, &compiled) {
+            tracing::debug!(path = %path.display(), "not caching the compiled component: {e}");
         }
     }
-    // SAFETY: `bytes` was just produced by `precompile_component` on this engine.
-    let component = unsafe { Component::deserialize(engine, &bytes) }
-        .map_err(|e| runtime("loading the compiled kernel component", e))?;
+    // SAFETY: `compiled` was just produced by `precompile_component` on this engine.
+    let component = unsafe { Component::deserialize(engine, &compiled) }?;
     Ok((component, "compiled"))
 }
 

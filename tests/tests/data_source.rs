@@ -4,7 +4,9 @@
 
 use proptest::prelude::*;
 use serde_json::json;
-use stowplan::{BufferFilter, DataSource, DataSourceOptions, Error, FilterContext, Group, Kernel, Status};
+use stowplan::{
+    BufferFilter, BufferView, DataSource, DataSourceOptions, Error, FilterContext, FilterError, Group, Kernel, Status,
+};
 
 fn records(n: usize) -> Vec<serde_json::Value> {
     (0..n).map(|i| json!({"prompt": format!("question {i}"), "label": i.to_string(), "metadata": {"row": i}})).collect()
@@ -115,7 +117,7 @@ fn stowplan_kernel_permutation(n: u64, seed: u64, epoch: u64) -> Vec<u32> {
 struct Fixed(Result<Vec<u32>, Error>);
 
 impl BufferFilter for Fixed {
-    fn select(&mut self, _: &FilterContext, _: &[Group]) -> Result<Vec<u32>, Error> {
+    fn select(&mut self, _: &FilterContext, _: BufferView<'_>) -> Result<Vec<u32>, Error> {
         self.0.clone()
     }
 }
@@ -151,7 +153,9 @@ fn the_buffer_comes_first_through_the_filter_and_bad_selections_take_nothing() {
     ds.add_samples(first[..2].to_vec()).unwrap();
     let e = ds.get_samples(1, None, Some(&mut Fixed(Ok(vec![0, 1])))).unwrap_err();
     assert!(e.to_string().contains("returned 2 groups; at most 1"), "{e}");
-    let e = ds.get_samples(1, None, Some(&mut Fixed(Err(Error::Filter("plugin trapped".into()))))).unwrap_err();
+    let e = ds
+        .get_samples(1, None, Some(&mut Fixed(Err(Error::Filter(FilterError::Trap("plugin trapped".into()))))))
+        .unwrap_err();
     assert!(e.to_string().contains("plugin trapped"));
     assert_eq!(ds.buffer_len(), 3);
     assert_eq!(ds.buffer()[0], before.0[0]);

@@ -6,6 +6,11 @@
 //! - `check-kernel`: builds the same way into `target/` and fails if the bytes differ from
 //!   the committed component. Exits 3 (with a message) when the `wasm32-wasip2` target is
 //!   not installed, so callers can tell "cannot check here" from "differs".
+//! - `build-plugins`: builds the example buffer-filter plugins (`plugins/`, a workspace of
+//!   its own) for `wasm32-wasip2` the same reproducible way and writes them to `plugins/dist/`
+//!   with `plugins/dist/SHA256SUMS`.
+//! - `check-plugins`: rebuilds them and fails if the bytes differ from the committed ones
+//!   (exit 3 when the target is not installed).
 //! - `test`: every test of the project — `cargo test --release` of the workspace (kernel
 //!   proptests, conformance vectors on native and WASM, host and CLI tests), then the
 //!   Python SDK's tests when `sdk-python/` holds a package (see `sdk-python/README.md`).
@@ -33,8 +38,37 @@ fn target_installed() -> bool {
     Path::new(&sysroot).join("lib/rustlib").join(TARGET).join("lib").is_dir()
 }
 
-/// Builds the component; returns its bytes.
+/// The example plugins: (cargo package, component file name).
+const PLUGINS: [(&str, &str); 3] =
+    [("pop-first", "pop_first.wasm"), ("top-reward", "top_reward.wasm"), ("hostile", "hostile.wasm")];
+
+/// Builds the kernel component; returns its bytes.
 fn build() -> Result<Vec<u8>, String> {
+    let root = root();
+    cargo_wasm(&["-p", "stowplan-kernel-wasm", "--profile", PROFILE])?;
+    let out = root.join("target").join(TARGET).join(PROFILE).join("stowplan_kernel_wasm.wasm");
+    std::fs::read(&out).map_err(|e| format!("reading {}: {e}", out.display()))
+}
+
+/// Builds the example plugins; returns (file name, bytes) of each.
+fn build_plugins() -> Result<Vec<(&'static str, Vec<u8>)>, String> {
+    let root = root();
+    let manifest = root.join("plugins/Cargo.toml");
+    let manifest = manifest.to_string_lossy().into_owned();
+    let target_dir = root.join("target").to_string_lossy().into_owned();
+    cargo_wasm(&["--manifest-path", &manifest, "--target-dir", &target_dir, "--release", "--workspace"])?;
+    PLUGINS
+        .iter()
+        .map(|&(_, file)| {
+            let out = root.join("target").join(TARGET).join("release").join(file);
+            std::fs::read(&out).map(|b| (file, b)).map_err(|e| format!("reading {}: {e}", out.display()))
+        })
+        .collect()
+}
+
+/// `cargo build --locked --target wasm32-wasip2 ARGS` with paths remapped, so the bytes do
+/// not depend on where the checkout or the cargo registry is.
+fn cargo_wasm(args: &[&str]) -> Result<(), String> {
     let root = root();
     let cargo_home = std::env::var_os("CARGO_HOME")
         .map(PathBuf::from)
@@ -48,7 +82,8 @@ fn build() -> Result<Vec<u8>, String> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let status = Command::new(cargo)
         .current_dir(&root)
-        .args(["build", "--locked", "-p", "stowplan-kernel-wasm", "--target", TARGET, "--profile", PROFILE])
+        .args(["build", "--locked", "--target", TARGET])
+        .args(args)
         .env("CARGO_TARGET_WASM32_WASIP2_RUSTFLAGS", flags)
         .env_remove("RUSTFLAGS")
         .env_remove("CARGO_ENCODED_RUSTFLAGS")
@@ -57,8 +92,54 @@ fn build() -> Result<Vec<u8>, String> {
     if !status.success() {
         return Err(format!("cargo build for {TARGET} failed ({status})"));
     }
-    let out = root.join("target").join(TARGET).join(PROFILE).join("stowplan_kernel_wasm.wasm");
-    std::fs::read(&out).map_err(|e| format!("reading {}: {e}", out.display()))
+    Ok(())
+}
+
+/// `build-plugins` (write) or `check-plugins` (compare with the committed bytes).
+fn plugins(write: bool) -> ExitCode {
+    let dist = root().join("plugins/dist");
+    let built = match build_plugins() {
+        Ok(b) => b,
+        Err(e) => {
+            eprintln!("xtask: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let sums: String = built.iter().map(|(file, bytes)| format!("{}  {file}\n", hex(bytes))).collect();
+    if write {
+        let written = std::fs::create_dir_all(&dist).and_then(|()| {
+            for (file, bytes) in &built {
+                std::fs::write(dist.join(file), bytes)?;
+            }
+            std::fs::write(dist.join("SHA256SUMS"), &sums)
+        });
+        if let Err(e) = written {
+            eprintln!("xtask: writing {}: {e}", dist.display());
+            return ExitCode::from(2);
+        }
+        print!("xtask: wrote {}:\n{sums}", dist.display());
+        return ExitCode::SUCCESS;
+    }
+    let mut differ = Vec::new();
+    for (file, bytes) in &built {
+        if std::fs::read(dist.join(file)).ok().as_ref() != Some(bytes) {
+            differ.push(*file);
+        }
+    }
+    if std::fs::read_to_string(dist.join("SHA256SUMS")).unwrap_or_default() != sums {
+        differ.push("SHA256SUMS");
+    }
+    if differ.is_empty() {
+        print!("xtask: plugins are reproducible:\n{sums}");
+        ExitCode::SUCCESS
+    } else {
+        eprintln!(
+            "xtask: rebuilt plugins differ from plugins/dist ({}); rebuilt:\n{sums}Run `cargo xtask build-plugins` and \
+             commit plugins/dist.",
+            differ.join(", ")
+        );
+        ExitCode::from(1)
+    }
 }
 
 fn main() -> ExitCode {
@@ -68,6 +149,15 @@ fn main() -> ExitCode {
     let sha_path = assets.join("stowplan_kernel.wasm.sha256");
     match cmd.as_str() {
         "test" => run_tests(),
+        "build-plugins" | "check-plugins" => {
+            if !target_installed() {
+                eprintln!(
+                    "xtask: the {TARGET} target is not installed (rustup target add {TARGET}); plugins/dist is used as is"
+                );
+                return ExitCode::from(3);
+            }
+            plugins(cmd == "build-plugins")
+        }
         "build-kernel" | "check-kernel" => {
             if !target_installed() {
                 eprintln!(
@@ -115,7 +205,7 @@ fn main() -> ExitCode {
             }
         }
         _ => {
-            eprintln!("usage: cargo xtask test | build-kernel | check-kernel");
+            eprintln!("usage: cargo xtask test | build-kernel | check-kernel | build-plugins | check-plugins");
             ExitCode::from(2)
         }
     }

@@ -39,6 +39,62 @@ enum Command {
     /// Build a static pack plan of a whole SFT dataset (seed 002): packs of at most
     /// PACKING_LENGTH tokens, aligned so that WORLD_SIZE ranks get the same number of packs.
     Plan(PlanArgs),
+    /// Inspect buffer-filter plugins (WebAssembly components of stowplan:filter/buffer-filter).
+    #[command(subcommand)]
+    Filter(FilterCommand),
+}
+
+#[derive(Subcommand, Debug)]
+enum FilterCommand {
+    /// Print a plugin's sha256: the pin to load it with.
+    Hash {
+        /// Plugin files (.wasm components).
+        #[arg(required = true)]
+        plugins: Vec<PathBuf>,
+    },
+    /// Load a plugin into the sandbox (checks its world and imports), then run it on a
+    /// synthetic buffer and report its selections and timings.
+    Check(FilterCheckArgs),
+}
+
+#[derive(Args, Debug)]
+struct FilterCheckArgs {
+    /// The plugin (.wasm component).
+    plugin: PathBuf,
+    /// The sha256 pin to check (64 hex digits); without it the file's own hash is used and
+    /// printed.
+    #[arg(long)]
+    sha256: Option<String>,
+    /// The plugin's configuration, JSON text.
+    #[arg(long, default_value = "{}")]
+    config: String,
+    /// Buffered groups in the synthetic buffer (≥ 1).
+    #[arg(long, default_value_t = 1000)]
+    groups: usize,
+    /// Samples per group (≥ 1).
+    #[arg(long, default_value_t = 8)]
+    samples_per_group: u32,
+    /// Groups each call asks for (≥ 1).
+    #[arg(long, default_value_t = 64)]
+    wanted: u32,
+    /// Timed calls after the first (≥ 1), on the same instance.
+    #[arg(long, default_value_t = 200)]
+    calls: u32,
+    /// Seed of the synthetic buffer.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Deadline per call, in milliseconds (1 ..= 600000).
+    #[arg(long, default_value_t = 1000)]
+    timeout_ms: u64,
+    /// Fuel per call (≥ 10000); 0 for no fuel bound.
+    #[arg(long, default_value_t = 1_000_000_000)]
+    fuel: u64,
+    /// Memory limit in MiB (1 ..= 4096).
+    #[arg(long, default_value_t = 256)]
+    memory_mib: usize,
+    /// Print the report as JSON on stdout.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Args, Debug)]
@@ -249,6 +305,8 @@ fn main() -> ExitCode {
         Command::Pack(a) => run_pack(a),
         Command::Balance(a) => run_balance(a),
         Command::Plan(a) => run_plan(a),
+        Command::Filter(FilterCommand::Hash { plugins }) => run_filter_hash(&plugins),
+        Command::Filter(FilterCommand::Check(a)) => run_filter_check(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -730,5 +788,115 @@ fn run_plan(a: PlanArgs) -> Result<(), Failure> {
         println!("  length cache  {} ({} lengths reused)", c["path"].as_str().unwrap_or(""), c["reused"]);
     }
     println!("  time          {plan_ms:>12.3} ms  (reading {read_ms:.1} ms, kernel ready in {init_ms:.1} ms)");
+    Ok(())
+}
+
+fn run_filter_hash(plugins: &[PathBuf]) -> Result<(), Failure> {
+    for path in plugins {
+        let bytes = std::fs::read(path)
+            .map_err(|e| Failure { code: 2, message: format!("reading {}: {e}", path.display()) })?;
+        println!("{}  {}", stowplan::sha256_hex(&bytes), path.display());
+    }
+    Ok(())
+}
+
+fn run_filter_check(a: FilterCheckArgs) -> Result<(), Failure> {
+    let bad = |m: String| Failure { code: 2, message: m };
+    if a.groups == 0 || a.samples_per_group == 0 || a.wanted == 0 || a.calls == 0 {
+        return Err(bad(format!(
+            "--groups, --samples-per-group, --wanted and --calls must be at least 1 (got {}, {}, {}, {})",
+            a.groups, a.samples_per_group, a.wanted, a.calls
+        )));
+    }
+    let bytes = std::fs::read(&a.plugin).map_err(|e| bad(format!("reading the plugin {}: {e}", a.plugin.display())))?;
+    let own = stowplan::sha256_hex(&bytes);
+    let pinned = a.sha256.is_some();
+    let options = stowplan::FilterOptions {
+        config: a.config.clone(),
+        timeout: std::time::Duration::from_millis(a.timeout_ms),
+        fuel: (a.fuel > 0).then_some(a.fuel),
+        memory_limit: a.memory_mib.saturating_mul(1 << 20),
+        ..stowplan::FilterOptions::new(a.sha256.as_deref().unwrap_or(&own))
+    };
+    let name = a.plugin.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let t = Instant::now();
+    let mut filter = stowplan::WasmFilter::from_bytes(&name, &bytes, options)?;
+    let load_ms = t.elapsed().as_secs_f64() * 1e3;
+    let groups = stowplan::plugin::synthetic_buffer(a.groups, a.samples_per_group as usize, a.seed);
+    let t = Instant::now();
+    let buffer = stowplan::BufferColumns::from_groups(&groups);
+    let encode_us = t.elapsed().as_secs_f64() * 1e6;
+    let ctx =
+        stowplan::FilterContext { rollout_id: Some(0), wanted: a.wanted, n_samples_per_prompt: a.samples_per_group };
+    let t = Instant::now();
+    let first = filter.try_select(&ctx, &buffer);
+    let first_us = t.elapsed().as_secs_f64() * 1e6;
+    let first_output = filter.last_output().to_vec();
+    let first =
+        first.map_err(|e| Failure { code: 2, message: format!("the first call failed: {}", Error::from(e)) })?;
+    let mut times = Vec::with_capacity(a.calls as usize);
+    for _ in 0..a.calls {
+        let t = Instant::now();
+        let picks = filter.try_select(&ctx, &buffer);
+        times.push(t.elapsed().as_secs_f64() * 1e6);
+        if let Err(e) = picks {
+            return Err(Failure { code: 2, message: format!("call {} failed: {}", times.len() + 1, Error::from(e)) });
+        }
+    }
+    times.sort_by(f64::total_cmp);
+    let pct = |p: f64| times[((times.len() - 1) as f64 * p).round() as usize];
+    let (median, p99, min) = (pct(0.5), pct(0.99), times[0]);
+    let shown: Vec<u32> = first.iter().take(10).copied().collect();
+    if a.json {
+        let output: serde_json::Map<String, serde_json::Value> =
+            first_output.iter().map(|(s, t)| (s.to_string(), json!(t))).collect();
+        let report = json!({
+            "plugin": a.plugin.display().to_string(),
+            "sha256": filter.sha256(),
+            "pinned": pinned,
+            "world": "stowplan:filter/buffer-filter@0.1.0",
+            "imports": filter.imports(),
+            "load_ms": load_ms,
+            "compiled_from": filter.origin(),
+            "buffer": { "groups": a.groups, "samples_per_group": a.samples_per_group, "seed": a.seed },
+            "wanted": a.wanted,
+            "selection": first,
+            "columns_encode_us": encode_us,
+            "first_call_us": first_us,
+            "calls": a.calls,
+            "median_us": median,
+            "p99_us": p99,
+            "min_us": min,
+            "output": output,
+        });
+        println!("{report:#}");
+        return Ok(());
+    }
+    println!("plugin    {}", a.plugin.display());
+    if pinned {
+        println!("sha256    {} (matches the pin)", filter.sha256());
+    } else {
+        println!("sha256    {} (not pinned: load it with this pin)", filter.sha256());
+    }
+    println!("world     stowplan:filter/buffer-filter@0.1.0: exports select");
+    println!(
+        "imports   {}",
+        if filter.imports().is_empty() { "none".to_string() } else { filter.imports().join(", ") }
+    );
+    println!("load      {load_ms:.1} ms (code {})", filter.origin());
+    println!(
+        "buffer    {} groups x {} samples (synthetic, seed {}), {} wanted",
+        a.groups, a.samples_per_group, a.seed, a.wanted
+    );
+    println!("selection {} groups: {shown:?}{}", first.len(), if first.len() > shown.len() { " ..." } else { "" });
+    println!("columns   {encode_us:.1} us to encode the buffer once (a data source keeps them up to date)");
+    println!("first     {first_us:.1} us");
+    println!(
+        "calls     {}: median {median:.1} us, p99 {p99:.1} us, min {min:.1} us (instance reused, validated)",
+        a.calls
+    );
+    for (stream, text) in &first_output {
+        println!("{stream:<9} {}", text.trim_end().replace('\n', "\n          "));
+    }
     Ok(())
 }
