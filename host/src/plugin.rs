@@ -461,8 +461,9 @@ impl WasmFilter {
                 e,
             )
         })?;
-        let pre = bindings::BufferFilterPre::new(pre)
-            .map_err(|e| load("it does not export `select` of the world stowplan:filter/buffer-filter@0.1.0", e))?;
+        let pre = bindings::BufferFilterPre::new(pre).map_err(|e| {
+            load("it does not export `filter.select` of the world stowplan:filter/buffer-filter@0.1.0", e)
+        })?;
         let mut filter = Self {
             name: name.to_string(),
             sha256: actual,
@@ -632,7 +633,7 @@ impl WasmFilter {
         let started = Instant::now();
         let result = {
             let _in_flight = InFlight::new(rt);
-            live.filter.call_select(&mut live.store, &wctx, &buffer.0)
+            live.filter.stowplan_filter_filter().call_select(&mut live.store, &wctx, &buffer.0)
         };
         let elapsed = started.elapsed();
         self.collect_output();

@@ -110,7 +110,7 @@ fn loading_checks_the_pin_the_options_and_the_world() {
     let kernel = stowplan::KERNEL_WASM;
     let e =
         WasmFilter::from_bytes("kernel.wasm", kernel, FilterOptions::new(&stowplan::sha256_hex(kernel))).unwrap_err();
-    assert!(matches!(&e, Error::Filter(FilterError::Load(m)) if m.contains("does not export `select`")), "{e}");
+    assert!(matches!(&e, Error::Filter(FilterError::Load(m)) if m.contains("does not export `filter.select`")), "{e}");
 }
 
 #[test]

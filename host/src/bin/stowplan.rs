@@ -878,7 +878,7 @@ fn run_filter_check(a: FilterCheckArgs) -> Result<(), Failure> {
     } else {
         println!("sha256    {} (not pinned: load it with this pin)", filter.sha256());
     }
-    println!("world     stowplan:filter/buffer-filter@0.1.0: exports select");
+    println!("world     stowplan:filter/buffer-filter@0.1.0: exports filter.select");
     println!(
         "imports   {}",
         if filter.imports().is_empty() { "none".to_string() } else { filter.imports().join(", ") }

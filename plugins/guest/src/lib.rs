@@ -48,7 +48,8 @@ pub enum Status {
     /// 3: generation was aborted.
     Aborted,
 }
-pub use bindings::{Guest, export_filter};
+pub use bindings::export_filter;
+pub use bindings::exports::stowplan::filter::filter::Guest;
 
 fn span(starts: &[u32], i: usize) -> Range<usize> {
     starts[i] as usize..starts[i + 1] as usize
