@@ -5,6 +5,7 @@
 //! as numpy arrays that own the Rust vectors (no copy). Validation of values happens in the
 //! kernel; errors become the exception classes of `stowplan.errors`.
 
+mod filter;
 mod layout;
 mod plan;
 mod source;
@@ -14,9 +15,9 @@ use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyList;
 use stowplan::{
-    Backend, Cost, DpOptions, DpPlan, Error, Kernel, MicroOptions, MicroPlan, Order, OversizePolicy, PackMethod,
-    PackOptions, PartitionMethod, PartitionOptions, PyError, RollLoadBalanceOptions, UnbalanceError, VerlFunction,
-    VerlMicroOptions,
+    Backend, Cost, DpOptions, DpPlan, Error, FilterError, Kernel, MicroOptions, MicroPlan, Order, OversizePolicy,
+    PackMethod, PackOptions, PartitionMethod, PartitionOptions, PyError, RollLoadBalanceOptions, UnbalanceError,
+    VerlFunction, VerlMicroOptions,
 };
 
 /// Raises the `stowplan.errors` class named `class` with `message`.
@@ -31,7 +32,17 @@ fn raise(py: Python<'_>, class: &str, message: String) -> PyErr {
 }
 
 pub(crate) fn to_py(py: Python<'_>, e: Error) -> PyErr {
-    let class = match e {
+    let class = match &e {
+        Error::Filter(f) => match f {
+            FilterError::Timeout(_) => "FilterTimeoutError",
+            FilterError::OutOfFuel(_) => "FilterOutOfFuelError",
+            FilterError::MemoryLimit(_) => "FilterMemoryLimitError",
+            FilterError::Trap(_) => "FilterTrapError",
+            FilterError::InvalidResult(_) => "FilterInvalidResultError",
+            FilterError::HashMismatch(_) => "FilterHashMismatchError",
+            FilterError::Guest(_) => "FilterGuestError",
+            FilterError::Load(_) => "FilterLoadError",
+        },
         Error::InvalidArgument(_) => "InvalidArgumentError",
         Error::Infeasible(_) => "InfeasibleError",
         Error::Runtime(_) => "KernelRuntimeError",
@@ -39,7 +50,6 @@ pub(crate) fn to_py(py: Python<'_>, e: Error) -> PyErr {
         Error::Io(_) => "StowplanIOError",
         Error::CacheMismatch(_) => "CacheMismatchError",
         Error::Timeout(_) => "StowplanTimeoutError",
-        Error::Filter(_) => "FilterError",
     };
     raise(py, class, e.to_string())
 }
@@ -518,6 +528,7 @@ fn _stowplan(m: &Bound<'_, PyModule>) -> PyResult<()> {
     layout::register(m)?;
     plan::register(m)?;
     source::register(m)?;
+    filter::register(m)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

@@ -7,6 +7,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList};
 use stowplan::{DataSource, DataSourceOptions, Group, RolloutSample, Status};
 
+use crate::filter::PyFilter;
 use crate::{invalid, kernel, to_py};
 
 fn status_name(s: Status) -> &'static str {
@@ -139,11 +140,26 @@ impl PyDataSource {
         Ok(Self { inner })
     }
 
-    /// get_samples(n, rollout_id=None) -> list of groups of sample dicts (FIFO buffer first).
-    #[pyo3(signature = (n, rollout_id=None))]
-    fn get_samples<'py>(&mut self, py: Python<'py>, n: i128, rollout_id: Option<u64>) -> PyResult<Bound<'py, PyList>> {
+    /// get_samples(n, rollout_id=None, filter=None) -> list of groups of sample dicts: the
+    /// buffer first (through `filter`, FIFO without one), then the dataset.
+    #[pyo3(signature = (n, rollout_id=None, filter=None))]
+    fn get_samples<'py>(
+        &mut self,
+        py: Python<'py>,
+        n: i128,
+        rollout_id: Option<u64>,
+        filter: Option<PyRef<'_, PyFilter>>,
+    ) -> PyResult<Bound<'py, PyList>> {
         let n = usize::try_from(n).map_err(|_| invalid(py, format!("n must be a number of groups >= 0 (got {n})")))?;
-        let groups = self.inner.get_samples(n, rollout_id, None).map_err(|e| to_py(py, e))?;
+        let inner = &mut self.inner;
+        let filter = filter.as_deref();
+        // A plugin call may take up to its deadline: without the GIL.
+        let groups = py
+            .detach(|| match filter {
+                Some(f) => inner.get_samples(n, rollout_id, Some(&mut *f.lock())),
+                None => inner.get_samples(n, rollout_id, None),
+            })
+            .map_err(|e| to_py(py, e))?;
         groups_list(py, &groups)
     }
 

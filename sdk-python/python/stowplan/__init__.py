@@ -36,6 +36,7 @@ from ._plan import (
     compute_lengths,
     plan_dataset,
 )
+from ._filter import Filter
 from ._source import BufferedDataSource, DataSource, Sample
 from .errors import (
     CacheMismatchError,
@@ -47,6 +48,14 @@ from .errors import (
     StowplanIOError,
     StowplanTimeoutError,
     FilterError,
+    FilterGuestError,
+    FilterHashMismatchError,
+    FilterInvalidResultError,
+    FilterLoadError,
+    FilterMemoryLimitError,
+    FilterOutOfFuelError,
+    FilterTimeoutError,
+    FilterTrapError,
 )
 
 __version__: str = _stowplan.__version__
@@ -76,6 +85,7 @@ __all__ = [
     "DataSource",
     "BufferedDataSource",
     "Sample",
+    "Filter",
     "kernel_info",
     "StowplanError",
     "InvalidArgumentError",
@@ -86,6 +96,14 @@ __all__ = [
     "StowplanIOError",
     "StowplanTimeoutError",
     "FilterError",
+    "FilterTimeoutError",
+    "FilterOutOfFuelError",
+    "FilterMemoryLimitError",
+    "FilterTrapError",
+    "FilterInvalidResultError",
+    "FilterHashMismatchError",
+    "FilterGuestError",
+    "FilterLoadError",
 ]
 
 _U32_MAX = 2**32 - 1

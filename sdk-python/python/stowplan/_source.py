@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, Iterable, List, Optional, Sequence
 
 from . import _stowplan
+from ._filter import Filter
 from .errors import InvalidArgumentError
 
 __all__ = ["Sample", "DataSource", "BufferedDataSource"]
@@ -132,11 +133,13 @@ class DataSource:
         label_key: Optional[str] = "label",
         metadata_key: Optional[str] = "metadata",
         backend: str = "wasm",
+        filter: Optional[Filter] = None,
     ) -> None:
         self._native = _stowplan.DataSource(
             os.fspath(path), n_samples_per_prompt, shuffle, seed, input_key, label_key, metadata_key, backend
         )
         self.n_samples_per_prompt = n_samples_per_prompt
+        self.filter = filter
 
     @classmethod
     def from_records(
@@ -151,6 +154,7 @@ class DataSource:
         label_key: Optional[str] = "label",
         metadata_key: Optional[str] = "metadata",
         backend: str = "wasm",
+        filter: Optional[Filter] = None,
     ) -> "DataSource":
         """A data source over in-memory records (``identity`` names them in saved states)."""
         self = cls.__new__(cls)
@@ -166,11 +170,29 @@ class DataSource:
             backend,
         )
         self.n_samples_per_prompt = n_samples_per_prompt
+        self.filter = filter
         return self
 
+    @property
+    def filter(self) -> Optional[Filter]:
+        """The buffer filter :meth:`get_samples` uses (``None``: first in, first out)."""
+        return self._filter
+
+    @filter.setter
+    def filter(self, value: Optional[Filter]) -> None:
+        if value is not None and not isinstance(value, Filter):
+            raise InvalidArgumentError(f"filter must be a stowplan.Filter or None (got {type(value).__name__})")
+        if value is not None and not self._buffered:
+            raise InvalidArgumentError(f"{type(self).__name__} has no buffer to filter: use BufferedDataSource")
+        self._filter = value
+
     def get_samples(self, num_samples: int, rollout_id: Optional[int] = None) -> List[List[Any]]:
-        """``num_samples`` groups: buffered ones first (FIFO), then from the dataset."""
-        return [[_from_native(d) for d in g] for g in self._native.get_samples(num_samples, rollout_id)]
+        """``num_samples`` groups: buffered ones first — chosen by :attr:`filter`, first in
+        first out without one — then from the dataset. When the filter fails, a
+        :class:`~stowplan.FilterError` subclass is raised and nothing is taken."""
+        native_filter = self._filter._native if self._filter is not None else None
+        groups = self._native.get_samples(num_samples, rollout_id, native_filter)
+        return [[_from_native(d) for d in g] for g in groups]
 
     def add_samples(self, samples: Sequence[Sequence[Any]]) -> None:
         """Appends groups to the buffer after checking every group has
@@ -228,6 +250,7 @@ class DataSource:
 
 class BufferedDataSource(DataSource):
     """A :class:`DataSource` with a buffer: :meth:`add_samples` puts groups back (e.g.
-    partial rollouts) and :meth:`get_samples` serves them first, oldest first."""
+    partial rollouts) and :meth:`get_samples` serves them first — oldest first, or in the
+    order a sandboxed ``filter=`` :class:`~stowplan.Filter` chooses."""
 
     _buffered = True

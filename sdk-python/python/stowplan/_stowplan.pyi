@@ -322,12 +322,36 @@ class DataSource:
         metadata_key: Optional[str],
         backend: str,
     ) -> "DataSource": ...
-    def get_samples(self, n: int, rollout_id: Optional[int] = None) -> List[List[Dict[str, Any]]]:
+    def get_samples(
+        self, n: int, rollout_id: Optional[int] = None, filter: Optional["Filter"] = None
+    ) -> List[List[Dict[str, Any]]]:
         """Groups of sample dicts (index, group, prompt_index, prompt, label, metadata,
-        prompt_length, response_length, rewards, status, payload); FIFO buffer first."""
+        prompt_length, response_length, rewards, status, payload); the buffer first, through
+        ``filter`` (FIFO without one)."""
     def add_samples(self, groups: List[List[Dict[str, Any]]]) -> None: ...
     def save(self, path: str) -> None: ...
     def load(self, path: str) -> None: ...
     def metadata_json(self) -> str: ...
     def update_metadata_json(self, text: str) -> None: ...
     def __len__(self) -> int: ...
+
+class Filter:
+    """A buffer-filter plugin in the host's sandbox (use :class:`stowplan.Filter`)."""
+
+    name: str
+    sha256: str
+    imports: List[str]
+    origin: str
+    stats: Dict[str, int]
+    last_output: List[Tuple[str, str]]
+    def __init__(
+        self,
+        path: str,
+        sha256: str,
+        config_json: str,
+        timeout_s: float,
+        fuel: Optional[int],
+        memory_limit: int,
+        output_limit: int,
+        on_failure: str,
+    ) -> None: ...

@@ -6,6 +6,7 @@ which is also a :class:`ValueError`; requests that cannot be satisfied raise
 raises :class:`KernelRuntimeError`. Static packing adds :class:`ConfigError` (a training
 configuration key is invalid), :class:`CacheMismatchError` (a cache artifact was made for
 other inputs or is damaged), :class:`StowplanIOError` and :class:`StowplanTimeoutError`.
+Buffer filters raise subclasses of :class:`FilterError`, one per way a plugin can fail.
 """
 
 from __future__ import annotations
@@ -20,6 +21,14 @@ __all__ = [
     "StowplanIOError",
     "StowplanTimeoutError",
     "FilterError",
+    "FilterTimeoutError",
+    "FilterOutOfFuelError",
+    "FilterMemoryLimitError",
+    "FilterTrapError",
+    "FilterInvalidResultError",
+    "FilterHashMismatchError",
+    "FilterGuestError",
+    "FilterLoadError",
 ]
 
 
@@ -58,3 +67,36 @@ class StowplanTimeoutError(StowplanError, TimeoutError):
 
 class FilterError(StowplanError):
     """A buffer filter failed or returned an invalid selection; the buffer is unchanged."""
+
+
+class FilterTimeoutError(FilterError, TimeoutError):
+    """A plugin call ran past its deadline (``timeout``); its instance was discarded."""
+
+
+class FilterOutOfFuelError(FilterError):
+    """A plugin call used up its fuel budget (``fuel``); its instance was discarded."""
+
+
+class FilterMemoryLimitError(FilterError, MemoryError):
+    """A plugin tried to grow its memory past ``memory_limit``; its instance was discarded."""
+
+
+class FilterTrapError(FilterError):
+    """A plugin trapped (panic, ``unreachable``, exit); the message is the trap's."""
+
+
+class FilterInvalidResultError(FilterError):
+    """A selection broke a rule: an index out of range or twice, or more groups than asked."""
+
+
+class FilterHashMismatchError(FilterError):
+    """The plugin file's sha256 is not the pinned one."""
+
+
+class FilterGuestError(FilterError):
+    """The plugin returned an error of its own (its ``err(text)``)."""
+
+
+class FilterLoadError(FilterError):
+    """The file is not a buffer-filter component this host can run (not a component, another
+    world, or imports other than WASI)."""

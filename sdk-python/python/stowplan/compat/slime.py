@@ -13,7 +13,8 @@ fields: ``prompt_data``, ``input_key``, ``label_key``, ``metadata_key``,
 - The shuffle is stowplan's seeded permutation (identical in every host), not
   ``datasets.shuffle``, so orders differ from slime's.
 - ``args.buffer_filter_path`` (arbitrary Python imported by path) is refused: stowplan runs
-  buffer filters as sandboxed WebAssembly components.
+  buffer filters as sandboxed WebAssembly components; pass one as
+  ``RolloutDataSourceWithBuffer(args, filter=stowplan.Filter.load(path, sha256=...))``.
 
 >>> from types import SimpleNamespace
 >>> from stowplan.compat.slime import RolloutDataSourceWithBuffer
@@ -28,6 +29,7 @@ from __future__ import annotations
 import os
 from typing import Any, Dict, List, Optional
 
+from .._filter import Filter
 from .._source import BufferedDataSource, Sample
 from ..errors import InvalidArgumentError
 
@@ -43,13 +45,15 @@ class RolloutDataSource:
 
     _buffered = False
 
-    def __init__(self, args: Any) -> None:
+    def __init__(self, args: Any, filter: Optional[Filter] = None) -> None:
         self.args = args
         if getattr(args, "buffer_filter_path", None) is not None:
             raise InvalidArgumentError(
                 "args.buffer_filter_path imports arbitrary Python; stowplan runs buffer filters as sandboxed "
-                "WebAssembly components instead"
+                "WebAssembly components instead: pass filter=stowplan.Filter.load(path, sha256=...)"
             )
+        if filter is not None and not self._buffered:
+            raise InvalidArgumentError("RolloutDataSource is read-only: a filter needs RolloutDataSourceWithBuffer")
         k = getattr(args, "n_samples_per_prompt", None)
         if isinstance(k, bool) or not isinstance(k, int) or k < 1:
             raise InvalidArgumentError(f"args.n_samples_per_prompt must be a positive integer (got {k!r})")
@@ -62,12 +66,15 @@ class RolloutDataSource:
                 input_key=getattr(args, "input_key", None) or "prompt",
                 label_key=getattr(args, "label_key", None),
                 metadata_key=getattr(args, "metadata_key", None),
+                filter=filter,
             )
             self._global = True
         else:
             # slime without a global dataset hands out empty samples with fresh indices; so
             # does this (one empty prompt, drawn again and again).
-            self._source = BufferedDataSource.from_records([{"prompt": ""}], n_samples_per_prompt=k, identity="empty")
+            self._source = BufferedDataSource.from_records(
+                [{"prompt": ""}], n_samples_per_prompt=k, identity="empty", filter=filter
+            )
             self._global = False
 
     def get_samples(self, num_samples: int) -> List[List[Any]]:
@@ -113,8 +120,10 @@ class RolloutDataSource:
 
 
 class RolloutDataSourceWithBuffer(RolloutDataSource):
-    """slime's ``RolloutDataSourceWithBuffer``: ``add_samples`` fills a FIFO buffer that
-    ``get_samples`` serves first."""
+    """slime's ``RolloutDataSourceWithBuffer``: ``add_samples`` fills a buffer that
+    ``get_samples`` serves first — FIFO, or through a sandboxed ``filter``."""
+
+    _buffered = True
 
     def add_samples(self, samples: List[List[Any]]) -> None:
         if not samples:

@@ -1,0 +1,112 @@
+"""Buffer filters as sandboxed WebAssembly plugins (``stowplan:filter/buffer-filter``, see
+``wit/filter/filter.wit``): a filter chooses which buffered groups a
+:class:`~stowplan.BufferedDataSource` serves next, like slime's ``buffer_filter`` — but it runs
+in the Rust host's sandbox, with no access to files, network or environment, under a deadline,
+a fuel budget and a memory limit, and every selection it returns is checked.
+
+>>> import stowplan
+>>> pin = stowplan.Filter.hash("plugins/dist/top_reward.wasm")  # doctest: +SKIP
+>>> f = stowplan.Filter.load("plugins/dist/top_reward.wasm", sha256=pin)  # doctest: +SKIP
+>>> ds = stowplan.BufferedDataSource("prompts.jsonl", n_samples_per_prompt=8, filter=f)  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from typing import Any, Dict, List, Optional, Tuple, Union
+
+from . import _stowplan
+from .errors import InvalidArgumentError
+
+__all__ = ["Filter"]
+
+
+class Filter:
+    """A buffer-filter plugin loaded into the sandbox. Make one with :meth:`load`."""
+
+    def __init__(self, native: "_stowplan.Filter") -> None:
+        self._native = native
+
+    @classmethod
+    def load(
+        cls,
+        path: Any,
+        *,
+        sha256: str,
+        config: Union[None, str, Dict[str, Any]] = None,
+        timeout: float = 1.0,
+        fuel: Optional[int] = 10**9,
+        memory_limit: int = 256 * 2**20,
+        output_limit: int = 64 * 2**10,
+        on_failure: str = "error",
+    ) -> "Filter":
+        """Loads the component at ``path`` if its sha256 is ``sha256`` (64 hex digits,
+        optionally ``sha256:``-prefixed; :meth:`hash` computes it) and instantiates it.
+
+        ``config`` (a JSON-serializable dict, or JSON text) reaches every call. Bounds per
+        call: ``timeout`` seconds (0.001–600), ``fuel`` (about one unit per WebAssembly
+        instruction, at least 10,000; ``None`` for none), ``memory_limit`` bytes (1 MiB–4 GiB).
+        stdout/stderr are kept up to ``output_limit`` bytes per call and logged.
+        ``on_failure="fallback"`` serves first-in-first-out instead of raising when a call
+        fails (with a warning in the log); the default ``"error"`` raises a
+        :class:`~stowplan.FilterError` subclass and leaves the buffer untouched.
+        """
+        if config is None:
+            config_json = "{}"
+        elif isinstance(config, str):
+            config_json = config
+        else:
+            try:
+                config_json = json.dumps(config)
+            except (TypeError, ValueError) as exc:
+                raise InvalidArgumentError(f"config must be JSON-serializable: {exc}") from None
+        if not isinstance(sha256, str):
+            raise InvalidArgumentError(f"sha256 must be a string of 64 hex digits (got {sha256!r})")
+        for name, value in (("memory_limit", memory_limit), ("output_limit", output_limit)):
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise InvalidArgumentError(f"{name} must be an integer number of bytes (got {value!r})")
+        if fuel is not None and (isinstance(fuel, bool) or not isinstance(fuel, int)):
+            raise InvalidArgumentError(f"fuel must be an integer >= 10000 or None (got {fuel!r})")
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+            raise InvalidArgumentError(f"timeout must be a number of seconds (got {timeout!r})")
+        native = _stowplan.Filter(
+            os.fspath(path), sha256, config_json, float(timeout), fuel, memory_limit, output_limit, on_failure
+        )
+        return cls(native)
+
+    @staticmethod
+    def hash(path: Any) -> str:
+        """The sha256 (hex) of a plugin file: the pin to pass to :meth:`load`."""
+        with open(os.fspath(path), "rb") as f:
+            return hashlib.sha256(f.read()).hexdigest()
+
+    @property
+    def name(self) -> str:
+        """The plugin's file name."""
+        return self._native.name
+
+    @property
+    def sha256(self) -> str:
+        """The component's sha256 (hex)."""
+        return self._native.sha256
+
+    @property
+    def imports(self) -> List[str]:
+        """The component's imports (WASI interfaces the sandbox answers)."""
+        return self._native.imports
+
+    @property
+    def stats(self) -> Dict[str, int]:
+        """Counters: ``calls``, ``failures``, ``fallbacks``, ``instances`` (1 + instances
+        replaced after a trap)."""
+        return self._native.stats
+
+    @property
+    def last_output(self) -> List[Tuple[str, str]]:
+        """What the last call wrote, as ``(stream, text)`` pairs."""
+        return self._native.last_output
+
+    def __repr__(self) -> str:
+        return f"Filter({self.name!r}, sha256={self.sha256[:12]}…)"
