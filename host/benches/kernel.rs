@@ -284,5 +284,43 @@ fn plan_cases(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, partition_cases, pack_cases, balance_cases, materialize_cases, plan_cases);
+/// Buffer filters (issue 7): 64 of 1,000 buffered groups × 8 samples per call, the instance
+/// reused, validation included; the native FIFO for scale; and a whole `get_samples` round
+/// (64 groups out through top-reward, 64 back in) on a data source holding 1,000.
+fn filter_cases(c: &mut Criterion) {
+    use stowplan::{
+        BufferColumns, BufferFilter, BufferView, DataSource, DataSourceOptions, FilterContext, FilterOptions, PopFirst,
+        WasmFilter,
+    };
+    let dist = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../plugins/dist");
+    let groups = stowplan::plugin::synthetic_buffer(1000, 8, 0);
+    let columns = BufferColumns::from_groups(&groups);
+    let view = BufferView { groups: &groups, columns: &columns };
+    let ctx = FilterContext { rollout_id: Some(0), wanted: 64, n_samples_per_prompt: 8 };
+    let mut g = c.benchmark_group("filter");
+    g.bench_function("native_pop_first/64_of_1000x8", |b| b.iter(|| PopFirst.select(&ctx, view).expect("fifo")));
+    for name in ["pop_first", "top_reward"] {
+        let path = dist.join(format!("{name}.wasm"));
+        let sha = stowplan::sha256_hex(&std::fs::read(&path).expect("plugins/dist"));
+        let mut f = WasmFilter::load(&path, FilterOptions::new(&sha)).expect("plugin");
+        g.bench_function(BenchmarkId::new("wasm", format!("{name}/64_of_1000x8")), |b| {
+            b.iter(|| f.select(&ctx, view).expect("select"))
+        });
+    }
+    let path = dist.join("top_reward.wasm");
+    let sha = stowplan::sha256_hex(&std::fs::read(&path).expect("plugins/dist"));
+    let mut top = WasmFilter::load(&path, FilterOptions::new(&sha)).expect("plugin");
+    let records = (0..2000).map(|i| serde_json::json!({ "prompt": format!("q{i}") })).collect();
+    let mut ds = DataSource::from_records(records, "bench", DataSourceOptions::new(8), Kernel::native()).expect("ds");
+    ds.add_samples(groups.clone()).expect("fill the buffer");
+    g.bench_function("data_source_round/top_reward/64_of_1000x8", |b| {
+        b.iter(|| {
+            let out = ds.get_samples(64, None, Some(&mut top)).expect("get");
+            ds.add_samples(out).expect("put back");
+        })
+    });
+    g.finish();
+}
+
+criterion_group!(benches, partition_cases, pack_cases, balance_cases, materialize_cases, plan_cases, filter_cases);
 criterion_main!(benches);

@@ -236,3 +236,61 @@ fn plan_errors_exit_with_the_right_code() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("world_size must be at least 1"));
 }
+
+fn plugin(file: &str) -> String {
+    format!("{}/../plugins/dist/{file}", env!("CARGO_MANIFEST_DIR"))
+}
+
+#[test]
+fn filter_hash_and_check_report_the_pin_the_world_and_the_selection() {
+    let top = plugin("top_reward.wasm");
+    let out = stowplan(&["filter", "hash", &top], None, &[]);
+    assert!(out.status.success());
+    let line = String::from_utf8(out.stdout).unwrap();
+    let pin = line.split_whitespace().next().unwrap().to_string();
+    let recorded = std::fs::read_to_string(plugin("SHA256SUMS")).unwrap();
+    assert!(recorded.contains(&format!("{pin}  top_reward.wasm")), "{recorded}");
+    let out = stowplan(
+        &["filter", "check", &top, "--sha256", &pin, "--groups", "50", "--wanted", "5", "--calls", "3", "--json"],
+        None,
+        &[],
+    );
+    let report = json(&out);
+    assert_eq!(report["sha256"], pin.as_str());
+    assert_eq!(report["pinned"], true);
+    assert_eq!(report["selection"].as_array().unwrap().len(), 5);
+    assert!(
+        report["imports"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|i| i.as_str().unwrap().starts_with("wasi:") || i == "stowplan:filter/types@0.1.0")
+    );
+    // The human summary.
+    let out = stowplan(&["filter", "check", &top, "--calls", "2"], None, &[]);
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.contains("not pinned") && text.contains("exports filter.select") && text.contains("median"), "{text}");
+}
+
+#[test]
+fn filter_check_errors_exit_2_and_name_the_problem() {
+    let top = plugin("top_reward.wasm");
+    for (args, needle) in [
+        (vec!["filter", "check", &top, "--sha256", "00"], "sha256 must be 64 hex digits"),
+        (vec!["filter", "check", &top, "--wanted", "0"], "--wanted"),
+        (vec!["filter", "check", &top, "--timeout-ms", "0"], "timeout must be in 1 ms"),
+        (vec!["filter", "check", &top, "--config", "{\"reward_index\": -1}"], "reward_index must be an integer"),
+        (vec!["filter", "check", "/nonexistent.wasm"], "reading the plugin"),
+    ] {
+        let out = stowplan(&args, None, &[]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(needle), "{args:?}: {err}");
+    }
+    let wrong = "1".repeat(64);
+    let out = stowplan(&["filter", "check", &top, "--sha256", &wrong], None, &[]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("hash mismatch"));
+    let out = stowplan(&["filter", "check", &plugin("hostile.wasm"), "--config", "{\"mode\": \"panic\"}"], None, &[]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("panics on purpose"));
+}
