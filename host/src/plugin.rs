@@ -182,13 +182,21 @@ fn init_runtime() -> Result<Runtime, Error> {
     let handle = std::thread::Builder::new()
         .name("stowplan-plugin-epoch".to_string())
         .spawn(move || {
+            // Catch up on every whole tick elapsed, so a late wake-up (a busy machine) does
+            // not push deadlines back by its lateness again and again.
+            let mut last = Instant::now();
             loop {
                 if ticking.load(Ordering::Acquire) == 0 {
                     std::thread::park();
+                    last = Instant::now();
                     continue;
                 }
                 std::thread::sleep(TICK);
-                ticking_engine.increment_epoch();
+                let due = (last.elapsed().as_micros() / TICK.as_micros()) as u32;
+                for _ in 0..due {
+                    ticking_engine.increment_epoch();
+                }
+                last += TICK * due;
             }
         })
         .map_err(|e| Error::Runtime(format!("starting the plugin epoch thread: {e}")))?;

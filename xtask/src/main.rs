@@ -38,9 +38,8 @@ fn target_installed() -> bool {
     Path::new(&sysroot).join("lib/rustlib").join(TARGET).join("lib").is_dir()
 }
 
-/// The example plugins: (cargo package, component file name).
-const PLUGINS: [(&str, &str); 3] =
-    [("pop-first", "pop_first.wasm"), ("top-reward", "top_reward.wasm"), ("hostile", "hostile.wasm")];
+/// The components the plugins workspace builds (one per member crate but `guest`).
+const PLUGINS: [&str; 3] = ["pop_first.wasm", "top_reward.wasm", "hostile.wasm"];
 
 /// Builds the kernel component; returns its bytes.
 fn build() -> Result<Vec<u8>, String> {
@@ -59,7 +58,7 @@ fn build_plugins() -> Result<Vec<(&'static str, Vec<u8>)>, String> {
     cargo_wasm(&["--manifest-path", &manifest, "--target-dir", &target_dir, "--release", "--workspace"])?;
     PLUGINS
         .iter()
-        .map(|&(_, file)| {
+        .map(|&file| {
             let out = root.join("target").join(TARGET).join("release").join(file);
             std::fs::read(&out).map(|b| (file, b)).map_err(|e| format!("reading {}: {e}", out.display()))
         })
