@@ -809,15 +809,8 @@ impl BufferColumns {
 /// groups of `samples_per_group` completed samples with one reward in [0, 1), response lengths
 /// in 1..=4096, a label and metadata, all drawn from `seed` (deterministic).
 pub fn synthetic_buffer(groups: usize, samples_per_group: usize, seed: u64) -> Vec<Group> {
-    let mut state = seed;
-    let mut next = move || {
-        // SplitMix64.
-        state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = state;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    };
+    let mut rng = stowplan_kernel::shuffle::SplitMix64::new(seed, 0);
+    let mut next = move || rng.next_u64();
     (0..groups)
         .map(|g| {
             (0..samples_per_group)

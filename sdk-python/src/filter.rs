@@ -42,24 +42,20 @@ impl PyFilter {
         output_limit: i128,
         on_failure: &str,
     ) -> PyResult<Self> {
-        if !(timeout_s.is_finite() && (0.001..=600.0).contains(&timeout_s)) {
-            return Err(invalid(py, format!("timeout must be in 0.001..=600 seconds (got {timeout_s})")));
-        }
-        let fuel = match fuel {
-            None => None,
-            Some(f) => Some(
-                u64::try_from(f)
-                    .ok()
-                    .filter(|&f| f >= 10_000)
-                    .ok_or_else(|| invalid(py, format!("fuel must be an integer >= 10000 or None (got {f})")))?,
-            ),
-        };
+        // Conversions only; the host checks the ranges (and names them).
+        let timeout = Duration::try_from_secs_f64(timeout_s)
+            .map_err(|_| invalid(py, format!("timeout must be in 0.001..=600 seconds (got {timeout_s})")))?;
+        let fuel = fuel
+            .map(|f| {
+                u64::try_from(f).map_err(|_| invalid(py, format!("fuel must be an integer >= 10000 or None (got {f})")))
+            })
+            .transpose()?;
         let bytes = |v: i128, what: &str, range: &str| {
             usize::try_from(v).map_err(|_| invalid(py, format!("{what} must be in {range} bytes (got {v})")))
         };
         let options = FilterOptions {
             config: config_json,
-            timeout: Duration::from_secs_f64(timeout_s),
+            timeout,
             fuel,
             memory_limit: bytes(memory_limit, "memory_limit", "2**20..=2**32")?,
             output_limit: bytes(output_limit, "output_limit", "0..=2**24")?,

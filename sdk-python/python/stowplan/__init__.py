@@ -38,25 +38,8 @@ from ._plan import (
 )
 from ._filter import Filter
 from ._source import BufferedDataSource, DataSource, Sample
-from .errors import (
-    CacheMismatchError,
-    ConfigError,
-    InfeasibleError,
-    InvalidArgumentError,
-    KernelRuntimeError,
-    StowplanError,
-    StowplanIOError,
-    StowplanTimeoutError,
-    FilterError,
-    FilterGuestError,
-    FilterHashMismatchError,
-    FilterInvalidResultError,
-    FilterLoadError,
-    FilterMemoryLimitError,
-    FilterOutOfFuelError,
-    FilterTimeoutError,
-    FilterTrapError,
-)
+from . import errors as _errors
+from .errors import *  # noqa: F401,F403  (every class of errors.__all__)
 
 __version__: str = _stowplan.__version__
 
@@ -87,24 +70,7 @@ __all__ = [
     "Sample",
     "Filter",
     "kernel_info",
-    "StowplanError",
-    "InvalidArgumentError",
-    "InfeasibleError",
-    "KernelRuntimeError",
-    "ConfigError",
-    "CacheMismatchError",
-    "StowplanIOError",
-    "StowplanTimeoutError",
-    "FilterError",
-    "FilterTimeoutError",
-    "FilterOutOfFuelError",
-    "FilterMemoryLimitError",
-    "FilterTrapError",
-    "FilterInvalidResultError",
-    "FilterHashMismatchError",
-    "FilterGuestError",
-    "FilterLoadError",
-]
+] + _errors.__all__
 
 _U32_MAX = 2**32 - 1
 _U64_MAX = 2**64 - 1
