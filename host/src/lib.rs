@@ -27,9 +27,11 @@ pub mod json;
 mod layout;
 pub mod length_cache;
 pub mod materialize;
+pub mod packer;
 pub mod packing_config;
 pub mod plan;
 pub mod plugin;
+pub mod serve;
 mod wasm;
 
 pub use data_source::{
@@ -37,7 +39,13 @@ pub use data_source::{
 };
 pub use error::{Error, FilterError};
 pub use length_cache::LengthCache;
-pub use materialize::{CpRuns, CpView, MaterializeOptions, Materialized, MicroBatch, Sample, Temperature};
+pub use materialize::{
+    CpRuns, CpView, MaterializeOptions, Materialized, MicroBatch, RejectReason, Sample, Temperature, check_sample,
+};
+pub use packer::{
+    BatchKey, IngestReport, PackedStep, Packer, PackerOptions, PackerState, RankBatch, RunConfig, RunProgress,
+    SampleKey, StepMetrics, TrainingBatch, TrainingSample,
+};
 pub use packing_config::{EffectiveBatch, PackingConfig, PackingMode};
 pub use plan::{LogLine, StaticPackPlan};
 pub use plugin::{BufferColumns, FilterOptions, FilterStats, OnFailure, WasmFilter};

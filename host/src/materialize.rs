@@ -332,19 +332,25 @@ impl MicroBatch {
         if !rest.is_empty() {
             return Err(bad(format!("{} trailing bytes after the micro-batch", rest.len())));
         }
-        let n = mb.input_ids.len();
-        let lens = [
-            mb.position_ids.len(),
-            mb.loss_mask.len(),
-            mb.advantages.len(),
-            mb.inference_logprobs.len(),
-            mb.temperatures.len(),
-            mb.teacher_logprobs.as_ref().map_or(n, Vec::len),
-        ];
-        if lens.iter().any(|&l| l != n) || mb.cu_seqlens_padded.last().is_some_and(|&t| t as usize != n) {
-            return Err(bad("corrupt micro-batch: per-token arrays of different lengths".into()));
-        }
+        mb.check_lengths().map_err(bad)?;
         Ok(mb)
+    }
+
+    /// Checks that every per-token array has the row's length (as a decoded row must).
+    pub(crate) fn check_lengths(&self) -> Result<(), String> {
+        let n = self.input_ids.len();
+        let lens = [
+            self.position_ids.len(),
+            self.loss_mask.len(),
+            self.advantages.len(),
+            self.inference_logprobs.len(),
+            self.temperatures.len(),
+            self.teacher_logprobs.as_ref().map_or(n, Vec::len),
+        ];
+        if lens.iter().any(|&l| l != n) || self.cu_seqlens_padded.last().is_some_and(|&t| t as usize != n) {
+            return Err("corrupt micro-batch: per-token arrays of different lengths".into());
+        }
+        Ok(())
     }
 }
 
@@ -388,6 +394,113 @@ fn bad_sample(i: usize, m: String) -> Error {
     Error::InvalidArgument(format!("samples[{i}]: {m}"))
 }
 
+/// Why a sample cannot be materialized (the kind of [`check_sample`]'s error).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RejectReason {
+    /// A mask, logprob or temperature array whose length is not its token count.
+    LengthMismatch,
+    /// A temperature that is not > 0 and finite, or an advantage that is not finite.
+    NotFinite,
+    /// No tokens at all.
+    Empty,
+    /// An empty completion where those are not allowed.
+    EmptyCompletion,
+    /// A run index outside `0..num_runs` (or a run the packer does not know).
+    UnknownRun,
+    /// Teacher logprobs on some samples but not on others.
+    TeacherLogprobs,
+    /// More tokens than a micro-batch holds.
+    TooLong,
+}
+
+impl RejectReason {
+    /// Every reason, in declaration order.
+    pub const ALL: [RejectReason; 7] = [
+        RejectReason::LengthMismatch,
+        RejectReason::NotFinite,
+        RejectReason::Empty,
+        RejectReason::EmptyCompletion,
+        RejectReason::UnknownRun,
+        RejectReason::TeacherLogprobs,
+        RejectReason::TooLong,
+    ];
+
+    /// The reason's snake_case name (used in logs, metrics and Python).
+    pub fn name(self) -> &'static str {
+        match self {
+            RejectReason::LengthMismatch => "length_mismatch",
+            RejectReason::NotFinite => "not_finite",
+            RejectReason::Empty => "empty",
+            RejectReason::EmptyCompletion => "empty_completion",
+            RejectReason::UnknownRun => "unknown_run",
+            RejectReason::TeacherLogprobs => "teacher_logprobs",
+            RejectReason::TooLong => "too_long",
+        }
+    }
+}
+
+/// Checks one sample: array lengths, temperatures, empty sample or completion, advantage,
+/// run below `num_runs`, and teacher logprobs present exactly when `teacher`. The message
+/// names the field and the rule.
+pub fn check_sample(
+    s: &Sample<'_>,
+    allow_empty_completion: bool,
+    num_runs: u32,
+    teacher: bool,
+) -> Result<(), (RejectReason, String)> {
+    let (p, c) = (s.prompt_ids.len(), s.completion_ids.len());
+    let check = |field: &str, got: Option<usize>, want: usize, what: &str| match got {
+        Some(g) if g != want => Err((
+            RejectReason::LengthMismatch,
+            format!("{field} has {g} entries but the sample has {want} {what} tokens"),
+        )),
+        _ => Ok(()),
+    };
+    check("prompt_mask", s.prompt_mask.map(<[bool]>::len), p, "prompt")?;
+    check("completion_mask", s.completion_mask.map(<[bool]>::len), c, "completion")?;
+    check("completion_logprobs", s.completion_logprobs.map(<[f32]>::len), c, "completion")?;
+    check("teacher_logprobs", s.teacher_logprobs.map(<[f32]>::len), p + c, "prompt + completion")?;
+    match s.temperature {
+        Temperature::PerToken(t) => {
+            check("temperatures", Some(t.len()), c, "completion")?;
+            if let Some(j) = t.iter().position(|&x| !(x > 0.0 && x.is_finite())) {
+                return Err((RejectReason::NotFinite, format!("temperatures[{j}] = {} must be > 0 and finite", t[j])));
+            }
+        }
+        Temperature::One(x) if !(x > 0.0 && x.is_finite()) => {
+            return Err((RejectReason::NotFinite, format!("temperature = {x} must be > 0 and finite")));
+        }
+        Temperature::One(_) => {}
+    }
+    if p + c == 0 {
+        return Err((RejectReason::Empty, "the sample has no tokens".into()));
+    }
+    if c == 0 && !allow_empty_completion {
+        return Err((
+            RejectReason::EmptyCompletion,
+            "empty completion (nothing to train on); pass allow_empty_completion to keep such samples".into(),
+        ));
+    }
+    if !s.advantage.is_finite() {
+        return Err((RejectReason::NotFinite, format!("advantage = {} must be finite", s.advantage)));
+    }
+    if s.run >= num_runs {
+        return Err((RejectReason::UnknownRun, format!("run = {} must be below num_runs = {num_runs}", s.run)));
+    }
+    if s.teacher_logprobs.is_some() != teacher {
+        return Err((
+            RejectReason::TeacherLogprobs,
+            format!(
+                "teacher_logprobs {} but {} them; give them for every sample or none",
+                if teacher { "missing" } else { "given" },
+                if teacher { "the others have" } else { "the others do not have" }
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// Checks every sample; returns the run count.
 fn validate(samples: &[Sample<'_>], o: &MaterializeOptions) -> Result<u32, Error> {
     let teacher = samples.first().is_some_and(|s| s.teacher_logprobs.is_some());
@@ -397,54 +510,7 @@ fn validate(samples: &[Sample<'_>], o: &MaterializeOptions) -> Result<u32, Error
         return Err(Error::InvalidArgument("num_runs must be at least 1 (got 0)".into()));
     }
     for (i, s) in samples.iter().enumerate() {
-        let (p, c) = (s.prompt_ids.len(), s.completion_ids.len());
-        let check = |field: &str, got: Option<usize>, want: usize, what: &str| match got {
-            Some(g) if g != want => {
-                Err(bad_sample(i, format!("{field} has {g} entries but the sample has {want} {what} tokens")))
-            }
-            _ => Ok(()),
-        };
-        check("prompt_mask", s.prompt_mask.map(<[bool]>::len), p, "prompt")?;
-        check("completion_mask", s.completion_mask.map(<[bool]>::len), c, "completion")?;
-        check("completion_logprobs", s.completion_logprobs.map(<[f32]>::len), c, "completion")?;
-        check("teacher_logprobs", s.teacher_logprobs.map(<[f32]>::len), p + c, "prompt + completion")?;
-        match s.temperature {
-            Temperature::PerToken(t) => {
-                check("temperatures", Some(t.len()), c, "completion")?;
-                if let Some(j) = t.iter().position(|&x| !(x > 0.0 && x.is_finite())) {
-                    return Err(bad_sample(i, format!("temperatures[{j}] = {} must be > 0 and finite", t[j])));
-                }
-            }
-            Temperature::One(x) if !(x > 0.0 && x.is_finite()) => {
-                return Err(bad_sample(i, format!("temperature = {x} must be > 0 and finite")));
-            }
-            Temperature::One(_) => {}
-        }
-        if p + c == 0 {
-            return Err(bad_sample(i, "the sample has no tokens".into()));
-        }
-        if c == 0 && !o.allow_empty_completion {
-            return Err(bad_sample(
-                i,
-                "empty completion (nothing to train on); pass allow_empty_completion to keep such samples".into(),
-            ));
-        }
-        if !s.advantage.is_finite() {
-            return Err(bad_sample(i, format!("advantage = {} must be finite", s.advantage)));
-        }
-        if s.run >= num_runs {
-            return Err(bad_sample(i, format!("run = {} must be below num_runs = {num_runs}", s.run)));
-        }
-        if s.teacher_logprobs.is_some() != teacher {
-            return Err(bad_sample(
-                i,
-                format!(
-                    "teacher_logprobs {} but samples[0] {} them; give them for every sample or none",
-                    if teacher { "missing" } else { "given" },
-                    if teacher { "has" } else { "does not have" }
-                ),
-            ));
-        }
+        check_sample(s, o.allow_empty_completion, num_runs, teacher).map_err(|(_, m)| bad_sample(i, m))?;
     }
     Ok(num_runs)
 }

@@ -42,6 +42,89 @@ enum Command {
     /// Inspect buffer-filter plugins (WebAssembly components of stowplan:filter/buffer-filter).
     #[command(subcommand)]
     Filter(FilterCommand),
+    /// Run the packer: training batches from an orchestrator in, balanced micro-batches out to
+    /// every trainer rank, checkpointed with every step (restart resumes with nothing lost).
+    Serve(ServeArgs),
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum TransportArg {
+    /// Files under --root: ROOT/inbox/ in, ROOT/rollouts/step_N/rank_R.bin out.
+    Fs,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum, PartialEq)]
+enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per event (structured logs for collectors).
+    Json,
+}
+
+#[derive(Args, Debug)]
+struct ServeArgs {
+    /// How batches arrive and micro-batches leave.
+    #[arg(long, value_enum, default_value_t = TransportArg::Fs)]
+    transport: TransportArg,
+    /// Directory shared with the orchestrator and the ranks (filesystem transport).
+    #[arg(long)]
+    root: PathBuf,
+    /// Checkpoint and spool directory; default ROOT/packer.
+    #[arg(long)]
+    state_dir: Option<PathBuf>,
+    /// Tokens of a micro-batch after padding (longer samples are rejected).
+    #[arg(long)]
+    seq_len: u64,
+    /// Data-parallel ranks (every rank gets the same number of micro-batches per step).
+    #[arg(long)]
+    dp: u32,
+    /// Samples of one optimizer step of a run (a run's step advances when this many of its
+    /// samples were delivered).
+    #[arg(long)]
+    batch_size: u64,
+    /// Runs (LoRA adapters): run indices are below it and `lora_num_tokens` has this length.
+    #[arg(long, default_value_t = 1)]
+    num_runs: u32,
+    /// Only runs added by a control message are served (default: a run below --num-runs is
+    /// added with --batch-size on its first batch).
+    #[arg(long)]
+    no_auto_add_runs: bool,
+    /// Pad every micro-batch to a multiple of this.
+    #[arg(long, default_value_t = 1)]
+    pad_to_multiple_of: u64,
+    /// Token id of padding.
+    #[arg(long, default_value_t = 1)]
+    pad_token_id: i64,
+    /// Cost balanced across ranks: tokens, attention or LINEAR,QUADRATIC.
+    #[arg(long, default_value = "tokens", value_parser = parse_cost)]
+    cost: Cost,
+    /// Pack once this many tokens are pending (default SEQ_LEN × DP).
+    #[arg(long)]
+    threshold: Option<u64>,
+    /// At most this many tokens per step (default: everything pending).
+    #[arg(long)]
+    step_tokens: Option<u64>,
+    /// Pack what is pending once the oldest sample waited this many seconds.
+    #[arg(long, default_value_t = 10.0)]
+    wait_timeout: f64,
+    /// Samples carry teacher logprobs.
+    #[arg(long)]
+    teacher_logprobs: bool,
+    /// Accept samples with an empty completion.
+    #[arg(long)]
+    allow_empty_completion: bool,
+    /// Stop after this many steps (default: run until SIGINT/SIGTERM).
+    #[arg(long)]
+    max_steps: Option<u64>,
+    /// How often the inbox is polled, in milliseconds.
+    #[arg(long, default_value_t = 5)]
+    poll_ms: u64,
+    /// Log format (logs go to stderr; per-step metrics are `step delivered` events).
+    #[arg(long, value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
+    /// Print the final summary as JSON on stdout.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Subcommand, Debug)]
@@ -291,15 +374,20 @@ impl From<Error> for Failure {
 }
 
 fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("STOWPLAN_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal())
-        .init();
     let cli = Cli::parse();
+    // `serve` is a service: its step events are logged by default.
+    let (default_filter, json_logs) = match &cli.command {
+        Command::Serve(a) => ("warn,stowplan::serve=info", a.log_format == LogFormat::Json),
+        _ => ("warn", false),
+    };
+    let filter = tracing_subscriber::EnvFilter::try_from_env("STOWPLAN_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_filter));
+    let logs = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    if json_logs {
+        logs.json().init();
+    } else {
+        logs.with_ansi(std::io::stderr().is_terminal()).init();
+    }
     let result = match cli.command {
         Command::Partition(a) => run_partition(a),
         Command::Pack(a) => run_pack(a),
@@ -307,6 +395,7 @@ fn main() -> ExitCode {
         Command::Plan(a) => run_plan(a),
         Command::Filter(FilterCommand::Hash { plugins }) => run_filter_hash(&plugins),
         Command::Filter(FilterCommand::Check(a)) => run_filter_check(a),
+        Command::Serve(a) => run_serve(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -897,6 +986,103 @@ fn run_filter_check(a: FilterCheckArgs) -> Result<(), Failure> {
     );
     for (stream, text) in &first_output {
         println!("{stream:<9} {}", text.trim_end().replace('\n', "\n          "));
+    }
+    Ok(())
+}
+
+fn run_serve(a: ServeArgs) -> Result<(), Failure> {
+    use std::sync::Arc;
+    use std::sync::atomic::AtomicBool;
+    use stowplan::serve::{FsTransport, ServeOptions, Server};
+    use stowplan::{PackerOptions, RunConfig};
+
+    let bad = |message: String| Failure { code: 2, message };
+    if !(a.wait_timeout.is_finite() && a.wait_timeout >= 0.0) {
+        return Err(bad(format!("--wait-timeout must be a number of seconds ≥ 0 (got {})", a.wait_timeout)));
+    }
+    if a.batch_size == 0 {
+        return Err(bad("--batch-size must be at least 1 (got 0)".into()));
+    }
+    let packer = PackerOptions {
+        pad_to_multiple_of: a.pad_to_multiple_of,
+        pad_token_id: a.pad_token_id,
+        cost: a.cost,
+        num_runs: a.num_runs,
+        threshold: a.threshold,
+        step_tokens: a.step_tokens,
+        wait_timeout: std::time::Duration::from_secs_f64(a.wait_timeout),
+        teacher_logprobs: a.teacher_logprobs,
+        allow_empty_completion: a.allow_empty_completion,
+        ..PackerOptions::new(a.seq_len, a.dp)
+    };
+    let config = RunConfig { batch_size: a.batch_size };
+    let options = ServeOptions {
+        packer,
+        state_dir: a.state_dir.clone().unwrap_or_else(|| a.root.join("packer")),
+        runs: Vec::new(),
+        auto_add: (!a.no_auto_add_runs).then_some(config),
+        max_steps: a.max_steps,
+        poll: std::time::Duration::from_millis(50),
+    };
+    let stop = Arc::new(AtomicBool::new(false));
+    for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register(signal, Arc::clone(&stop))
+            .map_err(|e| bad(format!("installing the signal handler: {e}")))?;
+    }
+    let (kernel, _) = kernel_on(BackendArg::Wasm)?;
+    let poll = std::time::Duration::from_millis(a.poll_ms.max(1));
+    let transport = match a.transport {
+        TransportArg::Fs => FsTransport::new(&a.root, poll)?,
+    };
+    let mut server = Server::open(kernel, transport, options)?;
+    tracing::info!(
+        target: "stowplan::serve",
+        root = %a.root.display(),
+        seq_len = a.seq_len,
+        dp = a.dp,
+        threshold = packer.threshold_tokens(),
+        next_step = server.packer().next_step(),
+        pending_samples = server.packer().pending().0,
+        "packer ready"
+    );
+    let summary = server.run(&stop, |r| {
+        tracing::info!(
+            target: "stowplan::serve",
+            step = r.metrics.step,
+            samples = r.metrics.samples,
+            real_tokens = r.metrics.real_tokens,
+            padding_tokens = r.metrics.padding_tokens,
+            micro_batches_per_rank = r.metrics.micro_batches_per_rank,
+            imbalance = r.metrics.imbalance,
+            wait_s = r.wait_seconds,
+            receive_s = r.receive_seconds,
+            pack_s = r.metrics.pack_seconds,
+            deliver_s = r.deliver_seconds,
+            tokens_per_s = r.tokens_per_second,
+            pending_samples = r.pending_samples,
+            rebuilt = r.rebuilt,
+            "step delivered"
+        );
+    })?;
+    tracing::info!(target: "stowplan::serve", steps = summary.steps, pending_samples = summary.pending_samples, "stopped");
+    if a.json {
+        let runs: Vec<_> = server
+            .packer()
+            .runs()
+            .map(|(run, c, p)| json!({"run": run, "batch_size": c.batch_size, "progress": p}))
+            .collect();
+        println!("{}", json!({"summary": summary, "runs": runs}));
+    } else {
+        println!(
+            "stowplan serve: {} steps, {} samples, {} tokens (+{} padding); {} pending samples kept; {} duplicates, {} rejected",
+            summary.steps,
+            summary.samples,
+            summary.real_tokens,
+            summary.padding_tokens,
+            summary.pending_samples,
+            summary.duplicates,
+            summary.rejected
+        );
     }
     Ok(())
 }

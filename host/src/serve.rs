@@ -1,0 +1,621 @@
+//! `stowplan serve`: the [`Packer`] as a long-running process between an orchestrator and
+//! the trainer ranks, over a [`Transport`].
+//!
+//! The [`Server`] loop: receive messages (training batches and run changes), keep each
+//! accepted batch in a spool file, checkpoint, and whenever the packer is ready pack a step,
+//! checkpoint it as *in flight*, deliver every rank's [`RankBatch`], mark it delivered,
+//! checkpoint again and drop the spool files of fully delivered batches. After a crash
+//! ([`Server::open`] on the same state directory) the step in flight is rebuilt from the spool
+//! and delivered again (identical bytes; receivers skip a step they already have), batches
+//! spooled after the last checkpoint are ingested again, and a batch the orchestrator sends
+//! again is recognised as a duplicate: nothing is lost and nothing is delivered twice.
+//!
+//! State directory: `state.bin` (the [`PackerState`], replaced atomically), `spool/`
+//! (`run_{r}_step_{s}.bin`, the batches' encodings), `rejected/` (messages that could not be
+//! decoded, kept for inspection), `lock` (held while a server runs; a second server on the
+//! same directory is refused).
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::io;
+use crate::packer::{PACKER_FORMAT_VERSION, TRAINING_BATCH_MAGIC};
+use crate::{
+    BatchKey, Error, Kernel, Packer, PackerOptions, PackerState, RankBatch, RunConfig, StepMetrics, TrainingBatch,
+    atomic,
+};
+
+/// Header of an encoded [`Control`] message.
+pub const CONTROL_MAGIC: [u8; 4] = *b"SPCT";
+
+/// A change to the packer's runs, sent by the orchestrator beside its batches.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Control {
+    /// Adds a run (an existing run with the same configuration is left as is).
+    AddRun {
+        /// Run index.
+        run: u32,
+        /// Its configuration.
+        config: RunConfig,
+    },
+    /// Removes a run and drops its pending samples (counted in the log).
+    RemoveRun {
+        /// Run index.
+        run: u32,
+    },
+}
+
+impl Control {
+    /// Encodes as [`CONTROL_MAGIC`], the version, then postcard.
+    pub fn encode(&self) -> Result<Vec<u8>, Error> {
+        let mut out = Vec::with_capacity(32);
+        out.extend_from_slice(&CONTROL_MAGIC);
+        out.extend_from_slice(&PACKER_FORMAT_VERSION.to_le_bytes());
+        postcard::to_extend(self, out).map_err(|e| Error::InvalidArgument(format!("control encoding failed: {e}")))
+    }
+}
+
+/// A message that reached the packer.
+#[derive(Debug)]
+pub enum Message {
+    /// A training batch.
+    Batch(Arc<TrainingBatch>),
+    /// A run change.
+    Control(Control),
+}
+
+impl Message {
+    /// Decodes a training batch or a control message (told apart by their headers).
+    pub fn decode(bytes: &[u8]) -> Result<Self, Error> {
+        if bytes.starts_with(&CONTROL_MAGIC) {
+            let version = bytes.get(4..6).map(|v| u16::from_le_bytes([v[0], v[1]]));
+            if version != Some(PACKER_FORMAT_VERSION) {
+                return Err(Error::InvalidArgument(format!(
+                    "bytes: control message format version {version:?}; this build reads {PACKER_FORMAT_VERSION}"
+                )));
+            }
+            let (c, rest): (Control, &[u8]) = postcard::take_from_bytes(&bytes[6..])
+                .map_err(|e| Error::InvalidArgument(format!("bytes: corrupt control message: {e}")))?;
+            if !rest.is_empty() {
+                return Err(Error::InvalidArgument("bytes: trailing bytes after the control message".into()));
+            }
+            return Ok(Message::Control(c));
+        }
+        if !bytes.starts_with(&TRAINING_BATCH_MAGIC) {
+            return Err(Error::InvalidArgument(
+                "bytes: neither a training batch (SPTB) nor a control message (SPCT)".into(),
+            ));
+        }
+        TrainingBatch::decode(bytes).map(|b| Message::Batch(Arc::new(b)))
+    }
+}
+
+/// One received message: its bytes, and the file it came in (filesystem transport), which
+/// the server moves into its spool or deletes once the message is durable.
+#[derive(Debug)]
+pub struct Incoming {
+    /// The encoded message.
+    pub bytes: Vec<u8>,
+    /// The file it was read from, if any.
+    pub path: Option<PathBuf>,
+}
+
+/// How messages reach the packer and rank batches reach the trainer ranks.
+pub trait Transport {
+    /// A short name for logs ("fs", "zmq").
+    fn name(&self) -> &'static str;
+    /// Blocks until every rank is ready to receive (or `stop` is set).
+    fn wait_ready(&mut self, stop: &AtomicBool) -> Result<(), Error>;
+    /// Messages that arrived, waiting at most `timeout` for the first.
+    fn receive(&mut self, timeout: Duration) -> Result<Vec<Incoming>, Error>;
+    /// Delivers one step: `ranks[r]` is rank `r`'s encoded [`RankBatch`].
+    fn deliver(&mut self, step: u64, ranks: &[Vec<u8>]) -> Result<(), Error>;
+}
+
+/// File name of a batch in an inbox or spool.
+pub fn batch_file_name(key: BatchKey) -> String {
+    format!("run_{}_step_{}.bin", key.run, key.step)
+}
+
+/// The filesystem transport: the orchestrator writes messages into `ROOT/inbox/` (see
+/// [`send_fs`]), the packer writes rank `r`'s batch of step `n` to
+/// `ROOT/rollouts/step_{n}/rank_{r}.bin` (temporary file, fsync, rename), and ranks wait
+/// for their file ([`receive_fs`]). Temporary files (names starting with `.`) are ignored.
+#[derive(Debug)]
+pub struct FsTransport {
+    root: PathBuf,
+    poll: Duration,
+}
+
+impl FsTransport {
+    /// A transport under `root` polling every `poll`.
+    pub fn new(root: impl Into<PathBuf>, poll: Duration) -> Result<Self, Error> {
+        let root = root.into();
+        for d in [root.join("inbox"), root.join("rollouts")] {
+            std::fs::create_dir_all(&d).map_err(|e| io("creating directory", &d, e))?;
+        }
+        Ok(Self { root, poll })
+    }
+
+    fn scan(&self) -> Result<Vec<PathBuf>, Error> {
+        let inbox = self.root.join("inbox");
+        let mut files = Vec::new();
+        for e in std::fs::read_dir(&inbox).map_err(|e| io("listing", &inbox, e))? {
+            let e = e.map_err(|e| io("listing", &inbox, e))?;
+            let name = e.file_name();
+            let name = name.to_string_lossy();
+            if !name.starts_with('.') && name.ends_with(".bin") {
+                files.push(e.path());
+            }
+        }
+        files.sort();
+        Ok(files)
+    }
+}
+
+impl Transport for FsTransport {
+    fn name(&self) -> &'static str {
+        "fs"
+    }
+
+    fn wait_ready(&mut self, _stop: &AtomicBool) -> Result<(), Error> {
+        Ok(())
+    }
+
+    fn receive(&mut self, timeout: Duration) -> Result<Vec<Incoming>, Error> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let files = self.scan()?;
+            if !files.is_empty() {
+                let mut out = Vec::with_capacity(files.len());
+                for p in files {
+                    match std::fs::read(&p) {
+                        Ok(bytes) => out.push(Incoming { bytes, path: Some(p) }),
+                        // Taken by another reader between the listing and the read.
+                        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                        Err(e) => return Err(io("reading", &p, e)),
+                    }
+                }
+                return Ok(out);
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Ok(Vec::new());
+            }
+            std::thread::sleep(self.poll.min(deadline - now));
+        }
+    }
+
+    fn deliver(&mut self, step: u64, ranks: &[Vec<u8>]) -> Result<(), Error> {
+        let dir = self.root.join("rollouts").join(format!("step_{step}"));
+        std::thread::scope(|s| {
+            let handles: Vec<_> = ranks
+                .iter()
+                .enumerate()
+                .map(|(r, bytes)| {
+                    let path = dir.join(format!("rank_{r}.bin"));
+                    s.spawn(move || atomic::write(&path, bytes))
+                })
+                .collect();
+            handles
+                .into_iter()
+                .try_for_each(|h| h.join().unwrap_or_else(|_| Err(Error::Runtime("a writer panicked".into()))))
+        })
+    }
+}
+
+/// Writes `bytes` (an encoded [`TrainingBatch`] or [`Control`]) into `root/inbox/` under
+/// `name` atomically: what the orchestrator side of the filesystem transport does.
+pub fn send_fs(root: &Path, name: &str, bytes: &[u8]) -> Result<PathBuf, Error> {
+    if name.starts_with('.') || name.contains('/') || !name.ends_with(".bin") {
+        return Err(Error::InvalidArgument(format!("name must be a plain file name ending in .bin (got {name:?})")));
+    }
+    let path = root.join("inbox").join(name);
+    atomic::write(&path, bytes)?;
+    Ok(path)
+}
+
+/// Waits (polling every `poll`) for rank `rank`'s batch of step `step` under `root` and
+/// decodes it. Errors: `timeout` naming the file; those of [`RankBatch::decode`].
+pub fn receive_fs(root: &Path, step: u64, rank: u32, timeout: Duration, poll: Duration) -> Result<RankBatch, Error> {
+    let path = root.join("rollouts").join(format!("step_{step}")).join(format!("rank_{rank}.bin"));
+    let deadline = Instant::now() + timeout;
+    loop {
+        match std::fs::read(&path) {
+            Ok(bytes) => {
+                let b = RankBatch::decode(&bytes)?;
+                if b.step != step || b.rank != rank {
+                    return Err(Error::InvalidArgument(format!(
+                        "{} holds step {} rank {}, not step {step} rank {rank}",
+                        path.display(),
+                        b.step,
+                        b.rank
+                    )));
+                }
+                return Ok(b);
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(io("reading", &path, e)),
+        }
+        let now = Instant::now();
+        if now >= deadline {
+            return Err(Error::Timeout(format!("{} did not appear within {timeout:?}", path.display())));
+        }
+        std::thread::sleep(poll.min(deadline - now));
+    }
+}
+
+/// Options of a [`Server`].
+#[derive(Clone, Debug)]
+pub struct ServeOptions {
+    /// The packer's options.
+    pub packer: PackerOptions,
+    /// Where the checkpoint and the spool live.
+    pub state_dir: PathBuf,
+    /// Runs added at start (existing runs of a restored state are kept).
+    pub runs: Vec<(u32, RunConfig)>,
+    /// Runs not added explicitly are added on their first batch with this configuration;
+    /// `None`: their samples are rejected as `unknown_run`.
+    pub auto_add: Option<RunConfig>,
+    /// Stop after this many steps were delivered by this process (`None`: run until stopped).
+    pub max_steps: Option<u64>,
+    /// How long one receive waits before the loop checks the wait timeout and the stop flag.
+    pub poll: Duration,
+}
+
+/// What happened in one step, for logs and metrics.
+#[derive(Clone, Debug, Serialize)]
+pub struct StepReport {
+    /// The packer's figures.
+    #[serde(flatten)]
+    pub metrics: StepMetrics,
+    /// Seconds from the previous delivery (or start) until packing began, receiving included.
+    pub wait_seconds: f64,
+    /// Seconds spent reading, decoding, spooling and checking messages since the last step.
+    pub receive_seconds: f64,
+    /// Seconds spent encoding and delivering the rank batches.
+    pub deliver_seconds: f64,
+    /// Real tokens over (receive + pack + deliver) seconds.
+    pub tokens_per_second: f64,
+    /// Whether the step was rebuilt after a restart.
+    pub rebuilt: bool,
+    /// Samples and tokens still pending after the step.
+    pub pending_samples: usize,
+    /// Tokens still pending after the step.
+    pub pending_tokens: u64,
+}
+
+/// Totals of a [`Server::run`].
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct ServeSummary {
+    /// Steps delivered by this process.
+    pub steps: u64,
+    /// Samples delivered.
+    pub samples: u64,
+    /// Real tokens delivered.
+    pub real_tokens: u64,
+    /// Padding tokens delivered.
+    pub padding_tokens: u64,
+    /// Batches received (duplicates included).
+    pub batches: u64,
+    /// Duplicate batches ignored.
+    pub duplicates: u64,
+    /// Samples rejected.
+    pub rejected: u64,
+    /// Messages that could not be decoded (moved to `rejected/`).
+    pub undecodable: u64,
+    /// Pending samples left at exit (kept in the checkpoint).
+    pub pending_samples: usize,
+}
+
+/// The packer process (see the module docs).
+#[derive(Debug)]
+pub struct Server<T: Transport> {
+    packer: Packer,
+    transport: T,
+    options: ServeOptions,
+    _lock: File,
+    summary: ServeSummary,
+    receive_seconds: f64,
+    last_delivery: Instant,
+}
+
+impl<T: Transport> Server<T> {
+    /// Opens (or creates) the state directory, restores a saved packer if there is one and
+    /// re-ingests batches spooled after its checkpoint.
+    ///
+    /// Errors: `io` (the directory, or another server holding its lock); `cache-mismatch` for
+    /// a state saved with other options or a spool file that is missing or corrupt.
+    pub fn open(kernel: Kernel, transport: T, options: ServeOptions) -> Result<Self, Error> {
+        let dir = &options.state_dir;
+        for d in [dir.join("spool"), dir.join("rejected")] {
+            std::fs::create_dir_all(&d).map_err(|e| io("creating directory", &d, e))?;
+        }
+        let lock_path = dir.join("lock");
+        let lock = File::create(&lock_path).map_err(|e| io("creating", &lock_path, e))?;
+        lock.try_lock().map_err(|e| {
+            Error::Io(format!("{}: another stowplan serve uses this state directory ({e})", lock_path.display()))
+        })?;
+        let spool = dir.join("spool");
+        let state_path = dir.join("state.bin");
+        let load = |key: BatchKey| -> Result<Arc<TrainingBatch>, Error> {
+            let p = spool.join(batch_file_name(key));
+            let bytes = std::fs::read(&p).map_err(|e| {
+                Error::CacheMismatch(format!(
+                    "{}: a spooled batch the checkpoint needs is unreadable: {e}",
+                    p.display()
+                ))
+            })?;
+            TrainingBatch::decode(&bytes)
+                .map(Arc::new)
+                .map_err(|e| Error::CacheMismatch(format!("{}: {e}", p.display())))
+        };
+        let (mut packer, restored) = match std::fs::read(&state_path) {
+            Ok(bytes) => {
+                let state = PackerState::decode(&bytes)
+                    .map_err(|e| Error::CacheMismatch(format!("{}: {e}", state_path.display())))?;
+                (Packer::restore(kernel, options.packer, state, load)?, true)
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => (Packer::new(kernel, options.packer)?, false),
+            Err(e) => return Err(io("reading", &state_path, e)),
+        };
+        for &(run, config) in &options.runs {
+            if packer.progress(run).is_none() {
+                packer.add_run(run, config)?;
+            }
+        }
+        let mut server = Self {
+            packer,
+            transport,
+            options,
+            _lock: lock,
+            summary: ServeSummary::default(),
+            receive_seconds: 0.0,
+            last_delivery: Instant::now(),
+        };
+        server.recover_spool(restored)?;
+        server.checkpoint()?;
+        Ok(server)
+    }
+
+    /// Spool files not named by the checkpoint: batches received after it (ingested again)
+    /// or fully delivered before it (deleted).
+    fn recover_spool(&mut self, restored: bool) -> Result<(), Error> {
+        let spool = self.options.state_dir.join("spool");
+        let state = self.packer.state();
+        let live = state.batches();
+        let mut files: Vec<PathBuf> = std::fs::read_dir(&spool)
+            .map_err(|e| io("listing", &spool, e))?
+            .filter_map(Result::ok)
+            .map(|e| e.path())
+            .collect();
+        files.sort();
+        for p in files {
+            let name = p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+            if name.starts_with('.') {
+                // A temporary file of a write the crash interrupted.
+                let _ = std::fs::remove_file(&p);
+                continue;
+            }
+            let bytes = std::fs::read(&p).map_err(|e| io("reading", &p, e))?;
+            let batch = match TrainingBatch::decode(&bytes) {
+                Ok(b) => Arc::new(b),
+                Err(e) => {
+                    tracing::warn!(target: "stowplan::serve", file = %p.display(), error = %e, "undecodable spool file set aside");
+                    self.set_aside(&p)?;
+                    continue;
+                }
+            };
+            let key = batch.key();
+            if live.contains(&key) {
+                continue;
+            }
+            if state.seen(key) {
+                let _ = std::fs::remove_file(&p);
+                continue;
+            }
+            tracing::info!(target: "stowplan::serve", run = key.run, step = key.step, restored, "re-ingesting a batch spooled after the last checkpoint");
+            self.ingest(batch, &p)?;
+        }
+        Ok(())
+    }
+
+    fn set_aside(&mut self, p: &Path) -> Result<(), Error> {
+        let name = p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let to = self.options.state_dir.join("rejected").join(name);
+        self.summary.undecodable += 1;
+        std::fs::rename(p, &to).map_err(|e| io("moving aside", p, e))
+    }
+
+    fn checkpoint(&self) -> Result<(), Error> {
+        atomic::write(&self.options.state_dir.join("state.bin"), &self.packer.state().encode()?)
+    }
+
+    /// The packer (progress, pending samples).
+    pub fn packer(&self) -> &Packer {
+        &self.packer
+    }
+
+    /// Totals so far.
+    pub fn summary(&self) -> &ServeSummary {
+        &self.summary
+    }
+
+    fn ingest(&mut self, batch: Arc<TrainingBatch>, spooled: &Path) -> Result<(), Error> {
+        let key = batch.key();
+        if self.packer.progress(key.run).is_none()
+            && key.run < self.packer.options().num_runs
+            && let Some(config) = self.options.auto_add
+        {
+            self.packer.add_run(key.run, config)?;
+            tracing::info!(target: "stowplan::serve", run = key.run, batch_size = config.batch_size, "run added");
+        }
+        let report = self.packer.ingest(batch);
+        self.summary.batches += 1;
+        self.summary.rejected += report.rejected.len() as u64;
+        if report.duplicate {
+            self.summary.duplicates += 1;
+            tracing::warn!(target: "stowplan::serve", run = key.run, step = key.step, "duplicate batch ignored");
+        }
+        for (i, reason, message) in &report.rejected {
+            tracing::warn!(target: "stowplan::serve", run = key.run, step = key.step, index = i, reason = reason.name(), %message, "sample rejected");
+        }
+        if report.duplicate || report.accepted == 0 {
+            let _ = std::fs::remove_file(spooled);
+        }
+        Ok(())
+    }
+
+    fn handle(&mut self, incoming: Incoming) -> Result<(), Error> {
+        let message = match Message::decode(&incoming.bytes) {
+            Ok(m) => m,
+            Err(e) => {
+                tracing::error!(target: "stowplan::serve", file = ?incoming.path, error = %e, "undecodable message set aside");
+                match &incoming.path {
+                    Some(p) => self.set_aside(p)?,
+                    None => {
+                        self.summary.undecodable += 1;
+                        let name = format!("message_{}.bin", self.summary.undecodable);
+                        atomic::write(&self.options.state_dir.join("rejected").join(name), &incoming.bytes)?;
+                    }
+                }
+                return Ok(());
+            }
+        };
+        match message {
+            Message::Batch(batch) => {
+                let spooled = self.options.state_dir.join("spool").join(batch_file_name(batch.key()));
+                if self.packer.seen(batch.key()) {
+                    // Do not overwrite the spooled original of a duplicate.
+                    let report = self.packer.ingest(batch);
+                    debug_assert!(report.duplicate);
+                    self.summary.batches += 1;
+                    self.summary.duplicates += 1;
+                    tracing::warn!(target: "stowplan::serve", run = report.key.run, step = report.key.step, "duplicate batch ignored");
+                    if let Some(p) = &incoming.path {
+                        let _ = std::fs::remove_file(p);
+                    }
+                    return Ok(());
+                }
+                match &incoming.path {
+                    Some(p) => std::fs::rename(p, &spooled).map_err(|e| io("moving into the spool", p, e))?,
+                    None => atomic::write(&spooled, &incoming.bytes)?,
+                }
+                self.ingest(batch, &spooled)
+            }
+            Message::Control(c) => {
+                self.apply(c);
+                if let Some(p) = &incoming.path {
+                    // Durable once checkpointed; a crash before that applies it again.
+                    self.checkpoint()?;
+                    let _ = std::fs::remove_file(p);
+                }
+                Ok(())
+            }
+        }
+    }
+
+    fn apply(&mut self, c: Control) {
+        match c {
+            Control::AddRun { run, config } => match self.packer.progress(run) {
+                Some(_) => tracing::info!(target: "stowplan::serve", run, "run already exists"),
+                None => match self.packer.add_run(run, config) {
+                    Ok(()) => {
+                        tracing::info!(target: "stowplan::serve", run, batch_size = config.batch_size, "run added")
+                    }
+                    Err(e) => tracing::error!(target: "stowplan::serve", run, error = %e, "run not added"),
+                },
+            },
+            Control::RemoveRun { run } => match self.packer.remove_run(run) {
+                Ok((dropped, released)) => {
+                    self.drop_spooled(&released);
+                    tracing::warn!(target: "stowplan::serve", run, dropped_samples = dropped, "run removed");
+                }
+                Err(e) => tracing::error!(target: "stowplan::serve", run, error = %e, "run not removed"),
+            },
+        }
+    }
+
+    fn drop_spooled(&self, keys: &[BatchKey]) {
+        for &k in keys {
+            let _ = std::fs::remove_file(self.options.state_dir.join("spool").join(batch_file_name(k)));
+        }
+    }
+
+    /// Encodes and delivers a packed step, then records it delivered.
+    fn deliver(&mut self, step: crate::PackedStep, wait: f64, rebuilt: bool) -> Result<StepReport, Error> {
+        let started = Instant::now();
+        let encoded: Vec<Vec<u8>> = std::thread::scope(|s| {
+            let handles: Vec<_> = step.ranks.iter().map(|r| s.spawn(move || r.encode())).collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().unwrap_or_else(|_| Err(Error::Runtime("an encoder panicked".into()))))
+                .collect::<Result<_, _>>()
+        })?;
+        drop(step.ranks);
+        self.transport.deliver(step.metrics.step, &encoded)?;
+        let released = self.packer.delivered(step.metrics.step)?;
+        self.checkpoint()?;
+        self.drop_spooled(&released);
+        let deliver_seconds = started.elapsed().as_secs_f64();
+        let busy = self.receive_seconds + step.metrics.pack_seconds + deliver_seconds;
+        let (pending_samples, pending_tokens) = self.packer.pending();
+        let report = StepReport {
+            tokens_per_second: if busy > 0.0 { step.metrics.real_tokens as f64 / busy } else { 0.0 },
+            metrics: step.metrics,
+            wait_seconds: wait,
+            receive_seconds: self.receive_seconds,
+            deliver_seconds,
+            rebuilt,
+            pending_samples,
+            pending_tokens,
+        };
+        self.receive_seconds = 0.0;
+        self.last_delivery = Instant::now();
+        self.summary.steps += 1;
+        self.summary.samples += report.metrics.samples;
+        self.summary.real_tokens += report.metrics.real_tokens;
+        self.summary.padding_tokens += report.metrics.padding_tokens;
+        Ok(report)
+    }
+
+    /// Runs until `stop` is set (SIGINT/SIGTERM in the CLI) or `max_steps` steps were
+    /// delivered, calling `on_step` after each step. A step being packed or delivered when
+    /// `stop` is set is finished first; pending samples stay in the checkpoint.
+    pub fn run(&mut self, stop: &AtomicBool, mut on_step: impl FnMut(&StepReport)) -> Result<ServeSummary, Error> {
+        if let Some(step) = self.packer.rebuild_inflight()? {
+            tracing::warn!(target: "stowplan::serve", step = step.metrics.step, "delivering the step in flight at the last checkpoint again");
+            let report = self.deliver(step, 0.0, true)?;
+            on_step(&report);
+        }
+        tracing::info!(target: "stowplan::serve", transport = self.transport.name(), "waiting for the ranks");
+        self.transport.wait_ready(stop)?;
+        tracing::info!(target: "stowplan::serve", next_step = self.packer.next_step(), "serving");
+        self.last_delivery = Instant::now();
+        while !stop.load(Ordering::SeqCst) && self.options.max_steps.is_none_or(|m| self.summary.steps < m) {
+            let incoming = self.transport.receive(self.options.poll)?;
+            if !incoming.is_empty() {
+                let started = Instant::now();
+                for m in incoming {
+                    self.handle(m)?;
+                }
+                self.checkpoint()?;
+                self.receive_seconds += started.elapsed().as_secs_f64();
+            }
+            let wait = self.last_delivery.elapsed().as_secs_f64();
+            if let Some(step) = self.packer.pack(false)? {
+                // In flight: durable before any rank can see it.
+                self.checkpoint()?;
+                let report = self.deliver(step, wait, false)?;
+                on_step(&report);
+            }
+        }
+        self.summary.pending_samples = self.packer.pending().0;
+        Ok(self.summary.clone())
+    }
+}

@@ -1,0 +1,469 @@
+//! The packer runtime and `serve` over the filesystem transport: round-robin, progress,
+//! rejection, run separation, equal counts, checkpoint/restore, and crashes at every point of
+//! a step with nothing lost or delivered twice.
+#![allow(clippy::unwrap_used)]
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+use std::time::Duration;
+
+use proptest::prelude::*;
+use stowplan::serve::{Control, FsTransport, Incoming, ServeOptions, Server, Transport, receive_fs, send_fs};
+use stowplan::{
+    BatchKey, Error, Kernel, Packer, PackerOptions, PackerState, RankBatch, RejectReason, RunConfig, SampleKey,
+    TrainingBatch, TrainingSample,
+};
+
+/// A deterministic sample: tokens from (run, step, index).
+fn sample(run: u32, step: u64, index: u32, len: usize) -> TrainingSample {
+    let base = i64::from(run) * 1_000_000 + step as i64 * 10_000 + i64::from(index) * 100;
+    // At least one completion token.
+    let p = len.saturating_sub(1).min(3);
+    TrainingSample {
+        prompt_ids: (0..p as i64).map(|t| base + t).collect(),
+        completion_ids: (p as i64..len as i64).map(|t| base + t).collect(),
+        completion_logprobs: Some(vec![-0.5; len - p]),
+        advantage: index as f32 * 0.25 - 1.0,
+        ..TrainingSample::default()
+    }
+}
+
+fn batch(run: u32, step: u64, lens: &[usize]) -> TrainingBatch {
+    TrainingBatch {
+        run,
+        step,
+        temperature: 0.7,
+        samples: lens.iter().enumerate().map(|(i, &l)| sample(run, step, i as u32, l)).collect(),
+    }
+}
+
+fn packer(seq_len: u64, dp: u32, runs: u32, batch_size: u64) -> Packer {
+    let mut p =
+        Packer::new(Kernel::native(), PackerOptions { num_runs: runs, ..PackerOptions::new(seq_len, dp) }).unwrap();
+    for r in 0..runs {
+        p.add_run(r, RunConfig { batch_size }).unwrap();
+    }
+    p
+}
+
+/// Every (key, tokens) a step delivered, checking run separation and equal counts.
+fn unpack(ranks: &[RankBatch]) -> Vec<(SampleKey, Vec<i64>)> {
+    let per_rank = ranks[0].micro_batches.len();
+    let mut out = Vec::new();
+    for r in ranks {
+        assert_eq!(r.micro_batches.len(), per_rank, "every rank gets the same number of micro-batches");
+        for mb in &r.micro_batches {
+            let runs: BTreeSet<u32> = mb.samples.iter().map(|&i| r.keys[i as usize].run).collect();
+            assert!(runs.len() <= 1, "runs never share a micro-batch: {runs:?}");
+            let lora: i32 = mb.lora_num_tokens.iter().sum();
+            assert_eq!(lora as usize, mb.input_ids.len(), "lora_num_tokens covers the row");
+            for (j, &i) in mb.samples.iter().enumerate() {
+                let (a, b) = (mb.cu_seqlens[j] as usize, mb.cu_seqlens[j + 1] as usize);
+                out.push((r.keys[i as usize], mb.input_ids[a..b].to_vec()));
+            }
+        }
+    }
+    out
+}
+
+fn tokens_of(k: SampleKey, lens: &dyn Fn(SampleKey) -> usize) -> Vec<i64> {
+    let s = sample(k.run, k.step, k.index, lens(k));
+    [s.prompt_ids, s.completion_ids].concat()
+}
+
+#[test]
+fn round_robin_is_fair_and_persists_across_steps() {
+    // Budget of 4 samples of 10 tokens per step; run 0 has 8 pending, run 1 has 2, run 2 has 6.
+    let mut p = packer(10, 1, 3, 100);
+    let mut p_opts = *p.options();
+    p_opts.step_tokens = Some(40);
+    let mut p2 = Packer::new(Kernel::native(), p_opts).unwrap();
+    for r in 0..3 {
+        p2.add_run(r, RunConfig { batch_size: 100 }).unwrap();
+    }
+    p = p2;
+    p.ingest(Arc::new(batch(0, 0, &[10; 8])));
+    p.ingest(Arc::new(batch(1, 0, &[10; 2])));
+    p.ingest(Arc::new(batch(2, 0, &[10; 6])));
+    let mut order = Vec::new();
+    while let Some(step) = p.pack(true).unwrap() {
+        let mut keys: Vec<SampleKey> = step.ranks[0].keys.clone();
+        keys.sort_by_key(|k| (k.run, k.index));
+        order.push(keys.iter().map(|k| (k.run, k.index)).collect::<Vec<_>>());
+        p.delivered(step.metrics.step).unwrap();
+    }
+    assert_eq!(
+        order,
+        vec![
+            vec![(0, 0), (0, 1), (1, 0), (2, 0)],
+            vec![(0, 2), (1, 1), (2, 1), (2, 2)],
+            vec![(0, 3), (0, 4), (2, 3), (2, 4)],
+            vec![(0, 5), (0, 6), (0, 7), (2, 5)],
+        ]
+    );
+}
+
+#[test]
+fn progress_steps_and_ready_to_update() {
+    let mut p = packer(64, 2, 2, 3);
+    p.ingest(Arc::new(batch(0, 0, &[5, 6, 7, 8, 9])));
+    p.ingest(Arc::new(batch(1, 0, &[4, 4])));
+    let step = p.pack(true).unwrap().unwrap();
+    assert_eq!(step.ranks[0].ready_to_update, vec![0]);
+    p.delivered(0).unwrap();
+    let a = p.progress(0).unwrap().clone();
+    assert_eq!((a.step, a.samples_this_step, a.ready_to_update, a.total_samples, a.total_tokens), (1, 2, true, 5, 35));
+    let b = p.progress(1).unwrap();
+    assert_eq!((b.step, b.samples_this_step, b.ready_to_update, b.total_tokens), (0, 2, false, 8));
+    p.clear_ready(0).unwrap();
+    assert!(!p.progress(0).unwrap().ready_to_update);
+    p.ingest(Arc::new(batch(0, 1, &[3; 4])));
+    p.pack(true).unwrap().unwrap();
+    let a = p.progress(0).unwrap();
+    assert_eq!((a.step, a.samples_this_step, a.ready_to_update), (3, 0, true), "6 samples: two steps at once");
+}
+
+#[test]
+fn invalid_samples_are_rejected_with_reasons_and_the_rest_kept() {
+    let mut p = packer(16, 1, 1, 1);
+    let mut b = batch(0, 0, &[5, 5, 5, 5, 5, 5, 20]);
+    b.samples[1].completion_mask = Some(vec![true]);
+    b.samples[2].prompt_ids.clear();
+    b.samples[2].completion_ids.clear();
+    b.samples[2].completion_logprobs = None;
+    b.samples[3].completion_ids.clear();
+    b.samples[3].completion_logprobs = None;
+    b.samples[4].advantage = f32::NAN;
+    b.samples[5].teacher_logprobs = Some(vec![0.0; 5]);
+    let r = p.ingest(Arc::new(b));
+    assert_eq!(r.accepted, 1);
+    let reasons: Vec<(u32, RejectReason)> = r.rejected.iter().map(|(i, k, _)| (*i, *k)).collect();
+    assert_eq!(
+        reasons,
+        vec![
+            (1, RejectReason::LengthMismatch),
+            (2, RejectReason::Empty),
+            (3, RejectReason::EmptyCompletion),
+            (4, RejectReason::NotFinite),
+            (5, RejectReason::TeacherLogprobs),
+            (6, RejectReason::TooLong),
+        ]
+    );
+    assert!(r.rejected[5].2.contains("20 tokens, over seq_len 16"), "{}", r.rejected[5].2);
+    assert_eq!(p.progress(0).unwrap().rejected.values().sum::<u64>(), 6);
+    // An unknown run: every sample rejected; a duplicate changes nothing.
+    let u = p.ingest(Arc::new(batch(7, 0, &[4, 4])));
+    assert_eq!((u.accepted, u.rejected[0].1), (0, RejectReason::UnknownRun));
+    let d = p.ingest(Arc::new(batch(0, 0, &[4])));
+    assert!(d.duplicate);
+    assert_eq!(p.progress(0).unwrap().duplicate_batches, 1);
+    let step = p.pack(true).unwrap().unwrap();
+    assert_eq!(step.metrics.samples, 1);
+}
+
+#[test]
+fn runs_can_be_added_and_removed_while_running() {
+    let mut p = packer(32, 2, 3, 4);
+    p.remove_run(2).unwrap();
+    p.ingest(Arc::new(batch(0, 0, &[8; 3])));
+    p.ingest(Arc::new(batch(1, 0, &[8; 3])));
+    let (dropped, released) = p.remove_run(1).unwrap();
+    assert_eq!((dropped, released), (3, vec![BatchKey { run: 1, step: 0 }]));
+    p.add_run(2, RunConfig { batch_size: 1 }).unwrap();
+    p.ingest(Arc::new(batch(2, 0, &[8; 2])));
+    let step = p.pack(true).unwrap().unwrap();
+    let runs: BTreeSet<u32> = step.ranks[0].keys.iter().map(|k| k.run).collect();
+    assert_eq!(runs, BTreeSet::from([0, 2]));
+    assert!(p.remove_run(1).unwrap_err().to_string().contains("run 1 does not exist"));
+    assert!(p.add_run(3, RunConfig { batch_size: 1 }).unwrap_err().to_string().contains("run must be in 0..3"));
+    assert!(p.add_run(0, RunConfig { batch_size: 1 }).unwrap_err().to_string().contains("already exists"));
+    assert!(p.add_run(1, RunConfig { batch_size: 0 }).unwrap_err().to_string().contains("batch_size must be"));
+}
+
+#[test]
+fn options_out_of_range_are_named() {
+    let bad = |o: PackerOptions| match Packer::new(Kernel::native(), o) {
+        Err(Error::InvalidArgument(m)) => m,
+        other => panic!("{other:?}"),
+    };
+    let o = PackerOptions::new(1024, 4);
+    assert!(bad(PackerOptions { seq_len: 0, ..o }).contains("seq_len must be in 1..="));
+    assert!(bad(PackerOptions { dp: 0, ..o }).contains("dp must be at least 1"));
+    assert!(bad(PackerOptions { pad_to_multiple_of: 0, ..o }).contains("pad_to_multiple_of must be in 1..=seq_len"));
+    assert!(bad(PackerOptions { num_runs: 0, ..o }).contains("num_runs must be at least 1"));
+    assert!(bad(PackerOptions { threshold: Some(0), ..o }).contains("threshold must be at least 1"));
+    assert!(bad(PackerOptions { step_tokens: Some(10), ..o }).contains("step_tokens must be at least seq_len"));
+    let mut p = packer(16, 1, 1, 1);
+    p.ingest(Arc::new(batch(0, 0, &[4])));
+    p.pack(true).unwrap().unwrap();
+    assert!(p.pack(true).unwrap_err().to_string().contains("still in flight"));
+    assert!(p.delivered(5).unwrap_err().to_string().contains("step 5 is not in flight"));
+}
+
+#[test]
+fn threshold_and_wait_timeout_decide_when_to_pack() {
+    let o = PackerOptions { wait_timeout: Duration::from_millis(50), ..PackerOptions::new(100, 2) };
+    let mut p = Packer::new(Kernel::native(), o).unwrap();
+    p.add_run(0, RunConfig { batch_size: 1 }).unwrap();
+    assert!(p.pack(false).unwrap().is_none(), "nothing pending");
+    p.ingest(Arc::new(batch(0, 0, &[50; 3])));
+    assert!(p.pack(false).unwrap().is_none(), "150 of 200 tokens, not waited yet");
+    std::thread::sleep(Duration::from_millis(60));
+    assert!(p.pack(false).unwrap().is_some(), "the oldest sample waited past the timeout");
+    p.delivered(0).unwrap();
+    p.ingest(Arc::new(batch(0, 1, &[50; 4])));
+    assert!(p.pack(false).unwrap().is_some(), "threshold reached");
+}
+
+#[test]
+fn encodings_are_versioned_and_errors_name_the_problem() {
+    let b = batch(1, 2, &[3, 4]);
+    assert_eq!(TrainingBatch::decode(&b.encode().unwrap()).unwrap(), b);
+    let inv = |r: Result<TrainingBatch, Error>| r.unwrap_err().to_string();
+    assert!(inv(TrainingBatch::decode(b"nope")).contains("missing the SPTB header"));
+    let mut v = b.encode().unwrap();
+    v[4] = 9;
+    assert!(inv(TrainingBatch::decode(&v)).contains("training batch format version 9"));
+    let mut t = b.encode().unwrap();
+    t.truncate(t.len() - 3);
+    assert!(inv(TrainingBatch::decode(&t)).contains("corrupt training batch"));
+    let mut p = packer(16, 2, 2, 1);
+    p.ingest(Arc::new(b));
+    let step = p.pack(true).unwrap().unwrap();
+    let enc = step.ranks[1].encode().unwrap();
+    assert_eq!(RankBatch::decode(&enc).unwrap(), step.ranks[1]);
+    assert!(RankBatch::decode(&enc[..enc.len() - 1]).is_err());
+    assert!(PackerState::decode(&enc).unwrap_err().to_string().contains("missing the SPPS header"));
+}
+
+#[test]
+fn restore_rebuilds_the_step_in_flight_byte_for_byte() {
+    let mut p = packer(64, 2, 2, 2);
+    let batches = [batch(0, 0, &[10, 20, 30, 40]), batch(1, 0, &[15, 25]), batch(0, 1, &[5, 6])];
+    for b in &batches {
+        p.ingest(Arc::new(b.clone()));
+    }
+    let mut o = *p.options();
+    let step = p.pack(true).unwrap().unwrap();
+    let state = p.state();
+    let by_key: BTreeMap<BatchKey, TrainingBatch> = batches.iter().map(|b| (b.key(), b.clone())).collect();
+    let load = |k: BatchKey| Ok(Arc::new(by_key[&k].clone()));
+    let q = Packer::restore(Kernel::wasm().unwrap(), o, PackerState::decode(&state.encode().unwrap()).unwrap(), load)
+        .unwrap();
+    let again = q.rebuild_inflight().unwrap().unwrap();
+    for (a, b) in step.ranks.iter().zip(&again.ranks) {
+        assert_eq!(a.encode().unwrap(), b.encode().unwrap());
+    }
+    assert_eq!(q.state(), state);
+    o.seq_len = 128;
+    let e = Packer::restore(Kernel::native(), o, state, load).unwrap_err();
+    assert!(matches!(e, Error::CacheMismatch(ref m) if m.contains("seq_len: 128")), "{e}");
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(24))]
+    /// Any mix of batches over any number of steps: every valid sample delivered exactly
+    /// once with its tokens, runs apart, equal counts, progress totals right, even with a
+    /// checkpoint/restore between steps.
+    #[test]
+    fn every_sample_exactly_once(
+        batches in prop::collection::vec((0u32..3, prop::collection::vec(1usize..40, 0..12)), 1..8),
+        dp in 1u32..4,
+        budget in prop::option::of(40u64..200),
+        restore_at in 0usize..6,
+    ) {
+        let o = PackerOptions { num_runs: 3, step_tokens: budget, ..PackerOptions::new(40, dp) };
+        let mut p = Packer::new(Kernel::native(), o).unwrap();
+        for r in 0..3 { p.add_run(r, RunConfig { batch_size: 5 }).unwrap(); }
+        let mut sent = BTreeMap::new();
+        let mut lens = BTreeMap::new();
+        for (step, (run, ls)) in batches.iter().enumerate() {
+            let b = batch(*run, step as u64, ls);
+            for (i, &l) in ls.iter().enumerate() { lens.insert(SampleKey { run: *run, step: step as u64, index: i as u32 }, l); }
+            sent.insert(b.key(), b.clone());
+            p.ingest(Arc::new(b));
+        }
+        let mut got = Vec::new();
+        let mut n = 0;
+        while let Some(step) = p.pack(true).unwrap() {
+            got.extend(unpack(&step.ranks));
+            p.delivered(step.metrics.step).unwrap();
+            n += 1;
+            if n == restore_at {
+                let load = |k: BatchKey| Ok(Arc::new(sent[&k].clone()));
+                p = Packer::restore(Kernel::native(), o, p.state(), load).unwrap();
+            }
+        }
+        let keys: Vec<SampleKey> = got.iter().map(|(k, _)| *k).collect();
+        let unique: BTreeSet<SampleKey> = keys.iter().copied().collect();
+        prop_assert_eq!(unique.len(), keys.len(), "no sample twice");
+        prop_assert_eq!(unique, lens.keys().copied().collect::<BTreeSet<_>>(), "every sample");
+        for (k, t) in &got { prop_assert_eq!(t, &tokens_of(*k, &|k| lens[&k])); }
+        for r in 0..3u32 {
+            let mine: Vec<usize> = lens.iter().filter(|(k, _)| k.run == r).map(|(_, &l)| l).collect();
+            let pr = p.progress(r).unwrap();
+            prop_assert_eq!(pr.total_samples, mine.len() as u64);
+            prop_assert_eq!(pr.total_tokens, mine.iter().sum::<usize>() as u64);
+            prop_assert_eq!(pr.step, mine.len() as u64 / 5);
+        }
+    }
+}
+
+/// The filesystem transport, failing one delivery after `partial` of the ranks' files (a
+/// crash in the middle of a step); `crash_at` counts deliveries.
+struct Crashing {
+    inner: FsTransport,
+    deliveries: u32,
+    crash_at: Option<(u32, usize)>,
+}
+
+impl Transport for Crashing {
+    fn name(&self) -> &'static str {
+        "fs-crashing"
+    }
+    fn wait_ready(&mut self, stop: &AtomicBool) -> Result<(), Error> {
+        self.inner.wait_ready(stop)
+    }
+    fn receive(&mut self, timeout: Duration) -> Result<Vec<Incoming>, Error> {
+        self.inner.receive(timeout)
+    }
+    fn deliver(&mut self, step: u64, ranks: &[Vec<u8>]) -> Result<(), Error> {
+        self.deliveries += 1;
+        match self.crash_at {
+            Some((at, partial)) if at == self.deliveries => {
+                self.inner.deliver(step, &ranks[..partial])?;
+                Err(Error::Io("simulated crash".into()))
+            }
+            _ => self.inner.deliver(step, ranks),
+        }
+    }
+}
+
+fn serve_options(dir: &Path, max_steps: Option<u64>) -> ServeOptions {
+    ServeOptions {
+        packer: PackerOptions { num_runs: 2, threshold: Some(60), step_tokens: Some(96), ..PackerOptions::new(32, 3) },
+        state_dir: dir.join("packer"),
+        runs: Vec::new(),
+        auto_add: Some(RunConfig { batch_size: 4 }),
+        max_steps,
+        poll: Duration::from_millis(5),
+    }
+}
+
+/// Sends batches into the inbox, serves with a crash at delivery `crash_at` (after `partial`
+/// rank files), restarts, and checks what the ranks read.
+fn crash_and_resume(crash_at: u32, partial: usize, resend: bool) {
+    let dir = std::env::temp_dir()
+        .join(format!("stowplan-packer-crash-{}-{crash_at}-{partial}-{resend}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let stop = AtomicBool::new(false);
+    let lens = |k: SampleKey| 5 + ((k.index as usize * 7 + k.step as usize * 3 + k.run as usize) % 25);
+    let mut expected = BTreeSet::new();
+    let mut send = |run: u32, step: u64, n: u32| {
+        let ls: Vec<usize> = (0..n).map(|i| lens(SampleKey { run, step, index: i })).collect();
+        for i in 0..n {
+            expected.insert(SampleKey { run, step, index: i });
+        }
+        let b = batch(run, step, &ls);
+        send_fs(&dir, &stowplan::serve::batch_file_name(b.key()), &b.encode().unwrap()).unwrap();
+    };
+    std::fs::create_dir_all(dir.join("inbox")).unwrap();
+    for s in 0..3 {
+        send(0, s, 6);
+        send(1, s, 5);
+    }
+    // First life: crashes at delivery `crash_at`.
+    let t = Crashing {
+        inner: FsTransport::new(&dir, Duration::from_millis(2)).unwrap(),
+        deliveries: 0,
+        crash_at: Some((crash_at, partial)),
+    };
+    let mut server = Server::open(Kernel::native(), t, serve_options(&dir, Some(10))).unwrap();
+    let err = server.run(&stop, |_| {}).unwrap_err();
+    assert!(err.to_string().contains("simulated crash"));
+    drop(server);
+    // More batches arrive while the packer is down; the orchestrator may resend one.
+    send(0, 3, 4);
+    send(1, 3, 9);
+    if resend {
+        let b = batch(0, 0, &(0..6).map(|i| lens(SampleKey { run: 0, step: 0, index: i })).collect::<Vec<_>>());
+        send_fs(&dir, "run_0_step_0.bin", &b.encode().unwrap()).unwrap();
+    }
+    // Later lives: one step each (every restart resumes from the checkpoint) until
+    // nothing is pending and the inbox is empty.
+    let mut o = serve_options(&dir, Some(1));
+    o.packer.wait_timeout = Duration::ZERO;
+    let (mut last, mut duplicates) = (0, 0);
+    for life in 0.. {
+        assert!(life < 40, "did not drain");
+        let t = FsTransport::new(&dir, Duration::from_millis(2)).unwrap();
+        let mut server = Server::open(Kernel::native(), t, o.clone()).unwrap();
+        server.run(&stop, |_| {}).unwrap();
+        duplicates += server.summary().duplicates;
+        last = server.packer().next_step();
+        let inbox_empty = std::fs::read_dir(dir.join("inbox")).unwrap().next().is_none();
+        if server.packer().pending().0 == 0 && inbox_empty {
+            break;
+        }
+    }
+    assert_eq!(duplicates, u64::from(resend), "a resent batch is a duplicate");
+    // What the ranks read, each step once.
+    let mut got = Vec::new();
+    for step in 0..last {
+        let ranks: Vec<RankBatch> = (0..3)
+            .map(|r| receive_fs(&dir, step, r, Duration::from_secs(1), Duration::from_millis(1)).unwrap())
+            .collect();
+        got.extend(unpack(&ranks));
+    }
+    let keys: Vec<SampleKey> = got.iter().map(|(k, _)| *k).collect();
+    let unique: BTreeSet<SampleKey> = keys.iter().copied().collect();
+    assert_eq!(unique.len(), keys.len(), "delivered twice (crash at {crash_at}/{partial})");
+    assert_eq!(unique, expected, "lost samples (crash at {crash_at}/{partial})");
+    for (k, t) in &got {
+        assert_eq!(t, &tokens_of(*k, &lens));
+    }
+    let spool: Vec<_> = std::fs::read_dir(dir.join("packer/spool")).unwrap().collect();
+    assert!(spool.is_empty(), "spool files left after everything was delivered");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn crash_before_any_rank_file_then_resume() {
+    crash_and_resume(1, 0, false);
+}
+
+#[test]
+fn crash_with_some_rank_files_written_then_resume_and_resend() {
+    crash_and_resume(1, 2, true);
+    crash_and_resume(2, 1, false);
+}
+
+#[test]
+fn control_messages_and_a_second_server_on_the_same_state() {
+    let dir = std::env::temp_dir().join(format!("stowplan-packer-control-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let mut o = serve_options(&dir, Some(1));
+    o.auto_add = None;
+    o.packer.wait_timeout = Duration::ZERO;
+    let add = Control::AddRun { run: 1, config: RunConfig { batch_size: 2 } };
+    std::fs::create_dir_all(dir.join("inbox")).unwrap();
+    send_fs(&dir, "control_0.bin", &add.encode().unwrap()).unwrap();
+    let b = batch(1, 0, &[4, 4]);
+    send_fs(&dir, "run_1_step_0.bin", &b.encode().unwrap()).unwrap();
+    let b0 = batch(0, 0, &[4]);
+    send_fs(&dir, "run_0_step_0.bin", &b0.encode().unwrap()).unwrap();
+    send_fs(&dir, "garbage.bin", b"not a message").unwrap();
+    let t = FsTransport::new(&dir, Duration::from_millis(2)).unwrap();
+    let mut server = Server::open(Kernel::native(), t, o.clone()).unwrap();
+    let t2 = FsTransport::new(&dir, Duration::from_millis(2)).unwrap();
+    let second = Server::open(Kernel::native(), t2, o.clone()).unwrap_err();
+    assert!(second.to_string().contains("another stowplan serve uses this state directory"), "{second}");
+    let summary = server.run(&AtomicBool::new(false), |_| {}).unwrap();
+    assert_eq!((summary.steps, summary.samples, summary.rejected, summary.undecodable), (1, 2, 1, 1));
+    assert!(dir.join("packer/rejected/garbage.bin").is_file(), "undecodable messages are kept aside");
+    assert_eq!(server.packer().progress(1).unwrap().step, 1);
+    assert!(std::fs::read_dir(dir.join("inbox")).unwrap().next().is_none(), "inbox drained");
+    let _ = std::fs::remove_dir_all(&dir);
+}
