@@ -463,7 +463,7 @@ impl<T: Transport> Server<T> {
             tracing::warn!(target: "stowplan::serve", run = key.run, step = key.step, "duplicate batch ignored");
         }
         for (i, reason, message) in &report.rejected {
-            tracing::warn!(target: "stowplan::serve", run = key.run, step = key.step, index = i, reason = reason.name(), %message, "sample rejected");
+            tracing::warn!(target: "stowplan::serve", run = key.run, step = key.step, index = i, reason = reason.name(), detail = %message, "sample rejected");
         }
         if report.duplicate || report.accepted == 0 {
             let _ = std::fs::remove_file(spooled);

@@ -207,7 +207,7 @@ pub struct PyMicroBatch {
     cp_runs: Option<CpRuns>,
 }
 
-fn wrap(py: Python<'_>, m: MicroBatch) -> PyMicroBatch {
+pub(crate) fn wrap(py: Python<'_>, m: MicroBatch) -> PyMicroBatch {
     PyMicroBatch {
         samples: m.samples.into_pyarray(py).unbind(),
         input_ids: m.input_ids.into_pyarray(py).unbind(),
@@ -353,7 +353,7 @@ impl PyMicroBatch {
 }
 
 /// Owned sample data extracted from Python.
-struct OwnedSample {
+pub(crate) struct OwnedSample {
     prompt_ids: Vec<i64>,
     completion_ids: Vec<i64>,
     prompt_mask: Option<Vec<bool>>,
@@ -367,6 +367,20 @@ struct OwnedSample {
 }
 
 impl OwnedSample {
+    /// The sample as the packer's wire type (run and scalar temperature belong to the batch).
+    pub(crate) fn into_training(self) -> stowplan::TrainingSample {
+        stowplan::TrainingSample {
+            prompt_ids: self.prompt_ids,
+            completion_ids: self.completion_ids,
+            prompt_mask: self.prompt_mask,
+            completion_mask: self.completion_mask,
+            completion_logprobs: self.completion_logprobs,
+            completion_temperatures: self.temperatures,
+            teacher_logprobs: self.teacher_logprobs,
+            advantage: self.advantage,
+        }
+    }
+
     fn borrow(&self) -> Sample<'_> {
         Sample {
             prompt_ids: &self.prompt_ids,
@@ -433,7 +447,7 @@ fn bools(i: usize, name: &str, v: &Bound<'_, PyAny>) -> PyResult<Vec<bool>> {
     ints(i, name, v).map(|x| x.into_iter().map(|b| b != 0).collect())
 }
 
-fn extract_sample(i: usize, obj: &Bound<'_, PyAny>) -> PyResult<OwnedSample> {
+pub(crate) fn extract_sample(i: usize, obj: &Bound<'_, PyAny>) -> PyResult<OwnedSample> {
     let need = |name: &str| -> PyResult<Bound<'_, PyAny>> {
         get(obj, name)?.ok_or_else(|| {
             crate::invalid(obj.py(), format!("samples[{i}] has no {name} (a mapping key or an attribute)"))

@@ -7,6 +7,7 @@
 
 mod filter;
 mod layout;
+mod packer;
 mod plan;
 mod source;
 
@@ -526,6 +527,7 @@ fn _stowplan(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(balance_batch, m)?)?;
     m.add_function(wrap_pyfunction!(roll_load_balance, m)?)?;
     layout::register(m)?;
+    packer::register(m)?;
     plan::register(m)?;
     source::register(m)?;
     filter::register(m)?;

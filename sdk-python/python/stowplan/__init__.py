@@ -37,6 +37,7 @@ from ._plan import (
     plan_dataset,
 )
 from ._filter import Filter
+from ._packer import FileReceiver, FileSender, IngestReport, Packer, RankBatch, TrainingBatch
 from ._source import BufferedDataSource, DataSource, Sample
 from . import errors as _errors
 from .errors import *  # noqa: F401,F403  (every class of errors.__all__)
@@ -69,6 +70,12 @@ __all__ = [
     "BufferedDataSource",
     "Sample",
     "Filter",
+    "Packer",
+    "IngestReport",
+    "TrainingBatch",
+    "RankBatch",
+    "FileSender",
+    "FileReceiver",
     "kernel_info",
 ] + _errors.__all__
 

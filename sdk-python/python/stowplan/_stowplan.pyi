@@ -355,3 +355,71 @@ class Filter:
         output_limit: int,
         on_failure: str,
     ) -> None: ...
+
+class RankBatch:
+    """What one rank receives for one packer step: its micro-batches (numpy arrays) and the
+    key (run, orchestrator step, index in the batch) of every sample of the step; a
+    micro-batch's ``samples`` index ``sample_runs``/``sample_steps``/``sample_indices``."""
+
+    step: int
+    rank: int
+    dp: int
+    micro_batches: List[MicroBatch]
+    sample_runs: npt.NDArray[np.uint32]
+    sample_steps: npt.NDArray[np.uint64]
+    sample_indices: npt.NDArray[np.uint32]
+    ready_to_update: List[int]
+    def __len__(self) -> int: ...
+
+def encode_training_batch(run: int, step: int, temperature: float, samples: Iterable[Any]) -> bytes:
+    """SPTB header, format version, postcard body."""
+
+def encode_control(kind: str, run: int, batch_size: int) -> bytes:
+    """An add_run/remove_run message (SPCT header)."""
+
+def batch_file_name(run: int, step: int) -> str:
+    """run_{run}_step_{step}.bin"""
+
+def fs_send(root: Any, name: str, data: bytes) -> str:
+    """Writes data to ROOT/inbox/NAME atomically; returns the path."""
+
+def fs_receive(root: Any, step: int, rank: int, timeout: float, poll: float) -> RankBatch:
+    """Waits for ROOT/rollouts/step_{step}/rank_{rank}.bin and decodes it."""
+
+def decode_rank_batch(data: bytes) -> RankBatch: ...
+
+class Packer:
+    """The packer runtime (stowplan::Packer) behind a lock."""
+
+    def __init__(
+        self,
+        seq_len: int,
+        dp: int,
+        pad_to_multiple_of: int,
+        pad_token_id: int,
+        linear: int,
+        quadratic: int,
+        num_runs: int,
+        threshold: Optional[int],
+        step_tokens: Optional[int],
+        wait_timeout: float,
+        teacher_logprobs: bool,
+        allow_empty_completion: bool,
+        backend: str,
+        state: Optional[bytes] = None,
+        batches: Optional[List[bytes]] = None,
+    ) -> None: ...
+    def add_run(self, run: int, batch_size: int) -> None: ...
+    def remove_run(self, run: int) -> int: ...
+    def clear_ready(self, run: int) -> None: ...
+    def ingest(self, run: int, step: int, temperature: float, samples: Iterable[Any]) -> Tuple[int, List[Tuple[int, str, str]], bool]: ...
+    def ingest_bytes(self, data: bytes) -> Tuple[int, List[Tuple[int, str, str]], bool]: ...
+    def should_pack(self) -> bool: ...
+    def pack(self, force: bool) -> Optional[Tuple[List[RankBatch], Dict[str, Any]]]: ...
+    def delivered(self, step: int) -> List[Tuple[int, int]]: ...
+    def pending(self) -> Tuple[int, int]: ...
+    def next_step(self) -> int: ...
+    def runs(self) -> List[Dict[str, Any]]: ...
+    def state(self) -> bytes: ...
+    def needed_batches(self) -> List[Tuple[int, int]]: ...
+    def rebuild_inflight(self) -> Optional[List[RankBatch]]: ...

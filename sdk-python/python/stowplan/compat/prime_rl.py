@@ -2,6 +2,8 @@
 
 - :func:`pack_samples` — the classic packer (``packed_samples_into_micro_bs``): first-fit
   decreasing with key (LoRA, −length), LoRAs may share a bin, training modes may not.
+- :func:`micro_batch_fields` — a micro-batch received from ``stowplan serve`` (or
+  :class:`stowplan.Packer`) in prime-rl's trainer field layout.
 - :func:`prepare_micro_batches` — packing plus ``pad_micro_batch``: one dict per micro-batch
   in prime-rl's field layout (``variant="classic"``: the classic ``MicroBatch``;
   ``"multilora"``: with ``sequence_lengths``/``seq_lens``), fields as numpy arrays built by
@@ -34,7 +36,7 @@ import numpy as np
 
 from .. import _stowplan
 
-__all__ = ["pack_samples", "prepare_micro_batches"]
+__all__ = ["pack_samples", "prepare_micro_batches", "micro_batch_fields"]
 
 
 def _get(sample: Any, name: str, default: Any = None) -> Any:
@@ -79,6 +81,27 @@ def _pack(prepared: List[Dict[str, Any]], samples: Sequence[Any], seq_len: int, 
     modes: Dict[str, int] = {}
     labels = [modes.setdefault(str(_get(s, "training_mode", "rl")), len(modes)) for s in samples]
     return _stowplan.prime_rl_ffd(lengths, runs, labels, seq_len, backend)
+
+
+def micro_batch_fields(mb: Any) -> Dict[str, Any]:
+    """A :class:`stowplan.MicroBatch` as prime-rl's trainer reads a micro-batch (its
+    multi-LoRA ``MicroBatch`` fields): ``input_ids``, ``position_ids``, ``loss_mask``,
+    ``advantages``, ``inference_logprobs``, ``temperatures``, ``teacher_logprobs`` (or None),
+    ``lora_num_tokens``, ``sequence_lengths`` and ``seq_lens`` (the padded lengths, the end
+    padding counted in the last sequence). Arrays are the micro-batch's own, not copies."""
+    lengths = mb.sequence_lengths
+    return {
+        "input_ids": mb.input_ids,
+        "position_ids": mb.position_ids,
+        "loss_mask": mb.loss_mask,
+        "advantages": mb.advantages,
+        "inference_logprobs": mb.inference_logprobs,
+        "temperatures": mb.temperatures,
+        "teacher_logprobs": mb.teacher_logprobs,
+        "lora_num_tokens": mb.lora_num_tokens,
+        "sequence_lengths": lengths,
+        "seq_lens": lengths,
+    }
 
 
 def pack_samples(samples: Sequence[Any], seq_len: int, *, backend: str = "wasm") -> Tuple[List[List[int]], List[int]]:
@@ -128,7 +151,6 @@ def prepare_micro_batches(
     )
     out: List[Dict[str, Any]] = []
     for members, mb in zip(bins, ranks[0]):
-        lengths = mb.sequence_lengths
         env_names: List[str] = []
         rewards: List[float] = []
         for i, n in zip(members, (np.diff(mb.cu_seqlens)).tolist()):
@@ -137,23 +159,14 @@ def prepare_micro_batches(
         pad = int(mb.padding_tokens)
         env_names += [""] * pad
         rewards += [float("nan")] * pad
-        d: Dict[str, Any] = {
-            "input_ids": mb.input_ids,
-            "position_ids": mb.position_ids,
-            "loss_mask": mb.loss_mask,
-            "advantages": mb.advantages,
-            "inference_logprobs": mb.inference_logprobs,
-            "temperatures": mb.temperatures,
-            "lora_num_tokens": mb.lora_num_tokens,
-            "env_names": env_names,
-        }
+        d = micro_batch_fields(mb)
+        d["env_names"] = env_names
         if variant == "classic":
+            del d["sequence_lengths"], d["seq_lens"]
             d["rewards"] = np.array(rewards, dtype=np.float32)
-            d["teacher_logprobs"] = mb.teacher_logprobs
             d["training_mode"] = str(_get(samples[members[0]], "training_mode", "rl"))
         else:
-            d["sequence_lengths"] = lengths
-            d["seq_lens"] = lengths
+            del d["teacher_logprobs"]
             d["ref_logprobs"] = None
         out.append(d)
     return out

@@ -1,0 +1,314 @@
+"""The packer runtime from Python: the orchestrator's sender, the trainer ranks' receiver, and
+the in-process :class:`Packer`.
+
+``stowplan serve --transport fs --root ROOT …`` runs the packer as a process. The
+orchestrator sends :class:`TrainingBatch` es with :class:`FileSender` (``ROOT/inbox/``), every
+trainer rank reads its micro-batches of each step with :class:`FileReceiver`
+(``ROOT/rollouts/step_{n}/rank_{r}.bin``) as numpy arrays.
+
+>>> import tempfile, stowplan
+>>> root = tempfile.mkdtemp()
+>>> packer = stowplan.Packer(seq_len=16, dp=2, num_runs=2)
+>>> packer.add_run(0, batch_size=2); packer.add_run(1, batch_size=2)
+>>> batch = stowplan.TrainingBatch(run=1, step=0, samples=[
+...     {"prompt_ids": [1, 2], "completion_ids": [3, 4, 5], "advantage": 0.5},
+...     {"prompt_ids": [6], "completion_ids": [7, 8], "advantage": -1.0},
+...     {"prompt_ids": [9], "completion_ids": [], "advantage": 1.0}])
+>>> packer.ingest(batch).rejected
+[(2, 'empty_completion', 'empty completion (nothing to train on); pass allow_empty_completion to keep such samples')]
+>>> ranks, metrics = packer.pack(force=True)
+>>> [len(r) for r in ranks], metrics["real_tokens"]
+([1, 1], 8)
+>>> [mb.lora_num_tokens.tolist() for r in ranks for mb in r.micro_batches]
+[[0, 5], [0, 3]]
+>>> packer.delivered(0)
+[(1, 0)]
+>>> packer.progress(1)["step"], packer.progress(1)["ready_to_update"]
+(1, True)
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+
+from . import _stowplan
+from ._balance import COSTS
+
+__all__ = ["TrainingBatch", "FileSender", "FileReceiver", "RankBatch", "Packer", "IngestReport"]
+
+RankBatch = _stowplan.RankBatch
+
+
+@dataclass
+class TrainingBatch:
+    """One run's samples of one orchestrator step (prime-rl's ``TrainingBatch``).
+
+    ``samples``: mappings or objects with ``prompt_ids``, ``completion_ids`` and
+    ``advantage``, optionally ``prompt_mask``, ``completion_mask``, ``completion_logprobs``,
+    ``completion_temperatures`` and ``teacher_logprobs`` (lists or numpy arrays).
+    ``(run, step)`` identifies the batch: the packer ignores a second batch with the same pair,
+    so resending after a crash is safe.
+    """
+
+    samples: Sequence[Any]
+    step: int
+    run: int = 0
+    temperature: float = 1.0
+
+    def encode(self) -> bytes:
+        """The batch in stowplan's versioned wire format (what the transports carry)."""
+        return _stowplan.encode_training_batch(self.run, self.step, float(self.temperature), self.samples)
+
+
+@dataclass
+class IngestReport:
+    """What :meth:`Packer.ingest` did: samples buffered, samples rejected as
+    ``(index, reason, message)``, and whether the batch was a duplicate."""
+
+    accepted: int
+    rejected: List[Tuple[int, str, str]] = field(default_factory=list)
+    duplicate: bool = False
+
+
+class FileSender:
+    """The orchestrator side of the filesystem transport: writes each batch (and run changes)
+    into ``root/inbox/`` atomically (temporary file, fsync, rename)."""
+
+    def __init__(self, root: "os.PathLike[str] | str") -> None:
+        self.root = os.fspath(root)
+        os.makedirs(os.path.join(self.root, "inbox"), exist_ok=True)
+
+    def send(self, batch: TrainingBatch) -> str:
+        """Sends ``batch``; returns the inbox file written."""
+        name = _stowplan.batch_file_name(batch.run, batch.step)
+        return os.fspath(_stowplan.fs_send(self.root, name, batch.encode()))
+
+    def _control(self, kind: str, run: int, batch_size: int) -> str:
+        name = f"control_{time.time_ns():020d}_{os.getpid()}_{kind}_{run}.bin"
+        return os.fspath(_stowplan.fs_send(self.root, name, _stowplan.encode_control(kind, run, batch_size)))
+
+    def add_run(self, run: int, *, batch_size: int) -> str:
+        """Asks the packer to add run ``run`` (a no-op if it exists)."""
+        return self._control("add_run", run, batch_size)
+
+    def remove_run(self, run: int) -> str:
+        """Asks the packer to remove run ``run``; its pending samples are dropped (logged)."""
+        return self._control("remove_run", run, 1)
+
+
+class FileReceiver:
+    """A trainer rank's side of the filesystem transport: waits for
+    ``root/rollouts/step_{n}/rank_{rank}.bin`` and decodes it into a :class:`RankBatch` whose
+    ``micro_batches`` hold numpy arrays.
+
+    Iterating yields step ``start_step``, then the next, … (each waits up to ``timeout``
+    seconds, ``None``: forever). With ``consume=True`` a file is deleted once decoded.
+    """
+
+    def __init__(
+        self,
+        root: "os.PathLike[str] | str",
+        rank: int,
+        *,
+        start_step: int = 0,
+        timeout: Optional[float] = None,
+        poll: float = 0.005,
+        consume: bool = False,
+    ) -> None:
+        if not isinstance(rank, int) or rank < 0:
+            raise _invalid(f"rank must be an integer ≥ 0 (got {rank!r})")
+        if not isinstance(start_step, int) or start_step < 0:
+            raise _invalid(f"start_step must be an integer ≥ 0 (got {start_step!r})")
+        if timeout is not None and not timeout >= 0:
+            raise _invalid(f"timeout must be None or a number of seconds ≥ 0 (got {timeout!r})")
+        if not poll > 0:
+            raise _invalid(f"poll must be a number of seconds > 0 (got {poll!r})")
+        self.root = os.fspath(root)
+        self.rank = rank
+        self.next_step = start_step
+        self.timeout = timeout
+        self.poll = float(poll)
+        self.consume = consume
+
+    def path(self, step: int) -> str:
+        """The file of ``step`` for this rank."""
+        return os.path.join(self.root, "rollouts", f"step_{step}", f"rank_{self.rank}.bin")
+
+    def receive(self, step: Optional[int] = None, *, timeout: Optional[float] = None) -> RankBatch:
+        """Waits for ``step`` (default: the next one) and returns it; the next call then
+        waits for the step after. Raises ``stowplan.StowplanTimeoutError`` after ``timeout``
+        (default: the receiver's)."""
+        step = self.next_step if step is None else step
+        wait = self.timeout if timeout is None else timeout
+        batch = _stowplan.fs_receive(self.root, step, self.rank, 1e9 if wait is None else float(wait), self.poll)
+        if self.consume:
+            try:
+                os.remove(self.path(step))
+            except FileNotFoundError:
+                pass
+        self.next_step = step + 1
+        return batch
+
+    def __iter__(self) -> Iterator[RankBatch]:
+        while True:
+            yield self.receive()
+
+
+def _invalid(message: str) -> Exception:
+    from .errors import InvalidArgumentError
+
+    return InvalidArgumentError(message)
+
+
+def _cost(cost: Any) -> Tuple[int, int]:
+    if isinstance(cost, str):
+        if cost not in COSTS:
+            raise _invalid(f"cost must be one of {sorted(COSTS)} or (linear, quadratic) (got {cost!r})")
+        return COSTS[cost]
+    try:
+        linear, quadratic = cost
+    except (TypeError, ValueError):
+        raise _invalid(f"cost must be a name or (linear, quadratic) (got {cost!r})") from None
+    return int(linear), int(quadratic)
+
+
+class Packer:
+    """The packer runtime in process: per-run buffers, a token threshold with a wait timeout,
+    round-robin selection across runs, per-run progress, packing, balancing and
+    materialization. ``stowplan serve`` runs the same code as a process.
+
+    Options as in ``stowplan serve``: ``seq_len`` (micro-batch capacity; longer samples are
+    rejected), ``dp`` (ranks), ``pad_to_multiple_of``, ``pad_token_id``, ``cost`` (``"tokens"``,
+    ``"attention"`` or ``(linear, quadratic)``), ``num_runs`` (length of ``lora_num_tokens``),
+    ``threshold`` (default ``seq_len × dp``), ``step_tokens`` (default: all pending),
+    ``wait_timeout`` (seconds), ``teacher_logprobs``, ``allow_empty_completion``.
+    """
+
+    def __init__(
+        self,
+        *,
+        seq_len: int,
+        dp: int,
+        pad_to_multiple_of: int = 1,
+        pad_token_id: int = 1,
+        cost: Any = "tokens",
+        num_runs: int = 1,
+        threshold: Optional[int] = None,
+        step_tokens: Optional[int] = None,
+        wait_timeout: float = 10.0,
+        teacher_logprobs: bool = False,
+        allow_empty_completion: bool = False,
+        backend: str = "wasm",
+        _state: Optional[bytes] = None,
+        _batches: Optional[List[bytes]] = None,
+    ) -> None:
+        linear, quadratic = _cost(cost)
+        self._options = dict(
+            seq_len=seq_len,
+            dp=dp,
+            pad_to_multiple_of=pad_to_multiple_of,
+            pad_token_id=pad_token_id,
+            cost=cost,
+            num_runs=num_runs,
+            threshold=threshold,
+            step_tokens=step_tokens,
+            wait_timeout=wait_timeout,
+            teacher_logprobs=teacher_logprobs,
+            allow_empty_completion=allow_empty_completion,
+            backend=backend,
+        )
+        self._inner = _stowplan.Packer(
+            seq_len,
+            dp,
+            pad_to_multiple_of,
+            pad_token_id,
+            linear,
+            quadratic,
+            num_runs,
+            threshold,
+            step_tokens,
+            float(wait_timeout),
+            bool(teacher_logprobs),
+            bool(allow_empty_completion),
+            backend,
+            _state,
+            _batches,
+        )
+
+    def add_run(self, run: int, *, batch_size: int) -> None:
+        """Adds run ``run`` (below ``num_runs``) whose step advances every ``batch_size`` samples."""
+        self._inner.add_run(run, batch_size)
+
+    def remove_run(self, run: int) -> int:
+        """Removes run ``run``; returns how many of its pending samples were dropped."""
+        return self._inner.remove_run(run)
+
+    def clear_ready(self, run: int) -> None:
+        """Clears the run's ``ready_to_update`` after the trainer updated it."""
+        self._inner.clear_ready(run)
+
+    def ingest(self, batch: "TrainingBatch | bytes") -> IngestReport:
+        """Buffers the batch's valid samples; invalid ones are rejected with a reason."""
+        if isinstance(batch, (bytes, bytearray, memoryview)):
+            accepted, rejected, duplicate = self._inner.ingest_bytes(bytes(batch))
+        else:
+            accepted, rejected, duplicate = self._inner.ingest(batch.run, batch.step, float(batch.temperature), batch.samples)
+        return IngestReport(accepted, rejected, duplicate)
+
+    def should_pack(self) -> bool:
+        """Whether the threshold is reached or the oldest pending sample waited ``wait_timeout``."""
+        return self._inner.should_pack()
+
+    def pack(self, *, force: bool = False) -> Optional[Tuple[List[RankBatch], Dict[str, Any]]]:
+        """Packs the next step if :meth:`should_pack` (or anything is pending and ``force``):
+        one :class:`RankBatch` per rank and the step's figures. Call :meth:`delivered` once
+        the ranks have it."""
+        return self._inner.pack(force)
+
+    def delivered(self, step: int) -> List[Tuple[int, int]]:
+        """Marks the step in flight delivered; returns the ``(run, step)`` batches now done."""
+        return self._inner.delivered(step)
+
+    def pending(self) -> Tuple[int, int]:
+        """Samples and tokens pending."""
+        return self._inner.pending()
+
+    @property
+    def next_step(self) -> int:
+        """The next packer step (the one in flight, if any)."""
+        return self._inner.next_step()
+
+    def runs(self) -> List[Dict[str, Any]]:
+        """Every run's configuration and progress."""
+        return self._inner.runs()
+
+    def progress(self, run: int) -> Dict[str, Any]:
+        """Run ``run``'s progress: ``step``, ``samples_this_step``, ``ready_to_update``,
+        ``total_samples``, ``total_tokens``, ``received_samples``, ``rejected`` (by reason),
+        ``duplicate_batches``."""
+        for r in self.runs():
+            if r["run"] == run:
+                return r
+        raise _invalid(f"run {run} does not exist")
+
+    def state(self) -> bytes:
+        """The checkpoint (versioned bytes): progress, pending order, round-robin position and
+        the step in flight, without the batches' contents (see :meth:`needed_batches`)."""
+        return self._inner.state()
+
+    def needed_batches(self) -> List[Tuple[int, int]]:
+        """The ``(run, step)`` batches a restore of :meth:`state` needs."""
+        return self._inner.needed_batches()
+
+    @classmethod
+    def restore(cls, state: bytes, batches: Sequence["TrainingBatch | bytes"], **options: Any) -> "Packer":
+        """A packer from :meth:`state` and the batches it names, with the same options."""
+        encoded = [b if isinstance(b, bytes) else b.encode() for b in batches]
+        return cls(**options, _state=bytes(state), _batches=encoded)
+
+    def rebuild_inflight(self) -> Optional[List[RankBatch]]:
+        """After :meth:`restore`: the step that was in flight, byte for byte as before."""
+        return self._inner.rebuild_inflight()

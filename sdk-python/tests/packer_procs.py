@@ -1,0 +1,91 @@
+"""Processes of the end-to-end packer test (and the throughput benchmark):
+
+    python packer_procs.py orchestrator ROOT STEPS RUNS [DELAY]
+    python packer_procs.py resend ROOT RUN STEP
+    python packer_procs.py rank ROOT RANK OUT
+
+The orchestrator sends deterministic batches (:func:`make_batch`) through
+``stowplan.FileSender``; a rank receives its steps with ``stowplan.FileReceiver`` and saves,
+per step, the micro-batch count and every sample's key and tokens to ``OUT/rank{R}_step{N}.npz``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from typing import Any, Dict, List
+
+import numpy as np
+
+import stowplan
+
+SEQ_LEN = 2048
+SAMPLES = 12
+
+
+def make_batch(run: int, step: int) -> stowplan.TrainingBatch:
+    """12 valid samples with random tokens and one longer than ``SEQ_LEN`` (rejected)."""
+    rng = np.random.default_rng(run * 100_003 + step)
+    samples: List[Dict[str, Any]] = []
+    for i in range(SAMPLES + 1):
+        total = SEQ_LEN + 100 if i == SAMPLES else int(rng.integers(40, 1500))
+        p = int(rng.integers(1, 30))
+        tokens = rng.integers(0, 150_000, size=total, dtype=np.int64)
+        samples.append(
+            {
+                "prompt_ids": tokens[:p],
+                "completion_ids": tokens[p:],
+                "completion_logprobs": rng.standard_normal(total - p).astype(np.float32),
+                "advantage": float(i) - 6.0,
+            }
+        )
+    return stowplan.TrainingBatch(samples=samples, step=step, run=run, temperature=0.8)
+
+
+def expected_tokens(run: int, step: int) -> Dict[int, np.ndarray]:
+    """Index → tokens of every valid sample of a batch."""
+    b = make_batch(run, step)
+    return {i: np.concatenate([s["prompt_ids"], s["completion_ids"]]) for i, s in enumerate(b.samples[:SAMPLES])}
+
+
+def orchestrator(root: str, steps: int, runs: int, delay: float) -> None:
+    sender = stowplan.FileSender(root)
+    for step in range(steps):
+        for run in range(runs):
+            sender.send(make_batch(run, step))
+        time.sleep(delay)
+
+
+def rank(root: str, r: int, out: str) -> None:
+    receiver = stowplan.FileReceiver(root, r, poll=0.002)
+    for batch in receiver:
+        keys, tokens, offsets = [], [], [0]
+        for mb in batch.micro_batches:
+            for j, i in enumerate(mb.samples.tolist()):
+                keys.append((int(batch.sample_runs[i]), int(batch.sample_steps[i]), int(batch.sample_indices[i])))
+                a, b = int(mb.cu_seqlens[j]), int(mb.cu_seqlens[j + 1])
+                tokens.append(mb.input_ids[a:b])
+                offsets.append(offsets[-1] + b - a)
+        tmp = os.path.join(out, f".rank{r}_step{batch.step}.npz")
+        with open(tmp, "wb") as f:
+            np.savez(
+                f,
+                keys=np.array(keys, dtype=np.int64).reshape(-1, 3),
+                tokens=np.concatenate(tokens) if tokens else np.zeros(0, np.int64),
+                offsets=np.array(offsets, dtype=np.int64),
+                micro_batches=np.int64(len(batch.micro_batches)),
+            )
+        os.replace(tmp, os.path.join(out, f"rank{r}_step{batch.step}.npz"))
+
+
+if __name__ == "__main__":
+    mode = sys.argv[1]
+    if mode == "orchestrator":
+        orchestrator(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5]) if len(sys.argv) > 5 else 0.0)
+    elif mode == "resend":
+        stowplan.FileSender(sys.argv[2]).send(make_batch(int(sys.argv[3]), int(sys.argv[4])))
+    elif mode == "rank":
+        rank(sys.argv[2], int(sys.argv[3]), sys.argv[4])
+    else:
+        raise SystemExit(f"unknown mode {mode!r}")

@@ -1,0 +1,239 @@
+"""The packer runtime from Python: the in-process Packer, the filesystem sender/receiver, the
+prime-rl layouts, and the end-to-end test: an orchestrator process, ``stowplan serve`` and 4
+rank processes, with the packer killed (SIGKILL) mid-run and restarted."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import time
+from typing import Dict, List, Set, Tuple
+
+import numpy as np
+import pytest
+
+import stowplan
+from stowplan.compat import prime_rl
+
+HERE = pathlib.Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+sys.path.insert(0, str(HERE))
+import packer_procs  # noqa: E402
+
+
+def sample(n: int, adv: float = 1.0, **extra):
+    return {"prompt_ids": list(range(1, 3)), "completion_ids": list(range(3, 3 + n)), "advantage": adv, **extra}
+
+
+def test_round_robin_progress_and_run_separation():
+    p = stowplan.Packer(seq_len=64, dp=2, num_runs=3, step_tokens=64)
+    for r in range(3):
+        p.add_run(r, batch_size=2)
+    p.ingest(stowplan.TrainingBatch(run=0, step=0, samples=[sample(6) for _ in range(6)]))
+    p.ingest(stowplan.TrainingBatch(run=2, step=0, samples=[sample(6) for _ in range(2)]))
+    ranks, m = p.pack(force=True)
+    # 64 tokens of 8-token samples: run 0, run 2, run 0, run 2, then run 0 four times.
+    assert m["run_samples"] == {0: 6, 2: 2}
+    assert [len(r) for r in ranks] == [len(ranks[0])] * 2
+    for r in ranks:
+        for mb in r.micro_batches:
+            assert len({int(r.sample_runs[i]) for i in mb.samples}) == 1
+            assert int(mb.lora_num_tokens.sum()) == len(mb.input_ids)
+    assert sorted(p.delivered(0)) == [(0, 0), (2, 0)]
+    assert p.progress(0)["step"] == 3 and p.progress(2)["ready_to_update"]
+    assert p.progress(0)["total_tokens"] == 48
+    p.clear_ready(2)
+    assert not p.progress(2)["ready_to_update"]
+
+
+def test_rejections_duplicates_and_errors():
+    p = stowplan.Packer(seq_len=16, dp=1)
+    p.add_run(0, batch_size=4)
+    r = p.ingest(
+        stowplan.TrainingBatch(
+            run=0,
+            step=3,
+            samples=[sample(4), sample(40), sample(4, completion_mask=[True]), sample(4, adv=float("nan"))],
+        )
+    )
+    assert r.accepted == 1 and [(i, k) for i, k, _ in r.rejected] == [(1, "too_long"), (2, "length_mismatch"), (3, "not_finite")]
+    assert p.progress(0)["rejected"] == {"length_mismatch": 1, "not_finite": 1, "too_long": 1}
+    assert p.ingest(stowplan.TrainingBatch(run=0, step=3, samples=[sample(4)])).duplicate
+    assert p.ingest(stowplan.TrainingBatch(run=5, step=0, samples=[sample(4)])).rejected[0][1] == "unknown_run"
+    with pytest.raises(stowplan.InvalidArgumentError, match=r"seq_len must be in 1\.\."):
+        stowplan.Packer(seq_len=0, dp=1)
+    with pytest.raises(stowplan.InvalidArgumentError, match="dp must be in 1"):
+        stowplan.Packer(seq_len=8, dp=-1)
+    with pytest.raises(stowplan.InvalidArgumentError, match="step_tokens must be at least seq_len"):
+        stowplan.Packer(seq_len=8, dp=1, step_tokens=4)
+    with pytest.raises(stowplan.InvalidArgumentError, match="wait_timeout must be"):
+        stowplan.Packer(seq_len=8, dp=1, wait_timeout=-1)
+    with pytest.raises(stowplan.InvalidArgumentError, match="cost must be"):
+        stowplan.Packer(seq_len=8, dp=1, cost="flops")
+    with pytest.raises(stowplan.InvalidArgumentError, match="batch_size must be in 1"):
+        p.add_run(0, batch_size=0)
+    with pytest.raises(stowplan.InvalidArgumentError, match="already exists"):
+        p.add_run(0, batch_size=1)
+    with pytest.raises(stowplan.InvalidArgumentError, match="temperature must be > 0"):
+        stowplan.TrainingBatch(run=0, step=0, samples=[sample(2)], temperature=0).encode()
+    with pytest.raises(stowplan.InvalidArgumentError, match="missing the SPTB header"):
+        p.ingest(b"junk")
+    with pytest.raises(stowplan.InvalidArgumentError, match="not in flight"):
+        p.delivered(9)
+
+
+def test_state_restore_rebuilds_the_step_in_flight():
+    opts = dict(seq_len=32, dp=2, num_runs=2)
+    p = stowplan.Packer(**opts)
+    p.add_run(0, batch_size=3)
+    p.add_run(1, batch_size=3)
+    batches = [stowplan.TrainingBatch(run=r, step=0, samples=[sample(3 + i) for i in range(5)]) for r in (0, 1)]
+    for b in batches:
+        p.ingest(b)
+    ranks, _ = p.pack(force=True)
+    state = p.state()
+    assert sorted(p.needed_batches()) == [(0, 0), (1, 0)]
+    q = stowplan.Packer.restore(state, batches, **opts)
+    again = q.rebuild_inflight()
+    for a, b in zip(ranks, again):
+        for x, y in zip(a.micro_batches, b.micro_batches):
+            assert x.to_bytes() == y.to_bytes()
+    with pytest.raises(stowplan.CacheMismatchError, match="seq_len: 64"):
+        stowplan.Packer.restore(state, batches, **{**opts, "seq_len": 64})
+    with pytest.raises(stowplan.CacheMismatchError, match="which batches lacks"):
+        stowplan.Packer.restore(state, batches[:1], **opts)
+
+
+def test_file_sender_and_receiver_round_trip(tmp_path):
+    sender = stowplan.FileSender(tmp_path)
+    path = sender.send(stowplan.TrainingBatch(run=0, step=7, samples=[sample(3)]))
+    assert path.endswith("inbox/run_0_step_7.bin")
+    receiver = stowplan.FileReceiver(tmp_path, 1, start_step=4, timeout=0.05)
+    with pytest.raises(stowplan.StowplanTimeoutError, match="rank_1.bin did not appear"):
+        receiver.receive()
+    with pytest.raises(stowplan.InvalidArgumentError, match="rank must be"):
+        stowplan.FileReceiver(tmp_path, -1)
+    with pytest.raises(stowplan.InvalidArgumentError, match="timeout must be"):
+        stowplan.FileReceiver(tmp_path, 0, timeout=-1)
+
+
+def test_prime_rl_layout_of_a_received_micro_batch():
+    p = stowplan.Packer(seq_len=16, dp=1, num_runs=2, pad_to_multiple_of=4)
+    p.add_run(1, batch_size=1)
+    p.ingest(stowplan.TrainingBatch(run=1, step=0, samples=[sample(3)], temperature=0.5))
+    ranks, _ = p.pack(force=True)
+    d = prime_rl.micro_batch_fields(ranks[0].micro_batches[0])
+    assert d["input_ids"].tolist() == [1, 2, 3, 4, 5, 1, 1, 1]
+    assert d["lora_num_tokens"].tolist() == [0, 8]
+    assert d["temperatures"].tolist() == [0.5] * 5 + [1.0] * 3
+    assert d["sequence_lengths"].tolist() == [8]
+    assert d["loss_mask"].tolist() == [False, False, True, True, True, False, False, False]
+
+
+# --- end to end: orchestrator + stowplan serve + 4 ranks, SIGKILL and restart -------------
+
+def serve_binary() -> str:
+    path = os.environ.get("STOWPLAN_BIN") or str(ROOT / "target" / "release" / "stowplan")
+    if not os.path.isfile(path):
+        if os.environ.get("STOWPLAN_REQUIRE_SERVE"):
+            raise AssertionError(f"the stowplan binary is required but missing at {path}")
+        pytest.skip(f"no stowplan binary at {path} (cargo build --release, or set STOWPLAN_BIN)")
+    return path
+
+
+def delivered_steps(root: pathlib.Path, dp: int) -> int:
+    n = 0
+    while all((root / "rollouts" / f"step_{n}" / f"rank_{r}.bin").exists() for r in range(dp)):
+        n += 1
+    return n
+
+
+def received(out: pathlib.Path) -> Dict[Tuple[int, int], Tuple[np.ndarray, np.ndarray, np.ndarray, int]]:
+    got = {}
+    for f in glob.glob(str(out / "rank*_step*.npz")):
+        name = os.path.basename(f)[4:-4]
+        r, s = name.split("_step")
+        with np.load(f) as z:
+            got[(int(r), int(s))] = (z["keys"], z["tokens"], z["offsets"], int(z["micro_batches"]))
+    return got
+
+
+def test_end_to_end_fs_with_sigkill_and_restart(tmp_path):
+    binary = serve_binary()
+    root, out = tmp_path / "root", tmp_path / "out"
+    out.mkdir()
+    steps, runs, dp = 8, 2, 4
+    serve = [binary, "serve", "--transport", "fs", "--root", str(root), "--seq-len", str(packer_procs.SEQ_LEN),
+             "--dp", str(dp), "--batch-size", "16", "--num-runs", str(runs), "--wait-timeout", "0.3",
+             "--pad-to-multiple-of", "8", "--log-format", "json", "--poll-ms", "2"]
+    env = {**os.environ, "PYTHONPATH": str(HERE)}
+    logs = open(tmp_path / "serve.log", "wb")
+    procs: List[subprocess.Popen] = []
+    try:
+        packer = subprocess.Popen(serve, stderr=logs, stdout=subprocess.DEVNULL)
+        procs += [subprocess.Popen([sys.executable, str(HERE / "packer_procs.py"), "rank", str(root), str(r), str(out)], env=env)
+                  for r in range(dp)]
+        orch = subprocess.Popen([sys.executable, str(HERE / "packer_procs.py"), "orchestrator", str(root), str(steps), str(runs), "0.15"], env=env)
+        procs.append(orch)
+        deadline = time.time() + 60
+        while delivered_steps(root, dp) < 2:
+            assert time.time() < deadline, "no steps delivered"
+            assert packer.poll() is None, "serve exited"
+            time.sleep(0.01)
+        packer.send_signal(signal.SIGKILL)
+        packer.wait()
+        time.sleep(0.3)  # batches pile up in the inbox meanwhile
+        # The orchestrator resends a batch it is unsure about: a duplicate, ignored.
+        subprocess.run([sys.executable, str(HERE / "packer_procs.py"), "resend", str(root), "0", "0"], env=env, check=True)
+        packer = subprocess.Popen(serve, stderr=logs, stdout=subprocess.PIPE)
+        assert orch.wait(timeout=60) == 0
+        expected: Dict[Tuple[int, int, int], np.ndarray] = {}
+        for s in range(steps):
+            for r in range(runs):
+                for i, t in packer_procs.expected_tokens(r, s).items():
+                    expected[(r, s, i)] = t
+        deadline = time.time() + 90
+        while True:
+            got = received(out)
+            keys = [tuple(k) for (_, _), (ks, _, _, _) in got.items() for k in ks.tolist()]
+            if len(set(keys)) >= len(expected):
+                break
+            assert time.time() < deadline, f"{len(set(keys))} of {len(expected)} samples received"
+            assert packer.poll() is None, "serve exited"
+            time.sleep(0.05)
+        # Clean shutdown on SIGTERM: exit 0, summary printed, pending state kept.
+        packer.send_signal(signal.SIGTERM)
+        stdout, _ = packer.communicate(timeout=30)
+        assert packer.returncode == 0
+        assert b"stowplan serve:" in stdout
+    finally:
+        for p in procs + [packer]:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        logs.close()
+    time.sleep(0.1)
+    got = received(out)
+    # Exactly once, byte-identical tokens, equal micro-batch counts on every rank.
+    seen: Set[Tuple[int, int, int]] = set()
+    n_steps = max(s for (_, s) in got) + 1
+    for step in range(n_steps):
+        counts = {got[(r, step)][3] for r in range(dp)}
+        assert len(counts) == 1, f"step {step}: ranks got {counts} micro-batches"
+        for r in range(dp):
+            ks, tokens, offsets, _ = got[(r, step)]
+            for j, k in enumerate(map(tuple, ks.tolist())):
+                assert k not in seen, f"{k} delivered twice"
+                seen.add(k)
+                assert np.array_equal(tokens[offsets[j]:offsets[j + 1]], expected[k]), f"tokens of {k} differ"
+    assert seen == set(expected), f"lost {sorted(set(expected) - seen)[:5]}"
+    events = [json.loads(line) for line in (tmp_path / "serve.log").read_text().splitlines() if line.startswith("{")]
+    messages = [e["fields"].get("message") for e in events]
+    assert "step delivered" in messages and "duplicate batch ignored" in messages and "sample rejected" in messages
+    step_events = [e["fields"] for e in events if e["fields"].get("message") == "step delivered"]
+    assert all({"real_tokens", "padding_tokens", "imbalance", "wait_s", "pack_s", "deliver_s"} <= set(f) for f in step_events)
