@@ -113,8 +113,8 @@ pub trait Transport {
     fn wait_ready(&mut self, stop: &AtomicBool) -> Result<(), Error>;
     /// Messages that arrived, waiting at most `timeout` for the first.
     fn receive(&mut self, timeout: Duration) -> Result<Vec<Incoming>, Error>;
-    /// Delivers one step: `ranks[r]` is rank `r`'s encoded [`RankBatch`].
-    fn deliver(&mut self, step: u64, ranks: &[Vec<u8>]) -> Result<(), Error>;
+    /// Delivers one step: `ranks[r]` is rank `r`'s batch (encode with [`RankBatch::encode`]).
+    fn deliver(&mut self, step: u64, ranks: &[RankBatch]) -> Result<(), Error>;
 }
 
 /// File name of a batch in an inbox or spool.
@@ -191,15 +191,17 @@ impl Transport for FsTransport {
         }
     }
 
-    fn deliver(&mut self, step: u64, ranks: &[Vec<u8>]) -> Result<(), Error> {
+    fn deliver(&mut self, step: u64, ranks: &[RankBatch]) -> Result<(), Error> {
         let dir = self.root.join("rollouts").join(format!("step_{step}"));
+        // One thread per rank encodes and writes its file: one rank's encoding overlaps
+        // another's write and fsync.
         std::thread::scope(|s| {
             let handles: Vec<_> = ranks
                 .iter()
                 .enumerate()
-                .map(|(r, bytes)| {
+                .map(|(r, batch)| {
                     let path = dir.join(format!("rank_{r}.bin"));
-                    s.spawn(move || atomic::write(&path, bytes))
+                    s.spawn(move || atomic::write(&path, &batch.encode()?))
                 })
                 .collect();
             handles
@@ -550,15 +552,8 @@ impl<T: Transport> Server<T> {
     /// Encodes and delivers a packed step, then records it delivered.
     fn deliver(&mut self, step: crate::PackedStep, wait: f64, rebuilt: bool) -> Result<StepReport, Error> {
         let started = Instant::now();
-        let encoded: Vec<Vec<u8>> = std::thread::scope(|s| {
-            let handles: Vec<_> = step.ranks.iter().map(|r| s.spawn(move || r.encode())).collect();
-            handles
-                .into_iter()
-                .map(|h| h.join().unwrap_or_else(|_| Err(Error::Runtime("an encoder panicked".into()))))
-                .collect::<Result<_, _>>()
-        })?;
+        self.transport.deliver(step.metrics.step, &step.ranks)?;
         drop(step.ranks);
-        self.transport.deliver(step.metrics.step, &encoded)?;
         let released = self.packer.delivered(step.metrics.step)?;
         self.checkpoint()?;
         self.drop_spooled(&released);

@@ -329,7 +329,7 @@ impl Transport for Crashing {
     fn receive(&mut self, timeout: Duration) -> Result<Vec<Incoming>, Error> {
         self.inner.receive(timeout)
     }
-    fn deliver(&mut self, step: u64, ranks: &[Vec<u8>]) -> Result<(), Error> {
+    fn deliver(&mut self, step: u64, ranks: &[RankBatch]) -> Result<(), Error> {
         self.deliveries += 1;
         match self.crash_at {
             Some((at, partial)) if at == self.deliveries => {
