@@ -294,3 +294,46 @@ fn filter_check_errors_exit_2_and_name_the_problem() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("panics on purpose"));
 }
+
+#[test]
+fn serve_delivers_a_step_and_names_bad_options() {
+    let root = temp_dir("serve");
+    let batch = stowplan::TrainingBatch {
+        run: 0,
+        step: 0,
+        temperature: 1.0,
+        samples: (0..6)
+            .map(|i| stowplan::TrainingSample {
+                prompt_ids: vec![1, 2],
+                completion_ids: vec![3; 10 + i],
+                advantage: 1.0,
+                ..Default::default()
+            })
+            .collect(),
+    };
+    stowplan::serve::send_fs(&root, "run_0_step_0.bin", &batch.encode().unwrap()).unwrap();
+    let r = root.to_str().unwrap();
+    let args = ["serve", "--root", r, "--seq-len", "64", "--dp", "2", "--batch-size", "3", "--max-steps", "1"];
+    let out = stowplan(&[&args[..], &["--json", "--threshold", "10"]].concat(), None, &[]);
+    let v = json(&out);
+    assert_eq!(v["summary"]["steps"], 1);
+    assert_eq!(v["summary"]["samples"], 6);
+    assert_eq!(v["runs"][0]["progress"]["step"], 2);
+    let logs = String::from_utf8_lossy(&out.stderr);
+    assert!(logs.contains("step delivered") && logs.contains("imbalance"), "{logs}");
+    for rank in 0..2 {
+        let bytes = std::fs::read(root.join(format!("rollouts/step_0/rank_{rank}.bin"))).unwrap();
+        let b = stowplan::RankBatch::decode(&bytes).unwrap();
+        assert_eq!((b.step, b.rank, b.keys.len()), (0, rank, 6));
+    }
+    let bad = stowplan(&["serve", "--root", r, "--seq-len", "0", "--dp", "2", "--batch-size", "3"], None, &[]);
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("seq_len must be in 1..="), "{:?}", bad);
+    let bad = stowplan(&["serve", "--root", r, "--seq-len", "64", "--dp", "2", "--batch-size", "0"], None, &[]);
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("--batch-size must be at least 1"), "{:?}", bad);
+    // Restarting with other options than the checkpoint's is refused, naming them.
+    let bad = stowplan(&["serve", "--root", r, "--seq-len", "128", "--dp", "2", "--batch-size", "3"], None, &[]);
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("saved with other options"), "{:?}", bad);
+    let _ = std::fs::remove_dir_all(&root);
+}
