@@ -18,6 +18,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::packer::{decode_with, encode_with};
 use crate::{AlignOptions, Cost, CpLayout, DistributeOptions, Distribution, Error, Factor, Kernel, Padding};
 
 /// The temperature a sample was generated with.
@@ -309,30 +310,15 @@ impl MicroBatch {
 
     /// Encodes as `MICRO_BATCH_MAGIC`, the version (u16 little-endian), then postcard.
     pub fn encode(&self) -> Result<Vec<u8>, Error> {
-        let mut out = Vec::with_capacity(8 + self.len() * 24);
-        out.extend_from_slice(&MICRO_BATCH_MAGIC);
-        out.extend_from_slice(&MICRO_BATCH_VERSION.to_le_bytes());
-        postcard::to_extend(self, out).map_err(|e| Error::InvalidArgument(format!("micro-batch encoding failed: {e}")))
+        encode_with(MICRO_BATCH_MAGIC, MICRO_BATCH_VERSION, "micro-batch", self, self.len() * 24)
     }
 
     /// Decodes what [`MicroBatch::encode`] wrote. Errors name what is wrong: not a
     /// micro-batch, another version, a corrupt or truncated body, trailing bytes, arrays of
     /// different lengths.
     pub fn decode(bytes: &[u8]) -> Result<Self, Error> {
-        let bad = |m: String| Error::InvalidArgument(format!("bytes: {m}"));
-        if bytes.len() < 6 || bytes[..4] != MICRO_BATCH_MAGIC {
-            return Err(bad("not an encoded stowplan micro-batch (missing the SPMB header)".into()));
-        }
-        let version = u16::from_le_bytes([bytes[4], bytes[5]]);
-        if version != MICRO_BATCH_VERSION {
-            return Err(bad(format!("micro-batch format version {version}; this build reads {MICRO_BATCH_VERSION}")));
-        }
-        let (mb, rest): (MicroBatch, &[u8]) =
-            postcard::take_from_bytes(&bytes[6..]).map_err(|e| bad(format!("corrupt micro-batch: {e}")))?;
-        if !rest.is_empty() {
-            return Err(bad(format!("{} trailing bytes after the micro-batch", rest.len())));
-        }
-        mb.check_lengths().map_err(bad)?;
+        let mb: MicroBatch = decode_with(MICRO_BATCH_MAGIC, MICRO_BATCH_VERSION, "micro-batch", bytes)?;
+        mb.check_lengths().map_err(|m| Error::InvalidArgument(format!("bytes: {m}")))?;
         Ok(mb)
     }
 

@@ -134,24 +134,36 @@ pub const PACKER_STATE_MAGIC: [u8; 4] = *b"SPPS";
 /// Format version of the three encodings above (little-endian u16 after the magic).
 pub const PACKER_FORMAT_VERSION: u16 = 1;
 
-/// `magic`, the version, then postcard.
-fn encode_with<T: Serialize>(magic: [u8; 4], what: &str, value: &T, hint: usize) -> Result<Vec<u8>, Error> {
+/// `magic`, the version (little-endian u16), then postcard: every stowplan wire encoding.
+pub(crate) fn encode_with<T: Serialize>(
+    magic: [u8; 4],
+    version: u16,
+    what: &str,
+    value: &T,
+    hint: usize,
+) -> Result<Vec<u8>, Error> {
     let mut out = Vec::with_capacity(6 + hint);
     out.extend_from_slice(&magic);
-    out.extend_from_slice(&PACKER_FORMAT_VERSION.to_le_bytes());
+    out.extend_from_slice(&version.to_le_bytes());
     postcard::to_extend(value, out).map_err(|e| Error::InvalidArgument(format!("{what} encoding failed: {e}")))
 }
 
-/// Reverses [`encode_with`]; errors name what is wrong with the bytes.
-fn decode_with<T: for<'de> Deserialize<'de>>(magic: [u8; 4], what: &str, bytes: &[u8]) -> Result<T, Error> {
+/// Reverses [`encode_with`]; errors name what is wrong with the bytes (not this kind of
+/// encoding, another version, corrupt or truncated, trailing bytes).
+pub(crate) fn decode_with<T: for<'de> Deserialize<'de>>(
+    magic: [u8; 4],
+    expected: u16,
+    what: &str,
+    bytes: &[u8],
+) -> Result<T, Error> {
     let bad = |m: String| Error::InvalidArgument(format!("bytes: {m}"));
     if bytes.len() < 6 || bytes[..4] != magic {
         let m = String::from_utf8_lossy(&magic).into_owned();
         return Err(bad(format!("not an encoded stowplan {what} (missing the {m} header)")));
     }
     let version = u16::from_le_bytes([bytes[4], bytes[5]]);
-    if version != PACKER_FORMAT_VERSION {
-        return Err(bad(format!("{what} format version {version}; this build reads {PACKER_FORMAT_VERSION}")));
+    if version != expected {
+        return Err(bad(format!("{what} format version {version}; this build reads {expected}")));
     }
     let (value, rest): (T, &[u8]) =
         postcard::take_from_bytes(&bytes[6..]).map_err(|e| bad(format!("corrupt {what}: {e}")))?;
@@ -174,12 +186,12 @@ impl TrainingBatch {
 
     /// Encodes as [`TRAINING_BATCH_MAGIC`], the version, then postcard.
     pub fn encode(&self) -> Result<Vec<u8>, Error> {
-        encode_with(TRAINING_BATCH_MAGIC, "training batch", self, self.tokens() as usize * 6)
+        encode_with(TRAINING_BATCH_MAGIC, PACKER_FORMAT_VERSION, "training batch", self, self.tokens() as usize * 6)
     }
 
     /// Decodes what [`TrainingBatch::encode`] wrote.
     pub fn decode(bytes: &[u8]) -> Result<Self, Error> {
-        decode_with(TRAINING_BATCH_MAGIC, "training batch", bytes)
+        decode_with(TRAINING_BATCH_MAGIC, PACKER_FORMAT_VERSION, "training batch", bytes)
     }
 }
 
@@ -204,12 +216,12 @@ impl RankBatch {
     /// Encodes as [`RANK_BATCH_MAGIC`], the version, then postcard.
     pub fn encode(&self) -> Result<Vec<u8>, Error> {
         let hint: usize = self.micro_batches.iter().map(|m| m.len() * 20).sum();
-        encode_with(RANK_BATCH_MAGIC, "rank batch", self, hint)
+        encode_with(RANK_BATCH_MAGIC, PACKER_FORMAT_VERSION, "rank batch", self, hint)
     }
 
     /// Decodes what [`RankBatch::encode`] wrote, checking every micro-batch's arrays.
     pub fn decode(bytes: &[u8]) -> Result<Self, Error> {
-        let b: RankBatch = decode_with(RANK_BATCH_MAGIC, "rank batch", bytes)?;
+        let b: RankBatch = decode_with(RANK_BATCH_MAGIC, PACKER_FORMAT_VERSION, "rank batch", bytes)?;
         for m in &b.micro_batches {
             m.check_lengths().map_err(|e| Error::InvalidArgument(format!("bytes: {e}")))?;
             if let Some(&i) = m.samples.iter().find(|&&i| i as usize >= b.keys.len()) {
@@ -441,12 +453,12 @@ struct Inflight {
 impl PackerState {
     /// Encodes as [`PACKER_STATE_MAGIC`], the version, then postcard.
     pub fn encode(&self) -> Result<Vec<u8>, Error> {
-        encode_with(PACKER_STATE_MAGIC, "packer state", self, 1024)
+        encode_with(PACKER_STATE_MAGIC, PACKER_FORMAT_VERSION, "packer state", self, 1024)
     }
 
     /// Decodes what [`PackerState::encode`] wrote.
     pub fn decode(bytes: &[u8]) -> Result<Self, Error> {
-        decode_with(PACKER_STATE_MAGIC, "packer state", bytes)
+        decode_with(PACKER_STATE_MAGIC, PACKER_FORMAT_VERSION, "packer state", bytes)
     }
 
     /// The next packer step (the one in flight, if any).

@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 
 use crate::error::io;
-use crate::packer::{PACKER_FORMAT_VERSION, TRAINING_BATCH_MAGIC};
+use crate::packer::{PACKER_FORMAT_VERSION, TRAINING_BATCH_MAGIC, decode_with, encode_with};
 use crate::{
     BatchKey, Error, Kernel, Packer, PackerOptions, PackerState, RankBatch, RunConfig, StepMetrics, TrainingBatch,
     atomic,
@@ -53,10 +53,7 @@ pub enum Control {
 impl Control {
     /// Encodes as [`CONTROL_MAGIC`], the version, then postcard.
     pub fn encode(&self) -> Result<Vec<u8>, Error> {
-        let mut out = Vec::with_capacity(32);
-        out.extend_from_slice(&CONTROL_MAGIC);
-        out.extend_from_slice(&PACKER_FORMAT_VERSION.to_le_bytes());
-        postcard::to_extend(self, out).map_err(|e| Error::InvalidArgument(format!("control encoding failed: {e}")))
+        encode_with(CONTROL_MAGIC, PACKER_FORMAT_VERSION, "control message", self, 16)
     }
 }
 
@@ -73,18 +70,7 @@ impl Message {
     /// Decodes a training batch or a control message (told apart by their headers).
     pub fn decode(bytes: &[u8]) -> Result<Self, Error> {
         if bytes.starts_with(&CONTROL_MAGIC) {
-            let version = bytes.get(4..6).map(|v| u16::from_le_bytes([v[0], v[1]]));
-            if version != Some(PACKER_FORMAT_VERSION) {
-                return Err(Error::InvalidArgument(format!(
-                    "bytes: control message format version {version:?}; this build reads {PACKER_FORMAT_VERSION}"
-                )));
-            }
-            let (c, rest): (Control, &[u8]) = postcard::take_from_bytes(&bytes[6..])
-                .map_err(|e| Error::InvalidArgument(format!("bytes: corrupt control message: {e}")))?;
-            if !rest.is_empty() {
-                return Err(Error::InvalidArgument("bytes: trailing bytes after the control message".into()));
-            }
-            return Ok(Message::Control(c));
+            return decode_with(CONTROL_MAGIC, PACKER_FORMAT_VERSION, "control message", bytes).map(Message::Control);
         }
         if !bytes.starts_with(&TRAINING_BATCH_MAGIC) {
             return Err(Error::InvalidArgument(

@@ -6,7 +6,7 @@ use numpy::{IntoPyArray, PyArray1, PyArrayMethods, PyReadonlyArray1, PyUntypedAr
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList};
-use stowplan::{AlignOptions, Cost, CpRuns, Factor, MaterializeOptions, MicroBatch, Padding, Sample, Temperature};
+use stowplan::{AlignOptions, Cost, CpRuns, Factor, MaterializeOptions, MicroBatch, Padding, Sample};
 
 use crate::{Lengths, invalid, kernel, to_py};
 
@@ -352,50 +352,17 @@ impl PyMicroBatch {
     }
 }
 
-/// Owned sample data extracted from Python.
+/// Owned sample data extracted from Python: the packer's wire sample plus the run and the
+/// scalar temperature, which a `TrainingBatch` carries once for all its samples.
 pub(crate) struct OwnedSample {
-    prompt_ids: Vec<i64>,
-    completion_ids: Vec<i64>,
-    prompt_mask: Option<Vec<bool>>,
-    completion_mask: Option<Vec<bool>>,
-    completion_logprobs: Option<Vec<f32>>,
-    temperatures: Option<Vec<f32>>,
+    pub(crate) sample: stowplan::TrainingSample,
     temperature: f32,
-    advantage: f32,
     run: u32,
-    teacher_logprobs: Option<Vec<f32>>,
 }
 
 impl OwnedSample {
-    /// The sample as the packer's wire type (run and scalar temperature belong to the batch).
-    pub(crate) fn into_training(self) -> stowplan::TrainingSample {
-        stowplan::TrainingSample {
-            prompt_ids: self.prompt_ids,
-            completion_ids: self.completion_ids,
-            prompt_mask: self.prompt_mask,
-            completion_mask: self.completion_mask,
-            completion_logprobs: self.completion_logprobs,
-            completion_temperatures: self.temperatures,
-            teacher_logprobs: self.teacher_logprobs,
-            advantage: self.advantage,
-        }
-    }
-
     fn borrow(&self) -> Sample<'_> {
-        Sample {
-            prompt_ids: &self.prompt_ids,
-            completion_ids: &self.completion_ids,
-            prompt_mask: self.prompt_mask.as_deref(),
-            completion_mask: self.completion_mask.as_deref(),
-            completion_logprobs: self.completion_logprobs.as_deref(),
-            temperature: match &self.temperatures {
-                Some(t) => Temperature::PerToken(t),
-                None => Temperature::One(self.temperature),
-            },
-            advantage: self.advantage,
-            run: self.run,
-            teacher_logprobs: self.teacher_logprobs.as_deref(),
-        }
+        self.sample.as_sample(self.temperature, self.run)
     }
 }
 
@@ -470,16 +437,18 @@ pub(crate) fn extract_sample(i: usize, obj: &Bound<'_, PyAny>) -> PyResult<Owned
     let run = u32::try_from(run)
         .map_err(|_| crate::invalid(obj.py(), format!("samples[{i}].run must be in 0..=2**32-1 (got {run})")))?;
     Ok(OwnedSample {
-        prompt_ids: ints(i, "prompt_ids", &need("prompt_ids")?)?,
-        completion_ids: ints(i, "completion_ids", &need("completion_ids")?)?,
-        prompt_mask: opt_b("prompt_mask")?,
-        completion_mask: opt_b("completion_mask")?,
-        completion_logprobs: opt_f("completion_logprobs")?,
-        temperatures: opt_f("completion_temperatures")?,
+        sample: stowplan::TrainingSample {
+            prompt_ids: ints(i, "prompt_ids", &need("prompt_ids")?)?,
+            completion_ids: ints(i, "completion_ids", &need("completion_ids")?)?,
+            prompt_mask: opt_b("prompt_mask")?,
+            completion_mask: opt_b("completion_mask")?,
+            completion_logprobs: opt_f("completion_logprobs")?,
+            completion_temperatures: opt_f("completion_temperatures")?,
+            teacher_logprobs: opt_f("teacher_logprobs")?,
+            advantage: scalar("advantage", None)? as f32,
+        },
         temperature: scalar("temperature", Some(1.0))? as f32,
-        advantage: scalar("advantage", None)? as f32,
         run,
-        teacher_logprobs: opt_f("teacher_logprobs")?,
     })
 }
 

@@ -103,7 +103,7 @@ fn training_batch(
         .try_iter()
         .map_err(|_| pyo3::exceptions::PyTypeError::new_err("samples must be an iterable of mappings or objects"))?
         .enumerate()
-        .map(|(i, s)| extract_sample(i, &s?).map(|o| o.into_training()))
+        .map(|(i, s)| extract_sample(i, &s?).map(|o| o.sample))
         .collect::<PyResult<Vec<_>>>()?;
     Ok(TrainingBatch {
         run: u32_of(py, "run", run, 0)?,
@@ -206,38 +206,6 @@ impl PyPacker {
     }
 }
 
-#[allow(clippy::too_many_arguments)]
-fn packer_options(
-    py: Python<'_>,
-    seq_len: i128,
-    dp: i128,
-    pad_to_multiple_of: i128,
-    pad_token_id: i64,
-    linear: u64,
-    quadratic: u64,
-    num_runs: i128,
-    threshold: Option<i128>,
-    step_tokens: Option<i128>,
-    wait_timeout: f64,
-    teacher_logprobs: bool,
-    allow_empty_completion: bool,
-) -> PyResult<PackerOptions> {
-    let o = PackerOptions {
-        pad_to_multiple_of: u64_of(py, "pad_to_multiple_of", pad_to_multiple_of, 1)?,
-        pad_token_id,
-        cost: Cost { linear, quadratic },
-        num_runs: u32_of(py, "num_runs", num_runs, 1)?,
-        threshold: threshold.map(|t| u64_of(py, "threshold", t, 1)).transpose()?,
-        step_tokens: step_tokens.map(|t| u64_of(py, "step_tokens", t, 1)).transpose()?,
-        wait_timeout: duration(py, "wait_timeout", wait_timeout)?,
-        teacher_logprobs,
-        allow_empty_completion,
-        ..PackerOptions::new(u64_of(py, "seq_len", seq_len, 1)?, u32_of(py, "dp", dp, 1)?)
-    };
-    o.validate().map_err(|e| to_py(py, e))?;
-    Ok(o)
-}
-
 #[pymethods]
 impl PyPacker {
     #[new]
@@ -262,21 +230,19 @@ impl PyPacker {
         state: Option<&[u8]>,
         batches: Option<Vec<Vec<u8>>>,
     ) -> PyResult<Self> {
-        let o = packer_options(
-            py,
-            seq_len,
-            dp,
-            pad_to_multiple_of,
+        let o = PackerOptions {
+            pad_to_multiple_of: u64_of(py, "pad_to_multiple_of", pad_to_multiple_of, 1)?,
             pad_token_id,
-            linear,
-            quadratic,
-            num_runs,
-            threshold,
-            step_tokens,
-            wait_timeout,
+            cost: Cost { linear, quadratic },
+            num_runs: u32_of(py, "num_runs", num_runs, 1)?,
+            threshold: threshold.map(|t| u64_of(py, "threshold", t, 1)).transpose()?,
+            step_tokens: step_tokens.map(|t| u64_of(py, "step_tokens", t, 1)).transpose()?,
+            wait_timeout: duration(py, "wait_timeout", wait_timeout)?,
             teacher_logprobs,
             allow_empty_completion,
-        )?;
+            ..PackerOptions::new(u64_of(py, "seq_len", seq_len, 1)?, u32_of(py, "dp", dp, 1)?)
+        };
+        o.validate().map_err(|e| to_py(py, e))?;
         let k = kernel(py, backend)?;
         let packer = match state {
             None => Packer::new(k, o),

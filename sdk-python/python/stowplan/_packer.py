@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from . import _stowplan
-from ._balance import COSTS
+from ._balance import _cost
 
 __all__ = ["TrainingBatch", "FileSender", "FileReceiver", "RankBatch", "Packer", "IngestReport"]
 
@@ -161,18 +161,6 @@ def _invalid(message: str) -> Exception:
     from .errors import InvalidArgumentError
 
     return InvalidArgumentError(message)
-
-
-def _cost(cost: Any) -> Tuple[int, int]:
-    if isinstance(cost, str):
-        if cost not in COSTS:
-            raise _invalid(f"cost must be one of {sorted(COSTS)} or (linear, quadratic) (got {cost!r})")
-        return COSTS[cost]
-    try:
-        linear, quadratic = cost
-    except (TypeError, ValueError):
-        raise _invalid(f"cost must be a name or (linear, quadratic) (got {cost!r})") from None
-    return int(linear), int(quadratic)
 
 
 class Packer:
