@@ -75,6 +75,14 @@ fn wrap_rank(py: Python<'_>, b: RankBatch) -> PyResult<PyRankBatch> {
     })
 }
 
+fn rank_list(py: Python<'_>, ranks: Vec<RankBatch>) -> PyResult<Bound<'_, PyList>> {
+    let out = PyList::empty(py);
+    for r in ranks {
+        out.append(Py::new(py, wrap_rank(py, r)?)?)?;
+    }
+    Ok(out)
+}
+
 fn u32_of(py: Python<'_>, name: &str, v: i128, min: u32) -> PyResult<u32> {
     u32::try_from(v)
         .ok()
@@ -321,10 +329,7 @@ impl PyPacker {
             })
             .map_err(|e| to_py(py, e))?;
         let Some(step) = step else { return Ok(None) };
-        let ranks = PyList::empty(py);
-        for r in step.ranks {
-            ranks.append(Py::new(py, wrap_rank(py, r)?)?)?;
-        }
+        let ranks = rank_list(py, step.ranks)?;
         let m = &step.metrics;
         let d = PyDict::new(py);
         d.set_item("step", m.step)?;
@@ -373,12 +378,7 @@ impl PyPacker {
 
     fn rebuild_inflight<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyList>>> {
         let step = self.lock(py)?.rebuild_inflight().map_err(|e| to_py(py, e))?;
-        let Some(step) = step else { return Ok(None) };
-        let ranks = PyList::empty(py);
-        for r in step.ranks {
-            ranks.append(Py::new(py, wrap_rank(py, r)?)?)?;
-        }
-        Ok(Some(ranks))
+        step.map(|s| rank_list(py, s.ranks)).transpose()
     }
 }
 
