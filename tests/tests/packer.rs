@@ -204,13 +204,14 @@ fn options_out_of_range_are_named() {
 
 #[test]
 fn threshold_and_wait_timeout_decide_when_to_pack() {
-    let o = PackerOptions { wait_timeout: Duration::from_millis(50), ..PackerOptions::new(100, 2) };
+    // A generous timeout: the two checks before it must not see it expire on a loaded machine.
+    let o = PackerOptions { wait_timeout: Duration::from_millis(1500), ..PackerOptions::new(100, 2) };
     let mut p = Packer::new(Kernel::native(), o).unwrap();
     p.add_run(0, RunConfig { batch_size: 1 }).unwrap();
     assert!(p.pack(false).unwrap().is_none(), "nothing pending");
     p.ingest(Arc::new(batch(0, 0, &[50; 3])));
     assert!(p.pack(false).unwrap().is_none(), "150 of 200 tokens, not waited yet");
-    std::thread::sleep(Duration::from_millis(60));
+    std::thread::sleep(Duration::from_millis(1600));
     assert!(p.pack(false).unwrap().is_some(), "the oldest sample waited past the timeout");
     p.delivered(0).unwrap();
     p.ingest(Arc::new(batch(0, 1, &[50; 4])));
