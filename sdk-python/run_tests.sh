@@ -14,7 +14,12 @@ rm -rf "$venv"
 CARGO_TARGET_DIR="$root/target" "$venv/bin/python" -m pip install --quiet "$here[test]"
 cd "$venv"   # import the installed package, not the source tree
 "$venv/bin/python" -c "import stowplan; p = stowplan.partition([100, 900, 50, 950, 400, 600], 2); assert p.groups == [[0, 2, 3, 4], [1, 5]], p.groups; print('sdk: import ok,', stowplan.kernel_info()['sha256'][:12])"
-# The end-to-end packer test runs the `stowplan serve` binary of the same target directory.
-(cd "$root" && cargo build --release --locked -p stowplan --bin stowplan)
+# The end-to-end packer test runs the `stowplan serve` binary of the same target directory,
+# which `cargo test --release` (the step before this one in `cargo xtask test`) has just built.
+# Built here only when missing: `cargo build -p stowplan` alone unifies features differently
+# and would compile wasmtime a second time.
+if [ ! -x "$root/target/release/stowplan" ]; then
+    (cd "$root" && cargo build --release --locked -p stowplan --bin stowplan)
+fi
 STOWPLAN_BIN="$root/target/release/stowplan" STOWPLAN_REQUIRE_SERVE=1 \
 STOWPLAN_REQUIRE_COMPONENTIZE_PY=1 "$venv/bin/python" -m pytest -q -W error -p no:cacheprovider -c "$here/pyproject.toml" "$here/tests"
