@@ -461,11 +461,6 @@ impl PackerState {
         decode_with(PACKER_STATE_MAGIC, PACKER_FORMAT_VERSION, "packer state", bytes)
     }
 
-    /// The next packer step (the one in flight, if any).
-    pub fn next_step(&self) -> u64 {
-        self.inflight.as_ref().map_or(self.next_step, |i| i.step)
-    }
-
     /// Every batch a pending or in-flight sample belongs to, in order.
     pub fn batches(&self) -> BTreeSet<BatchKey> {
         let queued = self.runs.iter().flat_map(|r| r.queue.iter());
@@ -614,8 +609,9 @@ impl Packer {
         self.seen.insert(key);
         let o = self.options;
         let mut accepted = Vec::new();
+        let known = self.runs.contains_key(&key.run);
         for (i, s) in batch.samples.iter().enumerate() {
-            let verdict = if !self.runs.contains_key(&key.run) {
+            let verdict = if !known {
                 Err((
                     RejectReason::UnknownRun,
                     format!("run {} is not registered (runs: {:?})", key.run, self.runs.keys().collect::<Vec<_>>()),
@@ -667,6 +663,8 @@ impl Packer {
         let start = ids.iter().position(|&r| r >= self.rr).unwrap_or(0);
         let mut order: Vec<u32> = ids[start..].iter().chain(&ids[..start]).copied().collect();
         let mut last = None;
+        // Samples and tokens taken from each run.
+        let mut taken: BTreeMap<u32, (u64, u64)> = BTreeMap::new();
         while !order.is_empty() {
             order.retain(|run| {
                 let Some(state) = self.runs.get_mut(run) else { return false };
@@ -679,6 +677,8 @@ impl Packer {
                 state.queue.pop_front();
                 state.queue_tokens -= len;
                 keys.push(head);
+                let t = taken.entry(*run).or_default();
+                *t = (t.0 + 1, t.1 + len);
                 last = Some(*run);
                 true
             });
@@ -688,16 +688,12 @@ impl Packer {
             self.rr = l.wrapping_add(1);
         }
         let mut ready = Vec::new();
-        for (&run, state) in self.runs.iter_mut() {
-            let mine: Vec<&SampleKey> = keys.iter().filter(|k| k.run == run).collect();
-            if mine.is_empty() {
-                continue;
-            }
+        for (run, (samples, tokens)) in taken {
+            let Some(state) = self.runs.get_mut(&run) else { continue };
             let p = &mut state.progress;
-            p.total_samples += mine.len() as u64;
-            p.total_tokens +=
-                mine.iter().map(|k| self.batches[&k.batch()].batch.samples[k.index as usize].len() as u64).sum::<u64>();
-            p.samples_this_step += mine.len() as u64;
+            p.total_samples += samples;
+            p.total_tokens += tokens;
+            p.samples_this_step += samples;
             let before = p.step;
             while p.samples_this_step >= state.config.batch_size {
                 p.samples_this_step -= state.config.batch_size;
@@ -791,17 +787,14 @@ impl Packer {
     /// Marks the step in flight delivered; returns the batches now fully delivered (their
     /// spool files may go). Errors: `step` is not the step in flight.
     pub fn delivered(&mut self, step: u64) -> Result<Vec<BatchKey>, Error> {
-        match &self.inflight {
-            Some(i) if i.step == step => {}
+        match self.inflight.take() {
+            Some(i) if i.step == step => Ok(self.release(i.keys.into_iter())),
             other => {
-                return Err(Error::InvalidArgument(format!(
-                    "step {step} is not in flight (in flight: {:?})",
-                    other.as_ref().map(|i| i.step)
-                )));
+                let now = other.as_ref().map(|i| i.step);
+                self.inflight = other;
+                Err(Error::InvalidArgument(format!("step {step} is not in flight (in flight: {now:?})")))
             }
         }
-        let Some(inflight) = self.inflight.take() else { return Ok(Vec::new()) };
-        Ok(self.release(inflight.keys.into_iter()))
     }
 
     /// Counts samples as delivered or dropped; returns the batches with none left.

@@ -272,7 +272,7 @@ pub struct StepReport {
     pub tokens_per_second: f64,
     /// Whether the step was rebuilt after a restart.
     pub rebuilt: bool,
-    /// Samples and tokens still pending after the step.
+    /// Samples still pending after the step.
     pub pending_samples: usize,
     /// Tokens still pending after the step.
     pub pending_tokens: u64,
@@ -408,7 +408,7 @@ impl<T: Transport> Server<T> {
                 continue;
             }
             tracing::info!(target: "stowplan::serve", run = key.run, step = key.step, restored, "re-ingesting a batch spooled after the last checkpoint");
-            self.ingest(batch, &p)?;
+            self.ingest(batch, Some(&p))?;
         }
         Ok(())
     }
@@ -434,7 +434,9 @@ impl<T: Transport> Server<T> {
         &self.summary
     }
 
-    fn ingest(&mut self, batch: Arc<TrainingBatch>, spooled: &Path) -> Result<(), Error> {
+    /// Ingests `batch`; `file` (its spool file, or the inbox file of a duplicate that was not
+    /// spooled) is deleted when nothing of the batch was kept.
+    fn ingest(&mut self, batch: Arc<TrainingBatch>, file: Option<&Path>) -> Result<(), Error> {
         let key = batch.key();
         if self.packer.progress(key.run).is_none()
             && key.run < self.packer.options().num_runs
@@ -453,8 +455,8 @@ impl<T: Transport> Server<T> {
         for (i, reason, message) in &report.rejected {
             tracing::warn!(target: "stowplan::serve", run = key.run, step = key.step, index = i, reason = reason.name(), detail = %message, "sample rejected");
         }
-        if report.duplicate || report.accepted == 0 {
-            let _ = std::fs::remove_file(spooled);
+        if let Some(f) = file.filter(|_| report.duplicate || report.accepted == 0) {
+            let _ = std::fs::remove_file(f);
         }
         Ok(())
     }
@@ -477,24 +479,16 @@ impl<T: Transport> Server<T> {
         };
         match message {
             Message::Batch(batch) => {
-                let spooled = self.options.state_dir.join("spool").join(batch_file_name(batch.key()));
                 if self.packer.seen(batch.key()) {
-                    // Do not overwrite the spooled original of a duplicate.
-                    let report = self.packer.ingest(batch);
-                    debug_assert!(report.duplicate);
-                    self.summary.batches += 1;
-                    self.summary.duplicates += 1;
-                    tracing::warn!(target: "stowplan::serve", run = report.key.run, step = report.key.step, "duplicate batch ignored");
-                    if let Some(p) = &incoming.path {
-                        let _ = std::fs::remove_file(p);
-                    }
-                    return Ok(());
+                    // A duplicate: leave the spooled original alone.
+                    return self.ingest(batch, incoming.path.as_deref());
                 }
+                let spooled = self.options.state_dir.join("spool").join(batch_file_name(batch.key()));
                 match &incoming.path {
                     Some(p) => std::fs::rename(p, &spooled).map_err(|e| io("moving into the spool", p, e))?,
                     None => atomic::write(&spooled, &incoming.bytes)?,
                 }
-                self.ingest(batch, &spooled)
+                self.ingest(batch, Some(&spooled))
             }
             Message::Control(c) => {
                 self.apply(c);

@@ -194,20 +194,6 @@ class Packer:
         _batches: Optional[List[bytes]] = None,
     ) -> None:
         linear, quadratic = _cost(cost)
-        self._options = dict(
-            seq_len=seq_len,
-            dp=dp,
-            pad_to_multiple_of=pad_to_multiple_of,
-            pad_token_id=pad_token_id,
-            cost=cost,
-            num_runs=num_runs,
-            threshold=threshold,
-            step_tokens=step_tokens,
-            wait_timeout=wait_timeout,
-            teacher_logprobs=teacher_logprobs,
-            allow_empty_completion=allow_empty_completion,
-            backend=backend,
-        )
         self._inner = _stowplan.Packer(
             seq_len,
             dp,
