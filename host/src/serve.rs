@@ -23,6 +23,12 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
+mod zmq_transport;
+pub use zmq_transport::{
+    HEARTBEAT, RANK_MESSAGE_MAGIC, RECEIPTS_MAGIC, REFUSAL_MAGIC, RankMessage, Receipt, Receipts, Refusal,
+    ZmqEndpoints, ZmqTransport,
+};
+
 use crate::error::io;
 use crate::packer::{PACKER_FORMAT_VERSION, TRAINING_BATCH_MAGIC, decode_with, encode_with};
 use crate::{
@@ -95,12 +101,56 @@ pub struct Incoming {
 pub trait Transport {
     /// A short name for logs ("fs", "zmq").
     fn name(&self) -> &'static str;
-    /// Blocks until every rank is ready to receive (or `stop` is set).
-    fn wait_ready(&mut self, stop: &AtomicBool) -> Result<(), Error>;
+    /// Whether every rank is ready to receive (the barrier before the first step); does not
+    /// block. The server packs nothing before this is `true`.
+    fn ready(&mut self) -> Result<bool, Error>;
     /// Messages that arrived, waiting at most `timeout` for the first.
     fn receive(&mut self, timeout: Duration) -> Result<Vec<Incoming>, Error>;
+    /// Tells the senders that these messages are durable (called after the checkpoint that
+    /// made them so). The filesystem transport needs nothing: a message stays in the inbox
+    /// until the server has moved or deleted it.
+    fn acknowledge(&mut self, receipts: Vec<Receipt>) -> Result<(), Error> {
+        let _ = receipts;
+        Ok(())
+    }
     /// Delivers one step: `ranks[r]` is rank `r`'s batch (encode with [`RankBatch::encode`]).
-    fn deliver(&mut self, step: u64, ranks: &[RankBatch]) -> Result<(), Error>;
+    /// Returns `false` when `stop` was set before every rank had it: the step then stays in
+    /// flight and is delivered again after a restart.
+    fn deliver(&mut self, step: u64, ranks: &[RankBatch], stop: &AtomicBool) -> Result<bool, Error>;
+}
+
+impl<T: Transport + ?Sized> Transport for Box<T> {
+    fn name(&self) -> &'static str {
+        (**self).name()
+    }
+    fn ready(&mut self) -> Result<bool, Error> {
+        (**self).ready()
+    }
+    fn receive(&mut self, timeout: Duration) -> Result<Vec<Incoming>, Error> {
+        (**self).receive(timeout)
+    }
+    fn acknowledge(&mut self, receipts: Vec<Receipt>) -> Result<(), Error> {
+        (**self).acknowledge(receipts)
+    }
+    fn deliver(&mut self, step: u64, ranks: &[RankBatch], stop: &AtomicBool) -> Result<bool, Error> {
+        (**self).deliver(step, ranks, stop)
+    }
+}
+
+/// Runs `f` on every rank's batch, one thread per rank (encoding is the costly part of a
+/// delivery; one rank's encoding overlaps another's write).
+pub(crate) fn per_rank<T: Send>(
+    ranks: &[RankBatch],
+    f: impl Fn(usize, &RankBatch) -> Result<T, Error> + Sync,
+) -> Result<Vec<T>, Error> {
+    std::thread::scope(|s| {
+        let f = &f;
+        let handles: Vec<_> = ranks.iter().enumerate().map(|(r, b)| s.spawn(move || f(r, b))).collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|_| Err(Error::Runtime("a rank's encoder panicked".into()))))
+            .collect()
+    })
 }
 
 /// File name of a batch in an inbox or spool.
@@ -149,8 +199,8 @@ impl Transport for FsTransport {
         "fs"
     }
 
-    fn wait_ready(&mut self, _stop: &AtomicBool) -> Result<(), Error> {
-        Ok(())
+    fn ready(&mut self) -> Result<bool, Error> {
+        Ok(true)
     }
 
     fn receive(&mut self, timeout: Duration) -> Result<Vec<Incoming>, Error> {
@@ -177,23 +227,10 @@ impl Transport for FsTransport {
         }
     }
 
-    fn deliver(&mut self, step: u64, ranks: &[RankBatch]) -> Result<(), Error> {
+    fn deliver(&mut self, step: u64, ranks: &[RankBatch], _stop: &AtomicBool) -> Result<bool, Error> {
         let dir = self.root.join("rollouts").join(format!("step_{step}"));
-        // One thread per rank encodes and writes its file: one rank's encoding overlaps
-        // another's write and fsync.
-        std::thread::scope(|s| {
-            let handles: Vec<_> = ranks
-                .iter()
-                .enumerate()
-                .map(|(r, batch)| {
-                    let path = dir.join(format!("rank_{r}.bin"));
-                    s.spawn(move || atomic::write(&path, &batch.encode()?))
-                })
-                .collect();
-            handles
-                .into_iter()
-                .try_for_each(|h| h.join().unwrap_or_else(|_| Err(Error::Runtime("a writer panicked".into()))))
-        })
+        per_rank(ranks, |r, batch| atomic::write(&dir.join(format!("rank_{r}.bin")), &batch.encode()?))?;
+        Ok(true)
     }
 }
 
@@ -436,7 +473,7 @@ impl<T: Transport> Server<T> {
 
     /// Ingests `batch`; `file` (its spool file, or the inbox file of a duplicate that was not
     /// spooled) is deleted when nothing of the batch was kept.
-    fn ingest(&mut self, batch: Arc<TrainingBatch>, file: Option<&Path>) -> Result<(), Error> {
+    fn ingest(&mut self, batch: Arc<TrainingBatch>, file: Option<&Path>) -> Result<Receipt, Error> {
         let key = batch.key();
         if self.packer.progress(key.run).is_none()
             && key.run < self.packer.options().num_runs
@@ -458,10 +495,18 @@ impl<T: Transport> Server<T> {
         if let Some(f) = file.filter(|_| report.duplicate || report.accepted == 0) {
             let _ = std::fs::remove_file(f);
         }
-        Ok(())
+        Ok(Receipt::Batch {
+            run: key.run,
+            step: key.step,
+            accepted: report.accepted,
+            rejected: report.rejected.len() as u32,
+            duplicate: report.duplicate,
+        })
     }
 
-    fn handle(&mut self, incoming: Incoming) -> Result<(), Error> {
+    /// Takes one message; its receipt, once the next checkpoint is written (none for a
+    /// message that could not be decoded).
+    fn handle(&mut self, incoming: Incoming) -> Result<Option<Receipt>, Error> {
         let message = match Message::decode(&incoming.bytes) {
             Ok(m) => m,
             Err(e) => {
@@ -474,53 +519,54 @@ impl<T: Transport> Server<T> {
                         atomic::write(&self.options.state_dir.join("rejected").join(name), &incoming.bytes)?;
                     }
                 }
-                return Ok(());
+                return Ok(None);
             }
         };
         match message {
             Message::Batch(batch) => {
                 if self.packer.seen(batch.key()) {
                     // A duplicate: leave the spooled original alone.
-                    return self.ingest(batch, incoming.path.as_deref());
+                    return self.ingest(batch, incoming.path.as_deref()).map(Some);
                 }
                 let spooled = self.options.state_dir.join("spool").join(batch_file_name(batch.key()));
                 match &incoming.path {
                     Some(p) => std::fs::rename(p, &spooled).map_err(|e| io("moving into the spool", p, e))?,
                     None => atomic::write(&spooled, &incoming.bytes)?,
                 }
-                self.ingest(batch, Some(&spooled))
+                self.ingest(batch, Some(&spooled)).map(Some)
             }
-            Message::Control(c) => {
-                self.apply(c);
+            Message::Control(control) => {
+                let error = self.apply(&control).err().map(|e| e.to_string());
                 if let Some(p) = &incoming.path {
                     // Durable once checkpointed; a crash before that applies it again.
                     self.checkpoint()?;
                     let _ = std::fs::remove_file(p);
                 }
-                Ok(())
+                Ok(Some(Receipt::Control { control, error }))
             }
         }
     }
 
-    fn apply(&mut self, c: Control) {
-        match c {
+    fn apply(&mut self, c: &Control) -> Result<(), Error> {
+        let result = match *c {
             Control::AddRun { run, config } => match self.packer.progress(run) {
-                Some(_) => tracing::info!(target: "stowplan::serve", run, "run already exists"),
-                None => match self.packer.add_run(run, config) {
-                    Ok(()) => {
-                        tracing::info!(target: "stowplan::serve", run, batch_size = config.batch_size, "run added")
-                    }
-                    Err(e) => tracing::error!(target: "stowplan::serve", run, error = %e, "run not added"),
-                },
-            },
-            Control::RemoveRun { run } => match self.packer.remove_run(run) {
-                Ok((dropped, released)) => {
-                    self.drop_spooled(&released);
-                    tracing::warn!(target: "stowplan::serve", run, dropped_samples = dropped, "run removed");
+                Some(_) => {
+                    tracing::info!(target: "stowplan::serve", run, "run already exists");
+                    Ok(())
                 }
-                Err(e) => tracing::error!(target: "stowplan::serve", run, error = %e, "run not removed"),
+                None => self.packer.add_run(run, config).map(
+                    |()| tracing::info!(target: "stowplan::serve", run, batch_size = config.batch_size, "run added"),
+                ),
             },
+            Control::RemoveRun { run } => self.packer.remove_run(run).map(|(dropped, released)| {
+                self.drop_spooled(&released);
+                tracing::warn!(target: "stowplan::serve", run, dropped_samples = dropped, "run removed");
+            }),
+        };
+        if let Err(e) = &result {
+            tracing::error!(target: "stowplan::serve", control = ?c, error = %e, "control message not applied");
         }
+        result
     }
 
     fn drop_spooled(&self, keys: &[BatchKey]) {
@@ -529,10 +575,19 @@ impl<T: Transport> Server<T> {
         }
     }
 
-    /// Encodes and delivers a packed step, then records it delivered.
-    fn deliver(&mut self, step: crate::PackedStep, wait: f64, rebuilt: bool) -> Result<StepReport, Error> {
+    /// Encodes and delivers a packed step, then records it delivered; `None` when `stop`
+    /// interrupted the delivery (the step stays in flight).
+    fn deliver(
+        &mut self,
+        step: crate::PackedStep,
+        wait: f64,
+        rebuilt: bool,
+        stop: &AtomicBool,
+    ) -> Result<Option<StepReport>, Error> {
         let started = Instant::now();
-        self.transport.deliver(step.metrics.step, &step.ranks)?;
+        if !self.transport.deliver(step.metrics.step, &step.ranks, stop)? {
+            return Ok(None);
+        }
         drop(step.ranks);
         let released = self.packer.delivered(step.metrics.step)?;
         self.checkpoint()?;
@@ -556,38 +611,55 @@ impl<T: Transport> Server<T> {
         self.summary.samples += report.metrics.samples;
         self.summary.real_tokens += report.metrics.real_tokens;
         self.summary.padding_tokens += report.metrics.padding_tokens;
-        Ok(report)
+        Ok(Some(report))
     }
 
     /// Runs until `stop` is set (SIGINT/SIGTERM in the CLI) or `max_steps` steps were
     /// delivered, calling `on_step` after each step. A step being packed or delivered when
     /// `stop` is set is finished first; pending samples stay in the checkpoint.
     pub fn run(&mut self, stop: &AtomicBool, mut on_step: impl FnMut(&StepReport)) -> Result<ServeSummary, Error> {
-        if let Some(step) = self.packer.rebuild_inflight()? {
-            tracing::warn!(target: "stowplan::serve", step = step.metrics.step, "delivering the step in flight at the last checkpoint again");
-            let report = self.deliver(step, 0.0, true)?;
-            on_step(&report);
-        }
+        let mut inflight = self.packer.rebuild_inflight()?;
+        let mut ready = false;
         tracing::info!(target: "stowplan::serve", transport = self.transport.name(), "waiting for the ranks");
-        self.transport.wait_ready(stop)?;
-        tracing::info!(target: "stowplan::serve", next_step = self.packer.next_step(), "serving");
         self.last_delivery = Instant::now();
         while !stop.load(Ordering::SeqCst) && self.options.max_steps.is_none_or(|m| self.summary.steps < m) {
             let incoming = self.transport.receive(self.options.poll)?;
             if !incoming.is_empty() {
                 let started = Instant::now();
+                let mut receipts = Vec::with_capacity(incoming.len());
                 for m in incoming {
-                    self.handle(m)?;
+                    receipts.extend(self.handle(m)?);
                 }
                 self.checkpoint()?;
+                self.transport.acknowledge(receipts)?;
                 self.receive_seconds += started.elapsed().as_secs_f64();
             }
+            if !ready {
+                // The barrier: nothing is packed before every rank can take it.
+                ready = self.transport.ready()?;
+                if !ready {
+                    continue;
+                }
+                tracing::info!(target: "stowplan::serve", next_step = self.packer.next_step(), "serving");
+            }
             let wait = self.last_delivery.elapsed().as_secs_f64();
-            if let Some(step) = self.packer.pack(false)? {
-                // In flight: durable before any rank can see it.
-                self.checkpoint()?;
-                let report = self.deliver(step, wait, false)?;
-                on_step(&report);
+            let (step, rebuilt) = match inflight.take() {
+                Some(step) => {
+                    tracing::warn!(target: "stowplan::serve", step = step.metrics.step, "delivering the step in flight at the last checkpoint again");
+                    (step, true)
+                }
+                None => match self.packer.pack(false)? {
+                    Some(step) => {
+                        // In flight: durable before any rank can see it.
+                        self.checkpoint()?;
+                        (step, false)
+                    }
+                    None => continue,
+                },
+            };
+            match self.deliver(step, wait, rebuilt, stop)? {
+                Some(report) => on_step(&report),
+                None => break,
             }
         }
         self.summary.pending_samples = self.packer.pending().0;

@@ -335,5 +335,19 @@ fn serve_delivers_a_step_and_names_bad_options() {
     let bad = stowplan(&["serve", "--root", r, "--seq-len", "128", "--dp", "2", "--batch-size", "3"], None, &[]);
     assert_eq!(bad.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&bad.stderr).contains("saved with other options"), "{:?}", bad);
+    // Each transport names what it needs.
+    let opts = ["--seq-len", "64", "--dp", "2", "--batch-size", "3"];
+    let bad = stowplan(&[&["serve", "--transport", "zmq"][..], &opts].concat(), None, &[]);
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("--state-dir (or --root) is required"), "{:?}", bad);
+    let state = root.join("zmq-state");
+    let state = state.to_str().unwrap();
+    let bad = stowplan(&[&["serve", "--transport", "fs", "--state-dir", state][..], &opts].concat(), None, &[]);
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("--root is required with --transport fs"), "{:?}", bad);
+    let zmq = ["serve", "--transport", "zmq", "--state-dir", state, "--zmq-ranks", "nonsense"];
+    let bad = stowplan(&[&zmq[..], &opts].concat(), None, &[]);
+    assert_ne!(bad.status.code(), Some(0));
+    let err = String::from_utf8_lossy(&bad.stderr);
+    assert!(err.contains("binding the ranks socket") && err.contains("nonsense"), "{err}");
     let _ = std::fs::remove_dir_all(&root);
 }

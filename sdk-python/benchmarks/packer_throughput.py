@@ -1,13 +1,16 @@
 """Throughput of `stowplan serve` on one machine: 4 trainer ranks, rollouts shaped like
 `shared/workloads/rl-math-8k.txt` (4,096 samples, 7.36M tokens a step) with random tokens.
 
-    python sdk-python/benchmarks/packer_throughput.py [--steps 6] [--transport fs] [--bin target/release/stowplan]
+    python sdk-python/benchmarks/packer_throughput.py [--steps 6] [--transport fs|zmq] [--bin target/release/stowplan]
 
 Per step it reports what `stowplan serve` logs (receive = read + decode + spool of the
 orchestrator's batch, pack = select + pack + balance + materialize, deliver = encode + write
-every rank's file + checkpoint) and, end to end, from the orchestrator starting to send until
-the last rank has decoded its micro-batches (numpy arrays). The orchestrator waits for every
-rank before sending the next step, so steps do not overlap. The first step is a warm-up.
+every rank's file, or send it over TCP and wait for every rank's acknowledgement (zmq), +
+checkpoint) and, end to end, from the orchestrator starting to send until the last rank has
+decoded its micro-batches (numpy arrays). The orchestrator waits for every rank before sending
+the next step, so steps do not overlap. The first step is a warm-up. Over zmq the orchestrator
+PUSHes the encoded batches with a bare pyzmq socket and the ranks use `stowplan.ZmqReceiver`,
+all over TCP on loopback.
 """
 
 from __future__ import annotations
@@ -33,8 +36,11 @@ WORKLOAD = REPO.parent / "shared" / "workloads" / "rl-math-8k.txt"
 
 RANK = r"""
 import sys, time, stowplan
-root, rank, steps, out = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
-rx = stowplan.FileReceiver(root, rank, poll=0.001)
+root, rank, steps, out, dp = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], int(sys.argv[5])
+if root.startswith("tcp://"):
+    rx = stowplan.ZmqReceiver(root, rank, dp)
+else:
+    rx = stowplan.FileReceiver(root, rank, poll=0.001)
 with open(out, "w") as f:
     for _ in range(steps):
         b = rx.receive()
@@ -61,12 +67,24 @@ def batch(lengths: np.ndarray, step: int, rng: np.random.Generator) -> stowplan.
     return stowplan.TrainingBatch(samples=samples, step=step, run=0, temperature=1.0)
 
 
+def free_ports(n: int) -> list:
+    import socket
+
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--dp", type=int, default=4)
     ap.add_argument("--seq-len", type=int, default=16384)
-    ap.add_argument("--transport", default="fs")
+    ap.add_argument("--transport", default="fs", choices=["fs", "zmq"])
     ap.add_argument("--bin", default=str(REPO / "target" / "release" / "stowplan"))
     a = ap.parse_args()
     lengths = np.loadtxt(WORKLOAD, dtype=np.int64)
@@ -79,20 +97,31 @@ def main() -> None:
     with tempfile.TemporaryDirectory(dir=os.environ.get("STOWPLAN_BENCH_DIR")) as tmp:
         root = pathlib.Path(tmp) / "root"
         log = open(pathlib.Path(tmp) / "serve.log", "w+")
-        serve = subprocess.Popen(
-            [a.bin, "serve", "--transport", a.transport, "--root", str(root), "--seq-len", str(a.seq_len),
-             "--dp", str(a.dp), "--batch-size", str(len(lengths)), "--log-format", "json", "--poll-ms", "1",
-             "--max-steps", str(a.steps)],
-            stderr=log, stdout=subprocess.DEVNULL,
-        )
+        cmd = [a.bin, "serve", "--transport", a.transport, "--seq-len", str(a.seq_len), "--dp", str(a.dp),
+               "--batch-size", str(len(lengths)), "--log-format", "json", "--poll-ms", "1", "--max-steps", str(a.steps)]
+        if a.transport == "zmq":
+            import zmq
+
+            ports = free_ports(3)
+            batches, receipts, where = (f"tcp://127.0.0.1:{p}" for p in ports)
+            cmd += ["--state-dir", str(pathlib.Path(tmp) / "state"), "--zmq-batches", batches,
+                    "--zmq-receipts", receipts, "--zmq-ranks", where]
+            push = zmq.Context.instance().socket(zmq.PUSH)
+            push.connect(batches)
+            send = lambda s, data: push.send(data, copy=False)  # noqa: E731
+        else:
+            cmd += ["--root", str(root)]
+            where = str(root)
+            send = lambda s, data: _stowplan.fs_send(where, _stowplan.batch_file_name(0, s), data)  # noqa: E731
+        serve = subprocess.Popen(cmd, stderr=log, stdout=subprocess.DEVNULL)
         outs = [pathlib.Path(tmp) / f"rank{r}.txt" for r in range(a.dp)]
-        ranks = [subprocess.Popen([sys.executable, "-c", RANK, str(root), str(r), str(a.steps), str(outs[r])])
+        ranks = [subprocess.Popen([sys.executable, "-c", RANK, where, str(r), str(a.steps), str(outs[r]), str(a.dp)])
                  for r in range(a.dp)]
         time.sleep(1.0)
         sent = []
         for s, data in enumerate(encoded):
             sent.append(time.time())
-            _stowplan.fs_send(str(root), _stowplan.batch_file_name(0, s), data)
+            send(s, data)
             while True:
                 done = [o.exists() and len(o.read_text().splitlines()) > s for o in outs]
                 if all(done):

@@ -1,5 +1,6 @@
-//! The packer runtime and its filesystem transport for Python: training batches encoded and
-//! sent by the orchestrator, rank batches received (micro-batches as numpy arrays), and the
+//! The packer runtime and its transports for Python: training batches encoded and sent by
+//! the orchestrator, rank batches received (micro-batches as numpy arrays), the ZeroMQ
+//! transport's small messages (hello, ack, receipts; the sockets are pyzmq's), and the
 //! in-process `Packer`.
 
 use std::path::PathBuf;
@@ -9,7 +10,9 @@ use std::time::Duration;
 use numpy::IntoPyArray;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList};
-use stowplan::serve::{Control, batch_file_name, receive_fs, send_fs};
+use stowplan::serve::{
+    Control, REFUSAL_MAGIC, RankMessage, Receipt, Receipts, Refusal, batch_file_name, receive_fs, send_fs,
+};
 use stowplan::{Cost, Packer, PackerOptions, PackerState, RankBatch, RunConfig, RunProgress, TrainingBatch};
 
 use crate::layout::{extract_sample, wrap};
@@ -175,11 +178,68 @@ fn fs_receive(py: Python<'_>, root: PathBuf, step: i128, rank: i128, timeout: f6
     wrap_rank(py, b)
 }
 
-/// decode_rank_batch(data) -> RankBatch
+/// decode_rank_batch(data) -> RankBatch; a packer's refusal (ZeroMQ transport) raises
+/// InvalidArgumentError with its message.
 #[pyfunction]
 fn decode_rank_batch(py: Python<'_>, data: &[u8]) -> PyResult<PyRankBatch> {
+    if data.starts_with(&REFUSAL_MAGIC) {
+        let r = Refusal::decode(data).map_err(|e| to_py(py, e))?;
+        return Err(invalid(py, format!("the packer refused this rank: {}", r.message)));
+    }
     let b = py.detach(|| RankBatch::decode(data)).map_err(|e| to_py(py, e))?;
     wrap_rank(py, b)
+}
+
+/// encode_rank_hello(rank, dp, next_step) -> bytes
+#[pyfunction]
+fn encode_rank_hello<'py>(py: Python<'py>, rank: i128, dp: i128, next_step: i128) -> PyResult<Bound<'py, PyBytes>> {
+    let dp = u32_of(py, "dp", dp, 1)?;
+    let rank = u32_of(py, "rank", rank, 0)?;
+    if rank >= dp {
+        return Err(invalid(py, format!("rank must be below dp {dp} (got {rank})")));
+    }
+    let m = RankMessage::Hello { rank, dp, next_step: u64_of(py, "next_step", next_step, 0)? };
+    Ok(PyBytes::new(py, &m.encode().map_err(|e| to_py(py, e))?))
+}
+
+/// encode_rank_ack(rank, step) -> bytes
+#[pyfunction]
+fn encode_rank_ack<'py>(py: Python<'py>, rank: i128, step: i128) -> PyResult<Bound<'py, PyBytes>> {
+    let m = RankMessage::Ack { rank: u32_of(py, "rank", rank, 0)?, step: u64_of(py, "step", step, 0)? };
+    Ok(PyBytes::new(py, &m.encode().map_err(|e| to_py(py, e))?))
+}
+
+/// decode_receipts(data) -> (incarnation, [dict]); each dict has `kind` ("batch",
+/// "add_run" or "remove_run") and `run`; a batch's also `step`, `accepted`, `rejected`,
+/// `duplicate`; a control message's `error` (None when applied).
+#[pyfunction]
+fn decode_receipts<'py>(py: Python<'py>, data: &[u8]) -> PyResult<(u64, Bound<'py, PyList>)> {
+    let r = Receipts::decode(data).map_err(|e| to_py(py, e))?;
+    let out = PyList::empty(py);
+    for receipt in r.receipts {
+        let d = PyDict::new(py);
+        match receipt {
+            Receipt::Batch { run, step, accepted, rejected, duplicate } => {
+                d.set_item("kind", "batch")?;
+                d.set_item("run", run)?;
+                d.set_item("step", step)?;
+                d.set_item("accepted", accepted)?;
+                d.set_item("rejected", rejected)?;
+                d.set_item("duplicate", duplicate)?;
+            }
+            Receipt::Control { control, error } => {
+                let (kind, run) = match control {
+                    Control::AddRun { run, .. } => ("add_run", run),
+                    Control::RemoveRun { run } => ("remove_run", run),
+                };
+                d.set_item("kind", kind)?;
+                d.set_item("run", run)?;
+                d.set_item("error", error)?;
+            }
+        }
+        out.append(d)?;
+    }
+    Ok((r.incarnation, out))
 }
 
 fn progress_dict<'py>(py: Python<'py>, run: u32, batch_size: u64, p: &RunProgress) -> PyResult<Bound<'py, PyDict>> {
@@ -389,6 +449,9 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(fs_send, m)?)?;
     m.add_function(wrap_pyfunction!(fs_receive, m)?)?;
     m.add_function(wrap_pyfunction!(decode_rank_batch, m)?)?;
+    m.add_function(wrap_pyfunction!(encode_rank_hello, m)?)?;
+    m.add_function(wrap_pyfunction!(encode_rank_ack, m)?)?;
+    m.add_function(wrap_pyfunction!(decode_receipts, m)?)?;
     m.add_class::<PyRankBatch>()?;
     m.add_class::<PyPacker>()?;
     Ok(())

@@ -1,12 +1,16 @@
-"""Processes of the end-to-end packer test (and the throughput benchmark):
+"""Processes of the end-to-end packer tests:
 
     python packer_procs.py orchestrator ROOT STEPS RUNS [DELAY]
     python packer_procs.py resend ROOT RUN STEP
     python packer_procs.py rank ROOT RANK OUT
+    python packer_procs.py orchestrator-zmq BATCHES RECEIPTS STEPS RUNS DELAY
+    python packer_procs.py rank-zmq RANKS RANK DP OUT
 
 The orchestrator sends deterministic batches (:func:`make_batch`) through
-``stowplan.FileSender``; a rank receives its steps with ``stowplan.FileReceiver`` and saves,
-per step, the micro-batch count and every sample's key and tokens to ``OUT/rank{R}_step{N}.npz``.
+``stowplan.FileSender`` (or ``stowplan.ZmqSender``, then waits until the packer acknowledged
+everything); a rank receives its steps with ``stowplan.FileReceiver`` (or
+``stowplan.ZmqReceiver``) and saves, per step, the micro-batch count and every sample's key and
+tokens to ``OUT/rank{R}_step{N}.npz``.
 """
 
 from __future__ import annotations
@@ -57,26 +61,45 @@ def orchestrator(root: str, steps: int, runs: int, delay: float) -> None:
         time.sleep(delay)
 
 
+def orchestrator_zmq(batches: str, receipts: str, steps: int, runs: int, delay: float) -> None:
+    with stowplan.ZmqSender(batches, receipts, resend_after=3.0) as sender:
+        for step in range(steps):
+            for run in range(runs):
+                sender.send(make_batch(run, step))
+            time.sleep(delay)
+        sender.flush(timeout=120)
+        print(f"resent {sender.resent}", flush=True)
+
+
 def rank(root: str, r: int, out: str) -> None:
-    receiver = stowplan.FileReceiver(root, r, poll=0.002)
-    for batch in receiver:
-        keys, tokens, offsets = [], [], [0]
-        for mb in batch.micro_batches:
-            for j, i in enumerate(mb.samples.tolist()):
-                keys.append((int(batch.sample_runs[i]), int(batch.sample_steps[i]), int(batch.sample_indices[i])))
-                a, b = int(mb.cu_seqlens[j]), int(mb.cu_seqlens[j + 1])
-                tokens.append(mb.input_ids[a:b])
-                offsets.append(offsets[-1] + b - a)
-        tmp = os.path.join(out, f".rank{r}_step{batch.step}.npz")
-        with open(tmp, "wb") as f:
-            np.savez(
-                f,
-                keys=np.array(keys, dtype=np.int64).reshape(-1, 3),
-                tokens=np.concatenate(tokens) if tokens else np.zeros(0, np.int64),
-                offsets=np.array(offsets, dtype=np.int64),
-                micro_batches=np.int64(len(batch.micro_batches)),
-            )
-        os.replace(tmp, os.path.join(out, f"rank{r}_step{batch.step}.npz"))
+    for batch in stowplan.FileReceiver(root, r, poll=0.002):
+        save(batch, r, out)
+
+
+def rank_zmq(endpoint: str, r: int, dp: int, out: str) -> None:
+    for batch in stowplan.ZmqReceiver(endpoint, r, dp):
+        save(batch, r, out)
+
+
+def save(batch: stowplan.RankBatch, r: int, out: str) -> None:
+    """Writes what rank ``r`` got in ``batch`` to ``OUT/rank{r}_step{N}.npz``."""
+    keys, tokens, offsets = [], [], [0]
+    for mb in batch.micro_batches:
+        for j, i in enumerate(mb.samples.tolist()):
+            keys.append((int(batch.sample_runs[i]), int(batch.sample_steps[i]), int(batch.sample_indices[i])))
+            a, b = int(mb.cu_seqlens[j]), int(mb.cu_seqlens[j + 1])
+            tokens.append(mb.input_ids[a:b])
+            offsets.append(offsets[-1] + b - a)
+    tmp = os.path.join(out, f".rank{r}_step{batch.step}.npz")
+    with open(tmp, "wb") as f:
+        np.savez(
+            f,
+            keys=np.array(keys, dtype=np.int64).reshape(-1, 3),
+            tokens=np.concatenate(tokens) if tokens else np.zeros(0, np.int64),
+            offsets=np.array(offsets, dtype=np.int64),
+            micro_batches=np.int64(len(batch.micro_batches)),
+        )
+    os.replace(tmp, os.path.join(out, f"rank{r}_step{batch.step}.npz"))
 
 
 if __name__ == "__main__":
@@ -87,5 +110,9 @@ if __name__ == "__main__":
         stowplan.FileSender(sys.argv[2]).send(make_batch(int(sys.argv[3]), int(sys.argv[4])))
     elif mode == "rank":
         rank(sys.argv[2], int(sys.argv[3]), sys.argv[4])
+    elif mode == "orchestrator-zmq":
+        orchestrator_zmq(sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]), float(sys.argv[6]))
+    elif mode == "rank-zmq":
+        rank_zmq(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5])
     else:
         raise SystemExit(f"unknown mode {mode!r}")

@@ -1,6 +1,7 @@
-"""The packer runtime from Python: the in-process Packer, the filesystem sender/receiver, the
-prime-rl layouts, and the end-to-end test: an orchestrator process, ``stowplan serve`` and 4
-rank processes, with the packer killed (SIGKILL) mid-run and restarted."""
+"""The packer runtime from Python: the in-process Packer, the filesystem and ZeroMQ
+senders/receivers, the prime-rl layouts, and the end-to-end test over both transports: an
+orchestrator process, ``stowplan serve`` and 4 rank processes, with the packer killed
+(SIGKILL) mid-run and restarted."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import json
 import os
 import pathlib
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -146,13 +148,6 @@ def serve_binary() -> str:
     return path
 
 
-def delivered_steps(root: pathlib.Path, dp: int) -> int:
-    n = 0
-    while all((root / "rollouts" / f"step_{n}" / f"rank_{r}.bin").exists() for r in range(dp)):
-        n += 1
-    return n
-
-
 def received(out: pathlib.Path) -> Dict[Tuple[int, int], Tuple[np.ndarray, np.ndarray, np.ndarray, int]]:
     got = {}
     for f in glob.glob(str(out / "rank*_step*.npz")):
@@ -163,35 +158,67 @@ def received(out: pathlib.Path) -> Dict[Tuple[int, int], Tuple[np.ndarray, np.nd
     return got
 
 
-def test_end_to_end_fs_with_sigkill_and_restart(tmp_path):
+def free_ports(n: int) -> List[int]:
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def steps_received(out: pathlib.Path, dp: int) -> int:
+    n = 0
+    while all((out / f"rank{r}_step{n}.npz").exists() for r in range(dp)):
+        n += 1
+    return n
+
+
+@pytest.mark.parametrize("transport", ["fs", "zmq"])
+def test_end_to_end_with_sigkill_and_restart(tmp_path, transport):
     binary = serve_binary()
     root, out = tmp_path / "root", tmp_path / "out"
     out.mkdir()
     steps, runs, dp = 8, 2, 4
-    serve = [binary, "serve", "--transport", "fs", "--root", str(root), "--seq-len", str(packer_procs.SEQ_LEN),
+    proc = [sys.executable, str(HERE / "packer_procs.py")]
+    serve = [binary, "serve", "--transport", transport, "--seq-len", str(packer_procs.SEQ_LEN),
              "--dp", str(dp), "--batch-size", "16", "--num-runs", str(runs), "--wait-timeout", "0.3",
              "--pad-to-multiple-of", "8", "--log-format", "json", "--poll-ms", "2"]
+    if transport == "fs":
+        serve += ["--root", str(root)]
+        ranks = [proc + ["rank", str(root), str(r), str(out)] for r in range(dp)]
+        orchestrator = proc + ["orchestrator", str(root), str(steps), str(runs), "0.15"]
+    else:
+        batches, receipts, rank_ep = (f"tcp://127.0.0.1:{p}" for p in free_ports(3))
+        serve += ["--state-dir", str(tmp_path / "state"), "--zmq-batches", batches, "--zmq-receipts", receipts,
+                  "--zmq-ranks", rank_ep]
+        ranks = [proc + ["rank-zmq", rank_ep, str(r), str(dp), str(out)] for r in range(dp)]
+        orchestrator = proc + ["orchestrator-zmq", batches, receipts, str(steps), str(runs), "0.15"]
     env = {**os.environ, "PYTHONPATH": str(HERE)}
     logs = open(tmp_path / "serve.log", "wb")
     procs: List[subprocess.Popen] = []
     try:
         packer = subprocess.Popen(serve, stderr=logs, stdout=subprocess.DEVNULL)
-        procs += [subprocess.Popen([sys.executable, str(HERE / "packer_procs.py"), "rank", str(root), str(r), str(out)], env=env)
-                  for r in range(dp)]
-        orch = subprocess.Popen([sys.executable, str(HERE / "packer_procs.py"), "orchestrator", str(root), str(steps), str(runs), "0.15"], env=env)
+        procs += [subprocess.Popen(r, env=env) for r in ranks]
+        orch = subprocess.Popen(orchestrator, env=env, stdout=subprocess.PIPE)
         procs.append(orch)
         deadline = time.time() + 60
-        while delivered_steps(root, dp) < 2:
+        while steps_received(out, dp) < 2:
             assert time.time() < deadline, "no steps delivered"
             assert packer.poll() is None, "serve exited"
             time.sleep(0.01)
         packer.send_signal(signal.SIGKILL)
         packer.wait()
-        time.sleep(0.3)  # batches pile up in the inbox meanwhile
-        # The orchestrator resends a batch it is unsure about: a duplicate, ignored.
-        subprocess.run([sys.executable, str(HERE / "packer_procs.py"), "resend", str(root), "0", "0"], env=env, check=True)
+        time.sleep(0.3)  # batches pile up (fs: in the inbox; zmq: queued, or lost and resent later)
+        if transport == "fs":
+            # The orchestrator resends a batch it is unsure about: a duplicate, ignored.
+            subprocess.run(proc + ["resend", str(root), "0", "0"], env=env, check=True)
         packer = subprocess.Popen(serve, stderr=logs, stdout=subprocess.PIPE)
-        assert orch.wait(timeout=60) == 0
+        # zmq: the orchestrator exits once the packer acknowledged every batch.
+        orch_out, _ = orch.communicate(timeout=120)
+        assert orch.returncode == 0
         expected: Dict[Tuple[int, int, int], np.ndarray] = {}
         for s in range(steps):
             for r in range(runs):
@@ -234,6 +261,139 @@ def test_end_to_end_fs_with_sigkill_and_restart(tmp_path):
     assert seen == set(expected), f"lost {sorted(set(expected) - seen)[:5]}"
     events = [json.loads(line) for line in (tmp_path / "serve.log").read_text().splitlines() if line.startswith("{")]
     messages = [e["fields"].get("message") for e in events]
-    assert "step delivered" in messages and "duplicate batch ignored" in messages and "sample rejected" in messages
+    assert "step delivered" in messages and "sample rejected" in messages
+    if transport == "fs":
+        assert "duplicate batch ignored" in messages
+    else:
+        assert "rank connected" in messages and b"resent" in orch_out
     step_events = [e["fields"] for e in events if e["fields"].get("message") == "step delivered"]
     assert all({"real_tokens", "padding_tokens", "imbalance", "wait_s", "pack_s", "deliver_s"} <= set(f) for f in step_events)
+
+
+# --- ZeroMQ: a batch lost with a killed packer is resent; the receiver's ordering ----------
+
+def test_zmq_lost_batch_resent_and_receiver_order(tmp_path):
+    import threading
+
+    import zmq
+
+    binary = serve_binary()
+    batches, receipts, rank_ep = (f"tcp://127.0.0.1:{p}" for p in free_ports(3))
+    serve = [binary, "serve", "--transport", "zmq", "--state-dir", str(tmp_path / "state"),
+             "--seq-len", str(packer_procs.SEQ_LEN), "--dp", "2", "--batch-size", "12", "--wait-timeout", "0.2",
+             "--zmq-batches", batches, "--zmq-receipts", receipts, "--zmq-ranks", rank_ep]
+    ctx = zmq.Context()
+    raw: Dict[Tuple[int, int], bytes] = {}  # (rank, step) -> the bytes the packer sent
+    stop = threading.Event()
+
+    def ranks() -> None:
+        # Two ranks speaking the wire protocol with bare pyzmq sockets.
+        socks = []
+        for r in range(2):
+            s = ctx.socket(zmq.DEALER)
+            s.linger = 0
+            s.connect(rank_ep)
+            socks.append(s)
+        last = 0.0
+        while not stop.is_set():
+            if time.monotonic() - last > 0.5:
+                for r, s in enumerate(socks):
+                    s.send(stowplan._stowplan.encode_rank_hello(r, 2, 0))
+                last = time.monotonic()
+            for r, s in enumerate(socks):
+                if s.poll(10):
+                    data = s.recv()
+                    b = stowplan._stowplan.decode_rank_batch(data)
+                    raw[(r, b.step)] = data
+                    s.send(stowplan._stowplan.encode_rank_ack(r, b.step))
+        for s in socks:
+            s.close()
+
+    logs = open(tmp_path / "serve.log", "wb")
+    thread = threading.Thread(target=ranks, daemon=True)
+    packer = subprocess.Popen(serve, stderr=logs, stdout=subprocess.DEVNULL)
+    sender = stowplan.ZmqSender(batches, receipts, resend_after=600, context=ctx)
+    try:
+        thread.start()
+        sender.send(packer_procs.make_batch(0, 0))
+        first = sender.flush(timeout=30)
+        assert [(r["run"], r["step"], r["accepted"], r["rejected"], r["duplicate"]) for r in first] == [(0, 0, 12, 1, False)]
+        # Frozen, the packer cannot take the next batch; killed, it loses it.
+        packer.send_signal(signal.SIGSTOP)
+        sender.send(packer_procs.make_batch(0, 1))
+        time.sleep(0.3)
+        assert sender.unacked == [("batch", 0, 1)]
+        packer.send_signal(signal.SIGKILL)
+        packer.wait()
+        packer = subprocess.Popen(serve, stderr=logs, stdout=subprocess.DEVNULL)
+        # The new incarnation makes the sender resend at once (resend_after is 10 minutes).
+        again = sender.flush(timeout=30)
+        assert sender.resent >= 1
+        assert [(r["step"], r["duplicate"]) for r in again] == [(1, False)]
+        sender.send(packer_procs.make_batch(0, 2))
+        sender.flush(timeout=30)
+        deadline = time.time() + 30
+        while not all((r, s) in raw for r in range(2) for s in range(3)):
+            assert time.time() < deadline, f"steps received: {sorted(raw)}"
+            time.sleep(0.05)
+        # A rank started with another dp is refused with the reason.
+        with stowplan.ZmqReceiver(rank_ep, 0, 3, context=ctx) as wrong:
+            with pytest.raises(stowplan.InvalidArgumentError, match="dp 3"):
+                wrong.receive(timeout=10)
+    finally:
+        stop.set()
+        thread.join()
+        sender.close()
+        packer.kill()
+        packer.wait()
+        logs.close()
+    keys = []
+    for step in range(3):
+        for r in range(2):
+            b = stowplan._stowplan.decode_rank_batch(raw[(r, step)])
+            keys += [(int(b.sample_steps[i]), int(b.sample_indices[i])) for mb in b.micro_batches for i in mb.samples.tolist()]
+    assert sorted(keys) == [(s, i) for s in range(3) for i in range(12)], "every sample exactly once"
+
+    # The receiver against a stand-in packer: steps out of order and a copy.
+    router = ctx.socket(zmq.ROUTER)
+    port = router.bind_to_random_port("tcp://127.0.0.1")
+    with stowplan.ZmqReceiver(f"tcp://127.0.0.1:{port}", 0, 2, timeout=10, prefetch=4, context=ctx) as rx:
+        assert router.poll(5000)
+        peer, hello = router.recv_multipart()
+        assert hello == stowplan._stowplan.encode_rank_hello(0, 2, 0)
+        for step in (2, 0, 0, 1):
+            router.send_multipart([peer, raw[(0, step)]])
+        assert [rx.receive().step for _ in range(3)] == [0, 1, 2]
+        acks: List[bytes] = []
+        ack_bytes = {stowplan._stowplan.encode_rank_ack(0, s) for s in range(3)}
+        deadline = time.time() + 10
+        while len(acks) < 4:  # hellos aside
+            assert time.time() < deadline, acks
+            if router.poll(100):
+                m = router.recv_multipart()[1]
+                acks += [m] if m in ack_bytes else []
+        assert sorted(acks) == sorted(stowplan._stowplan.encode_rank_ack(0, s) for s in (2, 0, 0, 1))
+        with pytest.raises(stowplan.StowplanTimeoutError, match="step 3"):
+            rx.receive(timeout=0.2)
+    router.close()
+    ctx.term()
+
+
+def test_zmq_arguments_are_checked():
+    with pytest.raises(stowplan.InvalidArgumentError, match="rank must be below dp 2"):
+        stowplan.ZmqReceiver("tcp://127.0.0.1:1", 2, 2)
+    with pytest.raises(stowplan.InvalidArgumentError, match="prefetch must be an integer ≥ 1"):
+        stowplan.ZmqReceiver("tcp://127.0.0.1:1", 0, 1, prefetch=0)
+    with pytest.raises(stowplan.InvalidArgumentError, match="timeout"):
+        stowplan.ZmqReceiver("tcp://127.0.0.1:1", 0, 1, timeout=-1)
+    with pytest.raises(stowplan.InvalidArgumentError, match="endpoint"):
+        stowplan.ZmqReceiver("nonsense", 0, 1)
+    with pytest.raises(stowplan.InvalidArgumentError, match="resend_after"):
+        stowplan.ZmqSender(resend_after=0)
+    with pytest.raises(stowplan.InvalidArgumentError, match="endpoint"):
+        stowplan.ZmqSender("nonsense")
+    with stowplan.ZmqSender("tcp://127.0.0.1:1", "tcp://127.0.0.1:2") as s:
+        s.add_run(3, batch_size=4)
+        assert s.unacked == [("add_run", 3)]
+        with pytest.raises(stowplan.StowplanTimeoutError, match="1 messages not acknowledged"):
+            s.flush(timeout=0.2)

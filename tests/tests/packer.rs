@@ -1,6 +1,7 @@
-//! The packer runtime and `serve` over the filesystem transport: round-robin, progress,
-//! rejection, run separation, equal counts, checkpoint/restore, and crashes at every point of
-//! a step with nothing lost or delivered twice.
+//! The packer runtime and `serve` over both transports: round-robin, progress, rejection, run
+//! separation, equal counts, checkpoint/restore, crashes at every point of a step with nothing
+//! lost or delivered twice, and the ZeroMQ protocol (barrier, receipts, refusal, out-of-order
+//! batches, a rank reconnecting mid-step).
 #![allow(clippy::unwrap_used)]
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -10,7 +11,10 @@ use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use proptest::prelude::*;
-use stowplan::serve::{Control, FsTransport, Incoming, ServeOptions, Server, Transport, receive_fs, send_fs};
+use stowplan::serve::{
+    Control, FsTransport, Incoming, RankMessage, Receipt, Receipts, Refusal, ServeOptions, Server, Transport,
+    ZmqEndpoints, ZmqTransport, receive_fs, send_fs,
+};
 use stowplan::{
     BatchKey, Error, Kernel, Packer, PackerOptions, PackerState, RankBatch, RejectReason, RunConfig, SampleKey,
     TrainingBatch, TrainingSample,
@@ -324,20 +328,20 @@ impl Transport for Crashing {
     fn name(&self) -> &'static str {
         "fs-crashing"
     }
-    fn wait_ready(&mut self, stop: &AtomicBool) -> Result<(), Error> {
-        self.inner.wait_ready(stop)
+    fn ready(&mut self) -> Result<bool, Error> {
+        self.inner.ready()
     }
     fn receive(&mut self, timeout: Duration) -> Result<Vec<Incoming>, Error> {
         self.inner.receive(timeout)
     }
-    fn deliver(&mut self, step: u64, ranks: &[RankBatch]) -> Result<(), Error> {
+    fn deliver(&mut self, step: u64, ranks: &[RankBatch], stop: &AtomicBool) -> Result<bool, Error> {
         self.deliveries += 1;
         match self.crash_at {
             Some((at, partial)) if at == self.deliveries => {
-                self.inner.deliver(step, &ranks[..partial])?;
+                self.inner.deliver(step, &ranks[..partial], stop)?;
                 Err(Error::Io("simulated crash".into()))
             }
-            _ => self.inner.deliver(step, ranks),
+            _ => self.inner.deliver(step, ranks, stop),
         }
     }
 }
@@ -466,5 +470,147 @@ fn control_messages_and_a_second_server_on_the_same_state() {
     assert!(dir.join("packer/rejected/garbage.bin").is_file(), "undecodable messages are kept aside");
     assert_eq!(server.packer().progress(1).unwrap().step, 1);
     assert!(std::fs::read_dir(dir.join("inbox")).unwrap().next().is_none(), "inbox drained");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+fn zmq_recv(s: &zmq::Socket, timeout_ms: i64) -> Option<Vec<u8>> {
+    if s.poll(zmq::POLLIN, timeout_ms).unwrap() == 0 {
+        return None;
+    }
+    Some(s.recv_bytes(0).unwrap())
+}
+
+fn dealer(ctx: &zmq::Context, endpoint: &str, hello: RankMessage) -> zmq::Socket {
+    let s = ctx.socket(zmq::DEALER).unwrap();
+    s.set_linger(0).unwrap();
+    s.connect(endpoint).unwrap();
+    s.send(hello.encode().unwrap(), 0).unwrap();
+    s
+}
+
+#[test]
+fn zmq_barrier_receipts_refusal_reconnect_and_exactly_once() {
+    let dir = std::env::temp_dir().join(format!("stowplan-packer-zmq-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let any = ZmqEndpoints {
+        batches: "tcp://127.0.0.1:*".into(),
+        receipts: "tcp://127.0.0.1:*".into(),
+        ranks: "tcp://127.0.0.1:*".into(),
+    };
+    assert!(ZmqTransport::bind(&any, 0).unwrap_err().to_string().contains("dp must be at least 1"));
+    let bad = ZmqEndpoints { batches: "nonsense".into(), ..any.clone() };
+    let e = ZmqTransport::bind(&bad, 3).unwrap_err().to_string();
+    assert!(e.contains("batches") && e.contains("nonsense"), "{e}");
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let (tx, rx) = std::sync::mpsc::channel();
+    let server = {
+        let (stop, dir, any) = (Arc::clone(&stop), dir.clone(), any.clone());
+        std::thread::spawn(move || {
+            let t = ZmqTransport::bind(&any, 3).unwrap();
+            tx.send((t.endpoints().clone(), t.incarnation())).unwrap();
+            let mut o = serve_options(&dir, None);
+            o.packer.wait_timeout = Duration::from_millis(50);
+            let mut server = Server::open(Kernel::native(), t, o).unwrap();
+            server.run(&stop, |_| {}).unwrap()
+        })
+    };
+    let (ep, incarnation) = rx.recv().unwrap();
+    let ctx = zmq::Context::new();
+    let push = ctx.socket(zmq::PUSH).unwrap();
+    push.connect(&ep.batches).unwrap();
+    let sub = ctx.socket(zmq::SUB).unwrap();
+    sub.set_subscribe(b"").unwrap();
+    sub.connect(&ep.receipts).unwrap();
+    // The heartbeat proves the subscription is live before anything is sent.
+    let first = Receipts::decode(&zmq_recv(&sub, 5000).expect("a heartbeat")).unwrap();
+    assert_eq!(first.incarnation, incarnation);
+
+    // A rank of another data-parallel size is refused with the reason.
+    let wrong = dealer(&ctx, &ep.ranks, RankMessage::Hello { rank: 0, dp: 2, next_step: 0 });
+    let refusal = Refusal::decode(&zmq_recv(&wrong, 5000).expect("a refusal")).unwrap();
+    assert!(refusal.message.contains("dp 2") && refusal.message.contains("dp 3"), "{}", refusal.message);
+
+    // Two of three ranks: the barrier holds every step back.
+    let mut ranks: Vec<zmq::Socket> =
+        (0..2).map(|r| dealer(&ctx, &ep.ranks, RankMessage::Hello { rank: r, dp: 3, next_step: 0 })).collect();
+    let lens = |k: SampleKey| 4 + ((k.index as usize * 5 + k.step as usize * 7 + k.run as usize) % 26);
+    let mut expected = BTreeSet::new();
+    // Out of order, a duplicate, and garbage.
+    let order = [(0, 2), (1, 0), (0, 0), (1, 2), (0, 1), (1, 1), (0, 0)];
+    for &(run, step) in &order {
+        let ls: Vec<usize> = (0..5).map(|i| lens(SampleKey { run, step, index: i })).collect();
+        expected.extend((0..5).map(|index| SampleKey { run, step, index }));
+        push.send(batch(run, step, &ls).encode().unwrap(), 0).unwrap();
+    }
+    push.send(&b"garbage"[..], 0).unwrap();
+    let add = Control::AddRun { run: 1, config: RunConfig { batch_size: 4 } };
+    let remove_unknown = Control::RemoveRun { run: 7 };
+    push.send(add.encode().unwrap(), 0).unwrap();
+    push.send(remove_unknown.encode().unwrap(), 0).unwrap();
+    let mut receipts = Vec::new();
+    while receipts.len() < order.len() + 2 {
+        let r = Receipts::decode(&zmq_recv(&sub, 10_000).expect("receipts")).unwrap();
+        assert_eq!(r.incarnation, incarnation);
+        receipts.extend(r.receipts);
+    }
+    let batches: Vec<(u32, u64, u32, bool)> = receipts
+        .iter()
+        .filter_map(|r| match *r {
+            Receipt::Batch { run, step, accepted, rejected, duplicate } => {
+                assert_eq!((accepted, rejected), if duplicate { (0, 0) } else { (5, 0) });
+                Some((run, step, accepted, duplicate))
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(batches.len(), order.len());
+    assert_eq!(batches.iter().filter(|b| b.3).map(|b| (b.0, b.1)).collect::<Vec<_>>(), vec![(0, 0)]);
+    assert!(receipts.contains(&Receipt::Control { control: add, error: None }));
+    assert!(receipts.iter().any(|r| matches!(r, Receipt::Control { control, error: Some(e) }
+        if *control == remove_unknown && e.contains("7"))));
+    for r in &ranks {
+        assert!(zmq_recv(r, 400).is_none(), "a step was delivered before every rank said hello");
+    }
+
+    // The third rank arrives; rank 1 drops its first copy unacknowledged and reconnects.
+    ranks.push(dealer(&ctx, &ep.ranks, RankMessage::Hello { rank: 2, dp: 3, next_step: 0 }));
+    let first_copy = RankBatch::decode(&zmq_recv(&ranks[1], 10_000).expect("step 0 for rank 1")).unwrap();
+    assert_eq!((first_copy.step, first_copy.rank), (0, 1));
+    ranks[1] = dealer(&ctx, &ep.ranks, RankMessage::Hello { rank: 1, dp: 3, next_step: 0 });
+    let mut got = Vec::new();
+    let mut next = [0u64; 3];
+    let mut steps: BTreeMap<u64, Vec<Option<RankBatch>>> = BTreeMap::new();
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while got.len() < expected.len() {
+        assert!(std::time::Instant::now() < deadline, "{} of {} samples delivered", got.len(), expected.len());
+        for (r, s) in ranks.iter().enumerate() {
+            let Some(bytes) = zmq_recv(s, 20) else { continue };
+            let b = RankBatch::decode(&bytes).unwrap();
+            assert_eq!(b.rank, r as u32);
+            s.send(RankMessage::Ack { rank: r as u32, step: b.step }.encode().unwrap(), 0).unwrap();
+            if b.step < next[r] {
+                continue; // a copy of a step this rank has
+            }
+            assert_eq!(b.step, next[r], "steps arrive in order over one connection");
+            next[r] += 1;
+            let step = b.step;
+            let slot = steps.entry(step).or_insert_with(|| vec![None, None, None]);
+            slot[r] = Some(b);
+            if slot.iter().all(Option::is_some) {
+                let full: Vec<RankBatch> = steps.remove(&step).unwrap().into_iter().flatten().collect();
+                got.extend(unpack(&full));
+            }
+        }
+    }
+    let keys: BTreeSet<SampleKey> = got.iter().map(|(k, _)| *k).collect();
+    assert_eq!(keys.len(), got.len(), "a sample delivered twice");
+    assert_eq!(keys, expected);
+    for (k, t) in &got {
+        assert_eq!(t, &tokens_of(*k, &lens));
+    }
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let summary = server.join().unwrap();
+    assert_eq!((summary.duplicates, summary.undecodable), (1, 1));
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -51,6 +51,9 @@ enum Command {
 enum TransportArg {
     /// Files under --root: ROOT/inbox/ in, ROOT/rollouts/step_N/rank_R.bin out.
     Fs,
+    /// ZeroMQ over TCP (or ipc://): batches PUSHed to --zmq-batches, receipts published on
+    /// --zmq-receipts, ranks connect DEALER sockets to --zmq-ranks.
+    Zmq,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum, PartialEq)]
@@ -68,10 +71,20 @@ struct ServeArgs {
     transport: TransportArg,
     /// Directory shared with the orchestrator and the ranks (filesystem transport).
     #[arg(long)]
-    root: PathBuf,
-    /// Checkpoint and spool directory; default ROOT/packer.
+    root: Option<PathBuf>,
+    /// Checkpoint and spool directory; default ROOT/packer (required with --transport zmq
+    /// unless --root is given).
     #[arg(long)]
     state_dir: Option<PathBuf>,
+    /// ZeroMQ: where the PULL socket for training batches and run changes binds.
+    #[arg(long, default_value = "tcp://*:5555")]
+    zmq_batches: String,
+    /// ZeroMQ: where the PUB socket for receipts (messages made durable) binds.
+    #[arg(long, default_value = "tcp://*:5556")]
+    zmq_receipts: String,
+    /// ZeroMQ: where the ROUTER socket the trainer ranks connect to binds.
+    #[arg(long, default_value = "tcp://*:5557")]
+    zmq_ranks: String,
     /// Tokens of a micro-batch after padding (longer samples are rejected).
     #[arg(long)]
     seq_len: u64,
@@ -993,7 +1006,7 @@ fn run_filter_check(a: FilterCheckArgs) -> Result<(), Failure> {
 fn run_serve(a: ServeArgs) -> Result<(), Failure> {
     use std::sync::Arc;
     use std::sync::atomic::AtomicBool;
-    use stowplan::serve::{FsTransport, ServeOptions, Server};
+    use stowplan::serve::{FsTransport, ServeOptions, Server, Transport, ZmqEndpoints, ZmqTransport};
     use stowplan::{PackerOptions, RunConfig};
 
     let bad = |message: String| Failure { code: 2, message };
@@ -1016,9 +1029,16 @@ fn run_serve(a: ServeArgs) -> Result<(), Failure> {
         ..PackerOptions::new(a.seq_len, a.dp)
     };
     let config = RunConfig { batch_size: a.batch_size };
+    let state_dir = match (&a.state_dir, &a.root) {
+        (Some(d), _) => d.clone(),
+        (None, Some(root)) => root.join("packer"),
+        (None, None) => {
+            return Err(bad("--state-dir (or --root) is required: where the checkpoint and spool live".into()));
+        }
+    };
     let options = ServeOptions {
         packer,
-        state_dir: a.state_dir.clone().unwrap_or_else(|| a.root.join("packer")),
+        state_dir: state_dir.clone(),
         runs: Vec::new(),
         auto_add: (!a.no_auto_add_runs).then_some(config),
         max_steps: a.max_steps,
@@ -1029,15 +1049,31 @@ fn run_serve(a: ServeArgs) -> Result<(), Failure> {
         signal_hook::flag::register(signal, Arc::clone(&stop))
             .map_err(|e| bad(format!("installing the signal handler: {e}")))?;
     }
-    let (kernel, _) = kernel_on(BackendArg::Wasm)?;
     let poll = std::time::Duration::from_millis(a.poll_ms.max(1));
-    let transport = match a.transport {
-        TransportArg::Fs => FsTransport::new(&a.root, poll)?,
+    let (transport, endpoints): (Box<dyn Transport>, _) = match a.transport {
+        TransportArg::Fs => {
+            let root = a.root.as_ref().ok_or_else(|| bad("--root is required with --transport fs".into()))?;
+            (Box::new(FsTransport::new(root, poll)?), json!({"root": root}))
+        }
+        TransportArg::Zmq => {
+            let wanted = ZmqEndpoints {
+                batches: a.zmq_batches.clone(),
+                receipts: a.zmq_receipts.clone(),
+                ranks: a.zmq_ranks.clone(),
+            };
+            let t = ZmqTransport::bind(&wanted, a.dp)?;
+            let e = t.endpoints();
+            let endpoints =
+                json!({"batches": e.batches, "receipts": e.receipts, "ranks": e.ranks, "incarnation": t.incarnation()});
+            (Box::new(t), endpoints)
+        }
     };
+    let (kernel, _) = kernel_on(BackendArg::Wasm)?;
     let mut server = Server::open(kernel, transport, options)?;
     tracing::info!(
         target: "stowplan::serve",
-        root = %a.root.display(),
+        transport = %endpoints,
+        state_dir = %state_dir.display(),
         seq_len = a.seq_len,
         dp = a.dp,
         threshold = packer.threshold_tokens(),

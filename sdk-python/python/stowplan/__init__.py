@@ -38,6 +38,7 @@ from ._plan import (
 )
 from ._filter import Filter
 from ._packer import FileReceiver, FileSender, IngestReport, Packer, RankBatch, TrainingBatch
+from ._zmq import ZmqReceiver, ZmqSender
 from ._source import BufferedDataSource, DataSource, Sample
 from . import errors as _errors
 from .errors import *  # noqa: F401,F403  (every class of errors.__all__)
@@ -76,6 +77,8 @@ __all__ = [
     "RankBatch",
     "FileSender",
     "FileReceiver",
+    "ZmqSender",
+    "ZmqReceiver",
     "kernel_info",
 ] + _errors.__all__
 

@@ -1,0 +1,427 @@
+//! The ZeroMQ transport of `stowplan serve` (libzmq through the `zmq` crate).
+//!
+//! Three sockets, all bound by the packer so that orchestrators and ranks on other hosts
+//! connect to it over TCP:
+//!
+//! - **batches** (PULL): orchestrators PUSH encoded [`TrainingBatch`](crate::TrainingBatch)es
+//!   and [`Control`] messages, one message each, in any order.
+//! - **receipts** (PUB): once a message is durable (spooled and checkpointed) the packer
+//!   publishes a [`Receipts`] naming it; every message also carries the packer's
+//!   *incarnation* (a number new at every start), and one is published every second even
+//!   when there is nothing to acknowledge. A sender keeps what it sent until a receipt names
+//!   it and sends everything unacknowledged again when the incarnation changes (a restart:
+//!   messages in flight died with the old process) or after a timeout; the packer recognises
+//!   repeats as duplicates, so nothing is lost and nothing is taken twice.
+//! - **ranks** (ROUTER): each trainer rank connects a DEALER and says [`RankMessage::Hello`]
+//!   (rank, data-parallel size, the step it expects), again every second while it waits.
+//!   No step is delivered before every rank said hello (the readiness barrier). A step is
+//!   sent to each rank as its encoded [`RankBatch`]; the rank answers [`RankMessage::Ack`]
+//!   once it has decoded it, and the step counts as delivered when every rank acknowledged
+//!   it. A rank that reconnects (a new hello) gets the unacknowledged step again; a rank that
+//!   already had a step acknowledges and drops the copy, and holds back steps that arrive
+//!   ahead of the one it expects. A hello with the wrong data-parallel size or rank gets a
+//!   [`Refusal`] naming the mismatch.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+
+use super::{Control, Incoming, Transport};
+use crate::packer::{PACKER_FORMAT_VERSION, decode_with, encode_with};
+use crate::{Error, RankBatch};
+
+/// Header of an encoded [`RankMessage`].
+pub const RANK_MESSAGE_MAGIC: [u8; 4] = *b"SPRM";
+/// Header of an encoded [`Receipts`].
+pub const RECEIPTS_MAGIC: [u8; 4] = *b"SPRC";
+/// Header of an encoded [`Refusal`].
+pub const REFUSAL_MAGIC: [u8; 4] = *b"SPRX";
+
+/// How often the packer publishes an empty [`Receipts`] (its heartbeat), and how often a
+/// waiting rank repeats its hello.
+pub const HEARTBEAT: Duration = Duration::from_secs(1);
+
+/// At most this many batch messages are taken per receive (bounds the memory of a burst).
+const RECEIVE_LIMIT: usize = 16;
+
+/// What a trainer rank sends the packer.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum RankMessage {
+    /// "I am rank `rank` of `dp` and expect step `next_step`": sent on connecting and every
+    /// [`HEARTBEAT`] while waiting.
+    Hello {
+        /// This rank.
+        rank: u32,
+        /// Data-parallel size the rank was started with (must equal the packer's).
+        dp: u32,
+        /// The packer step the rank expects next.
+        next_step: u64,
+    },
+    /// "Rank `rank` has step `step`" (also sent for a copy of a step it already had).
+    Ack {
+        /// This rank.
+        rank: u32,
+        /// The step received.
+        step: u64,
+    },
+}
+
+impl RankMessage {
+    /// Encodes as [`RANK_MESSAGE_MAGIC`], the version, then postcard.
+    pub fn encode(&self) -> Result<Vec<u8>, Error> {
+        encode_with(RANK_MESSAGE_MAGIC, PACKER_FORMAT_VERSION, "rank message", self, 16)
+    }
+
+    /// Decodes what [`RankMessage::encode`] wrote.
+    pub fn decode(bytes: &[u8]) -> Result<Self, Error> {
+        decode_with(RANK_MESSAGE_MAGIC, PACKER_FORMAT_VERSION, "rank message", bytes)
+    }
+}
+
+/// The packer's answer to a rank it will not serve (wrong data-parallel size or rank).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Refusal {
+    /// Why, naming the values.
+    pub message: String,
+}
+
+impl Refusal {
+    /// Encodes as [`REFUSAL_MAGIC`], the version, then postcard.
+    pub fn encode(&self) -> Result<Vec<u8>, Error> {
+        encode_with(REFUSAL_MAGIC, PACKER_FORMAT_VERSION, "refusal", self, self.message.len() + 8)
+    }
+
+    /// Decodes what [`Refusal::encode`] wrote.
+    pub fn decode(bytes: &[u8]) -> Result<Self, Error> {
+        decode_with(REFUSAL_MAGIC, PACKER_FORMAT_VERSION, "refusal", bytes)
+    }
+}
+
+/// That one message reached the packer and is durable.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Receipt {
+    /// A training batch.
+    Batch {
+        /// Its run.
+        run: u32,
+        /// Its orchestrator step.
+        step: u64,
+        /// Samples kept.
+        accepted: u32,
+        /// Samples rejected (reasons are in the packer's log).
+        rejected: u32,
+        /// The batch had been received before and was ignored this time.
+        duplicate: bool,
+    },
+    /// A control message; `error` says why it was not applied (it is not retried).
+    Control {
+        /// The message.
+        control: Control,
+        /// Why it was not applied, if it was not.
+        error: Option<String>,
+    },
+}
+
+/// What the packer publishes on the receipts socket.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Receipts {
+    /// Identifies the packer process: a new value means it restarted.
+    pub incarnation: u64,
+    /// Messages that became durable (empty in a heartbeat).
+    pub receipts: Vec<Receipt>,
+}
+
+impl Receipts {
+    /// Encodes as [`RECEIPTS_MAGIC`], the version, then postcard.
+    pub fn encode(&self) -> Result<Vec<u8>, Error> {
+        encode_with(RECEIPTS_MAGIC, PACKER_FORMAT_VERSION, "receipts", self, 16 + 24 * self.receipts.len())
+    }
+
+    /// Decodes what [`Receipts::encode`] wrote.
+    pub fn decode(bytes: &[u8]) -> Result<Self, Error> {
+        decode_with(RECEIPTS_MAGIC, PACKER_FORMAT_VERSION, "receipts", bytes)
+    }
+}
+
+/// Where the packer's three sockets bind: ZeroMQ endpoints such as `tcp://*:5555`,
+/// `tcp://127.0.0.1:*` (a free port, see [`ZmqTransport::endpoints`]) or `ipc:///path`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ZmqEndpoints {
+    /// PULL socket for training batches and control messages.
+    pub batches: String,
+    /// PUB socket for receipts.
+    pub receipts: String,
+    /// ROUTER socket the ranks connect to.
+    pub ranks: String,
+}
+
+impl Default for ZmqEndpoints {
+    /// Ports 5555 (batches), 5556 (receipts) and 5557 (ranks) on every interface.
+    fn default() -> Self {
+        Self { batches: "tcp://*:5555".into(), receipts: "tcp://*:5556".into(), ranks: "tcp://*:5557".into() }
+    }
+}
+
+fn zmq_error(what: &str, e: zmq::Error) -> Error {
+    Error::Io(format!("zeromq: {what}: {e}"))
+}
+
+/// Waits up to `timeout` for one of `items`; a signal (EINTR, e.g. the SIGTERM that stops the
+/// server) ends the wait early, as the caller checks its stop flag next.
+fn wait_for(items: &mut [zmq::PollItem<'_>], timeout: Duration) -> Result<(), Error> {
+    match zmq::poll(items, timeout.as_millis().max(1) as i64) {
+        Ok(_) | Err(zmq::Error::EINTR) => Ok(()),
+        Err(e) => Err(zmq_error("polling", e)),
+    }
+}
+
+/// The ZeroMQ transport (see the module docs).
+pub struct ZmqTransport {
+    batches: zmq::Socket,
+    receipts: zmq::Socket,
+    ranks: zmq::Socket,
+    // Dropped last: closing a context waits for its sockets.
+    _context: zmq::Context,
+    dp: u32,
+    endpoints: ZmqEndpoints,
+    incarnation: u64,
+    /// Each rank's routing id, from its latest hello.
+    peers: Vec<Option<Vec<u8>>>,
+    ready: bool,
+    last_published: Instant,
+    last_waiting_log: Instant,
+}
+
+impl std::fmt::Debug for ZmqTransport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ZmqTransport")
+            .field("endpoints", &self.endpoints)
+            .field("dp", &self.dp)
+            .field("incarnation", &self.incarnation)
+            .field("ready", &self.ready)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Something a rank said, as the transport understood it.
+enum FromRank {
+    Hello(u32),
+    Ack(u32, u64),
+    Other,
+}
+
+impl ZmqTransport {
+    /// Binds the three sockets for `dp` ranks.
+    ///
+    /// Errors: `invalid-argument` for `dp` 0; `io` naming the endpoint that cannot be bound
+    /// (malformed, or the address is in use).
+    pub fn bind(endpoints: &ZmqEndpoints, dp: u32) -> Result<Self, Error> {
+        if dp == 0 {
+            return Err(Error::InvalidArgument("dp must be at least 1 (got 0)".into()));
+        }
+        let context = zmq::Context::new();
+        let open = |kind: zmq::SocketType, endpoint: &str, what: &str| -> Result<(zmq::Socket, String), Error> {
+            let s = context.socket(kind).map_err(|e| zmq_error(what, e))?;
+            // Receipts and a last delivery still queued at exit get a second to leave.
+            s.set_linger(1000).map_err(|e| zmq_error(what, e))?;
+            s.bind(endpoint)
+                .map_err(|e| Error::Io(format!("zeromq: binding the {what} socket to {endpoint:?}: {e}")))?;
+            let actual = s
+                .get_last_endpoint()
+                .map_err(|e| zmq_error(what, e))?
+                .unwrap_or_else(|raw| String::from_utf8_lossy(&raw).into_owned());
+            Ok((s, actual))
+        };
+        let (batches, b) = open(zmq::PULL, &endpoints.batches, "batches")?;
+        let (receipts, r) = open(zmq::PUB, &endpoints.receipts, "receipts")?;
+        let (ranks, k) = open(zmq::ROUTER, &endpoints.ranks, "ranks")?;
+        // Sending to a rank that is not connected fails (and is retried on its next hello)
+        // instead of being dropped silently.
+        ranks.set_router_mandatory(true).map_err(|e| zmq_error("ranks", e))?;
+        let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
+        let incarnation = (now.as_nanos() as u64) ^ (u64::from(std::process::id()) << 32);
+        Ok(Self {
+            batches,
+            receipts,
+            ranks,
+            _context: context,
+            dp,
+            endpoints: ZmqEndpoints { batches: b, receipts: r, ranks: k },
+            incarnation,
+            peers: vec![None; dp as usize],
+            ready: false,
+            last_published: Instant::now() - HEARTBEAT,
+            last_waiting_log: Instant::now(),
+        })
+    }
+
+    /// The endpoints actually bound (a `*` port resolved).
+    pub fn endpoints(&self) -> &ZmqEndpoints {
+        &self.endpoints
+    }
+
+    /// This process's incarnation (see [`Receipts::incarnation`]).
+    pub fn incarnation(&self) -> u64 {
+        self.incarnation
+    }
+
+    fn publish(&mut self, receipts: Vec<Receipt>) -> Result<(), Error> {
+        let bytes = Receipts { incarnation: self.incarnation, receipts }.encode()?;
+        // PUB never blocks: with no subscriber the message is dropped (the sender's timeout
+        // or the next incarnation it sees covers that).
+        self.receipts.send(bytes, zmq::DONTWAIT).map_err(|e| zmq_error("publishing receipts", e))?;
+        self.last_published = Instant::now();
+        Ok(())
+    }
+
+    fn heartbeat(&mut self) -> Result<(), Error> {
+        if self.last_published.elapsed() >= HEARTBEAT {
+            self.publish(Vec::new())?;
+        }
+        Ok(())
+    }
+
+    /// Takes one message from the ranks socket, if any, and acts on hellos.
+    fn take_from_ranks(&mut self) -> Result<Option<FromRank>, Error> {
+        let parts = match self.ranks.recv_multipart(zmq::DONTWAIT) {
+            Ok(p) => p,
+            Err(zmq::Error::EAGAIN) => return Ok(None),
+            Err(e) => return Err(zmq_error("receiving from a rank", e)),
+        };
+        let [id, payload] = <[Vec<u8>; 2]>::try_from(parts).unwrap_or_default();
+        match RankMessage::decode(&payload) {
+            Ok(RankMessage::Hello { rank, dp, next_step }) => {
+                if dp != self.dp || rank >= self.dp {
+                    let message = if dp != self.dp {
+                        format!("rank {rank} was started with dp {dp}, the packer serves dp {}", self.dp)
+                    } else {
+                        format!("rank {rank} is out of range: ranks are 0..{} (dp {})", self.dp, self.dp)
+                    };
+                    tracing::error!(target: "stowplan::serve", rank, dp, "refused a rank: {message}");
+                    let refusal = Refusal { message }.encode()?;
+                    // The peer may already be gone; nothing more to do then.
+                    let _ = self.ranks.send_multipart([id, refusal], zmq::DONTWAIT);
+                    return Ok(Some(FromRank::Other));
+                }
+                let slot = &mut self.peers[rank as usize];
+                if slot.as_deref() != Some(&id[..]) {
+                    tracing::info!(target: "stowplan::serve", rank, next_step, "rank connected");
+                    *slot = Some(id);
+                }
+                Ok(Some(FromRank::Hello(rank)))
+            }
+            Ok(RankMessage::Ack { rank, step }) => Ok(Some(FromRank::Ack(rank, step))),
+            Err(e) => {
+                tracing::warn!(target: "stowplan::serve", error = %e, "undecodable message from a rank ignored");
+                Ok(Some(FromRank::Other))
+            }
+        }
+    }
+
+    /// Sends `bytes` to rank `r`: the routing id they went to, `None` when the rank is not
+    /// connected (it gets them on its next hello).
+    fn send_to(&mut self, r: usize, bytes: Vec<u8>) -> Result<Option<Vec<u8>>, Error> {
+        let Some(id) = self.peers[r].clone() else { return Ok(None) };
+        match self.ranks.send_multipart([id.clone(), bytes], zmq::DONTWAIT) {
+            Ok(()) => Ok(Some(id)),
+            Err(zmq::Error::EHOSTUNREACH | zmq::Error::EAGAIN) => {
+                self.peers[r] = None;
+                Ok(None)
+            }
+            Err(e) => Err(zmq_error(&format!("sending to rank {r}"), e)),
+        }
+    }
+
+    fn missing(&self) -> Vec<usize> {
+        (0..self.dp as usize).filter(|&r| self.peers[r].is_none()).collect()
+    }
+}
+
+impl Transport for ZmqTransport {
+    fn name(&self) -> &'static str {
+        "zmq"
+    }
+
+    fn ready(&mut self) -> Result<bool, Error> {
+        if !self.ready {
+            while self.take_from_ranks()?.is_some() {}
+            self.ready = self.peers.iter().all(Option::is_some);
+            if !self.ready && self.last_waiting_log.elapsed() >= Duration::from_secs(10) {
+                self.last_waiting_log = Instant::now();
+                tracing::info!(target: "stowplan::serve", missing = ?self.missing(), endpoint = %self.endpoints.ranks, "waiting for ranks to connect");
+            }
+        }
+        Ok(self.ready)
+    }
+
+    fn receive(&mut self, timeout: Duration) -> Result<Vec<Incoming>, Error> {
+        self.heartbeat()?;
+        let deadline = Instant::now() + timeout;
+        let mut out = Vec::new();
+        loop {
+            while out.len() < RECEIVE_LIMIT {
+                match self.batches.recv_bytes(zmq::DONTWAIT) {
+                    Ok(bytes) => out.push(Incoming { bytes, path: None }),
+                    Err(zmq::Error::EAGAIN) => break,
+                    Err(e) => return Err(zmq_error("receiving a batch", e)),
+                }
+            }
+            while self.take_from_ranks()?.is_some() {}
+            let now = Instant::now();
+            if !out.is_empty() || now >= deadline {
+                return Ok(out);
+            }
+            let mut items = [self.batches.as_poll_item(zmq::POLLIN), self.ranks.as_poll_item(zmq::POLLIN)];
+            wait_for(&mut items, (deadline - now).min(HEARTBEAT))?;
+            self.heartbeat()?;
+        }
+    }
+
+    fn acknowledge(&mut self, receipts: Vec<Receipt>) -> Result<(), Error> {
+        if receipts.is_empty() { Ok(()) } else { self.publish(receipts) }
+    }
+
+    fn deliver(&mut self, step: u64, ranks: &[RankBatch], stop: &AtomicBool) -> Result<bool, Error> {
+        let dp = self.dp as usize;
+        if ranks.len() != dp {
+            return Err(Error::InvalidArgument(format!("ranks: {} rank batches for dp {dp}", ranks.len())));
+        }
+        let encoded = super::per_rank(ranks, |_, b| b.encode())?;
+        let mut acked = vec![false; dp];
+        // The routing id each rank's copy went to (None: not sent, the rank is not connected).
+        let mut sent_to: Vec<Option<Vec<u8>>> = vec![None; dp];
+        for (r, bytes) in encoded.into_iter().enumerate() {
+            sent_to[r] = self.send_to(r, bytes)?;
+        }
+        let started = Instant::now();
+        let mut last_log = started;
+        while !acked.iter().all(|&a| a) {
+            if stop.load(Ordering::SeqCst) {
+                tracing::warn!(target: "stowplan::serve", step, "stopped before every rank acknowledged the step: it stays in flight and is delivered again on restart");
+                return Ok(false);
+            }
+            self.heartbeat()?;
+            wait_for(&mut [self.ranks.as_poll_item(zmq::POLLIN)], Duration::from_millis(100))?;
+            while let Some(m) = self.take_from_ranks()? {
+                match m {
+                    // A rank that connected since its copy was sent (a new routing id) has
+                    // not got it; over the same connection it is on its way.
+                    FromRank::Hello(r) if !acked[r as usize] && self.peers[r as usize] != sent_to[r as usize] => {
+                        let r = r as usize;
+                        sent_to[r] = self.send_to(r, ranks[r].encode()?)?;
+                    }
+                    FromRank::Ack(r, s) if s == step && (r as usize) < dp => acked[r as usize] = true,
+                    _ => {}
+                }
+            }
+            if last_log.elapsed() >= Duration::from_secs(10) {
+                last_log = Instant::now();
+                let waiting: Vec<usize> = (0..dp).filter(|&r| !acked[r]).collect();
+                let unsent: Vec<usize> = (0..dp).filter(|&r| sent_to[r].is_none()).collect();
+                tracing::warn!(target: "stowplan::serve", step, waiting = ?waiting, not_connected = ?unsent, seconds = started.elapsed().as_secs(), "waiting for ranks to acknowledge the step");
+            }
+        }
+        Ok(true)
+    }
+}

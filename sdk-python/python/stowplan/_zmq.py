@@ -1,0 +1,299 @@
+"""The ZeroMQ transport from Python (sockets from ``pyzmq``: ``pip install 'stowplan[zmq]'``).
+
+``stowplan serve --transport zmq`` binds three sockets (defaults in brackets):
+``--zmq-batches`` (PULL, ``tcp://*:5555``) takes training batches and run changes,
+``--zmq-receipts`` (PUB, ``tcp://*:5556``) says which of them are durable, and
+``--zmq-ranks`` (ROUTER, ``tcp://*:5557``) serves the trainer ranks. Orchestrators and ranks
+connect, from this host or others.
+
+:class:`ZmqSender` keeps every message until a receipt names it and sends the unacknowledged
+ones again when the packer restarts (its *incarnation* changes) or after ``resend_after``
+seconds; the packer ignores repeats, so a packer killed mid-run loses nothing.
+:class:`ZmqReceiver` says hello (rank, dp, the step it expects), acknowledges every step it
+has decoded, drops copies of steps it already has and yields steps in order, holding back
+one that arrives early. The packer delivers nothing before every rank said hello.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+import time
+from typing import Any, Dict, Iterator, List, Optional, Tuple
+
+from . import _stowplan
+from ._packer import RankBatch, TrainingBatch, _invalid
+
+__all__ = ["ZmqSender", "ZmqReceiver", "HEARTBEAT"]
+
+#: Seconds between the packer's heartbeats and between a waiting rank's hellos.
+HEARTBEAT = 1.0
+
+
+def _zmq() -> Any:
+    try:
+        import zmq
+    except ImportError as e:  # pragma: no cover - exercised only without pyzmq
+        raise ImportError("the ZeroMQ transport needs pyzmq: pip install 'stowplan[zmq]'") from e
+    return zmq
+
+
+def _timeout_error(message: str) -> Exception:
+    from .errors import StowplanTimeoutError
+
+    return StowplanTimeoutError(message)
+
+
+def _check_timeout(name: str, value: Optional[float]) -> None:
+    if value is not None and not (isinstance(value, (int, float)) and value >= 0):
+        raise _invalid(f"{name} must be None or a number of seconds ≥ 0 (got {value!r})")
+
+
+_Key = Tuple[Any, ...]
+
+
+class ZmqSender:
+    """The orchestrator side: pushes batches and run changes to ``endpoint`` (the packer's
+    ``--zmq-batches``) and reads receipts from ``receipts`` (its ``--zmq-receipts``).
+
+    Every message is kept until the packer's receipt says it is durable. Call :meth:`poll`
+    now and then (:meth:`send` does) to take receipts and resend what needs it, and
+    :meth:`flush` to wait until everything sent is acknowledged.
+    """
+
+    def __init__(
+        self,
+        endpoint: str = "tcp://127.0.0.1:5555",
+        receipts: str = "tcp://127.0.0.1:5556",
+        *,
+        resend_after: float = 30.0,
+        context: Any = None,
+    ) -> None:
+        if not (isinstance(resend_after, (int, float)) and resend_after > 0):
+            raise _invalid(f"resend_after must be a number of seconds > 0 (got {resend_after!r})")
+        zmq = _zmq()
+        self.endpoint, self.receipts_endpoint = endpoint, receipts
+        self.resend_after = float(resend_after)
+        ctx = context or zmq.Context.instance()
+        self._push = ctx.socket(zmq.PUSH)
+        self._sub = ctx.socket(zmq.SUB)
+        try:
+            self._push.connect(endpoint)
+            self._sub.setsockopt(zmq.SUBSCRIBE, b"")
+            self._sub.connect(receipts)
+        except zmq.ZMQError as e:
+            self.close()
+            raise _invalid(f"endpoint/receipts: cannot connect to {endpoint!r} / {receipts!r}: {e}") from e
+        self._unacked: "collections.OrderedDict[_Key, List[Any]]" = collections.OrderedDict()
+        self.incarnation: Optional[int] = None
+        #: Messages sent again (after a restart of the packer or a timeout).
+        self.resent = 0
+
+    def _send(self, key: _Key, data: bytes) -> None:
+        self._unacked[key] = [data, time.monotonic()]
+        self._unacked.move_to_end(key)
+        self._push.send(data, copy=False)
+
+    def send(self, batch: TrainingBatch) -> List[Dict[str, Any]]:
+        """Sends ``batch``; returns the receipts that arrived meanwhile (see :meth:`poll`)."""
+        self._send(("batch", int(batch.run), int(batch.step)), batch.encode())
+        return self.poll()
+
+    def add_run(self, run: int, *, batch_size: int) -> List[Dict[str, Any]]:
+        """Asks the packer to add run ``run`` (a no-op if it exists)."""
+        self._send(("add_run", int(run)), _stowplan.encode_control("add_run", run, batch_size))
+        return self.poll()
+
+    def remove_run(self, run: int) -> List[Dict[str, Any]]:
+        """Asks the packer to remove run ``run``; its pending samples are dropped (logged)."""
+        self._send(("remove_run", int(run)), _stowplan.encode_control("remove_run", run, 1))
+        return self.poll()
+
+    @property
+    def unacked(self) -> List[_Key]:
+        """Messages not yet acknowledged, oldest first: ``("batch", run, step)``,
+        ``("add_run", run)`` or ``("remove_run", run)``."""
+        return list(self._unacked)
+
+    def poll(self, timeout: float = 0.0) -> List[Dict[str, Any]]:
+        """Takes the receipts that arrived (waiting up to ``timeout`` seconds for the first)
+        and resends what needs it: everything unacknowledged when the packer restarted, a
+        message after ``resend_after`` seconds without a receipt. Returns the receipts
+        (dicts: ``kind`` — ``"batch"``, ``"add_run"``, ``"remove_run"`` —, ``run``; a batch's
+        ``step``, ``accepted``, ``rejected``, ``duplicate``; a run change's ``error``)."""
+        out: List[Dict[str, Any]] = []
+        restarted = False
+        wait_ms = max(0, int(timeout * 1000))
+        while self._sub.poll(wait_ms):
+            wait_ms = 0
+            incarnation, receipts = _stowplan.decode_receipts(self._sub.recv())
+            if self.incarnation is not None and incarnation != self.incarnation:
+                restarted = True
+            self.incarnation = incarnation
+            for r in receipts:
+                key = (r["kind"], r["run"], r["step"]) if r["kind"] == "batch" else (r["kind"], r["run"])
+                self._unacked.pop(key, None)
+                out.append(r)
+        now = time.monotonic()
+        for entry in self._unacked.values():
+            if restarted or now - entry[1] >= self.resend_after:
+                entry[1] = now
+                self.resent += 1
+                self._push.send(entry[0], copy=False)
+        return out
+
+    def flush(self, timeout: Optional[float] = 60.0) -> List[Dict[str, Any]]:
+        """Waits until every message sent is acknowledged (resending as :meth:`poll` does);
+        returns the receipts taken. Raises ``StowplanTimeoutError`` after ``timeout``
+        seconds (``None``: no limit) naming what is still unacknowledged."""
+        _check_timeout("timeout", timeout)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        out = self.poll()
+        while self._unacked:
+            left = 0.1 if deadline is None else deadline - time.monotonic()
+            if left <= 0:
+                pending = self.unacked
+                raise _timeout_error(
+                    f"{len(pending)} messages not acknowledged by the packer at {self.receipts_endpoint} "
+                    f"within {timeout} s (first: {pending[:3]}); is `stowplan serve --transport zmq` running?"
+                )
+            out += self.poll(min(left, 0.1))
+        return out
+
+    def close(self) -> None:
+        """Closes the sockets (messages still queued get a second to leave)."""
+        self._push.close(linger=1000)
+        self._sub.close(linger=0)
+
+    def __enter__(self) -> "ZmqSender":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+class ZmqReceiver:
+    """A trainer rank's side: connects to ``endpoint`` (the packer's ``--zmq-ranks``) as rank
+    ``rank`` of ``dp`` and yields its :class:`RankBatch` of step ``start_step``, then the
+    next, …
+
+    A background thread receives, decodes and acknowledges up to ``prefetch`` steps ahead of
+    the one the trainer asks for (the packer waits for every rank's acknowledgement before it
+    delivers the next step). :meth:`receive` waits up to ``timeout`` seconds (``None``:
+    forever) and raises ``StowplanTimeoutError`` after that; a packer that refuses the rank
+    (another ``dp``, a rank out of range) makes it raise ``InvalidArgumentError`` with the
+    packer's reason.
+    """
+
+    def __init__(
+        self,
+        endpoint: str = "tcp://127.0.0.1:5557",
+        rank: int = 0,
+        dp: int = 1,
+        *,
+        start_step: int = 0,
+        timeout: Optional[float] = None,
+        prefetch: int = 2,
+        context: Any = None,
+    ) -> None:
+        for name, value, low in (("rank", rank, 0), ("dp", dp, 1), ("start_step", start_step, 0), ("prefetch", prefetch, 1)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < low:
+                raise _invalid(f"{name} must be an integer ≥ {low} (got {value!r})")
+        _check_timeout("timeout", timeout)
+        _stowplan.encode_rank_hello(rank, dp, start_step)  # rank < dp, in range
+        zmq = _zmq()
+        self.endpoint, self.rank, self.dp = endpoint, rank, dp
+        self.next_step = start_step
+        self.timeout, self.prefetch = timeout, prefetch
+        self._ctx = context or zmq.Context.instance()
+        self._cond = threading.Condition()
+        self._buffer: Dict[int, RankBatch] = {}
+        self._error: Optional[BaseException] = None
+        self._closed = False
+        self._connected = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"stowplan-zmq-rank{rank}", daemon=True)
+        self._thread.start()
+        self._connected.wait()
+        if self._error is not None:
+            raise self._error
+
+    def _run(self) -> None:
+        zmq = _zmq()
+        sock = self._ctx.socket(zmq.DEALER)
+        sock.linger = 0
+        try:
+            sock.connect(self.endpoint)
+        except zmq.ZMQError as e:
+            sock.close()
+            self._error = _invalid(f"endpoint: cannot connect to {self.endpoint!r}: {e}")
+            self._connected.set()
+            return
+        self._connected.set()
+        last_hello = float("-inf")
+        try:
+            while not self._closed:
+                if time.monotonic() - last_hello >= HEARTBEAT:
+                    sock.send(_stowplan.encode_rank_hello(self.rank, self.dp, self.next_step))
+                    last_hello = time.monotonic()
+                with self._cond:
+                    full = len(self._buffer) >= self.prefetch
+                    if full:
+                        self._cond.wait(0.1)
+                        continue
+                if not sock.poll(100):
+                    continue
+                batch = _stowplan.decode_rank_batch(sock.recv())
+                if batch.rank != self.rank:
+                    raise _invalid(f"the packer sent rank {batch.rank}'s batch to rank {self.rank}")
+                sock.send(_stowplan.encode_rank_ack(self.rank, batch.step))
+                with self._cond:
+                    # A copy of a step already taken (redelivered after a restart) is dropped.
+                    if batch.step >= self.next_step:
+                        self._buffer[batch.step] = batch
+                        self._cond.notify_all()
+        except BaseException as e:  # noqa: BLE001 - handed to the caller of receive()
+            with self._cond:
+                self._error = e
+                self._cond.notify_all()
+        finally:
+            sock.close()
+
+    def receive(self, *, timeout: Optional[float] = None) -> RankBatch:
+        """Waits for the next step and returns it (``timeout``: the receiver's by default)."""
+        _check_timeout("timeout", timeout)
+        wait = self.timeout if timeout is None else timeout
+        deadline = None if wait is None else time.monotonic() + wait
+        with self._cond:
+            while self.next_step not in self._buffer:
+                if self._error is not None:
+                    raise self._error
+                if self._closed:
+                    raise _invalid("receive: the receiver is closed")
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    raise _timeout_error(
+                        f"rank {self.rank}: step {self.next_step} did not arrive from {self.endpoint} within {wait} s "
+                        f"(held back: steps {sorted(self._buffer)})"
+                    )
+                self._cond.wait(0.5 if left is None else min(left, 0.5))
+            batch = self._buffer.pop(self.next_step)
+            self.next_step += 1
+            self._cond.notify_all()
+            return batch
+
+    def __iter__(self) -> Iterator[RankBatch]:
+        while True:
+            yield self.receive()
+
+    def close(self) -> None:
+        """Stops the background thread and closes the socket."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        self._thread.join()
+
+    def __enter__(self) -> "ZmqReceiver":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
