@@ -10,6 +10,9 @@
 //! spooled after the last checkpoint are ingested again, and a batch the orchestrator sends
 //! again is recognised as a duplicate: nothing is lost and nothing is delivered twice.
 //!
+//! Two transports: [`FsTransport`] (files under a shared root) and [`ZmqTransport`] (ZeroMQ
+//! over TCP, for orchestrators and ranks on other hosts; its module docs give the protocol).
+//!
 //! State directory: `state.bin` (the [`PackerState`], replaced atomically), `spool/`
 //! (`run_{r}_step_{s}.bin`, the batches' encodings), `rejected/` (messages that could not be
 //! decoded, kept for inspection), `lock` (held while a server runs; a second server on the

@@ -225,6 +225,11 @@ impl ZmqTransport {
             let s = context.socket(kind).map_err(|e| zmq_error(what, e))?;
             // Receipts and a last delivery still queued at exit get a second to leave.
             s.set_linger(1000).map_err(|e| zmq_error(what, e))?;
+            if kind == zmq::PULL {
+                // A burst of batches waits in the orchestrators' queues (their sends block),
+                // not in the packer's memory.
+                s.set_rcvhwm(RECEIVE_LIMIT as i32).map_err(|e| zmq_error(what, e))?;
+            }
             s.bind(endpoint)
                 .map_err(|e| Error::Io(format!("zeromq: binding the {what} socket to {endpoint:?}: {e}")))?;
             let actual = s

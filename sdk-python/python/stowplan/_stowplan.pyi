@@ -386,7 +386,17 @@ def fs_send(root: Any, name: str, data: bytes) -> str:
 def fs_receive(root: Any, step: int, rank: int, timeout: float, poll: float) -> RankBatch:
     """Waits for ROOT/rollouts/step_{step}/rank_{rank}.bin and decodes it."""
 
-def decode_rank_batch(data: bytes) -> RankBatch: ...
+def decode_rank_batch(data: bytes) -> RankBatch:
+    """Decodes a rank batch (SPRB); a packer's refusal (SPRX) raises InvalidArgumentError."""
+
+def encode_rank_hello(rank: int, dp: int, next_step: int) -> bytes:
+    """A rank's hello to the ZeroMQ packer (SPRM header); rank must be below dp."""
+
+def encode_rank_ack(rank: int, step: int) -> bytes:
+    """A rank's acknowledgement of a step (SPRM header)."""
+
+def decode_receipts(data: bytes) -> Tuple[int, List[Dict[str, Any]]]:
+    """The packer's (incarnation, receipts) (SPRC header)."""
 
 class Packer:
     """The packer runtime (stowplan::Packer) behind a lock."""

@@ -52,6 +52,14 @@ def _check_timeout(name: str, value: Optional[float]) -> None:
 _Key = Tuple[Any, ...]
 
 
+def _send(sock: Any, data: bytes) -> None:
+    zmq = _zmq()
+    try:
+        sock.send(data, zmq.NOBLOCK)
+    except zmq.Again:
+        pass
+
+
 class ZmqSender:
     """The orchestrator side: pushes batches and run changes to ``endpoint`` (the packer's
     ``--zmq-batches``) and reads receipts from ``receipts`` (its ``--zmq-receipts``).
@@ -221,6 +229,9 @@ class ZmqReceiver:
         zmq = _zmq()
         sock = self._ctx.socket(zmq.DEALER)
         sock.linger = 0
+        # Hellos and acks go only to a live connection and never block: while the packer is
+        # away nothing piles up, and after it is back the next hello introduces the rank.
+        sock.setsockopt(zmq.IMMEDIATE, 1)
         try:
             sock.connect(self.endpoint)
         except zmq.ZMQError as e:
@@ -233,7 +244,7 @@ class ZmqReceiver:
         try:
             while not self._closed:
                 if time.monotonic() - last_hello >= HEARTBEAT:
-                    sock.send(_stowplan.encode_rank_hello(self.rank, self.dp, self.next_step))
+                    _send(sock, _stowplan.encode_rank_hello(self.rank, self.dp, self.next_step))
                     last_hello = time.monotonic()
                 with self._cond:
                     full = len(self._buffer) >= self.prefetch
@@ -245,7 +256,8 @@ class ZmqReceiver:
                 batch = _stowplan.decode_rank_batch(sock.recv())
                 if batch.rank != self.rank:
                     raise _invalid(f"the packer sent rank {batch.rank}'s batch to rank {self.rank}")
-                sock.send(_stowplan.encode_rank_ack(self.rank, batch.step))
+                # Lost only with the connection; the packer then resends on the next hello.
+                _send(sock, _stowplan.encode_rank_ack(self.rank, batch.step))
                 with self._cond:
                     # A copy of a step already taken (redelivered after a restart) is dropped.
                     if batch.step >= self.next_step:
