@@ -589,6 +589,11 @@ impl Packer {
         self.seen.contains(&key)
     }
 
+    /// The step packed but not yet [`Packer::delivered`], if any.
+    pub fn in_flight(&self) -> Option<u64> {
+        self.inflight.as_ref().map(|i| i.step)
+    }
+
     /// The next packer step.
     pub fn next_step(&self) -> u64 {
         self.inflight.as_ref().map_or(self.next_step, |i| i.step)

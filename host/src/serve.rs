@@ -339,6 +339,9 @@ pub struct ServeSummary {
     pub undecodable: u64,
     /// Pending samples left at exit (kept in the checkpoint).
     pub pending_samples: usize,
+    /// A step packed but not taken by every rank at exit (stopped mid-delivery); it is
+    /// delivered again after a restart.
+    pub in_flight_step: Option<u64>,
 }
 
 /// The packer process (see the module docs).
@@ -666,6 +669,7 @@ impl<T: Transport> Server<T> {
             }
         }
         self.summary.pending_samples = self.packer.pending().0;
+        self.summary.in_flight_step = self.packer.in_flight();
         Ok(self.summary.clone())
     }
 }

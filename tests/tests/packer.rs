@@ -503,19 +503,7 @@ fn zmq_barrier_receipts_refusal_reconnect_and_exactly_once() {
     assert!(e.contains("batches") && e.contains("nonsense"), "{e}");
 
     let stop = Arc::new(AtomicBool::new(false));
-    let (tx, rx) = std::sync::mpsc::channel();
-    let server = {
-        let (stop, dir, any) = (Arc::clone(&stop), dir.clone(), any.clone());
-        std::thread::spawn(move || {
-            let t = ZmqTransport::bind(&any, 3).unwrap();
-            tx.send((t.endpoints().clone(), t.incarnation())).unwrap();
-            let mut o = serve_options(&dir, None);
-            o.packer.wait_timeout = Duration::from_millis(50);
-            let mut server = Server::open(Kernel::native(), t, o).unwrap();
-            server.run(&stop, |_| {}).unwrap()
-        })
-    };
-    let (ep, incarnation) = rx.recv().unwrap();
+    let (server, ep, incarnation) = spawn_zmq_server(&dir, &stop);
     let ctx = zmq::Context::new();
     let push = ctx.socket(zmq::PUSH).unwrap();
     push.connect(&ep.batches).unwrap();
@@ -609,8 +597,57 @@ fn zmq_barrier_receipts_refusal_reconnect_and_exactly_once() {
     for (k, t) in &got {
         assert_eq!(t, &tokens_of(*k, &lens));
     }
+    // Stopped while a step waits for the ranks' acknowledgements: the step stays in flight.
+    push.send(batch(0, 3, &[6, 7, 8, 9, 10, 11]).encode().unwrap(), 0).unwrap();
+    let copies: Vec<Vec<u8>> = ranks.iter().map(|s| zmq_recv(s, 10_000).expect("the next step")).collect();
     stop.store(true, std::sync::atomic::Ordering::SeqCst);
     let summary = server.join().unwrap();
     assert_eq!((summary.duplicates, summary.undecodable), (1, 1));
+    assert_eq!(summary.in_flight_step, Some(next[0]));
+    // The next life delivers it again, byte for byte, once the ranks (reconnected) ask.
+    let stop = Arc::new(AtomicBool::new(false));
+    let (server, ep, second) = spawn_zmq_server(&dir, &stop);
+    assert_ne!(second, incarnation, "a restart is a new incarnation");
+    let ranks: Vec<zmq::Socket> = (0..3)
+        .map(|r| dealer(&ctx, &ep.ranks, RankMessage::Hello { rank: r, dp: 3, next_step: next[r as usize] }))
+        .collect();
+    for (r, s) in ranks.iter().enumerate() {
+        let again = zmq_recv(s, 10_000).expect("the step in flight again");
+        assert_eq!(again, copies[r], "rank {r}: the step in flight is rebuilt byte for byte");
+        s.send(RankMessage::Ack { rank: r as u32, step: next[r] }.encode().unwrap(), 0).unwrap();
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while dir.join("packer/spool").read_dir().unwrap().next().is_some() {
+        assert!(std::time::Instant::now() < deadline, "the delivered step's batch was not released");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let summary = server.join().unwrap();
+    assert_eq!((summary.steps, summary.in_flight_step), (1, None));
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `serve` over ZeroMQ on free loopback ports for 3 ranks, in a thread: the thread, the
+/// endpoints bound and the incarnation.
+fn spawn_zmq_server(
+    dir: &Path,
+    stop: &Arc<AtomicBool>,
+) -> (std::thread::JoinHandle<stowplan::serve::ServeSummary>, ZmqEndpoints, u64) {
+    let any = ZmqEndpoints {
+        batches: "tcp://127.0.0.1:*".into(),
+        receipts: "tcp://127.0.0.1:*".into(),
+        ranks: "tcp://127.0.0.1:*".into(),
+    };
+    let (tx, rx) = std::sync::mpsc::channel();
+    let (stop, dir) = (Arc::clone(stop), dir.to_path_buf());
+    let handle = std::thread::spawn(move || {
+        let t = ZmqTransport::bind(&any, 3).unwrap();
+        tx.send((t.endpoints().clone(), t.incarnation())).unwrap();
+        let mut o = serve_options(&dir, None);
+        o.packer.wait_timeout = Duration::from_millis(50);
+        let mut server = Server::open(Kernel::native(), t, o).unwrap();
+        server.run(&stop, |_| {}).unwrap()
+    });
+    let (ep, incarnation) = rx.recv().unwrap();
+    (handle, ep, incarnation)
 }

@@ -1100,7 +1100,7 @@ fn run_serve(a: ServeArgs) -> Result<(), Failure> {
             "step delivered"
         );
     })?;
-    tracing::info!(target: "stowplan::serve", steps = summary.steps, pending_samples = summary.pending_samples, "stopped");
+    tracing::info!(target: "stowplan::serve", steps = summary.steps, pending_samples = summary.pending_samples, in_flight_step = ?summary.in_flight_step, "stopped");
     if a.json {
         let runs: Vec<_> = server
             .packer()
@@ -1109,8 +1109,12 @@ fn run_serve(a: ServeArgs) -> Result<(), Failure> {
             .collect();
         println!("{}", json!({"summary": summary, "runs": runs}));
     } else {
+        let in_flight = summary
+            .in_flight_step
+            .map(|s| format!("; step {s} in flight (delivered again on restart)"))
+            .unwrap_or_default();
         println!(
-            "stowplan serve: {} steps, {} samples, {} tokens (+{} padding); {} pending samples kept; {} duplicates, {} rejected",
+            "stowplan serve: {} steps, {} samples, {} tokens (+{} padding); {} pending samples kept{in_flight}; {} duplicates, {} rejected",
             summary.steps,
             summary.samples,
             summary.real_tokens,
