@@ -19,6 +19,7 @@ from __future__ import annotations
 import collections
 import threading
 import time
+import warnings
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 from . import _stowplan
@@ -82,6 +83,11 @@ class ZmqSender:
         zmq = _zmq()
         self.endpoint, self.receipts_endpoint = endpoint, receipts
         self.resend_after = float(resend_after)
+        self._unacked: "collections.OrderedDict[_Key, List[Any]]" = collections.OrderedDict()
+        #: The packer process last heard from (a new value: it restarted).
+        self.incarnation: Optional[int] = None
+        #: Messages sent again (after a restart of the packer or a timeout).
+        self.resent = 0
         ctx = context or zmq.Context.instance()
         self._push = ctx.socket(zmq.PUSH)
         self._sub = ctx.socket(zmq.SUB)
@@ -92,10 +98,6 @@ class ZmqSender:
         except zmq.ZMQError as e:
             self.close()
             raise _invalid(f"endpoint/receipts: cannot connect to {endpoint!r} / {receipts!r}: {e}") from e
-        self._unacked: "collections.OrderedDict[_Key, List[Any]]" = collections.OrderedDict()
-        self.incarnation: Optional[int] = None
-        #: Messages sent again (after a restart of the packer or a timeout).
-        self.resent = 0
 
     def _send(self, key: _Key, data: bytes) -> None:
         self._unacked[key] = [data, time.monotonic()]
@@ -169,7 +171,15 @@ class ZmqSender:
         return out
 
     def close(self) -> None:
-        """Closes the sockets (messages still queued get a second to leave)."""
+        """Closes the sockets (messages still queued get a second to leave). Warns when
+        messages were never acknowledged: call :meth:`flush` first to be sure the packer
+        has everything."""
+        if self._unacked and not self._push.closed:
+            warnings.warn(
+                f"ZmqSender closed with {len(self._unacked)} messages the packer never acknowledged "
+                f"(first: {self.unacked[:3]}); call flush() before close()",
+                stacklevel=2,
+            )
         self._push.close(linger=1000)
         self._sub.close(linger=0)
 
