@@ -256,7 +256,8 @@ impl ZmqTransport {
             incarnation,
             peers: vec![None; dp as usize],
             ready: false,
-            last_published: Instant::now() - HEARTBEAT,
+            // The first receive publishes a heartbeat at once.
+            last_published: Instant::now().checked_sub(HEARTBEAT).unwrap_or_else(Instant::now),
             last_waiting_log: Instant::now(),
         })
     }
