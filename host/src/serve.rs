@@ -621,8 +621,11 @@ impl<T: Transport> Server<T> {
     }
 
     /// Runs until `stop` is set (SIGINT/SIGTERM in the CLI) or `max_steps` steps were
-    /// delivered, calling `on_step` after each step. A step being packed or delivered when
-    /// `stop` is set is finished first; pending samples stay in the checkpoint.
+    /// delivered, calling `on_step` after each step. Nothing is packed before
+    /// [`Transport::ready`]. A step being packed when `stop` is set is finished; a delivery
+    /// still waiting for ranks (ZeroMQ) is abandoned and the step stays in flight, delivered
+    /// again by the next process ([`ServeSummary::in_flight_step`]); pending samples stay in
+    /// the checkpoint.
     pub fn run(&mut self, stop: &AtomicBool, mut on_step: impl FnMut(&StepReport)) -> Result<ServeSummary, Error> {
         let mut inflight = self.packer.rebuild_inflight()?;
         let mut ready = false;
