@@ -24,7 +24,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use wasmtime::component::{Component, Linker, ResourceTable};
-use wasmtime::{Config, Engine, Store, StoreContextMut};
+use wasmtime::{Config, Engine, Store, StoreContextMut, UpdateDeadline};
 use wasmtime_wasi::cli::{IsTerminal, StdoutStream};
 use wasmtime_wasi::p2::{OutputStream, Pollable, StreamResult};
 use wasmtime_wasi::{HostMonotonicClock, HostWallClock, WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
@@ -377,6 +377,13 @@ struct PluginState {
     wasi: WasiCtx,
     table: ResourceTable,
     limiter: Limiter,
+    /// When the current call must stop (`None`: no limit).
+    deadline: Option<Instant>,
+}
+
+/// Epoch ticks covering `d`, plus one for the tick in progress.
+fn ticks_for(d: Duration) -> u64 {
+    d.as_micros().div_ceil(TICK.as_micros()) as u64 + 1
 }
 
 impl WasiView for PluginState {
@@ -530,8 +537,8 @@ impl WasmFilter {
         store
             .set_fuel(self.options.fuel.unwrap_or(u64::MAX))
             .map_err(|e| FilterError::Trap(format!("{}: setting fuel: {e}", self.name)))?;
-        let ticks = self.options.timeout.as_micros().div_ceil(TICK.as_micros()) as u64 + 1;
-        store.set_epoch_deadline(ticks);
+        store.data_mut().deadline = Instant::now().checked_add(self.options.timeout);
+        store.set_epoch_deadline(ticks_for(self.options.timeout));
         Ok(())
     }
 
@@ -553,9 +560,21 @@ impl WasmFilter {
             wasi,
             table: ResourceTable::new(),
             limiter: Limiter { memory_limit: self.options.memory_limit, hit: false },
+            deadline: None,
         };
         let mut store = Store::new(&rt.engine, state);
         store.limiter(|s| &mut s.limiter);
+        // The epoch count may lag real time (the ticker catches up after a late wake-up, and
+        // ticks of before the call can land in it): the clock decides, so a call is never
+        // stopped before its timeout.
+        store.epoch_deadline_callback(|ctx| {
+            let left = ctx.data().deadline.map(|d| d.saturating_duration_since(Instant::now()));
+            Ok(match left {
+                Some(left) if left.is_zero() => UpdateDeadline::Interrupt,
+                Some(left) => UpdateDeadline::Continue(ticks_for(left)),
+                None => UpdateDeadline::Continue(u64::MAX / 2),
+            })
+        });
         self.begin(&mut store)?;
         self.stats.instances += 1;
         let _in_flight = InFlight::new(rt);
