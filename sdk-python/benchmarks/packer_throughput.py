@@ -31,6 +31,8 @@ import stowplan
 from stowplan import _stowplan
 
 HERE = pathlib.Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "tests"))
+from packer_procs import free_ports  # noqa: E402  (the tests' helper)
 REPO = HERE.parents[1]
 WORKLOAD = REPO.parent / "shared" / "workloads" / "rl-math-8k.txt"
 
@@ -65,18 +67,6 @@ def batch(lengths: np.ndarray, step: int, rng: np.random.Generator) -> stowplan.
                 }
             )
     return stowplan.TrainingBatch(samples=samples, step=step, run=0, temperature=1.0)
-
-
-def free_ports(n: int) -> list:
-    import socket
-
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
 
 
 def main() -> None:

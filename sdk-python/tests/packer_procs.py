@@ -16,6 +16,7 @@ tokens to ``OUT/rank{R}_step{N}.npz``.
 from __future__ import annotations
 
 import os
+import socket
 import sys
 import time
 from typing import Any, Dict, List
@@ -26,6 +27,18 @@ import stowplan
 
 SEQ_LEN = 2048
 SAMPLES = 12
+
+
+def free_ports(n: int) -> List[int]:
+    """``n`` TCP ports on loopback that were free a moment ago (for the ZeroMQ endpoints)."""
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
 
 
 def make_batch(run: int, step: int) -> stowplan.TrainingBatch:

@@ -10,7 +10,6 @@ import json
 import os
 import pathlib
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -158,17 +157,6 @@ def received(out: pathlib.Path) -> Dict[Tuple[int, int], Tuple[np.ndarray, np.nd
     return got
 
 
-def free_ports(n: int) -> List[int]:
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
 def steps_received(out: pathlib.Path, dp: int) -> int:
     n = 0
     while all((out / f"rank{r}_step{n}.npz").exists() for r in range(dp)):
@@ -191,7 +179,7 @@ def test_end_to_end_with_sigkill_and_restart(tmp_path, transport):
         ranks = [proc + ["rank", str(root), str(r), str(out)] for r in range(dp)]
         orchestrator = proc + ["orchestrator", str(root), str(steps), str(runs), "0.15"]
     else:
-        batches, receipts, rank_ep = (f"tcp://127.0.0.1:{p}" for p in free_ports(3))
+        batches, receipts, rank_ep = (f"tcp://127.0.0.1:{p}" for p in packer_procs.free_ports(3))
         serve += ["--state-dir", str(tmp_path / "state"), "--zmq-batches", batches, "--zmq-receipts", receipts,
                   "--zmq-ranks", rank_ep]
         ranks = [proc + ["rank-zmq", rank_ep, str(r), str(dp), str(out)] for r in range(dp)]
@@ -278,7 +266,7 @@ def test_zmq_lost_batch_resent_and_receiver_order(tmp_path):
     import zmq
 
     binary = serve_binary()
-    batches, receipts, rank_ep = (f"tcp://127.0.0.1:{p}" for p in free_ports(3))
+    batches, receipts, rank_ep = (f"tcp://127.0.0.1:{p}" for p in packer_procs.free_ports(3))
     serve = [binary, "serve", "--transport", "zmq", "--state-dir", str(tmp_path / "state"),
              "--seq-len", str(packer_procs.SEQ_LEN), "--dp", "2", "--batch-size", "12", "--wait-timeout", "0.2",
              "--zmq-batches", batches, "--zmq-receipts", receipts, "--zmq-ranks", rank_ep]

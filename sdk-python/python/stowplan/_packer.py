@@ -122,8 +122,7 @@ class FileReceiver:
             raise _invalid(f"rank must be an integer ≥ 0 (got {rank!r})")
         if not isinstance(start_step, int) or start_step < 0:
             raise _invalid(f"start_step must be an integer ≥ 0 (got {start_step!r})")
-        if timeout is not None and not timeout >= 0:
-            raise _invalid(f"timeout must be None or a number of seconds ≥ 0 (got {timeout!r})")
+        _check_timeout("timeout", timeout)
         if not poll > 0:
             raise _invalid(f"poll must be a number of seconds > 0 (got {poll!r})")
         self.root = os.fspath(root)
@@ -161,6 +160,11 @@ def _invalid(message: str) -> Exception:
     from .errors import InvalidArgumentError
 
     return InvalidArgumentError(message)
+
+
+def _check_timeout(name: str, value: Optional[float]) -> None:
+    if value is not None and not (isinstance(value, (int, float)) and value >= 0):
+        raise _invalid(f"{name} must be None or a number of seconds ≥ 0 (got {value!r})")
 
 
 class Packer:

@@ -23,7 +23,7 @@ import warnings
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 from . import _stowplan
-from ._packer import RankBatch, TrainingBatch, _invalid
+from ._packer import RankBatch, TrainingBatch, _check_timeout, _invalid
 
 __all__ = ["ZmqSender", "ZmqReceiver", "HEARTBEAT"]
 
@@ -43,11 +43,6 @@ def _timeout_error(message: str) -> Exception:
     from .errors import StowplanTimeoutError
 
     return StowplanTimeoutError(message)
-
-
-def _check_timeout(name: str, value: Optional[float]) -> None:
-    if value is not None and not (isinstance(value, (int, float)) and value >= 0):
-        raise _invalid(f"{name} must be None or a number of seconds ≥ 0 (got {value!r})")
 
 
 _Key = Tuple[Any, ...]
