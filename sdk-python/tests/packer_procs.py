@@ -16,6 +16,7 @@ tokens to ``OUT/rank{R}_step{N}.npz``.
 from __future__ import annotations
 
 import os
+import random
 import socket
 import sys
 import time
@@ -30,15 +31,31 @@ SAMPLES = 12
 
 
 def free_ports(n: int) -> List[int]:
-    """``n`` TCP ports on loopback that were free a moment ago (for the ZeroMQ endpoints)."""
-    socks = [socket.socket() for _ in range(n)]
+    """``n`` TCP ports on loopback that were free a moment ago (for the ZeroMQ endpoints).
+
+    Taken below the kernel's ephemeral range (``net.ipv4.ip_local_port_range``, 32768 and
+    up by default): an outgoing connection never picks one of them as its own port, so a rank
+    reconnecting while the packer restarts cannot occupy (or connect to itself on) the port
+    the packer is about to bind again."""
     try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    start = max(1024, low - 12_000)
+    rng = random.Random()
+    ports: List[int] = []
+    while len(ports) < n:
+        port = rng.randrange(start, low) if start < low else 0
+        if port and port in ports:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            ports.append(s.getsockname()[1])
+    return ports
 
 
 def make_batch(run: int, step: int) -> stowplan.TrainingBatch:

@@ -13,7 +13,7 @@ import signal
 import subprocess
 import sys
 import time
-from typing import Dict, List, Set, Tuple
+from typing import Dict, List, Optional, Set, Tuple
 
 import numpy as np
 import pytest
@@ -173,7 +173,10 @@ def test_end_to_end_with_sigkill_and_restart(tmp_path, transport):
     proc = [sys.executable, str(HERE / "packer_procs.py")]
     serve = [binary, "serve", "--transport", transport, "--seq-len", str(packer_procs.SEQ_LEN),
              "--dp", str(dp), "--batch-size", "16", "--num-runs", str(runs), "--wait-timeout", "0.3",
-             "--pad-to-multiple-of", "8", "--log-format", "json", "--poll-ms", "2"]
+             "--pad-to-multiple-of", "8", "--log-format", "json", "--poll-ms", "2",
+             # Several steps even when every batch is pending at once (ranks slow to connect on
+             # a loaded machine): the default step takes everything pending.
+             "--step-tokens", str(2 * dp * packer_procs.SEQ_LEN)]
     if transport == "fs":
         serve += ["--root", str(root)]
         ranks = [proc + ["rank", str(root), str(r), str(out)] for r in range(dp)]
@@ -186,16 +189,29 @@ def test_end_to_end_with_sigkill_and_restart(tmp_path, transport):
         orchestrator = proc + ["orchestrator-zmq", batches, receipts, str(steps), str(runs), "0.15"]
     env = {**os.environ, "PYTHONPATH": str(HERE)}
     logs = open(tmp_path / "serve.log", "wb")
+    # Every process's stderr goes to a file, and a failed check shows their tails.
+    errs = [open(tmp_path / f"{name}.err", "wb") for name in [f"rank{r}" for r in range(dp)] + ["orchestrator"]]
+
+    def tails() -> str:
+        logs.flush()
+        parts = []
+        for f in [logs] + errs:
+            f.flush()
+            text = pathlib.Path(f.name).read_text(errors="replace").splitlines()[-15:]
+            parts.append(f"--- {os.path.basename(f.name)}:\n" + "\n".join(text))
+        return "\n".join(parts)
+
     procs: List[subprocess.Popen] = []
+    packer: Optional[subprocess.Popen] = None
     try:
         packer = subprocess.Popen(serve, stderr=logs, stdout=subprocess.DEVNULL)
-        procs += [subprocess.Popen(r, env=env) for r in ranks]
-        orch = subprocess.Popen(orchestrator, env=env, stdout=subprocess.PIPE)
+        procs += [subprocess.Popen(r, env=env, stderr=e) for r, e in zip(ranks, errs)]
+        orch = subprocess.Popen(orchestrator, env=env, stdout=subprocess.PIPE, stderr=errs[-1])
         procs.append(orch)
         deadline = time.time() + 60
         while steps_received(out, dp) < 2:
-            assert time.time() < deadline, "no steps delivered"
-            assert packer.poll() is None, "serve exited"
+            assert time.time() < deadline, f"no steps delivered\n{tails()}"
+            assert packer.poll() is None, f"serve exited\n{tails()}"
             time.sleep(0.01)
         packer.send_signal(signal.SIGKILL)
         packer.wait()
@@ -206,7 +222,7 @@ def test_end_to_end_with_sigkill_and_restart(tmp_path, transport):
         packer = subprocess.Popen(serve, stderr=logs, stdout=subprocess.PIPE)
         # zmq: the orchestrator exits once the packer acknowledged every batch.
         orch_out, _ = orch.communicate(timeout=120)
-        assert orch.returncode == 0
+        assert orch.returncode == 0, tails()
         expected: Dict[Tuple[int, int, int], np.ndarray] = {}
         for s in range(steps):
             for r in range(runs):
@@ -218,8 +234,8 @@ def test_end_to_end_with_sigkill_and_restart(tmp_path, transport):
             keys = [tuple(k) for (_, _), (ks, _, _, _) in got.items() for k in ks.tolist()]
             if len(set(keys)) >= len(expected):
                 break
-            assert time.time() < deadline, f"{len(set(keys))} of {len(expected)} samples received"
-            assert packer.poll() is None, "serve exited"
+            assert time.time() < deadline, f"{len(set(keys))} of {len(expected)} samples received\n{tails()}"
+            assert packer.poll() is None, f"serve exited\n{tails()}"
             time.sleep(0.05)
         # Clean shutdown on SIGTERM: exit 0, summary printed, pending state kept.
         packer.send_signal(signal.SIGTERM)
@@ -227,11 +243,14 @@ def test_end_to_end_with_sigkill_and_restart(tmp_path, transport):
         assert packer.returncode == 0
         assert b"stowplan serve:" in stdout
     finally:
-        for p in procs + [packer]:
+        for p in procs + ([packer] if packer else []):
             if p.poll() is None:
                 p.kill()
-                p.wait()
-        logs.close()
+            p.wait()
+            if p.stdout is not None:
+                p.stdout.close()
+        for f in [logs] + errs:
+            f.close()
     time.sleep(0.1)
     got = received(out)
     # Exactly once, byte-identical tokens, equal micro-batch counts on every rank.
