@@ -32,7 +32,9 @@ impl Kernel {
     }
 
     /// The padded packed layout of `lengths` and its zigzag split over `options.cp` ranks
-    /// (see `layout.cp-layout`). [`CpLayout::gather`] and [`CpLayout::scatter`] expand it.
+    /// (see `layout.cp-layout`). [`CpRuns::of`](crate::CpRuns::of) turns it into
+    /// per-rank runs that [`gather`](crate::CpRuns::gather) a rank's share of a row and
+    /// [`unpack`](crate::CpRuns::unpack) the ranks' rows back into one.
     pub fn cp_layout(&self, lengths: &[u64], options: &AlignOptions) -> Result<CpLayout, Error> {
         match self.backend() {
             Backend::Native => Ok(k::cp_layout(lengths, options)?),

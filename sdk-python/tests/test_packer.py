@@ -123,6 +123,20 @@ def test_file_sender_and_receiver_round_trip(tmp_path):
         stowplan.FileReceiver(tmp_path, 0, timeout=-1)
 
 
+def test_file_receiver_consume_removes_the_step(tmp_path):
+    stowplan.FileSender(tmp_path).send(stowplan.TrainingBatch(run=0, step=0, samples=[sample(3), sample(5)]))
+    serve = [serve_binary(), "serve", "--root", str(tmp_path), "--seq-len", "64", "--dp", "2", "--batch-size", "2",
+             "--wait-timeout", "0.01", "--max-steps", "1"]
+    subprocess.run(serve, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=60)
+    step_dir = tmp_path / "rollouts" / "step_0"
+    assert sorted(os.listdir(step_dir)) == ["rank_0.bin", "rank_1.bin"]
+    assert stowplan.FileReceiver(tmp_path, 0, consume=True, timeout=5).receive().rank == 0
+    assert os.listdir(step_dir) == ["rank_1.bin"]
+    # The last rank to take the step removes its directory.
+    assert stowplan.FileReceiver(tmp_path, 1, consume=True, timeout=5).receive().rank == 1
+    assert not step_dir.exists()
+
+
 def test_prime_rl_layout_of_a_received_micro_batch():
     p = stowplan.Packer(seq_len=16, dp=1, num_runs=2, pad_to_multiple_of=4)
     p.add_run(1, batch_size=1)

@@ -105,7 +105,8 @@ class FileReceiver:
     ``micro_batches`` hold numpy arrays.
 
     Iterating yields step ``start_step``, then the next, … (each waits up to ``timeout``
-    seconds, ``None``: forever). With ``consume=True`` a file is deleted once decoded.
+    seconds, ``None``: forever). With ``consume=True`` a file is deleted once decoded, and
+    the step's directory with the last rank's file.
     """
 
     def __init__(
@@ -147,6 +148,11 @@ class FileReceiver:
             try:
                 os.remove(self.path(step))
             except FileNotFoundError:
+                pass
+            try:
+                # The last rank to consume the step removes its directory too.
+                os.rmdir(os.path.dirname(self.path(step)))
+            except OSError:
                 pass
         self.next_step = step + 1
         return batch
