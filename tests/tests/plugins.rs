@@ -318,7 +318,9 @@ fn a_data_source_keeps_serving_after_hostile_plugins_with_nothing_lost() {
     });
     let started = Instant::now();
     let e = ds.get_samples(3, Some(1), Some(&mut looping)).unwrap_err();
-    assert!(started.elapsed() <= 2 * timeout, "{:?}", started.elapsed());
+    // Without the deadline the loop never ends; how close to it the call stops is
+    // `an_infinite_loop_times_out_within_twice_the_deadline`'s business.
+    assert!(started.elapsed() < Duration::from_secs(30), "{:?}", started.elapsed());
     assert!(matches!(e, Error::Filter(FilterError::Timeout(_))), "{e}");
     assert_eq!((ds.buffer(), ds.next_index()), (before.as_slice(), next_index));
     let mut bomb = hostile("memory", |o| o.memory_limit = 32 << 20);
