@@ -207,7 +207,6 @@ def test_end_to_end_with_sigkill_and_restart(tmp_path, transport):
     errs = [open(tmp_path / f"{name}.err", "wb") for name in [f"rank{r}" for r in range(dp)] + ["orchestrator"]]
 
     def tails() -> str:
-        logs.flush()
         parts = []
         for f in [logs] + errs:
             f.flush()
