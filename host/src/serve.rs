@@ -18,6 +18,7 @@
 //! decoded, kept for inspection), `lock` (held while a server runs; a second server on the
 //! same directory is refused).
 
+use std::collections::HashSet;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -419,7 +420,8 @@ impl<T: Transport> Server<T> {
     fn recover_spool(&mut self, restored: bool) -> Result<(), Error> {
         let spool = self.options.state_dir.join("spool");
         let state = self.packer.state();
-        let live = state.batches();
+        // Live batches were read from the spool by the restore already.
+        let live: HashSet<String> = state.batches().into_iter().map(batch_file_name).collect();
         let mut files: Vec<PathBuf> = std::fs::read_dir(&spool)
             .map_err(|e| io("listing", &spool, e))?
             .filter_map(Result::ok)
@@ -433,6 +435,9 @@ impl<T: Transport> Server<T> {
                 let _ = std::fs::remove_file(&p);
                 continue;
             }
+            if live.contains(&name) {
+                continue;
+            }
             let bytes = std::fs::read(&p).map_err(|e| io("reading", &p, e))?;
             let batch = match TrainingBatch::decode(&bytes) {
                 Ok(b) => Arc::new(b),
@@ -443,9 +448,6 @@ impl<T: Transport> Server<T> {
                 }
             };
             let key = batch.key();
-            if live.contains(&key) {
-                continue;
-            }
             if state.seen(key) {
                 let _ = std::fs::remove_file(&p);
                 continue;
