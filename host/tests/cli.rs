@@ -11,7 +11,12 @@ fn stowplan(args: &[&str], stdin: Option<&str>, envs: &[(&str, &str)]) -> Output
     }
     let mut child = cmd.spawn().expect("runs stowplan");
     if let Some(text) = stdin {
-        child.stdin.take().unwrap().write_all(text.as_bytes()).unwrap();
+        // A command refused at argument parsing exits before reading its input: the broken
+        // pipe that leaves is expected, and the exit status below is what the tests judge.
+        match child.stdin.take().unwrap().write_all(text.as_bytes()) {
+            Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => {}
+            r => r.expect("writes stowplan's stdin"),
+        }
     }
     drop(child.stdin.take());
     child.wait_with_output().unwrap()
@@ -350,4 +355,32 @@ fn serve_delivers_a_step_and_names_bad_options() {
     let err = String::from_utf8_lossy(&bad.stderr);
     assert!(err.contains("binding the ranks socket") && err.contains("nonsense"), "{err}");
     let _ = std::fs::remove_dir_all(&root);
+}
+
+#[test]
+fn a_reader_that_leaves_early_ends_the_command_quietly() {
+    use std::io::Read;
+    use std::os::unix::process::ExitStatusExt;
+    // ~1.3 MB of JSON: far more than a pipe holds, so stowplan is still writing when the
+    // reader (think `| head`) goes away.
+    let dir = temp_dir("early-reader");
+    let workload = dir.join("lengths.txt");
+    std::fs::write(&workload, "1000\n".repeat(200_000)).unwrap();
+    let workload = workload.to_str().unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_stowplan"))
+        .args(["pack", "--json", workload])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("runs stowplan");
+    let mut stdout = child.stdout.take().unwrap();
+    let mut first = [0u8; 16];
+    stdout.read_exact(&mut first).unwrap();
+    assert!(first.starts_with(b"{"), "{first:?}");
+    drop(stdout);
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.signal(), Some(libc::SIGPIPE), "status {:?}, stderr: {stderr}", out.status);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -388,6 +388,16 @@ impl From<Error> for Failure {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if !matches!(cli.command, Command::Serve(_)) {
+        // Rust ignores SIGPIPE, so `stowplan pack --json | head` would panic on the first
+        // write after `head` left. The one-shot commands behave like every Unix filter
+        // instead: a closed stdout ends them quietly. `serve` keeps the ignore: it owns
+        // sockets whose peers may go away and reports that as an error.
+        // SAFETY: called before any thread exists; SIG_DFL is a valid action for SIGPIPE.
+        unsafe {
+            libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+        }
+    }
     // `serve` is a service: its step events are logged by default.
     let (default_filter, json_logs) = match &cli.command {
         Command::Serve(a) => ("warn,stowplan::serve=info", a.log_format == LogFormat::Json),
