@@ -77,13 +77,13 @@ struct ServeArgs {
     #[arg(long)]
     state_dir: Option<PathBuf>,
     /// ZeroMQ: where the PULL socket for training batches and run changes binds.
-    #[arg(long, default_value = "tcp://*:5555")]
+    #[arg(long, default_value = stowplan::serve::ZmqEndpoints::DEFAULT_BATCHES)]
     zmq_batches: String,
     /// ZeroMQ: where the PUB socket for receipts (messages made durable) binds.
-    #[arg(long, default_value = "tcp://*:5556")]
+    #[arg(long, default_value = stowplan::serve::ZmqEndpoints::DEFAULT_RECEIPTS)]
     zmq_receipts: String,
     /// ZeroMQ: where the ROUTER socket the trainer ranks connect to binds.
-    #[arg(long, default_value = "tcp://*:5557")]
+    #[arg(long, default_value = stowplan::serve::ZmqEndpoints::DEFAULT_RANKS)]
     zmq_ranks: String,
     /// Tokens of a micro-batch after padding (longer samples are rejected).
     #[arg(long)]

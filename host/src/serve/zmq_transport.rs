@@ -156,10 +156,23 @@ pub struct ZmqEndpoints {
     pub ranks: String,
 }
 
+impl ZmqEndpoints {
+    /// Default of [`ZmqEndpoints::batches`]: port 5555 on every interface.
+    pub const DEFAULT_BATCHES: &'static str = "tcp://*:5555";
+    /// Default of [`ZmqEndpoints::receipts`]: port 5556 on every interface.
+    pub const DEFAULT_RECEIPTS: &'static str = "tcp://*:5556";
+    /// Default of [`ZmqEndpoints::ranks`]: port 5557 on every interface.
+    pub const DEFAULT_RANKS: &'static str = "tcp://*:5557";
+}
+
 impl Default for ZmqEndpoints {
     /// Ports 5555 (batches), 5556 (receipts) and 5557 (ranks) on every interface.
     fn default() -> Self {
-        Self { batches: "tcp://*:5555".into(), receipts: "tcp://*:5556".into(), ranks: "tcp://*:5557".into() }
+        Self {
+            batches: Self::DEFAULT_BATCHES.into(),
+            receipts: Self::DEFAULT_RECEIPTS.into(),
+            ranks: Self::DEFAULT_RANKS.into(),
+        }
     }
 }
 
