@@ -25,6 +25,7 @@ use alloc::string::String;
 
 pub mod balance;
 pub mod layout;
+pub mod names;
 pub mod pack;
 pub mod partition;
 pub mod peers;
@@ -38,6 +39,7 @@ pub use layout::{
     AlignOptions, CpLayout, DistributeOptions, Distribution, Factor, Padding, cp_layout, distribute, pad_factor,
     prime_rl_ffd,
 };
+pub use names::{COST_PRESETS, Named};
 pub use pack::{OversizePolicy, PackMethod, PackOptions, Packing, pack};
 pub use partition::{PartitionMethod, PartitionOptions, Partitioning, partition};
 pub use plan::{AlignedPlan, PlanOptions, RawPlan, aligned_plan, raw_plan};
@@ -102,6 +104,12 @@ pub fn flatten(groups: &[alloc::vec::Vec<u32>]) -> (alloc::vec::Vec<u32>, alloc:
         offsets.push(indices.len() as u32);
     }
     (offsets, indices)
+}
+
+/// Per-group index lists from flat `offsets` and `indices` (the inverse of [`flatten`]).
+/// Offsets outside `indices` or decreasing give empty groups rather than a panic.
+pub fn unflatten(offsets: &[u32], indices: &[u32]) -> alloc::vec::Vec<alloc::vec::Vec<u32>> {
+    offsets.windows(2).map(|w| indices.get(w[0] as usize..w[1] as usize).unwrap_or(&[]).to_vec()).collect()
 }
 
 /// Items sorted by (weight descending, index ascending).
