@@ -49,7 +49,7 @@ fn u64s(v: &Value, what: &str) -> Result<Vec<u64>, String> {
 }
 
 fn lists(offsets: &[u32], indices: &[u32]) -> Value {
-    serde_json::to_value(stowplan::json::lists(offsets, indices)).unwrap_or(Value::Null)
+    serde_json::to_value(stowplan::unflatten(offsets, indices)).unwrap_or(Value::Null)
 }
 
 fn error_value(e: &Error) -> Value {
@@ -545,7 +545,7 @@ pub fn check_prime_rl_vector(kernel: &Kernel, v: &Value) -> Result<bool, String>
     };
     let borrowed: Vec<stowplan::Sample<'_>> = samples.iter().map(PrimeSample::sample).collect();
     let plan = vec![bins.iter().map(Vec::as_slice).collect::<Vec<_>>()];
-    match (kernel.materialize_plan(&borrowed, &plan, &opts), v.get("error")) {
+    match (stowplan::materialize_plan(&kernel, &borrowed, &plan, &opts), v.get("error")) {
         (Err(Error::InvalidArgument(_)), Some(_)) => Ok(true),
         (Ok(ranks), None) => {
             let want = out["micro_batches"].as_array().ok_or("micro_batches")?;

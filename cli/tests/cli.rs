@@ -3,9 +3,12 @@
 use std::io::Write;
 use std::process::{Command, Output, Stdio};
 
+/// Runs stowplan with `args`. `stdin: None` gives it /dev/null as standard input (so commands
+/// without FILE use the built-in workload); `Some(text)` pipes `text`.
 fn stowplan(args: &[&str], stdin: Option<&str>, envs: &[(&str, &str)]) -> Output {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_stowplan"));
-    cmd.args(args).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    cmd.args(args).stdout(Stdio::piped()).stderr(Stdio::piped());
+    cmd.stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::null() });
     for (k, v) in envs {
         cmd.env(k, v);
     }
@@ -20,6 +23,10 @@ fn stowplan(args: &[&str], stdin: Option<&str>, envs: &[(&str, &str)]) -> Output
     }
     drop(child.stdin.take());
     child.wait_with_output().unwrap()
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
 fn json(out: &Output) -> serde_json::Value {
@@ -93,6 +100,110 @@ fn bad_input_exits_2_naming_the_line() {
 }
 
 #[test]
+fn piped_standard_input_is_read_without_file() {
+    // printf '5\n3\n7\n' | stowplan partition -k 2 --json
+    let v = json(&stowplan(&["partition", "-k", "2", "--json"], Some("5\n3\n7\n"), &[]));
+    assert_eq!(v["n"], 3);
+    assert_eq!(v["source"], "standard input");
+    assert_eq!((v["total"].as_u64(), v["spread"].as_u64()), (Some(15), Some(1)));
+    // Every lengths-reading command.
+    let v = json(&stowplan(&["pack", "-c", "10", "--json"], Some("[5, 3, 7]"), &[]));
+    assert_eq!(v["n"], 3);
+    let v = json(&stowplan(&["balance", "--max-token-len", "10", "--json"], Some("5\n3\n7\n"), &[]));
+    assert_eq!(v["n"], 3);
+}
+
+#[test]
+fn standard_input_redirected_from_a_file_is_read() {
+    let dir = temp_dir("redirect");
+    let f = dir.join("lengths.txt");
+    std::fs::write(&f, "4\n9\n").unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_stowplan"))
+        .args(["pack", "-c", "10", "--json"])
+        .stdin(std::fs::File::open(&f).unwrap())
+        .output()
+        .unwrap();
+    let v = json(&out);
+    assert_eq!(v["n"], 2);
+    assert_eq!(v["source"], "standard input");
+    // An empty file: the same error as an empty pipe.
+    std::fs::write(&f, "").unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_stowplan"))
+        .args(["pack"])
+        .stdin(std::fs::File::open(&f).unwrap())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn empty_piped_standard_input_exits_2_naming_what_to_do() {
+    for text in ["", "\n  \n"] {
+        let out = stowplan(&["partition", "-k", "2"], Some(text), &[]);
+        assert_eq!(out.status.code(), Some(2), "{text:?}: {}", stderr(&out));
+        assert!(
+            stderr(&out).contains("standard input is empty: give lengths on it, a FILE, or --workload NAME"),
+            "{}",
+            stderr(&out)
+        );
+    }
+}
+
+#[test]
+fn builtin_workloads_by_name() {
+    // /dev/null as standard input: the default workload, with a note on stderr.
+    let default = stowplan(&["partition", "--json"], None, &[]);
+    assert!(stderr(&default).contains("built-in rl-math-8k"), "{}", stderr(&default));
+    let default = json(&default);
+    assert_eq!(default["n"], 4096);
+    let named = stowplan(&["partition", "--json", "--workload", "rl-math-8k"], None, &[]);
+    assert!(!stderr(&named).contains("built-in"), "no note when named: {}", stderr(&named));
+    let named = json(&named);
+    assert_eq!(named["n"], 4096);
+    assert_eq!((&named["groups"], &named["source"]), (&default["groups"], &default["source"]));
+    // --workload wins over a piped standard input.
+    let v = json(&stowplan(&["pack", "--json", "--workload", "rl-math-8k"], Some("5\n"), &[]));
+    assert_eq!(v["n"], 4096);
+    // Unknown names are refused, listing the known ones.
+    let out = stowplan(&["pack", "--workload", "nope"], None, &[]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("nope") && stderr(&out).contains("rl-math-8k"), "{}", stderr(&out));
+    // A FILE and --workload together are refused.
+    let out = stowplan(&["balance", "--dp", "2", "--workload", "rl-math-8k", "-"], Some("5\n3\n"), &[]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("cannot be used with"), "{}", stderr(&out));
+    // --help lists the workloads with their descriptions.
+    let help = String::from_utf8(stowplan(&["partition", "--help"], None, &[]).stdout).unwrap();
+    assert!(help.contains("--workload <NAME>") && help.contains("rl-math-8k:"), "{help}");
+}
+
+#[test]
+fn method_names_come_from_the_kernel() {
+    let v = json(&stowplan(&["pack", "-c", "10", "--method", "next_fit", "--json"], Some("5\n3\n7\n"), &[]));
+    assert_eq!(v["method"], "next-fit");
+    assert_eq!(v["oversize"], "error");
+    let out = stowplan(&["pack", "--method", "worst-fit"], None, &[]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("[possible values: bfd, ffd, next-fit]"), "{}", stderr(&out));
+    let v = json(&stowplan(&["partition", "-k", "2", "--method", "greedy", "--json"], Some("5\n3\n7\n"), &[]));
+    assert_eq!(v["method"], "greedy");
+    let help = String::from_utf8(stowplan(&["balance", "--help"], None, &[]).stdout).unwrap();
+    assert!(
+        help.contains("[default: none]") && help.contains("cost-desc") && help.contains("[default: tokens]"),
+        "{help}"
+    );
+    let text = String::from_utf8(
+        stowplan(&["balance", "--dp", "2", "--cost", "attention", "--workload", "rl-math-8k"], None, &[]).stdout,
+    )
+    .unwrap();
+    assert!(text.contains("cost attention (24576·L + L²), backend wasm"), "{text}");
+    let out = stowplan(&["partition", "--backend", "gpu"], None, &[]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("[possible values: wasm, native]"), "{}", stderr(&out));
+}
+
+#[test]
 fn infeasible_exits_1() {
     let out = stowplan(&["pack", "-c", "100", "-"], Some("50\n101\n"), &[]);
     assert_eq!(out.status.code(), Some(1));
@@ -148,7 +259,7 @@ fn balance_errors_exit_with_the_right_code() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("at least 4 samples"));
     let out = stowplan(&["balance", "--dp", "2", "--cost", "flops"], None, &[]);
     assert_eq!(out.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("cost must be tokens, attention or LINEAR,QUADRATIC"));
+    assert!(stderr(&out).contains("cost must be 'tokens', 'attention' or LINEAR,QUADRATIC"), "{}", stderr(&out));
     let out = stowplan(&["balance"], None, &[]);
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("nothing to plan"));

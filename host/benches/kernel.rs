@@ -185,7 +185,7 @@ fn materialize_cases(c: &mut Criterion) {
         .collect();
     let opts = MaterializeOptions::new(65_536, 8).with_cp(2, 1).expect("cp options");
     let kernel = Kernel::wasm().expect("WASM kernel");
-    let m = kernel.materialize(&samples, &opts).expect("materialize");
+    let m = stowplan::materialize(&kernel, &samples, &opts).expect("materialize");
     let bytes = m.array_bytes();
     eprintln!(
         "quality materialize rl-agentic-32k cap 65536 dp 8 cp 2 (factor 4): {} real tokens, {} padding ({:.4}%), {} \
@@ -204,11 +204,11 @@ fn materialize_cases(c: &mut Criterion) {
     g.sample_size(10).warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(6));
     g.throughput(criterion::Throughput::Bytes(bytes));
     g.bench_function("materialize_cap65536_dp8_cp2", |b| {
-        b.iter(|| kernel.materialize(&samples, &opts).expect("materialize"))
+        b.iter(|| stowplan::materialize(&kernel, &samples, &opts).expect("materialize"))
     });
     g.bench_function("materialize_and_cp_views", |b| {
         b.iter(|| {
-            let m = kernel.materialize(&samples, &opts).expect("materialize");
+            let m = stowplan::materialize(&kernel, &samples, &opts).expect("materialize");
             let views: usize = m
                 .ranks
                 .iter()
@@ -293,7 +293,7 @@ fn filter_cases(c: &mut Criterion) {
         WasmFilter,
     };
     let dist = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../plugins/dist");
-    let groups = stowplan::plugin::synthetic_buffer(1000, 8, 0);
+    let groups = stowplan::plugins::synthetic_buffer(1000, 8, 0);
     let columns = BufferColumns::from_groups(&groups);
     let view = BufferView { groups: &groups, columns: &columns };
     let ctx = FilterContext { rollout_id: Some(0), wanted: 64, n_samples_per_prompt: 8 };

@@ -9,6 +9,34 @@ pub const DEFAULT_WORKLOAD: &str = include_str!("../assets/rl-math-8k.txt");
 /// The name of [`DEFAULT_WORKLOAD`] as shown to users.
 pub const DEFAULT_WORKLOAD_NAME: &str = "built-in rl-math-8k (4,096 rollouts)";
 
+/// A built-in workload: lengths embedded in the library, chosen by name (the CLI's
+/// `--workload NAME`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Workload {
+    /// The name it is chosen by (`rl-math-8k`).
+    pub name: &'static str,
+    /// What the lengths are, in one line (listed by `stowplan --help`).
+    pub description: &'static str,
+    /// How reports name it as a source (`built-in rl-math-8k (4,096 rollouts)`).
+    pub source: &'static str,
+    /// The lengths, in a format [`parse_lengths`] reads.
+    pub text: &'static str,
+}
+
+/// Every built-in workload, the default ([`DEFAULT_WORKLOAD`]) first. Only small assets are
+/// embedded; the large shared workloads (100k+ lines) are read from files.
+pub const WORKLOADS: &[Workload] = &[Workload {
+    name: "rl-math-8k",
+    description: "an RL step on math/reasoning: 512 prompts × 8 rollouts, 4,096 lengths capped at 8,192 tokens",
+    source: DEFAULT_WORKLOAD_NAME,
+    text: DEFAULT_WORKLOAD,
+}];
+
+/// The built-in workload called `name`, if there is one.
+pub fn workload(name: &str) -> Option<&'static Workload> {
+    WORKLOADS.iter().find(|w| w.name == name)
+}
+
 /// Parses lengths from `text`: a JSON array of non-negative integers (when the first
 /// non-blank character is `[`), or one non-negative integer per line (blank lines and lines
 /// starting with `#` are skipped). Errors name the line (or JSON position) at fault.
@@ -87,6 +115,16 @@ mod tests {
         assert_eq!(parse_lengths("3\n\n# c\n 5 \n").unwrap(), vec![3, 5]);
         assert_eq!(parse_lengths(" [1, 2,3]").unwrap(), vec![1, 2, 3]);
         assert_eq!(parse_lengths(&DEFAULT_WORKLOAD).unwrap().len(), 4096);
+    }
+
+    #[test]
+    fn workloads_by_name_default_first() {
+        assert_eq!(WORKLOADS[0].text, DEFAULT_WORKLOAD);
+        assert_eq!(workload("rl-math-8k"), Some(&WORKLOADS[0]));
+        assert_eq!(workload("nope"), None);
+        for w in WORKLOADS {
+            assert!(!parse_lengths(w.text).unwrap().is_empty(), "{}", w.name);
+        }
     }
 
     #[test]

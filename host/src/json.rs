@@ -2,12 +2,7 @@
 
 use serde_json::{Value, json};
 
-use crate::{DpPlan, MicroPlan, Packing, Partitioning, Plan};
-
-/// Flat `offsets` + `indices` as a list of index lists.
-pub fn lists(offsets: &[u32], indices: &[u32]) -> Vec<Vec<u32>> {
-    offsets.windows(2).map(|w| indices[w[0] as usize..w[1] as usize].to_vec()).collect()
-}
+use crate::{DpPlan, MicroPlan, Packing, Partitioning, Plan, unflatten as lists};
 
 /// `{"groups", "sums", "total", "spread", "lower_bound"}` of a partition.
 pub fn partition(p: &Partitioning) -> Value {

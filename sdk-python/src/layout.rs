@@ -521,10 +521,10 @@ pub fn materialize<'py>(
             match &plan {
                 Some(p) => {
                     let p: Vec<Vec<&[u32]>> = p.iter().map(|r| r.iter().map(Vec::as_slice).collect()).collect();
-                    Ok((k.materialize_plan(&borrowed, &p, &options)?, None))
+                    Ok((stowplan::materialize_plan(&k, &borrowed, &p, &options)?, None))
                 }
                 None => {
-                    let m = k.materialize(&borrowed, &options)?;
+                    let m = stowplan::materialize(&k, &borrowed, &options)?;
                     let d = &m.distribution;
                     let figures = (
                         m.real_tokens,

@@ -10,9 +10,7 @@ use std::time::Duration;
 use numpy::IntoPyArray;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList};
-use stowplan::serve::{
-    Control, REFUSAL_MAGIC, RankMessage, Receipt, Receipts, Refusal, batch_file_name, receive_fs, send_fs,
-};
+use stowplan::serve::{Control, RankMessage, Receipt, Receipts, Refusal, batch_file_name, receive_fs, send_fs};
 use stowplan::{Cost, Packer, PackerOptions, PackerState, RankBatch, RunConfig, RunProgress, TrainingBatch};
 
 use crate::layout::{extract_sample, wrap};
@@ -182,7 +180,7 @@ fn fs_receive(py: Python<'_>, root: PathBuf, step: i128, rank: i128, timeout: f6
 /// InvalidArgumentError with its message.
 #[pyfunction]
 fn decode_rank_batch(py: Python<'_>, data: &[u8]) -> PyResult<PyRankBatch> {
-    if data.starts_with(&REFUSAL_MAGIC) {
+    if stowplan::wire::REFUSAL.matches(data) {
         let r = Refusal::decode(data).map_err(|e| to_py(py, e))?;
         return Err(invalid(py, format!("the packer refused this rank: {}", r.message)));
     }

@@ -448,8 +448,8 @@ impl PyLengthCache {
                     if let Some(t) = limit
                         && start.elapsed() >= t
                     {
-                        let path = cache_dir.join(stowplan::length_cache::FILE_NAME);
-                        return Err(to_py(py, stowplan::length_cache::wait_timeout(&path, start.elapsed(), t)));
+                        let path = cache_dir.join(stowplan::plan::length_cache::FILE_NAME);
+                        return Err(to_py(py, stowplan::plan::length_cache::wait_timeout(&path, start.elapsed(), t)));
                     }
                     py.check_signals()?;
                 }

@@ -59,7 +59,7 @@ fn seed_001_rows_per_cp_rank() {
     let opts = MaterializeOptions { pad_token_id: -1, ..MaterializeOptions::new(64, 1).with_cp(2, 1).unwrap() };
     for k in kernels() {
         let plan = vec![vec![&[0u32, 1, 2, 3][..]]];
-        let ranks = k.materialize_plan(&samples, &plan, &opts).unwrap();
+        let ranks = stowplan::materialize_plan(&k, &samples, &plan, &opts).unwrap();
         let mb = &ranks[0][0];
         assert_eq!(mb.cu_seqlens, [0, 2, 6, 12, 13]);
         assert_eq!(mb.cu_seqlens_padded, [0, 4, 8, 16, 20]);
@@ -138,7 +138,7 @@ proptest! {
         let base = MaterializeOptions { mix_runs: mix, ..MaterializeOptions::new(256, dp) };
         let opts = if per_sequence { base.with_cp(cp, 1).unwrap() } else { MaterializeOptions { cp, padding: Padding::PerMicroBatch(u64::from(cp)), ..base } };
         let k = Kernel::native();
-        let m = k.materialize(&samples, &opts).unwrap();
+        let m = stowplan::materialize(&k, &samples, &opts).unwrap();
         prop_assert_eq!(m.ranks.len(), dp as usize);
         let per_rank = m.ranks[0].len();
         prop_assert!(m.ranks.iter().all(|r| r.len() == per_rank && per_rank >= 1), "equal counts, none starved");
@@ -170,8 +170,8 @@ fn materialize_on_both_kernels_agrees() {
     let data = owned(&[(5, 30, 0), (3, 12, 1), (8, 40, 0), (2, 9, 1), (1, 1, 0)]);
     let samples = borrow(&data);
     let opts = MaterializeOptions::new(64, 2).with_cp(2, 1).unwrap();
-    let a = Kernel::native().materialize(&samples, &opts).unwrap();
-    let b = Kernel::wasm().unwrap().materialize(&samples, &opts).unwrap();
+    let a = stowplan::materialize(&Kernel::native(), &samples, &opts).unwrap();
+    let b = stowplan::materialize(&Kernel::wasm().unwrap(), &samples, &opts).unwrap();
     assert_eq!(a, b);
     assert!(a.padding_overhead() < 0.2);
 }
@@ -189,43 +189,51 @@ fn materialize_errors_name_the_problem() {
     let mask = [true];
     samples[1].completion_mask = Some(&mask);
     assert!(
-        inv(k.materialize(&samples, &opts)).contains("samples[1]: completion_mask has 1 entries but the sample has 4")
+        inv(stowplan::materialize(&k, &samples, &opts))
+            .contains("samples[1]: completion_mask has 1 entries but the sample has 4")
     );
     samples[1].completion_mask = None;
     let empty: [i64; 0] = [];
     let mut s2 = samples.clone();
     s2[0].completion_ids = &empty;
     s2[0].completion_logprobs = None;
-    assert!(inv(k.materialize(&s2, &opts)).contains("samples[0]: empty completion"));
-    assert!(k.materialize(&s2, &MaterializeOptions { allow_empty_completion: true, ..opts }).is_ok());
+    assert!(inv(stowplan::materialize(&k, &s2, &opts)).contains("samples[0]: empty completion"));
+    assert!(stowplan::materialize(&k, &s2, &MaterializeOptions { allow_empty_completion: true, ..opts }).is_ok());
     let mut s3 = samples.clone();
     s3[0].temperature = Temperature::One(0.0);
-    assert!(inv(k.materialize(&s3, &opts)).contains("temperature = 0 must be > 0"));
+    assert!(inv(stowplan::materialize(&k, &s3, &opts)).contains("temperature = 0 must be > 0"));
     let mut s4 = samples.clone();
     s4[1].advantage = f32::NAN;
-    assert!(inv(k.materialize(&s4, &opts)).contains("advantage = NaN must be finite"));
+    assert!(inv(stowplan::materialize(&k, &s4, &opts)).contains("advantage = NaN must be finite"));
     let mut s5 = samples.clone();
     s5[1].run = 3;
     assert!(
-        inv(k.materialize(&s5, &MaterializeOptions { num_runs: Some(2), ..opts }))
+        inv(stowplan::materialize(&k, &s5, &MaterializeOptions { num_runs: Some(2), ..opts }))
             .contains("run = 3 must be below num_runs = 2")
     );
     let teacher = [0.0f32; 5];
     let mut s6 = samples.clone();
     s6[0].teacher_logprobs = Some(&teacher);
-    assert!(inv(k.materialize(&s6, &opts)).contains("samples[1]: teacher_logprobs missing"));
-    assert!(inv(k.materialize(&samples, &MaterializeOptions { cp: 0, ..opts })).contains("cp must be at least 1"));
+    assert!(inv(stowplan::materialize(&k, &s6, &opts)).contains("samples[1]: teacher_logprobs missing"));
     assert!(
-        inv(k.materialize(&samples, &MaterializeOptions { cp: 2, padding: Padding::PerSequence(3), ..opts }))
-            .contains("multiple of 2·cp = 4")
+        inv(stowplan::materialize(&k, &samples, &MaterializeOptions { cp: 0, ..opts }))
+            .contains("cp must be at least 1")
     );
-    match k.materialize(&samples, &MaterializeOptions::new(4, 1)) {
+    assert!(
+        inv(stowplan::materialize(
+            &k,
+            &samples,
+            &MaterializeOptions { cp: 2, padding: Padding::PerSequence(3), ..opts }
+        ))
+        .contains("multiple of 2·cp = 4")
+    );
+    match stowplan::materialize(&k, &samples, &MaterializeOptions::new(4, 1)) {
         Err(Error::Infeasible(m)) => assert!(m.contains("sample 0 has 5 tokens"), "{m}"),
         other => panic!("{other:?}"),
     }
     // A caller's plan: out of range, twice, runs mixed, over capacity.
     let plan = |p: Vec<Vec<&'static [u32]>>| p;
-    let e = |p: Vec<Vec<&[u32]>>, o: &MaterializeOptions| k.materialize_plan(&samples, &p, o).map(|_| ());
+    let e = |p: Vec<Vec<&[u32]>>, o: &MaterializeOptions| stowplan::materialize_plan(&k, &samples, &p, o).map(|_| ());
     assert!(
         matches!(e(plan(vec![vec![&[0, 7]]]), &opts), Err(Error::InvalidArgument(m)) if m.contains("names sample 7"))
     );
@@ -237,10 +245,10 @@ fn materialize_errors_name_the_problem() {
     );
     let mut s7 = samples.clone();
     s7[1].run = 1;
-    let mixed = k.materialize_plan(&s7, &[vec![&[0u32, 1][..]]], &opts).map(|_| ());
+    let mixed = stowplan::materialize_plan(&k, &s7, &[vec![&[0u32, 1][..]]], &opts).map(|_| ());
     assert!(matches!(mixed, Err(Error::InvalidArgument(m)) if m.contains("mixes runs 0 and 1")));
     // Dummies: 2 samples over 3 ranks: one dummy, zero loss, reported.
-    let m = k.materialize(&samples, &MaterializeOptions::new(64, 3)).unwrap();
+    let m = stowplan::materialize(&k, &samples, &MaterializeOptions::new(64, 3)).unwrap();
     assert_eq!(m.distribution.dummies, 1);
     let dummy = m.ranks.iter().flatten().find(|mb| mb.dummy).unwrap();
     assert!(dummy.loss_mask.iter().all(|&x| !x) && dummy.advantages.iter().all(|&a| a == 0.0));
@@ -249,7 +257,7 @@ fn materialize_errors_name_the_problem() {
 #[test]
 fn decode_rejects_bad_bytes() {
     let data = owned(&[(2, 3, 0)]);
-    let m = Kernel::native().materialize(&borrow(&data), &MaterializeOptions::new(64, 1)).unwrap();
+    let m = stowplan::materialize(&Kernel::native(), &borrow(&data), &MaterializeOptions::new(64, 1)).unwrap();
     let bytes = m.ranks[0][0].encode().unwrap();
     let err = |b: &[u8]| match MicroBatch::decode(b) {
         Err(Error::InvalidArgument(m)) => m,
@@ -258,9 +266,16 @@ fn decode_rejects_bad_bytes() {
     assert!(err(b"nope").contains("missing the SPMB header"));
     let mut v2 = bytes.clone();
     v2[4] = 9;
-    assert!(err(&v2).contains("format version 9; this build reads 1"));
-    assert!(err(&bytes[..bytes.len() - 3]).contains("corrupt micro-batch"));
+    assert!(err(&v2).contains("format version 9; this build reads 2"));
+    // Framed with a CRC-32 (`stowplan::wire`): truncation, an extra byte and any flipped bit
+    // are refused as damage before the body is read.
+    assert!(err(&bytes[..bytes.len() - 3]).contains("damaged micro-batch"));
     let mut extra = bytes.clone();
     extra.push(0);
-    assert!(err(&extra).contains("1 trailing bytes"));
+    assert!(err(&extra).contains("damaged micro-batch"));
+    for bit in (0..bytes.len() * 8).step_by(7) {
+        let mut flipped = bytes.clone();
+        flipped[bit / 8] ^= 1 << (bit % 8);
+        assert!(MicroBatch::decode(&flipped).is_err(), "bit {bit} accepted");
+    }
 }

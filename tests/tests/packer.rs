@@ -233,7 +233,7 @@ fn encodings_are_versioned_and_errors_name_the_problem() {
     assert!(inv(TrainingBatch::decode(&v)).contains("training batch format version 9"));
     let mut t = b.encode().unwrap();
     t.truncate(t.len() - 3);
-    assert!(inv(TrainingBatch::decode(&t)).contains("corrupt training batch"));
+    assert!(inv(TrainingBatch::decode(&t)).contains("damaged training batch"));
     let mut p = packer(16, 2, 2, 1);
     p.ingest(Arc::new(b));
     let step = p.pack(true).unwrap().unwrap();

@@ -197,7 +197,7 @@ fn multimodal_samples_have_deterministic_planning_lengths() {
     let b = parallel.precompute(8, multimodal_length).unwrap().to_vec();
     assert_eq!(a, b);
     // Written back by index: the cache files are byte-identical.
-    let bytes = |d: &Path| std::fs::read(d.join(stowplan::length_cache::FILE_NAME)).unwrap();
+    let bytes = |d: &Path| std::fs::read(d.join(stowplan::plan::length_cache::FILE_NAME)).unwrap();
     assert_eq!(bytes(&serial_dir), bytes(&parallel_dir));
     // The planning lengths drive sum(length) <= packing_length without splitting a sample.
     let plan = StaticPackPlan::build(&Kernel::wasm().unwrap(), &a, &PlanOptions::new(16_384), 8, false).unwrap();
@@ -259,7 +259,7 @@ fn length_cache_fingerprint_mismatch_fails_fast() {
     let e = LengthCache::wait(&dir, "data/b.jsonl", 100, &config, None).unwrap_err();
     assert_eq!(e.kind(), "cache-mismatch");
     // A damaged file is reported, not silently recomputed.
-    let path = dir.join(stowplan::length_cache::FILE_NAME);
+    let path = dir.join(stowplan::plan::length_cache::FILE_NAME);
     let mut bytes = std::fs::read(&path).unwrap();
     let last = bytes.len() - 40;
     bytes[last] ^= 1;

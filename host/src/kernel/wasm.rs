@@ -1,17 +1,25 @@
-//! The WASM backend: the embedded kernel component run by wasmtime.
+//! The WASM backend: the embedded kernel component run by wasmtime, and its [`KernelApi`]
+//! implementation (conversions in `convert.rs`).
 //!
 //! The component is compiled once per process (from a precompiled artifact cached on disk
 //! when possible) and instantiated per call from a shared `InstancePre` with an **empty
 //! linker**: the kernel imports nothing.
 
-use std::path::PathBuf;
 use std::sync::OnceLock;
 
-use sha2::{Digest, Sha256};
 use wasmtime::component::{Component, Linker};
 use wasmtime::{Config, Engine, Store};
 
+use stowplan_kernel::peers::{DpReorder, RollLoadBalanceOptions, RollMicroBatches, VerlMicroOptions};
+use stowplan_kernel::verl::PyError;
+use stowplan_kernel::{
+    AlignOptions, AlignedPlan, CpLayout, DistributeOptions, Distribution, DpOptions, DpPlan, MicroOptions, MicroPlan,
+    PackOptions, Packing, PartitionOptions, Partitioning, Plan, PlanOptions, RawPlan,
+};
+
+use super::{KernelApi, VerlFunction};
 use crate::error::{Error, runtime};
+use crate::runtime::{self, sha256_hex};
 
 mod bindings {
     wasmtime::component::bindgen!({
@@ -20,38 +28,28 @@ mod bindings {
     });
 }
 
-pub(crate) use bindings::exports::stowplan::kernel::{
+pub(super) use bindings::exports::stowplan::kernel::{
     balance as wbal, layout as wlay, pack as wpack, partition as wpart, peers as wpeers, plan as wplan,
     types as wtypes, verl as wverl,
 };
 
 /// The kernel component, built by `cargo xtask build-kernel` (see `ARCHITECTURE.md`).
-pub const KERNEL_WASM: &[u8] = include_bytes!("../assets/stowplan_kernel.wasm");
+pub const KERNEL_WASM: &[u8] = include_bytes!("../../assets/stowplan_kernel.wasm");
 
 /// The sha256 (hex) recorded when the component was built.
-pub const KERNEL_WASM_SHA256: &str = include_str!("../assets/stowplan_kernel.wasm.sha256");
+pub const KERNEL_WASM_SHA256: &str = include_str!("../../assets/stowplan_kernel.wasm.sha256");
 
-/// Hex sha256 of `bytes`.
-pub fn sha256_hex(bytes: &[u8]) -> String {
-    let digest = Sha256::digest(bytes);
-    let mut out = String::with_capacity(64);
-    for b in digest {
-        out.push_str(&format!("{b:02x}"));
-    }
-    out
-}
-
-pub(crate) struct Shared {
-    pub(crate) engine: Engine,
-    pub(crate) pre: bindings::KernelPre<Tracker>,
+pub(super) struct Shared {
+    pub(super) engine: Engine,
+    pub(super) pre: bindings::KernelPre<Tracker>,
     /// Where the compiled component came from: `cache` or `compiled`.
-    pub(crate) origin: &'static str,
+    pub(super) origin: &'static str,
 }
 
 static SHARED: OnceLock<Result<Shared, Error>> = OnceLock::new();
 
 /// The process-wide engine and pre-instantiated kernel, built on first use.
-pub(crate) fn shared() -> Result<&'static Shared, Error> {
+pub(super) fn shared() -> Result<&'static Shared, Error> {
     SHARED.get_or_init(init).as_ref().map_err(Clone::clone)
 }
 
@@ -75,88 +73,15 @@ fn init() -> Result<Shared, Error> {
     Ok(Shared { engine, pre, origin })
 }
 
-/// The cache directory for precompiled components: `$STOWPLAN_CACHE_DIR`, else
-/// `$XDG_CACHE_HOME/stowplan`, else `$HOME/.cache/stowplan`; `None` when
-/// `STOWPLAN_NO_CACHE` is set (to anything but empty or `0`) or no location is known.
-pub fn cache_dir() -> Option<PathBuf> {
-    if std::env::var("STOWPLAN_NO_CACHE").is_ok_and(|v| !v.is_empty() && v != "0") {
-        return None;
-    }
-    if let Some(d) = std::env::var_os("STOWPLAN_CACHE_DIR") {
-        return Some(PathBuf::from(d));
-    }
-    if let Some(d) = std::env::var_os("XDG_CACHE_HOME") {
-        return Some(PathBuf::from(d).join("stowplan"));
-    }
-    std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache").join("stowplan"))
-}
-
-/// Compiles the component, or loads the precompiled artifact cached under a name made of the
-/// component's sha256 and the engine's compatibility hash. A cached artifact is used only if
-/// its own recorded sha256 matches; a broken cache entry is rebuilt, never fatal.
+/// Compiles the component, or loads it precompiled from the cache ([`runtime::load_cached`]).
 fn load_component(engine: &Engine, wasm_sha: &str) -> Result<(Component, &'static str), Error> {
-    load_cached(engine, KERNEL_WASM, wasm_sha, "kernel").map_err(|e| runtime("compiling the kernel component", e))
-}
-
-/// Compiles `bytes` (a component whose sha256 is `wasm_sha`) for `engine`, or loads the
-/// artifact precompiled earlier from the cache directory ([`cache_dir`]), named
-/// `{prefix}-{sha256[..16]}-{engine compatibility hash}.cwasm`. A cached artifact is used only
-/// if the sha256 recorded beside it matches its bytes; a broken or unwritable cache is never
-/// fatal. Returns where the component came from: `cache` or `compiled`.
-pub(crate) fn load_cached(
-    engine: &Engine,
-    bytes: &[u8],
-    wasm_sha: &str,
-    prefix: &str,
-) -> wasmtime::Result<(Component, &'static str)> {
-    use std::hash::{Hash, Hasher};
-    let mut h = std::hash::DefaultHasher::new();
-    engine.precompile_compatibility_hash().hash(&mut h);
-    let name = format!("{prefix}-{}-{:016x}.cwasm", &wasm_sha[..16], h.finish());
-    let path = cache_dir().map(|d| d.join(name));
-    if let Some(path) = &path {
-        if let (Ok(cached), Ok(sum)) = (std::fs::read(path), std::fs::read_to_string(path.with_extension("sha256"))) {
-            if sha256_hex(&cached) == sum.trim() {
-                // SAFETY: the bytes are an artifact this code wrote with
-                // `Engine::precompile_component` for an engine with the same compatibility
-                // hash, and their sha256 matches the one recorded next to them.
-                match unsafe { Component::deserialize(engine, &cached) } {
-                    Ok(c) => return Ok((c, "cache")),
-                    Err(e) => tracing::warn!(path = %path.display(), "ignoring an unusable cached component: {e:?}"),
-                }
-            }
-        }
-    }
-    let compiled = engine.precompile_component(bytes)?;
-    if let Some(path) = &path {
-        if let Err(e) = write_atomically(path, &compiled) {
-            tracing::debug!(path = %path.display(), "not caching the compiled component: {e}");
-        }
-    }
-    // SAFETY: `compiled` was just produced by `precompile_component` on this engine.
-    let component = unsafe { Component::deserialize(engine, &compiled) }?;
-    Ok((component, "compiled"))
-}
-
-fn write_atomically(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
-    use std::io::Write;
-    let dir = path.parent().unwrap_or(std::path::Path::new("."));
-    std::fs::create_dir_all(dir)?;
-    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-    {
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(bytes)?;
-        f.sync_all()?;
-    }
-    std::fs::write(path.with_extension("sha256.tmp"), sha256_hex(bytes))?;
-    std::fs::rename(&tmp, path)?;
-    std::fs::rename(path.with_extension("sha256.tmp"), path.with_extension("sha256"))?;
-    Ok(())
+    runtime::load_cached(engine, KERNEL_WASM, wasm_sha, "kernel")
+        .map_err(|e| runtime("compiling the kernel component", e))
 }
 
 /// Per-store state: tracks the size of the instance's linear memory.
 #[derive(Default)]
-pub(crate) struct Tracker {
+pub(super) struct Tracker {
     memory_bytes: usize,
 }
 
@@ -188,9 +113,7 @@ thread_local! {
 /// Runs `f` on this thread's warm instance of the kernel (made from the shared
 /// pre-instantiation on first use). The kernel is pure, so reusing an instance cannot change
 /// a result; an instance that trapped is discarded, never reused.
-pub(crate) fn with_instance<R>(
-    f: impl FnOnce(&bindings::Kernel, &mut Store<Tracker>) -> wasmtime::Result<R>,
-) -> Result<R, Error> {
+fn with_instance<R>(f: impl FnOnce(&bindings::Kernel, &mut Store<Tracker>) -> wasmtime::Result<R>) -> Result<R, Error> {
     let shared = shared()?;
     let warm = WARM.with(|w| w.borrow_mut().take());
     let mut warm = match warm {
@@ -209,14 +132,138 @@ pub(crate) fn with_instance<R>(
     Ok(result)
 }
 
-pub(crate) fn error(e: wtypes::Error) -> Error {
-    match e {
-        wtypes::Error::InvalidArgument(m) => Error::InvalidArgument(m),
-        wtypes::Error::Infeasible(m) => Error::Infeasible(m),
-    }
+/// The import names of the embedded component.
+pub(super) fn imports() -> Result<Vec<String>, Error> {
+    let shared = shared()?;
+    let component = shared.pre.instance_pre().component();
+    Ok(component.component_type().imports(&shared.engine).map(|(name, _)| name.to_string()).collect())
 }
 
-/// The flat groups of a WIT result as (offsets, indices).
-pub(crate) fn flat(g: wtypes::Groups) -> (Vec<u32>, Vec<u32>) {
-    (g.offsets, g.indices)
+/// Runs `f` on a warm instance and folds the component's own error into [`Error`].
+fn call<W>(
+    f: impl FnOnce(&bindings::Kernel, &mut Store<Tracker>) -> wasmtime::Result<Result<W, wtypes::Error>>,
+) -> Result<W, Error> {
+    Ok(with_instance(f)??)
+}
+
+/// The embedded component.
+#[derive(Debug)]
+pub(super) struct WasmKernel;
+
+impl KernelApi for WasmKernel {
+    fn partition(&self, weights: &[u64], k: u32, options: &PartitionOptions) -> Result<Partitioning, Error> {
+        call(|i, s| i.stowplan_kernel_partition().call_partition(s, weights, k, options.into())).map(Into::into)
+    }
+
+    fn pack(&self, lengths: &[u64], options: &PackOptions) -> Result<Packing, Error> {
+        call(|i, s| i.stowplan_kernel_pack().call_pack(s, lengths, options.into())).map(Into::into)
+    }
+
+    fn verl(
+        &self,
+        function: VerlFunction,
+        seqlens: &[i64],
+        k: u32,
+        equal_size: bool,
+    ) -> Result<Result<Vec<Vec<u32>>, PyError>, Error> {
+        let f = match function {
+            VerlFunction::KarmarkarKarp => wverl::Function::KarmarkarKarp,
+            VerlFunction::GreedyPartition => wverl::Function::GreedyPartition,
+            VerlFunction::GetSeqlenBalancedPartitions => wverl::Function::GetSeqlenBalancedPartitions,
+        };
+        let r = with_instance(|i, s| i.stowplan_kernel_verl().call_call(s, f, seqlens, k, equal_size))?;
+        Ok(r.map(Into::into).map_err(Into::into))
+    }
+
+    fn micro_batches(&self, lengths: &[u64], options: &MicroOptions) -> Result<MicroPlan, Error> {
+        call(|i, s| i.stowplan_kernel_balance().call_micro_batches(s, lengths, options.into())).map(Into::into)
+    }
+
+    fn balance_dp(&self, lengths: &[u64], dp: u32, options: &DpOptions<'_>) -> Result<DpPlan, Error> {
+        call(|i, s| i.stowplan_kernel_balance().call_balance_dp(s, lengths, dp, &options.into())).map(Into::into)
+    }
+
+    fn plan(&self, lengths: &[u64], dp: u32, dp_options: &DpOptions<'_>, micro: &MicroOptions) -> Result<Plan, Error> {
+        call(|i, s| i.stowplan_kernel_balance().call_plan(s, lengths, dp, &dp_options.into(), micro.into()))
+            .map(Into::into)
+    }
+
+    fn verl_rearrange_micro_batches(
+        &self,
+        seqlens: &[i64],
+        options: &VerlMicroOptions,
+    ) -> Result<Result<Vec<Vec<u32>>, PyError>, Error> {
+        let r = with_instance(|i, s| {
+            i.stowplan_kernel_peers().call_verl_rearrange_micro_batches(s, seqlens, options.into())
+        })?;
+        Ok(r.map(Into::into).map_err(Into::into))
+    }
+
+    fn balance_batch(
+        &self,
+        seqlens: &[i64],
+        dp: u32,
+        minibatch_size: Option<i64>,
+    ) -> Result<Result<DpReorder, PyError>, Error> {
+        let r = with_instance(|i, s| i.stowplan_kernel_peers().call_balance_batch(s, seqlens, dp, minibatch_size))?;
+        Ok(r.map(Into::into).map_err(Into::into))
+    }
+
+    fn roll_load_balance(
+        &self,
+        lengths: &[i64],
+        options: &RollLoadBalanceOptions,
+    ) -> Result<Result<RollMicroBatches, PyError>, Error> {
+        let r = with_instance(|i, s| i.stowplan_kernel_peers().call_roll_load_balance(s, lengths, options.into()))?;
+        Ok(r.map(Into::into).map_err(Into::into))
+    }
+
+    fn pad_factor(&self, options: &AlignOptions) -> Result<u64, Error> {
+        call(|i, s| i.stowplan_kernel_layout().call_pad_factor(s, options.into()))
+    }
+
+    fn cp_layout(&self, lengths: &[u64], options: &AlignOptions) -> Result<CpLayout, Error> {
+        let l = call(|i, s| i.stowplan_kernel_layout().call_cp_layout(s, lengths, options.into()))?;
+        Ok(CpLayout {
+            factor: l.factor,
+            cp: options.cp,
+            cu_seqlens: l.cu_seqlens,
+            cu_seqlens_padded: l.cu_seqlens_padded,
+            max_seqlen: l.max_seqlen,
+            max_seqlen_padded: l.max_seqlen_padded,
+            run_offsets: l.run_offsets,
+            run_starts: l.run_starts,
+            run_lengths: l.run_lengths,
+            local_bounds: l.local_bounds,
+            rank_real_tokens: l.rank_real_tokens,
+        })
+    }
+
+    fn distribute(&self, lengths: &[u64], options: &DistributeOptions<'_>) -> Result<Distribution, Error> {
+        call(|i, s| i.stowplan_kernel_layout().call_distribute(s, lengths, &options.into())).map(Into::into)
+    }
+
+    fn prime_rl_ffd(
+        &self,
+        lengths: &[u64],
+        runs: &[u32],
+        labels: &[u32],
+        seq_len: u64,
+    ) -> Result<(Vec<Vec<u32>>, Vec<u32>), Error> {
+        call(|i, s| i.stowplan_kernel_layout().call_prime_rl_ffd(s, lengths, runs, labels, seq_len))
+            .map(|(bins, dropped)| (bins.into(), dropped))
+    }
+
+    fn permutation(&self, n: u64, seed: u64, epoch: u64) -> Result<Vec<u32>, Error> {
+        call(|i, s| i.stowplan_kernel_shuffle().call_permutation(s, n, seed, epoch))
+    }
+
+    fn raw_plan(&self, lengths: &[u64], options: &PlanOptions) -> Result<RawPlan, Error> {
+        call(|i, s| i.stowplan_kernel_plan().call_raw_plan(s, lengths, options.into()))?.try_into()
+    }
+
+    fn aligned_plan(&self, raw: &RawPlan, world_size: u32, drop_last: bool) -> Result<AlignedPlan, Error> {
+        let packs = wtypes::Groups { offsets: raw.offsets.clone(), indices: raw.indices.clone() };
+        call(|i, s| i.stowplan_kernel_plan().call_align_plan(s, &packs, world_size, drop_last))?.try_into()
+    }
 }

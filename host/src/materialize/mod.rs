@@ -18,7 +18,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::packer::{decode_with, encode_with};
+use crate::wire;
 use crate::{AlignOptions, Cost, CpLayout, DistributeOptions, Distribution, Error, Factor, Kernel, Padding};
 
 /// The temperature a sample was generated with.
@@ -65,7 +65,7 @@ impl Sample<'_> {
     }
 }
 
-/// Options of [`Kernel::materialize`].
+/// Options of [`materialize`].
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct MaterializeOptions {
     /// Tokens of a micro-batch after padding (≥ 1).
@@ -265,11 +265,6 @@ pub struct CpView {
     pub local_bounds: Vec<i32>,
 }
 
-/// Leading bytes of an encoded [`MicroBatch`].
-pub const MICRO_BATCH_MAGIC: [u8; 4] = *b"SPMB";
-/// Format version of an encoded [`MicroBatch`] (the postcard body's layout).
-pub const MICRO_BATCH_VERSION: u16 = 1;
-
 impl MicroBatch {
     /// Tokens in the row (padding included).
     pub fn len(&self) -> usize {
@@ -308,16 +303,16 @@ impl MicroBatch {
         })
     }
 
-    /// Encodes as `MICRO_BATCH_MAGIC`, the version (u16 little-endian), then postcard.
+    /// Encodes in the [`wire::MICRO_BATCH`] format.
     pub fn encode(&self) -> Result<Vec<u8>, Error> {
-        encode_with(MICRO_BATCH_MAGIC, MICRO_BATCH_VERSION, "micro-batch", self, self.len() * 24)
+        wire::encode(&wire::MICRO_BATCH, self, self.len() * 24)
     }
 
     /// Decodes what [`MicroBatch::encode`] wrote. Errors name what is wrong: not a
     /// micro-batch, another version, a corrupt or truncated body, trailing bytes, arrays of
     /// different lengths.
     pub fn decode(bytes: &[u8]) -> Result<Self, Error> {
-        let mb: MicroBatch = decode_with(MICRO_BATCH_MAGIC, MICRO_BATCH_VERSION, "micro-batch", bytes)?;
+        let mb: MicroBatch = wire::decode(&wire::MICRO_BATCH, bytes)?;
         mb.check_lengths().map_err(|m| Error::InvalidArgument(format!("bytes: {m}")))?;
         Ok(mb)
     }
@@ -618,144 +613,143 @@ fn build(
     Ok((mb, real_lengths))
 }
 
-impl Kernel {
-    /// Plans `samples` with [`Kernel::distribute`] and builds every rank's micro-batches.
-    /// See the module docs for the layout and padding values.
-    ///
-    /// Errors: `invalid-argument` naming the sample and field for a length mismatch, an
-    /// empty sample or completion (unless allowed), a non-finite advantage or a temperature
-    /// ≤ 0, a run ≥ `num_runs`, teacher logprobs on some samples only; `cp` = 0, or `cp` > 1
-    /// with a per-sequence factor that is not a multiple of `2·cp`; those of `distribute`
-    /// (`infeasible` for a sample longer than the capacity).
-    pub fn materialize(&self, samples: &[Sample<'_>], options: &MaterializeOptions) -> Result<Materialized, Error> {
-        let num_runs = validate(samples, options)?;
-        let lengths: Vec<u64> = samples.iter().map(|s| s.len() as u64).collect();
-        let runs: Vec<u32> = samples.iter().map(|s| s.run).collect();
-        let d = self.distribute(
-            &lengths,
-            &DistributeOptions {
-                capacity: options.capacity,
-                dp: options.dp,
-                cost: options.cost,
-                padding: options.padding,
-                runs: Some(&runs),
-                mix_runs: options.mix_runs,
-            },
-        )?;
-        let plan: Vec<Vec<&[u32]>> = (0..d.dp())
-            .map(|r| (0..d.per_rank as usize).map(|j| d.batch(r * d.per_rank as usize + j)).collect())
-            .collect();
-        let ranks = self.build_plan(samples, &plan, options, num_runs)?;
-        let (mut real_tokens, mut padding_tokens) = (0, 0);
-        for mb in ranks.iter().flatten() {
-            real_tokens += mb.real_tokens;
-            padding_tokens += mb.padding_tokens;
-        }
-        Ok(Materialized { ranks, distribution: d, real_tokens, padding_tokens })
+/// Plans `samples` with [`distribute`](crate::KernelApi::distribute) and builds every rank's micro-batches.
+/// See the module docs for the layout and padding values.
+///
+/// Errors: `invalid-argument` naming the sample and field for a length mismatch, an
+/// empty sample or completion (unless allowed), a non-finite advantage or a temperature
+/// ≤ 0, a run ≥ `num_runs`, teacher logprobs on some samples only; `cp` = 0, or `cp` > 1
+/// with a per-sequence factor that is not a multiple of `2·cp`; those of `distribute`
+/// (`infeasible` for a sample longer than the capacity).
+pub fn materialize(
+    kernel: &Kernel,
+    samples: &[Sample<'_>],
+    options: &MaterializeOptions,
+) -> Result<Materialized, Error> {
+    let num_runs = validate(samples, options)?;
+    let lengths: Vec<u64> = samples.iter().map(|s| s.len() as u64).collect();
+    let runs: Vec<u32> = samples.iter().map(|s| s.run).collect();
+    let d = kernel.distribute(
+        &lengths,
+        &DistributeOptions {
+            capacity: options.capacity,
+            dp: options.dp,
+            cost: options.cost,
+            padding: options.padding,
+            runs: Some(&runs),
+            mix_runs: options.mix_runs,
+        },
+    )?;
+    let plan: Vec<Vec<&[u32]>> =
+        (0..d.dp()).map(|r| (0..d.per_rank as usize).map(|j| d.batch(r * d.per_rank as usize + j)).collect()).collect();
+    let ranks = build_plan(kernel, samples, &plan, options, num_runs)?;
+    let (mut real_tokens, mut padding_tokens) = (0, 0);
+    for mb in ranks.iter().flatten() {
+        real_tokens += mb.real_tokens;
+        padding_tokens += mb.padding_tokens;
     }
+    Ok(Materialized { ranks, distribution: d, real_tokens, padding_tokens })
+}
 
-    /// Builds the micro-batches of a given plan: `plan[r][j]` lists the samples of rank `r`'s
-    /// micro-batch `j` in row order (an empty list is a dummy). Used for plans from
-    /// [`Kernel::plan`] or from a caller. `options.capacity` is checked on every row;
-    /// `options.dp`, `cost` and `mix_runs` only matter for [`Kernel::materialize`], except
-    /// that runs may not share a row unless `mix_runs`.
-    ///
-    /// Errors: those of [`Kernel::materialize`]; a sample index out of range or used twice;
-    /// a row over the capacity; runs mixed in a row without `mix_runs`.
-    pub fn materialize_plan(
-        &self,
-        samples: &[Sample<'_>],
-        plan: &[Vec<&[u32]>],
-        options: &MaterializeOptions,
-    ) -> Result<Vec<Vec<MicroBatch>>, Error> {
-        let num_runs = validate(samples, options)?;
-        self.build_plan(samples, plan, options, num_runs)
+/// Builds the micro-batches of a given plan: `plan[r][j]` lists the samples of rank `r`'s
+/// micro-batch `j` in row order (an empty list is a dummy). Used for plans from
+/// [`plan`](crate::KernelApi::plan) or from a caller. `options.capacity` is checked on every row;
+/// `options.dp`, `cost` and `mix_runs` only matter for [`materialize`], except
+/// that runs may not share a row unless `mix_runs`.
+///
+/// Errors: those of [`materialize`]; a sample index out of range or used twice;
+/// a row over the capacity; runs mixed in a row without `mix_runs`.
+pub fn materialize_plan(
+    kernel: &Kernel,
+    samples: &[Sample<'_>],
+    plan: &[Vec<&[u32]>],
+    options: &MaterializeOptions,
+) -> Result<Vec<Vec<MicroBatch>>, Error> {
+    let num_runs = validate(samples, options)?;
+    build_plan(kernel, samples, plan, options, num_runs)
+}
+
+/// [`materialize_plan`] after `validate` (which gave `num_runs`).
+fn build_plan(
+    kernel: &Kernel,
+    samples: &[Sample<'_>],
+    plan: &[Vec<&[u32]>],
+    options: &MaterializeOptions,
+    num_runs: u32,
+) -> Result<Vec<Vec<MicroBatch>>, Error> {
+    if options.cp == 0 {
+        return Err(Error::InvalidArgument("cp must be at least 1 (got 0)".into()));
     }
-
-    /// [`Kernel::materialize_plan`] after `validate` (which gave `num_runs`).
-    fn build_plan(
-        &self,
-        samples: &[Sample<'_>],
-        plan: &[Vec<&[u32]>],
-        options: &MaterializeOptions,
-        num_runs: u32,
-    ) -> Result<Vec<Vec<MicroBatch>>, Error> {
-        if options.cp == 0 {
-            return Err(Error::InvalidArgument("cp must be at least 1 (got 0)".into()));
-        }
-        if options.padding.multiple() == 0 {
-            return Err(Error::InvalidArgument("the padding multiple must be at least 1 (got 0)".into()));
-        }
-        let cp_split = options.cp > 1 && matches!(options.padding, Padding::PerSequence(_));
-        let align =
-            AlignOptions { factor: Factor::Multiple(options.padding.multiple()), ..AlignOptions::new(options.cp, 1) };
-        if cp_split {
-            self.pad_factor(&align)?;
-        }
-        let mut used = vec![false; samples.len()];
-        for (r, rank) in plan.iter().enumerate() {
-            for (j, members) in rank.iter().enumerate() {
-                for &i in members.iter() {
-                    match used.get_mut(i as usize) {
-                        None => {
-                            return Err(Error::InvalidArgument(format!(
-                                "plan[{r}][{j}] names sample {i}; there are {} samples",
-                                samples.len()
-                            )));
-                        }
-                        Some(true) => {
-                            return Err(Error::InvalidArgument(format!("plan[{r}][{j}]: sample {i} is planned twice")));
-                        }
-                        Some(u) => *u = true,
-                    }
-                    let first = samples[members[0] as usize].run;
-                    if !options.mix_runs && samples[i as usize].run != first {
+    if options.padding.multiple() == 0 {
+        return Err(Error::InvalidArgument("the padding multiple must be at least 1 (got 0)".into()));
+    }
+    let cp_split = options.cp > 1 && matches!(options.padding, Padding::PerSequence(_));
+    let align =
+        AlignOptions { factor: Factor::Multiple(options.padding.multiple()), ..AlignOptions::new(options.cp, 1) };
+    if cp_split {
+        kernel.pad_factor(&align)?;
+    }
+    let mut used = vec![false; samples.len()];
+    for (r, rank) in plan.iter().enumerate() {
+        for (j, members) in rank.iter().enumerate() {
+            for &i in members.iter() {
+                match used.get_mut(i as usize) {
+                    None => {
                         return Err(Error::InvalidArgument(format!(
-                            "plan[{r}][{j}] mixes runs {first} and {} in one micro-batch; set mix_runs to allow it",
-                            samples[i as usize].run
+                            "plan[{r}][{j}] names sample {i}; there are {} samples",
+                            samples.len()
                         )));
                     }
+                    Some(true) => {
+                        return Err(Error::InvalidArgument(format!("plan[{r}][{j}]: sample {i} is planned twice")));
+                    }
+                    Some(u) => *u = true,
                 }
-            }
-        }
-        // Rows are independent: build them on every core.
-        let jobs: Vec<(usize, &[u32])> =
-            plan.iter().enumerate().flat_map(|(r, rank)| rank.iter().map(move |m| (r, *m))).collect();
-        let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(jobs.len().max(1));
-        let chunk = jobs.len().div_ceil(threads).max(1);
-        let built: Vec<Result<Vec<(MicroBatch, Vec<u64>)>, Error>> = std::thread::scope(|scope| {
-            let handles: Vec<_> = jobs
-                .chunks(chunk)
-                .map(|part| {
-                    scope.spawn(move || part.iter().map(|(_, m)| build(samples, m, num_runs, options)).collect())
-                })
-                .collect();
-            handles
-                .into_iter()
-                .map(|h| h.join().unwrap_or_else(|_| Err(Error::Runtime("a build thread panicked".into()))))
-                .collect()
-        });
-        let mut ranks: Vec<Vec<MicroBatch>> = plan.iter().map(|r| Vec::with_capacity(r.len())).collect();
-        let mut job = jobs.iter();
-        for part in built {
-            for (mut mb, real_lengths) in part? {
-                let Some(&(r, _)) = job.next() else { break };
-                if mb.len() as u64 > options.capacity {
-                    return Err(Error::Infeasible(format!(
-                        "plan[{r}][{}] needs {} tokens after padding, over the capacity {}",
-                        ranks[r].len(),
-                        mb.len(),
-                        options.capacity
+                let first = samples[members[0] as usize].run;
+                if !options.mix_runs && samples[i as usize].run != first {
+                    return Err(Error::InvalidArgument(format!(
+                        "plan[{r}][{j}] mixes runs {first} and {} in one micro-batch; set mix_runs to allow it",
+                        samples[i as usize].run
                     )));
                 }
-                if cp_split {
-                    // A dummy's padding segment splits like one sequence of its length.
-                    let lengths = if mb.dummy { vec![mb.len() as u64] } else { real_lengths };
-                    mb.cp_runs = Some(CpRuns::of(&self.cp_layout(&lengths, &align)?)?);
-                }
-                ranks[r].push(mb);
             }
         }
-        Ok(ranks)
     }
+    // Rows are independent: build them on every core.
+    let jobs: Vec<(usize, &[u32])> =
+        plan.iter().enumerate().flat_map(|(r, rank)| rank.iter().map(move |m| (r, *m))).collect();
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(jobs.len().max(1));
+    let chunk = jobs.len().div_ceil(threads).max(1);
+    let built: Vec<Result<Vec<(MicroBatch, Vec<u64>)>, Error>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = jobs
+            .chunks(chunk)
+            .map(|part| scope.spawn(move || part.iter().map(|(_, m)| build(samples, m, num_runs, options)).collect()))
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|_| Err(Error::Runtime("a build thread panicked".into()))))
+            .collect()
+    });
+    let mut ranks: Vec<Vec<MicroBatch>> = plan.iter().map(|r| Vec::with_capacity(r.len())).collect();
+    let mut job = jobs.iter();
+    for part in built {
+        for (mut mb, real_lengths) in part? {
+            let Some(&(r, _)) = job.next() else { break };
+            if mb.len() as u64 > options.capacity {
+                return Err(Error::Infeasible(format!(
+                    "plan[{r}][{}] needs {} tokens after padding, over the capacity {}",
+                    ranks[r].len(),
+                    mb.len(),
+                    options.capacity
+                )));
+            }
+            if cp_split {
+                // A dummy's padding segment splits like one sequence of its length.
+                let lengths = if mb.dummy { vec![mb.len() as u64] } else { real_lengths };
+                mb.cp_runs = Some(CpRuns::of(&kernel.cp_layout(&lengths, &align)?)?);
+            }
+            ranks[r].push(mb);
+        }
+    }
+    Ok(ranks)
 }

@@ -5,7 +5,7 @@
 //! a token threshold (`seq_len × dp` by default) or a wait timeout has passed since the
 //! oldest pending sample arrived, then selects samples **round-robin across runs** from a
 //! persistent position (one sample per run per turn, within the step's token budget), packs,
-//! balances and materializes them ([`crate::Kernel::materialize`]: runs never share a
+//! balances and materializes them ([`materialize`](crate::materialize::materialize): runs never share a
 //! micro-batch, `lora_num_tokens` counts each run's tokens, every rank gets the same number of
 //! micro-batches) and hands out one [`RankBatch`] per rank.
 //!
@@ -19,7 +19,7 @@
 //!
 //! **Durability.** [`Packer::state`] is everything the packer knows but the batches' contents:
 //! per-run progress, the order of pending samples (as [`SampleKey`]s), the round-robin
-//! position, the keys received, and the step in flight. [`crate::serve`] checkpoints it with
+//! position, the keys received, and the step in flight. The server (`serve`) checkpoints it with
 //! every step and keeps each received batch in a spool file until all its samples are
 //! delivered; [`Packer::restore`] rebuilds the packer from both, and the step in flight is
 //! rebuilt byte for byte ([`Packer::rebuild_inflight`]), so nothing is lost or delivered
@@ -32,6 +32,7 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 
 use crate::materialize::{RejectReason, check_sample};
+use crate::wire;
 use crate::{Cost, Error, Kernel, MaterializeOptions, Materialized, MicroBatch, Padding, Sample, Temperature};
 
 /// One rollout sample as the orchestrator sends it (prime-rl's `TrainingSample` fields).
@@ -66,7 +67,7 @@ impl TrainingSample {
         self.len() == 0
     }
 
-    /// The sample as [`crate::Kernel::materialize`] takes it.
+    /// The sample as [`materialize`](crate::materialize::materialize) takes it.
     pub fn as_sample(&self, temperature: f32, run: u32) -> Sample<'_> {
         Sample {
             prompt_ids: &self.prompt_ids,
@@ -125,54 +126,6 @@ impl SampleKey {
     }
 }
 
-/// Header of an encoded [`TrainingBatch`].
-pub const TRAINING_BATCH_MAGIC: [u8; 4] = *b"SPTB";
-/// Header of an encoded [`RankBatch`].
-pub const RANK_BATCH_MAGIC: [u8; 4] = *b"SPRB";
-/// Header of an encoded [`PackerState`].
-pub const PACKER_STATE_MAGIC: [u8; 4] = *b"SPPS";
-/// Format version of the three encodings above (little-endian u16 after the magic).
-pub const PACKER_FORMAT_VERSION: u16 = 1;
-
-/// `magic`, the version (little-endian u16), then postcard: every stowplan wire encoding.
-pub(crate) fn encode_with<T: Serialize>(
-    magic: [u8; 4],
-    version: u16,
-    what: &str,
-    value: &T,
-    hint: usize,
-) -> Result<Vec<u8>, Error> {
-    let mut out = Vec::with_capacity(6 + hint);
-    out.extend_from_slice(&magic);
-    out.extend_from_slice(&version.to_le_bytes());
-    postcard::to_extend(value, out).map_err(|e| Error::InvalidArgument(format!("{what} encoding failed: {e}")))
-}
-
-/// Reverses [`encode_with`]; errors name what is wrong with the bytes (not this kind of
-/// encoding, another version, corrupt or truncated, trailing bytes).
-pub(crate) fn decode_with<T: for<'de> Deserialize<'de>>(
-    magic: [u8; 4],
-    expected: u16,
-    what: &str,
-    bytes: &[u8],
-) -> Result<T, Error> {
-    let bad = |m: String| Error::InvalidArgument(format!("bytes: {m}"));
-    if bytes.len() < 6 || bytes[..4] != magic {
-        let m = String::from_utf8_lossy(&magic).into_owned();
-        return Err(bad(format!("not an encoded stowplan {what} (missing the {m} header)")));
-    }
-    let version = u16::from_le_bytes([bytes[4], bytes[5]]);
-    if version != expected {
-        return Err(bad(format!("{what} format version {version}; this build reads {expected}")));
-    }
-    let (value, rest): (T, &[u8]) =
-        postcard::take_from_bytes(&bytes[6..]).map_err(|e| bad(format!("corrupt {what}: {e}")))?;
-    if !rest.is_empty() {
-        return Err(bad(format!("{} trailing bytes after the {what}", rest.len())));
-    }
-    Ok(value)
-}
-
 impl TrainingBatch {
     /// Tokens over all samples.
     pub fn tokens(&self) -> u64 {
@@ -184,14 +137,14 @@ impl TrainingBatch {
         BatchKey { run: self.run, step: self.step }
     }
 
-    /// Encodes as [`TRAINING_BATCH_MAGIC`], the version, then postcard.
+    /// Encodes in the [`wire::TRAINING_BATCH`] format.
     pub fn encode(&self) -> Result<Vec<u8>, Error> {
-        encode_with(TRAINING_BATCH_MAGIC, PACKER_FORMAT_VERSION, "training batch", self, self.tokens() as usize * 6)
+        wire::encode(&wire::TRAINING_BATCH, self, self.tokens() as usize * 6)
     }
 
     /// Decodes what [`TrainingBatch::encode`] wrote.
     pub fn decode(bytes: &[u8]) -> Result<Self, Error> {
-        decode_with(TRAINING_BATCH_MAGIC, PACKER_FORMAT_VERSION, "training batch", bytes)
+        wire::decode(&wire::TRAINING_BATCH, bytes)
     }
 }
 
@@ -213,15 +166,15 @@ pub struct RankBatch {
 }
 
 impl RankBatch {
-    /// Encodes as [`RANK_BATCH_MAGIC`], the version, then postcard.
+    /// Encodes in the [`wire::RANK_BATCH`] format.
     pub fn encode(&self) -> Result<Vec<u8>, Error> {
         let hint: usize = self.micro_batches.iter().map(|m| m.len() * 20).sum();
-        encode_with(RANK_BATCH_MAGIC, PACKER_FORMAT_VERSION, "rank batch", self, hint)
+        wire::encode(&wire::RANK_BATCH, self, hint)
     }
 
     /// Decodes what [`RankBatch::encode`] wrote, checking every micro-batch's arrays.
     pub fn decode(bytes: &[u8]) -> Result<Self, Error> {
-        let b: RankBatch = decode_with(RANK_BATCH_MAGIC, PACKER_FORMAT_VERSION, "rank batch", bytes)?;
+        let b: RankBatch = wire::decode(&wire::RANK_BATCH, bytes)?;
         for m in &b.micro_batches {
             m.check_lengths().map_err(|e| Error::InvalidArgument(format!("bytes: {e}")))?;
             if let Some(&i) = m.samples.iter().find(|&&i| i as usize >= b.keys.len()) {
@@ -451,14 +404,14 @@ struct Inflight {
 }
 
 impl PackerState {
-    /// Encodes as [`PACKER_STATE_MAGIC`], the version, then postcard.
+    /// Encodes in the [`wire::PACKER_STATE`] format.
     pub fn encode(&self) -> Result<Vec<u8>, Error> {
-        encode_with(PACKER_STATE_MAGIC, PACKER_FORMAT_VERSION, "packer state", self, 1024)
+        wire::encode(&wire::PACKER_STATE, self, 1024)
     }
 
     /// Decodes what [`PackerState::encode`] wrote.
     pub fn decode(bytes: &[u8]) -> Result<Self, Error> {
-        decode_with(PACKER_STATE_MAGIC, PACKER_FORMAT_VERSION, "packer state", bytes)
+        wire::decode(&wire::PACKER_STATE, bytes)
     }
 
     /// Every batch a pending or in-flight sample belongs to, in order.
@@ -715,7 +668,7 @@ impl Packer {
     /// Packs the next step now if [`Packer::should_pack`] (or anything is pending and `force`).
     /// The step stays in flight until [`Packer::delivered`]; until then the next call errors.
     ///
-    /// Errors: a step still in flight; those of [`Kernel::materialize`] (a bug: samples were
+    /// Errors: a step still in flight; those of [`materialize`](crate::materialize::materialize) (a bug: samples were
     /// checked when they arrived).
     pub fn pack(&mut self, force: bool) -> Result<Option<PackedStep>, Error> {
         if let Some(i) = &self.inflight {
@@ -756,7 +709,8 @@ impl Packer {
                 b.samples[k.index as usize].as_sample(b.temperature, k.run)
             })
             .collect();
-        let m: Materialized = self.kernel.materialize(&samples, &self.options.materialize_options())?;
+        let m: Materialized =
+            crate::materialize::materialize(&self.kernel, &samples, &self.options.materialize_options())?;
         let mean = m.distribution.rank_costs.iter().map(|&c| c as f64).sum::<f64>() / f64::from(self.options.dp);
         let max = m.distribution.rank_costs.iter().copied().max().unwrap_or(0) as f64;
         let mut run_samples = BTreeMap::new();

@@ -87,7 +87,7 @@ pub struct PackingConfig {
     /// `training.packing_wait_timeout_s` (default 7200; 0 waits forever).
     pub wait_timeout_s: u64,
     /// `training.packing_length_cache_persist_every`; `None` = adaptive (see
-    /// [`crate::length_cache::adaptive_persist_every`]).
+    /// [`adaptive_persist_every`](super::length_cache::adaptive_persist_every)).
     pub persist_every: Option<u64>,
     /// `training.packing_length_precompute_workers` (default 8; 1 = serial).
     pub precompute_workers: u32,

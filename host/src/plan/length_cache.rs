@@ -253,7 +253,7 @@ impl LengthCache {
     /// Writes the cache file atomically (temporary file, fsync, rename).
     pub fn flush(&mut self) -> Result<(), Error> {
         let bytes = encode(&self.inputs, &self.fingerprint, &self.lengths, self.is_complete());
-        crate::atomic::write(&self.path, &bytes)?;
+        crate::runtime::atomic::write(&self.path, &bytes)?;
         self.since_flush = 0;
         if let Some(t) = self.adaptive_since.as_mut() {
             *t = Instant::now();

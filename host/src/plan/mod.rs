@@ -1,6 +1,7 @@
-//! Static pack plans (seed 002): [`Kernel::raw_plan`], [`Kernel::aligned_plan`] and
-//! [`StaticPackPlan`], the pair training consumes, with its summary, log lines and a JSON
-//! form that is verified when loaded.
+//! Static pack plans (seed 002): [`StaticPackPlan`] — the kernel's raw plan and its
+//! alignment, the pair training consumes — with its summary, log lines and a JSON form that
+//! is verified when loaded; the length cache ([`length_cache`]) and the training config
+//! ([`config`]) that feed it.
 //!
 //! ```no_run
 //! use stowplan::{Kernel, PlanOptions, StaticPackPlan};
@@ -20,89 +21,16 @@
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
+
 use stowplan_kernel as k;
 
-use crate::wasm::{self, wplan};
-use crate::{AlignedPlan, Backend, Error, Kernel, PlanOptions, RawPlan};
+use crate::{AlignedPlan, Error, Kernel, PlanOptions, RawPlan};
+
+pub mod config;
+pub mod length_cache;
 
 /// Format tag of [`StaticPackPlan::to_json`].
 pub const PLAN_FORMAT: &str = "stowplan.static-pack-plan/1";
-
-fn unhex(s: &str) -> Result<[u8; 32], Error> {
-    let bad = || Error::Runtime(format!("kernel returned a malformed checksum {s:?}"));
-    if s.len() != 64 {
-        return Err(bad());
-    }
-    let mut out = [0u8; 32];
-    for (j, byte) in out.iter_mut().enumerate() {
-        *byte = u8::from_str_radix(&s[2 * j..2 * j + 2], 16).map_err(|_| bad())?;
-    }
-    Ok(out)
-}
-
-impl Kernel {
-    /// The seeded permutation of `0..n` for `(seed, epoch)` (see `wit/kernel.wit`,
-    /// `shuffle.permutation`): the order data sources draw an epoch's prompts in.
-    pub fn permutation(&self, n: u64, seed: u64, epoch: u64) -> Result<Vec<u32>, Error> {
-        match self.backend() {
-            Backend::Native => Ok(k::shuffle::permutation(n, seed, epoch)?),
-            Backend::Wasm => wasm::with_instance(|inst, store| {
-                inst.stowplan_kernel_shuffle().call_permutation(store, n, seed, epoch)
-            })?
-            .map_err(wasm::error),
-        }
-    }
-
-    /// The raw plan of `lengths` (see `wit/kernel.wit`, `plan.raw-plan`).
-    pub fn raw_plan(&self, lengths: &[u64], options: &PlanOptions) -> Result<RawPlan, Error> {
-        match self.backend() {
-            Backend::Native => Ok(k::raw_plan(lengths, options)?),
-            Backend::Wasm => {
-                let o = wplan::PlanOptions {
-                    packing_length: options.packing_length,
-                    align: options.align,
-                    allow_single_long: options.allow_single_long,
-                };
-                let r =
-                    wasm::with_instance(|inst, store| inst.stowplan_kernel_plan().call_raw_plan(store, lengths, o))?
-                        .map_err(wasm::error)?;
-                Ok(RawPlan {
-                    offsets: r.packs.offsets,
-                    indices: r.packs.indices,
-                    tokens: r.tokens,
-                    single_long: r.single_long,
-                    dropped: r.dropped,
-                    real_tokens: r.real_tokens,
-                    aligned_tokens: r.aligned_tokens,
-                    lower_bound: r.lower_bound,
-                    checksum: unhex(&r.checksum)?,
-                })
-            }
-        }
-    }
-
-    /// The plan `world_size` ranks consume from `raw` (see `plan.align-plan`): truncated to a
-    /// multiple of `world_size` with `drop_last`, else padded by repeating the first packs.
-    pub fn aligned_plan(&self, raw: &RawPlan, world_size: u32, drop_last: bool) -> Result<AlignedPlan, Error> {
-        match self.backend() {
-            Backend::Native => Ok(k::aligned_plan(&raw.offsets, &raw.indices, world_size, drop_last)?),
-            Backend::Wasm => {
-                let packs = wasm::wtypes::Groups { offsets: raw.offsets.clone(), indices: raw.indices.clone() };
-                let a = wasm::with_instance(|inst, store| {
-                    inst.stowplan_kernel_plan().call_align_plan(store, &packs, world_size, drop_last)
-                })?
-                .map_err(wasm::error)?;
-                Ok(AlignedPlan {
-                    packs: a.packs,
-                    pad_needed: a.pad_needed,
-                    dropped_packs: a.dropped_packs,
-                    dropped_samples: a.dropped_samples,
-                    checksum: unhex(&a.checksum)?,
-                })
-            }
-        }
-    }
-}
 
 /// A raw plan and its alignment for `world_size` ranks: what one training run consumes.
 ///
@@ -355,7 +283,7 @@ impl StaticPackPlan {
     /// Writes [`Self::to_json`] to `path` atomically (temporary file, fsync, rename).
     pub fn save(&self, path: &Path) -> Result<(), Error> {
         let bytes = serde_json::to_vec(&self.to_json()).map_err(|e| Error::Io(format!("encoding the plan: {e}")))?;
-        crate::atomic::write(path, &bytes)
+        crate::runtime::atomic::write(path, &bytes)
     }
 
     /// Reads and verifies a plan saved by [`Self::save`].

@@ -24,8 +24,10 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 use crate::error::{FilterError, io};
-use crate::plugin::BufferColumns;
 use crate::{Error, Kernel};
+
+pub mod columns;
+pub use columns::{BufferColumns, synthetic_buffer};
 
 const MAGIC: &[u8; 4] = b"SPDS";
 /// The state format version written by [`DataSource::save`].
@@ -515,7 +517,7 @@ impl DataSource {
         bytes.extend_from_slice(&body);
         let digest = Sha256::digest(&bytes);
         bytes.extend_from_slice(&digest);
-        crate::atomic::write(path, &bytes)
+        crate::runtime::atomic::write(path, &bytes)
     }
 
     /// Restores a state written by [`Self::save`] for the same dataset and options. A

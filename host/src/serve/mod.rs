@@ -10,8 +10,9 @@
 //! spooled after the last checkpoint are ingested again, and a batch the orchestrator sends
 //! again is recognised as a duplicate: nothing is lost and nothing is delivered twice.
 //!
-//! Two transports: [`FsTransport`] (files under a shared root) and [`ZmqTransport`] (ZeroMQ
-//! over TCP, for orchestrators and ranks on other hosts; its module docs give the protocol).
+//! Two transports: [`FsTransport`] (files under a shared root) and `ZmqTransport` (ZeroMQ over
+//! TCP, for orchestrators and ranks on other hosts; feature `zmq`); [`protocol`] holds the
+//! messages both speak.
 //!
 //! State directory: `state.bin` (the [`PackerState`], replaced atomically), `spool/`
 //! (`run_{r}_step_{s}.bin`, the batches' encodings), `rejected/` (messages that could not be
@@ -25,47 +26,21 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
-mod zmq_transport;
-pub use zmq_transport::{
-    HEARTBEAT, RANK_MESSAGE_MAGIC, RECEIPTS_MAGIC, REFUSAL_MAGIC, RankMessage, Receipt, Receipts, Refusal,
-    ZmqEndpoints, ZmqTransport,
-};
+pub mod protocol;
+#[cfg(feature = "zmq")]
+mod zmq;
+
+pub use protocol::{Control, HEARTBEAT, RankMessage, Receipt, Receipts, Refusal, ZmqEndpoints};
+#[cfg(feature = "zmq")]
+pub use zmq::ZmqTransport;
 
 use crate::error::io;
-use crate::packer::{PACKER_FORMAT_VERSION, TRAINING_BATCH_MAGIC, decode_with, encode_with};
+use crate::runtime::atomic;
 use crate::{
-    BatchKey, Error, Kernel, Packer, PackerOptions, PackerState, RankBatch, RunConfig, StepMetrics, TrainingBatch,
-    atomic,
+    BatchKey, Error, Kernel, Packer, PackerOptions, PackerState, RankBatch, RunConfig, StepMetrics, TrainingBatch, wire,
 };
-
-/// Header of an encoded [`Control`] message.
-pub const CONTROL_MAGIC: [u8; 4] = *b"SPCT";
-
-/// A change to the packer's runs, sent by the orchestrator beside its batches.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub enum Control {
-    /// Adds a run (an existing run with the same configuration is left as is).
-    AddRun {
-        /// Run index.
-        run: u32,
-        /// Its configuration.
-        config: RunConfig,
-    },
-    /// Removes a run and drops its pending samples (counted in the log).
-    RemoveRun {
-        /// Run index.
-        run: u32,
-    },
-}
-
-impl Control {
-    /// Encodes as [`CONTROL_MAGIC`], the version, then postcard.
-    pub fn encode(&self) -> Result<Vec<u8>, Error> {
-        encode_with(CONTROL_MAGIC, PACKER_FORMAT_VERSION, "control message", self, 16)
-    }
-}
 
 /// A message that reached the packer.
 #[derive(Debug)]
@@ -79,10 +54,10 @@ pub enum Message {
 impl Message {
     /// Decodes a training batch or a control message (told apart by their headers).
     pub fn decode(bytes: &[u8]) -> Result<Self, Error> {
-        if bytes.starts_with(&CONTROL_MAGIC) {
-            return decode_with(CONTROL_MAGIC, PACKER_FORMAT_VERSION, "control message", bytes).map(Message::Control);
+        if wire::CONTROL.matches(bytes) {
+            return wire::decode(&wire::CONTROL, bytes).map(Message::Control);
         }
-        if !bytes.starts_with(&TRAINING_BATCH_MAGIC) {
+        if !wire::TRAINING_BATCH.matches(bytes) {
             return Err(Error::InvalidArgument(
                 "bytes: neither a training batch (SPTB) nor a control message (SPCT)".into(),
             ));

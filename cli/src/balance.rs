@@ -1,0 +1,420 @@
+//! `stowplan balance`: balance a global batch over DP ranks and/or split it into
+//! micro-batches of at most MAX_TOKEN_LEN tokens, balancing a cost model.
+
+use std::fmt;
+
+use serde::Serialize;
+use stowplan::{Cost, DpOptions, DpPlan, MicroOptions, MicroPlan, Order, Plan};
+
+use crate::common::{Common, CostJson, CostText, KernelRun, ReadyKernel, min_max, named, print_report};
+use crate::failure::Failure;
+
+/// The options of `stowplan balance`.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Number of data-parallel ranks (≥ 1). With 1, only micro-batches are planned.
+    #[arg(long, default_value_t = 1)]
+    dp: u32,
+    /// Hard cap on the tokens of a micro-batch. Without it, only the DP level is planned.
+    #[arg(long)]
+    max_token_len: Option<u64>,
+    /// Cost of a sequence of L tokens: `tokens` (L), `attention` (24576·L + L², verl's and
+    /// ROLL's workload) or `A,B` for A·L + B·L².
+    #[arg(long, default_value_t = Cost::default(), value_parser = |s: &str| s.parse::<Cost>())]
+    cost: Cost,
+    /// At least this many micro-batches per rank.
+    #[arg(long, default_value_t = 0)]
+    min_count: u32,
+    /// Round the micro-batch count up to a multiple of this (virtual pipeline stages).
+    #[arg(long, default_value_t = 1)]
+    divisible_by: u32,
+    /// Exactly this many micro-batches per rank (e.g. a count agreed across ranks).
+    #[arg(long)]
+    count: Option<u32>,
+    /// Order of the micro-batches: input order, cost descending, verl's or ROLL's
+    /// cheapest-at-both-ends order.
+    #[arg(long, value_parser = named::<Order>(), default_value_t = Order::default())]
+    order: Order,
+    /// Balance each run of this many consecutive samples separately (verl's keep_minibatch).
+    #[arg(long)]
+    minibatch_size: Option<u32>,
+    /// Runs of this many consecutive samples (e.g. one prompt's rollouts) stay on one rank.
+    #[arg(long)]
+    group_size: Option<u32>,
+    /// Allow ranks to get different sample counts (needed with groups of different sizes).
+    #[arg(long)]
+    unequal_count: bool,
+    /// Input, backend and output format.
+    #[command(flatten)]
+    common: Common,
+}
+
+/// Balance figures of per-rank or per-micro-batch totals (tokens or costs): the shape of
+/// `stowplan::json::summary`.
+#[derive(Clone, Copy, Debug, Serialize)]
+struct Figures {
+    /// The largest total.
+    max: u64,
+    /// The smallest total.
+    min: u64,
+    /// The mean total.
+    mean: f64,
+    /// `max / mean`: 1.0 for a perfect balance.
+    max_over_mean: f64,
+    /// `max - min`.
+    spread: u64,
+}
+
+impl Figures {
+    /// The figures of `values`.
+    fn of(values: &[u64]) -> Self {
+        let max = values.iter().copied().max().unwrap_or(0);
+        let min = values.iter().copied().min().unwrap_or(0);
+        let total: u128 = values.iter().map(|&v| u128::from(v)).sum();
+        let mean = if values.is_empty() { 0.0 } else { total as f64 / values.len() as f64 };
+        Self { max, min, mean, max_over_mean: if mean > 0.0 { max as f64 / mean } else { 1.0 }, spread: max - min }
+    }
+}
+
+impl fmt::Display for Figures {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "max/mean {:.5}, spread {}", self.max_over_mean, self.spread)
+    }
+}
+
+/// verl's `log_seqlen_unbalance` figures of the DP ranks: the shape of
+/// `stowplan::json::verl_unbalance("global_seqlen", …)`.
+#[derive(Clone, Copy, Debug, Serialize)]
+struct VerlUnbalance {
+    /// Smallest chunk sum of the input order ("before").
+    #[serde(rename = "global_seqlen/min")]
+    min: i64,
+    /// Largest chunk sum of the input order.
+    #[serde(rename = "global_seqlen/max")]
+    max: i64,
+    /// `max - min`.
+    #[serde(rename = "global_seqlen/minmax_diff")]
+    minmax_diff: i64,
+    /// Smallest rank sum ("after").
+    #[serde(rename = "global_seqlen/balanced_min")]
+    balanced_min: i64,
+    /// Largest rank sum.
+    #[serde(rename = "global_seqlen/balanced_max")]
+    balanced_max: i64,
+    /// Mean rank sum.
+    #[serde(rename = "global_seqlen/mean")]
+    mean: f64,
+}
+
+impl VerlUnbalance {
+    /// verl's figures for `ranks` of `lengths`, or `None` where verl's would fail.
+    fn of(lengths: &[u64], ranks: &[Vec<u32>]) -> Option<Self> {
+        let seqlens: Vec<i64> = lengths.iter().map(|&l| i64::try_from(l).unwrap_or(i64::MAX)).collect();
+        let parts: Vec<Vec<i64>> = ranks.iter().map(|r| r.iter().map(|&i| i64::from(i)).collect()).collect();
+        let u = stowplan::verl_log_seqlen_unbalance(&seqlens, &parts).ok()?;
+        Some(Self {
+            min: u.min as i64,
+            max: u.max as i64,
+            minmax_diff: (u.max - u.min) as i64,
+            balanced_min: u.balanced_min as i64,
+            balanced_max: u.balanced_max as i64,
+            mean: u.total as f64 / u.k as f64,
+        })
+    }
+}
+
+/// The DP level: the shape of `stowplan::json::dp_plan`.
+#[derive(Debug, Serialize)]
+struct Ranks {
+    /// The input indices of each rank.
+    ranks: Vec<Vec<u32>>,
+    /// The permutation of the input, rank after rank.
+    order: Vec<u32>,
+    /// Tokens of each rank.
+    tokens: Vec<u64>,
+    /// Cost of each rank.
+    costs: Vec<u64>,
+    /// No assignment has a lighter costliest rank.
+    cost_lower_bound: u64,
+    /// Balance of the ranks' tokens.
+    token_balance: Figures,
+    /// Balance of the ranks' costs.
+    cost_balance: Figures,
+    /// verl's figures, or `None` where verl's `log_seqlen_unbalance` would fail.
+    verl_unbalance: Option<VerlUnbalance>,
+}
+
+impl Ranks {
+    /// The DP level `p` of `lengths`.
+    fn new(p: &DpPlan, lengths: &[u64]) -> Self {
+        let ranks = stowplan::unflatten(&p.offsets, &p.order);
+        Self {
+            verl_unbalance: VerlUnbalance::of(lengths, &ranks),
+            ranks,
+            order: p.order.clone(),
+            tokens: p.tokens.clone(),
+            costs: p.costs.clone(),
+            cost_lower_bound: p.cost_lower_bound,
+            token_balance: Figures::of(&p.tokens),
+            cost_balance: Figures::of(&p.costs),
+        }
+    }
+}
+
+/// One rank's (or the batch's) micro-batches: the shape of `stowplan::json::micro_plan`.
+#[derive(Debug, Serialize)]
+struct MicroBatches {
+    /// The input indices of each micro-batch.
+    batches: Vec<Vec<u32>>,
+    /// Tokens of each micro-batch.
+    tokens: Vec<u64>,
+    /// Cost of each micro-batch.
+    costs: Vec<u64>,
+    /// Puts outputs in micro-batch order back in input order.
+    restore: Vec<u32>,
+    /// Number of micro-batches.
+    count: usize,
+    /// No plan has fewer micro-batches.
+    lower_bound: u32,
+    /// The count these samples need on their own.
+    required: u32,
+    /// Balance of the micro-batches' tokens.
+    token_balance: Figures,
+    /// Balance of the micro-batches' costs.
+    cost_balance: Figures,
+}
+
+impl From<&MicroPlan> for MicroBatches {
+    fn from(p: &MicroPlan) -> Self {
+        Self {
+            batches: stowplan::unflatten(&p.offsets, &p.indices),
+            tokens: p.tokens.clone(),
+            costs: p.costs.clone(),
+            restore: p.restore.clone(),
+            count: p.count(),
+            lower_bound: p.lower_bound,
+            required: p.required,
+            token_balance: Figures::of(&p.tokens),
+            cost_balance: Figures::of(&p.costs),
+        }
+    }
+}
+
+/// `micro_batches` of a report: the batch's (with `--dp 1`) or every rank's.
+#[derive(Debug, Serialize)]
+#[serde(untagged)]
+enum Micro {
+    /// `--dp 1`: the batch's micro-batches.
+    One(MicroBatches),
+    /// Every rank's micro-batches, rank after rank.
+    PerRank(Vec<MicroBatches>),
+}
+
+impl Micro {
+    /// Every rank's micro-batches (one entry with `--dp 1`).
+    fn ranks(&self) -> &[MicroBatches] {
+        match self {
+            Micro::One(m) => std::slice::from_ref(m),
+            Micro::PerRank(r) => r,
+        }
+    }
+}
+
+/// The levels planned: the DP level, the micro-batches, or both (the shape of
+/// `stowplan::json::plan` when both).
+#[derive(Debug, Default, Serialize)]
+struct Levels {
+    /// The DP level (with `--dp N`, N > 1).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    dp: Option<Ranks>,
+    /// The micro-batches (with `--max-token-len`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    micro_batches: Option<Micro>,
+    /// Both levels: the micro-batch count of every rank.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    count: Option<usize>,
+    /// Both levels: balance of the tokens of every micro-batch of every rank.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    micro_batch_token_balance: Option<Figures>,
+    /// Both levels: balance of the costs of every micro-batch of every rank.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    micro_batch_cost_balance: Option<Figures>,
+}
+
+/// What the kernel planned.
+#[derive(Debug)]
+enum Planned {
+    /// Micro-batches of the whole batch (`--dp 1`).
+    Micro(MicroPlan),
+    /// The DP level only (no `--max-token-len`).
+    Dp(DpPlan),
+    /// Both levels.
+    Both(Plan),
+}
+
+impl Levels {
+    /// The report's view of `planned` for `lengths`.
+    fn new(planned: &Planned, lengths: &[u64]) -> Self {
+        match planned {
+            Planned::Micro(m) => Self { micro_batches: Some(Micro::One(m.into())), ..Self::default() },
+            Planned::Dp(d) => Self { dp: Some(Ranks::new(d, lengths)), ..Self::default() },
+            Planned::Both(p) => {
+                let tokens: Vec<u64> = p.ranks.iter().flat_map(|r| r.tokens.iter().copied()).collect();
+                let costs: Vec<u64> = p.ranks.iter().flat_map(|r| r.costs.iter().copied()).collect();
+                Self {
+                    dp: Some(Ranks::new(&p.dp, lengths)),
+                    micro_batches: Some(Micro::PerRank(p.ranks.iter().map(MicroBatches::from).collect())),
+                    count: Some(p.ranks.first().map_or(0, MicroPlan::count)),
+                    micro_batch_token_balance: Some(Figures::of(&tokens)),
+                    micro_batch_cost_balance: Some(Figures::of(&costs)),
+                }
+            }
+        }
+    }
+}
+
+/// What `stowplan balance` reports.
+#[derive(Debug, Serialize)]
+struct Report {
+    /// The plan.
+    #[serde(flatten)]
+    levels: Levels,
+    /// Always `balance`.
+    operation: &'static str,
+    /// Where the lengths came from.
+    source: String,
+    /// Number of lengths.
+    n: usize,
+    /// Number of DP ranks.
+    dp_size: u32,
+    /// The micro-batch cap, if micro-batches were planned.
+    max_token_len: Option<u64>,
+    /// The cost model balanced.
+    #[serde(serialize_with = "cost_json")]
+    cost: Cost,
+    /// Kernel and timings.
+    #[serde(flatten)]
+    run: KernelRun,
+}
+
+/// Serializes a cost as `{"linear": A, "quadratic": B}`.
+fn cost_json<S: serde::Serializer>(cost: &Cost, s: S) -> Result<S::Ok, S::Error> {
+    CostJson::from(*cost).serialize(s)
+}
+
+/// Runs `stowplan balance`.
+pub fn run(a: Args) -> Result<(), Failure> {
+    if a.dp == 1 && a.max_token_len.is_none() {
+        return Err(Failure::bad(
+            "nothing to plan: give --dp N (N > 1) for DP balancing and/or --max-token-len T for micro-batches",
+        ));
+    }
+    if a.group_size == Some(0) {
+        return Err(Failure::bad("--group-size must be at least 1 (got 0)"));
+    }
+    let text = a.common.input.read()?;
+    let lengths = text.lengths()?;
+    let labels: Option<Vec<u32>> =
+        a.group_size.map(|g| (0..lengths.len() as u64).map(|i| (i / u64::from(g)) as u32).collect());
+    let dp_options = DpOptions {
+        cost: a.cost,
+        groups: labels.as_deref(),
+        minibatch_size: a.minibatch_size,
+        equal_count: !a.unequal_count,
+    };
+    let micro = a.max_token_len.map(|cap| MicroOptions {
+        max_token_len: cap,
+        cost: a.cost,
+        min_count: a.min_count,
+        divisible_by: a.divisible_by,
+        count: a.count,
+        order: a.order,
+    });
+    let kernel = ReadyKernel::new(a.common.backend)?;
+    let (planned, run) = kernel.timed(|k| {
+        Ok(match &micro {
+            Some(m) if a.dp == 1 => Planned::Micro(k.micro_batches(&lengths, m)?),
+            Some(m) => Planned::Both(k.plan(&lengths, a.dp, &dp_options, m)?),
+            None => Planned::Dp(k.balance_dp(&lengths, a.dp, &dp_options)?),
+        })
+    })?;
+    let report = Report {
+        levels: Levels::new(&planned, &lengths),
+        operation: "balance",
+        source: text.source,
+        n: lengths.len(),
+        dp_size: a.dp,
+        max_token_len: a.max_token_len,
+        cost: a.cost,
+        run,
+    };
+    print_report(&report, a.common.json)
+}
+
+impl fmt::Display for Report {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let cap = self.max_token_len.map(|c| format!(", micro-batches ≤ {c} tokens")).unwrap_or_default();
+        writeln!(f, "balance of {} lengths from {}: dp {}{cap}", self.n, self.source, self.dp_size)?;
+        writeln!(f, "  cost {}, backend {}", CostText(self.cost), self.run.backend)?;
+        if let Some(dp) = &self.levels.dp {
+            let (lo, hi) = min_max(dp.ranks.iter().map(Vec::len));
+            writeln!(f, "  ranks              {:>12}  ({lo}..{hi} samples each)", dp.ranks.len())?;
+            writeln!(f, "  rank cost          {}", dp.cost_balance)?;
+            let (max, lb) = (dp.cost_balance.max, dp.cost_lower_bound);
+            writeln!(
+                f,
+                "  costliest rank     {max:>12}  (lower bound {lb}, +{:.4}%)",
+                100.0 * max.saturating_sub(lb) as f64 / lb.max(1) as f64
+            )?;
+            writeln!(f, "  rank tokens        {}", dp.token_balance)?;
+            if let Some(u) = &dp.verl_unbalance {
+                writeln!(
+                    f,
+                    "  verl unbalance     before {}..{}, after {}..{} tokens",
+                    u.min, u.max, u.balanced_min, u.balanced_max
+                )?;
+            }
+        }
+        if let Some(micro) = &self.levels.micro_batches {
+            let ranks = micro.ranks();
+            if let Some(first) = ranks.first() {
+                let lb = ranks.iter().map(|m| m.lower_bound).max().unwrap_or(0);
+                let required = ranks.iter().map(|m| m.required).max().unwrap_or(0);
+                writeln!(
+                    f,
+                    "  micro-batches      {:>12}  per rank (lower bound {lb}, the cap requires {required})",
+                    first.count
+                )?;
+                let tokens = self.levels.micro_batch_token_balance.unwrap_or(first.token_balance);
+                let costs = self.levels.micro_batch_cost_balance.unwrap_or(first.cost_balance);
+                writeln!(f, "  largest mb tokens  {:>12}  (cap {})", tokens.max, self.max_token_len.unwrap_or(0))?;
+                writeln!(f, "  mb cost            {costs}")?;
+            }
+        }
+        self.run.time_line(f, 19, 12)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A small batch: 16 lengths, two groups of 8.
+    const LENGTHS: [u64; 16] = [5, 90, 12, 400, 33, 7, 250, 61, 8, 120, 75, 300, 18, 44, 9, 150];
+
+    #[test]
+    fn json_is_the_library_shape() {
+        let kernel = stowplan::Kernel::native();
+        let micro = MicroOptions { max_token_len: 500, cost: Cost::ATTENTION, ..MicroOptions::new(500) };
+        let dp_options = DpOptions { cost: Cost::ATTENTION, ..DpOptions::default() };
+        let p = kernel.plan(&LENGTHS, 2, &dp_options, &micro).expect("a plan");
+        let ours = serde_json::to_value(Levels::new(&Planned::Both(p.clone()), &LENGTHS)).expect("serializes");
+        assert_eq!(ours, stowplan::json::plan(&p, &LENGTHS));
+        let d = kernel.balance_dp(&LENGTHS, 4, &dp_options).expect("a DP plan");
+        let ours = serde_json::to_value(Ranks::new(&d, &LENGTHS)).expect("serializes");
+        assert_eq!(ours, stowplan::json::dp_plan(&d, &LENGTHS));
+        let m = kernel.micro_batches(&LENGTHS, &micro).expect("micro-batches");
+        let ours = serde_json::to_value(MicroBatches::from(&m)).expect("serializes");
+        assert_eq!(ours, stowplan::json::micro_plan(&m));
+    }
+}

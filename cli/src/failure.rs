@@ -1,0 +1,31 @@
+//! How a command fails: a message for stderr and the exit code.
+
+use stowplan::Error;
+
+/// The exit code of an infeasible request (e.g. a length above the capacity).
+pub const INFEASIBLE: u8 = 1;
+/// The exit code of bad input and of any other error.
+pub const BAD_INPUT: u8 = 2;
+
+/// A failure of the CLI with its exit code.
+#[derive(Debug)]
+pub struct Failure {
+    /// The process's exit code: [`INFEASIBLE`] or [`BAD_INPUT`].
+    pub code: u8,
+    /// What went wrong, printed after `stowplan: error: `.
+    pub message: String,
+}
+
+impl Failure {
+    /// Bad input or another error (exit 2).
+    pub fn bad(message: impl Into<String>) -> Self {
+        Self { code: BAD_INPUT, message: message.into() }
+    }
+}
+
+impl From<Error> for Failure {
+    fn from(e: Error) -> Self {
+        let code = if matches!(e, Error::Infeasible(_)) { INFEASIBLE } else { BAD_INPUT };
+        Self { code, message: e.to_string() }
+    }
+}

@@ -1,0 +1,139 @@
+//! Where lengths come from: a FILE, `-` (standard input), a piped or redirected standard
+//! input, or a built-in workload (`--workload NAME`, else the default one).
+
+use std::io::{IsTerminal, Read};
+use std::path::{Path, PathBuf};
+
+use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
+use stowplan::input::{WORKLOADS, Workload, parse_lengths};
+
+use crate::failure::Failure;
+
+/// The input options of `partition`, `pack` and `balance`.
+#[derive(clap::Args, Debug)]
+pub struct InputArgs {
+    /// Lengths, one integer per line or a JSON array; `-` reads standard input. Without FILE,
+    /// a piped or redirected standard input is read; when standard input is a terminal (or
+    /// /dev/null, or closed) the built-in workload is used (see --workload).
+    pub file: Option<PathBuf>,
+    /// Use this built-in workload instead of a FILE or standard input.
+    #[arg(long, value_name = "NAME", value_parser = workload_parser(), conflicts_with = "file")]
+    pub workload: Option<&'static Workload>,
+}
+
+/// `--workload`'s parser: the names of [`WORKLOADS`], each listed in `--help` with its
+/// description.
+fn workload_parser() -> impl TypedValueParser<Value = &'static Workload> {
+    PossibleValuesParser::new(WORKLOADS.iter().map(|w| PossibleValue::new(w.name).help(w.description)))
+        .try_map(|name| stowplan::input::workload(&name).ok_or_else(|| format!("no built-in workload {name:?}")))
+}
+
+/// Text read from a source, and how reports name that source.
+#[derive(Debug)]
+pub struct Text {
+    /// The text.
+    pub text: String,
+    /// `standard input`, the file's path or the built-in workload's name.
+    pub source: String,
+}
+
+impl Text {
+    /// The built-in `workload`.
+    pub fn builtin(workload: &Workload) -> Self {
+        Self { text: workload.text.to_string(), source: workload.source.to_string() }
+    }
+
+    /// Parses the text as lengths ([`parse_lengths`]); errors name the source.
+    pub fn lengths(&self) -> Result<Vec<u64>, Failure> {
+        let lengths = parse_lengths(&self.text).map_err(|e| Failure::bad(format!("{}: {e}", self.source)))?;
+        tracing::debug!(n = lengths.len(), source = %self.source, "read lengths");
+        Ok(lengths)
+    }
+}
+
+impl InputArgs {
+    /// Reads the text of the lengths: FILE (`-` is standard input); without it
+    /// `--workload`'s workload, else a piped or redirected standard input, else the default
+    /// workload (with a note on stderr).
+    pub fn read(&self) -> Result<Text, Failure> {
+        if let Some(path) = &self.file {
+            return read_path(path);
+        }
+        if let Some(workload) = self.workload {
+            return Ok(Text::builtin(workload));
+        }
+        if stdin_has_data() {
+            let text = read_stdin()?;
+            if text.text.trim().is_empty() {
+                return Err(Failure::bad("standard input is empty: give lengths on it, a FILE, or --workload NAME"));
+            }
+            return Ok(text);
+        }
+        let default = &WORKLOADS[0];
+        eprintln!(
+            "stowplan: no FILE and nothing piped on standard input: using the {}; give a FILE, pipe lengths, or --workload NAME",
+            default.source
+        );
+        Ok(Text::builtin(default))
+    }
+}
+
+/// Reads `path`: `-` is standard input, else a file (with a progress bar over its bytes when
+/// stderr is a terminal).
+pub fn read_path(path: &Path) -> Result<Text, Failure> {
+    if path.as_os_str() == "-" {
+        return read_stdin();
+    }
+    let fail = |e: std::io::Error| Failure::bad(format!("reading {}: {e}", path.display()));
+    let file = std::fs::File::open(path).map_err(fail)?;
+    let size = file.metadata().map(|m| m.len()).unwrap_or(0);
+    let bar = progress(size, "reading lengths");
+    let mut text = String::with_capacity(usize::try_from(size).unwrap_or(0));
+    bar.wrap_read(file).read_to_string(&mut text).map_err(fail)?;
+    bar.finish_and_clear();
+    Ok(Text { text, source: path.display().to_string() })
+}
+
+/// Reads all of standard input.
+fn read_stdin() -> Result<Text, Failure> {
+    let mut text = String::new();
+    std::io::stdin().read_to_string(&mut text).map_err(|e| Failure::bad(format!("reading standard input: {e}")))?;
+    Ok(Text { text, source: "standard input".to_string() })
+}
+
+/// Whether standard input was piped or redirected from a file: it is a FIFO, a regular
+/// file or a socket. A terminal, /dev/null or any other character device, and a closed
+/// standard input, are not.
+fn stdin_has_data() -> bool {
+    use std::os::fd::AsFd;
+    use std::os::unix::fs::FileTypeExt;
+    let stdin = std::io::stdin();
+    if stdin.is_terminal() {
+        return false;
+    }
+    let Ok(fd) = stdin.as_fd().try_clone_to_owned() else {
+        return false;
+    };
+    match std::fs::File::from(fd).metadata() {
+        Ok(meta) => {
+            let t = meta.file_type();
+            t.is_fifo() || t.is_file() || t.is_socket()
+        }
+        Err(_) => false,
+    }
+}
+
+/// A progress bar on stderr, hidden unless stderr is a terminal.
+fn progress(len: u64, what: &str) -> indicatif::ProgressBar {
+    let bar = if std::io::stderr().is_terminal() {
+        indicatif::ProgressBar::new(len)
+    } else {
+        indicatif::ProgressBar::hidden()
+    };
+    let style = indicatif::ProgressStyle::with_template("{msg:>16} [{bar:40}] {bytes}/{total_bytes} {elapsed}")
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
+        .progress_chars("=> ");
+    bar.set_style(style);
+    bar.set_message(what.to_string());
+    bar
+}

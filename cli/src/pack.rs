@@ -1,0 +1,151 @@
+//! `stowplan pack`: pack lengths into bins of at most CAPACITY tokens.
+
+use std::fmt;
+
+use serde::Serialize;
+use stowplan::{OversizePolicy, PackMethod, PackOptions, Packing};
+
+use crate::common::{Common, KernelRun, ReadyKernel, name, named, print_report};
+use crate::failure::Failure;
+
+/// The options of `stowplan pack`.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Tokens per bin (≥ 1).
+    #[arg(long, short = 'c', default_value_t = 16_384)]
+    capacity: u64,
+    /// Round every length up to a multiple of ALIGN (≥ 1) before packing.
+    #[arg(long, default_value_t = 1)]
+    align: u64,
+    /// Algorithm: best-fit decreasing, first-fit decreasing, or order-preserving next-fit.
+    #[arg(long, value_parser = named::<PackMethod>(), default_value_t = PackMethod::default())]
+    method: PackMethod,
+    /// What to do with a length above the capacity: fail, give it its own bin, or drop it.
+    #[arg(long, value_parser = named::<OversizePolicy>(), default_value_t = OversizePolicy::default())]
+    oversize: OversizePolicy,
+    /// Input, backend and output format.
+    #[command(flatten)]
+    common: Common,
+}
+
+/// A packing as JSON: the shape of `stowplan::json::packing`.
+#[derive(Debug, Serialize)]
+struct Bins {
+    /// The input indices of each bin.
+    bins: Vec<Vec<u32>>,
+    /// The aligned load of each bin.
+    loads: Vec<u64>,
+    /// Lengths left out (`--oversize drop`).
+    dropped: Vec<u32>,
+    /// Lengths alone in a bin above the capacity (`--oversize single`).
+    single: Vec<u32>,
+    /// Real tokens packed.
+    real_tokens: u64,
+    /// Aligned tokens packed.
+    aligned_tokens: u64,
+    /// `aligned_tokens - real_tokens`.
+    padding_tokens: u64,
+    /// No packing of the lengths that fit uses fewer bins.
+    lower_bound: u64,
+}
+
+impl From<&Packing> for Bins {
+    fn from(p: &Packing) -> Self {
+        Self {
+            bins: stowplan::unflatten(&p.offsets, &p.indices),
+            loads: p.loads.clone(),
+            dropped: p.dropped.clone(),
+            single: p.single.clone(),
+            real_tokens: p.real_tokens,
+            aligned_tokens: p.aligned_tokens,
+            padding_tokens: p.padding_tokens(),
+            lower_bound: p.lower_bound,
+        }
+    }
+}
+
+/// What `stowplan pack` reports.
+#[derive(Debug, Serialize)]
+struct Report {
+    /// The packing.
+    #[serde(flatten)]
+    result: Bins,
+    /// Always `pack`.
+    operation: &'static str,
+    /// Where the lengths came from.
+    source: String,
+    /// The algorithm.
+    #[serde(serialize_with = "name")]
+    method: PackMethod,
+    /// Tokens per bin.
+    capacity: u64,
+    /// Lengths were rounded up to a multiple of this.
+    align: u64,
+    /// The oversize policy.
+    #[serde(serialize_with = "name")]
+    oversize: OversizePolicy,
+    /// Number of lengths.
+    n: usize,
+    /// Real tokens / (regular bins × capacity).
+    efficiency: f64,
+    /// Kernel and timings.
+    #[serde(flatten)]
+    run: KernelRun,
+}
+
+/// Runs `stowplan pack`.
+pub fn run(a: Args) -> Result<(), Failure> {
+    let text = a.common.input.read()?;
+    let lengths = text.lengths()?;
+    let options = PackOptions { capacity: a.capacity, align: a.align, method: a.method, oversize: a.oversize };
+    let kernel = ReadyKernel::new(a.common.backend)?;
+    let (p, run) = kernel.timed(|k| k.pack(&lengths, &options))?;
+    let report = Report {
+        efficiency: p.efficiency(&lengths, a.capacity),
+        result: Bins::from(&p),
+        operation: "pack",
+        source: text.source,
+        method: a.method,
+        capacity: a.capacity,
+        align: a.align,
+        oversize: a.oversize,
+        n: lengths.len(),
+        run,
+    };
+    print_report(&report, a.common.json)
+}
+
+impl fmt::Display for Report {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let r = &self.result;
+        let bins = r.bins.len() as u64;
+        let over = bins.saturating_sub(r.single.len() as u64).saturating_sub(r.lower_bound);
+        writeln!(f, "packing of {} lengths from {} into bins of {} tokens", self.n, self.source, self.capacity)?;
+        writeln!(
+            f,
+            "  method {}, align {}, oversize {}, backend {}",
+            self.method, self.align, self.oversize, self.run.backend
+        )?;
+        let singles = if r.single.is_empty() { String::new() } else { format!(", + {} single bins", r.single.len()) };
+        writeln!(f, "  bins         {bins:>12}  (lower bound {} for the items that fit{singles})", r.lower_bound)?;
+        writeln!(f, "  over bound   {over:>12}  ({:.3}%)", 100.0 * over as f64 / r.lower_bound.max(1) as f64)?;
+        writeln!(f, "  real tokens  {:>12}", r.real_tokens)?;
+        writeln!(f, "  align pad    {:>12}  tokens", r.padding_tokens)?;
+        writeln!(f, "  efficiency   {:>11.3}%  (real tokens / (regular bins × capacity))", 100.0 * self.efficiency)?;
+        writeln!(f, "  oversized    {:>12}  single, {} dropped", r.single.len(), r.dropped.len())?;
+        self.run.time_line(f, 13, 12)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn json_is_the_library_shape() {
+        let options = PackOptions { align: 4, oversize: OversizePolicy::Single, ..PackOptions::new(10) };
+        let p = stowplan::Kernel::native().pack(&[5, 3, 7, 2, 6, 30], &options).expect("a packing");
+        let ours = serde_json::to_value(Bins::from(&p)).expect("serializes");
+        assert_eq!(ours, stowplan::json::packing(&p));
+    }
+}

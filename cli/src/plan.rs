@@ -1,0 +1,265 @@
+//! `stowplan plan`: a static pack plan of a whole SFT dataset (seed 002).
+
+use std::fmt;
+use std::path::PathBuf;
+use std::time::Instant;
+
+use serde::Serialize;
+use stowplan::input::WORKLOADS;
+use stowplan::{Backend, LengthCache, PlanOptions, StaticPackPlan};
+
+use crate::common::{ReadyKernel, name, named, print_report};
+use crate::failure::Failure;
+use crate::input::{Text, read_path};
+
+/// The options of `stowplan plan`.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// The dataset's sample lengths: one integer per line or a JSON array (or, with
+    /// --column, a column of a tab/comma/space separated file); `-` reads standard input.
+    /// Without it the built-in workload (4,096 RL rollout lengths) is used.
+    #[arg(long)]
+    lengths: Option<PathBuf>,
+    /// Read lengths from this 1-based column of a delimited text file (a non-numeric first
+    /// line is a header).
+    #[arg(long)]
+    column: Option<usize>,
+    /// The hard cap of a multi-sample pack, tokens (≥ 1).
+    #[arg(long)]
+    packing_length: u64,
+    /// Learner ranks the plan is aligned for (≥ 1).
+    #[arg(long, default_value_t = 1)]
+    world_size: u32,
+    /// Drop the last N_raw_packs mod WORLD_SIZE packs instead of repeating the first ones.
+    #[arg(long)]
+    drop_last: bool,
+    /// Emit samples with length ≥ PACKING_LENGTH as single-sample packs (default: drop them,
+    /// listed in the summary).
+    #[arg(long)]
+    allow_single_long: bool,
+    /// Round every length up to a multiple of ALIGN (≥ 1) before packing.
+    #[arg(long, default_value_t = 1)]
+    align: u64,
+    /// Keep the lengths in a run-scoped cache directory (fingerprinted by the file's sha256
+    /// and the column); a later run with the same inputs reads them from there.
+    #[arg(long)]
+    cache_dir: Option<PathBuf>,
+    /// Write the plan (format stowplan.static-pack-plan/1, checksums verified on load) here.
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// Which kernel builds the plan: the WASM component (default) or the same code natively.
+    #[arg(long, value_parser = named::<Backend>(), default_value_t = Backend::default())]
+    backend: Backend,
+    /// Print the summary as JSON on stdout.
+    #[arg(long)]
+    json: bool,
+}
+
+/// The length cache used (`--cache-dir`).
+#[derive(Debug, Serialize)]
+struct CacheNote {
+    /// The cache file.
+    path: String,
+    /// Its fingerprint (dataset identity and reader configuration).
+    fingerprint: String,
+    /// Lengths read from the cache instead of the input.
+    reused: u64,
+}
+
+/// What `stowplan plan` reports.
+#[derive(Debug, Serialize)]
+struct Report<'a> {
+    /// Always `plan`.
+    operation: &'static str,
+    /// Where the lengths came from.
+    source: String,
+    /// The kernel that built the plan.
+    #[serde(serialize_with = "name")]
+    backend: Backend,
+    /// Number of samples.
+    samples: usize,
+    /// The hard cap of a multi-sample pack.
+    packing_length: u64,
+    /// Lengths were rounded up to a multiple of this.
+    align: u64,
+    /// Whether long samples got packs of their own.
+    allow_single_long: bool,
+    /// Ranks the plan is aligned for.
+    world_size: u32,
+    /// Whether the last packs were dropped instead of repeating the first ones.
+    drop_last: bool,
+    /// Packs of the raw plan.
+    n_raw_packs: u64,
+    /// Packs of the aligned plan.
+    n_aligned_packs: usize,
+    /// Packs per rank.
+    packs_per_rank: usize,
+    /// No raw plan has fewer packs.
+    lower_bound: u64,
+    /// Real tokens / (multi-sample packs × packing_length).
+    efficiency: f64,
+    /// Real tokens packed.
+    real_tokens: u64,
+    /// Samples alone in a pack (length ≥ packing_length, `--allow-single-long`).
+    single_long: usize,
+    /// Samples dropped for their length.
+    dropped_long: usize,
+    /// Packs repeated to align the plan.
+    pad_needed: u32,
+    /// The repeated packs (indices into the raw plan).
+    repeated_packs: &'a [u32],
+    /// Packs dropped at the end (`--drop-last`).
+    dropped_packs: u32,
+    /// Samples of the dropped packs.
+    dropped_pack_samples: u64,
+    /// sha256 of the raw plan.
+    raw_checksum: String,
+    /// sha256 of the aligned plan.
+    aligned_checksum: String,
+    /// Where the plan was written (`--out`).
+    out: Option<String>,
+    /// The length cache (`--cache-dir`).
+    cache: Option<CacheNote>,
+    /// Milliseconds reading (and parsing) the lengths.
+    read_ms: f64,
+    /// Milliseconds to get the kernel ready.
+    init_ms: f64,
+    /// Milliseconds building the plan.
+    plan_ms: f64,
+}
+
+/// Runs `stowplan plan`.
+pub fn run(a: Args) -> Result<(), Failure> {
+    let t0 = Instant::now();
+    let text = match &a.lengths {
+        Some(path) => read_path(path)?,
+        None => Text::builtin(&WORKLOADS[0]),
+    };
+    let source = text.source.clone();
+    let parse = |text: &str| {
+        match a.column {
+            Some(c) => stowplan::input::parse_column(text, c),
+            None => stowplan::input::parse_lengths(text),
+        }
+        .map_err(|e| Failure::bad(format!("{source}: {e}")))
+    };
+    let mut cache = None;
+    let lengths = match &a.cache_dir {
+        None => parse(&text.text)?,
+        Some(dir) => {
+            // The dataset identity: the content hash (the same data under another path is the
+            // same dataset) and how lengths are read from it.
+            let identity = format!("sha256:{}", stowplan::sha256_hex(text.text.as_bytes()));
+            let config = serde_json::json!({"column": a.column, "reader": "stowplan-cli"});
+            let samples = parse(&text.text)?;
+            let mut c = LengthCache::open(dir, &identity, samples.len(), &config, None)?;
+            let reused = c.known();
+            let lengths = c.precompute(1, |i| Ok(samples[i]))?.to_vec();
+            cache = Some(CacheNote { path: c.path().display().to_string(), fingerprint: c.fingerprint(), reused });
+            lengths
+        }
+    };
+    let read_ms = t0.elapsed().as_secs_f64() * 1e3;
+    let kernel = ReadyKernel::new(a.backend)?;
+    let options =
+        PlanOptions { packing_length: a.packing_length, align: a.align, allow_single_long: a.allow_single_long };
+    let t = Instant::now();
+    let plan = StaticPackPlan::build(&kernel.kernel, &lengths, &options, a.world_size, a.drop_last)?;
+    let plan_ms = t.elapsed().as_secs_f64() * 1e3;
+    plan.log();
+    if let Some(out) = &a.out {
+        plan.save(out)?;
+    }
+    let report = Report {
+        operation: "plan",
+        source,
+        backend: kernel.kernel.backend(),
+        samples: lengths.len(),
+        packing_length: a.packing_length,
+        align: a.align,
+        allow_single_long: a.allow_single_long,
+        world_size: a.world_size,
+        drop_last: a.drop_last,
+        n_raw_packs: plan.raw_len() as u64,
+        n_aligned_packs: plan.len(),
+        packs_per_rank: plan.per_rank(),
+        lower_bound: plan.raw.lower_bound,
+        efficiency: plan.efficiency(),
+        real_tokens: plan.raw.real_tokens,
+        single_long: plan.raw.single_long.len(),
+        dropped_long: plan.raw.dropped.len(),
+        pad_needed: plan.aligned.pad_needed,
+        repeated_packs: &plan.aligned.packs[plan.raw_len().min(plan.len())..],
+        dropped_packs: plan.aligned.dropped_packs,
+        dropped_pack_samples: plan.aligned.dropped_samples,
+        raw_checksum: plan.raw_checksum(),
+        aligned_checksum: plan.aligned_checksum(),
+        out: a.out.as_ref().map(|p| p.display().to_string()),
+        cache,
+        read_ms,
+        init_ms: kernel.init_ms,
+        plan_ms,
+    };
+    print_report(&report, a.json)
+}
+
+impl fmt::Display for Report<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let single = self.single_long as u64;
+        let regular_bound = self.lower_bound.saturating_sub(single);
+        let over = self.n_raw_packs.saturating_sub(single).saturating_sub(regular_bound);
+        writeln!(
+            f,
+            "static pack plan of {} samples from {}, packing_length {}, align {}, backend {}",
+            self.samples, self.source, self.packing_length, self.align, self.backend
+        )?;
+        writeln!(
+            f,
+            "  raw packs     {:>12}  (lower bound {}; {over} over = {:.3}%)",
+            self.n_raw_packs,
+            self.lower_bound,
+            100.0 * over as f64 / regular_bound.max(1) as f64
+        )?;
+        writeln!(
+            f,
+            "  aligned packs {:>12}  (world_size {}, {} per rank, drop_last {})",
+            self.n_aligned_packs, self.world_size, self.packs_per_rank, self.drop_last
+        )?;
+        if self.pad_needed > 0 {
+            writeln!(f, "  repeated      {:>12}  packs from the start of the raw plan", self.pad_needed)?;
+        }
+        if self.dropped_packs > 0 {
+            writeln!(
+                f,
+                "  dropped       {:>12}  packs at the end ({} samples never trained on)",
+                self.dropped_packs, self.dropped_pack_samples
+            )?;
+        }
+        writeln!(
+            f,
+            "  efficiency    {:>11.3}%  (real tokens / (multi-sample packs × packing_length))",
+            100.0 * self.efficiency
+        )?;
+        writeln!(f, "  real tokens   {:>12}", self.real_tokens)?;
+        writeln!(
+            f,
+            "  long samples  {:>12}  single-long packs, {} dropped{}",
+            self.single_long,
+            self.dropped_long,
+            if self.dropped_long == 0 { "" } else { " (length >= packing_length; --allow-single-long keeps them)" }
+        )?;
+        writeln!(f, "  raw sha256    {}", self.raw_checksum)?;
+        writeln!(f, "  aligned sha256 {}", self.aligned_checksum)?;
+        if let Some(out) = &self.out {
+            writeln!(f, "  written to    {out}")?;
+        }
+        if let Some(c) = &self.cache {
+            writeln!(f, "  length cache  {} ({} lengths reused)", c.path, c.reused)?;
+        }
+        writeln!(
+            f,
+            "  time          {:>12.3} ms  (reading {:.1} ms, kernel ready in {:.1} ms)",
+            self.plan_ms, self.read_ms, self.init_ms
+        )
+    }
+}

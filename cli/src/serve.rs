@@ -1,0 +1,284 @@
+//! `stowplan serve`: the packer between an orchestrator and the trainer ranks.
+
+use std::fmt;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+use std::time::Duration;
+
+use serde::Serialize;
+use stowplan::serve::{FsTransport, ServeOptions, ServeSummary, Server, Transport, ZmqEndpoints, ZmqTransport};
+use stowplan::{Backend, Cost, PackerOptions, RunConfig, RunProgress};
+
+use crate::common::{ReadyKernel, print_report};
+use crate::failure::Failure;
+
+/// How batches arrive and micro-batches leave.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum TransportKind {
+    /// Files under --root: ROOT/inbox/ in, ROOT/rollouts/step_N/rank_R.bin out.
+    Fs,
+    /// ZeroMQ over TCP (or ipc://): batches PUSHed to --zmq-batches, receipts published on
+    /// --zmq-receipts, ranks connect DEALER sockets to --zmq-ranks.
+    Zmq,
+}
+
+/// The format of the logs on stderr.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per event (structured logs for collectors).
+    Json,
+}
+
+/// The options of `stowplan serve`.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// How batches arrive and micro-batches leave.
+    #[arg(long, value_enum, default_value_t = TransportKind::Fs)]
+    transport: TransportKind,
+    /// Directory shared with the orchestrator and the ranks (filesystem transport).
+    #[arg(long)]
+    root: Option<PathBuf>,
+    /// Checkpoint and spool directory; default ROOT/packer (required with --transport zmq
+    /// unless --root is given).
+    #[arg(long)]
+    state_dir: Option<PathBuf>,
+    /// ZeroMQ: where the PULL socket for training batches and run changes binds.
+    #[arg(long, default_value = ZmqEndpoints::DEFAULT_BATCHES)]
+    zmq_batches: String,
+    /// ZeroMQ: where the PUB socket for receipts (messages made durable) binds.
+    #[arg(long, default_value = ZmqEndpoints::DEFAULT_RECEIPTS)]
+    zmq_receipts: String,
+    /// ZeroMQ: where the ROUTER socket the trainer ranks connect to binds.
+    #[arg(long, default_value = ZmqEndpoints::DEFAULT_RANKS)]
+    zmq_ranks: String,
+    /// Tokens of a micro-batch after padding (longer samples are rejected).
+    #[arg(long)]
+    seq_len: u64,
+    /// Data-parallel ranks (every rank gets the same number of micro-batches per step).
+    #[arg(long)]
+    dp: u32,
+    /// Samples of one optimizer step of a run (a run's step advances when this many of its
+    /// samples were delivered).
+    #[arg(long)]
+    batch_size: u64,
+    /// Runs (LoRA adapters): run indices are below it and `lora_num_tokens` has this length.
+    #[arg(long, default_value_t = 1)]
+    num_runs: u32,
+    /// Only runs added by a control message are served (default: a run below --num-runs is
+    /// added with --batch-size on its first batch).
+    #[arg(long)]
+    no_auto_add_runs: bool,
+    /// Pad every micro-batch to a multiple of this.
+    #[arg(long, default_value_t = 1)]
+    pad_to_multiple_of: u64,
+    /// Token id of padding.
+    #[arg(long, default_value_t = 1)]
+    pad_token_id: i64,
+    /// Cost balanced across ranks: tokens, attention or LINEAR,QUADRATIC.
+    #[arg(long, default_value_t = Cost::default(), value_parser = |s: &str| s.parse::<Cost>())]
+    cost: Cost,
+    /// Pack once this many tokens are pending (default SEQ_LEN × DP).
+    #[arg(long)]
+    threshold: Option<u64>,
+    /// At most this many tokens per step (default: everything pending).
+    #[arg(long)]
+    step_tokens: Option<u64>,
+    /// Pack what is pending once the oldest sample waited this many seconds.
+    #[arg(long, default_value_t = 10.0)]
+    wait_timeout: f64,
+    /// Samples carry teacher logprobs.
+    #[arg(long)]
+    teacher_logprobs: bool,
+    /// Accept samples with an empty completion.
+    #[arg(long)]
+    allow_empty_completion: bool,
+    /// Stop after this many steps (default: run until SIGINT/SIGTERM).
+    #[arg(long)]
+    max_steps: Option<u64>,
+    /// How often the inbox is polled, in milliseconds.
+    #[arg(long, default_value_t = 5)]
+    poll_ms: u64,
+    /// Log format (logs go to stderr; per-step metrics are `step delivered` events).
+    #[arg(long, value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+    /// Print the final summary as JSON on stdout.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Where the transport listens, as logged when the packer is ready.
+#[derive(Debug, Serialize)]
+#[serde(untagged)]
+enum Endpoints {
+    /// The filesystem transport's shared directory.
+    Fs {
+        /// The directory.
+        root: PathBuf,
+    },
+    /// The ZeroMQ endpoints bound.
+    Zmq {
+        /// The batches' PULL socket.
+        batches: String,
+        /// The receipts' PUB socket.
+        receipts: String,
+        /// The ranks' ROUTER socket.
+        ranks: String,
+        /// This process's incarnation (ranks see a restart by it).
+        incarnation: u64,
+    },
+}
+
+/// JSON, as in the logs.
+impl fmt::Display for Endpoints {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&serde_json::to_string(self).map_err(|_| fmt::Error)?)
+    }
+}
+
+/// A run's configuration and progress at exit.
+#[derive(Debug, Serialize)]
+struct RunReport<'a> {
+    /// The run index.
+    run: u32,
+    /// Its samples per optimizer step.
+    batch_size: u64,
+    /// Its progress.
+    progress: &'a RunProgress,
+}
+
+/// What `stowplan serve` reports when it stops.
+#[derive(Debug, Serialize)]
+struct Report<'a> {
+    /// This process's totals.
+    summary: ServeSummary,
+    /// Every run.
+    runs: Vec<RunReport<'a>>,
+}
+
+impl fmt::Display for Report<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let s = &self.summary;
+        let in_flight = s
+            .in_flight_step
+            .map(|step| format!("; step {step} in flight (delivered again on restart)"))
+            .unwrap_or_default();
+        writeln!(
+            f,
+            "stowplan serve: {} steps, {} samples, {} tokens (+{} padding); {} pending samples kept{in_flight}; {} duplicates, {} rejected",
+            s.steps, s.samples, s.real_tokens, s.padding_tokens, s.pending_samples, s.duplicates, s.rejected
+        )
+    }
+}
+
+/// Runs `stowplan serve` until `--max-steps` or SIGINT/SIGTERM.
+pub fn run(a: Args) -> Result<(), Failure> {
+    if !(a.wait_timeout.is_finite() && a.wait_timeout >= 0.0) {
+        return Err(Failure::bad(format!("--wait-timeout must be a number of seconds ≥ 0 (got {})", a.wait_timeout)));
+    }
+    if a.batch_size == 0 {
+        return Err(Failure::bad("--batch-size must be at least 1 (got 0)"));
+    }
+    let packer = PackerOptions {
+        pad_to_multiple_of: a.pad_to_multiple_of,
+        pad_token_id: a.pad_token_id,
+        cost: a.cost,
+        num_runs: a.num_runs,
+        threshold: a.threshold,
+        step_tokens: a.step_tokens,
+        wait_timeout: Duration::from_secs_f64(a.wait_timeout),
+        teacher_logprobs: a.teacher_logprobs,
+        allow_empty_completion: a.allow_empty_completion,
+        ..PackerOptions::new(a.seq_len, a.dp)
+    };
+    let state_dir = match (&a.state_dir, &a.root) {
+        (Some(d), _) => d.clone(),
+        (None, Some(root)) => root.join("packer"),
+        (None, None) => {
+            return Err(Failure::bad("--state-dir (or --root) is required: where the checkpoint and spool live"));
+        }
+    };
+    let options = ServeOptions {
+        packer,
+        state_dir: state_dir.clone(),
+        runs: Vec::new(),
+        auto_add: (!a.no_auto_add_runs).then_some(RunConfig { batch_size: a.batch_size }),
+        max_steps: a.max_steps,
+        poll: Duration::from_millis(50),
+    };
+    let stop = Arc::new(AtomicBool::new(false));
+    for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register(signal, Arc::clone(&stop))
+            .map_err(|e| Failure::bad(format!("installing the signal handler: {e}")))?;
+    }
+    let poll = Duration::from_millis(a.poll_ms.max(1));
+    let (transport, endpoints): (Box<dyn Transport>, _) = match a.transport {
+        TransportKind::Fs => {
+            let root = a.root.as_ref().ok_or_else(|| Failure::bad("--root is required with --transport fs"))?;
+            (Box::new(FsTransport::new(root, poll)?), Endpoints::Fs { root: root.clone() })
+        }
+        TransportKind::Zmq => {
+            let wanted = ZmqEndpoints {
+                batches: a.zmq_batches.clone(),
+                receipts: a.zmq_receipts.clone(),
+                ranks: a.zmq_ranks.clone(),
+            };
+            let t = ZmqTransport::bind(&wanted, a.dp)?;
+            let e = t.endpoints();
+            let endpoints = Endpoints::Zmq {
+                batches: e.batches.clone(),
+                receipts: e.receipts.clone(),
+                ranks: e.ranks.clone(),
+                incarnation: t.incarnation(),
+            };
+            (Box::new(t), endpoints)
+        }
+    };
+    let kernel = ReadyKernel::new(Backend::Wasm)?;
+    let mut server = Server::open(kernel.kernel, transport, options)?;
+    tracing::info!(
+        target: "stowplan::serve",
+        transport = %endpoints,
+        state_dir = %state_dir.display(),
+        seq_len = a.seq_len,
+        dp = a.dp,
+        threshold = packer.threshold_tokens(),
+        next_step = server.packer().next_step(),
+        pending_samples = server.packer().pending().0,
+        "packer ready"
+    );
+    let summary = server.run(&stop, |r| {
+        tracing::info!(
+            target: "stowplan::serve",
+            step = r.metrics.step,
+            samples = r.metrics.samples,
+            real_tokens = r.metrics.real_tokens,
+            padding_tokens = r.metrics.padding_tokens,
+            micro_batches_per_rank = r.metrics.micro_batches_per_rank,
+            imbalance = r.metrics.imbalance,
+            wait_s = r.wait_seconds,
+            receive_s = r.receive_seconds,
+            pack_s = r.metrics.pack_seconds,
+            deliver_s = r.deliver_seconds,
+            tokens_per_s = r.tokens_per_second,
+            pending_samples = r.pending_samples,
+            rebuilt = r.rebuilt,
+            "step delivered"
+        );
+    })?;
+    tracing::info!(
+        target: "stowplan::serve",
+        steps = summary.steps,
+        pending_samples = summary.pending_samples,
+        in_flight_step = ?summary.in_flight_step,
+        "stopped"
+    );
+    let runs = server
+        .packer()
+        .runs()
+        .map(|(run, config, progress)| RunReport { run, batch_size: config.batch_size, progress })
+        .collect();
+    print_report(&Report { summary, runs }, a.json)
+}

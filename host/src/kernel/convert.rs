@@ -1,0 +1,330 @@
+//! Every conversion between the kernel crate's types and the component's WIT types, in one
+//! place: options go in with `From<&Options>`, results come out with `From<WitResult>` (or
+//! `TryFrom` where the component's answer is checked).
+
+use stowplan_kernel::peers::{DpReorder, RollLoadBalanceOptions, RollMicroBatches, VerlMicroOptions};
+use stowplan_kernel::verl::PyError;
+use stowplan_kernel::{
+    AlignOptions, AlignedPlan, Cost, DistributeOptions, Distribution, DpOptions, DpPlan, Factor, MicroOptions,
+    MicroPlan, Order, OversizePolicy, PackMethod, PackOptions, Packing, Padding, PartitionMethod, PartitionOptions,
+    Partitioning, Plan, PlanOptions, RawPlan, unflatten,
+};
+
+use super::wasm::{wbal, wlay, wpack, wpart, wpeers, wplan, wtypes, wverl};
+use crate::Error;
+
+impl From<wtypes::Error> for Error {
+    fn from(e: wtypes::Error) -> Self {
+        match e {
+            wtypes::Error::InvalidArgument(m) => Error::InvalidArgument(m),
+            wtypes::Error::Infeasible(m) => Error::Infeasible(m),
+        }
+    }
+}
+
+impl From<wtypes::Groups> for Vec<Vec<u32>> {
+    fn from(g: wtypes::Groups) -> Self {
+        unflatten(&g.offsets, &g.indices)
+    }
+}
+
+impl From<&PartitionOptions> for wpart::Options {
+    fn from(o: &PartitionOptions) -> Self {
+        wpart::Options {
+            method: match o.method {
+                PartitionMethod::Kk => wpart::Method::Kk,
+                PartitionMethod::Greedy => wpart::Method::Greedy,
+                PartitionMethod::Verl => wpart::Method::Verl,
+            },
+            equal_size: o.equal_size,
+            refine: o.refine,
+        }
+    }
+}
+
+impl From<wpart::Partitioning> for Partitioning {
+    fn from(r: wpart::Partitioning) -> Self {
+        Partitioning {
+            offsets: r.groups.offsets,
+            indices: r.groups.indices,
+            sums: r.sums,
+            total: r.total,
+            spread: r.spread,
+            lower_bound: r.lower_bound,
+        }
+    }
+}
+
+impl From<&PackOptions> for wpack::Options {
+    fn from(o: &PackOptions) -> Self {
+        wpack::Options {
+            capacity: o.capacity,
+            align: o.align,
+            method: match o.method {
+                PackMethod::Bfd => wpack::Method::Bfd,
+                PackMethod::Ffd => wpack::Method::Ffd,
+                PackMethod::NextFit => wpack::Method::NextFit,
+            },
+            oversize: match o.oversize {
+                OversizePolicy::Error => wpack::Oversize::Error,
+                OversizePolicy::Single => wpack::Oversize::Single,
+                OversizePolicy::Drop => wpack::Oversize::Drop,
+            },
+        }
+    }
+}
+
+impl From<wpack::Packing> for Packing {
+    fn from(r: wpack::Packing) -> Self {
+        Packing {
+            offsets: r.bins.offsets,
+            indices: r.bins.indices,
+            loads: r.loads,
+            dropped: r.dropped,
+            single: r.single,
+            real_tokens: r.real_tokens,
+            aligned_tokens: r.aligned_tokens,
+            lower_bound: r.lower_bound,
+        }
+    }
+}
+
+impl From<wverl::PyError> for PyError {
+    fn from(e: wverl::PyError) -> Self {
+        match e {
+            wverl::PyError::AssertionError(m) => PyError::AssertionError(m),
+            wverl::PyError::IndexError(m) => PyError::IndexError(m),
+            wverl::PyError::TypeError(m) => PyError::TypeError(m),
+            wverl::PyError::ZeroDivisionError(m) => PyError::ZeroDivisionError(m),
+            wverl::PyError::MemoryError(m) => PyError::MemoryError(m),
+        }
+    }
+}
+
+impl From<wpeers::PyError> for PyError {
+    fn from(e: wpeers::PyError) -> Self {
+        let m = e.message;
+        match e.exception.as_str() {
+            "AssertionError" => PyError::AssertionError(m),
+            "IndexError" => PyError::IndexError(m),
+            "TypeError" => PyError::TypeError(m),
+            "ZeroDivisionError" => PyError::ZeroDivisionError(m),
+            "MemoryError" => PyError::MemoryError(m),
+            _ => PyError::ValueError(m),
+        }
+    }
+}
+
+impl From<Cost> for wbal::Cost {
+    fn from(c: Cost) -> Self {
+        wbal::Cost { linear: c.linear, quadratic: c.quadratic }
+    }
+}
+
+impl From<&MicroOptions> for wbal::MicroOptions {
+    fn from(o: &MicroOptions) -> Self {
+        wbal::MicroOptions {
+            max_token_len: o.max_token_len,
+            cost: o.cost.into(),
+            min_count: o.min_count,
+            divisible_by: o.divisible_by,
+            count: o.count,
+            order: match o.order {
+                Order::None => wbal::Order::None,
+                Order::CostDesc => wbal::Order::CostDesc,
+                Order::Verl => wbal::Order::Verl,
+                Order::Roll => wbal::Order::Roll,
+            },
+        }
+    }
+}
+
+impl From<&DpOptions<'_>> for wbal::DpOptions {
+    fn from(o: &DpOptions<'_>) -> Self {
+        wbal::DpOptions {
+            cost: o.cost.into(),
+            groups: o.groups.map(<[u32]>::to_vec),
+            minibatch_size: o.minibatch_size,
+            equal_count: o.equal_count,
+        }
+    }
+}
+
+impl From<wbal::MicroPlan> for MicroPlan {
+    fn from(p: wbal::MicroPlan) -> Self {
+        MicroPlan {
+            offsets: p.batches.offsets,
+            indices: p.batches.indices,
+            tokens: p.tokens,
+            costs: p.costs,
+            restore: p.restore,
+            lower_bound: p.lower_bound,
+            required: p.required,
+        }
+    }
+}
+
+impl From<wbal::DpPlan> for DpPlan {
+    fn from(p: wbal::DpPlan) -> Self {
+        DpPlan {
+            offsets: p.ranks.offsets,
+            order: p.ranks.indices,
+            tokens: p.tokens,
+            costs: p.costs,
+            cost_lower_bound: p.cost_lower_bound,
+        }
+    }
+}
+
+impl From<wbal::TwoLevel> for Plan {
+    fn from(p: wbal::TwoLevel) -> Self {
+        Plan { dp: p.dp.into(), ranks: p.ranks.into_iter().map(Into::into).collect() }
+    }
+}
+
+impl From<&VerlMicroOptions> for wpeers::VerlMicroOptions {
+    fn from(o: &VerlMicroOptions) -> Self {
+        wpeers::VerlMicroOptions {
+            max_token_len: o.max_token_len,
+            min_num_micro_batch: o.min_num_micro_batch,
+            num_batches_divided_by: o.num_batches_divided_by,
+            use_dynamic_bsz_balance: o.use_dynamic_bsz_balance,
+            force_group_size: o.force_group_size,
+            padded_width: o.padded_width,
+            dp_num_micro_batches: o.dp_num_micro_batches,
+        }
+    }
+}
+
+impl From<wpeers::DpReorder> for DpReorder {
+    fn from(d: wpeers::DpReorder) -> Self {
+        DpReorder {
+            partitions: d.partitions.into(),
+            kk_partitions: d.kk_partitions.into_iter().map(Into::into).collect(),
+            dropped: d.dropped,
+        }
+    }
+}
+
+impl From<&RollLoadBalanceOptions> for wpeers::RollOptions {
+    fn from(o: &RollLoadBalanceOptions) -> Self {
+        wpeers::RollOptions {
+            mask_width: o.mask_width,
+            max_packed_sequence_length: o.max_packed_sequence_length,
+            min_num_micro_batches: o.min_num_micro_batches,
+            tp: o.tp,
+            cp: o.cp,
+            vp: o.vp,
+            dp_num_micro_batches: o.dp_num_micro_batches,
+        }
+    }
+}
+
+impl From<wpeers::RollMicroBatches> for RollMicroBatches {
+    fn from(m: wpeers::RollMicroBatches) -> Self {
+        RollMicroBatches {
+            micro_batches: m.micro_batches.into(),
+            kk_partitions: m.kk_partitions.into(),
+            pad_factor: m.pad_factor,
+            padded_lengths: m.padded_lengths,
+        }
+    }
+}
+
+impl From<&AlignOptions> for wlay::AlignOptions {
+    fn from(o: &AlignOptions) -> Self {
+        wlay::AlignOptions {
+            cp: o.cp,
+            tp: o.tp,
+            factor: match o.factor {
+                Factor::CpTp => wlay::Factor::CpTp,
+                Factor::Roll => wlay::Factor::Roll,
+                Factor::Multiple(m) => wlay::Factor::Multiple(m),
+            },
+            power_of_two: o.power_of_two,
+        }
+    }
+}
+
+impl From<&DistributeOptions<'_>> for wlay::DistributeOptions {
+    fn from(o: &DistributeOptions<'_>) -> Self {
+        wlay::DistributeOptions {
+            capacity: o.capacity,
+            dp: o.dp,
+            cost: o.cost.into(),
+            padding: match o.padding {
+                Padding::PerSequence(m) => wlay::Padding::PerSequence(m),
+                Padding::PerMicroBatch(m) => wlay::Padding::PerMicroBatch(m),
+            },
+            runs: o.runs.map(<[u32]>::to_vec),
+            mix_runs: o.mix_runs,
+        }
+    }
+}
+
+impl From<wlay::Distribution> for Distribution {
+    fn from(d: wlay::Distribution) -> Self {
+        Distribution {
+            per_rank: d.per_rank,
+            offsets: d.batches.offsets,
+            indices: d.batches.indices,
+            tokens: d.tokens,
+            real_tokens: d.real_tokens,
+            costs: d.costs,
+            rank_costs: d.rank_costs,
+            packed: d.packed,
+            splits: d.splits,
+            dummies: d.dummies,
+            lower_bound: d.lower_bound,
+        }
+    }
+}
+
+impl From<&PlanOptions> for wplan::PlanOptions {
+    fn from(o: &PlanOptions) -> Self {
+        wplan::PlanOptions { packing_length: o.packing_length, align: o.align, allow_single_long: o.allow_single_long }
+    }
+}
+
+/// A sha256 the component returned as hex, as bytes.
+fn unhex(s: &str) -> Result<[u8; 32], Error> {
+    let bad = || Error::Runtime(format!("kernel returned a malformed checksum {s:?}"));
+    if s.len() != 64 {
+        return Err(bad());
+    }
+    let mut out = [0u8; 32];
+    for (j, byte) in out.iter_mut().enumerate() {
+        *byte = u8::from_str_radix(s.get(2 * j..2 * j + 2).ok_or_else(bad)?, 16).map_err(|_| bad())?;
+    }
+    Ok(out)
+}
+
+impl TryFrom<wplan::RawPackPlan> for RawPlan {
+    type Error = Error;
+    fn try_from(r: wplan::RawPackPlan) -> Result<Self, Error> {
+        Ok(RawPlan {
+            offsets: r.packs.offsets,
+            indices: r.packs.indices,
+            tokens: r.tokens,
+            single_long: r.single_long,
+            dropped: r.dropped,
+            real_tokens: r.real_tokens,
+            aligned_tokens: r.aligned_tokens,
+            lower_bound: r.lower_bound,
+            checksum: unhex(&r.checksum)?,
+        })
+    }
+}
+
+impl TryFrom<wplan::AlignedPackPlan> for AlignedPlan {
+    type Error = Error;
+    fn try_from(a: wplan::AlignedPackPlan) -> Result<Self, Error> {
+        Ok(AlignedPlan {
+            packs: a.packs,
+            pad_needed: a.pad_needed,
+            dropped_packs: a.dropped_packs,
+            dropped_samples: a.dropped_samples,
+            checksum: unhex(&a.checksum)?,
+        })
+    }
+}

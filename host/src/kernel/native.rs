@@ -1,0 +1,112 @@
+//! The native backend: the kernel crate called directly.
+
+use stowplan_kernel as k;
+use stowplan_kernel::peers::{DpReorder, RollLoadBalanceOptions, RollMicroBatches, VerlMicroOptions};
+use stowplan_kernel::verl::PyError;
+use stowplan_kernel::{
+    AlignOptions, AlignedPlan, CpLayout, DistributeOptions, Distribution, DpOptions, DpPlan, MicroOptions, MicroPlan,
+    PackOptions, Packing, PartitionOptions, Partitioning, Plan, PlanOptions, RawPlan,
+};
+
+use super::{KernelApi, VerlFunction};
+use crate::Error;
+
+/// The kernel crate, compiled natively.
+#[derive(Debug)]
+pub(super) struct NativeKernel;
+
+impl KernelApi for NativeKernel {
+    fn partition(&self, weights: &[u64], k: u32, options: &PartitionOptions) -> Result<Partitioning, Error> {
+        Ok(k::partition(weights, k, options)?)
+    }
+
+    fn pack(&self, lengths: &[u64], options: &PackOptions) -> Result<Packing, Error> {
+        Ok(k::pack(lengths, options)?)
+    }
+
+    fn verl(
+        &self,
+        function: VerlFunction,
+        seqlens: &[i64],
+        k: u32,
+        equal_size: bool,
+    ) -> Result<Result<Vec<Vec<u32>>, PyError>, Error> {
+        use stowplan_kernel::verl as kv;
+        Ok(match function {
+            VerlFunction::KarmarkarKarp => kv::karmarkar_karp(seqlens, k, equal_size),
+            VerlFunction::GreedyPartition => kv::greedy_partition(seqlens, k, equal_size),
+            VerlFunction::GetSeqlenBalancedPartitions => kv::get_seqlen_balanced_partitions(seqlens, k, equal_size),
+        })
+    }
+
+    fn micro_batches(&self, lengths: &[u64], options: &MicroOptions) -> Result<MicroPlan, Error> {
+        Ok(k::micro_batches(lengths, options)?)
+    }
+
+    fn balance_dp(&self, lengths: &[u64], dp: u32, options: &DpOptions<'_>) -> Result<DpPlan, Error> {
+        Ok(k::balance_dp(lengths, dp, options)?)
+    }
+
+    fn plan(&self, lengths: &[u64], dp: u32, dp_options: &DpOptions<'_>, micro: &MicroOptions) -> Result<Plan, Error> {
+        Ok(k::plan(lengths, dp, dp_options, micro)?)
+    }
+
+    fn verl_rearrange_micro_batches(
+        &self,
+        seqlens: &[i64],
+        options: &VerlMicroOptions,
+    ) -> Result<Result<Vec<Vec<u32>>, PyError>, Error> {
+        Ok(k::peers::verl_rearrange_micro_batches(seqlens, options))
+    }
+
+    fn balance_batch(
+        &self,
+        seqlens: &[i64],
+        dp: u32,
+        minibatch_size: Option<i64>,
+    ) -> Result<Result<DpReorder, PyError>, Error> {
+        Ok(k::peers::balance_batch(seqlens, dp, minibatch_size))
+    }
+
+    fn roll_load_balance(
+        &self,
+        lengths: &[i64],
+        options: &RollLoadBalanceOptions,
+    ) -> Result<Result<RollMicroBatches, PyError>, Error> {
+        Ok(k::peers::roll_load_balance(lengths, options))
+    }
+
+    fn pad_factor(&self, options: &AlignOptions) -> Result<u64, Error> {
+        Ok(k::pad_factor(options)?)
+    }
+
+    fn cp_layout(&self, lengths: &[u64], options: &AlignOptions) -> Result<CpLayout, Error> {
+        Ok(k::cp_layout(lengths, options)?)
+    }
+
+    fn distribute(&self, lengths: &[u64], options: &DistributeOptions<'_>) -> Result<Distribution, Error> {
+        Ok(k::distribute(lengths, options)?)
+    }
+
+    fn prime_rl_ffd(
+        &self,
+        lengths: &[u64],
+        runs: &[u32],
+        labels: &[u32],
+        seq_len: u64,
+    ) -> Result<(Vec<Vec<u32>>, Vec<u32>), Error> {
+        Ok(k::prime_rl_ffd(lengths, runs, labels, seq_len)?)
+    }
+
+    fn permutation(&self, n: u64, seed: u64, epoch: u64) -> Result<Vec<u32>, Error> {
+        Ok(k::shuffle::permutation(n, seed, epoch)?)
+    }
+
+    fn raw_plan(&self, lengths: &[u64], options: &PlanOptions) -> Result<RawPlan, Error> {
+        Ok(k::raw_plan(lengths, options)?)
+    }
+
+    fn aligned_plan(&self, raw: &RawPlan, world_size: u32, drop_last: bool) -> Result<AlignedPlan, Error> {
+        Ok(k::aligned_plan(&raw.offsets, &raw.indices, world_size, drop_last)?)
+    }
+}

@@ -1,0 +1,190 @@
+//! The messages of the packer's protocols, without any I/O: what orchestrators send besides
+//! training batches ([`Control`]), what trainer ranks say over ZeroMQ ([`RankMessage`]), and
+//! what the packer answers ([`Receipts`], [`Refusal`]); plus the ZeroMQ endpoint defaults.
+//! Every SDK encodes and decodes these same types (the Python SDK through the native
+//! module), so all sides share one set of wire formats ([`crate::wire`]).
+//!
+//! The ZeroMQ protocol (see `zmq.rs` for the transport that speaks it):
+//! - **batches** (PULL): orchestrators PUSH encoded [`TrainingBatch`](crate::TrainingBatch)es
+//!   and [`Control`] messages, one message each, in any order.
+//! - **receipts** (PUB): once a message is durable (spooled and checkpointed) the packer
+//!   publishes a [`Receipts`] naming it; every message also carries the packer's
+//!   *incarnation* (a number new at every start), and one is published every [`HEARTBEAT`]
+//!   even when there is nothing to acknowledge. A sender keeps what it sent until a receipt
+//!   names it and sends everything unacknowledged again when the incarnation changes (a
+//!   restart: messages in flight died with the old process) or after a timeout; the packer
+//!   recognises repeats as duplicates, so nothing is lost and nothing is taken twice.
+//! - **ranks** (ROUTER): each trainer rank connects a DEALER and says [`RankMessage::Hello`]
+//!   (rank, data-parallel size, the step it expects), again every [`HEARTBEAT`] while it
+//!   waits. No step is delivered before every rank said hello (the readiness barrier). A step
+//!   is sent to each rank as its encoded [`RankBatch`](crate::RankBatch); the rank answers
+//!   [`RankMessage::Ack`] once it has decoded it, and the step counts as delivered when every
+//!   rank acknowledged it. A rank that reconnects (a new hello) gets the unacknowledged step
+//!   again; a rank that already had a step acknowledges and drops the copy, and holds back
+//!   steps that arrive ahead of the one it expects. A hello with the wrong data-parallel size
+//!   or rank gets a [`Refusal`] naming the mismatch.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::{Error, RunConfig, wire};
+
+/// A change to the packer's runs, sent by the orchestrator beside its batches.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Control {
+    /// Adds a run (an existing run with the same configuration is left as is).
+    AddRun {
+        /// Run index.
+        run: u32,
+        /// Its configuration.
+        config: RunConfig,
+    },
+    /// Removes a run and drops its pending samples (counted in the log).
+    RemoveRun {
+        /// Run index.
+        run: u32,
+    },
+}
+
+impl Control {
+    /// Encodes in the [`wire::CONTROL`] format.
+    pub fn encode(&self) -> Result<Vec<u8>, Error> {
+        wire::encode(&wire::CONTROL, self, 16)
+    }
+}
+
+/// How often the packer publishes an empty [`Receipts`] (its heartbeat), and how often a
+/// waiting rank repeats its hello.
+pub const HEARTBEAT: Duration = Duration::from_secs(1);
+
+/// What a trainer rank sends the packer.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum RankMessage {
+    /// "I am rank `rank` of `dp` and expect step `next_step`": sent on connecting and every
+    /// [`HEARTBEAT`] while waiting.
+    Hello {
+        /// This rank.
+        rank: u32,
+        /// Data-parallel size the rank was started with (must equal the packer's).
+        dp: u32,
+        /// The packer step the rank expects next.
+        next_step: u64,
+    },
+    /// "Rank `rank` has step `step`" (also sent for a copy of a step it already had).
+    Ack {
+        /// This rank.
+        rank: u32,
+        /// The step received.
+        step: u64,
+    },
+}
+
+impl RankMessage {
+    /// Encodes in the [`wire::RANK_MESSAGE`] format.
+    pub fn encode(&self) -> Result<Vec<u8>, Error> {
+        wire::encode(&wire::RANK_MESSAGE, self, 16)
+    }
+
+    /// Decodes what [`RankMessage::encode`] wrote.
+    pub fn decode(bytes: &[u8]) -> Result<Self, Error> {
+        wire::decode(&wire::RANK_MESSAGE, bytes)
+    }
+}
+
+/// The packer's answer to a rank it will not serve (wrong data-parallel size or rank).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Refusal {
+    /// Why, naming the values.
+    pub message: String,
+}
+
+impl Refusal {
+    /// Encodes in the [`wire::REFUSAL`] format.
+    pub fn encode(&self) -> Result<Vec<u8>, Error> {
+        wire::encode(&wire::REFUSAL, self, self.message.len() + 8)
+    }
+
+    /// Decodes what [`Refusal::encode`] wrote.
+    pub fn decode(bytes: &[u8]) -> Result<Self, Error> {
+        wire::decode(&wire::REFUSAL, bytes)
+    }
+}
+
+/// That one message reached the packer and is durable.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Receipt {
+    /// A training batch.
+    Batch {
+        /// Its run.
+        run: u32,
+        /// Its orchestrator step.
+        step: u64,
+        /// Samples kept.
+        accepted: u32,
+        /// Samples rejected (reasons are in the packer's log).
+        rejected: u32,
+        /// The batch had been received before and was ignored this time.
+        duplicate: bool,
+    },
+    /// A control message; `error` says why it was not applied (it is not retried).
+    Control {
+        /// The message.
+        control: Control,
+        /// Why it was not applied, if it was not.
+        error: Option<String>,
+    },
+}
+
+/// What the packer publishes on the receipts socket.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Receipts {
+    /// Identifies the packer process: a new value means it restarted.
+    pub incarnation: u64,
+    /// Messages that became durable (empty in a heartbeat).
+    pub receipts: Vec<Receipt>,
+}
+
+impl Receipts {
+    /// Encodes in the [`wire::RECEIPTS`] format.
+    pub fn encode(&self) -> Result<Vec<u8>, Error> {
+        wire::encode(&wire::RECEIPTS, self, 16 + 24 * self.receipts.len())
+    }
+
+    /// Decodes what [`Receipts::encode`] wrote.
+    pub fn decode(bytes: &[u8]) -> Result<Self, Error> {
+        wire::decode(&wire::RECEIPTS, bytes)
+    }
+}
+
+/// Where the packer's three sockets bind: ZeroMQ endpoints such as `tcp://*:5555`,
+/// `tcp://127.0.0.1:*` (a free port: the transport reports the endpoints it bound) or `ipc:///path`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ZmqEndpoints {
+    /// PULL socket for training batches and control messages.
+    pub batches: String,
+    /// PUB socket for receipts.
+    pub receipts: String,
+    /// ROUTER socket the ranks connect to.
+    pub ranks: String,
+}
+
+impl ZmqEndpoints {
+    /// Default of [`ZmqEndpoints::batches`]: port 5555 on every interface.
+    pub const DEFAULT_BATCHES: &'static str = "tcp://*:5555";
+    /// Default of [`ZmqEndpoints::receipts`]: port 5556 on every interface.
+    pub const DEFAULT_RECEIPTS: &'static str = "tcp://*:5556";
+    /// Default of [`ZmqEndpoints::ranks`]: port 5557 on every interface.
+    pub const DEFAULT_RANKS: &'static str = "tcp://*:5557";
+}
+
+impl Default for ZmqEndpoints {
+    /// Ports 5555 (batches), 5556 (receipts) and 5557 (ranks) on every interface.
+    fn default() -> Self {
+        Self {
+            batches: Self::DEFAULT_BATCHES.into(),
+            receipts: Self::DEFAULT_RECEIPTS.into(),
+            ranks: Self::DEFAULT_RANKS.into(),
+        }
+    }
+}
