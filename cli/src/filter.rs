@@ -40,17 +40,18 @@ pub struct CheckArgs {
     /// The plugin's configuration, JSON text.
     #[arg(long, default_value = "{}")]
     config: String,
-    /// Buffered groups in the synthetic buffer (≥ 1).
-    #[arg(long, default_value_t = 1000)]
-    groups: usize,
-    /// Samples per group (≥ 1).
-    #[arg(long, default_value_t = 8)]
+    /// Buffered groups in the synthetic buffer (1 ..= 1048576; groups × samples per group
+    /// at most 1048576).
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..=MAX_SAMPLES as i64))]
+    groups: u32,
+    /// Samples per group (1 ..= 65536).
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=65_536))]
     samples_per_group: u32,
     /// Groups each call asks for (≥ 1).
-    #[arg(long, default_value_t = 64)]
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..))]
     wanted: u32,
-    /// Timed calls after the first (≥ 1), on the same instance.
-    #[arg(long, default_value_t = 200)]
+    /// Timed calls after the first (1 ..= 1000000), on the same instance.
+    #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
     calls: u32,
     /// Seed of the synthetic buffer.
     #[arg(long, default_value_t = 0)]
@@ -157,12 +158,16 @@ fn streams<S: serde::Serializer>(output: &[(&'static str, String)], s: S) -> Res
     s.collect_map(output.iter().map(|(stream, text)| (stream, text)))
 }
 
+/// The most samples a synthetic buffer holds (a few hundred MB of samples and columns).
+const MAX_SAMPLES: u64 = 1 << 20;
+
 /// Runs `stowplan filter check`.
 fn check(a: CheckArgs) -> Result<(), Failure> {
-    if a.groups == 0 || a.samples_per_group == 0 || a.wanted == 0 || a.calls == 0 {
+    let samples = u64::from(a.groups) * u64::from(a.samples_per_group);
+    if samples > MAX_SAMPLES {
         return Err(Failure::bad(format!(
-            "--groups, --samples-per-group, --wanted and --calls must be at least 1 (got {}, {}, {}, {})",
-            a.groups, a.samples_per_group, a.wanted, a.calls
+            "--groups × --samples-per-group must be at most {MAX_SAMPLES} samples (got {} × {} = {samples})",
+            a.groups, a.samples_per_group
         )));
     }
     let bytes = std::fs::read(&a.plugin)
@@ -180,7 +185,7 @@ fn check(a: CheckArgs) -> Result<(), Failure> {
     let t = Instant::now();
     let mut filter = WasmFilter::from_bytes(&name, &bytes, options)?;
     let load_ms = t.elapsed().as_secs_f64() * 1e3;
-    let groups = stowplan::plugins::synthetic_buffer(a.groups, a.samples_per_group as usize, a.seed);
+    let groups = stowplan::plugins::synthetic_buffer(a.groups as usize, a.samples_per_group as usize, a.seed);
     let t = Instant::now();
     let buffer = BufferColumns::from_groups(&groups);
     let columns_encode_us = t.elapsed().as_secs_f64() * 1e6;
@@ -207,7 +212,7 @@ fn check(a: CheckArgs) -> Result<(), Failure> {
         imports: filter.imports().to_vec(),
         load_ms,
         compiled_from: filter.origin(),
-        buffer: Buffer { groups: a.groups, samples_per_group: a.samples_per_group, seed: a.seed },
+        buffer: Buffer { groups: a.groups as usize, samples_per_group: a.samples_per_group, seed: a.seed },
         wanted: a.wanted,
         selection,
         columns_encode_us,

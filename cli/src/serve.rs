@@ -173,10 +173,17 @@ impl fmt::Display for Report<'_> {
     }
 }
 
+/// The largest `--wait-timeout` (about 31 years: "never" for a training run, and far inside
+/// what a `Duration` holds).
+const MAX_WAIT_TIMEOUT_S: f64 = 1e9;
+
 /// Runs `stowplan serve` until `--max-steps` or SIGINT/SIGTERM.
 pub fn run(a: Args) -> Result<(), Failure> {
-    if !(a.wait_timeout.is_finite() && a.wait_timeout >= 0.0) {
-        return Err(Failure::bad(format!("--wait-timeout must be a number of seconds ≥ 0 (got {})", a.wait_timeout)));
+    if !(a.wait_timeout.is_finite() && (0.0..=MAX_WAIT_TIMEOUT_S).contains(&a.wait_timeout)) {
+        return Err(Failure::bad(format!(
+            "--wait-timeout must be a number of seconds from 0 to {MAX_WAIT_TIMEOUT_S:e} (got {:?})",
+            a.wait_timeout
+        )));
     }
     if a.batch_size == 0 {
         return Err(Failure::bad("--batch-size must be at least 1 (got 0)"));

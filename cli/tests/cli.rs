@@ -397,6 +397,15 @@ fn filter_check_errors_exit_2_and_name_the_problem() {
         (vec!["filter", "check", &top, "--timeout-ms", "0"], "timeout must be in 1 ms"),
         (vec!["filter", "check", &top, "--config", "{\"reward_index\": -1}"], "reward_index must be an integer"),
         (vec!["filter", "check", "/nonexistent.wasm"], "reading the plugin"),
+        // Sizes are bounded before anything is allocated (a 4294967295-group buffer used to
+        // abort on a 100 GB allocation).
+        (vec!["filter", "check", &top, "--groups", "4294967295"], "1..=1048576"),
+        (vec!["filter", "check", &top, "--calls", "4294967295"], "1..=1000000"),
+        (vec!["filter", "check", &top, "--samples-per-group", "65537"], "1..=65536"),
+        (
+            vec!["filter", "check", &top, "--groups", "65536", "--samples-per-group", "65536"],
+            "--groups × --samples-per-group must be at most 1048576 samples",
+        ),
     ] {
         let out = stowplan(&args, None, &[]);
         let err = String::from_utf8_lossy(&out.stderr);
@@ -447,6 +456,14 @@ fn serve_delivers_a_step_and_names_bad_options() {
     assert!(String::from_utf8_lossy(&bad.stderr).contains("seq_len must be in 1..="), "{:?}", bad);
     let bad = stowplan(&["serve", "--root", r, "--seq-len", "64", "--dp", "2", "--batch-size", "0"], None, &[]);
     assert!(String::from_utf8_lossy(&bad.stderr).contains("--batch-size must be at least 1"), "{:?}", bad);
+    // A wait beyond what a Duration holds is refused with its range (it used to panic).
+    for wait in ["--wait-timeout=1e30", "--wait-timeout=-1", "--wait-timeout=nan"] {
+        let bad = stowplan(&[&args[..], &[wait]].concat(), None, &[]);
+        assert_eq!(bad.status.code(), Some(2), "{:?}", bad);
+        assert!(
+            String::from_utf8_lossy(&bad.stderr).contains("--wait-timeout must be a number of seconds from 0 to 1e9")
+        );
+    }
     // Restarting with other options than the checkpoint's is refused, naming them.
     let bad = stowplan(&["serve", "--root", r, "--seq-len", "128", "--dp", "2", "--batch-size", "3"], None, &[]);
     assert_eq!(bad.status.code(), Some(2));
