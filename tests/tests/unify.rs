@@ -50,11 +50,7 @@ fn cli_tests_and_wheel_build_wasmtime_with_the_same_features() {
             }
         }
     }
-    assert!(
-        differ.is_empty(),
-        "features differ (add the union to xtask/unify/Cargo.toml):\n{}",
-        differ.join("\n")
-    );
+    assert!(differ.is_empty(), "features differ (add the union to xtask/unify/Cargo.toml):\n{}", differ.join("\n"));
     assert!(wasmtime_deps.len() > 20, "cargo tree found wasmtime's dependencies");
 }
 
