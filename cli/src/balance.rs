@@ -23,10 +23,10 @@ pub struct Args {
     #[arg(long, default_value_t = Cost::default(), value_parser = |s: &str| s.parse::<Cost>())]
     cost: Cost,
     /// At least this many micro-batches per rank.
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = MicroOptions::new(1).min_count)]
     min_count: u32,
     /// Round the micro-batch count up to a multiple of this (virtual pipeline stages).
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = MicroOptions::new(1).divisible_by)]
     divisible_by: u32,
     /// Exactly this many micro-batches per rank (e.g. a count agreed across ranks).
     #[arg(long)]

@@ -57,13 +57,13 @@ pub struct CheckArgs {
     #[arg(long, default_value_t = 0)]
     seed: u64,
     /// Deadline per call, in milliseconds (1 ..= 600000).
-    #[arg(long, default_value_t = 1000)]
+    #[arg(long, default_value_t = FilterOptions::new("").timeout.as_millis() as u64)]
     timeout_ms: u64,
     /// Fuel per call (≥ 10000); 0 for no fuel bound.
-    #[arg(long, default_value_t = 1_000_000_000)]
+    #[arg(long, default_value_t = FilterOptions::new("").fuel.unwrap_or(0))]
     fuel: u64,
     /// Memory limit in MiB (1 ..= 4096).
-    #[arg(long, default_value_t = 256)]
+    #[arg(long, default_value_t = FilterOptions::new("").memory_limit >> 20)]
     memory_mib: usize,
     /// Print the report as JSON on stdout.
     #[arg(long)]

@@ -15,7 +15,7 @@ pub struct Args {
     #[arg(long, short = 'c', default_value_t = 16_384)]
     capacity: u64,
     /// Round every length up to a multiple of ALIGN (≥ 1) before packing.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = PackOptions::new(1).align)]
     align: u64,
     /// Algorithm: best-fit decreasing, first-fit decreasing, or order-preserving next-fit.
     #[arg(long, value_parser = named::<PackMethod>(), default_value_t = PackMethod::default())]

@@ -38,7 +38,7 @@ pub struct Args {
     #[arg(long)]
     allow_single_long: bool,
     /// Round every length up to a multiple of ALIGN (≥ 1) before packing.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = PlanOptions::new(1).align)]
     align: u64,
     /// Keep the lengths in a run-scoped cache directory (fingerprinted by the file's sha256
     /// and the column); a later run with the same inputs reads them from there.

@@ -65,20 +65,20 @@ pub struct Args {
     #[arg(long)]
     batch_size: u64,
     /// Runs (LoRA adapters): run indices are below it and `lora_num_tokens` has this length.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = defaults().num_runs)]
     num_runs: u32,
     /// Only runs added by a control message are served (default: a run below --num-runs is
     /// added with --batch-size on its first batch).
     #[arg(long)]
     no_auto_add_runs: bool,
     /// Pad every micro-batch to a multiple of this.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = defaults().pad_to_multiple_of)]
     pad_to_multiple_of: u64,
     /// Token id of padding.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = defaults().pad_token_id)]
     pad_token_id: i64,
     /// Cost balanced across ranks: tokens, attention or LINEAR,QUADRATIC.
-    #[arg(long, default_value_t = Cost::default(), value_parser = |s: &str| s.parse::<Cost>())]
+    #[arg(long, default_value_t = defaults().cost, value_parser = |s: &str| s.parse::<Cost>())]
     cost: Cost,
     /// Pack once this many tokens are pending (default SEQ_LEN × DP).
     #[arg(long)]
@@ -87,7 +87,7 @@ pub struct Args {
     #[arg(long)]
     step_tokens: Option<u64>,
     /// Pack what is pending once the oldest sample waited this many seconds.
-    #[arg(long, default_value_t = 10.0)]
+    #[arg(long, default_value_t = defaults().wait_timeout.as_secs_f64())]
     wait_timeout: f64,
     /// Samples carry teacher logprobs.
     #[arg(long)]
@@ -171,6 +171,12 @@ impl fmt::Display for Report<'_> {
             s.steps, s.samples, s.real_tokens, s.padding_tokens, s.pending_samples, s.duplicates, s.rejected
         )
     }
+}
+
+/// The library's packer defaults, shown by `--help` and used when an option is not given
+/// (`seq_len` and `dp` have no default: they are required).
+fn defaults() -> PackerOptions {
+    PackerOptions::new(1, 1)
 }
 
 /// The largest `--wait-timeout` (about 31 years: "never" for a training run, and far inside
