@@ -232,6 +232,43 @@ fn precompiled_kernel_is_cached_and_a_broken_cache_is_rebuilt() {
 }
 
 #[test]
+fn the_compile_cache_is_private_and_authenticated() {
+    use std::os::unix::fs::PermissionsExt;
+    let args = ["partition", "--json", "-k", "4"];
+    // Created private to the user, with a key and MAC'd entries.
+    let parent = temp_dir("cache-private");
+    let dir = parent.join("new");
+    let env = [("STOWPLAN_CACHE_DIR", dir.to_str().unwrap())];
+    assert_eq!(json(&stowplan(&args, None, &env))["kernel_origin"], "compiled");
+    let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(&dir), 0o700);
+    assert_eq!(mode(&dir.join("cache.key")), 0o600);
+    let entries: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().path()).collect();
+    assert!(entries.iter().any(|p| p.extension().is_some_and(|x| x == "mac")), "{entries:?}");
+    assert!(entries.iter().filter(|p| p.extension().is_some_and(|x| x == "cwasm")).all(|p| mode(p) == 0o600));
+    assert_eq!(json(&stowplan(&args, None, &env))["kernel_origin"], "cache");
+    // Entries made with another user's (another cache's) key are not trusted.
+    let other = parent.join("other");
+    let other_env = [("STOWPLAN_CACHE_DIR", other.to_str().unwrap())];
+    assert_eq!(json(&stowplan(&args, None, &other_env))["kernel_origin"], "compiled");
+    for e in std::fs::read_dir(&dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.file_name().is_some_and(|n| n != "cache.key") {
+            std::fs::copy(&p, other.join(p.file_name().unwrap())).unwrap();
+        }
+    }
+    let out = stowplan(&args, None, &[&other_env[..], &[("STOWPLAN_LOG", "warn")]].concat());
+    assert_eq!(json(&out)["kernel_origin"], "compiled");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("MAC does not verify"), "{out:?}");
+    // A cache directory others may write is not used at all.
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let out = stowplan(&args, None, &env);
+    assert_eq!(json(&out)["kernel_origin"], "compiled");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("writable by group or others"), "{out:?}");
+    let _ = std::fs::remove_dir_all(&parent);
+}
+
+#[test]
 fn balance_two_level_on_the_default_workload() {
     let v = json(&stowplan(
         &["balance", "--dp", "8", "--max-token-len", "16384", "--cost", "attention", "--json"],

@@ -460,6 +460,17 @@ impl WasmFilter {
             ))
             .into());
         }
+        // Refused before compiling (a large plugin takes tens of seconds to compile): not a
+        // component, or imports beyond WASI.
+        let declared = declared_imports(bytes).map_err(|m| FilterError::Load(format!("{name}: {m}")))?;
+        let foreign: Vec<&String> = declared.iter().filter(|i| !allowed_import(i)).collect();
+        if !foreign.is_empty() {
+            return Err(FilterError::Load(format!(
+                "{name}: a plugin may import only WASI 0.2 interfaces (wasi:…) and {FILTER_TYPES}…; it also \
+                 imports {foreign:?}"
+            ))
+            .into());
+        }
         let rt = runtime()?;
         let load = |what: &str, e: wasmtime::Error| Error::from(FilterError::Load(format!("{name}: {what}: {e:#}")));
         let (component, origin) = crate::runtime::load_cached(&rt.engine, bytes, &actual, "plugin")
@@ -662,7 +673,9 @@ impl WasmFilter {
         match result {
             Ok(answer) => {
                 self.live = Some(live);
-                let picks = answer.map_err(|m| FilterError::Guest(format!("{}: {m}", self.name)))?;
+                let picks = answer.map_err(|m| {
+                    FilterError::Guest(format!("{}: {}", self.name, excerpt(&m, self.options.output_limit)))
+                })?;
                 validate_selection(&picks, buffer.groups(), ctx.wanted).map_err(|e| match e {
                     Error::Filter(FilterError::InvalidResult(m)) => {
                         FilterError::InvalidResult(format!("{}: {m}", self.name))
@@ -694,7 +707,83 @@ impl BufferFilter for WasmFilter {
     }
 }
 
+/// The filter package's types-only interface, which toolchains may list as an import.
+const FILTER_TYPES: &str = "stowplan:filter/types@";
+
+/// Whether a plugin may import `name`: a WASI interface or the filter's types.
+fn allowed_import(name: &str) -> bool {
+    name.starts_with("wasi:") || name.starts_with(FILTER_TYPES)
+}
+
+/// The names a component's top level imports, read from its bytes without compiling them;
+/// an error if the bytes are not a WebAssembly component.
+fn declared_imports(bytes: &[u8]) -> Result<Vec<String>, String> {
+    use wasmparser::{Encoding, Parser, Payload};
+    let mut names = Vec::new();
+    let mut depth = 0usize;
+    for payload in Parser::new(0).parse_all(bytes) {
+        match payload.map_err(|e| format!("not a WebAssembly component: {e}"))? {
+            Payload::Version { encoding, .. } if depth == 0 && encoding != Encoding::Component => {
+                return Err(
+                    "not a WebAssembly component (a core module: wrap it with `wasm-tools component new`)".into()
+                );
+            }
+            Payload::ModuleSection { .. } | Payload::ComponentSection { .. } => depth += 1,
+            Payload::End(_) => depth = depth.saturating_sub(1),
+            Payload::ComponentImportSection(reader) if depth == 0 => {
+                for import in reader {
+                    let import = import.map_err(|e| format!("not a WebAssembly component: {e}"))?;
+                    names.push(import.name.name.to_string());
+                }
+            }
+            _ => {}
+        }
+    }
+    Ok(names)
+}
+
+/// At most `limit` bytes of `text` (cut at a character boundary), saying how long it was.
+fn excerpt(text: &str, limit: usize) -> String {
+    if text.len() <= limit {
+        return text.to_string();
+    }
+    let mut end = limit;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}… ({} bytes, the first {end} shown)", &text[..end], text.len())
+}
+
 /// The component's imports as names (`wasi:cli/environment@0.2.0`, …).
 fn imports(engine: &Engine, component: &Component) -> Vec<String> {
     component.component_type().imports(engine).map(|(name, _)| name.to_string()).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn error_texts_are_cut_to_the_output_limit_at_a_character_boundary() {
+        assert_eq!(excerpt("short", 10), "short");
+        let long = "é".repeat(10);
+        assert_eq!(excerpt(&long, 5), "éé… (20 bytes, the first 4 shown)");
+    }
+
+    #[test]
+    fn imports_are_read_without_compiling() {
+        // A component whose only import is a type named like an interface of another package.
+        let mut bytes = b"\0asm\x0d\x00\x01\x00".to_vec();
+        let name = b"foo:bar/baz";
+        let body: Vec<u8> = [&[1u8, 0, name.len() as u8][..], name, &[3, 1]].concat();
+        bytes.extend_from_slice(&[10, body.len() as u8]);
+        bytes.extend_from_slice(&body);
+        assert_eq!(declared_imports(&bytes), Ok(vec!["foo:bar/baz".to_string()]));
+        assert!(!allowed_import("foo:bar/baz") && allowed_import("wasi:io/streams@0.2.0"));
+        let e = WasmFilter::from_bytes("foreign.wasm", &bytes, FilterOptions::new(&sha256_hex(&bytes))).unwrap_err();
+        assert!(e.to_string().contains("it also imports [\"foo:bar/baz\"]"), "{e}");
+        // A core module is refused as such, before compiling.
+        let module = b"\0asm\x01\x00\x00\x00";
+        assert!(declared_imports(module).unwrap_err().contains("a core module"));
+    }
 }

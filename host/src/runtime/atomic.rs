@@ -22,6 +22,13 @@ fn temp_path(path: &Path) -> PathBuf {
 
 /// Replaces `path` by `bytes` atomically (creating the parent directory if needed).
 pub(crate) fn write(path: &Path, bytes: &[u8]) -> Result<(), Error> {
+    write_with_mode(path, bytes, 0o666)
+}
+
+/// [`write`] with the new file created with `mode` (less the umask), e.g. `0o600` for a
+/// file only its owner may read and write.
+pub(crate) fn write_with_mode(path: &Path, bytes: &[u8], mode: u32) -> Result<(), Error> {
+    use std::os::unix::fs::OpenOptionsExt;
     let dir = match path.parent() {
         Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
         _ => PathBuf::from("."),
@@ -33,6 +40,7 @@ pub(crate) fn write(path: &Path, bytes: &[u8]) -> Result<(), Error> {
             .write(true)
             .create(true)
             .truncate(true)
+            .mode(mode)
             .open(&tmp)
             .map_err(|e| io("creating", &tmp, e))?;
         f.write_all(bytes).map_err(|e| io("writing", &tmp, e))?;

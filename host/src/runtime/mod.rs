@@ -3,7 +3,7 @@
 
 pub(crate) mod atomic;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use sha2::{Digest, Sha256};
 use wasmtime::Engine;
@@ -35,11 +35,112 @@ pub fn cache_dir() -> Option<PathBuf> {
     std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache").join("stowplan"))
 }
 
+/// The compile cache, checked before use (ARCHITECTURE.md, "The compile cache: threat
+/// model"): compiled code is native code that runs outside the sandbox, so an entry is used
+/// only if the directory and the entry belong to this user and nobody else may write them,
+/// and the entry carries a MAC made with this user's cache key.
+struct Cache {
+    dir: PathBuf,
+    key: [u8; 32],
+}
+
+type HmacSha256 = hmac::Hmac<sha2::Sha256>;
+
+/// File of the per-user key that authenticates cache entries (32 random bytes, mode 0600).
+const KEY_FILE: &str = "cache.key";
+
+/// The effective user id of this process (the owner of `/proc/self`).
+fn own_uid() -> Result<u32, String> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata("/proc/self").map(|m| m.uid()).map_err(|e| format!("cannot tell this process's user: {e}"))
+}
+
+/// `Ok` if `path` is owned by `uid` and not writable by group or others.
+fn check_private(path: &Path, uid: u32) -> Result<(), String> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::symlink_metadata(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    if meta.file_type().is_symlink() {
+        return Err(format!("{} is a symbolic link", path.display()));
+    }
+    if meta.uid() != uid {
+        return Err(format!("{} belongs to user {}, not to this user ({uid})", path.display(), meta.uid()));
+    }
+    if meta.mode() & 0o022 != 0 {
+        return Err(format!("{} is writable by group or others (mode {:o})", path.display(), meta.mode() & 0o7777));
+    }
+    Ok(())
+}
+
+impl Cache {
+    /// Opens (creating, private to the user) the cache directory `dir` and its key.
+    fn open(dir: &Path) -> Result<Self, String> {
+        use std::os::unix::fs::DirBuilderExt;
+        let uid = own_uid()?;
+        if !dir.exists() {
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(dir)
+                .map_err(|e| format!("creating {}: {e}", dir.display()))?;
+        }
+        check_private(dir, uid)?;
+        let key_path = dir.join(KEY_FILE);
+        if !key_path.exists() {
+            let mut key = [0u8; 32];
+            use std::io::Read;
+            std::fs::File::open("/dev/urandom")
+                .and_then(|mut f| f.read_exact(&mut key))
+                .map_err(|e| format!("reading /dev/urandom for the cache key: {e}"))?;
+            atomic::write_with_mode(&key_path, &key, 0o600).map_err(|e| e.to_string())?;
+        }
+        check_private(&key_path, uid)?;
+        let bytes = std::fs::read(&key_path).map_err(|e| format!("{}: {e}", key_path.display()))?;
+        let key: [u8; 32] = bytes.try_into().map_err(|_| format!("{} is not a 32-byte key", key_path.display()))?;
+        Ok(Self { dir: dir.to_path_buf(), key })
+    }
+
+    /// The MAC of `bytes` under this user's key.
+    fn mac(&self) -> HmacSha256 {
+        use hmac::Mac;
+        // HMAC takes keys of any length.
+        HmacSha256::new_from_slice(&self.key).unwrap_or_else(|_| unreachable!("HMAC accepts any key length"))
+    }
+
+    /// The bytes of entry `name` if it is private to this user and its MAC verifies.
+    fn read(&self, name: &str) -> Result<Vec<u8>, String> {
+        use hmac::Mac;
+        let uid = own_uid()?;
+        let path = self.dir.join(name);
+        let mac_path = path.with_extension("mac");
+        check_private(&path, uid)?;
+        check_private(&mac_path, uid)?;
+        let bytes = std::fs::read(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let recorded = std::fs::read(&mac_path).map_err(|e| format!("{}: {e}", mac_path.display()))?;
+        let mut mac = self.mac();
+        mac.update(&bytes);
+        mac.verify_slice(&recorded).map_err(|_| format!("{}: its MAC does not verify", path.display()))?;
+        Ok(bytes)
+    }
+
+    /// Writes entry `name` (artifact, then its MAC; both 0600).
+    fn write(&self, name: &str, bytes: &[u8]) -> Result<(), String> {
+        use hmac::Mac;
+        let path = self.dir.join(name);
+        let mut mac = self.mac();
+        mac.update(bytes);
+        let tag = mac.finalize().into_bytes();
+        atomic::write_with_mode(&path, bytes, 0o600)
+            .and_then(|()| atomic::write_with_mode(&path.with_extension("mac"), &tag, 0o600))
+            .map_err(|e| e.to_string())
+    }
+}
+
 /// Compiles `bytes` (a component whose sha256 is `wasm_sha`) for `engine`, or loads the
 /// artifact precompiled earlier from the cache directory ([`cache_dir`]), named
 /// `{prefix}-{sha256[..16]}-{engine compatibility hash}.cwasm`. A cached artifact is used only
-/// if the sha256 recorded beside it matches its bytes; a broken or unwritable cache is never
-/// fatal. Returns where the component came from: `cache` or `compiled`.
+/// if the cache and the entry are private to this user and the entry's MAC verifies; an
+/// unusable, foreign or unwritable cache is logged and never fatal (the component is
+/// compiled). Returns where the component came from: `cache` or `compiled`.
 pub(crate) fn load_cached(
     engine: &Engine,
     bytes: &[u8],
@@ -50,29 +151,30 @@ pub(crate) fn load_cached(
     let mut h = std::hash::DefaultHasher::new();
     engine.precompile_compatibility_hash().hash(&mut h);
     let name = format!("{prefix}-{}-{:016x}.cwasm", &wasm_sha[..16], h.finish());
-    let path = cache_dir().map(|d| d.join(name));
-    if let Some(path) = &path {
-        if let (Ok(cached), Ok(sum)) = (std::fs::read(path), std::fs::read_to_string(path.with_extension("sha256"))) {
-            if sha256_hex(&cached) == sum.trim() {
-                // SAFETY: the bytes are an artifact this code wrote with
-                // `Engine::precompile_component` for an engine with the same compatibility
-                // hash, and their sha256 matches the one recorded next to them.
-                match unsafe { Component::deserialize(engine, &cached) } {
-                    Ok(c) => return Ok((c, "cache")),
-                    Err(e) => tracing::warn!(path = %path.display(), "ignoring an unusable cached component: {e:?}"),
-                }
-            }
+    let cache = cache_dir().and_then(|dir| match Cache::open(&dir) {
+        Ok(c) => Some(c),
+        Err(e) => {
+            tracing::warn!("not using the compile cache: {e}");
+            None
+        }
+    });
+    if let Some(cache) = &cache {
+        match cache.read(&name) {
+            // SAFETY: the bytes are an artifact written by `Cache::write` with
+            // `Engine::precompile_component` output for an engine with the same compatibility
+            // hash (it is in the name), private to this user and authenticated by its MAC.
+            Ok(cached) => match unsafe { Component::deserialize(engine, &cached) } {
+                Ok(c) => return Ok((c, "cache")),
+                Err(e) => tracing::warn!(%name, "ignoring an unusable cached component: {e:?}"),
+            },
+            Err(e) if cache.dir.join(&name).exists() => tracing::warn!("ignoring a cached component: {e}"),
+            Err(_) => {}
         }
     }
     let compiled = engine.precompile_component(bytes)?;
-    if let Some(path) = &path {
-        // The artifact first, its sidecar second: a reader that finds the sidecar finds the
-        // artifact it describes (a crash in between leaves an artifact without a sidecar,
-        // which is recompiled).
-        let written = atomic::write(path, &compiled)
-            .and_then(|()| atomic::write(&path.with_extension("sha256"), sha256_hex(&compiled).as_bytes()));
-        if let Err(e) = written {
-            tracing::debug!(path = %path.display(), "not caching the compiled component: {e}");
+    if let Some(cache) = &cache {
+        if let Err(e) = cache.write(&name, &compiled) {
+            tracing::debug!(%name, "not caching the compiled component: {e}");
         }
     }
     // SAFETY: `compiled` was just produced by `precompile_component` on this engine.
