@@ -19,6 +19,33 @@ pub struct InputArgs {
     /// Use this built-in workload instead of a FILE or standard input.
     #[arg(long, value_name = "NAME", value_parser = workload_parser(), conflicts_with = "file")]
     pub workload: Option<&'static Workload>,
+    /// The most input read.
+    #[command(flatten)]
+    pub limit: InputLimit,
+}
+
+/// How much input a command reads at most (`stowplan pack /dev/zero` must end).
+#[derive(clap::Args, Clone, Copy, Debug)]
+pub struct InputLimit {
+    /// Refuse a FILE or standard input larger than this many MiB (1 ..= 1048576).
+    #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u64).range(1..=1 << 20))]
+    pub max_input_mib: u64,
+}
+
+impl InputLimit {
+    /// Reads all of `reader` (named `what` in errors), refusing more than the limit.
+    fn read(&self, reader: impl Read, what: &str) -> Result<String, Failure> {
+        let limit = self.max_input_mib << 20;
+        let mut bytes = Vec::new();
+        reader.take(limit + 1).read_to_end(&mut bytes).map_err(|e| Failure::bad(format!("reading {what}: {e}")))?;
+        if bytes.len() as u64 > limit {
+            return Err(Failure::bad(format!(
+                "{what} is larger than --max-input-mib {} MiB; raise the limit to read it",
+                self.max_input_mib
+            )));
+        }
+        String::from_utf8(bytes).map_err(|e| Failure::bad(format!("reading {what}: not UTF-8 text ({e})")))
+    }
 }
 
 /// `--workload`'s parser: the names of [`WORKLOADS`], each listed in `--help` with its
@@ -57,13 +84,13 @@ impl InputArgs {
     /// workload (with a note on stderr).
     pub fn read(&self) -> Result<Text, Failure> {
         if let Some(path) = &self.file {
-            return read_path(path);
+            return read_path(path, self.limit);
         }
         if let Some(workload) = self.workload {
             return Ok(Text::builtin(workload));
         }
         if stdin_has_data() {
-            let text = read_stdin()?;
+            let text = read_stdin(self.limit)?;
             if text.text.trim().is_empty() {
                 return Err(Failure::bad("standard input is empty: give lengths on it, a FILE, or --workload NAME"));
             }
@@ -80,24 +107,21 @@ impl InputArgs {
 
 /// Reads `path`: `-` is standard input, else a file (with a progress bar over its bytes when
 /// stderr is a terminal).
-pub fn read_path(path: &Path) -> Result<Text, Failure> {
+pub fn read_path(path: &Path, limit: InputLimit) -> Result<Text, Failure> {
     if path.as_os_str() == "-" {
-        return read_stdin();
+        return read_stdin(limit);
     }
-    let fail = |e: std::io::Error| Failure::bad(format!("reading {}: {e}", path.display()));
-    let file = std::fs::File::open(path).map_err(fail)?;
+    let file = std::fs::File::open(path).map_err(|e| Failure::bad(format!("reading {}: {e}", path.display())))?;
     let size = file.metadata().map(|m| m.len()).unwrap_or(0);
     let bar = progress(size, "reading lengths");
-    let mut text = String::with_capacity(usize::try_from(size).unwrap_or(0));
-    bar.wrap_read(file).read_to_string(&mut text).map_err(fail)?;
+    let text = limit.read(bar.wrap_read(file), &path.display().to_string())?;
     bar.finish_and_clear();
     Ok(Text { text, source: path.display().to_string() })
 }
 
-/// Reads all of standard input.
-fn read_stdin() -> Result<Text, Failure> {
-    let mut text = String::new();
-    std::io::stdin().read_to_string(&mut text).map_err(|e| Failure::bad(format!("reading standard input: {e}")))?;
+/// Reads all of standard input, up to `limit`.
+fn read_stdin(limit: InputLimit) -> Result<Text, Failure> {
+    let text = limit.read(std::io::stdin(), "standard input")?;
     Ok(Text { text, source: "standard input".to_string() })
 }
 

@@ -10,7 +10,7 @@ use stowplan::{Backend, LengthCache, PlanOptions, StaticPackPlan};
 
 use crate::common::{ReadyKernel, name, named, print_report};
 use crate::failure::Failure;
-use crate::input::{Text, read_path};
+use crate::input::{InputLimit, Text, read_path};
 
 /// The options of `stowplan plan`.
 #[derive(clap::Args, Debug)]
@@ -20,6 +20,9 @@ pub struct Args {
     /// Without it the built-in workload (4,096 RL rollout lengths) is used.
     #[arg(long)]
     lengths: Option<PathBuf>,
+    /// The most input read.
+    #[command(flatten)]
+    limit: InputLimit,
     /// Read lengths from this 1-based column of a delimited text file (a non-numeric first
     /// line is a header).
     #[arg(long)]
@@ -132,7 +135,7 @@ struct Report<'a> {
 pub fn run(a: Args) -> Result<(), Failure> {
     let t0 = Instant::now();
     let text = match &a.lengths {
-        Some(path) => read_path(path)?,
+        Some(path) => read_path(path, a.limit)?,
         None => Text::builtin(&WORKLOADS[0]),
     };
     let source = text.source.clone();

@@ -138,6 +138,22 @@ fn standard_input_redirected_from_a_file_is_read() {
 }
 
 #[test]
+fn input_is_bounded_and_errors_quote_an_excerpt() {
+    // /dev/zero never ends: the limit does (1 MiB here), naming the option.
+    let out = stowplan(&["pack", "/dev/zero", "--max-input-mib", "1"], None, &[]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("/dev/zero is larger than --max-input-mib 1 MiB"), "{err}");
+    let out = stowplan(&["plan", "--packing-length", "8", "--lengths", "/dev/zero", "--max-input-mib", "1"], None, &[]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("larger than --max-input-mib"), "{out:?}");
+    // A 5 MB bad line gives a short error.
+    let line = "7".repeat(5 << 20) + "x\n";
+    let out = stowplan(&["partition", "-"], Some(&line), &[]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(out.stderr.len() < 400, "{} bytes of error", out.stderr.len());
+}
+
+#[test]
 fn empty_piped_standard_input_exits_2_naming_what_to_do() {
     for text in ["", "\n  \n"] {
         let out = stowplan(&["partition", "-k", "2"], Some(text), &[]);

@@ -124,3 +124,16 @@ pub(crate) fn runtime(context: &str, e: impl std::fmt::Debug) -> Error {
 pub(crate) fn io(what: &str, path: &std::path::Path, e: std::io::Error) -> Error {
     Error::Io(format!("{what} {}: {e}", path.display()))
 }
+
+/// At most `limit` bytes of `text` (cut at a character boundary), saying how long it was:
+/// how errors quote input or a plugin's text without echoing megabytes.
+pub(crate) fn excerpt(text: &str, limit: usize) -> String {
+    if text.len() <= limit {
+        return text.to_string();
+    }
+    let mut end = limit;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}… ({} bytes, the first {end} shown)", &text[..end], text.len())
+}

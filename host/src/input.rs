@@ -1,6 +1,10 @@
 //! Reading lengths: one integer per line, or a JSON array of integers.
 
 use crate::Error;
+use crate::error::excerpt;
+
+/// How much of a bad line an error message quotes.
+const QUOTED: usize = 80;
 
 /// The built-in default workload: 4,096 RL rollout lengths (512 prompts × 8 samples, a copy
 /// of `shared/workloads/rl-math-8k.txt`).
@@ -57,8 +61,9 @@ pub fn parse_lengths(text: &str) -> Result<Vec<u64>, Error> {
         }
         let v = line.parse::<u64>().map_err(|e| {
             Error::InvalidArgument(format!(
-                "lengths, line {}: {line:?} is not an integer in 0..=18446744073709551615 ({e})",
-                no + 1
+                "lengths, line {}: {:?} is not an integer in 0..=18446744073709551615 ({e})",
+                no + 1,
+                excerpt(line, QUOTED)
             ))
         })?;
         out.push(v);
@@ -96,8 +101,9 @@ pub fn parse_column(text: &str, column: usize) -> Result<Vec<u64>, Error> {
             Err(_) if first => {}
             Err(e) => {
                 return Err(Error::InvalidArgument(format!(
-                    "lengths, line {}, column {column}: {field:?} is not an integer in 0..=18446744073709551615 ({e})",
-                    no + 1
+                    "lengths, line {}, column {column}: {:?} is not an integer in 0..=18446744073709551615 ({e})",
+                    no + 1,
+                    excerpt(field, QUOTED)
                 )));
             }
         }
@@ -109,6 +115,16 @@ pub fn parse_column(text: &str, column: usize) -> Result<Vec<u64>, Error> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn errors_quote_a_bounded_excerpt_of_a_bad_line() {
+        let line = "x".repeat(10_000_000);
+        let e = parse_lengths(&format!("5\n{line}\n")).unwrap_err().to_string();
+        assert!(e.len() < 300, "{} bytes", e.len());
+        assert!(e.contains("line 2") && e.contains("10000000 bytes, the first 80 shown"), "{e}");
+        let e = parse_column(&format!("a,b\n1,{line}\n"), 2).unwrap_err().to_string();
+        assert!(e.len() < 300 && e.contains("column 2"), "{e}");
+    }
 
     #[test]
     fn lines_and_json() {

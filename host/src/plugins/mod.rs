@@ -29,7 +29,7 @@ use wasmtime_wasi::cli::{IsTerminal, StdoutStream};
 use wasmtime_wasi::p2::{OutputStream, Pollable, StreamResult};
 use wasmtime_wasi::{HostMonotonicClock, HostWallClock, WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
 
-use crate::error::FilterError;
+use crate::error::{FilterError, excerpt};
 pub use crate::rollout::columns::synthetic_buffer;
 use crate::rollout::{BufferColumns, BufferFilter, BufferView, FilterContext, PopFirst, validate_selection};
 use crate::{Error, sha256_hex};
@@ -740,18 +740,6 @@ fn declared_imports(bytes: &[u8]) -> Result<Vec<String>, String> {
         }
     }
     Ok(names)
-}
-
-/// At most `limit` bytes of `text` (cut at a character boundary), saying how long it was.
-fn excerpt(text: &str, limit: usize) -> String {
-    if text.len() <= limit {
-        return text.to_string();
-    }
-    let mut end = limit;
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}… ({} bytes, the first {end} shown)", &text[..end], text.len())
 }
 
 /// The component's imports as names (`wasi:cli/environment@0.2.0`, …).
