@@ -205,6 +205,24 @@ fn materialize_errors_name_the_problem() {
     let mut s4 = samples.clone();
     s4[1].advantage = f32::NAN;
     assert!(inv(stowplan::materialize(&k, &s4, &opts)).contains("advantage = NaN must be finite"));
+    // Non-finite logprobs and negative token ids are refused, naming the sample, field and
+    // position (they used to be delivered).
+    for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+        let logprobs = [0.0, bad, 0.0, 0.0];
+        let mut s = samples.clone();
+        s[1].completion_logprobs = Some(&logprobs);
+        let m = inv(stowplan::materialize(&k, &s, &opts));
+        assert!(m.contains("samples[1]: completion_logprobs[1]") && m.contains("must be finite"), "{m}");
+        let teacher = [vec![0.0; 5], vec![0.0, 0.0, bad, 0.0, 0.0]];
+        let mut s = samples.clone();
+        s[0].teacher_logprobs = Some(&teacher[0]);
+        s[1].teacher_logprobs = Some(&teacher[1]);
+        assert!(inv(stowplan::materialize(&k, &s, &opts)).contains("samples[1]: teacher_logprobs[2]"));
+    }
+    let negative = [5, -3, 7];
+    let mut s = samples.clone();
+    s[0].completion_ids = &negative;
+    assert!(inv(stowplan::materialize(&k, &s, &opts)).contains("samples[0]: completion_ids[1] = -3 must be ≥ 0"));
     let mut s5 = samples.clone();
     s5[1].run = 3;
     assert!(

@@ -393,11 +393,13 @@ pub enum RejectReason {
     TeacherLogprobs,
     /// More tokens than a micro-batch holds.
     TooLong,
+    /// A negative token id.
+    InvalidTokenId,
 }
 
 impl RejectReason {
     /// Every reason, in declaration order.
-    pub const ALL: [RejectReason; 7] = [
+    pub const ALL: [RejectReason; 8] = [
         RejectReason::LengthMismatch,
         RejectReason::NotFinite,
         RejectReason::Empty,
@@ -405,6 +407,7 @@ impl RejectReason {
         RejectReason::UnknownRun,
         RejectReason::TeacherLogprobs,
         RejectReason::TooLong,
+        RejectReason::InvalidTokenId,
     ];
 
     /// The reason's snake_case name (used in logs, metrics and Python).
@@ -417,13 +420,14 @@ impl RejectReason {
             RejectReason::UnknownRun => "unknown_run",
             RejectReason::TeacherLogprobs => "teacher_logprobs",
             RejectReason::TooLong => "too_long",
+            RejectReason::InvalidTokenId => "invalid_token_id",
         }
     }
 }
 
-/// Checks one sample: array lengths, temperatures, empty sample or completion, advantage,
-/// run below `num_runs`, and teacher logprobs present exactly when `teacher`. The message
-/// names the field and the rule.
+/// Checks one sample: array lengths, token ids ≥ 0, finite logprobs, temperatures, empty
+/// sample or completion, advantage, run below `num_runs`, and teacher logprobs present
+/// exactly when `teacher`. The message names the field, the position and the rule.
 pub fn check_sample(
     s: &Sample<'_>,
     allow_empty_completion: bool,
@@ -442,6 +446,17 @@ pub fn check_sample(
     check("completion_mask", s.completion_mask.map(<[bool]>::len), c, "completion")?;
     check("completion_logprobs", s.completion_logprobs.map(<[f32]>::len), c, "completion")?;
     check("teacher_logprobs", s.teacher_logprobs.map(<[f32]>::len), p + c, "prompt + completion")?;
+    for (field, ids) in [("prompt_ids", s.prompt_ids), ("completion_ids", s.completion_ids)] {
+        if let Some(j) = ids.iter().position(|&id| id < 0) {
+            return Err((RejectReason::InvalidTokenId, format!("{field}[{j}] = {} must be ≥ 0", ids[j])));
+        }
+    }
+    for (field, values) in [("completion_logprobs", s.completion_logprobs), ("teacher_logprobs", s.teacher_logprobs)] {
+        if let Some(j) = values.and_then(|v| v.iter().position(|x| !x.is_finite())) {
+            let v = values.map_or(0.0, |v| v[j]);
+            return Err((RejectReason::NotFinite, format!("{field}[{j}] = {v} must be finite")));
+        }
+    }
     match s.temperature {
         Temperature::PerToken(t) => {
             check("temperatures", Some(t.len()), c, "completion")?;
