@@ -1,0 +1,105 @@
+//! Fault campaigns on the framed formats (issue 18): every single-bit flip, and every
+//! truncation, of a realistic encoding of each persisted or transported kind — the packer
+//! checkpoint (`state.bin`), a spooled training batch, a rank batch, a micro-batch and the
+//! protocol messages — is refused by its decoder. Nothing damaged decodes, so nothing damaged
+//! is delivered. The counts are printed (`cargo test --test faults -- --nocapture`) and
+//! recorded in BENCHMARKS.md.
+#![allow(clippy::unwrap_used)]
+
+use std::sync::Arc;
+
+use stowplan::serve::{Control, Message, RankMessage, Receipt, Receipts, Refusal};
+use stowplan::{Kernel, Packer, PackerOptions, PackerState, RankBatch, RunConfig, TrainingBatch, TrainingSample};
+
+/// A training batch of `n` samples with every optional field set.
+fn batch(run: u32, step: u64, n: usize) -> TrainingBatch {
+    TrainingBatch {
+        run,
+        step,
+        temperature: 0.7,
+        samples: (0..n)
+            .map(|i| {
+                let len = 3 + i % 7;
+                TrainingSample {
+                    prompt_ids: vec![11, 12],
+                    completion_ids: (0..len as i64).map(|t| 100 + t).collect(),
+                    completion_logprobs: Some(vec![-0.25; len]),
+                    advantage: i as f32 - 1.5,
+                    ..TrainingSample::default()
+                }
+            })
+            .collect(),
+    }
+}
+
+/// Flips every bit of `bytes` and truncates it at every length; returns (damaged copies
+/// tried, copies refused).
+fn campaign(bytes: &[u8], decodes: impl Fn(&[u8]) -> bool) -> (usize, usize) {
+    assert!(decodes(bytes), "the undamaged encoding decodes");
+    let (mut tried, mut refused) = (0, 0);
+    let mut damaged = bytes.to_vec();
+    for bit in 0..bytes.len() * 8 {
+        damaged[bit / 8] ^= 1 << (bit % 8);
+        tried += 1;
+        refused += usize::from(!decodes(&damaged));
+        damaged[bit / 8] ^= 1 << (bit % 8);
+    }
+    for len in 0..bytes.len() {
+        tried += 1;
+        refused += usize::from(!decodes(&bytes[..len]));
+    }
+    (tried, refused)
+}
+
+#[test]
+fn every_flipped_bit_and_truncation_of_every_format_is_refused() {
+    let mut packer = Packer::new(Kernel::native(), PackerOptions::new(64, 2)).unwrap();
+    packer.add_run(0, RunConfig { batch_size: 4 }).unwrap();
+    let spooled = batch(0, 0, 12);
+    packer.ingest(Arc::new(spooled.clone()));
+    let step = packer.pack(true).unwrap().expect("a step");
+    // A checkpoint with a step in flight and samples pending.
+    packer.ingest(Arc::new(batch(0, 1, 9)));
+    let state = packer.state();
+    let micro = step.ranks[0].micro_batches[0].clone();
+    let cases: Vec<(&str, Vec<u8>, Box<dyn Fn(&[u8]) -> bool>)> = vec![
+        ("packer state (state.bin)", state.encode().unwrap(), Box::new(|b| PackerState::decode(b).is_ok())),
+        ("spooled training batch", spooled.encode().unwrap(), Box::new(|b| TrainingBatch::decode(b).is_ok())),
+        ("rank batch (rank_R.bin)", step.ranks[1].encode().unwrap(), Box::new(|b| RankBatch::decode(b).is_ok())),
+        ("micro-batch", micro.encode().unwrap(), Box::new(|b| stowplan::MicroBatch::decode(b).is_ok())),
+        (
+            "control message",
+            Control::AddRun { run: 3, config: RunConfig { batch_size: 8 } }.encode().unwrap(),
+            Box::new(|b| Message::decode(b).is_ok()),
+        ),
+        (
+            "rank hello",
+            RankMessage::Hello { rank: 1, dp: 4, next_step: 9 }.encode().unwrap(),
+            Box::new(|b| RankMessage::decode(b).is_ok()),
+        ),
+        (
+            "receipts",
+            Receipts {
+                incarnation: 77,
+                receipts: vec![Receipt::Batch { run: 0, step: 1, accepted: 10, rejected: 2, duplicate: false }],
+            }
+            .encode()
+            .unwrap(),
+            Box::new(|b| Receipts::decode(b).is_ok()),
+        ),
+        (
+            "refusal",
+            Refusal { message: "dp 4, this packer serves 2".into() }.encode().unwrap(),
+            Box::new(|b| Refusal::decode(b).is_ok()),
+        ),
+    ];
+    let (mut all_tried, mut all_refused) = (0, 0);
+    for (what, bytes, decodes) in &cases {
+        let (tried, refused) = campaign(bytes, decodes);
+        println!("{what}: {} bytes, {tried} damaged copies, {refused} refused, {} accepted", bytes.len(), tried - refused);
+        assert_eq!(refused, tried, "{what}: a damaged copy decoded");
+        all_tried += tried;
+        all_refused += refused;
+    }
+    println!("all formats: {all_tried} damaged copies, {all_refused} refused, 0 accepted");
+}
