@@ -9,7 +9,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use stowplan::{FilterOptions, OnFailure, WasmFilter};
 
-use crate::{invalid, to_py};
+use crate::{Nullable, int, invalid, number, opt_parse, to_py, u64_arg};
 
 /// A loaded plugin; see `stowplan.Filter` for the Python-facing class.
 #[pyclass(module = "stowplan._stowplan", name = "Filter")]
@@ -26,41 +26,47 @@ impl PyFilter {
 
 #[pymethods]
 impl PyFilter {
-    /// Filter(path, sha256, config_json, timeout_s, fuel, memory_limit, output_limit,
-    /// on_failure): loads and instantiates the plugin (GIL released while compiling).
+    /// Filter(path, *, sha256, config=None, timeout=None, fuel=..., memory_limit=None,
+    /// output_limit=None, on_failure=None): loads and instantiates the plugin (GIL released
+    /// while compiling). Omitted options: the host's defaults (``FilterOptions::new``: config
+    /// ``{}``, 1 s, 10**9 fuel, 256 MiB, 64 KiB of output per stream, ``"error"``);
+    /// ``fuel=None``: no fuel bound. ``config`` is JSON text; ``timeout`` seconds.
     #[new]
-    #[pyo3(signature = (path, sha256, config_json, timeout_s, fuel, memory_limit, output_limit, on_failure))]
+    #[pyo3(signature = (path, *, sha256, config=None, timeout=None, fuel=Nullable::Omitted, memory_limit=None,
+        output_limit=None, on_failure=None))]
     #[allow(clippy::too_many_arguments)]
-    fn new(
-        py: Python<'_>,
+    fn new<'py>(
+        py: Python<'py>,
         path: PathBuf,
         sha256: &str,
-        config_json: String,
-        timeout_s: f64,
-        fuel: Option<i128>,
-        memory_limit: i128,
-        output_limit: i128,
-        on_failure: &str,
+        config: Option<String>,
+        timeout: Option<&Bound<'py, PyAny>>,
+        fuel: Nullable<'py>,
+        memory_limit: Option<&Bound<'py, PyAny>>,
+        output_limit: Option<&Bound<'py, PyAny>>,
+        on_failure: Option<&str>,
     ) -> PyResult<Self> {
         // Conversions only; the host checks the ranges (and names them).
-        let timeout = Duration::try_from_secs_f64(timeout_s)
-            .map_err(|_| invalid(py, format!("timeout must be in 0.001..=600 seconds (got {timeout_s})")))?;
-        let fuel = fuel
-            .map(|f| {
-                u64::try_from(f).map_err(|_| invalid(py, format!("fuel must be an integer >= 10000 or None (got {f})")))
-            })
-            .transpose()?;
-        let bytes = |v: i128, what: &str, range: &str| {
-            usize::try_from(v).map_err(|_| invalid(py, format!("{what} must be in {range} bytes (got {v})")))
+        let d = FilterOptions::new(sha256);
+        let timeout = match timeout {
+            None => d.timeout,
+            Some(t) => {
+                let seconds = number(t, "timeout", "a number of seconds")?;
+                Duration::try_from_secs_f64(seconds)
+                    .map_err(|_| invalid(py, format!("timeout must be in 0.001..=600 seconds (got {seconds})")))?
+            }
+        };
+        let bytes = |v: Option<&Bound<'py, PyAny>>, name: &str, default: usize| -> PyResult<usize> {
+            v.map(|v| int(v, name, 0, u64::MAX.into())).transpose().map(|v| v.unwrap_or(default))
         };
         let options = FilterOptions {
-            config: config_json,
+            config: config.unwrap_or(d.config.clone()),
             timeout,
-            fuel,
-            memory_limit: bytes(memory_limit, "memory_limit", "2**20..=2**32")?,
-            output_limit: bytes(output_limit, "output_limit", "0..=2**24")?,
-            on_failure: on_failure.parse::<OnFailure>().map_err(|e| to_py(py, e))?,
-            ..FilterOptions::new(sha256)
+            fuel: fuel.resolve(d.fuel, |f| u64_arg(f, "fuel", 0))?,
+            memory_limit: bytes(memory_limit, "memory_limit", d.memory_limit)?,
+            output_limit: bytes(output_limit, "output_limit", d.output_limit)?,
+            on_failure: opt_parse::<OnFailure>(py, on_failure)?.unwrap_or(d.on_failure),
+            ..d
         };
         let filter = py.detach(|| WasmFilter::load(&path, options)).map_err(|e| to_py(py, e))?;
         Ok(Self { inner: Mutex::new(filter) })

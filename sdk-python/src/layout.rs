@@ -5,95 +5,182 @@
 use numpy::{IntoPyArray, PyArray1, PyArrayMethods, PyReadonlyArray1, PyUntypedArrayMethods};
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyDict, PyList};
-use stowplan::{AlignOptions, Cost, CpRuns, Factor, MaterializeOptions, MicroBatch, Padding, Sample};
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{PyBytes, PyDict, PyList, PyString};
+use stowplan::{AlignOptions, CpRuns, Factor, MaterializeOptions, MicroBatch, Padding, Sample};
 
-use crate::{Lengths, invalid, kernel, to_py};
+use crate::{Lengths, cost_arg, int, invalid, kernel, opt_u32, to_py, u64_arg};
 
-fn factor(py: Python<'_>, align: Option<&Bound<'_, PyAny>>) -> PyResult<Factor> {
-    let Some(a) = align else { return Ok(Factor::CpTp) };
-    if let Ok(s) = a.extract::<String>() {
-        return match s.as_str() {
-            "cp_tp" => Ok(Factor::CpTp),
-            "roll" => Ok(Factor::Roll),
-            other => {
-                Err(invalid(py, format!("align must be None, 'cp_tp', 'roll' or a positive integer (got {other:?})")))
-            }
+/// No context or tensor parallelism: the `cp`/`tp` of an omitted argument.
+const NO_PARALLELISM: u32 = 1;
+
+/// `align`: `None` (omitted), `"cp_tp"`, `"roll"` or a multiple `>= 1`.
+fn factor(align: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Factor>> {
+    let Some(a) = align else { return Ok(None) };
+    if let Ok(s) = a.cast::<PyString>() {
+        return match &*s.to_cow()? {
+            "cp_tp" => Ok(Some(Factor::CpTp)),
+            "roll" => Ok(Some(Factor::Roll)),
+            other => Err(invalid(
+                a.py(),
+                format!("align must be None, 'cp_tp', 'roll' or a positive integer (got {other:?})"),
+            )),
         };
     }
-    match a.extract::<i128>() {
-        Ok(m) if (1..=i128::from(u64::MAX)).contains(&m) => Ok(Factor::Multiple(m as u64)),
-        Ok(m) => Err(invalid(py, format!("align must be an integer in 1..=2**64-1 (got {m})"))),
-        Err(_) => Err(PyTypeError::new_err("align must be None, 'cp_tp', 'roll' or a positive integer")),
-    }
+    Ok(Some(Factor::Multiple(u64_arg(a, "align", 1)?)))
 }
 
-fn u32_arg(py: Python<'_>, name: &str, v: i64) -> PyResult<u32> {
-    u32::try_from(v)
-        .ok()
-        .filter(|&v| v >= 1)
-        .ok_or_else(|| invalid(py, format!("{name} must be in 1..=2**32-1 (got {v})")))
-}
-
+/// Alignment options from the arguments (`None`: no CP, no TP, seed 001's factor).
 fn align_options(
-    py: Python<'_>,
-    cp: i64,
-    tp: i64,
+    cp: Option<&Bound<'_, PyAny>>,
+    tp: Option<&Bound<'_, PyAny>>,
     align: Option<&Bound<'_, PyAny>>,
-    power_of_two: bool,
+    power_of_two: Option<bool>,
 ) -> PyResult<AlignOptions> {
+    let d = AlignOptions::new(
+        opt_u32(cp, "cp", 1)?.unwrap_or(NO_PARALLELISM),
+        opt_u32(tp, "tp", 1)?.unwrap_or(NO_PARALLELISM),
+    );
     Ok(AlignOptions {
-        cp: u32_arg(py, "cp", cp)?,
-        tp: u32_arg(py, "tp", tp)?,
-        factor: factor(py, align)?,
-        power_of_two,
+        factor: factor(align)?.unwrap_or(d.factor),
+        power_of_two: power_of_two.unwrap_or(d.power_of_two),
+        ..d
     })
 }
 
-/// pad_factor(cp, tp, align, power_of_two, backend) -> int
+/// The multiple every sequence length is padded to.
+///
+/// Options (omitted or ``None``: the default): ``cp``, ``tp`` — context- and
+/// tensor-parallel sizes (default 1); ``align`` — ``None`` or ``"cp_tp"``: seed 001's
+/// ``2·cp·tp`` (``tp`` when ``cp == 1``); ``"roll"``: ROLL's ``lcm(16, 2·cp·tp)``
+/// (``lcm(16, tp)`` when ``cp == 1``); an integer: that multiple, which must be a multiple of
+/// ``2·cp`` (when ``cp > 1``) and of ``tp``; ``power_of_two`` — reject ``cp``/``tp`` that are
+/// not powers of two (default False); ``backend``.
+///
+/// >>> pad_factor(cp=2, tp=2), pad_factor(cp=3, align="roll"), pad_factor(tp=3)
+/// (8, 48, 3)
 #[pyfunction]
-#[pyo3(signature = (cp, tp, align, power_of_two, backend))]
+#[pyo3(signature = (*, cp=None, tp=None, align=None, power_of_two=None, backend=None))]
 pub fn pad_factor(
     py: Python<'_>,
-    cp: i64,
-    tp: i64,
+    cp: Option<&Bound<'_, PyAny>>,
+    tp: Option<&Bound<'_, PyAny>>,
     align: Option<&Bound<'_, PyAny>>,
-    power_of_two: bool,
-    backend: &str,
+    power_of_two: Option<bool>,
+    backend: Option<&str>,
 ) -> PyResult<u64> {
-    let o = align_options(py, cp, tp, align, power_of_two)?;
+    let o = align_options(cp, tp, align, power_of_two)?;
     let k = kernel(py, backend)?;
     py.detach(|| k.pad_factor(&o)).map_err(|e| to_py(py, e))
 }
 
-/// The pieces of a CP layout handed to Python.
-type LayoutTuple<'py> = (
-    u64,
-    Bound<'py, PyArray1<u64>>,
-    Bound<'py, PyArray1<u64>>,
-    u64,
-    u64,
-    Vec<Bound<'py, PyArray1<u64>>>,
-    Bound<'py, PyArray1<u64>>,
-    Bound<'py, PyArray1<u64>>,
-);
+/// One packed row of sequences split over context-parallel ranks (Megatron's zigzag): the
+/// result of :func:`cp_layout`.
+#[pyclass(frozen, module = "stowplan._stowplan", name = "CpLayout")]
+#[derive(Debug)]
+pub struct PyCpLayout {
+    /// The pad factor; every sequence is padded to a multiple of it.
+    #[pyo3(get)]
+    factor: u64,
+    /// The CP size.
+    #[pyo3(get)]
+    cp: u32,
+    /// ``uint64`` array of ``n + 1`` cumulative real lengths.
+    #[pyo3(get)]
+    cu_seqlens: Py<PyArray1<u64>>,
+    /// ``uint64`` array of ``n + 1`` cumulative padded lengths (sequence ``i`` occupies
+    /// ``cu_seqlens_padded[i]:cu_seqlens_padded[i+1]``).
+    #[pyo3(get)]
+    cu_seqlens_padded: Py<PyArray1<u64>>,
+    /// The longest real length.
+    #[pyo3(get)]
+    max_seqlen: u64,
+    /// The longest padded length.
+    #[pyo3(get)]
+    max_seqlen_padded: u64,
+    /// One ``uint64`` array per CP rank, the positions of the padded row it receives (chunks
+    /// ``r`` and ``2·cp−1−r`` of every sequence), in its order.
+    #[pyo3(get)]
+    gather: Py<PyList>,
+    /// ``uint64`` array, every rank's sequence boundaries (``cu_seqlens_padded // cp``).
+    #[pyo3(get)]
+    local_bounds: Py<PyArray1<u64>>,
+    /// ``uint64`` array, real tokens per CP rank.
+    #[pyo3(get)]
+    rank_real_tokens: Py<PyArray1<u64>>,
+    /// Tokens of the padded row.
+    #[pyo3(get)]
+    padded_tokens: u64,
+}
 
-/// cp_layout(lengths, cp, tp, align, power_of_two, backend)
-/// -> (factor, cu_seqlens, cu_seqlens_padded, max_seqlen, max_seqlen_padded,
-///     [gather map per rank], local_bounds, rank_real_tokens)
+#[pymethods]
+impl PyCpLayout {
+    /// Every CP rank's part of ``row`` (an array of the padded row's length).
+    fn split<'py>(&self, py: Python<'py>, row: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyList>> {
+        let arr = numpy(py)?.call_method1("asarray", (row,))?;
+        let ndim: usize = arr.getattr("ndim")?.extract()?;
+        if ndim != 1 || arr.len()? as u64 != self.padded_tokens {
+            return Err(invalid(
+                py,
+                format!(
+                    "row must be one-dimensional with {} elements (got shape {})",
+                    self.padded_tokens,
+                    arr.getattr("shape")?.str()?
+                ),
+            ));
+        }
+        PyList::new(py, self.gather.bind(py).iter().map(|g| arr.get_item(g)).collect::<PyResult<Vec<_>>>()?)
+    }
+
+    /// The inverse of :meth:`split`: CP ranks' rows (e.g. per-token outputs) back into one
+    /// padded row. ``rows`` are float32/float64/int64/int32/bool arrays.
+    fn unpack<'py>(&self, py: Python<'py>, rows: Vec<Bound<'py, PyAny>>) -> PyResult<Bound<'py, PyAny>> {
+        let positions =
+            self.gather.bind(py).iter().map(|g| g.extract::<PyReadonlyArray1<'py, u64>>()).collect::<PyResult<_>>()?;
+        scatter(py, positions, rows, self.padded_tokens as usize)
+    }
+
+    fn __repr__(&self, py: Python<'_>) -> String {
+        format!(
+            "CpLayout(cp={}, factor={}, sequences={}, padded_tokens={})",
+            self.cp,
+            self.factor,
+            self.cu_seqlens.bind(py).len().saturating_sub(1),
+            self.padded_tokens
+        )
+    }
+}
+
+/// The `numpy` module (imported once).
+fn numpy(py: Python<'_>) -> PyResult<&Bound<'_, PyModule>> {
+    static NUMPY: PyOnceLock<Py<PyModule>> = PyOnceLock::new();
+    NUMPY.get_or_try_init(py, || Ok::<_, PyErr>(py.import("numpy")?.unbind())).map(|m| m.bind(py))
+}
+
+/// Pads every sequence of ``lengths`` to the pad factor (see :func:`pad_factor`), packs them
+/// in order and splits the row over ``cp`` ranks. Zero lengths are allowed. ``tp``,
+/// ``align``, ``power_of_two``, ``backend``: as for :func:`pad_factor`.
+///
+/// >>> lay = cp_layout([2, 4, 6, 1], cp=2)          # seed 001's example
+/// >>> lay.factor, lay.cu_seqlens.tolist(), lay.cu_seqlens_padded.tolist()
+/// (4, [0, 2, 6, 12, 13], [0, 4, 8, 16, 20])
+/// >>> lay.gather[0].tolist()                         # positions CP rank 0 receives
+/// [0, 3, 4, 7, 8, 9, 14, 15, 16, 19]
+/// >>> lay.local_bounds.tolist()
+/// [0, 2, 4, 8, 10]
 #[pyfunction]
-#[pyo3(signature = (lengths, cp, tp, align, power_of_two, backend))]
-pub fn cp_layout<'py>(
-    py: Python<'py>,
-    lengths: &Bound<'py, PyAny>,
-    cp: i64,
-    tp: i64,
-    align: Option<&Bound<'py, PyAny>>,
-    power_of_two: bool,
-    backend: &str,
-) -> PyResult<LayoutTuple<'py>> {
-    let o = align_options(py, cp, tp, align, power_of_two)?;
-    let lengths = Lengths::extract(py, lengths, "lengths")?;
+#[pyo3(signature = (lengths, *, cp, tp=None, align=None, power_of_two=None, backend=None))]
+pub fn cp_layout(
+    py: Python<'_>,
+    lengths: &Bound<'_, PyAny>,
+    cp: &Bound<'_, PyAny>,
+    tp: Option<&Bound<'_, PyAny>>,
+    align: Option<&Bound<'_, PyAny>>,
+    power_of_two: Option<bool>,
+    backend: Option<&str>,
+) -> PyResult<PyCpLayout> {
+    let o = align_options(Some(cp), tp, align, power_of_two)?;
+    let lengths = Lengths::extract(lengths, "lengths")?;
     let k = kernel(py, backend)?;
     let l = lengths.slice();
     let (layout, maps) = py
@@ -104,21 +191,22 @@ pub fn cp_layout<'py>(
             Ok((layout, maps))
         })
         .map_err(|e| to_py(py, e))?;
-    Ok((
-        layout.factor,
-        layout.cu_seqlens.into_pyarray(py),
-        layout.cu_seqlens_padded.into_pyarray(py),
-        layout.max_seqlen,
-        layout.max_seqlen_padded,
-        maps.into_iter().map(|m| m.into_pyarray(py)).collect(),
-        layout.local_bounds.into_pyarray(py),
-        layout.rank_real_tokens.into_pyarray(py),
-    ))
+    Ok(PyCpLayout {
+        factor: layout.factor,
+        cp: o.cp,
+        padded_tokens: layout.cu_seqlens_padded.last().copied().unwrap_or(0),
+        max_seqlen: layout.max_seqlen,
+        max_seqlen_padded: layout.max_seqlen_padded,
+        cu_seqlens: layout.cu_seqlens.into_pyarray(py).unbind(),
+        cu_seqlens_padded: layout.cu_seqlens_padded.into_pyarray(py).unbind(),
+        gather: PyList::new(py, maps.into_iter().map(|m| m.into_pyarray(py)))?.unbind(),
+        local_bounds: layout.local_bounds.into_pyarray(py).unbind(),
+        rank_real_tokens: layout.rank_real_tokens.into_pyarray(py).unbind(),
+    })
 }
 
-/// scatter(positions, rows, total) -> array: `out[positions[r]] = rows[r]` for every rank,
-/// for float32/float64/int64/int32/bool rows (the inverse of the CP split).
-#[pyfunction]
+/// `out[positions[r]] = rows[r]` for every rank, for float32/float64/int64/int32/bool rows
+/// (the inverse of the CP split). Rows that are not numpy arrays go through `numpy.asarray`.
 pub fn scatter<'py>(
     py: Python<'py>,
     positions: Vec<PyReadonlyArray1<'py, u64>>,
@@ -131,6 +219,7 @@ pub fn scatter<'py>(
             format!("rows has {} entries; give one per CP rank ({})", rows.len(), positions.len()),
         ));
     }
+    let rows = rows.into_iter().map(|r| numpy(py)?.call_method1("asarray", (r,))).collect::<PyResult<Vec<_>>>()?;
     let pos: Vec<&[u64]> = positions
         .iter()
         .map(|p| p.as_slice().map_err(|e| invalid(py, format!("positions: {e}"))))
@@ -142,14 +231,14 @@ pub fn scatter<'py>(
             {
                 let mut out = vec![<$t>::default(); total];
                 for (r, (p, a)) in pos.iter().zip(&arrs).enumerate() {
-                    let a = a.as_slice().map_err(|e| invalid(py, format!("rows[{r}]: {e}")))?;
+                    let a = a.as_array();
                     if a.len() != p.len() {
                         return Err(invalid(
                             py,
                             format!("rows[{r}] has {} elements; CP rank {r} holds {}", a.len(), p.len()),
                         ));
                     }
-                    for (&i, &v) in p.iter().zip(a) {
+                    for (&i, &v) in p.iter().zip(a.iter()) {
                         match out.get_mut(i as usize) {
                             Some(o) => *o = v,
                             None => return Err(invalid(py, format!("position {i} is outside the row of {total}"))),
@@ -165,9 +254,7 @@ pub fn scatter<'py>(
     typed!(i64);
     typed!(i32);
     typed!(bool);
-    Err(PyTypeError::new_err(
-        "rows must be one-dimensional contiguous numpy arrays of float32, float64, int64, int32 or bool",
-    ))
+    Err(PyTypeError::new_err("rows must be one-dimensional numpy arrays of float32, float64, int64, int32 or bool"))
 }
 
 /// One materialized micro-batch; every per-token field is a numpy array of the row's length.
@@ -452,70 +539,185 @@ pub(crate) fn extract_sample(i: usize, obj: &Bound<'_, PyAny>) -> PyResult<Owned
     })
 }
 
-/// materialize(samples, capacity, dp, cp, padding, multiple, linear, quadratic,
-/// pad_token_id, num_runs, mix_runs, allow_empty_completion, plan, backend)
-/// -> (ranks: list of lists of MicroBatch, figures dict or None for a caller's plan)
-#[pyfunction]
-#[pyo3(signature = (samples, capacity, dp, cp, padding, multiple, linear, quadratic, pad_token_id, num_runs,
-    mix_runs, allow_empty_completion, plan, backend))]
-#[allow(clippy::too_many_arguments)]
-pub fn materialize<'py>(
-    py: Python<'py>,
-    samples: &Bound<'py, PyAny>,
-    capacity: i128,
-    dp: i64,
-    cp: i64,
-    padding: &str,
-    multiple: i128,
-    linear: u64,
-    quadratic: u64,
-    pad_token_id: i64,
-    num_runs: Option<i64>,
-    mix_runs: bool,
-    allow_empty_completion: bool,
-    plan: Option<Vec<Vec<Vec<u32>>>>,
-    backend: &str,
-) -> PyResult<(Bound<'py, PyList>, Option<Bound<'py, PyDict>>)> {
-    let cap = u64::try_from(capacity)
-        .ok()
-        .filter(|&c| c >= 1)
-        .ok_or_else(|| invalid(py, format!("capacity must be in 1..=2**64-1 (got {capacity})")))?;
-    let m = u64::try_from(multiple)
-        .ok()
-        .filter(|&c| c >= 1)
-        .ok_or_else(|| invalid(py, format!("align must be in 1..=2**64-1 (got {multiple})")))?;
-    let padding = match padding {
-        "sequence" => Padding::PerSequence(m),
-        "micro_batch" => Padding::PerMicroBatch(m),
-        other => return Err(invalid(py, format!("padding must be 'sequence' or 'micro_batch' (got {other:?})"))),
-    };
-    let num_runs = num_runs
-        .map(|n| {
-            u32::try_from(n)
-                .ok()
-                .filter(|&n| n >= 1)
-                .ok_or_else(|| invalid(py, format!("num_runs must be in 1..=2**32-1 (got {n})")))
+/// Every rank's micro-batches (the result of :func:`materialize`).
+#[pyclass(frozen, module = "stowplan._stowplan", name = "Materialized")]
+#[derive(Debug)]
+pub struct PyMaterialized {
+    /// ``ranks[r]`` is rank ``r``'s list of :class:`MicroBatch` (the same count on every rank).
+    #[pyo3(get)]
+    ranks: Py<PyList>,
+    /// Micro-batches per rank.
+    #[pyo3(get)]
+    per_rank: usize,
+    /// Real tokens over all micro-batches.
+    #[pyo3(get)]
+    real_tokens: u64,
+    /// Padding tokens over all micro-batches (dummies' padding included).
+    #[pyo3(get)]
+    padding_tokens: u64,
+    /// Micro-batches best-fit decreasing made (``None`` for a caller's ``plan``).
+    #[pyo3(get)]
+    packed: Option<u32>,
+    /// Heaviest micro-batches split to reach a multiple of ``dp`` (``None`` for a ``plan``).
+    #[pyo3(get)]
+    splits: Option<u32>,
+    /// Empty micro-batches (zero loss mask and advantages) added because there were fewer
+    /// samples than slots.
+    #[pyo3(get)]
+    dummies: u32,
+    /// No packing under the capacity has fewer micro-batches (``None`` for a ``plan``).
+    #[pyo3(get)]
+    lower_bound: Option<u32>,
+    /// ``uint64`` array, cost per rank (``None`` for a caller's ``plan``).
+    #[pyo3(get)]
+    rank_costs: Option<Py<PyArray1<u64>>>,
+}
+
+#[pymethods]
+impl PyMaterialized {
+    /// Padding tokens over real tokens.
+    #[getter]
+    fn padding_overhead(&self) -> f64 {
+        if self.real_tokens == 0 { 0.0 } else { self.padding_tokens as f64 / self.real_tokens as f64 }
+    }
+
+    fn __repr__(&self, py: Python<'_>) -> String {
+        format!(
+            "Materialized(dp={}, per_rank={}, real_tokens={}, padding_tokens={}, dummies={})",
+            self.ranks.bind(py).len(),
+            self.per_rank,
+            self.real_tokens,
+            self.padding_tokens,
+            self.dummies
+        )
+    }
+}
+
+/// A caller's plan: ``plan[r][j]`` = the sample indices of rank ``r``'s micro-batch ``j``.
+fn plan_arg(plan: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Vec<Vec<Vec<u32>>>>> {
+    let Some(plan) = plan else { return Ok(None) };
+    let py = plan.py();
+    let raw: Vec<Vec<Vec<i128>>> = plan.extract().map_err(|_| {
+        invalid(py, "plan must be a list (ranks) of lists (micro-batches) of sample indices".to_string())
+    })?;
+    raw.into_iter()
+        .enumerate()
+        .map(|(r, rank)| {
+            rank.into_iter()
+                .enumerate()
+                .map(|(j, mb)| {
+                    mb.into_iter()
+                        .map(|i| {
+                            u32::try_from(i).map_err(|_| {
+                                invalid(py, format!("plan[{r}][{j}] holds {i}, not a sample index (0..=2**32-1)"))
+                            })
+                        })
+                        .collect()
+                })
+                .collect()
         })
-        .transpose()?;
-    let options = MaterializeOptions {
-        capacity: cap,
-        dp: u32_arg(py, "dp", dp)?,
-        cp: u32_arg(py, "cp", cp)?,
-        padding,
-        cost: Cost { linear, quadratic },
-        pad_token_id,
-        num_runs,
-        mix_runs,
-        allow_empty_completion,
+        .collect::<PyResult<_>>()
+        .map(Some)
+}
+
+/// Packs ``samples`` into micro-batches of at most ``capacity`` tokens (after padding),
+/// gives each of ``dp`` ranks the same number, and builds their arrays.
+///
+/// A sample is a mapping or an object with ``prompt_ids``, ``completion_ids`` (lists or
+/// int64/int32 arrays) and ``advantage``; optionally ``prompt_mask`` (default all False),
+/// ``completion_mask`` (all True), ``completion_logprobs`` (0), ``temperature`` (one float,
+/// default 1.0) or ``completion_temperatures`` (one per completion token), ``run`` or
+/// ``lora`` (default 0) and ``teacher_logprobs`` (every token; all samples or none).
+///
+/// Options (omitted or ``None``: the default): ``dp`` (default 1), ``cp``, ``tp`` (default
+/// 1); ``padding`` — ``"sequence"`` pads every sample to the factor (default when
+/// ``cp > 1``; rows then carry their CP split, see ``MicroBatch.cp_view``),
+/// ``"micro_batch"`` pads each row's total (prime-rl's ``pad_to_multiple_of``; default when
+/// ``cp == 1``); ``align`` — as for :func:`pad_factor` (an integer is used as is); ``cost``
+/// — as in :func:`micro_batches`; ``pad_token_id`` (default 1, prime-rl's); ``num_runs`` —
+/// the length of ``lora_num_tokens`` (default: the largest run + 1); ``mix_runs`` — samples
+/// of different runs may share a micro-batch (default False); ``allow_empty_completion``
+/// (default False); ``plan`` — materialize this plan instead (``plan[r][j]`` = the sample
+/// indices of rank ``r``'s micro-batch ``j``; ``[]`` = a dummy); ``backend``.
+///
+/// Raises :class:`InvalidArgumentError` naming the sample and field (length mismatch, empty
+/// completion unless ``allow_empty_completion``, temperature ≤ 0, …) and
+/// :class:`InfeasibleError` for a sample longer than ``capacity``.
+///
+/// >>> samples = [
+/// ...     {"prompt_ids": [11, 12], "completion_ids": [13, 14, 15], "advantage": 0.5},
+/// ...     {"prompt_ids": [21], "completion_ids": [22, 23], "advantage": -1.0},
+/// ... ]
+/// >>> m = materialize(samples, capacity=64, cp=2)
+/// >>> mb = m.ranks[0][0]
+/// >>> mb.input_ids.tolist(), mb.cu_seqlens_padded.tolist()
+/// ([11, 12, 13, 14, 15, 1, 1, 1, 21, 22, 23, 1], [0, 8, 12])
+/// >>> mb.cp_view(1)["input_ids"].tolist()
+/// [13, 14, 15, 1, 22, 23]
+/// >>> MicroBatch.from_bytes(mb.to_bytes()).input_ids.tolist() == mb.input_ids.tolist()
+/// True
+#[pyfunction]
+#[pyo3(signature = (samples, *, capacity, dp=None, cp=None, tp=None, padding=None, align=None, cost=None,
+    pad_token_id=None, num_runs=None, mix_runs=None, allow_empty_completion=None, plan=None, backend=None))]
+#[allow(clippy::too_many_arguments)]
+pub fn materialize(
+    py: Python<'_>,
+    samples: &Bound<'_, PyAny>,
+    capacity: &Bound<'_, PyAny>,
+    dp: Option<&Bound<'_, PyAny>>,
+    cp: Option<&Bound<'_, PyAny>>,
+    tp: Option<&Bound<'_, PyAny>>,
+    padding: Option<&str>,
+    align: Option<&Bound<'_, PyAny>>,
+    cost: Option<&Bound<'_, PyAny>>,
+    pad_token_id: Option<&Bound<'_, PyAny>>,
+    num_runs: Option<&Bound<'_, PyAny>>,
+    mix_runs: Option<bool>,
+    allow_empty_completion: Option<bool>,
+    plan: Option<&Bound<'_, PyAny>>,
+    backend: Option<&str>,
+) -> PyResult<PyMaterialized> {
+    let capacity = u64_arg(capacity, "capacity", 1)?;
+    let d = MaterializeOptions::new(capacity, opt_u32(dp, "dp", 1)?.unwrap_or(NO_PARALLELISM));
+    let cp = opt_u32(cp, "cp", 1)?.unwrap_or(d.cp);
+    let tp = opt_u32(tp, "tp", 1)?.unwrap_or(NO_PARALLELISM);
+    let per_sequence = match padding {
+        None => cp > 1,
+        Some("sequence") => true,
+        Some("micro_batch") => false,
+        Some(other) => {
+            return Err(invalid(py, format!("padding must be 'sequence' or 'micro_batch' (got {other:?})")));
+        }
     };
+    let k = kernel(py, backend)?;
+    let multiple = match factor(align)? {
+        Some(Factor::Multiple(m)) => m,
+        f => {
+            let o = AlignOptions { factor: f.unwrap_or(AlignOptions::new(cp, tp).factor), ..AlignOptions::new(cp, tp) };
+            py.detach(|| k.pad_factor(&o)).map_err(|e| to_py(py, e))?
+        }
+    };
+    let options = MaterializeOptions {
+        cp,
+        padding: if per_sequence { Padding::PerSequence(multiple) } else { Padding::PerMicroBatch(multiple) },
+        cost: cost_arg(cost)?.unwrap_or(d.cost),
+        pad_token_id: pad_token_id
+            .map(|p| int(p, "pad_token_id", i64::MIN.into(), i64::MAX.into()))
+            .transpose()?
+            .unwrap_or(d.pad_token_id),
+        num_runs: opt_u32(num_runs, "num_runs", 1)?.or(d.num_runs),
+        mix_runs: mix_runs.unwrap_or(d.mix_runs),
+        allow_empty_completion: allow_empty_completion.unwrap_or(d.allow_empty_completion),
+        ..d
+    };
+    let plan = plan_arg(plan)?;
     let owned: Vec<OwnedSample> = samples
         .try_iter()
         .map_err(|_| PyTypeError::new_err("samples must be an iterable of mappings or objects"))?
         .enumerate()
         .map(|(i, s)| extract_sample(i, &s?))
         .collect::<PyResult<_>>()?;
-    let k = kernel(py, backend)?;
-    let (ranks, figures) = py
+    let (ranks, distribution) = py
         .detach(|| -> Result<_, stowplan::Error> {
             let borrowed: Vec<Sample<'_>> = owned.iter().map(OwnedSample::borrow).collect();
             match &plan {
@@ -525,22 +727,15 @@ pub fn materialize<'py>(
                 }
                 None => {
                     let m = stowplan::materialize(&k, &borrowed, &options)?;
-                    let d = &m.distribution;
-                    let figures = (
-                        m.real_tokens,
-                        m.padding_tokens,
-                        d.per_rank,
-                        d.packed,
-                        d.splits,
-                        d.dummies,
-                        d.lower_bound,
-                        d.rank_costs.clone(),
-                    );
-                    Ok((m.ranks, Some(figures)))
+                    Ok((m.ranks, Some(m.distribution)))
                 }
             }
         })
         .map_err(|e| to_py(py, e))?;
+    let all = || ranks.iter().flatten();
+    let (real_tokens, padding_tokens) = (all().map(|m| m.real_tokens).sum(), all().map(|m| m.padding_tokens).sum());
+    let dummies = all().filter(|m| m.dummy).count() as u32;
+    let per_rank = ranks.first().map_or(0, Vec::len);
     let out = PyList::empty(py);
     for rank in ranks {
         let row = PyList::empty(py);
@@ -549,45 +744,64 @@ pub fn materialize<'py>(
         }
         out.append(row)?;
     }
-    let figures = match figures {
-        None => None,
-        Some((real, pad, per_rank, packed, splits, dummies, lower_bound, rank_costs)) => {
-            let d = PyDict::new(py);
-            d.set_item("real_tokens", real)?;
-            d.set_item("padding_tokens", pad)?;
-            d.set_item("per_rank", per_rank)?;
-            d.set_item("packed", packed)?;
-            d.set_item("splits", splits)?;
-            d.set_item("dummies", dummies)?;
-            d.set_item("lower_bound", lower_bound)?;
-            d.set_item("rank_costs", rank_costs.into_pyarray(py))?;
-            Some(d)
-        }
-    };
-    Ok((out, figures))
+    Ok(PyMaterialized {
+        ranks: out.unbind(),
+        per_rank,
+        real_tokens,
+        padding_tokens,
+        packed: distribution.as_ref().map(|d| d.packed),
+        splits: distribution.as_ref().map(|d| d.splits),
+        dummies: distribution.as_ref().map_or(dummies, |d| d.dummies),
+        lower_bound: distribution.as_ref().map(|d| d.lower_bound),
+        rank_costs: distribution.map(|d| d.rank_costs.into_pyarray(py).unbind()),
+    })
 }
 
-/// prime_rl_ffd(lengths, runs, labels, seq_len, backend) -> (bins, dropped)
+/// prime-rl's classic packer's bins (the result of :func:`prime_rl_ffd`).
+#[pyclass(frozen, module = "stowplan._stowplan", name = "PrimeRlBins")]
+#[derive(Debug)]
+pub struct PyPrimeRlBins {
+    /// The bins: sample indices in prime-rl's bin order and in-bin order.
+    #[pyo3(get)]
+    bins: Vec<Vec<u32>>,
+    /// The zero-length samples prime-rl drops without a word.
+    #[pyo3(get)]
+    dropped: Vec<u32>,
+}
+
+#[pymethods]
+impl PyPrimeRlBins {
+    fn __repr__(&self) -> String {
+        format!("PrimeRlBins(bins={}, dropped={})", self.bins.len(), self.dropped.len())
+    }
+}
+
+/// prime_rl_ffd(lengths, runs, labels, seq_len, *, backend=None) -> PrimeRlBins: prime-rl's
+/// classic packer (first fit decreasing by (run, −length); bins share a label).
 #[pyfunction]
+#[pyo3(signature = (lengths, runs, labels, seq_len, *, backend=None))]
 pub fn prime_rl_ffd(
     py: Python<'_>,
     lengths: Vec<u64>,
     runs: Vec<u32>,
     labels: Vec<u32>,
     seq_len: u64,
-    backend: &str,
-) -> PyResult<(Vec<Vec<u32>>, Vec<u32>)> {
+    backend: Option<&str>,
+) -> PyResult<PyPrimeRlBins> {
     let k = kernel(py, backend)?;
-    py.detach(|| k.prime_rl_ffd(&lengths, &runs, &labels, seq_len)).map_err(|e| to_py(py, e))
+    let (bins, dropped) = py.detach(|| k.prime_rl_ffd(&lengths, &runs, &labels, seq_len)).map_err(|e| to_py(py, e))?;
+    Ok(PyPrimeRlBins { bins, dropped })
 }
 
 /// Adds this module's functions and classes.
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(pad_factor, m)?)?;
     m.add_function(wrap_pyfunction!(cp_layout, m)?)?;
-    m.add_function(wrap_pyfunction!(scatter, m)?)?;
     m.add_function(wrap_pyfunction!(materialize, m)?)?;
     m.add_function(wrap_pyfunction!(prime_rl_ffd, m)?)?;
+    m.add_class::<PyCpLayout>()?;
     m.add_class::<PyMicroBatch>()?;
+    m.add_class::<PyMaterialized>()?;
+    m.add_class::<PyPrimeRlBins>()?;
     Ok(())
 }

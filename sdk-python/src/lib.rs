@@ -1,9 +1,12 @@
 //! `stowplan._stowplan`: the native layer of the Python SDK.
 //!
-//! Thin by design: it converts numpy arrays to slices (without copying for contiguous
-//! `uint64`/`int64` input), calls the Rust host with the GIL released, and hands results back
-//! as numpy arrays that own the Rust vectors (no copy). Validation of values happens in the
-//! kernel; errors become the exception classes of `stowplan.errors`.
+//! Thin by design: it converts arguments (numpy arrays read as slices without copying, option
+//! names parsed with the kernel's [`stowplan::Named`] spellings, integer ranges checked and named once,
+//! here), calls the Rust host with the GIL released, and returns frozen result classes whose
+//! getters hand out numpy arrays owning the Rust vectors (no copy). Options are keyword-only;
+//! an omitted option (or `None`) means the host's default (`PackOptions::new`,
+//! `PartitionOptions::default`, …), so no default is written twice. Errors become the
+//! exception classes of `stowplan.errors`, imported once per process.
 
 mod filter;
 mod layout;
@@ -11,95 +14,313 @@ mod packer;
 mod plan;
 mod source;
 
-use numpy::{IntoPyArray, PyArray1, PyReadonlyArray1, PyUntypedArrayMethods};
-use pyo3::exceptions::{PyTypeError, PyValueError};
+use std::str::FromStr;
+
+use numpy::{IntoPyArray, PyArray1, PyArrayMethods, PyReadonlyArray1, PyUntypedArrayMethods};
+use pyo3::exceptions::{PyAssertionError, PyIndexError, PyMemoryError, PyTypeError, PyValueError, PyZeroDivisionError};
 use pyo3::prelude::*;
-use pyo3::types::PyList;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{PyBool, PyDict, PyInt, PyList, PySlice, PyString, PyTuple, PyType};
 use stowplan::{
-    Backend, Cost, DpOptions, DpPlan, Error, FilterError, Kernel, MicroOptions, MicroPlan, Order, OversizePolicy,
-    PackMethod, PackOptions, PartitionMethod, PartitionOptions, PyError, RollLoadBalanceOptions, UnbalanceError,
-    VerlFunction, VerlMicroOptions,
+    Backend, Cost, DpOptions, DpPlan, DpReorder, Error, FilterError, Kernel, MicroOptions, MicroPlan, PackOptions,
+    Packing, PartitionMethod, PartitionOptions, Partitioning, PyError, RollLoadBalanceOptions, RollMicroBatches,
+    UnbalanceError, VerlFunction, VerlMicroOptions,
 };
 
-/// Raises the `stowplan.errors` class named `class` with `message`.
-fn raise(py: Python<'_>, class: &str, message: String) -> PyErr {
-    match py.import("stowplan.errors").and_then(|m| m.getattr(class)) {
-        Ok(cls) => match cls.cast_into() {
-            Ok(t) => PyErr::from_type(t, message),
-            Err(e) => PyTypeError::new_err(format!("stowplan.errors.{class} is not a type ({e}): {message}")),
-        },
-        Err(e) => e,
+// ---------------------------------------------------------------------------------------------
+// Errors: the classes of `stowplan.errors`, imported once.
+
+/// An exception class of `stowplan.errors` (`Class::NAMES` in the same order).
+#[derive(Clone, Copy, Debug)]
+enum Class {
+    InvalidArgument,
+    Infeasible,
+    KernelRuntime,
+    Config,
+    Io,
+    CacheMismatch,
+    Timeout,
+    FilterTimeout,
+    FilterOutOfFuel,
+    FilterMemoryLimit,
+    FilterTrap,
+    FilterInvalidResult,
+    FilterHashMismatch,
+    FilterGuest,
+    FilterLoad,
+}
+
+impl Class {
+    const COUNT: usize = 15;
+    const NAMES: [&'static str; Self::COUNT] = [
+        "InvalidArgumentError",
+        "InfeasibleError",
+        "KernelRuntimeError",
+        "ConfigError",
+        "StowplanIOError",
+        "CacheMismatchError",
+        "StowplanTimeoutError",
+        "FilterTimeoutError",
+        "FilterOutOfFuelError",
+        "FilterMemoryLimitError",
+        "FilterTrapError",
+        "FilterInvalidResultError",
+        "FilterHashMismatchError",
+        "FilterGuestError",
+        "FilterLoadError",
+    ];
+
+    fn of(e: &Error) -> Self {
+        match e {
+            Error::InvalidArgument(_) => Class::InvalidArgument,
+            Error::Infeasible(_) => Class::Infeasible,
+            Error::Runtime(_) => Class::KernelRuntime,
+            Error::Config(_) => Class::Config,
+            Error::Io(_) => Class::Io,
+            Error::CacheMismatch(_) => Class::CacheMismatch,
+            Error::Timeout(_) => Class::Timeout,
+            Error::Filter(f) => match f {
+                FilterError::Timeout(_) => Class::FilterTimeout,
+                FilterError::OutOfFuel(_) => Class::FilterOutOfFuel,
+                FilterError::MemoryLimit(_) => Class::FilterMemoryLimit,
+                FilterError::Trap(_) => Class::FilterTrap,
+                FilterError::InvalidResult(_) => Class::FilterInvalidResult,
+                FilterError::HashMismatch(_) => Class::FilterHashMismatch,
+                FilterError::Guest(_) => Class::FilterGuest,
+                FilterError::Load(_) => Class::FilterLoad,
+            },
+        }
+    }
+
+    /// The exception raising `message` as this class (the class is imported on first use
+    /// and kept for the life of the process).
+    fn err(self, py: Python<'_>, message: String) -> PyErr {
+        static CLASSES: [PyOnceLock<Py<PyType>>; Class::COUNT] = [const { PyOnceLock::new() }; Class::COUNT];
+        match CLASSES[self as usize].import(py, "stowplan.errors", Self::NAMES[self as usize]) {
+            Ok(class) => PyErr::from_type(class.clone(), message),
+            Err(e) => e,
+        }
     }
 }
 
+/// The host's error as the matching `stowplan.errors` class.
 pub(crate) fn to_py(py: Python<'_>, e: Error) -> PyErr {
-    let class = match &e {
-        Error::Filter(f) => match f {
-            FilterError::Timeout(_) => "FilterTimeoutError",
-            FilterError::OutOfFuel(_) => "FilterOutOfFuelError",
-            FilterError::MemoryLimit(_) => "FilterMemoryLimitError",
-            FilterError::Trap(_) => "FilterTrapError",
-            FilterError::InvalidResult(_) => "FilterInvalidResultError",
-            FilterError::HashMismatch(_) => "FilterHashMismatchError",
-            FilterError::Guest(_) => "FilterGuestError",
-            FilterError::Load(_) => "FilterLoadError",
-        },
-        Error::InvalidArgument(_) => "InvalidArgumentError",
-        Error::Infeasible(_) => "InfeasibleError",
-        Error::Runtime(_) => "KernelRuntimeError",
-        Error::Config(_) => "ConfigError",
-        Error::Io(_) => "StowplanIOError",
-        Error::CacheMismatch(_) => "CacheMismatchError",
-        Error::Timeout(_) => "StowplanTimeoutError",
-    };
-    raise(py, class, e.to_string())
+    Class::of(&e).err(py, e.to_string())
 }
 
+/// `InvalidArgumentError(message)`.
 pub(crate) fn invalid(py: Python<'_>, message: String) -> PyErr {
-    raise(py, "InvalidArgumentError", message)
+    Class::InvalidArgument.err(py, message)
 }
 
-pub(crate) fn kernel(py: Python<'_>, backend: &str) -> PyResult<Kernel> {
-    let backend = match backend {
-        "wasm" => Backend::Wasm,
-        "native" => Backend::Native,
-        other => return Err(invalid(py, format!("backend must be 'wasm' or 'native' (got {other:?})"))),
+/// A peer's exception (verl, ROLL) as the builtin class the peer raises.
+fn peer_error(e: &PyError) -> PyErr {
+    let m = e.message().to_string();
+    match e {
+        PyError::AssertionError(_) => PyAssertionError::new_err(m),
+        PyError::IndexError(_) => PyIndexError::new_err(m),
+        PyError::TypeError(_) => PyTypeError::new_err(m),
+        PyError::ZeroDivisionError(_) => PyZeroDivisionError::new_err(m),
+        PyError::MemoryError(_) => PyMemoryError::new_err(m),
+        PyError::ValueError(_) => PyValueError::new_err(m),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Arguments: converted and checked once, here; every message names the argument.
+
+/// `2**64-1` for `u64::MAX` and the like: how a range bound reads in a message.
+fn bound(v: i128) -> String {
+    match v {
+        v if v == i128::from(u64::MAX) => "2**64-1".into(),
+        v if v == i128::from(u32::MAX) => "2**32-1".into(),
+        v if v == i128::from(i64::MAX) => "2**63-1".into(),
+        v if v == i128::from(i64::MIN) => "-2**63".into(),
+        v => v.to_string(),
+    }
+}
+
+/// `repr(obj)` for a message.
+pub(crate) fn repr(obj: &Bound<'_, PyAny>) -> String {
+    obj.repr().map(|r| r.to_string()).unwrap_or_else(|_| "?".into())
+}
+
+/// `obj` as an integer in `low..=high` (a Python int or anything with `__index__`, such as a
+/// numpy integer; not a bool or a float), else `InvalidArgumentError` naming `name`.
+pub(crate) fn int<T: TryFrom<i128>>(obj: &Bound<'_, PyAny>, name: &str, low: i128, high: i128) -> PyResult<T> {
+    let is_int =
+        !obj.is_instance_of::<PyBool>() && (obj.is_instance_of::<PyInt>() || obj.hasattr("__index__").unwrap_or(false));
+    if is_int {
+        // i64 first (one C call); i128 for the rest of the u64 range. Past i128: out of range.
+        let v = obj.extract::<i64>().map(i128::from).or_else(|_| obj.extract::<i128>());
+        if let Ok(v) = v
+            && (low..=high).contains(&v)
+            && let Ok(t) = T::try_from(v)
+        {
+            return Ok(t);
+        }
+    }
+    let what = if is_int { "" } else { "an integer " };
+    Err(invalid(obj.py(), format!("{name} must be {what}in {}..={} (got {})", bound(low), bound(high), repr(obj))))
+}
+
+/// A `u32` argument `>= low`.
+pub(crate) fn u32_arg(obj: &Bound<'_, PyAny>, name: &str, low: u32) -> PyResult<u32> {
+    int(obj, name, low.into(), u32::MAX.into())
+}
+
+/// A `u64` argument `>= low`.
+pub(crate) fn u64_arg(obj: &Bound<'_, PyAny>, name: &str, low: u64) -> PyResult<u64> {
+    int(obj, name, low.into(), u64::MAX.into())
+}
+
+/// An optional `u32` argument `>= low` (`None` stays `None`: the host's default).
+pub(crate) fn opt_u32(obj: Option<&Bound<'_, PyAny>>, name: &str, low: u32) -> PyResult<Option<u32>> {
+    obj.map(|o| u32_arg(o, name, low)).transpose()
+}
+
+/// An optional `u64` argument `>= low`.
+pub(crate) fn opt_u64(obj: Option<&Bound<'_, PyAny>>, name: &str, low: u64) -> PyResult<Option<u64>> {
+    obj.map(|o| u64_arg(o, name, low)).transpose()
+}
+
+/// A number (int or float, not a bool or a string), else `InvalidArgumentError` naming
+/// `name` and `what` it is (e.g. "a number of seconds").
+pub(crate) fn number(obj: &Bound<'_, PyAny>, name: &str, what: &str) -> PyResult<f64> {
+    let value = if obj.is_instance_of::<PyBool>() || obj.is_instance_of::<PyString>() {
+        None
+    } else {
+        obj.extract::<f64>().ok()
     };
+    value.ok_or_else(|| invalid(obj.py(), format!("{name} must be {what} (got {})", repr(obj))))
+}
+
+/// An argument whose `None` has a meaning of its own (no key, no bound), so only an omitted
+/// argument means the host's default: `#[pyo3(signature = (…, name = Nullable::Omitted))]`.
+#[derive(Debug)]
+pub(crate) enum Nullable<'py> {
+    /// Not passed: the host's default.
+    Omitted,
+    /// Passed (possibly `None`).
+    Given(Bound<'py, PyAny>),
+}
+
+impl<'a, 'py> FromPyObject<'a, 'py> for Nullable<'py> {
+    type Error = std::convert::Infallible;
+
+    fn extract(obj: Borrowed<'a, 'py, PyAny>) -> Result<Self, Self::Error> {
+        Ok(Nullable::Given(obj.to_owned()))
+    }
+}
+
+impl<'py> Nullable<'py> {
+    /// `default` when omitted, `None` for `None`, else `convert(value)`.
+    pub(crate) fn resolve<T>(
+        self,
+        default: Option<T>,
+        convert: impl FnOnce(&Bound<'py, PyAny>) -> PyResult<T>,
+    ) -> PyResult<Option<T>> {
+        match self {
+            Nullable::Omitted => Ok(default),
+            Nullable::Given(v) if v.is_none() => Ok(None),
+            Nullable::Given(v) => convert(&v).map(Some),
+        }
+    }
+}
+
+/// An option name parsed with the host's spelling (`FromStr` of the kernel's [`stowplan::Named`]
+/// enums and [`Backend`]): the error names the option and every allowed value.
+pub(crate) fn parse<T>(py: Python<'_>, name: &str) -> PyResult<T>
+where
+    T: FromStr,
+    T::Err: Into<Error>,
+{
+    name.parse::<T>().map_err(|e| to_py(py, e.into()))
+}
+
+/// An optional option name (`None`: the host's default, which the caller supplies).
+pub(crate) fn opt_parse<T>(py: Python<'_>, name: Option<&str>) -> PyResult<Option<T>>
+where
+    T: FromStr,
+    T::Err: Into<Error>,
+{
+    name.map(|n| parse(py, n)).transpose()
+}
+
+/// A cost: a preset name (the kernel's `Cost` spelling, `tokens` or `attention`) or a
+/// `(linear, quadratic)` pair of integers; `None` stays `None` (the host's default cost).
+pub(crate) fn cost_arg(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Cost>> {
+    let Some(obj) = obj else { return Ok(None) };
+    let py = obj.py();
+    if let Ok(s) = obj.cast::<PyString>() {
+        return parse::<Cost>(py, &s.to_cow()?).map(Some);
+    }
+    let pair: Option<Vec<Bound<'_, PyAny>>> = obj.try_iter().ok().and_then(|it| it.collect::<PyResult<Vec<_>>>().ok());
+    match pair.as_deref() {
+        Some([linear, quadratic]) => Ok(Some(Cost {
+            linear: u64_arg(linear, "cost linear coefficient", 0)?,
+            quadratic: u64_arg(quadratic, "cost quadratic coefficient", 0)?,
+        })),
+        _ => Err(invalid(
+            py,
+            format!("cost must be {} or a (linear, quadratic) pair of integers (got {})", preset_names(), repr(obj)),
+        )),
+    }
+}
+
+/// `'tokens' or 'attention'`: the kernel's cost presets.
+fn preset_names() -> String {
+    let names: Vec<String> = stowplan::COST_PRESETS.iter().map(|(n, _)| format!("'{n}'")).collect();
+    names.join(" or ")
+}
+
+/// The kernel on `backend` (`None`: the host's default backend).
+pub(crate) fn kernel<'a>(py: Python<'_>, backend: impl Into<Option<&'a str>>) -> PyResult<Kernel> {
+    let backend = opt_parse::<Backend>(py, backend.into())?.unwrap_or_default();
     // Compiling the component (first call in a process) happens without the GIL.
     py.detach(|| Kernel::new(backend)).map_err(|e| to_py(py, e))
 }
 
 /// Lengths/weights as a borrowed numpy array: `uint64`, or `int64` checked non-negative and
-/// read as `uint64` (same size and alignment), both without copying.
+/// read as `uint64` (same size and alignment), both without copying. Anything else (lists,
+/// other integer dtypes, `__array__`, DLPack, non-contiguous arrays) goes through
+/// `stowplan._convert.as_lengths` first.
 pub(crate) enum Lengths<'py> {
     U64(PyReadonlyArray1<'py, u64>),
     I64(PyReadonlyArray1<'py, i64>),
 }
 
 impl<'py> Lengths<'py> {
-    pub(crate) fn extract(py: Python<'py>, obj: &Bound<'py, PyAny>, name: &str) -> PyResult<Self> {
-        if let Ok(a) = obj.extract::<PyReadonlyArray1<'py, u64>>() {
-            return Self::contiguous(py, Lengths::U64(a), name);
-        }
-        if let Ok(a) = obj.extract::<PyReadonlyArray1<'py, i64>>() {
-            let l = Self::contiguous(py, Lengths::I64(a), name)?;
-            if let Lengths::I64(a) = &l {
-                let s = a.as_slice().map_err(|e| invalid(py, format!("{name}: {e}")))?;
-                if let Some((i, v)) = s.iter().enumerate().find(|(_, v)| **v < 0) {
-                    return Err(invalid(py, format!("{name}[{i}] = {v} is negative; values must be in 0..=2**64-1")));
-                }
-            }
+    pub(crate) fn extract(obj: &Bound<'py, PyAny>, name: &str) -> PyResult<Self> {
+        if let Some(l) = Self::borrow(obj, name)? {
             return Ok(l);
         }
-        Err(PyTypeError::new_err(format!("{name} must be a one-dimensional uint64 or int64 numpy array")))
+        static AS_LENGTHS: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+        let py = obj.py();
+        let array = AS_LENGTHS.import(py, "stowplan._convert", "as_lengths")?.call1((obj, name))?;
+        Self::borrow(&array, name)?.ok_or_else(|| {
+            PyTypeError::new_err(format!("{name} must be a one-dimensional uint64 or int64 numpy array"))
+        })
     }
 
-    fn contiguous(py: Python<'py>, l: Self, name: &str) -> PyResult<Self> {
-        let ok = match &l {
-            Lengths::U64(a) => a.is_c_contiguous(),
-            Lengths::I64(a) => a.is_c_contiguous(),
-        };
-        if ok { Ok(l) } else { Err(invalid(py, format!("{name} must be C-contiguous"))) }
+    /// A contiguous `uint64`/`int64` array read in place (`int64` checked non-negative).
+    fn borrow(obj: &Bound<'py, PyAny>, name: &str) -> PyResult<Option<Self>> {
+        if let Ok(a) = obj.cast::<PyArray1<u64>>()
+            && a.is_c_contiguous()
+        {
+            return Ok(Some(Lengths::U64(a.try_readonly()?)));
+        }
+        if let Ok(a) = obj.cast::<PyArray1<i64>>()
+            && a.is_c_contiguous()
+        {
+            let a = a.try_readonly()?;
+            let s = a.as_slice().map_err(|e| invalid(obj.py(), format!("{name}: {e}")))?;
+            if let Some((i, v)) = s.iter().enumerate().find(|(_, v)| **v < 0) {
+                return Err(invalid(obj.py(), format!("{name}[{i}] = {v} is negative; values must be in 0..=2**64-1")));
+            }
+            return Ok(Some(Lengths::I64(a)));
+        }
+        Ok(None)
     }
 
     pub(crate) fn slice(&self) -> &[u64] {
@@ -108,326 +329,816 @@ impl<'py> Lengths<'py> {
             Lengths::I64(a) => {
                 let s = a.as_slice().unwrap_or(&[]);
                 // SAFETY: i64 and u64 have the same size and alignment, and every value was
-                // checked non-negative in `extract`, so each reads as the same number.
+                // checked non-negative in `borrow`, so each reads as the same number.
                 unsafe { std::slice::from_raw_parts(s.as_ptr().cast::<u64>(), s.len()) }
             }
         }
     }
-}
 
-type PartitionTuple<'py> =
-    (Bound<'py, PyArray1<u32>>, Bound<'py, PyArray1<u32>>, Bound<'py, PyArray1<u64>>, u64, u64, u64);
-
-/// partition(weights, k, method, equal_size, refine, backend)
-/// -> (offsets, indices, sums, total, spread, lower_bound)
-#[pyfunction]
-fn partition<'py>(
-    py: Python<'py>,
-    weights: &Bound<'py, PyAny>,
-    k: i64,
-    method: &str,
-    equal_size: bool,
-    refine: bool,
-    backend: &str,
-) -> PyResult<PartitionTuple<'py>> {
-    let method = match method {
-        "kk" => PartitionMethod::Kk,
-        "greedy" => PartitionMethod::Greedy,
-        "verl" => PartitionMethod::Verl,
-        other => return Err(invalid(py, format!("method must be 'kk', 'greedy' or 'verl' (got {other:?})"))),
-    };
-    let k = u32::try_from(k).map_err(|_| invalid(py, format!("k must be in 1..=4294967295 (got {k})")))?;
-    let weights = Lengths::extract(py, weights, "weights")?;
-    let kernel = kernel(py, backend)?;
-    let options = PartitionOptions { method, equal_size, refine };
-    let w = weights.slice();
-    let p = py.detach(|| kernel.partition(w, k, &options)).map_err(|e| to_py(py, e))?;
-    Ok((
-        p.offsets.into_pyarray(py),
-        p.indices.into_pyarray(py),
-        p.sums.into_pyarray(py),
-        p.total,
-        p.spread,
-        p.lower_bound,
-    ))
-}
-
-type PackTuple<'py> = (
-    Bound<'py, PyArray1<u32>>,
-    Bound<'py, PyArray1<u32>>,
-    Bound<'py, PyArray1<u64>>,
-    Bound<'py, PyArray1<u32>>,
-    Bound<'py, PyArray1<u32>>,
-    u64,
-    u64,
-    u64,
-    f64,
-);
-
-/// pack(lengths, capacity, align, method, oversize, backend)
-/// -> (offsets, indices, loads, dropped, single, real_tokens, aligned_tokens, lower_bound,
-///     efficiency)
-#[pyfunction]
-#[allow(clippy::too_many_arguments)]
-fn pack<'py>(
-    py: Python<'py>,
-    lengths: &Bound<'py, PyAny>,
-    capacity: i128,
-    align: i128,
-    method: &str,
-    oversize: &str,
-    backend: &str,
-) -> PyResult<PackTuple<'py>> {
-    let method = match method {
-        "bfd" => PackMethod::Bfd,
-        "ffd" => PackMethod::Ffd,
-        "next-fit" | "next_fit" => PackMethod::NextFit,
-        other => return Err(invalid(py, format!("method must be 'bfd', 'ffd' or 'next-fit' (got {other:?})"))),
-    };
-    let oversize = match oversize {
-        "error" => OversizePolicy::Error,
-        "single" => OversizePolicy::Single,
-        "drop" => OversizePolicy::Drop,
-        other => return Err(invalid(py, format!("oversize must be 'error', 'single' or 'drop' (got {other:?})"))),
-    };
-    let capacity = u64::try_from(capacity)
-        .map_err(|_| invalid(py, format!("capacity must be in 1..=2**64-1 tokens (got {capacity})")))?;
-    let align = u64::try_from(align).map_err(|_| invalid(py, format!("align must be in 1..=2**64-1 (got {align})")))?;
-    let lengths = Lengths::extract(py, lengths, "lengths")?;
-    let kernel = kernel(py, backend)?;
-    let options = PackOptions { capacity, align, method, oversize };
-    let l = lengths.slice();
-    let p = py.detach(|| kernel.pack(l, &options)).map_err(|e| to_py(py, e))?;
-    let efficiency = p.efficiency(l, capacity);
-    Ok((
-        p.offsets.into_pyarray(py),
-        p.indices.into_pyarray(py),
-        p.loads.into_pyarray(py),
-        p.dropped.into_pyarray(py),
-        p.single.into_pyarray(py),
-        p.real_tokens,
-        p.aligned_tokens,
-        p.lower_bound,
-        efficiency,
-    ))
-}
-
-fn builtin_error(py: Python<'_>, type_name: &str, message: &str) -> PyErr {
-    match py.import("builtins").and_then(|b| b.getattr(type_name)) {
-        Ok(cls) => match cls.cast_into() {
-            Ok(t) => PyErr::from_type(t, message.to_string()),
-            Err(e) => PyTypeError::new_err(e.to_string()),
-        },
-        Err(e) => e,
+    /// The numpy array read.
+    pub(crate) fn array(&self) -> Bound<'py, PyAny> {
+        match self {
+            Lengths::U64(a) => a.as_any().clone(),
+            Lengths::I64(a) => a.as_any().clone(),
+        }
     }
 }
 
-/// verl(function, seqlens, k, equal_size, backend) -> list[list[int]]; raises the builtin
-/// exception verl raises (AssertionError, IndexError, TypeError, ZeroDivisionError, MemoryError).
+// ---------------------------------------------------------------------------------------------
+// Results: helpers.
+
+/// A list built on first access and then kept (a frozen class's lazy attribute).
+pub(crate) struct LazyList(PyOnceLock<Py<PyList>>);
+
+impl Default for LazyList {
+    fn default() -> Self {
+        Self(PyOnceLock::new())
+    }
+}
+
+impl std::fmt::Debug for LazyList {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("LazyList")
+    }
+}
+
+impl LazyList {
+    /// The list, built by `build` on the first call.
+    pub(crate) fn get<'py>(
+        &self,
+        py: Python<'py>,
+        build: impl FnOnce() -> PyResult<Bound<'py, PyList>>,
+    ) -> PyResult<Py<PyList>> {
+        self.0.get_or_try_init(py, || build().map(Bound::unbind)).map(|l| l.clone_ref(py))
+    }
+}
+
+/// A JSON value (the host's `json` module output) as Python objects.
+pub(crate) fn json_to_py<'py>(py: Python<'py>, v: &serde_json::Value) -> PyResult<Bound<'py, PyAny>> {
+    use serde_json::Value;
+    Ok(match v {
+        Value::Null => py.None().into_bound(py),
+        Value::Bool(b) => PyBool::new(py, *b).to_owned().into_any(),
+        Value::Number(n) => match (n.as_u64(), n.as_i64()) {
+            (Some(u), _) => u.into_pyobject(py)?.into_any(),
+            (None, Some(i)) => i.into_pyobject(py)?.into_any(),
+            _ => n.as_f64().unwrap_or(f64::NAN).into_pyobject(py)?.into_any(),
+        },
+        Value::String(s) => PyString::new(py, s).into_any(),
+        Value::Array(a) => {
+            PyList::new(py, a.iter().map(|x| json_to_py(py, x)).collect::<PyResult<Vec<_>>>()?)?.into_any()
+        }
+        Value::Object(m) => {
+            let d = PyDict::new(py);
+            for (k, x) in m {
+                d.set_item(k, json_to_py(py, x)?)?;
+            }
+            d.into_any()
+        }
+    })
+}
+
+/// The contents of a 1-D numpy array (a copy; the arrays of results are small or read once).
+fn vec_of<T: numpy::Element + Copy>(a: &Bound<'_, PyArray1<T>>) -> PyResult<Vec<T>> {
+    Ok(a.readonly().as_array().iter().copied().collect())
+}
+
+/// Lists of `indices` between successive `offsets` (checked: the arrays are the caller's to
+/// modify).
+fn lists<'py>(
+    offsets: &Bound<'py, PyArray1<u32>>,
+    indices: &Bound<'py, PyArray1<u32>>,
+) -> PyResult<Bound<'py, PyList>> {
+    let py = offsets.py();
+    let (o, i) = (vec_of(offsets)?, vec_of(indices)?);
+    let parts = o
+        .windows(2)
+        .map(|w| i.get(w[0] as usize..w[1] as usize))
+        .collect::<Option<Vec<_>>>()
+        .ok_or_else(|| PyValueError::new_err("offsets do not delimit indices (were the arrays modified?)"))?;
+    PyList::new(py, parts)
+}
+
+/// Views (numpy slices, no copy) of `values` between successive `offsets`.
+fn views<'py, T: numpy::Element>(
+    offsets: &Bound<'py, PyArray1<u32>>,
+    values: &Bound<'py, PyArray1<T>>,
+) -> PyResult<Bound<'py, PyList>> {
+    let py = offsets.py();
+    let o = vec_of(offsets)?;
+    let parts = o
+        .windows(2)
+        .map(|w| values.as_any().get_item(PySlice::new(py, w[0] as isize, w[1] as isize, 1)))
+        .collect::<PyResult<Vec<_>>>()?;
+    PyList::new(py, parts)
+}
+
+/// `{"max", "min", "mean", "max_over_mean", "spread"}` of per-group totals
+/// (`stowplan::json::summary`, the CLI's balance metrics).
+fn summary<'py>(values: &Bound<'py, PyArray1<u64>>) -> PyResult<Bound<'py, PyAny>> {
+    json_to_py(values.py(), &stowplan::json::summary(&vec_of(values)?))
+}
+
+/// verl's `log_seqlen_unbalance` dict (`{prefix}/min`, `/max`, `/minmax_diff`,
+/// `/balanced_min`, `/balanced_max`, `/mean`), or verl's exception.
+fn verl_unbalance<'py>(
+    py: Python<'py>,
+    seqlens: &[i64],
+    partitions: &[Vec<i64>],
+    prefix: &str,
+) -> PyResult<Bound<'py, PyDict>> {
+    let u = stowplan::verl_log_seqlen_unbalance(seqlens, partitions).map_err(|e| match e {
+        UnbalanceError::ZeroDivision(m) => PyZeroDivisionError::new_err(m),
+        UnbalanceError::Value(m) => PyValueError::new_err(m),
+        UnbalanceError::Index(m) => PyIndexError::new_err(m),
+    })?;
+    let d = PyDict::new(py);
+    d.set_item(format!("{prefix}/min"), u.min)?;
+    d.set_item(format!("{prefix}/max"), u.max)?;
+    d.set_item(format!("{prefix}/minmax_diff"), u.max - u.min)?;
+    d.set_item(format!("{prefix}/balanced_min"), u.balanced_min)?;
+    d.set_item(format!("{prefix}/balanced_max"), u.balanced_max)?;
+    // Python's int / int (correctly rounded), as verl computes the mean.
+    d.set_item(format!("{prefix}/mean"), u.total.into_pyobject(py)?.div(u.k)?)?;
+    Ok(d)
+}
+
+// ---------------------------------------------------------------------------------------------
+// partition and pack.
+
+/// The result of :func:`partition`: ``k`` groups of input indices.
+#[pyclass(frozen, module = "stowplan._stowplan", name = "Partition")]
+#[derive(Debug)]
+pub struct PyPartition {
+    /// ``uint32`` array of ``k + 1`` boundaries into ``indices``.
+    #[pyo3(get)]
+    offsets: Py<PyArray1<u32>>,
+    /// ``uint32`` array of every input index once, group after group.
+    #[pyo3(get)]
+    indices: Py<PyArray1<u32>>,
+    /// ``uint64`` array, the sum of each group's weights.
+    #[pyo3(get)]
+    sums: Py<PyArray1<u64>>,
+    /// Sum of all weights.
+    #[pyo3(get)]
+    total: u64,
+    /// Largest group sum minus smallest.
+    #[pyo3(get)]
+    spread: u64,
+    /// ``max(ceil(total / k), largest weight)``; no partition's largest group is lighter.
+    #[pyo3(get)]
+    lower_bound: u64,
+    /// The number of groups.
+    #[pyo3(get)]
+    k: usize,
+    /// The heaviest group's sum.
+    #[pyo3(get)]
+    max: u64,
+    groups: LazyList,
+}
+
+impl PyPartition {
+    fn new(py: Python<'_>, p: Partitioning) -> Self {
+        Self {
+            k: p.offsets.len().saturating_sub(1),
+            max: p.sums.iter().copied().max().unwrap_or(0),
+            total: p.total,
+            spread: p.spread,
+            lower_bound: p.lower_bound,
+            offsets: p.offsets.into_pyarray(py).unbind(),
+            indices: p.indices.into_pyarray(py).unbind(),
+            sums: p.sums.into_pyarray(py).unbind(),
+            groups: LazyList::default(),
+        }
+    }
+}
+
+#[pymethods]
+impl PyPartition {
+    /// The groups as lists of input indices (built on first access).
+    #[getter]
+    fn groups(&self, py: Python<'_>) -> PyResult<Py<PyList>> {
+        self.groups.get(py, || lists(self.offsets.bind(py), self.indices.bind(py)))
+    }
+
+    fn __len__(&self) -> usize {
+        self.k
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "Partition(k={}, total={}, max={}, spread={}, lower_bound={})",
+            self.k, self.total, self.max, self.spread, self.lower_bound
+        )
+    }
+}
+
+/// Splits ``weights`` (e.g. sequence lengths in tokens) into ``k`` groups with balanced sums.
+///
+/// ``weights``: non-negative integers — a list, a numpy integer array (``uint64``/``int64``
+/// read without copying when contiguous), or anything with ``__array__``/DLPack such as a
+/// CPU torch tensor. ``k``: number of groups, ``1 <= k <= len(weights)``.
+///
+/// Options (omitted or ``None``: the default): ``method`` — ``"kk"`` (Karmarkar–Karp,
+/// default), ``"greedy"`` (LPT) or ``"verl"`` (verl 0.9.1's exact
+/// ``get_seqlen_balanced_partitions`` output); ``equal_size`` — every group gets
+/// ``len(weights) / k`` items (must divide; default False); ``refine`` — improve
+/// ``kk``/``greedy`` by pairwise moves/swaps (default True except for ``"verl"``, which never
+/// refines); ``backend`` — ``"wasm"`` (default) or ``"native"`` (same kernel code, compiled
+/// natively).
+///
+/// Returns a :class:`Partition`: groups ordered by sum descending (ties: smallest member
+/// first), members ascending; verl's order for ``method="verl"``. Raises
+/// :class:`InvalidArgumentError` for ``k`` out of range, empty or negative weights,
+/// ``equal_size`` with ``len(weights) % k != 0``, sums above ``2**64 - 1``, an unknown
+/// method …
+///
+/// >>> partition([3, 1, 2, 2], 2).groups
+/// [[0, 1], [2, 3]]
 #[pyfunction]
+#[pyo3(signature = (weights, k, *, method=None, equal_size=None, refine=None, backend=None))]
+fn partition(
+    py: Python<'_>,
+    weights: &Bound<'_, PyAny>,
+    k: &Bound<'_, PyAny>,
+    method: Option<&str>,
+    equal_size: Option<bool>,
+    refine: Option<bool>,
+    backend: Option<&str>,
+) -> PyResult<PyPartition> {
+    let k = u32_arg(k, "k", 1)?;
+    let d = PartitionOptions::default();
+    let method = opt_parse(py, method)?.unwrap_or(d.method);
+    // verl's output is reproduced as is: never refined unless asked (which the kernel refuses).
+    let refine = refine.unwrap_or(d.refine && method != PartitionMethod::Verl);
+    let options = PartitionOptions { method, equal_size: equal_size.unwrap_or(d.equal_size), refine };
+    let weights = Lengths::extract(weights, "weights")?;
+    let kernel = kernel(py, backend)?;
+    let w = weights.slice();
+    let p = py.detach(|| kernel.partition(w, k, &options)).map_err(|e| to_py(py, e))?;
+    Ok(PyPartition::new(py, p))
+}
+
+/// The result of :func:`pack`: bins of input indices.
+#[pyclass(frozen, module = "stowplan._stowplan", name = "Packing")]
+#[derive(Debug)]
+pub struct PyPacking {
+    /// ``uint32`` array of ``bins + 1`` boundaries into ``indices``.
+    #[pyo3(get)]
+    offsets: Py<PyArray1<u32>>,
+    /// ``uint32`` array of the packed input indices, bin after bin, ascending in a bin.
+    #[pyo3(get)]
+    indices: Py<PyArray1<u32>>,
+    /// ``uint64`` array, each bin's aligned load (≤ capacity except oversized singles).
+    #[pyo3(get)]
+    loads: Py<PyArray1<u64>>,
+    /// ``uint32`` array of indices left out under ``oversize="drop"``.
+    #[pyo3(get)]
+    dropped: Py<PyArray1<u32>>,
+    /// ``uint32`` array of oversized indices placed alone under ``oversize="single"``.
+    #[pyo3(get)]
+    single: Py<PyArray1<u32>>,
+    /// Sum of the real lengths packed.
+    #[pyo3(get)]
+    real_tokens: u64,
+    /// Sum of the aligned lengths packed.
+    #[pyo3(get)]
+    aligned_tokens: u64,
+    /// Alignment padding: aligned tokens minus real tokens.
+    #[pyo3(get)]
+    padding_tokens: u64,
+    /// ``ceil(aligned lengths that fit / capacity)``, the fewest bins possible for those
+    /// items (single bins come on top).
+    #[pyo3(get)]
+    lower_bound: u64,
+    /// Real tokens of the regular (non-single) bins over their capacity, 0..1.
+    #[pyo3(get)]
+    efficiency: f64,
+    /// The capacity the bins were packed to.
+    #[pyo3(get)]
+    capacity: u64,
+    /// The number of bins.
+    #[pyo3(get)]
+    num_bins: usize,
+    bins: LazyList,
+}
+
+#[pymethods]
+impl PyPacking {
+    /// The bins as lists of input indices (built on first access).
+    #[getter]
+    fn bins(&self, py: Python<'_>) -> PyResult<Py<PyList>> {
+        self.bins.get(py, || lists(self.offsets.bind(py), self.indices.bind(py)))
+    }
+
+    fn __len__(&self) -> usize {
+        self.num_bins
+    }
+
+    fn __repr__(&self, py: Python<'_>) -> String {
+        format!(
+            "Packing(bins={}, lower_bound={}, real_tokens={}, dropped={}, single={})",
+            self.num_bins,
+            self.lower_bound,
+            self.real_tokens,
+            self.dropped.bind(py).len(),
+            self.single.bind(py).len()
+        )
+    }
+}
+
+/// Packs ``lengths`` (tokens) into bins of at most ``capacity`` tokens (``>= 1``).
+///
+/// ``lengths``: non-negative integers (list, numpy array, CPU tensor, DLPack …). Options
+/// (omitted or ``None``: the default): ``align`` — each length is rounded up to a multiple of
+/// it first (``>= 1``, default 1); ``method`` — ``"bfd"`` (best-fit decreasing, default),
+/// ``"ffd"`` (first-fit decreasing) or ``"next-fit"`` (keeps the input order);
+/// ``oversize`` — what to do with a length above ``capacity``: ``"error"`` (default, raises
+/// :class:`InfeasibleError`), ``"single"`` (its own bin) or ``"drop"`` (left out, listed in
+/// ``dropped``); ``backend`` — ``"wasm"`` (default) or ``"native"``.
+///
+/// Returns a :class:`Packing`; bins in creation order, members ascending.
+///
+/// >>> pack([5, 3, 7, 2, 6], 10).bins
+/// [[1, 2], [3, 4], [0]]
+#[pyfunction]
+#[pyo3(signature = (lengths, capacity, *, align=None, method=None, oversize=None, backend=None))]
+fn pack(
+    py: Python<'_>,
+    lengths: &Bound<'_, PyAny>,
+    capacity: &Bound<'_, PyAny>,
+    align: Option<&Bound<'_, PyAny>>,
+    method: Option<&str>,
+    oversize: Option<&str>,
+    backend: Option<&str>,
+) -> PyResult<PyPacking> {
+    let d = PackOptions::new(u64_arg(capacity, "capacity", 1)?);
+    let options = PackOptions {
+        align: opt_u64(align, "align", 1)?.unwrap_or(d.align),
+        method: opt_parse(py, method)?.unwrap_or(d.method),
+        oversize: opt_parse(py, oversize)?.unwrap_or(d.oversize),
+        ..d
+    };
+    let lengths = Lengths::extract(lengths, "lengths")?;
+    let kernel = kernel(py, backend)?;
+    let l = lengths.slice();
+    let p: Packing = py.detach(|| kernel.pack(l, &options)).map_err(|e| to_py(py, e))?;
+    Ok(PyPacking {
+        efficiency: p.efficiency(l, options.capacity),
+        capacity: options.capacity,
+        num_bins: p.offsets.len().saturating_sub(1),
+        real_tokens: p.real_tokens,
+        aligned_tokens: p.aligned_tokens,
+        padding_tokens: p.padding_tokens(),
+        lower_bound: p.lower_bound,
+        offsets: p.offsets.into_pyarray(py).unbind(),
+        indices: p.indices.into_pyarray(py).unbind(),
+        loads: p.loads.into_pyarray(py).unbind(),
+        dropped: p.dropped.into_pyarray(py).unbind(),
+        single: p.single.into_pyarray(py).unbind(),
+        bins: LazyList::default(),
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// Balancing: micro-batches and DP ranks.
+
+/// Micro-batches of one batch (the result of :func:`micro_batches`, or one rank's part of a
+/// :class:`Balance`, whose indices are then global).
+#[pyclass(frozen, module = "stowplan._stowplan", name = "MicroBatches")]
+#[derive(Debug)]
+pub struct PyMicroBatches {
+    /// ``uint32`` array of ``count + 1`` boundaries into ``indices``.
+    #[pyo3(get)]
+    offsets: Py<PyArray1<u32>>,
+    /// ``uint32`` array, every index once, micro-batch after micro-batch.
+    #[pyo3(get)]
+    indices: Py<PyArray1<u32>>,
+    /// ``uint64`` array, tokens of each micro-batch (each ``<= max_token_len``).
+    #[pyo3(get)]
+    tokens: Py<PyArray1<u64>>,
+    /// ``uint64`` array, cost of each micro-batch.
+    #[pyo3(get)]
+    costs: Py<PyArray1<u64>>,
+    /// ``uint32`` array; ``outputs[restore]`` puts outputs computed in micro-batch order
+    /// (concatenated) back in input order (in a :class:`Balance`: in the order of the rank's
+    /// samples, ``Balance.ranks[r]``).
+    #[pyo3(get)]
+    restore: Py<PyArray1<u32>>,
+    /// ``max(1, ceil(total tokens / max_token_len))``.
+    #[pyo3(get)]
+    lower_bound: u32,
+    /// The count this batch needs on its own (the count ``count=`` overrides).
+    #[pyo3(get)]
+    required: u32,
+    /// The number of micro-batches.
+    #[pyo3(get)]
+    count: usize,
+    max_tokens: u64,
+    batches: LazyList,
+}
+
+impl PyMicroBatches {
+    fn new(py: Python<'_>, p: MicroPlan) -> Self {
+        Self {
+            count: p.offsets.len().saturating_sub(1),
+            max_tokens: p.tokens.iter().copied().max().unwrap_or(0),
+            lower_bound: p.lower_bound,
+            required: p.required,
+            offsets: p.offsets.into_pyarray(py).unbind(),
+            indices: p.indices.into_pyarray(py).unbind(),
+            tokens: p.tokens.into_pyarray(py).unbind(),
+            costs: p.costs.into_pyarray(py).unbind(),
+            restore: p.restore.into_pyarray(py).unbind(),
+            batches: LazyList::default(),
+        }
+    }
+}
+
+#[pymethods]
+impl PyMicroBatches {
+    /// List of ``uint32`` arrays (views of ``indices``), the input indices of each
+    /// micro-batch (ascending), in the requested order.
+    #[getter]
+    fn batches(&self, py: Python<'_>) -> PyResult<Py<PyList>> {
+        self.batches.get(py, || views(self.offsets.bind(py), self.indices.bind(py)))
+    }
+
+    /// ``max``, ``min``, ``mean``, ``max_over_mean``, ``spread`` of the tokens per micro-batch.
+    #[getter]
+    fn token_balance<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        summary(self.tokens.bind(py))
+    }
+
+    /// ``max``, ``min``, ``mean``, ``max_over_mean``, ``spread`` of the cost per micro-batch.
+    #[getter]
+    fn cost_balance<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        summary(self.costs.bind(py))
+    }
+
+    fn __len__(&self) -> usize {
+        self.count
+    }
+
+    fn __iter__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        Ok(self.batches(py)?.into_bound(py).try_iter()?.into_any())
+    }
+
+    fn __repr__(&self) -> String {
+        format!("MicroBatches(count={}, lower_bound={}, max_tokens={})", self.count, self.lower_bound, self.max_tokens)
+    }
+}
+
+/// Micro-batch options from the arguments (`None`: `MicroOptions::new`'s defaults).
+fn micro_options(
+    py: Python<'_>,
+    max_token_len: &Bound<'_, PyAny>,
+    cost: Option<Cost>,
+    min_count: Option<&Bound<'_, PyAny>>,
+    divisible_by: Option<&Bound<'_, PyAny>>,
+    count: Option<&Bound<'_, PyAny>>,
+    order: Option<&str>,
+) -> PyResult<MicroOptions> {
+    let d = MicroOptions::new(u64_arg(max_token_len, "max_token_len", 1)?);
+    Ok(MicroOptions {
+        cost: cost.unwrap_or(d.cost),
+        min_count: opt_u32(min_count, "min_count", 0)?.unwrap_or(d.min_count),
+        divisible_by: opt_u32(divisible_by, "divisible_by", 1)?.unwrap_or(d.divisible_by),
+        count: opt_u32(count, "count", 1)?.or(d.count),
+        order: opt_parse(py, order)?.unwrap_or(d.order),
+        ..d
+    })
+}
+
+/// Splits one rank's batch into micro-batches of at most ``max_token_len`` tokens.
+///
+/// The cap is hard: no micro-batch ever exceeds it. The count is the smallest the cap allows
+/// (the bin-packing lower bound on typical inputs), raised to ``min_count``, rounded up to a
+/// multiple of ``divisible_by`` — or exactly ``count``. The cost is balanced across them.
+///
+/// ``lengths``: tokens per sequence (list, numpy array, CPU tensor …); ``max_token_len``: the
+/// cap, ``>= 1``. Options (omitted or ``None``: the default): ``cost`` — ``"tokens"``
+/// (default), ``"attention"`` (``24576·L + L²``, verl's and ROLL's workload) or a
+/// ``(linear, quadratic)`` pair of integers; ``min_count`` — at least this many
+/// micro-batches (e.g. pipeline stages; default 0); ``divisible_by`` — the count is a
+/// multiple of this (virtual pipeline size; default 1); ``count`` — exactly this many (e.g.
+/// the count every DP rank agreed on); ``order`` — ``"none"`` (input order, default),
+/// ``"cost_desc"``, ``"verl"`` (verl's and ROLL's cheapest-at-both-ends order) or ``"roll"``
+/// (ROLL's in-rank interleave); ``backend`` — ``"wasm"`` (default) or ``"native"``.
+///
+/// Raises :class:`InfeasibleError` for a sequence longer than ``max_token_len`` (named) or
+/// a ``count`` below what the cap allows; :class:`InvalidArgumentError` for empty input,
+/// ``max_token_len`` 0, a count above the number of sequences (micro-batches are never
+/// empty), ``count`` not a multiple of ``divisible_by`` …
+///
+/// >>> mb = micro_batches([100, 900, 50, 950, 400, 600], 2000)
+/// >>> [b.tolist() for b in mb.batches], mb.tokens.tolist()
+/// ([[0, 2, 3, 4], [1, 5]], [1500, 1500])
+/// >>> mb.restore.tolist()  # position of each input in the concatenated micro-batches
+/// [0, 4, 1, 2, 3, 5]
+#[pyfunction]
+#[pyo3(signature = (lengths, max_token_len, *, cost=None, min_count=None, divisible_by=None, count=None, order=None,
+    backend=None))]
+#[allow(clippy::too_many_arguments)]
+fn micro_batches(
+    py: Python<'_>,
+    lengths: &Bound<'_, PyAny>,
+    max_token_len: &Bound<'_, PyAny>,
+    cost: Option<&Bound<'_, PyAny>>,
+    min_count: Option<&Bound<'_, PyAny>>,
+    divisible_by: Option<&Bound<'_, PyAny>>,
+    count: Option<&Bound<'_, PyAny>>,
+    order: Option<&str>,
+    backend: Option<&str>,
+) -> PyResult<PyMicroBatches> {
+    let options = micro_options(py, max_token_len, cost_arg(cost)?, min_count, divisible_by, count, order)?;
+    let lengths = Lengths::extract(lengths, "lengths")?;
+    let kernel = kernel(py, backend)?;
+    let l = lengths.slice();
+    let p = py.detach(|| kernel.micro_batches(l, &options)).map_err(|e| to_py(py, e))?;
+    Ok(PyMicroBatches::new(py, p))
+}
+
+/// A global batch over DP ranks (the result of :func:`balance`).
+#[pyclass(frozen, module = "stowplan._stowplan", name = "Balance")]
+#[derive(Debug)]
+pub struct PyBalance {
+    /// ``uint32`` array of ``dp + 1`` boundaries into ``order``.
+    #[pyo3(get)]
+    offsets: Py<PyArray1<u32>>,
+    /// ``uint32`` permutation of the input: ``batch[order]`` puts every rank's samples in one
+    /// contiguous, equal slice (how verl's and ROLL's dispatchers split a batch).
+    #[pyo3(get)]
+    order: Py<PyArray1<u32>>,
+    /// ``uint64`` array, tokens of each rank.
+    #[pyo3(get)]
+    tokens: Py<PyArray1<u64>>,
+    /// ``uint64`` array, cost of each rank.
+    #[pyo3(get)]
+    costs: Py<PyArray1<u64>>,
+    /// ``max(ceil(total cost / dp), costliest group)``.
+    #[pyo3(get)]
+    cost_lower_bound: u64,
+    /// With ``max_token_len``, one :class:`MicroBatches` per rank (global indices, the same
+    /// count on every rank); else ``None``.
+    #[pyo3(get)]
+    micro_batches: Option<Py<PyList>>,
+    /// Micro-batches per rank (``None`` without ``max_token_len``).
+    #[pyo3(get)]
+    count: Option<usize>,
+    /// The number of ranks.
+    #[pyo3(get)]
+    dp: usize,
+    /// The input lengths (``uint64``/``int64`` array), for the metrics.
+    #[pyo3(get)]
+    lengths: Py<PyAny>,
+    max_cost: u64,
+    ranks: LazyList,
+}
+
+#[pymethods]
+impl PyBalance {
+    /// List of ``uint32`` arrays (views of ``order``), the input indices each rank gets
+    /// (ascending; mini-batch by mini-batch with ``minibatch_size``).
+    #[getter]
+    fn ranks(&self, py: Python<'_>) -> PyResult<Py<PyList>> {
+        self.ranks.get(py, || views(self.offsets.bind(py), self.order.bind(py)))
+    }
+
+    /// ``max``, ``min``, ``mean``, ``max_over_mean``, ``spread`` of the tokens per rank.
+    #[getter]
+    fn token_balance<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        summary(self.tokens.bind(py))
+    }
+
+    /// ``max``, ``min``, ``mean``, ``max_over_mean``, ``spread`` of the cost per rank.
+    #[getter]
+    fn cost_balance<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        summary(self.costs.bind(py))
+    }
+
+    /// verl's ``log_seqlen_unbalance`` metrics for these ranks (tokens).
+    #[pyo3(signature = (prefix="global_seqlen"))]
+    fn log_seqlen_unbalance<'py>(&self, py: Python<'py>, prefix: &str) -> PyResult<Bound<'py, PyDict>> {
+        let lengths = Lengths::extract(self.lengths.bind(py), "lengths")?;
+        let seqlens = lengths
+            .slice()
+            .iter()
+            .map(|&l| i64::try_from(l).map_err(|_| invalid(py, format!("length {l} is above 2**63-1"))))
+            .collect::<PyResult<Vec<_>>>()?;
+        let (o, i) = (vec_of(self.offsets.bind(py))?, vec_of(self.order.bind(py))?);
+        let parts = o
+            .windows(2)
+            .map(|w| i.get(w[0] as usize..w[1] as usize).map(|r| r.iter().map(|&x| i64::from(x)).collect()))
+            .collect::<Option<Vec<Vec<i64>>>>()
+            .ok_or_else(|| PyValueError::new_err("offsets do not delimit order (were the arrays modified?)"))?;
+        verl_unbalance(py, &seqlens, &parts, prefix)
+    }
+
+    fn __len__(&self) -> usize {
+        self.dp
+    }
+
+    fn __repr__(&self) -> String {
+        let count = self.count.map_or_else(|| "None".to_string(), |c| c.to_string());
+        format!(
+            "Balance(dp={}, max_cost={}, cost_lower_bound={}, count={count})",
+            self.dp, self.max_cost, self.cost_lower_bound
+        )
+    }
+}
+
+/// Group labels (any hashable values, e.g. uids; numpy arrays through ``tolist``) as dense
+/// ids, one per sample.
+fn labels(groups: Option<&Bound<'_, PyAny>>, n: usize) -> PyResult<Option<Vec<u32>>> {
+    let Some(groups) = groups else { return Ok(None) };
+    let py = groups.py();
+    let values = if groups.hasattr("tolist")? { groups.call_method0("tolist")? } else { groups.clone() };
+    let ids = PyDict::new(py);
+    let mut out = Vec::with_capacity(n);
+    for v in values.try_iter().map_err(|_| invalid(py, "groups must be a sequence of labels".into()))? {
+        let v = v?;
+        let id = match ids.get_item(&v)? {
+            Some(id) => id.extract::<u32>()?,
+            None => {
+                let id = u32::try_from(ids.len()).map_err(|_| invalid(py, "more than 2**32-1 groups".into()))?;
+                ids.set_item(&v, id)?;
+                id
+            }
+        };
+        out.push(id);
+    }
+    if out.len() != n {
+        return Err(invalid(
+            py,
+            format!("groups has {} labels but lengths has {n} entries; give one label per sample", out.len()),
+        ));
+    }
+    Ok(Some(out))
+}
+
+/// Balances a global batch over ``dp`` ranks, and with ``max_token_len`` also splits every
+/// rank's part into micro-batches (the same count on every rank).
+///
+/// Every rank gets the same number of samples (``equal_count``), and the costliest rank is
+/// made as light as the heuristic finds (Karmarkar–Karp on costs, then swaps). The plan is a
+/// pure function of the global lengths, so every rank can compute it and agree on the
+/// micro-batch count without an all-reduce.
+///
+/// ``lengths``: tokens per sample of the global batch; ``dp``: number of data-parallel ranks,
+/// ``>= 1``. Options (omitted or ``None``: the default): ``cost`` — as in
+/// :func:`micro_batches`; ``max_token_len`` — the micro-batch cap (``None``: plan only the DP
+/// level); ``groups`` — one label per sample (e.g. uids): samples with the same label stay
+/// on one rank (equal counts need groups of one size and a group count divisible by
+/// ``dp``); ``minibatch_size`` — balance each run of this many consecutive samples
+/// separately (verl's ``keep_minibatch``; each rank lists its samples mini-batch by
+/// mini-batch); ``equal_count`` — every rank gets the same number of samples (default True);
+/// ``min_count``, ``divisible_by``, ``count``, ``order`` — as in :func:`micro_batches`, per
+/// rank; ``backend`` — ``"wasm"`` (default) or ``"native"``.
+///
+/// >>> b = balance([100, 900, 50, 950, 400, 600], 2)
+/// >>> [r.tolist() for r in b.ranks], b.tokens.tolist()
+/// ([[1, 2, 5], [0, 3, 4]], [1550, 1450])
+/// >>> b = balance([100, 900, 50, 950, 400, 600, 10, 20], 2, max_token_len=1000, cost="attention")
+/// >>> b.count, [[m.tolist() for m in r.batches] for r in b.micro_batches]
+/// (2, [[[1], [5, 6, 7]], [[0, 2, 4], [3]]])
+#[pyfunction]
+#[pyo3(signature = (lengths, dp, *, cost=None, max_token_len=None, groups=None, minibatch_size=None, equal_count=None,
+    min_count=None, divisible_by=None, count=None, order=None, backend=None))]
+#[allow(clippy::too_many_arguments)]
+fn balance(
+    py: Python<'_>,
+    lengths: &Bound<'_, PyAny>,
+    dp: &Bound<'_, PyAny>,
+    cost: Option<&Bound<'_, PyAny>>,
+    max_token_len: Option<&Bound<'_, PyAny>>,
+    groups: Option<&Bound<'_, PyAny>>,
+    minibatch_size: Option<&Bound<'_, PyAny>>,
+    equal_count: Option<bool>,
+    min_count: Option<&Bound<'_, PyAny>>,
+    divisible_by: Option<&Bound<'_, PyAny>>,
+    count: Option<&Bound<'_, PyAny>>,
+    order: Option<&str>,
+    backend: Option<&str>,
+) -> PyResult<PyBalance> {
+    let d = DpOptions::default();
+    let cost = cost_arg(cost)?.unwrap_or(d.cost);
+    let dp = u32_arg(dp, "dp", 1)?;
+    let minibatch_size = opt_u32(minibatch_size, "minibatch_size", 1)?.or(d.minibatch_size);
+    let micro =
+        max_token_len.map(|t| micro_options(py, t, Some(cost), min_count, divisible_by, count, order)).transpose()?;
+    let lengths = Lengths::extract(lengths, "lengths")?;
+    let l = lengths.slice();
+    let labels = labels(groups, l.len())?;
+    let kernel = kernel(py, backend)?;
+    let options = DpOptions {
+        cost,
+        groups: labels.as_deref(),
+        minibatch_size,
+        equal_count: equal_count.unwrap_or(d.equal_count),
+    };
+    let (plan, ranks): (DpPlan, Option<Vec<MicroPlan>>) = match micro {
+        None => (py.detach(|| kernel.balance_dp(l, dp, &options)).map_err(|e| to_py(py, e))?, None),
+        Some(m) => {
+            let p = py.detach(|| kernel.plan(l, dp, &options, &m)).map_err(|e| to_py(py, e))?;
+            (p.dp, Some(p.ranks))
+        }
+    };
+    let (count, micro_batches) = match ranks {
+        None => (None, None),
+        Some(ranks) => {
+            let count = ranks.first().map_or(0, MicroPlan::count);
+            let list = PyList::empty(py);
+            for r in ranks {
+                list.append(Py::new(py, PyMicroBatches::new(py, r))?)?;
+            }
+            (Some(count), Some(list.unbind()))
+        }
+    };
+    Ok(PyBalance {
+        dp: plan.offsets.len().saturating_sub(1),
+        max_cost: plan.costs.iter().copied().max().unwrap_or(0),
+        cost_lower_bound: plan.cost_lower_bound,
+        offsets: plan.offsets.into_pyarray(py).unbind(),
+        order: plan.order.into_pyarray(py).unbind(),
+        tokens: plan.tokens.into_pyarray(py).unbind(),
+        costs: plan.costs.into_pyarray(py).unbind(),
+        micro_batches,
+        count,
+        lengths: lengths.array().unbind(),
+        ranks: LazyList::default(),
+    })
+}
+
+/// cost_coefficients(cost) -> (linear, quadratic): a cost preset name (``"tokens"``,
+/// ``"attention"``) or a ``(linear, quadratic)`` pair of integers, checked.
+///
+/// >>> cost_coefficients("attention")
+/// (24576, 1)
+#[pyfunction]
+fn cost_coefficients(cost: &Bound<'_, PyAny>) -> PyResult<(u64, u64)> {
+    let c = cost_arg(Some(cost))?.unwrap_or_default();
+    Ok((c.linear, c.quadratic))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Peers (verl 0.9.1, ROLL): their outputs and their builtin exceptions.
+
+/// verl(function, seqlens, k, equal_size, *, backend=None) -> list[list[int]]: verl 0.9.1's
+/// ``karmarkar_karp``, ``greedy_partition`` or ``get_seqlen_balanced_partitions``; raises the
+/// builtin exception verl raises (AssertionError, IndexError, TypeError, ZeroDivisionError,
+/// MemoryError).
+#[pyfunction]
+#[pyo3(signature = (function, seqlens, k, equal_size, *, backend=None))]
 fn verl<'py>(
     py: Python<'py>,
     function: &str,
     seqlens: Vec<i64>,
     k: u32,
     equal_size: bool,
-    backend: &str,
+    backend: Option<&str>,
 ) -> PyResult<Bound<'py, PyList>> {
     let f = match function {
         "karmarkar_karp" => VerlFunction::KarmarkarKarp,
         "greedy_partition" => VerlFunction::GreedyPartition,
         "get_seqlen_balanced_partitions" => VerlFunction::GetSeqlenBalancedPartitions,
-        other => return Err(PyValueError::new_err(format!("unknown verl function {other:?}"))),
+        other => {
+            return Err(invalid(
+                py,
+                format!(
+                    "function must be 'karmarkar_karp', 'greedy_partition' or 'get_seqlen_balanced_partitions' \
+                     (got {other:?})"
+                ),
+            ));
+        }
     };
     let kernel = kernel(py, backend)?;
-    let r = py.detach(|| kernel.verl(f, &seqlens, k, equal_size)).map_err(|e| to_py(py, e))?;
-    match r {
+    match py.detach(|| kernel.verl(f, &seqlens, k, equal_size)).map_err(|e| to_py(py, e))? {
         Ok(groups) => PyList::new(py, groups),
-        Err(e) => Err(peer_error(py, &e)),
+        Err(e) => Err(peer_error(&e)),
     }
 }
 
-/// log_seqlen_unbalance(seqlens, partitions) -> (min, max, balanced_min, balanced_max, total, k)
+/// log_seqlen_unbalance(seqlens, partitions, prefix) -> dict: verl's balance metrics
+/// (``{prefix}/min``, ``/max``, ``/minmax_diff``, ``/balanced_min``, ``/balanced_max``,
+/// ``/mean``); raises like verl.
 #[pyfunction]
-fn log_seqlen_unbalance(
-    py: Python<'_>,
+fn log_seqlen_unbalance<'py>(
+    py: Python<'py>,
     seqlens: Vec<i64>,
     partitions: Vec<Vec<i64>>,
-) -> PyResult<(i128, i128, i128, i128, i128, usize)> {
-    match stowplan::verl_log_seqlen_unbalance(&seqlens, &partitions) {
-        Ok(u) => Ok((u.min, u.max, u.balanced_min, u.balanced_max, u.total, u.k)),
-        Err(UnbalanceError::ZeroDivision(m)) => Err(builtin_error(py, "ZeroDivisionError", &m)),
-        Err(UnbalanceError::Value(m)) => Err(builtin_error(py, "ValueError", &m)),
-        Err(UnbalanceError::Index(m)) => Err(builtin_error(py, "IndexError", &m)),
-    }
+    prefix: &str,
+) -> PyResult<Bound<'py, PyDict>> {
+    verl_unbalance(py, &seqlens, &partitions, prefix)
 }
 
-fn u32_arg(py: Python<'_>, name: &str, v: i64, low: u32) -> PyResult<u32> {
-    match u32::try_from(v) {
-        Ok(x) if x >= low => Ok(x),
-        _ => Err(invalid(py, format!("{name} must be in {low}..=4294967295 (got {v})"))),
-    }
-}
-
-fn u64_arg(py: Python<'_>, name: &str, v: i128, low: u64) -> PyResult<u64> {
-    match u64::try_from(v) {
-        Ok(x) if x >= low => Ok(x),
-        _ => Err(invalid(py, format!("{name} must be in {low}..=2**64-1 (got {v})"))),
-    }
-}
-
-fn cost_arg(py: Python<'_>, linear: i128, quadratic: i128) -> PyResult<Cost> {
-    Ok(Cost {
-        linear: u64_arg(py, "cost linear coefficient", linear, 0)?,
-        quadratic: u64_arg(py, "cost quadratic coefficient", quadratic, 0)?,
-    })
-}
-
-fn order_arg(py: Python<'_>, order: &str) -> PyResult<Order> {
-    match order {
-        "none" => Ok(Order::None),
-        "cost_desc" | "cost-desc" => Ok(Order::CostDesc),
-        "verl" => Ok(Order::Verl),
-        "roll" => Ok(Order::Roll),
-        other => Err(invalid(py, format!("order must be 'none', 'cost_desc', 'verl' or 'roll' (got {other:?})"))),
-    }
-}
-
-/// Micro-batch options from the Python arguments (validated ranges, named).
-#[allow(clippy::too_many_arguments)]
-fn micro_arg(
-    py: Python<'_>,
-    max_token_len: i128,
-    cost: Cost,
-    min_count: i64,
-    divisible_by: i64,
-    count: Option<i64>,
-    order: &str,
-) -> PyResult<MicroOptions> {
-    Ok(MicroOptions {
-        max_token_len: u64_arg(py, "max_token_len", max_token_len, 1)?,
-        cost,
-        min_count: u32_arg(py, "min_count", min_count, 0)?,
-        divisible_by: u32_arg(py, "divisible_by", divisible_by, 1)?,
-        count: count.map(|c| u32_arg(py, "count", c, 1)).transpose()?,
-        order: order_arg(py, order)?,
-    })
-}
-
-type MicroTuple<'py> = (
-    Bound<'py, PyArray1<u32>>,
-    Bound<'py, PyArray1<u32>>,
-    Bound<'py, PyArray1<u64>>,
-    Bound<'py, PyArray1<u64>>,
-    Bound<'py, PyArray1<u32>>,
-    u32,
-    u32,
-);
-
-fn micro_tuple(py: Python<'_>, p: MicroPlan) -> MicroTuple<'_> {
-    (
-        p.offsets.into_pyarray(py),
-        p.indices.into_pyarray(py),
-        p.tokens.into_pyarray(py),
-        p.costs.into_pyarray(py),
-        p.restore.into_pyarray(py),
-        p.lower_bound,
-        p.required,
-    )
-}
-
-type DpTuple<'py> =
-    (Bound<'py, PyArray1<u32>>, Bound<'py, PyArray1<u32>>, Bound<'py, PyArray1<u64>>, Bound<'py, PyArray1<u64>>, u64);
-
-fn dp_tuple(py: Python<'_>, p: DpPlan) -> DpTuple<'_> {
-    (
-        p.offsets.into_pyarray(py),
-        p.order.into_pyarray(py),
-        p.tokens.into_pyarray(py),
-        p.costs.into_pyarray(py),
-        p.cost_lower_bound,
-    )
-}
-
-/// micro_batches(lengths, max_token_len, linear, quadratic, min_count, divisible_by, count,
-/// order, backend) -> (offsets, indices, tokens, costs, restore, lower_bound, required)
+/// verl_rearrange_micro_batches(seqlens, max_token_len, *, min_num_micro_batch=None,
+/// num_batches_divided_by=None, use_dynamic_bsz_balance=None, force_group_size=None,
+/// padded_width=None, dp_num_micro_batches=None, backend=None) -> list[list[int]]: verl's
+/// index lists (omitted options: verl's defaults); raises verl's exception.
 #[pyfunction]
-#[allow(clippy::too_many_arguments)]
-fn micro_batches<'py>(
-    py: Python<'py>,
-    lengths: &Bound<'py, PyAny>,
-    max_token_len: i128,
-    linear: i128,
-    quadratic: i128,
-    min_count: i64,
-    divisible_by: i64,
-    count: Option<i64>,
-    order: &str,
-    backend: &str,
-) -> PyResult<MicroTuple<'py>> {
-    let options =
-        micro_arg(py, max_token_len, cost_arg(py, linear, quadratic)?, min_count, divisible_by, count, order)?;
-    let lengths = Lengths::extract(py, lengths, "lengths")?;
-    let kernel = kernel(py, backend)?;
-    let l = lengths.slice();
-    let p = py.detach(|| kernel.micro_batches(l, &options)).map_err(|e| to_py(py, e))?;
-    Ok(micro_tuple(py, p))
-}
-
-/// balance(lengths, dp, linear, quadratic, groups, minibatch_size, equal_count,
-/// max_token_len, min_count, divisible_by, count, order, backend)
-/// -> (dp tuple, list of micro tuples per rank, or None without max_token_len)
-#[pyfunction]
-#[allow(clippy::too_many_arguments)]
-fn balance<'py>(
-    py: Python<'py>,
-    lengths: &Bound<'py, PyAny>,
-    dp: i64,
-    linear: i128,
-    quadratic: i128,
-    groups: Option<PyReadonlyArray1<'py, u32>>,
-    minibatch_size: Option<i64>,
-    equal_count: bool,
-    max_token_len: Option<i128>,
-    min_count: i64,
-    divisible_by: i64,
-    count: Option<i64>,
-    order: &str,
-    backend: &str,
-) -> PyResult<(DpTuple<'py>, Option<Vec<MicroTuple<'py>>>)> {
-    let cost = cost_arg(py, linear, quadratic)?;
-    let dp = u32_arg(py, "dp", dp, 1)?;
-    let minibatch_size = minibatch_size.map(|m| u32_arg(py, "minibatch_size", m, 1)).transpose()?;
-    let micro = max_token_len.map(|t| micro_arg(py, t, cost, min_count, divisible_by, count, order)).transpose()?;
-    let labels = match &groups {
-        Some(g) => Some(g.as_slice().map_err(|e| invalid(py, format!("groups: {e}")))?),
-        None => None,
-    };
-    let lengths = Lengths::extract(py, lengths, "lengths")?;
-    let kernel = kernel(py, backend)?;
-    let l = lengths.slice();
-    let options = DpOptions { cost, groups: labels, minibatch_size, equal_count };
-    match micro {
-        None => {
-            let p = py.detach(|| kernel.balance_dp(l, dp, &options)).map_err(|e| to_py(py, e))?;
-            Ok((dp_tuple(py, p), None))
-        }
-        Some(m) => {
-            let p = py.detach(|| kernel.plan(l, dp, &options, &m)).map_err(|e| to_py(py, e))?;
-            let ranks = p.ranks.into_iter().map(|r| micro_tuple(py, r)).collect();
-            Ok((dp_tuple(py, p.dp), Some(ranks)))
-        }
-    }
-}
-
-fn peer_error(py: Python<'_>, e: &PyError) -> PyErr {
-    builtin_error(py, e.type_name(), e.message())
-}
-
-/// verl_rearrange_micro_batches(seqlens, max_token_len, min_num_micro_batch,
-/// num_batches_divided_by, use_dynamic_bsz_balance, force_group_size, padded_width,
-/// dp_num_micro_batches, backend) -> list[list[int]]; raises verl's exception.
-#[pyfunction]
+#[pyo3(signature = (seqlens, max_token_len, *, min_num_micro_batch=None, num_batches_divided_by=None,
+    use_dynamic_bsz_balance=None, force_group_size=None, padded_width=None, dp_num_micro_batches=None, backend=None))]
 #[allow(clippy::too_many_arguments)]
 fn verl_rearrange_micro_batches<'py>(
     py: Python<'py>,
@@ -435,82 +1146,167 @@ fn verl_rearrange_micro_batches<'py>(
     max_token_len: i64,
     min_num_micro_batch: Option<i64>,
     num_batches_divided_by: Option<i64>,
-    use_dynamic_bsz_balance: bool,
-    force_group_size: i64,
+    use_dynamic_bsz_balance: Option<bool>,
+    force_group_size: Option<i64>,
     padded_width: Option<i64>,
     dp_num_micro_batches: Option<i64>,
-    backend: &str,
+    backend: Option<&str>,
 ) -> PyResult<Bound<'py, PyList>> {
+    let d = VerlMicroOptions::new(max_token_len);
     let o = VerlMicroOptions {
-        max_token_len,
-        min_num_micro_batch,
-        num_batches_divided_by,
-        use_dynamic_bsz_balance,
-        force_group_size,
-        padded_width,
-        dp_num_micro_batches,
+        min_num_micro_batch: min_num_micro_batch.or(d.min_num_micro_batch),
+        num_batches_divided_by: num_batches_divided_by.or(d.num_batches_divided_by),
+        use_dynamic_bsz_balance: use_dynamic_bsz_balance.unwrap_or(d.use_dynamic_bsz_balance),
+        force_group_size: force_group_size.unwrap_or(d.force_group_size),
+        padded_width: padded_width.or(d.padded_width),
+        dp_num_micro_batches: dp_num_micro_batches.or(d.dp_num_micro_batches),
+        ..d
     };
     let kernel = kernel(py, backend)?;
     match py.detach(|| kernel.verl_rearrange_micro_batches(&seqlens, &o)).map_err(|e| to_py(py, e))? {
         Ok(groups) => PyList::new(py, groups),
-        Err(e) => Err(peer_error(py, &e)),
+        Err(e) => Err(peer_error(&e)),
     }
 }
 
-/// balance_batch(seqlens, dp, minibatch_size, backend) -> (partitions, kk_partitions, dropped)
+/// verl's trainer ``_balance_batch`` / ROLL's ``batch_balance`` reordering (the result of
+/// :func:`balance_batch`).
+#[pyclass(frozen, module = "stowplan._stowplan", name = "DpReorder")]
+#[derive(Debug)]
+pub struct PyDpReorder {
+    inner: DpReorder,
+}
+
+#[pymethods]
+impl PyDpReorder {
+    /// Per rank, the sample indices in the peer's final order.
+    #[getter]
+    fn partitions(&self) -> Vec<Vec<u32>> {
+        self.inner.partitions.clone()
+    }
+
+    /// The raw equal-size KK result of each call (one call, or one per mini-batch).
+    #[getter]
+    fn kk_partitions(&self) -> Vec<Vec<Vec<u32>>> {
+        self.inner.kk_partitions.clone()
+    }
+
+    /// Samples the peers leave out (the tail past the last full mini-batch), ascending.
+    #[getter]
+    fn dropped(&self) -> Vec<u32> {
+        self.inner.dropped.clone()
+    }
+
+    fn __repr__(&self) -> String {
+        format!("DpReorder(dp={}, dropped={})", self.inner.partitions.len(), self.inner.dropped.len())
+    }
+}
+
+/// balance_batch(seqlens, dp, *, minibatch_size=None, backend=None) -> DpReorder; raises
+/// verl's/ROLL's builtin exception.
 #[pyfunction]
+#[pyo3(signature = (seqlens, dp, *, minibatch_size=None, backend=None))]
 fn balance_batch(
     py: Python<'_>,
     seqlens: Vec<i64>,
     dp: u32,
     minibatch_size: Option<i64>,
-    backend: &str,
-) -> PyResult<(Vec<Vec<u32>>, Vec<Vec<Vec<u32>>>, Vec<u32>)> {
+    backend: Option<&str>,
+) -> PyResult<PyDpReorder> {
     let kernel = kernel(py, backend)?;
     match py.detach(|| kernel.balance_batch(&seqlens, dp, minibatch_size)).map_err(|e| to_py(py, e))? {
-        Ok(r) => Ok((r.partitions, r.kk_partitions, r.dropped)),
-        Err(e) => Err(peer_error(py, &e)),
+        Ok(inner) => Ok(PyDpReorder { inner }),
+        Err(e) => Err(peer_error(&e)),
     }
 }
 
-/// roll_load_balance(lengths, mask_width, max_packed_sequence_length, min_num_micro_batches,
-/// tp, cp, vp, dp_num_micro_batches, backend)
-/// -> (micro_batches, kk_partitions, pad_factor, padded_lengths)
+/// ROLL's ``load_balance`` micro-batches (the result of :func:`roll_load_balance`).
+#[pyclass(frozen, module = "stowplan._stowplan", name = "RollMicroBatches")]
+#[derive(Debug)]
+pub struct PyRollMicroBatches {
+    inner: RollMicroBatches,
+}
+
+#[pymethods]
+impl PyRollMicroBatches {
+    /// The micro-batches in ROLL's yield order.
+    #[getter]
+    fn micro_batches(&self) -> Vec<Vec<u32>> {
+        self.inner.micro_batches.clone()
+    }
+
+    /// The raw KK partitions before the reorder (members ascending).
+    #[getter]
+    fn kk_partitions(&self) -> Vec<Vec<u32>> {
+        self.inner.kk_partitions.clone()
+    }
+
+    /// The pad factor applied to every length.
+    #[getter]
+    fn pad_factor(&self) -> i64 {
+        self.inner.pad_factor
+    }
+
+    /// Every length rounded up to the pad factor.
+    #[getter]
+    fn padded_lengths(&self) -> Vec<i64> {
+        self.inner.padded_lengths.clone()
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "RollMicroBatches(micro_batches={}, pad_factor={})",
+            self.inner.micro_batches.len(),
+            self.inner.pad_factor
+        )
+    }
+}
+
+/// roll_load_balance(lengths, mask_width, max_packed_sequence_length, *,
+/// min_num_micro_batches=None, tp=None, cp=None, vp=None, dp_num_micro_batches=None,
+/// backend=None) -> RollMicroBatches (omitted options: ROLL's defaults); raises ROLL's
+/// exception.
 #[pyfunction]
+#[pyo3(signature = (lengths, mask_width, max_packed_sequence_length, *, min_num_micro_batches=None, tp=None, cp=None,
+    vp=None, dp_num_micro_batches=None, backend=None))]
 #[allow(clippy::too_many_arguments)]
 fn roll_load_balance(
     py: Python<'_>,
     lengths: Vec<i64>,
     mask_width: i64,
     max_packed_sequence_length: i64,
-    min_num_micro_batches: i64,
-    tp: i64,
-    cp: i64,
-    vp: i64,
+    min_num_micro_batches: Option<i64>,
+    tp: Option<i64>,
+    cp: Option<i64>,
+    vp: Option<i64>,
     dp_num_micro_batches: Option<i64>,
-    backend: &str,
-) -> PyResult<(Vec<Vec<u32>>, Vec<Vec<u32>>, i64, Vec<i64>)> {
+    backend: Option<&str>,
+) -> PyResult<PyRollMicroBatches> {
+    let d = RollLoadBalanceOptions::new(mask_width, max_packed_sequence_length);
     let o = RollLoadBalanceOptions {
-        mask_width,
-        max_packed_sequence_length,
-        min_num_micro_batches,
-        tp,
-        cp,
-        vp,
-        dp_num_micro_batches,
+        min_num_micro_batches: min_num_micro_batches.unwrap_or(d.min_num_micro_batches),
+        tp: tp.unwrap_or(d.tp),
+        cp: cp.unwrap_or(d.cp),
+        vp: vp.unwrap_or(d.vp),
+        dp_num_micro_batches: dp_num_micro_batches.or(d.dp_num_micro_batches),
+        ..d
     };
     let kernel = kernel(py, backend)?;
     match py.detach(|| kernel.roll_load_balance(&lengths, &o)).map_err(|e| to_py(py, e))? {
-        Ok(r) => Ok((r.micro_batches, r.kk_partitions, r.pad_factor, r.padded_lengths)),
-        Err(e) => Err(peer_error(py, &e)),
+        Ok(inner) => Ok(PyRollMicroBatches { inner }),
+        Err(e) => Err(peer_error(&e)),
     }
 }
 
-/// kernel_info() -> dict with the component's sha256 and import list.
+/// The embedded kernel component's sha256 and its imports (always empty):
+/// ``{"sha256": …, "imports": […]}``.
 #[pyfunction]
-fn kernel_info(py: Python<'_>) -> PyResult<(String, Vec<String>)> {
+fn kernel_info<'py>(py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
     let imports = py.detach(Kernel::wasm_imports).map_err(|e| to_py(py, e))?;
-    Ok((stowplan::KERNEL_WASM_SHA256.trim().to_string(), imports))
+    let d = PyDict::new(py);
+    d.set_item("sha256", stowplan::KERNEL_WASM_SHA256.trim())?;
+    d.set_item("imports", imports)?;
+    Ok(d)
 }
 
 /// The native module.
@@ -518,14 +1314,27 @@ fn kernel_info(py: Python<'_>) -> PyResult<(String, Vec<String>)> {
 fn _stowplan(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(partition, m)?)?;
     m.add_function(wrap_pyfunction!(pack, m)?)?;
-    m.add_function(wrap_pyfunction!(verl, m)?)?;
-    m.add_function(wrap_pyfunction!(log_seqlen_unbalance, m)?)?;
-    m.add_function(wrap_pyfunction!(kernel_info, m)?)?;
     m.add_function(wrap_pyfunction!(micro_batches, m)?)?;
     m.add_function(wrap_pyfunction!(balance, m)?)?;
+    m.add_function(wrap_pyfunction!(cost_coefficients, m)?)?;
+    m.add_function(wrap_pyfunction!(verl, m)?)?;
+    m.add_function(wrap_pyfunction!(log_seqlen_unbalance, m)?)?;
     m.add_function(wrap_pyfunction!(verl_rearrange_micro_batches, m)?)?;
     m.add_function(wrap_pyfunction!(balance_batch, m)?)?;
     m.add_function(wrap_pyfunction!(roll_load_balance, m)?)?;
+    m.add_function(wrap_pyfunction!(kernel_info, m)?)?;
+    m.add_class::<PyPartition>()?;
+    m.add_class::<PyPacking>()?;
+    m.add_class::<PyMicroBatches>()?;
+    m.add_class::<PyBalance>()?;
+    m.add_class::<PyDpReorder>()?;
+    m.add_class::<PyRollMicroBatches>()?;
+    // The kernel's cost presets, name -> (linear, quadratic).
+    let presets = PyDict::new(m.py());
+    for (name, c) in stowplan::COST_PRESETS {
+        presets.set_item(name, PyTuple::new(m.py(), [c.linear, c.quadratic])?)?;
+    }
+    m.add("COST_PRESETS", presets)?;
     layout::register(m)?;
     packer::register(m)?;
     plan::register(m)?;

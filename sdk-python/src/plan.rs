@@ -10,7 +10,9 @@ use pyo3::prelude::*;
 use pyo3::types::PyList;
 use stowplan::{EffectiveBatch, LengthCache, PackingConfig, PlanOptions, StaticPackPlan};
 
-use crate::{Lengths, invalid, kernel, to_py};
+use stowplan::plan::config::{DEFAULT_PRECOMPUTE_WORKERS, DEFAULT_WAIT_TIMEOUT_S};
+
+use crate::{Lengths, int, invalid, json_to_py, kernel, number, opt_u64, repr, to_py, u64_arg};
 
 /// How long one host wait runs before Python signals are checked.
 const SLICE: Duration = Duration::from_secs(1);
@@ -37,41 +39,41 @@ pub struct PyStaticPackPlan {
 
 #[pymethods]
 impl PyStaticPackPlan {
-    /// from_lengths(lengths, *, packing_length, world_size=1, drop_last=False,
-    /// allow_single_long=False, align=1, backend="wasm")
+    /// from_lengths(lengths, *, packing_length, world_size=None, drop_last=None,
+    /// allow_single_long=None, align=None, backend=None)
     ///
     /// Plans the samples of ``lengths`` (tokens per sample, dataset order): packs of at most
     /// ``packing_length`` aligned tokens by best-fit decreasing, long samples (length >=
-    /// packing_length) alone (``allow_single_long``) or dropped, then aligned for
-    /// ``world_size`` ranks by dropping the remainder (``drop_last``) or repeating the first
-    /// packs.
+    /// packing_length) alone (``allow_single_long``, default False) or dropped, then aligned
+    /// for ``world_size`` ranks (default 1) by dropping the remainder (``drop_last``, default
+    /// False) or repeating the first packs. ``align``: every length is rounded up to a
+    /// multiple of it (default 1).
     #[staticmethod]
-    #[pyo3(signature = (lengths, *, packing_length, world_size=1, drop_last=false, allow_single_long=false, align=1, backend="wasm"))]
+    #[pyo3(signature = (lengths, *, packing_length, world_size=None, drop_last=None, allow_single_long=None,
+        align=None, backend=None))]
     #[allow(clippy::too_many_arguments)]
     fn from_lengths(
         py: Python<'_>,
         lengths: &Bound<'_, PyAny>,
-        packing_length: i128,
-        world_size: i128,
-        drop_last: bool,
-        allow_single_long: bool,
-        align: i128,
-        backend: &str,
+        packing_length: &Bound<'_, PyAny>,
+        world_size: Option<&Bound<'_, PyAny>>,
+        drop_last: Option<bool>,
+        allow_single_long: Option<bool>,
+        align: Option<&Bound<'_, PyAny>>,
+        backend: Option<&str>,
     ) -> PyResult<Self> {
-        let packing_length = u64::try_from(packing_length)
-            .map_err(|_| invalid(py, format!("packing_length must be in 1..=2**64-1 tokens (got {packing_length})")))?;
-        let align =
-            u64::try_from(align).map_err(|_| invalid(py, format!("align must be in 1..=2**64-1 (got {align})")))?;
-        let world_size = world(py, world_size)?;
-        // Lists, tensors and other integer dtypes become a uint64/int64 array (numpy arrays of
-        // those dtypes pass through without a copy).
-        let array = py.import("stowplan._convert")?.call_method1("as_lengths", (lengths, "lengths"))?;
-        let lengths = Lengths::extract(py, &array, "lengths")?;
+        let d = PlanOptions::new(u64_arg(packing_length, "packing_length", 1)?);
+        let options = PlanOptions {
+            align: opt_u64(align, "align", 1)?.unwrap_or(d.align),
+            allow_single_long: allow_single_long.unwrap_or(d.allow_single_long),
+            ..d
+        };
+        let world_size = world_size.map(world).transpose()?.unwrap_or(ONE_RANK);
+        let lengths = Lengths::extract(lengths, "lengths")?;
         let kernel = kernel(py, backend)?;
-        let options = PlanOptions { packing_length, align, allow_single_long };
         let l = lengths.slice();
         let plan = py
-            .detach(|| StaticPackPlan::build(&kernel, l, &options, world_size, drop_last))
+            .detach(|| StaticPackPlan::build(&kernel, l, &options, world_size, drop_last.unwrap_or(false)))
             .map_err(|e| to_py(py, e))?;
         Ok(Self { plan })
     }
@@ -95,12 +97,20 @@ impl PyStaticPackPlan {
         self.plan.to_json().to_string()
     }
 
-    /// realign(world_size, drop_last=False, backend="wasm") -> StaticPackPlan: the same raw
-    /// plan aligned for other ranks (e.g. eval, which never drops).
-    #[pyo3(signature = (world_size, drop_last=false, backend="wasm"))]
-    fn realign(&self, py: Python<'_>, world_size: i128, drop_last: bool, backend: &str) -> PyResult<Self> {
-        let world_size = world(py, world_size)?;
+    /// realign(world_size, *, drop_last=None, backend=None) -> StaticPackPlan: the same raw
+    /// plan aligned for other ranks (e.g. eval, which never drops; ``drop_last`` default
+    /// False).
+    #[pyo3(signature = (world_size, *, drop_last=None, backend=None))]
+    fn realign(
+        &self,
+        py: Python<'_>,
+        world_size: &Bound<'_, PyAny>,
+        drop_last: Option<bool>,
+        backend: Option<&str>,
+    ) -> PyResult<Self> {
+        let world_size = world(world_size)?;
         let kernel = kernel(py, backend)?;
+        let drop_last = drop_last.unwrap_or(false);
         let plan = py.detach(|| self.plan.realign(&kernel, world_size, drop_last)).map_err(|e| to_py(py, e))?;
         Ok(Self { plan })
     }
@@ -325,7 +335,8 @@ pub struct PyLengthCache {
 
 #[pymethods]
 impl PyLengthCache {
-    /// LengthCache(cache_dir, source, samples, config_json=None, persist_every=None)
+    /// LengthCache(cache_dir, source, samples, config_json=None, persist_every=None):
+    /// ``persist_every`` lengths between flushes (default adaptive).
     #[new]
     #[pyo3(signature = (cache_dir, source, samples, config_json=None, persist_every=None))]
     fn new(
@@ -334,15 +345,13 @@ impl PyLengthCache {
         source: &str,
         samples: usize,
         config_json: Option<&str>,
-        persist_every: Option<i128>,
+        persist_every: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         let config = json_value(py, config_json, "config")?;
         let persist_every = persist_every
             .map(|p| {
-                u64::try_from(p)
-                    .ok()
-                    .filter(|&p| p > 0)
-                    .ok_or_else(|| invalid(py, format!("persist_every must be a positive integer (got {p})")))
+                u64_arg(p, "persist_every", 1)
+                    .map_err(|_| invalid(py, format!("persist_every must be a positive integer (got {})", repr(p))))
             })
             .transpose()?;
         let cache = py
@@ -421,18 +430,23 @@ impl PyLengthCache {
         self.cache.fingerprint()
     }
 
-    /// wait(cache_dir, source, samples, config_json=None, timeout_s=7200) -> numpy uint64:
-    /// waits for rank 0's complete cache (0 = forever), interruptible with Ctrl-C.
+    /// wait(cache_dir, source, samples, *, config_json=None, timeout_s=None) -> numpy
+    /// uint64: waits for rank 0's complete cache, interruptible with Ctrl-C. ``timeout_s``:
+    /// seconds, 0 = forever (default: ``packing_wait_timeout_s``'s default, 7200).
     #[staticmethod]
-    #[pyo3(signature = (cache_dir, source, samples, config_json=None, timeout_s=7200.0))]
+    #[pyo3(signature = (cache_dir, source, samples, *, config_json=None, timeout_s=None))]
     fn wait<'py>(
         py: Python<'py>,
         cache_dir: PathBuf,
         source: &str,
         samples: usize,
         config_json: Option<&str>,
-        timeout_s: f64,
+        timeout_s: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Bound<'py, PyArray1<u64>>> {
+        let timeout_s = match timeout_s {
+            Some(t) => number(t, "timeout_s", "a number of seconds >= 0")?,
+            None => DEFAULT_WAIT_TIMEOUT_S as f64,
+        };
         if !(timeout_s >= 0.0 && timeout_s.is_finite()) {
             return Err(invalid(py, format!("timeout_s must be a finite number >= 0 (got {timeout_s})")));
         }
@@ -459,21 +473,27 @@ impl PyLengthCache {
     }
 }
 
-fn world(py: Python<'_>, world_size: i128) -> PyResult<u32> {
-    u32::try_from(world_size)
-        .map_err(|_| invalid(py, format!("world_size must be in 1..=4294967295 (got {world_size})")))
+/// One rank: the `world_size` of an omitted argument.
+const ONE_RANK: u32 = 1;
+
+fn world(world_size: &Bound<'_, PyAny>) -> PyResult<u32> {
+    int(world_size, "world_size", 0, u32::MAX.into())
 }
 
-/// resolve_packing_config(config_json, world_size) -> str: the validated configuration
-/// (`stowplan::PackingConfig`) as JSON, plus `batch_report` (requested vs realized packs per
-/// optimizer step).
+/// resolve_packing_config(config_json, world_size) -> dict: the validated configuration
+/// (`stowplan::PackingConfig`, defaults applied), plus `batch_report` (requested vs realized
+/// packs per optimizer step).
 #[pyfunction]
-fn resolve_packing_config(py: Python<'_>, config_json: &str, world_size: i128) -> PyResult<String> {
+fn resolve_packing_config<'py>(
+    py: Python<'py>,
+    config_json: &str,
+    world_size: &Bound<'_, PyAny>,
+) -> PyResult<Bound<'py, PyAny>> {
     let config = json_value(py, Some(config_json), "config")?;
-    let c = PackingConfig::from_json(&config, world(py, world_size)?).map_err(|e| to_py(py, e))?;
+    let c = PackingConfig::from_json(&config, world(world_size)?).map_err(|e| to_py(py, e))?;
     let mut v = serde_json::to_value(&c).map_err(|e| invalid(py, format!("encoding the configuration: {e}")))?;
     v["batch_report"] = serde_json::Value::String(c.batch.report());
-    Ok(v.to_string())
+    json_to_py(py, &v)
 }
 
 /// accumulation_warning(world_size, per_device_train_batch_size, gradient_accumulation_steps,
@@ -481,13 +501,13 @@ fn resolve_packing_config(py: Python<'_>, config_json: &str, world_size: i128) -
 #[pyfunction]
 fn accumulation_warning(
     py: Python<'_>,
-    world_size: i128,
+    world_size: &Bound<'_, PyAny>,
     per_device_train_batch_size: u64,
     gradient_accumulation_steps: u64,
     per_rank_batches: u64,
 ) -> PyResult<Option<String>> {
     let b = EffectiveBatch::derive(
-        world(py, world_size)?,
+        world(world_size)?,
         per_device_train_batch_size,
         gradient_accumulation_steps,
         None,
@@ -502,5 +522,8 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyLengthCache>()?;
     m.add_function(wrap_pyfunction!(resolve_packing_config, m)?)?;
     m.add_function(wrap_pyfunction!(accumulation_warning, m)?)?;
+    // The host's defaults the Python driver of the length cache uses.
+    m.add("DEFAULT_PRECOMPUTE_WORKERS", DEFAULT_PRECOMPUTE_WORKERS)?;
+    m.add("DEFAULT_WAIT_TIMEOUT_S", DEFAULT_WAIT_TIMEOUT_S)?;
     Ok(())
 }

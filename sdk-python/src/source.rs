@@ -8,7 +8,7 @@ use pyo3::types::{PyBytes, PyDict, PyList};
 use stowplan::{DataSource, DataSourceOptions, Group, RolloutSample, Status};
 
 use crate::filter::PyFilter;
-use crate::{invalid, kernel, to_py};
+use crate::{Nullable, invalid, kernel, opt_u64, to_py, u32_arg};
 
 fn status_name(s: Status) -> &'static str {
     match s {
@@ -92,57 +92,64 @@ pub struct PyDataSource {
 
 #[pymethods]
 impl PyDataSource {
-    /// DataSource(path, n_samples_per_prompt, shuffle, seed, input_key, label_key,
-    /// metadata_key, backend) over a JSONL file.
+    /// DataSource(path, n_samples_per_prompt, *, shuffle=None, seed=None, input_key=None,
+    /// label_key=..., metadata_key=..., backend=None) over a JSONL file. Omitted options: the
+    /// host's defaults (no shuffle, seed 0, keys ``prompt``, ``label``, ``metadata``);
+    /// ``label_key=None``/``metadata_key=None``: no such key.
     #[new]
-    #[pyo3(signature = (path, n_samples_per_prompt, shuffle, seed, input_key, label_key, metadata_key, backend))]
+    #[pyo3(signature = (path, n_samples_per_prompt, *, shuffle=None, seed=None, input_key=None,
+        label_key=Nullable::Omitted, metadata_key=Nullable::Omitted, backend=None))]
     #[allow(clippy::too_many_arguments)]
-    fn new(
-        py: Python<'_>,
+    fn new<'py>(
+        py: Python<'py>,
         path: PathBuf,
-        n_samples_per_prompt: i128,
-        shuffle: bool,
-        seed: i128,
-        input_key: String,
-        label_key: Option<String>,
-        metadata_key: Option<String>,
-        backend: &str,
+        n_samples_per_prompt: &Bound<'py, PyAny>,
+        shuffle: Option<bool>,
+        seed: Option<&Bound<'py, PyAny>>,
+        input_key: Option<String>,
+        label_key: Nullable<'py>,
+        metadata_key: Nullable<'py>,
+        backend: Option<&str>,
     ) -> PyResult<Self> {
-        let options = options(py, n_samples_per_prompt, shuffle, seed, input_key, label_key, metadata_key)?;
+        let options = options(n_samples_per_prompt, shuffle, seed, input_key, label_key, metadata_key)?;
         let kernel = kernel(py, backend)?;
         let inner = py.detach(|| DataSource::from_jsonl(&path, options, kernel)).map_err(|e| to_py(py, e))?;
         Ok(Self { inner })
     }
 
-    /// from_records(records_json, identity, ...) over records given as JSON lines text.
+    /// from_records(records_json, n_samples_per_prompt, *, identity=None, …) over records
+    /// given as JSON texts; ``identity`` names them in saved states (default ``records``);
+    /// the other options as for the constructor.
     #[staticmethod]
-    #[pyo3(signature = (records_json, identity, n_samples_per_prompt, shuffle, seed, input_key, label_key, metadata_key, backend))]
+    #[pyo3(signature = (records_json, n_samples_per_prompt, *, identity=None, shuffle=None, seed=None, input_key=None,
+        label_key=Nullable::Omitted, metadata_key=Nullable::Omitted, backend=None))]
     #[allow(clippy::too_many_arguments)]
-    fn from_records(
-        py: Python<'_>,
+    fn from_records<'py>(
+        py: Python<'py>,
         records_json: Vec<String>,
-        identity: &str,
-        n_samples_per_prompt: i128,
-        shuffle: bool,
-        seed: i128,
-        input_key: String,
-        label_key: Option<String>,
-        metadata_key: Option<String>,
-        backend: &str,
+        n_samples_per_prompt: &Bound<'py, PyAny>,
+        identity: Option<&str>,
+        shuffle: Option<bool>,
+        seed: Option<&Bound<'py, PyAny>>,
+        input_key: Option<String>,
+        label_key: Nullable<'py>,
+        metadata_key: Nullable<'py>,
+        backend: Option<&str>,
     ) -> PyResult<Self> {
-        let options = options(py, n_samples_per_prompt, shuffle, seed, input_key, label_key, metadata_key)?;
+        let options = options(n_samples_per_prompt, shuffle, seed, input_key, label_key, metadata_key)?;
         let kernel = kernel(py, backend)?;
         let mut records = Vec::with_capacity(records_json.len());
         for (i, r) in records_json.iter().enumerate() {
             records.push(serde_json::from_str(r).map_err(|e| invalid(py, format!("records[{i}] is not JSON: {e}")))?);
         }
+        let identity = identity.unwrap_or(RECORDS);
         let inner = DataSource::from_records(records, identity, options, kernel).map_err(|e| to_py(py, e))?;
         Ok(Self { inner })
     }
 
-    /// get_samples(n, rollout_id=None, filter=None) -> list of groups of sample dicts: the
+    /// get_samples(n, *, rollout_id=None, filter=None) -> list of groups of sample dicts: the
     /// buffer first (through `filter`, FIFO without one), then the dataset.
-    #[pyo3(signature = (n, rollout_id=None, filter=None))]
+    #[pyo3(signature = (n, *, rollout_id=None, filter=None))]
     fn get_samples<'py>(
         &mut self,
         py: Python<'py>,
@@ -241,20 +248,27 @@ impl PyDataSource {
     }
 }
 
-fn options(
-    py: Python<'_>,
-    n_samples_per_prompt: i128,
-    shuffle: bool,
-    seed: i128,
-    input_key: String,
-    label_key: Option<String>,
-    metadata_key: Option<String>,
+/// The identity of in-memory records when none is given.
+const RECORDS: &str = "records";
+
+/// Data source options from the arguments (omitted: `DataSourceOptions::new`'s defaults).
+fn options<'py>(
+    n_samples_per_prompt: &Bound<'py, PyAny>,
+    shuffle: Option<bool>,
+    seed: Option<&Bound<'py, PyAny>>,
+    input_key: Option<String>,
+    label_key: Nullable<'py>,
+    metadata_key: Nullable<'py>,
 ) -> PyResult<DataSourceOptions> {
-    let n_samples_per_prompt = u32::try_from(n_samples_per_prompt).ok().filter(|&k| k > 0).ok_or_else(|| {
-        invalid(py, format!("n_samples_per_prompt must be in 1..=4294967295 (got {n_samples_per_prompt})"))
-    })?;
-    let seed = u64::try_from(seed).map_err(|_| invalid(py, format!("seed must be in 0..=2**64-1 (got {seed})")))?;
-    Ok(DataSourceOptions { n_samples_per_prompt, shuffle, seed, input_key, label_key, metadata_key })
+    let d = DataSourceOptions::new(u32_arg(n_samples_per_prompt, "n_samples_per_prompt", 1)?);
+    Ok(DataSourceOptions {
+        shuffle: shuffle.unwrap_or(d.shuffle),
+        seed: opt_u64(seed, "seed", 0)?.unwrap_or(d.seed),
+        input_key: input_key.unwrap_or(d.input_key),
+        label_key: label_key.resolve(d.label_key, |k| k.extract::<String>())?,
+        metadata_key: metadata_key.resolve(d.metadata_key, |k| k.extract::<String>())?,
+        n_samples_per_prompt: d.n_samples_per_prompt,
+    })
 }
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {

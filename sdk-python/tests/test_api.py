@@ -182,16 +182,24 @@ def test_pack_invariants(lengths, capacity, align, method, oversize):
     assert b.num_bins - len(b.single) >= b.lower_bound
 
 
-def test_stubs_cover_the_native_module() -> None:
-    """Every public function and class of the native module has a stub, and no stub names
-    something the module lacks (the stubs stay in step with the Rust API)."""
-    import ast
-    import pathlib
+def test_options_are_keyword_only_and_none_is_the_default():
+    default = stowplan.pack(DOCS, 1000)
+    explicit_none = stowplan.pack(DOCS, 1000, align=None, method=None, oversize=None, backend=None)
+    assert default.bins == explicit_none.bins and default.loads.tolist() == explicit_none.loads.tolist()
+    assert stowplan.partition(DOCS, 2, method="verl").groups == stowplan.partition(DOCS, 2, method="verl", refine=None).groups
+    # The kernel's spelling, `_` accepted for `-`.
+    assert stowplan.pack([5, 3, 7, 2, 6], 10, method="next_fit").bins == stowplan.pack([5, 3, 7, 2, 6], 10, method="next-fit").bins
+    with pytest.raises(TypeError):
+        stowplan.pack(DOCS, 1000, 2)  # align is keyword-only
+    assert stowplan.COSTS == {"tokens": (1, 0), "attention": (24576, 1)}
 
-    from stowplan import _stowplan
 
-    stub = pathlib.Path(stowplan.__file__).with_name("_stowplan.pyi")
-    tree = ast.parse(stub.read_text())
-    stubbed = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
-    native = {name for name in dir(_stowplan) if not name.startswith("_")}
-    assert stubbed == native, (sorted(native - stubbed), sorted(stubbed - native))
+def test_results_are_read_only_native_objects():
+    p = stowplan.partition(DOCS, 2)
+    assert isinstance(p, stowplan.Partition) and p.groups is p.groups
+    with pytest.raises(AttributeError):
+        p.total = 0
+    b = stowplan.balance(DOCS, 2, max_token_len=2000)
+    assert [type(m) for m in b.micro_batches] == [stowplan.MicroBatches] * 2
+    assert b.token_balance == {"max": 1550, "min": 1450, "mean": 1500.0, "max_over_mean": 1550 / 1500, "spread": 100}
+    assert "Balance(dp=2" in repr(b) and "MicroBatches(count=" in repr(b.micro_batches[0])

@@ -5,6 +5,7 @@ from __future__ import annotations
 import doctest
 
 import stowplan
+import stowplan._stowplan
 import stowplan._balance
 import stowplan._layout
 import stowplan._plan
@@ -18,7 +19,9 @@ import stowplan.compat.verl
 
 
 def test_docstring_examples():
-    for module in (stowplan, stowplan._balance, stowplan._layout, stowplan._plan, stowplan._source, stowplan._filter, stowplan._packer, stowplan.compat.slime, stowplan.compat.verl, stowplan.compat.roll, stowplan.compat.prime_rl):
+    for module in (stowplan, stowplan._stowplan, stowplan._balance, stowplan._layout, stowplan._plan, stowplan._source, stowplan._filter, stowplan._packer, stowplan.compat.slime, stowplan.compat.verl, stowplan.compat.roll, stowplan.compat.prime_rl):
         result = doctest.testmod(module, optionflags=doctest.NORMALIZE_WHITESPACE)
         assert result.failed == 0, module.__name__
     assert doctest.testmod(stowplan).attempted >= 4
+    # The native functions' docstrings (written in Rust) carry examples too.
+    assert doctest.testmod(stowplan._stowplan).attempted >= 10

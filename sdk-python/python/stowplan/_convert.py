@@ -14,7 +14,8 @@ def as_lengths(values: Any, name: str) -> np.ndarray:
 
     Contiguous ``uint64``/``int64`` numpy arrays (and CPU tensors of those dtypes, through
     ``__array__`` or DLPack) pass through without a copy; other integer dtypes are widened.
-    Negative values are rejected by the native layer, which names the index.
+    Negative values are rejected by the native layer, which names the index. The native
+    layer calls this for every lengths argument that is not already such an array.
     """
     if isinstance(values, np.ndarray):
         arr = values
@@ -44,13 +45,3 @@ def as_lengths(values: Any, name: str) -> np.ndarray:
     if kind == "i":
         return np.ascontiguousarray(arr, dtype=np.int64)
     raise InvalidArgumentError(f"{name} must hold integers (got dtype {arr.dtype})")
-
-
-def check_int(value: Any, name: str, low: int, high: int) -> int:
-    """Returns ``value`` as an int in ``low..=high`` or raises InvalidArgumentError naming it."""
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise InvalidArgumentError(f"{name} must be an integer in {low}..={high} (got {value!r})")
-    v = int(value)
-    if not low <= v <= high:
-        raise InvalidArgumentError(f"{name} must be in {low}..={high} (got {v})")
-    return v

@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from typing import Any, Dict, List, Optional, Tuple, Union
+from typing import Any, Dict, List, Tuple, Union
 
 from . import _stowplan
 from .errors import InvalidArgumentError
@@ -30,51 +30,26 @@ class Filter:
         self._native = native
 
     @classmethod
-    def load(
-        cls,
-        path: Any,
-        *,
-        sha256: str,
-        config: Union[None, str, Dict[str, Any]] = None,
-        timeout: float = 1.0,
-        fuel: Optional[int] = 10**9,
-        memory_limit: int = 256 * 2**20,
-        output_limit: int = 64 * 2**10,
-        on_failure: str = "error",
-    ) -> "Filter":
+    def load(cls, path: Any, *, sha256: str, config: Union[None, str, Dict[str, Any]] = None, **options: Any) -> "Filter":
         """Loads the component at ``path`` if its sha256 is ``sha256`` (64 hex digits,
         optionally ``sha256:``-prefixed; :meth:`hash` computes it) and instantiates it.
 
-        ``config`` (a JSON-serializable dict, or JSON text) reaches every call. Bounds per
-        call: ``timeout`` seconds (0.001–600), ``fuel`` (about one unit per WebAssembly
-        instruction, at least 10,000; ``None`` for none), ``memory_limit`` bytes (1 MiB–4 GiB).
-        stdout/stderr are kept up to ``output_limit`` bytes per call and logged.
-        ``on_failure="fallback"`` serves first-in-first-out instead of raising when a call
-        fails (with a warning in the log); the default ``"error"`` raises a
-        :class:`~stowplan.FilterError` subclass and leaves the buffer untouched.
+        ``config`` (a JSON-serializable dict, or JSON text; default ``{}``) reaches every
+        call. Options (omitted: the host's defaults), bounds per call: ``timeout`` seconds
+        (0.001–600, default 1), ``fuel`` (about one unit per WebAssembly instruction, at least
+        10,000, default 10**9; ``None`` for none), ``memory_limit`` bytes (1 MiB–4 GiB,
+        default 256 MiB). stdout/stderr are kept up to ``output_limit`` bytes per call
+        (default 64 KiB) and logged. ``on_failure="fallback"`` serves first-in-first-out
+        instead of raising when a call fails (with a warning in the log); the default
+        ``"error"`` raises a :class:`~stowplan.FilterError` subclass and leaves the buffer
+        untouched.
         """
-        if config is None:
-            config_json = "{}"
-        elif isinstance(config, str):
-            config_json = config
-        else:
+        if config is not None and not isinstance(config, str):
             try:
-                config_json = json.dumps(config)
+                config = json.dumps(config)
             except (TypeError, ValueError) as exc:
                 raise InvalidArgumentError(f"config must be JSON-serializable: {exc}") from None
-        if not isinstance(sha256, str):
-            raise InvalidArgumentError(f"sha256 must be a string of 64 hex digits (got {sha256!r})")
-        for name, value in (("memory_limit", memory_limit), ("output_limit", output_limit)):
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise InvalidArgumentError(f"{name} must be an integer number of bytes (got {value!r})")
-        if fuel is not None and (isinstance(fuel, bool) or not isinstance(fuel, int)):
-            raise InvalidArgumentError(f"fuel must be an integer >= 10000 or None (got {fuel!r})")
-        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
-            raise InvalidArgumentError(f"timeout must be a number of seconds (got {timeout!r})")
-        native = _stowplan.Filter(
-            os.fspath(path), sha256, config_json, float(timeout), fuel, memory_limit, output_limit, on_failure
-        )
-        return cls(native)
+        return cls(_stowplan.Filter(os.fspath(path), sha256=sha256, config=config, **options))
 
     @staticmethod
     def hash(path: Any) -> str:

@@ -82,7 +82,7 @@ class PackingConfig:
             text = json.dumps(config)
         except (TypeError, ValueError) as exc:
             raise InvalidArgumentError(f"config must be JSON-serializable: {exc}") from None
-        r = json.loads(_stowplan.resolve_packing_config(text, world_size))
+        r = _stowplan.resolve_packing_config(text, world_size)
         b = r["batch"]
         c = cls(
             packing=r["packing"],
@@ -146,10 +146,10 @@ def compute_lengths(
     cache_dir: Any,
     source: str,
     config: Optional[Dict[str, Any]] = None,
-    workers: int = 8,
+    workers: Optional[int] = None,
     persist_every: Optional[int] = None,
     rank: int = 0,
-    wait_timeout_s: float = 7200,
+    wait_timeout_s: Optional[float] = None,
     verify: int = 8,
 ) -> np.ndarray:
     """Per-sample planning lengths, ``length_fn(dataset[i])`` for every ``i``, through the
@@ -157,9 +157,10 @@ def compute_lengths(
 
     Rank 0 computes the missing lengths — serially with ``workers=1``, else on a
     ``multiprocessing`` pool whose results are written back by index, so the cache is
-    byte-identical to a serial one — flushing every ``persist_every`` lengths (adaptive by
-    default) so a crash resumes from the last flush. Other ranks wait up to ``wait_timeout_s``
-    seconds (0 = forever) for rank 0's complete cache. ``source`` identifies the dataset
+    byte-identical to a serial one; ``None``: the host's default of 8) — flushing every
+    ``persist_every`` lengths (adaptive by default) so a crash resumes from the last flush.
+    Other ranks wait up to ``wait_timeout_s`` seconds (0 = forever; ``None``: the host's
+    default, 7200) for rank 0's complete cache. ``source`` identifies the dataset
     (e.g. the resolved JSONL path) and ``config`` everything else lengths depend on
     (template, max length …): both enter the fingerprint, and a cache made for other inputs
     raises :class:`stowplan.CacheMismatchError`. On rank 0, ``verify`` lengths already in
@@ -168,6 +169,8 @@ def compute_lengths(
     fingerprint, and raises :class:`stowplan.CacheMismatchError` instead of planning with
     stale lengths.
     """
+    if workers is None:
+        workers = _stowplan.DEFAULT_PRECOMPUTE_WORKERS
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise InvalidArgumentError(f"workers must be a positive integer (got {workers!r})")
     if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
@@ -175,7 +178,7 @@ def compute_lengths(
     n = len(dataset)
     config_json = json.dumps(config, sort_keys=True) if config is not None else None
     if rank != 0:
-        return _stowplan.LengthCache.wait(cache_dir, source, n, config_json, float(wait_timeout_s))
+        return LengthCache.wait(cache_dir, source, n, config_json=config_json, timeout_s=wait_timeout_s)
     cache = LengthCache(cache_dir, source, n, config_json, persist_every)
     missing = cache.missing().tolist()
     if cache.known and verify > 0:
@@ -266,11 +269,11 @@ def plan_dataset(
     cache_dir: Any = None,
     source: Optional[str] = None,
     length_config: Optional[Dict[str, Any]] = None,
-    workers: int = 8,
+    workers: Optional[int] = None,
     persist_every: Optional[int] = None,
     rank: int = 0,
-    wait_timeout_s: float = 7200,
-    backend: str = "wasm",
+    wait_timeout_s: Optional[float] = None,
+    backend: Optional[str] = None,
     log: bool = True,
 ) -> Any:
     """The static pack plan of ``dataset``: planning lengths (cached under ``cache_dir`` when
@@ -278,7 +281,9 @@ def plan_dataset(
     requires. With ``config`` (a :class:`PackingConfig`) the packing length, long-sample
     policy, alignment, ``drop_last`` (never for ``eval=True``), world size, workers, flush
     cadence, wait timeout and dataset source come from it, and a partial accumulation window
-    is warned about.
+    is warned about. ``workers``, ``wait_timeout_s`` and ``backend`` left ``None`` take the
+    host's defaults. (``align`` and ``allow_single_long`` are spelled out because they enter
+    the length cache's fingerprint as given.)
     """
     if config is not None:
         if not isinstance(config, PackingConfig):
@@ -297,7 +302,7 @@ def plan_dataset(
     if packing_length is None:
         raise InvalidArgumentError("packing_length is required (or pass config=PackingConfig.from_dict(...))")
     if eval:
-        drop_last = False
+        drop_last = False  # evaluation sees every sample
     if cache_dir is None:
         lengths = np.fromiter((_checked_length(length_fn(s), i) for i, s in enumerate(dataset)), dtype=np.int64)
     else:

@@ -117,27 +117,19 @@ def _from_native(d: Dict[str, Any]) -> Any:
 
 class DataSource:
     """Prompts from a JSONL file (``path``), drawn as groups of ``n_samples_per_prompt``
-    samples; ``shuffle`` uses the kernel's seeded permutation of ``(seed, epoch)`` every
-    epoch. Read-only: :meth:`add_samples` raises (use :class:`BufferedDataSource`)."""
+    samples. Read-only: :meth:`add_samples` raises (use :class:`BufferedDataSource`).
+
+    Options (omitted: the host's defaults): ``shuffle`` — the kernel's seeded permutation of
+    ``(seed, epoch)`` every epoch (default False); ``seed`` (default 0); ``input_key`` — the
+    prompt's key in each record (default ``"prompt"``); ``label_key``, ``metadata_key`` —
+    the label's and metadata's keys (defaults ``"label"``, ``"metadata"``; ``None``: none);
+    ``backend`` — ``"wasm"`` (default) or ``"native"``.
+    """
 
     _buffered = False
 
-    def __init__(
-        self,
-        path: Any,
-        *,
-        n_samples_per_prompt: int,
-        shuffle: bool = False,
-        seed: int = 0,
-        input_key: str = "prompt",
-        label_key: Optional[str] = "label",
-        metadata_key: Optional[str] = "metadata",
-        backend: str = "wasm",
-        filter: Optional[Filter] = None,
-    ) -> None:
-        self._native = _stowplan.DataSource(
-            os.fspath(path), n_samples_per_prompt, shuffle, seed, input_key, label_key, metadata_key, backend
-        )
+    def __init__(self, path: Any, *, n_samples_per_prompt: int, filter: Optional[Filter] = None, **options: Any) -> None:
+        self._native = _stowplan.DataSource(os.fspath(path), n_samples_per_prompt, **options)
         self.n_samples_per_prompt = n_samples_per_prompt
         self.filter = filter
 
@@ -147,28 +139,13 @@ class DataSource:
         records: Iterable[Dict[str, Any]],
         *,
         n_samples_per_prompt: int,
-        identity: str = "records",
-        shuffle: bool = False,
-        seed: int = 0,
-        input_key: str = "prompt",
-        label_key: Optional[str] = "label",
-        metadata_key: Optional[str] = "metadata",
-        backend: str = "wasm",
         filter: Optional[Filter] = None,
+        **options: Any,
     ) -> "DataSource":
-        """A data source over in-memory records (``identity`` names them in saved states)."""
+        """A data source over in-memory records; ``identity`` names them in saved states
+        (default ``"records"``); the other options as for the constructor."""
         self = cls.__new__(cls)
-        self._native = _stowplan.DataSource.from_records(
-            [json.dumps(r) for r in records],
-            identity,
-            n_samples_per_prompt,
-            shuffle,
-            seed,
-            input_key,
-            label_key,
-            metadata_key,
-            backend,
-        )
+        self._native = _stowplan.DataSource.from_records([json.dumps(r) for r in records], n_samples_per_prompt, **options)
         self.n_samples_per_prompt = n_samples_per_prompt
         self.filter = filter
         return self
@@ -191,7 +168,7 @@ class DataSource:
         first out without one — then from the dataset. When the filter fails, a
         :class:`~stowplan.FilterError` subclass is raised and nothing is taken."""
         native_filter = self._filter._native if self._filter is not None else None
-        groups = self._native.get_samples(num_samples, rollout_id, native_filter)
+        groups = self._native.get_samples(num_samples, rollout_id=rollout_id, filter=native_filter)
         return [[_from_native(d) for d in g] for g in groups]
 
     def add_samples(self, samples: Sequence[Sequence[Any]]) -> None:

@@ -1,143 +1,259 @@
 """Type stubs of the native extension ``stowplan._stowplan`` (PyO3).
 
-Use the public functions of :mod:`stowplan` instead; these take already-converted arrays.
+Most names are re-exported by :mod:`stowplan` as they are. Options are keyword-only and
+``None`` (or omitting them) means the host's default; parameters shown as ``= ...`` take a
+``None`` of their own meaning (no key, no bound), so only omitting them gives the default.
+``tests/test_stubs.py`` checks these stubs against the compiled module.
 """
 
-from typing import Any, Dict, Iterable, List, Optional, Tuple, Union
+from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import numpy.typing as npt
 
 __version__: str
+#: The kernel's cost presets, name -> (linear, quadratic).
+COST_PRESETS: Dict[str, Tuple[int, int]]
+#: The host's default number of length-precompute workers.
+DEFAULT_PRECOMPUTE_WORKERS: int
+#: The host's default wait for rank 0's length cache, in seconds.
+DEFAULT_WAIT_TIMEOUT_S: int
+
+_Lengths = Union[Sequence[int], npt.NDArray[np.integer[Any]], Any]
+_Cost = Union[str, Tuple[int, int], Sequence[int]]
+_Align = Union[None, str, int]
+
+class Partition:
+    """``k`` groups of input indices (the result of :func:`partition`)."""
+
+    offsets: npt.NDArray[np.uint32]
+    indices: npt.NDArray[np.uint32]
+    sums: npt.NDArray[np.uint64]
+    total: int
+    spread: int
+    lower_bound: int
+    k: int
+    max: int
+    @property
+    def groups(self) -> List[List[int]]: ...
+    def __len__(self) -> int: ...
 
 def partition(
-    weights: npt.NDArray[np.uint64] | npt.NDArray[np.int64],
+    weights: _Lengths,
     k: int,
-    method: str,
-    equal_size: bool,
-    refine: bool,
-    backend: str,
-) -> Tuple[npt.NDArray[np.uint32], npt.NDArray[np.uint32], npt.NDArray[np.uint64], int, int, int]:
-    """-> (offsets, indices, sums, total, spread, lower_bound)"""
+    *,
+    method: Optional[str] = None,
+    equal_size: Optional[bool] = None,
+    refine: Optional[bool] = None,
+    backend: Optional[str] = None,
+) -> Partition:
+    """``method``: ``"kk"`` (default), ``"greedy"`` or ``"verl"``."""
+
+class Packing:
+    """Bins of input indices (the result of :func:`pack`)."""
+
+    offsets: npt.NDArray[np.uint32]
+    indices: npt.NDArray[np.uint32]
+    loads: npt.NDArray[np.uint64]
+    dropped: npt.NDArray[np.uint32]
+    single: npt.NDArray[np.uint32]
+    real_tokens: int
+    aligned_tokens: int
+    padding_tokens: int
+    lower_bound: int
+    efficiency: float
+    capacity: int
+    num_bins: int
+    @property
+    def bins(self) -> List[List[int]]: ...
+    def __len__(self) -> int: ...
 
 def pack(
-    lengths: npt.NDArray[np.uint64] | npt.NDArray[np.int64],
+    lengths: _Lengths,
     capacity: int,
-    align: int,
-    method: str,
-    oversize: str,
-    backend: str,
-) -> Tuple[
-    npt.NDArray[np.uint32],
-    npt.NDArray[np.uint32],
-    npt.NDArray[np.uint64],
-    npt.NDArray[np.uint32],
-    npt.NDArray[np.uint32],
-    int,
-    int,
-    int,
-    float,
-]:
-    """-> (offsets, indices, loads, dropped, single, real_tokens, aligned_tokens, lower_bound, efficiency)"""
+    *,
+    align: Optional[int] = None,
+    method: Optional[str] = None,
+    oversize: Optional[str] = None,
+    backend: Optional[str] = None,
+) -> Packing:
+    """``method``: ``"bfd"`` (default), ``"ffd"`` or ``"next-fit"``; ``oversize``:
+    ``"error"`` (default), ``"single"`` or ``"drop"``."""
 
-def verl(function: str, seqlens: List[int], k: int, equal_size: bool, backend: str) -> List[List[int]]:
-    """verl 0.9.1's ``function``; raises the builtin exception verl raises."""
+class MicroBatches:
+    """Micro-batches of one batch (the result of :func:`micro_batches`)."""
 
-def log_seqlen_unbalance(seqlens: List[int], partitions: List[List[int]]) -> Tuple[int, int, int, int, int, int]:
-    """-> (min, max, balanced_min, balanced_max, total, k); raises like verl."""
-
-def kernel_info() -> Tuple[str, List[str]]:
-    """-> (component sha256, component imports)"""
-
-_MicroTuple = Tuple[
-    npt.NDArray[np.uint32],
-    npt.NDArray[np.uint32],
-    npt.NDArray[np.uint64],
-    npt.NDArray[np.uint64],
-    npt.NDArray[np.uint32],
-    int,
-    int,
-]
-_DpTuple = Tuple[npt.NDArray[np.uint32], npt.NDArray[np.uint32], npt.NDArray[np.uint64], npt.NDArray[np.uint64], int]
+    offsets: npt.NDArray[np.uint32]
+    indices: npt.NDArray[np.uint32]
+    tokens: npt.NDArray[np.uint64]
+    costs: npt.NDArray[np.uint64]
+    restore: npt.NDArray[np.uint32]
+    lower_bound: int
+    required: int
+    count: int
+    @property
+    def batches(self) -> List[npt.NDArray[np.uint32]]: ...
+    @property
+    def token_balance(self) -> Dict[str, Union[int, float]]: ...
+    @property
+    def cost_balance(self) -> Dict[str, Union[int, float]]: ...
+    def __len__(self) -> int: ...
+    def __iter__(self) -> Iterator[npt.NDArray[np.uint32]]: ...
 
 def micro_batches(
-    lengths: npt.NDArray[np.uint64] | npt.NDArray[np.int64],
+    lengths: _Lengths,
     max_token_len: int,
-    linear: int,
-    quadratic: int,
-    min_count: int,
-    divisible_by: int,
-    count: Optional[int],
-    order: str,
-    backend: str,
-) -> _MicroTuple:
-    """-> (offsets, indices, tokens, costs, restore, lower_bound, required)"""
+    *,
+    cost: Optional[_Cost] = None,
+    min_count: Optional[int] = None,
+    divisible_by: Optional[int] = None,
+    count: Optional[int] = None,
+    order: Optional[str] = None,
+    backend: Optional[str] = None,
+) -> MicroBatches:
+    """``cost``: ``"tokens"`` (default), ``"attention"`` or ``(linear, quadratic)``;
+    ``order``: ``"none"`` (default), ``"cost_desc"``, ``"verl"`` or ``"roll"``."""
+
+class Balance:
+    """A global batch over DP ranks (the result of :func:`balance`)."""
+
+    offsets: npt.NDArray[np.uint32]
+    order: npt.NDArray[np.uint32]
+    tokens: npt.NDArray[np.uint64]
+    costs: npt.NDArray[np.uint64]
+    cost_lower_bound: int
+    micro_batches: Optional[List[MicroBatches]]
+    count: Optional[int]
+    dp: int
+    lengths: npt.NDArray[Any]
+    @property
+    def ranks(self) -> List[npt.NDArray[np.uint32]]: ...
+    @property
+    def token_balance(self) -> Dict[str, Union[int, float]]: ...
+    @property
+    def cost_balance(self) -> Dict[str, Union[int, float]]: ...
+    def log_seqlen_unbalance(self, prefix: str = "global_seqlen") -> Dict[str, Union[int, float]]: ...
+    def __len__(self) -> int: ...
 
 def balance(
-    lengths: npt.NDArray[np.uint64] | npt.NDArray[np.int64],
+    lengths: _Lengths,
     dp: int,
-    linear: int,
-    quadratic: int,
-    groups: Optional[npt.NDArray[np.uint32]],
-    minibatch_size: Optional[int],
-    equal_count: bool,
-    max_token_len: Optional[int],
-    min_count: int,
-    divisible_by: int,
-    count: Optional[int],
-    order: str,
-    backend: str,
-) -> Tuple[_DpTuple, Optional[List[_MicroTuple]]]:
-    """-> ((offsets, order, tokens, costs, cost_lower_bound), per-rank micro tuples or None)"""
+    *,
+    cost: Optional[_Cost] = None,
+    max_token_len: Optional[int] = None,
+    groups: Optional[Iterable[Any]] = None,
+    minibatch_size: Optional[int] = None,
+    equal_count: Optional[bool] = None,
+    min_count: Optional[int] = None,
+    divisible_by: Optional[int] = None,
+    count: Optional[int] = None,
+    order: Optional[str] = None,
+    backend: Optional[str] = None,
+) -> Balance:
+    """DP balancing, and with ``max_token_len`` the micro-batches of every rank."""
+
+def cost_coefficients(cost: _Cost) -> Tuple[int, int]:
+    """``(linear, quadratic)`` of a cost name or pair, checked."""
+
+def verl(function: str, seqlens: List[int], k: int, equal_size: bool, *, backend: Optional[str] = None) -> List[List[int]]:
+    """verl 0.9.1's ``function``; raises the builtin exception verl raises."""
+
+def log_seqlen_unbalance(seqlens: List[int], partitions: List[List[int]], prefix: str) -> Dict[str, Union[int, float]]:
+    """verl's ``log_seqlen_unbalance`` dict; raises like verl."""
 
 def verl_rearrange_micro_batches(
     seqlens: List[int],
     max_token_len: int,
-    min_num_micro_batch: Optional[int],
-    num_batches_divided_by: Optional[int],
-    use_dynamic_bsz_balance: bool,
-    force_group_size: int,
-    padded_width: Optional[int],
-    dp_num_micro_batches: Optional[int],
-    backend: str,
+    *,
+    min_num_micro_batch: Optional[int] = None,
+    num_batches_divided_by: Optional[int] = None,
+    use_dynamic_bsz_balance: Optional[bool] = None,
+    force_group_size: Optional[int] = None,
+    padded_width: Optional[int] = None,
+    dp_num_micro_batches: Optional[int] = None,
+    backend: Optional[str] = None,
 ) -> List[List[int]]:
     """verl's index lists; raises verl's builtin exception."""
 
-def balance_batch(seqlens: List[int], dp: int, minibatch_size: Optional[int], backend: str) -> Tuple[List[List[int]], List[List[List[int]]], List[int]]:
-    """-> (partitions, kk_partitions, dropped); raises verl's/ROLL's builtin exception."""
+class DpReorder:
+    """verl's ``_balance_batch`` / ROLL's ``batch_balance`` reordering."""
+
+    @property
+    def partitions(self) -> List[List[int]]: ...
+    @property
+    def kk_partitions(self) -> List[List[List[int]]]: ...
+    @property
+    def dropped(self) -> List[int]: ...
+
+def balance_batch(
+    seqlens: List[int], dp: int, *, minibatch_size: Optional[int] = None, backend: Optional[str] = None
+) -> DpReorder:
+    """Raises verl's/ROLL's builtin exception."""
+
+class RollMicroBatches:
+    """ROLL's ``load_balance`` micro-batches."""
+
+    @property
+    def micro_batches(self) -> List[List[int]]: ...
+    @property
+    def kk_partitions(self) -> List[List[int]]: ...
+    @property
+    def pad_factor(self) -> int: ...
+    @property
+    def padded_lengths(self) -> List[int]: ...
 
 def roll_load_balance(
     lengths: List[int],
     mask_width: int,
     max_packed_sequence_length: int,
-    min_num_micro_batches: int,
-    tp: int,
-    cp: int,
-    vp: int,
-    dp_num_micro_batches: Optional[int],
-    backend: str,
-) -> Tuple[List[List[int]], List[List[int]], int, List[int]]:
-    """-> (micro_batches, kk_partitions, pad_factor, padded_lengths); raises ROLL's exception."""
+    *,
+    min_num_micro_batches: Optional[int] = None,
+    tp: Optional[int] = None,
+    cp: Optional[int] = None,
+    vp: Optional[int] = None,
+    dp_num_micro_batches: Optional[int] = None,
+    backend: Optional[str] = None,
+) -> RollMicroBatches:
+    """Raises ROLL's builtin exception."""
 
-def pad_factor(cp: int, tp: int, align: Union[None, str, int], power_of_two: bool, backend: str) -> int:
+def kernel_info() -> Dict[str, Any]:
+    """``{"sha256": component sha256, "imports": component imports}``."""
+
+def pad_factor(
+    *,
+    cp: Optional[int] = None,
+    tp: Optional[int] = None,
+    align: _Align = None,
+    power_of_two: Optional[bool] = None,
+    backend: Optional[str] = None,
+) -> int:
     """The alignment factor (align: None/'cp_tp', 'roll' or a multiple)."""
 
-def cp_layout(
-    lengths: npt.NDArray[Any], cp: int, tp: int, align: Union[None, str, int], power_of_two: bool, backend: str
-) -> Tuple[
-    int,
-    npt.NDArray[np.uint64],
-    npt.NDArray[np.uint64],
-    int,
-    int,
-    List[npt.NDArray[np.uint64]],
-    npt.NDArray[np.uint64],
-    npt.NDArray[np.uint64],
-]:
-    """-> (factor, cu_seqlens, cu_seqlens_padded, max_seqlen, max_seqlen_padded, gather maps, local_bounds, rank_real_tokens)"""
+class CpLayout:
+    """One packed row split over CP ranks (the result of :func:`cp_layout`)."""
 
-def scatter(positions: List[npt.NDArray[np.uint64]], rows: List[npt.NDArray[Any]], total: int) -> npt.NDArray[Any]:
-    """out[positions[r]] = rows[r] for every rank (float32/float64/int64/int32/bool)."""
+    factor: int
+    cp: int
+    cu_seqlens: npt.NDArray[np.uint64]
+    cu_seqlens_padded: npt.NDArray[np.uint64]
+    max_seqlen: int
+    max_seqlen_padded: int
+    gather: List[npt.NDArray[np.uint64]]
+    local_bounds: npt.NDArray[np.uint64]
+    rank_real_tokens: npt.NDArray[np.uint64]
+    padded_tokens: int
+    def split(self, row: Any) -> List[npt.NDArray[Any]]: ...
+    def unpack(self, rows: List[Any]) -> npt.NDArray[Any]: ...
+
+def cp_layout(
+    lengths: _Lengths,
+    *,
+    cp: int,
+    tp: Optional[int] = None,
+    align: _Align = None,
+    power_of_two: Optional[bool] = None,
+    backend: Optional[str] = None,
+) -> CpLayout: ...
 
 class MicroBatch:
     """One materialized micro-batch; per-token fields are numpy arrays of the row's length."""
@@ -172,26 +288,48 @@ class MicroBatch:
     @staticmethod
     def from_bytes(data: bytes) -> "MicroBatch": ...
 
+class Materialized:
+    """Every rank's micro-batches (the result of :func:`materialize`)."""
+
+    ranks: List[List[MicroBatch]]
+    per_rank: int
+    real_tokens: int
+    padding_tokens: int
+    packed: Optional[int]
+    splits: Optional[int]
+    dummies: int
+    lower_bound: Optional[int]
+    rank_costs: Optional[npt.NDArray[np.uint64]]
+    @property
+    def padding_overhead(self) -> float: ...
+
 def materialize(
     samples: Iterable[Any],
+    *,
     capacity: int,
-    dp: int,
-    cp: int,
-    padding: str,
-    multiple: int,
-    linear: int,
-    quadratic: int,
-    pad_token_id: int,
-    num_runs: Optional[int],
-    mix_runs: bool,
-    allow_empty_completion: bool,
-    plan: Optional[List[List[List[int]]]],
-    backend: str,
-) -> Tuple[List[List[MicroBatch]], Optional[Dict[str, Any]]]:
-    """-> (micro-batches per rank, figures: real_tokens, padding_tokens, per_rank, packed, splits, dummies, lower_bound, rank_costs; None for a plan)"""
+    dp: Optional[int] = None,
+    cp: Optional[int] = None,
+    tp: Optional[int] = None,
+    padding: Optional[str] = None,
+    align: _Align = None,
+    cost: Optional[_Cost] = None,
+    pad_token_id: Optional[int] = None,
+    num_runs: Optional[int] = None,
+    mix_runs: Optional[bool] = None,
+    allow_empty_completion: Optional[bool] = None,
+    plan: Optional[Sequence[Sequence[Sequence[int]]]] = None,
+    backend: Optional[str] = None,
+) -> Materialized: ...
 
-def prime_rl_ffd(lengths: List[int], runs: List[int], labels: List[int], seq_len: int, backend: str) -> Tuple[List[List[int]], List[int]]:
-    """prime-rl's classic packer: (bins, dropped zero-length samples)."""
+class PrimeRlBins:
+    """prime-rl's classic packer's bins and the zero-length samples it drops."""
+
+    bins: List[List[int]]
+    dropped: List[int]
+
+def prime_rl_ffd(
+    lengths: List[int], runs: List[int], labels: List[int], seq_len: int, *, backend: Optional[str] = None
+) -> PrimeRlBins: ...
 
 class StaticPackPlan:
     """A static pack plan (seed 002): the world-size independent raw plan of a dataset and
@@ -224,14 +362,14 @@ class StaticPackPlan:
     aligned_checksum: str
     @staticmethod
     def from_lengths(
-        lengths: Any,
+        lengths: _Lengths,
         *,
         packing_length: int,
-        world_size: int = 1,
-        drop_last: bool = False,
-        allow_single_long: bool = False,
-        align: int = 1,
-        backend: str = "wasm",
+        world_size: Optional[int] = None,
+        drop_last: Optional[bool] = None,
+        allow_single_long: Optional[bool] = None,
+        align: Optional[int] = None,
+        backend: Optional[str] = None,
     ) -> "StaticPackPlan":
         """Best-fit decreasing packs of at most ``packing_length`` aligned tokens; samples
         with length >= packing_length alone (``allow_single_long``) or dropped; aligned for
@@ -244,7 +382,7 @@ class StaticPackPlan:
     def save(self, path: Any) -> None:
         """Writes the plan (JSON, format ``stowplan.static-pack-plan/1``) atomically."""
     def to_json(self) -> str: ...
-    def realign(self, world_size: int, drop_last: bool = False, backend: str = "wasm") -> "StaticPackPlan":
+    def realign(self, world_size: int, *, drop_last: Optional[bool] = None, backend: Optional[str] = None) -> "StaticPackPlan":
         """The same raw plan aligned for other ranks."""
     def __len__(self) -> int: ...
     def __getitem__(self, index: int) -> List[int]: ...
@@ -278,12 +416,12 @@ class LengthCache:
         """Flushes pending lengths and returns all of them."""
     @staticmethod
     def wait(
-        cache_dir: Any, source: str, samples: int, config_json: Optional[str] = None, timeout_s: float = 7200.0
+        cache_dir: Any, source: str, samples: int, *, config_json: Optional[str] = None, timeout_s: Optional[float] = None
     ) -> npt.NDArray[np.uint64]:
         """Waits for rank 0's complete cache (timeout 0 = forever)."""
 
-def resolve_packing_config(config_json: str, world_size: int) -> str:
-    """The validated packing configuration as JSON (with ``batch_report``)."""
+def resolve_packing_config(config_json: str, world_size: int) -> Dict[str, Any]:
+    """The validated packing configuration (with ``batch_report``)."""
 
 def accumulation_warning(
     world_size: int, per_device_train_batch_size: int, gradient_accumulation_steps: int, per_rank_batches: int
@@ -301,36 +439,38 @@ class DataSource:
     identity: str
     def __init__(
         self,
-        path: str,
+        path: Any,
         n_samples_per_prompt: int,
-        shuffle: bool,
-        seed: int,
-        input_key: str,
-        label_key: Optional[str],
-        metadata_key: Optional[str],
-        backend: str,
+        *,
+        shuffle: Optional[bool] = None,
+        seed: Optional[int] = None,
+        input_key: Optional[str] = None,
+        label_key: Optional[str] = ...,
+        metadata_key: Optional[str] = ...,
+        backend: Optional[str] = None,
     ) -> None: ...
     @staticmethod
     def from_records(
         records_json: List[str],
-        identity: str,
         n_samples_per_prompt: int,
-        shuffle: bool,
-        seed: int,
-        input_key: str,
-        label_key: Optional[str],
-        metadata_key: Optional[str],
-        backend: str,
+        *,
+        identity: Optional[str] = None,
+        shuffle: Optional[bool] = None,
+        seed: Optional[int] = None,
+        input_key: Optional[str] = None,
+        label_key: Optional[str] = ...,
+        metadata_key: Optional[str] = ...,
+        backend: Optional[str] = None,
     ) -> "DataSource": ...
     def get_samples(
-        self, n: int, rollout_id: Optional[int] = None, filter: Optional["Filter"] = None
+        self, n: int, *, rollout_id: Optional[int] = None, filter: Optional["Filter"] = None
     ) -> List[List[Dict[str, Any]]]:
         """Groups of sample dicts (index, group, prompt_index, prompt, label, metadata,
         prompt_length, response_length, rewards, status, payload); the buffer first, through
         ``filter`` (FIFO without one)."""
     def add_samples(self, groups: List[List[Dict[str, Any]]]) -> None: ...
-    def save(self, path: str) -> None: ...
-    def load(self, path: str) -> None: ...
+    def save(self, path: Any) -> None: ...
+    def load(self, path: Any) -> None: ...
     def metadata_json(self) -> str: ...
     def update_metadata_json(self, text: str) -> None: ...
     def __len__(self) -> int: ...
@@ -346,14 +486,15 @@ class Filter:
     last_output: List[Tuple[str, str]]
     def __init__(
         self,
-        path: str,
+        path: Any,
+        *,
         sha256: str,
-        config_json: str,
-        timeout_s: float,
-        fuel: Optional[int],
-        memory_limit: int,
-        output_limit: int,
-        on_failure: str,
+        config: Optional[str] = None,
+        timeout: Optional[float] = None,
+        fuel: Optional[int] = ...,
+        memory_limit: Optional[int] = None,
+        output_limit: Optional[int] = None,
+        on_failure: Optional[str] = None,
     ) -> None: ...
 
 class RankBatch:

@@ -30,7 +30,7 @@ zero-length samples vanish (reported by :func:`pack_samples`' second result).
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -75,12 +75,13 @@ def _check_envs(samples: Sequence[Any]) -> None:
             raise AssertionError("env_name='all' is reserved for aggregate metric keys")
 
 
-def _pack(prepared: List[Dict[str, Any]], samples: Sequence[Any], seq_len: int, backend: str) -> Tuple[List[List[int]], List[int]]:
+def _pack(prepared: List[Dict[str, Any]], samples: Sequence[Any], seq_len: int, backend: Optional[str]) -> Tuple[List[List[int]], List[int]]:
     lengths = [len(s["prompt_ids"]) + len(s["completion_ids"]) for s in prepared]
     runs = [s["run"] for s in prepared]
     modes: Dict[str, int] = {}
     labels = [modes.setdefault(str(_get(s, "training_mode", "rl")), len(modes)) for s in samples]
-    return _stowplan.prime_rl_ffd(lengths, runs, labels, seq_len, backend)
+    packed = _stowplan.prime_rl_ffd(lengths, runs, labels, seq_len, backend=backend)
+    return packed.bins, packed.dropped
 
 
 def micro_batch_fields(mb: Any) -> Dict[str, Any]:
@@ -104,7 +105,7 @@ def micro_batch_fields(mb: Any) -> Dict[str, Any]:
     }
 
 
-def pack_samples(samples: Sequence[Any], seq_len: int, *, backend: str = "wasm") -> Tuple[List[List[int]], List[int]]:
+def pack_samples(samples: Sequence[Any], seq_len: int, *, backend: Optional[str] = None) -> Tuple[List[List[int]], List[int]]:
     """prime-rl's classic micro-batch packing of ``samples`` (mappings or objects with
     ``prompt_ids``, ``completion_ids``, optional ``lora`` and ``training_mode``).
 
@@ -122,7 +123,7 @@ def prepare_micro_batches(
     num_loras: int = 1,
     pad_to_multiple_of: int = 1,
     variant: str = "classic",
-    backend: str = "wasm",
+    backend: Optional[str] = None,
 ) -> List[Dict[str, Any]]:
     """Packs ``samples`` like prime-rl and pads every micro-batch like its ``pad_micro_batch``.
 
@@ -146,11 +147,22 @@ def prepare_micro_batches(
         if not 0 <= s["run"] < num_loras:
             raise IndexError("list index out of range")
     bins, _dropped = _pack(prepared, samples, seq_len, backend)
-    ranks, _ = _stowplan.materialize(
-        prepared, 2**63, 1, 1, "micro_batch", int(pad_to_multiple_of), 1, 0, 1, int(num_loras), True, True, [bins], backend
+    # prime-rl's values: no cap (the bins are given), its padding multiple and pad token 1,
+    # one lora_num_tokens entry per LoRA, LoRAs sharing rows, empty completions kept.
+    m = _stowplan.materialize(
+        prepared,
+        capacity=2**63,
+        padding="micro_batch",
+        align=int(pad_to_multiple_of),
+        pad_token_id=1,
+        num_runs=int(num_loras),
+        mix_runs=True,
+        allow_empty_completion=True,
+        plan=[bins],
+        backend=backend,
     )
     out: List[Dict[str, Any]] = []
-    for members, mb in zip(bins, ranks[0]):
+    for members, mb in zip(bins, m.ranks[0]):
         env_names: List[str] = []
         rewards: List[float] = []
         for i, n in zip(members, (np.diff(mb.cu_seqlens)).tolist()):

@@ -72,17 +72,17 @@ def load_balance(
     seqlens, width = _mask_or_lengths(lengths)
     if mask_width is None:
         mask_width = width if width is not None else max(seqlens, default=0)
-    batches, kk, factor, padded = _stowplan.roll_load_balance(
+    r = _stowplan.roll_load_balance(
         seqlens,
         int(mask_width),
         int(max_packed_sequence_length),
-        int(min_num_micro_batches),
-        int(tp),
-        int(cp),
-        int(vp),
-        None if dp_num_micro_batches is None else int(dp_num_micro_batches),
-        "wasm",
+        min_num_micro_batches=int(min_num_micro_batches),
+        tp=int(tp),
+        cp=int(cp),
+        vp=int(vp),
+        dp_num_micro_batches=None if dp_num_micro_batches is None else int(dp_num_micro_batches),
     )
+    batches = r.micro_batches
     order = [i for b in batches for i in b]
     restored = [0] * len(order)
     for pos, i in enumerate(order):
@@ -90,10 +90,10 @@ def load_balance(
     return {
         "micro_batches": batches,
         "num_micro_batches": len(batches),
-        "kk_partitions": kk,
+        "kk_partitions": r.kk_partitions,
         "restored_positions": restored,
-        "pad_factor": factor,
-        "padded_lengths": padded,
+        "pad_factor": r.pad_factor,
+        "padded_lengths": r.padded_lengths,
     }
 
 
@@ -120,7 +120,8 @@ def batch_balance(lengths: Any, dp_size: int, *, minibatch_size: Optional[int] =
     if int(dp_size) < 0:
         raise ValueError(f"dp_size = {dp_size} is negative")
     mb = int(minibatch_size) if keep_minibatch and minibatch_size is not None else None
-    partitions, kk, dropped = _stowplan.balance_batch(seqlens, int(dp_size), mb, "wasm")
+    reorder = _stowplan.balance_batch(seqlens, int(dp_size), minibatch_size=mb)
+    partitions, kk, dropped = reorder.partitions, reorder.kk_partitions, reorder.dropped
     if dropped:
         warnings.warn(
             f"batch_balance (like ROLL) leaves out {len(dropped)} samples past the last full mini-batch: {dropped[:16]}",
@@ -143,7 +144,7 @@ def pack_sequences(
     cp_rank: Optional[int] = None,
     pad_val: int = 0,
     pad_factor: Optional[int] = None,
-    backend: str = "wasm",
+    backend: Optional[str] = None,
 ) -> Dict[str, Any]:
     """ROLL's sequence packing of ``sequences`` (each the valid tokens of one sample): every
     sequence padded with ``pad_val`` to a multiple of ``pad_factor`` (default ROLL's

@@ -40,6 +40,8 @@ __all__ = [
 ]
 
 _MAX_K = 2**32 - 1
+# verl's workload is the kernel's "attention" cost preset: (24576, 1).
+_ATTENTION = _stowplan.COST_PRESETS["attention"]
 
 
 def _seqlens(seqlen_list: Any) -> List[int]:
@@ -66,7 +68,7 @@ def _call(function: str, seqlen_list: Any, k_partitions: int, equal_size: bool) 
         raise IndexError("list index out of range")
     if k > _MAX_K:
         raise MemoryError(f"k_partitions = {k} is above the supported maximum")
-    return _stowplan.verl(function, seqlens, k, bool(equal_size), "wasm")
+    return _stowplan.verl(function, seqlens, k, bool(equal_size))
 
 
 def karmarkar_karp(seqlen_list: List[int], k_partitions: int, equal_size: bool) -> List[List[int]]:
@@ -94,17 +96,8 @@ def log_seqlen_unbalance(seqlen_list: List[int], partitions: List[List[int]], pr
     """verl's balance metrics: ``{prefix}/min``, ``/max``, ``/minmax_diff`` over contiguous
     chunks of ``len(seqlen_list) // len(partitions)`` items, ``/balanced_min``,
     ``/balanced_max`` over the partitions, and ``/mean`` = total / number of partitions."""
-    seqlens = _seqlens(seqlen_list)
     parts = [[int(i) for i in p] for p in partitions]
-    lo, hi, bmin, bmax, total, k = _stowplan.log_seqlen_unbalance(seqlens, parts)
-    return {
-        f"{prefix}/min": lo,
-        f"{prefix}/max": hi,
-        f"{prefix}/minmax_diff": hi - lo,
-        f"{prefix}/balanced_min": bmin,
-        f"{prefix}/balanced_max": bmax,
-        f"{prefix}/mean": total / k,
-    }
+    return _stowplan.log_seqlen_unbalance(_seqlens(seqlen_list), parts, prefix)
 
 
 def ceildiv(a: int, b: int) -> int:
@@ -120,9 +113,10 @@ def roundup_divisible(a: int, b: int) -> int:
 def calculate_workload(seqlen_list: Any) -> Any:
     """``24576·s + s²`` per length (verl's attention workload for a 7B model). Arrays and
     tensors give the same type back; other sequences give a list of ints."""
+    linear, quadratic = _ATTENTION
     if hasattr(seqlen_list, "__array__") or hasattr(seqlen_list, "dtype"):
-        return 24576 * seqlen_list + seqlen_list**2
-    return [24576 * int(s) + int(s) ** 2 for s in seqlen_list]
+        return linear * seqlen_list + quadratic * seqlen_list**2
+    return [linear * int(s) + quadratic * int(s) ** 2 for s in seqlen_list]
 
 
 def _mask_or_lengths(batch: Any) -> Tuple[List[int], Optional[int]]:
@@ -182,13 +176,12 @@ def rearrange_micro_batches(
     return _stowplan.verl_rearrange_micro_batches(
         seqlens,
         int(max_token_len),
-        opt(min_num_micro_batch),
-        opt(num_batches_divided_by),
-        bool(use_dynamic_bsz_balance),
-        int(force_group_size),
-        width,
-        opt(dp_num_micro_batches),
-        "wasm",
+        min_num_micro_batch=opt(min_num_micro_batch),
+        num_batches_divided_by=opt(num_batches_divided_by),
+        use_dynamic_bsz_balance=bool(use_dynamic_bsz_balance),
+        force_group_size=int(force_group_size),
+        padded_width=width,
+        dp_num_micro_batches=opt(dp_num_micro_batches),
     )
 
 
@@ -237,7 +230,7 @@ def get_group_balanced_partitions(seqlen_list: List[int], uid_list: List[Any], k
         f"Number of uid groups ({len(groups)}) must be >= k_partitions ({k_partitions}). "
         f"Consider reducing world_size or increasing batch_size."
     )
-    workloads = [sum(24576 * seqlens[i] + seqlens[i] ** 2 for i in g) for g in groups]
+    workloads = [sum(calculate_workload([seqlens[i] for i in g])) for g in groups]
     parts = get_seqlen_balanced_partitions(workloads, k_partitions=k_partitions, equal_size=True)
     return [sorted(i for g in part for i in groups[g]) for part in parts]
 
@@ -286,7 +279,8 @@ def balance_batch(
         if int(dp_size) < 0:
             raise ValueError(f"dp_size = {dp_size} is negative")
         mb = int(minibatch_size) if keep_minibatch else None
-        partitions, _, dropped = _stowplan.balance_batch(seqlens, int(dp_size), mb, "wasm")
+        reorder = _stowplan.balance_batch(seqlens, int(dp_size), minibatch_size=mb)
+        partitions, dropped = reorder.partitions, reorder.dropped
     if dropped:
         warnings.warn(
             f"balance_batch (like verl) leaves out {len(dropped)} samples past the last full mini-batch: {dropped[:16]}",
