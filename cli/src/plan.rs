@@ -47,7 +47,7 @@ pub struct Args {
     /// and the column); a later run with the same inputs reads them from there.
     #[arg(long)]
     cache_dir: Option<PathBuf>,
-    /// Write the plan (format stowplan.static-pack-plan/1, checksums verified on load) here.
+    /// Write the plan (format stowplan.static-pack-plan/2, every field checksummed and verified on load) here.
     #[arg(long)]
     out: Option<PathBuf>,
     /// Which kernel builds the plan: the WASM component (default) or the same code natively.

@@ -86,7 +86,7 @@ impl PyStaticPackPlan {
         Ok(Self { plan })
     }
 
-    /// save(path): writes the plan as JSON (format ``stowplan.static-pack-plan/1``),
+    /// save(path): writes the plan as JSON (format ``stowplan.static-pack-plan/2``),
     /// atomically.
     fn save(&self, py: Python<'_>, path: PathBuf) -> PyResult<()> {
         py.detach(|| self.plan.save(&path)).map_err(|e| to_py(py, e))

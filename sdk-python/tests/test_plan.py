@@ -365,7 +365,7 @@ def test_saved_plans_round_trip(tmp_path: pathlib.Path) -> None:
     plan.save(path)
     assert stowplan.StaticPackPlan.load(path) == plan
     doc = json.loads(path.read_text())
-    assert doc["raw_checksum"] == plan.raw_checksum and doc["format"] == "stowplan.static-pack-plan/1"
+    assert doc["raw_checksum"] == plan.raw_checksum and doc["format"] == "stowplan.static-pack-plan/2"
     doc["aligned_plan"][0] = 1
     path.write_text(json.dumps(doc))
     with pytest.raises(stowplan.CacheMismatchError):

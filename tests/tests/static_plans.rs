@@ -413,6 +413,31 @@ fn saved_plans_round_trip_and_tampering_is_detected() {
     doc["raw_plan"][0][0] = json!(69);
     std::fs::write(&path, doc.to_string()).unwrap();
     assert_eq!(StaticPackPlan::load(&path).unwrap_err().kind(), "cache-mismatch");
+    // Every field is covered: editing any one of them is refused (format 1 checksummed only
+    // the packs, so an edited packing_length or dropped_samples loaded and the log lied).
+    plan.save(&path).unwrap();
+    let saved: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    for (key, value) in saved.as_object().unwrap() {
+        if key == "format" {
+            continue;
+        }
+        let mut edited = saved.clone();
+        edited[key] = match value {
+            serde_json::Value::Number(n) => json!(n.as_u64().unwrap() + 1),
+            serde_json::Value::Bool(b) => json!(!b),
+            serde_json::Value::String(_) => json!("0".repeat(64)),
+            serde_json::Value::Array(a) if a.is_empty() => json!([5]),
+            serde_json::Value::Array(_) => json!([]),
+            other => panic!("{key}: {other}"),
+        };
+        std::fs::write(&path, edited.to_string()).unwrap();
+        let e = StaticPackPlan::load(&path).unwrap_err();
+        assert_eq!(e.kind(), "cache-mismatch", "{key}: {e}");
+    }
+    let mut old = saved.clone();
+    old["format"] = json!("stowplan.static-pack-plan/1");
+    std::fs::write(&path, old.to_string()).unwrap();
+    assert!(StaticPackPlan::load(&path).unwrap_err().to_string().contains("rebuild the plan"));
     std::fs::write(&path, b"{}").unwrap();
     assert_eq!(StaticPackPlan::load(&path).unwrap_err().kind(), "invalid-argument");
     assert_eq!(StaticPackPlan::load(&dir.join("missing.json")).unwrap_err().kind(), "io");

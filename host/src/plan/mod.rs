@@ -29,8 +29,10 @@ use crate::{AlignedPlan, Error, Kernel, PlanOptions, RawPlan};
 pub mod config;
 pub mod length_cache;
 
-/// Format tag of [`StaticPackPlan::to_json`].
-pub const PLAN_FORMAT: &str = "stowplan.static-pack-plan/1";
+/// Format tag of [`StaticPackPlan::to_json`]. Version 2 adds `document_sha256`, which covers
+/// every field (version 1 checksummed only the packs, so an edited `packing_length` or
+/// `dropped_samples` loaded and made the plan's log lie).
+pub const PLAN_FORMAT: &str = "stowplan.static-pack-plan/2";
 
 /// A raw plan and its alignment for `world_size` ranks: what one training run consumes.
 ///
@@ -220,20 +222,37 @@ impl StaticPackPlan {
             lower_bound: self.raw.lower_bound,
             real_tokens: self.raw.real_tokens,
             aligned_tokens: self.raw.aligned_tokens,
+            document_sha256: String::new(),
         };
+        let doc = PlanDoc { document_sha256: doc.digest(), ..doc };
         // Serializing plain integers, strings and vectors cannot fail.
         serde_json::to_value(doc).unwrap_or(serde_json::Value::Null)
     }
 
-    /// Reads a plan written by [`Self::to_json`], recomputing both checksums from the packs:
-    /// a document whose packs do not match its checksums is an [`Error::CacheMismatch`].
+    /// Reads a plan written by [`Self::to_json`]: the document's sha256 over every field, then
+    /// both plan checksums recomputed from the packs. An edited or damaged document is an
+    /// [`Error::CacheMismatch`]; another format an [`Error::InvalidArgument`].
     pub fn from_json(value: &serde_json::Value) -> Result<Self, Error> {
+        match value.get("format").and_then(|f| f.as_str()) {
+            Some(PLAN_FORMAT) => {}
+            Some("stowplan.static-pack-plan/1") => {
+                return Err(Error::InvalidArgument(format!(
+                    "plan document: format stowplan.static-pack-plan/1 (written by an older stowplan, which \
+                     checksummed only the packs); rebuild the plan to get {PLAN_FORMAT:?}"
+                )));
+            }
+            other => {
+                return Err(Error::InvalidArgument(format!("plan document: format {other:?} is not {PLAN_FORMAT:?}")));
+            }
+        }
         let doc: PlanDoc =
             serde_json::from_value(value.clone()).map_err(|e| Error::InvalidArgument(format!("plan document: {e}")))?;
-        if doc.format != PLAN_FORMAT {
-            return Err(Error::InvalidArgument(format!(
-                "plan document: format {:?} is not {PLAN_FORMAT:?}",
-                doc.format
+        let digest = doc.digest();
+        if digest != doc.document_sha256 {
+            return Err(Error::CacheMismatch(format!(
+                "plan document: its fields hash to {digest} but it records document_sha256 {}; the file was \
+                 edited or corrupted — rebuild the plan",
+                doc.document_sha256
             )));
         }
         if doc.raw_tokens.len() != doc.raw_plan.len() {
@@ -327,6 +346,20 @@ struct PlanDoc {
     lower_bound: u64,
     real_tokens: u64,
     aligned_tokens: u64,
+    /// sha256 (hex) of the document's canonical JSON with this field empty.
+    document_sha256: String,
+}
+
+impl PlanDoc {
+    /// The sha256 of this document's canonical JSON (keys sorted, as `serde_json::Value`
+    /// keeps them) with `document_sha256` empty.
+    fn digest(&self) -> String {
+        let mut blank = serde_json::to_value(self).unwrap_or(serde_json::Value::Null);
+        if let Some(map) = blank.as_object_mut() {
+            map.insert("document_sha256".into(), serde_json::Value::String(String::new()));
+        }
+        crate::sha256_hex(serde_json::to_string(&blank).unwrap_or_default().as_bytes())
+    }
 }
 
 /// `[a, b, c]` for up to 16 indices, `[a, b, …, z] (n in all)` beyond.
