@@ -19,7 +19,7 @@ cd "$venv"   # import the installed package, not the source tree
 # Built here only when missing: `cargo build -p stowplan` alone unifies features differently
 # and would compile wasmtime a second time.
 if [ ! -x "$root/target/release/stowplan" ]; then
-    (cd "$root" && cargo build --release --locked -p stowplan --bin stowplan)
+    (cd "$root" && cargo build --release --locked -p stowplan-cli --bin stowplan)
 fi
 STOWPLAN_BIN="$root/target/release/stowplan" STOWPLAN_REQUIRE_SERVE=1 \
 STOWPLAN_REQUIRE_COMPONENTIZE_PY=1 "$venv/bin/python" -m pytest -q -W error -p no:cacheprovider -c "$here/pyproject.toml" "$here/tests"

@@ -1070,17 +1070,6 @@ fn balance(
     })
 }
 
-/// cost_coefficients(cost) -> (linear, quadratic): a cost preset name (``"tokens"``,
-/// ``"attention"``) or a ``(linear, quadratic)`` pair of integers, checked.
-///
-/// >>> cost_coefficients("attention")
-/// (24576, 1)
-#[pyfunction]
-fn cost_coefficients(cost: &Bound<'_, PyAny>) -> PyResult<(u64, u64)> {
-    let c = cost_arg(Some(cost))?.unwrap_or_default();
-    Ok((c.linear, c.quadratic))
-}
-
 // ---------------------------------------------------------------------------------------------
 // Peers (verl 0.9.1, ROLL): their outputs and their builtin exceptions.
 
@@ -1316,7 +1305,6 @@ fn _stowplan(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(pack, m)?)?;
     m.add_function(wrap_pyfunction!(micro_batches, m)?)?;
     m.add_function(wrap_pyfunction!(balance, m)?)?;
-    m.add_function(wrap_pyfunction!(cost_coefficients, m)?)?;
     m.add_function(wrap_pyfunction!(verl, m)?)?;
     m.add_function(wrap_pyfunction!(log_seqlen_unbalance, m)?)?;
     m.add_function(wrap_pyfunction!(verl_rearrange_micro_batches, m)?)?;

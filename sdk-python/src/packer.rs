@@ -1,20 +1,32 @@
 //! The packer runtime and its transports for Python: training batches encoded and sent by
-//! the orchestrator, rank batches received (micro-batches as numpy arrays), the ZeroMQ
-//! transport's small messages (hello, ack, receipts; the sockets are pyzmq's), and the
-//! in-process `Packer`.
+//! the orchestrator, rank batches received (micro-batches as numpy arrays), the protocol
+//! cores the Python transports drive (`RankReceiver` and `BatchSender` for ZeroMQ, whose
+//! sockets are pyzmq's; `FileRankClient` for files), the ZeroMQ transport's small messages
+//! (hello, ack, receipts), and the in-process `Packer`.
+//!
+//! Every protocol decision is the host's (`stowplan::serve::protocol`): Python keeps the
+//! sockets, the background thread and the waiting. The cores sit behind a `Mutex` (frozen
+//! classes), so a receiver's thread and the trainer's thread can call them at once; a lock is
+//! never held while waiting for the GIL or running Python code (decoding runs with the GIL
+//! released before the lock is taken), so the two locks cannot deadlock.
 
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
 
 use numpy::IntoPyArray;
+use pyo3::exceptions::PyBaseException;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList};
-use stowplan::serve::{Control, RankMessage, Receipt, Receipts, Refusal, batch_file_name, receive_fs, send_fs};
-use stowplan::{Cost, Packer, PackerOptions, PackerState, RankBatch, RunConfig, RunProgress, TrainingBatch};
+use stowplan::serve::protocol::files::{control_file_name, missing_file_error};
+use stowplan::serve::{
+    Arrival, BatchSender, Control, FileRankClient, FileRankOptions, HEARTBEAT, MessageKey, RankMessage, RankReceiver,
+    Receipt, Receipts, ToRank, batch_file_name, send_fs,
+};
+use stowplan::{BatchKey, Cost, Packer, PackerOptions, PackerState, RankBatch, RunConfig, RunProgress, TrainingBatch};
 
 use crate::layout::{extract_sample, wrap};
-use crate::{invalid, kernel, to_py};
+use crate::{cost_arg, int, invalid, kernel, number, opt_u32, opt_u64, to_py, u32_arg, u64_arg};
 
 /// What one rank receives for one packer step.
 #[derive(Debug)]
@@ -140,13 +152,8 @@ fn encode_training_batch<'py>(
 #[pyfunction]
 fn encode_control<'py>(py: Python<'py>, kind: &str, run: i128, batch_size: i128) -> PyResult<Bound<'py, PyBytes>> {
     let run = u32_of(py, "run", run, 0)?;
-    let c = match kind {
-        "add_run" => {
-            Control::AddRun { run, config: RunConfig { batch_size: u64_of(py, "batch_size", batch_size, 1)? } }
-        }
-        "remove_run" => Control::RemoveRun { run },
-        other => return Err(invalid(py, format!("kind must be 'add_run' or 'remove_run' (got {other:?})"))),
-    };
+    let batch_size = if kind == "add_run" { u64_of(py, "batch_size", batch_size, 1)? } else { 1 };
+    let c = control(py, kind, run, batch_size)?;
     Ok(PyBytes::new(py, &c.encode().map_err(|e| to_py(py, e))?))
 }
 
@@ -167,25 +174,38 @@ fn duration(py: Python<'_>, name: &str, seconds: f64) -> PyResult<Duration> {
         .map_err(|_| invalid(py, format!("{name} must be a number of seconds ≥ 0 (got {seconds})")))
 }
 
-/// fs_receive(root, step, rank, timeout, poll) -> RankBatch
-#[pyfunction]
-fn fs_receive(py: Python<'_>, root: PathBuf, step: i128, rank: i128, timeout: f64, poll: f64) -> PyResult<PyRankBatch> {
-    let (step, rank) = (u64_of(py, "step", step, 0)?, u32_of(py, "rank", rank, 0)?);
-    let (timeout, poll) = (duration(py, "timeout", timeout)?, duration(py, "poll", poll)?);
-    let b = py.detach(|| receive_fs(&root, step, rank, timeout, poll)).map_err(|e| to_py(py, e))?;
-    wrap_rank(py, b)
+/// control_file_name(kind, run, nanos, pid) -> the inbox file name of a control message
+/// (`control_{nanos:020}_{pid}_{kind}_{run}.bin`: the caller passes the time and its pid).
+#[pyfunction(name = "control_file_name")]
+fn py_control_file_name(
+    kind: &str,
+    run: &Bound<'_, PyAny>,
+    nanos: &Bound<'_, PyAny>,
+    pid: &Bound<'_, PyAny>,
+) -> PyResult<String> {
+    let py = run.py();
+    let control = control(py, kind, u32_arg(run, "run", 0)?, 1)?;
+    let nanos: u128 = crate::int(nanos, "nanos", 0, i128::MAX)?;
+    Ok(control_file_name(&control, nanos, u32_arg(pid, "pid", 0)?))
+}
+
+fn control(py: Python<'_>, kind: &str, run: u32, batch_size: u64) -> PyResult<Control> {
+    match kind {
+        "add_run" => Ok(Control::AddRun { run, config: RunConfig { batch_size } }),
+        "remove_run" => Ok(Control::RemoveRun { run }),
+        other => Err(invalid(py, format!("kind must be 'add_run' or 'remove_run' (got {other:?})"))),
+    }
 }
 
 /// decode_rank_batch(data) -> RankBatch; a packer's refusal (ZeroMQ transport) raises
 /// InvalidArgumentError with its message.
 #[pyfunction]
 fn decode_rank_batch(py: Python<'_>, data: &[u8]) -> PyResult<PyRankBatch> {
-    if stowplan::wire::REFUSAL.matches(data) {
-        let r = Refusal::decode(data).map_err(|e| to_py(py, e))?;
-        return Err(invalid(py, format!("the packer refused this rank: {}", r.message)));
+    match py.detach(|| ToRank::decode(data)) {
+        ToRank::Batch(b) => wrap_rank(py, b),
+        ToRank::Refusal(r) => Err(invalid(py, format!("the packer refused this rank: {}", r.message))),
+        ToRank::Undecodable(e) => Err(to_py(py, e)),
     }
-    let b = py.detach(|| RankBatch::decode(data)).map_err(|e| to_py(py, e))?;
-    wrap_rank(py, b)
 }
 
 /// encode_rank_hello(rank, dp, next_step) -> bytes
@@ -213,8 +233,13 @@ fn encode_rank_ack<'py>(py: Python<'py>, rank: i128, step: i128) -> PyResult<Bou
 #[pyfunction]
 fn decode_receipts<'py>(py: Python<'py>, data: &[u8]) -> PyResult<(u64, Bound<'py, PyList>)> {
     let r = Receipts::decode(data).map_err(|e| to_py(py, e))?;
+    Ok((r.incarnation, receipt_list(py, r.receipts)?))
+}
+
+/// Receipts as the dicts `ZmqSender` returns (see `decode_receipts`).
+fn receipt_list(py: Python<'_>, receipts: Vec<Receipt>) -> PyResult<Bound<'_, PyList>> {
     let out = PyList::empty(py);
-    for receipt in r.receipts {
+    for receipt in receipts {
         let d = PyDict::new(py);
         match receipt {
             Receipt::Batch { run, step, accepted, rejected, duplicate } => {
@@ -237,7 +262,417 @@ fn decode_receipts<'py>(py: Python<'py>, data: &[u8]) -> PyResult<(u64, Bound<'p
         }
         out.append(d)?;
     }
-    Ok((r.incarnation, out))
+    Ok(out)
+}
+
+/// Locks a core; a poisoned lock (a panic elsewhere) still holds a consistent core, as no
+/// core method panics halfway.
+fn locked<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Seconds as a `Duration` for an argument `name` (a number ≥ 0; `positive`: > 0).
+fn seconds(obj: &Bound<'_, PyAny>, name: &str, positive: bool) -> PyResult<Duration> {
+    let what = if positive { "a number of seconds > 0" } else { "a number of seconds ≥ 0" };
+    let s = number(obj, name, what)?;
+    Duration::try_from_secs_f64(s)
+        .ok()
+        .filter(|d| !(positive && d.is_zero()))
+        .ok_or_else(|| invalid(obj.py(), format!("{name} must be {what} (got {s})")))
+}
+
+/// The host's error as the exception instance Python raises (`raise core.timeout_error(…)`).
+fn exception(py: Python<'_>, e: stowplan::Error) -> Py<PyBaseException> {
+    to_py(py, e).into_value(py)
+}
+
+/// What a `RankReceiver` made of one rank batch: its `step`, where it went (`arrival`:
+/// "in_order" — the step expected next —, "held_back" — ahead of it —, or "duplicate" — a
+/// copy, dropped) and the acknowledgement to send back (`ack`, bytes).
+#[derive(Debug)]
+#[pyclass(frozen, module = "stowplan._stowplan", name = "Received")]
+pub struct PyReceived {
+    #[pyo3(get)]
+    step: u64,
+    #[pyo3(get)]
+    arrival: &'static str,
+    #[pyo3(get)]
+    ack: Py<PyBytes>,
+}
+
+#[pymethods]
+impl PyReceived {
+    fn __repr__(&self) -> String {
+        format!("Received(step={}, arrival={:?})", self.step, self.arrival)
+    }
+}
+
+/// A trainer rank's side of the ZeroMQ protocol (`stowplan::serve::RankReceiver`): the
+/// driver sends `poll_hello()` when it returns bytes, reads a message while
+/// `wants_message()`, passes it to `on_message(data)` and sends back its `ack`; the trainer
+/// takes steps in order with `next_batch()`.
+#[derive(Debug)]
+#[pyclass(frozen, module = "stowplan._stowplan", name = "RankReceiver")]
+pub struct PyRankReceiver {
+    core: Mutex<RankReceiver>,
+}
+
+#[pymethods]
+impl PyRankReceiver {
+    /// RankReceiver(rank, dp, *, next_step=0, prefetch=2): rank `rank` of `dp`, expecting
+    /// `next_step` first, holding at most `prefetch` steps the trainer has not taken.
+    #[new]
+    #[pyo3(signature = (rank, dp, *, next_step=None, prefetch=None))]
+    fn new(
+        rank: &Bound<'_, PyAny>,
+        dp: &Bound<'_, PyAny>,
+        next_step: Option<&Bound<'_, PyAny>>,
+        prefetch: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Self> {
+        let py = rank.py();
+        let (rank, dp) = (u32_arg(rank, "rank", 0)?, u32_arg(dp, "dp", 1)?);
+        let next_step = next_step.map(|s| u64_arg(s, "next_step", 0)).transpose()?.unwrap_or(0);
+        let prefetch: usize = match prefetch {
+            Some(p) => crate::int(p, "prefetch", 1, i128::from(u32::MAX))?,
+            None => 2,
+        };
+        let core = RankReceiver::new(rank, dp, next_step, prefetch).map_err(|e| to_py(py, e))?;
+        Ok(Self { core: Mutex::new(core) })
+    }
+
+    /// This rank.
+    #[getter]
+    fn rank(&self) -> u32 {
+        locked(&self.core).rank()
+    }
+
+    /// The data-parallel size the rank was started with.
+    #[getter]
+    fn dp(&self) -> u32 {
+        locked(&self.core).dp()
+    }
+
+    /// The step `next_batch()` returns next.
+    #[getter]
+    fn next_step(&self) -> u64 {
+        locked(&self.core).next_step()
+    }
+
+    /// The steps held (the next one if it arrived, and those held back), ascending.
+    #[getter]
+    fn held_steps(&self) -> Vec<u64> {
+        locked(&self.core).held_steps()
+    }
+
+    /// The hello to send now (bytes), or None: due on the first call, then every heartbeat;
+    /// never after a failure.
+    fn poll_hello<'py>(&self, py: Python<'py>) -> Option<Bound<'py, PyBytes>> {
+        let hello = locked(&self.core).poll_hello(Instant::now());
+        hello.map(|h| PyBytes::new(py, &h))
+    }
+
+    /// Seconds until the next hello is due (0: now; inf: never, the receiver failed).
+    fn hello_due_in(&self) -> f64 {
+        let d = locked(&self.core).hello_due_in(Instant::now());
+        if d == Duration::MAX { f64::INFINITY } else { d.as_secs_f64() }
+    }
+
+    /// Whether to read the next message (fewer than `prefetch` steps held, no failure).
+    fn wants_message(&self) -> bool {
+        locked(&self.core).wants_message()
+    }
+
+    /// Takes one message from the packer (decoded with the GIL released) and returns a
+    /// `Received`. Raises InvalidArgumentError for a refusal ("the packer refused this rank:
+    /// …"), another rank's batch or undecodable bytes; the receiver then stays failed.
+    fn on_message(&self, py: Python<'_>, data: &[u8]) -> PyResult<PyReceived> {
+        let message = py.detach(|| ToRank::decode(data));
+        let r = locked(&self.core).take(message).map_err(|e| to_py(py, e))?;
+        let arrival = match r.arrival {
+            Arrival::InOrder => "in_order",
+            Arrival::HeldBack => "held_back",
+            Arrival::Duplicate => "duplicate",
+        };
+        Ok(PyReceived { step: r.step, arrival, ack: PyBytes::new(py, &r.ack).unbind() })
+    }
+
+    /// Whether the step expected next is here.
+    fn has_next(&self) -> bool {
+        locked(&self.core).has_next()
+    }
+
+    /// The step expected next as a RankBatch, if it arrived (the one after is expected from
+    /// then on); None otherwise.
+    fn next_batch(&self, py: Python<'_>) -> PyResult<Option<PyRankBatch>> {
+        let b = locked(&self.core).next_batch();
+        b.map(|b| wrap_rank(py, b)).transpose()
+    }
+
+    /// Why the receiver failed (the exception `on_message` raised), or None.
+    #[getter]
+    fn error(&self, py: Python<'_>) -> Option<Py<PyBaseException>> {
+        let e = locked(&self.core).error().cloned();
+        e.map(|e| exception(py, e))
+    }
+
+    /// The StowplanTimeoutError of a wait of `waited` seconds for the next step from
+    /// `endpoint`, naming the rank, the step and the steps held back.
+    fn timeout_error(
+        &self,
+        py: Python<'_>,
+        endpoint: &str,
+        waited: &Bound<'_, PyAny>,
+    ) -> PyResult<Py<PyBaseException>> {
+        let waited = seconds(waited, "waited", false)?;
+        let e = locked(&self.core).timeout_error(endpoint, waited);
+        Ok(exception(py, e))
+    }
+}
+
+/// A message an orchestrator sent and the packer has not acknowledged: `kind` ("batch",
+/// "add_run" or "remove_run"), `run`, a batch's `step` and a new run's `batch_size` (None
+/// otherwise).
+#[derive(Debug)]
+#[pyclass(frozen, module = "stowplan._stowplan", name = "MessageKey")]
+pub struct PyMessageKey {
+    #[pyo3(get)]
+    kind: &'static str,
+    #[pyo3(get)]
+    run: u32,
+    #[pyo3(get)]
+    step: Option<u64>,
+    #[pyo3(get)]
+    batch_size: Option<u64>,
+}
+
+#[pymethods]
+impl PyMessageKey {
+    fn __repr__(&self) -> String {
+        match (self.step, self.batch_size) {
+            (Some(step), _) => format!("MessageKey({:?}, run={}, step={step})", self.kind, self.run),
+            (_, Some(b)) => format!("MessageKey({:?}, run={}, batch_size={b})", self.kind, self.run),
+            _ => format!("MessageKey({:?}, run={})", self.kind, self.run),
+        }
+    }
+}
+
+fn message_key(k: &MessageKey) -> PyMessageKey {
+    match k {
+        MessageKey::Batch(b) => PyMessageKey { kind: "batch", run: b.run, step: Some(b.step), batch_size: None },
+        MessageKey::Control(Control::AddRun { run, config }) => {
+            PyMessageKey { kind: "add_run", run: *run, step: None, batch_size: Some(config.batch_size) }
+        }
+        MessageKey::Control(Control::RemoveRun { run }) => {
+            PyMessageKey { kind: "remove_run", run: *run, step: None, batch_size: None }
+        }
+    }
+}
+
+/// An orchestrator's side of the ZeroMQ protocol (`stowplan::serve::BatchSender`): every
+/// message goes through `track_batch`/`track_control` (which return the bytes to push) and
+/// is kept until a receipt names it; every message of the receipts socket goes to
+/// `on_receipts`; the driver then pushes what `due_resends()` returns.
+#[derive(Debug)]
+#[pyclass(frozen, module = "stowplan._stowplan", name = "BatchSender")]
+pub struct PyBatchSender {
+    core: Mutex<BatchSender<Py<PyBytes>>>,
+}
+
+#[pymethods]
+impl PyBatchSender {
+    /// BatchSender(*, resend_after=30.0): resends a message `resend_after` seconds after it
+    /// was sent without a receipt, and everything unacknowledged when the packer restarts.
+    #[new]
+    #[pyo3(signature = (*, resend_after=None))]
+    fn new(py: Python<'_>, resend_after: Option<&Bound<'_, PyAny>>) -> PyResult<Self> {
+        let resend_after = resend_after.map(|r| seconds(r, "resend_after", true)).transpose()?;
+        let core = BatchSender::new(resend_after.unwrap_or(Duration::from_secs(30))).map_err(|e| to_py(py, e))?;
+        Ok(Self { core: Mutex::new(core) })
+    }
+
+    /// Keeps `data` (an encoded training batch of run `run`, step `step`) until its receipt;
+    /// returns it, to push.
+    #[pyo3(signature = (data, *, run, step))]
+    fn track_batch<'py>(
+        &self,
+        data: Bound<'py, PyBytes>,
+        run: &Bound<'py, PyAny>,
+        step: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyBytes>> {
+        let key = MessageKey::Batch(BatchKey { run: u32_arg(run, "run", 0)?, step: u64_arg(step, "step", 0)? });
+        locked(&self.core).track(key, data.clone().unbind(), Instant::now());
+        Ok(data)
+    }
+
+    /// Encodes a run change (`kind` "add_run", which needs `batch_size`, or "remove_run")
+    /// and keeps it until its receipt; returns the bytes to push.
+    #[pyo3(signature = (kind, run, *, batch_size=None))]
+    fn track_control<'py>(
+        &self,
+        py: Python<'py>,
+        kind: &str,
+        run: &Bound<'py, PyAny>,
+        batch_size: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyBytes>> {
+        let run = u32_arg(run, "run", 0)?;
+        let batch_size = match (kind, batch_size) {
+            ("add_run", Some(b)) => u64_arg(b, "batch_size", 1)?,
+            ("add_run", None) => return Err(invalid(py, "add_run needs batch_size".into())),
+            _ => 1,
+        };
+        let c = control(py, kind, run, batch_size)?;
+        let bytes = PyBytes::new(py, &c.encode().map_err(|e| to_py(py, e))?);
+        locked(&self.core).track(MessageKey::Control(c), bytes.clone().unbind(), Instant::now());
+        Ok(bytes)
+    }
+
+    /// Takes one message of the receipts socket; returns the receipts (dicts, as
+    /// `decode_receipts`) of messages kept until now, which are forgotten. A new incarnation
+    /// of the packer makes `due_resends()` return everything unacknowledged.
+    fn on_receipts<'py>(&self, py: Python<'py>, data: &[u8]) -> PyResult<Bound<'py, PyList>> {
+        let receipts = Receipts::decode(data).map_err(|e| to_py(py, e))?;
+        let taken = locked(&self.core).take(receipts);
+        receipt_list(py, taken)
+    }
+
+    /// The messages (bytes) to push again now, oldest first.
+    fn due_resends<'py>(&self, py: Python<'py>) -> Bound<'py, PyList> {
+        let mut core = locked(&self.core);
+        let due: Vec<Py<PyBytes>> = core.due_resends(Instant::now()).into_iter().map(|p| p.clone_ref(py)).collect();
+        drop(core);
+        PyList::new(py, due).unwrap_or_else(|_| PyList::empty(py))
+    }
+
+    /// The messages not acknowledged yet (MessageKey), oldest first.
+    #[getter]
+    fn unacked(&self) -> Vec<PyMessageKey> {
+        locked(&self.core).unacked().into_iter().map(message_key).collect()
+    }
+
+    /// Whether every message sent was acknowledged.
+    #[getter]
+    fn flushed(&self) -> bool {
+        locked(&self.core).is_flushed()
+    }
+
+    /// The packer process last heard from (None: no receipt yet).
+    #[getter]
+    fn incarnation(&self) -> Option<u64> {
+        locked(&self.core).incarnation()
+    }
+
+    /// Messages sent again (after a restart of the packer or a timeout).
+    #[getter]
+    fn resent(&self) -> u64 {
+        locked(&self.core).resent()
+    }
+
+    /// Seconds a message waits for its receipt before it is sent again.
+    #[getter]
+    fn resend_after(&self) -> f64 {
+        locked(&self.core).resend_after().as_secs_f64()
+    }
+
+    /// The StowplanTimeoutError of a flush that waited `waited` seconds for the packer at
+    /// `endpoint`, naming how many messages are unacknowledged and the first three.
+    fn flush_timeout_error(
+        &self,
+        py: Python<'_>,
+        endpoint: &str,
+        waited: &Bound<'_, PyAny>,
+    ) -> PyResult<Py<PyBaseException>> {
+        let waited = seconds(waited, "waited", false)?;
+        let e = locked(&self.core).flush_timeout_error(endpoint, waited);
+        Ok(exception(py, e))
+    }
+}
+
+/// A trainer rank over the filesystem transport (`stowplan::serve::FileRankClient`): waits
+/// for `ROOT/rollouts/step_{n}/rank_{rank}.bin`, decodes it and, with `consume`, removes it
+/// (and the step's directory with the last rank's file).
+#[derive(Debug)]
+#[pyclass(frozen, module = "stowplan._stowplan", name = "FileRankClient")]
+pub struct PyFileRankClient {
+    client: Mutex<FileRankClient>,
+}
+
+/// How long one wait runs with the GIL released before Python signals are checked.
+const SLICE: Duration = Duration::from_secs(1);
+
+#[pymethods]
+impl PyFileRankClient {
+    /// FileRankClient(root, rank, *, start_step=0, consume=False, poll=0.005)
+    #[new]
+    #[pyo3(signature = (root, rank, *, start_step=None, consume=false, poll=None))]
+    fn new(
+        root: PathBuf,
+        rank: &Bound<'_, PyAny>,
+        start_step: Option<&Bound<'_, PyAny>>,
+        consume: bool,
+        poll: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Self> {
+        let py = rank.py();
+        let defaults = FileRankOptions::default();
+        let options = FileRankOptions {
+            start_step: start_step.map(|s| u64_arg(s, "start_step", 0)).transpose()?.unwrap_or(defaults.start_step),
+            consume,
+            poll: poll.map(|p| seconds(p, "poll", true)).transpose()?.unwrap_or(defaults.poll),
+        };
+        let client = FileRankClient::new(root, u32_arg(rank, "rank", 0)?, options).map_err(|e| to_py(py, e))?;
+        Ok(Self { client: Mutex::new(client) })
+    }
+
+    /// The step `receive()` returns next.
+    #[getter]
+    fn next_step(&self) -> u64 {
+        locked(&self.client).next_step()
+    }
+
+    /// This rank's file of `step`.
+    fn path(&self, step: &Bound<'_, PyAny>) -> PyResult<PathBuf> {
+        Ok(locked(&self.client).path(u64_arg(step, "step", 0)?))
+    }
+
+    /// Waits up to `timeout` seconds (None: forever) for step `step` (None: the next one) and
+    /// returns it; the step after it is expected next. Raises StowplanTimeoutError naming the
+    /// file. Only one thread may wait on a client at a time.
+    #[pyo3(signature = (*, step=None, timeout=None))]
+    fn receive(
+        &self,
+        py: Python<'_>,
+        step: Option<&Bound<'_, PyAny>>,
+        timeout: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<PyRankBatch> {
+        let step = match step {
+            Some(s) => u64_arg(s, "step", 0)?,
+            None => locked(&self.client).next_step(),
+        };
+        let timeout = timeout.map(|t| seconds(t, "timeout", false)).transpose()?;
+        let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
+        loop {
+            let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+            let slice = left.map_or(SLICE, |l| l.min(SLICE));
+            // The lock is taken and released with the GIL released (never held while waiting
+            // for the GIL); another thread waiting on the same client is refused.
+            let got = py.detach(|| match self.client.try_lock() {
+                Ok(mut c) => Ok(c.receive_step(step, slice)),
+                Err(std::sync::TryLockError::Poisoned(p)) => Ok(p.into_inner().receive_step(step, slice)),
+                Err(std::sync::TryLockError::WouldBlock) => Err(()),
+            });
+            match got {
+                Err(()) => {
+                    return Err(invalid(py, "receive: another thread is receiving on this FileRankClient".into()));
+                }
+                Ok(Ok(b)) => return wrap_rank(py, b),
+                Ok(Err(stowplan::Error::Timeout(_))) if left.is_none_or(|l| l > slice) => py.check_signals()?,
+                Ok(Err(stowplan::Error::Timeout(_))) => {
+                    let path = locked(&self.client).path(step);
+                    return Err(to_py(py, missing_file_error(&path, timeout.unwrap_or(slice))));
+                }
+                Ok(Err(e)) => return Err(to_py(py, e)),
+            }
+        }
+    }
 }
 
 fn progress_dict<'py>(py: Python<'py>, run: u32, batch_size: u64, p: &RunProgress) -> PyResult<Bound<'py, PyDict>> {
@@ -275,38 +710,46 @@ impl PyPacker {
 #[pymethods]
 impl PyPacker {
     #[new]
-    #[pyo3(signature = (seq_len, dp, pad_to_multiple_of, pad_token_id, linear, quadratic, num_runs, threshold,
-        step_tokens, wait_timeout, teacher_logprobs, allow_empty_completion, backend, state=None, batches=None))]
+    #[pyo3(signature = (seq_len, dp, *, pad_to_multiple_of=None, pad_token_id=None, cost=None, num_runs=None,
+        threshold=None, step_tokens=None, wait_timeout=None, teacher_logprobs=None, allow_empty_completion=None,
+        backend=None, state=None, batches=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
-        seq_len: i128,
-        dp: i128,
-        pad_to_multiple_of: i128,
-        pad_token_id: i64,
-        linear: u64,
-        quadratic: u64,
-        num_runs: i128,
-        threshold: Option<i128>,
-        step_tokens: Option<i128>,
-        wait_timeout: f64,
-        teacher_logprobs: bool,
-        allow_empty_completion: bool,
-        backend: &str,
+        seq_len: &Bound<'_, PyAny>,
+        dp: &Bound<'_, PyAny>,
+        pad_to_multiple_of: Option<&Bound<'_, PyAny>>,
+        pad_token_id: Option<&Bound<'_, PyAny>>,
+        cost: Option<&Bound<'_, PyAny>>,
+        num_runs: Option<&Bound<'_, PyAny>>,
+        threshold: Option<&Bound<'_, PyAny>>,
+        step_tokens: Option<&Bound<'_, PyAny>>,
+        wait_timeout: Option<&Bound<'_, PyAny>>,
+        teacher_logprobs: Option<bool>,
+        allow_empty_completion: Option<bool>,
+        backend: Option<&str>,
         state: Option<&[u8]>,
         batches: Option<Vec<Vec<u8>>>,
     ) -> PyResult<Self> {
+        // `None` (or an omitted option) is the host's default: `PackerOptions::new`.
+        let d = PackerOptions::new(u64_arg(seq_len, "seq_len", 1)?, u32_arg(dp, "dp", 1)?);
         let o = PackerOptions {
-            pad_to_multiple_of: u64_of(py, "pad_to_multiple_of", pad_to_multiple_of, 1)?,
-            pad_token_id,
-            cost: Cost { linear, quadratic },
-            num_runs: u32_of(py, "num_runs", num_runs, 1)?,
-            threshold: threshold.map(|t| u64_of(py, "threshold", t, 1)).transpose()?,
-            step_tokens: step_tokens.map(|t| u64_of(py, "step_tokens", t, 1)).transpose()?,
-            wait_timeout: duration(py, "wait_timeout", wait_timeout)?,
-            teacher_logprobs,
-            allow_empty_completion,
-            ..PackerOptions::new(u64_of(py, "seq_len", seq_len, 1)?, u32_of(py, "dp", dp, 1)?)
+            pad_to_multiple_of: opt_u64(pad_to_multiple_of, "pad_to_multiple_of", 1)?.unwrap_or(d.pad_to_multiple_of),
+            pad_token_id: pad_token_id
+                .map(|t| int::<i64>(t, "pad_token_id", i64::MIN.into(), i64::MAX.into()))
+                .transpose()?
+                .unwrap_or(d.pad_token_id),
+            cost: cost_arg(cost)?.unwrap_or(d.cost),
+            num_runs: opt_u32(num_runs, "num_runs", 1)?.unwrap_or(d.num_runs),
+            threshold: opt_u64(threshold, "threshold", 1)?,
+            step_tokens: opt_u64(step_tokens, "step_tokens", 1)?,
+            wait_timeout: match wait_timeout {
+                Some(w) => duration(py, "wait_timeout", number(w, "wait_timeout", "a number of seconds")?)?,
+                None => d.wait_timeout,
+            },
+            teacher_logprobs: teacher_logprobs.unwrap_or(d.teacher_logprobs),
+            allow_empty_completion: allow_empty_completion.unwrap_or(d.allow_empty_completion),
+            ..d
         };
         o.validate().map_err(|e| to_py(py, e))?;
         let k = kernel(py, backend)?;
@@ -445,12 +888,19 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(encode_control, m)?)?;
     m.add_function(wrap_pyfunction!(py_batch_file_name, m)?)?;
     m.add_function(wrap_pyfunction!(fs_send, m)?)?;
-    m.add_function(wrap_pyfunction!(fs_receive, m)?)?;
+    m.add_function(wrap_pyfunction!(py_control_file_name, m)?)?;
     m.add_function(wrap_pyfunction!(decode_rank_batch, m)?)?;
     m.add_function(wrap_pyfunction!(encode_rank_hello, m)?)?;
     m.add_function(wrap_pyfunction!(encode_rank_ack, m)?)?;
     m.add_function(wrap_pyfunction!(decode_receipts, m)?)?;
     m.add_class::<PyRankBatch>()?;
     m.add_class::<PyPacker>()?;
+    m.add_class::<PyRankReceiver>()?;
+    m.add_class::<PyReceived>()?;
+    m.add_class::<PyBatchSender>()?;
+    m.add_class::<PyMessageKey>()?;
+    m.add_class::<PyFileRankClient>()?;
+    // Seconds between the packer's heartbeats and between a waiting rank's hellos.
+    m.add("HEARTBEAT", HEARTBEAT.as_secs_f64())?;
     Ok(())
 }

@@ -137,6 +137,92 @@ def test_file_receiver_consume_removes_the_step(tmp_path):
     assert not step_dir.exists()
 
 
+def test_file_sender_names_run_changes_in_time_order(tmp_path):
+    sender = stowplan.FileSender(tmp_path)
+    first = os.path.basename(sender.add_run(3, batch_size=4))
+    second = os.path.basename(sender.remove_run(3))
+    assert first.startswith("control_") and first.endswith(f"_{os.getpid()}_add_run_3.bin")
+    assert second.endswith(f"_{os.getpid()}_remove_run_3.bin") and first < second
+    assert stowplan._stowplan.control_file_name("remove_run", 1, 42, 7) == "control_00000000000000000042_7_remove_run_1.bin"
+    with pytest.raises(stowplan.InvalidArgumentError, match="kind must be 'add_run' or 'remove_run'"):
+        stowplan._stowplan.control_file_name("rename", 1, 0, 0)
+
+
+def rank_files(tmp_path: pathlib.Path, steps: int, dp: int = 2) -> Dict[Tuple[int, int], bytes]:
+    """(rank, step) -> the bytes `stowplan serve` delivered (filesystem transport)."""
+    sender = stowplan.FileSender(tmp_path)
+    for step in range(steps + 1):
+        sender.send(stowplan.TrainingBatch(run=0, step=step, samples=[sample(38), sample(38)]))
+    serve = [serve_binary(), "serve", "--root", str(tmp_path), "--seq-len", "64", "--dp", str(dp), "--batch-size", "2",
+             "--step-tokens", "128", "--wait-timeout", "0.01", "--max-steps", str(steps)]
+    subprocess.run(serve, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=60)
+    return {(r, s): (tmp_path / "rollouts" / f"step_{s}" / f"rank_{r}.bin").read_bytes() for r in range(dp) for s in range(steps)}
+
+
+def test_native_rank_receiver_core(tmp_path):
+    """The protocol core ZmqReceiver drives: hello cadence, order, hold-back, copies, limit, failure."""
+    raw = rank_files(tmp_path, 3)
+    core = stowplan._stowplan.RankReceiver(0, 2, prefetch=2)
+    assert (core.rank, core.dp, core.next_step, core.held_steps, core.error) == (0, 2, 0, [], None)
+    assert core.poll_hello() == stowplan._stowplan.encode_rank_hello(0, 2, 0)
+    assert core.poll_hello() is None, "the next hello is a heartbeat away"
+    assert 0 < core.hello_due_in() <= stowplan._zmq.HEARTBEAT == 1.0
+    early = core.on_message(raw[(0, 1)])
+    assert (early.step, early.arrival, early.ack) == (1, "held_back", stowplan._stowplan.encode_rank_ack(0, 1))
+    assert not core.has_next() and core.next_batch() is None
+    assert core.on_message(raw[(0, 0)]).arrival == "in_order"
+    assert core.held_steps == [0, 1] and not core.wants_message(), "prefetch 2: full"
+    assert core.next_batch().step == 0 and core.wants_message()
+    copy = core.on_message(raw[(0, 0)])
+    assert (copy.arrival, copy.ack) == ("duplicate", stowplan._stowplan.encode_rank_ack(0, 0))
+    assert core.next_batch().step == 1 and core.next_batch() is None and core.next_step == 2
+    err = core.timeout_error("tcp://127.0.0.1:5557", 0.25)
+    assert isinstance(err, stowplan.StowplanTimeoutError)
+    assert "rank 0: step 2 did not arrive from tcp://127.0.0.1:5557 within 0.25 s (held back: steps [])" in str(err)
+    with pytest.raises(stowplan.InvalidArgumentError, match="the packer sent rank 1's batch to rank 0"):
+        core.on_message(raw[(1, 2)])
+    assert isinstance(core.error, stowplan.InvalidArgumentError)
+    assert core.poll_hello() is None and not core.wants_message() and core.hello_due_in() == float("inf")
+    junk = stowplan._stowplan.RankReceiver(1, 2)
+    with pytest.raises(stowplan.InvalidArgumentError, match="not an encoded stowplan rank batch"):
+        junk.on_message(b"junk")
+    with pytest.raises(stowplan.InvalidArgumentError, match="rank must be below dp 2"):
+        stowplan._stowplan.RankReceiver(2, 2)
+    with pytest.raises(stowplan.InvalidArgumentError, match="prefetch must be in 1"):
+        stowplan._stowplan.RankReceiver(0, 1, prefetch=0)
+
+
+def test_native_batch_sender_core():
+    """The protocol core ZmqSender drives: kept until acknowledged, resent after the timeout."""
+    s = stowplan._stowplan.BatchSender(resend_after=0.05)
+    assert (s.resend_after, s.incarnation, s.resent, s.flushed) == (0.05, None, 0, True)
+    data = stowplan.TrainingBatch(run=0, step=1, samples=[sample(3)]).encode()
+    assert s.track_batch(data, run=0, step=1) is data
+    add = s.track_control("add_run", 2, batch_size=4)
+    remove = s.track_control("remove_run", 2)
+    assert add == stowplan._stowplan.encode_control("add_run", 2, 4)
+    assert [(k.kind, k.run, k.step, k.batch_size) for k in s.unacked] == [
+        ("batch", 0, 1, None), ("add_run", 2, None, 4), ("remove_run", 2, None, None)]
+    assert not s.flushed and s.due_resends() == []
+    time.sleep(0.06)
+    assert s.due_resends() == [data, add, remove] and s.resent == 3
+    # The same key again replaces the kept message, now the newest.
+    again = stowplan.TrainingBatch(run=0, step=1, samples=[sample(4)]).encode()
+    s.track_batch(again, run=0, step=1)
+    assert [k.kind for k in s.unacked] == ["add_run", "remove_run", "batch"]
+    err = s.flush_timeout_error("tcp://127.0.0.1:5556", 2)
+    assert isinstance(err, stowplan.StowplanTimeoutError)
+    assert "3 messages not acknowledged by the packer at tcp://127.0.0.1:5556 within 2 s (first: add_run 2 (batch_size 4)" in str(err)
+    with pytest.raises(stowplan.InvalidArgumentError, match="missing the SPRC header"):
+        s.on_receipts(b"junk")
+    with pytest.raises(stowplan.InvalidArgumentError, match="resend_after must be a number of seconds > 0"):
+        stowplan._stowplan.BatchSender(resend_after=0)
+    with pytest.raises(stowplan.InvalidArgumentError, match="add_run needs batch_size"):
+        s.track_control("add_run", 1)
+    with pytest.raises(stowplan.InvalidArgumentError, match="kind must be"):
+        s.track_control("rename", 1)
+
+
 def test_prime_rl_layout_of_a_received_micro_batch():
     p = stowplan.Packer(seq_len=16, dp=1, num_runs=2, pad_to_multiple_of=4)
     p.add_run(1, batch_size=1)

@@ -12,7 +12,9 @@
 //!
 //! Two transports: [`FsTransport`] (files under a shared root) and `ZmqTransport` (ZeroMQ over
 //! TCP, for orchestrators and ranks on other hosts; feature `zmq`); [`protocol`] holds the
-//! messages both speak.
+//! messages both speak and each side's rules as state machines without I/O, [`client`] the
+//! Rust clients that drive them (a rank over files, [`FileRankClient`]; a rank and an
+//! orchestrator over ZeroMQ, `ZmqRankClient` and `ZmqBatchSender`, feature `zmq`).
 //!
 //! State directory: `state.bin` (the [`PackerState`], replaced atomically), `spool/`
 //! (`run_{r}_step_{s}.bin`, the batches' encodings), `rejected/` (messages that could not be
@@ -28,11 +30,18 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
+pub mod client;
 pub mod protocol;
 #[cfg(feature = "zmq")]
 mod zmq;
 
-pub use protocol::{Control, HEARTBEAT, RankMessage, Receipt, Receipts, Refusal, ZmqEndpoints};
+pub use client::{FileRankClient, FileRankOptions};
+#[cfg(feature = "zmq")]
+pub use client::{ZmqBatchSender, ZmqRankClient, ZmqRankOptions, ZmqSenderOptions};
+pub use protocol::{
+    Arrival, BatchSender, Control, HEARTBEAT, MessageKey, RankMessage, RankReceiver, Receipt, Receipts, Received,
+    Refusal, StepDelivery, ToRank, ZmqEndpoints, batch_file_name,
+};
 #[cfg(feature = "zmq")]
 pub use zmq::ZmqTransport;
 
@@ -41,6 +50,7 @@ use crate::runtime::atomic;
 use crate::{
     BatchKey, Error, Kernel, Packer, PackerOptions, PackerState, RankBatch, RunConfig, StepMetrics, TrainingBatch, wire,
 };
+use protocol::files;
 
 /// A message that reached the packer.
 #[derive(Debug)]
@@ -132,11 +142,6 @@ pub(crate) fn per_rank<T: Send>(
     })
 }
 
-/// File name of a batch in an inbox or spool.
-pub fn batch_file_name(key: BatchKey) -> String {
-    format!("run_{}_step_{}.bin", key.run, key.step)
-}
-
 /// The filesystem transport: the orchestrator writes messages into `ROOT/inbox/` (see
 /// [`send_fs`]), the packer writes rank `r`'s batch of step `n` to
 /// `ROOT/rollouts/step_{n}/rank_{r}.bin` (temporary file, fsync, rename), and ranks wait
@@ -151,20 +156,19 @@ impl FsTransport {
     /// A transport under `root` polling every `poll`.
     pub fn new(root: impl Into<PathBuf>, poll: Duration) -> Result<Self, Error> {
         let root = root.into();
-        for d in [root.join("inbox"), root.join("rollouts")] {
+        for d in [root.join(files::INBOX), root.join(files::ROLLOUTS)] {
             std::fs::create_dir_all(&d).map_err(|e| io("creating directory", &d, e))?;
         }
         Ok(Self { root, poll })
     }
 
     fn scan(&self) -> Result<Vec<PathBuf>, Error> {
-        let inbox = self.root.join("inbox");
+        let inbox = self.root.join(files::INBOX);
         let mut files = Vec::new();
         for e in std::fs::read_dir(&inbox).map_err(|e| io("listing", &inbox, e))? {
             let e = e.map_err(|e| io("listing", &inbox, e))?;
             let name = e.file_name();
-            let name = name.to_string_lossy();
-            if !name.starts_with('.') && name.ends_with(".bin") {
+            if files::is_inbox_message(&name.to_string_lossy()) {
                 files.push(e.path());
             }
         }
@@ -207,8 +211,8 @@ impl Transport for FsTransport {
     }
 
     fn deliver(&mut self, step: u64, ranks: &[RankBatch], _stop: &AtomicBool) -> Result<bool, Error> {
-        let dir = self.root.join("rollouts").join(format!("step_{step}"));
-        per_rank(ranks, |r, batch| atomic::write(&dir.join(format!("rank_{r}.bin")), &batch.encode()?))?;
+        let root = &self.root;
+        per_rank(ranks, |r, batch| atomic::write(&files::rank_batch_path(root, step, r as u32), &batch.encode()?))?;
         Ok(true)
     }
 }
@@ -216,41 +220,37 @@ impl Transport for FsTransport {
 /// Writes `bytes` (an encoded [`TrainingBatch`] or [`Control`]) into `root/inbox/` under
 /// `name` atomically: what the orchestrator side of the filesystem transport does.
 pub fn send_fs(root: &Path, name: &str, bytes: &[u8]) -> Result<PathBuf, Error> {
-    if name.starts_with('.') || name.contains('/') || !name.ends_with(".bin") {
-        return Err(Error::InvalidArgument(format!("name must be a plain file name ending in .bin (got {name:?})")));
-    }
-    let path = root.join("inbox").join(name);
+    files::check_message_name(name)?;
+    let path = files::inbox_path(root, name);
     atomic::write(&path, bytes)?;
     Ok(path)
 }
 
 /// Waits (polling every `poll`) for rank `rank`'s batch of step `step` under `root` and
-/// decodes it. Errors: `timeout` naming the file; those of [`RankBatch::decode`].
+/// decodes it. Errors: `timeout` naming the file; those of [`files::decode_rank_file`].
+/// [`FileRankClient`] receives steps in order this way (and can consume them).
 pub fn receive_fs(root: &Path, step: u64, rank: u32, timeout: Duration, poll: Duration) -> Result<RankBatch, Error> {
-    let path = root.join("rollouts").join(format!("step_{step}")).join(format!("rank_{rank}.bin"));
-    let deadline = Instant::now() + timeout;
+    let path = files::rank_batch_path(root, step, rank);
+    let bytes = wait_for_file(&path, timeout, poll)?;
+    files::decode_rank_file(&path, &bytes, step, rank)
+}
+
+/// Reads `path` once it exists, polling every `poll` for at most `timeout` (a timeout too
+/// long to represent waits forever). Errors: `timeout` naming the file; `io`.
+pub(crate) fn wait_for_file(path: &Path, timeout: Duration, poll: Duration) -> Result<Vec<u8>, Error> {
+    let deadline = Instant::now().checked_add(timeout);
     loop {
-        match std::fs::read(&path) {
-            Ok(bytes) => {
-                let b = RankBatch::decode(&bytes)?;
-                if b.step != step || b.rank != rank {
-                    return Err(Error::InvalidArgument(format!(
-                        "{} holds step {} rank {}, not step {step} rank {rank}",
-                        path.display(),
-                        b.step,
-                        b.rank
-                    )));
-                }
-                return Ok(b);
-            }
+        match std::fs::read(path) {
+            Ok(bytes) => return Ok(bytes),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(io("reading", &path, e)),
+            Err(e) => return Err(io("reading", path, e)),
         }
         let now = Instant::now();
-        if now >= deadline {
-            return Err(Error::Timeout(format!("{} did not appear within {timeout:?}", path.display())));
+        let left = deadline.map(|d| d.saturating_duration_since(now));
+        if left.is_some_and(|l| l.is_zero()) {
+            return Err(files::missing_file_error(path, timeout));
         }
-        std::thread::sleep(poll.min(deadline - now));
+        std::thread::sleep(left.map_or(poll, |l| poll.min(l)));
     }
 }
 
@@ -405,7 +405,7 @@ impl<T: Transport> Server<T> {
         files.sort();
         for p in files {
             let name = p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-            if name.starts_with('.') {
+            if files::is_temporary(&name) {
                 // A temporary file of a write the crash interrupted.
                 let _ = std::fs::remove_file(&p);
                 continue;

@@ -1,30 +1,19 @@
 //! The ZeroMQ transport of `stowplan serve` (libzmq through the `zmq` crate).
 //!
 //! Three sockets, all bound by the packer so that orchestrators and ranks on other hosts
-//! connect to it over TCP:
-//!
-//! - **batches** (PULL): orchestrators PUSH encoded [`TrainingBatch`](crate::TrainingBatch)es
-//!   and [`Control`] messages, one message each, in any order.
-//! - **receipts** (PUB): once a message is durable (spooled and checkpointed) the packer
-//!   publishes a [`Receipts`] naming it; every message also carries the packer's
-//!   *incarnation* (a number new at every start), and one is published every second even
-//!   when there is nothing to acknowledge. A sender keeps what it sent until a receipt names
-//!   it and sends everything unacknowledged again when the incarnation changes (a restart:
-//!   messages in flight died with the old process) or after a timeout; the packer recognises
-//!   repeats as duplicates, so nothing is lost and nothing is taken twice.
-//! - **ranks** (ROUTER): each trainer rank connects a DEALER and says [`RankMessage::Hello`]
-//!   (rank, data-parallel size, the step it expects), again every second while it waits.
-//!   No step is delivered before every rank said hello (the readiness barrier). A step is
-//!   sent to each rank as its encoded [`RankBatch`]; the rank answers [`RankMessage::Ack`]
-//!   once it has decoded it, and the step counts as delivered when every rank acknowledged
-//!   it. A rank that reconnects (a new hello) gets the unacknowledged step again; a rank that
-//!   already had a step acknowledges and drops the copy, and holds back steps that arrive
-//!   ahead of the one it expects. A hello with the wrong data-parallel size or rank gets a
-//!   [`Refusal`] naming the mismatch.
+//! connect to it over TCP: **batches** (PULL: training batches and control messages),
+//! **receipts** (PUB: a [`Receipts`] with the packer's incarnation once messages are
+//! durable, and an empty one every [`HEARTBEAT`]) and **ranks** (ROUTER: hellos and
+//! acknowledgements in, [`RankBatch`]es and [`Refusal`]s out). The protocol is described in
+//! [`super::protocol`]; this transport is its server side: the readiness barrier (every
+//! rank said hello), [`Refusal::of_hello`], and each step's delivery as a
+//! [`StepDelivery`] (resent to a rank whose hello comes from a new connection, delivered
+//! once every rank acknowledged it).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use super::protocol::delivery::StepDelivery;
 use super::protocol::{HEARTBEAT, RankMessage, Receipt, Receipts, Refusal, ZmqEndpoints};
 use super::{Incoming, Transport};
 use crate::{Error, RankBatch};
@@ -167,14 +156,9 @@ impl ZmqTransport {
         let [id, payload] = <[Vec<u8>; 2]>::try_from(parts).unwrap_or_default();
         match RankMessage::decode(&payload) {
             Ok(RankMessage::Hello { rank, dp, next_step }) => {
-                if dp != self.dp || rank >= self.dp {
-                    let message = if dp != self.dp {
-                        format!("rank {rank} was started with dp {dp}, the packer serves dp {}", self.dp)
-                    } else {
-                        format!("rank {rank} is out of range: ranks are 0..{} (dp {})", self.dp, self.dp)
-                    };
-                    tracing::error!(target: "stowplan::serve", rank, dp, "refused a rank: {message}");
-                    let refusal = Refusal { message }.encode()?;
+                if let Some(refusal) = Refusal::of_hello(rank, dp, self.dp) {
+                    tracing::error!(target: "stowplan::serve", rank, dp, "refused a rank: {}", refusal.message);
+                    let refusal = refusal.encode()?;
                     // The peer may already be gone; nothing more to do then.
                     let _ = self.ranks.send_multipart([id, refusal], zmq::DONTWAIT);
                     return Ok(Some(FromRank::Other));
@@ -263,15 +247,15 @@ impl Transport for ZmqTransport {
             return Err(Error::InvalidArgument(format!("ranks: {} rank batches for dp {dp}", ranks.len())));
         }
         let encoded = super::per_rank(ranks, |_, b| b.encode())?;
-        let mut acked = vec![false; dp];
-        // The routing id each rank's copy went to (None: not sent, the rank is not connected).
-        let mut sent_to: Vec<Option<Vec<u8>>> = vec![None; dp];
+        // Which ranks acknowledged, and the routing id each copy went to.
+        let mut delivery = StepDelivery::new(step, dp);
         for (r, bytes) in encoded.into_iter().enumerate() {
-            sent_to[r] = self.send_to(r, bytes)?;
+            let to = self.send_to(r, bytes)?;
+            delivery.sent(r, to);
         }
         let started = Instant::now();
         let mut last_log = started;
-        while !acked.iter().all(|&a| a) {
+        while !delivery.is_complete() {
             if stop.load(Ordering::SeqCst) {
                 tracing::warn!(target: "stowplan::serve", step, "stopped before every rank acknowledged the step: it stays in flight and is delivered again on restart");
                 return Ok(false);
@@ -280,21 +264,20 @@ impl Transport for ZmqTransport {
             wait_for(&mut [self.ranks.as_poll_item(zmq::POLLIN)], Duration::from_millis(100))?;
             while let Some(m) = self.take_from_ranks()? {
                 match m {
-                    // A rank that connected since its copy was sent (a new routing id) has
-                    // not got it; over the same connection it is on its way.
-                    FromRank::Hello(r) if !acked[r as usize] && self.peers[r as usize] != sent_to[r as usize] => {
+                    FromRank::Hello(r) if delivery.needs_resend(r as usize, self.peers[r as usize].as_ref()) => {
                         let r = r as usize;
-                        sent_to[r] = self.send_to(r, ranks[r].encode()?)?;
+                        let to = self.send_to(r, ranks[r].encode()?)?;
+                        delivery.sent(r, to);
                     }
-                    FromRank::Ack(r, s) if s == step && (r as usize) < dp => acked[r as usize] = true,
+                    FromRank::Ack(r, s) => {
+                        delivery.on_ack(r, s);
+                    }
                     _ => {}
                 }
             }
             if last_log.elapsed() >= Duration::from_secs(10) {
                 last_log = Instant::now();
-                let waiting: Vec<usize> = (0..dp).filter(|&r| !acked[r]).collect();
-                let unsent: Vec<usize> = (0..dp).filter(|&r| sent_to[r].is_none()).collect();
-                tracing::warn!(target: "stowplan::serve", step, waiting = ?waiting, not_connected = ?unsent, seconds = started.elapsed().as_secs(), "waiting for ranks to acknowledge the step");
+                tracing::warn!(target: "stowplan::serve", step, waiting = ?delivery.waiting(), not_connected = ?delivery.unsent(), seconds = started.elapsed().as_secs(), "waiting for ranks to acknowledge the step");
             }
         }
         Ok(true)

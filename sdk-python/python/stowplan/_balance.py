@@ -31,8 +31,3 @@ balance = _stowplan.balance
 MicroBatches = _stowplan.MicroBatches
 Balance = _stowplan.Balance
 
-
-def _cost(cost: Any) -> Tuple[int, int]:
-    """``(linear, quadratic)`` of a cost name or pair, checked by the native module (for
-    callers that still pass the coefficients separately)."""
-    return _stowplan.cost_coefficients(cost)

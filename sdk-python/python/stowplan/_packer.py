@@ -35,7 +35,6 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from . import _stowplan
-from ._balance import _cost
 
 __all__ = ["TrainingBatch", "FileSender", "FileReceiver", "RankBatch", "Packer", "IngestReport"]
 
@@ -87,8 +86,9 @@ class FileSender:
         return os.fspath(_stowplan.fs_send(self.root, name, batch.encode()))
 
     def _control(self, kind: str, run: int, batch_size: int) -> str:
-        name = f"control_{time.time_ns():020d}_{os.getpid()}_{kind}_{run}.bin"
-        return os.fspath(_stowplan.fs_send(self.root, name, _stowplan.encode_control(kind, run, batch_size)))
+        data = _stowplan.encode_control(kind, run, batch_size)
+        name = _stowplan.control_file_name(kind, run, time.time_ns(), os.getpid())
+        return os.fspath(_stowplan.fs_send(self.root, name, data))
 
     def add_run(self, run: int, *, batch_size: int) -> str:
         """Asks the packer to add run ``run`` (a no-op if it exists)."""
@@ -106,7 +106,8 @@ class FileReceiver:
 
     Iterating yields step ``start_step``, then the next, … (each waits up to ``timeout``
     seconds, ``None``: forever). With ``consume=True`` a file is deleted once decoded, and
-    the step's directory with the last rank's file.
+    the step's directory with the last rank's file. The names, the checks and the
+    consumption rule are the native ``FileRankClient``'s (``stowplan::serve::protocol::files``).
     """
 
     def __init__(
@@ -119,42 +120,36 @@ class FileReceiver:
         poll: float = 0.005,
         consume: bool = False,
     ) -> None:
-        if not isinstance(rank, int) or rank < 0:
+        if not isinstance(rank, int) or isinstance(rank, bool) or rank < 0:
             raise _invalid(f"rank must be an integer ≥ 0 (got {rank!r})")
-        if not isinstance(start_step, int) or start_step < 0:
+        if not isinstance(start_step, int) or isinstance(start_step, bool) or start_step < 0:
             raise _invalid(f"start_step must be an integer ≥ 0 (got {start_step!r})")
         _check_timeout("timeout", timeout)
-        if not poll > 0:
+        if isinstance(poll, bool) or not (isinstance(poll, (int, float)) and poll > 0):
             raise _invalid(f"poll must be a number of seconds > 0 (got {poll!r})")
         self.root = os.fspath(root)
         self.rank = rank
         self.next_step = start_step
         self.timeout = timeout
         self.poll = float(poll)
-        self.consume = consume
+        self.consume = bool(consume)
+        self._client = _stowplan.FileRankClient(
+            self.root, rank, start_step=start_step, consume=self.consume, poll=self.poll
+        )
 
     def path(self, step: int) -> str:
         """The file of ``step`` for this rank."""
-        return os.path.join(self.root, "rollouts", f"step_{step}", f"rank_{self.rank}.bin")
+        return os.fspath(self._client.path(step))
 
     def receive(self, step: Optional[int] = None, *, timeout: Optional[float] = None) -> RankBatch:
         """Waits for ``step`` (default: the next one) and returns it; the next call then
         waits for the step after. Raises ``stowplan.StowplanTimeoutError`` after ``timeout``
         (default: the receiver's)."""
+        _check_timeout("timeout", timeout)
         step = self.next_step if step is None else step
         wait = self.timeout if timeout is None else timeout
-        batch = _stowplan.fs_receive(self.root, step, self.rank, 1e9 if wait is None else float(wait), self.poll)
-        if self.consume:
-            try:
-                os.remove(self.path(step))
-            except FileNotFoundError:
-                pass
-            try:
-                # The last rank to consume the step removes its directory too.
-                os.rmdir(os.path.dirname(self.path(step)))
-            except OSError:
-                pass
-        self.next_step = step + 1
+        batch = self._client.receive(step=step, timeout=wait)
+        self.next_step = self._client.next_step
         return batch
 
     def __iter__(self) -> Iterator[RankBatch]:
@@ -190,36 +185,35 @@ class Packer:
         *,
         seq_len: int,
         dp: int,
-        pad_to_multiple_of: int = 1,
-        pad_token_id: int = 1,
-        cost: Any = "tokens",
-        num_runs: int = 1,
+        pad_to_multiple_of: Optional[int] = None,
+        pad_token_id: Optional[int] = None,
+        cost: Any = None,
+        num_runs: Optional[int] = None,
         threshold: Optional[int] = None,
         step_tokens: Optional[int] = None,
-        wait_timeout: float = 10.0,
-        teacher_logprobs: bool = False,
-        allow_empty_completion: bool = False,
-        backend: str = "wasm",
+        wait_timeout: Optional[float] = None,
+        teacher_logprobs: Optional[bool] = None,
+        allow_empty_completion: Optional[bool] = None,
+        backend: Optional[str] = None,
         _state: Optional[bytes] = None,
         _batches: Optional[List[bytes]] = None,
     ) -> None:
-        linear, quadratic = _cost(cost)
+        # None: the host's default (stowplan::PackerOptions::new), the one `stowplan serve` uses.
         self._inner = _stowplan.Packer(
             seq_len,
             dp,
-            pad_to_multiple_of,
-            pad_token_id,
-            linear,
-            quadratic,
-            num_runs,
-            threshold,
-            step_tokens,
-            float(wait_timeout),
-            bool(teacher_logprobs),
-            bool(allow_empty_completion),
-            backend,
-            _state,
-            _batches,
+            pad_to_multiple_of=pad_to_multiple_of,
+            pad_token_id=pad_token_id,
+            cost=cost,
+            num_runs=num_runs,
+            threshold=threshold,
+            step_tokens=step_tokens,
+            wait_timeout=wait_timeout,
+            teacher_logprobs=teacher_logprobs,
+            allow_empty_completion=allow_empty_completion,
+            backend=backend,
+            state=_state,
+            batches=_batches,
         )
 
     def add_run(self, run: int, *, batch_size: int) -> None:

@@ -152,9 +152,6 @@ def balance(
 ) -> Balance:
     """DP balancing, and with ``max_token_len`` the micro-batches of every rank."""
 
-def cost_coefficients(cost: _Cost) -> Tuple[int, int]:
-    """``(linear, quadratic)`` of a cost name or pair, checked."""
-
 def verl(function: str, seqlens: List[int], k: int, equal_size: bool, *, backend: Optional[str] = None) -> List[List[int]]:
     """verl 0.9.1's ``function``; raises the builtin exception verl raises."""
 
@@ -524,8 +521,9 @@ def batch_file_name(run: int, step: int) -> str:
 def fs_send(root: Any, name: str, data: bytes) -> str:
     """Writes data to ROOT/inbox/NAME atomically; returns the path."""
 
-def fs_receive(root: Any, step: int, rank: int, timeout: float, poll: float) -> RankBatch:
-    """Waits for ROOT/rollouts/step_{step}/rank_{rank}.bin and decodes it."""
+def control_file_name(kind: str, run: int, nanos: int, pid: int) -> str:
+    """control_{nanos:020}_{pid}_{kind}_{run}.bin: a run change's inbox file name (the caller
+    passes the time and its process id)."""
 
 def decode_rank_batch(data: bytes) -> RankBatch:
     """Decodes a rank batch (SPRB); a packer's refusal (SPRX) raises InvalidArgumentError."""
@@ -539,6 +537,88 @@ def encode_rank_ack(rank: int, step: int) -> bytes:
 def decode_receipts(data: bytes) -> Tuple[int, List[Dict[str, Any]]]:
     """The packer's (incarnation, receipts) (SPRC header)."""
 
+#: Seconds between the packer's heartbeats and between a waiting rank's hellos.
+HEARTBEAT: float
+
+class Received:
+    """What a :class:`RankReceiver` made of one rank batch: its step, where it went
+    (``"in_order"``, ``"held_back"`` or ``"duplicate"``) and the acknowledgement to send."""
+
+    step: int
+    arrival: str
+    ack: bytes
+
+class RankReceiver:
+    """A trainer rank's side of the ZeroMQ protocol (stowplan::serve::RankReceiver), without
+    I/O: send ``poll_hello()`` when it returns bytes, read while ``wants_message()``, pass
+    each message to ``on_message`` and send back its ``ack``; take steps with
+    ``next_batch()``."""
+
+    rank: int
+    dp: int
+    next_step: int
+    held_steps: List[int]
+    error: Optional[BaseException]
+    def __init__(self, rank: int, dp: int, *, next_step: Optional[int] = None, prefetch: Optional[int] = None) -> None: ...
+    def poll_hello(self) -> Optional[bytes]:
+        """The hello due now (on the first call, then every HEARTBEAT), or None."""
+    def hello_due_in(self) -> float:
+        """Seconds until the next hello is due (inf after a failure)."""
+    def wants_message(self) -> bool:
+        """Whether to read the next message (fewer than prefetch steps held, no failure)."""
+    def on_message(self, data: bytes) -> Received:
+        """Takes one message; raises InvalidArgumentError for a refusal, another rank's batch
+        or undecodable bytes (the receiver stays failed)."""
+    def has_next(self) -> bool:
+        """Whether the step expected next arrived."""
+    def next_batch(self) -> Optional[RankBatch]:
+        """The step expected next, if it arrived."""
+    def timeout_error(self, endpoint: str, waited: float) -> BaseException:
+        """The StowplanTimeoutError of a vain wait for the next step."""
+
+class MessageKey:
+    """A message not acknowledged yet: ``kind`` ("batch", "add_run", "remove_run"), ``run``,
+    a batch's ``step``, a new run's ``batch_size``."""
+
+    kind: str
+    run: int
+    step: Optional[int]
+    batch_size: Optional[int]
+
+class BatchSender:
+    """An orchestrator's side of the ZeroMQ protocol (stowplan::serve::BatchSender), without
+    I/O: messages go through ``track_batch``/``track_control`` (which return the bytes to
+    push), receipts through ``on_receipts``; push what ``due_resends()`` returns."""
+
+    unacked: List[MessageKey]
+    flushed: bool
+    incarnation: Optional[int]
+    resent: int
+    resend_after: float
+    def __init__(self, *, resend_after: Optional[float] = None) -> None: ...
+    def track_batch(self, data: bytes, *, run: int, step: int) -> bytes:
+        """Keeps an encoded training batch until its receipt; returns it."""
+    def track_control(self, kind: str, run: int, *, batch_size: Optional[int] = None) -> bytes:
+        """Encodes and keeps an add_run/remove_run message until its receipt; returns it."""
+    def on_receipts(self, data: bytes) -> List[Dict[str, Any]]:
+        """The receipts (dicts, as decode_receipts) of messages kept until now."""
+    def due_resends(self) -> List[bytes]:
+        """The messages to push again now, oldest first."""
+    def flush_timeout_error(self, endpoint: str, waited: float) -> BaseException:
+        """The StowplanTimeoutError of a vain flush, naming what is unacknowledged."""
+
+class FileRankClient:
+    """A trainer rank over the filesystem transport (stowplan::serve::FileRankClient)."""
+
+    next_step: int
+    def __init__(
+        self, root: Any, rank: int, *, start_step: Optional[int] = None, consume: bool = False, poll: Optional[float] = None
+    ) -> None: ...
+    def path(self, step: int) -> str:
+        """This rank's file of ``step``."""
+    def receive(self, *, step: Optional[int] = None, timeout: Optional[float] = None) -> RankBatch:
+        """Waits for step ``step`` (default: the next) up to ``timeout`` seconds (None: forever)."""
+
 class Packer:
     """The packer runtime (stowplan::Packer) behind a lock."""
 
@@ -546,17 +626,17 @@ class Packer:
         self,
         seq_len: int,
         dp: int,
-        pad_to_multiple_of: int,
-        pad_token_id: int,
-        linear: int,
-        quadratic: int,
-        num_runs: int,
-        threshold: Optional[int],
-        step_tokens: Optional[int],
-        wait_timeout: float,
-        teacher_logprobs: bool,
-        allow_empty_completion: bool,
-        backend: str,
+        *,
+        pad_to_multiple_of: Optional[int] = None,
+        pad_token_id: Optional[int] = None,
+        cost: Any = None,
+        num_runs: Optional[int] = None,
+        threshold: Optional[int] = None,
+        step_tokens: Optional[int] = None,
+        wait_timeout: Optional[float] = None,
+        teacher_logprobs: Optional[bool] = None,
+        allow_empty_completion: Optional[bool] = None,
+        backend: Optional[str] = None,
         state: Optional[bytes] = None,
         batches: Optional[List[bytes]] = None,
     ) -> None: ...

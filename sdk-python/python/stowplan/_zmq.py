@@ -12,11 +12,15 @@ seconds; the packer ignores repeats, so a packer killed mid-run loses nothing.
 :class:`ZmqReceiver` says hello (rank, dp, the step it expects), acknowledges every step it
 has decoded, drops copies of steps it already has and yields steps in order, holding back
 one that arrives early. The packer delivers nothing before every rank said hello.
+
+Every protocol decision is the native cores' (``stowplan::serve::protocol``, the same code a
+Rust trainer or the packer itself runs): :class:`ZmqSender` drives a ``BatchSender``,
+:class:`ZmqReceiver` a ``RankReceiver``. Python keeps the pyzmq sockets, the receiver's
+background thread and the waiting.
 """
 
 from __future__ import annotations
 
-import collections
 import threading
 import time
 import warnings
@@ -28,7 +32,7 @@ from ._packer import RankBatch, TrainingBatch, _check_timeout, _invalid
 __all__ = ["ZmqSender", "ZmqReceiver", "HEARTBEAT"]
 
 #: Seconds between the packer's heartbeats and between a waiting rank's hellos.
-HEARTBEAT = 1.0
+HEARTBEAT: float = _stowplan.HEARTBEAT
 
 
 def _zmq() -> Any:
@@ -39,13 +43,12 @@ def _zmq() -> Any:
     return zmq
 
 
-def _timeout_error(message: str) -> Exception:
-    from .errors import StowplanTimeoutError
-
-    return StowplanTimeoutError(message)
-
-
 _Key = Tuple[Any, ...]
+
+
+def _key(k: Any) -> _Key:
+    """A native ``MessageKey`` as the tuple :attr:`ZmqSender.unacked` shows."""
+    return (k.kind, k.run, k.step) if k.kind == "batch" else (k.kind, k.run)
 
 
 def _send(sock: Any, data: bytes) -> None:
@@ -73,16 +76,12 @@ class ZmqSender:
         resend_after: float = 30.0,
         context: Any = None,
     ) -> None:
-        if not (isinstance(resend_after, (int, float)) and resend_after > 0):
+        if isinstance(resend_after, bool) or not (isinstance(resend_after, (int, float)) and resend_after > 0):
             raise _invalid(f"resend_after must be a number of seconds > 0 (got {resend_after!r})")
         zmq = _zmq()
         self.endpoint, self.receipts_endpoint = endpoint, receipts
         self.resend_after = float(resend_after)
-        self._unacked: "collections.OrderedDict[_Key, List[Any]]" = collections.OrderedDict()
-        #: The packer process last heard from (a new value: it restarted).
-        self.incarnation: Optional[int] = None
-        #: Messages sent again (after a restart of the packer or a timeout).
-        self.resent = 0
+        self._core = _stowplan.BatchSender(resend_after=self.resend_after)
         ctx = context or zmq.Context.instance()
         self._push = ctx.socket(zmq.PUSH)
         self._sub = ctx.socket(zmq.SUB)
@@ -94,57 +93,52 @@ class ZmqSender:
             self.close()
             raise _invalid(f"endpoint/receipts: cannot connect to {endpoint!r} / {receipts!r}: {e}") from e
 
-    def _send(self, key: _Key, data: bytes) -> None:
-        self._unacked[key] = [data, time.monotonic()]
-        self._unacked.move_to_end(key)
-        self._push.send(data, copy=False)
+    @property
+    def incarnation(self) -> Optional[int]:
+        """The packer process last heard from (a new value: it restarted); None before the
+        first receipt or heartbeat."""
+        return self._core.incarnation
+
+    @property
+    def resent(self) -> int:
+        """Messages sent again (after a restart of the packer or a timeout)."""
+        return self._core.resent
 
     def send(self, batch: TrainingBatch) -> List[Dict[str, Any]]:
         """Sends ``batch``; returns the receipts that arrived meanwhile (see :meth:`poll`)."""
-        self._send(("batch", int(batch.run), int(batch.step)), batch.encode())
+        self._push.send(self._core.track_batch(batch.encode(), run=batch.run, step=batch.step), copy=False)
         return self.poll()
 
     def add_run(self, run: int, *, batch_size: int) -> List[Dict[str, Any]]:
         """Asks the packer to add run ``run`` (a no-op if it exists)."""
-        self._send(("add_run", int(run)), _stowplan.encode_control("add_run", run, batch_size))
+        self._push.send(self._core.track_control("add_run", run, batch_size=batch_size), copy=False)
         return self.poll()
 
     def remove_run(self, run: int) -> List[Dict[str, Any]]:
         """Asks the packer to remove run ``run``; its pending samples are dropped (logged)."""
-        self._send(("remove_run", int(run)), _stowplan.encode_control("remove_run", run, 1))
+        self._push.send(self._core.track_control("remove_run", run), copy=False)
         return self.poll()
 
     @property
     def unacked(self) -> List[_Key]:
         """Messages not yet acknowledged, oldest first: ``("batch", run, step)``,
         ``("add_run", run)`` or ``("remove_run", run)``."""
-        return list(self._unacked)
+        return [_key(k) for k in self._core.unacked]
 
     def poll(self, timeout: float = 0.0) -> List[Dict[str, Any]]:
         """Takes the receipts that arrived (waiting up to ``timeout`` seconds for the first)
         and resends what needs it: everything unacknowledged when the packer restarted, a
-        message after ``resend_after`` seconds without a receipt. Returns the receipts
-        (dicts: ``kind`` — ``"batch"``, ``"add_run"``, ``"remove_run"`` —, ``run``; a batch's
-        ``step``, ``accepted``, ``rejected``, ``duplicate``; a run change's ``error``)."""
+        message after ``resend_after`` seconds without a receipt. Returns the receipts of
+        messages this sender had not seen acknowledged yet (dicts: ``kind`` — ``"batch"``,
+        ``"add_run"``, ``"remove_run"`` —, ``run``; a batch's ``step``, ``accepted``,
+        ``rejected``, ``duplicate``; a run change's ``error``)."""
         out: List[Dict[str, Any]] = []
-        restarted = False
         wait_ms = max(0, int(timeout * 1000))
         while self._sub.poll(wait_ms):
             wait_ms = 0
-            incarnation, receipts = _stowplan.decode_receipts(self._sub.recv())
-            if self.incarnation is not None and incarnation != self.incarnation:
-                restarted = True
-            self.incarnation = incarnation
-            for r in receipts:
-                key = (r["kind"], r["run"], r["step"]) if r["kind"] == "batch" else (r["kind"], r["run"])
-                self._unacked.pop(key, None)
-                out.append(r)
-        now = time.monotonic()
-        for entry in self._unacked.values():
-            if restarted or now - entry[1] >= self.resend_after:
-                entry[1] = now
-                self.resent += 1
-                self._push.send(entry[0], copy=False)
+            out += self._core.on_receipts(self._sub.recv())
+        for data in self._core.due_resends():
+            self._push.send(data, copy=False)
         return out
 
     def flush(self, timeout: Optional[float] = 60.0) -> List[Dict[str, Any]]:
@@ -154,14 +148,10 @@ class ZmqSender:
         _check_timeout("timeout", timeout)
         deadline = None if timeout is None else time.monotonic() + timeout
         out = self.poll()
-        while self._unacked:
+        while not self._core.flushed:
             left = 0.1 if deadline is None else deadline - time.monotonic()
             if left <= 0:
-                pending = self.unacked
-                raise _timeout_error(
-                    f"{len(pending)} messages not acknowledged by the packer at {self.receipts_endpoint} "
-                    f"within {timeout} s (first: {pending[:3]}); is `stowplan serve --transport zmq` running?"
-                )
+                raise self._core.flush_timeout_error(self.receipts_endpoint, timeout)
             out += self.poll(min(left, 0.1))
         return out
 
@@ -169,10 +159,12 @@ class ZmqSender:
         """Closes the sockets (messages still queued get a second to leave). Warns when
         messages were never acknowledged: call :meth:`flush` first to be sure the packer
         has everything."""
-        if self._unacked and not self._push.closed:
+        core = getattr(self, "_core", None)
+        if core is not None and not core.flushed and not self._push.closed:
+            pending = self.unacked
             warnings.warn(
-                f"ZmqSender closed with {len(self._unacked)} messages the packer never acknowledged "
-                f"(first: {self.unacked[:3]}); call flush() before close()",
+                f"ZmqSender closed with {len(pending)} messages the packer never acknowledged "
+                f"(first: {pending[:3]}); call flush() before close()",
                 stacklevel=2,
             )
         self._push.close(linger=1000)
@@ -213,14 +205,13 @@ class ZmqReceiver:
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
                 raise _invalid(f"{name} must be an integer ≥ {low} (got {value!r})")
         _check_timeout("timeout", timeout)
-        _stowplan.encode_rank_hello(rank, dp, start_step)  # rank < dp, in range
+        # Checks rank < dp too.
+        self._core = _stowplan.RankReceiver(rank, dp, next_step=start_step, prefetch=prefetch)
         zmq = _zmq()
         self.endpoint, self.rank, self.dp = endpoint, rank, dp
-        self.next_step = start_step
         self.timeout, self.prefetch = timeout, prefetch
         self._ctx = context or zmq.Context.instance()
         self._cond = threading.Condition()
-        self._buffer: Dict[int, RankBatch] = {}
         self._error: Optional[BaseException] = None
         self._closed = False
         self._connected = threading.Event()
@@ -229,6 +220,11 @@ class ZmqReceiver:
         self._connected.wait()
         if self._error is not None:
             raise self._error
+
+    @property
+    def next_step(self) -> int:
+        """The step :meth:`receive` returns next."""
+        return self._core.next_step
 
     def _run(self) -> None:
         zmq = _zmq()
@@ -245,29 +241,26 @@ class ZmqReceiver:
             self._connected.set()
             return
         self._connected.set()
-        last_hello = float("-inf")
+        core = self._core
         try:
             while not self._closed:
-                if time.monotonic() - last_hello >= HEARTBEAT:
-                    _send(sock, _stowplan.encode_rank_hello(self.rank, self.dp, self.next_step))
-                    last_hello = time.monotonic()
+                hello = core.poll_hello()
+                if hello is not None:
+                    _send(sock, hello)
+                wait_ms = max(1, min(100, int(core.hello_due_in() * 1000)))
                 with self._cond:
-                    full = len(self._buffer) >= self.prefetch
-                    if full:
-                        self._cond.wait(0.1)
+                    if not core.wants_message():
+                        # Full: wait for the trainer to take a step (or the next hello).
+                        self._cond.wait(wait_ms / 1000)
                         continue
-                if not sock.poll(100):
+                if not sock.poll(wait_ms):
                     continue
-                batch = _stowplan.decode_rank_batch(sock.recv())
-                if batch.rank != self.rank:
-                    raise _invalid(f"the packer sent rank {batch.rank}'s batch to rank {self.rank}")
+                # Raises (and ends the thread) on a refusal, another rank's batch or bad bytes.
+                received = core.on_message(sock.recv())
                 # Lost only with the connection; the packer then resends on the next hello.
-                _send(sock, _stowplan.encode_rank_ack(self.rank, batch.step))
+                _send(sock, received.ack)
                 with self._cond:
-                    # A copy of a step already taken (redelivered after a restart) is dropped.
-                    if batch.step >= self.next_step:
-                        self._buffer[batch.step] = batch
-                        self._cond.notify_all()
+                    self._cond.notify_all()
         except BaseException as e:  # noqa: BLE001 - handed to the caller of receive()
             with self._cond:
                 self._error = e
@@ -281,20 +274,16 @@ class ZmqReceiver:
         wait = self.timeout if timeout is None else timeout
         deadline = None if wait is None else time.monotonic() + wait
         with self._cond:
-            while self.next_step not in self._buffer:
+            while not self._core.has_next():
                 if self._error is not None:
                     raise self._error
                 if self._closed:
                     raise _invalid("receive: the receiver is closed")
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
-                    raise _timeout_error(
-                        f"rank {self.rank}: step {self.next_step} did not arrive from {self.endpoint} within {wait} s "
-                        f"(held back: steps {sorted(self._buffer)})"
-                    )
+                    raise self._core.timeout_error(self.endpoint, wait)
                 self._cond.wait(0.5 if left is None else min(left, 0.5))
-            batch = self._buffer.pop(self.next_step)
-            self.next_step += 1
+            batch = self._core.next_batch()
             self._cond.notify_all()
             return batch
 

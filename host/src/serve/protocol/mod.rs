@@ -1,8 +1,21 @@
-//! The messages of the packer's protocols, without any I/O: what orchestrators send besides
-//! training batches ([`Control`]), what trainer ranks say over ZeroMQ ([`RankMessage`]), and
-//! what the packer answers ([`Receipts`], [`Refusal`]); plus the ZeroMQ endpoint defaults.
-//! Every SDK encodes and decodes these same types (the Python SDK through the native
-//! module), so all sides share one set of wire formats ([`crate::wire`]).
+//! The packer's protocols without any I/O: the messages (what orchestrators send besides
+//! training batches, [`Control`]; what trainer ranks say over ZeroMQ, [`RankMessage`]; what
+//! the packer answers, [`Receipts`] and [`Refusal`]; the ZeroMQ endpoint defaults), and the
+//! rules of each side as state machines that SDKs drive:
+//!
+//! - [`rank::RankReceiver`]: a trainer rank over ZeroMQ (hello cadence, acknowledgements,
+//!   steps in order, early steps held back, copies dropped, a refusal reported);
+//! - [`sender::BatchSender`]: an orchestrator over ZeroMQ (every message kept until a receipt
+//!   names it, resent on a new incarnation or after a timeout, flush);
+//! - [`files`]: the filesystem transport's names and a rank's acknowledgement rule
+//!   ([`files::FileRankReceiver`]);
+//! - [`delivery::StepDelivery`]: the packer delivering one step to its ranks (the server's
+//!   side of the rank protocol; with [`Refusal::of_hello`], the rule for a hello).
+//!
+//! No socket, no file and no clock is touched here: the caller moves the bytes, does the
+//! file operations a core asks for and passes the time (`now: Instant`), so the server, the
+//! Rust clients ([`super::client`]) and every SDK (the Python one through the native module)
+//! follow one implementation of the protocol, with one set of wire formats ([`crate::wire`]).
 //!
 //! The ZeroMQ protocol (see `zmq.rs` for the transport that speaks it):
 //! - **batches** (PULL): orchestrators PUSH encoded [`TrainingBatch`](crate::TrainingBatch)es
@@ -15,20 +28,31 @@
 //!   restart: messages in flight died with the old process) or after a timeout; the packer
 //!   recognises repeats as duplicates, so nothing is lost and nothing is taken twice.
 //! - **ranks** (ROUTER): each trainer rank connects a DEALER and says [`RankMessage::Hello`]
-//!   (rank, data-parallel size, the step it expects), again every [`HEARTBEAT`] while it
-//!   waits. No step is delivered before every rank said hello (the readiness barrier). A step
-//!   is sent to each rank as its encoded [`RankBatch`](crate::RankBatch); the rank answers
+//!   (rank, data-parallel size, the step it expects), again every [`HEARTBEAT`]. No step is
+//!   delivered before every rank said hello (the readiness barrier). A step is sent to each
+//!   rank as its encoded [`RankBatch`](crate::RankBatch); the rank answers
 //!   [`RankMessage::Ack`] once it has decoded it, and the step counts as delivered when every
-//!   rank acknowledged it. A rank that reconnects (a new hello) gets the unacknowledged step
-//!   again; a rank that already had a step acknowledges and drops the copy, and holds back
-//!   steps that arrive ahead of the one it expects. A hello with the wrong data-parallel size
-//!   or rank gets a [`Refusal`] naming the mismatch.
+//!   rank acknowledged it. A rank that reconnects (a new hello from a new connection) gets the
+//!   unacknowledged step again; a rank that already had a step acknowledges and drops the
+//!   copy, and holds back steps that arrive ahead of the one it expects. A hello with the
+//!   wrong data-parallel size or rank gets a [`Refusal`] naming the mismatch
+//!   ([`Refusal::of_hello`]).
 
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
 use crate::{Error, RunConfig, wire};
+
+pub mod delivery;
+pub mod files;
+pub mod rank;
+pub mod sender;
+
+pub use delivery::StepDelivery;
+pub use files::{Cleanup, FileRankReceiver, batch_file_name};
+pub use rank::{Arrival, RankReceiver, Received, ToRank};
+pub use sender::{BatchSender, MessageKey};
 
 /// A change to the packer's runs, sent by the orchestrator beside its batches.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -100,6 +124,20 @@ pub struct Refusal {
 }
 
 impl Refusal {
+    /// The server's rule for a hello: `None` when rank `rank` of `dp` may be served by a
+    /// packer of data-parallel size `served_dp`, otherwise the refusal naming the mismatch
+    /// (another `dp`, or a rank out of range).
+    pub fn of_hello(rank: u32, dp: u32, served_dp: u32) -> Option<Self> {
+        let message = if dp != served_dp {
+            format!("rank {rank} was started with dp {dp}, the packer serves dp {served_dp}")
+        } else if rank >= served_dp {
+            format!("rank {rank} is out of range: ranks are 0..{served_dp} (dp {served_dp})")
+        } else {
+            return None;
+        };
+        Some(Self { message })
+    }
+
     /// Encodes in the [`wire::REFUSAL`] format.
     pub fn encode(&self) -> Result<Vec<u8>, Error> {
         wire::encode(&wire::REFUSAL, self, self.message.len() + 8)

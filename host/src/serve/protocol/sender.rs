@@ -1,0 +1,325 @@
+//! An orchestrator's side of the ZeroMQ protocol as a state machine without I/O:
+//! [`BatchSender`].
+//!
+//! The orchestrator PUSHes messages to the packer's batches endpoint and SUBscribes to its
+//! receipts endpoint; the driver (the Rust [`ZmqBatchSender`](crate::serve::client), the
+//! Python SDK's `ZmqSender`) owns both sockets and:
+//!
+//! 1. sends every message through the core first: [`BatchSender::track`] (or
+//!    [`BatchSender::batch`], [`BatchSender::control`], which encode) keeps it under its
+//!    [`MessageKey`] (a training batch by `(run, step)`, a control message by its content)
+//!    with the time it was sent, and returns what to push;
+//! 2. gives every message read from the receipts socket to [`BatchSender::on_receipts`],
+//!    which forgets the messages it names and returns their receipts (a receipt for a
+//!    message not kept, e.g. for a copy acknowledged already or another orchestrator's
+//!    message, is not returned);
+//! 3. then pushes again what [`BatchSender::due_resends`]`(now)` returns: every message
+//!    still unacknowledged when the packer's incarnation changed since the last call (a
+//!    restart: what was in flight died with the old process), otherwise those sent
+//!    `resend_after` ago or longer without a receipt. The packer recognises a repeat as a
+//!    duplicate (and acknowledges it), so resending is always safe.
+//! 4. A flush is complete when [`BatchSender::is_flushed`]: nothing unacknowledged.
+//!
+//! The payload type `P` is whatever the driver pushes (`Vec<u8>` by default; the Python SDK
+//! keeps its `bytes` objects, so nothing is copied); the core only keeps and hands it back.
+
+use std::fmt;
+use std::time::{Duration, Instant};
+
+use super::{Control, Receipt, Receipts};
+use crate::{BatchKey, Error, TrainingBatch};
+
+/// What names a message until its receipt: a training batch by `(run, step)` (the packer's
+/// duplicate key), a control message by its content.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum MessageKey {
+    /// A training batch.
+    Batch(BatchKey),
+    /// A control message.
+    Control(Control),
+}
+
+impl MessageKey {
+    /// The message a receipt names.
+    pub fn of_receipt(receipt: &Receipt) -> Self {
+        match receipt {
+            Receipt::Batch { run, step, .. } => MessageKey::Batch(BatchKey { run: *run, step: *step }),
+            Receipt::Control { control, .. } => MessageKey::Control(control.clone()),
+        }
+    }
+}
+
+/// `batch run 0 step 3`, `add_run 1 (batch_size 8)`, `remove_run 1`.
+impl fmt::Display for MessageKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            MessageKey::Batch(k) => write!(f, "batch run {} step {}", k.run, k.step),
+            MessageKey::Control(Control::AddRun { run, config }) => {
+                write!(f, "add_run {run} (batch_size {})", config.batch_size)
+            }
+            MessageKey::Control(Control::RemoveRun { run }) => write!(f, "remove_run {run}"),
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Pending<P> {
+    key: MessageKey,
+    payload: P,
+    sent: Instant,
+}
+
+/// An orchestrator's sender over ZeroMQ, without I/O (see the module docs).
+#[derive(Debug)]
+pub struct BatchSender<P = Vec<u8>> {
+    resend_after: Duration,
+    /// Oldest first.
+    unacked: Vec<Pending<P>>,
+    incarnation: Option<u64>,
+    restarted: bool,
+    resent: u64,
+}
+
+impl<P> BatchSender<P> {
+    /// A sender that resends a message `resend_after` after it was sent without a receipt.
+    ///
+    /// Errors: `invalid-argument` for a zero `resend_after`.
+    pub fn new(resend_after: Duration) -> Result<Self, Error> {
+        if resend_after.is_zero() {
+            return Err(Error::InvalidArgument("resend_after must be a duration > 0 (got 0)".into()));
+        }
+        Ok(Self { resend_after, unacked: Vec::new(), incarnation: None, restarted: false, resent: 0 })
+    }
+
+    /// How long a message waits for its receipt before it is sent again.
+    pub fn resend_after(&self) -> Duration {
+        self.resend_after
+    }
+
+    /// Keeps `payload` (the encoded message named `key`, pushed by the caller right after) as
+    /// sent at `now` until a receipt names it, and returns it. A message with the key of one
+    /// still kept replaces it (and becomes the newest).
+    pub fn track(&mut self, key: MessageKey, payload: P, now: Instant) -> &P {
+        self.unacked.retain(|p| p.key != key);
+        self.unacked.push(Pending { key, payload, sent: now });
+        let last = self.unacked.len() - 1;
+        &self.unacked[last].payload
+    }
+
+    /// Takes one message of the receipts socket: notes the packer's incarnation (a change
+    /// makes [`BatchSender::due_resends`] resend everything) and returns the receipts of
+    /// messages kept until now, which are forgotten. Errors: those of [`Receipts::decode`].
+    pub fn on_receipts(&mut self, bytes: &[u8]) -> Result<Vec<Receipt>, Error> {
+        Ok(self.take(Receipts::decode(bytes)?))
+    }
+
+    /// [`BatchSender::on_receipts`] for receipts decoded already.
+    pub fn take(&mut self, receipts: Receipts) -> Vec<Receipt> {
+        if self.incarnation.is_some_and(|i| i != receipts.incarnation) {
+            self.restarted = true;
+        }
+        self.incarnation = Some(receipts.incarnation);
+        let mut out = Vec::new();
+        for r in receipts.receipts {
+            let key = MessageKey::of_receipt(&r);
+            if let Some(i) = self.unacked.iter().position(|p| p.key == key) {
+                self.unacked.remove(i);
+                out.push(r);
+            }
+        }
+        out
+    }
+
+    /// The messages to push again now, oldest first: all unacknowledged ones when the
+    /// packer's incarnation changed since the last call, otherwise those sent at least
+    /// `resend_after` before `now`. Each counts as sent at `now` again.
+    pub fn due_resends(&mut self, now: Instant) -> Vec<&P> {
+        let all = std::mem::take(&mut self.restarted);
+        let mut out = Vec::new();
+        for p in &mut self.unacked {
+            if all || now.saturating_duration_since(p.sent) >= self.resend_after {
+                p.sent = now;
+                self.resent += 1;
+                out.push(&p.payload);
+            }
+        }
+        out
+    }
+
+    /// How long until the oldest unacknowledged message is due again (`None`: nothing is
+    /// unacknowledged); a driver with nothing else to do may wait this long.
+    pub fn next_resend_in(&self, now: Instant) -> Option<Duration> {
+        let oldest = self.unacked.iter().map(|p| p.sent).min()?;
+        Some(self.resend_after.saturating_sub(now.saturating_duration_since(oldest)))
+    }
+
+    /// The messages not acknowledged yet, oldest first.
+    pub fn unacked(&self) -> Vec<&MessageKey> {
+        self.unacked.iter().map(|p| &p.key).collect()
+    }
+
+    /// Whether every message sent was acknowledged (a flush is complete).
+    pub fn is_flushed(&self) -> bool {
+        self.unacked.is_empty()
+    }
+
+    /// The packer process last heard from (`None`: no receipt yet).
+    pub fn incarnation(&self) -> Option<u64> {
+        self.incarnation
+    }
+
+    /// How many messages were pushed again (after a restart of the packer or a timeout).
+    pub fn resent(&self) -> u64 {
+        self.resent
+    }
+
+    /// The error of a flush that waited `waited` in vain for the packer at `endpoint` (its
+    /// receipts endpoint): `timeout`, naming how many messages and the first three.
+    pub fn flush_timeout_error(&self, endpoint: &str, waited: Duration) -> Error {
+        let first: Vec<String> = self.unacked.iter().take(3).map(|p| p.key.to_string()).collect();
+        Error::Timeout(format!(
+            "{} messages not acknowledged by the packer at {endpoint} within {} s (first: {}); is `stowplan serve --transport zmq` running?",
+            self.unacked.len(),
+            waited.as_secs_f64(),
+            first.join(", ")
+        ))
+    }
+}
+
+impl BatchSender<Vec<u8>> {
+    /// Encodes `batch` and keeps it ([`BatchSender::track`]); returns the bytes to push.
+    pub fn batch(&mut self, batch: &TrainingBatch, now: Instant) -> Result<&[u8], Error> {
+        let bytes = batch.encode()?;
+        Ok(self.track(MessageKey::Batch(batch.key()), bytes, now))
+    }
+
+    /// Encodes `control` and keeps it ([`BatchSender::track`]); returns the bytes to push.
+    pub fn control(&mut self, control: Control, now: Instant) -> Result<&[u8], Error> {
+        let bytes = control.encode()?;
+        Ok(self.track(MessageKey::Control(control), bytes, now))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+    use crate::RunConfig;
+
+    fn batch(run: u32, step: u64) -> TrainingBatch {
+        TrainingBatch { run, step, temperature: 1.0, samples: Vec::new() }
+    }
+
+    fn receipt(run: u32, step: u64) -> Receipt {
+        Receipt::Batch { run, step, accepted: 1, rejected: 0, duplicate: false }
+    }
+
+    fn receipts(incarnation: u64, receipts: Vec<Receipt>) -> Vec<u8> {
+        Receipts { incarnation, receipts }.encode().unwrap()
+    }
+
+    fn sec(s: u64) -> Duration {
+        Duration::from_secs(s)
+    }
+
+    #[test]
+    fn messages_are_kept_until_a_receipt_names_them() {
+        let t0 = Instant::now();
+        let mut s = BatchSender::new(sec(30)).unwrap();
+        let b0 = s.batch(&batch(0, 0), t0).unwrap().to_vec();
+        assert_eq!(b0, batch(0, 0).encode().unwrap());
+        s.batch(&batch(1, 0), t0).unwrap();
+        let add = Control::AddRun { run: 2, config: RunConfig { batch_size: 4 } };
+        s.control(add.clone(), t0).unwrap();
+        s.control(Control::RemoveRun { run: 2 }, t0).unwrap();
+        assert!(!s.is_flushed());
+        assert_eq!(s.incarnation(), None);
+        // Receipts for kept messages only; the heartbeat (no receipts) sets the incarnation.
+        assert!(s.on_receipts(&receipts(7, vec![])).unwrap().is_empty());
+        assert_eq!(s.incarnation(), Some(7));
+        let other = Control::AddRun { run: 2, config: RunConfig { batch_size: 5 } };
+        let got = s
+            .on_receipts(&receipts(
+                7,
+                vec![
+                    receipt(1, 0),
+                    receipt(1, 0), // a second receipt (for a copy): not new
+                    receipt(9, 9), // another orchestrator's batch
+                    Receipt::Control { control: other, error: None }, // another content
+                    Receipt::Control { control: add.clone(), error: None },
+                ],
+            ))
+            .unwrap();
+        assert_eq!(got, vec![receipt(1, 0), Receipt::Control { control: add, error: None }]);
+        let left: Vec<String> = s.unacked().iter().map(|k| k.to_string()).collect();
+        assert_eq!(left, vec!["batch run 0 step 0", "remove_run 2"]);
+        s.on_receipts(&receipts(
+            7,
+            vec![receipt(0, 0), Receipt::Control { control: Control::RemoveRun { run: 2 }, error: Some("no".into()) }],
+        ))
+        .unwrap();
+        assert!(s.is_flushed());
+        assert!(s.due_resends(t0 + sec(1000)).is_empty());
+        assert_eq!(s.next_resend_in(t0), None);
+        assert!(s.on_receipts(b"junk").unwrap_err().to_string().contains("missing the SPRC header"));
+    }
+
+    #[test]
+    fn resent_after_the_timeout_oldest_first() {
+        let t0 = Instant::now();
+        let mut s: BatchSender<&str> = BatchSender::new(sec(30)).unwrap();
+        s.track(MessageKey::Batch(BatchKey { run: 0, step: 0 }), "a", t0);
+        s.track(MessageKey::Batch(BatchKey { run: 0, step: 1 }), "b", t0 + sec(10));
+        assert!(s.due_resends(t0 + sec(29)).is_empty());
+        assert_eq!(s.next_resend_in(t0 + sec(29)), Some(sec(1)));
+        assert_eq!(s.due_resends(t0 + sec(30)), vec![&"a"]);
+        assert_eq!(s.resent(), 1);
+        // "a" counts as sent at 30 s now; "b" is due at 40 s.
+        assert_eq!(s.next_resend_in(t0 + sec(30)), Some(sec(10)));
+        assert!(s.due_resends(t0 + sec(39)).is_empty());
+        assert_eq!(s.due_resends(t0 + sec(40)), vec![&"b"]);
+        assert_eq!(s.due_resends(t0 + sec(75)), vec![&"a", &"b"]);
+        assert_eq!(s.resent(), 4);
+        // Sending a key again replaces the kept message and makes it the newest.
+        s.track(MessageKey::Batch(BatchKey { run: 0, step: 0 }), "a2", t0 + sec(80));
+        let keys: Vec<String> = s.unacked().iter().map(|k| k.to_string()).collect();
+        assert_eq!(keys, vec!["batch run 0 step 1", "batch run 0 step 0"]);
+        assert_eq!(s.due_resends(t0 + sec(105)), vec![&"b"]);
+        assert_eq!(s.due_resends(t0 + sec(110)), vec![&"a2"], "the replacement counts from its own send");
+        let e = s.flush_timeout_error("tcp://127.0.0.1:5556", Duration::from_millis(200)).to_string();
+        assert!(
+            e.contains("2 messages not acknowledged by the packer at tcp://127.0.0.1:5556 within 0.2 s (first: batch run 0 step 1, batch run 0 step 0)"),
+            "{e}"
+        );
+        assert!(BatchSender::<Vec<u8>>::new(Duration::ZERO).unwrap_err().to_string().contains("resend_after"));
+    }
+
+    #[test]
+    fn a_new_incarnation_resends_everything_unacknowledged_once() {
+        let t0 = Instant::now();
+        let mut s: BatchSender<u32> = BatchSender::new(sec(600)).unwrap();
+        for step in 0..4 {
+            s.track(MessageKey::Batch(BatchKey { run: 0, step }), step as u32, t0);
+        }
+        s.on_receipts(&receipts(1, vec![receipt(0, 0)])).unwrap();
+        assert!(s.due_resends(t0 + sec(1)).is_empty(), "the first incarnation heard is no restart");
+        // A restart: its receipts are taken first, then everything still unacknowledged goes.
+        let got = s.on_receipts(&receipts(2, vec![receipt(0, 2)])).unwrap();
+        assert_eq!(got, vec![receipt(0, 2)]);
+        assert_eq!(s.incarnation(), Some(2));
+        assert_eq!(s.due_resends(t0 + sec(2)), vec![&1, &3]);
+        assert!(s.due_resends(t0 + sec(3)).is_empty(), "once");
+        // Heartbeats of the same incarnation change nothing; another restart resends again.
+        s.on_receipts(&receipts(2, vec![])).unwrap();
+        assert!(s.due_resends(t0 + sec(4)).is_empty());
+        s.on_receipts(&receipts(3, vec![])).unwrap();
+        assert_eq!(s.due_resends(t0 + sec(5)), vec![&1, &3]);
+        assert_eq!(s.resent(), 4);
+        // A restart with nothing unacknowledged resends nothing.
+        s.on_receipts(&receipts(3, vec![receipt(0, 1), receipt(0, 3)])).unwrap();
+        s.on_receipts(&receipts(4, vec![])).unwrap();
+        assert!(s.due_resends(t0 + sec(6)).is_empty());
+        assert!(s.is_flushed());
+    }
+}
