@@ -47,9 +47,11 @@ pub fn workload(name: &str) -> Option<&'static Workload> {
 pub fn parse_lengths(text: &str) -> Result<Vec<u64>, Error> {
     let trimmed = text.trim_start();
     if trimmed.starts_with('[') {
+        // serde_json's message quotes the offending value (a string of any length): cut it.
         return serde_json::from_str::<Vec<u64>>(trimmed).map_err(|e| {
             Error::InvalidArgument(format!(
-                "lengths: expected a JSON array of integers in 0..=18446744073709551615: {e}"
+                "lengths: expected a JSON array of integers in 0..=18446744073709551615: {}",
+                excerpt(&e.to_string(), 2 * QUOTED)
             ))
         });
     }
@@ -124,6 +126,9 @@ mod tests {
         assert!(e.contains("line 2") && e.contains("10000000 bytes, the first 80 shown"), "{e}");
         let e = parse_column(&format!("a,b\n1,{line}\n"), 2).unwrap_err().to_string();
         assert!(e.len() < 300 && e.contains("column 2"), "{e}");
+        // Found by the `lengths` fuzz target: serde_json quotes a bad string value whole.
+        let e = parse_lengths(&format!("[\"{line}\"]")).unwrap_err().to_string();
+        assert!(e.len() < 400 && e.contains("invalid type: string"), "{e}");
     }
 
     #[test]

@@ -187,6 +187,11 @@ fn micro_checks(lengths: &[u64], options: &MicroOptions) -> Result<Vec<u64>, Err
     if options.divisible_by == 0 {
         return invalid!("divisible_by must be at least 1 (got 0)");
     }
+    crate::check_count("divisible_by", options.divisible_by)?;
+    crate::check_count("min_count", options.min_count)?;
+    if let Some(c) = options.count {
+        crate::check_count("count", c)?;
+    }
     if let Some((i, &l)) = lengths.iter().enumerate().find(|&(_, &l)| l > cap) {
         return Err(Error::Infeasible(alloc::format!(
             "sequence {i} has {l} tokens, more than max_token_len = {cap}; sequences are never split"
@@ -467,6 +472,7 @@ pub fn balance_dp(lengths: &[u64], dp: u32, options: &DpOptions<'_>) -> Result<D
     if dp == 0 {
         return invalid!("dp must be at least 1 (got 0)");
     }
+    crate::check_count("dp", dp)?;
     if n == 0 {
         return invalid!("lengths must not be empty (a batch needs at least one sequence)");
     }

@@ -35,12 +35,18 @@ pub enum Factor {
     Multiple(u64),
 }
 
+/// The largest context- or tensor-parallel size: results hold per-CP-rank lists, so an
+/// unbounded `cp` would size an allocation by an argument (the fuzzer found `cp` = 4·10⁹
+/// asking for 33 GB); 65,536 is far above any real deployment and keeps `2·cp·tp` in `u64`.
+pub const MAX_PARALLEL: u32 = 1 << 16;
+
 /// Parallel sizes and the factor choice.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct AlignOptions {
-    /// Context-parallel size (≥ 1).
+    /// Context-parallel size (1 ..= [`MAX_PARALLEL`]).
     pub cp: u32,
-    /// Tensor-parallel size (≥ 1; with sequence parallelism a sequence is split over it).
+    /// Tensor-parallel size (1 ..= [`MAX_PARALLEL`]; with sequence parallelism a sequence is
+    /// split over it).
     pub tp: u32,
     /// The factor rule.
     pub factor: Factor,
@@ -64,14 +70,20 @@ fn gcd(mut a: u64, mut b: u64) -> u64 {
 
 /// The alignment factor every sequence length is padded to a multiple of.
 ///
-/// Errors (`invalid-argument`): `cp` or `tp` = 0; not a power of two when required; a
-/// [`Factor::Multiple`] of 0, or not a multiple of `2·cp` (when `cp` > 1) and of `tp`.
+/// Errors (`invalid-argument`): `cp` or `tp` outside 1..=[`MAX_PARALLEL`]; not a power of
+/// two when required; a [`Factor::Multiple`] of 0, or not a multiple of `2·cp` (when `cp` >
+/// 1) and of `tp`.
 pub fn pad_factor(o: &AlignOptions) -> Result<u64, Error> {
     if o.cp == 0 {
         return invalid!("cp must be at least 1 (got 0)");
     }
     if o.tp == 0 {
         return invalid!("tp must be at least 1 (got 0)");
+    }
+    for (name, v) in [("cp", o.cp), ("tp", o.tp)] {
+        if v > MAX_PARALLEL {
+            return invalid!("{name} must be in 1..={MAX_PARALLEL} (got {v})");
+        }
     }
     if o.power_of_two {
         for (name, v) in [("cp", o.cp), ("tp", o.tp)] {
@@ -329,6 +341,7 @@ pub fn distribute(lengths: &[u64], o: &DistributeOptions<'_>) -> Result<Distribu
     if o.dp == 0 {
         return invalid!("dp must be at least 1 (got 0)");
     }
+    crate::check_count("dp", o.dp)?;
     if o.capacity == 0 {
         return invalid!("capacity must be at least 1 token (got 0)");
     }

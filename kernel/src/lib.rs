@@ -72,6 +72,19 @@ macro_rules! invalid {
 }
 pub(crate) use invalid;
 
+/// The largest count that sizes a result (`dp`, `world_size`, a micro-batch `count`,
+/// `min_count`, `divisible_by`): 2^20. Allocations must follow the input, not a count alone
+/// (the fuzzer found `dp` = 235,802,205 on one length asking for gigabytes).
+pub const MAX_COUNT: u32 = 1 << 20;
+
+/// `invalid-argument` unless `value` ≤ [`MAX_COUNT`], naming `name`.
+pub(crate) fn check_count(name: &str, value: u32) -> Result<(), Error> {
+    if value > MAX_COUNT {
+        return invalid!("{name} must be at most {MAX_COUNT} (got {value})");
+    }
+    Ok(())
+}
+
 /// Converts a list length to `u32`, the index type of every result.
 pub(crate) fn checked_len(name: &str, len: usize) -> Result<u32, Error> {
     u32::try_from(len).map_err(|_| {

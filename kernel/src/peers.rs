@@ -197,6 +197,9 @@ pub struct DpReorder {
 /// interleaved `p[::2] + p[1::2][::-1]`.
 pub fn balance_batch(seqlens: &[i64], dp: u32, minibatch_size: Option<i64>) -> Result<DpReorder, PyError> {
     check_non_negative("seqlens", seqlens)?;
+    // The result holds `dp` lists: refuse a `dp` verl would run out of memory on before
+    // allocating them (the fuzzer found dp = 403177717 on no samples asking for 9.7 GB).
+    crate::verl::check_k(dp)?;
     let w: Vec<i64> = seqlens.iter().map(|&s| workload(s)).collect();
     let mut ranks: Vec<Vec<u32>> = alloc::vec![Vec::new(); dp as usize];
     let mut kk_partitions = Vec::new();
@@ -326,4 +329,19 @@ pub fn roll_load_balance(lengths: &[i64], o: &RollLoadBalanceOptions) -> Result<
     let micro_batches =
         apply_order(batches, Order::Verl, |b| b.0, |b| b.1.first().copied()).into_iter().map(|b| b.1).collect();
     Ok(RollMicroBatches { micro_batches, kk_partitions, pad_factor: f, padded_lengths: padded })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_dp_verl_could_not_hold_is_a_memory_error_before_any_allocation() {
+        // Found by the `kernel` fuzz target: no samples, dp = 403177717 asked for 9.7 GB.
+        match balance_batch(&[], 403_177_717, None) {
+            Err(PyError::MemoryError(m)) => assert!(m.contains("k_partitions = 403177717"), "{m}"),
+            other => panic!("{other:?}"),
+        }
+        assert!(balance_batch(&[5, 3, 7, 1], 2, None).is_ok());
+    }
 }

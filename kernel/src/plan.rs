@@ -243,6 +243,7 @@ pub fn aligned_plan(offsets: &[u32], indices: &[u32], world_size: u32, drop_last
     if world_size == 0 {
         return invalid!("world_size must be at least 1 (got 0)");
     }
+    crate::check_count("world_size", world_size)?;
     checked_len("indices", indices.len())?;
     match offsets.first() {
         None => return invalid!("offsets must hold at least one entry (0)"),

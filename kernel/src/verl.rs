@@ -72,7 +72,8 @@ fn index_error() -> PyError {
     PyError::IndexError("list index out of range".into())
 }
 
-fn check_k(k: u32) -> Result<(), PyError> {
+/// `MemoryError` for `k` above [`MAX_VERL_K`] (where verl would build `k` lists).
+pub(crate) fn check_k(k: u32) -> Result<(), PyError> {
     if k > MAX_VERL_K {
         return Err(PyError::MemoryError(alloc::format!(
             "k_partitions = {k} is above the supported maximum of {MAX_VERL_K}"

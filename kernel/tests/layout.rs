@@ -56,6 +56,14 @@ fn pad_factors() {
     };
     assert!(err(f(0, 1, Factor::CpTp)).contains("cp must be at least 1"));
     assert!(err(f(1, 0, Factor::CpTp)).contains("tp must be at least 1"));
+    // Bounded (found by the `kernel` fuzz target: cp = 4211081216 asked cp_layout for 33 GB).
+    assert!(err(f(65_537, 1, Factor::CpTp)).contains("cp must be in 1..=65536 (got 65537)"));
+    assert!(err(f(1, u32::MAX, Factor::CpTp)).contains("tp must be in 1..=65536"));
+    let big = stowplan_kernel::cp_layout(
+        &[],
+        &AlignOptions { cp: 4_211_081_216, tp: 59_968, factor: Factor::CpTp, power_of_two: false },
+    );
+    assert!(matches!(big, Err(Error::InvalidArgument(_))));
     assert!(err(f(2, 1, Factor::Multiple(3))).contains("multiple of 2·cp = 4"));
     assert!(err(f(1, 2, Factor::Multiple(3))).contains("multiple of tp = 2"));
     assert!(err(f(1, 1, Factor::Multiple(0))).contains("at least 1"));

@@ -1,0 +1,260 @@
+//! Every kernel entry point (the operations of `wit/kernel.wit`, on the native kernel: the
+//! same code the component runs) with arbitrary arguments: each returns a result or a typed
+//! error, never panics, and a successful `partition`/`pack` covers every index once. Lists
+//! are as long as libFuzzer's input allows (`-max_len`); counts such as `k` or `dp` take any
+//! `u32` one time in 16 ([`count`]), so an allocation sized by an argument instead of the
+//! input shows up as an out-of-memory crash (it found three: `cp`, `dp` of `balance_dp`,
+//! `dp` of `balance_batch`).
+#![no_main]
+
+use arbitrary::Arbitrary;
+use libfuzzer_sys::fuzz_target;
+use stowplan_kernel as k;
+use stowplan_kernel::peers::{RollLoadBalanceOptions, VerlMicroOptions};
+use stowplan_kernel::{
+    AlignOptions, Cost, DistributeOptions, DpOptions, Factor, MicroOptions, Named, Order, OversizePolicy, PackMethod,
+    PackOptions, Padding, PartitionOptions, PlanOptions,
+};
+
+/// One call, with its arguments.
+#[derive(Arbitrary, Debug)]
+enum Call {
+    Partition {
+        weights: Vec<u64>,
+        k: u32,
+        method: u8,
+        equal_size: bool,
+        refine: bool,
+    },
+    Pack {
+        lengths: Vec<u64>,
+        capacity: u64,
+        align: u64,
+        method: u8,
+        oversize: u8,
+    },
+    MicroBatches {
+        lengths: Vec<u64>,
+        max_token_len: u64,
+        cost: (u64, u64),
+        min_count: u32,
+        divisible_by: u32,
+        forced: Option<u32>,
+        order: u8,
+    },
+    BalanceDp {
+        lengths: Vec<u64>,
+        dp: u32,
+        cost: (u64, u64),
+        groups: Option<Vec<u32>>,
+        minibatch_size: Option<u32>,
+        equal_count: bool,
+    },
+    Plan {
+        lengths: Vec<u64>,
+        dp: u32,
+        max_token_len: u64,
+        minibatch_size: Option<u32>,
+        order: u8,
+    },
+    Verl {
+        seqlens: Vec<i64>,
+        k: u32,
+        equal_size: bool,
+        function: u8,
+    },
+    VerlMicro {
+        seqlens: Vec<i64>,
+        max_token_len: i64,
+        min: Option<i64>,
+        divided_by: Option<i64>,
+        dynamic: bool,
+        group: i64,
+        width: Option<i64>,
+        dp_num: Option<i64>,
+    },
+    BalanceBatch {
+        seqlens: Vec<i64>,
+        dp: u32,
+        minibatch_size: Option<i64>,
+    },
+    Roll {
+        lengths: Vec<i64>,
+        mask_width: i64,
+        max_len: i64,
+        min: i64,
+        tp: i64,
+        cp: i64,
+        vp: i64,
+        dp_num: Option<i64>,
+    },
+    PadFactor {
+        cp: u32,
+        tp: u32,
+        factor: Option<u64>,
+        roll: bool,
+        power_of_two: bool,
+    },
+    CpLayout {
+        lengths: Vec<u64>,
+        cp: u32,
+        tp: u32,
+        factor: Option<u64>,
+    },
+    Distribute {
+        lengths: Vec<u64>,
+        capacity: u64,
+        dp: u32,
+        per_sequence: bool,
+        multiple: u64,
+        runs: Option<Vec<u32>>,
+        mix_runs: bool,
+    },
+    PrimeRlFfd {
+        lengths: Vec<u64>,
+        runs: Vec<u32>,
+        labels: Vec<u32>,
+        seq_len: u64,
+    },
+    RawPlan {
+        lengths: Vec<u64>,
+        packing_length: u64,
+        align: u64,
+        allow_single_long: bool,
+        world_size: u32,
+        drop_last: bool,
+    },
+    Permutation {
+        n: u16,
+        seed: u64,
+        epoch: u64,
+    },
+}
+
+fn pick<T: Named>(i: u8) -> T {
+    T::ALL[usize::from(i) % T::ALL.len()]
+}
+
+/// Every index of `0..n` exactly once in `indices`.
+fn covers(indices: &[u32], n: usize) -> bool {
+    let mut seen = vec![false; n];
+    indices.iter().all(|&i| seen.get_mut(i as usize).is_some_and(|s| !std::mem::replace(s, true)))
+}
+
+/// A count as the fuzzer gave it one time in 16 (to find allocations sized by a count), else
+/// below 4,097 (so that most calls are fast and the fuzzer explores the algorithms).
+fn count(c: u32) -> u32 {
+    if c >> 28 == 0xF { c } else { c % 4097 }
+}
+
+fn cost((linear, quadratic): (u64, u64)) -> Cost {
+    Cost { linear, quadratic }
+}
+
+fuzz_target!(|call: Call| match call {
+    Call::Partition { weights, k, method, equal_size, refine } => {
+        let o = PartitionOptions { method: pick(method), equal_size, refine };
+        if let Ok(p) = k::partition(&weights, count(k), &o) {
+            assert!(covers(&p.indices, weights.len()), "partition lost or repeated an index");
+        }
+    }
+    Call::Pack { lengths, capacity, align, method, oversize } => {
+        let o = PackOptions {
+            capacity,
+            align,
+            method: pick::<PackMethod>(method),
+            oversize: pick::<OversizePolicy>(oversize),
+        };
+        if let Ok(p) = k::pack(&lengths, &o) {
+            let mut all = p.indices.clone();
+            all.extend_from_slice(&p.dropped);
+            assert!(covers(&all, lengths.len()), "pack lost or repeated an index");
+        }
+    }
+    Call::MicroBatches { lengths, max_token_len, cost: c, min_count, divisible_by, forced, order } => {
+        let o = MicroOptions {
+            max_token_len,
+            cost: cost(c),
+            min_count: count(min_count),
+            divisible_by: count(divisible_by),
+            count: forced.map(count),
+            order: pick::<Order>(order),
+        };
+        if let Ok(p) = k::micro_batches(&lengths, &o) {
+            assert!(p.tokens.iter().all(|&t| t <= max_token_len), "a micro-batch over the cap");
+        }
+    }
+    Call::BalanceDp { lengths, dp, cost: c, groups, minibatch_size, equal_count } => {
+        let o = DpOptions { cost: cost(c), groups: groups.as_deref(), minibatch_size, equal_count };
+        let _ = k::balance_dp(&lengths, count(dp), &o);
+    }
+    Call::Plan { lengths, dp, max_token_len, minibatch_size, order } => {
+        let d = DpOptions { minibatch_size, ..DpOptions::default() };
+        let m = MicroOptions { order: pick::<Order>(order), ..MicroOptions::new(max_token_len) };
+        let _ = k::plan(&lengths, count(dp), &d, &m);
+    }
+    Call::Verl { seqlens, k, equal_size, function } => {
+        let _ = match function % 3 {
+            0 => k::verl::karmarkar_karp(&seqlens, count(k), equal_size),
+            1 => k::verl::greedy_partition(&seqlens, count(k), equal_size),
+            _ => k::verl::get_seqlen_balanced_partitions(&seqlens, count(k), equal_size),
+        };
+    }
+    Call::VerlMicro { seqlens, max_token_len, min, divided_by, dynamic, group, width, dp_num } => {
+        let o = VerlMicroOptions {
+            max_token_len,
+            min_num_micro_batch: min,
+            num_batches_divided_by: divided_by,
+            use_dynamic_bsz_balance: dynamic,
+            force_group_size: group,
+            padded_width: width,
+            dp_num_micro_batches: dp_num,
+        };
+        let _ = k::peers::verl_rearrange_micro_batches(&seqlens, &o);
+    }
+    Call::BalanceBatch { seqlens, dp, minibatch_size } => {
+        let _ = k::peers::balance_batch(&seqlens, count(dp), minibatch_size);
+    }
+    Call::Roll { lengths, mask_width, max_len, min, tp, cp, vp, dp_num } => {
+        let o = RollLoadBalanceOptions {
+            mask_width,
+            max_packed_sequence_length: max_len,
+            min_num_micro_batches: min,
+            tp,
+            cp,
+            vp,
+            dp_num_micro_batches: dp_num,
+        };
+        let _ = k::peers::roll_load_balance(&lengths, &o);
+    }
+    Call::PadFactor { cp, tp, factor, roll, power_of_two } => {
+        let factor = match (factor, roll) {
+            (Some(m), _) => Factor::Multiple(m),
+            (None, true) => Factor::Roll,
+            (None, false) => Factor::CpTp,
+        };
+        let _ = k::pad_factor(&AlignOptions { cp: count(cp), tp: count(tp), factor, power_of_two });
+    }
+    Call::CpLayout { lengths, cp, tp, factor } => {
+        let factor = factor.map_or(Factor::CpTp, Factor::Multiple);
+        let _ = k::cp_layout(&lengths, &AlignOptions { cp: count(cp), tp: count(tp), factor, power_of_two: false });
+    }
+    Call::Distribute { lengths, capacity, dp, per_sequence, multiple, runs, mix_runs } => {
+        let padding = if per_sequence { Padding::PerSequence(multiple) } else { Padding::PerMicroBatch(multiple) };
+        let o =
+            DistributeOptions { capacity, dp: count(dp), cost: Cost::TOKENS, padding, runs: runs.as_deref(), mix_runs };
+        let _ = k::distribute(&lengths, &o);
+    }
+    Call::PrimeRlFfd { lengths, runs, labels, seq_len } => {
+        let _ = k::prime_rl_ffd(&lengths, &runs, &labels, seq_len);
+    }
+    Call::RawPlan { lengths, packing_length, align, allow_single_long, world_size, drop_last } => {
+        if let Ok(raw) = k::raw_plan(&lengths, &PlanOptions { packing_length, align, allow_single_long }) {
+            let _ = k::aligned_plan(&raw.offsets, &raw.indices, count(world_size), drop_last);
+        }
+    }
+    Call::Permutation { n, seed, epoch } => {
+        let p = k::shuffle::permutation(u64::from(n), seed, epoch).expect("n < 2^16 is valid");
+        assert!(covers(&p, usize::from(n)), "not a permutation");
+    }
+});
