@@ -96,7 +96,11 @@ fn every_flipped_bit_and_truncation_of_every_format_is_refused() {
     let (mut all_tried, mut all_refused) = (0, 0);
     for (what, bytes, decodes) in &cases {
         let (tried, refused) = campaign(bytes, decodes);
-        println!("{what}: {} bytes, {tried} damaged copies, {refused} refused, {} accepted", bytes.len(), tried - refused);
+        println!(
+            "{what}: {} bytes, {tried} damaged copies, {refused} refused, {} accepted",
+            bytes.len(),
+            tried - refused
+        );
         assert_eq!(refused, tried, "{what}: a damaged copy decoded");
         all_tried += tried;
         all_refused += refused;
