@@ -49,10 +49,10 @@ type HmacSha256 = hmac::Hmac<sha2::Sha256>;
 /// File of the per-user key that authenticates cache entries (32 random bytes, mode 0600).
 const KEY_FILE: &str = "cache.key";
 
-/// The effective user id of this process (the owner of `/proc/self`).
+/// The effective user id of this process.
 fn own_uid() -> Result<u32, String> {
-    use std::os::unix::fs::MetadataExt;
-    std::fs::metadata("/proc/self").map(|m| m.uid()).map_err(|e| format!("cannot tell this process's user: {e}"))
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    Ok(unsafe { libc::geteuid() })
 }
 
 /// `Ok` if `path` is owned by `uid` and not writable by group or others.
@@ -86,12 +86,23 @@ impl Cache {
         check_private(dir, uid)?;
         let key_path = dir.join(KEY_FILE);
         if !key_path.exists() {
+            // Written beside, then hard-linked into place, which fails if another process got
+            // there first: every process that starts at once ends up with the same key.
             let mut key = [0u8; 32];
             use std::io::Read;
             std::fs::File::open("/dev/urandom")
                 .and_then(|mut f| f.read_exact(&mut key))
                 .map_err(|e| format!("reading /dev/urandom for the cache key: {e}"))?;
-            atomic::write_with_mode(&key_path, &key, 0o600).map_err(|e| e.to_string())?;
+            let tmp = dir.join(format!(".{KEY_FILE}.{}", std::process::id()));
+            atomic::write_with_mode(&tmp, &key, 0o600).map_err(|e| e.to_string())?;
+            let linked = std::fs::hard_link(&tmp, &key_path);
+            let _ = std::fs::remove_file(&tmp);
+            match linked {
+                Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => {
+                    return Err(format!("creating {}: {e}", key_path.display()));
+                }
+                _ => {}
+            }
         }
         check_private(&key_path, uid)?;
         let bytes = std::fs::read(&key_path).map_err(|e| format!("{}: {e}", key_path.display()))?;
@@ -99,11 +110,17 @@ impl Cache {
         Ok(Self { dir: dir.to_path_buf(), key })
     }
 
-    /// The MAC of `bytes` under this user's key.
-    fn mac(&self) -> HmacSha256 {
+    /// The MAC of entry `name` (its name, which holds the component's whole sha256 and the
+    /// engine's hash, then its bytes follow) under this user's key: an entry cannot be
+    /// passed off under another name.
+    fn mac(&self, name: &str) -> HmacSha256 {
         use hmac::Mac;
         // HMAC takes keys of any length.
-        HmacSha256::new_from_slice(&self.key).unwrap_or_else(|_| unreachable!("HMAC accepts any key length"))
+        let mut mac =
+            HmacSha256::new_from_slice(&self.key).unwrap_or_else(|_| unreachable!("HMAC accepts any key length"));
+        mac.update(name.as_bytes());
+        mac.update(&[0]);
+        mac
     }
 
     /// The bytes of entry `name` if it is private to this user and its MAC verifies.
@@ -116,7 +133,7 @@ impl Cache {
         check_private(&mac_path, uid)?;
         let bytes = std::fs::read(&path).map_err(|e| format!("{}: {e}", path.display()))?;
         let recorded = std::fs::read(&mac_path).map_err(|e| format!("{}: {e}", mac_path.display()))?;
-        let mut mac = self.mac();
+        let mut mac = self.mac(name);
         mac.update(&bytes);
         mac.verify_slice(&recorded).map_err(|_| format!("{}: its MAC does not verify", path.display()))?;
         Ok(bytes)
@@ -126,7 +143,7 @@ impl Cache {
     fn write(&self, name: &str, bytes: &[u8]) -> Result<(), String> {
         use hmac::Mac;
         let path = self.dir.join(name);
-        let mut mac = self.mac();
+        let mut mac = self.mac(name);
         mac.update(bytes);
         let tag = mac.finalize().into_bytes();
         atomic::write_with_mode(&path, bytes, 0o600)
@@ -137,7 +154,8 @@ impl Cache {
 
 /// Compiles `bytes` (a component whose sha256 is `wasm_sha`) for `engine`, or loads the
 /// artifact precompiled earlier from the cache directory ([`cache_dir`]), named
-/// `{prefix}-{sha256[..16]}-{engine compatibility hash}.cwasm`. A cached artifact is used only
+/// `{prefix}-{sha256}-{engine compatibility hash}.cwasm` (the whole sha256, also under the
+/// entry's MAC). A cached artifact is used only
 /// if the cache and the entry are private to this user and the entry's MAC verifies; an
 /// unusable, foreign or unwritable cache is logged and never fatal (the component is
 /// compiled). Returns where the component came from: `cache` or `compiled`.
@@ -150,7 +168,7 @@ pub(crate) fn load_cached(
     use std::hash::{Hash, Hasher};
     let mut h = std::hash::DefaultHasher::new();
     engine.precompile_compatibility_hash().hash(&mut h);
-    let name = format!("{prefix}-{}-{:016x}.cwasm", &wasm_sha[..16], h.finish());
+    let name = format!("{prefix}-{wasm_sha}-{:016x}.cwasm", h.finish());
     let cache = cache_dir().and_then(|dir| match Cache::open(&dir) {
         Ok(c) => Some(c),
         Err(e) => {
