@@ -334,7 +334,7 @@ impl PyRankReceiver {
         let next_step = next_step.map(|s| u64_arg(s, "next_step", 0)).transpose()?.unwrap_or(0);
         let prefetch: usize = match prefetch {
             Some(p) => crate::int(p, "prefetch", 1, i128::from(u32::MAX))?,
-            None => 2,
+            None => stowplan::serve::protocol::rank::DEFAULT_PREFETCH,
         };
         let core = RankReceiver::new(rank, dp, next_step, prefetch).map_err(|e| to_py(py, e))?;
         Ok(Self { core: Mutex::new(core) })
@@ -350,6 +350,12 @@ impl PyRankReceiver {
     #[getter]
     fn dp(&self) -> u32 {
         locked(&self.core).dp()
+    }
+
+    /// How many steps it holds at most before it stops reading.
+    #[getter]
+    fn prefetch(&self) -> usize {
+        locked(&self.core).prefetch()
     }
 
     /// The step `next_batch()` returns next.
@@ -387,7 +393,9 @@ impl PyRankReceiver {
     /// …"), another rank's batch or undecodable bytes; the receiver then stays failed.
     fn on_message(&self, py: Python<'_>, data: &[u8]) -> PyResult<PyReceived> {
         let message = py.detach(|| ToRank::decode(data));
-        let r = locked(&self.core).take(message).map_err(|e| to_py(py, e))?;
+        // The lock is released before `to_py` (which may run Python code and switch threads).
+        let taken = locked(&self.core).take(message);
+        let r = taken.map_err(|e| to_py(py, e))?;
         let arrival = match r.arrival {
             Arrival::InOrder => "in_order",
             Arrival::HeldBack => "held_back",
@@ -486,7 +494,8 @@ impl PyBatchSender {
     #[pyo3(signature = (*, resend_after=None))]
     fn new(py: Python<'_>, resend_after: Option<&Bound<'_, PyAny>>) -> PyResult<Self> {
         let resend_after = resend_after.map(|r| seconds(r, "resend_after", true)).transpose()?;
-        let core = BatchSender::new(resend_after.unwrap_or(Duration::from_secs(30))).map_err(|e| to_py(py, e))?;
+        let core = BatchSender::new(resend_after.unwrap_or(stowplan::serve::protocol::sender::DEFAULT_RESEND_AFTER))
+            .map_err(|e| to_py(py, e))?;
         Ok(Self { core: Mutex::new(core) })
     }
 

@@ -81,8 +81,12 @@ impl FileRankClient {
         let path = self.core.path(step);
         let bytes = super::wait_for_file(&path, timeout, self.poll)?;
         let (batch, cleanup) = self.core.on_file(step, &bytes)?;
+        // The step is taken: a clean-up that fails (a read-only mount, a directory of another
+        // user) must not lose it, so it is logged, not returned.
         for c in &cleanup {
-            clean(c)?;
+            if let Err(e) = clean(c) {
+                tracing::warn!(target: "stowplan::serve", "could not clean up after step {step}: {e}");
+            }
         }
         Ok(batch)
     }
@@ -133,15 +137,15 @@ mod zmq_clients {
     pub struct ZmqRankOptions {
         /// The first step the rank expects (default 0).
         pub start_step: u64,
-        /// Steps received and acknowledged ahead of the one the trainer takes (default 2,
-        /// at least 1).
+        /// Steps received and acknowledged ahead of the one the trainer takes (default
+        /// [`DEFAULT_PREFETCH`](super::super::protocol::rank::DEFAULT_PREFETCH), at least 1).
         pub prefetch: usize,
     }
 
     impl Default for ZmqRankOptions {
         /// From step 0, two steps ahead.
         fn default() -> Self {
-            Self { start_step: 0, prefetch: 2 }
+            Self { start_step: 0, prefetch: super::super::protocol::rank::DEFAULT_PREFETCH }
         }
     }
 
@@ -331,14 +335,15 @@ mod zmq_clients {
     #[derive(Clone, Debug)]
     pub struct ZmqSenderOptions {
         /// A message without a receipt this long after it was sent is sent again (default
-        /// 30 s, not zero).
+        /// [`DEFAULT_RESEND_AFTER`](super::super::protocol::sender::DEFAULT_RESEND_AFTER), not
+        /// zero).
         pub resend_after: Duration,
     }
 
     impl Default for ZmqSenderOptions {
         /// Resend after 30 s.
         fn default() -> Self {
-            Self { resend_after: Duration::from_secs(30) }
+            Self { resend_after: super::super::protocol::sender::DEFAULT_RESEND_AFTER }
         }
     }
 
@@ -441,7 +446,12 @@ mod zmq_clients {
                     Err(zmq::Error::EAGAIN | zmq::Error::EINTR) => continue,
                     Err(e) => return Err(zmq_error("receiving receipts", e)),
                 };
-                out.extend(self.core.on_receipts(&bytes)?);
+                // A damaged receipts message is skipped: failing here would drop the receipts
+                // already taken from the core in this loop (the packer sends the next ones).
+                match self.core.on_receipts(&bytes) {
+                    Ok(receipts) => out.extend(receipts),
+                    Err(e) => tracing::warn!(target: "stowplan::serve", "ignoring a damaged receipts message: {e}"),
+                }
             }
             for p in self.core.due_resends(Instant::now()) {
                 push(&self.push, p)?;

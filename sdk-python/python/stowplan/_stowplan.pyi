@@ -281,7 +281,7 @@ class MicroBatch:
     def cp_unpack(self, rows: List[npt.NDArray[Any]]) -> npt.NDArray[Any]:
         """Every CP rank's row back in the padded row's order."""
     def to_bytes(self) -> bytes:
-        """SPMB header, format version, postcard body."""
+        """The SPMB wire format: header, format version, postcard body, CRC-32."""
     @staticmethod
     def from_bytes(data: bytes) -> "MicroBatch": ...
 
@@ -377,7 +377,7 @@ class StaticPackPlan:
         """Reads a plan saved by :meth:`save` (or ``stowplan plan --out``), verifying both
         checksums."""
     def save(self, path: Any) -> None:
-        """Writes the plan (JSON, format ``stowplan.static-pack-plan/1``) atomically."""
+        """Writes the plan (JSON, format ``stowplan.static-pack-plan/2``, every field checksummed) atomically."""
     def to_json(self) -> str: ...
     def realign(self, world_size: int, *, drop_last: Optional[bool] = None, backend: Optional[str] = None) -> "StaticPackPlan":
         """The same raw plan aligned for other ranks."""
@@ -510,7 +510,7 @@ class RankBatch:
     def __len__(self) -> int: ...
 
 def encode_training_batch(run: int, step: int, temperature: float, samples: Iterable[Any]) -> bytes:
-    """SPTB header, format version, postcard body."""
+    """The SPTB wire format: header, format version, postcard body, CRC-32."""
 
 def encode_control(kind: str, run: int, batch_size: int) -> bytes:
     """An add_run/remove_run message (SPCT header)."""
@@ -556,6 +556,7 @@ class RankReceiver:
 
     rank: int
     dp: int
+    prefetch: int
     next_step: int
     held_steps: List[int]
     error: Optional[BaseException]

@@ -8,7 +8,9 @@ connect, from this host or others.
 
 :class:`ZmqSender` keeps every message until a receipt names it and sends the unacknowledged
 ones again when the packer restarts (its *incarnation* changes) or after ``resend_after``
-seconds; the packer ignores repeats, so a packer killed mid-run loses nothing.
+seconds; the packer ignores repeated batches, so a packer killed mid-run loses nothing. (A
+run change resent after it was applied is applied again: :meth:`ZmqSender.flush` after
+``add_run``/``remove_run`` before sending that run's batches.)
 :class:`ZmqReceiver` says hello (rank, dp, the step it expects), acknowledges every step it
 has decoded, drops copies of steps it already has and yields steps in order, holding back
 one that arrives early. The packer delivers nothing before every rank said hello.
@@ -28,6 +30,7 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 from . import _stowplan
 from ._packer import RankBatch, TrainingBatch, _check_timeout, _invalid
+from .errors import InvalidArgumentError
 
 __all__ = ["ZmqSender", "ZmqReceiver", "HEARTBEAT"]
 
@@ -73,15 +76,14 @@ class ZmqSender:
         endpoint: str = "tcp://127.0.0.1:5555",
         receipts: str = "tcp://127.0.0.1:5556",
         *,
-        resend_after: float = 30.0,
+        resend_after: Optional[float] = None,
         context: Any = None,
     ) -> None:
-        if isinstance(resend_after, bool) or not (isinstance(resend_after, (int, float)) and resend_after > 0):
-            raise _invalid(f"resend_after must be a number of seconds > 0 (got {resend_after!r})")
         zmq = _zmq()
         self.endpoint, self.receipts_endpoint = endpoint, receipts
-        self.resend_after = float(resend_after)
-        self._core = _stowplan.BatchSender(resend_after=self.resend_after)
+        # None: the host's default; the core checks the value and names the argument.
+        self._core = _stowplan.BatchSender(resend_after=resend_after)
+        self.resend_after = self._core.resend_after
         ctx = context or zmq.Context.instance()
         self._push = ctx.socket(zmq.PUSH)
         self._sub = ctx.socket(zmq.SUB)
@@ -136,7 +138,12 @@ class ZmqSender:
         wait_ms = max(0, int(timeout * 1000))
         while self._sub.poll(wait_ms):
             wait_ms = 0
-            out += self._core.on_receipts(self._sub.recv())
+            data = self._sub.recv()
+            try:
+                out += self._core.on_receipts(data)
+            except InvalidArgumentError as e:
+                # Skipped, not raised: raising would drop the receipts taken in this loop.
+                warnings.warn(f"stowplan: ignoring a damaged receipts message: {e}", RuntimeWarning, stacklevel=2)
         for data in self._core.due_resends():
             self._push.send(data, copy=False)
         return out
@@ -198,18 +205,15 @@ class ZmqReceiver:
         *,
         start_step: int = 0,
         timeout: Optional[float] = None,
-        prefetch: int = 2,
+        prefetch: Optional[int] = None,
         context: Any = None,
     ) -> None:
-        for name, value, low in (("rank", rank, 0), ("dp", dp, 1), ("start_step", start_step, 0), ("prefetch", prefetch, 1)):
-            if not isinstance(value, int) or isinstance(value, bool) or value < low:
-                raise _invalid(f"{name} must be an integer ≥ {low} (got {value!r})")
         _check_timeout("timeout", timeout)
-        # Checks rank < dp too.
+        # The core checks every argument (rank < dp too) and names it; None: the host's default.
         self._core = _stowplan.RankReceiver(rank, dp, next_step=start_step, prefetch=prefetch)
         zmq = _zmq()
         self.endpoint, self.rank, self.dp = endpoint, rank, dp
-        self.timeout, self.prefetch = timeout, prefetch
+        self.timeout, self.prefetch = timeout, self._core.prefetch
         self._ctx = context or zmq.Context.instance()
         self._cond = threading.Condition()
         self._error: Optional[BaseException] = None

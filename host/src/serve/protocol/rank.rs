@@ -80,6 +80,10 @@ pub struct Received {
     pub ack: Vec<u8>,
 }
 
+/// How many steps a rank receives and acknowledges ahead of the one its trainer takes, by
+/// default (the Rust client and the Python `ZmqReceiver` both use it).
+pub const DEFAULT_PREFETCH: usize = 2;
+
 /// A trainer rank's receiver over ZeroMQ, without I/O (see the module docs).
 #[derive(Debug)]
 pub struct RankReceiver {

@@ -16,8 +16,13 @@
 //! 3. then pushes again what [`BatchSender::due_resends`]`(now)` returns: every message
 //!    still unacknowledged when the packer's incarnation changed since the last call (a
 //!    restart: what was in flight died with the old process), otherwise those sent
-//!    `resend_after` ago or longer without a receipt. The packer recognises a repeat as a
-//!    duplicate (and acknowledges it), so resending is always safe.
+//!    `resend_after` ago or longer without a receipt. The packer recognises a repeated
+//!    training batch as a duplicate (by its `(run, step)`) and acknowledges it, so resending
+//!    a batch is always safe. A run change carries no such key: one applied before its
+//!    receipt was lost is applied again when resent (harmless for a lone `add_run`, but
+//!    `remove_run`, `add_run`, batch, then the resent `remove_run` drops the batch's samples).
+//!    Known limit, to be fixed by numbering run changes; send run changes and `flush` before
+//!    sending batches of that run.
 //! 4. A flush is complete when [`BatchSender::is_flushed`]: nothing unacknowledged.
 //!
 //! The payload type `P` is whatever the driver pushes (`Vec<u8>` by default; the Python SDK
@@ -79,6 +84,10 @@ pub struct BatchSender<P = Vec<u8>> {
     restarted: bool,
     resent: u64,
 }
+
+/// How long a message waits for its receipt before it is sent again, by default (the Rust
+/// client and the Python `ZmqSender` both use it).
+pub const DEFAULT_RESEND_AFTER: Duration = Duration::from_secs(30);
 
 impl<P> BatchSender<P> {
     /// A sender that resends a message `resend_after` after it was sent without a receipt.
