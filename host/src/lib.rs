@@ -65,7 +65,7 @@ pub use stowplan_kernel::{
     Order, OversizePolicy, PackMethod, PackOptions, Packing, Padding, PartitionMethod, PartitionOptions, Partitioning,
     Plan,
 };
-pub use stowplan_kernel::{AlignedPlan, COST_PRESETS, Named, PlanOptions, RawPlan, unflatten};
+pub use stowplan_kernel::{AlignedPlan, COST_PRESETS, MAX_COUNT, MAX_PARALLEL, Named, PlanOptions, RawPlan, unflatten};
 
 /// verl 0.9.1's `log_seqlen_unbalance` figures for `partitions` of `seqlens` (a metric,
 /// computed by the kernel crate natively on every backend; see

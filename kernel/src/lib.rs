@@ -36,8 +36,8 @@ pub mod verl;
 
 pub use balance::{Cost, DpOptions, DpPlan, MicroOptions, MicroPlan, Order, Plan, balance_dp, micro_batches, plan};
 pub use layout::{
-    AlignOptions, CpLayout, DistributeOptions, Distribution, Factor, Padding, cp_layout, distribute, pad_factor,
-    prime_rl_ffd,
+    AlignOptions, CpLayout, DistributeOptions, Distribution, Factor, MAX_PARALLEL, Padding, cp_layout, distribute,
+    pad_factor, prime_rl_ffd,
 };
 pub use names::{COST_PRESETS, Named};
 pub use pack::{OversizePolicy, PackMethod, PackOptions, Packing, pack};

@@ -424,7 +424,7 @@ impl PyMicroBatch {
         scatter(py, positions, rows, self.input_ids.bind(py).len())
     }
 
-    /// The versioned binary encoding (`SPMB` header, format version, postcard body).
+    /// The versioned binary encoding (`SPMB` header, format version, postcard body, CRC-32).
     fn to_bytes<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
         let m = self.to_rust(py);
         let bytes = py.detach(|| m.encode()).map_err(|e| to_py(py, e))?;

@@ -219,6 +219,11 @@ fn materialize_errors_name_the_problem() {
         s[1].teacher_logprobs = Some(&teacher[1]);
         assert!(inv(stowplan::materialize(&k, &s, &opts)).contains("samples[1]: teacher_logprobs[2]"));
     }
+    let mut s = samples.clone();
+    s[1].run = 4_000_000_000;
+    assert!(
+        inv(stowplan::materialize(&k, &s, &opts)).contains("num_runs (the largest run + 1) must be in 1..=1048576")
+    );
     let negative = [5, -3, 7];
     let mut s = samples.clone();
     s[0].completion_ids = &negative;

@@ -194,9 +194,10 @@ fn options_out_of_range_are_named() {
     };
     let o = PackerOptions::new(1024, 4);
     assert!(bad(PackerOptions { seq_len: 0, ..o }).contains("seq_len must be in 1..="));
-    assert!(bad(PackerOptions { dp: 0, ..o }).contains("dp must be at least 1"));
+    assert!(bad(PackerOptions { dp: 0, ..o }).contains("dp must be in 1..=1048576 (got 0)"));
     assert!(bad(PackerOptions { pad_to_multiple_of: 0, ..o }).contains("pad_to_multiple_of must be in 1..=seq_len"));
-    assert!(bad(PackerOptions { num_runs: 0, ..o }).contains("num_runs must be at least 1"));
+    assert!(bad(PackerOptions { num_runs: 0, ..o }).contains("num_runs must be in 1..=1048576 (got 0)"));
+    assert!(bad(PackerOptions { dp: u32::MAX, ..o }).contains("dp must be in 1..=1048576"));
     assert!(bad(PackerOptions { threshold: Some(0), ..o }).contains("threshold must be at least 1"));
     assert!(bad(PackerOptions { step_tokens: Some(10), ..o }).contains("step_tokens must be at least seq_len"));
     let mut p = packer(16, 1, 1, 1);

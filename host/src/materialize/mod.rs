@@ -502,8 +502,14 @@ fn validate(samples: &[Sample<'_>], o: &MaterializeOptions) -> Result<u32, Error
     let teacher = samples.first().is_some_and(|s| s.teacher_logprobs.is_some());
     let max_run = samples.iter().map(|s| s.run).max().unwrap_or(0);
     let num_runs = o.num_runs.unwrap_or(max_run.saturating_add(1));
-    if num_runs == 0 {
-        return Err(Error::InvalidArgument("num_runs must be at least 1 (got 0)".into()));
+    // Every micro-batch holds `num_runs` counters (`lora_num_tokens`): bounded, so that a run
+    // index of 4·10⁹ cannot ask for gigabytes.
+    if num_runs == 0 || num_runs > stowplan_kernel::MAX_COUNT {
+        let from = if o.num_runs.is_some() { "" } else { " (the largest run + 1)" };
+        return Err(Error::InvalidArgument(format!(
+            "num_runs{from} must be in 1..={} (got {num_runs})",
+            stowplan_kernel::MAX_COUNT
+        )));
     }
     for (i, s) in samples.iter().enumerate() {
         check_sample(s, o.allow_empty_completion, num_runs, teacher).map_err(|(_, m)| bad_sample(i, m))?;

@@ -246,8 +246,8 @@ impl PackerOptions {
         if self.seq_len == 0 || self.seq_len > i32::MAX as u64 {
             return bad(format!("seq_len must be in 1..={} (got {})", i32::MAX, self.seq_len));
         }
-        if self.dp == 0 {
-            return bad("dp must be at least 1 (got 0)".into());
+        if self.dp == 0 || self.dp > stowplan_kernel::MAX_COUNT {
+            return bad(format!("dp must be in 1..={} (got {})", stowplan_kernel::MAX_COUNT, self.dp));
         }
         if self.pad_to_multiple_of == 0 || self.pad_to_multiple_of > self.seq_len {
             return bad(format!(
@@ -255,8 +255,8 @@ impl PackerOptions {
                 self.seq_len, self.pad_to_multiple_of
             ));
         }
-        if self.num_runs == 0 {
-            return bad("num_runs must be at least 1 (got 0)".into());
+        if self.num_runs == 0 || self.num_runs > stowplan_kernel::MAX_COUNT {
+            return bad(format!("num_runs must be in 1..={} (got {})", stowplan_kernel::MAX_COUNT, self.num_runs));
         }
         if self.threshold == Some(0) {
             return bad("threshold must be at least 1 token (got 0)".into());

@@ -13,7 +13,7 @@
 //!   empty stdin, wall and monotonic clocks fixed at 0 (sleeps return at once, so a plugin
 //!   cannot block the host), randomness from a constant seed. stdout and stderr are captured
 //!   up to [`FilterOptions::output_limit`] bytes per call and logged (target
-//!   `stowplan::plugins`).
+//!   `stowplan::plugin`).
 //! - **Checked**: every selection is validated ([`validate_selection`](crate::rollout::validate_selection)).
 //! - **Contained**: an instance that trapped is discarded and the next call gets a fresh one.
 //!   [`OnFailure::Fallback`] turns any failure into a FIFO selection with a warning.
@@ -466,8 +466,8 @@ impl WasmFilter {
         let foreign: Vec<&String> = declared.iter().filter(|i| !allowed_import(i)).collect();
         if !foreign.is_empty() {
             return Err(FilterError::Load(format!(
-                "{name}: a plugin may import only WASI 0.2 interfaces (wasi:…) and {FILTER_TYPES}…; it also \
-                 imports {foreign:?}"
+                "{name}: a plugin may import only WASI 0.2 interfaces (wasi:…@0.2.x) and {FILTER_TYPES}…; it \
+                 also imports {foreign:?}"
             ))
             .into());
         }
@@ -710,9 +710,10 @@ impl BufferFilter for WasmFilter {
 /// The filter package's types-only interface, which toolchains may list as an import.
 const FILTER_TYPES: &str = "stowplan:filter/types@";
 
-/// Whether a plugin may import `name`: a WASI interface or the filter's types.
+/// Whether a plugin may import `name`: a WASI 0.2 interface or the filter's types (the
+/// linker then checks each WASI interface exactly).
 fn allowed_import(name: &str) -> bool {
-    name.starts_with("wasi:") || name.starts_with(FILTER_TYPES)
+    (name.starts_with("wasi:") && name.contains("@0.2.")) || name.starts_with(FILTER_TYPES)
 }
 
 /// The names a component's top level imports, read from its bytes without compiling them;
@@ -768,6 +769,7 @@ mod tests {
         bytes.extend_from_slice(&body);
         assert_eq!(declared_imports(&bytes), Ok(vec!["foo:bar/baz".to_string()]));
         assert!(!allowed_import("foo:bar/baz") && allowed_import("wasi:io/streams@0.2.0"));
+        assert!(!allowed_import("wasi:io/streams@0.3.0") && !allowed_import("wasi:io/streams"));
         let e = WasmFilter::from_bytes("foreign.wasm", &bytes, FilterOptions::new(&sha256_hex(&bytes))).unwrap_err();
         assert!(e.to_string().contains("it also imports [\"foo:bar/baz\"]"), "{e}");
         // A core module is refused as such, before compiling.
