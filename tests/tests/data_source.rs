@@ -209,7 +209,7 @@ fn save_and_load_resume_the_identical_sequence_including_the_buffer() {
     let damaged = dir.join("damaged.spds");
     std::fs::write(&damaged, &bytes).unwrap();
     let e = other.load(&damaged).unwrap_err();
-    assert!(e.to_string().contains("truncated or damaged"), "{e}");
+    assert!(e.to_string().contains("damaged data source state"), "{e}");
     let mut seed = DataSource::from_records(
         records(7),
         "test-dataset",

@@ -1,7 +1,7 @@
 //! Fault campaigns on the framed formats (issue 18): every single-bit flip, and every
 //! truncation, of a realistic encoding of each persisted or transported kind — the packer
-//! checkpoint (`state.bin`), a spooled training batch, a rank batch, a micro-batch and the
-//! protocol messages — is refused by its decoder. Nothing damaged decodes, so nothing damaged
+//! checkpoint (`state.bin`), a spooled training batch, a rank batch, a micro-batch, the
+//! protocol messages, the length cache and a data source's saved state — is refused. Nothing damaged decodes, so nothing damaged
 //! is delivered. The counts are printed (`cargo test --test faults -- --nocapture`) and
 //! recorded in BENCHMARKS.md.
 #![allow(clippy::unwrap_used)]
@@ -9,7 +9,10 @@
 use std::sync::Arc;
 
 use stowplan::serve::{Control, Message, RankMessage, Receipt, Receipts, Refusal};
-use stowplan::{Kernel, Packer, PackerOptions, PackerState, RankBatch, RunConfig, TrainingBatch, TrainingSample};
+use stowplan::{
+    DataSource, DataSourceOptions, Kernel, LengthCache, Packer, PackerOptions, PackerState, RankBatch, RunConfig,
+    TrainingBatch, TrainingSample,
+};
 
 /// A training batch of `n` samples with every optional field set.
 fn batch(run: u32, step: u64, n: usize) -> TrainingBatch {
@@ -93,6 +96,48 @@ fn every_flipped_bit_and_truncation_of_every_format_is_refused() {
             Box::new(|b| Refusal::decode(b).is_ok()),
         ),
     ];
+    // The two files read from a path: the length cache and a data source's saved state. Each
+    // damaged copy is written to a file and loaded.
+    let dir = std::env::temp_dir().join(format!("stowplan-faults-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let config = serde_json::json!({"max_length": 512});
+    let mut cache = LengthCache::open(&dir, "data.jsonl", 40, &config, None).unwrap();
+    cache.precompute(1, |i| Ok(10 + i as u64)).unwrap();
+    let cache_bytes = std::fs::read(dir.join(stowplan::plan::length_cache::FILE_NAME)).unwrap();
+    let records: Vec<serde_json::Value> = (0..5).map(|i| serde_json::json!({"prompt": format!("q{i}")})).collect();
+    let options = DataSourceOptions::new(2);
+    let mut source = DataSource::from_records(records.clone(), "faults", options.clone(), Kernel::native()).unwrap();
+    source.get_samples(2, None, None).unwrap();
+    let state_path = dir.join("state.spds");
+    source.save(&state_path).unwrap();
+    let state_bytes = std::fs::read(&state_path).unwrap();
+    let damaged = dir.join("damaged");
+    let dir2 = dir.clone();
+    let cases: Vec<(&str, Vec<u8>, Box<dyn Fn(&[u8]) -> bool>)> = cases
+        .into_iter()
+        .chain([
+            (
+                "length cache (lengths.splc)",
+                cache_bytes,
+                Box::new(move |b: &[u8]| {
+                    let d = dir2.join("cache");
+                    std::fs::create_dir_all(&d).unwrap();
+                    std::fs::write(d.join(stowplan::plan::length_cache::FILE_NAME), b).unwrap();
+                    LengthCache::open(&d, "data.jsonl", 40, &serde_json::json!({"max_length": 512}), None).is_ok()
+                }) as Box<dyn Fn(&[u8]) -> bool>,
+            ),
+            (
+                "data source state",
+                state_bytes,
+                Box::new(move |b: &[u8]| {
+                    std::fs::write(&damaged, b).unwrap();
+                    let mut fresh =
+                        DataSource::from_records(records.clone(), "faults", options.clone(), Kernel::native()).unwrap();
+                    fresh.load(&damaged).is_ok()
+                }),
+            ),
+        ])
+        .collect();
     let (mut all_tried, mut all_refused) = (0, 0);
     for (what, bytes, decodes) in &cases {
         let (tried, refused) = campaign(bytes, decodes);
@@ -106,4 +151,5 @@ fn every_flipped_bit_and_truncation_of_every_format_is_refused() {
         all_refused += refused;
     }
     println!("all formats: {all_tried} damaged copies, {all_refused} refused, 0 accepted");
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -265,7 +265,7 @@ fn length_cache_fingerprint_mismatch_fails_fast() {
     bytes[last] ^= 1;
     std::fs::write(&path, &bytes).unwrap();
     let e = LengthCache::open(&dir, "data/a.jsonl", 100, &config, None).unwrap_err();
-    assert!(e.to_string().contains("truncated or damaged"), "{e}");
+    assert!(e.to_string().contains("damaged length cache"), "{e}");
     // A non-deterministic length function is caught when a length changes.
     std::fs::remove_file(&path).unwrap();
     let mut c = LengthCache::open(&dir, "data/a.jsonl", 100, &config, None).unwrap();

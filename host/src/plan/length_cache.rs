@@ -2,20 +2,11 @@
 //! caller-supplied function, persisted under a run-scoped directory with a fingerprint of
 //! what they depend on, flushed periodically and atomically, resumed after a crash.
 //!
-//! File `DIR/lengths.splc`, format 1, little-endian:
-//!
-//! | bytes | field |
-//! |---|---|
-//! | 4 | magic `SPLC` |
-//! | 2 | format version, 1 |
-//! | 1 | complete: 1 when every length is known, else 0 |
-//! | 1 | reserved, 0 |
-//! | 32 | fingerprint: sha256 of the inputs JSON |
-//! | 4 | inputs JSON size `m` |
-//! | m | inputs JSON: `{"config": …, "format": "stowplan.length-cache/1", "samples": n, "source": …}` (keys sorted) |
-//! | 8 | number of samples `n` |
-//! | 8·n | lengths; `u64::MAX` marks one not computed yet |
-//! | 32 | sha256 of everything above |
+//! File `DIR/lengths.splc`: the [`wire::LENGTH_CACHE`] frame (magic `SPLC`, version,
+//! postcard body, CRC-32) around `complete` (every length known), the `fingerprint` (sha256 of
+//! the inputs JSON), the inputs JSON itself (`{"config": …, "format":
+//! "stowplan.length-cache/1", "samples": n, "source": …}`, keys sorted) and the `n` lengths
+//! (`u64::MAX` marks one not computed yet).
 //!
 //! The bytes depend only on the inputs and the lengths, so a cache filled by any number of
 //! workers in any order is byte-identical to a serial one once complete.
@@ -38,15 +29,15 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
-use crate::Error;
+use serde::{Deserialize, Serialize};
+
 use crate::error::io;
+use crate::{Error, wire};
 
 /// The cache file's name inside the cache directory.
 pub const FILE_NAME: &str = "lengths.splc";
 /// The format tag stored in the inputs JSON.
 pub const FORMAT: &str = "stowplan.length-cache/1";
-const MAGIC: &[u8; 4] = b"SPLC";
-const VERSION: u16 = 1;
 /// Marks a length not computed yet.
 const MISSING: u64 = u64::MAX;
 
@@ -113,6 +104,13 @@ impl LengthCache {
                 let stored = decode(&cache.path, &bytes)?;
                 if stored.fingerprint != cache.fingerprint {
                     return Err(mismatch(&cache.path, &stored.inputs, &cache.inputs));
+                }
+                if stored.lengths.len() != samples {
+                    return Err(Error::CacheMismatch(format!(
+                        "{} holds {} lengths for {samples} samples; delete it to recompute",
+                        cache.path.display(),
+                        stored.lengths.len()
+                    )));
                 }
                 cache.known = stored.lengths.iter().filter(|&&l| l != MISSING).count() as u64;
                 cache.lengths = stored.lengths;
@@ -252,7 +250,7 @@ impl LengthCache {
 
     /// Writes the cache file atomically (temporary file, fsync, rename).
     pub fn flush(&mut self) -> Result<(), Error> {
-        let bytes = encode(&self.inputs, &self.fingerprint, &self.lengths, self.is_complete());
+        let bytes = encode(&self.inputs, &self.fingerprint, &self.lengths, self.is_complete())?;
         crate::runtime::atomic::write(&self.path, &bytes)?;
         self.since_flush = 0;
         if let Some(t) = self.adaptive_since.as_mut() {
@@ -400,74 +398,31 @@ fn fingerprint(source: &str, samples: usize, config: &Value) -> (String, [u8; 32
     (inputs, digest)
 }
 
-fn encode(inputs: &str, fingerprint: &[u8; 32], lengths: &[u64], complete: bool) -> Vec<u8> {
-    let mut out = Vec::with_capacity(56 + inputs.len() + 8 * lengths.len() + 32);
-    out.extend_from_slice(MAGIC);
-    out.extend_from_slice(&VERSION.to_le_bytes());
-    out.push(u8::from(complete));
-    out.push(0);
-    out.extend_from_slice(fingerprint);
-    out.extend_from_slice(&(inputs.len() as u32).to_le_bytes());
-    out.extend_from_slice(inputs.as_bytes());
-    out.extend_from_slice(&(lengths.len() as u64).to_le_bytes());
-    for &l in lengths {
-        out.extend_from_slice(&l.to_le_bytes());
-    }
-    let digest = Sha256::digest(&out);
-    out.extend_from_slice(&digest);
-    out
-}
-
+/// The file's contents, framed by [`wire::LENGTH_CACHE`].
+#[derive(Serialize, Deserialize)]
 struct Stored {
+    /// Every length is known.
     complete: bool,
+    /// sha256 of `inputs`.
     fingerprint: [u8; 32],
+    /// The canonical inputs JSON.
     inputs: String,
+    /// One per sample; [`MISSING`] for one not computed yet.
     lengths: Vec<u64>,
 }
 
+fn encode(inputs: &str, fingerprint: &[u8; 32], lengths: &[u64], complete: bool) -> Result<Vec<u8>, Error> {
+    let stored = Stored { complete, fingerprint: *fingerprint, inputs: inputs.to_string(), lengths: lengths.to_vec() };
+    wire::encode(&wire::LENGTH_CACHE, &stored, 64 + inputs.len() + 5 * lengths.len())
+}
+
 fn decode(path: &Path, bytes: &[u8]) -> Result<Stored, Error> {
-    let corrupt = |what: &str| {
+    wire::decode(&wire::LENGTH_CACHE, bytes).map_err(|e| {
         Error::CacheMismatch(format!(
-            "{} is not a valid length cache ({what}); delete it (or use a fresh output directory) to recompute",
+            "{} is not a valid length cache ({e}); delete it (or use a fresh output directory) to recompute",
             path.display()
         ))
-    };
-    if bytes.len() < 4 + 2 + 2 + 32 + 4 + 8 + 32 || &bytes[..4] != MAGIC {
-        return Err(corrupt("no SPLC header"));
-    }
-    let version = u16::from_le_bytes([bytes[4], bytes[5]]);
-    if version != VERSION {
-        return Err(corrupt(&format!("format version {version}, this stowplan reads {VERSION}")));
-    }
-    let (body, digest) = bytes.split_at(bytes.len() - 32);
-    if Sha256::digest(body).as_slice() != digest {
-        return Err(corrupt("checksum mismatch: truncated or damaged"));
-    }
-    let complete = bytes[6] == 1;
-    let mut fingerprint = [0u8; 32];
-    fingerprint.copy_from_slice(&bytes[8..40]);
-    let m = u32::from_le_bytes([bytes[40], bytes[41], bytes[42], bytes[43]]) as usize;
-    let rest = body.get(44..).ok_or_else(|| corrupt("short header"))?;
-    if rest.len() < m + 8 {
-        return Err(corrupt("short inputs"));
-    }
-    let inputs = String::from_utf8(rest[..m].to_vec()).map_err(|_| corrupt("inputs are not UTF-8"))?;
-    let mut n8 = [0u8; 8];
-    n8.copy_from_slice(&rest[m..m + 8]);
-    let n = u64::from_le_bytes(n8) as usize;
-    let data = &rest[m + 8..];
-    if data.len() != n.saturating_mul(8) {
-        return Err(corrupt("length table size"));
-    }
-    let lengths = data
-        .chunks_exact(8)
-        .map(|c| {
-            let mut b = [0u8; 8];
-            b.copy_from_slice(c);
-            u64::from_le_bytes(b)
-        })
-        .collect();
-    Ok(Stored { complete, fingerprint, inputs, lengths })
+    })
 }
 
 /// The mismatch error, naming the inputs that differ.

@@ -13,25 +13,20 @@
 //!   (FIFO [`PopFirst`], slime's default, when none is given), then from the dataset.
 //!   Whatever a filter returns is validated (indices in range, no duplicates, not more than
 //!   asked); an invalid selection is an error and the buffer is left untouched.
-//! - [`DataSource::save`] / [`DataSource::load`]: `SPDS`, u16 format version, postcard body,
-//!   sha256 of the preceding bytes; written atomically. Loading a missing, damaged or foreign
+//! - [`DataSource::save`] / [`DataSource::load`]: the [`wire::DATA_SOURCE_STATE`] frame
+//!   (`SPDS`, version, postcard body, CRC-32); written atomically. Loading a missing, damaged or foreign
 //!   state (another dataset or options) is an error, never a silent restart.
 
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
-use sha2::{Digest, Sha256};
 
 use crate::error::{FilterError, io};
-use crate::{Error, Kernel};
+use crate::{Error, Kernel, wire};
 
 pub mod columns;
 pub use columns::{BufferColumns, synthetic_buffer};
-
-const MAGIC: &[u8; 4] = b"SPDS";
-/// The state format version written by [`DataSource::save`].
-pub const STATE_VERSION: u16 = 1;
 
 /// Options of a [`DataSource`].
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -510,13 +505,7 @@ impl DataSource {
             metadata: Value::Object(self.metadata.clone()).to_string(),
             buffer: self.buffer.clone(),
         };
-        let body = postcard::to_allocvec(&state).map_err(|e| Error::Io(format!("encoding the state: {e}")))?;
-        let mut bytes = Vec::with_capacity(6 + body.len() + 32);
-        bytes.extend_from_slice(MAGIC);
-        bytes.extend_from_slice(&STATE_VERSION.to_le_bytes());
-        bytes.extend_from_slice(&body);
-        let digest = Sha256::digest(&bytes);
-        bytes.extend_from_slice(&digest);
+        let bytes = wire::encode(&wire::DATA_SOURCE_STATE, &state, 1024)?;
         crate::runtime::atomic::write(path, &bytes)
     }
 
@@ -527,18 +516,7 @@ impl DataSource {
     pub fn load(&mut self, path: &Path) -> Result<(), Error> {
         let bytes = std::fs::read(path).map_err(|e| io("reading the data source state", path, e))?;
         let bad = |what: String| Error::CacheMismatch(format!("{}: {what}", path.display()));
-        if bytes.len() < 6 + 32 || &bytes[..4] != MAGIC {
-            return Err(bad("not a stowplan data source state (no SPDS header)".to_string()));
-        }
-        let version = u16::from_le_bytes([bytes[4], bytes[5]]);
-        if version != STATE_VERSION {
-            return Err(bad(format!("state format version {version}; this stowplan reads {STATE_VERSION}")));
-        }
-        let (body, digest) = bytes.split_at(bytes.len() - 32);
-        if Sha256::digest(body).as_slice() != digest {
-            return Err(bad("checksum mismatch: the state is truncated or damaged".to_string()));
-        }
-        let state: State = postcard::from_bytes(&body[6..]).map_err(|e| bad(format!("undecodable state body: {e}")))?;
+        let state: State = wire::decode(&wire::DATA_SOURCE_STATE, &bytes).map_err(|e| bad(e.to_string()))?;
         let mut diffs = Vec::new();
         if state.identity != self.identity || state.prompts != self.prompts.len() as u64 {
             diffs.push(format!(

@@ -45,10 +45,24 @@ pub const RECEIPTS: Format = Format { magic: *b"SPRC", version: 2, what: "receip
 pub const REFUSAL: Format = Format { magic: *b"SPRX", version: 2, what: "refusal" };
 /// One materialized micro-batch (`MicroBatch::encode`).
 pub const MICRO_BATCH: Format = Format { magic: *b"SPMB", version: 2, what: "micro-batch" };
+/// The per-sample length cache of static packing (`DIR/lengths.splc`).
+pub const LENGTH_CACHE: Format = Format { magic: *b"SPLC", version: 2, what: "length cache" };
+/// A rollout data source's saved state, buffer included (`DataSource::save`).
+pub const DATA_SOURCE_STATE: Format = Format { magic: *b"SPDS", version: 2, what: "data source state" };
 
 /// Every framed format, for documentation and for the tests that damage each kind.
-pub const FORMATS: &[Format] =
-    &[TRAINING_BATCH, CONTROL, RANK_BATCH, PACKER_STATE, RANK_MESSAGE, RECEIPTS, REFUSAL, MICRO_BATCH];
+pub const FORMATS: &[Format] = &[
+    TRAINING_BATCH,
+    CONTROL,
+    RANK_BATCH,
+    PACKER_STATE,
+    RANK_MESSAGE,
+    RECEIPTS,
+    REFUSAL,
+    MICRO_BATCH,
+    LENGTH_CACHE,
+    DATA_SOURCE_STATE,
+];
 
 impl Format {
     /// Whether `bytes` start with this format's magic (a cheap dispatch test; [`decode`]
