@@ -463,9 +463,15 @@ fn control_messages_and_a_second_server_on_the_same_state() {
     send_fs(&dir, "garbage.bin", b"not a message").unwrap();
     let t = FsTransport::new(&dir, Duration::from_millis(2)).unwrap();
     let mut server = Server::open(Kernel::native(), t, o.clone()).unwrap();
-    let t2 = FsTransport::new(&dir, Duration::from_millis(2)).unwrap();
-    let second = Server::open(Kernel::native(), t2, o.clone()).unwrap_err();
-    assert!(second.to_string().contains("another stowplan serve uses this state directory"), "{second}");
+    // A second server on the same root is refused, naming the holder (with another state
+    // directory it used to run and overwrite the first one's step files) ...
+    let second = FsTransport::new(&dir, Duration::from_millis(2)).unwrap_err().to_string();
+    assert!(second.contains("another stowplan serve uses this root, held by pid "), "{second}");
+    // ... and so is one on the same state directory with another root.
+    let other_root = dir.join("other-root");
+    let t2 = FsTransport::new(&other_root, Duration::from_millis(2)).unwrap();
+    let second = Server::open(Kernel::native(), t2, o.clone()).unwrap_err().to_string();
+    assert!(second.contains("another stowplan serve uses this state directory, held by pid"), "{second}");
     let summary = server.run(&AtomicBool::new(false), |_| {}).unwrap();
     assert_eq!((summary.steps, summary.samples, summary.rejected, summary.undecodable), (1, 2, 1, 1));
     assert!(dir.join("packer/rejected/garbage.bin").is_file(), "undecodable messages are kept aside");

@@ -19,6 +19,35 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
     out
 }
 
+/// Takes the exclusive lock of `path` (created if needed) for as long as the returned file
+/// lives, and writes this process's id into it; if another process holds it, an `io` error
+/// saying that another stowplan serve uses `what` and naming the holder's pid.
+pub(crate) fn lock_exclusive(path: &Path, what: &str) -> Result<std::fs::File, crate::Error> {
+    use std::io::{Read, Seek, Write};
+    // Not truncated on open: the holder's pid must survive a refused second opener.
+    let mut file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(path)
+        .map_err(|e| crate::error::io("creating", path, e))?;
+    if let Err(e) = file.try_lock() {
+        let mut holder = String::new();
+        let _ = file.read_to_string(&mut holder);
+        let holder = holder.trim();
+        let holder = if holder.is_empty() { String::new() } else { format!(", held by {holder}") };
+        return Err(crate::Error::Io(format!("{}: another stowplan serve uses {what}{holder} ({e})", path.display())));
+    }
+    let written = file
+        .set_len(0)
+        .and_then(|()| file.rewind())
+        .and_then(|()| writeln!(file, "pid {}", std::process::id()))
+        .and_then(|()| file.flush());
+    written.map_err(|e| crate::error::io("writing", path, e))?;
+    Ok(file)
+}
+
 /// The cache directory for precompiled components: `$STOWPLAN_CACHE_DIR`, else
 /// `$XDG_CACHE_HOME/stowplan`, else `$HOME/.cache/stowplan`; `None` when
 /// `STOWPLAN_NO_CACHE` is set (to anything but empty or `0`) or no location is known.

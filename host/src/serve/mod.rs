@@ -19,7 +19,9 @@
 //! State directory: `state.bin` (the [`PackerState`], replaced atomically), `spool/`
 //! (`run_{r}_step_{s}.bin`, the batches' encodings), `rejected/` (messages that could not be
 //! decoded, kept for inspection), `lock` (held while a server runs; a second server on the
-//! same directory is refused).
+//! same directory is refused, naming the holder's pid). The filesystem transport also holds
+//! `ROOT/serve.lock`: a second server on the same root is refused even with another state
+//! directory.
 
 use std::collections::HashSet;
 use std::fs::File;
@@ -150,16 +152,22 @@ pub(crate) fn per_rank<T: Send>(
 pub struct FsTransport {
     root: PathBuf,
     poll: Duration,
+    /// `ROOT/serve.lock`, held while the transport lives: two servers on one root (even with
+    /// different state directories) would overwrite each other's step files.
+    _lock: File,
 }
 
 impl FsTransport {
-    /// A transport under `root` polling every `poll`.
+    /// A transport under `root` polling every `poll`, holding `ROOT/serve.lock` while it
+    /// lives. Errors: `io` for the directories, or when another server holds the root (the
+    /// message names its pid).
     pub fn new(root: impl Into<PathBuf>, poll: Duration) -> Result<Self, Error> {
         let root = root.into();
         for d in [root.join(files::INBOX), root.join(files::ROLLOUTS)] {
             std::fs::create_dir_all(&d).map_err(|e| io("creating directory", &d, e))?;
         }
-        Ok(Self { root, poll })
+        let lock = crate::runtime::lock_exclusive(&root.join("serve.lock"), "this root")?;
+        Ok(Self { root, poll, _lock: lock })
     }
 
     fn scan(&self) -> Result<Vec<PathBuf>, Error> {
@@ -343,11 +351,7 @@ impl<T: Transport> Server<T> {
         for d in [dir.join("spool"), dir.join("rejected")] {
             std::fs::create_dir_all(&d).map_err(|e| io("creating directory", &d, e))?;
         }
-        let lock_path = dir.join("lock");
-        let lock = File::create(&lock_path).map_err(|e| io("creating", &lock_path, e))?;
-        lock.try_lock().map_err(|e| {
-            Error::Io(format!("{}: another stowplan serve uses this state directory ({e})", lock_path.display()))
-        })?;
+        let lock = crate::runtime::lock_exclusive(&dir.join("lock"), "this state directory")?;
         let spool = dir.join("spool");
         let state_path = dir.join("state.bin");
         let load = |key: BatchKey| -> Result<Arc<TrainingBatch>, Error> {
