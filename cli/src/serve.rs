@@ -7,7 +7,9 @@ use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use serde::Serialize;
-use stowplan::serve::{FsTransport, ServeOptions, ServeSummary, Server, Transport, ZmqEndpoints, ZmqTransport};
+use stowplan::serve::{
+    FsTransport, RejectedLimits, ServeOptions, ServeSummary, Server, Transport, ZmqEndpoints, ZmqTransport,
+};
 use stowplan::{Backend, Cost, PackerOptions, RunConfig, RunProgress};
 
 use crate::common::{ReadyKernel, print_report};
@@ -95,6 +97,12 @@ pub struct Args {
     /// Accept samples with an empty completion.
     #[arg(long)]
     allow_empty_completion: bool,
+    /// Undecodable messages kept in STATE/rejected/ at most (the oldest are dropped first).
+    #[arg(long, default_value_t = RejectedLimits::default().max_files)]
+    rejected_max_files: usize,
+    /// MiB kept in STATE/rejected/ at most (each message keeps at most its first MiB).
+    #[arg(long, default_value_t = RejectedLimits::default().max_bytes >> 20)]
+    rejected_max_mib: u64,
     /// Stop after this many steps (default: run until SIGINT/SIGTERM).
     #[arg(long)]
     max_steps: Option<u64>,
@@ -220,6 +228,11 @@ pub fn run(a: Args) -> Result<(), Failure> {
         auto_add: (!a.no_auto_add_runs).then_some(RunConfig { batch_size: a.batch_size }),
         max_steps: a.max_steps,
         poll: Duration::from_millis(50),
+        rejected: RejectedLimits {
+            max_files: a.rejected_max_files,
+            max_bytes: a.rejected_max_mib.saturating_mul(1 << 20),
+            ..RejectedLimits::default()
+        },
     };
     let stop = Arc::new(AtomicBool::new(false));
     for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {

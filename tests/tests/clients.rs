@@ -154,6 +154,7 @@ impl Serve {
             auto_add: Some(RunConfig { batch_size: Self::BATCH_SIZE }),
             max_steps: None,
             poll: Duration::from_millis(2),
+            rejected: stowplan::serve::RejectedLimits::default(),
         }
     }
 
@@ -596,6 +597,7 @@ fn file_rank_clients_consume_their_steps_in_order() {
         auto_add: Some(RunConfig { batch_size: 4 }),
         max_steps: Some(2),
         poll: Duration::from_millis(2),
+        rejected: stowplan::serve::RejectedLimits::default(),
     };
     let t = FsTransport::new(&dir, Duration::from_millis(2)).unwrap();
     let mut server = Server::open(Kernel::native(), t, options).unwrap();

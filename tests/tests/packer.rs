@@ -355,6 +355,7 @@ fn serve_options(dir: &Path, max_steps: Option<u64>) -> ServeOptions {
         auto_add: Some(RunConfig { batch_size: 4 }),
         max_steps,
         poll: Duration::from_millis(5),
+        rejected: stowplan::serve::RejectedLimits::default(),
     }
 }
 
@@ -444,6 +445,32 @@ fn crash_before_any_rank_file_then_resume() {
 fn crash_with_some_rank_files_written_then_resume_and_resend() {
     crash_and_resume(1, 2, true);
     crash_and_resume(2, 1, false);
+}
+
+#[test]
+fn a_garbage_flood_keeps_rejected_within_its_bounds() {
+    // 40 undecodable messages (one of 200 kB) into a rejected/ of at most 5 messages and
+    // 4 kB: the oldest are dropped and counted, nothing grows without bound, the good batch
+    // is still served.
+    let dir = std::env::temp_dir().join(format!("stowplan-packer-flood-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let mut o = serve_options(&dir, Some(1));
+    o.packer.wait_timeout = Duration::ZERO;
+    o.rejected = stowplan::serve::RejectedLimits { max_files: 5, max_bytes: 4096, max_file_bytes: 1024 };
+    std::fs::create_dir_all(dir.join("inbox")).unwrap();
+    for i in 0..40 {
+        let garbage = if i == 7 { vec![7u8; 200_000] } else { format!("garbage {i}").into_bytes() };
+        send_fs(&dir, &format!("garbage_{i:02}.bin"), &garbage).unwrap();
+    }
+    send_fs(&dir, "run_0_step_0.bin", &batch(0, 0, &[4, 4]).encode().unwrap()).unwrap();
+    let t = FsTransport::new(&dir, Duration::from_millis(2)).unwrap();
+    let mut server = Server::open(Kernel::native(), t, o).unwrap();
+    let summary = server.run(&AtomicBool::new(false), |_| {}).unwrap();
+    assert_eq!((summary.undecodable, summary.rejected_dropped, summary.samples), (40, 35, 2));
+    let kept: Vec<u64> =
+        std::fs::read_dir(dir.join("packer/rejected")).unwrap().map(|e| e.unwrap().metadata().unwrap().len()).collect();
+    assert!(kept.len() <= 5 && kept.iter().sum::<u64>() <= 4096, "{kept:?}");
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]

@@ -278,6 +278,29 @@ pub struct ServeOptions {
     pub max_steps: Option<u64>,
     /// How long one receive waits before the loop checks the wait timeout and the stop flag.
     pub poll: Duration,
+    /// How much `rejected/` keeps of the messages that could not be decoded.
+    pub rejected: RejectedLimits,
+}
+
+/// Bounds of `STATE/rejected/`, where messages that could not be decoded are kept for
+/// inspection: a flood of garbage must not fill the disk. The oldest are dropped first
+/// (counted in [`ServeSummary::rejected_dropped`] and logged); a large message keeps only its
+/// first `max_file_bytes`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RejectedLimits {
+    /// Messages kept at most.
+    pub max_files: usize,
+    /// Bytes kept at most, all messages together.
+    pub max_bytes: u64,
+    /// Bytes kept of one message at most (its start).
+    pub max_file_bytes: u64,
+}
+
+impl Default for RejectedLimits {
+    /// 256 messages, 64 MiB in all, 1 MiB of each.
+    fn default() -> Self {
+        Self { max_files: 256, max_bytes: 64 << 20, max_file_bytes: 1 << 20 }
+    }
 }
 
 /// What happened in one step, for logs and metrics.
@@ -321,6 +344,8 @@ pub struct ServeSummary {
     pub rejected: u64,
     /// Messages that could not be decoded (moved to `rejected/`).
     pub undecodable: u64,
+    /// Messages dropped from `rejected/` to keep it within [`RejectedLimits`].
+    pub rejected_dropped: u64,
     /// Pending samples left at exit (kept in the checkpoint).
     pub pending_samples: usize,
     /// A step packed but not taken by every rank at exit (stopped mid-delivery); it is
@@ -441,7 +466,59 @@ impl<T: Transport> Server<T> {
         let name = p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
         let to = self.options.state_dir.join("rejected").join(name);
         self.summary.undecodable += 1;
-        std::fs::rename(p, &to).map_err(|e| io("moving aside", p, e))
+        std::fs::rename(p, &to).map_err(|e| io("moving aside", p, e))?;
+        let cut = self.options.rejected.max_file_bytes.min(self.options.rejected.max_bytes);
+        if std::fs::metadata(&to).is_ok_and(|m| m.len() > cut) {
+            std::fs::OpenOptions::new()
+                .write(true)
+                .open(&to)
+                .and_then(|f| f.set_len(cut))
+                .map_err(|e| io("truncating", &to, e))?;
+        }
+        self.prune_rejected()
+    }
+
+    /// Keeps `bytes` (a message received over the network that could not be decoded) in
+    /// `rejected/`, up to the limits.
+    fn keep_rejected(&mut self, bytes: &[u8]) -> Result<(), Error> {
+        self.summary.undecodable += 1;
+        let name = format!("message_{}_{}.bin", std::process::id(), self.summary.undecodable);
+        let cut = self.options.rejected.max_file_bytes.min(self.options.rejected.max_bytes);
+        let kept = &bytes[..bytes.len().min(usize::try_from(cut).unwrap_or(usize::MAX))];
+        atomic::write(&self.options.state_dir.join("rejected").join(name), kept)?;
+        self.prune_rejected()
+    }
+
+    /// Drops the oldest messages of `rejected/` until it is within the limits.
+    fn prune_rejected(&mut self) -> Result<(), Error> {
+        let dir = self.options.state_dir.join("rejected");
+        let mut kept: Vec<(std::time::SystemTime, String, u64)> = std::fs::read_dir(&dir)
+            .map_err(|e| io("listing", &dir, e))?
+            .filter_map(|e| e.ok())
+            .filter_map(|e| {
+                let meta = e.metadata().ok().filter(|m| m.is_file())?;
+                let name = e.file_name().to_string_lossy().into_owned();
+                Some((meta.modified().unwrap_or(std::time::UNIX_EPOCH), name, meta.len()))
+            })
+            .collect();
+        kept.sort();
+        let limits = self.options.rejected;
+        let mut total: u64 = kept.iter().map(|k| k.2).sum();
+        let mut dropped = 0u64;
+        for (_, name, len) in &kept {
+            if kept.len() - dropped as usize <= limits.max_files && total <= limits.max_bytes {
+                break;
+            }
+            let p = dir.join(name);
+            std::fs::remove_file(&p).map_err(|e| io("removing", &p, e))?;
+            total -= len;
+            dropped += 1;
+        }
+        if dropped > 0 {
+            self.summary.rejected_dropped += dropped;
+            tracing::warn!(target: "stowplan::serve", dropped, total_dropped = self.summary.rejected_dropped, max_files = limits.max_files, max_bytes = limits.max_bytes, "rejected/ is full: the oldest undecodable messages were dropped");
+        }
+        Ok(())
     }
 
     fn checkpoint(&self) -> Result<(), Error> {
@@ -500,11 +577,7 @@ impl<T: Transport> Server<T> {
                 tracing::error!(target: "stowplan::serve", file = ?incoming.path, error = %e, "undecodable message set aside");
                 match &incoming.path {
                     Some(p) => self.set_aside(p)?,
-                    None => {
-                        self.summary.undecodable += 1;
-                        let name = format!("message_{}.bin", self.summary.undecodable);
-                        atomic::write(&self.options.state_dir.join("rejected").join(name), &incoming.bytes)?;
-                    }
+                    None => self.keep_rejected(&incoming.bytes)?,
                 }
                 return Ok(None);
             }
