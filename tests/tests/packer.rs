@@ -448,6 +448,52 @@ fn crash_with_some_rank_files_written_then_resume_and_resend() {
 }
 
 #[test]
+fn a_damaged_checkpoint_or_needed_spool_file_is_refused_naming_it() {
+    // A step delivered, more batches spooled and pending: then damage state.bin, or a
+    // spooled batch, one byte at a time.
+    let dir = std::env::temp_dir().join(format!("stowplan-packer-damage-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let mut o = serve_options(&dir, Some(1));
+    o.packer.wait_timeout = Duration::ZERO;
+    o.packer.step_tokens = Some(32);
+    std::fs::create_dir_all(dir.join("inbox")).unwrap();
+    for step in 0..3 {
+        send_fs(&dir, &format!("run_0_step_{step}.bin"), &batch(0, step, &[12, 12, 12]).encode().unwrap()).unwrap();
+    }
+    {
+        let t = FsTransport::new(&dir, Duration::from_millis(2)).unwrap();
+        let mut server = Server::open(Kernel::native(), t, o.clone()).unwrap();
+        server.run(&AtomicBool::new(false), |_| {}).unwrap();
+    }
+    let state = dir.join("packer/state.bin");
+    let good = std::fs::read(&state).unwrap();
+    let open = || Server::open(Kernel::native(), FsTransport::new(&dir, Duration::from_millis(2)).unwrap(), o.clone());
+    for byte in 0..good.len() {
+        let mut bad = good.clone();
+        bad[byte] ^= 0x20;
+        std::fs::write(&state, &bad).unwrap();
+        let e = open().unwrap_err().to_string();
+        assert!(e.contains("state.bin") && e.contains("packer state"), "byte {byte}: {e}");
+    }
+    std::fs::write(&state, &good).unwrap();
+    // A spooled batch the checkpoint needs: refused naming the file.
+    let spool = dir.join("packer/spool");
+    let mut spooled: Vec<_> = std::fs::read_dir(&spool).unwrap().map(|e| e.unwrap().path()).collect();
+    spooled.sort();
+    assert!(!spooled.is_empty(), "pending batches are spooled");
+    let first = std::fs::read(&spooled[0]).unwrap();
+    let mut bad = first.clone();
+    let last = bad.len() - 1;
+    bad[last] ^= 1;
+    std::fs::write(&spooled[0], &bad).unwrap();
+    let e = open().unwrap_err().to_string();
+    assert!(e.contains(&*spooled[0].file_name().unwrap().to_string_lossy()) && e.contains("damaged"), "{e}");
+    std::fs::write(&spooled[0], &first).unwrap();
+    assert!(open().is_ok(), "the undamaged files open again");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
 fn a_garbage_flood_keeps_rejected_within_its_bounds() {
     // 40 undecodable messages (one of 200 kB) into a rejected/ of at most 5 messages and
     // 4 kB: the oldest are dropped and counted, nothing grows without bound, the good batch
