@@ -71,6 +71,8 @@ pub fn cache_dir() -> Option<PathBuf> {
 struct Cache {
     dir: PathBuf,
     key: [u8; 32],
+    /// This process's effective user id, which owns the cache and its entries.
+    uid: u32,
 }
 
 type HmacSha256 = hmac::Hmac<sha2::Sha256>;
@@ -79,9 +81,9 @@ type HmacSha256 = hmac::Hmac<sha2::Sha256>;
 const KEY_FILE: &str = "cache.key";
 
 /// The effective user id of this process.
-fn own_uid() -> Result<u32, String> {
+fn own_uid() -> u32 {
     // SAFETY: geteuid has no preconditions and cannot fail.
-    Ok(unsafe { libc::geteuid() })
+    unsafe { libc::geteuid() }
 }
 
 /// `Ok` if `path` is owned by `uid` and not writable by group or others.
@@ -104,7 +106,7 @@ impl Cache {
     /// Opens (creating, private to the user) the cache directory `dir` and its key.
     fn open(dir: &Path) -> Result<Self, String> {
         use std::os::unix::fs::DirBuilderExt;
-        let uid = own_uid()?;
+        let uid = own_uid();
         if !dir.exists() {
             std::fs::DirBuilder::new()
                 .recursive(true)
@@ -136,7 +138,7 @@ impl Cache {
         check_private(&key_path, uid)?;
         let bytes = std::fs::read(&key_path).map_err(|e| format!("{}: {e}", key_path.display()))?;
         let key: [u8; 32] = bytes.try_into().map_err(|_| format!("{} is not a 32-byte key", key_path.display()))?;
-        Ok(Self { dir: dir.to_path_buf(), key })
+        Ok(Self { dir: dir.to_path_buf(), key, uid })
     }
 
     /// The MAC of entry `name` (its name, which holds the component's whole sha256 and the
@@ -155,11 +157,10 @@ impl Cache {
     /// The bytes of entry `name` if it is private to this user and its MAC verifies.
     fn read(&self, name: &str) -> Result<Vec<u8>, String> {
         use hmac::Mac;
-        let uid = own_uid()?;
         let path = self.dir.join(name);
         let mac_path = path.with_extension("mac");
-        check_private(&path, uid)?;
-        check_private(&mac_path, uid)?;
+        check_private(&path, self.uid)?;
+        check_private(&mac_path, self.uid)?;
         let bytes = std::fs::read(&path).map_err(|e| format!("{}: {e}", path.display()))?;
         let recorded = std::fs::read(&mac_path).map_err(|e| format!("{}: {e}", mac_path.display()))?;
         let mut mac = self.mac(name);
