@@ -646,12 +646,55 @@ fn zmq_barrier_receipts_refusal_reconnect_and_exactly_once() {
     let first_copy = RankBatch::decode(&zmq_recv(&ranks[1], 10_000).expect("step 0 for rank 1")).unwrap();
     assert_eq!((first_copy.step, first_copy.rank), (0, 1));
     ranks[1] = dealer(&ctx, &ep.ranks, RankMessage::Hello { rank: 1, dp: 3, next_step: 0 });
-    let mut got = Vec::new();
     let mut next = [0u64; 3];
+    receive_exactly_once(&ranks, &mut next, &expected, &lens);
+    // Stopped while a step waits for the ranks' acknowledgements: the step stays in flight.
+    push.send(batch(0, 3, &[6, 7, 8, 9, 10, 11]).encode().unwrap(), 0).unwrap();
+    let copies: Vec<Vec<u8>> = ranks.iter().map(|s| zmq_recv(s, 10_000).expect("the next step")).collect();
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let summary = server.join().unwrap();
+    assert_eq!((summary.duplicates, summary.undecodable), (1, 1));
+    assert_eq!(summary.in_flight_step, Some(next[0]));
+    // The next life delivers it again, byte for byte, once the ranks (reconnected) ask.
+    let stop = Arc::new(AtomicBool::new(false));
+    let (server, ep, second) = spawn_zmq_server(&dir, &stop);
+    assert_ne!(second, incarnation, "a restart is a new incarnation");
+    let ranks: Vec<zmq::Socket> = (0..3)
+        .map(|r| dealer(&ctx, &ep.ranks, RankMessage::Hello { rank: r, dp: 3, next_step: next[r as usize] }))
+        .collect();
+    for (r, s) in ranks.iter().enumerate() {
+        let again = zmq_recv(s, 10_000).expect("the step in flight again");
+        assert_eq!(again, copies[r], "rank {r}: the step in flight is rebuilt byte for byte");
+        s.send(RankMessage::Ack { rank: r as u32, step: next[r] }.encode().unwrap(), 0).unwrap();
+    }
+    wait_for_empty_spool(&dir);
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let summary = server.join().unwrap();
+    assert_eq!((summary.steps, summary.in_flight_step), (1, None));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Plays three raw ZeroMQ ranks (each says hello every second, acknowledges every copy, takes
+/// steps in order from `next`) until `expected` samples arrived, then checks each arrived
+/// exactly once with its tokens.
+fn receive_exactly_once(
+    ranks: &[zmq::Socket],
+    next: &mut [u64; 3],
+    expected: &BTreeSet<SampleKey>,
+    lens: &dyn Fn(SampleKey) -> usize,
+) {
+    let mut got = Vec::new();
     let mut steps: BTreeMap<u64, Vec<Option<RankBatch>>> = BTreeMap::new();
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let mut last_hello = std::time::Instant::now();
     while got.len() < expected.len() {
         assert!(std::time::Instant::now() < deadline, "{} of {} samples delivered", got.len(), expected.len());
+        if last_hello.elapsed() >= Duration::from_secs(1) {
+            last_hello = std::time::Instant::now();
+            for (r, s) in ranks.iter().enumerate() {
+                s.send(RankMessage::Hello { rank: r as u32, dp: 3, next_step: next[r] }.encode().unwrap(), 0).unwrap();
+            }
+        }
         for (r, s) in ranks.iter().enumerate() {
             let Some(bytes) = zmq_recv(s, 20) else { continue };
             let b = RankBatch::decode(&bytes).unwrap();
@@ -673,37 +716,86 @@ fn zmq_barrier_receipts_refusal_reconnect_and_exactly_once() {
     }
     let keys: BTreeSet<SampleKey> = got.iter().map(|(k, _)| *k).collect();
     assert_eq!(keys.len(), got.len(), "a sample delivered twice");
-    assert_eq!(keys, expected);
+    assert_eq!(&keys, expected);
     for (k, t) in &got {
-        assert_eq!(t, &tokens_of(*k, &lens));
+        assert_eq!(t, &tokens_of(*k, lens));
     }
-    // Stopped while a step waits for the ranks' acknowledgements: the step stays in flight.
-    push.send(batch(0, 3, &[6, 7, 8, 9, 10, 11]).encode().unwrap(), 0).unwrap();
-    let copies: Vec<Vec<u8>> = ranks.iter().map(|s| zmq_recv(s, 10_000).expect("the next step")).collect();
-    stop.store(true, std::sync::atomic::Ordering::SeqCst);
-    let summary = server.join().unwrap();
-    assert_eq!((summary.duplicates, summary.undecodable), (1, 1));
-    assert_eq!(summary.in_flight_step, Some(next[0]));
-    // The next life delivers it again, byte for byte, once the ranks (reconnected) ask.
-    let stop = Arc::new(AtomicBool::new(false));
-    let (server, ep, second) = spawn_zmq_server(&dir, &stop);
-    assert_ne!(second, incarnation, "a restart is a new incarnation");
-    let ranks: Vec<zmq::Socket> = (0..3)
-        .map(|r| dealer(&ctx, &ep.ranks, RankMessage::Hello { rank: r, dp: 3, next_step: next[r as usize] }))
-        .collect();
-    for (r, s) in ranks.iter().enumerate() {
-        let again = zmq_recv(s, 10_000).expect("the step in flight again");
-        assert_eq!(again, copies[r], "rank {r}: the step in flight is rebuilt byte for byte");
-        s.send(RankMessage::Ack { rank: r as u32, step: next[r] }.encode().unwrap(), 0).unwrap();
-    }
+}
+
+/// Waits (at most 10 s) until the server released every spooled batch: its last step was
+/// acknowledged by every rank.
+fn wait_for_empty_spool(dir: &Path) {
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     while dir.join("packer/spool").read_dir().unwrap().next().is_some() {
         assert!(std::time::Instant::now() < deadline, "the delivered step's batch was not released");
         std::thread::sleep(Duration::from_millis(10));
     }
+}
+
+/// Issue 18 item 3: a second peer saying hello as rank 1 (an impostor, or a restarted trainer
+/// whose old process still runs) used to take the slot, receive rank 1's steps and acknowledge
+/// them while the real rank 1 waited for ever. Now it gets nothing but a refusal, its forged
+/// acknowledgements count for nothing, and the real rank gets every step exactly once.
+#[test]
+fn zmq_a_second_connection_for_a_live_rank_is_refused_and_its_acknowledgements_count_for_nothing() {
+    let dir = std::env::temp_dir().join(format!("stowplan-packer-zmq-dup-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let stop = Arc::new(AtomicBool::new(false));
+    let (server, ep, _) = spawn_zmq_server(&dir, &stop);
+    let ctx = zmq::Context::new();
+    let push = ctx.socket(zmq::PUSH).unwrap();
+    push.connect(&ep.batches).unwrap();
+    let ranks: Vec<zmq::Socket> =
+        (0..3).map(|r| dealer(&ctx, &ep.ranks, RankMessage::Hello { rank: r, dp: 3, next_step: 0 })).collect();
+    let lens = |k: SampleKey| 3 + ((k.index as usize * 3 + k.step as usize * 5) % 20);
+    let mut expected = BTreeSet::new();
+    for step in 0..4 {
+        let ls: Vec<usize> = (0..5).map(|i| lens(SampleKey { run: 0, step, index: i })).collect();
+        expected.extend((0..5).map(|index| SampleKey { run: 0, step, index }));
+        push.send(batch(0, step, &ls).encode().unwrap(), 0).unwrap();
+    }
+    // Every real rank holds its slot: each has step 0.
+    let firsts: Vec<RankBatch> =
+        ranks.iter().map(|s| RankBatch::decode(&zmq_recv(s, 10_000).expect("step 0")).unwrap()).collect();
+    assert!(firsts.iter().all(|b| b.step == 0));
+    // The impostor says hello as rank 1 and acknowledges step 0 (and later ones) for it.
+    let impostor = dealer(&ctx, &ep.ranks, RankMessage::Hello { rank: 1, dp: 3, next_step: 0 });
+    for step in 0..8 {
+        impostor.send(RankMessage::Ack { rank: 1, step }.encode().unwrap(), 0).unwrap();
+    }
+    for r in [0, 2] {
+        ranks[r].send(RankMessage::Ack { rank: r as u32, step: 0 }.encode().unwrap(), 0).unwrap();
+    }
+    // The real rank 1 stays alive (hellos) without acknowledging: step 0 is not delivered,
+    // so no rank gets step 1, until the impostor is refused.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let refusal = loop {
+        assert!(std::time::Instant::now() < deadline, "the impostor was never refused");
+        ranks[1].send(RankMessage::Hello { rank: 1, dp: 3, next_step: 0 }.encode().unwrap(), 0).unwrap();
+        for r in [0, 2] {
+            assert!(zmq_recv(&ranks[r], 0).is_none(), "rank {r} got a step: a forged acknowledgement counted");
+        }
+        if let Some(bytes) = zmq_recv(&impostor, 500) {
+            break Refusal::decode(&bytes).expect("the impostor gets a refusal, never a rank batch");
+        }
+    };
+    assert!(refusal.message.contains("rank 1 is held by another connection that is still alive"), "{}", refusal.message);
+    // The forged acknowledgements are gone for good: rank 1 acknowledges, and every sample
+    // arrives exactly once at the real ranks.
+    ranks[1].send(RankMessage::Ack { rank: 1, step: 0 }.encode().unwrap(), 0).unwrap();
+    let mut next = [1u64; 3];
+    let mut rest = expected.clone();
+    for b in &firsts {
+        for k in &b.keys {
+            rest.remove(k);
+        }
+    }
+    receive_exactly_once(&ranks, &mut next, &rest, &lens);
+    assert!(zmq_recv(&impostor, 200).is_none(), "the refused impostor got something more");
+    wait_for_empty_spool(&dir);
     stop.store(true, std::sync::atomic::Ordering::SeqCst);
     let summary = server.join().unwrap();
-    assert_eq!((summary.steps, summary.in_flight_step), (1, None));
+    assert_eq!((summary.samples, summary.in_flight_step), (expected.len() as u64, None));
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -6,15 +6,18 @@
 //! durable, and an empty one every [`HEARTBEAT`]) and **ranks** (ROUTER: hellos and
 //! acknowledgements in, [`RankBatch`]es and [`Refusal`]s out). The protocol is described in
 //! [`super::protocol`]; this transport is its server side: the readiness barrier (every
-//! rank said hello), [`Refusal::of_hello`], and each step's delivery as a
-//! [`StepDelivery`] (resent to a rank whose hello comes from a new connection, delivered
-//! once every rank acknowledged it).
+//! rank said hello), which connection serves each rank ([`RankSlots`]: one connection per
+//! rank, acknowledgements only from it, a second connection refused while the first is
+//! alive), and each step's delivery as a [`StepDelivery`] (resent to a rank served by a new
+//! connection, delivered once every rank acknowledged it).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use super::protocol::delivery::StepDelivery;
-use super::protocol::{HEARTBEAT, RankMessage, Receipt, Receipts, Refusal, ZmqEndpoints};
+use super::protocol::{
+    HEARTBEAT, OnHello, RANK_LEASE, RankMessage, RankSlots, Receipt, Receipts, Refusal, SlotEvent, ZmqEndpoints,
+};
 use super::{Incoming, Transport};
 use crate::{Error, RankBatch};
 
@@ -44,8 +47,12 @@ pub struct ZmqTransport {
     dp: u32,
     endpoints: ZmqEndpoints,
     incarnation: u64,
-    /// Each rank's routing id, from its latest hello.
-    peers: Vec<Option<Vec<u8>>>,
+    /// Which routing id holds each rank.
+    slots: RankSlots<Vec<u8>>,
+    /// Acknowledgements ignored (see [`ZmqTransport::ignored_acks`]), and how many were logged.
+    ignored_acks: u64,
+    ignored_logged: u64,
+    last_ignored_log: Option<Instant>,
     ready: bool,
     last_published: Instant,
     last_waiting_log: Instant,
@@ -62,12 +69,19 @@ impl std::fmt::Debug for ZmqTransport {
     }
 }
 
-/// Something a rank said, as the transport understood it.
+/// Something the ranks socket brought that a delivery acts on.
 enum FromRank {
+    /// A hello of rank `r` from the connection holding it.
     Hello(u32),
+    /// An acknowledgement of a step by rank `r`, from the connection holding it.
     Ack(u32, u64),
-    Other,
+    /// Rank `r`'s slot was taken over by a new connection.
+    TookOver(u32),
 }
+
+/// How often the transport logs that it ignored acknowledgements from connections that do
+/// not hold the rank they name (each is counted; the log line says how many).
+const IGNORED_LOG_EVERY: Duration = Duration::from_secs(10);
 
 impl ZmqTransport {
     /// Binds the three sockets for `dp` ranks.
@@ -112,7 +126,10 @@ impl ZmqTransport {
             dp,
             endpoints: ZmqEndpoints { batches: b, receipts: r, ranks: k },
             incarnation,
-            peers: vec![None; dp as usize],
+            slots: RankSlots::new(dp, RANK_LEASE),
+            ignored_acks: 0,
+            ignored_logged: 0,
+            last_ignored_log: None,
             ready: false,
             // The first receive publishes a heartbeat at once.
             last_published: Instant::now().checked_sub(HEARTBEAT).unwrap_or_else(Instant::now),
@@ -128,6 +145,12 @@ impl ZmqTransport {
     /// This process's incarnation (see [`Receipts::incarnation`]).
     pub fn incarnation(&self) -> u64 {
         self.incarnation
+    }
+
+    /// Acknowledgements ignored so far because they came from a connection that does not
+    /// hold the rank they name (a forged or stale acknowledgement).
+    pub fn ignored_acks(&self) -> u64 {
+        self.ignored_acks
     }
 
     fn publish(&mut self, receipts: Vec<Receipt>) -> Result<(), Error> {
@@ -146,54 +169,109 @@ impl ZmqTransport {
         Ok(())
     }
 
-    /// Takes one message from the ranks socket, if any, and acts on hellos.
-    fn take_from_ranks(&mut self) -> Result<Option<FromRank>, Error> {
-        let parts = match self.ranks.recv_multipart(zmq::DONTWAIT) {
-            Ok(p) => p,
+    /// Sends `refusal` to `connection` (which may be gone already: nothing more to do then).
+    fn refuse(&mut self, connection: Vec<u8>, refusal: &Refusal) -> Result<(), Error> {
+        let _ = self.ranks.send_multipart([connection, refusal.encode()?], zmq::DONTWAIT);
+        Ok(())
+    }
+
+    /// Takes one message from the ranks socket, if any: the routing id, the payload and the
+    /// peer's address (for logs). `Ok(None)`: nothing waiting.
+    fn recv_rank_message(&self) -> Result<Option<(Vec<u8>, Vec<u8>, String)>, Error> {
+        let recv = |flags| self.ranks.recv_msg(flags).map_err(|e| zmq_error("receiving from a rank", e));
+        let id = match self.ranks.recv_msg(zmq::DONTWAIT) {
+            Ok(m) => m,
             Err(zmq::Error::EAGAIN) => return Ok(None),
             Err(e) => return Err(zmq_error("receiving from a rank", e)),
         };
-        let [id, payload] = <[Vec<u8>; 2]>::try_from(parts).unwrap_or_default();
-        match RankMessage::decode(&payload) {
-            Ok(RankMessage::Hello { rank, dp, next_step }) => {
-                if let Some(refusal) = Refusal::of_hello(rank, dp, self.dp) {
-                    tracing::error!(target: "stowplan::serve", rank, dp, "refused a rank: {}", refusal.message);
-                    let refusal = refusal.encode()?;
-                    // The peer may already be gone; nothing more to do then.
-                    let _ = self.ranks.send_multipart([id, refusal], zmq::DONTWAIT);
-                    return Ok(Some(FromRank::Other));
+        if !id.get_more() {
+            return Ok(Some((id.to_vec(), Vec::new(), String::new())));
+        }
+        // The other frames of a multipart message arrive with the first.
+        let mut payload = recv(0)?;
+        let mut more = payload.get_more();
+        while more {
+            // A DEALER sends one frame; extra frames make the message undecodable.
+            more = recv(0)?.get_more();
+            payload = zmq::Message::new();
+        }
+        let peer = payload.gets("Peer-Address").unwrap_or("unknown address").to_owned();
+        Ok(Some((id.to_vec(), payload.to_vec(), peer)))
+    }
+
+    /// Takes every message waiting on the ranks socket, applies the slot rules
+    /// ([`RankSlots`]), answers refusals and returns what a delivery acts on.
+    fn poll_ranks(&mut self) -> Result<Vec<FromRank>, Error> {
+        let mut out = Vec::new();
+        while let Some((id, payload, peer)) = self.recv_rank_message()? {
+            let now = Instant::now();
+            match RankMessage::decode(&payload) {
+                Ok(RankMessage::Hello { rank, dp, next_step }) => match self.slots.on_hello(rank, dp, &id, now) {
+                    OnHello::Holds { new } => {
+                        if new {
+                            tracing::info!(target: "stowplan::serve", rank, next_step, peer = %peer, "rank connected");
+                        }
+                        out.push(FromRank::Hello(rank));
+                    }
+                    OnHello::Waiting => {
+                        tracing::debug!(target: "stowplan::serve", rank, peer = %peer, "a second connection for a held rank waits");
+                    }
+                    OnHello::Refused(refusal) => {
+                        tracing::error!(target: "stowplan::serve", rank, dp, peer = %peer, "refused a rank: {}", refusal.message);
+                        self.refuse(id, &refusal)?;
+                    }
+                },
+                Ok(RankMessage::Ack { rank, step }) => {
+                    if self.slots.on_ack(rank, &id, now) {
+                        out.push(FromRank::Ack(rank, step));
+                    } else {
+                        self.ignored_acks += 1;
+                    }
                 }
-                let slot = &mut self.peers[rank as usize];
-                if slot.as_deref() != Some(&id[..]) {
-                    tracing::info!(target: "stowplan::serve", rank, next_step, "rank connected");
-                    *slot = Some(id);
+                Err(e) => {
+                    tracing::warn!(target: "stowplan::serve", error = %e, peer = %peer, "undecodable message from a rank ignored");
                 }
-                Ok(Some(FromRank::Hello(rank)))
-            }
-            Ok(RankMessage::Ack { rank, step }) => Ok(Some(FromRank::Ack(rank, step))),
-            Err(e) => {
-                tracing::warn!(target: "stowplan::serve", error = %e, "undecodable message from a rank ignored");
-                Ok(Some(FromRank::Other))
             }
         }
+        for event in self.slots.tick(Instant::now()) {
+            match event {
+                SlotEvent::TookOver { rank, previous, connection: _ } => {
+                    match previous {
+                        Some((_, silent)) => tracing::warn!(target: "stowplan::serve", rank, silent_ms = silent.as_millis() as u64,
+                            "rank {rank} is now served by a new connection (the old one fell silent): the step in flight goes to the new one, and the old one is refused if it comes back"),
+                        None => tracing::info!(target: "stowplan::serve", rank, "rank {rank} reconnected (its old connection is gone)"),
+                    }
+                    out.push(FromRank::TookOver(rank));
+                }
+                SlotEvent::Refused { rank, connection, refusal } => {
+                    tracing::error!(target: "stowplan::serve", rank, "refused a second connection for a rank: {}", refusal.message);
+                    self.refuse(connection, &refusal)?;
+                }
+            }
+        }
+        if self.ignored_acks > self.ignored_logged
+            && self.last_ignored_log.is_none_or(|t: Instant| t.elapsed() >= IGNORED_LOG_EVERY)
+        {
+            tracing::warn!(target: "stowplan::serve", ignored = self.ignored_acks - self.ignored_logged, total = self.ignored_acks,
+                "ignored acknowledgements from connections that do not hold the rank they name (forged, or from a replaced connection)");
+            self.ignored_logged = self.ignored_acks;
+            self.last_ignored_log = Some(Instant::now());
+        }
+        Ok(out)
     }
 
     /// Sends `bytes` to rank `r`: the routing id they went to, `None` when the rank is not
-    /// connected (it gets them on its next hello).
+    /// connected (it gets them once a connection holds its slot again).
     fn send_to(&mut self, r: usize, bytes: Vec<u8>) -> Result<Option<Vec<u8>>, Error> {
-        let Some(id) = self.peers[r].clone() else { return Ok(None) };
+        let Some(id) = self.slots.holder(r as u32).cloned() else { return Ok(None) };
         match self.ranks.send_multipart([id.clone(), bytes], zmq::DONTWAIT) {
             Ok(()) => Ok(Some(id)),
             Err(zmq::Error::EHOSTUNREACH | zmq::Error::EAGAIN) => {
-                self.peers[r] = None;
+                self.slots.disconnected(r as u32, &id);
                 Ok(None)
             }
             Err(e) => Err(zmq_error(&format!("sending to rank {r}"), e)),
         }
-    }
-
-    fn missing(&self) -> Vec<usize> {
-        (0..self.dp as usize).filter(|&r| self.peers[r].is_none()).collect()
     }
 }
 
@@ -204,11 +282,11 @@ impl Transport for ZmqTransport {
 
     fn ready(&mut self) -> Result<bool, Error> {
         if !self.ready {
-            while self.take_from_ranks()?.is_some() {}
-            self.ready = self.peers.iter().all(Option::is_some);
+            self.poll_ranks()?;
+            self.ready = self.slots.all_held();
             if !self.ready && self.last_waiting_log.elapsed() >= Duration::from_secs(10) {
                 self.last_waiting_log = Instant::now();
-                tracing::info!(target: "stowplan::serve", missing = ?self.missing(), endpoint = %self.endpoints.ranks, "waiting for ranks to connect");
+                tracing::info!(target: "stowplan::serve", missing = ?self.slots.missing(), endpoint = %self.endpoints.ranks, "waiting for ranks to connect");
             }
         }
         Ok(self.ready)
@@ -226,7 +304,7 @@ impl Transport for ZmqTransport {
                     Err(e) => return Err(zmq_error("receiving a batch", e)),
                 }
             }
-            while self.take_from_ranks()?.is_some() {}
+            self.poll_ranks()?;
             let now = Instant::now();
             if !out.is_empty() || now >= deadline {
                 return Ok(out);
@@ -262,17 +340,23 @@ impl Transport for ZmqTransport {
             }
             self.heartbeat()?;
             wait_for(&mut [self.ranks.as_poll_item(zmq::POLLIN)], Duration::from_millis(100))?;
-            while let Some(m) = self.take_from_ranks()? {
+            for m in self.poll_ranks()? {
                 match m {
-                    FromRank::Hello(r) if delivery.needs_resend(r as usize, self.peers[r as usize].as_ref()) => {
+                    FromRank::Hello(r) if delivery.needs_resend(r as usize, self.slots.holder(r)) => {
                         let r = r as usize;
+                        let to = self.send_to(r, ranks[r].encode()?)?;
+                        delivery.sent(r, to);
+                    }
+                    FromRank::TookOver(r) => {
+                        let r = r as usize;
+                        delivery.reassigned(r);
                         let to = self.send_to(r, ranks[r].encode()?)?;
                         delivery.sent(r, to);
                     }
                     FromRank::Ack(r, s) => {
                         delivery.on_ack(r, s);
                     }
-                    _ => {}
+                    FromRank::Hello(_) => {}
                 }
             }
             if last_log.elapsed() >= Duration::from_secs(10) {

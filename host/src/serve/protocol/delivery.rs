@@ -4,6 +4,8 @@
 //! The server sends each rank its copy of the step over the connection it last said hello
 //! from, notes where it went ([`StepDelivery::sent`]; `None` when the rank is not
 //! connected), and then, until [`StepDelivery::is_complete`]:
+//! - when rank `r`'s slot is taken over by a new connection
+//!   ([`super::slots::RankSlots`]): [`StepDelivery::reassigned`], then sends the copy to it;
 //! - on a hello of rank `r` from connection `c`: sends `r` its copy again when
 //!   [`StepDelivery::needs_resend`] — `r` has not acknowledged the step and `c` is not the
 //!   connection its copy went to (a reconnection: the copy died with the old connection; over
@@ -59,6 +61,16 @@ impl<C: PartialEq> StepDelivery<C> {
         }
     }
 
+    /// Rank `rank` is served by a new connection (its slot was taken over): whatever the old
+    /// connection acknowledged, the new one gets the step again (its trainer may not have it;
+    /// a rank that has it acknowledges and drops the copy). A rank out of range is ignored.
+    pub fn reassigned(&mut self, rank: usize) {
+        if let (Some(a), Some(s)) = (self.acked.get_mut(rank), self.sent_to.get_mut(rank)) {
+            *a = false;
+            *s = None;
+        }
+    }
+
     /// Whether every rank acknowledged the step.
     pub fn is_complete(&self) -> bool {
         self.acked.iter().all(|&a| a)
@@ -109,5 +121,10 @@ mod tests {
         assert!(!d.needs_resend(0, Some(&"a3")), "acknowledged: nothing to resend");
         assert!(!d.needs_resend(5, Some(&"x")));
         d.sent(9, Some("ignored"));
+        d.on_ack(1, 0);
+        assert!(d.is_complete());
+        d.reassigned(0);
+        assert!(!d.is_complete() && d.needs_resend(0, Some(&"new")), "a new holder gets the step again");
+        d.reassigned(7);
     }
 }

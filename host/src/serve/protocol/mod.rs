@@ -9,8 +9,9 @@
 //!   names it, resent on a new incarnation or after a timeout, flush);
 //! - [`files`]: the filesystem transport's names and a rank's acknowledgement rule
 //!   ([`files::FileRankReceiver`]);
-//! - [`delivery::StepDelivery`]: the packer delivering one step to its ranks (the server's
-//!   side of the rank protocol; with [`Refusal::of_hello`], the rule for a hello).
+//! - [`delivery::StepDelivery`]: the packer delivering one step to its ranks, and
+//!   [`slots::RankSlots`]: which connection serves each rank (the server's side of the rank
+//!   protocol: hellos, contenders, acknowledgements).
 //!
 //! No socket, no file and no clock is touched here: the caller moves the bytes, does the
 //! file operations a core asks for and passes the time (`now: Instant`), so the server, the
@@ -32,11 +33,14 @@
 //!   delivered before every rank said hello (the readiness barrier). A step is sent to each
 //!   rank as its encoded [`RankBatch`](crate::RankBatch); the rank answers
 //!   [`RankMessage::Ack`] once it has decoded it, and the step counts as delivered when every
-//!   rank acknowledged it. A rank that reconnects (a new hello from a new connection) gets the
-//!   unacknowledged step again; a rank that already had a step acknowledges and drops the
+//!   rank acknowledged it. A rank that reconnects (its new connection took the slot over, see
+//!   below) gets the step in flight again; a rank that already had a step acknowledges and drops the
 //!   copy, and holds back steps that arrive ahead of the one it expects. A hello with the
 //!   wrong data-parallel size or rank gets a [`Refusal`] naming the mismatch
-//!   ([`Refusal::of_hello`]).
+//!   ([`Refusal::of_hello`]). One connection holds a rank's slot: a second connection saying
+//!   hello as the same rank waits, takes the slot over once the holder has been silent for
+//!   [`RANK_LEASE`] (and gets the step in flight), or is refused when the holder stays alive;
+//!   acknowledgements count only from the holder ([`slots`]).
 
 use std::time::Duration;
 
@@ -48,11 +52,13 @@ pub mod delivery;
 pub mod files;
 pub mod rank;
 pub mod sender;
+pub mod slots;
 
 pub use delivery::StepDelivery;
 pub use files::{Cleanup, FileRankReceiver, batch_file_name};
 pub use rank::{Arrival, RankReceiver, Received, ToRank};
 pub use sender::{BatchSender, MessageKey};
+pub use slots::{OnHello, RANK_LEASE, RankSlots, SlotEvent};
 
 /// A change to the packer's runs, sent by the orchestrator beside its batches.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
