@@ -3,13 +3,12 @@
 //! the byte encoding.
 
 use numpy::{IntoPyArray, PyArray1, PyArrayMethods, PyReadonlyArray1, PyUntypedArrayMethods};
-use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyBytes, PyDict, PyList, PyString};
 use stowplan::{AlignOptions, CpRuns, Factor, MaterializeOptions, MicroBatch, Padding, Sample};
 
-use crate::{Lengths, cost_arg, int, invalid, kernel, opt_u32, to_py, u64_arg};
+use crate::{Lengths, cost_arg, float_vec, int, int_vec, invalid, kernel, mask_vec, number, opt_u32, to_py, u64_arg};
 
 /// No context or tensor parallelism: the `cp`/`tp` of an omitted argument.
 const NO_PARALLELISM: u32 = 1;
@@ -254,7 +253,7 @@ pub fn scatter<'py>(
     typed!(i64);
     typed!(i32);
     typed!(bool);
-    Err(PyTypeError::new_err("rows must be one-dimensional numpy arrays of float32, float64, int64, int32 or bool"))
+    Err(invalid(py, "rows must be one-dimensional numpy arrays of float32, float64, int64, int32 or bool".into()))
 }
 
 /// One materialized micro-batch; every per-token field is a numpy array of the row's length.
@@ -376,17 +375,14 @@ impl PyMicroBatch {
     /// CP rank `rank`'s share: a dict of numpy arrays (`positions`, `input_ids`,
     /// `position_ids`, `loss_mask`, `advantages`, `inference_logprobs`, `temperatures`,
     /// `teacher_logprobs` or None, `local_bounds`).
-    fn cp_view<'py>(&self, py: Python<'py>, rank: i64) -> PyResult<Bound<'py, PyDict>> {
+    fn cp_view<'py>(&self, py: Python<'py>, rank: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyDict>> {
         let Some(runs) = &self.cp_runs else {
             return Err(invalid(
                 py,
                 "this micro-batch has no CP split: materialize with cp > 1 and padding='sequence'".into(),
             ));
         };
-        let r = usize::try_from(rank)
-            .ok()
-            .filter(|&r| r < runs.cp as usize)
-            .ok_or_else(|| invalid(py, format!("rank must be in 0..{} (cp = {}), got {rank}", runs.cp, runs.cp)))?;
+        let r: usize = int(rank, "rank", 0, i128::from(runs.cp) - 1)?;
         let d = PyDict::new(py);
         let e = |e| to_py(py, e);
         d.set_item("positions", runs.positions(r).map_err(e)?.into_pyarray(py))?;
@@ -465,68 +461,40 @@ fn get<'py>(obj: &Bound<'py, PyAny>, name: &str) -> PyResult<Option<Bound<'py, P
     Ok(v.filter(|v| !v.is_none()))
 }
 
-fn type_error(i: usize, name: &str, what: &str) -> PyErr {
-    PyTypeError::new_err(format!("samples[{i}].{name} must be {what}"))
-}
-
-fn ints(i: usize, name: &str, v: &Bound<'_, PyAny>) -> PyResult<Vec<i64>> {
-    if let Ok(a) = v.extract::<PyReadonlyArray1<'_, i64>>() {
-        return Ok(a.as_array().to_vec());
-    }
-    if let Ok(a) = v.extract::<PyReadonlyArray1<'_, i32>>() {
-        return Ok(a.as_array().iter().map(|&x| i64::from(x)).collect());
-    }
-    v.extract::<Vec<i64>>().map_err(|_| type_error(i, name, "a sequence of integers (list or int64/int32 array)"))
-}
-
-fn floats(i: usize, name: &str, v: &Bound<'_, PyAny>) -> PyResult<Vec<f32>> {
-    if let Ok(a) = v.extract::<PyReadonlyArray1<'_, f32>>() {
-        return Ok(a.as_array().to_vec());
-    }
-    if let Ok(a) = v.extract::<PyReadonlyArray1<'_, f64>>() {
-        return Ok(a.as_array().iter().map(|&x| x as f32).collect());
-    }
-    v.extract::<Vec<f64>>()
-        .map(|x| x.into_iter().map(|f| f as f32).collect())
-        .map_err(|_| type_error(i, name, "a sequence of floats (list or float32/float64 array)"))
-}
-
-fn bools(i: usize, name: &str, v: &Bound<'_, PyAny>) -> PyResult<Vec<bool>> {
-    if let Ok(a) = v.extract::<PyReadonlyArray1<'_, bool>>() {
-        return Ok(a.as_array().to_vec());
-    }
-    if let Ok(b) = v.extract::<Vec<bool>>() {
-        return Ok(b);
-    }
-    ints(i, name, v).map(|x| x.into_iter().map(|b| b != 0).collect())
+/// Token ids: exact integers of the arrays' `int64` (see `crate::int_vec`). The host
+/// refuses negative ones, per sample (the packer rejects the sample and goes on).
+fn token_ids(i: usize, name: &str, v: &Bound<'_, PyAny>) -> PyResult<Vec<i64>> {
+    int_vec(v, &format!("samples[{i}].{name}"), i64::MIN.into(), i64::MAX.into())
 }
 
 pub(crate) fn extract_sample(i: usize, obj: &Bound<'_, PyAny>) -> PyResult<OwnedSample> {
+    let py = obj.py();
+    let at = |name: &str| format!("samples[{i}].{name}");
     let need = |name: &str| -> PyResult<Bound<'_, PyAny>> {
-        get(obj, name)?.ok_or_else(|| {
-            crate::invalid(obj.py(), format!("samples[{i}] has no {name} (a mapping key or an attribute)"))
-        })
+        get(obj, name)?
+            .ok_or_else(|| crate::invalid(py, format!("samples[{i}] has no {name} (a mapping key or an attribute)")))
     };
-    let opt_f = |name: &str| -> PyResult<Option<Vec<f32>>> { get(obj, name)?.map(|v| floats(i, name, &v)).transpose() };
-    let opt_b = |name: &str| -> PyResult<Option<Vec<bool>>> { get(obj, name)?.map(|v| bools(i, name, &v)).transpose() };
+    let opt_f =
+        |name: &str| -> PyResult<Option<Vec<f32>>> { get(obj, name)?.map(|v| float_vec(&v, &at(name))).transpose() };
+    let opt_b =
+        |name: &str| -> PyResult<Option<Vec<bool>>> { get(obj, name)?.map(|v| mask_vec(&v, &at(name))).transpose() };
     let scalar = |name: &str, default: Option<f64>| -> PyResult<f64> {
         match get(obj, name)? {
-            Some(v) => v.extract::<f64>().map_err(|_| type_error(i, name, "a number")),
+            Some(v) => number(&v, &at(name), "a number"),
             None => default.ok_or_else(|| {
-                crate::invalid(obj.py(), format!("samples[{i}] has no {name} (a mapping key or an attribute)"))
+                crate::invalid(py, format!("samples[{i}] has no {name} (a mapping key or an attribute)"))
             }),
         }
     };
-    let run = match get(obj, "run")?.or(get(obj, "lora")?) {
-        Some(v) => v.extract::<i64>().map_err(|_| type_error(i, "run", "an integer"))?,
-        None => 0,
+    let run = match (get(obj, "run")?, get(obj, "lora")?) {
+        (Some(v), _) => int(&v, &at("run"), 0, u32::MAX.into())?,
+        (None, Some(v)) => int(&v, &at("lora"), 0, u32::MAX.into())?,
+        (None, None) => 0,
     };
-    let run = u32::try_from(run)
-        .map_err(|_| crate::invalid(obj.py(), format!("samples[{i}].run must be in 0..=2**32-1 (got {run})")))?;
     Ok(OwnedSample {
         sample: stowplan::TrainingSample {
-            prompt_ids: ints(i, "prompt_ids", &need("prompt_ids")?)?,
-            completion_ids: ints(i, "completion_ids", &need("completion_ids")?)?,
+            prompt_ids: token_ids(i, "prompt_ids", &need("prompt_ids")?)?,
+            completion_ids: token_ids(i, "completion_ids", &need("completion_ids")?)?,
             prompt_mask: opt_b("prompt_mask")?,
             completion_mask: opt_b("completion_mask")?,
             completion_logprobs: opt_f("completion_logprobs")?,
@@ -593,31 +561,21 @@ impl PyMaterialized {
     }
 }
 
-/// A caller's plan: ``plan[r][j]`` = the sample indices of rank ``r``'s micro-batch ``j``.
+/// A caller's plan: ``plan[r][j]`` = the sample indices of rank ``r``'s micro-batch ``j``
+/// (exact integers; errors name ``plan[r][j][i]``).
 fn plan_arg(plan: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Vec<Vec<Vec<u32>>>>> {
     let Some(plan) = plan else { return Ok(None) };
     let py = plan.py();
-    let raw: Vec<Vec<Vec<i128>>> = plan.extract().map_err(|_| {
-        invalid(py, "plan must be a list (ranks) of lists (micro-batches) of sample indices".to_string())
-    })?;
-    raw.into_iter()
-        .enumerate()
-        .map(|(r, rank)| {
-            rank.into_iter()
-                .enumerate()
-                .map(|(j, mb)| {
-                    mb.into_iter()
-                        .map(|i| {
-                            u32::try_from(i).map_err(|_| {
-                                invalid(py, format!("plan[{r}][{j}] holds {i}, not a sample index (0..=2**32-1)"))
-                            })
-                        })
-                        .collect()
-                })
-                .collect()
-        })
-        .collect::<PyResult<_>>()
-        .map(Some)
+    let shape = || invalid(py, "plan must be a list (ranks) of lists (micro-batches) of sample indices".to_string());
+    let mut out = Vec::new();
+    for (r, rank) in plan.try_iter().map_err(|_| shape())?.enumerate() {
+        let mut row = Vec::new();
+        for (j, mb) in rank?.try_iter().map_err(|_| shape())?.enumerate() {
+            row.push(int_vec(&mb?, &format!("plan[{r}][{j}]"), 0, u32::MAX.into())?);
+        }
+        out.push(row);
+    }
+    Ok(Some(out))
 }
 
 /// Packs ``samples`` into micro-batches of at most ``capacity`` tokens (after padding),
@@ -713,7 +671,7 @@ pub fn materialize(
     let plan = plan_arg(plan)?;
     let owned: Vec<OwnedSample> = samples
         .try_iter()
-        .map_err(|_| PyTypeError::new_err("samples must be an iterable of mappings or objects"))?
+        .map_err(|_| invalid(py, "samples must be an iterable of mappings or objects".into()))?
         .enumerate()
         .map(|(i, s)| extract_sample(i, &s?))
         .collect::<PyResult<_>>()?;

@@ -17,10 +17,12 @@ mod source;
 use std::str::FromStr;
 
 use numpy::{IntoPyArray, PyArray1, PyArrayMethods, PyReadonlyArray1, PyUntypedArrayMethods};
-use pyo3::exceptions::{PyAssertionError, PyIndexError, PyMemoryError, PyTypeError, PyValueError, PyZeroDivisionError};
+use pyo3::exceptions::{
+    PyAssertionError, PyIndexError, PyMemoryError, PyOverflowError, PyTypeError, PyValueError, PyZeroDivisionError,
+};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
-use pyo3::types::{PyBool, PyDict, PyInt, PyList, PySlice, PyString, PyTuple, PyType};
+use pyo3::types::{PyBool, PyBytes, PyDict, PyFloat, PyInt, PyList, PySlice, PyString, PyTuple, PyType};
 use stowplan::{
     Backend, Cost, DpOptions, DpPlan, DpReorder, Error, FilterError, Kernel, MicroOptions, MicroPlan, PackOptions,
     Packing, PartitionMethod, PartitionOptions, Partitioning, PyError, RollLoadBalanceOptions, RollMicroBatches,
@@ -145,23 +147,234 @@ pub(crate) fn repr(obj: &Bound<'_, PyAny>) -> String {
     obj.repr().map(|r| r.to_string()).unwrap_or_else(|_| "?".into())
 }
 
-/// `obj` as an integer in `low..=high` (a Python int or anything with `__index__`, such as a
-/// numpy integer; not a bool or a float), else `InvalidArgumentError` naming `name`.
+/// Whether `obj` is a bool — Python's or numpy's (`numpy.bool`) — which no integer, length,
+/// token id or number argument accepts (a bool is a flag, not a count).
+pub(crate) fn is_bool(obj: &Bound<'_, PyAny>) -> bool {
+    if obj.is_instance_of::<PyBool>() {
+        return true;
+    }
+    if obj.is_instance_of::<PyInt>() || obj.is_instance_of::<PyFloat>() {
+        return false;
+    }
+    let t = obj.get_type();
+    t.module().is_ok_and(|m| m == *"numpy") && t.name().is_ok_and(|n| n == *"bool" || n == *"bool_")
+}
+
+/// `obj` as an exact integer: a Python int or anything with `__index__` (numpy and torch
+/// integers), never a bool, a float (even a whole one) or a string. `None`: not an integer;
+/// `Some(None)`: an integer outside the 128-bit range.
+fn integer(obj: &Bound<'_, PyAny>) -> Option<Option<i128>> {
+    if is_bool(obj) {
+        return None;
+    }
+    match obj.extract::<i64>() {
+        Ok(v) => Some(Some(v.into())),
+        Err(e) if e.is_instance_of::<PyOverflowError>(obj.py()) => Some(obj.extract::<i128>().ok()),
+        Err(_) => None,
+    }
+}
+
+/// `obj` as an integer in `low..=high` (see [`integer`]: a Python int or anything with
+/// `__index__`; never a bool, a float or a string), else `InvalidArgumentError` naming
+/// `name` and the range. Every integer argument of the SDK goes through here.
 pub(crate) fn int<T: TryFrom<i128>>(obj: &Bound<'_, PyAny>, name: &str, low: i128, high: i128) -> PyResult<T> {
-    let is_int =
-        !obj.is_instance_of::<PyBool>() && (obj.is_instance_of::<PyInt>() || obj.hasattr("__index__").unwrap_or(false));
-    if is_int {
-        // i64 first (one C call); i128 for the rest of the u64 range. Past i128: out of range.
-        let v = obj.extract::<i64>().map(i128::from).or_else(|_| obj.extract::<i128>());
-        if let Ok(v) = v
-            && (low..=high).contains(&v)
-            && let Ok(t) = T::try_from(v)
-        {
-            return Ok(t);
+    let value = integer(obj);
+    if let Some(Some(v)) = value
+        && (low..=high).contains(&v)
+        && let Ok(t) = T::try_from(v)
+    {
+        return Ok(t);
+    }
+    let what = if value.is_some() { "" } else { "an integer " };
+    Err(invalid(obj.py(), format!("{name} must be {what}in {}..={} (got {})", bound(low), bound(high), repr(obj))))
+}
+
+/// The error for element `i` of `name` holding `v`, outside `low..=high`.
+fn element_out_of_range(
+    py: Python<'_>,
+    name: &str,
+    i: usize,
+    v: impl std::fmt::Display,
+    low: i128,
+    high: i128,
+) -> PyErr {
+    invalid(py, format!("{name}[{i}] must be in {}..={} (got {v})", bound(low), bound(high)))
+}
+
+/// The Python side of the sequence conversions (`stowplan._convert`), which knows numpy
+/// dtypes, `__array__` and DLPack; the native side checks the values.
+#[derive(Clone, Copy, Debug)]
+enum Convert {
+    /// `as_integers`: an `int64`/`uint64` array or a list.
+    Integers,
+    /// `as_mask`: a `bool`, `int64` or `uint64` array, or a list.
+    Mask,
+    /// `as_numbers`: a `float64` array or a list.
+    Numbers,
+}
+
+impl Convert {
+    /// `stowplan._convert.<function>(values, name)` (the function imported once).
+    fn call<'py>(self, values: &Bound<'py, PyAny>, name: &str) -> PyResult<Bound<'py, PyAny>> {
+        static FUNCTIONS: [PyOnceLock<Py<PyAny>>; 3] = [const { PyOnceLock::new() }; 3];
+        let function = match self {
+            Convert::Integers => "as_integers",
+            Convert::Mask => "as_mask",
+            Convert::Numbers => "as_numbers",
+        };
+        FUNCTIONS[self as usize].import(values.py(), "stowplan._convert", function)?.call1((values, name))
+    }
+}
+
+/// Integers in `low..=high` from what `as_integers` returns (or a list or tuple): an
+/// `int64`/`uint64` array, checked value by value, or a sequence whose elements are checked
+/// with [`int`] (errors name `name[i]`).
+fn checked_ints<T: TryFrom<i128>>(seq: &Bound<'_, PyAny>, name: &str, low: i128, high: i128) -> PyResult<Vec<T>> {
+    let py = seq.py();
+    let from = |i: usize, v: i128| -> PyResult<T> {
+        (low..=high)
+            .contains(&v)
+            .then(|| T::try_from(v).ok())
+            .flatten()
+            .ok_or_else(|| element_out_of_range(py, name, i, v, low, high))
+    };
+    if let Ok(a) = seq.cast::<PyArray1<i64>>() {
+        return a.try_readonly()?.as_array().iter().enumerate().map(|(i, &v)| from(i, v.into())).collect();
+    }
+    if let Ok(a) = seq.cast::<PyArray1<u64>>() {
+        return a.try_readonly()?.as_array().iter().enumerate().map(|(i, &v)| from(i, v.into())).collect();
+    }
+    let mut out = Vec::with_capacity(seq.len().unwrap_or(0));
+    for (i, e) in seq.try_iter()?.enumerate() {
+        let e = e?;
+        match integer(&e) {
+            Some(Some(v)) => out.push(from(i, v)?),
+            _ => {
+                return Err(int::<T>(&e, &format!("{name}[{i}]"), low, high)
+                    .err()
+                    .unwrap_or_else(|| invalid(py, name.into())));
+            }
         }
     }
-    let what = if is_int { "" } else { "an integer " };
-    Err(invalid(obj.py(), format!("{name} must be {what}in {}..={} (got {})", bound(low), bound(high), repr(obj))))
+    Ok(out)
+}
+
+/// A one-dimensional sequence of integers in `low..=high`, exactly: a numpy array of `T`'s
+/// own dtype is copied as is, a list or tuple is checked element by element ([`int`]), and
+/// anything else (other dtypes, `__array__`, DLPack, iterables) goes through
+/// `stowplan._convert.as_integers` first, which refuses float, bool and string arrays.
+/// Errors are `InvalidArgumentError` naming `name` (or `name[i]`) and the range.
+pub(crate) fn int_vec<T>(obj: &Bound<'_, PyAny>, name: &str, low: i128, high: i128) -> PyResult<Vec<T>>
+where
+    T: numpy::Element + Copy + TryFrom<i128> + Into<i128>,
+{
+    if let Ok(a) = obj.cast::<PyArray1<T>>() {
+        let a = a.try_readonly()?;
+        let a = a.as_array();
+        if let Some((i, v)) = a.iter().enumerate().find(|(_, v)| !(low..=high).contains(&(**v).into())) {
+            return Err(element_out_of_range(obj.py(), name, i, (*v).into(), low, high));
+        }
+        return Ok(a.to_vec());
+    }
+    if obj.is_instance_of::<PyList>() || obj.is_instance_of::<PyTuple>() {
+        return checked_ints(obj, name, low, high);
+    }
+    checked_ints(&Convert::Integers.call(obj, name)?, name, low, high)
+}
+
+/// A loss mask: bools, or the integers 0 and 1 (a bool array, a list or tuple of bools or
+/// 0/1, an integer array holding only 0 and 1, `__array__`, DLPack). Floats and other
+/// integers are refused with `InvalidArgumentError` naming `name[i]`.
+pub(crate) fn mask_vec(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<Vec<bool>> {
+    if let Ok(a) = obj.cast::<PyArray1<bool>>() {
+        return Ok(a.try_readonly()?.as_array().to_vec());
+    }
+    let converted;
+    let seq = if obj.is_instance_of::<PyList>() || obj.is_instance_of::<PyTuple>() {
+        obj
+    } else {
+        converted = Convert::Mask.call(obj, name)?;
+        if let Ok(a) = converted.cast::<PyArray1<bool>>() {
+            return Ok(a.try_readonly()?.as_array().to_vec());
+        }
+        &converted
+    };
+    let py = obj.py();
+    let bad =
+        |i: usize, v: String| invalid(py, format!("{name}[{i}] must be a bool (or the integer 0 or 1) (got {v})"));
+    let bit = |i: usize, v: i128| match v {
+        0 => Ok(false),
+        1 => Ok(true),
+        _ => Err(bad(i, v.to_string())),
+    };
+    if let Ok(a) = seq.cast::<PyArray1<i64>>() {
+        return a.try_readonly()?.as_array().iter().enumerate().map(|(i, &v)| bit(i, v.into())).collect();
+    }
+    if let Ok(a) = seq.cast::<PyArray1<u64>>() {
+        return a.try_readonly()?.as_array().iter().enumerate().map(|(i, &v)| bit(i, v.into())).collect();
+    }
+    let mut out = Vec::with_capacity(seq.len().unwrap_or(0));
+    for (i, e) in seq.try_iter()?.enumerate() {
+        let e = e?;
+        out.push(match integer(&e) {
+            _ if is_bool(&e) => e.is_truthy()?,
+            Some(Some(v)) => bit(i, v)?,
+            _ => return Err(bad(i, repr(&e))),
+        });
+    }
+    Ok(out)
+}
+
+/// Numbers (ints or floats; never bools or strings) as `f32`: a float32/float64 array as
+/// is, a list or tuple element by element ([`number`]), anything else through
+/// `stowplan._convert.as_numbers`. Errors are `InvalidArgumentError` naming `name[i]`.
+pub(crate) fn float_vec(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<Vec<f32>> {
+    if let Ok(a) = obj.cast::<PyArray1<f32>>() {
+        return Ok(a.try_readonly()?.as_array().to_vec());
+    }
+    if let Ok(a) = obj.cast::<PyArray1<f64>>() {
+        return Ok(a.try_readonly()?.as_array().iter().map(|&x| x as f32).collect());
+    }
+    let converted;
+    let seq = if obj.is_instance_of::<PyList>() || obj.is_instance_of::<PyTuple>() {
+        obj
+    } else {
+        converted = Convert::Numbers.call(obj, name)?;
+        if let Ok(a) = converted.cast::<PyArray1<f64>>() {
+            return Ok(a.try_readonly()?.as_array().iter().map(|&x| x as f32).collect());
+        }
+        &converted
+    };
+    let mut out = Vec::with_capacity(seq.len().unwrap_or(0));
+    for (i, e) in seq.try_iter()?.enumerate() {
+        let e = e?;
+        let v = if e.is_exact_instance_of::<PyFloat>() {
+            e.extract::<f64>()?
+        } else {
+            number(&e, &format!("{name}[{i}]"), "a number")?
+        };
+        out.push(v as f32);
+    }
+    Ok(out)
+}
+
+/// _integer(value, name, low, high) -> int: ``value`` checked like every integer argument
+/// of the native layer (an exact integer in ``low..=high``; never a bool, a float or a
+/// string), for the Python layer; raises ``InvalidArgumentError`` naming ``name``.
+#[pyfunction(name = "_integer")]
+fn py_integer(value: &Bound<'_, PyAny>, name: &str, low: i128, high: i128) -> PyResult<i128> {
+    int(value, name, low, high)
+}
+
+/// _integers(values, name, low, high) -> list[int]: a one-dimensional sequence (list,
+/// tuple, numpy array, ``__array__``, DLPack) checked like every integer sequence of the
+/// native layer, as Python ints; raises ``InvalidArgumentError`` naming ``name[i]``.
+#[pyfunction(name = "_integers")]
+fn py_integers(values: &Bound<'_, PyAny>, name: &str, low: i128, high: i128) -> PyResult<Vec<i128>> {
+    if values.is_instance_of::<PyList>() || values.is_instance_of::<PyTuple>() {
+        return checked_ints(values, name, low, high);
+    }
+    checked_ints(&Convert::Integers.call(values, name)?, name, low, high)
 }
 
 /// A `u32` argument `>= low`.
@@ -179,6 +392,12 @@ pub(crate) fn opt_u32(obj: Option<&Bound<'_, PyAny>>, name: &str, low: u32) -> P
     obj.map(|o| u32_arg(o, name, low)).transpose()
 }
 
+/// An optional `i64` argument of a peer function (the peers take any Python int; the kernel
+/// models them in 64 bits).
+pub(crate) fn opt_i64(obj: Option<&Bound<'_, PyAny>>, name: &str) -> PyResult<Option<i64>> {
+    obj.map(|o| int(o, name, i64::MIN.into(), i64::MAX.into())).transpose()
+}
+
 /// An optional `u64` argument `>= low`.
 pub(crate) fn opt_u64(obj: Option<&Bound<'_, PyAny>>, name: &str, low: u64) -> PyResult<Option<u64>> {
     obj.map(|o| u64_arg(o, name, low)).transpose()
@@ -187,11 +406,7 @@ pub(crate) fn opt_u64(obj: Option<&Bound<'_, PyAny>>, name: &str, low: u64) -> P
 /// A number (int or float, not a bool or a string), else `InvalidArgumentError` naming
 /// `name` and `what` it is (e.g. "a number of seconds").
 pub(crate) fn number(obj: &Bound<'_, PyAny>, name: &str, what: &str) -> PyResult<f64> {
-    let value = if obj.is_instance_of::<PyBool>() || obj.is_instance_of::<PyString>() {
-        None
-    } else {
-        obj.extract::<f64>().ok()
-    };
+    let value = if is_bool(obj) || obj.is_instance_of::<PyString>() { None } else { obj.extract::<f64>().ok() };
     value.ok_or_else(|| invalid(obj.py(), format!("{name} must be {what} (got {})", repr(obj))))
 }
 
@@ -281,10 +496,11 @@ pub(crate) fn kernel<'a>(py: Python<'_>, backend: impl Into<Option<&'a str>>) ->
     py.detach(|| Kernel::new(backend)).map_err(|e| to_py(py, e))
 }
 
-/// Lengths/weights as a borrowed numpy array: `uint64`, or `int64` checked non-negative and
-/// read as `uint64` (same size and alignment), both without copying. Anything else (lists,
-/// other integer dtypes, `__array__`, DLPack, non-contiguous arrays) goes through
-/// `stowplan._convert.as_lengths` first.
+/// Lengths/weights as a numpy array read in place: `uint64`, or `int64` checked non-negative
+/// and read as `uint64` (same size and alignment), both without copying. Lists and tuples
+/// are checked element by element ([`int`]) into a new `uint64` array; anything else (other
+/// dtypes, `__array__`, DLPack, non-contiguous arrays, iterables) goes through
+/// `stowplan._convert.as_integers` first, which refuses float, bool and string arrays.
 pub(crate) enum Lengths<'py> {
     U64(PyReadonlyArray1<'py, u64>),
     I64(PyReadonlyArray1<'py, i64>),
@@ -295,12 +511,18 @@ impl<'py> Lengths<'py> {
         if let Some(l) = Self::borrow(obj, name)? {
             return Ok(l);
         }
-        static AS_LENGTHS: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
-        let py = obj.py();
-        let array = AS_LENGTHS.import(py, "stowplan._convert", "as_lengths")?.call1((obj, name))?;
-        Self::borrow(&array, name)?.ok_or_else(|| {
-            PyTypeError::new_err(format!("{name} must be a one-dimensional uint64 or int64 numpy array"))
-        })
+        let converted;
+        let seq = if obj.is_instance_of::<PyList>() || obj.is_instance_of::<PyTuple>() {
+            obj
+        } else {
+            converted = Convert::Integers.call(obj, name)?;
+            if let Some(l) = Self::borrow(&converted, name)? {
+                return Ok(l);
+            }
+            &converted
+        };
+        let values: Vec<u64> = checked_ints(seq, name, 0, u64::MAX.into())?;
+        Ok(Lengths::U64(values.into_pyarray(obj.py()).try_readonly()?))
     }
 
     /// A contiguous `uint64`/`int64` array read in place (`int64` checked non-negative).
@@ -316,7 +538,7 @@ impl<'py> Lengths<'py> {
             let a = a.try_readonly()?;
             let s = a.as_slice().map_err(|e| invalid(obj.py(), format!("{name}: {e}")))?;
             if let Some((i, v)) = s.iter().enumerate().find(|(_, v)| **v < 0) {
-                return Err(invalid(obj.py(), format!("{name}[{i}] = {v} is negative; values must be in 0..=2**64-1")));
+                return Err(element_out_of_range(obj.py(), name, i, v, 0, u64::MAX.into()));
             }
             return Ok(Some(Lengths::I64(a)));
         }
@@ -954,11 +1176,19 @@ fn labels(groups: Option<&Bound<'_, PyAny>>, n: usize) -> PyResult<Option<Vec<u3
     let Some(groups) = groups else { return Ok(None) };
     let py = groups.py();
     let values = if groups.hasattr("tolist")? { groups.call_method0("tolist")? } else { groups.clone() };
+    let not_labels =
+        || invalid(py, format!("groups must be a sequence of labels, one per sample (got {})", repr(groups)));
+    if values.is_instance_of::<PyString>() || values.is_instance_of::<PyBytes>() {
+        return Err(not_labels());
+    }
     let ids = PyDict::new(py);
     let mut out = Vec::with_capacity(n);
-    for v in values.try_iter().map_err(|_| invalid(py, "groups must be a sequence of labels".into()))? {
+    for (i, v) in values.try_iter().map_err(|_| not_labels())?.enumerate() {
         let v = v?;
-        let id = match ids.get_item(&v)? {
+        let found = ids
+            .get_item(&v)
+            .map_err(|_| invalid(py, format!("groups[{i}] must be a hashable label (got {})", repr(&v))))?;
+        let id = match found {
             Some(id) => id.extract::<u32>()?,
             None => {
                 let id = u32::try_from(ids.len()).map_err(|_| invalid(py, "more than 2**32-1 groups".into()))?;
@@ -1082,11 +1312,13 @@ fn balance(
 fn verl<'py>(
     py: Python<'py>,
     function: &str,
-    seqlens: Vec<i64>,
-    k: u32,
+    seqlens: &Bound<'py, PyAny>,
+    k: &Bound<'py, PyAny>,
     equal_size: bool,
     backend: Option<&str>,
 ) -> PyResult<Bound<'py, PyList>> {
+    let seqlens: Vec<i64> = int_vec(seqlens, "seqlen_list", i64::MIN.into(), i64::MAX.into())?;
+    let k: u32 = int(k, "k_partitions", 0, u32::MAX.into())?;
     let f = match function {
         "karmarkar_karp" => VerlFunction::KarmarkarKarp,
         "greedy_partition" => VerlFunction::GreedyPartition,
@@ -1114,10 +1346,18 @@ fn verl<'py>(
 #[pyfunction]
 fn log_seqlen_unbalance<'py>(
     py: Python<'py>,
-    seqlens: Vec<i64>,
-    partitions: Vec<Vec<i64>>,
+    seqlens: &Bound<'py, PyAny>,
+    partitions: &Bound<'py, PyAny>,
     prefix: &str,
 ) -> PyResult<Bound<'py, PyDict>> {
+    let (low, high) = (i64::MIN.into(), i64::MAX.into());
+    let seqlens: Vec<i64> = int_vec(seqlens, "seqlen_list", low, high)?;
+    let partitions = partitions
+        .try_iter()
+        .map_err(|_| invalid(py, "partitions must be a list of lists of indices".into()))?
+        .enumerate()
+        .map(|(r, p)| int_vec(&p?, &format!("partitions[{r}]"), low, high))
+        .collect::<PyResult<Vec<Vec<i64>>>>()?;
     verl_unbalance(py, &seqlens, &partitions, prefix)
 }
 
@@ -1131,16 +1371,32 @@ fn log_seqlen_unbalance<'py>(
 #[allow(clippy::too_many_arguments)]
 fn verl_rearrange_micro_batches<'py>(
     py: Python<'py>,
-    seqlens: Vec<i64>,
-    max_token_len: i64,
-    min_num_micro_batch: Option<i64>,
-    num_batches_divided_by: Option<i64>,
+    seqlens: &Bound<'py, PyAny>,
+    max_token_len: &Bound<'py, PyAny>,
+    min_num_micro_batch: Option<&Bound<'py, PyAny>>,
+    num_batches_divided_by: Option<&Bound<'py, PyAny>>,
     use_dynamic_bsz_balance: Option<bool>,
-    force_group_size: Option<i64>,
-    padded_width: Option<i64>,
-    dp_num_micro_batches: Option<i64>,
+    force_group_size: Option<&Bound<'py, PyAny>>,
+    padded_width: Option<&Bound<'py, PyAny>>,
+    dp_num_micro_batches: Option<&Bound<'py, PyAny>>,
     backend: Option<&str>,
 ) -> PyResult<Bound<'py, PyList>> {
+    let seqlens: Vec<i64> = int_vec(seqlens, "seqlen_list", i64::MIN.into(), i64::MAX.into())?;
+    let (
+        max_token_len,
+        min_num_micro_batch,
+        num_batches_divided_by,
+        force_group_size,
+        padded_width,
+        dp_num_micro_batches,
+    ) = (
+        int(max_token_len, "max_token_len", i64::MIN.into(), i64::MAX.into())?,
+        opt_i64(min_num_micro_batch, "min_num_micro_batch")?,
+        opt_i64(num_batches_divided_by, "num_batches_divided_by")?,
+        opt_i64(force_group_size, "force_group_size")?,
+        opt_i64(padded_width, "padded_width")?,
+        opt_i64(dp_num_micro_batches, "dp_num_micro_batches")?,
+    );
     let d = VerlMicroOptions::new(max_token_len);
     let o = VerlMicroOptions {
         min_num_micro_batch: min_num_micro_batch.or(d.min_num_micro_batch),
@@ -1197,11 +1453,14 @@ impl PyDpReorder {
 #[pyo3(signature = (seqlens, dp, *, minibatch_size=None, backend=None))]
 fn balance_batch(
     py: Python<'_>,
-    seqlens: Vec<i64>,
-    dp: u32,
-    minibatch_size: Option<i64>,
+    seqlens: &Bound<'_, PyAny>,
+    dp: &Bound<'_, PyAny>,
+    minibatch_size: Option<&Bound<'_, PyAny>>,
     backend: Option<&str>,
 ) -> PyResult<PyDpReorder> {
+    let seqlens: Vec<i64> = int_vec(seqlens, "seqlen_list", i64::MIN.into(), i64::MAX.into())?;
+    let dp: u32 = int(dp, "dp_size", 0, u32::MAX.into())?;
+    let minibatch_size = opt_i64(minibatch_size, "minibatch_size")?;
     let kernel = kernel(py, backend)?;
     match py.detach(|| kernel.balance_batch(&seqlens, dp, minibatch_size)).map_err(|e| to_py(py, e))? {
         Ok(inner) => Ok(PyDpReorder { inner }),
@@ -1261,16 +1520,27 @@ impl PyRollMicroBatches {
 #[allow(clippy::too_many_arguments)]
 fn roll_load_balance(
     py: Python<'_>,
-    lengths: Vec<i64>,
-    mask_width: i64,
-    max_packed_sequence_length: i64,
-    min_num_micro_batches: Option<i64>,
-    tp: Option<i64>,
-    cp: Option<i64>,
-    vp: Option<i64>,
-    dp_num_micro_batches: Option<i64>,
+    lengths: &Bound<'_, PyAny>,
+    mask_width: &Bound<'_, PyAny>,
+    max_packed_sequence_length: &Bound<'_, PyAny>,
+    min_num_micro_batches: Option<&Bound<'_, PyAny>>,
+    tp: Option<&Bound<'_, PyAny>>,
+    cp: Option<&Bound<'_, PyAny>>,
+    vp: Option<&Bound<'_, PyAny>>,
+    dp_num_micro_batches: Option<&Bound<'_, PyAny>>,
     backend: Option<&str>,
 ) -> PyResult<PyRollMicroBatches> {
+    let lengths: Vec<i64> = int_vec(lengths, "lengths", i64::MIN.into(), i64::MAX.into())?;
+    let (low, high) = (i64::MIN.into(), i64::MAX.into());
+    let mask_width: i64 = int(mask_width, "mask_width", low, high)?;
+    let max_packed_sequence_length: i64 = int(max_packed_sequence_length, "max_packed_sequence_length", low, high)?;
+    let (min_num_micro_batches, tp, cp, vp, dp_num_micro_batches) = (
+        opt_i64(min_num_micro_batches, "min_num_micro_batches")?,
+        opt_i64(tp, "tp")?,
+        opt_i64(cp, "cp")?,
+        opt_i64(vp, "vp")?,
+        opt_i64(dp_num_micro_batches, "dp_num_micro_batches")?,
+    );
     let d = RollLoadBalanceOptions::new(mask_width, max_packed_sequence_length);
     let o = RollLoadBalanceOptions {
         min_num_micro_batches: min_num_micro_batches.unwrap_or(d.min_num_micro_batches),
@@ -1311,6 +1581,8 @@ fn _stowplan(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(balance_batch, m)?)?;
     m.add_function(wrap_pyfunction!(roll_load_balance, m)?)?;
     m.add_function(wrap_pyfunction!(kernel_info, m)?)?;
+    m.add_function(wrap_pyfunction!(py_integer, m)?)?;
+    m.add_function(wrap_pyfunction!(py_integers, m)?)?;
     m.add_class::<PyPartition>()?;
     m.add_class::<PyPacking>()?;
     m.add_class::<PyMicroBatches>()?;

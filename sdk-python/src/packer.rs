@@ -23,7 +23,7 @@ use stowplan::serve::{
     Arrival, BatchSender, Control, FileRankClient, FileRankOptions, HEARTBEAT, MessageKey, RankMessage, RankReceiver,
     Receipt, Receipts, ToRank, batch_file_name, send_fs,
 };
-use stowplan::{BatchKey, Cost, Packer, PackerOptions, PackerState, RankBatch, RunConfig, RunProgress, TrainingBatch};
+use stowplan::{BatchKey, Packer, PackerOptions, PackerState, RankBatch, RunConfig, RunProgress, TrainingBatch};
 
 use crate::layout::{extract_sample, wrap};
 use crate::{cost_arg, int, invalid, kernel, number, opt_u32, opt_u64, to_py, u32_arg, u64_arg};
@@ -96,39 +96,26 @@ fn rank_list(py: Python<'_>, ranks: Vec<RankBatch>) -> PyResult<Bound<'_, PyList
     Ok(out)
 }
 
-fn u32_of(py: Python<'_>, name: &str, v: i128, min: u32) -> PyResult<u32> {
-    u32::try_from(v)
-        .ok()
-        .filter(|&x| x >= min)
-        .ok_or_else(|| invalid(py, format!("{name} must be in {min}..=2**32-1 (got {v})")))
-}
-
-fn u64_of(py: Python<'_>, name: &str, v: i128, min: u64) -> PyResult<u64> {
-    u64::try_from(v)
-        .ok()
-        .filter(|&x| x >= min)
-        .ok_or_else(|| invalid(py, format!("{name} must be in {min}..=2**64-1 (got {v})")))
-}
-
 fn training_batch(
     py: Python<'_>,
-    run: i128,
-    step: i128,
-    temperature: f64,
+    run: &Bound<'_, PyAny>,
+    step: &Bound<'_, PyAny>,
+    temperature: &Bound<'_, PyAny>,
     samples: &Bound<'_, PyAny>,
 ) -> PyResult<TrainingBatch> {
+    let temperature = number(temperature, "temperature", "a number > 0")?;
     if !(temperature > 0.0 && temperature.is_finite()) {
         return Err(invalid(py, format!("temperature must be > 0 and finite (got {temperature})")));
     }
     let samples = samples
         .try_iter()
-        .map_err(|_| pyo3::exceptions::PyTypeError::new_err("samples must be an iterable of mappings or objects"))?
+        .map_err(|_| invalid(py, "samples must be an iterable of mappings or objects".into()))?
         .enumerate()
         .map(|(i, s)| extract_sample(i, &s?).map(|o| o.sample))
         .collect::<PyResult<Vec<_>>>()?;
     Ok(TrainingBatch {
-        run: u32_of(py, "run", run, 0)?,
-        step: u64_of(py, "step", step, 0)?,
+        run: u32_arg(run, "run", 0)?,
+        step: u64_arg(step, "step", 0)?,
         temperature: temperature as f32,
         samples,
     })
@@ -138,9 +125,9 @@ fn training_batch(
 #[pyfunction]
 fn encode_training_batch<'py>(
     py: Python<'py>,
-    run: i128,
-    step: i128,
-    temperature: f64,
+    run: &Bound<'_, PyAny>,
+    step: &Bound<'_, PyAny>,
+    temperature: &Bound<'py, PyAny>,
     samples: &Bound<'py, PyAny>,
 ) -> PyResult<Bound<'py, PyBytes>> {
     let b = training_batch(py, run, step, temperature, samples)?;
@@ -150,17 +137,22 @@ fn encode_training_batch<'py>(
 
 /// encode_control(kind, run, batch_size) -> bytes; kind "add_run" or "remove_run".
 #[pyfunction]
-fn encode_control<'py>(py: Python<'py>, kind: &str, run: i128, batch_size: i128) -> PyResult<Bound<'py, PyBytes>> {
-    let run = u32_of(py, "run", run, 0)?;
-    let batch_size = if kind == "add_run" { u64_of(py, "batch_size", batch_size, 1)? } else { 1 };
+fn encode_control<'py>(
+    py: Python<'py>,
+    kind: &str,
+    run: &Bound<'_, PyAny>,
+    batch_size: &Bound<'_, PyAny>,
+) -> PyResult<Bound<'py, PyBytes>> {
+    let run = u32_arg(run, "run", 0)?;
+    let batch_size = if kind == "add_run" { u64_arg(batch_size, "batch_size", 1)? } else { 1 };
     let c = control(py, kind, run, batch_size)?;
     Ok(PyBytes::new(py, &c.encode().map_err(|e| to_py(py, e))?))
 }
 
 /// batch_file_name(run, step) -> the inbox/spool file name of a batch.
 #[pyfunction(name = "batch_file_name")]
-fn py_batch_file_name(py: Python<'_>, run: i128, step: i128) -> PyResult<String> {
-    Ok(batch_file_name(stowplan::BatchKey { run: u32_of(py, "run", run, 0)?, step: u64_of(py, "step", step, 0)? }))
+fn py_batch_file_name(run: &Bound<'_, PyAny>, step: &Bound<'_, PyAny>) -> PyResult<String> {
+    Ok(batch_file_name(stowplan::BatchKey { run: u32_arg(run, "run", 0)?, step: u64_arg(step, "step", 0)? }))
 }
 
 /// fs_send(root, name, data) -> path: writes an encoded message into ROOT/inbox atomically.
@@ -210,20 +202,29 @@ fn decode_rank_batch(py: Python<'_>, data: &[u8]) -> PyResult<PyRankBatch> {
 
 /// encode_rank_hello(rank, dp, next_step) -> bytes
 #[pyfunction]
-fn encode_rank_hello<'py>(py: Python<'py>, rank: i128, dp: i128, next_step: i128) -> PyResult<Bound<'py, PyBytes>> {
-    let dp = u32_of(py, "dp", dp, 1)?;
-    let rank = u32_of(py, "rank", rank, 0)?;
+fn encode_rank_hello<'py>(
+    py: Python<'py>,
+    rank: &Bound<'_, PyAny>,
+    dp: &Bound<'_, PyAny>,
+    next_step: &Bound<'_, PyAny>,
+) -> PyResult<Bound<'py, PyBytes>> {
+    let dp = u32_arg(dp, "dp", 1)?;
+    let rank = u32_arg(rank, "rank", 0)?;
     if rank >= dp {
         return Err(invalid(py, format!("rank must be below dp {dp} (got {rank})")));
     }
-    let m = RankMessage::Hello { rank, dp, next_step: u64_of(py, "next_step", next_step, 0)? };
+    let m = RankMessage::Hello { rank, dp, next_step: u64_arg(next_step, "next_step", 0)? };
     Ok(PyBytes::new(py, &m.encode().map_err(|e| to_py(py, e))?))
 }
 
 /// encode_rank_ack(rank, step) -> bytes
 #[pyfunction]
-fn encode_rank_ack<'py>(py: Python<'py>, rank: i128, step: i128) -> PyResult<Bound<'py, PyBytes>> {
-    let m = RankMessage::Ack { rank: u32_of(py, "rank", rank, 0)?, step: u64_of(py, "step", step, 0)? };
+fn encode_rank_ack<'py>(
+    py: Python<'py>,
+    rank: &Bound<'_, PyAny>,
+    step: &Bound<'_, PyAny>,
+) -> PyResult<Bound<'py, PyBytes>> {
+    let m = RankMessage::Ack { rank: u32_arg(rank, "rank", 0)?, step: u64_arg(step, "step", 0)? };
     Ok(PyBytes::new(py, &m.encode().map_err(|e| to_py(py, e))?))
 }
 
@@ -785,18 +786,18 @@ impl PyPacker {
         Ok(Self { inner: Arc::new(Mutex::new(packer)) })
     }
 
-    fn add_run(&self, py: Python<'_>, run: i128, batch_size: i128) -> PyResult<()> {
-        let (run, batch_size) = (u32_of(py, "run", run, 0)?, u64_of(py, "batch_size", batch_size, 1)?);
+    fn add_run(&self, py: Python<'_>, run: &Bound<'_, PyAny>, batch_size: &Bound<'_, PyAny>) -> PyResult<()> {
+        let (run, batch_size) = (u32_arg(run, "run", 0)?, u64_arg(batch_size, "batch_size", 1)?);
         self.lock(py)?.add_run(run, RunConfig { batch_size }).map_err(|e| to_py(py, e))
     }
 
-    fn remove_run(&self, py: Python<'_>, run: i128) -> PyResult<usize> {
-        let run = u32_of(py, "run", run, 0)?;
+    fn remove_run(&self, py: Python<'_>, run: &Bound<'_, PyAny>) -> PyResult<usize> {
+        let run = u32_arg(run, "run", 0)?;
         self.lock(py)?.remove_run(run).map(|(dropped, _)| dropped).map_err(|e| to_py(py, e))
     }
 
-    fn clear_ready(&self, py: Python<'_>, run: i128) -> PyResult<()> {
-        let run = u32_of(py, "run", run, 0)?;
+    fn clear_ready(&self, py: Python<'_>, run: &Bound<'_, PyAny>) -> PyResult<()> {
+        let run = u32_arg(run, "run", 0)?;
         self.lock(py)?.clear_ready(run).map_err(|e| to_py(py, e))
     }
 
@@ -805,9 +806,9 @@ impl PyPacker {
     fn ingest(
         &self,
         py: Python<'_>,
-        run: i128,
-        step: i128,
-        temperature: f64,
+        run: &Bound<'_, PyAny>,
+        step: &Bound<'_, PyAny>,
+        temperature: &Bound<'_, PyAny>,
         samples: &Bound<'_, PyAny>,
     ) -> PyResult<(u32, Vec<(u32, &'static str, String)>, bool)> {
         let b = Arc::new(training_batch(py, run, step, temperature, samples)?);
@@ -853,8 +854,8 @@ impl PyPacker {
         Ok(Some((ranks, d)))
     }
 
-    fn delivered(&self, py: Python<'_>, step: i128) -> PyResult<Vec<(u32, u64)>> {
-        let step = u64_of(py, "step", step, 0)?;
+    fn delivered(&self, py: Python<'_>, step: &Bound<'_, PyAny>) -> PyResult<Vec<(u32, u64)>> {
+        let step = u64_arg(step, "step", 0)?;
         let keys = self.lock(py)?.delivered(step).map_err(|e| to_py(py, e))?;
         Ok(keys.into_iter().map(|k| (k.run, k.step)).collect())
     }

@@ -12,7 +12,7 @@ use stowplan::{EffectiveBatch, LengthCache, PackingConfig, PlanOptions, StaticPa
 
 use stowplan::plan::config::{DEFAULT_PRECOMPUTE_WORKERS, DEFAULT_WAIT_TIMEOUT_S};
 
-use crate::{Lengths, int, invalid, json_to_py, kernel, number, opt_u64, repr, to_py, u64_arg};
+use crate::{Lengths, int, int_vec, invalid, json_to_py, kernel, number, opt_u64, repr, to_py, u64_arg};
 
 /// How long one host wait runs before Python signals are checked.
 const SLICE: Duration = Duration::from_secs(1);
@@ -343,10 +343,11 @@ impl PyLengthCache {
         py: Python<'_>,
         cache_dir: PathBuf,
         source: &str,
-        samples: usize,
+        samples: &Bound<'_, PyAny>,
         config_json: Option<&str>,
         persist_every: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
+        let samples = sample_count(samples)?;
         let config = json_value(py, config_json, "config")?;
         let persist_every = persist_every
             .map(|p| {
@@ -366,7 +367,9 @@ impl PyLengthCache {
     }
 
     /// set_many(indices, lengths): records lengths by sample index (flushing on cadence).
-    fn set_many(&mut self, py: Python<'_>, indices: Vec<i128>, lengths: Vec<i128>) -> PyResult<()> {
+    fn set_many(&mut self, py: Python<'_>, indices: &Bound<'_, PyAny>, lengths: &Bound<'_, PyAny>) -> PyResult<()> {
+        let indices: Vec<u64> = int_vec(indices, "indices", 0, u64::MAX.into())?;
+        let lengths: Vec<u64> = int_vec(lengths, "lengths", 0, u64::MAX.into())?;
         if indices.len() != lengths.len() {
             return Err(invalid(
                 py,
@@ -374,9 +377,7 @@ impl PyLengthCache {
             ));
         }
         for (&i, &l) in indices.iter().zip(&lengths) {
-            let i = usize::try_from(i).map_err(|_| invalid(py, format!("sample index {i} is negative")))?;
-            let l = u64::try_from(l)
-                .map_err(|_| invalid(py, format!("length of sample {i} must be in 1..=2**64-2 tokens (got {l})")))?;
+            let i = usize::try_from(i).map_err(|_| invalid(py, format!("sample index {i} is out of range")))?;
             self.cache.set(i, l).map_err(|e| to_py(py, e))?;
         }
         Ok(())
@@ -439,10 +440,11 @@ impl PyLengthCache {
         py: Python<'py>,
         cache_dir: PathBuf,
         source: &str,
-        samples: usize,
+        samples: &Bound<'_, PyAny>,
         config_json: Option<&str>,
         timeout_s: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Bound<'py, PyArray1<u64>>> {
+        let samples = sample_count(samples)?;
         let timeout_s = match timeout_s {
             Some(t) => number(t, "timeout_s", "a number of seconds >= 0")?,
             None => DEFAULT_WAIT_TIMEOUT_S as f64,
@@ -475,6 +477,11 @@ impl PyLengthCache {
 
 /// One rank: the `world_size` of an omitted argument.
 const ONE_RANK: u32 = 1;
+
+/// The number of samples of a length cache.
+fn sample_count(samples: &Bound<'_, PyAny>) -> PyResult<usize> {
+    int(samples, "samples", 0, u64::MAX.into())
+}
 
 fn world(world_size: &Bound<'_, PyAny>) -> PyResult<u32> {
     int(world_size, "world_size", 0, u32::MAX.into())

@@ -8,7 +8,7 @@ use pyo3::types::{PyBytes, PyDict, PyList};
 use stowplan::{DataSource, DataSourceOptions, Group, RolloutSample, Status};
 
 use crate::filter::PyFilter;
-use crate::{Nullable, invalid, kernel, opt_u64, to_py, u32_arg};
+use crate::{Nullable, int, invalid, kernel, opt_u64, to_py, u32_arg};
 
 fn status_name(s: Status) -> &'static str {
     match s {
@@ -47,11 +47,15 @@ fn groups_list<'py>(py: Python<'py>, groups: &[Group]) -> PyResult<Bound<'py, Py
     Ok(out)
 }
 
-fn sample_from(py: Python<'_>, d: &Bound<'_, PyDict>, at: &str) -> PyResult<RolloutSample> {
+/// A sample dict (`stowplan._source`'s encoding) as the host's sample; `group` `None` means
+/// the sample's prompt group, `index / n_samples_per_prompt`.
+fn sample_from(d: &Bound<'_, PyDict>, at: &str, n_samples_per_prompt: u32) -> PyResult<RolloutSample> {
+    let py = d.py();
     let get = |key: &str| -> PyResult<Bound<'_, PyAny>> {
         d.get_item(key)?.ok_or_else(|| invalid(py, format!("{at} has no {key:?}")))
     };
     let field = |key: &str, what: &str| invalid(py, format!("{at}.{key} must be {what}"));
+    let name = |key: &str| format!("{at}.{key}");
     let status = match get("status")?.extract::<String>()?.as_str() {
         "pending" => Status::Pending,
         "completed" => Status::Completed,
@@ -64,19 +68,23 @@ fn sample_from(py: Python<'_>, d: &Bound<'_, PyDict>, at: &str) -> PyResult<Roll
             ));
         }
     };
+    let index: u64 = int(&get("index")?, &name("index"), 0, u64::MAX.into())?;
+    let group = get("group")?;
+    let group = if group.is_none() {
+        index / u64::from(n_samples_per_prompt)
+    } else {
+        int(&group, &name("group"), 0, u64::MAX.into())?
+    };
+    let u32_field = |key: &str| -> PyResult<u32> { int(&get(key)?, &name(key), 0, u32::MAX.into()) };
     Ok(RolloutSample {
-        index: get("index")?.extract().map_err(|_| field("index", "an integer in 0..=2**64-1"))?,
-        group: get("group")?.extract().map_err(|_| field("group", "an integer in 0..=2**64-1"))?,
-        prompt_index: get("prompt_index")?.extract().map_err(|_| field("prompt_index", "an integer in 0..=2**32-1"))?,
+        index,
+        group,
+        prompt_index: u32_field("prompt_index")?,
         prompt: get("prompt")?.extract().map_err(|_| field("prompt", "JSON text"))?,
         label: get("label")?.extract().map_err(|_| field("label", "a string or None"))?,
         metadata: get("metadata")?.extract().map_err(|_| field("metadata", "JSON object text"))?,
-        prompt_length: get("prompt_length")?
-            .extract()
-            .map_err(|_| field("prompt_length", "an integer in 0..=2**32-1"))?,
-        response_length: get("response_length")?
-            .extract()
-            .map_err(|_| field("response_length", "an integer in 0..=2**32-1"))?,
+        prompt_length: u32_field("prompt_length")?,
+        response_length: u32_field("response_length")?,
         rewards: get("rewards")?.extract().map_err(|_| field("rewards", "a list of floats"))?,
         status,
         payload: get("payload")?.extract().map_err(|_| field("payload", "bytes"))?,
@@ -153,11 +161,12 @@ impl PyDataSource {
     fn get_samples<'py>(
         &mut self,
         py: Python<'py>,
-        n: i128,
-        rollout_id: Option<u64>,
+        n: &Bound<'py, PyAny>,
+        rollout_id: Option<&Bound<'py, PyAny>>,
         filter: Option<PyRef<'_, PyFilter>>,
     ) -> PyResult<Bound<'py, PyList>> {
-        let n = usize::try_from(n).map_err(|_| invalid(py, format!("n must be a number of groups >= 0 (got {n})")))?;
+        let n: usize = int(n, "num_samples", 0, u64::MAX.into())?;
+        let rollout_id = opt_u64(rollout_id, "rollout_id", 0)?;
         let inner = &mut self.inner;
         let filter = filter.as_deref();
         // A plugin call may take up to its deadline: without the GIL.
@@ -172,6 +181,7 @@ impl PyDataSource {
 
     /// add_samples(groups): validates every group, then appends them to the buffer.
     fn add_samples(&mut self, py: Python<'_>, groups: &Bound<'_, PyList>) -> PyResult<()> {
+        let k = self.inner.options().n_samples_per_prompt;
         let mut out = Vec::with_capacity(groups.len());
         for (g, group) in groups.iter().enumerate() {
             let group = group.cast_into::<PyList>().map_err(|_| invalid(py, format!("groups[{g}] must be a list")))?;
@@ -180,7 +190,7 @@ impl PyDataSource {
                 let d = sample
                     .cast_into::<PyDict>()
                     .map_err(|_| invalid(py, format!("groups[{g}][{s}] must be a dict")))?;
-                samples.push(sample_from(py, &d, &format!("groups[{g}][{s}]"))?);
+                samples.push(sample_from(&d, &format!("groups[{g}][{s}]"), k)?);
             }
             out.push(samples);
         }

@@ -90,7 +90,7 @@ def test_materialize_errors_and_dummies():
         stowplan.materialize(good, capacity=64, cp=0)
     with pytest.raises(stowplan.InvalidArgumentError, match="has no advantage"):
         stowplan.materialize([{"prompt_ids": [1], "completion_ids": [2]}], capacity=64)
-    with pytest.raises(TypeError, match=r"samples\[0\].prompt_ids must be a sequence of integers"):
+    with pytest.raises(stowplan.InvalidArgumentError, match=r"samples\[0\].prompt_ids must be a sequence of integers"):
         stowplan.materialize([{"prompt_ids": "abc", "completion_ids": [2], "advantage": 1.0}], capacity=64)
     with pytest.raises(stowplan.InvalidArgumentError, match="no CP split"):
         stowplan.materialize(good, capacity=64).ranks[0][0].cp_view(0)

@@ -59,7 +59,7 @@ class TrainingBatch:
 
     def encode(self) -> bytes:
         """The batch in stowplan's versioned wire format (what the transports carry)."""
-        return _stowplan.encode_training_batch(self.run, self.step, float(self.temperature), self.samples)
+        return _stowplan.encode_training_batch(self.run, self.step, self.temperature, self.samples)
 
 
 @dataclass
@@ -233,7 +233,7 @@ class Packer:
         if isinstance(batch, (bytes, bytearray, memoryview)):
             accepted, rejected, duplicate = self._inner.ingest_bytes(bytes(batch))
         else:
-            accepted, rejected, duplicate = self._inner.ingest(batch.run, batch.step, float(batch.temperature), batch.samples)
+            accepted, rejected, duplicate = self._inner.ingest(batch.run, batch.step, batch.temperature, batch.samples)
         return IngestReport(accepted, rejected, duplicate)
 
     def should_pack(self) -> bool:

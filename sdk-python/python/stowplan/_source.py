@@ -53,10 +53,8 @@ def _get(sample: Any, name: str, default: Any = None) -> Any:
     return getattr(sample, name, default)
 
 
-def _to_native(sample: Any, k: int, at: str) -> Dict[str, Any]:
-    index = _get(sample, "index")
-    if isinstance(index, bool) or not isinstance(index, int) or index < 0:
-        raise InvalidArgumentError(f"{at}.index must be an integer >= 0 (got {index!r})")
+def _to_native(sample: Any, at: str) -> Dict[str, Any]:
+    """``sample`` as the native layer's dict (which checks the integers and names them)."""
     rewards = _get(sample, "rewards")
     if rewards is None:
         reward = _get(sample, "reward")
@@ -72,24 +70,25 @@ def _to_native(sample: Any, k: int, at: str) -> Dict[str, Any]:
         raise InvalidArgumentError(f"{at}: rewards must be numbers (got {rewards!r})") from None
     status = _get(sample, "status", "pending")
     status = getattr(status, "value", status)
-    response_length = int(_get(sample, "response_length", 0) or 0)
+    response_length = _get(sample, "response_length", 0) or 0
     prompt_length = _get(sample, "prompt_length")
     if prompt_length is None:
         tokens = _get(sample, "tokens")
-        prompt_length = max(0, len(tokens) - response_length) if tokens else 0
+        response = _stowplan._integer(response_length, f"{at}.response_length", 0, _UNKNOWN_PROMPT)
+        prompt_length = max(0, len(tokens) - response) if tokens else 0
     label = _get(sample, "label")
     metadata = _get(sample, "metadata") or {}
     if not isinstance(metadata, dict):
         raise InvalidArgumentError(f"{at}.metadata must be a dict (got {type(metadata).__name__})")
     prompt_index = _get(sample, "prompt_index")
     native = {
-        "index": index,
-        "group": _get(sample, "group", index // k),
+        "index": _get(sample, "index"),
+        "group": _get(sample, "group"),
         "prompt_index": _UNKNOWN_PROMPT if prompt_index is None else prompt_index,
         "prompt": json.dumps(_get(sample, "prompt", "")),
         "label": label if label is None or isinstance(label, str) else json.dumps(label),
         "metadata": json.dumps(metadata),
-        "prompt_length": int(prompt_length),
+        "prompt_length": prompt_length,
         "response_length": response_length,
         "rewards": rewards,
         "status": str(status),
@@ -178,8 +177,7 @@ class DataSource:
             raise InvalidArgumentError(f"cannot add samples to {type(self).__name__}: it is read-only")
         if not isinstance(samples, (list, tuple)) or any(not isinstance(g, (list, tuple)) for g in samples):
             raise InvalidArgumentError("samples must be a list of groups (lists of samples)")
-        k = self.n_samples_per_prompt
-        native = [[_to_native(s, k, f"groups[{g}][{j}]") for j, s in enumerate(group)] for g, group in enumerate(samples)]
+        native = [[_to_native(s, f"groups[{g}][{j}]") for j, s in enumerate(group)] for g, group in enumerate(samples)]
         self._native.add_samples(native)
 
     def save(self, path: Any) -> None:

@@ -216,6 +216,16 @@ def roll_load_balance(
 def kernel_info() -> Dict[str, Any]:
     """``{"sha256": component sha256, "imports": component imports}``."""
 
+def _integer(value: Any, name: str, low: int, high: int) -> int:
+    """``value`` checked like every integer argument of the native layer: an exact integer
+    (a Python int or anything with ``__index__``; never a bool, a float or a string) in
+    ``low..=high``, else ``InvalidArgumentError`` naming ``name`` and the range."""
+
+def _integers(values: Any, name: str, low: int, high: int) -> List[int]:
+    """A one-dimensional sequence (list, tuple, numpy array, ``__array__``, DLPack) checked
+    like every integer sequence of the native layer (see ``stowplan._convert``), as Python
+    ints; errors name ``name[i]``."""
+
 def pad_factor(
     *,
     cp: Optional[int] = None,

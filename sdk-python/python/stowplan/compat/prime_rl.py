@@ -47,7 +47,7 @@ def _get(sample: Any, name: str, default: Any = None) -> Any:
     return default if value is None else value
 
 
-def _truncated(sample: Any, seq_len: int) -> Dict[str, Any]:
+def _truncated(i: int, sample: Any, seq_len: int) -> Dict[str, Any]:
     """prime-rl's ``prepare_sample`` view of a sample: prompt + completion cut to ``seq_len``."""
     prompt = list(_get(sample, "prompt_ids", []))
     completion = list(_get(sample, "completion_ids", []))
@@ -60,8 +60,8 @@ def _truncated(sample: Any, seq_len: int) -> Dict[str, Any]:
         "completion_mask": list(_get(sample, "completion_mask", [True] * len(completion)))[:c],
         "completion_logprobs": list(_get(sample, "completion_logprobs", [0.0] * len(completion)))[:c],
         "completion_temperatures": list(_get(sample, "completion_temperatures", [1.0] * len(completion)))[:c],
-        "advantage": float(_get(sample, "advantage", 0.0)),
-        "run": int(_get(sample, "lora", _get(sample, "run", 0))),
+        "advantage": _get(sample, "advantage", 0.0),
+        "run": _stowplan._integer(_get(sample, "lora", _get(sample, "run", 0)), f"samples[{i}].lora", 0, 2**32 - 1),
     }
     teacher = _get(sample, "teacher_logprobs")
     if teacher is not None:
@@ -113,7 +113,8 @@ def pack_samples(samples: Sequence[Any], seq_len: int, *, backend: Optional[str]
     zero-length samples prime-rl drops without a word.
     """
     _check_envs(samples)
-    return _pack([_truncated(s, seq_len) for s in samples], samples, seq_len, backend)
+    seq_len = _stowplan._integer(seq_len, "seq_len", -(2**63), 2**63 - 1)
+    return _pack([_truncated(i, s, seq_len) for i, s in enumerate(samples)], samples, seq_len, backend)
 
 
 def prepare_micro_batches(
@@ -140,9 +141,11 @@ def prepare_micro_batches(
     if variant not in ("classic", "multilora"):
         raise ValueError(f"variant must be 'classic' or 'multilora' (got {variant!r})")
     _check_envs(samples)
+    seq_len = _stowplan._integer(seq_len, "seq_len", -(2**63), 2**63 - 1)
+    pad_to_multiple_of = _stowplan._integer(pad_to_multiple_of, "pad_to_multiple_of", -(2**63), 2**63 - 1)
     if pad_to_multiple_of == 0:
         raise ZeroDivisionError("integer modulo by zero")
-    prepared = [_truncated(s, seq_len) for s in samples]
+    prepared = [_truncated(i, s, seq_len) for i, s in enumerate(samples)]
     for s in prepared:
         if not 0 <= s["run"] < num_loras:
             raise IndexError("list index out of range")
@@ -153,9 +156,9 @@ def prepare_micro_batches(
         prepared,
         capacity=2**63,
         padding="micro_batch",
-        align=int(pad_to_multiple_of),
+        align=pad_to_multiple_of,
         pad_token_id=1,
-        num_runs=int(num_loras),
+        num_runs=num_loras,
         mix_runs=True,
         allow_empty_completion=True,
         plan=[bins],

@@ -9,6 +9,8 @@
 - :func:`get_pad_factor`, :func:`restore_results_order`.
 
 The behaviour (and the exception types and messages) is ROLL's at commit ``8eb27cc``.
+Lengths, sizes and token ids are exact integers; floats (even whole ones), bools and strings
+raise :class:`stowplan.InvalidArgumentError` naming the argument instead of being truncated.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import warnings
 from typing import Any, Dict, List, Optional, Sequence
 
 from .. import _stowplan
-from .verl import _mask_or_lengths, log_seqlen_unbalance
+from .verl import _mask_or_lengths, _seqlens, log_seqlen_unbalance
 
 __all__ = ["get_pad_factor", "load_balance", "restore_results_order", "batch_balance", "pack_sequences", "unpack_sequences"]
 
@@ -69,18 +71,18 @@ def load_balance(
         >>> load_balance([2, 4, 6, 1], 32)["micro_batches"]
         [[1, 2], [0, 3]]
     """
-    seqlens, width = _mask_or_lengths(lengths)
+    seqlens, width = _mask_or_lengths(lengths, "lengths")
     if mask_width is None:
         mask_width = width if width is not None else max(seqlens, default=0)
     r = _stowplan.roll_load_balance(
         seqlens,
-        int(mask_width),
-        int(max_packed_sequence_length),
-        min_num_micro_batches=int(min_num_micro_batches),
-        tp=int(tp),
-        cp=int(cp),
-        vp=int(vp),
-        dp_num_micro_batches=None if dp_num_micro_batches is None else int(dp_num_micro_batches),
+        mask_width,
+        max_packed_sequence_length,
+        min_num_micro_batches=min_num_micro_batches,
+        tp=tp,
+        cp=cp,
+        vp=vp,
+        dp_num_micro_batches=dp_num_micro_batches,
     )
     batches = r.micro_batches
     order = [i for b in batches for i in b]
@@ -116,11 +118,11 @@ def batch_balance(lengths: Any, dp_size: int, *, minibatch_size: Optional[int] =
         >>> batch_balance([100, 900, 50, 950, 400, 600], 2)["rank_partitions"]
         [[2, 1, 5], [0, 3, 4]]
     """
-    seqlens, _ = _mask_or_lengths(lengths)
-    if int(dp_size) < 0:
+    seqlens, _ = _mask_or_lengths(lengths, "lengths")
+    if _stowplan._integer(dp_size, "dp_size", -(2**63), 2**63 - 1) < 0:
         raise ValueError(f"dp_size = {dp_size} is negative")
-    mb = int(minibatch_size) if keep_minibatch and minibatch_size is not None else None
-    reorder = _stowplan.balance_batch(seqlens, int(dp_size), minibatch_size=mb)
+    mb = minibatch_size if keep_minibatch and minibatch_size is not None else None
+    reorder = _stowplan.balance_batch(seqlens, dp_size, minibatch_size=mb)
     partitions, kk, dropped = reorder.partitions, reorder.kk_partitions, reorder.dropped
     if dropped:
         warnings.warn(
@@ -198,5 +200,5 @@ def unpack_sequences(row: Any, cu_seqlens_padded: Any, cp: int = 1) -> List[Any]
         >>> unpack_sequences(list(range(10)), [0, 4, 8, 16, 20], cp=2)
         [[0, 1], [2, 3], [4, 5, 6, 7], [8, 9]]
     """
-    bounds = [int(b) // cp for b in cu_seqlens_padded]
+    bounds = [b // cp for b in _seqlens(cu_seqlens_padded, "cu_seqlens_padded")]
     return [row[bounds[i] : bounds[i + 1]] for i in range(len(bounds) - 1)]

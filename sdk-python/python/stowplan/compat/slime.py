@@ -29,6 +29,7 @@ from __future__ import annotations
 import os
 from typing import Any, Dict, List, Optional
 
+from .. import _stowplan
 from .._filter import Filter
 from .._source import BufferedDataSource, Sample
 from ..errors import InvalidArgumentError
@@ -54,15 +55,13 @@ class RolloutDataSource:
             )
         if filter is not None and not self._buffered:
             raise InvalidArgumentError("RolloutDataSource is read-only: a filter needs RolloutDataSourceWithBuffer")
-        k = getattr(args, "n_samples_per_prompt", None)
-        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-            raise InvalidArgumentError(f"args.n_samples_per_prompt must be a positive integer (got {k!r})")
+        k = _stowplan._integer(getattr(args, "n_samples_per_prompt", None), "args.n_samples_per_prompt", 1, 2**32 - 1)
         if getattr(args, "rollout_global_dataset", True) and getattr(args, "prompt_data", None) is not None:
             self._source = BufferedDataSource(
                 args.prompt_data,
                 n_samples_per_prompt=k,
                 shuffle=bool(getattr(args, "rollout_shuffle", False)),
-                seed=int(getattr(args, "rollout_seed", 0) or 0),
+                seed=_stowplan._integer(getattr(args, "rollout_seed", None) or 0, "args.rollout_seed", 0, 2**64 - 1),
                 input_key=getattr(args, "input_key", None) or "prompt",
                 label_key=getattr(args, "label_key", None),
                 metadata_key=getattr(args, "metadata_key", None),

@@ -7,7 +7,10 @@ exception types where verl fails — computed by stowplan's kernel instead of ve
     parts = get_seqlen_balanced_partitions(seqlens, k_partitions=8, equal_size=True)
 
 Out-of-domain inputs behave like verl too: negative lengths, ``n < k`` (``karmarkar_karp``
-and ``greedy_partition`` return empty partitions), an empty list.
+and ``greedy_partition`` return empty partitions), an empty list. Lengths, counts and indices
+are exact integers (Python ints, numpy or torch integers, integer arrays and tensors); floats
+(even whole ones), bools and strings, which verl's Python would silently compute with, raise
+:class:`stowplan.InvalidArgumentError` naming the argument instead of being truncated.
 
 Dynamic batch size and DP balancing: :func:`rearrange_micro_batches` returns verl's index
 lists (pass the DP-all-reduced count as ``dp_num_micro_batches`` instead of a process
@@ -23,6 +26,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from .. import _stowplan
+from ..errors import InvalidArgumentError
 
 __all__ = [
     "karmarkar_karp",
@@ -44,15 +48,23 @@ _MAX_K = 2**32 - 1
 _ATTENTION = _stowplan.COST_PRESETS["attention"]
 
 
-def _seqlens(seqlen_list: Any) -> List[int]:
-    if hasattr(seqlen_list, "tolist"):
-        seqlen_list = seqlen_list.tolist()
-    return [int(x) for x in seqlen_list]
+# The peers compute with any Python int; the kernel models them in 64 bits.
+_I64 = (-(2**63), 2**63 - 1)
+
+
+def _seqlens(seqlen_list: Any, name: str = "seqlen_list") -> List[int]:
+    """Exact integers (a list, tuple, numpy array or tensor), else InvalidArgumentError."""
+    return _stowplan._integers(seqlen_list, name, *_I64)
+
+
+def _int(value: Any, name: str) -> int:
+    """An exact integer, else InvalidArgumentError naming ``name``."""
+    return _stowplan._integer(value, name, *_I64)
 
 
 def _call(function: str, seqlen_list: Any, k_partitions: int, equal_size: bool) -> List[List[int]]:
     seqlens = _seqlens(seqlen_list)
-    k = int(k_partitions)
+    k = _int(k_partitions, "k_partitions")
     n = len(seqlens)
     if k < 0:
         # verl builds range(k) = [] sets: every path ends in the error below (or [] for an
@@ -96,8 +108,7 @@ def log_seqlen_unbalance(seqlen_list: List[int], partitions: List[List[int]], pr
     """verl's balance metrics: ``{prefix}/min``, ``/max``, ``/minmax_diff`` over contiguous
     chunks of ``len(seqlen_list) // len(partitions)`` items, ``/balanced_min``,
     ``/balanced_max`` over the partitions, and ``/mean`` = total / number of partitions."""
-    parts = [[int(i) for i in p] for p in partitions]
-    return _stowplan.log_seqlen_unbalance(_seqlens(seqlen_list), parts, prefix)
+    return _stowplan.log_seqlen_unbalance(seqlen_list, partitions, prefix)
 
 
 def ceildiv(a: int, b: int) -> int:
@@ -116,25 +127,29 @@ def calculate_workload(seqlen_list: Any) -> Any:
     linear, quadratic = _ATTENTION
     if hasattr(seqlen_list, "__array__") or hasattr(seqlen_list, "dtype"):
         return linear * seqlen_list + quadratic * seqlen_list**2
-    return [linear * int(s) + quadratic * int(s) ** 2 for s in seqlen_list]
+    return [linear * s + quadratic * s**2 for s in _seqlens(seqlen_list)]
 
 
-def _mask_or_lengths(batch: Any) -> Tuple[List[int], Optional[int]]:
-    """(lengths, padded width or None) from lengths, a 2-D attention mask, or a mapping
-    holding ``"attention_mask"``."""
+def _mask_or_lengths(batch: Any, name: str) -> Tuple[List[int], Optional[int]]:
+    """(lengths, padded width or None) from lengths (exact integers), a 2-D attention mask
+    (bools or integers; its row sums), or a mapping holding ``"attention_mask"``."""
     if isinstance(batch, dict) or (hasattr(batch, "keys") and hasattr(batch, "__getitem__") and "attention_mask" in batch.keys()):
-        batch = batch["attention_mask"]
-    arr = batch
-    if not isinstance(arr, np.ndarray):
-        if hasattr(arr, "detach"):  # a torch tensor
-            arr = arr.detach().cpu().numpy()
-        else:
-            arr = np.asarray(arr)
-    if arr.ndim == 2:
-        return [int(x) for x in arr.sum(axis=1).tolist()], int(arr.shape[1])
-    if arr.ndim == 1:
-        return [int(x) for x in arr.tolist()], None
-    raise ValueError(f"expected lengths (1-D) or an attention mask (2-D), got shape {arr.shape}")
+        batch, name = batch["attention_mask"], "attention_mask"
+    if hasattr(batch, "detach"):  # a torch tensor: off the autograd graph and the GPU
+        batch = batch.detach().cpu()
+    nested = isinstance(batch, (list, tuple)) and len(batch) > 0 and isinstance(batch[0], (list, tuple, np.ndarray))
+    if isinstance(batch, np.ndarray) or hasattr(batch, "__array__") or nested:
+        try:
+            arr = np.asarray(batch)
+        except ValueError as exc:
+            raise InvalidArgumentError(f"{name} must be lengths (1-D) or an attention mask (2-D): {exc}") from None
+        if arr.ndim == 2:
+            if arr.dtype.kind not in "biu":
+                raise InvalidArgumentError(f"{name} (an attention mask) must hold bools or integers, not {arr.dtype}")
+            return [int(x) for x in arr.sum(axis=1).tolist()], int(arr.shape[1])
+        if arr.ndim != 1:
+            raise ValueError(f"expected lengths (1-D) or an attention mask (2-D), got shape {arr.shape}")
+    return _seqlens(batch, name), None
 
 
 def rearrange_micro_batches(
@@ -171,17 +186,16 @@ def rearrange_micro_batches(
     """
     if dp_group is not None:
         raise ValueError("stowplan runs no collectives: pass dp_num_micro_batches (the MAX-reduced count) instead of dp_group")
-    seqlens, width = _mask_or_lengths(batch)
-    opt = lambda v: None if v is None else int(v)  # noqa: E731
+    seqlens, width = _mask_or_lengths(batch, "batch")
     return _stowplan.verl_rearrange_micro_batches(
         seqlens,
-        int(max_token_len),
-        min_num_micro_batch=opt(min_num_micro_batch),
-        num_batches_divided_by=opt(num_batches_divided_by),
+        max_token_len,
+        min_num_micro_batch=min_num_micro_batch,
+        num_batches_divided_by=num_batches_divided_by,
         use_dynamic_bsz_balance=bool(use_dynamic_bsz_balance),
-        force_group_size=int(force_group_size),
+        force_group_size=force_group_size,
         padded_width=width,
-        dp_num_micro_batches=opt(dp_num_micro_batches),
+        dp_num_micro_batches=dp_num_micro_batches,
     )
 
 
@@ -201,7 +215,7 @@ def restore_dynamic_batch(data: Any, batch_idx_list: List[List[int]]) -> Any:
     Raises:
         AssertionError: ``data`` has not one row per index (verl's message).
     """
-    indices = [int(i) for part in batch_idx_list for i in part]
+    indices = [i for part in batch_idx_list for i in _seqlens(part, "batch_idx_list")]
     batch_size = data.shape[0] if hasattr(data, "shape") else len(data)
     assert len(indices) == batch_size, f"{len(indices)} vs. {batch_size}"
     revert = get_reverse_idx(indices)
@@ -260,7 +274,7 @@ def balance_batch(
         >>> global_idx
         [2, 1, 5, 0, 3, 4]
     """
-    seqlens, _ = _mask_or_lengths(seqlen_list)
+    seqlens, _ = _mask_or_lengths(seqlen_list, "seqlen_list")
     if uid_list is not None:
         num_groups = len(set(uid_list.tolist() if hasattr(uid_list, "tolist") else uid_list))
         if num_groups % dp_size != 0:
@@ -276,10 +290,10 @@ def balance_batch(
     else:
         if keep_minibatch and minibatch_size is None:
             raise TypeError("keep_minibatch needs minibatch_size (verl's ppo_mini_batch_size)")
-        if int(dp_size) < 0:
+        if _int(dp_size, "dp_size") < 0:
             raise ValueError(f"dp_size = {dp_size} is negative")
-        mb = int(minibatch_size) if keep_minibatch else None
-        reorder = _stowplan.balance_batch(seqlens, int(dp_size), minibatch_size=mb)
+        mb = minibatch_size if keep_minibatch else None
+        reorder = _stowplan.balance_batch(seqlens, dp_size, minibatch_size=mb)
         partitions, dropped = reorder.partitions, reorder.dropped
     if dropped:
         warnings.warn(
