@@ -223,6 +223,20 @@ impl PyDataSource {
         }
     }
 
+    /// buffer_payload_heads(n) -> list of groups of bytes: the first ``n`` bytes of every
+    /// buffered sample's payload (how ``stowplan._source`` tells the encodings apart without
+    /// decoding anything).
+    fn buffer_payload_heads<'py>(&self, py: Python<'py>, n: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyList>> {
+        let n: usize = int(n, "n", 0, u64::MAX.into())?;
+        let out = PyList::empty(py);
+        for g in self.inner.buffer() {
+            let heads: Vec<Bound<'py, PyBytes>> =
+                g.iter().map(|s| PyBytes::new(py, &s.payload[..n.min(s.payload.len())])).collect();
+            out.append(PyList::new(py, heads)?)?;
+        }
+        Ok(out)
+    }
+
     /// Groups in the buffer.
     #[getter]
     fn buffer_len(&self) -> usize {

@@ -162,3 +162,143 @@ def test_slime_names(tmp_path: pathlib.Path) -> None:
         RolloutDataSource(args).add_samples(groups)
     with pytest.raises(stowplan.InvalidArgumentError, match="sandboxed WebAssembly"):
         RolloutDataSource(SimpleNamespace(**{**vars(args), "buffer_filter_path": "my.filter"}))
+
+
+class Opaque:
+    """A sample type of the caller's (not plain JSON): it travels pickled."""
+
+    def __init__(self, index: int, note: str) -> None:
+        self.index, self.note = index, note
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Opaque) and (self.index, self.note) == (other.index, other.note)
+
+
+class Payload:
+    """Unpickling this creates ``marker``: a stand-in for code an attacker's pickle runs."""
+
+    index = 0
+
+    def __init__(self, marker: pathlib.Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (pathlib.Path.touch, (self.marker,))
+
+
+def _records() -> list:
+    return [{"prompt": f"p{i}"} for i in range(4)]
+
+
+def test_plain_json_samples_round_trip_through_save_and_load_without_pickle(tmp_path, monkeypatch) -> None:
+    import pickle
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("pickle was used")
+
+    monkeypatch.setattr(pickle, "dumps", refuse)
+    monkeypatch.setattr(pickle, "loads", refuse)
+    ds = stowplan.BufferedDataSource.from_records(_records(), n_samples_per_prompt=2)
+    drawn = ds.get_samples(1)[0]
+    plain = [
+        {"index": drawn[0].index, "tokens": [1, 2, 3], "reward": 0.5, "nested": {"a": [None, True, 2**70, -1.25, "é"]}},
+        {"index": drawn[1].index, "status": "aborted", "empty": {}, "list": [[], [1.0, float("inf")]]},
+    ]
+    ds.add_samples([plain, drawn])  # plain JSON data, and stowplan.Sample objects
+    ds.save(tmp_path / "state.spds")
+    again = stowplan.BufferedDataSource.from_records(_records(), n_samples_per_prompt=2)
+    again.load(tmp_path / "state.spds")
+    back = again.get_samples(2)
+    assert back[0] == plain and type(back[0][0]["nested"]["a"][2]) is int
+    assert back[1] == drawn
+
+
+def test_pickled_samples_are_refused_at_save_without_allow_pickle(tmp_path) -> None:
+    ds = stowplan.BufferedDataSource.from_records(_records(), n_samples_per_prompt=2)
+    assert ds.allow_pickle is False
+    ds.add_samples([[Opaque(0, "a"), Opaque(1, "b")]])
+    path = tmp_path / "state.spds"
+    with pytest.raises(stowplan.InvalidArgumentError, match=r"group 0, sample 0.*allow_pickle=True"):
+        ds.save(path)
+    assert not path.exists(), "nothing is written"
+    ds.add_samples([[{"index": 2, "pair": (1, 2)}, {"index": 3}]])  # a tuple is not plain JSON (JSON gives a list)
+    # In process the objects still come back; the buffer is unchanged by the refusal.
+    back = ds.get_samples(2)
+    assert back == [[Opaque(0, "a"), Opaque(1, "b")], [{"index": 2, "pair": (1, 2)}, {"index": 3}]]
+    assert type(back[1][0]["pair"]) is tuple
+    trusted = stowplan.BufferedDataSource.from_records(_records(), n_samples_per_prompt=2, allow_pickle=True)
+    trusted.add_samples([[Opaque(0, "a"), Opaque(1, "b")]])
+    trusted.save(path)
+    again = stowplan.BufferedDataSource.from_records(_records(), n_samples_per_prompt=2, allow_pickle=True)
+    again.load(path)
+    assert again.get_samples(1) == [[Opaque(0, "a"), Opaque(1, "b")]]
+    with pytest.raises(stowplan.InvalidArgumentError, match="allow_pickle must be True or False"):
+        stowplan.BufferedDataSource.from_records(_records(), n_samples_per_prompt=2, allow_pickle="yes")
+
+
+@pytest.mark.parametrize("tagged", [True, False], ids=["tagged", "untagged (an older state or a forged one)"])
+def test_a_malicious_pickle_in_a_saved_state_is_not_run_on_load(tmp_path, tagged) -> None:
+    import pickle
+
+    marker = tmp_path / "pwned"
+    path = tmp_path / "state.spds"
+    writer = stowplan.BufferedDataSource.from_records(_records(), n_samples_per_prompt=1, allow_pickle=True)
+    if tagged:
+        writer.add_samples([[Payload(marker)]])
+        writer.save(path)
+    else:  # the payload as the native layer stores it, without the SDK's tag
+        sample = {"index": 0, "group": None, "prompt_index": 0, "prompt": '""', "label": None, "metadata": "{}",
+                  "prompt_length": 0, "response_length": 0, "rewards": [], "status": "pending",
+                  "payload": pickle.dumps(Payload(marker))}
+        writer._native.add_samples([[sample]])
+        writer._native.save(str(path))
+    assert not marker.exists()
+
+    victim = stowplan.BufferedDataSource.from_records(_records(), n_samples_per_prompt=1)
+    victim.update_metadata({"step": 1})
+    first = victim.get_samples(1)
+    before = (victim.epoch, victim.offset, victim.next_index, victim.get_buffer_length(), victim.get_metadata())
+    with pytest.raises(stowplan.InvalidArgumentError, match=r"refusing to load .*pickled samples.*allow_pickle=True"):
+        victim.load(path)
+    assert not marker.exists(), "the pickle was not run"
+    assert (victim.epoch, victim.offset, victim.next_index, victim.get_buffer_length(), victim.get_metadata()) == before
+    assert [s.index for g in victim.get_samples(2) for s in g] == [first[0][0].index + 1, first[0][0].index + 2]
+    assert not marker.exists()
+
+    # The same file with the opt-in: the state loads, and the pickle runs when the sample is drawn.
+    trusting = stowplan.BufferedDataSource.from_records(_records(), n_samples_per_prompt=1, allow_pickle=True)
+    trusting.load(path)
+    trusting.get_samples(1)
+    assert marker.exists(), "the payload is a real one"
+
+
+def test_a_payload_of_no_known_encoding_is_refused_on_load(tmp_path) -> None:
+    writer = stowplan.BufferedDataSource.from_records(_records(), n_samples_per_prompt=1)
+    sample = {"index": 0, "group": None, "prompt_index": 0, "prompt": '""', "label": None, "metadata": "{}",
+              "prompt_length": 0, "response_length": 0, "rewards": [], "status": "pending", "payload": b"Zjunk"}
+    writer._native.add_samples([[sample]])
+    writer._native.save(str(tmp_path / "s.spds"))
+    for allow in (False, True):
+        reader = stowplan.BufferedDataSource.from_records(_records(), n_samples_per_prompt=1, allow_pickle=allow)
+        with pytest.raises(stowplan.CacheMismatchError, match="no known encoding"):
+            reader.load(tmp_path / "s.spds")
+        assert reader.get_buffer_length() == 0
+
+
+def test_slime_data_source_takes_allow_pickle(tmp_path: pathlib.Path) -> None:
+    prompts = tmp_path / "p.jsonl"
+    write_prompts(prompts, 3)
+    args = SimpleNamespace(prompt_data=str(prompts), n_samples_per_prompt=1, rollout_global_dataset=True,
+                           save=str(tmp_path / "ckpt"), load=str(tmp_path / "ckpt"))
+    ds = RolloutDataSourceWithBuffer(args)
+    ds.add_samples([[Opaque(0, "slime's own Sample class travels pickled")]])
+    with pytest.raises(stowplan.InvalidArgumentError, match="allow_pickle=True"):
+        ds.save(1)
+    trusted = RolloutDataSourceWithBuffer(args, allow_pickle=True)
+    trusted.add_samples([[Opaque(0, "x")]])
+    trusted.save(1)
+    with pytest.raises(stowplan.InvalidArgumentError, match="refusing to load"):
+        RolloutDataSourceWithBuffer(args).load(1)
+    again = RolloutDataSourceWithBuffer(args, allow_pickle=True)
+    again.load(1)
+    assert again.get_samples(1) == [[Opaque(0, "x")]]

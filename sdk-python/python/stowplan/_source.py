@@ -3,6 +3,15 @@ host: prompts from a JSONL file, an epoch cursor with a seeded shuffle identical
 host, groups of ``n_samples_per_prompt`` samples with consecutive indices, a buffer served
 first (FIFO), and a saved state that includes the buffer.
 
+What the buffer keeps of a sample, and so what a saved state holds: a :class:`Sample` is
+kept as its fields; plain JSON data (dicts with string keys, lists, strings, ints, floats,
+bools, ``None``) as JSON; any other object pickled. Unpickling runs code chosen by whoever
+wrote the bytes, so a data source saves and loads pickled samples only when it was made with
+``allow_pickle=True``: without it, :meth:`DataSource.save` refuses a buffer holding one and
+:meth:`DataSource.load` refuses a state holding one — before unpickling anything, leaving the
+data source as it was. (In process, pickled samples come back from :meth:`get_samples` either
+way: those bytes were made here.)
+
 >>> import stowplan
 >>> ds = stowplan.BufferedDataSource.from_records(
 ...     [{"prompt": "1+1?", "label": "2"}, {"prompt": "2+2?", "label": "4"}], n_samples_per_prompt=2)
@@ -17,23 +26,38 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import tempfile
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterable, List, Optional, Sequence
 
 from . import _stowplan
 from ._filter import Filter
-from .errors import InvalidArgumentError
+from .errors import CacheMismatchError, InvalidArgumentError
 
 __all__ = ["Sample", "DataSource", "BufferedDataSource"]
 
 _UNKNOWN_PROMPT = 2**32 - 1
 
+# How a buffered sample's payload is encoded, by its first byte: empty for a Sample (its
+# fields say everything), JSON, or pickle. Pickles written before the tags (protocol >= 2)
+# begin with the PROTO opcode and are read as pickles too.
+_JSON = b"J"
+_PICKLE = b"P"
+_PICKLE_UNTAGGED = b"\x80"
+_PICKLED = (_PICKLE, _PICKLE_UNTAGGED)
+# Nesting deeper than this is pickled rather than walked.
+_MAX_JSON_DEPTH = 256
+
+_ALLOW_PICKLE = "allow_pickle=True"
+
 
 @dataclass
 class Sample:
     """A rollout sample drawn from a data source (slime's ``Sample`` fields that the data
-    source and buffer filters use). Samples of other types put into the buffer come back as
-    the same objects (they travel pickled, also through ``save``/``load``)."""
+    source and buffer filters use). Other samples put into the buffer come back equal: plain
+    JSON data (dicts with string keys, lists, strings, ints, floats, bools, ``None``) through
+    JSON, any other object pickled — which a data source saves and loads only with
+    ``allow_pickle=True`` (see the module documentation)."""
 
     index: int
     group: int
@@ -92,14 +116,58 @@ def _to_native(sample: Any, at: str) -> Dict[str, Any]:
         "response_length": response_length,
         "rewards": rewards,
         "status": str(status),
-        "payload": b"" if isinstance(sample, Sample) else pickle.dumps(sample),
+        "payload": _payload(sample),
     }
     return native
 
 
+def _plain(value: Any, depth: int = 0) -> bool:
+    """Whether ``value`` is plain JSON data that JSON gives back equal and of the same types
+    (exact types only: no subclasses, no tuples, string keys)."""
+    if depth > _MAX_JSON_DEPTH:
+        return False
+    t = type(value)
+    if value is None or t in (str, int, float, bool):
+        return True
+    if t is list:
+        return all(_plain(v, depth + 1) for v in value)
+    if t is dict:
+        return all(type(k) is str and _plain(v, depth + 1) for k, v in value.items())
+    return False
+
+
+def _payload(sample: Any) -> bytes:
+    """What the buffer keeps of ``sample`` besides the native fields (see ``_JSON``)."""
+    if isinstance(sample, Sample):
+        return b""
+    if _plain(sample):
+        return _JSON + json.dumps(sample).encode()
+    return _PICKLE + pickle.dumps(sample)
+
+
+def _pickled(heads: List[List[bytes]]) -> Optional[str]:
+    """Where the first pickled sample of a buffer is (``"group g, sample j"``), or None;
+    ``heads`` are the payloads' first bytes. A payload of no known encoding raises."""
+    where = None
+    for g, group in enumerate(heads):
+        for j, head in enumerate(group):
+            if head in _PICKLED:
+                where = where or f"group {g}, sample {j}"
+            elif head not in (b"", _JSON):
+                raise CacheMismatchError(f"buffer group {g}, sample {j}: a payload of no known encoding (tag {head!r})")
+    return where
+
+
 def _from_native(d: Dict[str, Any]) -> Any:
-    if d["payload"]:
-        return pickle.loads(d["payload"])
+    payload = d["payload"]
+    if payload[:1] == _JSON:
+        return json.loads(payload[1:])
+    if payload[:1] == _PICKLE:
+        return pickle.loads(payload[1:])
+    if payload[:1] == _PICKLE_UNTAGGED:
+        return pickle.loads(payload)
+    if payload:
+        raise CacheMismatchError(f"buffered sample {d['index']}: a payload of no known encoding")
     return Sample(
         index=d["index"],
         group=d["group"],
@@ -122,15 +190,28 @@ class DataSource:
     ``(seed, epoch)`` every epoch (default False); ``seed`` (default 0); ``input_key`` — the
     prompt's key in each record (default ``"prompt"``); ``label_key``, ``metadata_key`` —
     the label's and metadata's keys (defaults ``"label"``, ``"metadata"``; ``None``: none);
-    ``backend`` — ``"wasm"`` (default) or ``"native"``.
+    ``backend`` — ``"wasm"`` (default) or ``"native"``; ``allow_pickle`` — save and load
+    buffered samples that are neither :class:`Sample` objects nor plain JSON data, pickled
+    (default False: :meth:`save` and :meth:`load` refuse them, since unpickling a state runs
+    code chosen by whoever wrote it; set it only when every state this data source loads
+    comes from a writer you trust).
     """
 
     _buffered = False
 
-    def __init__(self, path: Any, *, n_samples_per_prompt: int, filter: Optional[Filter] = None, **options: Any) -> None:
+    def __init__(
+        self,
+        path: Any,
+        *,
+        n_samples_per_prompt: int,
+        filter: Optional[Filter] = None,
+        allow_pickle: bool = False,
+        **options: Any,
+    ) -> None:
         self._native = _stowplan.DataSource(os.fspath(path), n_samples_per_prompt, **options)
         self.n_samples_per_prompt = n_samples_per_prompt
         self.filter = filter
+        self.allow_pickle = allow_pickle
 
     @classmethod
     def from_records(
@@ -139,15 +220,29 @@ class DataSource:
         *,
         n_samples_per_prompt: int,
         filter: Optional[Filter] = None,
+        allow_pickle: bool = False,
         **options: Any,
     ) -> "DataSource":
         """A data source over in-memory records; ``identity`` names them in saved states
-        (default ``"records"``); the other options as for the constructor."""
+        (default ``"records"``); the other options (``allow_pickle`` too) as for the
+        constructor."""
         self = cls.__new__(cls)
         self._native = _stowplan.DataSource.from_records([json.dumps(r) for r in records], n_samples_per_prompt, **options)
         self.n_samples_per_prompt = n_samples_per_prompt
         self.filter = filter
+        self.allow_pickle = allow_pickle
         return self
+
+    @property
+    def allow_pickle(self) -> bool:
+        """Whether :meth:`save` and :meth:`load` accept pickled samples (see the class)."""
+        return self._allow_pickle
+
+    @allow_pickle.setter
+    def allow_pickle(self, value: bool) -> None:
+        if not isinstance(value, bool):
+            raise InvalidArgumentError(f"allow_pickle must be True or False (got {value!r})")
+        self._allow_pickle = value
 
     @property
     def filter(self) -> Optional[Filter]:
@@ -181,12 +276,44 @@ class DataSource:
         self._native.add_samples(native)
 
     def save(self, path: Any) -> None:
-        """Writes the state — cursor, indices, metadata and the buffer — atomically."""
-        self._native.save(os.fspath(path))
+        """Writes the state — cursor, indices, metadata and the buffer — atomically.
+
+        Without :attr:`allow_pickle`, a buffer holding a sample that would be saved pickled
+        (neither a :class:`Sample` nor plain JSON data) raises
+        :class:`~stowplan.InvalidArgumentError` and nothing is written."""
+        path = os.fspath(path)
+        where = _pickled(self._native.buffer_payload_heads(1))
+        if where is not None and not self._allow_pickle:
+            raise InvalidArgumentError(
+                f"cannot save {path}: buffered sample ({where}) is neither a stowplan.Sample nor plain JSON data "
+                f"(dicts with string keys, lists, str, int, float, bool, None), so it would be saved pickled, and "
+                f"loading a pickle runs code chosen by whoever wrote the file; buffer such data instead, or make the "
+                f"data source with {_ALLOW_PICKLE} if every reader of the state trusts its writer"
+            )
+        self._native.save(path)
 
     def load(self, path: Any) -> None:
-        """Restores a saved state; a missing, damaged or foreign file raises."""
-        self._native.load(os.fspath(path))
+        """Restores a saved state; a missing, damaged or foreign file raises, and so —
+        without :attr:`allow_pickle` — does a state holding pickled samples
+        (:class:`~stowplan.InvalidArgumentError`; nothing is unpickled). On error the data
+        source is left as it was."""
+        path = os.fspath(path)
+        with tempfile.TemporaryDirectory(prefix="stowplan-state-") as scratch:
+            # The host loads a state whole; to refuse one after reading it, keep the current one.
+            previous = os.path.join(scratch, "previous.spds")
+            self._native.save(previous)
+            self._native.load(path)
+            try:
+                where = _pickled(self._native.buffer_payload_heads(1))
+                if where is not None and not self._allow_pickle:
+                    raise InvalidArgumentError(
+                        f"refusing to load {path}: its buffer holds pickled samples ({where} is the first), and "
+                        f"unpickling runs code chosen by whoever wrote the file; make the data source with "
+                        f"{_ALLOW_PICKLE} only if you trust that writer"
+                    )
+            except BaseException:
+                self._native.load(previous)
+                raise
 
     def update_metadata(self, metadata: Dict[str, Any]) -> None:
         """Merges ``metadata`` (JSON-serializable) into the saved metadata."""

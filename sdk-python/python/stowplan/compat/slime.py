@@ -15,6 +15,11 @@ fields: ``prompt_data``, ``input_key``, ``label_key``, ``metadata_key``,
 - ``args.buffer_filter_path`` (arbitrary Python imported by path) is refused: stowplan runs
   buffer filters as sandboxed WebAssembly components; pass one as
   ``RolloutDataSourceWithBuffer(args, filter=stowplan.Filter.load(path, sha256=...))``.
+- Buffered samples are saved as their fields (``stowplan.Sample``) or as JSON (plain dicts,
+  lists, strings, numbers, bools, ``None``); any other object — slime's own ``Sample`` class
+  included — only pickled, which ``save`` and ``load`` refuse unless the data source is made
+  with ``allow_pickle=True`` (loading a pickle runs code chosen by whoever wrote it; see
+  :class:`stowplan.DataSource`).
 
 >>> from types import SimpleNamespace
 >>> from stowplan.compat.slime import RolloutDataSourceWithBuffer
@@ -42,11 +47,12 @@ def _state_path(root: str, rollout_id: Any) -> str:
 
 
 class RolloutDataSource:
-    """slime's ``RolloutDataSource``: read-only, groups of ``n_samples_per_prompt``."""
+    """slime's ``RolloutDataSource``: read-only, groups of ``n_samples_per_prompt``.
+    ``allow_pickle`` as for :class:`stowplan.DataSource` (default False)."""
 
     _buffered = False
 
-    def __init__(self, args: Any, filter: Optional[Filter] = None) -> None:
+    def __init__(self, args: Any, filter: Optional[Filter] = None, *, allow_pickle: bool = False) -> None:
         self.args = args
         if getattr(args, "buffer_filter_path", None) is not None:
             raise InvalidArgumentError(
@@ -66,13 +72,14 @@ class RolloutDataSource:
                 label_key=getattr(args, "label_key", None),
                 metadata_key=getattr(args, "metadata_key", None),
                 filter=filter,
+                allow_pickle=allow_pickle,
             )
             self._global = True
         else:
             # slime without a global dataset hands out empty samples with fresh indices; so
             # does this (one empty prompt, drawn again and again).
             self._source = BufferedDataSource.from_records(
-                [{"prompt": ""}], n_samples_per_prompt=k, identity="empty", filter=filter
+                [{"prompt": ""}], n_samples_per_prompt=k, identity="empty", filter=filter, allow_pickle=allow_pickle
             )
             self._global = False
 
