@@ -410,23 +410,45 @@ pub struct PrimeSample {
     pub advantage: f32,
     /// Teacher logprobs.
     pub teacher_logprobs: Option<Vec<f32>>,
-    /// Training mode (`rl` or `sft`).
+    /// Training mode (`rl`, `opd` or `sft`).
     pub training_mode: String,
+    /// The sample carries image tensors (`mm_kwargs`): prime-rl gives it a bin of its own.
+    pub multimodal: bool,
+    /// The environment name (`"all"` is reserved: prime-rl asserts).
+    pub env_name: String,
 }
 
 impl PrimeSample {
-    /// Sample `i` of a vector's `samples` list.
+    /// Sample `i` of a vector's `samples` list: a `[lora, prompt_len, completion_len]`
+    /// triple or a dict (errors, never panics, on anything else).
     pub fn from_json(i: usize, v: &Value) -> Result<Self, String> {
-        let (lora, p, c) = match v {
-            Value::Array(t) => (t[0].as_u64(), t[1].as_u64(), t[2].as_u64()),
-            _ => (
-                v["lora"].as_u64().or(Some(0)),
-                v["prompt_len"].as_u64().or(v["prompt_ids"].as_array().map(|a| a.len() as u64)),
-                v["completion_len"].as_u64().or(v["completion_ids"].as_array().map(|a| a.len() as u64)),
-            ),
+        let count = |x: Option<&Value>, what: &str| {
+            x.and_then(Value::as_u64).ok_or(format!("samples[{i}]: {what} is not a non-negative integer"))
         };
-        let (lora, p, c) =
-            (lora.ok_or("lora")? as u32, p.ok_or("prompt_len")? as usize, c.ok_or("completion_len")? as usize);
+        let (lora, p, c) = match v {
+            Value::Array(t) if t.len() == 3 => {
+                (count(t.first(), "lora")?, count(t.get(1), "prompt_len")?, count(t.get(2), "completion_len")?)
+            }
+            Value::Array(t) => return Err(format!("samples[{i}]: a triple has 3 entries, not {}", t.len())),
+            Value::Object(_) => {
+                let len = |n: &str, ids: &str| match v.get(n) {
+                    Some(x) => count(Some(x), n),
+                    None => v
+                        .get(ids)
+                        .and_then(Value::as_array)
+                        .map(|a| a.len() as u64)
+                        .ok_or(format!("samples[{i}] has neither {n} nor {ids}")),
+                };
+                (
+                    v.get("lora").map_or(Ok(0), |x| count(Some(x), "lora"))?,
+                    len("prompt_len", "prompt_ids")?,
+                    len("completion_len", "completion_ids")?,
+                )
+            }
+            _ => return Err(format!("samples[{i}] is neither a triple nor a dict")),
+        };
+        let lora = u32::try_from(lora).map_err(|_| format!("samples[{i}]: lora {lora} is above 2**32-1"))?;
+        let (p, c) = (p as usize, c as usize);
         let id = |j: usize| ((i + 1) * 100_000 + j) as i64;
         let ids = |key: &str, default: Vec<i64>| -> Result<Vec<i64>, String> {
             match v.get(key) {
@@ -442,6 +464,7 @@ impl PrimeSample {
                 .and_then(Value::as_array)
                 .map_or(vec![d; n], |a| a.iter().map(|x| x.as_f64().unwrap_or(0.0) as f32).collect())
         };
+        let text = |key: &str, d: &str| v.get(key).and_then(Value::as_str).unwrap_or(d).to_string();
         Ok(PrimeSample {
             lora,
             prompt_ids: ids("prompt_ids", (0..p).map(id).collect())?,
@@ -455,7 +478,9 @@ impl PrimeSample {
                 .get("teacher_logprobs")
                 .and_then(Value::as_array)
                 .map(|a| a.iter().map(|x| x.as_f64().unwrap_or(0.0) as f32).collect()),
-            training_mode: v.get("training_mode").and_then(Value::as_str).unwrap_or("rl").to_string(),
+            training_mode: text("training_mode", "rl"),
+            multimodal: v.get("multimodal").and_then(Value::as_bool).unwrap_or(false),
+            env_name: text("env_name", "env"),
         })
     }
 
@@ -475,6 +500,16 @@ impl PrimeSample {
         self
     }
 
+    /// Tokens after truncation.
+    pub fn len(&self) -> usize {
+        self.prompt_ids.len() + self.completion_ids.len()
+    }
+
+    /// No tokens.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
     /// The borrowed [`stowplan::Sample`].
     pub fn sample(&self) -> stowplan::Sample<'_> {
         stowplan::Sample {
@@ -491,10 +526,84 @@ impl PrimeSample {
     }
 }
 
+/// A Python exception a peer raises: `{"type", "message"}` as the vectors spell it.
+fn peer_exception(kind: &str, message: &str) -> Value {
+    serde_json::json!({ "type": kind, "message": message })
+}
+
+/// prime-rl's bins with every sample in them (members in the order they joined), or its
+/// exception: [`Kernel::prime_rl_ffd`] on the samples with tokens — text samples share bins
+/// (of their training mode when `by_mode`, as in classic), a multimodal sample's label is its
+/// own — then each zero-length sample placed at its turn in the (LoRA, −length) order: into
+/// the first open bin of its label, unseen, or else into a bin of its own that the next
+/// sample of its label joins. A LoRA index ≥ `num_loras` raises prime-rl's `IndexError` at
+/// the first such sample's turn (classic assigns the count of a sample that opens a bin).
+fn prime_bins(
+    kernel: &Kernel,
+    samples: &[PrimeSample],
+    seq_len: u64,
+    num_loras: u32,
+    classic: bool,
+) -> Result<Vec<Vec<u32>>, Value> {
+    if samples.iter().any(|s| s.env_name == "all") {
+        return Err(peer_exception("AssertionError", "env_name='all' is reserved for aggregate metric keys"));
+    }
+    let n = samples.len();
+    let lengths: Vec<u64> = samples.iter().map(|s| s.len() as u64).collect();
+    let runs: Vec<u32> = samples.iter().map(|s| s.lora).collect();
+    let mut modes: Vec<&str> = Vec::new();
+    let mut text: Vec<Option<u32>> = Vec::with_capacity(n);
+    for s in samples {
+        let mode = if classic { s.training_mode.as_str() } else { "" };
+        text.push((!s.multimodal).then(|| match modes.iter().position(|m| *m == mode) {
+            Some(l) => l as u32,
+            None => {
+                modes.push(mode);
+                (modes.len() - 1) as u32
+            }
+        }));
+    }
+    let mut fresh = modes.len() as u32..;
+    let labels: Vec<u32> = text.iter().map(|l| l.unwrap_or_else(|| fresh.next().unwrap_or(u32::MAX))).collect();
+    let (packed, dropped) = kernel
+        .prime_rl_ffd(&lengths, &runs, &labels, seq_len)
+        .map_err(|e| peer_exception("stowplan", &e.to_string()))?;
+    let mut order: Vec<usize> = (0..n).collect();
+    order.sort_by_key(|&i| (runs[i], std::cmp::Reverse(lengths[i])));
+    let mut turn = vec![0; n];
+    for (t, &i) in order.iter().enumerate() {
+        turn[i] = t;
+    }
+    // (turn it opened at, label, members), in the order the bins were opened.
+    let mut bins: Vec<(usize, u32, Vec<u32>)> =
+        packed.into_iter().map(|b| (turn[b[0] as usize], labels[b[0] as usize], b)).collect();
+    let mut zeros = dropped;
+    zeros.sort_by_key(|&z| turn[z as usize]);
+    for z in zeros {
+        let (t, label) = (turn[z as usize], labels[z as usize]);
+        let open = bins.iter().take_while(|b| b.0 < t).count();
+        if let Some(b) = bins[..open].iter_mut().find(|b| b.1 == label) {
+            b.2.push(z);
+            b.2.sort_by_key(|&i| turn[i as usize]);
+            continue;
+        }
+        let mut members = vec![z];
+        if let Some(later) = bins[open..].iter().position(|b| b.1 == label) {
+            members.extend(bins.remove(open + later).2);
+        }
+        bins.insert(open, (t, label, members));
+    }
+    if let Some(&first) = order.iter().find(|&&i| runs[i] >= num_loras) {
+        let opens = bins.iter().any(|b| b.2.first() == Some(&(first as u32)));
+        let message = if classic && opens { "list assignment index out of range" } else { "list index out of range" };
+        return Err(peer_exception("IndexError", message));
+    }
+    Ok(bins.into_iter().map(|b| b.2).collect())
+}
+
 /// Checks a prime-rl vector of kind `ffd_pack` or `pad_micro_batch` (packing with
-/// [`Kernel::prime_rl_ffd`], rows with [`Kernel::materialize_plan`]). `Ok(false)`: a kind
-/// or case this runner does not cover (the `env_name == "all"` check lives in the Python
-/// compatibility layer).
+/// [`prime_bins`], rows with [`Kernel::materialize_plan`]), errors included (type and
+/// message). `Ok(false)`: a kind this runner does not cover.
 pub fn check_prime_rl_vector(kernel: &Kernel, v: &Value) -> Result<bool, String> {
     let input = &v["input"];
     let kind = v["kind"].as_str().unwrap_or("");
@@ -502,20 +611,30 @@ pub fn check_prime_rl_vector(kernel: &Kernel, v: &Value) -> Result<bool, String>
         return Ok(false);
     }
     let raw = input["samples"].as_array().ok_or("samples")?;
-    if raw.iter().any(|s| s.get("env_name").is_some_and(|e| e == "all")) {
-        return Ok(false);
-    }
     let seq_len = input["seq_len"].as_u64().ok_or("seq_len")?;
-    let num_loras = input["num_loras"].as_u64().ok_or("num_loras")? as u32;
+    let num_loras = u32::try_from(input["num_loras"].as_u64().ok_or("num_loras")?).map_err(|e| e.to_string())?;
+    let classic = input.get("variant").and_then(Value::as_str).unwrap_or("classic") == "classic";
     let samples: Vec<PrimeSample> = raw
         .iter()
         .enumerate()
         .map(|(i, s)| PrimeSample::from_json(i, s).map(|s| s.truncated(seq_len as usize)))
         .collect::<Result<_, _>>()?;
-    let lengths: Vec<u64> = samples.iter().map(|s| (s.prompt_ids.len() + s.completion_ids.len()) as u64).collect();
-    let runs: Vec<u32> = samples.iter().map(|s| s.lora).collect();
-    let labels: Vec<u32> = samples.iter().map(|s| u32::from(s.training_mode != "rl")).collect();
-    let (bins, _dropped) = kernel.prime_rl_ffd(&lengths, &runs, &labels, seq_len).map_err(|e| e.to_string())?;
+    let lengths: Vec<u64> = samples.iter().map(|s| s.len() as u64).collect();
+    let bins = prime_bins(kernel, &samples, seq_len, num_loras, classic);
+    let multiple = input.get("pad_to_multiple_of").and_then(Value::as_i64);
+    // prime-rl pads every micro-batch: `len % 0` on the first one.
+    let bins = match (bins, multiple) {
+        (Ok(b), Some(0)) if !b.is_empty() => Err(peer_exception("ZeroDivisionError", "integer modulo by zero")),
+        (b, _) => b,
+    };
+    let bins = match (bins, v.get("error")) {
+        (Err(got), Some(want)) => {
+            return if &got == want { Ok(true) } else { Err(format!("raised {got}, prime-rl {want}")) };
+        }
+        (Err(got), None) => return Err(format!("raised {got}, prime-rl returned")),
+        (Ok(_), Some(want)) => return Err(format!("returned, prime-rl raised {want}")),
+        (Ok(bins), None) => bins,
+    };
     let out = &v["output"];
     if kind == "ffd_pack" {
         let lnt: Vec<Vec<u64>> = bins
@@ -523,37 +642,58 @@ pub fn check_prime_rl_vector(kernel: &Kernel, v: &Value) -> Result<bool, String>
             .map(|b| {
                 let mut t = vec![0u64; num_loras as usize];
                 for &i in b {
-                    t[runs[i as usize] as usize] += lengths[i as usize];
+                    t[samples[i as usize].lora as usize] += lengths[i as usize];
                 }
                 t
             })
             .collect();
+        let visible: Vec<Vec<u32>> =
+            bins.iter().map(|b| b.iter().copied().filter(|&i| lengths[i as usize] > 0).collect()).collect();
         let got = serde_json::json!({
-            "bins": bins,
+            "bins": visible,
             "lora_num_tokens": lnt,
             "bin_lengths": bins.iter().map(|b| b.iter().map(|&i| lengths[i as usize]).sum::<u64>()).collect::<Vec<_>>(),
         });
         return if &got == out { Ok(true) } else { Err(format!("got {got}, prime-rl {out}")) };
     }
-    let m = input["pad_to_multiple_of"].as_u64().ok_or("pad_to_multiple_of")?;
+    // The samples with tokens, renumbered; a bin only zero-length samples opened has no row.
+    let kept: Vec<usize> = (0..samples.len()).filter(|&i| lengths[i] > 0).collect();
+    let mut renumber = vec![u32::MAX; samples.len()];
+    for (j, &i) in kept.iter().enumerate() {
+        renumber[i] = j as u32;
+    }
+    let rows_plan: Vec<Vec<u32>> = bins
+        .iter()
+        .map(|b| b.iter().filter(|&&i| lengths[i as usize] > 0).map(|&i| renumber[i as usize]).collect::<Vec<u32>>())
+        .filter(|b| !b.is_empty())
+        .collect();
     let opts = stowplan::MaterializeOptions {
-        padding: stowplan::Padding::PerMicroBatch(m),
+        padding: stowplan::Padding::PerMicroBatch(multiple.filter(|&m| m > 1).unwrap_or(1) as u64),
         num_runs: Some(num_loras),
         mix_runs: true,
         allow_empty_completion: true,
         ..stowplan::MaterializeOptions::new(u64::MAX, 1)
     };
-    let borrowed: Vec<stowplan::Sample<'_>> = samples.iter().map(PrimeSample::sample).collect();
-    let plan = vec![bins.iter().map(Vec::as_slice).collect::<Vec<_>>()];
-    match (stowplan::materialize_plan(&kernel, &borrowed, &plan, &opts), v.get("error")) {
-        (Err(Error::InvalidArgument(_)), Some(_)) => Ok(true),
-        (Ok(ranks), None) => {
-            let want = out["micro_batches"].as_array().ok_or("micro_batches")?;
-            if ranks[0].len() != want.len() {
-                return Err(format!("{} micro-batches, prime-rl {}", ranks[0].len(), want.len()));
-            }
-            for (mb, w) in ranks[0].iter().zip(want) {
-                let f32s = |x: &[f32]| x.iter().map(|&f| f64::from(f)).collect::<Vec<_>>();
+    let borrowed: Vec<stowplan::Sample<'_>> = kept.iter().map(|&i| samples[i].sample()).collect();
+    let plan = vec![rows_plan.iter().map(Vec::as_slice).collect::<Vec<_>>()];
+    let mut rows = if kept.is_empty() {
+        Vec::new()
+    } else {
+        stowplan::materialize_plan(kernel, &borrowed, &plan, &opts).map_err(|e| e.to_string())?.swap_remove(0)
+    }
+    .into_iter();
+    let want = out["micro_batches"].as_array().ok_or("micro_batches")?;
+    if bins.len() != want.len() {
+        return Err(format!("{} micro-batches, prime-rl {}", bins.len(), want.len()));
+    }
+    let f32s = |x: &[f32]| x.iter().map(|&f| f64::from(f)).collect::<Vec<_>>();
+    for (members, w) in bins.iter().zip(want) {
+        let mut got = match members.iter().any(|&i| lengths[i as usize] > 0).then(|| rows.next()).flatten() {
+            Some(mb) => {
+                let mut sequence: Vec<u64> = members.iter().map(|&i| lengths[i as usize]).collect();
+                if let Some(last) = sequence.last_mut() {
+                    *last += mb.padding_tokens;
+                }
                 let mut got = serde_json::json!({
                     "input_ids": mb.input_ids,
                     "position_ids": mb.position_ids,
@@ -562,28 +702,34 @@ pub fn check_prime_rl_vector(kernel: &Kernel, v: &Value) -> Result<bool, String>
                     "inference_logprobs": f32s(&mb.inference_logprobs),
                     "temperatures": f32s(&mb.temperatures),
                     "lora_num_tokens": mb.lora_num_tokens,
+                    "sequence_lengths": sequence,
                 });
-                let mut w = w.clone();
-                if w.get("sequence_lengths").is_some() {
-                    got["sequence_lengths"] = serde_json::json!(mb.sequence_lengths());
-                }
                 if let Some(t) = &mb.teacher_logprobs {
                     got["teacher_logprobs"] = serde_json::json!(f32s(t));
                 }
-                let keys: Vec<String> = got.as_object().map(|o| o.keys().cloned().collect()).unwrap_or_default();
-                let mut want_sub = serde_json::Map::new();
-                for k in &keys {
-                    want_sub.insert(k.clone(), w[k.as_str()].take());
-                }
-                let want_v = round_floats(&Value::Object(want_sub));
-                if round_floats(&got) != want_v {
-                    return Err(format!("got {got}, prime-rl {want_v}"));
-                }
+                got
             }
-            Ok(true)
+            None => serde_json::json!({
+                "input_ids": [], "position_ids": [], "loss_mask": [], "advantages": [], "inference_logprobs": [],
+                "temperatures": [], "lora_num_tokens": vec![0; num_loras as usize],
+                "sequence_lengths": vec![0; members.len()],
+            }),
+        };
+        let mut w = w.clone();
+        if w.get("sequence_lengths").is_none() {
+            got.as_object_mut().map(|o| o.remove("sequence_lengths"));
         }
-        (got, want) => Err(format!("got {:?}, prime-rl {want:?}", got.map(|r| r.len()))),
+        let keys: Vec<String> = got.as_object().map(|o| o.keys().cloned().collect()).unwrap_or_default();
+        let mut want_sub = serde_json::Map::new();
+        for k in &keys {
+            want_sub.insert(k.clone(), w[k.as_str()].take());
+        }
+        let want_v = round_floats(&Value::Object(want_sub));
+        if round_floats(&got) != want_v {
+            return Err(format!("got {got}, prime-rl {want_v}"));
+        }
     }
+    Ok(true)
 }
 
 /// Floats rounded to 6 significant decimals (the arrays are float32; the vectors float64).

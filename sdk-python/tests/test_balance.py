@@ -243,3 +243,17 @@ def test_backends_agree():
     n = stowplan.balance(lengths, 4, max_token_len=8192, cost="attention", order="verl", backend="native")
     assert (a.order == n.order).all()
     assert all((x.indices == y.indices).all() for x, y in zip(a.micro_batches, n.micro_batches))
+
+
+def test_roll_keep_minibatch_without_minibatch_size_raises_rolls_type_error():
+    # ROLL computes len(batch) // minibatch_size.
+    with pytest.raises(TypeError, match=r"^unsupported operand type\(s\) for //: 'int' and 'NoneType'$"):
+        roll.batch_balance(DOCS, 2, keep_minibatch=True)
+    assert roll.batch_balance(DOCS, 2, minibatch_size=None)["rank_partitions"] == roll.batch_balance(DOCS, 2)["rank_partitions"]
+
+
+def test_roll_load_balance_without_a_cap_raises_rolls_assertion():
+    with pytest.raises(AssertionError, match=r"^LoadBalancePacker: max_packed_sequence_length is None$"):
+        roll.load_balance(DOCS, None)
+    with pytest.raises(AssertionError, match="LoadBalancePacker: max_packed_sequence_length is None"):
+        roll.load_balance(_mask([10, 20], 32), None)

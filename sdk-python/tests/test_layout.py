@@ -118,6 +118,8 @@ def _prime_sample(i, s):
     for key in ("prompt_mask", "completion_mask", "completion_temperatures", "teacher_logprobs", "env_name", "reward", "training_mode"):
         if key in s:
             out[key] = s[key]
+    if s.get("multimodal"):
+        out["mm_kwargs"] = {"pixel_values": np.zeros((1, 4), dtype=np.float32)}
     return out
 
 
@@ -136,17 +138,19 @@ def test_prime_rl_vectors(v):
     inp = v["input"]
     samples = [_prime_sample(i, s) for i, s in enumerate(inp["samples"])]
     if v["kind"] == "ffd_pack":
-        if "error" in v:
-            with pytest.raises(AssertionError, match=v["error"]["message"]):
-                prime_rl.pack_samples([dict(s, env_name=r.get("env_name")) for s, r in zip(samples, inp["samples"])], inp["seq_len"])
-            return
-        bins, _ = prime_rl.pack_samples(samples, inp["seq_len"])
-        assert bins == v["output"]["bins"]
-        return
-    call = lambda: prime_rl.prepare_micro_batches(samples, seq_len=inp["seq_len"], num_loras=inp["num_loras"], pad_to_multiple_of=inp["pad_to_multiple_of"], variant=inp["variant"])
+        call = lambda: prime_rl.pack_samples(samples, inp["seq_len"], num_loras=inp["num_loras"])  # noqa: E731
+    else:
+        call = lambda: prime_rl.prepare_micro_batches(  # noqa: E731
+            samples, seq_len=inp["seq_len"], num_loras=inp["num_loras"], pad_to_multiple_of=inp["pad_to_multiple_of"], variant=inp["variant"]
+        )
     if "error" in v:
-        with pytest.raises(ZeroDivisionError, match=v["error"]["message"]):
+        with pytest.raises(BaseException) as info:
             call()
+        assert (type(info.value).__name__, str(info.value)) == (v["error"]["type"], v["error"]["message"])
+        return
+    if v["kind"] == "ffd_pack":
+        bins, _ = call()
+        assert bins == v["output"]["bins"]
         return
     got = call()
     assert len(got) == len(v["output"]["micro_batches"])
@@ -155,3 +159,69 @@ def test_prime_rl_vectors(v):
             value = g[key]
             value = value.tolist() if isinstance(value, np.ndarray) else value
             assert _close(value, want), (key, value, want)
+
+def test_roll_packs_zero_length_sequences_like_roll():
+    seqs = [[0, 0], [1] * 4, [2] * 6, [3]]
+    for cp, factor in ((2, 4), (1, 16), (3, None)):
+        base = roll.pack_sequences(seqs, cp=cp, pad_val=-1, pad_factor=factor)
+        got = roll.pack_sequences([[]] + seqs[:2] + [[], []] + seqs[2:] + [[]], cp=cp, pad_val=-1, pad_factor=factor)
+        # A zero-length sequence pads to 0 tokens: it only repeats a boundary.
+        assert [r.tolist() for r in got["input_ids"]] == [r.tolist() for r in base["input_ids"]]
+        for key in ("cu_seqlens", "cu_seqlens_padded"):
+            b = base[key].tolist()
+            assert got[key].tolist() == [0, 0] + b[1:3] + [b[2], b[2]] + b[3:] + [b[-1]], key
+            assert got[key].dtype == base[key].dtype == np.int32
+        assert (got["max_seqlen"], got["pad_factor"]) == (base["max_seqlen"], base["pad_factor"])
+        pieces = roll.unpack_sequences(got["input_ids"][0], got["cu_seqlens_padded"], cp=cp)
+        assert [len(p) for p in pieces][0] == 0 and len(pieces) == 8
+    alone = roll.pack_sequences([[], []], cp=2)
+    assert [r.tolist() for r in alone["input_ids"]] == [[], []]
+    assert alone["cu_seqlens_padded"].tolist() == [0, 0, 0] and alone["max_seqlen"] == 0
+    with pytest.raises(RuntimeError, match="Expected reduction dim"):  # ROLL: max() of no lengths
+        roll.pack_sequences([], cp=2)
+
+
+def _tiny_image():
+    return {"pixel_values": np.zeros((1, 4), dtype=np.float32)}
+
+
+def test_prime_rl_multimodal_samples_get_a_bin_of_their_own():
+    text = lambda lora, n, **kw: {"lora": lora, "prompt_ids": [7] * n, "completion_ids": [8], "advantage": 1.0, **kw}  # noqa: E731
+    samples = [text(0, 2), text(0, 1, mm_kwargs=_tiny_image()), text(0, 1), text(1, 1, mm_kwargs=_tiny_image()), text(1, 2)]
+    bins, zero = prime_rl.pack_samples(samples, 16)
+    # (lora, -length) order: 0, 1 (image: its own), 2 (joins 0), 4 (joins 0), 3 (image: its own).
+    assert bins == [[0, 2, 4], [1], [3]] and zero == []
+    mbs = prime_rl.prepare_micro_batches(samples, seq_len=16, num_loras=2, pad_to_multiple_of=4)
+    assert [mb["input_ids"].tolist() for mb in mbs][1:] == [[7, 8, 1, 1], [7, 8, 1, 1]]
+    assert mbs[1]["mm_kwargs"] is samples[1]["mm_kwargs"] and mbs[0]["mm_kwargs"] is None
+    assert [mb["lora_num_tokens"].tolist() for mb in mbs] == [[5, 3], [2, 2], [0, 4]]
+    with pytest.raises(stowplan.InvalidArgumentError, match="variant='classic' only"):
+        prime_rl.prepare_micro_batches(samples, seq_len=16, num_loras=2, variant="multilora")
+
+
+def test_prime_rl_prepare_micro_batches_takes_the_zero_length_samples_pack_samples_takes():
+    empty = {"prompt_ids": [], "completion_ids": [], "advantage": 1.0}
+    full = {"prompt_ids": [1, 2], "completion_ids": [3], "advantage": 1.0}
+    samples = [empty, full, dict(empty, lora=1)]
+    assert prime_rl.pack_samples(samples, 8) == ([[1]], [0, 2])
+    (mb,) = prime_rl.prepare_micro_batches(samples, seq_len=8, num_loras=2, pad_to_multiple_of=4)
+    assert mb["input_ids"].tolist() == [1, 2, 3, 1] and mb["lora_num_tokens"].tolist() == [3, 1]
+    (mb,) = prime_rl.prepare_micro_batches(samples, seq_len=8, num_loras=2, pad_to_multiple_of=4, variant="multilora")
+    assert mb["sequence_lengths"].tolist() == [3, 0, 1]  # (LoRA, -length) order; the padding is the last sample's
+    # Alone, a zero-length sample opens a micro-batch without tokens.
+    (mb,) = prime_rl.prepare_micro_batches([empty], seq_len=8, pad_to_multiple_of=4)
+    assert mb["input_ids"].tolist() == [] and mb["lora_num_tokens"].tolist() == [0] and mb["rewards"].tolist() == []
+
+
+def test_prime_rl_errors_come_in_prime_rls_order():
+    one = {"prompt_ids": [1], "completion_ids": [2], "advantage": 1.0, "lora": 3}
+    # Packing (the LoRA's IndexError) comes before padding (the ZeroDivisionError).
+    with pytest.raises(IndexError, match="list assignment index out of range"):
+        prime_rl.prepare_micro_batches([one], seq_len=8, num_loras=2, pad_to_multiple_of=0)
+    with pytest.raises(IndexError, match="^list index out of range$"):
+        prime_rl.prepare_micro_batches([one], seq_len=8, num_loras=2, variant="multilora")
+    # Nothing to pad: no division.
+    assert prime_rl.prepare_micro_batches([], seq_len=8, pad_to_multiple_of=0) == []
+    # A multiple below 2 pads nothing.
+    (mb,) = prime_rl.prepare_micro_batches([dict(one, lora=0)], seq_len=8, pad_to_multiple_of=-4)
+    assert mb["input_ids"].tolist() == [1, 2]

@@ -130,6 +130,7 @@ fn roll_load_balance_and_batch_balance_vectors() {
 #[test]
 fn prime_rl_packing_and_padding_vectors() {
     let all = stowplan_conformance::load_dir(&stowplan_conformance::vectors_dir().join("prime-rl"));
+    let cases = all.iter().filter(|(_, v)| v["kind"] == "ffd_pack" || v["kind"] == "pad_micro_batch").count();
     let mut checked = 0;
     for (name, kernel) in kernels() {
         for (file, v) in &all {
@@ -140,8 +141,40 @@ fn prime_rl_packing_and_padding_vectors() {
             }
         }
     }
-    // 7 of 8 ffd_pack (the env_name case is checked from Python) + 8 pad_micro_batch, on both kernels.
-    assert_eq!(checked, 2 * 15, "vectors checked");
+    // Every ffd_pack and pad_micro_batch vector (errors, multimodal and zero-length samples
+    // included), on both kernels.
+    assert!(cases >= 23, "expected the prime-rl packing vectors, found {cases}");
+    assert_eq!(checked, 2 * cases, "vectors checked");
+}
+
+/// A prime-rl vector built here: `samples` (triples or dicts) packed by the classic packer.
+fn prime_ffd(samples: serde_json::Value, num_loras: u32, outcome: serde_json::Value) -> serde_json::Value {
+    let mut v =
+        serde_json::json!({"kind": "ffd_pack", "input": {"seq_len": 8, "num_loras": num_loras, "samples": samples}});
+    let key = if outcome.get("type").is_some() { "error" } else { "output" };
+    v[key] = outcome;
+    v
+}
+
+#[test]
+fn prime_rl_runner_reports_bad_triples_and_wrong_errors_instead_of_panicking() {
+    use serde_json::json;
+    let kernel = Kernel::native();
+    let check = |v: serde_json::Value| stowplan_conformance::check_prime_rl_vector(&kernel, &v);
+    // A triple whose LoRA is past num_loras (it joins sample 0's bin): prime-rl's IndexError,
+    // compared by type and message.
+    let index = json!({"type": "IndexError", "message": "list index out of range"});
+    assert_eq!(check(prime_ffd(json!([[0, 1, 1], [3, 2, 2]]), 2, index)), Ok(true));
+    let wrong = json!({"type": "ZeroDivisionError", "message": "integer modulo by zero"});
+    assert!(check(prime_ffd(json!([[0, 1, 1], [3, 2, 2]]), 2, wrong)).is_err(), "another exception is a mismatch");
+    // Malformed triples are errors of the vector, not panics.
+    let bins = json!({"bins": [[0]], "lora_num_tokens": [[2]], "bin_lengths": [2]});
+    assert!(check(prime_ffd(json!([[0, 1]]), 1, bins.clone())).is_err());
+    assert!(check(prime_ffd(json!([[0, -1, 1]]), 1, bins.clone())).is_err());
+    assert_eq!(check(prime_ffd(json!([[0, 1, 1]]), 1, bins)), Ok(true));
+    // A zero-length triple alone opens a bin of its own, which stays empty.
+    let empty = json!({"bins": [[]], "lora_num_tokens": [[0]], "bin_lengths": [0]});
+    assert_eq!(check(prime_ffd(json!([[0, 0, 0]]), 1, empty)), Ok(true));
 }
 
 #[test]

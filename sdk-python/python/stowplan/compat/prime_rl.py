@@ -1,7 +1,8 @@
 """prime-rl (PrimeIntellect-ai/prime-rl) trainer micro-batches, reproduced by stowplan.
 
 - :func:`pack_samples` — the classic packer (``packed_samples_into_micro_bs``): first-fit
-  decreasing with key (LoRA, −length), LoRAs may share a bin, training modes may not.
+  decreasing with key (LoRA, −length), LoRAs may share a bin, training modes may not, and
+  every multimodal sample (one with ``mm_kwargs``) gets a bin of its own.
 - :func:`micro_batch_fields` — a micro-batch received from ``stowplan serve`` (or
   :class:`stowplan.Packer`) in prime-rl's trainer field layout.
 - :func:`prepare_micro_batches` — packing plus ``pad_micro_batch``: one dict per micro-batch
@@ -12,8 +13,16 @@
 Behaviour, padding values and errors are prime-rl's (classic: ``b5daec1``; multilora:
 ``de80b48``): samples are truncated to ``seq_len`` (prompt first), padding is token 1, loss
 mask False, advantage 0, logprob 0, temperature 1, env name ``""``, reward NaN, positions
-restarting at 0, counted in the last sequence's length and the last LoRA's token count;
-zero-length samples vanish (reported by :func:`pack_samples`' second result).
+restarting at 0, counted in the last sequence's length and the last LoRA's token count.
+Zero-length samples take no token: they join a bin like any sample (a multilora bin lists
+them in ``sequence_lengths`` as 0), and one that finds no bin of its training mode opens one,
+which stays an empty micro-batch when no later sample joins it (:func:`pack_samples` names
+them in its second result).
+
+Not reproduced: multimodal samples with ``variant="multilora"`` (its packer lets them share
+bins by LoRA and image-tensor shapes) and negative LoRA indices (which prime-rl's lists wrap
+around) raise :class:`stowplan.InvalidArgumentError`. LoRA indices, ``seq_len``,
+``num_loras`` and ``pad_to_multiple_of`` are exact integers (floats and bools are refused).
 
 >>> from stowplan.compat import prime_rl
 >>> samples = [
@@ -35,8 +44,14 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from .. import _stowplan
+from ..errors import InvalidArgumentError
 
 __all__ = ["pack_samples", "prepare_micro_batches", "micro_batch_fields"]
+
+
+_I64 = (-(2**63), 2**63 - 1)
+#: The largest LoRA index the kernel's packer takes.
+_MAX_LORA = 2**32 - 1
 
 
 def _get(sample: Any, name: str, default: Any = None) -> Any:
@@ -47,12 +62,18 @@ def _get(sample: Any, name: str, default: Any = None) -> Any:
     return default if value is None else value
 
 
+def _is_multimodal(sample: Any) -> bool:
+    """prime-rl's test: the sample carries image tensors (``mm_kwargs``)."""
+    return _get(sample, "mm_kwargs") is not None
+
+
 def _truncated(i: int, sample: Any, seq_len: int) -> Dict[str, Any]:
     """prime-rl's ``prepare_sample`` view of a sample: prompt + completion cut to ``seq_len``."""
     prompt = list(_get(sample, "prompt_ids", []))
     completion = list(_get(sample, "completion_ids", []))
     p = min(len(prompt), seq_len)
     c = min(len(completion), seq_len - p)
+    lora = _get(sample, "lora", _get(sample, "run", 0))
     out: Dict[str, Any] = {
         "prompt_ids": prompt[:p],
         "completion_ids": completion[:c],
@@ -61,7 +82,7 @@ def _truncated(i: int, sample: Any, seq_len: int) -> Dict[str, Any]:
         "completion_logprobs": list(_get(sample, "completion_logprobs", [0.0] * len(completion)))[:c],
         "completion_temperatures": list(_get(sample, "completion_temperatures", [1.0] * len(completion)))[:c],
         "advantage": _get(sample, "advantage", 0.0),
-        "run": _stowplan._integer(_get(sample, "lora", _get(sample, "run", 0)), f"samples[{i}].lora", 0, 2**32 - 1),
+        "run": _stowplan._integer(lora, f"samples[{i}].lora", 0, _I64[1]),
     }
     teacher = _get(sample, "teacher_logprobs")
     if teacher is not None:
@@ -75,13 +96,67 @@ def _check_envs(samples: Sequence[Any]) -> None:
             raise AssertionError("env_name='all' is reserved for aggregate metric keys")
 
 
-def _pack(prepared: List[Dict[str, Any]], samples: Sequence[Any], seq_len: int, backend: Optional[str]) -> Tuple[List[List[int]], List[int]]:
+def _turns(prepared: List[Dict[str, Any]]) -> List[int]:
+    """Every sample's turn in prime-rl's packing order: (LoRA, −length), stable."""
+    key = lambda i: (prepared[i]["run"], -(len(prepared[i]["prompt_ids"]) + len(prepared[i]["completion_ids"])))  # noqa: E731
+    turn = [0] * len(prepared)
+    for t, i in enumerate(sorted(range(len(prepared)), key=key)):
+        turn[i] = t
+    return turn
+
+
+def _bins(
+    prepared: List[Dict[str, Any]], samples: Sequence[Any], seq_len: int, by_mode: bool, backend: Optional[str]
+) -> List[List[int]]:
+    """prime-rl's bins, every sample included, members in the order they joined: the
+    kernel's first-fit decreasing on the samples with tokens (text samples share bins — of
+    their training mode when ``by_mode``, as in classic; a multimodal sample's label is its
+    own, so its bin stays its own), then each zero-length sample placed as prime-rl places
+    it at its turn."""
+    n = len(prepared)
     lengths = [len(s["prompt_ids"]) + len(s["completion_ids"]) for s in prepared]
     runs = [s["run"] for s in prepared]
+    for i, run in enumerate(runs):
+        if run > _MAX_LORA:
+            raise InvalidArgumentError(f"samples[{i}].lora must be in 0..={_MAX_LORA} (got {run})")
     modes: Dict[str, int] = {}
-    labels = [modes.setdefault(str(_get(s, "training_mode", "rl")), len(modes)) for s in samples]
+    mode = lambda s: str(_get(s, "training_mode", "rl")) if by_mode else ""  # noqa: E731
+    text = [None if _is_multimodal(s) else modes.setdefault(mode(s), len(modes)) for s in samples]
+    fresh = iter(range(len(modes), len(modes) + n))
+    labels = [next(fresh) if label is None else label for label in text]
     packed = _stowplan.prime_rl_ffd(lengths, runs, labels, seq_len, backend=backend)
-    return packed.bins, packed.dropped
+    turn = _turns(prepared)
+    # (turn the bin opened at, label, members in turn order), in the order bins were opened.
+    bins: List[Tuple[int, int, List[int]]] = [(turn[b[0]], labels[b[0]], list(b)) for b in packed.bins]
+    for z in sorted(packed.dropped, key=turn.__getitem__):
+        t, label = turn[z], labels[z]
+        before = [b for b in bins if b[0] < t]
+        joined = next((b for b in before if b[1] == label), None)
+        if joined is not None:  # the first open bin of its label: no token, no trace
+            joined[2].append(z)
+            joined[2].sort(key=turn.__getitem__)
+            continue
+        # No bin of its label yet: it opens one, which the next sample of its label joins
+        # (the kernel opened that bin later, without it).
+        later = next((b for b in bins[len(before):] if b[1] == label), None)
+        if later is not None:
+            bins.remove(later)
+        bins.insert(len(before), (t, label, [z] + (later[2] if later else [])))
+    return [members for _, _, members in bins]
+
+
+def _check_loras(prepared: List[Dict[str, Any]], bins: List[List[int]], num_loras: int, classic: bool) -> None:
+    """prime-rl's IndexError for a LoRA index ≥ ``num_loras``, raised by its
+    ``lora_num_tokens`` list at the first such sample's turn: classic assigns it when the
+    sample opens a bin and adds to it when the sample joins one; the multi-LoRA packer adds."""
+    turn = _turns(prepared)
+    bad = [i for i, s in enumerate(prepared) if s["run"] >= num_loras]
+    if not bad:
+        return
+    first = min(bad, key=turn.__getitem__)
+    if classic and any(b[0] == first for b in bins):
+        raise IndexError("list assignment index out of range")
+    raise IndexError("list index out of range")
 
 
 def micro_batch_fields(mb: Any) -> Dict[str, Any]:
@@ -105,16 +180,42 @@ def micro_batch_fields(mb: Any) -> Dict[str, Any]:
     }
 
 
-def pack_samples(samples: Sequence[Any], seq_len: int, *, backend: Optional[str] = None) -> Tuple[List[List[int]], List[int]]:
+def pack_samples(
+    samples: Sequence[Any], seq_len: int, *, num_loras: Optional[int] = None, backend: Optional[str] = None
+) -> Tuple[List[List[int]], List[int]]:
     """prime-rl's classic micro-batch packing of ``samples`` (mappings or objects with
-    ``prompt_ids``, ``completion_ids``, optional ``lora`` and ``training_mode``).
+    ``prompt_ids``, ``completion_ids``, optional ``lora``, ``training_mode`` and
+    ``mm_kwargs``).
 
-    Returns the bins (sample indices in prime-rl's bin order and in-bin order) and the
-    zero-length samples prime-rl drops without a word.
+    Returns the bins (sample indices in prime-rl's bin order and in-bin order; the
+    zero-length samples, which take no token, are left out, so a bin only they opened is
+    ``[]``) and the zero-length samples. With ``num_loras``, a LoRA index ≥ it raises
+    prime-rl's ``IndexError``.
     """
     _check_envs(samples)
-    seq_len = _stowplan._integer(seq_len, "seq_len", -(2**63), 2**63 - 1)
-    return _pack([_truncated(i, s, seq_len) for i, s in enumerate(samples)], samples, seq_len, backend)
+    seq_len = _stowplan._integer(seq_len, "seq_len", *_I64)
+    prepared = [_truncated(i, s, seq_len) for i, s in enumerate(samples)]
+    bins = _bins(prepared, samples, seq_len, True, backend)
+    if num_loras is not None:
+        _check_loras(prepared, bins, _stowplan._integer(num_loras, "num_loras", *_I64), classic=True)
+    empty = {i for i, s in enumerate(prepared) if not (s["prompt_ids"] or s["completion_ids"])}
+    return [[i for i in b if i not in empty] for b in bins], sorted(empty)
+
+
+def _empty_micro_batch(num_loras: int, teacher: bool) -> Dict[str, Any]:
+    """The fields of a micro-batch without tokens (a bin only zero-length samples opened),
+    in the dtypes of :class:`stowplan.MicroBatch`."""
+    f32 = lambda: np.zeros(0, dtype=np.float32)  # noqa: E731
+    return {
+        "input_ids": np.zeros(0, dtype=np.int64),
+        "position_ids": np.zeros(0, dtype=np.int64),
+        "loss_mask": np.zeros(0, dtype=np.bool_),
+        "advantages": f32(),
+        "inference_logprobs": f32(),
+        "temperatures": f32(),
+        "teacher_logprobs": f32() if teacher else None,
+        "lora_num_tokens": np.zeros(num_loras, dtype=np.int32),
+    }
 
 
 def prepare_micro_batches(
@@ -131,56 +232,80 @@ def prepare_micro_batches(
     Each result is a dict of prime-rl's ``MicroBatch`` fields: ``input_ids``,
     ``position_ids``, ``loss_mask``, ``advantages``, ``inference_logprobs``,
     ``temperatures``, ``lora_num_tokens``, ``env_names`` and, for ``variant="classic"``,
-    ``rewards``, ``teacher_logprobs``, ``training_mode``; for ``"multilora"``,
-    ``sequence_lengths``, ``seq_lens`` and ``ref_logprobs``. Array fields are numpy arrays.
+    ``rewards``, ``teacher_logprobs``, ``training_mode``, ``mm_kwargs`` (the multimodal
+    sample's, else None); for ``"multilora"``, ``sequence_lengths``, ``seq_lens`` (one entry
+    per sample, zero-length ones included) and ``ref_logprobs``. Array fields are numpy
+    arrays.
 
-    Raises prime-rl's errors: ``ZeroDivisionError`` for ``pad_to_multiple_of == 0``,
-    ``IndexError`` for a LoRA index ≥ ``num_loras``, ``AssertionError`` for ``env_name ==
-    "all"``.
+    Raises prime-rl's errors, in its order: ``AssertionError`` for ``env_name == "all"``,
+    ``IndexError`` for a LoRA index ≥ ``num_loras``, ``ZeroDivisionError`` for
+    ``pad_to_multiple_of == 0`` (when there is a micro-batch to pad).
     """
     if variant not in ("classic", "multilora"):
         raise ValueError(f"variant must be 'classic' or 'multilora' (got {variant!r})")
     _check_envs(samples)
-    seq_len = _stowplan._integer(seq_len, "seq_len", -(2**63), 2**63 - 1)
-    pad_to_multiple_of = _stowplan._integer(pad_to_multiple_of, "pad_to_multiple_of", -(2**63), 2**63 - 1)
-    if pad_to_multiple_of == 0:
-        raise ZeroDivisionError("integer modulo by zero")
+    seq_len = _stowplan._integer(seq_len, "seq_len", *_I64)
+    num_loras = _stowplan._integer(num_loras, "num_loras", *_I64)
+    multiple = _stowplan._integer(pad_to_multiple_of, "pad_to_multiple_of", *_I64)
     prepared = [_truncated(i, s, seq_len) for i, s in enumerate(samples)]
-    for s in prepared:
-        if not 0 <= s["run"] < num_loras:
-            raise IndexError("list index out of range")
-    bins, _dropped = _pack(prepared, samples, seq_len, backend)
-    # prime-rl's values: no cap (the bins are given), its padding multiple and pad token 1,
-    # one lora_num_tokens entry per LoRA, LoRAs sharing rows, empty completions kept.
-    m = _stowplan.materialize(
-        prepared,
-        capacity=2**63,
-        padding="micro_batch",
-        align=pad_to_multiple_of,
-        pad_token_id=1,
-        num_runs=num_loras,
-        mix_runs=True,
-        allow_empty_completion=True,
-        plan=[bins],
-        backend=backend,
-    )
+    if variant == "multilora" and any(_is_multimodal(s) for s in samples):
+        raise InvalidArgumentError(
+            "multimodal samples (mm_kwargs) are reproduced for variant='classic' only; the multilora packer "
+            "shares their bins by LoRA and image-tensor shapes, which stowplan does not model"
+        )
+    bins = _bins(prepared, samples, seq_len, variant == "classic", backend)
+    _check_loras(prepared, bins, num_loras, classic=variant == "classic")
+    if bins and multiple == 0:
+        raise ZeroDivisionError("integer modulo by zero")
+    lengths = [len(s["prompt_ids"]) + len(s["completion_ids"]) for s in prepared]
+    # The samples with tokens, renumbered, in bins without the zero-length ones.
+    kept = [i for i, n in enumerate(lengths) if n]
+    renumber = {i: j for j, i in enumerate(kept)}
+    plan = [[renumber[i] for i in b if lengths[i]] for b in bins]
+    rows = iter([])
+    if kept:
+        # prime-rl's values: no cap (the bins are given), its padding multiple (none below
+        # 2) and pad token 1, one lora_num_tokens entry per LoRA, LoRAs sharing rows, empty
+        # completions kept.
+        m = _stowplan.materialize(
+            [prepared[i] for i in kept],
+            capacity=2**63,
+            padding="micro_batch",
+            align=multiple if multiple > 1 else 1,
+            pad_token_id=1,
+            num_runs=num_loras,
+            mix_runs=True,
+            allow_empty_completion=True,
+            plan=[[p for p in plan if p]],
+            backend=backend,
+        )
+        rows = iter(m.ranks[0])
+    teacher = any("teacher_logprobs" in s for s in prepared)
     out: List[Dict[str, Any]] = []
-    for members, mb in zip(bins, m.ranks[0]):
+    for members in bins:
+        mb = next(rows) if any(lengths[i] for i in members) else None
+        d = micro_batch_fields(mb) if mb is not None else _empty_micro_batch(num_loras, teacher)
+        pad = int(mb.padding_tokens) if mb is not None else 0
         env_names: List[str] = []
         rewards: List[float] = []
-        for i, n in zip(members, (np.diff(mb.cu_seqlens)).tolist()):
-            env_names += [str(_get(samples[i], "env_name", "env"))] * n
-            rewards += [float(_get(samples[i], "reward", 1.0))] * n
-        pad = int(mb.padding_tokens)
+        for i in members:
+            env_names += [str(_get(samples[i], "env_name", "env"))] * lengths[i]
+            rewards += [float(_get(samples[i], "reward", 1.0))] * lengths[i]
         env_names += [""] * pad
         rewards += [float("nan")] * pad
-        d = micro_batch_fields(mb)
         d["env_names"] = env_names
+        first = samples[members[0]]
         if variant == "classic":
-            del d["sequence_lengths"], d["seq_lens"]
+            d.pop("sequence_lengths", None)
+            d.pop("seq_lens", None)
             d["rewards"] = np.array(rewards, dtype=np.float32)
-            d["training_mode"] = str(_get(samples[members[0]], "training_mode", "rl"))
+            d["training_mode"] = str(_get(first, "training_mode", "rl"))
+            d["mm_kwargs"] = _get(first, "mm_kwargs")
         else:
+            # One entry per sample in bin order (zero-length ones too); the padding is the last one's.
+            sequence = np.array([lengths[i] for i in members], dtype=np.int32)
+            sequence[-1] += pad
+            d["sequence_lengths"], d["seq_lens"] = sequence, sequence.copy()
             del d["teacher_logprobs"]
             d["ref_logprobs"] = None
         out.append(d)

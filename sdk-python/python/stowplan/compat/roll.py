@@ -8,9 +8,10 @@
   split over CP ranks (zigzag), built by stowplan's Rust host.
 - :func:`get_pad_factor`, :func:`restore_results_order`.
 
-The behaviour (and the exception types and messages) is ROLL's at commit ``8eb27cc``.
-Lengths, sizes and token ids are exact integers; floats (even whole ones), bools and strings
-raise :class:`stowplan.InvalidArgumentError` naming the argument instead of being truncated.
+The behaviour (and the exception types and messages) is ROLL's at commit ``8eb27cc``,
+zero-length sequences included. Lengths, sizes and token ids are exact integers; floats
+(even whole ones), bools and strings raise :class:`stowplan.InvalidArgumentError` naming the
+argument instead of being truncated.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from __future__ import annotations
 import math
 import warnings
 from typing import Any, Dict, List, Optional, Sequence
+
+import numpy as np
 
 from .. import _stowplan
 from .verl import _mask_or_lengths, _seqlens, log_seqlen_unbalance
@@ -43,7 +46,7 @@ def get_pad_factor(cp: int, tp: int) -> int:
 
 def load_balance(
     lengths: Any,
-    max_packed_sequence_length: int,
+    max_packed_sequence_length: Optional[int],
     *,
     mask_width: Optional[int] = None,
     min_num_micro_batches: int = 1,
@@ -57,7 +60,8 @@ def load_balance(
     Args:
         lengths: real tokens per sample (1-D) or the 2-D attention mask (its width is the
             ``mask_width``).
-        max_packed_sequence_length: the cap (checked against ``mask_width`` only).
+        max_packed_sequence_length: the cap (checked against ``mask_width`` only); ``None``
+            (an unset config field) raises ROLL's ``AssertionError``.
         mask_width: the padded mask width; defaults to the mask's width or the longest length.
         min_num_micro_batches, tp, cp, vp: as in ROLL's config.
         dp_num_micro_batches: the MAX over DP ranks of their counts (ROLL's all-reduce).
@@ -72,6 +76,8 @@ def load_balance(
         [[1, 2], [0, 3]]
     """
     seqlens, width = _mask_or_lengths(lengths, "lengths")
+    if max_packed_sequence_length is None:
+        raise AssertionError("LoadBalancePacker: max_packed_sequence_length is None")
     if mask_width is None:
         mask_width = width if width is not None else max(seqlens, default=0)
     r = _stowplan.roll_load_balance(
@@ -112,17 +118,19 @@ def batch_balance(lengths: Any, dp_size: int, *, minibatch_size: Optional[int] =
     the permutation ROLL reorders by, its ``dp_size`` equal contiguous slices, the raw
     equal-size KK result(s), ROLL's ``global_seqlen/*`` metrics, and the samples ROLL leaves
     out (the tail past the last full mini-batch with ``keep_minibatch``; a ``UserWarning``
-    names them).
+    names them). ``keep_minibatch`` without ``minibatch_size`` raises ROLL's ``TypeError``.
 
     Example:
         >>> batch_balance([100, 900, 50, 950, 400, 600], 2)["rank_partitions"]
         [[2, 1, 5], [0, 3, 4]]
     """
     seqlens, _ = _mask_or_lengths(lengths, "lengths")
+    if keep_minibatch and minibatch_size is None:
+        # ROLL divides the batch size by the mini-batch size.
+        raise TypeError("unsupported operand type(s) for //: 'int' and 'NoneType'")
     if _stowplan._integer(dp_size, "dp_size", -(2**63), 2**63 - 1) < 0:
         raise ValueError(f"dp_size = {dp_size} is negative")
-    mb = minibatch_size if keep_minibatch and minibatch_size is not None else None
-    reorder = _stowplan.balance_batch(seqlens, dp_size, minibatch_size=mb)
+    reorder = _stowplan.balance_batch(seqlens, dp_size, minibatch_size=minibatch_size if keep_minibatch else None)
     partitions, kk, dropped = reorder.partitions, reorder.kk_partitions, reorder.dropped
     if dropped:
         warnings.warn(
@@ -167,26 +175,45 @@ def pack_sequences(
     from .._layout import materialize
 
     factor = get_pad_factor(cp, tp) if pad_factor is None else pad_factor
-    samples = [{"prompt_ids": list(seq), "completion_ids": [], "advantage": 0.0} for seq in sequences]
-    m = materialize(
-        samples,
-        capacity=2**63,
-        cp=cp,
-        padding="sequence",
-        align=factor,
-        pad_token_id=pad_val,
-        allow_empty_completion=True,
-        plan=[[list(range(len(samples)))]],
-        backend=backend,
-    )
-    mb = m.ranks[0][0]
-    rows = [mb.cp_view(r)["input_ids"] for r in range(cp)] if cp > 1 else [mb.input_ids]
-    lengths = mb.sequence_lengths
+    sequences = [list(seq) for seq in sequences]
+    if not sequences:
+        # ROLL takes the max of the (empty) padded lengths: torch refuses.
+        raise RuntimeError(
+            "max(): Expected reduction dim to be specified for input.numel() == 0. "
+            "Specify the reduction dim with the 'dim' argument."
+        )
+    # A zero-length sequence takes no token on any rank; it only repeats a boundary.
+    present = [i for i, seq in enumerate(sequences) if seq]
+    samples = [{"prompt_ids": sequences[i], "completion_ids": [], "advantage": 0.0} for i in present]
+    cu_real = np.zeros(len(sequences) + 1, dtype=np.int32)
+    cu_padded = np.zeros(len(sequences) + 1, dtype=np.int32)
+    if samples:
+        m = materialize(
+            samples,
+            capacity=2**63,
+            cp=cp,
+            padding="sequence",
+            align=factor,
+            pad_token_id=pad_val,
+            allow_empty_completion=True,
+            plan=[[list(range(len(samples)))]],
+            backend=backend,
+        )
+        mb = m.ranks[0][0]
+        rows = [mb.cp_view(r)["input_ids"] for r in range(cp)] if cp > 1 else [mb.input_ids]
+        real = np.zeros(len(sequences), dtype=np.int32)
+        padded = np.zeros(len(sequences), dtype=np.int32)
+        real[present] = np.diff(mb.cu_seqlens)
+        padded[present] = mb.sequence_lengths
+        cu_real[1:], cu_padded[1:] = np.cumsum(real), np.cumsum(padded)
+    else:
+        rows = [np.zeros(0, dtype=np.int64) for _ in range(_stowplan._integer(cp, "cp", 1, 2**32 - 1))]
+    lengths = np.diff(cu_padded)
     return {
         "input_ids": rows if cp_rank is None else rows[cp_rank],
-        "cu_seqlens": mb.cu_seqlens,
-        "cu_seqlens_padded": mb.cu_seqlens_padded,
-        "max_seqlen": int(lengths.max()) if len(lengths) else 0,
+        "cu_seqlens": cu_real,
+        "cu_seqlens_padded": cu_padded,
+        "max_seqlen": int(lengths.max()),
         "pad_factor": factor,
         "qkv_format": "thd",
     }
