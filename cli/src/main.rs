@@ -11,6 +11,7 @@ mod common;
 mod failure;
 mod filter;
 mod input;
+mod keys;
 mod pack;
 mod partition;
 mod plan;
@@ -56,6 +57,9 @@ enum Command {
     /// Run the packer: training batches from an orchestrator in, balanced micro-batches out to
     /// every trainer rank, checkpointed with every step (restart resumes with nothing lost).
     Serve(serve::Args),
+    /// Make a ZeroMQ CURVE key pair (certificates DIR/NAME.key and DIR/NAME.key_secret) for
+    /// `serve --zmq-curve-secret/--zmq-curve-clients` and its clients.
+    Keys(keys::Args),
 }
 
 /// Parses the command line, runs the command, and turns a failure into its message on stderr
@@ -73,6 +77,7 @@ fn main() -> ExitCode {
         Command::Plan(a) => plan::run(a),
         Command::Filter(c) => filter::run(c),
         Command::Serve(a) => serve::run(a),
+        Command::Keys(a) => keys::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -8,7 +8,8 @@ use std::time::Duration;
 
 use serde::Serialize;
 use stowplan::serve::{
-    FsTransport, RejectedLimits, ServeOptions, ServeSummary, Server, Transport, ZmqEndpoints, ZmqTransport,
+    CurveServer, FsTransport, RejectedLimits, ServeOptions, ServeSummary, Server, Transport, ZmqEndpoints,
+    ZmqTransport, curve,
 };
 use stowplan::{Backend, Cost, PackerOptions, RunConfig, RunProgress};
 
@@ -56,6 +57,15 @@ pub struct Args {
     /// ZeroMQ: where the ROUTER socket the trainer ranks connect to binds.
     #[arg(long, default_value = ZmqEndpoints::DEFAULT_RANKS)]
     zmq_ranks: String,
+    /// ZeroMQ CURVE: the packer's secret certificate (NAME.key_secret, mode 0600; made by
+    /// `stowplan keys`). Every socket is then encrypted and admits only the clients of
+    /// --zmq-curve-clients. Needs a build with the system libzmq (README, "CURVE").
+    #[arg(long, requires = "zmq_curve_clients")]
+    zmq_curve_secret: Option<PathBuf>,
+    /// ZeroMQ CURVE: a directory of the public certificates (NAME.key) of the orchestrators
+    /// and ranks admitted.
+    #[arg(long, requires = "zmq_curve_secret")]
+    zmq_curve_clients: Option<PathBuf>,
     /// Tokens of a micro-batch after padding (longer samples are rejected).
     #[arg(long)]
     seq_len: u64,
@@ -251,7 +261,14 @@ pub fn run(a: Args) -> Result<(), Failure> {
                 receipts: a.zmq_receipts.clone(),
                 ranks: a.zmq_ranks.clone(),
             };
-            let t = ZmqTransport::bind(&wanted, a.dp)?;
+            let curve = match (&a.zmq_curve_secret, &a.zmq_curve_clients) {
+                (Some(secret), Some(clients)) => Some(CurveServer::load(secret, clients)?),
+                _ => None,
+            };
+            if let Some(c) = &curve {
+                tracing::info!(target: "stowplan::serve", public_key = %curve::z85(&c.public), clients = c.clients.len(), "CURVE on: every socket encrypted, clients admitted by key");
+            }
+            let t = ZmqTransport::bind(&wanted, a.dp, curve.as_ref())?;
             let e = t.endpoints();
             let endpoints = Endpoints::Zmq {
                 batches: e.batches.clone(),

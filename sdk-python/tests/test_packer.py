@@ -504,3 +504,94 @@ def test_zmq_arguments_are_checked():
             assert s.unacked == [("add_run", 3)]
             with pytest.raises(stowplan.StowplanTimeoutError, match="1 messages not acknowledged"):
                 s.flush(timeout=0.2)
+
+
+# --- CURVE: encrypted, authenticated ZeroMQ ---------------------------------------------------
+
+def _certificates(tmp_path: pathlib.Path) -> pathlib.Path:
+    """Certificates made with pyzmq (the same format `stowplan keys` writes)."""
+    import zmq.auth
+
+    keys = tmp_path / "keys"
+    keys.mkdir()
+    for name in ("packer", "rank0", "stranger"):
+        zmq.auth.create_certificates(str(keys), name)
+        os.chmod(keys / f"{name}.key_secret", 0o600)
+    return keys
+
+
+def test_zmq_curve_arguments_are_checked(tmp_path):
+    keys = _certificates(tmp_path)
+    with pytest.raises(stowplan.InvalidArgumentError, match="give both"):
+        stowplan.ZmqReceiver("tcp://127.0.0.1:1", 0, 1, curve_server_key=keys / "packer.key")
+    with pytest.raises(stowplan.InvalidArgumentError, match="give both"):
+        stowplan.ZmqSender("tcp://127.0.0.1:1", curve_secret_key=keys / "rank0.key_secret")
+    with pytest.raises(stowplan.InvalidArgumentError, match="no secret-key line"):
+        stowplan.ZmqSender(curve_server_key=keys / "packer.key", curve_secret_key=keys / "rank0.key")
+    with pytest.raises(stowplan.InvalidArgumentError, match="missing"):
+        stowplan.ZmqSender(curve_server_key=keys / "missing.key", curve_secret_key=keys / "rank0.key_secret")
+    os.chmod(keys / "rank0.key_secret", 0o644)
+    with pytest.raises(stowplan.InvalidArgumentError, match="chmod 600"):
+        stowplan.ZmqReceiver(curve_server_key=keys / "packer.key", curve_secret_key=keys / "rank0.key_secret")
+
+
+def curve_binary() -> str:
+    """A `stowplan` built with CURVE (`--config .cargo/system-libzmq.toml`; `cargo xtask
+    test` builds one when the system libzmq is installed and passes it as STOWPLAN_CURVE_BIN)."""
+    path = os.environ.get("STOWPLAN_CURVE_BIN")
+    if not path or not os.path.isfile(path):
+        if os.environ.get("STOWPLAN_REQUIRE_CURVE") == "1":
+            raise AssertionError(f"a CURVE build of stowplan is required (STOWPLAN_CURVE_BIN={path!r})")
+        pytest.skip("no CURVE build of stowplan (STOWPLAN_CURVE_BIN; needs the system libzmq)")
+    return path
+
+
+def test_zmq_curve_admits_only_listed_keys(tmp_path):
+    binary = curve_binary()
+    # The packer's pair and the orchestrator's from `stowplan keys`; the rank's and the
+    # stranger's from pyzmq: one format.
+    keys = _certificates(tmp_path)
+    subprocess.run([binary, "keys", str(tmp_path / "own"), "packer"], check=True, stdout=subprocess.DEVNULL)
+    out = subprocess.run([binary, "keys", str(tmp_path / "own"), "orchestrator", "--json"], check=True,
+                         stdout=subprocess.PIPE).stdout
+    assert json.loads(out)["public_key"] in (tmp_path / "own" / "orchestrator.key").read_text()
+    clients = tmp_path / "clients"
+    clients.mkdir()
+    for cert in (keys / "rank0.key", tmp_path / "own" / "orchestrator.key"):
+        (clients / cert.name).write_bytes(cert.read_bytes())
+    server_pub = tmp_path / "own" / "packer.key"
+    batches, receipts, rank_ep = (f"tcp://127.0.0.1:{p}" for p in packer_procs.free_ports(3))
+    serve = [binary, "serve", "--transport", "zmq", "--state-dir", str(tmp_path / "state"),
+             "--seq-len", str(packer_procs.SEQ_LEN), "--dp", "1", "--batch-size", "12", "--wait-timeout", "0.2",
+             "--zmq-batches", batches, "--zmq-receipts", receipts, "--zmq-ranks", rank_ep,
+             "--zmq-curve-secret", str(tmp_path / "own" / "packer.key_secret"), "--zmq-curve-clients", str(clients)]
+    logs = open(tmp_path / "serve.log", "wb")
+    packer = subprocess.Popen(serve, stderr=logs, stdout=subprocess.DEVNULL)
+    try:
+        # Without keys, or with a key the packer does not list: nothing gets through.
+        with pytest.warns(UserWarning, match="never acknowledged"):
+            with stowplan.ZmqSender(batches, receipts, resend_after=600) as plain:
+                plain.send(packer_procs.make_batch(0, 5))
+                with pytest.raises(stowplan.StowplanTimeoutError):
+                    plain.flush(timeout=2)
+        with stowplan.ZmqReceiver(rank_ep, 0, 1, timeout=1, curve_server_key=server_pub,
+                                  curve_secret_key=keys / "stranger.key_secret") as stranger:
+            with pytest.raises(stowplan.StowplanTimeoutError, match="clients directory holds this client's public key"):
+                stranger.receive()
+        # The listed orchestrator and rank: every accepted sample once, encrypted.
+        with stowplan.ZmqSender(batches, receipts, curve_server_key=server_pub,
+                                curve_secret_key=tmp_path / "own" / "orchestrator.key_secret") as sender:
+            sender.send(packer_procs.make_batch(0, 0))
+            [receipt] = sender.flush(timeout=30)
+            assert (receipt["step"], receipt["accepted"], receipt["duplicate"]) == (0, 12, False)
+        with stowplan.ZmqReceiver(rank_ep, 0, 1, timeout=30, curve_server_key=server_pub,
+                                  curve_secret_key=keys / "rank0.key_secret") as rank:
+            batch = rank.receive()
+        keys_seen = sorted((int(batch.sample_steps[i]), int(batch.sample_indices[i]))
+                           for mb in batch.micro_batches for i in mb.samples.tolist())
+        assert keys_seen == [(0, i) for i in range(12)], "the plain sender's batch (step 5) never arrived"
+    finally:
+        packer.kill()
+        packer.wait()
+        logs.close()
+    assert b"refused a CURVE client" in (tmp_path / "serve.log").read_bytes()

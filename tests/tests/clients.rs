@@ -223,7 +223,7 @@ fn serve_binary() -> Option<PathBuf> {
 fn serve_child_process() {
     let Ok(spec) = std::env::var(CHILD_ENV) else { return };
     let s = Serve::from_env(&spec);
-    let transport = ZmqTransport::bind(&s.endpoints, s.dp).unwrap();
+    let transport = ZmqTransport::bind(&s.endpoints, s.dp, None).unwrap();
     let mut server = Server::open(Kernel::native(), transport, s.options()).unwrap();
     let stop = Arc::new(AtomicBool::new(false));
     let timer = Arc::clone(&stop);
@@ -325,7 +325,7 @@ fn zmq_clients_exactly_once_in_order_across_a_sigkill_of_the_packer() {
     let (half_tx, half_rx) = std::sync::mpsc::channel::<u64>();
     let (batches, receipts) = (serve.endpoints.batches.clone(), serve.endpoints.receipts.clone());
     let orchestrator = std::thread::spawn(move || -> Result<(u64, u64, Vec<Receipt>), Error> {
-        let options = ZmqSenderOptions { resend_after: Duration::from_secs(3) };
+        let options = ZmqSenderOptions { resend_after: Duration::from_secs(3), curve: None };
         let mut sender = ZmqBatchSender::connect(&batches, &receipts, options)?;
         let mut got = Vec::new();
         got.extend(sender.add_run(1, RunConfig { batch_size: Serve::BATCH_SIZE })?);
@@ -472,7 +472,7 @@ fn next_ack(s: &zmq::Socket, deadline: Instant) -> Option<RankMessage> {
 fn zmq_rank_client_orders_steps_drops_copies_and_acknowledges_each() {
     let ctx = zmq::Context::new();
     let (router, ep) = router(&ctx);
-    let client = ZmqRankClient::connect(&ep, 1, 2, ZmqRankOptions { start_step: 5, prefetch: 4 }).unwrap();
+    let client = ZmqRankClient::connect(&ep, 1, 2, ZmqRankOptions { start_step: 5, prefetch: 4, curve: None }).unwrap();
     assert_eq!((client.endpoint(), client.next_step()), (ep.as_str(), 5));
     assert!(router.poll(zmq::POLLIN, 10_000).unwrap() > 0, "a hello on start");
     let parts = router.recv_multipart(0).unwrap();
@@ -517,7 +517,7 @@ fn zmq_rank_client_orders_steps_drops_copies_and_acknowledges_each() {
 fn zmq_rank_client_prefetches_up_to_its_limit() {
     let ctx = zmq::Context::new();
     let (router, ep) = router(&ctx);
-    let client = ZmqRankClient::connect(&ep, 0, 2, ZmqRankOptions { start_step: 0, prefetch: 2 }).unwrap();
+    let client = ZmqRankClient::connect(&ep, 0, 2, ZmqRankOptions { start_step: 0, prefetch: 2, curve: None }).unwrap();
     assert!(router.poll(zmq::POLLIN, 10_000).unwrap() > 0);
     let peer = router.recv_multipart(0).unwrap()[0].clone();
     for step in 0..4 {
@@ -554,7 +554,7 @@ fn client_arguments_timeouts_and_unacknowledged_messages_are_named() {
         s(ZmqBatchSender::connect("nonsense", "tcp://127.0.0.1:2", ZmqSenderOptions::default()))
             .contains("cannot connect")
     );
-    let zero = ZmqSenderOptions { resend_after: Duration::ZERO };
+    let zero = ZmqSenderOptions { resend_after: Duration::ZERO, curve: None };
     assert!(s(ZmqBatchSender::connect("tcp://127.0.0.1:1", "tcp://127.0.0.1:2", zero)).contains("resend_after"));
 
     // Nobody listens: the sender keeps the message and names it when a flush times out.

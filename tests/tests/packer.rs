@@ -577,9 +577,9 @@ fn zmq_barrier_receipts_refusal_reconnect_and_exactly_once() {
         receipts: "tcp://127.0.0.1:*".into(),
         ranks: "tcp://127.0.0.1:*".into(),
     };
-    assert!(ZmqTransport::bind(&any, 0).unwrap_err().to_string().contains("dp must be at least 1"));
+    assert!(ZmqTransport::bind(&any, 0, None).unwrap_err().to_string().contains("dp must be at least 1"));
     let bad = ZmqEndpoints { batches: "nonsense".into(), ..any.clone() };
-    let e = ZmqTransport::bind(&bad, 3).unwrap_err().to_string();
+    let e = ZmqTransport::bind(&bad, 3, None).unwrap_err().to_string();
     assert!(e.contains("batches") && e.contains("nonsense"), "{e}");
 
     let stop = Arc::new(AtomicBool::new(false));
@@ -779,7 +779,11 @@ fn zmq_a_second_connection_for_a_live_rank_is_refused_and_its_acknowledgements_c
             break Refusal::decode(&bytes).expect("the impostor gets a refusal, never a rank batch");
         }
     };
-    assert!(refusal.message.contains("rank 1 is held by another connection that is still alive"), "{}", refusal.message);
+    assert!(
+        refusal.message.contains("rank 1 is held by another connection that is still alive"),
+        "{}",
+        refusal.message
+    );
     // The forged acknowledgements are gone for good: rank 1 acknowledges, and every sample
     // arrives exactly once at the real ranks.
     ranks[1].send(RankMessage::Ack { rank: 1, step: 0 }.encode().unwrap(), 0).unwrap();
@@ -813,7 +817,7 @@ fn spawn_zmq_server(
     let (tx, rx) = std::sync::mpsc::channel();
     let (stop, dir) = (Arc::clone(stop), dir.to_path_buf());
     let handle = std::thread::spawn(move || {
-        let t = ZmqTransport::bind(&any, 3).unwrap();
+        let t = ZmqTransport::bind(&any, 3, None).unwrap();
         tx.send((t.endpoints().clone(), t.incarnation())).unwrap();
         let mut o = serve_options(&dir, None);
         o.packer.wait_timeout = Duration::from_millis(50);

@@ -218,19 +218,66 @@ fn run(program: &str, args: &[&str]) -> Result<(), String> {
     if status.success() { Ok(()) } else { Err(format!("`{program} {}` failed ({status})", args.join(" "))) }
 }
 
+/// The cargo config of a build linking the system's libzmq, which has CURVE (the `zmq`
+/// crate's own build of libzmq has not; see the file).
+const SYSTEM_LIBZMQ: &str = ".cargo/system-libzmq.toml";
+
+/// Whether the system's libzmq is installed (pkg-config knows it).
+fn system_libzmq() -> bool {
+    Command::new("pkg-config").args(["--exists", "libzmq"]).status().is_ok_and(|s| s.success())
+}
+
+/// The CURVE tests, which need a build with the system libzmq: its Rust test file
+/// (`tests/tests/curve.rs`) and a `stowplan` binary for the Python SDK's CURVE tests, copied
+/// to `target/curve/stowplan` (returned). Only cargo's zmq crates and what depends on them
+/// are rebuilt (about a minute), never wasmtime. `None` when the system libzmq is missing and
+/// `STOWPLAN_REQUIRE_CURVE` is not `1` (the tests are then skipped, saying so).
+fn curve_build(cargo: &str) -> Result<Option<PathBuf>, String> {
+    if !system_libzmq() {
+        let hint = "the system libzmq is not installed (Debian: apt install libzmq3-dev pkg-config)";
+        if std::env::var("STOWPLAN_REQUIRE_CURVE").as_deref() == Ok("1") {
+            return Err(format!("the CURVE tests are required (STOWPLAN_REQUIRE_CURVE=1) but {hint}"));
+        }
+        eprintln!("xtask: skipping the CURVE tests: {hint}");
+        return Ok(None);
+    }
+    let with = ["--release", "--locked", "--config", SYSTEM_LIBZMQ];
+    run(cargo, &[&["test"][..], &with, &["-p", "stowplan-conformance", "--test", "curve"]].concat())?;
+    run(cargo, &[&["build"][..], &with, &["-p", "stowplan-cli", "--bin", "stowplan"]].concat())?;
+    let built = root().join("target/release/stowplan");
+    let copy = root().join("target/curve/stowplan");
+    std::fs::create_dir_all(copy.parent().expect("a parent"))
+        .and_then(|()| std::fs::copy(&built, &copy))
+        .map_err(|e| format!("copying {} to {}: {e}", built.display(), copy.display()))?;
+    Ok(Some(copy))
+}
+
 fn run_tests() -> ExitCode {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let mut steps: Vec<(&str, Vec<&str>)> = vec![(cargo.as_str(), vec!["test", "--release", "--locked"])];
-    let sdk_script = root().join("sdk-python/run_tests.sh");
-    let sdk_script = sdk_script.to_string_lossy().into_owned();
-    if Path::new(&sdk_script).is_file() {
-        steps.push(("bash", vec![sdk_script.as_str()]));
-    }
-    for (program, args) in steps {
-        if let Err(e) = run(program, &args) {
+    let result = (|| -> Result<(), String> {
+        run(&cargo, &["test", "--release", "--locked"])?;
+        let curve = curve_build(&cargo)?;
+        let sdk_script = root().join("sdk-python/run_tests.sh");
+        if sdk_script.is_file() {
+            let mut sdk = Command::new("bash");
+            sdk.current_dir(root()).arg(&sdk_script);
+            if let Some(bin) = &curve {
+                // The Python SDK's CURVE tests run against it, and must.
+                sdk.env("STOWPLAN_CURVE_BIN", bin).env("STOWPLAN_REQUIRE_CURVE", "1");
+            }
+            eprintln!("xtask: $ bash {}", sdk_script.display());
+            let status = sdk.status().map_err(|e| format!("running {}: {e}", sdk_script.display()))?;
+            if !status.success() {
+                return Err(format!("`bash {}` failed ({status})", sdk_script.display()));
+            }
+        }
+        Ok(())
+    })();
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
             eprintln!("xtask: {e}");
-            return ExitCode::from(1);
+            ExitCode::from(1)
         }
     }
-    ExitCode::SUCCESS
 }

@@ -116,6 +116,7 @@ mod zmq_clients {
     use std::thread::JoinHandle;
     use std::time::{Duration, Instant};
 
+    use crate::serve::curve::CurveClient;
     use crate::serve::protocol::{BatchSender, Control, MessageKey, RankReceiver, Receipt, ToRank};
     use crate::{Error, RankBatch, RunConfig, TrainingBatch};
 
@@ -140,12 +141,23 @@ mod zmq_clients {
         /// Steps received and acknowledged ahead of the one the trainer takes (default
         /// [`DEFAULT_PREFETCH`](super::super::protocol::rank::DEFAULT_PREFETCH), at least 1).
         pub prefetch: usize,
+        /// CURVE keys when the packer runs with CURVE (default none: plain TCP).
+        pub curve: Option<CurveClient>,
     }
 
     impl Default for ZmqRankOptions {
-        /// From step 0, two steps ahead.
+        /// From step 0, two steps ahead, without CURVE.
         fn default() -> Self {
-            Self { start_step: 0, prefetch: super::super::protocol::rank::DEFAULT_PREFETCH }
+            Self { start_step: 0, prefetch: super::super::protocol::rank::DEFAULT_PREFETCH, curve: None }
+        }
+    }
+
+    /// `e` with `hint` added to its message when it is a timeout (what a client that hears
+    /// nothing from a CURVE packer should check).
+    fn with_hint(e: Error, curve: Option<&CurveClient>) -> Error {
+        match (e, curve) {
+            (Error::Timeout(m), Some(c)) => Error::Timeout(format!("{m}{}", c.timeout_hint())),
+            (e, _) => e,
         }
     }
 
@@ -175,6 +187,7 @@ mod zmq_clients {
         thread: Option<JoinHandle<()>>,
         endpoint: String,
         rank: u32,
+        curve: Option<CurveClient>,
     }
 
     impl std::fmt::Debug for ZmqRankClient {
@@ -198,6 +211,9 @@ mod zmq_clients {
             // Hellos and acks go only to a live connection and never block: while the packer
             // is away nothing piles up, and after it is back the next hello introduces the rank.
             socket.set_immediate(true).map_err(|e| zmq_error("a rank socket", e))?;
+            if let Some(c) = &options.curve {
+                c.apply(&socket, "a rank socket")?;
+            }
             socket
                 .connect(endpoint)
                 .map_err(|e| Error::InvalidArgument(format!("endpoint: cannot connect to {endpoint:?}: {e}")))?;
@@ -219,7 +235,7 @@ mod zmq_clients {
                     }
                 })
                 .map_err(|e| Error::Io(format!("starting rank {rank}'s receiver thread: {e}")))?;
-            Ok(Self { shared, thread: Some(thread), endpoint: endpoint.to_owned(), rank })
+            Ok(Self { shared, thread: Some(thread), endpoint: endpoint.to_owned(), rank, curve: options.curve })
         }
 
         /// The endpoint connected to.
@@ -252,7 +268,7 @@ mod zmq_clients {
                 }
                 let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
                 if left.is_some_and(|l| l.is_zero()) {
-                    return Err(st.core.timeout_error(&self.endpoint, timeout));
+                    return Err(with_hint(st.core.timeout_error(&self.endpoint, timeout), self.curve.as_ref()));
                 }
                 let wait = left.map_or(Duration::from_millis(500), |l| l.min(Duration::from_millis(500)));
                 st = self.shared.changed.wait_timeout(st, wait).unwrap_or_else(PoisonError::into_inner).0;
@@ -338,12 +354,14 @@ mod zmq_clients {
         /// [`DEFAULT_RESEND_AFTER`](super::super::protocol::sender::DEFAULT_RESEND_AFTER), not
         /// zero).
         pub resend_after: Duration,
+        /// CURVE keys when the packer runs with CURVE (default none: plain TCP).
+        pub curve: Option<CurveClient>,
     }
 
     impl Default for ZmqSenderOptions {
-        /// Resend after 30 s.
+        /// Resend after 30 s, without CURVE.
         fn default() -> Self {
-            Self { resend_after: super::super::protocol::sender::DEFAULT_RESEND_AFTER }
+            Self { resend_after: super::super::protocol::sender::DEFAULT_RESEND_AFTER, curve: None }
         }
     }
 
@@ -361,6 +379,7 @@ mod zmq_clients {
         // Dropped last: closing a context waits for its sockets.
         _context: zmq::Context,
         receipts_endpoint: String,
+        curve: Option<CurveClient>,
     }
 
     impl std::fmt::Debug for ZmqBatchSender {
@@ -397,10 +416,21 @@ mod zmq_clients {
             push.set_linger(1000).map_err(|e| zmq_error("the batches socket", e))?;
             sub.set_linger(0).map_err(|e| zmq_error("the receipts socket", e))?;
             sub.set_subscribe(b"").map_err(|e| zmq_error("the receipts socket", e))?;
+            if let Some(c) = &options.curve {
+                c.apply(&push, "the batches socket")?;
+                c.apply(&sub, "the receipts socket")?;
+            }
             push.connect(batches).and_then(|()| sub.connect(receipts)).map_err(|e| {
                 Error::InvalidArgument(format!("endpoint/receipts: cannot connect to {batches:?} / {receipts:?}: {e}"))
             })?;
-            Ok(Self { core, push, sub, _context: context, receipts_endpoint: receipts.to_owned() })
+            Ok(Self {
+                core,
+                push,
+                sub,
+                _context: context,
+                receipts_endpoint: receipts.to_owned(),
+                curve: options.curve,
+            })
         }
 
         /// Sends `batch`; returns the receipts that arrived meanwhile ([`ZmqBatchSender::poll`]).
@@ -468,7 +498,10 @@ mod zmq_clients {
             while !self.core.is_flushed() {
                 let left = deadline.map_or(TICK, |d| d.saturating_duration_since(Instant::now()));
                 if left.is_zero() {
-                    return Err(self.core.flush_timeout_error(&self.receipts_endpoint, timeout));
+                    return Err(with_hint(
+                        self.core.flush_timeout_error(&self.receipts_endpoint, timeout),
+                        self.curve.as_ref(),
+                    ));
                 }
                 out.extend(self.poll(left.min(TICK))?);
             }

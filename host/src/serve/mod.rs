@@ -33,6 +33,8 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 pub mod client;
+#[cfg(feature = "zmq")]
+pub mod curve;
 pub mod protocol;
 #[cfg(feature = "zmq")]
 mod zmq;
@@ -40,6 +42,8 @@ mod zmq;
 pub use client::{FileRankClient, FileRankOptions};
 #[cfg(feature = "zmq")]
 pub use client::{ZmqBatchSender, ZmqRankClient, ZmqRankOptions, ZmqSenderOptions};
+#[cfg(feature = "zmq")]
+pub use curve::{Certificate, CurveClient, CurveServer, curve_available};
 pub use protocol::{
     Arrival, BatchSender, Control, HEARTBEAT, MessageKey, RankMessage, RankReceiver, Receipt, Receipts, Received,
     Refusal, StepDelivery, ToRank, ZmqEndpoints, batch_file_name,

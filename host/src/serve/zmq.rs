@@ -14,6 +14,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use super::curve::{CurveServer, ZapHandler, require_curve};
 use super::protocol::delivery::StepDelivery;
 use super::protocol::{
     HEARTBEAT, OnHello, RANK_LEASE, RankMessage, RankSlots, Receipt, Receipts, Refusal, SlotEvent, ZmqEndpoints,
@@ -42,6 +43,8 @@ pub struct ZmqTransport {
     batches: zmq::Socket,
     receipts: zmq::Socket,
     ranks: zmq::Socket,
+    /// The CURVE clients' gatekeeper (with `curve`); stopped before the context closes.
+    _zap: Option<ZapHandler>,
     // Dropped last: closing a context waits for its sockets.
     _context: zmq::Context,
     dp: u32,
@@ -84,17 +87,27 @@ enum FromRank {
 const IGNORED_LOG_EVERY: Duration = Duration::from_secs(10);
 
 impl ZmqTransport {
-    /// Binds the three sockets for `dp` ranks.
+    /// Binds the three sockets for `dp` ranks; with `curve`, every socket is a CURVE server
+    /// with its key pair and admits only the client keys it lists ([`super::curve`]).
     ///
-    /// Errors: `invalid-argument` for `dp` 0; `io` naming the endpoint that cannot be bound
+    /// Errors: `invalid-argument` for `dp` 0, or `curve` in a build without CURVE
+    /// ([`super::curve::require_curve`]); `io` naming the endpoint that cannot be bound
     /// (malformed, or the address is in use).
-    pub fn bind(endpoints: &ZmqEndpoints, dp: u32) -> Result<Self, Error> {
+    pub fn bind(endpoints: &ZmqEndpoints, dp: u32, curve: Option<&CurveServer>) -> Result<Self, Error> {
         if dp == 0 {
             return Err(Error::InvalidArgument("dp must be at least 1 (got 0)".into()));
         }
+        if curve.is_some() {
+            require_curve()?;
+        }
         let context = zmq::Context::new();
+        // The gatekeeper listens before any CURVE socket can take a connection.
+        let zap = curve.map(|c| ZapHandler::start(&context, c.clients.clone())).transpose()?;
         let open = |kind: zmq::SocketType, endpoint: &str, what: &str| -> Result<(zmq::Socket, String), Error> {
             let s = context.socket(kind).map_err(|e| zmq_error(what, e))?;
+            if let Some(c) = curve {
+                c.apply(&s, what)?;
+            }
             // Receipts and a last delivery still queued at exit get a second to leave.
             s.set_linger(1000).map_err(|e| zmq_error(what, e))?;
             if kind == zmq::PULL {
@@ -122,6 +135,7 @@ impl ZmqTransport {
             batches,
             receipts,
             ranks,
+            _zap: zap,
             _context: context,
             dp,
             endpoints: ZmqEndpoints { batches: b, receipts: r, ranks: k },
@@ -237,9 +251,13 @@ impl ZmqTransport {
             match event {
                 SlotEvent::TookOver { rank, previous, connection: _ } => {
                     match previous {
-                        Some((_, silent)) => tracing::warn!(target: "stowplan::serve", rank, silent_ms = silent.as_millis() as u64,
-                            "rank {rank} is now served by a new connection (the old one fell silent): the step in flight goes to the new one, and the old one is refused if it comes back"),
-                        None => tracing::info!(target: "stowplan::serve", rank, "rank {rank} reconnected (its old connection is gone)"),
+                        Some((_, silent)) => {
+                            tracing::warn!(target: "stowplan::serve", rank, silent_ms = silent.as_millis() as u64,
+                            "rank {rank} is now served by a new connection (the old one fell silent): the step in flight goes to the new one, and the old one is refused if it comes back")
+                        }
+                        None => {
+                            tracing::info!(target: "stowplan::serve", rank, "rank {rank} reconnected (its old connection is gone)")
+                        }
                     }
                     out.push(FromRank::TookOver(rank));
                 }

@@ -15,6 +15,13 @@ run change resent after it was applied is applied again: :meth:`ZmqSender.flush`
 has decoded, drops copies of steps it already has and yields steps in order, holding back
 one that arrives early. The packer delivers nothing before every rank said hello.
 
+With CURVE (``stowplan serve --zmq-curve-secret/--zmq-curve-clients``; keys from
+``stowplan keys DIR NAME``), pass both ``curve_server_key`` (the packer's public certificate,
+``packer.key``) and ``curve_secret_key`` (this client's secret certificate,
+``NAME.key_secret``, mode 0600; its public ``NAME.key`` must be in the packer's clients
+directory): every connection is then encrypted and authenticated. A client whose key the
+packer does not list hears nothing, and its timeout error says what to check.
+
 Every protocol decision is the native cores' (``stowplan::serve::protocol``, the same code a
 Rust trainer or the packer itself runs): :class:`ZmqSender` drives a ``BatchSender``,
 :class:`ZmqReceiver` a ``RankReceiver``. Python keeps the pyzmq sockets, the receiver's
@@ -23,10 +30,12 @@ background thread and the waiting.
 
 from __future__ import annotations
 
+import os
+import stat
 import threading
 import time
 import warnings
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
 
 from . import _stowplan
 from ._packer import RankBatch, TrainingBatch, _check_timeout, _invalid
@@ -54,6 +63,58 @@ def _key(k: Any) -> _Key:
     return (k.kind, k.run, k.step) if k.kind == "batch" else (k.kind, k.run)
 
 
+PathLike = Union[str, "os.PathLike[str]"]
+
+
+class _Curve:
+    """CURVE keys of a client: the packer's public key and this client's key pair (Z85),
+    read from ZeroMQ certificates with pyzmq's ``zmq.auth.load_certificate``."""
+
+    def __init__(self, server_key: PathLike, secret_key: PathLike) -> None:
+        zmq = _zmq()
+        if not zmq.has("curve"):
+            raise _invalid("curve_server_key/curve_secret_key: this pyzmq's libzmq has no CURVE")
+        import zmq.auth
+
+        path = os.fspath(secret_key)
+        try:
+            self.server, _ = zmq.auth.load_certificate(os.fspath(server_key))
+            self.public, self.secret = zmq.auth.load_certificate(path)
+            mode = stat.S_IMODE(os.stat(path).st_mode)
+        except (OSError, ValueError) as e:
+            raise _invalid(f"curve_server_key/curve_secret_key: {e}") from e
+        if self.secret is None:
+            raise _invalid(
+                f"curve_secret_key: certificate {path}: no secret-key line "
+                "(this is a public certificate; give NAME.key_secret)"
+            )
+        if mode & 0o077:
+            raise _invalid(
+                f"curve_secret_key: certificate {path}: a secret certificate must be readable "
+                f"by its owner only (mode {mode:04o}): chmod 600 {path}"
+            )
+
+    @staticmethod
+    def of(server_key: Optional[PathLike], secret_key: Optional[PathLike]) -> Optional["_Curve"]:
+        """Both or neither: the keys, or None for plain TCP."""
+        if (server_key is None) != (secret_key is None):
+            raise _invalid("curve_server_key and curve_secret_key: give both (CURVE) or neither (plain TCP)")
+        return None if server_key is None else _Curve(server_key, secret_key)  # type: ignore[arg-type]
+
+    def apply(self, sock: Any) -> None:
+        """Makes ``sock`` a CURVE client of the packer (before it connects)."""
+        sock.curve_serverkey = self.server
+        sock.curve_publickey = self.public
+        sock.curve_secretkey = self.secret
+
+    def hint(self, e: BaseException) -> BaseException:
+        """A timeout error ``e`` with what to check under CURVE."""
+        return type(e)(
+            f"{e}; with CURVE, check that the packer's clients directory holds this client's public key "
+            f"{self.public.decode()} and that the packer's public key is {self.server.decode()}"
+        )
+
+
 def _send(sock: Any, data: bytes) -> None:
     zmq = _zmq()
     try:
@@ -68,7 +129,8 @@ class ZmqSender:
 
     Every message is kept until the packer's receipt says it is durable. Call :meth:`poll`
     now and then (:meth:`send` does) to take receipts and resend what needs it, and
-    :meth:`flush` to wait until everything sent is acknowledged.
+    :meth:`flush` to wait until everything sent is acknowledged. ``curve_server_key`` and
+    ``curve_secret_key``: certificate paths for a packer that runs with CURVE (module docs).
     """
 
     def __init__(
@@ -78,8 +140,11 @@ class ZmqSender:
         *,
         resend_after: Optional[float] = None,
         context: Any = None,
+        curve_server_key: Optional[PathLike] = None,
+        curve_secret_key: Optional[PathLike] = None,
     ) -> None:
         zmq = _zmq()
+        self._curve = _Curve.of(curve_server_key, curve_secret_key)
         self.endpoint, self.receipts_endpoint = endpoint, receipts
         # None: the host's default; the core checks the value and names the argument.
         self._core = _stowplan.BatchSender(resend_after=resend_after)
@@ -88,6 +153,9 @@ class ZmqSender:
         self._push = ctx.socket(zmq.PUSH)
         self._sub = ctx.socket(zmq.SUB)
         try:
+            if self._curve is not None:
+                self._curve.apply(self._push)
+                self._curve.apply(self._sub)
             self._push.connect(endpoint)
             self._sub.setsockopt(zmq.SUBSCRIBE, b"")
             self._sub.connect(receipts)
@@ -158,7 +226,8 @@ class ZmqSender:
         while not self._core.flushed:
             left = 0.1 if deadline is None else deadline - time.monotonic()
             if left <= 0:
-                raise self._core.flush_timeout_error(self.receipts_endpoint, timeout)
+                e = self._core.flush_timeout_error(self.receipts_endpoint, timeout)
+                raise e if self._curve is None else self._curve.hint(e)
             out += self.poll(min(left, 0.1))
         return out
 
@@ -193,8 +262,10 @@ class ZmqReceiver:
     the one the trainer asks for (the packer waits for every rank's acknowledgement before it
     delivers the next step). :meth:`receive` waits up to ``timeout`` seconds (``None``:
     forever) and raises ``StowplanTimeoutError`` after that; a packer that refuses the rank
-    (another ``dp``, a rank out of range) makes it raise ``InvalidArgumentError`` with the
-    packer's reason.
+    (another ``dp``, a rank out of range, a second process for a rank whose connection is
+    alive) makes it raise ``InvalidArgumentError`` with the packer's reason.
+    ``curve_server_key`` and ``curve_secret_key``: certificate paths for a packer that runs
+    with CURVE (module docs).
     """
 
     def __init__(
@@ -207,8 +278,11 @@ class ZmqReceiver:
         timeout: Optional[float] = None,
         prefetch: Optional[int] = None,
         context: Any = None,
+        curve_server_key: Optional[PathLike] = None,
+        curve_secret_key: Optional[PathLike] = None,
     ) -> None:
         _check_timeout("timeout", timeout)
+        self._curve = _Curve.of(curve_server_key, curve_secret_key)
         # The core checks every argument (rank < dp too) and names it; None: the host's default.
         self._core = _stowplan.RankReceiver(rank, dp, next_step=start_step, prefetch=prefetch)
         zmq = _zmq()
@@ -238,6 +312,8 @@ class ZmqReceiver:
         # away nothing piles up, and after it is back the next hello introduces the rank.
         sock.setsockopt(zmq.IMMEDIATE, 1)
         try:
+            if self._curve is not None:
+                self._curve.apply(sock)
             sock.connect(self.endpoint)
         except zmq.ZMQError as e:
             sock.close()
@@ -285,7 +361,8 @@ class ZmqReceiver:
                     raise _invalid("receive: the receiver is closed")
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
-                    raise self._core.timeout_error(self.endpoint, wait)
+                    e = self._core.timeout_error(self.endpoint, wait)
+                    raise e if self._curve is None else self._curve.hint(e)
                 self._cond.wait(0.5 if left is None else min(left, 0.5))
             batch = self._core.next_batch()
             self._cond.notify_all()

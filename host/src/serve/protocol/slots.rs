@@ -288,10 +288,7 @@ mod tests {
         assert_eq!(s.on_hello(0, 1, &"new", at(t0, 2)), OnHello::Waiting);
         assert!(s.tick(at(t0, 4)).is_empty(), "the holder is silent for less than a lease");
         let events = s.tick(at(t0, 5));
-        assert_eq!(
-            events,
-            vec![SlotEvent::TookOver { rank: 0, connection: "new", previous: Some(("old", LEASE)) }]
-        );
+        assert_eq!(events, vec![SlotEvent::TookOver { rank: 0, connection: "new", previous: Some(("old", LEASE)) }]);
         assert!(s.on_ack(0, &"new", at(t0, 5)) && !s.on_ack(0, &"old", at(t0, 5)));
         // The old process comes back: it is now the contender, refused while "new" talks.
         assert_eq!(s.on_hello(0, 1, &"old", at(t0, 6)), OnHello::Waiting);
