@@ -253,6 +253,9 @@ pub fn run(a: Args) -> Result<(), Failure> {
     let (transport, endpoints): (Box<dyn Transport>, _) = match a.transport {
         TransportKind::Fs => {
             let root = a.root.as_ref().ok_or_else(|| Failure::bad("--root is required with --transport fs"))?;
+            if a.zmq_curve_secret.is_some() {
+                return Err(Failure::bad("--zmq-curve-secret/--zmq-curve-clients need --transport zmq"));
+            }
             (Box::new(FsTransport::new(root, poll)?), Endpoints::Fs { root: root.clone() })
         }
         TransportKind::Zmq => {

@@ -4,8 +4,9 @@
 //! Certificates are read, written and refused the same in every build. The transport's CURVE
 //! needs a libzmq with CURVE: the system's, linked by a build with
 //! `--config .cargo/system-libzmq.toml` (`cargo xtask test` runs this file so when the system
-//! libzmq is installed; CI installs it and requires it). In the default build the same test
-//! checks that every CURVE entry point refuses, saying how to get CURVE.
+//! libzmq is installed, with `STOWPLAN_EXPECT_CURVE=1` so that a libzmq without CURVE fails
+//! it; CI installs the library and requires it). In the default build the same test checks
+//! that every CURVE entry point refuses, saying how to get CURVE.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -117,6 +118,11 @@ fn keys(dir: &Path) -> (CurveServer, CurveClient, CurveClient, CurveClient) {
 fn a_curve_packer_admits_only_the_client_keys_it_lists() {
     let dir = temp_dir("serve");
     if !curve_available() {
+        assert_ne!(
+            std::env::var("STOWPLAN_EXPECT_CURVE").as_deref(),
+            Ok("1"),
+            "built for CURVE (STOWPLAN_EXPECT_CURVE=1) but this libzmq has none"
+        );
         // The default build: every CURVE entry point refuses and says how to get CURVE.
         let e = message(Certificate::generate());
         assert!(e.contains("no CURVE") && e.contains("system-libzmq.toml"), "{e}");

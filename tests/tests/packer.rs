@@ -772,6 +772,8 @@ fn zmq_a_second_connection_for_a_live_rank_is_refused_and_its_acknowledgements_c
     let refusal = loop {
         assert!(std::time::Instant::now() < deadline, "the impostor was never refused");
         ranks[1].send(RankMessage::Hello { rank: 1, dp: 3, next_step: 0 }.encode().unwrap(), 0).unwrap();
+        // A second trainer says hello every heartbeat too (one that falls silent is forgotten).
+        impostor.send(RankMessage::Hello { rank: 1, dp: 3, next_step: 0 }.encode().unwrap(), 0).unwrap();
         for r in [0, 2] {
             assert!(zmq_recv(&ranks[r], 0).is_none(), "rank {r} got a step: a forged acknowledgement counted");
         }

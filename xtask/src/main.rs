@@ -212,9 +212,19 @@ fn main() -> ExitCode {
 
 /// Runs a command in the workspace root, echoing it; `Err` with a message if it fails.
 fn run(program: &str, args: &[&str]) -> Result<(), String> {
-    eprintln!("xtask: $ {program} {}", args.join(" "));
-    let status =
-        Command::new(program).current_dir(root()).args(args).status().map_err(|e| format!("running {program}: {e}"))?;
+    run_with(program, args, &[])
+}
+
+/// [`run`] with environment variables `env` set for the command.
+fn run_with(program: &str, args: &[&str], env: &[(&str, &str)]) -> Result<(), String> {
+    let shown: String = env.iter().map(|(k, v)| format!("{k}={v} ")).collect();
+    eprintln!("xtask: $ {shown}{program} {}", args.join(" "));
+    let status = Command::new(program)
+        .current_dir(root())
+        .args(args)
+        .envs(env.iter().copied())
+        .status()
+        .map_err(|e| format!("running {program}: {e}"))?;
     if status.success() { Ok(()) } else { Err(format!("`{program} {}` failed ({status})", args.join(" "))) }
 }
 
@@ -228,9 +238,9 @@ fn system_libzmq() -> bool {
 }
 
 /// The CURVE tests, which need a build with the system libzmq: its Rust test file
-/// (`tests/tests/curve.rs`) and a `stowplan` binary for the Python SDK's CURVE tests, copied
-/// to `target/curve/stowplan` (returned). Only cargo's zmq crates and what depends on them
-/// are rebuilt (about a minute), never wasmtime. `None` when the system libzmq is missing and
+/// (`tests/tests/curve.rs`, told to require CURVE) and a `stowplan` binary for the Python
+/// SDK's CURVE tests, copied to `target/curve/stowplan` (returned). Only cargo's zmq crates
+/// and what depends on them are rebuilt (about a minute each way), never wasmtime. `None` when the system libzmq is missing and
 /// `STOWPLAN_REQUIRE_CURVE` is not `1` (the tests are then skipped, saying so).
 fn curve_build(cargo: &str) -> Result<Option<PathBuf>, String> {
     if !system_libzmq() {
@@ -242,7 +252,11 @@ fn curve_build(cargo: &str) -> Result<Option<PathBuf>, String> {
         return Ok(None);
     }
     let with = ["--release", "--locked", "--config", SYSTEM_LIBZMQ];
-    run(cargo, &[&["test"][..], &with, &["-p", "stowplan-conformance", "--test", "curve"]].concat())?;
+    let expect = [("STOWPLAN_EXPECT_CURVE", "1")];
+    let test = [&["test"][..], &with, &["-p", "stowplan-conformance", "--test", "curve"]].concat();
+    run_with(cargo, &test, &expect)?;
+    let unit = [&["test"][..], &with, &["-p", "stowplan", "--features", "zmq", "--lib", "--", "serve::curve"]].concat();
+    run_with(cargo, &unit, &expect)?;
     run(cargo, &[&["build"][..], &with, &["-p", "stowplan-cli", "--bin", "stowplan"]].concat())?;
     let built = root().join("target/release/stowplan");
     let copy = root().join("target/curve/stowplan");
@@ -255,8 +269,13 @@ fn curve_build(cargo: &str) -> Result<Option<PathBuf>, String> {
 fn run_tests() -> ExitCode {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let result = (|| -> Result<(), String> {
-        run(&cargo, &["test", "--release", "--locked"])?;
+        // The CURVE build first: the default build after it puts the vendored-libzmq
+        // `stowplan` back in target/release, for the SDK's tests and for the user.
         let curve = curve_build(&cargo)?;
+        run(&cargo, &["test", "--release", "--locked"])?;
+        if curve.is_some() {
+            run(&cargo, &["build", "--release", "--locked", "-p", "stowplan-cli", "--bin", "stowplan"])?;
+        }
         let sdk_script = root().join("sdk-python/run_tests.sh");
         if sdk_script.is_file() {
             let mut sdk = Command::new("bash");

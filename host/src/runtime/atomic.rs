@@ -28,6 +28,32 @@ pub(crate) fn write(path: &Path, bytes: &[u8]) -> Result<(), Error> {
 /// [`write`] with the new file created with `mode` (less the umask), e.g. `0o600` for a
 /// file only its owner may read and write.
 pub(crate) fn write_with_mode(path: &Path, bytes: &[u8], mode: u32) -> Result<(), Error> {
+    write_as(path, bytes, mode, Place::Replace)
+}
+
+/// Creates `path` with `bytes` atomically, never replacing a file: `Ok(false)` when `path`
+/// exists already (nothing written). A hard link puts the complete file in place, so the
+/// check and the creation are one step (no race with another writer).
+pub(crate) fn create_new_with_mode(path: &Path, bytes: &[u8], mode: u32) -> Result<bool, Error> {
+    match write_as(path, bytes, mode, Place::CreateNew) {
+        Err(Error::Io(m)) if m.starts_with(EXISTS) => Ok(false),
+        r => r.map(|()| true),
+    }
+}
+
+/// How the temporary file goes into place.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Place {
+    /// Renamed over the target.
+    Replace,
+    /// Hard-linked to the target, which must not exist.
+    CreateNew,
+}
+
+/// The start of the error [`write_as`] returns for [`Place::CreateNew`] on an existing file.
+const EXISTS: &str = "exists: ";
+
+fn write_as(path: &Path, bytes: &[u8], mode: u32, place: Place) -> Result<(), Error> {
     use std::os::unix::fs::OpenOptionsExt;
     let dir = match path.parent() {
         Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
@@ -45,7 +71,16 @@ pub(crate) fn write_with_mode(path: &Path, bytes: &[u8], mode: u32) -> Result<()
             .map_err(|e| io("creating", &tmp, e))?;
         f.write_all(bytes).map_err(|e| io("writing", &tmp, e))?;
         f.sync_all().map_err(|e| io("syncing", &tmp, e))?;
-        std::fs::rename(&tmp, path).map_err(|e| io("renaming into place", path, e))?;
+        match place {
+            Place::Replace => std::fs::rename(&tmp, path).map_err(|e| io("renaming into place", path, e))?,
+            Place::CreateNew => match std::fs::hard_link(&tmp, path) {
+                Ok(()) => std::fs::remove_file(&tmp).map_err(|e| io("removing", &tmp, e))?,
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                    return Err(Error::Io(format!("{EXISTS}{}", path.display())));
+                }
+                Err(e) => return Err(io("linking into place", path, e)),
+            },
+        }
         // Make the rename itself durable.
         if let Ok(d) = File::open(&dir) {
             let _ = d.sync_all();

@@ -159,23 +159,25 @@ impl Certificate {
         }
         let public_path = dir.join(format!("{name}.key"));
         let secret_path = dir.join(format!("{name}.key_secret"));
-        for p in [&public_path, &secret_path] {
-            if p.exists() {
-                return Err(Error::InvalidArgument(format!("{} exists: not overwriting a key", p.display())));
-            }
+        let exists = |p: &Path| Error::InvalidArgument(format!("{} exists: not overwriting a key", p.display()));
+        if secret_path.exists() {
+            return Err(exists(&secret_path));
         }
         let header = "#   ZeroMQ CURVE certificate written by stowplan\n";
         let public_line = format!("    public-key = \"{}\"\n", z85(&self.public));
-        atomic::write(
-            &public_path,
-            format!("{header}#   Public: give it to the peers\n\nmetadata\ncurve\n{public_line}").as_bytes(),
-        )?;
+        let public = format!("{header}#   Public: give it to the peers\n\nmetadata\ncurve\n{public_line}");
+        // Each file appears whole or not at all, and an existing one is never replaced.
+        if !atomic::create_new_with_mode(&public_path, public.as_bytes(), 0o644)? {
+            return Err(exists(&public_path));
+        }
         let Some(secret) = &self.secret else { return Ok((public_path, None)) };
         let text = format!(
             "{header}#   SECRET: do not give this file to anyone nor change its permissions\n\nmetadata\ncurve\n{public_line}    secret-key = \"{}\"\n",
             z85(secret)
         );
-        atomic::write_with_mode(&secret_path, text.as_bytes(), 0o600)?;
+        if !atomic::create_new_with_mode(&secret_path, text.as_bytes(), 0o600)? {
+            return Err(exists(&secret_path));
+        }
         Ok((public_path, Some(secret_path)))
     }
 }
@@ -237,13 +239,15 @@ impl CurveServer {
         Ok(Self { public, secret, clients: keys })
     }
 
-    /// Makes `socket` a CURVE server with this key pair (before it binds).
-    pub(crate) fn apply(&self, socket: &zmq::Socket, what: &str) -> Result<(), Error> {
+    /// Makes `socket` a CURVE server with this key pair (before it binds) that admits no
+    /// client without the ZAP handler's yes: were the handler gone, libzmq would otherwise
+    /// admit every client that knows the packer's public key ("legacy" mode).
+    pub(crate) fn apply(&self, socket: &mut zmq::Socket, what: &str) -> Result<(), Error> {
         require_curve()?;
         socket.set_curve_server(true).map_err(|e| zmq_error(what, e))?;
         socket.set_curve_secretkey(&self.secret).map_err(|e| zmq_error(what, e))?;
         socket.set_zap_domain("stowplan").map_err(|e| zmq_error(what, e))?;
-        Ok(())
+        enforce_zap(socket).map_err(|e| zmq_error(&format!("{what}: requiring the ZAP handler"), e))
     }
 }
 
@@ -296,6 +300,27 @@ impl CurveClient {
     }
 }
 
+/// libzmq's `ZMQ_ZAP_ENFORCE_DOMAIN` (a "draft" name the zmq crate has no setter for; every
+/// libzmq ≥ 4.2.3 takes it): with it, a CURVE handshake fails when no ZAP handler answers.
+const ZMQ_ZAP_ENFORCE_DOMAIN: std::os::raw::c_int = 93;
+
+/// Sets [`ZMQ_ZAP_ENFORCE_DOMAIN`] on `socket`.
+fn enforce_zap(socket: &mut zmq::Socket) -> Result<(), zmq::Error> {
+    let on: std::os::raw::c_int = 1;
+    // SAFETY: `socket` is open for the duration of the call, and the option takes an int,
+    // given by a pointer to one and its size.
+    let rc = unsafe {
+        zmq_sys::zmq_setsockopt(
+            socket.as_mut_ptr(),
+            ZMQ_ZAP_ENFORCE_DOMAIN,
+            std::ptr::from_ref(&on).cast(),
+            std::mem::size_of::<std::os::raw::c_int>(),
+        )
+    };
+    // SAFETY: zmq_errno reads this thread's last libzmq error.
+    if rc == 0 { Ok(()) } else { Err(zmq::Error::from_raw(unsafe { zmq_sys::zmq_errno() })) }
+}
+
 /// Where libzmq asks a ZAP handler whether to admit a peer (RFC 27).
 const ZAP_ENDPOINT: &str = "inproc://zeromq.zap.01";
 
@@ -325,6 +350,17 @@ impl ZapHandler {
     }
 }
 
+impl ZapHandler {
+    /// `Ok` while the handler runs; an error once its thread ended (it never should: a
+    /// handshake then fails rather than admitting anyone, and the packer stops).
+    pub(crate) fn check(&self) -> Result<(), Error> {
+        match &self.thread {
+            Some(t) if !t.is_finished() => Ok(()),
+            _ => Err(Error::Io("CURVE: the ZAP handler thread ended: no client can be admitted".into())),
+        }
+    }
+}
+
 impl Drop for ZapHandler {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::SeqCst);
@@ -334,16 +370,34 @@ impl Drop for ZapHandler {
     }
 }
 
-/// The ZAP handler's loop: one request, one reply, until `stop`.
+/// The ZAP handler's loop: one request, one reply, until `stop` (or the context closes). It
+/// never gives up on an error: a handler that stopped answering would make every CURVE
+/// handshake fail (sockets enforce it), so a failed receive or send is logged and retried.
 fn serve_zap(socket: &zmq::Socket, clients: &[CurveKey], stop: &AtomicBool) {
     let (mut refused, mut logged, mut last_log) = (0u64, 0u64, None::<Instant>);
+    let failed = |what: &str, e: zmq::Error| {
+        tracing::error!(target: "stowplan::serve", error = %e, "the CURVE gatekeeper (ZAP handler) could not {what}; retrying");
+        std::thread::sleep(Duration::from_millis(10));
+    };
     while !stop.load(Ordering::SeqCst) {
         match socket.poll(zmq::POLLIN, 100) {
             Ok(0) | Err(zmq::Error::EINTR) => continue,
             Ok(_) => {}
-            Err(_) => return,
+            Err(zmq::Error::ETERM) => return,
+            Err(e) => {
+                failed("wait for a request", e);
+                continue;
+            }
         }
-        let Ok(request) = socket.recv_multipart(0) else { return };
+        let request = match socket.recv_multipart(0) {
+            Ok(r) => r,
+            Err(zmq::Error::ETERM) => return,
+            Err(zmq::Error::EINTR) => continue,
+            Err(e) => {
+                failed("receive a request", e);
+                continue;
+            }
+        };
         let reply = zap_reply(&request, clients);
         if reply[2] != b"200" {
             refused += 1;
@@ -356,8 +410,17 @@ fn serve_zap(socket: &zmq::Socket, clients: &[CurveKey], stop: &AtomicBool) {
                 last_log = Some(Instant::now());
             }
         }
-        if socket.send_multipart(reply, 0).is_err() {
-            return;
+        loop {
+            match socket.send_multipart(reply.clone(), 0) {
+                Ok(()) => break,
+                Err(zmq::Error::ETERM) => return,
+                Err(zmq::Error::EINTR) => continue,
+                Err(e) => {
+                    // A REP socket that cannot answer cannot take the next request either.
+                    failed("answer a request", e);
+                    break;
+                }
+            }
         }
     }
 }
@@ -381,6 +444,35 @@ fn zap_reply(request: &[Vec<u8>], clients: &[CurveKey]) -> [Vec<u8>; 6] {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The option that makes CURVE fail closed exists in every build (the vendored libzmq
+    /// too); with CURVE, a server whose ZAP handler is missing admits nobody — not even a
+    /// client that knows its public key (libzmq's default would admit every such client).
+    #[test]
+    fn a_curve_server_without_its_zap_handler_admits_nobody() {
+        let context = zmq::Context::new();
+        let mut plain = context.socket(zmq::PULL).unwrap();
+        enforce_zap(&mut plain).expect("ZMQ_ZAP_ENFORCE_DOMAIN is known to this libzmq");
+        if !curve_available() {
+            assert!(std::env::var("STOWPLAN_EXPECT_CURVE").as_deref() != Ok("1"), "a CURVE build without CURVE");
+            return;
+        }
+        let server = Certificate::generate().unwrap();
+        let keys = CurveServer { public: server.public, secret: server.secret.unwrap(), clients: vec![] };
+        let mut pull = context.socket(zmq::PULL).unwrap();
+        keys.apply(&mut pull, "test").unwrap();
+        pull.bind("tcp://127.0.0.1:*").unwrap();
+        let endpoint = pull.get_last_endpoint().unwrap().unwrap();
+        let client_keys = Certificate::generate().unwrap();
+        let client =
+            CurveClient { server: server.public, public: client_keys.public, secret: client_keys.secret.unwrap() };
+        let push = context.socket(zmq::PUSH).unwrap();
+        push.set_linger(0).unwrap();
+        client.apply(&push, "test").unwrap();
+        push.connect(&endpoint).unwrap();
+        push.send(&b"let me in"[..], zmq::DONTWAIT).ok();
+        assert_eq!(pull.poll(zmq::POLLIN, 1500).unwrap(), 0, "a message got through without a ZAP handler");
+    }
 
     #[test]
     fn zap_admits_only_listed_curve_keys() {

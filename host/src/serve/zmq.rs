@@ -25,6 +25,14 @@ use crate::{Error, RankBatch};
 /// At most this many batch messages are taken per receive (bounds the memory of a burst).
 const RECEIVE_LIMIT: usize = 16;
 
+/// At most this many messages are taken from the ranks socket at a time, so that a flood of
+/// hellos or acknowledgements cannot keep the server from its stop flag and heartbeats.
+const RANK_DRAIN_LIMIT: usize = 1024;
+
+/// The largest message a rank may send, in bytes (a hello or an acknowledgement is a few
+/// dozen); libzmq drops the connection of a peer that sends more.
+const RANK_MESSAGE_LIMIT: i64 = 4096;
+
 fn zmq_error(what: &str, e: zmq::Error) -> Error {
     Error::Io(format!("zeromq: {what}: {e}"))
 }
@@ -44,7 +52,7 @@ pub struct ZmqTransport {
     receipts: zmq::Socket,
     ranks: zmq::Socket,
     /// The CURVE clients' gatekeeper (with `curve`); stopped before the context closes.
-    _zap: Option<ZapHandler>,
+    zap: Option<ZapHandler>,
     // Dropped last: closing a context waits for its sockets.
     _context: zmq::Context,
     dp: u32,
@@ -104,9 +112,9 @@ impl ZmqTransport {
         // The gatekeeper listens before any CURVE socket can take a connection.
         let zap = curve.map(|c| ZapHandler::start(&context, c.clients.clone())).transpose()?;
         let open = |kind: zmq::SocketType, endpoint: &str, what: &str| -> Result<(zmq::Socket, String), Error> {
-            let s = context.socket(kind).map_err(|e| zmq_error(what, e))?;
+            let mut s = context.socket(kind).map_err(|e| zmq_error(what, e))?;
             if let Some(c) = curve {
-                c.apply(&s, what)?;
+                c.apply(&mut s, what)?;
             }
             // Receipts and a last delivery still queued at exit get a second to leave.
             s.set_linger(1000).map_err(|e| zmq_error(what, e))?;
@@ -129,13 +137,16 @@ impl ZmqTransport {
         // Sending to a rank that is not connected fails (and is retried on its next hello)
         // instead of being dropped silently.
         ranks.set_router_mandatory(true).map_err(|e| zmq_error("ranks", e))?;
+        // Ranks say a few dozen bytes at a time: a larger message drops its connection
+        // instead of being buffered.
+        ranks.set_maxmsgsize(RANK_MESSAGE_LIMIT).map_err(|e| zmq_error("ranks", e))?;
         let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
         let incarnation = (now.as_nanos() as u64) ^ (u64::from(std::process::id()) << 32);
         Ok(Self {
             batches,
             receipts,
             ranks,
-            _zap: zap,
+            zap,
             _context: context,
             dp,
             endpoints: ZmqEndpoints { batches: b, receipts: r, ranks: k },
@@ -213,11 +224,18 @@ impl ZmqTransport {
         Ok(Some((id.to_vec(), payload.to_vec(), peer)))
     }
 
-    /// Takes every message waiting on the ranks socket, applies the slot rules
+    /// Takes the messages waiting on the ranks socket (at most [`RANK_DRAIN_LIMIT`]), applies the slot rules
     /// ([`RankSlots`]), answers refusals and returns what a delivery acts on.
     fn poll_ranks(&mut self) -> Result<Vec<FromRank>, Error> {
+        if let Some(zap) = &self.zap {
+            zap.check()?;
+        }
         let mut out = Vec::new();
-        while let Some((id, payload, peer)) = self.recv_rank_message()? {
+        let mut taken = 0;
+        while taken < RANK_DRAIN_LIMIT
+            && let Some((id, payload, peer)) = self.recv_rank_message()?
+        {
+            taken += 1;
             let now = Instant::now();
             match RankMessage::decode(&payload) {
                 Ok(RankMessage::Hello { rank, dp, next_step }) => match self.slots.on_hello(rank, dp, &id, now) {

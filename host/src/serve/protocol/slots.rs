@@ -11,20 +11,25 @@
 //! - a hello of rank `r` from another connection while the holder is *alive* (it said
 //!   something within the last [`RANK_LEASE`]; ranks say hello every
 //!   [`HEARTBEAT`](super::HEARTBEAT) as long as their process runs) makes that connection a
-//!   *contender* ([`OnHello::Waiting`]): it gets nothing. When the holder falls silent for
-//!   [`RANK_LEASE`] (its process died, or its connection did), the oldest contender takes the
-//!   slot over ([`SlotEvent::TookOver`]; the server sends it the step in flight); when the
-//!   holder keeps talking for a whole [`RANK_LEASE`] after the contender's first hello, the
-//!   contender is refused ([`SlotEvent::Refused`]: "rank r is held by another connection
-//!   that is still alive …"). [`RankSlots::tick`] makes both decisions as time passes;
-//! - a holder whose connection is known gone (a send to it failed) leaves at once
-//!   ([`RankSlots::disconnected`]), so a contender takes over without waiting;
+//!   *contender* ([`OnHello::Waiting`]): it gets nothing. [`RankSlots::tick`] decides as time
+//!   passes: when the holder has been silent for [`RANK_LEASE`] (its process died, or its
+//!   connection did), the oldest contender still alive takes the slot over
+//!   ([`SlotEvent::TookOver`]; the server sends it the step in flight); a contender that has
+//!   waited a whole [`RANK_LEASE`] while the holder is still talking (heard within
+//!   [`ALIVE_WITHIN`]) is refused ([`SlotEvent::Refused`]: "rank r is held by another
+//!   connection that is still alive …"); one whose holder has fallen silent keeps waiting for
+//!   the takeover; a contender silent for [`ALIVE_WITHIN`] is forgotten (it is gone);
+//! - a holder whose connection is known gone (a send to it failed: the server learns it only
+//!   when it sends, i.e. while delivering a step) leaves at once ([`RankSlots::disconnected`]),
+//!   so a contender takes over without waiting for the lease;
 //! - an acknowledgement counts only from the connection holding the rank
 //!   ([`RankSlots::on_ack`]): a forged acknowledgement of another connection counts for nothing.
 //!
-//! `C` identifies a connection (a ZeroMQ routing id). This rule is about accidents and
-//! unauthenticated peers on a trusted network; against a hostile network, also turn on
-//! CURVE (see the `zmq` transport), which makes every peer prove a key the packer accepts.
+//! `C` identifies a connection (a ZeroMQ routing id). This rule is about accidents (two
+//! processes for one rank) and peers on a trusted network; it does not tie a rank to a key:
+//! any peer the packer admits may wait for any rank's slot and take it once its holder is
+//! gone. Against a hostile network, turn on CURVE (see the `zmq` transport), which admits
+//! only peers whose key the packer lists.
 
 use std::time::{Duration, Instant};
 
@@ -34,6 +39,11 @@ use super::Refusal;
 /// the same rank takes its slot over (five missed hellos), and how long a contender waits
 /// before it is refused because the holder is still alive.
 pub const RANK_LEASE: Duration = Duration::from_secs(5);
+
+/// A connection heard from within this long is alive (three hellos' time): a holder that
+/// spoke this recently gets a waiting contender refused, and a contender silent this long is
+/// forgotten.
+pub const ALIVE_WITHIN: Duration = Duration::from_secs(3);
 
 /// At most this many connections wait for one rank's slot; a further one is refused at once
 /// (bounds what a flood of connections can make the packer remember).
@@ -49,6 +59,7 @@ struct Holder<C> {
 struct Contender<C> {
     connection: C,
     since: Instant,
+    last_heard: Instant,
 }
 
 /// What a hello did (see the module docs).
@@ -116,6 +127,11 @@ impl<C: Clone + PartialEq> RankSlots<C> {
         self.holders.iter().position(|h| h.as_ref().is_some_and(|h| h.connection == *connection)).map(|r| r as u32)
     }
 
+    /// The rank `connection` waits for as a contender, if any.
+    fn waiting_for(&self, connection: &C) -> Option<u32> {
+        self.contenders.iter().position(|w| w.iter().any(|c| c.connection == *connection)).map(|r| r as u32)
+    }
+
     /// Whether every rank's slot is held (the readiness barrier).
     pub fn all_held(&self) -> bool {
         self.holders.iter().all(Option::is_some)
@@ -131,7 +147,7 @@ impl<C: Clone + PartialEq> RankSlots<C> {
         if let Some(refusal) = Refusal::of_hello(rank, dp, self.dp) {
             return OnHello::Refused(refusal);
         }
-        if let Some(other) = self.rank_of(connection).filter(|&o| o != rank) {
+        if let Some(other) = self.rank_of(connection).or_else(|| self.waiting_for(connection)).filter(|&o| o != rank) {
             return OnHello::Refused(Refusal {
                 message: format!(
                     "this connection said hello as rank {other} before: a connection serves one rank (not also rank {rank})"
@@ -146,7 +162,8 @@ impl<C: Clone + PartialEq> RankSlots<C> {
             }
             Some(_) => {
                 let waiting = &mut self.contenders[r];
-                if waiting.iter().any(|c| c.connection == *connection) {
+                if let Some(c) = waiting.iter_mut().find(|c| c.connection == *connection) {
+                    c.last_heard = now;
                     OnHello::Waiting
                 } else if waiting.len() >= MAX_CONTENDERS {
                     OnHello::Refused(Refusal {
@@ -155,7 +172,7 @@ impl<C: Clone + PartialEq> RankSlots<C> {
                         ),
                     })
                 } else {
-                    waiting.push(Contender { connection: connection.clone(), since: now });
+                    waiting.push(Contender { connection: connection.clone(), since: now, last_heard: now });
                     OnHello::Waiting
                 }
             }
@@ -191,29 +208,36 @@ impl<C: Clone + PartialEq> RankSlots<C> {
         }
     }
 
-    /// Decides, as of `now`, every contender's fate (see the module docs): the oldest
-    /// contender of a rank whose holder has been silent for a lease (or is gone) takes the
-    /// slot; a contender that waited a lease while the holder kept talking is refused.
+    /// Decides, as of `now`, every contender's fate (see the module docs): contenders silent
+    /// for [`ALIVE_WITHIN`] are forgotten; the oldest remaining contender of a rank whose
+    /// holder has been silent for a lease (or is gone) takes the slot; a contender that waited
+    /// a lease while the holder is still alive is refused; the others wait on.
     pub fn tick(&mut self, now: Instant) -> Vec<SlotEvent<C>> {
         let mut events = Vec::new();
+        let (lease, silent_for) = (self.lease, |t: Instant| now.saturating_duration_since(t));
         for r in 0..self.holders.len() {
+            self.contenders[r].retain(|c| silent_for(c.last_heard) < ALIVE_WITHIN);
             if self.contenders[r].is_empty() {
                 continue;
             }
             let rank = r as u32;
-            let silent = self.holders[r].as_ref().map(|h| now.saturating_duration_since(h.last_heard));
-            if silent.is_none_or(|s| s >= self.lease) {
+            let holder_silent = self.holders[r].as_ref().map(|h| silent_for(h.last_heard));
+            if holder_silent.is_none_or(|s| s >= lease) {
                 let next = self.contenders[r].remove(0);
-                let previous = self.holders[r].replace(Holder { connection: next.connection.clone(), last_heard: now });
+                let promoted = Holder { connection: next.connection.clone(), last_heard: next.last_heard };
+                let previous = self.holders[r].replace(promoted);
                 events.push(SlotEvent::TookOver {
                     rank,
                     connection: next.connection,
-                    previous: previous.map(|p| (p.connection, silent.unwrap_or_default())),
+                    previous: previous.map(|p| (p.connection, holder_silent.unwrap_or_default())),
                 });
             }
-            let lease = self.lease;
+            let holder_alive = self.holders[r].as_ref().is_some_and(|h| silent_for(h.last_heard) < ALIVE_WITHIN);
+            if !holder_alive {
+                continue; // the holder fell silent: the contenders wait for the takeover
+            }
             let (refused, waiting): (Vec<_>, Vec<_>) =
-                self.contenders[r].drain(..).partition(|c| now.saturating_duration_since(c.since) >= lease);
+                self.contenders[r].drain(..).partition(|c| silent_for(c.since) >= lease);
             self.contenders[r] = waiting;
             events.extend(refused.into_iter().map(|c| SlotEvent::Refused {
                 rank,
@@ -223,7 +247,7 @@ impl<C: Clone + PartialEq> RankSlots<C> {
                         "rank {rank} is held by another connection that is still alive (it spoke within the last {} s): \
                          a rank is served over one connection; stop the other trainer process for rank {rank} \
                          (or wait for it to exit) and start this one again",
-                        lease.as_secs()
+                        ALIVE_WITHIN.as_secs()
                     ),
                 },
             }));
@@ -280,19 +304,40 @@ mod tests {
         assert!(s.tick(at(t0, 7)).is_empty());
     }
 
+    /// `who` says hello as rank `rank` (of `dp`) at each second of `seconds`, ticking after each.
+    fn hellos(
+        s: &mut RankSlots<&'static str>,
+        t0: Instant,
+        who: &'static str,
+        rank: u32,
+        dp: u32,
+        seconds: std::ops::Range<u64>,
+    ) -> Vec<SlotEvent<&'static str>> {
+        let mut events = Vec::new();
+        for t in seconds {
+            s.on_hello(rank, dp, &who, at(t0, t));
+            events.extend(s.tick(at(t0, t)));
+        }
+        events
+    }
+
     #[test]
     fn a_contender_takes_over_from_a_silent_or_gone_holder() {
         let t0 = Instant::now();
         let mut s: RankSlots<&str> = RankSlots::new(1, LEASE);
         s.on_hello(0, 1, &"old", t0);
         assert_eq!(s.on_hello(0, 1, &"new", at(t0, 2)), OnHello::Waiting);
-        assert!(s.tick(at(t0, 4)).is_empty(), "the holder is silent for less than a lease");
-        let events = s.tick(at(t0, 5));
+        assert!(hellos(&mut s, t0, "new", 0, 1, 3..5).is_empty(), "the holder is silent for less than a lease");
+        let events = hellos(&mut s, t0, "new", 0, 1, 5..6);
         assert_eq!(events, vec![SlotEvent::TookOver { rank: 0, connection: "new", previous: Some(("old", LEASE)) }]);
         assert!(s.on_ack(0, &"new", at(t0, 5)) && !s.on_ack(0, &"old", at(t0, 5)));
         // The old process comes back: it is now the contender, refused while "new" talks.
         assert_eq!(s.on_hello(0, 1, &"old", at(t0, 6)), OnHello::Waiting);
-        s.on_hello(0, 1, &"new", at(t0, 10));
+        for t in 7..11 {
+            s.on_hello(0, 1, &"new", at(t0, t));
+            s.on_hello(0, 1, &"old", at(t0, t));
+            assert!(s.tick(at(t0, t)).is_empty());
+        }
         assert!(matches!(&s.tick(at(t0, 11))[..], [SlotEvent::Refused { connection: "old", .. }]));
         // A known disconnection frees the slot at once.
         assert_eq!(s.on_hello(0, 1, &"third", at(t0, 12)), OnHello::Waiting);
@@ -301,6 +346,44 @@ mod tests {
         s.disconnected(0, &"new");
         assert_eq!(s.tick(at(t0, 12)), vec![SlotEvent::TookOver { rank: 0, connection: "third", previous: None }]);
         assert_eq!(s.holder(0), Some(&"third"));
+    }
+
+    #[test]
+    fn a_holder_that_dies_while_a_contender_waits_is_taken_over_not_defended() {
+        // The old trainer still says hello for a moment after its restart began.
+        let t0 = Instant::now();
+        let mut s: RankSlots<&str> = RankSlots::new(1, LEASE);
+        assert!(hellos(&mut s, t0, "old", 0, 1, 0..3).is_empty());
+        let mut events = Vec::new();
+        for t in 1..8 {
+            s.on_hello(0, 1, &"new", at(t0, t));
+            events.extend(s.tick(at(t0, t)));
+        }
+        // "new" waited a lease at t = 6, but "old" had fallen silent: no refusal, a takeover at 7.
+        assert_eq!(events, vec![SlotEvent::TookOver { rank: 0, connection: "new", previous: Some(("old", LEASE)) }]);
+    }
+
+    #[test]
+    fn a_contender_that_falls_silent_is_forgotten_not_promoted() {
+        // A crash-looping trainer: "b" says hello once and dies; "c", the next restart, lives.
+        let t0 = Instant::now();
+        let mut s: RankSlots<&str> = RankSlots::new(1, LEASE);
+        s.on_hello(0, 1, &"a", t0);
+        assert_eq!(s.on_hello(0, 1, &"b", at(t0, 1)), OnHello::Waiting);
+        let events = hellos(&mut s, t0, "c", 0, 1, 2..6);
+        assert_eq!(events, vec![SlotEvent::TookOver { rank: 0, connection: "c", previous: Some(("a", LEASE)) }]);
+        assert_eq!(s.holder(0), Some(&"c"));
+    }
+
+    #[test]
+    fn a_connection_waiting_for_one_rank_cannot_hold_another() {
+        let t0 = Instant::now();
+        let mut s: RankSlots<&str> = RankSlots::new(2, LEASE);
+        s.on_hello(0, 2, &"x", t0);
+        assert_eq!(s.on_hello(0, 2, &"y", t0), OnHello::Waiting);
+        let OnHello::Refused(r) = s.on_hello(1, 2, &"y", t0) else { panic!("waiting for 0, holding 1") };
+        assert!(r.message.contains("a connection serves one rank"), "{}", r.message);
+        assert_eq!(s.holder(1), None);
     }
 
     #[test]
