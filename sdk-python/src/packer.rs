@@ -20,8 +20,8 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList};
 use stowplan::serve::protocol::files::{control_file_name, missing_file_error};
 use stowplan::serve::{
-    Arrival, BatchSender, Control, FileRankClient, FileRankOptions, HEARTBEAT, MessageKey, RankMessage, RankReceiver,
-    Receipt, Receipts, ToRank, batch_file_name, send_fs,
+    Arrival, BatchSender, Control, ControlMessage, FileRankClient, FileRankOptions, HEARTBEAT, MessageKey, RankMessage,
+    RankReceiver, Receipt, Receipts, ToRank, batch_file_name, send_fs,
 };
 use stowplan::{BatchKey, Packer, PackerOptions, PackerState, RankBatch, RunConfig, RunProgress, TrainingBatch};
 
@@ -145,7 +145,7 @@ fn encode_control<'py>(
 ) -> PyResult<Bound<'py, PyBytes>> {
     let run = u32_arg(run, "run", 0)?;
     let batch_size = if kind == "add_run" { u64_arg(batch_size, "batch_size", 1)? } else { 1 };
-    let c = control(py, kind, run, batch_size)?;
+    let c = ControlMessage::new(control(py, kind, run, batch_size)?);
     Ok(PyBytes::new(py, &c.encode().map_err(|e| to_py(py, e))?))
 }
 
@@ -230,7 +230,8 @@ fn encode_rank_ack<'py>(
 
 /// decode_receipts(data) -> (incarnation, [dict]); each dict has `kind` ("batch",
 /// "add_run" or "remove_run") and `run`; a batch's also `step`, `accepted`, `rejected`,
-/// `duplicate`; a control message's `error` (None when applied).
+/// `duplicate`; a control message's `error` (None when applied) and `duplicate` (it had been
+/// applied before and was ignored).
 #[pyfunction]
 fn decode_receipts<'py>(py: Python<'py>, data: &[u8]) -> PyResult<(u64, Bound<'py, PyList>)> {
     let r = Receipts::decode(data).map_err(|e| to_py(py, e))?;
@@ -251,7 +252,7 @@ fn receipt_list(py: Python<'_>, receipts: Vec<Receipt>) -> PyResult<Bound<'_, Py
                 d.set_item("rejected", rejected)?;
                 d.set_item("duplicate", duplicate)?;
             }
-            Receipt::Control { control, error } => {
+            Receipt::Control { id: _, control, error, duplicate } => {
                 let (kind, run) = match control {
                     Control::AddRun { run, .. } => ("add_run", run),
                     Control::RemoveRun { run } => ("remove_run", run),
@@ -259,6 +260,7 @@ fn receipt_list(py: Python<'_>, receipts: Vec<Receipt>) -> PyResult<Bound<'_, Py
                 d.set_item("kind", kind)?;
                 d.set_item("run", run)?;
                 d.set_item("error", error)?;
+                d.set_item("duplicate", duplicate)?;
             }
         }
         out.append(d)?;
@@ -468,10 +470,10 @@ impl PyMessageKey {
 fn message_key(k: &MessageKey) -> PyMessageKey {
     match k {
         MessageKey::Batch(b) => PyMessageKey { kind: "batch", run: b.run, step: Some(b.step), batch_size: None },
-        MessageKey::Control(Control::AddRun { run, config }) => {
+        MessageKey::Control { control: Control::AddRun { run, config }, .. } => {
             PyMessageKey { kind: "add_run", run: *run, step: None, batch_size: Some(config.batch_size) }
         }
-        MessageKey::Control(Control::RemoveRun { run }) => {
+        MessageKey::Control { control: Control::RemoveRun { run }, .. } => {
             PyMessageKey { kind: "remove_run", run: *run, step: None, batch_size: None }
         }
     }
@@ -530,9 +532,9 @@ impl PyBatchSender {
             ("add_run", None) => return Err(invalid(py, "add_run needs batch_size".into())),
             _ => 1,
         };
-        let c = control(py, kind, run, batch_size)?;
-        let bytes = PyBytes::new(py, &c.encode().map_err(|e| to_py(py, e))?);
-        locked(&self.core).track(MessageKey::Control(c), bytes.clone().unbind(), Instant::now());
+        let (key, bytes) = MessageKey::new_control(control(py, kind, run, batch_size)?).map_err(|e| to_py(py, e))?;
+        let bytes = PyBytes::new(py, &bytes);
+        locked(&self.core).track(key, bytes.clone().unbind(), Instant::now());
         Ok(bytes)
     }
 

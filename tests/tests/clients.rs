@@ -375,7 +375,10 @@ fn zmq_clients_exactly_once_in_order_across_a_sigkill_of_the_packer() {
     let unique: BTreeSet<(u32, u64)> = acked.iter().copied().collect();
     let sent = STEPS * u64::from(Serve::NUM_RUNS);
     assert_eq!((acked.len() as u64, unique.len() as u64), (sent, sent), "one receipt returned per batch");
-    assert!(got.iter().any(|r| matches!(r, Receipt::Control { control: Control::AddRun { run: 1, .. }, error: None })));
+    assert!(got.iter().any(|r| matches!(
+        r,
+        Receipt::Control { control: Control::AddRun { run: 1, .. }, error: None, duplicate: false, .. }
+    )));
 
     let expected: BTreeSet<SampleKey> = (0..STEPS)
         .flat_map(|step| {
@@ -562,8 +565,9 @@ fn client_arguments_timeouts_and_unacknowledged_messages_are_named() {
     let (b, r) = (format!("tcp://127.0.0.1:{}", ports[0]), format!("tcp://127.0.0.1:{}", ports[1]));
     let mut sender = ZmqBatchSender::connect(&b, &r, ZmqSenderOptions::default()).unwrap();
     assert!(sender.add_run(3, RunConfig { batch_size: 4 }).unwrap().is_empty());
-    let add = MessageKey::Control(Control::AddRun { run: 3, config: RunConfig { batch_size: 4 } });
-    assert_eq!(sender.unacked(), vec![add]);
+    let unacked = sender.unacked();
+    let [MessageKey::Control { control, .. }] = &unacked[..] else { panic!("{unacked:?}") };
+    assert_eq!(*control, Control::AddRun { run: 3, config: RunConfig { batch_size: 4 } });
     let started = Instant::now();
     let err = sender.flush(Duration::from_millis(200)).unwrap_err();
     assert!(started.elapsed() < Duration::from_secs(5));

@@ -8,7 +8,7 @@
 
 use std::sync::Arc;
 
-use stowplan::serve::{Control, Message, RankMessage, Receipt, Receipts, Refusal};
+use stowplan::serve::{Control, ControlMessage, Message, RankMessage, Receipt, Receipts, Refusal};
 use stowplan::{
     DataSource, DataSourceOptions, Kernel, LengthCache, Packer, PackerOptions, PackerState, RankBatch, RunConfig,
     TrainingBatch, TrainingSample,
@@ -72,7 +72,7 @@ fn every_flipped_bit_and_truncation_of_every_format_is_refused() {
         ("micro-batch", micro.encode().unwrap(), Box::new(|b| stowplan::MicroBatch::decode(b).is_ok())),
         (
             "control message",
-            Control::AddRun { run: 3, config: RunConfig { batch_size: 8 } }.encode().unwrap(),
+            ControlMessage::new(Control::AddRun { run: 3, config: RunConfig { batch_size: 8 } }).encode().unwrap(),
             Box::new(|b| Message::decode(b).is_ok()),
         ),
         (

@@ -12,8 +12,8 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 use stowplan::serve::{
-    Control, FsTransport, Incoming, RankMessage, Receipt, Receipts, Refusal, ServeOptions, Server, Transport,
-    ZmqEndpoints, ZmqTransport, receive_fs, send_fs,
+    Control, ControlMessage, FsTransport, Incoming, RankMessage, Receipt, Receipts, Refusal, ServeOptions, Server,
+    Transport, ZmqEndpoints, ZmqTransport, receive_fs, send_fs,
 };
 use stowplan::{
     BatchKey, Error, Kernel, Packer, PackerOptions, PackerState, RankBatch, RejectReason, RunConfig, SampleKey,
@@ -347,6 +347,59 @@ impl Transport for Crashing {
     }
 }
 
+/// Serves `dir` over the filesystem until its inbox is empty, then stops; the packer after.
+fn serve_inbox(dir: &Path, o: &ServeOptions) -> Packer {
+    let t = FsTransport::new(dir, Duration::from_millis(2)).unwrap();
+    let mut server = Server::open(Kernel::native(), t, o.clone()).unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let watcher = {
+        let (stop, inbox) = (Arc::clone(&stop), dir.join("inbox"));
+        std::thread::spawn(move || {
+            while std::fs::read_dir(&inbox).unwrap().next().is_some() {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+            stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        })
+    };
+    server.run(&stop, |_| {}).unwrap();
+    watcher.join().unwrap();
+    let state = PackerState::decode(&std::fs::read(o.state_dir.join("state.bin")).unwrap()).unwrap();
+    let spool = o.state_dir.join("spool");
+    Packer::restore(Kernel::native(), o.packer, state, |k| {
+        Ok(Arc::new(TrainingBatch::decode(&std::fs::read(spool.join(stowplan::serve::batch_file_name(k))).unwrap())?))
+    })
+    .unwrap()
+}
+
+/// A run change sent again after it was applied (its receipt lost) used to be applied again:
+/// a `remove_run 0` resent after run 0 was added back dropped the new run's samples. The
+/// packer now knows it by its id, across restarts.
+#[test]
+fn a_resent_run_change_is_not_applied_twice() {
+    let dir = std::env::temp_dir().join(format!("stowplan-packer-resent-control-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let mut o = serve_options(&dir, None);
+    o.packer.threshold = Some(1 << 40); // nothing is packed: every sample stays pending
+    o.packer.wait_timeout = Duration::from_secs(3600);
+    let remove = ControlMessage::new(Control::RemoveRun { run: 0 }).encode().unwrap();
+    send_fs(&dir, "run_0_step_0.bin", &batch(0, 0, &[4, 5]).encode().unwrap()).unwrap();
+    let p = serve_inbox(&dir, &o);
+    assert_eq!(p.pending().0, 2);
+    send_fs(&dir, "control_1.bin", &remove).unwrap();
+    assert_eq!(serve_inbox(&dir, &o).pending().0, 0, "run 0 removed with its samples");
+    let add = ControlMessage::new(Control::AddRun { run: 0, config: RunConfig { batch_size: 4 } });
+    send_fs(&dir, "control_2.bin", &add.encode().unwrap()).unwrap();
+    send_fs(&dir, "run_0_step_1.bin", &batch(0, 1, &[6, 7, 8]).encode().unwrap()).unwrap();
+    assert_eq!(serve_inbox(&dir, &o).pending().0, 3, "run 0 back, with its new samples");
+    // The first remove_run again, byte for byte (a sender that never saw its receipt).
+    send_fs(&dir, "control_3.bin", &remove).unwrap();
+    let p = serve_inbox(&dir, &o);
+    assert!(p.progress(0).is_some(), "the resent remove_run was applied again");
+    assert_eq!(p.pending().0, 3, "samples lost to a resent remove_run");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 fn serve_options(dir: &Path, max_steps: Option<u64>) -> ServeOptions {
     ServeOptions {
         packer: PackerOptions { num_runs: 2, threshold: Some(60), step_tokens: Some(96), ..PackerOptions::new(32, 3) },
@@ -528,7 +581,7 @@ fn control_messages_and_a_second_server_on_the_same_state() {
     o.packer.wait_timeout = Duration::ZERO;
     let add = Control::AddRun { run: 1, config: RunConfig { batch_size: 2 } };
     std::fs::create_dir_all(dir.join("inbox")).unwrap();
-    send_fs(&dir, "control_0.bin", &add.encode().unwrap()).unwrap();
+    send_fs(&dir, "control_0.bin", &ControlMessage::new(add).encode().unwrap()).unwrap();
     let b = batch(1, 0, &[4, 4]);
     send_fs(&dir, "run_1_step_0.bin", &b.encode().unwrap()).unwrap();
     let b0 = batch(0, 0, &[4]);
@@ -612,12 +665,13 @@ fn zmq_barrier_receipts_refusal_reconnect_and_exactly_once() {
         push.send(batch(run, step, &ls).encode().unwrap(), 0).unwrap();
     }
     push.send(&b"garbage"[..], 0).unwrap();
-    let add = Control::AddRun { run: 1, config: RunConfig { batch_size: 4 } };
-    let remove_unknown = Control::RemoveRun { run: 7 };
+    let add = ControlMessage::new(Control::AddRun { run: 1, config: RunConfig { batch_size: 4 } });
+    let remove_unknown = ControlMessage::new(Control::RemoveRun { run: 7 });
     push.send(add.encode().unwrap(), 0).unwrap();
+    push.send(add.encode().unwrap(), 0).unwrap(); // resent: recognised by its id
     push.send(remove_unknown.encode().unwrap(), 0).unwrap();
     let mut receipts = Vec::new();
-    while receipts.len() < order.len() + 2 {
+    while receipts.len() < order.len() + 3 {
         let r = Receipts::decode(&zmq_recv(&sub, 10_000).expect("receipts")).unwrap();
         assert_eq!(r.incarnation, incarnation);
         receipts.extend(r.receipts);
@@ -634,9 +688,11 @@ fn zmq_barrier_receipts_refusal_reconnect_and_exactly_once() {
         .collect();
     assert_eq!(batches.len(), order.len());
     assert_eq!(batches.iter().filter(|b| b.3).map(|b| (b.0, b.1)).collect::<Vec<_>>(), vec![(0, 0)]);
-    assert!(receipts.contains(&Receipt::Control { control: add, error: None }));
-    assert!(receipts.iter().any(|r| matches!(r, Receipt::Control { control, error: Some(e) }
-        if *control == remove_unknown && e.contains("7"))));
+    let (id, control) = (add.id, add.control);
+    assert!(receipts.contains(&Receipt::Control { id, control: control.clone(), error: None, duplicate: false }));
+    assert!(receipts.contains(&Receipt::Control { id, control, error: None, duplicate: true }));
+    assert!(receipts.iter().any(|r| matches!(r, Receipt::Control { id, error: Some(e), duplicate: false, .. }
+        if *id == remove_unknown.id && e.contains("7"))));
     for r in &ranks {
         assert!(zmq_recv(r, 400).is_none(), "a step was delivered before every rank said hello");
     }

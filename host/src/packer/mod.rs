@@ -373,6 +373,9 @@ pub struct PackerState {
     rr: u32,
     runs: Vec<RunRecord>,
     seen: Vec<BatchKey>,
+    /// The ids of the latest control messages applied (oldest first, at most
+    /// [`RECENT_CONTROLS`]).
+    controls: Vec<u64>,
     inflight: Option<Inflight>,
 }
 
@@ -449,11 +452,16 @@ pub struct Packer {
     runs: BTreeMap<u32, RunState>,
     batches: HashMap<BatchKey, Stored>,
     seen: BTreeSet<BatchKey>,
+    controls: VecDeque<u64>,
     rr: u32,
     next_step: u64,
     inflight: Option<Inflight>,
     oldest_pending: Option<Instant>,
 }
+
+/// How many control messages the packer remembers by id (and so recognises when one is sent
+/// again): the latest 4,096.
+pub const RECENT_CONTROLS: usize = 4096;
 
 impl Packer {
     /// A packer without runs.
@@ -467,6 +475,7 @@ impl Packer {
             runs: BTreeMap::new(),
             batches: HashMap::new(),
             seen: BTreeSet::new(),
+            controls: VecDeque::new(),
             rr: 0,
             next_step: 0,
             inflight: None,
@@ -777,6 +786,22 @@ impl Packer {
         self.oldest_pending = if any { Some(self.oldest_pending.unwrap_or_else(Instant::now)) } else { None };
     }
 
+    /// Whether the control message `id` was applied already (one of the latest
+    /// [`RECENT_CONTROLS`]): a sender that lost its receipt sends it again, and applying a
+    /// `RemoveRun` twice would drop the samples of a run added since.
+    pub fn control_applied(&self, id: u64) -> bool {
+        self.controls.contains(&id)
+    }
+
+    /// Records that the control message `id` was applied (forgetting the oldest beyond
+    /// [`RECENT_CONTROLS`]); checkpointed with the state.
+    pub fn note_control(&mut self, id: u64) {
+        if self.controls.len() >= RECENT_CONTROLS {
+            self.controls.pop_front();
+        }
+        self.controls.push_back(id);
+    }
+
     /// The state to checkpoint (see the module docs).
     pub fn state(&self) -> PackerState {
         PackerState {
@@ -794,6 +819,7 @@ impl Packer {
                 })
                 .collect(),
             seen: self.seen.iter().copied().collect(),
+            controls: self.controls.iter().copied().collect(),
             inflight: self.inflight.clone(),
         }
     }
@@ -848,6 +874,7 @@ impl Packer {
             }
         }
         p.seen = state.seen.into_iter().collect();
+        p.controls = state.controls.into_iter().collect();
         p.rr = state.rr;
         p.next_step = state.next_step;
         p.inflight = state.inflight;

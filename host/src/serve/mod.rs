@@ -45,8 +45,8 @@ pub use client::{ZmqBatchSender, ZmqRankClient, ZmqRankOptions, ZmqSenderOptions
 #[cfg(feature = "zmq")]
 pub use curve::{Certificate, CurveClient, CurveServer, curve_available};
 pub use protocol::{
-    Arrival, BatchSender, Control, HEARTBEAT, MessageKey, RankMessage, RankReceiver, Receipt, Receipts, Received,
-    Refusal, StepDelivery, ToRank, ZmqEndpoints, batch_file_name,
+    Arrival, BatchSender, Control, ControlMessage, HEARTBEAT, MessageKey, RankMessage, RankReceiver, Receipt, Receipts,
+    Received, Refusal, StepDelivery, ToRank, ZmqEndpoints, batch_file_name,
 };
 #[cfg(feature = "zmq")]
 pub use zmq::ZmqTransport;
@@ -64,14 +64,14 @@ pub enum Message {
     /// A training batch.
     Batch(Arc<TrainingBatch>),
     /// A run change.
-    Control(Control),
+    Control(ControlMessage),
 }
 
 impl Message {
     /// Decodes a training batch or a control message (told apart by their headers).
     pub fn decode(bytes: &[u8]) -> Result<Self, Error> {
         if wire::CONTROL.matches(bytes) {
-            return wire::decode(&wire::CONTROL, bytes).map(Message::Control);
+            return ControlMessage::decode(bytes).map(Message::Control);
         }
         if !wire::TRAINING_BATCH.matches(bytes) {
             return Err(Error::InvalidArgument(
@@ -599,14 +599,22 @@ impl<T: Transport> Server<T> {
                 }
                 self.ingest(batch, Some(&spooled)).map(Some)
             }
-            Message::Control(control) => {
+            Message::Control(ControlMessage { id, control }) => {
+                if self.packer.control_applied(id) {
+                    tracing::info!(target: "stowplan::serve", id, control = ?control, "control message received again: ignored (it was applied)");
+                    if let Some(p) = &incoming.path {
+                        let _ = std::fs::remove_file(p);
+                    }
+                    return Ok(Some(Receipt::Control { id, control, error: None, duplicate: true }));
+                }
                 let error = self.apply(&control).err().map(|e| e.to_string());
+                self.packer.note_control(id);
                 if let Some(p) = &incoming.path {
-                    // Durable once checkpointed; a crash before that applies it again.
+                    // Durable once checkpointed (with its id); a crash before that applies it again.
                     self.checkpoint()?;
                     let _ = std::fs::remove_file(p);
                 }
-                Ok(Some(Receipt::Control { control, error }))
+                Ok(Some(Receipt::Control { id, control, error, duplicate: false }))
             }
         }
     }

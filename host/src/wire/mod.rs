@@ -32,15 +32,15 @@ pub const TRAILER_LEN: usize = 4;
 /// A training batch an orchestrator sends to the packer (`TrainingBatch`).
 pub const TRAINING_BATCH: Format = Format { magic: *b"SPTB", version: 2, what: "training batch" };
 /// A control message to the packer: add or remove a run (`serve::Control`).
-pub const CONTROL: Format = Format { magic: *b"SPCT", version: 2, what: "control message" };
+pub const CONTROL: Format = Format { magic: *b"SPCT", version: 3, what: "control message" };
 /// One rank's share of a packed step (`RankBatch`), a file or a ZeroMQ message.
 pub const RANK_BATCH: Format = Format { magic: *b"SPRB", version: 2, what: "rank batch" };
 /// The packer's checkpoint (`PackerState`, `STATE/state.bin`).
-pub const PACKER_STATE: Format = Format { magic: *b"SPPS", version: 2, what: "packer state" };
+pub const PACKER_STATE: Format = Format { magic: *b"SPPS", version: 3, what: "packer state" };
 /// A trainer rank's hello or acknowledgement over ZeroMQ (`serve::RankMessage`).
 pub const RANK_MESSAGE: Format = Format { magic: *b"SPRM", version: 2, what: "rank message" };
 /// The packer's receipts for durable messages over ZeroMQ (`serve::Receipts`).
-pub const RECEIPTS: Format = Format { magic: *b"SPRC", version: 2, what: "receipts" };
+pub const RECEIPTS: Format = Format { magic: *b"SPRC", version: 3, what: "receipts" };
 /// The packer's refusal of a rank's hello (`serve::Refusal`).
 pub const REFUSAL: Format = Format { magic: *b"SPRX", version: 2, what: "refusal" };
 /// One materialized micro-batch (`MicroBatch::encode`).
@@ -159,7 +159,7 @@ mod tests {
         let mut other = bytes.clone();
         other[4] = 9;
         let err = decode::<u8>(&RECEIPTS, &other).unwrap_err().to_string();
-        assert!(err.contains("receipts format version 9; this build reads 2"), "{err}");
+        assert!(err.contains(&format!("receipts format version 9; this build reads {}", RECEIPTS.version)), "{err}");
         let mut longer = bytes[..bytes.len() - TRAILER_LEN].to_vec();
         longer.push(0);
         longer.extend_from_slice(&crc32fast::hash(&longer).to_le_bytes());

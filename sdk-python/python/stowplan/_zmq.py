@@ -8,9 +8,9 @@ connect, from this host or others.
 
 :class:`ZmqSender` keeps every message until a receipt names it and sends the unacknowledged
 ones again when the packer restarts (its *incarnation* changes) or after ``resend_after``
-seconds; the packer ignores repeated batches, so a packer killed mid-run loses nothing. (A
-run change resent after it was applied is applied again: :meth:`ZmqSender.flush` after
-``add_run``/``remove_run`` before sending that run's batches.)
+seconds; the packer ignores repeated batches (by run and step) and run changes (by the id
+each message carries), so a packer killed mid-run or a lost receipt loses nothing and
+applies nothing twice.
 :class:`ZmqReceiver` says hello (rank, dp, the step it expects), acknowledges every step it
 has decoded, drops copies of steps it already has and yields steps in order, holding back
 one that arrives early. The packer delivers nothing before every rank said hello.
@@ -201,7 +201,7 @@ class ZmqSender:
         message after ``resend_after`` seconds without a receipt. Returns the receipts of
         messages this sender had not seen acknowledged yet (dicts: ``kind`` — ``"batch"``,
         ``"add_run"``, ``"remove_run"`` —, ``run``; a batch's ``step``, ``accepted``,
-        ``rejected``, ``duplicate``; a run change's ``error``)."""
+        ``rejected``, ``duplicate``; a run change's ``error`` and ``duplicate``)."""
         out: List[Dict[str, Any]] = []
         wait_ms = max(0, int(timeout * 1000))
         while self._sub.poll(wait_ms):

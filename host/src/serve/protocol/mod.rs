@@ -20,14 +20,15 @@
 //!
 //! The ZeroMQ protocol (see `zmq.rs` for the transport that speaks it):
 //! - **batches** (PULL): orchestrators PUSH encoded [`TrainingBatch`](crate::TrainingBatch)es
-//!   and [`Control`] messages, one message each, in any order.
+//!   and [`ControlMessage`]s, one message each, in any order.
 //! - **receipts** (PUB): once a message is durable (spooled and checkpointed) the packer
 //!   publishes a [`Receipts`] naming it; every message also carries the packer's
 //!   *incarnation* (a number new at every start), and one is published every [`HEARTBEAT`]
 //!   even when there is nothing to acknowledge. A sender keeps what it sent until a receipt
 //!   names it and sends everything unacknowledged again when the incarnation changes (a
 //!   restart: messages in flight died with the old process) or after a timeout; the packer
-//!   recognises repeats as duplicates, so nothing is lost and nothing is taken twice.
+//!   recognises repeats as duplicates (a batch by its `(run, step)`, a control message by its
+//!   id), so nothing is lost and nothing is taken or applied twice.
 //! - **ranks** (ROUTER): each trainer rank connects a DEALER and says [`RankMessage::Hello`]
 //!   (rank, data-parallel size, the step it expects), again every [`HEARTBEAT`]. No step is
 //!   delivered before every rank said hello (the readiness barrier). A step is sent to each
@@ -77,11 +78,48 @@ pub enum Control {
     },
 }
 
-impl Control {
+/// A [`Control`] as sent: the change and an id the sender gives it, by which the packer
+/// recognises the message when it comes again (a sender resends what has no receipt yet; a
+/// `RemoveRun` applied twice would drop the samples of a run added in between).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ControlMessage {
+    /// Unique per message (random: [`ControlMessage::new`]).
+    pub id: u64,
+    /// The change.
+    pub control: Control,
+}
+
+impl ControlMessage {
+    /// `control` with a new random id.
+    pub fn new(control: Control) -> Self {
+        Self { id: fresh_id(), control }
+    }
+
     /// Encodes in the [`wire::CONTROL`] format.
     pub fn encode(&self) -> Result<Vec<u8>, Error> {
-        wire::encode(&wire::CONTROL, self, 16)
+        wire::encode(&wire::CONTROL, self, 24)
     }
+
+    /// Decodes what [`ControlMessage::encode`] wrote.
+    pub fn decode(bytes: &[u8]) -> Result<Self, Error> {
+        wire::decode(&wire::CONTROL, bytes)
+    }
+}
+
+/// A random 64-bit id: the first 8 bytes of a sha256 over the time, the process, a counter
+/// and an address (two senders' ids collide with probability ~2^-64 per pair).
+fn fresh_id() -> u64 {
+    use sha2::{Digest, Sha256};
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    let mut h = Sha256::new();
+    h.update(now.as_nanos().to_le_bytes());
+    h.update(std::process::id().to_le_bytes());
+    h.update(COUNTER.fetch_add(1, Ordering::Relaxed).to_le_bytes());
+    h.update((std::ptr::from_ref(&now) as usize).to_le_bytes());
+    let digest = h.finalize();
+    u64::from_le_bytes(digest[..8].try_into().expect("8 bytes"))
 }
 
 /// How often the packer publishes an empty [`Receipts`] (its heartbeat), and how often a
@@ -173,10 +211,14 @@ pub enum Receipt {
     },
     /// A control message; `error` says why it was not applied (it is not retried).
     Control {
-        /// The message.
+        /// The message's id ([`ControlMessage::id`]).
+        id: u64,
+        /// The change.
         control: Control,
         /// Why it was not applied, if it was not.
         error: Option<String>,
+        /// The message had been applied before (sent again) and was ignored this time.
+        duplicate: bool,
     },
 }
 

@@ -31,25 +31,38 @@
 use std::fmt;
 use std::time::{Duration, Instant};
 
-use super::{Control, Receipt, Receipts};
+use super::{Control, ControlMessage, Receipt, Receipts};
 use crate::{BatchKey, Error, TrainingBatch};
 
 /// What names a message until its receipt: a training batch by `(run, step)` (the packer's
-/// duplicate key), a control message by its content.
+/// duplicate key), a control message by its id.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum MessageKey {
     /// A training batch.
     Batch(BatchKey),
-    /// A control message.
-    Control(Control),
+    /// A control message: its id, and the change (for people).
+    Control {
+        /// [`ControlMessage::id`].
+        id: u64,
+        /// The change.
+        control: Control,
+    },
 }
 
 impl MessageKey {
+    /// A new control message for `control` (with a fresh id, [`ControlMessage::new`]): the
+    /// key it is kept under and the bytes to send.
+    pub fn new_control(control: Control) -> Result<(Self, Vec<u8>), Error> {
+        let message = ControlMessage::new(control);
+        let bytes = message.encode()?;
+        Ok((MessageKey::Control { id: message.id, control: message.control }, bytes))
+    }
+
     /// The message a receipt names.
     pub fn of_receipt(receipt: &Receipt) -> Self {
         match receipt {
             Receipt::Batch { run, step, .. } => MessageKey::Batch(BatchKey { run: *run, step: *step }),
-            Receipt::Control { control, .. } => MessageKey::Control(control.clone()),
+            Receipt::Control { id, control, .. } => MessageKey::Control { id: *id, control: control.clone() },
         }
     }
 }
@@ -59,10 +72,10 @@ impl fmt::Display for MessageKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             MessageKey::Batch(k) => write!(f, "batch run {} step {}", k.run, k.step),
-            MessageKey::Control(Control::AddRun { run, config }) => {
+            MessageKey::Control { control: Control::AddRun { run, config }, .. } => {
                 write!(f, "add_run {run} (batch_size {})", config.batch_size)
             }
-            MessageKey::Control(Control::RemoveRun { run }) => write!(f, "remove_run {run}"),
+            MessageKey::Control { control: Control::RemoveRun { run }, .. } => write!(f, "remove_run {run}"),
         }
     }
 }
@@ -202,10 +215,11 @@ impl BatchSender<Vec<u8>> {
         Ok(self.track(MessageKey::Batch(batch.key()), bytes, now))
     }
 
-    /// Encodes `control` and keeps it ([`BatchSender::track`]); returns the bytes to push.
+    /// Encodes `control` as a [`ControlMessage`] with a new id and keeps it
+    /// ([`BatchSender::track`]); returns the bytes to push.
     pub fn control(&mut self, control: Control, now: Instant) -> Result<&[u8], Error> {
-        let bytes = control.encode()?;
-        Ok(self.track(MessageKey::Control(control), bytes, now))
+        let (key, bytes) = MessageKey::new_control(control)?;
+        Ok(self.track(key, bytes, now))
     }
 }
 
@@ -240,8 +254,11 @@ mod tests {
         assert_eq!(b0, batch(0, 0).encode().unwrap());
         s.batch(&batch(1, 0), t0).unwrap();
         let add = Control::AddRun { run: 2, config: RunConfig { batch_size: 4 } };
-        s.control(add.clone(), t0).unwrap();
-        s.control(Control::RemoveRun { run: 2 }, t0).unwrap();
+        let add_id = ControlMessage::decode(s.control(add.clone(), t0).unwrap()).unwrap().id;
+        let remove = ControlMessage::decode(s.control(Control::RemoveRun { run: 2 }, t0).unwrap()).unwrap();
+        assert_eq!(remove.control, Control::RemoveRun { run: 2 });
+        assert_ne!(add_id, remove.id, "every control message has its own id");
+        let control = |id, control, error| Receipt::Control { id, control, error, duplicate: false };
         assert!(!s.is_flushed());
         assert_eq!(s.incarnation(), None);
         // Receipts for kept messages only; the heartbeat (no receipts) sets the incarnation.
@@ -253,21 +270,18 @@ mod tests {
                 7,
                 vec![
                     receipt(1, 0),
-                    receipt(1, 0), // a second receipt (for a copy): not new
-                    receipt(9, 9), // another orchestrator's batch
-                    Receipt::Control { control: other, error: None }, // another content
-                    Receipt::Control { control: add.clone(), error: None },
+                    receipt(1, 0),                    // a second receipt (for a copy): not new
+                    receipt(9, 9),                    // another orchestrator's batch
+                    control(add_id ^ 1, other, None), // another message
+                    control(add_id, add.clone(), None),
                 ],
             ))
             .unwrap();
-        assert_eq!(got, vec![receipt(1, 0), Receipt::Control { control: add, error: None }]);
+        assert_eq!(got, vec![receipt(1, 0), control(add_id, add, None)]);
         let left: Vec<String> = s.unacked().iter().map(|k| k.to_string()).collect();
         assert_eq!(left, vec!["batch run 0 step 0", "remove_run 2"]);
-        s.on_receipts(&receipts(
-            7,
-            vec![receipt(0, 0), Receipt::Control { control: Control::RemoveRun { run: 2 }, error: Some("no".into()) }],
-        ))
-        .unwrap();
+        s.on_receipts(&receipts(7, vec![receipt(0, 0), control(remove.id, remove.control, Some("no".into()))]))
+            .unwrap();
         assert!(s.is_flushed());
         assert!(s.due_resends(t0 + sec(1000)).is_empty());
         assert_eq!(s.next_resend_in(t0), None);
