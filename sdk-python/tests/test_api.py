@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import concurrent.futures
+import pathlib
+import sys
 
 import numpy as np
 import pytest
@@ -11,30 +13,10 @@ from hypothesis import strategies as st
 
 import stowplan
 
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from array_likes import ArrayLike, DLPackOnly  # noqa: E402
+
 DOCS = [100, 900, 50, 950, 400, 600]
-
-
-class ArrayLike:
-    """Only ``__array__`` (like a CPU torch tensor)."""
-
-    def __init__(self, data):
-        self._data = np.asarray(data)
-
-    def __array__(self, dtype=None, copy=None):
-        return self._data if dtype is None else self._data.astype(dtype)
-
-
-class DLPackOnly:
-    """Only the DLPack protocol."""
-
-    def __init__(self, data):
-        self._data = np.asarray(data)
-
-    def __dlpack__(self, **kwargs):
-        return self._data.__dlpack__(**kwargs)
-
-    def __dlpack_device__(self):
-        return self._data.__dlpack_device__()
 
 
 @pytest.mark.parametrize(

@@ -6,6 +6,8 @@ and the range; contiguous ``uint64``/``int64`` arrays are still read in place.""
 from __future__ import annotations
 
 import enum
+import pathlib
+import sys
 from types import SimpleNamespace
 
 import numpy as np
@@ -14,28 +16,8 @@ import pytest
 import stowplan
 from stowplan.compat import prime_rl, roll, slime, verl
 
-
-class ArrayLike:
-    """Only ``__array__`` (like a CPU torch tensor)."""
-
-    def __init__(self, data):
-        self._data = np.asarray(data)
-
-    def __array__(self, dtype=None, copy=None):
-        return self._data if dtype is None else self._data.astype(dtype)
-
-
-class DLPackOnly:
-    """Only the DLPack protocol."""
-
-    def __init__(self, data):
-        self._data = np.asarray(data)
-
-    def __dlpack__(self, **kwargs):
-        return self._data.__dlpack__(**kwargs)
-
-    def __dlpack_device__(self):
-        return self._data.__dlpack_device__()
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from array_likes import ArrayLike, DLPackOnly  # noqa: E402
 
 
 class GpuTensor:
