@@ -715,9 +715,27 @@ fn zmq_barrier_receipts_refusal_reconnect_and_exactly_once() {
     let stop = Arc::new(AtomicBool::new(false));
     let (server, ep, second) = spawn_zmq_server(&dir, &stop);
     assert_ne!(second, incarnation, "a restart is a new incarnation");
-    let ranks: Vec<zmq::Socket> = (0..3)
+    // Rank 0's trainer restarted from an old checkpoint asks for step 0, delivered long ago:
+    // refused with the reason (it used to hold the step back and wait for ever).
+    let hello = |r: u32, next_step: u64| RankMessage::Hello { rank: r, dp: 3, next_step }.encode().unwrap();
+    let stale = dealer(&ctx, &ep.ranks, RankMessage::Hello { rank: 0, dp: 3, next_step: 0 });
+    let mut ranks: Vec<zmq::Socket> = (1..3)
         .map(|r| dealer(&ctx, &ep.ranks, RankMessage::Hello { rank: r, dp: 3, next_step: next[r as usize] }))
         .collect();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let refusal = 'wait: loop {
+        assert!(std::time::Instant::now() < deadline, "the stale rank was never refused");
+        stale.send(hello(0, 0), 0).unwrap();
+        while let Some(bytes) = zmq_recv(&stale, 300) {
+            if let Ok(r) = Refusal::decode(&bytes) {
+                break 'wait r; // (a copy of the step may come first)
+            }
+        }
+    };
+    let want = format!("rank 0 asks for step 0, but the packer is delivering step {}", next[0]);
+    assert!(refusal.message.contains(&want) && refusal.message.contains("start_step"), "{}", refusal.message);
+    // The trainer restarted right takes the freed slot at once.
+    ranks.insert(0, dealer(&ctx, &ep.ranks, RankMessage::Hello { rank: 0, dp: 3, next_step: next[0] }));
     for (r, s) in ranks.iter().enumerate() {
         let again = zmq_recv(s, 10_000).expect("the step in flight again");
         assert_eq!(again, copies[r], "rank {r}: the step in flight is rebuilt byte for byte");

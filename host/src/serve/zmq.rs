@@ -82,8 +82,8 @@ impl std::fmt::Debug for ZmqTransport {
 
 /// Something the ranks socket brought that a delivery acts on.
 enum FromRank {
-    /// A hello of rank `r` from the connection holding it.
-    Hello(u32),
+    /// A hello of rank `r`, lacking step `next_step`, from the connection holding it.
+    Hello(u32, u64),
     /// An acknowledgement of a step by rank `r`, from the connection holding it.
     Ack(u32, u64),
     /// Rank `r`'s slot was taken over by a new connection.
@@ -243,7 +243,7 @@ impl ZmqTransport {
                         if new {
                             tracing::info!(target: "stowplan::serve", rank, next_step, peer = %peer, "rank connected");
                         }
-                        out.push(FromRank::Hello(rank));
+                        out.push(FromRank::Hello(rank, next_step));
                     }
                     OnHello::Waiting => {
                         tracing::debug!(target: "stowplan::serve", rank, peer = %peer, "a second connection for a held rank waits");
@@ -378,7 +378,16 @@ impl Transport for ZmqTransport {
             wait_for(&mut [self.ranks.as_poll_item(zmq::POLLIN)], Duration::from_millis(100))?;
             for m in self.poll_ranks()? {
                 match m {
-                    FromRank::Hello(r) if delivery.needs_resend(r as usize, self.slots.holder(r)) => {
+                    FromRank::Hello(r, next_step) if let Some(refusal) = Refusal::of_late_rank(r, next_step, step) => {
+                        tracing::error!(target: "stowplan::serve", rank = r, next_step, step, "refused a rank: {}", refusal.message);
+                        if let Some(id) = self.slots.holder(r).cloned() {
+                            self.refuse(id.clone(), &refusal)?;
+                            // Free the slot: a trainer restarted right can take it at once.
+                            self.slots.disconnected(r, &id);
+                            delivery.reassigned(r as usize);
+                        }
+                    }
+                    FromRank::Hello(r, _) if delivery.needs_resend(r as usize, self.slots.holder(r)) => {
                         let r = r as usize;
                         let to = self.send_to(r, ranks[r].encode()?)?;
                         delivery.sent(r, to);
@@ -392,7 +401,7 @@ impl Transport for ZmqTransport {
                     FromRank::Ack(r, s) => {
                         delivery.on_ack(r, s);
                     }
-                    FromRank::Hello(_) => {}
+                    FromRank::Hello(..) => {}
                 }
             }
             if last_log.elapsed() >= Duration::from_secs(10) {

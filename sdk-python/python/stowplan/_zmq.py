@@ -11,7 +11,7 @@ ones again when the packer restarts (its *incarnation* changes) or after ``resen
 seconds; the packer ignores repeated batches (by run and step) and run changes (by the id
 each message carries), so a packer killed mid-run or a lost receipt loses nothing and
 applies nothing twice.
-:class:`ZmqReceiver` says hello (rank, dp, the step it expects), acknowledges every step it
+:class:`ZmqReceiver` says hello (rank, dp, the first step it lacks), acknowledges every step it
 has decoded, drops copies of steps it already has and yields steps in order, holding back
 one that arrives early. The packer delivers nothing before every rank said hello.
 
@@ -263,7 +263,8 @@ class ZmqReceiver:
     delivers the next step). :meth:`receive` waits up to ``timeout`` seconds (``None``:
     forever) and raises ``StowplanTimeoutError`` after that; a packer that refuses the rank
     (another ``dp``, a rank out of range, a second process for a rank whose connection is
-    alive) makes it raise ``InvalidArgumentError`` with the packer's reason.
+    alive, a ``start_step`` before the step the packer delivers — those steps are gone) makes
+    it raise ``InvalidArgumentError`` with the packer's reason.
     ``curve_server_key`` and ``curve_secret_key``: certificate paths for a packer that runs
     with CURVE (module docs).
     """

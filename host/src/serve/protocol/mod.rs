@@ -34,7 +34,8 @@
 //!   delivered before every rank said hello (the readiness barrier). A step is sent to each
 //!   rank as its encoded [`RankBatch`](crate::RankBatch); the rank answers
 //!   [`RankMessage::Ack`] once it has decoded it, and the step counts as delivered when every
-//!   rank acknowledged it. A rank that reconnects (its new connection took the slot over, see
+//!   rank acknowledged it; a rank asking for an earlier step (its hello's `next_step`) is
+//!   refused ([`Refusal::of_late_rank`]). A rank that reconnects (its new connection took the slot over, see
 //!   below) gets the step in flight again; a rank that already had a step acknowledges and drops the
 //!   copy, and holds back steps that arrive ahead of the one it expects. A hello with the
 //!   wrong data-parallel size or rank gets a [`Refusal`] naming the mismatch
@@ -129,14 +130,16 @@ pub const HEARTBEAT: Duration = Duration::from_secs(1);
 /// What a trainer rank sends the packer.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum RankMessage {
-    /// "I am rank `rank` of `dp` and expect step `next_step`": sent on connecting and every
-    /// [`HEARTBEAT`] while waiting.
+    /// "I am rank `rank` of `dp` and lack step `next_step`": sent on connecting and every
+    /// [`HEARTBEAT`].
     Hello {
         /// This rank.
         rank: u32,
         /// Data-parallel size the rank was started with (must equal the packer's).
         dp: u32,
-        /// The packer step the rank expects next.
+        /// The first packer step the rank has neither taken nor holds
+        /// ([`RankReceiver::first_missing`]). A rank asking for a step before the one the
+        /// packer delivers is refused ([`Refusal::of_late_rank`]): those steps are gone.
         next_step: u64,
     },
     /// "Rank `rank` has step `step`" (also sent for a copy of a step it already had).
@@ -180,6 +183,25 @@ impl Refusal {
             return None;
         };
         Some(Self { message })
+    }
+
+    /// The server's rule for a rank whose hello asks for step `next_step` while the packer
+    /// delivers step `step`: `None` when `next_step ≥ step`; otherwise the refusal saying why
+    /// it can never be served. Steps before `step` were acknowledged by every rank — a
+    /// connection that acknowledged them holds or took them, so a rank asking for one again
+    /// is a new process (a trainer restarted from an older checkpoint), and the packer keeps
+    /// no delivered step. Without this rule the rank held the packer's steps back and waited
+    /// for ever.
+    pub fn of_late_rank(rank: u32, next_step: u64, step: u64) -> Option<Self> {
+        (next_step < step).then(|| Self {
+            message: format!(
+                "rank {rank} asks for step {next_step}, but the packer is delivering step {step}: steps \
+                 {next_step}..{} were delivered (every rank acknowledged them) and are not kept; restart this \
+                 trainer from a checkpoint at step {step}, or start its receiver at step {step} (start_step) to go \
+                 on without them",
+                step - 1
+            ),
+        })
     }
 
     /// Encodes in the [`wire::REFUSAL`] format.
@@ -272,5 +294,28 @@ impl Default for ZmqEndpoints {
             receipts: Self::DEFAULT_RECEIPTS.into(),
             ranks: Self::DEFAULT_RANKS.into(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_rank_asking_for_a_step_already_delivered_is_refused_with_the_way_out() {
+        assert_eq!(Refusal::of_late_rank(2, 7, 7), None);
+        assert_eq!(Refusal::of_late_rank(2, 9, 7), None, "a rank ahead drops the copies itself");
+        let r = Refusal::of_late_rank(2, 3, 7).expect("steps 3..6 are gone");
+        assert!(r.message.contains("rank 2 asks for step 3") && r.message.contains("steps 3..6"), "{}", r.message);
+        assert!(r.message.contains("start_step") && r.message.contains("checkpoint at step 7"), "{}", r.message);
+        assert_eq!(Refusal::decode(&r.encode().unwrap()).unwrap(), r);
+    }
+
+    #[test]
+    fn control_messages_get_their_own_ids_and_round_trip() {
+        let c = Control::RemoveRun { run: 4 };
+        let (a, b) = (ControlMessage::new(c.clone()), ControlMessage::new(c));
+        assert_ne!(a.id, b.id);
+        assert_eq!(ControlMessage::decode(&a.encode().unwrap()).unwrap(), a);
     }
 }

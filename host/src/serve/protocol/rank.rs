@@ -146,7 +146,17 @@ impl RankReceiver {
             return None;
         }
         self.last_hello = Some(now);
-        Some(encode(&RankMessage::Hello { rank: self.rank, dp: self.dp, next_step: self.next_step }))
+        Some(encode(&RankMessage::Hello { rank: self.rank, dp: self.dp, next_step: self.first_missing() }))
+    }
+
+    /// The first step this rank has neither taken nor holds: what its hello asks for (steps
+    /// held ahead of the trainer are not asked for again).
+    pub fn first_missing(&self) -> u64 {
+        let mut step = self.next_step;
+        while self.held.contains_key(&step) {
+            step += 1;
+        }
+        step
     }
 
     /// How long until the next hello is due ([`Duration::ZERO`]: now; [`Duration::MAX`]:
@@ -282,12 +292,14 @@ mod tests {
         let half = t0 + HEARTBEAT / 2;
         assert_eq!(r.poll_hello(half), None);
         assert_eq!(r.hello_due_in(half), HEARTBEAT / 2);
-        // The hello names the step expected at the time.
+        // The hello names the first step the rank lacks at the time (held steps included).
         r.on_message(&bytes(1, 7)).unwrap();
+        r.on_message(&bytes(1, 8)).unwrap();
         r.next_batch().unwrap();
+        assert_eq!((r.next_step(), r.first_missing()), (8, 9));
         let later = t0 + HEARTBEAT;
         let hello = r.poll_hello(later).expect("a hello after a heartbeat");
-        assert_eq!(RankMessage::decode(&hello).unwrap(), RankMessage::Hello { rank: 1, dp: 2, next_step: 8 });
+        assert_eq!(RankMessage::decode(&hello).unwrap(), RankMessage::Hello { rank: 1, dp: 2, next_step: 9 });
         assert_eq!(r.poll_hello(later + HEARTBEAT - Duration::from_millis(1)), None);
         // Late polls: the cadence restarts from the hello sent, none is sent twice to catch up.
         let late = later + 5 * HEARTBEAT;
