@@ -118,15 +118,12 @@ mod zmq_clients {
 
     use crate::serve::curve::CurveClient;
     use crate::serve::protocol::{BatchSender, Control, MessageKey, RankReceiver, Receipt, ToRank};
+    use crate::serve::zmq_error;
     use crate::{Error, RankBatch, RunConfig, TrainingBatch};
 
     /// How often a waiting thread looks at its stop flag (and a sender at its receipts
     /// during a flush).
     const TICK: Duration = Duration::from_millis(100);
-
-    fn zmq_error(what: &str, e: zmq::Error) -> Error {
-        Error::Io(format!("zeromq: {what}: {e}"))
-    }
 
     /// Milliseconds for `zmq_poll`, rounded up (a non-zero wait never becomes a busy poll).
     fn millis(d: Duration) -> i64 {

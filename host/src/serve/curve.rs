@@ -22,8 +22,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use super::{Throttled, zmq_error};
 use crate::Error;
 use crate::error::io;
 use crate::runtime::atomic;
@@ -52,10 +53,6 @@ pub fn require_curve() -> Result<(), Error> {
 /// The Z85 text of a key (40 characters).
 pub fn z85(key: &CurveKey) -> String {
     zmq::z85_encode(key).expect("32 bytes are a multiple of 4")
-}
-
-fn zmq_error(what: &str, e: zmq::Error) -> Error {
-    Error::Io(format!("zeromq: {what}: {e}"))
 }
 
 /// A ZeroMQ certificate: a public key, and the secret key for a secret certificate.
@@ -374,7 +371,7 @@ impl Drop for ZapHandler {
 /// never gives up on an error: a handler that stopped answering would make every CURVE
 /// handshake fail (sockets enforce it), so a failed receive or send is logged and retried.
 fn serve_zap(socket: &zmq::Socket, clients: &[CurveKey], stop: &AtomicBool) {
-    let (mut refused, mut logged, mut last_log) = (0u64, 0u64, None::<Instant>);
+    let mut refused = Throttled::new(REFUSED_LOG_EVERY);
     let failed = |what: &str, e: zmq::Error| {
         tracing::error!(target: "stowplan::serve", error = %e, "the CURVE gatekeeper (ZAP handler) could not {what}; retrying");
         std::thread::sleep(Duration::from_millis(10));
@@ -399,16 +396,13 @@ fn serve_zap(socket: &zmq::Socket, clients: &[CurveKey], stop: &AtomicBool) {
             }
         };
         let reply = zap_reply(&request, clients);
-        if reply[2] != b"200" {
-            refused += 1;
-            if last_log.is_none_or(|t| t.elapsed() >= REFUSED_LOG_EVERY) {
-                let key = request.get(6).and_then(|k| CurveKey::try_from(k.as_slice()).ok()).map(|k| z85(&k));
-                let address = request.get(3).map(|a| String::from_utf8_lossy(a).into_owned());
-                tracing::warn!(target: "stowplan::serve", key = ?key, address = ?address, refused = refused - logged,
-                    "refused a CURVE client whose public key is not in the clients directory");
-                logged = refused;
-                last_log = Some(Instant::now());
-            }
+        if reply[2] != b"200"
+            && let Some(since) = refused.note()
+        {
+            let key = request.get(6).and_then(|k| CurveKey::try_from(k.as_slice()).ok()).map(|k| z85(&k));
+            let address = request.get(3).map(|a| String::from_utf8_lossy(a).into_owned());
+            tracing::warn!(target: "stowplan::serve", key = ?key, address = ?address, refused = since, total = refused.total(),
+                "refused a CURVE client whose public key is not in the clients directory");
         }
         loop {
             match socket.send_multipart(reply.clone(), 0) {

@@ -19,7 +19,7 @@ use super::protocol::delivery::StepDelivery;
 use super::protocol::{
     HEARTBEAT, OnHello, RANK_LEASE, RankMessage, RankSlots, Receipt, Receipts, Refusal, SlotEvent, ZmqEndpoints,
 };
-use super::{Incoming, Transport};
+use super::{Incoming, Throttled, Transport, zmq_error};
 use crate::{Error, RankBatch};
 
 /// At most this many batch messages are taken per receive (bounds the memory of a burst).
@@ -32,10 +32,6 @@ const RANK_DRAIN_LIMIT: usize = 1024;
 /// The largest message a rank may send, in bytes (a hello or an acknowledgement is a few
 /// dozen); libzmq drops the connection of a peer that sends more.
 const RANK_MESSAGE_LIMIT: i64 = 4096;
-
-fn zmq_error(what: &str, e: zmq::Error) -> Error {
-    Error::Io(format!("zeromq: {what}: {e}"))
-}
 
 /// Waits up to `timeout` for one of `items`; a signal (EINTR, e.g. the SIGTERM that stops the
 /// server) ends the wait early, as the caller checks its stop flag next.
@@ -60,10 +56,8 @@ pub struct ZmqTransport {
     incarnation: u64,
     /// Which routing id holds each rank.
     slots: RankSlots<Vec<u8>>,
-    /// Acknowledgements ignored (see [`ZmqTransport::ignored_acks`]), and how many were logged.
-    ignored_acks: u64,
-    ignored_logged: u64,
-    last_ignored_log: Option<Instant>,
+    /// Acknowledgements ignored (see [`ZmqTransport::ignored_acks`]).
+    ignored_acks: Throttled,
     ready: bool,
     last_published: Instant,
     last_waiting_log: Instant,
@@ -152,9 +146,7 @@ impl ZmqTransport {
             endpoints: ZmqEndpoints { batches: b, receipts: r, ranks: k },
             incarnation,
             slots: RankSlots::new(dp, RANK_LEASE),
-            ignored_acks: 0,
-            ignored_logged: 0,
-            last_ignored_log: None,
+            ignored_acks: Throttled::new(IGNORED_LOG_EVERY),
             ready: false,
             // The first receive publishes a heartbeat at once.
             last_published: Instant::now().checked_sub(HEARTBEAT).unwrap_or_else(Instant::now),
@@ -175,7 +167,7 @@ impl ZmqTransport {
     /// Acknowledgements ignored so far because they came from a connection that does not
     /// hold the rank they name (a forged or stale acknowledgement).
     pub fn ignored_acks(&self) -> u64 {
-        self.ignored_acks
+        self.ignored_acks.total()
     }
 
     fn publish(&mut self, receipts: Vec<Receipt>) -> Result<(), Error> {
@@ -256,8 +248,9 @@ impl ZmqTransport {
                 Ok(RankMessage::Ack { rank, step }) => {
                     if self.slots.on_ack(rank, &id, now) {
                         out.push(FromRank::Ack(rank, step));
-                    } else {
-                        self.ignored_acks += 1;
+                    } else if let Some(since) = self.ignored_acks.note() {
+                        tracing::warn!(target: "stowplan::serve", ignored = since, total = self.ignored_acks.total(), peer = %peer,
+                            "ignored acknowledgements from connections that do not hold the rank they name (forged, or from a replaced connection)");
                     }
                 }
                 Err(e) => {
@@ -284,14 +277,6 @@ impl ZmqTransport {
                     self.refuse(connection, &refusal)?;
                 }
             }
-        }
-        if self.ignored_acks > self.ignored_logged
-            && self.last_ignored_log.is_none_or(|t: Instant| t.elapsed() >= IGNORED_LOG_EVERY)
-        {
-            tracing::warn!(target: "stowplan::serve", ignored = self.ignored_acks - self.ignored_logged, total = self.ignored_acks,
-                "ignored acknowledgements from connections that do not hold the rank they name (forged, or from a replaced connection)");
-            self.ignored_logged = self.ignored_acks;
-            self.last_ignored_log = Some(Instant::now());
         }
         Ok(out)
     }

@@ -147,6 +147,14 @@ impl<C: Clone + PartialEq> RankSlots<C> {
         if let Some(refusal) = Refusal::of_hello(rank, dp, self.dp) {
             return OnHello::Refused(refusal);
         }
+        // The common case first, in O(1): the holder's heartbeat (the scans below are for
+        // connections new to this rank).
+        if let Some(h) = &mut self.holders[rank as usize]
+            && h.connection == *connection
+        {
+            h.last_heard = now;
+            return OnHello::Holds { new: false };
+        }
         if let Some(other) = self.rank_of(connection).or_else(|| self.waiting_for(connection)).filter(|&o| o != rank) {
             return OnHello::Refused(Refusal {
                 message: format!(
@@ -156,10 +164,6 @@ impl<C: Clone + PartialEq> RankSlots<C> {
         }
         let r = rank as usize;
         match &mut self.holders[r] {
-            Some(h) if h.connection == *connection => {
-                h.last_heard = now;
-                OnHello::Holds { new: false }
-            }
             Some(_) => {
                 let waiting = &mut self.contenders[r];
                 if let Some(c) = waiting.iter_mut().find(|c| c.connection == *connection) {
