@@ -202,9 +202,25 @@ impl PyDataSource {
         py.detach(|| self.inner.save(&path)).map_err(|e| to_py(py, e))
     }
 
-    /// load(path): restores a saved state (errors for a missing, damaged or foreign file).
-    fn load(&mut self, py: Python<'_>, path: PathBuf) -> PyResult<()> {
-        self.inner.load(&path).map_err(|e| to_py(py, e))
+    /// load(path, *, check=None): restores a saved state (errors for a missing, damaged or
+    /// foreign file). ``check``, when given, is called with the saved buffer's payload heads
+    /// (as ``buffer_payload_heads(1)`` gives them) before anything is applied; what it raises
+    /// is raised, and the data source is left as it was.
+    #[pyo3(signature = (path, *, check=None))]
+    fn load(&mut self, py: Python<'_>, path: PathBuf, check: Option<Bound<'_, PyAny>>) -> PyResult<()> {
+        let mut raised: Option<PyErr> = None;
+        let result = self.inner.load_checked(&path, |buffer| {
+            let Some(check) = &check else { return Ok(()) };
+            let called = payload_heads(py, buffer, 1).and_then(|heads| check.call1((heads,)));
+            called.map(drop).map_err(|e| {
+                raised = Some(e);
+                stowplan::Error::InvalidArgument("the load check refused the state".into())
+            })
+        });
+        match (result, raised) {
+            (_, Some(e)) => Err(e),
+            (r, None) => r.map_err(|e| to_py(py, e)),
+        }
     }
 
     /// The metadata as JSON text.
@@ -227,14 +243,7 @@ impl PyDataSource {
     /// buffered sample's payload (how ``stowplan._source`` tells the encodings apart without
     /// decoding anything).
     fn buffer_payload_heads<'py>(&self, py: Python<'py>, n: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyList>> {
-        let n: usize = int(n, "n", 0, u64::MAX.into())?;
-        let out = PyList::empty(py);
-        for g in self.inner.buffer() {
-            let heads: Vec<Bound<'py, PyBytes>> =
-                g.iter().map(|s| PyBytes::new(py, &s.payload[..n.min(s.payload.len())])).collect();
-            out.append(PyList::new(py, heads)?)?;
-        }
-        Ok(out)
+        payload_heads(py, self.inner.buffer(), int(n, "n", 0, u64::MAX.into())?)
     }
 
     /// Groups in the buffer.
@@ -297,4 +306,15 @@ fn options<'py>(
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyDataSource>()
+}
+
+/// The first `n` bytes of every sample's payload in `buffer`, group by group.
+fn payload_heads<'py>(py: Python<'py>, buffer: &[stowplan::Group], n: usize) -> PyResult<Bound<'py, PyList>> {
+    let out = PyList::empty(py);
+    for g in buffer {
+        let heads: Vec<Bound<'py, PyBytes>> =
+            g.iter().map(|s| PyBytes::new(py, &s.payload[..n.min(s.payload.len())])).collect();
+        out.append(PyList::new(py, heads)?)?;
+    }
+    Ok(out)
 }

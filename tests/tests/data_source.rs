@@ -195,8 +195,15 @@ fn save_and_load_resume_the_identical_sequence_including_the_buffer() {
     ds.update_metadata(meta);
     ds.save(&path).unwrap();
     let continued = ds.get_samples(11, None, None).unwrap();
-    // A fresh process: same dataset and options, state loaded.
+    // A fresh process: same dataset and options, state loaded — not when the caller's check
+    // of the saved buffer refuses it (nothing applied then).
     let mut resumed = source(7, 2, true, Kernel::native());
+    let refused = resumed.load_checked(&path, |buffer| {
+        assert_eq!(buffer[0][1].payload, vec![1, 2, 3], "the check sees the saved buffer");
+        Err(Error::InvalidArgument("no".into()))
+    });
+    assert_eq!(refused.unwrap_err().to_string(), "invalid argument: no");
+    assert_eq!((resumed.buffer_len(), resumed.metadata().get("step")), (0, None), "nothing applied");
     resumed.load(&path).unwrap();
     assert_eq!(resumed.buffer_len(), 3);
     assert_eq!(resumed.metadata()["step"], 12);

@@ -514,9 +514,21 @@ impl DataSource {
     /// dataset or other options are [`Error::CacheMismatch`] naming what differs. On error
     /// the data source is unchanged.
     pub fn load(&mut self, path: &Path) -> Result<(), Error> {
+        self.load_checked(path, |_| Ok(()))
+    }
+
+    /// [`Self::load`], with `check` run on the saved buffer (its groups) before
+    /// anything is applied: an error of `check` is returned and the data source is unchanged.
+    /// The Python SDK refuses pickled payloads this way without unpickling anything.
+    pub fn load_checked(
+        &mut self,
+        path: &Path,
+        check: impl FnOnce(&[Group]) -> Result<(), Error>,
+    ) -> Result<(), Error> {
         let bytes = std::fs::read(path).map_err(|e| io("reading the data source state", path, e))?;
         let bad = |what: String| Error::CacheMismatch(format!("{}: {what}", path.display()));
         let state: State = wire::decode(&wire::DATA_SOURCE_STATE, &bytes).map_err(|e| bad(e.to_string()))?;
+        check(&state.buffer)?;
         let mut diffs = Vec::new();
         if state.identity != self.identity || state.prompts != self.prompts.len() as u64 {
             diffs.push(format!(

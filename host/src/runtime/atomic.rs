@@ -34,6 +34,7 @@ pub(crate) fn write_with_mode(path: &Path, bytes: &[u8], mode: u32) -> Result<()
 /// Creates `path` with `bytes` atomically, never replacing a file: `Ok(false)` when `path`
 /// exists already (nothing written). A hard link puts the complete file in place, so the
 /// check and the creation are one step (no race with another writer).
+#[cfg_attr(not(feature = "zmq"), allow(dead_code))] // its one user (CURVE keys) needs `zmq`
 pub(crate) fn create_new_with_mode(path: &Path, bytes: &[u8], mode: u32) -> Result<bool, Error> {
     match write_as(path, bytes, mode, Place::CreateNew) {
         Err(Error::Io(m)) if m.starts_with(EXISTS) => Ok(false),
@@ -43,6 +44,7 @@ pub(crate) fn create_new_with_mode(path: &Path, bytes: &[u8], mode: u32) -> Resu
 
 /// How the temporary file goes into place.
 #[derive(Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(not(feature = "zmq"), allow(dead_code))]
 enum Place {
     /// Renamed over the target.
     Replace,

@@ -26,7 +26,6 @@ from __future__ import annotations
 import json
 import os
 import pickle
-import tempfile
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterable, List, Optional, Sequence
 
@@ -298,22 +297,18 @@ class DataSource:
         (:class:`~stowplan.InvalidArgumentError`; nothing is unpickled). On error the data
         source is left as it was."""
         path = os.fspath(path)
-        with tempfile.TemporaryDirectory(prefix="stowplan-state-") as scratch:
-            # The host loads a state whole; to refuse one after reading it, keep the current one.
-            previous = os.path.join(scratch, "previous.spds")
-            self._native.save(previous)
-            self._native.load(path)
-            try:
-                where = _pickled(self._native.buffer_payload_heads(1))
-                if where is not None and not self._allow_pickle:
-                    raise InvalidArgumentError(
-                        f"refusing to load {path}: its buffer holds pickled samples ({where} is the first), and "
-                        f"unpickling runs code chosen by whoever wrote the file; make the data source with "
-                        f"{_ALLOW_PICKLE} only if you trust that writer"
-                    )
-            except BaseException:
-                self._native.load(previous)
-                raise
+
+        def check(heads: List[List[bytes]]) -> None:
+            # Runs on the saved buffer before anything of it is applied.
+            where = _pickled(heads)
+            if where is not None and not self._allow_pickle:
+                raise InvalidArgumentError(
+                    f"refusing to load {path}: its buffer holds pickled samples ({where} is the first), and "
+                    f"unpickling runs code chosen by whoever wrote the file; make the data source with "
+                    f"{_ALLOW_PICKLE} only if you trust that writer"
+                )
+
+        self._native.load(path, check=check)
 
     def update_metadata(self, metadata: Dict[str, Any]) -> None:
         """Merges ``metadata`` (JSON-serializable) into the saved metadata."""

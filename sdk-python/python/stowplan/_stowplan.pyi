@@ -6,7 +6,7 @@ Most names are re-exported by :mod:`stowplan` as they are. Options are keyword-o
 ``tests/test_stubs.py`` checks these stubs against the compiled module.
 """
 
-from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import numpy.typing as npt
@@ -477,7 +477,9 @@ class DataSource:
         ``filter`` (FIFO without one)."""
     def add_samples(self, groups: List[List[Dict[str, Any]]]) -> None: ...
     def save(self, path: Any) -> None: ...
-    def load(self, path: Any) -> None: ...
+    def load(self, path: Any, *, check: Optional[Callable[[List[List[bytes]]], None]] = None) -> None:
+        """Restores a saved state; ``check`` gets the saved buffer's payload heads (as
+        ``buffer_payload_heads(1)``) before anything is applied, and what it raises is raised."""
     def buffer_payload_heads(self, n: int) -> List[List[bytes]]:
         """The first ``n`` bytes of every buffered sample's payload, group by group (how
         ``stowplan._source`` tells its encodings apart — fields, JSON, pickle — without
