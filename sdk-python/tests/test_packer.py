@@ -402,16 +402,18 @@ def test_zmq_lost_batch_resent_and_receiver_order(tmp_path):
             s.connect(rank_ep)
             socks.append(s)
         last = 0.0
+        lacking = [0, 0]  # what each hello names: the first step the rank does not have
         while not stop.is_set():
             if time.monotonic() - last > 0.5:
                 for r, s in enumerate(socks):
-                    s.send(stowplan._stowplan.encode_rank_hello(r, 2, 0))
+                    s.send(stowplan._stowplan.encode_rank_hello(r, 2, lacking[r]))
                 last = time.monotonic()
             for r, s in enumerate(socks):
                 if s.poll(10):
                     data = s.recv()
                     b = stowplan._stowplan.decode_rank_batch(data)
                     raw[(r, b.step)] = data
+                    lacking[r] = max(lacking[r], b.step + 1)
                     s.send(stowplan._stowplan.encode_rank_ack(r, b.step))
         for s in socks:
             s.close()

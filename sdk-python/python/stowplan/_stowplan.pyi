@@ -545,7 +545,9 @@ def decode_rank_batch(data: bytes) -> RankBatch:
     """Decodes a rank batch (SPRB); a packer's refusal (SPRX) raises InvalidArgumentError."""
 
 def encode_rank_hello(rank: int, dp: int, next_step: int) -> bytes:
-    """A rank's hello to the ZeroMQ packer (SPRM header); rank must be below dp."""
+    """A rank's hello to the ZeroMQ packer (SPRM header); rank must be below dp, and
+    ``next_step`` is the first step the rank has neither taken nor holds (a step before the
+    one the packer delivers gets the rank refused: those steps are gone)."""
 
 def encode_rank_ack(rank: int, step: int) -> bytes:
     """A rank's acknowledgement of a step (SPRM header)."""
