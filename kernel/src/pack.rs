@@ -18,7 +18,7 @@ use alloc::collections::{BTreeSet, BinaryHeap};
 use alloc::vec::Vec;
 use core::cmp::Reverse;
 
-use crate::{Error, checked_len, invalid, sorted_desc};
+use crate::{Error, checked_len, invalid, key_weight, sorted_desc, sorted_desc_keys};
 
 /// The packing algorithm.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -180,23 +180,21 @@ pub fn pack(lengths: &[u64], options: &PackOptions) -> Result<Packing, Error> {
         PackMethod::NextFit => next_fit(aligned, capacity, oversize),
         PackMethod::Bfd | PackMethod::Ffd => {
             let mut bin = alloc::vec![NONE; aligned.len()];
-            // In (aligned length desc, index asc) order the oversized items come first; with
-            // `single` each opens its own bin, the rest are packed.
-            let order = sorted_desc(aligned);
-            let (oversized, order) = order.split_at(order.partition_point(|&i| aligned[i as usize] > capacity));
-            let singles: &[u32] = if oversize == OversizePolicy::Single { oversized } else { &[] };
-            for (b, &i) in singles.iter().enumerate() {
-                bin[i as usize] = b as u32;
-            }
-            // Any-fit algorithms leave at most one bin at most half full, so they open at
-            // most 2·lower_bound + 1 bins.
-            let max_bins = (2 * lower_bound + 1).min(order.len() as u64) as usize;
-            let opened = if method == PackMethod::Bfd {
-                best_fit(aligned, capacity, order, &mut bin, singles.len() as u32)
-            } else {
-                first_fit(aligned, capacity, order, &mut bin, singles.len() as u32, max_bins)
+            let fitting = aligned.len() - dropped.len() - single.len();
+            // (index, aligned length) in (length desc, index asc) order, from packed keys
+            // read in sequence when the lengths allow (see `sorted_desc_keys`).
+            let bins = match sorted_desc_keys(aligned) {
+                Some(keys) => {
+                    let max = aligned.iter().copied().max().unwrap_or(0);
+                    let items = keys.iter().map(|&k| (k as u32, key_weight(k, max)));
+                    any_fit(items, capacity, oversize, method, lower_bound, fitting, &mut bin)
+                }
+                None => {
+                    let items = sorted_desc(aligned).into_iter().map(|i| (i, aligned[i as usize]));
+                    any_fit(items, capacity, oversize, method, lower_bound, fitting, &mut bin)
+                }
             };
-            (bin, singles.len() + opened)
+            (bin, bins)
         }
     };
     // Counting sort by bin: members come out ascending by index.
@@ -257,13 +255,48 @@ fn next_fit(aligned: &[u64], capacity: u64, oversize: OversizePolicy) -> (Vec<u3
     (bin, bins)
 }
 
+/// Best or first fit decreasing over `items` — (index, aligned length) in (length desc,
+/// index asc) order, `fitting` of them within `capacity` — writing each item's bin into
+/// `bin`; returns the number of bins. The oversized items come first: with `single` each
+/// opens its own bin (numbered first), otherwise they were dropped already.
+fn any_fit(
+    items: impl Iterator<Item = (u32, u64)>,
+    capacity: u64,
+    oversize: OversizePolicy,
+    method: PackMethod,
+    lower_bound: u64,
+    fitting: usize,
+    bin: &mut [u32],
+) -> usize {
+    let mut items = items.peekable();
+    let mut singles = 0u32;
+    while let Some(&(i, a)) = items.peek() {
+        if a <= capacity {
+            break;
+        }
+        if oversize == OversizePolicy::Single {
+            bin[i as usize] = singles;
+            singles += 1;
+        }
+        items.next();
+    }
+    // Any-fit algorithms leave at most one bin at most half full, so they open at most
+    // 2·lower_bound + 1 bins.
+    let max_bins = (2 * lower_bound + 1).min(fitting as u64) as usize;
+    let opened = if method == PackMethod::Bfd {
+        best_fit(items, capacity, fitting, bin, singles)
+    } else {
+        first_fit(items, capacity, bin, singles, max_bins)
+    };
+    singles as usize + opened
+}
+
 /// Best fit: the bin with the least room ≥ the item, the oldest on ties. Returns the
 /// number of bins opened (numbered from `first`).
-fn best_fit(aligned: &[u64], capacity: u64, order: &[u32], bin: &mut [u32], first: u32) -> usize {
-    let mut rooms = RoomIndex::new(capacity, order.len());
+fn best_fit(items: impl Iterator<Item = (u32, u64)>, capacity: u64, n: usize, bin: &mut [u32], first: u32) -> usize {
+    let mut rooms = RoomIndex::new(capacity, n);
     let mut opened = 0usize;
-    for &i in order {
-        let a = aligned[i as usize];
+    for (i, a) in items {
         let (room, b) = match rooms.take_best(a) {
             Some(found) => found,
             None => {
@@ -361,13 +394,18 @@ fn next_set(words: &[u64], summary: &[u64], from: usize) -> Option<usize> {
 
 /// First fit over a max segment tree of the bins' room: the oldest bin with room ≥ the
 /// item. Returns the number of bins opened (numbered from `first`).
-fn first_fit(aligned: &[u64], capacity: u64, order: &[u32], bin: &mut [u32], first: u32, max_bins: usize) -> usize {
+fn first_fit(
+    items: impl Iterator<Item = (u32, u64)>,
+    capacity: u64,
+    bin: &mut [u32],
+    first: u32,
+    max_bins: usize,
+) -> usize {
     // Unopened bins (leaves beyond `opened`) hold the full capacity.
     let mut leaves = max_bins.max(1).next_power_of_two();
     let mut tree = alloc::vec![capacity; 2 * leaves];
     let mut opened = 0usize;
-    for &i in order {
-        let a = aligned[i as usize];
+    for (i, a) in items {
         if tree[1] < a {
             // All `leaves` bins are too full (the any-fit bound makes this unreachable):
             // double the tree; the new leaves are fresh bins.
