@@ -200,6 +200,20 @@ fn decode_rank_batch(py: Python<'_>, data: &[u8]) -> PyResult<PyRankBatch> {
     }
 }
 
+/// curve_timeout_hint(client_public, server_public) -> str: what a client that hears nothing
+/// from a CURVE packer should check (both keys in Z85), appended to its timeout error.
+#[pyfunction(name = "curve_timeout_hint")]
+fn py_curve_timeout_hint(client_public: &str, server_public: &str) -> String {
+    stowplan::serve::protocol::curve_timeout_hint(client_public, server_public)
+}
+
+/// secret_certificate_mode_error(path, mode) -> str or None: why a secret certificate with
+/// these permission bits must not be used (None: only its owner may read it).
+#[pyfunction(name = "secret_certificate_mode_error")]
+fn py_secret_certificate_mode_error(path: &str, mode: u32) -> Option<String> {
+    stowplan::serve::protocol::secret_certificate_mode_error(path, mode)
+}
+
 /// encode_rank_hello(rank, dp, next_step) -> bytes
 #[pyfunction]
 fn encode_rank_hello<'py>(
@@ -903,6 +917,8 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(py_control_file_name, m)?)?;
     m.add_function(wrap_pyfunction!(decode_rank_batch, m)?)?;
     m.add_function(wrap_pyfunction!(encode_rank_hello, m)?)?;
+    m.add_function(wrap_pyfunction!(py_curve_timeout_hint, m)?)?;
+    m.add_function(wrap_pyfunction!(py_secret_certificate_mode_error, m)?)?;
     m.add_function(wrap_pyfunction!(encode_rank_ack, m)?)?;
     m.add_function(wrap_pyfunction!(decode_receipts, m)?)?;
     m.add_class::<PyRankBatch>()?;

@@ -24,6 +24,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use super::protocol::{curve_timeout_hint, secret_certificate_mode_error};
 use super::{Throttled, zmq_error};
 use crate::Error;
 use crate::error::io;
@@ -119,12 +120,9 @@ impl Certificate {
         let public = public.ok_or_else(|| bad("no public-key line".into()))?;
         if secret.is_some() {
             use std::os::unix::fs::PermissionsExt;
-            let mode = meta.permissions().mode() & 0o777;
-            if mode & 0o077 != 0 {
-                return Err(bad(format!(
-                    "a secret certificate must be readable by its owner only (mode {mode:04o}): chmod 600 {}",
-                    path.display()
-                )));
+            let shown = path.display().to_string();
+            if let Some(m) = secret_certificate_mode_error(&shown, meta.permissions().mode()) {
+                return Err(Error::InvalidArgument(m));
             }
         }
         Ok(Self { public, secret })
@@ -288,12 +286,7 @@ impl CurveClient {
     /// What a client that hears nothing from the packer should check (added to its timeout
     /// error).
     pub fn timeout_hint(&self) -> String {
-        format!(
-            "; with CURVE, check that the packer's clients directory holds this client's public key {} \
-             and that the packer's public key is {}",
-            z85(&self.public),
-            z85(&self.server)
-        )
+        curve_timeout_hint(&z85(&self.public), &z85(&self.server))
     }
 }
 

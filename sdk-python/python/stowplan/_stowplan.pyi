@@ -544,6 +544,14 @@ def control_file_name(kind: str, run: int, nanos: int, pid: int) -> str:
 def decode_rank_batch(data: bytes) -> RankBatch:
     """Decodes a rank batch (SPRB); a packer's refusal (SPRX) raises InvalidArgumentError."""
 
+def curve_timeout_hint(client_public: str, server_public: str) -> str:
+    """What a client that hears nothing from a CURVE packer should check (both keys in Z85),
+    appended to its timeout error."""
+
+def secret_certificate_mode_error(path: str, mode: int) -> Optional[str]:
+    """Why a secret certificate with these permission bits must not be used (None: only its
+    owner may read it)."""
+
 def encode_rank_hello(rank: int, dp: int, next_step: int) -> bytes:
     """A rank's hello to the ZeroMQ packer (SPRM header); rank must be below dp, and
     ``next_step`` is the first step the rank has neither taken nor holds (a step before the

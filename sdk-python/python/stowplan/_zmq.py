@@ -88,11 +88,9 @@ class _Curve:
                 f"curve_secret_key: certificate {path}: no secret-key line "
                 "(this is a public certificate; give NAME.key_secret)"
             )
-        if mode & 0o077:
-            raise _invalid(
-                f"curve_secret_key: certificate {path}: a secret certificate must be readable "
-                f"by its owner only (mode {mode:04o}): chmod 600 {path}"
-            )
+        refused = _stowplan.secret_certificate_mode_error(path, mode)
+        if refused is not None:
+            raise _invalid(f"curve_secret_key: {refused}")
 
     @staticmethod
     def of(server_key: Optional[PathLike], secret_key: Optional[PathLike]) -> Optional["_Curve"]:
@@ -109,10 +107,7 @@ class _Curve:
 
     def hint(self, e: BaseException) -> BaseException:
         """A timeout error ``e`` with what to check under CURVE."""
-        return type(e)(
-            f"{e}; with CURVE, check that the packer's clients directory holds this client's public key "
-            f"{self.public.decode()} and that the packer's public key is {self.server.decode()}"
-        )
+        return type(e)(f"{e}{_stowplan.curve_timeout_hint(self.public.decode(), self.server.decode())}")
 
 
 def _send(sock: Any, data: bytes) -> None:

@@ -215,6 +215,27 @@ impl Refusal {
     }
 }
 
+/// CURVE's rules that every client shares, as text (the SDKs read certificates with their own
+/// ZeroMQ library, then ask here): what a client that hears nothing from a CURVE packer
+/// should check, given both public keys in Z85 (appended to its timeout error).
+pub fn curve_timeout_hint(client_public_z85: &str, server_public_z85: &str) -> String {
+    format!(
+        "; with CURVE, check that the packer's clients directory holds this client's public key \
+         {client_public_z85} and that the packer's public key is {server_public_z85}"
+    )
+}
+
+/// Why the secret certificate at `path`, with permission bits `mode`, must not be used:
+/// `None` when only its owner may read it (like an ssh key), else the message.
+pub fn secret_certificate_mode_error(path: &str, mode: u32) -> Option<String> {
+    (mode & 0o077 != 0).then(|| {
+        format!(
+            "certificate {path}: a secret certificate must be readable by its owner only (mode {:04o}): chmod 600 {path}",
+            mode & 0o777
+        )
+    })
+}
+
 /// That one message reached the packer and is durable.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Receipt {
