@@ -1,0 +1,241 @@
+// Input conversion and checking, the same rules for every entry point (the JavaScript form of
+// the Python SDK's `stowplan._convert`):
+//
+// - integers are exact: a number must be a safe integer (|x| ≤ 2**53-1; above that, pass a
+//   bigint), a bigint is taken as is; booleans, strings, non-integer numbers, NaN are refused;
+// - sequences are arrays (or other iterables) of such integers, or integer typed arrays
+//   (Uint8/16/32, Int8/16/32, BigUint64, BigInt64); float typed arrays are refused even when
+//   every value is whole, like float numpy arrays in Python;
+// - every refusal is an InvalidArgumentError naming the argument (and the index) and the
+//   allowed range.
+import { InvalidArgumentError } from './errors.js';
+
+/** 2**64-1 */
+export const U64_MAX = (1n << 64n) - 1n;
+/** 2**32-1 */
+export const U32_MAX = 0xffffffff;
+const I64_MIN = -(1n << 63n);
+const I64_MAX = (1n << 63n) - 1n;
+const TWO32 = 4294967296;
+const LITTLE_ENDIAN = new Uint8Array(new Uint16Array([1]).buffer)[0] === 1;
+
+/** A bound as the messages spell it (`2**64-1` …). */
+function bound(v) {
+  const b = BigInt(v);
+  if (b === U64_MAX) return '2**64-1';
+  if (b === BigInt(U32_MAX)) return '2**32-1';
+  if (b === I64_MAX) return '2**63-1';
+  if (b === I64_MIN) return '-2**63';
+  return b.toString();
+}
+
+/** A value for a message. */
+function show(v) {
+  if (typeof v === 'bigint') return `${v}n`;
+  if (typeof v === 'string') return JSON.stringify(v);
+  if (v === null || v === undefined || typeof v === 'number' || typeof v === 'boolean') return String(v);
+  if (Array.isArray(v)) return `an array of ${v.length}`;
+  return v?.constructor?.name ?? typeof v;
+}
+
+/**
+ * `v` as a bigint if it is an exact integer (a safe-integer number or a bigint), else null.
+ * @param {unknown} v
+ * @returns {bigint | null}
+ */
+function exact(v) {
+  if (typeof v === 'bigint') return v;
+  if (typeof v === 'number' && Number.isSafeInteger(v)) return BigInt(v);
+  return null;
+}
+
+function rangeError(name, v, low, high) {
+  const unsafe = typeof v === 'number' && Number.isInteger(v) && !Number.isSafeInteger(v);
+  const hint = unsafe ? '; numbers above 2**53-1 are not exact: pass a bigint' : '';
+  const what = exact(v) === null && !unsafe ? 'an integer ' : '';
+  return new InvalidArgumentError(`${name} must be ${what}in ${bound(low)}..=${bound(high)} (got ${show(v)})${hint}`);
+}
+
+/**
+ * An integer argument in `low..=high`, as a bigint.
+ * @param {unknown} v @param {string} name @param {bigint} low @param {bigint} high
+ * @returns {bigint}
+ */
+export function int(v, name, low, high) {
+  const b = exact(v);
+  if (b === null || b < low || b > high) throw rangeError(name, v, low, high);
+  return b;
+}
+
+/** A u32 argument ≥ `low` (≤ `high`, default 2**32-1), as a number. */
+export function u32(v, name, low = 0, high = U32_MAX) {
+  return Number(int(v, name, BigInt(low), BigInt(high)));
+}
+
+/** A u64 argument ≥ `low`, as a bigint. */
+export function u64(v, name, low = 0n) {
+  return int(v, name, BigInt(low), U64_MAX);
+}
+
+/** An i64 argument, as a bigint. */
+export function i64(v, name) {
+  return int(v, name, I64_MIN, I64_MAX);
+}
+
+/** A boolean option. */
+export function bool(v, name) {
+  if (typeof v !== 'boolean') throw new InvalidArgumentError(`${name} must be true or false (got ${show(v)})`);
+  return v;
+}
+
+/**
+ * One of `allowed` (the kernel's spelling; `_` may stand for `-`).
+ * @template {string} T
+ * @param {unknown} v @param {string} name @param {readonly T[]} allowed
+ * @returns {T}
+ */
+export function oneOf(v, name, allowed) {
+  const s = typeof v === 'string' ? v.replaceAll('_', '-') : v;
+  if (!allowed.includes(/** @type {T} */ (s))) {
+    throw new InvalidArgumentError(`${name} must be one of ${allowed.map((a) => `'${a}'`).join(', ')} (got ${show(v)})`);
+  }
+  return /** @type {T} */ (s);
+}
+
+/**
+ * `options` (an object or undefined) checked for unknown keys; returns it (or `{}`).
+ * @param {unknown} options @param {string} fn @param {readonly string[]} known
+ * @returns {Record<string, any>}
+ */
+export function options(options, fn, known) {
+  if (options === undefined || options === null) return {};
+  if (typeof options !== 'object' || Array.isArray(options)) {
+    throw new InvalidArgumentError(`the options of ${fn} must be an object (got ${show(options)})`);
+  }
+  for (const key of Object.keys(options)) {
+    if (!known.includes(key)) {
+      throw new InvalidArgumentError(`unknown option '${key}' of ${fn}; known: ${known.join(', ')}`);
+    }
+  }
+  return /** @type {Record<string, any>} */ (options);
+}
+
+/** Whether `v` is an option that was given (not undefined or null). */
+export function given(v) {
+  return v !== undefined && v !== null;
+}
+
+const UNSIGNED = [Uint8Array, Uint8ClampedArray, Uint16Array, Uint32Array];
+const SIGNED = [Int8Array, Int16Array, Int32Array];
+
+/** The values of a sequence argument: an array-like/typed array as is, an iterable as an array. */
+function sequence(values, name) {
+  if (typeof values === 'string' || values === null || values === undefined || typeof values !== 'object') {
+    throw new InvalidArgumentError(`${name} must be an array or an integer typed array (got ${show(values)})`);
+  }
+  if (values instanceof Float32Array || values instanceof Float64Array) {
+    throw new InvalidArgumentError(
+      `${name} must hold integers, not floats (${values.constructor.name}); floats are refused even when whole: ` +
+        'convert once the values are known to be whole (e.g. Uint32Array.from(values))',
+    );
+  }
+  if (ArrayBuffer.isView(values) && !('length' in values)) {
+    throw new InvalidArgumentError(`${name} must be an array or an integer typed array (got a DataView)`);
+  }
+  if (Array.isArray(values) || ArrayBuffer.isView(values)) return values;
+  if (typeof values[Symbol.iterator] === 'function') return Array.from(values);
+  throw new InvalidArgumentError(`${name} must be an array or an integer typed array (got ${show(values)})`);
+}
+
+/**
+ * Integers in `0..=high` as a BigUint64Array (a BigUint64Array argument is returned as is,
+ * without a copy; a BigInt64Array is checked and viewed in place).
+ * @param {unknown} values @param {string} name @param {bigint} [high]
+ * @returns {BigUint64Array}
+ */
+export function u64Array(values, name, high = U64_MAX) {
+  const v = sequence(values, name);
+  if (v instanceof BigUint64Array) {
+    if (high !== U64_MAX) checkBig(v, name, 0n, high);
+    return v;
+  }
+  if (v instanceof BigInt64Array) {
+    checkBig(v, name, 0n, high);
+    return new BigUint64Array(v.buffer, v.byteOffset, v.length);
+  }
+  const n = v.length;
+  const out = new BigUint64Array(n);
+  if (UNSIGNED.some((T) => v instanceof T) && LITTLE_ENDIAN) {
+    const words = new Uint32Array(out.buffer);
+    for (let i = 0; i < n; i++) words[2 * i] = v[i];
+    return out;
+  }
+  if (SIGNED.some((T) => v instanceof T)) {
+    for (let i = 0; i < n; i++) {
+      if (v[i] < 0) throw rangeError(`${name}[${i}]`, v[i], 0n, high);
+      out[i] = BigInt(v[i]);
+    }
+    return out;
+  }
+  const limit = high >= BigInt(Number.MAX_SAFE_INTEGER) ? Number.MAX_SAFE_INTEGER : Number(high);
+  const words = LITTLE_ENDIAN ? new Uint32Array(out.buffer) : null;
+  for (let i = 0; i < n; i++) {
+    const x = v[i];
+    if (typeof x === 'number' && Number.isInteger(x) && x >= 0 && x <= limit) {
+      if (words) {
+        const lo = x % TWO32;
+        words[2 * i] = lo;
+        words[2 * i + 1] = (x - lo) / TWO32;
+      } else {
+        out[i] = BigInt(x);
+      }
+    } else if (typeof x === 'bigint' && x >= 0n && x <= high) {
+      out[i] = x;
+    } else {
+      throw rangeError(`${name}[${i}]`, x, 0n, high);
+    }
+  }
+  return out;
+}
+
+/** Checks every bigint of `v` is in `low..=high`. */
+function checkBig(v, name, low, high) {
+  for (let i = 0; i < v.length; i++) {
+    if (v[i] < low || v[i] > high) throw rangeError(`${name}[${i}]`, v[i], low, high);
+  }
+}
+
+/**
+ * Integers in `-2**63..=2**63-1` as a BigInt64Array (a BigInt64Array is returned as is).
+ * @param {unknown} values @param {string} name
+ * @returns {BigInt64Array}
+ */
+export function i64Array(values, name) {
+  const v = sequence(values, name);
+  if (v instanceof BigInt64Array) return v;
+  const out = new BigInt64Array(v.length);
+  for (let i = 0; i < v.length; i++) {
+    const b = exact(v[i]);
+    if (b === null || b < I64_MIN || b > I64_MAX) throw rangeError(`${name}[${i}]`, v[i], I64_MIN, I64_MAX);
+    out[i] = b;
+  }
+  return out;
+}
+
+/**
+ * Integers in `0..=2**32-1` as a Uint32Array (a Uint32Array is returned as is).
+ * @param {unknown} values @param {string} name
+ * @returns {Uint32Array}
+ */
+export function u32Array(values, name) {
+  const v = sequence(values, name);
+  if (v instanceof Uint32Array) return v;
+  const out = new Uint32Array(v.length);
+  for (let i = 0; i < v.length; i++) {
+    const x = v[i];
+    const ok = (typeof x === 'number' && Number.isInteger(x)) || typeof x === 'bigint';
+    if (!ok || x < 0 || x > U32_MAX) throw rangeError(`${name}[${i}]`, x, 0n, BigInt(U32_MAX));
+    out[i] = Number(x);
+  }
+  return out;
+}

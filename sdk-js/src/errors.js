@@ -1,0 +1,74 @@
+// The errors stowplan throws: the JavaScript mirror of the Python SDK's exception tree
+// (sdk-python/python/stowplan/errors.py), for the part of it this package can raise.
+//
+//   StowplanError                 every error of this package
+//   ├── InvalidArgumentError      an argument outside its range (the message names it)
+//   ├── InfeasibleError           valid arguments no result satisfies
+//   ├── KernelRuntimeError        the kernel failed to load or trapped (never bad input)
+//   └── PeerError                 a peer reproduction (verl, ROLL) failing as the peer does
+
+/** Base class of every stowplan error. `kind` is the host's error kind (`invalid-argument`, …). */
+export class StowplanError extends Error {
+  /**
+   * @param {string} message
+   * @param {string} kind
+   */
+  constructor(message, kind = 'stowplan') {
+    super(message);
+    this.name = new.target.name;
+    /** The host's name of the error kind, as the Rust host and the CLI spell it. */
+    this.kind = kind;
+  }
+}
+
+/** An argument is outside its documented range; the message names it and the range. */
+export class InvalidArgumentError extends StowplanError {
+  /** @param {string} message */
+  constructor(message) {
+    super(message, 'invalid-argument');
+  }
+}
+
+/** Valid arguments that no result satisfies, e.g. a length above the bin capacity. */
+export class InfeasibleError extends StowplanError {
+  /** @param {string} message */
+  constructor(message) {
+    super(message, 'infeasible');
+  }
+}
+
+/** The WebAssembly kernel failed to load (e.g. its sha256 is not the pinned one) or trapped. */
+export class KernelRuntimeError extends StowplanError {
+  /** @param {string} message */
+  constructor(message) {
+    super(message, 'runtime');
+  }
+}
+
+/**
+ * A peer reproduction (verl, ROLL, prime-rl) failed the way the peer fails: `type` is the
+ * Python exception the peer raises (`AssertionError`, `IndexError`, …), `message` its text.
+ */
+export class PeerError extends StowplanError {
+  /**
+   * @param {string} type
+   * @param {string} message
+   */
+  constructor(type, message) {
+    super(message, 'peer');
+    /** The Python exception class the peer raises. */
+    this.type = type;
+  }
+}
+
+/**
+ * The error a kernel result error becomes: `invalid-argument` → InvalidArgumentError,
+ * `infeasible` → InfeasibleError, with the host's message prefix.
+ * @param {{tag: string, val: string}} e
+ * @returns {StowplanError}
+ */
+export function fromKernel(e) {
+  if (e.tag === 'invalid-argument') return new InvalidArgumentError(`invalid argument: ${e.val}`);
+  if (e.tag === 'infeasible') return new InfeasibleError(`infeasible: ${e.val}`);
+  return new KernelRuntimeError(`kernel runtime failure: unknown error ${JSON.stringify(e)}`);
+}
