@@ -1,0 +1,145 @@
+// The peers' balancing entry points as the kernel reproduces them (verl 0.9.1, ROLL,
+// prime-rl), for compatibility layers and conformance: the same functions the Python SDK's
+// native module exposes (`stowplan._stowplan.verl`, `verl_rearrange_micro_batches`,
+// `balance_batch`, `roll_load_balance`, `prime_rl_ffd`). Inputs are the peers' integers
+// (s64); results are plain arrays of index lists, like the peers' Python lists; a failure is
+// a PeerError whose `type` is the Python exception the peer raises.
+import { PeerError } from './errors.js';
+import { internal, logSeqlenUnbalance, stowplan } from './index.js';
+
+const { call, u32, i64, i64Array, u32Array, u64Array, u64, options, given, bool, lists } = internal;
+
+export { logSeqlenUnbalance, PeerError };
+
+/** verl's exception names by the kernel's tags. */
+const PY_NAMES = {
+  'assertion-error': 'AssertionError',
+  'index-error': 'IndexError',
+  'type-error': 'TypeError',
+  'zero-division-error': 'ZeroDivisionError',
+  'memory-error': 'MemoryError',
+};
+
+/** Flat groups as arrays of numbers. */
+function arrays(g) {
+  return lists(g.offsets, g.indices).map((l) => Array.from(l));
+}
+
+/** Runs a peer call: the kernel's py-error (variant or record) becomes a PeerError. */
+function peer(f, kernel) {
+  return call(() => {
+    try {
+      return f(kernel.kernel);
+    } catch (e) {
+      const p = e?.payload;
+      if (p && typeof p.tag === 'string' && p.tag in PY_NAMES) throw new PeerError(PY_NAMES[p.tag], p.val);
+      throw e;
+    }
+  });
+}
+
+/**
+ * verl's `karmarkar_karp`, `greedy_partition` or `get_seqlen_balanced_partitions` on
+ * `seqlens` with `k` partitions.
+ * @param {'karmarkar_karp' | 'greedy_partition' | 'get_seqlen_balanced_partitions'} fn
+ * @param {any} seqlens @param {number} k @param {boolean} equalSize
+ * @param {import('./index.js').Stowplan} [kernel]
+ * @returns {number[][]}
+ */
+export function verl(fn, seqlens, k, equalSize, kernel = stowplan) {
+  const names = ['karmarkar_karp', 'greedy_partition', 'get_seqlen_balanced_partitions'];
+  if (!names.includes(fn)) throw new PeerError('ValueError', `unknown verl function ${JSON.stringify(fn)}; known: ${names.join(', ')}`);
+  const s = i64Array(seqlens, 'seqlens');
+  const kk = u32(k, 'k');
+  const eq = bool(equalSize, 'equalSize');
+  return arrays(peer((k_) => k_.verl.call(fn.replaceAll('_', '-'), s, kk, eq), kernel));
+}
+
+/**
+ * verl's `rearrange_micro_batches`: the micro-batches' index lists in verl's order.
+ * @param {any} seqlens @param {number | bigint} maxTokenLen
+ * @param {{minNumMicroBatch?: number, numBatchesDividedBy?: number, useDynamicBszBalance?: boolean,
+ *   forceGroupSize?: number, paddedWidth?: number, dpNumMicroBatches?: number}} [opts]
+ * @param {import('./index.js').Stowplan} [kernel]
+ * @returns {number[][]}
+ */
+export function verlRearrangeMicroBatches(seqlens, maxTokenLen, opts, kernel = stowplan) {
+  const o = options(opts, 'verlRearrangeMicroBatches', [
+    'minNumMicroBatch', 'numBatchesDividedBy', 'useDynamicBszBalance', 'forceGroupSize', 'paddedWidth', 'dpNumMicroBatches',
+  ]);
+  const opt = (key) => (given(o[key]) ? i64(o[key], key) : undefined);
+  const options_ = {
+    maxTokenLen: i64(maxTokenLen, 'maxTokenLen'),
+    minNumMicroBatch: opt('minNumMicroBatch'),
+    numBatchesDividedBy: opt('numBatchesDividedBy'),
+    useDynamicBszBalance: given(o.useDynamicBszBalance) ? bool(o.useDynamicBszBalance, 'useDynamicBszBalance') : true,
+    forceGroupSize: given(o.forceGroupSize) ? i64(o.forceGroupSize, 'forceGroupSize') : 1n,
+    paddedWidth: opt('paddedWidth'),
+    dpNumMicroBatches: opt('dpNumMicroBatches'),
+  };
+  const s = i64Array(seqlens, 'seqlens');
+  return arrays(peer((k) => k.peers.verlRearrangeMicroBatches(s, options_), kernel));
+}
+
+/**
+ * verl's trainer `_balance_batch` (= ROLL's `batch_balance`): per rank its samples in the
+ * peer's order, the raw KK partitions of every call, and the samples left out.
+ * @param {any} seqlens @param {number} dp @param {{minibatchSize?: number}} [opts]
+ * @param {import('./index.js').Stowplan} [kernel]
+ * @returns {{partitions: number[][], kkPartitions: number[][][], dropped: number[]}}
+ */
+export function balanceBatch(seqlens, dp, opts, kernel = stowplan) {
+  const o = options(opts, 'balanceBatch', ['minibatchSize']);
+  const s = i64Array(seqlens, 'seqlens');
+  const d = u32(dp, 'dp');
+  const mb = given(o.minibatchSize) ? i64(o.minibatchSize, 'minibatchSize') : undefined;
+  const r = peer((k) => k.peers.balanceBatch(s, d, mb), kernel);
+  return { partitions: arrays(r.partitions), kkPartitions: r.kkPartitions.map(arrays), dropped: Array.from(r.dropped) };
+}
+
+/**
+ * ROLL's `LoadBalancePacker`: micro-batches in ROLL's yield order, the KK partitions, the
+ * pad factor and the padded lengths.
+ * @param {any} lengths @param {number} maskWidth @param {number} maxPackedSequenceLength
+ * @param {{minNumMicroBatches?: number, tp?: number, cp?: number, vp?: number, dpNumMicroBatches?: number}} [opts]
+ * @param {import('./index.js').Stowplan} [kernel]
+ * @returns {{microBatches: number[][], kkPartitions: number[][], padFactor: bigint, paddedLengths: BigInt64Array}}
+ */
+export function rollLoadBalance(lengths, maskWidth, maxPackedSequenceLength, opts, kernel = stowplan) {
+  const o = options(opts, 'rollLoadBalance', ['minNumMicroBatches', 'tp', 'cp', 'vp', 'dpNumMicroBatches']);
+  const one = (key) => (given(o[key]) ? i64(o[key], key) : 1n);
+  const options_ = {
+    maskWidth: i64(maskWidth, 'maskWidth'),
+    maxPackedSequenceLength: i64(maxPackedSequenceLength, 'maxPackedSequenceLength'),
+    minNumMicroBatches: one('minNumMicroBatches'),
+    tp: one('tp'),
+    cp: one('cp'),
+    vp: one('vp'),
+    dpNumMicroBatches: given(o.dpNumMicroBatches) ? i64(o.dpNumMicroBatches, 'dpNumMicroBatches') : undefined,
+  };
+  const l = i64Array(lengths, 'lengths');
+  const r = peer((k) => k.peers.rollLoadBalance(l, options_), kernel);
+  return {
+    microBatches: arrays(r.microBatches),
+    kkPartitions: arrays(r.kkPartitions),
+    padFactor: r.padFactor,
+    paddedLengths: r.paddedLengths,
+  };
+}
+
+/**
+ * prime-rl's classic packer: lengths truncated to `seqLen`, items by (run, length desc), each
+ * to the first bin with its label and room. Returns the bins (members in insertion order) and
+ * the zero-length items prime-rl drops.
+ * @param {any} lengths @param {any} runs @param {any} labels @param {number | bigint} seqLen
+ * @param {import('./index.js').Stowplan} [kernel]
+ * @returns {{bins: number[][], dropped: number[]}}
+ */
+export function primeRlFfd(lengths, runs, labels, seqLen, kernel = stowplan) {
+  const l = u64Array(lengths, 'lengths');
+  const r = u32Array(runs, 'runs');
+  const lab = u32Array(labels, 'labels');
+  const s = u64(seqLen, 'seqLen');
+  const [bins, dropped] = call(() => kernel.kernel.layout.primeRlFfd(l, r, lab, s));
+  return { bins: arrays(bins), dropped: Array.from(dropped) };
+}

@@ -1,0 +1,101 @@
+// Shared by the tests: where the repository's files are, an exact JSON reader, and value
+// normalization for comparisons.
+import { existsSync, readFileSync, readdirSync } from 'node:fs';
+import { dirname, join, resolve } from 'node:path';
+import { fileURLToPath } from 'node:url';
+
+/** sdk-js/ */
+export const PKG = resolve(dirname(fileURLToPath(import.meta.url)), '..');
+/** The repository root. */
+export const ROOT = resolve(PKG, '..');
+/** tests/vectors */
+export const VECTORS = join(ROOT, 'tests/vectors');
+/** The shared workloads (../shared/workloads beside the checkout), or STOWPLAN_WORKLOADS. */
+export const WORKLOADS = process.env.STOWPLAN_WORKLOADS ?? resolve(ROOT, '../shared/workloads');
+/** The CLI the JavaScript results are compared with. */
+export const CLI = process.env.STOWPLAN_BIN ?? join(ROOT, 'target/release/stowplan');
+
+/**
+ * JSON text parsed exactly: integers beyond 2**53-1 become bigints (JSON.parse would round
+ * them), everything else as JSON.parse gives it.
+ * @param {string} text
+ */
+export function parseExact(text) {
+  let out = '';
+  let i = 0;
+  const n = text.length;
+  while (i < n) {
+    const c = text[i];
+    if (c === '"') {
+      let j = i + 1;
+      while (j < n && text[j] !== '"') j += text[j] === '\\' ? 2 : 1;
+      out += text.slice(i, j + 1);
+      i = j + 1;
+    } else if (c === '-' || (c >= '0' && c <= '9')) {
+      let j = i + 1;
+      while (j < n && /[0-9eE.+-]/.test(text[j])) j++;
+      const token = text.slice(i, j);
+      const isInt = /^-?\d+$/.test(token);
+      out += isInt && !Number.isSafeInteger(Number(token)) ? `"\\u0000big:${token}"` : token;
+      i = j;
+    } else {
+      out += c;
+      i++;
+    }
+  }
+  return JSON.parse(out, (_, v) => (typeof v === 'string' && v.startsWith('\u0000big:') ? BigInt(v.slice(5)) : v));
+}
+
+/** Every `*.json` directly in `dir`, sorted by name, parsed exactly: [[file, value]]. */
+export function loadDir(dir) {
+  return readdirSync(dir)
+    .filter((f) => f.endsWith('.json') && f !== 'index.json')
+    .sort()
+    .map((f) => [f, parseExact(readFileSync(join(dir, f), 'utf8'))]);
+}
+
+/**
+ * A value with typed arrays as arrays and every integer as a bigint where it is one (numbers
+ * that are integers become bigints too), so results and JSON compare with deepStrictEqual.
+ */
+export function norm(v) {
+  if (typeof v === 'bigint') return v;
+  if (typeof v === 'number') return Number.isInteger(v) ? BigInt(v) : v;
+  if (ArrayBuffer.isView(v)) return Array.from(/** @type {any} */ (v), norm);
+  if (Array.isArray(v)) return v.map(norm);
+  if (v && typeof v === 'object') return Object.fromEntries(Object.entries(v).map(([k, x]) => [k, norm(x)]));
+  return v;
+}
+
+/** Lengths of a workload file (one integer per line). */
+export function workload(name) {
+  const path = join(WORKLOADS, name);
+  if (!existsSync(path)) throw new Error(`workload ${path} is missing: put shared/ beside the checkout or set STOWPLAN_WORKLOADS`);
+  const text = readFileSync(path, 'utf8');
+  const out = [];
+  for (const line of text.split('\n')) {
+    const t = line.trim();
+    if (t) out.push(Number(t));
+  }
+  return Uint32Array.from(out);
+}
+
+/** Whether the CLI is there (the tests comparing with it fail, naming how to build it, when not). */
+export function requireCli() {
+  if (!existsSync(CLI)) {
+    throw new Error(`${CLI} is missing: build it with cargo build --release --locked -p stowplan-cli --bin stowplan, or set STOWPLAN_BIN`);
+  }
+  return CLI;
+}
+
+/** The keys of the CLI's balance JSON that describe the run, not the plan. */
+const RUN_KEYS = ['operation', 'source', 'n', 'dp_size', 'max_token_len', 'cost', 'backend', 'elapsed_ms', 'init_ms', 'kernel_origin'];
+
+/** The plan part of `stowplan balance --json`'s text: everything before the run keys. */
+export function cliPlanText(text) {
+  const at = text.indexOf(',"operation":');
+  if (at <= 0) throw new Error('the CLI JSON does not start with the plan followed by "operation"');
+  const keys = Object.keys(JSON.parse(text));
+  if (keys.slice(keys.indexOf('operation')).join() !== RUN_KEYS.join()) throw new Error(`the CLI JSON's run keys changed: ${keys}`);
+  return `${text.slice(0, at)}}`;
+}
