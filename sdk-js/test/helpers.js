@@ -88,14 +88,15 @@ export function requireCli() {
   return CLI;
 }
 
-/** The keys of the CLI's balance JSON that describe the run, not the plan. */
-const RUN_KEYS = ['operation', 'source', 'n', 'dp_size', 'max_token_len', 'cost', 'backend', 'elapsed_ms', 'init_ms', 'kernel_origin'];
+/** The keys of a plan in the CLI's balance JSON (the run's keys follow, from "operation"). */
+const PLAN_KEYS = ['dp', 'micro_batches', 'count', 'micro_batch_token_balance', 'micro_batch_cost_balance'];
 
-/** The plan part of `stowplan balance --json`'s text: everything before the run keys. */
+/** The plan part of `stowplan balance --json`'s text: its keys before "operation". */
 export function cliPlanText(text) {
   const at = text.indexOf(',"operation":');
   if (at <= 0) throw new Error('the CLI JSON does not start with the plan followed by "operation"');
   const keys = Object.keys(JSON.parse(text));
-  if (keys.slice(keys.indexOf('operation')).join() !== RUN_KEYS.join()) throw new Error(`the CLI JSON's run keys changed: ${keys}`);
+  const plan = keys.slice(0, keys.indexOf('operation'));
+  if (!plan.length || plan.some((k) => !PLAN_KEYS.includes(k))) throw new Error(`unexpected plan keys in the CLI JSON: ${plan}`);
   return `${text.slice(0, at)}}`;
 }

@@ -1,0 +1,150 @@
+// The API: inputs (arrays, typed arrays, bigints) give the same results; bad input is refused
+// with an InvalidArgumentError naming the argument and its allowed range; the error classes
+// mirror Python's tree; the component's sha256 is checked at load.
+import assert from 'node:assert/strict';
+import { readFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { test } from 'node:test';
+
+import * as stowplan from '../src/index.js';
+import { PKG, ROOT } from './helpers.js';
+
+const {
+  InfeasibleError, InvalidArgumentError, KernelRuntimeError, PeerError, Stowplan, StowplanError,
+} = stowplan;
+const DOCS = [100, 900, 50, 950, 400, 600];
+
+test('the Python docs examples give the same results here', () => {
+  const p = stowplan.partition(DOCS, 2);
+  assert.deepStrictEqual(p.groups.map((g) => Array.from(g)), [[0, 2, 3, 4], [1, 5]]);
+  assert.deepStrictEqual(Array.from(p.sums), [1500n, 1500n]);
+  assert.equal(p.spread, 0n);
+  assert.equal(p.length, 2);
+  const b = stowplan.pack([5, 3, 7, 2, 6], 10, { method: 'ffd' });
+  assert.deepStrictEqual(b.bins.map((x) => Array.from(x)), [[1, 2], [3, 4], [0]]);
+  assert.deepStrictEqual(Array.from(b.loads), [10n, 8n, 5n]);
+  const mb = stowplan.microBatches(DOCS, 2000, { cost: 'attention', order: 'verl' });
+  assert.equal(mb.count, 2);
+  assert.deepStrictEqual(mb.batches.map((x) => Array.from(x)), [[1, 5], [0, 2, 3, 4]]);
+  assert.equal(mb.tokenBalance.spread, 0n);
+  const plain = stowplan.microBatches(DOCS, 2000);
+  assert.deepStrictEqual(Array.from(plain.restore), [0, 4, 1, 2, 3, 5]);
+  const bal = stowplan.balance(DOCS, 2);
+  assert.deepStrictEqual(bal.ranks.map((x) => Array.from(x)), [[1, 2, 5], [0, 3, 4]]);
+  assert.equal(bal.tokenBalance.max, 1550n);
+  assert.equal(bal.logSeqlenUnbalance()['global_seqlen/balanced_max'], 1550n);
+  const two = stowplan.balance([...DOCS, 10, 20], 2, { maxTokenLen: 1000, cost: 'attention' });
+  assert.equal(two.count, 2);
+  assert.deepStrictEqual(two.microBatches.map((r) => r.batches.map((x) => Array.from(x))), [[[1], [5, 6, 7]], [[0, 2, 4], [3]]]);
+  assert.deepStrictEqual([stowplan.padFactor({ cp: 2, tp: 2 }), stowplan.padFactor({ cp: 3, align: 'roll' }), stowplan.padFactor({ tp: 3 })], [8n, 48n, 3n]);
+  const lay = stowplan.cpLayout([2, 4, 6, 1], { cp: 2 });
+  assert.equal(lay.factor, 4n);
+  assert.deepStrictEqual(Array.from(lay.cuSeqlensPadded), [0n, 4n, 8n, 16n, 20n]);
+  assert.deepStrictEqual(Array.from(lay.gather[0]), [0, 3, 4, 7, 8, 9, 14, 15, 16, 19]);
+  const row = Array.from({ length: 20 }, (_, i) => i);
+  assert.deepStrictEqual(lay.unpack(lay.split(row)), row);
+  const typedRow = Float32Array.from(row);
+  const parts = lay.split(typedRow);
+  assert.ok(parts[1] instanceof Float32Array);
+  assert.deepStrictEqual(lay.unpack(parts), typedRow);
+  assert.deepStrictEqual(stowplan.COSTS.attention, [24576n, 1n]);
+});
+
+test('arrays, typed arrays and bigints give identical results; results are typed arrays', () => {
+  const forms = [
+    DOCS,
+    DOCS.map(BigInt),
+    Uint16Array.from(DOCS),
+    Uint32Array.from(DOCS),
+    Int32Array.from(DOCS),
+    BigUint64Array.from(DOCS, BigInt),
+    BigInt64Array.from(DOCS, BigInt),
+    new Set(DOCS),
+  ];
+  const want = stowplan.balance(DOCS, 2, { maxTokenLen: 1000 }).toJSONText();
+  for (const f of forms) assert.equal(stowplan.balance(f, 2, { maxTokenLen: 1000 }).toJSONText(), want, f.constructor.name);
+  const p = stowplan.partition(Uint8Array.from([3, 1, 2, 2]), 2n);
+  assert.ok(p.offsets instanceof Uint32Array && p.indices instanceof Uint32Array && p.sums instanceof BigUint64Array);
+  // Exact above 2**53: bigints go through unchanged.
+  const big = 2n ** 60n + 1n;
+  const q = stowplan.partition([big, 1n, 2n], 2);
+  assert.deepStrictEqual(Array.from(q.sums), [big, 3n]);
+  assert.equal(q.total, big + 3n);
+  // A BigUint64Array argument is used as is: the result does not alias the input.
+  const l = BigUint64Array.from([5n, 5n]);
+  stowplan.pack(l, 10);
+  assert.deepStrictEqual(Array.from(l), [5n, 5n]);
+});
+
+test('bad input is refused naming the argument and the allowed range', () => {
+  const cases = [
+    [() => stowplan.partition(DOCS, 0), /^k must be in 1\.\.=1048576 \(got 0\)$/],
+    [() => stowplan.partition(DOCS, 1.5), /^k must be an integer in 1\.\.=1048576 \(got 1\.5\)$/],
+    [() => stowplan.partition(DOCS, '2'), /^k must be an integer in 1\.\.=1048576 \(got "2"\)$/],
+    [() => stowplan.partition([1, -2], 1), /^weights\[1\] must be in 0\.\.=2\*\*64-1 \(got -2\)$/],
+    [() => stowplan.partition([1, 2 ** 60], 1), /^weights\[1\] must be in 0\.\.=2\*\*64-1 \(got 1152921504606847000\); numbers above 2\*\*53-1 are not exact: pass a bigint$/],
+    [() => stowplan.partition([1, 2n ** 64n], 1), /^weights\[1\] must be in 0\.\.=2\*\*64-1 \(got 18446744073709551616n\)$/],
+    [() => stowplan.partition([1, true], 1), /^weights\[1\] must be an integer in 0\.\.=2\*\*64-1 \(got true\)$/],
+    [() => stowplan.partition([1, NaN], 1), /^weights\[1\] must be an integer in 0\.\.=2\*\*64-1 \(got NaN\)$/],
+    [() => stowplan.partition(Float64Array.from([1, 2]), 1), /^weights must hold integers, not floats \(Float64Array\)/],
+    [() => stowplan.partition('12', 1), /^weights must be an array or an integer typed array \(got "12"\)$/],
+    [() => stowplan.partition(Int32Array.from([3, -1]), 1), /^weights\[1\] must be in 0\.\.=2\*\*64-1 \(got -1\)$/],
+    [() => stowplan.partition(DOCS, 2, { method: 'best' }), /^method must be one of 'kk', 'greedy', 'verl' \(got "best"\)$/],
+    [() => stowplan.partition(DOCS, 2, { refines: true }), /^unknown option 'refines' of partition; known: method, equalSize, refine$/],
+    [() => stowplan.partition(DOCS, 2, { equalSize: 1 }), /^equalSize must be true or false \(got 1\)$/],
+    [() => stowplan.pack(DOCS, 0), /^capacity must be in 1\.\.=2\*\*64-1 \(got 0\)$/],
+    [() => stowplan.pack(DOCS, 1000, { align: 0 }), /^align must be in 1\.\.=2\*\*64-1 \(got 0\)$/],
+    [() => stowplan.pack(DOCS, 1000, { oversize: 'skip' }), /^oversize must be one of 'error', 'single', 'drop' \(got "skip"\)$/],
+    [() => stowplan.microBatches(DOCS, 0), /^maxTokenLen must be in 1\.\.=2\*\*64-1 \(got 0\)$/],
+    [() => stowplan.microBatches(DOCS, 2000, { cost: 'flops' }), /^cost must be 'tokens' or 'attention' or a \[linear, quadratic\] pair of integers \(got "flops"\)$/],
+    [() => stowplan.microBatches(DOCS, 2000, { cost: [1, -1] }), /^cost quadratic coefficient must be in 0\.\.=2\*\*64-1 \(got -1\)$/],
+    [() => stowplan.microBatches(DOCS, 2000, { divisibleBy: 0 }), /^divisibleBy must be in 1\.\.=1048576 \(got 0\)$/],
+    [() => stowplan.microBatches(DOCS, 2000, { count: 2 ** 21 }), /^count must be in 1\.\.=1048576 \(got 2097152\)$/],
+    [() => stowplan.balance(DOCS, 0), /^dp must be in 1\.\.=1048576 \(got 0\)$/],
+    [() => stowplan.balance(DOCS, 2, { order: 'verl' }), /^order needs maxTokenLen/],
+    [() => stowplan.balance(DOCS, 2, { groups: [1, 2] }), /^groups must hold one label per sample \(6; got 2\)$/],
+    [() => stowplan.padFactor({ cp: 0 }), /^cp must be in 1\.\.=65536 \(got 0\)$/],
+    [() => stowplan.padFactor({ tp: 65537 }), /^tp must be in 1\.\.=65536 \(got 65537\)$/],
+    [() => stowplan.padFactor({ align: 'megatron' }), /^align must be 'cp_tp', 'roll' or a positive integer \(got "megatron"\)$/],
+    [() => stowplan.cpLayout([1, 2], {}), /^cpLayout needs cp \(in 1\.\.=65536\)$/],
+    [() => stowplan.rawPlan([1, 2], {}), /^packingLength must be an integer in 1\.\.=2\*\*64-1 \(got undefined\)$/],
+    [() => stowplan.alignedPlan(stowplan.rawPlan([1, 2], { packingLength: 4 }), 0), /^worldSize must be in 1\.\.=2\*\*32-1 \(got 0\)$/],
+    [() => stowplan.alignedPlan({}, 1), /^raw must be a RawPlan/],
+    [() => stowplan.permutation(2n ** 64n, 1), /^n must be in 0\.\.=2\*\*64-1 \(got 18446744073709551616n\)$/],
+  ];
+  for (const [f, message] of cases) {
+    assert.throws(f, (e) => e instanceof InvalidArgumentError && e.kind === 'invalid-argument' && message.test(e.message), String(message));
+  }
+});
+
+test("the kernel's own refusals: InvalidArgumentError and InfeasibleError with the host's messages", () => {
+  assert.throws(() => stowplan.partition([1, 2], 3), { name: 'InvalidArgumentError', message: 'invalid argument: k must be at most the number of weights n = 2 (got k = 3)' });
+  assert.throws(() => stowplan.partition([], 1), InvalidArgumentError);
+  assert.throws(() => stowplan.pack([1, 20], 10), (e) => e instanceof InfeasibleError && /^infeasible: lengths\[1\] = 20/.test(e.message));
+  assert.throws(() => stowplan.microBatches([3000], 2000), InfeasibleError);
+  assert.throws(() => stowplan.partition([1, 2, 3], 2, { method: 'verl', refine: true }), InvalidArgumentError);
+});
+
+test("the error classes mirror Python's tree", () => {
+  for (const E of [InvalidArgumentError, InfeasibleError, KernelRuntimeError]) {
+    const e = new E('x');
+    assert.ok(e instanceof StowplanError && e instanceof Error);
+    assert.equal(e.name, E.name);
+  }
+  const p = new PeerError('AssertionError', 'boom');
+  assert.ok(p instanceof StowplanError);
+  assert.equal(p.type, 'AssertionError');
+});
+
+test("the component's sha256 is checked at load: a changed byte is refused, the committed one accepted", async () => {
+  const committed = readFileSync(join(ROOT, 'host/assets/stowplan_kernel.wasm'));
+  const pin = readFileSync(join(ROOT, 'host/assets/stowplan_kernel.wasm.sha256'), 'utf8').trim().split(/\s+/)[0];
+  assert.equal(stowplan.kernelInfo().sha256, pin, 'the loaded kernel is the committed one');
+  const k = await Stowplan.load({ component: new Uint8Array(committed) });
+  assert.deepStrictEqual(Array.from(k.partition(DOCS, 2).sums), [1500n, 1500n]);
+  const damaged = new Uint8Array(committed);
+  damaged[damaged.length - 1] ^= 1;
+  await assert.rejects(Stowplan.load({ component: damaged }), (e) => e instanceof KernelRuntimeError && e.message.includes(`not the pinned ${pin}`));
+  await assert.rejects(Stowplan.load({ component: join(PKG, 'missing.wasm') }), KernelRuntimeError);
+  await assert.rejects(Stowplan.load({ components: committed }), InvalidArgumentError);
+});
