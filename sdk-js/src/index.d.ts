@@ -1,0 +1,427 @@
+// Types of the `stowplan` package (src/index.js).
+//
+// Integers are exact: u64 values are bigints (scalars) and BigUint64Arrays (lists); u32 values
+// are numbers and Uint32Arrays. Inputs take numbers (safe integers) or bigints.
+
+/** Lengths or weights: an array of integers (numbers or bigints), an integer typed array, or another iterable of integers. */
+export type Integers =
+  | ArrayLike<number | bigint>
+  | Iterable<number | bigint>
+  | Uint8Array
+  | Uint8ClampedArray
+  | Uint16Array
+  | Uint32Array
+  | Int8Array
+  | Int16Array
+  | Int32Array
+  | BigUint64Array
+  | BigInt64Array;
+
+/** An integer argument: a safe-integer number or a bigint. */
+export type Int = number | bigint;
+
+/** A cost model: a preset name or `[linear, quadratic]` (a sequence of L tokens costs `linear·L + quadratic·L²`). */
+export type Cost = 'tokens' | 'attention' | readonly [Int, Int];
+
+/** Balance figures of per-group totals, computed as the Rust host computes them. */
+export interface Figures {
+  /** The largest total. */
+  max: bigint;
+  /** The smallest total. */
+  min: bigint;
+  /** The mean total. */
+  mean: number;
+  /** `max / mean`: 1 for a perfect balance. */
+  maxOverMean: number;
+  /** `max - min`. */
+  spread: bigint;
+}
+
+/** Base class of every stowplan error. */
+export class StowplanError extends Error {
+  constructor(message: string, kind?: string);
+  /** The host's name of the error kind (`invalid-argument`, `infeasible`, `runtime`, `peer`). */
+  readonly kind: string;
+}
+/** An argument is outside its documented range; the message names it and the range. */
+export class InvalidArgumentError extends StowplanError {
+  constructor(message: string);
+}
+/** Valid arguments that no result satisfies, e.g. a length above the bin capacity. */
+export class InfeasibleError extends StowplanError {
+  constructor(message: string);
+}
+/** The WebAssembly kernel failed to load (e.g. its sha256 is not the pinned one) or trapped. */
+export class KernelRuntimeError extends StowplanError {
+  constructor(message: string);
+}
+/** A peer reproduction (verl, ROLL, prime-rl) failed as the peer does. */
+export class PeerError extends StowplanError {
+  constructor(type: string, message: string);
+  /** The Python exception class the peer raises (`AssertionError`, `IndexError`, …). */
+  readonly type: string;
+}
+
+/** The kernel's named cost models, name → `[linear, quadratic]`. */
+export const COSTS: Readonly<{ tokens: readonly [bigint, bigint]; attention: readonly [bigint, bigint] }>;
+
+/** Options of `partition`. */
+export interface PartitionOptions {
+  /** `'kk'` (Karmarkar–Karp, default), `'greedy'` (LPT) or `'verl'` (verl 0.9.1's exact output). */
+  method?: 'kk' | 'greedy' | 'verl';
+  /** Every group gets `n / k` items (must divide; default false). */
+  equalSize?: boolean;
+  /** Improve `kk`/`greedy` by moves and swaps (default true except for `'verl'`). */
+  refine?: boolean;
+}
+
+/** Options of `pack`. */
+export interface PackOptions {
+  /** Round each length up to a multiple of this before packing (default 1). */
+  align?: Int;
+  /** `'bfd'` (best-fit decreasing, default), `'ffd'` or `'next-fit'`. */
+  method?: 'bfd' | 'ffd' | 'next-fit' | 'next_fit';
+  /** An item longer than the capacity: `'error'` (default), `'single'` (a bin of its own) or `'drop'`. */
+  oversize?: 'error' | 'single' | 'drop';
+}
+
+/** Options of `microBatches` (and the micro-batch level of `balance`). */
+export interface MicroBatchOptions {
+  /** The cost balanced across micro-batches (default `'tokens'`). */
+  cost?: Cost;
+  /** At least this many micro-batches (default 0: no minimum). */
+  minCount?: Int;
+  /** The count is rounded up to a multiple of this (default 1). */
+  divisibleBy?: Int;
+  /** Exactly this many micro-batches. */
+  count?: Int;
+  /** `'none'` (input order, default), `'cost-desc'`, `'verl'` or `'roll'`. */
+  order?: 'none' | 'cost-desc' | 'cost_desc' | 'verl' | 'roll';
+}
+
+/** Options of `balance`. */
+export interface BalanceOptions extends MicroBatchOptions {
+  /** The micro-batch cap; without it only the DP level is planned. */
+  maxTokenLen?: Int;
+  /** One label per sample (any values): samples with the same label stay on one rank. */
+  groups?: Iterable<unknown>;
+  /** Balance each run of this many consecutive samples separately (verl's keep_minibatch). */
+  minibatchSize?: Int;
+  /** Every rank gets the same number of samples (default true). */
+  equalCount?: boolean;
+}
+
+/** Options of `padFactor` and `cpLayout`. */
+export interface AlignOptions {
+  /** Context-parallel size, 1..=65536 (default 1; required by `cpLayout`). */
+  cp?: Int;
+  /** Tensor-parallel size, 1..=65536 (default 1). */
+  tp?: Int;
+  /** `'cp_tp'` (default: `2·cp·tp`, `tp` when cp = 1), `'roll'` (`lcm(16, 2·cp·tp)`) or a multiple. */
+  align?: 'cp_tp' | 'roll' | Int;
+  /** Refuse cp/tp that are not powers of two (default false). */
+  powerOfTwo?: boolean;
+}
+
+/** Options of `rawPlan`. */
+export interface RawPlanOptions {
+  /** The hard cap of a multi-sample pack, tokens (≥ 1). */
+  packingLength: Int;
+  /** Round each length up to a multiple of this before packing (default 1). */
+  align?: Int;
+  /** A long sample becomes a pack of its own (true) or is dropped (false, default). */
+  allowSingleLong?: boolean;
+}
+
+/** A partition of the input indices into `k` groups. */
+export class Partition {
+  private constructor();
+  /** Group boundaries into `indices` (`k + 1` entries, first 0). */
+  readonly offsets: Uint32Array;
+  /** Input indices, group after group (members ascending). */
+  readonly indices: Uint32Array;
+  /** Sum of each group. */
+  readonly sums: BigUint64Array;
+  /** Sum of all weights. */
+  readonly total: bigint;
+  /** Largest group sum minus smallest. */
+  readonly spread: bigint;
+  /** max(ceil(total / k), largest weight). */
+  readonly lowerBound: bigint;
+  /** Number of groups. */
+  readonly k: number;
+  /** The largest group sum. */
+  readonly max: bigint;
+  /** The groups, as views into `indices`. */
+  readonly groups: Uint32Array[];
+  /** Number of groups. */
+  readonly length: number;
+}
+
+/** Bins of a packing. */
+export class Packing {
+  private constructor();
+  /** Bin boundaries into `indices`. */
+  readonly offsets: Uint32Array;
+  /** Input indices, bin after bin (members ascending). */
+  readonly indices: Uint32Array;
+  /** Aligned load of each bin. */
+  readonly loads: BigUint64Array;
+  /** Items left out under `oversize: 'drop'`. */
+  readonly dropped: Uint32Array;
+  /** Oversized items placed alone under `oversize: 'single'`. */
+  readonly single: Uint32Array;
+  /** Sum of the real lengths packed. */
+  readonly realTokens: bigint;
+  /** Sum of the aligned lengths packed. */
+  readonly alignedTokens: bigint;
+  /** Alignment padding. */
+  readonly paddingTokens: bigint;
+  /** No packing of the items that fit uses fewer bins. */
+  readonly lowerBound: bigint;
+  /** Real tokens of the regular bins over their capacity. */
+  readonly efficiency: number;
+  /** The bin capacity. */
+  readonly capacity: bigint;
+  /** Number of bins. */
+  readonly numBins: number;
+  /** The bins, as views into `indices`. */
+  readonly bins: Uint32Array[];
+  /** Number of bins. */
+  readonly length: number;
+}
+
+/** Micro-batches of one batch. */
+export class MicroBatches {
+  private constructor();
+  /** Micro-batch boundaries into `indices`. */
+  readonly offsets: Uint32Array;
+  /** Input indices, micro-batch after micro-batch. */
+  readonly indices: Uint32Array;
+  /** Tokens of each micro-batch. */
+  readonly tokens: BigUint64Array;
+  /** Cost of each micro-batch. */
+  readonly costs: BigUint64Array;
+  /** `restore[i]`: the position of input `i` in `indices`. */
+  readonly restore: Uint32Array;
+  /** No plan has fewer micro-batches. */
+  readonly lowerBound: number;
+  /** The count this batch needs on its own. */
+  readonly required: number;
+  /** Number of micro-batches. */
+  readonly count: number;
+  /** The micro-batches, as views into `indices`. */
+  readonly batches: Uint32Array[];
+  /** Balance of the micro-batches' tokens. */
+  readonly tokenBalance: Figures;
+  /** Balance of the micro-batches' costs. */
+  readonly costBalance: Figures;
+  /** Number of micro-batches. */
+  readonly length: number;
+  /** The plan in the CLI's JSON shape (for `toJSONText`). */
+  toPlan(): object;
+  /** JSON text byte-identical to `stowplan balance --max-token-len T --json`'s plan. */
+  toJSONText(): string;
+}
+
+/** A global batch over `dp` ranks, with every rank's micro-batches when a cap was given. */
+export class Balance {
+  private constructor();
+  /** Rank boundaries into `order`. */
+  readonly offsets: Uint32Array;
+  /** The permutation to reorder the batch by, rank after rank. */
+  readonly order: Uint32Array;
+  /** Tokens of each rank. */
+  readonly tokens: BigUint64Array;
+  /** Cost of each rank. */
+  readonly costs: BigUint64Array;
+  /** No assignment has a lighter costliest rank. */
+  readonly costLowerBound: bigint;
+  /** Every rank's micro-batches, or null without `maxTokenLen`. */
+  readonly microBatches: MicroBatches[] | null;
+  /** The micro-batch count of every rank, or null without `maxTokenLen`. */
+  readonly count: number | null;
+  /** Number of ranks. */
+  readonly dp: number;
+  /** The global lengths planned. */
+  readonly lengths: BigUint64Array;
+  /** Every rank's samples, as views into `order`. */
+  readonly ranks: Uint32Array[];
+  /** Balance of the ranks' tokens. */
+  readonly tokenBalance: Figures;
+  /** Balance of the ranks' costs. */
+  readonly costBalance: Figures;
+  /** Number of ranks. */
+  readonly length: number;
+  /** verl's `log_seqlen_unbalance` metrics for these ranks. */
+  logSeqlenUnbalance(prefix?: string): Record<string, bigint | number>;
+  /** The plan in the CLI's JSON shape (for `toJSONText`). */
+  toPlan(): object;
+  /** JSON text byte-identical to the plan `stowplan balance --dp N [--max-token-len T] --json` prints. */
+  toJSONText(): string;
+}
+
+/** One packed row split over context-parallel ranks. */
+export class CpLayout {
+  private constructor();
+  /** The pad factor. */
+  readonly factor: bigint;
+  /** The CP size. */
+  readonly cp: number;
+  /** `n + 1` cumulative real lengths. */
+  readonly cuSeqlens: BigUint64Array;
+  /** `n + 1` cumulative padded lengths. */
+  readonly cuSeqlensPadded: BigUint64Array;
+  /** The longest real length. */
+  readonly maxSeqlen: bigint;
+  /** The longest padded length. */
+  readonly maxSeqlenPadded: bigint;
+  /** Every rank's sequence boundaries. */
+  readonly localBounds: BigUint64Array;
+  /** Real tokens per CP rank. */
+  readonly rankRealTokens: BigUint64Array;
+  /** Tokens of the padded row. */
+  readonly paddedTokens: bigint;
+  /** Gather runs per rank: rank `r` takes runs `runOffsets[r] .. runOffsets[r+1]`. */
+  readonly runOffsets: Uint32Array;
+  /** Start of each run in the padded row. */
+  readonly runStarts: BigUint64Array;
+  /** Length of each run. */
+  readonly runLengths: BigUint64Array;
+  /** Per CP rank, the positions of the padded row it receives. */
+  readonly gather: Uint32Array[];
+  /** Every CP rank's part of `row` (the padded row), of the row's own type. */
+  split<T extends ArrayLike<unknown>>(row: T): T[];
+  /** The inverse of `split`. */
+  unpack<T extends ArrayLike<unknown>>(rows: T[]): T;
+}
+
+/** A raw static pack plan. */
+export class RawPlan {
+  private constructor();
+  /** Pack boundaries into `indices`. */
+  readonly offsets: Uint32Array;
+  /** Sample indices, pack after pack. */
+  readonly indices: Uint32Array;
+  /** Real tokens of each pack. */
+  readonly tokens: BigUint64Array;
+  /** Long samples emitted as single-sample packs. */
+  readonly singleLong: Uint32Array;
+  /** Long samples dropped. */
+  readonly dropped: Uint32Array;
+  /** Sum of the real lengths packed. */
+  readonly realTokens: bigint;
+  /** Sum of the aligned lengths of the samples that are not long. */
+  readonly alignedTokens: bigint;
+  /** No plan of these samples has fewer packs. */
+  readonly lowerBound: bigint;
+  /** sha256 (hex) of the canonical encoding of the packs. */
+  readonly checksum: string;
+  /** The options the plan was made with. */
+  readonly options: { packingLength: bigint; align: bigint; allowSingleLong: boolean };
+  /** Number of packs. */
+  readonly numPacks: number;
+  /** The packs, as views into `indices`. */
+  readonly packs: Uint32Array[];
+  /** Number of packs. */
+  readonly length: number;
+}
+
+/** The plan `worldSize` ranks consume. */
+export class AlignedPlan {
+  private constructor();
+  /** The raw pack of every slot. */
+  readonly packs: Uint32Array;
+  /** Raw packs repeated at the end. */
+  readonly padNeeded: number;
+  /** Raw packs left out (dropLast). */
+  readonly droppedPacks: number;
+  /** Samples in the dropped packs. */
+  readonly droppedSamples: bigint;
+  /** sha256 (hex) of the canonical encoding of the consumed packs. */
+  readonly checksum: string;
+  /** The raw plan aligned. */
+  readonly raw: RawPlan;
+  /** Ranks the plan is aligned for. */
+  readonly worldSize: number;
+  /** Whether the remainder was dropped. */
+  readonly dropLast: boolean;
+  /** Sample indices of slot `i` (negative counts from the end). */
+  pack(i: number): Uint32Array;
+  /** Number of slots. */
+  readonly length: number;
+}
+
+/** The loaded component: its sha256 (checked against the pin), size and source. */
+export interface KernelInfo {
+  /** sha256 (hex) of the component. */
+  readonly sha256: string;
+  /** Size in bytes. */
+  readonly bytes: number;
+  /** Where it was read from. */
+  readonly source: string;
+}
+
+/** A loaded kernel component with the whole API. */
+export class Stowplan {
+  private constructor();
+  /** Loads the kernel component (another copy: bytes or a URL), checking its sha256 against the pin. */
+  static load(options?: { component?: Uint8Array | ArrayBuffer | URL | string }): Promise<Stowplan>;
+  /** The loaded component. */
+  kernelInfo(): KernelInfo;
+  /** Splits `weights` into `k` groups with balanced sums. */
+  partition(weights: Integers, k: Int, options?: PartitionOptions): Partition;
+  /** Packs `lengths` into bins of `capacity` tokens. */
+  pack(lengths: Integers, capacity: Int, options?: PackOptions): Packing;
+  /** Splits one batch into micro-batches of at most `maxTokenLen` tokens. */
+  microBatches(lengths: Integers, maxTokenLen: Int, options?: MicroBatchOptions): MicroBatches;
+  /** Balances a global batch over `dp` ranks (and every rank's micro-batches with `maxTokenLen`). */
+  balance(lengths: Integers, dp: Int, options?: BalanceOptions): Balance;
+  /** The multiple every sequence length is padded to. */
+  padFactor(options?: AlignOptions): bigint;
+  /** Pads, packs and splits one row over `cp` ranks (zigzag). */
+  cpLayout(lengths: Integers, options: AlignOptions & { cp: Int }): CpLayout;
+  /** The raw static pack plan of a dataset's sample lengths. */
+  rawPlan(lengths: Integers, options: RawPlanOptions): RawPlan;
+  /** The plan `worldSize` ranks consume from `raw`. */
+  alignedPlan(raw: RawPlan, worldSize: Int, options?: { dropLast?: boolean }): AlignedPlan;
+  /** The seeded permutation of `0..n` for (seed, epoch). */
+  permutation(n: Int, seed: Int, epoch?: Int): Uint32Array;
+  /** The jco bindings of the component (low level; see `stowplan/compat`). */
+  readonly kernel: unknown;
+}
+
+/** The kernel loaded at import. */
+export const stowplan: Stowplan;
+/** The loaded component's sha256, size and source. */
+export function kernelInfo(): KernelInfo;
+/** Splits `weights` into `k` groups with balanced sums. */
+export function partition(weights: Integers, k: Int, options?: PartitionOptions): Partition;
+/** Packs `lengths` into bins of `capacity` tokens. */
+export function pack(lengths: Integers, capacity: Int, options?: PackOptions): Packing;
+/** Splits one batch into micro-batches of at most `maxTokenLen` tokens. */
+export function microBatches(lengths: Integers, maxTokenLen: Int, options?: MicroBatchOptions): MicroBatches;
+/** Balances a global batch over `dp` ranks (and every rank's micro-batches with `maxTokenLen`). */
+export function balance(lengths: Integers, dp: Int, options?: BalanceOptions): Balance;
+/** The multiple every sequence length is padded to. */
+export function padFactor(options?: AlignOptions): bigint;
+/** Pads, packs and splits one row over `cp` ranks (zigzag). */
+export function cpLayout(lengths: Integers, options: AlignOptions & { cp: Int }): CpLayout;
+/** The raw static pack plan of a dataset's sample lengths. */
+export function rawPlan(lengths: Integers, options: RawPlanOptions): RawPlan;
+/** The plan `worldSize` ranks consume from `raw`. */
+export function alignedPlan(raw: RawPlan, worldSize: Int, options?: { dropLast?: boolean }): AlignedPlan;
+/** The seeded permutation of `0..n` for (seed, epoch). */
+export function permutation(n: Int, seed: Int, epoch?: Int): Uint32Array;
+/** Balance figures of per-group totals. */
+export function figures(values: BigUint64Array): Figures;
+/** verl's `log_seqlen_unbalance` figures of `ranks` of `lengths`. */
+export function logSeqlenUnbalance(
+  lengths: BigUint64Array | BigInt64Array,
+  ranks: ArrayLike<number>[],
+  prefix?: string,
+): Record<string, bigint | number>;
+/** Compact JSON text as the Rust host prints it (exact integers, Rust-style floats). */
+export function toJSONText(value: unknown): string;
+/** Checked conversions shared with `stowplan/compat` (not a stable API). */
+export const internal: Record<string, Function>;
