@@ -39,7 +39,7 @@ pub mod serve;
 pub mod wire;
 
 pub use error::{Error, FilterError};
-pub use kernel::{Backend, KERNEL_WASM, KERNEL_WASM_SHA256, Kernel, KernelApi, VerlFunction};
+pub use kernel::{Backend, KERNEL_WASM, KERNEL_WASM_SHA256, Kernel, KernelApi, StreamPacker, VerlFunction};
 pub use materialize::{
     CpRuns, CpView, MaterializeOptions, Materialized, MicroBatch, RejectReason, Sample, Temperature, check_sample,
     materialize, materialize_plan,
@@ -66,6 +66,7 @@ pub use stowplan_kernel::{
     Plan,
 };
 pub use stowplan_kernel::{AlignedPlan, COST_PRESETS, MAX_COUNT, MAX_PARALLEL, Named, PlanOptions, RawPlan, unflatten};
+pub use stowplan_kernel::{Closed, StreamOptions, StreamStatus, stream};
 
 /// verl 0.9.1's `log_seqlen_unbalance` figures for `partitions` of `seqlens` (a metric,
 /// computed by the kernel crate natively on every backend; see

@@ -24,6 +24,7 @@ extern crate alloc;
 use alloc::string::String;
 
 pub mod balance;
+mod bits;
 pub mod layout;
 pub mod names;
 pub mod pack;
@@ -32,6 +33,7 @@ pub mod peers;
 pub mod plan;
 mod refine;
 pub mod shuffle;
+pub mod stream;
 pub mod verl;
 
 pub use balance::{Cost, DpOptions, DpPlan, MicroOptions, MicroPlan, Order, Plan, balance_dp, micro_batches, plan};
@@ -43,6 +45,7 @@ pub use names::{COST_PRESETS, Named};
 pub use pack::{OversizePolicy, PackMethod, PackOptions, Packing, pack};
 pub use partition::{PartitionMethod, PartitionOptions, Partitioning, partition};
 pub use plan::{AlignedPlan, PlanOptions, RawPlan, aligned_plan, raw_plan};
+pub use stream::{Closed, StreamOptions, StreamPacker, StreamStatus};
 
 /// An error returned by a kernel operation. Mirrors the WIT `error` variant.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -18,6 +18,7 @@ use alloc::collections::{BTreeSet, BinaryHeap};
 use alloc::vec::Vec;
 use core::cmp::Reverse;
 
+use crate::bits::BitSet;
 use crate::{Error, checked_len, invalid, key_weight, sorted_desc, sorted_desc_keys};
 
 /// The packing algorithm.
@@ -314,7 +315,7 @@ fn best_fit(items: impl Iterator<Item = (u32, u64)>, capacity: u64, n: usize, bi
 /// one bucket per room value with a two-level bitmap of non-empty buckets; larger
 /// capacities use an ordered set of (room, bin).
 enum RoomIndex {
-    Buckets { buckets: Vec<BinaryHeap<Reverse<u32>>>, words: Vec<u64>, summary: Vec<u64> },
+    Buckets { buckets: Vec<BinaryHeap<Reverse<u32>>>, rooms: BitSet },
     Ordered(BTreeSet<(u64, u32)>),
 }
 
@@ -322,12 +323,7 @@ impl RoomIndex {
     fn new(capacity: u64, n: usize) -> Self {
         if capacity <= 1 << 20 && capacity <= 64 * n as u64 + 4096 {
             let slots = capacity as usize + 1;
-            let words = slots.div_ceil(64);
-            RoomIndex::Buckets {
-                buckets: (0..slots).map(|_| BinaryHeap::new()).collect(),
-                words: alloc::vec![0; words],
-                summary: alloc::vec![0; words.div_ceil(64)],
-            }
+            RoomIndex::Buckets { buckets: (0..slots).map(|_| BinaryHeap::new()).collect(), rooms: BitSet::new(slots) }
         } else {
             RoomIndex::Ordered(BTreeSet::new())
         }
@@ -336,11 +332,9 @@ impl RoomIndex {
     /// Records bin `b` with `room` left (full bins too: a zero-length item fits there).
     fn insert(&mut self, room: u64, b: u32) {
         match self {
-            RoomIndex::Buckets { buckets, words, summary } => {
-                let r = room as usize;
-                buckets[r].push(Reverse(b));
-                words[r / 64] |= 1 << (r % 64);
-                summary[r / 4096] |= 1 << ((r / 64) % 64);
+            RoomIndex::Buckets { buckets, rooms } => {
+                buckets[room as usize].push(Reverse(b));
+                rooms.insert(room as usize);
             }
             RoomIndex::Ordered(set) => {
                 set.insert((room, b));
@@ -351,14 +345,11 @@ impl RoomIndex {
     /// Removes and returns the (room, bin) with the least room ≥ `a`, oldest bin on ties.
     fn take_best(&mut self, a: u64) -> Option<(u64, u32)> {
         match self {
-            RoomIndex::Buckets { buckets, words, summary } => {
-                let r = next_set(words, summary, a as usize)?;
+            RoomIndex::Buckets { buckets, rooms } => {
+                let r = rooms.next(a as usize)?;
                 let Reverse(b) = buckets[r].pop()?;
                 if buckets[r].is_empty() {
-                    words[r / 64] &= !(1 << (r % 64));
-                    if words[r / 64] == 0 {
-                        summary[r / 4096] &= !(1 << ((r / 64) % 64));
-                    }
+                    rooms.remove(r);
                 }
                 Some((r as u64, b))
             }
@@ -368,27 +359,6 @@ impl RoomIndex {
                 Some(found)
             }
         }
-    }
-}
-
-/// The smallest set bit ≥ `from` in the bitmap `words`, with `summary` marking non-zero words.
-fn next_set(words: &[u64], summary: &[u64], from: usize) -> Option<usize> {
-    let w = from / 64;
-    let here = words.get(w)? & (u64::MAX << (from % 64));
-    if here != 0 {
-        return Some(w * 64 + here.trailing_zeros() as usize);
-    }
-    // The first non-zero word after w, found through the summary.
-    let next = w + 1;
-    let mut s = next / 64;
-    let mut bits = summary.get(s)? & (u64::MAX << (next % 64));
-    loop {
-        if bits != 0 {
-            let word = s * 64 + bits.trailing_zeros() as usize;
-            return Some(word * 64 + words[word].trailing_zeros() as usize);
-        }
-        s += 1;
-        bits = *summary.get(s)?;
     }
 }
 

@@ -10,8 +10,9 @@ use stowplan_kernel::{
     Partitioning, Plan, PlanOptions, RawPlan, unflatten,
 };
 
-use super::wasm::{wbal, wlay, wpack, wpart, wpeers, wplan, wtypes, wverl};
+use super::wasm::{wbal, wlay, wpack, wpart, wpeers, wplan, wstream, wtypes, wverl};
 use crate::Error;
+use stowplan_kernel::{Closed, StreamOptions, StreamStatus};
 
 impl From<wtypes::Error> for Error {
     fn from(e: wtypes::Error) -> Self {
@@ -65,12 +66,16 @@ impl From<&PackOptions> for wpack::Options {
                 PackMethod::Ffd => wpack::Method::Ffd,
                 PackMethod::NextFit => wpack::Method::NextFit,
             },
-            oversize: match o.oversize {
-                OversizePolicy::Error => wpack::Oversize::Error,
-                OversizePolicy::Single => wpack::Oversize::Single,
-                OversizePolicy::Drop => wpack::Oversize::Drop,
-            },
+            oversize: oversize_to_wit(o.oversize),
         }
+    }
+}
+
+fn oversize_to_wit(o: OversizePolicy) -> wpack::Oversize {
+    match o {
+        OversizePolicy::Error => wpack::Oversize::Error,
+        OversizePolicy::Single => wpack::Oversize::Single,
+        OversizePolicy::Drop => wpack::Oversize::Drop,
     }
 }
 
@@ -326,5 +331,51 @@ impl TryFrom<wplan::AlignedPackPlan> for AlignedPlan {
             dropped_samples: a.dropped_samples,
             checksum: unhex(&a.checksum)?,
         })
+    }
+}
+
+impl From<&StreamOptions> for wstream::Options {
+    fn from(o: &StreamOptions) -> Self {
+        wstream::Options {
+            capacity: o.capacity,
+            align: o.align,
+            max_open_bins: o.max_open_bins,
+            max_buffered: o.max_buffered,
+            oversize: oversize_to_wit(o.oversize),
+        }
+    }
+}
+
+impl From<wstream::Options> for StreamOptions {
+    fn from(o: wstream::Options) -> Self {
+        StreamOptions {
+            capacity: o.capacity,
+            align: o.align,
+            max_open_bins: o.max_open_bins,
+            max_buffered: o.max_buffered,
+            oversize: match o.oversize {
+                wpack::Oversize::Error => OversizePolicy::Error,
+                wpack::Oversize::Single => OversizePolicy::Single,
+                wpack::Oversize::Drop => OversizePolicy::Drop,
+            },
+        }
+    }
+}
+
+impl From<wstream::Closed> for Closed {
+    fn from(c: wstream::Closed) -> Self {
+        Closed { offsets: c.offsets, indices: c.indices, loads: c.loads, dropped: c.dropped }
+    }
+}
+
+impl From<wstream::Status> for StreamStatus {
+    fn from(s: wstream::Status) -> Self {
+        StreamStatus {
+            next_index: s.next_index,
+            buffered: s.buffered,
+            open_bins: s.open_bins,
+            in_open_bins: s.in_open_bins,
+            oldest_held: s.oldest_held,
+        }
     }
 }

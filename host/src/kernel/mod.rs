@@ -19,6 +19,7 @@ use stowplan_kernel::{
     AlignOptions, AlignedPlan, CpLayout, DistributeOptions, Distribution, DpOptions, DpPlan, MicroOptions, MicroPlan,
     Named, PackOptions, Packing, PartitionOptions, Partitioning, Plan, PlanOptions, RawPlan,
 };
+use stowplan_kernel::{Closed, StreamOptions, StreamStatus};
 
 /// Which implementation of the kernel runs a call.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -156,6 +157,65 @@ pub trait KernelApi: Send + Sync + std::fmt::Debug {
     /// The plan `world_size` ranks consume from `raw` (see `plan.align-plan`): truncated to a
     /// multiple of `world_size` with `drop_last`, else padded by repeating the first packs.
     fn aligned_plan(&self, raw: &RawPlan, world_size: u32, drop_last: bool) -> Result<AlignedPlan, Error>;
+
+    /// An empty streaming packer (see `wit/kernel.wit`, `streaming`). On the WASM backend it
+    /// owns an instance of its own, which holds its state between calls.
+    fn stream_packer(&self, options: &StreamOptions) -> Result<StreamPacker, Error>;
+
+    /// A streaming packer from [`StreamPacker::save`]'s bytes (damage and other versions are
+    /// refused with `invalid-argument`).
+    fn restore_stream_packer(&self, state: &[u8]) -> Result<StreamPacker, Error>;
+}
+
+/// One backend's streaming packer; [`StreamPacker`] wraps it.
+pub(crate) trait StreamBackend: Send + std::fmt::Debug {
+    fn add(&mut self, lengths: &[u64]) -> Result<Closed, Error>;
+    fn finish(&mut self) -> Result<Closed, Error>;
+    fn save(&mut self) -> Result<Vec<u8>, Error>;
+    fn status(&mut self) -> Result<StreamStatus, Error>;
+}
+
+/// A streaming packer (`wit/kernel.wit`, `streaming`): lengths go in a few at a time with
+/// [`add`](Self::add), each bin comes out when it closes; memory is bounded by the options,
+/// whatever the length of the stream. Made by [`KernelApi::stream_packer`] or
+/// [`KernelApi::restore_stream_packer`]; the same bins on both backends.
+#[derive(Debug)]
+pub struct StreamPacker {
+    inner: Box<dyn StreamBackend>,
+    options: StreamOptions,
+}
+
+impl StreamPacker {
+    pub(crate) fn new(inner: Box<dyn StreamBackend>, options: StreamOptions) -> Self {
+        Self { inner, options }
+    }
+
+    /// The options it was made with.
+    pub fn options(&self) -> &StreamOptions {
+        &self.options
+    }
+
+    /// Adds the next lengths of the stream; returns the bins that closed (stream indices).
+    /// An error applies nothing.
+    pub fn add(&mut self, lengths: &[u64]) -> Result<Closed, Error> {
+        self.inner.add(lengths)
+    }
+
+    /// Places every buffered item and closes every open bin; later lengths continue the
+    /// stream's indices.
+    pub fn finish(&mut self) -> Result<Closed, Error> {
+        self.inner.finish()
+    }
+
+    /// The whole state as framed, versioned, checksummed bytes (identical on both backends).
+    pub fn save(&mut self) -> Result<Vec<u8>, Error> {
+        self.inner.save()
+    }
+
+    /// Where the stream stands.
+    pub fn status(&mut self) -> Result<StreamStatus, Error> {
+        self.inner.status()
+    }
 }
 
 /// The stowplan kernel behind one typed API ([`KernelApi`], reached through `Deref`). Cheap

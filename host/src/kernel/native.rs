@@ -8,7 +8,9 @@ use stowplan_kernel::{
     PackOptions, Packing, PartitionOptions, Partitioning, Plan, PlanOptions, RawPlan,
 };
 
-use super::{KernelApi, VerlFunction};
+use stowplan_kernel::{Closed, StreamOptions, StreamStatus};
+
+use super::{KernelApi, StreamBackend, StreamPacker, VerlFunction};
 use crate::Error;
 
 /// The kernel crate, compiled natively.
@@ -108,5 +110,33 @@ impl KernelApi for NativeKernel {
 
     fn aligned_plan(&self, raw: &RawPlan, world_size: u32, drop_last: bool) -> Result<AlignedPlan, Error> {
         Ok(k::aligned_plan(&raw.offsets, &raw.indices, world_size, drop_last)?)
+    }
+
+    fn stream_packer(&self, options: &StreamOptions) -> Result<StreamPacker, Error> {
+        Ok(StreamPacker::new(Box::new(k::StreamPacker::new(*options)?), *options))
+    }
+
+    fn restore_stream_packer(&self, state: &[u8]) -> Result<StreamPacker, Error> {
+        let packer = k::StreamPacker::restore(state)?;
+        let options = *packer.options();
+        Ok(StreamPacker::new(Box::new(packer), options))
+    }
+}
+
+impl StreamBackend for k::StreamPacker {
+    fn add(&mut self, lengths: &[u64]) -> Result<Closed, Error> {
+        Ok(k::StreamPacker::add(self, lengths)?)
+    }
+
+    fn finish(&mut self) -> Result<Closed, Error> {
+        Ok(k::StreamPacker::finish(self))
+    }
+
+    fn save(&mut self) -> Result<Vec<u8>, Error> {
+        Ok(k::StreamPacker::save(self))
+    }
+
+    fn status(&mut self) -> Result<StreamStatus, Error> {
+        Ok(k::StreamPacker::status(self))
     }
 }

@@ -17,7 +17,10 @@ use stowplan_kernel::{
     PackOptions, Packing, PartitionOptions, Partitioning, Plan, PlanOptions, RawPlan,
 };
 
-use super::{KernelApi, VerlFunction};
+use stowplan_kernel::{Closed, StreamOptions, StreamStatus};
+use wasmtime::component::ResourceAny;
+
+use super::{KernelApi, StreamBackend, StreamPacker, VerlFunction};
 use crate::error::{Error, runtime};
 use crate::runtime::{self, sha256_hex};
 
@@ -30,7 +33,7 @@ mod bindings {
 
 pub(super) use bindings::exports::stowplan::kernel::{
     balance as wbal, layout as wlay, pack as wpack, partition as wpart, peers as wpeers, plan as wplan,
-    types as wtypes, verl as wverl,
+    streaming as wstream, types as wtypes, verl as wverl,
 };
 
 /// The kernel component, built by `cargo xtask build-kernel` (see `ARCHITECTURE.md`).
@@ -96,6 +99,15 @@ impl wasmtime::ResourceLimiter for Tracker {
     }
 }
 
+/// A fresh instance of the kernel (memory tracked by its store's [`Tracker`]).
+fn instantiate() -> Result<Warm, Error> {
+    let shared = shared()?;
+    let mut store = Store::new(&shared.engine, Tracker::default());
+    store.limiter(|t| t);
+    let instance = shared.pre.instantiate(&mut store).map_err(|e| runtime("instantiating the kernel", e))?;
+    Ok(Warm { store, instance })
+}
+
 /// A warm instance kept for the next call on the same thread.
 struct Warm {
     store: Store<Tracker>,
@@ -114,16 +126,10 @@ thread_local! {
 /// pre-instantiation on first use). The kernel is pure, so reusing an instance cannot change
 /// a result; an instance that trapped is discarded, never reused.
 fn with_instance<R>(f: impl FnOnce(&bindings::Kernel, &mut Store<Tracker>) -> wasmtime::Result<R>) -> Result<R, Error> {
-    let shared = shared()?;
     let warm = WARM.with(|w| w.borrow_mut().take());
     let mut warm = match warm {
         Some(w) => w,
-        None => {
-            let mut store = Store::new(&shared.engine, Tracker::default());
-            store.limiter(|t| t);
-            let instance = shared.pre.instantiate(&mut store).map_err(|e| runtime("instantiating the kernel", e))?;
-            Warm { store, instance }
-        }
+        None => instantiate()?,
     };
     let result = f(&warm.instance, &mut warm.store).map_err(|e| runtime("kernel call trapped", e))?;
     if warm.store.data().memory_bytes <= RETAIN_MEMORY_BYTES {
@@ -265,5 +271,78 @@ impl KernelApi for WasmKernel {
     fn aligned_plan(&self, raw: &RawPlan, world_size: u32, drop_last: bool) -> Result<AlignedPlan, Error> {
         let packs = wtypes::Groups { offsets: raw.offsets.clone(), indices: raw.indices.clone() };
         call(|i, s| i.stowplan_kernel_plan().call_align_plan(s, &packs, world_size, drop_last))?.try_into()
+    }
+
+    fn stream_packer(&self, options: &StreamOptions) -> Result<StreamPacker, Error> {
+        let mut warm = instantiate()?;
+        let packer = warm
+            .instance
+            .stowplan_kernel_streaming()
+            .packer()
+            .call_create(&mut warm.store, options.into())
+            .map_err(|e| runtime("kernel call trapped", e))??;
+        Ok(StreamPacker::new(Box::new(WasmStream { warm, packer }), *options))
+    }
+
+    fn restore_stream_packer(&self, state: &[u8]) -> Result<StreamPacker, Error> {
+        let mut warm = instantiate()?;
+        let packer = warm
+            .instance
+            .stowplan_kernel_streaming()
+            .packer()
+            .call_restore(&mut warm.store, state)
+            .map_err(|e| runtime("kernel call trapped", e))??;
+        let mut stream = WasmStream { warm, packer };
+        let options = stream.call(|g, s, p| g.call_options(s, p))?.into();
+        Ok(StreamPacker::new(Box::new(stream), options))
+    }
+}
+
+/// A streaming packer living in an instance of its own (its state stays in the guest's
+/// memory between calls; the resource is dropped with it).
+struct WasmStream {
+    warm: Warm,
+    packer: ResourceAny,
+}
+
+impl std::fmt::Debug for WasmStream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WasmStream").finish_non_exhaustive()
+    }
+}
+
+impl WasmStream {
+    fn call<R>(
+        &mut self,
+        f: impl FnOnce(&wstream::GuestPacker<'_>, &mut Store<Tracker>, ResourceAny) -> wasmtime::Result<R>,
+    ) -> Result<R, Error> {
+        let guest = self.warm.instance.stowplan_kernel_streaming();
+        f(&guest.packer(), &mut self.warm.store, self.packer).map_err(|e| runtime("kernel call trapped", e))
+    }
+}
+
+impl Drop for WasmStream {
+    fn drop(&mut self) {
+        // The instance goes with the store; dropping the handle first keeps the component's
+        // resource table tidy. A failure here (a trapped instance) leaves nothing behind.
+        let _ = self.packer.resource_drop(&mut self.warm.store);
+    }
+}
+
+impl StreamBackend for WasmStream {
+    fn add(&mut self, lengths: &[u64]) -> Result<Closed, Error> {
+        Ok(self.call(|g, s, p| g.call_add(s, p, lengths))??.into())
+    }
+
+    fn finish(&mut self) -> Result<Closed, Error> {
+        Ok(self.call(|g, s, p| g.call_finish(s, p))?.into())
+    }
+
+    fn save(&mut self) -> Result<Vec<u8>, Error> {
+        self.call(|g, s, p| g.call_save(s, p))
+    }
+
+    fn status(&mut self) -> Result<StreamStatus, Error> {
+        Ok(self.call(|g, s, p| g.call_status(s, p))?.into())
     }
 }

@@ -11,7 +11,9 @@ wit_bindgen::generate!({
     world: "kernel",
 });
 
-use exports::stowplan::kernel::{balance, layout, pack, partition, peers, plan, shuffle, types, verl};
+use exports::stowplan::kernel::{
+    balance, layout, pack, partition, peers, plan, shuffle, streaming as stream, types, verl,
+};
 
 #[global_allocator]
 static ALLOC: dlmalloc::GlobalDlmalloc = dlmalloc::GlobalDlmalloc;
@@ -66,12 +68,12 @@ impl pack::Guest for Kernel {
             pack::Method::Ffd => k::PackMethod::Ffd,
             pack::Method::NextFit => k::PackMethod::NextFit,
         };
-        let oversize = match options.oversize {
-            pack::Oversize::Error => k::OversizePolicy::Error,
-            pack::Oversize::Single => k::OversizePolicy::Single,
-            pack::Oversize::Drop => k::OversizePolicy::Drop,
+        let opts = k::PackOptions {
+            capacity: options.capacity,
+            align: options.align,
+            method,
+            oversize: oversize_of(options.oversize),
         };
-        let opts = k::PackOptions { capacity: options.capacity, align: options.align, method, oversize };
         let r = k::pack(&lengths, &opts).map_err(error)?;
         Ok(pack::Packing {
             bins: types::Groups { offsets: r.offsets, indices: r.indices },
@@ -372,5 +374,82 @@ impl plan::Guest for Kernel {
 impl shuffle::Guest for Kernel {
     fn permutation(n: u64, seed: u64, epoch: u64) -> Result<Vec<u32>, types::Error> {
         k::shuffle::permutation(n, seed, epoch).map_err(error)
+    }
+}
+
+fn oversize_of(o: pack::Oversize) -> k::OversizePolicy {
+    match o {
+        pack::Oversize::Error => k::OversizePolicy::Error,
+        pack::Oversize::Single => k::OversizePolicy::Single,
+        pack::Oversize::Drop => k::OversizePolicy::Drop,
+    }
+}
+
+/// A streaming packer behind the `stream.packer` resource (methods take `&self`).
+struct StreamPacker(core::cell::RefCell<k::StreamPacker>);
+
+impl stream::Guest for Kernel {
+    type Packer = StreamPacker;
+}
+
+fn closed_of(c: k::Closed) -> stream::Closed {
+    stream::Closed { offsets: c.offsets, indices: c.indices, loads: c.loads, dropped: c.dropped }
+}
+
+impl stream::GuestPacker for StreamPacker {
+    fn create(options: stream::Options) -> Result<stream::Packer, types::Error> {
+        let o = k::StreamOptions {
+            capacity: options.capacity,
+            align: options.align,
+            max_open_bins: options.max_open_bins,
+            max_buffered: options.max_buffered,
+            oversize: oversize_of(options.oversize),
+        };
+        let p = k::StreamPacker::new(o).map_err(error)?;
+        Ok(stream::Packer::new(StreamPacker(core::cell::RefCell::new(p))))
+    }
+
+    fn restore(state: Vec<u8>) -> Result<stream::Packer, types::Error> {
+        let p = k::StreamPacker::restore(&state).map_err(error)?;
+        Ok(stream::Packer::new(StreamPacker(core::cell::RefCell::new(p))))
+    }
+
+    fn add(&self, lengths: Vec<u64>) -> Result<stream::Closed, types::Error> {
+        self.0.borrow_mut().add(&lengths).map(closed_of).map_err(error)
+    }
+
+    fn finish(&self) -> stream::Closed {
+        closed_of(self.0.borrow_mut().finish())
+    }
+
+    fn save(&self) -> Vec<u8> {
+        self.0.borrow().save()
+    }
+
+    fn status(&self) -> stream::Status {
+        let s = self.0.borrow().status();
+        stream::Status {
+            next_index: s.next_index,
+            buffered: s.buffered,
+            open_bins: s.open_bins,
+            in_open_bins: s.in_open_bins,
+            oldest_held: s.oldest_held,
+        }
+    }
+
+    fn options(&self) -> stream::Options {
+        let o = *self.0.borrow().options();
+        let oversize = match o.oversize {
+            k::OversizePolicy::Error => pack::Oversize::Error,
+            k::OversizePolicy::Single => pack::Oversize::Single,
+            k::OversizePolicy::Drop => pack::Oversize::Drop,
+        };
+        stream::Options {
+            capacity: o.capacity,
+            align: o.align,
+            max_open_bins: o.max_open_bins,
+            max_buffered: o.max_buffered,
+            oversize,
+        }
     }
 }

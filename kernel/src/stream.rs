@@ -1,0 +1,806 @@
+//! Streaming bin packing: lengths arrive a few at a time, and each bin is handed out when it
+//! closes, so a dataset that never fits in memory (an iterable pretraining stream) can be
+//! packed. Memory is bounded by the options, never by the stream: at most `max_buffered`
+//! items wait unplaced and at most `max_open_bins` bins are open.
+//!
+//! The rule, item by item (so the result does not depend on how the stream is cut into
+//! [`StreamPacker::add`] calls):
+//! 1. An item whose aligned length exceeds the capacity follows the [`OversizePolicy`]:
+//!    `error` refuses the call (nothing of it is applied), `single` closes a bin holding it
+//!    alone at once, `drop` lists it in [`Closed::dropped`].
+//! 2. Otherwise it joins the buffer. While the buffer holds more than `max_buffered` items,
+//!    the largest buffered item (longest aligned length, then smallest index) is placed:
+//!    - into the open bin with the least room that fits it (best fit; ties to the oldest bin);
+//!    - else, with fewer than `max_open_bins` open, into a new bin;
+//!    - else the open bin with the least room (ties: the oldest) is *topped up* — it takes,
+//!      one by one, the largest buffered item that fits its room (ties: smallest index) until
+//!      none fits — and closes; the item opens a new bin.
+//! 3. A bin whose room reaches 0 closes at once.
+//!
+//! [`StreamPacker::finish`] places the buffered items largest first by best fit, opening bins
+//! as needed, then closes every open bin, oldest first. Members of a closed bin ascend by
+//! index; bins come out in the order they close.
+//!
+//! Buffering the smallest items (the largest is always placed first) keeps material to fill
+//! the last gaps of a bin before it closes: with the defaults, bins come within 0.2 % of the
+//! offline lower bound on the shared workloads (`BENCHMARKS.md`).
+//!
+//! The whole state saves to bytes ([`StreamPacker::save`]: framed, versioned, sha256) and
+//! restores exactly ([`StreamPacker::restore`]): a restarted stream gives the bins an
+//! uninterrupted one gives.
+
+use alloc::collections::BTreeSet;
+use alloc::vec::Vec;
+use core::cmp::Reverse;
+
+use sha2::{Digest, Sha256};
+
+use crate::bits::BitSet;
+use crate::{Error, OversizePolicy, invalid};
+
+/// The default bound on open bins.
+pub const DEFAULT_MAX_OPEN_BINS: u32 = 64;
+/// The default bound on buffered (not yet placed) items.
+pub const DEFAULT_MAX_BUFFERED: u32 = 4096;
+/// The largest `max_open_bins`.
+pub const MAX_OPEN_BINS: u32 = 1 << 16;
+/// The largest `max_buffered`.
+pub const MAX_BUFFERED: u32 = 1 << 20;
+/// Capacities up to this keep the buffer in one bucket per aligned length; larger ones in an
+/// ordered set (the same choices, slower).
+const BUCKET_CAPACITY: u64 = 1 << 20;
+
+/// Options of a [`StreamPacker`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StreamOptions {
+    /// Tokens per bin, at least 1.
+    pub capacity: u64,
+    /// Every length is rounded up to a multiple of `align` (at least 1) before packing.
+    pub align: u64,
+    /// Open bins at most, 1..=[`MAX_OPEN_BINS`].
+    pub max_open_bins: u32,
+    /// Buffered items at most, 0..=[`MAX_BUFFERED`] (0: every item is placed on arrival).
+    pub max_buffered: u32,
+    /// What happens to an item whose aligned length exceeds the capacity.
+    pub oversize: OversizePolicy,
+}
+
+impl StreamOptions {
+    /// Options with the given capacity and the defaults: `align` 1,
+    /// [`DEFAULT_MAX_OPEN_BINS`], [`DEFAULT_MAX_BUFFERED`], oversize `error`.
+    pub fn new(capacity: u64) -> Self {
+        Self {
+            capacity,
+            align: 1,
+            max_open_bins: DEFAULT_MAX_OPEN_BINS,
+            max_buffered: DEFAULT_MAX_BUFFERED,
+            oversize: OversizePolicy::Error,
+        }
+    }
+
+    fn check(&self) -> Result<(), Error> {
+        if self.capacity == 0 {
+            return invalid!("capacity must be at least 1 token (got 0)");
+        }
+        if self.align == 0 {
+            return invalid!("align must be at least 1 (got 0)");
+        }
+        if !(1..=MAX_OPEN_BINS).contains(&self.max_open_bins) {
+            return invalid!("max_open_bins must be in 1..={MAX_OPEN_BINS} (got {})", self.max_open_bins);
+        }
+        if self.max_buffered > MAX_BUFFERED {
+            return invalid!("max_buffered must be in 0..={MAX_BUFFERED} (got {})", self.max_buffered);
+        }
+        Ok(())
+    }
+}
+
+/// Bins closed by one call, in flat form, and the items it dropped.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Closed {
+    /// `bins + 1` offsets into `indices` (starting at 0).
+    pub offsets: Vec<u32>,
+    /// Stream indices (0-based, counted over every length ever added), bin by bin,
+    /// ascending inside a bin.
+    pub indices: Vec<u64>,
+    /// The aligned load of each bin (above the capacity only for an oversized item alone).
+    pub loads: Vec<u64>,
+    /// Oversized items left out under the `drop` policy, ascending.
+    pub dropped: Vec<u64>,
+}
+
+impl Closed {
+    fn empty() -> Self {
+        Self { offsets: alloc::vec![0], ..Self::default() }
+    }
+
+    /// The number of bins.
+    pub fn bins(&self) -> usize {
+        self.offsets.len().saturating_sub(1)
+    }
+
+    /// The members of bin `b`.
+    pub fn bin(&self, b: usize) -> &[u64] {
+        &self.indices[self.offsets[b] as usize..self.offsets[b + 1] as usize]
+    }
+
+    fn push(&mut self, mut members: Vec<u64>, load: u64) {
+        members.sort_unstable();
+        self.indices.extend_from_slice(&members);
+        // At most 2^32 − 1: `add` refuses a call that could hand out more items.
+        self.offsets.push(self.indices.len() as u32);
+        self.loads.push(load);
+    }
+}
+
+/// Where a stream stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StreamStatus {
+    /// The index the next added length gets (= lengths added so far).
+    pub next_index: u64,
+    /// Items buffered, not yet in a bin.
+    pub buffered: u32,
+    /// Bins open.
+    pub open_bins: u32,
+    /// Items in open bins.
+    pub in_open_bins: u64,
+    /// The smallest index still held (buffered or in an open bin); `None` when nothing is.
+    /// Every smaller index is in a closed bin or was dropped.
+    pub oldest_held: Option<u64>,
+}
+
+/// A streaming packer (see the module docs for the rule).
+#[derive(Clone, Debug)]
+pub struct StreamPacker {
+    options: StreamOptions,
+    next_index: u64,
+    buffer: Buffer,
+    /// Room left in each open bin, oldest bin first.
+    rooms: Vec<u64>,
+    /// Members of each open bin, in placement order.
+    members: Vec<Vec<u64>>,
+}
+
+impl StreamPacker {
+    /// An empty packer. Errors (`invalid-argument`): `capacity` or `align` 0, `max_open_bins`
+    /// outside 1..=2^16, `max_buffered` above 2^20.
+    pub fn new(options: StreamOptions) -> Result<Self, Error> {
+        options.check()?;
+        Ok(Self {
+            options,
+            next_index: 0,
+            buffer: Buffer::new(options.capacity),
+            rooms: Vec::new(),
+            members: Vec::new(),
+        })
+    }
+
+    /// The options.
+    pub fn options(&self) -> &StreamOptions {
+        &self.options
+    }
+
+    /// Where the stream stands.
+    pub fn status(&self) -> StreamStatus {
+        let oldest_bin = self.members.iter().flat_map(|m| m.iter().copied()).min();
+        let oldest = match (self.buffer.oldest(), oldest_bin) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        StreamStatus {
+            next_index: self.next_index,
+            buffered: self.buffer.len() as u32,
+            open_bins: self.rooms.len() as u32,
+            in_open_bins: self.members.iter().map(|m| m.len() as u64).sum(),
+            oldest_held: oldest,
+        }
+    }
+
+    /// Adds `lengths` (the next indices of the stream) and returns the bins that closed.
+    ///
+    /// Errors, with nothing applied: `invalid-argument` for an aligned length above 2^64 − 1,
+    /// or more than 2^32 − 1 entries and held items together; `infeasible` for an oversized item under the `error`
+    /// policy (naming its stream index).
+    pub fn add(&mut self, lengths: &[u64]) -> Result<Closed, Error> {
+        let StreamOptions { capacity, align, oversize, .. } = self.options;
+        let held = self.buffer.len() as u64 + self.members.iter().map(|m| m.len() as u64).sum::<u64>();
+        if lengths.len() as u64 + held > u32::MAX as u64 {
+            return invalid!(
+                "lengths has {} entries and the packer holds {held} items; at most {} in all per call",
+                lengths.len(),
+                u32::MAX
+            );
+        }
+        if self.next_index.checked_add(lengths.len() as u64).is_none() {
+            return invalid!("the stream index would pass 2^64 − 1");
+        }
+        for (i, &len) in lengths.iter().enumerate() {
+            let Some(a) = len.div_ceil(align).checked_mul(align) else {
+                return invalid!(
+                    "lengths[{i}] = {len} (stream index {}) rounded up to a multiple of align = {align} overflows u64",
+                    self.next_index + i as u64
+                );
+            };
+            if a > capacity && oversize == OversizePolicy::Error {
+                return Err(Error::Infeasible(alloc::format!(
+                    "lengths[{i}] = {len} (stream index {}, aligned {a}) exceeds capacity = {capacity}; \
+                     use oversize single or drop to accept such items",
+                    self.next_index + i as u64
+                )));
+            }
+        }
+        let mut out = Closed::empty();
+        for &len in lengths {
+            let index = self.next_index;
+            self.next_index += 1;
+            // Cannot overflow: checked above.
+            let a = len.div_ceil(align) * align;
+            if a > capacity {
+                match oversize {
+                    OversizePolicy::Single => out.push(alloc::vec![index], a),
+                    _ => out.dropped.push(index),
+                }
+                continue;
+            }
+            self.buffer.push(a, index);
+            while self.buffer.len() > self.options.max_buffered as usize {
+                self.place_largest(&mut out);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Places every buffered item (largest first, best fit, new bins as needed) and closes
+    /// every open bin, oldest first. The packer stays usable: later lengths continue the
+    /// stream's indices.
+    pub fn finish(&mut self) -> Closed {
+        let mut out = Closed::empty();
+        while let Some((a, index)) = self.buffer.pop_at_most(u64::MAX) {
+            match self.best_fit(a) {
+                Some(b) => self.put(b, a, index),
+                None => self.open(a, index),
+            }
+        }
+        for (room, members) in self.rooms.drain(..).zip(self.members.drain(..)) {
+            out.push(members, self.options.capacity - room);
+        }
+        out
+    }
+
+    /// The largest buffered item into a bin (rule 2 of the module docs).
+    fn place_largest(&mut self, out: &mut Closed) {
+        let Some((a, index)) = self.buffer.pop_at_most(u64::MAX) else { return };
+        let b = match self.best_fit(a) {
+            Some(b) => {
+                self.put(b, a, index);
+                b
+            }
+            None => {
+                if self.rooms.len() >= self.options.max_open_bins as usize {
+                    let victim = self.least_room();
+                    self.top_up(victim);
+                    self.close(victim, out);
+                }
+                self.open(a, index);
+                self.rooms.len() - 1
+            }
+        };
+        if self.rooms[b] == 0 {
+            self.close(b, out);
+        }
+    }
+
+    /// The open bin with the least room ≥ `a`, the oldest on ties.
+    fn best_fit(&self, a: u64) -> Option<usize> {
+        // Branch-free (conditional moves): which bin wins is unpredictable.
+        let (mut best_room, mut best) = (u64::MAX, usize::MAX);
+        for (b, &room) in self.rooms.iter().enumerate() {
+            let better = (room >= a) & ((room < best_room) | (best == usize::MAX));
+            best_room = if better { room } else { best_room };
+            best = if better { b } else { best };
+        }
+        (best != usize::MAX).then_some(best)
+    }
+
+    /// The open bin with the least room, the oldest on ties (there is one).
+    fn least_room(&self) -> usize {
+        let mut best = 0;
+        for (b, &room) in self.rooms.iter().enumerate() {
+            if room < self.rooms[best] {
+                best = b;
+            }
+        }
+        best
+    }
+
+    fn put(&mut self, b: usize, a: u64, index: u64) {
+        self.rooms[b] -= a;
+        self.members[b].push(index);
+    }
+
+    fn open(&mut self, a: u64, index: u64) {
+        self.rooms.push(self.options.capacity - a);
+        self.members.push(alloc::vec![index]);
+    }
+
+    /// Fills bin `b` from the buffer: the largest item that fits, again and again.
+    fn top_up(&mut self, b: usize) {
+        while let Some((a, index)) = self.buffer.pop_at_most(self.rooms[b]) {
+            self.put(b, a, index);
+        }
+    }
+
+    fn close(&mut self, b: usize, out: &mut Closed) {
+        let room = self.rooms.remove(b);
+        let members = self.members.remove(b);
+        out.push(members, self.options.capacity - room);
+    }
+
+    /// The whole state as bytes: `SPSK`, format version (u32 LE), payload length (u64 LE),
+    /// the payload, and the sha256 of everything before it. The same state gives the same
+    /// bytes in every host.
+    pub fn save(&self) -> Vec<u8> {
+        let mut p = Vec::new();
+        let o = &self.options;
+        p.extend_from_slice(&o.capacity.to_le_bytes());
+        p.extend_from_slice(&o.align.to_le_bytes());
+        p.extend_from_slice(&o.max_open_bins.to_le_bytes());
+        p.extend_from_slice(&o.max_buffered.to_le_bytes());
+        p.push(oversize_code(o.oversize));
+        p.extend_from_slice(&self.next_index.to_le_bytes());
+        let mut items = self.buffer.items();
+        items.sort_unstable_by_key(|&(_, index)| index);
+        p.extend_from_slice(&(items.len() as u32).to_le_bytes());
+        for (a, index) in items {
+            p.extend_from_slice(&index.to_le_bytes());
+            p.extend_from_slice(&a.to_le_bytes());
+        }
+        p.extend_from_slice(&(self.rooms.len() as u32).to_le_bytes());
+        for (room, members) in self.rooms.iter().zip(&self.members) {
+            let mut members = members.clone();
+            members.sort_unstable();
+            p.extend_from_slice(&room.to_le_bytes());
+            p.extend_from_slice(&(members.len() as u32).to_le_bytes());
+            for m in members {
+                p.extend_from_slice(&m.to_le_bytes());
+            }
+        }
+        let mut out = Vec::with_capacity(p.len() + 48);
+        out.extend_from_slice(STATE_MAGIC);
+        out.extend_from_slice(&STATE_VERSION.to_le_bytes());
+        out.extend_from_slice(&(p.len() as u64).to_le_bytes());
+        out.extend_from_slice(&p);
+        let digest = Sha256::digest(&out);
+        out.extend_from_slice(&digest);
+        out
+    }
+
+    /// A packer from [`save`](Self::save)'s bytes. Errors (`invalid-argument`, naming what is
+    /// wrong): not a stream state, another format version, a length or checksum mismatch
+    /// (damage), or contents no packer can hold (checked in full, so no state can make a
+    /// later call misbehave).
+    pub fn restore(state: &[u8]) -> Result<Self, Error> {
+        const HEAD: usize = 16;
+        if state.len() < HEAD + 32 || &state[..4] != STATE_MAGIC {
+            return invalid!("state is not a stowplan stream-packer state (it must start with {STATE_MAGIC:?})");
+        }
+        let version = u32::from_le_bytes(state[4..8].try_into().unwrap_or_default());
+        if version != STATE_VERSION {
+            return invalid!(
+                "state has format version {version}; this kernel reads version {STATE_VERSION} (save it with the same stowplan version)"
+            );
+        }
+        let len = u64::from_le_bytes(state[8..16].try_into().unwrap_or_default());
+        if len != (state.len() - HEAD - 32) as u64 {
+            return invalid!(
+                "state is damaged: its header says {len} payload bytes, it holds {} (truncated or extended)",
+                state.len() - HEAD - 32
+            );
+        }
+        let (body, digest) = state.split_at(state.len() - 32);
+        if Sha256::digest(body).as_slice() != digest {
+            return invalid!("state is damaged: its sha256 does not match its contents");
+        }
+        let mut r = Reader { bytes: &body[HEAD..] };
+        let options = StreamOptions {
+            capacity: r.u64()?,
+            align: r.u64()?,
+            max_open_bins: r.u32()?,
+            max_buffered: r.u32()?,
+            oversize: match r.u8()? {
+                0 => OversizePolicy::Error,
+                1 => OversizePolicy::Single,
+                2 => OversizePolicy::Drop,
+                other => return invalid!("state holds an unknown oversize policy code {other}"),
+            },
+        };
+        let mut packer = Self::new(options)?;
+        packer.next_index = r.u64()?;
+        let buffered = r.count(16, options.max_buffered, "buffered items")?;
+        let mut held: Vec<u64> = Vec::new();
+        for _ in 0..buffered {
+            let index = r.u64()?;
+            let a = r.u64()?;
+            if a > options.capacity || a % options.align != 0 {
+                return invalid!("state holds a buffered length {a} that is not an aligned length ≤ the capacity");
+            }
+            if held.last().is_some_and(|&last| index <= last) {
+                return invalid!("state's buffered items are not in ascending index order");
+            }
+            held.push(index);
+            packer.buffer.push(a, index);
+        }
+        let open = r.count(12, options.max_open_bins, "open bins")?;
+        for _ in 0..open {
+            let room = r.u64()?;
+            if room == 0 || room > options.capacity {
+                return invalid!("state holds an open bin with room {room}, outside 1..={}", options.capacity);
+            }
+            let count = r.count(8, u32::MAX, "members of an open bin")?;
+            if count == 0 {
+                return invalid!("state holds an empty open bin");
+            }
+            let mut members = Vec::with_capacity(count as usize);
+            for _ in 0..count {
+                members.push(r.u64()?);
+            }
+            held.extend_from_slice(&members);
+            packer.rooms.push(room);
+            packer.members.push(members);
+        }
+        if !r.bytes.is_empty() {
+            return invalid!("state has {} bytes after its contents", r.bytes.len());
+        }
+        held.sort_unstable();
+        if held.windows(2).any(|w| w[0] == w[1]) || held.last().is_some_and(|&last| last >= packer.next_index) {
+            return invalid!("state holds an index twice or an index not yet added");
+        }
+        Ok(packer)
+    }
+}
+
+const STATE_MAGIC: &[u8; 4] = b"SPSK";
+const STATE_VERSION: u32 = 1;
+
+fn oversize_code(o: OversizePolicy) -> u8 {
+    match o {
+        OversizePolicy::Error => 0,
+        OversizePolicy::Single => 1,
+        OversizePolicy::Drop => 2,
+    }
+}
+
+/// Reads little-endian integers off a payload, failing on a short one.
+struct Reader<'a> {
+    bytes: &'a [u8],
+}
+
+impl Reader<'_> {
+    fn take<const N: usize>(&mut self) -> Result<[u8; N], Error> {
+        if self.bytes.len() < N {
+            return invalid!("state is damaged: its payload ends early");
+        }
+        let (head, rest) = self.bytes.split_at(N);
+        self.bytes = rest;
+        Ok(head.try_into().unwrap_or([0; N]))
+    }
+    fn u8(&mut self) -> Result<u8, Error> {
+        Ok(self.take::<1>()?[0])
+    }
+    fn u32(&mut self) -> Result<u32, Error> {
+        Ok(u32::from_le_bytes(self.take()?))
+    }
+    fn u64(&mut self) -> Result<u64, Error> {
+        Ok(u64::from_le_bytes(self.take()?))
+    }
+    /// A count of records of at least `record` bytes each, at most `max`, that the
+    /// remaining bytes can hold (so nothing is allocated for a count alone).
+    fn count(&mut self, record: usize, max: u32, what: &str) -> Result<u32, Error> {
+        let n = self.u32()?;
+        if n > max {
+            return invalid!("state holds {n} {what}; its options allow at most {max}");
+        }
+        if (n as usize).saturating_mul(record) > self.bytes.len() {
+            return invalid!("state is damaged: {n} {what} do not fit in its payload");
+        }
+        Ok(n)
+    }
+}
+
+/// The buffered items, by aligned length: the largest fitting a room comes out first,
+/// the smallest index among equal lengths.
+#[derive(Clone, Debug)]
+enum Buffer {
+    /// One FIFO list per aligned length (indices arrive ascending, so each list is in index
+    /// order), in a slab of slots, with a [`BitSet`] of the non-empty lengths.
+    Buckets { lengths: BitSet, head: Vec<u32>, tail: Vec<u32>, slots: Vec<Slot>, free: u32, len: usize },
+    /// (aligned length, Reverse(index)) for capacities above [`BUCKET_CAPACITY`].
+    Ordered(BTreeSet<(u64, Reverse<u64>)>),
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Slot {
+    index: u64,
+    next: u32,
+}
+
+const NIL: u32 = u32::MAX;
+
+impl Buffer {
+    fn new(capacity: u64) -> Self {
+        if capacity <= BUCKET_CAPACITY {
+            let n = capacity as usize + 1;
+            Buffer::Buckets {
+                lengths: BitSet::new(n),
+                head: alloc::vec![NIL; n],
+                tail: alloc::vec![NIL; n],
+                slots: Vec::new(),
+                free: NIL,
+                len: 0,
+            }
+        } else {
+            Buffer::Ordered(BTreeSet::new())
+        }
+    }
+
+    fn len(&self) -> usize {
+        match self {
+            Buffer::Buckets { len, .. } => *len,
+            Buffer::Ordered(set) => set.len(),
+        }
+    }
+
+    /// Adds an item; `index` is above every buffered index of the same length.
+    fn push(&mut self, a: u64, index: u64) {
+        match self {
+            Buffer::Buckets { lengths, head, tail, slots, free, len } => {
+                let s = if *free != NIL {
+                    let s = *free;
+                    *free = slots[s as usize].next;
+                    slots[s as usize] = Slot { index, next: NIL };
+                    s
+                } else {
+                    slots.push(Slot { index, next: NIL });
+                    (slots.len() - 1) as u32
+                };
+                let r = a as usize;
+                if tail[r] == NIL {
+                    head[r] = s;
+                    lengths.insert(r);
+                } else {
+                    slots[tail[r] as usize].next = s;
+                }
+                tail[r] = s;
+                *len += 1;
+            }
+            Buffer::Ordered(set) => {
+                set.insert((a, Reverse(index)));
+            }
+        }
+    }
+
+    /// Removes and returns the item with the largest aligned length ≤ `room` (smallest index
+    /// on ties).
+    fn pop_at_most(&mut self, room: u64) -> Option<(u64, u64)> {
+        match self {
+            Buffer::Buckets { lengths, head, tail, slots, free, len } => {
+                let r = lengths.prev(usize::try_from(room).unwrap_or(usize::MAX))?;
+                let s = head[r];
+                let Slot { index, next } = slots[s as usize];
+                head[r] = next;
+                if next == NIL {
+                    tail[r] = NIL;
+                    lengths.remove(r);
+                }
+                slots[s as usize].next = *free;
+                *free = s;
+                *len -= 1;
+                Some((r as u64, index))
+            }
+            Buffer::Ordered(set) => {
+                let found = set.range(..=(room, Reverse(0))).next_back().copied()?;
+                set.remove(&found);
+                Some((found.0, found.1.0))
+            }
+        }
+    }
+
+    /// Every buffered item as (aligned length, index), in no particular order.
+    fn items(&self) -> Vec<(u64, u64)> {
+        match self {
+            Buffer::Buckets { lengths, head, slots, .. } => {
+                let mut out = Vec::new();
+                let mut r = lengths.next(0);
+                while let Some(len) = r {
+                    let mut s = head[len];
+                    while s != NIL {
+                        out.push((len as u64, slots[s as usize].index));
+                        s = slots[s as usize].next;
+                    }
+                    r = lengths.next(len + 1);
+                }
+                out
+            }
+            Buffer::Ordered(set) => set.iter().map(|&(a, Reverse(i))| (a, i)).collect(),
+        }
+    }
+
+    /// The smallest buffered index.
+    fn oldest(&self) -> Option<u64> {
+        self.items().into_iter().map(|(_, i)| i).min()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn options(capacity: u64, open: u32, buffered: u32, oversize: OversizePolicy) -> StreamOptions {
+        StreamOptions { capacity, align: 1, max_open_bins: open, max_buffered: buffered, oversize }
+    }
+
+    /// Every bin of a whole run, `lengths` added in pieces cut at `cuts`.
+    fn run(o: StreamOptions, lengths: &[u64], cuts: &[usize]) -> (Vec<(Vec<u64>, u64)>, Vec<u64>) {
+        let mut p = StreamPacker::new(o).unwrap();
+        let mut bins = Vec::new();
+        let mut dropped = Vec::new();
+        let mut start = 0;
+        let mut take = |c: Closed, bins: &mut Vec<(Vec<u64>, u64)>| {
+            for b in 0..c.bins() {
+                bins.push((c.bin(b).to_vec(), c.loads[b]));
+            }
+            dropped.extend_from_slice(&c.dropped);
+        };
+        for &cut in cuts.iter().chain([lengths.len()].iter()) {
+            let end = cut.clamp(start, lengths.len());
+            take(p.add(&lengths[start..end]).unwrap(), &mut bins);
+            start = end;
+        }
+        take(p.finish(), &mut bins);
+        (bins, dropped)
+    }
+
+    proptest! {
+        /// Every index lands in exactly one bin (or is dropped), no regular bin is over the
+        /// capacity, loads are the members' aligned sums, the open and buffered counts stay
+        /// within their bounds, and how the stream is cut into calls changes nothing.
+        #[test]
+        fn bins_are_a_partition_within_bounds_whatever_the_cuts(
+            lengths in proptest::collection::vec(0u64..120, 1..400),
+            capacity in 1u64..150,
+            open in 1u32..6,
+            buffered in 0u32..40,
+            cuts in proptest::collection::vec(0usize..400, 0..6),
+            drop in any::<bool>(),
+        ) {
+            let oversize = if drop { OversizePolicy::Drop } else { OversizePolicy::Single };
+            let o = options(capacity, open, buffered, oversize);
+            let (bins, dropped) = run(o, &lengths, &cuts);
+            let (whole, whole_dropped) = run(o, &lengths, &[]);
+            prop_assert_eq!(&bins, &whole);
+            prop_assert_eq!(&dropped, &whole_dropped);
+            let mut seen = alloc::vec![false; lengths.len()];
+            for (members, load) in &bins {
+                prop_assert!(!members.is_empty());
+                prop_assert!(members.windows(2).all(|w| w[0] < w[1]));
+                let sum: u64 = members.iter().map(|&i| lengths[i as usize]).sum();
+                prop_assert_eq!(sum, *load);
+                prop_assert!(*load <= capacity || members.len() == 1);
+                for &i in members {
+                    prop_assert!(!seen[i as usize]);
+                    seen[i as usize] = true;
+                }
+            }
+            for &i in &dropped {
+                prop_assert!(lengths[i as usize] > capacity);
+                prop_assert!(!seen[i as usize]);
+                seen[i as usize] = true;
+            }
+            prop_assert!(seen.iter().all(|&s| s));
+        }
+
+        /// A packer saved and restored at any point gives the bins of an uninterrupted
+        /// run; the ordered-set buffer (large capacities) makes the choices of the buckets.
+        #[test]
+        fn restore_continues_exactly_and_both_buffers_agree(
+            lengths in proptest::collection::vec(0u64..90, 1..300),
+            capacity in 1u64..100,
+            open in 1u32..5,
+            buffered in 0u32..30,
+            at in 0usize..300,
+        ) {
+            let o = options(capacity, open, buffered, OversizePolicy::Single);
+            let (whole, _) = run(o, &lengths, &[]);
+            let at = at.min(lengths.len());
+            let mut p = StreamPacker::new(o).unwrap();
+            let first = p.add(&lengths[..at]).unwrap();
+            let state = p.save();
+            let mut q = StreamPacker::restore(&state).unwrap();
+            prop_assert_eq!(q.save(), state);
+            let mut bins: Vec<(Vec<u64>, u64)> = Vec::new();
+            for c in [first, q.add(&lengths[at..]).unwrap(), q.finish()] {
+                for b in 0..c.bins() {
+                    bins.push((c.bin(b).to_vec(), c.loads[b]));
+                }
+            }
+            prop_assert_eq!(&bins, &whole);
+            // The same choices with the ordered set: scale lengths and capacity past the
+            // bucket limit.
+            let scale = 2 * BUCKET_CAPACITY;
+            let big: Vec<u64> = lengths.iter().map(|&l| l * scale).collect();
+            let (scaled, _) = run(options(capacity * scale, open, buffered, OversizePolicy::Single), &big, &[]);
+            let unscaled: Vec<(Vec<u64>, u64)> = scaled.into_iter().map(|(m, l)| (m, l / scale)).collect();
+            prop_assert_eq!(unscaled, whole);
+        }
+
+        /// Damaged states are refused, never restored: any flipped byte, any truncation.
+        #[test]
+        fn damaged_states_are_refused(
+            lengths in proptest::collection::vec(0u64..50, 1..80),
+            flip in any::<usize>(),
+            bit in 0u8..8,
+            cut in any::<usize>(),
+        ) {
+            let mut p = StreamPacker::new(options(60, 3, 10, OversizePolicy::Error)).unwrap();
+            p.add(&lengths).unwrap();
+            let state = p.save();
+            let mut flipped = state.clone();
+            let at = flip % flipped.len();
+            flipped[at] ^= 1 << bit;
+            prop_assert!(StreamPacker::restore(&flipped).is_err());
+            prop_assert!(StreamPacker::restore(&state[..cut % state.len()]).is_err());
+        }
+    }
+
+    #[test]
+    fn bad_options_and_oversize_items_are_refused_naming_the_argument() {
+        let err = |o: StreamOptions| match StreamPacker::new(o) {
+            Err(Error::InvalidArgument(m)) => m,
+            other => panic!("{other:?}"),
+        };
+        assert!(err(StreamOptions { capacity: 0, ..StreamOptions::new(1) }).contains("capacity"));
+        assert!(err(StreamOptions { align: 0, ..StreamOptions::new(1) }).contains("align"));
+        assert!(
+            err(StreamOptions { max_open_bins: 0, ..StreamOptions::new(1) })
+                .contains("max_open_bins must be in 1..=65536")
+        );
+        assert!(
+            err(StreamOptions { max_buffered: MAX_BUFFERED + 1, ..StreamOptions::new(1) }).contains("max_buffered")
+        );
+        let mut p = StreamPacker::new(StreamOptions::new(10)).unwrap();
+        p.add(&[3, 4]).unwrap();
+        let before = p.save();
+        match p.add(&[1, 11, 2]) {
+            Err(Error::Infeasible(m)) => assert!(m.contains("stream index 3"), "{m}"),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(p.save(), before, "a refused call applies nothing");
+        let mut a = StreamPacker::new(StreamOptions { align: 1 << 40, ..StreamOptions::new(u64::MAX) }).unwrap();
+        assert!(matches!(a.add(&[u64::MAX]), Err(Error::InvalidArgument(_))));
+    }
+
+    #[test]
+    fn bins_close_when_full_and_when_the_open_bins_run_out() {
+        // Capacity 10, one open bin, nothing buffered: a full bin closes at once; an item
+        // that does not fit closes the open bin.
+        let mut p = StreamPacker::new(options(10, 1, 0, OversizePolicy::Error)).unwrap();
+        let c = p.add(&[4, 6, 7, 2]).unwrap();
+        assert_eq!((c.bins(), c.bin(0), c.loads[0]), (1, &[0, 1][..], 10));
+        let c = p.add(&[5]).unwrap();
+        assert_eq!((c.bin(0), c.loads[0]), (&[2, 3][..], 9));
+        let c = p.finish();
+        assert_eq!((c.bins(), c.bin(0), c.loads[0]), (1, &[4][..], 5));
+        assert_eq!(
+            p.status(),
+            StreamStatus { next_index: 5, buffered: 0, open_bins: 0, in_open_bins: 0, oldest_held: None }
+        );
+        // With a buffer, a bin that must close is topped up from it first.
+        let mut p = StreamPacker::new(options(10, 1, 2, OversizePolicy::Error)).unwrap();
+        let c = p.add(&[7, 1, 2, 8, 9]).unwrap();
+        // 7 is placed (bin A); 8 arrives, 8 is placed: no fit, A is topped up with 2 and 1
+        // (7+2+1 = 10) and closes.
+        assert_eq!((c.bins(), c.bin(0), c.loads[0]), (1, &[0, 1, 2][..], 10));
+        assert_eq!(p.status().oldest_held, Some(3));
+    }
+}
