@@ -78,30 +78,67 @@ impl Text {
     }
 }
 
+/// Where the lengths come from, as [`InputArgs`] chose it.
+enum Source<'a> {
+    /// A FILE (`-`: standard input).
+    Path(&'a Path),
+    /// A piped or redirected standard input.
+    Stdin,
+    /// A built-in workload.
+    Builtin(&'static Workload),
+}
+
 impl InputArgs {
-    /// Reads the text of the lengths: FILE (`-` is standard input); without it
-    /// `--workload`'s workload, else a piped or redirected standard input, else the default
-    /// workload (with a note on stderr).
-    pub fn read(&self) -> Result<Text, Failure> {
+    /// FILE (`-` is standard input); without it `--workload`'s workload, else a piped or
+    /// redirected standard input, else the default workload (with a note on stderr).
+    fn source(&self) -> Source<'_> {
         if let Some(path) = &self.file {
-            return read_path(path, self.limit);
+            return Source::Path(path);
         }
         if let Some(workload) = self.workload {
-            return Ok(Text::builtin(workload));
+            return Source::Builtin(workload);
         }
         if stdin_has_data() {
-            let text = read_stdin(self.limit)?;
-            if text.text.trim().is_empty() {
-                return Err(Failure::bad("standard input is empty: give lengths on it, a FILE, or --workload NAME"));
-            }
-            return Ok(text);
+            return Source::Stdin;
         }
         let default = &WORKLOADS[0];
         eprintln!(
             "stowplan: no FILE and nothing piped on standard input: using the {}; give a FILE, pipe lengths, or --workload NAME",
             default.source
         );
-        Ok(Text::builtin(default))
+        Source::Builtin(default)
+    }
+
+    /// Reads the text of the lengths from the [source](Self::source), up to the limit.
+    pub fn read(&self) -> Result<Text, Failure> {
+        match self.source() {
+            Source::Path(path) => read_path(path, self.limit),
+            Source::Builtin(workload) => Ok(Text::builtin(workload)),
+            Source::Stdin => {
+                let text = read_stdin(self.limit)?;
+                if text.text.trim().is_empty() {
+                    return Err(Failure::bad(
+                        "standard input is empty: give lengths on it, a FILE, or --workload NAME",
+                    ));
+                }
+                Ok(text)
+            }
+        }
+    }
+
+    /// The [source](Self::source) as a reader, for reading as the bytes arrive (no size
+    /// limit: the reader's caller holds a bounded amount), and how reports name it.
+    pub fn open(&self) -> Result<(Box<dyn Read>, String), Failure> {
+        Ok(match self.source() {
+            Source::Path(path) if path.as_os_str() == "-" => (Box::new(std::io::stdin()), "standard input".into()),
+            Source::Path(path) => {
+                let file =
+                    std::fs::File::open(path).map_err(|e| Failure::bad(format!("reading {}: {e}", path.display())))?;
+                (Box::new(file), path.display().to_string())
+            }
+            Source::Stdin => (Box::new(std::io::stdin()), "standard input".into()),
+            Source::Builtin(w) => (Box::new(w.text.as_bytes()), w.source.to_string()),
+        })
     }
 }
 

@@ -16,6 +16,7 @@ mod pack;
 mod partition;
 mod plan;
 mod serve;
+mod stream;
 
 use std::io::IsTerminal;
 use std::process::ExitCode;

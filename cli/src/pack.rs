@@ -3,6 +3,7 @@
 use std::fmt;
 
 use serde::Serialize;
+use stowplan::stream::{DEFAULT_MAX_BUFFERED, DEFAULT_MAX_OPEN_BINS, MAX_BUFFERED, MAX_OPEN_BINS};
 use stowplan::{OversizePolicy, PackMethod, PackOptions, Packing};
 
 use crate::common::{Common, KernelRun, ReadyKernel, name, named, print_report};
@@ -18,11 +19,26 @@ pub struct Args {
     #[arg(long, default_value_t = PackOptions::new(1).align)]
     align: u64,
     /// Algorithm: best-fit decreasing, first-fit decreasing, or order-preserving next-fit.
-    #[arg(long, value_parser = named::<PackMethod>(), default_value_t = PackMethod::default())]
+    #[arg(long, value_parser = named::<PackMethod>(), default_value_t = PackMethod::default(), conflicts_with = "stream")]
     method: PackMethod,
     /// What to do with a length above the capacity: fail, give it its own bin, or drop it.
     #[arg(long, value_parser = named::<OversizePolicy>(), default_value_t = OversizePolicy::default())]
     oversize: OversizePolicy,
+    /// Pack the lengths as they arrive (one per line; any amount, memory stays bounded):
+    /// each bin is written when it closes, one line of input indices (a JSON array with
+    /// --json), and a summary goes to stderr. Best fit with at most --max-open-bins bins open
+    /// and --max-buffered lengths waiting (see `wit/kernel.wit`, `streaming`).
+    #[arg(long)]
+    stream: bool,
+    /// With --stream: bins open at most (1 ..= 65536).
+    #[arg(long, requires = "stream", default_value_t = DEFAULT_MAX_OPEN_BINS,
+          value_parser = clap::value_parser!(u32).range(1..=i64::from(MAX_OPEN_BINS)))]
+    max_open_bins: u32,
+    /// With --stream: lengths waiting to be placed at most (0 ..= 1048576; 0 places each on
+    /// arrival).
+    #[arg(long, requires = "stream", default_value_t = DEFAULT_MAX_BUFFERED,
+          value_parser = clap::value_parser!(u32).range(0..=i64::from(MAX_BUFFERED)))]
+    max_buffered: u32,
     /// Input, backend and output format.
     #[command(flatten)]
     common: Common,
@@ -95,6 +111,16 @@ struct Report {
 
 /// Runs `stowplan pack`.
 pub fn run(a: Args) -> Result<(), Failure> {
+    if a.stream {
+        let settings = crate::stream::Settings {
+            capacity: a.capacity,
+            align: a.align,
+            max_open_bins: a.max_open_bins,
+            max_buffered: a.max_buffered,
+            oversize: a.oversize,
+        };
+        return crate::stream::run(settings, &a.common);
+    }
     let text = a.common.input.read()?;
     let lengths = text.lengths()?;
     let options = PackOptions { capacity: a.capacity, align: a.align, method: a.method, oversize: a.oversize };

@@ -565,3 +565,88 @@ fn a_reader_that_leaves_early_ends_the_command_quietly() {
     assert!(!stderr.contains("panicked"), "{stderr}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `pack --stream`: one JSON array per closed bin on stdout, the same bins as the library's
+/// streaming packer, a summary on stderr, and oversized items by policy.
+#[test]
+fn pack_stream_writes_one_bin_per_line() {
+    let lengths = [7u64, 3, 5, 5, 9, 1, 4, 6, 2, 8, 10, 0, 11];
+    let text: String = lengths.iter().map(|l| format!("{l}\n")).collect();
+    let args = ["pack", "--stream", "-c", "10", "--max-open-bins", "2", "--max-buffered", "3", "--oversize", "drop"];
+    let out = stowplan(&[&args[..], &["--json"]].concat(), Some(&text), &[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let lines: Vec<Vec<u64>> = String::from_utf8(out.stdout.clone())
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("a JSON array per line"))
+        .collect();
+    let options = stowplan::StreamOptions {
+        capacity: 10,
+        align: 1,
+        max_open_bins: 2,
+        max_buffered: 3,
+        oversize: stowplan::OversizePolicy::Drop,
+    };
+    let mut packer = stowplan::Kernel::native().stream_packer(&options).unwrap();
+    let mut want = Vec::new();
+    for c in [packer.add(&lengths).unwrap(), packer.finish().unwrap()] {
+        want.extend((0..c.bins()).map(|b| c.bin(b).to_vec()));
+    }
+    assert_eq!(lines, want);
+    let summary = stderr(&out);
+    assert!(summary.contains("stream of 13 lengths") && summary.contains("1 dropped"), "{summary}");
+    // Plain text: the same bins, indices separated by spaces.
+    let out = stowplan(&args, Some(&text), &[]);
+    let plain: Vec<String> = String::from_utf8(out.stdout).unwrap().lines().map(str::to_string).collect();
+    let want_plain: Vec<String> =
+        want.iter().map(|b| b.iter().map(u64::to_string).collect::<Vec<_>>().join(" ")).collect();
+    assert_eq!(plain, want_plain);
+}
+
+/// A bin is written as soon as it closes, while the input is still open.
+#[test]
+fn pack_stream_writes_a_bin_before_the_input_ends() {
+    use std::io::{BufRead, BufReader};
+    let mut child = Command::new(env!("CARGO_BIN_EXE_stowplan"))
+        .args(["pack", "--stream", "-c", "10", "--max-buffered", "0", "--json"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(b"4\n6\n").unwrap();
+    stdin.flush().unwrap();
+    let mut stdout = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    stdout.read_line(&mut line).unwrap();
+    assert_eq!(line, "[0, 1]\n", "the full bin comes out while stdin is open");
+    stdin.write_all(b"3\n").unwrap();
+    drop(stdin);
+    line.clear();
+    stdout.read_line(&mut line).unwrap();
+    assert_eq!(line, "[2]\n");
+    assert!(child.wait().unwrap().success());
+}
+
+#[test]
+fn pack_stream_refuses_bad_arguments_and_input() {
+    let out = stowplan(&["pack", "--stream", "--max-open-bins", "0"], Some("1\n"), &[]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("--max-open-bins") && stderr(&out).contains("1..=65536"), "{}", stderr(&out));
+    let out = stowplan(&["pack", "--max-buffered", "5"], Some("1\n"), &[]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("--stream"), "{}", stderr(&out));
+    let out = stowplan(&["pack", "--stream", "--method", "ffd"], Some("1\n"), &[]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("cannot be used with"), "{}", stderr(&out));
+    let out = stowplan(&["pack", "--stream"], Some("[1, 2]"), &[]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("one length per line, not a JSON array"), "{}", stderr(&out));
+    let out = stowplan(&["pack", "--stream", "-c", "10"], Some("3\nx\n"), &[]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("line 2"), "{}", stderr(&out));
+    let out = stowplan(&["pack", "--stream", "-c", "10"], Some("3\n11\n"), &[]);
+    assert_eq!(out.status.code(), Some(1), "an item above the capacity is infeasible");
+    assert!(stderr(&out).contains("stream index 1"), "{}", stderr(&out));
+}

@@ -57,20 +57,99 @@ pub fn parse_lengths(text: &str) -> Result<Vec<u64>, Error> {
     }
     let mut out = Vec::new();
     for (no, line) in text.lines().enumerate() {
-        let line = line.trim();
-        if line.is_empty() || line.starts_with('#') {
-            continue;
+        if let Some(v) = parse_line(no as u64 + 1, line)? {
+            out.push(v);
         }
-        let v = line.parse::<u64>().map_err(|e| {
-            Error::InvalidArgument(format!(
-                "lengths, line {}: {:?} is not an integer in 0..=18446744073709551615 ({e})",
-                no + 1,
-                excerpt(line, QUOTED)
-            ))
-        })?;
-        out.push(v);
     }
     Ok(out)
+}
+
+/// One line of a lengths file (numbered `no` from 1 in errors): `None` for a blank line or a
+/// `#` comment, else its integer.
+fn parse_line(no: u64, line: &str) -> Result<Option<u64>, Error> {
+    let line = line.trim();
+    if line.is_empty() || line.starts_with('#') {
+        return Ok(None);
+    }
+    line.parse::<u64>().map(Some).map_err(|e| {
+        Error::InvalidArgument(format!(
+            "lengths, line {no}: {:?} is not an integer in 0..=18446744073709551615 ({e})",
+            excerpt(line, QUOTED)
+        ))
+    })
+}
+
+/// Lengths parsed from text that arrives in pieces (one integer per line, blank lines and `#`
+/// comments skipped, as [`parse_lengths`] reads lines): [`feed`](Self::feed) each piece,
+/// then [`finish`](Self::finish) for a last line without a newline. Holds at most one
+/// partial line, and refuses one longer than 4 KiB (no length needs it).
+#[derive(Debug, Default)]
+pub struct LengthLines {
+    /// The partial line carried to the next piece.
+    carry: Vec<u8>,
+    /// Lines read so far.
+    lines: u64,
+}
+
+/// The longest line [`LengthLines`] accepts.
+const MAX_LINE: usize = 4096;
+
+impl LengthLines {
+    /// A parser at line 1.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Parses the complete lines of `bytes` (with the partial line left by the previous
+    /// piece) into `out`; keeps a trailing partial line for the next piece.
+    pub fn feed(&mut self, bytes: &[u8], out: &mut Vec<u64>) -> Result<(), Error> {
+        let mut rest = bytes;
+        while let Some(nl) = rest.iter().position(|&b| b == b'\n') {
+            let (line, tail) = rest.split_at(nl);
+            rest = &tail[1..];
+            if self.carry.is_empty() {
+                self.line(line, out)?;
+            } else {
+                let mut whole = std::mem::take(&mut self.carry);
+                whole.extend_from_slice(line);
+                self.line(&whole, out)?;
+            }
+        }
+        if self.carry.len() + rest.len() > MAX_LINE {
+            return Err(Error::InvalidArgument(format!(
+                "lengths, line {}: longer than {MAX_LINE} bytes (one integer per line is expected)",
+                self.lines + 1
+            )));
+        }
+        self.carry.extend_from_slice(rest);
+        Ok(())
+    }
+
+    /// Parses the last line if it had no newline.
+    pub fn finish(&mut self, out: &mut Vec<u64>) -> Result<(), Error> {
+        let last = std::mem::take(&mut self.carry);
+        if last.is_empty() { Ok(()) } else { self.line(&last, out) }
+    }
+
+    /// Lines read so far.
+    pub fn lines(&self) -> u64 {
+        self.lines
+    }
+
+    fn line(&mut self, line: &[u8], out: &mut Vec<u64>) -> Result<(), Error> {
+        self.lines += 1;
+        // The common line: 1 to 19 ASCII digits (no sign, no spaces), which cannot overflow.
+        if (1..=19).contains(&line.len()) && line.iter().all(u8::is_ascii_digit) {
+            out.push(line.iter().fold(0u64, |v, &d| v * 10 + u64::from(d - b'0')));
+            return Ok(());
+        }
+        let text = std::str::from_utf8(line)
+            .map_err(|_| Error::InvalidArgument(format!("lengths, line {}: not UTF-8 text", self.lines)))?;
+        if let Some(v) = parse_line(self.lines, text)? {
+            out.push(v);
+        }
+        Ok(())
+    }
 }
 
 /// Parses lengths from column `column` (1-based) of a simple delimited text file: fields
@@ -129,6 +208,54 @@ mod tests {
         // Found by the `lengths` fuzz target: serde_json quotes a bad string value whole.
         let e = parse_lengths(&format!("[\"{line}\"]")).unwrap_err().to_string();
         assert!(e.len() < 400 && e.contains("invalid type: string"), "{e}");
+    }
+
+    use proptest::prelude::*;
+
+    proptest! {
+        /// Text fed in any pieces parses as the whole text does, errors included.
+        #[test]
+        fn length_lines_in_pieces_parse_as_the_whole(
+            items in proptest::collection::vec(proptest::prop_oneof![
+                (0u64..100_000).prop_map(|v| v.to_string()),
+                proptest::strategy::Just(String::new()),
+                proptest::strategy::Just(" # note".to_string()),
+                proptest::strategy::Just("x1".to_string()),
+            ], 0..40),
+            cuts in proptest::collection::vec(0usize..400, 0..8),
+            newline_at_end in proptest::bool::ANY,
+        ) {
+            let mut text = items.join("\n");
+            if newline_at_end {
+                text.push('\n');
+            }
+            let whole = parse_lengths(&text).map_err(|e| e.to_string());
+            if text.trim_start().starts_with('[') {
+                return Ok(());
+            }
+            let mut cuts: Vec<usize> = cuts.into_iter().map(|c| c.min(text.len())).collect();
+            cuts.sort_unstable();
+            let mut parser = LengthLines::new();
+            let mut out = Vec::new();
+            let mut start = 0;
+            let fed = (|| {
+                for &c in cuts.iter().chain([text.len()].iter()) {
+                    parser.feed(&text.as_bytes()[start..c], &mut out)?;
+                    start = c;
+                }
+                parser.finish(&mut out)
+            })()
+            .map(|()| out)
+            .map_err(|e| e.to_string());
+            prop_assert_eq!(fed, whole);
+        }
+    }
+
+    #[test]
+    fn length_lines_refuse_a_line_without_end() {
+        let mut parser = LengthLines::new();
+        let e = parser.feed(&[b'1'; 5000], &mut Vec::new()).unwrap_err().to_string();
+        assert!(e.contains("line 1") && e.contains("longer than 4096 bytes"), "{e}");
     }
 
     #[test]

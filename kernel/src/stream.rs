@@ -124,9 +124,11 @@ impl Closed {
         &self.indices[self.offsets[b] as usize..self.offsets[b + 1] as usize]
     }
 
-    fn push(&mut self, mut members: Vec<u64>, load: u64) {
+    /// Appends a bin (sorting `members`, which is left empty).
+    fn push(&mut self, members: &mut Vec<u64>, load: u64) {
         members.sort_unstable();
-        self.indices.extend_from_slice(&members);
+        self.indices.extend_from_slice(members);
+        members.clear();
         // At most 2^32 − 1: `add` refuses a call that could hand out more items.
         self.offsets.push(self.indices.len() as u32);
         self.loads.push(load);
@@ -155,10 +157,7 @@ pub struct StreamPacker {
     options: StreamOptions,
     next_index: u64,
     buffer: Buffer,
-    /// Room left in each open bin, oldest bin first.
-    rooms: Vec<u64>,
-    /// Members of each open bin, in placement order.
-    members: Vec<Vec<u64>>,
+    open: OpenBins,
 }
 
 impl StreamPacker {
@@ -170,8 +169,7 @@ impl StreamPacker {
             options,
             next_index: 0,
             buffer: Buffer::new(options.capacity),
-            rooms: Vec::new(),
-            members: Vec::new(),
+            open: OpenBins::new(options.capacity),
         })
     }
 
@@ -182,7 +180,7 @@ impl StreamPacker {
 
     /// Where the stream stands.
     pub fn status(&self) -> StreamStatus {
-        let oldest_bin = self.members.iter().flat_map(|m| m.iter().copied()).min();
+        let oldest_bin = self.open.bins.iter().flat_map(|b| b.members.iter().copied()).min();
         let oldest = match (self.buffer.oldest(), oldest_bin) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
@@ -190,8 +188,8 @@ impl StreamPacker {
         StreamStatus {
             next_index: self.next_index,
             buffered: self.buffer.len() as u32,
-            open_bins: self.rooms.len() as u32,
-            in_open_bins: self.members.iter().map(|m| m.len() as u64).sum(),
+            open_bins: self.open.count as u32,
+            in_open_bins: self.open.held(),
             oldest_held: oldest,
         }
     }
@@ -203,7 +201,7 @@ impl StreamPacker {
     /// policy (naming its stream index).
     pub fn add(&mut self, lengths: &[u64]) -> Result<Closed, Error> {
         let StreamOptions { capacity, align, oversize, .. } = self.options;
-        let held = self.buffer.len() as u64 + self.members.iter().map(|m| m.len() as u64).sum::<u64>();
+        let held = self.buffer.len() as u64 + self.open.held();
         if lengths.len() as u64 + held > u32::MAX as u64 {
             return invalid!(
                 "lengths has {} entries and the packer holds {held} items; at most {} in all per call",
@@ -237,7 +235,7 @@ impl StreamPacker {
             let a = len.div_ceil(align) * align;
             if a > capacity {
                 match oversize {
-                    OversizePolicy::Single => out.push(alloc::vec![index], a),
+                    OversizePolicy::Single => out.push(&mut alloc::vec![index], a),
                     _ => out.dropped.push(index),
                 }
                 continue;
@@ -256,13 +254,13 @@ impl StreamPacker {
     pub fn finish(&mut self) -> Closed {
         let mut out = Closed::empty();
         while let Some((a, index)) = self.buffer.pop_at_most(u64::MAX) {
-            match self.best_fit(a) {
-                Some(b) => self.put(b, a, index),
-                None => self.open(a, index),
-            }
+            let b = self.open.take_best(a).unwrap_or_else(|| self.open.new_bin());
+            self.open.put(b, a, index);
+            self.open.index(b);
         }
-        for (room, members) in self.rooms.drain(..).zip(self.members.drain(..)) {
-            out.push(members, self.options.capacity - room);
+        for b in self.open.by_age() {
+            self.open.unindex(b);
+            self.open.close(b, &mut out);
         }
         out
     }
@@ -270,70 +268,27 @@ impl StreamPacker {
     /// The largest buffered item into a bin (rule 2 of the module docs).
     fn place_largest(&mut self, out: &mut Closed) {
         let Some((a, index)) = self.buffer.pop_at_most(u64::MAX) else { return };
-        let b = match self.best_fit(a) {
-            Some(b) => {
-                self.put(b, a, index);
-                b
-            }
+        let b = match self.open.take_best(a) {
+            Some(b) => b,
             None => {
-                if self.rooms.len() >= self.options.max_open_bins as usize {
-                    let victim = self.least_room();
-                    self.top_up(victim);
-                    self.close(victim, out);
+                if self.open.count >= self.options.max_open_bins as usize {
+                    let victim = self.open.take_least();
+                    // Fill the victim's room from the buffer: the largest item that fits,
+                    // again and again.
+                    while let Some((a, index)) = self.buffer.pop_at_most(self.open.bins[victim].room) {
+                        self.open.put(victim, a, index);
+                    }
+                    self.open.close(victim, out);
                 }
-                self.open(a, index);
-                self.rooms.len() - 1
+                self.open.new_bin()
             }
         };
-        if self.rooms[b] == 0 {
-            self.close(b, out);
+        self.open.put(b, a, index);
+        if self.open.bins[b].room == 0 {
+            self.open.close(b, out);
+        } else {
+            self.open.index(b);
         }
-    }
-
-    /// The open bin with the least room ≥ `a`, the oldest on ties.
-    fn best_fit(&self, a: u64) -> Option<usize> {
-        // Branch-free (conditional moves): which bin wins is unpredictable.
-        let (mut best_room, mut best) = (u64::MAX, usize::MAX);
-        for (b, &room) in self.rooms.iter().enumerate() {
-            let better = (room >= a) & ((room < best_room) | (best == usize::MAX));
-            best_room = if better { room } else { best_room };
-            best = if better { b } else { best };
-        }
-        (best != usize::MAX).then_some(best)
-    }
-
-    /// The open bin with the least room, the oldest on ties (there is one).
-    fn least_room(&self) -> usize {
-        let mut best = 0;
-        for (b, &room) in self.rooms.iter().enumerate() {
-            if room < self.rooms[best] {
-                best = b;
-            }
-        }
-        best
-    }
-
-    fn put(&mut self, b: usize, a: u64, index: u64) {
-        self.rooms[b] -= a;
-        self.members[b].push(index);
-    }
-
-    fn open(&mut self, a: u64, index: u64) {
-        self.rooms.push(self.options.capacity - a);
-        self.members.push(alloc::vec![index]);
-    }
-
-    /// Fills bin `b` from the buffer: the largest item that fits, again and again.
-    fn top_up(&mut self, b: usize) {
-        while let Some((a, index)) = self.buffer.pop_at_most(self.rooms[b]) {
-            self.put(b, a, index);
-        }
-    }
-
-    fn close(&mut self, b: usize, out: &mut Closed) {
-        let room = self.rooms.remove(b);
-        let members = self.members.remove(b);
-        out.push(members, self.options.capacity - room);
     }
 
     /// The whole state as bytes: `SPSK`, format version (u32 LE), payload length (u64 LE),
@@ -355,11 +310,13 @@ impl StreamPacker {
             p.extend_from_slice(&index.to_le_bytes());
             p.extend_from_slice(&a.to_le_bytes());
         }
-        p.extend_from_slice(&(self.rooms.len() as u32).to_le_bytes());
-        for (room, members) in self.rooms.iter().zip(&self.members) {
-            let mut members = members.clone();
+        let open = self.open.by_age();
+        p.extend_from_slice(&(open.len() as u32).to_le_bytes());
+        for b in open {
+            let bin = &self.open.bins[b];
+            let mut members = bin.members.clone();
             members.sort_unstable();
-            p.extend_from_slice(&room.to_le_bytes());
+            p.extend_from_slice(&bin.room.to_le_bytes());
             p.extend_from_slice(&(members.len() as u32).to_le_bytes());
             for m in members {
                 p.extend_from_slice(&m.to_le_bytes());
@@ -445,8 +402,10 @@ impl StreamPacker {
                 members.push(r.u64()?);
             }
             held.extend_from_slice(&members);
-            packer.rooms.push(room);
-            packer.members.push(members);
+            let b = packer.open.new_bin();
+            packer.open.bins[b].room = room;
+            packer.open.bins[b].members = members;
+            packer.open.index(b);
         }
         if !r.bytes.is_empty() {
             return invalid!("state has {} bytes after its contents", r.bytes.len());
@@ -467,6 +426,172 @@ fn oversize_code(o: OversizePolicy) -> u8 {
         OversizePolicy::Error => 0,
         OversizePolicy::Single => 1,
         OversizePolicy::Drop => 2,
+    }
+}
+
+/// The open bins: a slab of bins (room, age, members) and an order of the *indexed* ones by
+/// (room, age), which answers best fit (least room ≥ a, oldest on ties) and least room. A
+/// bin being filled or closed is out of the order.
+#[derive(Clone, Debug)]
+struct OpenBins {
+    capacity: u64,
+    bins: Vec<Bin>,
+    /// Free slots of `bins` (their `members` keep their allocation for the next bin).
+    free: Vec<u32>,
+    /// Bins open (indexed or not).
+    count: usize,
+    /// The age the next bin gets.
+    next_age: u64,
+    order: RoomOrder,
+}
+
+#[derive(Clone, Debug, Default)]
+struct Bin {
+    room: u64,
+    age: u64,
+    /// The next bin of the same room in [`RoomOrder::Buckets`] (older first).
+    next: u32,
+    open: bool,
+    members: Vec<u64>,
+}
+
+#[derive(Clone, Debug)]
+enum RoomOrder {
+    /// Capacities up to [`BUCKET_CAPACITY`]: for each room a list of its bins, oldest first
+    /// (linked through [`Bin::next`]), and a [`BitSet`] of the rooms that have one.
+    Buckets { rooms: BitSet, head: Vec<u32> },
+    /// Larger capacities: (room, age, slot) in ascending order.
+    Sorted(Vec<(u64, u64, u32)>),
+}
+
+impl OpenBins {
+    fn new(capacity: u64) -> Self {
+        let order = if capacity <= BUCKET_CAPACITY {
+            let n = capacity as usize + 1;
+            RoomOrder::Buckets { rooms: BitSet::new(n), head: alloc::vec![NIL; n] }
+        } else {
+            RoomOrder::Sorted(Vec::new())
+        };
+        Self { capacity, bins: Vec::new(), free: Vec::new(), count: 0, next_age: 0, order }
+    }
+
+    /// Items in open bins.
+    fn held(&self) -> u64 {
+        self.bins.iter().map(|b| b.members.len() as u64).sum()
+    }
+
+    /// The open bins' slots, oldest first.
+    fn by_age(&self) -> Vec<usize> {
+        let mut slots: Vec<usize> = (0..self.bins.len()).filter(|&b| self.bins[b].open).collect();
+        slots.sort_unstable_by_key(|&b| self.bins[b].age);
+        slots
+    }
+
+    /// A new, empty bin (the youngest), not in the order.
+    fn new_bin(&mut self) -> usize {
+        let bin = Bin { room: self.capacity, age: self.next_age, next: NIL, open: true, members: Vec::new() };
+        self.next_age += 1;
+        self.count += 1;
+        match self.free.pop() {
+            Some(b) => {
+                let members = core::mem::take(&mut self.bins[b as usize].members);
+                self.bins[b as usize] = Bin { members, ..bin };
+                b as usize
+            }
+            None => {
+                self.bins.push(bin);
+                self.bins.len() - 1
+            }
+        }
+    }
+
+    fn put(&mut self, b: usize, a: u64, index: u64) {
+        self.bins[b].room -= a;
+        self.bins[b].members.push(index);
+    }
+
+    /// Closes bin `b` (not in the order) into `out`.
+    fn close(&mut self, b: usize, out: &mut Closed) {
+        let bin = &mut self.bins[b];
+        bin.open = false;
+        out.push(&mut bin.members, self.capacity - bin.room);
+        self.count -= 1;
+        self.free.push(b as u32);
+    }
+
+    /// Puts bin `b` into the order.
+    fn index(&mut self, b: usize) {
+        let (room, age) = (self.bins[b].room, self.bins[b].age);
+        match &mut self.order {
+            RoomOrder::Buckets { rooms, head } => {
+                let r = room as usize;
+                // Older bins first: walk past the older ones (a bucket holds few bins).
+                let mut prev = NIL;
+                let mut at = head[r];
+                while at != NIL && self.bins[at as usize].age < age {
+                    prev = at;
+                    at = self.bins[at as usize].next;
+                }
+                self.bins[b].next = at;
+                if prev == NIL {
+                    head[r] = b as u32;
+                    rooms.insert(r);
+                } else {
+                    self.bins[prev as usize].next = b as u32;
+                }
+            }
+            RoomOrder::Sorted(order) => {
+                let key = (room, age, b as u32);
+                let at = order.partition_point(|e| *e < key);
+                order.insert(at, key);
+            }
+        }
+    }
+
+    /// Takes bin `b` out of the order.
+    fn unindex(&mut self, b: usize) {
+        let (room, age) = (self.bins[b].room, self.bins[b].age);
+        match &mut self.order {
+            RoomOrder::Buckets { rooms, head } => {
+                let r = room as usize;
+                let mut prev = NIL;
+                let mut at = head[r];
+                while at != NIL && at as usize != b {
+                    prev = at;
+                    at = self.bins[at as usize].next;
+                }
+                let next = self.bins[b].next;
+                if prev == NIL {
+                    head[r] = next;
+                    if next == NIL {
+                        rooms.remove(r);
+                    }
+                } else {
+                    self.bins[prev as usize].next = next;
+                }
+            }
+            RoomOrder::Sorted(order) => {
+                let at = order.partition_point(|e| *e < (room, age, b as u32));
+                order.remove(at);
+            }
+        }
+    }
+
+    /// Takes the bin with the least room ≥ `a` (the oldest on ties) out of the order.
+    fn take_best(&mut self, a: u64) -> Option<usize> {
+        let b = match &self.order {
+            RoomOrder::Buckets { rooms, head } => head[rooms.next(usize::try_from(a).ok()?)?] as usize,
+            RoomOrder::Sorted(order) => order.get(order.partition_point(|e| e.0 < a))?.2 as usize,
+        };
+        self.unindex(b);
+        Some(b)
+    }
+
+    /// Takes the bin with the least room (the oldest on ties) out of the order; there is one.
+    fn take_least(&mut self) -> usize {
+        // Every open bin is in the order when this is called, and at least one is open.
+        let b = self.take_best(0);
+        b.unwrap_or(0)
     }
 }
 
