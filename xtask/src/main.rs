@@ -13,7 +13,9 @@
 //!   (exit 3 when the target is not installed).
 //! - `test`: every test of the project — `cargo test --release` of the workspace (kernel
 //!   proptests, conformance vectors on native and WASM, host and CLI tests), then the
-//!   Python SDK's tests when `sdk-python/` holds a package (see `sdk-python/README.md`).
+//!   Python SDK's tests when `sdk-python/` holds a package (see `sdk-python/README.md`), then
+//!   the JavaScript SDK's (`sdk-js/run_tests.sh`) when node and npm are installed (required
+//!   with `STOWPLAN_REQUIRE_NODE=1`).
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
@@ -215,6 +217,26 @@ fn run(program: &str, args: &[&str]) -> Result<(), String> {
     run_with(program, args, &[])
 }
 
+/// The JavaScript SDK's tests (`sdk-js/run_tests.sh`: Node tests, packed-package import,
+/// the explorer in headless Chromium) when node and npm are installed; without them, a loud
+/// warning — or a failure when `STOWPLAN_REQUIRE_NODE=1` (CI).
+fn js_tests() -> Result<(), String> {
+    if !root().join("sdk-js/run_tests.sh").is_file() {
+        return Ok(());
+    }
+    let found = |tool: &str| Command::new(tool).arg("--version").output().is_ok_and(|o| o.status.success());
+    if !(found("node") && found("npm")) {
+        if std::env::var("STOWPLAN_REQUIRE_NODE").is_ok_and(|v| v == "1") {
+            return Err("node and npm are required for the JavaScript SDK's tests (STOWPLAN_REQUIRE_NODE=1)".into());
+        }
+        eprintln!(
+            "xtask: WARNING: node or npm not found: the JavaScript SDK's tests (sdk-js/run_tests.sh) DID NOT RUN"
+        );
+        return Ok(());
+    }
+    run("bash", &["sdk-js/run_tests.sh"])
+}
+
 /// [`run`] with environment variables `env` set for the command.
 fn run_with(program: &str, args: &[&str], env: &[(&str, &str)]) -> Result<(), String> {
     let shown: String = env.iter().map(|(k, v)| format!("{k}={v} ")).collect();
@@ -290,6 +312,7 @@ fn run_tests() -> ExitCode {
                 return Err(format!("`bash {}` failed ({status})", sdk_script.display()));
             }
         }
+        js_tests()?;
         Ok(())
     })();
     match result {
