@@ -13,6 +13,7 @@ mod layout;
 mod packer;
 mod plan;
 mod source;
+mod stream;
 
 use std::str::FromStr;
 
@@ -1589,6 +1590,8 @@ fn _stowplan(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyBalance>()?;
     m.add_class::<PyDpReorder>()?;
     m.add_class::<PyRollMicroBatches>()?;
+    m.add_class::<stream::PyStreamPacker>()?;
+    stream::defaults(m)?;
     // The kernel's cost presets, name -> (linear, quadratic).
     let presets = PyDict::new(m.py());
     for (name, c) in stowplan::COST_PRESETS {

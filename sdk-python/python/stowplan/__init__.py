@@ -52,13 +52,25 @@ partition = _stowplan.partition
 pack = _stowplan.pack
 Partition = _stowplan.Partition
 Packing = _stowplan.Packing
+StreamPacker = _stowplan.StreamPacker
 kernel_info = _stowplan.kernel_info
+
+
+def __getattr__(name: str) -> object:
+    # PackedIterableDataset imports torch (when installed) for its base class: only on use.
+    if name == "PackedIterableDataset":
+        from ._stream import PackedIterableDataset
+
+        return PackedIterableDataset
+    raise AttributeError(f"module 'stowplan' has no attribute {name!r}")
 
 __all__ = [
     "partition",
     "pack",
     "Partition",
     "Packing",
+    "StreamPacker",
+    "PackedIterableDataset",
     "micro_batches",
     "balance",
     "MicroBatches",

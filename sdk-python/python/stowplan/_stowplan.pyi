@@ -80,6 +80,51 @@ def pack(
     """``method``: ``"bfd"`` (default), ``"ffd"`` or ``"next-fit"``; ``oversize``:
     ``"error"`` (default), ``"single"`` or ``"drop"``."""
 
+STREAM_DEFAULTS: Dict[str, int]
+
+class StreamPacker:
+    """A streaming bin packer (bins close as lengths arrive; bounded memory)."""
+
+    def __init__(
+        self,
+        capacity: int,
+        *,
+        max_open_bins: Optional[int] = None,
+        max_buffered: Optional[int] = None,
+        align: Optional[int] = None,
+        oversize: Optional[str] = None,
+        backend: Optional[str] = None,
+    ) -> None:
+        """``max_open_bins`` 1..=65536 (default 64), ``max_buffered`` 0..=1048576 (default
+        4096), ``oversize`` ``"error"`` (default), ``"single"`` or ``"drop"``."""
+    @staticmethod
+    def from_state(state: bytes, *, backend: Optional[str] = None) -> StreamPacker: ...
+    def add(self, lengths: _Lengths) -> List[List[int]]: ...
+    def finish(self) -> List[List[int]]: ...
+    def state(self) -> bytes: ...
+    @property
+    def capacity(self) -> int: ...
+    @property
+    def max_open_bins(self) -> int: ...
+    @property
+    def max_buffered(self) -> int: ...
+    @property
+    def align(self) -> int: ...
+    @property
+    def oversize(self) -> str: ...
+    @property
+    def next_index(self) -> int: ...
+    @property
+    def buffered(self) -> int: ...
+    @property
+    def open_bins(self) -> int: ...
+    @property
+    def in_open_bins(self) -> int: ...
+    @property
+    def oldest_held(self) -> Optional[int]: ...
+    @property
+    def last_dropped(self) -> List[int]: ...
+
 class MicroBatches:
     """Micro-batches of one batch (the result of :func:`micro_batches`)."""
 

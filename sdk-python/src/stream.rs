@@ -1,0 +1,251 @@
+//! The streaming packer for Python (`stowplan._stowplan.StreamPacker`): a thin wrapper over
+//! the host's [`stowplan::StreamPacker`] (the kernel decides every bin).
+
+use std::sync::Mutex;
+
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyList, PyTuple};
+use stowplan::stream::{DEFAULT_MAX_BUFFERED, DEFAULT_MAX_OPEN_BINS, MAX_BUFFERED, MAX_OPEN_BINS};
+use stowplan::{Closed, Named, StreamOptions, StreamPacker};
+
+use crate::{Lengths, int, invalid, kernel, opt_parse, opt_u64, to_py, u64_arg};
+
+/// A streaming bin packer: lengths go in a few at a time, each bin comes out when it closes,
+/// and memory stays bounded however long the stream (``max_buffered`` lengths wait, at most
+/// ``max_open_bins`` bins are open). Best fit; a bin that must close is first topped up with
+/// the largest waiting lengths that fit. The rule is item by item, so how the stream is cut
+/// into :meth:`add` calls changes nothing.
+///
+/// ``capacity`` — tokens per bin (≥ 1); ``max_open_bins`` — 1..=65536 (default 64);
+/// ``max_buffered`` — 0..=1048576 (default 4096; 0 places each length on arrival); ``align``
+/// — lengths are rounded up to a multiple of it (default 1); ``oversize`` — a length above
+/// the capacity: ``"error"`` (default: :class:`InfeasibleError`, nothing applied),
+/// ``"single"`` (a bin of its own at once) or ``"drop"`` (left out, see
+/// :attr:`last_dropped`); ``backend`` — ``"wasm"`` (default) or ``"native"``.
+///
+/// Bins are lists of stream indices (0-based, counted over every length ever added),
+/// ascending. :meth:`state` saves everything (framed, versioned, checksummed bytes) and
+/// :meth:`from_state` continues exactly; the packer also pickles that way.
+///
+/// >>> p = StreamPacker(10, max_open_bins=1, max_buffered=0)
+/// >>> p.add([4, 6, 7]), p.add([2, 5]), p.finish()
+/// ([[0, 1]], [[2, 3]], [[4]])
+#[pyclass(module = "stowplan._stowplan", name = "StreamPacker")]
+#[derive(Debug)]
+pub struct PyStreamPacker {
+    inner: Mutex<StreamPacker>,
+    options: StreamOptions,
+    /// Indices dropped (``oversize="drop"``) by the last :meth:`add` or :meth:`finish`.
+    last_dropped: Vec<u64>,
+}
+
+impl PyStreamPacker {
+    fn run(
+        &mut self,
+        py: Python<'_>,
+        f: impl FnOnce(&mut StreamPacker) -> Result<Closed, stowplan::Error> + Send,
+    ) -> PyResult<Py<PyList>> {
+        let inner = &self.inner;
+        let closed = py
+            .detach(|| {
+                let mut packer =
+                    inner.lock().map_err(|_| stowplan::Error::Runtime("a previous call panicked".into()))?;
+                f(&mut packer)
+            })
+            .map_err(|e| to_py(py, e))?;
+        let bins = PyList::empty(py);
+        for b in 0..closed.bins() {
+            bins.append(PyList::new(py, closed.bin(b))?)?;
+        }
+        self.last_dropped = closed.dropped;
+        Ok(bins.unbind())
+    }
+
+    fn with<R: Send>(
+        &self,
+        py: Python<'_>,
+        f: impl FnOnce(&mut StreamPacker) -> Result<R, stowplan::Error> + Send,
+    ) -> PyResult<R> {
+        let inner = &self.inner;
+        py.detach(|| {
+            let mut packer = inner.lock().map_err(|_| stowplan::Error::Runtime("a previous call panicked".into()))?;
+            f(&mut packer)
+        })
+        .map_err(|e| to_py(py, e))
+    }
+
+    fn status(&self, py: Python<'_>) -> PyResult<stowplan::StreamStatus> {
+        self.with(py, |p| p.status())
+    }
+}
+
+#[pymethods]
+impl PyStreamPacker {
+    #[new]
+    #[pyo3(signature = (capacity, *, max_open_bins=None, max_buffered=None, align=None, oversize=None, backend=None))]
+    fn new(
+        py: Python<'_>,
+        capacity: &Bound<'_, PyAny>,
+        max_open_bins: Option<&Bound<'_, PyAny>>,
+        max_buffered: Option<&Bound<'_, PyAny>>,
+        align: Option<&Bound<'_, PyAny>>,
+        oversize: Option<&str>,
+        backend: Option<&str>,
+    ) -> PyResult<Self> {
+        let d = StreamOptions::new(u64_arg(capacity, "capacity", 1)?);
+        let options = StreamOptions {
+            max_open_bins: bounded(max_open_bins, "max_open_bins", 1, MAX_OPEN_BINS)?.unwrap_or(d.max_open_bins),
+            max_buffered: bounded(max_buffered, "max_buffered", 0, MAX_BUFFERED)?.unwrap_or(d.max_buffered),
+            align: opt_u64(align, "align", 1)?.unwrap_or(d.align),
+            oversize: opt_parse(py, oversize)?.unwrap_or(d.oversize),
+            ..d
+        };
+        let kernel = kernel(py, backend)?;
+        let packer = py.detach(|| kernel.stream_packer(&options)).map_err(|e| to_py(py, e))?;
+        Ok(Self { inner: Mutex::new(packer), options, last_dropped: Vec::new() })
+    }
+
+    /// A packer from :meth:`state`'s bytes, continuing exactly where that state stood.
+    /// Damaged bytes, or a state of another format version, raise
+    /// :class:`InvalidArgumentError` and restore nothing.
+    #[staticmethod]
+    #[pyo3(signature = (state, *, backend=None))]
+    fn from_state(py: Python<'_>, state: &Bound<'_, PyAny>, backend: Option<&str>) -> PyResult<Self> {
+        let Ok(bytes) = state.cast::<PyBytes>() else {
+            return Err(invalid(
+                py,
+                format!("state must be bytes from StreamPacker.state() (got {})", state.get_type().name()?),
+            ));
+        };
+        let bytes = bytes.as_bytes().to_vec();
+        let kernel = kernel(py, backend)?;
+        let packer = py.detach(|| kernel.restore_stream_packer(&bytes)).map_err(|e| to_py(py, e))?;
+        let options = *packer.options();
+        Ok(Self { inner: Mutex::new(packer), options, last_dropped: Vec::new() })
+    }
+
+    /// Adds the next lengths of the stream (a list, tuple or integer array of non-negative
+    /// integers); returns the bins that closed, each a list of stream indices. An error
+    /// (:class:`InfeasibleError` for a length above the capacity under ``oversize="error"``,
+    /// naming its stream index) applies nothing.
+    fn add(&mut self, py: Python<'_>, lengths: &Bound<'_, PyAny>) -> PyResult<Py<PyList>> {
+        let lengths = Lengths::extract(lengths, "lengths")?;
+        let l = lengths.slice().to_vec();
+        self.run(py, move |p| p.add(&l))
+    }
+
+    /// Places every waiting length and closes every open bin; returns those bins. The packer
+    /// stays usable: later lengths continue the stream's indices.
+    fn finish(&mut self, py: Python<'_>) -> PyResult<Py<PyList>> {
+        self.run(py, |p| p.finish())
+    }
+
+    /// The whole state as bytes (``SPSK`` framing, format version, sha256), for
+    /// :meth:`from_state`.
+    fn state<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
+        let bytes = self.with(py, |p| p.save())?;
+        Ok(PyBytes::new(py, &bytes))
+    }
+
+    fn __reduce__<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyTuple>> {
+        let py = slf.py();
+        let state = slf.borrow().state(py)?;
+        let from_state = slf.get_type().getattr("from_state")?;
+        PyTuple::new(py, [from_state, PyTuple::new(py, [state])?.into_any()])
+    }
+
+    /// Tokens per bin.
+    #[getter]
+    fn capacity(&self) -> u64 {
+        self.options.capacity
+    }
+
+    /// Open bins at most.
+    #[getter]
+    fn max_open_bins(&self) -> u32 {
+        self.options.max_open_bins
+    }
+
+    /// Lengths waiting to be placed at most.
+    #[getter]
+    fn max_buffered(&self) -> u32 {
+        self.options.max_buffered
+    }
+
+    /// Lengths are rounded up to a multiple of this.
+    #[getter]
+    fn align(&self) -> u64 {
+        self.options.align
+    }
+
+    /// The oversize policy's name.
+    #[getter]
+    fn oversize(&self) -> &'static str {
+        self.options.oversize.as_str()
+    }
+
+    /// The index the next length gets (the number of lengths added so far).
+    #[getter]
+    fn next_index(&self, py: Python<'_>) -> PyResult<u64> {
+        Ok(self.status(py)?.next_index)
+    }
+
+    /// Lengths waiting, not yet in a bin.
+    #[getter]
+    fn buffered(&self, py: Python<'_>) -> PyResult<u32> {
+        Ok(self.status(py)?.buffered)
+    }
+
+    /// Bins open.
+    #[getter]
+    fn open_bins(&self, py: Python<'_>) -> PyResult<u32> {
+        Ok(self.status(py)?.open_bins)
+    }
+
+    /// Lengths in open bins.
+    #[getter]
+    fn in_open_bins(&self, py: Python<'_>) -> PyResult<u64> {
+        Ok(self.status(py)?.in_open_bins)
+    }
+
+    /// The smallest stream index still held (waiting or in an open bin), ``None`` when
+    /// nothing is; every smaller index is in a returned bin or was dropped.
+    #[getter]
+    fn oldest_held(&self, py: Python<'_>) -> PyResult<Option<u64>> {
+        Ok(self.status(py)?.oldest_held)
+    }
+
+    /// Stream indices dropped (``oversize="drop"``) by the last :meth:`add` or
+    /// :meth:`finish`.
+    #[getter]
+    fn last_dropped(&self) -> Vec<u64> {
+        self.last_dropped.clone()
+    }
+
+    fn __repr__(&self, py: Python<'_>) -> PyResult<String> {
+        let s = self.status(py)?;
+        Ok(format!(
+            "StreamPacker(capacity={}, max_open_bins={}, max_buffered={}, next_index={}, buffered={}, open_bins={})",
+            self.options.capacity,
+            self.options.max_open_bins,
+            self.options.max_buffered,
+            s.next_index,
+            s.buffered,
+            s.open_bins
+        ))
+    }
+}
+
+/// An optional count in `low..=high` (the kernel's range, named in the error).
+fn bounded(obj: Option<&Bound<'_, PyAny>>, name: &str, low: u32, high: u32) -> PyResult<Option<u32>> {
+    obj.map(|o| int::<u32>(o, name, low.into(), high.into())).transpose()
+}
+
+/// The kernel's defaults, for the docs and ``PackedIterableDataset``:
+/// ``{"max_open_bins": 64, "max_buffered": 4096}``.
+pub(crate) fn defaults(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    let d = pyo3::types::PyDict::new(m.py());
+    d.set_item("max_open_bins", DEFAULT_MAX_OPEN_BINS)?;
+    d.set_item("max_buffered", DEFAULT_MAX_BUFFERED)?;
+    m.add("STREAM_DEFAULTS", d)
+}
