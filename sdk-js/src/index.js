@@ -223,10 +223,24 @@ export class Packing {
   }
 }
 
+/** Groups with `tokens` and `costs` (micro-batches, ranks): their balance figures. */
+class Totals {
+  /** Balance figures of the groups' tokens. @returns {Figures} */
+  get tokenBalance() {
+    return figures(/** @type {any} */ (this).tokens);
+  }
+
+  /** Balance figures of the groups' costs. @returns {Figures} */
+  get costBalance() {
+    return figures(/** @type {any} */ (this).costs);
+  }
+}
+
 /** Micro-batches of one batch (the result of `microBatches`, and each rank's in `balance`). */
-export class MicroBatches {
+export class MicroBatches extends Totals {
   /** @param {any} p the kernel's micro-plan */
   constructor(p) {
+    super();
     /** Micro-batch boundaries into `indices`. */
     this.offsets = p.batches.offsets;
     /** Input indices, micro-batch after micro-batch (each ascending). */
@@ -248,16 +262,6 @@ export class MicroBatches {
   /** The micro-batches, as views into `indices`. @returns {Uint32Array[]} */
   get batches() {
     return lists(this.offsets, this.indices);
-  }
-
-  /** Balance figures of the micro-batches' tokens. @returns {Figures} */
-  get tokenBalance() {
-    return figures(this.tokens);
-  }
-
-  /** Balance figures of the micro-batches' costs. @returns {Figures} */
-  get costBalance() {
-    return figures(this.costs);
   }
 
   /** Number of micro-batches. */
@@ -291,13 +295,14 @@ export class MicroBatches {
 }
 
 /** A global batch over `dp` ranks, with every rank's micro-batches when a cap was given. */
-export class Balance {
+export class Balance extends Totals {
   /**
    * @param {any} dpPlan the kernel's DP plan
    * @param {MicroBatches[] | null} ranks every rank's micro-batches, or null
    * @param {BigUint64Array} lengths the global lengths
    */
   constructor(dpPlan, ranks, lengths) {
+    super();
     /** Rank boundaries into `order`. */
     this.offsets = dpPlan.ranks.offsets;
     /** The permutation to reorder the batch by: rank after rank, each ascending. */
@@ -321,16 +326,6 @@ export class Balance {
   /** Every rank's samples, as views into `order`. @returns {Uint32Array[]} */
   get ranks() {
     return lists(this.offsets, this.order);
-  }
-
-  /** Balance figures of the ranks' tokens. @returns {Figures} */
-  get tokenBalance() {
-    return figures(this.tokens);
-  }
-
-  /** Balance figures of the ranks' costs. @returns {Figures} */
-  get costBalance() {
-    return figures(this.costs);
   }
 
   /** Number of ranks. */
