@@ -151,10 +151,13 @@ pub fn pack(lengths: &[u64], options: &PackOptions) -> Result<Packing, Error> {
     let aligned: &[u64] = &aligned;
     // One pass: overflow check of the total, the total of the items that fit, and the
     // oversize policy.
-    let (mut total, mut fit_total) = (0u64, 0u64);
+    let (mut total, mut fit_total, mut real_all) = (0u64, 0u64, 0u64);
     let mut dropped = Vec::new();
     let mut single = Vec::new();
     for (i, &a) in aligned.iter().enumerate() {
+        // Real lengths are at most their aligned ones: this sum cannot overflow when the
+        // checked one below does not.
+        real_all = real_all.wrapping_add(lengths[i]);
         total = match total.checked_add(a) {
             Some(t) => t,
             None => return invalid!("the sum of aligned lengths overflows u64 (at most {} allowed)", u64::MAX),
@@ -176,38 +179,46 @@ pub fn pack(lengths: &[u64], options: &PackOptions) -> Result<Packing, Error> {
         }
     }
     let lower_bound = fit_total.div_ceil(capacity);
-    // bin[i]: the bin of item i, NONE when dropped.
-    let (bin, bins) = match method {
-        PackMethod::NextFit => next_fit(aligned, capacity, oversize),
-        PackMethod::Bfd | PackMethod::Ffd => {
-            let mut bin = alloc::vec![NONE; aligned.len()];
-            let fitting = aligned.len() - dropped.len() - single.len();
-            // (index, aligned length) in (length desc, index asc) order, from packed keys
-            // read in sequence when the lengths allow (see `sorted_desc_keys`).
-            let bins = match sorted_desc_keys(aligned) {
-                Some(keys) => {
-                    let max = aligned.iter().copied().max().unwrap_or(0);
-                    let items = keys.iter().map(|&k| (k as u32, key_weight(k, max)));
-                    any_fit(items, capacity, oversize, method, lower_bound, fitting, &mut bin)
-                }
-                None => {
-                    let items = sorted_desc(aligned).into_iter().map(|i| (i, aligned[i as usize]));
-                    any_fit(items, capacity, oversize, method, lower_bound, fitting, &mut bin)
-                }
-            };
-            (bin, bins)
+    if method == PackMethod::NextFit {
+        let (offsets, indices, loads) = next_fit(aligned, capacity, oversize, dropped.len());
+        // Every item but the dropped ones is packed.
+        let real_tokens = real_all - dropped.iter().map(|&i| lengths[i as usize]).sum::<u64>();
+        let aligned_tokens = total - dropped.iter().map(|&i| aligned[i as usize]).sum::<u64>();
+        return Ok(Packing { offsets, indices, loads, dropped, single, real_tokens, aligned_tokens, lower_bound });
+    }
+    // BFD or FFD, over (index, aligned length) in (length desc, index asc) order — from
+    // packed keys read in sequence when the lengths allow (see `sorted_desc_keys`). The fit
+    // writes each item's bin in that order (a sequential write), and the assembly groups
+    // the items by bin and sorts each bin's few members.
+    let fitting = aligned.len() - dropped.len() - single.len();
+    let mut assign: Vec<u32> = Vec::with_capacity(aligned.len());
+    let (offsets, indices, loads) = match sorted_desc_keys(aligned) {
+        Some(keys) => {
+            let max = aligned.iter().copied().max().unwrap_or(0);
+            let items = keys.iter().map(|&k| (k as u32, key_weight(k, max)));
+            let bins = any_fit(items.clone(), capacity, oversize, method, lower_bound, fitting, &mut assign);
+            assemble(items, &assign, bins)
+        }
+        None => {
+            let order = sorted_desc(aligned);
+            let items = order.iter().map(|&i| (i, aligned[i as usize]));
+            let bins = any_fit(items.clone(), capacity, oversize, method, lower_bound, fitting, &mut assign);
+            assemble(items, &assign, bins)
         }
     };
-    // Counting sort by bin: members come out ascending by index.
+    let real_tokens = real_all - dropped.iter().map(|&i| lengths[i as usize]).sum::<u64>();
+    let aligned_tokens = total - dropped.iter().map(|&i| aligned[i as usize]).sum::<u64>();
+    Ok(Packing { offsets, indices, loads, dropped, single, real_tokens, aligned_tokens, lower_bound })
+}
+
+/// The bins' offsets, members (ascending) and loads from `items` in fit order and the bin
+/// each went to (`assign`, in the same order; [`NONE`] for a dropped item): a counting sort
+/// by bin, then each bin's members sorted.
+fn assemble(items: impl Iterator<Item = (u32, u64)>, assign: &[u32], bins: usize) -> (Vec<u32>, Vec<u32>, Vec<u64>) {
     let mut offsets = alloc::vec![0u32; bins + 1];
-    let mut loads = alloc::vec![0u64; bins];
-    let (mut real_tokens, mut aligned_tokens) = (0u64, 0u64);
-    for (i, &b) in bin.iter().enumerate() {
+    for &b in assign {
         if b != NONE {
             offsets[b as usize + 1] += 1;
-            loads[b as usize] += aligned[i];
-            real_tokens += lengths[i];
-            aligned_tokens += aligned[i];
         }
     }
     for b in 0..bins {
@@ -215,50 +226,71 @@ pub fn pack(lengths: &[u64], options: &PackOptions) -> Result<Packing, Error> {
     }
     let mut fill: Vec<u32> = offsets[..bins].to_vec();
     let mut indices = alloc::vec![0u32; offsets[bins] as usize];
-    for (i, &b) in bin.iter().enumerate() {
+    let mut loads = alloc::vec![0u64; bins];
+    for ((i, a), &b) in items.zip(assign) {
         if b != NONE {
-            indices[fill[b as usize] as usize] = i as u32;
-            fill[b as usize] += 1;
+            let at = &mut fill[b as usize];
+            indices[*at as usize] = i;
+            *at += 1;
+            loads[b as usize] += a;
         }
     }
-    Ok(Packing { offsets, indices, loads, dropped, single, real_tokens, aligned_tokens, lower_bound })
+    for b in 0..bins {
+        indices[offsets[b] as usize..offsets[b + 1] as usize].sort_unstable();
+    }
+    (offsets, indices, loads)
 }
 
-/// "No bin" in the per-item bin table.
+/// "No bin": a dropped item's entry in the fit's bin list.
 const NONE: u32 = u32::MAX;
 
-fn next_fit(aligned: &[u64], capacity: u64, oversize: OversizePolicy) -> (Vec<u32>, usize) {
-    let mut bin = alloc::vec![NONE; aligned.len()];
-    let mut bins = 0usize;
-    // The bin being filled and its load; `None` before the first item or after a single.
-    let mut current: Option<(u32, u64)> = None;
+/// Next fit in one pass: the bins' offsets, members (input order) and loads, built as the
+/// items go by (no per-item bin table, no second pass). `dropped` items are left out.
+fn next_fit(
+    aligned: &[u64],
+    capacity: u64,
+    oversize: OversizePolicy,
+    dropped: usize,
+) -> (Vec<u32>, Vec<u32>, Vec<u64>) {
+    let mut indices = Vec::with_capacity(aligned.len() - dropped);
+    let mut offsets = alloc::vec![0u32];
+    let mut loads = Vec::new();
+    // The load of the bin being filled; `None` before the first item and after a single.
+    let mut current: Option<u64> = None;
     for (i, &a) in aligned.iter().enumerate() {
         if a > capacity {
             if oversize == OversizePolicy::Single {
-                bin[i] = bins as u32;
-                bins += 1;
-                current = None;
+                if let Some(load) = current.take() {
+                    offsets.push(indices.len() as u32);
+                    loads.push(load);
+                }
+                indices.push(i as u32);
+                offsets.push(indices.len() as u32);
+                loads.push(a);
             }
             continue;
         }
-        match current {
-            Some((b, used)) if used + a <= capacity => {
-                bin[i] = b;
-                current = Some((b, used + a));
+        current = match current {
+            Some(load) if load + a <= capacity => Some(load + a),
+            Some(load) => {
+                offsets.push(indices.len() as u32);
+                loads.push(load);
+                Some(a)
             }
-            _ => {
-                bin[i] = bins as u32;
-                current = Some((bins as u32, a));
-                bins += 1;
-            }
-        }
+            None => Some(a),
+        };
+        indices.push(i as u32);
     }
-    (bin, bins)
+    if let Some(load) = current {
+        offsets.push(indices.len() as u32);
+        loads.push(load);
+    }
+    (offsets, indices, loads)
 }
 
 /// Best or first fit decreasing over `items` — (index, aligned length) in (length desc,
-/// index asc) order, `fitting` of them within `capacity` — writing each item's bin into
-/// `bin`; returns the number of bins. The oversized items come first: with `single` each
+/// index asc) order, `fitting` of them within `capacity` — pushing each item's bin onto
+/// `assign`, in that order ([`NONE`] for a dropped one); returns the number of bins. The oversized items come first: with `single` each
 /// opens its own bin (numbered first), otherwise they were dropped already.
 fn any_fit(
     items: impl Iterator<Item = (u32, u64)>,
@@ -267,17 +299,19 @@ fn any_fit(
     method: PackMethod,
     lower_bound: u64,
     fitting: usize,
-    bin: &mut [u32],
+    assign: &mut Vec<u32>,
 ) -> usize {
     let mut items = items.peekable();
     let mut singles = 0u32;
-    while let Some(&(i, a)) = items.peek() {
+    while let Some(&(_, a)) = items.peek() {
         if a <= capacity {
             break;
         }
         if oversize == OversizePolicy::Single {
-            bin[i as usize] = singles;
+            assign.push(singles);
             singles += 1;
+        } else {
+            assign.push(NONE);
         }
         items.next();
     }
@@ -285,19 +319,25 @@ fn any_fit(
     // 2·lower_bound + 1 bins.
     let max_bins = (2 * lower_bound + 1).min(fitting as u64) as usize;
     let opened = if method == PackMethod::Bfd {
-        best_fit(items, capacity, fitting, bin, singles)
+        best_fit(items, capacity, fitting, assign, singles)
     } else {
-        first_fit(items, capacity, bin, singles, max_bins)
+        first_fit(items, capacity, assign, singles, max_bins)
     };
     singles as usize + opened
 }
 
 /// Best fit: the bin with the least room ≥ the item, the oldest on ties. Returns the
 /// number of bins opened (numbered from `first`).
-fn best_fit(items: impl Iterator<Item = (u32, u64)>, capacity: u64, n: usize, bin: &mut [u32], first: u32) -> usize {
+fn best_fit(
+    items: impl Iterator<Item = (u32, u64)>,
+    capacity: u64,
+    n: usize,
+    assign: &mut Vec<u32>,
+    first: u32,
+) -> usize {
     let mut rooms = RoomIndex::new(capacity, n);
     let mut opened = 0usize;
-    for (i, a) in items {
+    for (_, a) in items {
         let (room, b) = match rooms.take_best(a) {
             Some(found) => found,
             None => {
@@ -305,7 +345,7 @@ fn best_fit(items: impl Iterator<Item = (u32, u64)>, capacity: u64, n: usize, bi
                 (capacity, (opened - 1) as u32)
             }
         };
-        bin[i as usize] = first + b;
+        assign.push(first + b);
         rooms.insert(room - a, b);
     }
     opened
@@ -367,7 +407,7 @@ impl RoomIndex {
 fn first_fit(
     items: impl Iterator<Item = (u32, u64)>,
     capacity: u64,
-    bin: &mut [u32],
+    assign: &mut Vec<u32>,
     first: u32,
     max_bins: usize,
 ) -> usize {
@@ -375,7 +415,7 @@ fn first_fit(
     let mut leaves = max_bins.max(1).next_power_of_two();
     let mut tree = alloc::vec![capacity; 2 * leaves];
     let mut opened = 0usize;
-    for (i, a) in items {
+    for (_, a) in items {
         if tree[1] < a {
             // All `leaves` bins are too full (the any-fit bound makes this unreachable):
             // double the tree; the new leaves are fresh bins.
@@ -394,11 +434,16 @@ fn first_fit(
         }
         let leaf = node - leaves;
         opened = opened.max(leaf + 1);
-        bin[i as usize] = first + leaf as u32;
+        assign.push(first + leaf as u32);
         tree[node] -= a;
+        // Up the path while the maximum changes (above that, nothing does).
         let mut up = node / 2;
         while up >= 1 {
-            tree[up] = tree[2 * up].max(tree[2 * up + 1]);
+            let max = tree[2 * up].max(tree[2 * up + 1]);
+            if tree[up] == max {
+                break;
+            }
+            tree[up] = max;
             up /= 2;
         }
     }

@@ -116,7 +116,9 @@ struct Warm {
 
 /// An instance whose linear memory grew beyond this is dropped after its call instead of
 /// being kept warm, so an occasional huge call does not pin its memory for the thread's life.
-pub const RETAIN_MEMORY_BYTES: usize = 256 << 20;
+/// 1 GiB keeps the instance of calls up to tens of millions of lengths (packing 16M lengths
+/// peaks near 400 MiB), which otherwise page-fault hundreds of MiB of fresh memory each time.
+pub const RETAIN_MEMORY_BYTES: usize = 1 << 30;
 
 thread_local! {
     static WARM: std::cell::RefCell<Option<Warm>> = const { std::cell::RefCell::new(None) };
