@@ -94,7 +94,7 @@ pub fn run(s: Settings, common: &Common) -> Result<(), Failure> {
     eprintln!(
         "stream of {} lengths from {source} into bins of {} tokens: {} bins{} (lower bound {lower} for the items \
          that fit, +{:.3}%), {} dropped; max open bins {}, max buffered {}, oversize {}, backend {}; \
-         {:.3} s, {:.1} M lengths/s",
+         {:.3} s, {:.1} M lengths/s{}",
         tally.lengths,
         s.capacity,
         tally.bins,
@@ -107,8 +107,18 @@ pub fn run(s: Settings, common: &Common) -> Result<(), Failure> {
         common.backend,
         seconds,
         tally.lengths as f64 / seconds.max(1e-9) / 1e6,
+        peak_memory().map(|kib| format!(", peak memory {:.1} MiB", kib as f64 / 1024.0)).unwrap_or_default(),
     );
     Ok(())
+}
+
+/// This process's peak resident memory in KiB (`VmHWM` of /proc/self/status: the high-water
+/// mark of this program's own memory, not of the process it was forked from); `None` where
+/// there is no procfs.
+fn peak_memory() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    line.split_whitespace().nth(1)?.parse().ok()
 }
 
 /// Feeds `lengths` to the packer and counts what came out.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import pathlib
 import subprocess
 import sys
@@ -30,3 +31,27 @@ def test_compare_packers_runs_and_checks_every_output():
 def test_compare_packers_refuses_bad_arguments():
     bad = subprocess.run([sys.executable, str(SCRIPT), "--rounds", "0"], capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "--rounds, --capacity and every size must be at least 1" in bad.stderr
+
+
+STREAM_SCRIPT = HERE.parent / "benchmarks" / "stream_packers.py"
+
+
+def test_stream_packers_runs_and_checks_every_output():
+    if not WORKLOAD.is_file():
+        pytest.skip(f"no shared workloads beside the checkout ({WORKLOAD})")
+    args = [sys.executable, str(STREAM_SCRIPT), "--rounds", "1", "--workloads", str(WORKLOAD.parent)]
+    cli = os.environ.get("STOWPLAN_BIN")
+    args += ["--cli", cli, "--cli-sizes", "1000,2000"] if cli else ["--skip", "cli"]
+    out = subprocess.run(args, check=True, capture_output=True, text=True, timeout=300).stdout
+    assert "| sft-chat-200k.txt | 16,384 | stowplan, buffer 4,096 (default) |" in out, out
+    assert "| stowplan, 4,096 per add |" in out, out
+    assert "seqpacker nf" in out or "seqpacker is not installed" in out, out
+    if cli:
+        assert "| 1,000 |" in out and "| 2,000 |" in out, out
+
+
+def test_stream_packers_refuses_bad_arguments():
+    bad = subprocess.run(
+        [sys.executable, str(STREAM_SCRIPT), "--skip", "everything"], capture_output=True, text=True, timeout=60
+    )
+    assert bad.returncode == 2 and "--skip: unknown sections" in bad.stderr, bad.stderr
