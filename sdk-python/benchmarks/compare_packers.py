@@ -5,6 +5,7 @@ Usage:
     pip install './sdk-python[bench]'          # stowplan + seqpacker 0.1.3 + lightbinpack 0.1.1
     python sdk-python/benchmarks/compare_packers.py [--sizes 10000,100000,1000000,4000000]
         [--rounds 5] [--capacity 32768] [--workload ../shared/workloads/pretrain-docs-1m.txt]
+        [--fixed-cost]
 
 Inputs: ``n`` lengths drawn (seeded, with replacement past the file's size) from the
 workload, as an ``int64`` numpy array — each library gets it the way it takes it fastest:
@@ -147,12 +148,52 @@ def run(sizes: Sequence[int], rounds: int, capacity: int, workload: pathlib.Path
                 print(f"| {n:,} | {method} | {lib} | {median_ms:.2f} | {bins[(lib, method)]:,} ({lower:,}) | {ratios} |")
 
 
+def fixed_cost(rounds: int, calls: int = 20_000) -> None:
+    """Microseconds per call on 8 lengths (capacity 10): the cost of a call itself. Compare
+    stowplan's with the Rust host's own per-call time on the same input
+    (``cargo run --release -p stowplan --example ratio``, case "pack bfd 8 lengths")."""
+    lengths = [5, 3, 7, 2, 6, 4, 8, 1]
+    array = np.asarray(lengths, dtype=np.int64)
+    runs: Dict[str, Callable[[], object]] = {
+        "stowplan.pack(int64 array), wasm": lambda: stowplan.pack(array, 10),
+        "stowplan.pack(list), wasm": lambda: stowplan.pack(lengths, 10),
+        "stowplan.pack(int64 array), native": lambda: stowplan.pack(array, 10, backend="native"),
+    }
+    try:
+        import seqpacker
+
+        sp = seqpacker.Packer(10, "obfd")
+        runs["seqpacker Packer.pack_flat(int64 array)"] = lambda: sp.pack_flat(array)
+    except ImportError:
+        pass
+    try:
+        import lightbinpack
+
+        runs["lightbinpack obfd(list)"] = lambda: lightbinpack.obfd(lengths, 10)
+    except ImportError:
+        pass
+    times: Dict[str, List[float]] = {k: [] for k in runs}
+    for r in range(rounds):
+        for label in list(runs)[r % len(runs):] + list(runs)[: r % len(runs)]:
+            call = runs[label]
+            call()
+            start = time.perf_counter()
+            for _ in range(calls):
+                call()
+            times[label].append((time.perf_counter() - start) / calls * 1e6)
+    print(f"\n| fixed cost: 8 lengths, capacity 10 ({calls:,} calls a round) | median µs per call | per round |")
+    print("|---|---|---|")
+    for label, t in times.items():
+        print(f"| {label} | {statistics.median(t):.2f} | {' '.join(f'{x:.2f}' for x in t)} |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", default="10000,100000,1000000,4000000", help="comma-separated item counts")
     ap.add_argument("--rounds", type=int, default=5, help="interleaved rounds (≥ 1)")
     ap.add_argument("--capacity", type=int, default=32768, help="bin capacity in tokens (≥ 1)")
     ap.add_argument("--workload", type=pathlib.Path, default=DEFAULT_WORKLOAD, help="lengths file")
+    ap.add_argument("--fixed-cost", action="store_true", help="also time calls on 8 lengths (µs per call)")
     a = ap.parse_args()
     sizes = [int(s) for s in a.sizes.split(",") if s.strip()]
     if a.rounds < 1 or a.capacity < 1 or any(n < 1 for n in sizes):
@@ -160,6 +201,8 @@ def main() -> None:
     if not a.workload.is_file():
         ap.error(f"--workload {a.workload}: no such file (the shared workloads sit beside the checkout)")
     run(sizes, a.rounds, a.capacity, a.workload)
+    if a.fixed_cost:
+        fixed_cost(a.rounds)
 
 
 if __name__ == "__main__":

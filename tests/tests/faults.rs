@@ -1,7 +1,8 @@
 //! Fault campaigns on the framed formats (issue 18): every single-bit flip, and every
 //! truncation, of a realistic encoding of each persisted or transported kind — the packer
 //! checkpoint (`state.bin`), a spooled training batch, a rank batch, a micro-batch, the
-//! protocol messages, the length cache and a data source's saved state — is refused. Nothing damaged decodes, so nothing damaged
+//! protocol messages, the length cache, a data source's saved state and the streaming
+//! packer's state — is refused. Nothing damaged decodes, so nothing damaged
 //! is delivered. The counts are printed (`cargo test --test faults -- --nocapture`) and
 //! recorded in BENCHMARKS.md.
 #![allow(clippy::unwrap_used)]
@@ -137,6 +138,26 @@ fn every_flipped_bit_and_truncation_of_every_format_is_refused() {
                 }),
             ),
         ])
+        .collect();
+    // The streaming packer's state (SPSK, the kernel's own framing with a sha256): a packer
+    // holding buffered items and open bins, restored through the WASM component.
+    let mut stream = Kernel::native()
+        .stream_packer(&stowplan::StreamOptions {
+            max_open_bins: 3,
+            max_buffered: 4,
+            ..stowplan::StreamOptions::new(100)
+        })
+        .unwrap();
+    stream.add(&[30, 70, 45, 10, 5, 60, 25, 90]).unwrap();
+    let stream_state = stream.save().unwrap();
+    let wasm = Kernel::wasm().unwrap();
+    let cases: Vec<(&str, Vec<u8>, Box<dyn Fn(&[u8]) -> bool>)> = cases
+        .into_iter()
+        .chain([(
+            "stream packer state (SPSK)",
+            stream_state,
+            Box::new(move |b: &[u8]| wasm.restore_stream_packer(b).is_ok()) as Box<dyn Fn(&[u8]) -> bool>,
+        )])
         .collect();
     let (mut all_tried, mut all_refused) = (0, 0);
     for (what, bytes, decodes) in &cases {
