@@ -17,6 +17,15 @@ use stowplan::{
     Error, Kernel, OversizePolicy, PackMethod, PackOptions, PartitionMethod, PartitionOptions, VerlFunction,
 };
 
+/// The lengths of a shared workload (`../shared/workloads/NAME`, or `$STOWPLAN_WORKLOADS/NAME`).
+pub fn workload(name: &str) -> Vec<u64> {
+    let dir = std::env::var_os("STOWPLAN_WORKLOADS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/workloads"));
+    let text = std::fs::read_to_string(dir.join(name)).expect("workload");
+    stowplan::input::parse_lengths(&text).expect("workload parses")
+}
+
 /// The folder holding the vectors.
 pub fn vectors_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("vectors")

@@ -525,13 +525,8 @@ impl OpenBins {
         match &mut self.order {
             RoomOrder::Buckets { rooms, head } => {
                 let r = room as usize;
-                // Older bins first: walk past the older ones (a bucket holds few bins).
-                let mut prev = NIL;
-                let mut at = head[r];
-                while at != NIL && self.bins[at as usize].age < age {
-                    prev = at;
-                    at = self.bins[at as usize].next;
-                }
+                // Older bins first: after the older ones (a bucket holds few bins).
+                let (prev, at) = walk(&self.bins, head[r], |at| self.bins[at].age >= age);
                 self.bins[b].next = at;
                 if prev == NIL {
                     head[r] = b as u32;
@@ -554,12 +549,7 @@ impl OpenBins {
         match &mut self.order {
             RoomOrder::Buckets { rooms, head } => {
                 let r = room as usize;
-                let mut prev = NIL;
-                let mut at = head[r];
-                while at != NIL && at as usize != b {
-                    prev = at;
-                    at = self.bins[at as usize].next;
-                }
+                let (prev, _) = walk(&self.bins, head[r], |at| at == b);
                 let next = self.bins[b].next;
                 if prev == NIL {
                     head[r] = next;
@@ -593,6 +583,17 @@ impl OpenBins {
         let b = self.take_best(0);
         b.unwrap_or(0)
     }
+}
+
+/// Walks a room's list of bins from `head` to the first bin where `stop` holds (or the end,
+/// [`NIL`]): returns (the bin before it or [`NIL`], it).
+fn walk(bins: &[Bin], head: u32, stop: impl Fn(usize) -> bool) -> (u32, u32) {
+    let (mut prev, mut at) = (NIL, head);
+    while at != NIL && !stop(at as usize) {
+        prev = at;
+        at = bins[at as usize].next;
+    }
+    (prev, at)
 }
 
 /// Reads little-endian integers off a payload, failing on a short one.

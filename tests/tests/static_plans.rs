@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use serde_json::json;
 use stowplan::{EffectiveBatch, Error, Kernel, LengthCache, PackingConfig, PlanOptions, StaticPackPlan};
+use stowplan_conformance::workload;
 
 fn kernels() -> Vec<Kernel> {
     vec![Kernel::native(), Kernel::wasm().expect("wasm kernel")]
@@ -18,14 +19,6 @@ fn temp_dir(name: &str) -> PathBuf {
     let _ = std::fs::remove_dir_all(&d);
     std::fs::create_dir_all(&d).expect("temp dir");
     d
-}
-
-fn workload(name: &str) -> Vec<u64> {
-    let dir = std::env::var_os("STOWPLAN_WORKLOADS")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/workloads"));
-    let text = std::fs::read_to_string(dir.join(name)).expect("workload");
-    stowplan::input::parse_lengths(&text).expect("workload parses")
 }
 
 fn config(training: serde_json::Value) -> serde_json::Value {

@@ -2,18 +2,9 @@
 //! same bins and the same state bytes, states restore across backends, damage is refused, and
 //! on the shared workloads the bins stay within 0.2 % of the offline lower bound.
 
-use std::path::{Path, PathBuf};
-
 use proptest::prelude::*;
 use stowplan::{Closed, Error, Kernel, OversizePolicy, StreamOptions, StreamPacker};
-
-fn workload(name: &str) -> Vec<u64> {
-    let dir = std::env::var_os("STOWPLAN_WORKLOADS")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/workloads"));
-    let text = std::fs::read_to_string(dir.join(name)).expect("workload");
-    stowplan::input::parse_lengths(&text).expect("workload parses")
-}
+use stowplan_conformance::workload;
 
 /// Every closed bin as (members, load), and the dropped indices.
 fn collect(out: &mut (Vec<(Vec<u64>, u64)>, Vec<u64>), c: Closed) {
