@@ -41,8 +41,8 @@ pub mod wire;
 pub use error::{Error, FilterError};
 pub use kernel::{Backend, KERNEL_WASM, KERNEL_WASM_SHA256, Kernel, KernelApi, StreamPacker, VerlFunction};
 pub use materialize::{
-    CpRuns, CpView, MaterializeOptions, Materialized, MicroBatch, RejectReason, Sample, Temperature, check_sample,
-    materialize, materialize_plan,
+    CpRuns, CpView, LossAggMode, MaterializeOptions, Materialized, MicroBatch, RejectReason, Sample, Temperature,
+    check_sample, materialize, materialize_plan,
 };
 pub use packer::{
     BatchKey, IngestReport, PackedStep, Packer, PackerOptions, PackerState, RankBatch, RunConfig, RunProgress,

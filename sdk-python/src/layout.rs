@@ -8,7 +8,9 @@ use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyBytes, PyDict, PyList, PyString};
 use stowplan::{AlignOptions, CpRuns, Factor, MaterializeOptions, MicroBatch, Padding, Sample};
 
-use crate::{Lengths, cost_arg, float_vec, int, int_vec, invalid, kernel, mask_vec, number, opt_u32, to_py, u64_arg};
+use crate::{
+    Lengths, cost_arg, float_vec, int, int_vec, invalid, kernel, mask_vec, number, opt_parse, opt_u32, to_py, u64_arg,
+};
 
 /// No context or tensor parallelism: the `cp`/`tp` of an omitted argument.
 const NO_PARALLELISM: u32 = 1;
@@ -269,6 +271,8 @@ pub struct PyMicroBatch {
     #[pyo3(get)]
     loss_mask: Py<PyArray1<bool>>,
     #[pyo3(get)]
+    loss_weights: Py<PyArray1<f32>>,
+    #[pyo3(get)]
     advantages: Py<PyArray1<f32>>,
     #[pyo3(get)]
     inference_logprobs: Py<PyArray1<f32>>,
@@ -299,6 +303,7 @@ pub(crate) fn wrap(py: Python<'_>, m: MicroBatch) -> PyMicroBatch {
         input_ids: m.input_ids.into_pyarray(py).unbind(),
         position_ids: m.position_ids.into_pyarray(py).unbind(),
         loss_mask: m.loss_mask.into_pyarray(py).unbind(),
+        loss_weights: m.loss_weights.into_pyarray(py).unbind(),
         advantages: m.advantages.into_pyarray(py).unbind(),
         inference_logprobs: m.inference_logprobs.into_pyarray(py).unbind(),
         temperatures: m.temperatures.into_pyarray(py).unbind(),
@@ -325,6 +330,7 @@ impl PyMicroBatch {
             input_ids: vec_of(py, &self.input_ids),
             position_ids: vec_of(py, &self.position_ids),
             loss_mask: vec_of(py, &self.loss_mask),
+            loss_weights: vec_of(py, &self.loss_weights),
             advantages: vec_of(py, &self.advantages),
             inference_logprobs: vec_of(py, &self.inference_logprobs),
             temperatures: vec_of(py, &self.temperatures),
@@ -373,7 +379,7 @@ impl PyMicroBatch {
     }
 
     /// CP rank `rank`'s share: a dict of numpy arrays (`positions`, `input_ids`,
-    /// `position_ids`, `loss_mask`, `advantages`, `inference_logprobs`, `temperatures`,
+    /// `position_ids`, `loss_mask`, `loss_weights`, `advantages`, `inference_logprobs`, `temperatures`,
     /// `teacher_logprobs` or None, `local_bounds`).
     fn cp_view<'py>(&self, py: Python<'py>, rank: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyDict>> {
         let Some(runs) = &self.cp_runs else {
@@ -394,6 +400,7 @@ impl PyMicroBatch {
         field!("input_ids", self.input_ids);
         field!("position_ids", self.position_ids);
         field!("loss_mask", self.loss_mask);
+        field!("loss_weights", self.loss_weights);
         field!("advantages", self.advantages);
         field!("inference_logprobs", self.inference_logprobs);
         field!("temperatures", self.temperatures);
@@ -595,7 +602,13 @@ fn plan_arg(plan: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Vec<Vec<Vec<u32>
 /// — as in :func:`micro_batches`; ``pad_token_id`` (default 1, prime-rl's); ``num_runs`` —
 /// the length of ``lora_num_tokens`` (default: the largest run + 1); ``mix_runs`` — samples
 /// of different runs may share a micro-batch (default False); ``allow_empty_completion``
-/// (default False); ``plan`` — materialize this plan instead (``plan[r][j]`` = the sample
+/// (default False); ``loss_agg_mode`` — how per-token losses make the step's loss:
+/// ``"token-mean"`` (default), ``"seq-mean-token-mean"``, ``"seq-mean-token-sum"`` or
+/// ``"seq-mean-token-sum-norm"`` (verl's names), which sets every row's ``loss_weights``
+/// (float32, the layout of ``loss_mask``) so that Σ over all ranks, micro-batches and tokens
+/// of ``loss_weights × per-token loss`` is the unpacked samples' loss (counts per run);
+/// ``loss_scale_factor`` — the horizon of ``"seq-mean-token-sum-norm"`` (default: the longest
+/// completion); ``plan`` — materialize this plan instead (``plan[r][j]`` = the sample
 /// indices of rank ``r``'s micro-batch ``j``; ``[]`` = a dummy); ``backend``.
 ///
 /// Raises :class:`InvalidArgumentError` naming the sample and field (length mismatch, empty
@@ -616,7 +629,8 @@ fn plan_arg(plan: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Vec<Vec<Vec<u32>
 /// True
 #[pyfunction]
 #[pyo3(signature = (samples, *, capacity, dp=None, cp=None, tp=None, padding=None, align=None, cost=None,
-    pad_token_id=None, num_runs=None, mix_runs=None, allow_empty_completion=None, plan=None, backend=None))]
+    pad_token_id=None, num_runs=None, mix_runs=None, allow_empty_completion=None, loss_agg_mode=None,
+    loss_scale_factor=None, plan=None, backend=None))]
 #[allow(clippy::too_many_arguments)]
 pub fn materialize(
     py: Python<'_>,
@@ -632,6 +646,8 @@ pub fn materialize(
     num_runs: Option<&Bound<'_, PyAny>>,
     mix_runs: Option<bool>,
     allow_empty_completion: Option<bool>,
+    loss_agg_mode: Option<&str>,
+    loss_scale_factor: Option<&Bound<'_, PyAny>>,
     plan: Option<&Bound<'_, PyAny>>,
     backend: Option<&str>,
 ) -> PyResult<PyMaterialized> {
@@ -666,6 +682,11 @@ pub fn materialize(
         num_runs: opt_u32(num_runs, "num_runs", 1)?.or(d.num_runs),
         mix_runs: mix_runs.unwrap_or(d.mix_runs),
         allow_empty_completion: allow_empty_completion.unwrap_or(d.allow_empty_completion),
+        loss_agg_mode: opt_parse(py, loss_agg_mode)?.unwrap_or(d.loss_agg_mode),
+        loss_scale_factor: loss_scale_factor
+            .map(|f| number(f, "loss_scale_factor", "a number of tokens"))
+            .transpose()?
+            .or(d.loss_scale_factor),
         ..d
     };
     let plan = plan_arg(plan)?;

@@ -13,8 +13,15 @@
 //!   [`MicroBatch::cp_view`] gives a CP rank's row.
 //!
 //! Padding values (prime-rl's): token `pad_token_id`, loss mask false, advantage 0,
-//! inference and teacher logprob 0, temperature 1. A dummy micro-batch (only when there are
-//! fewer samples than micro-batch slots) is one padding segment with the same values.
+//! inference and teacher logprob 0, temperature 1, loss weight 0. A dummy micro-batch (only
+//! when there are fewer samples than micro-batch slots) is one padding segment with the same
+//! values.
+//!
+//! **Loss weights.** Every row carries `loss_weights` (f32, the layout of `loss_mask`): the
+//! weight of each token's loss in the step's loss under a [`LossAggMode`], computed from the
+//! whole step before any rank trains. Σ over every rank, micro-batch and token of
+//! `loss_weights × per-token loss` is the loss the unpacked samples give under that mode —
+//! however the samples were grouped into rows and ranks, with no all-reduce of counts.
 
 use serde::{Deserialize, Serialize};
 
@@ -28,6 +35,63 @@ pub enum Temperature<'a> {
     One(f32),
     /// One per completion token; prompt tokens take the first (or 1.0 without completion).
     PerToken(&'a [f32]),
+}
+
+/// How a step's per-token losses become its loss (verl's `loss_agg_mode` names). With `m`
+/// a sample's loss mask, `ℓ` its per-token losses, `T_s = Σ_t m_t` its loss tokens, `N` the
+/// number of samples with `T_s > 0` and `T = Σ_s T_s`, the step's loss is:
+/// - `token-mean` (the default): `Σ_s Σ_t m_t·ℓ_t / T`;
+/// - `seq-mean-token-mean`: `(1/N) Σ_s (Σ_t m_t·ℓ_t / T_s)`, over samples with `T_s > 0`;
+/// - `seq-mean-token-sum`: `(1/N) Σ_s Σ_t m_t·ℓ_t`;
+/// - `seq-mean-token-sum-norm` (Dr. GRPO): `Σ_s Σ_t m_t·ℓ_t / H` with `H` the
+///   `loss_scale_factor` (default: the longest completion of the step; verl uses its
+///   maximum response length).
+///
+/// The counts are taken per run (LoRA adapter): each run's tokens add up to that run's loss.
+/// A token's weight is the factor of its sample (`1/T`, `1/(N·T_s)`, `1/N`, `1/H`) where its
+/// loss mask is true, 0 elsewhere.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum LossAggMode {
+    /// Every loss token of the step weighs the same.
+    #[default]
+    TokenMean,
+    /// Each sample's mean token loss, averaged over samples.
+    SeqMeanTokenMean,
+    /// Each sample's summed token loss, averaged over samples.
+    SeqMeanTokenSum,
+    /// Every sample's summed token loss over a constant horizon.
+    SeqMeanTokenSumNorm,
+}
+
+impl stowplan_kernel::Named for LossAggMode {
+    const WHAT: &'static str = "loss_agg_mode";
+    const ALL: &'static [Self] = &[
+        LossAggMode::TokenMean,
+        LossAggMode::SeqMeanTokenMean,
+        LossAggMode::SeqMeanTokenSum,
+        LossAggMode::SeqMeanTokenSumNorm,
+    ];
+    fn as_str(self) -> &'static str {
+        match self {
+            LossAggMode::TokenMean => "token-mean",
+            LossAggMode::SeqMeanTokenMean => "seq-mean-token-mean",
+            LossAggMode::SeqMeanTokenSum => "seq-mean-token-sum",
+            LossAggMode::SeqMeanTokenSumNorm => "seq-mean-token-sum-norm",
+        }
+    }
+}
+
+impl std::str::FromStr for LossAggMode {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self, Error> {
+        Ok(<Self as stowplan_kernel::Named>::parse_name(s)?)
+    }
+}
+
+impl std::fmt::Display for LossAggMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(stowplan_kernel::Named::as_str(*self))
+    }
 }
 
 /// One rollout sample, borrowed from the caller's buffers.
@@ -88,11 +152,16 @@ pub struct MaterializeOptions {
     pub mix_runs: bool,
     /// Accept samples with an empty completion (they carry no completion loss).
     pub allow_empty_completion: bool,
+    /// How per-token losses aggregate into the step's loss (`loss_weights`).
+    pub loss_agg_mode: LossAggMode,
+    /// The horizon `H` of [`LossAggMode::SeqMeanTokenSumNorm`] (finite, > 0); `None`: the
+    /// longest completion of the step. Only that mode reads it.
+    pub loss_scale_factor: Option<f64>,
 }
 
 impl MaterializeOptions {
     /// Capacity and ranks; no CP, no padding, token cost, pad token 1 (prime-rl's), runs
-    /// kept apart, empty completions rejected.
+    /// kept apart, empty completions rejected, `token-mean` loss weights.
     pub fn new(capacity: u64, dp: u32) -> Self {
         Self {
             capacity,
@@ -104,6 +173,8 @@ impl MaterializeOptions {
             num_runs: None,
             mix_runs: false,
             allow_empty_completion: false,
+            loss_agg_mode: LossAggMode::TokenMean,
+            loss_scale_factor: None,
         }
     }
 
@@ -214,6 +285,9 @@ pub struct MicroBatch {
     pub position_ids: Vec<i64>,
     /// Whether each token counts in the loss (false on every padding token).
     pub loss_mask: Vec<bool>,
+    /// Each token's weight in the step's loss ([`LossAggMode`]): its sample's factor where
+    /// `loss_mask` is true, 0 elsewhere (padding, prompt tokens, dummies).
+    pub loss_weights: Vec<f32>,
     /// The sample's advantage on each token (0 on padding).
     pub advantages: Vec<f32>,
     /// Inference logprobs (0 on prompt and padding tokens).
@@ -253,6 +327,8 @@ pub struct CpView {
     pub position_ids: Vec<i64>,
     /// Loss mask.
     pub loss_mask: Vec<bool>,
+    /// Loss weights.
+    pub loss_weights: Vec<f32>,
     /// Advantages.
     pub advantages: Vec<f32>,
     /// Inference logprobs.
@@ -295,6 +371,7 @@ impl MicroBatch {
             input_ids: runs.gather(r, &self.input_ids)?,
             position_ids: runs.gather(r, &self.position_ids)?,
             loss_mask: runs.gather(r, &self.loss_mask)?,
+            loss_weights: runs.gather(r, &self.loss_weights)?,
             advantages: runs.gather(r, &self.advantages)?,
             inference_logprobs: runs.gather(r, &self.inference_logprobs)?,
             temperatures: runs.gather(r, &self.temperatures)?,
@@ -323,6 +400,7 @@ impl MicroBatch {
         let lens = [
             self.position_ids.len(),
             self.loss_mask.len(),
+            self.loss_weights.len(),
             self.advantages.len(),
             self.inference_logprobs.len(),
             self.temperatures.len(),
@@ -361,8 +439,9 @@ impl Materialized {
 }
 
 fn per_token_bytes(m: &MicroBatch) -> u64 {
-    // ids, positions (8 each), mask (1), advantages, logprobs, temperatures (4 each), teacher (4).
-    8 + 8 + 1 + 4 + 4 + 4 + if m.teacher_logprobs.is_some() { 4 } else { 0 }
+    // ids, positions (8 each), mask (1), loss weights, advantages, logprobs, temperatures (4
+    // each), teacher (4).
+    8 + 8 + 1 + 4 + 4 + 4 + 4 + if m.teacher_logprobs.is_some() { 4 } else { 0 }
 }
 
 fn to_i32(name: &str, v: u64) -> Result<i32, Error> {
@@ -517,9 +596,11 @@ fn validate(samples: &[Sample<'_>], o: &MaterializeOptions) -> Result<u32, Error
     Ok(num_runs)
 }
 
-/// Appends one sample's tokens (and per-sequence padding) to `mb`.
-fn push_sample(mb: &mut MicroBatch, s: &Sample<'_>, pad: usize, pad_token_id: i64) {
+/// Appends one sample's tokens (and per-sequence padding) to `mb`; `weight` is its loss
+/// tokens' weight.
+fn push_sample(mb: &mut MicroBatch, s: &Sample<'_>, pad: usize, pad_token_id: i64, weight: f32) {
     let (p, c) = (s.prompt_ids.len(), s.completion_ids.len());
+    let start = mb.loss_mask.len();
     mb.input_ids.extend_from_slice(s.prompt_ids);
     mb.input_ids.extend_from_slice(s.completion_ids);
     mb.input_ids.extend(std::iter::repeat_n(pad_token_id, pad));
@@ -533,6 +614,7 @@ fn push_sample(mb: &mut MicroBatch, s: &Sample<'_>, pad: usize, pad_token_id: i6
         None => mb.loss_mask.extend(std::iter::repeat_n(true, c)),
     }
     mb.loss_mask.extend(std::iter::repeat_n(false, pad));
+    mb.loss_weights.extend(mb.loss_mask[start..].iter().map(|&m| if m { weight } else { 0.0 }));
     mb.advantages.extend(std::iter::repeat_n(s.advantage, p + c));
     mb.advantages.extend(std::iter::repeat_n(0.0, pad));
     mb.inference_logprobs.extend(std::iter::repeat_n(0.0, p));
@@ -560,6 +642,7 @@ fn push_padding(mb: &mut MicroBatch, pad: usize, pad_token_id: i64) {
     mb.input_ids.extend(std::iter::repeat_n(pad_token_id, pad));
     mb.position_ids.extend(0..pad as i64);
     mb.loss_mask.extend(std::iter::repeat_n(false, pad));
+    mb.loss_weights.extend(std::iter::repeat_n(0.0, pad));
     mb.advantages.extend(std::iter::repeat_n(0.0, pad));
     mb.inference_logprobs.extend(std::iter::repeat_n(0.0, pad));
     mb.temperatures.extend(std::iter::repeat_n(1.0, pad));
@@ -568,12 +651,54 @@ fn push_padding(mb: &mut MicroBatch, pad: usize, pad_token_id: i64) {
     }
 }
 
+/// Each sample's loss-token weight under `o.loss_agg_mode` (see [`LossAggMode`]), with the
+/// counts taken per run over the samples in the plan (`used`); computed in f64, stored as f32.
+fn loss_weights(samples: &[Sample<'_>], used: &[bool], o: &MaterializeOptions) -> Result<Vec<f32>, Error> {
+    if let Some(h) = o.loss_scale_factor
+        && !(h.is_finite() && h > 0.0)
+    {
+        return Err(Error::InvalidArgument(format!("loss_scale_factor must be finite and > 0 (got {h})")));
+    }
+    let loss_tokens = |s: &Sample<'_>| {
+        let prompt = s.prompt_mask.map_or(0, |m| m.iter().filter(|&&b| b).count());
+        let completion = s.completion_mask.map_or(s.completion_ids.len(), |m| m.iter().filter(|&&b| b).count());
+        (prompt + completion) as f64
+    };
+    // Per run: loss tokens, samples with loss tokens, longest completion.
+    let mut runs: std::collections::HashMap<u32, (f64, f64, usize)> = std::collections::HashMap::new();
+    for (s, _) in samples.iter().zip(used).filter(|(_, u)| **u) {
+        let t = loss_tokens(s);
+        let e = runs.entry(s.run).or_default();
+        e.0 += t;
+        e.1 += if t > 0.0 { 1.0 } else { 0.0 };
+        e.2 = e.2.max(s.completion_ids.len());
+    }
+    Ok(samples
+        .iter()
+        .zip(used)
+        .map(|(s, &u)| {
+            let (total, seqs, longest) = runs.get(&s.run).copied().unwrap_or_default();
+            let t = loss_tokens(s);
+            let w = match o.loss_agg_mode {
+                _ if !u || t == 0.0 => 0.0,
+                LossAggMode::TokenMean => 1.0 / total,
+                LossAggMode::SeqMeanTokenMean => 1.0 / (seqs * t),
+                LossAggMode::SeqMeanTokenSum => 1.0 / seqs,
+                LossAggMode::SeqMeanTokenSumNorm => 1.0 / o.loss_scale_factor.unwrap_or(longest.max(1) as f64),
+            };
+            w as f32
+        })
+        .collect())
+}
+
 /// Builds one row from `members` (sample indices, in row order); empty members: a dummy.
+/// `weights[i]`: sample `i`'s loss-token weight.
 fn build(
     samples: &[Sample<'_>],
     members: &[u32],
     num_runs: u32,
     o: &MaterializeOptions,
+    weights: &[f32],
 ) -> Result<(MicroBatch, Vec<u64>), Error> {
     let m = o.padding.multiple() as usize;
     let per_sequence = matches!(o.padding, Padding::PerSequence(_));
@@ -587,6 +712,7 @@ fn build(
         input_ids: Vec::with_capacity(total),
         position_ids: Vec::with_capacity(total),
         loss_mask: Vec::with_capacity(total),
+        loss_weights: Vec::with_capacity(total),
         advantages: Vec::with_capacity(total),
         inference_logprobs: Vec::with_capacity(total),
         temperatures: Vec::with_capacity(total),
@@ -608,7 +734,7 @@ fn build(
     for &i in members {
         let s = &samples[i as usize];
         let pad = seq_pad(s.len());
-        push_sample(&mut mb, s, pad, o.pad_token_id);
+        push_sample(&mut mb, s, pad, o.pad_token_id, weights[i as usize]);
         cu += s.len() as i32;
         cup += (s.len() + pad) as i32;
         mb.cu_seqlens.push(cu);
@@ -736,6 +862,7 @@ fn build_plan(
             }
         }
     }
+    let weights = &loss_weights(samples, &used, options)?;
     // Rows are independent: build them on every core.
     let jobs: Vec<(usize, &[u32])> =
         plan.iter().enumerate().flat_map(|(r, rank)| rank.iter().map(move |m| (r, *m))).collect();
@@ -744,7 +871,9 @@ fn build_plan(
     let built: Vec<Result<Vec<(MicroBatch, Vec<u64>)>, Error>> = std::thread::scope(|scope| {
         let handles: Vec<_> = jobs
             .chunks(chunk)
-            .map(|part| scope.spawn(move || part.iter().map(|(_, m)| build(samples, m, num_runs, options)).collect()))
+            .map(|part| {
+                scope.spawn(move || part.iter().map(|(_, m)| build(samples, m, num_runs, options, weights)).collect())
+            })
             .collect();
         handles
             .into_iter()

@@ -31,7 +31,7 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-use crate::materialize::{RejectReason, check_sample};
+use crate::materialize::{LossAggMode, RejectReason, check_sample};
 use crate::wire;
 use crate::{Cost, Error, Kernel, MaterializeOptions, Materialized, MicroBatch, Padding, Sample, Temperature};
 
@@ -214,11 +214,17 @@ pub struct PackerOptions {
     pub teacher_logprobs: bool,
     /// Accept samples with an empty completion.
     pub allow_empty_completion: bool,
+    /// How per-token losses aggregate into a step's loss: every micro-batch's
+    /// `loss_weights` (counts per step and run; see [`LossAggMode`]).
+    pub loss_agg_mode: LossAggMode,
+    /// The horizon of `seq-mean-token-sum-norm`; `None`: the step's longest completion.
+    pub loss_scale_factor: Option<f64>,
 }
 
 impl PackerOptions {
     /// `seq_len` and `dp`; no padding, pad token 1, token cost, one run, threshold
-    /// `seq_len × dp`, every pending token per step, 10 s wait, no teacher logprobs.
+    /// `seq_len × dp`, every pending token per step, 10 s wait, no teacher logprobs,
+    /// `token-mean` loss weights.
     pub fn new(seq_len: u64, dp: u32) -> Self {
         Self {
             seq_len,
@@ -231,6 +237,8 @@ impl PackerOptions {
             step_tokens: None,
             wait_timeout: Duration::from_secs(10),
             teacher_logprobs: false,
+            loss_agg_mode: LossAggMode::TokenMean,
+            loss_scale_factor: None,
             allow_empty_completion: false,
         }
     }
@@ -275,6 +283,8 @@ impl PackerOptions {
             num_runs: Some(self.num_runs),
             mix_runs: false,
             allow_empty_completion: self.allow_empty_completion,
+            loss_agg_mode: self.loss_agg_mode,
+            loss_scale_factor: self.loss_scale_factor,
             ..MaterializeOptions::new(self.seq_len, self.dp)
         }
     }
@@ -290,6 +300,8 @@ impl PackerOptions {
             num_runs: self.num_runs,
             teacher_logprobs: self.teacher_logprobs,
             allow_empty_completion: self.allow_empty_completion,
+            loss_agg_mode: self.loss_agg_mode,
+            loss_scale_factor: self.loss_scale_factor,
         }
     }
 }
@@ -389,6 +401,8 @@ struct OptionsRecord {
     num_runs: u32,
     teacher_logprobs: bool,
     allow_empty_completion: bool,
+    loss_agg_mode: LossAggMode,
+    loss_scale_factor: Option<f64>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

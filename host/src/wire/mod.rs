@@ -34,9 +34,9 @@ pub const TRAINING_BATCH: Format = Format { magic: *b"SPTB", version: 2, what: "
 /// A control message to the packer: add or remove a run (`serve::Control`).
 pub const CONTROL: Format = Format { magic: *b"SPCT", version: 3, what: "control message" };
 /// One rank's share of a packed step (`RankBatch`), a file or a ZeroMQ message.
-pub const RANK_BATCH: Format = Format { magic: *b"SPRB", version: 2, what: "rank batch" };
+pub const RANK_BATCH: Format = Format { magic: *b"SPRB", version: 3, what: "rank batch" };
 /// The packer's checkpoint (`PackerState`, `STATE/state.bin`).
-pub const PACKER_STATE: Format = Format { magic: *b"SPPS", version: 3, what: "packer state" };
+pub const PACKER_STATE: Format = Format { magic: *b"SPPS", version: 4, what: "packer state" };
 /// A trainer rank's hello or acknowledgement over ZeroMQ (`serve::RankMessage`).
 pub const RANK_MESSAGE: Format = Format { magic: *b"SPRM", version: 2, what: "rank message" };
 /// The packer's receipts for durable messages over ZeroMQ (`serve::Receipts`).
@@ -44,7 +44,7 @@ pub const RECEIPTS: Format = Format { magic: *b"SPRC", version: 3, what: "receip
 /// The packer's refusal of a rank's hello (`serve::Refusal`).
 pub const REFUSAL: Format = Format { magic: *b"SPRX", version: 2, what: "refusal" };
 /// One materialized micro-batch (`MicroBatch::encode`).
-pub const MICRO_BATCH: Format = Format { magic: *b"SPMB", version: 2, what: "micro-batch" };
+pub const MICRO_BATCH: Format = Format { magic: *b"SPMB", version: 3, what: "micro-batch" };
 /// The per-sample length cache of static packing (`DIR/lengths.splc`).
 pub const LENGTH_CACHE: Format = Format { magic: *b"SPLC", version: 2, what: "length cache" };
 /// A rollout data source's saved state, buffer included (`DataSource::save`).

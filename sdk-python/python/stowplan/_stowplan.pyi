@@ -314,6 +314,7 @@ class MicroBatch:
     input_ids: npt.NDArray[np.int64]
     position_ids: npt.NDArray[np.int64]
     loss_mask: npt.NDArray[np.bool_]
+    loss_weights: npt.NDArray[np.float32]
     advantages: npt.NDArray[np.float32]
     inference_logprobs: npt.NDArray[np.float32]
     temperatures: npt.NDArray[np.float32]
@@ -331,8 +332,8 @@ class MicroBatch:
     def cp(self) -> int: ...
     def __len__(self) -> int: ...
     def cp_view(self, rank: int) -> Dict[str, Any]:
-        """CP rank `rank`'s arrays: positions, input_ids, position_ids, loss_mask, advantages,
-        inference_logprobs, temperatures, teacher_logprobs (or None), local_bounds."""
+        """CP rank `rank`'s arrays: positions, input_ids, position_ids, loss_mask, loss_weights,
+        advantages, inference_logprobs, temperatures, teacher_logprobs (or None), local_bounds."""
     def cp_unpack(self, rows: List[npt.NDArray[Any]]) -> npt.NDArray[Any]:
         """Every CP rank's row back in the padded row's order."""
     def to_bytes(self) -> bytes:
@@ -369,6 +370,8 @@ def materialize(
     num_runs: Optional[int] = None,
     mix_runs: Optional[bool] = None,
     allow_empty_completion: Optional[bool] = None,
+    loss_agg_mode: Optional[str] = None,
+    loss_scale_factor: Optional[float] = None,
     plan: Optional[Sequence[Sequence[Sequence[int]]]] = None,
     backend: Optional[str] = None,
 ) -> Materialized: ...

@@ -1,0 +1,176 @@
+//! Loss weights (issue 21): for random samples (prompt and completion lengths, loss masks,
+//! runs), random per-token losses, dp, cp, capacities and every aggregation mode, the
+//! weighted sum over the materialized layout — every rank, micro-batch and token, and again
+//! over the CP ranks' views — equals the loss computed on the unpacked samples, per run.
+
+use proptest::prelude::*;
+use stowplan::{Kernel, LossAggMode, MaterializeOptions, Named, Sample, Temperature};
+
+/// One random sample: prompt mask, completion mask, run, and a loss for each of its tokens.
+#[derive(Clone, Debug)]
+struct Case {
+    prompt_mask: Vec<bool>,
+    completion_mask: Vec<bool>,
+    run: u32,
+    losses: Vec<f32>,
+}
+
+fn case() -> impl Strategy<Value = Case> {
+    (0usize..6, 1usize..24, 0u32..2).prop_flat_map(|(p, c, run)| {
+        (
+            proptest::collection::vec(prop::bool::weighted(0.2), p),
+            proptest::collection::vec(prop::bool::weighted(0.8), c),
+            proptest::collection::vec(-3.0f32..3.0, p + c),
+        )
+            .prop_map(move |(prompt_mask, completion_mask, losses)| Case {
+                prompt_mask,
+                completion_mask,
+                run,
+                losses,
+            })
+    })
+}
+
+/// The unpacked reference of each run's loss (f64), by the formulas of [`LossAggMode`].
+fn reference(cases: &[Case], mode: LossAggMode, horizon: Option<f64>, run: u32) -> f64 {
+    let mine: Vec<&Case> = cases.iter().filter(|c| c.run == run).collect();
+    let masked = |c: &Case| -> (f64, f64) {
+        let mask = c.prompt_mask.iter().chain(&c.completion_mask);
+        let (mut sum, mut n) = (0.0, 0.0);
+        for (&m, &l) in mask.zip(&c.losses) {
+            if m {
+                sum += f64::from(l);
+                n += 1.0;
+            }
+        }
+        (sum, n)
+    };
+    let total: f64 = mine.iter().map(|c| masked(c).1).sum();
+    let seqs = mine.iter().filter(|c| masked(c).1 > 0.0).count() as f64;
+    let longest = mine.iter().map(|c| c.completion_mask.len()).max().unwrap_or(1) as f64;
+    let sums: f64 = mine.iter().map(|c| masked(c).0).sum();
+    match mode {
+        LossAggMode::TokenMean if total > 0.0 => sums / total,
+        LossAggMode::SeqMeanTokenMean if seqs > 0.0 => {
+            mine.iter().map(|c| masked(c)).filter(|(_, n)| *n > 0.0).map(|(s, n)| s / n).sum::<f64>() / seqs
+        }
+        LossAggMode::SeqMeanTokenSum if seqs > 0.0 => sums / seqs,
+        LossAggMode::SeqMeanTokenSumNorm => sums / horizon.unwrap_or(longest),
+        _ => 0.0,
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(96))]
+
+    #[test]
+    fn weighted_packed_losses_equal_the_unpacked_reference(
+        cases in proptest::collection::vec(case(), 1..40),
+        dp in 1u32..4,
+        cp_split in any::<bool>(),
+        extra_capacity in 0u64..64,
+        mode in 0usize..4,
+        horizon in prop::option::of(1.0f64..50.0),
+        wasm in any::<bool>(),
+    ) {
+        let mode = LossAggMode::ALL[mode];
+        let ids: Vec<Vec<i64>> = cases.iter().map(|c| (0..c.losses.len() as i64).collect()).collect();
+        let samples: Vec<Sample<'_>> = cases
+            .iter()
+            .zip(&ids)
+            .map(|(c, ids)| {
+                let p = c.prompt_mask.len();
+                Sample {
+                    prompt_ids: &ids[..p],
+                    completion_ids: &ids[p..],
+                    prompt_mask: Some(&c.prompt_mask),
+                    completion_mask: Some(&c.completion_mask),
+                    completion_logprobs: None,
+                    temperature: Temperature::One(1.0),
+                    advantage: 1.0,
+                    run: c.run,
+                    teacher_logprobs: None,
+                }
+            })
+            .collect();
+        let base = MaterializeOptions {
+            loss_agg_mode: mode,
+            loss_scale_factor: horizon,
+            num_runs: Some(2),
+            mix_runs: true,
+            ..MaterializeOptions::new(0, dp)
+        };
+        let base = if cp_split { base.with_cp(2, 1).unwrap() } else { base };
+        // Room for the longest sample after padding, plus some.
+        let capacity = 32 + extra_capacity;
+        let options = MaterializeOptions { capacity, ..base };
+        let kernel = if wasm { Kernel::wasm().unwrap() } else { Kernel::native() };
+        let m = stowplan::materialize(&kernel, &samples, &options).unwrap();
+        // Σ w × ℓ per run, from the rows: the sequence k of a row is sample mb.samples[k],
+        // occupying cu_seqlens_padded[k] .. + its length.
+        let mut packed = [0.0f64; 2];
+        let mut by_cp = [0.0f64; 2];
+        for mb in m.ranks.iter().flatten() {
+            prop_assert_eq!(mb.loss_weights.len(), mb.len());
+            let mut loss_row = vec![0.0f32; mb.len()];
+            let mut run_row = vec![0u32; mb.len()];
+            for (k, &i) in mb.samples.iter().enumerate() {
+                let start = mb.cu_seqlens_padded[k] as usize;
+                let c = &cases[i as usize];
+                loss_row[start..start + c.losses.len()].copy_from_slice(&c.losses);
+                run_row[start..start + c.losses.len()].fill(c.run);
+            }
+            for p in 0..mb.len() {
+                if mb.loss_weights[p] != 0.0 {
+                    prop_assert!(mb.loss_mask[p], "a weight outside the loss mask");
+                }
+                packed[run_row[p] as usize] += f64::from(mb.loss_weights[p]) * f64::from(loss_row[p]);
+            }
+            if let Some(runs) = &mb.cp_runs {
+                for r in 0..runs.cp as usize {
+                    let view = mb.cp_view(r).unwrap();
+                    for (&pos, &w) in view.positions.iter().zip(&view.loss_weights) {
+                        let pos = pos as usize;
+                        by_cp[run_row[pos] as usize] += f64::from(w) * f64::from(loss_row[pos]);
+                    }
+                }
+            } else {
+                by_cp = packed;
+            }
+        }
+        for run in 0..2u32 {
+            let want = reference(&cases, mode, horizon, run);
+            let tolerance = 1e-5 * (1.0 + want.abs()) + 1e-5;
+            prop_assert!((packed[run as usize] - want).abs() <= tolerance, "{mode:?} run {run}: packed {} vs unpacked {want}", packed[run as usize]);
+            prop_assert!((by_cp[run as usize] - want).abs() <= tolerance, "{mode:?} run {run}: CP views {} vs {want}", by_cp[run as usize]);
+        }
+    }
+}
+
+#[test]
+fn bad_loss_scale_factors_are_refused_naming_the_option() {
+    let ids: Vec<i64> = (0..4).collect();
+    let samples = [Sample {
+        prompt_ids: &ids[..1],
+        completion_ids: &ids[1..],
+        prompt_mask: None,
+        completion_mask: None,
+        completion_logprobs: None,
+        temperature: Temperature::One(1.0),
+        advantage: 1.0,
+        run: 0,
+        teacher_logprobs: None,
+    }];
+    for bad in [0.0, -1.0, f64::NAN, f64::INFINITY] {
+        let o = MaterializeOptions {
+            loss_agg_mode: LossAggMode::SeqMeanTokenSumNorm,
+            loss_scale_factor: Some(bad),
+            ..MaterializeOptions::new(16, 1)
+        };
+        let e = stowplan::materialize(&Kernel::native(), &samples, &o).unwrap_err().to_string();
+        assert!(e.contains("loss_scale_factor must be finite and > 0"), "{e}");
+    }
+    assert_eq!("seq_mean_token_sum".parse::<LossAggMode>().unwrap(), LossAggMode::SeqMeanTokenSum);
+    let e = "mean".parse::<LossAggMode>().unwrap_err().to_string();
+    assert!(e.contains("loss_agg_mode must be 'token-mean', 'seq-mean-token-mean', 'seq-mean-token-sum' or 'seq-mean-token-sum-norm'"), "{e}");
+}
