@@ -37,8 +37,14 @@ struct Tally {
     bins: u64,
     single: u64,
     dropped: u64,
-    fit_tokens: u64,
+    /// The first dropped stream indices (at most [`DROPPED_SHOWN`]).
+    dropped_first: Vec<u64>,
+    /// Aligned tokens of the lengths that fit (u128: lengths near 2^64 cannot wrap it).
+    fit_tokens: u128,
 }
+
+/// How many dropped indices the summary names.
+const DROPPED_SHOWN: usize = 10;
 
 /// Runs `stowplan pack --stream`.
 pub fn run(s: Settings, common: &Common) -> Result<(), Failure> {
@@ -82,6 +88,9 @@ pub fn run(s: Settings, common: &Common) -> Result<(), Failure> {
         }
     }
     lines.finish(&mut lengths).map_err(|e| Failure::bad(format!("{source}: {e}")))?;
+    if tally.lengths == 0 && lengths.is_empty() {
+        return Err(Failure::bad(format!("{source}: no lengths (one integer per line expected)")));
+    }
     let closed = add(&mut packer, &lengths, s, &mut tally)?;
     write_bins(&mut out, &closed, common.json).map_err(write_err)?;
     let closed = packer.finish()?;
@@ -89,18 +98,25 @@ pub fn run(s: Settings, common: &Common) -> Result<(), Failure> {
     write_bins(&mut out, &closed, common.json).map_err(write_err)?;
     out.flush().map_err(write_err)?;
     let seconds = start.elapsed().as_secs_f64();
-    let lower = tally.fit_tokens.div_ceil(s.capacity);
-    let regular = tally.bins - tally.single;
+    let lower = tally.fit_tokens.div_ceil(u128::from(s.capacity));
+    let regular = u128::from(tally.bins - tally.single);
+    let dropped = match tally.dropped {
+        0 => "0 dropped".to_string(),
+        n => {
+            let shown: Vec<String> = tally.dropped_first.iter().map(u64::to_string).collect();
+            let more = if n as usize > shown.len() { ", …" } else { "" };
+            format!("{n} dropped (stream indices {}{more})", shown.join(", "))
+        }
+    };
     eprintln!(
         "stream of {} lengths from {source} into bins of {} tokens: {} bins{} (lower bound {lower} for the items \
-         that fit, +{:.3}%), {} dropped; max open bins {}, max buffered {}, oversize {}, backend {}; \
+         that fit, +{:.3}%), {dropped}; max open bins {}, max buffered {}, oversize {}, backend {}; \
          {:.3} s, {:.1} M lengths/s{}",
         tally.lengths,
         s.capacity,
         tally.bins,
         if tally.single > 0 { format!(" ({} single)", tally.single) } else { String::new() },
         100.0 * regular.saturating_sub(lower) as f64 / lower.max(1) as f64,
-        tally.dropped,
         s.max_open_bins,
         s.max_buffered,
         s.oversize.as_str(),
@@ -134,12 +150,14 @@ fn add(
         // The packer accepted every length, so its aligned value fits in u64.
         let aligned = len.div_ceil(s.align) * s.align;
         if aligned <= s.capacity {
-            tally.fit_tokens += aligned;
+            tally.fit_tokens += u128::from(aligned);
         }
     }
     tally.bins += closed.bins() as u64;
     tally.single += closed.loads.iter().filter(|&&l| l > s.capacity).count() as u64;
     tally.dropped += closed.dropped.len() as u64;
+    let room = DROPPED_SHOWN.saturating_sub(tally.dropped_first.len());
+    tally.dropped_first.extend(closed.dropped.iter().take(room));
     Ok(closed)
 }
 

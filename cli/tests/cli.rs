@@ -648,5 +648,24 @@ fn pack_stream_refuses_bad_arguments_and_input() {
     assert!(stderr(&out).contains("line 2"), "{}", stderr(&out));
     let out = stowplan(&["pack", "--stream", "-c", "10"], Some("3\n11\n"), &[]);
     assert_eq!(out.status.code(), Some(1), "an item above the capacity is infeasible");
-    assert!(stderr(&out).contains("stream index 1"), "{}", stderr(&out));
+    assert!(stderr(&out).contains("the length at stream index 1, 11"), "{}", stderr(&out));
+    let out = stowplan(&["pack", "--stream"], Some("\n# nothing\n"), &[]);
+    assert_eq!(out.status.code(), Some(2), "no lengths at all");
+    assert!(stderr(&out).contains("no lengths"), "{}", stderr(&out));
+    // A line over 4 KiB is refused whole or cut, as the pipe delivers it.
+    let long = format!("{}5\n7\n", " ".repeat(5000));
+    let out = stowplan(&["pack", "--stream", "-c", "10"], Some(&long), &[]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("line 1: longer than 4096 bytes"), "{}", stderr(&out));
+}
+
+/// Dropped items are named in the summary; the lower bound does not wrap near 2^64.
+#[test]
+fn pack_stream_summary_names_drops_and_counts_exactly() {
+    let out = stowplan(&["pack", "--stream", "-c", "10", "--oversize", "drop"], Some("5\n20\n3\n30\n"), &[]);
+    assert!(out.status.success());
+    assert!(stderr(&out).contains("2 dropped (stream indices 1, 3)"), "{}", stderr(&out));
+    let big = "10000000000000000000\n10000000000000000000\n";
+    let out = stowplan(&["pack", "--stream", "-c", "18446744073709551615"], Some(big), &[]);
+    assert!(stderr(&out).contains("2 bins (lower bound 2"), "{}", stderr(&out));
 }

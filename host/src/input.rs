@@ -82,7 +82,8 @@ fn parse_line(no: u64, line: &str) -> Result<Option<u64>, Error> {
 /// Lengths parsed from text that arrives in pieces (one integer per line, blank lines and `#`
 /// comments skipped, as [`parse_lengths`] reads lines): [`feed`](Self::feed) each piece,
 /// then [`finish`](Self::finish) for a last line without a newline. Holds at most one
-/// partial line, and refuses one longer than 4 KiB (no length needs it).
+/// partial line, and refuses any line longer than 4 KiB (no length needs it), wherever the
+/// pieces were cut.
 #[derive(Debug, Default)]
 pub struct LengthLines {
     /// The partial line carried to the next piece.
@@ -107,6 +108,7 @@ impl LengthLines {
         while let Some(nl) = rest.iter().position(|&b| b == b'\n') {
             let (line, tail) = rest.split_at(nl);
             rest = &tail[1..];
+            self.check_length(self.carry.len() + line.len())?;
             if self.carry.is_empty() {
                 self.line(line, out)?;
             } else {
@@ -115,13 +117,20 @@ impl LengthLines {
                 self.line(&whole, out)?;
             }
         }
-        if self.carry.len() + rest.len() > MAX_LINE {
+        self.check_length(self.carry.len() + rest.len())?;
+        self.carry.extend_from_slice(rest);
+        Ok(())
+    }
+
+    /// Refuses the next line at `len` bytes when that is over [`MAX_LINE`], however the
+    /// text was cut into pieces.
+    fn check_length(&self, len: usize) -> Result<(), Error> {
+        if len > MAX_LINE {
             return Err(Error::InvalidArgument(format!(
                 "lengths, line {}: longer than {MAX_LINE} bytes (one integer per line is expected)",
                 self.lines + 1
             )));
         }
-        self.carry.extend_from_slice(rest);
         Ok(())
     }
 

@@ -1,7 +1,8 @@
 //! Streaming bin packing: lengths arrive a few at a time, and each bin is handed out when it
 //! closes, so a dataset that never fits in memory (an iterable pretraining stream) can be
 //! packed. Memory is bounded by the options, never by the stream: at most `max_buffered`
-//! items wait unplaced and at most `max_open_bins` bins are open.
+//! items wait unplaced and at most `max_open_bins` bins of fewer than [`MAX_BIN_ITEMS`]
+//! items each are open; each step costs O(log) of those bounds.
 //!
 //! The rule, item by item (so the result does not depend on how the stream is cut into
 //! [`StreamPacker::add`] calls):
@@ -15,10 +16,11 @@
 //!    - else the open bin with the least room (ties: the oldest) is *topped up* — it takes,
 //!      one by one, the largest buffered item that fits its room (ties: smallest index) until
 //!      none fits — and closes; the item opens a new bin.
-//! 3. A bin whose room reaches 0 closes at once.
+//! 3. A bin whose room reaches 0, or that holds [`MAX_BIN_ITEMS`] items, closes at once.
 //!
 //! [`StreamPacker::finish`] places the buffered items largest first by best fit, opening bins
-//! as needed, then closes every open bin, oldest first. Members of a closed bin ascend by
+//! as needed (a bin reaching [`MAX_BIN_ITEMS`] items closes at once), then closes every open
+//! bin, oldest first. Members of a closed bin ascend by
 //! index; bins come out in the order they close.
 //!
 //! Buffering the smallest items (the largest is always placed first) keeps material to fill
@@ -46,6 +48,9 @@ pub const DEFAULT_MAX_BUFFERED: u32 = 4096;
 pub const MAX_OPEN_BINS: u32 = 1 << 16;
 /// The largest `max_buffered`.
 pub const MAX_BUFFERED: u32 = 1 << 20;
+/// A bin holding this many items closes (rule 3), so that zero-length items, which take no
+/// room, cannot pile up in one bin for ever: memory stays bounded by the options.
+pub const MAX_BIN_ITEMS: usize = 1 << 16;
 /// Capacities up to this keep the buffer in one bucket per aligned length; larger ones in an
 /// ordered set (the same choices, slower).
 const BUCKET_CAPACITY: u64 = 1 << 20;
@@ -169,7 +174,7 @@ impl StreamPacker {
             options,
             next_index: 0,
             buffer: Buffer::new(options.capacity),
-            open: OpenBins::new(options.capacity),
+            open: OpenBins::new(options.capacity, options.max_open_bins),
         })
     }
 
@@ -215,13 +220,13 @@ impl StreamPacker {
         for (i, &len) in lengths.iter().enumerate() {
             let Some(a) = len.div_ceil(align).checked_mul(align) else {
                 return invalid!(
-                    "lengths[{i}] = {len} (stream index {}) rounded up to a multiple of align = {align} overflows u64",
+                    "the length at stream index {}, {len}, rounded up to a multiple of align = {align} overflows u64",
                     self.next_index + i as u64
                 );
             };
             if a > capacity && oversize == OversizePolicy::Error {
                 return Err(Error::Infeasible(alloc::format!(
-                    "lengths[{i}] = {len} (stream index {}, aligned {a}) exceeds capacity = {capacity}; \
+                    "the length at stream index {}, {len} (aligned {a}), exceeds capacity = {capacity}; \
                      use oversize single or drop to accept such items",
                     self.next_index + i as u64
                 )));
@@ -256,12 +261,13 @@ impl StreamPacker {
         while let Some((a, index)) = self.buffer.pop_at_most(u64::MAX) {
             let b = self.open.take_best(a).unwrap_or_else(|| self.open.new_bin());
             self.open.put(b, a, index);
-            self.open.index(b);
+            if self.open.bins[b].members.len() >= MAX_BIN_ITEMS {
+                self.open.close(b, &mut out);
+            } else {
+                self.open.index(b);
+            }
         }
-        for b in self.open.by_age() {
-            self.open.unindex(b);
-            self.open.close(b, &mut out);
-        }
+        self.open.close_all(&mut out);
         out
     }
 
@@ -271,11 +277,14 @@ impl StreamPacker {
         let b = match self.open.take_best(a) {
             Some(b) => b,
             None => {
-                if self.open.count >= self.options.max_open_bins as usize {
-                    let victim = self.open.take_least();
+                if self.open.count >= self.options.max_open_bins as usize
+                    && let Some(victim) = self.open.take_least()
+                {
                     // Fill the victim's room from the buffer: the largest item that fits,
                     // again and again.
-                    while let Some((a, index)) = self.buffer.pop_at_most(self.open.bins[victim].room) {
+                    while self.open.bins[victim].members.len() < MAX_BIN_ITEMS
+                        && let Some((a, index)) = self.buffer.pop_at_most(self.open.bins[victim].room)
+                    {
                         self.open.put(victim, a, index);
                     }
                     self.open.close(victim, out);
@@ -284,7 +293,7 @@ impl StreamPacker {
             }
         };
         self.open.put(b, a, index);
-        if self.open.bins[b].room == 0 {
+        if self.open.full(b) {
             self.open.close(b, out);
         } else {
             self.open.index(b);
@@ -339,7 +348,7 @@ impl StreamPacker {
     pub fn restore(state: &[u8]) -> Result<Self, Error> {
         const HEAD: usize = 16;
         if state.len() < HEAD + 32 || &state[..4] != STATE_MAGIC {
-            return invalid!("state is not a stowplan stream-packer state (it must start with {STATE_MAGIC:?})");
+            return invalid!("state is not a stowplan stream-packer state (it must start with \"SPSK\")");
         }
         let version = u32::from_le_bytes(state[4..8].try_into().unwrap_or_default());
         if version != STATE_VERSION {
@@ -393,7 +402,7 @@ impl StreamPacker {
             if room == 0 || room > options.capacity {
                 return invalid!("state holds an open bin with room {room}, outside 1..={}", options.capacity);
             }
-            let count = r.count(8, u32::MAX, "members of an open bin")?;
+            let count = r.count(8, MAX_BIN_ITEMS as u32 - 1, "members of an open bin")?;
             if count == 0 {
                 return invalid!("state holds an empty open bin");
             }
@@ -442,36 +451,107 @@ struct OpenBins {
     count: usize,
     /// The age the next bin gets.
     next_age: u64,
-    order: RoomOrder,
+    /// The open bins not being filled, by (room, age, slot): best fit is the first entry
+    /// with room ≥ the item, the least room the first entry.
+    order: Order,
+}
+
+/// The open bins (room, age, slot) in ascending order. While few bins may be open
+/// ([`SMALL_ORDER`]) and rooms are small integers ([`BUCKET_CAPACITY`]): one list per room,
+/// oldest first, and a [`BitSet`] of the rooms that have one (a lookup is a few word scans, an
+/// insertion walks a list no longer than [`SMALL_ORDER`]). Otherwise a B-tree (O(log) each).
+/// The same order either way.
+#[derive(Clone, Debug)]
+enum Order {
+    Buckets {
+        rooms: BitSet,
+        head: Vec<u32>,
+        /// The next (younger) bin of the same room, per slot.
+        next: Vec<u32>,
+    },
+    Tree(BTreeSet<(u64, u64, u32)>),
+}
+
+/// The most open bins kept in [`Order::Buckets`].
+const SMALL_ORDER: u32 = 256;
+
+impl Order {
+    fn new(capacity: u64, max_open_bins: u32) -> Self {
+        if capacity <= BUCKET_CAPACITY && max_open_bins <= SMALL_ORDER {
+            let n = capacity as usize + 1;
+            Order::Buckets { rooms: BitSet::new(n), head: alloc::vec![NIL; n], next: Vec::new() }
+        } else {
+            Order::Tree(BTreeSet::new())
+        }
+    }
+
+    /// Adds `(room, age, slot)`; `age_of` gives the age of any slot in the order.
+    fn insert(&mut self, (room, age, slot): (u64, u64, u32), age_of: impl Fn(u32) -> u64) {
+        match self {
+            Order::Buckets { rooms, head, next } => {
+                if next.len() <= slot as usize {
+                    next.resize(slot as usize + 1, NIL);
+                }
+                let r = room as usize;
+                let (mut prev, mut at) = (NIL, head[r]);
+                while at != NIL && age_of(at) < age {
+                    prev = at;
+                    at = next[at as usize];
+                }
+                next[slot as usize] = at;
+                if prev == NIL {
+                    head[r] = slot;
+                    rooms.insert(r);
+                } else {
+                    next[prev as usize] = slot;
+                }
+            }
+            Order::Tree(t) => {
+                t.insert((room, age, slot));
+            }
+        }
+    }
+
+    /// Removes and returns the slot of the first entry with room ≥ `a`.
+    fn take_from(&mut self, a: u64) -> Option<u32> {
+        match self {
+            Order::Buckets { rooms, head, next } => {
+                let r = rooms.next(usize::try_from(a).ok()?)?;
+                let slot = head[r];
+                head[r] = next[slot as usize];
+                if head[r] == NIL {
+                    rooms.remove(r);
+                }
+                Some(slot)
+            }
+            Order::Tree(t) => {
+                let key = *t.range((a, 0, 0)..).next()?;
+                t.remove(&key);
+                Some(key.2)
+            }
+        }
+    }
+
+    /// Empties the order.
+    fn clear(&mut self) {
+        match self {
+            Order::Buckets { .. } => while self.take_from(0).is_some() {},
+            Order::Tree(t) => t.clear(),
+        }
+    }
 }
 
 #[derive(Clone, Debug, Default)]
 struct Bin {
     room: u64,
     age: u64,
-    /// The next bin of the same room in [`RoomOrder::Buckets`] (older first).
-    next: u32,
     open: bool,
     members: Vec<u64>,
 }
 
-#[derive(Clone, Debug)]
-enum RoomOrder {
-    /// Capacities up to [`BUCKET_CAPACITY`]: for each room a list of its bins, oldest first
-    /// (linked through [`Bin::next`]), and a [`BitSet`] of the rooms that have one.
-    Buckets { rooms: BitSet, head: Vec<u32> },
-    /// Larger capacities: (room, age, slot) in ascending order.
-    Sorted(Vec<(u64, u64, u32)>),
-}
-
 impl OpenBins {
-    fn new(capacity: u64) -> Self {
-        let order = if capacity <= BUCKET_CAPACITY {
-            let n = capacity as usize + 1;
-            RoomOrder::Buckets { rooms: BitSet::new(n), head: alloc::vec![NIL; n] }
-        } else {
-            RoomOrder::Sorted(Vec::new())
-        };
+    fn new(capacity: u64, max_open_bins: u32) -> Self {
+        let order = Order::new(capacity, max_open_bins);
         Self { capacity, bins: Vec::new(), free: Vec::new(), count: 0, next_age: 0, order }
     }
 
@@ -489,7 +569,7 @@ impl OpenBins {
 
     /// A new, empty bin (the youngest), not in the order.
     fn new_bin(&mut self) -> usize {
-        let bin = Bin { room: self.capacity, age: self.next_age, next: NIL, open: true, members: Vec::new() };
+        let bin = Bin { room: self.capacity, age: self.next_age, open: true, members: Vec::new() };
         self.next_age += 1;
         self.count += 1;
         match self.free.pop() {
@@ -510,6 +590,11 @@ impl OpenBins {
         self.bins[b].members.push(index);
     }
 
+    /// Whether bin `b` must close: no room left, or [`MAX_BIN_ITEMS`] members.
+    fn full(&self, b: usize) -> bool {
+        self.bins[b].room == 0 || self.bins[b].members.len() >= MAX_BIN_ITEMS
+    }
+
     /// Closes bin `b` (not in the order) into `out`.
     fn close(&mut self, b: usize, out: &mut Closed) {
         let bin = &mut self.bins[b];
@@ -521,79 +606,27 @@ impl OpenBins {
 
     /// Puts bin `b` into the order.
     fn index(&mut self, b: usize) {
-        let (room, age) = (self.bins[b].room, self.bins[b].age);
-        match &mut self.order {
-            RoomOrder::Buckets { rooms, head } => {
-                let r = room as usize;
-                // Older bins first: after the older ones (a bucket holds few bins).
-                let (prev, at) = walk(&self.bins, head[r], |at| self.bins[at].age >= age);
-                self.bins[b].next = at;
-                if prev == NIL {
-                    head[r] = b as u32;
-                    rooms.insert(r);
-                } else {
-                    self.bins[prev as usize].next = b as u32;
-                }
-            }
-            RoomOrder::Sorted(order) => {
-                let key = (room, age, b as u32);
-                let at = order.partition_point(|e| *e < key);
-                order.insert(at, key);
-            }
-        }
-    }
-
-    /// Takes bin `b` out of the order.
-    fn unindex(&mut self, b: usize) {
-        let (room, age) = (self.bins[b].room, self.bins[b].age);
-        match &mut self.order {
-            RoomOrder::Buckets { rooms, head } => {
-                let r = room as usize;
-                let (prev, _) = walk(&self.bins, head[r], |at| at == b);
-                let next = self.bins[b].next;
-                if prev == NIL {
-                    head[r] = next;
-                    if next == NIL {
-                        rooms.remove(r);
-                    }
-                } else {
-                    self.bins[prev as usize].next = next;
-                }
-            }
-            RoomOrder::Sorted(order) => {
-                let at = order.partition_point(|e| *e < (room, age, b as u32));
-                order.remove(at);
-            }
-        }
+        let bins = &self.bins;
+        self.order.insert((bins[b].room, bins[b].age, b as u32), |slot| bins[slot as usize].age);
     }
 
     /// Takes the bin with the least room ≥ `a` (the oldest on ties) out of the order.
     fn take_best(&mut self, a: u64) -> Option<usize> {
-        let b = match &self.order {
-            RoomOrder::Buckets { rooms, head } => head[rooms.next(usize::try_from(a).ok()?)?] as usize,
-            RoomOrder::Sorted(order) => order.get(order.partition_point(|e| e.0 < a))?.2 as usize,
-        };
-        self.unindex(b);
-        Some(b)
+        self.order.take_from(a).map(|b| b as usize)
     }
 
-    /// Takes the bin with the least room (the oldest on ties) out of the order; there is one.
-    fn take_least(&mut self) -> usize {
-        // Every open bin is in the order when this is called, and at least one is open.
-        let b = self.take_best(0);
-        b.unwrap_or(0)
+    /// Takes the bin with the least room (the oldest on ties) out of the order, if any.
+    fn take_least(&mut self) -> Option<usize> {
+        self.take_best(0)
     }
-}
 
-/// Walks a room's list of bins from `head` to the first bin where `stop` holds (or the end,
-/// [`NIL`]): returns (the bin before it or [`NIL`], it).
-fn walk(bins: &[Bin], head: u32, stop: impl Fn(usize) -> bool) -> (u32, u32) {
-    let (mut prev, mut at) = (NIL, head);
-    while at != NIL && !stop(at as usize) {
-        prev = at;
-        at = bins[at as usize].next;
+    /// Closes every open bin, oldest first, into `out`.
+    fn close_all(&mut self, out: &mut Closed) {
+        self.order.clear();
+        for b in self.by_age() {
+            self.close(b, out);
+        }
     }
-    (prev, at)
 }
 
 /// Reads little-endian integers off a payload, failing on a short one.
@@ -904,6 +937,19 @@ mod tests {
         assert_eq!(p.save(), before, "a refused call applies nothing");
         let mut a = StreamPacker::new(StreamOptions { align: 1 << 40, ..StreamOptions::new(u64::MAX) }).unwrap();
         assert!(matches!(a.add(&[u64::MAX]), Err(Error::InvalidArgument(_))));
+    }
+
+    #[test]
+    fn zero_length_items_cannot_pile_up() {
+        // Zeros take no room: without the item bound they would all join one bin for ever.
+        let mut p = StreamPacker::new(options(10, 4, 0, OversizePolicy::Error)).unwrap();
+        let zeros = alloc::vec![0u64; 3 * MAX_BIN_ITEMS + 5];
+        let c = p.add(&zeros).unwrap();
+        assert_eq!(c.bins(), 3);
+        assert!((0..3).all(|b| c.bin(b).len() == MAX_BIN_ITEMS));
+        assert_eq!(p.status().in_open_bins, 5);
+        let c = p.finish();
+        assert_eq!((c.bins(), c.bin(0).len()), (1, 5));
     }
 
     #[test]

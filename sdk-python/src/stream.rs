@@ -4,7 +4,7 @@
 use std::sync::Mutex;
 
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyList, PyTuple};
+use pyo3::types::{PyByteArray, PyBytes, PyList, PyTuple};
 use stowplan::stream::{DEFAULT_MAX_BUFFERED, DEFAULT_MAX_OPEN_BINS, MAX_BUFFERED, MAX_OPEN_BINS};
 use stowplan::{Closed, Named, StreamOptions, StreamPacker};
 
@@ -111,13 +111,14 @@ impl PyStreamPacker {
     #[staticmethod]
     #[pyo3(signature = (state, *, backend=None))]
     fn from_state(py: Python<'_>, state: &Bound<'_, PyAny>, backend: Option<&str>) -> PyResult<Self> {
-        let Ok(bytes) = state.cast::<PyBytes>() else {
-            return Err(invalid(
-                py,
-                format!("state must be bytes from StreamPacker.state() (got {})", state.get_type().name()?),
-            ));
+        let bytes = if let Ok(b) = state.cast::<PyBytes>() {
+            b.as_bytes().to_vec()
+        } else if let Ok(b) = state.cast::<PyByteArray>() {
+            b.to_vec()
+        } else {
+            let got = state.get_type().name()?;
+            return Err(invalid(py, format!("state must be bytes or bytearray from StreamPacker.state() (got {got})")));
         };
-        let bytes = bytes.as_bytes().to_vec();
         let kernel = kernel(py, backend)?;
         let packer = py.detach(|| kernel.restore_stream_packer(&bytes)).map_err(|e| to_py(py, e))?;
         let options = *packer.options();

@@ -232,3 +232,51 @@ def test_torch_dataloader_gives_the_same_packs_with_workers() -> None:
     plain = ids(list(torch.utils.data.DataLoader(ds, batch_size=None, num_workers=0)))
     workers = ids(list(torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2)))
     assert workers == plain == ids(list(dataset(source)))
+
+
+def test_a_loaded_state_resumes_one_iteration_only() -> None:
+    # Found in review: every later pass resumed from the checkpoint again.
+    source = docs(120)
+    whole = ids(list(dataset(source)))
+    first = dataset(source)
+    it = iter(first)
+    head = ids([next(it) for _ in range(3)])
+    state = first.state_dict()
+    second = dataset(source)
+    second.load_state_dict(state)
+    assert head + ids(list(second)) == whole
+    assert ids(list(second)) == whole, "the next epoch starts from the beginning"
+
+
+def test_a_state_taken_before_the_first_pack_of_a_resumed_run_is_the_loaded_one() -> None:
+    # Found in review: iter() then state_dict() (what StatefulDataLoader does on a restart)
+    # lost the held samples.
+    source = docs(150)
+    whole = ids(list(dataset(source)))
+    first = dataset(source)
+    it = iter(first)
+    head = ids([next(it) for _ in range(4)])
+    state = first.state_dict()
+    second = dataset(source)
+    second.load_state_dict(state)
+    iter(second)
+    again = second.state_dict()
+    assert again == state
+    third = dataset(source)
+    third.load_state_dict(again)
+    assert head + ids(list(third)) == whole
+
+
+def test_zero_length_samples_do_not_pile_up_in_one_bin() -> None:
+    p = stowplan.StreamPacker(100, max_buffered=0)
+    bins = p.add(np.zeros(70_000, dtype=np.int64))
+    assert [len(b) for b in bins] == [65_536] and p.in_open_bins == 70_000 - 65_536
+    assert len(p.finish()[0]) == 70_000 - 65_536
+
+
+def test_states_are_accepted_as_bytearray() -> None:
+    p = stowplan.StreamPacker(10)
+    p.add([3, 4])
+    assert stowplan.StreamPacker.from_state(bytearray(p.state())).state() == p.state()
+    with pytest.raises(InvalidArgumentError, match='must start with "SPSK"'):
+        stowplan.StreamPacker.from_state(b"x" * 64)

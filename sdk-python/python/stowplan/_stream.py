@@ -127,6 +127,8 @@ class PackedIterableDataset(_Base):  # type: ignore[misc,valid-type]
         """The packs of worker ``worker`` of ``workers`` of this rank (what ``__iter__`` yields
         inside a DataLoader worker)."""
         run = _Run(self, worker, workers, self._resume)
+        # A loaded state resumes one iteration: the next ones start from the beginning.
+        self._resume = None
         self._live = run
         return run.packs()
 
@@ -141,7 +143,8 @@ class PackedIterableDataset(_Base):  # type: ignore[misc,valid-type]
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         """Continues from ``state`` (from :meth:`state_dict` of a dataset with the same
-        settings over the same source) at the next iteration. A state of another format,
+        settings over the same source) at the next iteration; the iterations after it start
+        from the beginning of the source again. A state of another format,
         version or settings raises :class:`InvalidArgumentError`; damaged packer bytes are
         refused by the kernel."""
         if not isinstance(state, dict) or state.get("format") != _FORMAT:
@@ -174,6 +177,7 @@ class _Run:
         self.queue: Deque[Tuple[int, List[int]]] = collections.deque()
         self.consumed = 0
         self.next_pack = 0
+        self.started = False
         self.resume = None if resume is None or resume.get("start") else resume
         if self.resume is not None:
             if (self.resume.get("worker"), self.resume.get("workers")) != (worker, workers):
@@ -192,6 +196,9 @@ class _Run:
         return pack % ds.world_size == ds.rank and (pack // ds.world_size) % self.workers == self.worker
 
     def state(self) -> Dict[str, Any]:
+        if self.resume is not None and not self.started:
+            # Iterated but not yet read from: where the loaded state stood.
+            return dict(self.resume)
         return {
             "format": _FORMAT,
             "version": _VERSION,
@@ -220,6 +227,7 @@ class _Run:
                     f"(stream indices {sorted(missing)[:5]} missing): is it the same source?"
                 )
             self.queue.extend((int(p), [int(i) for i in b]) for p, b in self.resume["queue"])
+        self.started = True
         yield from self.drain()
         length_fn = self.ds.length_fn
         for sample in source:
