@@ -11,9 +11,9 @@ use stowplan::serve::{
     CurveServer, FsTransport, RejectedLimits, ServeOptions, ServeSummary, Server, Transport, ZmqEndpoints,
     ZmqTransport, curve,
 };
-use stowplan::{Backend, Cost, PackerOptions, RunConfig, RunProgress};
+use stowplan::{Backend, Cost, LossAggMode, PackerOptions, RunConfig, RunProgress};
 
-use crate::common::{ReadyKernel, print_report};
+use crate::common::{ReadyKernel, named, print_report};
 use crate::failure::Failure;
 
 /// How batches arrive and micro-batches leave.
@@ -107,6 +107,14 @@ pub struct Args {
     /// Accept samples with an empty completion.
     #[arg(long)]
     allow_empty_completion: bool,
+    /// How per-token losses make a step's loss: every micro-batch's `loss_weights` are set so
+    /// that Σ weight × loss over all ranks is the unpacked step's loss (counts per run).
+    #[arg(long, value_parser = named::<LossAggMode>(), default_value_t = defaults().loss_agg_mode)]
+    loss_agg_mode: LossAggMode,
+    /// The horizon of `--loss-agg-mode seq-mean-token-sum-norm` (default: the step's longest
+    /// completion; verl uses its maximum response length).
+    #[arg(long)]
+    loss_scale_factor: Option<f64>,
     /// Undecodable messages kept in STATE/rejected/ at most (the oldest are dropped first).
     #[arg(long, default_value_t = RejectedLimits::default().max_files)]
     rejected_max_files: usize,
@@ -222,6 +230,8 @@ pub fn run(a: Args) -> Result<(), Failure> {
         wait_timeout: Duration::from_secs_f64(a.wait_timeout),
         teacher_logprobs: a.teacher_logprobs,
         allow_empty_completion: a.allow_empty_completion,
+        loss_agg_mode: a.loss_agg_mode,
+        loss_scale_factor: a.loss_scale_factor,
         ..PackerOptions::new(a.seq_len, a.dp)
     };
     let state_dir = match (&a.state_dir, &a.root) {

@@ -26,7 +26,7 @@ use stowplan::serve::{
 use stowplan::{BatchKey, Packer, PackerOptions, PackerState, RankBatch, RunConfig, RunProgress, TrainingBatch};
 
 use crate::layout::{extract_sample, wrap};
-use crate::{cost_arg, int, invalid, kernel, number, opt_u32, opt_u64, to_py, u32_arg, u64_arg};
+use crate::{cost_arg, int, invalid, kernel, number, opt_parse, opt_u32, opt_u64, to_py, u32_arg, u64_arg};
 
 /// What one rank receives for one packer step.
 #[derive(Debug)]
@@ -738,7 +738,7 @@ impl PyPacker {
     #[new]
     #[pyo3(signature = (seq_len, dp, *, pad_to_multiple_of=None, pad_token_id=None, cost=None, num_runs=None,
         threshold=None, step_tokens=None, wait_timeout=None, teacher_logprobs=None, allow_empty_completion=None,
-        backend=None, state=None, batches=None))]
+        loss_agg_mode=None, loss_scale_factor=None, backend=None, state=None, batches=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -753,6 +753,8 @@ impl PyPacker {
         wait_timeout: Option<&Bound<'_, PyAny>>,
         teacher_logprobs: Option<bool>,
         allow_empty_completion: Option<bool>,
+        loss_agg_mode: Option<&str>,
+        loss_scale_factor: Option<&Bound<'_, PyAny>>,
         backend: Option<&str>,
         state: Option<&[u8]>,
         batches: Option<Vec<Vec<u8>>>,
@@ -775,6 +777,11 @@ impl PyPacker {
             },
             teacher_logprobs: teacher_logprobs.unwrap_or(d.teacher_logprobs),
             allow_empty_completion: allow_empty_completion.unwrap_or(d.allow_empty_completion),
+            loss_agg_mode: opt_parse(py, loss_agg_mode)?.unwrap_or(d.loss_agg_mode),
+            loss_scale_factor: loss_scale_factor
+                .map(|f| number(f, "loss_scale_factor", "a number of tokens"))
+                .transpose()?
+                .or(d.loss_scale_factor),
             ..d
         };
         o.validate().map_err(|e| to_py(py, e))?;

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import doctest
+import pathlib
 
 import stowplan
 import stowplan._stowplan
@@ -26,3 +27,11 @@ def test_docstring_examples():
     assert doctest.testmod(stowplan).attempted >= 4
     # The native functions' docstrings (written in Rust) carry examples too.
     assert doctest.testmod(stowplan._stowplan).attempted >= 10
+
+
+def test_the_worked_loss_example_of_the_readme_and_architecture_runs():
+    """The packed-equals-unpacked loss example (issue 21) in README.md and ARCHITECTURE.md."""
+    root = pathlib.Path(__file__).resolve().parents[2]
+    for name in ("README.md", "ARCHITECTURE.md"):
+        result = doctest.testfile(str(root / name), module_relative=False, optionflags=doctest.NORMALIZE_WHITESPACE)
+        assert result.failed == 0 and result.attempted >= 8, (name, result)

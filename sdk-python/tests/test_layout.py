@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 import stowplan
 from stowplan.compat import prime_rl, roll
+from stowplan.errors import InvalidArgumentError
 
 from conftest import VECTORS, load
 
@@ -225,3 +226,89 @@ def test_prime_rl_errors_come_in_prime_rls_order():
     # A multiple below 2 pads nothing.
     (mb,) = prime_rl.prepare_micro_batches([dict(one, lora=0)], seq_len=8, pad_to_multiple_of=-4)
     assert mb["input_ids"].tolist() == [1, 2]
+
+
+# ------------------------------------------------------------------------------------------
+# Loss weights (issue 21)
+
+
+def _unpacked_loss(samples, losses, mode, horizon):
+    """The reference: the step's loss on the unpacked samples, per run (as LossAggMode says)."""
+    out = {}
+    for run in {s.get("run", 0) for s in samples}:
+        mine = [(s, l) for s, l in zip(samples, losses) if s.get("run", 0) == run]
+        masked = []
+        for s, l in mine:
+            mask = list(s.get("prompt_mask", [False] * len(s["prompt_ids"])))
+            mask += list(s.get("completion_mask", [True] * len(s["completion_ids"])))
+            masked.append([x for x, m in zip(l, mask) if m])
+        total = sum(len(t) for t in masked)
+        seqs = sum(1 for t in masked if t)
+        sums = sum(sum(t) for t in masked)
+        longest = max(len(s["completion_ids"]) for s, _ in mine)
+        if mode == "token-mean":
+            out[run] = sums / total if total else 0.0
+        elif mode == "seq-mean-token-mean":
+            out[run] = sum(sum(t) / len(t) for t in masked if t) / seqs if seqs else 0.0
+        elif mode == "seq-mean-token-sum":
+            out[run] = sums / seqs if seqs else 0.0
+        else:
+            out[run] = sums / (horizon or longest)
+    return out
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    shape=st.lists(
+        st.tuples(st.integers(0, 4), st.integers(1, 12), st.integers(0, 1), st.integers(0, 2**16)),
+        min_size=1,
+        max_size=24,
+    ),
+    dp=st.integers(1, 3),
+    cp=st.sampled_from([1, 2]),
+    mode=st.sampled_from(["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]),
+    horizon=st.one_of(st.none(), st.floats(1.0, 40.0)),
+)
+def test_weighted_packed_losses_equal_the_unpacked_loss(shape, dp, cp, mode, horizon):
+    rng = np.random.default_rng(len(shape))
+    samples, losses = [], []
+    for p, c, run, bits in shape:
+        samples.append({
+            "prompt_ids": list(range(p)),
+            "completion_ids": list(range(c)),
+            "advantage": 1.0,
+            "run": run,
+            "completion_mask": [bool((bits >> j) & 1) or j == 0 for j in range(c)],
+        })
+        losses.append(rng.uniform(-2, 2, size=p + c))
+    m = stowplan.materialize(
+        samples, capacity=48, dp=dp, cp=cp, mix_runs=True, num_runs=2, loss_agg_mode=mode, loss_scale_factor=horizon
+    )
+    packed = {0: 0.0, 1: 0.0}
+    for rank in m.ranks:
+        for mb in rank:
+            assert mb.loss_weights.dtype == np.float32 and len(mb.loss_weights) == len(mb)
+            assert not np.any(mb.loss_weights[~mb.loss_mask])
+            for k, i in enumerate(mb.samples):
+                start = int(mb.cu_seqlens_padded[k])
+                n = len(losses[i])
+                packed[samples[i]["run"]] += float(np.dot(mb.loss_weights[start : start + n], losses[i]))
+            if mb.cp > 1:
+                weights = [mb.cp_view(r)["loss_weights"] for r in range(mb.cp)]
+                assert np.array_equal(mb.cp_unpack(weights), mb.loss_weights)
+    for run, want in _unpacked_loss(samples, losses, mode, horizon).items():
+        assert packed[run] == pytest.approx(want, rel=1e-5, abs=1e-5), (mode, run)
+
+
+def test_loss_agg_mode_and_scale_factor_are_checked():
+    sample = {"prompt_ids": [1], "completion_ids": [2, 3], "advantage": 1.0}
+    with pytest.raises(InvalidArgumentError, match="loss_agg_mode must be 'token-mean'"):
+        stowplan.materialize([sample], capacity=8, loss_agg_mode="mean")
+    with pytest.raises(InvalidArgumentError, match="loss_scale_factor must be finite and > 0"):
+        stowplan.materialize([sample], capacity=8, loss_agg_mode="seq-mean-token-sum-norm", loss_scale_factor=0)
+    with pytest.raises(InvalidArgumentError, match="loss_scale_factor must be a number"):
+        stowplan.materialize([sample], capacity=8, loss_scale_factor="wide")
+    with pytest.raises(InvalidArgumentError, match="loss_scale_factor must be finite and > 0"):
+        stowplan.Packer(seq_len=16, dp=1, loss_scale_factor=-1.0)
+    mb = stowplan.materialize([sample], capacity=8).ranks[0][0]
+    assert mb.loss_weights.tolist() == [0.0, 0.5, 0.5] + [0.0] * (len(mb) - 3)

@@ -200,6 +200,9 @@ fn options_out_of_range_are_named() {
     assert!(bad(PackerOptions { dp: u32::MAX, ..o }).contains("dp must be in 1..=1048576"));
     assert!(bad(PackerOptions { threshold: Some(0), ..o }).contains("threshold must be at least 1"));
     assert!(bad(PackerOptions { step_tokens: Some(10), ..o }).contains("step_tokens must be at least seq_len"));
+    assert!(
+        bad(PackerOptions { loss_scale_factor: Some(0.0), ..o }).contains("loss_scale_factor must be finite and > 0")
+    );
     let mut p = packer(16, 1, 1, 1);
     p.ingest(Arc::new(batch(0, 0, &[4])));
     p.pack(true).unwrap().unwrap();
@@ -902,4 +905,40 @@ fn spawn_zmq_server(
     });
     let (ep, incarnation) = rx.recv().unwrap();
     (handle, ep, incarnation)
+}
+
+/// Issue 21: a step's rank batches carry loss weights for the packer's aggregation mode,
+/// counted per run over the whole step: with every per-token loss 1, Σ weight over all ranks
+/// is 1 per run under token-mean and seq-mean-token-mean, the mean loss-token count per
+/// sequence under seq-mean-token-sum.
+#[test]
+fn rank_batches_carry_the_steps_loss_weights() {
+    use stowplan::LossAggMode;
+    for (mode, want) in [
+        (LossAggMode::TokenMean, [1.0, 1.0]),
+        (LossAggMode::SeqMeanTokenMean, [1.0, 1.0]),
+        // Samples of 6, 9, 4 tokens have 3, 6, 1 completion (loss) tokens; of 2, 5 tokens: 1, 2.
+        (LossAggMode::SeqMeanTokenSum, [(3.0 + 6.0 + 1.0) / 3.0, (1.0 + 2.0) / 2.0]),
+    ] {
+        let o = PackerOptions { num_runs: 2, loss_agg_mode: mode, ..PackerOptions::new(64, 2) };
+        let mut p = Packer::new(Kernel::native(), o).unwrap();
+        p.add_run(0, RunConfig { batch_size: 3 }).unwrap();
+        p.add_run(1, RunConfig { batch_size: 2 }).unwrap();
+        p.ingest(Arc::new(batch(0, 0, &[6, 9, 4])));
+        p.ingest(Arc::new(batch(1, 0, &[2, 5])));
+        let step = p.pack(true).unwrap().unwrap();
+        let mut sums = [0.0f64; 2];
+        for rank in &step.ranks {
+            for mb in &rank.micro_batches {
+                for (k, &i) in mb.samples.iter().enumerate() {
+                    let run = rank.keys[i as usize].run as usize;
+                    let (a, b) = (mb.cu_seqlens_padded[k] as usize, mb.cu_seqlens_padded[k + 1] as usize);
+                    sums[run] += mb.loss_weights[a..b].iter().map(|&w| f64::from(w)).sum::<f64>();
+                }
+            }
+        }
+        for run in 0..2 {
+            assert!((sums[run] - want[run]).abs() < 1e-5, "{mode:?} run {run}: {} vs {}", sums[run], want[run]);
+        }
+    }
 }

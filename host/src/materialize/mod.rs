@@ -654,11 +654,7 @@ fn push_padding(mb: &mut MicroBatch, pad: usize, pad_token_id: i64) {
 /// Each sample's loss-token weight under `o.loss_agg_mode` (see [`LossAggMode`]), with the
 /// counts taken per run over the samples in the plan (`used`); computed in f64, stored as f32.
 fn loss_weights(samples: &[Sample<'_>], used: &[bool], o: &MaterializeOptions) -> Result<Vec<f32>, Error> {
-    if let Some(h) = o.loss_scale_factor
-        && !(h.is_finite() && h > 0.0)
-    {
-        return Err(Error::InvalidArgument(format!("loss_scale_factor must be finite and > 0 (got {h})")));
-    }
+    check_loss_scale_factor(o.loss_scale_factor)?;
     let loss_tokens = |s: &Sample<'_>| {
         let prompt = s.prompt_mask.map_or(0, |m| m.iter().filter(|&&b| b).count());
         let completion = s.completion_mask.map_or(s.completion_ids.len(), |m| m.iter().filter(|&&b| b).count());
@@ -689,6 +685,16 @@ fn loss_weights(samples: &[Sample<'_>], used: &[bool], o: &MaterializeOptions) -
             w as f32
         })
         .collect())
+}
+
+/// `invalid-argument` unless the horizon of `seq-mean-token-sum-norm` is finite and > 0.
+pub(crate) fn check_loss_scale_factor(h: Option<f64>) -> Result<(), Error> {
+    match h {
+        Some(h) if !(h.is_finite() && h > 0.0) => {
+            Err(Error::InvalidArgument(format!("loss_scale_factor must be finite and > 0 (got {h})")))
+        }
+        _ => Ok(()),
+    }
 }
 
 /// Builds one row from `members` (sample indices, in row order); empty members: a dummy.

@@ -272,7 +272,7 @@ impl PackerOptions {
         if let Some(t) = self.step_tokens.filter(|&t| t < self.seq_len) {
             return bad(format!("step_tokens must be at least seq_len ({}) (got {t})", self.seq_len));
         }
-        Ok(())
+        crate::materialize::check_loss_scale_factor(self.loss_scale_factor)
     }
 
     fn materialize_options(&self) -> MaterializeOptions {

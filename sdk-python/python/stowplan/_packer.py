@@ -177,7 +177,9 @@ class Packer:
     rejected), ``dp`` (ranks), ``pad_to_multiple_of``, ``pad_token_id``, ``cost`` (``"tokens"``,
     ``"attention"`` or ``(linear, quadratic)``), ``num_runs`` (length of ``lora_num_tokens``),
     ``threshold`` (default ``seq_len × dp``), ``step_tokens`` (default: all pending),
-    ``wait_timeout`` (seconds), ``teacher_logprobs``, ``allow_empty_completion``.
+    ``wait_timeout`` (seconds), ``teacher_logprobs``, ``allow_empty_completion``,
+    ``loss_agg_mode`` (each micro-batch's ``loss_weights``: ``"token-mean"`` by default, as
+    :func:`stowplan.materialize`) and ``loss_scale_factor``.
     """
 
     def __init__(
@@ -194,6 +196,8 @@ class Packer:
         wait_timeout: Optional[float] = None,
         teacher_logprobs: Optional[bool] = None,
         allow_empty_completion: Optional[bool] = None,
+        loss_agg_mode: Optional[str] = None,
+        loss_scale_factor: Optional[float] = None,
         backend: Optional[str] = None,
         _state: Optional[bytes] = None,
         _batches: Optional[List[bytes]] = None,
@@ -211,6 +215,8 @@ class Packer:
             wait_timeout=wait_timeout,
             teacher_logprobs=teacher_logprobs,
             allow_empty_completion=allow_empty_completion,
+            loss_agg_mode=loss_agg_mode,
+            loss_scale_factor=loss_scale_factor,
             backend=backend,
             state=_state,
             batches=_batches,

@@ -711,6 +711,8 @@ class Packer:
         wait_timeout: Optional[float] = None,
         teacher_logprobs: Optional[bool] = None,
         allow_empty_completion: Optional[bool] = None,
+        loss_agg_mode: Optional[str] = None,
+        loss_scale_factor: Optional[float] = None,
         backend: Optional[str] = None,
         state: Optional[bytes] = None,
         batches: Optional[List[bytes]] = None,
