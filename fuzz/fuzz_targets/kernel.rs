@@ -129,6 +129,18 @@ enum Call {
         seed: u64,
         epoch: u64,
     },
+    /// A streaming packer fed in pieces, saved and restored between them (or restored from
+    /// arbitrary bytes): every index ends in exactly one bin or the dropped list.
+    Stream {
+        capacity: u64,
+        align: u64,
+        max_open_bins: u32,
+        max_buffered: u32,
+        oversize: u8,
+        pieces: Vec<Vec<u64>>,
+        save_after: u8,
+        state: Option<Vec<u8>>,
+    },
 }
 
 fn pick<T: Named>(i: u8) -> T {
@@ -252,6 +264,40 @@ fuzz_target!(|call: Call| match call {
         if let Ok(raw) = k::raw_plan(&lengths, &PlanOptions { packing_length, align, allow_single_long }) {
             let _ = k::aligned_plan(&raw.offsets, &raw.indices, count(world_size), drop_last);
         }
+    }
+    Call::Stream { capacity, align, max_open_bins, max_buffered, oversize, pieces, save_after, state } => {
+        if let Some(bytes) = state {
+            // Arbitrary bytes: refused or a packer that keeps working.
+            if let Ok(mut p) = k::StreamPacker::restore(&bytes) {
+                let _ = p.add(&[1, 2, 3]);
+                let _ = p.finish();
+            }
+            return;
+        }
+        let o = k::StreamOptions {
+            capacity,
+            align,
+            max_open_bins: max_open_bins % 70_000,
+            max_buffered: max_buffered % 2_000,
+            oversize: pick::<OversizePolicy>(oversize),
+        };
+        let Ok(mut p) = k::StreamPacker::new(o) else { return };
+        let mut seen: Vec<u64> = Vec::new();
+        let mut added = 0u64;
+        for (i, piece) in pieces.iter().enumerate() {
+            let Ok(c) = p.add(piece) else { continue };
+            added += piece.len() as u64;
+            seen.extend_from_slice(&c.indices);
+            seen.extend_from_slice(&c.dropped);
+            if i == usize::from(save_after) {
+                p = k::StreamPacker::restore(&p.save()).expect("a saved state restores");
+            }
+        }
+        let c = p.finish();
+        seen.extend_from_slice(&c.indices);
+        seen.extend_from_slice(&c.dropped);
+        seen.sort_unstable();
+        assert!(seen.iter().copied().eq(0..added), "the stream lost or repeated an index");
     }
     Call::Permutation { n, seed, epoch } => {
         let p = k::shuffle::permutation(u64::from(n), seed, epoch).expect("n < 2^16 is valid");
