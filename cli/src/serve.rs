@@ -108,11 +108,13 @@ pub struct Args {
     #[arg(long)]
     allow_empty_completion: bool,
     /// How per-token losses make a step's loss: every micro-batch's `loss_weights` are set so
-    /// that Σ weight × loss over all ranks is the unpacked step's loss (counts per run).
+    /// that Σ weight × loss over all ranks is the unpacked loss of the packer step (counts per
+    /// run and packer step, not per run update).
     #[arg(long, value_parser = named::<LossAggMode>(), default_value_t = defaults().loss_agg_mode)]
     loss_agg_mode: LossAggMode,
-    /// The horizon of `--loss-agg-mode seq-mean-token-sum-norm` (default: the step's longest
-    /// completion; verl uses its maximum response length).
+    /// The horizon of `--loss-agg-mode seq-mean-token-sum-norm`, in tokens (1 ..= 2^64;
+    /// default: the run's longest completion in the step; verl uses its maximum response
+    /// length). Refused with another mode.
     #[arg(long)]
     loss_scale_factor: Option<f64>,
     /// Undecodable messages kept in STATE/rejected/ at most (the oldest are dropped first).

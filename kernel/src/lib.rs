@@ -42,7 +42,7 @@ pub use layout::{
     pad_factor, prime_rl_ffd,
 };
 pub use names::{COST_PRESETS, Named};
-pub use pack::{OversizePolicy, PackMethod, PackOptions, Packing, pack};
+pub use pack::{NextFitRuns, OversizePolicy, PackMethod, PackOptions, Packing, next_fit_runs, pack};
 pub use partition::{PartitionMethod, PartitionOptions, Partitioning, partition};
 pub use plan::{AlignedPlan, PlanOptions, RawPlan, aligned_plan, raw_plan};
 pub use stream::{Closed, StreamOptions, StreamPacker, StreamStatus};

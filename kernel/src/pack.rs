@@ -122,70 +122,21 @@ impl Packing {
 /// length or a sum overflowing `u64`; `infeasible` for an oversized item under the `error`
 /// policy (the message names the first such index, its length and the capacity).
 pub fn pack(lengths: &[u64], options: &PackOptions) -> Result<Packing, Error> {
-    let n = checked_len("lengths", lengths.len())?;
     let PackOptions { capacity, align, method, oversize } = *options;
-    if n == 0 {
-        return invalid!("lengths must not be empty");
+    let Checked { total, fit_total, real_all, dropped, single } = check(lengths, capacity, align, oversize)?;
+    let lower_bound = fit_total.div_ceil(capacity);
+    if method == PackMethod::NextFit {
+        let checked = Checked { total, fit_total, real_all, dropped, single };
+        return Ok(next_fit(lengths, capacity, align, oversize, checked).into_packing(lengths.len()));
     }
-    if capacity == 0 {
-        return invalid!("capacity must be at least 1 token (got 0)");
-    }
-    if align == 0 {
-        return invalid!("align must be at least 1 (got 0)");
-    }
-    // With align 1 the aligned lengths are the lengths: borrow them.
+    // With align 1 the aligned lengths are the lengths: borrow them. (`check` made sure no
+    // aligned length overflows.)
     let aligned: Cow<'_, [u64]> = if align == 1 {
         Cow::Borrowed(lengths)
     } else {
-        let mut aligned = Vec::with_capacity(lengths.len());
-        for (i, &len) in lengths.iter().enumerate() {
-            match len.div_ceil(align).checked_mul(align) {
-                Some(a) => aligned.push(a),
-                None => {
-                    return invalid!("lengths[{i}] = {len} rounded up to a multiple of align = {align} overflows u64");
-                }
-            }
-        }
-        Cow::Owned(aligned)
+        Cow::Owned(lengths.iter().map(|&len| len.div_ceil(align) * align).collect())
     };
     let aligned: &[u64] = &aligned;
-    // One pass: overflow check of the total, the total of the items that fit, and the
-    // oversize policy.
-    let (mut total, mut fit_total, mut real_all) = (0u64, 0u64, 0u64);
-    let mut dropped = Vec::new();
-    let mut single = Vec::new();
-    for (i, &a) in aligned.iter().enumerate() {
-        // Real lengths are at most their aligned ones: this sum cannot overflow when the
-        // checked one below does not.
-        real_all = real_all.wrapping_add(lengths[i]);
-        total = match total.checked_add(a) {
-            Some(t) => t,
-            None => return invalid!("the sum of aligned lengths overflows u64 (at most {} allowed)", u64::MAX),
-        };
-        if a <= capacity {
-            fit_total += a;
-            continue;
-        }
-        match oversize {
-            OversizePolicy::Error => {
-                return Err(Error::Infeasible(alloc::format!(
-                    "lengths[{i}] = {} (aligned to {a} with align = {align}) exceeds capacity = {capacity}; \
-                     use oversize single or drop to accept such items",
-                    lengths[i]
-                )));
-            }
-            OversizePolicy::Single => single.push(i as u32),
-            OversizePolicy::Drop => dropped.push(i as u32),
-        }
-    }
-    let lower_bound = fit_total.div_ceil(capacity);
-    if method == PackMethod::NextFit {
-        let (offsets, indices, loads) = next_fit(aligned, capacity, oversize, dropped.len());
-        // Every item but the dropped ones is packed.
-        let real_tokens = real_all - dropped.iter().map(|&i| lengths[i as usize]).sum::<u64>();
-        let aligned_tokens = total - dropped.iter().map(|&i| aligned[i as usize]).sum::<u64>();
-        return Ok(Packing { offsets, indices, loads, dropped, single, real_tokens, aligned_tokens, lower_bound });
-    }
     // BFD or FFD, over (index, aligned length) in (length desc, index asc) order — from
     // packed keys read in sequence when the lengths allow (see `sorted_desc_keys`). The fit
     // writes each item's bin in that order (a sequential write), and the assembly groups
@@ -244,28 +195,176 @@ fn assemble(items: impl Iterator<Item = (u32, u64)>, assign: &[u32], bins: usize
 /// "No bin": a dropped item's entry in the fit's bin list.
 const NONE: u32 = u32::MAX;
 
-/// Next fit in one pass: the bins' offsets, members (input order) and loads, built as the
-/// items go by (no per-item bin table, no second pass). `dropped` items are left out.
-fn next_fit(
-    aligned: &[u64],
+/// `len` rounded up to a multiple of `align` (no division for the usual `align` 1); the
+/// caller knows it does not overflow.
+#[inline]
+fn aligned(len: u64, align: u64) -> u64 {
+    if align == 1 { len } else { len.div_ceil(align) * align }
+}
+
+/// The totals and oversize lists of a packing's input, after every check of [`pack`].
+struct Checked {
+    /// Σ aligned lengths.
+    total: u64,
+    /// Σ aligned lengths of the items within the capacity.
+    fit_total: u64,
+    /// Σ real lengths (≤ `total`).
+    real_all: u64,
+    dropped: Vec<u32>,
+    single: Vec<u32>,
+}
+
+/// Checks `pack`'s arguments (errors in `pack`'s order and words) and sums the input, for
+/// lengths of any unsigned width.
+fn check<L: Copy + Into<u64>>(
+    lengths: &[L],
     capacity: u64,
+    align: u64,
     oversize: OversizePolicy,
-    dropped: usize,
-) -> (Vec<u32>, Vec<u32>, Vec<u64>) {
-    let mut indices = Vec::with_capacity(aligned.len() - dropped);
-    let mut offsets = alloc::vec![0u32];
+) -> Result<Checked, Error> {
+    checked_len("lengths", lengths.len())?;
+    if lengths.is_empty() {
+        return invalid!("lengths must not be empty");
+    }
+    if capacity == 0 {
+        return invalid!("capacity must be at least 1 token (got 0)");
+    }
+    if align == 0 {
+        return invalid!("align must be at least 1 (got 0)");
+    }
+    if align > 1 {
+        for (i, &len) in lengths.iter().enumerate() {
+            let len: u64 = len.into();
+            if len.div_ceil(align).checked_mul(align).is_none() {
+                return invalid!("lengths[{i}] = {len} rounded up to a multiple of align = {align} overflows u64");
+            }
+        }
+    }
+    // One pass: overflow check of the total, the total of the items that fit, and the
+    // oversize policy.
+    let (mut total, mut fit_total, mut real_all) = (0u64, 0u64, 0u64);
+    let mut dropped = Vec::new();
+    let mut single = Vec::new();
+    for (i, &len) in lengths.iter().enumerate() {
+        let len: u64 = len.into();
+        let a = aligned(len, align);
+        // Real lengths are at most their aligned ones: this sum cannot overflow when the
+        // checked one below does not.
+        real_all = real_all.wrapping_add(len);
+        total = match total.checked_add(a) {
+            Some(t) => t,
+            None => return invalid!("the sum of aligned lengths overflows u64 (at most {} allowed)", u64::MAX),
+        };
+        if a <= capacity {
+            fit_total += a;
+            continue;
+        }
+        match oversize {
+            OversizePolicy::Error => {
+                return Err(Error::Infeasible(alloc::format!(
+                    "lengths[{i}] = {len} (aligned to {a} with align = {align}) exceeds capacity = {capacity}; \
+                     use oversize single or drop to accept such items"
+                )));
+            }
+            OversizePolicy::Single => single.push(i as u32),
+            OversizePolicy::Drop => dropped.push(i as u32),
+        }
+    }
+    Ok(Checked { total, fit_total, real_all, dropped, single })
+}
+
+/// Next-fit bins in compact form: every bin is a run of consecutive input indices, so a
+/// host can rebuild the member lists itself instead of receiving them
+/// ([`into_packing`](Self::into_packing)). Bin `b` holds the indices from `starts[b]` up to
+/// `starts[b + 1]` (the last: up to n), without the dropped ones.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NextFitRuns {
+    /// The first input index of each bin, ascending.
+    pub starts: Vec<u32>,
+    /// The aligned load of each bin.
+    pub loads: Vec<u64>,
+    /// Items left out under `drop`, ascending.
+    pub dropped: Vec<u32>,
+    /// Oversized items alone in a bin under `single`, ascending.
+    pub single: Vec<u32>,
+    /// As [`Packing::real_tokens`].
+    pub real_tokens: u64,
+    /// As [`Packing::aligned_tokens`].
+    pub aligned_tokens: u64,
+    /// As [`Packing::lower_bound`].
+    pub lower_bound: u64,
+}
+
+impl NextFitRuns {
+    /// The [`Packing`] of `n` input lengths that these runs describe (what [`pack`] returns
+    /// for next-fit).
+    pub fn into_packing(self, n: usize) -> Packing {
+        let (offsets, indices) = if self.dropped.is_empty() {
+            // Every index, in order; the bins start where the runs do.
+            let mut offsets = self.starts.clone();
+            offsets.push(n as u32);
+            (offsets, (0..n as u32).collect())
+        } else {
+            let mut indices = Vec::with_capacity(n.saturating_sub(self.dropped.len()));
+            let mut offsets = Vec::with_capacity(self.starts.len() + 1);
+            let mut dropped = self.dropped.iter().copied().peekable();
+            let mut next_start = self.starts.iter().copied().peekable();
+            for i in 0..n as u32 {
+                if next_start.peek() == Some(&i) {
+                    offsets.push(indices.len() as u32);
+                    next_start.next();
+                }
+                if dropped.peek() == Some(&i) {
+                    dropped.next();
+                } else {
+                    indices.push(i);
+                }
+            }
+            offsets.push(indices.len() as u32);
+            (offsets, indices)
+        };
+        Packing {
+            offsets,
+            indices,
+            loads: self.loads,
+            dropped: self.dropped,
+            single: self.single,
+            real_tokens: self.real_tokens,
+            aligned_tokens: self.aligned_tokens,
+            lower_bound: self.lower_bound,
+        }
+    }
+}
+
+/// Next-fit of `lengths` (any unsigned width) as runs: the same bins as [`pack`] with
+/// [`PackMethod::NextFit`], the same errors; `options.method` is not read.
+pub fn next_fit_runs<L: Copy + Into<u64>>(lengths: &[L], options: &PackOptions) -> Result<NextFitRuns, Error> {
+    let PackOptions { capacity, align, oversize, .. } = *options;
+    let checked = check(lengths, capacity, align, oversize)?;
+    Ok(next_fit(lengths, capacity, align, oversize, checked))
+}
+
+/// Next fit in one pass after [`check`]: an item that does not fit closes the current bin;
+/// an oversized one is alone (`single`) or skipped (`drop`).
+fn next_fit<L: Copy + Into<u64>>(
+    lengths: &[L],
+    capacity: u64,
+    align: u64,
+    oversize: OversizePolicy,
+    checked: Checked,
+) -> NextFitRuns {
+    let mut starts = Vec::new();
     let mut loads = Vec::new();
     // The load of the bin being filled; `None` before the first item and after a single.
     let mut current: Option<u64> = None;
-    for (i, &a) in aligned.iter().enumerate() {
+    for (i, &len) in lengths.iter().enumerate() {
+        let a = aligned(len.into(), align);
         if a > capacity {
             if oversize == OversizePolicy::Single {
                 if let Some(load) = current.take() {
-                    offsets.push(indices.len() as u32);
                     loads.push(load);
                 }
-                indices.push(i as u32);
-                offsets.push(indices.len() as u32);
+                starts.push(i as u32);
                 loads.push(a);
             }
             continue;
@@ -273,19 +372,32 @@ fn next_fit(
         current = match current {
             Some(load) if load + a <= capacity => Some(load + a),
             Some(load) => {
-                offsets.push(indices.len() as u32);
                 loads.push(load);
+                starts.push(i as u32);
                 Some(a)
             }
-            None => Some(a),
+            None => {
+                starts.push(i as u32);
+                Some(a)
+            }
         };
-        indices.push(i as u32);
     }
     if let Some(load) = current {
-        offsets.push(indices.len() as u32);
         loads.push(load);
     }
-    (offsets, indices, loads)
+    let Checked { total, fit_total, real_all, dropped, single } = checked;
+    // Every item but the dropped ones is packed.
+    let dropped_real: u64 = dropped.iter().map(|&i| lengths[i as usize].into()).sum();
+    let dropped_aligned: u64 = dropped.iter().map(|&i| aligned(lengths[i as usize].into(), align)).sum();
+    NextFitRuns {
+        starts,
+        loads,
+        dropped,
+        single,
+        real_tokens: real_all - dropped_real,
+        aligned_tokens: total - dropped_aligned,
+        lower_bound: fit_total.div_ceil(capacity),
+    }
 }
 
 /// Best or first fit decreasing over `items` — (index, aligned length) in (length desc,

@@ -219,7 +219,28 @@ proptest! {
         if o.method == PackMethod::NextFit {
             let flat: Vec<u32> = p.indices.clone();
             prop_assert!(flat.windows(2).all(|w| w[0] < w[1]), "next-fit keeps the input order");
+            // The compact runs, from u32 lengths when they fit, rebuild the same packing.
+            let runs = stowplan_kernel::next_fit_runs(&lengths, &o).unwrap();
+            prop_assert_eq!(runs.clone().into_packing(lengths.len()), p.clone());
+            if let Ok(narrow) = lengths.iter().map(|&l| u32::try_from(l)).collect::<Result<Vec<u32>, _>>() {
+                prop_assert_eq!(stowplan_kernel::next_fit_runs(&narrow, &o).unwrap(), runs);
+            }
         }
+    }
+}
+
+#[test]
+fn next_fit_runs_fail_as_pack_does() {
+    for (lengths, o) in [
+        (vec![], PackOptions::new(10)),
+        (vec![3u64], PackOptions::new(0)),
+        (vec![3], PackOptions { align: 0, ..PackOptions::new(10) }),
+        (vec![3, 11], PackOptions { method: PackMethod::NextFit, ..PackOptions::new(10) }),
+        (vec![u64::MAX, 1], PackOptions { method: PackMethod::NextFit, ..PackOptions::new(10) }),
+        (vec![u64::MAX - 1], PackOptions { align: 4, ..PackOptions::new(10) }),
+    ] {
+        let o = PackOptions { method: PackMethod::NextFit, ..o };
+        assert_eq!(stowplan_kernel::next_fit_runs(&lengths, &o).unwrap_err(), pack(&lengths, &o).unwrap_err());
     }
 }
 

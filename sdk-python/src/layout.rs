@@ -606,9 +606,10 @@ fn plan_arg(plan: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Vec<Vec<Vec<u32>
 /// ``"token-mean"`` (default), ``"seq-mean-token-mean"``, ``"seq-mean-token-sum"`` or
 /// ``"seq-mean-token-sum-norm"`` (verl's names), which sets every row's ``loss_weights``
 /// (float32, the layout of ``loss_mask``) so that Σ over all ranks, micro-batches and tokens
-/// of ``loss_weights × per-token loss`` is the unpacked samples' loss (counts per run);
-/// ``loss_scale_factor`` — the horizon of ``"seq-mean-token-sum-norm"`` (default: the longest
-/// completion); ``plan`` — materialize this plan instead (``plan[r][j]`` = the sample
+/// of ``loss_weights × per-token loss`` is the unpacked samples' loss (counts per run, over
+/// the samples of the call or of ``plan``); ``loss_scale_factor`` — the horizon of
+/// ``"seq-mean-token-sum-norm"`` only, in tokens (default: the run's longest completion);
+/// ``plan`` — materialize this plan instead (``plan[r][j]`` = the sample
 /// indices of rank ``r``'s micro-batch ``j``; ``[]`` = a dummy); ``backend``.
 ///
 /// Raises :class:`InvalidArgumentError` naming the sample and field (length mismatch, empty

@@ -201,7 +201,8 @@ fn options_out_of_range_are_named() {
     assert!(bad(PackerOptions { threshold: Some(0), ..o }).contains("threshold must be at least 1"));
     assert!(bad(PackerOptions { step_tokens: Some(10), ..o }).contains("step_tokens must be at least seq_len"));
     assert!(
-        bad(PackerOptions { loss_scale_factor: Some(0.0), ..o }).contains("loss_scale_factor must be finite and > 0")
+        bad(PackerOptions { loss_scale_factor: Some(8.0), ..o })
+            .contains("only applies to loss_agg_mode 'seq-mean-token-sum-norm'")
     );
     let mut p = packer(16, 1, 1, 1);
     p.ingest(Arc::new(batch(0, 0, &[4])));

@@ -10,7 +10,7 @@ use stowplan_kernel::{
     Partitioning, Plan, PlanOptions, RawPlan, unflatten,
 };
 
-use super::wasm::{wbal, wlay, wpack, wpart, wpeers, wplan, wstream, wtypes, wverl};
+use super::wasm::{wbal, wcompact, wlay, wpack, wpart, wpeers, wplan, wstream, wtypes, wverl};
 use crate::Error;
 use stowplan_kernel::{Closed, StreamOptions, StreamStatus};
 
@@ -331,6 +331,20 @@ impl TryFrom<wplan::AlignedPackPlan> for AlignedPlan {
             dropped_samples: a.dropped_samples,
             checksum: unhex(&a.checksum)?,
         })
+    }
+}
+
+impl From<wcompact::NextFitRuns> for stowplan_kernel::NextFitRuns {
+    fn from(r: wcompact::NextFitRuns) -> Self {
+        stowplan_kernel::NextFitRuns {
+            starts: r.starts,
+            loads: r.loads,
+            dropped: r.dropped,
+            single: r.single,
+            real_tokens: r.real_tokens,
+            aligned_tokens: r.aligned_tokens,
+            lower_bound: r.lower_bound,
+        }
     }
 }
 

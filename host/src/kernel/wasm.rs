@@ -17,7 +17,7 @@ use stowplan_kernel::{
     PackOptions, Packing, PartitionOptions, Partitioning, Plan, PlanOptions, RawPlan,
 };
 
-use stowplan_kernel::{Closed, StreamOptions, StreamStatus};
+use stowplan_kernel::{Closed, NextFitRuns, PackMethod, StreamOptions, StreamStatus};
 use wasmtime::component::ResourceAny;
 
 use super::{KernelApi, StreamBackend, StreamPacker, VerlFunction};
@@ -32,8 +32,8 @@ mod bindings {
 }
 
 pub(super) use bindings::exports::stowplan::kernel::{
-    balance as wbal, layout as wlay, pack as wpack, partition as wpart, peers as wpeers, plan as wplan,
-    streaming as wstream, types as wtypes, verl as wverl,
+    balance as wbal, layout as wlay, pack as wpack, pack_compact as wcompact, partition as wpart, peers as wpeers,
+    plan as wplan, streaming as wstream, types as wtypes, verl as wverl,
 };
 
 /// The kernel component, built by `cargo xtask build-kernel` (see `ARCHITECTURE.md`).
@@ -164,6 +164,18 @@ impl KernelApi for WasmKernel {
     }
 
     fn pack(&self, lengths: &[u64], options: &PackOptions) -> Result<Packing, Error> {
+        // Next-fit's bins follow the input order: send the lengths as u32 when they fit and
+        // take the bins back as runs (half the bytes in, no member list out), then rebuild
+        // the member lists here — the component still decides every bin.
+        if options.method == PackMethod::NextFit
+            && let Ok(narrow) = lengths.iter().map(|&l| u32::try_from(l)).collect::<Result<Vec<u32>, _>>()
+        {
+            let o: wpack::Options = options.into();
+            let runs = call(|i, s| {
+                i.stowplan_kernel_pack_compact().call_next_fit(s, &narrow, o.capacity, o.align, o.oversize)
+            })?;
+            return Ok(NextFitRuns::from(runs).into_packing(lengths.len()));
+        }
         call(|i, s| i.stowplan_kernel_pack().call_pack(s, lengths, options.into())).map(Into::into)
     }
 

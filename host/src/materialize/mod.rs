@@ -43,13 +43,17 @@ pub enum Temperature<'a> {
 /// - `token-mean` (the default): `Σ_s Σ_t m_t·ℓ_t / T`;
 /// - `seq-mean-token-mean`: `(1/N) Σ_s (Σ_t m_t·ℓ_t / T_s)`, over samples with `T_s > 0`;
 /// - `seq-mean-token-sum`: `(1/N) Σ_s Σ_t m_t·ℓ_t`;
-/// - `seq-mean-token-sum-norm` (Dr. GRPO): `Σ_s Σ_t m_t·ℓ_t / H` with `H` the
-///   `loss_scale_factor` (default: the longest completion of the step; verl uses its
-///   maximum response length).
+/// - `seq-mean-token-sum-norm` (Dr. GRPO, as verl's `agg_loss` writes it): `Σ_s Σ_t m_t·ℓ_t
+///   / H` — no division by `N`, so the loss grows with the number of samples — with `H` the
+///   `loss_scale_factor` (tokens, 1..=2^64; default: the longest completion of the run in the
+///   step, which changes from step to step: pass verl's maximum response length for a
+///   constant horizon).
 ///
-/// The counts are taken per run (LoRA adapter): each run's tokens add up to that run's loss.
-/// A token's weight is the factor of its sample (`1/T`, `1/(N·T_s)`, `1/N`, `1/H`) where its
-/// loss mask is true, 0 elsewhere.
+/// The counts are taken per run (LoRA adapter) over the samples of the call (of the plan's
+/// samples with `materialize_plan`; call once per mini-batch for mini-batch losses): each
+/// run's tokens add up to that run's loss. A token's weight is the factor of its sample
+/// (`1/T`, `1/(N·T_s)`, `1/N`, `1/H`) where its loss mask is true, 0 elsewhere (padding,
+/// tokens outside the mask, dummies).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum LossAggMode {
     /// Every loss token of the step weighs the same.
@@ -154,8 +158,8 @@ pub struct MaterializeOptions {
     pub allow_empty_completion: bool,
     /// How per-token losses aggregate into the step's loss (`loss_weights`).
     pub loss_agg_mode: LossAggMode,
-    /// The horizon `H` of [`LossAggMode::SeqMeanTokenSumNorm`] (finite, > 0); `None`: the
-    /// longest completion of the step. Only that mode reads it.
+    /// The horizon `H` of [`LossAggMode::SeqMeanTokenSumNorm`] (tokens, 1..=2^64); `None`:
+    /// the longest completion of the run in the step. Refused with any other mode.
     pub loss_scale_factor: Option<f64>,
 }
 
@@ -654,7 +658,7 @@ fn push_padding(mb: &mut MicroBatch, pad: usize, pad_token_id: i64) {
 /// Each sample's loss-token weight under `o.loss_agg_mode` (see [`LossAggMode`]), with the
 /// counts taken per run over the samples in the plan (`used`); computed in f64, stored as f32.
 fn loss_weights(samples: &[Sample<'_>], used: &[bool], o: &MaterializeOptions) -> Result<Vec<f32>, Error> {
-    check_loss_scale_factor(o.loss_scale_factor)?;
+    check_loss_scale_factor(o.loss_agg_mode, o.loss_scale_factor)?;
     let loss_tokens = |s: &Sample<'_>| {
         let prompt = s.prompt_mask.map_or(0, |m| m.iter().filter(|&&b| b).count());
         let completion = s.completion_mask.map_or(s.completion_ids.len(), |m| m.iter().filter(|&&b| b).count());
@@ -687,15 +691,24 @@ fn loss_weights(samples: &[Sample<'_>], used: &[bool], o: &MaterializeOptions) -
         .collect())
 }
 
-/// `invalid-argument` unless the horizon of `seq-mean-token-sum-norm` is finite and > 0.
-pub(crate) fn check_loss_scale_factor(h: Option<f64>) -> Result<(), Error> {
+/// `invalid-argument` unless the horizon is a number of tokens in 1..=2^64, given for
+/// `seq-mean-token-sum-norm` only.
+pub(crate) fn check_loss_scale_factor(mode: LossAggMode, h: Option<f64>) -> Result<(), Error> {
     match h {
-        Some(h) if !(h.is_finite() && h > 0.0) => {
-            Err(Error::InvalidArgument(format!("loss_scale_factor must be finite and > 0 (got {h})")))
+        Some(_) if mode != LossAggMode::SeqMeanTokenSumNorm => Err(Error::InvalidArgument(format!(
+            "loss_scale_factor only applies to loss_agg_mode 'seq-mean-token-sum-norm' (the mode is '{mode}')"
+        ))),
+        // A number of tokens: 1/H is then a normal f32 (a horizon below 1 or beyond it would
+        // give infinite or vanishing weights).
+        Some(h) if !(1.0..=MAX_LOSS_SCALE_FACTOR).contains(&h) => {
+            Err(Error::InvalidArgument(format!("loss_scale_factor must be a number of tokens in 1..=2^64 (got {h})")))
         }
         _ => Ok(()),
     }
 }
+
+/// The largest `loss_scale_factor`: 2^64 tokens.
+const MAX_LOSS_SCALE_FACTOR: f64 = 18_446_744_073_709_551_616.0;
 
 /// Builds one row from `members` (sample indices, in row order); empty members: a dummy.
 /// `weights[i]`: sample `i`'s loss-token weight.

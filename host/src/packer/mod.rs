@@ -215,7 +215,9 @@ pub struct PackerOptions {
     /// Accept samples with an empty completion.
     pub allow_empty_completion: bool,
     /// How per-token losses aggregate into a step's loss: every micro-batch's
-    /// `loss_weights` (counts per step and run; see [`LossAggMode`]).
+    /// `loss_weights` (see [`LossAggMode`]). The counts are taken per **packer step** and run:
+    /// a run whose optimizer step spans several packer steps (`ready_to_update` comes later)
+    /// gets each packer step's loss, not one loss over its `batch_size` samples.
     pub loss_agg_mode: LossAggMode,
     /// The horizon of `seq-mean-token-sum-norm`; `None`: the step's longest completion.
     pub loss_scale_factor: Option<f64>,
@@ -272,7 +274,7 @@ impl PackerOptions {
         if let Some(t) = self.step_tokens.filter(|&t| t < self.seq_len) {
             return bad(format!("step_tokens must be at least seq_len ({}) (got {t})", self.seq_len));
         }
-        crate::materialize::check_loss_scale_factor(self.loss_scale_factor)
+        crate::materialize::check_loss_scale_factor(self.loss_agg_mode, self.loss_scale_factor)
     }
 
     fn materialize_options(&self) -> MaterializeOptions {

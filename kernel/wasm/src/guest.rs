@@ -12,7 +12,7 @@ wit_bindgen::generate!({
 });
 
 use exports::stowplan::kernel::{
-    balance, layout, pack, partition, peers, plan, shuffle, streaming as stream, types, verl,
+    balance, layout, pack, pack_compact, partition, peers, plan, shuffle, streaming as stream, types, verl,
 };
 
 #[global_allocator]
@@ -382,6 +382,27 @@ fn oversize_of(o: pack::Oversize) -> k::OversizePolicy {
         pack::Oversize::Error => k::OversizePolicy::Error,
         pack::Oversize::Single => k::OversizePolicy::Single,
         pack::Oversize::Drop => k::OversizePolicy::Drop,
+    }
+}
+
+impl pack_compact::Guest for Kernel {
+    fn next_fit(
+        lengths: Vec<u32>,
+        capacity: u64,
+        align: u64,
+        oversize: pack::Oversize,
+    ) -> Result<pack_compact::NextFitRuns, types::Error> {
+        let o = k::PackOptions { capacity, align, method: k::PackMethod::NextFit, oversize: oversize_of(oversize) };
+        let r = k::next_fit_runs(&lengths, &o).map_err(error)?;
+        Ok(pack_compact::NextFitRuns {
+            starts: r.starts,
+            loads: r.loads,
+            dropped: r.dropped,
+            single: r.single,
+            real_tokens: r.real_tokens,
+            aligned_tokens: r.aligned_tokens,
+            lower_bound: r.lower_bound,
+        })
     }
 }
 
