@@ -531,6 +531,7 @@ impl PrimeSample {
             advantage: self.advantage,
             run: self.lora,
             teacher_logprobs: self.teacher_logprobs.as_deref(),
+            extra_cost: 0,
         }
     }
 }

@@ -321,6 +321,7 @@ pub fn run(a: Args) -> Result<(), Failure> {
         groups: labels.as_deref(),
         minibatch_size: a.minibatch_size,
         equal_count: !a.unequal_count,
+        extra_costs: None,
     };
     let micro = a.max_token_len.map(|cap| MicroOptions {
         max_token_len: cap,

@@ -49,6 +49,7 @@ enum Call {
         groups: Option<Vec<u32>>,
         minibatch_size: Option<u32>,
         equal_count: bool,
+        extra: Option<Vec<u64>>,
     },
     Plan {
         lengths: Vec<u64>,
@@ -109,6 +110,7 @@ enum Call {
         multiple: u64,
         runs: Option<Vec<u32>>,
         mix_runs: bool,
+        extra: Option<Vec<u64>>,
     },
     PrimeRlFfd {
         lengths: Vec<u64>,
@@ -196,8 +198,14 @@ fuzz_target!(|call: Call| match call {
             assert!(p.tokens.iter().all(|&t| t <= max_token_len), "a micro-batch over the cap");
         }
     }
-    Call::BalanceDp { lengths, dp, cost: c, groups, minibatch_size, equal_count } => {
-        let o = DpOptions { cost: cost(c), groups: groups.as_deref(), minibatch_size, equal_count };
+    Call::BalanceDp { lengths, dp, cost: c, groups, minibatch_size, equal_count, extra } => {
+        let o = DpOptions {
+            cost: cost(c),
+            groups: groups.as_deref(),
+            minibatch_size,
+            equal_count,
+            extra_costs: extra.as_deref(),
+        };
         let _ = k::balance_dp(&lengths, count(dp), &o);
     }
     Call::Plan { lengths, dp, max_token_len, minibatch_size, order } => {
@@ -251,10 +259,16 @@ fuzz_target!(|call: Call| match call {
         let factor = factor.map_or(Factor::CpTp, Factor::Multiple);
         let _ = k::cp_layout(&lengths, &AlignOptions { cp: count(cp), tp: count(tp), factor, power_of_two: false });
     }
-    Call::Distribute { lengths, capacity, dp, per_sequence, multiple, runs, mix_runs } => {
+    Call::Distribute { lengths, capacity, dp, per_sequence, multiple, runs, mix_runs, extra } => {
         let padding = if per_sequence { Padding::PerSequence(multiple) } else { Padding::PerMicroBatch(multiple) };
-        let o =
-            DistributeOptions { capacity, dp: count(dp), cost: Cost::TOKENS, padding, runs: runs.as_deref(), mix_runs };
+        let o = DistributeOptions {
+            cost: Cost::TOKENS,
+            padding,
+            runs: runs.as_deref(),
+            mix_runs,
+            extra_costs: extra.as_deref(),
+            ..DistributeOptions::new(capacity, count(dp))
+        };
         let _ = k::distribute(&lengths, &o);
     }
     Call::PrimeRlFfd { lengths, runs, labels, seq_len } => {

@@ -181,6 +181,7 @@ fn materialize_cases(c: &mut Criterion) {
             advantage: (i % 7) as f32 - 3.0,
             run: 0,
             teacher_logprobs: None,
+            extra_cost: 0,
         })
         .collect();
     let opts = MaterializeOptions::new(65_536, 8).with_cp(2, 1).expect("cp options");

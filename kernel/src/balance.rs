@@ -53,6 +53,26 @@ impl Default for Cost {
     }
 }
 
+/// Per-item costs plus each item's extra cost (`extra[i]`, e.g. a multimodal sample's image
+/// tokens in cost units; `None`: no extra), or an `invalid-argument` error naming a list of
+/// the wrong length or the first item whose cost overflows `u64`.
+pub fn costs_with_extra(lengths: &[u64], cost: &Cost, extra: Option<&[u64]>) -> Result<Vec<u64>, Error> {
+    let mut out = costs(lengths, cost)?;
+    if let Some(extra) = extra {
+        if extra.len() != lengths.len() {
+            return invalid!("extra_costs has {} entries; lengths has {} (one per sample)", extra.len(), lengths.len());
+        }
+        for (i, (c, &e)) in out.iter_mut().zip(extra).enumerate() {
+            *c = c.checked_add(e).ok_or_else(|| {
+                Error::InvalidArgument(alloc::format!(
+                    "the cost of lengths[{i}] plus extra_costs[{i}] = {e} overflows u64"
+                ))
+            })?;
+        }
+    }
+    Ok(out)
+}
+
 /// Per-item costs, or an `invalid-argument` error naming the first item whose cost
 /// overflows `u64`.
 pub fn costs(lengths: &[u64], cost: &Cost) -> Result<Vec<u64>, Error> {
@@ -155,7 +175,18 @@ impl MicroPlan {
 /// of sequences (micro-batches are never empty); `infeasible` for a sequence longer than the
 /// cap (never split) or a forced count the cap does not allow.
 pub fn micro_batches(lengths: &[u64], options: &MicroOptions) -> Result<MicroPlan, Error> {
-    let costs = micro_checks(lengths, options)?;
+    micro_batches_with_extra(lengths, None, options)
+}
+
+/// [`micro_batches`] where sample `i` also costs `extra[i]` (cost units; `None`: nothing):
+/// the cap still counts tokens, the balance counts costs. Errors: those of
+/// [`micro_batches`]; `extra` not one per sample, or a cost plus extra above `u64`.
+pub fn micro_batches_with_extra(
+    lengths: &[u64],
+    extra: Option<&[u64]>,
+    options: &MicroOptions,
+) -> Result<MicroPlan, Error> {
+    let costs = micro_checks(lengths, extra, options)?;
     let need = needed_count(lengths, options)?;
     plan_micro(lengths, &costs, options, need)
 }
@@ -175,7 +206,7 @@ fn plan_micro(lengths: &[u64], costs: &[u64], options: &MicroOptions, need: Need
 }
 
 /// Validates the arguments of [`micro_batches`] and returns the per-item costs.
-fn micro_checks(lengths: &[u64], options: &MicroOptions) -> Result<Vec<u64>, Error> {
+fn micro_checks(lengths: &[u64], extra: Option<&[u64]>, options: &MicroOptions) -> Result<Vec<u64>, Error> {
     let n = checked_len("lengths", lengths.len())?;
     if n == 0 {
         return invalid!("lengths must not be empty (a batch needs at least one sequence)");
@@ -198,7 +229,7 @@ fn micro_checks(lengths: &[u64], options: &MicroOptions) -> Result<Vec<u64>, Err
         )));
     }
     checked_sum("lengths", lengths.iter().copied())?;
-    costs(lengths, &options.cost)
+    costs_with_extra(lengths, &options.cost, extra)
 }
 
 /// What a batch needs under the cap, before a forced count.
@@ -423,11 +454,14 @@ pub struct DpOptions<'a> {
     /// Every rank gets the same number of samples (default). With groups of different
     /// sizes this needs `false`.
     pub equal_count: bool,
+    /// An extra cost per sample on top of `cost` (cost units: e.g. a multimodal sample's
+    /// image tokens); `None`: none. [`plan`] also balances micro-batches with it.
+    pub extra_costs: Option<&'a [u64]>,
 }
 
 impl Default for DpOptions<'_> {
     fn default() -> Self {
-        Self { cost: Cost::TOKENS, groups: None, minibatch_size: None, equal_count: true }
+        Self { cost: Cost::TOKENS, groups: None, minibatch_size: None, equal_count: true, extra_costs: None }
     }
 }
 
@@ -476,7 +510,7 @@ pub fn balance_dp(lengths: &[u64], dp: u32, options: &DpOptions<'_>) -> Result<D
     if n == 0 {
         return invalid!("lengths must not be empty (a batch needs at least one sequence)");
     }
-    let costs = costs(lengths, &options.cost)?;
+    let costs = costs_with_extra(lengths, &options.cost, options.extra_costs)?;
     checked_sum("lengths", lengths.iter().copied())?;
     let total_cost = checked_sum("costs", costs.iter().copied())?;
     let mb = match options.minibatch_size {
@@ -604,13 +638,15 @@ pub struct Plan {
 /// Errors: those of [`balance_dp`] and [`micro_batches`].
 pub fn plan(lengths: &[u64], dp: u32, dp_options: &DpOptions<'_>, micro: &MicroOptions) -> Result<Plan, Error> {
     // Name an oversized sequence by its global index (the per-rank checks see local ones).
-    micro_checks(lengths, &MicroOptions { count: None, min_count: 0, ..*micro })?;
+    let extra = dp_options.extra_costs;
+    micro_checks(lengths, extra, &MicroOptions { count: None, min_count: 0, ..*micro })?;
     let dp_plan = balance_dp(lengths, dp, dp_options)?;
     // Each rank's lengths, costs and needs, computed once: the needs give the agreed count.
     let mut locals = Vec::with_capacity(dp as usize);
     for r in 0..dp_plan.dp() {
         let local: Vec<u64> = dp_plan.rank(r).iter().map(|&i| lengths[i as usize]).collect();
-        let costs = micro_checks(&local, micro)?;
+        let local_extra: Option<Vec<u64>> = extra.map(|e| dp_plan.rank(r).iter().map(|&i| e[i as usize]).collect());
+        let costs = micro_checks(&local, local_extra.as_deref(), micro)?;
         let need = needed_count(&local, micro)?;
         locals.push((local, costs, need));
     }

@@ -18,7 +18,7 @@
 
 use alloc::vec::Vec;
 
-use crate::balance::{Cost, costs};
+use crate::balance::{Cost, costs, costs_with_extra};
 use crate::pack::{PackOptions, pack};
 use crate::partition::{PartitionMethod, PartitionOptions, partition};
 use crate::{Error, checked_len, checked_sum, invalid};
@@ -270,12 +270,23 @@ pub struct DistributeOptions<'a> {
     pub runs: Option<&'a [u32]>,
     /// Let samples of different runs share a micro-batch (members then ordered by run).
     pub mix_runs: bool,
+    /// An extra cost per sample on top of `cost` (e.g. a multimodal sample's image tokens);
+    /// `None`: none. Balancing counts it; the capacity counts tokens only.
+    pub extra_costs: Option<&'a [u64]>,
 }
 
 impl DistributeOptions<'_> {
-    /// Capacity `capacity`, `dp` ranks, token cost, no padding, one run.
+    /// Capacity `capacity`, `dp` ranks, token cost, no padding, one run, no extra costs.
     pub fn new(capacity: u64, dp: u32) -> Self {
-        Self { capacity, dp, cost: Cost::TOKENS, padding: Padding::PerMicroBatch(1), runs: None, mix_runs: false }
+        Self {
+            capacity,
+            dp,
+            cost: Cost::TOKENS,
+            padding: Padding::PerMicroBatch(1),
+            runs: None,
+            mix_runs: false,
+            extra_costs: None,
+        }
     }
 }
 
@@ -381,7 +392,7 @@ pub fn distribute(lengths: &[u64], o: &DistributeOptions<'_>) -> Result<Distribu
             }
         }
     }
-    let item_costs = costs(&sizes, &o.cost)?;
+    let item_costs = costs_with_extra(&sizes, &o.cost, o.extra_costs)?;
     let total = checked_sum("padded lengths", sizes.iter().copied())?;
     let lower_bound = checked_len("micro-batches", total.div_ceil(cap) as usize)?;
     let run_of = |i: u32| if o.mix_runs { 0 } else { o.runs.map_or(0, |r| r[i as usize]) };

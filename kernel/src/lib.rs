@@ -36,7 +36,10 @@ pub mod shuffle;
 pub mod stream;
 pub mod verl;
 
-pub use balance::{Cost, DpOptions, DpPlan, MicroOptions, MicroPlan, Order, Plan, balance_dp, micro_batches, plan};
+pub use balance::{
+    Cost, DpOptions, DpPlan, MicroOptions, MicroPlan, Order, Plan, balance_dp, micro_batches, micro_batches_with_extra,
+    plan,
+};
 pub use layout::{
     AlignOptions, CpLayout, DistributeOptions, Distribution, Factor, MAX_PARALLEL, Padding, cp_layout, distribute,
     pad_factor, prime_rl_ffd,

@@ -122,7 +122,7 @@ proptest! {
     ) {
         let runs: Vec<u32> = (0..lengths.len() as u32).map(|i| (i * 7 + 3) % nruns).collect();
         let padding = if per_sequence { Padding::PerSequence(m) } else { Padding::PerMicroBatch(m) };
-        let o = DistributeOptions { capacity: cap, dp, cost: Cost::ATTENTION, padding, runs: Some(&runs), mix_runs: mix };
+        let o = DistributeOptions { cost: Cost::ATTENTION, padding, runs: Some(&runs), mix_runs: mix, ..DistributeOptions::new(cap, dp) };
         let d = distribute(&lengths, &o).unwrap();
         prop_assert_eq!(d.dp(), dp as usize);
         prop_assert_eq!(d.tokens.len(), (dp * d.per_rank) as usize);

@@ -448,11 +448,12 @@ pub(crate) struct OwnedSample {
     pub(crate) sample: stowplan::TrainingSample,
     temperature: f32,
     run: u32,
+    extra_cost: u64,
 }
 
 impl OwnedSample {
     fn borrow(&self) -> Sample<'_> {
-        self.sample.as_sample(self.temperature, self.run)
+        Sample { extra_cost: self.extra_cost, ..self.sample.as_sample(self.temperature, self.run) }
     }
 }
 
@@ -511,6 +512,10 @@ pub(crate) fn extract_sample(i: usize, obj: &Bound<'_, PyAny>) -> PyResult<Owned
         },
         temperature: scalar("temperature", Some(1.0))? as f32,
         run,
+        extra_cost: get(obj, "extra_cost")?
+            .map(|v| int(&v, &at("extra_cost"), 0, u64::MAX.into()))
+            .transpose()?
+            .unwrap_or(0),
     })
 }
 
@@ -592,7 +597,9 @@ fn plan_arg(plan: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Vec<Vec<Vec<u32>
 /// int64/int32 arrays) and ``advantage``; optionally ``prompt_mask`` (default all False),
 /// ``completion_mask`` (all True), ``completion_logprobs`` (0), ``temperature`` (one float,
 /// default 1.0) or ``completion_temperatures`` (one per completion token), ``run`` or
-/// ``lora`` (default 0) and ``teacher_logprobs`` (every token; all samples or none).
+/// ``lora`` (default 0), ``teacher_logprobs`` (every token; all samples or none) and
+/// ``extra_cost`` (default 0: a cost on top of the cost model's, in its units — a multimodal
+/// sample's image or vision tokens — that balancing counts and the capacity does not).
 ///
 /// Options (omitted or ``None``: the default): ``dp`` (default 1), ``cp``, ``tp`` (default
 /// 1); ``padding`` — ``"sequence"`` pads every sample to the factor (default when
@@ -609,7 +616,8 @@ fn plan_arg(plan: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Vec<Vec<Vec<u32>
 /// of ``loss_weights × per-token loss`` is the unpacked samples' loss (counts per run, over
 /// the samples of the call or of ``plan``); ``loss_scale_factor`` — the horizon of
 /// ``"seq-mean-token-sum-norm"`` only, in tokens (default: the run's longest completion);
-/// ``plan`` — materialize this plan instead (``plan[r][j]`` = the sample
+/// ``multimodal_alone`` — every sample with an ``extra_cost`` gets a micro-batch of its own
+/// (prime-rl's rule; needs ``mix_runs`` False); ``plan`` — materialize this plan instead (``plan[r][j]`` = the sample
 /// indices of rank ``r``'s micro-batch ``j``; ``[]`` = a dummy); ``backend``.
 ///
 /// Raises :class:`InvalidArgumentError` naming the sample and field (length mismatch, empty
@@ -631,7 +639,7 @@ fn plan_arg(plan: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Vec<Vec<Vec<u32>
 #[pyfunction]
 #[pyo3(signature = (samples, *, capacity, dp=None, cp=None, tp=None, padding=None, align=None, cost=None,
     pad_token_id=None, num_runs=None, mix_runs=None, allow_empty_completion=None, loss_agg_mode=None,
-    loss_scale_factor=None, plan=None, backend=None))]
+    loss_scale_factor=None, multimodal_alone=None, plan=None, backend=None))]
 #[allow(clippy::too_many_arguments)]
 pub fn materialize(
     py: Python<'_>,
@@ -649,6 +657,7 @@ pub fn materialize(
     allow_empty_completion: Option<bool>,
     loss_agg_mode: Option<&str>,
     loss_scale_factor: Option<&Bound<'_, PyAny>>,
+    multimodal_alone: Option<bool>,
     plan: Option<&Bound<'_, PyAny>>,
     backend: Option<&str>,
 ) -> PyResult<PyMaterialized> {
@@ -688,6 +697,7 @@ pub fn materialize(
             .map(|f| number(f, "loss_scale_factor", "a number of tokens"))
             .transpose()?
             .or(d.loss_scale_factor),
+        multimodal_alone: multimodal_alone.unwrap_or(d.multimodal_alone),
         ..d
     };
     let plan = plan_arg(plan)?;

@@ -1047,7 +1047,9 @@ fn micro_options(
 /// multiple of this (virtual pipeline size; default 1); ``count`` — exactly this many (e.g.
 /// the count every DP rank agreed on); ``order`` — ``"none"`` (input order, default),
 /// ``"cost_desc"``, ``"verl"`` (verl's and ROLL's cheapest-at-both-ends order) or ``"roll"``
-/// (ROLL's in-rank interleave); ``backend`` — ``"wasm"`` (default) or ``"native"``.
+/// (ROLL's in-rank interleave); ``extra_costs`` — one extra cost per sequence on top of
+/// ``cost`` (its units; e.g. a multimodal sample's image tokens): balanced, not capped;
+/// ``backend`` — ``"wasm"`` (default) or ``"native"``.
 ///
 /// Raises :class:`InfeasibleError` for a sequence longer than ``max_token_len`` (named) or
 /// a ``count`` below what the cap allows; :class:`InvalidArgumentError` for empty input,
@@ -1061,7 +1063,7 @@ fn micro_options(
 /// [0, 4, 1, 2, 3, 5]
 #[pyfunction]
 #[pyo3(signature = (lengths, max_token_len, *, cost=None, min_count=None, divisible_by=None, count=None, order=None,
-    backend=None))]
+    extra_costs=None, backend=None))]
 #[allow(clippy::too_many_arguments)]
 fn micro_batches(
     py: Python<'_>,
@@ -1072,13 +1074,21 @@ fn micro_batches(
     divisible_by: Option<&Bound<'_, PyAny>>,
     count: Option<&Bound<'_, PyAny>>,
     order: Option<&str>,
+    extra_costs: Option<&Bound<'_, PyAny>>,
     backend: Option<&str>,
 ) -> PyResult<PyMicroBatches> {
     let options = micro_options(py, max_token_len, cost_arg(cost)?, min_count, divisible_by, count, order)?;
     let lengths = Lengths::extract(lengths, "lengths")?;
+    let extra = extra_costs.map(|e| Lengths::extract(e, "extra_costs")).transpose()?;
     let kernel = kernel(py, backend)?;
     let l = lengths.slice();
-    let p = py.detach(|| kernel.micro_batches(l, &options)).map_err(|e| to_py(py, e))?;
+    let e = extra.as_ref().map(Lengths::slice);
+    let p = py
+        .detach(|| match e {
+            Some(e) => kernel.micro_batches_with_extra(l, e, &options),
+            None => kernel.micro_batches(l, &options),
+        })
+        .map_err(|e| to_py(py, e))?;
     Ok(PyMicroBatches::new(py, p))
 }
 
@@ -1225,7 +1235,9 @@ fn labels(groups: Option<&Bound<'_, PyAny>>, n: usize) -> PyResult<Option<Vec<u3
 /// separately (verl's ``keep_minibatch``; each rank lists its samples mini-batch by
 /// mini-batch); ``equal_count`` — every rank gets the same number of samples (default True);
 /// ``min_count``, ``divisible_by``, ``count``, ``order`` — as in :func:`micro_batches`, per
-/// rank; ``backend`` — ``"wasm"`` (default) or ``"native"``.
+/// rank; ``extra_costs`` — one extra cost per sample on top of ``cost`` (e.g. a multimodal
+/// sample's image tokens), counted by both levels; ``backend`` — ``"wasm"`` (default) or
+/// ``"native"``.
 ///
 /// >>> b = balance([100, 900, 50, 950, 400, 600], 2)
 /// >>> [r.tolist() for r in b.ranks], b.tokens.tolist()
@@ -1235,7 +1247,7 @@ fn labels(groups: Option<&Bound<'_, PyAny>>, n: usize) -> PyResult<Option<Vec<u3
 /// (2, [[[1], [5, 6, 7]], [[0, 2, 4], [3]]])
 #[pyfunction]
 #[pyo3(signature = (lengths, dp, *, cost=None, max_token_len=None, groups=None, minibatch_size=None, equal_count=None,
-    min_count=None, divisible_by=None, count=None, order=None, backend=None))]
+    min_count=None, divisible_by=None, count=None, order=None, extra_costs=None, backend=None))]
 #[allow(clippy::too_many_arguments)]
 fn balance(
     py: Python<'_>,
@@ -1250,6 +1262,7 @@ fn balance(
     divisible_by: Option<&Bound<'_, PyAny>>,
     count: Option<&Bound<'_, PyAny>>,
     order: Option<&str>,
+    extra_costs: Option<&Bound<'_, PyAny>>,
     backend: Option<&str>,
 ) -> PyResult<PyBalance> {
     let d = DpOptions::default();
@@ -1261,12 +1274,14 @@ fn balance(
     let lengths = Lengths::extract(lengths, "lengths")?;
     let l = lengths.slice();
     let labels = labels(groups, l.len())?;
+    let extra = extra_costs.map(|e| Lengths::extract(e, "extra_costs")).transpose()?;
     let kernel = kernel(py, backend)?;
     let options = DpOptions {
         cost,
         groups: labels.as_deref(),
         minibatch_size,
         equal_count: equal_count.unwrap_or(d.equal_count),
+        extra_costs: extra.as_ref().map(Lengths::slice),
     };
     let (plan, ranks): (DpPlan, Option<Vec<MicroPlan>>) = match micro {
         None => (py.detach(|| kernel.balance_dp(l, dp, &options)).map_err(|e| to_py(py, e))?, None),

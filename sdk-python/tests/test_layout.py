@@ -313,3 +313,39 @@ def test_loss_agg_mode_and_scale_factor_are_checked():
         stowplan.Packer(seq_len=16, dp=1, loss_scale_factor=64)
     mb = stowplan.materialize([sample], capacity=8).ranks[0][0]
     assert mb.loss_weights.tolist() == [0.0, 0.5, 0.5] + [0.0] * (len(mb) - 3)
+
+
+# ------------------------------------------------------------------------------------------
+# Multimodal samples (issue 21): an extra cost per sample, balanced and not capped
+
+
+def test_extra_costs_move_the_balance_not_the_cap():
+    lengths = [100] * 6
+    extra = [10_000, 0, 0, 0, 0, 0]
+    b = stowplan.balance(lengths, 2, extra_costs=extra, equal_count=False)
+    with_image = next(r for r in range(2) if 0 in b.ranks[r].tolist())
+    assert b.ranks[with_image].tolist() == [0] and b.costs[with_image] == 10_100
+    assert stowplan.balance(lengths, 2, extra_costs=[0] * 6).ranks[0].tolist() == stowplan.balance(lengths, 2).ranks[0].tolist()
+    mb = stowplan.micro_batches([300, 300, 300, 300], 600, extra_costs=np.array([5000, 0, 0, 0]))
+    assert all(t <= 600 for t in mb.tokens.tolist())
+    assert sorted(mb.costs.tolist()) == [600, 5600]
+    with pytest.raises(InvalidArgumentError, match="extra_costs has 2 entries; lengths has 4"):
+        stowplan.micro_batches([300, 300, 300, 300], 600, extra_costs=[1, 2])
+    with pytest.raises(InvalidArgumentError, match="extra_costs"):
+        stowplan.balance([1, 2], 1, extra_costs=[1.5, 0])
+
+
+def test_multimodal_samples_get_micro_batches_of_their_own():
+    samples = [
+        {"prompt_ids": [1], "completion_ids": [2, 3, 4], "advantage": 1.0},
+        {"prompt_ids": [1], "completion_ids": [2, 3], "advantage": 1.0, "extra_cost": 256},
+        {"prompt_ids": [1], "completion_ids": [2], "advantage": 1.0},
+        {"prompt_ids": [1], "completion_ids": [2, 3, 4, 5], "advantage": 1.0, "extra_cost": 576},
+    ]
+    m = stowplan.materialize(samples, capacity=32, multimodal_alone=True)
+    rows = [mb.samples.tolist() for mb in m.ranks[0]]
+    assert [1] in rows and [3] in rows and [0, 2] in rows, rows
+    with pytest.raises(InvalidArgumentError, match="multimodal_alone needs mix_runs false"):
+        stowplan.materialize(samples, capacity=32, multimodal_alone=True, mix_runs=True)
+    with pytest.raises(InvalidArgumentError, match=r"samples\[0\]\.extra_cost"):
+        stowplan.materialize([{**samples[0], "extra_cost": -1}], capacity=32)

@@ -92,6 +92,7 @@ proptest! {
                     advantage: 1.0,
                     run: c.run,
                     teacher_logprobs: None,
+            extra_cost: 0,
                 }
             })
             .collect();
@@ -162,6 +163,7 @@ fn bad_loss_scale_factors_are_refused_naming_the_option() {
         advantage: 1.0,
         run: 0,
         teacher_logprobs: None,
+        extra_cost: 0,
     }];
     for bad in [0.0, 0.5, -1.0, 1e-300, 1e300, f64::NAN, f64::INFINITY] {
         let o = MaterializeOptions {

@@ -47,6 +47,7 @@ fn borrow(o: &[Owned]) -> Vec<Sample<'_>> {
             advantage: 1.0 + i as f32,
             run: s.run,
             teacher_logprobs: None,
+            extra_cost: 0,
         })
         .collect()
 }

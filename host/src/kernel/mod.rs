@@ -93,6 +93,17 @@ pub trait KernelApi: Send + Sync + std::fmt::Debug {
     /// order and the errors.
     fn micro_batches(&self, lengths: &[u64], options: &MicroOptions) -> Result<MicroPlan, Error>;
 
+    /// [`micro_batches`](Self::micro_batches) where sample `i` also costs `extra[i]` (cost
+    /// units, e.g. a multimodal sample's image tokens): the cap counts tokens, the balance
+    /// costs (`wit/kernel.wit`, `multimodal`). [`DpOptions::extra_costs`] and
+    /// [`DistributeOptions::extra_costs`] do the same for the other balancing calls.
+    fn micro_batches_with_extra(
+        &self,
+        lengths: &[u64],
+        extra: &[u64],
+        options: &MicroOptions,
+    ) -> Result<MicroPlan, Error>;
+
     /// Reorders a global batch over `dp` ranks, minimizing the costliest rank. See
     /// `wit/kernel.wit` (`balance.balance-dp`).
     fn balance_dp(&self, lengths: &[u64], dp: u32, options: &DpOptions<'_>) -> Result<DpPlan, Error>;

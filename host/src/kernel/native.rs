@@ -45,6 +45,15 @@ impl KernelApi for NativeKernel {
         Ok(k::micro_batches(lengths, options)?)
     }
 
+    fn micro_batches_with_extra(
+        &self,
+        lengths: &[u64],
+        extra: &[u64],
+        options: &MicroOptions,
+    ) -> Result<MicroPlan, Error> {
+        Ok(k::micro_batches_with_extra(lengths, Some(extra), options)?)
+    }
+
     fn balance_dp(&self, lengths: &[u64], dp: u32, options: &DpOptions<'_>) -> Result<DpPlan, Error> {
         Ok(k::balance_dp(lengths, dp, options)?)
     }

@@ -199,13 +199,32 @@ impl KernelApi for WasmKernel {
         call(|i, s| i.stowplan_kernel_balance().call_micro_batches(s, lengths, options.into())).map(Into::into)
     }
 
+    fn micro_batches_with_extra(
+        &self,
+        lengths: &[u64],
+        extra: &[u64],
+        options: &MicroOptions,
+    ) -> Result<MicroPlan, Error> {
+        call(|i, s| i.stowplan_kernel_multimodal().call_micro_batches(s, lengths, extra, options.into()))
+            .map(Into::into)
+    }
+
     fn balance_dp(&self, lengths: &[u64], dp: u32, options: &DpOptions<'_>) -> Result<DpPlan, Error> {
-        call(|i, s| i.stowplan_kernel_balance().call_balance_dp(s, lengths, dp, &options.into())).map(Into::into)
+        let o = options.into();
+        match options.extra_costs {
+            Some(e) => call(|i, s| i.stowplan_kernel_multimodal().call_balance_dp(s, lengths, e, dp, &o)),
+            None => call(|i, s| i.stowplan_kernel_balance().call_balance_dp(s, lengths, dp, &o)),
+        }
+        .map(Into::into)
     }
 
     fn plan(&self, lengths: &[u64], dp: u32, dp_options: &DpOptions<'_>, micro: &MicroOptions) -> Result<Plan, Error> {
-        call(|i, s| i.stowplan_kernel_balance().call_plan(s, lengths, dp, &dp_options.into(), micro.into()))
-            .map(Into::into)
+        let (o, m) = (dp_options.into(), micro.into());
+        match dp_options.extra_costs {
+            Some(e) => call(|i, s| i.stowplan_kernel_multimodal().call_plan(s, lengths, e, dp, &o, m)),
+            None => call(|i, s| i.stowplan_kernel_balance().call_plan(s, lengths, dp, &o, m)),
+        }
+        .map(Into::into)
     }
 
     fn verl_rearrange_micro_batches(
@@ -260,7 +279,12 @@ impl KernelApi for WasmKernel {
     }
 
     fn distribute(&self, lengths: &[u64], options: &DistributeOptions<'_>) -> Result<Distribution, Error> {
-        call(|i, s| i.stowplan_kernel_layout().call_distribute(s, lengths, &options.into())).map(Into::into)
+        let o = options.into();
+        match options.extra_costs {
+            Some(e) => call(|i, s| i.stowplan_kernel_multimodal().call_distribute(s, lengths, e, &o)),
+            None => call(|i, s| i.stowplan_kernel_layout().call_distribute(s, lengths, &o)),
+        }
+        .map(Into::into)
     }
 
     fn prime_rl_ffd(

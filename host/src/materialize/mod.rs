@@ -119,6 +119,10 @@ pub struct Sample<'a> {
     pub run: u32,
     /// Teacher logprob of every token (prompt + completion); all samples or none.
     pub teacher_logprobs: Option<&'a [f32]>,
+    /// A cost on top of the cost model's, in its units: a multimodal sample's image patches
+    /// or vision tokens, which cost compute its text length does not show. Balancing over
+    /// ranks and micro-batches counts it, the capacity does not. 0: a text sample.
+    pub extra_cost: u64,
 }
 
 impl Sample<'_> {
@@ -161,6 +165,9 @@ pub struct MaterializeOptions {
     /// The horizon `H` of [`LossAggMode::SeqMeanTokenSumNorm`] (tokens, 1..=2^64); `None`:
     /// the longest completion of the run in the step. Refused with any other mode.
     pub loss_scale_factor: Option<f64>,
+    /// Every sample with an extra cost (multimodal) gets a micro-batch of its own
+    /// (prime-rl's rule). Needs `mix_runs` false.
+    pub multimodal_alone: bool,
 }
 
 impl MaterializeOptions {
@@ -179,6 +186,7 @@ impl MaterializeOptions {
             allow_empty_completion: false,
             loss_agg_mode: LossAggMode::TokenMean,
             loss_scale_factor: None,
+            multimodal_alone: false,
         }
     }
 
@@ -794,7 +802,29 @@ pub fn materialize(
 ) -> Result<Materialized, Error> {
     let num_runs = validate(samples, options)?;
     let lengths: Vec<u64> = samples.iter().map(|s| s.len() as u64).collect();
-    let runs: Vec<u32> = samples.iter().map(|s| s.run).collect();
+    let extra: Vec<u64> = samples.iter().map(|s| s.extra_cost).collect();
+    let multimodal = extra.iter().any(|&e| e > 0);
+    // The kernel keeps labels apart (without `mix_runs`): runs, and with `multimodal_alone`
+    // a label of its own for every multimodal sample, after the runs'.
+    let mut labels: Vec<u32> = samples.iter().map(|s| s.run).collect();
+    if options.multimodal_alone {
+        if options.mix_runs {
+            return Err(Error::InvalidArgument(
+                "multimodal_alone needs mix_runs false (runs sharing micro-batches would share them with multimodal \
+                 samples too)"
+                    .into(),
+            ));
+        }
+        let mut next = num_runs;
+        for (label, &e) in labels.iter_mut().zip(&extra) {
+            if e > 0 {
+                *label = next;
+                next = next.checked_add(1).ok_or_else(|| {
+                    Error::InvalidArgument("too many multimodal samples to give each a micro-batch".into())
+                })?;
+            }
+        }
+    }
     let d = kernel.distribute(
         &lengths,
         &DistributeOptions {
@@ -802,8 +832,9 @@ pub fn materialize(
             dp: options.dp,
             cost: options.cost,
             padding: options.padding,
-            runs: Some(&runs),
+            runs: Some(&labels),
             mix_runs: options.mix_runs,
+            extra_costs: multimodal.then_some(&extra[..]),
         },
     )?;
     let plan: Vec<Vec<&[u32]>> =

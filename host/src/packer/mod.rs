@@ -82,6 +82,8 @@ impl TrainingSample {
             advantage: self.advantage,
             run,
             teacher_logprobs: self.teacher_logprobs.as_deref(),
+            // The packer's samples carry no extra cost (yet): text only.
+            extra_cost: 0,
         }
     }
 }

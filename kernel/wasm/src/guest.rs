@@ -12,7 +12,7 @@ wit_bindgen::generate!({
 });
 
 use exports::stowplan::kernel::{
-    balance, layout, pack, pack_compact, partition, peers, plan, shuffle, streaming as stream, types, verl,
+    balance, layout, multimodal, pack, pack_compact, partition, peers, plan, shuffle, streaming as stream, types, verl,
 };
 
 #[global_allocator]
@@ -139,6 +139,7 @@ fn dp_options(o: &balance::DpOptions) -> k::DpOptions<'_> {
         groups: o.groups.as_deref(),
         minibatch_size: o.minibatch_size,
         equal_count: o.equal_count,
+        extra_costs: None,
     }
 }
 
@@ -277,30 +278,80 @@ impl layout::Guest for Kernel {
     }
 
     fn distribute(lengths: Vec<u64>, o: layout::DistributeOptions) -> Result<layout::Distribution, types::Error> {
-        let opts = k::DistributeOptions {
-            capacity: o.capacity,
-            dp: o.dp,
-            cost: k::Cost { linear: o.cost.linear, quadratic: o.cost.quadratic },
-            padding: match o.padding {
-                layout::Padding::PerSequence(m) => k::Padding::PerSequence(m),
-                layout::Padding::PerMicroBatch(m) => k::Padding::PerMicroBatch(m),
-            },
-            runs: o.runs.as_deref(),
-            mix_runs: o.mix_runs,
-        };
-        let d = k::distribute(&lengths, &opts).map_err(error)?;
-        Ok(layout::Distribution {
-            per_rank: d.per_rank,
-            batches: types::Groups { offsets: d.offsets, indices: d.indices },
-            tokens: d.tokens,
-            real_tokens: d.real_tokens,
-            costs: d.costs,
-            rank_costs: d.rank_costs,
-            packed: d.packed,
-            splits: d.splits,
-            dummies: d.dummies,
-            lower_bound: d.lower_bound,
-        })
+        distribute_with(&lengths, None, &o)
+    }
+}
+
+/// `layout.distribute` and `multimodal.distribute`.
+fn distribute_with(
+    lengths: &[u64],
+    extra: Option<&[u64]>,
+    o: &layout::DistributeOptions,
+) -> Result<layout::Distribution, types::Error> {
+    let opts = k::DistributeOptions {
+        capacity: o.capacity,
+        dp: o.dp,
+        cost: k::Cost { linear: o.cost.linear, quadratic: o.cost.quadratic },
+        padding: match o.padding {
+            layout::Padding::PerSequence(m) => k::Padding::PerSequence(m),
+            layout::Padding::PerMicroBatch(m) => k::Padding::PerMicroBatch(m),
+        },
+        runs: o.runs.as_deref(),
+        mix_runs: o.mix_runs,
+        extra_costs: extra,
+    };
+    let d = k::distribute(lengths, &opts).map_err(error)?;
+    Ok(layout::Distribution {
+        per_rank: d.per_rank,
+        batches: types::Groups { offsets: d.offsets, indices: d.indices },
+        tokens: d.tokens,
+        real_tokens: d.real_tokens,
+        costs: d.costs,
+        rank_costs: d.rank_costs,
+        packed: d.packed,
+        splits: d.splits,
+        dummies: d.dummies,
+        lower_bound: d.lower_bound,
+    })
+}
+
+impl multimodal::Guest for Kernel {
+    fn micro_batches(
+        lengths: Vec<u64>,
+        extra: Vec<u64>,
+        options: balance::MicroOptions,
+    ) -> Result<balance::MicroPlan, types::Error> {
+        k::micro_batches_with_extra(&lengths, Some(&extra), &micro_options(options)).map(micro_plan).map_err(error)
+    }
+
+    fn balance_dp(
+        lengths: Vec<u64>,
+        extra: Vec<u64>,
+        dp: u32,
+        options: balance::DpOptions,
+    ) -> Result<balance::DpPlan, types::Error> {
+        let o = k::DpOptions { extra_costs: Some(&extra), ..dp_options(&options) };
+        k::balance_dp(&lengths, dp, &o).map(dp_plan).map_err(error)
+    }
+
+    fn plan(
+        lengths: Vec<u64>,
+        extra: Vec<u64>,
+        dp: u32,
+        dp_opts: balance::DpOptions,
+        micro: balance::MicroOptions,
+    ) -> Result<balance::TwoLevel, types::Error> {
+        let o = k::DpOptions { extra_costs: Some(&extra), ..dp_options(&dp_opts) };
+        let p = k::plan(&lengths, dp, &o, &micro_options(micro)).map_err(error)?;
+        Ok(balance::TwoLevel { dp: dp_plan(p.dp), ranks: p.ranks.into_iter().map(micro_plan).collect() })
+    }
+
+    fn distribute(
+        lengths: Vec<u64>,
+        extra: Vec<u64>,
+        options: layout::DistributeOptions,
+    ) -> Result<layout::Distribution, types::Error> {
+        distribute_with(&lengths, Some(&extra), &options)
     }
 }
 

@@ -154,6 +154,7 @@ def micro_batches(
     divisible_by: Optional[int] = None,
     count: Optional[int] = None,
     order: Optional[str] = None,
+    extra_costs: Optional[_Lengths] = None,
     backend: Optional[str] = None,
 ) -> MicroBatches:
     """``cost``: ``"tokens"`` (default), ``"attention"`` or ``(linear, quadratic)``;
@@ -193,6 +194,7 @@ def balance(
     divisible_by: Optional[int] = None,
     count: Optional[int] = None,
     order: Optional[str] = None,
+    extra_costs: Optional[_Lengths] = None,
     backend: Optional[str] = None,
 ) -> Balance:
     """DP balancing, and with ``max_token_len`` the micro-batches of every rank."""
@@ -372,6 +374,7 @@ def materialize(
     allow_empty_completion: Optional[bool] = None,
     loss_agg_mode: Optional[str] = None,
     loss_scale_factor: Optional[float] = None,
+    multimodal_alone: Optional[bool] = None,
     plan: Optional[Sequence[Sequence[Sequence[int]]]] = None,
     backend: Optional[str] = None,
 ) -> Materialized: ...

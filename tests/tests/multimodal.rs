@@ -1,0 +1,118 @@
+//! Multimodal samples (issue 21, item 3): a per-sample extra cost that balancing over ranks
+//! and micro-batches counts and capacities do not, on both backends; zero extra costs change
+//! nothing; `multimodal_alone` gives every multimodal sample a micro-batch of its own.
+
+use proptest::prelude::*;
+use stowplan::{
+    Cost, DistributeOptions, DpOptions, Error, Kernel, MaterializeOptions, MicroOptions, Sample, Temperature,
+};
+
+fn kernels() -> [Kernel; 2] {
+    [Kernel::native(), Kernel::wasm().expect("wasm kernel")]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(32))]
+
+    /// Zero extra costs give exactly the plans without them; with extra costs every reported
+    /// cost includes them, both backends agree, and the caps still count tokens.
+    #[test]
+    fn extra_costs_are_balanced_not_capped(
+        lengths in proptest::collection::vec(1u64..400, 8..80),
+        extra_seed in proptest::collection::vec(0u64..2000, 80),
+        dp in 1u32..4,
+    ) {
+        let n = lengths.len();
+        let n = n - n % dp as usize;
+        let lengths = &lengths[..n];
+        let zeros = vec![0u64; n];
+        let extra: Vec<u64> = extra_seed[..n].iter().map(|&e| if e % 3 == 0 { e } else { 0 }).collect();
+        let cap = 800;
+        let micro = MicroOptions { cost: Cost::ATTENTION, ..MicroOptions::new(cap) };
+        let dp_plain = DpOptions { cost: Cost::ATTENTION, ..DpOptions::default() };
+        let [native, wasm] = kernels();
+        for k in [&native, &wasm] {
+            prop_assert_eq!(
+                k.plan(lengths, dp, &DpOptions { extra_costs: Some(&zeros), ..dp_plain }, &micro).unwrap(),
+                k.plan(lengths, dp, &dp_plain, &micro).unwrap()
+            );
+            prop_assert_eq!(k.micro_batches_with_extra(lengths, &zeros, &micro).unwrap(), k.micro_batches(lengths, &micro).unwrap());
+            let d = DistributeOptions { cost: Cost::ATTENTION, ..DistributeOptions::new(cap, dp) };
+            prop_assert_eq!(k.distribute(lengths, &DistributeOptions { extra_costs: Some(&zeros), ..d }).unwrap(), k.distribute(lengths, &d).unwrap());
+        }
+        let with = DpOptions { extra_costs: Some(&extra), ..dp_plain };
+        let p = native.plan(lengths, dp, &with, &micro).unwrap();
+        prop_assert_eq!(&p, &wasm.plan(lengths, dp, &with, &micro).unwrap());
+        let cost = |i: usize| Cost::ATTENTION.of(lengths[i]).unwrap() + extra[i];
+        for r in 0..dp as usize {
+            let rank_cost: u64 = p.dp.rank(r).iter().map(|&i| cost(i as usize)).sum();
+            prop_assert_eq!(rank_cost, p.dp.costs[r], "rank costs include the extra");
+            let m = &p.ranks[r];
+            for b in 0..m.count() {
+                let tokens: u64 = m.batch(b).iter().map(|&i| lengths[i as usize]).sum();
+                prop_assert!(tokens <= cap, "the cap counts tokens only");
+                let c: u64 = m.batch(b).iter().map(|&i| cost(i as usize)).sum();
+                prop_assert_eq!(c, m.costs[b], "micro-batch costs include the extra");
+            }
+        }
+        let d = DistributeOptions { cost: Cost::ATTENTION, extra_costs: Some(&extra), ..DistributeOptions::new(cap, dp) };
+        prop_assert_eq!(native.distribute(lengths, &d).unwrap(), wasm.distribute(lengths, &d).unwrap());
+    }
+}
+
+#[test]
+fn a_heavy_image_sample_moves_the_balance() {
+    // Four equal texts over 2 ranks: 2 + 2. With a big image cost on sample 0, its rank gets
+    // it and one cheap sample only when counts are free.
+    let lengths = [100u64, 100, 100, 100, 100, 100];
+    let extra = [10_000u64, 0, 0, 0, 0, 0];
+    for k in kernels() {
+        let o = DpOptions { extra_costs: Some(&extra), equal_count: false, ..DpOptions::default() };
+        let p = k.balance_dp(&lengths, 2, &o).unwrap();
+        let with_image = (0..2).find(|&r| p.rank(r).contains(&0)).unwrap();
+        assert_eq!(p.rank(with_image), &[0], "the image sample is alone: {p:?}");
+        assert_eq!(p.costs[with_image], 10_100);
+        let e = k.balance_dp(&lengths, 2, &DpOptions { extra_costs: Some(&extra[..3]), ..DpOptions::default() });
+        match e {
+            Err(Error::InvalidArgument(m)) => assert!(m.contains("extra_costs has 3 entries; lengths has 6"), "{m}"),
+            other => panic!("{other:?}"),
+        }
+        let e = k.micro_batches_with_extra(&[1, 2], &[u64::MAX, 0], &MicroOptions::new(10));
+        assert!(e.unwrap_err().to_string().contains("extra_costs[0]"), "names the sample");
+    }
+}
+
+#[test]
+fn multimodal_samples_get_micro_batches_of_their_own() {
+    let ids: Vec<i64> = (0..64).collect();
+    let sample = |n: usize, extra_cost: u64| Sample {
+        prompt_ids: &ids[..1],
+        completion_ids: &ids[1..n],
+        prompt_mask: None,
+        completion_mask: None,
+        completion_logprobs: None,
+        temperature: Temperature::One(1.0),
+        advantage: 1.0,
+        run: 0,
+        teacher_logprobs: None,
+        extra_cost,
+    };
+    let samples = [sample(4, 0), sample(5, 300), sample(3, 0), sample(6, 0), sample(4, 500), sample(2, 0)];
+    for k in kernels() {
+        let o = MaterializeOptions { multimodal_alone: true, ..MaterializeOptions::new(64, 1) };
+        let m = stowplan::materialize(&k, &samples, &o).unwrap();
+        let rows: Vec<&Vec<u32>> = m.ranks.iter().flatten().map(|mb| &mb.samples).collect();
+        for mm in [1u32, 4] {
+            let row = rows.iter().find(|r| r.contains(&mm)).unwrap();
+            assert_eq!(row.as_slice(), &[mm], "multimodal sample {mm} alone: {rows:?}");
+        }
+        assert!(rows.iter().any(|r| r.len() > 1), "text samples still share: {rows:?}");
+        let bad = MaterializeOptions { mix_runs: true, ..o };
+        let e = stowplan::materialize(&k, &samples, &bad).unwrap_err().to_string();
+        assert!(e.contains("multimodal_alone needs mix_runs false"), "{e}");
+        // Without the option they may share; their extra cost is balanced over the ranks.
+        let m = stowplan::materialize(&k, &samples, &MaterializeOptions::new(64, 2)).unwrap();
+        let costs = &m.distribution.rank_costs;
+        assert!(costs.iter().all(|&c| c >= 300), "each rank carries one image: {costs:?}");
+    }
+}
