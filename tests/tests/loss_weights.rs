@@ -1,7 +1,8 @@
 //! Loss weights (issue 21): for random samples (prompt and completion lengths, loss masks,
 //! runs), random per-token losses, dp, cp, capacities and every aggregation mode, the
 //! weighted sum over the materialized layout — every rank, micro-batch and token, and again
-//! over the CP ranks' views — equals the loss computed on the unpacked samples, per run.
+//! over the CP ranks' views — equals the loss computed on the unpacked samples, per run; and
+//! per mini-batch when each mini-batch is materialized by a call of its own.
 
 use proptest::prelude::*;
 use stowplan::{Kernel, LossAggMode, MaterializeOptions, Named, Sample, Temperature};
@@ -139,6 +140,26 @@ proptest! {
                 }
             } else {
                 by_cp = packed;
+            }
+        }
+        // Mini-batches: one call each, each call's weights add up to that mini-batch's loss.
+        if cases.len() >= 2 {
+            let half = cases.len() / 2;
+            for (part, range) in [(&cases[..half], 0..half), (&cases[half..], half..cases.len())] {
+                let m = stowplan::materialize(&kernel, &samples[range.clone()], &options).unwrap();
+                let mut sums = [0.0f64; 2];
+                for mb in m.ranks.iter().flatten() {
+                    for (k, &i) in mb.samples.iter().enumerate() {
+                        let c = &part[i as usize];
+                        let start = mb.cu_seqlens_padded[k] as usize;
+                        let w = &mb.loss_weights[start..start + c.losses.len()];
+                        sums[c.run as usize] += w.iter().zip(&c.losses).map(|(&w, &l)| f64::from(w) * f64::from(l)).sum::<f64>();
+                    }
+                }
+                for run in 0..2u32 {
+                    let want = reference(part, mode, horizon, run);
+                    prop_assert!((sums[run as usize] - want).abs() <= 1e-5 * (1.0 + want.abs()) + 1e-5, "mini-batch {mode:?} run {run}");
+                }
             }
         }
         for run in 0..2u32 {
