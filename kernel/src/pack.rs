@@ -123,12 +123,12 @@ impl Packing {
 /// policy (the message names the first such index, its length and the capacity).
 pub fn pack(lengths: &[u64], options: &PackOptions) -> Result<Packing, Error> {
     let PackOptions { capacity, align, method, oversize } = *options;
-    let Checked { total, fit_total, real_all, dropped, single } = check(lengths, capacity, align, oversize)?;
-    let lower_bound = fit_total.div_ceil(capacity);
+    let checked = check(lengths, capacity, align, oversize)?;
     if method == PackMethod::NextFit {
-        let checked = Checked { total, fit_total, real_all, dropped, single };
         return Ok(next_fit(lengths, capacity, align, oversize, checked).into_packing(lengths.len()));
     }
+    let Checked { total, fit_total, real_all, dropped, single } = checked;
+    let lower_bound = fit_total.div_ceil(capacity);
     // With align 1 the aligned lengths are the lengths: borrow them. (`check` made sure no
     // aligned length overflows.)
     let aligned: Cow<'_, [u64]> = if align == 1 {
