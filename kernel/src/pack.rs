@@ -123,10 +123,10 @@ impl Packing {
 /// policy (the message names the first such index, its length and the capacity).
 pub fn pack(lengths: &[u64], options: &PackOptions) -> Result<Packing, Error> {
     let PackOptions { capacity, align, method, oversize } = *options;
-    let checked = check(lengths, capacity, align, oversize)?;
     if method == PackMethod::NextFit {
-        return Ok(next_fit(lengths, capacity, align, oversize, checked).into_packing(lengths.len()));
+        return Ok(next_fit_runs(lengths, options)?.into_packing(lengths.len()));
     }
+    let checked = check(lengths, capacity, align, oversize, |_, _| {})?;
     let Checked { total, fit_total, real_all, dropped, single } = checked;
     let lower_bound = fit_total.div_ceil(capacity);
     // With align 1 the aligned lengths are the lengths: borrow them. (`check` made sure no
@@ -215,12 +215,14 @@ struct Checked {
 }
 
 /// Checks `pack`'s arguments (errors in `pack`'s order and words) and sums the input, for
-/// lengths of any unsigned width.
+/// lengths of any unsigned width; `visit(i, aligned length)` sees each item as it passes (so a
+/// one-pass algorithm runs in the same loop).
 fn check<L: Copy + Into<u64>>(
     lengths: &[L],
     capacity: u64,
     align: u64,
     oversize: OversizePolicy,
+    mut visit: impl FnMut(usize, u64),
 ) -> Result<Checked, Error> {
     checked_len("lengths", lengths.len())?;
     if lengths.is_empty() {
@@ -257,18 +259,19 @@ fn check<L: Copy + Into<u64>>(
         };
         if a <= capacity {
             fit_total += a;
-            continue;
-        }
-        match oversize {
-            OversizePolicy::Error => {
-                return Err(Error::Infeasible(alloc::format!(
-                    "lengths[{i}] = {len} (aligned to {a} with align = {align}) exceeds capacity = {capacity}; \
-                     use oversize single or drop to accept such items"
-                )));
+        } else {
+            match oversize {
+                OversizePolicy::Error => {
+                    return Err(Error::Infeasible(alloc::format!(
+                        "lengths[{i}] = {len} (aligned to {a} with align = {align}) exceeds capacity = {capacity}; \
+                         use oversize single or drop to accept such items"
+                    )));
+                }
+                OversizePolicy::Single => single.push(i as u32),
+                OversizePolicy::Drop => dropped.push(i as u32),
             }
-            OversizePolicy::Single => single.push(i as u32),
-            OversizePolicy::Drop => dropped.push(i as u32),
         }
+        visit(i, a);
     }
     Ok(Checked { total, fit_total, real_all, dropped, single })
 }
@@ -337,28 +340,16 @@ impl NextFitRuns {
 }
 
 /// Next-fit of `lengths` (any unsigned width) as runs: the same bins as [`pack`] with
-/// [`PackMethod::NextFit`], the same errors; `options.method` is not read.
+/// [`PackMethod::NextFit`], the same errors; `options.method` is not read. One pass: an item
+/// that does not fit closes the current bin; an oversized one is alone (`single`) or skipped
+/// (`drop`).
 pub fn next_fit_runs<L: Copy + Into<u64>>(lengths: &[L], options: &PackOptions) -> Result<NextFitRuns, Error> {
     let PackOptions { capacity, align, oversize, .. } = *options;
-    let checked = check(lengths, capacity, align, oversize)?;
-    Ok(next_fit(lengths, capacity, align, oversize, checked))
-}
-
-/// Next fit in one pass after [`check`]: an item that does not fit closes the current bin;
-/// an oversized one is alone (`single`) or skipped (`drop`).
-fn next_fit<L: Copy + Into<u64>>(
-    lengths: &[L],
-    capacity: u64,
-    align: u64,
-    oversize: OversizePolicy,
-    checked: Checked,
-) -> NextFitRuns {
     let mut starts = Vec::new();
     let mut loads = Vec::new();
     // The load of the bin being filled; `None` before the first item and after a single.
     let mut current: Option<u64> = None;
-    for (i, &len) in lengths.iter().enumerate() {
-        let a = aligned(len.into(), align);
+    let checked = check(lengths, capacity, align, oversize, |i, a| {
         if a > capacity {
             if oversize == OversizePolicy::Single {
                 if let Some(load) = current.take() {
@@ -367,7 +358,7 @@ fn next_fit<L: Copy + Into<u64>>(
                 starts.push(i as u32);
                 loads.push(a);
             }
-            continue;
+            return;
         }
         current = match current {
             Some(load) if load + a <= capacity => Some(load + a),
@@ -381,7 +372,7 @@ fn next_fit<L: Copy + Into<u64>>(
                 Some(a)
             }
         };
-    }
+    })?;
     if let Some(load) = current {
         loads.push(load);
     }
@@ -389,7 +380,7 @@ fn next_fit<L: Copy + Into<u64>>(
     // Every item but the dropped ones is packed.
     let dropped_real: u64 = dropped.iter().map(|&i| lengths[i as usize].into()).sum();
     let dropped_aligned: u64 = dropped.iter().map(|&i| aligned(lengths[i as usize].into(), align)).sum();
-    NextFitRuns {
+    Ok(NextFitRuns {
         starts,
         loads,
         dropped,
@@ -397,7 +388,7 @@ fn next_fit<L: Copy + Into<u64>>(
         real_tokens: real_all - dropped_real,
         aligned_tokens: total - dropped_aligned,
         lower_bound: fit_total.div_ceil(capacity),
-    }
+    })
 }
 
 /// Best or first fit decreasing over `items` — (index, aligned length) in (length desc,
