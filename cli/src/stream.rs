@@ -39,7 +39,8 @@ struct Tally {
     dropped: u64,
     /// The first dropped stream indices (at most [`DROPPED_SHOWN`]).
     dropped_first: Vec<u64>,
-    /// Aligned tokens of the lengths that fit (u128: lengths near 2^64 cannot wrap it).
+    /// Aligned tokens of the lengths that fit: the regular bins' loads (u128: lengths near
+    /// 2^64 cannot wrap it).
     fit_tokens: u128,
 }
 
@@ -94,7 +95,7 @@ pub fn run(s: Settings, common: &Common) -> Result<(), Failure> {
     let closed = add(&mut packer, &lengths, s, &mut tally)?;
     write_bins(&mut out, &closed, common.json).map_err(write_err)?;
     let closed = packer.finish()?;
-    tally.bins += closed.bins() as u64;
+    tally.count(&closed, s.capacity);
     write_bins(&mut out, &closed, common.json).map_err(write_err)?;
     out.flush().map_err(write_err)?;
     let seconds = start.elapsed().as_secs_f64();
@@ -146,19 +147,27 @@ fn add(
 ) -> Result<Closed, Failure> {
     let closed = packer.add(lengths)?;
     tally.lengths += lengths.len() as u64;
-    for &len in lengths {
-        // The packer accepted every length, so its aligned value fits in u64.
-        let aligned = len.div_ceil(s.align) * s.align;
-        if aligned <= s.capacity {
-            tally.fit_tokens += u128::from(aligned);
-        }
-    }
-    tally.bins += closed.bins() as u64;
-    tally.single += closed.loads.iter().filter(|&&l| l > s.capacity).count() as u64;
-    tally.dropped += closed.dropped.len() as u64;
-    let room = DROPPED_SHOWN.saturating_sub(tally.dropped_first.len());
-    tally.dropped_first.extend(closed.dropped.iter().take(room));
+    tally.count(&closed, s.capacity);
     Ok(closed)
+}
+
+impl Tally {
+    /// Counts closed bins. Every length that fits ends in a regular bin (load ≤ capacity),
+    /// so their loads add up to the aligned tokens the lower bound needs; a load above the
+    /// capacity is an oversized length alone.
+    fn count(&mut self, closed: &Closed, capacity: u64) {
+        self.bins += closed.bins() as u64;
+        for &load in &closed.loads {
+            if load > capacity {
+                self.single += 1;
+            } else {
+                self.fit_tokens += u128::from(load);
+            }
+        }
+        self.dropped += closed.dropped.len() as u64;
+        let room = DROPPED_SHOWN.saturating_sub(self.dropped_first.len());
+        self.dropped_first.extend(closed.dropped.iter().take(room));
+    }
 }
 
 /// One line per bin: indices separated by spaces, or a JSON array.
