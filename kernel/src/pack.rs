@@ -126,7 +126,7 @@ pub fn pack(lengths: &[u64], options: &PackOptions) -> Result<Packing, Error> {
     if method == PackMethod::NextFit {
         return Ok(next_fit_runs(lengths, options)?.into_packing(lengths.len()));
     }
-    let checked = check(lengths, capacity, align, oversize, |_, _| {})?;
+    let checked = check(lengths, capacity, align, oversize)?;
     let Checked { total, fit_total, real_all, dropped, single } = checked;
     let lower_bound = fit_total.div_ceil(capacity);
     // With align 1 the aligned lengths are the lengths: borrow them. (`check` made sure no
@@ -203,6 +203,7 @@ fn aligned(len: u64, align: u64) -> u64 {
 }
 
 /// The totals and oversize lists of a packing's input, after every check of [`pack`].
+#[derive(Default)]
 struct Checked {
     /// Σ aligned lengths.
     total: u64,
@@ -214,16 +215,68 @@ struct Checked {
     single: Vec<u32>,
 }
 
-/// Checks `pack`'s arguments (errors in `pack`'s order and words) and sums the input, for
-/// lengths of any unsigned width; `visit(i, aligned length)` sees each item as it passes (so a
-/// one-pass algorithm runs in the same loop).
-fn check<L: Copy + Into<u64>>(
-    lengths: &[L],
-    capacity: u64,
-    align: u64,
-    oversize: OversizePolicy,
-    mut visit: impl FnMut(usize, u64),
-) -> Result<Checked, Error> {
+impl Checked {
+    /// Counts item `i` (real length `len`, aligned `a`) and applies the oversize policy to
+    /// it: the per-item checks of [`pack`], in its words.
+    #[inline]
+    fn add(
+        &mut self,
+        i: usize,
+        len: u64,
+        a: u64,
+        capacity: u64,
+        align: u64,
+        oversize: OversizePolicy,
+    ) -> Result<(), Error> {
+        // Real lengths are at most their aligned ones: this sum cannot overflow when the
+        // checked one below does not.
+        self.real_all = self.real_all.wrapping_add(len);
+        self.add_total(a)?;
+        if a <= capacity {
+            self.fit_total += a;
+            return Ok(());
+        }
+        match oversize {
+            OversizePolicy::Error => Err(Error::Infeasible(alloc::format!(
+                "lengths[{i}] = {len} (aligned to {a} with align = {align}) exceeds capacity = {capacity}; \
+                 use oversize single or drop to accept such items"
+            ))),
+            OversizePolicy::Single => {
+                self.single.push(i as u32);
+                Ok(())
+            }
+            OversizePolicy::Drop => {
+                self.dropped.push(i as u32);
+                Ok(())
+            }
+        }
+    }
+}
+
+impl Checked {
+    /// Adds `a` to the total of the aligned lengths, refusing an overflow.
+    #[inline]
+    fn add_total(&mut self, a: u64) -> Result<(), Error> {
+        match self.total.checked_add(a) {
+            Some(t) => self.total = t,
+            None => return invalid!("the sum of aligned lengths overflows u64 (at most {} allowed)", u64::MAX),
+        }
+        Ok(())
+    }
+
+    /// Counts `sum`, the lengths of items within the capacity, with `align` 1 (aligned =
+    /// real): [`add`](Self::add) of each of them at once.
+    fn add_fitting(&mut self, sum: u64) -> Result<(), Error> {
+        self.add_total(sum)?;
+        self.fit_total += sum;
+        self.real_all = self.real_all.wrapping_add(sum);
+        Ok(())
+    }
+}
+
+/// `pack`'s checks of its arguments that come before any per-item one (errors in `pack`'s
+/// order and words), for lengths of any unsigned width.
+fn check_arguments<L: Copy + Into<u64>>(lengths: &[L], capacity: u64, align: u64) -> Result<(), Error> {
     checked_len("lengths", lengths.len())?;
     if lengths.is_empty() {
         return invalid!("lengths must not be empty");
@@ -242,38 +295,19 @@ fn check<L: Copy + Into<u64>>(
             }
         }
     }
-    // One pass: overflow check of the total, the total of the items that fit, and the
-    // oversize policy.
-    let (mut total, mut fit_total, mut real_all) = (0u64, 0u64, 0u64);
-    let mut dropped = Vec::new();
-    let mut single = Vec::new();
+    Ok(())
+}
+
+/// Checks `pack`'s arguments (errors in `pack`'s order and words) and sums the input in one
+/// pass: overflow check of the total, the total of the items that fit, and the oversize
+/// policy.
+fn check(lengths: &[u64], capacity: u64, align: u64, oversize: OversizePolicy) -> Result<Checked, Error> {
+    check_arguments(lengths, capacity, align)?;
+    let mut checked = Checked::default();
     for (i, &len) in lengths.iter().enumerate() {
-        let len: u64 = len.into();
-        let a = aligned(len, align);
-        // Real lengths are at most their aligned ones: this sum cannot overflow when the
-        // checked one below does not.
-        real_all = real_all.wrapping_add(len);
-        total = match total.checked_add(a) {
-            Some(t) => t,
-            None => return invalid!("the sum of aligned lengths overflows u64 (at most {} allowed)", u64::MAX),
-        };
-        if a <= capacity {
-            fit_total += a;
-        } else {
-            match oversize {
-                OversizePolicy::Error => {
-                    return Err(Error::Infeasible(alloc::format!(
-                        "lengths[{i}] = {len} (aligned to {a} with align = {align}) exceeds capacity = {capacity}; \
-                         use oversize single or drop to accept such items"
-                    )));
-                }
-                OversizePolicy::Single => single.push(i as u32),
-                OversizePolicy::Drop => dropped.push(i as u32),
-            }
-        }
-        visit(i, a);
+        checked.add(i, len, aligned(len, align), capacity, align, oversize)?;
     }
-    Ok(Checked { total, fit_total, real_all, dropped, single })
+    Ok(checked)
 }
 
 /// Next-fit bins in compact form: every bin is a run of consecutive input indices, so a
@@ -339,44 +373,29 @@ impl NextFitRuns {
     }
 }
 
+/// Items per block of [`next_fit_runs`]'s fast path: the sum of a block's lengths within a
+/// capacity of at most `u64::MAX / NEXT_FIT_BLOCK` cannot overflow.
+const NEXT_FIT_BLOCK: usize = 512;
+
 /// Next-fit of `lengths` (any unsigned width) as runs: the same bins as [`pack`] with
 /// [`PackMethod::NextFit`], the same errors; `options.method` is not read. One pass: an item
 /// that does not fit closes the current bin; an oversized one is alone (`single`) or skipped
 /// (`drop`).
 pub fn next_fit_runs<L: Copy + Into<u64>>(lengths: &[L], options: &PackOptions) -> Result<NextFitRuns, Error> {
     let PackOptions { capacity, align, oversize, .. } = *options;
-    let mut starts = Vec::new();
-    let mut loads = Vec::new();
-    // The load of the bin being filled; `None` before the first item and after a single.
-    let mut current: Option<u64> = None;
-    let checked = check(lengths, capacity, align, oversize, |i, a| {
-        if a > capacity {
-            if oversize == OversizePolicy::Single {
-                if let Some(load) = current.take() {
-                    loads.push(load);
-                }
-                starts.push(i as u32);
-                loads.push(a);
-            }
-            return;
+    check_arguments(lengths, capacity, align)?;
+    let mut fit = NextFit { checked: Checked::default(), starts: Vec::new(), loads: Vec::new(), open: false };
+    if align == 1 && capacity <= u64::MAX / NEXT_FIT_BLOCK as u64 {
+        fit.unaligned(lengths, capacity, oversize)?;
+    } else {
+        let mut load = 0;
+        for (i, &len) in lengths.iter().enumerate() {
+            let len = len.into();
+            load = fit.item(i, len, aligned(len, align), load, capacity, align, oversize)?;
         }
-        current = match current {
-            Some(load) if load + a <= capacity => Some(load + a),
-            Some(load) => {
-                loads.push(load);
-                starts.push(i as u32);
-                Some(a)
-            }
-            None => {
-                starts.push(i as u32);
-                Some(a)
-            }
-        };
-    })?;
-    if let Some(load) = current {
-        loads.push(load);
+        fit.close(load);
     }
-    let Checked { total, fit_total, real_all, dropped, single } = checked;
+    let NextFit { checked: Checked { total, fit_total, real_all, dropped, single }, starts, loads, .. } = fit;
     // Every item but the dropped ones is packed.
     let dropped_real: u64 = dropped.iter().map(|&i| lengths[i as usize].into()).sum();
     let dropped_aligned: u64 = dropped.iter().map(|&i| aligned(lengths[i as usize].into(), align)).sum();
@@ -389,6 +408,207 @@ pub fn next_fit_runs<L: Copy + Into<u64>>(lengths: &[L], options: &PackOptions) 
         aligned_tokens: total - dropped_aligned,
         lower_bound: fit_total.div_ceil(capacity),
     })
+}
+
+/// [`next_fit_runs`]'s state, but for the load of the bin being filled, which the loops
+/// keep in a local (a register, also in WASM).
+struct NextFit {
+    checked: Checked,
+    starts: Vec<u32>,
+    /// The loads of the closed bins.
+    loads: Vec<u64>,
+    /// Whether a bin is being filled (none before the first item and after a single).
+    open: bool,
+}
+
+impl NextFit {
+    /// Checks item `i` (real length `len`, aligned `a`) and fits it; `load` is the load of
+    /// the bin being filled, and the result its load after (by value: a local whose address
+    /// is taken lives in linear memory in WASM).
+    #[inline]
+    #[allow(clippy::too_many_arguments)]
+    fn item(
+        &mut self,
+        i: usize,
+        len: u64,
+        a: u64,
+        load: u64,
+        capacity: u64,
+        align: u64,
+        oversize: OversizePolicy,
+    ) -> Result<u64, Error> {
+        self.checked.add(i, len, a, capacity, align, oversize)?;
+        if a > capacity {
+            if oversize == OversizePolicy::Single {
+                self.close(load);
+                self.starts.push(i as u32);
+                self.loads.push(a);
+            }
+            Ok(load)
+        } else if self.open
+            && let Some(next) = load.checked_add(a)
+            && next <= capacity
+        {
+            Ok(next)
+        } else {
+            self.close(load);
+            self.starts.push(i as u32);
+            self.open = true;
+            Ok(a)
+        }
+    }
+
+    /// Closes the bin being filled, if any, at `load`.
+    fn close(&mut self, load: u64) {
+        if self.open {
+            self.loads.push(load);
+            self.open = false;
+        }
+    }
+
+    /// Every item with `align` 1 and `capacity ≤ u64::MAX / NEXT_FIT_BLOCK`, block by block.
+    /// [`scan_block`] fits the common items; the first item and an item over the capacity
+    /// take [`item`](Self::item), after the sum so far is counted, so the errors and their
+    /// order are those of the per-item checks.
+    fn unaligned<L: Copy + Into<u64>>(
+        &mut self,
+        lengths: &[L],
+        capacity: u64,
+        oversize: OversizePolicy,
+    ) -> Result<(), Error> {
+        let mut closed = Closed::default();
+        // The load of the bin being filled, NO_BIN while none is.
+        let mut load = NO_BIN;
+        for (block, items) in lengths.chunks(NEXT_FIT_BLOCK).enumerate() {
+            let base = block * NEXT_FIT_BLOCK;
+            let mut j = 0;
+            loop {
+                let scan = scan_block(items, j, load, capacity, &mut closed);
+                self.starts.extend(closed.starts[..scan.closed].iter().map(|&k| (base + k as usize) as u32));
+                self.loads.extend_from_slice(&closed.loads[..scan.closed]);
+                self.checked.add_fitting(scan.sum)?;
+                (j, load) = (scan.at, scan.load);
+                let Some(&len) = items.get(j) else { break };
+                let a = len.into();
+                load = self.item(base + j, a, a, load, capacity, 1, oversize)?;
+                if !self.open {
+                    load = NO_BIN;
+                }
+                j += 1;
+            }
+        }
+        self.close(load);
+        Ok(())
+    }
+}
+
+/// The bins a [`scan_block`] closed: each one's first item (an index into the block) and load.
+struct Closed {
+    starts: [u32; NEXT_FIT_BLOCK],
+    loads: [u64; NEXT_FIT_BLOCK],
+}
+
+impl Default for Closed {
+    fn default() -> Self {
+        Self { starts: [0; NEXT_FIT_BLOCK], loads: [0; NEXT_FIT_BLOCK] }
+    }
+}
+
+/// Where a [`scan_block`] stopped.
+struct Scan {
+    /// The index (in the block) of the item it stopped at, or the block's length.
+    at: usize,
+    /// The load of the bin being filled ([`NO_BIN`] if none).
+    load: u64,
+    /// Σ of the lengths it fitted.
+    sum: u64,
+    /// How many bins it closed (in `closed`).
+    closed: usize,
+}
+
+/// [`scan_block`]'s load while no bin is open: over any capacity of its caller
+/// (≤ `u64::MAX / NEXT_FIT_BLOCK`), and four lengths under 2^60 added to it (or to any
+/// load within such a capacity) do not overflow.
+const NO_BIN: u64 = 1 << 63;
+
+/// Next-fit of `items[from..]` (a block of at most [`NEXT_FIT_BLOCK`] lengths, `load` the
+/// load of the open bin or [`NO_BIN`]) while every item is within `capacity` and a bin is
+/// open: an item that fits joins the bin, any other closes it (into `closed`) and opens the
+/// next. It stops at an item over the capacity or when no bin is open. This loop is most of
+/// a next-fit call, so it is call-free and in a function of its own (the WASM compiler then
+/// keeps its state in registers), and the common item costs an add, a compare and a branch:
+/// the sum of the fitted lengths comes from the loads afterwards.
+#[inline(never)]
+fn scan_block<L: Copy + Into<u64>>(
+    items: &[L],
+    from: usize,
+    mut load: u64,
+    capacity: u64,
+    closed: &mut Closed,
+) -> Scan {
+    let first_load = load;
+    let mut n = 0;
+    let mut j = from;
+    let at = loop {
+        // Four items at a time: the group fits the open bin when the load after its last
+        // item does — one compare and one branch for four items. Lengths under 2^60 (all
+        // of them but oversized ones) cannot overflow these adds (see NO_BIN).
+        if let Some(&[a0, a1, a2, a3]) = items.get(j..j + 4) {
+            let (a0, a1, a2, a3): (u64, u64, u64, u64) = (a0.into(), a1.into(), a2.into(), a3.into());
+            if (a0 | a1 | a2 | a3) >> 60 == 0 {
+                let p1 = load + a0;
+                let p2 = p1 + a1;
+                let p3 = p2 + a2;
+                let p4 = p3 + a3;
+                if p4 <= capacity {
+                    load = p4;
+                    j += 4;
+                    continue;
+                }
+                // The first item that does not fit is the k-th: the loads are ascending,
+                // so k is the number of them within the capacity (selects, no branches).
+                let (mut k, mut before, mut a) = (0, load, a0);
+                if p1 <= capacity {
+                    (k, before, a) = (1, p1, a1);
+                }
+                if p2 <= capacity {
+                    (k, before, a) = (2, p2, a2);
+                }
+                if p3 <= capacity {
+                    (k, before, a) = (3, p3, a3);
+                }
+                if a > capacity || load == NO_BIN {
+                    load = before;
+                    break j + k;
+                }
+                closed.starts[n] = (j + k) as u32;
+                closed.loads[n] = before;
+                n += 1;
+                load = a;
+                j += k + 1;
+                continue;
+            }
+        }
+        // One item: the last ones of the block, or a group with a huge length.
+        let Some(&len) = items.get(j) else { break items.len() };
+        let a = len.into();
+        let next = load.saturating_add(a);
+        if next <= capacity {
+            load = next;
+        } else if a > capacity || load == NO_BIN {
+            break j;
+        } else {
+            closed.starts[n] = j as u32;
+            closed.loads[n] = load;
+            n += 1;
+            load = a;
+        }
+        j += 1;
+    };
+    // Each fitted length is in one of the closed bins or the open one, and none of the
+    // open bin's first load was fitted here (both loads are NO_BIN when nothing was).
+    let closed_sum: u64 = closed.loads[..n].iter().sum();
+    Scan { at, load, sum: (closed_sum + load).wrapping_sub(first_load), closed: n }
 }
 
 /// Best or first fit decreasing over `items` — (index, aligned length) in (length desc,

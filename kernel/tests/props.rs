@@ -229,6 +229,100 @@ proptest! {
     }
 }
 
+/// Next-fit by its rule, item by item, with checked sums (the reference for lengths of any size).
+fn reference_next_fit(lengths: &[u64], o: &PackOptions) -> Vec<Vec<u32>> {
+    let mut bins: Vec<(u64, Vec<u32>)> = Vec::new();
+    let mut open = false;
+    for (i, &len) in lengths.iter().enumerate() {
+        let a = len.div_ceil(o.align) * o.align;
+        if a > o.capacity {
+            if o.oversize == OversizePolicy::Single {
+                bins.push((a, vec![i as u32]));
+                open = false;
+            }
+            continue;
+        }
+        match bins.last_mut() {
+            Some((load, members)) if open && load.checked_add(a).is_some_and(|t| t <= o.capacity) => {
+                *load += a;
+                members.push(i as u32);
+            }
+            _ => {
+                bins.push((a, vec![i as u32]));
+                open = true;
+            }
+        }
+    }
+    bins.into_iter().map(|b| b.1).collect()
+}
+
+/// Lengths for next-fit's block and group paths: long enough to cross several blocks of
+/// 512, mostly within the capacity, with runs of oversized and huge (near 2^60, 2^63,
+/// u64::MAX) ones; capacities on both sides of the fast path's bound.
+fn next_fit_case() -> impl Strategy<Value = (Vec<u64>, PackOptions)> {
+    let huge = prop_oneof![Just(u64::MAX), Just(1 << 60), Just((1 << 60) - 1), Just(1 << 63), (1u64 << 58)..(1 << 62)];
+    let run = prop_oneof![
+        6 => prop::collection::vec(0u64..60, 1..120),
+        1 => prop::collection::vec(60u64..200, 1..10),
+        1 => prop::collection::vec(huge, 1..9),
+    ];
+    let lengths = prop::collection::vec(run, 1..40).prop_map(|runs| runs.concat());
+    let capacity = prop_oneof![
+        4 => 1u64..400,
+        1 => prop_oneof![Just(u64::MAX / 512), Just(u64::MAX / 512 + 1), Just(u64::MAX), (1u64 << 60)..u64::MAX],
+    ];
+    let align = prop_oneof![4 => Just(1u64), 1 => 2u64..9];
+    let oversize = prop_oneof![Just(OversizePolicy::Single), Just(OversizePolicy::Drop), Just(OversizePolicy::Error)];
+    (lengths, capacity, align, oversize).prop_map(|(l, capacity, align, oversize)| {
+        (l, PackOptions { capacity, align, method: PackMethod::NextFit, oversize })
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(300))]
+
+    /// Next-fit's fast paths (blocks, groups of four, the per-item fallback) give the rule's
+    /// bins and pack's figures and errors, from u64 and from u32 lengths.
+    #[test]
+    fn next_fit_matches_its_rule((lengths, o) in next_fit_case()) {
+        let bfd = pack(&lengths, &PackOptions { method: PackMethod::Bfd, ..o });
+        let runs = stowplan_kernel::next_fit_runs(&lengths, &o);
+        match (&runs, &bfd) {
+            // The checks come before any packing: the same first error for every method.
+            (Err(e), Err(b)) => prop_assert_eq!(e, b),
+            (Ok(runs), Ok(b)) => {
+                let p = runs.clone().into_packing(lengths.len());
+                prop_assert_eq!(bins(&p), reference_next_fit(&lengths, &o));
+                prop_assert_eq!(&p, &pack(&lengths, &o).unwrap());
+                prop_assert_eq!((p.real_tokens, p.aligned_tokens, p.lower_bound), (b.real_tokens, b.aligned_tokens, b.lower_bound));
+                prop_assert_eq!((&p.dropped, &p.single), (&b.dropped, &b.single));
+                let aligned = |i: u32| lengths[i as usize].div_ceil(o.align) * o.align;
+                for bin in 0..p.bins() {
+                    prop_assert_eq!(p.loads[bin], p.bin(bin).iter().map(|&i| aligned(i)).sum::<u64>());
+                }
+            }
+            _ => prop_assert!(false, "next-fit {:?} but BFD {:?}", runs.as_ref().err(), bfd.as_ref().err()),
+        }
+        if let Ok(narrow) = lengths.iter().map(|&l| u32::try_from(l)).collect::<Result<Vec<u32>, _>>() {
+            prop_assert_eq!(stowplan_kernel::next_fit_runs(&narrow, &o), runs);
+        }
+    }
+}
+
+#[test]
+fn next_fit_huge_lengths_never_wrap_into_a_bin() {
+    // After a single bin no bin is open; four lengths summing to 2^63 + 5 would wrap that
+    // state's load to 5, within the capacity, if they were added unchecked.
+    let quarter = 1u64 << 61;
+    let lengths = [100, quarter, quarter, quarter, quarter + 5, 3, 4];
+    for lengths in [&lengths[..], &lengths[..5]] {
+        let o = PackOptions { method: PackMethod::NextFit, oversize: OversizePolicy::Single, ..PackOptions::new(10) };
+        let p = pack(lengths, &o).unwrap();
+        assert_eq!(bins(&p), reference_next_fit(lengths, &o));
+        assert_eq!(p.single, [0, 1, 2, 3, 4]);
+    }
+}
+
 #[test]
 fn next_fit_runs_fail_as_pack_does() {
     for (lengths, o) in [

@@ -66,6 +66,11 @@ fn init() -> Result<Shared, Error> {
     }
     let mut config = Config::new();
     config.wasm_component_model(true);
+    // `STOWPLAN_PERFMAP=1`: wasmtime writes /tmp/perf-PID.map, so `perf` names the
+    // kernel's own functions in a profile (how the next-fit loop was tuned; BENCHMARKS.md).
+    if runtime::env_flag("STOWPLAN_PERFMAP") {
+        config.profiler(wasmtime::ProfilingStrategy::PerfMap);
+    }
     let engine = Engine::new(&config).map_err(|e| runtime("creating the wasmtime engine", e))?;
     let (component, origin) = load_component(&engine, &actual)?;
     let linker: Linker<Tracker> = Linker::new(&engine);
@@ -105,17 +110,29 @@ fn instantiate() -> Result<Warm, Error> {
     let mut store = Store::new(&shared.engine, Tracker::default());
     store.limiter(|t| t);
     let instance = shared.pre.instantiate(&mut store).map_err(|e| runtime("instantiating the kernel", e))?;
-    Ok(Warm { store, instance })
+    Ok(Warm { store, instance, narrow: Vec::new() })
 }
 
 /// A warm instance kept for the next call on the same thread.
 struct Warm {
     store: Store<Tracker>,
     instance: bindings::Kernel,
+    /// Scratch for lengths narrowed to `u32` before they cross into the component
+    /// ([`narrow_into`]), reused so that a large call does not page-fault a fresh buffer each
+    /// time. It counts towards [`RETAIN_MEMORY_BYTES`].
+    narrow: Vec<u32>,
 }
 
-/// An instance whose linear memory grew beyond this is dropped after its call instead of
-/// being kept warm, so an occasional huge call does not pin its memory for the thread's life.
+impl Warm {
+    /// The memory kept with this instance: its linear memory and its scratch.
+    fn retained_bytes(&self) -> usize {
+        self.store.data().memory_bytes + self.narrow.capacity() * size_of::<u32>()
+    }
+}
+
+/// An instance whose linear memory (with its scratch) grew beyond this is dropped after its
+/// call instead of being kept warm, so an occasional huge call does not pin its memory for
+/// the thread's life.
 /// 1 GiB keeps the instance of calls up to tens of millions of lengths (packing 16M lengths
 /// peaks near 400 MiB), which otherwise page-fault hundreds of MiB of fresh memory each time.
 pub const RETAIN_MEMORY_BYTES: usize = 1 << 30;
@@ -128,16 +145,33 @@ thread_local! {
 /// pre-instantiation on first use). The kernel is pure, so reusing an instance cannot change
 /// a result; an instance that trapped is discarded, never reused.
 fn with_instance<R>(f: impl FnOnce(&bindings::Kernel, &mut Store<Tracker>) -> wasmtime::Result<R>) -> Result<R, Error> {
+    with_warm(|w| f(&w.instance, &mut w.store))
+}
+
+/// [`with_instance`] with the whole warm state, scratch included.
+fn with_warm<R>(f: impl FnOnce(&mut Warm) -> wasmtime::Result<R>) -> Result<R, Error> {
     let warm = WARM.with(|w| w.borrow_mut().take());
     let mut warm = match warm {
         Some(w) => w,
         None => instantiate()?,
     };
-    let result = f(&warm.instance, &mut warm.store).map_err(|e| runtime("kernel call trapped", e))?;
-    if warm.store.data().memory_bytes <= RETAIN_MEMORY_BYTES {
+    let result = f(&mut warm).map_err(|e| runtime("kernel call trapped", e))?;
+    if warm.retained_bytes() <= RETAIN_MEMORY_BYTES {
         WARM.with(|w| *w.borrow_mut() = Some(warm));
     }
     Ok(result)
+}
+
+/// `lengths` as `u32` in `out` (cleared first); false when one does not fit. One pass that
+/// the compiler vectorises: the check is an OR of every length, not a branch per length.
+fn narrow_into(lengths: &[u64], out: &mut Vec<u32>) -> bool {
+    out.clear();
+    let mut high = 0u64;
+    out.extend(lengths.iter().map(|&l| {
+        high |= l;
+        l as u32
+    }));
+    high >> 32 == 0
 }
 
 /// The import names of the embedded component.
@@ -167,14 +201,24 @@ impl KernelApi for WasmKernel {
         // Next-fit's bins follow the input order: send the lengths as u32 when they fit and
         // take the bins back as runs (half the bytes in, no member list out), then rebuild
         // the member lists here — the component still decides every bin.
-        if options.method == PackMethod::NextFit
-            && let Ok(narrow) = lengths.iter().map(|&l| u32::try_from(l)).collect::<Result<Vec<u32>, _>>()
-        {
+        if options.method == PackMethod::NextFit {
             let o: wpack::Options = options.into();
-            let runs = call(|i, s| {
-                i.stowplan_kernel_pack_compact().call_next_fit(s, &narrow, o.capacity, o.align, o.oversize)
+            let runs = with_warm(|w| {
+                if !narrow_into(lengths, &mut w.narrow) {
+                    return Ok(None);
+                }
+                let r = w.instance.stowplan_kernel_pack_compact().call_next_fit(
+                    &mut w.store,
+                    &w.narrow,
+                    o.capacity,
+                    o.align,
+                    o.oversize,
+                );
+                r.map(Some)
             })?;
-            return Ok(NextFitRuns::from(runs).into_packing(lengths.len()));
+            if let Some(runs) = runs {
+                return Ok(NextFitRuns::from(runs?).into_packing(lengths.len()));
+            }
         }
         call(|i, s| i.stowplan_kernel_pack().call_pack(s, lengths, options.into())).map(Into::into)
     }

@@ -48,11 +48,16 @@ pub(crate) fn lock_exclusive(path: &Path, what: &str) -> Result<std::fs::File, c
     Ok(file)
 }
 
+/// Whether the environment variable `name` is set to anything but empty or `0`.
+pub(crate) fn env_flag(name: &str) -> bool {
+    std::env::var(name).is_ok_and(|v| !v.is_empty() && v != "0")
+}
+
 /// The cache directory for precompiled components: `$STOWPLAN_CACHE_DIR`, else
 /// `$XDG_CACHE_HOME/stowplan`, else `$HOME/.cache/stowplan`; `None` when
 /// `STOWPLAN_NO_CACHE` is set (to anything but empty or `0`) or no location is known.
 pub fn cache_dir() -> Option<PathBuf> {
-    if std::env::var("STOWPLAN_NO_CACHE").is_ok_and(|v| !v.is_empty() && v != "0") {
+    if env_flag("STOWPLAN_NO_CACHE") {
         return None;
     }
     if let Some(d) = std::env::var_os("STOWPLAN_CACHE_DIR") {
