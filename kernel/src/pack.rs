@@ -126,7 +126,7 @@ pub fn pack(lengths: &[u64], options: &PackOptions) -> Result<Packing, Error> {
     if method == PackMethod::NextFit {
         return Ok(next_fit_runs(lengths, options)?.into_packing(lengths.len()));
     }
-    let checked = check(lengths, capacity, align, oversize)?;
+    let checked = check(lengths, *options)?;
     let Checked { sums: Sums { total, fit_total, real_all }, dropped, single } = checked;
     let lower_bound = fit_total.div_ceil(capacity);
     // With align 1 the aligned lengths are the lengths: borrow them. (`check` made sure no
@@ -221,25 +221,14 @@ impl Sums {
     /// words. Always inlined, its rare paths out of line: a call per item (LLVM would not
     /// inline it for WASM otherwise) cost more than the checks.
     #[inline(always)]
-    #[allow(clippy::too_many_arguments)]
-    fn add(
-        self,
-        i: usize,
-        len: u64,
-        a: u64,
-        capacity: u64,
-        align: u64,
-        oversize: OversizePolicy,
-        single: &mut Vec<u32>,
-        dropped: &mut Vec<u32>,
-    ) -> Result<Self, Error> {
+    fn add(self, i: usize, len: u64, a: u64, o: PackOptions, lists: Lists<'_>) -> Result<Self, Error> {
         // Real lengths are at most their aligned ones: this sum cannot overflow when the
         // checked one does not.
         let mut sums = Self { real_all: self.real_all.wrapping_add(len), ..self.add_total(a)? };
-        if a <= capacity {
+        if a <= o.capacity {
             sums.fit_total += a;
         } else {
-            oversized(i, len, a, capacity, align, oversize, single, dropped)?;
+            oversized(i, len, a, o, lists)?;
         }
         Ok(sums)
     }
@@ -268,21 +257,15 @@ fn total_overflow() -> Error {
     Error::InvalidArgument(alloc::format!("the sum of aligned lengths overflows u64 (at most {} allowed)", u64::MAX))
 }
 
-/// The oversize policy applied to item `i` (real length `len`, aligned `a` over `capacity`).
+/// The oversized items' lists of a packing's input: `single`, then `dropped`.
+type Lists<'a> = (&'a mut Vec<u32>, &'a mut Vec<u32>);
+
+/// The oversize policy applied to item `i` (real length `len`, aligned `a` over the capacity).
 #[cold]
 #[inline(never)]
-#[allow(clippy::too_many_arguments)]
-fn oversized(
-    i: usize,
-    len: u64,
-    a: u64,
-    capacity: u64,
-    align: u64,
-    oversize: OversizePolicy,
-    single: &mut Vec<u32>,
-    dropped: &mut Vec<u32>,
-) -> Result<(), Error> {
-    match oversize {
+fn oversized(i: usize, len: u64, a: u64, o: PackOptions, (single, dropped): Lists<'_>) -> Result<(), Error> {
+    let PackOptions { capacity, align, .. } = o;
+    match o.oversize {
         OversizePolicy::Error => {
             return Err(Error::Infeasible(alloc::format!(
                 "lengths[{i}] = {len} (aligned to {a} with align = {align}) exceeds capacity = {capacity}; \
@@ -305,16 +288,8 @@ struct Checked {
 
 impl Checked {
     /// [`Sums::add`] into these lists.
-    fn add(
-        &mut self,
-        i: usize,
-        len: u64,
-        a: u64,
-        capacity: u64,
-        align: u64,
-        oversize: OversizePolicy,
-    ) -> Result<(), Error> {
-        self.sums = self.sums.add(i, len, a, capacity, align, oversize, &mut self.single, &mut self.dropped)?;
+    fn add(&mut self, i: usize, len: u64, a: u64, o: PackOptions) -> Result<(), Error> {
+        self.sums = self.sums.add(i, len, a, o, (&mut self.single, &mut self.dropped))?;
         Ok(())
     }
 }
@@ -346,11 +321,11 @@ fn check_arguments<L: Copy + Into<u64>>(lengths: &[L], capacity: u64, align: u64
 /// Checks `pack`'s arguments (errors in `pack`'s order and words) and sums the input in one
 /// pass: overflow check of the total, the total of the items that fit, and the oversize
 /// policy.
-fn check(lengths: &[u64], capacity: u64, align: u64, oversize: OversizePolicy) -> Result<Checked, Error> {
-    check_arguments(lengths, capacity, align)?;
+fn check(lengths: &[u64], o: PackOptions) -> Result<Checked, Error> {
+    check_arguments(lengths, o.capacity, o.align)?;
     let (mut sums, mut single, mut dropped) = (Sums::default(), Vec::new(), Vec::new());
     for (i, &len) in lengths.iter().enumerate() {
-        sums = sums.add(i, len, aligned(len, align), capacity, align, oversize, &mut single, &mut dropped)?;
+        sums = sums.add(i, len, aligned(len, o.align), o, (&mut single, &mut dropped))?;
     }
     Ok(Checked { sums, dropped, single })
 }
@@ -427,16 +402,17 @@ const NEXT_FIT_BLOCK: usize = 512;
 /// that does not fit closes the current bin; an oversized one is alone (`single`) or skipped
 /// (`drop`).
 pub fn next_fit_runs<L: Copy + Into<u64>>(lengths: &[L], options: &PackOptions) -> Result<NextFitRuns, Error> {
-    let PackOptions { capacity, align, oversize, .. } = *options;
+    let o = *options;
+    let PackOptions { capacity, align, .. } = o;
     check_arguments(lengths, capacity, align)?;
     let mut fit = NextFit { checked: Checked::default(), starts: Vec::new(), loads: Vec::new(), open: false };
     if align == 1 && capacity <= u64::MAX / NEXT_FIT_BLOCK as u64 {
-        fit.unaligned(lengths, capacity, oversize)?;
+        fit.unaligned(lengths, o)?;
     } else {
         let mut load = 0;
         for (i, &len) in lengths.iter().enumerate() {
             let len = len.into();
-            load = fit.item(i, len, aligned(len, align), load, capacity, align, oversize)?;
+            load = fit.item(i, len, aligned(len, align), load, o)?;
         }
         fit.close(load);
     }
@@ -473,20 +449,11 @@ impl NextFit {
     /// the bin being filled, and the result its load after (by value: a local whose address
     /// is taken lives in linear memory in WASM).
     #[inline]
-    #[allow(clippy::too_many_arguments)]
-    fn item(
-        &mut self,
-        i: usize,
-        len: u64,
-        a: u64,
-        load: u64,
-        capacity: u64,
-        align: u64,
-        oversize: OversizePolicy,
-    ) -> Result<u64, Error> {
-        self.checked.add(i, len, a, capacity, align, oversize)?;
+    fn item(&mut self, i: usize, len: u64, a: u64, load: u64, o: PackOptions) -> Result<u64, Error> {
+        let capacity = o.capacity;
+        self.checked.add(i, len, a, o)?;
         if a > capacity {
-            if oversize == OversizePolicy::Single {
+            if o.oversize == OversizePolicy::Single {
                 self.close(load);
                 self.starts.push(i as u32);
                 self.loads.push(a);
@@ -513,16 +480,11 @@ impl NextFit {
         }
     }
 
-    /// Every item with `align` 1 and `capacity ≤ u64::MAX / NEXT_FIT_BLOCK`, block by block.
+    /// Every item with `o.align` 1 and `o.capacity ≤ u64::MAX / NEXT_FIT_BLOCK`, block by block.
     /// [`scan_block`] fits the common items; the first item and an item over the capacity
     /// take [`item`](Self::item), after the sum so far is counted, so the errors and their
     /// order are those of the per-item checks.
-    fn unaligned<L: Copy + Into<u64>>(
-        &mut self,
-        lengths: &[L],
-        capacity: u64,
-        oversize: OversizePolicy,
-    ) -> Result<(), Error> {
+    fn unaligned<L: Copy + Into<u64>>(&mut self, lengths: &[L], o: PackOptions) -> Result<(), Error> {
         let mut closed = Closed::default();
         // The load of the bin being filled, NO_BIN while none is.
         let mut load = NO_BIN;
@@ -530,14 +492,14 @@ impl NextFit {
             let base = block * NEXT_FIT_BLOCK;
             let mut j = 0;
             loop {
-                let scan = scan_block(items, j, load, capacity, &mut closed);
+                let scan = scan_block(items, j, load, o.capacity, &mut closed);
                 self.starts.extend(closed.starts[..scan.closed].iter().map(|&k| (base + k as usize) as u32));
                 self.loads.extend_from_slice(&closed.loads[..scan.closed]);
                 self.checked.sums = self.checked.sums.add_fitting(scan.sum)?;
                 (j, load) = (scan.at, scan.load);
                 let Some(&len) = items.get(j) else { break };
                 let a = len.into();
-                load = self.item(base + j, a, a, load, capacity, 1, oversize)?;
+                load = self.item(base + j, a, a, load, o)?;
                 if !self.open {
                     load = NO_BIN;
                 }
