@@ -394,7 +394,8 @@ impl NextFitRuns {
 }
 
 /// Items per block of [`next_fit_runs`]'s fast path: the sum of a block's lengths within a
-/// capacity of at most `u64::MAX / NEXT_FIT_BLOCK` cannot overflow.
+/// capacity of at most `u64::MAX / NEXT_FIT_BLOCK` cannot overflow (the loads of a block's
+/// bins can, by the load carried into it: [`scan_block`] sums them wrapping).
 const NEXT_FIT_BLOCK: usize = 512;
 
 /// Next-fit of `lengths` (any unsigned width) as runs: the same bins as [`pack`] with
@@ -614,10 +615,12 @@ fn scan_block<L: Copy + Into<u64>>(
         }
         j += 1;
     };
-    // Each fitted length is in one of the closed bins or the open one, and none of the
-    // open bin's first load was fitted here (both loads are NO_BIN when nothing was).
+    // Each length fitted here is in one of the closed bins or the open one, which also hold
+    // the load carried in (`first_load`, or NO_BIN in both when no bin was open and none
+    // fitted). The loads can exceed u64 by that carried load; the difference, at most
+    // NEXT_FIT_BLOCK lengths within the capacity, cannot: wrapping gives it exactly.
     let closed_sum: u64 = closed.loads[..n].iter().sum();
-    Scan { at, load, sum: (closed_sum + load).wrapping_sub(first_load), closed: n }
+    Scan { at, load, sum: closed_sum.wrapping_add(load).wrapping_sub(first_load), closed: n }
 }
 
 /// Best or first fit decreasing over `items` — (index, aligned length) in (length desc,

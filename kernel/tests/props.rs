@@ -229,16 +229,38 @@ proptest! {
     }
 }
 
-/// Next-fit by its rule, item by item, with checked sums (the reference for lengths of any size).
-fn reference_next_fit(lengths: &[u64], o: &PackOptions) -> Vec<Vec<u32>> {
+/// The first error of `pack`'s rule.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum RuleError {
+    /// `lengths[i]` rounded up to `align` overflows (checked for every item first).
+    Rounding(usize),
+    /// The total of the aligned lengths overflows.
+    Total,
+    /// `lengths[i]` is over the capacity under the `error` policy.
+    Oversized(usize),
+}
+
+/// Next-fit by its rule, item by item, with checked sums (the reference for lengths of any
+/// size): the bins, or the first error.
+fn reference_next_fit(lengths: &[u64], o: &PackOptions) -> Result<Vec<Vec<u32>>, RuleError> {
+    let aligned: Vec<u64> = lengths
+        .iter()
+        .enumerate()
+        .map(|(i, &len)| len.div_ceil(o.align).checked_mul(o.align).ok_or(RuleError::Rounding(i)))
+        .collect::<Result<_, _>>()?;
     let mut bins: Vec<(u64, Vec<u32>)> = Vec::new();
     let mut open = false;
-    for (i, &len) in lengths.iter().enumerate() {
-        let a = len.div_ceil(o.align) * o.align;
+    let mut total = 0u64;
+    for (i, &a) in aligned.iter().enumerate() {
+        total = total.checked_add(a).ok_or(RuleError::Total)?;
         if a > o.capacity {
-            if o.oversize == OversizePolicy::Single {
-                bins.push((a, vec![i as u32]));
-                open = false;
+            match o.oversize {
+                OversizePolicy::Error => return Err(RuleError::Oversized(i)),
+                OversizePolicy::Single => {
+                    bins.push((a, vec![i as u32]));
+                    open = false;
+                }
+                OversizePolicy::Drop => {}
             }
             continue;
         }
@@ -253,7 +275,19 @@ fn reference_next_fit(lengths: &[u64], o: &PackOptions) -> Vec<Vec<u32>> {
             }
         }
     }
-    bins.into_iter().map(|b| b.1).collect()
+    Ok(bins.into_iter().map(|b| b.1).collect())
+}
+
+/// Whether `e` is the error the reference found.
+fn is_reference_error(e: &Error, expected: RuleError) -> bool {
+    match (e, expected) {
+        (Error::InvalidArgument(m), RuleError::Rounding(i)) => {
+            m.starts_with(&format!("lengths[{i}] = ")) && m.contains("rounded up")
+        }
+        (Error::InvalidArgument(m), RuleError::Total) => m.contains("the sum of aligned lengths overflows u64"),
+        (Error::Infeasible(m), RuleError::Oversized(i)) => m.starts_with(&format!("lengths[{i}] = ")),
+        _ => false,
+    }
 }
 
 /// Lengths for next-fit's block and group paths: long enough to cross several blocks of
@@ -287,21 +321,28 @@ proptest! {
     fn next_fit_matches_its_rule((lengths, o) in next_fit_case()) {
         let bfd = pack(&lengths, &PackOptions { method: PackMethod::Bfd, ..o });
         let runs = stowplan_kernel::next_fit_runs(&lengths, &o);
-        match (&runs, &bfd) {
-            // The checks come before any packing: the same first error for every method.
-            (Err(e), Err(b)) => prop_assert_eq!(e, b),
-            (Ok(runs), Ok(b)) => {
+        match (&runs, reference_next_fit(&lengths, &o)) {
+            (Err(e), Err(expected)) => {
+                prop_assert!(is_reference_error(e, expected), "{e:?}, the rule's: {expected:?}");
+                // The checks come before any packing: the same error for every method.
+                prop_assert_eq!(Err(e), bfd.as_ref());
+            }
+            (Ok(runs), Ok(reference)) => {
                 let p = runs.clone().into_packing(lengths.len());
-                prop_assert_eq!(bins(&p), reference_next_fit(&lengths, &o));
+                prop_assert_eq!(bins(&p), reference);
                 prop_assert_eq!(&p, &pack(&lengths, &o).unwrap());
+                let b = bfd.unwrap();
                 prop_assert_eq!((p.real_tokens, p.aligned_tokens, p.lower_bound), (b.real_tokens, b.aligned_tokens, b.lower_bound));
                 prop_assert_eq!((&p.dropped, &p.single), (&b.dropped, &b.single));
                 let aligned = |i: u32| lengths[i as usize].div_ceil(o.align) * o.align;
+                let real: u64 = p.indices.iter().map(|&i| lengths[i as usize]).sum();
+                let all: u64 = p.indices.iter().map(|&i| aligned(i)).sum();
+                prop_assert_eq!((p.real_tokens, p.aligned_tokens), (real, all));
                 for bin in 0..p.bins() {
                     prop_assert_eq!(p.loads[bin], p.bin(bin).iter().map(|&i| aligned(i)).sum::<u64>());
                 }
             }
-            _ => prop_assert!(false, "next-fit {:?} but BFD {:?}", runs.as_ref().err(), bfd.as_ref().err()),
+            (got, expected) => prop_assert!(false, "next-fit {:?} but the rule {:?}", got.as_ref().err(), expected.err()),
         }
         if let Ok(narrow) = lengths.iter().map(|&l| u32::try_from(l)).collect::<Result<Vec<u32>, _>>() {
             prop_assert_eq!(stowplan_kernel::next_fit_runs(&narrow, &o), runs);
@@ -318,9 +359,38 @@ fn next_fit_huge_lengths_never_wrap_into_a_bin() {
     for lengths in [&lengths[..], &lengths[..5]] {
         let o = PackOptions { method: PackMethod::NextFit, oversize: OversizePolicy::Single, ..PackOptions::new(10) };
         let p = pack(lengths, &o).unwrap();
-        assert_eq!(bins(&p), reference_next_fit(lengths, &o));
+        assert_eq!(Ok(bins(&p)), reference_next_fit(lengths, &o));
         assert_eq!(p.single, [0, 1, 2, 3, 4]);
     }
+}
+
+#[test]
+fn next_fit_full_blocks_near_the_fast_path_bound_overflow_as_the_rule_says() {
+    // Blocks of 512 lengths equal to the capacity, with a load carried into the next block:
+    // the bins' loads then pass u64 while the block's sum does not. The total overflows, and
+    // that error comes back (a debug build checks that no add overflows on the way).
+    let c = u64::MAX / 512;
+    let cases = [
+        (c, vec![c; 1024]),
+        (c, [vec![512; 512], vec![c; 512]].concat()),
+        (u64::MAX / 513 + 1, vec![u64::MAX / 513 + 1; 1024]),
+    ];
+    for (capacity, lengths) in cases {
+        {
+            for oversize in [OversizePolicy::Error, OversizePolicy::Drop, OversizePolicy::Single] {
+                let o = PackOptions { capacity, align: 1, method: PackMethod::NextFit, oversize };
+                let e = stowplan_kernel::next_fit_runs(&lengths, &o).unwrap_err();
+                assert!(is_reference_error(&e, reference_next_fit(&lengths, &o).unwrap_err()), "{e:?}");
+            }
+        }
+    }
+    // Just under: 511 + 512 · (u64::MAX / 512) is exactly u64::MAX.
+    let capacity = u64::MAX / 512;
+    let lengths = [vec![511], vec![0; 511], vec![capacity; 512]].concat();
+    let o = PackOptions { method: PackMethod::NextFit, ..PackOptions::new(capacity) };
+    let p = pack(&lengths, &o).unwrap();
+    assert_eq!((p.aligned_tokens, p.bins()), (u64::MAX, 513));
+    assert_eq!(Ok(bins(&p)), reference_next_fit(&lengths, &o));
 }
 
 #[test]

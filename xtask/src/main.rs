@@ -12,7 +12,8 @@
 //! - `check-plugins`: rebuilds them and fails if the bytes differ from the committed ones
 //!   (exit 3 when the target is not installed).
 //! - `test`: every test of the project — `cargo test --release` of the workspace (kernel
-//!   proptests, conformance vectors on native and WASM, host and CLI tests), then the
+//!   proptests, conformance vectors on native and WASM, host and CLI tests), the kernel's
+//!   tests again in a debug build (overflow checks on), then the
 //!   Python SDK's tests when `sdk-python/` holds a package (see `sdk-python/README.md`), then
 //!   the JavaScript SDK's (`sdk-js/run_tests.sh`) when node and npm are installed (required
 //!   with `STOWPLAN_REQUIRE_NODE=1`).
@@ -295,6 +296,9 @@ fn run_tests() -> ExitCode {
         // `stowplan` back in target/release, for the SDK's tests and for the user.
         let curve = curve_build(&cargo)?;
         run(&cargo, &["test", "--release", "--locked"])?;
+        // The kernel's own tests again in a debug build, where an arithmetic overflow panics:
+        // the kernel promises an error, never a wrapped sum.
+        run(&cargo, &["test", "--locked", "-p", "stowplan-kernel"])?;
         if curve.is_some() {
             run(&cargo, &["build", "--release", "--locked", "-p", "stowplan-cli", "--bin", "stowplan"])?;
         }
