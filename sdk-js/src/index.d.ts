@@ -97,6 +97,11 @@ export interface MicroBatchOptions {
   count?: Int;
   /** `'none'` (input order, default), `'cost-desc'`, `'verl'` or `'roll'`. */
   order?: 'none' | 'cost-desc' | 'cost_desc' | 'verl' | 'roll';
+  /**
+   * One extra cost per sample in the cost model's units (image patches, vision tokens of a
+   * multimodal sample): balanced over micro-batches (and ranks); caps count tokens only.
+   */
+  extraCosts?: Integers;
 }
 
 /** Options of `balance`. */
@@ -109,6 +114,18 @@ export interface BalanceOptions extends MicroBatchOptions {
   minibatchSize?: Int;
   /** Every rank gets the same number of samples (default true). */
   equalCount?: boolean;
+}
+
+/** Options of `streamPacker`. */
+export interface StreamPackerOptions {
+  /** Open bins at most, 1..=65536 (default 64). */
+  maxOpenBins?: Int;
+  /** Lengths waiting unplaced at most, 0..=1048576 (default 4096; 0 places each on arrival). */
+  maxBuffered?: Int;
+  /** Round each length up to a multiple of this first (default 1). */
+  align?: Int;
+  /** A length above the capacity: `'error'` (default; nothing applied), `'single'` or `'drop'`. */
+  oversize?: 'error' | 'single' | 'drop';
 }
 
 /** Options of `padFactor` and `cpLayout`. */
@@ -362,6 +379,56 @@ export interface KernelInfo {
   readonly source: string;
 }
 
+/** The bins one call of a `StreamPacker` closed. */
+export class ClosedBins {
+  private constructor();
+  /** Bin boundaries into `indices`. */
+  readonly offsets: Uint32Array;
+  /** Stream indices, bin after bin (ascending in each bin). */
+  readonly indices: BigUint64Array;
+  /** Aligned load of each bin (above the capacity only for a `single` bin). */
+  readonly loads: BigUint64Array;
+  /** Lengths above the capacity left out under oversize `drop`, ascending. */
+  readonly dropped: BigUint64Array;
+  /** Number of bins. */
+  readonly numBins: number;
+  /** The bins, as views into `indices`. */
+  readonly bins: BigUint64Array[];
+  /** Number of bins. */
+  readonly length: number;
+}
+
+/** Where a stream stands. */
+export interface StreamStatus {
+  /** The index the next length gets (lengths added so far). */
+  readonly nextIndex: bigint;
+  /** Lengths buffered, not yet in a bin. */
+  readonly buffered: number;
+  /** Bins open. */
+  readonly openBins: number;
+  /** Lengths in open bins. */
+  readonly inOpenBins: bigint;
+  /** The smallest index not yet in a closed bin (or dropped), or null. */
+  readonly oldestHeld: bigint | null;
+}
+
+/** A streaming bin packer: each bin comes out when it closes; memory stays bounded. */
+export class StreamPacker {
+  private constructor();
+  /** The options it was made with. */
+  readonly options: Readonly<{ capacity: bigint; align: bigint; maxOpenBins: number; maxBuffered: number; oversize: 'error' | 'single' | 'drop' }>;
+  /** Stream indices dropped (oversize `drop`) by the last `add` or `finish`. */
+  readonly lastDropped: BigUint64Array;
+  /** Adds the next lengths; returns the bins that closed (nothing applied when it throws). */
+  add(lengths: Integers): ClosedBins;
+  /** Places every buffered length and closes every open bin; the packer stays usable. */
+  finish(): ClosedBins;
+  /** The whole state as bytes (framed, versioned, checksummed; the same from every host). */
+  state(): Uint8Array;
+  /** Where the stream stands. */
+  status(): StreamStatus;
+}
+
 /** A loaded kernel component with the whole API. */
 export class Stowplan {
   private constructor();
@@ -387,6 +454,10 @@ export class Stowplan {
   alignedPlan(raw: RawPlan, worldSize: Int, options?: { dropLast?: boolean }): AlignedPlan;
   /** The seeded permutation of `0..n` for (seed, epoch). */
   permutation(n: Int, seed: Int, epoch?: Int): Uint32Array;
+  /** A streaming packer (best fit, bounded open bins and buffer). */
+  streamPacker(capacity: Int, options?: StreamPackerOptions): StreamPacker;
+  /** The packer a `StreamPacker#state` saved (any host's): it continues exactly. */
+  streamPackerFromState(state: Uint8Array | ArrayBuffer): StreamPacker;
   /** The jco bindings of the component (low level; see `stowplan/compat`). */
   readonly kernel: unknown;
 }
@@ -413,6 +484,10 @@ export function rawPlan(lengths: Integers, options: RawPlanOptions): RawPlan;
 export function alignedPlan(raw: RawPlan, worldSize: Int, options?: { dropLast?: boolean }): AlignedPlan;
 /** The seeded permutation of `0..n` for (seed, epoch). */
 export function permutation(n: Int, seed: Int, epoch?: Int): Uint32Array;
+/** A streaming packer (best fit, bounded open bins and buffer). */
+export function streamPacker(capacity: Int, options?: StreamPackerOptions): StreamPacker;
+/** The packer a `StreamPacker#state` saved (any host's): it continues exactly. */
+export function streamPackerFromState(state: Uint8Array | ArrayBuffer): StreamPacker;
 /** Balance figures of per-group totals. */
 export function figures(values: BigUint64Array): Figures;
 /** verl's `log_seqlen_unbalance` figures of `ranks` of `lengths`. */

@@ -17,6 +17,7 @@ import {
 } from './errors.js';
 import { bool, given, i64, i64Array, oneOf, options, u32, u32Array, u64, u64Array } from './convert.js';
 import { loadKernel } from './kernel.js';
+import { STREAM } from '../generated/manifest.js';
 
 export { InfeasibleError, InvalidArgumentError, KernelRuntimeError, PeerError, StowplanError };
 
@@ -30,12 +31,15 @@ export const COSTS = Object.freeze({
 const MAX_COUNT = 1 << 20;
 /** The largest cp or tp (2**16). */
 const MAX_PARALLEL = 1 << 16;
+/** The oversize policies, the kernel's names. */
+const OVERSIZE = ['error', 'single', 'drop'];
 
 // ---------------------------------------------------------------------------------------
 // Result helpers
 
 /**
- * Group `g` of flat groups: `indices[offsets[g] .. offsets[g + 1]]` (a view, no copy).
+ * Group `g` of flat groups: `indices[offsets[g] .. offsets[g + 1]]` (a view, no copy; also of
+ * a BigUint64Array of stream indices).
  * @param {Uint32Array} offsets @param {Uint32Array} indices
  * @returns {Uint32Array[]}
  */
@@ -633,6 +637,99 @@ function labelIds(groups, n) {
  * A loaded kernel component with the whole API. The module's functions use one loaded at
  * import; `Stowplan.load` loads another (e.g. from bytes you fetched yourself).
  */
+/** The bins one call of a `StreamPacker` closed (stream indices, bigints). */
+export class ClosedBins {
+  /** @param {any} c the kernel's closed bins */
+  constructor(c) {
+    /** Bin boundaries into `indices`. */
+    this.offsets = c.offsets;
+    /** Stream indices, bin after bin (ascending in each bin). */
+    this.indices = c.indices;
+    /** Aligned load of each bin (above the capacity only for a `single` bin). */
+    this.loads = c.loads;
+    /** Lengths above the capacity left out under oversize policy `drop`, ascending. */
+    this.dropped = c.dropped;
+    /** Number of bins. */
+    this.numBins = this.offsets.length - 1;
+  }
+
+  /** The bins, as views into `indices`. @returns {BigUint64Array[]} */
+  get bins() {
+    return /** @type {any} */ (lists(this.offsets, /** @type {any} */ (this.indices)));
+  }
+
+  /** Number of bins. */
+  get length() {
+    return this.numBins;
+  }
+}
+
+/**
+ * A streaming bin packer (`Stowplan#streamPacker`): lengths go in a few at a time, each bin
+ * comes out when it closes, and memory stays bounded however long the stream. The kernel's
+ * rule is item by item, so how the stream is cut into `add` calls changes nothing; the bins
+ * are those of the Rust host, the CLI's `pack --stream` and Python's `StreamPacker`.
+ */
+export class StreamPacker {
+  /** @param {any} handle the kernel's packer resource */
+  constructor(handle) {
+    /** @private */
+    this.p = handle;
+    const o = call(() => handle.options());
+    /** The options it was made with: capacity, align, maxOpenBins, maxBuffered, oversize. */
+    this.options = Object.freeze({ ...o });
+    /** Stream indices dropped (oversize `drop`) by the last `add` or `finish`. */
+    this.lastDropped = new BigUint64Array(0);
+  }
+
+  /**
+   * Adds the next lengths of the stream; returns the bins that closed. Nothing is applied
+   * when it throws (InfeasibleError for a length above the capacity under `error`).
+   * @param {any} lengths
+   * @returns {ClosedBins}
+   */
+  add(lengths) {
+    const l = u64Array(lengths, 'lengths');
+    return this.closed(call(() => this.p.add(l)));
+  }
+
+  /** Places every buffered length and closes every open bin; the packer stays usable. @returns {ClosedBins} */
+  finish() {
+    return this.closed(call(() => this.p.finish()));
+  }
+
+  /**
+   * The whole state as bytes (framed, versioned, checksummed; the same bytes from every
+   * host): `Stowplan#streamPackerFromState` continues exactly.
+   * @returns {Uint8Array}
+   */
+  state() {
+    return call(() => this.p.save());
+  }
+
+  /**
+   * Where the stream stands: `nextIndex` (lengths added so far), `buffered`, `openBins`,
+   * `inOpenBins`, `oldestHeld` (the smallest index not yet in a closed bin, or null).
+   */
+  status() {
+    const s = call(() => this.p.status());
+    return Object.freeze({
+      nextIndex: s.nextIndex,
+      buffered: s.buffered,
+      openBins: s.openBins,
+      inOpenBins: s.inOpenBins,
+      oldestHeld: s.oldestHeld ?? null,
+    });
+  }
+
+  /** @private @param {any} c */
+  closed(c) {
+    const bins = new ClosedBins(c);
+    this.lastDropped = bins.dropped;
+    return bins;
+  }
+}
+
 export class Stowplan {
   /**
    * Loads the kernel component, checking its sha256 against the pin.
@@ -686,9 +783,12 @@ export class Stowplan {
       capacity: u64(capacity, 'capacity', 1n),
       align: given(o.align) ? u64(o.align, 'align', 1n) : 1n,
       method: given(o.method) ? oneOf(o.method, 'method', ['bfd', 'ffd', 'next-fit']) : 'bfd',
-      oversize: given(o.oversize) ? oneOf(o.oversize, 'oversize', ['error', 'single', 'drop']) : 'error',
+      oversize: given(o.oversize) ? oneOf(o.oversize, 'oversize', OVERSIZE) : 'error',
     };
     const l = u64Array(lengths, 'lengths');
+    // Next-fit takes the `pack` interface here, not `pack-compact` as the Rust host does:
+    // narrowing and rebuilding the members in JavaScript, a loop per element each, cost more
+    // than jco's copies (1M lengths: 7.4 ms against 2.7 ms, BENCHMARKS.md).
     return new Packing(call(() => this.k.pack.pack(l, options_)), l, options_.capacity);
   }
 
@@ -698,9 +798,13 @@ export class Stowplan {
    * @returns {MicroBatches}
    */
   microBatches(lengths, maxTokenLen, opts) {
-    const o = options(opts, 'microBatches', ['cost', 'minCount', 'divisibleBy', 'count', 'order']);
+    const o = options(opts, 'microBatches', ['cost', 'minCount', 'divisibleBy', 'count', 'order', 'extraCosts']);
     const m = microOptions(maxTokenLen, costOption(o.cost), o);
     const l = u64Array(lengths, 'lengths');
+    if (given(o.extraCosts)) {
+      const e = u64Array(o.extraCosts, 'extraCosts');
+      return new MicroBatches(call(() => this.k.multimodal.microBatches(l, e, m)));
+    }
     return new MicroBatches(call(() => this.k.balance.microBatches(l, m)));
   }
 
@@ -713,6 +817,7 @@ export class Stowplan {
   balance(lengths, dp, opts) {
     const o = options(opts, 'balance', [
       'cost', 'maxTokenLen', 'groups', 'minibatchSize', 'equalCount', 'minCount', 'divisibleBy', 'count', 'order',
+      'extraCosts',
     ]);
     const d = u32(dp, 'dp', 1, MAX_COUNT);
     const cost = costOption(o.cost);
@@ -729,8 +834,14 @@ export class Stowplan {
       minibatchSize: given(o.minibatchSize) ? u32(o.minibatchSize, 'minibatchSize', 1) : undefined,
       equalCount: given(o.equalCount) ? bool(o.equalCount, 'equalCount') : true,
     };
-    if (!micro) return new Balance(call(() => this.k.balance.balanceDp(l, d, dpOptions)), null, l);
-    const p = call(() => this.k.balance.plan(l, d, dpOptions, micro));
+    // A multimodal sample's extra cost (image patches, vision tokens) is balanced over ranks
+    // and micro-batches; caps count tokens only.
+    const e = given(o.extraCosts) ? u64Array(o.extraCosts, 'extraCosts') : null;
+    if (!micro) {
+      const dp = e ? call(() => this.k.multimodal.balanceDp(l, e, d, dpOptions)) : call(() => this.k.balance.balanceDp(l, d, dpOptions));
+      return new Balance(dp, null, l);
+    }
+    const p = e ? call(() => this.k.multimodal.plan(l, e, d, dpOptions, micro)) : call(() => this.k.balance.plan(l, d, dpOptions, micro));
     return new Balance(p.dp, p.ranks.map((r) => new MicroBatches(r)), l);
   }
 
@@ -805,6 +916,43 @@ export class Stowplan {
   }
 
   /**
+   * A streaming packer: best fit with at most `maxOpenBins` open bins (1..=65536, default
+   * 64) and `maxBuffered` lengths waiting (0..=1048576, default 4096; 0 places each length
+   * on arrival); `align` rounds each length up first; `oversize` as in `pack`.
+   * @param {number | bigint} capacity @param {StreamPackerOptions} [opts]
+   * @returns {StreamPacker}
+   */
+  streamPacker(capacity, opts) {
+    const o = options(opts, 'streamPacker', ['maxOpenBins', 'maxBuffered', 'align', 'oversize']);
+    const so = {
+      capacity: u64(capacity, 'capacity', 1n),
+      align: given(o.align) ? u64(o.align, 'align', 1n) : 1n,
+      maxOpenBins: given(o.maxOpenBins)
+        ? u32(o.maxOpenBins, 'maxOpenBins', 1, STREAM.MAX_OPEN_BINS)
+        : STREAM.DEFAULT_MAX_OPEN_BINS,
+      maxBuffered: given(o.maxBuffered)
+        ? u32(o.maxBuffered, 'maxBuffered', 0, STREAM.MAX_BUFFERED)
+        : STREAM.DEFAULT_MAX_BUFFERED,
+      oversize: given(o.oversize) ? oneOf(o.oversize, 'oversize', OVERSIZE) : 'error',
+    };
+    return new StreamPacker(call(() => this.k.streaming.Packer.create(so)));
+  }
+
+  /**
+   * The packer `state` (the bytes of `StreamPacker#state`, from any host) saved: it
+   * continues exactly. Damaged or foreign bytes are refused (InvalidArgumentError).
+   * @param {Uint8Array | ArrayBuffer} state
+   * @returns {StreamPacker}
+   */
+  streamPackerFromState(state) {
+    let bytes;
+    if (state instanceof Uint8Array) bytes = state;
+    else if (state instanceof ArrayBuffer) bytes = new Uint8Array(state);
+    else throw new InvalidArgumentError('state must be a Uint8Array or ArrayBuffer (the bytes of StreamPacker#state)');
+    return new StreamPacker(call(() => this.k.streaming.Packer.restore(bytes)));
+  }
+
+  /**
    * Low-level access to the peers' reproductions (verl, ROLL, prime-rl) for compatibility
    * layers; see `stowplan/compat`.
    * @returns {any}
@@ -838,6 +986,10 @@ export const cpLayout = (lengths, opts) => stowplan.cpLayout(lengths, opts);
 export const rawPlan = (lengths, opts) => stowplan.rawPlan(lengths, opts);
 /** See `Stowplan#alignedPlan`. */
 export const alignedPlan = (raw, worldSize, opts) => stowplan.alignedPlan(raw, worldSize, opts);
+/** See `Stowplan#streamPacker`. */
+export const streamPacker = (capacity, opts) => stowplan.streamPacker(capacity, opts);
+/** See `Stowplan#streamPackerFromState`. */
+export const streamPackerFromState = (state) => stowplan.streamPackerFromState(state);
 /** See `Stowplan#permutation`. */
 export const permutation = (n, seed, epoch) => stowplan.permutation(n, seed, epoch);
 export { stringify as toJSONText } from './json.js';

@@ -1,0 +1,129 @@
+// The streaming packer and extra costs from JavaScript: the same
+// bins as the CLI (the Rust WASM host) in the same test, restarts that continue exactly, and
+// refusals that name the argument.
+import assert from 'node:assert/strict';
+import { execFileSync } from 'node:child_process';
+import { test } from 'node:test';
+
+import * as stowplan from '../src/index.js';
+import { requireCli, workload } from './helpers.js';
+
+/** The bins as arrays of numbers. */
+const plain = (closed) => closed.bins.map((b) => Array.from(b, Number));
+
+/** A small deterministic generator (xorshift32) for chunk sizes and lengths. */
+function rng(seed) {
+  let x = seed >>> 0 || 1;
+  return (n) => {
+    x ^= x << 13;
+    x >>>= 0;
+    x ^= x >>> 17;
+    x ^= x << 5;
+    x >>>= 0;
+    return x % n;
+  };
+}
+
+test("the Python docs example gives the same bins here", () => {
+  const p = stowplan.streamPacker(10, { maxOpenBins: 1, maxBuffered: 0 });
+  assert.deepStrictEqual([plain(p.add([4, 6, 7])), plain(p.add([2, 5])), plain(p.finish())], [[[0, 1]], [[2, 3]], [[4]]]);
+  assert.deepStrictEqual(p.status(), { nextIndex: 5n, buffered: 0, openBins: 0, inOpenBins: 0n, oldestHeld: null });
+});
+
+test('the defaults are the kernel\'s (64 open bins, 4,096 buffered, align 1, oversize error)', () => {
+  assert.deepStrictEqual(stowplan.streamPacker(16384).options, {
+    capacity: 16384n,
+    align: 1n,
+    maxOpenBins: 64,
+    maxBuffered: 4096,
+    oversize: 'error',
+  });
+});
+
+test('bins identical to `stowplan pack --stream --json` whatever the chunks, and a restart continues exactly', () => {
+  const lengths = workload('sft-chat-200k.txt').subarray(0, 60000);
+  const text = execFileSync(requireCli(), ['pack', '--stream', '--json', '-c', '16384', '--oversize', 'drop', '-'], {
+    input: Array.from(lengths).join('\n') + '\n',
+    encoding: 'utf8',
+    maxBuffer: 1 << 26,
+    stdio: ['pipe', 'pipe', 'ignore'],
+  });
+  const want = text.trim().split('\n').map((l) => JSON.parse(l));
+  const next = rng(7);
+  let p = stowplan.streamPacker(16384, { oversize: 'drop' });
+  const got = [];
+  let restarted = 0;
+  for (let i = 0; i < lengths.length; ) {
+    const n = 1 + next(3000);
+    got.push(...plain(p.add(lengths.subarray(i, i + n))));
+    i += n;
+    if (next(4) === 0) {
+      // Save, throw the packer away, go on from the bytes.
+      p = stowplan.streamPackerFromState(p.state());
+      restarted++;
+    }
+  }
+  got.push(...plain(p.finish()));
+  assert.ok(restarted > 3);
+  assert.equal(got.length, want.length);
+  assert.deepStrictEqual(got, want);
+});
+
+test('a saved state is refused when damaged, and a failed add applies nothing', () => {
+  const p = stowplan.streamPacker(100, { maxBuffered: 8 });
+  p.add([30, 40, 50, 60, 70]);
+  const state = p.state();
+  for (const at of [0, 4, 12, Math.floor(state.length / 2), state.length - 1]) {
+    const bad = state.slice();
+    bad[at] ^= 1;
+    assert.throws(() => stowplan.streamPackerFromState(bad), stowplan.InvalidArgumentError);
+  }
+  assert.throws(() => stowplan.streamPackerFromState(state.subarray(0, state.length - 1)), stowplan.InvalidArgumentError);
+  const before = p.status();
+  assert.throws(() => p.add([10, 101]), (e) => e instanceof stowplan.InfeasibleError && /stream index 6/.test(e.message));
+  assert.deepStrictEqual(p.status(), before);
+  assert.deepStrictEqual(stowplan.streamPackerFromState(p.state()).state(), state);
+});
+
+test('bad options are refused naming the argument and the allowed range', () => {
+  const cases = [
+    [() => stowplan.streamPacker(0), /capacity must be in 1\.\.=2\*\*64-1 \(got 0\)/],
+    [() => stowplan.streamPacker(10, { maxOpenBins: 0 }), /maxOpenBins must be in 1\.\.=65536 \(got 0\)/],
+    [() => stowplan.streamPacker(10, { maxOpenBins: 65537 }), /maxOpenBins must be in 1\.\.=65536/],
+    [() => stowplan.streamPacker(10, { maxBuffered: 1048577 }), /maxBuffered must be in 0\.\.=1048576/],
+    [() => stowplan.streamPacker(10, { align: 0 }), /align must be in 1\.\.=/],
+    [() => stowplan.streamPacker(10, { oversize: 'keep' }), /oversize must be one of 'error', 'single', 'drop'/],
+    [() => stowplan.streamPacker(10, { maxOpen: 3 }), /unknown option 'maxOpen' of streamPacker/],
+    [() => stowplan.streamPacker(10).add([1, -2]), /lengths\[1\]/],
+    [() => stowplan.streamPackerFromState('SPSK'), /state must be a Uint8Array or ArrayBuffer/],
+  ];
+  for (const [f, message] of cases) assert.throws(f, (e) => e instanceof stowplan.InvalidArgumentError && message.test(e.message));
+});
+
+test('extra costs: zeros change nothing, the costs include them, caps count tokens', () => {
+  const lengths = Array.from(workload('rl-math-8k.txt').subarray(0, 512));
+  const zeros = new Array(lengths.length).fill(0);
+  const plainMicro = stowplan.microBatches(lengths, 16384, { cost: 'attention' });
+  const zeroMicro = stowplan.microBatches(lengths, 16384, { cost: 'attention', extraCosts: zeros });
+  assert.deepStrictEqual([zeroMicro.offsets, zeroMicro.indices, zeroMicro.costs], [plainMicro.offsets, plainMicro.indices, plainMicro.costs]);
+  const plainBalance = stowplan.balance(lengths, 4, { maxTokenLen: 16384 });
+  const zeroBalance = stowplan.balance(lengths, 4, { maxTokenLen: 16384, extraCosts: zeros });
+  assert.deepStrictEqual(zeroBalance.ranks, plainBalance.ranks);
+
+  // One sample with a heavy image: its micro-batch's cost shows it, its tokens do not.
+  const extra = zeros.slice();
+  extra[0] = 1_000_000;
+  const m = stowplan.microBatches(lengths, 16384, { extraCosts: extra });
+  const owner = m.batches.findIndex((b) => Array.from(b).includes(0));
+  const tokens = Array.from(m.batches[owner], (i) => BigInt(lengths[i])).reduce((a, b) => a + b, 0n);
+  assert.equal(m.tokens[owner], tokens);
+  assert.equal(m.costs[owner], tokens + 1_000_000n);
+  assert.ok(m.tokens.every((t) => t <= 16384n));
+  const d = stowplan.balance(lengths, 4, { extraCosts: extra });
+  assert.ok(d.costs.reduce((a, b) => a + b, 0n) === lengths.reduce((a, b) => a + BigInt(b), 0n) + 1_000_000n);
+  assert.throws(
+    () => stowplan.microBatches([1, 2], 10, { extraCosts: [1] }),
+    (e) => e instanceof stowplan.InvalidArgumentError && /extra/.test(e.message),
+  );
+  assert.throws(() => stowplan.balance([1, 2], 1, { extraCosts: [1, -1] }), /extraCosts\[1\]/);
+});
