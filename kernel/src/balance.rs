@@ -229,7 +229,10 @@ fn micro_checks(lengths: &[u64], extra: Option<&[u64]>, options: &MicroOptions) 
         )));
     }
     checked_sum("lengths", lengths.iter().copied())?;
-    costs_with_extra(lengths, &options.cost, extra)
+    let costs = costs_with_extra(lengths, &options.cost, extra)?;
+    // A micro-batch's cost is a sum of item costs: none may wrap.
+    checked_sum("costs", costs.iter().copied())?;
+    Ok(costs)
 }
 
 /// What a batch needs under the cap, before a forced count.

@@ -79,6 +79,15 @@ fn a_heavy_image_sample_moves_the_balance() {
         }
         let e = k.micro_batches_with_extra(&[1, 2], &[u64::MAX, 0], &MicroOptions::new(10));
         assert!(e.unwrap_err().to_string().contains("extra_costs[0]"), "names the sample");
+        // Each cost fits, their sum does not: refused, never a wrapped micro-batch cost.
+        let half = 1u64 << 63;
+        for e in [
+            k.micro_batches_with_extra(&[1, 1], &[half, half], &MicroOptions::new(10)).unwrap_err(),
+            k.balance_dp(&[1, 1], 1, &DpOptions { extra_costs: Some(&[half, half]), ..DpOptions::default() })
+                .unwrap_err(),
+        ] {
+            assert!(matches!(&e, Error::InvalidArgument(m) if m.contains("the sum of costs overflows u64")), "{e:?}");
+        }
     }
 }
 
