@@ -388,7 +388,7 @@ export class ClosedBins {
   readonly indices: BigUint64Array;
   /** Aligned load of each bin (above the capacity only for a `single` bin). */
   readonly loads: BigUint64Array;
-  /** Lengths above the capacity left out under oversize `drop`, ascending. */
+  /** Stream indices of the lengths above the capacity left out under oversize `drop`, ascending. */
   readonly dropped: BigUint64Array;
   /** Number of bins. */
   readonly numBins: number;
@@ -412,12 +412,15 @@ export interface StreamStatus {
   readonly oldestHeld: bigint | null;
 }
 
-/** A streaming bin packer: each bin comes out when it closes; memory stays bounded. */
+/**
+ * A streaming bin packer: each bin comes out when it closes; memory stays bounded. It runs in
+ * a kernel instance of its own; a trap there ends this packer only.
+ */
 export class StreamPacker {
   private constructor();
   /** The options it was made with. */
   readonly options: Readonly<{ capacity: bigint; align: bigint; maxOpenBins: number; maxBuffered: number; oversize: 'error' | 'single' | 'drop' }>;
-  /** Stream indices dropped (oversize `drop`) by the last `add` or `finish`. */
+  /** Stream indices dropped (oversize `drop`) by the last `add` that returned (`finish` drops none). */
   readonly lastDropped: BigUint64Array;
   /** Adds the next lengths; returns the bins that closed (nothing applied when it throws). */
   add(lengths: Integers): ClosedBins;
@@ -427,6 +430,8 @@ export class StreamPacker {
   state(): Uint8Array;
   /** Where the stream stands. */
   status(): StreamStatus;
+  /** Frees the packer and its kernel instance now; later calls throw KernelRuntimeError. */
+  dispose(): void;
 }
 
 /** A loaded kernel component with the whole API. */
@@ -454,10 +459,10 @@ export class Stowplan {
   alignedPlan(raw: RawPlan, worldSize: Int, options?: { dropLast?: boolean }): AlignedPlan;
   /** The seeded permutation of `0..n` for (seed, epoch). */
   permutation(n: Int, seed: Int, epoch?: Int): Uint32Array;
-  /** A streaming packer (best fit, bounded open bins and buffer). */
-  streamPacker(capacity: Int, options?: StreamPackerOptions): StreamPacker;
+  /** A streaming packer (best fit, bounded open bins and buffer), in a kernel instance of its own. */
+  streamPacker(capacity: Int, options?: StreamPackerOptions): Promise<StreamPacker>;
   /** The packer a `StreamPacker#state` saved (any host's): it continues exactly. */
-  streamPackerFromState(state: Uint8Array | ArrayBuffer): StreamPacker;
+  streamPackerFromState(state: Uint8Array | ArrayBuffer): Promise<StreamPacker>;
   /** The jco bindings of the component (low level; see `stowplan/compat`). */
   readonly kernel: unknown;
 }
@@ -484,10 +489,10 @@ export function rawPlan(lengths: Integers, options: RawPlanOptions): RawPlan;
 export function alignedPlan(raw: RawPlan, worldSize: Int, options?: { dropLast?: boolean }): AlignedPlan;
 /** The seeded permutation of `0..n` for (seed, epoch). */
 export function permutation(n: Int, seed: Int, epoch?: Int): Uint32Array;
-/** A streaming packer (best fit, bounded open bins and buffer). */
-export function streamPacker(capacity: Int, options?: StreamPackerOptions): StreamPacker;
+/** A streaming packer (best fit, bounded open bins and buffer), in a kernel instance of its own. */
+export function streamPacker(capacity: Int, options?: StreamPackerOptions): Promise<StreamPacker>;
 /** The packer a `StreamPacker#state` saved (any host's): it continues exactly. */
-export function streamPackerFromState(state: Uint8Array | ArrayBuffer): StreamPacker;
+export function streamPackerFromState(state: Uint8Array | ArrayBuffer): Promise<StreamPacker>;
 /** Balance figures of per-group totals. */
 export function figures(values: BigUint64Array): Figures;
 /** verl's `log_seqlen_unbalance` figures of `ranks` of `lengths`. */

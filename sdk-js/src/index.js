@@ -15,7 +15,7 @@ import {
   StowplanError,
   fromKernel,
 } from './errors.js';
-import { bool, given, i64, i64Array, oneOf, options, u32, u32Array, u64, u64Array } from './convert.js';
+import { U32_MAX, U64_MAX, bool, given, i64, i64Array, oneOf, options, u32, u32Array, u64, u64Array } from './convert.js';
 import { loadKernel } from './kernel.js';
 import { STREAM } from '../generated/manifest.js';
 
@@ -33,6 +33,11 @@ const MAX_COUNT = 1 << 20;
 const MAX_PARALLEL = 1 << 16;
 /** The oversize policies, the kernel's names. */
 const OVERSIZE = ['error', 'single', 'drop'];
+/**
+ * Lengths per kernel call of `StreamPacker#add`: a longer add is cut into calls of this many
+ * (the bins do not depend on the cut), so that a packer's linear memory stays small.
+ */
+const STREAM_CHUNK = 1 << 22;
 
 // ---------------------------------------------------------------------------------------
 // Result helpers
@@ -633,10 +638,6 @@ function labelIds(groups, n) {
   return out;
 }
 
-/**
- * A loaded kernel component with the whole API. The module's functions use one loaded at
- * import; `Stowplan.load` loads another (e.g. from bytes you fetched yourself).
- */
 /** The bins one call of a `StreamPacker` closed (stream indices, bigints). */
 export class ClosedBins {
   /** @param {any} c the kernel's closed bins */
@@ -647,7 +648,7 @@ export class ClosedBins {
     this.indices = c.indices;
     /** Aligned load of each bin (above the capacity only for a `single` bin). */
     this.loads = c.loads;
-    /** Lengths above the capacity left out under oversize policy `drop`, ascending. */
+    /** Stream indices of the lengths above the capacity left out under oversize `drop`, ascending. */
     this.dropped = c.dropped;
     /** Number of bins. */
     this.numBins = this.offsets.length - 1;
@@ -664,21 +665,48 @@ export class ClosedBins {
   }
 }
 
+/** The closed bins of several kernel calls, in order, as one result. @param {any[]} parts */
+function concatClosed(parts) {
+  const total = (key) => parts.reduce((n, p) => n + p[key].length, 0);
+  const offsets = new Uint32Array(total('offsets') - parts.length + 1);
+  const indices = new BigUint64Array(total('indices'));
+  const loads = new BigUint64Array(total('loads'));
+  const dropped = new BigUint64Array(total('dropped'));
+  let [bins, at, lo, dr] = [0, 0, 0, 0];
+  for (const p of parts) {
+    for (let b = 1; b < p.offsets.length; b++) offsets[++bins] = at + p.offsets[b];
+    indices.set(p.indices, at);
+    loads.set(p.loads, lo);
+    dropped.set(p.dropped, dr);
+    [at, lo, dr] = [at + p.indices.length, lo + p.loads.length, dr + p.dropped.length];
+  }
+  return { offsets, indices, loads, dropped };
+}
+
 /**
  * A streaming bin packer (`Stowplan#streamPacker`): lengths go in a few at a time, each bin
  * comes out when it closes, and memory stays bounded however long the stream. The kernel's
  * rule is item by item, so how the stream is cut into `add` calls changes nothing; the bins
  * are those of the Rust host, the CLI's `pack --stream` and Python's `StreamPacker`.
+ *
+ * Each packer runs in a kernel instance of its own (as in the Rust host): its state lives in
+ * that instance's linear memory, and a failure of the instance (a trap) ends that packer
+ * only. `dispose()` frees it at once; otherwise the garbage collector does.
  */
 export class StreamPacker {
-  /** @param {any} handle the kernel's packer resource */
-  constructor(handle) {
+  /** @param {any} handle the kernel's packer resource @param {any} instance its kernel instance */
+  constructor(handle, instance) {
     /** @private */
     this.p = handle;
+    /** @private */
+    this.instance = instance;
     const o = call(() => handle.options());
     /** The options it was made with: capacity, align, maxOpenBins, maxBuffered, oversize. */
     this.options = Object.freeze({ ...o });
-    /** Stream indices dropped (oversize `drop`) by the last `add` or `finish`. */
+    /**
+     * Stream indices dropped (oversize `drop`) by the last `add` or `finish` that returned
+     * (`finish` places buffered lengths only, which are never oversized: it sets none).
+     */
     this.lastDropped = new BigUint64Array(0);
   }
 
@@ -690,12 +718,17 @@ export class StreamPacker {
    */
   add(lengths) {
     const l = u64Array(lengths, 'lengths');
-    return this.closed(call(() => this.p.add(l)));
+    if (l.length <= STREAM_CHUNK || this.mayRefuse(l)) return this.closed(call(() => this.live().add(l)));
+    const parts = [];
+    for (let i = 0; i < l.length; i += STREAM_CHUNK) {
+      parts.push(call(() => this.live().add(l.subarray(i, i + STREAM_CHUNK))));
+    }
+    return this.closed(concatClosed(parts));
   }
 
   /** Places every buffered length and closes every open bin; the packer stays usable. @returns {ClosedBins} */
   finish() {
-    return this.closed(call(() => this.p.finish()));
+    return this.closed(call(() => this.live().finish()));
   }
 
   /**
@@ -704,7 +737,7 @@ export class StreamPacker {
    * @returns {Uint8Array}
    */
   state() {
-    return call(() => this.p.save());
+    return call(() => this.live().save());
   }
 
   /**
@@ -712,7 +745,7 @@ export class StreamPacker {
    * `inOpenBins`, `oldestHeld` (the smallest index not yet in a closed bin, or null).
    */
   status() {
-    const s = call(() => this.p.status());
+    const s = call(() => this.live().status());
     return Object.freeze({
       nextIndex: s.nextIndex,
       buffered: s.buffered,
@@ -720,6 +753,36 @@ export class StreamPacker {
       inOpenBins: s.inOpenBins,
       oldestHeld: s.oldestHeld ?? null,
     });
+  }
+
+  /** Frees the packer and its kernel instance now; later calls throw KernelRuntimeError. */
+  dispose() {
+    const p = this.p;
+    this.p = null;
+    this.instance = null;
+    // jco's bindings give each resource a dispose method under this symbol.
+    p?.[Symbol.dispose ?? Symbol.for('dispose')]?.();
+  }
+
+  /** @private The resource, or a KernelRuntimeError once disposed. */
+  live() {
+    if (!this.p) throw new KernelRuntimeError('kernel runtime failure: this StreamPacker was disposed');
+    return this.p;
+  }
+
+  /**
+   * @private Whether the kernel might refuse `lengths` (a superset of its refusals: a length
+   * that may be oversized under `error`, or whose rounding may overflow, or too many lengths
+   * held): such an add goes to the kernel in one call, so that a refusal applies nothing.
+   * @param {BigUint64Array} lengths
+   */
+  mayRefuse(lengths) {
+    const { capacity, align, oversize } = this.options;
+    const s = this.status();
+    if (BigInt(s.buffered) + s.inOpenBins + BigInt(lengths.length) > BigInt(U32_MAX)) return true;
+    const limit = oversize === 'error' ? capacity + 1n - align : U64_MAX + 1n - align;
+    for (const len of lengths) if (len > limit) return true;
+    return false;
   }
 
   /** @private @param {any} c */
@@ -730,6 +793,10 @@ export class StreamPacker {
   }
 }
 
+/**
+ * A loaded kernel component with the whole API. The module's functions use one loaded at
+ * import; `Stowplan.load` loads another (e.g. from bytes you fetched yourself).
+ */
 export class Stowplan {
   /**
    * Loads the kernel component, checking its sha256 against the pin.
@@ -741,10 +808,12 @@ export class Stowplan {
     return new Stowplan(await loadKernel(known));
   }
 
-  /** @param {{exports: any, sha256: string, bytes: number, source: string}} loaded */
+  /** @param {{exports: any, spawn: () => Promise<any>, sha256: string, bytes: number, source: string}} loaded */
   constructor(loaded) {
     /** @private */
     this.k = loaded.exports;
+    /** @private A fresh instance of the same checked code (for stream packers). */
+    this.spawn = loaded.spawn;
     /** @private */
     this.info = Object.freeze({ sha256: loaded.sha256, bytes: loaded.bytes, source: loaded.source });
   }
@@ -919,10 +988,11 @@ export class Stowplan {
    * A streaming packer: best fit with at most `maxOpenBins` open bins (1..=65536, default
    * 64) and `maxBuffered` lengths waiting (0..=1048576, default 4096; 0 places each length
    * on arrival); `align` rounds each length up first; `oversize` as in `pack`.
+   * The packer runs in a kernel instance of its own, made here (hence async).
    * @param {number | bigint} capacity @param {StreamPackerOptions} [opts]
-   * @returns {StreamPacker}
+   * @returns {Promise<StreamPacker>}
    */
-  streamPacker(capacity, opts) {
+  async streamPacker(capacity, opts) {
     const o = options(opts, 'streamPacker', ['maxOpenBins', 'maxBuffered', 'align', 'oversize']);
     const so = {
       capacity: u64(capacity, 'capacity', 1n),
@@ -935,21 +1005,23 @@ export class Stowplan {
         : STREAM.DEFAULT_MAX_BUFFERED,
       oversize: given(o.oversize) ? oneOf(o.oversize, 'oversize', OVERSIZE) : 'error',
     };
-    return new StreamPacker(call(() => this.k.streaming.Packer.create(so)));
+    const k = await this.spawn();
+    return new StreamPacker(call(() => k.streaming.Packer.create(so)), k);
   }
 
   /**
    * The packer `state` (the bytes of `StreamPacker#state`, from any host) saved: it
    * continues exactly. Damaged or foreign bytes are refused (InvalidArgumentError).
    * @param {Uint8Array | ArrayBuffer} state
-   * @returns {StreamPacker}
+   * @returns {Promise<StreamPacker>}
    */
-  streamPackerFromState(state) {
+  async streamPackerFromState(state) {
     let bytes;
     if (state instanceof Uint8Array) bytes = state;
     else if (state instanceof ArrayBuffer) bytes = new Uint8Array(state);
     else throw new InvalidArgumentError('state must be a Uint8Array or ArrayBuffer (the bytes of StreamPacker#state)');
-    return new StreamPacker(call(() => this.k.streaming.Packer.restore(bytes)));
+    const k = await this.spawn();
+    return new StreamPacker(call(() => k.streaming.Packer.restore(bytes)), k);
   }
 
   /**

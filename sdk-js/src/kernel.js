@@ -42,7 +42,8 @@ async function read(url) {
  * Loads and instantiates the component.
  * @param {{component?: Uint8Array | ArrayBuffer | URL | string}} [options] another copy of
  *   the component (bytes or a URL); it must still have the pinned sha256.
- * @returns {Promise<{exports: any, sha256: string, bytes: number, source: string}>}
+ * @returns {Promise<{exports: any, spawn: () => Promise<any>, sha256: string, bytes: number, source: string}>}
+ *   `exports` is an instance's bindings; `spawn` makes another instance of the same code.
  */
 export async function loadKernel(options = {}) {
   const given = options.component;
@@ -67,17 +68,25 @@ export async function loadKernel(options = {}) {
         `not the pinned ${COMPONENT_SHA256} (${COMPONENT_BYTES} bytes): a damaged or foreign file`,
     );
   }
+  let modules;
   try {
-    const modules = {};
+    modules = {};
     for (const [name, { offset, length }] of Object.entries(CORE_MODULES)) {
       modules[name] = await WebAssembly.compile(bytes.subarray(offset, offset + length));
     }
-    const exports = await instantiate((name) => {
-      if (!(name in modules)) throw new Error(`the bindings ask for an unknown core module ${name}`);
-      return modules[name];
-    }, {});
-    return { exports, sha256: actual, bytes: bytes.length, source };
   } catch (e) {
-    throw new KernelRuntimeError(`kernel runtime failure: the kernel did not instantiate: ${e.message}`);
+    throw new KernelRuntimeError(`kernel runtime failure: the kernel did not compile: ${e.message}`);
   }
+  // A fresh instance of the checked, compiled code (its own linear memory).
+  const spawn = async () => {
+    try {
+      return await instantiate((name) => {
+        if (!(name in modules)) throw new Error(`the bindings ask for an unknown core module ${name}`);
+        return modules[name];
+      }, {});
+    } catch (e) {
+      throw new KernelRuntimeError(`kernel runtime failure: the kernel did not instantiate: ${e.message}`);
+    }
+  };
+  return { exports: await spawn(), spawn, sha256: actual, bytes: bytes.length, source };
 }

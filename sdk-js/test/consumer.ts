@@ -1,7 +1,7 @@
 // A TypeScript consumer of the package: compiled (no emit) by types.test.js, so the .d.ts
 // files are checked against real use.
 import { COSTS, InvalidArgumentError, Stowplan, balance, microBatches, partition, rawPlan, alignedPlan, permutation, cpLayout, padFactor, streamPacker, streamPackerFromState } from 'stowplan';
-import type { ClosedBins, StreamStatus } from 'stowplan';
+import type { ClosedBins, StreamPacker, StreamStatus } from 'stowplan';
 import type { Figures, Partition } from 'stowplan';
 import { verl, rollLoadBalance, PeerError } from 'stowplan/compat';
 
@@ -26,10 +26,11 @@ const e: Error = new InvalidArgumentError('x');
 const pe: PeerError = new PeerError('IndexError', 'y');
 const later: Promise<Stowplan> = Stowplan.load();
 const attention: readonly [bigint, bigint] = COSTS.attention;
-const sp = streamPacker(16384, { maxOpenBins: 8, oversize: 'drop' });
+const sp: StreamPacker = await streamPacker(16384, { maxOpenBins: 8, oversize: 'drop' });
 const closed: ClosedBins = sp.add(Uint32Array.from([5, 9]));
 const streamBins: BigUint64Array[] = closed.bins;
 const st: StreamStatus = sp.status();
-const resumed = streamPackerFromState(sp.state()).finish().loads;
+const resumed: BigUint64Array = (await streamPackerFromState(sp.state())).finish().loads;
+sp.dispose();
 const mm = microBatches([1, 2], 10, { extraCosts: [0, 5] }).costs;
 export { sums, groups, f, count, text, restore, checksum, perm, factor, parts, lists, roll, e, pe, later, attention, streamBins, st, resumed, mm };

@@ -24,14 +24,14 @@ function rng(seed) {
   };
 }
 
-test("the Python docs example gives the same bins here", () => {
-  const p = stowplan.streamPacker(10, { maxOpenBins: 1, maxBuffered: 0 });
+test("the Python docs example gives the same bins here", async () => {
+  const p = await stowplan.streamPacker(10, { maxOpenBins: 1, maxBuffered: 0 });
   assert.deepStrictEqual([plain(p.add([4, 6, 7])), plain(p.add([2, 5])), plain(p.finish())], [[[0, 1]], [[2, 3]], [[4]]]);
   assert.deepStrictEqual(p.status(), { nextIndex: 5n, buffered: 0, openBins: 0, inOpenBins: 0n, oldestHeld: null });
 });
 
-test('the defaults are the kernel\'s (64 open bins, 4,096 buffered, align 1, oversize error)', () => {
-  assert.deepStrictEqual(stowplan.streamPacker(16384).options, {
+test('the defaults are the kernel\'s (64 open bins, 4,096 buffered, align 1, oversize error)', async () => {
+  assert.deepStrictEqual((await stowplan.streamPacker(16384)).options, {
     capacity: 16384n,
     align: 1n,
     maxOpenBins: 64,
@@ -40,7 +40,7 @@ test('the defaults are the kernel\'s (64 open bins, 4,096 buffered, align 1, ove
   });
 });
 
-test('bins identical to `stowplan pack --stream --json` whatever the chunks, and a restart continues exactly', () => {
+test('bins identical to `stowplan pack --stream --json` whatever the chunks, and a restart continues exactly', async () => {
   const lengths = workload('sft-chat-200k.txt').subarray(0, 60000);
   const text = execFileSync(requireCli(), ['pack', '--stream', '--json', '-c', '16384', '--oversize', 'drop', '-'], {
     input: Array.from(lengths).join('\n') + '\n',
@@ -50,7 +50,7 @@ test('bins identical to `stowplan pack --stream --json` whatever the chunks, and
   });
   const want = text.trim().split('\n').map((l) => JSON.parse(l));
   const next = rng(7);
-  let p = stowplan.streamPacker(16384, { oversize: 'drop' });
+  let p = await stowplan.streamPacker(16384, { oversize: 'drop' });
   const got = [];
   let restarted = 0;
   for (let i = 0; i < lengths.length; ) {
@@ -59,7 +59,7 @@ test('bins identical to `stowplan pack --stream --json` whatever the chunks, and
     i += n;
     if (next(4) === 0) {
       // Save, throw the packer away, go on from the bytes.
-      p = stowplan.streamPackerFromState(p.state());
+      p = await stowplan.streamPackerFromState(p.state());
       restarted++;
     }
   }
@@ -69,23 +69,23 @@ test('bins identical to `stowplan pack --stream --json` whatever the chunks, and
   assert.deepStrictEqual(got, want);
 });
 
-test('a saved state is refused when damaged, and a failed add applies nothing', () => {
-  const p = stowplan.streamPacker(100, { maxBuffered: 8 });
+test('a saved state is refused when damaged, and a failed add applies nothing', async () => {
+  const p = await stowplan.streamPacker(100, { maxBuffered: 8 });
   p.add([30, 40, 50, 60, 70]);
   const state = p.state();
   for (const at of [0, 4, 12, Math.floor(state.length / 2), state.length - 1]) {
     const bad = state.slice();
     bad[at] ^= 1;
-    assert.throws(() => stowplan.streamPackerFromState(bad), stowplan.InvalidArgumentError);
+    await assert.rejects(stowplan.streamPackerFromState(bad), stowplan.InvalidArgumentError);
   }
-  assert.throws(() => stowplan.streamPackerFromState(state.subarray(0, state.length - 1)), stowplan.InvalidArgumentError);
+  await assert.rejects(stowplan.streamPackerFromState(state.subarray(0, state.length - 1)), stowplan.InvalidArgumentError);
   const before = p.status();
   assert.throws(() => p.add([10, 101]), (e) => e instanceof stowplan.InfeasibleError && /stream index 6/.test(e.message));
   assert.deepStrictEqual(p.status(), before);
-  assert.deepStrictEqual(stowplan.streamPackerFromState(p.state()).state(), state);
+  assert.deepStrictEqual((await stowplan.streamPackerFromState(p.state())).state(), state);
 });
 
-test('bad options are refused naming the argument and the allowed range', () => {
+test('bad options are refused naming the argument and the allowed range', async () => {
   const cases = [
     [() => stowplan.streamPacker(0), /capacity must be in 1\.\.=2\*\*64-1 \(got 0\)/],
     [() => stowplan.streamPacker(10, { maxOpenBins: 0 }), /maxOpenBins must be in 1\.\.=65536 \(got 0\)/],
@@ -94,10 +94,49 @@ test('bad options are refused naming the argument and the allowed range', () => 
     [() => stowplan.streamPacker(10, { align: 0 }), /align must be in 1\.\.=/],
     [() => stowplan.streamPacker(10, { oversize: 'keep' }), /oversize must be one of 'error', 'single', 'drop'/],
     [() => stowplan.streamPacker(10, { maxOpen: 3 }), /unknown option 'maxOpen' of streamPacker/],
-    [() => stowplan.streamPacker(10).add([1, -2]), /lengths\[1\]/],
+    [async () => (await stowplan.streamPacker(10)).add([1, -2]), /lengths\[1\]/],
     [() => stowplan.streamPackerFromState('SPSK'), /state must be a Uint8Array or ArrayBuffer/],
   ];
-  for (const [f, message] of cases) assert.throws(f, (e) => e instanceof stowplan.InvalidArgumentError && message.test(e.message));
+  for (const [f, message] of cases) {
+    await assert.rejects(f, (e) => e instanceof stowplan.InvalidArgumentError && message.test(e.message));
+  }
+});
+
+test('every packer has a kernel instance of its own: many large packers, and dispose', async () => {
+  // Each packer of capacity 2**20 holds about 12 MiB; in one shared instance a hundred of
+  // them passed 1 GiB of linear memory, where jco's resource handles break.
+  const alive = [];
+  for (let i = 0; i < 100; i++) {
+    const p = await stowplan.streamPacker(1 << 20, { maxOpenBins: 1, maxBuffered: 0 });
+    assert.deepStrictEqual(plain(p.add([1 << 19, 1 << 19, 5])), [[0, 1]]);
+    alive.push(p);
+  }
+  for (const p of alive) {
+    assert.deepStrictEqual(plain(p.finish()), [[2]]);
+    p.dispose();
+    assert.throws(() => p.status(), (e) => e instanceof stowplan.KernelRuntimeError && /disposed/.test(e.message));
+  }
+  assert.equal(stowplan.pack([1, 2, 3], 3).length, 2);
+});
+
+test('a long add is cut into kernel calls: the same bins, and a refusal still applies nothing', async () => {
+  const n = (1 << 22) + 12345;
+  const next = rng(3);
+  const lengths = new BigUint64Array(n);
+  for (let i = 0; i < n; i++) lengths[i] = BigInt(1 + next(3000));
+  const whole = await stowplan.streamPacker(8192, { maxBuffered: 64 });
+  const pieces = await stowplan.streamPacker(8192, { maxBuffered: 64 });
+  const a = whole.add(lengths);
+  const b = [];
+  for (let i = 0; i < n; i += 100000) b.push(...plain(pieces.add(lengths.subarray(i, i + 100000))));
+  assert.deepStrictEqual(plain(a), b);
+  assert.equal(a.offsets[a.length], a.indices.length);
+  assert.deepStrictEqual(whole.status(), pieces.status());
+  // An oversized length at the very end, under `error`: refused whole, nothing applied.
+  const before = whole.status();
+  lengths[n - 1] = 9000n;
+  assert.throws(() => whole.add(lengths), (e) => e instanceof stowplan.InfeasibleError);
+  assert.deepStrictEqual(whole.status(), before);
 });
 
 test('extra costs: zeros change nothing, the costs include them, caps count tokens', () => {
