@@ -486,7 +486,7 @@ impl NextFit {
     /// take [`item`](Self::item), after the sum so far is counted, so the errors and their
     /// order are those of the per-item checks.
     fn unaligned<L: Copy + Into<u64>>(&mut self, lengths: &[L], o: PackOptions) -> Result<(), Error> {
-        let mut closed = Closed::default();
+        let mut closed = BlockBins::default();
         // The load of the bin being filled, NO_BIN while none is.
         let mut load = NO_BIN;
         for (block, items) in lengths.chunks(NEXT_FIT_BLOCK).enumerate() {
@@ -513,12 +513,12 @@ impl NextFit {
 }
 
 /// The bins a [`scan_block`] closed: each one's first item (an index into the block) and load.
-struct Closed {
+struct BlockBins {
     starts: [u32; NEXT_FIT_BLOCK],
     loads: [u64; NEXT_FIT_BLOCK],
 }
 
-impl Default for Closed {
+impl Default for BlockBins {
     fn default() -> Self {
         Self { starts: [0; NEXT_FIT_BLOCK], loads: [0; NEXT_FIT_BLOCK] }
     }
@@ -554,7 +554,7 @@ fn scan_block<L: Copy + Into<u64>>(
     from: usize,
     mut load: u64,
     capacity: u64,
-    closed: &mut Closed,
+    closed: &mut BlockBins,
 ) -> Scan {
     let first_load = load;
     let mut n = 0;
