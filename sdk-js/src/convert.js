@@ -6,6 +6,8 @@
 // - sequences are arrays (or other iterables) of such integers, or integer typed arrays
 //   (Uint8/16/32, Int8/16/32, BigUint64, BigInt64); float typed arrays are refused even when
 //   every value is whole, like float numpy arrays in Python;
+// - a sequence holds at most `maxEntries` entries, checked on its length before anything is
+//   allocated (a `new Array(2**32-1)` or a Proxy reporting such a length is refused at once);
 // - every refusal is an InvalidArgumentError naming the argument (and the index) and the
 //   allowed range.
 import { InvalidArgumentError } from './errors.js';
@@ -128,8 +130,45 @@ export function given(v) {
 const UNSIGNED = [Uint8Array, Uint8ClampedArray, Uint16Array, Uint32Array];
 const SIGNED = [Int8Array, Int16Array, Int32Array];
 
-/** The values of a sequence argument: an array-like/typed array as is, an iterable as an array. */
-function sequence(values, name) {
+/**
+ * The bytes of an instance's linear memory jco's bindings (1.35) can pass a list through: they
+ * read the address the kernel allocates as a signed 32-bit number, so a list must lie in the
+ * first 2 GiB (the README's "Limits of jco's bindings").
+ */
+const JCO_LIST_BYTES = 2 ** 31;
+
+/**
+ * The most entries a list argument of `bytes`-byte entries may hold: the kernel takes at most
+ * 2**32-1 items (its results index them with u32, wit/kernel.wit), and the list's bytes must
+ * fit where jco passes it; so 2**28 for u64/s64 lists, 2**29 for u32 lists.
+ * @param {number} bytes
+ */
+export function maxEntries(bytes) {
+  return Math.min(U32_MAX, JCO_LIST_BYTES / bytes);
+}
+
+/**
+ * Refuses a sequence of `length` entries above `maxEntries(bytes)`, before anything is
+ * allocated for it (the one check of every list argument's size).
+ * @param {number} length @param {string} name @param {number} bytes @param {string} [got]
+ */
+export function checkEntries(length, name, bytes, got = show(length)) {
+  const max = maxEntries(bytes);
+  if (!(Number.isSafeInteger(length) && length >= 0 && length <= max)) {
+    throw new InvalidArgumentError(
+      `${name} must hold at most ${max} entries (2**${Math.log2(max)}; got ${got}): the kernel takes ` +
+        `at most 2**32-1 items, and jco's bindings pass a list of ${bytes}-byte entries only within the first ` +
+        '2 GiB of a kernel instance\'s memory; cut the work into several calls',
+    );
+  }
+}
+
+/**
+ * The values of a sequence argument of `bytes`-byte entries: an array/typed array as is, an
+ * iterable as an array; refused above `maxEntries(bytes)` entries before any allocation (an
+ * iterable as soon as it yields one too many).
+ */
+function sequence(values, name, bytes) {
   if (typeof values === 'string' || values === null || values === undefined || typeof values !== 'object') {
     throw new InvalidArgumentError(`${name} must be an array or an integer typed array (got ${show(values)})`);
   }
@@ -142,8 +181,19 @@ function sequence(values, name) {
   if (ArrayBuffer.isView(values) && !('length' in values)) {
     throw new InvalidArgumentError(`${name} must be an array or an integer typed array (got a DataView)`);
   }
-  if (Array.isArray(values) || ArrayBuffer.isView(values)) return values;
-  if (typeof values[Symbol.iterator] === 'function') return Array.from(values);
+  if (Array.isArray(values) || ArrayBuffer.isView(values)) {
+    checkEntries(values.length, name, bytes);
+    return values;
+  }
+  if (typeof values[Symbol.iterator] === 'function') {
+    const max = maxEntries(bytes);
+    const out = [];
+    for (const v of values) {
+      if (out.length === max) checkEntries(max + 1, name, bytes, `more than ${max}`);
+      out.push(v);
+    }
+    return out;
+  }
   throw new InvalidArgumentError(`${name} must be an array or an integer typed array (got ${show(values)})`);
 }
 
@@ -154,7 +204,7 @@ function sequence(values, name) {
  * @returns {BigUint64Array}
  */
 export function u64Array(values, name, high = U64_MAX) {
-  const v = sequence(values, name);
+  const v = sequence(values, name, 8);
   if (v instanceof BigUint64Array) {
     if (high !== U64_MAX) checkBig(v, name, 0n, high);
     return v;
@@ -211,7 +261,7 @@ function checkBig(v, name, low, high) {
  * @returns {BigInt64Array}
  */
 export function i64Array(values, name) {
-  const v = sequence(values, name);
+  const v = sequence(values, name, 8);
   if (v instanceof BigInt64Array) return v;
   const out = new BigInt64Array(v.length);
   for (let i = 0; i < v.length; i++) {
@@ -228,7 +278,7 @@ export function i64Array(values, name) {
  * @returns {Uint32Array}
  */
 export function u32Array(values, name) {
-  const v = sequence(values, name);
+  const v = sequence(values, name, 4);
   if (v instanceof Uint32Array) return v;
   const out = new Uint32Array(v.length);
   for (let i = 0; i < v.length; i++) {

@@ -3,7 +3,12 @@
 // Integers are exact: u64 values are bigints (scalars) and BigUint64Arrays (lists); u32 values
 // are numbers and Uint32Arrays. Inputs take numbers (safe integers) or bigints.
 
-/** Lengths or weights: an array of integers (numbers or bigints), an integer typed array, or another iterable of integers. */
+/**
+ * Lengths or weights: an array of integers (numbers or bigints), an integer typed array, or
+ * another iterable of integers; at most 2**28 entries (268,435,456: the list must fit in the
+ * 2 GiB jco's bindings pass it through), more is refused with an InvalidArgumentError before
+ * anything is read or allocated.
+ */
 export type Integers =
   | ArrayLike<number | bigint>
   | Iterable<number | bigint>
@@ -422,7 +427,11 @@ export class StreamPacker {
   readonly options: Readonly<{ capacity: bigint; align: bigint; maxOpenBins: number; maxBuffered: number; oversize: 'error' | 'single' | 'drop' }>;
   /** Stream indices dropped (oversize `drop`) by the last `add` that returned (`finish` drops none). */
   readonly lastDropped: BigUint64Array;
-  /** Adds the next lengths; returns the bins that closed (nothing applied when it throws). */
+  /**
+   * Adds the next lengths; returns the bins that closed. All or nothing: when the kernel refuses
+   * (InfeasibleError, InvalidArgumentError) the packer is exactly as before the call, also for
+   * an add of more than 4,194,304 lengths, which is cut into several kernel calls.
+   */
   add(lengths: Integers): ClosedBins;
   /** Places every buffered length and closes every open bin; the packer stays usable. */
   finish(): ClosedBins;

@@ -15,9 +15,9 @@ import {
   StowplanError,
   fromKernel,
 } from './errors.js';
-import { U32_MAX, U64_MAX, bool, given, i64, i64Array, oneOf, options, u32, u32Array, u64, u64Array } from './convert.js';
+import { bool, given, i64, i64Array, oneOf, options, u32, u32Array, u64, u64Array } from './convert.js';
 import { loadKernel } from './kernel.js';
-import { STREAM } from '../generated/manifest.js';
+import { LIMITS, STREAM } from '../generated/manifest.js';
 
 export { InfeasibleError, InvalidArgumentError, KernelRuntimeError, PeerError, StowplanError };
 
@@ -27,15 +27,16 @@ export const COSTS = Object.freeze({
   attention: Object.freeze([24576n, 1n]),
 });
 
-/** The most groups, ranks or micro-batches a kernel call sizes a result by (2**20). */
-const MAX_COUNT = 1 << 20;
-/** The largest cp or tp (2**16). */
-const MAX_PARALLEL = 1 << 16;
+/** The most groups, ranks or micro-batches a kernel call sizes a result by (the kernel's, 2**20). */
+const MAX_COUNT = LIMITS.MAX_COUNT;
+/** The largest cp or tp (the kernel's, 2**16). */
+const MAX_PARALLEL = LIMITS.MAX_PARALLEL;
 /** The oversize policies, the kernel's names. */
 const OVERSIZE = ['error', 'single', 'drop'];
 /**
  * Lengths per kernel call of `StreamPacker#add`: a longer add is cut into calls of this many
- * (the bins do not depend on the cut), so that a packer's linear memory stays small.
+ * (the bins do not depend on the cut), so that a packer's linear memory stays small; the
+ * packer's state is saved first and put back if a call is refused.
  */
 const STREAM_CHUNK = 1 << 22;
 
@@ -625,16 +626,28 @@ function labelIds(groups, n) {
   if (!groups || typeof groups === 'string' || typeof groups[Symbol.iterator] !== 'function') {
     throw new InvalidArgumentError('groups must be a sequence of labels, one per sample');
   }
-  const ids = new Map();
-  const values = Array.from(groups);
-  if (values.length !== n) {
-    throw new InvalidArgumentError(`groups must hold one label per sample (${n}; got ${values.length})`);
+  const mismatch = (got) => new InvalidArgumentError(`groups must hold one label per sample (${n}; got ${got})`);
+  // An array's length is compared before anything is read or allocated; another iterable is
+  // read up to one label too many.
+  let values;
+  if (Array.isArray(groups) || ArrayBuffer.isView(groups)) {
+    if (groups.length !== n) throw mismatch(groups.length);
+    values = groups;
+  } else {
+    values = [];
+    for (const v of groups) {
+      if (values.length === n) throw mismatch(`more than ${n}`);
+      values.push(v);
+    }
+    if (values.length !== n) throw mismatch(values.length);
   }
+  const ids = new Map();
   const out = new Uint32Array(n);
-  values.forEach((v, i) => {
+  for (let i = 0; i < n; i++) {
+    const v = values[i];
     if (!ids.has(v)) ids.set(v, ids.size);
     out[i] = ids.get(v);
-  });
+  }
   return out;
 }
 
@@ -663,6 +676,11 @@ export class ClosedBins {
   get length() {
     return this.numBins;
   }
+}
+
+/** Frees a jco resource now (jco's bindings give each a dispose method under this symbol). */
+function release(resource) {
+  resource?.[Symbol.dispose ?? Symbol.for('dispose')]?.();
 }
 
 /** The closed bins of several kernel calls, in order, as one result. @param {any[]} parts */
@@ -711,17 +729,33 @@ export class StreamPacker {
   }
 
   /**
-   * Adds the next lengths of the stream; returns the bins that closed. Nothing is applied
-   * when it throws (InfeasibleError for a length above the capacity under `error`).
+   * Adds the next lengths of the stream; returns the bins that closed. All or nothing: when it
+   * throws the kernel's refusal (InfeasibleError for a length above the capacity under
+   * `error`, InvalidArgumentError e.g. for a length whose rounding up to `align` overflows),
+   * the packer is exactly as before the call, also when the add was cut into several kernel
+   * calls (its state is saved before the first and restored after a refused one).
    * @param {any} lengths
    * @returns {ClosedBins}
    */
   add(lengths) {
     const l = u64Array(lengths, 'lengths');
-    if (l.length <= STREAM_CHUNK || this.mayRefuse(l)) return this.closed(call(() => this.live().add(l)));
+    // One kernel call: the kernel checks every length before it applies any.
+    if (l.length <= STREAM_CHUNK) return this.closed(call(() => this.live().add(l)));
+    // Several: a later call may be refused after earlier ones were applied (the kernel checks
+    // each call's lengths only), so the state before the first is kept to go back to. (No
+    // call is refused for its count, which the kernel checks per call: it is at most
+    // STREAM_CHUNK, and a packer holds at most 2**29 items, 8 bytes each in 4 GiB of memory.)
+    const saved = this.state();
     const parts = [];
-    for (let i = 0; i < l.length; i += STREAM_CHUNK) {
-      parts.push(call(() => this.live().add(l.subarray(i, i + STREAM_CHUNK))));
+    try {
+      for (let i = 0; i < l.length; i += STREAM_CHUNK) {
+        parts.push(call(() => this.live().add(l.subarray(i, i + STREAM_CHUNK))));
+      }
+    } catch (e) {
+      // A refusal leaves the instance sound: put the state back. A trap does not (the
+      // instance is not to be trusted, as for any call): the packer ends as before.
+      if (e instanceof InvalidArgumentError || e instanceof InfeasibleError) this.rollBack(saved);
+      throw e;
     }
     return this.closed(concatClosed(parts));
   }
@@ -760,29 +794,25 @@ export class StreamPacker {
     const p = this.p;
     this.p = null;
     this.instance = null;
-    // jco's bindings give each resource a dispose method under this symbol.
-    p?.[Symbol.dispose ?? Symbol.for('dispose')]?.();
+    release(p);
+  }
+
+  /**
+   * @private The packer put back to `saved` (its own `state()` bytes), in the same instance:
+   * the current resource is freed first, then the state restored into a new one.
+   * @param {Uint8Array} saved
+   */
+  rollBack(saved) {
+    const p = this.live();
+    this.p = null;
+    release(p);
+    this.p = call(() => this.instance.streaming.Packer.restore(saved));
   }
 
   /** @private The resource, or a KernelRuntimeError once disposed. */
   live() {
     if (!this.p) throw new KernelRuntimeError('kernel runtime failure: this StreamPacker was disposed');
     return this.p;
-  }
-
-  /**
-   * @private Whether the kernel might refuse `lengths` (a superset of its refusals: a length
-   * that may be oversized under `error`, or whose rounding may overflow, or too many lengths
-   * held): such an add goes to the kernel in one call, so that a refusal applies nothing.
-   * @param {BigUint64Array} lengths
-   */
-  mayRefuse(lengths) {
-    const { capacity, align, oversize } = this.options;
-    const s = this.status();
-    if (BigInt(s.buffered) + s.inOpenBins + BigInt(lengths.length) > BigInt(U32_MAX)) return true;
-    const limit = oversize === 'error' ? capacity + 1n - align : U64_MAX + 1n - align;
-    for (const len of lengths) if (len > limit) return true;
-    return false;
   }
 
   /** @private @param {any} c */

@@ -7,6 +7,7 @@ import { join } from 'node:path';
 import { test } from 'node:test';
 
 import * as stowplan from '../src/index.js';
+import { balanceBatch, primeRlFfd, rollLoadBalance, verl, verlRearrangeMicroBatches } from '../src/compat.js';
 import { PKG, ROOT } from './helpers.js';
 
 const {
@@ -115,6 +116,64 @@ test('bad input is refused naming the argument and the allowed range', () => {
   for (const [f, message] of cases) {
     assert.throws(f, (e) => e instanceof InvalidArgumentError && e.kind === 'invalid-argument' && message.test(e.message), String(message));
   }
+});
+
+test('a list longer than a kernel call can take is refused before anything is read or allocated, everywhere', async () => {
+  let reads = 0;
+  /** An array Proxy reporting `length`, counting the entries read. */
+  const reporting = (length) =>
+    new Proxy([], {
+      get(target, key) {
+        if (key === 'length') return length;
+        if (typeof key === 'string' && /^\d+$/.test(key)) {
+          reads++;
+          return 1;
+        }
+        return Reflect.get(target, key);
+      },
+    });
+  const packer = await stowplan.streamPacker(10);
+  const state = packer.state();
+  // [argument, bytes per entry, call]: every public function taking a list of lengths or costs.
+  const entryPoints = [
+    ['lengths', 8, (l) => stowplan.pack(l, 10)],
+    ['weights', 8, (l) => stowplan.partition(l, 2)],
+    ['lengths', 8, (l) => stowplan.microBatches(l, 10)],
+    ['extraCosts', 8, (l) => stowplan.microBatches([1, 2], 10, { extraCosts: l })],
+    ['lengths', 8, (l) => stowplan.balance(l, 2)],
+    ['extraCosts', 8, (l) => stowplan.balance([1, 2], 1, { extraCosts: l })],
+    ['lengths', 8, (l) => stowplan.cpLayout(l, { cp: 2 })],
+    ['lengths', 8, (l) => stowplan.rawPlan(l, { packingLength: 10 })],
+    ['lengths', 8, (l) => packer.add(l)],
+    ['seqlens', 8, (l) => verl('karmarkar_karp', l, 2, false)],
+    ['seqlens', 8, (l) => verlRearrangeMicroBatches(l, 10)],
+    ['seqlens', 8, (l) => balanceBatch(l, 2)],
+    ['lengths', 8, (l) => rollLoadBalance(l, 1, 10)],
+    ['lengths', 8, (l) => primeRlFfd(l, [0], [0], 10)],
+    ['runs', 4, (l) => primeRlFfd([1], l, [0], 10)],
+  ];
+  for (const [name, bytes, f] of entryPoints) {
+    const max = 2 ** 31 / bytes;
+    for (const [what, list, got] of [
+      ['new Array(2**32-1)', new Array(2 ** 32 - 1), '4294967295'],
+      ['a Proxy of length 2**32-1', reporting(2 ** 32 - 1), '4294967295'],
+      ['a Proxy one entry over the limit', reporting(max + 1), String(max + 1)],
+      ['a Proxy of length NaN', reporting(NaN), 'NaN'],
+    ]) {
+      const message = new RegExp(`^${name} must hold at most ${max} entries \\(2\\*\\*${Math.log2(max)}; got ${got}\\): .*2 GiB`);
+      assert.throws(() => f(list), (e) => e instanceof InvalidArgumentError && message.test(e.message), `${name} as ${what}: ${f}`);
+    }
+  }
+  assert.equal(reads, 0, 'no entry was read');
+  assert.deepStrictEqual(packer.state(), state, 'the packer is untouched');
+  // A typed array is checked the same way (a Uint8Array of 2**28 + 1 lengths is 256 MiB here,
+  // 2 GiB and more as the kernel's u64 list).
+  const refused = (re) => (e) => e instanceof InvalidArgumentError && re.test(e.message);
+  assert.throws(() => stowplan.pack(new Uint8Array(2 ** 28 + 1), 10), refused(/^lengths must hold at most 268435456 entries \(2\*\*28; got 268435457\)/));
+  // groups (labels) must match the lengths: compared before they are read.
+  assert.throws(() => stowplan.balance([1, 2], 1, { groups: reporting(2 ** 32 - 1) }), refused(/^groups must hold one label per sample \(2; got 4294967295\)$/));
+  assert.throws(() => stowplan.balance([1, 2], 1, { groups: new Set([1, 2, 3]) }), refused(/^groups must hold one label per sample \(2; got more than 2\)$/));
+  assert.equal(reads, 0);
 });
 
 test("the kernel's own refusals: InvalidArgumentError and InfeasibleError with the host's messages", () => {

@@ -2,7 +2,8 @@
 // Python plugin is built in its test with componentize-py) and loaded by the Rust host's
 // sandbox through the CLI: `stowplan filter check` passes on the example, and the hostile
 // fixture shows the deadline, the fuel bound, the memory limit and the deny-all WASI hold for
-// a JavaScript plugin too.
+// a JavaScript plugin too, and that what `select` returns is checked in the component (the
+// build's shim) before the host's rules, from the first call on.
 import assert from 'node:assert/strict';
 import { spawnSync } from 'node:child_process';
 import { createHash } from 'node:crypto';
@@ -11,7 +12,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, before, test } from 'node:test';
 
-import { buildPlugin } from '../scripts/build-plugin.mjs';
+import { buildPlugin, checkedSelection } from '../scripts/build-plugin.mjs';
 import { filter as lengthFilter } from '../../plugins/js/length_filter.js';
 import { ROOT, requireCli } from './helpers.js';
 
@@ -138,4 +139,47 @@ test('hostile JavaScript: a thrown Error traps, an invalid selection is refused'
   const [os, oerr] = hostile('out-of-range');
   assert.equal(os, 2);
   assert.match(oerr, /buffer filter: invalid result: .*returned index 1000 at position 0/);
+});
+
+test('hostile JavaScript: a select returning a string or any non-list is refused as its error on the first call', () => {
+  // Without the build's check the glue lowered a string's `length` entries from memory it
+  // never wrote ("0" → one leftover u32; "" → a valid empty selection), and a number, null or
+  // a non-integer entry trapped. Checked, each is the plugin's err(text) on the first call.
+  const refusals = [
+    ['0', /select returned a string \("0"\), not a list of buffer positions: return an array of integers in 0\.\.=4294967295/],
+    ['', /select returned a string \(""\), not a list of buffer positions/],
+    ['abc', /select returned a string \("abc"\), not a list/],
+    [7, /select returned 7, not a list/],
+    [null, /select returned null, not a list/],
+    [{ length: 1 }, /select returned an Object, not a list/],
+    [{ tag: 'ok', val: '0' }, /select returned a string \("0"\), not a list/],
+    [[0.5], /select returned a list whose entry 0 is 0\.5, not a buffer position \(an integer in 0\.\.=4294967295\)/],
+    [[1, -1], /select returned a list whose entry 1 is -1, not a buffer position/],
+    [[2 ** 32], /select returned a list whose entry 0 is 4294967296, not a buffer position/],
+  ];
+  const { path, pin } = built.hostile;
+  for (const [value, message] of refusals) {
+    const config = JSON.stringify({ mode: 'return', value });
+    const [status, , err] = filterCli('check', path, '--sha256', pin, '--calls', '1', '--config', config);
+    assert.equal(status, 2, `${config}: ${err}`);
+    assert.match(err, /the first call failed: buffer filter: filter error: /, config);
+    assert.match(err, message, config);
+  }
+  // A list of positions still goes through (its rules are the host's).
+  const [ok, out, okErr] = filterCli('check', path, '--sha256', pin, '--calls', '3', '--json', '--config', JSON.stringify({ mode: 'return', value: [5, 0, 2] }));
+  assert.equal(ok, 0, okErr);
+  assert.deepStrictEqual(JSON.parse(out).selection, [5, 0, 2]);
+});
+
+test("the build's check of select's value: integer lists pass as a Uint32Array, anything else is a thrown text", () => {
+  const same = new Uint32Array([3, 1]);
+  assert.equal(checkedSelection(same), same);
+  for (const v of [[3, 1], Uint8Array.from([3, 1]), Int32Array.from([3, 1]), [3n, 1n], { tag: 'ok', val: [3, 1] }]) {
+    assert.deepStrictEqual(checkedSelection(v), same);
+  }
+  assert.throws(() => checkedSelection({ tag: 'err', val: 'mine' }), (e) => e === 'mine');
+  assert.throws(() => checkedSelection({ tag: 'err', val: 5 }), (e) => e === 'select returned err with 5, not an error text');
+  assert.throws(() => checkedSelection(Float64Array.from([1.5])), (e) => typeof e === 'string' && /entry 0 is 1\.5/.test(e));
+  assert.throws(() => checkedSelection(new DataView(new ArrayBuffer(4))), (e) => typeof e === 'string' && /returned a DataView/.test(e));
+  assert.throws(() => checkedSelection([0, undefined]), (e) => typeof e === 'string' && /entry 1 is undefined/.test(e));
 });

@@ -3,6 +3,7 @@
 // refusals that name the argument.
 import assert from 'node:assert/strict';
 import { execFileSync } from 'node:child_process';
+import { createHash } from 'node:crypto';
 import { test } from 'node:test';
 
 import * as stowplan from '../src/index.js';
@@ -133,10 +134,69 @@ test('a long add is cut into kernel calls: the same bins, and a refusal still ap
   assert.equal(a.offsets[a.length], a.indices.length);
   assert.deepStrictEqual(whole.status(), pieces.status());
   // An oversized length at the very end, under `error`: refused whole, nothing applied.
-  const before = whole.status();
+  const before = whole.state();
   lengths[n - 1] = 9000n;
   assert.throws(() => whole.add(lengths), (e) => e instanceof stowplan.InfeasibleError);
-  assert.deepStrictEqual(whole.status(), before);
+  assert.deepStrictEqual(whole.state(), before);
+});
+
+/**
+ * `state` (a packer's saved bytes) with its next stream index set to `next` and its sha256
+ * made anew: a packer far along a stream. The frame: "SPSK", version (u32), payload length
+ * (u64); the payload: capacity, align (u64), maxOpenBins, maxBuffered (u32), oversize (u8),
+ * next index (u64), …; then the sha256 of everything before it (kernel/src/stream.rs).
+ */
+function withNextIndex(state, next) {
+  const body = state.slice(0, state.length - 32);
+  new DataView(body.buffer).setBigUint64(16 + 8 + 8 + 4 + 4 + 1, next, true);
+  const out = new Uint8Array(body.length + 32);
+  out.set(body);
+  out.set(createHash('sha256').update(body).digest(), body.length);
+  return out;
+}
+
+test('an add cut into kernel calls is all or nothing: a call refused after others ran puts the packer back', async () => {
+  const chunk = 1 << 22; // the lengths per kernel call (STREAM_CHUNK)
+  const n = chunk + 1000;
+  const next = rng(5);
+  const lengths = new BigUint64Array(n);
+  for (let i = 0; i < n; i++) lengths[i] = BigInt(1 + next(3000));
+  const later = Array.from({ length: 5000 }, () => 1 + next(3000));
+
+  /**
+   * `p.add(bad)` throws the kernel's own refusal (`type`, `message`); then `p` is byte for
+   * byte the packer it was, and goes on as one that never saw the call.
+   */
+  async function refusedWhole(p, bad, type, message) {
+    const before = p.state();
+    const dropped = p.lastDropped;
+    const twin = await stowplan.streamPackerFromState(before);
+    assert.throws(() => p.add(bad), (e) => e instanceof type && message.test(e.message), String(message));
+    assert.deepStrictEqual(p.state(), before, 'the state bytes after the refused add are those before');
+    assert.equal(p.lastDropped, dropped);
+    assert.deepStrictEqual([plain(p.add(later)), plain(p.finish())], [plain(twin.add(later)), plain(twin.finish())]);
+    assert.deepStrictEqual(p.state(), twin.state());
+  }
+
+  // A length above the capacity (oversize error) in the second kernel call.
+  const p = await stowplan.streamPacker(8192, { maxBuffered: 64 });
+  p.add(lengths.subarray(0, 700));
+  const oversized = lengths.slice();
+  oversized[chunk + 10] = 8193n;
+  await refusedWhole(p, oversized, stowplan.InfeasibleError, new RegExp(`^infeasible: the length at stream index ${700 + chunk + 10}, 8193 `));
+
+  // A length whose rounding up to align overflows u64, in the second call.
+  const q = await stowplan.streamPacker(2n ** 64n - 1n, { align: 1n << 40n, oversize: 'single', maxBuffered: 64 });
+  const wraps = lengths.slice();
+  wraps[n - 1] = 2n ** 64n - 1n;
+  await refusedWhole(q, wraps, stowplan.InvalidArgumentError, /^invalid argument: the length at stream index \d+, 18446744073709551615, rounded up to a multiple of align = 1099511627776 overflows u64$/);
+
+  // The stream index would pass 2**64-1 in the second call (a refusal no check of the
+  // lengths foresees): a packer restored far along a stream.
+  const start = 2n ** 64n - 1n - BigInt(chunk) - 10n;
+  const far = await stowplan.streamPackerFromState(withNextIndex((await stowplan.streamPacker(8192, { maxBuffered: 64 })).state(), start));
+  assert.equal(far.status().nextIndex, start);
+  await refusedWhole(far, lengths, stowplan.InvalidArgumentError, /^invalid argument: the stream index would pass 2\^64 − 1$/);
 });
 
 test('extra costs: zeros change nothing, the costs include them, caps count tokens', () => {
