@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use serde::Serialize;
 use stowplan::serve::{
-    CurveServer, FsTransport, RejectedLimits, ServeOptions, ServeSummary, Server, Transport, ZmqEndpoints,
-    ZmqTransport, curve,
+    CurveServer, FsTransport, MAX_MESSAGE_BYTES, RejectedLimits, ServeOptions, ServeSummary, Server, Transport,
+    ZmqEndpoints, ZmqTransport, curve,
 };
 use stowplan::{Backend, Cost, LossAggMode, PackerOptions, RunConfig, RunProgress};
 
@@ -123,6 +123,11 @@ pub struct Args {
     /// MiB kept in STATE/rejected/ at most (each message keeps at most its first MiB).
     #[arg(long, default_value_t = RejectedLimits::default().max_bytes >> 20)]
     rejected_max_mib: u64,
+    /// MiB of one incoming message (a training batch or run change) at most: a larger inbox
+    /// file is set aside into STATE/rejected/ unread; over ZeroMQ its sender's connection is
+    /// dropped (senders check the same cap first). 1 ..= 2^43.
+    #[arg(long, default_value_t = MAX_MESSAGE_BYTES >> 20, value_parser = clap::value_parser!(u64).range(1..=1 << 43))]
+    max_message_mib: u64,
     /// Stop after this many steps (default: run until SIGINT/SIGTERM).
     #[arg(long)]
     max_steps: Option<u64>,
@@ -262,13 +267,17 @@ pub fn run(a: Args) -> Result<(), Failure> {
             .map_err(|e| Failure::bad(format!("installing the signal handler: {e}")))?;
     }
     let poll = Duration::from_millis(a.poll_ms.max(1));
+    let max_message = a.max_message_mib << 20;
     let (transport, endpoints): (Box<dyn Transport>, _) = match a.transport {
         TransportKind::Fs => {
             let root = a.root.as_ref().ok_or_else(|| Failure::bad("--root is required with --transport fs"))?;
             if a.zmq_curve_secret.is_some() {
                 return Err(Failure::bad("--zmq-curve-secret/--zmq-curve-clients need --transport zmq"));
             }
-            (Box::new(FsTransport::new(root, poll)?), Endpoints::Fs { root: root.clone() })
+            (
+                Box::new(FsTransport::new(root, poll)?.with_max_message_bytes(max_message)?),
+                Endpoints::Fs { root: root.clone() },
+            )
         }
         TransportKind::Zmq => {
             let wanted = ZmqEndpoints {
@@ -283,7 +292,7 @@ pub fn run(a: Args) -> Result<(), Failure> {
             if let Some(c) = &curve {
                 tracing::info!(target: "stowplan::serve", public_key = %curve::z85(&c.public), clients = c.clients.len(), "CURVE on: every socket encrypted, clients admitted by key");
             }
-            let t = ZmqTransport::bind(&wanted, a.dp, curve.as_ref())?;
+            let t = ZmqTransport::bind_capped(&wanted, a.dp, curve.as_ref(), max_message)?;
             let e = t.endpoints();
             let endpoints = Endpoints::Zmq {
                 batches: e.batches.clone(),

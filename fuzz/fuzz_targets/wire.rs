@@ -5,7 +5,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use stowplan::serve::{ControlMessage, Message, RankMessage, Receipts, Refusal};
+use stowplan::serve::{ControlMessage, DeliveryMark, Message, RankMessage, Receipts, Refusal};
 use stowplan::wire::{FORMATS, Format};
 use stowplan::{MicroBatch, PackerState, RankBatch, TrainingBatch};
 
@@ -37,6 +37,7 @@ fn all(bytes: &[u8]) {
     check(bytes, Receipts::decode, |v| v.encode().expect("encodes"));
     check(bytes, Refusal::decode, |v| v.encode().expect("encodes"));
     check(bytes, ControlMessage::decode, |v| v.encode().expect("encodes"));
+    check(bytes, DeliveryMark::decode, |v| v.encode().expect("encodes"));
     let _ = Message::decode(bytes);
 }
 

@@ -505,15 +505,31 @@ pub struct PyBatchSender {
 
 #[pymethods]
 impl PyBatchSender {
-    /// BatchSender(*, resend_after=30.0): resends a message `resend_after` seconds after it
-    /// was sent without a receipt, and everything unacknowledged when the packer restarts.
+    /// BatchSender(*, resend_after=30.0, max_message_bytes=MAX_MESSAGE_BYTES): resends a
+    /// message `resend_after` seconds after it was sent without a receipt, and everything
+    /// unacknowledged when the packer restarts; refuses a batch over `max_message_bytes` (the
+    /// packer's `--max-message-mib`).
     #[new]
-    #[pyo3(signature = (*, resend_after=None))]
-    fn new(py: Python<'_>, resend_after: Option<&Bound<'_, PyAny>>) -> PyResult<Self> {
+    #[pyo3(signature = (*, resend_after=None, max_message_bytes=None))]
+    fn new(
+        py: Python<'_>,
+        resend_after: Option<&Bound<'_, PyAny>>,
+        max_message_bytes: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Self> {
         let resend_after = resend_after.map(|r| seconds(r, "resend_after", true)).transpose()?;
-        let core = BatchSender::new(resend_after.unwrap_or(stowplan::serve::protocol::sender::DEFAULT_RESEND_AFTER))
-            .map_err(|e| to_py(py, e))?;
+        let mut core =
+            BatchSender::new(resend_after.unwrap_or(stowplan::serve::protocol::sender::DEFAULT_RESEND_AFTER))
+                .map_err(|e| to_py(py, e))?;
+        if let Some(max) = max_message_bytes {
+            core.set_max_message_bytes(u64_arg(max, "max_message_bytes", 0)?).map_err(|e| to_py(py, e))?;
+        }
         Ok(Self { core: Mutex::new(core) })
+    }
+
+    /// The message cap.
+    #[getter]
+    fn max_message_bytes(&self) -> u64 {
+        locked(&self.core).max_message_bytes()
     }
 
     /// Keeps `data` (an encoded training batch of run `run`, step `step`) until its receipt;
@@ -525,8 +541,10 @@ impl PyBatchSender {
         run: &Bound<'py, PyAny>,
         step: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyBytes>> {
-        let key = MessageKey::Batch(BatchKey { run: u32_arg(run, "run", 0)?, step: u64_arg(step, "step", 0)? });
-        locked(&self.core).track(key, data.clone().unbind(), Instant::now());
+        let batch = BatchKey { run: u32_arg(run, "run", 0)?, step: u64_arg(step, "step", 0)? };
+        let mut core = locked(&self.core);
+        core.check_batch_size(batch, data.as_bytes().len() as u64).map_err(|e| to_py(data.py(), e))?;
+        core.track(MessageKey::Batch(batch), data.clone().unbind(), Instant::now());
         Ok(data)
     }
 

@@ -325,7 +325,7 @@ fn zmq_clients_exactly_once_in_order_across_a_sigkill_of_the_packer() {
     let (half_tx, half_rx) = std::sync::mpsc::channel::<u64>();
     let (batches, receipts) = (serve.endpoints.batches.clone(), serve.endpoints.receipts.clone());
     let orchestrator = std::thread::spawn(move || -> Result<(u64, u64, Vec<Receipt>), Error> {
-        let options = ZmqSenderOptions { resend_after: Duration::from_secs(3), curve: None };
+        let options = ZmqSenderOptions { resend_after: Duration::from_secs(3), ..ZmqSenderOptions::default() };
         let mut sender = ZmqBatchSender::connect(&batches, &receipts, options)?;
         let mut got = Vec::new();
         got.extend(sender.add_run(1, RunConfig { batch_size: Serve::BATCH_SIZE })?);
@@ -558,7 +558,7 @@ fn client_arguments_timeouts_and_unacknowledged_messages_are_named() {
         s(ZmqBatchSender::connect("nonsense", "tcp://127.0.0.1:2", ZmqSenderOptions::default()))
             .contains("cannot connect")
     );
-    let zero = ZmqSenderOptions { resend_after: Duration::ZERO, curve: None };
+    let zero = ZmqSenderOptions { resend_after: Duration::ZERO, ..ZmqSenderOptions::default() };
     assert!(s(ZmqBatchSender::connect("tcp://127.0.0.1:1", "tcp://127.0.0.1:2", zero)).contains("resend_after"));
 
     // Nobody listens: the sender keeps the message and names it when a flush times out.

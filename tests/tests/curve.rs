@@ -161,7 +161,7 @@ fn a_curve_packer_admits_only_the_client_keys_it_lists() {
 
     // Without keys, or with keys the packer does not list, nothing gets through: no receipt,
     // no step, and the timeout says what to check.
-    let plain = ZmqSenderOptions { resend_after: Duration::from_secs(60), curve: None };
+    let plain = ZmqSenderOptions { resend_after: Duration::from_secs(60), ..ZmqSenderOptions::default() };
     let mut intruder = ZmqBatchSender::connect(&ep.batches, &ep.receipts, plain).unwrap();
     intruder.send(&batch(7)).unwrap();
     assert!(matches!(intruder.flush(Duration::from_secs(2)), Err(Error::Timeout(_))), "a plain sender got a receipt");

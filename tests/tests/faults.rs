@@ -9,7 +9,7 @@
 
 use std::sync::Arc;
 
-use stowplan::serve::{Control, ControlMessage, Message, RankMessage, Receipt, Receipts, Refusal};
+use stowplan::serve::{Control, ControlMessage, DeliveryMark, Message, RankMessage, Receipt, Receipts, Refusal};
 use stowplan::{
     DataSource, DataSourceOptions, Kernel, LengthCache, Packer, PackerOptions, PackerState, RankBatch, RunConfig,
     TrainingBatch, TrainingSample,
@@ -95,6 +95,11 @@ fn every_flipped_bit_and_truncation_of_every_format_is_refused() {
             "refusal",
             Refusal { message: "dp 4, this packer serves 2".into() }.encode().unwrap(),
             Box::new(|b| Refusal::decode(b).is_ok()),
+        ),
+        (
+            "delivery mark (delivered.bin)",
+            DeliveryMark { next_step: 12_345 }.encode().unwrap(),
+            Box::new(|b| DeliveryMark::decode(b).is_ok()),
         ),
     ];
     // The two files read from a path: the length cache and a data source's saved state. Each

@@ -339,6 +339,10 @@ impl Transport for Crashing {
     fn receive(&mut self, timeout: Duration) -> Result<Vec<Incoming>, Error> {
         self.inner.receive(timeout)
     }
+    fn delivered(&mut self) -> Result<Option<stowplan::serve::Delivered>, Error> {
+        // Crashes mid-delivery must never look like a lost checkpoint.
+        self.inner.delivered()
+    }
     fn deliver(&mut self, step: u64, ranks: &[RankBatch], stop: &AtomicBool) -> Result<bool, Error> {
         self.deliveries += 1;
         match self.crash_at {
@@ -353,7 +357,11 @@ impl Transport for Crashing {
 
 /// Serves `dir` over the filesystem until its inbox is empty, then stops; the packer after.
 fn serve_inbox(dir: &Path, o: &ServeOptions) -> Packer {
-    let t = FsTransport::new(dir, Duration::from_millis(2)).unwrap();
+    serve_inbox_with(dir, o, FsTransport::new(dir, Duration::from_millis(2)).unwrap()).0
+}
+
+/// [`serve_inbox`] over the transport `t`; also the run's summary.
+fn serve_inbox_with(dir: &Path, o: &ServeOptions, t: FsTransport) -> (Packer, stowplan::serve::ServeSummary) {
     let mut server = Server::open(Kernel::native(), t, o.clone()).unwrap();
     let stop = Arc::new(AtomicBool::new(false));
     let watcher = {
@@ -366,14 +374,99 @@ fn serve_inbox(dir: &Path, o: &ServeOptions) -> Packer {
             stop.store(true, std::sync::atomic::Ordering::SeqCst);
         })
     };
-    server.run(&stop, |_| {}).unwrap();
+    let summary = server.run(&stop, |_| {}).unwrap();
     watcher.join().unwrap();
     let state = PackerState::decode(&std::fs::read(o.state_dir.join("state.bin")).unwrap()).unwrap();
     let spool = o.state_dir.join("spool");
-    Packer::restore(Kernel::native(), o.packer, state, |k| {
+    let packer = Packer::restore(Kernel::native(), o.packer, state, |k| {
         Ok(Arc::new(TrainingBatch::decode(&std::fs::read(spool.join(stowplan::serve::batch_file_name(k))).unwrap())?))
     })
-    .unwrap()
+    .unwrap();
+    (packer, summary)
+}
+
+/// Issue 33, case 2: a 6 GiB file dropped in the inbox was read whole into memory. A file
+/// over the message cap is now set aside into `rejected/` unread (cut to `rejected/`'s
+/// per-file bound), and the batches beside it are served.
+#[test]
+fn an_inbox_file_over_the_message_cap_is_set_aside_unread() {
+    let dir = std::env::temp_dir().join(format!("stowplan-packer-oversized-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let mut o = serve_options(&dir, None);
+    o.packer.threshold = Some(1 << 40);
+    o.packer.wait_timeout = Duration::from_secs(3600);
+    std::fs::create_dir_all(dir.join("inbox")).unwrap();
+    // Sparse: 6 GiB of size, no disk; reading it whole would need 6 GiB of memory.
+    std::fs::File::create(dir.join("inbox/run_0_step_0.bin")).unwrap().set_len(6 << 30).unwrap();
+    send_fs(&dir, "run_1_step_0.bin", &batch(1, 0, &[4, 5]).encode().unwrap()).unwrap();
+    let t = FsTransport::new(&dir, Duration::from_millis(2)).unwrap().with_max_message_bytes(1 << 20).unwrap();
+    let (packer, summary) = serve_inbox_with(&dir, &o, t);
+    assert_eq!((summary.oversized, summary.undecodable, summary.batches), (1, 1, 1));
+    assert_eq!(packer.pending().0, 2, "the batch beside it was taken");
+    let kept = std::fs::metadata(o.state_dir.join("rejected/run_0_step_0.bin")).unwrap().len();
+    assert!(kept <= stowplan::serve::RejectedLimits::default().max_file_bytes, "{kept}");
+    assert!(FsTransport::new(&dir, Duration::from_millis(2)).unwrap().with_max_message_bytes(0).is_err());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Issue 33, case 2 over ZeroMQ: one 1 GiB message raised the packer's peak memory to 2 GiB.
+/// libzmq now drops the connection of a sender whose message is over the cap before the
+/// packer holds it, the senders refuse such a batch themselves (naming the cap), and batches
+/// within it go on.
+#[test]
+fn a_zmq_message_over_the_cap_is_dropped_before_the_packer_holds_it() {
+    use stowplan::serve::{ZmqBatchSender, ZmqSenderOptions};
+    let dir = std::env::temp_dir().join(format!("stowplan-packer-zmq-oversized-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let any = ZmqEndpoints {
+        batches: "tcp://127.0.0.1:*".into(),
+        receipts: "tcp://127.0.0.1:*".into(),
+        ranks: "tcp://127.0.0.1:*".into(),
+    };
+    let cap = 64 << 10;
+    let t = ZmqTransport::bind_capped(&any, 3, None, cap).unwrap();
+    let ep = t.endpoints().clone();
+    let stop = Arc::new(AtomicBool::new(false));
+    let server = {
+        let (stop, o) = (Arc::clone(&stop), serve_options(&dir, None));
+        std::thread::spawn(move || Server::open(Kernel::native(), t, o).unwrap().run(&stop, |_| {}).unwrap())
+    };
+    // A raw sender of 1 MiB, past any sender's check.
+    let ctx = zmq::Context::new();
+    let push = ctx.socket(zmq::PUSH).unwrap();
+    push.connect(&ep.batches).unwrap();
+    push.send(vec![0u8; 1 << 20], 0).unwrap();
+    // The senders' own check names the cap; a batch within it is acknowledged.
+    let options = ZmqSenderOptions { max_message_bytes: cap, ..ZmqSenderOptions::default() };
+    let mut sender = ZmqBatchSender::connect(&ep.batches, &ep.receipts, options).unwrap();
+    let big = batch(0, 0, &[20_000]);
+    match sender.send(&big) {
+        Err(Error::InvalidArgument(m)) => assert!(m.contains("over the packer's message cap of 65536 bytes"), "{m}"),
+        other => panic!("{other:?}"),
+    }
+    sender.send(&batch(0, 1, &[5, 6])).unwrap();
+    sender.flush(Duration::from_secs(30)).unwrap();
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let summary = server.join().unwrap();
+    assert_eq!((summary.batches, summary.undecodable), (1, 0), "{summary:?}");
+    assert!(ZmqTransport::bind_capped(&any, 3, None, 0).is_err());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Issue 33, case 9: `state.bin` kept every batch key ever received (10k keys → 67 KB,
+/// rewritten at every checkpoint); keys are now ranges per run.
+#[test]
+fn the_checkpoint_does_not_grow_with_the_batches_received() {
+    let mut p = Packer::new(Kernel::native(), PackerOptions { num_runs: 2, ..PackerOptions::new(32, 1) }).unwrap();
+    let empty = p.state().encode().unwrap().len();
+    for step in 0..10_000 {
+        // Run 1 was never added: every sample is rejected, but the key is remembered.
+        let report = p.ingest(Arc::new(batch(1, step, &[4])));
+        assert!(!report.duplicate && report.accepted == 0);
+    }
+    assert!(p.ingest(Arc::new(batch(1, 77, &[4]))).duplicate, "still recognised");
+    let after = p.state().encode().unwrap().len();
+    assert!(after < empty + 64, "{empty} → {after} bytes");
 }
 
 /// A run change sent again after it was applied (its receipt lost) used to be applied again:
@@ -942,4 +1035,139 @@ fn rank_batches_carry_the_steps_loss_weights() {
             assert!((sums[run] - want[run]).abs() < 1e-5, "{mode:?} run {run}: {} vs {}", sums[run], want[run]);
         }
     }
+}
+
+/// Issue 33, case 1: a lost checkpoint used to restart the packer at step 0; it ingested the
+/// spool again and rewrote `step_0` and `step_1`, which the ranks had consumed, so ranks going
+/// on at step 2 saw 22 of 36 samples. Every way of losing the checkpoint is now refused at
+/// start, naming the missing file and the way out, and the right checkpoint still resumes with
+/// every sample delivered once.
+#[test]
+fn a_lost_or_older_checkpoint_is_refused_instead_of_restarting_at_step_0() {
+    let dir = std::env::temp_dir().join(format!("stowplan-packer-lost-state-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let mut o = serve_options(&dir, Some(1));
+    o.packer.wait_timeout = Duration::ZERO;
+    let mut expected = BTreeSet::new();
+    for step in 0..4u64 {
+        let b = batch(0, step, &[10; 6]);
+        expected.extend((0..6).map(|index| SampleKey { run: 0, step, index }));
+        send_fs(&dir, &stowplan::serve::batch_file_name(b.key()), &b.encode().unwrap()).unwrap();
+    }
+    let open = |o: &ServeOptions| {
+        Server::open(Kernel::native(), FsTransport::new(&dir, Duration::from_millis(2)).unwrap(), o.clone())
+    };
+    // One step, if there is anything to deliver (all batches are spooled after the first).
+    let serve_one = |o: &ServeOptions| {
+        let mut s = open(o).unwrap();
+        let inbox = std::fs::read_dir(dir.join("inbox")).unwrap().next().is_some();
+        if inbox || s.packer().pending().0 > 0 || s.packer().in_flight().is_some() {
+            s.run(&AtomicBool::new(false), |_| {}).unwrap();
+        }
+    };
+    let state_dir = o.state_dir.clone();
+    let copy_state = |to: &Path| {
+        let _ = std::fs::remove_dir_all(to);
+        std::fs::create_dir_all(to.join("spool")).unwrap();
+        std::fs::copy(state_dir.join("state.bin"), to.join("state.bin")).unwrap();
+        for e in std::fs::read_dir(state_dir.join("spool")).unwrap() {
+            let e = e.unwrap();
+            std::fs::copy(e.path(), to.join("spool").join(e.file_name())).unwrap();
+        }
+    };
+    serve_one(&o);
+    let older = dir.join("older");
+    copy_state(&older);
+    serve_one(&o);
+    let good = dir.join("good");
+    copy_state(&good);
+    // What the ranks took of steps 0 and 1.
+    let mut got = Vec::new();
+    let take = |step: u64, got: &mut Vec<SampleKey>| -> bool {
+        if receive_fs(&dir, step, 0, Duration::from_millis(1), Duration::from_millis(1)).is_err() {
+            return false;
+        }
+        for r in 0..3 {
+            let b = receive_fs(&dir, step, r, Duration::from_secs(5), Duration::from_millis(1)).unwrap();
+            got.extend(b.micro_batches.iter().flat_map(|mb| mb.samples.iter().map(|&i| b.keys[i as usize])));
+        }
+        true
+    };
+    assert!(take(0, &mut got) && take(1, &mut got) && !take(2, &mut got), "two steps delivered");
+    let refused = |o: &ServeOptions, want: &str| match open(o) {
+        Err(Error::CacheMismatch(m)) => {
+            assert!(m.contains("refusing to start") && m.contains(want), "{m}");
+            assert!(m.contains("Restore") && m.contains("start over on purpose"), "names the way out: {m}");
+        }
+        other => panic!("opened a packer that lost its checkpoint: {:?}", other.map(|_| ())),
+    };
+    // The spool is kept but state.bin is gone.
+    std::fs::remove_file(state_dir.join("state.bin")).unwrap();
+    let spooled = std::fs::read_dir(state_dir.join("spool")).unwrap().count();
+    refused(&o, if spooled > 0 { "state.bin is missing but" } else { "receivers already hold steps up to 1" });
+    // The whole state directory is gone: the root shows the deliveries.
+    std::fs::remove_dir_all(&state_dir).unwrap();
+    refused(&o, "receivers already hold steps up to 1");
+    // The ranks consumed their step files too: ROOT/delivered.bin still tells.
+    std::fs::remove_dir_all(dir.join("rollouts")).unwrap();
+    std::fs::create_dir_all(dir.join("rollouts")).unwrap();
+    refused(&o, "delivered.bin says so");
+    // An older copy of the checkpoint (step 0 delivered, step 1 not).
+    std::fs::remove_dir_all(&state_dir).unwrap();
+    std::fs::rename(&older, &state_dir).unwrap();
+    refused(&o, "was saved at step 1, older than the deliveries");
+    // The latest checkpoint resumes: steps 0 and 1 were delivered (and consumed), the rest
+    // follows, and every sample arrives once.
+    std::fs::remove_dir_all(&state_dir).unwrap();
+    std::fs::rename(&good, &state_dir).unwrap();
+    let mut step = 2;
+    loop {
+        serve_one(&o);
+        if !take(step, &mut got) {
+            break;
+        }
+        step += 1;
+        assert!(step < 20, "did not drain");
+    }
+    let unique: BTreeSet<SampleKey> = got.iter().copied().collect();
+    assert_eq!(unique.len(), got.len(), "a sample delivered twice");
+    assert_eq!(unique, expected, "samples lost");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Over ZeroMQ the ranks' hellos are the evidence: a packer with no checkpoint whose ranks ask
+/// for step 3 stops, naming the rank, instead of delivering a new step 0 they would skip.
+#[test]
+fn a_packer_behind_its_ranks_stops_naming_the_rank() {
+    let dir = std::env::temp_dir().join(format!("stowplan-packer-behind-ranks-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let any = ZmqEndpoints {
+        batches: "tcp://127.0.0.1:*".into(),
+        receipts: "tcp://127.0.0.1:*".into(),
+        ranks: "tcp://127.0.0.1:*".into(),
+    };
+    let t = ZmqTransport::bind(&any, 3, None).unwrap();
+    let ranks = t.endpoints().ranks.clone();
+    let mut server = Server::open(Kernel::native(), t, serve_options(&dir, None)).unwrap();
+    let clients: Vec<_> = (0..3)
+        .map(|r| {
+            let options = stowplan::serve::ZmqRankOptions { start_step: 3, ..Default::default() };
+            stowplan::serve::ZmqRankClient::connect(&ranks, r, 3, options).unwrap()
+        })
+        .collect();
+    let stop = Arc::new(AtomicBool::new(false));
+    let timer = Arc::clone(&stop);
+    std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_secs(60));
+        timer.store(true, std::sync::atomic::Ordering::SeqCst);
+    });
+    match server.run(&stop, |_| {}) {
+        Err(Error::CacheMismatch(m)) => {
+            assert!(m.contains("receivers already hold steps up to 2") && m.contains("asks for step 3"), "{m}");
+            assert!(m.contains("state.bin is missing"), "{m}");
+        }
+        other => panic!("served ranks ahead of it: {other:?}"),
+    }
+    drop(clients);
+    let _ = std::fs::remove_dir_all(&dir);
 }

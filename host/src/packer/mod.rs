@@ -31,6 +31,10 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
+mod seen;
+
+pub use seen::SeenBatches;
+
 use crate::materialize::{LossAggMode, RejectReason, check_sample};
 use crate::wire;
 use crate::{Cost, Error, Kernel, MaterializeOptions, Materialized, MicroBatch, Padding, Sample, Temperature};
@@ -388,7 +392,7 @@ pub struct PackerState {
     next_step: u64,
     rr: u32,
     runs: Vec<RunRecord>,
-    seen: Vec<BatchKey>,
+    seen: SeenBatches,
     /// The ids of the latest control messages applied (oldest first, at most
     /// [`RECENT_CONTROLS`]).
     controls: Vec<u64>,
@@ -443,7 +447,7 @@ impl PackerState {
 
     /// Whether `key` was received.
     pub fn seen(&self, key: BatchKey) -> bool {
-        self.seen.binary_search(&key).is_ok()
+        self.seen.contains(key)
     }
 }
 
@@ -469,7 +473,7 @@ pub struct Packer {
     options: PackerOptions,
     runs: BTreeMap<u32, RunState>,
     batches: HashMap<BatchKey, Stored>,
-    seen: BTreeSet<BatchKey>,
+    seen: SeenBatches,
     controls: VecDeque<u64>,
     rr: u32,
     next_step: u64,
@@ -492,7 +496,7 @@ impl Packer {
             options,
             runs: BTreeMap::new(),
             batches: HashMap::new(),
-            seen: BTreeSet::new(),
+            seen: SeenBatches::default(),
             controls: VecDeque::new(),
             rr: 0,
             next_step: 0,
@@ -566,12 +570,19 @@ impl Packer {
 
     /// Whether the batch `key` was received before (a second copy would be a duplicate).
     pub fn seen(&self, key: BatchKey) -> bool {
-        self.seen.contains(&key)
+        self.seen.contains(key)
     }
 
     /// The step packed but not yet [`Packer::delivered`], if any.
     pub fn in_flight(&self) -> Option<u64> {
         self.inflight.as_ref().map(|i| i.step)
+    }
+
+    /// Steps below this were packed (delivered, or in flight): no receiver can hold a step
+    /// at or above it. A receiver that does ([`Server`](crate::serve::Server) checks the
+    /// root and the ranks' hellos) proves the checkpoint is older than the deliveries.
+    pub fn issued(&self) -> u64 {
+        self.next_step
     }
 
     /// The next packer step.
@@ -584,7 +595,7 @@ impl Packer {
     pub fn ingest(&mut self, batch: Arc<TrainingBatch>) -> IngestReport {
         let key = batch.key();
         let mut report = IngestReport { key, accepted: 0, rejected: Vec::new(), duplicate: false };
-        if self.seen.contains(&key) {
+        if self.seen.contains(key) {
             report.duplicate = true;
             if let Some(s) = self.runs.get_mut(&key.run) {
                 s.progress.duplicate_batches += 1;
@@ -836,7 +847,7 @@ impl Packer {
                     queue: s.queue.iter().copied().collect(),
                 })
                 .collect(),
-            seen: self.seen.iter().copied().collect(),
+            seen: self.seen.clone(),
             controls: self.controls.iter().copied().collect(),
             inflight: self.inflight.clone(),
         }
@@ -891,7 +902,7 @@ impl Packer {
                 check(k, &p)?;
             }
         }
-        p.seen = state.seen.into_iter().collect();
+        p.seen = state.seen;
         p.controls = state.controls.into_iter().collect();
         p.rr = state.rr;
         p.next_step = state.next_step;

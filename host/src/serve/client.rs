@@ -353,12 +353,19 @@ mod zmq_clients {
         pub resend_after: Duration,
         /// CURVE keys when the packer runs with CURVE (default none: plain TCP).
         pub curve: Option<CurveClient>,
+        /// A batch whose encoding is larger is refused before it is sent (default
+        /// [`MAX_MESSAGE_BYTES`](super::super::MAX_MESSAGE_BYTES), the packer's default cap).
+        pub max_message_bytes: u64,
     }
 
     impl Default for ZmqSenderOptions {
-        /// Resend after 30 s, without CURVE.
+        /// Resend after 30 s, without CURVE, the packer's default message cap.
         fn default() -> Self {
-            Self { resend_after: super::super::protocol::sender::DEFAULT_RESEND_AFTER, curve: None }
+            Self {
+                resend_after: super::super::protocol::sender::DEFAULT_RESEND_AFTER,
+                curve: None,
+                max_message_bytes: super::super::MAX_MESSAGE_BYTES,
+            }
         }
     }
 
@@ -405,7 +412,8 @@ mod zmq_clients {
         /// Errors: `invalid-argument` for a zero `resend_after` or an endpoint ZeroMQ cannot
         /// connect to (naming both); `io` when a socket cannot be made.
         pub fn connect(batches: &str, receipts: &str, options: ZmqSenderOptions) -> Result<Self, Error> {
-            let core = BatchSender::new(options.resend_after)?;
+            let mut core = BatchSender::new(options.resend_after)?;
+            core.set_max_message_bytes(options.max_message_bytes)?;
             let context = zmq::Context::new();
             let push = context.socket(zmq::PUSH).map_err(|e| zmq_error("the batches socket", e))?;
             let sub = context.socket(zmq::SUB).map_err(|e| zmq_error("the receipts socket", e))?;

@@ -45,8 +45,9 @@ pub use client::{ZmqBatchSender, ZmqRankClient, ZmqRankOptions, ZmqSenderOptions
 #[cfg(feature = "zmq")]
 pub use curve::{Certificate, CurveClient, CurveServer, curve_available};
 pub use protocol::{
-    Arrival, BatchSender, Control, ControlMessage, HEARTBEAT, MessageKey, RankMessage, RankReceiver, Receipt, Receipts,
-    Received, Refusal, StepDelivery, ToRank, ZmqEndpoints, batch_file_name,
+    Arrival, BatchSender, Control, ControlMessage, Delivered, DeliveryMark, HEARTBEAT, MAX_MESSAGE_BYTES, MessageKey,
+    RankMessage, RankReceiver, Receipt, Receipts, Received, Refusal, StepDelivery, ToRank, ZmqEndpoints,
+    batch_file_name,
 };
 #[cfg(feature = "zmq")]
 pub use zmq::ZmqTransport;
@@ -131,6 +132,9 @@ pub struct Incoming {
     pub bytes: Vec<u8>,
     /// The file it was read from, if any.
     pub path: Option<PathBuf>,
+    /// `Some(size)`: the message is over the transport's cap ([`MAX_MESSAGE_BYTES`] by
+    /// default) and was not read (`bytes` is empty); the server sets its file aside.
+    pub oversized: Option<u64>,
 }
 
 /// How messages reach the packer and rank batches reach the trainer ranks.
@@ -153,6 +157,12 @@ pub trait Transport {
     /// Returns `false` when `stop` was set before every rank had it: the step then stays in
     /// flight and is delivered again after a restart.
     fn deliver(&mut self, step: u64, ranks: &[RankBatch], stop: &AtomicBool) -> Result<bool, Error>;
+    /// What the receivers show of earlier deliveries, if anything (the filesystem root's
+    /// step files and delivery mark; the ranks' hellos over ZeroMQ, once [`Transport::ready`]).
+    /// The server refuses to serve receivers ahead of its checkpoint ([`Delivered::check`]).
+    fn delivered(&mut self) -> Result<Option<Delivered>, Error> {
+        Ok(None)
+    }
 }
 
 impl<T: Transport + ?Sized> Transport for Box<T> {
@@ -170,6 +180,9 @@ impl<T: Transport + ?Sized> Transport for Box<T> {
     }
     fn deliver(&mut self, step: u64, ranks: &[RankBatch], stop: &AtomicBool) -> Result<bool, Error> {
         (**self).deliver(step, ranks, stop)
+    }
+    fn delivered(&mut self) -> Result<Option<Delivered>, Error> {
+        (**self).delivered()
     }
 }
 
@@ -197,6 +210,7 @@ pub(crate) fn per_rank<T: Send>(
 pub struct FsTransport {
     root: PathBuf,
     poll: Duration,
+    max_message_bytes: u64,
     /// `ROOT/serve.lock`, held while the transport lives: two servers on one root (even with
     /// different state directories) would overwrite each other's step files.
     _lock: File,
@@ -212,7 +226,17 @@ impl FsTransport {
             std::fs::create_dir_all(&d).map_err(|e| io("creating directory", &d, e))?;
         }
         let lock = crate::runtime::lock_exclusive(&root.join("serve.lock"), "this root")?;
-        Ok(Self { root, poll, _lock: lock })
+        Ok(Self { root, poll, max_message_bytes: MAX_MESSAGE_BYTES, _lock: lock })
+    }
+
+    /// Inbox files over `max` bytes are not read but set aside into `STATE/rejected/`
+    /// (default [`MAX_MESSAGE_BYTES`]). Errors: `invalid-argument` for 0.
+    pub fn with_max_message_bytes(mut self, max: u64) -> Result<Self, Error> {
+        if max == 0 {
+            return Err(Error::InvalidArgument("max_message_bytes must be at least 1 (got 0)".into()));
+        }
+        self.max_message_bytes = max;
+        Ok(self)
     }
 
     fn scan(&self) -> Result<Vec<PathBuf>, Error> {
@@ -246,8 +270,9 @@ impl Transport for FsTransport {
             if !files.is_empty() {
                 let mut out = Vec::with_capacity(files.len());
                 for p in files {
-                    match std::fs::read(&p) {
-                        Ok(bytes) => out.push(Incoming { bytes, path: Some(p) }),
+                    match read_capped(&p, self.max_message_bytes) {
+                        Ok(Ok(bytes)) => out.push(Incoming { bytes, path: Some(p), oversized: None }),
+                        Ok(Err(size)) => out.push(Incoming { bytes: Vec::new(), path: Some(p), oversized: Some(size) }),
                         // Taken by another reader between the listing and the read.
                         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
                         Err(e) => return Err(io("reading", &p, e)),
@@ -266,8 +291,59 @@ impl Transport for FsTransport {
     fn deliver(&mut self, step: u64, ranks: &[RankBatch], _stop: &AtomicBool) -> Result<bool, Error> {
         let root = &self.root;
         per_rank(ranks, |r, batch| atomic::write(&files::rank_batch_path(root, step, r as u32), &batch.encode()?))?;
+        let mark = DeliveryMark { next_step: step + 1 };
+        atomic::write(&root.join(files::DELIVERY_MARK), &mark.encode()?)?;
         Ok(true)
     }
+
+    fn delivered(&mut self) -> Result<Option<Delivered>, Error> {
+        let path = self.root.join(files::DELIVERY_MARK);
+        let marked = match std::fs::read(&path) {
+            Ok(bytes) => {
+                let mark = DeliveryMark::decode(&bytes).map_err(|e| {
+                    Error::CacheMismatch(format!(
+                        "{}: {e}; it records how far this root was delivered: restore it, or remove it only if \
+                         no rank has taken a step from this root",
+                        path.display()
+                    ))
+                })?;
+                Some(Delivered { next_step: mark.next_step, evidence: format!("{} says so", path.display()) })
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+            Err(e) => return Err(io("reading", &path, e)),
+        };
+        let rollouts = self.root.join(files::ROLLOUTS);
+        let mut last: Option<u64> = None;
+        for e in std::fs::read_dir(&rollouts).map_err(|e| io("listing", &rollouts, e))? {
+            let e = e.map_err(|e| io("listing", &rollouts, e))?;
+            if let Some(n) = files::step_of_dir(&e.file_name().to_string_lossy()) {
+                last = last.max(Some(n));
+            }
+        }
+        let listed = last.map(|n| Delivered {
+            next_step: n.saturating_add(1),
+            evidence: format!("{} exists", files::step_dir(&self.root, n).display()),
+        });
+        Ok(Delivered::max(marked, listed))
+    }
+}
+
+/// Reads `path` whole if it holds at most `max` bytes; `Ok(Err(size))` when it is larger
+/// (then at most `max + 1` bytes were read: a file that grows, or a device, cannot make the
+/// read unbounded).
+fn read_capped(path: &Path, max: u64) -> std::io::Result<Result<Vec<u8>, u64>> {
+    use std::io::Read;
+    let file = File::open(path)?;
+    let size = file.metadata()?.len();
+    if size > max {
+        return Ok(Err(size));
+    }
+    let mut bytes = Vec::with_capacity(size as usize);
+    file.take(max + 1).read_to_end(&mut bytes)?;
+    if bytes.len() as u64 > max {
+        return Ok(Err(bytes.len() as u64));
+    }
+    Ok(Ok(bytes))
 }
 
 /// Writes `bytes` (an encoded [`TrainingBatch`] or [`Control`]) into `root/inbox/` under
@@ -304,6 +380,33 @@ pub(crate) fn wait_for_file(path: &Path, timeout: Duration, poll: Duration) -> R
             return Err(files::missing_file_error(path, timeout));
         }
         std::thread::sleep(left.map_or(poll, |l| poll.min(l)));
+    }
+}
+
+/// Refuses to start a new packer beside a spool that holds batches: the server checkpoints
+/// before it spools anything, so spooled batches without `state.bin` mean the checkpoint was
+/// lost, and with it which of their samples were delivered. Errors: `cache-mismatch` naming
+/// the missing file, the spool and the ways out; `io`.
+fn refuse_orphaned_spool(spool: &Path, state_path: &Path) -> Result<(), Error> {
+    let mut orphans = 0usize;
+    let mut first = None;
+    for e in std::fs::read_dir(spool).map_err(|e| io("listing", spool, e))? {
+        let name = e.map_err(|e| io("listing", spool, e))?.file_name().to_string_lossy().into_owned();
+        if !files::is_temporary(&name) {
+            orphans += 1;
+            first = first.max(Some(name));
+        }
+    }
+    match first {
+        None => Ok(()),
+        Some(name) => Err(Error::CacheMismatch(format!(
+            "refusing to start: {} is missing but {} holds {orphans} spooled batch(es) ({name} …): the checkpoint \
+             that says which of their samples were delivered is lost, and starting over would deliver them again \
+             under step numbers the ranks already have. Restore state.bin from a backup, or start over on purpose \
+             with an empty state directory, a new root and every rank restarted at step 0",
+            state_path.display(),
+            spool.display()
+        ))),
     }
 }
 
@@ -391,6 +494,8 @@ pub struct ServeSummary {
     pub undecodable: u64,
     /// Messages dropped from `rejected/` to keep it within [`RejectedLimits`].
     pub rejected_dropped: u64,
+    /// Messages over the size cap, set aside unread (counted in `undecodable` too).
+    pub oversized: u64,
     /// Pending samples left at exit (kept in the checkpoint).
     pub pending_samples: usize,
     /// A step packed but not taken by every rank at exit (stopped mid-delivery); it is
@@ -408,6 +513,8 @@ pub struct Server<T: Transport> {
     summary: ServeSummary,
     receive_seconds: f64,
     last_delivery: Instant,
+    /// Whether the packer was restored from `state.bin` (for [`Delivered::check`]'s message).
+    restored: bool,
 }
 
 impl<T: Transport> Server<T> {
@@ -416,7 +523,7 @@ impl<T: Transport> Server<T> {
     ///
     /// Errors: `io` (the directory, or another server holding its lock); `cache-mismatch` for
     /// a state saved with other options or a spool file that is missing or corrupt.
-    pub fn open(kernel: Kernel, transport: T, options: ServeOptions) -> Result<Self, Error> {
+    pub fn open(kernel: Kernel, mut transport: T, options: ServeOptions) -> Result<Self, Error> {
         let dir = &options.state_dir;
         for d in [dir.join("spool"), dir.join("rejected")] {
             std::fs::create_dir_all(&d).map_err(|e| io("creating directory", &d, e))?;
@@ -442,9 +549,13 @@ impl<T: Transport> Server<T> {
                     .map_err(|e| Error::CacheMismatch(format!("{}: {e}", state_path.display())))?;
                 (Packer::restore(kernel, options.packer, state, load)?, true)
             }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => (Packer::new(kernel, options.packer)?, false),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                refuse_orphaned_spool(&spool, &state_path)?;
+                (Packer::new(kernel, options.packer)?, false)
+            }
             Err(e) => return Err(io("reading", &state_path, e)),
         };
+        Delivered::check(transport.delivered()?.as_ref(), packer.issued(), &state_path, restored)?;
         for &(run, config) in &options.runs {
             if packer.progress(run).is_none() {
                 packer.add_run(run, config)?;
@@ -458,6 +569,7 @@ impl<T: Transport> Server<T> {
             summary: ServeSummary::default(),
             receive_seconds: 0.0,
             last_delivery: Instant::now(),
+            restored,
         };
         server.recover_spool(restored)?;
         server.checkpoint()?;
@@ -616,6 +728,12 @@ impl<T: Transport> Server<T> {
     /// Takes one message; its receipt, once the next checkpoint is written (none for a
     /// message that could not be decoded).
     fn handle(&mut self, incoming: Incoming) -> Result<Option<Receipt>, Error> {
+        if let (Some(size), Some(p)) = (incoming.oversized, &incoming.path) {
+            tracing::error!(target: "stowplan::serve", file = %p.display(), size, "message over the size cap set aside unread");
+            self.summary.oversized += 1;
+            self.set_aside(p)?;
+            return Ok(None);
+        }
         let message = match Message::decode(&incoming.bytes) {
             Ok(m) => m,
             Err(e) => {
@@ -756,6 +874,9 @@ impl<T: Transport> Server<T> {
                 if !ready {
                     continue;
                 }
+                // Every rank has said hello: none may hold a step this checkpoint never issued.
+                let state = self.options.state_dir.join("state.bin");
+                Delivered::check(self.transport.delivered()?.as_ref(), self.packer.issued(), &state, self.restored)?;
                 tracing::info!(target: "stowplan::serve", next_step = self.packer.next_step(), "serving");
             }
             let wait = self.last_delivery.elapsed().as_secs_f64();

@@ -17,9 +17,10 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use super::curve::{CurveServer, ZapHandler, require_curve};
 use super::protocol::delivery::StepDelivery;
 use super::protocol::{
-    HEARTBEAT, OnHello, RANK_LEASE, RankMessage, RankSlots, Receipt, Receipts, Refusal, SlotEvent, ZmqEndpoints,
+    Delivered, HEARTBEAT, OnHello, RANK_LEASE, RankMessage, RankSlots, Receipt, Receipts, Refusal, SlotEvent,
+    ZmqEndpoints,
 };
-use super::{Incoming, Throttled, Transport, zmq_error};
+use super::{Incoming, MAX_MESSAGE_BYTES, Throttled, Transport, zmq_error};
 use crate::{Error, RankBatch};
 
 /// At most this many batch messages are taken per receive (bounds the memory of a burst).
@@ -59,6 +60,8 @@ pub struct ZmqTransport {
     /// Acknowledgements ignored (see [`ZmqTransport::ignored_acks`]).
     ignored_acks: Throttled,
     ready: bool,
+    /// The furthest any rank's hello said it had got (see [`Transport::delivered`]).
+    furthest: Option<Delivered>,
     last_published: Instant,
     last_waiting_log: Instant,
 }
@@ -96,6 +99,22 @@ impl ZmqTransport {
     /// ([`super::curve::require_curve`]); `io` naming the endpoint that cannot be bound
     /// (malformed, or the address is in use).
     pub fn bind(endpoints: &ZmqEndpoints, dp: u32, curve: Option<&CurveServer>) -> Result<Self, Error> {
+        Self::bind_capped(endpoints, dp, curve, MAX_MESSAGE_BYTES)
+    }
+
+    /// [`ZmqTransport::bind`] with a cap on a message's size on the batches socket other than
+    /// [`MAX_MESSAGE_BYTES`]: libzmq drops the connection of a sender whose message is larger
+    /// before the packer holds it in memory (`ZMQ_MAXMSGSIZE`); senders check the cap first
+    /// and name it. Errors: those of `bind`; `invalid-argument` for a cap of 0 or over 2^63.
+    pub fn bind_capped(
+        endpoints: &ZmqEndpoints,
+        dp: u32,
+        curve: Option<&CurveServer>,
+        max_message_bytes: u64,
+    ) -> Result<Self, Error> {
+        let max_message = i64::try_from(max_message_bytes).ok().filter(|&m| m > 0).ok_or_else(|| {
+            Error::InvalidArgument(format!("max_message_bytes must be in 1..=2^63-1 (got {max_message_bytes})"))
+        })?;
         if dp == 0 {
             return Err(Error::InvalidArgument("dp must be at least 1 (got 0)".into()));
         }
@@ -105,8 +124,17 @@ impl ZmqTransport {
         let context = zmq::Context::new();
         // The gatekeeper listens before any CURVE socket can take a connection.
         let zap = curve.map(|c| ZapHandler::start(&context, c.clients.clone())).transpose()?;
-        let open = |kind: zmq::SocketType, endpoint: &str, what: &str| -> Result<(zmq::Socket, String), Error> {
+        // `max_message`: a larger message drops its sender's connection instead of being
+        // buffered; set before bind, since libzmq copies a socket's options into its listener.
+        let open = |kind: zmq::SocketType,
+                    endpoint: &str,
+                    what: &str,
+                    max_message: i64|
+         -> Result<(zmq::Socket, String), Error> {
             let mut s = context.socket(kind).map_err(|e| zmq_error(what, e))?;
+            if kind != zmq::PUB {
+                s.set_maxmsgsize(max_message).map_err(|e| zmq_error(what, e))?;
+            }
             if let Some(c) = curve {
                 c.apply(&mut s, what)?;
             }
@@ -125,15 +153,13 @@ impl ZmqTransport {
                 .unwrap_or_else(|raw| String::from_utf8_lossy(&raw).into_owned());
             Ok((s, actual))
         };
-        let (batches, b) = open(zmq::PULL, &endpoints.batches, "batches")?;
-        let (receipts, r) = open(zmq::PUB, &endpoints.receipts, "receipts")?;
-        let (ranks, k) = open(zmq::ROUTER, &endpoints.ranks, "ranks")?;
+        let (batches, b) = open(zmq::PULL, &endpoints.batches, "batches", max_message)?;
+        let (receipts, r) = open(zmq::PUB, &endpoints.receipts, "receipts", -1)?;
+        // Ranks say a few dozen bytes at a time.
+        let (ranks, k) = open(zmq::ROUTER, &endpoints.ranks, "ranks", RANK_MESSAGE_LIMIT)?;
         // Sending to a rank that is not connected fails (and is retried on its next hello)
         // instead of being dropped silently.
         ranks.set_router_mandatory(true).map_err(|e| zmq_error("ranks", e))?;
-        // Ranks say a few dozen bytes at a time: a larger message drops its connection
-        // instead of being buffered.
-        ranks.set_maxmsgsize(RANK_MESSAGE_LIMIT).map_err(|e| zmq_error("ranks", e))?;
         let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
         let incarnation = (now.as_nanos() as u64) ^ (u64::from(std::process::id()) << 32);
         Ok(Self {
@@ -148,6 +174,7 @@ impl ZmqTransport {
             slots: RankSlots::new(dp, RANK_LEASE),
             ignored_acks: Throttled::new(IGNORED_LOG_EVERY),
             ready: false,
+            furthest: None,
             // The first receive publishes a heartbeat at once.
             last_published: Instant::now().checked_sub(HEARTBEAT).unwrap_or_else(Instant::now),
             last_waiting_log: Instant::now(),
@@ -235,6 +262,11 @@ impl ZmqTransport {
                         if new {
                             tracing::info!(target: "stowplan::serve", rank, next_step, peer = %peer, "rank connected");
                         }
+                        let seen = Delivered {
+                            next_step,
+                            evidence: format!("rank {rank} ({peer}) asks for step {next_step}"),
+                        };
+                        self.furthest = Delivered::max(self.furthest.take(), Some(seen));
                         out.push(FromRank::Hello(rank, next_step));
                     }
                     OnHello::Waiting => {
@@ -320,7 +352,7 @@ impl Transport for ZmqTransport {
         loop {
             while out.len() < RECEIVE_LIMIT {
                 match self.batches.recv_bytes(zmq::DONTWAIT) {
-                    Ok(bytes) => out.push(Incoming { bytes, path: None }),
+                    Ok(bytes) => out.push(Incoming { bytes, path: None, oversized: None }),
                     Err(zmq::Error::EAGAIN) => break,
                     Err(e) => return Err(zmq_error("receiving a batch", e)),
                 }
@@ -338,6 +370,10 @@ impl Transport for ZmqTransport {
 
     fn acknowledge(&mut self, receipts: Vec<Receipt>) -> Result<(), Error> {
         if receipts.is_empty() { Ok(()) } else { self.publish(receipts) }
+    }
+
+    fn delivered(&mut self) -> Result<Option<Delivered>, Error> {
+        Ok(self.furthest.clone())
     }
 
     fn deliver(&mut self, step: u64, ranks: &[RankBatch], stop: &AtomicBool) -> Result<bool, Error> {

@@ -36,7 +36,7 @@ pub const CONTROL: Format = Format { magic: *b"SPCT", version: 3, what: "control
 /// One rank's share of a packed step (`RankBatch`), a file or a ZeroMQ message.
 pub const RANK_BATCH: Format = Format { magic: *b"SPRB", version: 3, what: "rank batch" };
 /// The packer's checkpoint (`PackerState`, `STATE/state.bin`).
-pub const PACKER_STATE: Format = Format { magic: *b"SPPS", version: 4, what: "packer state" };
+pub const PACKER_STATE: Format = Format { magic: *b"SPPS", version: 5, what: "packer state" };
 /// A trainer rank's hello or acknowledgement over ZeroMQ (`serve::RankMessage`).
 pub const RANK_MESSAGE: Format = Format { magic: *b"SPRM", version: 2, what: "rank message" };
 /// The packer's receipts for durable messages over ZeroMQ (`serve::Receipts`).
@@ -49,6 +49,9 @@ pub const MICRO_BATCH: Format = Format { magic: *b"SPMB", version: 3, what: "mic
 pub const LENGTH_CACHE: Format = Format { magic: *b"SPLC", version: 2, what: "length cache" };
 /// A rollout data source's saved state, buffer included (`DataSource::save`).
 pub const DATA_SOURCE_STATE: Format = Format { magic: *b"SPDS", version: 2, what: "data source state" };
+/// How far the filesystem transport's packer has delivered (`ROOT/delivered.bin`): the
+/// evidence that survives ranks consuming their step files (`serve::DeliveryMark`).
+pub const DELIVERY_MARK: Format = Format { magic: *b"SPDM", version: 1, what: "delivery mark" };
 
 /// Every framed format, for documentation and for the tests that damage each kind.
 pub const FORMATS: &[Format] = &[
@@ -62,6 +65,7 @@ pub const FORMATS: &[Format] = &[
     MICRO_BATCH,
     LENGTH_CACHE,
     DATA_SOURCE_STATE,
+    DELIVERY_MARK,
 ];
 
 impl Format {

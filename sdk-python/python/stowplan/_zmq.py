@@ -126,6 +126,8 @@ class ZmqSender:
     now and then (:meth:`send` does) to take receipts and resend what needs it, and
     :meth:`flush` to wait until everything sent is acknowledged. ``curve_server_key`` and
     ``curve_secret_key``: certificate paths for a packer that runs with CURVE (module docs).
+    A batch whose encoding is over ``max_message_bytes`` (default: the packer's default
+    ``--max-message-mib``) raises :class:`~stowplan.InvalidArgumentError` before it is sent.
     """
 
     def __init__(
@@ -137,12 +139,13 @@ class ZmqSender:
         context: Any = None,
         curve_server_key: Optional[PathLike] = None,
         curve_secret_key: Optional[PathLike] = None,
+        max_message_bytes: Optional[int] = None,
     ) -> None:
         zmq = _zmq()
         self._curve = _Curve.of(curve_server_key, curve_secret_key)
         self.endpoint, self.receipts_endpoint = endpoint, receipts
-        # None: the host's default; the core checks the value and names the argument.
-        self._core = _stowplan.BatchSender(resend_after=resend_after)
+        # None: the host's defaults; the core checks the values and names the argument.
+        self._core = _stowplan.BatchSender(resend_after=resend_after, max_message_bytes=max_message_bytes)
         self.resend_after = self._core.resend_after
         ctx = context or zmq.Context.instance()
         self._push = ctx.socket(zmq.PUSH)

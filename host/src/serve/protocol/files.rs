@@ -10,6 +10,8 @@
 //!   file of a write under way ([`is_temporary`]), one not ending in `.bin` is not a message.
 //! - `ROOT/rollouts/step_{n}/rank_{r}.bin` ([`rank_batch_path`]): rank `r`'s share of packer
 //!   step `n`, written atomically by the packer.
+//! - `ROOT/delivered.bin` ([`DELIVERY_MARK`]): how far the packer has delivered, rewritten
+//!   after every step; it outlives the step files ranks consume.
 //!
 //! A rank's receiver, [`FileRankReceiver`]: it expects its steps in order, from a first
 //! step on; the driver waits for [`FileRankReceiver::path`] of the step to exist, reads it
@@ -29,6 +31,8 @@ use crate::{BatchKey, Error, RankBatch};
 pub const INBOX: &str = "inbox";
 /// The directory of the packer's deliveries under the root.
 pub const ROLLOUTS: &str = "rollouts";
+/// The packer's [`DeliveryMark`](super::DeliveryMark) under the root.
+pub const DELIVERY_MARK: &str = "delivered.bin";
 
 /// File name of a training batch in an inbox or a spool: `run_{run}_step_{step}.bin`.
 pub fn batch_file_name(key: BatchKey) -> String {
@@ -76,6 +80,15 @@ pub fn inbox_path(root: &Path, name: &str) -> PathBuf {
 /// `root/rollouts/step_{step}`: the directory of one packer step.
 pub fn step_dir(root: &Path, step: u64) -> PathBuf {
     root.join(ROLLOUTS).join(format!("step_{step}"))
+}
+
+/// The step of a directory of `ROOT/rollouts/` named `step_{n}` (`None` for other names).
+pub fn step_of_dir(name: &str) -> Option<u64> {
+    let digits = name.strip_prefix("step_")?;
+    // `step_{n}` as step_dir writes it: no sign, no leading zero.
+    (digits == "0" || (!digits.starts_with('0') && digits.bytes().all(|b| b.is_ascii_digit())))
+        .then(|| digits.parse().ok())
+        .flatten()
 }
 
 /// `root/rollouts/step_{step}/rank_{rank}.bin`: rank `rank`'s share of step `step`.

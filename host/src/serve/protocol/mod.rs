@@ -123,6 +123,21 @@ fn fresh_id() -> u64 {
     u64::from_le_bytes(digest[..8].try_into().expect("8 bytes"))
 }
 
+/// Bytes of one message to the packer (an encoded training batch or control message) at
+/// most, by default (`stowplan serve --max-message-mib`; the senders' check before they send).
+/// A larger message is refused without being read whole: over files it goes to
+/// `STATE/rejected/` (its first bytes, within `rejected/`'s bounds); over ZeroMQ libzmq drops
+/// its connection (`ZMQ_MAXMSGSIZE`) and the sender's own check names the cap first.
+pub const MAX_MESSAGE_BYTES: u64 = 512 << 20;
+
+/// The error of a message of `size` bytes over the cap `max` (`what` names it).
+pub fn oversized_message(what: &str, size: u64, max: u64) -> Error {
+    Error::InvalidArgument(format!(
+        "{what} is {size} bytes, over the packer's message cap of {max} bytes (max_message_bytes; \
+         stowplan serve --max-message-mib): send it as several batches of fewer samples"
+    ))
+}
+
 /// How often the packer publishes an empty [`Receipts`] (its heartbeat), and how often a
 /// waiting rank repeats its hello.
 pub const HEARTBEAT: Duration = Duration::from_secs(1);
@@ -160,6 +175,72 @@ impl RankMessage {
     /// Decodes what [`RankMessage::encode`] wrote.
     pub fn decode(bytes: &[u8]) -> Result<Self, Error> {
         wire::decode(&wire::RANK_MESSAGE, bytes)
+    }
+}
+
+/// How far a packer has delivered under a filesystem root (`ROOT/delivered.bin`, written
+/// after every step's rank files): every step below `next_step` reached the root. It stays
+/// when ranks consume their step files, so a packer whose checkpoint was lost (or replaced
+/// by an older copy) finds out before it delivers a step number again ([`Delivered`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeliveryMark {
+    /// The first step not yet delivered.
+    pub next_step: u64,
+}
+
+impl DeliveryMark {
+    /// Encodes in the [`wire::DELIVERY_MARK`] format.
+    pub fn encode(&self) -> Result<Vec<u8>, Error> {
+        wire::encode(&wire::DELIVERY_MARK, self, 16)
+    }
+
+    /// Decodes what [`DeliveryMark::encode`] wrote.
+    pub fn decode(bytes: &[u8]) -> Result<Self, Error> {
+        wire::decode(&wire::DELIVERY_MARK, bytes)
+    }
+}
+
+/// What a transport's receivers show of earlier deliveries: steps below `next_step` reached
+/// them, as `evidence` says (a file under the root, a rank's hello).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Delivered {
+    /// The first step the receivers do not hold.
+    pub next_step: u64,
+    /// Where this was seen, for the error message.
+    pub evidence: String,
+}
+
+impl Delivered {
+    /// The later of two pieces of evidence.
+    pub fn max(a: Option<Self>, b: Option<Self>) -> Option<Self> {
+        match (a, b) {
+            (Some(a), Some(b)) => Some(if b.next_step > a.next_step { b } else { a }),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// The server's rule at start: a packer whose checkpoint issued the steps below `issued`
+    /// (`Packer::issued`) may serve receivers that hold at most those. Receivers holding a
+    /// later step mean the checkpoint at `state` is missing or older than the deliveries:
+    /// serving would number new steps like delivered ones, and the ranks, which skip steps
+    /// they have, would never see their samples. Errors: `cache-mismatch` naming the state
+    /// file, the evidence and the ways out.
+    pub fn check(this: Option<&Self>, issued: u64, state: &std::path::Path, found_state: bool) -> Result<(), Error> {
+        let Some(d) = this.filter(|d| d.next_step > issued) else { return Ok(()) };
+        let what = if found_state {
+            format!("{} was saved at step {issued}, older than the deliveries", state.display())
+        } else {
+            format!("{} is missing (a new packer starts at step 0)", state.display())
+        };
+        Err(Error::CacheMismatch(format!(
+            "refusing to start: the receivers already hold steps up to {} ({}), but {what}; delivering again would \
+             give step numbers the ranks already have to other samples, which they would skip. Restore the \
+             packer's latest state.bin (with its spool/) from a backup, or start over on purpose: a new root (or \
+             the old one's rollouts/ and delivered.bin removed), an empty state directory, and every rank restarted \
+             at step 0",
+            d.next_step - 1,
+            d.evidence
+        )))
     }
 }
 

@@ -96,6 +96,7 @@ pub struct BatchSender<P = Vec<u8>> {
     incarnation: Option<u64>,
     restarted: bool,
     resent: u64,
+    max_message_bytes: u64,
 }
 
 /// How long a message waits for its receipt before it is sent again, by default (the Rust
@@ -110,7 +111,40 @@ impl<P> BatchSender<P> {
         if resend_after.is_zero() {
             return Err(Error::InvalidArgument("resend_after must be a duration > 0 (got 0)".into()));
         }
-        Ok(Self { resend_after, unacked: Vec::new(), incarnation: None, restarted: false, resent: 0 })
+        Ok(Self {
+            resend_after,
+            unacked: Vec::new(),
+            incarnation: None,
+            restarted: false,
+            resent: 0,
+            max_message_bytes: super::MAX_MESSAGE_BYTES,
+        })
+    }
+
+    /// Refuses batches whose encoding is over `max` bytes (default
+    /// [`MAX_MESSAGE_BYTES`](super::MAX_MESSAGE_BYTES): the packer's own cap; set the same
+    /// value as `stowplan serve --max-message-mib`). Errors: `invalid-argument` for 0.
+    pub fn set_max_message_bytes(&mut self, max: u64) -> Result<(), Error> {
+        if max == 0 {
+            return Err(Error::InvalidArgument("max_message_bytes must be at least 1 (got 0)".into()));
+        }
+        self.max_message_bytes = max;
+        Ok(())
+    }
+
+    /// The message cap ([`BatchSender::set_max_message_bytes`]).
+    pub fn max_message_bytes(&self) -> u64 {
+        self.max_message_bytes
+    }
+
+    /// Refuses a batch `key` whose encoding is `size` bytes, over the message cap (the
+    /// packer would drop it unread). Errors: `invalid-argument` naming the batch and the cap.
+    pub fn check_batch_size(&self, key: BatchKey, size: u64) -> Result<(), Error> {
+        if size > self.max_message_bytes {
+            let what = format!("batch (run {}, step {})", key.run, key.step);
+            return Err(super::oversized_message(&what, size, self.max_message_bytes));
+        }
+        Ok(())
     }
 
     /// How long a message waits for its receipt before it is sent again.
@@ -210,8 +244,11 @@ impl<P> BatchSender<P> {
 
 impl BatchSender<Vec<u8>> {
     /// Encodes `batch` and keeps it ([`BatchSender::track`]); returns the bytes to push.
+    /// Errors: `invalid-argument` when the encoding is over the message cap
+    /// ([`BatchSender::set_max_message_bytes`]): nothing is kept.
     pub fn batch(&mut self, batch: &TrainingBatch, now: Instant) -> Result<&[u8], Error> {
         let bytes = batch.encode()?;
+        self.check_batch_size(batch.key(), bytes.len() as u64)?;
         Ok(self.track(MessageKey::Batch(batch.key()), bytes, now))
     }
 
