@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
+use stowplan::plugins::{MAX_PLUGIN_BYTES, hash_plugin, read_plugin};
 use stowplan::{BufferColumns, Error, FilterContext, FilterOptions, WasmFilter};
 
 use crate::common::{print_human, print_json};
@@ -22,6 +23,9 @@ pub enum Command {
         /// Plugin files (.wasm components).
         #[arg(required = true)]
         plugins: Vec<PathBuf>,
+        /// MiB of a plugin file at most (1 ..= 65536); a larger file is refused.
+        #[arg(long, default_value_t = MAX_PLUGIN_BYTES >> 20, value_parser = clap::value_parser!(u64).range(1..=65_536))]
+        max_plugin_mib: u64,
     },
     /// Load a plugin into the sandbox (checks its world and imports), then run it on a
     /// synthetic buffer and report its selections and timings.
@@ -65,6 +69,9 @@ pub struct CheckArgs {
     /// Memory limit in MiB (1 ..= 4096).
     #[arg(long, default_value_t = FilterOptions::new("").memory_limit >> 20)]
     memory_mib: usize,
+    /// MiB of the plugin file at most (1 ..= 65536); a larger file is refused.
+    #[arg(long, default_value_t = MAX_PLUGIN_BYTES >> 20, value_parser = clap::value_parser!(u64).range(1..=65_536))]
+    max_plugin_mib: u64,
     /// Print the report as JSON on stdout.
     #[arg(long)]
     json: bool,
@@ -73,7 +80,7 @@ pub struct CheckArgs {
 /// Runs `stowplan filter …`.
 pub fn run(command: Command) -> Result<(), Failure> {
     match command {
-        Command::Hash { plugins } => hash(&plugins),
+        Command::Hash { plugins, max_plugin_mib } => hash(&plugins, max_plugin_mib << 20),
         Command::Check(a) => check(a),
     }
 }
@@ -94,10 +101,9 @@ impl fmt::Display for Pin {
 }
 
 /// Runs `stowplan filter hash`: one `SHA256  PATH` line per plugin (the `sha256sum` format).
-fn hash(plugins: &[PathBuf]) -> Result<(), Failure> {
+fn hash(plugins: &[PathBuf], max_bytes: u64) -> Result<(), Failure> {
     for path in plugins {
-        let bytes = std::fs::read(path).map_err(|e| Failure::bad(format!("reading {}: {e}", path.display())))?;
-        print_human(&Pin { sha256: stowplan::sha256_hex(&bytes), path: path.clone() })?;
+        print_human(&Pin { sha256: hash_plugin(path, max_bytes)?, path: path.clone() })?;
     }
     Ok(())
 }
@@ -170,15 +176,15 @@ fn check(a: CheckArgs) -> Result<(), Failure> {
             a.groups, a.samples_per_group
         )));
     }
-    let bytes = std::fs::read(&a.plugin)
-        .map_err(|e| Failure::bad(format!("reading the plugin {}: {e}", a.plugin.display())))?;
-    let own = stowplan::sha256_hex(&bytes);
+    let max_plugin_bytes = a.max_plugin_mib << 20;
+    let (bytes, own) = read_plugin(&a.plugin, max_plugin_bytes)?;
     let pinned = a.sha256.is_some();
     let options = FilterOptions {
         config: a.config.clone(),
         timeout: Duration::from_millis(a.timeout_ms),
         fuel: (a.fuel > 0).then_some(a.fuel),
         memory_limit: a.memory_mib.saturating_mul(1 << 20),
+        max_plugin_bytes,
         ..FilterOptions::new(a.sha256.as_deref().unwrap_or(&own))
     };
     let name = a.plugin.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();

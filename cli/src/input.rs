@@ -162,12 +162,13 @@ fn read_stdin(limit: InputLimit) -> Result<Text, Failure> {
     Ok(Text { text, source: "standard input".to_string() })
 }
 
-/// Whether standard input was piped or redirected from a file: it is a FIFO, a regular
-/// file or a socket. A terminal, /dev/null or any other character device, and a closed
-/// standard input, are not.
+/// Whether standard input is to be read: anything but a terminal, `/dev/null` or a closed
+/// standard input (those fall back to the built-in workload). A pipe, a file, a socket and
+/// any other device (`/dev/zero`, `/dev/urandom`) are read, and refused when they do not hold
+/// lengths (the input limit bounds an endless device).
 fn stdin_has_data() -> bool {
     use std::os::fd::AsFd;
-    use std::os::unix::fs::FileTypeExt;
+    use std::os::unix::fs::MetadataExt;
     let stdin = std::io::stdin();
     if stdin.is_terminal() {
         return false;
@@ -175,13 +176,13 @@ fn stdin_has_data() -> bool {
     let Ok(fd) = stdin.as_fd().try_clone_to_owned() else {
         return false;
     };
-    match std::fs::File::from(fd).metadata() {
-        Ok(meta) => {
-            let t = meta.file_type();
-            t.is_fifo() || t.is_file() || t.is_socket()
-        }
-        Err(_) => false,
-    }
+    let Ok(meta) = std::fs::File::from(fd).metadata() else {
+        return false;
+    };
+    let null = std::fs::metadata("/dev/null");
+    let is_null = null
+        .is_ok_and(|n| (n.dev(), n.ino()) == (meta.dev(), meta.ino()) || (n.rdev() != 0 && n.rdev() == meta.rdev()));
+    !is_null
 }
 
 /// A progress bar on stderr, hidden unless stderr is a terminal.

@@ -669,3 +669,53 @@ fn pack_stream_summary_names_drops_and_counts_exactly() {
     let out = stowplan(&["pack", "--stream", "-c", "18446744073709551615"], Some(big), &[]);
     assert!(stderr(&out).contains("2 bins (lower bound 2"), "{}", stderr(&out));
 }
+
+/// Runs stowplan with standard input opened from `path` (a device, a file).
+fn stowplan_stdin_from(args: &[&str], path: &str) -> Output {
+    let file = std::fs::File::open(path).unwrap();
+    Command::new(env!("CARGO_BIN_EXE_stowplan")).args(args).stdin(Stdio::from(file)).output().unwrap()
+}
+
+#[test]
+fn devices_on_standard_input_are_read_not_taken_for_no_input() {
+    // Only a terminal, /dev/null or a closed standard input fall back to the built-in
+    // workload; /dev/zero and /dev/urandom are read and refused (they were taken for "no
+    // input" and the built-in workload's bins printed, exit 0).
+    for device in ["/dev/zero", "/dev/urandom"] {
+        let out = stowplan_stdin_from(&["pack", "--json", "--max-input-mib", "1"], device);
+        assert_eq!(out.status.code(), Some(2), "{device}: {}", stderr(&out));
+        assert!(out.stdout.is_empty(), "{device}: no bins printed");
+        assert!(!stderr(&out).contains("built-in"), "{device}: {}", stderr(&out));
+    }
+    let out = stowplan_stdin_from(&["pack", "--json"], "/dev/null");
+    assert!(stderr(&out).contains("built-in rl-math-8k"), "{}", stderr(&out));
+    assert!(out.status.success());
+}
+
+#[test]
+fn plugin_files_are_read_within_a_cap_and_hashed_as_they_stream() {
+    // /dev/zero as a plugin grew memory without end (OOM-killed at 24 GiB): the cap stops
+    // the read one byte past it, naming the option.
+    for args in [
+        &["filter", "hash", "/dev/zero", "--max-plugin-mib", "1"][..],
+        &["filter", "check", "/dev/zero", "--max-plugin-mib", "1"],
+    ] {
+        let out = stowplan(args, None, &[]);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {}", stderr(&out));
+        assert!(stderr(&out).contains("larger than max_plugin_bytes (1048576 bytes"), "{}", stderr(&out));
+    }
+    // A file within the cap hashes as sha256sum does.
+    let dir = temp_dir("plugin-hash");
+    let f = dir.join("p.wasm");
+    std::fs::write(&f, vec![7u8; 200_000]).unwrap();
+    let out = stowplan(&["filter", "hash", f.to_str().unwrap()], None, &[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let line = String::from_utf8_lossy(&out.stdout).into_owned();
+    let got = line.split_whitespace().next().unwrap().to_string();
+    assert_eq!(got.len(), 64);
+    let sha = Command::new("sha256sum").arg(&f).output().unwrap();
+    assert_eq!(got, String::from_utf8_lossy(&sha.stdout).split_whitespace().next().unwrap());
+    let out = stowplan(&["filter", "hash", f.to_str().unwrap(), "--max-plugin-mib", "0"], None, &[]);
+    assert_eq!(out.status.code(), Some(2), "0 is out of range");
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -27,13 +27,14 @@ impl PyFilter {
 #[pymethods]
 impl PyFilter {
     /// Filter(path, *, sha256, config=None, timeout=None, fuel=..., memory_limit=None,
-    /// output_limit=None, on_failure=None): loads and instantiates the plugin (GIL released
-    /// while compiling). Omitted options: the host's defaults (``FilterOptions::new``: config
-    /// ``{}``, 1 s, 10**9 fuel, 256 MiB, 64 KiB of output per stream, ``"error"``);
+    /// output_limit=None, on_failure=None, max_plugin_bytes=None): loads and instantiates the
+    /// plugin (GIL released while compiling). Omitted options: the host's defaults
+    /// (``FilterOptions::new``: config ``{}``, 1 s, 10**9 fuel, 256 MiB, 64 KiB of output per
+    /// stream, ``"error"``, a file of at most ``MAX_PLUGIN_BYTES``);
     /// ``fuel=None``: no fuel bound. ``config`` is JSON text; ``timeout`` seconds.
     #[new]
     #[pyo3(signature = (path, *, sha256, config=None, timeout=None, fuel=Nullable::Omitted, memory_limit=None,
-        output_limit=None, on_failure=None))]
+        output_limit=None, on_failure=None, max_plugin_bytes=None))]
     #[allow(clippy::too_many_arguments)]
     fn new<'py>(
         py: Python<'py>,
@@ -45,6 +46,7 @@ impl PyFilter {
         memory_limit: Option<&Bound<'py, PyAny>>,
         output_limit: Option<&Bound<'py, PyAny>>,
         on_failure: Option<&str>,
+        max_plugin_bytes: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Self> {
         // Conversions only; the host checks the ranges (and names them).
         let d = FilterOptions::new(sha256);
@@ -66,6 +68,10 @@ impl PyFilter {
             memory_limit: bytes(memory_limit, "memory_limit", d.memory_limit)?,
             output_limit: bytes(output_limit, "output_limit", d.output_limit)?,
             on_failure: opt_parse::<OnFailure>(py, on_failure)?.unwrap_or(d.on_failure),
+            max_plugin_bytes: max_plugin_bytes
+                .map(|v| u64_arg(v, "max_plugin_bytes", 0))
+                .transpose()?
+                .unwrap_or(d.max_plugin_bytes),
             ..d
         };
         let filter = py.detach(|| WasmFilter::load(&path, options)).map_err(|e| to_py(py, e))?;
@@ -115,6 +121,19 @@ impl PyFilter {
     }
 }
 
+/// hash_plugin(path, max_plugin_bytes=None): the sha256 (hex) of a plugin file, streamed;
+/// a file over ``max_plugin_bytes`` (default ``MAX_PLUGIN_BYTES``) raises
+/// ``InvalidArgumentError`` after reading at most one byte more.
+#[pyfunction]
+#[pyo3(signature = (path, max_plugin_bytes=None))]
+fn hash_plugin(py: Python<'_>, path: PathBuf, max_plugin_bytes: Option<&Bound<'_, PyAny>>) -> PyResult<String> {
+    let max = max_plugin_bytes.map(|v| u64_arg(v, "max_plugin_bytes", 0)).transpose()?;
+    let max = max.unwrap_or(stowplan::plugins::MAX_PLUGIN_BYTES);
+    py.detach(|| stowplan::plugins::hash_plugin(&path, max)).map_err(|e| to_py(py, e))
+}
+
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add("MAX_PLUGIN_BYTES", stowplan::plugins::MAX_PLUGIN_BYTES)?;
+    m.add_function(wrap_pyfunction!(hash_plugin, m)?)?;
     m.add_class::<PyFilter>()
 }

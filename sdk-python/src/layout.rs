@@ -662,7 +662,12 @@ pub fn materialize(
     backend: Option<&str>,
 ) -> PyResult<PyMaterialized> {
     let capacity = u64_arg(capacity, "capacity", 1)?;
-    let d = MaterializeOptions::new(capacity, opt_u32(dp, "dp", 1)?.unwrap_or(NO_PARALLELISM));
+    let plan = plan_arg(plan)?;
+    // With a plan, dp defaults to its number of ranks (the host checks a given dp against it).
+    let default_dp = plan.as_ref().map_or(Ok(NO_PARALLELISM), |p| {
+        u32::try_from(p.len()).map_err(|_| invalid(py, format!("plan has {} ranks, over 2^32-1", p.len())))
+    })?;
+    let d = MaterializeOptions::new(capacity, opt_u32(dp, "dp", 1)?.unwrap_or(default_dp));
     let cp = opt_u32(cp, "cp", 1)?.unwrap_or(d.cp);
     let tp = opt_u32(tp, "tp", 1)?.unwrap_or(NO_PARALLELISM);
     let per_sequence = match padding {
@@ -700,7 +705,6 @@ pub fn materialize(
         multimodal_alone: multimodal_alone.unwrap_or(d.multimodal_alone),
         ..d
     };
-    let plan = plan_arg(plan)?;
     let owned: Vec<OwnedSample> = samples
         .try_iter()
         .map_err(|_| invalid(py, "samples must be an iterable of mappings or objects".into()))?

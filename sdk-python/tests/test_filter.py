@@ -73,6 +73,22 @@ def test_load_checks_the_pin_and_the_arguments():
         stowplan.Filter.load(DIST / "missing.wasm", sha256=pin)
 
 
+def test_plugin_files_are_hashed_as_they_stream_within_a_cap(tmp_path):
+    # Issue 33: /dev/zero grew to 24 GiB and was OOM-killed; the cap stops the read.
+    with pytest.raises(stowplan.InvalidArgumentError, match=r"larger than max_plugin_bytes \(1048576 bytes"):
+        stowplan.Filter.hash("/dev/zero", max_plugin_bytes=1 << 20)
+    with pytest.raises(stowplan.InvalidArgumentError, match="max_plugin_bytes"):
+        stowplan.Filter.load("/dev/zero", sha256="0" * 64, max_plugin_bytes=1 << 20)
+    blob = tmp_path / "blob.wasm"
+    blob.write_bytes(bytes(range(256)) * 1000)
+    import hashlib
+
+    assert stowplan.Filter.hash(blob) == hashlib.sha256(blob.read_bytes()).hexdigest()
+    assert stowplan._stowplan.MAX_PLUGIN_BYTES == 256 << 20
+    with pytest.raises(stowplan.InvalidArgumentError, match="max_plugin_bytes"):
+        stowplan.Filter.hash(blob, max_plugin_bytes=1000)
+
+
 def test_a_file_that_is_not_a_filter_component_is_refused(tmp_path):
     junk = tmp_path / "junk.wasm"
     junk.write_bytes(b"\0asm not really")

@@ -155,6 +155,9 @@ REFUSED = [
     (lambda: stowplan.materialize([_sample(run=1.0)], capacity=8), "samples[0].run must be an integer in 0..=2**32-1 (got 1.0)"),
     (lambda: stowplan.materialize([_sample(lora=True)], capacity=8), "samples[0].lora must be an integer in 0..=2**32-1 (got True)"),
     (lambda: stowplan.materialize([SAMPLE], capacity=8, plan=[[[0.0]]]), "plan[0][0][0] must be an integer in 0..=2**32-1 (got 0.0)"),
+    # Issue 33: a plan of other than dp ranks, or uneven ranks, was accepted (per_rank from rank 0).
+    (lambda: stowplan.materialize([SAMPLE, SAMPLE], capacity=64, plan=[[[0], []], [[1]]]), "plan[1] has 1 micro-batches but plan[0] has 2"),
+    (lambda: stowplan.materialize([SAMPLE, SAMPLE], capacity=64, dp=3, plan=[[[0]], [[1]]]), "plan has 2 ranks but dp is 3"),
     (lambda: stowplan.materialize([SAMPLE], capacity=8, pad_token_id=True), "pad_token_id must be an integer in -2**63..=2**63-1"),
     (lambda: stowplan.materialize(7, capacity=8), "samples must be an iterable of mappings or objects"),
     (lambda: stowplan.materialize([SAMPLE] * 2, capacity=8, cp=2).ranks[0][0].cp_view(1.0), "rank must be an integer in 0..=1 (got 1.0)"),

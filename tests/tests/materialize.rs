@@ -267,6 +267,16 @@ fn materialize_errors_name_the_problem() {
     assert!(
         matches!(e(plan(vec![vec![&[0, 1]]]), &MaterializeOptions::new(8, 1)), Err(Error::Infeasible(m)) if m.contains("over the capacity 8"))
     );
+    // The plan's ranks: as many as dp, with as many micro-batches each (an uneven plan was
+    // accepted and reported per_rank from rank 0 alone).
+    let two = MaterializeOptions::new(64, 2);
+    assert!(
+        matches!(e(plan(vec![vec![&[0], &[]], vec![&[1]]]), &two), Err(Error::InvalidArgument(m)) if m.contains("plan[1] has 1 micro-batches but plan[0] has 2"))
+    );
+    assert!(
+        matches!(e(plan(vec![vec![&[0]], vec![&[1]]]), &opts), Err(Error::InvalidArgument(m)) if m.contains("plan has 2 ranks but dp is 1"))
+    );
+    assert!(e(plan(vec![vec![&[0], &[]], vec![&[1], &[]]]), &two).is_ok(), "dummies even the ranks");
     let mut s7 = samples.clone();
     s7[1].run = 1;
     let mixed = stowplan::materialize_plan(&k, &s7, &[vec![&[0u32, 1][..]]], &opts).map(|_| ());

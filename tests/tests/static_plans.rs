@@ -455,3 +455,103 @@ fn workloads_pack_close_to_the_lower_bound_with_identical_checksums_on_both_kern
     assert_eq!(a.raw_checksum(), "91be2b30eb63eb8ea8dfa3502beb5c34c1e552987e449f43f3529e14d2f00621");
     assert_eq!(a.aligned_checksum(), "99091bdfbffa874e2671f2a1cccfb8ecadad68451a4fea34ca6d77e7adaddacc");
 }
+
+/// Recomputes every checksum of an edited plan document by the documented recipe (the raw and
+/// aligned plans' checksums, the aligned plan, then `document_sha256`): what a forger does.
+fn reseal(doc: &mut serde_json::Value) {
+    let packs: Vec<Vec<u32>> = serde_json::from_value(doc["raw_plan"].clone()).unwrap();
+    let mut offsets = vec![0u32];
+    let mut indices = Vec::new();
+    for p in &packs {
+        indices.extend_from_slice(p);
+        offsets.push(indices.len() as u32);
+    }
+    let raw = stowplan::RawPlan {
+        offsets,
+        indices,
+        tokens: Vec::new(),
+        single_long: Vec::new(),
+        dropped: Vec::new(),
+        real_tokens: 0,
+        aligned_tokens: 0,
+        lower_bound: 0,
+        checksum: [0; 32],
+    };
+    let k = Kernel::native();
+    let ws = doc["world_size"].as_u64().unwrap() as u32;
+    // The kernel will not checksum every shape (an empty pack): then only the document hash.
+    if let (Ok(aligned), Ok(raw)) =
+        (k.aligned_plan(&raw, ws, doc["drop_last"].as_bool().unwrap()), k.aligned_plan(&raw, 1, false))
+    {
+        doc["raw_checksum"] = json!(raw.checksum_hex());
+        doc["aligned_checksum"] = json!(aligned.checksum_hex());
+        doc["aligned_plan"] = json!(aligned.packs);
+    }
+    doc["document_sha256"] = json!("");
+    let canonical = serde_json::to_string(doc).unwrap();
+    doc["document_sha256"] = json!(stowplan::sha256_hex(canonical.as_bytes()));
+}
+
+/// Issue 33, case 5: a plan edited with its checksums recomputed (the recipe is documented)
+/// loaded without structural checks. Each forgery below reseals correctly and is refused for
+/// its structure; an honest reseal of an unchanged plan still loads.
+#[test]
+fn a_resealed_forged_plan_is_refused_for_its_structure() {
+    let dir = temp_dir("forged");
+    let path = dir.join("plan.json");
+    let (lengths, o) = remainder_case();
+    let plan = StaticPackPlan::build(&Kernel::native(), &lengths, &o, 2, false).unwrap();
+    plan.save(&path).unwrap();
+    let saved: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    let mut same = saved.clone();
+    reseal(&mut same);
+    assert_eq!(same, saved, "the recipe reproduces the document");
+    let n = saved["samples"].as_u64().unwrap();
+    let first = saved["raw_plan"][0][0].as_u64().unwrap();
+    let second_pack_first = saved["raw_plan"][1][0].clone();
+    type Edit = Box<dyn Fn(&mut serde_json::Value)>;
+    let cases: Vec<(&str, Edit)> = vec![
+        ("out of range", Box::new(move |d| d["raw_plan"][0].as_array_mut().unwrap().push(json!(n + 5)))),
+        (
+            "appears twice",
+            Box::new(move |d| {
+                let p = d["raw_plan"][0].as_array_mut().unwrap();
+                p.push(second_pack_first.clone());
+                p.sort_by_key(|v| v.as_u64());
+            }),
+        ),
+        ("appears twice", Box::new(move |d| d["dropped_samples"] = json!([first]))),
+        ("over packing_length", Box::new(|d| d["raw_tokens"][0] = json!(1u64 << 40))),
+        (
+            "hold 69 of the 70 samples",
+            Box::new(|d| {
+                let p = d["raw_plan"][0].as_array_mut().unwrap();
+                let last = p.pop();
+                if p.is_empty() {
+                    p.push(last.unwrap());
+                    d["raw_plan"][1].as_array_mut().unwrap().pop();
+                }
+            }),
+        ),
+        ("samples is", Box::new(|d| d["samples"] = json!(1u64 << 40))),
+        ("real_tokens", Box::new(|d| d["real_tokens"] = json!(d["real_tokens"].as_u64().unwrap() + 1))),
+        ("lower_bound", Box::new(|d| d["lower_bound"] = json!(0))),
+        ("is empty", Box::new(|d| d["raw_plan"].as_array_mut().unwrap().push(json!([])))),
+        ("not strictly ascending", Box::new(|d| d["raw_plan"][0].as_array_mut().unwrap().reverse())),
+        ("single_long lists", Box::new(|d| d["single_long"] = json!([0]))),
+    ];
+    for (want, edit) in &cases {
+        let mut forged = saved.clone();
+        edit(&mut forged);
+        if forged["raw_tokens"].as_array().unwrap().len() != forged["raw_plan"].as_array().unwrap().len() {
+            forged["raw_tokens"].as_array_mut().unwrap().push(json!(0));
+        }
+        reseal(&mut forged);
+        std::fs::write(&path, forged.to_string()).unwrap();
+        match StaticPackPlan::load(&path) {
+            Err(Error::CacheMismatch(m)) => assert!(m.contains(want), "{want}: {m}"),
+            other => panic!("{want}: a forged plan loaded: {other:?}"),
+        }
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}

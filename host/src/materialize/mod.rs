@@ -850,12 +850,14 @@ pub fn materialize(
 
 /// Builds the micro-batches of a given plan: `plan[r][j]` lists the samples of rank `r`'s
 /// micro-batch `j` in row order (an empty list is a dummy). Used for plans from
-/// [`plan`](crate::KernelApi::plan) or from a caller. `options.capacity` is checked on every row;
-/// `options.dp`, `cost` and `mix_runs` only matter for [`materialize`], except
-/// that runs may not share a row unless `mix_runs`.
+/// [`plan`](crate::KernelApi::plan) or from a caller. The plan has `options.dp` ranks with the
+/// same number of micro-batches each (ranks step together: pad a short rank with dummies);
+/// `options.capacity` is checked on every row; `cost` only matters for [`materialize`], and
+/// runs may not share a row unless `mix_runs`.
 ///
-/// Errors: those of [`materialize`]; a sample index out of range or used twice;
-/// a row over the capacity; runs mixed in a row without `mix_runs`.
+/// Errors: those of [`materialize`]; a plan of other than `dp` ranks, or ranks with different
+/// numbers of micro-batches; a sample index out of range or used twice; a row over the
+/// capacity; runs mixed in a row without `mix_runs`.
 pub fn materialize_plan(
     kernel: &Kernel,
     samples: &[Sample<'_>],
@@ -863,6 +865,21 @@ pub fn materialize_plan(
     options: &MaterializeOptions,
 ) -> Result<Vec<Vec<MicroBatch>>, Error> {
     let num_runs = validate(samples, options)?;
+    if plan.len() != options.dp as usize {
+        return Err(Error::InvalidArgument(format!(
+            "plan has {} ranks but dp is {}: give one list of micro-batches per data-parallel rank",
+            plan.len(),
+            options.dp
+        )));
+    }
+    let per_rank = plan.first().map_or(0, Vec::len);
+    if let Some((r, rank)) = plan.iter().enumerate().find(|(_, rank)| rank.len() != per_rank) {
+        return Err(Error::InvalidArgument(format!(
+            "plan[{r}] has {} micro-batches but plan[0] has {per_rank}: every rank needs the same number \
+             (ranks step together; pad with empty lists, which become dummy micro-batches)",
+            rank.len()
+        )));
+    }
     build_plan(kernel, samples, plan, options, num_runs)
 }
 

@@ -229,9 +229,23 @@ impl StaticPackPlan {
         serde_json::to_value(doc).unwrap_or(serde_json::Value::Null)
     }
 
-    /// Reads a plan written by [`Self::to_json`]: the document's sha256 over every field, then
-    /// both plan checksums recomputed from the packs. An edited or damaged document is an
-    /// [`Error::CacheMismatch`]; another format an [`Error::InvalidArgument`].
+    /// Reads a plan written by [`Self::to_json`]: the document's sha256 over every field, the
+    /// plan's structure, then both plan checksums recomputed from the packs. An edited or
+    /// damaged document is an [`Error::CacheMismatch`]; another format an
+    /// [`Error::InvalidArgument`].
+    ///
+    /// What the checks promise: the sha256s detect accidents (a truncated copy, a bit flip, a
+    /// hand edit that forgot a field); their recipe is public, so anyone can recompute them
+    /// after an edit, and they prove nothing about who wrote the file. The structure is
+    /// checked whatever the hashes say, so even a forged plan that loads is a plan: every
+    /// sample `0..samples` is in exactly one pack or in `dropped_samples`, never both; packs
+    /// are non-empty with ascending members; no pack records more than `packing_length`
+    /// tokens unless it is a single long sample listed in `single_long` (only with
+    /// `allow_single_long`); `real_tokens` is the packs' sum and `lower_bound` follows from
+    /// `aligned_tokens`. It cannot know the samples' lengths: a forger who lies consistently
+    /// about a pack's tokens is caught only against the samples' lengths (rebuilding the plan
+    /// from the length cache gives the same checksums). For authenticity, sign the file or keep
+    /// it where only the trainer can write.
     pub fn from_json(value: &serde_json::Value) -> Result<Self, Error> {
         match value.get("format").and_then(|f| f.as_str()) {
             Some(PLAN_FORMAT) => {}
@@ -255,13 +269,7 @@ impl StaticPackPlan {
                 doc.document_sha256
             )));
         }
-        if doc.raw_tokens.len() != doc.raw_plan.len() {
-            return Err(Error::InvalidArgument(format!(
-                "plan document: raw_tokens has {} entries for {} packs",
-                doc.raw_tokens.len(),
-                doc.raw_plan.len()
-            )));
-        }
+        doc.check_structure()?;
         let (offsets, indices) = k::flatten(&doc.raw_plan);
         let raw_check = k::aligned_plan(&offsets, &indices, 1, false)?;
         let aligned = k::aligned_plan(&offsets, &indices, doc.world_size, doc.drop_last)?;
@@ -351,6 +359,94 @@ struct PlanDoc {
 }
 
 impl PlanDoc {
+    /// The structural rules of a plan (see [`StaticPackPlan::from_json`]); memory in
+    /// proportion to the document. Errors: `cache-mismatch` naming the rule and the first
+    /// offending pack or sample.
+    fn check_structure(&self) -> Result<(), Error> {
+        let bad = |m: String| Err(Error::CacheMismatch(format!("plan document: {m}; rebuild the plan")));
+        if self.packing_length == 0 || self.align == 0 || self.world_size == 0 {
+            return bad(format!(
+                "packing_length {}, align {} and world_size {} must each be at least 1",
+                self.packing_length, self.align, self.world_size
+            ));
+        }
+        if self.samples > 1 << 32 {
+            return bad(format!("samples is {}, over 2^32 (indices are u32)", self.samples));
+        }
+        if self.raw_tokens.len() != self.raw_plan.len() {
+            return bad(format!("raw_tokens has {} entries for {} packs", self.raw_tokens.len(), self.raw_plan.len()));
+        }
+        if !self.allow_single_long && !self.single_long.is_empty() {
+            return bad(format!("single_long lists {} samples but allow_single_long is false", self.single_long.len()));
+        }
+        if self.allow_single_long && !self.dropped_samples.is_empty() {
+            return bad(format!(
+                "dropped_samples lists {} samples but allow_single_long is true",
+                self.dropped_samples.len()
+            ));
+        }
+        let single: std::collections::BTreeSet<u32> = self.single_long.iter().copied().collect();
+        let mut singles_seen = 0usize;
+        let mut real_tokens: u128 = 0;
+        for (p, (members, &tokens)) in self.raw_plan.iter().zip(&self.raw_tokens).enumerate() {
+            if members.is_empty() {
+                return bad(format!("raw pack {p} is empty"));
+            }
+            if members.windows(2).any(|w| w[0] >= w[1]) {
+                return bad(format!("raw pack {p}'s members are not strictly ascending"));
+            }
+            real_tokens += u128::from(tokens);
+            let long = members.len() == 1 && single.contains(&members[0]);
+            singles_seen += usize::from(long);
+            if tokens > self.packing_length && !long {
+                return bad(format!(
+                    "raw pack {p} records {tokens} tokens, over packing_length {} (only a single long sample listed \
+                     in single_long may be)",
+                    self.packing_length
+                ));
+            }
+        }
+        if singles_seen != self.single_long.len() {
+            return bad(format!(
+                "single_long lists {} samples but {singles_seen} packs hold one of them alone",
+                self.single_long.len()
+            ));
+        }
+        if real_tokens != u128::from(self.real_tokens) {
+            return bad(format!("the packs hold {real_tokens} tokens but real_tokens records {}", self.real_tokens));
+        }
+        let bound = self.aligned_tokens.div_ceil(self.packing_length).checked_add(self.single_long.len() as u64);
+        if bound != Some(self.lower_bound) || (self.raw_plan.len() as u64) < self.lower_bound {
+            return bad(format!(
+                "lower_bound {} does not follow from aligned_tokens {} and {} single long samples, or exceeds the {} \
+                 packs",
+                self.lower_bound,
+                self.aligned_tokens,
+                self.single_long.len(),
+                self.raw_plan.len()
+            ));
+        }
+        // Every sample exactly once: packed or dropped.
+        let mut all: Vec<u32> = self.raw_plan.iter().flatten().chain(&self.dropped_samples).copied().collect();
+        all.sort_unstable();
+        if let Some(&i) = all.iter().find(|&&i| u64::from(i) >= self.samples) {
+            return bad(format!("sample {i} is out of range: the plan has {} samples", self.samples));
+        }
+        if let Some(w) = all.windows(2).find(|w| w[0] == w[1]) {
+            return bad(format!("sample {} appears twice (in two packs, or packed and dropped)", w[0]));
+        }
+        if all.len() as u64 != self.samples {
+            let missing =
+                (0u64..).zip(&all).find(|&(want, &got)| u64::from(got) != want).map_or(all.len() as u64, |(w, _)| w);
+            return bad(format!(
+                "the packs and dropped_samples hold {} of the {} samples (sample {missing} is in neither)",
+                all.len(),
+                self.samples
+            ));
+        }
+        Ok(())
+    }
+
     /// The sha256 of this document's canonical JSON (keys sorted, as `serde_json::Value`
     /// keeps them) with `document_sha256` empty.
     fn digest(&self) -> String {

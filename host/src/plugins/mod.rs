@@ -61,6 +61,62 @@ impl std::str::FromStr for OnFailure {
     }
 }
 
+/// Bytes of a plugin file at most, by default (`FilterOptions::max_plugin_bytes`,
+/// `stowplan filter … --max-plugin-mib`): a JavaScript plugin embeds a 12 MB engine and a
+/// Python one a CPython of about 40 MB; a file past the cap is refused after reading at most
+/// one byte more, so a device or a growing file cannot exhaust memory.
+pub const MAX_PLUGIN_BYTES: u64 = 256 << 20;
+
+/// Reads a plugin file of at most `max_bytes` bytes, hashing it as it is read: its bytes and
+/// their sha256 (hex). Errors: `invalid-argument` naming the file and the cap when it is
+/// larger (or `max_bytes` is 0); `io` naming the file.
+pub fn read_plugin(path: &Path, max_bytes: u64) -> Result<(Vec<u8>, String), Error> {
+    let mut bytes = Vec::new();
+    let sha256 = stream_plugin(path, max_bytes, |chunk| bytes.extend_from_slice(chunk))?;
+    Ok((bytes, sha256))
+}
+
+/// The sha256 (hex) of a plugin file of at most `max_bytes` bytes, streamed (memory stays at
+/// one buffer whatever the size): the pin to load it with. Errors: those of [`read_plugin`].
+pub fn hash_plugin(path: &Path, max_bytes: u64) -> Result<String, Error> {
+    stream_plugin(path, max_bytes, |_| {})
+}
+
+fn stream_plugin(path: &Path, max_bytes: u64, mut keep: impl FnMut(&[u8])) -> Result<String, Error> {
+    use sha2::Digest;
+    use std::io::Read;
+    if max_bytes == 0 {
+        return Err(Error::InvalidArgument("max_plugin_bytes must be at least 1 (got 0)".into()));
+    }
+    let io = |e| crate::error::io("reading the plugin", path, e);
+    let mut file = std::fs::File::open(path).map_err(io)?.take(max_bytes.saturating_add(1));
+    let mut hasher = sha2::Sha256::new();
+    let mut buf = vec![0u8; 1 << 16];
+    let mut total = 0u64;
+    loop {
+        let n = match file.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(io(e)),
+        };
+        total += n as u64;
+        if total > max_bytes {
+            return Err(plugin_too_large(&path.display().to_string(), max_bytes));
+        }
+        hasher.update(&buf[..n]);
+        keep(&buf[..n]);
+    }
+    Ok(crate::runtime::hex(&hasher.finalize()))
+}
+
+fn plugin_too_large(name: &str, max_bytes: u64) -> Error {
+    Error::InvalidArgument(format!(
+        "{name}: the plugin file is larger than max_plugin_bytes ({max_bytes} bytes; stowplan filter \
+         --max-plugin-mib): is it a plugin component?"
+    ))
+}
+
 /// How a plugin is loaded and bounded. [`FilterOptions::new`] gives the defaults.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct FilterOptions {
@@ -81,6 +137,8 @@ pub struct FilterOptions {
     pub output_limit: usize,
     /// What a failed call does (default [`OnFailure::Error`]).
     pub on_failure: OnFailure,
+    /// Bytes of the plugin file at most (default [`MAX_PLUGIN_BYTES`]).
+    pub max_plugin_bytes: u64,
 }
 
 impl FilterOptions {
@@ -94,6 +152,7 @@ impl FilterOptions {
             memory_limit: 256 << 20,
             output_limit: 64 << 10,
             on_failure: OnFailure::Error,
+            max_plugin_bytes: MAX_PLUGIN_BYTES,
         }
     }
 
@@ -438,12 +497,13 @@ impl std::fmt::Debug for WasmFilter {
 
 impl WasmFilter {
     /// Loads the plugin at `path`. Errors: [`Error::Io`] (unreadable file),
-    /// [`Error::InvalidArgument`] (options out of range, naming the option),
+    /// [`Error::InvalidArgument`] (options out of range, naming the option; a file over
+    /// `max_plugin_bytes`, refused without reading it whole),
     /// [`FilterError::HashMismatch`] (the file is not the pinned one), [`FilterError::Load`]
     /// (not a component, not the `buffer-filter` world, or imports beyond WASI), and the
     /// call errors of [`FilterError`] for a plugin that fails while instantiating.
     pub fn load(path: &Path, options: FilterOptions) -> Result<Self, Error> {
-        let bytes = std::fs::read(path).map_err(|e| crate::error::io("reading the plugin", path, e))?;
+        let (bytes, _) = read_plugin(path, options.max_plugin_bytes)?;
         let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "plugin".into());
         Self::from_bytes(&name, &bytes, options)
     }
@@ -451,6 +511,9 @@ impl WasmFilter {
     /// Like [`Self::load`], from the component's bytes; `name` labels errors and logs.
     pub fn from_bytes(name: &str, bytes: &[u8], options: FilterOptions) -> Result<Self, Error> {
         options.validate()?;
+        if bytes.len() as u64 > options.max_plugin_bytes {
+            return Err(plugin_too_large(name, options.max_plugin_bytes));
+        }
         let expected = pin(&options.sha256)?;
         let actual = sha256_hex(bytes);
         if actual != expected {

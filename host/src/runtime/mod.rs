@@ -11,8 +11,12 @@ use wasmtime::component::Component;
 
 /// Hex sha256 of `bytes`.
 pub fn sha256_hex(bytes: &[u8]) -> String {
-    let digest = Sha256::digest(bytes);
-    let mut out = String::with_capacity(64);
+    hex(&Sha256::digest(bytes))
+}
+
+/// Lowercase hex of a digest.
+pub(crate) fn hex(digest: &[u8]) -> String {
+    let mut out = String::with_capacity(digest.len() * 2);
     for b in digest {
         out.push_str(&format!("{b:02x}"));
     }

@@ -12,10 +12,9 @@ a fuel budget and a memory limit, and every selection it returns is checked.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
-from typing import Any, Dict, List, Tuple, Union
+from typing import Any, Dict, List, Optional, Tuple, Union
 
 from . import _stowplan
 from .errors import InvalidArgumentError
@@ -38,7 +37,8 @@ class Filter:
         call. Options (omitted: the host's defaults), bounds per call: ``timeout`` seconds
         (0.001–600, default 1), ``fuel`` (about one unit per WebAssembly instruction, at least
         10,000, default 10**9; ``None`` for none), ``memory_limit`` bytes (1 MiB–4 GiB,
-        default 256 MiB). stdout/stderr are kept up to ``output_limit`` bytes per call
+        default 256 MiB), ``max_plugin_bytes`` (the file's size; default 256 MiB, refused
+        unread past it). stdout/stderr are kept up to ``output_limit`` bytes per call
         (default 64 KiB) and logged. ``on_failure="fallback"`` serves first-in-first-out
         instead of raising when a call fails (with a warning in the log); the default
         ``"error"`` raises a :class:`~stowplan.FilterError` subclass and leaves the buffer
@@ -52,10 +52,11 @@ class Filter:
         return cls(_stowplan.Filter(os.fspath(path), sha256=sha256, config=config, **options))
 
     @staticmethod
-    def hash(path: Any) -> str:
-        """The sha256 (hex) of a plugin file: the pin to pass to :meth:`load`."""
-        with open(os.fspath(path), "rb") as f:
-            return hashlib.sha256(f.read()).hexdigest()
+    def hash(path: Any, *, max_plugin_bytes: Optional[int] = None) -> str:
+        """The sha256 (hex) of a plugin file: the pin to pass to :meth:`load`. The file is
+        streamed; one over ``max_plugin_bytes`` (default ``stowplan._stowplan.MAX_PLUGIN_BYTES``,
+        256 MiB) raises :class:`~stowplan.InvalidArgumentError`, as :meth:`load` does."""
+        return _stowplan.hash_plugin(os.fspath(path), max_plugin_bytes)
 
     @property
     def name(self) -> str:

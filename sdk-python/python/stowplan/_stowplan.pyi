@@ -559,7 +559,12 @@ class Filter:
         memory_limit: Optional[int] = None,
         output_limit: Optional[int] = None,
         on_failure: Optional[str] = None,
+        max_plugin_bytes: Optional[int] = None,
     ) -> None: ...
+
+MAX_PLUGIN_BYTES: int
+
+def hash_plugin(path: Any, max_plugin_bytes: Optional[int] = None) -> str: ...
 
 class RankBatch:
     """What one rank receives for one packer step: its micro-batches (numpy arrays) and the
@@ -673,7 +678,8 @@ class BatchSender:
     incarnation: Optional[int]
     resent: int
     resend_after: float
-    def __init__(self, *, resend_after: Optional[float] = None) -> None: ...
+    max_message_bytes: int
+    def __init__(self, *, resend_after: Optional[float] = None, max_message_bytes: Optional[int] = None) -> None: ...
     def track_batch(self, data: bytes, *, run: int, step: int) -> bytes:
         """Keeps an encoded training batch until its receipt; returns it."""
     def track_control(self, kind: str, run: int, *, batch_size: Optional[int] = None) -> bytes:
