@@ -6,6 +6,7 @@
   the CP/TP sequence packing (``pack_sequences``/``unpack_sequences``).
 - :mod:`stowplan.compat.prime_rl` — prime-rl's classic packer and micro-batch padding in its
   ``MicroBatch`` field layout.
+- :mod:`stowplan.compat.trl` — TRL 1.16.0's ``pack_dataset`` (per map batch, identical rows).
 - :mod:`stowplan.compat.slime` — slime's rollout data source with a buffer (saved with the
   state).
 """

@@ -1,0 +1,177 @@
+"""TRL's ``pack_dataset`` (``trl.data_utils``, TRL 1.16.0), output for output.
+
+:func:`pack_dataset` returns what ``trl.pack_dataset`` returns for every strategy (``bfd``,
+``bfd_split``, ``wrapped``): the same rows in the same order, the same columns and types
+(``seq_lengths`` included), the same dropping of empty sequences, one plan per
+``Dataset.map`` batch (``map_kwargs``' ``batch_size``, datasets' default 1,000 rows), the
+same ``DatasetDict`` handling and format, and builtin exceptions of TRL's types (``ValueError``
+for an unknown strategy and for list columns of different lengths, ``TypeError`` for a column
+that is not a list). The batches are rebuilt with pyarrow compute, never as Python rows.
+
+TRL's best fit breaks ties between bins with the same room by the order in which they came
+to have that room, which the kernel's best fit (ties to the oldest bin) does not; so the
+per-batch fit here is this module's own, in Python over the batch's lengths. For one plan
+over the whole dataset, not bound to map batches, use :func:`stowplan.hf.pack_dataset`.
+
+>>> from datasets import Dataset
+>>> from stowplan.compat.trl import pack_dataset
+>>> ds = Dataset.from_dict({"input_ids": [[1, 2, 3, 4, 5], [6, 7], [8, 9, 10], [11]],
+...                         "attention_mask": [[1, 1, 1, 0, 0], [1, 0], [1, 1, 0], [1]]})
+>>> pack_dataset(ds, seq_length=4, strategy="bfd_split")[:]
+{'input_ids': [[1, 2, 3, 4], [8, 9, 10, 5], [6, 7, 11]],
+ 'attention_mask': [[1, 1, 1, 0], [1, 1, 0, 0], [1, 0, 1]],
+ 'seq_lengths': [[4], [3, 1], [2, 1]]}
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left, insort
+from collections import deque
+from typing import Any, Deque, Dict, List, Optional
+
+import numpy as np
+
+try:
+    import datasets
+    import pyarrow as pa
+    import pyarrow.compute as pc
+except ImportError as exc:  # pragma: no cover - the hf extra installs them
+    raise ImportError("stowplan.compat.trl needs datasets and pyarrow: pip install 'stowplan[hf]'") from exc
+
+__all__ = ["pack_dataset", "STRATEGIES", "TRL_VERSION"]
+
+#: The TRL release whose output :func:`pack_dataset` reproduces (the tests compare with it).
+TRL_VERSION = "1.16.0"
+#: TRL's strategies.
+STRATEGIES = ("bfd", "bfd_split", "wrapped")
+_SEQ_LENGTHS = "seq_lengths"
+
+
+def pack_dataset(dataset: Any, seq_length: int, strategy: str = "bfd", map_kwargs: Optional[Dict[str, Any]] = None) -> Any:
+    """TRL's ``pack_dataset(dataset, seq_length, strategy, map_kwargs)``: ``dataset`` (a
+    ``datasets.Dataset`` or ``DatasetDict``; every column a list column with the same lengths)
+    packed per ``Dataset.map`` batch into rows of at most ``seq_length`` tokens.
+
+    ``"bfd"`` truncates sequences longer than ``seq_length`` and packs by best fit decreasing;
+    ``"bfd_split"`` cuts them into fragments of ``seq_length`` tokens (the last one shorter)
+    instead; both drop empty sequences and add ``seq_lengths``. ``"wrapped"`` cuts the batch's
+    concatenated tokens into rows of ``seq_length``. ``map_kwargs`` go to ``Dataset.map``.
+    The format of the input (of its first split) is set on the output, ``seq_lengths`` added
+    to its columns.
+    """
+    if map_kwargs is None:
+        map_kwargs = {}
+    if strategy not in STRATEGIES:
+        raise ValueError(f"Invalid packing strategy {strategy!r}, must be one of {STRATEGIES}.")
+    fmt = _format(dataset)
+    dataset = dataset.with_format("arrow")
+    if strategy == "wrapped":
+        dataset = dataset.map(_pack_wrapped, batched=True, fn_kwargs={"seq_length": seq_length}, **map_kwargs)
+    else:
+        kwargs = {"seq_length": seq_length, "split": strategy == "bfd_split"}
+        dataset = dataset.map(_pack_bfd, batched=True, fn_kwargs=kwargs, **map_kwargs)
+        if "columns" in fmt:
+            fmt["columns"] = fmt["columns"] + [_SEQ_LENGTHS]
+    return dataset.with_format(**fmt)
+
+
+def _format(dataset: Any) -> Dict[str, Any]:
+    """The format of ``dataset`` (of its first split), ``format_kwargs`` spread out."""
+    if isinstance(dataset, (datasets.DatasetDict, datasets.IterableDatasetDict)):
+        dataset = dataset[next(iter(dataset))]
+    if isinstance(dataset, datasets.Dataset):
+        fmt = dict(dataset.format)
+    else:
+        formatting = getattr(dataset, "_formatting", None)
+        fmt = {"type": formatting.format_type if formatting is not None else None}
+    fmt.update(fmt.pop("format_kwargs", {}))
+    return fmt
+
+
+def _columns(batch: Any) -> List[Any]:
+    """The batch's columns as arrays, checked as TRL checks them (in column order)."""
+    columns = [c.chunks[0] for c in batch.combine_chunks().columns]
+    for i, (name, column) in enumerate(zip(batch.column_names, columns)):
+        if not (pa.types.is_list(column.type) or pa.types.is_large_list(column.type)):
+            raise TypeError(f"Packing requires every column to be a list column; column {name!r} is {column.type}.")
+        if i > 0 and not columns[0].offsets.equals(column.offsets):
+            raise ValueError(
+                f"All columns must have values of the same length: column {name!r} differs from {batch.column_names[0]!r}."
+            )
+    return columns
+
+
+def _offsets(values: np.ndarray, column: Any) -> Any:
+    return pa.array(values.astype(column.offsets.type.to_pandas_dtype()))
+
+
+def _pack_bfd(batch: Any, seq_length: int, split: bool) -> Any:
+    """One map batch: empty sequences dropped, long ones truncated (or split), best fit decreasing."""
+    names = batch.column_names
+    columns = _columns(batch)
+    lengths = pc.list_value_length(columns[0])
+    keep = pc.greater(lengths, 0)
+    columns = [pc.filter(c, keep) for c in columns]
+    lengths = pc.filter(lengths, keep)
+    if split:
+        n = lengths.to_numpy().astype(np.int64)
+        pieces = -(-n // seq_length)
+        first = np.repeat(np.cumsum(pieces) - pieces, pieces)
+        k = np.arange(int(pieces.sum()), dtype=np.int64) - first
+        frag = np.minimum(np.repeat(n, pieces) - k * seq_length, seq_length)
+        ends = np.concatenate(([0], np.cumsum(frag)))
+        columns = [type(c).from_arrays(_offsets(ends, c), c.flatten()) for c in columns]
+    else:
+        columns = [pc.list_slice(c, 0, seq_length) for c in columns]
+    lengths = pc.list_value_length(columns[0])
+    n = lengths.to_numpy().astype(np.int64)
+    bins = _best_fit_decreasing(n, seq_length)
+    order = np.fromiter((i for b in bins for i in b), dtype=np.int64, count=len(n))
+    counts = np.concatenate(([0], np.cumsum([len(b) for b in bins]))).astype(np.int32)
+    ends = np.concatenate(([0], np.cumsum(n[order])))[counts]  # each row's first token
+    idx = pa.array(order)
+    out = [type(c).from_arrays(_offsets(ends, c), pc.take(c, idx).flatten()) for c in columns]
+    out.append(pa.ListArray.from_arrays(pa.array(counts), pc.take(lengths, idx)))
+    return pa.Table.from_arrays(out, names=names + [_SEQ_LENGTHS])
+
+
+def _best_fit_decreasing(lengths: np.ndarray, capacity: int) -> List[List[int]]:
+    """Items by length descending (ties: lower index first), each into the bin with the least
+    room that fits it — among bins with that room, the one that came to have it first — or a
+    new bin. Bins in creation order, items in the order they went in."""
+    order = np.argsort(-lengths, kind="stable").tolist()
+    rooms: List[int] = []  # the distinct rooms > 0 of open bins, ascending
+    waiting: Dict[int, Deque[int]] = {}  # room -> bins with that room, in the order they got it
+    bins: List[List[int]] = []
+    for i in order:
+        size = int(lengths[i])
+        at = bisect_left(rooms, size)
+        if at < len(rooms):
+            room = rooms[at]
+            queue = waiting[room]
+            b = queue.popleft()
+            if not queue:
+                del rooms[at], waiting[room]
+        else:
+            room, b = capacity, len(bins)
+            bins.append([])
+        bins[b].append(i)
+        room -= size
+        if room > 0:
+            queue = waiting.get(room)
+            if queue is None:
+                insort(rooms, room)
+                waiting[room] = deque([b])
+            else:
+                queue.append(b)
+    return bins
+
+
+def _pack_wrapped(batch: Any, seq_length: int) -> Any:
+    """One map batch: its tokens concatenated and cut every ``seq_length``."""
+    columns = _columns(batch)
+    values = [c.flatten() for c in columns]
+    total = len(values[0])
+    ends = np.concatenate((np.arange(0, total, seq_length, dtype=np.int64), [total]))
+    out = [type(c).from_arrays(_offsets(ends, c), v) for c, v in zip(columns, values)]
+    return pa.Table.from_arrays(out, names=batch.column_names)

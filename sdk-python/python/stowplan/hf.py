@@ -1,0 +1,146 @@
+"""Pack a Hugging Face ``datasets.Dataset`` (or ``DatasetDict``) with one kernel plan (issue 28).
+
+:func:`pack_dataset` runs :func:`stowplan.arrow.pack_table` on the dataset's Arrow table and
+returns an ordinary ``datasets.Dataset`` built from the packed table — no row becomes a Python
+object, and with ``scope="dataset"`` (the default) one plan covers the whole dataset, so bins
+cross what would be map batches and the result does not depend on ``num_proc``. Needs
+``datasets`` and ``pyarrow`` (``pip install 'stowplan[hf]'``).
+
+>>> from datasets import Dataset
+>>> import stowplan.hf
+>>> ds = Dataset.from_dict({"input_ids": [[1, 2, 3, 4, 5], [6, 7], [8, 9, 10], [11]]})
+>>> packed = stowplan.hf.pack_dataset(ds, 4)
+>>> packed[:]
+{'input_ids': [[1, 2, 3, 4], [8, 9, 10, 11], [6, 7]], 'seq_lengths': [[4], [3, 1], [2]]}
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any, Dict, Optional, Sequence
+
+from . import _stowplan
+from .arrow import DEFAULT_STRATEGY, POSITION_IDS, SEQ_LENGTHS, _pack, pack_table
+from .errors import InvalidArgumentError
+
+try:
+    import datasets
+    import pyarrow as pa
+except ImportError as exc:  # pragma: no cover - the hf extra installs them
+    raise ImportError("stowplan.hf needs datasets and pyarrow: pip install 'stowplan[hf]'") from exc
+
+__all__ = ["pack_dataset", "SCOPES", "DEFAULT_SCOPE"]
+
+#: ``"dataset"``: one plan over the whole dataset (identical for any ``num_proc``);
+#: ``"batch"``: one plan per ``Dataset.map`` batch (``map_kwargs``' ``batch_size``, datasets'
+#: default 1,000 rows), as TRL packs — bins never cross a batch, and the batches (so the
+#: result) change with ``num_proc``.
+SCOPES = ("dataset", "batch")
+DEFAULT_SCOPE = "dataset"
+
+
+def pack_dataset(
+    dataset: Any,
+    seq_length: int,
+    *,
+    strategy: str = DEFAULT_STRATEGY,
+    scope: str = DEFAULT_SCOPE,
+    num_proc: Optional[int] = None,
+    overflow: Optional[str] = None,
+    columns: Optional[Sequence[str]] = None,
+    position_ids: bool = False,
+    map_kwargs: Optional[Dict[str, Any]] = None,
+    backend: Optional[str] = None,
+) -> Any:
+    """``dataset`` (a ``datasets.Dataset`` or ``DatasetDict``, each split packed on its own) with
+    its list columns packed into rows of at most ``seq_length`` tokens, as
+    :func:`stowplan.arrow.pack_table` packs a table (``strategy``, ``overflow``, ``columns``,
+    ``position_ids`` and ``backend`` are its; the output has the packed columns,
+    ``seq_lengths`` and, on request, ``position_ids``; other columns are not carried over).
+
+    ``scope`` (see :data:`SCOPES`): with ``"dataset"`` the result is an in-memory ``Dataset``
+    whose fingerprint is a sha256 of the input's fingerprint, the options and the plan, so a
+    re-run gives the same fingerprint; ``num_proc`` changes nothing (one kernel call plans
+    everything) and ``map_kwargs`` is refused. With ``"batch"``, ``Dataset.map(batched=True,
+    num_proc=num_proc, **map_kwargs)`` packs each batch (cached by ``datasets`` as maps are).
+    The input's format type is kept. A ``datasets.IterableDataset`` is refused: stream it
+    through :class:`stowplan.PackedIterableDataset` (the kernel's ``StreamPacker``) instead.
+    """
+    if isinstance(dataset, datasets.DatasetDict):
+        return datasets.DatasetDict(
+            {
+                split: pack_dataset(
+                    ds,
+                    seq_length,
+                    strategy=strategy,
+                    scope=scope,
+                    num_proc=num_proc,
+                    overflow=overflow,
+                    columns=columns,
+                    position_ids=position_ids,
+                    map_kwargs=map_kwargs,
+                    backend=backend,
+                )
+                for split, ds in dataset.items()
+            }
+        )
+    if isinstance(dataset, (datasets.IterableDataset, datasets.IterableDatasetDict)):
+        raise InvalidArgumentError(
+            "dataset is a datasets.IterableDataset: pack_dataset needs the whole table; stream it through "
+            "stowplan.PackedIterableDataset (the kernel's StreamPacker), or load it as a datasets.Dataset"
+        )
+    if not isinstance(dataset, datasets.Dataset):
+        raise InvalidArgumentError(f"dataset must be a datasets.Dataset or DatasetDict (got {type(dataset).__name__})")
+    if not isinstance(scope, str) or scope not in SCOPES:
+        raise InvalidArgumentError(f"scope must be 'dataset' or 'batch' (got {scope!r})")
+    if num_proc is not None:
+        _stowplan._integer(num_proc, "num_proc", 1, 4096)
+    if map_kwargs is not None and not isinstance(map_kwargs, dict):
+        raise InvalidArgumentError(f"map_kwargs must be a dict of Dataset.map arguments (got {type(map_kwargs).__name__})")
+    fmt = dataset.format
+    source = dataset.with_format("arrow")
+    names = list(columns) if columns is not None and not isinstance(columns, str) else columns
+    if scope == "dataset":
+        if map_kwargs:
+            raise InvalidArgumentError("map_kwargs applies to scope='batch' only; scope='dataset' makes one plan, not a map")
+        table = source[:]  # the rows in the dataset's order (its indices mapping applied), zero-copy without one
+        packed, digest = _pack(table, seq_length, strategy, overflow, names, position_ids, backend)
+        fingerprint = hashlib.sha256(
+            "\0".join(["stowplan.hf.pack_dataset", _stowplan.__version__, str(dataset._fingerprint), digest]).encode()
+        ).hexdigest()[:16]
+        info = datasets.DatasetInfo(features=datasets.Features.from_arrow_schema(packed.schema))
+        out = datasets.Dataset(datasets.table.InMemoryTable(packed), info=info, split=dataset.split, fingerprint=fingerprint)
+    else:
+        kept = names if names is not None else list(dataset.column_names)
+        out = source.map(
+            _pack_batch,
+            batched=True,
+            num_proc=num_proc,
+            remove_columns=[c for c in dataset.column_names if c not in kept],
+            fn_kwargs={
+                "seq_length": seq_length,
+                "strategy": strategy,
+                "overflow": overflow,
+                "columns": names,
+                "position_ids": position_ids,
+                "backend": backend,
+            },
+            **(map_kwargs or {}),
+        )
+    new = [SEQ_LENGTHS] + ([POSITION_IDS] if position_ids else [])
+    cols = fmt.get("columns")
+    if cols is not None:
+        cols = [c for c in cols if c in out.column_names] + new
+    return out.with_format(fmt.get("type"), columns=cols, output_all_columns=fmt.get("output_all_columns", False), **fmt.get("format_kwargs", {}))
+
+
+def _pack_batch(table: Any, **options: Any) -> Any:
+    """One map batch packed (an empty batch stays empty, with the output's columns)."""
+    if table.num_rows == 0:
+        names = options["columns"] if options["columns"] is not None else table.column_names
+        empty = {n: table.column(n) for n in names}
+        empty[SEQ_LENGTHS] = pa.array([], pa.list_(pa.int32()))
+        if options["position_ids"]:
+            empty[POSITION_IDS] = pa.array([], pa.list_(pa.int32()))
+        return pa.table(empty)
+    return pack_table(table, options.pop("seq_length"), **options)
