@@ -125,8 +125,8 @@ pub struct Args {
     rejected_max_mib: u64,
     /// MiB of one incoming message (a training batch or run change) at most: a larger inbox
     /// file is set aside into STATE/rejected/ unread; over ZeroMQ its sender's connection is
-    /// dropped (senders check the same cap first). 1 ..= 2^43.
-    #[arg(long, default_value_t = MAX_MESSAGE_BYTES >> 20, value_parser = clap::value_parser!(u64).range(1..=1 << 43))]
+    /// dropped (the ZeroMQ and file senders check the default cap first). 1 ..= 2^43 - 1.
+    #[arg(long, default_value_t = MAX_MESSAGE_BYTES >> 20, value_parser = clap::value_parser!(u64).range(1..1 << 43))]
     max_message_mib: u64,
     /// Stop after this many steps (default: run until SIGINT/SIGTERM).
     #[arg(long)]

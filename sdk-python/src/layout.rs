@@ -664,9 +664,10 @@ pub fn materialize(
     let capacity = u64_arg(capacity, "capacity", 1)?;
     let plan = plan_arg(plan)?;
     // With a plan, dp defaults to its number of ranks (the host checks a given dp against it).
-    let default_dp = plan.as_ref().map_or(Ok(NO_PARALLELISM), |p| {
-        u32::try_from(p.len()).map_err(|_| invalid(py, format!("plan has {} ranks, over 2^32-1", p.len())))
-    })?;
+    let default_dp = match plan.as_ref().map(Vec::len) {
+        None | Some(0) => NO_PARALLELISM,
+        Some(n) => u32::try_from(n).map_err(|_| invalid(py, format!("plan has {n} ranks, over 2^32-1")))?,
+    };
     let d = MaterializeOptions::new(capacity, opt_u32(dp, "dp", 1)?.unwrap_or(default_dp));
     let cp = opt_u32(cp, "cp", 1)?.unwrap_or(d.cp);
     let tp = opt_u32(tp, "tp", 1)?.unwrap_or(NO_PARALLELISM);

@@ -581,14 +581,15 @@ def test_zmq_curve_admits_only_listed_keys(tmp_path):
                                   curve_secret_key=keys / "stranger.key_secret") as stranger:
             with pytest.raises(stowplan.StowplanTimeoutError, match="clients directory holds this client's public key"):
                 stranger.receive()
-        # The listed orchestrator and rank: every accepted sample once, encrypted.
-        with stowplan.ZmqSender(batches, receipts, curve_server_key=server_pub,
-                                curve_secret_key=tmp_path / "own" / "orchestrator.key_secret") as sender:
-            sender.send(packer_procs.make_batch(0, 0))
-            [receipt] = sender.flush(timeout=30)
-            assert (receipt["step"], receipt["accepted"], receipt["duplicate"]) == (0, 12, False)
+        # The listed orchestrator and rank: every accepted sample once, encrypted. (A packer
+        # started without a checkpoint takes messages once a rank has said hello.)
         with stowplan.ZmqReceiver(rank_ep, 0, 1, timeout=30, curve_server_key=server_pub,
                                   curve_secret_key=keys / "rank0.key_secret") as rank:
+            with stowplan.ZmqSender(batches, receipts, curve_server_key=server_pub,
+                                    curve_secret_key=tmp_path / "own" / "orchestrator.key_secret") as sender:
+                sender.send(packer_procs.make_batch(0, 0))
+                [receipt] = sender.flush(timeout=30)
+                assert (receipt["step"], receipt["accepted"], receipt["duplicate"]) == (0, 12, False)
             batch = rank.receive()
         keys_seen = sorted((int(batch.sample_steps[i]), int(batch.sample_indices[i]))
                            for mb in batch.micro_batches for i in mb.samples.tolist())

@@ -169,12 +169,13 @@ fn a_curve_packer_admits_only_the_client_keys_it_lists() {
     let stranger = ZmqRankClient::connect(&ep.ranks, 0, 1, options).unwrap();
 
     // The listed orchestrator and rank: every sample once, over encrypted connections.
+    // (A packer started without a checkpoint takes messages once an admitted rank said hello.)
+    let options = ZmqRankOptions { curve: Some(rank_keys), ..ZmqRankOptions::default() };
+    let rank = ZmqRankClient::connect(&ep.ranks, 0, 1, options).unwrap();
     let options = ZmqSenderOptions { curve: Some(orchestrator_keys), ..ZmqSenderOptions::default() };
     let mut orchestrator = ZmqBatchSender::connect(&ep.batches, &ep.receipts, options).unwrap();
     orchestrator.send(&batch(0)).unwrap();
     orchestrator.flush(Duration::from_secs(20)).unwrap();
-    let options = ZmqRankOptions { curve: Some(rank_keys), ..ZmqRankOptions::default() };
-    let rank = ZmqRankClient::connect(&ep.ranks, 0, 1, options).unwrap();
     let step = rank.receive(Duration::from_secs(20)).unwrap();
     let mut keys: Vec<u32> = step.keys.iter().map(|k| k.index).collect();
     keys.sort_unstable();

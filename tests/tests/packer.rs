@@ -409,6 +409,38 @@ fn an_inbox_file_over_the_message_cap_is_set_aside_unread() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// An inbox entry that is a symlink (or a FIFO) is not a message: it was followed, and an
+/// oversized target would have been truncated when set aside.
+#[test]
+fn inbox_entries_that_are_not_regular_files_are_ignored() {
+    let dir = std::env::temp_dir().join(format!("stowplan-packer-symlink-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let mut o = serve_options(&dir, None);
+    o.packer.threshold = Some(1 << 40);
+    o.packer.wait_timeout = Duration::from_secs(3600);
+    std::fs::create_dir_all(dir.join("inbox")).unwrap();
+    let precious = dir.join("model.bin");
+    std::fs::write(&precious, vec![1u8; 3 << 20]).unwrap();
+    std::os::unix::fs::symlink(&precious, dir.join("inbox/run_0_step_0.bin")).unwrap();
+    send_fs(&dir, "run_1_step_0.bin", &batch(1, 0, &[4, 5]).encode().unwrap()).unwrap();
+    let t = FsTransport::new(&dir, Duration::from_millis(2)).unwrap().with_max_message_bytes(1 << 20).unwrap();
+    let mut server = Server::open(Kernel::native(), t, o.clone()).unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let timer = Arc::clone(&stop);
+    std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(500));
+        timer.store(true, std::sync::atomic::Ordering::SeqCst);
+    });
+    let summary = server.run(&stop, |_| {}).unwrap();
+    assert_eq!((summary.batches, summary.oversized, summary.undecodable), (1, 0, 0));
+    assert_eq!(std::fs::metadata(&precious).unwrap().len(), 3 << 20, "the link's target is untouched");
+    // The sender refuses a message over the packer's default cap itself (no receipts here).
+    let big = vec![0u8; (stowplan::serve::MAX_MESSAGE_BYTES + 1) as usize];
+    let e = send_fs(&dir, "run_0_step_9.bin", &big).unwrap_err().to_string();
+    assert!(e.contains("over the packer's message cap"), "{e}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// Issue 33, case 2 over ZeroMQ: one 1 GiB message raised the packer's peak memory to 2 GiB.
 /// libzmq now drops the connection of a sender whose message is over the cap before the
 /// packer holds it, the senders refuse such a batch themselves (naming the cap), and batches
@@ -431,6 +463,8 @@ fn a_zmq_message_over_the_cap_is_dropped_before_the_packer_holds_it() {
         let (stop, o) = (Arc::clone(&stop), serve_options(&dir, None));
         std::thread::spawn(move || Server::open(Kernel::native(), t, o).unwrap().run(&stop, |_| {}).unwrap())
     };
+    // A packer started without a checkpoint takes messages once a rank said hello.
+    let _rank = stowplan::serve::ZmqRankClient::connect(&ep.ranks, 0, 3, Default::default()).unwrap();
     // A raw sender of 1 MiB, past any sender's check.
     let ctx = zmq::Context::new();
     let push = ctx.socket(zmq::PUSH).unwrap();
@@ -1147,8 +1181,15 @@ fn a_packer_behind_its_ranks_stops_naming_the_rank() {
         ranks: "tcp://127.0.0.1:*".into(),
     };
     let t = ZmqTransport::bind(&any, 3, None).unwrap();
-    let ranks = t.endpoints().ranks.clone();
+    let (ranks, batches) = (t.endpoints().ranks.clone(), t.endpoints().batches.clone());
     let mut server = Server::open(Kernel::native(), t, serve_options(&dir, None)).unwrap();
+    // A batch that arrives before any rank said hello is not taken (nor acknowledged) by a
+    // packer that started without a checkpoint.
+    let ctx = zmq::Context::new();
+    let push = ctx.socket(zmq::PUSH).unwrap();
+    push.set_linger(0).unwrap();
+    push.connect(&batches).unwrap();
+    push.send(batch(0, 0, &[5, 6]).encode().unwrap(), 0).unwrap();
     let clients: Vec<_> = (0..3)
         .map(|r| {
             let options = stowplan::serve::ZmqRankOptions { start_step: 3, ..Default::default() };
@@ -1168,6 +1209,8 @@ fn a_packer_behind_its_ranks_stops_naming_the_rank() {
         }
         other => panic!("served ranks ahead of it: {other:?}"),
     }
+    assert_eq!(server.summary().batches, 0, "nothing taken before the ranks were checked");
+    assert_eq!(std::fs::read_dir(dir.join("packer/spool")).unwrap().count(), 0);
     drop(clients);
     let _ = std::fs::remove_dir_all(&dir);
 }

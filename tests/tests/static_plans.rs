@@ -502,6 +502,18 @@ fn a_resealed_forged_plan_is_refused_for_its_structure() {
     let (lengths, o) = remainder_case();
     let plan = StaticPackPlan::build(&Kernel::native(), &lengths, &o, 2, false).unwrap();
     plan.save(&path).unwrap();
+    // Plans of every shape the kernel makes pass the structural checks: long samples kept
+    // alone or dropped, alignment, drop_last.
+    let mut long = lengths.clone();
+    long[3] = 5_000;
+    long[40] = 1_001;
+    for (allow_single_long, align, drop_last) in [(true, 8, true), (false, 16, false), (true, 1, false)] {
+        let o = PlanOptions { allow_single_long, align, ..PlanOptions::new(1000) };
+        let p = StaticPackPlan::build(&Kernel::native(), &long, &o, 3, drop_last).unwrap();
+        p.save(&path).unwrap();
+        assert_eq!(StaticPackPlan::load(&path).unwrap(), p, "{allow_single_long} {align} {drop_last}");
+    }
+    plan.save(&path).unwrap();
     let saved: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
     let mut same = saved.clone();
     reseal(&mut same);

@@ -163,6 +163,11 @@ pub trait Transport {
     fn delivered(&mut self) -> Result<Option<Delivered>, Error> {
         Ok(None)
     }
+    /// Takes no message until a receiver has shown where it stands (ZeroMQ: a rank's hello),
+    /// so that a packer starting without a checkpoint learns whether the ranks are ahead of it
+    /// ([`Delivered::check`]) before it acknowledges anything. The filesystem transport's
+    /// evidence is on disk from the start: nothing to wait for.
+    fn wait_for_receivers(&mut self) {}
 }
 
 impl<T: Transport + ?Sized> Transport for Box<T> {
@@ -183,6 +188,9 @@ impl<T: Transport + ?Sized> Transport for Box<T> {
     }
     fn delivered(&mut self) -> Result<Option<Delivered>, Error> {
         (**self).delivered()
+    }
+    fn wait_for_receivers(&mut self) {
+        (**self).wait_for_receivers()
     }
 }
 
@@ -211,6 +219,8 @@ pub struct FsTransport {
     root: PathBuf,
     poll: Duration,
     max_message_bytes: u64,
+    /// The root's evidence, read once: while the transport lives it is the root's only writer.
+    evidence: Option<Option<Delivered>>,
     /// `ROOT/serve.lock`, held while the transport lives: two servers on one root (even with
     /// different state directories) would overwrite each other's step files.
     _lock: File,
@@ -226,7 +236,7 @@ impl FsTransport {
             std::fs::create_dir_all(&d).map_err(|e| io("creating directory", &d, e))?;
         }
         let lock = crate::runtime::lock_exclusive(&root.join("serve.lock"), "this root")?;
-        Ok(Self { root, poll, max_message_bytes: MAX_MESSAGE_BYTES, _lock: lock })
+        Ok(Self { root, poll, max_message_bytes: MAX_MESSAGE_BYTES, evidence: None, _lock: lock })
     }
 
     /// Inbox files over `max` bytes are not read but set aside into `STATE/rejected/`
@@ -245,9 +255,16 @@ impl FsTransport {
         for e in std::fs::read_dir(&inbox).map_err(|e| io("listing", &inbox, e))? {
             let e = e.map_err(|e| io("listing", &inbox, e))?;
             let name = e.file_name();
-            if files::is_inbox_message(&name.to_string_lossy()) {
-                files.push(e.path());
+            if !files::is_inbox_message(&name.to_string_lossy()) {
+                continue;
             }
+            // A symlink or a FIFO is not a message: following one could truncate the file it
+            // points to when it is set aside, or block for ever.
+            if e.file_type().is_ok_and(|t| !t.is_file()) {
+                tracing::warn!(target: "stowplan::serve", file = %e.path().display(), "inbox entry that is not a regular file ignored");
+                continue;
+            }
+            files.push(e.path());
         }
         files.sort();
         Ok(files)
@@ -269,12 +286,25 @@ impl Transport for FsTransport {
             let files = self.scan()?;
             if !files.is_empty() {
                 let mut out = Vec::with_capacity(files.len());
+                // At most about two messages' worth held at once: the rest waits for the next
+                // receive.
+                let mut held = 0u64;
                 for p in files {
+                    if held >= self.max_message_bytes {
+                        break;
+                    }
                     match read_capped(&p, self.max_message_bytes) {
-                        Ok(Ok(bytes)) => out.push(Incoming { bytes, path: Some(p), oversized: None }),
+                        Ok(Ok(bytes)) => {
+                            held += bytes.len() as u64;
+                            out.push(Incoming { bytes, path: Some(p), oversized: None })
+                        }
                         Ok(Err(size)) => out.push(Incoming { bytes: Vec::new(), path: Some(p), oversized: Some(size) }),
                         // Taken by another reader between the listing and the read.
                         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                        // Swapped for a symlink or a FIFO after the listing: not a message.
+                        Err(e) if std::fs::symlink_metadata(&p).is_ok_and(|m| !m.is_file()) => {
+                            tracing::warn!(target: "stowplan::serve", file = %p.display(), error = %e, "inbox entry that is not a regular file ignored");
+                        }
                         Err(e) => return Err(io("reading", &p, e)),
                     }
                 }
@@ -297,6 +327,19 @@ impl Transport for FsTransport {
     }
 
     fn delivered(&mut self) -> Result<Option<Delivered>, Error> {
+        if let Some(e) = &self.evidence {
+            return Ok(e.clone());
+        }
+        let e = self.read_evidence()?;
+        self.evidence = Some(e.clone());
+        Ok(e)
+    }
+}
+
+impl FsTransport {
+    /// What the root shows of earlier deliveries: `delivered.bin` and the `step_{n}`
+    /// directories.
+    fn read_evidence(&self) -> Result<Option<Delivered>, Error> {
         let path = self.root.join(files::DELIVERY_MARK);
         let marked = match std::fs::read(&path) {
             Ok(bytes) => {
@@ -333,8 +376,14 @@ impl Transport for FsTransport {
 /// read unbounded).
 fn read_capped(path: &Path, max: u64) -> std::io::Result<Result<Vec<u8>, u64>> {
     use std::io::Read;
-    let file = File::open(path)?;
-    let size = file.metadata()?.len();
+    use std::os::unix::fs::OpenOptionsExt;
+    // Not through a symlink swapped in after the listing, and never blocking on a FIFO.
+    let file = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK).open(path)?;
+    let meta = file.metadata()?;
+    if !meta.is_file() {
+        return Err(std::io::Error::new(std::io::ErrorKind::InvalidInput, "not a regular file"));
+    }
+    let size = meta.len();
     if size > max {
         return Ok(Err(size));
     }
@@ -347,9 +396,16 @@ fn read_capped(path: &Path, max: u64) -> std::io::Result<Result<Vec<u8>, u64>> {
 }
 
 /// Writes `bytes` (an encoded [`TrainingBatch`] or [`Control`]) into `root/inbox/` under
-/// `name` atomically: what the orchestrator side of the filesystem transport does.
+/// `name` atomically: what the orchestrator side of the filesystem transport does. Errors:
+/// `invalid-argument` for a bad name or a message over [`MAX_MESSAGE_BYTES`] (the packer's
+/// default cap; the filesystem transport has no receipts to tell the sender later); `io`.
 pub fn send_fs(root: &Path, name: &str, bytes: &[u8]) -> Result<PathBuf, Error> {
     files::check_message_name(name)?;
+    // The filesystem transport has no receipts: a file the packer would set aside is refused
+    // here, where the sender sees it.
+    if bytes.len() as u64 > MAX_MESSAGE_BYTES {
+        return Err(protocol::oversized_message(&format!("message {name}"), bytes.len() as u64, MAX_MESSAGE_BYTES));
+    }
     let path = files::inbox_path(root, name);
     atomic::write(&path, bytes)?;
     Ok(path)
@@ -556,6 +612,9 @@ impl<T: Transport> Server<T> {
             Err(e) => return Err(io("reading", &state_path, e)),
         };
         Delivered::check(transport.delivered()?.as_ref(), packer.issued(), &state_path, restored)?;
+        if !restored {
+            transport.wait_for_receivers();
+        }
         for &(run, config) in &options.runs {
             if packer.progress(run).is_none() {
                 packer.add_run(run, config)?;
@@ -625,9 +684,11 @@ impl<T: Transport> Server<T> {
         self.summary.undecodable += 1;
         std::fs::rename(p, &to).map_err(|e| io("moving aside", p, e))?;
         let cut = self.options.rejected.max_file_bytes.min(self.options.rejected.max_bytes);
-        if std::fs::metadata(&to).is_ok_and(|m| m.len() > cut) {
+        if std::fs::symlink_metadata(&to).is_ok_and(|m| m.is_file() && m.len() > cut) {
+            use std::os::unix::fs::OpenOptionsExt;
             std::fs::OpenOptions::new()
                 .write(true)
+                .custom_flags(libc::O_NOFOLLOW)
                 .open(&to)
                 .and_then(|f| f.set_len(cut))
                 .map_err(|e| io("truncating", &to, e))?;
@@ -858,6 +919,10 @@ impl<T: Transport> Server<T> {
         self.last_delivery = Instant::now();
         while !stop.load(Ordering::SeqCst) && self.options.max_steps.is_none_or(|m| self.summary.steps < m) {
             let incoming = self.transport.receive(self.options.poll)?;
+            // A rank may prove the checkpoint behind at any hello: before taking (and
+            // acknowledging) anything more. Messages dropped here were not acknowledged.
+            let state = self.options.state_dir.join("state.bin");
+            Delivered::check(self.transport.delivered()?.as_ref(), self.packer.issued(), &state, self.restored)?;
             if !incoming.is_empty() {
                 let started = Instant::now();
                 let mut receipts = Vec::with_capacity(incoming.len());
@@ -875,7 +940,6 @@ impl<T: Transport> Server<T> {
                     continue;
                 }
                 // Every rank has said hello: none may hold a step this checkpoint never issued.
-                let state = self.options.state_dir.join("state.bin");
                 Delivered::check(self.transport.delivered()?.as_ref(), self.packer.issued(), &state, self.restored)?;
                 tracing::info!(target: "stowplan::serve", next_step = self.packer.next_step(), "serving");
             }

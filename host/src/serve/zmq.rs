@@ -62,6 +62,10 @@ pub struct ZmqTransport {
     ready: bool,
     /// The furthest any rank's hello said it had got (see [`Transport::delivered`]).
     furthest: Option<Delivered>,
+    /// Take no batch before the first hello ([`Transport::wait_for_receivers`]).
+    await_hello: bool,
+    /// The batches socket's cap (`ZMQ_MAXMSGSIZE`), also the budget of one receive.
+    max_message_bytes: u64,
     last_published: Instant,
     last_waiting_log: Instant,
 }
@@ -132,9 +136,7 @@ impl ZmqTransport {
                     max_message: i64|
          -> Result<(zmq::Socket, String), Error> {
             let mut s = context.socket(kind).map_err(|e| zmq_error(what, e))?;
-            if kind != zmq::PUB {
-                s.set_maxmsgsize(max_message).map_err(|e| zmq_error(what, e))?;
-            }
+            s.set_maxmsgsize(max_message).map_err(|e| zmq_error(what, e))?;
             if let Some(c) = curve {
                 c.apply(&mut s, what)?;
             }
@@ -154,7 +156,8 @@ impl ZmqTransport {
             Ok((s, actual))
         };
         let (batches, b) = open(zmq::PULL, &endpoints.batches, "batches", max_message)?;
-        let (receipts, r) = open(zmq::PUB, &endpoints.receipts, "receipts", -1)?;
+        // Subscribers send only subscriptions (a few bytes).
+        let (receipts, r) = open(zmq::PUB, &endpoints.receipts, "receipts", RANK_MESSAGE_LIMIT)?;
         // Ranks say a few dozen bytes at a time.
         let (ranks, k) = open(zmq::ROUTER, &endpoints.ranks, "ranks", RANK_MESSAGE_LIMIT)?;
         // Sending to a rank that is not connected fails (and is retried on its next hello)
@@ -175,6 +178,8 @@ impl ZmqTransport {
             ignored_acks: Throttled::new(IGNORED_LOG_EVERY),
             ready: false,
             furthest: None,
+            await_hello: false,
+            max_message_bytes,
             // The first receive publishes a heartbeat at once.
             last_published: Instant::now().checked_sub(HEARTBEAT).unwrap_or_else(Instant::now),
             last_waiting_log: Instant::now(),
@@ -350,20 +355,32 @@ impl Transport for ZmqTransport {
         let deadline = Instant::now() + timeout;
         let mut out = Vec::new();
         loop {
-            while out.len() < RECEIVE_LIMIT {
+            // Ranks first: a hello proving the packer behind is seen before any batch is taken.
+            self.poll_ranks()?;
+            let taking = !self.await_hello || self.furthest.is_some();
+            // At most about two messages' worth held at once (each is capped at bind).
+            let mut held = 0u64;
+            while taking && out.len() < RECEIVE_LIMIT && held < self.max_message_bytes {
                 match self.batches.recv_bytes(zmq::DONTWAIT) {
-                    Ok(bytes) => out.push(Incoming { bytes, path: None, oversized: None }),
+                    Ok(bytes) => {
+                        held += bytes.len() as u64;
+                        out.push(Incoming { bytes, path: None, oversized: None })
+                    }
                     Err(zmq::Error::EAGAIN) => break,
                     Err(e) => return Err(zmq_error("receiving a batch", e)),
                 }
             }
-            self.poll_ranks()?;
             let now = Instant::now();
             if !out.is_empty() || now >= deadline {
                 return Ok(out);
             }
-            let mut items = [self.batches.as_poll_item(zmq::POLLIN), self.ranks.as_poll_item(zmq::POLLIN)];
-            wait_for(&mut items, (deadline - now).min(HEARTBEAT))?;
+            let wait = (deadline - now).min(HEARTBEAT);
+            if taking {
+                let mut items = [self.batches.as_poll_item(zmq::POLLIN), self.ranks.as_poll_item(zmq::POLLIN)];
+                wait_for(&mut items, wait)?;
+            } else {
+                wait_for(&mut [self.ranks.as_poll_item(zmq::POLLIN)], wait)?;
+            }
             self.heartbeat()?;
         }
     }
@@ -374,6 +391,10 @@ impl Transport for ZmqTransport {
 
     fn delivered(&mut self) -> Result<Option<Delivered>, Error> {
         Ok(self.furthest.clone())
+    }
+
+    fn wait_for_receivers(&mut self) {
+        self.await_hello = true;
     }
 
     fn deliver(&mut self, step: u64, ranks: &[RankBatch], stop: &AtomicBool) -> Result<bool, Error> {
