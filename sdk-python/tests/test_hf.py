@@ -253,3 +253,79 @@ def test_the_same_exception_types_as_trl(trl_pack):
         with pytest.raises(Exception) as ours:
             compat_trl.pack_dataset(ds, 4, strategy)
         assert type(ours.value) is type(theirs.value)
+
+
+# --- stowplan.hf.PaddingFreeCollator ---------------------------------------------------------
+
+
+def test_collator_splits_packed_rows_at_their_sequences():
+    packed = stowplan.hf.pack_dataset(dataset_of([3, 2, 4, 1]), 5, position_ids=True)
+    rows = [dict(zip(packed.column_names, values)) for values in zip(*(packed[c] for c in packed.column_names))]
+    out = stowplan.hf.PaddingFreeCollator(return_flash_attn_kwargs=True, return_seq_idx=True, position_ids_start=2)(rows)
+    seqs = [n for r in rows for n in r["seq_lengths"]]
+    assert out["input_ids"].shape == (1, 10) and out["input_ids"].dtype == np.int64
+    assert out["position_ids"].tolist() == [[p + 2 for r in rows for p in r["position_ids"]]]
+    assert out["cu_seq_lens_q"].tolist() == np.concatenate(([0], np.cumsum(seqs))).tolist()
+    assert out["cu_seq_lens_q"].dtype == np.int32 and out["max_length_k"] == max(seqs) == 4
+    starts = out["cu_seq_lens_k"][:-1]
+    assert (out["labels"][0, starts] == -100).all()
+    rest = np.setdiff1d(np.arange(10), starts)
+    assert (out["labels"][0, rest] == -out["input_ids"][0, rest]).all()
+    assert out["seq_idx"].tolist() == [[i for i, n in enumerate(seqs) for _ in range(n)]]
+
+
+@pytest.mark.parametrize(
+    "features, fragment",
+    [
+        ([], "features must not be empty"),
+        ([{"input_ids": [1, 2], "labels": [1]}], "features[0]: labels has 1 values, input_ids 2"),
+        ([{"input_ids": [1, 2]}, {"input_ids": [1, 2], "seq_lengths": [1, 2]}], "features[1]: seq_lengths sum to 3"),
+        ([{"input_ids": [1, 2], "seq_lengths": [2, 0]}], "features[0] holds an empty sequence"),
+        ([{"input_ids": []}], "features[0] holds an empty sequence"),
+    ],
+)
+def test_collator_bad_input(features, fragment):
+    with pytest.raises(stowplan.InvalidArgumentError) as info:
+        stowplan.hf.PaddingFreeCollator()(features)
+    assert fragment in str(info.value)
+
+
+@pytest.fixture(scope="module")
+def flattening():
+    try:
+        from transformers import DataCollatorWithFlattening
+    except Exception as exc:
+        reason = f"transformers is not importable ({type(exc).__name__}: {exc}); the collator was NOT compared with DataCollatorWithFlattening"
+        if os.environ.get("STOWPLAN_REQUIRE_TRL") == "1":  # run_tests.sh installs transformers with TRL
+            pytest.fail(reason)
+        pytest.skip(reason)
+    return DataCollatorWithFlattening
+
+
+@pytest.mark.parametrize("labels", [False, True])
+@pytest.mark.parametrize(
+    "options",
+    [
+        {},
+        {"return_flash_attn_kwargs": True},
+        {"return_seq_idx": True, "position_ids_start": 2, "separator_id": -1},
+        {"return_position_ids": False, "return_flash_attn_kwargs": True, "return_seq_idx": True},
+    ],
+)
+def test_collator_is_data_collator_with_flattening(flattening, labels, options):
+    rng = np.random.default_rng(len(options))
+    features = []
+    for n in rng.integers(1, 30, size=7):
+        f = {"input_ids": rng.integers(0, 1000, size=n).tolist()}
+        if labels:
+            f["labels"] = rng.integers(-100, 1000, size=n)
+        features.append(f)
+    theirs = flattening(return_tensors="np", **options)(features)
+    ours = stowplan.hf.PaddingFreeCollator(**options)(features)
+    assert list(ours) == list(theirs)
+    for k in theirs:
+        if isinstance(theirs[k], np.ndarray):
+            assert ours[k].dtype == theirs[k].dtype and ours[k].shape == theirs[k].shape, k
+            assert (ours[k] == theirs[k]).all(), k
+        else:
+            assert type(ours[k]) is type(theirs[k]) and ours[k] == theirs[k], k

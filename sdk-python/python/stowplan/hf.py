@@ -17,7 +17,9 @@ cross what would be map batches and the result does not depend on ``num_proc``. 
 from __future__ import annotations
 
 import hashlib
-from typing import Any, Dict, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
+
+import numpy as np
 
 from . import _stowplan
 from .arrow import DEFAULT_STRATEGY, POSITION_IDS, SEQ_LENGTHS, _pack, pack_table
@@ -29,7 +31,7 @@ try:
 except ImportError as exc:  # pragma: no cover - the hf extra installs them
     raise ImportError("stowplan.hf needs datasets and pyarrow: pip install 'stowplan[hf]'") from exc
 
-__all__ = ["pack_dataset", "SCOPES", "DEFAULT_SCOPE"]
+__all__ = ["pack_dataset", "PaddingFreeCollator", "SCOPES", "DEFAULT_SCOPE"]
 
 #: ``"dataset"``: one plan over the whole dataset (identical for any ``num_proc``);
 #: ``"batch"``: one plan per ``Dataset.map`` batch (``map_kwargs``' ``batch_size``, datasets'
@@ -144,3 +146,91 @@ def _pack_batch(table: Any, **options: Any) -> Any:
             empty[POSITION_IDS] = pa.array([], pa.list_(pa.int32()))
         return pa.table(empty)
     return pack_table(table, options.pop("seq_length"), **options)
+
+
+class PaddingFreeCollator:
+    """Collates features into one padding-free row for the varlen FlashAttention/SDPA paths:
+    ``input_ids`` and ``labels`` of shape (1, T) (int64), ``position_ids`` (1, T) restarting at
+    ``position_ids_start`` at every sequence, ``labels`` = ``separator_id`` at each sequence's
+    first token (no token learns across a boundary), and with ``return_flash_attn_kwargs``
+    ``cu_seq_lens_q``/``cu_seq_lens_k`` (int32) and ``max_length_q``/``max_length_k`` (ints),
+    with ``return_seq_idx`` ``seq_idx`` (1, T) (int32, each token's sequence number).
+
+    A feature is a dict with ``input_ids`` (list or array) and optionally ``labels`` (else the
+    labels are the ``input_ids``); a feature with ``seq_lengths`` (a row of
+    :func:`pack_dataset`) holds several sequences. Features without ``seq_lengths`` give exactly
+    what ``transformers.DataCollatorWithFlattening`` gives with the same options.
+    ``return_tensors``: ``"np"`` (default) or ``"pt"`` (torch tensors, without a copy).
+
+    >>> c = PaddingFreeCollator(return_flash_attn_kwargs=True)
+    >>> out = c([{"input_ids": [5, 6, 7, 8, 9], "seq_lengths": [3, 2]}, {"input_ids": [1, 2]}])
+    >>> out["labels"].tolist(), out["position_ids"].tolist(), out["cu_seq_lens_q"].tolist()
+    ([[-100, 6, 7, -100, 9, -100, 2]], [[0, 1, 2, 0, 1, 0, 1]], [0, 3, 5, 7])
+    """
+
+    def __init__(
+        self,
+        *,
+        return_position_ids: bool = True,
+        position_ids_start: int = 0,
+        separator_id: int = -100,
+        return_flash_attn_kwargs: bool = False,
+        return_seq_idx: bool = False,
+        return_tensors: str = "np",
+    ) -> None:
+        for name, flag in (
+            ("return_position_ids", return_position_ids),
+            ("return_flash_attn_kwargs", return_flash_attn_kwargs),
+            ("return_seq_idx", return_seq_idx),
+        ):
+            if not isinstance(flag, bool):
+                raise InvalidArgumentError(f"{name} must be True or False (got {flag!r})")
+        if return_tensors not in ("np", "pt"):
+            raise InvalidArgumentError(f"return_tensors must be 'np' or 'pt' (got {return_tensors!r})")
+        self.return_position_ids = return_position_ids
+        self.position_ids_start = _stowplan._integer(position_ids_start, "position_ids_start", -(2**62), 2**62)
+        self.separator_id = _stowplan._integer(separator_id, "separator_id", -(2**63), 2**63 - 1)
+        self.return_flash_attn_kwargs = return_flash_attn_kwargs
+        self.return_seq_idx = return_seq_idx
+        self.return_tensors = return_tensors
+
+    def __call__(self, features: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
+        """The collated batch of ``features`` (see the class)."""
+        if len(features) == 0:
+            raise InvalidArgumentError("features must not be empty")
+        ids: List[np.ndarray] = []
+        labels: List[np.ndarray] = []
+        lengths: List[np.ndarray] = []
+        for i, f in enumerate(features):
+            x = np.asarray(f["input_ids"], dtype=np.int64).reshape(-1)
+            y = np.asarray(f["labels"], dtype=np.int64).reshape(-1) if "labels" in f else x
+            if y.size != x.size:
+                raise InvalidArgumentError(f"features[{i}]: labels has {y.size} values, input_ids {x.size}")
+            seqs = np.asarray(f["seq_lengths"], dtype=np.int64).reshape(-1) if "seq_lengths" in f else np.array([x.size])
+            if int(seqs.sum()) != x.size:
+                raise InvalidArgumentError(f"features[{i}]: seq_lengths sum to {int(seqs.sum())}, not the {x.size} input_ids")
+            if (seqs <= 0).any():
+                raise InvalidArgumentError(f"features[{i}] holds an empty sequence; every sequence needs a token")
+            ids.append(x)
+            labels.append(y)
+            lengths.append(seqs)
+        n = np.concatenate(lengths)
+        cu = np.concatenate(([0], np.cumsum(n))).astype(np.int64)
+        total = int(cu[-1])
+        batch: Dict[str, Any] = {"input_ids": np.concatenate(ids)[None, :]}
+        lab = np.concatenate(labels)  # a new array: the features are not modified
+        lab[cu[:-1]] = self.separator_id
+        batch["labels"] = lab[None, :]
+        if self.return_position_ids:
+            batch["position_ids"] = (np.arange(total, dtype=np.int64) - np.repeat(cu[:-1], n) + self.position_ids_start)[None, :]
+        if self.return_seq_idx:
+            batch["seq_idx"] = np.repeat(np.arange(n.size, dtype=np.int32), n)[None, :]
+        if self.return_flash_attn_kwargs:
+            batch["cu_seq_lens_q"] = cu.astype(np.int32)
+            batch["cu_seq_lens_k"] = cu.astype(np.int32)  # two arrays, as transformers gives
+            batch["max_length_q"] = batch["max_length_k"] = int(n.max())
+        if self.return_tensors == "pt":
+            import torch
+
+            batch = {k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v for k, v in batch.items()}
+        return batch
