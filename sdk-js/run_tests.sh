@@ -14,10 +14,9 @@ root="$(dirname "$here")"
 cd "$here"
 
 echo "sdk-js: node $(node --version), npm $(npm --version 2>/dev/null)"
-# The locked versions. Not `npm ci`: it refuses this lock file, in which npm records no entry
-# for a few other platforms' optional native packages (rolldown, jco-node-fs bindings);
-# `npm install --no-save` installs the same locked versions and leaves the lock file as it is.
-npm install --no-save --no-audit --no-fund --loglevel=error
+# The locked versions, exactly: `npm ci` installs package-lock.json as it is (and fails if it
+# does not match package.json).
+npm ci --no-audit --no-fund --loglevel=error
 node scripts/build.mjs
 
 if [ -z "${STOWPLAN_BIN:-}" ] && [ ! -x "$root/target/release/stowplan" ]; then

@@ -131,7 +131,7 @@ const UNSIGNED = [Uint8Array, Uint8ClampedArray, Uint16Array, Uint32Array];
 const SIGNED = [Int8Array, Int16Array, Int32Array];
 
 /**
- * The bytes of an instance's linear memory jco's bindings (1.35) can pass a list through: they
+ * The bytes of an instance's linear memory jco's bindings (1.34) can pass a list through: they
  * read the address the kernel allocates as a signed 32-bit number, so a list must lie in the
  * first 2 GiB (the README's "Limits of jco's bindings").
  */
