@@ -26,8 +26,10 @@ export STOWPLAN_BIN="${STOWPLAN_BIN:-$root/target/release/stowplan}"
 
 node --test test/*.test.js
 
-# The packed package, installed from its tarball into an empty project (no registry needed:
-# it has no runtime dependencies), imported by name.
+# The packed package, installed from its tarball into an empty CommonJS project (`npm init -y`;
+# no registry needed: it has no runtime dependencies), used by name as a user would: imported
+# from an .mjs file, required from a .cjs file (the "require" entry's promise), and both
+# kinds type-checked by a strict TypeScript consumer against the installed package's types.
 scratch="$(mktemp -d)"
 trap 'rm -rf "$scratch"' EXIT
 tarball="$(npm pack --silent --pack-destination "$scratch" | tail -1)"
@@ -35,14 +37,48 @@ tarball="$(npm pack --silent --pack-destination "$scratch" | tail -1)"
     cd "$scratch"
     npm init -y > /dev/null
     npm install --no-audit --no-fund --offline --loglevel=error "./$tarball"
-    node --input-type=module -e "
+    cat > esm.mjs <<'JS'
 import { partition, kernelInfo } from 'stowplan';
 import { verl } from 'stowplan/compat';
 const p = partition([100, 900, 50, 950, 400, 600], 2);
 if (JSON.stringify(p.groups.map((g) => Array.from(g))) !== '[[0,2,3,4],[1,5]]') throw new Error('unexpected groups');
 if (verl('karmarkar_karp', [1, 2, 3], 2, false).length !== 2) throw new Error('unexpected verl');
-console.log('sdk-js: the packed package imports and plans, kernel', kernelInfo().sha256.slice(0, 12));
-"
+console.log('sdk-js: the packed package imports (ESM) and plans, kernel', kernelInfo().sha256.slice(0, 12));
+JS
+    cat > cjs.cjs <<'JS'
+const { load } = require('stowplan');
+(async () => {
+  const stowplan = await load();
+  const { verl } = await require('stowplan/compat').load();
+  const p = stowplan.partition([100, 900, 50, 950, 400, 600], 2);
+  if (JSON.stringify(p.groups.map((g) => Array.from(g))) !== '[[0,2,3,4],[1,5]]') throw new Error('unexpected groups');
+  if (verl('karmarkar_karp', [1, 2, 3], 2, false).length !== 2) throw new Error('unexpected verl');
+  if ((await load()) !== (await import('stowplan'))) throw new Error('require and import load different instances');
+  console.log('sdk-js: the packed package requires (CommonJS) and plans, kernel', stowplan.kernelInfo().sha256.slice(0, 12));
+})().catch((e) => { console.error(e); process.exit(1); });
+JS
+    node esm.mjs
+    node cjs.cjs
+    cat > esm.mts <<'TS'
+import { partition, type Partition } from 'stowplan';
+import { verl } from 'stowplan/compat';
+const p: Partition = partition([1, 2, 3], 2);
+export const lists: number[][] = verl('karmarkar_karp', [1, 2, 3], 2, false);
+export const groups: Uint32Array[] = p.groups;
+TS
+    cat > cjs.cts <<'TS'
+import stowplan = require('stowplan');
+import compat = require('stowplan/compat');
+import type { Partition } from 'stowplan';
+export async function groups(): Promise<Uint32Array[]> {
+  const p: Partition = (await stowplan.load()).partition([1, 2, 3], 2);
+  const { verl } = await compat.load();
+  return p.groups.concat(verl('karmarkar_karp', [1, 2, 3], 2, false).map((l: number[]) => Uint32Array.from(l)));
+}
+TS
+    printf '{"compilerOptions":{"strict":true,"noEmit":true,"target":"es2022","module":"nodenext","moduleResolution":"nodenext","skipLibCheck":false,"types":[]},"files":["esm.mts","cjs.cts"]}\n' > tsconfig.json
+    node "$here/node_modules/typescript/bin/tsc" -p tsconfig.json
+    echo "sdk-js: the packed package type-checks from ESM (.mts) and CommonJS (.cts) TypeScript"
 )
 
 chromium="${STOWPLAN_CHROMIUM:-/usr/bin/chromium}"

@@ -75,3 +75,5 @@ export function primeRlFfd(
   seqLen: Int,
   kernel?: Stowplan,
 ): { bins: number[][]; dropped: number[] };
+/** This module's namespace, as a promise: what `require('stowplan/compat').load()` resolves to. */
+export function load(): Promise<typeof import('./compat.js')>;

@@ -143,3 +143,6 @@ export function primeRlFfd(lengths, runs, labels, seqLen, kernel = stowplan) {
   const [bins, dropped] = call(() => kernel.kernel.layout.primeRlFfd(l, r, lab, s));
   return { bins: arrays(bins), dropped: Array.from(dropped) };
 }
+
+/** This module's namespace, as a promise (what `require('stowplan/compat').load()` resolves to). */
+export const load = () => import('./compat.js');

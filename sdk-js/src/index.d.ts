@@ -514,3 +514,5 @@ export function logSeqlenUnbalance(
 export function toJSONText(value: unknown): string;
 /** Checked conversions shared with `stowplan/compat` (not a stable API). */
 export const internal: Record<string, Function>;
+/** This module's namespace, as a promise: what `require('stowplan').load()` resolves to. */
+export function load(): Promise<typeof import('./index.js')>;

@@ -1095,3 +1095,10 @@ export const streamPackerFromState = (state) => stowplan.streamPackerFromState(s
 /** See `Stowplan#permutation`. */
 export const permutation = (n, seed, epoch) => stowplan.permutation(n, seed, epoch);
 export { stringify as toJSONText } from './json.js';
+
+/**
+ * This module's namespace, as a promise: what `require('stowplan').load()` resolves to, so
+ * that code shared between ES modules and CommonJS can take the API one way.
+ * @returns {Promise<typeof import('./index.js')>}
+ */
+export const load = () => import('./index.js');
