@@ -192,6 +192,38 @@ def test_balance_invariants(per_rank, dp, data):
         assert (np.concatenate(m.batches)[m.restore] == r).all()
 
 
+@settings(max_examples=60, deadline=None)
+@given(per_rank=st.integers(1, 12), dp=st.integers(1, 5), minibatch=st.booleans(), data=st.data())
+def test_rank_micro_batches_are_rank_local(per_rank, dp, minibatch, data):
+    """Balance.micro_batches[r].batches are global sample indices; rank_micro_batches gives
+    positions in the rank's own share batch[plan.ranks[r]] (issue 32, item 3.1)."""
+    lengths = np.array(data.draw(st.lists(st.integers(0, 500), min_size=per_rank * dp, max_size=per_rank * dp)))
+    plan = stowplan.balance(lengths, dp, max_token_len=600, minibatch_size=dp if minibatch else None)
+    for r in range(dp):
+        mine = lengths[plan.ranks[r]]  # what rank r holds, in the dispatchers' order
+        local = stowplan.rank_micro_batches(plan, r)
+        glob = stowplan.rank_micro_batches(plan, np.int64(r), local=False)
+        assert [g.tolist() for g in glob] == [b.tolist() for b in plan.micro_batches[r].batches]
+        assert [mine[p].tolist() for p in local] == [lengths[g].tolist() for g in glob]
+        assert all(p.dtype == np.uint32 and int(p.max()) < len(mine) for p in local)
+        assert (np.concatenate(local)[plan.micro_batches[r].restore] == np.arange(len(mine))).all()
+
+
+def test_rank_micro_batches_refuses_what_it_cannot_answer():
+    plan = stowplan.balance(DOCS, 2, max_token_len=2000)
+    for rank in (2, -1, True, 1.0):
+        with pytest.raises(stowplan.InvalidArgumentError, match=r"rank must be an integer in 0..=1"):
+            stowplan.rank_micro_batches(plan, rank)
+    with pytest.raises(stowplan.InvalidArgumentError, match="no micro-batches.*max_token_len"):
+        stowplan.rank_micro_batches(stowplan.balance(DOCS, 2), 0)
+    with pytest.raises(stowplan.InvalidArgumentError, match="must be a stowplan.Balance"):
+        stowplan.rank_micro_batches(stowplan.micro_batches(DOCS, 2000), 0)
+    # The global indices of a rank's share do not fit the share itself: the finding.
+    mine = np.array(DOCS)[plan.ranks[1]]
+    with pytest.raises(IndexError):
+        [mine[b] for b in plan.micro_batches[1].batches]
+
+
 def test_groups_stay_together():
     lengths = [5, 7, 1, 1, 9, 9, 2, 3]
     uids = ["a", "a", "b", "b", "c", "c", "d", "d"]

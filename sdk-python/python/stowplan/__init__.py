@@ -27,7 +27,7 @@ Partition(k=2, total=3000, max=1500, spread=0, lower_bound=1500)
 from __future__ import annotations
 
 from . import _stowplan
-from ._balance import COSTS, Balance, MicroBatches, balance, micro_batches
+from ._balance import COSTS, Balance, MicroBatches, balance, micro_batches, rank_micro_batches
 from ._layout import CpLayout, Materialized, MicroBatch, cp_layout, materialize, pad_factor
 from ._plan import (
     LengthCache,
@@ -73,6 +73,7 @@ __all__ = [
     "PackedIterableDataset",
     "micro_batches",
     "balance",
+    "rank_micro_batches",
     "MicroBatches",
     "Balance",
     "COSTS",

@@ -126,7 +126,15 @@ class StreamPacker:
     def last_dropped(self) -> List[int]: ...
 
 class MicroBatches:
-    """Micro-batches of one batch (the result of :func:`micro_batches`)."""
+    """Micro-batches of one batch (the result of :func:`micro_batches`, or one rank's part
+    of a :class:`Balance`).
+
+    Index spaces: ``indices`` and ``batches`` hold positions in the ``lengths`` the call was
+    given — from :func:`micro_batches`, indices into its ``lengths``; in
+    ``Balance.micro_batches[r]``, **global** sample indices of the balanced batch (not
+    positions in rank ``r``'s own batch: ``stowplan.rank_micro_batches(plan, r)`` gives
+    those). ``restore`` is local in both: positions in the concatenated micro-batches, one
+    per input of the call (of ``Balance.ranks[r]``, in that order, in a :class:`Balance`)."""
 
     offsets: npt.NDArray[np.uint32]
     indices: npt.NDArray[np.uint32]
@@ -158,10 +166,17 @@ def micro_batches(
     backend: Optional[str] = None,
 ) -> MicroBatches:
     """``cost``: ``"tokens"`` (default), ``"attention"`` or ``(linear, quadratic)``;
-    ``order``: ``"none"`` (default), ``"cost_desc"``, ``"verl"`` or ``"roll"``."""
+    ``order``: ``"none"`` (default), ``"cost_desc"``, ``"verl"`` or ``"roll"``. The
+    result's indices are positions in ``lengths`` (one rank's batch gives local indices)."""
 
 class Balance:
-    """A global batch over DP ranks (the result of :func:`balance`)."""
+    """A global batch over DP ranks (the result of :func:`balance`).
+
+    Index spaces: ``order``, ``ranks[r]`` and ``micro_batches[r].batches`` hold **global**
+    sample indices (positions in the ``lengths`` given to :func:`balance`). A rank that
+    holds only its own samples, ``batch[ranks[r]]``, slices them with
+    ``stowplan.rank_micro_batches(plan, r)`` (rank-local positions); ``micro_batches[r].restore``
+    is rank-local already."""
 
     offsets: npt.NDArray[np.uint32]
     order: npt.NDArray[np.uint32]
@@ -197,7 +212,8 @@ def balance(
     extra_costs: Optional[_Lengths] = None,
     backend: Optional[str] = None,
 ) -> Balance:
-    """DP balancing, and with ``max_token_len`` the micro-batches of every rank."""
+    """DP balancing, and with ``max_token_len`` the micro-batches of every rank (global
+    sample indices; see :class:`Balance`)."""
 
 def verl(function: str, seqlens: List[int], k: int, equal_size: bool, *, backend: Optional[str] = None) -> List[List[int]]:
     """verl 0.9.1's ``function``; raises the builtin exception verl raises."""
