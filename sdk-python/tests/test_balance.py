@@ -3,6 +3,10 @@ compatibility modes against the peers' own outputs."""
 
 from __future__ import annotations
 
+import json
+import os
+import pathlib
+import subprocess
 import warnings
 
 import numpy as np
@@ -231,6 +235,75 @@ def test_groups_stay_together():
     for r in b.ranks:
         got = {uids[i] for i in r.tolist()}
         assert all(uids.count(u) == sum(uids[i] == u for i in r.tolist()) for u in got)
+
+
+def _cli() -> str:
+    """The stowplan binary (STOWPLAN_BIN, else the workspace's release build), or a skip."""
+    path = os.environ.get("STOWPLAN_BIN") or str(pathlib.Path(__file__).resolve().parents[2] / "target" / "release" / "stowplan")
+    if not os.path.isfile(path):
+        pytest.skip(f"no stowplan binary at {path} (cargo build --release, or set STOWPLAN_BIN)")
+    return path
+
+
+def _rollouts(prompts, per_prompt, seed):
+    rng = np.random.default_rng(seed)
+    return rng.integers(1, 4096, size=prompts * per_prompt)
+
+
+@pytest.mark.parametrize("dp, size, cap", [(2, 2, None), (4, 8, 16384), (4, 4, 9000), (3, 1, 5000)])
+def test_group_size_is_groups_of_consecutive_runs(dp, size, cap):
+    """group_size=G means what the CLI's --group-size G means: labels i // G (issue 32, item 3.2)."""
+    lengths = _rollouts(dp * 6, size, seed=dp * 100 + size)
+    a = stowplan.balance(lengths, dp, group_size=size, max_token_len=cap, cost="attention")
+    b = stowplan.balance(lengths, dp, groups=[i // size for i in range(len(lengths))], max_token_len=cap, cost="attention")
+    assert a.order.tolist() == b.order.tolist() and a.offsets.tolist() == b.offsets.tolist()
+    if cap is not None:
+        assert [[m.tolist() for m in x.batches] for x in a.micro_batches] == [[m.tolist() for m in x.batches] for x in b.micro_batches]
+    for r in a.ranks:  # every run whole on one rank
+        runs = [i // size for i in r.tolist()]
+        assert all(runs.count(g) == size for g in set(runs))
+    # Any array-like input, as for lengths elsewhere; numpy integers as the size.
+    assert stowplan.balance(lengths.tolist(), dp, group_size=np.int32(size)).order.tolist() == stowplan.balance(lengths, dp, group_size=size).order.tolist()
+
+
+@pytest.mark.parametrize("dp, size, cap", [(2, 3, None), (4, 8, 16384), (8, 8, 16384)])
+def test_group_size_agrees_with_the_cli(tmp_path, dp, size, cap):
+    lengths = _rollouts(dp * 4, size, seed=7 + size)
+    path = tmp_path / "lengths.json"
+    path.write_text(json.dumps(lengths.tolist()))
+    args = [_cli(), "balance", "--dp", str(dp), "--group-size", str(size), "--cost", "attention", "--json", str(path)]
+    if cap is not None:
+        args += ["--max-token-len", str(cap)]
+    out = json.loads(subprocess.run(args, check=True, capture_output=True, text=True, timeout=60).stdout)
+    plan = stowplan.balance(lengths, dp, group_size=size, max_token_len=cap, cost="attention")
+    assert [r.tolist() for r in plan.ranks] == out["dp"]["ranks"]
+    if cap is not None:
+        assert [[m.tolist() for m in x.batches] for x in plan.micro_batches] == [m["batches"] for m in out["micro_batches"]]
+
+
+def test_group_size_with_unequal_counts_keeps_the_short_last_run():
+    lengths = [5, 7, 1, 9, 9, 2, 3]
+    a = stowplan.balance(lengths, 2, group_size=3, equal_count=False)
+    b = stowplan.balance(lengths, 2, groups=[0, 0, 0, 1, 1, 1, 2], equal_count=False)
+    assert a.order.tolist() == b.order.tolist() and a.offsets.tolist() == b.offsets.tolist()
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"group_size": 2, "groups": [0, 0, 1, 1, 2, 2, 3, 3]}, "give groups .* or group_size .*, not both"),
+        ({"group_size": 3}, r"group_size must be in 1..=8 and divide the number of samples n = 8 \(got 3\)"),
+        ({"group_size": 16}, r"group_size must be in 1..=8 and divide the number of samples n = 8 \(got 16\)"),
+        ({"group_size": 0}, r"group_size must be in 1..=8 .*\(got 0\)"),
+        ({"group_size": -2}, r"group_size must be in 1..=8 .*\(got -2\)"),
+        ({"group_size": 2.0}, r"group_size must be an integer in 1..=8 .*\(got 2.0\)"),
+        ({"group_size": True}, r"group_size must be an integer in 1..=8 .*\(got True\)"),
+        ({"group_size": 0, "equal_count": False}, r"group_size must be in 1..=8"),
+    ],
+)
+def test_group_size_errors_name_the_argument_and_range(kwargs, match):
+    with pytest.raises(stowplan.InvalidArgumentError, match=match):
+        stowplan.balance([5, 7, 1, 1, 9, 9, 2, 3], 2, **kwargs)
 
 
 @pytest.mark.parametrize(

@@ -39,11 +39,12 @@ A rank that holds only its own samples slices them with local positions:
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 import numpy as np
 
 from . import _stowplan
+from ._convert import as_integers
 from .errors import InvalidArgumentError
 
 __all__ = ["COSTS", "MicroBatches", "Balance", "micro_batches", "balance", "rank_micro_batches"]
@@ -52,9 +53,112 @@ __all__ = ["COSTS", "MicroBatches", "Balance", "micro_batches", "balance", "rank
 COSTS: Dict[str, Tuple[int, int]] = _stowplan.COST_PRESETS
 
 micro_batches = _stowplan.micro_batches
-balance = _stowplan.balance
 MicroBatches = _stowplan.MicroBatches
 Balance = _stowplan.Balance
+
+
+def balance(
+    lengths: Any,
+    dp: int,
+    *,
+    cost: Any = None,
+    max_token_len: Optional[int] = None,
+    groups: Optional[Iterable[Any]] = None,
+    group_size: Optional[int] = None,
+    minibatch_size: Optional[int] = None,
+    equal_count: Optional[bool] = None,
+    min_count: Optional[int] = None,
+    divisible_by: Optional[int] = None,
+    count: Optional[int] = None,
+    order: Optional[str] = None,
+    extra_costs: Any = None,
+    backend: Optional[str] = None,
+) -> Any:
+    """Balances a global batch over ``dp`` ranks, and with ``max_token_len`` also splits every
+    rank's part into micro-batches (the same count on every rank); returns a :class:`Balance`.
+
+    Every rank gets the same number of samples (``equal_count``), and the costliest rank is
+    made as light as the heuristic finds (Karmarkar–Karp on costs, then swaps). The plan is a
+    pure function of the global lengths, so every rank can compute it and agree on the
+    micro-batch count without an all-reduce.
+
+    ``lengths``: tokens per sample of the global batch (list, numpy array, CPU tensor …);
+    ``dp``: number of data-parallel ranks, ``>= 1``. Options (omitted or ``None``: the
+    default):
+
+    - ``cost`` — ``"tokens"`` (default), ``"attention"`` (``24576·L + L²``) or a
+      ``(linear, quadratic)`` pair of integers;
+    - ``max_token_len`` — the micro-batch cap (``None``: plan only the DP level);
+    - ``groups`` — one label per sample (any hashable values, e.g. the prompt uid of each
+      rollout; numpy arrays too): samples with the same label stay on one rank. Equal counts
+      need groups of one size and a number of groups divisible by ``dp``;
+    - ``group_size`` — the CLI's ``--group-size G``: runs of ``G`` consecutive samples (one
+      prompt's ``G`` rollouts) stay on one rank, i.e. ``groups=[i // G for i in
+      range(len(lengths))]``. It must be in ``1..=len(lengths)`` and divide ``len(lengths)``
+      (with ``equal_count=False`` the last run may be shorter, as with the CLI's
+      ``--unequal-count``); give ``groups`` or ``group_size``, not both;
+    - ``minibatch_size`` — balance each run of this many consecutive samples separately
+      (verl's ``keep_minibatch``; each rank lists its samples mini-batch by mini-batch);
+    - ``equal_count`` — every rank gets the same number of samples (default True);
+    - ``min_count``, ``divisible_by``, ``count``, ``order`` — as in :func:`micro_batches`,
+      per rank;
+    - ``extra_costs`` — one extra cost per sample on top of ``cost`` (e.g. a multimodal
+      sample's image tokens), counted by both levels, not by the token cap;
+    - ``backend`` — ``"wasm"`` (default) or ``"native"``.
+
+    Index spaces: ``order``, ``ranks[r]`` and ``micro_batches[r].batches`` of the result hold
+    **global** sample indices (positions in ``lengths``). A rank holding only its share
+    ``batch[plan.ranks[r]]`` slices it with :func:`rank_micro_batches` (rank-local positions);
+    ``micro_batches[r].restore`` is rank-local already.
+
+    Raises :class:`InvalidArgumentError` naming the argument and its range (``dp`` above the
+    number of samples, counts that do not divide, ``groups`` of the wrong length or of
+    different sizes, ``group_size`` with ``groups`` or not dividing the samples …) and
+    :class:`InfeasibleError` for a sample longer than ``max_token_len``.
+
+    >>> import stowplan
+    >>> b = stowplan.balance([100, 900, 50, 950, 400, 600], 2)
+    >>> [r.tolist() for r in b.ranks], b.tokens.tolist()
+    ([[1, 2, 5], [0, 3, 4]], [1550, 1450])
+    >>> rollouts = [5, 7, 1, 1, 9, 9, 2, 3]               # 4 prompts × 2 rollouts, consecutive
+    >>> b = stowplan.balance(rollouts, 2, group_size=2)    # = groups=[0, 0, 1, 1, 2, 2, 3, 3]
+    >>> [r.tolist() for r in b.ranks]
+    [[2, 3, 4, 5], [0, 1, 6, 7]]
+    """
+    if group_size is not None:
+        if groups is not None:
+            raise InvalidArgumentError(
+                "give groups (one label per sample) or group_size (runs of group_size consecutive samples), not both"
+            )
+        converted = as_integers(lengths, "lengths")
+        n = len(converted)
+        g = group_size
+        if isinstance(g, bool) or not isinstance(g, (int, np.integer)):
+            raise InvalidArgumentError(f"group_size must be an integer in 1..={n} dividing the number of samples (got {g!r})")
+        g = int(g)
+        # An empty batch is left to the native layer, which names `lengths`.
+        if g < 1 or (equal_count is not False and n > 0 and n % g != 0):
+            raise InvalidArgumentError(
+                f"group_size must be in 1..={n} and divide the number of samples n = {n} (got {g}); "
+                "with equal_count=False any group_size >= 1 is taken (the last run keeps the rest)"
+            )
+        lengths = converted
+        groups = np.arange(n, dtype=np.int64) // g
+    return _stowplan.balance(
+        lengths,
+        dp,
+        cost=cost,
+        max_token_len=max_token_len,
+        groups=groups,
+        minibatch_size=minibatch_size,
+        equal_count=equal_count,
+        min_count=min_count,
+        divisible_by=divisible_by,
+        count=count,
+        order=order,
+        extra_costs=extra_costs,
+        backend=backend,
+    )
 
 
 def rank_micro_batches(plan: Any, rank: int, *, local: bool = True) -> List[np.ndarray]:

@@ -213,7 +213,11 @@ def balance(
     backend: Optional[str] = None,
 ) -> Balance:
     """DP balancing, and with ``max_token_len`` the micro-batches of every rank (global
-    sample indices; see :class:`Balance`)."""
+    sample indices; see :class:`Balance`). ``groups``: one label per sample (any hashable,
+    e.g. uids; numpy arrays too); samples with the same label stay on one rank (equal counts
+    need groups of one size and a group count divisible by ``dp``). ``stowplan.balance``,
+    the Python wrapper of this function, also takes ``group_size=G``: the CLI's
+    ``--group-size``, runs of ``G`` consecutive samples (``groups=[i // G ...]``)."""
 
 def verl(function: str, seqlens: List[int], k: int, equal_size: bool, *, backend: Optional[str] = None) -> List[List[int]]:
     """verl 0.9.1's ``function``; raises the builtin exception verl raises."""
