@@ -77,7 +77,70 @@ class PackingConfig:
     @classmethod
     def from_dict(cls, config: Dict[str, Any], *, world_size: int) -> "PackingConfig":
         """Validates ``config`` (``{"training": {...}, "template": {"max_length": N}, ...}``)
-        for ``world_size`` ranks and logs the requested vs realized packs per step."""
+        for ``world_size`` ranks and logs the requested vs realized packs per step.
+
+        ``config`` is a trainer configuration as a dict (JSON-serializable). The keys read
+        (anything else is ignored; a section may be missing or ``None``):
+
+        ===============================================  ========  ============  ====================================================
+        key                                              type      default       meaning (attribute of the result)
+        ===============================================  ========  ============  ====================================================
+        ``training.packing``                             bool      ``False``     pack the train split (``packing``)
+        ``training.packing_mode``                        str       ``"static"``  ``"static"`` only; ``"dynamic"`` is refused when
+                                                                                 packing is on (``packing_mode``)
+        ``training.eval_packing``                        bool      ``packing``   pack the eval split too (``eval_packing``)
+        ``training.packing_allow_single_long``           bool      ``False``     a sample of length >= the packing length gets a pack
+                                                                                 of its own; else it is dropped and listed
+                                                                                 (``allow_single_long``)
+        ``training.packing_align``                       int >= 1  1             round every length up to a multiple of this
+                                                                                 (``align``)
+        ``training.dataloader_drop_last``                bool      ``False``     drop the last ``packs mod world_size`` packs of the
+                                                                                 train plan instead of repeating the first ones
+                                                                                 (``dataloader_drop_last``; eval never drops)
+        ``training.packing_wait_timeout_s``              int >= 0  7200          seconds ranks > 0 wait for rank 0's length cache;
+                                                                                 0 waits forever (``wait_timeout_s``)
+        ``training.packing_length_cache_persist_every``  int >= 1  adaptive      flush the length cache every this many lengths;
+                                                                                 adaptive: about 1 % of the samples, 1,024..262,144
+                                                                                 (``persist_every``, ``None`` = adaptive)
+        ``training.packing_length_precompute_workers``   int >= 1  8             processes computing lengths; 1 = serial
+                                                                                 (``precompute_workers``)
+        ``training.per_device_train_batch_size``         int >= 1  1             as configured; packing trains one pack per device
+                                                                                 and step, so it becomes 1 and its factor moves
+                                                                                 into the accumulation steps
+        ``training.gradient_accumulation_steps``         int >= 1  1             as configured; with packing and no
+                                                                                 ``effective_batch_size`` the result's is
+                                                                                 ``per_device_train_batch_size × this``
+        ``training.effective_batch_size``                int >= 1  none          packs per optimizer step over all ranks; must be a
+                                                                                 multiple of ``world_size`` (× the per-device batch
+                                                                                 without packing); with packing, accumulation
+                                                                                 steps = ``effective_batch_size / world_size``
+        ``template.max_length``                          int >= 1  none          the packing length (``packing_length``; the key used
+                                                                                 is ``packing_length_key``); required when packing
+                                                                                 or eval packing is on
+        ``model.max_model_len``                          int >= 1  none          the packing length when ``template.max_length`` is
+                                                                                 unset
+        ``training_args.max_model_len``                  int >= 1  none          the packing length when neither of the above is set
+        ``custom.train_jsonl``                           str       none          the dataset's identity for the length cache
+                                                                                 (``dataset_source``)
+        ``custom.fusion_config``                         any       none          refused with packing or eval packing on (mixing
+                                                                                 schedules resample every epoch); else the identity
+        ===============================================  ========  ============  ====================================================
+
+        Refused with a :class:`stowplan.ConfigError` naming the key: a value of the wrong
+        type or out of range, ``training.packing_length`` (deprecated: set
+        ``template.max_length``), and any other ``training`` key starting with ``packing``
+        or ``eval_packing`` (a typo there would silently change the plan). The result's
+        ``world_size``, ``per_device_train_batch_size``, ``gradient_accumulation_steps``,
+        ``requested_packs_per_step``, ``configured_packs_per_step``,
+        ``realized_packs_per_step`` and ``batch_report`` are the batch arithmetic to train
+        with.
+
+        >>> import stowplan
+        >>> c = stowplan.PackingConfig.from_dict({"training": {"packing": True, "per_device_train_batch_size": 4,
+        ...     "gradient_accumulation_steps": 2}, "template": {"max_length": 16384}}, world_size=8)
+        >>> c.packing_length, c.per_device_train_batch_size, c.gradient_accumulation_steps, c.eval_packing
+        (16384, 1, 8, True)
+        """
         try:
             text = json.dumps(config)
         except (TypeError, ValueError) as exc:
