@@ -4,7 +4,7 @@ Every name here is the native module's (``stowplan._stowplan``): the arrays are 
 that own the Rust vectors without a copy.
 
 >>> import stowplan
->>> lay = stowplan.cp_layout([2, 4, 6, 1], cp=2)          # seed 001's example
+>>> lay = stowplan.cp_layout([2, 4, 6, 1], cp=2)          # padded to multiples of 2·cp = 4
 >>> row = list(range(lay.padded_tokens))
 >>> [part.tolist() for part in lay.split(row)]            # what every CP rank receives
 [[0, 3, 4, 7, 8, 9, 14, 15, 16, 19], [1, 2, 5, 6, 10, 11, 12, 13, 17, 18]]

@@ -1,4 +1,4 @@
-"""Static pack plans for SFT datasets (seed 002).
+"""Static pack plans for SFT datasets: packs fixed once, before training.
 
 A plan is computed once per run from per-sample lengths, is identical on every rank, in
 every host and for any number of precompute workers, and gives a map-style dataset with a
@@ -47,7 +47,7 @@ _log = logging.getLogger("stowplan.plan")
 
 @dataclass(frozen=True)
 class PackingConfig:
-    """The packing keys of a training configuration, validated (seed 002 defaults applied).
+    """The packing keys of a training configuration, validated (defaults applied).
 
     Build with :meth:`from_dict`; every invalid key raises :class:`stowplan.ConfigError`
     naming it. ``gradient_accumulation_steps`` and ``per_device_train_batch_size`` are the
@@ -340,8 +340,8 @@ def plan_dataset(
     log: bool = True,
 ) -> Any:
     """The static pack plan of ``dataset``: planning lengths (cached under ``cache_dir`` when
-    given, see :func:`compute_lengths`), the raw plan and its alignment, logged as seed 002
-    requires. With ``config`` (a :class:`PackingConfig`) the packing length, long-sample
+    given, see :func:`compute_lengths`), the raw plan and its alignment, logged (pack
+    counts, world size, drop_last, repeats, long samples, checksums). With ``config`` (a :class:`PackingConfig`) the packing length, long-sample
     policy, alignment, ``drop_last`` (never for ``eval=True``), world size, workers, flush
     cadence, wait timeout and dataset source come from it, and a partial accumulation window
     is warned about. ``workers``, ``wait_timeout_s`` and ``backend`` left ``None`` take the

@@ -1,4 +1,4 @@
-"""The rollout data source with a buffer (seed 003, slime's data source), run by the Rust
+"""The rollout data source with a buffer (slime's ``RolloutDataSourceWithBuffer``), run by the Rust
 host: prompts from a JSONL file, an epoch cursor with a seeded shuffle identical in every
 host, groups of ``n_samples_per_prompt`` samples with consecutive indices, a buffer served
 first (FIFO), and a saved state that includes the buffer.

@@ -410,7 +410,7 @@ def prime_rl_ffd(
 ) -> PrimeRlBins: ...
 
 class StaticPackPlan:
-    """A static pack plan (seed 002): the world-size independent raw plan of a dataset and
+    """A static pack plan of an SFT dataset: the world-size independent raw plan of a dataset and
     its alignment for ``world_size`` ranks. ``len(plan)`` is the number of aligned packs and
     ``plan[i]`` the sample indices (ascending) of aligned pack ``i``."""
 
@@ -469,7 +469,8 @@ class StaticPackPlan:
     def raw_packs(self) -> List[List[int]]:
         """The raw packs as index lists."""
     def log_lines(self) -> List[str]:
-        """The lines seed 002 requires in the log."""
+        """The plan's log lines: raw and aligned pack counts, world size, drop_last, repeated or
+        dropped packs, long samples, and both checksums."""
     def log(self, logger: Any = None) -> None:
         """Writes :meth:`log_lines` to ``logger`` (default ``stowplan.plan``)."""
 

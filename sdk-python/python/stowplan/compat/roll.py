@@ -158,14 +158,14 @@ def pack_sequences(
 ) -> Dict[str, Any]:
     """ROLL's sequence packing of ``sequences`` (each the valid tokens of one sample): every
     sequence padded with ``pad_val`` to a multiple of ``pad_factor`` (default ROLL's
-    :func:`get_pad_factor`; seed 001 uses ``2·cp·tp``), concatenated, and split over ``cp``
+    :func:`get_pad_factor`; stowplan's own default is ``2·cp·tp``), concatenated, and split over ``cp``
     ranks — rank ``r`` gets chunks ``r`` and ``2·cp−1−r`` of every sequence.
 
     Returns ``{"input_ids": the row of CP rank cp_rank (or a list with every rank's row when
     cp_rank is None), "cu_seqlens", "cu_seqlens_padded", "max_seqlen" (padded),
     "pad_factor", "qkv_format": "thd"}``.
 
-    Example (seed 001, factor 2·cp·tp = 4; -1 marks padding):
+    Example (factor 2·cp·tp = 4; -1 marks padding):
         >>> r = pack_sequences([[0, 0], [1, 1, 1, 1], [2] * 6, [3]], cp=2, pad_val=-1, pad_factor=4)
         >>> [row.tolist() for row in r["input_ids"]]
         [[0, -1, 1, 1, 2, 2, -1, -1, 3, -1], [0, -1, 1, 1, 2, 2, 2, 2, -1, -1]]
