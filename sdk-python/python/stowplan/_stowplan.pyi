@@ -96,7 +96,10 @@ class StreamPacker:
         backend: Optional[str] = None,
     ) -> None:
         """``max_open_bins`` 1..=65536 (default 64), ``max_buffered`` 0..=1048576 (default
-        4096), ``oversize`` ``"error"`` (default), ``"single"`` or ``"drop"``."""
+        4096), ``oversize`` — what a length above ``capacity`` does: ``"error"`` (default;
+        :class:`InfeasibleError`, nothing of the call applied), ``"single"`` (a bin of its
+        own) or ``"drop"`` (left out, listed in :attr:`last_dropped`). Real SFT and
+        pretraining streams have such lengths: pass ``"drop"`` or ``"single"``."""
     @staticmethod
     def from_state(state: bytes, *, backend: Optional[str] = None) -> StreamPacker: ...
     def add(self, lengths: _Lengths) -> List[List[int]]: ...

@@ -86,15 +86,20 @@ class PackedIterableDataset(_Base):  # type: ignore[misc,valid-type]
     iterated once per consumer, and again from its start when resuming. ``length_fn`` —
     ``sample -> tokens`` (a non-negative int). ``capacity``, ``max_open_bins``,
     ``max_buffered``, ``align``, ``oversize`` and ``backend`` are :class:`StreamPacker`'s
-    (``None``: its defaults, 64 open bins and 4096 waiting samples); with
-    ``oversize="drop"`` a too-long sample is skipped, with ``"single"`` it is a pack alone.
+    (``None``: its defaults, 64 open bins and 4096 waiting samples). ``oversize`` says what a
+    sample longer than ``capacity`` does — real SFT data nearly always has some, so choose:
+    ``"error"`` (the default) raises :class:`InfeasibleError` when the iteration reaches it,
+    ``"drop"`` skips it, ``"single"`` yields it as a pack alone (over the capacity).
     ``rank`` / ``world_size`` — this data-parallel rank and how many there are (default 0 of
     1). Inside a torch DataLoader the worker is found with ``get_worker_info()``.
 
-    >>> docs = [{"ids": [1] * n} for n in (5, 3, 7, 2, 6, 4)]
-    >>> ds = PackedIterableDataset(docs, lambda d: len(d["ids"]), capacity=10, max_buffered=0)
+    >>> docs = [{"ids": [1] * n} for n in (5, 3, 7, 12, 2, 6, 4)]    # one doc over the capacity
+    >>> ds = PackedIterableDataset(docs, lambda d: len(d["ids"]), capacity=10, max_buffered=0, oversize="drop")
     >>> [[len(d["ids"]) for d in pack] for pack in ds]
     [[5, 3, 2], [6, 4], [7]]
+    >>> ds = PackedIterableDataset(docs, lambda d: len(d["ids"]), capacity=10, max_buffered=0, oversize="single")
+    >>> [[len(d["ids"]) for d in pack] for pack in ds]
+    [[12], [5, 3, 2], [6, 4], [7]]
     """
 
     def __init__(
