@@ -437,7 +437,10 @@ class StaticPackPlan:
     single_long: List[int]
     dropped_long: List[int]
     lower_bound: int
+    #: Real tokens of every packed sample, the single-long ones included.
     real_tokens: int
+    #: Fill of the multi-sample packs only, in 0..=1: their real tokens (``real_tokens``
+    #: minus the single-long packs') / (multi-sample packs × ``packing_length``).
     efficiency: float
     raw_checksum: str
     aligned_checksum: str
