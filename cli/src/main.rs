@@ -49,7 +49,7 @@ enum Command {
     /// Balance a global batch over DP ranks and/or split it into micro-batches of at most
     /// MAX_TOKEN_LEN tokens (a hard cap), balancing a cost model.
     Balance(balance::Args),
-    /// Build a static pack plan of a whole SFT dataset (seed 002): packs of at most
+    /// Build a static pack plan of a whole SFT dataset (packs fixed before training): at most
     /// PACKING_LENGTH tokens, aligned so that WORLD_SIZE ranks get the same number of packs.
     Plan(plan::Args),
     /// Inspect buffer-filter plugins (WebAssembly components of stowplan:filter/buffer-filter).

@@ -99,10 +99,12 @@ struct Report<'a> {
     packs_per_rank: usize,
     /// No raw plan has fewer packs.
     lower_bound: u64,
-    /// Real tokens / (multi-sample packs × packing_length).
+    /// Tokens in multi-sample packs / (multi-sample packs × packing_length).
     efficiency: f64,
-    /// Real tokens packed.
+    /// Real tokens packed, every pack.
     real_tokens: u64,
+    /// Real tokens of the single-long packs (each may be over `packing_length`).
+    single_long_tokens: u64,
     /// Samples alone in a pack (length ≥ packing_length, `--allow-single-long`).
     single_long: usize,
     /// Samples dropped for their length.
@@ -189,6 +191,7 @@ pub fn run(a: Args) -> Result<(), Failure> {
         lower_bound: plan.raw.lower_bound,
         efficiency: plan.efficiency(),
         real_tokens: plan.raw.real_tokens,
+        single_long_tokens: plan.single_long_tokens(),
         single_long: plan.raw.single_long.len(),
         dropped_long: plan.raw.dropped.len(),
         pad_needed: plan.aligned.pad_needed,
@@ -240,10 +243,19 @@ impl fmt::Display for Report<'_> {
         }
         writeln!(
             f,
-            "  efficiency    {:>11.3}%  (real tokens / (multi-sample packs × packing_length))",
+            "  efficiency    {:>11.3}%  (tokens in multi-sample packs / (multi-sample packs × packing_length))",
             100.0 * self.efficiency
         )?;
-        writeln!(f, "  real tokens   {:>12}", self.real_tokens)?;
+        let multi_packs = self.n_raw_packs - self.single_long as u64;
+        writeln!(
+            f,
+            "  real tokens   {:>12}  ({} in {} multi-sample packs, {} in {} single-long packs)",
+            self.real_tokens,
+            self.real_tokens - self.single_long_tokens,
+            multi_packs,
+            self.single_long_tokens,
+            self.single_long
+        )?;
         writeln!(
             f,
             "  long samples  {:>12}  single-long packs, {} dropped{}",

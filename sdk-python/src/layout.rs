@@ -52,8 +52,8 @@ fn align_options(
 /// The multiple every sequence length is padded to.
 ///
 /// Options (omitted or ``None``: the default): ``cp``, ``tp`` — context- and
-/// tensor-parallel sizes (default 1); ``align`` — ``None`` or ``"cp_tp"``: seed 001's
-/// ``2·cp·tp`` (``tp`` when ``cp == 1``); ``"roll"``: ROLL's ``lcm(16, 2·cp·tp)``
+/// tensor-parallel sizes (default 1); ``align`` — ``None`` or ``"cp_tp"``: the zigzag
+/// split's ``2·cp·tp`` (``tp`` when ``cp == 1``); ``"roll"``: ROLL's ``lcm(16, 2·cp·tp)``
 /// (``lcm(16, tp)`` when ``cp == 1``); an integer: that multiple, which must be a multiple of
 /// ``2·cp`` (when ``cp > 1``) and of ``tp``; ``power_of_two`` — reject ``cp``/``tp`` that are
 /// not powers of two (default False); ``backend``.
@@ -162,7 +162,7 @@ fn numpy(py: Python<'_>) -> PyResult<&Bound<'_, PyModule>> {
 /// in order and splits the row over ``cp`` ranks. Zero lengths are allowed. ``tp``,
 /// ``align``, ``power_of_two``, ``backend``: as for :func:`pad_factor`.
 ///
-/// >>> lay = cp_layout([2, 4, 6, 1], cp=2)          # seed 001's example
+/// >>> lay = cp_layout([2, 4, 6, 1], cp=2)          # padded to multiples of 2·cp = 4
 /// >>> lay.factor, lay.cu_seqlens.tolist(), lay.cu_seqlens_padded.tolist()
 /// (4, [0, 2, 6, 12, 13], [0, 4, 8, 16, 20])
 /// >>> lay.gather[0].tolist()                         # positions CP rank 0 receives

@@ -265,7 +265,8 @@ impl PyStaticPackPlan {
         self.plan.raw.real_tokens
     }
 
-    /// Fill of the multi-sample packs (real tokens / (packs × packing_length)).
+    /// Fill of the multi-sample packs: their tokens (``real_tokens`` minus the single-long
+    /// packs') / (multi-sample packs × packing_length).
     #[getter]
     fn efficiency(&self) -> f64 {
         self.plan.efficiency()
@@ -283,7 +284,7 @@ impl PyStaticPackPlan {
         self.plan.aligned_checksum()
     }
 
-    /// The log lines seed 002 requires (counts, world size, drop_last, repeats, long samples,
+    /// The plan's log lines (counts, world size, drop_last, repeats, long samples,
     /// both checksums).
     fn log_lines(&self) -> Vec<String> {
         self.plan.log_lines()
@@ -504,7 +505,7 @@ fn resolve_packing_config<'py>(
 }
 
 /// accumulation_warning(world_size, per_device_train_batch_size, gradient_accumulation_steps,
-/// per_rank_batches) -> str | None: seed 002's partial-window warning for derived sizes.
+/// per_rank_batches) -> str | None: the partial accumulation window warning for derived sizes.
 #[pyfunction]
 fn accumulation_warning(
     py: Python<'_>,

@@ -110,15 +110,21 @@ impl StaticPackPlan {
         self.aligned.checksum_hex()
     }
 
-    /// Fill of the packs that may hold several samples: their real tokens over
-    /// `packs × packing_length`, in 0..=1 (a figure for reports).
+    /// Fill of the multi-sample packs: their real tokens (the single-long packs' excluded)
+    /// over `multi-sample packs × packing_length`, in 0..=1 (a figure for reports).
     pub fn efficiency(&self) -> f64 {
         let regular = self.raw_len() - self.raw.single_long.len();
         if regular == 0 {
             return 0.0;
         }
-        let single: u64 = self.raw.single_long.iter().map(|&i| self.single_tokens(i)).sum();
-        (self.raw.real_tokens - single) as f64 / (regular as f64 * self.options.packing_length as f64)
+        (self.raw.real_tokens - self.single_long_tokens()) as f64
+            / (regular as f64 * self.options.packing_length as f64)
+    }
+
+    /// Real tokens of the single-long packs (each may hold more than `packing_length`):
+    /// `raw.real_tokens` minus this is what the multi-sample packs hold.
+    pub fn single_long_tokens(&self) -> u64 {
+        self.raw.single_long.iter().map(|&i| self.single_tokens(i)).sum()
     }
 
     /// Tokens of the single-long pack of sample `i`.
