@@ -232,8 +232,8 @@ def prepare_micro_batches(
     Each result is a dict of prime-rl's ``MicroBatch`` fields: ``input_ids``,
     ``position_ids``, ``loss_mask``, ``advantages``, ``inference_logprobs``,
     ``temperatures``, ``lora_num_tokens``, ``env_names`` and, for ``variant="classic"``,
-    ``rewards``, ``teacher_logprobs``, ``training_mode``, ``mm_kwargs`` (the multimodal
-    sample's, else None); for ``"multilora"``, ``sequence_lengths``, ``seq_lens`` (one entry
+    ``rewards``, ``teacher_logprobs``, ``training_mode`` and, for a multimodal sample's
+    micro-batch only, ``mm_kwargs`` (prime-rl at b5daec1 produces no such key for text); for ``"multilora"``, ``sequence_lengths``, ``seq_lens`` (one entry
     per sample, zero-length ones included) and ``ref_logprobs``. Array fields are numpy
     arrays.
 
@@ -300,7 +300,10 @@ def prepare_micro_batches(
             d.pop("seq_lens", None)
             d["rewards"] = np.array(rewards, dtype=np.float32)
             d["training_mode"] = str(_get(first, "training_mode", "rl"))
-            d["mm_kwargs"] = _get(first, "mm_kwargs")
+            # prime-rl's MicroBatch leaves mm_kwargs at its default (omitted) for text.
+            mm_kwargs = _get(first, "mm_kwargs")
+            if mm_kwargs is not None:
+                d["mm_kwargs"] = mm_kwargs
         else:
             # One entry per sample in bin order (zero-length ones too); the padding is the last one's.
             sequence = np.array([lengths[i] for i in members], dtype=np.int32)
