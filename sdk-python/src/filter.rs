@@ -9,6 +9,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use stowplan::{FilterOptions, OnFailure, WasmFilter};
 
+use crate::str_options;
 use crate::{Nullable, int, invalid, number, opt_parse, to_py, u64_arg};
 
 /// A loaded plugin; see `stowplan.Filter` for the Python-facing class.
@@ -45,9 +46,10 @@ impl PyFilter {
         fuel: Nullable<'py>,
         memory_limit: Option<&Bound<'py, PyAny>>,
         output_limit: Option<&Bound<'py, PyAny>>,
-        on_failure: Option<&str>,
+        on_failure: Option<&Bound<'_, PyAny>>,
         max_plugin_bytes: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Self> {
+        str_options!(on_failure);
         // Conversions only; the host checks the ranges (and names them).
         let d = FilterOptions::new(sha256);
         let timeout = match timeout {

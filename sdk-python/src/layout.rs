@@ -8,6 +8,7 @@ use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyBytes, PyDict, PyList, PyString};
 use stowplan::{AlignOptions, CpRuns, Factor, MaterializeOptions, MicroBatch, Padding, Sample};
 
+use crate::str_options;
 use crate::{
     Lengths, cost_arg, float_vec, int, int_vec, invalid, kernel, mask_vec, number, opt_parse, opt_u32, to_py, u64_arg,
 };
@@ -68,8 +69,9 @@ pub fn pad_factor(
     tp: Option<&Bound<'_, PyAny>>,
     align: Option<&Bound<'_, PyAny>>,
     power_of_two: Option<bool>,
-    backend: Option<&str>,
+    backend: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<u64> {
+    str_options!(backend);
     let o = align_options(cp, tp, align, power_of_two)?;
     let k = kernel(py, backend)?;
     py.detach(|| k.pad_factor(&o)).map_err(|e| to_py(py, e))
@@ -178,8 +180,9 @@ pub fn cp_layout(
     tp: Option<&Bound<'_, PyAny>>,
     align: Option<&Bound<'_, PyAny>>,
     power_of_two: Option<bool>,
-    backend: Option<&str>,
+    backend: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<PyCpLayout> {
+    str_options!(backend);
     let o = align_options(Some(cp), tp, align, power_of_two)?;
     let lengths = Lengths::extract(lengths, "lengths")?;
     let k = kernel(py, backend)?;
@@ -648,19 +651,20 @@ pub fn materialize(
     dp: Option<&Bound<'_, PyAny>>,
     cp: Option<&Bound<'_, PyAny>>,
     tp: Option<&Bound<'_, PyAny>>,
-    padding: Option<&str>,
+    padding: Option<&Bound<'_, PyAny>>,
     align: Option<&Bound<'_, PyAny>>,
     cost: Option<&Bound<'_, PyAny>>,
     pad_token_id: Option<&Bound<'_, PyAny>>,
     num_runs: Option<&Bound<'_, PyAny>>,
     mix_runs: Option<bool>,
     allow_empty_completion: Option<bool>,
-    loss_agg_mode: Option<&str>,
+    loss_agg_mode: Option<&Bound<'_, PyAny>>,
     loss_scale_factor: Option<&Bound<'_, PyAny>>,
     multimodal_alone: Option<bool>,
     plan: Option<&Bound<'_, PyAny>>,
-    backend: Option<&str>,
+    backend: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<PyMaterialized> {
+    str_options!(padding, loss_agg_mode, backend);
     let capacity = u64_arg(capacity, "capacity", 1)?;
     let plan = plan_arg(plan)?;
     // With a plan, dp defaults to its number of ranks (the host checks a given dp against it).
@@ -781,8 +785,9 @@ pub fn prime_rl_ffd(
     runs: Vec<u32>,
     labels: Vec<u32>,
     seq_len: u64,
-    backend: Option<&str>,
+    backend: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<PyPrimeRlBins> {
+    str_options!(backend);
     let k = kernel(py, backend)?;
     let (bins, dropped) = py.detach(|| k.prime_rl_ffd(&lengths, &runs, &labels, seq_len)).map_err(|e| to_py(py, e))?;
     Ok(PyPrimeRlBins { bins, dropped })

@@ -454,6 +454,31 @@ where
     name.parse::<T>().map_err(|e| to_py(py, e.into()))
 }
 
+/// An optional string argument named `name`: `None` stays `None`; anything but a `str` is an
+/// `InvalidArgumentError` naming the argument (pyo3's own error named neither).
+pub(crate) fn opt_str(value: Option<&Bound<'_, PyAny>>, name: &str) -> PyResult<Option<String>> {
+    let Some(v) = value else { return Ok(None) };
+    match v.cast::<PyString>() {
+        Ok(s) => Ok(Some(s.to_cow()?.into_owned())),
+        Err(_) => {
+            let got = v.get_type().name().map_or_else(|_| "?".to_string(), |n| n.to_string());
+            Err(invalid(v.py(), format!("{name} must be a string or None (got {got})")))
+        }
+    }
+}
+
+/// Turns optional string arguments (`Option<&Bound<PyAny>>`) into `Option<&str>` of the same
+/// names, refusing other types with an error naming the argument ([`opt_str`]).
+macro_rules! str_options {
+    ($($name:ident),+) => {
+        $(
+            let $name = $crate::opt_str($name, stringify!($name))?;
+            let $name = $name.as_deref();
+        )+
+    };
+}
+pub(crate) use str_options;
+
 /// An optional option name (`None`: the host's default, which the caller supplies).
 pub(crate) fn opt_parse<T>(py: Python<'_>, name: Option<&str>) -> PyResult<Option<T>>
 where
@@ -784,11 +809,12 @@ fn partition(
     py: Python<'_>,
     weights: &Bound<'_, PyAny>,
     k: &Bound<'_, PyAny>,
-    method: Option<&str>,
+    method: Option<&Bound<'_, PyAny>>,
     equal_size: Option<bool>,
     refine: Option<bool>,
-    backend: Option<&str>,
+    backend: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<PyPartition> {
+    str_options!(method, backend);
     let k = u32_arg(k, "k", 1)?;
     let d = PartitionOptions::default();
     let method = opt_parse(py, method)?.unwrap_or(d.method);
@@ -891,10 +917,11 @@ fn pack(
     lengths: &Bound<'_, PyAny>,
     capacity: &Bound<'_, PyAny>,
     align: Option<&Bound<'_, PyAny>>,
-    method: Option<&str>,
-    oversize: Option<&str>,
-    backend: Option<&str>,
+    method: Option<&Bound<'_, PyAny>>,
+    oversize: Option<&Bound<'_, PyAny>>,
+    backend: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<PyPacking> {
+    str_options!(method, oversize, backend);
     let d = PackOptions::new(u64_arg(capacity, "capacity", 1)?);
     let options = PackOptions {
         align: opt_u64(align, "align", 1)?.unwrap_or(d.align),
@@ -1073,10 +1100,11 @@ fn micro_batches(
     min_count: Option<&Bound<'_, PyAny>>,
     divisible_by: Option<&Bound<'_, PyAny>>,
     count: Option<&Bound<'_, PyAny>>,
-    order: Option<&str>,
+    order: Option<&Bound<'_, PyAny>>,
     extra_costs: Option<&Bound<'_, PyAny>>,
-    backend: Option<&str>,
+    backend: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<PyMicroBatches> {
+    str_options!(order, backend);
     let options = micro_options(py, max_token_len, cost_arg(cost)?, min_count, divisible_by, count, order)?;
     let lengths = Lengths::extract(lengths, "lengths")?;
     let extra = extra_costs.map(|e| Lengths::extract(e, "extra_costs")).transpose()?;
@@ -1261,10 +1289,11 @@ fn balance(
     min_count: Option<&Bound<'_, PyAny>>,
     divisible_by: Option<&Bound<'_, PyAny>>,
     count: Option<&Bound<'_, PyAny>>,
-    order: Option<&str>,
+    order: Option<&Bound<'_, PyAny>>,
     extra_costs: Option<&Bound<'_, PyAny>>,
-    backend: Option<&str>,
+    backend: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<PyBalance> {
+    str_options!(order, backend);
     let d = DpOptions::default();
     let cost = cost_arg(cost)?.unwrap_or(d.cost);
     let dp = u32_arg(dp, "dp", 1)?;
@@ -1331,8 +1360,9 @@ fn verl<'py>(
     seqlens: &Bound<'py, PyAny>,
     k: &Bound<'py, PyAny>,
     equal_size: bool,
-    backend: Option<&str>,
+    backend: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<Bound<'py, PyList>> {
+    str_options!(backend);
     let seqlens: Vec<i64> = int_vec(seqlens, "seqlen_list", i64::MIN.into(), i64::MAX.into())?;
     let k: u32 = int(k, "k_partitions", 0, u32::MAX.into())?;
     let f = match function {
@@ -1395,8 +1425,9 @@ fn verl_rearrange_micro_batches<'py>(
     force_group_size: Option<&Bound<'py, PyAny>>,
     padded_width: Option<&Bound<'py, PyAny>>,
     dp_num_micro_batches: Option<&Bound<'py, PyAny>>,
-    backend: Option<&str>,
+    backend: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<Bound<'py, PyList>> {
+    str_options!(backend);
     let seqlens: Vec<i64> = int_vec(seqlens, "seqlen_list", i64::MIN.into(), i64::MAX.into())?;
     let (
         max_token_len,
@@ -1472,8 +1503,9 @@ fn balance_batch(
     seqlens: &Bound<'_, PyAny>,
     dp: &Bound<'_, PyAny>,
     minibatch_size: Option<&Bound<'_, PyAny>>,
-    backend: Option<&str>,
+    backend: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<PyDpReorder> {
+    str_options!(backend);
     let seqlens: Vec<i64> = int_vec(seqlens, "seqlen_list", i64::MIN.into(), i64::MAX.into())?;
     let dp: u32 = int(dp, "dp_size", 0, u32::MAX.into())?;
     let minibatch_size = opt_i64(minibatch_size, "minibatch_size")?;
@@ -1544,8 +1576,9 @@ fn roll_load_balance(
     cp: Option<&Bound<'_, PyAny>>,
     vp: Option<&Bound<'_, PyAny>>,
     dp_num_micro_batches: Option<&Bound<'_, PyAny>>,
-    backend: Option<&str>,
+    backend: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<PyRollMicroBatches> {
+    str_options!(backend);
     let lengths: Vec<i64> = int_vec(lengths, "lengths", i64::MIN.into(), i64::MAX.into())?;
     let (low, high) = (i64::MIN.into(), i64::MAX.into());
     let mask_width: i64 = int(mask_width, "mask_width", low, high)?;

@@ -26,6 +26,7 @@ use stowplan::serve::{
 use stowplan::{BatchKey, Packer, PackerOptions, PackerState, RankBatch, RunConfig, RunProgress, TrainingBatch};
 
 use crate::layout::{extract_sample, wrap};
+use crate::str_options;
 use crate::{cost_arg, int, invalid, kernel, number, opt_parse, opt_u32, opt_u64, to_py, u32_arg, u64_arg};
 
 /// What one rank receives for one packer step.
@@ -771,12 +772,13 @@ impl PyPacker {
         wait_timeout: Option<&Bound<'_, PyAny>>,
         teacher_logprobs: Option<bool>,
         allow_empty_completion: Option<bool>,
-        loss_agg_mode: Option<&str>,
+        loss_agg_mode: Option<&Bound<'_, PyAny>>,
         loss_scale_factor: Option<&Bound<'_, PyAny>>,
-        backend: Option<&str>,
+        backend: Option<&Bound<'_, PyAny>>,
         state: Option<&[u8]>,
         batches: Option<Vec<Vec<u8>>>,
     ) -> PyResult<Self> {
+        str_options!(loss_agg_mode, backend);
         // `None` (or an omitted option) is the host's default: `PackerOptions::new`.
         let d = PackerOptions::new(u64_arg(seq_len, "seq_len", 1)?, u32_arg(dp, "dp", 1)?);
         let o = PackerOptions {

@@ -12,6 +12,7 @@ use stowplan::{EffectiveBatch, LengthCache, PackingConfig, PlanOptions, StaticPa
 
 use stowplan::plan::config::{DEFAULT_PRECOMPUTE_WORKERS, DEFAULT_WAIT_TIMEOUT_S};
 
+use crate::str_options;
 use crate::{Lengths, int, int_vec, invalid, json_to_py, kernel, number, opt_u64, repr, to_py, u64_arg};
 
 /// How long one host wait runs before Python signals are checked.
@@ -60,8 +61,9 @@ impl PyStaticPackPlan {
         drop_last: Option<bool>,
         allow_single_long: Option<bool>,
         align: Option<&Bound<'_, PyAny>>,
-        backend: Option<&str>,
+        backend: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
+        str_options!(backend);
         let d = PlanOptions::new(u64_arg(packing_length, "packing_length", 1)?);
         let options = PlanOptions {
             align: opt_u64(align, "align", 1)?.unwrap_or(d.align),
@@ -106,8 +108,9 @@ impl PyStaticPackPlan {
         py: Python<'_>,
         world_size: &Bound<'_, PyAny>,
         drop_last: Option<bool>,
-        backend: Option<&str>,
+        backend: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
+        str_options!(backend);
         let world_size = world(world_size)?;
         let kernel = kernel(py, backend)?;
         let drop_last = drop_last.unwrap_or(false);
@@ -345,9 +348,10 @@ impl PyLengthCache {
         cache_dir: PathBuf,
         source: &str,
         samples: &Bound<'_, PyAny>,
-        config_json: Option<&str>,
+        config_json: Option<&Bound<'_, PyAny>>,
         persist_every: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
+        str_options!(config_json);
         let samples = sample_count(samples)?;
         let config = json_value(py, config_json, "config")?;
         let persist_every = persist_every
@@ -442,9 +446,10 @@ impl PyLengthCache {
         cache_dir: PathBuf,
         source: &str,
         samples: &Bound<'_, PyAny>,
-        config_json: Option<&str>,
+        config_json: Option<&Bound<'_, PyAny>>,
         timeout_s: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Bound<'py, PyArray1<u64>>> {
+        str_options!(config_json);
         let samples = sample_count(samples)?;
         let timeout_s = match timeout_s {
             Some(t) => number(t, "timeout_s", "a number of seconds >= 0")?,

@@ -8,6 +8,7 @@ use pyo3::types::{PyBytes, PyDict, PyList};
 use stowplan::{DataSource, DataSourceOptions, Group, RolloutSample, Status};
 
 use crate::filter::PyFilter;
+use crate::str_options;
 use crate::{Nullable, int, invalid, kernel, opt_u64, to_py, u32_arg};
 
 fn status_name(s: Status) -> &'static str {
@@ -117,8 +118,9 @@ impl PyDataSource {
         input_key: Option<String>,
         label_key: Nullable<'py>,
         metadata_key: Nullable<'py>,
-        backend: Option<&str>,
+        backend: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
+        str_options!(backend);
         let options = options(n_samples_per_prompt, shuffle, seed, input_key, label_key, metadata_key)?;
         let kernel = kernel(py, backend)?;
         let inner = py.detach(|| DataSource::from_jsonl(&path, options, kernel)).map_err(|e| to_py(py, e))?;
@@ -136,14 +138,15 @@ impl PyDataSource {
         py: Python<'py>,
         records_json: Vec<String>,
         n_samples_per_prompt: &Bound<'py, PyAny>,
-        identity: Option<&str>,
+        identity: Option<&Bound<'_, PyAny>>,
         shuffle: Option<bool>,
         seed: Option<&Bound<'py, PyAny>>,
         input_key: Option<String>,
         label_key: Nullable<'py>,
         metadata_key: Nullable<'py>,
-        backend: Option<&str>,
+        backend: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
+        str_options!(identity, backend);
         let options = options(n_samples_per_prompt, shuffle, seed, input_key, label_key, metadata_key)?;
         let kernel = kernel(py, backend)?;
         let mut records = Vec::with_capacity(records_json.len());

@@ -8,6 +8,7 @@ use pyo3::types::{PyByteArray, PyBytes, PyList, PyTuple};
 use stowplan::stream::{DEFAULT_MAX_BUFFERED, DEFAULT_MAX_OPEN_BINS, MAX_BUFFERED, MAX_OPEN_BINS};
 use stowplan::{Closed, Named, StreamOptions, StreamPacker};
 
+use crate::str_options;
 use crate::{Lengths, int, invalid, kernel, opt_parse, opt_u64, to_py, u64_arg};
 
 /// A streaming bin packer: lengths go in a few at a time, each bin comes out when it closes,
@@ -89,9 +90,10 @@ impl PyStreamPacker {
         max_open_bins: Option<&Bound<'_, PyAny>>,
         max_buffered: Option<&Bound<'_, PyAny>>,
         align: Option<&Bound<'_, PyAny>>,
-        oversize: Option<&str>,
-        backend: Option<&str>,
+        oversize: Option<&Bound<'_, PyAny>>,
+        backend: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
+        str_options!(oversize, backend);
         let d = StreamOptions::new(u64_arg(capacity, "capacity", 1)?);
         let options = StreamOptions {
             max_open_bins: bounded(max_open_bins, "max_open_bins", 1, MAX_OPEN_BINS)?.unwrap_or(d.max_open_bins),
@@ -110,7 +112,8 @@ impl PyStreamPacker {
     /// :class:`InvalidArgumentError` and restore nothing.
     #[staticmethod]
     #[pyo3(signature = (state, *, backend=None))]
-    fn from_state(py: Python<'_>, state: &Bound<'_, PyAny>, backend: Option<&str>) -> PyResult<Self> {
+    fn from_state(py: Python<'_>, state: &Bound<'_, PyAny>, backend: Option<&Bound<'_, PyAny>>) -> PyResult<Self> {
+        str_options!(backend);
         let bytes = if let Ok(b) = state.cast::<PyBytes>() {
             b.as_bytes().to_vec()
         } else if let Ok(b) = state.cast::<PyByteArray>() {

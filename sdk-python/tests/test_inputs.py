@@ -235,3 +235,24 @@ def test_numpy_integers_are_integers_everywhere():
     assert p.groups == [[0, 1], [2, 3]]
     assert stowplan.balance([1, 2, 3, 4], np.uint8(2), max_token_len=np.int32(10)).count == 1
     assert verl.get_seqlen_balanced_partitions(np.array([1, 2, 3, 4]), np.int64(2), True) == [[0, 3], [1, 2]]
+
+
+# Issue 30: a string option given another type raised pyo3's TypeError naming neither the
+# argument nor the function.
+WRONG_TYPE = [
+    (lambda: stowplan.partition([1, 2, 3], 2, backend=3), "backend"),
+    (lambda: stowplan.partition([1, 2, 3], 2, method=b"kk"), "method"),
+    (lambda: stowplan.pack([1, 2], 4, oversize=1), "oversize"),
+    (lambda: stowplan.micro_batches([1, 2], 4, order=2), "order"),
+    (lambda: stowplan.materialize([SAMPLE], capacity=8, loss_agg_mode=3), "loss_agg_mode"),
+    (lambda: stowplan.materialize([SAMPLE], capacity=8, padding=["sequence"]), "padding"),
+    (lambda: stowplan.StreamPacker(8, oversize=3), "oversize"),
+    (lambda: stowplan.StreamPacker.from_state(b"", backend=1.5), "backend"),
+    (lambda: stowplan.Packer(seq_len=8, dp=1, loss_agg_mode=1), "loss_agg_mode"),
+]
+
+
+@pytest.mark.parametrize("call, name", WRONG_TYPE)
+def test_a_string_option_of_another_type_is_refused_naming_it(call, name):
+    with pytest.raises(stowplan.InvalidArgumentError, match=f"^{name} must be a string or None"):
+        call()
