@@ -62,13 +62,26 @@ export class PeerError extends StowplanError {
 }
 
 /**
+ * A kernel message with its snake_case argument names spelt as this package's options are
+ * (`max_token_len` → `maxTokenLen`): the kernel names arguments as the Rust and Python APIs
+ * spell them. Quoted words are values, not names (`'cp_tp'`), and stay as they are.
+ * @param {string} message
+ * @returns {string}
+ */
+export function camelCased(message) {
+  return message.replace(/(?<!['"\w])([a-z][a-z0-9]*)((?:_[a-z0-9]+)+)(?!['"\w])/g, (_, head, rest) =>
+    head + rest.split('_').slice(1).map((w) => w[0].toUpperCase() + w.slice(1)).join(''),
+  );
+}
+
+/**
  * The error a kernel result error becomes: `invalid-argument` → InvalidArgumentError,
  * `infeasible` → InfeasibleError, with the host's message prefix.
  * @param {{tag: string, val: string}} e
  * @returns {StowplanError}
  */
 export function fromKernel(e) {
-  if (e.tag === 'invalid-argument') return new InvalidArgumentError(`invalid argument: ${e.val}`);
-  if (e.tag === 'infeasible') return new InfeasibleError(`infeasible: ${e.val}`);
+  if (e.tag === 'invalid-argument') return new InvalidArgumentError(`invalid argument: ${camelCased(e.val)}`);
+  if (e.tag === 'infeasible') return new InfeasibleError(`infeasible: ${camelCased(e.val)}`);
   return new KernelRuntimeError(`kernel runtime failure: unknown error ${JSON.stringify(e)}`);
 }

@@ -207,3 +207,15 @@ test("the component's sha256 is checked at load: a changed byte is refused, the 
   await assert.rejects(Stowplan.load({ component: join(PKG, 'missing.wasm') }), KernelRuntimeError);
   await assert.rejects(Stowplan.load({ components: committed }), InvalidArgumentError);
 });
+
+test("the kernel's errors name arguments as this package spells them (camelCase)", () => {
+  // The kernel names arguments as the Rust and Python APIs do (max_token_len, min_count).
+  assert.throws(() => stowplan.microBatches([5, 6], 4), {
+    name: 'InfeasibleError',
+    message: 'infeasible: sequence 0 has 5 tokens, more than maxTokenLen = 4; sequences are never split',
+  });
+  assert.throws(() => stowplan.microBatches([5, 6], 10, { minCount: 5 }), {
+    name: 'InvalidArgumentError',
+    message: /^invalid argument: minCount = 5 exceeds the number of sequences n = 2/,
+  });
+});
