@@ -457,16 +457,14 @@ def compute_lengths(
         fn = _row_lengths(length_fn)
     if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1):
         raise InvalidArgumentError(f"batch_size must be None or an integer >= 1 (got {batch_size!r})")
-    ctx = ray.data.DataContext.get_current()
+    mapped = dataset.map_batches(fn, batch_format="pyarrow", batch_size=batch_size)
+    # The result is in the dataset's row order: this execution preserves the order of blocks.
+    # A Dataset runs with the context it holds (its own copy since Ray 2.x): set it there.
+    ctx = mapped.context if hasattr(mapped, "context") else ray.data.DataContext.get_current()
     before = ctx.execution_options.preserve_order
-    ctx.execution_options.preserve_order = True  # the result is in the dataset's row order
+    ctx.execution_options.preserve_order = True
     try:
-        parts = [
-            np.asarray(b["length"], dtype=np.uint64)
-            for b in dataset.map_batches(fn, batch_format="pyarrow", batch_size=batch_size).iter_batches(
-                batch_format="numpy", batch_size=None
-            )
-        ]
+        parts = [np.asarray(b["length"], dtype=np.uint64) for b in mapped.iter_batches(batch_format="numpy", batch_size=None)]
     except ray.exceptions.RayTaskError as e:
         raise _cause(e) from None
     finally:
