@@ -19,6 +19,8 @@ cd "$venv"   # import the installed package, not the source tree
 trl_version="$("$venv/bin/python" -c 'from stowplan.compat.trl import TRL_VERSION; print(TRL_VERSION)')"
 timeout 600 "$venv/bin/python" -m pip install --quiet --no-deps "trl==$trl_version"
 timeout 600 "$venv/bin/python" -m pip install --quiet "transformers>=4.56.2"
+# Ray (the 'ray' extra) for tests/test_ray.py, which STOWPLAN_REQUIRE_RAY=1 makes fail instead of skip.
+timeout 600 "$venv/bin/python" -m pip install --quiet "ray[data]>=2.9"
 "$venv/bin/python" -c "import stowplan; p = stowplan.partition([100, 900, 50, 950, 400, 600], 2); assert p.groups == [[0, 2, 3, 4], [1, 5]], p.groups; print('sdk: import ok,', stowplan.kernel_info()['sha256'][:12])"
 # The end-to-end packer test runs the `stowplan serve` binary of the same target directory,
 # which `cargo test --release` (the step before this one in `cargo xtask test`) has just built.
@@ -28,4 +30,4 @@ if [ ! -x "$root/target/release/stowplan" ]; then
     (cd "$root" && cargo build --release --locked -p stowplan-cli --bin stowplan)
 fi
 STOWPLAN_BIN="$root/target/release/stowplan" STOWPLAN_REQUIRE_SERVE=1 \
-STOWPLAN_REQUIRE_COMPONENTIZE_PY=1 STOWPLAN_REQUIRE_TRL=1 "$venv/bin/python" -m pytest -q -W error -p no:cacheprovider -c "$here/pyproject.toml" "$here/tests"
+STOWPLAN_REQUIRE_COMPONENTIZE_PY=1 STOWPLAN_REQUIRE_TRL=1 STOWPLAN_REQUIRE_RAY=1 "$venv/bin/python" -m pytest -q -W error -p no:cacheprovider -c "$here/pyproject.toml" "$here/tests"

@@ -1,0 +1,502 @@
+"""The packer on Ray (``pip install 'stowplan[ray]'``): the packer as an actor, trainer ranks fed
+through the object store, and dataset lengths on Ray Data.
+
+:class:`PackerActor` is a plain class; wrap it with the ``ray.remote`` options you choose::
+
+    Actor = ray.remote(num_cpus=1, max_restarts=-1)(stowplan.ray.PackerActor)
+    packer = Actor.options(name="packer", lifetime="detached").remote(
+        seq_len=16384, dp=4, num_runs=1, checkpoint_dir="/ckpt/packer")
+
+It holds a :class:`stowplan.Packer` (same options) and keeps its semantics: per-run buffers,
+duplicate batches (by run and step) detected in the receipt, balancing, micro-batches,
+materialization with loss weights. Any worker sends batches with ``packer.send.remote(batch)``
+(a :class:`stowplan.TrainingBatch`, its encoded bytes, or an ``ObjectRef`` to either: put large
+batches in the object store once with ``ray.put(batch.encode())`` and pass the ref).
+
+Steps follow the packer's own rules, those ``stowplan serve`` applies: a step is packed when
+:meth:`stowplan.Packer.should_pack` says so (or on :meth:`PackerActor.pack`), every rank's
+:class:`stowplan.RankBatch` goes to the object store, and the step is marked delivered (its
+batches done) once every rank acknowledged it; the next step is packed only then. A rank asking
+for a step already delivered is refused (those steps are gone).
+
+With ``checkpoint_dir`` the actor writes the packer's versioned state (:meth:`Packer.state`,
+the batches it names, the ranks that acknowledged the step in flight) after every change,
+atomically, and a new actor on the same directory (Ray's ``max_restarts``) resumes from it: the
+step in flight is rebuilt byte for byte, receipts of batches sent again say ``duplicate``.
+
+:class:`RayReceiver` is a trainer rank's side; it yields :class:`RayRankBatch` es whose numpy
+arrays are read-only views of the object store (zero-copy; ``torch.from_numpy`` takes them)
+and acknowledges each step once it holds it, retrying across actor restarts.
+
+:func:`compute_lengths` computes per-row lengths of a Ray Dataset on the cluster, in the
+dataset's row order, equal to :func:`stowplan.compute_lengths` over the same rows.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import tempfile
+import time
+import zlib
+from typing import Any, Callable, Dict, Iterator, List, Optional, Set, Tuple
+
+import numpy as np
+
+from . import _stowplan
+from ._packer import IngestReport, Packer, TrainingBatch
+from ._plan import _checked_length
+from .errors import InvalidArgumentError, StowplanError, StowplanIOError, StowplanTimeoutError
+
+try:
+    import ray
+except ImportError as _e:  # pragma: no cover - the extra is missing
+    raise ImportError("stowplan.ray needs Ray: pip install 'stowplan[ray]'") from _e
+
+__all__ = ["PackerActor", "RayReceiver", "RayRankBatch", "RayMicroBatch", "compute_lengths"]
+
+_MICRO_FIELDS = (
+    "samples",
+    "input_ids",
+    "position_ids",
+    "loss_mask",
+    "loss_weights",
+    "advantages",
+    "inference_logprobs",
+    "temperatures",
+    "teacher_logprobs",
+    "cu_seqlens",
+    "cu_seqlens_padded",
+    "sequence_lengths",
+    "lora_num_tokens",
+    "max_seqlen",
+    "real_tokens",
+    "padding_tokens",
+    "dummy",
+    "cp",
+)
+_RANK_FIELDS = ("step", "rank", "dp", "sample_runs", "sample_steps", "sample_indices", "ready_to_update")
+
+
+class RayMicroBatch:
+    """One micro-batch of a :class:`RayRankBatch`: the fields of :class:`stowplan.MicroBatch`
+    (``input_ids``, ``position_ids``, ``loss_mask``, ``loss_weights``, ``advantages``,
+    ``cu_seqlens`` …) as read-only numpy arrays read in place from the object store."""
+
+    __slots__ = _MICRO_FIELDS
+
+    def __init__(self, **fields: Any) -> None:
+        for name in _MICRO_FIELDS:
+            setattr(self, name, fields[name])
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __reduce__(self) -> Any:
+        return (_micro, (tuple(getattr(self, n) for n in _MICRO_FIELDS),))
+
+    def __repr__(self) -> str:
+        return f"RayMicroBatch(samples={len(self.samples)}, tokens={len(self.input_ids)})"
+
+
+def _micro(values: Tuple[Any, ...]) -> RayMicroBatch:
+    return RayMicroBatch(**dict(zip(_MICRO_FIELDS, values)))
+
+
+class RayRankBatch:
+    """What one rank receives for one packer step (the fields of :class:`stowplan.RankBatch`):
+    ``step``, ``rank``, ``dp``, ``micro_batches`` (:class:`RayMicroBatch`), the sample keys
+    ``sample_runs``/``sample_steps``/``sample_indices`` and ``ready_to_update``."""
+
+    __slots__ = _RANK_FIELDS + ("micro_batches",)
+
+    def __init__(self, micro_batches: List[RayMicroBatch], **fields: Any) -> None:
+        self.micro_batches = micro_batches
+        for name in _RANK_FIELDS:
+            setattr(self, name, fields[name])
+
+    @classmethod
+    def of(cls, batch: Any) -> "RayRankBatch":
+        """A copy of a native :class:`stowplan.RankBatch` that pickles (arrays out of band)."""
+        micro = [RayMicroBatch(**{n: getattr(mb, n) for n in _MICRO_FIELDS}) for mb in batch.micro_batches]
+        return cls(micro, **{n: getattr(batch, n) for n in _RANK_FIELDS})
+
+    def __len__(self) -> int:
+        return len(self.micro_batches)
+
+    def __reduce__(self) -> Any:
+        return (_rank, (self.micro_batches, tuple(getattr(self, n) for n in _RANK_FIELDS)))
+
+    def __repr__(self) -> str:
+        return f"RayRankBatch(step={self.step}, rank={self.rank}/{self.dp}, micro_batches={len(self.micro_batches)})"
+
+
+def _rank(micro: List[RayMicroBatch], values: Tuple[Any, ...]) -> RayRankBatch:
+    return RayRankBatch(micro, **dict(zip(_RANK_FIELDS, values)))
+
+
+# The checkpoint file: magic, CRC-32 of the rest, header length, JSON header, packer state.
+_MAGIC = b"SPRAYCK1"
+_STATE = "packer_state.bin"
+_BATCHES = "batches"
+
+
+def _write_atomic(path: str, data: bytes) -> None:
+    directory = os.path.dirname(path)
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    dfd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+
+
+def _batch_name(run: int, step: int) -> str:
+    return _stowplan.batch_file_name(run, step)
+
+
+class PackerActor:
+    """The packer runtime as a Ray actor (wrap it with ``ray.remote``; module docs).
+
+    Options: those of :class:`stowplan.Packer` (``seq_len``, ``dp``, ``num_runs``,
+    ``threshold``, ``wait_timeout`` …), and ``checkpoint_dir``: where the state is kept and
+    resumed from (``None``: no checkpoints). Pass the same options to a restarted actor.
+    """
+
+    def __init__(self, *, checkpoint_dir: "Optional[os.PathLike[str] | str]" = None, **options: Any) -> None:
+        if "dp" not in options or "seq_len" not in options:
+            raise InvalidArgumentError("seq_len and dp are required (the options of stowplan.Packer)")
+        self._options = options
+        self._dp: int = options["dp"]
+        self._dir = None if checkpoint_dir is None else os.fspath(checkpoint_dir)
+        self._inflight: Optional[Tuple[int, List[Any]]] = None  # (step, one ObjectRef per rank)
+        self._acked: Set[int] = set()
+        state = self._load() if self._dir is not None else None
+        if state is None:
+            self._packer = Packer(**options)
+            self.restored = False
+        else:
+            header, packer_state = state
+            batches = []
+            for run, step in header["needed"]:
+                with open(os.path.join(self._dir, _BATCHES, _batch_name(run, step)), "rb") as f:
+                    batches.append(f.read())
+            self._packer = Packer.restore(packer_state, batches, **options)
+            self._acked = set(header["acked"])
+            inflight = self._packer.rebuild_inflight()
+            if inflight is not None:
+                self._publish(inflight)
+            self.restored = True
+        if self._dir is not None:
+            os.makedirs(os.path.join(self._dir, _BATCHES), exist_ok=True)
+
+    # -- checkpoints ---------------------------------------------------------------------
+
+    def _load(self) -> Optional[Tuple[Dict[str, Any], bytes]]:
+        assert self._dir is not None
+        path = os.path.join(self._dir, _STATE)
+        try:
+            with open(path, "rb") as f:
+                data = f.read()
+        except FileNotFoundError:
+            return None
+        except OSError as e:
+            raise StowplanIOError(f"checkpoint_dir: cannot read {path}: {e}") from e
+        if len(data) < 16 or data[:8] != _MAGIC:
+            raise InvalidArgumentError(f"checkpoint_dir: {path} is not a stowplan.ray checkpoint")
+        crc, hlen = struct.unpack("<II", data[8:16])
+        if zlib.crc32(data[12:]) != crc or 16 + hlen > len(data):
+            raise InvalidArgumentError(f"checkpoint_dir: {path} is damaged (CRC-32 mismatch)")
+        return json.loads(data[16 : 16 + hlen]), data[16 + hlen :]
+
+    def _save(self) -> None:
+        if self._dir is None:
+            return
+        needed = [list(k) for k in self._packer.needed_batches()]
+        header = json.dumps({"version": 1, "needed": needed, "acked": sorted(self._acked)}).encode()
+        body = struct.pack("<I", len(header)) + header + self._packer.state()
+        _write_atomic(os.path.join(self._dir, _STATE), _MAGIC + struct.pack("<I", zlib.crc32(body)) + body)
+        keep = {_batch_name(r, s) for r, s in needed}
+        folder = os.path.join(self._dir, _BATCHES)
+        for name in os.listdir(folder):
+            if name not in keep and not name.startswith(".tmp-"):
+                os.unlink(os.path.join(folder, name))
+
+    # -- orchestrator side ---------------------------------------------------------------
+
+    def add_run(self, run: int, *, batch_size: int) -> None:
+        """Adds run ``run`` (a no-op if it exists with this batch size)."""
+        if any(r["run"] == run for r in self._packer.runs()):
+            return
+        self._packer.add_run(run, batch_size=batch_size)
+        self._save()
+
+    def remove_run(self, run: int) -> int:
+        """Removes run ``run``; returns how many of its pending samples were dropped."""
+        dropped = self._packer.remove_run(run)
+        self._save()
+        return dropped
+
+    def clear_ready(self, run: int) -> None:
+        """Clears the run's ``ready_to_update`` after the trainer updated it."""
+        self._packer.clear_ready(run)
+        self._save()
+
+    def send(self, batch: Any) -> IngestReport:
+        """Buffers a :class:`TrainingBatch` (or its encoded bytes, or an ``ObjectRef`` to
+        either); returns the receipt, ``duplicate=True`` for a ``(run, step)`` seen before."""
+        if isinstance(batch, ray.ObjectRef):
+            batch = ray.get(batch)
+        if isinstance(batch, TrainingBatch):
+            data = batch.encode()
+        elif isinstance(batch, (bytes, bytearray, memoryview)):
+            data = bytes(batch)
+        else:
+            raise InvalidArgumentError(
+                f"batch must be a stowplan.TrainingBatch, its encoded bytes or an ObjectRef to either (got {type(batch).__name__})"
+            )
+        before = set(self._packer.needed_batches())
+        report = self._packer.ingest(data)
+        if self._dir is not None and not report.duplicate:
+            for run, step in set(self._packer.needed_batches()) - before:
+                _write_atomic(os.path.join(self._dir, _BATCHES, _batch_name(run, step)), data)
+            self._save()
+        return report
+
+    def pack(self, *, force: bool = False) -> Optional[Dict[str, Any]]:
+        """Packs the next step if none is in flight and the packer should pack (or anything is
+        pending and ``force``); returns the step's figures, or None."""
+        if self._inflight is not None:
+            return None
+        if not force and not self._packer.should_pack():
+            return None
+        out = self._packer.pack(force=force)
+        if out is None:
+            return None
+        ranks, metrics = out
+        self._acked = set()
+        self._save()
+        self._publish(ranks)
+        return metrics
+
+    def _publish(self, ranks: List[Any]) -> None:
+        step = ranks[0].step
+        self._inflight = (step, [ray.put(RayRankBatch.of(r)) for r in ranks])
+
+    # -- trainer side --------------------------------------------------------------------
+
+    def _check_rank(self, rank: Any) -> None:
+        if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < self._dp:
+            raise InvalidArgumentError(f"rank must be an integer in 0..{self._dp - 1} (got {rank!r})")
+
+    def take(self, rank: int, step: int) -> Optional[Any]:
+        """The ``ObjectRef`` of rank ``rank``'s batch of ``step``, or None while it is not
+        packed yet (a step is packed here when the packer should pack). Raises
+        :class:`InvalidArgumentError` for a step already delivered."""
+        self._check_rank(rank)
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            raise InvalidArgumentError(f"step must be an integer >= 0 (got {step!r})")
+        if self._inflight is None:
+            self.pack()
+        current = self._inflight[0] if self._inflight is not None else self._packer.next_step
+        if step < current:
+            raise InvalidArgumentError(f"step {step} was delivered to every rank already (the packer is at step {current})")
+        if self._inflight is not None and step == current:
+            return self._inflight[1][rank]
+        return None
+
+    def ack(self, rank: int, step: int) -> bool:
+        """Rank ``rank`` holds ``step``; once every rank does the step is delivered. Returns
+        whether this acknowledgement completed the step (repeats are ignored)."""
+        self._check_rank(rank)
+        if self._inflight is None or step < self._inflight[0] or rank in self._acked:
+            if self._inflight is None and step >= self._packer.next_step:
+                raise InvalidArgumentError(f"step {step}: not delivered yet, nothing to acknowledge")
+            return False
+        if step > self._inflight[0]:
+            raise InvalidArgumentError(f"step {step}: not delivered yet (step {self._inflight[0]} is in flight)")
+        self._acked.add(rank)
+        if len(self._acked) < self._dp:
+            self._save()
+            return False
+        self._packer.delivered(step)
+        self._inflight, self._acked = None, set()
+        self._save()
+        return True
+
+    # -- inspection ----------------------------------------------------------------------
+
+    def progress(self, run: int) -> Dict[str, Any]:
+        """Run ``run``'s progress (as :meth:`stowplan.Packer.progress`)."""
+        return self._packer.progress(run)
+
+    def pending(self) -> Tuple[int, int]:
+        """Samples and tokens pending."""
+        return self._packer.pending()
+
+    def next_step(self) -> int:
+        """The next packer step (the one in flight, if any)."""
+        return self._packer.next_step
+
+    def was_restored(self) -> bool:
+        """Whether this actor resumed from ``checkpoint_dir``."""
+        return self.restored
+
+
+def _cause(e: BaseException) -> BaseException:
+    cause = getattr(e, "cause", None)
+    return cause if isinstance(cause, StowplanError) else e
+
+
+class RayReceiver:
+    """Trainer rank ``rank``'s batches from a :class:`PackerActor` handle: step ``start_step``,
+    then the next, … Each step is acknowledged once it is fetched (the rank then holds it, as
+    :class:`stowplan.ZmqReceiver` does); an actor that dies and is restarted by Ray is waited
+    for. :meth:`receive` waits up to ``timeout`` seconds (``None``: forever) and raises
+    :class:`stowplan.StowplanTimeoutError` after that; ``poll``: seconds between asks while
+    the step is not packed yet."""
+
+    def __init__(
+        self, actor: Any, rank: int, *, start_step: int = 0, timeout: Optional[float] = None, poll: float = 0.005
+    ) -> None:
+        if not hasattr(actor, "take") or not hasattr(actor, "ack"):
+            raise InvalidArgumentError(f"actor must be a PackerActor handle (got {type(actor).__name__})")
+        if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
+            raise InvalidArgumentError(f"rank must be an integer >= 0 (got {rank!r})")
+        if isinstance(start_step, bool) or not isinstance(start_step, int) or start_step < 0:
+            raise InvalidArgumentError(f"start_step must be an integer >= 0 (got {start_step!r})")
+        if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout < 0):
+            raise InvalidArgumentError(f"timeout must be None or a number of seconds >= 0 (got {timeout!r})")
+        if isinstance(poll, bool) or not isinstance(poll, (int, float)) or poll <= 0:
+            raise InvalidArgumentError(f"poll must be a number of seconds > 0 (got {poll!r})")
+        self.actor, self.rank, self.next_step = actor, rank, start_step
+        self.timeout, self.poll = timeout, float(poll)
+
+    def _call(self, method: Any, deadline: Optional[float], *args: Any) -> Any:
+        """One actor call, retried while the actor is restarting."""
+        while True:
+            try:
+                return ray.get(method.remote(*args))
+            except ray.exceptions.RayTaskError as e:
+                raise _cause(e) from None
+            except (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError) as e:
+                if getattr(e, "actor_init_failed", False):
+                    raise  # e.g. a damaged checkpoint: no restart can succeed
+                self._wait(deadline)
+
+    def _wait(self, deadline: Optional[float]) -> None:
+        if deadline is not None and time.monotonic() >= deadline:
+            raise StowplanTimeoutError(
+                f"rank {self.rank}: step {self.next_step} did not arrive within {self.timeout} s"
+            )
+        time.sleep(self.poll)
+
+    def receive(self) -> RayRankBatch:
+        """Waits for the next step, acknowledges it and returns it."""
+        deadline = None if self.timeout is None else time.monotonic() + self.timeout
+        step = self.next_step
+        while True:
+            ref = self._call(self.actor.take, deadline, self.rank, step)
+            if ref is None:
+                self._wait(deadline)
+                continue
+            try:
+                batch = ray.get(ref)
+            except (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError):
+                self._wait(deadline)  # the actor died with the object: ask the new one
+                continue
+            break
+        self._call(self.actor.ack, deadline, self.rank, step)
+        self.next_step = step + 1
+        return batch
+
+    def __iter__(self) -> Iterator[RayRankBatch]:
+        while True:
+            yield self.receive()
+
+
+def compute_lengths(
+    dataset: Any,
+    *,
+    column: Optional[str] = None,
+    length_fn: Optional[Callable[[Dict[str, Any]], int]] = None,
+    batch_size: Optional[int] = 4096,
+) -> np.ndarray:
+    """Per-row lengths of a Ray Dataset, computed on the cluster with ``map_batches``, in the
+    dataset's row order (a ``uint64`` array, whatever the number of blocks or workers).
+
+    Pass exactly one of ``column`` (a column of token sequences: each row's length is the
+    sequence's; or of integer lengths, taken as they are) and ``length_fn`` (called with each
+    row as a dict; returns an integer >= 0, as :func:`stowplan.compute_lengths`'s).
+    """
+    if not isinstance(dataset, ray.data.Dataset):
+        raise InvalidArgumentError(f"dataset must be a ray.data.Dataset (got {type(dataset).__name__})")
+    if (column is None) == (length_fn is None):
+        raise InvalidArgumentError("pass exactly one of column= and length_fn=")
+    if length_fn is not None and not callable(length_fn):
+        raise InvalidArgumentError(f"length_fn must be callable (got {type(length_fn).__name__})")
+    if column is not None:
+        if not isinstance(column, str):
+            raise InvalidArgumentError(f"column must be a column name (got {column!r})")
+        names = dataset.schema().names
+        if column not in names:
+            raise InvalidArgumentError(f"column {column!r} is not in the dataset (columns: {names})")
+        fn: Callable[[Any], Dict[str, np.ndarray]] = _column_lengths(column)
+    else:
+        fn = _row_lengths(length_fn)
+    if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1):
+        raise InvalidArgumentError(f"batch_size must be None or an integer >= 1 (got {batch_size!r})")
+    mapped = dataset.map_batches(fn, batch_format="pyarrow", batch_size=batch_size)
+    # The result is in the dataset's row order: this execution preserves the order of blocks.
+    # A Dataset runs with the context it holds (its own copy since Ray 2.x): set it there.
+    ctx = mapped.context if hasattr(mapped, "context") else ray.data.DataContext.get_current()
+    before = ctx.execution_options.preserve_order
+    ctx.execution_options.preserve_order = True
+    try:
+        parts = [np.asarray(b["length"], dtype=np.uint64) for b in mapped.iter_batches(batch_format="numpy", batch_size=None)]
+    except ray.exceptions.RayTaskError as e:
+        raise _cause(e) from None
+    finally:
+        ctx.execution_options.preserve_order = before
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.uint64)
+
+
+def _column_lengths(column: str) -> Callable[[Any], Dict[str, np.ndarray]]:
+    def lengths(table: Any) -> Dict[str, np.ndarray]:
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        col = table.column(column)
+        if col.null_count:
+            raise InvalidArgumentError(f"column {column!r} has null values")
+        t = col.type
+        if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
+            out = pc.list_value_length(col).to_numpy(zero_copy_only=False)
+        elif pa.types.is_integer(t):
+            out = col.to_numpy()
+            if len(out) and out.min() < 0:
+                raise InvalidArgumentError(f"column {column!r} has negative lengths")
+        else:
+            raise InvalidArgumentError(f"column {column!r} must hold sequences or integer lengths (type {t})")
+        return {"length": np.asarray(out, dtype=np.uint64)}
+
+    return lengths
+
+
+def _row_lengths(length_fn: Callable[[Dict[str, Any]], int]) -> Callable[[Any], Dict[str, np.ndarray]]:
+    def lengths(table: Any) -> Dict[str, np.ndarray]:
+        rows = table.to_pylist()
+        return {"length": np.array([_checked_length(length_fn(r), i) for i, r in enumerate(rows)], dtype=np.uint64)}
+
+    return lengths

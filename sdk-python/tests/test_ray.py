@@ -1,0 +1,206 @@
+"""stowplan.ray: the packer as a Ray actor, ranks fed through the object store, lengths on Ray
+Data. A local Ray (2 CPUs) is started once for the module and shut down at its end."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import re
+import tempfile
+import time
+
+import numpy as np
+import pytest
+
+import stowplan
+
+if os.environ.get("STOWPLAN_REQUIRE_RAY") == "1":
+    import ray  # noqa: F401  (an ImportError fails the run: run_tests.sh installs ray)
+else:
+    ray = pytest.importorskip("ray", reason="SKIPPED LOUDLY: ray is not installed (pip install 'stowplan[ray]'); stowplan.ray is untested")
+import ray.data  # noqa: E402
+
+import stowplan.ray as sray  # noqa: E402
+
+# Ray's own DataContext() constructor sets its deprecated fields (Ray 2.60: use_push_based_shuffle,
+# use_polars …), warning from ray.data.context itself; nothing of ours.
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning:ray.data.context")
+
+README = pathlib.Path(__file__).resolve().parents[2] / "README.md"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def local_ray():
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    ctx = ray.data.DataContext.get_current()
+    ctx.enable_progress_bars = False
+    ctx.print_on_execution_start = False
+    yield
+    ray.shutdown()
+
+
+Actor = None
+
+
+def _actor(**options):
+    global Actor
+    if Actor is None:
+        Actor = ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=-1)(sray.PackerActor)
+    return Actor.remote(**options)
+
+
+def _batch(run, step, n=4, offset=0):
+    rng = np.random.default_rng(step * 100 + run)
+    return stowplan.TrainingBatch(
+        run=run,
+        step=step,
+        samples=[
+            {
+                "prompt_ids": rng.integers(1, 100, size=int(rng.integers(1, 6))),
+                "completion_ids": rng.integers(1, 100, size=int(rng.integers(1, 6))),
+                "advantage": float(i),
+            }
+            for i in range(n)
+        ],
+    )
+
+
+def _keys(batch):
+    """The (run, step, index) of every sample this rank trains on."""
+    out = []
+    for mb in batch.micro_batches:
+        if mb.dummy:
+            continue
+        for s in mb.samples.tolist():
+            out.append((int(batch.sample_runs[s]), int(batch.sample_steps[s]), int(batch.sample_indices[s])))
+    return out
+
+
+OPTIONS = dict(seq_len=64, dp=2, num_runs=1, threshold=1)
+
+
+def test_every_sample_is_delivered_once_across_ranks():
+    actor = _actor(**OPTIONS)
+    ray.get(actor.add_run.remote(0, batch_size=4))
+    receivers = [sray.RayReceiver(actor, r, timeout=20) for r in range(2)]
+    seen = []
+    for step in range(4):
+        report = ray.get(actor.send.remote(ray.put(_batch(0, step).encode())))
+        assert report.accepted == 4 and not report.duplicate
+        for rx in receivers:
+            b = rx.receive()
+            assert (b.step, b.rank, b.dp) == (step, rx.rank, 2)
+            mb = b.micro_batches[0]
+            assert isinstance(mb.input_ids, np.ndarray) and not mb.input_ids.flags.writeable  # the object store's
+            seen += _keys(b)
+    assert sorted(seen) == [(0, s, i) for s in range(4) for i in range(4)]
+    assert ray.get(actor.next_step.remote()) == 4
+    ray.kill(actor)
+
+
+def test_duplicates_are_detected():
+    actor = _actor(**OPTIONS)
+    ray.get(actor.add_run.remote(0, batch_size=4))
+    assert not ray.get(actor.send.remote(_batch(0, 0))).duplicate
+    again = ray.get(actor.send.remote(_batch(0, 0).encode()))
+    assert again.duplicate and again.accepted == 0
+    assert ray.get(actor.progress.remote(0))["duplicate_batches"] == 1
+    ray.kill(actor)
+
+
+def test_a_killed_actor_resumes_from_its_checkpoint():
+    with tempfile.TemporaryDirectory() as ckpt:
+        actor = _actor(**OPTIONS, checkpoint_dir=ckpt)
+        ray.get(actor.add_run.remote(0, batch_size=4))
+        rx = [sray.RayReceiver(actor, r, timeout=25) for r in range(2)]
+        seen = []
+        ray.get(actor.send.remote(_batch(0, 0)))
+        seen += _keys(rx[0].receive()) + _keys(rx[1].receive())  # packer step 0, delivered
+        ray.get(actor.send.remote(_batch(0, 1)))
+        seen += _keys(rx[0].receive())  # packer step 1: rank 0 has it, rank 1 not yet
+        ray.get(actor.send.remote(_batch(0, 2)))  # accepted, pending: in the checkpoint
+        assert not ray.get(actor.was_restored.remote())
+        ray.kill(actor, no_restart=False)
+        seen += _keys(rx[1].receive())  # waits for the restarted actor: step 1 rebuilt
+        assert ray.get(actor.was_restored.remote())
+        # The orchestrator resends what it is unsure of: step 2 was checkpointed, so a duplicate.
+        assert ray.get(actor.send.remote(_batch(0, 2))).duplicate
+        assert not ray.get(actor.send.remote(_batch(0, 3))).duplicate
+        seen += _keys(rx[0].receive()) + _keys(rx[1].receive())  # packer step 2: batches 2 and 3
+        assert sorted(seen) == [(0, s, i) for s in range(4) for i in range(4)]
+        ray.kill(actor)
+
+
+def test_a_rank_cannot_take_a_delivered_step_and_bad_arguments_are_named():
+    actor = _actor(**OPTIONS)
+    ray.get(actor.add_run.remote(0, batch_size=4))
+    ray.get(actor.send.remote(_batch(0, 0)))
+    for r in range(2):
+        sray.RayReceiver(actor, r, timeout=20).receive()
+    with pytest.raises(stowplan.InvalidArgumentError, match="step 0 was delivered"):
+        sray.RayReceiver(actor, 0, timeout=5).receive()
+    with pytest.raises(stowplan.InvalidArgumentError, match="rank must be an integer in 0..1"):
+        sray.RayReceiver(actor, 2, start_step=1, timeout=5).receive()
+    with pytest.raises(stowplan.InvalidArgumentError, match="rank must be"):
+        sray.RayReceiver(actor, -1)
+    with pytest.raises(stowplan.InvalidArgumentError, match="timeout must be"):
+        sray.RayReceiver(actor, 0, timeout=-1)
+    with pytest.raises(stowplan.InvalidArgumentError, match="actor must be"):
+        sray.RayReceiver(object(), 0)
+    with pytest.raises(stowplan.InvalidArgumentError, match="batch must be"):
+        try:
+            ray.get(actor.send.remote({"samples": []}))
+        except ray.exceptions.RayTaskError as e:
+            raise e.cause
+    with pytest.raises(stowplan.StowplanTimeoutError, match="rank 0: step 1"):
+        sray.RayReceiver(actor, 0, start_step=1, timeout=0.2).receive()
+    ray.kill(actor)
+
+
+ITEMS = [{"ids": list(range(i % 37 + (i * 7919) % 23))} for i in range(200)]
+
+
+@pytest.mark.parametrize("blocks", [1, 3, 7])
+def test_compute_lengths_equals_the_local_lengths(blocks):
+    def _length(row):  # nested: pickled by value for the workers (tests/ is not importable there)
+        return len(row["ids"]) + 1
+
+    ds = ray.data.from_items(ITEMS).repartition(blocks)
+    with tempfile.TemporaryDirectory() as cache:
+        local = stowplan.compute_lengths(ITEMS, _length, cache_dir=cache, source="items", workers=1)
+    got = sray.compute_lengths(ds, length_fn=_length, batch_size=16)
+    assert got.dtype == np.uint64 and got.tolist() == local.tolist()
+    by_column = sray.compute_lengths(ds, column="ids")
+    assert by_column.tolist() == [len(r["ids"]) for r in ITEMS]
+    a = stowplan.StaticPackPlan.from_lengths(got, packing_length=64, world_size=2)
+    b = stowplan.StaticPackPlan.from_lengths(local, packing_length=64, world_size=2)
+    assert (a.raw_checksum, a.aligned_checksum) == (b.raw_checksum, b.aligned_checksum)
+
+
+@pytest.mark.parametrize(
+    "kwargs, fragment",
+    [
+        (dict(), "exactly one of column= and length_fn="),
+        (dict(column="ids", length_fn=len), "exactly one of column= and length_fn="),
+        (dict(column="nope"), "column 'nope' is not in the dataset"),
+        (dict(length_fn=3), "length_fn must be callable"),
+        (dict(column="ids", batch_size=0), "batch_size must be"),
+    ],
+)
+def test_compute_lengths_names_bad_arguments(kwargs, fragment):
+    ds = ray.data.from_items(ITEMS[:10])
+    with pytest.raises(stowplan.InvalidArgumentError, match=re.escape(fragment)):
+        sray.compute_lengths(ds, **kwargs)
+    with pytest.raises(stowplan.InvalidArgumentError, match="dataset must be a ray.data.Dataset"):
+        sray.compute_lengths(ITEMS, column="ids")
+
+
+def test_the_readme_recipe_runs():
+    """README.md's Ray recipe (the block after the marker), run as written."""
+    text = README.read_text()
+    marker = "<!-- tested: sdk-python/tests/test_ray.py -->"
+    assert marker in text
+    block = text.split(marker, 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    start = time.monotonic()
+    exec(compile(block, "README.md (Ray recipe)", "exec"), {})
+    assert time.monotonic() - start < 30
