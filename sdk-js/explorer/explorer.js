@@ -225,7 +225,7 @@ function deviationChart(box, values, bound, scale, half = false) {
   if (above > 0n) mark('axis-top', `+${fmt(above)}`, 0);
   mark('axis-zero', 'bound', zero);
   if (below > 0n) mark('axis-bottom', `−${fmt(below)}`, 100);
-  const plot = el('div', 'plot');
+  const plot = el('div', values.length > 64 ? 'plot dense' : 'plot');
   const argmax = values.reduce((m, v, r) => (v > values[m] ? r : m), 0);
   values.forEach((v, r) => {
     const d = v - bound;
@@ -606,7 +606,7 @@ function draw(plan) {
     figure('largest-mb', `largest micro-batch (cap ${fmt(capN)})`, fmt(largest));
     figure('cap-padding', 'padding to the cap (tokens)', fmt(slots - used));
     figure('fill', 'micro-batch fill', `${fill.toFixed(2)}%`);
-    summary.push(`${fmt(count)} micro-batches per rank (lower bound ${fmt(lowerBound)}), filled ${fill.toFixed(2)}% of the cap; ` +
+    summary.push(`${fmt(count)} micro-batch${count === 1 ? '' : 'es'} per rank (lower bound ${fmt(lowerBound)}), filled ${fill.toFixed(2)}% of the cap; ` +
       `${fmt(slots - used)} tokens of padding to the cap; the largest micro-batch holds ${fmt(largest)} tokens.`);
     shown = plan;
     drawHeat(plan);
