@@ -7,7 +7,8 @@
 #
 # Environment: STOWPLAN_BIN (the CLI; default target/release/stowplan, built when missing),
 # STOWPLAN_CHROMIUM (default /usr/bin/chromium), STOWPLAN_REQUIRE_BROWSER=1 (fail instead of
-# skipping the browser test when there is no chromium).
+# skipping the browser test when there is no chromium), STOWPLAN_SCREENSHOTS (where the explorer's
+# screenshots go; default a fresh temporary directory, printed).
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 root="$(dirname "$here")"
@@ -83,8 +84,10 @@ TS
 
 chromium="${STOWPLAN_CHROMIUM:-/usr/bin/chromium}"
 if [ -x "$chromium" ]; then
+    # The screenshots (dp 8, dp 64, an error) are kept, to be looked at.
+    export STOWPLAN_SCREENSHOTS="${STOWPLAN_SCREENSHOTS:-$(mktemp -d "${TMPDIR:-/tmp}/stowplan-explorer-XXXXXX")}"
     node --test test/browser/*.test.js
-    echo "sdk-js: explorer screenshot: $here/test-results/explorer.png"
+    echo "sdk-js: explorer screenshots: $STOWPLAN_SCREENSHOTS (explorer-dp8.png, explorer-dp64.png, explorer-error.png)"
 elif [ "${STOWPLAN_REQUIRE_BROWSER:-0}" = "1" ]; then
     echo "sdk-js: ERROR: $chromium is missing and STOWPLAN_REQUIRE_BROWSER=1 (apt-get install chromium)" >&2
     exit 1
