@@ -262,7 +262,7 @@ test('error then recover: after a failure the charts are cleared and the status 
   await assertPlanned(page, 8);
   // An infeasible cap: the previous plan's charts must not stay.
   await plan(page, { dp: 8, cap: 100, cost: 'attention' });
-  await assertFailed(page, /^InfeasibleError: infeasible: sequence \d+ has \d+ tokens, more than max_token_len = 100/);
+  await assertFailed(page, /^InfeasibleError: infeasible: sequence \d+ has \d+ tokens, more than maxTokenLen = 100/);
   await shoot(page, 'explorer-error.png');
   await plan(page, { dp: 8, cap: 16384, cost: 'attention' });
   await assertPlanned(page, 8);
@@ -362,7 +362,7 @@ test('pasted lengths: DP level only and micro-batches only, each export identica
 test('bad input is shown, naming the argument, and nothing is exported', async () => {
   const { page } = await open();
   await plan(page, { dp: 2, cap: 100, cost: 'tokens', cp: 1, tp: 1 });
-  await assertFailed(page, /^InfeasibleError: infeasible: sequence \d+ has \d+ tokens, more than max_token_len = 100/);
+  await assertFailed(page, /^InfeasibleError: infeasible: sequence \d+ has \d+ tokens, more than maxTokenLen = 100/);
   await plan(page, { dp: 8, cap: 16384, cost: 'tokens', cp: 70000, tp: 1 });
   assert.equal(await page.textContent('#error'), 'InvalidArgumentError: cp must be in 1..=65536 (got 70000)');
   await assertFailed(page, /^InvalidArgumentError: cp must be in 1\.\.=65536 \(got 70000\)$/);
