@@ -57,7 +57,7 @@ pub use rollout::{
     BufferColumns, BufferFilter, BufferView, DataSource, DataSourceOptions, FilterContext, Group, PopFirst,
     RolloutSample, Status,
 };
-pub use runtime::{cache_dir, sha256_hex};
+pub use runtime::{cache_dir, sha256_hex, write_atomic};
 pub use stowplan_kernel::peers::{DpReorder, RollLoadBalanceOptions, RollMicroBatches, VerlMicroOptions};
 pub use stowplan_kernel::verl::{PyError, SeqlenUnbalance, UnbalanceError};
 pub use stowplan_kernel::{

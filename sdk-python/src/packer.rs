@@ -162,6 +162,13 @@ fn fs_send(py: Python<'_>, root: PathBuf, name: &str, data: &[u8]) -> PyResult<P
     py.detach(|| send_fs(&root, name, data)).map_err(|e| to_py(py, e))
 }
 
+/// write_atomic(path, data): replaces the file at ``path`` by ``data`` atomically (temporary
+/// file beside it, fsync, rename, fsync of the directory), as the host writes its own files.
+#[pyfunction]
+fn write_atomic(py: Python<'_>, path: PathBuf, data: &[u8]) -> PyResult<()> {
+    py.detach(|| stowplan::write_atomic(&path, data)).map_err(|e| to_py(py, e))
+}
+
 fn duration(py: Python<'_>, name: &str, seconds: f64) -> PyResult<Duration> {
     Duration::try_from_secs_f64(seconds)
         .map_err(|_| invalid(py, format!("{name} must be a number of seconds ≥ 0 (got {seconds})")))
@@ -941,6 +948,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(encode_control, m)?)?;
     m.add_function(wrap_pyfunction!(py_batch_file_name, m)?)?;
     m.add_function(wrap_pyfunction!(fs_send, m)?)?;
+    m.add_function(wrap_pyfunction!(write_atomic, m)?)?;
     m.add_function(wrap_pyfunction!(py_control_file_name, m)?)?;
     m.add_function(wrap_pyfunction!(decode_rank_batch, m)?)?;
     m.add_function(wrap_pyfunction!(encode_rank_hello, m)?)?;

@@ -503,19 +503,25 @@ impl WasmFilter {
     /// (not a component, not the `buffer-filter` world, or imports beyond WASI), and the
     /// call errors of [`FilterError`] for a plugin that fails while instantiating.
     pub fn load(path: &Path, options: FilterOptions) -> Result<Self, Error> {
-        let (bytes, _) = read_plugin(path, options.max_plugin_bytes)?;
+        let (bytes, sha256) = read_plugin(path, options.max_plugin_bytes)?;
         let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "plugin".into());
-        Self::from_bytes(&name, &bytes, options)
+        Self::from_hashed(&name, &bytes, &sha256, options)
     }
 
     /// Like [`Self::load`], from the component's bytes; `name` labels errors and logs.
     pub fn from_bytes(name: &str, bytes: &[u8], options: FilterOptions) -> Result<Self, Error> {
+        Self::from_hashed(name, bytes, &sha256_hex(bytes), options)
+    }
+
+    /// [`Self::from_bytes`] with the bytes' sha256 (hex) already computed by [`read_plugin`], so
+    /// that [`Self::load`] does not hash a large plugin twice. Private: the pin check trusts
+    /// `actual`.
+    fn from_hashed(name: &str, bytes: &[u8], actual: &str, options: FilterOptions) -> Result<Self, Error> {
         options.validate()?;
         if bytes.len() as u64 > options.max_plugin_bytes {
             return Err(plugin_too_large(name, options.max_plugin_bytes));
         }
         let expected = pin(&options.sha256)?;
-        let actual = sha256_hex(bytes);
         if actual != expected {
             return Err(FilterError::HashMismatch(format!(
                 "{name}: sha256 is {actual}, but {expected} was pinned; check the file (or pin the new hash if \
@@ -536,7 +542,7 @@ impl WasmFilter {
         }
         let rt = runtime()?;
         let load = |what: &str, e: wasmtime::Error| Error::from(FilterError::Load(format!("{name}: {what}: {e:#}")));
-        let (component, origin) = crate::runtime::load_cached(&rt.engine, bytes, &actual, "plugin")
+        let (component, origin) = crate::runtime::load_cached(&rt.engine, bytes, actual, "plugin")
             .map_err(|e| load("not a WebAssembly component this host can compile", e))?;
         let imports = imports(&rt.engine, &component);
         let pre = rt.linker.instantiate_pre(&component).map_err(|e| {
@@ -550,7 +556,7 @@ impl WasmFilter {
         })?;
         let mut filter = Self {
             name: name.to_string(),
-            sha256: actual,
+            sha256: actual.to_string(),
             stdout: Capture::new(options.output_limit),
             stderr: Capture::new(options.output_limit),
             options,

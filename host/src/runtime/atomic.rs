@@ -21,7 +21,7 @@ fn temp_path(path: &Path) -> PathBuf {
 }
 
 /// Replaces `path` by `bytes` atomically (creating the parent directory if needed).
-pub(crate) fn write(path: &Path, bytes: &[u8]) -> Result<(), Error> {
+pub fn write(path: &Path, bytes: &[u8]) -> Result<(), Error> {
     write_with_mode(path, bytes, 0o666)
 }
 

@@ -3,6 +3,8 @@
 
 pub(crate) mod atomic;
 
+pub use atomic::write as write_atomic;
+
 use std::path::{Path, PathBuf};
 
 use sha2::{Digest, Sha256};

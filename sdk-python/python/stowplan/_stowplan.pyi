@@ -617,6 +617,9 @@ def encode_control(kind: str, run: int, batch_size: int) -> bytes:
 def batch_file_name(run: int, step: int) -> str:
     """run_{run}_step_{step}.bin"""
 
+def write_atomic(path: Any, data: bytes) -> None:
+    """Replaces the file at path by data atomically (temporary file, fsync, rename)."""
+
 def fs_send(root: Any, name: str, data: bytes) -> str:
     """Writes data to ROOT/inbox/NAME atomically; returns the path."""
 

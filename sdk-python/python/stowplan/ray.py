@@ -37,7 +37,6 @@ from __future__ import annotations
 import json
 import os
 import struct
-import tempfile
 import time
 import zlib
 from typing import Any, Callable, Dict, Iterator, List, Optional, Set, Tuple
@@ -142,26 +141,6 @@ _STATE = "packer_state.bin"
 _BATCHES = "batches"
 
 
-def _write_atomic(path: str, data: bytes) -> None:
-    directory = os.path.dirname(path)
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    dfd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
-
-
 def _batch_name(run: int, step: int) -> str:
     return _stowplan.batch_file_name(run, step)
 
@@ -226,11 +205,12 @@ class PackerActor:
         needed = [list(k) for k in self._packer.needed_batches()]
         header = json.dumps({"version": 1, "needed": needed, "acked": sorted(self._acked)}).encode()
         body = struct.pack("<I", len(header)) + header + self._packer.state()
-        _write_atomic(os.path.join(self._dir, _STATE), _MAGIC + struct.pack("<I", zlib.crc32(body)) + body)
+        _stowplan.write_atomic(os.path.join(self._dir, _STATE), _MAGIC + struct.pack("<I", zlib.crc32(body)) + body)
         keep = {_batch_name(r, s) for r, s in needed}
         folder = os.path.join(self._dir, _BATCHES)
         for name in os.listdir(folder):
-            if name not in keep and not name.startswith(".tmp-"):
+            # Names starting with "." are write_atomic's temporary files.
+            if name not in keep and not name.startswith("."):
                 os.unlink(os.path.join(folder, name))
 
     # -- orchestrator side ---------------------------------------------------------------
@@ -270,7 +250,7 @@ class PackerActor:
         report = self._packer.ingest(data)
         if self._dir is not None and not report.duplicate:
             for run, step in set(self._packer.needed_batches()) - before:
-                _write_atomic(os.path.join(self._dir, _BATCHES, _batch_name(run, step)), data)
+                _stowplan.write_atomic(os.path.join(self._dir, _BATCHES, _batch_name(run, step)), data)
             self._save()
         return report
 
