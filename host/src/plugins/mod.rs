@@ -212,6 +212,19 @@ fn init_runtime() -> Result<Runtime, Error> {
     config.wasm_component_model(true);
     config.epoch_interruption(true);
     config.consume_fuel(true);
+    // A plugin's traps (an out-of-bounds access, `unreachable`, a division by zero) are
+    // explicit checks, not hardware faults caught by signal handlers: hosts such as Ray
+    // install their own SIGSEGV/SIGILL handlers after ours, and a trapping plugin then
+    // killed the whole process instead of failing its call. Plugins are small filters;
+    // the checks cost them little. (Explicit bounds checks require the null-page spectre
+    // guards off, which rely on a fault.)
+    config.signals_based_traps(false);
+    // SAFETY: both are documented Cranelift settings; they must be off without
+    // signals-based traps (see `Config::signals_based_traps`).
+    unsafe {
+        config.cranelift_flag_set("enable_heap_access_spectre_mitigation", "false");
+        config.cranelift_flag_set("enable_table_access_spectre_mitigation", "false");
+    }
     let engine = Engine::new(&config).map_err(|e| fail("creating the plugin engine", e))?;
     let mut linker: Linker<PluginState> = Linker::new(&engine);
     wasmtime_wasi::p2::add_to_linker_sync(&mut linker).map_err(|e| fail("adding WASI to the plugin linker", e))?;
