@@ -2,7 +2,8 @@
 
 use proptest::prelude::*;
 use stowplan::{
-    Backend, Kernel, OversizePolicy, PackMethod, PackOptions, PartitionMethod, PartitionOptions, VerlFunction,
+    Backend, Kernel, MultiOptions, OversizePolicy, PackMethod, PackOptions, PartitionMethod, PartitionOptions,
+    VerlFunction,
 };
 
 #[test]
@@ -82,6 +83,21 @@ proptest! {
             oversize: [OversizePolicy::Error, OversizePolicy::Single, OversizePolicy::Drop][ov],
         };
         prop_assert_eq!(Kernel::native().pack(&lengths, &o), Kernel::wasm().unwrap().pack(&lengths, &o));
+    }
+
+    #[test]
+    fn wasm_and_native_agree_on_pack_multi(
+        (r, sizes) in (1usize..=4).prop_flat_map(|r| (Just(r), prop::collection::vec(prop_oneof![Just(0u64), 0u64..300], 0..400 * r))),
+        caps in prop::collection::vec(0u64..600, 4), max_segments in 0u64..12, align in 0u64..4, m in 0..3usize, ov in 0..3usize,
+    ) {
+        let o = MultiOptions {
+            capacities: &caps[..r],
+            max_segments,
+            align,
+            method: [PackMethod::Bfd, PackMethod::Ffd, PackMethod::NextFit][m],
+            oversize: [OversizePolicy::Error, OversizePolicy::Single, OversizePolicy::Drop][ov],
+        };
+        prop_assert_eq!(Kernel::native().pack_multi(&sizes, &o), Kernel::wasm().unwrap().pack_multi(&sizes, &o));
     }
 
     #[test]

@@ -165,7 +165,11 @@ pub fn pack(lengths: &[u64], options: &PackOptions) -> Result<Packing, Error> {
 /// The bins' offsets, members (ascending) and loads from `items` in fit order and the bin
 /// each went to (`assign`, in the same order; [`NONE`] for a dropped item): a counting sort
 /// by bin, then each bin's members sorted.
-fn assemble(items: impl Iterator<Item = (u32, u64)>, assign: &[u32], bins: usize) -> (Vec<u32>, Vec<u32>, Vec<u64>) {
+pub(crate) fn assemble(
+    items: impl Iterator<Item = (u32, u64)>,
+    assign: &[u32],
+    bins: usize,
+) -> (Vec<u32>, Vec<u32>, Vec<u64>) {
     let mut offsets = alloc::vec![0u32; bins + 1];
     for &b in assign {
         if b != NONE {

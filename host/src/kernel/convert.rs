@@ -6,11 +6,11 @@ use stowplan_kernel::peers::{DpReorder, RollLoadBalanceOptions, RollMicroBatches
 use stowplan_kernel::verl::PyError;
 use stowplan_kernel::{
     AlignOptions, AlignedPlan, Cost, DistributeOptions, Distribution, DpOptions, DpPlan, Factor, MicroOptions,
-    MicroPlan, Order, OversizePolicy, PackMethod, PackOptions, Packing, Padding, PartitionMethod, PartitionOptions,
-    Partitioning, Plan, PlanOptions, RawPlan, unflatten,
+    MicroPlan, MultiOptions, MultiPacking, Order, OversizePolicy, PackMethod, PackOptions, Packing, Padding,
+    PartitionMethod, PartitionOptions, Partitioning, Plan, PlanOptions, RawPlan, unflatten,
 };
 
-use super::wasm::{wbal, wcompact, wlay, wpack, wpart, wpeers, wplan, wstream, wtypes, wverl};
+use super::wasm::{wbal, wcompact, wlay, wmulti, wpack, wpart, wpeers, wplan, wstream, wtypes, wverl};
 use crate::Error;
 use stowplan_kernel::{Closed, StreamOptions, StreamStatus};
 
@@ -68,6 +68,26 @@ impl From<&PackOptions> for wpack::Options {
             },
             oversize: oversize_to_wit(o.oversize),
         }
+    }
+}
+
+impl From<&MultiOptions<'_>> for wmulti::Options {
+    fn from(o: &MultiOptions<'_>) -> Self {
+        let p =
+            wpack::Options::from(&PackOptions { capacity: 1, align: o.align, method: o.method, oversize: o.oversize });
+        wmulti::Options {
+            capacities: o.capacities.to_vec(),
+            max_segments: o.max_segments,
+            align: p.align,
+            method: p.method,
+            oversize: p.oversize,
+        }
+    }
+}
+
+impl From<wmulti::MultiPacking> for MultiPacking {
+    fn from(r: wmulti::MultiPacking) -> Self {
+        MultiPacking { packing: r.packing.into(), resource_loads: r.resource_loads, lower_bounds: r.lower_bounds }
     }
 }
 

@@ -17,7 +17,8 @@ use stowplan_kernel::peers::{DpReorder, RollLoadBalanceOptions, RollMicroBatches
 use stowplan_kernel::verl::PyError;
 use stowplan_kernel::{
     AlignOptions, AlignedPlan, CpLayout, DistributeOptions, Distribution, DpOptions, DpPlan, MicroOptions, MicroPlan,
-    Named, PackOptions, Packing, PartitionOptions, Partitioning, Plan, PlanOptions, RawPlan,
+    MultiOptions, MultiPacking, Named, PackOptions, Packing, PartitionOptions, Partitioning, Plan, PlanOptions,
+    RawPlan,
 };
 use stowplan_kernel::{Closed, StreamOptions, StreamStatus};
 
@@ -77,6 +78,10 @@ pub trait KernelApi: Send + Sync + std::fmt::Debug {
 
     /// Packs `lengths` into bins of `options.capacity` tokens. See `wit/kernel.wit` (`pack`).
     fn pack(&self, lengths: &[u64], options: &PackOptions) -> Result<Packing, Error>;
+
+    /// Packs items under several limits at once: `sizes` row by row, one value per entry of
+    /// `options.capacities` (tokens first). See `wit/kernel.wit` (`multi-pack`).
+    fn pack_multi(&self, sizes: &[u64], options: &MultiOptions<'_>) -> Result<MultiPacking, Error>;
 
     /// Runs verl 0.9.1's `function` exactly: the outer `Result` is a runtime failure of the
     /// kernel, the inner one verl's own result or the Python exception verl raises.

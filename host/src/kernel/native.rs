@@ -5,7 +5,7 @@ use stowplan_kernel::peers::{DpReorder, RollLoadBalanceOptions, RollMicroBatches
 use stowplan_kernel::verl::PyError;
 use stowplan_kernel::{
     AlignOptions, AlignedPlan, CpLayout, DistributeOptions, Distribution, DpOptions, DpPlan, MicroOptions, MicroPlan,
-    PackOptions, Packing, PartitionOptions, Partitioning, Plan, PlanOptions, RawPlan,
+    MultiOptions, MultiPacking, PackOptions, Packing, PartitionOptions, Partitioning, Plan, PlanOptions, RawPlan,
 };
 
 use stowplan_kernel::{Closed, StreamOptions, StreamStatus};
@@ -24,6 +24,10 @@ impl KernelApi for NativeKernel {
 
     fn pack(&self, lengths: &[u64], options: &PackOptions) -> Result<Packing, Error> {
         Ok(k::pack(lengths, options)?)
+    }
+
+    fn pack_multi(&self, sizes: &[u64], options: &MultiOptions<'_>) -> Result<MultiPacking, Error> {
+        Ok(k::pack_multi(sizes, options)?)
     }
 
     fn verl(

@@ -14,7 +14,7 @@ use stowplan_kernel::peers::{DpReorder, RollLoadBalanceOptions, RollMicroBatches
 use stowplan_kernel::verl::PyError;
 use stowplan_kernel::{
     AlignOptions, AlignedPlan, CpLayout, DistributeOptions, Distribution, DpOptions, DpPlan, MicroOptions, MicroPlan,
-    PackOptions, Packing, PartitionOptions, Partitioning, Plan, PlanOptions, RawPlan,
+    MultiOptions, MultiPacking, PackOptions, Packing, PartitionOptions, Partitioning, Plan, PlanOptions, RawPlan,
 };
 
 use stowplan_kernel::{Closed, NextFitRuns, PackMethod, StreamOptions, StreamStatus};
@@ -32,8 +32,8 @@ mod bindings {
 }
 
 pub(super) use bindings::exports::stowplan::kernel::{
-    balance as wbal, layout as wlay, pack as wpack, pack_compact as wcompact, partition as wpart, peers as wpeers,
-    plan as wplan, streaming as wstream, types as wtypes, verl as wverl,
+    balance as wbal, layout as wlay, multi_pack as wmulti, pack as wpack, pack_compact as wcompact, partition as wpart,
+    peers as wpeers, plan as wplan, streaming as wstream, types as wtypes, verl as wverl,
 };
 
 /// The kernel component, built by `cargo xtask build-kernel` (see `ARCHITECTURE.md`).
@@ -221,6 +221,10 @@ impl KernelApi for WasmKernel {
             }
         }
         call(|i, s| i.stowplan_kernel_pack().call_pack(s, lengths, options.into())).map(Into::into)
+    }
+
+    fn pack_multi(&self, sizes: &[u64], options: &MultiOptions<'_>) -> Result<MultiPacking, Error> {
+        call(|i, s| i.stowplan_kernel_multi_pack().call_pack(s, sizes, &options.into())).map(Into::into)
     }
 
     fn verl(

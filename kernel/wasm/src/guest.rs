@@ -12,7 +12,8 @@ wit_bindgen::generate!({
 });
 
 use exports::stowplan::kernel::{
-    balance, layout, multimodal, pack, pack_compact, partition, peers, plan, shuffle, streaming as stream, types, verl,
+    balance, layout, multi_pack, multimodal, pack, pack_compact, partition, peers, plan, shuffle, streaming as stream,
+    types, verl,
 };
 
 #[global_allocator]
@@ -61,28 +62,52 @@ impl partition::Guest for Kernel {
     }
 }
 
+fn method_of(m: pack::Method) -> k::PackMethod {
+    match m {
+        pack::Method::Bfd => k::PackMethod::Bfd,
+        pack::Method::Ffd => k::PackMethod::Ffd,
+        pack::Method::NextFit => k::PackMethod::NextFit,
+    }
+}
+
+fn packing_of(r: k::Packing) -> pack::Packing {
+    pack::Packing {
+        bins: types::Groups { offsets: r.offsets, indices: r.indices },
+        loads: r.loads,
+        dropped: r.dropped,
+        single: r.single,
+        real_tokens: r.real_tokens,
+        aligned_tokens: r.aligned_tokens,
+        lower_bound: r.lower_bound,
+    }
+}
+
 impl pack::Guest for Kernel {
     fn pack(lengths: Vec<u64>, options: pack::Options) -> Result<pack::Packing, types::Error> {
-        let method = match options.method {
-            pack::Method::Bfd => k::PackMethod::Bfd,
-            pack::Method::Ffd => k::PackMethod::Ffd,
-            pack::Method::NextFit => k::PackMethod::NextFit,
-        };
         let opts = k::PackOptions {
             capacity: options.capacity,
             align: options.align,
-            method,
+            method: method_of(options.method),
             oversize: oversize_of(options.oversize),
         };
-        let r = k::pack(&lengths, &opts).map_err(error)?;
-        Ok(pack::Packing {
-            bins: types::Groups { offsets: r.offsets, indices: r.indices },
-            loads: r.loads,
-            dropped: r.dropped,
-            single: r.single,
-            real_tokens: r.real_tokens,
-            aligned_tokens: r.aligned_tokens,
-            lower_bound: r.lower_bound,
+        k::pack(&lengths, &opts).map(packing_of).map_err(error)
+    }
+}
+
+impl multi_pack::Guest for Kernel {
+    fn pack(sizes: Vec<u64>, options: multi_pack::Options) -> Result<multi_pack::MultiPacking, types::Error> {
+        let opts = k::MultiOptions {
+            capacities: &options.capacities,
+            max_segments: options.max_segments,
+            align: options.align,
+            method: method_of(options.method),
+            oversize: oversize_of(options.oversize),
+        };
+        let r = k::pack_multi(&sizes, &opts).map_err(error)?;
+        Ok(multi_pack::MultiPacking {
+            packing: packing_of(r.packing),
+            resource_loads: r.resource_loads,
+            lower_bounds: r.lower_bounds,
         })
     }
 }

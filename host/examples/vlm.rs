@@ -1,0 +1,118 @@
+//! Packing under several limits on `vlm-mix-100k.tsv` (issue 31): stowplan's multi-limit
+//! BFD and FFD beside what users do today (pack by tokens with BFD, then split every pack
+//! that breaks another limit), and beside single-resource BFD on the same rows for time.
+//! Rounds interleave the contenders; prints packs, the gap to the per-resource lower bound
+//! and median times, through the WASM component and natively.
+//!
+//! Run: `cargo run --release -p stowplan --example vlm [ROUNDS]` (default 11; the workload
+//! from `../shared/workloads` or `$STOWPLAN_WORKLOADS`).
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use stowplan::{Backend, Kernel, MultiOptions, OversizePolicy, PackMethod, PackOptions};
+
+const CAPS: [u64; 3] = [16_384, 8_192, 32];
+const MAX_SEGMENTS: u64 = 64;
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// Today's way: BFD on tokens, then each pack cut, in member order, wherever the next member
+/// would break a limit (image tokens, images or segments).
+fn baseline(kernel: &Kernel, rows: &[[u64; 3]]) -> usize {
+    let tokens: Vec<u64> = rows.iter().map(|r| r[0]).collect();
+    let p = kernel.pack(&tokens, &PackOptions::new(CAPS[0])).expect("token BFD");
+    let mut packs = 0;
+    for b in 0..p.bins() {
+        let (mut img_tok, mut imgs, mut segs) = (0u64, 0u64, 0u64);
+        packs += 1;
+        for &i in p.bin(b) {
+            let r = rows[i as usize];
+            if img_tok + r[1] > CAPS[1] || imgs + r[2] > CAPS[2] || segs + 1 > MAX_SEGMENTS {
+                packs += 1;
+                (img_tok, imgs, segs) = (0, 0, 0);
+            }
+            img_tok += r[1];
+            imgs += r[2];
+            segs += 1;
+        }
+    }
+    packs
+}
+
+fn main() {
+    let rounds: usize = std::env::args().nth(1).and_then(|a| a.parse().ok()).unwrap_or(11);
+    let dir = std::env::var_os("STOWPLAN_WORKLOADS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/workloads"));
+    let text = std::fs::read_to_string(dir.join("vlm-mix-100k.tsv")).expect("vlm-mix-100k.tsv");
+    let all: Vec<[u64; 3]> = text
+        .lines()
+        .skip(1)
+        .map(|l| {
+            let v: Vec<u64> = l.split('\t').map(|x| x.parse().expect("a number")).collect();
+            [v[0], v[1], v[2]]
+        })
+        .collect();
+    let rows: Vec<[u64; 3]> = all.iter().copied().filter(|r| r[0] <= CAPS[0]).collect();
+    println!("{} rows, {} over {} tokens dropped", rows.len(), all.len() - rows.len(), CAPS[0]);
+    let flat: Vec<u64> = rows.iter().flatten().copied().collect();
+    let tokens: Vec<u64> = rows.iter().map(|r| r[0]).collect();
+    let multi = |method| MultiOptions {
+        capacities: &CAPS,
+        max_segments: MAX_SEGMENTS,
+        align: 1,
+        method,
+        oversize: OversizePolicy::Error,
+    };
+    let kernels = [
+        ("wasm", Kernel::new(Backend::Wasm).expect("wasm")),
+        ("native", Kernel::new(Backend::Native).expect("native")),
+    ];
+    let base = baseline(&kernels[1].1, &rows);
+    println!("baseline (token BFD, then split): {base} packs");
+    for (name, k) in &kernels {
+        for method in [PackMethod::Bfd, PackMethod::Ffd] {
+            let p = k.pack_multi(&flat, &multi(method)).expect("multi");
+            println!(
+                "{name} {method:?}: {} packs, lower bounds {:?} (max {}), {:.1}% above it, {:.1}% fewer than the baseline",
+                p.packing.bins(),
+                p.lower_bounds,
+                p.packing.lower_bound,
+                100.0 * (p.packing.bins() as f64 / p.packing.lower_bound as f64 - 1.0),
+                100.0 * (1.0 - p.packing.bins() as f64 / base as f64)
+            );
+        }
+    }
+    let mut times: Vec<Vec<f64>> = vec![Vec::new(); 8];
+    for _ in 0..rounds {
+        for (j, (_, k)) in kernels.iter().enumerate() {
+            let t = Instant::now();
+            k.pack(&tokens, &PackOptions::new(CAPS[0])).expect("bfd");
+            times[j * 4].push(t.elapsed().as_secs_f64() * 1e3);
+            for (m, method) in [PackMethod::Bfd, PackMethod::Ffd].into_iter().enumerate() {
+                let t = Instant::now();
+                k.pack_multi(&flat, &multi(method)).expect("multi");
+                times[j * 4 + 1 + m].push(t.elapsed().as_secs_f64() * 1e3);
+            }
+            let t = Instant::now();
+            baseline(k, &rows);
+            times[j * 4 + 3].push(t.elapsed().as_secs_f64() * 1e3);
+        }
+    }
+    for (j, (name, _)) in kernels.iter().enumerate() {
+        let m: Vec<f64> = times[j * 4..j * 4 + 4].iter().map(|t| median(t.clone())).collect();
+        println!(
+            "{name}: single-resource BFD {:.2} ms, multi BFD {:.2} ms ({:.2}x), multi FFD {:.2} ms ({:.2}x), baseline {:.2} ms",
+            m[0],
+            m[1],
+            m[1] / m[0],
+            m[2],
+            m[2] / m[0],
+            m[3]
+        );
+    }
+}

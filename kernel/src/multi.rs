@@ -1,0 +1,543 @@
+//! Packing under several limits at once (vector bin packing): every item has a size in each of
+//! up to [`MAX_RESOURCES`] resources (tokens always first; for example image tokens and images
+//! after them), every bin a capacity in each, and optionally a maximum number of items
+//! (segments) per bin.
+//!
+//! - **Sizes.** Tokens are rounded up to a multiple of `align`, as in [`pack`]; the other
+//!   resources are taken as they are. The segment limit is one more resource, of size 1 for
+//!   every item, placed last.
+//! - **Order** (BFD and FFD). Items by their *share* desc, then index asc. An item's share is
+//!   Σ over the resources of ⌊size · 2^64 / capacity⌋ (integer: the same order everywhere).
+//!   With one resource this is the order of [`pack`].
+//! - **Fit.** FFD: the oldest bin in which the item fits in every resource. BFD: among the bins
+//!   in which it fits in every resource, the one with the least room left in the item's
+//!   *dominant* resource (its largest size / capacity, the first such resource on ties), the
+//!   oldest on ties. Next-fit: input order; an item that does not fit in every resource closes
+//!   the bin.
+//! - **Bound.** Per resource ⌈Σ sizes of the items that fit / capacity⌉ (and for segments
+//!   ⌈items / max segments⌉); their maximum is the reported lower bound.
+//! - **One resource** without a segment limit: the bins of [`pack`], bit for bit (it is
+//!   [`pack`]).
+//!
+//! An item over any capacity is oversized and follows the [`OversizePolicy`]; under `single`
+//! its bin comes first (BFD/FFD, by share desc, index asc) or at its place (next-fit), as in
+//! [`pack`].
+
+use alloc::collections::BTreeSet;
+use alloc::vec::Vec;
+
+use crate::pack::{OversizePolicy, PackMethod, PackOptions, Packing, assemble, pack};
+use crate::{Error, checked_len, invalid};
+
+/// The most resources an item can carry (tokens included; the segment limit is not counted).
+pub const MAX_RESOURCES: usize = 8;
+
+/// The most items [`pack_multi`] takes in one call with more than one resource: 2^18. Its
+/// fits search the open bins one by one where one resource would use an index (a bin may
+/// have room in one resource and none in another), so time grows with items × bins: 100,000
+/// VLM samples take about 1.5 s. Larger inputs are refused rather than left running for
+/// minutes; pack them in windows.
+pub const MAX_MULTI_ITEMS: usize = 1 << 18;
+
+/// Options of [`pack_multi`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MultiOptions<'a> {
+    /// Each resource's capacity per bin (each ≥ 1), tokens first; 1 to [`MAX_RESOURCES`]
+    /// entries.
+    pub capacities: &'a [u64],
+    /// At most this many items per bin; 0 means no limit.
+    pub max_segments: u64,
+    /// Token sizes are rounded up to a multiple of `align` (≥ 1).
+    pub align: u64,
+    /// The algorithm.
+    pub method: PackMethod,
+    /// The oversize policy.
+    pub oversize: OversizePolicy,
+}
+
+/// The result of [`pack_multi`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MultiPacking {
+    /// The bins, as [`pack`] gives them: `loads` are the aligned token loads, `real_tokens`
+    /// and `aligned_tokens` count tokens, and `lower_bound` is the largest of
+    /// `lower_bounds`.
+    pub packing: Packing,
+    /// Every bin's load in every resource, bin by bin (`bins × resources` entries, tokens
+    /// aligned).
+    pub resource_loads: Vec<u64>,
+    /// The lower bound of each resource, then of the segment limit when there is one.
+    pub lower_bounds: Vec<u64>,
+}
+
+impl MultiPacking {
+    /// The number of resources (the width of [`resource_loads`](Self::resource_loads)).
+    pub fn resources(&self) -> usize {
+        self.resource_loads.len().checked_div(self.packing.bins()).unwrap_or(0)
+    }
+}
+
+/// Packs `n` items whose sizes are `sizes` (row by row: item `i` is
+/// `sizes[i·R..(i+1)·R]` with `R = capacities.len()`) into bins within every capacity.
+///
+/// Errors: `invalid-argument` for no item, `sizes` not a whole number of rows, no or more than
+/// [`MAX_RESOURCES`] capacities, a capacity or `align` of 0, a sum above 2^64 − 1, more than
+/// 2^32 − 1 items, or more than [`MAX_MULTI_ITEMS`] with two or more resources; `infeasible` for an item over a capacity under the `error` policy (naming
+/// the item, the resource, its size and the capacity).
+pub fn pack_multi(sizes: &[u64], options: &MultiOptions<'_>) -> Result<MultiPacking, Error> {
+    let MultiOptions { capacities, max_segments, align, method, oversize } = *options;
+    let r = capacities.len();
+    if r == 0 || r > MAX_RESOURCES {
+        return invalid!("capacities must have 1 to {MAX_RESOURCES} entries (got {r})");
+    }
+    if let Some(at) = capacities.iter().position(|&c| c == 0) {
+        return invalid!("capacities[{at}] must be at least 1 (got 0)");
+    }
+    if align == 0 {
+        return invalid!("align must be at least 1 (got 0)");
+    }
+    if sizes.is_empty() || sizes.len() % r != 0 {
+        return invalid!(
+            "sizes must hold a whole number (≥ 1) of rows of {r} values, one per capacity (got {} values)",
+            sizes.len()
+        );
+    }
+    let n = sizes.len() / r;
+    checked_len("sizes' rows", n)?;
+    let pack_options = PackOptions { capacity: capacities[0], align, method, oversize };
+    if r == 1 && max_segments == 0 {
+        let packing = pack(sizes, &pack_options)?;
+        let lower_bounds = alloc::vec![packing.lower_bound];
+        return Ok(MultiPacking { resource_loads: packing.loads.clone(), packing, lower_bounds });
+    }
+    // The sizes the fit works on: tokens aligned, then the segment resource.
+    if n > MAX_MULTI_ITEMS {
+        return invalid!(
+            "sizes has {n} rows; packing under several limits takes at most {MAX_MULTI_ITEMS} items per call \
+             (pack larger inputs in windows)"
+        );
+    }
+    let rx = r + usize::from(max_segments > 0);
+    let mut caps: Vec<u64> = capacities.to_vec();
+    if max_segments > 0 {
+        caps.push(max_segments);
+    }
+    let mut work: Vec<u64> = Vec::with_capacity(n * rx);
+    let mut sums = alloc::vec![0u64; rx];
+    let mut fit_sums = alloc::vec![0u64; rx];
+    let (mut dropped, mut single) = (Vec::new(), Vec::new());
+    let mut real_all: u64 = 0;
+    for i in 0..n {
+        let row = &sizes[i * r..(i + 1) * r];
+        let tokens = match row[0].div_ceil(align).checked_mul(align) {
+            Some(a) => a,
+            None => return invalid!("sizes[{i}][0] = {} aligned to {align} overflows u64", row[0]),
+        };
+        work.push(tokens);
+        work.extend_from_slice(&row[1..]);
+        if max_segments > 0 {
+            work.push(1);
+        }
+        let item = &work[i * rx..];
+        let mut over = None;
+        for (q, (&s, &c)) in item.iter().zip(&caps).enumerate() {
+            sums[q] = match sums[q].checked_add(s) {
+                Some(t) => t,
+                None => {
+                    return invalid!("the sum of resource {q}'s sizes overflows u64 (at most {} allowed)", u64::MAX);
+                }
+            };
+            if s > c && over.is_none() {
+                over = Some((q, s, c));
+            }
+        }
+        real_all += row[0]; // ≤ the aligned sum, which did not overflow
+        match over {
+            None => {
+                for (f, &s) in fit_sums.iter_mut().zip(item) {
+                    *f += s;
+                }
+            }
+            Some((q, s, c)) => match oversize {
+                OversizePolicy::Error => {
+                    return Err(Error::Infeasible(alloc::format!(
+                        "item {i} needs {s} of resource {q} (capacity {c}{}); use oversize single or drop to accept \
+                         such items",
+                        if q == 0 && align > 1 {
+                            alloc::format!(", tokens aligned to {align}")
+                        } else {
+                            alloc::string::String::new()
+                        }
+                    )));
+                }
+                OversizePolicy::Single => single.push(i as u32),
+                OversizePolicy::Drop => dropped.push(i as u32),
+            },
+        }
+    }
+    let lower_bounds: Vec<u64> = fit_sums.iter().zip(&caps).map(|(&s, &c)| s.div_ceil(c)).collect();
+    let lower_bound = lower_bounds.iter().copied().max().unwrap_or(0);
+    let mut assign: Vec<u32> = Vec::with_capacity(n);
+    let order: Vec<u32> = if method == PackMethod::NextFit {
+        let order: Vec<u32> = (0..n as u32).collect();
+        next_fit(&work, &caps, &order, oversize, &mut assign);
+        order
+    } else {
+        let order = share_order(&work, &caps);
+        let mut items = order.iter().copied().peekable();
+        let mut singles = 0u32;
+        // Oversized items (the largest shares) come first: a bin each, or none.
+        while let Some(&i) = items.peek() {
+            if fits(&work[i as usize * rx..][..rx], &caps) {
+                break;
+            }
+            assign.push(if oversize == OversizePolicy::Single { singles } else { NONE });
+            singles += u32::from(oversize == OversizePolicy::Single);
+            items.next();
+        }
+        let rest = &order[order.len() - items.count()..];
+        let mins = RestMin::new(&work, &caps, rest);
+        if method == PackMethod::Bfd {
+            best_fit(&work, &caps, rest, mins, singles, &mut assign);
+        } else {
+            first_fit(&work, &caps, rest, mins, singles, lower_bound, &mut assign);
+        }
+        order
+    };
+    let bins = assign.iter().filter(|&&b| b != NONE).map(|&b| b as usize + 1).max().unwrap_or(0);
+    let (offsets, indices, loads) = assemble(order.iter().map(|&i| (i, work[i as usize * rx])), &assign, bins);
+    let mut resource_loads = alloc::vec![0u64; bins * r];
+    for (&i, &b) in order.iter().zip(&assign) {
+        if b != NONE {
+            let (i, b) = (i as usize, b as usize);
+            for q in 0..r {
+                resource_loads[b * r + q] += work[i * rx + q];
+            }
+        }
+    }
+    let dropped_real: u64 = dropped.iter().map(|&i| sizes[i as usize * r]).sum();
+    let dropped_aligned: u64 = dropped.iter().map(|&i| work[i as usize * rx]).sum();
+    single.sort_unstable();
+    let packing = Packing {
+        offsets,
+        indices,
+        loads,
+        dropped,
+        single,
+        real_tokens: real_all - dropped_real,
+        aligned_tokens: sums[0] - dropped_aligned,
+        lower_bound,
+    };
+    Ok(MultiPacking { packing, resource_loads, lower_bounds })
+}
+
+/// "No bin": a dropped item's entry in the bin list.
+const NONE: u32 = u32::MAX;
+
+/// Whether `item` fits into `room` in every resource.
+#[inline]
+fn fits(item: &[u64], room: &[u64]) -> bool {
+    item.iter().zip(room).all(|(s, r)| s <= r)
+}
+
+/// The item indices by share desc, index asc (see the module), oversized items first.
+fn share_order(work: &[u64], caps: &[u64]) -> Vec<u32> {
+    let rx = caps.len();
+    let n = work.len() / rx;
+    let mut keyed: Vec<(bool, u128, u32)> = (0..n)
+        .map(|i| {
+            let item = &work[i * rx..][..rx];
+            let share =
+                item.iter().zip(caps).fold(0u128, |acc, (&s, &c)| acc.saturating_add(((s as u128) << 64) / c as u128));
+            // Oversized items first: their bins come before the others.
+            (!fits(item, caps), share, i as u32)
+        })
+        .collect();
+    keyed.sort_unstable_by(|a, b| b.0.cmp(&a.0).then(b.1.cmp(&a.1)).then(a.2.cmp(&b.2)));
+    keyed.into_iter().map(|(_, _, i)| i).collect()
+}
+
+/// The resource in which `item` takes the largest share of its capacity (the first on ties).
+fn dominant(item: &[u64], caps: &[u64]) -> usize {
+    let mut d = 0;
+    for q in 1..item.len() {
+        if (item[q] as u128) * (caps[d] as u128) > (item[d] as u128) * (caps[q] as u128) {
+            d = q;
+        }
+    }
+    d
+}
+
+/// Next-fit in input order; oversized items stand at their place (a bin of their own under
+/// `single`, none under `drop`).
+fn next_fit(work: &[u64], caps: &[u64], order: &[u32], oversize: OversizePolicy, assign: &mut Vec<u32>) {
+    let rx = caps.len();
+    let mut room: Vec<u64> = caps.to_vec();
+    let mut bins = 0u32;
+    let mut open = false;
+    for &i in order {
+        let item = &work[i as usize * rx..][..rx];
+        if !fits(item, caps) {
+            // A single bin stands at its place and closes the open bin; a dropped item leaves
+            // it open.
+            if oversize == OversizePolicy::Single {
+                assign.push(bins);
+                bins += 1;
+                open = false;
+            } else {
+                assign.push(NONE);
+            }
+            continue;
+        }
+        if !open || !fits(item, &room) {
+            room.copy_from_slice(caps);
+            bins += 1;
+            open = true;
+        }
+        for (r, s) in room.iter_mut().zip(item) {
+            *r -= s;
+        }
+        assign.push(bins - 1);
+    }
+}
+
+/// The smallest size in each resource among the items still to place, as the fit walks
+/// through them: a bin with less room than that in some resource takes no more item (it is
+/// *dead*), and the fits drop it from their search. Kept as breakpoints of the suffix minima.
+struct RestMin {
+    rx: usize,
+    /// Per resource, (from position, minimum) ascending by position.
+    steps: Vec<Vec<(usize, u64)>>,
+    /// Per resource, the current step.
+    at: Vec<usize>,
+    /// The current minima.
+    now: Vec<u64>,
+}
+
+impl RestMin {
+    fn new(work: &[u64], caps: &[u64], rest: &[u32]) -> Self {
+        let rx = caps.len();
+        let mut steps: Vec<Vec<(usize, u64)>> = (0..rx).map(|_| Vec::new()).collect();
+        let mut min = alloc::vec![u64::MAX; rx];
+        for (p, &i) in rest.iter().enumerate().rev() {
+            for q in 0..rx {
+                let s = work[i as usize * rx + q];
+                if s < min[q] {
+                    min[q] = s;
+                    steps[q].push((p, s));
+                }
+            }
+        }
+        for st in &mut steps {
+            st.reverse();
+        }
+        let mut mins = RestMin { rx, steps, at: alloc::vec![0; rx], now: alloc::vec![u64::MAX; rx] };
+        mins.advance(0);
+        mins
+    }
+
+    /// Moves to position `p` (non-decreasing from call to call): entry (pₖ, mₖ) of a step
+    /// list holds for the positions after pₖ₋₁ up to pₖ.
+    fn advance(&mut self, p: usize) {
+        for q in 0..self.rx {
+            let st = &self.steps[q];
+            while self.at[q] < st.len() && st[self.at[q]].0 < p {
+                self.at[q] += 1;
+            }
+            self.now[q] = st.get(self.at[q]).map_or(u64::MAX, |&(_, m)| m);
+        }
+    }
+
+    /// Whether a bin with `room` can take none of the items left.
+    fn dead(&self, room: &[u64]) -> bool {
+        room.iter().zip(&self.now).any(|(r, m)| r < m)
+    }
+}
+
+/// Best fit on the item's dominant resource (see the module): one ordered set of
+/// (room, bin) per resource over the open bins that are not dead ([`RestMin`]).
+fn best_fit(work: &[u64], caps: &[u64], rest: &[u32], mut mins: RestMin, first: u32, assign: &mut Vec<u32>) {
+    let rx = caps.len();
+    let mut rooms: Vec<u64> = Vec::new();
+    let mut sets: Vec<BTreeSet<(u64, u32)>> = (0..rx).map(|_| BTreeSet::new()).collect();
+    let mut dead: Vec<u32> = Vec::new();
+    for (p, &i) in rest.iter().enumerate() {
+        mins.advance(p);
+        let item = &work[i as usize * rx..][..rx];
+        let d = dominant(item, caps);
+        let mut found = None;
+        for &(_, b) in sets[d].range((item[d], 0)..) {
+            let room = &rooms[b as usize * rx..][..rx];
+            if fits(item, room) {
+                found = Some(b);
+                break;
+            }
+            if mins.dead(room) {
+                dead.push(b);
+            }
+        }
+        for b in dead.drain(..) {
+            for q in 0..rx {
+                sets[q].remove(&(rooms[b as usize * rx + q], b));
+            }
+        }
+        let b = match found {
+            Some(b) => {
+                for q in 0..rx {
+                    sets[q].remove(&(rooms[b as usize * rx + q], b));
+                }
+                b
+            }
+            None => {
+                rooms.extend_from_slice(caps);
+                (rooms.len() / rx - 1) as u32
+            }
+        };
+        let room = &mut rooms[b as usize * rx..][..rx];
+        for q in 0..rx {
+            room[q] -= item[q];
+        }
+        mins.advance(p + 1);
+        if !mins.dead(room) {
+            for q in 0..rx {
+                sets[q].insert((room[q], b));
+            }
+        }
+        assign.push(first + b);
+    }
+}
+
+/// First fit over a tree of the bins' rooms: every node holds the largest room in each
+/// resource among its leaves (bins in creation order; unopened bins hold the capacities;
+/// dead bins ([`RestMin`]) hold nothing), and the search takes the leftmost leaf in which the
+/// item fits in every resource.
+fn first_fit(
+    work: &[u64],
+    caps: &[u64],
+    rest: &[u32],
+    mut mins: RestMin,
+    first: u32,
+    lower_bound: u64,
+    assign: &mut Vec<u32>,
+) {
+    let rx = caps.len();
+    let mut tree = RoomTree::new(caps, (lower_bound as usize).saturating_add(1));
+    let mut opened = 0usize;
+    let mut dead: Vec<usize> = Vec::new();
+    for (p, &i) in rest.iter().enumerate() {
+        mins.advance(p);
+        let item = &work[i as usize * rx..][..rx];
+        if opened == tree.leaves {
+            tree.grow();
+        }
+        // An unopened leaf fits every item within the capacities: the search succeeds.
+        let b = tree.find(item, &mins, &mut dead).unwrap_or(opened);
+        for d in dead.drain(..) {
+            tree.kill(d);
+        }
+        opened = opened.max(b + 1);
+        tree.take(b, item);
+        mins.advance(p + 1);
+        if mins.dead(tree.leaf(b)) {
+            tree.kill(b);
+        }
+        assign.push(first + b as u32);
+    }
+}
+
+/// The tree of [`first_fit`]: `max[node·R + q]`, nodes numbered from 1 (leaves from `leaves`).
+struct RoomTree {
+    rx: usize,
+    leaves: usize,
+    max: Vec<u64>,
+    caps: Vec<u64>,
+}
+
+impl RoomTree {
+    fn new(caps: &[u64], at_least: usize) -> Self {
+        let leaves = at_least.max(1).next_power_of_two();
+        let rx = caps.len();
+        let mut max = Vec::with_capacity(2 * leaves * rx);
+        for _ in 0..2 * leaves {
+            max.extend_from_slice(caps);
+        }
+        RoomTree { rx, leaves, max, caps: caps.to_vec() }
+    }
+
+    /// Twice the leaves: the old leaves keep their rooms, the new ones hold the capacities.
+    fn grow(&mut self) {
+        let mut bigger = RoomTree::new(&self.caps, self.leaves * 2);
+        let rx = self.rx;
+        let old = &self.max[self.leaves * rx..2 * self.leaves * rx];
+        bigger.max[bigger.leaves * rx..(bigger.leaves + self.leaves) * rx].copy_from_slice(old);
+        for node in (1..bigger.leaves).rev() {
+            bigger.pull(node);
+        }
+        *self = bigger;
+    }
+
+    /// Node `node`'s rooms from its children's.
+    fn pull(&mut self, node: usize) {
+        let rx = self.rx;
+        for q in 0..rx {
+            self.max[node * rx + q] = self.max[2 * node * rx + q].max(self.max[(2 * node + 1) * rx + q]);
+        }
+    }
+
+    /// Leaf `b`'s rooms.
+    fn leaf(&self, b: usize) -> &[u64] {
+        &self.max[(self.leaves + b) * self.rx..][..self.rx]
+    }
+
+    /// Empties leaf `b` (a dead bin: no item left fits there).
+    fn kill(&mut self, b: usize) {
+        let rx = self.rx;
+        let mut node = self.leaves + b;
+        self.max[node * rx..][..rx].fill(0);
+        while node > 1 {
+            node /= 2;
+            self.pull(node);
+        }
+    }
+
+    /// The leftmost leaf in which `item` fits in every resource; leaves found dead on the
+    /// way go to `dead`.
+    fn find(&self, item: &[u64], mins: &RestMin, dead: &mut Vec<usize>) -> Option<usize> {
+        let rx = self.rx;
+        // Depth-first, left before right: at most two entries a level (≤ 2^32 leaves).
+        let mut stack = [0usize; 72];
+        let (mut top, mut node) = (0usize, 1usize);
+        loop {
+            let room = &self.max[node * rx..][..rx];
+            if node >= self.leaves && !fits(item, room) && mins.dead(room) && room.iter().any(|&r| r > 0) {
+                dead.push(node - self.leaves);
+            }
+            if fits(item, room) {
+                if node >= self.leaves {
+                    return Some(node - self.leaves);
+                }
+                stack[top] = 2 * node + 1;
+                top += 1;
+                node = 2 * node;
+                continue;
+            }
+            if top == 0 {
+                return None;
+            }
+            top -= 1;
+            node = stack[top];
+        }
+    }
+
+    /// Takes `item` out of leaf `b`'s rooms.
+    fn take(&mut self, b: usize, item: &[u64]) {
+        let rx = self.rx;
+        let mut node = self.leaves + b;
+        for (q, s) in item.iter().enumerate() {
+            self.max[node * rx + q] -= s;
+        }
+        while node > 1 {
+            node /= 2;
+            self.pull(node);
+        }
+    }
+}

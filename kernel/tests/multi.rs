@@ -1,0 +1,290 @@
+//! Packing under several limits (`pack_multi`, issue 31): every pack within every limit, the
+//! fits equal to naive implementations of the documented rules, one resource equal to `pack`
+//! bit for bit, and the errors.
+
+use proptest::prelude::*;
+use stowplan_kernel::{
+    Error, MAX_MULTI_ITEMS, MultiOptions, MultiPacking, OversizePolicy, PackMethod, PackOptions, pack, pack_multi,
+};
+
+const METHODS: [PackMethod; 3] = [PackMethod::Bfd, PackMethod::Ffd, PackMethod::NextFit];
+const POLICIES: [OversizePolicy; 3] = [OversizePolicy::Error, OversizePolicy::Single, OversizePolicy::Drop];
+
+/// The sizes the fits work on (tokens aligned, the segment resource last) and capacities.
+fn work(sizes: &[u64], o: &MultiOptions<'_>) -> (Vec<Vec<u64>>, Vec<u64>) {
+    let r = o.capacities.len();
+    let mut caps = o.capacities.to_vec();
+    if o.max_segments > 0 {
+        caps.push(o.max_segments);
+    }
+    let items = sizes
+        .chunks(r)
+        .map(|row| {
+            let mut v = row.to_vec();
+            v[0] = v[0].div_ceil(o.align) * o.align;
+            if o.max_segments > 0 {
+                v.push(1);
+            }
+            v
+        })
+        .collect();
+    (items, caps)
+}
+
+fn fits(item: &[u64], room: &[u64]) -> bool {
+    item.iter().zip(room).all(|(s, r)| s <= r)
+}
+
+/// The documented rules, naively: the bins as member lists (before sorting), or `None` when
+/// an item is oversized under `error`.
+fn reference(sizes: &[u64], o: &MultiOptions<'_>) -> Option<Vec<Vec<u32>>> {
+    let (items, caps) = work(sizes, o);
+    let over: Vec<bool> = items.iter().map(|it| !fits(it, &caps)).collect();
+    if o.oversize == OversizePolicy::Error && over.iter().any(|&x| x) {
+        return None;
+    }
+    let single = o.oversize == OversizePolicy::Single;
+    let mut bins: Vec<Vec<u32>> = Vec::new();
+    if o.method == PackMethod::NextFit {
+        let mut room: Option<Vec<u64>> = None;
+        for (i, it) in items.iter().enumerate() {
+            if over[i] {
+                if single {
+                    bins.push(vec![i as u32]);
+                    room = None;
+                }
+                continue;
+            }
+            match &mut room {
+                Some(r) if fits(it, r) => {}
+                _ => {
+                    bins.push(Vec::new());
+                    room = Some(caps.clone());
+                }
+            }
+            let r = room.as_mut().unwrap();
+            for (q, s) in it.iter().enumerate() {
+                r[q] -= s;
+            }
+            bins.last_mut().unwrap().push(i as u32);
+        }
+        return Some(bins);
+    }
+    let share = |it: &[u64]| -> u128 { it.iter().zip(&caps).map(|(&s, &c)| ((s as u128) << 64) / c as u128).sum() };
+    if single {
+        let mut big: Vec<usize> = (0..items.len()).filter(|&i| over[i]).collect();
+        big.sort_by(|&a, &b| share(&items[b]).cmp(&share(&items[a])).then(a.cmp(&b)));
+        bins.extend(big.into_iter().map(|i| vec![i as u32]));
+    }
+    let mut order: Vec<usize> = (0..items.len()).filter(|&i| !over[i]).collect();
+    order.sort_by(|&a, &b| share(&items[b]).cmp(&share(&items[a])).then(a.cmp(&b)));
+    let first = bins.len();
+    let mut rooms: Vec<Vec<u64>> = Vec::new();
+    for i in order {
+        let it = &items[i];
+        let mut d = 0;
+        for q in 1..it.len() {
+            if (it[q] as u128) * (caps[d] as u128) > (it[d] as u128) * (caps[q] as u128) {
+                d = q;
+            }
+        }
+        let candidates = (0..rooms.len()).filter(|&b| fits(it, &rooms[b]));
+        let chosen =
+            if o.method == PackMethod::Ffd { candidates.min() } else { candidates.min_by_key(|&b| (rooms[b][d], b)) };
+        let b = chosen.unwrap_or_else(|| {
+            rooms.push(caps.clone());
+            bins.push(Vec::new());
+            rooms.len() - 1
+        });
+        for (q, s) in it.iter().enumerate() {
+            rooms[b][q] -= s;
+        }
+        bins[first + b].push(i as u32);
+    }
+    Some(bins)
+}
+
+/// Every invariant of a result: each index once (or dropped), bins within every limit
+/// (but `single` ones), loads, bounds.
+fn check(sizes: &[u64], o: &MultiOptions<'_>, p: &MultiPacking) {
+    let r = o.capacities.len();
+    let n = sizes.len() / r;
+    let (items, caps) = work(sizes, o);
+    let mut seen = vec![false; n];
+    let bins = p.packing.bins();
+    assert_eq!(p.resource_loads.len(), bins * r);
+    for b in 0..bins {
+        let members = p.packing.bin(b);
+        assert!(!members.is_empty(), "no empty bin");
+        assert!(members.windows(2).all(|w| w[0] < w[1]), "members ascending");
+        let mut load = vec![0u64; caps.len()];
+        for &i in members {
+            assert!(!std::mem::replace(&mut seen[i as usize], true), "index {i} twice");
+            for (q, s) in items[i as usize].iter().enumerate() {
+                load[q] += s;
+            }
+        }
+        assert_eq!(&load[..r], &p.resource_loads[b * r..(b + 1) * r], "resource loads of bin {b}");
+        assert_eq!(load[0], p.packing.loads[b], "token load of bin {b}");
+        if p.packing.single.binary_search(&members[0]).is_err() {
+            assert!(fits(&load, &caps), "bin {b} within every limit: {load:?} vs {caps:?}");
+        } else {
+            assert_eq!(members.len(), 1, "a single bin holds one item");
+        }
+    }
+    for &i in &p.packing.dropped {
+        assert!(!std::mem::replace(&mut seen[i as usize], true), "dropped {i} also packed");
+        assert!(!fits(&items[i as usize], &caps), "only oversized items are dropped");
+    }
+    assert!(seen.iter().all(|&s| s), "every index packed or dropped");
+    let fitting: Vec<&Vec<u64>> = items.iter().filter(|it| fits(it, &caps)).collect();
+    if r > 1 || o.max_segments > 0 {
+        let bounds: Vec<u64> =
+            (0..caps.len()).map(|q| fitting.iter().map(|it| it[q]).sum::<u64>().div_ceil(caps[q])).collect();
+        assert_eq!(p.lower_bounds, bounds);
+    }
+    assert_eq!(p.packing.lower_bound, *p.lower_bounds.iter().max().unwrap());
+    let regular = bins - p.packing.single.len();
+    assert!(regular as u64 >= p.packing.lower_bound, "the lower bound is a bound");
+}
+
+fn sorted(mut bins: Vec<Vec<u32>>) -> Vec<Vec<u32>> {
+    for b in &mut bins {
+        b.sort_unstable();
+    }
+    bins
+}
+
+fn bins_of(p: &MultiPacking) -> Vec<Vec<u32>> {
+    (0..p.packing.bins()).map(|b| p.packing.bin(b).to_vec()).collect()
+}
+
+/// Items of 1–4 resources and capacities, with many zeros and sizes near the capacities.
+fn case() -> impl Strategy<Value = (Vec<u64>, Vec<u64>, u64, u64, usize, usize)> {
+    (1usize..=4, 1usize..120).prop_flat_map(|(r, n)| {
+        (
+            prop::collection::vec(prop_oneof![Just(0u64), 0u64..40, 0u64..120], n * r),
+            prop::collection::vec(1u64..100, r),
+            prop_oneof![Just(0u64), 1u64..10],
+            prop_oneof![Just(1u64), 1u64..6],
+            0usize..3,
+            0usize..3,
+        )
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(400))]
+
+    #[test]
+    fn every_pack_is_within_every_limit_and_follows_the_documented_rule(
+        (sizes, caps, max_segments, align, m, ov) in case()
+    ) {
+        let o = MultiOptions { capacities: &caps, max_segments, align, method: METHODS[m], oversize: POLICIES[ov] };
+        let got = pack_multi(&sizes, &o);
+        match reference(&sizes, &o) {
+            None => prop_assert!(matches!(got, Err(Error::Infeasible(_))), "{got:?}"),
+            Some(want) => {
+                let p = got.unwrap();
+                check(&sizes, &o, &p);
+                prop_assert_eq!(bins_of(&p), sorted(want));
+            }
+        }
+    }
+
+    #[test]
+    fn one_resource_is_pack_bit_for_bit(
+        lengths in prop::collection::vec(0u64..200, 1..150), capacity in 1u64..150, align in 1u64..5,
+        m in 0usize..3, ov in 0usize..3, zeros: bool,
+    ) {
+        let o = PackOptions { capacity, align, method: METHODS[m], oversize: POLICIES[ov] };
+        let want = pack(&lengths, &o);
+        let one = pack_multi(&lengths, &MultiOptions { capacities: &[capacity], max_segments: 0, align, method: o.method, oversize: o.oversize });
+        prop_assert_eq!(one.as_ref().map(|p| &p.packing), want.as_ref());
+        // A second resource every item leaves empty goes through the vector fits and changes
+        // nothing: the same bins as `pack`.
+        let wide = if zeros { 1 } else { 1_000 };
+        let sizes: Vec<u64> = lengths.iter().flat_map(|&l| [l, 0]).collect();
+        let two = pack_multi(&sizes, &MultiOptions { capacities: &[capacity, wide], max_segments: 0, align, method: o.method, oversize: o.oversize });
+        match (two, want) {
+            (Ok(t), Ok(w)) => {
+                prop_assert_eq!(&t.packing.offsets, &w.offsets);
+                prop_assert_eq!(&t.packing.indices, &w.indices);
+                prop_assert_eq!(&t.packing.loads, &w.loads);
+                prop_assert_eq!(&t.packing.dropped, &w.dropped);
+                prop_assert_eq!(&t.packing.single, &w.single);
+            }
+            (Err(_), Err(_)) => {}
+            (t, w) => prop_assert!(false, "{t:?} vs {w:?}"),
+        }
+    }
+}
+
+fn opts(caps: &[u64]) -> MultiOptions<'_> {
+    MultiOptions {
+        capacities: caps,
+        max_segments: 0,
+        align: 1,
+        method: PackMethod::Bfd,
+        oversize: OversizePolicy::Error,
+    }
+}
+
+#[test]
+fn an_item_over_a_limit_follows_each_oversize_policy() {
+    let caps = [100, 10, 2];
+    let sizes = [50, 5, 1, 60, 3, 3, 40, 11, 0, 30, 2, 1];
+    let err = pack_multi(&sizes, &opts(&caps)).unwrap_err();
+    assert_eq!(
+        err,
+        Error::Infeasible(
+            "item 1 needs 3 of resource 2 (capacity 2); use oversize single or drop to accept such items".into()
+        )
+    );
+    let single = pack_multi(&sizes, &MultiOptions { oversize: OversizePolicy::Single, ..opts(&caps) }).unwrap();
+    assert_eq!(single.packing.single, vec![1, 2]);
+    assert_eq!(bins_of(&single)[..2], [vec![1], vec![2]], "single bins first, by share desc");
+    assert_eq!(bins_of(&single)[2..], [vec![0, 3]]);
+    let dropped = pack_multi(&sizes, &MultiOptions { oversize: OversizePolicy::Drop, ..opts(&caps) }).unwrap();
+    assert_eq!(dropped.packing.dropped, vec![1, 2]);
+    assert_eq!(bins_of(&dropped), [vec![0, 3]]);
+    assert_eq!(dropped.packing.real_tokens, 80);
+    assert_eq!(dropped.lower_bounds, vec![1, 1, 1]);
+    // Tokens are aligned before the check, and the message says so.
+    let aligned = pack_multi(&[99, 0], &MultiOptions { align: 8, ..opts(&[100, 1]) }).unwrap_err();
+    assert!(
+        matches!(&aligned, Error::Infeasible(m) if m.contains("needs 104 of resource 0 (capacity 100, tokens aligned to 8)")),
+        "{aligned:?}"
+    );
+}
+
+#[test]
+fn the_segment_limit_caps_items_per_pack() {
+    let sizes = [1u64; 10];
+    let p = pack_multi(&sizes, &MultiOptions { max_segments: 3, ..opts(&[100]) }).unwrap();
+    assert_eq!(p.packing.bins(), 4);
+    assert_eq!(p.lower_bounds, vec![1, 4]);
+    assert!((0..4).all(|b| p.packing.bin(b).len() <= 3));
+}
+
+#[test]
+fn bad_arguments_are_named() {
+    let msg = |r: Result<MultiPacking, Error>| match r.unwrap_err() {
+        Error::InvalidArgument(m) => m,
+        e => panic!("{e:?}"),
+    };
+    assert!(msg(pack_multi(&[1, 2, 3], &opts(&[10, 10]))).contains("whole number (≥ 1) of rows of 2 values"));
+    assert!(msg(pack_multi(&[], &opts(&[10]))).contains("whole number (≥ 1) of rows"));
+    assert!(msg(pack_multi(&[1], &opts(&[]))).contains("capacities must have 1 to 8 entries (got 0)"));
+    assert!(msg(pack_multi(&[1; 9], &opts(&[1; 9]))).contains("capacities must have 1 to 8 entries (got 9)"));
+    assert!(msg(pack_multi(&[1, 1], &opts(&[10, 0]))).contains("capacities[1] must be at least 1 (got 0)"));
+    assert!(
+        msg(pack_multi(&[1, 1], &MultiOptions { align: 0, ..opts(&[10, 10]) })).contains("align must be at least 1")
+    );
+    assert!(
+        msg(pack_multi(&[u64::MAX, 1, 1, 1], &opts(&[u64::MAX, 10])))
+            .contains("the sum of resource 0's sizes overflows")
+    );
+    let many = vec![1u64; 2 * (MAX_MULTI_ITEMS + 1)];
+    assert!(msg(pack_multi(&many, &opts(&[10, 10]))).contains("at most 262144 items per call"));
+}
