@@ -4,7 +4,7 @@ use std::fmt;
 
 use serde::Serialize;
 use stowplan::stream::{DEFAULT_MAX_BUFFERED, DEFAULT_MAX_OPEN_BINS, MAX_BUFFERED, MAX_OPEN_BINS};
-use stowplan::{OversizePolicy, PackMethod, PackOptions, Packing};
+use stowplan::{MAX_RESOURCES, MultiOptions, MultiPacking, OversizePolicy, PackMethod, PackOptions, Packing};
 
 use crate::common::{Common, KernelRun, ReadyKernel, name, named, print_report};
 use crate::failure::Failure;
@@ -24,6 +24,15 @@ pub struct Args {
     /// What to do with a length above the capacity: fail, give it its own bin, or drop it.
     #[arg(long, value_parser = named::<OversizePolicy>(), default_value_t = OversizePolicy::default())]
     oversize: OversizePolicy,
+    /// Another limit per bin besides --capacity tokens, NAME=CAP: the input is then a table
+    /// whose header names its columns, tokens first (tab-, comma- or space-separated, as
+    /// `vlm-mix-100k.tsv`), and NAME is a column (e.g. --limit image_tokens=8192 --limit
+    /// images=32). Up to 7 limits; every bin stays within every one.
+    #[arg(long = "limit", value_name = "NAME=CAP", value_parser = parse_limit, conflicts_with = "stream")]
+    limits: Vec<(String, u64)>,
+    /// At most this many sequences (segments) per bin; 0 means no limit.
+    #[arg(long, default_value_t = 0, conflicts_with = "stream")]
+    max_segments: u64,
     /// Pack the lengths as they arrive (one per line; any amount, memory stays bounded):
     /// each bin is written when it closes, one line of input indices (a JSON array with
     /// --json), and a summary goes to stderr. Best fit with at most --max-open-bins bins open
@@ -42,6 +51,68 @@ pub struct Args {
     /// Input, backend and output format.
     #[command(flatten)]
     common: Common,
+}
+
+/// A `--limit` value: NAME=CAP with a capacity of at least 1.
+fn parse_limit(value: &str) -> Result<(String, u64), String> {
+    let (name, cap) = value.split_once('=').ok_or_else(|| format!("{value:?}: expected NAME=CAP, e.g. images=32"))?;
+    let cap: u64 = cap.trim().parse().map_err(|e| format!("{value:?}: CAP must be an integer ≥ 1 ({e})"))?;
+    if cap == 0 || name.trim().is_empty() {
+        return Err(format!("{value:?}: expected NAME=CAP with a name and a CAP of at least 1"));
+    }
+    Ok((name.trim().to_string(), cap))
+}
+
+/// The limits of a packing under several limits, in a report.
+#[derive(Debug, Serialize)]
+struct Limits {
+    /// Every limit: the tokens first, then each `--limit` in order.
+    resources: Vec<Limit>,
+    /// `--max-segments` (0: none).
+    max_segments: u64,
+    /// ⌈packed sequences / max segments⌉ (absent without a segment limit).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    segments_lower_bound: Option<u64>,
+    /// Each bin's load in every resource, in the order of `resources`.
+    resource_loads: Vec<Vec<u64>>,
+}
+
+/// One limit of [`Limits`].
+#[derive(Debug, Serialize)]
+struct Limit {
+    /// The column.
+    name: String,
+    /// Per bin.
+    capacity: u64,
+    /// ⌈Σ sizes of the packed items / capacity⌉.
+    lower_bound: u64,
+    /// The largest load of a regular bin.
+    max_load: u64,
+}
+
+impl Limits {
+    fn new(names: Vec<String>, caps: &[u64], max_segments: u64, p: &MultiPacking) -> Self {
+        let r = caps.len();
+        let resource_loads: Vec<Vec<u64>> = p.resource_loads.chunks(r).map(<[u64]>::to_vec).collect();
+        let regular: Vec<&Vec<u64>> = resource_loads
+            .iter()
+            .enumerate()
+            .filter(|&(b, _)| p.packing.single.binary_search(&p.packing.bin(b)[0]).is_err())
+            .map(|(_, l)| l)
+            .collect();
+        let resources = names
+            .into_iter()
+            .enumerate()
+            .map(|(q, name)| Limit {
+                name,
+                capacity: caps[q],
+                lower_bound: p.lower_bounds[q],
+                max_load: regular.iter().map(|l| l[q]).max().unwrap_or(0),
+            })
+            .collect();
+        let segments_lower_bound = (max_segments > 0).then(|| p.lower_bounds[r]);
+        Limits { resources, max_segments, segments_lower_bound, resource_loads }
+    }
 }
 
 /// A packing as JSON: the shape of `stowplan::json::packing`.
@@ -104,6 +175,9 @@ struct Report {
     n: usize,
     /// Real tokens / (regular bins × capacity).
     efficiency: f64,
+    /// With `--limit` or `--max-segments`: every limit and the bins' loads.
+    #[serde(skip_serializing_if = "Option::is_none", flatten)]
+    limits: Option<Limits>,
     /// Kernel and timings.
     #[serde(flatten)]
     run: KernelRun,
@@ -122,6 +196,9 @@ pub fn run(a: Args) -> Result<(), Failure> {
         return crate::stream::run(settings, &a.common);
     }
     let text = a.common.input.read()?;
+    if !a.limits.is_empty() || a.max_segments > 0 {
+        return run_multi(a, text);
+    }
     let lengths = text.lengths()?;
     let options = PackOptions { capacity: a.capacity, align: a.align, method: a.method, oversize: a.oversize };
     let kernel = ReadyKernel::new(a.common.backend)?;
@@ -136,6 +213,60 @@ pub fn run(a: Args) -> Result<(), Failure> {
         align: a.align,
         oversize: a.oversize,
         n: lengths.len(),
+        limits: None,
+        run,
+    };
+    print_report(&report, a.common.json)
+}
+
+/// `stowplan pack` with `--limit` or `--max-segments`: a table in, the kernel's packing
+/// under several limits out.
+fn run_multi(a: Args, text: crate::input::Text) -> Result<(), Failure> {
+    if a.limits.len() >= MAX_RESOURCES {
+        return Err(Failure::bad(format!(
+            "--limit: at most {} limits besides the tokens (got {})",
+            MAX_RESOURCES - 1,
+            a.limits.len()
+        )));
+    }
+    let mut names: Vec<&str> = Vec::new();
+    for (name, _) in &a.limits {
+        if names.contains(&name.as_str()) {
+            return Err(Failure::bad(format!("--limit: {name:?} is given twice")));
+        }
+        names.push(name);
+    }
+    let (first, sizes) =
+        stowplan::input::parse_table(&text.text, &names).map_err(|e| Failure::bad(format!("{}: {e}", text.source)))?;
+    let mut caps = vec![a.capacity];
+    caps.extend(a.limits.iter().map(|&(_, c)| c));
+    let options = MultiOptions {
+        capacities: &caps,
+        max_segments: a.max_segments,
+        align: a.align,
+        method: a.method,
+        oversize: a.oversize,
+    };
+    let kernel = ReadyKernel::new(a.common.backend)?;
+    let mut all_names = vec![first];
+    all_names.extend(a.limits.iter().map(|(n, _)| n.clone()));
+    let (p, run) = kernel.timed(|k| k.pack_multi(&sizes, &options)).map_err(|e| {
+        // The kernel numbers the resources; say which column each number is.
+        let columns: Vec<String> = all_names.iter().enumerate().map(|(q, n)| format!("{q} = {n}")).collect();
+        Failure { message: format!("{} (resources: {})", e.message, columns.join(", ")), ..e }
+    })?;
+    let tokens: Vec<u64> = sizes.iter().step_by(caps.len()).copied().collect();
+    let report = Report {
+        efficiency: p.packing.efficiency(&tokens, a.capacity),
+        result: Bins::from(&p.packing),
+        operation: "pack",
+        source: text.source,
+        method: a.method,
+        capacity: a.capacity,
+        align: a.align,
+        oversize: a.oversize,
+        n: tokens.len(),
+        limits: Some(Limits::new(all_names, &caps, a.max_segments, &p)),
         run,
     };
     print_report(&report, a.common.json)
@@ -159,6 +290,18 @@ impl fmt::Display for Report {
         writeln!(f, "  align pad    {:>12}  tokens", r.padding_tokens)?;
         writeln!(f, "  efficiency   {:>11.3}%  (real tokens / (regular bins × capacity))", 100.0 * self.efficiency)?;
         writeln!(f, "  oversized    {:>12}  single, {} dropped", r.single.len(), r.dropped.len())?;
+        if let Some(l) = &self.limits {
+            for lim in &l.resources {
+                writeln!(
+                    f,
+                    "  {:<12} {:>12}  per bin at most; fullest bin {}, lower bound {} bins",
+                    lim.name, lim.capacity, lim.max_load, lim.lower_bound
+                )?;
+            }
+            if let Some(bound) = l.segments_lower_bound {
+                writeln!(f, "  segments     {:>12}  per bin at most; lower bound {bound} bins", l.max_segments)?;
+            }
+        }
         self.run.time_line(f, 13, 12)
     }
 }

@@ -719,3 +719,79 @@ fn plugin_files_are_read_within_a_cap_and_hashed_as_they_stream() {
     assert_eq!(out.status.code(), Some(2), "0 is out of range");
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[test]
+fn pack_with_limits_reads_a_table_and_keeps_every_bin_within_every_limit() {
+    let table =
+        "tokens\timage_tokens\timages\n900\t800\t2\n300\t0\t0\n700\t600\t1\n500\t300\t1\n200\t0\t0\n600\t0\t0\n";
+    let args =
+        ["pack", "-c", "1200", "--limit", "images=2", "--limit", "image_tokens=1000", "--max-segments", "3", "--json"];
+    let v = json(&stowplan(&args, Some(table), &[]));
+    let rows: Vec<[u64; 3]> = table
+        .lines()
+        .skip(1)
+        .map(|l| {
+            let f: Vec<u64> = l.split('\t').map(|x| x.parse().unwrap()).collect();
+            [f[0], f[2], f[1]] // the order of the --limit flags: tokens, images, image_tokens
+        })
+        .collect();
+    let bins: Vec<Vec<u64>> = serde_json::from_value(v["bins"].clone()).unwrap();
+    let loads: Vec<Vec<u64>> = serde_json::from_value(v["resource_loads"].clone()).unwrap();
+    // The kernel's packing, bin for bin.
+    let sizes: Vec<u64> = rows.iter().flatten().copied().collect();
+    let caps = [1200, 2, 1000];
+    let o = stowplan::MultiOptions {
+        capacities: &caps,
+        max_segments: 3,
+        align: 1,
+        method: stowplan::PackMethod::Bfd,
+        oversize: stowplan::OversizePolicy::Error,
+    };
+    let want = stowplan::Kernel::native().pack_multi(&sizes, &o).unwrap();
+    assert_eq!(
+        bins,
+        stowplan::unflatten(&want.packing.offsets, &want.packing.indices)
+            .iter()
+            .map(|b| b.iter().map(|&i| i as u64).collect::<Vec<_>>())
+            .collect::<Vec<_>>()
+    );
+    for (b, members) in bins.iter().enumerate() {
+        assert!(members.len() <= 3, "segments");
+        for q in 0..3 {
+            let load: u64 = members.iter().map(|&i| rows[i as usize][q]).sum();
+            assert_eq!(load, loads[b][q]);
+            assert!(load <= caps[q], "bin {b} resource {q}");
+        }
+    }
+    let names: Vec<&str> = v["resources"].as_array().unwrap().iter().map(|r| r["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["tokens", "images", "image_tokens"]);
+    assert_eq!(v["segments_lower_bound"], 2);
+    // The human summary names every limit.
+    let out = stowplan(&args[..args.len() - 1], Some(table), &[]);
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.contains("image_tokens") && text.contains("segments"), "{text}");
+}
+
+#[test]
+fn pack_with_limits_refuses_bad_limits_by_name() {
+    let table = "tokens\timages\n5\t1\n7\t40\n";
+    let cases: [(&[&str], i32, &str); 5] = [
+        (&["--limit", "frames=3"], 2, "no column \"frames\"; its header names tokens, images"),
+        (&["--limit", "images=0"], 2, "CAP of at least 1"),
+        (&["--limit", "images"], 2, "expected NAME=CAP"),
+        (&["--limit", "images=3", "--limit", "images=4"], 2, "\"images\" is given twice"),
+        (
+            &["--limit", "images=32"],
+            1,
+            "item 1 needs 40 of resource 1 (capacity 32); use oversize single or drop to accept such items (resources: 0 = tokens, 1 = images)",
+        ),
+    ];
+    for (extra, code, message) in cases {
+        let out = stowplan(&[&["pack"], extra].concat(), Some(table), &[]);
+        assert_eq!(out.status.code(), Some(code), "{extra:?}: {}", stderr(&out));
+        assert!(stderr(&out).contains(message), "{extra:?}: {}", stderr(&out));
+    }
+    let out = stowplan(&["pack", "--limit", "images=32", "--stream"], Some(table), &[]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(stderr(&out).contains("cannot be used with"), "{}", stderr(&out));
+}

@@ -202,6 +202,66 @@ pub fn parse_column(text: &str, column: usize) -> Result<Vec<u64>, Error> {
     Ok(out)
 }
 
+/// The fields of one line of a delimited text file: tab-separated when the line holds a
+/// tab, else comma-separated when it holds a comma, else separated by whitespace.
+fn fields(line: &str) -> Vec<&str> {
+    if line.contains('\t') {
+        line.split('\t').map(str::trim).collect()
+    } else if line.contains(',') {
+        line.split(',').map(str::trim).collect()
+    } else {
+        line.split_whitespace().collect()
+    }
+}
+
+/// Parses a table of sizes from a delimited text file whose first line (after blank lines
+/// and `#` comments) is a header naming the columns, tokens first (as
+/// `../shared/workloads/vlm-mix-100k.tsv`): per data line the first column, then the
+/// columns called `names`, in that order — row by row, `1 + names.len()` values a row.
+/// Returns the first column's name and the rows. Errors name the line and the column; an
+/// unknown name lists the header's.
+pub fn parse_table(text: &str, names: &[&str]) -> Result<(String, Vec<u64>), Error> {
+    let mut lines = text
+        .lines()
+        .enumerate()
+        .map(|(no, l)| (no + 1, l.trim()))
+        .filter(|(_, l)| !l.is_empty() && !l.starts_with('#'));
+    let Some((_, header)) = lines.next() else {
+        return Err(Error::InvalidArgument("the table is empty: it needs a header line naming its columns".into()));
+    };
+    let head = fields(header);
+    let mut columns = vec![0usize];
+    for name in names {
+        match head.iter().position(|h| h == name) {
+            Some(c) => columns.push(c),
+            None => {
+                return Err(Error::InvalidArgument(format!(
+                    "the table has no column {:?}; its header names {}",
+                    excerpt(name, QUOTED),
+                    excerpt(&head.join(", "), 2 * QUOTED)
+                )));
+            }
+        }
+    }
+    let mut out = Vec::new();
+    for (no, line) in lines {
+        let f = fields(line);
+        for &c in &columns {
+            let Some(field) = f.get(c) else {
+                return Err(Error::InvalidArgument(format!("table, line {no}: has no column {:?}", head[c])));
+            };
+            out.push(field.parse::<u64>().map_err(|e| {
+                Error::InvalidArgument(format!(
+                    "table, line {no}, column {:?}: {:?} is not an integer in 0..=18446744073709551615 ({e})",
+                    head[c],
+                    excerpt(field, QUOTED)
+                ))
+            })?);
+        }
+    }
+    Ok((head[0].to_string(), out))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -217,6 +277,23 @@ mod tests {
         // Found by the `lengths` fuzz target: serde_json quotes a bad string value whole.
         let e = parse_lengths(&format!("[\"{line}\"]")).unwrap_err().to_string();
         assert!(e.len() < 400 && e.contains("invalid type: string"), "{e}");
+        let e = parse_table(&format!("tokens\timages\n1\t{line}\n"), &["images"]).unwrap_err().to_string();
+        assert!(e.len() < 300 && e.contains("line 2, column \"images\""), "{e}");
+    }
+
+    #[test]
+    fn a_table_gives_the_first_column_then_the_named_ones() {
+        let text = "# vlm\ntokens\timage_tokens\timages\n862\t721\t1\n\n181\t0\t0\n";
+        assert_eq!(
+            parse_table(text, &["images", "image_tokens"]).unwrap(),
+            ("tokens".into(), vec![862, 1, 721, 181, 0, 0])
+        );
+        assert_eq!(parse_table("a,b\n1,2\n", &[]).unwrap(), ("a".into(), vec![1]));
+        let e = parse_table(text, &["frames"]).unwrap_err().to_string();
+        assert!(e.contains("no column \"frames\"; its header names tokens, image_tokens, images"), "{e}");
+        let e = parse_table("tokens\timages\n5\n", &["images"]).unwrap_err().to_string();
+        assert!(e.contains("line 2: has no column \"images\""), "{e}");
+        assert!(parse_table("# nothing\n", &[]).unwrap_err().to_string().contains("needs a header"));
     }
 
     use proptest::prelude::*;
