@@ -25,9 +25,9 @@ use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyBool, PyBytes, PyDict, PyFloat, PyInt, PyList, PySlice, PyString, PyTuple, PyType};
 use stowplan::{
-    Backend, Cost, DpOptions, DpPlan, DpReorder, Error, FilterError, Kernel, MicroOptions, MicroPlan, PackOptions,
-    Packing, PartitionMethod, PartitionOptions, Partitioning, PyError, RollLoadBalanceOptions, RollMicroBatches,
-    UnbalanceError, VerlFunction, VerlMicroOptions,
+    Backend, Cost, DpOptions, DpPlan, DpReorder, Error, FilterError, Kernel, MicroOptions, MicroPlan, MultiOptions,
+    PackOptions, Packing, PartitionMethod, PartitionOptions, Partitioning, PyError, RollLoadBalanceOptions,
+    RollMicroBatches, UnbalanceError, VerlFunction, VerlMicroOptions,
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -933,20 +933,179 @@ fn pack(
     let kernel = kernel(py, backend)?;
     let l = lengths.slice();
     let p: Packing = py.detach(|| kernel.pack(l, &options)).map_err(|e| to_py(py, e))?;
-    Ok(PyPacking {
-        efficiency: p.efficiency(l, options.capacity),
-        capacity: options.capacity,
-        num_bins: p.offsets.len().saturating_sub(1),
-        real_tokens: p.real_tokens,
-        aligned_tokens: p.aligned_tokens,
-        padding_tokens: p.padding_tokens(),
-        lower_bound: p.lower_bound,
-        offsets: p.offsets.into_pyarray(py).unbind(),
-        indices: p.indices.into_pyarray(py).unbind(),
-        loads: p.loads.into_pyarray(py).unbind(),
-        dropped: p.dropped.into_pyarray(py).unbind(),
-        single: p.single.into_pyarray(py).unbind(),
-        bins: LazyList::default(),
+    Ok(PyPacking::new(py, p, l, options.capacity))
+}
+
+impl PyPacking {
+    /// The Python result of `p`, packed from `lengths` into bins of `capacity` tokens.
+    fn new(py: Python<'_>, p: Packing, lengths: &[u64], capacity: u64) -> Self {
+        PyPacking {
+            efficiency: p.efficiency(lengths, capacity),
+            capacity,
+            num_bins: p.offsets.len().saturating_sub(1),
+            real_tokens: p.real_tokens,
+            aligned_tokens: p.aligned_tokens,
+            padding_tokens: p.padding_tokens(),
+            lower_bound: p.lower_bound,
+            offsets: p.offsets.into_pyarray(py).unbind(),
+            indices: p.indices.into_pyarray(py).unbind(),
+            loads: p.loads.into_pyarray(py).unbind(),
+            dropped: p.dropped.into_pyarray(py).unbind(),
+            single: p.single.into_pyarray(py).unbind(),
+            bins: LazyList::default(),
+        }
+    }
+}
+
+/// The result of :func:`pack_multi`: the bins as :class:`Packing` gives them (token loads,
+/// ``lower_bound`` the largest per-resource bound) plus every bin's load in every resource.
+#[pyclass(frozen, module = "stowplan._stowplan", name = "MultiPacking")]
+#[derive(Debug)]
+pub struct PyMultiPacking {
+    /// The bins (a :class:`Packing`; ``loads`` are token loads).
+    #[pyo3(get)]
+    packing: Py<PyPacking>,
+    /// The resources' names, tokens first, in the order of ``columns``.
+    #[pyo3(get)]
+    names: Vec<String>,
+    /// ``uint64`` array of shape (bins, resources): each bin's load in each resource.
+    #[pyo3(get)]
+    resource_loads: Py<PyAny>,
+    /// ``{name: bound}``: ``ceil(Σ sizes of the packed items / capacity)`` per resource, and
+    /// ``"segments"`` with ``max_segments``.
+    #[pyo3(get)]
+    lower_bounds: Py<PyDict>,
+}
+
+#[pymethods]
+impl PyMultiPacking {
+    /// The bins as lists of input indices.
+    #[getter]
+    fn bins(&self, py: Python<'_>) -> PyResult<Py<PyList>> {
+        self.packing.get().bins(py)
+    }
+
+    /// The largest of ``lower_bounds``: no packing of the items that fit uses fewer bins.
+    #[getter]
+    fn lower_bound(&self) -> u64 {
+        self.packing.get().lower_bound
+    }
+
+    fn __len__(&self) -> usize {
+        self.packing.get().num_bins
+    }
+
+    fn __repr__(&self, py: Python<'_>) -> String {
+        format!(
+            "MultiPacking(bins={}, lower_bounds={}, names={:?})",
+            self.packing.get().num_bins,
+            self.lower_bounds.bind(py).repr().map(|r| r.to_string()).unwrap_or_default(),
+            self.names
+        )
+    }
+}
+
+/// Packs items under several limits at once: ``columns`` maps each resource's name to the
+/// items' sizes in it (one array-like each, all of one length; the first is the tokens),
+/// ``capacities`` maps the same names to each bin's capacity (``>= 1``). Up to 8 resources.
+/// ``max_segments``: at most this many items per bin (``None`` or 0: no limit). ``align``,
+/// ``method``, ``oversize`` and ``backend`` as in :func:`pack` (``align`` rounds the tokens;
+/// an item over any capacity is oversized). Every bin stays within every capacity; with one
+/// resource the bins are :func:`pack`'s. At most 262,144 items with two or more resources.
+///
+/// Returns a :class:`MultiPacking`.
+///
+/// >>> p = pack_multi({"tokens": [900, 300, 700, 500], "images": [2, 0, 1, 1]}, {"tokens": 1200, "images": 2})
+/// >>> p.bins, p.resource_loads.tolist()
+/// ([[0, 1], [2, 3]], [[1200, 2], [1200, 2]])
+#[pyfunction]
+#[pyo3(signature = (columns, capacities, *, max_segments=None, align=None, method=None, oversize=None, backend=None))]
+#[allow(clippy::too_many_arguments)]
+fn pack_multi(
+    py: Python<'_>,
+    columns: &Bound<'_, PyDict>,
+    capacities: &Bound<'_, PyDict>,
+    max_segments: Option<&Bound<'_, PyAny>>,
+    align: Option<&Bound<'_, PyAny>>,
+    method: Option<&Bound<'_, PyAny>>,
+    oversize: Option<&Bound<'_, PyAny>>,
+    backend: Option<&Bound<'_, PyAny>>,
+) -> PyResult<PyMultiPacking> {
+    str_options!(method, oversize, backend);
+    let d = PackOptions::new(1);
+    let r = columns.len();
+    if r == 0 || r > stowplan::MAX_RESOURCES {
+        return Err(invalid(py, format!("columns must name 1 to {} resources (got {r})", stowplan::MAX_RESOURCES)));
+    }
+    let mut names = Vec::with_capacity(r);
+    let mut caps = Vec::with_capacity(r);
+    let mut cols: Vec<Vec<u64>> = Vec::with_capacity(r);
+    for (name, values) in columns.iter() {
+        let name: String = name.extract().map_err(|_| {
+            invalid(
+                py,
+                format!(
+                    "columns' keys must be resource names (str), got {}",
+                    name.repr().map(|r| r.to_string()).unwrap_or_default()
+                ),
+            )
+        })?;
+        let Some(cap) = capacities.get_item(&name)? else {
+            return Err(invalid(py, format!("capacities has no entry for column '{name}'")));
+        };
+        caps.push(u64_arg(&cap, &format!("capacities['{name}']"), 1)?);
+        cols.push(Lengths::extract(&values, &format!("columns['{name}']"))?.slice().to_vec());
+        names.push(name);
+    }
+    for key in capacities.keys() {
+        let key: String = key.extract().unwrap_or_default();
+        if !names.contains(&key) {
+            return Err(invalid(
+                py,
+                format!("capacities['{key}'] has no column of sizes in columns (columns: {})", names.join(", ")),
+            ));
+        }
+    }
+    let n = cols[0].len();
+    if let Some(q) = cols.iter().position(|c| c.len() != n) {
+        return Err(invalid(
+            py,
+            format!(
+                "columns['{}'] has {} sizes, columns['{}'] {n}: one per item in each",
+                names[q],
+                cols[q].len(),
+                names[0]
+            ),
+        ));
+    }
+    let sizes: Vec<u64> = (0..n).flat_map(|i| cols.iter().map(move |c| c[i])).collect();
+    let options = MultiOptions {
+        capacities: &caps,
+        max_segments: opt_u64(max_segments, "max_segments", 0)?.unwrap_or(0),
+        align: opt_u64(align, "align", 1)?.unwrap_or(d.align),
+        method: opt_parse(py, method)?.unwrap_or(d.method),
+        oversize: opt_parse(py, oversize)?.unwrap_or(d.oversize),
+    };
+    let kernel = kernel(py, backend)?;
+    let p = py.detach(|| kernel.pack_multi(&sizes, &options)).map_err(|e| {
+        // The kernel numbers the resources; say which name each number is.
+        let resources: Vec<String> = names.iter().enumerate().map(|(q, n)| format!("{q} = {n}")).collect();
+        Class::of(&e).err(py, format!("{e} (resources: {})", resources.join(", ")))
+    })?;
+    let bounds = PyDict::new(py);
+    for (q, name) in names.iter().enumerate() {
+        bounds.set_item(name, p.lower_bounds[q])?;
+    }
+    if options.max_segments > 0 {
+        bounds.set_item("segments", p.lower_bounds[r])?;
+    }
+    let bins = p.packing.bins();
+    let loads = p.resource_loads.into_pyarray(py).reshape([bins, r])?.into_any().unbind();
+    Ok(PyMultiPacking {
+        packing: Py::new(py, PyPacking::new(py, p.packing, &cols[0], caps[0]))?,
+        names,
+        resource_loads: loads,
+        lower_bounds: bounds.unbind(),
     })
 }
 
@@ -1622,6 +1781,7 @@ fn kernel_info<'py>(py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
 fn _stowplan(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(partition, m)?)?;
     m.add_function(wrap_pyfunction!(pack, m)?)?;
+    m.add_function(wrap_pyfunction!(pack_multi, m)?)?;
     m.add_function(wrap_pyfunction!(micro_batches, m)?)?;
     m.add_function(wrap_pyfunction!(balance, m)?)?;
     m.add_function(wrap_pyfunction!(verl, m)?)?;
@@ -1634,6 +1794,7 @@ fn _stowplan(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(py_integers, m)?)?;
     m.add_class::<PyPartition>()?;
     m.add_class::<PyPacking>()?;
+    m.add_class::<PyMultiPacking>()?;
     m.add_class::<PyMicroBatches>()?;
     m.add_class::<PyBalance>()?;
     m.add_class::<PyDpReorder>()?;

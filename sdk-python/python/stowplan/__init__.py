@@ -50,8 +50,10 @@ __version__: str = _stowplan.__version__
 #: frozen classes (numpy arrays owned without a copy), exported as they are.
 partition = _stowplan.partition
 pack = _stowplan.pack
+pack_multi = _stowplan.pack_multi
 Partition = _stowplan.Partition
 Packing = _stowplan.Packing
+MultiPacking = _stowplan.MultiPacking
 StreamPacker = _stowplan.StreamPacker
 kernel_info = _stowplan.kernel_info
 
@@ -67,8 +69,10 @@ def __getattr__(name: str) -> object:
 __all__ = [
     "partition",
     "pack",
+    "pack_multi",
     "Partition",
     "Packing",
+    "MultiPacking",
     "StreamPacker",
     "PackedIterableDataset",
     "micro_batches",

@@ -6,7 +6,7 @@ Most names are re-exported by :mod:`stowplan` as they are. Options are keyword-o
 ``tests/test_stubs.py`` checks these stubs against the compiled module.
 """
 
-from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import numpy.typing as npt
@@ -79,6 +79,32 @@ def pack(
 ) -> Packing:
     """``method``: ``"bfd"`` (default), ``"ffd"`` or ``"next-fit"``; ``oversize``:
     ``"error"`` (default), ``"single"`` or ``"drop"``."""
+
+class MultiPacking:
+    """Bins under several limits (the result of :func:`pack_multi`)."""
+
+    packing: Packing
+    names: List[str]
+    resource_loads: npt.NDArray[np.uint64]
+    lower_bounds: Dict[str, int]
+    @property
+    def bins(self) -> List[List[int]]: ...
+    @property
+    def lower_bound(self) -> int: ...
+    def __len__(self) -> int: ...
+
+def pack_multi(
+    columns: Mapping[str, _Lengths],
+    capacities: Mapping[str, int],
+    *,
+    max_segments: Optional[int] = None,
+    align: Optional[int] = None,
+    method: Optional[str] = None,
+    oversize: Optional[str] = None,
+    backend: Optional[str] = None,
+) -> MultiPacking:
+    """``columns``: each resource's sizes, tokens first; ``capacities``: each one's capacity
+    per bin (the same names); ``max_segments``: items per bin at most."""
 
 STREAM_DEFAULTS: Dict[str, int]
 

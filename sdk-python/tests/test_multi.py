@@ -1,0 +1,101 @@
+"""Packing under several limits at once from Python (issue 31): every bin within every
+capacity, one resource equal to ``pack``, the bound per resource, and errors naming the
+argument."""
+
+from __future__ import annotations
+
+import pathlib
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import stowplan
+
+WORKLOADS = pathlib.Path(__file__).resolve().parents[3] / "shared" / "workloads"
+
+
+@st.composite
+def cases(draw):
+    r = draw(st.integers(1, 4))
+    n = draw(st.integers(1, 80))
+    names = ["tokens", "image_tokens", "images", "frames"][:r]
+    caps = {name: draw(st.integers(1, 60)) for name in names}
+    cols = {name: draw(st.lists(st.integers(0, 70), min_size=n, max_size=n)) for name in names}
+    return cols, caps, draw(st.integers(0, 6)), draw(st.sampled_from(["bfd", "ffd", "next-fit"]))
+
+
+@settings(max_examples=150, deadline=None)
+@given(cases())
+def test_every_bin_is_within_every_limit_and_every_item_is_placed_once(case):
+    cols, caps, max_segments, method = case
+    p = stowplan.pack_multi(cols, caps, max_segments=max_segments, method=method, oversize="drop")
+    names = list(cols)
+    n = len(cols["tokens"])
+    sizes = np.array([cols[k] for k in names], dtype=np.uint64).T
+    seen = sorted(i for b in p.bins for i in b) + p.packing.dropped.tolist()
+    assert sorted(seen) == list(range(n))
+    assert p.resource_loads.shape == (len(p), len(names))
+    for b, members in enumerate(p.bins):
+        load = sizes[members].sum(axis=0)
+        assert load.tolist() == p.resource_loads[b].tolist()
+        assert all(load[q] <= caps[k] for q, k in enumerate(names)), (load, caps)
+        assert max_segments == 0 or len(members) <= max_segments
+    for i in p.packing.dropped:
+        assert any(sizes[i][q] > caps[k] for q, k in enumerate(names))
+    kept = np.setdiff1d(np.arange(n), p.packing.dropped)
+    for q, k in enumerate(names):
+        assert p.lower_bounds[k] == -(-int(sizes[kept, q].sum()) // caps[k])
+    if max_segments:
+        assert p.lower_bounds["segments"] == -(-len(kept) // max_segments)
+    assert p.lower_bound == max(p.lower_bounds.values())
+    assert len(p) >= p.lower_bound
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.integers(0, 100), min_size=1, max_size=100), st.integers(1, 100), st.sampled_from(["bfd", "ffd", "next-fit"]))
+def test_one_resource_is_pack(lengths, capacity, method):
+    want = stowplan.pack(lengths, capacity, method=method, oversize="single")
+    got = stowplan.pack_multi({"tokens": lengths}, {"tokens": capacity}, method=method, oversize="single")
+    assert got.bins == want.bins
+    assert got.packing.loads.tolist() == want.loads.tolist()
+    assert got.lower_bounds == {"tokens": want.lower_bound}
+
+
+def test_numpy_columns_and_both_backends_agree():
+    rng = np.random.default_rng(7)
+    cols = {"tokens": rng.integers(1, 4000, 3000), "image_tokens": rng.integers(0, 2000, 3000), "images": rng.integers(0, 8, 3000)}
+    caps = {"tokens": 8192, "image_tokens": 4096, "images": 16}
+    a = stowplan.pack_multi(cols, caps, max_segments=16, backend="wasm")
+    b = stowplan.pack_multi(cols, caps, max_segments=16, backend="native")
+    assert a.bins == b.bins and a.resource_loads.tolist() == b.resource_loads.tolist()
+
+
+def test_the_vlm_workload_packs_within_every_limit():
+    rows = np.loadtxt(WORKLOADS / "vlm-mix-100k.tsv", skiprows=1, dtype=np.uint64)[:20_000]
+    cols = {"tokens": rows[:, 0], "image_tokens": rows[:, 1], "images": rows[:, 2]}
+    caps = {"tokens": 16384, "image_tokens": 8192, "images": 32}
+    p = stowplan.pack_multi(cols, caps, max_segments=64, oversize="drop")
+    assert (p.resource_loads <= np.array([16384, 8192, 32], dtype=np.uint64)).all()
+    assert len(p) >= p.lower_bound and set(p.lower_bounds) == {"tokens", "image_tokens", "images", "segments"}
+
+
+def test_errors_name_the_argument_and_the_resource():
+    with pytest.raises(stowplan.InfeasibleError, match=r"item 1 needs 40 of resource 1 \(capacity 32\).*\(resources: 0 = tokens, 1 = images\)"):
+        stowplan.pack_multi({"tokens": [5, 7], "images": [1, 40]}, {"tokens": 100, "images": 32})
+    bad = [
+        (({"tokens": [1]}, {"tokens": 0}), r"capacities\['tokens'\]"),
+        (({"tokens": [1], "images": [1, 2]}, {"tokens": 9, "images": 9}), r"columns\['images'\] has 2 sizes, columns\['tokens'\] 1"),
+        (({"tokens": [1]}, {"tokens": 9, "images": 2}), r"capacities\['images'\] has no column"),
+        (({"tokens": [1], "images": [1]}, {"tokens": 9}), r"capacities has no entry for column 'images'"),
+        (({}, {}), r"columns must name 1 to 8 resources \(got 0\)"),
+        (({"tokens": [-1]}, {"tokens": 9}), r"columns\['tokens'\]"),
+    ]
+    for (cols, caps), message in bad:
+        with pytest.raises(stowplan.InvalidArgumentError, match=message):
+            stowplan.pack_multi(cols, caps)
+    with pytest.raises(stowplan.InvalidArgumentError, match="max_segments"):
+        stowplan.pack_multi({"tokens": [1]}, {"tokens": 9}, max_segments=-1)
+    with pytest.raises(stowplan.InvalidArgumentError, match="method"):
+        stowplan.pack_multi({"tokens": [1]}, {"tokens": 9}, method="best")
