@@ -300,6 +300,58 @@ fn next_fit(work: &[u64], caps: &[u64], order: &[u32], oversize: OversizePolicy,
     }
 }
 
+/// Bins by the resources they have run out of: bit q of a bin's *class* is set when its room
+/// in q is below the smallest positive size of q among the items to place, so no item that
+/// needs q fits there. An item whose *need* (the resources where its size is positive) meets
+/// a class cannot enter its bins: the fits skip whole classes instead of trying their bins one
+/// by one (packs full of images, say, for every item with an image).
+struct Classes {
+    /// The smallest positive size of each resource (`u64::MAX`: no item needs it).
+    least: Vec<u64>,
+    /// 64-bit words of a set of classes.
+    words: usize,
+    /// For every need, the set of classes whose bins it may enter (`2^R × words`).
+    compatible: Vec<u64>,
+}
+
+impl Classes {
+    fn new(work: &[u64], caps: &[u64], rest: &[u32]) -> Self {
+        let rx = caps.len();
+        let mut least = alloc::vec![u64::MAX; rx];
+        for &i in rest {
+            for (l, &s) in least.iter_mut().zip(&work[i as usize * rx..][..rx]) {
+                if s > 0 && s < *l {
+                    *l = s;
+                }
+            }
+        }
+        let count = 1usize << rx;
+        let words = count.div_ceil(64);
+        let mut compatible = alloc::vec![0u64; count * words];
+        for need in 0..count {
+            for class in (0..count).filter(|&c| c & need == 0) {
+                compatible[need * words + class / 64] |= 1 << (class % 64);
+            }
+        }
+        Classes { least, words, compatible }
+    }
+
+    /// The class of a bin with `room`.
+    fn of(&self, room: &[u64]) -> usize {
+        room.iter().zip(&self.least).enumerate().fold(0, |c, (q, (r, l))| c | (usize::from(r < l) << q))
+    }
+
+    /// The need of `item`.
+    fn need(item: &[u64]) -> usize {
+        item.iter().enumerate().fold(0, |n, (q, &s)| n | (usize::from(s > 0) << q))
+    }
+
+    /// The classes an item with `need` may enter, as a bit set.
+    fn compatible(&self, need: usize) -> &[u64] {
+        &self.compatible[need * self.words..][..self.words]
+    }
+}
+
 /// The smallest size in each resource among the items still to place, as the fit walks
 /// through them: a bin with less room than that in some resource takes no more item (it is
 /// *dead*), and the fits drop it from their search. Kept as breakpoints of the suffix minima.
@@ -353,42 +405,60 @@ impl RestMin {
     }
 }
 
-/// Best fit on the item's dominant resource (see the module): one ordered set of
-/// (room, bin) per resource over the open bins that are not dead ([`RestMin`]).
+/// Best fit on the item's dominant resource (see the module): per [class](Classes), one
+/// ordered set of (room, bin) per resource over its open bins that are not dead
+/// ([`RestMin`]); an item searches the classes it may enter.
 fn best_fit(work: &[u64], caps: &[u64], rest: &[u32], mut mins: RestMin, first: u32, assign: &mut Vec<u32>) {
     let rx = caps.len();
+    let classes = Classes::new(work, caps, rest);
     let mut rooms: Vec<u64> = Vec::new();
-    let mut sets: Vec<BTreeSet<(u64, u32)>> = (0..rx).map(|_| BTreeSet::new()).collect();
+    // The class of each bin (`NONE`: dead), and per class its sets (empty until used).
+    let mut class_of: Vec<u32> = Vec::new();
+    let mut sets: Vec<Vec<BTreeSet<(u64, u32)>>> = (0..1usize << rx).map(|_| Vec::new()).collect();
+    let mut used: Vec<usize> = Vec::new();
     let mut dead: Vec<u32> = Vec::new();
     for (p, &i) in rest.iter().enumerate() {
         mins.advance(p);
         let item = &work[i as usize * rx..][..rx];
         let d = dominant(item, caps);
-        let mut found = None;
-        for &(_, b) in sets[d].range((item[d], 0)..) {
-            let room = &rooms[b as usize * rx..][..rx];
-            if fits(item, room) {
-                found = Some(b);
-                break;
+        let compatible = classes.compatible(Classes::need(item));
+        let mut found: Option<(u64, u32)> = None;
+        for &c in &used {
+            if compatible[c / 64] >> (c % 64) & 1 == 0 || sets[c].is_empty() {
+                continue;
             }
-            if mins.dead(room) {
-                dead.push(b);
+            for &(room_d, b) in sets[c][d].range((item[d], 0)..) {
+                if found.is_some_and(|best| best <= (room_d, b)) {
+                    break;
+                }
+                let room = &rooms[b as usize * rx..][..rx];
+                if fits(item, room) {
+                    found = Some((room_d, b));
+                    break;
+                }
+                if mins.dead(room) {
+                    dead.push(b);
+                }
             }
         }
         for b in dead.drain(..) {
+            let c = class_of[b as usize] as usize;
             for q in 0..rx {
-                sets[q].remove(&(rooms[b as usize * rx + q], b));
+                sets[c][q].remove(&(rooms[b as usize * rx + q], b));
             }
+            class_of[b as usize] = NONE;
         }
         let b = match found {
-            Some(b) => {
+            Some((_, b)) => {
+                let c = class_of[b as usize] as usize;
                 for q in 0..rx {
-                    sets[q].remove(&(rooms[b as usize * rx + q], b));
+                    sets[c][q].remove(&(rooms[b as usize * rx + q], b));
                 }
                 b
             }
             None => {
                 rooms.extend_from_slice(caps);
+                class_of.push(NONE);
                 (rooms.len() / rx - 1) as u32
             }
         };
@@ -397,10 +467,18 @@ fn best_fit(work: &[u64], caps: &[u64], rest: &[u32], mut mins: RestMin, first: 
             room[q] -= item[q];
         }
         mins.advance(p + 1);
-        if !mins.dead(room) {
-            for q in 0..rx {
-                sets[q].insert((room[q], b));
+        if mins.dead(room) {
+            class_of[b as usize] = NONE;
+        } else {
+            let c = classes.of(room);
+            if sets[c].is_empty() {
+                sets[c] = (0..rx).map(|_| BTreeSet::new()).collect();
+                used.push(c);
             }
+            for q in 0..rx {
+                sets[c][q].insert((room[q], b));
+            }
+            class_of[b as usize] = c as u32;
         }
         assign.push(first + b);
     }
@@ -420,7 +498,7 @@ fn first_fit(
     assign: &mut Vec<u32>,
 ) {
     let rx = caps.len();
-    let mut tree = RoomTree::new(caps, (lower_bound as usize).saturating_add(1));
+    let mut tree = RoomTree::new(caps, (lower_bound as usize).saturating_add(1), Classes::new(work, caps, rest));
     let mut opened = 0usize;
     let mut dead: Vec<usize> = Vec::new();
     for (p, &i) in rest.iter().enumerate() {
@@ -435,8 +513,8 @@ fn first_fit(
             tree.kill(d);
         }
         opened = opened.max(b + 1);
-        tree.take(b, item);
         mins.advance(p + 1);
+        tree.take(b, item);
         if mins.dead(tree.leaf(b)) {
             tree.kill(b);
         }
@@ -444,42 +522,57 @@ fn first_fit(
     }
 }
 
-/// The tree of [`first_fit`]: `max[node·R + q]`, nodes numbered from 1 (leaves from `leaves`).
+/// The tree of [`first_fit`]: `max[node·R + q]`, nodes numbered from 1 (leaves from `leaves`),
+/// and `present[node·words..]`, the set of the [classes](Classes) of the live bins below.
 struct RoomTree {
     rx: usize,
     leaves: usize,
     max: Vec<u64>,
+    present: Vec<u64>,
     caps: Vec<u64>,
+    classes: Classes,
 }
 
 impl RoomTree {
-    fn new(caps: &[u64], at_least: usize) -> Self {
+    fn new(caps: &[u64], at_least: usize, classes: Classes) -> Self {
         let leaves = at_least.max(1).next_power_of_two();
         let rx = caps.len();
         let mut max = Vec::with_capacity(2 * leaves * rx);
         for _ in 0..2 * leaves {
             max.extend_from_slice(caps);
         }
-        RoomTree { rx, leaves, max, caps: caps.to_vec() }
+        let (words, empty) = (classes.words, classes.of(caps));
+        let mut present = alloc::vec![0u64; 2 * leaves * words];
+        for node in 1..2 * leaves {
+            present[node * words + empty / 64] |= 1 << (empty % 64);
+        }
+        RoomTree { rx, leaves, max, present, caps: caps.to_vec(), classes }
     }
 
     /// Twice the leaves: the old leaves keep their rooms, the new ones hold the capacities.
     fn grow(&mut self) {
-        let mut bigger = RoomTree::new(&self.caps, self.leaves * 2);
-        let rx = self.rx;
+        let classes =
+            core::mem::replace(&mut self.classes, Classes { least: Vec::new(), words: 0, compatible: Vec::new() });
+        let mut bigger = RoomTree::new(&self.caps, self.leaves * 2, classes);
+        let (rx, w) = (self.rx, bigger.classes.words);
         let old = &self.max[self.leaves * rx..2 * self.leaves * rx];
         bigger.max[bigger.leaves * rx..(bigger.leaves + self.leaves) * rx].copy_from_slice(old);
+        let old = &self.present[self.leaves * w..2 * self.leaves * w];
+        bigger.present[bigger.leaves * w..(bigger.leaves + self.leaves) * w].copy_from_slice(old);
         for node in (1..bigger.leaves).rev() {
             bigger.pull(node);
         }
         *self = bigger;
     }
 
-    /// Node `node`'s rooms from its children's.
+    /// Node `node`'s rooms and classes from its children's.
     fn pull(&mut self, node: usize) {
-        let rx = self.rx;
+        let (rx, w) = (self.rx, self.classes.words);
         for q in 0..rx {
             self.max[node * rx + q] = self.max[2 * node * rx + q].max(self.max[(2 * node + 1) * rx + q]);
+        }
+        for k in 0..w {
+            self.present[node * w + k] = self.present[2 * node * w + k] | self.present[(2 * node + 1) * w + k];
         }
     }
 
@@ -488,30 +581,44 @@ impl RoomTree {
         &self.max[(self.leaves + b) * self.rx..][..self.rx]
     }
 
-    /// Empties leaf `b` (a dead bin: no item left fits there).
-    fn kill(&mut self, b: usize) {
-        let rx = self.rx;
+    /// Sets leaf `b`'s class set (after its rooms changed) and updates the nodes above.
+    fn settle(&mut self, b: usize, live: bool) {
+        let w = self.classes.words;
         let mut node = self.leaves + b;
-        self.max[node * rx..][..rx].fill(0);
+        let class = self.classes.of(self.leaf(b));
+        self.present[node * w..][..w].fill(0);
+        if live {
+            self.present[node * w + class / 64] |= 1 << (class % 64);
+        }
         while node > 1 {
             node /= 2;
             self.pull(node);
         }
     }
 
+    /// Empties leaf `b` (a dead bin: no item left fits there).
+    fn kill(&mut self, b: usize) {
+        let rx = self.rx;
+        self.max[(self.leaves + b) * rx..][..rx].fill(0);
+        self.settle(b, false);
+    }
+
     /// The leftmost leaf in which `item` fits in every resource; leaves found dead on the
     /// way go to `dead`.
     fn find(&self, item: &[u64], mins: &RestMin, dead: &mut Vec<usize>) -> Option<usize> {
-        let rx = self.rx;
+        let (rx, w) = (self.rx, self.classes.words);
+        let compatible = self.classes.compatible(Classes::need(item));
         // Depth-first, left before right: at most two entries a level (≤ 2^32 leaves).
         let mut stack = [0usize; 72];
         let (mut top, mut node) = (0usize, 1usize);
         loop {
             let room = &self.max[node * rx..][..rx];
-            if node >= self.leaves && !fits(item, room) && mins.dead(room) && room.iter().any(|&r| r > 0) {
+            let enter = fits(item, room) && (0..w).any(|k| self.present[node * w + k] & compatible[k] != 0);
+            if node >= self.leaves && !enter && mins.dead(room) && self.present[node * w..][..w].iter().any(|&x| x != 0)
+            {
                 dead.push(node - self.leaves);
             }
-            if fits(item, room) {
+            if enter {
                 if node >= self.leaves {
                     return Some(node - self.leaves);
                 }
@@ -531,13 +638,10 @@ impl RoomTree {
     /// Takes `item` out of leaf `b`'s rooms.
     fn take(&mut self, b: usize, item: &[u64]) {
         let rx = self.rx;
-        let mut node = self.leaves + b;
+        let node = self.leaves + b;
         for (q, s) in item.iter().enumerate() {
             self.max[node * rx + q] -= s;
         }
-        while node > 1 {
-            node /= 2;
-            self.pull(node);
-        }
+        self.settle(b, true);
     }
 }
