@@ -183,6 +183,25 @@ struct Report {
     run: KernelRun,
 }
 
+impl Report {
+    /// The report of packing `tokens` (the real lengths) from `source` into `p`.
+    fn new(a: &Args, source: String, p: &Packing, tokens: &[u64], limits: Option<Limits>, run: KernelRun) -> Self {
+        Report {
+            efficiency: p.efficiency(tokens, a.capacity),
+            result: Bins::from(p),
+            operation: "pack",
+            source,
+            method: a.method,
+            capacity: a.capacity,
+            align: a.align,
+            oversize: a.oversize,
+            n: tokens.len(),
+            limits,
+            run,
+        }
+    }
+}
+
 /// Runs `stowplan pack`.
 pub fn run(a: Args) -> Result<(), Failure> {
     if a.stream {
@@ -203,20 +222,7 @@ pub fn run(a: Args) -> Result<(), Failure> {
     let options = PackOptions { capacity: a.capacity, align: a.align, method: a.method, oversize: a.oversize };
     let kernel = ReadyKernel::new(a.common.backend)?;
     let (p, run) = kernel.timed(|k| k.pack(&lengths, &options))?;
-    let report = Report {
-        efficiency: p.efficiency(&lengths, a.capacity),
-        result: Bins::from(&p),
-        operation: "pack",
-        source: text.source,
-        method: a.method,
-        capacity: a.capacity,
-        align: a.align,
-        oversize: a.oversize,
-        n: lengths.len(),
-        limits: None,
-        run,
-    };
-    print_report(&report, a.common.json)
+    print_report(&Report::new(&a, text.source, &p, &lengths, None, run), a.common.json)
 }
 
 /// `stowplan pack` with `--limit` or `--max-segments`: a table in, the kernel's packing
@@ -229,47 +235,26 @@ fn run_multi(a: Args, text: crate::input::Text) -> Result<(), Failure> {
             a.limits.len()
         )));
     }
-    let mut names: Vec<&str> = Vec::new();
-    for (name, _) in &a.limits {
-        if names.contains(&name.as_str()) {
-            return Err(Failure::bad(format!("--limit: {name:?} is given twice")));
-        }
-        names.push(name);
-    }
+    let names: Vec<&str> = a.limits.iter().map(|(n, _)| n.as_str()).collect();
     let (first, sizes) =
         stowplan::input::parse_table(&text.text, &names).map_err(|e| Failure::bad(format!("{}: {e}", text.source)))?;
     let mut caps = vec![a.capacity];
     caps.extend(a.limits.iter().map(|&(_, c)| c));
+    let mut all_names = vec![first];
+    all_names.extend(a.limits.iter().map(|(n, _)| n.clone()));
     let options = MultiOptions {
         capacities: &caps,
+        names: &all_names,
         max_segments: a.max_segments,
         align: a.align,
         method: a.method,
         oversize: a.oversize,
     };
     let kernel = ReadyKernel::new(a.common.backend)?;
-    let mut all_names = vec![first];
-    all_names.extend(a.limits.iter().map(|(n, _)| n.clone()));
-    let (p, run) = kernel.timed(|k| k.pack_multi(&sizes, &options)).map_err(|e| {
-        // The kernel numbers the resources; say which column each number is.
-        let columns: Vec<String> = all_names.iter().enumerate().map(|(q, n)| format!("{q} = {n}")).collect();
-        Failure { message: format!("{} (resources: {})", e.message, columns.join(", ")), ..e }
-    })?;
+    let (p, run) = kernel.timed(|k| k.pack_multi(&sizes, &options))?;
     let tokens: Vec<u64> = sizes.iter().step_by(caps.len()).copied().collect();
-    let report = Report {
-        efficiency: p.packing.efficiency(&tokens, a.capacity),
-        result: Bins::from(&p.packing),
-        operation: "pack",
-        source: text.source,
-        method: a.method,
-        capacity: a.capacity,
-        align: a.align,
-        oversize: a.oversize,
-        n: tokens.len(),
-        limits: Some(Limits::new(all_names, &caps, a.max_segments, &p)),
-        run,
-    };
-    print_report(&report, a.common.json)
+    let limits = Limits::new(all_names, &caps, a.max_segments, &p);
+    print_report(&Report::new(&a, text.source, &p.packing, &tokens, Some(limits), run), a.common.json)
 }
 
 impl fmt::Display for Report {

@@ -742,6 +742,7 @@ fn pack_with_limits_reads_a_table_and_keeps_every_bin_within_every_limit() {
     let caps = [1200, 2, 1000];
     let o = stowplan::MultiOptions {
         capacities: &caps,
+        names: &[],
         max_segments: 3,
         align: 1,
         method: stowplan::PackMethod::Bfd,
@@ -783,7 +784,7 @@ fn pack_with_limits_refuses_bad_limits_by_name() {
         (
             &["--limit", "images=32"],
             1,
-            "item 1 needs 40 of resource 1 (capacity 32); use oversize single or drop to accept such items (resources: 0 = tokens, 1 = images)",
+            "item 1 needs 40 images (capacity 32); use oversize single or drop to accept such items",
         ),
     ];
     for (extra, code, message) in cases {

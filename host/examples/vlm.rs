@@ -63,6 +63,7 @@ fn main() {
     let tokens: Vec<u64> = rows.iter().map(|r| r[0]).collect();
     let multi = |method| MultiOptions {
         capacities: &CAPS,
+        names: &[],
         max_segments: MAX_SEGMENTS,
         align: 1,
         method,

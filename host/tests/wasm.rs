@@ -92,6 +92,7 @@ proptest! {
     ) {
         let o = MultiOptions {
             capacities: &caps[..r],
+            names: &[],
             max_segments,
             align,
             method: [PackMethod::Bfd, PackMethod::Ffd, PackMethod::NextFit][m],

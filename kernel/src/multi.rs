@@ -24,6 +24,7 @@
 //! [`pack`].
 
 use alloc::collections::BTreeSet;
+use alloc::string::String;
 use alloc::vec::Vec;
 
 use crate::pack::{OversizePolicy, PackMethod, PackOptions, Packing, assemble, pack};
@@ -45,6 +46,9 @@ pub struct MultiOptions<'a> {
     /// Each resource's capacity per bin (each ≥ 1), tokens first; 1 to [`MAX_RESOURCES`]
     /// entries.
     pub capacities: &'a [u64],
+    /// The resources' names for messages, one per capacity and all different (e.g. `tokens`,
+    /// `image_tokens`, `images`), or none (`resource 0`, `resource 1`, …).
+    pub names: &'a [String],
     /// At most this many items per bin; 0 means no limit.
     pub max_segments: u64,
     /// Token sizes are rounded up to a multiple of `align` (≥ 1).
@@ -84,13 +88,26 @@ impl MultiPacking {
 /// 2^32 − 1 items, or more than [`MAX_MULTI_ITEMS`] with two or more resources; `infeasible` for an item over a capacity under the `error` policy (naming
 /// the item, the resource, its size and the capacity).
 pub fn pack_multi(sizes: &[u64], options: &MultiOptions<'_>) -> Result<MultiPacking, Error> {
-    let MultiOptions { capacities, max_segments, align, method, oversize } = *options;
+    let MultiOptions { capacities, names, max_segments, align, method, oversize } = *options;
     let r = capacities.len();
     if r == 0 || r > MAX_RESOURCES {
         return invalid!("capacities must have 1 to {MAX_RESOURCES} entries (got {r})");
     }
     if let Some(at) = capacities.iter().position(|&c| c == 0) {
         return invalid!("capacities[{at}] must be at least 1 (got 0)");
+    }
+    if !names.is_empty() && names.len() != r {
+        return invalid!("names has {} entries and capacities {r}: one name per capacity, or none", names.len());
+    }
+    for (q, name) in names.iter().enumerate() {
+        if name.is_empty() {
+            return invalid!("names[{q}] must not be empty");
+        }
+        // Byte by byte: `==` on strings calls `memcmp`, which the component does not link.
+        let same = |n: &String| n.len() == name.len() && n.bytes().zip(name.bytes()).all(|(a, b)| a == b);
+        if let Some(p) = names[..q].iter().position(same) {
+            return invalid!("names[{q}] = {name:?} is given twice (also names[{p}])");
+        }
     }
     if align == 0 {
         return invalid!("align must be at least 1 (got 0)");
@@ -130,7 +147,9 @@ pub fn pack_multi(sizes: &[u64], options: &MultiOptions<'_>) -> Result<MultiPack
         let row = &sizes[i * r..(i + 1) * r];
         let tokens = match row[0].div_ceil(align).checked_mul(align) {
             Some(a) => a,
-            None => return invalid!("sizes[{i}][0] = {} aligned to {align} overflows u64", row[0]),
+            None => {
+                return invalid!("sizes[{i}][0] ({}) = {} aligned to {align} overflows u64", name(names, 0), row[0]);
+            }
         };
         work.push(tokens);
         work.extend_from_slice(&row[1..]);
@@ -143,7 +162,8 @@ pub fn pack_multi(sizes: &[u64], options: &MultiOptions<'_>) -> Result<MultiPack
             sums[q] = match sums[q].checked_add(s) {
                 Some(t) => t,
                 None => {
-                    return invalid!("the sum of resource {q}'s sizes overflows u64 (at most {} allowed)", u64::MAX);
+                    let what = name(names, q);
+                    return invalid!("the sum of the sizes of {what} overflows u64 (at most {} allowed)", u64::MAX);
                 }
             };
             if s > c && over.is_none() {
@@ -159,9 +179,12 @@ pub fn pack_multi(sizes: &[u64], options: &MultiOptions<'_>) -> Result<MultiPack
             }
             Some((q, s, c)) => match oversize {
                 OversizePolicy::Error => {
+                    let what = match names.get(q) {
+                        Some(name) => name.clone(),
+                        None => alloc::format!("of {}", name(names, q)),
+                    };
                     return Err(Error::Infeasible(alloc::format!(
-                        "item {i} needs {s} of resource {q} (capacity {c}{}); use oversize single or drop to accept \
-                         such items",
+                        "item {i} needs {s} {what} (capacity {c}{}); use oversize single or drop to accept such items",
                         if q == 0 && align > 1 {
                             alloc::format!(", tokens aligned to {align}")
                         } else {
@@ -228,6 +251,16 @@ pub fn pack_multi(sizes: &[u64], options: &MultiOptions<'_>) -> Result<MultiPack
         lower_bound,
     };
     Ok(MultiPacking { packing, resource_loads, lower_bounds })
+}
+
+/// Resource `q`'s name in messages: its name, `segments` after the named ones, or
+/// `resource q`.
+fn name(names: &[String], q: usize) -> String {
+    match names.get(q) {
+        Some(n) => n.clone(),
+        None if !names.is_empty() => "segments".into(),
+        None => alloc::format!("resource {q}"),
+    }
 }
 
 /// "No bin": a dropped item's entry in the bin list.

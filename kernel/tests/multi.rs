@@ -180,7 +180,7 @@ proptest! {
     fn every_pack_is_within_every_limit_and_follows_the_documented_rule(
         (sizes, caps, max_segments, align, m, ov) in case()
     ) {
-        let o = MultiOptions { capacities: &caps, max_segments, align, method: METHODS[m], oversize: POLICIES[ov] };
+        let o = MultiOptions { capacities: &caps, names: &[], max_segments, align, method: METHODS[m], oversize: POLICIES[ov] };
         let got = pack_multi(&sizes, &o);
         match reference(&sizes, &o) {
             None => prop_assert!(matches!(got, Err(Error::Infeasible(_))), "{got:?}"),
@@ -199,13 +199,13 @@ proptest! {
     ) {
         let o = PackOptions { capacity, align, method: METHODS[m], oversize: POLICIES[ov] };
         let want = pack(&lengths, &o);
-        let one = pack_multi(&lengths, &MultiOptions { capacities: &[capacity], max_segments: 0, align, method: o.method, oversize: o.oversize });
+        let one = pack_multi(&lengths, &MultiOptions { capacities: &[capacity], names: &[], max_segments: 0, align, method: o.method, oversize: o.oversize });
         prop_assert_eq!(one.as_ref().map(|p| &p.packing), want.as_ref());
         // A second resource every item leaves empty goes through the vector fits and changes
         // nothing: the same bins as `pack`.
         let wide = if zeros { 1 } else { 1_000 };
         let sizes: Vec<u64> = lengths.iter().flat_map(|&l| [l, 0]).collect();
-        let two = pack_multi(&sizes, &MultiOptions { capacities: &[capacity, wide], max_segments: 0, align, method: o.method, oversize: o.oversize });
+        let two = pack_multi(&sizes, &MultiOptions { capacities: &[capacity, wide], names: &[], max_segments: 0, align, method: o.method, oversize: o.oversize });
         match (two, want) {
             (Ok(t), Ok(w)) => {
                 prop_assert_eq!(&t.packing.offsets, &w.offsets);
@@ -223,6 +223,7 @@ proptest! {
 fn opts(caps: &[u64]) -> MultiOptions<'_> {
     MultiOptions {
         capacities: caps,
+        names: &[],
         max_segments: 0,
         align: 1,
         method: PackMethod::Bfd,
@@ -268,6 +269,33 @@ fn the_segment_limit_caps_items_per_pack() {
 }
 
 #[test]
+fn names_say_which_resource_and_are_checked() {
+    let names: Vec<String> = ["tokens", "image_tokens", "images"].map(String::from).to_vec();
+    let caps = [100, 10, 2];
+    let err = pack_multi(&[50, 5, 1, 60, 3, 3], &MultiOptions { names: &names, ..opts(&caps) }).unwrap_err();
+    assert_eq!(
+        err,
+        Error::Infeasible(
+            "item 1 needs 3 images (capacity 2); use oversize single or drop to accept such items".into()
+        )
+    );
+    let msg = |names: &[String]| match pack_multi(&[1, 1, 1], &MultiOptions { names, ..opts(&caps) }).unwrap_err() {
+        Error::InvalidArgument(m) => m,
+        e => panic!("{e:?}"),
+    };
+    let twice: Vec<String> = ["tokens", "images", "images"].map(String::from).to_vec();
+    assert_eq!(msg(&twice), "names[2] = \"images\" is given twice (also names[1])");
+    assert_eq!(msg(&names[..2]), "names has 2 entries and capacities 3: one name per capacity, or none");
+    let empty: Vec<String> = ["tokens", "", "images"].map(String::from).to_vec();
+    assert_eq!(msg(&empty), "names[1] must not be empty");
+    let over = pack_multi(&[u64::MAX, 1, 1, 1, 1, 1], &MultiOptions { names: &names, ..opts(&[u64::MAX, 10, 10]) });
+    assert!(
+        matches!(&over, Err(Error::InvalidArgument(m)) if m.contains("the sum of the sizes of tokens overflows")),
+        "{over:?}"
+    );
+}
+
+#[test]
 fn bad_arguments_are_named() {
     let msg = |r: Result<MultiPacking, Error>| match r.unwrap_err() {
         Error::InvalidArgument(m) => m,
@@ -283,7 +311,7 @@ fn bad_arguments_are_named() {
     );
     assert!(
         msg(pack_multi(&[u64::MAX, 1, 1, 1], &opts(&[u64::MAX, 10])))
-            .contains("the sum of resource 0's sizes overflows")
+            .contains("the sum of the sizes of resource 0 overflows")
     );
     let many = vec![1u64; 2 * (MAX_MULTI_ITEMS + 1)];
     assert!(msg(pack_multi(&many, &opts(&[10, 10]))).contains("at most 262144 items per call"));

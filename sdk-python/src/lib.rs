@@ -1081,17 +1081,14 @@ fn pack_multi(
     let sizes: Vec<u64> = (0..n).flat_map(|i| cols.iter().map(move |c| c[i])).collect();
     let options = MultiOptions {
         capacities: &caps,
+        names: &names,
         max_segments: opt_u64(max_segments, "max_segments", 0)?.unwrap_or(0),
         align: opt_u64(align, "align", 1)?.unwrap_or(d.align),
         method: opt_parse(py, method)?.unwrap_or(d.method),
         oversize: opt_parse(py, oversize)?.unwrap_or(d.oversize),
     };
     let kernel = kernel(py, backend)?;
-    let p = py.detach(|| kernel.pack_multi(&sizes, &options)).map_err(|e| {
-        // The kernel numbers the resources; say which name each number is.
-        let resources: Vec<String> = names.iter().enumerate().map(|(q, n)| format!("{q} = {n}")).collect();
-        Class::of(&e).err(py, format!("{e} (resources: {})", resources.join(", ")))
-    })?;
+    let p = py.detach(|| kernel.pack_multi(&sizes, &options)).map_err(|e| to_py(py, e))?;
     let bounds = PyDict::new(py);
     for (q, name) in names.iter().enumerate() {
         bounds.set_item(name, p.lower_bounds[q])?;

@@ -77,6 +77,7 @@ impl From<&MultiOptions<'_>> for wmulti::Options {
             wpack::Options::from(&PackOptions { capacity: 1, align: o.align, method: o.method, oversize: o.oversize });
         wmulti::Options {
             capacities: o.capacities.to_vec(),
+            names: o.names.to_vec(),
             max_segments: o.max_segments,
             align: p.align,
             method: p.method,

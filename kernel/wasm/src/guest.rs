@@ -98,6 +98,7 @@ impl multi_pack::Guest for Kernel {
     fn pack(sizes: Vec<u64>, options: multi_pack::Options) -> Result<multi_pack::MultiPacking, types::Error> {
         let opts = k::MultiOptions {
             capacities: &options.capacities,
+            names: &options.names,
             max_segments: options.max_segments,
             align: options.align,
             method: method_of(options.method),
