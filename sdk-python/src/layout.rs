@@ -5,7 +5,7 @@
 use numpy::{IntoPyArray, PyArray1, PyArrayMethods, PyReadonlyArray1, PyUntypedArrayMethods};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
-use pyo3::types::{PyBytes, PyDict, PyList, PyString};
+use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyTuple};
 use stowplan::{AlignOptions, CpRuns, Factor, MaterializeOptions, MicroBatch, Padding, Sample};
 
 use crate::str_options;
@@ -352,6 +352,13 @@ impl PyMicroBatch {
 
 #[pymethods]
 impl PyMicroBatch {
+    /// Pickles as its framed, checksummed bytes (:meth:`to_bytes`).
+    fn __reduce__<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyTuple>> {
+        let py = slf.py();
+        let from_bytes = slf.as_any().get_type().getattr("from_bytes")?;
+        PyTuple::new(py, [from_bytes, PyTuple::new(py, [slf.get().to_bytes(py)?])?.into_any()])
+    }
+
     fn __len__(&self, py: Python<'_>) -> usize {
         self.input_ids.bind(py).len()
     }
@@ -558,6 +565,36 @@ pub struct PyMaterialized {
 
 #[pymethods]
 impl PyMaterialized {
+    /// Pickles as its fields (each micro-batch as its framed bytes).
+    fn __reduce__<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyTuple>> {
+        let (py, m) = (slf.py(), slf.get());
+        let figures = (m.per_rank, m.real_tokens, m.padding_tokens, m.packed, m.splits, m.dummies, m.lower_bound);
+        let costs = m.rank_costs.as_ref().map(|c| c.clone_ref(py));
+        crate::reduce(slf, (m.ranks.clone_ref(py), figures, costs))
+    }
+
+    /// The result pickled by ``__reduce__``.
+    #[staticmethod]
+    #[allow(clippy::type_complexity)]
+    fn _from_state(
+        ranks: Py<PyList>,
+        figures: (usize, u64, u64, Option<u32>, Option<u32>, u32, Option<u32>),
+        rank_costs: Option<Py<PyArray1<u64>>>,
+    ) -> Self {
+        let (per_rank, real_tokens, padding_tokens, packed, splits, dummies, lower_bound) = figures;
+        PyMaterialized {
+            ranks,
+            per_rank,
+            real_tokens,
+            padding_tokens,
+            packed,
+            splits,
+            dummies,
+            lower_bound,
+            rank_costs,
+        }
+    }
+
     /// Padding tokens over real tokens.
     #[getter]
     fn padding_overhead(&self) -> f64 {

@@ -598,6 +598,18 @@ impl<'py> Lengths<'py> {
 /// A list built on first access and then kept (a frozen class's lazy attribute).
 pub(crate) struct LazyList(PyOnceLock<Py<PyList>>);
 
+/// `(type(obj)._from_state, state)`: what `__reduce__` returns for a result class, so pickle
+/// rebuilds it from its own fields.
+pub(crate) fn reduce<'py, T: pyo3::PyClass>(
+    obj: &Bound<'py, T>,
+    state: impl IntoPyObject<'py>,
+) -> PyResult<Bound<'py, PyTuple>> {
+    use pyo3::BoundObject;
+    let py = obj.py();
+    let from_state = obj.as_any().get_type().getattr("_from_state")?;
+    PyTuple::new(py, [from_state, state.into_pyobject(py).map_err(Into::into)?.into_any().into_bound()])
+}
+
 impl Default for LazyList {
     fn default() -> Self {
         Self(PyOnceLock::new())
@@ -763,6 +775,40 @@ impl PyPartition {
 
 #[pymethods]
 impl PyPartition {
+    /// Pickles as its fields.
+    fn __reduce__<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyTuple>> {
+        let (py, p) = (slf.py(), slf.get());
+        reduce(
+            slf,
+            (p.offsets.clone_ref(py), p.indices.clone_ref(py), p.sums.clone_ref(py), p.total, p.spread, p.lower_bound),
+        )
+    }
+
+    /// The partition pickled by ``__reduce__``.
+    #[staticmethod]
+    fn _from_state(
+        offsets: Py<PyArray1<u32>>,
+        indices: Py<PyArray1<u32>>,
+        sums: Py<PyArray1<u64>>,
+        total: u64,
+        spread: u64,
+        lower_bound: u64,
+        py: Python<'_>,
+    ) -> PyResult<Self> {
+        let sums_v: Vec<u64> = sums.bind(py).to_vec()?;
+        Ok(Self {
+            k: offsets.bind(py).len().saturating_sub(1),
+            max: sums_v.iter().copied().max().unwrap_or(0),
+            total,
+            spread,
+            lower_bound,
+            offsets,
+            indices,
+            sums,
+            groups: LazyList::default(),
+        })
+    }
+
     /// The groups as lists of input indices (built on first access).
     #[getter]
     fn groups(&self, py: Python<'_>) -> PyResult<Py<PyList>> {
@@ -874,6 +920,46 @@ pub struct PyPacking {
 
 #[pymethods]
 impl PyPacking {
+    /// Pickles as its fields.
+    fn __reduce__<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyTuple>> {
+        let (py, p) = (slf.py(), slf.get());
+        let arrays = (
+            p.offsets.clone_ref(py),
+            p.indices.clone_ref(py),
+            p.loads.clone_ref(py),
+            p.dropped.clone_ref(py),
+            p.single.clone_ref(py),
+        );
+        reduce(slf, (arrays, (p.real_tokens, p.aligned_tokens, p.lower_bound, p.efficiency, p.capacity)))
+    }
+
+    /// The packing pickled by ``__reduce__``.
+    #[staticmethod]
+    #[allow(clippy::type_complexity)]
+    fn _from_state(
+        arrays: (Py<PyArray1<u32>>, Py<PyArray1<u32>>, Py<PyArray1<u64>>, Py<PyArray1<u32>>, Py<PyArray1<u32>>),
+        figures: (u64, u64, u64, f64, u64),
+        py: Python<'_>,
+    ) -> Self {
+        let (offsets, indices, loads, dropped, single) = arrays;
+        let (real_tokens, aligned_tokens, lower_bound, efficiency, capacity) = figures;
+        PyPacking {
+            num_bins: offsets.bind(py).len().saturating_sub(1),
+            padding_tokens: aligned_tokens.saturating_sub(real_tokens),
+            real_tokens,
+            aligned_tokens,
+            lower_bound,
+            efficiency,
+            capacity,
+            offsets,
+            indices,
+            loads,
+            dropped,
+            single,
+            bins: LazyList::default(),
+        }
+    }
+
     /// The bins as lists of input indices (built on first access).
     #[getter]
     fn bins(&self, py: Python<'_>) -> PyResult<Py<PyList>> {
@@ -979,6 +1065,25 @@ pub struct PyMultiPacking {
 
 #[pymethods]
 impl PyMultiPacking {
+    /// Pickles as its fields.
+    fn __reduce__<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyTuple>> {
+        let (py, p) = (slf.py(), slf.get());
+        let state =
+            (p.packing.clone_ref(py), p.names.clone(), p.resource_loads.clone_ref(py), p.lower_bounds.clone_ref(py));
+        reduce(slf, state)
+    }
+
+    /// The packing pickled by ``__reduce__``.
+    #[staticmethod]
+    fn _from_state(
+        packing: Py<PyPacking>,
+        names: Vec<String>,
+        resource_loads: Py<PyAny>,
+        lower_bounds: Py<PyDict>,
+    ) -> Self {
+        PyMultiPacking { packing, names, resource_loads, lower_bounds }
+    }
+
     /// The bins as lists of input indices.
     #[getter]
     fn bins(&self, py: Python<'_>) -> PyResult<Py<PyList>> {
@@ -1163,6 +1268,44 @@ impl PyMicroBatches {
 
 #[pymethods]
 impl PyMicroBatches {
+    /// Pickles as its fields.
+    fn __reduce__<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyTuple>> {
+        let (py, p) = (slf.py(), slf.get());
+        let arrays = (
+            p.offsets.clone_ref(py),
+            p.indices.clone_ref(py),
+            p.tokens.clone_ref(py),
+            p.costs.clone_ref(py),
+            p.restore.clone_ref(py),
+        );
+        reduce(slf, (arrays, p.lower_bound, p.required))
+    }
+
+    /// The micro-batches pickled by ``__reduce__``.
+    #[staticmethod]
+    #[allow(clippy::type_complexity)]
+    fn _from_state(
+        arrays: (Py<PyArray1<u32>>, Py<PyArray1<u32>>, Py<PyArray1<u64>>, Py<PyArray1<u64>>, Py<PyArray1<u32>>),
+        lower_bound: u32,
+        required: u32,
+        py: Python<'_>,
+    ) -> PyResult<Self> {
+        let (offsets, indices, tokens, costs, restore) = arrays;
+        let max_tokens = tokens.bind(py).to_vec()?.into_iter().max().unwrap_or(0);
+        Ok(Self {
+            count: offsets.bind(py).len().saturating_sub(1),
+            max_tokens,
+            lower_bound,
+            required,
+            offsets,
+            indices,
+            tokens,
+            costs,
+            restore,
+            batches: LazyList::default(),
+        })
+    }
+
     /// List of ``uint32`` arrays (views of ``indices``), the input indices of each
     /// micro-batch (ascending), in the requested order.
     #[getter]
@@ -1315,6 +1458,42 @@ pub struct PyBalance {
 
 #[pymethods]
 impl PyBalance {
+    /// Pickles as its fields.
+    fn __reduce__<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyTuple>> {
+        let (py, b) = (slf.py(), slf.get());
+        let arrays = (b.offsets.clone_ref(py), b.order.clone_ref(py), b.tokens.clone_ref(py), b.costs.clone_ref(py));
+        let micro = b.micro_batches.as_ref().map(|m| m.clone_ref(py));
+        reduce(slf, (arrays, b.cost_lower_bound, micro, b.count, b.lengths.clone_ref(py), b.max_cost))
+    }
+
+    /// The balance pickled by ``__reduce__``.
+    #[staticmethod]
+    #[allow(clippy::type_complexity)]
+    fn _from_state(
+        arrays: (Py<PyArray1<u32>>, Py<PyArray1<u32>>, Py<PyArray1<u64>>, Py<PyArray1<u64>>),
+        cost_lower_bound: u64,
+        micro_batches: Option<Py<PyList>>,
+        count: Option<usize>,
+        lengths: Py<PyAny>,
+        max_cost: u64,
+        py: Python<'_>,
+    ) -> Self {
+        let (offsets, order, tokens, costs) = arrays;
+        PyBalance {
+            dp: offsets.bind(py).len().saturating_sub(1),
+            offsets,
+            order,
+            tokens,
+            costs,
+            cost_lower_bound,
+            micro_batches,
+            count,
+            lengths,
+            max_cost,
+            ranks: LazyList::default(),
+        }
+    }
+
     /// List of ``uint32`` arrays (views of ``order``), the input indices each rank gets
     /// (ascending; mini-batch by mini-batch with ``minibatch_size``).
     #[getter]

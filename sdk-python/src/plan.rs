@@ -99,6 +99,20 @@ impl PyStaticPackPlan {
         self.plan.to_json().to_string()
     }
 
+    /// Pickles as its JSON document (:meth:`to_json`; every field checksummed and verified
+    /// when unpickled).
+    fn __reduce__<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, pyo3::types::PyTuple>> {
+        crate::reduce(slf, (slf.get().to_json(),))
+    }
+
+    /// The plan pickled by ``__reduce__``: :meth:`to_json`'s document, verified.
+    #[staticmethod]
+    fn _from_state(py: Python<'_>, document: &str) -> PyResult<Self> {
+        let value = json_value(py, Some(document), "document")?;
+        let plan = StaticPackPlan::from_json(&value).map_err(|e| to_py(py, e))?;
+        Ok(Self { plan })
+    }
+
     /// realign(world_size, *, drop_last=None, backend=None) -> StaticPackPlan: the same raw
     /// plan aligned for other ranks (e.g. eval, which never drops; ``drop_last`` default
     /// False).
