@@ -108,6 +108,11 @@ pub fn pack_multi(sizes: &[u64], options: &MultiOptions<'_>) -> Result<MultiPack
         if let Some(p) = names[..q].iter().position(same) {
             return invalid!("names[{q}] = {name:?} is given twice (also names[{p}])");
         }
+        if max_segments > 0 && same(&String::from(SEGMENTS)) {
+            return invalid!(
+                "names[{q}] = {name:?} is the segment limit's name: rename the resource or drop max_segments"
+            );
+        }
     }
     if align == 0 {
         return invalid!("align must be at least 1 (got 0)");
@@ -253,12 +258,15 @@ pub fn pack_multi(sizes: &[u64], options: &MultiOptions<'_>) -> Result<MultiPack
     Ok(MultiPacking { packing, resource_loads, lower_bounds })
 }
 
+/// The name of the segment limit beside the named resources (in messages and bounds).
+pub const SEGMENTS: &str = "segments";
+
 /// Resource `q`'s name in messages: its name, `segments` after the named ones, or
 /// `resource q`.
 fn name(names: &[String], q: usize) -> String {
     match names.get(q) {
         Some(n) => n.clone(),
-        None if !names.is_empty() => "segments".into(),
+        None if !names.is_empty() => SEGMENTS.into(),
         None => alloc::format!("resource {q}"),
     }
 }

@@ -286,6 +286,13 @@ fn names_say_which_resource_and_are_checked() {
     let twice: Vec<String> = ["tokens", "images", "images"].map(String::from).to_vec();
     assert_eq!(msg(&twice), "names[2] = \"images\" is given twice (also names[1])");
     assert_eq!(msg(&names[..2]), "names has 2 entries and capacities 3: one name per capacity, or none");
+    let seg: Vec<String> = ["tokens", "segments", "images"].map(String::from).to_vec();
+    let r = pack_multi(&[1, 1, 1], &MultiOptions { names: &seg, max_segments: 4, ..opts(&caps) });
+    assert!(matches!(&r, Err(Error::InvalidArgument(m)) if m.contains("is the segment limit's name")), "{r:?}");
+    assert!(
+        pack_multi(&[1, 1, 1], &MultiOptions { names: &seg, ..opts(&caps) }).is_ok(),
+        "a column may be called segments without the limit"
+    );
     let empty: Vec<String> = ["tokens", "", "images"].map(String::from).to_vec();
     assert_eq!(msg(&empty), "names[1] must not be empty");
     let over = pack_multi(&[u64::MAX, 1, 1, 1, 1, 1], &MultiOptions { names: &names, ..opts(&[u64::MAX, 10, 10]) });

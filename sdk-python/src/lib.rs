@@ -1199,7 +1199,7 @@ fn pack_multi(
         bounds.set_item(name, p.lower_bounds[q])?;
     }
     if options.max_segments > 0 {
-        bounds.set_item("segments", p.lower_bounds[r])?;
+        bounds.set_item(stowplan::SEGMENTS, p.lower_bounds[r])?;
     }
     let bins = p.packing.bins();
     let loads = p.resource_loads.into_pyarray(py).reshape([bins, r])?.into_any().unbind();
