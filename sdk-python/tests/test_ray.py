@@ -3,9 +3,11 @@ Data. A local Ray (2 CPUs) is started once for the module and shut down at its e
 
 from __future__ import annotations
 
+import json
 import os
 import pathlib
 import re
+import signal
 import tempfile
 import time
 
@@ -129,6 +131,104 @@ def test_a_killed_actor_resumes_from_its_checkpoint():
         seen += _keys(rx[0].receive()) + _keys(rx[1].receive())  # packer step 2: batches 2 and 3
         assert sorted(seen) == [(0, s, i) for s in range(4) for i in range(4)]
         ray.kill(actor)
+
+
+def _rank_worker_class():
+    """A trainer rank as a Ray actor that Ray restarts once (nested: pickled by value, tests/
+    is not importable on the workers). It trains on each step it receives and then appends the
+    step's sample keys to its log, its own checkpoint: a restarted rank resumes at the step
+    after the last one logged. With ``hold``, it writes ``hold + ".got"`` once it holds the
+    step (fetched and acknowledged) and waits for ``hold`` before logging: it dies there."""
+
+    class Rank:
+        def __init__(self, packer, rank, log):
+            self.log = log
+            steps = [json.loads(line)["step"] for line in pathlib.Path(log).read_text().splitlines()] if os.path.exists(log) else []
+            self.rx = sray.RayReceiver(packer, rank, start_step=steps[-1] + 1 if steps else 0, timeout=30)
+
+        def pid(self):
+            return os.getpid(), self.rx.next_step
+
+        def train(self, hold=None, waiting=None):
+            if waiting is not None:
+                open(waiting, "w").close()
+            batch = self.rx.receive()
+            if hold is not None:
+                open(hold + ".got", "w").close()
+                while not os.path.exists(hold):
+                    time.sleep(0.01)
+            keys = []
+            for mb in batch.micro_batches:
+                if not mb.dummy:
+                    keys += [[int(batch.sample_runs[s]), int(batch.sample_steps[s]), int(batch.sample_indices[s])] for s in mb.samples.tolist()]
+            with open(self.log, "a") as f:
+                f.write(json.dumps({"step": batch.step, "keys": keys}) + "\n")
+                f.flush()
+                os.fsync(f.fileno())
+            return batch.step
+
+    return ray.remote(num_cpus=0, max_restarts=1, max_task_retries=0)(Rank)
+
+
+def _wait_for(path, timeout=20):
+    deadline = time.monotonic() + timeout
+    while not os.path.exists(path):
+        assert time.monotonic() < deadline, f"{path} did not appear within {timeout} s"
+        time.sleep(0.01)
+
+
+def _kill_worker(rank_actor, pid, in_flight):
+    """SIGKILLs the actor's worker process ``pid`` while ``in_flight`` runs; returns the step
+    the restarted actor resumes at."""
+    os.kill(pid, signal.SIGKILL)
+    with pytest.raises(ray.exceptions.RayActorError):
+        ray.get(in_flight, timeout=20)
+    new_pid, next_step = ray.get(rank_actor.pid.remote(), timeout=30)  # queued until the restart
+    assert new_pid != pid
+    return next_step
+
+
+def test_a_rank_worker_killed_mid_step_loses_and_repeats_nothing():
+    actor = _actor(**OPTIONS)
+    ray.get(actor.add_run.remote(0, batch_size=4))
+    Rank = _rank_worker_class()
+    with tempfile.TemporaryDirectory() as tmp:
+        logs = [os.path.join(tmp, f"rank{r}.jsonl") for r in range(2)]
+        ranks = [Rank.remote(actor, r, logs[r]) for r in range(2)]
+        assert ray.get(actor.send.remote(_batch(0, 0))).accepted == 4
+        assert ray.get([rk.train.remote() for rk in ranks], timeout=30) == [0, 0]
+
+        # Step 1: rank 1 holds it (fetched, acknowledged) and dies before training on it; rank 0
+        # has not taken it, so the step is still in flight and the restarted rank 1 gets it again.
+        ray.get(actor.send.remote(_batch(0, 1)))
+        hold = os.path.join(tmp, "hold1")
+        pid, _ = ray.get(ranks[1].pid.remote(), timeout=20)  # an actor runs one call at a time: ask first
+        dying = ranks[1].train.remote(hold=hold)
+        _wait_for(hold + ".got")
+        assert _kill_worker(ranks[1], pid, dying) == 1  # resumes at the step after its log's last
+        assert ray.get(ranks[1].train.remote(), timeout=30) == 1
+        assert ray.get(ranks[0].train.remote(), timeout=30) == 1
+
+        # Step 2: rank 0 dies while it waits for a step not packed yet.
+        waiting = os.path.join(tmp, "waiting2")
+        pid, _ = ray.get(ranks[0].pid.remote(), timeout=20)
+        dying = ranks[0].train.remote(waiting=waiting)
+        _wait_for(waiting)
+        time.sleep(0.2)  # inside receive(), polling the actor
+        assert _kill_worker(ranks[0], pid, dying) == 2
+        ray.get(actor.send.remote(_batch(0, 2)))
+        assert ray.get([rk.train.remote() for rk in ranks], timeout=30) == [2, 2]
+        assert ray.get(actor.next_step.remote()) == 3
+
+        trained = []
+        for log in logs:
+            entries = [json.loads(line) for line in pathlib.Path(log).read_text().splitlines()]
+            assert [e["step"] for e in entries] == [0, 1, 2]  # every step once per rank
+            trained += [tuple(k) for e in entries for k in e["keys"]]
+    assert sorted(trained) == [(0, s, i) for s in range(3) for i in range(4)]  # no sample lost or repeated
+    for rk in ranks:
+        ray.kill(rk)
+    ray.kill(actor)
 
 
 def test_a_rank_cannot_take_a_delivered_step_and_bad_arguments_are_named():

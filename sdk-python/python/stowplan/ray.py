@@ -26,7 +26,11 @@ step in flight is rebuilt byte for byte, receipts of batches sent again say ``du
 
 :class:`RayReceiver` is a trainer rank's side; it yields :class:`RayRankBatch` es whose numpy
 arrays are read-only views of the object store (zero-copy; ``torch.from_numpy`` takes them)
-and acknowledges each step once it holds it, retrying across actor restarts.
+and acknowledges each step once it holds it, retrying across actor restarts. A rank whose
+worker dies is restarted with ``start_step`` = the first step it has not trained on (its own
+checkpoint): that step is handed out again while it is in flight, since acknowledgements
+repeat harmlessly and the step stays in flight until every rank acknowledged it, so no sample
+is lost or trained twice. Once every rank acknowledged a step it is gone, as over ZeroMQ.
 
 :func:`compute_lengths` computes per-row lengths of a Ray Dataset on the cluster, in the
 dataset's row order, equal to :func:`stowplan.compute_lengths` over the same rows.
