@@ -295,6 +295,67 @@ def test_compute_lengths_names_bad_arguments(kwargs, fragment):
         sray.compute_lengths(ITEMS, column="ids")
 
 
+def test_compute_lengths_raises_the_length_functions_error_itself():
+    ds = ray.data.from_items(ITEMS[:10])
+    with pytest.raises(stowplan.InvalidArgumentError, match="the length function returned 'x' for sample 0"):
+        sray.compute_lengths(ds, length_fn=lambda row: "x")
+
+
+def _sft_table(n=120, seed=7):
+    """A tokenized SFT table: list columns with the same per-row lengths (some empty, some long)."""
+    import pyarrow as pa
+
+    rng = np.random.default_rng(seed)
+    lens = rng.integers(0, 40, size=n)
+    lens[::17] = 70  # longer than seq_length below
+    ids = [rng.integers(1, 1000, size=int(k)).tolist() for k in lens]
+    return pa.table({"input_ids": ids, "labels": [[-100] + x[1:] if x else [] for x in ids], "source": [f"doc{i}" for i in range(n)]})
+
+
+@pytest.mark.parametrize(
+    "blocks, options",
+    [
+        (1, dict()),
+        (3, dict(num_blocks=4, position_ids=True)),
+        (7, dict(num_blocks=3, strategy="bfd_split")),
+        (5, dict(num_blocks=2, strategy="ffd", overflow="drop")),
+        (4, dict(num_blocks=3, strategy="wrapped", position_ids=True)),
+        (6, dict(num_blocks=50, strategy="next-fit", overflow="split")),
+    ],
+)
+def test_pack_dataset_equals_pack_table(blocks, options):
+    from stowplan.arrow import pack_table
+
+    table = _sft_table()
+    num_blocks = options.pop("num_blocks", None)
+    cols = ["input_ids", "labels"]
+    want = pack_table(table, 64, columns=cols, **options)
+    ds = ray.data.from_arrow(table).repartition(blocks)
+    got = sray.pack_dataset(ds, 64, columns=cols, num_blocks=num_blocks, **options)
+    import pyarrow as pa
+
+    result = pa.concat_tables(ray.get(got.to_arrow_refs()))  # its blocks, in order
+    assert result.schema == want.schema
+    assert result.to_pydict() == want.to_pydict()
+
+
+def test_pack_dataset_names_bad_input():
+    import pyarrow as pa
+
+    ds = ray.data.from_arrow(_sft_table(20))
+    with pytest.raises(stowplan.InvalidArgumentError, match="column 'source' is not a list column"):
+        sray.pack_dataset(ds, 64)
+    with pytest.raises(stowplan.InvalidArgumentError, match="seq_length"):
+        sray.pack_dataset(ds, 0, columns=["input_ids"])
+    with pytest.raises(stowplan.InvalidArgumentError, match="num_blocks must be"):
+        sray.pack_dataset(ds, 64, columns=["input_ids"], num_blocks=0)
+    with pytest.raises(stowplan.InvalidArgumentError, match="dataset must be a ray.data.Dataset"):
+        sray.pack_dataset(_sft_table(20), 64)
+    bad = ray.data.from_arrow(pa.table({"a": [[1, 2], [3]], "b": [[1, 2], [3, 4]]}))
+    with pytest.raises(stowplan.InvalidArgumentError, match="column 'b' does not have the offsets of column 'a'"):
+        sray.pack_dataset(bad, 8)
+
+
 def test_the_readme_recipe_runs():
     """README.md's Ray recipe (the block after the marker), run as written."""
     text = README.read_text()
