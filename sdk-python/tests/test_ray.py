@@ -356,12 +356,17 @@ def test_pack_dataset_names_bad_input():
         sray.pack_dataset(bad, 8)
 
 
-def test_the_readme_recipe_runs():
-    """README.md's Ray recipe (the block after the marker), run as written."""
-    text = README.read_text()
+RECIPES = ["verl", "slime"]
+
+
+@pytest.mark.parametrize("index", range(len(RECIPES)), ids=RECIPES)
+def test_the_readme_recipes_run(index):
+    """README.md's Ray recipes (the python block after each marker), run as written."""
     marker = "<!-- tested: sdk-python/tests/test_ray.py -->"
-    assert marker in text
-    block = text.split(marker, 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    parts = README.read_text().split(marker)[1:]
+    assert len(parts) == len(RECIPES)
+    block = parts[index].split("```python\n", 1)[1].split("```", 1)[0]
+    assert f"{RECIPES[index]}'s" in README.read_text().split(marker)[index]  # the prose above names it
     start = time.monotonic()
-    exec(compile(block, "README.md (Ray recipe)", "exec"), {})
+    exec(compile(block, f"README.md (Ray recipe, {RECIPES[index]}-style)", "exec"), {})
     assert time.monotonic() - start < 30
