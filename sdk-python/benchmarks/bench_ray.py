@@ -13,7 +13,8 @@ holds its micro-batches as numpy arrays.
   PUSHes the encoded bytes with pyzmq, 4 rank processes use `stowplan.ZmqReceiver`
   (packer_throughput.py's ranks); serve's own log splits its time (receive, pack, deliver).
 - Ray: a local Ray (`ray.init(num_cpus=2)`), a `PackerActor` with `checkpoint_dir` (the same
-  durability: batch and state written atomically before the receipt), 4 rank actors with
+  durability: batch and state written atomically before the receipt; `--no-checkpoint`:
+  without), 4 rank actors with
   `RayReceiver`; the orchestrator `ray.put`s the encoded batch and sends the ref. The actor's
   time is split by timing its methods (a subclass): fetching the batch from the object store,
   ingest (decode + batch file), checkpoint, pack (kernel + materialize), publish (`ray.put` of
@@ -149,7 +150,7 @@ class ZmqPath:
 
 
 class RayPath:
-    def __init__(self, tmp: pathlib.Path, dp: int, seq_len: int, n: int) -> None:
+    def __init__(self, tmp: pathlib.Path, dp: int, seq_len: int, n: int, checkpoint: bool) -> None:
         import ray
         import stowplan.ray as sray
 
@@ -157,7 +158,7 @@ class RayPath:
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False,
                  object_store_memory=2 * 2**30)
         Packer = ray.remote(num_cpus=0)(timed_packer_class(sray))
-        self.packer = Packer.remote(seq_len=seq_len, dp=dp, num_runs=1, checkpoint_dir=str(tmp / "ray-ckpt"))
+        self.packer = Packer.remote(seq_len=seq_len, dp=dp, num_runs=1, checkpoint_dir=str(tmp / "ray-ckpt") if checkpoint else None)
         ray.get(self.packer.add_run.remote(0, batch_size=n))
         Rank = ray.remote(num_cpus=0)(rank_class(sray))
         self.ranks = [Rank.remote(self.packer, r) for r in range(dp)]
@@ -188,6 +189,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--dp", type=int, default=4)
     ap.add_argument("--seq-len", type=int, default=16384)
+    ap.add_argument("--no-checkpoint", action="store_true", help="the Ray actor without checkpoint_dir (no durable writes)")
     ap.add_argument("--samples", type=int, default=None, help="the first N rollouts of the workload only (a quick check)")
     ap.add_argument("--bin", default=os.environ.get("STOWPLAN_BIN", str(REPO / "target" / "release" / "stowplan")))
     a = ap.parse_args()
@@ -201,7 +203,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(dir=os.environ.get("STOWPLAN_BENCH_DIR")) as tmp_name:
         tmp = pathlib.Path(tmp_name)
         zmq_path = ZmqPath(tmp, a.bin, a.rounds, len(lengths), a.dp, a.seq_len)
-        ray_path = RayPath(tmp, a.dp, a.seq_len, len(lengths))
+        ray_path = RayPath(tmp, a.dp, a.seq_len, len(lengths), not a.no_checkpoint)
         time.sleep(1.0)
         zmq_e2e: List[float] = []
         ray_rows: List[Dict[str, float]] = []
