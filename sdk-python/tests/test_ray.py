@@ -183,7 +183,14 @@ def _kill_worker(rank_actor, pid, in_flight):
     os.kill(pid, signal.SIGKILL)
     with pytest.raises(ray.exceptions.RayActorError):
         ray.get(in_flight, timeout=20)
-    new_pid, next_step = ray.get(rank_actor.pid.remote(), timeout=30)  # queued until the restart
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            new_pid, next_step = ray.get(rank_actor.pid.remote(), timeout=30)
+            break
+        except ray.exceptions.ActorUnavailableError:  # a call made while Ray restarts it
+            assert time.monotonic() < deadline, "the rank's actor was not restarted within 30 s"
+            time.sleep(0.1)
     assert new_pid != pid
     return next_step
 
