@@ -358,6 +358,9 @@ def test_pack_dataset_names_bad_input():
         sray.pack_dataset(ds, 64, columns=["input_ids"], num_blocks=0)
     with pytest.raises(stowplan.InvalidArgumentError, match="dataset must be a ray.data.Dataset"):
         sray.pack_dataset(_sft_table(20), 64)
+    for empty in (ray.data.from_items([]), ray.data.from_arrow(_sft_table(20)).limit(0)):
+        with pytest.raises(stowplan.InvalidArgumentError, match="the dataset is empty"):
+            sray.pack_dataset(empty, 64, columns=["input_ids"])
     bad = ray.data.from_arrow(pa.table({"a": [[1, 2], [3]], "b": [[1, 2], [3, 4]]}))
     with pytest.raises(stowplan.InvalidArgumentError, match="column 'b' does not have the offsets of column 'a'"):
         sray.pack_dataset(bad, 8)

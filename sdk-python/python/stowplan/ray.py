@@ -527,6 +527,8 @@ def pack_dataset(
     if num_blocks is not None and (isinstance(num_blocks, bool) or not isinstance(num_blocks, int) or num_blocks < 1):
         raise InvalidArgumentError(f"num_blocks must be None or an integer >= 1 (got {num_blocks!r})")
     schema = dataset.schema()
+    if schema is None:
+        raise InvalidArgumentError("the dataset is empty: there are no rows to pack")
     base = getattr(schema, "base_schema", schema)
     if not isinstance(base, pa.Schema):
         raise InvalidArgumentError(f"the dataset must hold Arrow blocks (its schema is {schema!r})")
