@@ -510,8 +510,9 @@ def pack_dataset(
     :func:`~stowplan.arrow.pack_table` makes, then ``map_batches`` tags every row with the
     output block(s) its tokens go to and ``groupby(...).map_groups`` (a sort-based shuffle:
     ``map_batches`` over the sorted groups) assembles each output block with
-    :mod:`stowplan.arrow`'s own assembly. ``num_blocks``: output blocks (default: one per
-    2**24 tokens). Errors are :func:`~stowplan.arrow.pack_table`'s; a row number in one is
+    :mod:`stowplan.arrow`'s own assembly. ``num_blocks``: the groups of whole packed rows
+    assembled, one ``map_groups`` call each (default: one per 2**24 tokens; Ray may store
+    several in one block). Errors are :func:`~stowplan.arrow.pack_table`'s; a row number in one is
     counted within a batch of the dataset. Needs a Ray with
     ``ray.data.expressions.monotonically_increasing_id``.
     """
