@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -82,6 +83,7 @@ def two_nodes():
         for p in reversed(procs):
             _stop(p)
         log.close()
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 # The driver runs in a process of its own: in a process that already ran a local Ray
