@@ -55,3 +55,24 @@ def test_stream_packers_refuses_bad_arguments():
         [sys.executable, str(STREAM_SCRIPT), "--skip", "everything"], capture_output=True, text=True, timeout=60
     )
     assert bad.returncode == 2 and "--skip: unknown sections" in bad.stderr, bad.stderr
+
+
+RAY_SCRIPT = HERE.parent / "benchmarks" / "bench_ray.py"
+
+
+def test_bench_ray_runs_both_paths():
+    """bench_ray.py on 256 rollouts, 2 rounds: both paths deliver every step and are reported."""
+    pytest.importorskip("ray", reason="ray is not installed (pip install 'stowplan[ray]')")
+    pytest.importorskip("zmq", reason="pyzmq is not installed (pip install 'stowplan[zmq]')")
+    cli = os.environ.get("STOWPLAN_BIN")
+    if not cli:
+        pytest.skip("STOWPLAN_BIN is not set (the stowplan binary the ZeroMQ path runs)")
+    if not (HERE.parents[2] / "shared" / "workloads" / "rl-math-8k.txt").is_file():
+        pytest.skip("no shared workloads beside the checkout")
+    out = subprocess.run(
+        [sys.executable, str(RAY_SCRIPT), "--rounds", "2", "--samples", "256", "--bin", cli],
+        check=True, capture_output=True, text=True, timeout=300,
+    ).stdout
+    assert "| zmq (`stowplan serve`) |" in out and "| ray (`stowplan.ray`) |" in out, out
+    assert "round 1: zmq " in out and "(ray then zmq)" in out, out
+    assert "publish (ray.put x4)" in out and "deliver_s" in out, out

@@ -3,9 +3,11 @@ Data. A local Ray (2 CPUs) is started once for the module and shut down at its e
 
 from __future__ import annotations
 
+import json
 import os
 import pathlib
 import re
+import signal
 import tempfile
 import time
 
@@ -131,6 +133,111 @@ def test_a_killed_actor_resumes_from_its_checkpoint():
         ray.kill(actor)
 
 
+def _rank_worker_class():
+    """A trainer rank as a Ray actor that Ray restarts once (nested: pickled by value, tests/
+    is not importable on the workers). It trains on each step it receives and then appends the
+    step's sample keys to its log, its own checkpoint: a restarted rank resumes at the step
+    after the last one logged. With ``hold``, it writes ``hold + ".got"`` once it holds the
+    step (fetched and acknowledged) and waits for ``hold`` before logging: it dies there."""
+
+    class Rank:
+        def __init__(self, packer, rank, log):
+            self.log = log
+            steps = [json.loads(line)["step"] for line in pathlib.Path(log).read_text().splitlines()] if os.path.exists(log) else []
+            self.rx = sray.RayReceiver(packer, rank, start_step=steps[-1] + 1 if steps else 0, timeout=30)
+
+        def pid(self):
+            return os.getpid(), self.rx.next_step
+
+        def train(self, hold=None, waiting=None):
+            if waiting is not None:
+                open(waiting, "w").close()
+            batch = self.rx.receive()
+            if hold is not None:
+                open(hold + ".got", "w").close()
+                while not os.path.exists(hold):
+                    time.sleep(0.01)
+            keys = []
+            for mb in batch.micro_batches:
+                if not mb.dummy:
+                    keys += [[int(batch.sample_runs[s]), int(batch.sample_steps[s]), int(batch.sample_indices[s])] for s in mb.samples.tolist()]
+            with open(self.log, "a") as f:
+                f.write(json.dumps({"step": batch.step, "keys": keys}) + "\n")
+                f.flush()
+                os.fsync(f.fileno())
+            return batch.step
+
+    return ray.remote(num_cpus=0, max_restarts=1, max_task_retries=0)(Rank)
+
+
+def _wait_for(path, timeout=20):
+    deadline = time.monotonic() + timeout
+    while not os.path.exists(path):
+        assert time.monotonic() < deadline, f"{path} did not appear within {timeout} s"
+        time.sleep(0.01)
+
+
+def _kill_worker(rank_actor, pid, in_flight):
+    """SIGKILLs the actor's worker process ``pid`` while ``in_flight`` runs; returns the step
+    the restarted actor resumes at."""
+    os.kill(pid, signal.SIGKILL)
+    with pytest.raises(ray.exceptions.RayActorError):
+        ray.get(in_flight, timeout=20)
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            new_pid, next_step = ray.get(rank_actor.pid.remote(), timeout=30)
+            break
+        except ray.exceptions.ActorUnavailableError:  # a call made while Ray restarts it
+            assert time.monotonic() < deadline, "the rank's actor was not restarted within 30 s"
+            time.sleep(0.1)
+    assert new_pid != pid
+    return next_step
+
+
+def test_a_rank_worker_killed_mid_step_loses_and_repeats_nothing():
+    actor = _actor(**OPTIONS)
+    ray.get(actor.add_run.remote(0, batch_size=4))
+    Rank = _rank_worker_class()
+    with tempfile.TemporaryDirectory() as tmp:
+        logs = [os.path.join(tmp, f"rank{r}.jsonl") for r in range(2)]
+        ranks = [Rank.remote(actor, r, logs[r]) for r in range(2)]
+        assert ray.get(actor.send.remote(_batch(0, 0))).accepted == 4
+        assert ray.get([rk.train.remote() for rk in ranks], timeout=30) == [0, 0]
+
+        # Step 1: rank 1 holds it (fetched, acknowledged) and dies before training on it; rank 0
+        # has not taken it, so the step is still in flight and the restarted rank 1 gets it again.
+        ray.get(actor.send.remote(_batch(0, 1)))
+        hold = os.path.join(tmp, "hold1")
+        pid, _ = ray.get(ranks[1].pid.remote(), timeout=20)  # an actor runs one call at a time: ask first
+        dying = ranks[1].train.remote(hold=hold)
+        _wait_for(hold + ".got")
+        assert _kill_worker(ranks[1], pid, dying) == 1  # resumes at the step after its log's last
+        assert ray.get(ranks[1].train.remote(), timeout=30) == 1
+        assert ray.get(ranks[0].train.remote(), timeout=30) == 1
+
+        # Step 2: rank 0 dies while it waits for a step not packed yet.
+        waiting = os.path.join(tmp, "waiting2")
+        pid, _ = ray.get(ranks[0].pid.remote(), timeout=20)
+        dying = ranks[0].train.remote(waiting=waiting)
+        _wait_for(waiting)
+        time.sleep(0.2)  # inside receive(), polling the actor
+        assert _kill_worker(ranks[0], pid, dying) == 2
+        ray.get(actor.send.remote(_batch(0, 2)))
+        assert ray.get([rk.train.remote() for rk in ranks], timeout=30) == [2, 2]
+        assert ray.get(actor.next_step.remote()) == 3
+
+        trained = []
+        for log in logs:
+            entries = [json.loads(line) for line in pathlib.Path(log).read_text().splitlines()]
+            assert [e["step"] for e in entries] == [0, 1, 2]  # every step once per rank
+            trained += [tuple(k) for e in entries for k in e["keys"]]
+    assert sorted(trained) == [(0, s, i) for s in range(3) for i in range(4)]  # no sample lost or repeated
+    for rk in ranks:
+        ray.kill(rk)
+    ray.kill(actor)
+
+
 def test_a_rank_cannot_take_a_delivered_step_and_bad_arguments_are_named():
     actor = _actor(**OPTIONS)
     ray.get(actor.add_run.remote(0, batch_size=4))
@@ -195,12 +302,81 @@ def test_compute_lengths_names_bad_arguments(kwargs, fragment):
         sray.compute_lengths(ITEMS, column="ids")
 
 
-def test_the_readme_recipe_runs():
-    """README.md's Ray recipe (the block after the marker), run as written."""
-    text = README.read_text()
+def test_compute_lengths_raises_the_length_functions_error_itself():
+    ds = ray.data.from_items(ITEMS[:10])
+    with pytest.raises(stowplan.InvalidArgumentError, match="the length function returned 'x' for sample 0"):
+        sray.compute_lengths(ds, length_fn=lambda row: "x")
+
+
+def _sft_table(n=120, seed=7):
+    """A tokenized SFT table: list columns with the same per-row lengths (some empty, some long)."""
+    import pyarrow as pa
+
+    rng = np.random.default_rng(seed)
+    lens = rng.integers(0, 40, size=n)
+    lens[::17] = 70  # longer than seq_length below
+    ids = [rng.integers(1, 1000, size=int(k)).tolist() for k in lens]
+    return pa.table({"input_ids": ids, "labels": [[-100] + x[1:] if x else [] for x in ids], "source": [f"doc{i}" for i in range(n)]})
+
+
+@pytest.mark.parametrize(
+    "blocks, options",
+    [
+        (1, dict()),
+        (3, dict(num_blocks=4, position_ids=True)),
+        (7, dict(num_blocks=3, strategy="bfd_split")),
+        (5, dict(num_blocks=2, strategy="ffd", overflow="drop")),
+        (4, dict(num_blocks=3, strategy="wrapped", position_ids=True)),
+        (6, dict(num_blocks=50, strategy="next-fit", overflow="split")),
+    ],
+)
+def test_pack_dataset_equals_pack_table(blocks, options):
+    from stowplan.arrow import pack_table
+
+    table = _sft_table()
+    num_blocks = options.pop("num_blocks", None)
+    cols = ["input_ids", "labels"]
+    want = pack_table(table, 64, columns=cols, **options)
+    ds = ray.data.from_arrow(table).repartition(blocks)
+    got = sray.pack_dataset(ds, 64, columns=cols, num_blocks=num_blocks, **options)
+    import pyarrow as pa
+
+    result = pa.concat_tables(ray.get(got.to_arrow_refs()))  # its blocks, in order
+    assert result.schema == want.schema
+    assert result.to_pydict() == want.to_pydict()
+
+
+def test_pack_dataset_names_bad_input():
+    import pyarrow as pa
+
+    ds = ray.data.from_arrow(_sft_table(20))
+    with pytest.raises(stowplan.InvalidArgumentError, match="column 'source' is not a list column"):
+        sray.pack_dataset(ds, 64)
+    with pytest.raises(stowplan.InvalidArgumentError, match="seq_length"):
+        sray.pack_dataset(ds, 0, columns=["input_ids"])
+    with pytest.raises(stowplan.InvalidArgumentError, match="num_blocks must be"):
+        sray.pack_dataset(ds, 64, columns=["input_ids"], num_blocks=0)
+    with pytest.raises(stowplan.InvalidArgumentError, match="dataset must be a ray.data.Dataset"):
+        sray.pack_dataset(_sft_table(20), 64)
+    for empty in (ray.data.from_items([]), ray.data.from_arrow(_sft_table(20)).limit(0)):
+        with pytest.raises(stowplan.InvalidArgumentError, match="the dataset is empty"):
+            sray.pack_dataset(empty, 64, columns=["input_ids"])
+    bad = ray.data.from_arrow(pa.table({"a": [[1, 2], [3]], "b": [[1, 2], [3, 4]]}))
+    with pytest.raises(stowplan.InvalidArgumentError, match="column 'b' does not have the offsets of column 'a'"):
+        sray.pack_dataset(bad, 8)
+
+
+RECIPES = ["verl", "slime"]
+
+
+@pytest.mark.parametrize("index", range(len(RECIPES)), ids=RECIPES)
+def test_the_readme_recipes_run(index):
+    """README.md's Ray recipes (the python block after each marker), run as written."""
     marker = "<!-- tested: sdk-python/tests/test_ray.py -->"
-    assert marker in text
-    block = text.split(marker, 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    parts = README.read_text().split(marker)[1:]
+    assert len(parts) == len(RECIPES)
+    block = parts[index].split("```python\n", 1)[1].split("```", 1)[0]
+    assert f"{RECIPES[index]}'s" in README.read_text().split(marker)[index]  # the prose above names it
     start = time.monotonic()
-    exec(compile(block, "README.md (Ray recipe)", "exec"), {})
+    exec(compile(block, f"README.md (Ray recipe, {RECIPES[index]}-style)", "exec"), {})
     assert time.monotonic() - start < 30

@@ -133,10 +133,7 @@ def _pack(
     if table.num_rows > MAX_SEQUENCE_LENGTH:
         raise InvalidArgumentError(f"the table has {table.num_rows} rows; at most 2**32-1 can be packed at once")
     lengths = _lengths(table, names)
-    if strategy == "wrapped":
-        starts, item_lengths, bin_offsets = _wrapped(lengths, seq_length)
-    else:
-        starts, item_lengths, bin_offsets = _planned(lengths, seq_length, strategy, overflow, names[0], backend)
+    starts, item_lengths, bin_offsets = _items(lengths, seq_length, strategy, overflow, names[0], backend)
     digest = hashlib.sha256()
     digest.update(repr((seq_length, strategy, overflow, names, position_ids)).encode())
     for a in (starts, item_lengths, bin_offsets):
@@ -219,6 +216,17 @@ def _lengths(table: Any, names: List[str]) -> np.ndarray:
             f"column {names[0]!r} row {row} has {int(lengths[row])} values, more than 2**32-1 (the longest sequence a plan takes)"
         )
     return lengths
+
+
+def _items(
+    lengths: np.ndarray, seq_length: int, strategy: str, overflow: Optional[str], first: str, backend: Optional[str]
+) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The packed rows of rows of ``lengths`` tokens (flat in row order): items (flat start,
+    length) in output order and each output row's item offsets. Shared with
+    :func:`stowplan.ray.pack_dataset`, which assembles the same items on the cluster."""
+    if strategy == "wrapped":
+        return _wrapped(lengths, seq_length)
+    return _planned(lengths, seq_length, strategy, overflow, first, backend)
 
 
 def _planned(
