@@ -90,6 +90,18 @@ export interface PackOptions {
   oversize?: 'error' | 'single' | 'drop';
 }
 
+/** Options of `packMulti`: `pack`'s (`align` rounds the tokens only; an item over any capacity is oversized) and a segment limit. */
+export interface MultiPackOptions extends PackOptions {
+  /** At most this many items (segments) per bin (default 0: no limit). */
+  maxSegments?: Int;
+}
+
+/**
+ * Named values of `packMulti`: an object or a Map, resource name → value, in insertion order
+ * (an object's integer-like keys come first, as JavaScript orders them; a Map keeps any order).
+ */
+export type Named<T> = Readonly<Record<string, T>> | ReadonlyMap<string, T>;
+
 /** Options of `microBatches` (and the micro-batch level of `balance`). */
 export interface MicroBatchOptions {
   /** The cost balanced across micro-batches (default `'tokens'`). */
@@ -182,7 +194,8 @@ export class Partition {
 
 /** Bins of a packing. */
 export class Packing {
-  private constructor();
+  /** Made by `pack` (and, as the base of `MultiPacking`, `packMulti`). */
+  protected constructor();
   /** Bin boundaries into `indices`. */
   readonly offsets: Uint32Array;
   /** Input indices, bin after bin (members ascending). */
@@ -211,6 +224,27 @@ export class Packing {
   readonly bins: Uint32Array[];
   /** Number of bins. */
   readonly length: number;
+}
+
+/**
+ * Bins under several limits: a `Packing` (`loads`, `realTokens`, `efficiency` … count tokens;
+ * `lowerBound` is the largest of `lowerBounds`) plus every bin's load in every resource.
+ */
+export class MultiPacking extends Packing {
+  private constructor();
+  /** The resources' names, tokens first, in the order of `columns`. */
+  readonly names: string[];
+  /** Each resource's capacity per bin, name → capacity. */
+  readonly capacities: Record<string, bigint>;
+  /** Items per bin at most (0n: no limit). */
+  readonly maxSegments: bigint;
+  /** Every bin's load in every resource: one array per bin, in the order of `names`. */
+  readonly resourceLoads: BigUint64Array[];
+  /**
+   * name → ceil(sum of the sizes of the items that fit / capacity), and `segments` →
+   * ceil(items that fit / maxSegments) with a segment limit.
+   */
+  readonly lowerBounds: Record<string, bigint>;
 }
 
 /** Micro-batches of one batch. */
@@ -454,6 +488,8 @@ export class Stowplan {
   partition(weights: Integers, k: Int, options?: PartitionOptions): Partition;
   /** Packs `lengths` into bins of `capacity` tokens. */
   pack(lengths: Integers, capacity: Int, options?: PackOptions): Packing;
+  /** Packs items under several limits: `columns` name → sizes (tokens first), `capacities` name → capacity. */
+  packMulti(columns: Named<Integers>, capacities: Named<Int>, options?: MultiPackOptions): MultiPacking;
   /** Splits one batch into micro-batches of at most `maxTokenLen` tokens. */
   microBatches(lengths: Integers, maxTokenLen: Int, options?: MicroBatchOptions): MicroBatches;
   /** Balances a global batch over `dp` ranks (and every rank's micro-batches with `maxTokenLen`). */
@@ -484,6 +520,8 @@ export function kernelInfo(): KernelInfo;
 export function partition(weights: Integers, k: Int, options?: PartitionOptions): Partition;
 /** Packs `lengths` into bins of `capacity` tokens. */
 export function pack(lengths: Integers, capacity: Int, options?: PackOptions): Packing;
+/** Packs items under several limits: `columns` name → sizes (tokens first), `capacities` name → capacity. */
+export function packMulti(columns: Named<Integers>, capacities: Named<Int>, options?: MultiPackOptions): MultiPacking;
 /** Splits one batch into micro-batches of at most `maxTokenLen` tokens. */
 export function microBatches(lengths: Integers, maxTokenLen: Int, options?: MicroBatchOptions): MicroBatches;
 /** Balances a global batch over `dp` ranks (and every rank's micro-batches with `maxTokenLen`). */

@@ -15,7 +15,7 @@ import {
   StowplanError,
   fromKernel,
 } from './errors.js';
-import { bool, given, i64, i64Array, oneOf, options, u32, u32Array, u64, u64Array } from './convert.js';
+import { bool, checkEntries, given, i64, i64Array, oneOf, options, u32, u32Array, u64, u64Array } from './convert.js';
 import { loadKernel } from './kernel.js';
 import { LIMITS, STREAM } from '../generated/manifest.js';
 
@@ -33,6 +33,12 @@ const MAX_COUNT = LIMITS.MAX_COUNT;
 const MAX_PARALLEL = LIMITS.MAX_PARALLEL;
 /** The oversize policies, the kernel's names. */
 const OVERSIZE = ['error', 'single', 'drop'];
+/** The packing algorithms, the kernel's names. */
+const PACK_METHODS = ['bfd', 'ffd', 'next-fit'];
+/** The most resources (limits besides the segment count) of `packMulti` (the kernel's, 8). */
+const MAX_RESOURCES = LIMITS.MAX_RESOURCES;
+/** The key of the segment limit's bound in `MultiPacking#lowerBounds`. */
+const SEGMENTS = 'segments';
 /**
  * Lengths per kernel call of `StreamPacker#add`: a longer add is cut into calls of this many
  * (the bins do not depend on the cut), so that a packer's linear memory stays small; the
@@ -230,6 +236,39 @@ export class Packing {
   /** Number of bins. */
   get length() {
     return this.numBins;
+  }
+}
+
+/**
+ * Bins under several limits (the result of `packMulti`): a `Packing` of the items (its `loads`,
+ * `realTokens`, `efficiency` … count tokens, the first resource; `lowerBound` is the largest of
+ * `lowerBounds`) plus every bin's load in every resource.
+ */
+export class MultiPacking extends Packing {
+  /**
+   * @param {any} m the kernel's multi-packing @param {BigUint64Array} tokens the first column
+   * @param {string[]} names @param {bigint[]} capacities in the order of `names`
+   * @param {bigint} maxSegments
+   */
+  constructor(m, tokens, names, capacities, maxSegments) {
+    super(m.packing, tokens, capacities[0]);
+    const r = names.length;
+    /** The resources' names, tokens first, in the order of `columns`. */
+    this.names = names;
+    /** Each resource's capacity per bin, name → capacity. */
+    this.capacities = Object.fromEntries(names.map((name, q) => [name, capacities[q]]));
+    /** Items per bin at most (0n: no limit). */
+    this.maxSegments = maxSegments;
+    /** Every bin's load in every resource: one array per bin, in the order of `names` (views into one list). */
+    this.resourceLoads = Array.from({ length: this.numBins }, (_, b) => m.resourceLoads.subarray(b * r, (b + 1) * r));
+    /**
+     * name → ceil(sum of the sizes of the items that fit / capacity), and `segments` →
+     * ceil(items that fit / maxSegments) with a segment limit.
+     */
+    this.lowerBounds = Object.fromEntries([
+      ...names.map((name, q) => [name, m.lowerBounds[q]]),
+      ...(maxSegments > 0n ? [[SEGMENTS, m.lowerBounds[r]]] : []),
+    ]);
   }
 }
 
@@ -593,6 +632,88 @@ function call(f) {
   }
 }
 
+/** The options `pack` and `packMulti` share (align, method, oversize), with the host's defaults. */
+function packOptions(o) {
+  return {
+    align: given(o.align) ? u64(o.align, 'align', 1n) : 1n,
+    method: given(o.method) ? oneOf(o.method, 'method', PACK_METHODS) : 'bfd',
+    oversize: given(o.oversize) ? oneOf(o.oversize, 'oversize', OVERSIZE) : 'error',
+  };
+}
+
+/** The [key, value] pairs of an object or Map argument of `packMulti`, keys checked to be names. */
+function namedEntries(v, name, what) {
+  let entries;
+  if (v instanceof Map) entries = [...v];
+  else if (v && typeof v === 'object' && !Array.isArray(v) && !ArrayBuffer.isView(v)) entries = Object.entries(v);
+  else {
+    const got = Array.isArray(v) ? `an array of ${v.length}` : v === null ? 'null' : typeof v;
+    throw new InvalidArgumentError(`${name} must be an object or a Map of resource name → ${what} (got ${got})`);
+  }
+  for (const [key] of entries) {
+    if (typeof key !== 'string') {
+      throw new InvalidArgumentError(`${name}' keys must be resource names (strings), got ${typeof key === 'bigint' ? `${key}n` : String(key)}`);
+    }
+  }
+  return entries;
+}
+
+/**
+ * The table of `packMulti`: the names, each column's sizes, each capacity, checked and
+ * matched by name (errors name `columns['…']` and `capacities['…']`).
+ */
+function resourceTable(columns, capacities) {
+  const cols = namedEntries(columns, 'columns', 'sizes');
+  const caps = new Map(namedEntries(capacities, 'capacities', 'capacity'));
+  if (cols.length === 0 || cols.length > MAX_RESOURCES) {
+    throw new InvalidArgumentError(`columns must name 1 to ${MAX_RESOURCES} resources (got ${cols.length})`);
+  }
+  const names = cols.map(([name]) => name);
+  const capacity = [];
+  const sizes = [];
+  for (const [name, values] of cols) {
+    if (!caps.has(name)) throw new InvalidArgumentError(`capacities has no entry for column '${name}'`);
+    capacity.push(u64(caps.get(name), `capacities['${name}']`, 1n));
+    sizes.push(u64Array(values, `columns['${name}']`));
+  }
+  for (const key of caps.keys()) {
+    if (!names.includes(key)) {
+      throw new InvalidArgumentError(`capacities['${key}'] has no column of sizes in columns (columns: ${names.join(', ')})`);
+    }
+  }
+  const n = sizes[0].length;
+  const q = sizes.findIndex((c) => c.length !== n);
+  if (q >= 0) {
+    throw new InvalidArgumentError(`columns['${names[q]}'] has ${sizes[q].length} sizes, columns['${names[0]}'] ${n}: one per item in each`);
+  }
+  return { names, capacity, sizes, n };
+}
+
+/** The kernel's sizes list of a table: item by item, a row of its sizes in every resource. */
+function rows(sizes, n) {
+  const r = sizes.length;
+  if (r === 1) return sizes[0];
+  checkEntries(n * r, 'columns (all their sizes together)', 8);
+  const out = new BigUint64Array(n * r);
+  for (let q = 0; q < r; q++) {
+    const c = sizes[q];
+    for (let i = 0; i < n; i++) out[i * r + q] = c[i];
+  }
+  return out;
+}
+
+/**
+ * A kernel error of `packMulti` with the resources named: the kernel numbers them (`resource
+ * 1`), so the message says which name each number is, as the Python SDK and the CLI do.
+ */
+function namingResources(e, names) {
+  const suffix = ` (resources: ${names.map((name, q) => `${q} = ${name}`).join(', ')})`;
+  for (const E of [InvalidArgumentError, InfeasibleError, KernelRuntimeError]) {
+    if (e instanceof E) return new E(e.message + suffix);
+  }
+  return e;
+}
+
 /** Micro-batch options shared by `microBatches` and `balance`. */
 function microOptions(maxTokenLen, cost, o) {
   const divisibleBy = given(o.divisibleBy) ? u32(o.divisibleBy, 'divisibleBy', 1, MAX_COUNT) : 1;
@@ -878,17 +999,41 @@ export class Stowplan {
    */
   pack(lengths, capacity, opts) {
     const o = options(opts, 'pack', ['align', 'method', 'oversize']);
-    const options_ = {
-      capacity: u64(capacity, 'capacity', 1n),
-      align: given(o.align) ? u64(o.align, 'align', 1n) : 1n,
-      method: given(o.method) ? oneOf(o.method, 'method', ['bfd', 'ffd', 'next-fit']) : 'bfd',
-      oversize: given(o.oversize) ? oneOf(o.oversize, 'oversize', OVERSIZE) : 'error',
-    };
+    const options_ = { capacity: u64(capacity, 'capacity', 1n), ...packOptions(o) };
     const l = u64Array(lengths, 'lengths');
     // Next-fit takes the `pack` interface here, not `pack-compact` as the Rust host does:
     // narrowing and rebuilding the members in JavaScript, a loop per element each, cost more
     // than jco's copies (1M lengths: 7.4 ms against 2.7 ms, BENCHMARKS.md).
     return new Packing(call(() => this.k.pack.pack(l, options_)), l, options_.capacity);
+  }
+
+  /**
+   * Packs items under several limits at once: `columns` maps each resource's name to the
+   * items' sizes in it (tokens first; an object or a Map, in its order), `capacities` the same
+   * names to each bin's capacity. Every bin stays within every capacity (and `maxSegments`
+   * items); with one resource the bins are `pack`'s.
+   * @param {any} columns @param {any} capacities @param {MultiPackOptions} [opts]
+   * @returns {MultiPacking}
+   */
+  packMulti(columns, capacities, opts) {
+    const o = options(opts, 'packMulti', ['maxSegments', 'align', 'method', 'oversize']);
+    const maxSegments = given(o.maxSegments) ? u64(o.maxSegments, 'maxSegments') : 0n;
+    const shared = packOptions(o);
+    const { names, capacity, sizes, n } = resourceTable(columns, capacities);
+    if (maxSegments > 0n && names.includes(SEGMENTS)) {
+      throw new InvalidArgumentError(
+        `columns['${SEGMENTS}'] is named as the segment limit's bound in lowerBounds: rename the column, or leave out maxSegments`,
+      );
+    }
+    const options_ = { capacities: BigUint64Array.from(capacity), maxSegments, ...shared };
+    const all = rows(sizes, n);
+    let m;
+    try {
+      m = call(() => this.k.multiPack.pack(all, options_));
+    } catch (e) {
+      throw namingResources(e, names);
+    }
+    return new MultiPacking(m, sizes[0], names, capacity, maxSegments);
   }
 
   /**
@@ -1076,6 +1221,8 @@ export const kernelInfo = () => stowplan.kernelInfo();
 export const partition = (weights, k, opts) => stowplan.partition(weights, k, opts);
 /** See `Stowplan#pack`. */
 export const pack = (lengths, capacity, opts) => stowplan.pack(lengths, capacity, opts);
+/** See `Stowplan#packMulti`. */
+export const packMulti = (columns, capacities, opts) => stowplan.packMulti(columns, capacities, opts);
 /** See `Stowplan#microBatches`. */
 export const microBatches = (lengths, maxTokenLen, opts) => stowplan.microBatches(lengths, maxTokenLen, opts);
 /** See `Stowplan#balance`. */

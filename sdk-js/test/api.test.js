@@ -134,9 +134,11 @@ test('a list longer than a kernel call can take is refused before anything is re
     });
   const packer = await stowplan.streamPacker(10);
   const state = packer.state();
-  // [argument, bytes per entry, call]: every public function taking a list of lengths or costs.
+  // [argument (a pattern), bytes per entry, call]: every public function taking a list of lengths, sizes or costs.
   const entryPoints = [
     ['lengths', 8, (l) => stowplan.pack(l, 10)],
+    ["columns\\['tokens'\\]", 8, (l) => stowplan.packMulti({ tokens: l }, { tokens: 10 })],
+    ["columns\\['images'\\]", 8, (l) => stowplan.packMulti(new Map([['tokens', [1]], ['images', l]]), { tokens: 10, images: 1 })],
     ['weights', 8, (l) => stowplan.partition(l, 2)],
     ['lengths', 8, (l) => stowplan.microBatches(l, 10)],
     ['extraCosts', 8, (l) => stowplan.microBatches([1, 2], 10, { extraCosts: l })],

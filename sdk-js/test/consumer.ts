@@ -1,8 +1,8 @@
 // A TypeScript consumer of the package: compiled (no emit) by types.test.js, so the .d.ts
 // files are checked against real use.
-import { COSTS, InvalidArgumentError, Stowplan, balance, microBatches, partition, rawPlan, alignedPlan, permutation, cpLayout, padFactor, streamPacker, streamPackerFromState } from 'stowplan';
+import { COSTS, InvalidArgumentError, Stowplan, balance, microBatches, packMulti, partition, rawPlan, alignedPlan, permutation, cpLayout, padFactor, streamPacker, streamPackerFromState } from 'stowplan';
 import type { ClosedBins, StreamPacker, StreamStatus } from 'stowplan';
-import type { Figures, Partition } from 'stowplan';
+import type { Figures, MultiPacking, Packing, Partition } from 'stowplan';
 import { verl, rollLoadBalance, PeerError } from 'stowplan/compat';
 
 const p: Partition = partition([100, 900, 50n], 2, { method: 'kk' });
@@ -33,4 +33,9 @@ const st: StreamStatus = sp.status();
 const resumed: BigUint64Array = (await streamPackerFromState(sp.state())).finish().loads;
 sp.dispose();
 const mm = microBatches([1, 2], 10, { extraCosts: [0, 5] }).costs;
-export { sums, groups, f, count, text, restore, checksum, perm, factor, parts, lists, roll, e, pe, later, attention, streamBins, st, resumed, mm };
+const multi: MultiPacking = packMulti({ tokens: [900, 300n], images: Uint8Array.from([2, 0]) }, { tokens: 1200, images: 2n }, { maxSegments: 3, method: 'ffd' });
+const asPacking: Packing = multi;
+const multiLoads: BigUint64Array[] = multi.resourceLoads;
+const multiBounds: Record<string, bigint> = multi.lowerBounds;
+const byMap: string[] = packMulti(new Map([['tokens', [5]]]), new Map([['tokens', 10]])).names;
+export { sums, groups, f, count, text, restore, checksum, perm, factor, parts, lists, roll, e, pe, later, attention, streamBins, st, resumed, mm, asPacking, multiLoads, multiBounds, byMap };

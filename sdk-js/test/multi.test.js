@@ -1,0 +1,165 @@
+// Packing under several limits (packMulti, issue 31): the CLI's bins and loads bin for bin
+// (test/multi_vectors.json, written by scripts/multi-vectors.mjs), every bin within every
+// limit on seeded random tables, one resource equal to `pack`, and errors naming the argument.
+import assert from 'node:assert/strict';
+import { readFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { test } from 'node:test';
+
+import * as stowplan from '../src/index.js';
+import { PKG, norm } from './helpers.js';
+
+const { InfeasibleError, InvalidArgumentError, MultiPacking, Packing } = stowplan;
+const VECTORS = JSON.parse(readFileSync(join(PKG, 'test/multi_vectors.json'), 'utf8')).cases;
+const METHODS = ['bfd', 'ffd', 'next-fit'];
+
+/** A seeded generator of integers in `lo..=hi` (mulberry32). */
+function rng(seed) {
+  let a = seed >>> 0;
+  return (lo, hi) => {
+    a = (a + 0x6d2b79f5) >>> 0;
+    let t = a;
+    t = Math.imul(t ^ (t >>> 15), t | 1);
+    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
+    return lo + (((t ^ (t >>> 14)) >>> 0) % (hi - lo + 1));
+  };
+}
+
+const plain = (lists) => lists.map((l) => Array.from(l));
+
+test('the CLI\'s bins, loads and bounds, bin for bin (stowplan pack --limit … --json)', () => {
+  assert.ok(VECTORS.length >= 10);
+  for (const { name, columns, capacities, options, expected: want } of VECTORS) {
+    const p = stowplan.packMulti(columns, capacities, options);
+    const names = Object.keys(columns);
+    assert.ok(p instanceof MultiPacking && p instanceof Packing, name);
+    assert.deepStrictEqual(plain(p.bins), want.bins, name);
+    assert.deepStrictEqual(norm(p.loads), norm(want.loads), name);
+    assert.deepStrictEqual(norm(p.resourceLoads), norm(want.resource_loads), name);
+    assert.deepStrictEqual(Array.from(p.dropped), want.dropped, name);
+    assert.deepStrictEqual(Array.from(p.single), want.single, name);
+    assert.equal(p.realTokens, BigInt(want.real_tokens), name);
+    assert.equal(p.alignedTokens, BigInt(want.aligned_tokens), name);
+    assert.equal(p.lowerBound, BigInt(want.lower_bound), name);
+    assert.deepStrictEqual(p.names, want.resources.map((r) => r.name), name);
+    assert.deepStrictEqual(p.names, names, name);
+    const bounds = Object.fromEntries(want.resources.map((r) => [r.name, BigInt(r.lower_bound)]));
+    if (want.max_segments > 0) bounds.segments = BigInt(want.segments_lower_bound);
+    assert.deepStrictEqual(p.lowerBounds, bounds, name);
+    assert.deepStrictEqual(p.capacities, Object.fromEntries(want.resources.map((r) => [r.name, BigInt(r.capacity)])), name);
+    assert.equal(p.maxSegments, BigInt(want.max_segments), name);
+    // The same table as Maps, with typed arrays and bigints: the same bins.
+    const asMaps = stowplan.packMulti(
+      new Map(names.map((k) => [k, BigUint64Array.from(columns[k], BigInt)])),
+      new Map(names.map((k) => [k, BigInt(capacities[k])])),
+      options,
+    );
+    assert.deepStrictEqual(plain(asMaps.bins), want.bins, name);
+    assert.deepStrictEqual(norm(asMaps.resourceLoads), norm(want.resource_loads), name);
+  }
+});
+
+test('every bin is within every limit and every item is placed once, on seeded random tables', () => {
+  const draw = rng(31);
+  const NAMES = ['tokens', 'image_tokens', 'images', 'frames', 'audio', 'r5', 'r6', 'r7'];
+  for (let round = 0; round < 300; round++) {
+    const r = draw(1, round % 10 === 0 ? 8 : 4);
+    const n = draw(1, 80);
+    const names = NAMES.slice(0, r);
+    const caps = Object.fromEntries(names.map((k) => [k, draw(1, 60)]));
+    const columns = Object.fromEntries(names.map((k) => [k, Array.from({ length: n }, () => draw(0, 70))]));
+    const maxSegments = draw(0, 6);
+    const align = draw(0, 3) === 0 ? draw(2, 8) : 1;
+    const method = METHODS[draw(0, 2)];
+    const oversize = draw(0, 1) ? 'drop' : 'single';
+    const what = JSON.stringify({ round, caps, maxSegments, align, method, oversize });
+    const p = stowplan.packMulti(columns, caps, { maxSegments, align, method, oversize });
+    // The sizes the limits apply to: tokens aligned.
+    const size = (i, q) => {
+      const s = columns[names[q]][i];
+      return q === 0 ? Math.ceil(s / align) * align : s;
+    };
+    const over = (i) => names.some((k, q) => size(i, q) > caps[k]);
+    const seen = [...p.bins.flatMap((b) => Array.from(b)), ...p.dropped].sort((a, b) => a - b);
+    assert.deepStrictEqual(seen, Array.from({ length: n }, (_, i) => i), what);
+    assert.equal(p.resourceLoads.length, p.length, what);
+    const single = new Set(p.single);
+    p.bins.forEach((members, b) => {
+      const load = names.map((_, q) => members.reduce((t, i) => t + size(i, q), 0));
+      assert.deepStrictEqual(Array.from(p.resourceLoads[b], Number), load, what);
+      assert.equal(p.loads[b], BigInt(load[0]), what);
+      if (members.length === 1 && single.has(members[0])) return; // an oversized item alone
+      names.forEach((k, q) => assert.ok(load[q] <= caps[k], `${what}: bin ${b} ${k} ${load[q]} > ${caps[k]}`));
+      assert.ok(maxSegments === 0 || members.length <= maxSegments, what);
+    });
+    for (const i of [...p.dropped, ...p.single]) assert.ok(over(i), `${what}: item ${i} is not oversized`);
+    const kept = Array.from({ length: n }, (_, i) => i).filter((i) => !over(i));
+    const bounds = Object.fromEntries(names.map((k, q) => [k, BigInt(Math.ceil(kept.reduce((t, i) => t + size(i, q), 0) / caps[k]))]));
+    if (maxSegments > 0) bounds.segments = BigInt(Math.ceil(kept.length / maxSegments));
+    assert.deepStrictEqual(p.lowerBounds, bounds, what);
+    assert.equal(p.lowerBound, Object.values(bounds).reduce((a, b) => (b > a ? b : a), 0n), what);
+    assert.ok(BigInt(p.length - p.single.length) >= p.lowerBound, what);
+  }
+});
+
+test('with one resource the bins are pack\'s', () => {
+  const draw = rng(7);
+  for (let round = 0; round < 150; round++) {
+    const lengths = Array.from({ length: draw(1, 100) }, () => draw(0, 100));
+    const capacity = draw(1, 100);
+    const o = { method: METHODS[draw(0, 2)], oversize: ['error', 'single', 'drop'][draw(1, 2)], align: draw(1, 3) };
+    const want = stowplan.pack(lengths, capacity, o);
+    const got = stowplan.packMulti({ tokens: lengths }, { tokens: capacity }, o);
+    const what = JSON.stringify({ round, capacity, o });
+    assert.deepStrictEqual(plain(got.bins), plain(want.bins), what);
+    for (const key of ['loads', 'dropped', 'single', 'realTokens', 'alignedTokens', 'lowerBound', 'efficiency', 'capacity', 'numBins']) {
+      assert.deepStrictEqual(got[key], want[key], `${what}: ${key}`);
+    }
+    assert.deepStrictEqual(norm(got.resourceLoads), norm(Array.from(want.loads, (l) => [l])), what);
+    assert.deepStrictEqual(got.lowerBounds, { tokens: want.lowerBound }, what);
+  }
+});
+
+test('errors name the argument, and the kernel\'s name the resources', () => {
+  const refused = (E, re) => (e) => e instanceof E && re.test(e.message);
+  assert.throws(
+    () => stowplan.packMulti({ tokens: [5, 7], images: [1, 40] }, { tokens: 100, images: 32 }),
+    refused(InfeasibleError, /^infeasible: item 1 needs 40 of resource 1 \(capacity 32\).*\(resources: 0 = tokens, 1 = images\)$/),
+  );
+  assert.throws(
+    () => stowplan.packMulti(new Map([['tokens', [2n ** 64n - 1n]], ['images', [0]]]), { tokens: 8, images: 1 }, { align: 2 }),
+    refused(InvalidArgumentError, /^invalid argument: sizes\[0\]\[0\] = 18446744073709551615 aligned to 2 overflows u64 \(resources: 0 = tokens, 1 = images\)$/),
+  );
+  // More items than a call with two resources takes: the kernel's refusal, resources named.
+  const many = new Uint8Array(2 ** 18 + 1);
+  assert.throws(
+    () => stowplan.packMulti({ tokens: many, images: many }, { tokens: 8, images: 1 }),
+    refused(InvalidArgumentError, /^invalid argument: sizes has 262145 rows; .*at most 262144 items per call.*\(resources: 0 = tokens, 1 = images\)$/),
+  );
+  const nine = Object.fromEntries(Array.from({ length: 9 }, (_, q) => [`r${q}`, [1]]));
+  const cases = [
+    [[{ tokens: [1] }, { tokens: 0 }], /^capacities\['tokens'\] must be in 1\.\.=2\*\*64-1 \(got 0\)$/],
+    [[{ tokens: [1] }, { tokens: 1.5 }], /^capacities\['tokens'\] must be an integer in 1\.\.=2\*\*64-1 \(got 1\.5\)$/],
+    [[{ tokens: [1], images: [1, 2] }, { tokens: 9, images: 9 }], /^columns\['images'\] has 2 sizes, columns\['tokens'\] 1: one per item in each$/],
+    [[{ tokens: [1] }, { tokens: 9, images: 2 }], /^capacities\['images'\] has no column of sizes in columns \(columns: tokens\)$/],
+    [[{ tokens: [1], images: [1] }, { tokens: 9 }], /^capacities has no entry for column 'images'$/],
+    [[{}, {}], /^columns must name 1 to 8 resources \(got 0\)$/],
+    [[nine, Object.fromEntries(Object.keys(nine).map((k) => [k, 1]))], /^columns must name 1 to 8 resources \(got 9\)$/],
+    [[{ tokens: [-1] }, { tokens: 9 }], /^columns\['tokens'\]\[0\] must be in 0\.\.=2\*\*64-1 \(got -1\)$/],
+    [[{ tokens: [1], images: Float64Array.from([1]) }, { tokens: 9, images: 9 }], /^columns\['images'\] must hold integers, not floats/],
+    [[{ tokens: 5 }, { tokens: 9 }], /^columns\['tokens'\] must be an array or an integer typed array \(got 5\)$/],
+    [[[[1, 2]], { tokens: 9 }], /^columns must be an object or a Map of resource name → sizes \(got an array of 1\)$/],
+    [[{ tokens: [1] }, null], /^capacities must be an object or a Map of resource name → capacity \(got null\)$/],
+    [[new Map([[0, [1]]]), { tokens: 9 }], /^columns' keys must be resource names \(strings\), got 0$/],
+    [[{ tokens: [1] }, { tokens: 9 }, { maxSegments: -1 }], /^maxSegments must be in 0\.\.=2\*\*64-1 \(got -1\)$/],
+    [[{ tokens: [1] }, { tokens: 9 }, { method: 'best' }], /^method must be one of 'bfd', 'ffd', 'next-fit' \(got "best"\)$/],
+    [[{ tokens: [1] }, { tokens: 9 }, { align: 0 }], /^align must be in 1\.\.=2\*\*64-1 \(got 0\)$/],
+    [[{ tokens: [1] }, { tokens: 9 }, { max_segments: 2 }], /^unknown option 'max_segments' of packMulti; known: maxSegments, align, method, oversize$/],
+    [[{ tokens: [1], segments: [1] }, { tokens: 9, segments: 9 }, { maxSegments: 2 }], /^columns\['segments'\] is named as the segment limit's bound in lowerBounds/],
+  ];
+  for (const [args, message] of cases) {
+    assert.throws(() => stowplan.packMulti(...args), refused(InvalidArgumentError, message), String(message));
+  }
+  // A column named 'segments' is only a resource without a segment limit.
+  assert.deepStrictEqual(stowplan.packMulti({ tokens: [1], segments: [1] }, { tokens: 9, segments: 9 }).lowerBounds, { tokens: 1n, segments: 1n });
+});
