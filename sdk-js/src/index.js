@@ -702,18 +702,6 @@ function rows(sizes, n) {
   return out;
 }
 
-/**
- * A kernel error of `packMulti` with the resources named: the kernel numbers them (`resource
- * 1`), so the message says which name each number is, as the Python SDK and the CLI do.
- */
-function namingResources(e, names) {
-  const suffix = ` (resources: ${names.map((name, q) => `${q} = ${name}`).join(', ')})`;
-  for (const E of [InvalidArgumentError, InfeasibleError, KernelRuntimeError]) {
-    if (e instanceof E) return new E(e.message + suffix);
-  }
-  return e;
-}
-
 /** Micro-batch options shared by `microBatches` and `balance`. */
 function microOptions(maxTokenLen, cost, o) {
   const divisibleBy = given(o.divisibleBy) ? u32(o.divisibleBy, 'divisibleBy', 1, MAX_COUNT) : 1;
@@ -1020,19 +1008,11 @@ export class Stowplan {
     const maxSegments = given(o.maxSegments) ? u64(o.maxSegments, 'maxSegments') : 0n;
     const shared = packOptions(o);
     const { names, capacity, sizes, n } = resourceTable(columns, capacities);
-    if (maxSegments > 0n && names.includes(SEGMENTS)) {
-      throw new InvalidArgumentError(
-        `columns['${SEGMENTS}'] is named as the segment limit's bound in lowerBounds: rename the column, or leave out maxSegments`,
-      );
-    }
-    const options_ = { capacities: BigUint64Array.from(capacity), maxSegments, ...shared };
+    // The kernel checks the names (none twice, not the segment limit's) and names the
+    // resources in its messages.
+    const options_ = { capacities: BigUint64Array.from(capacity), names, maxSegments, ...shared };
     const all = rows(sizes, n);
-    let m;
-    try {
-      m = call(() => this.k.multiPack.pack(all, options_));
-    } catch (e) {
-      throw namingResources(e, names);
-    }
+    const m = call(() => this.k.multiPack.pack(all, options_));
     return new MultiPacking(m, sizes[0], names, capacity, maxSegments);
   }
 
