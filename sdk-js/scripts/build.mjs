@@ -83,6 +83,13 @@ function kernelConsts(file, names) {
   }
   return out;
 }
+/** `pub const NAME: &str = "…";` of `name`, from the kernel source `file`. */
+function kernelString(file, name) {
+  const path = join(root, 'kernel/src', file);
+  const m = readFileSync(path, 'utf8').match(new RegExp(`pub const ${name}: &str = "([^"]*)";`));
+  if (!m) fail(`${path} has no \`pub const ${name}: &str = "…";\``);
+  return m[1];
+}
 const stream = kernelConsts('stream.rs', ['DEFAULT_MAX_OPEN_BINS', 'DEFAULT_MAX_BUFFERED', 'MAX_OPEN_BINS', 'MAX_BUFFERED']);
 // The kernel's limits on counts: a count that sizes a result (dp, k, a micro-batch count …),
 // cp/tp, and the resources of a packing under several limits.
@@ -104,6 +111,8 @@ export const CORE_MODULES = ${JSON.stringify(modules, null, 2)};
 export const STREAM = Object.freeze(${JSON.stringify(stream)});
 /** The kernel's limits on counts: MAX_COUNT (kernel/src/lib.rs), MAX_PARALLEL (kernel/src/layout.rs), MAX_RESOURCES (kernel/src/multi.rs). */
 export const LIMITS = Object.freeze(${JSON.stringify(limits)});
+/** The segment limit's name beside the named resources of a packing under several limits (kernel/src/multi.rs). */
+export const SEGMENTS = ${JSON.stringify(kernelString('multi.rs', 'SEGMENTS'))};
 `;
 writeFileSync(join(out, 'manifest.js'), manifest);
 

@@ -17,7 +17,7 @@ import {
 } from './errors.js';
 import { bool, checkEntries, given, i64, i64Array, oneOf, options, u32, u32Array, u64, u64Array } from './convert.js';
 import { loadKernel } from './kernel.js';
-import { LIMITS, STREAM } from '../generated/manifest.js';
+import { LIMITS, SEGMENTS, STREAM } from '../generated/manifest.js';
 
 export { InfeasibleError, InvalidArgumentError, KernelRuntimeError, PeerError, StowplanError };
 
@@ -37,8 +37,6 @@ const OVERSIZE = ['error', 'single', 'drop'];
 const PACK_METHODS = ['bfd', 'ffd', 'next-fit'];
 /** The most resources (limits besides the segment count) of `packMulti` (the kernel's, 8). */
 const MAX_RESOURCES = LIMITS.MAX_RESOURCES;
-/** The key of the segment limit's bound in `MultiPacking#lowerBounds`. */
-const SEGMENTS = 'segments';
 /**
  * Lengths per kernel call of `StreamPacker#add`: a longer add is cut into calls of this many
  * (the bins do not depend on the cut), so that a packer's linear memory stays small; the

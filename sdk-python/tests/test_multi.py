@@ -95,6 +95,8 @@ def test_errors_name_the_argument_and_the_resource():
     for (cols, caps), message in bad:
         with pytest.raises(stowplan.InvalidArgumentError, match=message):
             stowplan.pack_multi(cols, caps)
+    with pytest.raises(stowplan.InvalidArgumentError, match=r"names\[1\] = \"segments\" is the segment limit's name"):
+        stowplan.pack_multi({"tokens": [1], "segments": [1]}, {"tokens": 9, "segments": 9}, max_segments=2)
     with pytest.raises(stowplan.InvalidArgumentError, match="max_segments"):
         stowplan.pack_multi({"tokens": [1]}, {"tokens": 9}, max_segments=-1)
     with pytest.raises(stowplan.InvalidArgumentError, match="method"):
