@@ -33,6 +33,15 @@ enum Call {
         method: u8,
         oversize: u8,
     },
+    PackMulti {
+        sizes: Vec<u64>,
+        capacities: Vec<u64>,
+        names: Vec<String>,
+        max_segments: u64,
+        align: u64,
+        method: u8,
+        oversize: u8,
+    },
     MicroBatches {
         lengths: Vec<u64>,
         max_token_len: u64,
@@ -183,6 +192,26 @@ fuzz_target!(|call: Call| match call {
             let mut all = p.indices.clone();
             all.extend_from_slice(&p.dropped);
             assert!(covers(&all, lengths.len()), "pack lost or repeated an index");
+        }
+    }
+    Call::PackMulti { sizes, capacities, names, max_segments, align, method, oversize } => {
+        let o = k::MultiOptions {
+            capacities: &capacities,
+            names: &names,
+            max_segments,
+            align,
+            method: pick::<PackMethod>(method),
+            oversize: pick::<OversizePolicy>(oversize),
+        };
+        if let Ok(p) = k::pack_multi(&sizes, &o) {
+            let r = capacities.len();
+            let mut all = p.packing.indices.clone();
+            all.extend_from_slice(&p.packing.dropped);
+            assert!(covers(&all, sizes.len() / r), "pack_multi lost or repeated an index");
+            for (b, loads) in p.resource_loads.chunks(r).enumerate() {
+                let single = p.packing.single.contains(&p.packing.bin(b)[0]);
+                assert!(single || loads.iter().zip(&capacities).all(|(l, c)| l <= c), "a bin over a limit");
+            }
         }
     }
     Call::MicroBatches { lengths, max_token_len, cost: c, min_count, divisible_by, forced, order } => {
