@@ -654,7 +654,8 @@ impl RoomTree {
         let (mut top, mut node) = (0usize, 1usize);
         loop {
             let room = &self.max[node * rx..][..rx];
-            let enter = fits(item, room) && (0..w).any(|k| self.present[node * w + k] & compatible[k] != 0);
+            let enter =
+                fits(item, room) && self.present[node * w..][..w].iter().zip(compatible).any(|(p, c)| p & c != 0);
             if node >= self.leaves && !enter && mins.dead(room) && self.present[node * w..][..w].iter().any(|&x| x != 0)
             {
                 dead.push(node - self.leaves);
