@@ -236,8 +236,12 @@ fn run_multi(a: Args, text: crate::input::Text) -> Result<(), Failure> {
         )));
     }
     let names: Vec<&str> = a.limits.iter().map(|(n, _)| n.as_str()).collect();
-    let (first, sizes) =
-        stowplan::input::parse_table(&text.text, &names).map_err(|e| Failure::bad(format!("{}: {e}", text.source)))?;
+    // Only --limit makes the input a table; with --max-segments alone it holds lengths.
+    let (first, sizes) = if names.is_empty() {
+        ("tokens".to_string(), text.lengths()?)
+    } else {
+        stowplan::input::parse_table(&text.text, &names).map_err(|e| Failure::bad(format!("{}: {e}", text.source)))?
+    };
     let mut caps = vec![a.capacity];
     caps.extend(a.limits.iter().map(|&(_, c)| c));
     let mut all_names = vec![first];

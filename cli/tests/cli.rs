@@ -792,6 +792,11 @@ fn pack_with_limits_refuses_bad_limits_by_name() {
         assert_eq!(out.status.code(), Some(code), "{extra:?}: {}", stderr(&out));
         assert!(stderr(&out).contains(message), "{extra:?}: {}", stderr(&out));
     }
+    // --max-segments alone: the input is lengths, not a table (no header eats a length).
+    let v = json(&stowplan(&["pack", "-c", "100", "--max-segments", "2", "--json"], Some("5\n6\n7\n"), &[]));
+    assert_eq!(v["n"], 3);
+    assert_eq!(v["bins"], serde_json::json!([[1, 2], [0]]));
+    assert_eq!(v["resources"][0]["name"], "tokens");
     let out = stowplan(&["pack", "--limit", "images=32", "--stream"], Some(table), &[]);
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
     assert!(stderr(&out).contains("cannot be used with"), "{}", stderr(&out));

@@ -232,6 +232,12 @@ pub fn parse_table(text: &str, names: &[&str]) -> Result<(String, Vec<u64>), Err
     let head = fields(header);
     let mut columns = vec![0usize];
     for name in names {
+        if head.iter().filter(|h| *h == name).count() > 1 {
+            return Err(Error::InvalidArgument(format!(
+                "the table's header names column {:?} twice: which one is meant is not clear",
+                excerpt(name, QUOTED)
+            )));
+        }
         match head.iter().position(|h| h == name) {
             Some(c) => columns.push(c),
             None => {
@@ -294,6 +300,8 @@ mod tests {
         let e = parse_table("tokens\timages\n5\n", &["images"]).unwrap_err().to_string();
         assert!(e.contains("line 2: has no column \"images\""), "{e}");
         assert!(parse_table("# nothing\n", &[]).unwrap_err().to_string().contains("needs a header"));
+        let e = parse_table("tokens\timages\timages\n1\t2\t3\n", &["images"]).unwrap_err().to_string();
+        assert!(e.contains("names column \"images\" twice"), "{e}");
     }
 
     use proptest::prelude::*;

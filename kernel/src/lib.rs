@@ -45,7 +45,7 @@ pub use layout::{
     AlignOptions, CpLayout, DistributeOptions, Distribution, Factor, MAX_PARALLEL, Padding, cp_layout, distribute,
     pad_factor, prime_rl_ffd,
 };
-pub use multi::{MAX_MULTI_ITEMS, MAX_RESOURCES, MultiOptions, MultiPacking, SEGMENTS, pack_multi};
+pub use multi::{MAX_FIT_STEPS, MAX_MULTI_ITEMS, MAX_RESOURCES, MultiOptions, MultiPacking, SEGMENTS, pack_multi};
 pub use names::{COST_PRESETS, Named};
 pub use pack::{NextFitRuns, OversizePolicy, PackMethod, PackOptions, Packing, next_fit_runs, pack};
 pub use partition::{PartitionMethod, PartitionOptions, Partitioning, partition};

@@ -7,7 +7,8 @@
 //!   resources are taken as they are. The segment limit is one more resource, of size 1 for
 //!   every item, placed last.
 //! - **Order** (BFD and FFD). Items by their *share* desc, then index asc. An item's share is
-//!   Σ over the resources of ⌊size · 2^64 / capacity⌋ (integer: the same order everywhere).
+//!   Σ over the resources of ⌊size · 2^64 / capacity⌋ (integer: the same order everywhere;
+//!   oversized items, whose sum may saturate at 2^128 − 1, come first anyway).
 //!   With one resource this is the order of [`pack`].
 //! - **Fit.** FFD: the oldest bin in which the item fits in every resource. BFD: among the bins
 //!   in which it fits in every resource, the one with the least room left in the item's
@@ -33,7 +34,8 @@ use crate::{Error, checked_len, invalid};
 /// The most resources an item can carry (tokens included; the segment limit is not counted).
 pub const MAX_RESOURCES: usize = 8;
 
-/// The most items [`pack_multi`] takes in one call with more than one resource: 2^18. Its
+/// The most items [`pack_multi`] takes in one call with more than one resource or a segment
+/// limit: 2^18 (see also [`MAX_FIT_STEPS`]). Its
 /// fits search the open bins one by one where one resource would use an index (a bin may
 /// have room in one resource and none in another), so time grows with items × bins: 100,000
 /// VLM samples take about 1.5 s. Larger inputs are refused rather than left running for
@@ -84,10 +86,18 @@ impl MultiPacking {
 /// `sizes[i·R..(i+1)·R]` with `R = capacities.len()`) into bins within every capacity.
 ///
 /// Errors: `invalid-argument` for no item, `sizes` not a whole number of rows, no or more than
-/// [`MAX_RESOURCES`] capacities, a capacity or `align` of 0, a sum above 2^64 − 1, more than
-/// 2^32 − 1 items, or more than [`MAX_MULTI_ITEMS`] with two or more resources; `infeasible` for an item over a capacity under the `error` policy (naming
-/// the item, the resource, its size and the capacity).
+/// [`MAX_RESOURCES`] capacities, names not one per capacity (or empty, twice, or `segments`
+/// beside a segment limit), a capacity or `align` of 0, a sum above 2^64 − 1, more than
+/// 2^32 − 1 items, more than [`MAX_MULTI_ITEMS`] items with two or more resources or a
+/// segment limit, or a fit needing more than [`MAX_FIT_STEPS`] steps; `infeasible` for an
+/// item over a capacity under the `error` policy (naming the item, the resource, its size and
+/// the capacity).
 pub fn pack_multi(sizes: &[u64], options: &MultiOptions<'_>) -> Result<MultiPacking, Error> {
+    pack_multi_within(sizes, options, MAX_FIT_STEPS)
+}
+
+/// [`pack_multi`] refusing inputs that need more than `max_steps` fit steps.
+fn pack_multi_within(sizes: &[u64], options: &MultiOptions<'_>, max_steps: u64) -> Result<MultiPacking, Error> {
     let MultiOptions { capacities, names, max_segments, align, method, oversize } = *options;
     let r = capacities.len();
     if r == 0 || r > MAX_RESOURCES {
@@ -127,7 +137,25 @@ pub fn pack_multi(sizes: &[u64], options: &MultiOptions<'_>) -> Result<MultiPack
     checked_len("sizes' rows", n)?;
     let pack_options = PackOptions { capacity: capacities[0], align, method, oversize };
     if r == 1 && max_segments == 0 {
-        let packing = pack(sizes, &pack_options)?;
+        let packing = match pack(sizes, &pack_options) {
+            Ok(p) => p,
+            // `pack` names the item by `lengths[i]`: say it in this function's words (after
+            // `pack`'s checks, the first item over the capacity is the one it refused).
+            Err(Error::Infeasible(_)) if !names.is_empty() => {
+                let over =
+                    sizes.iter().map(|&l| l.div_ceil(align).saturating_mul(align)).position(|a| a > capacities[0]);
+                let i = over.unwrap_or(0);
+                return Err(over_limit(
+                    i,
+                    sizes[i].div_ceil(align).saturating_mul(align),
+                    0,
+                    capacities[0],
+                    names,
+                    align,
+                ));
+            }
+            Err(e) => return Err(e),
+        };
         let lower_bounds = alloc::vec![packing.lower_bound];
         return Ok(MultiPacking { resource_loads: packing.loads.clone(), packing, lower_bounds });
     }
@@ -183,20 +211,7 @@ pub fn pack_multi(sizes: &[u64], options: &MultiOptions<'_>) -> Result<MultiPack
                 }
             }
             Some((q, s, c)) => match oversize {
-                OversizePolicy::Error => {
-                    let what = match names.get(q) {
-                        Some(name) => name.clone(),
-                        None => alloc::format!("of {}", name(names, q)),
-                    };
-                    return Err(Error::Infeasible(alloc::format!(
-                        "item {i} needs {s} {what} (capacity {c}{}); use oversize single or drop to accept such items",
-                        if q == 0 && align > 1 {
-                            alloc::format!(", tokens aligned to {align}")
-                        } else {
-                            alloc::string::String::new()
-                        }
-                    )));
-                }
+                OversizePolicy::Error => return Err(over_limit(i, s, q, c, names, align)),
                 OversizePolicy::Single => single.push(i as u32),
                 OversizePolicy::Drop => dropped.push(i as u32),
             },
@@ -225,9 +240,9 @@ pub fn pack_multi(sizes: &[u64], options: &MultiOptions<'_>) -> Result<MultiPack
         let rest = &order[order.len() - items.count()..];
         let mins = RestMin::new(&work, &caps, rest);
         if method == PackMethod::Bfd {
-            best_fit(&work, &caps, rest, mins, singles, &mut assign);
+            best_fit(&work, &caps, rest, mins, singles, &mut assign, max_steps)?;
         } else {
-            first_fit(&work, &caps, rest, mins, singles, lower_bound, &mut assign);
+            first_fit(&work, &caps, rest, mins, singles, lower_bound, &mut assign, max_steps)?;
         }
         order
     };
@@ -256,6 +271,32 @@ pub fn pack_multi(sizes: &[u64], options: &MultiOptions<'_>) -> Result<MultiPack
         lower_bound,
     };
     Ok(MultiPacking { packing, resource_loads, lower_bounds })
+}
+
+/// The `infeasible` error of item `i`, which needs `s` of resource `q` (capacity `c`).
+fn over_limit(i: usize, s: u64, q: usize, c: u64, names: &[String], align: u64) -> Error {
+    let what = match names.get(q) {
+        Some(name) => name.clone(),
+        None => alloc::format!("of {}", name(names, q)),
+    };
+    let aligned = if q == 0 && align > 1 { alloc::format!(", tokens aligned to {align}") } else { String::new() };
+    Error::Infeasible(alloc::format!(
+        "item {i} needs {s} {what} (capacity {c}{aligned}); use oversize single or drop to accept such items"
+    ))
+}
+
+/// The most steps (candidate bins tried by BFD, tree nodes visited by FFD) one call may take:
+/// 2^30, seconds to tens of seconds. The fits take items × bins steps in the worst case (a
+/// bin may have room in one resource and none in another); an input that needs more is
+/// refused with an error instead of running for minutes.
+pub const MAX_FIT_STEPS: u64 = 1 << 30;
+
+/// The error of an input that needs more than [`MAX_FIT_STEPS`].
+fn too_many_steps(n: usize) -> Error {
+    Error::InvalidArgument(alloc::format!(
+        "packing these {n} items under several limits needs too many fit steps (more than {MAX_FIT_STEPS} (bins with room in one \
+         resource but not in another); pack them in smaller windows"
+    ))
 }
 
 /// The name of the segment limit beside the named resources (in messages and bounds).
@@ -449,7 +490,16 @@ impl RestMin {
 /// Best fit on the item's dominant resource (see the module): per [class](Classes), one
 /// ordered set of (room, bin) per resource over its open bins that are not dead
 /// ([`RestMin`]); an item searches the classes it may enter.
-fn best_fit(work: &[u64], caps: &[u64], rest: &[u32], mut mins: RestMin, first: u32, assign: &mut Vec<u32>) {
+fn best_fit(
+    work: &[u64],
+    caps: &[u64],
+    rest: &[u32],
+    mut mins: RestMin,
+    first: u32,
+    assign: &mut Vec<u32>,
+    max_steps: u64,
+) -> Result<(), Error> {
+    let mut steps: u64 = 0;
     let rx = caps.len();
     let classes = Classes::new(work, caps, rest);
     let mut rooms: Vec<u64> = Vec::new();
@@ -471,6 +521,10 @@ fn best_fit(work: &[u64], caps: &[u64], rest: &[u32], mut mins: RestMin, first: 
             for &(room_d, b) in sets[c][d].range((item[d], 0)..) {
                 if found.is_some_and(|best| best <= (room_d, b)) {
                     break;
+                }
+                steps += 1;
+                if steps > max_steps {
+                    return Err(too_many_steps(rest.len()));
                 }
                 let room = &rooms[b as usize * rx..][..rx];
                 if fits(item, room) {
@@ -523,6 +577,7 @@ fn best_fit(work: &[u64], caps: &[u64], rest: &[u32], mut mins: RestMin, first: 
         }
         assign.push(first + b);
     }
+    Ok(())
 }
 
 /// First fit over a tree of the bins' rooms: every node holds the largest room in each
@@ -537,8 +592,10 @@ fn first_fit(
     first: u32,
     lower_bound: u64,
     assign: &mut Vec<u32>,
-) {
+    max_steps: u64,
+) -> Result<(), Error> {
     let rx = caps.len();
+    let mut steps: u64 = max_steps;
     let mut tree = RoomTree::new(caps, (lower_bound as usize).saturating_add(1), Classes::new(work, caps, rest));
     let mut opened = 0usize;
     let mut dead: Vec<usize> = Vec::new();
@@ -549,7 +606,8 @@ fn first_fit(
             tree.grow();
         }
         // An unopened leaf fits every item within the capacities: the search succeeds.
-        let b = tree.find(item, &mins, &mut dead).unwrap_or(opened);
+        let b =
+            tree.find(item, &mins, &mut dead, &mut steps).ok_or_else(|| too_many_steps(rest.len()))?.unwrap_or(opened);
         for d in dead.drain(..) {
             tree.kill(d);
         }
@@ -561,6 +619,7 @@ fn first_fit(
         }
         assign.push(first + b as u32);
     }
+    Ok(())
 }
 
 /// The tree of [`first_fit`]: `max[node·R + q]`, nodes numbered from 1 (leaves from `leaves`),
@@ -644,15 +703,17 @@ impl RoomTree {
         self.settle(b, false);
     }
 
-    /// The leftmost leaf in which `item` fits in every resource; leaves found dead on the
-    /// way go to `dead`.
-    fn find(&self, item: &[u64], mins: &RestMin, dead: &mut Vec<usize>) -> Option<usize> {
+    /// The leftmost leaf in which `item` fits in every resource (`Some(None)`: none);
+    /// leaves found dead on the way go to `dead`. `None` once `steps` (the steps left) runs
+    /// out.
+    fn find(&self, item: &[u64], mins: &RestMin, dead: &mut Vec<usize>, steps: &mut u64) -> Option<Option<usize>> {
         let (rx, w) = (self.rx, self.classes.words);
         let compatible = self.classes.compatible(Classes::need(item));
         // Depth-first, left before right: at most two entries a level (≤ 2^32 leaves).
         let mut stack = [0usize; 72];
         let (mut top, mut node) = (0usize, 1usize);
         loop {
+            *steps = steps.checked_sub(1)?;
             let room = &self.max[node * rx..][..rx];
             let enter =
                 fits(item, room) && self.present[node * w..][..w].iter().zip(compatible).any(|(p, c)| p & c != 0);
@@ -662,7 +723,7 @@ impl RoomTree {
             }
             if enter {
                 if node >= self.leaves {
-                    return Some(node - self.leaves);
+                    return Some(Some(node - self.leaves));
                 }
                 stack[top] = 2 * node + 1;
                 top += 1;
@@ -670,7 +731,7 @@ impl RoomTree {
                 continue;
             }
             if top == 0 {
-                return None;
+                return Some(None);
             }
             top -= 1;
             node = stack[top];
@@ -685,5 +746,34 @@ impl RoomTree {
             self.max[node * rx + q] -= s;
         }
         self.settle(b, true);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An input whose fits try every earlier bin (each has room in tokens, none in images) is
+    /// refused once it passes the step budget, and packs with a budget that allows it.
+    #[test]
+    fn the_step_budget_refuses_an_input_that_would_run_for_minutes() {
+        // One item of 1 image, so packs with 5 images of room have not run out of images.
+        let mut sizes = alloc::vec![1, 1];
+        for i in 0..400u64 {
+            sizes.extend_from_slice(if i % 2 == 0 { &[300_000, 95] } else { &[600_000, 10] });
+        }
+        for method in [PackMethod::Bfd, PackMethod::Ffd] {
+            let o = MultiOptions {
+                capacities: &[1_000_000, 100],
+                names: &[],
+                max_segments: 0,
+                align: 1,
+                method,
+                oversize: OversizePolicy::Error,
+            };
+            let e = pack_multi_within(&sizes, &o, 2_000).unwrap_err();
+            assert!(matches!(&e, Error::InvalidArgument(m) if m.contains("needs too many fit steps")), "{e:?}");
+            assert_eq!(pack_multi_within(&sizes, &o, 1 << 24).unwrap(), pack_multi(&sizes, &o).unwrap());
+        }
     }
 }

@@ -295,6 +295,16 @@ fn names_say_which_resource_and_are_checked() {
     );
     let empty: Vec<String> = ["tokens", "", "images"].map(String::from).to_vec();
     assert_eq!(msg(&empty), "names[1] must not be empty");
+    // One named resource goes through `pack`, and the message still names it.
+    let tok: Vec<String> = vec!["tok".into()];
+    let one = pack_multi(&[5, 30], &MultiOptions { names: &tok, align: 4, ..opts(&[10]) }).unwrap_err();
+    assert_eq!(
+        one,
+        Error::Infeasible(
+            "item 1 needs 32 tok (capacity 10, tokens aligned to 4); use oversize single or drop to accept such items"
+                .into()
+        )
+    );
     let over = pack_multi(&[u64::MAX, 1, 1, 1, 1, 1], &MultiOptions { names: &names, ..opts(&[u64::MAX, 10, 10]) });
     assert!(
         matches!(&over, Err(Error::InvalidArgument(m)) if m.contains("the sum of the sizes of tokens overflows")),

@@ -1116,7 +1116,9 @@ impl PyMultiPacking {
 /// ``max_segments``: at most this many items per bin (``None`` or 0: no limit). ``align``,
 /// ``method``, ``oversize`` and ``backend`` as in :func:`pack` (``align`` rounds the tokens;
 /// an item over any capacity is oversized). Every bin stays within every capacity; with one
-/// resource the bins are :func:`pack`'s. At most 262,144 items with two or more resources.
+/// resource and no segment limit the bins are :func:`pack`'s. At most 262,144 items with two
+/// or more resources or a segment limit, and 2^30 fit steps (an input that would run for
+/// minutes is refused: pack it in windows).
 ///
 /// Returns a :class:`MultiPacking`.
 ///
@@ -1163,7 +1165,10 @@ fn pack_multi(
         names.push(name);
     }
     for key in capacities.keys() {
-        let key: String = key.extract().unwrap_or_default();
+        let Ok(key) = key.extract::<String>() else {
+            let shown = key.repr().map(|r| r.to_string()).unwrap_or_default();
+            return Err(invalid(py, format!("capacities' keys must be resource names (str), got {shown}")));
+        };
         if !names.contains(&key) {
             return Err(invalid(
                 py,

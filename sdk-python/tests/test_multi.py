@@ -97,6 +97,10 @@ def test_errors_name_the_argument_and_the_resource():
             stowplan.pack_multi(cols, caps)
     with pytest.raises(stowplan.InvalidArgumentError, match=r"names\[1\] = \"segments\" is the segment limit's name"):
         stowplan.pack_multi({"tokens": [1], "segments": [1]}, {"tokens": 9, "segments": 9}, max_segments=2)
+    with pytest.raises(stowplan.InvalidArgumentError, match=r"capacities' keys must be resource names \(str\), got 1"):
+        stowplan.pack_multi({"t": [1]}, {"t": 4, 1: 3})
+    with pytest.raises(stowplan.InfeasibleError, match=r"item 1 needs 30 tok \(capacity 10\)"):
+        stowplan.pack_multi({"tok": [5, 30]}, {"tok": 10})
     with pytest.raises(stowplan.InvalidArgumentError, match="max_segments"):
         stowplan.pack_multi({"tokens": [1]}, {"tokens": 9}, max_segments=-1)
     with pytest.raises(stowplan.InvalidArgumentError, match="method"):
