@@ -598,6 +598,30 @@ impl<'py> Lengths<'py> {
 /// A list built on first access and then kept (a frozen class's lazy attribute).
 pub(crate) struct LazyList(PyOnceLock<Py<PyList>>);
 
+/// `InvalidArgumentError` unless `offsets` are the boundaries of groups over `len` entries
+/// (from 0, never decreasing, ending at `len`) and each of `parallel` has one entry per group:
+/// what an unpickled result must hold before it is used.
+fn check_state(
+    py: Python<'_>,
+    what: &str,
+    offsets: &Py<PyArray1<u32>>,
+    len: usize,
+    parallel: &[usize],
+) -> PyResult<()> {
+    let o: Vec<u32> = offsets.bind(py).to_vec()?;
+    let ok = o.first() == Some(&0)
+        && o.windows(2).all(|w| w[0] <= w[1])
+        && o.last().map(|&l| l as usize) == Some(len)
+        && parallel.iter().all(|&p| p + 1 == o.len());
+    if !ok {
+        return Err(invalid(
+            py,
+            format!("{what}: the pickled state is inconsistent (offsets, members and per-group arrays disagree)"),
+        ));
+    }
+    Ok(())
+}
+
 /// `(type(obj)._from_state, state)`: what `__reduce__` returns for a result class, so pickle
 /// rebuilds it from its own fields.
 pub(crate) fn reduce<'py, T: pyo3::PyClass>(
@@ -796,6 +820,7 @@ impl PyPartition {
         py: Python<'_>,
     ) -> PyResult<Self> {
         let sums_v: Vec<u64> = sums.bind(py).to_vec()?;
+        check_state(py, "Partition", &offsets, indices.bind(py).len(), &[sums_v.len()])?;
         Ok(Self {
             k: offsets.bind(py).len().saturating_sub(1),
             max: sums_v.iter().copied().max().unwrap_or(0),
@@ -940,10 +965,17 @@ impl PyPacking {
         arrays: (Py<PyArray1<u32>>, Py<PyArray1<u32>>, Py<PyArray1<u64>>, Py<PyArray1<u32>>, Py<PyArray1<u32>>),
         figures: (u64, u64, u64, f64, u64),
         py: Python<'_>,
-    ) -> Self {
+    ) -> PyResult<Self> {
         let (offsets, indices, loads, dropped, single) = arrays;
         let (real_tokens, aligned_tokens, lower_bound, efficiency, capacity) = figures;
-        PyPacking {
+        check_state(py, "Packing", &offsets, indices.bind(py).len(), &[loads.bind(py).len()])?;
+        if real_tokens > aligned_tokens {
+            return Err(invalid(
+                py,
+                "Packing: the pickled state is inconsistent (more real tokens than aligned)".into(),
+            ));
+        }
+        Ok(PyPacking {
             num_bins: offsets.bind(py).len().saturating_sub(1),
             padding_tokens: aligned_tokens.saturating_sub(real_tokens),
             real_tokens,
@@ -957,7 +989,7 @@ impl PyPacking {
             dropped,
             single,
             bins: LazyList::default(),
-        }
+        })
     }
 
     /// The bins as lists of input indices (built on first access).
@@ -1076,12 +1108,24 @@ impl PyMultiPacking {
     /// The packing pickled by ``__reduce__``.
     #[staticmethod]
     fn _from_state(
+        py: Python<'_>,
         packing: Py<PyPacking>,
         names: Vec<String>,
         resource_loads: Py<PyAny>,
         lower_bounds: Py<PyDict>,
-    ) -> Self {
-        PyMultiPacking { packing, names, resource_loads, lower_bounds }
+    ) -> PyResult<Self> {
+        let loads = resource_loads.bind(py).cast::<numpy::PyArray2<u64>>().map_err(|_| {
+            invalid(py, "MultiPacking: the pickled resource_loads is not a uint64 array of (bins, resources)".into())
+        })?;
+        let keys: Vec<String> = lower_bounds.bind(py).keys().extract()?;
+        let named = keys.len() >= names.len() && keys[..names.len()] == names[..];
+        if loads.shape() != [packing.get().num_bins, names.len()] || !named {
+            return Err(invalid(
+                py,
+                "MultiPacking: the pickled state is inconsistent (names, loads and bounds disagree)".into(),
+            ));
+        }
+        Ok(PyMultiPacking { packing, names, resource_loads, lower_bounds })
     }
 
     /// The bins as lists of input indices.
@@ -1296,6 +1340,11 @@ impl PyMicroBatches {
         py: Python<'_>,
     ) -> PyResult<Self> {
         let (offsets, indices, tokens, costs, restore) = arrays;
+        let n = indices.bind(py).len();
+        check_state(py, "MicroBatches", &offsets, n, &[tokens.bind(py).len(), costs.bind(py).len()])?;
+        if restore.bind(py).len() != n {
+            return Err(invalid(py, "MicroBatches: the pickled state is inconsistent (restore)".into()));
+        }
         let max_tokens = tokens.bind(py).to_vec()?.into_iter().max().unwrap_or(0);
         Ok(Self {
             count: offsets.bind(py).len().saturating_sub(1),
@@ -1482,9 +1531,10 @@ impl PyBalance {
         lengths: Py<PyAny>,
         max_cost: u64,
         py: Python<'_>,
-    ) -> Self {
+    ) -> PyResult<Self> {
         let (offsets, order, tokens, costs) = arrays;
-        PyBalance {
+        check_state(py, "Balance", &offsets, order.bind(py).len(), &[tokens.bind(py).len(), costs.bind(py).len()])?;
+        Ok(PyBalance {
             dp: offsets.bind(py).len().saturating_sub(1),
             offsets,
             order,
@@ -1496,7 +1546,7 @@ impl PyBalance {
             lengths,
             max_cost,
             ranks: LazyList::default(),
-        }
+        })
     }
 
     /// List of ``uint32`` arrays (views of ``order``), the input indices each rank gets

@@ -95,3 +95,21 @@ def test_damaged_state_is_refused():
         type(plan)._from_state(damaged)
     with pytest.raises(TypeError):
         stowplan.Packing._from_state((np.zeros(2, np.float64),) * 5, (0, 0, 0, 0.0, 1))
+
+
+def test_inconsistent_pickled_state_is_refused():
+    u32 = lambda *v: np.array(v, dtype=np.uint32)  # noqa: E731
+    u64 = lambda *v: np.array(v, dtype=np.uint64)  # noqa: E731
+    with pytest.raises(stowplan.InvalidArgumentError, match="Packing: the pickled state is inconsistent"):
+        stowplan.Packing._from_state((u32(0, 5, 2), u32(0, 1), u64(1), u32(), u32()), (5, 3, 99, 0.5, 10))
+    with pytest.raises(stowplan.InvalidArgumentError, match="more real tokens than aligned"):
+        stowplan.Packing._from_state((u32(0, 2), u32(0, 1), u64(3), u32(), u32()), (5, 3, 1, 0.5, 10))
+    with pytest.raises(stowplan.InvalidArgumentError, match="Partition: the pickled state is inconsistent"):
+        stowplan.Partition._from_state(u32(0, 9), u32(0), u64(1), 1, 0, 1)
+    m = stowplan.pack_multi({"tokens": [5, 3]}, {"tokens": 10})
+    with pytest.raises(stowplan.InvalidArgumentError, match="resource_loads is not a uint64 array"):
+        stowplan.MultiPacking._from_state(m.packing, ["a"], "not an array", {"x": -1})
+    with pytest.raises(stowplan.InvalidArgumentError, match="names, loads and bounds disagree"):
+        stowplan.MultiPacking._from_state(m.packing, ["a"], m.resource_loads, {"x": 1})
+    with pytest.raises(stowplan.InvalidArgumentError, match="MicroBatches: the pickled state is inconsistent"):
+        stowplan.MicroBatches._from_state((u32(0, 3), u32(0, 1), u64(1), u64(1), u32(0, 1)), 1, 1)
