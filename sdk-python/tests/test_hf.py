@@ -112,8 +112,7 @@ def test_columns_dictionaries_and_format():
         (lambda ds: stowplan.hf.pack_dataset(ds, 8, num_proc=0), "num_proc must be in 1..=4096"),
         (lambda ds: stowplan.hf.pack_dataset(ds, 8, map_kwargs={"batch_size": 10}), "map_kwargs applies to scope='batch' only"),
         (lambda ds: stowplan.hf.pack_dataset(ds, 8, scope="batch", map_kwargs=[1]), "map_kwargs must be a dict"),
-        (lambda ds: stowplan.hf.pack_dataset(ds.data.table, 8), "dataset must be a datasets.Dataset or DatasetDict (got Table)"),
-        (lambda ds: stowplan.hf.pack_dataset(ds.to_iterable_dataset(), 8), "stowplan.PackedIterableDataset"),
+        (lambda ds: stowplan.hf.pack_dataset(ds.data.table, 8), "dataset must be a datasets.Dataset, IterableDataset, DatasetDict or IterableDatasetDict (got Table)"),
         (lambda ds: stowplan.hf.pack_dataset(ds, 0), "seq_length must be in 1..="),
         (lambda ds: stowplan.hf.pack_dataset(ds.select([]), 8, columns=["input_ids"]), "the table is empty"),
         (lambda ds: stowplan.hf.pack_dataset(ds, 8, columns=["ids"]), "column 'ids' is not in the table"),
@@ -141,6 +140,111 @@ def test_every_token_once_and_rows_within_seq_length(lengths, seq_length, strate
     assert sorted(v for r in rows for v in r) == list(range(sum(lengths)))
     assert all(len(r) <= seq_length for r in rows) and [sum(s) for s in seqs] == [len(r) for r in rows]
     assert table(stowplan.hf.pack_dataset(ds, seq_length, strategy=strategy, overflow="split", num_proc=2)) == table(packed)
+
+
+# --- stowplan.hf.pack_dataset on an IterableDataset (the kernel's StreamPacker) ---------------
+
+
+def generated(lengths, features=True):
+    """An IterableDataset of Python examples (from_generator), tokens numbered as dataset_of's."""
+    ds = dataset_of(lengths)
+    rows = ds.to_list()
+
+    def gen():
+        yield from rows
+
+    return datasets.IterableDataset.from_generator(gen, features=ds.features if features else None)
+
+
+def rows_of_stream(ds):
+    return {k: [r[k] for r in rows] for rows in [list(ds)] for k in (rows[0] if rows else {})}
+
+
+@pytest.mark.parametrize("source", ["arrow", "generator"])
+@pytest.mark.parametrize("strategy", ["next-fit", "wrapped"])
+def test_a_stream_of_next_fit_or_wrapped_is_the_dataset_path(source, strategy):
+    lengths = np.random.default_rng(7).integers(0, 120, size=2300)
+    lengths[5] = 0
+    ds = dataset_of(lengths)
+    stream = ds.to_iterable_dataset(num_shards=3) if source == "arrow" else generated(lengths)
+    packed = stowplan.hf.pack_dataset(stream, 100, strategy=strategy, position_ids=True)
+    assert isinstance(packed, datasets.IterableDataset)
+    assert packed.features == datasets.Features.from_arrow_schema(pack_table(ds.data.table, 100, strategy=strategy, position_ids=True).schema)
+    assert rows_of_stream(packed) == table(stowplan.hf.pack_dataset(ds, 100, strategy=strategy, position_ids=True))
+    assert rows_of_stream(packed) == rows_of_stream(packed)  # a re-iteration is the same
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    lengths=st.lists(st.integers(0, 60), min_size=1, max_size=120),
+    seq_length=st.integers(1, 64),
+    strategy=st.sampled_from(["bfd", "bfd_split"]),
+    rows=st.integers(1, 50),
+)
+def test_a_stream_loses_or_repeats_no_sample(lengths, seq_length, strategy, rows):
+    overflow = "split" if strategy == "bfd" else None
+    stream = dataset_of(lengths).to_iterable_dataset(num_shards=2 if len(lengths) > 1 else 1)
+    old = stowplan.hf._STREAM_ROWS
+    try:
+        stowplan.hf._STREAM_ROWS = rows  # where the stream is cut changes nothing
+        got = rows_of_stream(stowplan.hf.pack_dataset(stream, seq_length, strategy=strategy, overflow=overflow, max_open_bins=3, max_buffered=5))
+    finally:
+        stowplan.hf._STREAM_ROWS = old
+    if sum(lengths) == 0:
+        assert got == {}
+        return
+    ids, seqs = got["input_ids"], got["seq_lengths"]
+    assert sorted(v for r in ids for v in r) == list(range(sum(lengths)))  # every token once
+    assert all(len(r) <= seq_length for r in ids) and [sum(s) for s in seqs] == [len(r) for r in ids]
+    assert got["labels"] == [[-v for v in r] for r in ids]
+    assert got == rows_of_stream(stowplan.hf.pack_dataset(stream, seq_length, strategy=strategy, overflow=overflow, max_open_bins=3, max_buffered=5))
+
+
+def test_stream_columns_overflow_format_and_dictionaries():
+    stream = dataset_of([5, 2, 9, 0, 3]).to_iterable_dataset()
+    packed = stowplan.hf.pack_dataset(stream, 4, columns=["input_ids"], overflow="drop")
+    assert list(packed.features) == ["input_ids", "seq_lengths"]
+    assert sorted(v for r in packed for v in r["input_ids"]) == [5, 6, 16, 17, 18]  # rows 0 and 2 dropped
+    with pytest.raises(stowplan.InfeasibleError, match="column 'input_ids' row 2 has 9 values"):
+        list(stowplan.hf.pack_dataset(stream, 8, overflow="error"))
+    as_numpy = stowplan.hf.pack_dataset(stream.with_format("numpy"), 16)
+    assert isinstance(next(iter(as_numpy))["input_ids"], np.ndarray)
+    dd = datasets.IterableDatasetDict(train=stream, test=stream.take(2))
+    packed = stowplan.hf.pack_dataset(dd, 16)
+    assert isinstance(packed, datasets.IterableDatasetDict) and [len(list(packed[k])) for k in ("train", "test")] == [2, 1]
+    # A generator whose features are unknown: types inferred from the batches.
+    assert [r["seq_lengths"] for r in stowplan.hf.pack_dataset(generated([3, 1, 4], features=False), 4)] == [[4], [3, 1]]
+
+
+def test_stream_resumes_with_datasets_state_dict():
+    stream = dataset_of(np.random.default_rng(8).integers(1, 50, size=300)).to_iterable_dataset()
+    packed = stowplan.hf.pack_dataset(stream, 64)
+    everything = list(packed)
+    it = iter(packed)
+    head = [next(it) for _ in range(17)]
+    state = packed.state_dict()
+    again = stowplan.hf.pack_dataset(stream, 64)
+    again.load_state_dict(state)
+    assert head + list(again) == everything
+
+
+@pytest.mark.parametrize(
+    "call, fragment",
+    [
+        (lambda s: stowplan.hf.pack_dataset(s, 8, strategy="ffd"), "strategy 'ffd' needs every length"),
+        (lambda s: stowplan.hf.pack_dataset(s, 8, scope="batch"), "scope must be 'dataset' and map_kwargs None"),
+        (lambda s: stowplan.hf.pack_dataset(s, 8, max_open_bins=0), "max_open_bins"),
+        (lambda s: stowplan.hf.pack_dataset(s, 8, columns=["ids"]), "column 'ids' is not in the table"),
+        (lambda s: stowplan.hf.pack_dataset(s, 8), "column 'text' is not a list column (its type is string)"),
+        (lambda s: list(stowplan.hf.pack_dataset(s.take(0), 8, columns=["input_ids"])), "the stream is empty"),
+        (lambda s: stowplan.hf.pack_dataset(dataset_of([2]), 8, max_buffered=4), "leave them None"),
+    ],
+)
+def test_stream_bad_input(call, fragment):
+    stream = dataset_of([2, 3], text=["a", "b"]).to_iterable_dataset()
+    with pytest.raises(stowplan.InvalidArgumentError) as info:
+        call(stream)
+    assert fragment in str(info.value)
 
 
 # --- stowplan.compat.trl.pack_dataset ---------------------------------------------------------

@@ -16,18 +16,20 @@ cross what would be map batches and the result does not depend on ``num_proc``. 
 
 from __future__ import annotations
 
+import functools
 import hashlib
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from . import _stowplan
-from .arrow import DEFAULT_STRATEGY, POSITION_IDS, SEQ_LENGTHS, _pack, pack_table
+from .arrow import DEFAULT_STRATEGY, POSITION_IDS, SEQ_LENGTHS, _check_columns, _pack, pack_batches, pack_table
 from .errors import InvalidArgumentError
 
 try:
     import datasets
     import pyarrow as pa
+    from datasets.iterable_dataset import ArrowExamplesIterable
 except ImportError as exc:  # pragma: no cover - the hf extra installs them
     raise ImportError("stowplan.hf needs datasets and pyarrow: pip install 'stowplan[hf]'") from exc
 
@@ -39,6 +41,8 @@ __all__ = ["pack_dataset", "PaddingFreeCollator", "SCOPES", "DEFAULT_SCOPE"]
 #: result) change with ``num_proc``.
 SCOPES = ("dataset", "batch")
 DEFAULT_SCOPE = "dataset"
+# Rows read from an IterableDataset at a time (an Arrow batch); the packed rows do not depend on it.
+_STREAM_ROWS = 1000
 
 
 def pack_dataset(
@@ -52,9 +56,11 @@ def pack_dataset(
     columns: Optional[Sequence[str]] = None,
     position_ids: bool = False,
     map_kwargs: Optional[Dict[str, Any]] = None,
+    max_open_bins: Optional[int] = None,
+    max_buffered: Optional[int] = None,
     backend: Optional[str] = None,
 ) -> Any:
-    """``dataset`` (a ``datasets.Dataset`` or ``DatasetDict``, each split packed on its own) with
+    """``dataset`` (a ``datasets.Dataset``, ``IterableDataset`` or a dict of them, each split packed on its own) with
     its list columns packed into rows of at most ``seq_length`` tokens, as
     :func:`stowplan.arrow.pack_table` packs a table (``strategy``, ``overflow``, ``columns``,
     ``position_ids`` and ``backend`` are its; the output has the packed columns,
@@ -65,8 +71,23 @@ def pack_dataset(
     re-run gives the same fingerprint; ``num_proc`` changes nothing (one kernel call plans
     everything) and ``map_kwargs`` is refused. With ``"batch"``, ``Dataset.map(batched=True,
     num_proc=num_proc, **map_kwargs)`` packs each batch (cached by ``datasets`` as maps are).
-    The input's format type is kept. A ``datasets.IterableDataset`` is refused: stream it
-    through :class:`stowplan.PackedIterableDataset` (the kernel's ``StreamPacker``) instead.
+    The input's format type is kept.
+
+    A ``datasets.IterableDataset`` (or ``IterableDatasetDict``) is streamed: the result is an
+    ``IterableDataset`` whose iteration reads the input in Arrow batches and packs them with
+    :func:`stowplan.arrow.pack_batches` — the kernel's :class:`stowplan.StreamPacker`, whose
+    ``max_open_bins`` and ``max_buffered`` bound the memory (they apply to streams only).
+    Columns and overflow are as above; ``strategy`` is one of
+    :data:`stowplan.arrow.STREAM_STRATEGIES` (``ffd`` needs every length first); ``scope``
+    must be ``"dataset"`` (one packer over the whole stream); ``num_proc`` changes nothing.
+    Every sample goes out once, in rows of at most ``seq_length`` tokens, and a re-iteration
+    gives the same rows (resume with datasets' ``state_dict``, which replays the stream).
+    Argument errors are raised here; errors in the data (nulls, a non-list column, …) when the
+    iteration reaches them, naming the row in the stream.
+
+    >>> stream = datasets.Dataset.from_dict({"input_ids": [[1, 2, 3], [4], [5, 6], [7, 8, 9]]}).to_iterable_dataset()
+    >>> [row["seq_lengths"] for row in pack_dataset(stream, 4)]
+    [[3, 1], [3], [2]]
     """
     if isinstance(dataset, datasets.DatasetDict):
         return datasets.DatasetDict(
@@ -81,24 +102,53 @@ def pack_dataset(
                     columns=columns,
                     position_ids=position_ids,
                     map_kwargs=map_kwargs,
+                    max_open_bins=max_open_bins,
+                    max_buffered=max_buffered,
                     backend=backend,
                 )
                 for split, ds in dataset.items()
             }
         )
-    if isinstance(dataset, (datasets.IterableDataset, datasets.IterableDatasetDict)):
-        raise InvalidArgumentError(
-            "dataset is a datasets.IterableDataset: pack_dataset needs the whole table; stream it through "
-            "stowplan.PackedIterableDataset (the kernel's StreamPacker), or load it as a datasets.Dataset"
+    if isinstance(dataset, datasets.IterableDatasetDict):
+        return datasets.IterableDatasetDict(
+            {
+                split: pack_dataset(
+                    ds,
+                    seq_length,
+                    strategy=strategy,
+                    scope=scope,
+                    num_proc=num_proc,
+                    overflow=overflow,
+                    columns=columns,
+                    position_ids=position_ids,
+                    map_kwargs=map_kwargs,
+                    max_open_bins=max_open_bins,
+                    max_buffered=max_buffered,
+                    backend=backend,
+                )
+                for split, ds in dataset.items()
+            }
         )
-    if not isinstance(dataset, datasets.Dataset):
-        raise InvalidArgumentError(f"dataset must be a datasets.Dataset or DatasetDict (got {type(dataset).__name__})")
+    if not isinstance(dataset, (datasets.Dataset, datasets.IterableDataset)):
+        raise InvalidArgumentError(
+            f"dataset must be a datasets.Dataset, IterableDataset, DatasetDict or IterableDatasetDict (got {type(dataset).__name__})"
+        )
     if not isinstance(scope, str) or scope not in SCOPES:
         raise InvalidArgumentError(f"scope must be 'dataset' or 'batch' (got {scope!r})")
     if num_proc is not None:
         _stowplan._integer(num_proc, "num_proc", 1, 4096)
     if map_kwargs is not None and not isinstance(map_kwargs, dict):
         raise InvalidArgumentError(f"map_kwargs must be a dict of Dataset.map arguments (got {type(map_kwargs).__name__})")
+    if isinstance(dataset, datasets.IterableDataset):
+        if scope != "dataset" or map_kwargs:
+            raise InvalidArgumentError(
+                f"an IterableDataset is packed by one stream packer: scope must be 'dataset' and map_kwargs None (got scope={scope!r})"
+            )
+        return _pack_iterable(dataset, seq_length, strategy, overflow, columns, position_ids, max_open_bins, max_buffered, backend)
+    if max_open_bins is not None or max_buffered is not None:
+        raise InvalidArgumentError(
+            "max_open_bins and max_buffered bound the stream packer of an IterableDataset; a Dataset is planned whole: leave them None"
+        )
     fmt = dataset.format
     source = dataset.with_format("arrow")
     names = list(columns) if columns is not None and not isinstance(columns, str) else columns
@@ -134,6 +184,59 @@ def pack_dataset(
     if cols is not None:
         cols = [c for c in cols if c in out.column_names] + new
     return out.with_format(fmt.get("type"), columns=cols, output_all_columns=fmt.get("output_all_columns", False), **fmt.get("format_kwargs", {}))
+
+
+def _pack_iterable(
+    dataset: Any,
+    seq_length: int,
+    strategy: str,
+    overflow: Optional[str],
+    columns: Optional[Sequence[str]],
+    position_ids: bool,
+    max_open_bins: Optional[int],
+    max_buffered: Optional[int],
+    backend: Optional[str],
+) -> Any:
+    """The ``IterableDataset`` of ``dataset`` streamed through :func:`pack_batches`."""
+    names = list(columns) if columns is not None and not isinstance(columns, str) else columns
+    options = {
+        "strategy": strategy,
+        "overflow": overflow,
+        "columns": names,
+        "position_ids": position_ids,
+        "max_open_bins": max_open_bins,
+        "max_buffered": max_buffered,
+        "backend": backend,
+    }
+    pack_batches([], seq_length, **options)  # checks the arguments now (iterates nothing)
+    features = None
+    if dataset.features is not None:  # the output's types, and the columns checked now
+        schema = dataset.features.arrow_schema
+        kept = _check_columns(schema.empty_table(), names, position_ids)
+        new = [pa.field(SEQ_LENGTHS, pa.list_(pa.int32()))] + ([pa.field(POSITION_IDS, pa.list_(pa.int32()))] if position_ids else [])
+        features = datasets.Features.from_arrow_schema(pa.schema([schema.field(n) for n in kept] + new))
+    generate = functools.partial(_packed_tables, dataset, seq_length, options)
+    out = datasets.IterableDataset(
+        ArrowExamplesIterable(generate, {}),
+        info=datasets.DatasetInfo(features=features),
+        split=dataset.split,
+    )
+    formatting = getattr(dataset, "_formatting", None)
+    return out.with_format(formatting.format_type) if formatting is not None and formatting.format_type else out
+
+
+def _packed_tables(dataset: Any, seq_length: int, options: Dict[str, Any]) -> Iterator[Tuple[str, Any]]:
+    """The packed tables of one iteration of ``dataset`` (keyed as datasets wants)."""
+    if getattr(dataset._ex_iterable, "iter_arrow", None) is not None:  # Arrow all the way (Parquet, to_iterable_dataset …)
+        batches = dataset.with_format("arrow").iter(batch_size=_STREAM_ROWS)
+    else:
+        # Python examples (from_generator): datasets' own Arrow rebatching fails on a batch whose
+        # lists are all empty (typed null, datasets 5.2), so the batches are built here, typed by
+        # the features when known.
+        schema = dataset.features.arrow_schema if dataset.features is not None else None
+        batches = (pa.table(b, schema=schema) for b in dataset.with_format(None).iter(batch_size=_STREAM_ROWS))
+    for i, table in enumerate(pack_batches(batches, seq_length, **options)):
+        yield str(i), table
 
 
 def _pack_batch(table: Any, **options: Any) -> Any:
