@@ -359,6 +359,130 @@ def test_the_same_exception_types_as_trl(trl_pack):
         assert type(ours.value) is type(theirs.value)
 
 
+# --- stowplan.hf.TokenBudgetBatchSampler ------------------------------------------------------
+
+
+def sampler_ranks(lengths, max_tokens, dp, **options):
+    return [stowplan.hf.TokenBudgetBatchSampler(lengths, max_tokens, dp_size=dp, rank=r, **options) for r in range(dp)]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    lengths=st.lists(st.integers(0, 100), min_size=1, max_size=120),
+    max_tokens=st.integers(100, 400),
+    dp=st.integers(1, 4),
+    per_rank=st.one_of(st.none(), st.integers(1, 12)),
+    shuffle=st.booleans(),
+    seed=st.integers(0, 2**64 - 1),
+    cost=st.sampled_from([None, "attention"]),
+)
+def test_sampler_caps_every_micro_batch_and_gives_every_index_once(lengths, max_tokens, dp, per_rank, shuffle, seed, cost):
+    n = len(lengths) - len(lengths) % dp
+    if n == 0:
+        return
+    lengths = lengths[:n]
+    batch_size = None if per_rank is None else per_rank * dp
+    ranks = sampler_ranks(lengths, max_tokens, dp, batch_size=batch_size, shuffle=shuffle, seed=seed, cost=cost)
+    seen = []
+    for s in ranks:
+        for mb in s:
+            assert mb and sum(lengths[i] for i in mb) <= max_tokens  # the hard cap
+            assert all(type(i) is int for i in mb)
+            seen.extend(mb)
+    assert sorted(seen) == list(range(n))  # every index once per epoch over the ranks
+    # Lockstep: every rank has the same number of micro-batches in every step.
+    counts = [[len(step) for step in s.steps()] for s in ranks]
+    assert all(c == counts[0] for c in counts) and len({len(s) for s in ranks}) == 1
+    steps = len(counts[0])
+    assert steps == (1 if batch_size is None else -(-n // batch_size))
+    if batch_size is not None:  # a step holds batch_size samples (the last one the rest)
+        for k in range(steps):
+            taken = sum(len(mb) for s in ranks for mb in list(s.steps())[k])
+            assert taken == min(batch_size, n - k * batch_size)
+
+
+def test_sampler_balances_ranks_by_the_kernels_plan():
+    lengths = np.random.default_rng(9).integers(1, 4000, size=512)
+    ranks = sampler_ranks(lengths, 8192, 4, batch_size=128, seed=3)
+    for k, step in enumerate(zip(*(list(s.steps()) for s in ranks))):
+        samples = [np.array([i for mb in per_rank for i in mb]) for per_rank in step]
+        tokens = [int(lengths[x].sum()) for x in samples]
+        assert len({len(x) for x in samples}) == 1  # the same number of samples on every rank
+        plan = stowplan.balance(lengths[np.concatenate(samples)], 4)  # the kernel's DP level alone
+        assert max(tokens) <= max(plan.tokens) * 1.05, (k, tokens)
+
+
+def test_sampler_epochs_padding_and_drop_last():
+    lengths = list(range(1, 11))  # 10 samples
+    s = stowplan.hf.TokenBudgetBatchSampler(lengths, 20, seed=5)
+    first = list(s)
+    assert list(s) == first and list(stowplan.hf.TokenBudgetBatchSampler(lengths, 20, seed=5)) == first
+    s.set_epoch(1)
+    second = list(s)
+    assert second != first and sorted(i for mb in second for i in mb) == list(range(10))
+    # 10 samples over 3 ranks: padded with the epoch's first samples (as DistributedSampler).
+    seen = [i for r in sampler_ranks(lengths, 20, 3, batch_size=6, seed=1) for mb in r for i in mb]
+    assert len(seen) == 12 and set(seen) == set(range(10))
+    # drop_last: the short last step goes.
+    kept = [i for r in sampler_ranks(lengths, 20, 2, batch_size=4, drop_last=True) for mb in r for i in mb]
+    assert len(kept) == 8 and len(set(kept)) == 8
+    # Unshuffled: the steps take the samples in order.
+    plain = sampler_ranks(lengths, 20, 2, batch_size=4, shuffle=False)
+    assert sorted(i for r in plain for mb in list(r.steps())[0] for i in mb) == [0, 1, 2, 3]
+
+
+def test_sampler_reads_lengths_from_a_dataset():
+    lengths = [5, 0, 9, 3, 7, 1]
+    ds = dataset_of(lengths)
+    from_ds = list(stowplan.hf.TokenBudgetBatchSampler(ds, 12, seed=2))
+    assert from_ds == list(stowplan.hf.TokenBudgetBatchSampler(lengths, 12, seed=2))
+    assert list(stowplan.hf.TokenBudgetBatchSampler(ds.data.table, 12, seed=2, length_column="labels")) == from_ds
+    packed = stowplan.hf.pack_dataset(ds, 8)  # a packed dataset's rows are the samples
+    rows = [len(r) for r in packed["input_ids"]]
+    for mb in stowplan.hf.TokenBudgetBatchSampler(packed, 16):
+        assert sum(rows[i] for i in mb) <= 16
+
+
+def test_sampler_is_a_torch_sampler_when_torch_imports():
+    s = stowplan.hf.TokenBudgetBatchSampler([3, 4, 5], 8)
+    try:
+        from torch.utils.data import DataLoader, Sampler
+    except ImportError:
+        assert type(s).__mro__[1] is object  # a plain iterable of index lists
+        assert all(isinstance(mb, list) for mb in s)
+        return
+    assert isinstance(s, Sampler)
+    loader = DataLoader(dataset_of([3, 4, 5]), batch_sampler=s, collate_fn=stowplan.hf.PaddingFreeCollator(return_tensors="pt"))
+    assert sum(b["input_ids"].shape[1] for b in loader) == 12
+
+
+@pytest.mark.parametrize(
+    "call, error, fragment",
+    [
+        (lambda: stowplan.hf.TokenBudgetBatchSampler([1, 2], 0), stowplan.InvalidArgumentError, "max_tokens must be in 1..="),
+        (lambda: stowplan.hf.TokenBudgetBatchSampler([1, 2], 8, dp_size=0), stowplan.InvalidArgumentError, "dp_size must be in 1..="),
+        (lambda: stowplan.hf.TokenBudgetBatchSampler([1, 2], 8, dp_size=2, rank=2), stowplan.InvalidArgumentError, "rank must be in 0..=1"),
+        (lambda: stowplan.hf.TokenBudgetBatchSampler([1, 2], 8, dp_size=3), stowplan.InvalidArgumentError, "lengths has 2 samples; dp_size = 3"),
+        (lambda: stowplan.hf.TokenBudgetBatchSampler([], 8), stowplan.InvalidArgumentError, "lengths has 0 samples"),
+        (lambda: stowplan.hf.TokenBudgetBatchSampler([1, 2], 8, dp_size=2, batch_size=3), stowplan.InvalidArgumentError, "batch_size must be a multiple of dp_size = 2"),
+        (lambda: stowplan.hf.TokenBudgetBatchSampler([1, 2], 8, batch_size=4, drop_last=True), stowplan.InvalidArgumentError, "leaves no step"),
+        (lambda: stowplan.hf.TokenBudgetBatchSampler([1, 9], 8), stowplan.InfeasibleError, "lengths[1] is 9 tokens, more than max_tokens = 8"),
+        (lambda: stowplan.hf.TokenBudgetBatchSampler([1, -2], 8), stowplan.InvalidArgumentError, "lengths[1] must be in 0..="),
+        (lambda: stowplan.hf.TokenBudgetBatchSampler([1.0, 2.0], 8), stowplan.InvalidArgumentError, "lengths[0] must be an integer"),
+        (lambda: stowplan.hf.TokenBudgetBatchSampler(np.array([1.0, 2.0]), 8), stowplan.InvalidArgumentError, "floats are refused"),
+        (lambda: stowplan.hf.TokenBudgetBatchSampler([1, 2], 8, shuffle=1), stowplan.InvalidArgumentError, "shuffle must be True or False"),
+        (lambda: stowplan.hf.TokenBudgetBatchSampler([1, 2], 8, seed=-1), stowplan.InvalidArgumentError, "seed must be in 0..="),
+        (lambda: stowplan.hf.TokenBudgetBatchSampler([1, 2], 8, cost="flops"), stowplan.InvalidArgumentError, "cost"),
+        (lambda: stowplan.hf.TokenBudgetBatchSampler(dataset_of([1]), 8, length_column="ids"), stowplan.InvalidArgumentError, "column 'ids' is not in the table"),
+        (lambda: stowplan.hf.TokenBudgetBatchSampler([1], 8).set_epoch(-1), stowplan.InvalidArgumentError, "epoch must be in 0..="),
+    ],
+)
+def test_sampler_bad_input(call, error, fragment):
+    with pytest.raises(error) as info:
+        call()
+    assert fragment in str(info.value)
+
+
 # --- stowplan.hf.PaddingFreeCollator ---------------------------------------------------------
 
 

@@ -33,7 +33,16 @@ try:
 except ImportError as exc:  # pragma: no cover - the hf extra installs them
     raise ImportError("stowplan.hf needs datasets and pyarrow: pip install 'stowplan[hf]'") from exc
 
-__all__ = ["pack_dataset", "PaddingFreeCollator", "SCOPES", "DEFAULT_SCOPE"]
+__all__ = ["pack_dataset", "PaddingFreeCollator", "TokenBudgetBatchSampler", "SCOPES", "DEFAULT_SCOPE"]
+
+
+def __getattr__(name: str) -> Any:
+    # TokenBudgetBatchSampler subclasses torch's Sampler (when installed): torch loads on use.
+    if name == "TokenBudgetBatchSampler":
+        from ._sampler import TokenBudgetBatchSampler
+
+        return TokenBudgetBatchSampler
+    raise AttributeError(f"module 'stowplan.hf' has no attribute {name!r}")
 
 #: ``"dataset"``: one plan over the whole dataset (identical for any ``num_proc``);
 #: ``"batch"``: one plan per ``Dataset.map`` batch (``map_kwargs``' ``batch_size``, datasets'
