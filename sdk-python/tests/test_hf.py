@@ -518,6 +518,76 @@ def test_collator_bad_input(features, fragment):
     assert fragment in str(info.value)
 
 
+LOSS_AGG_MODES = ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
+
+
+def weights_by_token(batch):
+    return dict(zip(batch["input_ids"][0].tolist(), batch["loss_weights"][0].tolist()))
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    lengths=st.lists(st.integers(1, 30), min_size=1, max_size=25),
+    seq_length=st.integers(30, 80),
+    masked=st.sets(st.integers(0, 400)),
+    mode=st.sampled_from(LOSS_AGG_MODES),
+)
+def test_loss_weights_do_not_depend_on_packing(lengths, seq_length, masked, mode):
+    ds = dataset_of(lengths)
+    ds = ds.map(lambda r: {"labels": [-100 if -v in masked else v for v in r["labels"]]})
+    options = {"return_loss_weights": True, "loss_agg_mode": mode}
+    if mode == "seq-mean-token-sum-norm":
+        options["loss_scale_factor"] = 64.0
+    collate = stowplan.hf.PaddingFreeCollator(**options)
+    unpacked = collate([ds[i] for i in range(len(ds))])
+    packed_ds = stowplan.hf.pack_dataset(ds, seq_length, strategy="ffd")
+    packed = collate([packed_ds[i] for i in range(len(packed_ds))])
+    assert packed["loss_weights"].dtype == np.float32 and packed["loss_weights"].shape == packed["input_ids"].shape
+    assert weights_by_token(packed) == weights_by_token(unpacked)  # token for token, however packed
+    # No weight where no loss is learnt: sequence starts and ignored labels.
+    lab, w = packed["labels"][0], packed["loss_weights"][0]
+    assert not w[lab == -100].any()
+    # The modes' sums: token-mean weights sum to 1, and so do seq-mean-token-mean's (1/N per sequence).
+    loss_tokens = int((lab != -100).sum())
+    if loss_tokens and mode in ("token-mean", "seq-mean-token-mean"):
+        assert abs(float(w.sum()) - 1.0) < 1e-5
+    if mode == "seq-mean-token-sum-norm":
+        assert set(w[lab != -100].tolist()) <= {np.float32(1 / 64)}
+
+
+def test_loss_weights_are_the_kernels_materialize():
+    features = [{"input_ids": [5, 6, 7, 8, 9], "seq_lengths": [3, 2]}, {"input_ids": [1, 2, 3], "labels": [-100, 4, -100]}]
+    out = stowplan.hf.PaddingFreeCollator(return_loss_weights=True, loss_agg_mode="seq-mean-token-mean")(features)
+    # Sequences of 2, 1 and 1 loss tokens: weights 1/(3·2), 1/3, 1/3.
+    assert out["loss_weights"].tolist() == [[0.0, np.float32(1 / 6), np.float32(1 / 6), 0.0, np.float32(1 / 3), 0.0, np.float32(1 / 3), 0.0]]
+    samples = [
+        {"prompt_ids": [], "completion_ids": [5, 6, 7], "completion_mask": [False, True, True], "advantage": 0.0},
+        {"prompt_ids": [], "completion_ids": [8, 9], "completion_mask": [False, True], "advantage": 0.0},
+        {"prompt_ids": [], "completion_ids": [1, 2, 3], "completion_mask": [False, True, False], "advantage": 0.0},
+    ]
+    m = stowplan.materialize(samples, capacity=8, loss_agg_mode="seq-mean-token-mean", plan=[[[0, 1, 2]]])
+    assert out["loss_weights"][0].tolist() == m.ranks[0][0].loss_weights.tolist()
+    plain = stowplan.hf.PaddingFreeCollator(return_loss_weights=True)(features)  # token-mean: 1/4 each
+    assert plain["loss_weights"].tolist() == [[0.0, 0.25, 0.25, 0.0, 0.25, 0.0, 0.25, 0.0]]
+    assert "loss_weights" not in stowplan.hf.PaddingFreeCollator()(features)
+
+
+@pytest.mark.parametrize(
+    "options, fragment",
+    [
+        ({"loss_agg_mode": "token-mean"}, "pass return_loss_weights=True"),
+        ({"return_loss_weights": 1}, "return_loss_weights must be True or False"),
+        ({"return_loss_weights": True, "loss_agg_mode": "mean"}, "loss_agg_mode must be 'token-mean', 'seq-mean-token-mean'"),
+        ({"return_loss_weights": True, "loss_scale_factor": 8.0}, "loss_scale_factor only applies to loss_agg_mode 'seq-mean-token-sum-norm'"),
+        ({"return_loss_weights": True, "loss_agg_mode": "seq-mean-token-sum-norm", "loss_scale_factor": 0.5}, "loss_scale_factor must be a number of tokens in 1..=2^64"),
+    ],
+)
+def test_loss_weights_bad_options(options, fragment):
+    with pytest.raises(stowplan.InvalidArgumentError) as info:
+        stowplan.hf.PaddingFreeCollator(**options)
+    assert fragment in str(info.value)
+
+
 @pytest.fixture(scope="module")
 def flattening():
     try:

@@ -23,6 +23,7 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 import numpy as np
 
 from . import _stowplan
+from ._layout import materialize
 from .arrow import DEFAULT_STRATEGY, POSITION_IDS, SEQ_LENGTHS, _check_columns, _pack, pack_batches, pack_table
 from .errors import InvalidArgumentError
 
@@ -266,7 +267,17 @@ class PaddingFreeCollator:
     ``position_ids_start`` at every sequence, ``labels`` = ``separator_id`` at each sequence's
     first token (no token learns across a boundary), and with ``return_flash_attn_kwargs``
     ``cu_seq_lens_q``/``cu_seq_lens_k`` (int32) and ``max_length_q``/``max_length_k`` (ints),
-    with ``return_seq_idx`` ``seq_idx`` (1, T) (int32, each token's sequence number).
+    with ``return_seq_idx`` ``seq_idx`` (1, T) (int32, each token's sequence number), and with
+    ``return_loss_weights`` ``loss_weights`` (1, T) (float32).
+
+    ``loss_weights`` are the kernel's (:func:`stowplan.materialize`'s, the same definition):
+    each sequence is a sample whose loss tokens are the positions whose label is neither -100
+    nor ``separator_id`` (so never a sequence's first token), and Σ ``loss_weights × per-token
+    loss`` (the loss of predicting ``labels[t]`` at position ``t``) is the loss the sequences
+    give unpacked under ``loss_agg_mode`` — ``"token-mean"`` (default),
+    ``"seq-mean-token-mean"``, ``"seq-mean-token-sum"`` or ``"seq-mean-token-sum-norm"``
+    (horizon ``loss_scale_factor``; default the batch's longest sequence) — with the counts
+    taken over the collated batch, however its sequences were packed into rows.
 
     A feature is a dict with ``input_ids`` (list or array) and optionally ``labels`` (else the
     labels are the ``input_ids``); a feature with ``seq_lengths`` (a row of
@@ -288,12 +299,16 @@ class PaddingFreeCollator:
         separator_id: int = -100,
         return_flash_attn_kwargs: bool = False,
         return_seq_idx: bool = False,
+        return_loss_weights: bool = False,
+        loss_agg_mode: Optional[str] = None,
+        loss_scale_factor: Optional[float] = None,
         return_tensors: str = "np",
     ) -> None:
         for name, flag in (
             ("return_position_ids", return_position_ids),
             ("return_flash_attn_kwargs", return_flash_attn_kwargs),
             ("return_seq_idx", return_seq_idx),
+            ("return_loss_weights", return_loss_weights),
         ):
             if not isinstance(flag, bool):
                 raise InvalidArgumentError(f"{name} must be True or False (got {flag!r})")
@@ -304,6 +319,13 @@ class PaddingFreeCollator:
         self.separator_id = _stowplan._integer(separator_id, "separator_id", -(2**63), 2**63 - 1)
         self.return_flash_attn_kwargs = return_flash_attn_kwargs
         self.return_seq_idx = return_seq_idx
+        self.return_loss_weights = return_loss_weights
+        if not return_loss_weights and (loss_agg_mode is not None or loss_scale_factor is not None):
+            raise InvalidArgumentError("loss_agg_mode and loss_scale_factor shape loss_weights: pass return_loss_weights=True")
+        self.loss_agg_mode = loss_agg_mode
+        self.loss_scale_factor = loss_scale_factor
+        if return_loss_weights:  # the kernel checks the mode and the horizon (its messages name them)
+            self._loss_weights(np.zeros(1, np.int64), np.zeros(1, np.int64), np.array([0, 1]))
         self.return_tensors = return_tensors
 
     def __call__(self, features: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
@@ -337,6 +359,8 @@ class PaddingFreeCollator:
             batch["position_ids"] = (np.arange(total, dtype=np.int64) - np.repeat(cu[:-1], n) + self.position_ids_start)[None, :]
         if self.return_seq_idx:
             batch["seq_idx"] = np.repeat(np.arange(n.size, dtype=np.int32), n)[None, :]
+        if self.return_loss_weights:
+            batch["loss_weights"] = self._loss_weights(batch["input_ids"][0], lab, cu)[None, :]
         if self.return_flash_attn_kwargs:
             batch["cu_seq_lens_q"] = cu.astype(np.int32)
             batch["cu_seq_lens_k"] = cu.astype(np.int32)  # two arrays, as transformers gives
@@ -346,3 +370,24 @@ class PaddingFreeCollator:
 
             batch = {k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v for k, v in batch.items()}
         return batch
+
+    def _loss_weights(self, ids: np.ndarray, labels: np.ndarray, cu: np.ndarray) -> np.ndarray:
+        """The kernel's loss weights of the row: every sequence a sample (no prompt, its tokens
+        the completion, masked where a label is -100 or the separator), all in one micro-batch
+        in row order."""
+        mask = (labels != -100) & (labels != self.separator_id)
+        empty = np.zeros(0, dtype=np.int64)
+        bounds = cu.tolist()
+        samples = [
+            {"prompt_ids": empty, "completion_ids": ids[a:b], "completion_mask": mask[a:b], "advantage": 0.0}
+            for a, b in zip(bounds[:-1], bounds[1:])
+        ]
+        row = materialize(
+            samples,
+            capacity=int(bounds[-1]),
+            plan=[[list(range(len(samples)))]],
+            loss_agg_mode=self.loss_agg_mode,
+            loss_scale_factor=self.loss_scale_factor,
+            allow_empty_completion=True,
+        ).ranks[0][0]
+        return row.loss_weights
