@@ -344,3 +344,21 @@ def test_stream_bad_input(call, error, fragment):
     with pytest.raises(error) as info:
         call(batches)
     assert fragment in str(info.value)
+
+
+@pytest.mark.parametrize("strategy", ["bfd", "wrapped"])
+def test_values_of_any_type_and_with_nulls_inside_rows(strategy):
+    # Numbers without nulls are copied run by run; strings, bools and values with nulls inside
+    # the rows go through Arrow's take: the same rows either way, over several chunks.
+    lengths = [3, 5, 0, 2, 7, 1, 4]
+    t = table_of(lengths, chunks=3)
+    ids = rows_of(t)
+    t = t.append_column("text", pa.chunked_array([pa.array([[str(v) for v in r] for r in ids[:3]]), pa.array([[str(v) for v in r] for r in ids[3:]])]))
+    t = t.append_column("flag", pa.array([[v % 2 == 0 for v in r] for r in ids]))
+    t = t.append_column("maybe", pa.array([[None if v % 3 == 0 else v for v in r] for r in ids], pa.list_(pa.int64())))
+    packed = pack_table(t, 6, strategy=strategy)
+    out = rows_of(packed)
+    assert rows_of(packed, "text") == [[str(v) for v in r] for r in out]
+    assert rows_of(packed, "flag") == [[v % 2 == 0 for v in r] for r in out]
+    assert rows_of(packed, "maybe") == [[None if v % 3 == 0 else v for v in r] for r in out]
+    assert rows_of(packed, "labels") == [[-v for v in r] for r in out]

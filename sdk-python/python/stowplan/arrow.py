@@ -149,7 +149,7 @@ def _pack(
     digest.update(repr((seq_length, strategy, overflow, names, position_ids)).encode())
     for a in (starts, item_lengths, bin_offsets):
         digest.update(np.ascontiguousarray(a, dtype=np.int64).tobytes())
-    values = {name: _flat_values(table.column(name)) for name in names}
+    values = {name: _Flat.of(pc.list_flatten(table.column(name))) for name in names}
     types = {name: table.schema.field(name).type for name in names}
     out = _assemble(values, types, starts, item_lengths, bin_offsets, position_ids, contiguous=strategy == "wrapped")
     return out, digest.hexdigest()
@@ -253,7 +253,7 @@ def _stream(
                         f"column {name!r} is {batch.schema.field(name).type} in batch {k} of the stream, {types[name]} before"
                     )
         lengths = _lengths(batch, names, rows)
-        values = {name: _flat_values(batch.column(name)) for name in names}
+        values = {name: _Flat.of(pc.list_flatten(batch.column(name))) for name in names}
         if strategy == "wrapped":
             carry, out = _wrap_step(carry, values, lengths, seq_length, types, position_ids, final=False)
         else:
@@ -277,8 +277,8 @@ def _stream(
 
 def _emit(bins: List[List[int]], held: Dict[int, "_Held"], types: Dict[str, Any], position_ids: bool) -> Any:
     """The packed rows of the closed ``bins`` (item numbers), their values gathered from the
-    held batches (one ``take`` per touched batch, one to order them); a batch whose items have
-    all gone out is let go."""
+    held batches (the touched ones joined without a copy, each item copied once); a batch
+    whose items have all gone out is let go."""
     sizes = np.fromiter((len(b) for b in bins), dtype=np.int64, count=len(bins))
     members = np.fromiter((i for b in bins for i in b), dtype=np.int64, count=int(sizes.sum()))
     bin_offsets = np.concatenate(([0], np.cumsum(sizes))).astype(np.int64)
@@ -286,39 +286,28 @@ def _emit(bins: List[List[int]], held: Dict[int, "_Held"], types: Dict[str, Any]
     which = np.searchsorted(firsts, members, side="right") - 1
     starts = np.empty(members.size, dtype=np.int64)
     item_lengths = np.empty(members.size, dtype=np.int64)
-    pieces: Dict[str, List[Any]] = {name: [] for name in types}
-    at = 0  # values gathered so far
-    touched = np.unique(which)
-    for w in touched:
+    joined: Dict[str, List[_Flat]] = {name: [] for name in types}
+    base = 0  # the joined values before the batch
+    for w in np.unique(which):
         first = int(firsts[w])
         h = held[first]
         sel = np.flatnonzero(which == w)
         local = members[sel] - first
-        lens = h.lengths[local]
-        item_lengths[sel] = lens
-        if touched.size == 1:  # the batch's values as they are
-            starts[sel] = h.starts[local]
-            pieces = {name: [h.values[name]] for name in types}
-        else:
-            ends = np.cumsum(lens)
-            starts[sel] = at + ends - lens
-            idx = np.arange(int(ends[-1]), dtype=np.int64) + np.repeat(h.starts[local] - (ends - lens), lens)
-            taken = pa.array(idx)
-            for name in types:
-                pieces[name].append(h.values[name].take(taken))
-            at += int(ends[-1])
+        item_lengths[sel] = h.lengths[local]
+        starts[sel] = base + h.starts[local]
+        for name in types:
+            joined[name].append(h.values[name])
+        base += len(next(iter(h.values.values())))
         h.waiting -= sel.size
         if h.waiting == 0:
             del held[first]
-    if not bins:
-        pieces = {name: [pa.array([], types[name].value_type)] for name in types}
-    values = {name: pa.concat_arrays(p) if len(p) != 1 else p[0] for name, p in pieces.items()}
+    values = {name: _Flat.join(f) if f else _Flat([], types[name].value_type) for name, f in joined.items()}
     return _assemble(values, types, starts, item_lengths, bin_offsets, position_ids, contiguous=False)
 
 
 def _wrap_step(
-    carry: Optional[Tuple[Dict[str, Any], np.ndarray]],
-    values: Optional[Dict[str, Any]],
+    carry: Optional[Tuple[Dict[str, "_Flat"], np.ndarray]],
+    values: Optional[Dict[str, "_Flat"]],
     lengths: Optional[np.ndarray],
     seq_length: int,
     types: Dict[str, Any],
@@ -329,12 +318,12 @@ def _wrap_step(
     sequences in it) joins the batch's tokens, every full row goes out, the last partial one is
     carried (or, at the end, goes out too)."""
     if values is None:
-        values, pieces = carry if carry is not None else ({n: pa.array([], t.value_type) for n, t in types.items()}, np.zeros(0, np.int64))
+        values, pieces = carry if carry is not None else ({n: _Flat([], t.value_type) for n, t in types.items()}, np.zeros(0, np.int64))
     else:
         assert lengths is not None
         pieces = lengths[lengths > 0]
         if carry is not None:
-            values = {n: pa.concat_arrays([carry[0][n], values[n]]) for n in values}
+            values = {n: _Flat.join([carry[0][n], values[n]]) for n in values}
             pieces = np.concatenate((carry[1], pieces))
     starts, item_lengths, bin_offsets = _wrapped(pieces, seq_length)
     total = int(pieces.sum())
@@ -342,7 +331,7 @@ def _wrap_step(
         return None, _assemble(values, types, starts, item_lengths, bin_offsets, position_ids, contiguous=True)
     cut = total - total % seq_length
     rest = (
-        {n: v.slice(cut) for n, v in values.items()},
+        {n: v.view(cut, total - cut) for n, v in values.items()},
         item_lengths[bin_offsets[-2] :].astype(np.int64),
     )
     full = bin_offsets[:-1]
@@ -480,13 +469,77 @@ def _wrapped(lengths: np.ndarray, seq_length: int) -> Tuple[np.ndarray, np.ndarr
     return starts, item_lengths, bin_offsets
 
 
-def _flat_values(col: Any) -> Any:
-    values = pc.list_flatten(col)
-    return values.combine_chunks() if isinstance(values, pa.ChunkedArray) else values
+class _Flat:
+    """A column's flat values as chunks (never combined: no copy of the input). Items are runs
+    of values, each inside one chunk (as a list row is).
+
+    Gathering items copies each run with one ``memcpy`` (numpy slices concatenated) when the
+    values are numbers without nulls, the usual token columns; other types fall back to Arrow's
+    ``take`` by a per-token index."""
+
+    def __init__(self, chunks: List[Any], type_: Any) -> None:
+        self.type = type_
+        self.chunks = [c for c in chunks if len(c)]
+        self.bases = np.concatenate(([0], np.cumsum([len(c) for c in self.chunks]))).astype(np.int64)
+        t = type_
+        numeric = (pa.types.is_integer(t) or pa.types.is_floating(t)) and all(c.null_count == 0 for c in self.chunks)
+        self.arrays = [c.to_numpy(zero_copy_only=True) for c in self.chunks] if numeric else None
+
+    @classmethod
+    def of(cls, values: Any) -> "_Flat":
+        """The flat values of an Array or ChunkedArray."""
+        return cls(values.chunks if isinstance(values, pa.ChunkedArray) else [values], values.type)
+
+    @classmethod
+    def join(cls, flats: List["_Flat"]) -> "_Flat":
+        """One after the other (no copy)."""
+        return cls([c for f in flats for c in f.chunks], flats[0].type)
+
+    def __len__(self) -> int:
+        return int(self.bases[-1])
+
+    def view(self, start: int, length: int) -> "_Flat":
+        """Values ``start..start+length`` (no copy)."""
+        pieces = []
+        c = int(np.searchsorted(self.bases, start, side="right")) - 1
+        while length > 0:
+            at = start - int(self.bases[c])
+            n = min(length, len(self.chunks[c]) - at)
+            pieces.append(self.chunks[c].slice(at, n))
+            start, length, c = start + n, length - n, c + 1
+        return _Flat(pieces, self.type)
+
+    def slice(self, start: int, length: int) -> Any:
+        """Values ``start..start+length`` as one array (zero-copy inside one chunk)."""
+        chunks = self.view(start, length).chunks
+        if not chunks:
+            return pa.array([], self.type)
+        return chunks[0] if len(chunks) == 1 else pa.concat_arrays(chunks)
+
+    def gather(self, starts: np.ndarray, lengths: np.ndarray) -> Any:
+        """The items (``lengths`` values from ``starts``), one after the other, as one array."""
+        if starts.size == 0:
+            return pa.array([], self.type)
+        if self.arrays is None:
+            combined = pa.concat_arrays(self.chunks) if len(self.chunks) > 1 else self.chunks[0]
+            idx_dtype = np.int32 if len(self) <= 2**31 - 1 else np.int64
+            ends = np.cumsum(lengths)
+            perm = np.arange(int(ends[-1]), dtype=idx_dtype) + np.repeat((starts - (ends - lengths)).astype(idx_dtype), lengths)
+            return combined.take(pa.array(perm))
+        which = np.searchsorted(self.bases, starts, side="right") - 1
+        # Runs that continue one another in the same chunk are copied as one.
+        cont = (starts[1:] == starts[:-1] + lengths[:-1]) & (which[1:] == which[:-1])
+        first = np.flatnonzero(np.concatenate(([True], ~cont)))
+        run_lengths = np.add.reduceat(lengths, first).tolist()
+        run_chunks = which[first]
+        run_starts = (starts[first] - self.bases[run_chunks]).tolist()
+        arrays = self.arrays
+        pieces = [arrays[c][a : a + n] for c, a, n in zip(run_chunks.tolist(), run_starts, run_lengths)]
+        return pa.array(np.concatenate(pieces), type=self.type)
 
 
 def _assemble(
-    values: Dict[str, Any],
+    values: Dict[str, "_Flat"],
     types: Dict[str, Any],
     starts: np.ndarray,
     item_lengths: np.ndarray,
@@ -495,8 +548,8 @@ def _assemble(
     contiguous: bool,
 ) -> Any:
     """The packed table: row r holds items bin_offsets[r]..bin_offsets[r+1] (an item is the
-    ``item_lengths`` values from ``starts`` in every column's flat ``values``, of list type
-    ``types[name]``), built in chunks of at most _CHUNK_TOKENS tokens (or one row)."""
+    ``item_lengths`` values from ``starts`` in every column's flat values, a :class:`_Flat`,
+    of list type ``types[name]``), built in chunks of at most _CHUNK_TOKENS tokens (or one row)."""
     names = list(values)
     n_rows = bin_offsets.size - 1
     item_ends = np.concatenate(([0], np.cumsum(item_lengths))).astype(np.int64)
@@ -506,7 +559,6 @@ def _assemble(
     out[SEQ_LENGTHS] = []
     if position_ids:
         out[POSITION_IDS] = []
-    idx_dtype = np.int32 if len(values[names[0]]) <= 2**31 - 1 else np.int64  # indices into the flat values
     r0 = 0
     while r0 < n_rows:
         r1 = int(np.searchsorted(row_tokens, row_tokens[r0] + _CHUNK_TOKENS, side="right")) - 1
@@ -519,8 +571,7 @@ def _assemble(
         if contiguous:
             taken = {name: values[name].slice(t0, t1 - t0) for name in names}
         else:
-            perm = pa.array(np.arange(t1 - t0, dtype=idx_dtype) + np.repeat((starts[i0:i1] - local).astype(idx_dtype), lens))
-            taken = {name: values[name].take(perm) for name in names}
+            taken = {name: values[name].gather(starts[i0:i1], lens) for name in names}
         for name in names:
             t = types[name]
             if pa.types.is_large_list(t):

@@ -1,10 +1,14 @@
-"""Pack a Hugging Face ``datasets.Dataset`` (or ``DatasetDict``) with one kernel plan (issue 28).
+"""Pack a Hugging Face dataset with the kernel, and feed the packed rows to padding-free training (issue 28).
 
-:func:`pack_dataset` runs :func:`stowplan.arrow.pack_table` on the dataset's Arrow table and
+:func:`pack_dataset` runs :func:`stowplan.arrow.pack_table` on a ``Dataset``'s Arrow table and
 returns an ordinary ``datasets.Dataset`` built from the packed table — no row becomes a Python
 object, and with ``scope="dataset"`` (the default) one plan covers the whole dataset, so bins
-cross what would be map batches and the result does not depend on ``num_proc``. Needs
-``datasets`` and ``pyarrow`` (``pip install 'stowplan[hf]'``).
+cross what would be map batches and the result does not depend on ``num_proc``. An
+``IterableDataset`` is streamed through the kernel's ``StreamPacker``
+(:func:`stowplan.arrow.pack_batches`). :class:`PaddingFreeCollator` collates packed rows for
+the varlen attention paths; :class:`TokenBudgetBatchSampler` forms micro-batches under a hard
+token cap, balanced over data-parallel ranks. Needs ``datasets`` and ``pyarrow`` (``pip
+install 'stowplan[hf]'``).
 
 >>> from datasets import Dataset
 >>> import stowplan.hf
