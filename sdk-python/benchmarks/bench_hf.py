@@ -54,7 +54,7 @@ def read_lengths(path: pathlib.Path) -> np.ndarray:
     return np.asarray(values, dtype=np.int64)
 
 
-def build_table(lengths: np.ndarray) -> Any:
+def build_table(lengths: np.ndarray, first_id: int = 0) -> Any:
     """int32 ``input_ids`` and ``labels`` (-100 at each row's first token) with these row lengths."""
     import pyarrow as pa
 
@@ -62,9 +62,9 @@ def build_table(lengths: np.ndarray) -> Any:
     total = int(offsets[-1])
     off_type = np.int32 if total < 2**31 else np.int64
     cls = pa.ListArray if off_type is np.int32 else pa.LargeListArray
-    ids = np.arange(total, dtype=np.int64 if total >= 2**31 else np.int32)
+    ids = np.arange(first_id, first_id + total, dtype=np.int64)
     np.remainder(ids, 32_000, out=ids)  # in place: no temporary as large as the table
-    ids = ids.astype(np.int32, copy=False)
+    ids = ids.astype(np.int32)
     labels = ids.copy()
     labels[offsets[:-1][lengths > 0]] = -100
     return pa.table(
@@ -80,17 +80,26 @@ def write_table(lengths: np.ndarray, path: pathlib.Path) -> None:
     no process carries the building's garbage into its peak RSS)."""
     import pyarrow as pa
 
-    table = build_table(lengths)
-    with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
-        writer.write_table(table, max_chunksize=1 << 20)
+    part = 100_000  # rows built at a time (the file is written piece by piece)
+    total = int(lengths.sum())
+    if total >= 2**31:
+        raise SystemExit(f"--rows: {total:,} tokens do not fit list<int32> offsets; use fewer rows")
+    schema = build_table(lengths[:1]).schema
+    with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, schema) as writer:
+        done = 0  # tokens before the part: the ids continue across parts
+        for at in range(0, lengths.size, part):
+            table = build_table(lengths[at : at + part], first_id=done)
+            writer.write_table(table, max_chunksize=1 << 20)
+            done += int(lengths[at : at + part].sum())
 
 
-def read_dataset(path: pathlib.Path) -> Any:
-    """An in-memory ``datasets.Dataset`` of the IPC file's table."""
+def read_dataset(path: pathlib.Path, mmap: bool) -> Any:
+    """A ``datasets.Dataset`` of the IPC file's table: read into memory, or memory-mapped (its
+    pages the file's, which the OS can drop and read again)."""
     import datasets
     import pyarrow as pa
 
-    with pa.OSFile(str(path), "rb") as source:
+    with (pa.memory_map(str(path)) if mmap else pa.OSFile(str(path), "rb")) as source:
         table = pa.ipc.open_file(source).read_all()
     return datasets.Dataset(datasets.table.InMemoryTable(table))
 
@@ -118,7 +127,7 @@ def _digest(dataset: Any) -> str:
     return h.hexdigest()
 
 
-def child(contender: str, seq_length: int, path: pathlib.Path) -> Dict[str, Any]:
+def child(contender: str, seq_length: int, path: pathlib.Path, mmap: bool) -> Dict[str, Any]:
     """One measurement (run in its own process)."""
     import datasets
     import pyarrow.compute as pc
@@ -135,8 +144,11 @@ def child(contender: str, seq_length: int, path: pathlib.Path) -> Dict[str, Any]
         def pack(ds: Any, seq_length: int, strategy: str) -> Any:
             return stowplan.hf.pack_dataset(ds, seq_length, strategy=strategy, scope="dataset")
 
-    ds = read_dataset(path)
+    import pyarrow as pa
+
+    ds = read_dataset(path, mmap)
     table_bytes = ds.data.table.nbytes
+    pa.default_memory_pool().release_unused()  # datasets' checks leave a table's worth of freed memory in the pool
     base = _status("VmRSS")
     pathlib.Path("/proc/self/clear_refs").write_text("5")  # the peak restarts from here
     start = time.perf_counter()
@@ -157,20 +169,21 @@ def child(contender: str, seq_length: int, path: pathlib.Path) -> Dict[str, Any]
     }
 
 
-def run(contenders: List[str], rows: int, rounds: int, seq_length: int, workload: pathlib.Path) -> None:
+def run(contenders: List[str], rows: int, rounds: int, seq_length: int, workload: pathlib.Path, mmap: bool) -> None:
     results: Dict[str, List[Dict[str, Any]]] = {c: [] for c in contenders}
     with tempfile.TemporaryDirectory(prefix="bench_hf_") as tmp:
         path = pathlib.Path(tmp) / "table.arrow"
         write_table(np.resize(read_lengths(workload), rows), path)
-        _rounds(contenders, rounds, seq_length, path, results)
-    report(contenders, rows, rounds, seq_length, workload, results)
+        _rounds(contenders, rounds, seq_length, path, mmap, results)
+    report(contenders, rows, rounds, seq_length, workload, mmap, results)
 
 
-def _rounds(contenders: List[str], rounds: int, seq_length: int, path: pathlib.Path, results: Dict[str, List[Dict[str, Any]]]) -> None:
+def _rounds(contenders: List[str], rounds: int, seq_length: int, path: pathlib.Path, mmap: bool, results: Dict[str, List[Dict[str, Any]]]) -> None:
     for r in range(rounds):
         order = contenders[r % len(contenders) :] + contenders[: r % len(contenders)]
         for c in order:
             args = [sys.executable, str(HERE), "--child", c, "--seq-length", str(seq_length), "--table", str(path)]
+            args += ["--mmap"] if mmap else []
             proc = subprocess.run(args, capture_output=True, text=True)
             if proc.returncode != 0:
                 sys.exit(f"{c} failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
@@ -179,11 +192,12 @@ def _rounds(contenders: List[str], rounds: int, seq_length: int, path: pathlib.P
             print(f"# round {r + 1}: {c}: {res['seconds']:.2f} s, peak RSS {res['peak_rss'] / 2**30:.2f} GiB", file=sys.stderr, flush=True)
 
 
-def report(contenders: List[str], rows: int, rounds: int, seq_length: int, workload: pathlib.Path, results: Dict[str, List[Dict[str, Any]]]) -> None:
+def report(contenders: List[str], rows: int, rounds: int, seq_length: int, workload: pathlib.Path, mmap: bool, results: Dict[str, List[Dict[str, Any]]]) -> None:
     first = results[contenders[0]][0]
     print(
         f"\n{rows:,} rows of {workload.name} (tiled), seq_length {seq_length:,}, int32 input_ids + labels: "
-        f"Arrow table {first['table_bytes'] / 2**30:.2f} GiB; {rounds} interleaved round(s), medians; "
+        f"Arrow table {first['table_bytes'] / 2**30:.2f} GiB ({'memory-mapped from a file' if mmap else 'in memory'}); "
+        f"{rounds} interleaved round(s), medians; "
         "peak RSS = the process's peak while packing (its table and Python's ~0.3 GiB included); "
         "growth = peak minus the RSS just before the call\n"
     )
@@ -219,6 +233,7 @@ def main() -> None:
     ap.add_argument("--seq-length", type=int, default=8192, help="packed row length (≥ 1)")
     ap.add_argument("--contenders", default=",".join(CONTENDERS), help=f"comma-separated, of {', '.join(CONTENDERS)}")
     ap.add_argument("--workload", type=pathlib.Path, default=DEFAULT_WORKLOAD, help="lengths file")
+    ap.add_argument("--mmap", action="store_true", help="memory-map the table from its file instead of reading it into memory")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--table", type=pathlib.Path, help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -227,13 +242,13 @@ def main() -> None:
     if not a.workload.is_file():
         ap.error(f"--workload {a.workload}: no such file (the shared workloads sit beside the checkout)")
     if a.child:
-        print(json.dumps(child(a.child, a.seq_length, a.table)))
+        print(json.dumps(child(a.child, a.seq_length, a.table, a.mmap)))
         return
     contenders = [c.strip() for c in a.contenders.split(",") if c.strip()]
     unknown = [c for c in contenders if c not in CONTENDERS]
     if unknown or not contenders:
         ap.error(f"--contenders: unknown {unknown} (choose from {', '.join(CONTENDERS)})")
-    run(contenders, a.rows, a.rounds, a.seq_length, a.workload)
+    run(contenders, a.rows, a.rounds, a.seq_length, a.workload, a.mmap)
 
 
 if __name__ == "__main__":
