@@ -3,9 +3,9 @@
 The list columns of a tokenized SFT table (``input_ids``, ``labels``, ``attention_mask``, any
 list column with the same per-row lengths) are regrouped into packed rows by one kernel plan
 (:func:`stowplan.pack` over the lengths read from the list offsets), and the packed rows are
-assembled with pyarrow compute: a ``take`` of the flattened values by a per-token permutation
-built with numpy from the plan, and new offsets from the bins' token sums. No row becomes a
-Python object. Needs ``pyarrow`` (``pip install 'stowplan[hf]'``).
+assembled from the columns' own chunks: each sequence's run of values copied once (numpy
+slices concatenated; Arrow's ``take`` for values that are not numbers without nulls), and new
+offsets from the bins' token sums. No row becomes a Python object. Needs ``pyarrow`` (``pip install 'stowplan[hf]'``).
 
 >>> import pyarrow as pa
 >>> from stowplan.arrow import pack_table
@@ -75,7 +75,7 @@ MAX_SEQUENCE_LENGTH = 2**32 - 1
 MAX_SEQ_LENGTH = 2**31 - 1
 
 _METHODS = {"bfd": "bfd", "ffd": "ffd", "next-fit": "next-fit", "next_fit": "next-fit", "bfd_split": "bfd"}
-# Tokens per output chunk: bounds the per-token permutation's memory and keeps int32 list
+# Tokens per output chunk: bounds the memory of a chunk in the making and keeps int32 list
 # offsets in range; the packed rows do not depend on it.
 _CHUNK_TOKENS = 1 << 26
 
