@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 import stowplan
 
 pa = pytest.importorskip("pyarrow")
-from stowplan.arrow import OVERFLOWS, STRATEGIES, pack_table  # noqa: E402
+from stowplan.arrow import OVERFLOWS, STRATEGIES, STREAM_STRATEGIES, pack_batches, pack_table  # noqa: E402
 
 
 def table_of(lengths, *, extra=True, large=False, chunks=1):
@@ -213,3 +213,152 @@ def test_wrapped_properties(lengths, seq_length):
     assert [v for r in rows for v in r] == list(range(sum(lengths)))
     assert all(len(r) == seq_length for r in rows[:-1]) and 0 < len(rows[-1]) <= seq_length if rows else True
     assert [sum(s) for s in rows_of(packed, "seq_lengths")] == [len(r) for r in rows]
+
+
+# --- stowplan.arrow.pack_batches: a stream of batches through the kernel's StreamPacker ---------
+
+
+def cut(table, sizes):
+    """``table`` cut into consecutive batches of the given row counts (the rest in the last)."""
+    out, at = [], 0
+    for n in sizes:
+        if at >= table.num_rows:
+            break
+        out.append(table.slice(at, n))
+        at += n
+    if at < table.num_rows:
+        out.append(table.slice(at))
+    return out
+
+
+def streamed(batches, seq_length, **options):
+    tables = list(pack_batches(batches, seq_length, **options))
+    assert all(t.num_rows for t in tables)
+    return pa.concat_tables(tables) if tables else None
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    lengths=st.lists(st.integers(0, 40), min_size=1, max_size=80),
+    seq_length=st.integers(1, 48),
+    sizes=st.lists(st.integers(0, 25), max_size=8),
+    strategy=st.sampled_from(STREAM_STRATEGIES),
+    overflow=st.sampled_from([None, "truncate", "split", "drop"]),
+    max_open_bins=st.integers(1, 4),
+    max_buffered=st.integers(0, 6),
+)
+def test_stream_properties(lengths, seq_length, sizes, strategy, overflow, max_open_bins, max_buffered):
+    t = table_of(lengths)
+    if strategy == "wrapped" or strategy == "bfd_split":
+        overflow = None
+    options = {"strategy": strategy, "overflow": overflow, "position_ids": True}
+    if strategy in ("bfd", "bfd_split"):
+        options.update(max_open_bins=max_open_bins, max_buffered=max_buffered)
+    whole = pack_table(t, seq_length, strategy=strategy, overflow=overflow, position_ids=True)
+    if whole.num_rows == 0:
+        assert streamed(cut(t, sizes), seq_length, **options) is None
+        return
+    out = streamed(cut(t, sizes), seq_length, **options)
+    # Where the stream is cut changes nothing.
+    assert out.equals(streamed([t], seq_length, **options))
+    assert out.schema == whole.schema
+    if strategy in ("next-fit", "wrapped"):  # the static strategy exactly
+        assert out.equals(whole)
+    rows, seqs = rows_of(out), out.column("seq_lengths").to_pylist()
+    assert all(len(r) <= seq_length for r in rows) and [sum(s) for s in seqs] == [len(r) for r in rows]
+    assert rows_of(out, "labels") == [[-v for v in r] for r in rows]
+    # The same sequences (tokens) as the static packing: every sample once, none lost.
+    assert sorted(v for r in rows for v in r) == sorted(v for r in rows_of(whole) for v in r)
+    assert sorted(n for s in seqs for n in s) == sorted(n for s in whole.column("seq_lengths").to_pylist() for n in s)
+    if strategy in ("bfd", "bfd_split"):  # the kernel's stream packer's bins, in closing order
+        items = [n for s in _stream_items(t, seq_length, overflow or ("split" if strategy == "bfd_split" else "truncate")) for n in s]
+        p = stowplan.StreamPacker(seq_length, max_open_bins=max_open_bins, max_buffered=max_buffered)
+        bins = p.add(items) + p.finish()
+        assert seqs == [[items[i] for i in b] for b in bins]
+
+
+def _stream_items(t, seq_length, overflow):
+    """The item lengths of the stream in order, as pack_table's overflow makes them."""
+    out = []
+    for n in (len(r) for r in t.column("input_ids").to_pylist()):
+        if n == 0 or (overflow == "drop" and n > seq_length):
+            continue
+        if overflow == "split":
+            out.append([min(seq_length, n - k) for k in range(0, n, seq_length)])
+        else:
+            out.append([min(n, seq_length)])
+    return out
+
+
+def test_stream_memory_is_let_go():
+    # A batch is held only while a sequence of it waits: with one open bin and no buffer, at
+    # most the batch in hand and the one before it.
+    from stowplan import arrow
+
+    held_sizes = []
+    real = arrow._emit
+
+    def spy(bins, held, types, position_ids):
+        out = real(bins, held, types, position_ids)
+        held_sizes.append(len(held))
+        return out
+
+    t = table_of(np.random.default_rng(5).integers(1, 20, size=400))
+    arrow._emit = spy
+    try:
+        out = streamed(cut(t, [10] * 40), 32, strategy="next-fit")
+    finally:
+        arrow._emit = real
+    assert out.equals(pack_table(t, 32, strategy="next-fit"))
+    assert max(held_sizes) <= 2 and held_sizes[-1] == 0
+
+
+@pytest.mark.parametrize(
+    "call, error, fragment",
+    [
+        (lambda b: pack_batches(b, 8, strategy="ffd"), stowplan.InvalidArgumentError, "strategy 'ffd' needs every length"),
+        (lambda b: pack_batches(b, 8, strategy="wrapped", max_buffered=3), stowplan.InvalidArgumentError, "do not apply to strategy 'wrapped'"),
+        (lambda b: pack_batches(b, 8, strategy="next-fit", max_open_bins=2), stowplan.InvalidArgumentError, "max_open_bins=1, max_buffered=0"),
+        (lambda b: pack_batches(b, 8, max_open_bins=0), stowplan.InvalidArgumentError, "max_open_bins"),
+        (lambda b: pack_batches(b, 0), stowplan.InvalidArgumentError, "seq_length must be in 1..="),
+        (lambda b: pack_batches(b, 8, overflow="wrap"), stowplan.InvalidArgumentError, "overflow must be 'truncate', 'split', 'drop' or 'error'"),
+        (lambda b: list(pack_batches([], 8)), stowplan.InvalidArgumentError, "the stream is empty"),
+        (lambda b: list(pack_batches([b[0].slice(0, 0)], 8)), stowplan.InvalidArgumentError, "the stream is empty"),
+        (lambda b: list(pack_batches(b + [[1, 2]], 8)), stowplan.InvalidArgumentError, "batch 2 of the stream must be a pyarrow.Table"),
+        (lambda b: list(pack_batches(b, 8, columns=["ids"])), stowplan.InvalidArgumentError, "column 'ids' is not in the table"),
+        (
+            lambda b: list(pack_batches([b[0], pa.table({"input_ids": pa.array([[1], None], pa.list_(pa.int32()))})], 8, columns=["input_ids"])),
+            stowplan.InvalidArgumentError,
+            "column 'input_ids' has a null at row 4",
+        ),
+        (
+            lambda b: list(pack_batches([b[0], pa.table({"input_ids": pa.array([[1]], pa.list_(pa.int64()))})], 8, columns=["input_ids"])),
+            stowplan.InvalidArgumentError,
+            "column 'input_ids' is list<item: int64> in batch 1 of the stream, list<item: int32> before",
+        ),
+        (lambda b: list(pack_batches(b, 2, overflow="error")), stowplan.InfeasibleError, "column 'input_ids' row 3 has 9 values"),
+    ],
+)
+def test_stream_bad_input(call, error, fragment):
+    batches = cut(table_of([1, 2, 0, 9, 3]), [3])
+    with pytest.raises(error) as info:
+        call(batches)
+    assert fragment in str(info.value)
+
+
+@pytest.mark.parametrize("strategy", ["bfd", "wrapped"])
+def test_values_of_any_type_and_with_nulls_inside_rows(strategy):
+    # Numbers without nulls are copied run by run; strings, bools and values with nulls inside
+    # the rows go through Arrow's take: the same rows either way, over several chunks.
+    lengths = [3, 5, 0, 2, 7, 1, 4]
+    t = table_of(lengths, chunks=3)
+    ids = rows_of(t)
+    t = t.append_column("text", pa.chunked_array([pa.array([[str(v) for v in r] for r in ids[:3]]), pa.array([[str(v) for v in r] for r in ids[3:]])]))
+    t = t.append_column("flag", pa.array([[v % 2 == 0 for v in r] for r in ids]))
+    t = t.append_column("maybe", pa.array([[None if v % 3 == 0 else v for v in r] for r in ids], pa.list_(pa.int64())))
+    packed = pack_table(t, 6, strategy=strategy)
+    out = rows_of(packed)
+    assert rows_of(packed, "text") == [[str(v) for v in r] for r in out]
+    assert rows_of(packed, "flag") == [[v % 2 == 0 for v in r] for r in out]
+    assert rows_of(packed, "maybe") == [[None if v % 3 == 0 else v for v in r] for r in out]
+    assert rows_of(packed, "labels") == [[-v for v in r] for r in out]

@@ -76,3 +76,31 @@ def test_bench_ray_runs_both_paths():
     assert "| zmq (`stowplan serve`) |" in out and "| ray (`stowplan.ray`) |" in out, out
     assert "round 1: zmq " in out and "(ray then zmq)" in out, out
     assert "publish (ray.put x4)" in out and "deliver_s" in out, out
+
+
+HF_SCRIPT = HERE.parent / "benchmarks" / "bench_hf.py"
+SFT = HERE.parents[2] / "shared" / "workloads" / "sft-chat-200k.txt"
+
+
+def test_bench_hf_runs_and_compat_matches_trl():
+    if not SFT.is_file():
+        pytest.skip(f"no shared workloads beside the checkout ({SFT})")
+    pytest.importorskip("datasets")
+    contenders = "stowplan:bfd,stowplan:wrapped"
+    try:
+        import trl  # noqa: F401
+
+        contenders += ",trl:bfd,compat:bfd"
+    except Exception:
+        pass
+    args = [sys.executable, str(HF_SCRIPT), "--rows", "500", "--rounds", "1", "--seq-length", "2048", "--workload", str(SFT), "--contenders", contenders]
+    out = subprocess.run(args, check=True, capture_output=True, text=True, timeout=600).stdout
+    assert "| stowplan:bfd |" in out and "| stowplan:wrapped |" in out, out
+    if "compat:bfd" in contenders:
+        row = next(line for line in out.splitlines() if line.startswith("| compat:bfd |"))
+        assert row.endswith("| yes |"), out
+
+
+def test_bench_hf_refuses_bad_arguments():
+    bad = subprocess.run([sys.executable, str(HF_SCRIPT), "--contenders", "trl:ffd"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "--contenders: unknown ['trl:ffd']" in bad.stderr, bad.stderr

@@ -14,6 +14,7 @@ import stowplan._source
 import stowplan._filter
 import stowplan._packer
 import stowplan._stream
+import stowplan._sampler
 import stowplan.arrow
 import stowplan.hf
 import stowplan.compat.trl
@@ -24,7 +25,7 @@ import stowplan.compat.verl
 
 
 def test_docstring_examples():
-    for module in (stowplan, stowplan._stowplan, stowplan._balance, stowplan._layout, stowplan._plan, stowplan._source, stowplan._filter, stowplan._packer, stowplan._stream, stowplan.arrow, stowplan.hf, stowplan.compat.trl, stowplan.compat.slime, stowplan.compat.verl, stowplan.compat.roll, stowplan.compat.prime_rl):
+    for module in (stowplan, stowplan._stowplan, stowplan._balance, stowplan._layout, stowplan._plan, stowplan._source, stowplan._filter, stowplan._packer, stowplan._stream, stowplan._sampler, stowplan.arrow, stowplan.hf, stowplan.compat.trl, stowplan.compat.slime, stowplan.compat.verl, stowplan.compat.roll, stowplan.compat.prime_rl):
         result = doctest.testmod(module, optionflags=doctest.NORMALIZE_WHITESPACE)
         assert result.failed == 0, module.__name__
     assert doctest.testmod(stowplan).attempted >= 4

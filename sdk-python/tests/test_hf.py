@@ -112,8 +112,7 @@ def test_columns_dictionaries_and_format():
         (lambda ds: stowplan.hf.pack_dataset(ds, 8, num_proc=0), "num_proc must be in 1..=4096"),
         (lambda ds: stowplan.hf.pack_dataset(ds, 8, map_kwargs={"batch_size": 10}), "map_kwargs applies to scope='batch' only"),
         (lambda ds: stowplan.hf.pack_dataset(ds, 8, scope="batch", map_kwargs=[1]), "map_kwargs must be a dict"),
-        (lambda ds: stowplan.hf.pack_dataset(ds.data.table, 8), "dataset must be a datasets.Dataset or DatasetDict (got Table)"),
-        (lambda ds: stowplan.hf.pack_dataset(ds.to_iterable_dataset(), 8), "stowplan.PackedIterableDataset"),
+        (lambda ds: stowplan.hf.pack_dataset(ds.data.table, 8), "dataset must be a datasets.Dataset, IterableDataset, DatasetDict or IterableDatasetDict (got Table)"),
         (lambda ds: stowplan.hf.pack_dataset(ds, 0), "seq_length must be in 1..="),
         (lambda ds: stowplan.hf.pack_dataset(ds.select([]), 8, columns=["input_ids"]), "the table is empty"),
         (lambda ds: stowplan.hf.pack_dataset(ds, 8, columns=["ids"]), "column 'ids' is not in the table"),
@@ -141,6 +140,111 @@ def test_every_token_once_and_rows_within_seq_length(lengths, seq_length, strate
     assert sorted(v for r in rows for v in r) == list(range(sum(lengths)))
     assert all(len(r) <= seq_length for r in rows) and [sum(s) for s in seqs] == [len(r) for r in rows]
     assert table(stowplan.hf.pack_dataset(ds, seq_length, strategy=strategy, overflow="split", num_proc=2)) == table(packed)
+
+
+# --- stowplan.hf.pack_dataset on an IterableDataset (the kernel's StreamPacker) ---------------
+
+
+def generated(lengths, features=True):
+    """An IterableDataset of Python examples (from_generator), tokens numbered as dataset_of's."""
+    ds = dataset_of(lengths)
+    rows = ds.to_list()
+
+    def gen():
+        yield from rows
+
+    return datasets.IterableDataset.from_generator(gen, features=ds.features if features else None)
+
+
+def rows_of_stream(ds):
+    return {k: [r[k] for r in rows] for rows in [list(ds)] for k in (rows[0] if rows else {})}
+
+
+@pytest.mark.parametrize("source", ["arrow", "generator"])
+@pytest.mark.parametrize("strategy", ["next-fit", "wrapped"])
+def test_a_stream_of_next_fit_or_wrapped_is_the_dataset_path(source, strategy):
+    lengths = np.random.default_rng(7).integers(0, 120, size=2300)
+    lengths[5] = 0
+    ds = dataset_of(lengths)
+    stream = ds.to_iterable_dataset(num_shards=3) if source == "arrow" else generated(lengths)
+    packed = stowplan.hf.pack_dataset(stream, 100, strategy=strategy, position_ids=True)
+    assert isinstance(packed, datasets.IterableDataset)
+    assert packed.features == datasets.Features.from_arrow_schema(pack_table(ds.data.table, 100, strategy=strategy, position_ids=True).schema)
+    assert rows_of_stream(packed) == table(stowplan.hf.pack_dataset(ds, 100, strategy=strategy, position_ids=True))
+    assert rows_of_stream(packed) == rows_of_stream(packed)  # a re-iteration is the same
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    lengths=st.lists(st.integers(0, 60), min_size=1, max_size=120),
+    seq_length=st.integers(1, 64),
+    strategy=st.sampled_from(["bfd", "bfd_split"]),
+    rows=st.integers(1, 50),
+)
+def test_a_stream_loses_or_repeats_no_sample(lengths, seq_length, strategy, rows):
+    overflow = "split" if strategy == "bfd" else None
+    stream = dataset_of(lengths).to_iterable_dataset(num_shards=2 if len(lengths) > 1 else 1)
+    old = stowplan.hf._STREAM_ROWS
+    try:
+        stowplan.hf._STREAM_ROWS = rows  # where the stream is cut changes nothing
+        got = rows_of_stream(stowplan.hf.pack_dataset(stream, seq_length, strategy=strategy, overflow=overflow, max_open_bins=3, max_buffered=5))
+    finally:
+        stowplan.hf._STREAM_ROWS = old
+    if sum(lengths) == 0:
+        assert got == {}
+        return
+    ids, seqs = got["input_ids"], got["seq_lengths"]
+    assert sorted(v for r in ids for v in r) == list(range(sum(lengths)))  # every token once
+    assert all(len(r) <= seq_length for r in ids) and [sum(s) for s in seqs] == [len(r) for r in ids]
+    assert got["labels"] == [[-v for v in r] for r in ids]
+    assert got == rows_of_stream(stowplan.hf.pack_dataset(stream, seq_length, strategy=strategy, overflow=overflow, max_open_bins=3, max_buffered=5))
+
+
+def test_stream_columns_overflow_format_and_dictionaries():
+    stream = dataset_of([5, 2, 9, 0, 3]).to_iterable_dataset()
+    packed = stowplan.hf.pack_dataset(stream, 4, columns=["input_ids"], overflow="drop")
+    assert list(packed.features) == ["input_ids", "seq_lengths"]
+    assert sorted(v for r in packed for v in r["input_ids"]) == [5, 6, 16, 17, 18]  # rows 0 and 2 dropped
+    with pytest.raises(stowplan.InfeasibleError, match="column 'input_ids' row 2 has 9 values"):
+        list(stowplan.hf.pack_dataset(stream, 8, overflow="error"))
+    as_numpy = stowplan.hf.pack_dataset(stream.with_format("numpy"), 16)
+    assert isinstance(next(iter(as_numpy))["input_ids"], np.ndarray)
+    dd = datasets.IterableDatasetDict(train=stream, test=stream.take(2))
+    packed = stowplan.hf.pack_dataset(dd, 16)
+    assert isinstance(packed, datasets.IterableDatasetDict) and [len(list(packed[k])) for k in ("train", "test")] == [2, 1]
+    # A generator whose features are unknown: types inferred from the batches.
+    assert [r["seq_lengths"] for r in stowplan.hf.pack_dataset(generated([3, 1, 4], features=False), 4)] == [[4], [3, 1]]
+
+
+def test_stream_resumes_with_datasets_state_dict():
+    stream = dataset_of(np.random.default_rng(8).integers(1, 50, size=300)).to_iterable_dataset()
+    packed = stowplan.hf.pack_dataset(stream, 64)
+    everything = list(packed)
+    it = iter(packed)
+    head = [next(it) for _ in range(17)]
+    state = packed.state_dict()
+    again = stowplan.hf.pack_dataset(stream, 64)
+    again.load_state_dict(state)
+    assert head + list(again) == everything
+
+
+@pytest.mark.parametrize(
+    "call, fragment",
+    [
+        (lambda s: stowplan.hf.pack_dataset(s, 8, strategy="ffd"), "strategy 'ffd' needs every length"),
+        (lambda s: stowplan.hf.pack_dataset(s, 8, scope="batch"), "scope must be 'dataset' and map_kwargs None"),
+        (lambda s: stowplan.hf.pack_dataset(s, 8, max_open_bins=0), "max_open_bins"),
+        (lambda s: stowplan.hf.pack_dataset(s, 8, columns=["ids"]), "column 'ids' is not in the table"),
+        (lambda s: stowplan.hf.pack_dataset(s, 8), "column 'text' is not a list column (its type is string)"),
+        (lambda s: list(stowplan.hf.pack_dataset(s.take(0), 8, columns=["input_ids"])), "the stream is empty"),
+        (lambda s: stowplan.hf.pack_dataset(dataset_of([2]), 8, max_buffered=4), "leave them None"),
+    ],
+)
+def test_stream_bad_input(call, fragment):
+    stream = dataset_of([2, 3], text=["a", "b"]).to_iterable_dataset()
+    with pytest.raises(stowplan.InvalidArgumentError) as info:
+        call(stream)
+    assert fragment in str(info.value)
 
 
 # --- stowplan.compat.trl.pack_dataset ---------------------------------------------------------
@@ -255,6 +359,130 @@ def test_the_same_exception_types_as_trl(trl_pack):
         assert type(ours.value) is type(theirs.value)
 
 
+# --- stowplan.hf.TokenBudgetBatchSampler ------------------------------------------------------
+
+
+def sampler_ranks(lengths, max_tokens, dp, **options):
+    return [stowplan.hf.TokenBudgetBatchSampler(lengths, max_tokens, dp_size=dp, rank=r, **options) for r in range(dp)]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    lengths=st.lists(st.integers(0, 100), min_size=1, max_size=120),
+    max_tokens=st.integers(100, 400),
+    dp=st.integers(1, 4),
+    per_rank=st.one_of(st.none(), st.integers(1, 12)),
+    shuffle=st.booleans(),
+    seed=st.integers(0, 2**64 - 1),
+    cost=st.sampled_from([None, "attention"]),
+)
+def test_sampler_caps_every_micro_batch_and_gives_every_index_once(lengths, max_tokens, dp, per_rank, shuffle, seed, cost):
+    n = len(lengths) - len(lengths) % dp
+    if n == 0:
+        return
+    lengths = lengths[:n]
+    batch_size = None if per_rank is None else per_rank * dp
+    ranks = sampler_ranks(lengths, max_tokens, dp, batch_size=batch_size, shuffle=shuffle, seed=seed, cost=cost)
+    seen = []
+    for s in ranks:
+        for mb in s:
+            assert mb and sum(lengths[i] for i in mb) <= max_tokens  # the hard cap
+            assert all(type(i) is int for i in mb)
+            seen.extend(mb)
+    assert sorted(seen) == list(range(n))  # every index once per epoch over the ranks
+    # Lockstep: every rank has the same number of micro-batches in every step.
+    counts = [[len(step) for step in s.steps()] for s in ranks]
+    assert all(c == counts[0] for c in counts) and len({len(s) for s in ranks}) == 1
+    steps = len(counts[0])
+    assert steps == (1 if batch_size is None else -(-n // batch_size))
+    if batch_size is not None:  # a step holds batch_size samples (the last one the rest)
+        for k in range(steps):
+            taken = sum(len(mb) for s in ranks for mb in list(s.steps())[k])
+            assert taken == min(batch_size, n - k * batch_size)
+
+
+def test_sampler_balances_ranks_by_the_kernels_plan():
+    lengths = np.random.default_rng(9).integers(1, 4000, size=512)
+    ranks = sampler_ranks(lengths, 8192, 4, batch_size=128, seed=3)
+    for k, step in enumerate(zip(*(list(s.steps()) for s in ranks))):
+        samples = [np.array([i for mb in per_rank for i in mb]) for per_rank in step]
+        tokens = [int(lengths[x].sum()) for x in samples]
+        assert len({len(x) for x in samples}) == 1  # the same number of samples on every rank
+        plan = stowplan.balance(lengths[np.concatenate(samples)], 4)  # the kernel's DP level alone
+        assert max(tokens) <= max(plan.tokens) * 1.05, (k, tokens)
+
+
+def test_sampler_epochs_padding_and_drop_last():
+    lengths = list(range(1, 11))  # 10 samples
+    s = stowplan.hf.TokenBudgetBatchSampler(lengths, 20, seed=5)
+    first = list(s)
+    assert list(s) == first and list(stowplan.hf.TokenBudgetBatchSampler(lengths, 20, seed=5)) == first
+    s.set_epoch(1)
+    second = list(s)
+    assert second != first and sorted(i for mb in second for i in mb) == list(range(10))
+    # 10 samples over 3 ranks: padded with the epoch's first samples (as DistributedSampler).
+    seen = [i for r in sampler_ranks(lengths, 20, 3, batch_size=6, seed=1) for mb in r for i in mb]
+    assert len(seen) == 12 and set(seen) == set(range(10))
+    # drop_last: the short last step goes.
+    kept = [i for r in sampler_ranks(lengths, 20, 2, batch_size=4, drop_last=True) for mb in r for i in mb]
+    assert len(kept) == 8 and len(set(kept)) == 8
+    # Unshuffled: the steps take the samples in order.
+    plain = sampler_ranks(lengths, 20, 2, batch_size=4, shuffle=False)
+    assert sorted(i for r in plain for mb in list(r.steps())[0] for i in mb) == [0, 1, 2, 3]
+
+
+def test_sampler_reads_lengths_from_a_dataset():
+    lengths = [5, 0, 9, 3, 7, 1]
+    ds = dataset_of(lengths)
+    from_ds = list(stowplan.hf.TokenBudgetBatchSampler(ds, 12, seed=2))
+    assert from_ds == list(stowplan.hf.TokenBudgetBatchSampler(lengths, 12, seed=2))
+    assert list(stowplan.hf.TokenBudgetBatchSampler(ds.data.table, 12, seed=2, length_column="labels")) == from_ds
+    packed = stowplan.hf.pack_dataset(ds, 8)  # a packed dataset's rows are the samples
+    rows = [len(r) for r in packed["input_ids"]]
+    for mb in stowplan.hf.TokenBudgetBatchSampler(packed, 16):
+        assert sum(rows[i] for i in mb) <= 16
+
+
+def test_sampler_is_a_torch_sampler_when_torch_imports():
+    s = stowplan.hf.TokenBudgetBatchSampler([3, 4, 5], 8)
+    try:
+        from torch.utils.data import DataLoader, Sampler
+    except ImportError:
+        assert type(s).__mro__[1] is object  # a plain iterable of index lists
+        assert all(isinstance(mb, list) for mb in s)
+        return
+    assert isinstance(s, Sampler)
+    loader = DataLoader(dataset_of([3, 4, 5]), batch_sampler=s, collate_fn=stowplan.hf.PaddingFreeCollator(return_tensors="pt"))
+    assert sum(b["input_ids"].shape[1] for b in loader) == 12
+
+
+@pytest.mark.parametrize(
+    "call, error, fragment",
+    [
+        (lambda: stowplan.hf.TokenBudgetBatchSampler([1, 2], 0), stowplan.InvalidArgumentError, "max_tokens must be in 1..="),
+        (lambda: stowplan.hf.TokenBudgetBatchSampler([1, 2], 8, dp_size=0), stowplan.InvalidArgumentError, "dp_size must be in 1..="),
+        (lambda: stowplan.hf.TokenBudgetBatchSampler([1, 2], 8, dp_size=2, rank=2), stowplan.InvalidArgumentError, "rank must be in 0..=1"),
+        (lambda: stowplan.hf.TokenBudgetBatchSampler([1, 2], 8, dp_size=3), stowplan.InvalidArgumentError, "lengths has 2 samples; dp_size = 3"),
+        (lambda: stowplan.hf.TokenBudgetBatchSampler([], 8), stowplan.InvalidArgumentError, "lengths has 0 samples"),
+        (lambda: stowplan.hf.TokenBudgetBatchSampler([1, 2], 8, dp_size=2, batch_size=3), stowplan.InvalidArgumentError, "batch_size must be a multiple of dp_size = 2"),
+        (lambda: stowplan.hf.TokenBudgetBatchSampler([1, 2], 8, batch_size=4, drop_last=True), stowplan.InvalidArgumentError, "leaves no step"),
+        (lambda: stowplan.hf.TokenBudgetBatchSampler([1, 9], 8), stowplan.InfeasibleError, "lengths[1] is 9 tokens, more than max_tokens = 8"),
+        (lambda: stowplan.hf.TokenBudgetBatchSampler([1, -2], 8), stowplan.InvalidArgumentError, "lengths[1] must be in 0..="),
+        (lambda: stowplan.hf.TokenBudgetBatchSampler([1.0, 2.0], 8), stowplan.InvalidArgumentError, "lengths[0] must be an integer"),
+        (lambda: stowplan.hf.TokenBudgetBatchSampler(np.array([1.0, 2.0]), 8), stowplan.InvalidArgumentError, "floats are refused"),
+        (lambda: stowplan.hf.TokenBudgetBatchSampler([1, 2], 8, shuffle=1), stowplan.InvalidArgumentError, "shuffle must be True or False"),
+        (lambda: stowplan.hf.TokenBudgetBatchSampler([1, 2], 8, seed=-1), stowplan.InvalidArgumentError, "seed must be in 0..="),
+        (lambda: stowplan.hf.TokenBudgetBatchSampler([1, 2], 8, cost="flops"), stowplan.InvalidArgumentError, "cost"),
+        (lambda: stowplan.hf.TokenBudgetBatchSampler(dataset_of([1]), 8, length_column="ids"), stowplan.InvalidArgumentError, "column 'ids' is not in the table"),
+        (lambda: stowplan.hf.TokenBudgetBatchSampler([1], 8).set_epoch(-1), stowplan.InvalidArgumentError, "epoch must be in 0..="),
+    ],
+)
+def test_sampler_bad_input(call, error, fragment):
+    with pytest.raises(error) as info:
+        call()
+    assert fragment in str(info.value)
+
+
 # --- stowplan.hf.PaddingFreeCollator ---------------------------------------------------------
 
 
@@ -287,6 +515,76 @@ def test_collator_splits_packed_rows_at_their_sequences():
 def test_collator_bad_input(features, fragment):
     with pytest.raises(stowplan.InvalidArgumentError) as info:
         stowplan.hf.PaddingFreeCollator()(features)
+    assert fragment in str(info.value)
+
+
+LOSS_AGG_MODES = ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
+
+
+def weights_by_token(batch):
+    return dict(zip(batch["input_ids"][0].tolist(), batch["loss_weights"][0].tolist()))
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    lengths=st.lists(st.integers(1, 30), min_size=1, max_size=25),
+    seq_length=st.integers(30, 80),
+    masked=st.sets(st.integers(0, 400)),
+    mode=st.sampled_from(LOSS_AGG_MODES),
+)
+def test_loss_weights_do_not_depend_on_packing(lengths, seq_length, masked, mode):
+    ds = dataset_of(lengths)
+    ds = ds.map(lambda r: {"labels": [-100 if -v in masked else v for v in r["labels"]]})
+    options = {"return_loss_weights": True, "loss_agg_mode": mode}
+    if mode == "seq-mean-token-sum-norm":
+        options["loss_scale_factor"] = 64.0
+    collate = stowplan.hf.PaddingFreeCollator(**options)
+    unpacked = collate([ds[i] for i in range(len(ds))])
+    packed_ds = stowplan.hf.pack_dataset(ds, seq_length, strategy="ffd")
+    packed = collate([packed_ds[i] for i in range(len(packed_ds))])
+    assert packed["loss_weights"].dtype == np.float32 and packed["loss_weights"].shape == packed["input_ids"].shape
+    assert weights_by_token(packed) == weights_by_token(unpacked)  # token for token, however packed
+    # No weight where no loss is learnt: sequence starts and ignored labels.
+    lab, w = packed["labels"][0], packed["loss_weights"][0]
+    assert not w[lab == -100].any()
+    # The modes' sums: token-mean weights sum to 1, and so do seq-mean-token-mean's (1/N per sequence).
+    loss_tokens = int((lab != -100).sum())
+    if loss_tokens and mode in ("token-mean", "seq-mean-token-mean"):
+        assert abs(float(w.sum()) - 1.0) < 1e-5
+    if mode == "seq-mean-token-sum-norm":
+        assert set(w[lab != -100].tolist()) <= {np.float32(1 / 64)}
+
+
+def test_loss_weights_are_the_kernels_materialize():
+    features = [{"input_ids": [5, 6, 7, 8, 9], "seq_lengths": [3, 2]}, {"input_ids": [1, 2, 3], "labels": [-100, 4, -100]}]
+    out = stowplan.hf.PaddingFreeCollator(return_loss_weights=True, loss_agg_mode="seq-mean-token-mean")(features)
+    # Sequences of 2, 1 and 1 loss tokens: weights 1/(3·2), 1/3, 1/3.
+    assert out["loss_weights"].tolist() == [[0.0, np.float32(1 / 6), np.float32(1 / 6), 0.0, np.float32(1 / 3), 0.0, np.float32(1 / 3), 0.0]]
+    samples = [
+        {"prompt_ids": [], "completion_ids": [5, 6, 7], "completion_mask": [False, True, True], "advantage": 0.0},
+        {"prompt_ids": [], "completion_ids": [8, 9], "completion_mask": [False, True], "advantage": 0.0},
+        {"prompt_ids": [], "completion_ids": [1, 2, 3], "completion_mask": [False, True, False], "advantage": 0.0},
+    ]
+    m = stowplan.materialize(samples, capacity=8, loss_agg_mode="seq-mean-token-mean", plan=[[[0, 1, 2]]])
+    assert out["loss_weights"][0].tolist() == m.ranks[0][0].loss_weights.tolist()
+    plain = stowplan.hf.PaddingFreeCollator(return_loss_weights=True)(features)  # token-mean: 1/4 each
+    assert plain["loss_weights"].tolist() == [[0.0, 0.25, 0.25, 0.0, 0.25, 0.0, 0.25, 0.0]]
+    assert "loss_weights" not in stowplan.hf.PaddingFreeCollator()(features)
+
+
+@pytest.mark.parametrize(
+    "options, fragment",
+    [
+        ({"loss_agg_mode": "token-mean"}, "pass return_loss_weights=True"),
+        ({"return_loss_weights": 1}, "return_loss_weights must be True or False"),
+        ({"return_loss_weights": True, "loss_agg_mode": "mean"}, "loss_agg_mode must be 'token-mean', 'seq-mean-token-mean'"),
+        ({"return_loss_weights": True, "loss_scale_factor": 8.0}, "loss_scale_factor only applies to loss_agg_mode 'seq-mean-token-sum-norm'"),
+        ({"return_loss_weights": True, "loss_agg_mode": "seq-mean-token-sum-norm", "loss_scale_factor": 0.5}, "loss_scale_factor must be a number of tokens in 1..=2^64"),
+    ],
+)
+def test_loss_weights_bad_options(options, fragment):
+    with pytest.raises(stowplan.InvalidArgumentError) as info:
+        stowplan.hf.PaddingFreeCollator(**options)
     assert fragment in str(info.value)
 
 

@@ -3,9 +3,9 @@
 The list columns of a tokenized SFT table (``input_ids``, ``labels``, ``attention_mask``, any
 list column with the same per-row lengths) are regrouped into packed rows by one kernel plan
 (:func:`stowplan.pack` over the lengths read from the list offsets), and the packed rows are
-assembled with pyarrow compute: a ``take`` of the flattened values by a per-token permutation
-built with numpy from the plan, and new offsets from the bins' token sums. No row becomes a
-Python object. Needs ``pyarrow`` (``pip install 'stowplan[hf]'``).
+assembled from the columns' own chunks: each sequence's run of values copied once (numpy
+slices concatenated; Arrow's ``take`` for values that are not numbers without nulls), and new
+offsets from the bins' token sums. No row becomes a Python object. Needs ``pyarrow`` (``pip install 'stowplan[hf]'``).
 
 >>> import pyarrow as pa
 >>> from stowplan.arrow import pack_table
@@ -20,7 +20,7 @@ Python object. Needs ``pyarrow`` (``pip install 'stowplan[hf]'``).
 from __future__ import annotations
 
 import hashlib
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -35,7 +35,9 @@ except ImportError as exc:  # pragma: no cover - the hf extra installs it
 
 __all__ = [
     "pack_table",
+    "pack_batches",
     "STRATEGIES",
+    "STREAM_STRATEGIES",
     "OVERFLOWS",
     "DEFAULT_STRATEGY",
     "DEFAULT_OVERFLOW",
@@ -49,6 +51,12 @@ __all__ = [
 #: too), TRL's ``bfd_split`` (``bfd`` with ``overflow="split"``) and ``wrapped`` (every token
 #: concatenated in row order and cut into rows of ``seq_length``).
 STRATEGIES = ("bfd", "ffd", "next-fit", "bfd_split", "wrapped")
+#: The strategies of a stream (:func:`pack_batches`): ``bfd`` is the kernel's streaming best
+#: fit (:class:`stowplan.StreamPacker`: the largest of the ``max_buffered`` waiting sequences
+#: placed first, into the fullest of ``max_open_bins`` open bins it fits), ``next-fit`` the
+#: same packer with one open bin and no buffer (exactly the static ``next-fit``), ``bfd_split``
+#: and ``wrapped`` as in :data:`STRATEGIES`. ``ffd`` needs every length first: not streamed.
+STREAM_STRATEGIES = ("bfd", "next-fit", "bfd_split", "wrapped")
 #: What happens to a row longer than ``seq_length`` under ``bfd``, ``ffd`` and ``next-fit``:
 #: its first ``seq_length`` tokens are kept (``truncate``), it is cut into fragments of at most
 #: ``seq_length`` tokens packed as sequences of their own (``split``), it is left out
@@ -67,7 +75,7 @@ MAX_SEQUENCE_LENGTH = 2**32 - 1
 MAX_SEQ_LENGTH = 2**31 - 1
 
 _METHODS = {"bfd": "bfd", "ffd": "ffd", "next-fit": "next-fit", "next_fit": "next-fit", "bfd_split": "bfd"}
-# Tokens per output chunk: bounds the per-token permutation's memory and keeps int32 list
+# Tokens per output chunk: bounds the memory of a chunk in the making and keeps int32 list
 # offsets in range; the packed rows do not depend on it.
 _CHUNK_TOKENS = 1 << 26
 
@@ -138,8 +146,193 @@ def _pack(
     digest.update(repr((seq_length, strategy, overflow, names, position_ids)).encode())
     for a in (starts, item_lengths, bin_offsets):
         digest.update(np.ascontiguousarray(a, dtype=np.int64).tobytes())
-    out = _assemble(table, names, starts, item_lengths, bin_offsets, position_ids, contiguous=strategy == "wrapped")
+    values = {name: _Flat.of(pc.list_flatten(table.column(name))) for name in names}
+    types = {name: table.schema.field(name).type for name in names}
+    out = _assemble(values, types, starts, item_lengths, bin_offsets, position_ids, contiguous=strategy == "wrapped")
     return out, digest.hexdigest()
+
+
+def pack_batches(
+    batches: Iterable[Any],
+    seq_length: int,
+    *,
+    strategy: str = DEFAULT_STRATEGY,
+    overflow: Optional[str] = None,
+    columns: Optional[Sequence[str]] = None,
+    position_ids: bool = False,
+    max_open_bins: Optional[int] = None,
+    max_buffered: Optional[int] = None,
+    backend: Optional[str] = None,
+) -> Iterator[Any]:
+    """The rows of a stream of ``pyarrow.Table``/``RecordBatch`` batches packed into rows of at
+    most ``seq_length`` tokens, yielded as ``pyarrow.Table``s (each holding the rows that closed
+    while a batch was read, or at the end of the stream) with the columns of :func:`pack_table`.
+
+    Bounded memory, however long the stream: the kernel's :class:`stowplan.StreamPacker`
+    (``max_open_bins``, ``max_buffered``: its options, default 64 and 4096) decides, and a
+    batch's values are held only while a sequence of it waits in the packer. ``strategy``:
+    see :data:`STREAM_STRATEGIES`; ``overflow``, ``columns``, ``position_ids`` and ``backend``
+    are :func:`pack_table`'s. The rows do not depend on how the stream is cut into batches;
+    with ``next-fit`` and ``wrapped`` they are exactly :func:`pack_table`'s on the whole
+    stream. Errors are :func:`pack_table`'s, raised when the iteration reaches the bad batch
+    (rows numbered in the stream); an empty stream is refused when it ends.
+
+    >>> import pyarrow as pa
+    >>> stream = [pa.table({"input_ids": [[1, 2, 3], [4]]}), pa.table({"input_ids": [[5, 6], [7, 8, 9]]})]
+    >>> [t.to_pydict() for t in pack_batches(stream, 4, strategy="wrapped")]
+    [{'input_ids': [[1, 2, 3, 4]], 'seq_lengths': [[3, 1]]}, {'input_ids': [[5, 6, 7, 8]], 'seq_lengths': [[2, 2]]}, {'input_ids': [[9]], 'seq_lengths': [[1]]}]
+    >>> [t.to_pydict() for t in pack_batches(stream, 4)]       # the stream packer's best fit
+    [{'input_ids': [[1, 2, 3, 4], [7, 8, 9], [5, 6]], 'seq_lengths': [[3, 1], [3], [2]]}]
+    """
+    seq_length = _stowplan._integer(seq_length, "seq_length", 1, MAX_SEQ_LENGTH)
+    strategy, overflow = _check_strategy(strategy, overflow)
+    if strategy == "ffd":
+        raise InvalidArgumentError(
+            "strategy 'ffd' needs every length before the first bin: a stream takes 'bfd', 'next-fit', 'bfd_split' or 'wrapped'"
+        )
+    if not isinstance(position_ids, bool):
+        raise InvalidArgumentError(f"position_ids must be True or False (got {position_ids!r})")
+    if strategy == "wrapped":
+        if max_open_bins is not None or max_buffered is not None:
+            raise InvalidArgumentError("max_open_bins and max_buffered do not apply to strategy 'wrapped'; leave them None")
+        packer = None
+    elif strategy == "next-fit":
+        if max_open_bins not in (None, 1) or max_buffered not in (None, 0):
+            raise InvalidArgumentError(
+                f"strategy 'next-fit' is the stream packer with max_open_bins=1, max_buffered=0 (got {max_open_bins!r}, {max_buffered!r})"
+            )
+        packer = _stowplan.StreamPacker(seq_length, max_open_bins=1, max_buffered=0, backend=backend)
+    else:
+        packer = _stowplan.StreamPacker(seq_length, max_open_bins=max_open_bins, max_buffered=max_buffered, backend=backend)
+    return _stream(iter(batches), seq_length, strategy, overflow, columns, position_ids, packer)
+
+
+class _Held:
+    """A batch's flat values and items while a sequence of it waits in the packer."""
+
+    __slots__ = ("values", "starts", "lengths", "waiting")
+
+    def __init__(self, values: Dict[str, Any], starts: np.ndarray, lengths: np.ndarray) -> None:
+        self.values = values
+        self.starts = starts
+        self.lengths = lengths
+        self.waiting = lengths.size
+
+
+def _stream(
+    batches: Iterator[Any],
+    seq_length: int,
+    strategy: str,
+    overflow: Optional[str],
+    columns: Optional[Sequence[str]],
+    position_ids: bool,
+    packer: Any,
+) -> Iterator[Any]:
+    names: Optional[List[str]] = None
+    types: Dict[str, Any] = {}
+    rows = 0  # rows read
+    held: Dict[int, _Held] = {}  # first item number -> the batch
+    items = 0  # items given to the packer
+    carry: Optional[Tuple[Dict[str, Any], np.ndarray]] = None  # wrapped: the open row's values and pieces
+    for k, batch in enumerate(batches):
+        if isinstance(batch, pa.RecordBatch):
+            batch = pa.Table.from_batches([batch])
+        if not isinstance(batch, pa.Table):
+            raise InvalidArgumentError(f"batch {k} of the stream must be a pyarrow.Table or RecordBatch (got {type(batch).__name__})")
+        if names is None:
+            names = _check_columns(batch, columns, position_ids)
+            types = {name: batch.schema.field(name).type for name in names}
+        else:
+            _check_columns(batch, names, position_ids)
+            for name in names:
+                if batch.schema.field(name).type != types[name]:
+                    raise InvalidArgumentError(
+                        f"column {name!r} is {batch.schema.field(name).type} in batch {k} of the stream, {types[name]} before"
+                    )
+        lengths = _lengths(batch, names, rows)
+        values = {name: _Flat.of(pc.list_flatten(batch.column(name))) for name in names}
+        if strategy == "wrapped":
+            carry, out = _wrap_step(carry, values, lengths, seq_length, types, position_ids, final=False)
+        else:
+            starts, item_lengths = _items(lengths, seq_length, overflow, names[0], rows)
+            if item_lengths.size:
+                held[items] = _Held(values, starts, item_lengths)
+                items += item_lengths.size
+            out = _emit(packer.add(item_lengths.astype(np.uint64)), held, types, position_ids)
+        rows += batch.num_rows
+        if out.num_rows:
+            yield out
+    if names is None or rows == 0:
+        raise InvalidArgumentError("the stream is empty: there are no rows to pack")
+    if strategy == "wrapped":
+        out = _wrap_step(carry, None, None, seq_length, types, position_ids, final=True)[1]
+    else:
+        out = _emit(packer.finish(), held, types, position_ids)
+    if out.num_rows:
+        yield out
+
+
+def _emit(bins: List[List[int]], held: Dict[int, "_Held"], types: Dict[str, Any], position_ids: bool) -> Any:
+    """The packed rows of the closed ``bins`` (item numbers), their values gathered from the
+    held batches (the touched ones joined without a copy, each item copied once); a batch
+    whose items have all gone out is let go."""
+    sizes = np.fromiter((len(b) for b in bins), dtype=np.int64, count=len(bins))
+    members = np.fromiter((i for b in bins for i in b), dtype=np.int64, count=int(sizes.sum()))
+    bin_offsets = np.concatenate(([0], np.cumsum(sizes))).astype(np.int64)
+    firsts = np.array(sorted(held), dtype=np.int64)
+    which = np.searchsorted(firsts, members, side="right") - 1
+    starts = np.empty(members.size, dtype=np.int64)
+    item_lengths = np.empty(members.size, dtype=np.int64)
+    joined: Dict[str, List[_Flat]] = {name: [] for name in types}
+    base = 0  # the joined values before the batch
+    for w in np.unique(which):
+        first = int(firsts[w])
+        h = held[first]
+        sel = np.flatnonzero(which == w)
+        local = members[sel] - first
+        item_lengths[sel] = h.lengths[local]
+        starts[sel] = base + h.starts[local]
+        for name in types:
+            joined[name].append(h.values[name])
+        base += len(next(iter(h.values.values())))
+        h.waiting -= sel.size
+        if h.waiting == 0:
+            del held[first]
+    values = {name: _Flat.join(f) if f else _Flat([], types[name].value_type) for name, f in joined.items()}
+    return _assemble(values, types, starts, item_lengths, bin_offsets, position_ids, contiguous=False)
+
+
+def _wrap_step(
+    carry: Optional[Tuple[Dict[str, "_Flat"], np.ndarray]],
+    values: Optional[Dict[str, "_Flat"]],
+    lengths: Optional[np.ndarray],
+    seq_length: int,
+    types: Dict[str, Any],
+    position_ids: bool,
+    final: bool,
+) -> Tuple[Optional[Tuple[Dict[str, Any], np.ndarray]], Any]:
+    """``wrapped`` over a stream: the open row carried over (its values and the pieces of
+    sequences in it) joins the batch's tokens, every full row goes out, the last partial one is
+    carried (or, at the end, goes out too)."""
+    if values is None:
+        values, pieces = carry if carry is not None else ({n: _Flat([], t.value_type) for n, t in types.items()}, np.zeros(0, np.int64))
+    else:
+        assert lengths is not None
+        pieces = lengths[lengths > 0]
+        if carry is not None:
+            values = {n: _Flat.join([carry[0][n], values[n]]) for n in values}
+            pieces = np.concatenate((carry[1], pieces))
+    starts, item_lengths, bin_offsets = _wrapped(pieces, seq_length)
+    total = int(pieces.sum())
+    if final or total % seq_length == 0:
+        return None, _assemble(values, types, starts, item_lengths, bin_offsets, position_ids, contiguous=True)
+    cut = total - total % seq_length
+    rest = (
+        {n: v.view(cut, total - cut) for n, v in values.items()},
+        item_lengths[bin_offsets[-2] :].astype(np.int64),
+    )
+    full = bin_offsets[:-1]
+    return rest, _assemble(values, types, starts[: full[-1]], item_lengths[: full[-1]], full, position_ids, contiguous=True)
 
 
 def _check_strategy(strategy: Any, overflow: Any) -> Tuple[str, Optional[str]]:
@@ -189,14 +382,17 @@ def _check_columns(table: Any, columns: Optional[Sequence[str]], position_ids: b
     return names
 
 
-def _lengths(table: Any, names: List[str]) -> np.ndarray:
-    """The first column's per-row lengths (int64), every column checked for nulls and against them."""
+def _lengths(table: Any, names: List[str], row0: int = 0) -> np.ndarray:
+    """The first column's per-row lengths (int64), every column checked for nulls and against
+    them; errors number the rows from ``row0`` (a stream's batch numbers its rows in the stream)."""
+    if table.num_rows == 0:  # (a stream's batch may be empty; pyarrow's all() of nothing is null)
+        return np.zeros(0, dtype=np.int64)
     first = None
     for name in names:
         col = table.column(name)
         if col.null_count:
             row = pc.index(pc.is_null(col), True).as_py()
-            raise InvalidArgumentError(f"column {name!r} has a null at row {row}; fill or filter nulls before packing")
+            raise InvalidArgumentError(f"column {name!r} has a null at row {row0 + row}; fill or filter nulls before packing")
         lens = pc.list_value_length(col)
         if first is None:
             first = lens
@@ -205,7 +401,7 @@ def _lengths(table: Any, names: List[str]) -> np.ndarray:
         if not pc.all(same).as_py():
             row = pc.index(same, False).as_py()
             raise InvalidArgumentError(
-                f"column {name!r} does not have the offsets of column {names[0]!r}: row {row} has "
+                f"column {name!r} does not have the offsets of column {names[0]!r}: row {row0 + row} has "
                 f"{lens[row].as_py()} values, not {first[row].as_py()}"
             )
     assert first is not None
@@ -213,7 +409,7 @@ def _lengths(table: Any, names: List[str]) -> np.ndarray:
     if lengths.size and int(lengths.max()) > MAX_SEQUENCE_LENGTH:
         row = int(np.argmax(lengths > MAX_SEQUENCE_LENGTH))
         raise InvalidArgumentError(
-            f"column {names[0]!r} row {row} has {int(lengths[row])} values, more than 2**32-1 (the longest sequence a plan takes)"
+            f"column {names[0]!r} row {row0 + row} has {int(lengths[row])} values, more than 2**32-1 (the longest sequence a plan takes)"
         )
     return lengths
 
@@ -234,13 +430,25 @@ def _planned(
 ) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Items (flat start, length) in output order and each output row's item offsets, from the
     kernel's plan."""
+    starts, item_lengths = _items(lengths, seq_length, overflow, first)
+    if item_lengths.size == 0:
+        return starts, item_lengths, np.zeros(1, dtype=np.int64)
+    plan = _stowplan.pack(item_lengths.astype(np.uint64), seq_length, method=_METHODS[strategy], backend=backend)
+    order = plan.indices.astype(np.int64)
+    return starts[order], item_lengths[order], plan.offsets.astype(np.int64)
+
+
+def _items(lengths: np.ndarray, seq_length: int, overflow: Optional[str], first: str, row0: int = 0) -> Tuple[np.ndarray, np.ndarray]:
+    """The items to pack, in row order: (start in the flat values, length) of every non-empty
+    row under ``overflow`` (truncated, cut into fragments, dropped when long, or refused with
+    the row numbered from ``row0``)."""
     row_starts = np.concatenate(([0], np.cumsum(lengths)[:-1])).astype(np.int64)
     keep = lengths > 0
     long = lengths > seq_length
     if overflow == "error" and long.any():
         row = int(np.argmax(long))
         raise InfeasibleError(
-            f"column {first!r} row {row} has {int(lengths[row])} values, more than seq_length = {seq_length} "
+            f"column {first!r} row {row0 + row} has {int(lengths[row])} values, more than seq_length = {seq_length} "
             "(overflow='error'; 'truncate', 'split' or 'drop' handle it)"
         )
     if overflow == "drop":
@@ -252,16 +460,8 @@ def _planned(
         frag_rows = np.repeat(rows, n_frag)
         first_frag = np.cumsum(n_frag) - n_frag
         k = np.arange(frag_rows.size, dtype=np.int64) - np.repeat(first_frag, n_frag)
-        starts = row_starts[frag_rows] + k * seq_length
-        item_lengths = np.minimum(lengths[frag_rows] - k * seq_length, seq_length)
-    else:
-        starts = row_starts[rows]
-        item_lengths = np.minimum(lengths[rows], seq_length)
-    if item_lengths.size == 0:
-        return starts, item_lengths, np.zeros(1, dtype=np.int64)
-    plan = _stowplan.pack(item_lengths.astype(np.uint64), seq_length, method=_METHODS[strategy], backend=backend)
-    order = plan.indices.astype(np.int64)
-    return starts[order], item_lengths[order], plan.offsets.astype(np.int64)
+        return row_starts[frag_rows] + k * seq_length, np.minimum(lengths[frag_rows] - k * seq_length, seq_length)
+    return row_starts[rows], np.minimum(lengths[rows], seq_length)
 
 
 def _wrapped(lengths: np.ndarray, seq_length: int) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -277,33 +477,96 @@ def _wrapped(lengths: np.ndarray, seq_length: int) -> Tuple[np.ndarray, np.ndarr
     return starts, item_lengths, bin_offsets
 
 
-def _flat_values(col: Any) -> Any:
-    values = pc.list_flatten(col)
-    return values.combine_chunks() if isinstance(values, pa.ChunkedArray) else values
+class _Flat:
+    """A column's flat values as chunks (never combined: no copy of the input). Items are runs
+    of values, each inside one chunk (as a list row is).
+
+    Gathering items copies each run with one ``memcpy`` (numpy slices concatenated) when the
+    values are numbers without nulls, the usual token columns; other types fall back to Arrow's
+    ``take`` by a per-token index."""
+
+    def __init__(self, chunks: List[Any], type_: Any) -> None:
+        self.type = type_
+        self.chunks = [c for c in chunks if len(c)]
+        self.bases = np.concatenate(([0], np.cumsum([len(c) for c in self.chunks]))).astype(np.int64)
+        t = type_
+        numeric = (pa.types.is_integer(t) or pa.types.is_floating(t)) and all(c.null_count == 0 for c in self.chunks)
+        self.arrays = [c.to_numpy(zero_copy_only=True) for c in self.chunks] if numeric else None
+
+    @classmethod
+    def of(cls, values: Any) -> "_Flat":
+        """The flat values of an Array or ChunkedArray."""
+        return cls(values.chunks if isinstance(values, pa.ChunkedArray) else [values], values.type)
+
+    @classmethod
+    def join(cls, flats: List["_Flat"]) -> "_Flat":
+        """One after the other (no copy)."""
+        return cls([c for f in flats for c in f.chunks], flats[0].type)
+
+    def __len__(self) -> int:
+        return int(self.bases[-1])
+
+    def view(self, start: int, length: int) -> "_Flat":
+        """Values ``start..start+length`` (no copy)."""
+        pieces = []
+        c = int(np.searchsorted(self.bases, start, side="right")) - 1
+        while length > 0:
+            at = start - int(self.bases[c])
+            n = min(length, len(self.chunks[c]) - at)
+            pieces.append(self.chunks[c].slice(at, n))
+            start, length, c = start + n, length - n, c + 1
+        return _Flat(pieces, self.type)
+
+    def slice(self, start: int, length: int) -> Any:
+        """Values ``start..start+length`` as one array (zero-copy inside one chunk)."""
+        chunks = self.view(start, length).chunks
+        if not chunks:
+            return pa.array([], self.type)
+        return chunks[0] if len(chunks) == 1 else pa.concat_arrays(chunks)
+
+    def gather(self, starts: np.ndarray, lengths: np.ndarray) -> Any:
+        """The items (``lengths`` values from ``starts``), one after the other, as one array."""
+        if starts.size == 0:
+            return pa.array([], self.type)
+        if self.arrays is None:
+            combined = pa.concat_arrays(self.chunks) if len(self.chunks) > 1 else self.chunks[0]
+            idx_dtype = np.int32 if len(self) <= 2**31 - 1 else np.int64
+            ends = np.cumsum(lengths)
+            perm = np.arange(int(ends[-1]), dtype=idx_dtype) + np.repeat((starts - (ends - lengths)).astype(idx_dtype), lengths)
+            return combined.take(pa.array(perm))
+        which = np.searchsorted(self.bases, starts, side="right") - 1
+        # Runs that continue one another in the same chunk are copied as one.
+        cont = (starts[1:] == starts[:-1] + lengths[:-1]) & (which[1:] == which[:-1])
+        first = np.flatnonzero(np.concatenate(([True], ~cont)))
+        run_lengths = np.add.reduceat(lengths, first).tolist()
+        run_chunks = which[first]
+        run_starts = (starts[first] - self.bases[run_chunks]).tolist()
+        arrays = self.arrays
+        pieces = [arrays[c][a : a + n] for c, a, n in zip(run_chunks.tolist(), run_starts, run_lengths)]
+        return pa.array(np.concatenate(pieces), type=self.type)
 
 
 def _assemble(
-    table: Any,
-    names: List[str],
+    values: Dict[str, "_Flat"],
+    types: Dict[str, Any],
     starts: np.ndarray,
     item_lengths: np.ndarray,
     bin_offsets: np.ndarray,
     position_ids: bool,
     contiguous: bool,
 ) -> Any:
-    """The packed table: row r holds items bin_offsets[r]..bin_offsets[r+1], built in chunks of
-    at most _CHUNK_TOKENS tokens (or one row)."""
+    """The packed table: row r holds items bin_offsets[r]..bin_offsets[r+1] (an item is the
+    ``item_lengths`` values from ``starts`` in every column's flat values, a :class:`_Flat`,
+    of list type ``types[name]``), built in chunks of at most _CHUNK_TOKENS tokens (or one row)."""
+    names = list(values)
     n_rows = bin_offsets.size - 1
     item_ends = np.concatenate(([0], np.cumsum(item_lengths))).astype(np.int64)
     row_tokens = item_ends[bin_offsets]  # tokens before each row, and the total
-    values = {name: _flat_values(table.column(name)) for name in names}
-    types = {name: table.schema.field(name).type for name in names}
     seq_type = pa.list_(pa.int32())
     out: Dict[str, List[Any]] = {name: [] for name in names}
     out[SEQ_LENGTHS] = []
     if position_ids:
         out[POSITION_IDS] = []
-    idx_dtype = np.int32 if len(values[names[0]]) <= 2**31 - 1 else np.int64  # indices into the flat values
     r0 = 0
     while r0 < n_rows:
         r1 = int(np.searchsorted(row_tokens, row_tokens[r0] + _CHUNK_TOKENS, side="right")) - 1
@@ -316,8 +579,7 @@ def _assemble(
         if contiguous:
             taken = {name: values[name].slice(t0, t1 - t0) for name in names}
         else:
-            perm = pa.array(np.arange(t1 - t0, dtype=idx_dtype) + np.repeat((starts[i0:i1] - local).astype(idx_dtype), lens))
-            taken = {name: values[name].take(perm) for name in names}
+            taken = {name: values[name].gather(starts[i0:i1], lens) for name in names}
         for name in names:
             t = types[name]
             if pa.types.is_large_list(t):

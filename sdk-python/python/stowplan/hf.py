@@ -1,10 +1,14 @@
-"""Pack a Hugging Face ``datasets.Dataset`` (or ``DatasetDict``) with one kernel plan (issue 28).
+"""Pack a Hugging Face dataset with the kernel, and feed the packed rows to padding-free training (issue 28).
 
-:func:`pack_dataset` runs :func:`stowplan.arrow.pack_table` on the dataset's Arrow table and
+:func:`pack_dataset` runs :func:`stowplan.arrow.pack_table` on a ``Dataset``'s Arrow table and
 returns an ordinary ``datasets.Dataset`` built from the packed table — no row becomes a Python
 object, and with ``scope="dataset"`` (the default) one plan covers the whole dataset, so bins
-cross what would be map batches and the result does not depend on ``num_proc``. Needs
-``datasets`` and ``pyarrow`` (``pip install 'stowplan[hf]'``).
+cross what would be map batches and the result does not depend on ``num_proc``. An
+``IterableDataset`` is streamed through the kernel's ``StreamPacker``
+(:func:`stowplan.arrow.pack_batches`). :class:`PaddingFreeCollator` collates packed rows for
+the varlen attention paths; :class:`TokenBudgetBatchSampler` forms micro-batches under a hard
+token cap, balanced over data-parallel ranks. Needs ``datasets`` and ``pyarrow`` (``pip
+install 'stowplan[hf]'``).
 
 >>> from datasets import Dataset
 >>> import stowplan.hf
@@ -16,22 +20,34 @@ cross what would be map batches and the result does not depend on ``num_proc``. 
 
 from __future__ import annotations
 
+import functools
 import hashlib
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from . import _stowplan
-from .arrow import DEFAULT_STRATEGY, POSITION_IDS, SEQ_LENGTHS, _pack, pack_table
+from ._layout import materialize
+from .arrow import DEFAULT_STRATEGY, POSITION_IDS, SEQ_LENGTHS, _check_columns, _pack, pack_batches, pack_table
 from .errors import InvalidArgumentError
 
 try:
     import datasets
     import pyarrow as pa
+    from datasets.iterable_dataset import ArrowExamplesIterable
 except ImportError as exc:  # pragma: no cover - the hf extra installs them
     raise ImportError("stowplan.hf needs datasets and pyarrow: pip install 'stowplan[hf]'") from exc
 
-__all__ = ["pack_dataset", "PaddingFreeCollator", "SCOPES", "DEFAULT_SCOPE"]
+__all__ = ["pack_dataset", "PaddingFreeCollator", "TokenBudgetBatchSampler", "SCOPES", "DEFAULT_SCOPE"]
+
+
+def __getattr__(name: str) -> Any:
+    # TokenBudgetBatchSampler subclasses torch's Sampler (when installed): torch loads on use.
+    if name == "TokenBudgetBatchSampler":
+        from ._sampler import TokenBudgetBatchSampler
+
+        return TokenBudgetBatchSampler
+    raise AttributeError(f"module 'stowplan.hf' has no attribute {name!r}")
 
 #: ``"dataset"``: one plan over the whole dataset (identical for any ``num_proc``);
 #: ``"batch"``: one plan per ``Dataset.map`` batch (``map_kwargs``' ``batch_size``, datasets'
@@ -39,6 +55,8 @@ __all__ = ["pack_dataset", "PaddingFreeCollator", "SCOPES", "DEFAULT_SCOPE"]
 #: result) change with ``num_proc``.
 SCOPES = ("dataset", "batch")
 DEFAULT_SCOPE = "dataset"
+# Rows read from an IterableDataset at a time (an Arrow batch); the packed rows do not depend on it.
+_STREAM_ROWS = 1000
 
 
 def pack_dataset(
@@ -52,9 +70,11 @@ def pack_dataset(
     columns: Optional[Sequence[str]] = None,
     position_ids: bool = False,
     map_kwargs: Optional[Dict[str, Any]] = None,
+    max_open_bins: Optional[int] = None,
+    max_buffered: Optional[int] = None,
     backend: Optional[str] = None,
 ) -> Any:
-    """``dataset`` (a ``datasets.Dataset`` or ``DatasetDict``, each split packed on its own) with
+    """``dataset`` (a ``datasets.Dataset``, ``IterableDataset`` or a dict of them, each split packed on its own) with
     its list columns packed into rows of at most ``seq_length`` tokens, as
     :func:`stowplan.arrow.pack_table` packs a table (``strategy``, ``overflow``, ``columns``,
     ``position_ids`` and ``backend`` are its; the output has the packed columns,
@@ -65,8 +85,23 @@ def pack_dataset(
     re-run gives the same fingerprint; ``num_proc`` changes nothing (one kernel call plans
     everything) and ``map_kwargs`` is refused. With ``"batch"``, ``Dataset.map(batched=True,
     num_proc=num_proc, **map_kwargs)`` packs each batch (cached by ``datasets`` as maps are).
-    The input's format type is kept. A ``datasets.IterableDataset`` is refused: stream it
-    through :class:`stowplan.PackedIterableDataset` (the kernel's ``StreamPacker``) instead.
+    The input's format type is kept.
+
+    A ``datasets.IterableDataset`` (or ``IterableDatasetDict``) is streamed: the result is an
+    ``IterableDataset`` whose iteration reads the input in Arrow batches and packs them with
+    :func:`stowplan.arrow.pack_batches` — the kernel's :class:`stowplan.StreamPacker`, whose
+    ``max_open_bins`` and ``max_buffered`` bound the memory (they apply to streams only).
+    Columns and overflow are as above; ``strategy`` is one of
+    :data:`stowplan.arrow.STREAM_STRATEGIES` (``ffd`` needs every length first); ``scope``
+    must be ``"dataset"`` (one packer over the whole stream); ``num_proc`` changes nothing.
+    Every sample goes out once, in rows of at most ``seq_length`` tokens, and a re-iteration
+    gives the same rows (resume with datasets' ``state_dict``, which replays the stream).
+    Argument errors are raised here; errors in the data (nulls, a non-list column, …) when the
+    iteration reaches them, naming the row in the stream.
+
+    >>> stream = datasets.Dataset.from_dict({"input_ids": [[1, 2, 3], [4], [5, 6], [7, 8, 9]]}).to_iterable_dataset()
+    >>> [row["seq_lengths"] for row in pack_dataset(stream, 4)]
+    [[3, 1], [3], [2]]
     """
     if isinstance(dataset, datasets.DatasetDict):
         return datasets.DatasetDict(
@@ -81,24 +116,53 @@ def pack_dataset(
                     columns=columns,
                     position_ids=position_ids,
                     map_kwargs=map_kwargs,
+                    max_open_bins=max_open_bins,
+                    max_buffered=max_buffered,
                     backend=backend,
                 )
                 for split, ds in dataset.items()
             }
         )
-    if isinstance(dataset, (datasets.IterableDataset, datasets.IterableDatasetDict)):
-        raise InvalidArgumentError(
-            "dataset is a datasets.IterableDataset: pack_dataset needs the whole table; stream it through "
-            "stowplan.PackedIterableDataset (the kernel's StreamPacker), or load it as a datasets.Dataset"
+    if isinstance(dataset, datasets.IterableDatasetDict):
+        return datasets.IterableDatasetDict(
+            {
+                split: pack_dataset(
+                    ds,
+                    seq_length,
+                    strategy=strategy,
+                    scope=scope,
+                    num_proc=num_proc,
+                    overflow=overflow,
+                    columns=columns,
+                    position_ids=position_ids,
+                    map_kwargs=map_kwargs,
+                    max_open_bins=max_open_bins,
+                    max_buffered=max_buffered,
+                    backend=backend,
+                )
+                for split, ds in dataset.items()
+            }
         )
-    if not isinstance(dataset, datasets.Dataset):
-        raise InvalidArgumentError(f"dataset must be a datasets.Dataset or DatasetDict (got {type(dataset).__name__})")
+    if not isinstance(dataset, (datasets.Dataset, datasets.IterableDataset)):
+        raise InvalidArgumentError(
+            f"dataset must be a datasets.Dataset, IterableDataset, DatasetDict or IterableDatasetDict (got {type(dataset).__name__})"
+        )
     if not isinstance(scope, str) or scope not in SCOPES:
         raise InvalidArgumentError(f"scope must be 'dataset' or 'batch' (got {scope!r})")
     if num_proc is not None:
         _stowplan._integer(num_proc, "num_proc", 1, 4096)
     if map_kwargs is not None and not isinstance(map_kwargs, dict):
         raise InvalidArgumentError(f"map_kwargs must be a dict of Dataset.map arguments (got {type(map_kwargs).__name__})")
+    if isinstance(dataset, datasets.IterableDataset):
+        if scope != "dataset" or map_kwargs:
+            raise InvalidArgumentError(
+                f"an IterableDataset is packed by one stream packer: scope must be 'dataset' and map_kwargs None (got scope={scope!r})"
+            )
+        return _pack_iterable(dataset, seq_length, strategy, overflow, columns, position_ids, max_open_bins, max_buffered, backend)
+    if max_open_bins is not None or max_buffered is not None:
+        raise InvalidArgumentError(
+            "max_open_bins and max_buffered bound the stream packer of an IterableDataset; a Dataset is planned whole: leave them None"
+        )
     fmt = dataset.format
     source = dataset.with_format("arrow")
     names = list(columns) if columns is not None and not isinstance(columns, str) else columns
@@ -136,6 +200,59 @@ def pack_dataset(
     return out.with_format(fmt.get("type"), columns=cols, output_all_columns=fmt.get("output_all_columns", False), **fmt.get("format_kwargs", {}))
 
 
+def _pack_iterable(
+    dataset: Any,
+    seq_length: int,
+    strategy: str,
+    overflow: Optional[str],
+    columns: Optional[Sequence[str]],
+    position_ids: bool,
+    max_open_bins: Optional[int],
+    max_buffered: Optional[int],
+    backend: Optional[str],
+) -> Any:
+    """The ``IterableDataset`` of ``dataset`` streamed through :func:`pack_batches`."""
+    names = list(columns) if columns is not None and not isinstance(columns, str) else columns
+    options = {
+        "strategy": strategy,
+        "overflow": overflow,
+        "columns": names,
+        "position_ids": position_ids,
+        "max_open_bins": max_open_bins,
+        "max_buffered": max_buffered,
+        "backend": backend,
+    }
+    pack_batches([], seq_length, **options)  # checks the arguments now (iterates nothing)
+    features = None
+    if dataset.features is not None:  # the output's types, and the columns checked now
+        schema = dataset.features.arrow_schema
+        kept = _check_columns(schema.empty_table(), names, position_ids)
+        new = [pa.field(SEQ_LENGTHS, pa.list_(pa.int32()))] + ([pa.field(POSITION_IDS, pa.list_(pa.int32()))] if position_ids else [])
+        features = datasets.Features.from_arrow_schema(pa.schema([schema.field(n) for n in kept] + new))
+    generate = functools.partial(_packed_tables, dataset, seq_length, options)
+    out = datasets.IterableDataset(
+        ArrowExamplesIterable(generate, {}),
+        info=datasets.DatasetInfo(features=features),
+        split=dataset.split,
+    )
+    formatting = getattr(dataset, "_formatting", None)
+    return out.with_format(formatting.format_type) if formatting is not None and formatting.format_type else out
+
+
+def _packed_tables(dataset: Any, seq_length: int, options: Dict[str, Any]) -> Iterator[Tuple[str, Any]]:
+    """The packed tables of one iteration of ``dataset`` (keyed as datasets wants)."""
+    if getattr(dataset._ex_iterable, "iter_arrow", None) is not None:  # Arrow all the way (Parquet, to_iterable_dataset …)
+        batches = dataset.with_format("arrow").iter(batch_size=_STREAM_ROWS)
+    else:
+        # Python examples (from_generator): datasets' own Arrow rebatching fails on a batch whose
+        # lists are all empty (typed null, datasets 5.2), so the batches are built here, typed by
+        # the features when known.
+        schema = dataset.features.arrow_schema if dataset.features is not None else None
+        batches = (pa.table(b, schema=schema) for b in dataset.with_format(None).iter(batch_size=_STREAM_ROWS))
+    for i, table in enumerate(pack_batches(batches, seq_length, **options)):
+        yield str(i), table
+
+
 def _pack_batch(table: Any, **options: Any) -> Any:
     """One map batch packed (an empty batch stays empty, with the output's columns)."""
     if table.num_rows == 0:
@@ -154,7 +271,17 @@ class PaddingFreeCollator:
     ``position_ids_start`` at every sequence, ``labels`` = ``separator_id`` at each sequence's
     first token (no token learns across a boundary), and with ``return_flash_attn_kwargs``
     ``cu_seq_lens_q``/``cu_seq_lens_k`` (int32) and ``max_length_q``/``max_length_k`` (ints),
-    with ``return_seq_idx`` ``seq_idx`` (1, T) (int32, each token's sequence number).
+    with ``return_seq_idx`` ``seq_idx`` (1, T) (int32, each token's sequence number), and with
+    ``return_loss_weights`` ``loss_weights`` (1, T) (float32).
+
+    ``loss_weights`` are the kernel's (:func:`stowplan.materialize`'s, the same definition):
+    each sequence is a sample whose loss tokens are the positions whose label is neither -100
+    nor ``separator_id`` (so never a sequence's first token), and Σ ``loss_weights × per-token
+    loss`` (the loss of predicting ``labels[t]`` at position ``t``) is the loss the sequences
+    give unpacked under ``loss_agg_mode`` — ``"token-mean"`` (default),
+    ``"seq-mean-token-mean"``, ``"seq-mean-token-sum"`` or ``"seq-mean-token-sum-norm"``
+    (horizon ``loss_scale_factor``; default the batch's longest sequence) — with the counts
+    taken over the collated batch, however its sequences were packed into rows.
 
     A feature is a dict with ``input_ids`` (list or array) and optionally ``labels`` (else the
     labels are the ``input_ids``); a feature with ``seq_lengths`` (a row of
@@ -176,12 +303,16 @@ class PaddingFreeCollator:
         separator_id: int = -100,
         return_flash_attn_kwargs: bool = False,
         return_seq_idx: bool = False,
+        return_loss_weights: bool = False,
+        loss_agg_mode: Optional[str] = None,
+        loss_scale_factor: Optional[float] = None,
         return_tensors: str = "np",
     ) -> None:
         for name, flag in (
             ("return_position_ids", return_position_ids),
             ("return_flash_attn_kwargs", return_flash_attn_kwargs),
             ("return_seq_idx", return_seq_idx),
+            ("return_loss_weights", return_loss_weights),
         ):
             if not isinstance(flag, bool):
                 raise InvalidArgumentError(f"{name} must be True or False (got {flag!r})")
@@ -192,6 +323,13 @@ class PaddingFreeCollator:
         self.separator_id = _stowplan._integer(separator_id, "separator_id", -(2**63), 2**63 - 1)
         self.return_flash_attn_kwargs = return_flash_attn_kwargs
         self.return_seq_idx = return_seq_idx
+        self.return_loss_weights = return_loss_weights
+        if not return_loss_weights and (loss_agg_mode is not None or loss_scale_factor is not None):
+            raise InvalidArgumentError("loss_agg_mode and loss_scale_factor shape loss_weights: pass return_loss_weights=True")
+        self.loss_agg_mode = loss_agg_mode
+        self.loss_scale_factor = loss_scale_factor
+        if return_loss_weights:  # the kernel checks the mode and the horizon (its messages name them)
+            self._loss_weights(np.zeros(1, np.int64), np.zeros(1, np.int64), np.array([0, 1]))
         self.return_tensors = return_tensors
 
     def __call__(self, features: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
@@ -225,6 +363,8 @@ class PaddingFreeCollator:
             batch["position_ids"] = (np.arange(total, dtype=np.int64) - np.repeat(cu[:-1], n) + self.position_ids_start)[None, :]
         if self.return_seq_idx:
             batch["seq_idx"] = np.repeat(np.arange(n.size, dtype=np.int32), n)[None, :]
+        if self.return_loss_weights:
+            batch["loss_weights"] = self._loss_weights(batch["input_ids"][0], lab, cu)[None, :]
         if self.return_flash_attn_kwargs:
             batch["cu_seq_lens_q"] = cu.astype(np.int32)
             batch["cu_seq_lens_k"] = cu.astype(np.int32)  # two arrays, as transformers gives
@@ -234,3 +374,24 @@ class PaddingFreeCollator:
 
             batch = {k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v for k, v in batch.items()}
         return batch
+
+    def _loss_weights(self, ids: np.ndarray, labels: np.ndarray, cu: np.ndarray) -> np.ndarray:
+        """The kernel's loss weights of the row: every sequence a sample (no prompt, its tokens
+        the completion, masked where a label is -100 or the separator), all in one micro-batch
+        in row order."""
+        mask = (labels != -100) & (labels != self.separator_id)
+        empty = np.zeros(0, dtype=np.int64)
+        bounds = cu.tolist()
+        samples = [
+            {"prompt_ids": empty, "completion_ids": ids[a:b], "completion_mask": mask[a:b], "advantage": 0.0}
+            for a, b in zip(bounds[:-1], bounds[1:])
+        ]
+        row = materialize(
+            samples,
+            capacity=int(bounds[-1]),
+            plan=[[list(range(len(samples)))]],
+            loss_agg_mode=self.loss_agg_mode,
+            loss_scale_factor=self.loss_scale_factor,
+            allow_empty_completion=True,
+        ).ranks[0][0]
+        return row.loss_weights
