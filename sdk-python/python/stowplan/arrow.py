@@ -141,7 +141,7 @@ def _pack(
     if table.num_rows > MAX_SEQUENCE_LENGTH:
         raise InvalidArgumentError(f"the table has {table.num_rows} rows; at most 2**32-1 can be packed at once")
     lengths = _lengths(table, names)
-    starts, item_lengths, bin_offsets = _items(lengths, seq_length, strategy, overflow, names[0], backend)
+    starts, item_lengths, bin_offsets = _plan_items(lengths, seq_length, strategy, overflow, names[0], backend)
     digest = hashlib.sha256()
     digest.update(repr((seq_length, strategy, overflow, names, position_ids)).encode())
     for a in (starts, item_lengths, bin_offsets):
@@ -414,7 +414,7 @@ def _lengths(table: Any, names: List[str], row0: int = 0) -> np.ndarray:
     return lengths
 
 
-def _items(
+def _plan_items(
     lengths: np.ndarray, seq_length: int, strategy: str, overflow: Optional[str], first: str, backend: Optional[str]
 ) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The packed rows of rows of ``lengths`` tokens (flat in row order): items (flat start,

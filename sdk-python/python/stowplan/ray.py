@@ -546,7 +546,7 @@ def pack_dataset(
         raise InvalidArgumentError("the dataset is empty: there are no rows to pack")
     if lengths.size > sa.MAX_SEQUENCE_LENGTH:
         raise InvalidArgumentError(f"the dataset has {lengths.size} rows; at most 2**32-1 can be packed at once")
-    starts, item_lengths, bin_offsets = sa._items(lengths, seq_length, strategy, overflow, names[0], backend)
+    starts, item_lengths, bin_offsets = sa._plan_items(lengths, seq_length, strategy, overflow, names[0], backend)
     plan = _block_plan(lengths, starts, item_lengths, bin_offsets, num_blocks)
     plan["uid_of_pair"] = uids[plan["pair_row"]]
     order = np.argsort(plan["uid_of_pair"], kind="stable")
@@ -674,7 +674,7 @@ def _assembler(ref: Any, names: List[str], position_ids: bool) -> Callable[[Any]
     def assemble(group: Any) -> Any:
         import pyarrow.compute as pc
 
-        from .arrow import _assemble
+        from .arrow import _assemble, _Flat
 
         plan = ray.get(ref)
         block = int(group.column(_CHUNK)[0].as_py())
@@ -686,6 +686,8 @@ def _assembler(ref: Any, names: List[str], position_ids: bool) -> Callable[[Any]
         i0, i1 = int(plan["bin_offsets"][b0]), int(plan["bin_offsets"][b1])
         local = flat[np.searchsorted(rows, plan["item_row"][i0:i1])] + plan["item_off"][i0:i1]
         offsets = plan["bin_offsets"][b0 : b1 + 1] - i0
-        return _assemble(group, names, local, plan["item_len"][i0:i1], offsets, position_ids, contiguous=False)
+        values = {name: _Flat.of(pc.list_flatten(group.column(name))) for name in names}
+        types = {name: group.schema.field(name).type for name in names}
+        return _assemble(values, types, local, plan["item_len"][i0:i1], offsets, position_ids, contiguous=False)
 
     return assemble
