@@ -8,19 +8,8 @@ import { execFileSync } from 'node:child_process';
 import { writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 
-import { CLI, PKG, requireCli } from '../test/helpers.js';
+import { CLI, PKG, requireCli, rng } from '../test/helpers.js';
 
-/** A seeded generator of integers in `lo..=hi` (mulberry32). */
-function rng(seed) {
-  let a = seed >>> 0;
-  return (lo, hi) => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return lo + (((t ^ (t >>> 14)) >>> 0) % (hi - lo + 1));
-  };
-}
 
 /** `n` rows of a table: each column's sizes drawn in `ranges[name]`. */
 function table(seed, n, ranges) {

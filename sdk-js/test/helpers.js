@@ -100,3 +100,15 @@ export function cliPlanText(text) {
   if (!plan.length || plan.some((k) => !PLAN_KEYS.includes(k))) throw new Error(`unexpected plan keys in the CLI JSON: ${plan}`);
   return `${text.slice(0, at)}}`;
 }
+
+/** A seeded generator of integers in `lo..=hi` (mulberry32). */
+export function rng(seed) {
+  let a = seed >>> 0;
+  return (lo, hi) => {
+    a = (a + 0x6d2b79f5) >>> 0;
+    let t = a;
+    t = Math.imul(t ^ (t >>> 15), t | 1);
+    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
+    return lo + (((t ^ (t >>> 14)) >>> 0) % (hi - lo + 1));
+  };
+}

@@ -7,23 +7,12 @@ import { join } from 'node:path';
 import { test } from 'node:test';
 
 import * as stowplan from '../src/index.js';
-import { PKG, norm } from './helpers.js';
+import { PKG, norm, rng } from './helpers.js';
 
 const { InfeasibleError, InvalidArgumentError, MultiPacking, Packing } = stowplan;
 const VECTORS = JSON.parse(readFileSync(join(PKG, 'test/multi_vectors.json'), 'utf8')).cases;
 const METHODS = ['bfd', 'ffd', 'next-fit'];
 
-/** A seeded generator of integers in `lo..=hi` (mulberry32). */
-function rng(seed) {
-  let a = seed >>> 0;
-  return (lo, hi) => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return lo + (((t ^ (t >>> 14)) >>> 0) % (hi - lo + 1));
-  };
-}
 
 const plain = (lists) => lists.map((l) => Array.from(l));
 

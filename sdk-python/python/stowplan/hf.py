@@ -103,46 +103,21 @@ def pack_dataset(
     >>> [row["seq_lengths"] for row in pack_dataset(stream, 4)]
     [[3, 1], [3], [2]]
     """
-    if isinstance(dataset, datasets.DatasetDict):
-        return datasets.DatasetDict(
-            {
-                split: pack_dataset(
-                    ds,
-                    seq_length,
-                    strategy=strategy,
-                    scope=scope,
-                    num_proc=num_proc,
-                    overflow=overflow,
-                    columns=columns,
-                    position_ids=position_ids,
-                    map_kwargs=map_kwargs,
-                    max_open_bins=max_open_bins,
-                    max_buffered=max_buffered,
-                    backend=backend,
-                )
-                for split, ds in dataset.items()
-            }
-        )
-    if isinstance(dataset, datasets.IterableDatasetDict):
-        return datasets.IterableDatasetDict(
-            {
-                split: pack_dataset(
-                    ds,
-                    seq_length,
-                    strategy=strategy,
-                    scope=scope,
-                    num_proc=num_proc,
-                    overflow=overflow,
-                    columns=columns,
-                    position_ids=position_ids,
-                    map_kwargs=map_kwargs,
-                    max_open_bins=max_open_bins,
-                    max_buffered=max_buffered,
-                    backend=backend,
-                )
-                for split, ds in dataset.items()
-            }
-        )
+    for splits in (datasets.DatasetDict, datasets.IterableDatasetDict):
+        if isinstance(dataset, splits):
+            options = dict(
+                strategy=strategy,
+                scope=scope,
+                num_proc=num_proc,
+                overflow=overflow,
+                columns=columns,
+                position_ids=position_ids,
+                map_kwargs=map_kwargs,
+                max_open_bins=max_open_bins,
+                max_buffered=max_buffered,
+                backend=backend,
+            )
+            return splits({split: pack_dataset(ds, seq_length, **options) for split, ds in dataset.items()})
     if not isinstance(dataset, (datasets.Dataset, datasets.IterableDataset)):
         raise InvalidArgumentError(
             f"dataset must be a datasets.Dataset, IterableDataset, DatasetDict or IterableDatasetDict (got {type(dataset).__name__})"
