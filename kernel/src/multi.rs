@@ -291,11 +291,11 @@ fn over_limit(i: usize, s: u64, q: usize, c: u64, names: &[String], align: u64) 
 /// refused with an error instead of running for minutes.
 pub const MAX_FIT_STEPS: u64 = 1 << 30;
 
-/// The error of an input that needs more than [`MAX_FIT_STEPS`].
-fn too_many_steps(n: usize) -> Error {
+/// The error of `n` items that need more than `max_steps` fit steps.
+fn too_many_steps(n: usize, max_steps: u64) -> Error {
     Error::InvalidArgument(alloc::format!(
-        "packing these {n} items under several limits needs too many fit steps (more than {MAX_FIT_STEPS} (bins with room in one \
-         resource but not in another); pack them in smaller windows"
+        "packing these {n} items under several limits needs more than {max_steps} fit steps: many bins have \
+         room in one resource but not in another; pack the items in smaller windows"
     ))
 }
 
@@ -524,7 +524,7 @@ fn best_fit(
                 }
                 steps += 1;
                 if steps > max_steps {
-                    return Err(too_many_steps(rest.len()));
+                    return Err(too_many_steps(rest.len(), max_steps));
                 }
                 let room = &rooms[b as usize * rx..][..rx];
                 if fits(item, room) {
@@ -606,8 +606,10 @@ fn first_fit(
             tree.grow();
         }
         // An unopened leaf fits every item within the capacities: the search succeeds.
-        let b =
-            tree.find(item, &mins, &mut dead, &mut steps).ok_or_else(|| too_many_steps(rest.len()))?.unwrap_or(opened);
+        let b = tree
+            .find(item, &mins, &mut dead, &mut steps)
+            .ok_or_else(|| too_many_steps(rest.len(), max_steps))?
+            .unwrap_or(opened);
         for d in dead.drain(..) {
             tree.kill(d);
         }
@@ -772,7 +774,7 @@ mod tests {
                 oversize: OversizePolicy::Error,
             };
             let e = pack_multi_within(&sizes, &o, 2_000).unwrap_err();
-            assert!(matches!(&e, Error::InvalidArgument(m) if m.contains("needs too many fit steps")), "{e:?}");
+            assert!(matches!(&e, Error::InvalidArgument(m) if m.contains("needs more than 2000 fit steps")), "{e:?}");
             assert_eq!(pack_multi_within(&sizes, &o, 1 << 24).unwrap(), pack_multi(&sizes, &o).unwrap());
         }
     }
