@@ -75,13 +75,6 @@ pub struct MultiPacking {
     pub lower_bounds: Vec<u64>,
 }
 
-impl MultiPacking {
-    /// The number of resources (the width of [`resource_loads`](Self::resource_loads)).
-    pub fn resources(&self) -> usize {
-        self.resource_loads.len().checked_div(self.packing.bins()).unwrap_or(0)
-    }
-}
-
 /// Packs `n` items whose sizes are `sizes` (row by row: item `i` is
 /// `sizes[i·R..(i+1)·R]` with `R = capacities.len()`) into bins within every capacity.
 ///
@@ -603,7 +596,7 @@ fn first_fit(
         mins.advance(p);
         let item = &work[i as usize * rx..][..rx];
         if opened == tree.leaves {
-            tree.grow();
+            tree = tree.grow();
         }
         // An unopened leaf fits every item within the capacities: the search succeeds.
         let b = tree
@@ -652,19 +645,16 @@ impl RoomTree {
     }
 
     /// Twice the leaves: the old leaves keep their rooms, the new ones hold the capacities.
-    fn grow(&mut self) {
-        let classes =
-            core::mem::replace(&mut self.classes, Classes { least: Vec::new(), words: 0, compatible: Vec::new() });
-        let mut bigger = RoomTree::new(&self.caps, self.leaves * 2, classes);
-        let (rx, w) = (self.rx, bigger.classes.words);
-        let old = &self.max[self.leaves * rx..2 * self.leaves * rx];
-        bigger.max[bigger.leaves * rx..(bigger.leaves + self.leaves) * rx].copy_from_slice(old);
-        let old = &self.present[self.leaves * w..2 * self.leaves * w];
-        bigger.present[bigger.leaves * w..(bigger.leaves + self.leaves) * w].copy_from_slice(old);
+    fn grow(self) -> Self {
+        let RoomTree { rx, leaves, max, present, caps, classes } = self;
+        let w = classes.words;
+        let mut bigger = RoomTree::new(&caps, leaves * 2, classes);
+        bigger.max[bigger.leaves * rx..(bigger.leaves + leaves) * rx].copy_from_slice(&max[leaves * rx..]);
+        bigger.present[bigger.leaves * w..(bigger.leaves + leaves) * w].copy_from_slice(&present[leaves * w..]);
         for node in (1..bigger.leaves).rev() {
             bigger.pull(node);
         }
-        *self = bigger;
+        bigger
     }
 
     /// Node `node`'s rooms and classes from its children's.

@@ -354,9 +354,7 @@ impl PyMicroBatch {
 impl PyMicroBatch {
     /// Pickles as its framed, checksummed bytes (:meth:`to_bytes`).
     fn __reduce__<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyTuple>> {
-        let py = slf.py();
-        let from_bytes = slf.as_any().get_type().getattr("from_bytes")?;
-        PyTuple::new(py, [from_bytes, PyTuple::new(py, [slf.get().to_bytes(py)?])?.into_any()])
+        crate::reduce_by(slf, "from_bytes", (slf.get().to_bytes(slf.py())?,))
     }
 
     fn __len__(&self, py: Python<'_>) -> usize {

@@ -628,10 +628,20 @@ pub(crate) fn reduce<'py, T: pyo3::PyClass>(
     obj: &Bound<'py, T>,
     state: impl IntoPyObject<'py>,
 ) -> PyResult<Bound<'py, PyTuple>> {
+    reduce_by(obj, "_from_state", state)
+}
+
+/// `(type(obj).<rebuild>, args)`: what `__reduce__` returns for a class that pickle rebuilds by
+/// calling its static method `rebuild` with `args` (a tuple).
+pub(crate) fn reduce_by<'py, T: pyo3::PyClass>(
+    obj: &Bound<'py, T>,
+    rebuild: &str,
+    args: impl IntoPyObject<'py>,
+) -> PyResult<Bound<'py, PyTuple>> {
     use pyo3::BoundObject;
     let py = obj.py();
-    let from_state = obj.as_any().get_type().getattr("_from_state")?;
-    PyTuple::new(py, [from_state, state.into_pyobject(py).map_err(Into::into)?.into_any().into_bound()])
+    let method = obj.as_any().get_type().getattr(rebuild)?;
+    PyTuple::new(py, [method, args.into_pyobject(py).map_err(Into::into)?.into_any().into_bound()])
 }
 
 impl Default for LazyList {

@@ -152,10 +152,7 @@ impl PyStreamPacker {
     }
 
     fn __reduce__<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyTuple>> {
-        let py = slf.py();
-        let state = slf.borrow().state(py)?;
-        let from_state = slf.get_type().getattr("from_state")?;
-        PyTuple::new(py, [from_state, PyTuple::new(py, [state])?.into_any()])
+        crate::reduce_by(slf, "from_state", (slf.borrow().state(slf.py())?,))
     }
 
     /// Tokens per bin.
