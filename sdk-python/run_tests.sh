@@ -10,24 +10,29 @@ python="${PYTHON:-python3}"
 rm -rf "$venv"
 "$python" -m venv "$venv"
 "$venv/bin/python" -m pip install --quiet --upgrade pip
-# The same cargo target directory as the rest of the workspace: no second wasmtime build.
-CARGO_TARGET_DIR="$root/target" "$venv/bin/python" -m pip install --quiet "$here[test]"
+# The SDK exactly as a user installs it (pip builds the wheel with maturin), in the same cargo
+# target directory as the rest of the workspace: no second wasmtime build.
+CARGO_TARGET_DIR="$root/target" "$venv/bin/python" -m pip install --quiet "$here"
+# The test dependencies (the 'test' extra, TRL, transformers, Ray) through uv, which resolves
+# and installs them in parallel: about 10 s where pip took about 70 s. Bounded in time.
+"$venv/bin/python" -m pip install --quiet uv
+uv="$venv/bin/uv"
+timeout 600 "$uv" pip install --quiet --python "$venv/bin/python" -r "$here/pyproject.toml" --extra test
 cd "$venv"   # import the installed package, not the source tree
 # TRL for tests/test_hf.py's comparisons, at the version stowplan.compat.trl reproduces: without
 # its dependencies (accelerate, torch …), plus the one package trl.data_utils imports beyond
-# the hf extra (transformers, which installs without torch). Bounded in time.
+# the hf extra (transformers, which installs without torch).
 trl_version="$("$venv/bin/python" -c 'from stowplan.compat.trl import TRL_VERSION; print(TRL_VERSION)')"
-timeout 600 "$venv/bin/python" -m pip install --quiet --no-deps "trl==$trl_version"
-timeout 600 "$venv/bin/python" -m pip install --quiet "transformers>=4.56.2"
-# Ray (the 'ray' extra) for tests/test_ray.py, which STOWPLAN_REQUIRE_RAY=1 makes fail instead of skip.
-timeout 600 "$venv/bin/python" -m pip install --quiet "ray[data]>=2.9"
+timeout 600 "$uv" pip install --quiet --python "$venv/bin/python" --no-deps "trl==$trl_version"
+# transformers, and Ray (the 'ray' extra) for tests/test_ray.py, which STOWPLAN_REQUIRE_RAY=1
+# makes fail instead of skip.
+timeout 600 "$uv" pip install --quiet --python "$venv/bin/python" "transformers>=4.56.2" "ray[data]>=2.9"
 "$venv/bin/python" -c "import stowplan; p = stowplan.partition([100, 900, 50, 950, 400, 600], 2); assert p.groups == [[0, 2, 3, 4], [1, 5]], p.groups; print('sdk: import ok,', stowplan.kernel_info()['sha256'][:12])"
-# The end-to-end packer test runs the `stowplan serve` binary of the same target directory,
-# which `cargo test --release` (the step before this one in `cargo xtask test`) has just built.
-# Built here only when missing: `cargo build -p stowplan` alone unifies features differently
-# and would compile wasmtime a second time.
-if [ ! -x "$root/target/release/stowplan" ]; then
-    (cd "$root" && cargo build --release --locked -p stowplan-cli --bin stowplan)
+# The end-to-end packer tests run a `stowplan` binary: STOWPLAN_BIN (`cargo xtask test` passes
+# the one its ZeroMQ tests built, with the transport), else the workspace's, built when missing.
+bin="${STOWPLAN_BIN:-$root/target/release/stowplan}"
+if [ ! -x "$bin" ]; then
+    (cd "$root" && cargo build --release --locked -p stowplan-cli --features zmq --bin stowplan)
 fi
-STOWPLAN_BIN="$root/target/release/stowplan" STOWPLAN_REQUIRE_SERVE=1 \
+STOWPLAN_BIN="$bin" STOWPLAN_REQUIRE_SERVE=1 \
 STOWPLAN_REQUIRE_COMPONENTIZE_PY=1 STOWPLAN_REQUIRE_TRL=1 STOWPLAN_REQUIRE_RAY=1 "$venv/bin/python" -m pytest -q -W error -p no:cacheprovider -c "$here/pyproject.toml" "$here/tests"

@@ -29,3 +29,15 @@ impl From<Error> for Failure {
         Self { code, message: e.to_string() }
     }
 }
+
+/// `what` in a build without the ZeroMQ transport (the `zmq` feature, off by default so that
+/// the quick start does not build libzmq): says how to build one.
+#[cfg(not(feature = "zmq"))]
+pub fn without_zmq(what: &str) -> Failure {
+    Failure::bad(format!(
+        "{what}: this stowplan was built without the ZeroMQ transport; build it with \
+         `cargo build --release -p stowplan-cli --features zmq` (libzmq from source, no CURVE), or add \
+         `--config .cargo/system-libzmq.toml` to link the system's libzmq, which has CURVE (README, \
+         `stowplan serve`, ZeroMQ)"
+    ))
+}

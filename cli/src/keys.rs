@@ -1,11 +1,15 @@
 //! `stowplan keys`: a ZeroMQ CURVE key pair for the packer, an orchestrator or a rank.
 
+#[cfg(feature = "zmq")]
 use std::fmt;
 use std::path::PathBuf;
 
+#[cfg(feature = "zmq")]
 use serde::Serialize;
+#[cfg(feature = "zmq")]
 use stowplan::serve::{Certificate, curve};
 
+#[cfg(feature = "zmq")]
 use crate::common::print_report;
 use crate::failure::Failure;
 
@@ -23,6 +27,7 @@ pub struct Args {
 }
 
 /// What `stowplan keys` wrote.
+#[cfg(feature = "zmq")]
 #[derive(Debug, Serialize)]
 struct Report {
     /// The public certificate.
@@ -33,6 +38,7 @@ struct Report {
     public_key: String,
 }
 
+#[cfg(feature = "zmq")]
 impl fmt::Display for Report {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(f, "public key {}", self.public_key)?;
@@ -46,6 +52,7 @@ impl fmt::Display for Report {
 }
 
 /// Runs `stowplan keys`.
+#[cfg(feature = "zmq")]
 pub fn run(a: Args) -> Result<(), Failure> {
     let cert = Certificate::generate()?;
     let (public, secret) = cert.save(&a.dir, &a.name)?;
@@ -54,4 +61,10 @@ pub fn run(a: Args) -> Result<(), Failure> {
         &Report { public_certificate: public, secret_certificate: secret, public_key: curve::z85(&cert.public) },
         a.json,
     )
+}
+
+/// `stowplan keys` in a build without the ZeroMQ transport: says how to get one.
+#[cfg(not(feature = "zmq"))]
+pub fn run(_: Args) -> Result<(), Failure> {
+    Err(crate::failure::without_zmq("stowplan keys"))
 }

@@ -7,9 +7,10 @@ use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use serde::Serialize;
+#[cfg(feature = "zmq")]
+use stowplan::serve::{CurveServer, ZmqTransport, curve};
 use stowplan::serve::{
-    CurveServer, FsTransport, MAX_MESSAGE_BYTES, RejectedLimits, ServeOptions, ServeSummary, Server, Transport,
-    ZmqEndpoints, ZmqTransport, curve,
+    FsTransport, MAX_MESSAGE_BYTES, RejectedLimits, ServeOptions, ServeSummary, Server, Transport, ZmqEndpoints,
 };
 use stowplan::{Backend, Cost, LossAggMode, PackerOptions, RunConfig, RunProgress};
 
@@ -22,7 +23,8 @@ pub enum TransportKind {
     /// Files under --root: ROOT/inbox/ in, ROOT/rollouts/step_N/rank_R.bin out.
     Fs,
     /// ZeroMQ over TCP (or ipc://): batches PUSHed to --zmq-batches, receipts published on
-    /// --zmq-receipts, ranks connect DEALER sockets to --zmq-ranks.
+    /// --zmq-receipts, ranks connect DEALER sockets to --zmq-ranks. Needs a build with the
+    /// `zmq` feature (README, `stowplan serve`, ZeroMQ).
     Zmq,
 }
 
@@ -152,6 +154,7 @@ enum Endpoints {
         root: PathBuf,
     },
     /// The ZeroMQ endpoints bound.
+    #[cfg(feature = "zmq")]
     Zmq {
         /// The batches' PULL socket.
         batches: String,
@@ -279,6 +282,7 @@ pub fn run(a: Args) -> Result<(), Failure> {
                 Endpoints::Fs { root: root.clone() },
             )
         }
+        #[cfg(feature = "zmq")]
         TransportKind::Zmq => {
             let wanted = ZmqEndpoints {
                 batches: a.zmq_batches.clone(),
@@ -302,6 +306,8 @@ pub fn run(a: Args) -> Result<(), Failure> {
             };
             (Box::new(t), endpoints)
         }
+        #[cfg(not(feature = "zmq"))]
+        TransportKind::Zmq => return Err(crate::failure::without_zmq("--transport zmq")),
     };
     let kernel = ReadyKernel::new(Backend::Wasm)?;
     let mut server = Server::open(kernel.kernel, transport, options)?;

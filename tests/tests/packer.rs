@@ -12,9 +12,10 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 use stowplan::serve::{
-    Control, ControlMessage, FsTransport, Incoming, RankMessage, Receipt, Receipts, Refusal, ServeOptions, Server,
-    Transport, ZmqEndpoints, ZmqTransport, receive_fs, send_fs,
+    Control, ControlMessage, FsTransport, Incoming, ServeOptions, Server, Transport, receive_fs, send_fs,
 };
+#[cfg(feature = "zmq")]
+use stowplan::serve::{RankMessage, Receipt, Receipts, Refusal, ZmqEndpoints, ZmqTransport};
 use stowplan::{
     BatchKey, Error, Kernel, Packer, PackerOptions, PackerState, RankBatch, RejectReason, RunConfig, SampleKey,
     TrainingBatch, TrainingSample,
@@ -446,6 +447,7 @@ fn inbox_entries_that_are_not_regular_files_are_ignored() {
 /// packer holds it, the senders refuse such a batch themselves (naming the cap), and batches
 /// within it go on.
 #[test]
+#[cfg(feature = "zmq")]
 fn a_zmq_message_over_the_cap_is_dropped_before_the_packer_holds_it() {
     use stowplan::serve::{ZmqBatchSender, ZmqSenderOptions};
     let dir = std::env::temp_dir().join(format!("stowplan-packer-zmq-oversized-{}", std::process::id()));
@@ -737,6 +739,7 @@ fn control_messages_and_a_second_server_on_the_same_state() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+#[cfg(feature = "zmq")]
 fn zmq_recv(s: &zmq::Socket, timeout_ms: i64) -> Option<Vec<u8>> {
     if s.poll(zmq::POLLIN, timeout_ms).unwrap() == 0 {
         return None;
@@ -744,6 +747,7 @@ fn zmq_recv(s: &zmq::Socket, timeout_ms: i64) -> Option<Vec<u8>> {
     Some(s.recv_bytes(0).unwrap())
 }
 
+#[cfg(feature = "zmq")]
 fn dealer(ctx: &zmq::Context, endpoint: &str, hello: RankMessage) -> zmq::Socket {
     let s = ctx.socket(zmq::DEALER).unwrap();
     s.set_linger(0).unwrap();
@@ -753,6 +757,7 @@ fn dealer(ctx: &zmq::Context, endpoint: &str, hello: RankMessage) -> zmq::Socket
 }
 
 #[test]
+#[cfg(feature = "zmq")]
 fn zmq_barrier_receipts_refusal_reconnect_and_exactly_once() {
     let dir = std::env::temp_dir().join(format!("stowplan-packer-zmq-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
@@ -882,6 +887,7 @@ fn zmq_barrier_receipts_refusal_reconnect_and_exactly_once() {
 /// Plays three raw ZeroMQ ranks (each says hello every second, acknowledges every copy, takes
 /// steps in order from `next`) until `expected` samples arrived, then checks each arrived
 /// exactly once with its tokens.
+#[cfg(feature = "zmq")]
 fn receive_exactly_once(
     ranks: &[zmq::Socket],
     next: &mut [u64; 3],
@@ -929,6 +935,7 @@ fn receive_exactly_once(
 
 /// Waits (at most 10 s) until the server released every spooled batch: its last step was
 /// acknowledged by every rank.
+#[cfg(feature = "zmq")]
 fn wait_for_empty_spool(dir: &Path) {
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     while dir.join("packer/spool").read_dir().unwrap().next().is_some() {
@@ -942,6 +949,7 @@ fn wait_for_empty_spool(dir: &Path) {
 /// them while the real rank 1 waited for ever. Now it gets nothing but a refusal, its forged
 /// acknowledgements count for nothing, and the real rank gets every step exactly once.
 #[test]
+#[cfg(feature = "zmq")]
 fn zmq_a_second_connection_for_a_live_rank_is_refused_and_its_acknowledgements_count_for_nothing() {
     let dir = std::env::temp_dir().join(format!("stowplan-packer-zmq-dup-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
@@ -1012,6 +1020,7 @@ fn zmq_a_second_connection_for_a_live_rank_is_refused_and_its_acknowledgements_c
 
 /// `serve` over ZeroMQ on free loopback ports for 3 ranks, in a thread: the thread, the
 /// endpoints bound and the incarnation.
+#[cfg(feature = "zmq")]
 fn spawn_zmq_server(
     dir: &Path,
     stop: &Arc<AtomicBool>,
@@ -1172,6 +1181,7 @@ fn a_lost_or_older_checkpoint_is_refused_instead_of_restarting_at_step_0() {
 /// Over ZeroMQ the ranks' hellos are the evidence: a packer with no checkpoint whose ranks ask
 /// for step 3 stops, naming the rank, instead of delivering a new step 0 they would skip.
 #[test]
+#[cfg(feature = "zmq")]
 fn a_packer_behind_its_ranks_stops_naming_the_rank() {
     let dir = std::env::temp_dir().join(format!("stowplan-packer-behind-ranks-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);

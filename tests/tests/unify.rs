@@ -1,8 +1,8 @@
-//! One wasmtime build serves every command: `cargo run` of the CLI, `cargo test` of the
-//! workspace and the Python wheel must resolve the same features for every crate wasmtime
-//! depends on (a difference compiles wasmtime again, minutes on 2 cores). `xtask/unify`
-//! turns on the union; this test fails when a new dependency breaks the agreement, naming
-//! the crate and both feature sets.
+//! One build of each crate serves every command: `cargo run` of the CLI, the cargo runs of
+//! `cargo xtask test` and the Python wheel must resolve the same features for every crate
+//! wasmtime depends on (a difference compiles wasmtime again, minutes on 2 cores), and for
+//! the host library's and the CLI's. `xtask/unify` turns on the union; this test fails when a
+//! new dependency breaks the agreement, naming the crate and both feature sets.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::process::Command;
@@ -29,29 +29,74 @@ fn features(args: &[&str]) -> BTreeMap<(String, String), BTreeSet<String>> {
     map
 }
 
-#[test]
-fn cli_tests_and_wheel_build_wasmtime_with_the_same_features() {
-    let wasmtime_deps: BTreeSet<String> =
-        features(&["-p", "wasmtime", "-e", "normal,build"]).into_keys().map(|(name, _)| name).collect();
-    let builds = [
-        ("cargo run -p stowplan-cli", features(&["-p", "stowplan-cli", "-e", "normal,build"])),
-        ("cargo test", features(&["--workspace", "-e", "normal,build,dev"])),
-        ("the Python wheel", features(&["-p", "stowplan-python", "-e", "normal,build"])),
-    ];
+/// The crates `args` (a `cargo tree` selection) depends on, by name.
+fn crates(args: &[&str]) -> BTreeSet<String> {
+    features(args).into_keys().map(|(name, _)| name).collect()
+}
+
+/// Every crate of `shared` that two of `builds` compile with different features.
+fn differences(
+    builds: &[(&str, &BTreeMap<(String, String), BTreeSet<String>>)],
+    shared: &BTreeSet<String>,
+) -> Vec<String> {
     let mut differ = Vec::new();
     for (i, (a, fa)) in builds.iter().enumerate() {
         for (b, fb) in &builds[i + 1..] {
-            for (key, sa) in fa {
+            for (key, sa) in fa.iter() {
                 if let Some(sb) = fb.get(key) {
-                    if sa != sb && wasmtime_deps.contains(&key.0) {
+                    if sa != sb && shared.contains(&key.0) {
                         differ.push(format!("{} {}: {a} {sa:?} vs {b} {sb:?}", key.0, key.1));
                     }
                 }
             }
         }
     }
+    differ
+}
+
+/// The builds of the README's two commands (`cargo run` of the CLI, then `cargo xtask test`):
+/// wasmtime is compiled once for all of them, the host library and the CLI of `cargo run`
+/// are the ones the tests and the wheel use, and the ZeroMQ tests' two cargo runs share one
+/// host library with the transport.
+#[test]
+fn the_quick_start_and_the_tests_compile_each_crate_once() {
+    let cli = features(&["-p", "stowplan-cli", "-e", "normal,build"]);
+    let tests = features(&["--workspace", "--exclude", "stowplan", "-e", "normal,build,dev"]);
+    let wheel = features(&["-p", "stowplan-python", "-e", "normal,build"]);
+    let zmq_host = features(&["-p", "stowplan", "--features", "zmq", "-e", "normal,build,dev"]);
+    let zmq_rest = features(&[
+        "-p",
+        "stowplan-conformance",
+        "-p",
+        "stowplan-cli",
+        "--features",
+        "stowplan-conformance/zmq,stowplan-cli/zmq",
+        "-e",
+        "normal,build,dev",
+    ]);
+    let wasmtime = crates(&["-p", "wasmtime", "-e", "normal,build"]);
+    let host = crates(&["-p", "stowplan", "-e", "normal,build"]);
+    let cli_deps = crates(&["-p", "stowplan-cli", "-e", "normal,build"]);
+    let mut differ = differences(
+        &[
+            ("cargo run -p stowplan-cli", &cli),
+            ("cargo test", &tests),
+            ("the Python wheel", &wheel),
+            ("the host's ZeroMQ tests", &zmq_host),
+            ("the other ZeroMQ tests", &zmq_rest),
+        ],
+        &wasmtime,
+    );
+    differ.extend(differences(&[("cargo run -p stowplan-cli", &cli), ("cargo test", &tests)], &cli_deps));
+    differ.extend(differences(&[("cargo run -p stowplan-cli", &cli), ("the Python wheel", &wheel)], &host));
+    differ.extend(differences(
+        &[("the host's ZeroMQ tests", &zmq_host), ("the other ZeroMQ tests", &zmq_rest)],
+        &crates(&["-p", "stowplan", "--features", "zmq", "-e", "normal,build"]),
+    ));
+    differ.sort();
+    differ.dedup();
     assert!(differ.is_empty(), "features differ (add the union to xtask/unify/Cargo.toml):\n{}", differ.join("\n"));
-    assert!(wasmtime_deps.len() > 20, "cargo tree found wasmtime's dependencies");
+    assert!(wasmtime.len() > 20 && host.len() > wasmtime.len(), "cargo tree found the dependencies");
 }
 
 #[test]
@@ -63,5 +108,7 @@ fn the_library_and_the_wheel_leave_out_what_only_the_cli_uses() {
     let wheel = features(&["-p", "stowplan-python", "-e", "normal"]);
     assert!(!wheel.keys().any(|(n, _)| n == "zmq-sys"), "the Python SDK compiles libzmq (it uses pyzmq)");
     let cli = features(&["-p", "stowplan-cli", "-e", "normal"]);
-    assert!(cli.keys().any(|(n, _)| n == "zmq-sys"), "the CLI has the ZeroMQ transport");
+    assert!(!cli.keys().any(|(n, _)| n == "zmq-sys"), "the quick start's CLI compiles libzmq");
+    let cli = features(&["-p", "stowplan-cli", "--features", "zmq", "-e", "normal"]);
+    assert!(cli.keys().any(|(n, _)| n == "zmq-sys"), "the CLI's zmq feature has the ZeroMQ transport");
 }

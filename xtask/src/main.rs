@@ -260,65 +260,87 @@ fn system_libzmq() -> bool {
     Command::new("pkg-config").args(["--exists", "libzmq"]).status().is_ok_and(|s| s.success())
 }
 
-/// The CURVE tests, which need a build with the system libzmq: its Rust test file
-/// (`tests/tests/curve.rs`, told to require CURVE) and a `stowplan` binary for the Python
-/// SDK's CURVE tests, copied to `target/curve/stowplan` (returned). Only cargo's zmq crates
-/// and what depends on them are rebuilt (about a minute each way), never wasmtime. `None` when the system libzmq is missing and
-/// `STOWPLAN_REQUIRE_CURVE` is not `1` (the tests are then skipped, saying so).
-fn curve_build(cargo: &str) -> Result<Option<PathBuf>, String> {
-    if !system_libzmq() {
+/// The ZeroMQ transport's tests, in a build of their own: the quick start's build leaves the
+/// transport out (the CLI's `zmq` feature, off by default), so it does not compile libzmq.
+/// Every test of the host library (unit, integration, examples, doctests), the conformance
+/// tests that speak ZeroMQ (`clients`, `curve`, `packer`) and the CLI's, all with the
+/// transport, linked to the system libzmq where pkg-config finds it (it has CURVE, and the
+/// CURVE tests must pass) and otherwise to the one `zmq-sys` builds from source (no CURVE:
+/// those tests are skipped, saying so, unless `STOWPLAN_REQUIRE_CURVE=1` makes that a
+/// failure). Returns the `stowplan` binary with the transport, copied to `target/zmq/stowplan`,
+/// and whether it has CURVE. Wasmtime is never compiled again (xtask/unify).
+fn zmq_tests(cargo: &str) -> Result<(PathBuf, bool), String> {
+    let curve = system_libzmq();
+    if !curve {
         let hint = "the system libzmq is not installed (Debian: apt install libzmq3-dev pkg-config)";
         if std::env::var("STOWPLAN_REQUIRE_CURVE").as_deref() == Ok("1") {
             return Err(format!("the CURVE tests are required (STOWPLAN_REQUIRE_CURVE=1) but {hint}"));
         }
-        eprintln!("xtask: skipping the CURVE tests: {hint}");
-        return Ok(None);
+        eprintln!("xtask: the ZeroMQ tests build libzmq from source and skip the CURVE tests: {hint}");
     }
-    let with = ["--release", "--locked", "--config", SYSTEM_LIBZMQ];
-    let expect = [("STOWPLAN_EXPECT_CURVE", "1")];
-    let test = [&["test"][..], &with, &["-p", "stowplan-conformance", "--test", "curve"]].concat();
-    run_with(cargo, &test, &expect)?;
-    let unit = [&["test"][..], &with, &["-p", "stowplan", "--features", "zmq", "--lib", "--", "serve::curve"]].concat();
-    run_with(cargo, &unit, &expect)?;
-    run(cargo, &[&["build"][..], &with, &["-p", "stowplan-cli", "--bin", "stowplan"]].concat())?;
+    let mut with = vec!["test", "--release", "--locked"];
+    if curve {
+        with.extend(["--config", SYSTEM_LIBZMQ]);
+    }
+    let env: &[(&str, &str)] = if curve { &[("STOWPLAN_EXPECT_CURVE", "1")] } else { &[] };
+    run_with(cargo, &[&with[..], &["-p", "stowplan", "--features", "zmq"]].concat(), env)?;
+    let packages = ["-p", "stowplan-conformance", "-p", "stowplan-cli"];
+    let features = ["--features", "stowplan-conformance/zmq,stowplan-cli/zmq"];
+    let targets = ["--test", "clients", "--test", "curve", "--test", "packer", "--test", "cli"];
+    run_with(cargo, &[&with[..], &packages, &features, &targets].concat(), env)?;
+    // The CLI's integration test built it, with the transport, into target/release.
     let built = root().join("target/release/stowplan");
-    let copy = root().join("target/curve/stowplan");
+    let copy = root().join("target/zmq/stowplan");
     std::fs::create_dir_all(copy.parent().expect("a parent"))
         .and_then(|()| std::fs::copy(&built, &copy))
         .map_err(|e| format!("copying {} to {}: {e}", built.display(), copy.display()))?;
-    Ok(Some(copy))
+    Ok((copy, curve))
+}
+
+/// Runs `step`, then prints how long it took (CI's log keeps each step's time).
+fn timed<T>(what: &str, step: impl FnOnce() -> Result<T, String>) -> Result<T, String> {
+    let start = std::time::Instant::now();
+    let out = step();
+    eprintln!("xtask: {what}: {:.0} s", start.elapsed().as_secs_f64());
+    out
 }
 
 fn run_tests() -> ExitCode {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let start = std::time::Instant::now();
     let result = (|| -> Result<(), String> {
-        // The CURVE build first: the default build after it puts the vendored-libzmq
-        // `stowplan` back in target/release, for the SDK's tests and for the user.
-        let curve = curve_build(&cargo)?;
-        run(&cargo, &["test", "--release", "--locked"])?;
+        // Everything but the host library's own tests, with the quick start's features: the
+        // library and the CLI built by `cargo run` are reused, not compiled again.
+        timed("Rust tests", || {
+            run(&cargo, &["test", "--release", "--locked", "--workspace", "--exclude", "stowplan"])
+        })?;
         // The kernel's own tests again in a debug build, where an arithmetic overflow panics:
         // the kernel promises an error, never a wrapped sum.
-        run(&cargo, &["test", "--locked", "-p", "stowplan-kernel"])?;
-        if curve.is_some() {
-            run(&cargo, &["build", "--release", "--locked", "-p", "stowplan-cli", "--bin", "stowplan"])?;
-        }
+        timed("kernel tests (debug build)", || run(&cargo, &["test", "--locked", "-p", "stowplan-kernel"]))?;
+        let (bin, curve) = timed("host library and ZeroMQ tests", || zmq_tests(&cargo))?;
         let sdk_script = root().join("sdk-python/run_tests.sh");
         if sdk_script.is_file() {
-            let mut sdk = Command::new("bash");
-            sdk.current_dir(root()).arg(&sdk_script);
-            if let Some(bin) = &curve {
-                // The Python SDK's CURVE tests run against it, and must.
-                sdk.env("STOWPLAN_CURVE_BIN", bin).env("STOWPLAN_REQUIRE_CURVE", "1");
-            }
-            eprintln!("xtask: $ bash {}", sdk_script.display());
-            let status = sdk.status().map_err(|e| format!("running {}: {e}", sdk_script.display()))?;
-            if !status.success() {
-                return Err(format!("`bash {}` failed ({status})", sdk_script.display()));
-            }
+            timed("Python SDK", || {
+                let mut sdk = Command::new("bash");
+                // The serve tests run the binary with the ZeroMQ transport, and its CURVE
+                // tests must pass where it has CURVE.
+                sdk.current_dir(root()).arg(&sdk_script).env("STOWPLAN_BIN", &bin);
+                if curve {
+                    sdk.env("STOWPLAN_CURVE_BIN", &bin).env("STOWPLAN_REQUIRE_CURVE", "1");
+                }
+                eprintln!("xtask: $ bash {}", sdk_script.display());
+                let status = sdk.status().map_err(|e| format!("running {}: {e}", sdk_script.display()))?;
+                if status.success() {
+                    Ok(())
+                } else {
+                    Err(format!("`bash {}` failed ({status})", sdk_script.display()))
+                }
+            })?;
         }
-        js_tests()?;
+        timed("JavaScript SDK", js_tests)?;
         Ok(())
     })();
+    eprintln!("xtask: every test: {:.0} s", start.elapsed().as_secs_f64());
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
