@@ -14,9 +14,12 @@ rm -rf "$venv"
 # target directory as the rest of the workspace: no second wasmtime build.
 CARGO_TARGET_DIR="$root/target" "$venv/bin/python" -m pip install --quiet "$here"
 # The test dependencies (the 'test' extra, TRL, transformers, Ray) through uv, which resolves
-# and installs them in parallel: about 10 s where pip took about 70 s. Bounded in time.
+# and installs them in parallel. Bounded in time. Compiled to bytecode as pip does: without
+# .pyc files (and with PYTHONDONTWRITEBYTECODE set, as on CI machines) every import of
+# transformers or Ray parses its sources again, which made the tests 1.5x slower.
 "$venv/bin/python" -m pip install --quiet uv
 uv="$venv/bin/uv"
+export UV_COMPILE_BYTECODE=1
 timeout 600 "$uv" pip install --quiet --python "$venv/bin/python" -r "$here/pyproject.toml" --extra test
 cd "$venv"   # import the installed package, not the source tree
 # TRL for tests/test_hf.py's comparisons, at the version stowplan.compat.trl reproduces: without
