@@ -59,7 +59,8 @@ enum Command {
     /// every trainer rank, checkpointed with every step (restart resumes with nothing lost).
     Serve(serve::Args),
     /// Make a ZeroMQ CURVE key pair (certificates DIR/NAME.key and DIR/NAME.key_secret) for
-    /// `serve --zmq-curve-secret/--zmq-curve-clients` and its clients.
+    /// `serve --zmq-curve-secret/--zmq-curve-clients` and its clients (a build with the `zmq`
+    /// feature).
     Keys(keys::Args),
 }
 
