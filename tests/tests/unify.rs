@@ -7,6 +7,11 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::process::Command;
 
+// The test targets xtask picks do not change feature resolution: only the selections are used.
+#[allow(dead_code)]
+#[path = "../../xtask/src/builds.rs"]
+mod builds;
+
 /// `cargo tree` with `args`: crate name and version → the feature sets it is built with.
 fn features(args: &[&str]) -> BTreeMap<(String, String), BTreeSet<String>> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
@@ -61,19 +66,11 @@ fn differences(
 #[test]
 fn the_quick_start_and_the_tests_compile_each_crate_once() {
     let cli = features(&["-p", "stowplan-cli", "-e", "normal,build"]);
-    let tests = features(&["--workspace", "--exclude", "stowplan", "-e", "normal,build,dev"]);
+    let with_dev = ["-e", "normal,build,dev"];
+    let tests = features(&[&builds::WORKSPACE_TESTS[..], &with_dev].concat());
     let wheel = features(&["-p", "stowplan-python", "-e", "normal,build"]);
-    let zmq_host = features(&["-p", "stowplan", "--features", "zmq", "-e", "normal,build,dev"]);
-    let zmq_rest = features(&[
-        "-p",
-        "stowplan-conformance",
-        "-p",
-        "stowplan-cli",
-        "--features",
-        "stowplan-conformance/zmq,stowplan-cli/zmq",
-        "-e",
-        "normal,build,dev",
-    ]);
+    let zmq_host = features(&[&builds::ZMQ_HOST[..], &with_dev].concat());
+    let zmq_rest = features(&[&builds::ZMQ_REST[..], &with_dev].concat());
     let wasmtime = crates(&["-p", "wasmtime", "-e", "normal,build"]);
     let host = crates(&["-p", "stowplan", "-e", "normal,build"]);
     let cli_deps = crates(&["-p", "stowplan-cli", "-e", "normal,build"]);
@@ -91,7 +88,7 @@ fn the_quick_start_and_the_tests_compile_each_crate_once() {
     differ.extend(differences(&[("cargo run -p stowplan-cli", &cli), ("the Python wheel", &wheel)], &host));
     differ.extend(differences(
         &[("the host's ZeroMQ tests", &zmq_host), ("the other ZeroMQ tests", &zmq_rest)],
-        &crates(&["-p", "stowplan", "--features", "zmq", "-e", "normal,build"]),
+        &crates(&[&builds::ZMQ_HOST[..], &["-e", "normal,build"]].concat()),
     ));
     differ.sort();
     differ.dedup();

@@ -23,6 +23,8 @@ use std::process::{Command, ExitCode};
 
 use sha2::{Digest, Sha256};
 
+mod builds;
+
 const TARGET: &str = "wasm32-wasip2";
 const PROFILE: &str = "kernel-wasm";
 
@@ -283,11 +285,8 @@ fn zmq_tests(cargo: &str) -> Result<(PathBuf, bool), String> {
         with.extend(["--config", SYSTEM_LIBZMQ]);
     }
     let env: &[(&str, &str)] = if curve { &[("STOWPLAN_EXPECT_CURVE", "1")] } else { &[] };
-    run_with(cargo, &[&with[..], &["-p", "stowplan", "--features", "zmq"]].concat(), env)?;
-    let packages = ["-p", "stowplan-conformance", "-p", "stowplan-cli"];
-    let features = ["--features", "stowplan-conformance/zmq,stowplan-cli/zmq"];
-    let targets = ["--test", "clients", "--test", "curve", "--test", "packer", "--test", "cli"];
-    run_with(cargo, &[&with[..], &packages, &features, &targets].concat(), env)?;
+    run_with(cargo, &[&with[..], &builds::ZMQ_HOST].concat(), env)?;
+    run_with(cargo, &[&with[..], &builds::ZMQ_REST, &builds::ZMQ_REST_TESTS].concat(), env)?;
     // The CLI's integration test built it, with the transport, into target/release.
     let built = root().join("target/release/stowplan");
     let copy = root().join("target/zmq/stowplan");
@@ -312,7 +311,7 @@ fn run_tests() -> ExitCode {
         // Everything but the host library's own tests, with the quick start's features: the
         // library and the CLI built by `cargo run` are reused, not compiled again.
         timed("Rust tests", || {
-            run(&cargo, &["test", "--release", "--locked", "--workspace", "--exclude", "stowplan"])
+            run(&cargo, &[&["test", "--release", "--locked"][..], &builds::WORKSPACE_TESTS].concat())
         })?;
         // The kernel's own tests again in a debug build, where an arithmetic overflow panics:
         // the kernel promises an error, never a wrapped sum.

@@ -1,0 +1,15 @@
+//! The cargo selections of `cargo xtask test`, shared with `tests/tests/unify.rs` (which
+//! includes this file) so that the test checks the builds xtask actually runs.
+
+/// The workspace tests: everything but the host library, with the quick start's features.
+pub const WORKSPACE_TESTS: [&str; 3] = ["--workspace", "--exclude", "stowplan"];
+
+/// The host library's own tests, with the ZeroMQ transport.
+pub const ZMQ_HOST: [&str; 4] = ["-p", "stowplan", "--features", "zmq"];
+
+/// The conformance and CLI tests that speak ZeroMQ, with the transport.
+pub const ZMQ_REST: [&str; 6] =
+    ["-p", "stowplan-conformance", "-p", "stowplan-cli", "--features", "stowplan-conformance/zmq,stowplan-cli/zmq"];
+
+/// The test targets of [`ZMQ_REST`] that are run.
+pub const ZMQ_REST_TESTS: [&str; 8] = ["--test", "clients", "--test", "curve", "--test", "packer", "--test", "cli"];
