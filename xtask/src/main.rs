@@ -4,13 +4,15 @@
 //!   remapped so the bytes do not depend on where the checkout or the cargo registry is) and
 //!   writes `host/assets/stowplan_kernel.wasm` and its `.sha256`.
 //! - `check-kernel`: builds the same way into `target/` and fails if the bytes differ from
-//!   the committed component. Exits 3 (with a message) when the `wasm32-wasip2` target is
-//!   not installed, so callers can tell "cannot check here" from "differs".
+//!   the committed component. Exits 3 (with a message) when no installed toolchain is the
+//!   pinned Rust (`kernel/wasm/rust-toolchain.toml`, see [`toolchain`]) or it lacks the
+//!   `wasm32-wasip2` target, so callers can tell "cannot check here" from "differs".
 //! - `build-plugins`: builds the example buffer-filter plugins (`plugins/`, a workspace of
 //!   its own) for `wasm32-wasip2` the same reproducible way and writes them to `plugins/dist/`
 //!   with `plugins/dist/SHA256SUMS`.
 //! - `check-plugins`: rebuilds them and fails if the bytes differ from the committed ones
-//!   (exit 3 when the target is not installed).
+//!   (exit 3 when the pinned toolchain or its target is not installed).
+//! - Both artifacts are built by the pinned Rust, whatever the toolchain running xtask.
 //! - `test`: every test of the project — `cargo test --release` of the workspace (kernel
 //!   proptests, conformance vectors on native and WASM, host and CLI tests), the kernel's
 //!   tests again in a debug build (overflow checks on), then the
@@ -24,6 +26,9 @@ use std::process::{Command, ExitCode};
 use sha2::{Digest, Sha256};
 
 mod builds;
+mod toolchain;
+
+use toolchain::Toolchain;
 
 const TARGET: &str = "wasm32-wasip2";
 const PROFILE: &str = "kernel-wasm";
@@ -36,31 +41,39 @@ fn hex(bytes: &[u8]) -> String {
     Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect()
 }
 
-fn target_installed() -> bool {
-    let out = Command::new("rustc").args(["--print", "sysroot"]).output();
-    let Ok(out) = out else { return false };
-    let sysroot = String::from_utf8_lossy(&out.stdout).trim().to_string();
-    Path::new(&sysroot).join("lib/rustlib").join(TARGET).join("lib").is_dir()
+/// The pinned toolchain ([`toolchain`]) with the `wasm32-wasip2` target, or the reason the
+/// WASM artifacts (`what`: where the committed ones are) cannot be rebuilt here.
+fn wasm_toolchain(what: &str) -> Result<Toolchain, String> {
+    let toolchain = toolchain::resolve(&root()).map_err(|e| format!("{e}; {what} is used as is"))?;
+    if !toolchain.has_target(TARGET) {
+        let name = toolchain.name.as_deref().unwrap_or("the PATH's");
+        return Err(format!(
+            "the {TARGET} target is not installed for toolchain {name} (rustup target add --toolchain {name} \
+             {TARGET}); {what} is used as is"
+        ));
+    }
+    eprintln!("xtask: building with {} (pinned in {})", toolchain.version, toolchain::PIN_FILE);
+    Ok(toolchain)
 }
 
 /// The components the plugins workspace builds (one per member crate but `guest`).
 const PLUGINS: [&str; 3] = ["pop_first.wasm", "top_reward.wasm", "hostile.wasm"];
 
 /// Builds the kernel component; returns its bytes.
-fn build() -> Result<Vec<u8>, String> {
+fn build(toolchain: &Toolchain) -> Result<Vec<u8>, String> {
     let root = root();
-    cargo_wasm(&["-p", "stowplan-kernel-wasm", "--profile", PROFILE])?;
+    cargo_wasm(toolchain, &["-p", "stowplan-kernel-wasm", "--profile", PROFILE])?;
     let out = root.join("target").join(TARGET).join(PROFILE).join("stowplan_kernel_wasm.wasm");
     std::fs::read(&out).map_err(|e| format!("reading {}: {e}", out.display()))
 }
 
 /// Builds the example plugins; returns (file name, bytes) of each.
-fn build_plugins() -> Result<Vec<(&'static str, Vec<u8>)>, String> {
+fn build_plugins(toolchain: &Toolchain) -> Result<Vec<(&'static str, Vec<u8>)>, String> {
     let root = root();
     let manifest = root.join("plugins/Cargo.toml");
     let manifest = manifest.to_string_lossy().into_owned();
     let target_dir = root.join("target").to_string_lossy().into_owned();
-    cargo_wasm(&["--manifest-path", &manifest, "--target-dir", &target_dir, "--release", "--workspace"])?;
+    cargo_wasm(toolchain, &["--manifest-path", &manifest, "--target-dir", &target_dir, "--release", "--workspace"])?;
     PLUGINS
         .iter()
         .map(|&file| {
@@ -70,9 +83,9 @@ fn build_plugins() -> Result<Vec<(&'static str, Vec<u8>)>, String> {
         .collect()
 }
 
-/// `cargo build --locked --target wasm32-wasip2 ARGS` with paths remapped, so the bytes do
-/// not depend on where the checkout or the cargo registry is.
-fn cargo_wasm(args: &[&str]) -> Result<(), String> {
+/// `cargo build --locked --target wasm32-wasip2 ARGS` of the pinned toolchain, with paths
+/// remapped, so the bytes do not depend on where the checkout or the cargo registry is.
+fn cargo_wasm(toolchain: &Toolchain, args: &[&str]) -> Result<(), String> {
     let root = root();
     let cargo_home = std::env::var_os("CARGO_HOME")
         .map(PathBuf::from)
@@ -83,8 +96,8 @@ fn cargo_wasm(args: &[&str]) -> Result<(), String> {
         root.display(),
         cargo_home.display()
     );
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let status = Command::new(cargo)
+    let status = toolchain
+        .command("cargo")
         .current_dir(&root)
         .args(["build", "--locked", "--target", TARGET])
         .args(args)
@@ -100,9 +113,9 @@ fn cargo_wasm(args: &[&str]) -> Result<(), String> {
 }
 
 /// `build-plugins` (write) or `check-plugins` (compare with the committed bytes).
-fn plugins(write: bool) -> ExitCode {
+fn plugins(toolchain: &Toolchain, write: bool) -> ExitCode {
     let dist = root().join("plugins/dist");
-    let built = match build_plugins() {
+    let built = match build_plugins(toolchain) {
         Ok(b) => b,
         Err(e) => {
             eprintln!("xtask: {e}");
@@ -153,25 +166,22 @@ fn main() -> ExitCode {
     let sha_path = assets.join("stowplan_kernel.wasm.sha256");
     match cmd.as_str() {
         "test" => run_tests(),
-        "build-plugins" | "check-plugins" => {
-            if !target_installed() {
-                eprintln!(
-                    "xtask: the {TARGET} target is not installed (rustup target add {TARGET}); plugins/dist is used as is"
-                );
-                return ExitCode::from(3);
+        "build-plugins" | "check-plugins" => match wasm_toolchain("plugins/dist") {
+            Ok(toolchain) => plugins(&toolchain, cmd == "build-plugins"),
+            Err(e) => {
+                eprintln!("xtask: {e}");
+                ExitCode::from(3)
             }
-            plugins(cmd == "build-plugins")
-        }
+        },
         "build-kernel" | "check-kernel" => {
-            if !target_installed() {
-                eprintln!(
-                    "xtask: the {TARGET} target is not installed (rustup target add {TARGET}); \
-                     the committed {} is used as is",
-                    wasm_path.display()
-                );
-                return ExitCode::from(3);
-            }
-            let bytes = match build() {
+            let toolchain = match wasm_toolchain(&format!("the committed {}", wasm_path.display())) {
+                Ok(t) => t,
+                Err(e) => {
+                    eprintln!("xtask: {e}");
+                    return ExitCode::from(3);
+                }
+            };
+            let bytes = match build(&toolchain) {
                 Ok(b) => b,
                 Err(e) => {
                     eprintln!("xtask: {e}");
