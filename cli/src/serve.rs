@@ -12,7 +12,7 @@ use stowplan::serve::{CurveServer, ZmqTransport, curve};
 use stowplan::serve::{
     FsTransport, MAX_MESSAGE_BYTES, RejectedLimits, ServeOptions, ServeSummary, Server, Transport, ZmqEndpoints,
 };
-use stowplan::{Backend, Cost, LossAggMode, PackerOptions, RunConfig, RunProgress};
+use stowplan::{Backend, Cost, LossAggMode, LossNormalization, PackerOptions, RunConfig, RunProgress};
 
 use crate::common::{ReadyKernel, named, print_report};
 use crate::failure::Failure;
@@ -109,11 +109,16 @@ pub struct Args {
     /// Accept samples with an empty completion.
     #[arg(long)]
     allow_empty_completion: bool,
-    /// How per-token losses make a step's loss: every micro-batch's `loss_weights` are set so
-    /// that Σ weight × loss over all ranks is the unpacked loss of the packer step (counts per
-    /// run and packer step, not per run update).
+    /// How per-token losses make a loss: every micro-batch's `loss_weights` are set so that
+    /// Σ weight × loss over all ranks is the unpacked loss of the run's samples in the set
+    /// `--loss-normalization` names.
     #[arg(long, value_parser = named::<LossAggMode>(), default_value_t = defaults().loss_agg_mode)]
     loss_agg_mode: LossAggMode,
+    /// The set loss weights count over: `step` (the run's samples in the packer step) or
+    /// `update` (the run's optimizer update, its batch size of samples, over all the packer
+    /// steps it spans; its samples are packed once the rest of their update has arrived).
+    #[arg(long, value_parser = named::<LossNormalization>(), default_value_t = defaults().loss_normalization)]
+    loss_normalization: LossNormalization,
     /// The horizon of `--loss-agg-mode seq-mean-token-sum-norm`, in tokens (1 ..= 2^64;
     /// default: the run's longest completion in the step; verl uses its maximum response
     /// length). Refused with another mode.
@@ -242,6 +247,7 @@ pub fn run(a: Args) -> Result<(), Failure> {
         allow_empty_completion: a.allow_empty_completion,
         loss_agg_mode: a.loss_agg_mode,
         loss_scale_factor: a.loss_scale_factor,
+        loss_normalization: a.loss_normalization,
         ..PackerOptions::new(a.seq_len, a.dp)
     };
     let state_dir = match (&a.state_dir, &a.root) {

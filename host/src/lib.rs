@@ -45,8 +45,8 @@ pub use materialize::{
     check_sample, materialize, materialize_plan,
 };
 pub use packer::{
-    BatchKey, IngestReport, PackedStep, Packer, PackerOptions, PackerState, RankBatch, RunConfig, RunProgress,
-    SampleKey, StepMetrics, TrainingBatch, TrainingSample,
+    BatchKey, IngestReport, LossNormalization, PackedStep, Packer, PackerOptions, PackerState, RankBatch, RunConfig,
+    RunProgress, SampleKey, StepMetrics, TrainingBatch, TrainingSample,
 };
 pub use plan::config::{EffectiveBatch, PackingConfig, PackingMode};
 pub use plan::length_cache::LengthCache;

@@ -764,7 +764,7 @@ impl PyPacker {
     #[new]
     #[pyo3(signature = (seq_len, dp, *, pad_to_multiple_of=None, pad_token_id=None, cost=None, num_runs=None,
         threshold=None, step_tokens=None, wait_timeout=None, teacher_logprobs=None, allow_empty_completion=None,
-        loss_agg_mode=None, loss_scale_factor=None, backend=None, state=None, batches=None))]
+        loss_agg_mode=None, loss_scale_factor=None, loss_normalization=None, backend=None, state=None, batches=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -781,11 +781,12 @@ impl PyPacker {
         allow_empty_completion: Option<bool>,
         loss_agg_mode: Option<&Bound<'_, PyAny>>,
         loss_scale_factor: Option<&Bound<'_, PyAny>>,
+        loss_normalization: Option<&Bound<'_, PyAny>>,
         backend: Option<&Bound<'_, PyAny>>,
         state: Option<&[u8]>,
         batches: Option<Vec<Vec<u8>>>,
     ) -> PyResult<Self> {
-        str_options!(loss_agg_mode, backend);
+        str_options!(loss_agg_mode, loss_normalization, backend);
         // `None` (or an omitted option) is the host's default: `PackerOptions::new`.
         let d = PackerOptions::new(u64_arg(seq_len, "seq_len", 1)?, u32_arg(dp, "dp", 1)?);
         let o = PackerOptions {
@@ -809,6 +810,7 @@ impl PyPacker {
                 .map(|f| number(f, "loss_scale_factor", "a number of tokens"))
                 .transpose()?
                 .or(d.loss_scale_factor),
+            loss_normalization: opt_parse(py, loss_normalization)?.unwrap_or(d.loss_normalization),
             ..d
         };
         o.validate().map_err(|e| to_py(py, e))?;

@@ -110,6 +110,49 @@ def test_state_restore_rebuilds_the_step_in_flight():
         stowplan.Packer.restore(state, batches[:1], **opts)
 
 
+def _weight_sum(ranks) -> float:
+    return sum(float(mb.loss_weights.sum()) for r in ranks for mb in r.micro_batches)
+
+
+def test_loss_normalization_per_update_spans_packer_steps():
+    # An update of 4 samples arrives in two batches and is packed over two packer steps of
+    # 32 tokens; every per-token loss is 1, so under token-mean the weights of the update's
+    # steps add up to 1 (one loss), where per-step normalization gives 1 per packer step.
+    opts = dict(seq_len=32, dp=1, step_tokens=32, wait_timeout=0, loss_normalization="update")
+    p = stowplan.Packer(**opts)
+    p.add_run(0, batch_size=4)
+    first = stowplan.TrainingBatch(run=0, step=0, samples=[sample(14), sample(6)])
+    p.ingest(first)
+    # Half the update: nothing may be packed yet (its weights need the whole update).
+    assert not p.should_pack() and p.pack(force=True) is None
+    second = stowplan.TrainingBatch(run=0, step=1, samples=[sample(14), sample(6)])
+    p.ingest(second)
+    total, steps = 0.0, 0
+    while (packed := p.pack(force=True)) is not None:
+        ranks, m = packed
+        total += _weight_sum(ranks)
+        # The update's counts survive a checkpoint: the restored packer rebuilds the step.
+        again = stowplan.Packer.restore(p.state(), [first, second], **opts).rebuild_inflight()
+        assert [mb.to_bytes() for r in again for mb in r.micro_batches] == [
+            mb.to_bytes() for r in ranks for mb in r.micro_batches
+        ]
+        p.delivered(m["step"])
+        steps += 1
+    assert steps == 2 and abs(total - 1.0) < 1e-6
+    assert p.progress(0)["step"] == 1
+    # The default normalizes per packer step: each step's weights add up to 1.
+    q = stowplan.Packer(**{**opts, "loss_normalization": "step"})
+    q.add_run(0, batch_size=4)
+    q.ingest(first)
+    ranks, m = q.pack(force=True)
+    assert abs(_weight_sum(ranks) - 1.0) < 1e-6
+    for bad, match in [("epoch", "loss_normalization must be 'step' or 'update'"), (3, "loss_normalization")]:
+        with pytest.raises(stowplan.InvalidArgumentError, match=match):
+            stowplan.Packer(seq_len=8, dp=1, loss_normalization=bad)
+    with pytest.raises(stowplan.CacheMismatchError, match="loss_normalization"):
+        stowplan.Packer.restore(p.state(), [], **{**opts, "loss_normalization": "step"})
+
+
 def test_file_sender_and_receiver_round_trip(tmp_path):
     sender = stowplan.FileSender(tmp_path)
     path = sender.send(stowplan.TrainingBatch(run=0, step=7, samples=[sample(3)]))

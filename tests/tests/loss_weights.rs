@@ -202,3 +202,145 @@ fn bad_loss_scale_factors_are_refused_naming_the_option() {
     let e = "mean".parse::<LossAggMode>().unwrap_err().to_string();
     assert!(e.contains("loss_agg_mode must be 'token-mean', 'seq-mean-token-mean', 'seq-mean-token-sum' or 'seq-mean-token-sum-norm'"), "{e}");
 }
+
+/// Issue 30, item 6: under `LossNormalization::Update` the weights count over each run's
+/// optimizer update (`batch_size` samples in arrival order), however many packer steps it
+/// spans. Samples arrive in batches of random sizes interleaved across runs, packer steps are
+/// small (`step_tokens`), the packer is checkpointed and restored at random points; the sum
+/// of weight × loss over every rank, micro-batch and packer step of an update equals the
+/// update's unpacked loss, no sample is packed before the rest of its update has arrived, and
+/// the samples of an incomplete update are not packed at all.
+mod per_update {
+    use std::collections::{BTreeMap, HashMap};
+    use std::sync::Arc;
+
+    use proptest::prelude::*;
+    use stowplan::{
+        BatchKey, Kernel, LossAggMode, LossNormalization, Named, Packer, PackerOptions, PackerState, RunConfig,
+        SampleKey, TrainingBatch, TrainingSample,
+    };
+
+    use super::{Case, case, reference};
+
+    fn training_sample(c: &Case) -> TrainingSample {
+        let p = c.prompt_mask.len();
+        let ids: Vec<i64> = (0..c.losses.len() as i64).collect();
+        TrainingSample {
+            prompt_ids: ids[..p].to_vec(),
+            completion_ids: ids[p..].to_vec(),
+            prompt_mask: Some(c.prompt_mask.clone()),
+            completion_mask: Some(c.completion_mask.clone()),
+            advantage: 1.0,
+            ..TrainingSample::default()
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+
+        #[test]
+        fn weights_add_up_to_each_updates_loss_across_packer_steps(
+            runs in proptest::collection::vec((1u64..6, proptest::collection::vec(case(), 0..24)), 1..3),
+            chunks in proptest::collection::vec(1usize..5, 64),
+            order in proptest::collection::vec(0usize..2, 64),
+            dp in 1u32..4,
+            step_tokens in 32u64..100,
+            mode in 0usize..4,
+            restore_at in proptest::collection::vec(any::<bool>(), 64),
+        ) {
+            let mode = LossAggMode::ALL[mode];
+            let options = PackerOptions {
+                num_runs: 2,
+                step_tokens: Some(step_tokens),
+                loss_agg_mode: mode,
+                loss_normalization: LossNormalization::Update,
+                ..PackerOptions::new(32, dp)
+            };
+            let mut packer = Packer::new(Kernel::native(), options).unwrap();
+            for (run, (batch_size, _)) in runs.iter().enumerate() {
+                packer.add_run(run as u32, RunConfig { batch_size: *batch_size }).unwrap();
+            }
+            // Every run's samples, cut into batches; the batches of the runs interleaved.
+            let mut batches: Vec<Vec<TrainingBatch>> = Vec::new();
+            let mut position: HashMap<SampleKey, usize> = HashMap::new();
+            let mut chunk = chunks.iter().cycle();
+            for (run, (_, cases)) in runs.iter().enumerate() {
+                let (mut at, mut step, mut mine) = (0, 0u64, Vec::new());
+                while at < cases.len() {
+                    let n = (*chunk.next().unwrap()).min(cases.len() - at);
+                    for index in 0..n {
+                        position.insert(SampleKey { run: run as u32, step, index: index as u32 }, at + index);
+                    }
+                    let samples = cases[at..at + n].iter().map(training_sample).collect();
+                    mine.push(TrainingBatch { run: run as u32, step, temperature: 1.0, samples });
+                    at += n;
+                    step += 1;
+                }
+                mine.reverse();
+                batches.push(mine);
+            }
+            let mut by_key: HashMap<BatchKey, Arc<TrainingBatch>> = HashMap::new();
+            let mut received = [0usize; 2];
+            // Σ weight × loss per (run, update), and the samples packed per run.
+            let mut sums: BTreeMap<(u32, usize), f64> = BTreeMap::new();
+            let mut packed = [0usize; 2];
+            let mut turn = order.iter().cycle();
+            let mut restore = restore_at.iter().cycle();
+            loop {
+                let run = *turn.next().unwrap() % runs.len();
+                let next = batches[run].pop().or_else(|| batches.iter_mut().find_map(Vec::pop));
+                let more = next.is_some();
+                if let Some(b) = next {
+                    received[b.run as usize] += b.samples.len();
+                    let n = b.samples.len();
+                    let b = Arc::new(b);
+                    by_key.insert(b.key(), Arc::clone(&b));
+                    prop_assert_eq!(packer.ingest(b).accepted as usize, n);
+                }
+                while let Some(step) = packer.pack(true).unwrap() {
+                    let n = step.metrics.step;
+                    for rank in &step.ranks {
+                        for mb in &rank.micro_batches {
+                            for (k, &i) in mb.samples.iter().enumerate() {
+                                let key = rank.keys[i as usize];
+                                let (run, at) = (key.run as usize, position[&key]);
+                                let (batch_size, cases) = &runs[run];
+                                let update = at / *batch_size as usize;
+                                // The whole update had arrived.
+                                prop_assert!(received[run] >= (update + 1) * *batch_size as usize, "packed before its update arrived");
+                                let c = &cases[at];
+                                let start = mb.cu_seqlens_padded[k] as usize;
+                                let w = &mb.loss_weights[start..start + c.losses.len()];
+                                *sums.entry((key.run, update)).or_default() +=
+                                    w.iter().zip(&c.losses).map(|(&w, &l)| f64::from(w) * f64::from(l)).sum::<f64>();
+                            }
+                        }
+                    }
+                    for k in &step.ranks[0].keys {
+                        packed[k.run as usize] += 1;
+                    }
+                    packer.delivered(n).unwrap();
+                    if *restore.next().unwrap() {
+                        let state = PackerState::decode(&packer.state().encode().unwrap()).unwrap();
+                        packer = Packer::restore(Kernel::native(), options, state, |k| Ok(Arc::clone(&by_key[&k]))).unwrap();
+                    }
+                }
+                if !more {
+                    break;
+                }
+            }
+            for (run, (batch_size, cases)) in runs.iter().enumerate() {
+                let bs = *batch_size as usize;
+                // Whole updates only.
+                prop_assert_eq!(packed[run], cases.len() / bs * bs);
+                for (update, part) in cases.chunks(bs).enumerate().filter(|(_, p)| p.len() == bs) {
+                    // `reference` counts the cases of one run: the update's, as run 0.
+                    let part: Vec<Case> = part.iter().cloned().map(|c| Case { run: 0, ..c }).collect();
+                    let want = reference(&part, mode, None, 0);
+                    let got = sums.get(&(run as u32, update)).copied().unwrap_or(0.0);
+                    prop_assert!((got - want).abs() <= 1e-5 * (1.0 + want.abs()) + 1e-5, "{mode:?} run {run} update {update}: {got} vs {want}");
+                }
+            }
+        }
+    }
+}

@@ -663,30 +663,63 @@ fn push_padding(mb: &mut MicroBatch, pad: usize, pad_token_id: i64) {
     }
 }
 
-/// Each sample's loss-token weight under `o.loss_agg_mode` (see [`LossAggMode`]), with the
-/// counts taken per run over the samples in the plan (`used`); computed in f64, stored as f32.
-fn loss_weights(samples: &[Sample<'_>], used: &[bool], o: &MaterializeOptions) -> Result<Vec<f32>, Error> {
-    check_loss_scale_factor(o.loss_agg_mode, o.loss_scale_factor)?;
-    let loss_tokens = |s: &Sample<'_>| {
-        let prompt = s.prompt_mask.map_or(0, |m| m.iter().filter(|&&b| b).count());
-        let completion = s.completion_mask.map_or(s.completion_ids.len(), |m| m.iter().filter(|&&b| b).count());
-        (prompt + completion) as f64
-    };
-    // Per run: loss tokens, samples with loss tokens, longest completion.
-    let mut runs: std::collections::HashMap<u32, (f64, f64, usize)> = std::collections::HashMap::new();
-    for (s, _) in samples.iter().zip(used).filter(|(_, u)| **u) {
+/// The counts a loss weight divides by (see [`LossAggMode`]) over a set of samples: a run's
+/// samples in a call (the default), or a run's optimizer update in the packer runtime
+/// ([`LossNormalization::Update`](crate::packer::LossNormalization::Update)).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct LossCounts {
+    /// Loss tokens, `T`.
+    pub tokens: u64,
+    /// Samples with loss tokens, `N`.
+    pub seqs: u64,
+    /// The longest completion (the default horizon of `seq-mean-token-sum-norm`).
+    pub longest: u64,
+}
+
+impl LossCounts {
+    /// Counts `s` in.
+    pub fn add(&mut self, s: &Sample<'_>) {
         let t = loss_tokens(s);
-        let e = runs.entry(s.run).or_default();
-        e.0 += t;
-        e.1 += if t > 0.0 { 1.0 } else { 0.0 };
-        e.2 = e.2.max(s.completion_ids.len());
+        self.tokens += t;
+        self.seqs += u64::from(t > 0);
+        self.longest = self.longest.max(s.completion_ids.len() as u64);
+    }
+}
+
+/// A sample's loss tokens: true entries of its prompt and completion masks.
+fn loss_tokens(s: &Sample<'_>) -> u64 {
+    let prompt = s.prompt_mask.map_or(0, |m| m.iter().filter(|&&b| b).count());
+    let completion = s.completion_mask.map_or(s.completion_ids.len(), |m| m.iter().filter(|&&b| b).count());
+    (prompt + completion) as u64
+}
+
+/// Each sample's loss-token weight under `o.loss_agg_mode` (see [`LossAggMode`]), with the
+/// counts taken per run over the samples in the plan (`used`), or given per sample
+/// (`counts[i]`: those of the set sample `i` belongs to); computed in f64, stored as f32.
+fn loss_weights(
+    samples: &[Sample<'_>],
+    used: &[bool],
+    o: &MaterializeOptions,
+    counts: Option<&[LossCounts]>,
+) -> Result<Vec<f32>, Error> {
+    check_loss_scale_factor(o.loss_agg_mode, o.loss_scale_factor)?;
+    let mut runs: std::collections::HashMap<u32, LossCounts> = std::collections::HashMap::new();
+    if counts.is_none() {
+        for (s, _) in samples.iter().zip(used).filter(|(_, u)| **u) {
+            runs.entry(s.run).or_default().add(s);
+        }
     }
     Ok(samples
         .iter()
         .zip(used)
-        .map(|(s, &u)| {
-            let (total, seqs, longest) = runs.get(&s.run).copied().unwrap_or_default();
-            let t = loss_tokens(s);
+        .enumerate()
+        .map(|(i, (s, &u))| {
+            let c = match counts {
+                Some(c) => c.get(i).copied().unwrap_or_default(),
+                None => runs.get(&s.run).copied().unwrap_or_default(),
+            };
+            let (total, seqs, longest) = (c.tokens as f64, c.seqs as f64, c.longest);
+            let t = loss_tokens(s) as f64;
             let w = match o.loss_agg_mode {
                 _ if !u || t == 0.0 => 0.0,
                 LossAggMode::TokenMean => 1.0 / total,
@@ -800,6 +833,17 @@ pub fn materialize(
     samples: &[Sample<'_>],
     options: &MaterializeOptions,
 ) -> Result<Materialized, Error> {
+    materialize_counted(kernel, samples, options, None)
+}
+
+/// [`materialize`] with the loss counts given per sample (`counts[i]`: those of the set
+/// sample `i` belongs to, which may reach beyond this call) instead of taken per run here.
+pub(crate) fn materialize_counted(
+    kernel: &Kernel,
+    samples: &[Sample<'_>],
+    options: &MaterializeOptions,
+    counts: Option<&[LossCounts]>,
+) -> Result<Materialized, Error> {
     let num_runs = validate(samples, options)?;
     let lengths: Vec<u64> = samples.iter().map(|s| s.len() as u64).collect();
     let extra: Vec<u64> = samples.iter().map(|s| s.extra_cost).collect();
@@ -839,7 +883,7 @@ pub fn materialize(
     )?;
     let plan: Vec<Vec<&[u32]>> =
         (0..d.dp()).map(|r| (0..d.per_rank as usize).map(|j| d.batch(r * d.per_rank as usize + j)).collect()).collect();
-    let ranks = build_plan(kernel, samples, &plan, options, num_runs)?;
+    let ranks = build_plan(kernel, samples, &plan, options, num_runs, counts)?;
     let (mut real_tokens, mut padding_tokens) = (0, 0);
     for mb in ranks.iter().flatten() {
         real_tokens += mb.real_tokens;
@@ -880,16 +924,18 @@ pub fn materialize_plan(
             rank.len()
         )));
     }
-    build_plan(kernel, samples, plan, options, num_runs)
+    build_plan(kernel, samples, plan, options, num_runs, None)
 }
 
-/// [`materialize_plan`] after `validate` (which gave `num_runs`).
+/// [`materialize_plan`] after `validate` (which gave `num_runs`), with the loss counts of
+/// [`materialize_counted`].
 fn build_plan(
     kernel: &Kernel,
     samples: &[Sample<'_>],
     plan: &[Vec<&[u32]>],
     options: &MaterializeOptions,
     num_runs: u32,
+    counts: Option<&[LossCounts]>,
 ) -> Result<Vec<Vec<MicroBatch>>, Error> {
     if options.cp == 0 {
         return Err(Error::InvalidArgument("cp must be at least 1 (got 0)".into()));
@@ -929,7 +975,7 @@ fn build_plan(
             }
         }
     }
-    let weights = &loss_weights(samples, &used, options)?;
+    let weights = &loss_weights(samples, &used, options, counts)?;
     // Rows are independent: build them on every core.
     let jobs: Vec<(usize, &[u32])> =
         plan.iter().enumerate().flat_map(|(r, rank)| rank.iter().map(move |m| (r, *m))).collect();

@@ -32,10 +32,12 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 
 mod seen;
+mod update;
 
 pub use seen::SeenBatches;
+pub use update::LossNormalization;
 
-use crate::materialize::{LossAggMode, RejectReason, check_sample};
+use crate::materialize::{LossAggMode, LossCounts, RejectReason, check_sample};
 use crate::wire;
 use crate::{Cost, Error, Kernel, MaterializeOptions, Materialized, MicroBatch, Padding, Sample, Temperature};
 
@@ -220,19 +222,23 @@ pub struct PackerOptions {
     pub teacher_logprobs: bool,
     /// Accept samples with an empty completion.
     pub allow_empty_completion: bool,
-    /// How per-token losses aggregate into a step's loss: every micro-batch's
-    /// `loss_weights` (see [`LossAggMode`]). The counts are taken per **packer step** and run:
-    /// a run whose optimizer step spans several packer steps (`ready_to_update` comes later)
-    /// gets each packer step's loss, not one loss over its `batch_size` samples.
+    /// How per-token losses aggregate into a loss: every micro-batch's `loss_weights` (see
+    /// [`LossAggMode`]), with the counts taken per run over the set
+    /// [`PackerOptions::loss_normalization`] names.
     pub loss_agg_mode: LossAggMode,
-    /// The horizon of `seq-mean-token-sum-norm`; `None`: the step's longest completion.
+    /// The horizon of `seq-mean-token-sum-norm`; `None`: the longest completion of the set.
     pub loss_scale_factor: Option<f64>,
+    /// The set the loss weights count over: the run's samples in the **packer step** (the
+    /// default; a run whose optimizer update spans several packer steps gets the sum of their
+    /// losses), or the run's optimizer **update** of `batch_size` samples, however many packer
+    /// steps it spans (its samples are then packed once the rest of their update has arrived).
+    pub loss_normalization: LossNormalization,
 }
 
 impl PackerOptions {
     /// `seq_len` and `dp`; no padding, pad token 1, token cost, one run, threshold
     /// `seq_len × dp`, every pending token per step, 10 s wait, no teacher logprobs,
-    /// `token-mean` loss weights.
+    /// `token-mean` loss weights normalized per packer step.
     pub fn new(seq_len: u64, dp: u32) -> Self {
         Self {
             seq_len,
@@ -248,6 +254,7 @@ impl PackerOptions {
             loss_agg_mode: LossAggMode::TokenMean,
             loss_scale_factor: None,
             allow_empty_completion: false,
+            loss_normalization: LossNormalization::Step,
         }
     }
 
@@ -310,6 +317,7 @@ impl PackerOptions {
             allow_empty_completion: self.allow_empty_completion,
             loss_agg_mode: self.loss_agg_mode,
             loss_scale_factor: self.loss_scale_factor,
+            loss_normalization: self.loss_normalization,
         }
     }
 }
@@ -411,6 +419,7 @@ struct OptionsRecord {
     allow_empty_completion: bool,
     loss_agg_mode: LossAggMode,
     loss_scale_factor: Option<f64>,
+    loss_normalization: LossNormalization,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -419,6 +428,9 @@ struct RunRecord {
     config: RunConfig,
     progress: RunProgress,
     queue: Vec<SampleKey>,
+    /// The loss counts of the update under way, once its first sample was packed
+    /// ([`LossNormalization::Update`]).
+    update: Option<LossCounts>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -426,6 +438,8 @@ struct Inflight {
     step: u64,
     keys: Vec<SampleKey>,
     ready: Vec<u32>,
+    /// Each key's update's loss counts under [`LossNormalization::Update`]; empty otherwise.
+    counts: Vec<LossCounts>,
 }
 
 impl PackerState {
@@ -457,6 +471,15 @@ struct RunState {
     progress: RunProgress,
     queue: VecDeque<SampleKey>,
     queue_tokens: u64,
+    /// See [`RunRecord::update`].
+    update: Option<LossCounts>,
+}
+
+impl RunState {
+    /// How many of the pending samples may be packed now (see [`update::packable`]).
+    fn packable(&self, rule: LossNormalization) -> usize {
+        update::packable(rule, self.config.batch_size, self.progress.samples_this_step, self.queue.len())
+    }
 }
 
 #[derive(Debug)]
@@ -525,7 +548,13 @@ impl Packer {
         if self.runs.contains_key(&run) {
             return Err(Error::InvalidArgument(format!("run {run} already exists")));
         }
-        let state = RunState { config, progress: RunProgress::default(), queue: VecDeque::new(), queue_tokens: 0 };
+        let state = RunState {
+            config,
+            progress: RunProgress::default(),
+            queue: VecDeque::new(),
+            queue_tokens: 0,
+            update: None,
+        };
         self.runs.insert(run, state);
         Ok(())
     }
@@ -566,6 +595,25 @@ impl Packer {
     /// Samples and tokens pending over all runs.
     pub fn pending(&self) -> (usize, u64) {
         self.runs.values().fold((0, 0), |(n, t), s| (n + s.queue.len(), t + s.queue_tokens))
+    }
+
+    /// Samples and tokens that may be packed now: every pending one, but under
+    /// [`LossNormalization::Update`] only those of updates whose samples have all arrived.
+    pub fn packable(&self) -> (usize, u64) {
+        let rule = self.options.loss_normalization;
+        if rule == LossNormalization::Step {
+            return self.pending();
+        }
+        self.runs.values().fold((0, 0), |(n, t), s| {
+            let k = s.packable(rule);
+            let tokens: u64 = s.queue.iter().take(k).map(|key| self.sample_len(key)).sum();
+            (n + k, t + tokens)
+        })
+    }
+
+    /// The tokens of a pending or in-flight sample.
+    fn sample_len(&self, key: &SampleKey) -> u64 {
+        self.batches[&key.batch()].batch.samples[key.index as usize].len() as u64
     }
 
     /// Whether the batch `key` was received before (a second copy would be a duplicate).
@@ -642,19 +690,27 @@ impl Packer {
     }
 
     /// Whether a step should be packed now: the threshold is reached, or samples are pending
-    /// and the oldest has waited `wait_timeout`.
+    /// and the oldest has waited `wait_timeout` (counting only [`Packer::packable`] ones).
     pub fn should_pack(&self, now: Instant) -> bool {
-        let (n, tokens) = self.pending();
+        let (n, tokens) = self.packable();
         n > 0
             && (tokens >= self.options.threshold_tokens()
                 || self.oldest_pending.is_some_and(|t| now.duration_since(t) >= self.options.wait_timeout))
     }
 
-    /// Selects this step's samples round-robin across runs and advances run progress.
-    fn select(&mut self) -> (Vec<SampleKey>, Vec<u32>) {
+    /// Selects this step's samples round-robin across runs (at most [`RunState::packable`]
+    /// of each) and advances run progress; under [`LossNormalization::Update`], also each
+    /// sample's update's loss counts.
+    fn select(&mut self) -> (Vec<SampleKey>, Vec<u32>, Vec<LossCounts>) {
         let budget = self.options.step_tokens.unwrap_or(u64::MAX);
+        let rule = self.options.loss_normalization;
+        let per_update = rule == LossNormalization::Update;
         let mut used = 0u64;
         let mut keys = Vec::new();
+        let mut counts = Vec::new();
+        // How many samples each run may still give, and its position in its update.
+        let mut left: BTreeMap<u32, (usize, u64)> =
+            self.runs.iter().map(|(&r, s)| (r, (s.packable(rule), s.progress.samples_this_step))).collect();
         let ids: Vec<u32> = self.runs.keys().copied().collect();
         let start = ids.iter().position(|&r| r >= self.rr).unwrap_or(0);
         let mut order: Vec<u32> = ids[start..].iter().chain(&ids[..start]).copied().collect();
@@ -665,11 +721,30 @@ impl Packer {
             order.retain(|run| {
                 let Some(state) = self.runs.get_mut(run) else { return false };
                 let Some(&head) = state.queue.front() else { return false };
-                let len = self.batches[&head.batch()].batch.samples[head.index as usize].len() as u64;
+                let Some((left, position)) = left.get_mut(run).filter(|(left, _)| *left > 0) else { return false };
+                let sample = |k: &SampleKey| {
+                    let b = &self.batches[&k.batch()].batch;
+                    b.samples[k.index as usize].as_sample(b.temperature, k.run)
+                };
+                let len = sample(&head).len() as u64;
                 if used + len > budget {
                     return false;
                 }
                 used += len;
+                if per_update {
+                    if *position % state.config.batch_size == 0 || state.update.is_none() {
+                        // The update's first sample: its samples are the next batch_size ones.
+                        let mut c = LossCounts::default();
+                        let rest = state.config.batch_size - *position % state.config.batch_size;
+                        for k in state.queue.iter().take(usize::try_from(rest).unwrap_or(usize::MAX)) {
+                            c.add(&sample(k));
+                        }
+                        state.update = Some(c);
+                    }
+                    counts.push(state.update.unwrap_or_default());
+                    *position += 1;
+                }
+                *left -= 1;
                 state.queue.pop_front();
                 state.queue_tokens -= len;
                 keys.push(head);
@@ -698,9 +773,13 @@ impl Packer {
             }
             if p.step > before {
                 ready.push(run);
+                if p.samples_this_step == 0 {
+                    // The next update's counts are taken when its first sample is packed.
+                    state.update = None;
+                }
             }
         }
-        (keys, ready)
+        (keys, ready, counts)
     }
 
     /// Packs the next step now if [`Packer::should_pack`] (or anything is pending and `force`).
@@ -715,15 +794,15 @@ impl Packer {
                 i.step, i.step
             )));
         }
-        if self.pending().0 == 0 || !(force || self.should_pack(Instant::now())) {
+        if self.packable().0 == 0 || !(force || self.should_pack(Instant::now())) {
             return Ok(None);
         }
         let started = Instant::now();
-        let (keys, ready) = self.select();
+        let (keys, ready, counts) = self.select();
         self.reset_oldest();
         let step = self.next_step;
         self.next_step += 1;
-        self.inflight = Some(Inflight { step, keys, ready });
+        self.inflight = Some(Inflight { step, keys, ready, counts });
         self.build_inflight(started).map(Some)
     }
 
@@ -747,8 +826,13 @@ impl Packer {
                 b.samples[k.index as usize].as_sample(b.temperature, k.run)
             })
             .collect();
-        let m: Materialized =
-            crate::materialize::materialize(&self.kernel, &samples, &self.options.materialize_options())?;
+        let counts = (!inflight.counts.is_empty()).then_some(&inflight.counts[..]);
+        let m: Materialized = crate::materialize::materialize_counted(
+            &self.kernel,
+            &samples,
+            &self.options.materialize_options(),
+            counts,
+        )?;
         let mean = m.distribution.rank_costs.iter().map(|&c| c as f64).sum::<f64>() / f64::from(self.options.dp);
         let max = m.distribution.rank_costs.iter().copied().max().unwrap_or(0) as f64;
         let mut run_samples = BTreeMap::new();
@@ -845,6 +929,7 @@ impl Packer {
                     config: s.config,
                     progress: s.progress.clone(),
                     queue: s.queue.iter().copied().collect(),
+                    update: s.update,
                 })
                 .collect(),
             seen: self.seen.clone(),
@@ -894,12 +979,28 @@ impl Packer {
             for k in &r.queue {
                 tokens += check(k, &p)?;
             }
-            let s = RunState { config: r.config, progress: r.progress, queue: r.queue.into(), queue_tokens: tokens };
+            let s = RunState {
+                config: r.config,
+                progress: r.progress,
+                queue: r.queue.into(),
+                queue_tokens: tokens,
+                update: r.update,
+            };
             p.runs.insert(r.run, s);
         }
         if let Some(i) = &state.inflight {
             for k in &i.keys {
                 check(k, &p)?;
+            }
+            let want = if options.loss_normalization == LossNormalization::Update { i.keys.len() } else { 0 };
+            if i.counts.len() != want {
+                return Err(Error::CacheMismatch(format!(
+                    "the packer state's step in flight has loss counts for {} of its {} samples (want {want} under \
+                     loss_normalization '{}')",
+                    i.counts.len(),
+                    i.keys.len(),
+                    options.loss_normalization
+                )));
             }
         }
         p.seen = state.seen;

@@ -179,7 +179,11 @@ class Packer:
     ``threshold`` (default ``seq_len × dp``), ``step_tokens`` (default: all pending),
     ``wait_timeout`` (seconds), ``teacher_logprobs``, ``allow_empty_completion``,
     ``loss_agg_mode`` (each micro-batch's ``loss_weights``: ``"token-mean"`` by default, as
-    :func:`stowplan.materialize`) and ``loss_scale_factor``.
+    :func:`stowplan.materialize`), ``loss_scale_factor`` and ``loss_normalization``: the
+    samples the weights count over, ``"step"`` (a run's samples in the packer step, the
+    default) or ``"update"`` (a run's optimizer update of ``batch_size`` samples, however many
+    packer steps it spans, so that Σ weight × loss over all of them is the update's unpacked
+    loss; a run's samples are then packed once the rest of their update has arrived).
     """
 
     def __init__(
@@ -198,6 +202,7 @@ class Packer:
         allow_empty_completion: Optional[bool] = None,
         loss_agg_mode: Optional[str] = None,
         loss_scale_factor: Optional[float] = None,
+        loss_normalization: Optional[str] = None,
         backend: Optional[str] = None,
         _state: Optional[bytes] = None,
         _batches: Optional[List[bytes]] = None,
@@ -217,6 +222,7 @@ class Packer:
             allow_empty_completion=allow_empty_completion,
             loss_agg_mode=loss_agg_mode,
             loss_scale_factor=loss_scale_factor,
+            loss_normalization=loss_normalization,
             backend=backend,
             state=_state,
             batches=_batches,

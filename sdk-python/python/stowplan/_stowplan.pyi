@@ -778,6 +778,7 @@ class Packer:
         allow_empty_completion: Optional[bool] = None,
         loss_agg_mode: Optional[str] = None,
         loss_scale_factor: Optional[float] = None,
+        loss_normalization: Optional[str] = None,
         backend: Optional[str] = None,
         state: Optional[bytes] = None,
         batches: Optional[List[bytes]] = None,
