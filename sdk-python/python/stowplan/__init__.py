@@ -29,6 +29,7 @@ from __future__ import annotations
 from . import _stowplan
 from ._balance import COSTS, Balance, MicroBatches, balance, micro_batches, rank_micro_batches
 from ._layout import CpLayout, Materialized, MicroBatch, cp_layout, materialize, pad_factor
+from ._fields import Payload, cp_slice, gather_payload, gather_tokens
 from ._plan import (
     LengthCache,
     PackedDataset,
@@ -85,6 +86,10 @@ __all__ = [
     "cp_layout",
     "CpLayout",
     "materialize",
+    "gather_tokens",
+    "cp_slice",
+    "gather_payload",
+    "Payload",
     "Materialized",
     "MicroBatch",
     "StaticPackPlan",
