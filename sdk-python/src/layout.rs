@@ -456,12 +456,11 @@ pub(crate) struct OwnedSample {
     pub(crate) sample: stowplan::TrainingSample,
     temperature: f32,
     run: u32,
-    extra_cost: u64,
 }
 
 impl OwnedSample {
     fn borrow(&self) -> Sample<'_> {
-        Sample { extra_cost: self.extra_cost, ..self.sample.as_sample(self.temperature, self.run) }
+        self.sample.as_sample(self.temperature, self.run)
     }
 }
 
@@ -517,13 +516,13 @@ pub(crate) fn extract_sample(i: usize, obj: &Bound<'_, PyAny>) -> PyResult<Owned
             completion_temperatures: opt_f("completion_temperatures")?,
             teacher_logprobs: opt_f("teacher_logprobs")?,
             advantage: scalar("advantage", None)? as f32,
+            extra_cost: get(obj, "extra_cost")?
+                .map(|v| int(&v, &at("extra_cost"), 0, u64::MAX.into()))
+                .transpose()?
+                .unwrap_or(0),
         },
         temperature: scalar("temperature", Some(1.0))? as f32,
         run,
-        extra_cost: get(obj, "extra_cost")?
-            .map(|v| int(&v, &at("extra_cost"), 0, u64::MAX.into()))
-            .transpose()?
-            .unwrap_or(0),
     })
 }
 

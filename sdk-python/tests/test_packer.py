@@ -110,6 +110,23 @@ def test_state_restore_rebuilds_the_step_in_flight():
         stowplan.Packer.restore(state, batches[:1], **opts)
 
 
+def test_extra_costs_travel_and_balance_ranks():
+    # Four 16-token samples on 2 ranks; one carries 48 of vision cost, so it gets a rank alone.
+    p = stowplan.Packer(seq_len=64, dp=2)
+    p.add_run(0, batch_size=4)
+    samples = [sample(14, extra_cost=48)] + [sample(14) for _ in range(3)]
+    batch = stowplan.TrainingBatch(run=0, step=0, samples=samples)
+    assert p.ingest(batch.encode()).accepted == 4
+    ranks, m = p.pack(force=True)
+    alone = [r for r in ranks if any(int(r.sample_indices[i]) == 0 for mb in r.micro_batches for i in mb.samples)][0]
+    assert sum(len(mb.samples) for mb in alone.micro_batches) == 1
+    assert abs(m["imbalance"] - 64 / 56) < 1e-9
+    r = p.ingest(stowplan.TrainingBatch(run=0, step=1, samples=[sample(14, extra_cost=2**64 - 1)]))
+    assert r.accepted == 0 and r.rejected[0][1] == "cost_overflow"
+    with pytest.raises(stowplan.InvalidArgumentError, match=r"samples\[0\]\.extra_cost"):
+        stowplan.TrainingBatch(run=0, step=2, samples=[sample(4, extra_cost=-1)]).encode()
+
+
 def _weight_sum(ranks) -> float:
     return sum(float(mb.loss_weights.sum()) for r in ranks for mb in r.micro_batches)
 

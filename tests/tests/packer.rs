@@ -1224,3 +1224,54 @@ fn a_packer_behind_its_ranks_stops_naming_the_rank() {
     drop(clients);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Issue 31: a sample's extra cost (a multimodal sample's vision tokens) crosses the wire with
+/// it, and the packer balances ranks with it: four 16-token samples on 2 ranks split 2 + 2 as
+/// text, but with 48 extra on one of them that sample's rank gets nothing else.
+#[test]
+fn the_packer_balances_multimodal_samples_by_their_extra_cost() {
+    for (extra, alone) in [(0u64, false), (48, true)] {
+        let mut p = Packer::new(Kernel::native(), PackerOptions::new(64, 2)).unwrap();
+        p.add_run(0, RunConfig { batch_size: 4 }).unwrap();
+        let mut b = batch(0, 0, &[16, 16, 16, 16]);
+        b.samples[0].extra_cost = extra;
+        let b = TrainingBatch::decode(&b.encode().unwrap()).unwrap();
+        assert_eq!(b.samples[0].extra_cost, extra, "the wire carries the extra cost");
+        assert_eq!(p.ingest(Arc::new(b)).accepted, 4);
+        let step = p.pack(true).unwrap().unwrap();
+        let holds = |r: &RankBatch| {
+            r.micro_batches
+                .iter()
+                .flat_map(|mb| mb.samples.iter().map(|&i| r.keys[i as usize].index))
+                .collect::<Vec<_>>()
+        };
+        let with_image = step.ranks.iter().find(|r| holds(r).contains(&0)).unwrap();
+        assert_eq!(holds(with_image).len() == 1, alone, "extra {extra}: {:?}", holds(with_image));
+        // The step's figures count the extra cost: 64 against 48 (imbalance 64/56).
+        let want = if alone { 64.0 / 56.0 } else { 1.0 };
+        assert!((step.metrics.imbalance - want).abs() < 1e-9, "{}", step.metrics.imbalance);
+    }
+}
+
+/// A sample whose cost, extra cost included, would overflow the step's cost sums is rejected
+/// at ingest (`cost_overflow`), naming the costs, instead of failing every later step.
+#[test]
+fn costs_that_overflow_are_rejected_at_ingest() {
+    let mut p = Packer::new(Kernel::native(), PackerOptions::new(64, 1)).unwrap();
+    p.add_run(0, RunConfig { batch_size: 2 }).unwrap();
+    let mut b = batch(0, 0, &[16, 16, 16]);
+    b.samples[0].extra_cost = u64::MAX; // 16 + 2^64 - 1 overflows alone
+    b.samples[1].extra_cost = u64::MAX / 2;
+    b.samples[2].extra_cost = u64::MAX / 2; // fits alone, not beside sample 1
+    let r = p.ingest(Arc::new(b));
+    assert_eq!(r.accepted, 1);
+    let reasons: Vec<(u32, RejectReason)> = r.rejected.iter().map(|(i, k, _)| (*i, *k)).collect();
+    assert_eq!(reasons, [(0, RejectReason::CostOverflow), (2, RejectReason::CostOverflow)]);
+    assert!(r.rejected[0].2.contains("extra_cost 18446744073709551615 overflows u64"), "{}", r.rejected[0].2);
+    // The accepted one packs; its cost left the pending sum, so the same sample fits again.
+    let step = p.pack(true).unwrap().unwrap();
+    p.delivered(step.metrics.step).unwrap();
+    let mut again = batch(0, 1, &[16]);
+    again.samples[0].extra_cost = u64::MAX / 2;
+    assert_eq!(p.ingest(Arc::new(again)).accepted, 1);
+}

@@ -486,11 +486,14 @@ pub enum RejectReason {
     TooLong,
     /// A negative token id.
     InvalidTokenId,
+    /// The sample's cost (the cost model's, plus its extra cost) does not fit in `u64`
+    /// together with the costs of the samples pending beside it.
+    CostOverflow,
 }
 
 impl RejectReason {
     /// Every reason, in declaration order.
-    pub const ALL: [RejectReason; 8] = [
+    pub const ALL: [RejectReason; 9] = [
         RejectReason::LengthMismatch,
         RejectReason::NotFinite,
         RejectReason::Empty,
@@ -499,6 +502,7 @@ impl RejectReason {
         RejectReason::TeacherLogprobs,
         RejectReason::TooLong,
         RejectReason::InvalidTokenId,
+        RejectReason::CostOverflow,
     ];
 
     /// The reason's snake_case name (used in logs, metrics and Python).
@@ -512,6 +516,7 @@ impl RejectReason {
             RejectReason::TeacherLogprobs => "teacher_logprobs",
             RejectReason::TooLong => "too_long",
             RejectReason::InvalidTokenId => "invalid_token_id",
+            RejectReason::CostOverflow => "cost_overflow",
         }
     }
 }

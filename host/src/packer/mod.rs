@@ -60,6 +60,10 @@ pub struct TrainingSample {
     pub teacher_logprobs: Option<Vec<f32>>,
     /// The advantage (finite), repeated on every token.
     pub advantage: f32,
+    /// A cost on top of the cost model's, in its units (a multimodal sample's image or vision
+    /// tokens): balancing over ranks and micro-batches counts it, the `seq_len` cap does not
+    /// (see [`Sample::extra_cost`]). 0 for text.
+    pub extra_cost: u64,
 }
 
 impl TrainingSample {
@@ -88,10 +92,15 @@ impl TrainingSample {
             advantage: self.advantage,
             run,
             teacher_logprobs: self.teacher_logprobs.as_deref(),
-            // The packer's samples carry no extra cost (yet): text only.
-            extra_cost: 0,
+            extra_cost: self.extra_cost,
         }
     }
+}
+
+/// A sample's cost: the cost model's for its tokens plus its extra cost; `None` when that
+/// overflows `u64`.
+fn cost_of(cost: &Cost, s: &TrainingSample) -> Option<u64> {
+    cost.of(s.len() as u64)?.checked_add(s.extra_cost)
 }
 
 /// One run's samples of one orchestrator step (prime-rl's `TrainingBatch`).
@@ -471,6 +480,9 @@ struct RunState {
     progress: RunProgress,
     queue: VecDeque<SampleKey>,
     queue_tokens: u64,
+    /// The queued samples' costs (the cost model's plus their extra costs): all runs' together
+    /// stay within `u64`, so no step's cost sums overflow.
+    queue_cost: u64,
     /// See [`RunRecord::update`].
     update: Option<LossCounts>,
 }
@@ -553,6 +565,7 @@ impl Packer {
             progress: RunProgress::default(),
             queue: VecDeque::new(),
             queue_tokens: 0,
+            queue_cost: 0,
             update: None,
         };
         self.runs.insert(run, state);
@@ -654,6 +667,7 @@ impl Packer {
         let o = self.options;
         let mut accepted = Vec::new();
         let known = self.runs.contains_key(&key.run);
+        let mut pending_cost = self.runs.values().fold(0u64, |c, s| c.saturating_add(s.queue_cost));
         for (i, s) in batch.samples.iter().enumerate() {
             let verdict = if !known {
                 Err((
@@ -664,10 +678,26 @@ impl Packer {
                 Err((RejectReason::TooLong, format!("{} tokens, over seq_len {}", s.len(), o.seq_len)))
             } else {
                 let sample = s.as_sample(batch.temperature, key.run);
-                check_sample(&sample, o.allow_empty_completion, o.num_runs, o.teacher_logprobs)
+                check_sample(&sample, o.allow_empty_completion, o.num_runs, o.teacher_logprobs).and_then(|()| {
+                    match cost_of(&o.cost, s).and_then(|c| pending_cost.checked_add(c).map(|t| (c, t))) {
+                        Some((c, total)) => {
+                            pending_cost = total;
+                            Ok(c)
+                        }
+                        None => Err((
+                            RejectReason::CostOverflow,
+                            format!(
+                                "the cost of its {} tokens plus extra_cost {} overflows u64 with the {pending_cost} \
+                                 of the samples pending",
+                                s.len(),
+                                s.extra_cost
+                            ),
+                        )),
+                    }
+                })
             };
             match verdict {
-                Ok(()) => accepted.push((i as u32, s.len() as u64)),
+                Ok(cost) => accepted.push((i as u32, s.len() as u64, cost)),
                 Err((reason, message)) => report.rejected.push((i as u32, reason, message)),
             }
         }
@@ -677,9 +707,10 @@ impl Packer {
                 *state.progress.rejected.entry(reason).or_default() += 1;
             }
             state.progress.received_samples += accepted.len() as u64;
-            for (index, len) in accepted {
+            for (index, len, cost) in accepted {
                 state.queue.push_back(SampleKey { run: key.run, step: key.step, index });
                 state.queue_tokens += len;
+                state.queue_cost += cost;
             }
         }
         if report.accepted > 0 {
@@ -747,6 +778,9 @@ impl Packer {
                 *left -= 1;
                 state.queue.pop_front();
                 state.queue_tokens -= len;
+                // Accepted, so it fits (see `ingest`).
+                let b = &self.batches[&head.batch()].batch;
+                state.queue_cost -= cost_of(&self.options.cost, &b.samples[head.index as usize]).unwrap_or(0);
                 keys.push(head);
                 let t = taken.entry(*run).or_default();
                 *t = (t.0 + 1, t.1 + len);
@@ -974,16 +1008,23 @@ impl Packer {
                 Error::CacheMismatch(format!("the packer state names sample {k:?}, which its spooled batch lacks"))
             })
         };
+        let mut all_costs = 0u64;
         for r in state.runs {
-            let mut tokens = 0;
+            let (mut tokens, mut cost) = (0, 0u64);
             for k in &r.queue {
                 tokens += check(k, &p)?;
+                let c = cost_of(&options.cost, &p.batches[&k.batch()].batch.samples[k.index as usize]);
+                cost = c.and_then(|c| cost.checked_add(c)).filter(|&c| all_costs.checked_add(c).is_some()).ok_or_else(
+                    || Error::CacheMismatch(format!("the pending samples' costs overflow u64 at sample {k:?}")),
+                )?;
             }
+            all_costs += cost;
             let s = RunState {
                 config: r.config,
                 progress: r.progress,
                 queue: r.queue.into(),
                 queue_tokens: tokens,
+                queue_cost: cost,
                 update: r.update,
             };
             p.runs.insert(r.run, s);

@@ -30,7 +30,7 @@ pub const HEADER_LEN: usize = 6;
 pub const TRAILER_LEN: usize = 4;
 
 /// A training batch an orchestrator sends to the packer (`TrainingBatch`).
-pub const TRAINING_BATCH: Format = Format { magic: *b"SPTB", version: 2, what: "training batch" };
+pub const TRAINING_BATCH: Format = Format { magic: *b"SPTB", version: 3, what: "training batch" };
 /// A control message to the packer: add or remove a run (`serve::Control`).
 pub const CONTROL: Format = Format { magic: *b"SPCT", version: 3, what: "control message" };
 /// One rank's share of a packed step (`RankBatch`), a file or a ZeroMQ message.

@@ -47,8 +47,11 @@ class TrainingBatch:
 
     ``samples``: mappings or objects with ``prompt_ids``, ``completion_ids`` and
     ``advantage``, optionally ``prompt_mask``, ``completion_mask``, ``completion_logprobs``,
-    ``completion_temperatures`` and ``teacher_logprobs`` (lists or numpy arrays).
-    ``(run, step)`` identifies the batch: the packer ignores a second batch with the same pair,
+    ``completion_temperatures`` and ``teacher_logprobs`` (lists or numpy arrays), and
+    ``extra_cost`` (an integer ≥ 0, default 0: a multimodal sample's image or vision tokens in
+    the cost model's units, which balancing over ranks counts and ``seq_len`` does not; a
+    sample whose cost would overflow beside the pending ones is rejected as
+    ``cost_overflow``). ``(run, step)`` identifies the batch: the packer ignores a second batch with the same pair,
     so resending after a crash is safe.
     """
 
