@@ -16,6 +16,7 @@
 //!   every rank derives the same plan without an all-reduce.
 
 use alloc::collections::BTreeSet;
+use alloc::string::String;
 use alloc::vec::Vec;
 use core::cmp::Reverse;
 
@@ -188,11 +189,164 @@ pub fn micro_batches_with_extra(
 ) -> Result<MicroPlan, Error> {
     let costs = micro_checks(lengths, extra, options)?;
     let need = needed_count(lengths, options)?;
-    plan_micro(lengths, &costs, options, need)
+    let caps = [options.max_token_len];
+    plan_micro(lengths, &costs, options, need, &Caps { sizes: lengths, caps: &caps })
 }
 
-/// [`micro_batches`] after validation, given what the batch needs under the cap.
-fn plan_micro(lengths: &[u64], costs: &[u64], options: &MicroOptions, need: Need) -> Result<MicroPlan, Error> {
+/// Further limits per micro-batch for [`micro_batches_limited`], beside the tokens.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MicroLimits<'a> {
+    /// Every sequence's size in each limited resource, sequence by sequence (sequence `i`:
+    /// `sizes[i·E..(i+1)·E]`, `E = caps.len()`): image tokens, images …
+    pub sizes: &'a [u64],
+    /// Each resource's cap per micro-batch (each ≥ 1); 1 to [`MAX_RESOURCES`](crate::MAX_RESOURCES) − 1 entries.
+    pub caps: &'a [u64],
+    /// The resources' names for messages, one per cap and all different (and not `tokens`),
+    /// or none (`resource 1`, `resource 2`, …).
+    pub names: &'a [String],
+}
+
+/// The result of [`micro_batches_limited`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LimitedMicroPlan {
+    /// The micro-batches, as [`micro_batches`] gives them; `lower_bound` is the largest of
+    /// `lower_bounds`.
+    pub plan: MicroPlan,
+    /// Every micro-batch's load in each limited resource, micro-batch by micro-batch, in the
+    /// plan's order (`count × E` entries).
+    pub loads: Vec<u64>,
+    /// Per resource, tokens first: `max(1, ⌈Σ sizes / cap⌉)`.
+    pub lower_bounds: Vec<u64>,
+}
+
+/// [`micro_batches_with_extra`] under further caps per micro-batch (image tokens, images …):
+/// every micro-batch stays within the token cap and within every one of `limits`, and the
+/// balance still counts the cost model plus the extra costs. The count needed is the one
+/// [`pack_multi`](crate::pack_multi)'s best-fit decreasing finds under all the caps (raised by
+/// `min_count` and `divisible_by`); the assignment is the cost-greedy fit and refinement of
+/// [`micro_batches`], with a move or swap allowed only when every cap holds. With no limits
+/// it is [`micro_batches_with_extra`].
+///
+/// Errors: those of [`micro_batches_with_extra`]; `sizes` not `E` per sequence, no cap or
+/// more than 7, a cap of 0, names not one per cap or repeated, a resource sum above 2^64 − 1;
+/// `infeasible` for a sequence over a cap (naming it, the resource, its size and the cap);
+/// those of [`pack_multi`](crate::pack_multi) (its item and step limits).
+pub fn micro_batches_limited(
+    lengths: &[u64],
+    extra: Option<&[u64]>,
+    limits: &MicroLimits<'_>,
+    options: &MicroOptions,
+) -> Result<LimitedMicroPlan, Error> {
+    let costs = micro_checks(lengths, extra, options)?;
+    let e = limits.caps.len();
+    if e == 0 || e >= crate::MAX_RESOURCES {
+        return invalid!("limits must have 1 to {} caps besides the tokens (got {e})", crate::MAX_RESOURCES - 1);
+    }
+    let n = lengths.len();
+    if limits.sizes.len() != n * e {
+        return invalid!(
+            "limit sizes must have {e} entries per sequence ({} for {n} sequences) (got {})",
+            n * e,
+            limits.sizes.len()
+        );
+    }
+    let name =
+        |k: usize| -> String { limits.names.get(k).cloned().unwrap_or_else(|| alloc::format!("resource {}", k + 1)) };
+    if !limits.names.is_empty() && limits.names.len() != e {
+        return invalid!("limit names must be one per cap ({e}) or none (got {})", limits.names.len());
+    }
+    // Byte by byte: the WASM guest has no memcmp.
+    let same = |a: &str, b: &str| a.len() == b.len() && a.bytes().zip(b.bytes()).all(|(x, y)| x == y);
+    for (k, nk) in limits.names.iter().enumerate() {
+        if nk.is_empty() || same(nk, "tokens") || limits.names[..k].iter().any(|o| same(o, nk)) {
+            return invalid!("limit names must be non-empty, all different and not \"tokens\" (got {nk:?} at {k})");
+        }
+    }
+    if let Some(k) = limits.caps.iter().position(|&c| c == 0) {
+        return invalid!("the cap of {} must be at least 1 (got 0)", name(k));
+    }
+    // Rows of all the resources, tokens first.
+    let r = e + 1;
+    let mut sizes = Vec::with_capacity(n * r);
+    for (i, &l) in lengths.iter().enumerate() {
+        sizes.push(l);
+        let row = &limits.sizes[i * e..(i + 1) * e];
+        if let Some(k) = (0..e).find(|&k| row[k] > limits.caps[k]) {
+            return Err(Error::Infeasible(alloc::format!(
+                "sequence {i} has {} {}, more than its cap {}; sequences are never split",
+                row[k],
+                name(k),
+                limits.caps[k]
+            )));
+        }
+        sizes.extend_from_slice(row);
+    }
+    let mut caps = Vec::with_capacity(r);
+    caps.push(options.max_token_len);
+    caps.extend_from_slice(limits.caps);
+    let mut names: Vec<String> = Vec::with_capacity(r);
+    names.push("tokens".into());
+    names.extend((0..e).map(name));
+    let multi = crate::MultiOptions {
+        capacities: &caps,
+        names: &names,
+        max_segments: 0,
+        align: 1,
+        method: PackMethod::Bfd,
+        oversize: OversizePolicy::Error,
+    };
+    let packing = crate::pack_multi(&sizes, &multi)?;
+    let bins: Vec<Vec<u32>> = (0..packing.packing.bins()).map(|b| packing.packing.bin(b).to_vec()).collect();
+    let lower_bounds: Vec<u64> = packing.lower_bounds.iter().map(|&b| b.max(1)).collect();
+    let lower = lower_bounds.iter().copied().max().unwrap_or(1);
+    // At most n (each sequence fits every cap alone).
+    let need = required_count(lower as u32, bins, n as u32, options)?;
+    let caps_view = Caps { sizes: &sizes, caps: &caps };
+    let plan = plan_micro(lengths, &costs, options, need, &caps_view)?;
+    let mut loads = Vec::with_capacity(plan.count() * e);
+    for b in 0..plan.count() {
+        for k in 1..r {
+            loads.push(plan.batch(b).iter().map(|&i| sizes[i as usize * r + k]).sum());
+        }
+    }
+    Ok(LimitedMicroPlan { plan, loads, lower_bounds })
+}
+
+/// Per-micro-batch caps in `r = caps.len()` resources, tokens first: sequence `i`'s sizes
+/// are `sizes[i·r..(i+1)·r]` (with tokens only, `sizes` is the lengths).
+struct Caps<'a> {
+    sizes: &'a [u64],
+    caps: &'a [u64],
+}
+
+impl Caps<'_> {
+    fn r(&self) -> usize {
+        self.caps.len()
+    }
+
+    /// Every group's loads, group by group.
+    fn loads(&self, groups: &[Vec<u32>]) -> Vec<u64> {
+        let r = self.r();
+        let mut loads = alloc::vec![0u64; groups.len() * r];
+        for (g, members) in groups.iter().enumerate() {
+            for &i in members {
+                for k in 0..r {
+                    loads[g * r + k] += self.sizes[i as usize * r + k];
+                }
+            }
+        }
+        loads
+    }
+}
+
+/// [`micro_batches`] after validation, given what the batch needs under the caps.
+fn plan_micro(
+    lengths: &[u64],
+    costs: &[u64],
+    options: &MicroOptions,
+    need: Need,
+    caps: &Caps<'_>,
+) -> Result<MicroPlan, Error> {
     let m = match options.count {
         Some(c) => {
             check_count(c, options, lengths.len() as u32, need.lower_bound)?;
@@ -201,7 +355,7 @@ fn plan_micro(lengths: &[u64], costs: &[u64], options: &MicroOptions, need: Need
         None => need.required,
     };
     let (lower_bound, required) = (need.lower_bound, need.required);
-    let groups = distribute(lengths, costs, options.max_token_len, m, need)?;
+    let groups = distribute(costs, caps, m, need)?;
     Ok(finish(lengths, costs, groups, options.order, lower_bound, required))
 }
 
@@ -251,6 +405,12 @@ fn needed_count(lengths: &[u64], options: &MicroOptions) -> Result<Need, Error> 
     let bins: Vec<Vec<u32>> = (0..packing.bins()).map(|b| packing.bin(b).to_vec()).collect();
     // Every length is ≤ cap, so ceil(total / cap) ≤ n fits in u32.
     let lower_bound = packing.lower_bound.max(1) as u32;
+    required_count(lower_bound, bins, n, options)
+}
+
+/// The count a batch of `n` sequences needs on its own: `bins` (a feasible assignment) raised
+/// to `min_count` and rounded up to `divisible_by`.
+fn required_count(lower_bound: u32, bins: Vec<Vec<u32>>, n: u32, options: &MicroOptions) -> Result<Need, Error> {
     let raised = (bins.len() as u32).max(options.min_count);
     let d = options.divisible_by;
     let required = match raised.div_ceil(d).checked_mul(d) {
@@ -299,13 +459,14 @@ fn check_count(c: u32, options: &MicroOptions, n: u32, lower_bound: u32) -> Resu
     Ok(())
 }
 
-/// Assigns the items to exactly `m` non-empty groups of at most `cap` tokens with balanced
-/// costs: cost-greedy first fit (LPT restricted to groups with room); if that gets stuck and
-/// `m` is at least best-fit decreasing's count, BFD's bins (plus empty groups); then
-/// cap-keeping refinement and filling of any empty group.
-fn distribute(lengths: &[u64], costs: &[u64], cap: u64, m: u32, need: Need) -> Result<Vec<Vec<u32>>, Error> {
+/// Assigns the items to exactly `m` non-empty groups within the caps with balanced costs:
+/// cost-greedy first fit (LPT restricted to groups with room); if that gets stuck and `m` is
+/// at least best-fit decreasing's count, BFD's bins (plus empty groups); then cap-keeping
+/// refinement and filling of any empty group.
+fn distribute(costs: &[u64], caps: &Caps<'_>, m: u32, need: Need) -> Result<Vec<Vec<u32>>, Error> {
     let m_us = m as usize;
-    let mut groups = match lpt_fit(lengths, costs, cap, m_us) {
+    let cap = caps.caps[0];
+    let mut groups = match lpt_fit(costs, caps, m_us) {
         Some(g) => g,
         None if m_us >= need.bins.len() => {
             let mut g = need.bins;
@@ -321,8 +482,7 @@ fn distribute(lengths: &[u64], costs: &[u64], cap: u64, m: u32, need: Need) -> R
             )));
         }
     };
-    let loads: Vec<u64> = groups.iter().map(|g| g.iter().map(|&i| lengths[i as usize]).sum()).collect();
-    let mut tc = TokenCap { lengths, cap, loads };
+    let mut tc = TokenCap { sizes: caps.sizes, caps: caps.caps, loads: caps.loads(&groups) };
     refine(costs, &mut groups, false, Some(&mut tc));
     fill_empty(costs, &mut groups);
     Ok(groups)
@@ -331,30 +491,43 @@ fn distribute(lengths: &[u64], costs: &[u64], cap: u64, m: u32, need: Need) -> R
 /// How many of the cheapest groups LPT-fit probes for room before it asks the least-loaded one.
 const PROBES: usize = 64;
 
-/// Items by length descending (so cost descending: costs are monotone in the length), each
-/// to the cheapest group with room (ties: lower load, then lower group number); `None` when
-/// an item fits nowhere.
-fn lpt_fit(lengths: &[u64], costs: &[u64], cap: u64, m: usize) -> Option<Vec<Vec<u32>>> {
+/// Items by length descending (so cost descending without extra costs: costs are monotone
+/// in the length), each to the cheapest group with room in every cap (ties: lower token
+/// load, then lower group number); `None` when an item fits nowhere.
+fn lpt_fit(costs: &[u64], caps: &Caps<'_>, m: usize) -> Option<Vec<Vec<u32>>> {
+    let r = caps.r();
+    let owned: Vec<u64>;
+    let lengths: &[u64] = if r == 1 {
+        caps.sizes
+    } else {
+        owned = caps.sizes.iter().step_by(r).copied().collect();
+        &owned
+    };
     let mut groups: Vec<Vec<u32>> = alloc::vec![Vec::new(); m];
     let mut cost = alloc::vec![0u64; m];
-    let mut load = alloc::vec![0u64; m];
+    let mut loads = alloc::vec![0u64; m * r];
     let mut by_cost: BTreeSet<(u64, u64, u32)> = (0..m as u32).map(|g| (0, 0, g)).collect();
     let mut by_load: BTreeSet<(u64, u32)> = (0..m as u32).map(|g| (0, g)).collect();
     for i in sorted_desc(lengths) {
         let len = lengths[i as usize];
-        let fits = |g: u32| load[g as usize] + len <= cap;
+        let row = &caps.sizes[i as usize * r..(i as usize + 1) * r];
+        let fits = |g: u32| (0..r).all(|k| loads[g as usize * r + k] + row[k] <= caps.caps[k]);
         let g = match by_cost.iter().take(PROBES).map(|e| e.2).find(|&g| fits(g)) {
             Some(g) => g,
             None => by_load.first().map(|e| e.1).filter(|&g| fits(g))?,
         };
         let gu = g as usize;
-        by_cost.remove(&(cost[gu], load[gu], g));
-        by_load.remove(&(load[gu], g));
+        let t = gu * r;
+        by_cost.remove(&(cost[gu], loads[t], g));
+        by_load.remove(&(loads[t], g));
         cost[gu] += costs[i as usize];
-        load[gu] += len;
+        for (k, &s) in row.iter().enumerate() {
+            loads[t + k] += s;
+        }
+        debug_assert_eq!(row[0], len);
         groups[gu].push(i);
-        by_cost.insert((cost[gu], load[gu], g));
-        by_load.insert((load[gu], g));
+        by_cost.insert((cost[gu], loads[t], g));
+        by_load.insert((loads[t], g));
     }
     Some(groups)
 }
@@ -657,10 +830,12 @@ pub fn plan(lengths: &[u64], dp: u32, dp_options: &DpOptions<'_>, micro: &MicroO
     let opts = MicroOptions { count, ..*micro };
     let mut ranks = Vec::with_capacity(locals.len());
     for (r, (local, costs, need)) in locals.into_iter().enumerate() {
-        let mut mp = plan_micro(&local, &costs, &opts, need).map_err(|e| match e {
-            Error::InvalidArgument(m) => Error::InvalidArgument(alloc::format!("rank {r}: {m}")),
-            Error::Infeasible(m) => Error::Infeasible(alloc::format!("rank {r}: {m}")),
-        })?;
+        let caps = [micro.max_token_len];
+        let mut mp =
+            plan_micro(&local, &costs, &opts, need, &Caps { sizes: &local, caps: &caps }).map_err(|e| match e {
+                Error::InvalidArgument(m) => Error::InvalidArgument(alloc::format!("rank {r}: {m}")),
+                Error::Infeasible(m) => Error::Infeasible(alloc::format!("rank {r}: {m}")),
+            })?;
         let global = dp_plan.rank(r);
         for i in &mut mp.indices {
             *i = global[*i as usize];

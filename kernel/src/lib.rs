@@ -38,8 +38,8 @@ pub mod stream;
 pub mod verl;
 
 pub use balance::{
-    Cost, DpOptions, DpPlan, MicroOptions, MicroPlan, Order, Plan, balance_dp, micro_batches, micro_batches_with_extra,
-    plan,
+    Cost, DpOptions, DpPlan, LimitedMicroPlan, MicroLimits, MicroOptions, MicroPlan, Order, Plan, balance_dp,
+    micro_batches, micro_batches_limited, micro_batches_with_extra, plan,
 };
 pub use layout::{
     AlignOptions, CpLayout, DistributeOptions, Distribution, Factor, MAX_PARALLEL, Padding, cp_layout, distribute,

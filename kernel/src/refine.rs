@@ -12,29 +12,43 @@
 //! step stops when none of them improves or the spread is at most 1.
 //!
 //! With a [`TokenCap`] (micro-batches), the weights are costs and every group also has a
-//! token load that must stay at or below the cap: a move or swap that would push either
-//! group's load over the cap is not a candidate.
+//! load in each capped resource (tokens, and any further limits) that must stay at or below
+//! its cap: a move or swap that would push either group's load over a cap is not a candidate.
 
 use alloc::collections::BTreeSet;
 use alloc::vec::Vec;
 
 const PARTNERS: usize = 16;
 
-/// A hard per-group token limit kept by [`refine`]: `loads[g]` is the sum of `lengths` of
-/// group `g`'s members and never exceeds `cap` after a step that starts within it.
+/// Hard per-group limits kept by [`refine`], in `r` resources (tokens first): item `i`'s
+/// sizes are `sizes[i·r..(i+1)·r]`, group `g`'s loads `loads[g·r..(g+1)·r]` (the sums of its
+/// members' sizes), and no load exceeds its cap after a step that starts within them.
 pub(crate) struct TokenCap<'a> {
-    /// Tokens of each item.
-    pub lengths: &'a [u64],
-    /// The largest load a group may reach.
-    pub cap: u64,
-    /// Current token load of each group.
+    /// Each item's size in every resource, item by item.
+    pub sizes: &'a [u64],
+    /// The largest load a group may reach in each resource (`r` entries).
+    pub caps: &'a [u64],
+    /// Current loads, group by group.
     pub loads: Vec<u64>,
 }
 
 impl TokenCap<'_> {
-    /// Whether moving `out` tokens out of group `g` and `inc` tokens into it keeps it within the cap.
-    fn fits(&self, g: usize, inc: u64, out: u64) -> bool {
-        self.loads[g] - out + inc <= self.cap
+    /// Whether moving item `out` out of group `g` and item `inc` into it keeps every load
+    /// within its cap.
+    fn fits(&self, g: usize, inc: Option<u32>, out: Option<u32>) -> bool {
+        let r = self.caps.len();
+        let size = |i: Option<u32>, k: usize| i.map_or(0, |i| self.sizes[i as usize * r + k]);
+        (0..r).all(|k| self.loads[g * r + k] - size(out, k) + size(inc, k) <= self.caps[k])
+    }
+
+    /// Moves item `i` from group `from` to group `to`.
+    fn shift(&mut self, i: u32, from: usize, to: usize) {
+        let r = self.caps.len();
+        for k in 0..r {
+            let s = self.sizes[i as usize * r + k];
+            self.loads[from * r + k] -= s;
+            self.loads[to * r + k] += s;
+        }
     }
 }
 
@@ -117,11 +131,7 @@ fn try_pair(
     // Whether a move of `a` (b = None) or a swap of `a` with `b` keeps both loads within the cap.
     let allowed = |a: u32, b: Option<u32>, cap: &Option<&mut TokenCap<'_>>| match cap {
         None => true,
-        Some(c) => {
-            let la = c.lengths[a as usize];
-            let lb = b.map_or(0, |b| c.lengths[b as usize]);
-            c.fits(l, la, lb) && c.fits(h, lb, la)
-        }
+        Some(c) => c.fits(l, Some(a), b) && c.fits(h, b, Some(a)),
     };
     if !equal_size {
         for (pa, &a) in groups[h].iter().enumerate() {
@@ -159,16 +169,14 @@ fn try_pair(
     sums[h] -= weights[a as usize];
     sums[l] += weights[a as usize];
     if let Some(c) = cap.as_deref_mut() {
-        c.loads[h] -= c.lengths[a as usize];
-        c.loads[l] += c.lengths[a as usize];
+        c.shift(a, h, l);
     }
     if pb != usize::MAX {
         let b = groups[l].swap_remove(pb);
         sums[l] -= weights[b as usize];
         sums[h] += weights[b as usize];
         if let Some(c) = cap.as_deref_mut() {
-            c.loads[l] -= c.lengths[b as usize];
-            c.loads[h] += c.lengths[b as usize];
+            c.shift(b, l, h);
         }
         groups[h].push(b);
     }

@@ -333,3 +333,100 @@ fn bad_arguments_are_named() {
     let many = vec![1u64; 2 * (MAX_MULTI_ITEMS + 1)];
     assert!(msg(pack_multi(&many, &opts(&[10, 10]))).contains("at most 262144 items per call"));
 }
+
+/// Micro-batches under further limits (issue 31, item 2): every micro-batch within the token
+/// cap and every limit, every sequence exactly once, no empty micro-batch, the count at least
+/// the per-resource bound and at most best-fit decreasing's under all the caps (before
+/// `min_count`), loads reported right; a batch that uses none of the limited resources gets
+/// `micro_batches_with_extra`'s plan exactly.
+mod limited_micro_batches {
+    use proptest::prelude::*;
+    use stowplan_kernel::{Cost, Error, MicroLimits, MicroOptions, micro_batches_limited, micro_batches_with_extra};
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+
+        #[test]
+        fn every_micro_batch_is_within_every_cap(
+            rows in proptest::collection::vec((1u64..400, 0u64..300, 0u64..4, 0u64..50), 1..80),
+            cap in 400u64..1200,
+            image_cap in 300u64..900,
+            images_cap in 4u64..10,
+            min_count in 0u32..4,
+            attention in any::<bool>(),
+        ) {
+            let lengths: Vec<u64> = rows.iter().map(|r| r.0).collect();
+            let extra: Vec<u64> = rows.iter().map(|r| r.3).collect();
+            let sizes: Vec<u64> = rows.iter().flat_map(|r| [r.1, r.2]).collect();
+            let caps = [image_cap, images_cap];
+            let names = ["image_tokens".to_string(), "images".to_string()];
+            let limits = MicroLimits { sizes: &sizes, caps: &caps, names: &names };
+            let cost = if attention { Cost::ATTENTION } else { Cost::TOKENS };
+            let o = MicroOptions { cost, min_count: min_count.min(rows.len() as u32), ..MicroOptions::new(cap) };
+            let p = micro_batches_limited(&lengths, Some(&extra), &limits, &o).unwrap();
+            let mut seen = vec![false; rows.len()];
+            for b in 0..p.plan.count() {
+                let members = p.plan.batch(b);
+                prop_assert!(!members.is_empty());
+                let tokens: u64 = members.iter().map(|&i| lengths[i as usize]).sum();
+                prop_assert!(tokens <= cap && tokens == p.plan.tokens[b]);
+                for k in 0..2 {
+                    let load: u64 = members.iter().map(|&i| sizes[i as usize * 2 + k]).sum();
+                    prop_assert!(load <= caps[k], "micro-batch {} over cap {}", b, k);
+                    prop_assert_eq!(load, p.loads[b * 2 + k]);
+                }
+                for &i in members {
+                    prop_assert!(!seen[i as usize]);
+                    seen[i as usize] = true;
+                }
+            }
+            prop_assert!(seen.iter().all(|&s| s));
+            let bound = |sum: u64, c: u64| sum.div_ceil(c).max(1);
+            let want = [
+                bound(lengths.iter().sum(), cap),
+                bound(rows.iter().map(|r| r.1).sum(), image_cap),
+                bound(rows.iter().map(|r| r.2).sum(), images_cap),
+            ];
+            prop_assert_eq!(&p.lower_bounds[..], &want[..]);
+            prop_assert!(p.plan.count() as u64 >= *want.iter().max().unwrap());
+            // The count: best-fit decreasing's under all the caps, raised to min_count.
+            let rows3: Vec<u64> = rows.iter().flat_map(|r| [r.0, r.1, r.2]).collect();
+            let all_caps = [cap, image_cap, images_cap];
+            let bfd = stowplan_kernel::pack_multi(&rows3, &stowplan_kernel::MultiOptions {
+                capacities: &all_caps,
+                names: &[],
+                max_segments: 0,
+                align: 1,
+                method: stowplan_kernel::PackMethod::Bfd,
+                oversize: stowplan_kernel::OversizePolicy::Error,
+            }).unwrap();
+            prop_assert_eq!(p.plan.count(), bfd.packing.bins().max(o.min_count as usize));
+            // A text-only batch (no sequence uses the limited resources): the plain plan, bit
+            // for bit.
+            let zeros = vec![0u64; sizes.len()];
+            let text = micro_batches_limited(&lengths, Some(&extra), &MicroLimits { sizes: &zeros, ..limits }, &o).unwrap();
+            prop_assert_eq!(text.plan, micro_batches_with_extra(&lengths, Some(&extra), &o).unwrap());
+        }
+    }
+
+    #[test]
+    fn errors_name_the_limit() {
+        let names = ["image_tokens".to_string()];
+        let o = MicroOptions::new(100);
+        let at = |sizes: &[u64], caps: &[u64], names: &[String]| {
+            micro_batches_limited(&[10, 20], None, &MicroLimits { sizes, caps, names }, &o).unwrap_err().to_string()
+        };
+        assert!(at(&[5, 90], &[50], &names).contains("sequence 1 has 90 image_tokens, more than its cap 50"));
+        assert!(matches!(
+            micro_batches_limited(&[10, 20], None, &MicroLimits { sizes: &[5, 90], caps: &[50], names: &names }, &o),
+            Err(Error::Infeasible(_))
+        ));
+        assert!(at(&[5], &[50], &names).contains("1 entries per sequence (2 for 2 sequences) (got 1)"));
+        assert!(at(&[], &[], &[]).contains("limits must have 1 to 7 caps"));
+        assert!(at(&[5, 5], &[0], &names).contains("the cap of image_tokens must be at least 1"));
+        assert!(at(&[5, 5], &[50], &["tokens".to_string()]).contains("not \"tokens\""));
+        let two = ["a".to_string(), "a".to_string()];
+        assert!(at(&[1, 1, 1, 1], &[5, 5], &two).contains("all different"));
+        assert!(at(&[5, 5], &[50], &two).contains("one per cap (1) or none (got 2)"));
+    }
+}

@@ -125,3 +125,36 @@ fn multimodal_samples_get_micro_batches_of_their_own() {
         assert!(costs.iter().all(|&c| c >= 300), "each rank carries one image: {costs:?}");
     }
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(32))]
+
+    /// Micro-batches under further limits (issue 31, item 2): WASM ≡ native, every micro-batch
+    /// within every cap, and errors the same on both backends.
+    #[test]
+    fn limited_micro_batches_agree_on_both_backends(
+        rows in proptest::collection::vec((1u64..500, 0u64..400, 0u64..5, 0u64..100), 1..60),
+        image_cap in 300u64..1000,
+        images_cap in 3u64..12,
+    ) {
+        use stowplan::{KernelApi, MicroLimits};
+        let lengths: Vec<u64> = rows.iter().map(|r| r.0).collect();
+        let extra: Vec<u64> = rows.iter().map(|r| r.3).collect();
+        let sizes: Vec<u64> = rows.iter().flat_map(|r| [r.1, r.2]).collect();
+        let caps = [image_cap, images_cap];
+        let names = ["image_tokens".to_string(), "images".to_string()];
+        let limits = MicroLimits { sizes: &sizes, caps: &caps, names: &names };
+        let o = MicroOptions { cost: Cost::ATTENTION, ..MicroOptions::new(1000) };
+        let [native, wasm] = kernels();
+        let a = native.micro_batches_limited(&lengths, Some(&extra), &limits, &o);
+        let b = wasm.micro_batches_limited(&lengths, Some(&extra), &limits, &o);
+        prop_assert_eq!(format!("{a:?}"), format!("{b:?}"));
+        if let Ok(p) = a {
+            for m in 0..p.plan.count() {
+                for k in 0..2 {
+                    prop_assert!(p.loads[m * 2 + k] <= caps[k]);
+                }
+            }
+        }
+    }
+}

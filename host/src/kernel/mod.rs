@@ -21,6 +21,7 @@ use stowplan_kernel::{
     RawPlan,
 };
 use stowplan_kernel::{Closed, StreamOptions, StreamStatus};
+use stowplan_kernel::{LimitedMicroPlan, MicroLimits};
 
 /// Which implementation of the kernel runs a call.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -108,6 +109,17 @@ pub trait KernelApi: Send + Sync + std::fmt::Debug {
         extra: &[u64],
         options: &MicroOptions,
     ) -> Result<MicroPlan, Error>;
+
+    /// Micro-batches within the token cap and further caps per micro-batch (image tokens,
+    /// images …), balancing the cost plus `extra` costs. See `wit/kernel.wit` (`multi-micro`)
+    /// and [`stowplan_kernel::micro_batches_limited`].
+    fn micro_batches_limited(
+        &self,
+        lengths: &[u64],
+        extra: Option<&[u64]>,
+        limits: &MicroLimits<'_>,
+        options: &MicroOptions,
+    ) -> Result<LimitedMicroPlan, Error>;
 
     /// Reorders a global batch over `dp` ranks, minimizing the costliest rank. See
     /// `wit/kernel.wit` (`balance.balance-dp`).

@@ -9,6 +9,7 @@ use stowplan_kernel::{
 };
 
 use stowplan_kernel::{Closed, StreamOptions, StreamStatus};
+use stowplan_kernel::{LimitedMicroPlan, MicroLimits};
 
 use super::{KernelApi, StreamBackend, StreamPacker, VerlFunction};
 use crate::Error;
@@ -56,6 +57,16 @@ impl KernelApi for NativeKernel {
         options: &MicroOptions,
     ) -> Result<MicroPlan, Error> {
         Ok(k::micro_batches_with_extra(lengths, Some(extra), options)?)
+    }
+
+    fn micro_batches_limited(
+        &self,
+        lengths: &[u64],
+        extra: Option<&[u64]>,
+        limits: &MicroLimits<'_>,
+        options: &MicroOptions,
+    ) -> Result<LimitedMicroPlan, Error> {
+        Ok(k::micro_batches_limited(lengths, extra, limits, options)?)
     }
 
     fn balance_dp(&self, lengths: &[u64], dp: u32, options: &DpOptions<'_>) -> Result<DpPlan, Error> {

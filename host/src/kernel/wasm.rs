@@ -18,6 +18,7 @@ use stowplan_kernel::{
 };
 
 use stowplan_kernel::{Closed, NextFitRuns, PackMethod, StreamOptions, StreamStatus};
+use stowplan_kernel::{LimitedMicroPlan, MicroLimits};
 use wasmtime::component::ResourceAny;
 
 use super::{KernelApi, StreamBackend, StreamPacker, VerlFunction};
@@ -32,8 +33,9 @@ mod bindings {
 }
 
 pub(super) use bindings::exports::stowplan::kernel::{
-    balance as wbal, layout as wlay, multi_pack as wmulti, pack as wpack, pack_compact as wcompact, partition as wpart,
-    peers as wpeers, plan as wplan, streaming as wstream, types as wtypes, verl as wverl,
+    balance as wbal, layout as wlay, multi_micro as wmicro, multi_pack as wmulti, pack as wpack,
+    pack_compact as wcompact, partition as wpart, peers as wpeers, plan as wplan, streaming as wstream,
+    types as wtypes, verl as wverl,
 };
 
 /// The kernel component, built by `cargo xtask build-kernel` (see `ARCHITECTURE.md`).
@@ -255,6 +257,19 @@ impl KernelApi for WasmKernel {
     ) -> Result<MicroPlan, Error> {
         call(|i, s| i.stowplan_kernel_multimodal().call_micro_batches(s, lengths, extra, options.into()))
             .map(Into::into)
+    }
+
+    fn micro_batches_limited(
+        &self,
+        lengths: &[u64],
+        extra: Option<&[u64]>,
+        limits: &MicroLimits<'_>,
+        options: &MicroOptions,
+    ) -> Result<LimitedMicroPlan, Error> {
+        let l =
+            wmicro::Limits { sizes: limits.sizes.to_vec(), caps: limits.caps.to_vec(), names: limits.names.to_vec() };
+        let p = call(|i, s| i.stowplan_kernel_multi_micro().call_micro_batches(s, lengths, extra, &l, options.into()))?;
+        Ok(LimitedMicroPlan { plan: p.plan.into(), loads: p.loads, lower_bounds: p.lower_bounds })
     }
 
     fn balance_dp(&self, lengths: &[u64], dp: u32, options: &DpOptions<'_>) -> Result<DpPlan, Error> {

@@ -12,8 +12,8 @@ wit_bindgen::generate!({
 });
 
 use exports::stowplan::kernel::{
-    balance, layout, multi_pack, multimodal, pack, pack_compact, partition, peers, plan, shuffle, streaming as stream,
-    types, verl,
+    balance, layout, multi_micro, multi_pack, multimodal, pack, pack_compact, partition, peers, plan, shuffle,
+    streaming as stream, types, verl,
 };
 
 #[global_allocator]
@@ -110,6 +110,20 @@ impl multi_pack::Guest for Kernel {
             resource_loads: r.resource_loads,
             lower_bounds: r.lower_bounds,
         })
+    }
+}
+
+impl multi_micro::Guest for Kernel {
+    fn micro_batches(
+        lengths: Vec<u64>,
+        extra_costs: Option<Vec<u64>>,
+        limits: multi_micro::Limits,
+        options: balance::MicroOptions,
+    ) -> Result<multi_micro::LimitedMicroPlan, types::Error> {
+        let l = k::MicroLimits { sizes: &limits.sizes, caps: &limits.caps, names: &limits.names };
+        let r =
+            k::micro_batches_limited(&lengths, extra_costs.as_deref(), &l, &micro_options(options)).map_err(error)?;
+        Ok(multi_micro::LimitedMicroPlan { plan: micro_plan(r.plan), loads: r.loads, lower_bounds: r.lower_bounds })
     }
 }
 
