@@ -10,6 +10,7 @@
 
 mod filter;
 mod layout;
+mod multi;
 mod packer;
 mod plan;
 mod source;
@@ -1439,10 +1440,15 @@ fn micro_options(
 /// ``"cost_desc"``, ``"verl"`` (verl's and ROLL's cheapest-at-both-ends order) or ``"roll"``
 /// (ROLL's in-rank interleave); ``extra_costs`` — one extra cost per sequence on top of
 /// ``cost`` (its units; e.g. a multimodal sample's image tokens): balanced, not capped;
-/// ``backend`` — ``"wasm"`` (default) or ``"native"``.
+/// ``resources`` and ``limits`` — further caps per micro-batch beside the tokens:
+/// ``resources`` maps each name (not ``"tokens"``) to the sequences' sizes in it (image
+/// tokens, images …; one array-like each) and ``limits`` the same names to the cap (``>= 1``),
+/// up to 7; every micro-batch then stays within every cap, the count is best-fit decreasing's
+/// under all of them, and ``lower_bound`` is the largest per-resource bound; ``backend`` —
+/// ``"wasm"`` (default) or ``"native"``.
 ///
-/// Raises :class:`InfeasibleError` for a sequence longer than ``max_token_len`` (named) or
-/// a ``count`` below what the cap allows; :class:`InvalidArgumentError` for empty input,
+/// Raises :class:`InfeasibleError` for a sequence longer than ``max_token_len`` or over a
+/// limit (named) or a ``count`` below what the caps allow; :class:`InvalidArgumentError` for empty input,
 /// ``max_token_len`` 0, a count above the number of sequences (micro-batches are never
 /// empty), ``count`` not a multiple of ``divisible_by`` …
 ///
@@ -1451,9 +1457,12 @@ fn micro_options(
 /// ([[0, 2, 3, 4], [1, 5]], [1500, 1500])
 /// >>> mb.restore.tolist()  # position of each input in the concatenated micro-batches
 /// [0, 4, 1, 2, 3, 5]
+/// >>> vlm = micro_batches([100, 900, 50, 950], 2000, resources={"images": [3, 1, 0, 2]}, limits={"images": 3})
+/// >>> [b.tolist() for b in vlm.batches]  # at most 3 images per micro-batch
+/// [[0, 2], [1, 3]]
 #[pyfunction]
 #[pyo3(signature = (lengths, max_token_len, *, cost=None, min_count=None, divisible_by=None, count=None, order=None,
-    extra_costs=None, backend=None))]
+    extra_costs=None, resources=None, limits=None, backend=None))]
 #[allow(clippy::too_many_arguments)]
 fn micro_batches(
     py: Python<'_>,
@@ -1465,6 +1474,8 @@ fn micro_batches(
     count: Option<&Bound<'_, PyAny>>,
     order: Option<&Bound<'_, PyAny>>,
     extra_costs: Option<&Bound<'_, PyAny>>,
+    resources: Option<&Bound<'_, PyDict>>,
+    limits: Option<&Bound<'_, PyDict>>,
     backend: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<PyMicroBatches> {
     str_options!(order, backend);
@@ -1474,10 +1485,20 @@ fn micro_batches(
     let kernel = kernel(py, backend)?;
     let l = lengths.slice();
     let e = extra.as_ref().map(Lengths::slice);
+    let limited = match (resources, limits) {
+        (None, None) => None,
+        (Some(r), Some(c)) => Some(multi::limit_rows(py, r, c, l.len())?),
+        (Some(_), None) => return Err(invalid(py, "resources needs limits (the cap of each resource)".into())),
+        (None, Some(_)) => return Err(invalid(py, "limits needs resources (the sequences' sizes in each)".into())),
+    };
     let p = py
-        .detach(|| match e {
-            Some(e) => kernel.micro_batches_with_extra(l, e, &options),
-            None => kernel.micro_batches(l, &options),
+        .detach(|| match (&limited, e) {
+            (Some((sizes, caps, names)), e) => {
+                let lim = stowplan::MicroLimits { sizes, caps, names };
+                kernel.micro_batches_limited(l, e, &lim, &options).map(|p| p.plan)
+            }
+            (None, Some(e)) => kernel.micro_batches_with_extra(l, e, &options),
+            (None, None) => kernel.micro_batches(l, &options),
         })
         .map_err(|e| to_py(py, e))?;
     Ok(PyMicroBatches::new(py, p))

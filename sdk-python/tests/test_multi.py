@@ -105,3 +105,48 @@ def test_errors_name_the_argument_and_the_resource():
         stowplan.pack_multi({"tokens": [1]}, {"tokens": 9}, max_segments=-1)
     with pytest.raises(stowplan.InvalidArgumentError, match="method"):
         stowplan.pack_multi({"tokens": [1]}, {"tokens": 9}, method="best")
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(1, 400), st.integers(0, 300), st.integers(0, 4)), min_size=1, max_size=60),
+    st.integers(400, 1200),
+    st.integers(300, 900),
+    st.integers(4, 10),
+    st.sampled_from(["wasm", "native"]),
+)
+def test_micro_batches_keep_every_limit(rows, cap, image_cap, images_cap, backend):
+    lengths = [r[0] for r in rows]
+    resources = {"image_tokens": [r[1] for r in rows], "images": [r[2] for r in rows]}
+    limits = {"image_tokens": image_cap, "images": images_cap}
+    mb = stowplan.micro_batches(lengths, cap, resources=resources, limits=limits, cost="attention", backend=backend)
+    seen = sorted(int(i) for b in mb.batches for i in b)
+    assert seen == list(range(len(rows)))
+    for b in mb.batches:
+        assert sum(lengths[i] for i in b) <= cap
+        for name, c in limits.items():
+            assert sum(resources[name][i] for i in b) <= c
+    bounds = [-(-sum(lengths) // cap), -(-sum(resources["image_tokens"]) // image_cap), -(-sum(resources["images"]) // images_cap)]
+    assert mb.lower_bound == max(1, *bounds) and mb.count >= mb.lower_bound
+    # A text-only batch: the plan without limits.
+    text = stowplan.micro_batches(lengths, cap, resources={"images": [0] * len(rows)}, limits={"images": 1}, backend=backend)
+    plain = stowplan.micro_batches(lengths, cap, backend=backend)
+    assert [b.tolist() for b in text.batches] == [b.tolist() for b in plain.batches]
+
+
+def test_micro_batch_limit_errors_name_the_argument():
+    lengths = [10, 20]
+    for kwargs, error, match in [
+        (dict(resources={"images": [1, 5]}, limits={"images": 3}), stowplan.InfeasibleError, "sequence 1 has 5 images, more than its cap 3"),
+        (dict(resources={"images": [1, 1]}), stowplan.InvalidArgumentError, "resources needs limits"),
+        (dict(limits={"images": 3}), stowplan.InvalidArgumentError, "limits needs resources"),
+        (dict(resources={"images": [1]}, limits={"images": 3}), stowplan.InvalidArgumentError, r"resources\['images'\] has 1 sizes, lengths 2"),
+        (dict(resources={"images": [1, 1]}, limits={"frames": 3}), stowplan.InvalidArgumentError, r"limits has no cap for resources\['images'\]"),
+        (dict(resources={"images": [1, 1]}, limits={"images": 3, "frames": 2}), stowplan.InvalidArgumentError, r"limits\['frames'\] has no sizes"),
+        (dict(resources={"images": [1, 1]}, limits={"images": 0}), stowplan.InvalidArgumentError, r"limits\['images'\] must be"),
+        (dict(resources={"tokens": [1, 1]}, limits={"tokens": 9}), stowplan.InvalidArgumentError, "not a further limit"),
+        (dict(resources={}, limits={}), stowplan.InvalidArgumentError, "1 to 7 resources"),
+        (dict(resources={"images": [1, -1]}, limits={"images": 3}), stowplan.InvalidArgumentError, r"resources\['images'\]"),
+    ]:
+        with pytest.raises(error, match=match):
+            stowplan.micro_batches(lengths, 100, **kwargs)

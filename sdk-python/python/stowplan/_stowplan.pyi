@@ -192,10 +192,13 @@ def micro_batches(
     count: Optional[int] = None,
     order: Optional[str] = None,
     extra_costs: Optional[_Lengths] = None,
+    resources: Optional[Dict[str, _Lengths]] = None,
+    limits: Optional[Dict[str, int]] = None,
     backend: Optional[str] = None,
 ) -> MicroBatches:
     """``cost``: ``"tokens"`` (default), ``"attention"`` or ``(linear, quadratic)``;
-    ``order``: ``"none"`` (default), ``"cost_desc"``, ``"verl"`` or ``"roll"``. The
+    ``order``: ``"none"`` (default), ``"cost_desc"``, ``"verl"`` or ``"roll"``;
+    ``resources``/``limits``: further caps per micro-batch (name → sizes, name → cap). The
     result's indices are positions in ``lengths`` (one rank's batch gives local indices)."""
 
 class Balance:

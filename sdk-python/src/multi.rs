@@ -1,0 +1,64 @@
+//! Limits beside the tokens (issue 31): the `resources=`/`limits=` options of
+//! `micro_batches`, read into the kernel's row layout.
+
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+
+use crate::{Lengths, invalid, u64_arg};
+
+/// `resources` (name → one size per sequence) and `limits` (the same names → cap) as the
+/// kernel's rows: sizes sequence by sequence, caps and names in `resources`' order. Errors
+/// name the key: not a string, `"tokens"`, missing from the other dict, sizes not one per
+/// sequence (`n`), a cap below 1, more than 7 limits.
+pub(crate) fn limit_rows(
+    py: Python<'_>,
+    resources: &Bound<'_, PyDict>,
+    limits: &Bound<'_, PyDict>,
+    n: usize,
+) -> PyResult<(Vec<u64>, Vec<u64>, Vec<String>)> {
+    let most = stowplan::MAX_RESOURCES - 1;
+    if resources.is_empty() || resources.len() > most {
+        return Err(invalid(py, format!("resources must name 1 to {most} resources (got {})", resources.len())));
+    }
+    let key = |k: &Bound<'_, PyAny>, what: &str| -> PyResult<String> {
+        let name: String = k.extract().map_err(|_| {
+            let shown = k.repr().map(|r| r.to_string()).unwrap_or_default();
+            invalid(py, format!("{what}' keys must be resource names (str), got {shown}"))
+        })?;
+        if name == "tokens" {
+            return Err(invalid(
+                py,
+                format!("{what}['tokens']: the tokens are lengths and max_token_len, not a further limit"),
+            ));
+        }
+        Ok(name)
+    };
+    let (mut names, mut caps, mut cols) = (Vec::new(), Vec::new(), Vec::new());
+    for (k, values) in resources.iter() {
+        let name = key(&k, "resources")?;
+        let Some(cap) = limits.get_item(&name)? else {
+            return Err(invalid(py, format!("limits has no cap for resources['{name}']")));
+        };
+        caps.push(u64_arg(&cap, &format!("limits['{name}']"), 1)?);
+        let col = Lengths::extract(&values, &format!("resources['{name}']"))?.slice().to_vec();
+        if col.len() != n {
+            return Err(invalid(
+                py,
+                format!("resources['{name}'] has {} sizes, lengths {n}: one per sequence", col.len()),
+            ));
+        }
+        cols.push(col);
+        names.push(name);
+    }
+    for k in limits.keys() {
+        let name = key(&k, "limits")?;
+        if !names.contains(&name) {
+            return Err(invalid(
+                py,
+                format!("limits['{name}'] has no sizes in resources (resources: {})", names.join(", ")),
+            ));
+        }
+    }
+    let sizes = (0..n).flat_map(|i| cols.iter().map(move |c| c[i])).collect();
+    Ok((sizes, caps, names))
+}
