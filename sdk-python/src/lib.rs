@@ -12,6 +12,7 @@ mod filter;
 mod layout;
 mod packer;
 mod plan;
+mod prime_rl;
 mod source;
 mod stream;
 
@@ -2051,6 +2052,7 @@ fn _stowplan(m: &Bound<'_, PyModule>) -> PyResult<()> {
     layout::register(m)?;
     packer::register(m)?;
     plan::register(m)?;
+    prime_rl::register(m)?;
     source::register(m)?;
     filter::register(m)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
