@@ -84,7 +84,7 @@ fn check_partition_args(n: usize, k: u32) -> Result<(), Error> {
     }
     check_count("num_partitions", k)?;
     checked_len("weights", n)?;
-    if n < k as usize || n % k as usize != 0 {
+    if n < k as usize || !n.is_multiple_of(k as usize) {
         return invalid!("weights ({n}) must be a positive multiple of num_partitions ({k})");
     }
     Ok(())
@@ -400,7 +400,9 @@ pub fn prepare_batch(
             };
         }
         let cost = bin_cost(&seqs, linear, quadratic)?;
-        let cost = u64::try_from(cost).or_else(|_| invalid!("the cost of a bin ({cost}) is above u64::MAX"))?;
+        let Ok(cost) = u64::try_from(cost) else {
+            return invalid!("the cost of a bin ({cost}) is above u64::MAX");
+        };
         padding.push(pad);
         costs.push(cost);
         is_mm.push(b.members.iter().any(|&j| multimodal[j as usize] != 0));
