@@ -201,3 +201,19 @@ def test_patch_replaces_and_restores_the_partition_functions(monkeypatch):
 def test_patch_needs_the_module_imported():
     with pytest.raises(InvalidArgumentError, match="not in sys.modules"):
         prime_rl.patch("prime_rl_not_imported.trainer.batch")
+
+
+def test_rollouts_may_be_objects():
+    """prime-rl passes ``TrainingSample`` structs: attributes are read like mapping keys."""
+    v = next(v for v in _kind("distribute_kk") if v["name"] == "kk_mm_text_w2")
+    inp = v["input"]
+    objects = [types.SimpleNamespace(**rollout(i, s)) for i, s in enumerate(inp["samples"])]
+    for o in objects:
+        for name in ("mm_kwargs", "routed_experts", "mm_token_type_ids", "rl_weights"):
+            if not hasattr(o, name):
+                setattr(o, name, None)
+    plan = prime_rl.prepare_batch_plan(objects, inp["seq_len"], inp["num_workers"], prime_rl.build_bin_cost(None))
+    for rank in plan["per_rank"]:
+        for e in rank:
+            e.pop("bin")
+    assert plan == v["output"]
