@@ -8,6 +8,7 @@ from __future__ import annotations
 import sys
 import types
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -26,10 +27,15 @@ def _kind(kind):
 
 
 class _Tensor:
-    """An encoded tensor as prime-rl carries it (``dtype`` string, ``shape`` list)."""
+    """An encoded tensor as prime-rl carries it (``dtype`` string, ``shape`` list, ``data``
+    bytes: zeros, or the values given)."""
 
-    def __init__(self, dtype, shape):
+    def __init__(self, dtype, shape, values=None):
         self.dtype, self.shape = dtype, list(shape)
+        size = int(np.prod(shape)) if shape else 1
+        self.data = np.zeros(size, dtype=np.float32 if dtype == "bfloat16" else dtype).tobytes() if values is None else (
+            np.array(values, dtype=dtype).tobytes()
+        )
 
 
 def rollout(i, s):
@@ -52,7 +58,7 @@ def rollout(i, s):
     }
     if s.get("multimodal"):
         spec = s.get("mm", [["pixel_values", "float32", [1, 4]]])
-        r["mm_kwargs"] = {name: _Tensor(dtype, shape) for name, dtype, shape in spec}
+        r["mm_kwargs"] = {e[0]: _Tensor(*e[1:]) for e in spec}
     if s.get("routed_experts"):
         r["routed_experts"] = object()
     if "mm_token_type_ids" in s:
@@ -63,7 +69,7 @@ def rollout(i, s):
 def _outcome(call):
     try:
         return {"output": call()}
-    except (AssertionError, ZeroDivisionError, IndexError, ValueError, AttributeError) as e:
+    except (AssertionError, ZeroDivisionError, IndexError, ValueError, AttributeError, KeyError) as e:
         if isinstance(e, InvalidArgumentError):
             raise
         return {"error": {"type": type(e).__name__, "message": str(e)}}

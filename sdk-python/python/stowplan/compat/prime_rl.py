@@ -567,9 +567,10 @@ def _raw(sample: Any, name: str) -> Any:
     return sample.get(name) if isinstance(sample, dict) else getattr(sample, name, None)
 
 
-def _sample_length(i: int, s: Any, seq_len: int) -> int:
-    """prime-rl's ``prepare_sample`` checks (its exceptions, in its order) and the length it
-    keeps of a ``TrainingSample``-like rollout."""
+def _sample_length(i: int, s: Any, seq_len: int) -> Tuple[int, Any]:
+    """prime-rl's ``prepare_sample`` checks (its exceptions, in its order) and what it keeps of
+    a ``TrainingSample``-like rollout: the length and the ``mm_kwargs`` (``None`` when a cut
+    drops every image), as ``{name: (dtype, shape)}``."""
     ids = _raw(s, "token_ids")
     if ids is None:
         raise InvalidArgumentError(f"rollouts[{i}] needs token_ids (a TrainingSample or a mapping with its fields)")
@@ -592,32 +593,74 @@ def _sample_length(i: int, s: Any, seq_len: int) -> int:
             )
     if env == "all":
         raise AssertionError("env_name='all' is reserved for aggregate metric keys")
-    if n > seq_len and type_ids is not None and mm_kwargs is not None:
-        raise InvalidArgumentError(
-            f"rollouts[{i}] is a multimodal sample with mm_token_type_ids longer than seq_len: prime-rl cuts it at an "
-            "image boundary (_truncate_mm), which stowplan does not reproduce"
-        )
-    return min(n, seq_len)
+    shapes = None if mm_kwargs is None else {k: (str(mm_kwargs[k].dtype), list(mm_kwargs[k].shape)) for k in mm_kwargs}
+    if n <= seq_len:
+        return n, shapes
+    if type_ids is None or mm_kwargs is None:
+        return seq_len, shapes
+    return _cut_multimodal(list(type_ids), mm_kwargs, seq_len, shapes)
 
 
-def _mm_classes(rollouts: Sequence[Any]) -> List[int]:
-    """Multimodal compatibility classes (0: text): prime-rl lets two multimodal samples share
-    a bin when their ``mm_kwargs`` have the same keys and, per key, the same dtype, rank and
-    shape past the first dimension; a 0-dim tensor makes a sample compatible with nothing."""
+def _values(tensor: Any) -> Any:
+    """A tensor's values: an encoded tensor's bytes (``dtype``, ``shape``, ``data``), or any
+    array numpy reads."""
+    data = getattr(tensor, "data", None)
+    if isinstance(data, (bytes, bytearray)):
+        return np.frombuffer(bytearray(data), dtype=tensor.dtype).reshape(tensor.shape)
+    return np.asarray(tensor)
+
+
+def _cut_multimodal(type_ids: List[int], mm_kwargs: Any, seq_len: int, shapes: Dict[str, Any]) -> Tuple[int, Any]:
+    """prime-rl's ``_truncate_mm``: a cut never splits an image's placeholder block. Images
+    are ``image_grid_thw`` rows (patches = the product of a row), ``pixel_values`` rows are
+    patches, patches per token = patches // image tokens. The cut is ``seq_len`` when the
+    image tokens before it are whole images, else the first token of the image it ends in;
+    the images that survive whole keep their rows (none left: ``mm_kwargs`` is dropped)."""
+    grid = _values(mm_kwargs["image_grid_thw"])
+    patches = [int(g.prod()) for g in grid]
+    total_patches = mm_kwargs["pixel_values"].shape[0]
+    image_tokens = sum(1 for t in type_ids if t)
+    per_token = total_patches // image_tokens if image_tokens else 1
+    tokens = [p // per_token for p in patches]
+    surviving = sum(1 for t in type_ids[:seq_len] if t)
+    kept = acc = 0
+    for count in tokens:
+        if acc + count > surviving:
+            break
+        acc += count
+        kept += 1
+    cut = seq_len
+    if acc != surviving:
+        seen = 0
+        for j, t in enumerate(type_ids):
+            if t:
+                seen += 1
+                if seen == acc + 1:
+                    cut = j
+                    break
+    if not kept:
+        return cut, None
+    rows = {k: kept if k == "image_grid_thw" else sum(patches[:kept]) for k in shapes}
+    return cut, {k: (dtype, [rows[k], *shape[1:]]) for k, (dtype, shape) in shapes.items()}
+
+
+def _mm_classes(kept: Sequence[Any]) -> List[int]:
+    """Multimodal compatibility classes (0: text) of the samples' kept ``mm_kwargs``
+    (``{name: (dtype, shape)}`` or ``None``): prime-rl lets two multimodal samples share a bin
+    when their tensors have the same keys and, per key, the same dtype, rank and shape past
+    the first dimension; a 0-dim tensor makes a sample compatible with nothing."""
     seen: Dict[Any, int] = {}
     classes: List[int] = []
     alone = 2**32 - 1
-    for s in rollouts:
-        mm = _raw(s, "mm_kwargs")
+    for mm in kept:
         if mm is None:
             classes.append(0)
             continue
-        shapes = {k: tuple(mm[k].shape) for k in mm}
-        if any(len(shape) == 0 for shape in shapes.values()):
+        if any(len(shape) == 0 for _, shape in mm.values()):
             classes.append(alone)
             alone -= 1
             continue
-        sig = tuple(sorted((str(k), str(mm[k].dtype), len(shapes[k]), shapes[k][1:]) for k in mm))
+        sig = tuple(sorted((str(k), dtype, len(shape), tuple(shape[1:])) for k, (dtype, shape) in mm.items()))
         classes.append(seen.setdefault(sig, len(seen) + 1))
     return classes
 
@@ -671,8 +714,10 @@ def prepare_batch_plan(
     ``prepare_sample``, ``IndexError`` for a LoRA index ≥ ``num_loras``,
     ``ZeroDivisionError`` for ``pad_to_multiple_of == 0`` (with rollouts) and for
     ``num_train_workers == 0``. ``InvalidArgumentError`` for what stowplan does not model:
-    negative ``num_train_workers`` or LoRA indices, ``seq_len < 1``, a truncated multimodal
-    sample with ``mm_token_type_ids``, costs above 2**64 - 1.
+    negative ``num_train_workers`` or LoRA indices, ``seq_len < 1``, costs above 2**64 - 1.
+    A multimodal sample with ``mm_token_type_ids`` longer than ``seq_len`` is cut as prime-rl's
+    ``_truncate_mm`` cuts it (at an image boundary; no whole image left: it packs as text),
+    with its exceptions (``KeyError`` for a missing ``image_grid_thw``/``pixel_values``).
 
     >>> rollouts = [{"token_ids": [1] * n, "mask": [True] * n, "advantages": [1.0] * n, "env_name": "e"}
     ...             for n in (60, 30, 30, 20)]
@@ -685,7 +730,8 @@ def prepare_batch_plan(
     workers = _stowplan._integer(num_train_workers, "num_train_workers", 0, 2**32 - 1)
     multiple = _stowplan._integer(pad_to_multiple_of, "pad_to_multiple_of", *_I64)
     linear, quadratic = _coefficients(bin_cost)
-    lengths = [_sample_length(i, s, seq_len) for i, s in enumerate(rollouts)]
+    prepared = [_sample_length(i, s, seq_len) for i, s in enumerate(rollouts)]
+    lengths = [n for n, _ in prepared]
     multilora = idxs is not None
     if multilora:
         if num_loras is None:
@@ -706,7 +752,7 @@ def prepare_batch_plan(
     p = _stowplan._prime_rl_prepare_batch(
         lengths,
         runs,
-        _mm_classes(rollouts),
+        _mm_classes([mm for _, mm in prepared]),
         labels,
         seq_len=seq_len,
         num_train_workers=workers,
