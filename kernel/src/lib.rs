@@ -32,6 +32,7 @@ pub mod pack;
 pub mod partition;
 pub mod peers;
 pub mod plan;
+pub mod prime_rl;
 mod refine;
 pub mod shuffle;
 pub mod stream;

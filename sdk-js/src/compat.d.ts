@@ -75,5 +75,30 @@ export function primeRlFfd(
   seqLen: Int,
   kernel?: Stowplan,
 ): { bins: number[][]; dropped: number[] };
+/** prime-rl HEAD's `_karmarkar_karp`: equal-size KK, groups by descending (total, members). */
+export function primeRlKarmarkarKarp(weights: Integers, numPartitions: number, kernel?: Stowplan): number[][];
+/** prime-rl HEAD's `balanced_partition`: KK, then pairwise-swap refinement. */
+export function primeRlBalancedPartition(weights: Integers, numPartitions: number, kernel?: Stowplan): number[][];
+/** Options of `primeRlPrepareBatch` (prime-rl's `prepare_batch` arguments and cost coefficients). */
+export interface PrimeRlBatchOptions {
+  seqLen: Int;
+  numTrainWorkers: number;
+  /** Cost of a bin: `linear·Σlen + quadratic·Σlen²` (default 1, 0: the token count). */
+  linear?: Int;
+  quadratic?: Int;
+  /** Pad each bin to a multiple of this (default 1: none). */
+  padToMultipleOf?: Int;
+  /** de80b48's rule: multimodal bins keep to their first sample's run. */
+  multimodalSameRun?: boolean;
+}
+/** The plan of prime-rl HEAD's `prepare_batch`: bins after splitting and what each rank trains. */
+export function primeRlPrepareBatch(
+  lengths: Integers,
+  runs: Integers,
+  multimodal: Integers,
+  labels: Integers,
+  options: PrimeRlBatchOptions,
+  kernel?: Stowplan,
+): { bins: number[][]; multimodal: boolean[]; padding: bigint[]; costs: bigint[]; ranks: number[][]; dummies: boolean[][] };
 /** This module's namespace, as a promise: what `require('stowplan/compat').load()` resolves to. */
 export function load(): Promise<typeof import('./compat.js')>;

@@ -1,7 +1,7 @@
 // The peers' balancing entry points as the kernel reproduces them (verl 0.9.1, ROLL,
 // prime-rl), for compatibility layers and conformance: the same functions the Python SDK's
 // native module exposes (`stowplan._stowplan.verl`, `verl_rearrange_micro_batches`,
-// `balance_batch`, `roll_load_balance`, `prime_rl_ffd`). Inputs are the peers' integers
+// `balance_batch`, `roll_load_balance`, `prime_rl_ffd`, `_prime_rl_balanced_partition`, …). Inputs are the peers' integers
 // (s64); results are plain arrays of index lists, like the peers' Python lists; a failure is
 // a PeerError whose `type` is the Python exception the peer raises.
 import { PeerError } from './errors.js';
@@ -142,6 +142,74 @@ export function primeRlFfd(lengths, runs, labels, seqLen, kernel = stowplan) {
   const s = u64(seqLen, 'seqLen');
   const [bins, dropped] = call(() => kernel.kernel.layout.primeRlFfd(l, r, lab, s));
   return { bins: arrays(bins), dropped: Array.from(dropped) };
+}
+
+/**
+ * prime-rl HEAD's `_karmarkar_karp(weights, num_partitions)` (equal-size Karmarkar–Karp):
+ * groups in descending (total, members) order, members ascending. Weights are u64; the count
+ * must be a positive multiple of `numPartitions` (InvalidArgumentError otherwise, where
+ * prime-rl asserts).
+ * @param {any} weights @param {number} numPartitions
+ * @param {import('./index.js').Stowplan} [kernel]
+ * @returns {number[][]}
+ */
+export function primeRlKarmarkarKarp(weights, numPartitions, kernel = stowplan) {
+  const w = u64Array(weights, 'weights');
+  const k = u32(numPartitions, 'numPartitions', 1);
+  return arrays(call(() => kernel.kernel.primeRl.karmarkarKarp(w, k)));
+}
+
+/**
+ * prime-rl HEAD's `balanced_partition(weights, num_partitions)`: `primeRlKarmarkarKarp`, then
+ * prime-rl's pairwise-swap refinement (swapped items trade positions).
+ * @param {any} weights @param {number} numPartitions
+ * @param {import('./index.js').Stowplan} [kernel]
+ * @returns {number[][]}
+ */
+export function primeRlBalancedPartition(weights, numPartitions, kernel = stowplan) {
+  const w = u64Array(weights, 'weights');
+  const k = u32(numPartitions, 'numPartitions', 1);
+  return arrays(call(() => kernel.kernel.primeRl.balancedPartition(w, k)));
+}
+
+/**
+ * The plan of prime-rl HEAD's `prepare_batch`: per sample its length (cut to `seqLen`), run
+ * (LoRA), multimodal class (0: text; samples of one class ≥ 1 may share a bin) and label (a
+ * bin takes only its first sample's label). Returns the bins after splitting, per bin whether
+ * it is multimodal, its padding and cost, and per rank its bins and which of them are dummies.
+ * @param {any} lengths @param {any} runs @param {any} multimodal @param {any} labels
+ * @param {{seqLen: number | bigint, numTrainWorkers: number, linear?: number | bigint,
+ *   quadratic?: number | bigint, padToMultipleOf?: number | bigint, multimodalSameRun?: boolean}} opts
+ * @param {import('./index.js').Stowplan} [kernel]
+ * @returns {{bins: number[][], multimodal: boolean[], padding: bigint[], costs: bigint[], ranks: number[][], dummies: boolean[][]}}
+ */
+export function primeRlPrepareBatch(lengths, runs, multimodal, labels, opts, kernel = stowplan) {
+  const fn = 'primeRlPrepareBatch';
+  const o = options(opts, fn, ['seqLen', 'numTrainWorkers', 'linear', 'quadratic', 'padToMultipleOf', 'multimodalSameRun']);
+  const options_ = {
+    seqLen: u64(o.seqLen, 'seqLen', 1n),
+    numTrainWorkers: u32(o.numTrainWorkers, 'numTrainWorkers', 1),
+    linear: given(o.linear) ? u64(o.linear, 'linear') : 1n,
+    quadratic: given(o.quadratic) ? u64(o.quadratic, 'quadratic') : 0n,
+    padToMultipleOf: given(o.padToMultipleOf) ? u64(o.padToMultipleOf, 'padToMultipleOf', 1n) : 1n,
+    multimodalSameRun: given(o.multimodalSameRun) ? bool(o.multimodalSameRun, 'multimodalSameRun') : false,
+  };
+  const l = u64Array(lengths, 'lengths');
+  const r = u32Array(runs, 'runs');
+  const m = u32Array(multimodal, 'multimodal');
+  const lab = u32Array(labels, 'labels');
+  const p = call(() => kernel.kernel.primeRl.prepareBatch(l, r, m, lab, options_));
+  const ranks = arrays(p.ranks);
+  let at = 0;
+  const dummies = ranks.map((rank) => rank.map(() => p.dummies[at++]));
+  return {
+    bins: arrays(p.bins),
+    multimodal: Array.from(p.multimodal),
+    padding: Array.from(p.padding),
+    costs: Array.from(p.costs),
+    ranks,
+    dummies,
+  };
 }
 
 /** This module's namespace, as a promise (what `require('stowplan/compat').load()` resolves to). */

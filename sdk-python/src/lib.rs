@@ -13,6 +13,7 @@ mod layout;
 mod multi;
 mod packer;
 mod plan;
+mod prime_rl;
 mod source;
 mod stream;
 
@@ -2072,6 +2073,7 @@ fn _stowplan(m: &Bound<'_, PyModule>) -> PyResult<()> {
     layout::register(m)?;
     packer::register(m)?;
     plan::register(m)?;
+    prime_rl::register(m)?;
     source::register(m)?;
     filter::register(m)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;

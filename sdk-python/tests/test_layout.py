@@ -134,7 +134,9 @@ def _close(a, b):
     return a == b
 
 
-@pytest.mark.parametrize("v", load(VECTORS / "prime-rl"), ids=lambda v: v["name"])
+@pytest.mark.parametrize(
+    "v", [v for v in load(VECTORS / "prime-rl") if v["kind"] in ("ffd_pack", "pad_micro_batch")], ids=lambda v: v["name"]
+)
 def test_prime_rl_vectors(v):
     inp = v["input"]
     samples = [_prime_sample(i, s) for i, s in enumerate(inp["samples"])]

@@ -6,6 +6,7 @@
 
 mod convert;
 mod native;
+pub mod prime_rl;
 mod wasm;
 
 use std::ops::Deref;

@@ -34,8 +34,8 @@ mod bindings {
 
 pub(super) use bindings::exports::stowplan::kernel::{
     balance as wbal, layout as wlay, multi_micro as wmicro, multi_pack as wmulti, pack as wpack,
-    pack_compact as wcompact, partition as wpart, peers as wpeers, plan as wplan, streaming as wstream,
-    types as wtypes, verl as wverl,
+    pack_compact as wcompact, partition as wpart, peers as wpeers, plan as wplan, prime_rl as wprime,
+    streaming as wstream, types as wtypes, verl as wverl,
 };
 
 /// The kernel component, built by `cargo xtask build-kernel` (see `ARCHITECTURE.md`).
@@ -184,7 +184,7 @@ pub(super) fn imports() -> Result<Vec<String>, Error> {
 }
 
 /// Runs `f` on a warm instance and folds the component's own error into [`Error`].
-fn call<W>(
+pub(super) fn call<W>(
     f: impl FnOnce(&bindings::Kernel, &mut Store<Tracker>) -> wasmtime::Result<Result<W, wtypes::Error>>,
 ) -> Result<W, Error> {
     Ok(with_instance(f)??)

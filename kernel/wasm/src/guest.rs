@@ -27,6 +27,8 @@ fn panic(_: &core::panic::PanicInfo<'_>) -> ! {
 
 struct Kernel;
 
+mod prime_rl;
+
 fn error(e: k::Error) -> types::Error {
     match e {
         k::Error::InvalidArgument(m) => types::Error::InvalidArgument(m),

@@ -441,6 +441,45 @@ def prime_rl_ffd(
     lengths: List[int], runs: List[int], labels: List[int], seq_len: int, *, backend: Optional[str] = None
 ) -> PrimeRlBins: ...
 
+class PrimeRlBatchPlan:
+    """The plan of prime-rl's ``prepare_batch`` (HEAD 559b447): bins after splitting, and per rank
+    the bins it trains (a dummy names the bin it copies). Read by
+    :func:`stowplan.compat.prime_rl.prepare_batch_plan`."""
+
+    bins: List[List[int]]
+    multimodal: List[bool]
+    padding: List[int]
+    costs: List[int]
+    ranks: List[List[int]]
+    dummies: List[List[bool]]
+
+def _prime_rl_karmarkar_karp(
+    weights: Sequence[int], num_partitions: int, *, backend: Optional[str] = None
+) -> List[List[int]]:
+    """prime-rl's ``_karmarkar_karp``: equal-size KK, groups by descending (total, members)."""
+
+def _prime_rl_balanced_partition(
+    weights: Sequence[int], num_partitions: int, *, backend: Optional[str] = None
+) -> List[List[int]]:
+    """prime-rl's ``balanced_partition``: KK, then its pairwise-swap refinement."""
+
+def _prime_rl_prepare_batch(
+    lengths: Sequence[int],
+    runs: Sequence[int],
+    multimodal: Sequence[int],
+    labels: Sequence[int],
+    *,
+    seq_len: int,
+    num_train_workers: int,
+    linear: int,
+    quadratic: int,
+    pad_to_multiple_of: Optional[int] = None,
+    multimodal_same_run: bool = False,
+    backend: Optional[str] = None,
+) -> PrimeRlBatchPlan:
+    """The plan of prime-rl's ``prepare_batch`` from per-sample lengths, runs (LoRA), multimodal
+    classes (0: text) and labels (routed experts)."""
+
 class StaticPackPlan:
     """A static pack plan of an SFT dataset: the world-size independent raw plan of a dataset and
     its alignment for ``world_size`` ranks. ``len(plan)`` is the number of aligned packs and

@@ -1,0 +1,44 @@
+//! Glue between the `prime-rl` WIT interface and `stowplan_kernel::prime_rl`.
+
+use super::Vec;
+
+use stowplan_kernel::prime_rl as p;
+
+use super::exports::stowplan::kernel::prime_rl as w;
+use super::{Kernel, error, groups_of, types};
+
+impl w::Guest for Kernel {
+    fn karmarkar_karp(weights: Vec<u64>, num_partitions: u32) -> Result<types::Groups, types::Error> {
+        p::karmarkar_karp(&weights, num_partitions).map(groups_of).map_err(error)
+    }
+
+    fn balanced_partition(weights: Vec<u64>, num_partitions: u32) -> Result<types::Groups, types::Error> {
+        p::balanced_partition(&weights, num_partitions).map(groups_of).map_err(error)
+    }
+
+    fn prepare_batch(
+        lengths: Vec<u64>,
+        runs: Vec<u32>,
+        multimodal: Vec<u32>,
+        labels: Vec<u32>,
+        o: w::BatchOptions,
+    ) -> Result<w::BatchPlan, types::Error> {
+        let options = p::BatchOptions {
+            seq_len: o.seq_len,
+            num_train_workers: o.num_train_workers,
+            linear: o.linear,
+            quadratic: o.quadratic,
+            pad_to_multiple_of: o.pad_to_multiple_of,
+            multimodal_same_run: o.multimodal_same_run,
+        };
+        let plan = p::prepare_batch(&lengths, &runs, &multimodal, &labels, &options).map_err(error)?;
+        Ok(w::BatchPlan {
+            bins: groups_of(plan.bins),
+            multimodal: plan.multimodal,
+            padding: plan.padding,
+            costs: plan.costs,
+            ranks: groups_of(plan.ranks),
+            dummies: plan.dummies.into_iter().flatten().collect(),
+        })
+    }
+}
