@@ -276,15 +276,15 @@ def rearrange_micro_batches(
 
 
 def _device_name() -> str:
-    """The device verl puts its all-reduce tensors on (verl's own answer when importable)."""
-    try:
-        from verl.utils.device import get_device_name  # type: ignore[import-not-found]
+    """The device verl puts its all-reduce tensors on: the ``get_device_name`` that verl's
+    ``seqlen_balancing`` calls (looked up there at call time, as verl's function does), else
+    CUDA when available, else the CPU."""
+    verl_module = sys.modules.get(_VERL_MODULE)
+    if verl_module is not None and callable(getattr(verl_module, "get_device_name", None)):
+        return verl_module.get_device_name()
+    import torch
 
-        return get_device_name()
-    except ImportError:
-        import torch
-
-        return "cuda" if torch.cuda.is_available() else "cpu"
+    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def _rearrange_tensordict(
