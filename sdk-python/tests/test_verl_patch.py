@@ -280,17 +280,16 @@ def test_patched_partition_functions_match_verl_on_trainer_inputs(sb, orig, leng
         sb.calculate_workload(torch.tensor(lengths, dtype=torch.int64)),  # ray_trainer._balance_batch
         sb.calculate_workload(torch.Tensor(lengths)),  # sft_trainer_ray: float32
     ]
-    for name in ("karmarkar_karp", "greedy_partition", "get_seqlen_balanced_partitions"):
-        for x in inputs:
-            want = vp.outcome(orig[name], x, k, equal)
-            vp.same_outcome(want, _patched_call(sb, name, x, k, equal), lambda a, b, w: (a == b) or pytest.fail(f"{w}: {a} != {b}"), name)
+    calls = [(name, (x, k, equal)) for name in ("karmarkar_karp", "greedy_partition", "get_seqlen_balanced_partitions") for x in inputs]
     if k and len(lengths) >= k:
         parts = orig["get_seqlen_balanced_partitions"](lengths, k, False)
-        want = vp.outcome(orig["log_seqlen_unbalance"], lengths, parts, "global_seqlen")
-        vp.same_outcome(want, _patched_call(sb, "log_seqlen_unbalance", lengths, parts, "global_seqlen"), lambda a, b, w: (a == b) or pytest.fail(w), "log")
-        uids = [i // 2 for i in range(len(lengths))]
-        want = vp.outcome(orig["get_group_balanced_partitions"], lengths, uids, k)
-        vp.same_outcome(want, _patched_call(sb, "get_group_balanced_partitions", lengths, uids, k), lambda a, b, w: (a == b) or pytest.fail(w), "group")
+        calls.append(("log_seqlen_unbalance", (lengths, parts, "global_seqlen")))
+        calls.append(("get_group_balanced_partitions", (lengths, [i // 2 for i in range(len(lengths))], k)))
+    wants = [vp.outcome(orig[name], *args) for name, args in calls]  # verl unpatched
+    with sv.patched():
+        gots = [vp.outcome(getattr(sb, name), *args) for name, args in calls]
+    for (name, args), want, got in zip(calls, wants, gots):
+        vp.same_outcome(want, got, lambda a, b, w: (a == b) or pytest.fail(f"{w}: {a} != {b}"), f"{name}{args}")
 
 
 # --------------------------------------------------------------------------------------------

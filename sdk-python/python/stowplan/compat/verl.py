@@ -729,8 +729,7 @@ def patch() -> List[str]:
     for name in PATCHED_FUNCTIONS:
         original = getattr(module, name)
         _PATCH[name] = (original, _replacement(name, original))
-    _rebind({id(orig): (orig, new) for orig, new in _PATCH.values()})
-    return _bound_names()
+    return sorted(_rebind({id(orig): (orig, new) for orig, new in _PATCH.values()}))
 
 
 def _bound_names() -> List[str]:
