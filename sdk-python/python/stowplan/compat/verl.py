@@ -477,7 +477,8 @@ def prepare_dynamic_batch(
 
     Raises:
         What :func:`rearrange_micro_batches` raises; ``AttributeError`` like verl when ``data``
-        is not a ``DataProto``.
+        is not a ``DataProto``; ``ImportError`` when verl (whose ``DataProto`` class the
+        micro-batches are) is not installed.
     """
     from verl.protocol import DataProto  # type: ignore[import-not-found]  # verl's type, verl installed
 
@@ -680,14 +681,23 @@ def _replacement(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
     return replacement
 
 
+def _namespaces() -> Iterator[Tuple[str, Dict[str, Any]]]:
+    """(name, ``__dict__``) of every loaded module; entries that are not modules with a plain
+    namespace (``None`` placeholders, lazy proxies whose attribute access fails) are skipped."""
+    for module_name, module in list(sys.modules.items()):
+        try:
+            namespace = object.__getattribute__(module, "__dict__")
+        except Exception:  # noqa: BLE001 - any object may sit in sys.modules
+            continue
+        if isinstance(namespace, dict):
+            yield module_name, namespace
+
+
 def _rebind(mapping: Dict[int, Any]) -> List[str]:
     """Every module attribute (of every loaded module) that is one of ``mapping``'s keys (by
     ``id``) set to the mapped object; the ``module.attribute`` names changed."""
     changed = []
-    for module_name, module in list(sys.modules.items()):
-        namespace = getattr(module, "__dict__", None)
-        if not isinstance(namespace, dict):
-            continue
+    for module_name, namespace in _namespaces():
         for attr, value in list(namespace.items()):
             target = mapping.get(id(value))
             if target is not None and target[0] is value:
@@ -733,13 +743,10 @@ def patch() -> List[str]:
 
 
 def _bound_names() -> List[str]:
+    """The ``module.attribute`` names bound to the replacements :func:`patch` installed."""
     replacements = {id(new) for _, new in _PATCH.values()}
     return sorted(
-        f"{module_name}.{attr}"
-        for module_name, module in list(sys.modules.items())
-        if isinstance(getattr(module, "__dict__", None), dict)
-        for attr, value in list(module.__dict__.items())
-        if id(value) in replacements
+        f"{module_name}.{attr}" for module_name, namespace in _namespaces() for attr, value in list(namespace.items()) if id(value) in replacements
     )
 
 
