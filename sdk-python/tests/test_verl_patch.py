@@ -116,9 +116,9 @@ def test_rearrange_micro_batches_matches_verl(sb, orig, data):
     got = vp.outcome(sv.rearrange_micro_batches, batch, **kw)
     vp.same_outcome(want, got, vp.same_micro_batches, "stowplan")
     vp.same_outcome(want, _patched_call(sb, "rearrange_micro_batches", batch, **kw), vp.same_micro_batches, "patched verl")
-    # verl's positional order works too.
-    args = [kw[k] for k in ("max_token_len",)] + [None, kw["num_batches_divided_by"], kw["same_micro_num_in_dp"], kw["min_num_micro_batch"]]
-    vp.same_outcome(want, vp.outcome(sv.rearrange_micro_batches, batch, *args, use_dynamic_bsz_balance=kw["use_dynamic_bsz_balance"], force_group_size=kw["force_group_size"]), vp.same_micro_batches, "positional")
+    # Every argument positionally, in verl's order (dp_group third).
+    args = [kw["max_token_len"], None, *(kw[k] for k in ("num_batches_divided_by", "same_micro_num_in_dp", "min_num_micro_batch", "use_dynamic_bsz_balance", "force_group_size"))]
+    vp.same_outcome(want, vp.outcome(sv.rearrange_micro_batches, batch, *args), vp.same_micro_batches, "positional")
 
 
 def _fixed_cases():
