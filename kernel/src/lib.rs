@@ -34,6 +34,7 @@ pub mod peers;
 pub mod plan;
 mod refine;
 pub mod shuffle;
+pub mod slime;
 pub mod stream;
 pub mod verl;
 
