@@ -12,6 +12,7 @@ mod filter;
 mod layout;
 mod packer;
 mod plan;
+mod slime;
 mod source;
 mod stream;
 
@@ -2053,6 +2054,7 @@ fn _stowplan(m: &Bound<'_, PyModule>) -> PyResult<()> {
     plan::register(m)?;
     source::register(m)?;
     filter::register(m)?;
+    slime::register(m)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }
