@@ -940,3 +940,153 @@ pub fn build_dp_schedule(
     }
     Ok(Schedule { partitions, micro_batch_sizes: sizes, num_microbatches, num_steps: num_steps as u32 })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use alloc::vec;
+    use proptest::prelude::*;
+
+    /// slime's first-fit as written: a linear scan of the bins for every length.
+    fn first_fit_reference(lengths: &[i64], cap: i64) -> Vec<Vec<u32>> {
+        let (mut bins, mut sums): (Vec<Vec<u32>>, Vec<i128>) = (Vec::new(), Vec::new());
+        for (i, &l) in lengths.iter().enumerate() {
+            match sums.iter().position(|&s| s + i128::from(l) <= i128::from(cap)) {
+                Some(j) => {
+                    bins[j].push(i as u32);
+                    sums[j] += i128::from(l);
+                }
+                None => {
+                    bins.push(vec![i as u32]);
+                    sums.push(i128::from(l));
+                }
+            }
+        }
+        bins
+    }
+
+    fn small_model() -> FlopsArgs {
+        FlopsArgs {
+            hidden_size: Arg::Int(16),
+            num_attention_heads: Arg::Int(2),
+            num_query_groups: Arg::Int(2),
+            vocab_size: Arg::Int(32),
+            ffn_hidden_size: Arg::Int(64),
+            num_experts: Arg::None,
+            num_layers: Arg::Int(2),
+            kv_channels: Arg::Int(8),
+            ..FlopsArgs::default()
+        }
+    }
+
+    proptest! {
+        /// Every index exactly once; a bin over the cap holds a single item that is itself
+        /// over the cap; the same bins as the linear scan slime runs.
+        #[test]
+        fn first_fit_places_every_index_once_within_the_cap(
+            lengths in proptest::collection::vec(0i64..200, 0..120),
+            cap in 1i64..250,
+        ) {
+            let bins = first_fit_pack(&lengths, cap);
+            let mut seen: Vec<u32> = bins.iter().flatten().copied().collect();
+            seen.sort_unstable();
+            prop_assert_eq!(seen, (0..lengths.len() as u32).collect::<Vec<_>>());
+            for b in &bins {
+                let sum: i64 = b.iter().map(|&i| lengths[i as usize]).sum();
+                prop_assert!(sum <= cap || (b.len() == 1 && lengths[b[0] as usize] > cap), "bin {:?} sums {}", b, sum);
+            }
+            prop_assert_eq!(bins, first_fit_reference(&lengths, cap));
+        }
+
+        /// Splitting keeps every member exactly once and reaches the target unless only
+        /// single-member bins are left.
+        #[test]
+        fn expand_keeps_members_and_reaches_the_target(
+            lengths in proptest::collection::vec(0i64..100, 1..60),
+            cap in 1i64..300,
+            extra in 0i64..40,
+        ) {
+            let bins = first_fit_pack(&lengths, cap);
+            let target = bins.len() as i64 + extra;
+            let out = expand_bins_by_splitting(bins, target, &lengths).unwrap();
+            let mut seen: Vec<u32> = out.iter().flatten().copied().collect();
+            seen.sort_unstable();
+            prop_assert_eq!(seen, (0..lengths.len() as u32).collect::<Vec<_>>());
+            prop_assert!(out.len() as i64 == target || out.iter().all(|b| b.len() <= 1));
+        }
+
+        /// On small integers (exact in f64) the float KK is verl's integer KK.
+        #[test]
+        fn float_kk_on_integers_is_verls(
+            lengths in proptest::collection::vec(0i64..10_000, 1..80),
+            k in 1u32..9,
+            equal in any::<bool>(),
+        ) {
+            let w: Vec<f64> = lengths.iter().map(|&l| l as f64).collect();
+            let got = get_seqlen_balanced_partitions(&w, k, equal);
+            let want = crate::verl::get_seqlen_balanced_partitions(&lengths, k, equal);
+            match (got, want) {
+                (Ok(g), Ok(w)) => prop_assert_eq!(g, w),
+                (Err(SlimeError::AssertionError(a)), Err(crate::verl::PyError::AssertionError(b))) => prop_assert_eq!(a, b),
+                (g, w) => prop_assert!(false, "slime {:?}, verl {:?}", g, w),
+            }
+        }
+
+        /// The schedule's invariants (slime's module docstring): every kept sample exactly
+        /// once, the same micro-batch count on every rank per step, micro-batches tiling each
+        /// rank, and (first-fit) no micro-batch over the cap unless it is one oversize sample.
+        #[test]
+        fn dp_schedule_invariants(
+            lengths in proptest::collection::vec(0i64..3000, 1..64),
+            dp in 1i64..5,
+            cap in 1i64..6000,
+            gbs in 1i64..8,
+            balance_data in any::<bool>(),
+            vpp in 1i64..3,
+        ) {
+            let a = ScheduleArgs {
+                micro_batch_size: None,
+                use_dynamic_batch_size: true,
+                max_tokens_per_gpu: Some(cap),
+                balance_data,
+                balance_by_flops: false,
+                dp_size: dp,
+                cp_size: 1,
+                vpp_size: vpp,
+                microbatch_group_size_per_vp_stage: 2,
+                global_batch_size: gbs,
+                python_sum: PythonSum::Naive,
+            };
+            let rids: Vec<i64> = (0..lengths.len() as i64).collect();
+            let s = match build_dp_schedule(&a, &small_model(), &lengths, &rids) {
+                Ok(s) => s,
+                Err(SlimeError::AssertionError(_)) => return Ok(()),
+                Err(e) => return Err(TestCaseError::fail(alloc::format!("{e}"))),
+            };
+            let kept = (lengths.len() as i64 / gbs * gbs) as u32;
+            let mut seen: Vec<u32> = s.partitions.iter().flatten().copied().collect();
+            seen.sort_unstable();
+            prop_assert_eq!(seen, (0..kept).collect::<Vec<_>>());
+            let per_rank: u32 = s.num_microbatches.iter().sum();
+            for (r, sizes) in s.micro_batch_sizes.iter().enumerate() {
+                prop_assert_eq!(sizes.len() as u32, per_rank);
+                prop_assert_eq!(sizes.iter().sum::<u32>() as usize, s.partitions[r].len());
+                let mut start = 0usize;
+                for &n in sizes {
+                    let mb = &s.partitions[r][start..start + n as usize];
+                    let tokens: i64 = mb.iter().map(|&i| lengths[i as usize]).sum();
+                    prop_assert!(tokens <= cap || (mb.len() == 1 && tokens > cap));
+                    start += n as usize;
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn neumaier_recovers_what_the_fold_loses() {
+        let big = 2f64.powi(60);
+        let xs = [big, 100.0, 100.0, 100.0];
+        assert_eq!(f64::py_sum(xs.iter().copied(), PythonSum::Naive), big);
+        assert_eq!(f64::py_sum(xs.iter().copied(), PythonSum::Neumaier), big + 256.0);
+    }
+}
