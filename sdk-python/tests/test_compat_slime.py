@@ -72,7 +72,7 @@ def test_the_vector_set_is_complete():
         "kk_partition": 17,
         "fwd_flops": 14,
         "fwd_flops_total": 4,
-        "dp_schedule": 78,
+        "dp_schedule": 80,
     }
 
 
