@@ -75,5 +75,6 @@ export function primeRlFfd(
   seqLen: Int,
   kernel?: Stowplan,
 ): { bins: number[][]; dropped: number[] };
+export * from './compat_slime.js';
 /** This module's namespace, as a promise: what `require('stowplan/compat').load()` resolves to. */
 export function load(): Promise<typeof import('./compat.js')>;
