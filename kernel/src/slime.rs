@@ -710,7 +710,7 @@ pub struct ScheduleArgs {
     pub micro_batch_size: Option<i64>,
     /// `args.use_dynamic_batch_size`.
     pub use_dynamic_batch_size: bool,
-    /// `args.max_tokens_per_gpu` (dynamic batching only; ≥ 1).
+    /// `args.max_tokens_per_gpu` (dynamic batching only).
     pub max_tokens_per_gpu: Option<i64>,
     /// `args.balance_data`: deal micro-batches to ranks by KK on their FLOPs.
     pub balance_data: bool,
@@ -719,7 +719,7 @@ pub struct ScheduleArgs {
     pub balance_by_flops: bool,
     /// `dp_size` (≥ 1).
     pub dp_size: i64,
-    /// `cp_size` (≥ 1 with dynamic batching; the cap is `max_tokens_per_gpu · cp_size`).
+    /// `cp_size` (dynamic batching: the cap is `max_tokens_per_gpu · cp_size`).
     pub cp_size: i64,
     /// `vpp_size` (only `> 1` matters).
     pub vpp_size: i64,
@@ -787,8 +787,8 @@ fn python_floor_div(a: i128, b: i128) -> i128 {
 /// `micro_batch_size` with static batching, a static count not aligned, a dynamic count that
 /// cannot be split far enough); `invalid-argument` for a negative length, too few lengths,
 /// `global_batch_size` = 0, `dp_size` < 1, `mb_group` < 1 with `vpp_size` > 1,
-/// `micro_batch_size` = 0, and with dynamic batching `cp_size` < 1 or `max_tokens_per_gpu`
-/// < 1; [`SlimeError::MissingAttribute`] (or a FLOPs error, see [`calculate_fwd_flops`]) when
+/// `micro_batch_size` = 0, and a cap (`max_tokens_per_gpu · cp_size`) of 0 with
+/// `balance_by_flops`; [`SlimeError::MissingAttribute`] (or a FLOPs error, see [`calculate_fwd_flops`]) when
 /// FLOPs are needed and `model` lacks what they need.
 pub fn build_dp_schedule(
     a: &ScheduleArgs,
@@ -803,12 +803,8 @@ pub fn build_dp_schedule(
     let mut max_per_bin: i128 = 0;
     if a.use_dynamic_batch_size {
         let Some(mt) = a.max_tokens_per_gpu else { return Err(SlimeError::AssertionError(String::new())) };
-        if mt < 1 {
-            return Err(bad!("max_tokens_per_gpu must be ≥ 1 with dynamic batching (got {mt})"));
-        }
-        if a.cp_size < 1 {
-            return Err(bad!("cp_size must be ≥ 1 with dynamic batching (got {})", a.cp_size));
-        }
+        // Any cap, as slime: first-fit under a cap ≤ 0 gives each sample that is not empty
+        // a micro-batch of its own. Only `balance_by_flops` divides by it.
         max_per_bin = i128::from(mt) * i128::from(a.cp_size);
     }
     let group = if a.vpp_size > 1 { a.microbatch_group_size_per_vp_stage } else { 1 };
@@ -868,7 +864,12 @@ pub fn build_dp_schedule(
         let mut mbs: Vec<Vec<u32>> = if a.use_dynamic_batch_size {
             if a.balance_by_flops {
                 let total: i128 = step_lengths.iter().map(|&l| i128::from(l)).sum();
-                let num_mbs = ((total + max_per_bin - 1) / max_per_bin).max(1);
+                if max_per_bin == 0 {
+                    return Err(bad!(
+                        "max_tokens_per_gpu · cp_size must not be 0 with balance_by_flops (slime divides by it)"
+                    ));
+                }
+                let num_mbs = python_floor_div(total + max_per_bin - 1, max_per_bin).max(1);
                 if num_mbs >= n as i128 {
                     (0..n as u32).map(|i| alloc::vec![i]).collect()
                 } else {

@@ -72,7 +72,7 @@ def test_the_vector_set_is_complete():
         "kk_partition": 17,
         "fwd_flops": 14,
         "fwd_flops_total": 4,
-        "dp_schedule": 80,
+        "dp_schedule": 83,
     }
 
 
@@ -170,8 +170,11 @@ def test_a_missing_model_attribute_raises_when_slime_would_read_it():
         (dict(args=small_args(micro_batch_size=0)), "micro_batch_size"),
         (dict(lengths=[1, -2, 3, 4]), "total_lengths"),
         (dict(lengths=[1, 2, 3]), "total_lengths"),
-        (dict(args=small_args(use_dynamic_batch_size=True, max_tokens_per_gpu=0)), "max_tokens_per_gpu"),
-        (dict(tp={**TP2, "cp_size": 0}, args=small_args(use_dynamic_batch_size=True, max_tokens_per_gpu=9)), "cp_size"),
+        (dict(args=small_args(use_dynamic_batch_size=True, max_tokens_per_gpu=0, balance_by_flops=True)), "max_tokens_per_gpu"),
+        (
+            dict(tp={**TP2, "cp_size": 0}, args=small_args(use_dynamic_batch_size=True, max_tokens_per_gpu=9, balance_by_flops=True)),
+            "cp_size",
+        ),
         (dict(tp={**TP2, "vpp_size": 2, "microbatch_group_size_per_vp_stage": 0}), "microbatch_group_size_per_vp_stage"),
     ],
 )

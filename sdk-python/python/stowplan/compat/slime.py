@@ -38,8 +38,8 @@ with slime's attribute names). :func:`patch` puts them into an installed slime.
 
 Where slime fails with an incidental Python error (``ZeroDivisionError`` for
 ``global_batch_size=0`` or ``dp_size=0``, ``ValueError`` for ``micro_batch_size=0``,
-``IndexError`` for too few lengths) or accepts meaningless input (negative lengths, a
-non-positive token cap), these raise :class:`stowplan.InvalidArgumentError` naming the
+``IndexError`` for too few lengths) or accepts meaningless input (negative lengths), these
+raise :class:`stowplan.InvalidArgumentError` naming the
 argument and its range. A model attribute slime would read and ``args`` lacks raises the
 ``AttributeError`` reading it raises, at the point where slime reads it.
 
@@ -413,8 +413,8 @@ def build_dp_schedule(
     static count not a multiple of the alignment, a dynamic step that cannot be split far
     enough); :class:`~stowplan.InvalidArgumentError` for a negative length, fewer lengths than
     samples, ``global_batch_size`` 0, ``dp_size`` below 1, ``microbatch_group_size_per_vp_stage``
-    below 1 with ``vpp_size > 1``, ``micro_batch_size`` 0, and with dynamic batching ``cp_size``
-    or ``max_tokens_per_gpu`` below 1.
+    below 1 with ``vpp_size > 1``, ``micro_batch_size`` 0, and a cap
+    (``max_tokens_per_gpu * cp_size``) of 0 with ``balance_by_flops`` (slime divides by it).
     """
     return _build_dp_schedule(
         args, train_parallel_config, total_lengths, global_batch_size, rollout_indices, _python_sum()
