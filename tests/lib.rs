@@ -10,6 +10,8 @@
 //! The same files are read by the Python SDK's tests, so every host answers the same.
 #![deny(missing_docs)]
 
+pub mod slime;
+
 use std::path::{Path, PathBuf};
 
 use serde_json::Value;

@@ -39,7 +39,7 @@ pub mod serve;
 pub mod wire;
 
 pub use error::{Error, FilterError};
-pub use kernel::{Backend, KERNEL_WASM, KERNEL_WASM_SHA256, Kernel, KernelApi, StreamPacker, VerlFunction};
+pub use kernel::{Backend, KERNEL_WASM, KERNEL_WASM_SHA256, Kernel, KernelApi, SlimeApi, StreamPacker, VerlFunction};
 pub use materialize::{
     CpRuns, CpView, LossAggMode, MaterializeOptions, Materialized, MicroBatch, RejectReason, Sample, Temperature,
     check_sample, materialize, materialize_plan,
@@ -59,6 +59,7 @@ pub use rollout::{
 };
 pub use runtime::{cache_dir, sha256_hex, write_atomic};
 pub use stowplan_kernel::peers::{DpReorder, RollLoadBalanceOptions, RollMicroBatches, VerlMicroOptions};
+pub use stowplan_kernel::slime;
 pub use stowplan_kernel::verl::{PyError, SeqlenUnbalance, UnbalanceError};
 pub use stowplan_kernel::{
     AlignOptions, Cost, CpLayout, DistributeOptions, Distribution, DpOptions, DpPlan, Factor, MicroOptions, MicroPlan,

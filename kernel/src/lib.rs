@@ -35,6 +35,7 @@ pub mod plan;
 pub mod prime_rl;
 mod refine;
 pub mod shuffle;
+pub mod slime;
 pub mod stream;
 pub mod verl;
 

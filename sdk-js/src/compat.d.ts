@@ -100,5 +100,6 @@ export function primeRlPrepareBatch(
   options: PrimeRlBatchOptions,
   kernel?: Stowplan,
 ): { bins: number[][]; multimodal: boolean[]; padding: bigint[]; costs: bigint[]; ranks: number[][]; dummies: boolean[][] };
+export * from './compat_slime.js';
 /** This module's namespace, as a promise: what `require('stowplan/compat').load()` resolves to. */
 export function load(): Promise<typeof import('./compat.js')>;

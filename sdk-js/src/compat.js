@@ -10,6 +10,7 @@ import { internal, logSeqlenUnbalance, stowplan } from './index.js';
 const { call, u32, i64, i64Array, u32Array, u64Array, u64, options, given, bool, lists } = internal;
 
 export { logSeqlenUnbalance, PeerError };
+export * from './compat_slime.js';
 
 /** verl's exception names by the kernel's tags. */
 const PY_NAMES = {

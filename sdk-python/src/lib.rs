@@ -14,6 +14,7 @@ mod multi;
 mod packer;
 mod plan;
 mod prime_rl;
+mod slime;
 mod source;
 mod stream;
 
@@ -2076,6 +2077,7 @@ fn _stowplan(m: &Bound<'_, PyModule>) -> PyResult<()> {
     prime_rl::register(m)?;
     source::register(m)?;
     filter::register(m)?;
+    slime::register(m)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

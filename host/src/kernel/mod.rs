@@ -7,10 +7,12 @@
 mod convert;
 mod native;
 pub mod prime_rl;
+mod slime;
 mod wasm;
 
 use std::ops::Deref;
 
+pub use slime::SlimeApi;
 pub use wasm::{KERNEL_WASM, KERNEL_WASM_SHA256, RETAIN_MEMORY_BYTES};
 
 use crate::Error;

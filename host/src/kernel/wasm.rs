@@ -25,6 +25,8 @@ use super::{KernelApi, StreamBackend, StreamPacker, VerlFunction};
 use crate::error::{Error, runtime};
 use crate::runtime::{self, sha256_hex};
 
+mod slime;
+
 mod bindings {
     wasmtime::component::bindgen!({
         path: "wit",

@@ -25,6 +25,8 @@ fn panic(_: &core::panic::PanicInfo<'_>) -> ! {
     core::arch::wasm32::unreachable()
 }
 
+mod slime;
+
 struct Kernel;
 
 mod prime_rl;

@@ -254,6 +254,48 @@ def balance(
 def verl(function: str, seqlens: List[int], k: int, equal_size: bool, *, backend: Optional[str] = None) -> List[List[int]]:
     """verl 0.9.1's ``function``; raises the builtin exception verl raises."""
 
+def slime_first_fit_pack(
+    total_lengths: List[int], max_tokens_per_bin: int, *, backend: Optional[str] = None
+) -> List[List[int]]:
+    """slime's ``first_fit_pack``: bins in creation order (input order, no sorting)."""
+
+def slime_expand_bins(
+    bins: List[List[int]], target_count: int, lengths: List[int], *, backend: Optional[str] = None
+) -> List[List[int]]:
+    """The bins after slime's ``expand_bins_by_splitting`` (which works in place)."""
+
+def slime_balanced_partitions(
+    weights: List[float], k_partitions: int, equal_size: bool, *, backend: Optional[str] = None
+) -> List[List[int]]:
+    """slime's ``get_seqlen_balanced_partitions`` on float (FLOPs) weights; slime's
+    ``AssertionError`` messages."""
+
+def slime_fwd_flops(seqlens: List[int], model: Dict[str, Any], *, backend: Optional[str] = None) -> Union[float, int]:
+    """slime's ``calculate_fwd_flops`` bit for bit; ``model`` holds the attributes ``args``
+    has. ``AttributeError(name)`` for one slime would read and ``model`` lacks."""
+
+def slime_build_dp_schedule(
+    total_lengths: List[int],
+    rollout_ids: List[int],
+    model: Dict[str, Any],
+    *,
+    micro_batch_size: Optional[int],
+    use_dynamic_batch_size: bool,
+    max_tokens_per_gpu: Optional[int],
+    balance_data: bool,
+    balance_by_flops: bool,
+    dp_size: int,
+    cp_size: int,
+    vpp_size: int,
+    microbatch_group_size_per_vp_stage: int,
+    global_batch_size: int,
+    python_sum: str,
+    backend: Optional[str] = None,
+) -> Tuple[List[List[int]], List[List[int]], List[int], int]:
+    """slime's ``build_dp_schedule``: ``(partitions, micro-batch sizes per rank,
+    num_microbatches, number of steps)``; ``python_sum`` ``"naive"`` (CPython <= 3.11) or
+    ``"neumaier"`` (>= 3.12)."""
+
 def log_seqlen_unbalance(seqlens: List[int], partitions: List[List[int]], prefix: str) -> Dict[str, Union[int, float]]:
     """verl's ``log_seqlen_unbalance`` dict; raises like verl."""
 

@@ -8,5 +8,7 @@
   ``MicroBatch`` field layout.
 - :mod:`stowplan.compat.trl` — TRL 1.16.0's ``pack_dataset`` (per map batch, identical rows).
 - :mod:`stowplan.compat.slime` — slime's rollout data source with a buffer (saved with the
-  state).
+  state), and its micro-batch schedule exactly (``first_fit_pack``,
+  ``expand_bins_by_splitting``, ``get_seqlen_balanced_partitions``, ``calculate_fwd_flops``,
+  ``build_dp_schedule``; ``patch()`` installs them into slime).
 """

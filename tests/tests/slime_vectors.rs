@@ -1,0 +1,81 @@
+//! Every slime oracle vector (`vectors/slime/`, made by running slime's own code) against the
+//! native kernel and the WASM kernel, and the two backends against each other on random
+//! schedules.
+
+use stowplan::Kernel;
+use stowplan_conformance::slime::check_slime_vector;
+use stowplan_conformance::{load_dir, vectors_dir};
+
+#[test]
+fn slime_vectors_on_both_backends() {
+    let vectors: Vec<_> =
+        load_dir(&vectors_dir().join("slime")).into_iter().filter(|(n, _)| n != "index.json").collect();
+    assert!(vectors.len() >= 150, "expected the slime vectors, found {}", vectors.len());
+    let mut failures = Vec::new();
+    for (backend, kernel) in [("native", Kernel::native()), ("wasm", Kernel::wasm().expect("the WASM kernel loads"))] {
+        for (name, v) in &vectors {
+            if let Err(e) = check_slime_vector(&kernel, v) {
+                failures.push(format!("{backend} {name}: {e}"));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{} failures:\n{}", failures.len(), failures.join("\n"));
+}
+
+mod backends_agree {
+    use proptest::prelude::*;
+    use stowplan::Kernel;
+    use stowplan::slime::{Arg, FlopsArgs, PythonSum, ScheduleArgs};
+
+    fn qwen_like() -> FlopsArgs {
+        FlopsArgs {
+            hidden_size: Arg::Int(4096),
+            num_attention_heads: Arg::Int(32),
+            num_query_groups: Arg::Int(8),
+            vocab_size: Arg::Int(151_936),
+            ffn_hidden_size: Arg::Int(12_288),
+            num_experts: Arg::None,
+            num_layers: Arg::Int(36),
+            kv_channels: Arg::Int(128),
+            ..FlopsArgs::default()
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+
+        /// The WASM kernel gives the native kernel's schedule (floats included) on random
+        /// FLOPs-balanced input, both float sums.
+        #[test]
+        fn native_and_wasm_schedules_are_identical(
+            lengths in proptest::collection::vec(0i64..40_000, 1..200),
+            dp in 1i64..9,
+            cap in 1000i64..40_000,
+            gbs in 1i64..4,
+            flags in 0u8..8,
+            neumaier in any::<bool>(),
+        ) {
+            let a = ScheduleArgs {
+                micro_batch_size: Some(2),
+                use_dynamic_batch_size: flags & 1 == 0,
+                max_tokens_per_gpu: Some(cap),
+                balance_data: flags & 2 != 0,
+                balance_by_flops: flags & 4 != 0,
+                dp_size: dp,
+                cp_size: 1,
+                vpp_size: 1,
+                microbatch_group_size_per_vp_stage: 1,
+                global_batch_size: gbs,
+                python_sum: if neumaier { PythonSum::Neumaier } else { PythonSum::Naive },
+            };
+            let rids: Vec<i64> = (0..lengths.len() as i64).map(|i| i / 2).collect();
+            let wasm = Kernel::wasm().expect("the WASM kernel loads");
+            let native = Kernel::native();
+            let w = wasm.slime().build_dp_schedule(&a, &qwen_like(), &lengths, &rids).expect("runs");
+            let n = native.slime().build_dp_schedule(&a, &qwen_like(), &lengths, &rids).expect("runs");
+            prop_assert_eq!(w, n);
+            let f = |k: &Kernel| k.slime().calculate_fwd_flops(&[lengths[0] as u64], &qwen_like()).expect("runs");
+            prop_assert_eq!(format!("{:?}", f(&wasm)), format!("{:?}", f(&native)));
+        }
+    }
+}
