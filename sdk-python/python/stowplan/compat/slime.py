@@ -296,9 +296,11 @@ def get_seqlen_balanced_partitions(seqlen_list: Sequence[Any], k_partitions: int
     [[1, 2, 3, 4], [0, 5, 6, 7]]
     """
     values = list(seqlen_list)
-    if any(isinstance(v, float) for v in values):
-        return _stowplan.slime_balanced_partitions(values, k_partitions, bool(equal_size))
-    return _stowplan.verl("get_seqlen_balanced_partitions", values, k_partitions, bool(equal_size))
+    if all(hasattr(v, "__index__") and not isinstance(v, float) for v in values):
+        return _stowplan.verl("get_seqlen_balanced_partitions", values, k_partitions, bool(equal_size))
+    # Floats (numpy's included) as Python floats, exactly.
+    floats = [float(v) if hasattr(v, "__float__") else v for v in values]
+    return _stowplan.slime_balanced_partitions(floats, k_partitions, bool(equal_size))
 
 
 def calculate_fwd_flops(seqlens: Sequence[int], args: Any) -> Any:
