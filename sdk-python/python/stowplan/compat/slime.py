@@ -298,8 +298,15 @@ def get_seqlen_balanced_partitions(seqlen_list: Sequence[Any], k_partitions: int
     values = list(seqlen_list)
     if all(hasattr(v, "__index__") and not isinstance(v, float) for v in values):
         return _stowplan.verl("get_seqlen_balanced_partitions", values, k_partitions, bool(equal_size))
-    # Floats (numpy's included) as Python floats, exactly.
-    floats = [float(v) if hasattr(v, "__float__") else v for v in values]
+    floats = []
+    for i, v in enumerate(values):
+        if isinstance(v, float) or (hasattr(v, "__index__") and not isinstance(v, bool)):
+            floats.append(float(v))
+        else:
+            # numpy float32/float16 would add in their own precision in slime's KK.
+            raise InvalidArgumentError(
+                f"seqlen_list[{i}] must be an int or a float64 (Python float), got {type(v).__name__}"
+            )
     return _stowplan.slime_balanced_partitions(floats, k_partitions, bool(equal_size))
 
 
