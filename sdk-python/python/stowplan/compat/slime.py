@@ -287,7 +287,8 @@ def get_seqlen_balanced_partitions(seqlen_list: Sequence[Any], k_partitions: int
     ``k_partitions`` lists of indices, each sorted, in KK's final set order. Integer lengths
     run verl's function (:func:`stowplan.compat.verl.get_seqlen_balanced_partitions`; slime's
     copy is the same code); float weights — the FLOPs :func:`build_dp_schedule` balances —
-    run the same KK with float set sums, added in Python's order. Raises ``AssertionError``
+    run the same KK with float set sums, added in Python's order (a list mixing ints and floats
+    is exact while integer partial sums stay below 2**53). Raises ``AssertionError``
     with slime's message where slime asserts (fewer items than partitions, ``equal_size``
     with a count not divisible by ``k_partitions``); :class:`~stowplan.InvalidArgumentError`
     for negative, NaN or infinite float weights.
