@@ -187,6 +187,17 @@ def test_bad_arguments_name_themselves(change, name):
         )
 
 
+def test_numpy_weights():
+    np = pytest.importorskip("numpy")
+    w = [1.5, 2.5, 1.5, 0.5, 3.0, 2.5]
+    want = slime.get_seqlen_balanced_partitions(w, 3, True)
+    assert slime.get_seqlen_balanced_partitions(np.array(w, dtype=np.float64), 3, True) == want
+    with pytest.raises(stowplan.InvalidArgumentError, match=r"seqlen_list\[0\]"):
+        slime.get_seqlen_balanced_partitions(np.array(w, dtype=np.float32), 3, True)
+    ints = [5, 1, 9, 3, 7, 2, 8, 4]
+    assert slime.get_seqlen_balanced_partitions(np.array(ints), 2, False) == slime.get_seqlen_balanced_partitions(ints, 2, False)
+
+
 def test_float_weights_refused_out_of_domain():
     with pytest.raises(stowplan.InvalidArgumentError, match="seqlen_list"):
         slime.get_seqlen_balanced_partitions([1.0, -2.0, 3.0], 2, False)

@@ -287,7 +287,8 @@ def get_seqlen_balanced_partitions(seqlen_list: Sequence[Any], k_partitions: int
     ``k_partitions`` lists of indices, each sorted, in KK's final set order. Integer lengths
     run verl's function (:func:`stowplan.compat.verl.get_seqlen_balanced_partitions`; slime's
     copy is the same code); float weights — the FLOPs :func:`build_dp_schedule` balances —
-    run the same KK with float set sums, added in Python's order. Raises ``AssertionError``
+    run the same KK with float set sums, added in Python's order (a list mixing ints and floats
+    is exact while integer partial sums stay below 2**53). Raises ``AssertionError``
     with slime's message where slime asserts (fewer items than partitions, ``equal_size``
     with a count not divisible by ``k_partitions``); :class:`~stowplan.InvalidArgumentError`
     for negative, NaN or infinite float weights.
@@ -296,9 +297,18 @@ def get_seqlen_balanced_partitions(seqlen_list: Sequence[Any], k_partitions: int
     [[1, 2, 3, 4], [0, 5, 6, 7]]
     """
     values = list(seqlen_list)
-    if any(isinstance(v, float) for v in values):
-        return _stowplan.slime_balanced_partitions(values, k_partitions, bool(equal_size))
-    return _stowplan.verl("get_seqlen_balanced_partitions", values, k_partitions, bool(equal_size))
+    if all(hasattr(v, "__index__") and not isinstance(v, float) for v in values):
+        return _stowplan.verl("get_seqlen_balanced_partitions", values, k_partitions, bool(equal_size))
+    floats = []
+    for i, v in enumerate(values):
+        if isinstance(v, float) or (hasattr(v, "__index__") and not isinstance(v, bool)):
+            floats.append(float(v))
+        else:
+            # numpy float32/float16 would add in their own precision in slime's KK.
+            raise InvalidArgumentError(
+                f"seqlen_list[{i}] must be an int or a float64 (Python float), got {type(v).__name__}"
+            )
+    return _stowplan.slime_balanced_partitions(floats, k_partitions, bool(equal_size))
 
 
 def calculate_fwd_flops(seqlens: Sequence[int], args: Any) -> Any:
