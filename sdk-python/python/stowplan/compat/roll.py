@@ -8,6 +8,15 @@
   split over CP ranks (zigzag), built by stowplan's Rust host.
 - :func:`get_pad_factor`, :func:`restore_results_order`.
 
+In place, for an installed ROLL, in one line: :func:`patch` replaces ROLL's module-level
+``roll.utils.functionals.batch_balance`` (the one of :data:`PATCHED_FUNCTIONS`) with a function
+of the same signature that reorders ROLL's ``DataProto`` exactly as ROLL does and returns ROLL's
+metrics, the permutation decided by stowplan's kernel — in ``roll.utils.functionals`` and in
+every module that imported it by name (ROLL's pipelines, your own modules); :func:`unpatch` (or
+the :func:`patched` context manager) restores ROLL's::
+
+    import stowplan.compat.roll; stowplan.compat.roll.patch()
+
 The behaviour (and the exception types and messages) is ROLL's at commit ``8eb27cc``,
 zero-length sequences included. Lengths, sizes and token ids are exact integers; floats
 (even whole ones), bools and strings raise :class:`stowplan.InvalidArgumentError` naming the
@@ -16,16 +25,36 @@ argument instead of being truncated.
 
 from __future__ import annotations
 
+import contextlib
+import inspect
 import math
 import warnings
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from .. import _stowplan
-from .verl import _mask_or_lengths, _seqlens, log_seqlen_unbalance
+from ..errors import InvalidArgumentError
+from .verl import _I64, _mask_or_lengths, _namespaces, _rebind, _seqlens, log_seqlen_unbalance
 
-__all__ = ["get_pad_factor", "load_balance", "restore_results_order", "batch_balance", "pack_sequences", "unpack_sequences"]
+__all__ = [
+    "get_pad_factor",
+    "load_balance",
+    "restore_results_order",
+    "batch_balance",
+    "pack_sequences",
+    "unpack_sequences",
+    "ROLL_COMMIT",
+    "PATCHED_FUNCTIONS",
+    "patch",
+    "unpatch",
+    "patched",
+    "is_patched",
+]
+
+#: The ROLL commit whose behaviour this module reproduces (ROLL publishes no release version:
+#: :func:`patch` checks the signatures of the functions it replaces against this commit's).
+ROLL_COMMIT = "8eb27cc2dc34c4d1310b169d9b86d339004d811a"
 
 
 def get_pad_factor(cp: int, tp: int) -> int:
@@ -125,13 +154,7 @@ def batch_balance(lengths: Any, dp_size: int, *, minibatch_size: Optional[int] =
         [[2, 1, 5], [0, 3, 4]]
     """
     seqlens, _ = _mask_or_lengths(lengths, "lengths")
-    if keep_minibatch and minibatch_size is None:
-        # ROLL divides the batch size by the mini-batch size.
-        raise TypeError("unsupported operand type(s) for //: 'int' and 'NoneType'")
-    if _stowplan._integer(dp_size, "dp_size", -(2**63), 2**63 - 1) < 0:
-        raise ValueError(f"dp_size = {dp_size} is negative")
-    reorder = _stowplan.balance_batch(seqlens, dp_size, minibatch_size=minibatch_size if keep_minibatch else None)
-    partitions, kk, dropped = reorder.partitions, reorder.kk_partitions, reorder.dropped
+    partitions, kk, dropped = _balance(seqlens, dp_size, minibatch_size, keep_minibatch)
     if dropped:
         warnings.warn(
             f"batch_balance (like ROLL) leaves out {len(dropped)} samples past the last full mini-batch: {dropped[:16]}",
@@ -144,6 +167,18 @@ def batch_balance(lengths: Any, dp_size: int, *, minibatch_size: Optional[int] =
         "metrics": log_seqlen_unbalance(seqlens, partitions, "global_seqlen"),
         "dropped": dropped,
     }
+
+
+def _balance(seqlens: List[int], dp_size: Any, minibatch_size: Any, keep_minibatch: Any) -> Tuple[List[List[int]], Any, List[int]]:
+    """The kernel's ``batch_balance`` decision: (each rank's samples in ROLL's order, the raw KK
+    partitions, the samples left out); ROLL's exceptions where ROLL fails."""
+    if keep_minibatch and minibatch_size is None:
+        # ROLL divides the batch size by the mini-batch size.
+        raise TypeError("unsupported operand type(s) for //: 'int' and 'NoneType'")
+    if _stowplan._integer(dp_size, "dp_size", -(2**63), 2**63 - 1) < 0:
+        raise ValueError(f"dp_size = {dp_size} is negative")
+    reorder = _stowplan.balance_batch(seqlens, dp_size, minibatch_size=minibatch_size if keep_minibatch else None)
+    return reorder.partitions, reorder.kk_partitions, reorder.dropped
 
 
 def pack_sequences(
@@ -229,3 +264,185 @@ def unpack_sequences(row: Any, cu_seqlens_padded: Any, cp: int = 1) -> List[Any]
     """
     bounds = [b // cp for b in _seqlens(cu_seqlens_padded, "cu_seqlens_padded")]
     return [row[bounds[i] : bounds[i + 1]] for i in range(len(bounds) - 1)]
+
+
+
+# ----------------------------------------------------------------------------------------------
+# patch(): stowplan's functions in an installed ROLL, in place.
+
+#: The module-level functions of ``roll.utils.functionals`` that :func:`patch` replaces: the
+#: ones whose result stowplan's kernel decides and this module reproduces. (ROLL's
+#: ``LoadBalancePacker.get_pad_factor``/``make_micro_batch_iter_for_sequence_packing`` and the
+#: Megatron strategy's ``_pack_sequences``/``_unpack_sequences`` are methods, which stay ROLL's.)
+PATCHED_FUNCTIONS = ("batch_balance",)
+
+_ROLL_MODULE = "roll.utils.functionals"
+# ROLL's parameters at ROLL_COMMIT: (name, kind, default) per parameter, annotations aside.
+_P = inspect.Parameter
+_SIGNATURES = {
+    "batch_balance": (
+        ("batch", _P.POSITIONAL_OR_KEYWORD, _P.empty),
+        ("dp_size", _P.POSITIONAL_OR_KEYWORD, _P.empty),
+        ("minibatch_size", _P.POSITIONAL_OR_KEYWORD, _P.empty),
+        ("logging_prefix", _P.POSITIONAL_OR_KEYWORD, "global_seqlen"),
+        ("keep_minibatch", _P.POSITIONAL_OR_KEYWORD, False),
+    ),
+}
+# name -> (ROLL's original, the replacement installed by patch()); empty when not patched.
+_PATCH: Dict[str, Tuple[Callable[..., Any], Callable[..., Any]]] = {}
+
+
+def _parameters(function: Callable[..., Any]) -> Optional[Tuple[Tuple[str, Any, Any], ...]]:
+    """(name, kind, default) of every parameter of ``function``; None when it has no signature."""
+    try:
+        return tuple((p.name, p.kind, p.default) for p in inspect.signature(function).parameters.values())
+    except (TypeError, ValueError):
+        return None
+
+
+def _roll_module() -> Any:
+    """``roll.utils.functionals`` of an installed ROLL whose functions have the signatures of
+    :data:`ROLL_COMMIT`, else ImportError saying what is missing or which signature differs."""
+    import importlib
+
+    try:
+        module = importlib.import_module(_ROLL_MODULE)
+    except ImportError as exc:
+        raise ImportError(
+            f"stowplan.compat.roll.patch() needs ROLL (alibaba/ROLL, commit {ROLL_COMMIT[:7]}) installed, and "
+            f"`import {_ROLL_MODULE}` failed: {type(exc).__name__}: {exc}"
+        ) from exc
+    for name in PATCHED_FUNCTIONS:
+        function = getattr(module, name, None)
+        found = _parameters(function) if callable(function) else None
+        if found != _SIGNATURES[name]:
+            shown = inspect.signature(function) if found is not None else repr(function)
+            raise ImportError(
+                f"stowplan.compat.roll reproduces ROLL at commit {ROLL_COMMIT[:7]}, but the installed "
+                f"{_ROLL_MODULE}.{name} ({getattr(module, '__file__', '?')}) is {shown}: it may behave "
+                f"differently, so ROLL is not patched"
+            )
+    return module
+
+
+def _attention_lengths(batch: Any) -> List[int]:
+    """ROLL's per-sample token counts of a ``DataProto``: ``attention_mask`` viewed as
+    ``(batch_size, -1)`` and summed over the last dimension; InvalidArgumentError when they are
+    not exact integers (a float mask)."""
+    attention_mask = batch.batch["attention_mask"]
+    batch_size = attention_mask.shape[0]
+    lengths = attention_mask.view(batch_size, -1).sum(-1)
+    if hasattr(lengths, "detach"):
+        lengths = lengths.detach().cpu()
+    return _seqlens(lengths, "batch.batch['attention_mask']")
+
+
+def _batch_balance_replacement(original: Callable[..., Any]) -> Callable[..., Any]:
+    """ROLL's ``batch_balance`` with stowplan's kernel deciding the permutation."""
+
+    def batch_balance(batch, dp_size, minibatch_size, logging_prefix="global_seqlen", keep_minibatch=False):  # type: ignore[no-untyped-def]
+        try:
+            lengths = _attention_lengths(batch)
+            partitions, _, _ = _balance(lengths, dp_size, minibatch_size, keep_minibatch)
+        except InvalidArgumentError:
+            # Outside the kernel's domain (a float mask, a float dp_size …): ROLL computes it.
+            return original(batch, dp_size, minibatch_size, logging_prefix, keep_minibatch)
+        import torch  # ROLL's DataProto holds torch tensors: ROLL (and so torch) is installed
+
+        # ROLL's side effect: the batch reordered by an index tensor of the ranks' samples.
+        batch.reorder(torch.tensor([j for partition in partitions for j in partition]))
+        metrics: Dict[str, Any] = {}
+        metrics.update(log_seqlen_unbalance(lengths, partitions, f"{logging_prefix}"))
+        return metrics
+
+    batch_balance.__module__ = __name__
+    batch_balance.__wrapped__ = original  # type: ignore[attr-defined]  # inspect.signature shows ROLL's
+    batch_balance.__doc__ = (
+        "stowplan's ``batch_balance`` installed in ROLL by stowplan.compat.roll.patch(): "
+        "ROLL's signature, reordering and metrics, the permutation decided by stowplan's kernel "
+        "(stowplan.compat.roll.batch_balance); inputs outside the kernel's domain go to ROLL's own.\n\n"
+        + (original.__doc__ or "")
+    )
+    batch_balance.__stowplan_original__ = original  # type: ignore[attr-defined]
+    return batch_balance
+
+
+_REPLACEMENTS = {"batch_balance": _batch_balance_replacement}
+
+
+def is_patched() -> bool:
+    """Whether :func:`patch` is in effect (ROLL's functions are stowplan's)."""
+    return bool(_PATCH)
+
+
+def _bound_names() -> List[str]:
+    """The ``module.attribute`` names bound to the replacements :func:`patch` installed."""
+    replacements = {id(new) for _, new in _PATCH.values()}
+    return sorted(
+        f"{module_name}.{attr}" for module_name, namespace in _namespaces() for attr, value in list(namespace.items()) if id(value) in replacements
+    )
+
+
+def patch() -> List[str]:
+    """Replaces ROLL's ``roll.utils.functionals.batch_balance`` (:data:`PATCHED_FUNCTIONS`) with
+    stowplan's, in place: in ``roll.utils.functionals`` and in every loaded module that holds it
+    under any name (``from roll.utils.functionals import batch_balance`` in ROLL's RLVR, agentic,
+    distill and SFT pipelines, your own modules); modules imported afterwards import stowplan's.
+    Idempotent: a second call changes nothing.
+
+    The replacement has ROLL's signature ``batch_balance(batch, dp_size, minibatch_size,
+    logging_prefix="global_seqlen", keep_minibatch=False)``: it calls ``batch.reorder`` once with
+    ROLL's index tensor and returns ROLL's ``{logging_prefix}/…`` metrics, the permutation
+    decided by stowplan's kernel (the one :func:`batch_balance` returns); an input outside the
+    kernel's domain (a float attention mask) is computed by ROLL's original function.
+
+    Returns:
+        The ``module.attribute`` names now bound to stowplan's functions.
+
+    Raises:
+        ImportError: ROLL is not importable, or its functions' signatures are not those of
+            :data:`ROLL_COMMIT`.
+
+    Example::
+
+        import stowplan.compat.roll; stowplan.compat.roll.patch()
+    """
+    module = _roll_module()
+    if _PATCH:
+        return _bound_names()
+    for name in PATCHED_FUNCTIONS:
+        original = getattr(module, name)
+        _PATCH[name] = (original, _REPLACEMENTS[name](original))
+    return sorted(_rebind({id(orig): (orig, new) for orig, new in _PATCH.values()}))
+
+
+def unpatch() -> List[str]:
+    """Restores ROLL's own functions wherever :func:`patch` (or an import after it) bound
+    stowplan's; a no-op when not patched.
+
+    Returns:
+        The ``module.attribute`` names restored.
+    """
+    if not _PATCH:
+        return []
+    restored = _rebind({id(new): (new, orig) for orig, new in _PATCH.values()})
+    _PATCH.clear()
+    return sorted(restored)
+
+
+@contextlib.contextmanager
+def patched() -> Iterator[List[str]]:
+    """:func:`patch` for the duration of a ``with`` block, then :func:`unpatch` — unless ROLL
+    was already patched when the block began (then it stays patched). Yields the names
+    :func:`patch` bound.
+
+    Raises:
+        ImportError: as :func:`patch`.
+    """
+    already = is_patched()
+    names = patch()
+    try:
+        yield names
+    finally:
+        if not already:
+            unpatch()

@@ -1,0 +1,313 @@
+"""stowplan.compat.roll.patch() (issue 30): ROLL's module-level ``batch_balance`` replaced in
+place by stowplan's, with ROLL's signature, ``DataProto.reorder`` call and metrics.
+
+ROLL is not on PyPI, so ROLL's modules are stand-ins registered under ROLL's real module names
+(``roll.utils.functionals`` and a pipeline that imported ``batch_balance`` by name), with a
+stand-in ``DataProto`` holding the two things ROLL's ``batch_balance`` uses: the
+``attention_mask`` tensor in ``.batch`` and ``reorder(index_tensor)``. The replacement's results
+are checked against :func:`stowplan.compat.roll.batch_balance`, which the ROLL vectors (made by
+ROLL's own code at the commit in ``ROLL_COMMIT``) prove equal to ROLL's, and against those
+vectors directly.
+
+<!-- tested: sdk-python/tests/test_roll_patch.py --> (README.md's one-line block runs here.)
+"""
+
+from __future__ import annotations
+
+import inspect
+import pathlib
+import sys
+import types
+import warnings
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from stowplan.compat import roll as sr
+
+torch = pytest.importorskip("torch")  # ROLL's DataProto holds torch tensors
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+README_MARKER = "<!-- tested: sdk-python/tests/test_roll_patch.py -->"
+ROLL_NAMES = ("roll", "roll.utils", "roll.utils.functionals", "roll.pipeline", "roll.pipeline.rlvr", "roll.pipeline.rlvr.rlvr_pipeline")
+
+
+class DataProto:
+    """ROLL's DataProto as far as ``batch_balance`` uses it: ``.batch["attention_mask"]`` and
+    ``reorder``, which records every call and reorders every tensor like ROLL's."""
+
+    def __init__(self, attention_mask, **tensors):
+        self.batch = {"attention_mask": attention_mask, **tensors}
+        self.reorder_calls = []
+
+    def reorder(self, indices):
+        self.reorder_calls.append(indices)
+        if indices.dtype != torch.int64:
+            # ROLL builds torch.tensor([]) (float32) when keep_minibatch leaves every sample out;
+            # the patched function passes the same tensor, and this stand-in only records it.
+            return
+        self.batch = {key: value[indices] for key, value in self.batch.items()}
+
+
+def _mask(lengths, width=None):
+    """A right-padded int64 attention mask (ROLL's layout), ``width`` columns."""
+    width = max(lengths, default=0) if width is None else width
+    mask = torch.zeros((len(lengths), width), dtype=torch.int64)
+    for i, n in enumerate(lengths):
+        mask[i, :n] = 1
+    return mask
+
+
+def _batch(lengths, width=None, dtype=None):
+    mask = _mask(lengths, width)
+    return DataProto(mask if dtype is None else mask.to(dtype), sample=torch.arange(len(lengths)))
+
+
+def _make_original():
+    def batch_balance(batch, dp_size, minibatch_size, logging_prefix="global_seqlen", keep_minibatch=False):
+        """Stand-in for ROLL's own function (its signature): records the call, returns a marker."""
+        batch_balance.calls.append((batch, dp_size, minibatch_size, logging_prefix, keep_minibatch))
+        return {"roll's own": True}
+
+    batch_balance.calls = []
+    return batch_balance
+
+
+# Held in a namespace, not as a global of this module: patch() rebinds the function in every
+# loaded module that holds it, this test module included.
+ROLL = types.SimpleNamespace(batch_balance=_make_original())
+
+
+@pytest.fixture
+def roll_modules(monkeypatch):
+    """ROLL's module names in sys.modules: ``roll.utils.functionals.batch_balance`` (ROLL's
+    signature) and a pipeline that did ``from roll.utils.functionals import batch_balance`` (and
+    one alias); unpatched and removed afterwards."""
+    sr.unpatch()
+    modules = {name: types.ModuleType(name) for name in ROLL_NAMES}
+    functionals = modules["roll.utils.functionals"]
+    functionals.batch_balance = ROLL.batch_balance
+    pipeline = modules["roll.pipeline.rlvr.rlvr_pipeline"]
+    pipeline.batch_balance = ROLL.batch_balance
+    pipeline.balance_alias = ROLL.batch_balance
+    modules["roll"].utils, modules["roll"].pipeline = modules["roll.utils"], modules["roll.pipeline"]
+    modules["roll.utils"].functionals = functionals
+    for name, module in modules.items():
+        monkeypatch.setitem(sys.modules, name, module)
+    ROLL.batch_balance.calls.clear()
+    yield types.SimpleNamespace(functionals=functionals, pipeline=pipeline)
+    sr.unpatch()
+
+
+def _expected(lengths, dp_size, minibatch_size=None, keep_minibatch=False, prefix="global_seqlen"):
+    """stowplan.compat.roll.batch_balance's result, its metrics under ``prefix``."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # the dropped-tail warning (ROLL is silent)
+        r = sr.batch_balance(lengths, dp_size, minibatch_size=minibatch_size, keep_minibatch=keep_minibatch)
+    metrics = {prefix + key[len("global_seqlen") :]: value for key, value in r["metrics"].items()}
+    return r["global_idx"], metrics
+
+
+def _check_call(function, lengths, dp_size, minibatch_size=None, keep_minibatch=False, prefix=None, positional=False):
+    """Runs the patched ``function`` on a stand-in DataProto; checks the one reorder call (an
+    int64 index tensor: the compat function's permutation), the reordered rows and the metrics."""
+    batch = _batch(lengths)
+    if positional:
+        metrics = function(batch, dp_size, minibatch_size, "global_seqlen" if prefix is None else prefix, keep_minibatch)
+    elif prefix is None:
+        metrics = function(batch, dp_size=dp_size, minibatch_size=minibatch_size, keep_minibatch=keep_minibatch)
+    else:
+        metrics = function(batch, dp_size=dp_size, minibatch_size=minibatch_size, logging_prefix=prefix, keep_minibatch=keep_minibatch)
+    global_idx, want = _expected(lengths, dp_size, minibatch_size, keep_minibatch, prefix or "global_seqlen")
+    assert len(batch.reorder_calls) == 1
+    index = batch.reorder_calls[0]
+    assert isinstance(index, torch.Tensor) and index.dtype == torch.tensor(global_idx).dtype and index.tolist() == global_idx
+    if global_idx:
+        assert index.dtype == torch.int64 and batch.batch["sample"].tolist() == global_idx
+    assert type(metrics) is dict and metrics == want
+    assert [type(v) for v in metrics.values()] == [type(v) for v in want.values()]
+    assert not ROLL.batch_balance.calls
+    return metrics
+
+
+def test_not_importable_is_a_clear_import_error(monkeypatch):
+    sr.unpatch()
+    for name in ROLL_NAMES:
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    monkeypatch.setitem(sys.modules, "roll", None)  # `import roll` raises ImportError
+    with pytest.raises(ImportError, match=r"needs ROLL \(alibaba/ROLL, commit 8eb27cc\) installed.*import roll\.utils\.functionals"):
+        sr.patch()
+    with pytest.raises(ImportError):
+        with sr.patched():
+            pass
+    assert not sr.is_patched()
+
+
+def test_another_signature_is_refused(roll_modules):
+    def batch_balance(batch, dp_size, minibatch_size, logging_prefix="global_seqlen"):
+        raise AssertionError("not to be called")
+
+    roll_modules.functionals.batch_balance = batch_balance
+    with pytest.raises(ImportError, match=r"reproduces ROLL at commit 8eb27cc.*batch_balance.*not patched"):
+        sr.patch()
+    assert not sr.is_patched() and roll_modules.functionals.batch_balance is batch_balance
+
+
+def test_patch_binds_stowplans_function_everywhere(roll_modules):
+    assert not sr.is_patched()
+    names = sr.patch()
+    assert names == [
+        "roll.pipeline.rlvr.rlvr_pipeline.balance_alias",
+        "roll.pipeline.rlvr.rlvr_pipeline.batch_balance",
+        "roll.utils.functionals.batch_balance",
+    ]
+    assert sr.is_patched()
+    new = roll_modules.functionals.batch_balance
+    assert new is not ROLL.batch_balance
+    assert new.__module__ == "stowplan.compat.roll" and new.__name__ == "batch_balance"
+    assert new.__stowplan_original__ is ROLL.batch_balance
+    assert roll_modules.pipeline.batch_balance is new and roll_modules.pipeline.balance_alias is new
+    # ROLL's signature, shown and real (the replacement's own, not only through __wrapped__).
+    assert inspect.signature(new) == inspect.signature(ROLL.batch_balance)
+    assert inspect.signature(new, follow_wrapped=False) == inspect.signature(ROLL.batch_balance)
+    assert "stowplan" in new.__doc__
+    # A module imported after patch() imports stowplan's.
+    late = types.ModuleType("roll.pipeline.late")
+    late.batch_balance = sys.modules["roll.utils.functionals"].batch_balance
+    sys.modules["roll.pipeline.late"] = late
+    try:
+        assert late.batch_balance is new
+        assert sr.patch() == sorted(names + ["roll.pipeline.late.batch_balance"])  # idempotent: same function
+        assert roll_modules.functionals.batch_balance is new
+        restored = sr.unpatch()
+        assert "roll.pipeline.late.batch_balance" in restored and late.batch_balance is ROLL.batch_balance
+    finally:
+        del sys.modules["roll.pipeline.late"]
+    assert not sr.is_patched() and sr.unpatch() == []
+    assert roll_modules.functionals.batch_balance is ROLL.batch_balance
+    assert roll_modules.pipeline.batch_balance is ROLL.batch_balance
+    assert roll_modules.pipeline.balance_alias is ROLL.batch_balance
+
+
+def test_patched_context_manager(roll_modules):
+    with sr.patched() as names:
+        assert "roll.utils.functionals.batch_balance" in names
+        assert roll_modules.pipeline.batch_balance is not ROLL.batch_balance
+    assert roll_modules.pipeline.batch_balance is ROLL.batch_balance and not sr.is_patched()
+    sr.patch()
+    with sr.patched():
+        pass
+    assert sr.is_patched()  # patched before the block: stays patched
+
+
+def test_roll_vectors_through_the_patched_function(roll_modules, roll_vectors):
+    sr.patch()
+    cases = [v for v in roll_vectors if v["kind"] == "batch_balance"]
+    assert len(cases) >= 9
+    for v in cases:
+        inp = v["input"]
+        batch = _batch(inp["lengths"], inp.get("mask_width"))
+        args = (batch, inp["dp_size"], inp.get("minibatch_size"))
+        kwargs = {"keep_minibatch": inp.get("keep_minibatch", False)}
+        if "error" in v:
+            with pytest.raises(Exception) as info:
+                roll_modules.pipeline.batch_balance(*args, **kwargs)
+            assert (type(info.value).__name__, str(info.value)) == (v["error"]["type"], v["error"]["message"]), v["name"]
+            assert batch.reorder_calls == [], v["name"]  # ROLL fails before it reorders
+            continue
+        metrics = roll_modules.pipeline.batch_balance(*args, **kwargs)
+        out = v["output"]
+        assert [t.tolist() for t in batch.reorder_calls] == [out["global_idx"]], v["name"]
+        assert metrics == out["metrics"], v["name"]
+    assert not ROLL.batch_balance.calls
+
+
+def test_keyword_positional_prefix_and_keep_minibatch(roll_modules):
+    sr.patch()
+    f = roll_modules.functionals.batch_balance
+    lengths = [100, 900, 50, 950, 400, 600, 30, 70]
+    _check_call(f, lengths, 2)
+    _check_call(f, lengths, 2, positional=True)
+    metrics = _check_call(f, lengths, 4, prefix="actor/seqlen")
+    assert sorted(metrics) == sorted(f"actor/seqlen/{k}" for k in ("min", "max", "minmax_diff", "balanced_min", "balanced_max", "mean"))
+    _check_call(f, lengths, 2, minibatch_size=4, keep_minibatch=True)
+    _check_call(f, lengths, 2, minibatch_size=4, keep_minibatch=True, positional=True)
+    # minibatch_size is ignored without keep_minibatch, as in ROLL.
+    _check_call(f, lengths, 2, minibatch_size=3)
+    # The tail past the last full mini-batch is left out of the reorder silently, like ROLL.
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _check_call(f, lengths + [5, 6], 2, minibatch_size=4, keep_minibatch=True)
+
+
+def test_roll_errors_reorder_nothing(roll_modules):
+    sr.patch()
+    f = roll_modules.functionals.batch_balance
+    batch = _batch([3, 1, 2])
+    with pytest.raises(TypeError, match=r"unsupported operand type\(s\) for //: 'int' and 'NoneType'"):
+        f(batch, 1, None, keep_minibatch=True)
+    with pytest.raises(AssertionError, match=r"number of items:\[3\] < k_partitions:\[4\]"):
+        f(batch, 4, None)
+    with pytest.raises(TypeError, match="missing 1 required positional argument: 'minibatch_size'"):
+        f(batch, 2)  # ROLL's signature: minibatch_size has no default
+    assert batch.reorder_calls == [] and not ROLL.batch_balance.calls
+
+
+def test_outside_the_kernels_domain_goes_to_roll(roll_modules):
+    sr.patch()
+    f = roll_modules.pipeline.batch_balance
+    batch = _batch([3, 1, 2, 4], dtype=torch.float32)  # a float mask: ROLL computes with floats
+    assert f(batch, 2, 4, "p", True) == {"roll's own": True}
+    assert ROLL.batch_balance.calls == [(batch, 2, 4, "p", True)]
+    assert batch.reorder_calls == []
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    lengths=st.lists(st.integers(0, 5000), min_size=1, max_size=40),
+    dp_size=st.integers(1, 8),
+    minibatch=st.integers(1, 16),
+    keep=st.booleans(),
+    positional=st.booleans(),
+)
+def test_patched_equals_compat_function(lengths, dp_size, minibatch, keep, positional):
+    modules = {name: types.ModuleType(name) for name in ROLL_NAMES}
+    modules["roll.utils.functionals"].batch_balance = ROLL.batch_balance
+    saved = {name: sys.modules.get(name) for name in ROLL_NAMES}
+    sys.modules.update(modules)
+    ROLL.batch_balance.calls.clear()
+    try:
+        sr.patch()
+        f = modules["roll.utils.functionals"].batch_balance
+        try:
+            _expected(lengths, dp_size, minibatch, keep)
+        except Exception as exc:  # ROLL's error: the patched function raises the same
+            batch = _batch(lengths)
+            with pytest.raises(type(exc)) as info:
+                f(batch, dp_size, minibatch, keep_minibatch=keep)
+            assert str(info.value) == str(exc)
+            try:
+                partitions = sr._balance(lengths, dp_size, minibatch, keep)[0]
+            except Exception:
+                assert batch.reorder_calls == []  # the decision fails: nothing reordered
+            else:
+                # The metrics fail (no rank has a sample: ROLL's range() step 0) after ROLL's reorder.
+                assert [t.tolist() for t in batch.reorder_calls] == [[j for p in partitions for j in p]]
+            return
+        _check_call(f, lengths, dp_size, minibatch, keep, positional=positional)
+    finally:
+        sr.unpatch()
+        for name, module in saved.items():
+            if module is None:
+                sys.modules.pop(name, None)
+            else:
+                sys.modules[name] = module
+
+
+def test_readme_one_liner(roll_modules):
+    text = (ROOT / "README.md").read_text()
+    assert text.count(README_MARKER) == 1
+    block = text.split(README_MARKER)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    exec(compile(block, "README.md (ROLL in place)", "exec"), {})
+    assert sr.is_patched() and roll_modules.pipeline.batch_balance is not ROLL.batch_balance
