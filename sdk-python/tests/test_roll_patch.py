@@ -30,16 +30,91 @@ torch = pytest.importorskip("torch")  # ROLL's DataProto holds torch tensors
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 README_MARKER = "<!-- tested: sdk-python/tests/test_roll_patch.py -->"
-ROLL_NAMES = ("roll", "roll.utils", "roll.utils.functionals", "roll.pipeline", "roll.pipeline.rlvr", "roll.pipeline.rlvr.rlvr_pipeline")
+ROLL_NAMES = (
+    "roll",
+    "roll.utils",
+    "roll.utils.functionals",
+    "roll.utils.sequence_packing",
+    "roll.pipeline",
+    "roll.pipeline.rlvr",
+    "roll.pipeline.rlvr.rlvr_pipeline",
+    "roll.distributed.strategy.megatron_strategy",
+)
+MICRO = "make_micro_batch_iter_for_sequence_packing"
+
+# A stand-in for roll/utils/sequence_packing.py as far as the patched function looks into it:
+# the config fields, the packer factory (ROLL's algorithms and error), the two packer classes
+# (their methods here only record that ROLL's own code was called), and the module-level
+# function with ROLL's signature.
+SEQUENCE_PACKING = """
+class SequencePackingConfig:
+    def __init__(self, algorithm="none", max_packed_sequence_length_forward=None, max_packed_sequence_length_train=None,
+                 min_num_micro_batches_forward=1, min_num_micro_batches_train=1):
+        self.algorithm = algorithm
+        self.max_packed_sequence_length_forward = max_packed_sequence_length_forward
+        self.max_packed_sequence_length_train = max_packed_sequence_length_train
+        self.min_num_micro_batches_forward = min_num_micro_batches_forward
+        self.min_num_micro_batches_train = min_num_micro_batches_train
+
+CALLS = []
+
+class SequencePackingPacker:
+    def __init__(self, config=None):
+        self.config = config if config is not None else SequencePackingConfig()
+    def make_micro_batch_iter_for_sequence_packing(self, *args):
+        CALLS.append((type(self).__name__, args))
+        return iter(["roll's own"])
+
+class LoadBalancePacker(SequencePackingPacker):
+    @staticmethod
+    def get_device_name():
+        return "cpu"
+    def make_micro_batch_iter_for_sequence_packing(self, *args):
+        CALLS.append((type(self).__name__, args))
+        yield "roll's own"
+
+def get_sequence_packing_packer(config=None):
+    if config is None:
+        config = SequencePackingConfig()
+    if config.algorithm == "load_balance":
+        return LoadBalancePacker(config)
+    if config.algorithm == "none":
+        return SequencePackingPacker(config)
+    raise ValueError(f"Illegal sequence packing algorithm {config.algorithm}, algorithm must be in ['none', 'load_balance']")
+
+def make_micro_batch_iter_for_sequence_packing(mini_batch, tp_size, cp_size, vp_size, is_train=False, dp_group=None,
+                                               micro_batch_size=None, config=None):
+    return get_sequence_packing_packer(config).make_micro_batch_iter_for_sequence_packing(
+        mini_batch, tp_size, cp_size, vp_size, is_train, dp_group, micro_batch_size)
+"""
+
+
+class TensorBatch(dict):
+    """The tensors of a stand-in DataProto, with ``batch_size`` like ROLL's TensorDict."""
+
+    @property
+    def batch_size(self):
+        return torch.Size([self["attention_mask"].shape[0]])
 
 
 class DataProto:
-    """ROLL's DataProto as far as ``batch_balance`` uses it: ``.batch["attention_mask"]`` and
-    ``reorder``, which records every call and reorders every tensor like ROLL's."""
+    """ROLL's DataProto as far as the patched functions use it: ``.batch["attention_mask"]``,
+    ``.batch.batch_size``, ``meta_info``, ``reorder`` (records every call and reorders every
+    tensor like ROLL's) and ``select_idxs`` (the rows, a copy of ``meta_info``)."""
 
-    def __init__(self, attention_mask, **tensors):
-        self.batch = {"attention_mask": attention_mask, **tensors}
+    def __init__(self, attention_mask, meta_info=None, **tensors):
+        self.batch = TensorBatch(attention_mask=attention_mask, **tensors)
+        self.meta_info = {} if meta_info is None else meta_info
         self.reorder_calls = []
+
+    def select_idxs(self, idxs):
+        index = torch.tensor(idxs, dtype=torch.long)
+        out = DataProto.__new__(DataProto)
+        out.batch = TensorBatch({key: value[index] for key, value in self.batch.items()})
+        out.meta_info = dict(self.meta_info)
+        out.reorder_calls = []
+        out.selected = list(idxs)
+        return out
 
     def reorder(self, indices):
         self.reorder_calls.append(indices)
@@ -93,10 +168,14 @@ def roll_modules(monkeypatch):
     pipeline.balance_alias = ROLL.batch_balance
     modules["roll"].utils, modules["roll"].pipeline = modules["roll.utils"], modules["roll.pipeline"]
     modules["roll.utils"].functionals = functionals
+    exec(compile(SEQUENCE_PACKING, "roll/utils/sequence_packing.py (stand-in)", "exec"), modules["roll.utils.sequence_packing"].__dict__)
+    sequence_packing = modules["roll.utils.sequence_packing"]
+    strategy = modules["roll.distributed.strategy.megatron_strategy"]
+    strategy.make_micro_batch_iter_for_sequence_packing = getattr(sequence_packing, MICRO)
     for name, module in modules.items():
         monkeypatch.setitem(sys.modules, name, module)
     ROLL.batch_balance.calls.clear()
-    yield types.SimpleNamespace(functionals=functionals, pipeline=pipeline)
+    yield types.SimpleNamespace(functionals=functionals, pipeline=pipeline, sequence_packing=sequence_packing, strategy=strategy)
     sr.unpatch()
 
 
@@ -144,6 +223,16 @@ def test_not_importable_is_a_clear_import_error(monkeypatch):
     assert not sr.is_patched()
 
 
+def test_another_micro_batch_signature_is_refused(roll_modules):
+    def make_micro_batch_iter_for_sequence_packing(mini_batch, tp_size, cp_size, vp_size, is_train=False, dp_group=None, micro_batch_size=None):
+        raise AssertionError("not to be called")
+
+    setattr(roll_modules.sequence_packing, MICRO, make_micro_batch_iter_for_sequence_packing)
+    with pytest.raises(ImportError, match=r"reproduces ROLL at commit 8eb27cc.*make_micro_batch_iter_for_sequence_packing.*not patched"):
+        sr.patch()
+    assert not sr.is_patched() and roll_modules.functionals.batch_balance is ROLL.batch_balance
+
+
 def test_another_signature_is_refused(roll_modules):
     def batch_balance(batch, dp_size, minibatch_size, logging_prefix="global_seqlen"):
         raise AssertionError("not to be called")
@@ -156,12 +245,19 @@ def test_another_signature_is_refused(roll_modules):
 
 def test_patch_binds_stowplans_function_everywhere(roll_modules):
     assert not sr.is_patched()
+    original_micro = getattr(roll_modules.sequence_packing, MICRO)
     names = sr.patch()
     assert names == [
+        f"roll.distributed.strategy.megatron_strategy.{MICRO}",
         "roll.pipeline.rlvr.rlvr_pipeline.balance_alias",
         "roll.pipeline.rlvr.rlvr_pipeline.batch_balance",
         "roll.utils.functionals.batch_balance",
+        f"roll.utils.sequence_packing.{MICRO}",
     ]
+    micro = getattr(roll_modules.sequence_packing, MICRO)
+    assert micro.__module__ == "stowplan.compat.roll" and micro.__stowplan_original__ is original_micro
+    assert getattr(roll_modules.strategy, MICRO) is micro
+    assert inspect.signature(micro, follow_wrapped=False) == inspect.signature(original_micro)
     assert sr.is_patched()
     new = roll_modules.functionals.batch_balance
     assert new is not ROLL.batch_balance
@@ -188,6 +284,7 @@ def test_patch_binds_stowplans_function_everywhere(roll_modules):
     assert roll_modules.functionals.batch_balance is ROLL.batch_balance
     assert roll_modules.pipeline.batch_balance is ROLL.batch_balance
     assert roll_modules.pipeline.balance_alias is ROLL.batch_balance
+    assert getattr(roll_modules.strategy, MICRO) is original_micro is getattr(roll_modules.sequence_packing, MICRO)
 
 
 def test_patched_context_manager(roll_modules):
@@ -274,6 +371,7 @@ def test_outside_the_kernels_domain_goes_to_roll(roll_modules):
 def test_patched_equals_compat_function(lengths, dp_size, minibatch, keep, positional):
     modules = {name: types.ModuleType(name) for name in ROLL_NAMES}
     modules["roll.utils.functionals"].batch_balance = ROLL.batch_balance
+    exec(compile(SEQUENCE_PACKING, "stand-in", "exec"), modules["roll.utils.sequence_packing"].__dict__)
     saved = {name: sys.modules.get(name) for name in ROLL_NAMES}
     sys.modules.update(modules)
     ROLL.batch_balance.calls.clear()
@@ -311,3 +409,150 @@ def test_readme_one_liner(roll_modules):
     block = text.split(README_MARKER)[1].split("```python\n", 1)[1].split("```", 1)[0]
     exec(compile(block, "README.md (ROLL in place)", "exec"), {})
     assert sr.is_patched() and roll_modules.pipeline.batch_balance is not ROLL.batch_balance
+
+
+# ----------------------------------------------------------------------------------------------
+# make_micro_batch_iter_for_sequence_packing (the load_balance packer)
+
+
+def _config(sp, cap, is_train=True, min_num=1, algorithm="load_balance"):
+    field = "train" if is_train else "forward"
+    return sp.SequencePackingConfig(
+        algorithm=algorithm, **{f"max_packed_sequence_length_{field}": cap, f"min_num_micro_batches_{field}": min_num}
+    )
+
+
+def _run_micro(roll_modules, lengths, width, cap, *, tp=1, cp=1, vp=1, min_num=1, is_train=True, dp_group="group"):
+    """The patched function through the stand-in Megatron strategy's name; (mini-batch, the
+    micro-batches yielded)."""
+    sp = roll_modules.sequence_packing
+    mini = _batch(lengths, width)
+    mini.meta_info = {"global_step": 3}
+    it = getattr(roll_modules.strategy, MICRO)(mini, tp, cp, vp, is_train, dp_group, None, _config(sp, cap, is_train, min_num))
+    assert mini.meta_info == {"global_step": 3}  # a generator, like ROLL's: nothing before next()
+    return mini, list(it)
+
+
+def _check_micro(mini, micro_batches, want):
+    """ROLL's side effects and yields for the kernel's ``want`` (compat.roll.load_balance)."""
+    parts = want["micro_batches"]
+    assert mini.meta_info["partition_indices_list"] == parts
+    assert [mb.selected for mb in micro_batches] == parts
+    for i, (mb, part) in enumerate(zip(micro_batches, parts)):
+        assert mb.batch["sample"].tolist() == part
+        assert mb.meta_info == {
+            "global_step": 3,
+            "partition_indices_list": parts,
+            "micro_batch_idx": i,
+            "is_padding_batch": False,
+            "partition_indices": part,
+            "num_micro_batchs": want["num_micro_batches"],
+            "mini_batch_size": len(mini.batch["sample"]),
+        }
+        assert mb.meta_info["partition_indices"] is mini.meta_info["partition_indices_list"][i]
+
+
+def test_micro_batches_roll_vectors(roll_modules, roll_vectors):
+    sr.patch()
+    cases = [v for v in roll_vectors if v["kind"] == "load_balance" and v["input"].get("algorithm", "load_balance") == "load_balance"]
+    assert len(cases) >= 15
+    for v in cases:
+        inp = v["input"]
+        kwargs = dict(
+            tp=inp.get("tp", 1), cp=inp.get("cp", 1), vp=inp.get("vp", 1), min_num=inp.get("min_num_micro_batches", 1),
+            is_train=inp.get("is_train", True), dp_group=None if inp.get("dp_group_none") else "group",
+        )
+        if "error" in v:
+            with pytest.raises(Exception) as info:
+                _run_micro(roll_modules, inp["lengths"], inp["mask_width"], inp["max_packed_sequence_length"], **kwargs)
+            assert (type(info.value).__name__, str(info.value)) == (v["error"]["type"], v["error"]["message"]), v["name"]
+            continue
+        mini, micro_batches = _run_micro(roll_modules, inp["lengths"], inp["mask_width"], inp["max_packed_sequence_length"], **kwargs)
+        _check_micro(mini, micro_batches, v["output"])
+        assert len(micro_batches) == v["output"]["num_micro_batches"], v["name"]
+    assert roll_modules.sequence_packing.CALLS == []
+
+
+def test_micro_batches_other_packers_and_errors_are_rolls(roll_modules):
+    sr.patch()
+    sp, f = roll_modules.sequence_packing, getattr(roll_modules.strategy, MICRO)
+    mini = _batch([3, 5])
+    assert list(f(mini, 1, 1, 1, True, "group", 1, _config(sp, 64, algorithm="none"))) == ["roll's own"]
+    assert list(f(mini, 1, 1, 1)) == ["roll's own"]  # config=None: ROLL's default packer ("none")
+    assert [c[0] for c in sp.CALLS] == ["SequencePackingPacker", "SequencePackingPacker"]
+    with pytest.raises(ValueError, match="Illegal sequence packing algorithm greedy"):
+        f(mini, 1, 1, 1, config=_config(sp, 64, algorithm="greedy"))  # eagerly, like ROLL's
+    with pytest.raises(AssertionError, match="LoadBalancePacker: max_packed_sequence_length is None"):
+        next(f(mini, 1, 1, 1, False, "group", None, _config(sp, 64, is_train=True)))  # forward cap unset
+    # A float mask is outside the kernel's domain: ROLL's LoadBalancePacker computes it.
+    sp.CALLS.clear()
+    float_mini = _batch([3, 5], dtype=torch.float32)
+    assert list(f(float_mini, 1, 1, 1, True, "group", None, _config(sp, 64))) == ["roll's own"]
+    assert [c[0] for c in sp.CALLS] == ["LoadBalancePacker"]
+
+
+def test_micro_batches_all_reduce_over_dp(roll_modules, monkeypatch):
+    """With torch.distributed initialized, the count is MAX-reduced over dp_group (a stand-in
+    all_reduce with a peer rank's count) before the kernel partitions, like ROLL."""
+    import torch.distributed as dist
+
+    reduces = []
+
+    def all_reduce(tensor, op=None, group=None):
+        reduces.append((tensor.tolist(), op, group, tensor.device.type))
+        tensor.fill_(max(int(tensor.item()), 5))
+
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "all_reduce", all_reduce)
+    sr.patch()
+    lengths = [700, 30, 420, 960, 55, 610, 200, 80]
+    mini, micro_batches = _run_micro(roll_modules, lengths, 1000, 2048, tp=2, cp=2, vp=2)
+    own = sr.load_balance(lengths, 2048, mask_width=1000, tp=2, cp=2, vp=1)["num_micro_batches"]
+    assert reduces == [([own], dist.ReduceOp.MAX, "group", "cpu")]
+    want = sr.load_balance(lengths, 2048, mask_width=1000, tp=2, cp=2, vp=2, dp_num_micro_batches=5)
+    assert want["num_micro_batches"] == 6
+    _check_micro(mini, micro_batches, want)
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    lengths=st.lists(st.integers(0, 3000), min_size=1, max_size=40),
+    extra_width=st.integers(0, 50),
+    cap_factor=st.integers(1, 8),
+    tp=st.integers(1, 4),
+    cp=st.integers(1, 4),
+    vp=st.integers(1, 3),
+    min_num=st.integers(1, 6),
+    is_train=st.booleans(),
+)
+def test_micro_batches_equal_compat_load_balance(lengths, extra_width, cap_factor, tp, cp, vp, min_num, is_train):
+    width = max(lengths) + extra_width
+    cap = width * cap_factor
+    modules = {name: types.ModuleType(name) for name in ROLL_NAMES}
+    modules["roll.utils.functionals"].batch_balance = ROLL.batch_balance
+    exec(compile(SEQUENCE_PACKING, "stand-in", "exec"), modules["roll.utils.sequence_packing"].__dict__)
+    modules["roll.distributed.strategy.megatron_strategy"].make_micro_batch_iter_for_sequence_packing = getattr(
+        modules["roll.utils.sequence_packing"], MICRO
+    )
+    saved = {name: sys.modules.get(name) for name in ROLL_NAMES}
+    sys.modules.update(modules)
+    try:
+        sr.patch()
+        ns = types.SimpleNamespace(sequence_packing=modules["roll.utils.sequence_packing"], strategy=modules["roll.distributed.strategy.megatron_strategy"])
+        try:
+            want = sr.load_balance(lengths, cap, mask_width=width, min_num_micro_batches=min_num, tp=tp, cp=cp, vp=vp)
+        except Exception as exc:  # ROLL's error (k > n): the patched function raises the same
+            with pytest.raises(type(exc)) as info:
+                _run_micro(ns, lengths, width, cap, tp=tp, cp=cp, vp=vp, min_num=min_num, is_train=is_train)
+            assert str(info.value) == str(exc)
+            return
+        mini, micro_batches = _run_micro(ns, lengths, width, cap, tp=tp, cp=cp, vp=vp, min_num=min_num, is_train=is_train)
+        _check_micro(mini, micro_batches, want)
+        assert ns.sequence_packing.CALLS == []
+    finally:
+        sr.unpatch()
+        for name, module in saved.items():
+            if module is None:
+                sys.modules.pop(name, None)
+            else:
+                sys.modules[name] = module

@@ -3,7 +3,8 @@
 - :mod:`stowplan.compat.verl` — verl 0.9.1 ``verl.utils.seqlen_balancing`` and the trainer's
   ``_balance_batch``.
 - :mod:`stowplan.compat.roll` — ROLL's ``load_balance`` micro-batching, ``batch_balance`` and
-  the CP/TP sequence packing (``pack_sequences``/``unpack_sequences``).
+  the CP/TP sequence packing (``pack_sequences``/``unpack_sequences``); ``patch()`` puts them
+  into an installed ROLL.
 - :mod:`stowplan.compat.prime_rl` — prime-rl's classic packer and micro-batch padding in its
   ``MicroBatch`` field layout.
 - :mod:`stowplan.compat.trl` — TRL 1.16.0's ``pack_dataset`` (per map batch, identical rows).

@@ -9,11 +9,13 @@
 - :func:`get_pad_factor`, :func:`restore_results_order`.
 
 In place, for an installed ROLL, in one line: :func:`patch` replaces ROLL's module-level
-``roll.utils.functionals.batch_balance`` (the one of :data:`PATCHED_FUNCTIONS`) with a function
-of the same signature that reorders ROLL's ``DataProto`` exactly as ROLL does and returns ROLL's
-metrics, the permutation decided by stowplan's kernel — in ``roll.utils.functionals`` and in
-every module that imported it by name (ROLL's pipelines, your own modules); :func:`unpatch` (or
-the :func:`patched` context manager) restores ROLL's::
+``roll.utils.functionals.batch_balance`` and
+``roll.utils.sequence_packing.make_micro_batch_iter_for_sequence_packing`` (the
+:data:`PATCHED_FUNCTIONS`) with functions of the same signatures that do to ROLL's ``DataProto``
+exactly what ROLL does (reorder, ``select_idxs``, ``meta_info``) and return what ROLL returns,
+the indices decided by stowplan's kernel — in their modules and in every module that imported
+them by name (ROLL's pipelines and Megatron strategy, your own modules); :func:`unpatch` (or the
+:func:`patched` context manager) restores ROLL's::
 
     import stowplan.compat.roll; stowplan.compat.roll.patch()
 
@@ -26,6 +28,7 @@ argument instead of being truncated.
 from __future__ import annotations
 
 import contextlib
+import copy
 import inspect
 import math
 import warnings
@@ -270,22 +273,35 @@ def unpack_sequences(row: Any, cu_seqlens_padded: Any, cp: int = 1) -> List[Any]
 # ----------------------------------------------------------------------------------------------
 # patch(): stowplan's functions in an installed ROLL, in place.
 
-#: The module-level functions of ``roll.utils.functionals`` that :func:`patch` replaces: the
-#: ones whose result stowplan's kernel decides and this module reproduces. (ROLL's
-#: ``LoadBalancePacker.get_pad_factor``/``make_micro_batch_iter_for_sequence_packing`` and the
-#: Megatron strategy's ``_pack_sequences``/``_unpack_sequences`` are methods, which stay ROLL's.)
-PATCHED_FUNCTIONS = ("batch_balance",)
+#: The module-level functions of ROLL (``module.function``) that :func:`patch` replaces: the ones
+#: whose result stowplan's kernel decides and this module reproduces. (ROLL's
+#: ``SequencePackingPacker.get_pad_factor``, ``LoadBalancePacker``'s methods and the Megatron
+#: strategy's ``_pack_sequences``/``_unpack_sequences`` are methods, which stay ROLL's; so does
+#: the reindexing ``restore_results_order``.)
+PATCHED_FUNCTIONS = (
+    "roll.utils.functionals.batch_balance",
+    "roll.utils.sequence_packing.make_micro_batch_iter_for_sequence_packing",
+)
 
-_ROLL_MODULE = "roll.utils.functionals"
 # ROLL's parameters at ROLL_COMMIT: (name, kind, default) per parameter, annotations aside.
 _P = inspect.Parameter
 _SIGNATURES = {
-    "batch_balance": (
+    "roll.utils.functionals.batch_balance": (
         ("batch", _P.POSITIONAL_OR_KEYWORD, _P.empty),
         ("dp_size", _P.POSITIONAL_OR_KEYWORD, _P.empty),
         ("minibatch_size", _P.POSITIONAL_OR_KEYWORD, _P.empty),
         ("logging_prefix", _P.POSITIONAL_OR_KEYWORD, "global_seqlen"),
         ("keep_minibatch", _P.POSITIONAL_OR_KEYWORD, False),
+    ),
+    "roll.utils.sequence_packing.make_micro_batch_iter_for_sequence_packing": (
+        ("mini_batch", _P.POSITIONAL_OR_KEYWORD, _P.empty),
+        ("tp_size", _P.POSITIONAL_OR_KEYWORD, _P.empty),
+        ("cp_size", _P.POSITIONAL_OR_KEYWORD, _P.empty),
+        ("vp_size", _P.POSITIONAL_OR_KEYWORD, _P.empty),
+        ("is_train", _P.POSITIONAL_OR_KEYWORD, False),
+        ("dp_group", _P.POSITIONAL_OR_KEYWORD, None),
+        ("micro_batch_size", _P.POSITIONAL_OR_KEYWORD, None),
+        ("config", _P.POSITIONAL_OR_KEYWORD, None),
     ),
 }
 # name -> (ROLL's original, the replacement installed by patch()); empty when not patched.
@@ -300,29 +316,33 @@ def _parameters(function: Callable[..., Any]) -> Optional[Tuple[Tuple[str, Any, 
         return None
 
 
-def _roll_module() -> Any:
-    """``roll.utils.functionals`` of an installed ROLL whose functions have the signatures of
-    :data:`ROLL_COMMIT`, else ImportError saying what is missing or which signature differs."""
+def _roll_functions() -> Dict[str, Callable[..., Any]]:
+    """ROLL's :data:`PATCHED_FUNCTIONS` (qualified name -> function) from an installed ROLL
+    whose functions have the signatures of :data:`ROLL_COMMIT`, else ImportError saying what is
+    missing or which signature differs."""
     import importlib
 
-    try:
-        module = importlib.import_module(_ROLL_MODULE)
-    except ImportError as exc:
-        raise ImportError(
-            f"stowplan.compat.roll.patch() needs ROLL (alibaba/ROLL, commit {ROLL_COMMIT[:7]}) installed, and "
-            f"`import {_ROLL_MODULE}` failed: {type(exc).__name__}: {exc}"
-        ) from exc
-    for name in PATCHED_FUNCTIONS:
+    functions = {}
+    for qualified in PATCHED_FUNCTIONS:
+        module_name, name = qualified.rsplit(".", 1)
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError as exc:
+            raise ImportError(
+                f"stowplan.compat.roll.patch() needs ROLL (alibaba/ROLL, commit {ROLL_COMMIT[:7]}) installed, and "
+                f"`import {module_name}` failed: {type(exc).__name__}: {exc}"
+            ) from exc
         function = getattr(module, name, None)
         found = _parameters(function) if callable(function) else None
-        if found != _SIGNATURES[name]:
+        if found != _SIGNATURES[qualified]:
             shown = inspect.signature(function) if found is not None else repr(function)
             raise ImportError(
                 f"stowplan.compat.roll reproduces ROLL at commit {ROLL_COMMIT[:7]}, but the installed "
-                f"{_ROLL_MODULE}.{name} ({getattr(module, '__file__', '?')}) is {shown}: it may behave "
+                f"{qualified} ({getattr(module, '__file__', '?')}) is {shown}: it may behave "
                 f"differently, so ROLL is not patched"
             )
-    return module
+        functions[qualified] = function
+    return functions
 
 
 def _attention_lengths(batch: Any) -> List[int]:
@@ -367,7 +387,103 @@ def _batch_balance_replacement(original: Callable[..., Any]) -> Callable[..., An
     return batch_balance
 
 
-_REPLACEMENTS = {"batch_balance": _batch_balance_replacement}
+def _micro_batch_iter_replacement(original: Callable[..., Any]) -> Callable[..., Any]:
+    """ROLL's ``make_micro_batch_iter_for_sequence_packing`` with stowplan's kernel deciding
+    the ``load_balance`` micro-batches; ROLL's other packers (``"none"``) are ROLL's own."""
+    roll_globals = original.__globals__  # ROLL's module, looked up at call time like ROLL's
+
+    def make_micro_batch_iter_for_sequence_packing(  # type: ignore[no-untyped-def]
+        mini_batch, tp_size, cp_size, vp_size, is_train=False, dp_group=None, micro_batch_size=None, config=None
+    ):
+        packer = roll_globals["get_sequence_packing_packer"](config)  # ROLL's ValueError, eagerly
+        load_balance_packer = roll_globals.get("LoadBalancePacker")
+        if load_balance_packer is None or type(packer) is not load_balance_packer:
+            return packer.make_micro_batch_iter_for_sequence_packing(
+                mini_batch, tp_size, cp_size, vp_size, is_train, dp_group, micro_batch_size
+            )
+        return _load_balance_iter(packer, mini_batch, tp_size, cp_size, vp_size, is_train, dp_group, micro_batch_size)
+
+    make_micro_batch_iter_for_sequence_packing.__module__ = __name__
+    make_micro_batch_iter_for_sequence_packing.__wrapped__ = original  # type: ignore[attr-defined]
+    make_micro_batch_iter_for_sequence_packing.__doc__ = (
+        "stowplan's ``make_micro_batch_iter_for_sequence_packing`` installed in ROLL by "
+        "stowplan.compat.roll.patch(): ROLL's signature and micro-batches (``select_idxs``, "
+        "``meta_info``), the ``load_balance`` partition decided by stowplan's kernel "
+        "(stowplan.compat.roll.load_balance); ROLL's other packers and inputs outside the kernel's "
+        "domain are ROLL's own."
+    )
+    make_micro_batch_iter_for_sequence_packing.__stowplan_original__ = original  # type: ignore[attr-defined]
+    return make_micro_batch_iter_for_sequence_packing
+
+
+def _load_balance_iter(packer, mini_batch, tp_size, cp_size, vp_size, is_train, dp_group, micro_batch_size):  # type: ignore[no-untyped-def]
+    """``LoadBalancePacker.make_micro_batch_iter_for_sequence_packing`` as ROLL runs it (a
+    generator: nothing happens before the first ``next``): ROLL's checks in ROLL's order, the
+    MAX all-reduce of the count over ``dp_group`` when ``torch.distributed`` is initialized, the
+    kernel's micro-batches, and ROLL's ``meta_info`` on the mini-batch and on every micro-batch."""
+    import torch
+    import torch.distributed as dist
+
+    assert dp_group is not None, "LoadBalancePacker: dp_group is None"
+    attention_mask = mini_batch.batch["attention_mask"]
+    mask_width = attention_mask.shape[-1]
+    config = packer.config
+    cap = config.max_packed_sequence_length_train if is_train else config.max_packed_sequence_length_forward
+    min_count = config.min_num_micro_batches_train if is_train else config.min_num_micro_batches_forward
+    try:
+        lengths = _seqlens(attention_mask.sum(dim=1).detach().cpu(), "mini_batch.batch['attention_mask']")
+        sizes = {"tp_size": tp_size, "cp_size": cp_size, "vp_size": vp_size, "mask width": mask_width, "min_num_micro_batches": min_count}
+        for name, value in sizes.items():
+            _stowplan._integer(value, name, *_I64)
+        if cap is not None:
+            _stowplan._integer(cap, "max_packed_sequence_length", *_I64)
+    except InvalidArgumentError:
+        # Outside the kernel's domain (a float mask …): ROLL's own packer computes it.
+        yield from type(packer).make_micro_batch_iter_for_sequence_packing(
+            packer, mini_batch, tp_size, cp_size, vp_size, is_train, dp_group, micro_batch_size
+        )
+        return
+    assert cap is not None, "LoadBalancePacker: max_packed_sequence_length is None"
+    assert cap >= mask_width, (
+        f"max_packed_sequence_length ({cap}) must be >= max sequence length in batch ({mask_width})"
+    )
+    dp_count = None
+    if dist.is_initialized() and dp_group is not None:
+        # This rank's count (ROLL's arithmetic on the padded lengths), MAX-reduced like ROLL's.
+        factor = get_pad_factor(cp_size, tp_size)
+        total = sum(-(n // -factor) * factor for n in lengths)
+        own = max(min(max(1, -(total // -cap)), len(lengths)), min_count)
+        reduced = torch.tensor([own], device=packer.get_device_name())
+        dist.all_reduce(reduced, op=dist.ReduceOp.MAX, group=dp_group)
+        dp_count = reduced.cpu().item()
+    r = load_balance(
+        lengths,
+        cap,
+        mask_width=mask_width,
+        min_num_micro_batches=min_count,
+        tp=tp_size,
+        cp=cp_size,
+        vp=vp_size if vp_size > 1 else 1,  # ROLL rounds only for vp_size > 1
+        dp_num_micro_batches=dp_count,
+    )
+    num_micro_batches = r["num_micro_batches"]
+    partitions = r["micro_batches"]
+    mini_batch.meta_info["partition_indices_list"] = partitions.copy()
+    for index, partition in enumerate(partitions):
+        micro_batch = mini_batch.select_idxs(partition)
+        micro_batch.meta_info = copy.deepcopy(mini_batch.meta_info)
+        micro_batch.meta_info["micro_batch_idx"] = index
+        micro_batch.meta_info["is_padding_batch"] = False
+        micro_batch.meta_info["partition_indices"] = partition
+        micro_batch.meta_info["num_micro_batchs"] = num_micro_batches
+        micro_batch.meta_info["mini_batch_size"] = mini_batch.batch.batch_size[0]
+        yield micro_batch
+
+
+_REPLACEMENTS = {
+    "roll.utils.functionals.batch_balance": _batch_balance_replacement,
+    "roll.utils.sequence_packing.make_micro_batch_iter_for_sequence_packing": _micro_batch_iter_replacement,
+}
 
 
 def is_patched() -> bool:
@@ -384,10 +500,11 @@ def _bound_names() -> List[str]:
 
 
 def patch() -> List[str]:
-    """Replaces ROLL's ``roll.utils.functionals.batch_balance`` (:data:`PATCHED_FUNCTIONS`) with
-    stowplan's, in place: in ``roll.utils.functionals`` and in every loaded module that holds it
-    under any name (``from roll.utils.functionals import batch_balance`` in ROLL's RLVR, agentic,
-    distill and SFT pipelines, your own modules); modules imported afterwards import stowplan's.
+    """Replaces ROLL's :data:`PATCHED_FUNCTIONS` with stowplan's, in place: in their modules and
+    in every loaded module that holds them under any name (``from roll.utils.functionals import
+    batch_balance`` in ROLL's RLVR, agentic, distill and SFT pipelines, ``from
+    roll.utils.sequence_packing import make_micro_batch_iter_for_sequence_packing`` in its
+    Megatron strategy, your own modules); modules imported afterwards import stowplan's.
     Idempotent: a second call changes nothing.
 
     The replacement has ROLL's signature ``batch_balance(batch, dp_size, minibatch_size,
@@ -395,6 +512,13 @@ def patch() -> List[str]:
     ROLL's index tensor and returns ROLL's ``{logging_prefix}/…`` metrics, the permutation
     decided by stowplan's kernel (the one :func:`batch_balance` returns); an input outside the
     kernel's domain (a float attention mask) is computed by ROLL's original function.
+
+    ``make_micro_batch_iter_for_sequence_packing(mini_batch, tp_size, cp_size, vp_size,
+    is_train=False, dp_group=None, micro_batch_size=None, config=None)`` with the
+    ``load_balance`` algorithm yields ROLL's micro-batches (``mini_batch.select_idxs`` of each
+    partition, with ROLL's ``meta_info`` keys; ``partition_indices_list`` on the mini-batch),
+    the partition decided by the kernel (:func:`load_balance`), the count MAX-reduced over
+    ``dp_group`` as ROLL does; the ``"none"`` packer is ROLL's own.
 
     Returns:
         The ``module.attribute`` names now bound to stowplan's functions.
@@ -407,11 +531,10 @@ def patch() -> List[str]:
 
         import stowplan.compat.roll; stowplan.compat.roll.patch()
     """
-    module = _roll_module()
+    functions = _roll_functions()
     if _PATCH:
         return _bound_names()
-    for name in PATCHED_FUNCTIONS:
-        original = getattr(module, name)
+    for name, original in functions.items():
         _PATCH[name] = (original, _REPLACEMENTS[name](original))
     return sorted(_rebind({id(orig): (orig, new) for orig, new in _PATCH.values()}))
 
