@@ -4,7 +4,8 @@
 # stowplan.compat.verl reproduces (without its dependencies: vLLM, FSDP/Megatron stacks …), the
 # few packages `import verl.protocol` and verl's engine utilities need, and the SDK exactly as a
 # user installs it (`pip install ./sdk-python`, as run_tests.sh does). STOWPLAN_REQUIRE_VERL=1
-# turns the tests' loud skips into failures.
+# turns the tests' loud skips into failures. sdk-python/tests/test_roll_patch.py (ROLL's
+# module-level functions patched in stand-in ROLL modules: it needs torch, not ROLL) runs here too.
 #
 #   STOWPLAN_VERL_VENV  the environment (default target/verl-venv; rebuilt every run)
 #   extra arguments     passed to pytest (e.g. -k gloo)
@@ -46,4 +47,4 @@ CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$root/target}" "$venv/bin/python" -m pip i
 
 cd "$venv"   # import the installed package, not the source tree
 "$venv/bin/python" -c "import verl, stowplan.compat.verl as v; assert verl.__version__ == v.VERL_VERSION, verl.__version__; print('verl', verl.__version__, '+ stowplan', v.__name__)"
-STOWPLAN_REQUIRE_VERL=1 "$venv/bin/python" -m pytest -q -p no:cacheprovider -c "$here/pyproject.toml" "$here/tests/test_verl_patch.py" "$@"
+STOWPLAN_REQUIRE_VERL=1 "$venv/bin/python" -m pytest -q -p no:cacheprovider -c "$here/pyproject.toml" "$here/tests/test_verl_patch.py" "$here/tests/test_roll_patch.py" "$@"
