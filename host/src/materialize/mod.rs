@@ -669,8 +669,8 @@ fn push_padding(mb: &mut MicroBatch, pad: usize, pad_token_id: i64) {
 }
 
 /// The counts a loss weight divides by (see [`LossAggMode`]) over a set of samples: a run's
-/// samples in a call (the default), or a run's optimizer update in the packer runtime
-/// ([`LossNormalization::Update`](crate::packer::LossNormalization::Update)).
+/// samples in a call (the default), or a set the caller chose (the packer runtime's optimizer
+/// updates).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct LossCounts {
     /// Loss tokens, `T`.

@@ -38,7 +38,8 @@ import numpy as np
 
 from .. import _stowplan
 from ..errors import InvalidArgumentError
-from .verl import _I64, _mask_or_lengths, _namespaces, _rebind, _seqlens, log_seqlen_unbalance
+from . import _patching
+from .verl import _I64, _mask_or_lengths, _seqlens, log_seqlen_unbalance
 
 __all__ = [
     "get_pad_factor",
@@ -491,14 +492,6 @@ def is_patched() -> bool:
     return bool(_PATCH)
 
 
-def _bound_names() -> List[str]:
-    """The ``module.attribute`` names bound to the replacements :func:`patch` installed."""
-    replacements = {id(new) for _, new in _PATCH.values()}
-    return sorted(
-        f"{module_name}.{attr}" for module_name, namespace in _namespaces() for attr, value in list(namespace.items()) if id(value) in replacements
-    )
-
-
 def patch() -> List[str]:
     """Replaces ROLL's :data:`PATCHED_FUNCTIONS` with stowplan's, in place: in their modules and
     in every loaded module that holds them under any name (``from roll.utils.functionals import
@@ -533,10 +526,10 @@ def patch() -> List[str]:
     """
     functions = _roll_functions()
     if _PATCH:
-        return _bound_names()
+        return _patching.bound_names(_PATCH)
     for name, original in functions.items():
         _PATCH[name] = (original, _REPLACEMENTS[name](original))
-    return sorted(_rebind({id(orig): (orig, new) for orig, new in _PATCH.values()}))
+    return _patching.install(_PATCH)
 
 
 def unpatch() -> List[str]:
@@ -546,11 +539,7 @@ def unpatch() -> List[str]:
     Returns:
         The ``module.attribute`` names restored.
     """
-    if not _PATCH:
-        return []
-    restored = _rebind({id(new): (new, orig) for orig, new in _PATCH.values()})
-    _PATCH.clear()
-    return sorted(restored)
+    return _patching.restore(_PATCH)
 
 
 @contextlib.contextmanager
@@ -562,10 +551,5 @@ def patched() -> Iterator[List[str]]:
     Raises:
         ImportError: as :func:`patch`.
     """
-    already = is_patched()
-    names = patch()
-    try:
+    with _patching.scoped(is_patched, patch, unpatch) as names:
         yield names
-    finally:
-        if not already:
-            unpatch()

@@ -43,6 +43,7 @@ import numpy as np
 
 from .. import _stowplan
 from ..errors import InvalidArgumentError
+from . import _patching
 
 __all__ = [
     "karmarkar_karp",
@@ -681,31 +682,6 @@ def _replacement(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
     return replacement
 
 
-def _namespaces() -> Iterator[Tuple[str, Dict[str, Any]]]:
-    """(name, ``__dict__``) of every loaded module; entries that are not modules with a plain
-    namespace (``None`` placeholders, lazy proxies whose attribute access fails) are skipped."""
-    for module_name, module in list(sys.modules.items()):
-        try:
-            namespace = object.__getattribute__(module, "__dict__")
-        except Exception:  # noqa: BLE001 - any object may sit in sys.modules
-            continue
-        if isinstance(namespace, dict):
-            yield module_name, namespace
-
-
-def _rebind(mapping: Dict[int, Any]) -> List[str]:
-    """Every module attribute (of every loaded module) that is one of ``mapping``'s keys (by
-    ``id``) set to the mapped object; the ``module.attribute`` names changed."""
-    changed = []
-    for module_name, namespace in _namespaces():
-        for attr, value in list(namespace.items()):
-            target = mapping.get(id(value))
-            if target is not None and target[0] is value:
-                namespace[attr] = target[1]
-                changed.append(f"{module_name}.{attr}")
-    return changed
-
-
 def is_patched() -> bool:
     """Whether :func:`patch` is in effect (verl's functions are stowplan's)."""
     return bool(_PATCH)
@@ -735,19 +711,11 @@ def patch() -> List[str]:
     """
     module = _verl_module()
     if _PATCH:
-        return _bound_names()
+        return _patching.bound_names(_PATCH)
     for name in PATCHED_FUNCTIONS:
         original = getattr(module, name)
         _PATCH[name] = (original, _replacement(name, original))
-    return sorted(_rebind({id(orig): (orig, new) for orig, new in _PATCH.values()}))
-
-
-def _bound_names() -> List[str]:
-    """The ``module.attribute`` names bound to the replacements :func:`patch` installed."""
-    replacements = {id(new) for _, new in _PATCH.values()}
-    return sorted(
-        f"{module_name}.{attr}" for module_name, namespace in _namespaces() for attr, value in list(namespace.items()) if id(value) in replacements
-    )
+    return _patching.install(_PATCH)
 
 
 def unpatch() -> List[str]:
@@ -757,11 +725,7 @@ def unpatch() -> List[str]:
     Returns:
         The ``module.attribute`` names restored.
     """
-    if not _PATCH:
-        return []
-    restored = _rebind({id(new): (new, orig) for orig, new in _PATCH.values()})
-    _PATCH.clear()
-    return sorted(restored)
+    return _patching.restore(_PATCH)
 
 
 @contextlib.contextmanager
@@ -773,10 +737,5 @@ def patched() -> Iterator[List[str]]:
     Raises:
         ImportError: as :func:`patch`.
     """
-    already = is_patched()
-    names = patch()
-    try:
+    with _patching.scoped(is_patched, patch, unpatch) as names:
         yield names
-    finally:
-        if not already:
-            unpatch()
