@@ -4,7 +4,7 @@ use std::fmt;
 
 use serde::Serialize;
 use stowplan::stream::{DEFAULT_MAX_BUFFERED, DEFAULT_MAX_OPEN_BINS, MAX_BUFFERED, MAX_OPEN_BINS};
-use stowplan::{MAX_RESOURCES, MultiOptions, MultiPacking, OversizePolicy, PackMethod, PackOptions, Packing};
+use stowplan::{MAX_RESOURCES, MultiMethod, MultiOptions, MultiPacking, Named, OversizePolicy, PackOptions, Packing};
 
 use crate::common::{Common, KernelRun, ReadyKernel, name, named, print_report};
 use crate::failure::Failure;
@@ -18,9 +18,12 @@ pub struct Args {
     /// Round every length up to a multiple of ALIGN (≥ 1) before packing.
     #[arg(long, default_value_t = PackOptions::new(1).align)]
     align: u64,
-    /// Algorithm: best-fit decreasing, first-fit decreasing, or order-preserving next-fit.
-    #[arg(long, value_parser = named::<PackMethod>(), default_value_t = PackMethod::default(), conflicts_with = "stream")]
-    method: PackMethod,
+    /// Algorithm: best-fit decreasing, first-fit decreasing, order-preserving next-fit, or
+    /// (with --limit or --max-segments, where it is the default) balanced fill, which fills
+    /// packs so that their limits run out together; without limits, balanced is bfd, the
+    /// default.
+    #[arg(long, value_parser = named::<MultiMethod>(), conflicts_with = "stream")]
+    method: Option<MultiMethod>,
     /// What to do with a length above the capacity: fail, give it its own bin, or drop it.
     #[arg(long, value_parser = named::<OversizePolicy>(), default_value_t = OversizePolicy::default())]
     oversize: OversizePolicy,
@@ -161,9 +164,8 @@ struct Report {
     operation: &'static str,
     /// Where the lengths came from.
     source: String,
-    /// The algorithm.
-    #[serde(serialize_with = "name")]
-    method: PackMethod,
+    /// The algorithm (`pack`'s name without limits, `pack_multi`'s with them).
+    method: &'static str,
     /// Tokens per bin.
     capacity: u64,
     /// Lengths were rounded up to a multiple of this.
@@ -186,12 +188,16 @@ struct Report {
 impl Report {
     /// The report of packing `tokens` (the real lengths) from `source` into `p`.
     fn new(a: &Args, source: String, p: &Packing, tokens: &[u64], limits: Option<Limits>, run: KernelRun) -> Self {
+        let method = match (&limits, a.method.unwrap_or_default()) {
+            (Some(_), m) => m.as_str(),
+            (None, m) => m.single().as_str(),
+        };
         Report {
             efficiency: p.efficiency(tokens, a.capacity),
             result: Bins::from(p),
             operation: "pack",
             source,
-            method: a.method,
+            method,
             capacity: a.capacity,
             align: a.align,
             oversize: a.oversize,
@@ -219,7 +225,8 @@ pub fn run(a: Args) -> Result<(), Failure> {
         return run_multi(a, text);
     }
     let lengths = text.lengths()?;
-    let options = PackOptions { capacity: a.capacity, align: a.align, method: a.method, oversize: a.oversize };
+    let method = a.method.unwrap_or_default().single();
+    let options = PackOptions { capacity: a.capacity, align: a.align, method, oversize: a.oversize };
     let kernel = ReadyKernel::new(a.common.backend)?;
     let (p, run) = kernel.timed(|k| k.pack(&lengths, &options))?;
     print_report(&Report::new(&a, text.source, &p, &lengths, None, run), a.common.json)
@@ -251,7 +258,7 @@ fn run_multi(a: Args, text: crate::input::Text) -> Result<(), Failure> {
         names: &all_names,
         max_segments: a.max_segments,
         align: a.align,
-        method: a.method,
+        method: a.method.unwrap_or_default(),
         oversize: a.oversize,
     };
     let kernel = ReadyKernel::new(a.common.backend)?;

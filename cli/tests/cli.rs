@@ -201,7 +201,7 @@ fn method_names_come_from_the_kernel() {
     assert_eq!(v["oversize"], "error");
     let out = stowplan(&["pack", "--method", "worst-fit"], None, &[]);
     assert_eq!(out.status.code(), Some(2));
-    assert!(stderr(&out).contains("[possible values: bfd, ffd, next-fit]"), "{}", stderr(&out));
+    assert!(stderr(&out).contains("[possible values: balanced, bfd, ffd, next-fit]"), "{}", stderr(&out));
     let v = json(&stowplan(&["partition", "-k", "2", "--method", "greedy", "--json"], Some("5\n3\n7\n"), &[]));
     assert_eq!(v["method"], "greedy");
     let help = String::from_utf8(stowplan(&["balance", "--help"], None, &[]).stdout).unwrap();
@@ -755,9 +755,11 @@ fn pack_with_limits_reads_a_table_and_keeps_every_bin_within_every_limit() {
         names: &[],
         max_segments: 3,
         align: 1,
-        method: stowplan::PackMethod::Bfd,
+        method: stowplan::MultiMethod::Balanced,
         oversize: stowplan::OversizePolicy::Error,
     };
+    // Balanced fill is the default with limits.
+    assert_eq!(v["method"], "balanced");
     let want = stowplan::Kernel::native().pack_multi(&sizes, &o).unwrap();
     assert_eq!(
         bins,

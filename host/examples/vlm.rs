@@ -1,5 +1,5 @@
 //! Packing under several limits on `vlm-mix-100k.tsv` (issue 31): stowplan's multi-limit
-//! BFD and FFD beside what users do today (pack by tokens with BFD, then split every pack
+//! balanced fill, BFD and FFD beside what users do today (pack by tokens with BFD, then split every pack
 //! that breaks another limit), and beside single-resource BFD on the same rows for time.
 //! Rounds interleave the contenders; prints packs, the gap to the per-resource lower bound
 //! and median times, through the WASM component and natively.
@@ -10,7 +10,9 @@
 use std::path::PathBuf;
 use std::time::Instant;
 
-use stowplan::{Backend, Kernel, MultiOptions, OversizePolicy, PackMethod, PackOptions};
+use stowplan::{Backend, Kernel, MultiMethod, MultiOptions, OversizePolicy, PackOptions};
+
+const METHODS: [MultiMethod; 3] = [MultiMethod::Balanced, MultiMethod::Bfd, MultiMethod::Ffd];
 
 const CAPS: [u64; 3] = [16_384, 8_192, 32];
 const MAX_SEGMENTS: u64 = 64;
@@ -76,10 +78,10 @@ fn main() {
     let base = baseline(&kernels[1].1, &rows);
     println!("baseline (token BFD, then split): {base} packs");
     for (name, k) in &kernels {
-        for method in [PackMethod::Bfd, PackMethod::Ffd] {
+        for method in METHODS {
             let p = k.pack_multi(&flat, &multi(method)).expect("multi");
             println!(
-                "{name} {method:?}: {} packs, lower bounds {:?} (max {}), {:.1}% above it, {:.1}% fewer than the baseline",
+                "{name} {method}: {} packs, lower bounds {:?} (max {}), {:.1}% above it, {:.1}% fewer than the baseline",
                 p.packing.bins(),
                 p.lower_bounds,
                 p.packing.lower_bound,
@@ -88,32 +90,31 @@ fn main() {
             );
         }
     }
-    let mut times: Vec<Vec<f64>> = vec![Vec::new(); 8];
+    // Per kernel: single-resource BFD, each method, the baseline.
+    let per = METHODS.len() + 2;
+    let mut times: Vec<Vec<f64>> = vec![Vec::new(); 2 * per];
     for _ in 0..rounds {
         for (j, (_, k)) in kernels.iter().enumerate() {
             let t = Instant::now();
             k.pack(&tokens, &PackOptions::new(CAPS[0])).expect("bfd");
-            times[j * 4].push(t.elapsed().as_secs_f64() * 1e3);
-            for (m, method) in [PackMethod::Bfd, PackMethod::Ffd].into_iter().enumerate() {
+            times[j * per].push(t.elapsed().as_secs_f64() * 1e3);
+            for (m, method) in METHODS.into_iter().enumerate() {
                 let t = Instant::now();
                 k.pack_multi(&flat, &multi(method)).expect("multi");
-                times[j * 4 + 1 + m].push(t.elapsed().as_secs_f64() * 1e3);
+                times[j * per + 1 + m].push(t.elapsed().as_secs_f64() * 1e3);
             }
             let t = Instant::now();
             baseline(k, &rows);
-            times[j * 4 + 3].push(t.elapsed().as_secs_f64() * 1e3);
+            times[j * per + per - 1].push(t.elapsed().as_secs_f64() * 1e3);
         }
     }
     for (j, (name, _)) in kernels.iter().enumerate() {
-        let m: Vec<f64> = times[j * 4..j * 4 + 4].iter().map(|t| median(t.clone())).collect();
-        println!(
-            "{name}: single-resource BFD {:.2} ms, multi BFD {:.2} ms ({:.2}x), multi FFD {:.2} ms ({:.2}x), baseline {:.2} ms",
-            m[0],
-            m[1],
-            m[1] / m[0],
-            m[2],
-            m[2] / m[0],
-            m[3]
-        );
+        let m: Vec<f64> = times[j * per..(j + 1) * per].iter().map(|t| median(t.clone())).collect();
+        let methods: Vec<String> = METHODS
+            .iter()
+            .enumerate()
+            .map(|(i, method)| format!("multi {method} {:.2} ms ({:.2}x)", m[1 + i], m[1 + i] / m[0]))
+            .collect();
+        println!("{name}: single-resource BFD {:.2} ms, {}, baseline {:.2} ms", m[0], methods.join(", "), m[per - 1]);
     }
 }

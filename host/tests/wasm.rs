@@ -2,8 +2,8 @@
 
 use proptest::prelude::*;
 use stowplan::{
-    Backend, Kernel, MultiOptions, OversizePolicy, PackMethod, PackOptions, PartitionMethod, PartitionOptions,
-    VerlFunction,
+    Backend, Kernel, MultiMethod, MultiOptions, OversizePolicy, PackMethod, PackOptions, PartitionMethod,
+    PartitionOptions, VerlFunction,
 };
 
 #[test]
@@ -88,14 +88,14 @@ proptest! {
     #[test]
     fn wasm_and_native_agree_on_pack_multi(
         (r, sizes) in (1usize..=4).prop_flat_map(|r| (Just(r), prop::collection::vec(prop_oneof![Just(0u64), 0u64..300], 0..400 * r))),
-        caps in prop::collection::vec(0u64..600, 4), max_segments in 0u64..12, align in 0u64..4, m in 0..3usize, ov in 0..3usize,
+        caps in prop::collection::vec(0u64..600, 4), max_segments in 0u64..12, align in 0u64..4, m in 0..4usize, ov in 0..3usize,
     ) {
         let o = MultiOptions {
             capacities: &caps[..r],
             names: &[],
             max_segments,
             align,
-            method: [PackMethod::Bfd, PackMethod::Ffd, PackMethod::NextFit][m],
+            method: [MultiMethod::Balanced, MultiMethod::Bfd, MultiMethod::Ffd, MultiMethod::NextFit][m],
             oversize: [OversizePolicy::Error, OversizePolicy::Single, OversizePolicy::Drop][ov],
         };
         prop_assert_eq!(Kernel::native().pack_multi(&sizes, &o), Kernel::wasm().unwrap().pack_multi(&sizes, &o));

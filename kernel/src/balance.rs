@@ -292,7 +292,7 @@ pub fn micro_batches_limited(
         names: &names,
         max_segments: 0,
         align: 1,
-        method: PackMethod::Bfd,
+        method: crate::MultiMethod::Bfd,
         oversize: OversizePolicy::Error,
     };
     let packing = crate::pack_multi(&sizes, &multi)?;

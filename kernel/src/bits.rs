@@ -28,6 +28,26 @@ impl BitSet {
         Self { levels }
     }
 
+    /// The set of every value `0..n` (`n` ≥ 1).
+    pub(crate) fn full(n: usize) -> Self {
+        let mut set = Self::new(n);
+        let mut len = n.max(1);
+        for words in &mut set.levels {
+            words.iter_mut().for_each(|w| *w = u64::MAX);
+            if len % 64 != 0 {
+                let last = words.len() - 1;
+                words[last] = (1u64 << (len % 64)) - 1;
+            }
+            len = len.div_ceil(64);
+        }
+        set
+    }
+
+    /// Whether `i` (`i < n`) is in the set.
+    pub(crate) fn contains(&self, i: usize) -> bool {
+        self.levels[0][i / 64] >> (i % 64) & 1 != 0
+    }
+
     /// Adds `i` (`i < n`).
     pub(crate) fn insert(&mut self, mut i: usize) {
         for words in &mut self.levels {

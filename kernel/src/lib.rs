@@ -47,7 +47,10 @@ pub use layout::{
     AlignOptions, CpLayout, DistributeOptions, Distribution, Factor, MAX_PARALLEL, Padding, cp_layout, distribute,
     pad_factor, prime_rl_ffd,
 };
-pub use multi::{MAX_FIT_STEPS, MAX_MULTI_ITEMS, MAX_RESOURCES, MultiOptions, MultiPacking, SEGMENTS, pack_multi};
+pub use multi::{
+    MAX_BALANCED_CAPACITY, MAX_FIT_STEPS, MAX_MULTI_ITEMS, MAX_RESOURCES, MultiMethod, MultiOptions, MultiPacking,
+    SEGMENTS, pack_multi,
+};
 pub use names::{COST_PRESETS, Named};
 pub use pack::{NextFitRuns, OversizePolicy, PackMethod, PackOptions, Packing, next_fit_runs, pack};
 pub use partition::{PartitionMethod, PartitionOptions, Partitioning, partition};
@@ -184,6 +187,47 @@ pub(crate) fn sorted_desc_keys(weights: &[u64]) -> Option<alloc::vec::Vec<u64>> 
         shift += 8;
     }
     Some(keys)
+}
+
+/// Sorts `keys` ascending by their bits from `lo` up (a stable LSD radix sort, up to 11 bits a
+/// pass, only over the bits that differ between keys): keys equal above `lo` keep their order,
+/// so callers that pushed the keys in the order of their low bits get them fully sorted.
+pub(crate) fn radix_sort_high(keys: &mut alloc::vec::Vec<u64>, lo: u32) {
+    let n = keys.len();
+    if n < 2 {
+        return;
+    }
+    let (or, and) = keys.iter().fold((0u64, u64::MAX), |(o, a), &k| (o | k, a & k));
+    let vary = if lo >= 64 { 0 } else { (or ^ and) >> lo << lo };
+    if vary == 0 {
+        return;
+    }
+    let (first, top) = (vary.trailing_zeros(), 64 - vary.leading_zeros());
+    let passes = (top - first).div_ceil(11);
+    let width = (top - first).div_ceil(passes);
+    let mask = (1u64 << width) - 1;
+    let mut tmp = alloc::vec![0u64; n];
+    let mut counts = alloc::vec![0u32; 1 << width];
+    let mut shift = first;
+    while shift < top {
+        counts.iter_mut().for_each(|c| *c = 0);
+        for &k in keys.iter() {
+            counts[((k >> shift) & mask) as usize] += 1;
+        }
+        let mut sum = 0u32;
+        for c in counts.iter_mut() {
+            let t = *c;
+            *c = sum;
+            sum += t;
+        }
+        for &k in keys.iter() {
+            let d = ((k >> shift) & mask) as usize;
+            tmp[counts[d] as usize] = k;
+            counts[d] += 1;
+        }
+        core::mem::swap(keys, &mut tmp);
+        shift += width;
+    }
 }
 
 /// The weight a key of [`sorted_desc_keys`] holds, given the largest weight `max`.

@@ -11,6 +11,7 @@ use core::fmt;
 
 use crate::Error;
 use crate::balance::{Cost, Order};
+use crate::multi::MultiMethod;
 use crate::pack::{OversizePolicy, PackMethod};
 use crate::partition::PartitionMethod;
 
@@ -81,6 +82,7 @@ macro_rules! named {
 
 named!(PartitionMethod, "method", [Kk => "kk", Greedy => "greedy", Verl => "verl"]);
 named!(PackMethod, "method", [Bfd => "bfd", Ffd => "ffd", NextFit => "next-fit"]);
+named!(MultiMethod, "method", [Balanced => "balanced", Bfd => "bfd", Ffd => "ffd", NextFit => "next-fit"]);
 named!(OversizePolicy, "oversize", [Error => "error", Single => "single", Drop => "drop"]);
 named!(Order, "order", [None => "none", CostDesc => "cost-desc", Verl => "verl", Roll => "roll"]);
 

@@ -693,13 +693,13 @@ fn best_fit(
 /// Open bins by remaining room. Rooms up to 2^20 (and not far above the item count) use
 /// one bucket per room value with a two-level bitmap of non-empty buckets; larger
 /// capacities use an ordered set of (room, bin).
-enum RoomIndex {
+pub(crate) enum RoomIndex {
     Buckets { buckets: Vec<BinaryHeap<Reverse<u32>>>, rooms: BitSet },
     Ordered(BTreeSet<(u64, u32)>),
 }
 
 impl RoomIndex {
-    fn new(capacity: u64, n: usize) -> Self {
+    pub(crate) fn new(capacity: u64, n: usize) -> Self {
         if capacity <= 1 << 20 && capacity <= 64 * n as u64 + 4096 {
             let slots = capacity as usize + 1;
             RoomIndex::Buckets { buckets: (0..slots).map(|_| BinaryHeap::new()).collect(), rooms: BitSet::new(slots) }
@@ -709,7 +709,7 @@ impl RoomIndex {
     }
 
     /// Records bin `b` with `room` left (full bins too: a zero-length item fits there).
-    fn insert(&mut self, room: u64, b: u32) {
+    pub(crate) fn insert(&mut self, room: u64, b: u32) {
         match self {
             RoomIndex::Buckets { buckets, rooms } => {
                 buckets[room as usize].push(Reverse(b));
@@ -722,7 +722,7 @@ impl RoomIndex {
     }
 
     /// Removes and returns the (room, bin) with the least room ≥ `a`, oldest bin on ties.
-    fn take_best(&mut self, a: u64) -> Option<(u64, u32)> {
+    pub(crate) fn take_best(&mut self, a: u64) -> Option<(u64, u32)> {
         match self {
             RoomIndex::Buckets { buckets, rooms } => {
                 let r = rooms.next(a as usize)?;

@@ -4,10 +4,13 @@
 
 use proptest::prelude::*;
 use stowplan_kernel::{
-    Error, MAX_MULTI_ITEMS, MultiOptions, MultiPacking, OversizePolicy, PackMethod, PackOptions, pack, pack_multi,
+    Error, MAX_MULTI_ITEMS, MultiMethod, MultiOptions, MultiPacking, OversizePolicy, PackMethod, PackOptions, pack,
+    pack_multi,
 };
 
-const METHODS: [PackMethod; 3] = [PackMethod::Bfd, PackMethod::Ffd, PackMethod::NextFit];
+const METHODS: [MultiMethod; 4] = [MultiMethod::Bfd, MultiMethod::Ffd, MultiMethod::NextFit, MultiMethod::Balanced];
+/// `pack`'s method for each of [`METHODS`] with one resource.
+const SINGLE: [PackMethod; 4] = [PackMethod::Bfd, PackMethod::Ffd, PackMethod::NextFit, PackMethod::Bfd];
 const POLICIES: [OversizePolicy; 3] = [OversizePolicy::Error, OversizePolicy::Single, OversizePolicy::Drop];
 
 /// The sizes the fits work on (tokens aligned, the segment resource last) and capacities.
@@ -45,7 +48,7 @@ fn reference(sizes: &[u64], o: &MultiOptions<'_>) -> Option<Vec<Vec<u32>>> {
     }
     let single = o.oversize == OversizePolicy::Single;
     let mut bins: Vec<Vec<u32>> = Vec::new();
-    if o.method == PackMethod::NextFit {
+    if o.method == MultiMethod::NextFit {
         let mut room: Option<Vec<u64>> = None;
         for (i, it) in items.iter().enumerate() {
             if over[i] {
@@ -90,7 +93,7 @@ fn reference(sizes: &[u64], o: &MultiOptions<'_>) -> Option<Vec<Vec<u32>>> {
         }
         let candidates = (0..rooms.len()).filter(|&b| fits(it, &rooms[b]));
         let chosen =
-            if o.method == PackMethod::Ffd { candidates.min() } else { candidates.min_by_key(|&b| (rooms[b][d], b)) };
+            if o.method == MultiMethod::Ffd { candidates.min() } else { candidates.min_by_key(|&b| (rooms[b][d], b)) };
         let b = chosen.unwrap_or_else(|| {
             rooms.push(caps.clone());
             bins.push(Vec::new());
@@ -100,6 +103,156 @@ fn reference(sizes: &[u64], o: &MultiOptions<'_>) -> Option<Vec<Vec<u32>>> {
             rooms[b][q] -= s;
         }
         bins[first + b].push(i as u32);
+    }
+    Some(bins)
+}
+
+/// The balanced method's documented rules (see `multi/fill.rs`), naively: linear scans
+/// instead of its buckets, directories and indices.
+fn reference_balanced(sizes: &[u64], o: &MultiOptions<'_>) -> Option<Vec<Vec<u32>>> {
+    const TRIES: usize = 4;
+    const SMALL_TRIES: usize = 4;
+    const UNITS: u64 = 8192;
+    let (items, caps) = work(sizes, o);
+    let over: Vec<bool> = items.iter().map(|it| !fits(it, &caps)).collect();
+    if o.oversize == OversizePolicy::Error && over.iter().any(|&x| x) {
+        return None;
+    }
+    let r = o.capacities.len();
+    let caps = &caps[..r];
+    let share = |it: &[u64]| -> u128 { it.iter().zip(caps).map(|(&s, &c)| ((s as u128) << 64) / c as u128).sum() };
+    let mut bins: Vec<Vec<u32>> = Vec::new();
+    if o.oversize == OversizePolicy::Single {
+        let mut big: Vec<usize> = (0..items.len()).filter(|&i| over[i]).collect();
+        // With a segment limit the share counts the segment too (1 / max_segments each).
+        let sh = |i: usize| {
+            share(&items[i][..r]) + if o.max_segments > 0 { (1u128 << 64) / o.max_segments as u128 } else { 0 }
+        };
+        big.sort_by(|&a, &b| sh(b).cmp(&sh(a)).then(a.cmp(&b)));
+        bins.extend(big.into_iter().map(|i| vec![i as u32]));
+    }
+    let first = bins.len();
+    let segs_cap = if o.max_segments == 0 { u64::MAX } else { o.max_segments };
+    let norm = |v: u64, q: usize| -> u64 { (v * ((1u64 << 63) / caps[q])) >> 32 };
+    let qb = (1..r).min_by_key(|&q| (caps[q], q)).unwrap_or(0);
+    let bucket = |v: u64| -> u64 {
+        let per = caps[qb].min(64);
+        let u = if per == caps[qb] { v } else { v * per / caps[qb] };
+        if u <= 4 { u } else { 2 + (64 - (u - 1).leading_zeros()) as u64 }
+    };
+    let (mut large, mut small, mut text) = (Vec::new(), Vec::new(), Vec::new());
+    for i in (0..items.len()).filter(|&i| !over[i]) {
+        let row = &items[i][..r];
+        if row[1..].iter().all(|&s| s == 0) {
+            text.push(i);
+        } else if bucket(row[qb]) >= 2 || (0..r).map(|q| norm(row[q], q) >> 20).max().unwrap() >= 164 {
+            large.push(i);
+        } else {
+            small.push(i);
+        }
+    }
+    let mut rooms: Vec<Vec<u64>> = Vec::new();
+    let mut segs: Vec<u64> = Vec::new();
+    let put = |rooms: &mut Vec<Vec<u64>>, segs: &mut Vec<u64>, bins: &mut Vec<Vec<u32>>, b: usize, i: usize| {
+        for q in 0..r {
+            rooms[b][q] -= items[i][q];
+        }
+        segs[b] -= 1;
+        bins[first + b].push(i as u32);
+    };
+    let open = |rooms: &mut Vec<Vec<u64>>, segs: &mut Vec<u64>, bins: &mut Vec<Vec<u32>>| {
+        rooms.push(caps.to_vec());
+        segs.push(segs_cap);
+        bins.push(Vec::new());
+        rooms.len() - 1
+    };
+    // Phase 1a.
+    let qk = (0..r)
+        .filter(|&q| q != qb)
+        .max_by_key(|&q| (large.iter().map(|&i| norm(items[i][q], q) >> 8).sum::<u64>(), std::cmp::Reverse(q)))
+        .unwrap_or(0);
+    let top = |i: usize| (0..r).map(|q| norm(items[i][q], q) >> 20).max().unwrap();
+    let mut openers: Vec<usize> = (0..large.len()).collect();
+    openers.sort_by_key(|&j| (std::cmp::Reverse(top(large[j])), j));
+    let mut placed = vec![false; large.len()];
+    for o in openers {
+        if placed[o] {
+            continue;
+        }
+        let b = open(&mut rooms, &mut segs, &mut bins);
+        let mut p = o;
+        loop {
+            placed[p] = true;
+            put(&mut rooms, &mut segs, &mut bins, b, large[p]);
+            if segs[b] == 0 {
+                break;
+            }
+            let left: Vec<u64> = (0..r).map(|q| norm(rooms[b][q], q)).collect();
+            let mut best: Option<((u64, u64), usize)> = None;
+            for k in 0..=8 {
+                let mut alive: Vec<usize> =
+                    (0..large.len()).filter(|&j| !placed[j] && bucket(items[large[j]][qb]) == k).collect();
+                alive.sort_by_key(|&j| (items[large[j]][qk], std::cmp::Reverse(j)));
+                let below = alive.iter().filter(|&&j| items[large[j]][qk] <= rooms[b][qk]).count();
+                for &j in alive[..below].iter().rev().take(TRIES) {
+                    if fits(&items[large[j]][..r], &rooms[b]) {
+                        let u: Vec<u64> = (0..r).map(|q| left[q].saturating_sub(norm(items[large[j]][q], q))).collect();
+                        let e = (u.iter().max().unwrap() - u.iter().min().unwrap(), u.iter().sum::<u64>());
+                        if best.is_none_or(|(be, bj)| (e, j) < (be, bj)) {
+                            best = Some((e, j));
+                        }
+                        break;
+                    }
+                }
+            }
+            match best {
+                Some((_, j)) => p = j,
+                None => break,
+            }
+        }
+    }
+    // Phase 1b.
+    if !small.is_empty() {
+        let least: Vec<u64> = (0..r).map(|q| small.iter().map(|&i| items[i][q]).min().unwrap()).collect();
+        let most: Vec<u64> = (0..r).map(|q| small.iter().map(|&i| items[i][q]).max().unwrap()).collect();
+        let with_qb = least[qb] != most[qb];
+        let used = |q: usize| q != qb || with_qb;
+        let key = |i: usize| {
+            (0..r)
+                .filter(|&q| used(q))
+                .map(|q| ((items[i][q] * (UNITS << 32).div_ceil(caps[q])) >> 32) + 1)
+                .max()
+                .unwrap()
+                .min(UNITS + 1)
+        };
+        let room_key = |room: &[u64]| {
+            (0..r)
+                .filter(|&q| used(q))
+                .map(|q| (room[q] * ((UNITS << 32) / caps[q])) >> 32)
+                .min()
+                .unwrap_or(UNITS)
+                .min(UNITS)
+        };
+        small.sort_by_key(|&i| (std::cmp::Reverse(key(i)), i));
+        for &i in &small {
+            let need = key(i);
+            let mut viable: Vec<(u64, usize)> = (0..rooms.len())
+                .filter(|&b| segs[b] > 0 && (0..r).all(|q| rooms[b][q] >= least[q]) && room_key(&rooms[b]) >= need)
+                .map(|b| (room_key(&rooms[b]), b))
+                .collect();
+            viable.sort();
+            let found = viable.iter().take(SMALL_TRIES).map(|&(_, b)| b).find(|&b| fits(&items[i][..r], &rooms[b]));
+            let b = found.unwrap_or_else(|| open(&mut rooms, &mut segs, &mut bins));
+            put(&mut rooms, &mut segs, &mut bins, b, i);
+        }
+    }
+    // Phase 2.
+    text.sort_by_key(|&i| (std::cmp::Reverse(items[i][0]), i));
+    for &i in &text {
+        let found =
+            (0..rooms.len()).filter(|&b| segs[b] > 0 && rooms[b][0] >= items[i][0]).min_by_key(|&b| (rooms[b][0], b));
+        let b = found.unwrap_or_else(|| open(&mut rooms, &mut segs, &mut bins));
+        put(&mut rooms, &mut segs, &mut bins, b, i);
     }
     Some(bins)
 }
@@ -167,7 +320,7 @@ fn case() -> impl Strategy<Value = (Vec<u64>, Vec<u64>, u64, u64, usize, usize)>
             prop::collection::vec(1u64..100, r),
             prop_oneof![Just(0u64), 1u64..10],
             prop_oneof![Just(1u64), 1u64..6],
-            0usize..3,
+            0usize..4,
             0usize..3,
         )
     })
@@ -182,7 +335,8 @@ proptest! {
     ) {
         let o = MultiOptions { capacities: &caps, names: &[], max_segments, align, method: METHODS[m], oversize: POLICIES[ov] };
         let got = pack_multi(&sizes, &o);
-        match reference(&sizes, &o) {
+        let want = if o.method == MultiMethod::Balanced { reference_balanced(&sizes, &o) } else { reference(&sizes, &o) };
+        match want {
             None => prop_assert!(matches!(got, Err(Error::Infeasible(_))), "{got:?}"),
             Some(want) => {
                 let p = got.unwrap();
@@ -195,17 +349,17 @@ proptest! {
     #[test]
     fn one_resource_is_pack_bit_for_bit(
         lengths in prop::collection::vec(0u64..200, 1..150), capacity in 1u64..150, align in 1u64..5,
-        m in 0usize..3, ov in 0usize..3, zeros: bool,
+        m in 0usize..4, ov in 0usize..3, zeros: bool,
     ) {
-        let o = PackOptions { capacity, align, method: METHODS[m], oversize: POLICIES[ov] };
+        let o = PackOptions { capacity, align, method: SINGLE[m], oversize: POLICIES[ov] };
         let want = pack(&lengths, &o);
-        let one = pack_multi(&lengths, &MultiOptions { capacities: &[capacity], names: &[], max_segments: 0, align, method: o.method, oversize: o.oversize });
+        let one = pack_multi(&lengths, &MultiOptions { capacities: &[capacity], names: &[], max_segments: 0, align, method: METHODS[m], oversize: o.oversize });
         prop_assert_eq!(one.as_ref().map(|p| &p.packing), want.as_ref());
         // A second resource every item leaves empty goes through the vector fits and changes
         // nothing: the same bins as `pack`.
         let wide = if zeros { 1 } else { 1_000 };
         let sizes: Vec<u64> = lengths.iter().flat_map(|&l| [l, 0]).collect();
-        let two = pack_multi(&sizes, &MultiOptions { capacities: &[capacity, wide], names: &[], max_segments: 0, align, method: o.method, oversize: o.oversize });
+        let two = pack_multi(&sizes, &MultiOptions { capacities: &[capacity, wide], names: &[], max_segments: 0, align, method: METHODS[m], oversize: o.oversize });
         match (two, want) {
             (Ok(t), Ok(w)) => {
                 prop_assert_eq!(&t.packing.offsets, &w.offsets);
@@ -220,13 +374,55 @@ proptest! {
     }
 }
 
+/// Items shaped like vision-language samples: half text only, the others with small or large
+/// shares of 2–4 resources whose capacities differ widely (so every phase of the balanced
+/// method and each of its buckets is reached).
+fn vlm_case() -> impl Strategy<Value = (Vec<u64>, Vec<u64>, u64)> {
+    (2usize..=4, 1usize..260).prop_flat_map(|(r, n)| {
+        let caps = (100u64..3000, prop::collection::vec(2u64..400, r - 1));
+        (
+            caps,
+            prop::collection::vec((any::<bool>(), 0u64..4, prop::collection::vec(0u64..1000, r)), n),
+            prop_oneof![Just(0u64), 2u64..40],
+        )
+            .prop_map(move |((c0, rest), raw, seg)| {
+                let caps: Vec<u64> = std::iter::once(c0).chain(rest).collect();
+                let sizes = raw
+                    .iter()
+                    .flat_map(|(text, scale, v)| {
+                        // Scale 0: ≤ 1/64 of the capacity, 1: ≤ 1/16, 2: ≤ 1/4, 3: up to all of it.
+                        let div = [64u64, 16, 4, 1][*scale as usize];
+                        let caps = caps.clone();
+                        v.iter()
+                            .enumerate()
+                            .map(move |(q, &x)| if q > 0 && *text { 0 } else { x * caps[q] / 1000 / div })
+                            .collect::<Vec<_>>()
+                    })
+                    .collect();
+                (sizes, caps, seg)
+            })
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(300))]
+
+    #[test]
+    fn balanced_follows_its_documented_rule_on_vlm_like_items((sizes, caps, max_segments) in vlm_case(), ov in 0usize..3) {
+        let o = MultiOptions { capacities: &caps, names: &[], max_segments, align: 1, method: MultiMethod::Balanced, oversize: POLICIES[ov] };
+        let p = pack_multi(&sizes, &o).unwrap();
+        check(&sizes, &o, &p);
+        prop_assert_eq!(bins_of(&p), sorted(reference_balanced(&sizes, &o).unwrap()));
+    }
+}
+
 fn opts(caps: &[u64]) -> MultiOptions<'_> {
     MultiOptions {
         capacities: caps,
         names: &[],
         max_segments: 0,
         align: 1,
-        method: PackMethod::Bfd,
+        method: MultiMethod::Bfd,
         oversize: OversizePolicy::Error,
     }
 }
@@ -397,7 +593,7 @@ mod limited_micro_batches {
                 names: &[],
                 max_segments: 0,
                 align: 1,
-                method: stowplan_kernel::PackMethod::Bfd,
+                method: stowplan_kernel::MultiMethod::Bfd,
                 oversize: stowplan_kernel::OversizePolicy::Error,
             }).unwrap();
             prop_assert_eq!(p.plan.count(), bfd.packing.bins().max(o.min_count as usize));

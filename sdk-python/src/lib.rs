@@ -1170,12 +1170,14 @@ impl PyMultiPacking {
 /// Packs items under several limits at once: ``columns`` maps each resource's name to the
 /// items' sizes in it (one array-like each, all of one length; the first is the tokens),
 /// ``capacities`` maps the same names to each bin's capacity (``>= 1``). Up to 8 resources.
-/// ``max_segments``: at most this many items per bin (``None`` or 0: no limit). ``align``,
-/// ``method``, ``oversize`` and ``backend`` as in :func:`pack` (``align`` rounds the tokens;
-/// an item over any capacity is oversized). Every bin stays within every capacity; with one
-/// resource and no segment limit the bins are :func:`pack`'s. At most 262,144 items with two
-/// or more resources or a segment limit, and 2^30 fit steps (an input that would run for
-/// minutes is refused: pack it in windows).
+/// ``max_segments``: at most this many items per bin (``None`` or 0: no limit). ``method``:
+/// ``"balanced"`` (the default: packs filled so that their limits run out together, in
+/// O(n log n); capacities up to 2^32 − 1), ``"bfd"``, ``"ffd"`` or ``"next_fit"``. ``align``,
+/// ``oversize`` and ``backend`` as in :func:`pack` (``align`` rounds the tokens; an item over
+/// any capacity is oversized). Every bin stays within every capacity; with one resource and
+/// no segment limit the bins are :func:`pack`'s (``balanced`` is ``bfd`` there). ``bfd`` and
+/// ``ffd`` take at most 262,144 items with two or more resources or a segment limit, and 2^30
+/// fit steps (an input that would run for minutes is refused: pack it in windows).
 ///
 /// Returns a :class:`MultiPacking`.
 ///
@@ -1251,7 +1253,7 @@ fn pack_multi(
         names: &names,
         max_segments: opt_u64(max_segments, "max_segments", 0)?.unwrap_or(0),
         align: opt_u64(align, "align", 1)?.unwrap_or(d.align),
-        method: opt_parse(py, method)?.unwrap_or(d.method),
+        method: opt_parse(py, method)?.unwrap_or_default(),
         oversize: opt_parse(py, oversize)?.unwrap_or(d.oversize),
     };
     let kernel = kernel(py, backend)?;

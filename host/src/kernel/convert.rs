@@ -6,8 +6,8 @@ use stowplan_kernel::peers::{DpReorder, RollLoadBalanceOptions, RollMicroBatches
 use stowplan_kernel::verl::PyError;
 use stowplan_kernel::{
     AlignOptions, AlignedPlan, Cost, DistributeOptions, Distribution, DpOptions, DpPlan, Factor, MicroOptions,
-    MicroPlan, MultiOptions, MultiPacking, Order, OversizePolicy, PackMethod, PackOptions, Packing, Padding,
-    PartitionMethod, PartitionOptions, Partitioning, Plan, PlanOptions, RawPlan, unflatten,
+    MicroPlan, MultiMethod, MultiOptions, MultiPacking, Order, OversizePolicy, PackMethod, PackOptions, Packing,
+    Padding, PartitionMethod, PartitionOptions, Partitioning, Plan, PlanOptions, RawPlan, unflatten,
 };
 
 use super::wasm::{wbal, wcompact, wlay, wmulti, wpack, wpart, wpeers, wplan, wstream, wtypes, wverl};
@@ -73,15 +73,18 @@ impl From<&PackOptions> for wpack::Options {
 
 impl From<&MultiOptions<'_>> for wmulti::Options {
     fn from(o: &MultiOptions<'_>) -> Self {
-        let p =
-            wpack::Options::from(&PackOptions { capacity: 1, align: o.align, method: o.method, oversize: o.oversize });
         wmulti::Options {
             capacities: o.capacities.to_vec(),
             names: o.names.to_vec(),
             max_segments: o.max_segments,
-            align: p.align,
-            method: p.method,
-            oversize: p.oversize,
+            align: o.align,
+            method: match o.method {
+                MultiMethod::Balanced => wmulti::MultiMethod::Balanced,
+                MultiMethod::Bfd => wmulti::MultiMethod::Bfd,
+                MultiMethod::Ffd => wmulti::MultiMethod::Ffd,
+                MultiMethod::NextFit => wmulti::MultiMethod::NextFit,
+            },
+            oversize: oversize_to_wit(o.oversize),
         }
     }
 }

@@ -105,7 +105,12 @@ impl multi_pack::Guest for Kernel {
             names: &options.names,
             max_segments: options.max_segments,
             align: options.align,
-            method: method_of(options.method),
+            method: match options.method {
+                multi_pack::MultiMethod::Balanced => k::MultiMethod::Balanced,
+                multi_pack::MultiMethod::Bfd => k::MultiMethod::Bfd,
+                multi_pack::MultiMethod::Ffd => k::MultiMethod::Ffd,
+                multi_pack::MultiMethod::NextFit => k::MultiMethod::NextFit,
+            },
             oversize: oversize_of(options.oversize),
         };
         let r = k::pack_multi(&sizes, &opts).map_err(error)?;

@@ -104,7 +104,8 @@ def pack_multi(
     backend: Optional[str] = None,
 ) -> MultiPacking:
     """``columns``: each resource's sizes, tokens first; ``capacities``: each one's capacity
-    per bin (the same names); ``max_segments``: items per bin at most."""
+    per bin (the same names); ``max_segments``: items per bin at most; ``method``:
+    ``"balanced"`` (default), ``"bfd"``, ``"ffd"`` or ``"next_fit"``."""
 
 STREAM_DEFAULTS: Dict[str, int]
 

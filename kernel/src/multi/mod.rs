@@ -6,6 +6,10 @@
 //! - **Sizes.** Tokens are rounded up to a multiple of `align`, as in [`pack`]; the other
 //!   resources are taken as they are. The segment limit is one more resource, of size 1 for
 //!   every item, placed last.
+//! - **Method.** [`MultiMethod::Balanced`] (the default) fills bins one at a time so that
+//!   their resources run out together, in O(n log n): see [`fill`]'s module docs. BFD, FFD
+//!   and next-fit are the classic rules below, kept for comparison and for users who want
+//!   them.
 //! - **Order** (BFD and FFD). Items by their *share* desc, then index asc. An item's share is
 //!   Σ over the resources of ⌊size · 2^64 / capacity⌋ (integer: the same order everywhere;
 //!   oversized items, whose sum may saturate at 2^128 − 1, come first anyway).
@@ -30,6 +34,38 @@ use alloc::vec::Vec;
 
 use crate::pack::{OversizePolicy, PackMethod, PackOptions, Packing, assemble, pack};
 use crate::{Error, checked_len, invalid};
+
+mod fill;
+pub use fill::MAX_BALANCED_CAPACITY;
+
+/// The algorithm of [`pack_multi`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum MultiMethod {
+    /// Balanced fill (the default): large multimodal items fill bins one at a time so that
+    /// the bins' resources run out together, small ones go by best fit, text-only ones by
+    /// best fit decreasing on tokens; O(n log n), capacities up to
+    /// [`MAX_BALANCED_CAPACITY`]. With one resource, BFD on tokens under the segment limit.
+    #[default]
+    Balanced,
+    /// Best-fit decreasing on the dominant resource (see the module).
+    Bfd,
+    /// First-fit decreasing (see the module).
+    Ffd,
+    /// Next-fit in input order.
+    NextFit,
+}
+
+impl MultiMethod {
+    /// The method of [`pack`] that gives the same bins with one resource and no segment
+    /// limit (`balanced` is best-fit decreasing there).
+    pub fn single(self) -> PackMethod {
+        match self {
+            MultiMethod::Balanced | MultiMethod::Bfd => PackMethod::Bfd,
+            MultiMethod::Ffd => PackMethod::Ffd,
+            MultiMethod::NextFit => PackMethod::NextFit,
+        }
+    }
+}
 
 /// The most resources an item can carry (tokens included; the segment limit is not counted).
 pub const MAX_RESOURCES: usize = 8;
@@ -56,7 +92,7 @@ pub struct MultiOptions<'a> {
     /// Token sizes are rounded up to a multiple of `align` (≥ 1).
     pub align: u64,
     /// The algorithm.
-    pub method: PackMethod,
+    pub method: MultiMethod,
     /// The oversize policy.
     pub oversize: OversizePolicy,
 }
@@ -128,7 +164,7 @@ fn pack_multi_within(sizes: &[u64], options: &MultiOptions<'_>, max_steps: u64) 
     }
     let n = sizes.len() / r;
     checked_len("sizes' rows", n)?;
-    let pack_options = PackOptions { capacity: capacities[0], align, method, oversize };
+    let pack_options = PackOptions { capacity: capacities[0], align, method: method.single(), oversize };
     if r == 1 && max_segments == 0 {
         let packing = match pack(sizes, &pack_options) {
             Ok(p) => p,
@@ -153,7 +189,16 @@ fn pack_multi_within(sizes: &[u64], options: &MultiOptions<'_>, max_steps: u64) 
         return Ok(MultiPacking { resource_loads: packing.loads.clone(), packing, lower_bounds });
     }
     // The sizes the fit works on: tokens aligned, then the segment resource.
-    if n > MAX_MULTI_ITEMS {
+    if method == MultiMethod::Balanced {
+        if let Some(q) = capacities.iter().position(|&c| c > MAX_BALANCED_CAPACITY) {
+            return invalid!(
+                "capacities[{q}] ({}) must be at most {MAX_BALANCED_CAPACITY} with the balanced method \
+                 (got {}); use bfd or ffd for larger capacities",
+                name(names, q),
+                capacities[q]
+            );
+        }
+    } else if n > MAX_MULTI_ITEMS {
         return invalid!(
             "sizes has {n} rows; packing under several limits takes at most {MAX_MULTI_ITEMS} items per call \
              (pack larger inputs in windows)"
@@ -213,7 +258,10 @@ fn pack_multi_within(sizes: &[u64], options: &MultiOptions<'_>, max_steps: u64) 
     let lower_bounds: Vec<u64> = fit_sums.iter().zip(&caps).map(|(&s, &c)| s.div_ceil(c)).collect();
     let lower_bound = lower_bounds.iter().copied().max().unwrap_or(0);
     let mut assign: Vec<u32> = Vec::with_capacity(n);
-    let order: Vec<u32> = if method == PackMethod::NextFit {
+    let order: Vec<u32> = if method == MultiMethod::Balanced {
+        balanced(&work, &caps, r, max_segments, &mut single, oversize, &mut assign);
+        (0..n as u32).collect()
+    } else if method == MultiMethod::NextFit {
         let order: Vec<u32> = (0..n as u32).collect();
         next_fit(&work, &caps, &order, oversize, &mut assign);
         order
@@ -232,7 +280,7 @@ fn pack_multi_within(sizes: &[u64], options: &MultiOptions<'_>, max_steps: u64) 
         }
         let rest = &order[order.len() - items.count()..];
         let mins = RestMin::new(&work, &caps, rest);
-        if method == PackMethod::Bfd {
+        if method == MultiMethod::Bfd {
             best_fit(&work, &caps, rest, mins, singles, &mut assign, max_steps)?;
         } else {
             first_fit(&work, &caps, rest, mins, singles, lower_bound, &mut assign, max_steps)?;
@@ -264,6 +312,49 @@ fn pack_multi_within(sizes: &[u64], options: &MultiOptions<'_>, max_steps: u64) 
         lower_bound,
     };
     Ok(MultiPacking { packing, resource_loads, lower_bounds })
+}
+
+/// The balanced method over `work` (`caps.len()` values per item: the `r` resources, then the
+/// segment column with a segment limit): oversized items under `single` get the first bins, by
+/// share desc and index asc (`single` is left in that order), the others go to [`fill`];
+/// writes every item's bin to `assign` in index order ([`NONE`] for a dropped item).
+fn balanced(
+    work: &[u64],
+    caps: &[u64],
+    r: usize,
+    max_segments: u64,
+    single: &mut [u32],
+    oversize: OversizePolicy,
+    assign: &mut Vec<u32>,
+) {
+    let rx = caps.len();
+    let n = work.len() / rx;
+    single.sort_unstable_by(|&a, &b| {
+        let (sa, sb) = (share(&work[a as usize * rx..][..rx], caps), share(&work[b as usize * rx..][..rx], caps));
+        sb.cmp(&sa).then(a.cmp(&b))
+    });
+    assign.clear();
+    assign.resize(n, NONE);
+    if oversize == OversizePolicy::Single {
+        for (bin, &i) in single.iter().enumerate() {
+            assign[i as usize] = bin as u32;
+        }
+    }
+    let mut rows: Vec<u64> = Vec::with_capacity(n * r);
+    let mut items: Vec<u32> = Vec::with_capacity(n);
+    for i in 0..n {
+        let item = &work[i * rx..][..rx];
+        if fits(item, caps) {
+            rows.extend_from_slice(&item[..r]);
+            items.push(i as u32);
+        }
+    }
+    let mut bins = alloc::vec![NONE; items.len()];
+    fill::fill(&rows, &caps[..r], max_segments, &mut bins);
+    let first = if oversize == OversizePolicy::Single { single.len() as u32 } else { 0 };
+    for (&i, &b) in items.iter().zip(&bins) {
+        assign[i as usize] = first + b;
+    }
 }
 
 /// The `infeasible` error of item `i`, which needs `s` of resource `q` (capacity `c`).
@@ -321,14 +412,17 @@ fn share_order(work: &[u64], caps: &[u64]) -> Vec<u32> {
     let mut keyed: Vec<(bool, u128, u32)> = (0..n)
         .map(|i| {
             let item = &work[i * rx..][..rx];
-            let share =
-                item.iter().zip(caps).fold(0u128, |acc, (&s, &c)| acc.saturating_add(((s as u128) << 64) / c as u128));
             // Oversized items first: their bins come before the others.
-            (!fits(item, caps), share, i as u32)
+            (!fits(item, caps), share(item, caps), i as u32)
         })
         .collect();
     keyed.sort_unstable_by(|a, b| b.0.cmp(&a.0).then(b.1.cmp(&a.1)).then(a.2.cmp(&b.2)));
     keyed.into_iter().map(|(_, _, i)| i).collect()
+}
+
+/// An item's share: Σ over its resources of ⌊size · 2^64 / capacity⌋, saturating.
+fn share(item: &[u64], caps: &[u64]) -> u128 {
+    item.iter().zip(caps).fold(0u128, |acc, (&s, &c)| acc.saturating_add(((s as u128) << 64) / c as u128))
 }
 
 /// The resource in which `item` takes the largest share of its capacity (the first on ties).
@@ -754,7 +848,7 @@ mod tests {
         for i in 0..400u64 {
             sizes.extend_from_slice(if i % 2 == 0 { &[300_000, 95] } else { &[600_000, 10] });
         }
-        for method in [PackMethod::Bfd, PackMethod::Ffd] {
+        for method in [MultiMethod::Bfd, MultiMethod::Ffd] {
             let o = MultiOptions {
                 capacities: &[1_000_000, 100],
                 names: &[],

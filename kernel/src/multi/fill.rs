@@ -1,0 +1,498 @@
+//! The `balanced` method of [`pack_multi`](super::pack_multi): bins filled one at a time so
+//! that their resources run out together, in three phases and O(n log n) time.
+//!
+//! Every decision uses integers; ties go to the lower input index or the older bin. The
+//! items given here all fit (oversized ones were set aside by the caller), tokens already
+//! aligned, every capacity below 2^32.
+//!
+//! One pass classifies the items:
+//! - **text** (zero in every resource after tokens) → phase 2;
+//! - **large** (complex, ≥ [`LARGE_UNITS`] units of the *bucket resource* `qb`, the smallest
+//!   capacity after tokens — a unit is 1 when that capacity is ≤ 64, else capacity / 64 — or
+//!   a largest share ≥ [`LARGE_SHARE`] / 2048 of some capacity) → phase 1a;
+//! - **small** (the other complex items) → phase 1b.
+//!
+//! **Phase 1a, balanced fill.** Large items are bucketed by their `qb` units (0 to 4 exactly,
+//! then 5–8, 9–16, 17–32, 33–64) and ordered in a bucket by their size in the *key resource*
+//! `qk` (the resource other than `qb` with the largest share summed over the large items),
+//! index descending on ties. A bin opens with the unplaced large item of the largest share
+//! (in 1/2048 of a capacity; index ascending on ties). While it has a free segment, every
+//! bucket that may fit offers a candidate — its item with the largest `qk` size within the
+//! room that fits in every resource (at most [`TRIES`] tried down the bucket) — and the bin
+//! takes the candidate that leaves its rooms most even: the least (largest − smallest) room
+//! left, then the least sum, as fractions of the capacities in 2^-31; then the lower index.
+//! No candidate: the bin is done.
+//!
+//! **Phase 1b, best fit of the small items**, by their *key* descending (their largest size
+//! over the resources other than `qb` — `qb` too unless all small items have the same `qb`
+//! size — in 1/[`UNITS`] of the capacity, rounded up), index ascending: the bin whose least
+//! room over those resources (in 1/[`UNITS`], rounded down) is the smallest ≥ the key, oldest
+//! on ties, checked exactly in every resource ([`SMALL_TRIES`] bins at most), else a new bin.
+//!
+//! **Phase 2, best fit decreasing of the text items on tokens** (length desc, index asc; the
+//! least token room that fits, oldest bin on ties) over every bin with a free segment, then
+//! new bins. With one resource this is plain BFD under the segment limit.
+
+use alloc::vec::Vec;
+
+use crate::bits::BitSet;
+use crate::pack::RoomIndex;
+use crate::radix_sort_high;
+
+/// Candidates tried per bucket in phase 1a before the bucket is passed over for the bin.
+const TRIES: usize = 4;
+/// Bins tried per small item in phase 1b before it opens a new bin.
+const SMALL_TRIES: usize = 4;
+/// Resolution of phase 1b's index: rooms and sizes in 1/`UNITS` of a capacity.
+const UNITS: u64 = 8192;
+/// A complex item with a share ≥ `LARGE_SHARE` / 2048 (8 %) of some capacity is large.
+const LARGE_SHARE: u64 = 164;
+/// A complex item with ≥ `LARGE_UNITS` units of the bucket resource is large.
+const LARGE_UNITS: usize = 2;
+/// A free-segment count that never runs out (no segment limit).
+const UNLIMITED: u32 = u32::MAX;
+
+/// The largest capacity the `balanced` method takes (rooms are held in 32 bits).
+pub const MAX_BALANCED_CAPACITY: u64 = u32::MAX as u64;
+
+/// Packs the items of `sizes` (row by row, `caps.len()` values each, every item within every
+/// capacity, every capacity in `1..=MAX_BALANCED_CAPACITY`, fewer than 2^32 − 1 items) with at
+/// most `max_segments` items per bin (0: no limit). Writes each item's bin to `assign` (one
+/// entry per item) and returns the number of bins.
+pub(super) fn fill(sizes: &[u64], caps: &[u64], max_segments: u64, assign: &mut [u32]) -> usize {
+    macro_rules! by_resources {
+        ($($r:literal)*) => {
+            match caps.len() {
+                $($r => Fill::<$r>::new(sizes, caps, max_segments).run(assign),)*
+                _ => 0, // the caller checked 1 to 8 resources
+            }
+        };
+    }
+    by_resources!(1 2 3 4 5 6 7 8)
+}
+
+/// Bits needed for the indices `0..n`.
+fn index_bits(n: usize) -> u32 {
+    (usize::BITS - n.saturating_sub(1).leading_zeros()).max(1)
+}
+
+/// One call's state over `R` resources.
+struct Fill<'a, const R: usize> {
+    sizes: &'a [u64],
+    caps: [u64; R],
+    /// Free segments of a new bin.
+    segments: u32,
+    /// `⌊2^63 / cap⌋` per resource: `(v · mul) >> 32 = ⌊v · 2^31 / cap⌋` for `v ≤ cap`.
+    muls: [u64; R],
+    /// The bucket resource (the smallest capacity after tokens; 0 with one resource).
+    qb: usize,
+    /// Bits of an index.
+    ib: u32,
+    /// Each bin's room per resource and free segments.
+    rooms: Vec<[u64; R]>,
+    segs: Vec<u32>,
+}
+
+impl<'a, const R: usize> Fill<'a, R> {
+    fn new(sizes: &'a [u64], caps: &[u64], max_segments: u64) -> Self {
+        let mut c = [0u64; R];
+        c.copy_from_slice(caps);
+        let segments = if max_segments == 0 { UNLIMITED } else { max_segments.min(u64::from(UNLIMITED - 1)) as u32 };
+        let qb = (1..R).min_by_key(|&q| (c[q], q)).unwrap_or(0);
+        let n = sizes.len() / R;
+        Fill {
+            sizes,
+            caps: c,
+            segments,
+            muls: c.map(|cap| (1u64 << 63) / cap),
+            qb,
+            ib: index_bits(n),
+            rooms: Vec::new(),
+            segs: Vec::new(),
+        }
+    }
+
+    /// `v` (≤ the capacity of `q`) as a fraction of that capacity, in 2^-31.
+    #[inline]
+    fn norm(&self, v: u64, q: usize) -> u32 {
+        ((v * self.muls[q]) >> 32) as u32
+    }
+
+    /// The bucket of `v` units of the bucket resource.
+    #[inline]
+    fn bucket(&self, v: u64) -> usize {
+        let cap = self.caps[self.qb];
+        let per = cap.min(64);
+        let u = if per == cap { v } else { v * per / cap };
+        if u <= 4 { u as usize } else { 2 + (64 - (u - 1).leading_zeros()) as usize }
+    }
+
+    /// A new bin with every capacity free; returns its number.
+    fn open(&mut self) -> usize {
+        self.rooms.push(self.caps);
+        self.segs.push(self.segments);
+        self.segs.len() - 1
+    }
+
+    fn row(&self, i: usize) -> [u64; R] {
+        let mut row = [0u64; R];
+        row.copy_from_slice(&self.sizes[i * R..][..R]);
+        row
+    }
+
+    fn run(mut self, assign: &mut [u32]) -> usize {
+        let n = self.sizes.len() / R;
+        let ib = self.ib;
+        // ⌊v·UNITS/cap⌋ ≥ (v·dn) >> 32 and ⌈v·UNITS/cap⌉ ≤ ((v·up) >> 32) + 1.
+        let dn = self.caps.map(|c| (UNITS << 32) / c);
+        let up = self.caps.map(|c| (UNITS << 32).div_ceil(c));
+        let mut large: Vec<u32> = Vec::new(); // item of each large item j
+        let mut openers: Vec<u64> = Vec::new(); // (2048 − share, j)
+        let mut share_sum = [0u64; R];
+        let mut small: Vec<u32> = Vec::new(); // item of each small item s
+        let mut small_keys: Vec<u64> = Vec::new(); // (UNITS + 1 − key, s)
+        let (mut least, mut most) = ([u64::MAX; R], [0u64; R]);
+        let mut text: Vec<u64> = Vec::new(); // (cap0 − tokens, i)
+        for i in 0..n {
+            let row = self.row(i);
+            if row[1..].iter().all(|&s| s == 0) {
+                text.push(((self.caps[0] - row[0]) << ib) | i as u64);
+                continue;
+            }
+            let shares: [u32; R] = core::array::from_fn(|q| self.norm(row[q], q));
+            let top = u64::from(shares.iter().copied().max().unwrap_or(0) >> 20);
+            if self.bucket(row[self.qb]) >= LARGE_UNITS || top >= LARGE_SHARE {
+                for q in 0..R {
+                    share_sum[q] += u64::from(shares[q] >> 8);
+                }
+                openers.push(((2048 - top) << ib) | large.len() as u64);
+                large.push(i as u32);
+            } else {
+                let mut key = 0u64;
+                for q in 0..R {
+                    if q != self.qb {
+                        key = key.max(((row[q] * up[q]) >> 32) + 1);
+                    }
+                    least[q] = least[q].min(row[q]);
+                    most[q] = most[q].max(row[q]);
+                }
+                small_keys.push(((UNITS + 1 - key.min(UNITS + 1)) << ib) | small.len() as u64);
+                small.push(i as u32);
+            }
+        }
+        if !large.is_empty() {
+            self.balanced(&large, openers, &share_sum, assign);
+        }
+        if !small.is_empty() {
+            self.best_fit_small(&small, small_keys, (&least, &most), (&dn, &up), assign);
+        }
+        if !text.is_empty() {
+            self.best_fit_text(text, assign);
+        }
+        self.segs.len()
+    }
+
+    /// Phase 1a (see the module).
+    fn balanced(&mut self, large: &[u32], mut openers: Vec<u64>, share_sum: &[u64; R], assign: &mut [u32]) {
+        let (ib, qb) = (self.ib, self.qb);
+        let m = large.len();
+        let imask = (1u64 << ib) - 1;
+        let qk = (0..R).filter(|&q| q != qb).max_by_key(|&q| (share_sum[q], core::cmp::Reverse(q))).unwrap_or(0);
+        let kcap = self.caps[qk];
+        radix_sort_high(&mut openers, ib);
+        // Positions: buckets one after the other, each (key asc, index desc) after a sentinel.
+        let nb = self.bucket(self.caps[qb]) + 1;
+        let kb = 64 - kcap.leading_zeros();
+        let by_bucket: Vec<(usize, u32, u32)> = if 4 + kb + ib <= 64 {
+            let mut keys: Vec<u64> = (0..m)
+                .rev()
+                .map(|j| {
+                    let row = self.row(large[j] as usize);
+                    ((self.bucket(row[qb]) as u64) << (kb + ib)) | (row[qk] << ib) | (imask - j as u64)
+                })
+                .collect();
+            radix_sort_high(&mut keys, ib);
+            keys.iter()
+                .map(|&k| {
+                    ((k >> (kb + ib)) as usize, ((k >> ib) & ((1 << kb) - 1)) as u32, (imask - (k & imask)) as u32)
+                })
+                .collect()
+        } else {
+            let mut keyed: Vec<(usize, u32, u32)> = (0..m)
+                .map(|j| {
+                    let row = self.row(large[j] as usize);
+                    (self.bucket(row[qb]), row[qk] as u32, j as u32)
+                })
+                .collect();
+            keyed.sort_unstable_by(|a, b| (a.0, a.1, b.2).cmp(&(b.0, b.1, a.2)));
+            keyed
+        };
+        let mut count = alloc::vec![0u32; nb];
+        for &(b, _, _) in &by_bucket {
+            count[b] += 1;
+        }
+        let mut start = alloc::vec![0usize; nb + 1];
+        for b in 0..nb {
+            start[b + 1] = start[b] + count[b] as usize + 1;
+        }
+        let np = m + nb;
+        let mut rec: Vec<[u64; R]> = alloc::vec![[0u64; R]; np];
+        let mut j_at = alloc::vec![0u32; np];
+        let mut key_at = alloc::vec![0u32; np];
+        let mut pos_of = alloc::vec![0u32; m];
+        let mut cur = usize::MAX;
+        let mut p = 0;
+        for &(b, key, j) in &by_bucket {
+            if b != cur {
+                cur = b;
+                p = start[b] + 1;
+            }
+            pos_of[j as usize] = p as u32;
+            key_at[p] = key;
+            j_at[p] = j;
+            rec[p] = self.row(large[j as usize] as usize);
+            p += 1;
+        }
+        drop(by_bucket);
+        // Directories: bucket b has ds slots (about 2 per item, at most one per key value),
+        // slot(v) = ⌊v · ds / (kcap + 1)⌋, and first[s] = the first position whose slot is ≥ s.
+        let mut dir_at = alloc::vec![0usize; nb + 1];
+        let mut slot_mul = alloc::vec![0u64; nb];
+        let mut exact = alloc::vec![false; nb];
+        for b in 0..nb {
+            let ds = (kcap + 1).min((2 * u64::from(count[b])).max(1).next_power_of_two()).min(1 << 31);
+            slot_mul[b] = (ds << 32) / (kcap + 1);
+            exact[b] = ds == kcap + 1;
+            dir_at[b + 1] = dir_at[b] + ds as usize + 1;
+        }
+        let mut dir = alloc::vec![0u32; dir_at[nb]];
+        for b in 0..nb {
+            let d = &mut dir[dir_at[b]..dir_at[b + 1]];
+            let (lo, hi) = (start[b] + 1, start[b + 1]);
+            let mut s = 0usize;
+            for (p, &key) in key_at.iter().enumerate().take(hi).skip(lo) {
+                let slot = ((u64::from(key) * slot_mul[b]) >> 32) as usize;
+                while s <= slot {
+                    d[s] = p as u32;
+                    s += 1;
+                }
+            }
+            d[s..].iter_mut().for_each(|x| *x = hi as u32);
+        }
+        let mut alive = BitSet::full(np);
+        let mut nonempty: u32 = 0;
+        for b in 0..nb {
+            alive.remove(start[b]); // sentinels
+            if count[b] > 0 {
+                nonempty |= 1 << b;
+            }
+        }
+        // Per-bucket candidate of the current bin (a position; 0: none) with its sizes.
+        let mut cand = alloc::vec![0usize; nb];
+        let mut cand_rec: Vec<[u64; R]> = alloc::vec![[0u64; R]; nb];
+        let mut cand_norm: Vec<[u32; R]> = alloc::vec![[0u32; R]; nb];
+        let mut placed = BitSet::new(m);
+        let mut left = [0u32; R];
+        for &opener in &openers {
+            let o = (opener & imask) as usize;
+            if placed.contains(o) {
+                continue;
+            }
+            let bin = self.open();
+            let mut room = self.caps;
+            let mut seg = self.segments;
+            let mut p = pos_of[o] as usize;
+            cand.iter_mut().for_each(|c| *c = 0);
+            // Buckets with nothing left that fits this bin (rooms only shrink).
+            let mut dead: u32 = 0;
+            loop {
+                let b = self.bucket(rec[p][qb]);
+                alive.remove(p);
+                count[b] -= 1;
+                if count[b] == 0 {
+                    nonempty &= !(1 << b);
+                }
+                for q in 0..R {
+                    room[q] -= rec[p][q];
+                }
+                seg -= 1;
+                let j = j_at[p] as usize;
+                placed.insert(j);
+                assign[large[j] as usize] = bin as u32;
+                if seg == 0 {
+                    break;
+                }
+                let bmax = self.bucket(room[qb]);
+                let mut mask = nonempty & !dead & ((2u32 << bmax) - 1);
+                for q in 0..R {
+                    left[q] = self.norm(room[q], q);
+                }
+                let evenness = |nc: &[u32; R]| {
+                    let (mut hi, mut lo, mut sum) = (0u32, u32::MAX, 0u64);
+                    for q in 0..R {
+                        let u = left[q].saturating_sub(nc[q]);
+                        hi = hi.max(u);
+                        lo = lo.min(u);
+                        sum += u64::from(u);
+                    }
+                    (hi - lo, sum)
+                };
+                let limit = room[qk] as u32;
+                let mut best = (u32::MAX, u64::MAX);
+                let mut best_p = usize::MAX;
+                while mask != 0 {
+                    let b = mask.trailing_zeros() as usize;
+                    mask &= mask - 1;
+                    let c = cand[b];
+                    if c != 0 && fits(&cand_rec[b], &room) {
+                        let e = evenness(&cand_norm[b]);
+                        if e < best || (e == best && j_at[c] < j_at[best_p]) {
+                            (best, best_p) = (e, c);
+                        }
+                        continue;
+                    }
+                    cand[b] = 0;
+                    // The last position of bucket b with key ≤ limit.
+                    let sl = dir_at[b] + ((u64::from(limit) * slot_mul[b]) >> 32) as usize;
+                    let mut hi = dir[sl + 1] as usize;
+                    let mut lo = if exact[b] { hi } else { dir[sl] as usize };
+                    while lo < hi {
+                        let mid = (lo + hi) / 2;
+                        if key_at[mid] <= limit {
+                            lo = mid + 1;
+                        } else {
+                            hi = mid;
+                        }
+                    }
+                    let mut c = alive.prev(lo - 1).unwrap_or(0);
+                    let mut tries = 0;
+                    while c > start[b] && tries < TRIES {
+                        if fits(&rec[c], &room) {
+                            let nc: [u32; R] = core::array::from_fn(|q| self.norm(rec[c][q], q));
+                            let e = evenness(&nc);
+                            if e < best || (e == best && j_at[c] < j_at[best_p]) {
+                                (best, best_p) = (e, c);
+                            }
+                            cand[b] = c;
+                            cand_rec[b] = rec[c];
+                            cand_norm[b] = nc;
+                            break;
+                        }
+                        tries += 1;
+                        c = alive.prev(c - 1).unwrap_or(0);
+                    }
+                    if cand[b] == 0 && c <= start[b] {
+                        dead |= 1 << b;
+                    }
+                }
+                if best_p == usize::MAX {
+                    break;
+                }
+                p = best_p;
+                cand[self.bucket(rec[p][qb])] = 0;
+            }
+            self.rooms[bin] = room;
+            self.segs[bin] = seg;
+        }
+    }
+
+    /// Phase 1b (see the module).
+    fn best_fit_small(
+        &mut self,
+        small: &[u32],
+        mut keys: Vec<u64>,
+        (least, most): (&[u64; R], &[u64; R]),
+        (dn, up): (&[u64; R], &[u64; R]),
+        assign: &mut [u32],
+    ) {
+        let (ib, qb) = (self.ib, self.qb);
+        let imask = (1u64 << ib) - 1;
+        // The bucket resource stays out of the keys only when every small item has the same
+        // size in it (then "room ≥ that size", asked of every indexed bin, is exact).
+        let with_qb = least[qb] != most[qb];
+        if with_qb {
+            for k in keys.iter_mut() {
+                let s = (*k & imask) as usize;
+                let row = self.row(small[s] as usize);
+                let key = (0..R).map(|q| ((row[q] * up[q]) >> 32) + 1).max().unwrap_or(0);
+                *k = ((UNITS + 1 - key.min(UNITS + 1)) << ib) | s as u64;
+            }
+        }
+        radix_sort_high(&mut keys, ib);
+        let viable = |room: &[u64; R], seg: u32| seg > 0 && (0..R).all(|q| room[q] >= least[q]);
+        let room_key = |room: &[u64; R]| -> u64 {
+            (0..R).filter(|&q| q != qb || with_qb).map(|q| (room[q] * dn[q]) >> 32).min().unwrap_or(UNITS).min(UNITS)
+        };
+        let mut index = RoomIndex::new(UNITS, small.len() + self.segs.len());
+        for b in 0..self.segs.len() {
+            if viable(&self.rooms[b], self.segs[b]) {
+                index.insert(room_key(&self.rooms[b]), b as u32);
+            }
+        }
+        let mut held: Vec<(u64, u32)> = Vec::with_capacity(SMALL_TRIES);
+        for &k in &keys {
+            let s = (k & imask) as usize;
+            let i = small[s] as usize;
+            let row = self.row(i);
+            let need = UNITS + 1 - (k >> ib);
+            let mut found = None;
+            for _ in 0..SMALL_TRIES {
+                let Some((key, b)) = index.take_best(need) else { break };
+                if fits(&row, &self.rooms[b as usize]) {
+                    found = Some(b as usize);
+                    break;
+                }
+                held.push((key, b));
+            }
+            for (key, b) in held.drain(..) {
+                index.insert(key, b);
+            }
+            let b = match found {
+                Some(b) => b,
+                None => self.open(),
+            };
+            for q in 0..R {
+                self.rooms[b][q] -= row[q];
+            }
+            self.segs[b] -= 1;
+            assign[i] = b as u32;
+            if viable(&self.rooms[b], self.segs[b]) {
+                index.insert(room_key(&self.rooms[b]), b as u32);
+            }
+        }
+    }
+
+    /// Phase 2 (see the module).
+    fn best_fit_text(&mut self, mut keys: Vec<u64>, assign: &mut [u32]) {
+        let ib = self.ib;
+        let imask = (1u64 << ib) - 1;
+        let cap = self.caps[0];
+        radix_sort_high(&mut keys, ib);
+        let mut index = RoomIndex::new(cap, keys.len() + self.segs.len());
+        for b in 0..self.segs.len() {
+            if self.segs[b] > 0 {
+                index.insert(self.rooms[b][0], b as u32);
+            }
+        }
+        for &k in &keys {
+            let i = (k & imask) as usize;
+            let a = cap - (k >> ib);
+            let (room, b) = match index.take_best(a) {
+                Some(found) => found,
+                None => (cap, self.open() as u32),
+            };
+            assign[i] = b;
+            self.rooms[b as usize][0] = room - a;
+            self.segs[b as usize] -= 1;
+            if self.segs[b as usize] > 0 {
+                index.insert(room - a, b);
+            }
+        }
+    }
+}
+
+/// Whether `item` fits into `room` in every resource.
+#[inline]
+fn fits<const R: usize>(item: &[u64; R], room: &[u64; R]) -> bool {
+    (0..R).all(|q| item[q] <= room[q])
+}
