@@ -6,6 +6,7 @@
 // a PeerError whose `type` is the Python exception the peer raises.
 import { PeerError } from './errors.js';
 import { internal, logSeqlenUnbalance, stowplan } from './index.js';
+import { DEFAULTS } from './options.js';
 
 const { call, u32, i64, i64Array, u32Array, u64Array, u64, options, given, bool, lists } = internal;
 
@@ -73,8 +74,10 @@ export function verlRearrangeMicroBatches(seqlens, maxTokenLen, opts, kernel = s
     maxTokenLen: i64(maxTokenLen, 'maxTokenLen'),
     minNumMicroBatch: opt('minNumMicroBatch'),
     numBatchesDividedBy: opt('numBatchesDividedBy'),
-    useDynamicBszBalance: given(o.useDynamicBszBalance) ? bool(o.useDynamicBszBalance, 'useDynamicBszBalance') : true,
-    forceGroupSize: given(o.forceGroupSize) ? i64(o.forceGroupSize, 'forceGroupSize') : 1n,
+    useDynamicBszBalance: given(o.useDynamicBszBalance)
+      ? bool(o.useDynamicBszBalance, 'useDynamicBszBalance')
+      : DEFAULTS.VerlMicroOptions.use_dynamic_bsz_balance,
+    forceGroupSize: given(o.forceGroupSize) ? i64(o.forceGroupSize, 'forceGroupSize') : DEFAULTS.VerlMicroOptions.force_group_size,
     paddedWidth: opt('paddedWidth'),
     dpNumMicroBatches: opt('dpNumMicroBatches'),
   };
@@ -108,14 +111,16 @@ export function balanceBatch(seqlens, dp, opts, kernel = stowplan) {
  */
 export function rollLoadBalance(lengths, maskWidth, maxPackedSequenceLength, opts, kernel = stowplan) {
   const o = options(opts, 'rollLoadBalance', ['minNumMicroBatches', 'tp', 'cp', 'vp', 'dpNumMicroBatches']);
-  const one = (key) => (given(o[key]) ? i64(o[key], key) : 1n);
+  // Omitted: ROLL's default, as the kernel's RollLoadBalanceOptions::new sets it.
+  const d = DEFAULTS.RollLoadBalanceOptions;
+  const opt = (key, fallback) => (given(o[key]) ? i64(o[key], key) : fallback);
   const options_ = {
     maskWidth: i64(maskWidth, 'maskWidth'),
     maxPackedSequenceLength: i64(maxPackedSequenceLength, 'maxPackedSequenceLength'),
-    minNumMicroBatches: one('minNumMicroBatches'),
-    tp: one('tp'),
-    cp: one('cp'),
-    vp: one('vp'),
+    minNumMicroBatches: opt('minNumMicroBatches', d.min_num_micro_batches),
+    tp: opt('tp', d.tp),
+    cp: opt('cp', d.cp),
+    vp: opt('vp', d.vp),
     dpNumMicroBatches: given(o.dpNumMicroBatches) ? i64(o.dpNumMicroBatches, 'dpNumMicroBatches') : undefined,
   };
   const l = i64Array(lengths, 'lengths');

@@ -4,33 +4,32 @@
 // resources, the alignment rule, group labels).
 import { InvalidArgumentError } from './errors.js';
 import { bool, checkEntries, given, oneOf, u32, u64, u64Array } from './convert.js';
-import { LIMITS, SEGMENTS, STREAM } from '../generated/manifest.js';
+import { COST_PRESETS, DEFAULTS, LIMITS, NAMES, SEGMENTS, STREAM } from '../generated/manifest.js';
 
-export { SEGMENTS, STREAM };
+export { DEFAULTS, SEGMENTS };
 
-/** The kernel's named cost models: a sequence of L tokens costs `linear·L + quadratic·L²`. */
-export const COSTS = Object.freeze({
-  tokens: Object.freeze([1n, 0n]),
-  attention: Object.freeze([24576n, 1n]),
-});
+/**
+ * The kernel's named cost models: a sequence of L tokens costs `linear·L + quadratic·L²`
+ * (kernel/src/names.rs COST_PRESETS).
+ */
+export const COSTS = COST_PRESETS;
 
-/** The most groups, ranks or micro-batches a kernel call sizes a result by (the kernel's, 2**20). */
+/** The most groups, ranks or micro-batches a kernel call sizes a result by (kernel/src/lib.rs). */
 export const MAX_COUNT = LIMITS.MAX_COUNT;
-/** The largest cp or tp (the kernel's, 2**16). */
-export const MAX_PARALLEL = LIMITS.MAX_PARALLEL;
-/** The oversize policies, the kernel's names. */
-export const OVERSIZE = ['error', 'single', 'drop'];
-/** The packing algorithms, the kernel's names. */
-export const PACK_METHODS = ['bfd', 'ffd', 'next-fit'];
-/** The most resources (limits besides the segment count) of `packMulti` (the kernel's, 8). */
-export const MAX_RESOURCES = LIMITS.MAX_RESOURCES;
+/** The largest cp or tp (kernel/src/layout.rs). */
+const MAX_PARALLEL = LIMITS.MAX_PARALLEL;
+/** The most resources (limits besides the segment count) of `packMulti` (kernel/src/multi.rs). */
+const MAX_RESOURCES = LIMITS.MAX_RESOURCES;
 
-/** A cost option: a preset name or a `[linear, quadratic]` pair of integers. */
-export function costOption(cost, name = 'cost') {
-  if (!given(cost)) return { linear: 1n, quadratic: 0n };
+/** `'a' or 'b' or …` of the cost presets' names, for messages. */
+const PRESET_NAMES = Object.keys(COSTS).map((name) => `'${name}'`).join(' or ');
+
+/** A cost option: a preset name or a `[linear, quadratic]` pair of integers (omitted: `preset`). */
+export function costOption(cost, preset, name = 'cost') {
+  if (!given(cost)) cost = preset;
   if (typeof cost === 'string') {
     if (!(cost in COSTS)) {
-      throw new InvalidArgumentError(`${name} must be 'tokens' or 'attention' or a [linear, quadratic] pair of integers (got ${JSON.stringify(cost)})`);
+      throw new InvalidArgumentError(`${name} must be ${PRESET_NAMES} or a [linear, quadratic] pair of integers (got ${JSON.stringify(cost)})`);
     }
     const [linear, quadratic] = COSTS[/** @type {keyof COSTS} */ (cost)];
     return { linear, quadratic };
@@ -38,15 +37,38 @@ export function costOption(cost, name = 'cost') {
   if (Array.isArray(cost) && cost.length === 2) {
     return { linear: u64(cost[0], `${name} linear coefficient`), quadratic: u64(cost[1], `${name} quadratic coefficient`) };
   }
-  throw new InvalidArgumentError(`${name} must be 'tokens' or 'attention' or a [linear, quadratic] pair of integers (got ${typeof cost})`);
+  throw new InvalidArgumentError(`${name} must be ${PRESET_NAMES} or a [linear, quadratic] pair of integers (got ${typeof cost})`);
 }
 
-/** The options `pack` and `packMulti` share (align, method, oversize), with the host's defaults. */
-export function packOptions(o) {
+/** `o[key]` if given (checked by `check`), else the kernel's `fallback`. */
+function or(o, key, check, fallback) {
+  return given(o[key]) ? check(o[key], key) : fallback;
+}
+
+/** An `align` option (≥ 1), else the kernel's default `fallback`. */
+function alignOption(o, fallback) {
+  return or(o, 'align', (v, key) => u64(v, key, 1n), fallback);
+}
+
+/** The options of `partition`, with the kernel's defaults. */
+export function partitionOptions(o) {
+  const d = DEFAULTS.PartitionOptions;
+  const method = or(o, 'method', (v, key) => oneOf(v, key, NAMES.PartitionMethod), d.method);
   return {
-    align: given(o.align) ? u64(o.align, 'align', 1n) : 1n,
-    method: given(o.method) ? oneOf(o.method, 'method', PACK_METHODS) : 'bfd',
-    oversize: given(o.oversize) ? oneOf(o.oversize, 'oversize', OVERSIZE) : 'error',
+    method,
+    equalSize: or(o, 'equalSize', bool, d.equal_size),
+    // verl's output is reproduced as is: not refined unless asked (which the kernel refuses).
+    refine: or(o, 'refine', bool, d.refine && method !== 'verl'),
+  };
+}
+
+/** The options `pack` and `packMulti` share (align, method, oversize), with the kernel's defaults. */
+export function packOptions(o) {
+  const d = DEFAULTS.PackOptions;
+  return {
+    align: alignOption(o, d.align),
+    method: or(o, 'method', (v, key) => oneOf(v, key, NAMES.PackMethod), d.method),
+    oversize: or(o, 'oversize', (v, key) => oneOf(v, key, NAMES.OversizePolicy), d.oversize),
   };
 }
 
@@ -111,23 +133,39 @@ export function rows(sizes, n) {
   return out;
 }
 
-/** Micro-batch options shared by `microBatches` and `balance`. */
+/** Micro-batch options shared by `microBatches` and `balance`, with the kernel's defaults. */
 export function microOptions(maxTokenLen, cost, o) {
-  const divisibleBy = given(o.divisibleBy) ? u32(o.divisibleBy, 'divisibleBy', 1, MAX_COUNT) : 1;
+  const d = DEFAULTS.MicroOptions;
+  const count = (low) => (v, key) => u32(v, key, low, MAX_COUNT);
+  const divisibleBy = or(o, 'divisibleBy', count(1), d.divisible_by);
   return {
     maxTokenLen: u64(maxTokenLen, 'maxTokenLen', 1n),
     cost,
-    minCount: given(o.minCount) ? u32(o.minCount, 'minCount', 0, MAX_COUNT) : 0,
+    minCount: or(o, 'minCount', count(0), d.min_count),
     divisibleBy,
-    count: given(o.count) ? u32(o.count, 'count', 1, MAX_COUNT) : undefined,
-    order: given(o.order) ? oneOf(o.order, 'order', ['none', 'cost-desc', 'verl', 'roll']) : 'none',
+    count: or(o, 'count', count(1), undefined),
+    order: or(o, 'order', (v, key) => oneOf(v, key, NAMES.Order), d.order),
   };
 }
 
-/** Alignment options of `padFactor` and `cpLayout`. */
-export function alignOptions(o, cpDefault) {
-  const cp = given(o.cp) ? u32(o.cp, 'cp', 1, MAX_PARALLEL) : cpDefault;
-  const tp = given(o.tp) ? u32(o.tp, 'tp', 1, MAX_PARALLEL) : 1;
+/** The DP options of `balance` (n samples), with the kernel's defaults. */
+export function dpOptions(cost, o, n) {
+  return {
+    cost,
+    groups: given(o.groups) ? labelIds(o.groups, n) : undefined,
+    minibatchSize: or(o, 'minibatchSize', (v, key) => u32(v, key, 1), undefined),
+    equalCount: or(o, 'equalCount', bool, DEFAULTS.DpOptions.equal_count),
+  };
+}
+
+/**
+ * Alignment options of `padFactor` and `cpLayout`. cp and tp default to 1 (no parallelism: the
+ * kernel has no default for them); the factor rule to `cp_tp`.
+ */
+export function alignOptions(o) {
+  const parallel = (v, key) => u32(v, key, 1, MAX_PARALLEL);
+  const cp = or(o, 'cp', parallel, 1);
+  const tp = or(o, 'tp', parallel, 1);
   let factor = { tag: 'cp-tp' };
   if (given(o.align)) {
     if (o.align === 'cp_tp' || o.align === 'cp-tp') factor = { tag: 'cp-tp' };
@@ -136,11 +174,36 @@ export function alignOptions(o, cpDefault) {
       throw new InvalidArgumentError(`align must be 'cp_tp', 'roll' or a positive integer (got ${JSON.stringify(o.align)})`);
     } else factor = { tag: 'multiple', val: u64(o.align, 'align', 1n) };
   }
-  return { cp, tp, factor, powerOfTwo: given(o.powerOfTwo) ? bool(o.powerOfTwo, 'powerOfTwo') : false };
+  return { cp, tp, factor, powerOfTwo: or(o, 'powerOfTwo', bool, DEFAULTS.AlignOptions.power_of_two) };
+}
+
+/** `cpLayout`'s message for a missing cp. */
+export const CP_NEEDED = `cpLayout needs cp (in 1..=${MAX_PARALLEL})`;
+
+/** The options of `rawPlan`, with the kernel's defaults. */
+export function planOptions(o) {
+  const d = DEFAULTS.PlanOptions;
+  return {
+    packingLength: u64(o.packingLength, 'packingLength', 1n),
+    align: alignOption(o, d.align),
+    allowSingleLong: or(o, 'allowSingleLong', bool, d.allow_single_long),
+  };
+}
+
+/** The options of `streamPacker` (capacity `capacity`), with the kernel's defaults and limits. */
+export function streamOptions(capacity, o) {
+  const d = DEFAULTS.StreamOptions;
+  return {
+    capacity: u64(capacity, 'capacity', 1n),
+    align: alignOption(o, d.align),
+    maxOpenBins: or(o, 'maxOpenBins', (v, key) => u32(v, key, 1, STREAM.MAX_OPEN_BINS), STREAM.DEFAULT_MAX_OPEN_BINS),
+    maxBuffered: or(o, 'maxBuffered', (v, key) => u32(v, key, 0, STREAM.MAX_BUFFERED), STREAM.DEFAULT_MAX_BUFFERED),
+    oversize: or(o, 'oversize', (v, key) => oneOf(v, key, NAMES.OversizePolicy), d.oversize),
+  };
 }
 
 /** Labels (any values) → dense u32 ids, one per sample. */
-export function labelIds(groups, n) {
+function labelIds(groups, n) {
   if (!groups || typeof groups === 'string' || typeof groups[Symbol.iterator] !== 'function') {
     throw new InvalidArgumentError('groups must be a sequence of labels, one per sample');
   }

@@ -1,19 +1,22 @@
 // The API on one loaded kernel component: a method per entry point, each checking its
 // arguments (options.js), calling the kernel's interface and wrapping the result.
 import { InvalidArgumentError, call } from './errors.js';
-import { bool, given, oneOf, options, u32, u64, u64Array } from './convert.js';
+import { bool, given, options, u32, u64, u64Array } from './convert.js';
 import { loadKernel } from './kernel.js';
 import {
+  CP_NEEDED,
+  DEFAULTS,
   MAX_COUNT,
-  OVERSIZE,
-  STREAM,
   alignOptions,
   costOption,
-  labelIds,
+  dpOptions,
   microOptions,
   packOptions,
+  partitionOptions,
+  planOptions,
   resourceTable,
   rows,
+  streamOptions,
 } from './options.js';
 import { AlignedPlan, CpLayout, MultiPacking, Packing, Partition, RawPlan } from './results.js';
 import { Balance, MicroBatches } from './balance.js';
@@ -57,12 +60,7 @@ export class Stowplan {
   partition(weights, k, opts) {
     const o = options(opts, 'partition', ['method', 'equalSize', 'refine']);
     const kk = u32(k, 'k', 1, MAX_COUNT);
-    const method = given(o.method) ? oneOf(o.method, 'method', ['kk', 'greedy', 'verl']) : 'kk';
-    const options_ = {
-      method,
-      equalSize: given(o.equalSize) ? bool(o.equalSize, 'equalSize') : false,
-      refine: given(o.refine) ? bool(o.refine, 'refine') : method !== 'verl',
-    };
+    const options_ = partitionOptions(o);
     const w = u64Array(weights, 'weights');
     return new Partition(call(() => this.k.partition.partition(w, kk, options_)));
   }
@@ -110,7 +108,7 @@ export class Stowplan {
    */
   microBatches(lengths, maxTokenLen, opts) {
     const o = options(opts, 'microBatches', ['cost', 'minCount', 'divisibleBy', 'count', 'order', 'extraCosts']);
-    const m = microOptions(maxTokenLen, costOption(o.cost), o);
+    const m = microOptions(maxTokenLen, costOption(o.cost, DEFAULTS.MicroOptions.cost), o);
     const l = u64Array(lengths, 'lengths');
     if (given(o.extraCosts)) {
       const e = u64Array(o.extraCosts, 'extraCosts');
@@ -131,7 +129,7 @@ export class Stowplan {
       'extraCosts',
     ]);
     const d = u32(dp, 'dp', 1, MAX_COUNT);
-    const cost = costOption(o.cost);
+    const cost = costOption(o.cost, DEFAULTS.DpOptions.cost);
     const micro = given(o.maxTokenLen) ? microOptions(o.maxTokenLen, cost, o) : null;
     if (!micro) {
       for (const key of ['minCount', 'divisibleBy', 'count', 'order']) {
@@ -139,20 +137,15 @@ export class Stowplan {
       }
     }
     const l = u64Array(lengths, 'lengths');
-    const dpOptions = {
-      cost,
-      groups: given(o.groups) ? labelIds(o.groups, l.length) : undefined,
-      minibatchSize: given(o.minibatchSize) ? u32(o.minibatchSize, 'minibatchSize', 1) : undefined,
-      equalCount: given(o.equalCount) ? bool(o.equalCount, 'equalCount') : true,
-    };
+    const dpOpts = dpOptions(cost, o, l.length);
     // A multimodal sample's extra cost (image patches, vision tokens) is balanced over ranks
     // and micro-batches; caps count tokens only.
     const e = given(o.extraCosts) ? u64Array(o.extraCosts, 'extraCosts') : null;
     if (!micro) {
-      const dp = e ? call(() => this.k.multimodal.balanceDp(l, e, d, dpOptions)) : call(() => this.k.balance.balanceDp(l, d, dpOptions));
+      const dp = e ? call(() => this.k.multimodal.balanceDp(l, e, d, dpOpts)) : call(() => this.k.balance.balanceDp(l, d, dpOpts));
       return new Balance(dp, null, l);
     }
-    const p = e ? call(() => this.k.multimodal.plan(l, e, d, dpOptions, micro)) : call(() => this.k.balance.plan(l, d, dpOptions, micro));
+    const p = e ? call(() => this.k.multimodal.plan(l, e, d, dpOpts, micro)) : call(() => this.k.balance.plan(l, d, dpOpts, micro));
     return new Balance(p.dp, p.ranks.map((r) => new MicroBatches(r)), l);
   }
 
@@ -163,7 +156,7 @@ export class Stowplan {
    */
   padFactor(opts) {
     const o = options(opts, 'padFactor', ['cp', 'tp', 'align', 'powerOfTwo']);
-    const a = alignOptions(o, 1);
+    const a = alignOptions(o);
     return call(() => this.k.layout.padFactor(a));
   }
 
@@ -175,8 +168,8 @@ export class Stowplan {
    */
   cpLayout(lengths, opts) {
     const o = options(opts, 'cpLayout', ['cp', 'tp', 'align', 'powerOfTwo']);
-    if (!given(o.cp)) throw new InvalidArgumentError('cpLayout needs cp (in 1..=65536)');
-    const a = alignOptions(o, 1);
+    if (!given(o.cp)) throw new InvalidArgumentError(CP_NEEDED);
+    const a = alignOptions(o);
     const l = u64Array(lengths, 'lengths');
     return new CpLayout(call(() => this.k.layout.cpLayout(l, a)), a.cp);
   }
@@ -189,11 +182,7 @@ export class Stowplan {
    */
   rawPlan(lengths, opts) {
     const o = options(opts, 'rawPlan', ['packingLength', 'align', 'allowSingleLong']);
-    const p = {
-      packingLength: u64(o.packingLength, 'packingLength', 1n),
-      align: given(o.align) ? u64(o.align, 'align', 1n) : 1n,
-      allowSingleLong: given(o.allowSingleLong) ? bool(o.allowSingleLong, 'allowSingleLong') : false,
-    };
+    const p = planOptions(o);
     const l = u64Array(lengths, 'lengths');
     return new RawPlan(call(() => this.k.plan.rawPlan(l, p)), p);
   }
@@ -236,17 +225,7 @@ export class Stowplan {
    */
   async streamPacker(capacity, opts) {
     const o = options(opts, 'streamPacker', ['maxOpenBins', 'maxBuffered', 'align', 'oversize']);
-    const so = {
-      capacity: u64(capacity, 'capacity', 1n),
-      align: given(o.align) ? u64(o.align, 'align', 1n) : 1n,
-      maxOpenBins: given(o.maxOpenBins)
-        ? u32(o.maxOpenBins, 'maxOpenBins', 1, STREAM.MAX_OPEN_BINS)
-        : STREAM.DEFAULT_MAX_OPEN_BINS,
-      maxBuffered: given(o.maxBuffered)
-        ? u32(o.maxBuffered, 'maxBuffered', 0, STREAM.MAX_BUFFERED)
-        : STREAM.DEFAULT_MAX_BUFFERED,
-      oversize: given(o.oversize) ? oneOf(o.oversize, 'oversize', OVERSIZE) : 'error',
-    };
+    const so = streamOptions(capacity, o);
     const k = await this.spawn();
     return new StreamPacker(call(() => k.streaming.Packer.create(so)), k);
   }
