@@ -201,12 +201,35 @@ const defaults = {
   VerlMicroOptions: kernelDefaults('peers.rs', 'VerlMicroOptions', ['use_dynamic_bsz_balance', 'force_group_size']),
   RollLoadBalanceOptions: kernelDefaults('peers.rs', 'RollLoadBalanceOptions', ['min_num_micro_batches', 'tp', 'cp', 'vp']),
 };
+/** The cases of `kind` (`enum`, `variant`) `name` of interface `iface` in wit/kernel.wit. */
+function witCases(iface, kind, name) {
+  const wit = readFileSync(join(root, 'wit/kernel.wit'), 'utf8').replace(/\/\/.*$/gm, '');
+  const body = wit.match(new RegExp(`\\binterface ${iface} \\{([\\s\\S]*?)\\n\\}`));
+  const m = body?.[1].match(new RegExp(`\\b${kind} ${name} \\{([^}]*)\\}`));
+  if (!m) fail(`wit/kernel.wit has no ${kind} ${name} in interface ${iface}`);
+  return m[1].split(',').map((c) => c.trim().replace(/\(.*\)$/, '')).filter(Boolean);
+}
+/**
+ * The Python exception of each case of verl's py-error (its WIT tag → class name), from
+ * PyError::type_name (kernel/src/verl.rs); the tag is the variant's name in kebab-case.
+ */
+function pyErrors() {
+  const { path, text } = kernelSource('verl.rs');
+  const kebab = (ident) => ident.replace(/(?<!^)([A-Z])/g, '-$1').toLowerCase();
+  const names = Object.fromEntries([...text.matchAll(/PyError::(\w+)\(_\) => "(\w+)",/g)].map((m) => [kebab(m[1]), m[2]]));
+  const out = {};
+  for (const tag of witCases('verl', 'variant', 'py-error')) {
+    if (!(tag in names)) fail(`${path}'s PyError::type_name names no Python exception for verl's py-error ${tag}`);
+    out[tag] = names[tag];
+  }
+  return out;
+}
 /** `value` as a JavaScript literal: bigints as `Nn`, arrays and objects frozen. */
 function literal(value) {
   if (typeof value === 'bigint') return `${value}n`;
   if (Array.isArray(value)) return `Object.freeze([${value.map(literal).join(', ')}])`;
   if (value && typeof value === 'object') {
-    return `Object.freeze({ ${Object.entries(value).map(([k, v]) => `${k}: ${literal(v)}`).join(', ')} })`;
+    return `Object.freeze({ ${Object.entries(value).map(([k, v]) => `${/^\w+$/.test(k) ? k : JSON.stringify(k)}: ${literal(v)}`).join(', ')} })`;
   }
   return JSON.stringify(value);
 }
@@ -229,6 +252,10 @@ export const SEGMENTS = ${JSON.stringify(kernelString('multi.rs', 'SEGMENTS'))};
 export const NAMES = ${literal(Object.fromEntries(Object.entries(names).map(([type, v]) => [type, v.map(([, name]) => name)])))};
 /** The kernel's cost presets, name → [linear, quadratic] (kernel/src/names.rs COST_PRESETS, balance.rs). */
 export const COST_PRESETS = ${literal(costs.presets)};
+/** The Python exception of each case of verl's py-error, WIT tag → name (kernel/src/verl.rs PyError::type_name). */
+export const PY_ERRORS = ${literal(pyErrors())};
+/** The verl functions the kernel reproduces: the cases of the verl interface's function enum (wit/kernel.wit). */
+export const VERL_FUNCTIONS = ${literal(witCases('verl', 'enum', 'function'))};
 /** The defaults the kernel's options constructors set, struct → field → value (enums and costs by name). */
 export const DEFAULTS = ${literal(defaults)};
 `;

@@ -7,20 +7,12 @@
 import { PeerError } from './errors.js';
 import { internal, logSeqlenUnbalance, stowplan } from './index.js';
 import { DEFAULTS } from './options.js';
+import { PY_ERRORS, VERL_FUNCTIONS } from '../generated/manifest.js';
 
 const { call, u32, i64, i64Array, u32Array, u64Array, u64, options, given, bool, lists } = internal;
 
 export { logSeqlenUnbalance, PeerError };
 export * from './compat_slime.js';
-
-/** verl's exception names by the kernel's tags. */
-const PY_NAMES = {
-  'assertion-error': 'AssertionError',
-  'index-error': 'IndexError',
-  'type-error': 'TypeError',
-  'zero-division-error': 'ZeroDivisionError',
-  'memory-error': 'MemoryError',
-};
 
 /** Flat groups as arrays of numbers. */
 function arrays(g) {
@@ -34,7 +26,7 @@ function peer(f, kernel) {
       return f(kernel.kernel);
     } catch (e) {
       const p = e?.payload;
-      if (p && typeof p.tag === 'string' && p.tag in PY_NAMES) throw new PeerError(PY_NAMES[p.tag], p.val);
+      if (p && typeof p.tag === 'string' && p.tag in PY_ERRORS) throw new PeerError(PY_ERRORS[p.tag], p.val);
       throw e;
     }
   });
@@ -49,7 +41,7 @@ function peer(f, kernel) {
  * @returns {number[][]}
  */
 export function verl(fn, seqlens, k, equalSize, kernel = stowplan) {
-  const names = ['karmarkar_karp', 'greedy_partition', 'get_seqlen_balanced_partitions'];
+  const names = VERL_FUNCTIONS.map((f) => f.replaceAll('-', '_'));
   if (!names.includes(fn)) throw new PeerError('ValueError', `unknown verl function ${JSON.stringify(fn)}; known: ${names.join(', ')}`);
   const s = i64Array(seqlens, 'seqlens');
   const kk = u32(k, 'k');
