@@ -9,8 +9,9 @@
 //                                    the streaming packer's defaults (kernel/src/stream.rs),
 //                                    the kernel's count limits (kernel/src/lib.rs, layout.rs,
 //                                    multi.rs), its option names and cost presets
-//                                    (kernel/src/names.rs) and its options' defaults (what its
-//                                    options constructors set)
+//                                    (kernel/src/names.rs), its options' defaults (what its
+//                                    options constructors set) and verl's names (the WIT's
+//                                    verl interface, kernel/src/verl.rs)
 //   generated/workloads/             the CLI's built-in workload, for the explorer
 //
 // No Rust or wasm toolchain is needed: jco (a pinned devDependency) does the transpiling.
@@ -104,6 +105,8 @@ const limits = {
 // The kernel's option names, cost presets and option defaults, from the kernel's source too:
 // the SDK checks options against the kernel's own lists and fills in what the kernel's
 // constructors set, instead of restating them.
+/** wit/kernel.wit without its comments. */
+const WIT = readFileSync(join(root, 'wit/kernel.wit'), 'utf8').replace(/\/\/.*$/gm, '');
 /** The kernel source `file` (under kernel/src) and its path. */
 function kernelSource(file) {
   const path = join(root, 'kernel/src', file);
@@ -124,8 +127,7 @@ function kernelNames() {
   }
   // The names go to the component as the cases of its WIT enums: a name that is not one would
   // be refused by the bindings, so say so here.
-  const wit = readFileSync(join(root, 'wit/kernel.wit'), 'utf8').replace(/\/\/.*$/gm, '');
-  const enums = [...wit.matchAll(/\benum [\w-]+ \{([^}]*)\}/g)].map((m) => m[1].split(',').map((c) => c.trim()).filter(Boolean).sort().join());
+  const enums = [...WIT.matchAll(/\benum [\w-]+ \{([^}]*)\}/g)].map((m) => m[1].split(',').map((c) => c.trim()).filter(Boolean).sort().join());
   for (const [type, variants] of Object.entries(out)) {
     if (!enums.includes(variants.map(([, name]) => name).sort().join())) {
       fail(`the names of ${type} in ${path} are not the cases of an enum of wit/kernel.wit`);
@@ -203,8 +205,7 @@ const defaults = {
 };
 /** The cases of `kind` (`enum`, `variant`) `name` of interface `iface` in wit/kernel.wit. */
 function witCases(iface, kind, name) {
-  const wit = readFileSync(join(root, 'wit/kernel.wit'), 'utf8').replace(/\/\/.*$/gm, '');
-  const body = wit.match(new RegExp(`\\binterface ${iface} \\{([\\s\\S]*?)\\n\\}`));
+  const body = WIT.match(new RegExp(`\\binterface ${iface} \\{([\\s\\S]*?)\\n\\}`));
   const m = body?.[1].match(new RegExp(`\\b${kind} ${name} \\{([^}]*)\\}`));
   if (!m) fail(`wit/kernel.wit has no ${kind} ${name} in interface ${iface}`);
   return m[1].split(',').map((c) => c.trim().replace(/\(.*\)$/, '')).filter(Boolean);
