@@ -6,9 +6,12 @@
 //   generated/manifest.js            the component's expected sha256 (read here from
 //                                    host/assets/stowplan_kernel.wasm.sha256, the one place that
 //                                    knows it), where each core module sits in the component,
-//                                    the streaming packer's defaults (kernel/src/stream.rs) and
+//                                    the streaming packer's defaults (kernel/src/stream.rs),
 //                                    the kernel's count limits (kernel/src/lib.rs, layout.rs,
-//                                    multi.rs)
+//                                    multi.rs), its option names and cost presets
+//                                    (kernel/src/names.rs), its options' defaults (what its
+//                                    options constructors set) and verl's names (the WIT's
+//                                    verl interface, kernel/src/verl.rs)
 //   generated/workloads/             the CLI's built-in workload, for the explorer
 //
 // No Rust or wasm toolchain is needed: jco (a pinned devDependency) does the transpiling.
@@ -99,6 +102,139 @@ const limits = {
   ...kernelConsts('multi.rs', ['MAX_RESOURCES']),
 };
 
+// The kernel's option names, cost presets and option defaults, from the kernel's source too:
+// the SDK checks options against the kernel's own lists and fills in what the kernel's
+// constructors set, instead of restating them.
+/** wit/kernel.wit without its comments. */
+const WIT = readFileSync(join(root, 'wit/kernel.wit'), 'utf8').replace(/\/\/.*$/gm, '');
+/** The kernel source `file` (under kernel/src) and its path. */
+function kernelSource(file) {
+  const path = join(root, 'kernel/src', file);
+  return { path, text: readFileSync(path, 'utf8') };
+}
+/**
+ * Every option name of the kernel's named enums, from kernel/src/names.rs (`named!(Type,
+ * "what", [Variant => "name", …]);`), the default first: Type → [[Variant, name], …].
+ */
+function kernelNames() {
+  const { path, text } = kernelSource('names.rs');
+  const out = {};
+  for (const m of text.matchAll(/^named!\((\w+), "[^"]+", \[([^\]]*)\]\);$/gm)) {
+    out[m[1]] = [...m[2].matchAll(/(\w+) => "([^"]+)"/g)].map((v) => [v[1], v[2]]);
+  }
+  for (const type of ['PartitionMethod', 'PackMethod', 'OversizePolicy', 'Order']) {
+    if (!out[type]?.length) fail(`${path} has no \`named!(${type}, "…", [Variant => "name", …]);\``);
+  }
+  // The names go to the component as the cases of its WIT enums: a name that is not one would
+  // be refused by the bindings, so say so here.
+  const enums = [...WIT.matchAll(/\benum [\w-]+ \{([^}]*)\}/g)].map((m) => m[1].split(',').map((c) => c.trim()).filter(Boolean).sort().join());
+  for (const [type, variants] of Object.entries(out)) {
+    if (!enums.includes(variants.map(([, name]) => name).sort().join())) {
+      fail(`the names of ${type} in ${path} are not the cases of an enum of wit/kernel.wit`);
+    }
+  }
+  return out;
+}
+/**
+ * The kernel's cost presets: `presets` name → [linear, quadratic], `constants` Cost's constant
+ * → name (COST_PRESETS in names.rs, of Cost's constants in balance.rs).
+ */
+function kernelCosts() {
+  const { path, text } = kernelSource('names.rs');
+  const presets = text.match(/pub const COST_PRESETS: \[\(&str, Cost\); \d+\] = \[(.*)\];/);
+  if (!presets) fail(`${path} has no \`pub const COST_PRESETS: [(&str, Cost); N] = [("name", Cost::NAME), …];\``);
+  const balance = kernelSource('balance.rs');
+  const out = { presets: {}, constants: {} };
+  for (const [, name, constant] of presets[1].matchAll(/\("([^"]+)", Cost::(\w+)\)/g)) {
+    const c = balance.text.match(new RegExp(`pub const ${constant}: Cost = Cost \\{ linear: ([\\d_]+), quadratic: ([\\d_]+) \\};`));
+    if (!c) fail(`${balance.path} has no \`pub const ${constant}: Cost = Cost { linear: N, quadratic: M };\``);
+    out.presets[name] = [BigInt(c[1].replaceAll('_', '')), BigInt(c[2].replaceAll('_', ''))];
+    out.constants[constant] = name;
+  }
+  if (Object.keys(out.presets).length === 0) fail(`${path}'s COST_PRESETS names no preset`);
+  return out;
+}
+const names = kernelNames();
+const costs = kernelCosts();
+/**
+ * The defaults of `fields` of the kernel's options struct `type` (in `file`): the values its
+ * constructor (`impl Default for Type` or `impl Type { pub fn new(…) }`) writes in its
+ * `Self { field: value, … }`. Integers of u64/i64 fields become bigints, of u32 fields
+ * numbers; an enum value becomes its name (names.rs), a cost its preset's name.
+ */
+function kernelDefaults(file, type, fields) {
+  const { path, text } = kernelSource(file);
+  const struct = text.match(new RegExp(`pub struct ${type}(?:<[^>]*>)? \\{([\\s\\S]*?)\\n\\}`));
+  if (!struct) fail(`${path} has no \`pub struct ${type} { … }\``);
+  const types = Object.fromEntries([...struct[1].matchAll(/^\s*pub (\w+): ([^\n]+),$/gm)].map((m) => [m[1], m[2]]));
+  const at = text.search(new RegExp(`\\nimpl(?:<[^>]*>)? (?:Default for )?${type}(?:<[^>]*>)? \\{`));
+  const literal = at < 0 ? null : text.slice(at).match(/(?<!-> )\bSelf \{([^}]*)\}/);
+  if (!literal) fail(`${path} has no constructor of ${type} (\`impl Default for ${type}\` or \`impl ${type}\` with \`Self { … }\`)`);
+  const values = {};
+  for (const part of literal[1].split(',')) {
+    const m = part.trim().match(/^(\w+): ([\s\S]+)$/);
+    if (m) values[m[1]] = m[2].trim();
+  }
+  const out = {};
+  for (const field of fields) {
+    const [v, t] = [values[field], types[field]];
+    const what = `${type}'s ${field} (${v} of ${t}, ${path})`;
+    let value;
+    if (v === undefined || t === undefined) fail(`${path}: the constructor of ${type} sets no default of ${field}`);
+    else if (/^\d[\d_]*$/.test(v) && /^[ui]64$/.test(t)) value = BigInt(v.replaceAll('_', ''));
+    else if (/^\d[\d_]*$/.test(v) && /^u(8|16|32)$/.test(t)) value = Number(v.replaceAll('_', ''));
+    else if (v === 'true' || v === 'false') value = v === 'true';
+    else if (t === 'Cost' && v.startsWith('Cost::') && v.slice(6) in costs.constants) value = costs.constants[v.slice(6)];
+    else if (v.startsWith(`${t}::`) && names[t]?.some(([variant]) => variant === v.slice(t.length + 2))) {
+      value = names[t].find(([variant]) => variant === v.slice(t.length + 2))[1];
+    } else fail(`cannot read ${what}: not an integer, a bool, a named enum value or a cost preset`);
+    out[field] = value;
+  }
+  return out;
+}
+const defaults = {
+  PartitionOptions: kernelDefaults('partition.rs', 'PartitionOptions', ['method', 'equal_size', 'refine']),
+  PackOptions: kernelDefaults('pack.rs', 'PackOptions', ['align', 'method', 'oversize']),
+  MicroOptions: kernelDefaults('balance.rs', 'MicroOptions', ['cost', 'min_count', 'divisible_by', 'order']),
+  DpOptions: kernelDefaults('balance.rs', 'DpOptions', ['cost', 'equal_count']),
+  AlignOptions: kernelDefaults('layout.rs', 'AlignOptions', ['power_of_two']),
+  PlanOptions: kernelDefaults('plan.rs', 'PlanOptions', ['align', 'allow_single_long']),
+  StreamOptions: kernelDefaults('stream.rs', 'StreamOptions', ['align', 'oversize']),
+  VerlMicroOptions: kernelDefaults('peers.rs', 'VerlMicroOptions', ['use_dynamic_bsz_balance', 'force_group_size']),
+  RollLoadBalanceOptions: kernelDefaults('peers.rs', 'RollLoadBalanceOptions', ['min_num_micro_batches', 'tp', 'cp', 'vp']),
+};
+/** The cases of `kind` (`enum`, `variant`) `name` of interface `iface` in wit/kernel.wit. */
+function witCases(iface, kind, name) {
+  const body = WIT.match(new RegExp(`\\binterface ${iface} \\{([\\s\\S]*?)\\n\\}`));
+  const m = body?.[1].match(new RegExp(`\\b${kind} ${name} \\{([^}]*)\\}`));
+  if (!m) fail(`wit/kernel.wit has no ${kind} ${name} in interface ${iface}`);
+  return m[1].split(',').map((c) => c.trim().replace(/\(.*\)$/, '')).filter(Boolean);
+}
+/**
+ * The Python exception of each case of verl's py-error (its WIT tag → class name), from
+ * PyError::type_name (kernel/src/verl.rs); the tag is the variant's name in kebab-case.
+ */
+function pyErrors() {
+  const { path, text } = kernelSource('verl.rs');
+  const kebab = (ident) => ident.replace(/(?<!^)([A-Z])/g, '-$1').toLowerCase();
+  const names = Object.fromEntries([...text.matchAll(/PyError::(\w+)\(_\) => "(\w+)",/g)].map((m) => [kebab(m[1]), m[2]]));
+  const out = {};
+  for (const tag of witCases('verl', 'variant', 'py-error')) {
+    if (!(tag in names)) fail(`${path}'s PyError::type_name names no Python exception for verl's py-error ${tag}`);
+    out[tag] = names[tag];
+  }
+  return out;
+}
+/** `value` as a JavaScript literal: bigints as `Nn`, arrays and objects frozen. */
+function literal(value) {
+  if (typeof value === 'bigint') return `${value}n`;
+  if (Array.isArray(value)) return `Object.freeze([${value.map(literal).join(', ')}])`;
+  if (value && typeof value === 'object') {
+    return `Object.freeze({ ${Object.entries(value).map(([k, v]) => `${/^\w+$/.test(k) ? k : JSON.stringify(k)}: ${literal(v)}`).join(', ')} })`;
+  }
+  return JSON.stringify(value);
+}
+
 copyFileSync(componentPath, join(out, 'stowplan_kernel.wasm'));
 const manifest = `// Generated by scripts/build.mjs from ${componentPath.slice(root.length + 1)}: do not edit.
 /** The sha256 (hex) the kernel component must have, from ${shaPath.slice(root.length + 1)}. */
@@ -113,6 +249,16 @@ export const STREAM = Object.freeze(${JSON.stringify(stream)});
 export const LIMITS = Object.freeze(${JSON.stringify(limits)});
 /** The segment limit's name beside the named resources of a packing under several limits (kernel/src/multi.rs). */
 export const SEGMENTS = ${JSON.stringify(kernelString('multi.rs', 'SEGMENTS'))};
+/** Every option name of the kernel's named enums, type → names, the default first (kernel/src/names.rs). */
+export const NAMES = ${literal(Object.fromEntries(Object.entries(names).map(([type, v]) => [type, v.map(([, name]) => name)])))};
+/** The kernel's cost presets, name → [linear, quadratic] (kernel/src/names.rs COST_PRESETS, balance.rs). */
+export const COST_PRESETS = ${literal(costs.presets)};
+/** The Python exception of each case of verl's py-error, WIT tag → name (kernel/src/verl.rs PyError::type_name). */
+export const PY_ERRORS = ${literal(pyErrors())};
+/** The verl functions the kernel reproduces: the cases of the verl interface's function enum (wit/kernel.wit). */
+export const VERL_FUNCTIONS = ${literal(witCases('verl', 'enum', 'function'))};
+/** The defaults the kernel's options constructors set, struct → field → value (enums and costs by name). */
+export const DEFAULTS = ${literal(defaults)};
 `;
 writeFileSync(join(out, 'manifest.js'), manifest);
 

@@ -6,20 +6,13 @@
 // a PeerError whose `type` is the Python exception the peer raises.
 import { PeerError } from './errors.js';
 import { internal, logSeqlenUnbalance, stowplan } from './index.js';
+import { DEFAULTS } from './options.js';
+import { PY_ERRORS, VERL_FUNCTIONS } from '../generated/manifest.js';
 
 const { call, u32, i64, i64Array, u32Array, u64Array, u64, options, given, bool, lists } = internal;
 
 export { logSeqlenUnbalance, PeerError };
 export * from './compat_slime.js';
-
-/** verl's exception names by the kernel's tags. */
-const PY_NAMES = {
-  'assertion-error': 'AssertionError',
-  'index-error': 'IndexError',
-  'type-error': 'TypeError',
-  'zero-division-error': 'ZeroDivisionError',
-  'memory-error': 'MemoryError',
-};
 
 /** Flat groups as arrays of numbers. */
 function arrays(g) {
@@ -33,7 +26,7 @@ function peer(f, kernel) {
       return f(kernel.kernel);
     } catch (e) {
       const p = e?.payload;
-      if (p && typeof p.tag === 'string' && p.tag in PY_NAMES) throw new PeerError(PY_NAMES[p.tag], p.val);
+      if (p && typeof p.tag === 'string' && p.tag in PY_ERRORS) throw new PeerError(PY_ERRORS[p.tag], p.val);
       throw e;
     }
   });
@@ -48,7 +41,7 @@ function peer(f, kernel) {
  * @returns {number[][]}
  */
 export function verl(fn, seqlens, k, equalSize, kernel = stowplan) {
-  const names = ['karmarkar_karp', 'greedy_partition', 'get_seqlen_balanced_partitions'];
+  const names = VERL_FUNCTIONS.map((f) => f.replaceAll('-', '_'));
   if (!names.includes(fn)) throw new PeerError('ValueError', `unknown verl function ${JSON.stringify(fn)}; known: ${names.join(', ')}`);
   const s = i64Array(seqlens, 'seqlens');
   const kk = u32(k, 'k');
@@ -73,8 +66,10 @@ export function verlRearrangeMicroBatches(seqlens, maxTokenLen, opts, kernel = s
     maxTokenLen: i64(maxTokenLen, 'maxTokenLen'),
     minNumMicroBatch: opt('minNumMicroBatch'),
     numBatchesDividedBy: opt('numBatchesDividedBy'),
-    useDynamicBszBalance: given(o.useDynamicBszBalance) ? bool(o.useDynamicBszBalance, 'useDynamicBszBalance') : true,
-    forceGroupSize: given(o.forceGroupSize) ? i64(o.forceGroupSize, 'forceGroupSize') : 1n,
+    useDynamicBszBalance: given(o.useDynamicBszBalance)
+      ? bool(o.useDynamicBszBalance, 'useDynamicBszBalance')
+      : DEFAULTS.VerlMicroOptions.use_dynamic_bsz_balance,
+    forceGroupSize: given(o.forceGroupSize) ? i64(o.forceGroupSize, 'forceGroupSize') : DEFAULTS.VerlMicroOptions.force_group_size,
     paddedWidth: opt('paddedWidth'),
     dpNumMicroBatches: opt('dpNumMicroBatches'),
   };
@@ -108,14 +103,16 @@ export function balanceBatch(seqlens, dp, opts, kernel = stowplan) {
  */
 export function rollLoadBalance(lengths, maskWidth, maxPackedSequenceLength, opts, kernel = stowplan) {
   const o = options(opts, 'rollLoadBalance', ['minNumMicroBatches', 'tp', 'cp', 'vp', 'dpNumMicroBatches']);
-  const one = (key) => (given(o[key]) ? i64(o[key], key) : 1n);
+  // Omitted: ROLL's default, as the kernel's RollLoadBalanceOptions::new sets it.
+  const d = DEFAULTS.RollLoadBalanceOptions;
+  const opt = (key, fallback) => (given(o[key]) ? i64(o[key], key) : fallback);
   const options_ = {
     maskWidth: i64(maskWidth, 'maskWidth'),
     maxPackedSequenceLength: i64(maxPackedSequenceLength, 'maxPackedSequenceLength'),
-    minNumMicroBatches: one('minNumMicroBatches'),
-    tp: one('tp'),
-    cp: one('cp'),
-    vp: one('vp'),
+    minNumMicroBatches: opt('minNumMicroBatches', d.min_num_micro_batches),
+    tp: opt('tp', d.tp),
+    cp: opt('cp', d.cp),
+    vp: opt('vp', d.vp),
     dpNumMicroBatches: given(o.dpNumMicroBatches) ? i64(o.dpNumMicroBatches, 'dpNumMicroBatches') : undefined,
   };
   const l = i64Array(lengths, 'lengths');

@@ -85,3 +85,18 @@ export function fromKernel(e) {
   if (e.tag === 'infeasible') return new InfeasibleError(`infeasible: ${camelCased(e.val)}`);
   return new KernelRuntimeError(`kernel runtime failure: unknown error ${JSON.stringify(e)}`);
 }
+
+/** Runs `f`, turning the kernel's result errors and traps into stowplan errors. */
+export function call(f) {
+  try {
+    return f();
+  } catch (e) {
+    if (e && typeof e === 'object' && 'payload' in e) {
+      const p = /** @type {any} */ (e).payload;
+      if (p && typeof p.tag === 'string' && typeof p.val === 'string') throw fromKernel(p);
+      if (p && typeof p.exception === 'string') throw new PeerError(p.exception, p.message);
+    }
+    if (e instanceof StowplanError) throw e;
+    throw new KernelRuntimeError(`kernel runtime failure: ${e instanceof Error ? e.message : String(e)}`);
+  }
+}

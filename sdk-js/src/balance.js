@@ -1,0 +1,176 @@
+// The result classes of balance and microBatches: micro-batches and ranks, with their balance
+// figures and their JSON text (byte-identical to the CLI's `stowplan balance --json`).
+import { F64, stringify } from './json.js';
+import { PeerError } from './errors.js';
+import { figures, figuresJson, logSeqlenUnbalance } from './figures.js';
+import { lists, plainLists } from './results.js';
+
+/** Groups with `tokens` and `costs` (micro-batches, ranks): their balance figures. */
+class Totals {
+  /** Balance figures of the groups' tokens. @returns {Figures} */
+  get tokenBalance() {
+    return figures(/** @type {any} */ (this).tokens);
+  }
+
+  /** Balance figures of the groups' costs. @returns {Figures} */
+  get costBalance() {
+    return figures(/** @type {any} */ (this).costs);
+  }
+}
+
+/** Micro-batches of one batch (the result of `microBatches`, and each rank's in `balance`). */
+export class MicroBatches extends Totals {
+  /** @param {any} p the kernel's micro-plan */
+  constructor(p) {
+    super();
+    /** Micro-batch boundaries into `indices`. */
+    this.offsets = p.batches.offsets;
+    /** Input indices, micro-batch after micro-batch (each ascending). */
+    this.indices = p.batches.indices;
+    /** Tokens of each micro-batch (each ≤ the cap). */
+    this.tokens = p.tokens;
+    /** Cost of each micro-batch. */
+    this.costs = p.costs;
+    /** `restore[i]`: the position of input `i` in `indices` (outputs back in input order). */
+    this.restore = p.restore;
+    /** max(1, ceil(total tokens / cap)): no plan has fewer micro-batches. */
+    this.lowerBound = p.lowerBound;
+    /** The count this batch needs on its own (what `count` overrides). */
+    this.required = p.required;
+    /** Number of micro-batches. */
+    this.count = this.offsets.length - 1;
+  }
+
+  /** The micro-batches, as views into `indices`. @returns {Uint32Array[]} */
+  get batches() {
+    return lists(this.offsets, this.indices);
+  }
+
+  /** Number of micro-batches. */
+  get length() {
+    return this.count;
+  }
+
+  /** This plan in the CLI's JSON shape (a value for `stringify`). @returns {object} */
+  toPlan() {
+    return {
+      batches: plainLists(this.offsets, this.indices),
+      tokens: this.tokens,
+      costs: this.costs,
+      restore: this.restore,
+      count: this.count,
+      lower_bound: this.lowerBound,
+      required: this.required,
+      token_balance: figuresJson(this.tokens),
+      cost_balance: figuresJson(this.costs),
+    };
+  }
+
+  /**
+   * The plan as JSON text, byte-identical to the `micro_batches` object of
+   * `stowplan balance --max-token-len T --json` (dp 1).
+   * @returns {string}
+   */
+  toJSONText() {
+    return stringify({ micro_batches: this.toPlan() });
+  }
+}
+
+/** A global batch over `dp` ranks, with every rank's micro-batches when a cap was given. */
+export class Balance extends Totals {
+  /**
+   * @param {any} dpPlan the kernel's DP plan
+   * @param {MicroBatches[] | null} ranks every rank's micro-batches, or null
+   * @param {BigUint64Array} lengths the global lengths
+   */
+  constructor(dpPlan, ranks, lengths) {
+    super();
+    /** Rank boundaries into `order`. */
+    this.offsets = dpPlan.ranks.offsets;
+    /** The permutation to reorder the batch by: rank after rank, each ascending. */
+    this.order = dpPlan.ranks.indices;
+    /** Tokens of each rank. */
+    this.tokens = dpPlan.tokens;
+    /** Cost of each rank. */
+    this.costs = dpPlan.costs;
+    /** No assignment has a lighter costliest rank. */
+    this.costLowerBound = dpPlan.costLowerBound;
+    /** Every rank's micro-batches (indices are global), or null without `maxTokenLen`. */
+    this.microBatches = ranks;
+    /** The micro-batch count of every rank, or null without `maxTokenLen`. */
+    this.count = ranks ? (ranks[0]?.count ?? 0) : null;
+    /** Number of ranks. */
+    this.dp = this.offsets.length - 1;
+    /** The global lengths planned. */
+    this.lengths = lengths;
+  }
+
+  /** Every rank's samples, as views into `order`. @returns {Uint32Array[]} */
+  get ranks() {
+    return lists(this.offsets, this.order);
+  }
+
+  /** Number of ranks. */
+  get length() {
+    return this.dp;
+  }
+
+  /**
+   * verl's `log_seqlen_unbalance` metrics for these ranks (tokens).
+   * @param {string} [prefix]
+   */
+  logSeqlenUnbalance(prefix = 'global_seqlen') {
+    return logSeqlenUnbalance(this.lengths, this.ranks, prefix);
+  }
+
+  /** This plan in the CLI's JSON shape (a value for `stringify`). @returns {object} */
+  toPlan() {
+    let verl = null;
+    try {
+      const u = this.logSeqlenUnbalance();
+      verl = { ...u, 'global_seqlen/mean': new F64(/** @type {number} */ (u['global_seqlen/mean'])) };
+    } catch (e) {
+      if (!(e instanceof PeerError)) throw e;
+    }
+    const plan = {
+      dp: {
+        ranks: plainLists(this.offsets, this.order),
+        order: this.order,
+        tokens: this.tokens,
+        costs: this.costs,
+        cost_lower_bound: this.costLowerBound,
+        token_balance: figuresJson(this.tokens),
+        cost_balance: figuresJson(this.costs),
+        verl_unbalance: verl,
+      },
+    };
+    if (this.microBatches) {
+      const all = (key) => {
+        const parts = this.microBatches.map((m) => m[key]);
+        const out = new BigUint64Array(parts.reduce((a, p) => a + p.length, 0));
+        let at = 0;
+        for (const p of parts) {
+          out.set(p, at);
+          at += p.length;
+        }
+        return out;
+      };
+      Object.assign(plan, {
+        micro_batches: this.microBatches.map((m) => m.toPlan()),
+        count: this.count,
+        micro_batch_token_balance: figuresJson(all('tokens')),
+        micro_batch_cost_balance: figuresJson(all('costs')),
+      });
+    }
+    return plan;
+  }
+
+  /**
+   * The plan as JSON text, byte-identical to the plan `stowplan balance --dp N [--max-token-len
+   * T] --json` prints (its keys before `operation`).
+   * @returns {string}
+   */
+  toJSONText() {
+    return stringify(this.toPlan());
+  }
+}

@@ -1,0 +1,233 @@
+// Checking the options of every entry point and turning them into the kernel's: the kernel's
+// names, cost presets, limits and defaults (from the build manifest, generated from the
+// kernel's source), and the checks of the options made of several values (a cost, a table of
+// resources, the alignment rule, group labels).
+import { InvalidArgumentError } from './errors.js';
+import { bool, checkEntries, given, oneOf, u32, u64, u64Array } from './convert.js';
+import { COST_PRESETS, DEFAULTS, LIMITS, NAMES, SEGMENTS, STREAM } from '../generated/manifest.js';
+
+export { DEFAULTS, SEGMENTS };
+
+/**
+ * The kernel's named cost models: a sequence of L tokens costs `linear·L + quadratic·L²`
+ * (kernel/src/names.rs COST_PRESETS).
+ */
+export const COSTS = COST_PRESETS;
+
+/** The most groups, ranks or micro-batches a kernel call sizes a result by (kernel/src/lib.rs). */
+export const MAX_COUNT = LIMITS.MAX_COUNT;
+/** The largest cp or tp (kernel/src/layout.rs). */
+const MAX_PARALLEL = LIMITS.MAX_PARALLEL;
+/** The most resources (limits besides the segment count) of `packMulti` (kernel/src/multi.rs). */
+const MAX_RESOURCES = LIMITS.MAX_RESOURCES;
+
+/** `'a' or 'b' or …` of the cost presets' names, for messages. */
+const PRESET_NAMES = Object.keys(COSTS).map((name) => `'${name}'`).join(' or ');
+
+/** A cost option: a preset name or a `[linear, quadratic]` pair of integers (omitted: `preset`). */
+export function costOption(cost, preset, name = 'cost') {
+  if (!given(cost)) cost = preset;
+  if (typeof cost === 'string') {
+    if (!(cost in COSTS)) {
+      throw new InvalidArgumentError(`${name} must be ${PRESET_NAMES} or a [linear, quadratic] pair of integers (got ${JSON.stringify(cost)})`);
+    }
+    const [linear, quadratic] = COSTS[/** @type {keyof COSTS} */ (cost)];
+    return { linear, quadratic };
+  }
+  if (Array.isArray(cost) && cost.length === 2) {
+    return { linear: u64(cost[0], `${name} linear coefficient`), quadratic: u64(cost[1], `${name} quadratic coefficient`) };
+  }
+  throw new InvalidArgumentError(`${name} must be ${PRESET_NAMES} or a [linear, quadratic] pair of integers (got ${typeof cost})`);
+}
+
+/** `o[key]` if given (checked by `check`), else the kernel's `fallback`. */
+function or(o, key, check, fallback) {
+  return given(o[key]) ? check(o[key], key) : fallback;
+}
+
+/** An `align` option (≥ 1), else the kernel's default `fallback`. */
+function alignOption(o, fallback) {
+  return or(o, 'align', (v, key) => u64(v, key, 1n), fallback);
+}
+
+/** The options of `partition`, with the kernel's defaults. */
+export function partitionOptions(o) {
+  const d = DEFAULTS.PartitionOptions;
+  const method = or(o, 'method', (v, key) => oneOf(v, key, NAMES.PartitionMethod), d.method);
+  return {
+    method,
+    equalSize: or(o, 'equalSize', bool, d.equal_size),
+    // verl's output is reproduced as is: not refined unless asked (which the kernel refuses).
+    refine: or(o, 'refine', bool, d.refine && method !== 'verl'),
+  };
+}
+
+/** The options `pack` and `packMulti` share (align, method, oversize), with the kernel's defaults. */
+export function packOptions(o) {
+  const d = DEFAULTS.PackOptions;
+  return {
+    align: alignOption(o, d.align),
+    method: or(o, 'method', (v, key) => oneOf(v, key, NAMES.PackMethod), d.method),
+    oversize: or(o, 'oversize', (v, key) => oneOf(v, key, NAMES.OversizePolicy), d.oversize),
+  };
+}
+
+/** The [key, value] pairs of an object or Map argument of `packMulti`, keys checked to be names. */
+function namedEntries(v, name, what) {
+  let entries;
+  if (v instanceof Map) entries = [...v];
+  else if (v && typeof v === 'object' && !Array.isArray(v) && !ArrayBuffer.isView(v)) entries = Object.entries(v);
+  else {
+    const got = Array.isArray(v) ? `an array of ${v.length}` : v === null ? 'null' : typeof v;
+    throw new InvalidArgumentError(`${name} must be an object or a Map of resource name → ${what} (got ${got})`);
+  }
+  for (const [key] of entries) {
+    if (typeof key !== 'string') {
+      throw new InvalidArgumentError(`${name}' keys must be resource names (strings), got ${typeof key === 'bigint' ? `${key}n` : String(key)}`);
+    }
+  }
+  return entries;
+}
+
+/**
+ * The table of `packMulti`: the names, each column's sizes, each capacity, checked and
+ * matched by name (errors name `columns['…']` and `capacities['…']`).
+ */
+export function resourceTable(columns, capacities) {
+  const cols = namedEntries(columns, 'columns', 'sizes');
+  const caps = new Map(namedEntries(capacities, 'capacities', 'capacity'));
+  if (cols.length === 0 || cols.length > MAX_RESOURCES) {
+    throw new InvalidArgumentError(`columns must name 1 to ${MAX_RESOURCES} resources (got ${cols.length})`);
+  }
+  const names = cols.map(([name]) => name);
+  const capacity = [];
+  const sizes = [];
+  for (const [name, values] of cols) {
+    if (!caps.has(name)) throw new InvalidArgumentError(`capacities has no entry for column '${name}'`);
+    capacity.push(u64(caps.get(name), `capacities['${name}']`, 1n));
+    sizes.push(u64Array(values, `columns['${name}']`));
+  }
+  for (const key of caps.keys()) {
+    if (!names.includes(key)) {
+      throw new InvalidArgumentError(`capacities['${key}'] has no column of sizes in columns (columns: ${names.join(', ')})`);
+    }
+  }
+  const n = sizes[0].length;
+  const q = sizes.findIndex((c) => c.length !== n);
+  if (q >= 0) {
+    throw new InvalidArgumentError(`columns['${names[q]}'] has ${sizes[q].length} sizes, columns['${names[0]}'] ${n}: one per item in each`);
+  }
+  return { names, capacity, sizes, n };
+}
+
+/** The kernel's sizes list of a table: item by item, a row of its sizes in every resource. */
+export function rows(sizes, n) {
+  const r = sizes.length;
+  if (r === 1) return sizes[0];
+  checkEntries(n * r, 'columns (all their sizes together)', 8);
+  const out = new BigUint64Array(n * r);
+  for (let q = 0; q < r; q++) {
+    const c = sizes[q];
+    for (let i = 0; i < n; i++) out[i * r + q] = c[i];
+  }
+  return out;
+}
+
+/** Micro-batch options shared by `microBatches` and `balance`, with the kernel's defaults. */
+export function microOptions(maxTokenLen, cost, o) {
+  const d = DEFAULTS.MicroOptions;
+  const count = (low) => (v, key) => u32(v, key, low, MAX_COUNT);
+  const divisibleBy = or(o, 'divisibleBy', count(1), d.divisible_by);
+  return {
+    maxTokenLen: u64(maxTokenLen, 'maxTokenLen', 1n),
+    cost,
+    minCount: or(o, 'minCount', count(0), d.min_count),
+    divisibleBy,
+    count: or(o, 'count', count(1), undefined),
+    order: or(o, 'order', (v, key) => oneOf(v, key, NAMES.Order), d.order),
+  };
+}
+
+/** The DP options of `balance` (n samples), with the kernel's defaults. */
+export function dpOptions(cost, o, n) {
+  return {
+    cost,
+    groups: given(o.groups) ? labelIds(o.groups, n) : undefined,
+    minibatchSize: or(o, 'minibatchSize', (v, key) => u32(v, key, 1), undefined),
+    equalCount: or(o, 'equalCount', bool, DEFAULTS.DpOptions.equal_count),
+  };
+}
+
+/**
+ * Alignment options of `padFactor` and `cpLayout`. cp and tp default to 1 (no parallelism: the
+ * kernel has no default for them); the factor rule to `cp_tp`.
+ */
+export function alignOptions(o) {
+  const parallel = (v, key) => u32(v, key, 1, MAX_PARALLEL);
+  const cp = or(o, 'cp', parallel, 1);
+  const tp = or(o, 'tp', parallel, 1);
+  let factor = { tag: 'cp-tp' };
+  if (given(o.align)) {
+    if (o.align === 'cp_tp' || o.align === 'cp-tp') factor = { tag: 'cp-tp' };
+    else if (o.align === 'roll') factor = { tag: 'roll' };
+    else if (typeof o.align === 'string') {
+      throw new InvalidArgumentError(`align must be 'cp_tp', 'roll' or a positive integer (got ${JSON.stringify(o.align)})`);
+    } else factor = { tag: 'multiple', val: u64(o.align, 'align', 1n) };
+  }
+  return { cp, tp, factor, powerOfTwo: or(o, 'powerOfTwo', bool, DEFAULTS.AlignOptions.power_of_two) };
+}
+
+/** `cpLayout`'s message for a missing cp. */
+export const CP_NEEDED = `cpLayout needs cp (in 1..=${MAX_PARALLEL})`;
+
+/** The options of `rawPlan`, with the kernel's defaults. */
+export function planOptions(o) {
+  const d = DEFAULTS.PlanOptions;
+  return {
+    packingLength: u64(o.packingLength, 'packingLength', 1n),
+    align: alignOption(o, d.align),
+    allowSingleLong: or(o, 'allowSingleLong', bool, d.allow_single_long),
+  };
+}
+
+/** The options of `streamPacker` (capacity `capacity`), with the kernel's defaults and limits. */
+export function streamOptions(capacity, o) {
+  const d = DEFAULTS.StreamOptions;
+  return {
+    capacity: u64(capacity, 'capacity', 1n),
+    align: alignOption(o, d.align),
+    maxOpenBins: or(o, 'maxOpenBins', (v, key) => u32(v, key, 1, STREAM.MAX_OPEN_BINS), STREAM.DEFAULT_MAX_OPEN_BINS),
+    maxBuffered: or(o, 'maxBuffered', (v, key) => u32(v, key, 0, STREAM.MAX_BUFFERED), STREAM.DEFAULT_MAX_BUFFERED),
+    oversize: or(o, 'oversize', (v, key) => oneOf(v, key, NAMES.OversizePolicy), d.oversize),
+  };
+}
+
+/** Labels (any values) → dense u32 ids, one per sample. */
+function labelIds(groups, n) {
+  if (!groups || typeof groups === 'string' || typeof groups[Symbol.iterator] !== 'function') {
+    throw new InvalidArgumentError('groups must be a sequence of labels, one per sample');
+  }
+  const mismatch = (got) => new InvalidArgumentError(`groups must hold one label per sample (${n}; got ${got})`);
+  // An array's length is compared before anything is read or allocated; another iterable is
+  // read up to one label too many.
+  let values;
+  if (Array.isArray(groups) || ArrayBuffer.isView(groups)) {
+    if (groups.length !== n) throw mismatch(groups.length);
+    values = groups;
+  } else {
+    values = [];
+    for (const v of groups) {
+      if (values.length === n) throw mismatch(`more than ${n}`);
+      values.push(v);
+    }
+    if (values.length !== n) throw mismatch(values.length);
+  }
+  const ids = new Map();
+  const out = new Uint32Array(n);
+  for (let i = 0; i < n; i++) {
+    const v = values[i];
+    if (!ids.has(v)) ids.set(v, ids.size);
+    out[i] = ids.get(v);
+  }
+  return out;
+}

@@ -1,0 +1,305 @@
+// The result classes of partition, pack, packMulti, cpLayout, rawPlan and alignedPlan: the
+// kernel's flat results (offsets into one index list) wrapped, with views per group.
+import { InvalidArgumentError } from './errors.js';
+import { u32 } from './convert.js';
+import { SEGMENTS } from './options.js';
+
+/**
+ * Group `g` of flat groups: `indices[offsets[g] .. offsets[g + 1]]` (a view, no copy; also of
+ * a BigUint64Array of stream indices).
+ * @param {Uint32Array} offsets @param {Uint32Array} indices
+ * @returns {Uint32Array[]}
+ */
+export function lists(offsets, indices) {
+  const out = new Array(Math.max(0, offsets.length - 1));
+  for (let g = 0; g < out.length; g++) out[g] = indices.subarray(offsets[g], offsets[g + 1]);
+  return out;
+}
+
+/** The lists of flat groups as plain arrays (for JSON). */
+export function plainLists(offsets, indices) {
+  return lists(offsets, indices).map((l) => Array.from(l));
+}
+
+/** A partition of the input indices into `k` groups (the result of `partition`). */
+export class Partition {
+  /** @param {any} p the kernel's partitioning */
+  constructor(p) {
+    /** Group boundaries into `indices` (`k + 1` entries, first 0). */
+    this.offsets = p.groups.offsets;
+    /** Input indices, group after group (members ascending). */
+    this.indices = p.groups.indices;
+    /** Sum of each group, in group order. */
+    this.sums = p.sums;
+    /** Sum of all weights. */
+    this.total = p.total;
+    /** Largest group sum minus smallest. */
+    this.spread = p.spread;
+    /** max(ceil(total / k), largest weight): no partition has a lighter largest group. */
+    this.lowerBound = p.lowerBound;
+    /** Number of groups. */
+    this.k = this.offsets.length - 1;
+    /** The largest group sum. */
+    this.max = this.sums.reduce((a, b) => (b > a ? b : a), 0n);
+  }
+
+  /** The groups, as views into `indices`. @returns {Uint32Array[]} */
+  get groups() {
+    return lists(this.offsets, this.indices);
+  }
+
+  /** Number of groups. */
+  get length() {
+    return this.k;
+  }
+}
+
+/** Bins of a packing (the result of `pack`). */
+export class Packing {
+  /** @param {any} p the kernel's packing @param {BigUint64Array} lengths @param {bigint} capacity */
+  constructor(p, lengths, capacity) {
+    /** Bin boundaries into `indices`. */
+    this.offsets = p.bins.offsets;
+    /** Input indices, bin after bin (members ascending). */
+    this.indices = p.bins.indices;
+    /** Aligned load of each bin. */
+    this.loads = p.loads;
+    /** Items left out under oversize policy `drop`, ascending. */
+    this.dropped = p.dropped;
+    /** Oversized items placed alone under oversize policy `single`, ascending. */
+    this.single = p.single;
+    /** Sum of the real lengths of the packed items. */
+    this.realTokens = p.realTokens;
+    /** Sum of their aligned lengths. */
+    this.alignedTokens = p.alignedTokens;
+    /** Alignment padding: `alignedTokens - realTokens`. */
+    this.paddingTokens = p.alignedTokens - p.realTokens;
+    /** No packing of the items that fit uses fewer bins (`single` bins come on top). */
+    this.lowerBound = p.lowerBound;
+    /** The bin capacity. */
+    this.capacity = capacity;
+    /** Number of bins. */
+    this.numBins = this.offsets.length - 1;
+    const regular = this.numBins - this.single.length;
+    let singleReal = 0n;
+    for (const i of this.single) singleReal += lengths[i];
+    /** Real tokens of the regular bins over their capacity (0 without regular bins). */
+    this.efficiency =
+      regular === 0 || capacity === 0n ? 0 : Number(this.realTokens - singleReal) / (regular * Number(capacity));
+  }
+
+  /** The bins, as views into `indices`. @returns {Uint32Array[]} */
+  get bins() {
+    return lists(this.offsets, this.indices);
+  }
+
+  /** Number of bins. */
+  get length() {
+    return this.numBins;
+  }
+}
+
+/**
+ * Bins under several limits (the result of `packMulti`): a `Packing` of the items (its `loads`,
+ * `realTokens`, `efficiency` … count tokens, the first resource; `lowerBound` is the largest of
+ * `lowerBounds`) plus every bin's load in every resource.
+ */
+export class MultiPacking extends Packing {
+  /**
+   * @param {any} m the kernel's multi-packing @param {BigUint64Array} tokens the first column
+   * @param {string[]} names @param {bigint[]} capacities in the order of `names`
+   * @param {bigint} maxSegments
+   */
+  constructor(m, tokens, names, capacities, maxSegments) {
+    super(m.packing, tokens, capacities[0]);
+    const r = names.length;
+    /** The resources' names, tokens first, in the order of `columns`. */
+    this.names = names;
+    /** Each resource's capacity per bin, name → capacity. */
+    this.capacities = Object.fromEntries(names.map((name, q) => [name, capacities[q]]));
+    /** Items per bin at most (0n: no limit). */
+    this.maxSegments = maxSegments;
+    /** Every bin's load in every resource: one array per bin, in the order of `names` (views into one list). */
+    this.resourceLoads = Array.from({ length: this.numBins }, (_, b) => m.resourceLoads.subarray(b * r, (b + 1) * r));
+    /**
+     * name → ceil(sum of the sizes of the items that fit / capacity), and `segments` →
+     * ceil(items that fit / maxSegments) with a segment limit.
+     */
+    this.lowerBounds = Object.fromEntries([
+      ...names.map((name, q) => [name, m.lowerBounds[q]]),
+      ...(maxSegments > 0n ? [[SEGMENTS, m.lowerBounds[r]]] : []),
+    ]);
+  }
+}
+
+/** One packed row of sequences split over context-parallel ranks (the result of `cpLayout`). */
+export class CpLayout {
+  /** @param {any} s the kernel's cp-split @param {number} cp */
+  constructor(s, cp) {
+    /** The pad factor; every sequence is padded to a multiple of it. */
+    this.factor = s.factor;
+    /** The CP size. */
+    this.cp = cp;
+    /** `n + 1` cumulative real lengths. */
+    this.cuSeqlens = s.cuSeqlens;
+    /** `n + 1` cumulative padded lengths (sequence `i` is `[cuSeqlensPadded[i], cuSeqlensPadded[i+1])`). */
+    this.cuSeqlensPadded = s.cuSeqlensPadded;
+    /** The longest real length. */
+    this.maxSeqlen = s.maxSeqlen;
+    /** The longest padded length. */
+    this.maxSeqlenPadded = s.maxSeqlenPadded;
+    /** Every rank's sequence boundaries (`cuSeqlensPadded / cp`). */
+    this.localBounds = s.localBounds;
+    /** Real tokens per CP rank. */
+    this.rankRealTokens = s.rankRealTokens;
+    /** Tokens of the padded row. */
+    this.paddedTokens = s.cuSeqlensPadded.length ? s.cuSeqlensPadded[s.cuSeqlensPadded.length - 1] : 0n;
+    /** The gather runs: rank `r` takes runs `runOffsets[r] .. runOffsets[r+1]`. */
+    this.runOffsets = s.runOffsets;
+    /** Start of each run in the padded row. */
+    this.runStarts = s.runStarts;
+    /** Length of each run. */
+    this.runLengths = s.runLengths;
+    this._gather = null;
+  }
+
+  /** Per CP rank, the positions of the padded row it receives, in its order. @returns {Uint32Array[]} */
+  get gather() {
+    if (this._gather) return this._gather;
+    if (this.paddedTokens > 0xffffffffn) {
+      throw new InvalidArgumentError(`the padded row has ${this.paddedTokens} tokens: more than a JavaScript array holds`);
+    }
+    const out = [];
+    for (let r = 0; r < this.cp; r++) {
+      let n = 0;
+      for (let j = this.runOffsets[r]; j < this.runOffsets[r + 1]; j++) n += Number(this.runLengths[j]);
+      const p = new Uint32Array(n);
+      let at = 0;
+      for (let j = this.runOffsets[r]; j < this.runOffsets[r + 1]; j++) {
+        const start = Number(this.runStarts[j]);
+        for (let x = 0; x < Number(this.runLengths[j]); x++) p[at++] = start + x;
+      }
+      out.push(p);
+    }
+    this._gather = out;
+    return out;
+  }
+
+  /**
+   * Every CP rank's part of `row` (an array or typed array of the padded row's length), of
+   * the row's own type.
+   * @template {ArrayLike<any>} T
+   * @param {T} row
+   * @returns {T[]}
+   */
+  split(row) {
+    if (!row || typeof row.length !== 'number' || BigInt(row.length) !== this.paddedTokens) {
+      throw new InvalidArgumentError(`row must be an array of ${this.paddedTokens} elements (got ${row?.length})`);
+    }
+    return this.gather.map((positions) => {
+      const make = ArrayBuffer.isView(row) ? /** @type {any} */ (row).constructor : Array;
+      const part = new make(positions.length);
+      for (let i = 0; i < positions.length; i++) part[i] = row[positions[i]];
+      return part;
+    });
+  }
+
+  /**
+   * The inverse of `split`: the CP ranks' rows back into one padded row (the type of
+   * `rows[0]`).
+   * @template {ArrayLike<any>} T
+   * @param {T[]} rows
+   * @returns {T}
+   */
+  unpack(rows) {
+    const gather = this.gather;
+    if (!Array.isArray(rows) || rows.length !== gather.length) {
+      throw new InvalidArgumentError(`rows must hold one row per CP rank (${gather.length}; got ${rows?.length})`);
+    }
+    const make = ArrayBuffer.isView(rows[0]) ? /** @type {any} */ (rows[0]).constructor : Array;
+    const out = new make(Number(this.paddedTokens));
+    rows.forEach((r, k) => {
+      if (!r || r.length !== gather[k].length) {
+        throw new InvalidArgumentError(`rows[${k}] has ${r?.length} elements; CP rank ${k} holds ${gather[k].length}`);
+      }
+      for (let i = 0; i < r.length; i++) out[gather[k][i]] = r[i];
+    });
+    return out;
+  }
+}
+
+/** A raw static pack plan (the result of `rawPlan`): world-size independent. */
+export class RawPlan {
+  /** @param {any} p the kernel's raw plan @param {{packingLength: bigint, align: bigint, allowSingleLong: boolean}} o */
+  constructor(p, o) {
+    /** Pack boundaries into `indices`. */
+    this.offsets = p.packs.offsets;
+    /** Sample indices, pack after pack (packs by smallest member; members ascending). */
+    this.indices = p.packs.indices;
+    /** Real tokens of each pack. */
+    this.tokens = p.tokens;
+    /** Long samples emitted as single-sample packs, ascending. */
+    this.singleLong = p.singleLong;
+    /** Long samples dropped (allowSingleLong false), ascending. */
+    this.dropped = p.dropped;
+    /** Sum of the real lengths of the packed samples. */
+    this.realTokens = p.realTokens;
+    /** Sum of the aligned lengths of the samples that are not long. */
+    this.alignedTokens = p.alignedTokens;
+    /** No plan of these samples has fewer packs. */
+    this.lowerBound = p.lowerBound;
+    /** sha256 (hex) of the canonical encoding of the packs (the CLI's `raw_checksum`). */
+    this.checksum = p.checksum;
+    /** The options the plan was made with. */
+    this.options = o;
+    /** Number of packs. */
+    this.numPacks = this.offsets.length - 1;
+  }
+
+  /** The packs, as views into `indices`. @returns {Uint32Array[]} */
+  get packs() {
+    return lists(this.offsets, this.indices);
+  }
+
+  /** Number of packs. */
+  get length() {
+    return this.numPacks;
+  }
+}
+
+/** The plan `worldSize` ranks consume (the result of `alignedPlan`). */
+export class AlignedPlan {
+  /** @param {any} p the kernel's aligned plan @param {RawPlan} raw @param {number} worldSize @param {boolean} dropLast */
+  constructor(p, raw, worldSize, dropLast) {
+    /** The raw pack of every slot, in order; a multiple of `worldSize` long. */
+    this.packs = p.packs;
+    /** Raw packs `0 .. padNeeded` repeated at the end (dropLast false). */
+    this.padNeeded = p.padNeeded;
+    /** The last `droppedPacks` raw packs left out (dropLast true). */
+    this.droppedPacks = p.droppedPacks;
+    /** Samples in the dropped packs. */
+    this.droppedSamples = p.droppedSamples;
+    /** sha256 (hex) of the canonical encoding of the consumed packs (the CLI's `aligned_checksum`). */
+    this.checksum = p.checksum;
+    /** The raw plan aligned. */
+    this.raw = raw;
+    /** Ranks the plan is aligned for. */
+    this.worldSize = worldSize;
+    /** Whether the remainder was dropped instead of padded. */
+    this.dropLast = dropLast;
+  }
+
+  /** Sample indices of slot `i` (negative counts from the end). @param {number} i @returns {Uint32Array} */
+  pack(i) {
+    const n = this.packs.length;
+    const j = u32(i < 0 ? i + n : i, 'index', 0, Math.max(0, n - 1));
+    if (n === 0) throw new InvalidArgumentError('the plan has no packs');
+    const p = this.packs[j];
+    return this.raw.indices.subarray(this.raw.offsets[p], this.raw.offsets[p + 1]);
+  }
+
+  /** Number of slots. */
+  get length() {
+    return this.packs.length;
+  }
+}
