@@ -8,7 +8,7 @@
 //                                    knows it), where each core module sits in the component,
 //                                    the streaming packer's defaults (kernel/src/stream.rs),
 //                                    the kernel's count limits (kernel/src/lib.rs, layout.rs,
-//                                    multi.rs), its option names and cost presets
+//                                    multi/mod.rs), its option names and cost presets
 //                                    (kernel/src/names.rs), its options' defaults (what its
 //                                    options constructors set) and verl's names (the WIT's
 //                                    verl interface, kernel/src/verl.rs)
@@ -99,7 +99,7 @@ const stream = kernelConsts('stream.rs', ['DEFAULT_MAX_OPEN_BINS', 'DEFAULT_MAX_
 const limits = {
   ...kernelConsts('lib.rs', ['MAX_COUNT']),
   ...kernelConsts('layout.rs', ['MAX_PARALLEL']),
-  ...kernelConsts('multi.rs', ['MAX_RESOURCES']),
+  ...kernelConsts('multi/mod.rs', ['MAX_RESOURCES']),
 };
 
 // The kernel's option names, cost presets and option defaults, from the kernel's source too:
@@ -245,10 +245,10 @@ export const COMPONENT_BYTES = ${component.length};
 export const CORE_MODULES = ${JSON.stringify(modules, null, 2)};
 /** The streaming packer's defaults and limits, from kernel/src/stream.rs. */
 export const STREAM = Object.freeze(${JSON.stringify(stream)});
-/** The kernel's limits on counts: MAX_COUNT (kernel/src/lib.rs), MAX_PARALLEL (kernel/src/layout.rs), MAX_RESOURCES (kernel/src/multi.rs). */
+/** The kernel's limits on counts: MAX_COUNT (kernel/src/lib.rs), MAX_PARALLEL (kernel/src/layout.rs), MAX_RESOURCES (kernel/src/multi/mod.rs). */
 export const LIMITS = Object.freeze(${JSON.stringify(limits)});
-/** The segment limit's name beside the named resources of a packing under several limits (kernel/src/multi.rs). */
-export const SEGMENTS = ${JSON.stringify(kernelString('multi.rs', 'SEGMENTS'))};
+/** The segment limit's name beside the named resources of a packing under several limits (kernel/src/multi/mod.rs). */
+export const SEGMENTS = ${JSON.stringify(kernelString('multi/mod.rs', 'SEGMENTS'))};
 /** Every option name of the kernel's named enums, type → names, the default first (kernel/src/names.rs). */
 export const NAMES = ${literal(Object.fromEntries(Object.entries(names).map(([type, v]) => [type, v.map(([, name]) => name)])))};
 /** The kernel's cost presets, name → [linear, quadratic] (kernel/src/names.rs COST_PRESETS, balance.rs). */

@@ -31,17 +31,22 @@ const EIGHT_CAPS = Object.fromEntries(Object.keys(EIGHT).map((k, q) => [k, 60 + 
 const ONE = table(1, 25, { tokens: [1, 90] });
 
 const CASES = [
-  ['the README example, bfd', README, README_CAPS, { maxSegments: 3 }],
+  ['the README example, balanced (the default)', README, README_CAPS, { maxSegments: 3 }],
+  ['the README example, bfd', README, README_CAPS, { maxSegments: 3, method: 'bfd' }],
   ['the README example, ffd', README, README_CAPS, { maxSegments: 3, method: 'ffd' }],
   ['the README example, next-fit, no segment limit', README, README_CAPS, { method: 'next-fit' }],
-  ['40 VLM rows, bfd, align 64, 6 segments', VLM, VLM_CAPS, { maxSegments: 6, align: 64 }],
+  ['40 VLM rows, balanced, align 64, 6 segments', VLM, VLM_CAPS, { maxSegments: 6, align: 64 }],
+  ['40 VLM rows, bfd, align 64, 6 segments', VLM, VLM_CAPS, { maxSegments: 6, align: 64, method: 'bfd' }],
   ['40 VLM rows, ffd', VLM, VLM_CAPS, { method: 'ffd' }],
   ['40 VLM rows, next-fit, 4 segments', VLM, VLM_CAPS, { method: 'next-fit', maxSegments: 4 }],
-  ['oversized rows, bfd, single', OVER, OVER_CAPS, { oversize: 'single', maxSegments: 5 }],
+  ['oversized rows, balanced, single', OVER, OVER_CAPS, { oversize: 'single', maxSegments: 5 }],
+  ['oversized rows, bfd, single', OVER, OVER_CAPS, { oversize: 'single', maxSegments: 5, method: 'bfd' }],
+  ['oversized rows, balanced, drop', OVER, OVER_CAPS, { oversize: 'drop' }],
   ['oversized rows, ffd, drop', OVER, OVER_CAPS, { method: 'ffd', oversize: 'drop' }],
   ['oversized rows, next-fit, single, align 16', OVER, OVER_CAPS, { method: 'next-fit', oversize: 'single', align: 16 }],
   ['8 resources, ffd, 7 segments', EIGHT, EIGHT_CAPS, { method: 'ffd', maxSegments: 7 }],
-  ['8 resources, bfd', EIGHT, EIGHT_CAPS, {}],
+  ['8 resources, balanced', EIGHT, EIGHT_CAPS, {}],
+  ['8 resources, bfd', EIGHT, EIGHT_CAPS, { method: 'bfd' }],
   ['tokens only, 3 segments', ONE, { tokens: 100 }, { maxSegments: 3 }],
 ];
 
@@ -49,7 +54,9 @@ requireCli();
 const cases = CASES.map(([name, columns, capacities, options]) => {
   const names = Object.keys(columns);
   const n = columns[names[0]].length;
-  const text = [names.join('\t'), ...Array.from({ length: n }, (_, i) => names.map((k) => columns[k][i]).join('\t'))].join('\n');
+  // A table with a header under --limit; plain lengths (tokens only, --max-segments) without.
+  const header = names.length > 1 ? [names.join('\t')] : [];
+  const text = [...header, ...Array.from({ length: n }, (_, i) => names.map((k) => columns[k][i]).join('\t'))].join('\n');
   const args = ['pack', '--json', '-c', String(capacities[names[0]])];
   for (const k of names.slice(1)) args.push('--limit', `${k}=${capacities[k]}`);
   if (options.maxSegments) args.push('--max-segments', String(options.maxSegments));

@@ -91,7 +91,12 @@ export interface PackOptions {
 }
 
 /** Options of `packMulti`: `pack`'s (`align` rounds the tokens only; an item over any capacity is oversized) and a segment limit. */
-export interface MultiPackOptions extends PackOptions {
+export interface MultiPackOptions extends Omit<PackOptions, 'method'> {
+  /**
+   * `'balanced'` (the default: packs filled so that their limits run out together;
+   * capacities up to 2^32 − 1), `'bfd'`, `'ffd'` or `'next-fit'`.
+   */
+  method?: 'balanced' | 'bfd' | 'ffd' | 'next-fit';
   /** At most this many items (segments) per bin (default 0: no limit). */
   maxSegments?: Int;
 }

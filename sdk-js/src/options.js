@@ -18,7 +18,7 @@ export const COSTS = COST_PRESETS;
 export const MAX_COUNT = LIMITS.MAX_COUNT;
 /** The largest cp or tp (kernel/src/layout.rs). */
 const MAX_PARALLEL = LIMITS.MAX_PARALLEL;
-/** The most resources (limits besides the segment count) of `packMulti` (kernel/src/multi.rs). */
+/** The most resources (limits besides the segment count) of `packMulti` (kernel/src/multi/mod.rs). */
 const MAX_RESOURCES = LIMITS.MAX_RESOURCES;
 
 /** `'a' or 'b' or …` of the cost presets' names, for messages. */
@@ -62,12 +62,16 @@ export function partitionOptions(o) {
   };
 }
 
-/** The options `pack` and `packMulti` share (align, method, oversize), with the kernel's defaults. */
-export function packOptions(o) {
+/**
+ * The options `pack` and `packMulti` share (align, method, oversize), with the kernel's
+ * defaults; `methods` are the names of the call's methods (`packMulti`: `NAMES.MultiMethod`,
+ * whose first, `balanced`, is its default).
+ */
+export function packOptions(o, methods = NAMES.PackMethod) {
   const d = DEFAULTS.PackOptions;
   return {
     align: alignOption(o, d.align),
-    method: or(o, 'method', (v, key) => oneOf(v, key, NAMES.PackMethod), d.method),
+    method: or(o, 'method', (v, key) => oneOf(v, key, methods), methods === NAMES.PackMethod ? d.method : methods[0]),
     oversize: or(o, 'oversize', (v, key) => oneOf(v, key, NAMES.OversizePolicy), d.oversize),
   };
 }

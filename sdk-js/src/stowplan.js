@@ -3,6 +3,7 @@
 import { InvalidArgumentError, call } from './errors.js';
 import { bool, given, options, u32, u64, u64Array } from './convert.js';
 import { loadKernel } from './kernel.js';
+import { NAMES } from '../generated/manifest.js';
 import {
   CP_NEEDED,
   DEFAULTS,
@@ -91,7 +92,7 @@ export class Stowplan {
   packMulti(columns, capacities, opts) {
     const o = options(opts, 'packMulti', ['maxSegments', 'align', 'method', 'oversize']);
     const maxSegments = given(o.maxSegments) ? u64(o.maxSegments, 'maxSegments') : 0n;
-    const shared = packOptions(o);
+    const shared = packOptions(o, NAMES.MultiMethod);
     const { names, capacity, sizes, n } = resourceTable(columns, capacities);
     // The kernel checks the names (none twice, not the segment limit's) and names the
     // resources in its messages.

@@ -119,11 +119,21 @@ test('errors name the argument, and the kernel\'s name the resources', () => {
     () => stowplan.packMulti(new Map([['tokens', [2n ** 64n - 1n]], ['images', [0]]]), { tokens: 8, images: 1 }, { align: 2 }),
     refused(InvalidArgumentError, /^invalid argument: sizes\[0\]\[0\] \(tokens\) = 18446744073709551615 aligned to 2 overflows u64$/),
   );
-  // More items than a call with two resources takes: the kernel's refusal.
+  // More items than bfd takes with two resources: the kernel's refusal; balanced packs them.
   const many = new Uint8Array(2 ** 18 + 1);
   assert.throws(
-    () => stowplan.packMulti({ tokens: many, images: many }, { tokens: 8, images: 1 }),
+    () => stowplan.packMulti({ tokens: many, images: many }, { tokens: 8, images: 1 }, { method: 'bfd' }),
     refused(InvalidArgumentError, /^invalid argument: sizes has 262145 rows; .*at most 262144 items per call/),
+  );
+  assert.equal(stowplan.packMulti({ tokens: many, images: many }, { tokens: 8, images: 1 }).bins.length, 1);
+  // Balanced holds rooms in 32 bits.
+  assert.throws(
+    () => stowplan.packMulti({ tokens: [1], images: [1] }, { tokens: 2n ** 32n, images: 1 }),
+    refused(InvalidArgumentError, /^invalid argument: capacities\[0\] \(tokens\) must be at most 4294967295 with the balanced method \(got 4294967296\); use bfd or ffd/),
+  );
+  assert.throws(
+    () => stowplan.packMulti({ tokens: [1], images: [1] }, { tokens: 8, images: 1 }, { method: 'worst' }),
+    refused(InvalidArgumentError, /method must be one of 'balanced', 'bfd', 'ffd', 'next-fit'/),
   );
   const nine = Object.fromEntries(Array.from({ length: 9 }, (_, q) => [`r${q}`, [1]]));
   const cases = [
