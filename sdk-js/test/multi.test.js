@@ -11,7 +11,7 @@ import { PKG, norm, rng } from './helpers.js';
 
 const { InfeasibleError, InvalidArgumentError, MultiPacking, Packing } = stowplan;
 const VECTORS = JSON.parse(readFileSync(join(PKG, 'test/multi_vectors.json'), 'utf8')).cases;
-const METHODS = ['bfd', 'ffd', 'next-fit'];
+const METHODS = ['balanced', 'bfd', 'ffd', 'next-fit'];
 
 
 const plain = (lists) => lists.map((l) => Array.from(l));
@@ -59,7 +59,7 @@ test('every bin is within every limit and every item is placed once, on seeded r
     const columns = Object.fromEntries(names.map((k) => [k, Array.from({ length: n }, () => draw(0, 70))]));
     const maxSegments = draw(0, 6);
     const align = draw(0, 3) === 0 ? draw(2, 8) : 1;
-    const method = METHODS[draw(0, 2)];
+    const method = METHODS[draw(0, 3)];
     const oversize = draw(0, 1) ? 'drop' : 'single';
     const what = JSON.stringify({ round, caps, maxSegments, align, method, oversize });
     const p = stowplan.packMulti(columns, caps, { maxSegments, align, method, oversize });
@@ -96,8 +96,9 @@ test('with one resource the bins are pack\'s', () => {
   for (let round = 0; round < 150; round++) {
     const lengths = Array.from({ length: draw(1, 100) }, () => draw(0, 100));
     const capacity = draw(1, 100);
-    const o = { method: METHODS[draw(0, 2)], oversize: ['error', 'single', 'drop'][draw(1, 2)], align: draw(1, 3) };
-    const want = stowplan.pack(lengths, capacity, o);
+    const o = { method: METHODS[draw(0, 3)], oversize: ['error', 'single', 'drop'][draw(1, 2)], align: draw(1, 3) };
+    // With one resource, balanced is best-fit decreasing.
+    const want = stowplan.pack(lengths, capacity, { ...o, method: o.method === 'balanced' ? 'bfd' : o.method });
     const got = stowplan.packMulti({ tokens: lengths }, { tokens: capacity }, o);
     const what = JSON.stringify({ round, capacity, o });
     assert.deepStrictEqual(plain(got.bins), plain(want.bins), what);
@@ -151,7 +152,7 @@ test('errors name the argument, and the kernel\'s name the resources', () => {
     [[{ tokens: [1] }, null], /^capacities must be an object or a Map of resource name → capacity \(got null\)$/],
     [[new Map([[0, [1]]]), { tokens: 9 }], /^columns' keys must be resource names \(strings\), got 0$/],
     [[{ tokens: [1] }, { tokens: 9 }, { maxSegments: -1 }], /^maxSegments must be in 0\.\.=2\*\*64-1 \(got -1\)$/],
-    [[{ tokens: [1] }, { tokens: 9 }, { method: 'best' }], /^method must be one of 'bfd', 'ffd', 'next-fit' \(got "best"\)$/],
+    [[{ tokens: [1] }, { tokens: 9 }, { method: 'best' }], /^method must be one of 'balanced', 'bfd', 'ffd', 'next-fit' \(got "best"\)$/],
     [[{ tokens: [1] }, { tokens: 9 }, { align: 0 }], /^align must be in 1\.\.=2\*\*64-1 \(got 0\)$/],
     [[{ tokens: [1] }, { tokens: 9 }, { max_segments: 2 }], /^unknown option 'max_segments' of packMulti; known: maxSegments, align, method, oversize$/],
   ];
