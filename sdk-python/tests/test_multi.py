@@ -23,7 +23,7 @@ def cases(draw):
     names = ["tokens", "image_tokens", "images", "frames"][:r]
     caps = {name: draw(st.integers(1, 60)) for name in names}
     cols = {name: draw(st.lists(st.integers(0, 70), min_size=n, max_size=n)) for name in names}
-    return cols, caps, draw(st.integers(0, 6)), draw(st.sampled_from(["bfd", "ffd", "next-fit"]))
+    return cols, caps, draw(st.integers(0, 6)), draw(st.sampled_from(["balanced", "bfd", "ffd", "next-fit"]))
 
 
 @settings(max_examples=150, deadline=None)
@@ -54,9 +54,10 @@ def test_every_bin_is_within_every_limit_and_every_item_is_placed_once(case):
 
 
 @settings(max_examples=80, deadline=None)
-@given(st.lists(st.integers(0, 100), min_size=1, max_size=100), st.integers(1, 100), st.sampled_from(["bfd", "ffd", "next-fit"]))
+@given(st.lists(st.integers(0, 100), min_size=1, max_size=100), st.integers(1, 100), st.sampled_from(["balanced", "bfd", "ffd", "next-fit"]))
 def test_one_resource_is_pack(lengths, capacity, method):
-    want = stowplan.pack(lengths, capacity, method=method, oversize="single")
+    # With one resource, balanced is best-fit decreasing.
+    want = stowplan.pack(lengths, capacity, method="bfd" if method == "balanced" else method, oversize="single")
     got = stowplan.pack_multi({"tokens": lengths}, {"tokens": capacity}, method=method, oversize="single")
     assert got.bins == want.bins
     assert got.packing.loads.tolist() == want.loads.tolist()
@@ -95,6 +96,10 @@ def test_errors_name_the_argument_and_the_resource():
     for (cols, caps), message in bad:
         with pytest.raises(stowplan.InvalidArgumentError, match=message):
             stowplan.pack_multi(cols, caps)
+    with pytest.raises(stowplan.InvalidArgumentError, match=r"capacities\[0\] \(tokens\) must be at most 4294967295 with the balanced method"):
+        stowplan.pack_multi({"tokens": [1], "images": [1]}, {"tokens": 2**32, "images": 1})
+    with pytest.raises(stowplan.InvalidArgumentError, match=r"method must be 'balanced', 'bfd', 'ffd' or 'next-fit' \(got \"best\"\)"):
+        stowplan.pack_multi({"tokens": [1], "images": [1]}, {"tokens": 9, "images": 1}, method="best")
     with pytest.raises(stowplan.InvalidArgumentError, match=r"names\[1\] = \"segments\" is the segment limit's name"):
         stowplan.pack_multi({"tokens": [1], "segments": [1]}, {"tokens": 9, "segments": 9}, max_segments=2)
     with pytest.raises(stowplan.InvalidArgumentError, match=r"capacities' keys must be resource names \(str\), got 1"):
