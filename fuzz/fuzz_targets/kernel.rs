@@ -200,7 +200,7 @@ fuzz_target!(|call: Call| match call {
             names: &names,
             max_segments,
             align,
-            method: pick::<PackMethod>(method),
+            method: pick::<k::MultiMethod>(method),
             oversize: pick::<OversizePolicy>(oversize),
         };
         if let Ok(p) = k::pack_multi(&sizes, &o) {

@@ -222,15 +222,17 @@ pub struct LimitedMicroPlan {
 /// [`micro_batches_with_extra`] under further caps per micro-batch (image tokens, images …):
 /// every micro-batch stays within the token cap and within every one of `limits`, and the
 /// balance still counts the cost model plus the extra costs. The count needed is the one
-/// [`pack_multi`](crate::pack_multi)'s best-fit decreasing finds under all the caps (raised by
-/// `min_count` and `divisible_by`); the assignment is the cost-greedy fit and refinement of
+/// [`pack_multi`](crate::pack_multi)'s balanced fill finds under all the caps (its best-fit
+/// decreasing when a cap is above [`MAX_BALANCED_CAPACITY`](crate::MAX_BALANCED_CAPACITY)),
+/// raised by `min_count` and `divisible_by`; the assignment is the cost-greedy fit and refinement of
 /// [`micro_batches`], with a move or swap allowed only when every cap holds. With no limits
 /// it is [`micro_batches_with_extra`].
 ///
 /// Errors: those of [`micro_batches_with_extra`]; `sizes` not `E` per sequence, no cap or
 /// more than 7, a cap of 0, names not one per cap or repeated, a resource sum above 2^64 − 1;
 /// `infeasible` for a sequence over a cap (naming it, the resource, its size and the cap);
-/// those of [`pack_multi`](crate::pack_multi) (its item and step limits).
+/// those of [`pack_multi`](crate::pack_multi) (best-fit decreasing's item and step limits, with
+/// a cap above 2^32 − 1).
 pub fn micro_batches_limited(
     lengths: &[u64],
     extra: Option<&[u64]>,
@@ -292,7 +294,11 @@ pub fn micro_batches_limited(
         names: &names,
         max_segments: 0,
         align: 1,
-        method: crate::MultiMethod::Bfd,
+        method: if caps.iter().all(|&c| c <= crate::MAX_BALANCED_CAPACITY) {
+            crate::MultiMethod::Balanced
+        } else {
+            crate::MultiMethod::Bfd
+        },
         oversize: OversizePolicy::Error,
     };
     let packing = crate::pack_multi(&sizes, &multi)?;

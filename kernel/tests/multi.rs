@@ -585,18 +585,18 @@ mod limited_micro_batches {
             ];
             prop_assert_eq!(&p.lower_bounds[..], &want[..]);
             prop_assert!(p.plan.count() as u64 >= *want.iter().max().unwrap());
-            // The count: best-fit decreasing's under all the caps, raised to min_count.
+            // The count: the balanced fill's under all the caps, raised to min_count.
             let rows3: Vec<u64> = rows.iter().flat_map(|r| [r.0, r.1, r.2]).collect();
             let all_caps = [cap, image_cap, images_cap];
-            let bfd = stowplan_kernel::pack_multi(&rows3, &stowplan_kernel::MultiOptions {
+            let fill = stowplan_kernel::pack_multi(&rows3, &stowplan_kernel::MultiOptions {
                 capacities: &all_caps,
                 names: &[],
                 max_segments: 0,
                 align: 1,
-                method: stowplan_kernel::MultiMethod::Bfd,
+                method: stowplan_kernel::MultiMethod::Balanced,
                 oversize: stowplan_kernel::OversizePolicy::Error,
             }).unwrap();
-            prop_assert_eq!(p.plan.count(), bfd.packing.bins().max(o.min_count as usize));
+            prop_assert_eq!(p.plan.count(), fill.packing.bins().max(o.min_count as usize));
             // A text-only batch (no sequence uses the limited resources): the plain plan, bit
             // for bit.
             let zeros = vec![0u64; sizes.len()];
