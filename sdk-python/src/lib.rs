@@ -10,9 +10,9 @@
 //!
 //! One file per concept: `errors` (exceptions), `convert` (arguments), `results` (what the
 //! result classes share), `pack`, `balance` and `peers` (the functions and their result
-//! classes), then one file per host area (`layout`, `packer`, `plan`, `stream`, `source`,
-//! `filter`, …). The helpers every binding module uses are re-exported here; this file
-//! registers the module.
+//! classes), then one file per host area (`layout`, `protocol`, `transport`,
+//! `packer`, `plan`, `stream`, `source`, `filter`, …). The helpers every binding module uses
+//! are re-exported here; this file registers the module.
 
 mod balance;
 mod convert;
@@ -25,10 +25,12 @@ mod packer;
 mod peers;
 mod plan;
 mod prime_rl;
+mod protocol;
 mod results;
 mod slime;
 mod source;
 mod stream;
+mod transport;
 
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
@@ -91,7 +93,9 @@ fn _stowplan(m: &Bound<'_, PyModule>) -> PyResult<()> {
     }
     m.add("COST_PRESETS", presets)?;
     layout::register(m)?;
+    protocol::register(m)?;
     packer::register(m)?;
+    transport::register(m)?;
     plan::register(m)?;
     prime_rl::register(m)?;
     source::register(m)?;
