@@ -10,15 +10,17 @@
 //!
 //! One file per concept: `errors` (exceptions), `convert` (arguments), `results` (what the
 //! result classes share), `pack`, `balance` and `peers` (the functions and their result
-//! classes), then one file per host area (`layout`, `protocol`, `transport`,
-//! `packer`, `plan`, `stream`, `source`, `filter`, …). The helpers every binding module uses
-//! are re-exported here; this file registers the module.
+//! classes), then one file per host area (`layout`, `micro_batch`, `materialize`,
+//! `protocol`, `transport`, `packer`, `plan`, `stream`, `source`, `filter`, …). The helpers
+//! every binding module uses are re-exported here; this file registers the module.
 
 mod balance;
 mod convert;
 mod errors;
 mod filter;
 mod layout;
+mod materialize;
+mod micro_batch;
 mod multi;
 mod pack;
 mod packer;
@@ -93,6 +95,8 @@ fn _stowplan(m: &Bound<'_, PyModule>) -> PyResult<()> {
     }
     m.add("COST_PRESETS", presets)?;
     layout::register(m)?;
+    micro_batch::register(m)?;
+    materialize::register(m)?;
     protocol::register(m)?;
     packer::register(m)?;
     transport::register(m)?;

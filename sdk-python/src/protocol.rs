@@ -13,7 +13,8 @@ use stowplan::serve::protocol::files::control_file_name;
 use stowplan::serve::{Control, ControlMessage, RankMessage, Receipt, Receipts, ToRank, batch_file_name, send_fs};
 use stowplan::{RankBatch, RunConfig, TrainingBatch};
 
-use crate::layout::{extract_sample, wrap};
+use crate::materialize::extract_sample;
+use crate::micro_batch::wrap;
 use crate::{invalid, number, to_py, u32_arg, u64_arg};
 
 /// What one rank receives for one packer step.
