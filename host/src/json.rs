@@ -1,8 +1,7 @@
 //! Results as JSON values (the CLI's `--json` output and the conformance vectors' shape).
 
 use serde_json::{Value, json};
-
-use crate::{DpPlan, MicroPlan, Packing, Partitioning, Plan, unflatten as lists};
+use stowplan_kernel::{DpPlan, MicroPlan, Packing, Partitioning, Plan, unflatten as lists};
 
 /// `{"groups", "sums", "total", "spread", "lower_bound"}` of a partition.
 pub fn partition(p: &Partitioning) -> Value {
@@ -92,7 +91,11 @@ pub fn dp_plan(p: &DpPlan, lengths: &[u64]) -> Value {
 
 /// verl's `log_seqlen_unbalance` dict (`{prefix}/min`, `/max`, `/minmax_diff`,
 /// `/balanced_min`, `/balanced_max`, `/mean`) for `partitions` of `seqlens`, or verl's error.
-pub fn verl_unbalance(prefix: &str, seqlens: &[i64], partitions: &[Vec<i64>]) -> Result<Value, crate::UnbalanceError> {
+pub fn verl_unbalance(
+    prefix: &str,
+    seqlens: &[i64],
+    partitions: &[Vec<i64>],
+) -> Result<Value, stowplan_kernel::verl::UnbalanceError> {
     let u = crate::verl_log_seqlen_unbalance(seqlens, partitions)?;
     Ok(json!({
         format!("{prefix}/min"): u.min as i64,

@@ -6,10 +6,19 @@
 //! backend calls the same kernel code directly, for comparison and tests.
 //!
 //! Layers, each depending only on those before it (ARCHITECTURE.md draws them):
-//! [`kernel`] (the two backends behind one dispatch) and [`runtime`] (hashes, atomic files,
-//! the compile cache) and [`wire`] (the one framed format) → [`plan`], [`materialize`],
-//! [`rollout`], `plugins` (feature `plugins`, on by default) → [`packer`] (the state machine,
+//! [`kernel`] (the two backends behind one dispatch) and `runtime` (hashes, atomic files,
+//! the compile cache) and [`wire`] (the one framed format) → [`plan`], `materialize`,
+//! `rollout`, `plugins` (feature `plugins`, on by default) → `packer` (the state machine,
 //! no I/O) → [`serve`] (the server loop and its transports; ZeroMQ with feature `zmq`).
+//!
+//! The API is the items re-exported here. `materialize`, `packer`, `rollout` and `runtime`
+//! are private: every public item of theirs is re-exported at the root. The other modules
+//! stay public because their paths are the API: [`serve`] (the server, its transports, the
+//! [`serve::protocol`] state machines and their messages, whose names such as `Message` or
+//! `Receipt` only make sense under `serve::`), [`plan`], [`kernel`] (the backends and the
+//! peers' plans such as [`kernel::prime_rl`]), [`wire`] (the framed formats), [`json`] and
+//! [`input`] (the CLI's and SDKs' shared output and input formats), and `plugins` (its file
+//! helpers beside `WasmFilter`).
 //!
 //! ```no_run
 //! use stowplan::{Kernel, PartitionOptions, PackOptions};
@@ -28,13 +37,13 @@ mod error;
 pub mod input;
 pub mod json;
 pub mod kernel;
-pub mod materialize;
-pub mod packer;
+mod materialize;
+mod packer;
 pub mod plan;
 #[cfg(feature = "plugins")]
 pub mod plugins;
-pub mod rollout;
-pub mod runtime;
+mod rollout;
+mod runtime;
 pub mod serve;
 pub mod wire;
 
@@ -45,8 +54,8 @@ pub use materialize::{
     check_sample, materialize, materialize_plan,
 };
 pub use packer::{
-    BatchKey, IngestReport, LossNormalization, PackedStep, Packer, PackerOptions, PackerState, RankBatch, RunConfig,
-    RunProgress, SampleKey, StepMetrics, TrainingBatch, TrainingSample,
+    BatchKey, IngestReport, LossNormalization, PackedStep, Packer, PackerOptions, PackerState, RECENT_CONTROLS,
+    RankBatch, RunConfig, RunProgress, SampleKey, StepMetrics, TrainingBatch, TrainingSample,
 };
 pub use plan::config::{EffectiveBatch, PackingConfig, PackingMode};
 pub use plan::length_cache::LengthCache;
@@ -55,7 +64,7 @@ pub use plan::{LogLine, StaticPackPlan};
 pub use plugins::{FilterOptions, FilterStats, OnFailure, WasmFilter};
 pub use rollout::{
     BufferColumns, BufferFilter, BufferView, DataSource, DataSourceOptions, FilterContext, Group, PopFirst,
-    RolloutSample, Status,
+    RolloutSample, Status, synthetic_buffer, validate_selection,
 };
 pub use runtime::{cache_dir, sha256_hex, write_atomic};
 pub use stowplan_kernel::peers::{DpReorder, RollLoadBalanceOptions, RollMicroBatches, VerlMicroOptions};

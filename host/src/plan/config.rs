@@ -30,8 +30,9 @@ use std::time::Duration;
 
 use serde::Serialize;
 use serde_json::{Map, Value};
+use stowplan_kernel::PlanOptions;
 
-use crate::{Error, PlanOptions};
+use crate::Error;
 
 /// How dataset-level packing builds its packs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]

@@ -23,8 +23,10 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use stowplan_kernel as k;
+use stowplan_kernel::{AlignedPlan, PlanOptions, RawPlan};
 
-use crate::{AlignedPlan, Error, Kernel, PlanOptions, RawPlan};
+use crate::Error;
+use crate::kernel::Kernel;
 
 pub mod config;
 pub mod length_cache;
@@ -460,7 +462,7 @@ impl PlanDoc {
         if let Some(map) = blank.as_object_mut() {
             map.insert("document_sha256".into(), serde_json::Value::String(String::new()));
         }
-        crate::sha256_hex(serde_json::to_string(&blank).unwrap_or_default().as_bytes())
+        crate::runtime::sha256_hex(serde_json::to_string(&blank).unwrap_or_default().as_bytes())
     }
 }
 

@@ -23,7 +23,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::error::{FilterError, io};
-use crate::{Error, Kernel, wire};
+use crate::kernel::Kernel;
+use crate::{Error, wire};
 
 pub mod columns;
 pub use columns::{BufferColumns, synthetic_buffer};
@@ -204,7 +205,7 @@ impl DataSource {
             })?;
             records.push((no + 1, v));
         }
-        let identity = format!("sha256:{}", crate::sha256_hex(&bytes));
+        let identity = format!("sha256:{}", crate::runtime::sha256_hex(&bytes));
         Self::build(records, identity, options, kernel, &path.display().to_string())
     }
 

@@ -20,8 +20,9 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use super::protocol::files::{Cleanup, FileRankReceiver};
+use crate::Error;
 use crate::error::io;
-use crate::{Error, RankBatch};
+use crate::packer::RankBatch;
 
 /// Options of a [`FileRankClient`].
 #[derive(Clone, Debug)]
@@ -116,10 +117,11 @@ mod zmq_clients {
     use std::thread::JoinHandle;
     use std::time::{Duration, Instant};
 
+    use crate::Error;
+    use crate::packer::{RankBatch, RunConfig, TrainingBatch};
     use crate::serve::curve::CurveClient;
     use crate::serve::protocol::{BatchSender, Control, MessageKey, RankReceiver, Receipt, ToRank};
     use crate::serve::zmq_error;
-    use crate::{Error, RankBatch, RunConfig, TrainingBatch};
 
     /// How often a waiting thread looks at its stop flag (and a sender at its receipts
     /// during a flush).

@@ -21,7 +21,8 @@ use super::protocol::{
     ZmqEndpoints,
 };
 use super::{Incoming, MAX_MESSAGE_BYTES, Throttled, Transport, zmq_error};
-use crate::{Error, RankBatch};
+use crate::Error;
+use crate::packer::RankBatch;
 
 /// At most this many batch messages are taken per receive (bounds the memory of a burst).
 const RECEIVE_LIMIT: usize = 16;

@@ -25,7 +25,8 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use super::Control;
-use crate::{BatchKey, Error, RankBatch};
+use crate::Error;
+use crate::packer::{BatchKey, RankBatch};
 
 /// The directory of the orchestrator's messages under the root.
 pub const INBOX: &str = "inbox";
@@ -195,7 +196,7 @@ mod tests {
     #![allow(clippy::unwrap_used)]
 
     use super::*;
-    use crate::RunConfig;
+    use crate::packer::RunConfig;
 
     fn bytes(rank: u32, step: u64) -> Vec<u8> {
         RankBatch { step, rank, dp: 2, keys: Vec::new(), micro_batches: Vec::new(), ready_to_update: Vec::new() }

@@ -48,7 +48,8 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::{Error, RunConfig, wire};
+use crate::packer::RunConfig;
+use crate::{Error, wire};
 
 pub mod delivery;
 pub mod files;

@@ -30,7 +30,8 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use super::{HEARTBEAT, RankMessage, Refusal};
-use crate::{Error, RankBatch, wire};
+use crate::packer::RankBatch;
+use crate::{Error, wire};
 
 /// What the packer sent a rank, decoded ([`ToRank::decode`] never fails: bad bytes are a
 /// value too, so that a driver can decode outside any lock and hand the result over).

@@ -32,7 +32,8 @@ use std::fmt;
 use std::time::{Duration, Instant};
 
 use super::{Control, ControlMessage, Receipt, Receipts};
-use crate::{BatchKey, Error, TrainingBatch};
+use crate::Error;
+use crate::packer::{BatchKey, TrainingBatch};
 
 /// What names a message until its receipt: a training batch by `(run, step)` (the packer's
 /// duplicate key), a control message by its id.
@@ -265,7 +266,7 @@ mod tests {
     #![allow(clippy::unwrap_used)]
 
     use super::*;
-    use crate::RunConfig;
+    use crate::packer::RunConfig;
 
     fn batch(run: u32, step: u64) -> TrainingBatch {
         TrainingBatch { run, step, temperature: 1.0, samples: Vec::new() }

@@ -1,0 +1,101 @@
+//! One micro-batch's arrays ([`MicroBatch`]) and their byte encoding.
+
+use serde::{Deserialize, Serialize};
+
+use super::CpRuns;
+use crate::{Error, wire};
+
+/// One micro-batch's arrays: one row, every per-token array of its length.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct MicroBatch {
+    /// The samples in the row, in order (empty for a dummy).
+    pub samples: Vec<u32>,
+    /// Token ids.
+    pub input_ids: Vec<i64>,
+    /// Positions, restarting at 0 for every sample (and for the end padding segment).
+    pub position_ids: Vec<i64>,
+    /// Whether each token counts in the loss (false on every padding token).
+    pub loss_mask: Vec<bool>,
+    /// Each token's weight in the step's loss ([`LossAggMode`](super::LossAggMode)): its sample's factor where
+    /// `loss_mask` is true, 0 elsewhere (padding, prompt tokens, dummies).
+    pub loss_weights: Vec<f32>,
+    /// The sample's advantage on each token (0 on padding).
+    pub advantages: Vec<f32>,
+    /// Inference logprobs (0 on prompt and padding tokens).
+    pub inference_logprobs: Vec<f32>,
+    /// Sampling temperature of each token (1 on padding).
+    pub temperatures: Vec<f32>,
+    /// Teacher logprobs (0 on padding), when the samples have them.
+    pub teacher_logprobs: Option<Vec<f32>>,
+    /// `samples + 1` cumulative real lengths (a dummy: `[0, 0]`).
+    pub cu_seqlens: Vec<i32>,
+    /// `samples + 1` boundaries of the sequences in the row, padding included.
+    pub cu_seqlens_padded: Vec<i32>,
+    /// The longest sequence in the row, padding included.
+    pub max_seqlen: i32,
+    /// Tokens of each run in the row (padding at the end counts for the last run).
+    pub lora_num_tokens: Vec<i32>,
+    /// Real tokens.
+    pub real_tokens: u64,
+    /// Padding tokens.
+    pub padding_tokens: u64,
+    /// A dummy micro-batch (no samples, zero loss mask and advantages).
+    pub dummy: bool,
+    /// The zigzag split when `cp` > 1 with per-sequence padding.
+    pub cp_runs: Option<CpRuns>,
+}
+
+impl MicroBatch {
+    /// Tokens in the row (padding included).
+    pub fn len(&self) -> usize {
+        self.input_ids.len()
+    }
+
+    /// Whether the row has no tokens.
+    pub fn is_empty(&self) -> bool {
+        self.input_ids.is_empty()
+    }
+
+    /// Length of every sequence in the row, padding included (prime-rl's `sequence_lengths`).
+    pub fn sequence_lengths(&self) -> Vec<i32> {
+        self.cu_seqlens_padded.windows(2).map(|w| w[1] - w[0]).collect()
+    }
+
+    /// Encodes in the [`wire::MICRO_BATCH`] format.
+    pub fn encode(&self) -> Result<Vec<u8>, Error> {
+        wire::encode(&wire::MICRO_BATCH, self, self.len() * 24)
+    }
+
+    /// Decodes what [`MicroBatch::encode`] wrote. Errors name what is wrong: not a
+    /// micro-batch, another version, a corrupt or truncated body, trailing bytes, arrays of
+    /// different lengths.
+    pub fn decode(bytes: &[u8]) -> Result<Self, Error> {
+        let mb: MicroBatch = wire::decode(&wire::MICRO_BATCH, bytes)?;
+        mb.check_lengths().map_err(|m| Error::InvalidArgument(format!("bytes: {m}")))?;
+        Ok(mb)
+    }
+
+    /// Checks that every per-token array has the row's length (as a decoded row must).
+    pub(crate) fn check_lengths(&self) -> Result<(), String> {
+        let n = self.input_ids.len();
+        let lens = [
+            self.position_ids.len(),
+            self.loss_mask.len(),
+            self.loss_weights.len(),
+            self.advantages.len(),
+            self.inference_logprobs.len(),
+            self.temperatures.len(),
+            self.teacher_logprobs.as_ref().map_or(n, Vec::len),
+        ];
+        if lens.iter().any(|&l| l != n) || self.cu_seqlens_padded.last().is_some_and(|&t| t as usize != n) {
+            return Err("corrupt micro-batch: per-token arrays of different lengths".into());
+        }
+        Ok(())
+    }
+}
+
+pub(super) fn to_i32(name: &str, v: u64) -> Result<i32, Error> {
+    i32::try_from(v).map_err(|_| {
+        Error::InvalidArgument(format!("{name}: {v} tokens in one row; at most {} fit in int32", i32::MAX))
+    })
+}

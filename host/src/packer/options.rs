@@ -1,0 +1,118 @@
+//! The packer's options, checked once.
+
+use std::time::Duration;
+
+use stowplan_kernel::{Cost, Padding};
+
+use super::LossNormalization;
+use crate::Error;
+use crate::materialize::{LossAggMode, MaterializeOptions};
+
+/// Options of a [`Packer`](super::Packer).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct PackerOptions {
+    /// Tokens of a micro-batch after padding (≥ 1); longer samples are rejected.
+    pub seq_len: u64,
+    /// Data-parallel ranks (≥ 1).
+    pub dp: u32,
+    /// Per-micro-batch padding to a multiple of this (≥ 1; prime-rl's `pad_to_multiple_of`).
+    pub pad_to_multiple_of: u64,
+    /// Token id of padding.
+    pub pad_token_id: i64,
+    /// Cost balanced across ranks.
+    pub cost: Cost,
+    /// Length of `lora_num_tokens`; run indices are below it (≥ 1).
+    pub num_runs: u32,
+    /// Pack once this many tokens are pending; `None`: `seq_len × dp` (prime-rl's).
+    pub threshold: Option<u64>,
+    /// At most this many tokens per step; `None`: everything pending. At least `seq_len`.
+    pub step_tokens: Option<u64>,
+    /// Pack what is pending once the oldest pending sample waited this long, even below the
+    /// threshold (prime-rl: 10 s).
+    pub wait_timeout: Duration,
+    /// Samples carry teacher logprobs (all of them) or none do.
+    pub teacher_logprobs: bool,
+    /// Accept samples with an empty completion.
+    pub allow_empty_completion: bool,
+    /// How per-token losses aggregate into a loss: every micro-batch's `loss_weights` (see
+    /// [`LossAggMode`]), with the counts taken per run over the set
+    /// [`PackerOptions::loss_normalization`] names.
+    pub loss_agg_mode: LossAggMode,
+    /// The horizon of `seq-mean-token-sum-norm`; `None`: the longest completion of the set.
+    pub loss_scale_factor: Option<f64>,
+    /// The set the loss weights count over: the run's samples in the **packer step** (the
+    /// default; a run whose optimizer update spans several packer steps gets the sum of their
+    /// losses), or the run's optimizer **update** of `batch_size` samples, however many packer
+    /// steps it spans (its samples are then packed once the rest of their update has arrived).
+    pub loss_normalization: LossNormalization,
+}
+
+impl PackerOptions {
+    /// `seq_len` and `dp`; no padding, pad token 1, token cost, one run, threshold
+    /// `seq_len × dp`, every pending token per step, 10 s wait, no teacher logprobs,
+    /// `token-mean` loss weights normalized per packer step.
+    pub fn new(seq_len: u64, dp: u32) -> Self {
+        Self {
+            seq_len,
+            dp,
+            pad_to_multiple_of: 1,
+            pad_token_id: 1,
+            cost: Cost::TOKENS,
+            num_runs: 1,
+            threshold: None,
+            step_tokens: None,
+            wait_timeout: Duration::from_secs(10),
+            teacher_logprobs: false,
+            loss_agg_mode: LossAggMode::TokenMean,
+            loss_scale_factor: None,
+            allow_empty_completion: false,
+            loss_normalization: LossNormalization::Step,
+        }
+    }
+
+    /// The token threshold in effect.
+    pub fn threshold_tokens(&self) -> u64 {
+        self.threshold.unwrap_or(self.seq_len.saturating_mul(u64::from(self.dp)))
+    }
+
+    /// Checks every range; the message names the option.
+    pub fn validate(&self) -> Result<(), Error> {
+        let bad = |m: String| Err(Error::InvalidArgument(m));
+        if self.seq_len == 0 || self.seq_len > i32::MAX as u64 {
+            return bad(format!("seq_len must be in 1..={} (got {})", i32::MAX, self.seq_len));
+        }
+        if self.dp == 0 || self.dp > stowplan_kernel::MAX_COUNT {
+            return bad(format!("dp must be in 1..={} (got {})", stowplan_kernel::MAX_COUNT, self.dp));
+        }
+        if self.pad_to_multiple_of == 0 || self.pad_to_multiple_of > self.seq_len {
+            return bad(format!(
+                "pad_to_multiple_of must be in 1..=seq_len ({}) (got {})",
+                self.seq_len, self.pad_to_multiple_of
+            ));
+        }
+        if self.num_runs == 0 || self.num_runs > stowplan_kernel::MAX_COUNT {
+            return bad(format!("num_runs must be in 1..={} (got {})", stowplan_kernel::MAX_COUNT, self.num_runs));
+        }
+        if self.threshold == Some(0) {
+            return bad("threshold must be at least 1 token (got 0)".into());
+        }
+        if let Some(t) = self.step_tokens.filter(|&t| t < self.seq_len) {
+            return bad(format!("step_tokens must be at least seq_len ({}) (got {t})", self.seq_len));
+        }
+        crate::materialize::check_loss_scale_factor(self.loss_agg_mode, self.loss_scale_factor)
+    }
+
+    pub(super) fn materialize_options(&self) -> MaterializeOptions {
+        MaterializeOptions {
+            padding: Padding::PerMicroBatch(self.pad_to_multiple_of),
+            cost: self.cost,
+            pad_token_id: self.pad_token_id,
+            num_runs: Some(self.num_runs),
+            mix_runs: false,
+            allow_empty_completion: self.allow_empty_completion,
+            loss_agg_mode: self.loss_agg_mode,
+            loss_scale_factor: self.loss_scale_factor,
+            ..MaterializeOptions::new(self.seq_len, self.dp)
+        }
+    }
+}

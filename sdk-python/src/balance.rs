@@ -1,0 +1,504 @@
+//! Balancing: micro-batches (`micro_batches`) and data-parallel ranks (`balance`).
+
+use numpy::{IntoPyArray, PyArray1, PyArrayMethods, PyUntypedArrayMethods};
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyTuple};
+use stowplan::{Cost, DpOptions, DpPlan, MicroOptions, MicroPlan};
+
+use crate::convert::{Lengths, cost_arg, kernel, opt_parse, opt_u32, repr, str_options, u32_arg, u64_arg};
+use crate::errors::{invalid, to_py};
+use crate::multi;
+use crate::results::{LazyList, check_state, reduce, summary, vec_of, verl_unbalance, views};
+
+/// Micro-batches of one batch (the result of :func:`micro_batches`, or one rank's part of a
+/// :class:`Balance`, whose indices are then global).
+#[pyclass(frozen, module = "stowplan._stowplan", name = "MicroBatches")]
+#[derive(Debug)]
+pub struct PyMicroBatches {
+    /// ``uint32`` array of ``count + 1`` boundaries into ``indices``.
+    #[pyo3(get)]
+    offsets: Py<PyArray1<u32>>,
+    /// ``uint32`` array, every index once, micro-batch after micro-batch.
+    #[pyo3(get)]
+    indices: Py<PyArray1<u32>>,
+    /// ``uint64`` array, tokens of each micro-batch (each ``<= max_token_len``).
+    #[pyo3(get)]
+    tokens: Py<PyArray1<u64>>,
+    /// ``uint64`` array, cost of each micro-batch.
+    #[pyo3(get)]
+    costs: Py<PyArray1<u64>>,
+    /// ``uint32`` array; ``outputs[restore]`` puts outputs computed in micro-batch order
+    /// (concatenated) back in input order (in a :class:`Balance`: in the order of the rank's
+    /// samples, ``Balance.ranks[r]``).
+    #[pyo3(get)]
+    restore: Py<PyArray1<u32>>,
+    /// ``max(1, ceil(total tokens / max_token_len))``.
+    #[pyo3(get)]
+    lower_bound: u32,
+    /// The count this batch needs on its own (the count ``count=`` overrides).
+    #[pyo3(get)]
+    required: u32,
+    /// The number of micro-batches.
+    #[pyo3(get)]
+    count: usize,
+    max_tokens: u64,
+    batches: LazyList,
+}
+
+impl PyMicroBatches {
+    fn new(py: Python<'_>, p: MicroPlan) -> Self {
+        Self {
+            count: p.offsets.len().saturating_sub(1),
+            max_tokens: p.tokens.iter().copied().max().unwrap_or(0),
+            lower_bound: p.lower_bound,
+            required: p.required,
+            offsets: p.offsets.into_pyarray(py).unbind(),
+            indices: p.indices.into_pyarray(py).unbind(),
+            tokens: p.tokens.into_pyarray(py).unbind(),
+            costs: p.costs.into_pyarray(py).unbind(),
+            restore: p.restore.into_pyarray(py).unbind(),
+            batches: LazyList::default(),
+        }
+    }
+}
+
+#[pymethods]
+impl PyMicroBatches {
+    /// Pickles as its fields.
+    fn __reduce__<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyTuple>> {
+        let (py, p) = (slf.py(), slf.get());
+        let arrays = (
+            p.offsets.clone_ref(py),
+            p.indices.clone_ref(py),
+            p.tokens.clone_ref(py),
+            p.costs.clone_ref(py),
+            p.restore.clone_ref(py),
+        );
+        reduce(slf, (arrays, p.lower_bound, p.required))
+    }
+
+    /// The micro-batches pickled by ``__reduce__``.
+    #[staticmethod]
+    #[allow(clippy::type_complexity)]
+    fn _from_state(
+        arrays: (Py<PyArray1<u32>>, Py<PyArray1<u32>>, Py<PyArray1<u64>>, Py<PyArray1<u64>>, Py<PyArray1<u32>>),
+        lower_bound: u32,
+        required: u32,
+        py: Python<'_>,
+    ) -> PyResult<Self> {
+        let (offsets, indices, tokens, costs, restore) = arrays;
+        let n = indices.bind(py).len();
+        check_state(py, "MicroBatches", &offsets, n, &[tokens.bind(py).len(), costs.bind(py).len()])?;
+        if restore.bind(py).len() != n {
+            return Err(invalid(py, "MicroBatches: the pickled state is inconsistent (restore)".into()));
+        }
+        let max_tokens = tokens.bind(py).to_vec()?.into_iter().max().unwrap_or(0);
+        Ok(Self {
+            count: offsets.bind(py).len().saturating_sub(1),
+            max_tokens,
+            lower_bound,
+            required,
+            offsets,
+            indices,
+            tokens,
+            costs,
+            restore,
+            batches: LazyList::default(),
+        })
+    }
+
+    /// List of ``uint32`` arrays (views of ``indices``), the input indices of each
+    /// micro-batch (ascending), in the requested order.
+    #[getter]
+    fn batches(&self, py: Python<'_>) -> PyResult<Py<PyList>> {
+        self.batches.get(py, || views(self.offsets.bind(py), self.indices.bind(py)))
+    }
+
+    /// ``max``, ``min``, ``mean``, ``max_over_mean``, ``spread`` of the tokens per micro-batch.
+    #[getter]
+    fn token_balance<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        summary(self.tokens.bind(py))
+    }
+
+    /// ``max``, ``min``, ``mean``, ``max_over_mean``, ``spread`` of the cost per micro-batch.
+    #[getter]
+    fn cost_balance<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        summary(self.costs.bind(py))
+    }
+
+    fn __len__(&self) -> usize {
+        self.count
+    }
+
+    fn __iter__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        Ok(self.batches(py)?.into_bound(py).try_iter()?.into_any())
+    }
+
+    fn __repr__(&self) -> String {
+        format!("MicroBatches(count={}, lower_bound={}, max_tokens={})", self.count, self.lower_bound, self.max_tokens)
+    }
+}
+
+/// Micro-batch options from the arguments (`None`: `MicroOptions::new`'s defaults).
+fn micro_options(
+    py: Python<'_>,
+    max_token_len: &Bound<'_, PyAny>,
+    cost: Option<Cost>,
+    min_count: Option<&Bound<'_, PyAny>>,
+    divisible_by: Option<&Bound<'_, PyAny>>,
+    count: Option<&Bound<'_, PyAny>>,
+    order: Option<&str>,
+) -> PyResult<MicroOptions> {
+    let d = MicroOptions::new(u64_arg(max_token_len, "max_token_len", 1)?);
+    Ok(MicroOptions {
+        cost: cost.unwrap_or(d.cost),
+        min_count: opt_u32(min_count, "min_count", 0)?.unwrap_or(d.min_count),
+        divisible_by: opt_u32(divisible_by, "divisible_by", 1)?.unwrap_or(d.divisible_by),
+        count: opt_u32(count, "count", 1)?.or(d.count),
+        order: opt_parse(py, order)?.unwrap_or(d.order),
+        ..d
+    })
+}
+
+/// Splits one rank's batch into micro-batches of at most ``max_token_len`` tokens.
+///
+/// The cap is hard: no micro-batch ever exceeds it. The count is the smallest the cap allows
+/// (the bin-packing lower bound on typical inputs), raised to ``min_count``, rounded up to a
+/// multiple of ``divisible_by`` — or exactly ``count``. The cost is balanced across them.
+///
+/// ``lengths``: tokens per sequence (list, numpy array, CPU tensor …); ``max_token_len``: the
+/// cap, ``>= 1``. Options (omitted or ``None``: the default): ``cost`` — ``"tokens"``
+/// (default), ``"attention"`` (``24576·L + L²``, verl's and ROLL's workload) or a
+/// ``(linear, quadratic)`` pair of integers; ``min_count`` — at least this many
+/// micro-batches (e.g. pipeline stages; default 0); ``divisible_by`` — the count is a
+/// multiple of this (virtual pipeline size; default 1); ``count`` — exactly this many (e.g.
+/// the count every DP rank agreed on); ``order`` — ``"none"`` (input order, default),
+/// ``"cost_desc"``, ``"verl"`` (verl's and ROLL's cheapest-at-both-ends order) or ``"roll"``
+/// (ROLL's in-rank interleave); ``extra_costs`` — one extra cost per sequence on top of
+/// ``cost`` (its units; e.g. a multimodal sample's image tokens): balanced, not capped;
+/// ``resources`` and ``limits`` — further caps per micro-batch beside the tokens:
+/// ``resources`` maps each name (not ``"tokens"``) to the sequences' sizes in it (image
+/// tokens, images …; one array-like each) and ``limits`` the same names to the cap (``>= 1``),
+/// up to 7; every micro-batch then stays within every cap, the count is best-fit decreasing's
+/// under all of them, and ``lower_bound`` is the largest per-resource bound; ``backend`` —
+/// ``"wasm"`` (default) or ``"native"``.
+///
+/// Raises :class:`InfeasibleError` for a sequence longer than ``max_token_len`` or over a
+/// limit (named) or a ``count`` below what the caps allow; :class:`InvalidArgumentError` for empty input,
+/// ``max_token_len`` 0, a count above the number of sequences (micro-batches are never
+/// empty), ``count`` not a multiple of ``divisible_by`` …
+///
+/// >>> mb = micro_batches([100, 900, 50, 950, 400, 600], 2000)
+/// >>> [b.tolist() for b in mb.batches], mb.tokens.tolist()
+/// ([[0, 2, 3, 4], [1, 5]], [1500, 1500])
+/// >>> mb.restore.tolist()  # position of each input in the concatenated micro-batches
+/// [0, 4, 1, 2, 3, 5]
+/// >>> vlm = micro_batches([100, 900, 50, 950], 2000, resources={"images": [3, 1, 0, 2]}, limits={"images": 3})
+/// >>> [b.tolist() for b in vlm.batches]  # at most 3 images per micro-batch
+/// [[0, 2], [1, 3]]
+#[pyfunction]
+#[pyo3(signature = (lengths, max_token_len, *, cost=None, min_count=None, divisible_by=None, count=None, order=None,
+    extra_costs=None, resources=None, limits=None, backend=None))]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn micro_batches(
+    py: Python<'_>,
+    lengths: &Bound<'_, PyAny>,
+    max_token_len: &Bound<'_, PyAny>,
+    cost: Option<&Bound<'_, PyAny>>,
+    min_count: Option<&Bound<'_, PyAny>>,
+    divisible_by: Option<&Bound<'_, PyAny>>,
+    count: Option<&Bound<'_, PyAny>>,
+    order: Option<&Bound<'_, PyAny>>,
+    extra_costs: Option<&Bound<'_, PyAny>>,
+    resources: Option<&Bound<'_, PyDict>>,
+    limits: Option<&Bound<'_, PyDict>>,
+    backend: Option<&Bound<'_, PyAny>>,
+) -> PyResult<PyMicroBatches> {
+    str_options!(order, backend);
+    let options = micro_options(py, max_token_len, cost_arg(cost)?, min_count, divisible_by, count, order)?;
+    let lengths = Lengths::extract(lengths, "lengths")?;
+    let extra = extra_costs.map(|e| Lengths::extract(e, "extra_costs")).transpose()?;
+    let kernel = kernel(py, backend)?;
+    let l = lengths.slice();
+    let e = extra.as_ref().map(Lengths::slice);
+    let limited = match (resources, limits) {
+        (None, None) => None,
+        (Some(r), Some(c)) => Some(multi::limit_rows(py, r, c, l.len())?),
+        (Some(_), None) => return Err(invalid(py, "resources needs limits (the cap of each resource)".into())),
+        (None, Some(_)) => return Err(invalid(py, "limits needs resources (the sequences' sizes in each)".into())),
+    };
+    let p = py
+        .detach(|| match (&limited, e) {
+            (Some((sizes, caps, names)), e) => {
+                let lim = stowplan::MicroLimits { sizes, caps, names };
+                kernel.micro_batches_limited(l, e, &lim, &options).map(|p| p.plan)
+            }
+            (None, Some(e)) => kernel.micro_batches_with_extra(l, e, &options),
+            (None, None) => kernel.micro_batches(l, &options),
+        })
+        .map_err(|e| to_py(py, e))?;
+    Ok(PyMicroBatches::new(py, p))
+}
+
+/// A global batch over DP ranks (the result of :func:`balance`).
+#[pyclass(frozen, module = "stowplan._stowplan", name = "Balance")]
+#[derive(Debug)]
+pub struct PyBalance {
+    /// ``uint32`` array of ``dp + 1`` boundaries into ``order``.
+    #[pyo3(get)]
+    offsets: Py<PyArray1<u32>>,
+    /// ``uint32`` permutation of the input: ``batch[order]`` puts every rank's samples in one
+    /// contiguous, equal slice (how verl's and ROLL's dispatchers split a batch).
+    #[pyo3(get)]
+    order: Py<PyArray1<u32>>,
+    /// ``uint64`` array, tokens of each rank.
+    #[pyo3(get)]
+    tokens: Py<PyArray1<u64>>,
+    /// ``uint64`` array, cost of each rank.
+    #[pyo3(get)]
+    costs: Py<PyArray1<u64>>,
+    /// ``max(ceil(total cost / dp), costliest group)``.
+    #[pyo3(get)]
+    cost_lower_bound: u64,
+    /// With ``max_token_len``, one :class:`MicroBatches` per rank (global indices, the same
+    /// count on every rank); else ``None``.
+    #[pyo3(get)]
+    micro_batches: Option<Py<PyList>>,
+    /// Micro-batches per rank (``None`` without ``max_token_len``).
+    #[pyo3(get)]
+    count: Option<usize>,
+    /// The number of ranks.
+    #[pyo3(get)]
+    dp: usize,
+    /// The input lengths (``uint64``/``int64`` array), for the metrics.
+    #[pyo3(get)]
+    lengths: Py<PyAny>,
+    max_cost: u64,
+    ranks: LazyList,
+}
+
+#[pymethods]
+impl PyBalance {
+    /// Pickles as its fields.
+    fn __reduce__<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyTuple>> {
+        let (py, b) = (slf.py(), slf.get());
+        let arrays = (b.offsets.clone_ref(py), b.order.clone_ref(py), b.tokens.clone_ref(py), b.costs.clone_ref(py));
+        let micro = b.micro_batches.as_ref().map(|m| m.clone_ref(py));
+        reduce(slf, (arrays, b.cost_lower_bound, micro, b.count, b.lengths.clone_ref(py), b.max_cost))
+    }
+
+    /// The balance pickled by ``__reduce__``.
+    #[staticmethod]
+    #[allow(clippy::type_complexity)]
+    fn _from_state(
+        arrays: (Py<PyArray1<u32>>, Py<PyArray1<u32>>, Py<PyArray1<u64>>, Py<PyArray1<u64>>),
+        cost_lower_bound: u64,
+        micro_batches: Option<Py<PyList>>,
+        count: Option<usize>,
+        lengths: Py<PyAny>,
+        max_cost: u64,
+        py: Python<'_>,
+    ) -> PyResult<Self> {
+        let (offsets, order, tokens, costs) = arrays;
+        check_state(py, "Balance", &offsets, order.bind(py).len(), &[tokens.bind(py).len(), costs.bind(py).len()])?;
+        Ok(PyBalance {
+            dp: offsets.bind(py).len().saturating_sub(1),
+            offsets,
+            order,
+            tokens,
+            costs,
+            cost_lower_bound,
+            micro_batches,
+            count,
+            lengths,
+            max_cost,
+            ranks: LazyList::default(),
+        })
+    }
+
+    /// List of ``uint32`` arrays (views of ``order``), the input indices each rank gets
+    /// (ascending; mini-batch by mini-batch with ``minibatch_size``).
+    #[getter]
+    fn ranks(&self, py: Python<'_>) -> PyResult<Py<PyList>> {
+        self.ranks.get(py, || views(self.offsets.bind(py), self.order.bind(py)))
+    }
+
+    /// ``max``, ``min``, ``mean``, ``max_over_mean``, ``spread`` of the tokens per rank.
+    #[getter]
+    fn token_balance<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        summary(self.tokens.bind(py))
+    }
+
+    /// ``max``, ``min``, ``mean``, ``max_over_mean``, ``spread`` of the cost per rank.
+    #[getter]
+    fn cost_balance<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        summary(self.costs.bind(py))
+    }
+
+    /// verl's ``log_seqlen_unbalance`` metrics for these ranks (tokens).
+    #[pyo3(signature = (prefix="global_seqlen"))]
+    fn log_seqlen_unbalance<'py>(&self, py: Python<'py>, prefix: &str) -> PyResult<Bound<'py, PyDict>> {
+        let lengths = Lengths::extract(self.lengths.bind(py), "lengths")?;
+        let seqlens = lengths
+            .slice()
+            .iter()
+            .map(|&l| i64::try_from(l).map_err(|_| invalid(py, format!("length {l} is above 2**63-1"))))
+            .collect::<PyResult<Vec<_>>>()?;
+        let (o, i) = (vec_of(self.offsets.bind(py))?, vec_of(self.order.bind(py))?);
+        let parts = o
+            .windows(2)
+            .map(|w| i.get(w[0] as usize..w[1] as usize).map(|r| r.iter().map(|&x| i64::from(x)).collect()))
+            .collect::<Option<Vec<Vec<i64>>>>()
+            .ok_or_else(|| PyValueError::new_err("offsets do not delimit order (were the arrays modified?)"))?;
+        verl_unbalance(py, &seqlens, &parts, prefix)
+    }
+
+    fn __len__(&self) -> usize {
+        self.dp
+    }
+
+    fn __repr__(&self) -> String {
+        let count = self.count.map_or_else(|| "None".to_string(), |c| c.to_string());
+        format!(
+            "Balance(dp={}, max_cost={}, cost_lower_bound={}, count={count})",
+            self.dp, self.max_cost, self.cost_lower_bound
+        )
+    }
+}
+
+/// Group labels (any hashable values, e.g. uids; numpy arrays through ``tolist``) as dense
+/// ids, one per sample.
+fn labels(groups: Option<&Bound<'_, PyAny>>, n: usize) -> PyResult<Option<Vec<u32>>> {
+    let Some(groups) = groups else { return Ok(None) };
+    let py = groups.py();
+    let values = if groups.hasattr("tolist")? { groups.call_method0("tolist")? } else { groups.clone() };
+    let not_labels =
+        || invalid(py, format!("groups must be a sequence of labels, one per sample (got {})", repr(groups)));
+    if values.is_instance_of::<PyString>() || values.is_instance_of::<PyBytes>() {
+        return Err(not_labels());
+    }
+    let ids = PyDict::new(py);
+    let mut out = Vec::with_capacity(n);
+    for (i, v) in values.try_iter().map_err(|_| not_labels())?.enumerate() {
+        let v = v?;
+        let found = ids
+            .get_item(&v)
+            .map_err(|_| invalid(py, format!("groups[{i}] must be a hashable label (got {})", repr(&v))))?;
+        let id = match found {
+            Some(id) => id.extract::<u32>()?,
+            None => {
+                let id = u32::try_from(ids.len()).map_err(|_| invalid(py, "more than 2**32-1 groups".into()))?;
+                ids.set_item(&v, id)?;
+                id
+            }
+        };
+        out.push(id);
+    }
+    if out.len() != n {
+        return Err(invalid(
+            py,
+            format!("groups has {} labels but lengths has {n} entries; give one label per sample", out.len()),
+        ));
+    }
+    Ok(Some(out))
+}
+
+/// Balances a global batch over ``dp`` ranks, and with ``max_token_len`` also splits every
+/// rank's part into micro-batches (the same count on every rank).
+///
+/// Every rank gets the same number of samples (``equal_count``), and the costliest rank is
+/// made as light as the heuristic finds (Karmarkar–Karp on costs, then swaps). The plan is a
+/// pure function of the global lengths, so every rank can compute it and agree on the
+/// micro-batch count without an all-reduce.
+///
+/// ``lengths``: tokens per sample of the global batch; ``dp``: number of data-parallel ranks,
+/// ``>= 1``. Options (omitted or ``None``: the default): ``cost`` — as in
+/// :func:`micro_batches`; ``max_token_len`` — the micro-batch cap (``None``: plan only the DP
+/// level); ``groups`` — one label per sample (e.g. uids): samples with the same label stay
+/// on one rank (equal counts need groups of one size and a group count divisible by
+/// ``dp``); ``minibatch_size`` — balance each run of this many consecutive samples
+/// separately (verl's ``keep_minibatch``; each rank lists its samples mini-batch by
+/// mini-batch); ``equal_count`` — every rank gets the same number of samples (default True);
+/// ``min_count``, ``divisible_by``, ``count``, ``order`` — as in :func:`micro_batches`, per
+/// rank; ``extra_costs`` — one extra cost per sample on top of ``cost`` (e.g. a multimodal
+/// sample's image tokens), counted by both levels; ``backend`` — ``"wasm"`` (default) or
+/// ``"native"``.
+///
+/// >>> b = balance([100, 900, 50, 950, 400, 600], 2)
+/// >>> [r.tolist() for r in b.ranks], b.tokens.tolist()
+/// ([[1, 2, 5], [0, 3, 4]], [1550, 1450])
+/// >>> b = balance([100, 900, 50, 950, 400, 600, 10, 20], 2, max_token_len=1000, cost="attention")
+/// >>> b.count, [[m.tolist() for m in r.batches] for r in b.micro_batches]
+/// (2, [[[1], [5, 6, 7]], [[0, 2, 4], [3]]])
+#[pyfunction]
+#[pyo3(signature = (lengths, dp, *, cost=None, max_token_len=None, groups=None, minibatch_size=None, equal_count=None,
+    min_count=None, divisible_by=None, count=None, order=None, extra_costs=None, backend=None))]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn balance(
+    py: Python<'_>,
+    lengths: &Bound<'_, PyAny>,
+    dp: &Bound<'_, PyAny>,
+    cost: Option<&Bound<'_, PyAny>>,
+    max_token_len: Option<&Bound<'_, PyAny>>,
+    groups: Option<&Bound<'_, PyAny>>,
+    minibatch_size: Option<&Bound<'_, PyAny>>,
+    equal_count: Option<bool>,
+    min_count: Option<&Bound<'_, PyAny>>,
+    divisible_by: Option<&Bound<'_, PyAny>>,
+    count: Option<&Bound<'_, PyAny>>,
+    order: Option<&Bound<'_, PyAny>>,
+    extra_costs: Option<&Bound<'_, PyAny>>,
+    backend: Option<&Bound<'_, PyAny>>,
+) -> PyResult<PyBalance> {
+    str_options!(order, backend);
+    let d = DpOptions::default();
+    let cost = cost_arg(cost)?.unwrap_or(d.cost);
+    let dp = u32_arg(dp, "dp", 1)?;
+    let minibatch_size = opt_u32(minibatch_size, "minibatch_size", 1)?.or(d.minibatch_size);
+    let micro =
+        max_token_len.map(|t| micro_options(py, t, Some(cost), min_count, divisible_by, count, order)).transpose()?;
+    let lengths = Lengths::extract(lengths, "lengths")?;
+    let l = lengths.slice();
+    let labels = labels(groups, l.len())?;
+    let extra = extra_costs.map(|e| Lengths::extract(e, "extra_costs")).transpose()?;
+    let kernel = kernel(py, backend)?;
+    let options = DpOptions {
+        cost,
+        groups: labels.as_deref(),
+        minibatch_size,
+        equal_count: equal_count.unwrap_or(d.equal_count),
+        extra_costs: extra.as_ref().map(Lengths::slice),
+    };
+    let (plan, ranks): (DpPlan, Option<Vec<MicroPlan>>) = match micro {
+        None => (py.detach(|| kernel.balance_dp(l, dp, &options)).map_err(|e| to_py(py, e))?, None),
+        Some(m) => {
+            let p = py.detach(|| kernel.plan(l, dp, &options, &m)).map_err(|e| to_py(py, e))?;
+            (p.dp, Some(p.ranks))
+        }
+    };
+    let (count, micro_batches) = match ranks {
+        None => (None, None),
+        Some(ranks) => {
+            let count = ranks.first().map_or(0, MicroPlan::count);
+            let list = PyList::empty(py);
+            for r in ranks {
+                list.append(Py::new(py, PyMicroBatches::new(py, r))?)?;
+            }
+            (Some(count), Some(list.unbind()))
+        }
+    };
+    Ok(PyBalance {
+        dp: plan.offsets.len().saturating_sub(1),
+        max_cost: plan.costs.iter().copied().max().unwrap_or(0),
+        cost_lower_bound: plan.cost_lower_bound,
+        offsets: plan.offsets.into_pyarray(py).unbind(),
+        order: plan.order.into_pyarray(py).unbind(),
+        tokens: plan.tokens.into_pyarray(py).unbind(),
+        costs: plan.costs.into_pyarray(py).unbind(),
+        micro_batches,
+        count,
+        lengths: lengths.array().unbind(),
+        ranks: LazyList::default(),
+    })
+}
