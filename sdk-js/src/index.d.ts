@@ -126,6 +126,17 @@ export interface MicroBatchOptions {
   extraCosts?: Integers;
 }
 
+/** Options of `microBatches`: the shared ones and further caps per micro-batch. */
+export interface LimitedMicroBatchOptions extends MicroBatchOptions {
+  /**
+   * Each further resource's size per sequence (image tokens, images …), name → sizes; not
+   * `tokens` (those are the lengths and `maxTokenLen`). 1 to 7 resources; needs `limits`.
+   */
+  resources?: Named<Integers>;
+  /** Each resource's cap per micro-batch (≥ 1), the same names as `resources`. */
+  limits?: Named<Int>;
+}
+
 /** Options of `balance`. */
 export interface BalanceOptions extends MicroBatchOptions {
   /** The micro-batch cap; without it only the DP level is planned. */
@@ -496,7 +507,7 @@ export class Stowplan {
   /** Packs items under several limits: `columns` name → sizes (tokens first), `capacities` name → capacity. */
   packMulti(columns: Named<Integers>, capacities: Named<Int>, options?: MultiPackOptions): MultiPacking;
   /** Splits one batch into micro-batches of at most `maxTokenLen` tokens. */
-  microBatches(lengths: Integers, maxTokenLen: Int, options?: MicroBatchOptions): MicroBatches;
+  microBatches(lengths: Integers, maxTokenLen: Int, options?: LimitedMicroBatchOptions): MicroBatches;
   /** Balances a global batch over `dp` ranks (and every rank's micro-batches with `maxTokenLen`). */
   balance(lengths: Integers, dp: Int, options?: BalanceOptions): Balance;
   /** The multiple every sequence length is padded to. */
@@ -528,7 +539,7 @@ export function pack(lengths: Integers, capacity: Int, options?: PackOptions): P
 /** Packs items under several limits: `columns` name → sizes (tokens first), `capacities` name → capacity. */
 export function packMulti(columns: Named<Integers>, capacities: Named<Int>, options?: MultiPackOptions): MultiPacking;
 /** Splits one batch into micro-batches of at most `maxTokenLen` tokens. */
-export function microBatches(lengths: Integers, maxTokenLen: Int, options?: MicroBatchOptions): MicroBatches;
+export function microBatches(lengths: Integers, maxTokenLen: Int, options?: LimitedMicroBatchOptions): MicroBatches;
 /** Balances a global batch over `dp` ranks (and every rank's micro-batches with `maxTokenLen`). */
 export function balance(lengths: Integers, dp: Int, options?: BalanceOptions): Balance;
 /** The multiple every sequence length is padded to. */

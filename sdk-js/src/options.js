@@ -124,6 +124,43 @@ export function resourceTable(columns, capacities) {
   return { names, capacity, sizes, n };
 }
 
+/**
+ * The further limits of `microBatches` (`resources`: name → one size per sequence, `limits`:
+ * the same names → cap) as the kernel's `multi-micro` limits: sizes sequence by sequence, caps
+ * and names in `resources`' order. Errors name the key, as Python's `micro_batches` does.
+ */
+export function limitRows(resources, limits, n) {
+  const most = MAX_RESOURCES - 1;
+  const cols = namedEntries(resources, 'resources', 'sizes');
+  const caps = new Map(namedEntries(limits, 'limits', 'cap'));
+  if (cols.length === 0 || cols.length > most) {
+    throw new InvalidArgumentError(`resources must name 1 to ${most} resources (got ${cols.length})`);
+  }
+  for (const [what, keys] of [['resources', cols.map(([k]) => k)], ['limits', [...caps.keys()]]]) {
+    if (keys.includes('tokens')) {
+      throw new InvalidArgumentError(`${what}['tokens']: the tokens are lengths and maxTokenLen, not a further limit`);
+    }
+  }
+  const names = cols.map(([name]) => name);
+  const capList = [];
+  const sizes = [];
+  for (const [name, values] of cols) {
+    if (!caps.has(name)) throw new InvalidArgumentError(`limits has no cap for resources['${name}']`);
+    capList.push(u64(caps.get(name), `limits['${name}']`, 1n));
+    const col = u64Array(values, `resources['${name}']`);
+    if (col.length !== n) {
+      throw new InvalidArgumentError(`resources['${name}'] has ${col.length} sizes, lengths ${n}: one per sequence`);
+    }
+    sizes.push(col);
+  }
+  for (const key of caps.keys()) {
+    if (!names.includes(key)) {
+      throw new InvalidArgumentError(`limits['${key}'] has no sizes in resources (resources: ${names.join(', ')})`);
+    }
+  }
+  return { sizes: rows(sizes, n), caps: BigUint64Array.from(capList), names };
+}
+
 /** The kernel's sizes list of a table: item by item, a row of its sizes in every resource. */
 export function rows(sizes, n) {
   const r = sizes.length;

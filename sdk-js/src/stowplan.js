@@ -11,6 +11,7 @@ import {
   alignOptions,
   costOption,
   dpOptions,
+  limitRows,
   microOptions,
   packOptions,
   partitionOptions,
@@ -108,9 +109,16 @@ export class Stowplan {
    * @returns {MicroBatches}
    */
   microBatches(lengths, maxTokenLen, opts) {
-    const o = options(opts, 'microBatches', ['cost', 'minCount', 'divisibleBy', 'count', 'order', 'extraCosts']);
+    const o = options(opts, 'microBatches', ['cost', 'minCount', 'divisibleBy', 'count', 'order', 'extraCosts', 'resources', 'limits']);
     const m = microOptions(maxTokenLen, costOption(o.cost, DEFAULTS.MicroOptions.cost), o);
     const l = u64Array(lengths, 'lengths');
+    if (given(o.resources) || given(o.limits)) {
+      if (!given(o.limits)) throw new InvalidArgumentError('resources needs limits (the cap of each resource)');
+      if (!given(o.resources)) throw new InvalidArgumentError("limits needs resources (the sequences' sizes in each)");
+      const lim = limitRows(o.resources, o.limits, l.length);
+      const e = given(o.extraCosts) ? u64Array(o.extraCosts, 'extraCosts') : undefined;
+      return new MicroBatches(call(() => this.k.multiMicro.microBatches(l, e, lim, m)).plan);
+    }
     if (given(o.extraCosts)) {
       const e = u64Array(o.extraCosts, 'extraCosts');
       return new MicroBatches(call(() => this.k.multimodal.microBatches(l, e, m)));

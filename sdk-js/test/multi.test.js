@@ -167,3 +167,39 @@ test('errors name the argument, and the kernel\'s name the resources', () => {
   // A column named 'segments' is only a resource without a segment limit.
   assert.deepStrictEqual(stowplan.packMulti({ tokens: [1], segments: [1] }, { tokens: 9, segments: 9 }).lowerBounds, { tokens: 1n, segments: 1n });
 });
+
+test('microBatches keeps every micro-batch within further limits (resources, limits)', () => {
+  const draw = rng(131);
+  for (let round = 0; round < 120; round++) {
+    const n = draw(1, 60);
+    const cap = draw(100, 400);
+    const lengths = Array.from({ length: n }, () => draw(1, cap));
+    const imageCap = draw(20, 200);
+    const imagesCap = draw(1, 6);
+    const imageTokens = Array.from({ length: n }, () => (draw(0, 1) ? 0 : draw(0, imageCap)));
+    const images = imageTokens.map((t) => (t === 0 ? 0 : draw(1, imagesCap)));
+    const minCount = Math.min(draw(0, 3), n);
+    const what = JSON.stringify({ round, cap, imageCap, imagesCap, minCount });
+    const m = stowplan.microBatches(lengths, cap, { minCount, resources: { image_tokens: imageTokens, images }, limits: { image_tokens: imageCap, images: imagesCap } });
+    assert.deepStrictEqual(Array.from(m.indices).sort((a, b) => a - b), Array.from({ length: n }, (_, i) => i), what);
+    for (const batch of m.batches) {
+      const sum = (col) => batch.reduce((t, i) => t + col[i], 0);
+      assert.ok(sum(lengths) <= cap && sum(imageTokens) <= imageCap && sum(images) <= imagesCap, what);
+    }
+    // The count: the balanced fill's under all the caps, raised to minCount.
+    const fill = stowplan.packMulti({ tokens: lengths, image_tokens: imageTokens, images }, { tokens: cap, image_tokens: imageCap, images: imagesCap });
+    assert.equal(m.count, Math.max(fill.length, minCount), what);
+  }
+  const refused = (re) => (e) => e instanceof InvalidArgumentError && re.test(e.message);
+  const l = [5, 7];
+  assert.throws(() => stowplan.microBatches(l, 10, { resources: { images: [1, 2] } }), refused(/^resources needs limits/));
+  assert.throws(() => stowplan.microBatches(l, 10, { limits: { images: 2 } }), refused(/^limits needs resources/));
+  assert.throws(() => stowplan.microBatches(l, 10, { resources: { images: [1] }, limits: { images: 2 } }), refused(/^resources\['images'\] has 1 sizes, lengths 2: one per sequence$/));
+  assert.throws(() => stowplan.microBatches(l, 10, { resources: { images: [1, 2] }, limits: { frames: 2 } }), refused(/^limits has no cap for resources\['images'\]$/));
+  assert.throws(() => stowplan.microBatches(l, 10, { resources: { tokens: [1, 2] }, limits: { tokens: 2 } }), refused(/^resources\['tokens'\]: the tokens are lengths/));
+  assert.throws(() => stowplan.microBatches(l, 10, { resources: { images: [1, 2] }, limits: { images: 0 } }), refused(/limits\['images'\]/));
+  assert.throws(
+    () => stowplan.microBatches(l, 10, { resources: { images: [1, 3] }, limits: { images: 2 } }),
+    (e) => e instanceof InfeasibleError && /images/.test(e.message),
+  );
+});
