@@ -48,8 +48,8 @@ pub use layout::{
     pad_factor, prime_rl_ffd,
 };
 pub use multi::{
-    MAX_BALANCED_CAPACITY, MAX_FIT_STEPS, MAX_MULTI_ITEMS, MAX_RESOURCES, MultiMethod, MultiOptions, MultiPacking,
-    SEGMENTS, pack_multi,
+    MAX_BALANCED_CAPACITY, MAX_BALANCED_ITEMS, MAX_FIT_STEPS, MAX_MULTI_ITEMS, MAX_RESOURCES, MultiMethod,
+    MultiOptions, MultiPacking, SEGMENTS, pack_multi,
 };
 pub use names::{COST_PRESETS, Named};
 pub use pack::{NextFitRuns, OversizePolicy, PackMethod, PackOptions, Packing, next_fit_runs, pack};

@@ -416,6 +416,67 @@ proptest! {
     }
 }
 
+/// Capacities at the edges of the balanced method's arithmetic (1, around 64 units, around
+/// the room index's 2^20, up to 2^32 − 1) and sizes at the edges of each (0, the capacity,
+/// one less, a 64th, an 8th, a half, a little over: oversized).
+fn extreme_case() -> impl Strategy<Value = (Vec<u64>, Vec<u64>, u64, u64)> {
+    const CAPS: [u64; 11] = [1, 2, 63, 64, 65, 100, 1 << 20, (1 << 20) + 1, 1 << 31, (1 << 32) - 2, (1 << 32) - 1];
+    (1usize..=8, 1usize..50).prop_flat_map(|(r, n)| {
+        (
+            prop::collection::vec(prop_oneof![prop::sample::select(&CAPS[..]), 1u64..5000], r),
+            prop::collection::vec((any::<bool>(), prop::collection::vec((0usize..8, any::<u64>()), r)), n),
+            prop::sample::select(&[0u64, 1, 2, 3, 64, u64::MAX][..]),
+            prop::sample::select(&[1u64, 2, 3, 64][..]),
+        )
+            .prop_map(move |(caps, raw, seg, align)| {
+                let sizes = raw
+                    .iter()
+                    .flat_map(|(text, picks)| {
+                        picks
+                            .iter()
+                            .enumerate()
+                            .map(|(q, &(kind, x))| {
+                                let c = caps[q];
+                                if q > 0 && *text {
+                                    return 0;
+                                }
+                                match kind {
+                                    0 => 0,
+                                    1 => c,
+                                    2 => c - 1,
+                                    3 => c / 64,
+                                    4 => c / 8,
+                                    5 => c / 2,
+                                    6 => c + 1 + x % 3,
+                                    _ => x % (c + 1),
+                                }
+                            })
+                            .collect::<Vec<_>>()
+                    })
+                    .collect();
+                (sizes, caps.clone(), seg, align)
+            })
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(300))]
+
+    #[test]
+    fn balanced_follows_its_rule_at_the_edges_of_its_arithmetic((sizes, caps, max_segments, align) in extreme_case(), ov in 0usize..3) {
+        let o = MultiOptions { capacities: &caps, names: &[], max_segments, align, method: MultiMethod::Balanced, oversize: POLICIES[ov] };
+        let got = pack_multi(&sizes, &o);
+        match reference_balanced(&sizes, &o) {
+            None => prop_assert!(matches!(got, Err(Error::Infeasible(_))), "{got:?}"),
+            Some(want) => {
+                let p = got.unwrap();
+                check(&sizes, &o, &p);
+                prop_assert_eq!(bins_of(&p), sorted(want));
+            }
+        }
+    }
+}
+
 fn opts(caps: &[u64]) -> MultiOptions<'_> {
     MultiOptions {
         capacities: caps,

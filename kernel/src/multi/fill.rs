@@ -3,31 +3,40 @@
 //!
 //! Every decision uses integers; ties go to the lower input index or the older bin. The
 //! items given here all fit (oversized ones were set aside by the caller), tokens already
-//! aligned, every capacity below 2^32.
+//! aligned, every capacity below 2^32, fewer than 2^32 − 16 items.
+//!
+//! *Shares.* The share of a size `v` of resource `q` is `norm(v) = ⌊v · ⌊2^63 / cap⌋ / 2^32⌋`,
+//! `v · 2^31 / cap` within one unit (exact when the capacity is a power of two): a multiply
+//! instead of a division per size, the same on every platform.
 //!
 //! One pass classifies the items:
 //! - **text** (zero in every resource after tokens) → phase 2;
 //! - **large** (complex, ≥ [`LARGE_UNITS`] units of the *bucket resource* `qb`, the smallest
 //!   capacity after tokens — a unit is 1 when that capacity is ≤ 64, else capacity / 64 — or
-//!   a largest share ≥ [`LARGE_SHARE`] / 2048 of some capacity) → phase 1a;
+//!   a largest share with `norm(v) >> 20` ≥ [`LARGE_SHARE`], about 8 % of a capacity) →
+//!   phase 1a;
 //! - **small** (the other complex items) → phase 1b.
 //!
 //! **Phase 1a, balanced fill.** Large items are bucketed by their `qb` units (0 to 4 exactly,
 //! then 5–8, 9–16, 17–32, 33–64) and ordered in a bucket by their size in the *key resource*
-//! `qk` (the resource other than `qb` with the largest share summed over the large items),
+//! `qk` (the resource other than `qb` with the largest `Σ norm(v) >> 8` over the large items),
 //! index descending on ties. A bin opens with the unplaced large item of the largest share
-//! (in 1/2048 of a capacity; index ascending on ties). While it has a free segment, every
-//! bucket that may fit offers a candidate — its item with the largest `qk` size within the
-//! room that fits in every resource (at most [`TRIES`] tried down the bucket) — and the bin
-//! takes the candidate that leaves its rooms most even: the least (largest − smallest) room
-//! left, then the least sum, as fractions of the capacities in 2^-31; then the lower index.
-//! No candidate: the bin is done.
+//! (`norm(v) >> 20` over its resources; index ascending on ties). While it has a free segment,
+//! every bucket that may fit offers a candidate — its item with the largest `qk` size within
+//! the room that fits in every resource (at most [`TRIES`] tried down the bucket) — and the
+//! bin takes the candidate that leaves its rooms most even: with `u_q = norm(room_q) −
+//! norm(size_q)` (0 at least), the least `max u − min u`, then the least `Σ u`; then the lower
+//! index. No candidate: the bin is done.
 //!
-//! **Phase 1b, best fit of the small items**, by their *key* descending (their largest size
-//! over the resources other than `qb` — `qb` too unless all small items have the same `qb`
-//! size — in 1/[`UNITS`] of the capacity, rounded up), index ascending: the bin whose least
-//! room over those resources (in 1/[`UNITS`], rounded down) is the smallest ≥ the key, oldest
-//! on ties, checked exactly in every resource ([`SMALL_TRIES`] bins at most), else a new bin.
+//! **Phase 1b, best fit of the small items**, by their *key* descending, index ascending. An
+//! item's key is its largest `⌊v · ⌈2^45 / cap⌉ / 2^32⌋ + 1` (at least its size in 1/[`UNITS`]
+//! of the capacity, rounded up) over the resources other than `qb` — `qb` too unless all small
+//! items have the same `qb` size. A bin's key room is its least `⌊room · ⌊2^45 / cap⌋ / 2^32⌋`
+//! (at most its room in 1/[`UNITS`], rounded down) over the same resources, and bins are
+//! indexed while they can still take a small item (a free segment, and room ≥ the smallest
+//! small size in every resource). An item takes the indexed bin with the smallest key room ≥
+//! its key, oldest on ties, checked exactly in every resource ([`SMALL_TRIES`] bins at most),
+//! else a new bin.
 //!
 //! **Phase 2, best fit decreasing of the text items on tokens** (length desc, index asc; the
 //! least token room that fits, oldest bin on ties) over every bin with a free segment, then
@@ -55,8 +64,13 @@ const UNLIMITED: u32 = u32::MAX;
 /// The largest capacity the `balanced` method takes (rooms are held in 32 bits).
 pub const MAX_BALANCED_CAPACITY: u64 = u32::MAX as u64;
 
+/// The most items the `balanced` method takes in one call (positions, buckets included, are
+/// held in 32 bits).
+pub const MAX_BALANCED_ITEMS: usize = u32::MAX as usize - 16;
+
 /// Packs the items of `sizes` (row by row, `caps.len()` values each, every item within every
-/// capacity, every capacity in `1..=MAX_BALANCED_CAPACITY`, fewer than 2^32 − 1 items) with at
+/// capacity, every capacity in `1..=MAX_BALANCED_CAPACITY`, at most [`MAX_BALANCED_ITEMS`]
+/// items) with at
 /// most `max_segments` items per bin (0: no limit). Writes each item's bin to `assign` (one
 /// entry per item) and returns the number of bins.
 pub(super) fn fill(sizes: &[u64], caps: &[u64], max_segments: u64, assign: &mut [u32]) -> usize {
@@ -82,7 +96,8 @@ struct Fill<'a, const R: usize> {
     caps: [u64; R],
     /// Free segments of a new bin.
     segments: u32,
-    /// `⌊2^63 / cap⌋` per resource: `(v · mul) >> 32 = ⌊v · 2^31 / cap⌋` for `v ≤ cap`.
+    /// `⌊2^63 / cap⌋` per resource: `norm(v) = (v · mul) >> 32`, `v · 2^31 / cap` within one
+    /// unit, at most 2^31 for `v ≤ cap`.
     muls: [u64; R],
     /// The bucket resource (the smallest capacity after tokens; 0 with one resource).
     qb: usize,
@@ -112,7 +127,8 @@ impl<'a, const R: usize> Fill<'a, R> {
         }
     }
 
-    /// `v` (≤ the capacity of `q`) as a fraction of that capacity, in 2^-31.
+    /// `v` (≤ the capacity of `q`) as a fraction of that capacity, in 2^-31 (within one unit;
+    /// see the module).
     #[inline]
     fn norm(&self, v: u64, q: usize) -> u32 {
         ((v * self.muls[q]) >> 32) as u32

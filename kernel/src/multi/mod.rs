@@ -36,7 +36,7 @@ use crate::pack::{OversizePolicy, PackMethod, PackOptions, Packing, assemble, pa
 use crate::{Error, checked_len, invalid};
 
 mod fill;
-pub use fill::MAX_BALANCED_CAPACITY;
+pub use fill::{MAX_BALANCED_CAPACITY, MAX_BALANCED_ITEMS};
 
 /// The algorithm of [`pack_multi`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -70,8 +70,9 @@ impl MultiMethod {
 /// The most resources an item can carry (tokens included; the segment limit is not counted).
 pub const MAX_RESOURCES: usize = 8;
 
-/// The most items [`pack_multi`] takes in one call with more than one resource or a segment
-/// limit: 2^18 (see also [`MAX_FIT_STEPS`]). Its
+/// The most items [`pack_multi`]'s `bfd` and `ffd` take in one call with more than one
+/// resource or a segment limit: 2^18 (see also [`MAX_FIT_STEPS`]; the `balanced` method has
+/// neither limit). Their
 /// fits search the open bins one by one where one resource would use an index (a bin may
 /// have room in one resource and none in another), so time grows with items × bins: 100,000
 /// VLM samples take about 1.5 s. Larger inputs are refused rather than left running for
@@ -117,8 +118,11 @@ pub struct MultiPacking {
 /// Errors: `invalid-argument` for no item, `sizes` not a whole number of rows, no or more than
 /// [`MAX_RESOURCES`] capacities, names not one per capacity (or empty, twice, or `segments`
 /// beside a segment limit), a capacity or `align` of 0, a sum above 2^64 − 1, more than
-/// 2^32 − 1 items, more than [`MAX_MULTI_ITEMS`] items with two or more resources or a
-/// segment limit, or a fit needing more than [`MAX_FIT_STEPS`] steps; `infeasible` for an
+/// 2^32 − 1 items; with two or more resources or a segment limit, under `balanced` a capacity
+/// above [`MAX_BALANCED_CAPACITY`] or more than [`MAX_BALANCED_ITEMS`] items, under `bfd` and
+/// `ffd` more than [`MAX_MULTI_ITEMS`] items or a fit needing more than [`MAX_FIT_STEPS`]
+/// steps (one resource without a segment limit is [`pack`], which has none of these limits);
+/// `infeasible` for an
 /// item over a capacity under the `error` policy (naming the item, the resource, its size and
 /// the capacity).
 pub fn pack_multi(sizes: &[u64], options: &MultiOptions<'_>) -> Result<MultiPacking, Error> {
@@ -190,6 +194,12 @@ fn pack_multi_within(sizes: &[u64], options: &MultiOptions<'_>, max_steps: u64) 
     }
     // The sizes the fit works on: tokens aligned, then the segment resource.
     if method == MultiMethod::Balanced {
+        if n > MAX_BALANCED_ITEMS {
+            return invalid!(
+                "sizes has {n} rows; the balanced method takes at most {MAX_BALANCED_ITEMS} items per call \
+                 (pack larger inputs in windows)"
+            );
+        }
         if let Some(q) = capacities.iter().position(|&c| c > MAX_BALANCED_CAPACITY) {
             return invalid!(
                 "capacities[{q}] ({}) must be at most {MAX_BALANCED_CAPACITY} with the balanced method \
