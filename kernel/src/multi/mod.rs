@@ -7,7 +7,7 @@
 //!   resources are taken as they are. The segment limit is one more resource, of size 1 for
 //!   every item, placed last.
 //! - **Method.** [`MultiMethod::Balanced`] (the default) fills bins one at a time so that
-//!   their resources run out together, in O(n log n): see [`fill`]'s module docs. BFD, FFD
+//!   their resources run out together, in O(n log n): see `multi/fill.rs`. BFD, FFD
 //!   and next-fit are the classic rules below, kept for comparison and for users who want
 //!   them.
 //! - **Order** (BFD and FFD). Items by their *share* desc, then index asc. An item's share is
@@ -326,7 +326,7 @@ fn pack_multi_within(sizes: &[u64], options: &MultiOptions<'_>, max_steps: u64) 
 
 /// The balanced method over `work` (`caps.len()` values per item: the `r` resources, then the
 /// segment column with a segment limit): oversized items under `single` get the first bins, by
-/// share desc and index asc (`single` is left in that order), the others go to [`fill`];
+/// share desc and index asc (`single` is left in that order), the others go to `fill::fill`;
 /// writes every item's bin to `assign` in index order ([`NONE`] for a dropped item).
 fn balanced(
     work: &[u64],
