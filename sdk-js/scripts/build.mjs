@@ -6,7 +6,7 @@
 //   generated/manifest.js            the component's expected sha256 (read here from
 //                                    host/assets/stowplan_kernel.wasm.sha256, the one place that
 //                                    knows it), where each core module sits in the component,
-//                                    the streaming packer's defaults (kernel/src/stream.rs),
+//                                    the streaming packer's defaults (kernel/src/stream/mod.rs),
 //                                    the kernel's count limits (kernel/src/lib.rs, layout.rs,
 //                                    multi/mod.rs), its option names and cost presets
 //                                    (kernel/src/names.rs), its options' defaults (what its
@@ -93,7 +93,7 @@ function kernelString(file, name) {
   if (!m) fail(`${path} has no \`pub const ${name}: &str = "…";\``);
   return m[1];
 }
-const stream = kernelConsts('stream.rs', ['DEFAULT_MAX_OPEN_BINS', 'DEFAULT_MAX_BUFFERED', 'MAX_OPEN_BINS', 'MAX_BUFFERED']);
+const stream = kernelConsts('stream/mod.rs', ['DEFAULT_MAX_OPEN_BINS', 'DEFAULT_MAX_BUFFERED', 'MAX_OPEN_BINS', 'MAX_BUFFERED']);
 // The kernel's limits on counts: a count that sizes a result (dp, k, a micro-batch count …),
 // cp/tp, and the resources of a packing under several limits.
 const limits = {
@@ -137,13 +137,13 @@ function kernelNames() {
 }
 /**
  * The kernel's cost presets: `presets` name → [linear, quadratic], `constants` Cost's constant
- * → name (COST_PRESETS in names.rs, of Cost's constants in balance.rs).
+ * → name (COST_PRESETS in names.rs, of Cost's constants in balance/mod.rs).
  */
 function kernelCosts() {
   const { path, text } = kernelSource('names.rs');
   const presets = text.match(/pub const COST_PRESETS: \[\(&str, Cost\); \d+\] = \[(.*)\];/);
   if (!presets) fail(`${path} has no \`pub const COST_PRESETS: [(&str, Cost); N] = [("name", Cost::NAME), …];\``);
-  const balance = kernelSource('balance.rs');
+  const balance = kernelSource('balance/mod.rs');
   const out = { presets: {}, constants: {} };
   for (const [, name, constant] of presets[1].matchAll(/\("([^"]+)", Cost::(\w+)\)/g)) {
     const c = balance.text.match(new RegExp(`pub const ${constant}: Cost = Cost \\{ linear: ([\\d_]+), quadratic: ([\\d_]+) \\};`));
@@ -195,11 +195,11 @@ function kernelDefaults(file, type, fields) {
 const defaults = {
   PartitionOptions: kernelDefaults('partition.rs', 'PartitionOptions', ['method', 'equal_size', 'refine']),
   PackOptions: kernelDefaults('pack.rs', 'PackOptions', ['align', 'method', 'oversize']),
-  MicroOptions: kernelDefaults('balance.rs', 'MicroOptions', ['cost', 'min_count', 'divisible_by', 'order']),
-  DpOptions: kernelDefaults('balance.rs', 'DpOptions', ['cost', 'equal_count']),
+  MicroOptions: kernelDefaults('balance/micro.rs', 'MicroOptions', ['cost', 'min_count', 'divisible_by', 'order']),
+  DpOptions: kernelDefaults('balance/dp.rs', 'DpOptions', ['cost', 'equal_count']),
   AlignOptions: kernelDefaults('layout.rs', 'AlignOptions', ['power_of_two']),
   PlanOptions: kernelDefaults('plan.rs', 'PlanOptions', ['align', 'allow_single_long']),
-  StreamOptions: kernelDefaults('stream.rs', 'StreamOptions', ['align', 'oversize']),
+  StreamOptions: kernelDefaults('stream/mod.rs', 'StreamOptions', ['align', 'oversize']),
   VerlMicroOptions: kernelDefaults('peers.rs', 'VerlMicroOptions', ['use_dynamic_bsz_balance', 'force_group_size']),
   RollLoadBalanceOptions: kernelDefaults('peers.rs', 'RollLoadBalanceOptions', ['min_num_micro_batches', 'tp', 'cp', 'vp']),
 };
@@ -243,7 +243,7 @@ export const COMPONENT_SHA256 = ${JSON.stringify(expected)};
 export const COMPONENT_BYTES = ${component.length};
 /** Each core module jco's bindings ask for: its byte range in the component. */
 export const CORE_MODULES = ${JSON.stringify(modules, null, 2)};
-/** The streaming packer's defaults and limits, from kernel/src/stream.rs. */
+/** The streaming packer's defaults and limits, from kernel/src/stream/mod.rs. */
 export const STREAM = Object.freeze(${JSON.stringify(stream)});
 /** The kernel's limits on counts: MAX_COUNT (kernel/src/lib.rs), MAX_PARALLEL (kernel/src/layout.rs), MAX_RESOURCES (kernel/src/multi/mod.rs). */
 export const LIMITS = Object.freeze(${JSON.stringify(limits)});
@@ -251,7 +251,7 @@ export const LIMITS = Object.freeze(${JSON.stringify(limits)});
 export const SEGMENTS = ${JSON.stringify(kernelString('multi/mod.rs', 'SEGMENTS'))};
 /** Every option name of the kernel's named enums, type → names, the default first (kernel/src/names.rs). */
 export const NAMES = ${literal(Object.fromEntries(Object.entries(names).map(([type, v]) => [type, v.map(([, name]) => name)])))};
-/** The kernel's cost presets, name → [linear, quadratic] (kernel/src/names.rs COST_PRESETS, balance.rs). */
+/** The kernel's cost presets, name → [linear, quadratic] (kernel/src/names.rs COST_PRESETS, balance/mod.rs). */
 export const COST_PRESETS = ${literal(costs.presets)};
 /** The Python exception of each case of verl's py-error, WIT tag → name (kernel/src/verl.rs PyError::type_name). */
 export const PY_ERRORS = ${literal(pyErrors())};

@@ -144,7 +144,7 @@ test('a long add is cut into kernel calls: the same bins, and a refusal still ap
  * `state` (a packer's saved bytes) with its next stream index set to `next` and its sha256
  * made anew: a packer far along a stream. The frame: "SPSK", version (u32), payload length
  * (u64); the payload: capacity, align (u64), maxOpenBins, maxBuffered (u32), oversize (u8),
- * next index (u64), …; then the sha256 of everything before it (kernel/src/stream.rs).
+ * next index (u64), …; then the sha256 of everything before it (kernel/src/stream/state.rs).
  */
 function withNextIndex(state, next) {
   const body = state.slice(0, state.length - 32);

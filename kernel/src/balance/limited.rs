@@ -1,0 +1,137 @@
+//! Micro-batches under further caps per micro-batch besides the tokens (image tokens,
+//! images …): [`micro_batches_limited`].
+
+use alloc::string::String;
+use alloc::vec::Vec;
+
+use super::micro::{Caps, MicroOptions, MicroPlan, micro_checks, plan_micro, required_count};
+use crate::pack::OversizePolicy;
+use crate::{Error, invalid};
+
+/// Further limits per micro-batch for [`micro_batches_limited`], beside the tokens.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MicroLimits<'a> {
+    /// Every sequence's size in each limited resource, sequence by sequence (sequence `i`:
+    /// `sizes[i·E..(i+1)·E]`, `E = caps.len()`): image tokens, images …
+    pub sizes: &'a [u64],
+    /// Each resource's cap per micro-batch (each ≥ 1); 1 to [`MAX_RESOURCES`](crate::MAX_RESOURCES) − 1 entries.
+    pub caps: &'a [u64],
+    /// The resources' names for messages, one per cap and all different (and not `tokens`),
+    /// or none (`resource 1`, `resource 2`, …).
+    pub names: &'a [String],
+}
+
+/// The result of [`micro_batches_limited`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LimitedMicroPlan {
+    /// The micro-batches, as [`micro_batches`](super::micro_batches) gives them;
+    /// `lower_bound` is the largest of `lower_bounds`.
+    pub plan: MicroPlan,
+    /// Every micro-batch's load in each limited resource, micro-batch by micro-batch, in the
+    /// plan's order (`count × E` entries).
+    pub loads: Vec<u64>,
+    /// Per resource, tokens first: `max(1, ⌈Σ sizes / cap⌉)`.
+    pub lower_bounds: Vec<u64>,
+}
+
+/// [`micro_batches_with_extra`] under further caps per micro-batch (image tokens, images …):
+/// every micro-batch stays within the token cap and within every one of `limits`, and the
+/// balance still counts the cost model plus the extra costs. The count needed is the one
+/// [`pack_multi`](crate::pack_multi)'s balanced fill finds under all the caps (its best-fit
+/// decreasing when a cap is above [`MAX_BALANCED_CAPACITY`](crate::MAX_BALANCED_CAPACITY)),
+/// raised by `min_count` and `divisible_by`; the assignment is the cost-greedy fit and refinement of
+/// [`micro_batches`], with a move or swap allowed only when every cap holds. With no limits
+/// it is [`micro_batches_with_extra`].
+///
+/// Errors: those of [`micro_batches_with_extra`]; `sizes` not `E` per sequence, no cap or
+/// more than 7, a cap of 0, names not one per cap or repeated, a resource sum above 2^64 − 1;
+/// `infeasible` for a sequence over a cap (naming it, the resource, its size and the cap);
+/// those of [`pack_multi`](crate::pack_multi) (best-fit decreasing's item and step limits, with
+/// a cap above 2^32 − 1).
+///
+/// [`micro_batches`]: super::micro_batches
+/// [`micro_batches_with_extra`]: super::micro_batches_with_extra
+pub fn micro_batches_limited(
+    lengths: &[u64],
+    extra: Option<&[u64]>,
+    limits: &MicroLimits<'_>,
+    options: &MicroOptions,
+) -> Result<LimitedMicroPlan, Error> {
+    let costs = micro_checks(lengths, extra, options)?;
+    let e = limits.caps.len();
+    if e == 0 || e >= crate::MAX_RESOURCES {
+        return invalid!("limits must have 1 to {} caps besides the tokens (got {e})", crate::MAX_RESOURCES - 1);
+    }
+    let n = lengths.len();
+    if limits.sizes.len() != n * e {
+        return invalid!(
+            "limit sizes must have {e} entries per sequence ({} for {n} sequences) (got {})",
+            n * e,
+            limits.sizes.len()
+        );
+    }
+    let name =
+        |k: usize| -> String { limits.names.get(k).cloned().unwrap_or_else(|| alloc::format!("resource {}", k + 1)) };
+    if !limits.names.is_empty() && limits.names.len() != e {
+        return invalid!("limit names must be one per cap ({e}) or none (got {})", limits.names.len());
+    }
+    // Byte by byte: the WASM guest has no memcmp.
+    let same = |a: &str, b: &str| a.len() == b.len() && a.bytes().zip(b.bytes()).all(|(x, y)| x == y);
+    for (k, nk) in limits.names.iter().enumerate() {
+        if nk.is_empty() || same(nk, "tokens") || limits.names[..k].iter().any(|o| same(o, nk)) {
+            return invalid!("limit names must be non-empty, all different and not \"tokens\" (got {nk:?} at {k})");
+        }
+    }
+    if let Some(k) = limits.caps.iter().position(|&c| c == 0) {
+        return invalid!("the cap of {} must be at least 1 (got 0)", name(k));
+    }
+    // Rows of all the resources, tokens first.
+    let r = e + 1;
+    let mut sizes = Vec::with_capacity(n * r);
+    for (i, &l) in lengths.iter().enumerate() {
+        sizes.push(l);
+        let row = &limits.sizes[i * e..(i + 1) * e];
+        if let Some(k) = (0..e).find(|&k| row[k] > limits.caps[k]) {
+            return Err(Error::Infeasible(alloc::format!(
+                "sequence {i} has {} {}, more than its cap {}; sequences are never split",
+                row[k],
+                name(k),
+                limits.caps[k]
+            )));
+        }
+        sizes.extend_from_slice(row);
+    }
+    let mut caps = Vec::with_capacity(r);
+    caps.push(options.max_token_len);
+    caps.extend_from_slice(limits.caps);
+    let mut names: Vec<String> = Vec::with_capacity(r);
+    names.push("tokens".into());
+    names.extend((0..e).map(name));
+    let multi = crate::MultiOptions {
+        capacities: &caps,
+        names: &names,
+        max_segments: 0,
+        align: 1,
+        method: if caps.iter().all(|&c| c <= crate::MAX_BALANCED_CAPACITY) {
+            crate::MultiMethod::Balanced
+        } else {
+            crate::MultiMethod::Bfd
+        },
+        oversize: OversizePolicy::Error,
+    };
+    let packing = crate::pack_multi(&sizes, &multi)?;
+    let bins: Vec<Vec<u32>> = (0..packing.packing.bins()).map(|b| packing.packing.bin(b).to_vec()).collect();
+    let lower_bounds: Vec<u64> = packing.lower_bounds.iter().map(|&b| b.max(1)).collect();
+    let lower = lower_bounds.iter().copied().max().unwrap_or(1);
+    // At most n (each sequence fits every cap alone).
+    let need = required_count(lower as u32, bins, n as u32, options)?;
+    let caps_view = Caps { sizes: &sizes, caps: &caps };
+    let plan = plan_micro(lengths, &costs, options, need, &caps_view)?;
+    let mut loads = Vec::with_capacity(plan.count() * e);
+    for b in 0..plan.count() {
+        for k in 1..r {
+            loads.push(plan.batch(b).iter().map(|&i| sizes[i as usize * r + k]).sum());
+        }
+    }
+    Ok(LimitedMicroPlan { plan, loads, lower_bounds })
+}

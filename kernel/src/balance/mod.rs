@@ -1,0 +1,148 @@
+//! Balancing: cost models, a global batch over data-parallel ranks, one rank's batch into
+//! dynamic micro-batches under a hard token cap, and both levels in one plan.
+//!
+//! - **Cost** ([`Cost`]): a sequence of `len` tokens costs `linear·len + quadratic·len²`
+//!   (integers; [`Cost::TOKENS`] = (1, 0), [`Cost::ATTENTION`] = (24576, 1), the workload
+//!   verl and ROLL balance). Every decision compares integer costs.
+//! - **DP balancing** ([`balance_dp`]): equal-size Karmarkar–Karp on costs plus swap
+//!   refinement, over samples or over groups that must stay together, optionally one
+//!   mini-batch at a time (verl's `keep_minibatch`, with the mini-batch order kept).
+//! - **Micro-batches** ([`micro_batches`]): the count is the smallest the cap allows
+//!   (best-fit decreasing, which reaches the bin-packing lower bound on typical inputs),
+//!   raised to `min_count`, rounded up to `divisible_by`, or forced by `count`; then the
+//!   cost is balanced across that many micro-batches without any exceeding the cap.
+//! - **Two-level plan** ([`plan`]): DP balancing, then every rank's micro-batches with one
+//!   common count (the largest any rank needs), computed from the global lengths alone, so
+//!   every rank derives the same plan without an all-reduce.
+
+use alloc::vec::Vec;
+
+use crate::{Error, invalid};
+
+mod dp;
+mod limited;
+mod micro;
+mod order;
+
+pub use dp::{DpOptions, DpPlan, balance_dp};
+pub use limited::{LimitedMicroPlan, MicroLimits, micro_batches_limited};
+pub use micro::{MicroOptions, MicroPlan, micro_batches, micro_batches_with_extra};
+pub use order::Order;
+pub(crate) use order::apply_order;
+
+use micro::{Caps, micro_checks, needed_count, plan_micro};
+
+/// The cost of a sequence of `len` tokens: `linear·len + quadratic·len²`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Cost {
+    /// Coefficient of `len`.
+    pub linear: u64,
+    /// Coefficient of `len²`.
+    pub quadratic: u64,
+}
+
+impl Cost {
+    /// Tokens: (1, 0).
+    pub const TOKENS: Cost = Cost { linear: 1, quadratic: 0 };
+    /// verl's and ROLL's attention workload `24576·len + len²` (a 7B dense model).
+    pub const ATTENTION: Cost = Cost { linear: 24_576, quadratic: 1 };
+
+    /// The cost of `len` tokens, or `None` if it does not fit in `u64`.
+    pub fn of(&self, len: u64) -> Option<u64> {
+        let l = u128::from(len);
+        let v = u128::from(self.linear).checked_mul(l)?.checked_add(u128::from(self.quadratic).checked_mul(l * l)?)?;
+        u64::try_from(v).ok()
+    }
+}
+
+impl Default for Cost {
+    fn default() -> Self {
+        Cost::TOKENS
+    }
+}
+
+/// Per-item costs plus each item's extra cost (`extra[i]`, e.g. a multimodal sample's image
+/// tokens in cost units; `None`: no extra), or an `invalid-argument` error naming a list of
+/// the wrong length or the first item whose cost overflows `u64`.
+pub fn costs_with_extra(lengths: &[u64], cost: &Cost, extra: Option<&[u64]>) -> Result<Vec<u64>, Error> {
+    let mut out = costs(lengths, cost)?;
+    if let Some(extra) = extra {
+        if extra.len() != lengths.len() {
+            return invalid!("extra_costs has {} entries; lengths has {} (one per sample)", extra.len(), lengths.len());
+        }
+        for (i, (c, &e)) in out.iter_mut().zip(extra).enumerate() {
+            *c = c.checked_add(e).ok_or_else(|| {
+                Error::InvalidArgument(alloc::format!(
+                    "the cost of lengths[{i}] plus extra_costs[{i}] = {e} overflows u64"
+                ))
+            })?;
+        }
+    }
+    Ok(out)
+}
+
+/// Per-item costs, or an `invalid-argument` error naming the first item whose cost
+/// overflows `u64`.
+pub fn costs(lengths: &[u64], cost: &Cost) -> Result<Vec<u64>, Error> {
+    lengths
+        .iter()
+        .enumerate()
+        .map(|(i, &l)| {
+            cost.of(l).ok_or_else(|| {
+                Error::InvalidArgument(alloc::format!(
+                    "the cost of lengths[{i}] = {l} under cost ({}, {}) overflows u64",
+                    cost.linear,
+                    cost.quadratic
+                ))
+            })
+        })
+        .collect()
+}
+
+/// Both levels: DP balancing, then every rank's micro-batches with one common count.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Plan {
+    /// The DP level.
+    pub dp: DpPlan,
+    /// Every rank's micro-batches (indices into the global input), rank after rank.
+    pub ranks: Vec<MicroPlan>,
+}
+
+/// Plans `lengths` over `dp` ranks, then each rank's samples into micro-batches of at most
+/// `micro.max_token_len` tokens. Every rank gets the same count: `micro.count` if given,
+/// else the largest count any rank requires. Each rank's [`MicroPlan`] holds global
+/// indices, and its `restore` maps the rank's samples in [`DpPlan::rank`] order.
+///
+/// Errors: those of [`balance_dp`] and [`micro_batches`].
+pub fn plan(lengths: &[u64], dp: u32, dp_options: &DpOptions<'_>, micro: &MicroOptions) -> Result<Plan, Error> {
+    // Name an oversized sequence by its global index (the per-rank checks see local ones).
+    let extra = dp_options.extra_costs;
+    micro_checks(lengths, extra, &MicroOptions { count: None, min_count: 0, ..*micro })?;
+    let dp_plan = balance_dp(lengths, dp, dp_options)?;
+    // Each rank's lengths, costs and needs, computed once: the needs give the agreed count.
+    let mut locals = Vec::with_capacity(dp as usize);
+    for r in 0..dp_plan.dp() {
+        let local: Vec<u64> = dp_plan.rank(r).iter().map(|&i| lengths[i as usize]).collect();
+        let local_extra: Option<Vec<u64>> = extra.map(|e| dp_plan.rank(r).iter().map(|&i| e[i as usize]).collect());
+        let costs = micro_checks(&local, local_extra.as_deref(), micro)?;
+        let need = needed_count(&local, micro)?;
+        locals.push((local, costs, need));
+    }
+    let count = micro.count.or_else(|| locals.iter().map(|l| l.2.required).max());
+    let opts = MicroOptions { count, ..*micro };
+    let mut ranks = Vec::with_capacity(locals.len());
+    for (r, (local, costs, need)) in locals.into_iter().enumerate() {
+        let caps = [micro.max_token_len];
+        let mut mp =
+            plan_micro(&local, &costs, &opts, need, &Caps { sizes: &local, caps: &caps }).map_err(|e| match e {
+                Error::InvalidArgument(m) => Error::InvalidArgument(alloc::format!("rank {r}: {m}")),
+                Error::Infeasible(m) => Error::Infeasible(alloc::format!("rank {r}: {m}")),
+            })?;
+        let global = dp_plan.rank(r);
+        for i in &mut mp.indices {
+            *i = global[*i as usize];
+        }
+        ranks.push(mp);
+    }
+    Ok(Plan { dp: dp_plan, ranks })
+}
