@@ -8,7 +8,7 @@
 //!   exactly (group order and member order included); see [`crate::verl`].
 //!
 //! With `refine`, the `kk` and `greedy` results are improved by pairwise moves and swaps
-//! between groups (see [`crate::refine`]): each accepted step strictly reduces the sum of
+//! between groups (see `refine.rs`): each accepted step strictly reduces the sum of
 //! squared group sums, so it terminates; the work is bounded.
 //!
 //! Output order for `kk` and `greedy`: groups by sum descending, ties by smallest member
