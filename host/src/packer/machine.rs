@@ -162,7 +162,7 @@ impl Packer {
     }
 
     /// Steps below this were packed (delivered, or in flight): no receiver can hold a step
-    /// at or above it. A receiver that does ([`Server`](crate::serve::Server) checks the
+    /// at or above it. A receiver that does (`serve`'s `Server` checks the
     /// root and the ranks' hellos) proves the checkpoint is older than the deliveries.
     pub fn issued(&self) -> u64 {
         self.next_step

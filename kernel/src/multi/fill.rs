@@ -68,16 +68,23 @@ pub const MAX_BALANCED_CAPACITY: u64 = u32::MAX as u64;
 /// held in 32 bits).
 pub const MAX_BALANCED_ITEMS: usize = u32::MAX as usize - 16;
 
-/// Packs the items of `sizes` (row by row, `caps.len()` values each, every item within every
-/// capacity, every capacity in `1..=MAX_BALANCED_CAPACITY`, at most [`MAX_BALANCED_ITEMS`]
-/// items) with at
-/// most `max_segments` items per bin (0: no limit). Writes each item's bin to `assign` (one
-/// entry per item) and returns the number of bins.
-pub(super) fn fill(sizes: &[u64], caps: &[u64], max_segments: u64, assign: &mut [u32]) -> usize {
+/// Packs the items `items` of `work` (item `i`'s sizes in the `caps.len()` resources start at
+/// `work[i · stride]`; every item within every capacity, every capacity in
+/// `1..=MAX_BALANCED_CAPACITY`, at most [`MAX_BALANCED_ITEMS`] items) with at most
+/// `max_segments` items per bin (0: no limit). Writes each item's bin to `assign` (one entry
+/// per entry of `items`, in its order) and returns the number of bins.
+pub(super) fn fill(
+    work: &[u64],
+    stride: usize,
+    items: &[u32],
+    caps: &[u64],
+    max_segments: u64,
+    assign: &mut [u32],
+) -> usize {
     macro_rules! by_resources {
         ($($r:literal)*) => {
             match caps.len() {
-                $($r => Fill::<$r>::new(sizes, caps, max_segments).run(assign),)*
+                $($r => Fill::<$r>::new(work, stride, items, caps, max_segments).run(assign),)*
                 _ => 0, // the caller checked 1 to 8 resources
             }
         };
@@ -92,7 +99,11 @@ fn index_bits(n: usize) -> u32 {
 
 /// One call's state over `R` resources.
 struct Fill<'a, const R: usize> {
-    sizes: &'a [u64],
+    /// The rows the items' sizes are read from (see [`fill`]).
+    work: &'a [u64],
+    stride: usize,
+    /// The items, by their row in `work`; the fill's item `j` is `items[j]`.
+    items: &'a [u32],
     caps: [u64; R],
     /// Free segments of a new bin.
     segments: u32,
@@ -109,19 +120,20 @@ struct Fill<'a, const R: usize> {
 }
 
 impl<'a, const R: usize> Fill<'a, R> {
-    fn new(sizes: &'a [u64], caps: &[u64], max_segments: u64) -> Self {
+    fn new(work: &'a [u64], stride: usize, items: &'a [u32], caps: &[u64], max_segments: u64) -> Self {
         let mut c = [0u64; R];
         c.copy_from_slice(caps);
         let segments = if max_segments == 0 { UNLIMITED } else { max_segments.min(u64::from(UNLIMITED - 1)) as u32 };
         let qb = (1..R).min_by_key(|&q| (c[q], q)).unwrap_or(0);
-        let n = sizes.len() / R;
         Fill {
-            sizes,
+            work,
+            stride,
+            items,
             caps: c,
             segments,
             muls: c.map(|cap| (1u64 << 63) / cap),
             qb,
-            ib: index_bits(n),
+            ib: index_bits(items.len()),
             rooms: Vec::new(),
             segs: Vec::new(),
         }
@@ -150,14 +162,15 @@ impl<'a, const R: usize> Fill<'a, R> {
         self.segs.len() - 1
     }
 
-    fn row(&self, i: usize) -> [u64; R] {
+    /// The sizes of item `j`.
+    fn row(&self, j: usize) -> [u64; R] {
         let mut row = [0u64; R];
-        row.copy_from_slice(&self.sizes[i * R..][..R]);
+        row.copy_from_slice(&self.work[self.items[j] as usize * self.stride..][..R]);
         row
     }
 
     fn run(mut self, assign: &mut [u32]) -> usize {
-        let n = self.sizes.len() / R;
+        let n = self.items.len();
         let ib = self.ib;
         // ⌊v·UNITS/cap⌋ ≥ (v·dn) >> 32 and ⌈v·UNITS/cap⌉ ≤ ((v·up) >> 32) + 1.
         let dn = self.caps.map(|c| (UNITS << 32) / c);
@@ -307,11 +320,11 @@ impl<'a, const R: usize> Fill<'a, R> {
         let mut cand = alloc::vec![0usize; nb];
         let mut cand_rec: Vec<[u64; R]> = alloc::vec![[0u64; R]; nb];
         let mut cand_norm: Vec<[u32; R]> = alloc::vec![[0u32; R]; nb];
-        let mut placed = BitSet::new(m);
         let mut left = [0u32; R];
         for &opener in &openers {
             let o = (opener & imask) as usize;
-            if placed.contains(o) {
+            // Placed items have left the alive positions.
+            if !alive.contains(pos_of[o] as usize) {
                 continue;
             }
             let bin = self.open();
@@ -333,7 +346,6 @@ impl<'a, const R: usize> Fill<'a, R> {
                 }
                 seg -= 1;
                 let j = j_at[p] as usize;
-                placed.insert(j);
                 assign[large[j] as usize] = bin as u32;
                 if seg == 0 {
                     break;

@@ -351,17 +351,9 @@ fn balanced(
             assign[i as usize] = bin as u32;
         }
     }
-    let mut rows: Vec<u64> = Vec::with_capacity(n * r);
-    let mut items: Vec<u32> = Vec::with_capacity(n);
-    for i in 0..n {
-        let item = &work[i * rx..][..rx];
-        if fits(item, caps) {
-            rows.extend_from_slice(&item[..r]);
-            items.push(i as u32);
-        }
-    }
+    let items: Vec<u32> = (0..n as u32).filter(|&i| fits(&work[i as usize * rx..][..rx], caps)).collect();
     let mut bins = alloc::vec![NONE; items.len()];
-    fill::fill(&rows, &caps[..r], max_segments, &mut bins);
+    fill::fill(work, rx, &items, &caps[..r], max_segments, &mut bins);
     let first = if oversize == OversizePolicy::Single { single.len() as u32 } else { 0 };
     for (&i, &b) in items.iter().zip(&bins) {
         assign[i as usize] = first + b;
