@@ -21,11 +21,20 @@ use stowplan::{
 
 /// The lengths of a shared workload (`../shared/workloads/NAME`, or `$STOWPLAN_WORKLOADS/NAME`).
 pub fn workload(name: &str) -> Vec<u64> {
+    stowplan::input::parse_lengths(&workload_text(name)).expect("workload parses")
+}
+
+/// The rows of a shared workload table (e.g. `vlm-mix-100k.tsv`): per row the first column,
+/// then the `columns` named, in that order.
+pub fn workload_table(name: &str, columns: &[&str]) -> Vec<u64> {
+    stowplan::input::parse_table(&workload_text(name), columns).expect("workload table parses").1
+}
+
+fn workload_text(name: &str) -> String {
     let dir = std::env::var_os("STOWPLAN_WORKLOADS")
         .map(PathBuf::from)
         .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/workloads"));
-    let text = std::fs::read_to_string(dir.join(name)).expect("workload");
-    stowplan::input::parse_lengths(&text).expect("workload parses")
+    std::fs::read_to_string(dir.join(name)).expect("workload")
 }
 
 /// The folder holding the vectors.

@@ -12,6 +12,7 @@ mod failure;
 mod filter;
 mod input;
 mod keys;
+mod limits;
 mod pack;
 mod partition;
 mod plan;

@@ -4,10 +4,11 @@ use std::fmt;
 
 use serde::Serialize;
 use stowplan::stream::{DEFAULT_MAX_BUFFERED, DEFAULT_MAX_OPEN_BINS, MAX_BUFFERED, MAX_OPEN_BINS};
-use stowplan::{MAX_RESOURCES, MultiMethod, MultiOptions, MultiPacking, Named, OversizePolicy, PackOptions, Packing};
+use stowplan::{MultiMethod, MultiOptions, MultiPacking, Named, OversizePolicy, PackOptions, Packing};
 
 use crate::common::{Common, KernelRun, ReadyKernel, name, named, print_report};
 use crate::failure::Failure;
+use crate::limits::{Limits, parse_limit, read_rows};
 
 /// The options of `stowplan pack`.
 #[derive(clap::Args, Debug)]
@@ -56,65 +57,27 @@ pub struct Args {
     common: Common,
 }
 
-/// A `--limit` value: NAME=CAP with a capacity of at least 1.
-fn parse_limit(value: &str) -> Result<(String, u64), String> {
-    let (name, cap) = value.split_once('=').ok_or_else(|| format!("{value:?}: expected NAME=CAP, e.g. images=32"))?;
-    let cap: u64 = cap.trim().parse().map_err(|e| format!("{value:?}: CAP must be an integer ≥ 1 ({e})"))?;
-    if cap == 0 || name.trim().is_empty() {
-        return Err(format!("{value:?}: expected NAME=CAP with a name and a CAP of at least 1"));
-    }
-    Ok((name.trim().to_string(), cap))
-}
-
-/// The limits of a packing under several limits, in a report.
+/// The limits of a packing under several limits, in a report: every limit and the bins'
+/// loads.
 #[derive(Debug, Serialize)]
-struct Limits {
-    /// Every limit: the tokens first, then each `--limit` in order.
-    resources: Vec<Limit>,
-    /// `--max-segments` (0: none).
-    max_segments: u64,
-    /// ⌈packed sequences / max segments⌉ (absent without a segment limit).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    segments_lower_bound: Option<u64>,
+struct MultiLimits {
+    /// The limits.
+    #[serde(flatten)]
+    limits: Limits,
     /// Each bin's load in every resource, in the order of `resources`.
     resource_loads: Vec<Vec<u64>>,
 }
 
-/// One limit of [`Limits`].
-#[derive(Debug, Serialize)]
-struct Limit {
-    /// The column.
-    name: String,
-    /// Per bin.
-    capacity: u64,
-    /// ⌈Σ sizes of the packed items / capacity⌉.
-    lower_bound: u64,
-    /// The largest load of a regular bin.
-    max_load: u64,
-}
-
-impl Limits {
+impl MultiLimits {
     fn new(names: Vec<String>, caps: &[u64], max_segments: u64, p: &MultiPacking) -> Self {
-        let r = caps.len();
-        let resource_loads: Vec<Vec<u64>> = p.resource_loads.chunks(r).map(<[u64]>::to_vec).collect();
-        let regular: Vec<&Vec<u64>> = resource_loads
+        let resource_loads: Vec<Vec<u64>> = p.resource_loads.chunks(caps.len()).map(<[u64]>::to_vec).collect();
+        let regular = resource_loads
             .iter()
             .enumerate()
             .filter(|&(b, _)| p.packing.single.binary_search(&p.packing.bin(b)[0]).is_err())
-            .map(|(_, l)| l)
-            .collect();
-        let resources = names
-            .into_iter()
-            .enumerate()
-            .map(|(q, name)| Limit {
-                name,
-                capacity: caps[q],
-                lower_bound: p.lower_bounds[q],
-                max_load: regular.iter().map(|l| l[q]).max().unwrap_or(0),
-            })
-            .collect();
-        let segments_lower_bound = (max_segments > 0).then(|| p.lower_bounds[r]);
-        Limits { resources, max_segments, segments_lower_bound, resource_loads }
+            .map(|(_, l)| l.as_slice());
+        let limits = Limits::new(names, caps, max_segments, &p.lower_bounds, regular);
+        MultiLimits { limits, resource_loads }
     }
 }
 
@@ -179,7 +142,7 @@ struct Report {
     efficiency: f64,
     /// With `--limit` or `--max-segments`: every limit and the bins' loads.
     #[serde(skip_serializing_if = "Option::is_none", flatten)]
-    limits: Option<Limits>,
+    limits: Option<MultiLimits>,
     /// Kernel and timings.
     #[serde(flatten)]
     run: KernelRun,
@@ -187,7 +150,7 @@ struct Report {
 
 impl Report {
     /// The report of packing `tokens` (the real lengths) from `source` into `p`.
-    fn new(a: &Args, source: String, p: &Packing, tokens: &[u64], limits: Option<Limits>, run: KernelRun) -> Self {
+    fn new(a: &Args, source: String, p: &Packing, tokens: &[u64], limits: Option<MultiLimits>, run: KernelRun) -> Self {
         let method = match (&limits, a.method.unwrap_or_default()) {
             (Some(_), m) => m.as_str(),
             (None, m) => m.single().as_str(),
@@ -235,20 +198,7 @@ pub fn run(a: Args) -> Result<(), Failure> {
 /// `stowplan pack` with `--limit` or `--max-segments`: a table in, the kernel's packing
 /// under several limits out.
 fn run_multi(a: Args, text: crate::input::Text) -> Result<(), Failure> {
-    if a.limits.len() >= MAX_RESOURCES {
-        return Err(Failure::bad(format!(
-            "--limit: at most {} limits besides the tokens (got {})",
-            MAX_RESOURCES - 1,
-            a.limits.len()
-        )));
-    }
-    let names: Vec<&str> = a.limits.iter().map(|(n, _)| n.as_str()).collect();
-    // Only --limit makes the input a table; with --max-segments alone it holds lengths.
-    let (first, sizes) = if names.is_empty() {
-        ("tokens".to_string(), text.lengths()?)
-    } else {
-        stowplan::input::parse_table(&text.text, &names).map_err(|e| Failure::bad(format!("{}: {e}", text.source)))?
-    };
+    let (first, sizes) = read_rows(&text, &a.limits)?;
     let mut caps = vec![a.capacity];
     caps.extend(a.limits.iter().map(|&(_, c)| c));
     let mut all_names = vec![first];
@@ -264,7 +214,7 @@ fn run_multi(a: Args, text: crate::input::Text) -> Result<(), Failure> {
     let kernel = ReadyKernel::new(a.common.backend)?;
     let (p, run) = kernel.timed(|k| k.pack_multi(&sizes, &options))?;
     let tokens: Vec<u64> = sizes.iter().step_by(caps.len()).copied().collect();
-    let limits = Limits::new(all_names, &caps, a.max_segments, &p);
+    let limits = MultiLimits::new(all_names, &caps, a.max_segments, &p);
     print_report(&Report::new(&a, text.source, &p.packing, &tokens, Some(limits), run), a.common.json)
 }
 
@@ -287,16 +237,7 @@ impl fmt::Display for Report {
         writeln!(f, "  efficiency   {:>11.3}%  (real tokens / (regular bins × capacity))", 100.0 * self.efficiency)?;
         writeln!(f, "  oversized    {:>12}  single, {} dropped", r.single.len(), r.dropped.len())?;
         if let Some(l) = &self.limits {
-            for lim in &l.resources {
-                writeln!(
-                    f,
-                    "  {:<12} {:>12}  per bin at most; fullest bin {}, lower bound {} bins",
-                    lim.name, lim.capacity, lim.max_load, lim.lower_bound
-                )?;
-            }
-            if let Some(bound) = l.segments_lower_bound {
-                writeln!(f, "  segments     {:>12}  per bin at most; lower bound {bound} bins", l.max_segments)?;
-            }
+            l.limits.write(f, "bin")?;
         }
         self.run.time_line(f, 13, 12)
     }

@@ -6,11 +6,12 @@ use std::time::Instant;
 
 use serde::Serialize;
 use stowplan::input::WORKLOADS;
-use stowplan::{Backend, LengthCache, PlanOptions, StaticPackPlan};
+use stowplan::{Backend, LengthCache, MicroLimits, MultiMethod, Named, PlanLimits, PlanOptions, StaticPackPlan};
 
 use crate::common::{ReadyKernel, name, named, print_report};
 use crate::failure::Failure;
 use crate::input::{InputLimit, Text, read_path};
+use crate::limits::{Limits, parse_limit, read_rows};
 
 /// The options of `stowplan plan`.
 #[derive(clap::Args, Debug)]
@@ -47,7 +48,23 @@ pub struct Args {
     /// and the column); a later run with the same inputs reads them from there.
     #[arg(long)]
     cache_dir: Option<PathBuf>,
-    /// Write the plan (format stowplan.static-pack-plan/2, every field checksummed and verified on load) here.
+    /// Another limit per multi-sample pack, NAME=CAP: the input is then a table whose header
+    /// names its columns, tokens first (as `vlm-mix-100k.tsv`), and NAME is a column (e.g.
+    /// --limit image_tokens=8192 --limit images=32). Up to 7 limits; a sample over one is long
+    /// (see --allow-single-long). The plan file records every limit and checks it on load.
+    #[arg(long = "limit", value_name = "NAME=CAP", value_parser = parse_limit,
+          conflicts_with_all = ["column", "cache_dir"])]
+    limits: Vec<(String, u64)>,
+    /// At most this many samples (segments) per multi-sample pack; 0 means no limit.
+    #[arg(long, default_value_t = 0, conflicts_with = "cache_dir")]
+    max_segments: u64,
+    /// With --limit or --max-segments: how the samples are packed (balanced fill by default,
+    /// or best-fit / first-fit decreasing, next-fit). Without them the plan is best-fit
+    /// decreasing on tokens (seed 002).
+    #[arg(long, value_parser = named::<MultiMethod>())]
+    method: Option<MultiMethod>,
+    /// Write the plan here (format stowplan.static-pack-plan/2, or /3 with limits; every field
+    /// checksummed and verified on load).
     #[arg(long)]
     out: Option<PathBuf>,
     /// Which kernel builds the plan: the WASM component (default) or the same code natively.
@@ -121,6 +138,12 @@ struct Report<'a> {
     raw_checksum: String,
     /// sha256 of the aligned plan.
     aligned_checksum: String,
+    /// With `--limit` or `--max-segments`: the packing method.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    method: Option<&'static str>,
+    /// With `--limit` or `--max-segments`: every limit, the tokens first.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    limits: Option<Limits>,
     /// Where the plan was written (`--out`).
     out: Option<String>,
     /// The length cache (`--cache-dir`).
@@ -141,6 +164,12 @@ pub fn run(a: Args) -> Result<(), Failure> {
         None => Text::builtin(&WORKLOADS[0]),
     };
     let source = text.source.clone();
+    let limited = !a.limits.is_empty() || a.max_segments > 0;
+    if a.method.is_some() && !limited {
+        return Err(Failure::bad(
+            "--method applies with --limit or --max-segments; a plan of tokens only is best-fit decreasing (seed 002)",
+        ));
+    }
     let parse = |text: &str| {
         match a.column {
             Some(c) => stowplan::input::parse_column(text, c),
@@ -149,7 +178,15 @@ pub fn run(a: Args) -> Result<(), Failure> {
         .map_err(|e| Failure::bad(format!("{source}: {e}")))
     };
     let mut cache = None;
+    let mut extra = Vec::new();
     let lengths = match &a.cache_dir {
+        None if !a.limits.is_empty() => {
+            // A table: tokens, then one column per limit.
+            let (_, rows) = read_rows(&text, &a.limits)?;
+            let r = a.limits.len() + 1;
+            extra = rows.chunks(r).flat_map(|row| row[1..].iter().copied()).collect();
+            rows.iter().step_by(r).copied().collect()
+        }
         None => parse(&text.text)?,
         Some(dir) => {
             // The dataset identity: the content hash (the same data under another path is the
@@ -169,7 +206,14 @@ pub fn run(a: Args) -> Result<(), Failure> {
     let options =
         PlanOptions { packing_length: a.packing_length, align: a.align, allow_single_long: a.allow_single_long };
     let t = Instant::now();
-    let plan = StaticPackPlan::build(&kernel.kernel, &lengths, &options, a.world_size, a.drop_last)?;
+    let names: Vec<String> = a.limits.iter().map(|(n, _)| n.clone()).collect();
+    let caps: Vec<u64> = a.limits.iter().map(|&(_, c)| c).collect();
+    let limits = PlanLimits {
+        limits: MicroLimits { sizes: &extra, caps: &caps, names: &names },
+        max_segments: a.max_segments,
+        method: a.method.unwrap_or_default(),
+    };
+    let plan = StaticPackPlan::build_limited(&kernel.kernel, &lengths, &options, &limits, a.world_size, a.drop_last)?;
     let plan_ms = t.elapsed().as_secs_f64() * 1e3;
     plan.log();
     if let Some(out) = &a.out {
@@ -200,6 +244,24 @@ pub fn run(a: Args) -> Result<(), Failure> {
         dropped_pack_samples: plan.aligned.dropped_samples,
         raw_checksum: plan.raw_checksum(),
         aligned_checksum: plan.aligned_checksum(),
+        method: plan.limits.as_ref().map(|l| l.method.as_str()),
+        limits: plan.limits.as_ref().map(|l| {
+            let mut names = vec!["tokens".to_string()];
+            names.extend(l.names.iter().cloned());
+            let mut caps = vec![a.packing_length];
+            caps.extend(&l.caps);
+            let e = l.names.len();
+            // Each multi-sample pack's loads, tokens first.
+            let rows: Vec<Vec<u64>> = (0..plan.raw_len())
+                .filter(|&p| {
+                    plan.raw.pack(p).len() > 1 || plan.raw.single_long.binary_search(&plan.raw.pack(p)[0]).is_err()
+                })
+                .map(|p| {
+                    std::iter::once(plan.raw.tokens[p]).chain(l.loads[p * e..(p + 1) * e].iter().copied()).collect()
+                })
+                .collect();
+            Limits::new(names, &caps, l.max_segments, &l.lower_bounds, rows.iter().map(Vec::as_slice))
+        }),
         out: a.out.as_ref().map(|p| p.display().to_string()),
         cache,
         read_ms,
@@ -263,6 +325,10 @@ impl fmt::Display for Report<'_> {
             self.dropped_long,
             if self.dropped_long == 0 { "" } else { " (length >= packing_length; --allow-single-long keeps them)" }
         )?;
+        if let Some(l) = &self.limits {
+            writeln!(f, "  method        {:>12}", self.method.unwrap_or_default())?;
+            l.write(f, "pack")?;
+        }
         writeln!(f, "  raw sha256    {}", self.raw_checksum)?;
         writeln!(f, "  aligned sha256 {}", self.aligned_checksum)?;
         if let Some(out) = &self.out {

@@ -813,3 +813,71 @@ fn pack_with_limits_refuses_bad_limits_by_name() {
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
     assert!(stderr(&out).contains("cannot be used with"), "{}", stderr(&out));
 }
+
+#[test]
+fn plan_with_limits_records_them_in_the_plan_file() {
+    let table = "tokens\timage_tokens\timages\n900\t800\t2\n300\t0\t0\n700\t600\t1\n500\t300\t1\n200\t0\t0\n\
+                 600\t0\t0\n1300\t0\t0\n400\t50\t3\n";
+    let dir = temp_dir("plan-limits");
+    let out_path = dir.join("plan.json");
+    let args = [
+        "plan",
+        "--lengths",
+        "-",
+        "--packing-length",
+        "1200",
+        "--limit",
+        "image_tokens=1000",
+        "--limit",
+        "images=2",
+        "--max-segments",
+        "3",
+        "--allow-single-long",
+        "--out",
+        out_path.to_str().unwrap(),
+        "--json",
+    ];
+    let v = json(&stowplan(&args, Some(table), &[]));
+    assert_eq!(v["method"], "balanced");
+    let names: Vec<&str> =
+        v["limits"]["resources"].as_array().unwrap().iter().map(|r| r["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["tokens", "image_tokens", "images"]);
+    // The file is the library's plan, limits included, and loads verified.
+    let saved = stowplan::StaticPackPlan::load(&out_path).unwrap();
+    let tokens = [900, 300, 700, 500, 200, 600, 1300, 400];
+    let extra = [800, 2, 0, 0, 600, 1, 300, 1, 0, 0, 0, 0, 0, 0, 50, 3];
+    let names = ["image_tokens".to_string(), "images".to_string()];
+    let limits = stowplan::PlanLimits {
+        limits: stowplan::MicroLimits { sizes: &extra, caps: &[1000, 2], names: &names },
+        max_segments: 3,
+        method: stowplan::MultiMethod::Balanced,
+    };
+    let o = stowplan::PlanOptions { allow_single_long: true, ..stowplan::PlanOptions::new(1200) };
+    let want =
+        stowplan::StaticPackPlan::build_limited(&stowplan::Kernel::native(), &tokens, &o, &limits, 1, false).unwrap();
+    assert_eq!(saved, want);
+    assert_eq!(v["raw_checksum"], want.raw_checksum());
+    // Samples 6 (1,300 tokens) and 7 (3 images) are long: alone in their packs.
+    assert_eq!(saved.raw.single_long, [6, 7]);
+    for p in 0..saved.raw_len() {
+        let m = saved.raw.pack(p);
+        if m.len() > 1 {
+            assert!(m.len() <= 3);
+            assert!(m.iter().map(|&i| extra[2 * i as usize]).sum::<u64>() <= 1000);
+            assert!(m.iter().map(|&i| extra[2 * i as usize + 1]).sum::<u64>() <= 2);
+        }
+    }
+    // Refused by name: --method without limits, a limit beside --column or --cache-dir.
+    let cases: [(&[&str], &str); 3] = [
+        (&["--method", "bfd"], "--method applies with --limit or --max-segments"),
+        (&["--limit", "images=2", "--column", "1"], "cannot be used with"),
+        (&["--max-segments", "2", "--cache-dir", "/tmp"], "cannot be used with"),
+    ];
+    for (extra, message) in cases {
+        let out =
+            stowplan(&[&["plan", "--packing-length", "1200", "--lengths", "-"], extra].concat(), Some(table), &[]);
+        assert_eq!(out.status.code(), Some(2), "{extra:?}: {}", stderr(&out));
+        assert!(stderr(&out).contains(message), "{extra:?}: {}", stderr(&out));
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}

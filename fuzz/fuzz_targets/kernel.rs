@@ -134,6 +134,8 @@ enum Call {
         allow_single_long: bool,
         world_size: u32,
         drop_last: bool,
+        /// Further limits: the samples' sizes, the caps, max segments and the method.
+        limits: Option<(Vec<u64>, Vec<u64>, u64, u8)>,
     },
     Permutation {
         n: u16,
@@ -303,8 +305,31 @@ fuzz_target!(|call: Call| match call {
     Call::PrimeRlFfd { lengths, runs, labels, seq_len } => {
         let _ = k::prime_rl_ffd(&lengths, &runs, &labels, seq_len);
     }
-    Call::RawPlan { lengths, packing_length, align, allow_single_long, world_size, drop_last } => {
-        if let Ok(raw) = k::raw_plan(&lengths, &PlanOptions { packing_length, align, allow_single_long }) {
+    Call::RawPlan { lengths, packing_length, align, allow_single_long, world_size, drop_last, limits } => {
+        let options = PlanOptions { packing_length, align, allow_single_long };
+        let raw = match &limits {
+            None => k::raw_plan(&lengths, &options),
+            Some((sizes, caps, max_segments, method)) => {
+                let l = k::PlanLimits {
+                    limits: k::MicroLimits { sizes, caps, names: &[] },
+                    max_segments: *max_segments,
+                    method: pick::<k::MultiMethod>(*method),
+                };
+                k::raw_plan_limited(&lengths, &options, &l).map(|p| {
+                    let e = caps.len();
+                    for (q, loads) in p.loads.chunks(e.max(1)).enumerate() {
+                        let m = p.raw.pack(q);
+                        let single = m.len() == 1 && p.raw.single_long.contains(&m[0]);
+                        assert!(single || loads.iter().zip(caps).all(|(l, c)| l <= c), "a pack over a limit");
+                    }
+                    p.raw
+                })
+            }
+        };
+        if let Ok(raw) = raw {
+            let mut all = raw.indices.clone();
+            all.extend_from_slice(&raw.dropped);
+            assert!(covers(&all, lengths.len()), "raw_plan lost or repeated a sample");
             let _ = k::aligned_plan(&raw.offsets, &raw.indices, count(world_size), drop_last);
         }
     }

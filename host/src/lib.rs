@@ -78,8 +78,8 @@ pub use stowplan_kernel::{
 pub use stowplan_kernel::{AlignedPlan, COST_PRESETS, MAX_COUNT, MAX_PARALLEL, Named, PlanOptions, RawPlan, unflatten};
 pub use stowplan_kernel::{Closed, StreamOptions, StreamStatus, stream};
 pub use stowplan_kernel::{
-    LimitedMicroPlan, MAX_BALANCED_CAPACITY, MAX_MULTI_ITEMS, MAX_RESOURCES, MicroLimits, MultiMethod, MultiOptions,
-    MultiPacking, SEGMENTS,
+    LimitedMicroPlan, LimitedRawPlan, MAX_BALANCED_CAPACITY, MAX_MULTI_ITEMS, MAX_RESOURCES, MicroLimits, MultiMethod,
+    MultiOptions, MultiPacking, PlanLimits, SEGMENTS,
 };
 
 /// verl 0.9.1's `log_seqlen_unbalance` figures for `partitions` of `seqlens` (a metric,

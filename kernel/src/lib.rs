@@ -54,7 +54,9 @@ pub use multi::{
 pub use names::{COST_PRESETS, Named};
 pub use pack::{NextFitRuns, OversizePolicy, PackMethod, PackOptions, Packing, next_fit_runs, pack};
 pub use partition::{PartitionMethod, PartitionOptions, Partitioning, partition};
-pub use plan::{AlignedPlan, PlanOptions, RawPlan, aligned_plan, raw_plan};
+pub use plan::{
+    AlignedPlan, LimitedRawPlan, PlanLimits, PlanOptions, RawPlan, aligned_plan, raw_plan, raw_plan_limited,
+};
 pub use stream::{Closed, StreamOptions, StreamPacker, StreamStatus};
 
 /// An error returned by a kernel operation. Mirrors the WIT `error` variant.

@@ -27,7 +27,9 @@ use alloc::vec::Vec;
 
 use sha2::{Digest, Sha256};
 
-use crate::pack::{OversizePolicy, PackMethod, PackOptions, pack};
+use crate::balance::{MicroLimits, resources};
+use crate::multi::{MultiMethod, MultiOptions, pack_multi};
+use crate::pack::{OversizePolicy, PackMethod, PackOptions, Packing, pack};
 use crate::{Error, checked_len, invalid};
 
 /// Options of [`raw_plan`].
@@ -131,6 +133,115 @@ pub fn hex(bytes: &[u8]) -> String {
 /// above 2^64 − 1; `infeasible` when every sample is long and `allow_single_long` is false
 /// (the plan would have no pack).
 pub fn raw_plan(lengths: &[u64], options: &PlanOptions) -> Result<RawPlan, Error> {
+    plan_with(
+        lengths,
+        options,
+        |_| false,
+        |fit_aligned, _| {
+            let opts = PackOptions {
+                capacity: options.packing_length,
+                align: 1,
+                method: PackMethod::Bfd,
+                oversize: OversizePolicy::Error,
+            };
+            pack(fit_aligned, &opts)
+        },
+    )
+}
+
+/// Further limits of a raw plan beside `packing_length` (see [`raw_plan_limited`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PlanLimits<'a> {
+    /// Every sample's size in each limited resource, and each resource's cap per pack and name
+    /// (as for micro-batches: 0 to 7 caps here).
+    pub limits: MicroLimits<'a>,
+    /// At most this many samples per multi-sample pack; 0 means no limit.
+    pub max_segments: u64,
+    /// The algorithm packing the samples that are not long.
+    pub method: MultiMethod,
+}
+
+/// The result of [`raw_plan_limited`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LimitedRawPlan {
+    /// The plan. Its `lower_bound` is the largest of `lower_bounds` plus the single-long packs.
+    pub raw: RawPlan,
+    /// Every pack's load in each limited resource, pack by pack in plan order (`packs × E`).
+    pub loads: Vec<u64>,
+    /// The lower bound of the multi-sample packs per resource: tokens (aligned), each limit,
+    /// then the segments when `max_segments > 0`.
+    pub lower_bounds: Vec<u64>,
+}
+
+/// The raw plan of `lengths` under further limits per pack (image tokens, images, segments):
+/// [`raw_plan`]'s rules with these changes.
+/// - A sample is also *long* when its size in a limited resource is above that resource's cap;
+///   `allow_single_long` decides for it as for a long sample.
+/// - The other samples are packed by [`pack_multi`](crate::pack_multi) with `method` under
+///   every cap (tokens: `packing_length`, on aligned lengths) and `max_segments`.
+/// - With no limit and no segment limit, the raw plan is [`raw_plan`]'s, bit for bit,
+///   whatever `method`.
+///
+/// Errors: those of [`raw_plan`]; the limits' (more than 7 caps, sizes not one row per sample,
+/// a cap of 0, names not one per cap, empty, repeated or `tokens`); those of
+/// [`pack_multi`](crate::pack_multi) for `method` (e.g. `bfd` over 2^18 samples).
+pub fn raw_plan_limited(
+    lengths: &[u64],
+    options: &PlanOptions,
+    limits: &PlanLimits<'_>,
+) -> Result<LimitedRawPlan, Error> {
+    let (caps, names) = resources(lengths.len(), options.packing_length, &limits.limits)?;
+    let e = caps.len() - 1;
+    if e == 0 && limits.max_segments == 0 {
+        let raw = raw_plan(lengths, options)?;
+        let lower_bounds = alloc::vec![raw.aligned_tokens.div_ceil(options.packing_length)];
+        return Ok(LimitedRawPlan { raw, loads: Vec::new(), lower_bounds });
+    }
+    let sizes = limits.limits.sizes;
+    let over = |i: usize| (0..e).any(|k| sizes[i * e + k] > caps[k + 1]);
+    let mut lower_bounds = Vec::new();
+    let mut raw = plan_with(lengths, options, over, |fit_aligned, fit_index| {
+        let r = e + 1;
+        let mut rows = Vec::with_capacity(fit_aligned.len() * r);
+        for (&a, &i) in fit_aligned.iter().zip(fit_index) {
+            rows.push(a);
+            rows.extend_from_slice(&sizes[i as usize * e..(i as usize + 1) * e]);
+        }
+        let multi = MultiOptions {
+            capacities: &caps,
+            names: &names,
+            max_segments: limits.max_segments,
+            align: 1,
+            method: limits.method,
+            oversize: OversizePolicy::Error,
+        };
+        let p = pack_multi(&rows, &multi)?;
+        lower_bounds = p.lower_bounds;
+        Ok(p.packing)
+    })?;
+    if lower_bounds.is_empty() {
+        // Every sample is long: no multi-sample pack.
+        lower_bounds = alloc::vec![0; e + 1 + usize::from(limits.max_segments > 0)];
+    }
+    raw.lower_bound = lower_bounds.iter().max().copied().unwrap_or(0) + raw.single_long.len() as u64;
+    let mut loads = Vec::with_capacity(raw.packs() * e);
+    for p in 0..raw.packs() {
+        for k in 0..e {
+            loads.push(raw.pack(p).iter().map(|&i| sizes[i as usize * e + k]).sum());
+        }
+    }
+    Ok(LimitedRawPlan { raw, loads, lower_bounds })
+}
+
+/// The raw plan of `lengths`: long samples (`over` is true, or the token rule of [`raw_plan`])
+/// split off, the others packed by `pack_fit` (their aligned lengths and sample indices, both
+/// ascending by index; the bins' members index those lists), then the packs put in order.
+fn plan_with(
+    lengths: &[u64],
+    options: &PlanOptions,
+    over: impl Fn(usize) -> bool,
+    pack_fit: impl FnOnce(&[u64], &[u32]) -> Result<Packing, Error>,
+) -> Result<RawPlan, Error> {
     let n = checked_len("lengths", lengths.len())?;
     let PlanOptions { packing_length, align, allow_single_long } = *options;
     if n == 0 {
@@ -145,7 +256,7 @@ pub fn raw_plan(lengths: &[u64], options: &PlanOptions) -> Result<RawPlan, Error
     // Split long samples from the ones that are packed together.
     let mut fit_index: Vec<u32> = Vec::with_capacity(lengths.len());
     let mut fit_aligned: Vec<u64> = Vec::with_capacity(lengths.len());
-    let (mut long, mut total) = (Vec::new(), 0u64);
+    let (mut long, mut total, mut over_limit) = (Vec::new(), 0u64, 0usize);
     for (i, &len) in lengths.iter().enumerate() {
         if len == 0 {
             return invalid!("lengths[{i}] = 0: every sample must have at least 1 token");
@@ -157,7 +268,9 @@ pub fn raw_plan(lengths: &[u64], options: &PlanOptions) -> Result<RawPlan, Error
             Some(t) => t,
             None => return invalid!("the sum of aligned lengths overflows u64 (at most {} allowed)", u64::MAX),
         };
-        if len >= packing_length || a > packing_length {
+        let over_i = over(i);
+        over_limit += usize::from(over_i);
+        if len >= packing_length || a > packing_length || over_i {
             long.push(i as u32);
         } else {
             fit_index.push(i as u32);
@@ -170,13 +283,7 @@ pub fn raw_plan(lengths: &[u64], options: &PlanOptions) -> Result<RawPlan, Error
     let mut packs: Vec<(u32, u32, u32)> = Vec::new();
     let mut aligned_tokens = 0;
     if !fit_aligned.is_empty() {
-        let opts = PackOptions {
-            capacity: packing_length,
-            align: 1,
-            method: PackMethod::Bfd,
-            oversize: OversizePolicy::Error,
-        };
-        let bins = pack(&fit_aligned, &opts)?;
+        let bins = pack_fit(&fit_aligned, &fit_index)?;
         aligned_tokens = bins.aligned_tokens;
         packs.reserve(bins.bins() + single_long.len());
         // Members of a bin ascend by position in `fit_index`, which ascends by sample index.
@@ -192,6 +299,13 @@ pub fn raw_plan(lengths: &[u64], options: &PlanOptions) -> Result<RawPlan, Error
         let start = members.len() as u32;
         members.push(i);
         packs.push((i, start, start + 1));
+    }
+    if packs.is_empty() && over_limit > 0 {
+        return Err(Error::Infeasible(alloc::format!(
+            "static packing produced no packs: all {n} samples are long ({over_limit} over a limit, the others \
+             with length >= packing_length = {packing_length}) and allow_single_long is false; raise the limits or \
+             set allow_single_long = true"
+        )));
     }
     if packs.is_empty() {
         return Err(Error::Infeasible(alloc::format!(

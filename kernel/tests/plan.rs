@@ -3,7 +3,9 @@
 
 use proptest::prelude::*;
 use sha2::{Digest, Sha256};
-use stowplan_kernel::{Error, PlanOptions, RawPlan, aligned_plan, raw_plan};
+use stowplan_kernel::{
+    Error, MicroLimits, MultiMethod, PlanLimits, PlanOptions, RawPlan, aligned_plan, raw_plan, raw_plan_limited,
+};
 
 /// The documented canonical encoding, written out independently of the kernel.
 fn reference_checksum(packs: &[Vec<u32>]) -> [u8; 32] {
@@ -27,8 +29,14 @@ fn aligned(l: u64, a: u64) -> u64 {
 
 /// Checks every raw-plan invariant of seed 002 and returns the packs.
 fn check_raw(lengths: &[u64], o: &PlanOptions, r: &RawPlan) -> Vec<Vec<u32>> {
+    check_raw_with(lengths, o, r, &|_| false)
+}
+
+/// [`check_raw`] where a sample is also long when `over_limit` says so.
+fn check_raw_with(lengths: &[u64], o: &PlanOptions, r: &RawPlan, over_limit: &dyn Fn(usize) -> bool) -> Vec<Vec<u32>> {
     let packs = packs_of(r);
-    let long = |i: usize| lengths[i] >= o.packing_length || aligned(lengths[i], o.align) > o.packing_length;
+    let long =
+        |i: usize| lengths[i] >= o.packing_length || aligned(lengths[i], o.align) > o.packing_length || over_limit(i);
     let mut seen = vec![0u32; lengths.len()];
     for (p, pack) in packs.iter().enumerate() {
         assert!(!pack.is_empty());
@@ -181,4 +189,118 @@ fn errors_name_the_argument() {
     // Fewer packs than ranks without drop_last: repeated cyclically.
     let a = aligned_plan(&[0, 1, 2], &[0, 1], 5, false).unwrap();
     assert_eq!(a.packs, [0, 1, 0, 1, 0]);
+}
+
+/// A plan case under limits: lengths, `E` extra sizes per sample, their caps, a segment limit
+/// and a method.
+type LimitedCase = (Vec<u64>, Vec<u64>, Vec<u64>, u64, MultiMethod, PlanOptions);
+
+fn arb_limited() -> impl Strategy<Value = LimitedCase> {
+    let methods =
+        prop::sample::select(vec![MultiMethod::Balanced, MultiMethod::Bfd, MultiMethod::Ffd, MultiMethod::NextFit]);
+    (arb_case(), 0usize..4, 1u64..12, prop::sample::select(vec![0u64, 0, 1, 2, 5]), methods).prop_flat_map(
+        |((lengths, o), e, cap, segments, method)| {
+            let n = lengths.len();
+            (
+                Just(lengths),
+                prop::collection::vec(0u64..cap + 3, n * e),
+                prop::collection::vec(cap..cap + 4, e),
+                Just(segments),
+                Just(method),
+                Just(o),
+            )
+        },
+    )
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(400))]
+
+    /// Every regular pack is within every limit; a sample over a limit is long; the packs,
+    /// checksum, loads and bounds follow the rules of the raw plan.
+    #[test]
+    fn limited_plans_keep_every_limit((lengths, sizes, caps, max_segments, method, o) in arb_limited()) {
+        let e = caps.len();
+        let limits = PlanLimits { limits: MicroLimits { sizes: &sizes, caps: &caps, names: &[] }, max_segments, method };
+        let over = |i: usize| (0..e).any(|k| sizes[i * e + k] > caps[k]);
+        match raw_plan_limited(&lengths, &o, &limits) {
+            Ok(l) => {
+                let packs = check_raw_with(&lengths, &o, &l.raw, &over);
+                prop_assert_eq!(l.loads.len(), packs.len() * e);
+                let mut regular = 0u64;
+                for (p, pack) in packs.iter().enumerate() {
+                    let single = l.raw.single_long.binary_search(&pack[0]).is_ok() && pack.len() == 1;
+                    for k in 0..e {
+                        let load: u64 = pack.iter().map(|&i| sizes[i as usize * e + k]).sum();
+                        prop_assert_eq!(l.loads[p * e + k], load);
+                        prop_assert!(single || load <= caps[k], "pack {} holds {} of limit {}", p, load, k);
+                    }
+                    prop_assert!(single || max_segments == 0 || pack.len() as u64 <= max_segments);
+                    regular += u64::from(!single);
+                }
+                prop_assert_eq!(l.lower_bounds.len(), 1 + e + usize::from(max_segments > 0));
+                let singles = l.raw.single_long.len() as u64;
+                prop_assert_eq!(l.raw.lower_bound, l.lower_bounds.iter().max().unwrap() + singles);
+                prop_assert!(regular >= l.raw.lower_bound - singles);
+                if e == 0 && max_segments == 0 {
+                    prop_assert_eq!(&l.raw, &raw_plan(&lengths, &o).unwrap());
+                }
+            }
+            Err(Error::Infeasible(m)) => {
+                prop_assert!(!o.allow_single_long, "{}", m);
+                prop_assert!((0..lengths.len()).all(|i| over(i) || lengths[i] >= o.packing_length
+                    || aligned(lengths[i], o.align) > o.packing_length));
+            }
+            Err(e) => prop_assert!(false, "unexpected {e}"),
+        }
+    }
+}
+
+#[test]
+fn limited_plan_errors_name_the_limit() {
+    let o = PlanOptions::new(10);
+    let run = |sizes: &[u64], caps: &[u64], names: &[String], max_segments: u64| {
+        let limits =
+            PlanLimits { limits: MicroLimits { sizes, caps, names }, max_segments, method: MultiMethod::Balanced };
+        raw_plan_limited(&[3, 4], &o, &limits).unwrap_err().to_string()
+    };
+    let names = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    assert!(
+        run(&[1, 2, 3], &[5], &[], 0)
+            .contains("limit sizes must have 1 entries per sequence (2 for 2 sequences) (got 3)")
+    );
+    assert!(run(&[1, 2], &[0], &names(&["images"]), 0).contains("the cap of images must be at least 1"));
+    assert!(run(&[1, 2, 1, 2], &[5, 5], &names(&["images", "images"]), 0).contains("all different"));
+    assert!(run(&[1, 2], &[5], &names(&["tokens"]), 0).contains("not \"tokens\""));
+    assert!(run(&[1, 2], &[5], &names(&["a", "b"]), 0).contains("one per cap (1) or none (got 2)"));
+    assert!(run(&[0; 16], &[5; 8], &[], 0).contains("at most 7 caps"));
+    assert!(run(&[1, 2], &[5], &names(&["segments"]), 3).contains("segment limit's name"));
+    // Every sample over a limit, none kept: the error says so.
+    let e = run(&[6, 7], &[5], &names(&["images"]), 0);
+    assert!(e.contains("2 over a limit") && e.contains("allow_single_long"), "{e}");
+}
+
+#[test]
+fn a_sample_over_a_limit_is_long() {
+    // Sample 1 has 9 images over a cap of 8: alone with allow_single_long, dropped without.
+    let sizes = [2, 9, 3, 4];
+    let caps = [8];
+    let names = ["images".to_string()];
+    let limits = PlanLimits {
+        limits: MicroLimits { sizes: &sizes, caps: &caps, names: &names },
+        max_segments: 2,
+        method: MultiMethod::Bfd,
+    };
+    let keep = PlanOptions { allow_single_long: true, ..PlanOptions::new(100) };
+    let l = raw_plan_limited(&[10, 10, 10, 10], &keep, &limits).unwrap();
+    // BFD by share: 3 (4 images), then 2 beside it (7 of 8), then 0 in a new pack (segments).
+    assert_eq!(packs_of(&l.raw), [vec![0], vec![1], vec![2, 3]]);
+    assert_eq!(l.raw.single_long, [1]);
+    assert_eq!(l.loads, [2, 9, 7]);
+    // Tokens 1, images ⌈9 / 8⌉ = 2, segments ⌈3 / 2⌉ = 2; plus the single pack.
+    assert_eq!(l.lower_bounds, [1, 2, 2]);
+    assert_eq!(l.raw.lower_bound, 3);
+    let drop = raw_plan_limited(&[10, 10, 10, 10], &PlanOptions::new(100), &limits).unwrap();
+    assert_eq!(drop.raw.dropped, [1]);
+    assert_eq!(packs_of(&drop.raw), [vec![0], vec![2, 3]]);
 }

@@ -96,7 +96,7 @@ export interface MultiPackOptions extends Omit<PackOptions, 'method'> {
    * `'balanced'` (the default: packs filled so that their limits run out together;
    * capacities up to 2^32 − 1), `'bfd'`, `'ffd'` or `'next-fit'`.
    */
-  method?: 'balanced' | 'bfd' | 'ffd' | 'next-fit';
+  method?: MultiMethod;
   /** At most this many items (segments) per bin (default 0: no limit). */
   maxSegments?: Int;
 }
@@ -106,6 +106,9 @@ export interface MultiPackOptions extends Omit<PackOptions, 'method'> {
  * (an object's integer-like keys come first, as JavaScript orders them; a Map keeps any order).
  */
 export type Named<T> = Readonly<Record<string, T>> | ReadonlyMap<string, T>;
+
+/** How items are packed under several limits (`'balanced'` by default). */
+export type MultiMethod = 'balanced' | 'bfd' | 'ffd' | 'next-fit';
 
 /** Options of `microBatches` (and the micro-batch level of `balance`). */
 export interface MicroBatchOptions {
@@ -181,6 +184,14 @@ export interface RawPlanOptions {
   align?: Int;
   /** A long sample becomes a pack of its own (true) or is dropped (false, default). */
   allowSingleLong?: boolean;
+  /** Each further resource's sizes per sample (image tokens, images …); with `limits`. */
+  resources?: Named<Integers>;
+  /** Each resource's cap per pack (≥ 1); a sample over one is long. */
+  limits?: Named<Int>;
+  /** At most this many samples per multi-sample pack (default 0: no limit). */
+  maxSegments?: Int;
+  /** How the samples are packed under limits (default `'balanced'`); with limits only. */
+  method?: MultiMethod;
 }
 
 /** A partition of the input indices into `k` groups. */
@@ -393,6 +404,19 @@ export class RawPlan {
   readonly options: { packingLength: bigint; align: bigint; allowSingleLong: boolean };
   /** Number of packs. */
   readonly numPacks: number;
+  /**
+   * With limits: their names and caps, the segment limit, the method, every pack's load in
+   * each limit (pack by pack) and the lower bound per resource (tokens, each limit, then
+   * segments); otherwise null.
+   */
+  readonly limits: {
+    names: string[];
+    caps: BigUint64Array;
+    maxSegments: bigint;
+    method: MultiMethod;
+    loads: BigUint64Array;
+    lowerBounds: BigUint64Array;
+  } | null;
   /** The packs, as views into `indices`. */
   readonly packs: Uint32Array[];
   /** Number of packs. */

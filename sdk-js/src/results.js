@@ -230,8 +230,11 @@ export class CpLayout {
 
 /** A raw static pack plan (the result of `rawPlan`): world-size independent. */
 export class RawPlan {
-  /** @param {any} p the kernel's raw plan @param {{packingLength: bigint, align: bigint, allowSingleLong: boolean}} o */
-  constructor(p, o) {
+  /**
+   * @param {any} p the kernel's raw plan @param {{packingLength: bigint, align: bigint, allowSingleLong: boolean}} o
+   * @param {any} [limits] the limits beside the tokens and the kernel's loads and bounds
+   */
+  constructor(p, o, limits) {
     /** Pack boundaries into `indices`. */
     this.offsets = p.packs.offsets;
     /** Sample indices, pack after pack (packs by smallest member; members ascending). */
@@ -254,6 +257,13 @@ export class RawPlan {
     this.options = o;
     /** Number of packs. */
     this.numPacks = this.offsets.length - 1;
+    /**
+     * With limits: `{names, caps, maxSegments, method, loads, lowerBounds}` — every pack's
+     * load in each limit (pack by pack) and the lower bound per resource (tokens, each
+     * limit, then segments); `lowerBound` is their largest plus the single-long packs.
+     * Otherwise null.
+     */
+    this.limits = limits ?? null;
   }
 
   /** The packs, as views into `indices`. @returns {Uint32Array[]} */

@@ -1,7 +1,7 @@
 // The API on one loaded kernel component: a method per entry point, each checking its
 // arguments (options.js), calling the kernel's interface and wrapping the result.
 import { InvalidArgumentError, call } from './errors.js';
-import { bool, given, options, u32, u64, u64Array } from './convert.js';
+import { bool, given, oneOf, options, u32, u64, u64Array } from './convert.js';
 import { loadKernel } from './kernel.js';
 import { NAMES } from '../generated/manifest.js';
 import {
@@ -185,15 +185,33 @@ export class Stowplan {
 
   /**
    * The raw static pack plan of a dataset's sample lengths (best-fit decreasing; packs of at
-   * most `packingLength` aligned tokens).
+   * most `packingLength` aligned tokens). Further limits per pack: `resources` maps each name
+   * to the samples' sizes in it and `limits` each name to its cap (as `microBatches`),
+   * `maxSegments` caps the samples per pack; a sample over a limit is long, and the samples
+   * are packed by `method` (`balanced` by default; with limits only).
    * @param {any} lengths @param {RawPlanOptions} opts
    * @returns {RawPlan}
    */
   rawPlan(lengths, opts) {
-    const o = options(opts, 'rawPlan', ['packingLength', 'align', 'allowSingleLong']);
+    const o = options(opts, 'rawPlan', ['packingLength', 'align', 'allowSingleLong', 'resources', 'limits', 'maxSegments', 'method']);
     const p = planOptions(o);
     const l = u64Array(lengths, 'lengths');
-    return new RawPlan(call(() => this.k.plan.rawPlan(l, p)), p);
+    const maxSegments = given(o.maxSegments) ? u64(o.maxSegments, 'maxSegments') : 0n;
+    if (!given(o.resources) && !given(o.limits) && maxSegments === 0n) {
+      if (given(o.method)) {
+        throw new InvalidArgumentError('method applies with limits or maxSegments; a plan of tokens only is best-fit decreasing');
+      }
+      return new RawPlan(call(() => this.k.plan.rawPlan(l, p)), p);
+    }
+    if (given(o.resources) !== given(o.limits)) {
+      throw new InvalidArgumentError(given(o.limits)
+        ? "limits needs resources (the samples' sizes in each)"
+        : 'resources needs limits (the cap of each resource)');
+    }
+    const lim = given(o.limits) ? limitRows(o.resources, o.limits, l.length) : { sizes: new BigUint64Array(0), caps: new BigUint64Array(0), names: [] };
+    const method = given(o.method) ? oneOf(o.method, 'method', NAMES.MultiMethod) : NAMES.MultiMethod[0];
+    const r = call(() => this.k.multiPlan.rawPlan(l, p, { limits: lim, maxSegments, method }));
+    return new RawPlan(r.plan, p, { names: lim.names, caps: lim.caps, maxSegments, method, loads: r.loads, lowerBounds: r.lowerBounds });
   }
 
   /**

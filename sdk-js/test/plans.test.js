@@ -3,6 +3,7 @@
 import assert from 'node:assert/strict';
 import { execFileSync } from 'node:child_process';
 import { createHash } from 'node:crypto';
+import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { test } from 'node:test';
 
@@ -66,6 +67,39 @@ test('the pretrain-docs-1m checksums are the ones .ci/run and the Rust and Pytho
   assert.equal(raw.checksum, '91be2b30eb63eb8ea8dfa3502beb5c34c1e552987e449f43f3529e14d2f00621');
   assert.equal(stowplan.alignedPlan(raw, 8).checksum, '99091bdfbffa874e2671f2a1cccfb8ecadad68451a4fea34ca6d77e7adaddacc');
   assert.equal(raw.singleLong.length, 1048);
+});
+
+test('static plan of vlm-mix-100k under limits: the CLI\'s plan, every pack within every limit', () => {
+  const text = readFileSync(join(WORKLOADS, 'vlm-mix-100k.tsv'), 'utf8');
+  const rows = text.trim().split('\n').slice(1).map((l) => l.split('\t').map(Number));
+  const tokens = rows.map((r) => r[0]);
+  const resources = { image_tokens: rows.map((r) => r[1]), images: rows.map((r) => r[2]) };
+  const limits = { image_tokens: 8192, images: 32 };
+  const raw = stowplan.rawPlan(tokens, { packingLength: 16384, resources, limits, maxSegments: 64 });
+  const args = ['plan', '--lengths', join(WORKLOADS, 'vlm-mix-100k.tsv'), '--packing-length', '16384',
+    '--limit', 'image_tokens=8192', '--limit', 'images=32', '--max-segments', '64', '--json'];
+  const want = JSON.parse(cli(args));
+  assert.equal(raw.checksum, want.raw_checksum);
+  assert.equal(raw.lowerBound, BigInt(want.lower_bound));
+  assert.equal(raw.limits.method, 'balanced');
+  assert.deepStrictEqual(raw.limits.names, ['image_tokens', 'images']);
+  const bounds = [...want.limits.resources.map((r) => BigInt(r.lower_bound)), BigInt(want.limits.segments_lower_bound)];
+  assert.deepStrictEqual(Array.from(raw.limits.lowerBounds), bounds);
+  raw.packs.forEach((members, p) => {
+    assert.ok(members.length <= 64);
+    let [t, it, im] = [0, 0, 0];
+    for (const i of members) { t += tokens[i]; it += resources.image_tokens[i]; im += resources.images[i]; }
+    assert.ok(t <= 16384 && it <= 8192 && im <= 32, `pack ${p}`);
+    assert.equal(raw.limits.loads[2 * p], BigInt(it));
+    assert.equal(raw.limits.loads[2 * p + 1], BigInt(im));
+  });
+  // By name: method needs limits; resources and limits go together.
+  assert.throws(() => stowplan.rawPlan([1, 2], { packingLength: 10, method: 'bfd' }), /method applies with limits or maxSegments/);
+  assert.throws(() => stowplan.rawPlan([1, 2], { packingLength: 10, limits: { images: 2 } }), /limits needs resources/);
+  assert.throws(() => stowplan.rawPlan([1, 2], { packingLength: 10, maxSegments: 1, method: 'worst' }), /method must be one of/);
+  // A segment limit alone; without limits, no limits.
+  assert.deepStrictEqual(stowplan.rawPlan([1, 2, 3], { packingLength: 10, maxSegments: 2 }).packs.map((p) => Array.from(p)), [[0], [1, 2]]);
+  assert.equal(stowplan.rawPlan([1, 2, 3], { packingLength: 10 }).limits, null);
 });
 
 test('drop-last and world size 1: the aligned plan drops the remainder, or is the raw plan', () => {

@@ -4,16 +4,19 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use numpy::{IntoPyArray, PyArray1};
+use numpy::{IntoPyArray, PyArray1, PyArrayMethods};
 use pyo3::exceptions::PyIndexError;
 use pyo3::prelude::*;
-use pyo3::types::PyList;
-use stowplan::{EffectiveBatch, LengthCache, PackingConfig, PlanOptions, StaticPackPlan};
+use pyo3::types::{PyDict, PyList};
+use stowplan::{
+    EffectiveBatch, LengthCache, MicroLimits, MultiMethod, Named, PackingConfig, PlanLimits, PlanOptions,
+    StaticPackPlan,
+};
 
 use stowplan::plan::config::{DEFAULT_PRECOMPUTE_WORKERS, DEFAULT_WAIT_TIMEOUT_S};
 
-use crate::str_options;
 use crate::{Lengths, int, int_vec, invalid, json_to_py, kernel, number, opt_u64, repr, to_py, u64_arg};
+use crate::{opt_parse, str_options};
 
 /// How long one host wait runs before Python signals are checked.
 const SLICE: Duration = Duration::from_secs(1);
@@ -41,7 +44,8 @@ pub struct PyStaticPackPlan {
 #[pymethods]
 impl PyStaticPackPlan {
     /// from_lengths(lengths, *, packing_length, world_size=None, drop_last=None,
-    /// allow_single_long=None, align=None, backend=None)
+    /// allow_single_long=None, align=None, resources=None, limits=None, max_segments=None,
+    /// method=None, backend=None)
     ///
     /// Plans the samples of ``lengths`` (tokens per sample, dataset order): packs of at most
     /// ``packing_length`` aligned tokens by best-fit decreasing, long samples (length >=
@@ -49,9 +53,21 @@ impl PyStaticPackPlan {
     /// for ``world_size`` ranks (default 1) by dropping the remainder (``drop_last``, default
     /// False) or repeating the first packs. ``align``: every length is rounded up to a
     /// multiple of it (default 1).
+    ///
+    /// Further limits per pack (vision-language data): ``resources`` maps each name (not
+    /// ``"tokens"``) to the samples' sizes in it (image tokens, images …) and ``limits`` the
+    /// same names to the cap per pack (``>= 1``), up to 7; ``max_segments`` caps the samples
+    /// per pack (default 0: none). A sample over a limit is long. ``method``: ``"balanced"``
+    /// (default), ``"bfd"``, ``"ffd"`` or ``"next-fit"``, with limits only. The plan then
+    /// records the limits (:attr:`limits`, saved in format ``stowplan.static-pack-plan/3``).
+    ///
+    /// >>> plan = StaticPackPlan.from_lengths([900, 300, 700, 500], packing_length=1200,
+    /// ...     resources={"images": [2, 0, 1, 1]}, limits={"images": 2})
+    /// >>> plan.raw_packs(), plan.limits
+    /// ([[0, 1], [2, 3]], {'images': 2})
     #[staticmethod]
     #[pyo3(signature = (lengths, *, packing_length, world_size=None, drop_last=None, allow_single_long=None,
-        align=None, backend=None))]
+        align=None, resources=None, limits=None, max_segments=None, method=None, backend=None))]
     #[allow(clippy::too_many_arguments)]
     fn from_lengths(
         py: Python<'_>,
@@ -61,9 +77,13 @@ impl PyStaticPackPlan {
         drop_last: Option<bool>,
         allow_single_long: Option<bool>,
         align: Option<&Bound<'_, PyAny>>,
+        resources: Option<&Bound<'_, PyDict>>,
+        limits: Option<&Bound<'_, PyDict>>,
+        max_segments: Option<&Bound<'_, PyAny>>,
+        method: Option<&Bound<'_, PyAny>>,
         backend: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
-        str_options!(backend);
+        str_options!(method, backend);
         let d = PlanOptions::new(u64_arg(packing_length, "packing_length", 1)?);
         let options = PlanOptions {
             align: opt_u64(align, "align", 1)?.unwrap_or(d.align),
@@ -74,8 +94,28 @@ impl PyStaticPackPlan {
         let lengths = Lengths::extract(lengths, "lengths")?;
         let kernel = kernel(py, backend)?;
         let l = lengths.slice();
+        let (sizes, caps, names) = match (resources, limits) {
+            (None, None) => Default::default(),
+            (Some(r), Some(c)) => crate::multi::limit_rows(py, r, c, l.len())?,
+            (Some(_), None) => return Err(invalid(py, "resources needs limits (the cap of each resource)".into())),
+            (None, Some(_)) => return Err(invalid(py, "limits needs resources (the samples' sizes in each)".into())),
+        };
+        let max_segments = opt_u64(max_segments, "max_segments", 0)?.unwrap_or(0);
+        let method: Option<MultiMethod> = opt_parse(py, method)?;
+        if method.is_some() && caps.is_empty() && max_segments == 0 {
+            return Err(invalid(
+                py,
+                "method applies with limits or max_segments; a plan of tokens only is best-fit decreasing".into(),
+            ));
+        }
+        let limits = PlanLimits {
+            limits: MicroLimits { sizes: &sizes, caps: &caps, names: &names },
+            max_segments,
+            method: method.unwrap_or_default(),
+        };
+        let drop_last = drop_last.unwrap_or(false);
         let plan = py
-            .detach(|| StaticPackPlan::build(&kernel, l, &options, world_size, drop_last.unwrap_or(false)))
+            .detach(|| StaticPackPlan::build_limited(&kernel, l, &options, &limits, world_size, drop_last))
             .map_err(|e| to_py(py, e))?;
         Ok(Self { plan })
     }
@@ -88,8 +128,8 @@ impl PyStaticPackPlan {
         Ok(Self { plan })
     }
 
-    /// save(path): writes the plan as JSON (format ``stowplan.static-pack-plan/2``),
-    /// atomically.
+    /// save(path): writes the plan as JSON (format ``stowplan.static-pack-plan/2``, or ``/3``
+    /// with limits), atomically.
     fn save(&self, py: Python<'_>, path: PathBuf) -> PyResult<()> {
         py.detach(|| self.plan.save(&path)).map_err(|e| to_py(py, e))
     }
@@ -172,6 +212,54 @@ impl PyStaticPackPlan {
     #[getter]
     fn raw_tokens<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<u64>> {
         self.plan.raw.tokens.clone().into_pyarray(py)
+    }
+
+    /// The limits beside ``packing_length`` (name → cap per pack), or ``None`` for a plan of
+    /// tokens only.
+    #[getter]
+    fn limits<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyDict>>> {
+        let Some(l) = &self.plan.limits else { return Ok(None) };
+        let d = PyDict::new(py);
+        for (name, cap) in l.names.iter().zip(&l.caps) {
+            d.set_item(name, cap)?;
+        }
+        Ok(Some(d))
+    }
+
+    /// At most this many samples per multi-sample pack (0: no limit).
+    #[getter]
+    fn max_segments(&self) -> u64 {
+        self.plan.limits.as_ref().map_or(0, |l| l.max_segments)
+    }
+
+    /// The method that packed the samples under limits, or ``None`` (best-fit decreasing on
+    /// tokens).
+    #[getter]
+    fn method(&self) -> Option<&'static str> {
+        self.plan.limits.as_ref().map(|l| l.method.as_str())
+    }
+
+    /// Every raw pack's load in each limit (numpy uint64, ``n_raw_packs × len(limits)``), or
+    /// ``None`` without limits.
+    #[getter]
+    fn resource_loads<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyAny>>> {
+        let Some(l) = &self.plan.limits else { return Ok(None) };
+        let shape = (self.plan.raw_len(), l.names.len());
+        Ok(Some(l.loads.clone().into_pyarray(py).reshape(shape)?.into_any()))
+    }
+
+    /// The lower bound of the multi-sample packs per resource (``"tokens"``, each limit, then
+    /// ``"segments"`` with ``max_segments``), or ``None`` without limits; :attr:`lower_bound`
+    /// is their largest plus the single-long packs.
+    #[getter]
+    fn lower_bounds<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyDict>>> {
+        let Some(l) = &self.plan.limits else { return Ok(None) };
+        let d = PyDict::new(py);
+        let names = std::iter::once("tokens").chain(l.names.iter().map(String::as_str)).chain(["segments"]);
+        for (name, bound) in names.zip(&l.lower_bounds) {
+            d.set_item(name, bound)?;
+        }
+        Ok(Some(d))
     }
 
     /// The raw pack consumed by every aligned slot (numpy uint32).

@@ -387,3 +387,74 @@ def test_plan_dataset_end_to_end(tmp_path: pathlib.Path) -> None:
     )
     assert plan.aligned_checksum == direct.aligned_checksum
     assert multiprocessing.current_process().name == "MainProcess"
+
+
+# --- Plans under further limits (vision-language data) ----------------------------------
+
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    rows=st.lists(st.tuples(st.integers(1, 120), st.integers(0, 60), st.integers(0, 4)), min_size=1, max_size=80),
+    caps=st.tuples(st.integers(20, 150), st.integers(1, 5)),
+    max_segments=st.sampled_from([0, 1, 3]),
+    method=st.sampled_from(["balanced", "bfd", "ffd", "next-fit"]),
+    single=st.booleans(),
+)
+def test_limited_plans_keep_every_limit(rows: List[Any], caps: Any, max_segments: int, method: str, single: bool) -> None:
+    tokens = [r[0] for r in rows]
+    resources = {"image_tokens": [r[1] for r in rows], "images": [r[2] for r in rows]}
+    limits = {"image_tokens": caps[0], "images": caps[1]}
+    try:
+        plan = stowplan.StaticPackPlan.from_lengths(
+            tokens, packing_length=100, resources=resources, limits=limits, max_segments=max_segments,
+            method=method, allow_single_long=single, world_size=2,
+        )
+    except stowplan.InfeasibleError:
+        # Only when every sample is long and none may stay.
+        assert not single
+        return
+    over = [t >= 100 or r[1] > caps[0] or r[2] > caps[1] for t, r in zip(tokens, rows)]
+    seen = sorted(i for p in plan.raw_packs() for i in p)
+    assert seen == [i for i in range(len(rows)) if single or not over[i]]
+    loads = plan.resource_loads
+    assert loads.shape == (plan.n_raw_packs, 2)
+    for p, members in enumerate(plan.raw_packs()):
+        got = [sum(resources[n][i] for i in members) for n in ("image_tokens", "images")]
+        assert loads[p].tolist() == got
+        if len(members) > 1 or not over[members[0]]:
+            assert sum(tokens[i] for i in members) <= 100
+            assert got[0] <= caps[0] and got[1] <= caps[1]
+            assert max_segments == 0 or len(members) <= max_segments
+    assert plan.lower_bound == max(plan.lower_bounds.values()) + len(plan.single_long)
+    assert plan.limits == limits and plan.method == method and plan.max_segments == max_segments
+    # Saved (format 3), loaded and verified: the same plan; WASM and native agree.
+    again = stowplan.StaticPackPlan._from_state(plan.to_json())
+    assert again.raw_packs() == plan.raw_packs() and again.limits == limits
+    assert json.loads(plan.to_json())["format"] == "stowplan.static-pack-plan/3"
+    native = stowplan.StaticPackPlan.from_lengths(
+        tokens, packing_length=100, resources=resources, limits=limits, max_segments=max_segments,
+        method=method, allow_single_long=single, world_size=2, backend="native",
+    )
+    assert native.raw_checksum == plan.raw_checksum
+
+
+def test_limited_plan_errors_name_the_argument() -> None:
+    plan = stowplan.StaticPackPlan.from_lengths
+    with pytest.raises(stowplan.InvalidArgumentError, match="method applies with limits or max_segments"):
+        plan([1, 2], packing_length=10, method="bfd")
+    with pytest.raises(stowplan.InvalidArgumentError, match="resources needs limits"):
+        plan([1, 2], packing_length=10, resources={"images": [1, 1]})
+    with pytest.raises(stowplan.InvalidArgumentError, match="limits has no cap for resources\\['images'\\]"):
+        plan([1, 2], packing_length=10, resources={"images": [1, 1]}, limits={"frames": 2})
+    with pytest.raises(stowplan.InvalidArgumentError, match="limits\\['images'\\]"):
+        plan([1, 2], packing_length=10, resources={"images": [1, 1]}, limits={"images": 0})
+    with pytest.raises(stowplan.InvalidArgumentError, match="method"):
+        plan([1, 2], packing_length=10, max_segments=2, method="worst-fit")
+    with pytest.raises(stowplan.InfeasibleError, match="over a limit"):
+        plan([1, 2], packing_length=10, resources={"images": [3, 3]}, limits={"images": 2})
+    # Without limits: a plan of tokens only, format 2, no limit attributes.
+    p = plan([1, 2], packing_length=10)
+    assert (p.limits, p.method, p.resource_loads, p.lower_bounds, p.max_segments) == (None, None, None, None, 0)
+    assert json.loads(p.to_json())["format"] == "stowplan.static-pack-plan/2"

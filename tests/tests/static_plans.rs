@@ -6,8 +6,11 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde_json::json;
-use stowplan::{EffectiveBatch, Error, Kernel, LengthCache, PackingConfig, PlanOptions, StaticPackPlan};
-use stowplan_conformance::workload;
+use stowplan::{
+    EffectiveBatch, Error, Kernel, LengthCache, MicroLimits, MultiMethod, PackingConfig, PlanLimits, PlanOptions,
+    StaticPackPlan,
+};
+use stowplan_conformance::{workload, workload_table};
 
 fn kernels() -> Vec<Kernel> {
     vec![Kernel::native(), Kernel::wasm().expect("wasm kernel")]
@@ -566,4 +569,119 @@ fn a_resealed_forged_plan_is_refused_for_its_structure() {
         }
     }
     let _ = std::fs::remove_dir_all(dir);
+}
+
+// --- Plans under further limits (image tokens, images, segments) ----------------------
+
+/// The first `n` rows of vlm-mix-100k: tokens, then image tokens and images per sample.
+fn vlm_rows(n: usize) -> (Vec<u64>, Vec<u64>) {
+    let rows = workload_table("vlm-mix-100k.tsv", &["image_tokens", "images"]);
+    let rows = &rows[..3 * n];
+    let tokens = rows.iter().step_by(3).copied().collect();
+    let extra = rows.chunks(3).flat_map(|r| [r[1], r[2]]).collect();
+    (tokens, extra)
+}
+
+#[test]
+fn limited_plans_keep_every_limit_and_round_trip_through_format_3() {
+    let (tokens, extra) = vlm_rows(20_000);
+    let names = ["image_tokens".to_string(), "images".to_string()];
+    let caps = [8_192, 32];
+    let limits = PlanLimits {
+        limits: MicroLimits { sizes: &extra, caps: &caps, names: &names },
+        max_segments: 64,
+        method: MultiMethod::Balanced,
+    };
+    let o = PlanOptions { allow_single_long: true, ..PlanOptions::new(16_384) };
+    let plans: Vec<StaticPackPlan> =
+        kernels().iter().map(|k| StaticPackPlan::build_limited(k, &tokens, &o, &limits, 8, false).unwrap()).collect();
+    assert_eq!(plans[0], plans[1], "WASM and native plans differ");
+    let plan = &plans[0];
+    let l = plan.limits.as_ref().expect("limits recorded");
+    assert_eq!((l.names.as_slice(), l.caps.as_slice(), l.max_segments), (&names[..], &caps[..], 64));
+    for p in 0..plan.raw_len() {
+        let members = plan.raw.pack(p);
+        if members.len() == 1 && plan.raw.single_long.contains(&members[0]) {
+            continue;
+        }
+        assert!(members.len() <= 64 && plan.raw.tokens[p] <= 16_384, "pack {p}");
+        for q in 0..2 {
+            let load: u64 = members.iter().map(|&i| extra[2 * i as usize + q]).sum();
+            assert_eq!(l.loads[2 * p + q], load);
+            assert!(load <= caps[q], "pack {p} holds {load} {}", names[q]);
+        }
+    }
+    assert_eq!(plan.raw.lower_bound, l.lower_bounds.iter().max().unwrap() + plan.raw.single_long.len() as u64);
+    assert!(plan.log_lines().iter().any(|line| line.contains("limits image_tokens<=8192 images<=32 segments<=64")));
+    // Format 3, verified on load and equal after the round trip.
+    let doc = plan.to_json();
+    assert_eq!(doc["format"], json!("stowplan.static-pack-plan/3"));
+    assert_eq!(StaticPackPlan::from_json(&doc).unwrap(), *plan);
+    // Without limits, the plan of tokens only (format 2, unchanged).
+    let none = PlanLimits { limits: MicroLimits { sizes: &[], caps: &[], names: &[] }, max_segments: 0, ..limits };
+    let plain = StaticPackPlan::build_limited(&kernels()[0], &tokens, &o, &none, 8, false).unwrap();
+    assert_eq!(plain, StaticPackPlan::build(&kernels()[0], &tokens, &o, 8, false).unwrap());
+    assert_eq!(plain.to_json()["format"], json!("stowplan.static-pack-plan/2"));
+}
+
+#[test]
+fn forged_limits_are_refused_even_when_resealed() {
+    let (tokens, extra) = vlm_rows(2_000);
+    let names = ["image_tokens".to_string(), "images".to_string()];
+    let limits = PlanLimits {
+        limits: MicroLimits { sizes: &extra, caps: &[8_192, 32], names: &names },
+        max_segments: 64,
+        method: MultiMethod::Bfd,
+    };
+    let plan =
+        StaticPackPlan::build_limited(&Kernel::native(), &tokens, &PlanOptions::new(16_384), &limits, 2, true).unwrap();
+    let doc = plan.to_json();
+    let refused = |edit: &dyn Fn(&mut serde_json::Value), seal: bool| {
+        let mut d = doc.clone();
+        edit(&mut d);
+        if seal {
+            reseal(&mut d);
+        }
+        StaticPackPlan::from_json(&d).unwrap_err()
+    };
+    // Any edit without resealing: the document's sha256.
+    for key in ["names", "caps", "max_segments", "method", "loads"] {
+        let e = refused(&|d| d["limits"][key] = json!(null), false);
+        assert!(matches!(e, Error::CacheMismatch(_) | Error::InvalidArgument(_)), "{key}: {e}");
+    }
+    let e = refused(&|d| d["limits"]["loads"][0][1] = json!(33), false);
+    assert_eq!(e.kind(), "cache-mismatch");
+    // Resealed: the limits' rules.
+    let e = refused(&|d| d["limits"]["loads"][0][1] = json!(33), true);
+    assert!(e.to_string().contains("over its cap 32"), "{e}");
+    let e = refused(&|d| d["limits"]["caps"][1] = json!(0), true);
+    assert!(e.to_string().contains("caps ≥ 1"), "{e}");
+    let e = refused(&|d| d["limits"]["method"] = json!("worst-fit"), true);
+    assert!(e.to_string().contains("worst-fit"), "{e}");
+    let e = refused(&|d| d["limits"]["max_segments"] = json!(1), true);
+    assert!(e.to_string().contains("over max_segments 1"), "{e}");
+    let e = refused(&|d| d["limits"]["names"][1] = json!("tokens"), true);
+    assert!(e.to_string().contains("not \"tokens\""), "{e}");
+    let e = refused(&|d| d["limits"]["loads"].as_array_mut().unwrap().truncate(1), true);
+    assert!(e.to_string().contains("loads has 1 rows"), "{e}");
+    // Lower loads than recorded change the image tokens' bound (the largest here): the
+    // recorded lower_bound no longer follows.
+    assert_eq!(
+        plan.limits.as_ref().unwrap().lower_bounds.iter().max(),
+        Some(&plan.limits.as_ref().unwrap().lower_bounds[1])
+    );
+    let e = refused(
+        &|d| {
+            for row in d["limits"]["loads"].as_array_mut().unwrap() {
+                row[0] = json!(0);
+            }
+        },
+        true,
+    );
+    assert!(e.to_string().contains("lower_bound"), "{e}");
+    // Format and limits go together.
+    let e = refused(&|d| d["format"] = json!("stowplan.static-pack-plan/2"), true);
+    assert_eq!(e.kind(), "invalid-argument");
+    let e = refused(&|d| drop(d.as_object_mut().unwrap().remove("limits")), true);
+    assert_eq!(e.kind(), "invalid-argument");
 }

@@ -10,9 +10,9 @@ use stowplan_kernel::{
     Padding, PartitionMethod, PartitionOptions, Partitioning, Plan, PlanOptions, RawPlan, unflatten,
 };
 
-use super::wasm::{wbal, wcompact, wlay, wmulti, wpack, wpart, wpeers, wplan, wstream, wtypes, wverl};
+use super::wasm::{wbal, wcompact, wlay, wmicro, wmplan, wmulti, wpack, wpart, wpeers, wplan, wstream, wtypes, wverl};
 use crate::Error;
-use stowplan_kernel::{Closed, StreamOptions, StreamStatus};
+use stowplan_kernel::{Closed, LimitedRawPlan, MicroLimits, PlanLimits, StreamOptions, StreamStatus};
 
 impl From<wtypes::Error> for Error {
     fn from(e: wtypes::Error) -> Self {
@@ -78,14 +78,39 @@ impl From<&MultiOptions<'_>> for wmulti::Options {
             names: o.names.to_vec(),
             max_segments: o.max_segments,
             align: o.align,
-            method: match o.method {
-                MultiMethod::Balanced => wmulti::MultiMethod::Balanced,
-                MultiMethod::Bfd => wmulti::MultiMethod::Bfd,
-                MultiMethod::Ffd => wmulti::MultiMethod::Ffd,
-                MultiMethod::NextFit => wmulti::MultiMethod::NextFit,
-            },
+            method: o.method.into(),
             oversize: oversize_to_wit(o.oversize),
         }
+    }
+}
+
+impl From<MultiMethod> for wmulti::MultiMethod {
+    fn from(m: MultiMethod) -> Self {
+        match m {
+            MultiMethod::Balanced => wmulti::MultiMethod::Balanced,
+            MultiMethod::Bfd => wmulti::MultiMethod::Bfd,
+            MultiMethod::Ffd => wmulti::MultiMethod::Ffd,
+            MultiMethod::NextFit => wmulti::MultiMethod::NextFit,
+        }
+    }
+}
+
+impl From<&MicroLimits<'_>> for wmicro::Limits {
+    fn from(l: &MicroLimits<'_>) -> Self {
+        wmicro::Limits { sizes: l.sizes.to_vec(), caps: l.caps.to_vec(), names: l.names.to_vec() }
+    }
+}
+
+impl From<&PlanLimits<'_>> for wmplan::PlanLimits {
+    fn from(l: &PlanLimits<'_>) -> Self {
+        wmplan::PlanLimits { limits: (&l.limits).into(), max_segments: l.max_segments, method: l.method.into() }
+    }
+}
+
+impl TryFrom<wmplan::LimitedRawPlan> for LimitedRawPlan {
+    type Error = Error;
+    fn try_from(r: wmplan::LimitedRawPlan) -> Result<Self, Error> {
+        Ok(LimitedRawPlan { raw: r.plan.try_into()?, loads: r.loads, lower_bounds: r.lower_bounds })
     }
 }
 

@@ -24,7 +24,7 @@ use stowplan_kernel::{
     RawPlan,
 };
 use stowplan_kernel::{Closed, StreamOptions, StreamStatus};
-use stowplan_kernel::{LimitedMicroPlan, MicroLimits};
+use stowplan_kernel::{LimitedMicroPlan, LimitedRawPlan, MicroLimits, PlanLimits};
 
 /// Which implementation of the kernel runs a call.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -184,6 +184,15 @@ pub trait KernelApi: Send + Sync + std::fmt::Debug {
 
     /// The raw plan of `lengths` (see `wit/kernel.wit`, `plan.raw-plan`).
     fn raw_plan(&self, lengths: &[u64], options: &PlanOptions) -> Result<RawPlan, Error>;
+
+    /// The raw plan of `lengths` under further limits per pack: image tokens, images,
+    /// segments (see `wit/kernel.wit`, `multi-plan.raw-plan`).
+    fn raw_plan_limited(
+        &self,
+        lengths: &[u64],
+        options: &PlanOptions,
+        limits: &PlanLimits<'_>,
+    ) -> Result<LimitedRawPlan, Error>;
 
     /// The plan `world_size` ranks consume from `raw` (see `plan.align-plan`): truncated to a
     /// multiple of `world_size` with `drop_last`, else padded by repeating the first packs.

@@ -9,7 +9,7 @@ use stowplan_kernel::{
 };
 
 use stowplan_kernel::{Closed, StreamOptions, StreamStatus};
-use stowplan_kernel::{LimitedMicroPlan, MicroLimits};
+use stowplan_kernel::{LimitedMicroPlan, LimitedRawPlan, MicroLimits, PlanLimits};
 
 use super::{KernelApi, StreamBackend, StreamPacker, VerlFunction};
 use crate::Error;
@@ -130,6 +130,15 @@ impl KernelApi for NativeKernel {
 
     fn raw_plan(&self, lengths: &[u64], options: &PlanOptions) -> Result<RawPlan, Error> {
         Ok(k::raw_plan(lengths, options)?)
+    }
+
+    fn raw_plan_limited(
+        &self,
+        lengths: &[u64],
+        options: &PlanOptions,
+        limits: &PlanLimits<'_>,
+    ) -> Result<LimitedRawPlan, Error> {
+        Ok(k::raw_plan_limited(lengths, options, limits)?)
     }
 
     fn aligned_plan(&self, raw: &RawPlan, world_size: u32, drop_last: bool) -> Result<AlignedPlan, Error> {

@@ -18,7 +18,7 @@ use stowplan_kernel::{
 };
 
 use stowplan_kernel::{Closed, NextFitRuns, PackMethod, StreamOptions, StreamStatus};
-use stowplan_kernel::{LimitedMicroPlan, MicroLimits};
+use stowplan_kernel::{LimitedMicroPlan, LimitedRawPlan, MicroLimits, PlanLimits};
 use wasmtime::component::ResourceAny;
 
 use super::{KernelApi, StreamBackend, StreamPacker, VerlFunction};
@@ -35,7 +35,7 @@ mod bindings {
 }
 
 pub(super) use bindings::exports::stowplan::kernel::{
-    balance as wbal, layout as wlay, multi_micro as wmicro, multi_pack as wmulti, pack as wpack,
+    balance as wbal, layout as wlay, multi_micro as wmicro, multi_pack as wmulti, multi_plan as wmplan, pack as wpack,
     pack_compact as wcompact, partition as wpart, peers as wpeers, plan as wplan, prime_rl as wprime,
     streaming as wstream, types as wtypes, verl as wverl,
 };
@@ -268,8 +268,7 @@ impl KernelApi for WasmKernel {
         limits: &MicroLimits<'_>,
         options: &MicroOptions,
     ) -> Result<LimitedMicroPlan, Error> {
-        let l =
-            wmicro::Limits { sizes: limits.sizes.to_vec(), caps: limits.caps.to_vec(), names: limits.names.to_vec() };
+        let l = limits.into();
         let p = call(|i, s| i.stowplan_kernel_multi_micro().call_micro_batches(s, lengths, extra, &l, options.into()))?;
         Ok(LimitedMicroPlan { plan: p.plan.into(), loads: p.loads, lower_bounds: p.lower_bounds })
     }
@@ -369,6 +368,16 @@ impl KernelApi for WasmKernel {
 
     fn raw_plan(&self, lengths: &[u64], options: &PlanOptions) -> Result<RawPlan, Error> {
         call(|i, s| i.stowplan_kernel_plan().call_raw_plan(s, lengths, options.into()))?.try_into()
+    }
+
+    fn raw_plan_limited(
+        &self,
+        lengths: &[u64],
+        options: &PlanOptions,
+        limits: &PlanLimits<'_>,
+    ) -> Result<LimitedRawPlan, Error> {
+        let l = limits.into();
+        call(|i, s| i.stowplan_kernel_multi_plan().call_raw_plan(s, lengths, options.into(), &l))?.try_into()
     }
 
     fn aligned_plan(&self, raw: &RawPlan, world_size: u32, drop_last: bool) -> Result<AlignedPlan, Error> {

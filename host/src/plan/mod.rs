@@ -23,7 +23,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use stowplan_kernel as k;
-use stowplan_kernel::{AlignedPlan, PlanOptions, RawPlan};
+use stowplan_kernel::{AlignedPlan, MultiMethod, Named, PlanLimits, PlanOptions, RawPlan};
 
 use crate::Error;
 use crate::kernel::Kernel;
@@ -31,10 +31,34 @@ use crate::kernel::Kernel;
 pub mod config;
 pub mod length_cache;
 
-/// Format tag of [`StaticPackPlan::to_json`]. Version 2 adds `document_sha256`, which covers
-/// every field (version 1 checksummed only the packs, so an edited `packing_length` or
-/// `dropped_samples` loaded and made the plan's log lie).
+/// Format tag of [`StaticPackPlan::to_json`] for a plan of tokens only. Version 2 adds
+/// `document_sha256`, which covers every field (version 1 checksummed only the packs, so an
+/// edited `packing_length` or `dropped_samples` loaded and made the plan's log lie).
 pub const PLAN_FORMAT: &str = "stowplan.static-pack-plan/2";
+
+/// Format tag of a plan under further limits ([`StaticPackPlan::limits`]): version 2 plus a
+/// `limits` object (each limit's name and cap, `max_segments`, the method and every pack's
+/// loads), checked on load. A reader of version 2 only refuses it rather than drop the limits.
+pub const LIMITED_PLAN_FORMAT: &str = "stowplan.static-pack-plan/3";
+
+/// The limits of a static plan beside `packing_length`, and what the plan holds of each.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PackLimits {
+    /// Each limited resource's name (a column of the input: `image_tokens`, `images` …).
+    pub names: Vec<String>,
+    /// Each resource's cap per multi-sample pack, in the order of `names`.
+    pub caps: Vec<u64>,
+    /// At most this many samples per multi-sample pack; 0: no limit.
+    pub max_segments: u64,
+    /// The algorithm that packed the samples.
+    pub method: MultiMethod,
+    /// Every raw pack's load in each resource, pack by pack (`packs × names.len()`).
+    pub loads: Vec<u64>,
+    /// The lower bound of the multi-sample packs per resource: tokens, each limit, then the
+    /// segments when `max_segments > 0` (the plan's `lower_bound` is their largest plus the
+    /// single-long packs).
+    pub lower_bounds: Vec<u64>,
+}
 
 /// A raw plan and its alignment for `world_size` ranks: what one training run consumes.
 ///
@@ -44,6 +68,9 @@ pub const PLAN_FORMAT: &str = "stowplan.static-pack-plan/2";
 pub struct StaticPackPlan {
     /// The options the raw plan was built with.
     pub options: PlanOptions,
+    /// The limits beside `packing_length` ([`Self::build_limited`]); `None` for a plan of
+    /// tokens only.
+    pub limits: Option<PackLimits>,
     /// Number of samples the plan was built from.
     pub samples: u64,
     /// Learner ranks the plan is aligned for.
@@ -67,7 +94,46 @@ impl StaticPackPlan {
     ) -> Result<Self, Error> {
         let raw = kernel.raw_plan(lengths, options)?;
         let aligned = kernel.aligned_plan(&raw, world_size, drop_last)?;
-        Ok(Self { options: *options, samples: lengths.len() as u64, world_size, drop_last, raw, aligned })
+        Ok(Self { options: *options, limits: None, samples: lengths.len() as u64, world_size, drop_last, raw, aligned })
+    }
+
+    /// [`Self::build`] under further limits per pack (image tokens, images, segments; see
+    /// `wit/kernel.wit`, `multi-plan`). Unnamed limits are called `resource 1`, `resource 2` …
+    /// in the plan. With no limit and no segment limit it is [`Self::build`].
+    pub fn build_limited(
+        kernel: &Kernel,
+        lengths: &[u64],
+        options: &PlanOptions,
+        limits: &PlanLimits<'_>,
+        world_size: u32,
+        drop_last: bool,
+    ) -> Result<Self, Error> {
+        if limits.limits.caps.is_empty() && limits.max_segments == 0 {
+            return Self::build(kernel, lengths, options, world_size, drop_last);
+        }
+        let l = kernel.raw_plan_limited(lengths, options, limits)?;
+        let aligned = kernel.aligned_plan(&l.raw, world_size, drop_last)?;
+        let e = limits.limits.caps.len();
+        let names = (0..e)
+            .map(|k| limits.limits.names.get(k).cloned().unwrap_or_else(|| format!("resource {}", k + 1)))
+            .collect();
+        let limits = PackLimits {
+            names,
+            caps: limits.limits.caps.to_vec(),
+            max_segments: limits.max_segments,
+            method: limits.method,
+            loads: l.loads,
+            lower_bounds: l.lower_bounds,
+        };
+        Ok(Self {
+            options: *options,
+            limits: Some(limits),
+            samples: lengths.len() as u64,
+            world_size,
+            drop_last,
+            raw: l.raw,
+            aligned,
+        })
     }
 
     /// The same raw plan aligned for another `world_size` / `drop_last` (e.g. the eval
@@ -157,6 +223,25 @@ impl StaticPackPlan {
             self.options.packing_length,
             self.samples
         ))];
+        if let Some(l) = &self.limits {
+            let mut caps: Vec<String> = l.names.iter().zip(&l.caps).map(|(n, c)| format!("{n}<={c}")).collect();
+            if l.max_segments > 0 {
+                caps.push(format!("segments<={}", l.max_segments));
+            }
+            let mut bound_names = vec!["tokens".to_string()];
+            bound_names.extend(l.names.iter().cloned());
+            if l.max_segments > 0 {
+                bound_names.push("segments".into());
+            }
+            let bounds: Vec<String> =
+                bound_names.iter().zip(&l.lower_bounds).map(|(n, b)| format!("{n}={b}")).collect();
+            lines.push(info(format!(
+                "static pack plan: limits {} method={} lower_bounds {}",
+                caps.join(" "),
+                l.method.as_str(),
+                bounds.join(" ")
+            )));
+        }
         if self.aligned.pad_needed > 0 {
             lines.push(info(format!(
                 "static pack plan: pad_needed={} repeated raw packs {}",
@@ -174,17 +259,19 @@ impl StaticPackPlan {
         }
         if !self.raw.single_long.is_empty() {
             lines.push(info(format!(
-                "static pack plan: {} long samples (length >= {}) emitted as single-sample packs: {}",
+                "static pack plan: {} long samples (length >= {}{}) emitted as single-sample packs: {}",
                 self.raw.single_long.len(),
                 self.options.packing_length,
+                self.over_a_limit(),
                 index_list(self.raw.single_long.iter().copied())
             )));
         }
         if !self.raw.dropped.is_empty() {
             lines.push(warn(format!(
-                "static pack plan: {} long samples (length >= {}) dropped (allow_single_long=false): {}",
+                "static pack plan: {} long samples (length >= {}{}) dropped (allow_single_long=false): {}",
                 self.raw.dropped.len(),
                 self.options.packing_length,
+                self.over_a_limit(),
                 index_list(self.raw.dropped.iter().copied())
             )));
         }
@@ -194,6 +281,11 @@ impl StaticPackPlan {
             self.aligned_checksum()
         )));
         lines
+    }
+
+    /// What else makes a sample long, for the log: `" or over a limit"` with limits.
+    fn over_a_limit(&self) -> &'static str {
+        if self.limits.as_ref().is_some_and(|l| !l.caps.is_empty()) { " or over a limit" } else { "" }
     }
 
     /// Emits [`Self::log_records`] through `tracing` (target `stowplan::plan`).
@@ -207,11 +299,19 @@ impl StaticPackPlan {
         }
     }
 
-    /// The plan as a JSON document (format [`PLAN_FORMAT`]): options, the raw packs as index
-    /// lists, the aligned plan as raw pack indices, long samples and both checksums.
+    /// The plan as a JSON document (format [`PLAN_FORMAT`], or [`LIMITED_PLAN_FORMAT`] with
+    /// limits): options, the raw packs as index lists, the aligned plan as raw pack indices,
+    /// long samples, both checksums and the limits with every pack's loads.
     pub fn to_json(&self) -> serde_json::Value {
         let doc = PlanDoc {
-            format: PLAN_FORMAT.to_string(),
+            format: if self.limits.is_some() { LIMITED_PLAN_FORMAT } else { PLAN_FORMAT }.to_string(),
+            limits: self.limits.as_ref().map(|l| LimitsDoc {
+                names: l.names.clone(),
+                caps: l.caps.clone(),
+                max_segments: l.max_segments,
+                method: l.method.as_str().to_string(),
+                loads: l.loads.chunks(l.names.len().max(1)).map(<[u64]>::to_vec).collect(),
+            }),
             packing_length: self.options.packing_length,
             align: self.options.align,
             allow_single_long: self.options.allow_single_long,
@@ -255,8 +355,9 @@ impl StaticPackPlan {
     /// from the length cache gives the same checksums). For authenticity, sign the file or keep
     /// it where only the trainer can write.
     pub fn from_json(value: &serde_json::Value) -> Result<Self, Error> {
-        match value.get("format").and_then(|f| f.as_str()) {
-            Some(PLAN_FORMAT) => {}
+        let format = value.get("format").and_then(|f| f.as_str());
+        match format {
+            Some(PLAN_FORMAT | LIMITED_PLAN_FORMAT) => {}
             Some("stowplan.static-pack-plan/1") => {
                 return Err(Error::InvalidArgument(format!(
                     "plan document: format stowplan.static-pack-plan/1 (written by an older stowplan, which \
@@ -264,7 +365,9 @@ impl StaticPackPlan {
                 )));
             }
             other => {
-                return Err(Error::InvalidArgument(format!("plan document: format {other:?} is not {PLAN_FORMAT:?}")));
+                return Err(Error::InvalidArgument(format!(
+                    "plan document: format {other:?} is not {PLAN_FORMAT:?} or {LIMITED_PLAN_FORMAT:?}"
+                )));
             }
         }
         let doc: PlanDoc =
@@ -277,7 +380,14 @@ impl StaticPackPlan {
                 doc.document_sha256
             )));
         }
-        doc.check_structure()?;
+        if doc.limits.is_some() != (format == Some(LIMITED_PLAN_FORMAT)) {
+            return Err(Error::InvalidArgument(format!(
+                "plan document: format {LIMITED_PLAN_FORMAT:?} and only it carries `limits` (format {format:?}, limits \
+                 {})",
+                if doc.limits.is_some() { "present" } else { "absent" }
+            )));
+        }
+        let limits = doc.check_structure()?;
         let (offsets, indices) = k::flatten(&doc.raw_plan);
         let raw_check = k::aligned_plan(&offsets, &indices, 1, false)?;
         let aligned = k::aligned_plan(&offsets, &indices, doc.world_size, doc.drop_last)?;
@@ -312,7 +422,15 @@ impl StaticPackPlan {
             align: doc.align,
             allow_single_long: doc.allow_single_long,
         };
-        Ok(Self { options, samples: doc.samples, world_size: doc.world_size, drop_last: doc.drop_last, raw, aligned })
+        Ok(Self {
+            options,
+            limits,
+            samples: doc.samples,
+            world_size: doc.world_size,
+            drop_last: doc.drop_last,
+            raw,
+            aligned,
+        })
     }
 
     /// Writes [`Self::to_json`] to `path` atomically (temporary file, fsync, rename).
@@ -344,6 +462,9 @@ pub struct LogLine {
 #[serde(deny_unknown_fields)]
 struct PlanDoc {
     format: String,
+    /// Absent in format 2 (so its documents and their sha256 are unchanged).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    limits: Option<LimitsDoc>,
     packing_length: u64,
     align: u64,
     allow_single_long: bool,
@@ -370,7 +491,7 @@ impl PlanDoc {
     /// The structural rules of a plan (see [`StaticPackPlan::from_json`]); memory in
     /// proportion to the document. Errors: `cache-mismatch` naming the rule and the first
     /// offending pack or sample.
-    fn check_structure(&self) -> Result<(), Error> {
+    fn check_structure(&self) -> Result<Option<PackLimits>, Error> {
         let bad = |m: String| Err(Error::CacheMismatch(format!("plan document: {m}; rebuild the plan")));
         if self.packing_length == 0 || self.align == 0 || self.world_size == 0 {
             return bad(format!(
@@ -423,11 +544,15 @@ impl PlanDoc {
         if real_tokens != u128::from(self.real_tokens) {
             return bad(format!("the packs hold {real_tokens} tokens but real_tokens records {}", self.real_tokens));
         }
-        let bound = self.aligned_tokens.div_ceil(self.packing_length).checked_add(self.single_long.len() as u64);
+        let tokens_bound = self.aligned_tokens.div_ceil(self.packing_length);
+        let is_single: Vec<bool> = self.raw_plan.iter().map(|m| m.len() == 1 && single.contains(&m[0])).collect();
+        let limits = self.limits.as_ref().map(|l| l.check(self, &is_single, tokens_bound)).transpose()?;
+        let regular = limits.as_ref().map_or(tokens_bound, |l| l.lower_bounds.iter().copied().max().unwrap_or(0));
+        let bound = regular.checked_add(self.single_long.len() as u64);
         if bound != Some(self.lower_bound) || (self.raw_plan.len() as u64) < self.lower_bound {
             return bad(format!(
-                "lower_bound {} does not follow from aligned_tokens {} and {} single long samples, or exceeds the {} \
-                 packs",
+                "lower_bound {} does not follow from aligned_tokens {} (and the limits' loads) and {} single long \
+                 samples, or exceeds the {} packs",
                 self.lower_bound,
                 self.aligned_tokens,
                 self.single_long.len(),
@@ -452,7 +577,7 @@ impl PlanDoc {
                 self.samples
             ));
         }
-        Ok(())
+        Ok(limits)
     }
 
     /// The sha256 of this document's canonical JSON (keys sorted, as `serde_json::Value`
@@ -463,6 +588,97 @@ impl PlanDoc {
             map.insert("document_sha256".into(), serde_json::Value::String(String::new()));
         }
         crate::runtime::sha256_hex(serde_json::to_string(&blank).unwrap_or_default().as_bytes())
+    }
+}
+
+/// The `limits` of a format-3 plan document.
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LimitsDoc {
+    /// Each limit's name.
+    names: Vec<String>,
+    /// Each limit's cap per multi-sample pack.
+    caps: Vec<u64>,
+    /// At most this many samples per multi-sample pack (0: no limit).
+    max_segments: u64,
+    /// The packing method's name.
+    method: String,
+    /// Every raw pack's load in each limit.
+    loads: Vec<Vec<u64>>,
+}
+
+impl LimitsDoc {
+    /// The limits' rules (names, caps, method, loads one row per pack, every multi-sample pack
+    /// within every cap and `max_segments`) and the [`PackLimits`] they give, with the lower
+    /// bounds recomputed from the loads (`tokens_bound` for the tokens). `single[p]`: raw pack
+    /// `p` is a single long sample, exempt from the limits.
+    fn check(&self, doc: &PlanDoc, single: &[bool], tokens_bound: u64) -> Result<PackLimits, Error> {
+        let bad = |m: String| Err(Error::CacheMismatch(format!("plan document: limits: {m}; rebuild the plan")));
+        let e = self.names.len();
+        if self.caps.len() != e || e >= k::MAX_RESOURCES || (e == 0 && self.max_segments == 0) {
+            return bad(format!(
+                "{e} names and {} caps: one cap per name, at most {} limits, and at least one limit or max_segments",
+                self.caps.len(),
+                k::MAX_RESOURCES - 1
+            ));
+        }
+        for (q, name) in self.names.iter().enumerate() {
+            if name.is_empty() || name == "tokens" || self.names[..q].contains(name) || self.caps[q] == 0 {
+                return bad(format!(
+                    "limit {q} ({name:?}, cap {}): names must be non-empty, different and not \"tokens\", caps ≥ 1",
+                    self.caps[q]
+                ));
+            }
+        }
+        let method = match MultiMethod::parse_name(&self.method) {
+            Ok(m) => m,
+            Err(err) => return bad(err.to_string()),
+        };
+        if self.loads.len() != doc.raw_plan.len() {
+            return bad(format!("loads has {} rows for {} packs", self.loads.len(), doc.raw_plan.len()));
+        }
+        let mut sums = vec![0u128; e];
+        let mut members = 0u64;
+        for (p, row) in self.loads.iter().enumerate() {
+            if row.len() != e {
+                return bad(format!("loads of pack {p} has {} entries for {e} limits", row.len()));
+            }
+            if single[p] {
+                continue;
+            }
+            if let Some(q) = (0..e).find(|&q| row[q] > self.caps[q]) {
+                return bad(format!(
+                    "raw pack {p} records {} {}, over its cap {} (only a single long sample may be)",
+                    row[q], self.names[q], self.caps[q]
+                ));
+            }
+            if self.max_segments > 0 && doc.raw_plan[p].len() as u64 > self.max_segments {
+                return bad(format!(
+                    "raw pack {p} holds {} samples, over max_segments {}",
+                    doc.raw_plan[p].len(),
+                    self.max_segments
+                ));
+            }
+            for (sum, &load) in sums.iter_mut().zip(row) {
+                *sum += u128::from(load);
+            }
+            members += doc.raw_plan[p].len() as u64;
+        }
+        let mut lower_bounds = vec![tokens_bound];
+        for (sum, &cap) in sums.iter().zip(&self.caps) {
+            lower_bounds.push(u64::try_from(sum.div_ceil(u128::from(cap))).unwrap_or(u64::MAX));
+        }
+        if self.max_segments > 0 {
+            lower_bounds.push(members.div_ceil(self.max_segments));
+        }
+        Ok(PackLimits {
+            names: self.names.clone(),
+            caps: self.caps.clone(),
+            max_segments: self.max_segments,
+            method,
+            loads: self.loads.concat(),
+            lower_bounds,
+        })
     }
 }
 

@@ -62,29 +62,8 @@ pub fn micro_batches_limited(
     if e == 0 || e >= crate::MAX_RESOURCES {
         return invalid!("limits must have 1 to {} caps besides the tokens (got {e})", crate::MAX_RESOURCES - 1);
     }
+    let (caps, names) = resources(lengths.len(), options.max_token_len, limits)?;
     let n = lengths.len();
-    if limits.sizes.len() != n * e {
-        return invalid!(
-            "limit sizes must have {e} entries per sequence ({} for {n} sequences) (got {})",
-            n * e,
-            limits.sizes.len()
-        );
-    }
-    let name =
-        |k: usize| -> String { limits.names.get(k).cloned().unwrap_or_else(|| alloc::format!("resource {}", k + 1)) };
-    if !limits.names.is_empty() && limits.names.len() != e {
-        return invalid!("limit names must be one per cap ({e}) or none (got {})", limits.names.len());
-    }
-    // Byte by byte: the WASM guest has no memcmp.
-    let same = |a: &str, b: &str| a.len() == b.len() && a.bytes().zip(b.bytes()).all(|(x, y)| x == y);
-    for (k, nk) in limits.names.iter().enumerate() {
-        if nk.is_empty() || same(nk, "tokens") || limits.names[..k].iter().any(|o| same(o, nk)) {
-            return invalid!("limit names must be non-empty, all different and not \"tokens\" (got {nk:?} at {k})");
-        }
-    }
-    if let Some(k) = limits.caps.iter().position(|&c| c == 0) {
-        return invalid!("the cap of {} must be at least 1 (got 0)", name(k));
-    }
     // Rows of all the resources, tokens first.
     let r = e + 1;
     let mut sizes = Vec::with_capacity(n * r);
@@ -95,18 +74,12 @@ pub fn micro_batches_limited(
             return Err(Error::Infeasible(alloc::format!(
                 "sequence {i} has {} {}, more than its cap {}; sequences are never split",
                 row[k],
-                name(k),
+                names[k + 1],
                 limits.caps[k]
             )));
         }
         sizes.extend_from_slice(row);
     }
-    let mut caps = Vec::with_capacity(r);
-    caps.push(options.max_token_len);
-    caps.extend_from_slice(limits.caps);
-    let mut names: Vec<String> = Vec::with_capacity(r);
-    names.push("tokens".into());
-    names.extend((0..e).map(name));
     let multi = crate::MultiOptions {
         capacities: &caps,
         names: &names,
@@ -134,4 +107,42 @@ pub fn micro_batches_limited(
         }
     }
     Ok(LimitedMicroPlan { plan, loads, lower_bounds })
+}
+
+/// Checks `limits` for `n` sequences (at most 7 caps, each ≥ 1; `E` sizes per sequence; names
+/// one per cap or none, non-empty, all different and not `tokens`) and returns every
+/// resource's cap and name, the tokens (`tokens_cap`) first; unnamed resources are
+/// `resource 1`, `resource 2`, …
+pub(crate) fn resources(n: usize, tokens_cap: u64, limits: &MicroLimits<'_>) -> Result<(Vec<u64>, Vec<String>), Error> {
+    let e = limits.caps.len();
+    if e >= crate::MAX_RESOURCES {
+        return invalid!("limits must have at most {} caps besides the tokens (got {e})", crate::MAX_RESOURCES - 1);
+    }
+    if limits.sizes.len() != n * e {
+        return invalid!(
+            "limit sizes must have {e} entries per sequence ({} for {n} sequences) (got {})",
+            n * e,
+            limits.sizes.len()
+        );
+    }
+    if !limits.names.is_empty() && limits.names.len() != e {
+        return invalid!("limit names must be one per cap ({e}) or none (got {})", limits.names.len());
+    }
+    // Byte by byte: the WASM guest has no memcmp.
+    let same = |a: &str, b: &str| a.len() == b.len() && a.bytes().zip(b.bytes()).all(|(x, y)| x == y);
+    for (k, nk) in limits.names.iter().enumerate() {
+        if nk.is_empty() || same(nk, "tokens") || limits.names[..k].iter().any(|o| same(o, nk)) {
+            return invalid!("limit names must be non-empty, all different and not \"tokens\" (got {nk:?} at {k})");
+        }
+    }
+    let mut names: Vec<String> = Vec::with_capacity(e + 1);
+    names.push("tokens".into());
+    names.extend((0..e).map(|k| limits.names.get(k).cloned().unwrap_or_else(|| alloc::format!("resource {}", k + 1))));
+    if let Some(k) = limits.caps.iter().position(|&c| c == 0) {
+        return invalid!("the cap of {} must be at least 1 (got 0)", names[k + 1]);
+    }
+    let mut caps = Vec::with_capacity(e + 1);
+    caps.push(tokens_cap);
+    caps.extend_from_slice(limits.caps);
+    Ok((caps, names))
 }

@@ -12,8 +12,8 @@ wit_bindgen::generate!({
 });
 
 use exports::stowplan::kernel::{
-    balance, layout, multi_micro, multi_pack, multimodal, pack, pack_compact, partition, peers, plan, shuffle,
-    streaming as stream, types, verl,
+    balance, layout, multi_micro, multi_pack, multi_plan, multimodal, pack, pack_compact, partition, peers, plan,
+    shuffle, streaming as stream, types, verl,
 };
 
 #[global_allocator]
@@ -105,12 +105,7 @@ impl multi_pack::Guest for Kernel {
             names: &options.names,
             max_segments: options.max_segments,
             align: options.align,
-            method: match options.method {
-                multi_pack::MultiMethod::Balanced => k::MultiMethod::Balanced,
-                multi_pack::MultiMethod::Bfd => k::MultiMethod::Bfd,
-                multi_pack::MultiMethod::Ffd => k::MultiMethod::Ffd,
-                multi_pack::MultiMethod::NextFit => k::MultiMethod::NextFit,
-            },
+            method: multi_method(options.method),
             oversize: oversize_of(options.oversize),
         };
         let r = k::pack_multi(&sizes, &opts).map_err(error)?;
@@ -119,6 +114,32 @@ impl multi_pack::Guest for Kernel {
             resource_loads: r.resource_loads,
             lower_bounds: r.lower_bounds,
         })
+    }
+}
+
+fn multi_method(m: multi_pack::MultiMethod) -> k::MultiMethod {
+    match m {
+        multi_pack::MultiMethod::Balanced => k::MultiMethod::Balanced,
+        multi_pack::MultiMethod::Bfd => k::MultiMethod::Bfd,
+        multi_pack::MultiMethod::Ffd => k::MultiMethod::Ffd,
+        multi_pack::MultiMethod::NextFit => k::MultiMethod::NextFit,
+    }
+}
+
+impl multi_plan::Guest for Kernel {
+    fn raw_plan(
+        lengths: Vec<u64>,
+        options: plan::PlanOptions,
+        limits: multi_plan::PlanLimits,
+    ) -> Result<multi_plan::LimitedRawPlan, types::Error> {
+        let l = &limits.limits;
+        let limits = k::PlanLimits {
+            limits: k::MicroLimits { sizes: &l.sizes, caps: &l.caps, names: &l.names },
+            max_segments: limits.max_segments,
+            method: multi_method(limits.method),
+        };
+        let r = k::raw_plan_limited(&lengths, &plan_options(options), &limits).map_err(error)?;
+        Ok(multi_plan::LimitedRawPlan { plan: raw_pack_plan(r.raw), loads: r.loads, lower_bounds: r.lower_bounds })
     }
 }
 
@@ -435,23 +456,7 @@ unsafe extern "C" fn cabi_realloc(old_ptr: *mut u8, old_len: usize, align: usize
 
 impl plan::Guest for Kernel {
     fn raw_plan(lengths: Vec<u64>, options: plan::PlanOptions) -> Result<plan::RawPackPlan, types::Error> {
-        let opts = k::PlanOptions {
-            packing_length: options.packing_length,
-            align: options.align,
-            allow_single_long: options.allow_single_long,
-        };
-        let r = k::raw_plan(&lengths, &opts).map_err(error)?;
-        let checksum = r.checksum_hex();
-        Ok(plan::RawPackPlan {
-            packs: types::Groups { offsets: r.offsets, indices: r.indices },
-            tokens: r.tokens,
-            single_long: r.single_long,
-            dropped: r.dropped,
-            real_tokens: r.real_tokens,
-            aligned_tokens: r.aligned_tokens,
-            lower_bound: r.lower_bound,
-            checksum,
-        })
+        k::raw_plan(&lengths, &plan_options(options)).map(raw_pack_plan).map_err(error)
     }
 
     fn align_plan(
@@ -474,6 +479,24 @@ impl plan::Guest for Kernel {
 impl shuffle::Guest for Kernel {
     fn permutation(n: u64, seed: u64, epoch: u64) -> Result<Vec<u32>, types::Error> {
         k::shuffle::permutation(n, seed, epoch).map_err(error)
+    }
+}
+
+fn plan_options(o: plan::PlanOptions) -> k::PlanOptions {
+    k::PlanOptions { packing_length: o.packing_length, align: o.align, allow_single_long: o.allow_single_long }
+}
+
+fn raw_pack_plan(r: k::RawPlan) -> plan::RawPackPlan {
+    let checksum = r.checksum_hex();
+    plan::RawPackPlan {
+        packs: types::Groups { offsets: r.offsets, indices: r.indices },
+        tokens: r.tokens,
+        single_long: r.single_long,
+        dropped: r.dropped,
+        real_tokens: r.real_tokens,
+        aligned_tokens: r.aligned_tokens,
+        lower_bound: r.lower_bound,
+        checksum,
     }
 }
 

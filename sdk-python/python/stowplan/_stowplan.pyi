@@ -555,6 +555,16 @@ class StaticPackPlan:
     efficiency: float
     raw_checksum: str
     aligned_checksum: str
+    #: The limits beside ``packing_length`` (name → cap per pack); ``None`` for tokens only.
+    limits: Optional[Dict[str, int]]
+    #: At most this many samples per multi-sample pack (0: no limit).
+    max_segments: int
+    #: The method under limits (``None``: best-fit decreasing on tokens).
+    method: Optional[str]
+    #: Every raw pack's load in each limit, ``(n_raw_packs, len(limits))`` uint64.
+    resource_loads: Optional[npt.NDArray[np.uint64]]
+    #: Lower bound per resource: ``tokens``, each limit, ``segments``.
+    lower_bounds: Optional[Dict[str, int]]
     @staticmethod
     def from_lengths(
         lengths: _Lengths,
@@ -564,18 +574,23 @@ class StaticPackPlan:
         drop_last: Optional[bool] = None,
         allow_single_long: Optional[bool] = None,
         align: Optional[int] = None,
+        resources: Optional[Dict[str, _Lengths]] = None,
+        limits: Optional[Dict[str, int]] = None,
+        max_segments: Optional[int] = None,
+        method: Optional[str] = None,
         backend: Optional[str] = None,
     ) -> "StaticPackPlan":
         """Best-fit decreasing packs of at most ``packing_length`` aligned tokens; samples
         with length >= packing_length alone (``allow_single_long``) or dropped; aligned for
         ``world_size`` ranks by dropping the remainder (``drop_last``) or repeating the first
-        packs."""
+        packs. ``resources``/``limits``/``max_segments``: further limits per pack (a sample
+        over one is long), packed by ``method`` (``balanced`` default)."""
     @staticmethod
     def load(path: Any) -> "StaticPackPlan":
         """Reads a plan saved by :meth:`save` (or ``stowplan plan --out``), verifying both
         checksums."""
     def save(self, path: Any) -> None:
-        """Writes the plan (JSON, format ``stowplan.static-pack-plan/2``, every field checksummed) atomically."""
+        """Writes the plan (JSON, format ``stowplan.static-pack-plan/2``, ``/3`` with limits) atomically."""
     def to_json(self) -> str: ...
     def realign(self, world_size: int, *, drop_last: Optional[bool] = None, backend: Optional[str] = None) -> "StaticPackPlan":
         """The same raw plan aligned for other ranks."""
