@@ -154,6 +154,18 @@ enum Call {
         save_after: u8,
         state: Option<Vec<u8>>,
     },
+    /// The streaming packer under limits: rows in pieces, a save and restore after each, or a
+    /// state of arbitrary bytes.
+    LimitedStream {
+        capacity: u64,
+        caps: Vec<u64>,
+        max_segments: u64,
+        max_open_bins: u32,
+        max_buffered: u32,
+        oversize: u8,
+        pieces: Vec<Vec<u64>>,
+        state: Option<Vec<u8>>,
+    },
 }
 
 fn pick<T: Named>(i: u8) -> T {
@@ -332,6 +344,47 @@ fuzz_target!(|call: Call| match call {
             assert!(covers(&all, lengths.len()), "raw_plan lost or repeated a sample");
             let _ = k::aligned_plan(&raw.offsets, &raw.indices, count(world_size), drop_last);
         }
+    }
+    Call::LimitedStream { capacity, caps, max_segments, max_open_bins, max_buffered, oversize, pieces, state } => {
+        if let Some(bytes) = state {
+            if let Ok(mut p) = k::LimitedStreamPacker::restore(&bytes) {
+                let r = p.limits().caps.len() + 1;
+                let _ = p.add(&vec![1; 3 * r]);
+                let _ = p.finish();
+            }
+            return;
+        }
+        let o = k::StreamOptions {
+            capacity,
+            align: 1,
+            max_open_bins: max_open_bins % 70,
+            max_buffered: max_buffered % 200,
+            oversize: pick::<OversizePolicy>(oversize),
+        };
+        let limits = k::StreamLimits { caps: caps.clone(), names: Vec::new(), max_segments };
+        let Ok(mut p) = k::LimitedStreamPacker::new(o, limits) else { return };
+        let r = caps.len() + 1;
+        let mut seen: Vec<u64> = Vec::new();
+        let mut added = 0u64;
+        let mut check = |c: k::LimitedClosed, seen: &mut Vec<u64>| {
+            for (b, loads) in c.resource_loads.chunks(caps.len().max(1)).enumerate().take(c.closed.bins()) {
+                let alone = c.closed.bin(b).len() == 1;
+                assert!(alone || loads.iter().zip(&caps).all(|(l, cap)| l <= cap), "a bin over a limit");
+            }
+            seen.extend_from_slice(&c.closed.indices);
+            seen.extend_from_slice(&c.closed.dropped);
+        };
+        for piece in pieces.iter().take(8) {
+            let rows = &piece[..piece.len() / r * r];
+            if let Ok(c) = p.add(rows) {
+                added += (rows.len() / r) as u64;
+                check(c, &mut seen);
+            }
+            p = k::LimitedStreamPacker::restore(&p.save()).expect("a saved state restores");
+        }
+        check(p.finish(), &mut seen);
+        seen.sort_unstable();
+        assert!(seen.iter().copied().eq(0..added), "an item lost or repeated");
     }
     Call::Stream { capacity, align, max_open_bins, max_buffered, oversize, pieces, save_after, state } => {
         if let Some(bytes) = state {

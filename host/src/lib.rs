@@ -48,7 +48,10 @@ pub mod serve;
 pub mod wire;
 
 pub use error::{Error, FilterError};
-pub use kernel::{Backend, KERNEL_WASM, KERNEL_WASM_SHA256, Kernel, KernelApi, SlimeApi, StreamPacker, VerlFunction};
+pub use kernel::{
+    Backend, KERNEL_WASM, KERNEL_WASM_SHA256, Kernel, KernelApi, LimitedStreamPacker, SlimeApi, StreamPacker,
+    VerlFunction,
+};
 pub use materialize::{
     CpRuns, CpView, LossAggMode, MaterializeOptions, Materialized, MicroBatch, RejectReason, Sample, Temperature,
     check_sample, materialize, materialize_plan,
@@ -76,7 +79,7 @@ pub use stowplan_kernel::{
     Plan,
 };
 pub use stowplan_kernel::{AlignedPlan, COST_PRESETS, MAX_COUNT, MAX_PARALLEL, Named, PlanOptions, RawPlan, unflatten};
-pub use stowplan_kernel::{Closed, StreamOptions, StreamStatus, stream};
+pub use stowplan_kernel::{Closed, LimitedClosed, StreamLimits, StreamOptions, StreamStatus, stream};
 pub use stowplan_kernel::{
     LimitedMicroPlan, LimitedRawPlan, MAX_BALANCED_CAPACITY, MAX_MULTI_ITEMS, MAX_RESOURCES, MicroLimits, MultiMethod,
     MultiOptions, MultiPacking, PlanLimits, SEGMENTS,

@@ -4,9 +4,9 @@
 use std::sync::Mutex;
 
 use pyo3::prelude::*;
-use pyo3::types::{PyByteArray, PyBytes, PyList, PyTuple};
+use pyo3::types::{PyByteArray, PyBytes, PyDict, PyList, PyTuple};
 use stowplan::stream::{DEFAULT_MAX_BUFFERED, DEFAULT_MAX_OPEN_BINS, MAX_BUFFERED, MAX_OPEN_BINS};
-use stowplan::{Closed, Named, StreamOptions, StreamPacker};
+use stowplan::{Closed, LimitedStreamPacker, Named, StreamLimits, StreamOptions, StreamPacker};
 
 use crate::str_options;
 use crate::{Lengths, int, invalid, kernel, opt_parse, opt_u64, to_py, u64_arg};
@@ -24,6 +24,12 @@ use crate::{Lengths, int, invalid, kernel, opt_parse, opt_u64, to_py, u64_arg};
 /// ``"single"`` (a bin of its own at once) or ``"drop"`` (left out, see
 /// :attr:`last_dropped`); ``backend`` — ``"wasm"`` (default) or ``"native"``.
 ///
+/// Further limits per bin (vision-language streams): ``limits`` maps each resource's name
+/// (not ``"tokens"``) to its cap per bin (≥ 1, up to 7), ``max_segments`` caps the items per
+/// bin (default 0: none); :meth:`add` then takes ``resources``, each name → the items' sizes.
+/// Every bin stays within the capacity and every limit (the rule is the kernel's
+/// ``multi-streaming``; without limits it is the one above).
+///
 /// Bins are lists of stream indices (0-based, counted over every length ever added),
 /// ascending. :meth:`state` saves everything (framed, versioned, checksummed bytes) and
 /// :meth:`from_state` continues exactly; the packer also pickles that way.
@@ -31,20 +37,62 @@ use crate::{Lengths, int, invalid, kernel, opt_parse, opt_u64, to_py, u64_arg};
 /// >>> p = StreamPacker(10, max_open_bins=1, max_buffered=0)
 /// >>> p.add([4, 6, 7]), p.add([2, 5]), p.finish()
 /// ([[0, 1]], [[2, 3]], [[4]])
+/// >>> v = StreamPacker(10, limits={"images": 2}, max_buffered=0)
+/// >>> v.add([4, 3, 2], resources={"images": [1, 1, 1]}), v.finish()
+/// ([], [[0, 1], [2]])
 #[pyclass(module = "stowplan._stowplan", name = "StreamPacker")]
 #[derive(Debug)]
 pub struct PyStreamPacker {
-    inner: Mutex<StreamPacker>,
+    inner: Mutex<Inner>,
     options: StreamOptions,
+    /// The limits' names and caps, in the kernel's order (empty without limits).
+    limits: StreamLimits,
     /// Indices dropped (``oversize="drop"``) by the last :meth:`add` or :meth:`finish`.
     last_dropped: Vec<u64>,
+}
+
+/// The host's packer: under limits or not.
+#[derive(Debug)]
+enum Inner {
+    Plain(StreamPacker),
+    Limited(LimitedStreamPacker),
+}
+
+impl Inner {
+    fn add(&mut self, rows: &[u64]) -> Result<Closed, stowplan::Error> {
+        match self {
+            Inner::Plain(p) => p.add(rows),
+            Inner::Limited(p) => p.add(rows).map(|c| c.closed),
+        }
+    }
+
+    fn finish(&mut self) -> Result<Closed, stowplan::Error> {
+        match self {
+            Inner::Plain(p) => p.finish(),
+            Inner::Limited(p) => p.finish().map(|c| c.closed),
+        }
+    }
+
+    fn save(&mut self) -> Result<Vec<u8>, stowplan::Error> {
+        match self {
+            Inner::Plain(p) => p.save(),
+            Inner::Limited(p) => p.save(),
+        }
+    }
+
+    fn status(&mut self) -> Result<stowplan::StreamStatus, stowplan::Error> {
+        match self {
+            Inner::Plain(p) => p.status(),
+            Inner::Limited(p) => p.status(),
+        }
+    }
 }
 
 impl PyStreamPacker {
     fn run(
         &mut self,
         py: Python<'_>,
-        f: impl FnOnce(&mut StreamPacker) -> Result<Closed, stowplan::Error> + Send,
+        f: impl FnOnce(&mut Inner) -> Result<Closed, stowplan::Error> + Send,
     ) -> PyResult<Py<PyList>> {
         let inner = &self.inner;
         let closed = py
@@ -65,7 +113,7 @@ impl PyStreamPacker {
     fn with<R: Send>(
         &self,
         py: Python<'_>,
-        f: impl FnOnce(&mut StreamPacker) -> Result<R, stowplan::Error> + Send,
+        f: impl FnOnce(&mut Inner) -> Result<R, stowplan::Error> + Send,
     ) -> PyResult<R> {
         let inner = &self.inner;
         py.detach(|| {
@@ -83,7 +131,9 @@ impl PyStreamPacker {
 #[pymethods]
 impl PyStreamPacker {
     #[new]
-    #[pyo3(signature = (capacity, *, max_open_bins=None, max_buffered=None, align=None, oversize=None, backend=None))]
+    #[pyo3(signature = (capacity, *, max_open_bins=None, max_buffered=None, align=None, oversize=None, limits=None,
+        max_segments=None, backend=None))]
+    #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
         capacity: &Bound<'_, PyAny>,
@@ -91,6 +141,8 @@ impl PyStreamPacker {
         max_buffered: Option<&Bound<'_, PyAny>>,
         align: Option<&Bound<'_, PyAny>>,
         oversize: Option<&Bound<'_, PyAny>>,
+        limits: Option<&Bound<'_, PyDict>>,
+        max_segments: Option<&Bound<'_, PyAny>>,
         backend: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         str_options!(oversize, backend);
@@ -103,8 +155,21 @@ impl PyStreamPacker {
             ..d
         };
         let kernel = kernel(py, backend)?;
-        let packer = py.detach(|| kernel.stream_packer(&options)).map_err(|e| to_py(py, e))?;
-        Ok(Self { inner: Mutex::new(packer), options, last_dropped: Vec::new() })
+        let mut l =
+            StreamLimits { max_segments: opt_u64(max_segments, "max_segments", 0)?.unwrap_or(0), ..Default::default() };
+        for (k, v) in limits.into_iter().flat_map(|d| d.iter()) {
+            let name: String =
+                k.extract().map_err(|_| invalid(py, format!("limits' keys must be resource names (str), got {k}")))?;
+            l.caps.push(u64_arg(&v, &format!("limits['{name}']"), 1)?);
+            l.names.push(name);
+        }
+        let inner = if l.caps.is_empty() && l.max_segments == 0 {
+            py.detach(|| kernel.stream_packer(&options)).map(Inner::Plain)
+        } else {
+            py.detach(|| kernel.limited_stream_packer(&options, &l)).map(Inner::Limited)
+        }
+        .map_err(|e| to_py(py, e))?;
+        Ok(Self::wrap(inner, options))
     }
 
     /// A packer from :meth:`state`'s bytes, continuing exactly where that state stood.
@@ -123,19 +188,74 @@ impl PyStreamPacker {
             return Err(invalid(py, format!("state must be bytes or bytearray from StreamPacker.state() (got {got})")));
         };
         let kernel = kernel(py, backend)?;
-        let packer = py.detach(|| kernel.restore_stream_packer(&bytes)).map_err(|e| to_py(py, e))?;
-        let options = *packer.options();
-        Ok(Self { inner: Mutex::new(packer), options, last_dropped: Vec::new() })
+        // A limited packer's state starts with "SPSL"; the kernel checks every other byte.
+        let inner = if bytes.starts_with(b"SPSL") {
+            py.detach(|| kernel.restore_limited_stream_packer(&bytes)).map(Inner::Limited)
+        } else {
+            py.detach(|| kernel.restore_stream_packer(&bytes)).map(Inner::Plain)
+        }
+        .map_err(|e| to_py(py, e))?;
+        let options = match &inner {
+            Inner::Plain(p) => *p.options(),
+            Inner::Limited(p) => *p.options(),
+        };
+        Ok(Self::wrap(inner, options))
     }
 
     /// Adds the next lengths of the stream (a list, tuple or integer array of non-negative
-    /// integers); returns the bins that closed, each a list of stream indices. An error
-    /// (:class:`InfeasibleError` for a length above the capacity under ``oversize="error"``,
-    /// naming its stream index) applies nothing.
-    fn add(&mut self, py: Python<'_>, lengths: &Bound<'_, PyAny>) -> PyResult<Py<PyList>> {
+    /// integers); returns the bins that closed, each a list of stream indices. With limits,
+    /// ``resources`` maps every limit's name to these items' sizes in it. An error
+    /// (:class:`InfeasibleError` for a length above the capacity, or an item over a limit,
+    /// under ``oversize="error"``, naming its stream index) applies nothing.
+    #[pyo3(signature = (lengths, *, resources=None))]
+    fn add(
+        &mut self,
+        py: Python<'_>,
+        lengths: &Bound<'_, PyAny>,
+        resources: Option<&Bound<'_, PyDict>>,
+    ) -> PyResult<Py<PyList>> {
         let lengths = Lengths::extract(lengths, "lengths")?;
-        let l = lengths.slice().to_vec();
-        self.run(py, move |p| p.add(&l))
+        let l = lengths.slice();
+        let n = l.len();
+        let e = self.limits.caps.len();
+        let rows = match (e, resources) {
+            (0, None) => l.to_vec(),
+            (0, Some(_)) => return Err(invalid(py, "resources given to a packer without limits".into())),
+            (_, None) => {
+                return Err(invalid(
+                    py,
+                    format!("resources needs every limit's sizes ({})", self.limits.names.join(", ")),
+                ));
+            }
+            (_, Some(r)) => {
+                let mut cols = Vec::with_capacity(e);
+                for name in &self.limits.names {
+                    let Some(v) = r.get_item(name)? else {
+                        return Err(invalid(py, format!("resources has no sizes for limits['{name}']")));
+                    };
+                    let col = Lengths::extract(&v, &format!("resources['{name}']"))?.slice().to_vec();
+                    if col.len() != n {
+                        return Err(invalid(
+                            py,
+                            format!("resources['{name}'] has {} sizes, lengths {n}: one per item", col.len()),
+                        ));
+                    }
+                    cols.push(col);
+                }
+                if r.len() != e {
+                    return Err(invalid(
+                        py,
+                        format!(
+                            "resources names {} resources; the limits are {}",
+                            r.len(),
+                            self.limits.names.join(", ")
+                        ),
+                    ));
+                }
+                (0..n).flat_map(|i| std::iter::once(l[i]).chain(cols.iter().map(move |c| c[i]))).collect()
+            }
+        };
+        self.run(py, move |p| p.add(&rows))
     }
 
     /// Places every waiting length and closes every open bin; returns those bins. The packer
@@ -153,6 +273,22 @@ impl PyStreamPacker {
 
     fn __reduce__<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyTuple>> {
         crate::reduce_by(slf, "from_state", (slf.borrow().state(slf.py())?,))
+    }
+
+    /// The limits beside the tokens (name → cap per bin); empty without.
+    #[getter]
+    fn limits<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let d = PyDict::new(py);
+        for (name, cap) in self.limits.names.iter().zip(&self.limits.caps) {
+            d.set_item(name, cap)?;
+        }
+        Ok(d)
+    }
+
+    /// At most this many items per bin (0: no limit).
+    #[getter]
+    fn max_segments(&self) -> u64 {
+        self.limits.max_segments
     }
 
     /// Tokens per bin.
@@ -234,6 +370,16 @@ impl PyStreamPacker {
             s.buffered,
             s.open_bins
         ))
+    }
+}
+
+impl PyStreamPacker {
+    fn wrap(inner: Inner, options: StreamOptions) -> Self {
+        let limits = match &inner {
+            Inner::Plain(_) => StreamLimits::default(),
+            Inner::Limited(p) => p.limits().clone(),
+        };
+        Self { inner: Mutex::new(inner), options, limits, last_dropped: Vec::new() }
     }
 }
 

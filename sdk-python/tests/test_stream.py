@@ -836,3 +836,71 @@ def test_a_mutated_and_re_signed_field_is_refused_by_the_cross_checks_or_a_docum
         # The sha256 catches what the cross-checks cannot.
         with pytest.raises(InvalidArgumentError, match=r"state\['sha256'\] does not match"):
             resume(make, {**mutated, "sha256": state["sha256"]}, run)
+
+
+# --- Streams under further limits (vision-language data) --------------------------------
+
+from hypothesis import given as _given, settings as _settings, strategies as _st  # noqa: E402
+
+
+@_settings(max_examples=100, deadline=None)
+@_given(
+    rows=_st.lists(_st.tuples(_st.integers(0, 90), _st.integers(0, 40), _st.integers(0, 4)), min_size=1, max_size=200),
+    caps=_st.tuples(_st.integers(1, 60), _st.integers(1, 5)),
+    max_segments=_st.sampled_from([0, 1, 3]),
+    cut=_st.integers(1, 50),
+    backend=_st.sampled_from(["wasm", "native"]),
+)
+def test_limited_streams_keep_every_limit(rows, caps, max_segments, cut, backend) -> None:
+    import pickle
+
+    limits = {"image_tokens": caps[0], "images": caps[1]}
+    make = lambda: stowplan.StreamPacker(  # noqa: E731
+        100, limits=limits, max_segments=max_segments, max_open_bins=3, max_buffered=8, oversize="drop",
+        backend=backend,
+    )
+    p, whole = make(), make()
+    bins: list = []
+    for at in range(0, len(rows), cut):
+        part = rows[at:at + cut]
+        res = {"image_tokens": [r[1] for r in part], "images": [r[2] for r in part]}
+        bins += p.add([r[0] for r in part], resources=res)
+        dropped = p.last_dropped
+        assert all(rows[i][0] > 100 or rows[i][1] > caps[0] or rows[i][2] > caps[1] for i in dropped)
+        p = pickle.loads(pickle.dumps(p))  # a saved state continues exactly
+    bins += p.finish()
+    assert p.limits == limits and p.max_segments == max_segments
+    # The same bins as one call.
+    res = {"image_tokens": [r[1] for r in rows], "images": [r[2] for r in rows]}
+    assert bins == whole.add([r[0] for r in rows], resources=res) + whole.finish()
+    for b in bins:
+        assert sum(rows[i][0] for i in b) <= 100
+        assert sum(rows[i][1] for i in b) <= caps[0] and sum(rows[i][2] for i in b) <= caps[1]
+        assert max_segments == 0 or len(b) <= max_segments
+    packed = sorted(i for b in bins for i in b)
+    assert len(packed) == len(set(packed))
+
+
+def test_limited_stream_errors_name_the_argument() -> None:
+    p = stowplan.StreamPacker(100, limits={"images": 2})
+    with pytest.raises(stowplan.InvalidArgumentError, match="resources needs every limit's sizes \\(images\\)"):
+        p.add([1, 2])
+    with pytest.raises(stowplan.InvalidArgumentError, match="resources\\['images'\\] has 1 sizes, lengths 2"):
+        p.add([1, 2], resources={"images": [1]})
+    with pytest.raises(stowplan.InvalidArgumentError, match="no sizes for limits\\['images'\\]"):
+        p.add([1, 2], resources={"frames": [1, 1]})
+    with pytest.raises(stowplan.InfeasibleError, match="stream index 1 has 3 images, more than its cap 2"):
+        p.add([1, 2], resources={"images": [1, 3]})
+    assert p.next_index == 0
+    with pytest.raises(stowplan.InvalidArgumentError, match="resources given to a packer without limits"):
+        stowplan.StreamPacker(10).add([1], resources={"images": [1]})
+    with pytest.raises(stowplan.InvalidArgumentError, match="limits\\['images'\\]"):
+        stowplan.StreamPacker(10, limits={"images": 0})
+    with pytest.raises(stowplan.InvalidArgumentError, match="not \"tokens\""):
+        stowplan.StreamPacker(10, limits={"tokens": 3})
+    # A limited state restores as a limited packer; damage is refused.
+    state = bytearray(p.state())
+    assert stowplan.StreamPacker.from_state(bytes(state)).limits == {"images": 2}
+    state[20] ^= 1
+    with pytest.raises(stowplan.InvalidArgumentError, match="damaged"):
+        stowplan.StreamPacker.from_state(bytes(state))

@@ -158,3 +158,48 @@ proptest! {
         }
     }
 }
+
+/// The streaming packer under limits on vlm-mix-100k's first 20,000 rows: both backends give
+/// the same bins call for call, a state saved on one continues on the other, and every bin
+/// keeps every limit.
+#[test]
+fn limited_streams_agree_on_both_backends_and_states_cross_them() {
+    let rows = stowplan_conformance::workload_table("vlm-mix-100k.tsv", &["image_tokens", "images"]);
+    let rows = &rows[..3 * 20_000];
+    let options =
+        stowplan::StreamOptions { oversize: stowplan::OversizePolicy::Drop, ..stowplan::StreamOptions::new(16_384) };
+    let limits = stowplan::StreamLimits {
+        caps: vec![8_192, 32],
+        names: vec!["image_tokens".into(), "images".into()],
+        max_segments: 64,
+    };
+    let [native, wasm] = kernels();
+    let mut a = native.limited_stream_packer(&options, &limits).unwrap();
+    let mut b = wasm.limited_stream_packer(&options, &limits).unwrap();
+    let mut bins = 0;
+    for (k, chunk) in rows.chunks(3 * 1_500).enumerate() {
+        let (x, y) = (a.add(chunk).unwrap(), b.add(chunk).unwrap());
+        assert_eq!(x, y, "chunk {k}");
+        for (q, members) in (0..x.closed.bins()).map(|q| (q, x.closed.bin(q))) {
+            assert!(members.len() <= 64 && x.closed.loads[q] <= 16_384);
+            assert!(x.resource_loads[2 * q] <= 8_192 && x.resource_loads[2 * q + 1] <= 32);
+        }
+        bins += x.closed.bins();
+        if k == 5 {
+            // Swap the states: native continues the WASM packer's stream and back.
+            let (sa, sb) = (a.save().unwrap(), b.save().unwrap());
+            assert_eq!(sa, sb, "the same state bytes on both backends");
+            a = native.restore_limited_stream_packer(&sb).unwrap();
+            b = wasm.restore_limited_stream_packer(&sa).unwrap();
+            assert_eq!(b.limits(), &limits);
+        }
+    }
+    let (x, y) = (a.finish().unwrap(), b.finish().unwrap());
+    assert_eq!(x, y);
+    bins += x.closed.bins();
+    assert!(bins > 1_000, "{bins} bins");
+    let e = wasm
+        .limited_stream_packer(&options, &stowplan::StreamLimits { caps: vec![0, 32], ..limits.clone() })
+        .unwrap_err();
+    assert!(e.to_string().contains("the cap of image_tokens must be at least 1"), "{e}");
+}

@@ -23,7 +23,7 @@ use stowplan_kernel::{
     MultiOptions, MultiPacking, Named, PackOptions, Packing, PartitionOptions, Partitioning, Plan, PlanOptions,
     RawPlan,
 };
-use stowplan_kernel::{Closed, StreamOptions, StreamStatus};
+use stowplan_kernel::{Closed, LimitedClosed, StreamLimits, StreamOptions, StreamStatus};
 use stowplan_kernel::{LimitedMicroPlan, LimitedRawPlan, MicroLimits, PlanLimits};
 
 /// Which implementation of the kernel runs a call.
@@ -205,12 +205,24 @@ pub trait KernelApi: Send + Sync + std::fmt::Debug {
     /// A streaming packer from [`StreamPacker::save`]'s bytes (damage and other versions are
     /// refused with `invalid-argument`).
     fn restore_stream_packer(&self, state: &[u8]) -> Result<StreamPacker, Error>;
+
+    /// An empty streaming packer under further limits per bin (see `wit/kernel.wit`,
+    /// `multi-streaming`).
+    fn limited_stream_packer(
+        &self,
+        options: &StreamOptions,
+        limits: &StreamLimits,
+    ) -> Result<LimitedStreamPacker, Error>;
+
+    /// A limited streaming packer from [`LimitedStreamPacker::save`]'s bytes.
+    fn restore_limited_stream_packer(&self, state: &[u8]) -> Result<LimitedStreamPacker, Error>;
 }
 
-/// One backend's streaming packer; [`StreamPacker`] wraps it.
-pub(crate) trait StreamBackend: Send + std::fmt::Debug {
-    fn add(&mut self, lengths: &[u64]) -> Result<Closed, Error>;
-    fn finish(&mut self) -> Result<Closed, Error>;
+/// One backend's streaming packer; [`StreamPacker`] (`C` = [`Closed`]) and
+/// [`LimitedStreamPacker`] (`C` = [`LimitedClosed`]) wrap it.
+pub(crate) trait StreamBackend<C>: Send + std::fmt::Debug {
+    fn add(&mut self, rows: &[u64]) -> Result<C, Error>;
+    fn finish(&mut self) -> Result<C, Error>;
     fn save(&mut self) -> Result<Vec<u8>, Error>;
     fn status(&mut self) -> Result<StreamStatus, Error>;
 }
@@ -221,12 +233,12 @@ pub(crate) trait StreamBackend: Send + std::fmt::Debug {
 /// [`KernelApi::restore_stream_packer`]; the same bins on both backends.
 #[derive(Debug)]
 pub struct StreamPacker {
-    inner: Box<dyn StreamBackend>,
+    inner: Box<dyn StreamBackend<Closed>>,
     options: StreamOptions,
 }
 
 impl StreamPacker {
-    pub(crate) fn new(inner: Box<dyn StreamBackend>, options: StreamOptions) -> Self {
+    pub(crate) fn new(inner: Box<dyn StreamBackend<Closed>>, options: StreamOptions) -> Self {
         Self { inner, options }
     }
 
@@ -248,6 +260,58 @@ impl StreamPacker {
     }
 
     /// The whole state as framed, versioned, checksummed bytes (identical on both backends).
+    pub fn save(&mut self) -> Result<Vec<u8>, Error> {
+        self.inner.save()
+    }
+
+    /// Where the stream stands.
+    pub fn status(&mut self) -> Result<StreamStatus, Error> {
+        self.inner.status()
+    }
+}
+
+/// A streaming packer under further limits per bin (`wit/kernel.wit`, `multi-streaming`):
+/// items go in as rows (the length, then one size per limit), each bin comes out when it
+/// closes, within the capacity and every limit. Made by [`KernelApi::limited_stream_packer`]
+/// or [`KernelApi::restore_limited_stream_packer`]; the same bins on both backends.
+#[derive(Debug)]
+pub struct LimitedStreamPacker {
+    inner: Box<dyn StreamBackend<LimitedClosed>>,
+    options: StreamOptions,
+    limits: StreamLimits,
+}
+
+impl LimitedStreamPacker {
+    pub(crate) fn new(
+        inner: Box<dyn StreamBackend<LimitedClosed>>,
+        options: StreamOptions,
+        limits: StreamLimits,
+    ) -> Self {
+        Self { inner, options, limits }
+    }
+
+    /// The options it was made with.
+    pub fn options(&self) -> &StreamOptions {
+        &self.options
+    }
+
+    /// The limits (unnamed resources named `resource 1`, `resource 2` …).
+    pub fn limits(&self) -> &StreamLimits {
+        &self.limits
+    }
+
+    /// Adds the next items, row by row (the length, then one size per limit); returns the
+    /// bins that closed with their loads. An error applies nothing.
+    pub fn add(&mut self, rows: &[u64]) -> Result<LimitedClosed, Error> {
+        self.inner.add(rows)
+    }
+
+    /// Places every buffered item and closes every open bin.
+    pub fn finish(&mut self) -> Result<LimitedClosed, Error> {
+        self.inner.finish()
+    }
+
+    /// The whole state as framed (`SPSL`), versioned, checksummed bytes.
     pub fn save(&mut self) -> Result<Vec<u8>, Error> {
         self.inner.save()
     }

@@ -8,10 +8,10 @@ use stowplan_kernel::{
     MultiOptions, MultiPacking, PackOptions, Packing, PartitionOptions, Partitioning, Plan, PlanOptions, RawPlan,
 };
 
-use stowplan_kernel::{Closed, StreamOptions, StreamStatus};
+use stowplan_kernel::{Closed, LimitedClosed, StreamLimits, StreamOptions, StreamStatus};
 use stowplan_kernel::{LimitedMicroPlan, LimitedRawPlan, MicroLimits, PlanLimits};
 
-use super::{KernelApi, StreamBackend, StreamPacker, VerlFunction};
+use super::{KernelApi, LimitedStreamPacker, StreamBackend, StreamPacker, VerlFunction};
 use crate::Error;
 
 /// The kernel crate, compiled natively.
@@ -154,9 +154,45 @@ impl KernelApi for NativeKernel {
         let options = *packer.options();
         Ok(StreamPacker::new(Box::new(packer), options))
     }
+
+    fn limited_stream_packer(
+        &self,
+        options: &StreamOptions,
+        limits: &StreamLimits,
+    ) -> Result<LimitedStreamPacker, Error> {
+        limited(k::LimitedStreamPacker::new(*options, limits.clone())?)
+    }
+
+    fn restore_limited_stream_packer(&self, state: &[u8]) -> Result<LimitedStreamPacker, Error> {
+        limited(k::LimitedStreamPacker::restore(state)?)
+    }
 }
 
-impl StreamBackend for k::StreamPacker {
+/// The host's wrapper of a native limited packer.
+fn limited(packer: k::LimitedStreamPacker) -> Result<LimitedStreamPacker, Error> {
+    let (options, limits) = (*packer.options(), packer.limits().clone());
+    Ok(LimitedStreamPacker::new(Box::new(packer), options, limits))
+}
+
+impl StreamBackend<LimitedClosed> for k::LimitedStreamPacker {
+    fn add(&mut self, rows: &[u64]) -> Result<LimitedClosed, Error> {
+        Ok(k::LimitedStreamPacker::add(self, rows)?)
+    }
+
+    fn finish(&mut self) -> Result<LimitedClosed, Error> {
+        Ok(k::LimitedStreamPacker::finish(self))
+    }
+
+    fn save(&mut self) -> Result<Vec<u8>, Error> {
+        Ok(k::LimitedStreamPacker::save(self))
+    }
+
+    fn status(&mut self) -> Result<StreamStatus, Error> {
+        Ok(k::LimitedStreamPacker::status(self))
+    }
+}
+
+impl StreamBackend<Closed> for k::StreamPacker {
     fn add(&mut self, lengths: &[u64]) -> Result<Closed, Error> {
         Ok(k::StreamPacker::add(self, lengths)?)
     }

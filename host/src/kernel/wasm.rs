@@ -17,14 +17,15 @@ use stowplan_kernel::{
     MultiOptions, MultiPacking, PackOptions, Packing, PartitionOptions, Partitioning, Plan, PlanOptions, RawPlan,
 };
 
-use stowplan_kernel::{Closed, NextFitRuns, PackMethod, StreamOptions, StreamStatus};
+use stowplan_kernel::{Closed, NextFitRuns, PackMethod, StreamLimits, StreamOptions, StreamStatus};
 use stowplan_kernel::{LimitedMicroPlan, LimitedRawPlan, MicroLimits, PlanLimits};
 use wasmtime::component::ResourceAny;
 
-use super::{KernelApi, StreamBackend, StreamPacker, VerlFunction};
+use super::{KernelApi, LimitedStreamPacker, StreamBackend, StreamPacker, VerlFunction};
 use crate::error::{Error, runtime};
 use crate::runtime::{self, sha256_hex};
 
+mod multi_stream;
 mod slime;
 
 mod bindings {
@@ -408,6 +409,18 @@ impl KernelApi for WasmKernel {
         let options = stream.call(|g, s, p| g.call_options(s, p))?.into();
         Ok(StreamPacker::new(Box::new(stream), options))
     }
+
+    fn limited_stream_packer(
+        &self,
+        options: &StreamOptions,
+        limits: &StreamLimits,
+    ) -> Result<LimitedStreamPacker, Error> {
+        multi_stream::create(options, limits)
+    }
+
+    fn restore_limited_stream_packer(&self, state: &[u8]) -> Result<LimitedStreamPacker, Error> {
+        multi_stream::restore(state)
+    }
 }
 
 /// A streaming packer living in an instance of its own (its state stays in the guest's
@@ -441,7 +454,7 @@ impl Drop for WasmStream {
     }
 }
 
-impl StreamBackend for WasmStream {
+impl StreamBackend<Closed> for WasmStream {
     fn add(&mut self, lengths: &[u64]) -> Result<Closed, Error> {
         Ok(self.call(|g, s, p| g.call_add(s, p, lengths))??.into())
     }

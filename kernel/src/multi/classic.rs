@@ -9,7 +9,7 @@ use super::{NONE, fits, too_many_steps};
 use crate::Error;
 
 /// The resource in which `item` takes the largest share of its capacity (the first on ties).
-fn dominant(item: &[u64], caps: &[u64]) -> usize {
+pub(crate) fn dominant(item: &[u64], caps: &[u64]) -> usize {
     let mut d = 0;
     for q in 1..item.len() {
         if (item[q] as u128) * (caps[d] as u128) > (item[d] as u128) * (caps[q] as u128) {

@@ -36,6 +36,7 @@ use crate::{Error, checked_len, invalid};
 
 mod classic;
 mod fill;
+pub(crate) use classic::dominant;
 use classic::{RestMin, best_fit, first_fit};
 pub use fill::{MAX_BALANCED_CAPACITY, MAX_BALANCED_ITEMS};
 
@@ -404,7 +405,7 @@ const NONE: u32 = u32::MAX;
 
 /// Whether `item` fits into `room` in every resource.
 #[inline]
-fn fits(item: &[u64], room: &[u64]) -> bool {
+pub(crate) fn fits(item: &[u64], room: &[u64]) -> bool {
     item.iter().zip(room).all(|(s, r)| s <= r)
 }
 
@@ -424,7 +425,7 @@ fn share_order(work: &[u64], caps: &[u64]) -> Vec<u32> {
 }
 
 /// An item's share: Σ over its resources of ⌊size · 2^64 / capacity⌋, saturating.
-fn share(item: &[u64], caps: &[u64]) -> u128 {
+pub(crate) fn share(item: &[u64], caps: &[u64]) -> u128 {
     item.iter().zip(caps).fold(0u128, |acc, (&s, &c)| acc.saturating_add(((s as u128) << 64) / c as u128))
 }
 

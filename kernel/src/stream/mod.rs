@@ -27,6 +27,9 @@
 //! the last gaps of a bin before it closes: with the defaults, bins come within 0.2 % of the
 //! offline lower bound on the shared workloads (`BENCHMARKS.md`).
 //!
+//! Under further limits per bin (image tokens, images, segments), [`LimitedStreamPacker`]
+//! follows the same rule with every resource (see `stream/limited.rs`).
+//!
 //! The whole state saves to bytes ([`StreamPacker::save`]: framed, versioned, sha256) and
 //! restores exactly ([`StreamPacker::restore`]): a restarted stream gives the bins an
 //! uninterrupted one gives.
@@ -36,8 +39,11 @@ use alloc::vec::Vec;
 use crate::{Error, OversizePolicy, invalid};
 
 mod buffer;
+mod limited;
 mod open_bins;
 mod state;
+
+pub use limited::{LimitedClosed, LimitedStreamPacker, StreamLimits};
 
 use buffer::Buffer;
 use open_bins::OpenBins;

@@ -40,14 +40,7 @@ impl StreamPacker {
                 p.extend_from_slice(&m.to_le_bytes());
             }
         }
-        let mut out = Vec::with_capacity(p.len() + 48);
-        out.extend_from_slice(STATE_MAGIC);
-        out.extend_from_slice(&STATE_VERSION.to_le_bytes());
-        out.extend_from_slice(&(p.len() as u64).to_le_bytes());
-        out.extend_from_slice(&p);
-        let digest = Sha256::digest(&out);
-        out.extend_from_slice(&digest);
-        out
+        frame(STATE_MAGIC, STATE_VERSION, &p)
     }
 
     /// A packer from [`save`](Self::save)'s bytes. Errors (`invalid-argument`, naming what is
@@ -55,39 +48,13 @@ impl StreamPacker {
     /// (damage), or contents no packer can hold (checked in full, so no state can make a
     /// later call misbehave).
     pub fn restore(state: &[u8]) -> Result<Self, Error> {
-        const HEAD: usize = 16;
-        if state.len() < HEAD + 32 || &state[..4] != STATE_MAGIC {
-            return invalid!("state is not a stowplan stream-packer state (it must start with \"SPSK\")");
-        }
-        let version = u32::from_le_bytes(state[4..8].try_into().unwrap_or_default());
-        if version != STATE_VERSION {
-            return invalid!(
-                "state has format version {version}; this kernel reads version {STATE_VERSION} (save it with the same stowplan version)"
-            );
-        }
-        let len = u64::from_le_bytes(state[8..16].try_into().unwrap_or_default());
-        if len != (state.len() - HEAD - 32) as u64 {
-            return invalid!(
-                "state is damaged: its header says {len} payload bytes, it holds {} (truncated or extended)",
-                state.len() - HEAD - 32
-            );
-        }
-        let (body, digest) = state.split_at(state.len() - 32);
-        if Sha256::digest(body).as_slice() != digest {
-            return invalid!("state is damaged: its sha256 does not match its contents");
-        }
-        let mut r = Reader { bytes: &body[HEAD..] };
+        let mut r = Reader { bytes: unframe(state, STATE_MAGIC, STATE_VERSION, "stream-packer")? };
         let options = StreamOptions {
             capacity: r.u64()?,
             align: r.u64()?,
             max_open_bins: r.u32()?,
             max_buffered: r.u32()?,
-            oversize: match r.u8()? {
-                0 => OversizePolicy::Error,
-                1 => OversizePolicy::Single,
-                2 => OversizePolicy::Drop,
-                other => return invalid!("state holds an unknown oversize policy code {other}"),
-            },
+            oversize: oversize_of(r.u8()?)?,
         };
         let mut packer = Self::new(options)?;
         packer.next_index = r.u64()?;
@@ -139,7 +106,8 @@ impl StreamPacker {
 const STATE_MAGIC: &[u8; 4] = b"SPSK";
 const STATE_VERSION: u32 = 1;
 
-fn oversize_code(o: OversizePolicy) -> u8 {
+/// The byte an oversize policy is saved as.
+pub(super) fn oversize_code(o: OversizePolicy) -> u8 {
     match o {
         OversizePolicy::Error => 0,
         OversizePolicy::Single => 1,
@@ -147,9 +115,60 @@ fn oversize_code(o: OversizePolicy) -> u8 {
     }
 }
 
+/// The oversize policy saved as `code`.
+pub(super) fn oversize_of(code: u8) -> Result<OversizePolicy, Error> {
+    match code {
+        0 => Ok(OversizePolicy::Error),
+        1 => Ok(OversizePolicy::Single),
+        2 => Ok(OversizePolicy::Drop),
+        other => invalid!("state holds an unknown oversize policy code {other}"),
+    }
+}
+
+/// A framed state: `magic`, format `version` (u32 LE), payload length (u64 LE), the payload,
+/// and the sha256 of everything before it.
+pub(super) fn frame(magic: &[u8; 4], version: u32, payload: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(payload.len() + 48);
+    out.extend_from_slice(magic);
+    out.extend_from_slice(&version.to_le_bytes());
+    out.extend_from_slice(&(payload.len() as u64).to_le_bytes());
+    out.extend_from_slice(payload);
+    let digest = Sha256::digest(&out);
+    out.extend_from_slice(&digest);
+    out
+}
+
+/// The payload of a [`frame`]d state of a `what` (for messages), checked: its magic, its
+/// version, its length and its sha256.
+pub(super) fn unframe<'a>(state: &'a [u8], magic: &[u8; 4], version: u32, what: &str) -> Result<&'a [u8], Error> {
+    const HEAD: usize = 16;
+    if state.len() < HEAD + 32 || &state[..4] != magic {
+        let m = core::str::from_utf8(magic).unwrap_or("?");
+        return invalid!("state is not a stowplan {what} state (it must start with \"{m}\")");
+    }
+    let got = u32::from_le_bytes(state[4..8].try_into().unwrap_or_default());
+    if got != version {
+        return invalid!(
+            "state has format version {got}; this kernel reads version {version} (save it with the same stowplan version)"
+        );
+    }
+    let len = u64::from_le_bytes(state[8..16].try_into().unwrap_or_default());
+    if len != (state.len() - HEAD - 32) as u64 {
+        return invalid!(
+            "state is damaged: its header says {len} payload bytes, it holds {} (truncated or extended)",
+            state.len() - HEAD - 32
+        );
+    }
+    let (body, digest) = state.split_at(state.len() - 32);
+    if Sha256::digest(body).as_slice() != digest {
+        return invalid!("state is damaged: its sha256 does not match its contents");
+    }
+    Ok(&body[HEAD..])
+}
+
 /// Reads little-endian integers off a payload, failing on a short one.
-struct Reader<'a> {
-    bytes: &'a [u8],
+pub(super) struct Reader<'a> {
+    pub(super) bytes: &'a [u8],
 }
 
 impl Reader<'_> {
@@ -161,18 +180,18 @@ impl Reader<'_> {
         self.bytes = rest;
         Ok(head.try_into().unwrap_or([0; N]))
     }
-    fn u8(&mut self) -> Result<u8, Error> {
+    pub(super) fn u8(&mut self) -> Result<u8, Error> {
         Ok(self.take::<1>()?[0])
     }
-    fn u32(&mut self) -> Result<u32, Error> {
+    pub(super) fn u32(&mut self) -> Result<u32, Error> {
         Ok(u32::from_le_bytes(self.take()?))
     }
-    fn u64(&mut self) -> Result<u64, Error> {
+    pub(super) fn u64(&mut self) -> Result<u64, Error> {
         Ok(u64::from_le_bytes(self.take()?))
     }
     /// A count of records of at least `record` bytes each, at most `max`, that the
     /// remaining bytes can hold (so nothing is allocated for a count alone).
-    fn count(&mut self, record: usize, max: u32, what: &str) -> Result<u32, Error> {
+    pub(super) fn count(&mut self, record: usize, max: u32, what: &str) -> Result<u32, Error> {
         let n = self.u32()?;
         if n > max {
             return invalid!("state holds {n} {what}; its options allow at most {max}");

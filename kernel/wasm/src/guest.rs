@@ -25,6 +25,7 @@ fn panic(_: &core::panic::PanicInfo<'_>) -> ! {
     core::arch::wasm32::unreachable()
 }
 
+mod multi_stream;
 mod slime;
 
 struct Kernel;
@@ -536,20 +537,48 @@ impl stream::Guest for Kernel {
     type Packer = StreamPacker;
 }
 
+fn stream_options(o: stream::Options) -> k::StreamOptions {
+    k::StreamOptions {
+        capacity: o.capacity,
+        align: o.align,
+        max_open_bins: o.max_open_bins,
+        max_buffered: o.max_buffered,
+        oversize: oversize_of(o.oversize),
+    }
+}
+
+fn options_of(o: &k::StreamOptions) -> stream::Options {
+    let oversize = match o.oversize {
+        k::OversizePolicy::Error => pack::Oversize::Error,
+        k::OversizePolicy::Single => pack::Oversize::Single,
+        k::OversizePolicy::Drop => pack::Oversize::Drop,
+    };
+    stream::Options {
+        capacity: o.capacity,
+        align: o.align,
+        max_open_bins: o.max_open_bins,
+        max_buffered: o.max_buffered,
+        oversize,
+    }
+}
+
+fn status_of(s: k::StreamStatus) -> stream::Status {
+    stream::Status {
+        next_index: s.next_index,
+        buffered: s.buffered,
+        open_bins: s.open_bins,
+        in_open_bins: s.in_open_bins,
+        oldest_held: s.oldest_held,
+    }
+}
+
 fn closed_of(c: k::Closed) -> stream::Closed {
     stream::Closed { offsets: c.offsets, indices: c.indices, loads: c.loads, dropped: c.dropped }
 }
 
 impl stream::GuestPacker for StreamPacker {
     fn create(options: stream::Options) -> Result<stream::Packer, types::Error> {
-        let o = k::StreamOptions {
-            capacity: options.capacity,
-            align: options.align,
-            max_open_bins: options.max_open_bins,
-            max_buffered: options.max_buffered,
-            oversize: oversize_of(options.oversize),
-        };
-        let p = k::StreamPacker::new(o).map_err(error)?;
+        let p = k::StreamPacker::new(stream_options(options)).map_err(error)?;
         Ok(stream::Packer::new(StreamPacker(core::cell::RefCell::new(p))))
     }
 
@@ -571,29 +600,10 @@ impl stream::GuestPacker for StreamPacker {
     }
 
     fn status(&self) -> stream::Status {
-        let s = self.0.borrow().status();
-        stream::Status {
-            next_index: s.next_index,
-            buffered: s.buffered,
-            open_bins: s.open_bins,
-            in_open_bins: s.in_open_bins,
-            oldest_held: s.oldest_held,
-        }
+        status_of(self.0.borrow().status())
     }
 
     fn options(&self) -> stream::Options {
-        let o = *self.0.borrow().options();
-        let oversize = match o.oversize {
-            k::OversizePolicy::Error => pack::Oversize::Error,
-            k::OversizePolicy::Single => pack::Oversize::Single,
-            k::OversizePolicy::Drop => pack::Oversize::Drop,
-        };
-        stream::Options {
-            capacity: o.capacity,
-            align: o.align,
-            max_open_bins: o.max_open_bins,
-            max_buffered: o.max_buffered,
-            oversize,
-        }
+        options_of(self.0.borrow().options())
     }
 }

@@ -120,18 +120,25 @@ class StreamPacker:
         max_buffered: Optional[int] = None,
         align: Optional[int] = None,
         oversize: Optional[str] = None,
+        limits: Optional[Dict[str, int]] = None,
+        max_segments: Optional[int] = None,
         backend: Optional[str] = None,
     ) -> None:
         """``max_open_bins`` 1..=65536 (default 64), ``max_buffered`` 0..=1048576 (default
         4096), ``oversize`` — what a length above ``capacity`` does: ``"error"`` (default;
         :class:`InfeasibleError`, nothing of the call applied), ``"single"`` (a bin of its
         own) or ``"drop"`` (left out, listed in :attr:`last_dropped`). Real SFT and
-        pretraining streams have such lengths: pass ``"drop"`` or ``"single"``."""
+        pretraining streams have such lengths: pass ``"drop"`` or ``"single"``. ``limits``
+        (name → cap per bin) and ``max_segments``: further limits per bin."""
     @staticmethod
     def from_state(state: bytes, *, backend: Optional[str] = None) -> StreamPacker: ...
-    def add(self, lengths: _Lengths) -> List[List[int]]: ...
+    def add(self, lengths: _Lengths, *, resources: Optional[Dict[str, _Lengths]] = None) -> List[List[int]]: ...
     def finish(self) -> List[List[int]]: ...
     def state(self) -> bytes: ...
+    @property
+    def limits(self) -> Dict[str, int]: ...
+    @property
+    def max_segments(self) -> int: ...
     @property
     def capacity(self) -> int: ...
     @property

@@ -1,0 +1,415 @@
+//! Streaming packing under several limits: [`LimitedStreamPacker`], the rule of the parent
+//! module with every bin also within a cap per further resource (image tokens, images …) and
+//! at most `max_segments` items.
+//!
+//! The rule, item by item (an item is a row: its length, then its size in each resource):
+//! 1. An item over the capacity (aligned) or over any cap is oversized and follows the
+//!    [`OversizePolicy`], as in the parent module.
+//! 2. Otherwise it joins the buffer, kept by *share* desc then index asc (an item's share is
+//!    Σ over the resources of ⌊size · 2^64 / cap⌋, tokens aligned, as in
+//!    [`pack_multi`](crate::pack_multi)). While the buffer holds more than `max_buffered`
+//!    items, its first item is placed:
+//!    - into the open bin where it fits in every resource and segment count with the least
+//!      room in the item's *dominant* resource (its largest size / cap, the first such
+//!      resource on ties); ties to the oldest bin;
+//!    - else, with fewer than `max_open_bins` open, into a new bin;
+//!    - else the open bin with the least token room (ties: the oldest) is topped up — it takes,
+//!      one by one, the first buffered item that fits it in every resource, until none does —
+//!      and closes; the item opens a new bin.
+//! 3. A bin whose token room reaches 0, that holds `max_segments` items, or
+//!    [`MAX_BIN_ITEMS`], closes at once.
+//!
+//! [`LimitedStreamPacker::finish`] places the buffered items in buffer order by the same best
+//! fit, opening bins as needed (a bin reaching `max_segments` or [`MAX_BIN_ITEMS`] items
+//! closes at once), then closes every open bin, oldest first.
+//!
+//! With no cap and no segment limit every choice is the parent module's, so the bins are
+//! [`StreamPacker`](super::StreamPacker)'s, bit for bit. Each step scans the open bins and
+//! the buffer (O(`max_open_bins` + `max_buffered`) per item, never more): the defaults (64
+//! bins, 4,096 items) keep it cheap.
+//!
+//! The state saves to bytes (`SPSL`, framed like the parent's `SPSK`: versioned, sha256) and
+//! restores exactly.
+
+use alloc::string::String;
+use alloc::vec::Vec;
+
+use super::state::{Reader, frame, oversize_code, oversize_of, unframe};
+use super::{Closed, MAX_BIN_ITEMS, StreamOptions, StreamStatus};
+use crate::balance::{MicroLimits, resources};
+use crate::multi::{dominant, fits, share};
+use crate::{Error, OversizePolicy, invalid};
+
+/// Further limits of a [`LimitedStreamPacker`] beside the tokens.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct StreamLimits {
+    /// Each resource's cap per bin (each ≥ 1); up to 7.
+    pub caps: Vec<u64>,
+    /// The resources' names for messages, one per cap (all different, not `tokens`), or none
+    /// (`resource 1`, `resource 2` …).
+    pub names: Vec<String>,
+    /// At most this many items per bin; 0 means no limit.
+    pub max_segments: u64,
+}
+
+/// Bins closed by one call of a [`LimitedStreamPacker`], with their loads in each limit.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LimitedClosed {
+    /// The bins, as [`StreamPacker`](super::StreamPacker) gives them (`loads`: aligned tokens).
+    pub closed: Closed,
+    /// Every closed bin's load in each limit, bin by bin (`bins × caps` entries).
+    pub resource_loads: Vec<u64>,
+}
+
+impl LimitedClosed {
+    fn empty() -> Self {
+        Self { closed: Closed::empty(), resource_loads: Vec::new() }
+    }
+}
+
+/// A buffered item.
+#[derive(Clone, Debug)]
+struct Item {
+    index: u64,
+    share: u128,
+    /// Aligned tokens, then the size in each limit.
+    sizes: Vec<u64>,
+}
+
+/// An open bin.
+#[derive(Clone, Debug)]
+struct Bin {
+    /// Room left in every resource, tokens first.
+    room: Vec<u64>,
+    members: Vec<u64>,
+}
+
+/// A streaming packer under several limits (see the module docs for the rule).
+#[derive(Clone, Debug)]
+pub struct LimitedStreamPacker {
+    options: StreamOptions,
+    limits: StreamLimits,
+    /// Every resource's cap, tokens (the capacity) first.
+    caps: Vec<u64>,
+    next_index: u64,
+    /// By share desc, index asc.
+    buffer: Vec<Item>,
+    /// Oldest first.
+    open: Vec<Bin>,
+}
+
+impl LimitedStreamPacker {
+    /// An empty packer. Errors (`invalid-argument`): those of
+    /// [`StreamPacker::new`](super::StreamPacker::new); more than 7 caps, a cap of 0, names not
+    /// one per cap, empty, repeated or `tokens`.
+    pub fn new(options: StreamOptions, limits: StreamLimits) -> Result<Self, Error> {
+        options.check()?;
+        let micro = MicroLimits { sizes: &[], caps: &limits.caps, names: &limits.names };
+        let (caps, names) = resources(0, options.capacity, &micro)?;
+        let limits = StreamLimits { names: names[1..].to_vec(), ..limits };
+        Ok(Self { options, limits, caps, next_index: 0, buffer: Vec::new(), open: Vec::new() })
+    }
+
+    /// The options.
+    pub fn options(&self) -> &StreamOptions {
+        &self.options
+    }
+
+    /// The limits (unnamed resources named `resource 1`, `resource 2` …).
+    pub fn limits(&self) -> &StreamLimits {
+        &self.limits
+    }
+
+    /// Where the stream stands.
+    pub fn status(&self) -> StreamStatus {
+        let held = self.buffer.iter().map(|i| i.index).chain(self.open.iter().flat_map(|b| b.members.iter().copied()));
+        StreamStatus {
+            next_index: self.next_index,
+            buffered: self.buffer.len() as u32,
+            open_bins: self.open.len() as u32,
+            in_open_bins: self.held_in_bins(),
+            oldest_held: held.min(),
+        }
+    }
+
+    fn held_in_bins(&self) -> u64 {
+        self.open.iter().map(|b| b.members.len() as u64).sum()
+    }
+
+    /// Adds the next items of the stream, row by row (`rows[i·R..(i+1)·R]`: the length, then
+    /// the size in each limit; `R` = 1 + the number of caps), and returns the bins that closed.
+    ///
+    /// Errors, with nothing applied: `invalid-argument` for `rows` not a whole number of rows,
+    /// an aligned length above 2^64 − 1, or more than 2^32 − 1 items and held items together;
+    /// `infeasible` for an oversized item under the `error` policy (naming its stream index,
+    /// the resource, its size and the cap).
+    pub fn add(&mut self, rows: &[u64]) -> Result<LimitedClosed, Error> {
+        let r = self.caps.len();
+        if rows.len() % r != 0 {
+            return invalid!(
+                "rows must hold whole rows of {r} values (the length, then one size per limit) (got {} values)",
+                rows.len()
+            );
+        }
+        let n = rows.len() / r;
+        let held = self.buffer.len() as u64 + self.held_in_bins();
+        if n as u64 + held > u32::MAX as u64 {
+            return invalid!("rows has {n} items and the packer holds {held}; at most {} in all per call", u32::MAX);
+        }
+        if self.next_index.checked_add(n as u64).is_none() {
+            return invalid!("the stream index would pass 2^64 − 1");
+        }
+        let align = self.options.align;
+        let mut items = Vec::with_capacity(n);
+        for (i, row) in rows.chunks_exact(r).enumerate() {
+            let index = self.next_index + i as u64;
+            let Some(a) = row[0].div_ceil(align).checked_mul(align) else {
+                return invalid!(
+                    "the length at stream index {index}, {}, rounded up to a multiple of align = {align} overflows u64",
+                    row[0]
+                );
+            };
+            let mut sizes = row.to_vec();
+            sizes[0] = a;
+            if let Some(q) = (0..r).find(|&q| sizes[q] > self.caps[q])
+                && self.options.oversize == OversizePolicy::Error
+            {
+                let name = if q == 0 { "tokens" } else { self.limits.names[q - 1].as_str() };
+                return Err(Error::Infeasible(alloc::format!(
+                    "the item at stream index {index} has {} {name}, more than its cap {}; use oversize single or drop \
+                     to accept such items",
+                    sizes[q],
+                    self.caps[q]
+                )));
+            }
+            items.push(sizes);
+        }
+        let mut out = LimitedClosed::empty();
+        for sizes in items {
+            let index = self.next_index;
+            self.next_index += 1;
+            if !fits(&sizes, &self.caps) {
+                match self.options.oversize {
+                    OversizePolicy::Single => push(&mut out, alloc::vec![index], &sizes),
+                    _ => out.closed.dropped.push(index),
+                }
+                continue;
+            }
+            let item = Item { index, share: share(&sizes, &self.caps), sizes };
+            // After every item of the same share: their indices are smaller.
+            let at = self.buffer.partition_point(|b| b.share >= item.share);
+            self.buffer.insert(at, item);
+            while self.buffer.len() > self.options.max_buffered as usize {
+                let item = self.buffer.remove(0);
+                self.place(item, &mut out);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Places every buffered item (in buffer order, best fit, new bins as needed) and closes
+    /// every open bin, oldest first. The packer stays usable.
+    pub fn finish(&mut self) -> LimitedClosed {
+        let mut out = LimitedClosed::empty();
+        for item in core::mem::take(&mut self.buffer) {
+            let b = self.best_fit(&item.sizes).unwrap_or_else(|| self.open_bin());
+            self.put(b, item);
+            if self.at_most_items(b) {
+                self.close(b, &mut out);
+            }
+        }
+        for bin in core::mem::take(&mut self.open) {
+            self.push_bin(&mut out, bin);
+        }
+        out
+    }
+
+    /// Rule 2 for the first buffered item.
+    fn place(&mut self, item: Item, out: &mut LimitedClosed) {
+        let b = match self.best_fit(&item.sizes) {
+            Some(b) => b,
+            None => {
+                if self.open.len() >= self.options.max_open_bins as usize {
+                    // The open bin with the least token room (the oldest on ties) is topped up
+                    // from the buffer and closes.
+                    let victim = (0..self.open.len()).min_by_key(|&b| (self.open[b].room[0], b)).unwrap_or(0);
+                    while !self.at_most_items(victim)
+                        && let Some(j) = self.buffer.iter().position(|i| fits(&i.sizes, &self.open[victim].room))
+                    {
+                        let taken = self.buffer.remove(j);
+                        self.put(victim, taken);
+                    }
+                    self.close(victim, out);
+                }
+                self.open_bin()
+            }
+        };
+        self.put(b, item);
+        if self.open[b].room[0] == 0 || self.at_most_items(b) {
+            self.close(b, out);
+        }
+    }
+
+    /// The open bin taking `sizes` by best fit on its dominant resource (the oldest on ties).
+    fn best_fit(&self, sizes: &[u64]) -> Option<usize> {
+        let d = dominant(sizes, &self.caps);
+        let mut best: Option<usize> = None;
+        for (b, bin) in self.open.iter().enumerate() {
+            if self.at_most_items(b) || !fits(sizes, &bin.room) {
+                continue;
+            }
+            if best.is_none_or(|k| bin.room[d] < self.open[k].room[d]) {
+                best = Some(b);
+            }
+        }
+        best
+    }
+
+    /// Whether open bin `b` holds as many items as a bin may.
+    fn at_most_items(&self, b: usize) -> bool {
+        let m = self.open[b].members.len();
+        m >= MAX_BIN_ITEMS || (self.limits.max_segments > 0 && m as u64 >= self.limits.max_segments)
+    }
+
+    fn open_bin(&mut self) -> usize {
+        self.open.push(Bin { room: self.caps.clone(), members: Vec::new() });
+        self.open.len() - 1
+    }
+
+    fn put(&mut self, b: usize, item: Item) {
+        let bin = &mut self.open[b];
+        for (room, s) in bin.room.iter_mut().zip(&item.sizes) {
+            *room -= s;
+        }
+        bin.members.push(item.index);
+    }
+
+    fn close(&mut self, b: usize, out: &mut LimitedClosed) {
+        let bin = self.open.remove(b);
+        self.push_bin(out, bin);
+    }
+
+    fn push_bin(&self, out: &mut LimitedClosed, bin: Bin) {
+        let loads: Vec<u64> = self.caps.iter().zip(&bin.room).map(|(c, r)| c - r).collect();
+        push(out, bin.members, &loads);
+    }
+
+    /// The whole state as bytes: `SPSL`, format version (u32 LE), payload length (u64 LE),
+    /// the payload (options, limits, the stream index, the buffered items by index with
+    /// their sizes, the open bins oldest first with their rooms and members), and the sha256
+    /// of everything before it.
+    pub fn save(&self) -> Vec<u8> {
+        let mut p = Vec::new();
+        let o = &self.options;
+        p.extend_from_slice(&o.capacity.to_le_bytes());
+        p.extend_from_slice(&o.align.to_le_bytes());
+        p.extend_from_slice(&o.max_open_bins.to_le_bytes());
+        p.extend_from_slice(&o.max_buffered.to_le_bytes());
+        p.push(oversize_code(o.oversize));
+        p.extend_from_slice(&self.limits.max_segments.to_le_bytes());
+        p.extend_from_slice(&(self.limits.caps.len() as u32).to_le_bytes());
+        for (cap, name) in self.limits.caps.iter().zip(&self.limits.names) {
+            p.extend_from_slice(&cap.to_le_bytes());
+            p.extend_from_slice(&(name.len() as u32).to_le_bytes());
+            p.extend_from_slice(name.as_bytes());
+        }
+        p.extend_from_slice(&self.next_index.to_le_bytes());
+        let mut items: Vec<&Item> = self.buffer.iter().collect();
+        items.sort_unstable_by_key(|i| i.index);
+        p.extend_from_slice(&(items.len() as u32).to_le_bytes());
+        for item in items {
+            p.extend_from_slice(&item.index.to_le_bytes());
+            item.sizes.iter().for_each(|s| p.extend_from_slice(&s.to_le_bytes()));
+        }
+        p.extend_from_slice(&(self.open.len() as u32).to_le_bytes());
+        for bin in &self.open {
+            bin.room.iter().for_each(|s| p.extend_from_slice(&s.to_le_bytes()));
+            let mut members = bin.members.clone();
+            members.sort_unstable();
+            p.extend_from_slice(&(members.len() as u32).to_le_bytes());
+            members.iter().for_each(|m| p.extend_from_slice(&m.to_le_bytes()));
+        }
+        frame(STATE_MAGIC, STATE_VERSION, &p)
+    }
+
+    /// A packer from [`save`](Self::save)'s bytes. Errors (`invalid-argument`, naming what is
+    /// wrong): not a limited stream-packer state, another format version, damage (length or
+    /// sha256 mismatch), or contents no packer can hold (checked in full).
+    pub fn restore(state: &[u8]) -> Result<Self, Error> {
+        let mut r = Reader { bytes: unframe(state, STATE_MAGIC, STATE_VERSION, "limited stream-packer")? };
+        let options = StreamOptions {
+            capacity: r.u64()?,
+            align: r.u64()?,
+            max_open_bins: r.u32()?,
+            max_buffered: r.u32()?,
+            oversize: oversize_of(r.u8()?)?,
+        };
+        let max_segments = r.u64()?;
+        let e = r.count(12, crate::MAX_RESOURCES as u32 - 1, "limits")?;
+        let (mut caps, mut names) = (Vec::new(), Vec::new());
+        for _ in 0..e {
+            caps.push(r.u64()?);
+            let len = r.count(1, 1 << 12, "name bytes")?;
+            let mut bytes = Vec::with_capacity(len as usize);
+            for _ in 0..len {
+                bytes.push(r.u8()?);
+            }
+            match String::from_utf8(bytes) {
+                Ok(name) => names.push(name),
+                Err(_) => return invalid!("state holds a limit name that is not UTF-8"),
+            }
+        }
+        let mut packer = Self::new(options, StreamLimits { caps, names, max_segments })?;
+        let rows = packer.caps.len();
+        packer.next_index = r.u64()?;
+        let buffered = r.count(8 + 8 * rows, options.max_buffered, "buffered items")?;
+        let mut held: Vec<u64> = Vec::new();
+        for _ in 0..buffered {
+            let index = r.u64()?;
+            let sizes = (0..rows).map(|_| r.u64()).collect::<Result<Vec<u64>, Error>>()?;
+            if !fits(&sizes, &packer.caps) || sizes[0] % options.align != 0 {
+                return invalid!("state holds a buffered item over a cap, or a length that is not aligned");
+            }
+            if held.last().is_some_and(|&last| index <= last) {
+                return invalid!("state's buffered items are not in ascending index order");
+            }
+            held.push(index);
+            let item = Item { index, share: share(&sizes, &packer.caps), sizes };
+            let at =
+                packer.buffer.partition_point(|b| b.share > item.share || (b.share == item.share && b.index < index));
+            packer.buffer.insert(at, item);
+        }
+        let open = r.count(8 * rows + 4, options.max_open_bins, "open bins")?;
+        for _ in 0..open {
+            let room = (0..rows).map(|_| r.u64()).collect::<Result<Vec<u64>, Error>>()?;
+            if room[0] == 0 || !fits(&room, &packer.caps) {
+                return invalid!("state holds an open bin whose room is 0 in tokens or above a cap");
+            }
+            let count = r.count(8, MAX_BIN_ITEMS as u32 - 1, "members of an open bin")?;
+            if count == 0 || (max_segments > 0 && u64::from(count) >= max_segments) {
+                return invalid!("state holds an open bin of {count} members: empty, or one that would have closed");
+            }
+            let members = (0..count).map(|_| r.u64()).collect::<Result<Vec<u64>, Error>>()?;
+            held.extend_from_slice(&members);
+            packer.open.push(Bin { room, members });
+        }
+        if !r.bytes.is_empty() {
+            return invalid!("state has {} bytes after its contents", r.bytes.len());
+        }
+        held.sort_unstable();
+        if held.windows(2).any(|w| w[0] == w[1]) || held.last().is_some_and(|&last| last >= packer.next_index) {
+            return invalid!("state holds an index twice or an index not yet added");
+        }
+        Ok(packer)
+    }
+}
+
+/// Appends a bin of `members` (sorted here) whose loads in every resource are `loads`
+/// (tokens first).
+fn push(out: &mut LimitedClosed, mut members: Vec<u64>, loads: &[u64]) {
+    out.closed.push(&mut members, loads[0]);
+    out.resource_loads.extend_from_slice(&loads[1..]);
+}
+
+const STATE_MAGIC: &[u8; 4] = b"SPSL";
+const STATE_VERSION: u32 = 1;
