@@ -145,7 +145,7 @@ impl LimitedStreamPacker {
     /// the resource, its size and the cap).
     pub fn add(&mut self, rows: &[u64]) -> Result<LimitedClosed, Error> {
         let r = self.caps.len();
-        if rows.len() % r != 0 {
+        if !rows.len().is_multiple_of(r) {
             return invalid!(
                 "rows must hold whole rows of {r} values (the length, then one size per limit) (got {} values)",
                 rows.len()
@@ -367,7 +367,7 @@ impl LimitedStreamPacker {
         for _ in 0..buffered {
             let index = r.u64()?;
             let sizes = (0..rows).map(|_| r.u64()).collect::<Result<Vec<u64>, Error>>()?;
-            if !fits(&sizes, &packer.caps) || sizes[0] % options.align != 0 {
+            if !fits(&sizes, &packer.caps) || !sizes[0].is_multiple_of(options.align) {
                 return invalid!("state holds a buffered item over a cap, or a length that is not aligned");
             }
             if held.last().is_some_and(|&last| index <= last) {
