@@ -31,11 +31,12 @@ pub struct Args {
     /// Another limit per bin besides --capacity tokens, NAME=CAP: the input is then a table
     /// whose header names its columns, tokens first (tab-, comma- or space-separated, as
     /// `vlm-mix-100k.tsv`), and NAME is a column (e.g. --limit image_tokens=8192 --limit
-    /// images=32). Up to 7 limits; every bin stays within every one.
-    #[arg(long = "limit", value_name = "NAME=CAP", value_parser = parse_limit, conflicts_with = "stream")]
+    /// images=32). Up to 7 limits; every bin stays within every one. With --stream the table
+    /// is read row by row.
+    #[arg(long = "limit", value_name = "NAME=CAP", value_parser = parse_limit)]
     limits: Vec<(String, u64)>,
     /// At most this many sequences (segments) per bin; 0 means no limit.
-    #[arg(long, default_value_t = 0, conflicts_with = "stream")]
+    #[arg(long, default_value_t = 0)]
     max_segments: u64,
     /// Pack the lengths as they arrive (one per line; any amount, memory stays bounded):
     /// each bin is written when it closes, one line of input indices (a JSON array with
@@ -180,6 +181,8 @@ pub fn run(a: Args) -> Result<(), Failure> {
             max_open_bins: a.max_open_bins,
             max_buffered: a.max_buffered,
             oversize: a.oversize,
+            limits: a.limits,
+            max_segments: a.max_segments,
         };
         return crate::stream::run(settings, &a.common);
     }

@@ -9,14 +9,16 @@
 use std::io::{BufRead, BufReader, Write};
 use std::time::Instant;
 
-use stowplan::input::LengthLines;
-use stowplan::{Closed, Named, OversizePolicy, StreamOptions};
+use stowplan::input::{LengthLines, TableRows};
+use stowplan::{
+    Closed, LimitedClosed, LimitedStreamPacker, Named, OversizePolicy, StreamLimits, StreamOptions, StreamPacker,
+};
 
 use crate::common::{Common, ReadyKernel};
 use crate::failure::Failure;
 
 /// The streaming options of `stowplan pack`.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct Settings {
     /// Tokens per bin.
     pub capacity: u64,
@@ -26,8 +28,35 @@ pub struct Settings {
     pub max_open_bins: u32,
     /// Buffered items at most.
     pub max_buffered: u32,
-    /// Items above the capacity.
+    /// Items above the capacity (or a limit).
     pub oversize: OversizePolicy,
+    /// `--limit NAME=CAP`: further limits per bin (the input is then a table, header first).
+    pub limits: Vec<(String, u64)>,
+    /// `--max-segments`: items per bin at most (0: no limit).
+    pub max_segments: u64,
+}
+
+/// The kernel's packer: plain, or under limits.
+enum Packer {
+    Plain(StreamPacker),
+    Limited(LimitedStreamPacker),
+}
+
+impl Packer {
+    /// Adds rows; the closed bins, and (under limits) their loads in each limit.
+    fn add(&mut self, rows: &[u64]) -> Result<LimitedClosed, stowplan::Error> {
+        match self {
+            Packer::Plain(p) => p.add(rows).map(|closed| LimitedClosed { closed, resource_loads: Vec::new() }),
+            Packer::Limited(p) => p.add(rows),
+        }
+    }
+
+    fn finish(&mut self) -> Result<LimitedClosed, stowplan::Error> {
+        match self {
+            Packer::Plain(p) => p.finish().map(|closed| LimitedClosed { closed, resource_loads: Vec::new() }),
+            Packer::Limited(p) => p.finish(),
+        }
+    }
 }
 
 /// What a run did, for the summary.
@@ -42,6 +71,10 @@ struct Tally {
     /// Aligned tokens of the lengths that fit: the regular bins' loads (u128: lengths near
     /// 2^64 cannot wrap it).
     fit_tokens: u128,
+    /// The regular bins' loads in each limit.
+    fit_loads: Vec<u128>,
+    /// Items in regular bins (for the segment limit's bound).
+    fit_items: u64,
 }
 
 /// How many dropped indices the summary names.
@@ -58,48 +91,109 @@ pub fn run(s: Settings, common: &Common) -> Result<(), Failure> {
         oversize: s.oversize,
     };
     let ready = ReadyKernel::new(common.backend)?;
-    let mut packer = ready.kernel.stream_packer(&options)?;
+    let limited = !s.limits.is_empty() || s.max_segments > 0;
+    let mut packer = if limited {
+        let limits = StreamLimits {
+            caps: s.limits.iter().map(|&(_, c)| c).collect(),
+            names: s.limits.iter().map(|(n, _)| n.clone()).collect(),
+            max_segments: s.max_segments,
+        };
+        Packer::Limited(ready.kernel.limited_stream_packer(&options, &limits)?)
+    } else {
+        Packer::Plain(ready.kernel.stream_packer(&options)?)
+    };
+    let caps: Vec<u64> = s.limits.iter().map(|&(_, c)| c).collect();
     let start = Instant::now();
     let mut reader = BufReader::with_capacity(1 << 20, reader);
     let mut out = std::io::BufWriter::with_capacity(1 << 16, std::io::stdout().lock());
     let write_err = |e: std::io::Error| Failure::bad(format!("writing the bins: {e}"));
-    let mut lines = LengthLines::new();
-    let mut lengths: Vec<u64> = Vec::new();
     let mut tally = Tally::default();
-    let mut seen_text = false;
-    loop {
-        let piece = reader.fill_buf().map_err(|e| Failure::bad(format!("reading {source}: {e}")))?;
-        if piece.is_empty() {
-            break;
-        }
-        if !seen_text && let Some(&first) = piece.iter().find(|b| !b.is_ascii_whitespace()) {
-            seen_text = true;
-            if first == b'[' {
-                return Err(Failure::bad(format!("{source}: --stream reads one length per line, not a JSON array")));
+    let mut emit = |packer: &mut Packer, rows: &[u64], tally: &mut Tally| -> Result<(), Failure> {
+        let closed = packer.add(rows)?;
+        tally.lengths += (rows.len() / (caps.len() + 1)) as u64;
+        tally.count(&closed, s.capacity, &caps);
+        write_bins(&mut out, &closed.closed, common.json).map_err(write_err)?;
+        out.flush().map_err(write_err)
+    };
+    if s.limits.is_empty() {
+        let mut lines = LengthLines::new();
+        let mut lengths: Vec<u64> = Vec::new();
+        let mut seen_text = false;
+        loop {
+            let piece = reader.fill_buf().map_err(|e| Failure::bad(format!("reading {source}: {e}")))?;
+            if piece.is_empty() {
+                break;
+            }
+            if !seen_text && let Some(&first) = piece.iter().find(|b| !b.is_ascii_whitespace()) {
+                seen_text = true;
+                if first == b'[' {
+                    return Err(Failure::bad(format!(
+                        "{source}: --stream reads one length per line, not a JSON array"
+                    )));
+                }
+            }
+            let n = piece.len();
+            lines.feed(piece, &mut lengths).map_err(|e| Failure::bad(format!("{source}: {e}")))?;
+            reader.consume(n);
+            if !lengths.is_empty() {
+                emit(&mut packer, &lengths, &mut tally)?;
+                lengths.clear();
             }
         }
-        let n = piece.len();
-        lines.feed(piece, &mut lengths).map_err(|e| Failure::bad(format!("{source}: {e}")))?;
-        reader.consume(n);
-        if !lengths.is_empty() {
-            let closed = add(&mut packer, &lengths, s, &mut tally)?;
-            write_bins(&mut out, &closed, common.json).map_err(write_err)?;
-            out.flush().map_err(write_err)?;
-            lengths.clear();
+        lines.finish(&mut lengths).map_err(|e| Failure::bad(format!("{source}: {e}")))?;
+        if tally.lengths == 0 && lengths.is_empty() {
+            return Err(Failure::bad(format!("{source}: no lengths (one integer per line expected)")));
         }
+        emit(&mut packer, &lengths, &mut tally)?;
+    } else {
+        // A table: the header names the columns (tokens first), then a row per line, fed in
+        // batches of rows (each line at most --max-input-mib long).
+        let names: Vec<&str> = s.limits.iter().map(|(n, _)| n.as_str()).collect();
+        let mut table: Option<TableRows> = None;
+        let mut rows: Vec<u64> = Vec::new();
+        let mut line = String::new();
+        let mut no = 0u64;
+        loop {
+            line.clear();
+            let read = reader.read_line(&mut line).map_err(|e| Failure::bad(format!("reading {source}: {e}")))?;
+            if read == 0 {
+                break;
+            }
+            no += 1;
+            if TableRows::skipped(&line) {
+                continue;
+            }
+            match &table {
+                None => {
+                    table = Some(TableRows::new(&line, &names).map_err(|e| Failure::bad(format!("{source}: {e}")))?)
+                }
+                Some(t) => t.row(no, &line, &mut rows).map_err(|e| Failure::bad(format!("{source}: {e}")))?,
+            }
+            if rows.len() >= ROWS_PER_CALL * (names.len() + 1) {
+                emit(&mut packer, &rows, &mut tally)?;
+                rows.clear();
+            }
+        }
+        if table.is_none() {
+            return Err(Failure::bad(format!(
+                "{source}: the table is empty: it needs a header line naming its columns"
+            )));
+        }
+        emit(&mut packer, &rows, &mut tally)?;
     }
-    lines.finish(&mut lengths).map_err(|e| Failure::bad(format!("{source}: {e}")))?;
-    if tally.lengths == 0 && lengths.is_empty() {
-        return Err(Failure::bad(format!("{source}: no lengths (one integer per line expected)")));
-    }
-    let closed = add(&mut packer, &lengths, s, &mut tally)?;
-    write_bins(&mut out, &closed, common.json).map_err(write_err)?;
     let closed = packer.finish()?;
-    tally.count(&closed, s.capacity);
-    write_bins(&mut out, &closed, common.json).map_err(write_err)?;
+    tally.count(&closed, s.capacity, &caps);
+    write_bins(&mut out, &closed.closed, common.json).map_err(write_err)?;
     out.flush().map_err(write_err)?;
     let seconds = start.elapsed().as_secs_f64();
-    let lower = tally.fit_tokens.div_ceil(u128::from(s.capacity));
+    // The largest bound over the tokens, each limit and the segments.
+    let mut lower = tally.fit_tokens.div_ceil(u128::from(s.capacity));
+    for (sum, &cap) in tally.fit_loads.iter().zip(&caps) {
+        lower = lower.max(sum.div_ceil(u128::from(cap)));
+    }
+    if s.max_segments > 0 {
+        lower = lower.max(u128::from(tally.fit_items.div_ceil(s.max_segments)));
+    }
     let regular = u128::from(tally.bins - tally.single);
     let dropped = match tally.dropped {
         0 => "0 dropped".to_string(),
@@ -110,11 +204,12 @@ pub fn run(s: Settings, common: &Common) -> Result<(), Failure> {
         }
     };
     eprintln!(
-        "stream of {} lengths from {source} into bins of {} tokens: {} bins{} (lower bound {lower} for the items \
+        "stream of {} lengths from {source} into bins of {} tokens{}: {} bins{} (lower bound {lower} for the items \
          that fit, +{:.3}%), {dropped}; max open bins {}, max buffered {}, oversize {}, backend {}; \
          {:.3} s, {:.1} M lengths/s{}",
         tally.lengths,
         s.capacity,
+        limits_text(&s),
         tally.bins,
         if tally.single > 0 { format!(" ({} single)", tally.single) } else { String::new() },
         100.0 * regular.saturating_sub(lower) as f64 / lower.max(1) as f64,
@@ -129,6 +224,15 @@ pub fn run(s: Settings, common: &Common) -> Result<(), Failure> {
     Ok(())
 }
 
+/// The limits for the summary: ` and at most 8192 image_tokens, 32 images, 64 segments`.
+fn limits_text(s: &Settings) -> String {
+    let mut parts: Vec<String> = s.limits.iter().map(|(n, c)| format!("{c} {n}")).collect();
+    if s.max_segments > 0 {
+        parts.push(format!("{} segments", s.max_segments));
+    }
+    if parts.is_empty() { String::new() } else { format!(" and at most {}", parts.join(", ")) }
+}
+
 /// This process's peak resident memory in KiB (`VmHWM` of /proc/self/status: the high-water
 /// mark of this program's own memory, not of the process it was forked from); `None` where
 /// there is no procfs.
@@ -138,30 +242,27 @@ fn peak_memory() -> Option<u64> {
     line.split_whitespace().nth(1)?.parse().ok()
 }
 
-/// Feeds `lengths` to the packer and counts what came out.
-fn add(
-    packer: &mut stowplan::StreamPacker,
-    lengths: &[u64],
-    s: Settings,
-    tally: &mut Tally,
-) -> Result<Closed, Failure> {
-    let closed = packer.add(lengths)?;
-    tally.lengths += lengths.len() as u64;
-    tally.count(&closed, s.capacity);
-    Ok(closed)
-}
+/// Rows of a table fed to the packer per call.
+const ROWS_PER_CALL: usize = 4096;
 
 impl Tally {
-    /// Counts closed bins. Every length that fits ends in a regular bin (load ≤ capacity),
-    /// so their loads add up to the aligned tokens the lower bound needs; a load above the
-    /// capacity is an oversized length alone.
-    fn count(&mut self, closed: &Closed, capacity: u64) {
+    /// Counts closed bins. Every length that fits ends in a regular bin (load ≤ capacity and
+    /// each limit's `caps`), so their loads add up to the aligned tokens the lower bound
+    /// needs; a load above the capacity or a cap is an oversized item alone.
+    fn count(&mut self, c: &LimitedClosed, capacity: u64, caps: &[u64]) {
+        let closed = &c.closed;
         self.bins += closed.bins() as u64;
-        for &load in &closed.loads {
-            if load > capacity {
+        for (b, &load) in closed.loads.iter().enumerate() {
+            let over_a_limit = (0..caps.len()).any(|q| c.resource_loads[b * caps.len() + q] > caps[q]);
+            if load > capacity || over_a_limit {
                 self.single += 1;
             } else {
                 self.fit_tokens += u128::from(load);
+                self.fit_loads.resize(caps.len(), 0);
+                for q in 0..caps.len() {
+                    self.fit_loads[q] += u128::from(c.resource_loads[b * caps.len() + q]);
+                }
+                self.fit_items += closed.bin(b).len() as u64;
             }
         }
         self.dropped += closed.dropped.len() as u64;

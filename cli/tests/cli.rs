@@ -809,7 +809,8 @@ fn pack_with_limits_refuses_bad_limits_by_name() {
     assert_eq!(v["n"], 3);
     assert_eq!(v["bins"], serde_json::json!([[1, 2], [0]]));
     assert_eq!(v["resources"][0]["name"], "tokens");
-    let out = stowplan(&["pack", "--limit", "images=32", "--stream"], Some(table), &[]);
+    // --method is for whole inputs; a stream has its own rule.
+    let out = stowplan(&["pack", "--limit", "images=32", "--stream", "--method", "bfd"], Some(table), &[]);
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
     assert!(stderr(&out).contains("cannot be used with"), "{}", stderr(&out));
 }
@@ -880,4 +881,70 @@ fn plan_with_limits_records_them_in_the_plan_file() {
         assert!(stderr(&out).contains(message), "{extra:?}: {}", stderr(&out));
     }
     let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn stream_with_limits_reads_a_table_and_gives_the_library_bins() {
+    let mut table = String::from("# a comment\ntokens\timage_tokens\timages\n");
+    let mut rows = Vec::new();
+    for i in 0..3_000u64 {
+        let row = [(i * 7919) % 3_000 + 1, (i * 104_729) % 900, (i * 31) % 4];
+        table.push_str(&format!("{}\t{}\t{}\n", row[0], row[1], row[2]));
+        rows.extend_from_slice(&row);
+    }
+    let args = [
+        "pack",
+        "--stream",
+        "-c",
+        "4096",
+        "--limit",
+        "image_tokens=1500",
+        "--limit",
+        "images=5",
+        "--max-segments",
+        "6",
+        "--max-open-bins",
+        "8",
+        "--max-buffered",
+        "64",
+        "--json",
+    ];
+    let out = stowplan(&args, Some(&table), &[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let bins: Vec<Vec<u64>> =
+        String::from_utf8(out.stdout.clone()).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    // The library's packer on the same rows, in one call.
+    let options = stowplan::StreamOptions { max_open_bins: 8, max_buffered: 64, ..stowplan::StreamOptions::new(4096) };
+    let limits = stowplan::StreamLimits {
+        caps: vec![1500, 5],
+        names: vec!["image_tokens".into(), "images".into()],
+        max_segments: 6,
+    };
+    let mut p = stowplan::Kernel::native().limited_stream_packer(&options, &limits).unwrap();
+    let mut want = Vec::new();
+    for c in [p.add(&rows).unwrap(), p.finish().unwrap()] {
+        want.extend((0..c.closed.bins()).map(|b| c.closed.bin(b).to_vec()));
+    }
+    assert_eq!(bins, want);
+    let mut seen: Vec<u64> = bins.iter().flatten().copied().collect();
+    seen.sort_unstable();
+    assert_eq!(seen, (0..3_000).collect::<Vec<_>>());
+    for b in &bins {
+        assert!(b.len() <= 6);
+        for q in 0..3 {
+            let load: u64 = b.iter().map(|&i| rows[3 * i as usize + q]).sum();
+            assert!(load <= [4096, 1500, 5][q], "{b:?}");
+        }
+    }
+    assert!(stderr(&out).contains("and at most 1500 image_tokens, 5 images, 6 segments"), "{}", stderr(&out));
+    // Errors name the column and the line.
+    let out = stowplan(&["pack", "--stream", "--limit", "frames=3"], Some(&table), &[]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("no column \"frames\""), "{}", stderr(&out));
+    let out = stowplan(&["pack", "--stream", "--limit", "images=3"], Some("tokens\timages\n5\t1\n6\tx\n"), &[]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("line 3, column \"images\""), "{}", stderr(&out));
+    let out = stowplan(&["pack", "--stream", "--limit", "images=3"], Some("tokens\timages\n5\t1\n6\t4\n"), &[]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr(&out).contains("stream index 1 has 4 images, more than its cap 3"), "{}", stderr(&out));
 }

@@ -221,51 +221,90 @@ fn fields(line: &str) -> Vec<&str> {
 /// Returns the first column's name and the rows. Errors name the line and the column; an
 /// unknown name lists the header's.
 pub fn parse_table(text: &str, names: &[&str]) -> Result<(String, Vec<u64>), Error> {
-    let mut lines = text
-        .lines()
-        .enumerate()
-        .map(|(no, l)| (no + 1, l.trim()))
-        .filter(|(_, l)| !l.is_empty() && !l.starts_with('#'));
+    let mut lines = text.lines().enumerate().map(|(no, l)| (no as u64 + 1, l)).filter(|(_, l)| !TableRows::skipped(l));
     let Some((_, header)) = lines.next() else {
         return Err(Error::InvalidArgument("the table is empty: it needs a header line naming its columns".into()));
     };
-    let head = fields(header);
-    let mut columns = vec![0usize];
-    for name in names {
-        if head.iter().filter(|h| *h == name).count() > 1 {
-            return Err(Error::InvalidArgument(format!(
-                "the table's header names column {:?} twice: which one is meant is not clear",
-                excerpt(name, QUOTED)
-            )));
-        }
-        match head.iter().position(|h| h == name) {
-            Some(c) => columns.push(c),
-            None => {
-                return Err(Error::InvalidArgument(format!(
-                    "the table has no column {:?}; its header names {}",
-                    excerpt(name, QUOTED),
-                    excerpt(&head.join(", "), 2 * QUOTED)
-                )));
-            }
-        }
-    }
+    let table = TableRows::new(header, names)?;
     let mut out = Vec::new();
     for (no, line) in lines {
-        let f = fields(line);
-        for &c in &columns {
-            let Some(field) = f.get(c) else {
-                return Err(Error::InvalidArgument(format!("table, line {no}: has no column {:?}", head[c])));
-            };
-            out.push(field.parse::<u64>().map_err(|e| {
-                Error::InvalidArgument(format!(
-                    "table, line {no}, column {:?}: {:?} is not an integer in 0..=18446744073709551615 ({e})",
-                    head[c],
-                    excerpt(field, QUOTED)
-                ))
-            })?);
-        }
+        table.row(no, line, &mut out)?;
     }
-    Ok((head[0].to_string(), out))
+    Ok((table.first().to_string(), out))
+}
+
+/// A table's rows line by line (for [`parse_table`] and streams of rows): the header names
+/// the columns; each data line gives its first column, then the named ones, in that order.
+#[derive(Clone, Debug)]
+pub struct TableRows {
+    /// The header's fields.
+    head: Vec<String>,
+    /// The columns read: 0, then each name's.
+    columns: Vec<usize>,
+}
+
+impl TableRows {
+    /// The reader of the table whose header line is `header`, for the columns `names`.
+    /// Errors name a column the header lacks (listing the header's) or names twice.
+    pub fn new(header: &str, names: &[&str]) -> Result<Self, Error> {
+        let head: Vec<String> = fields(header.trim()).into_iter().map(String::from).collect();
+        let mut columns = vec![0usize];
+        for name in names {
+            if head.iter().filter(|h| h == name).count() > 1 {
+                return Err(Error::InvalidArgument(format!(
+                    "the table's header names column {:?} twice: which one is meant is not clear",
+                    excerpt(name, QUOTED)
+                )));
+            }
+            match head.iter().position(|h| h == name) {
+                Some(c) => columns.push(c),
+                None => {
+                    return Err(Error::InvalidArgument(format!(
+                        "the table has no column {:?}; its header names {}",
+                        excerpt(name, QUOTED),
+                        excerpt(&head.join(", "), 2 * QUOTED)
+                    )));
+                }
+            }
+        }
+        Ok(Self { head, columns })
+    }
+
+    /// Whether a line is not data: blank, or a `#` comment.
+    pub fn skipped(line: &str) -> bool {
+        let t = line.trim();
+        t.is_empty() || t.starts_with('#')
+    }
+
+    /// The first column's name.
+    pub fn first(&self) -> &str {
+        &self.head[0]
+    }
+
+    /// Appends data line `no`'s values (1 + names) to `out`. Errors name the line and the
+    /// column; nothing is appended then.
+    pub fn row(&self, no: u64, line: &str, out: &mut Vec<u64>) -> Result<(), Error> {
+        let f = fields(line.trim());
+        let at = out.len();
+        for &c in &self.columns {
+            let Some(field) = f.get(c) else {
+                out.truncate(at);
+                return Err(Error::InvalidArgument(format!("table, line {no}: has no column {:?}", self.head[c])));
+            };
+            match field.parse::<u64>() {
+                Ok(v) => out.push(v),
+                Err(e) => {
+                    out.truncate(at);
+                    return Err(Error::InvalidArgument(format!(
+                        "table, line {no}, column {:?}: {:?} is not an integer in 0..=18446744073709551615 ({e})",
+                        self.head[c],
+                        excerpt(field, QUOTED)
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
 }
 
 #[cfg(test)]
