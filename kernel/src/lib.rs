@@ -41,7 +41,7 @@ pub mod verl;
 
 pub use balance::{
     Cost, DpOptions, DpPlan, LimitedMicroPlan, MicroLimits, MicroOptions, MicroPlan, Order, Plan, balance_dp,
-    micro_batches, micro_batches_limited, micro_batches_with_extra, plan,
+    micro_batches, micro_batches_limited, micro_batches_with_extra, plan, plan_limited,
 };
 pub use layout::{
     AlignOptions, CpLayout, DistributeOptions, Distribution, Factor, MAX_PARALLEL, Padding, cp_layout, distribute,

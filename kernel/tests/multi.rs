@@ -687,3 +687,79 @@ mod limited_micro_batches {
         assert!(at(&[5, 5], &[50], &two).contains("one per cap (1) or none (got 2)"));
     }
 }
+
+/// Both levels under limits: every rank's micro-batches within every cap, one common count
+/// (the largest any rank needs), every sequence once; the DP level is `balance_dp`'s; a batch
+/// that uses none of the limited resources gets `plan`'s result exactly.
+mod limited_plans {
+    use proptest::prelude::*;
+    use stowplan_kernel::{
+        DpOptions, MicroLimits, MicroOptions, balance_dp, micro_batches_limited, plan, plan_limited,
+    };
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(128))]
+
+        #[test]
+        fn every_rank_keeps_every_cap_with_one_count(
+            rows in proptest::collection::vec((1u64..400, 0u64..300, 0u64..4, 0u64..50), 8..120),
+            dp in 1u32..5,
+            cap in 400u64..1200,
+            caps in (300u64..900, 4u64..10),
+            extra_costs in any::<bool>(),
+        ) {
+            let lengths: Vec<u64> = rows.iter().map(|r| r.0).collect();
+            let extra: Vec<u64> = rows.iter().map(|r| r.3).collect();
+            let sizes: Vec<u64> = rows.iter().flat_map(|r| [r.1, r.2]).collect();
+            let caps = [caps.0, caps.1];
+            let limits = MicroLimits { sizes: &sizes, caps: &caps, names: &[] };
+            let d = DpOptions { extra_costs: extra_costs.then_some(&extra[..]), ..DpOptions::default() };
+            let o = MicroOptions::new(cap);
+            let p = match plan_limited(&lengths, dp, &d, &o, &limits) {
+                Ok(p) => p,
+                Err(e) => {
+                    // Only when a rank has fewer sequences than the common count needs.
+                    prop_assert!(e.to_string().contains("rank"), "{}", e);
+                    return Ok(());
+                }
+            };
+            prop_assert_eq!(&p.dp, &balance_dp(&lengths, dp, &d).unwrap());
+            let count = p.ranks[0].count();
+            let mut seen = vec![false; rows.len()];
+            for (q, mp) in p.ranks.iter().enumerate() {
+                prop_assert_eq!(mp.count(), count);
+                // The count is the largest any rank needs alone.
+                let members = p.dp.rank(q);
+                let local: Vec<u64> = members.iter().map(|&i| lengths[i as usize]).collect();
+                let local_sizes: Vec<u64> = members.iter().flat_map(|&i| [sizes[2 * i as usize], sizes[2 * i as usize + 1]]).collect();
+                let alone = micro_batches_limited(&local, None, &MicroLimits { sizes: &local_sizes, ..limits }, &o).unwrap();
+                prop_assert!(alone.plan.count() <= count);
+                for b in 0..mp.count() {
+                    let batch = mp.batch(b);
+                    prop_assert!(batch.iter().all(|i| members.contains(i)));
+                    prop_assert!(batch.iter().map(|&i| lengths[i as usize]).sum::<u64>() <= cap);
+                    for k in 0..2 {
+                        prop_assert!(batch.iter().map(|&i| sizes[2 * i as usize + k]).sum::<u64>() <= caps[k]);
+                    }
+                    for &i in batch {
+                        prop_assert!(!seen[i as usize]);
+                        seen[i as usize] = true;
+                    }
+                }
+            }
+            prop_assert!(seen.iter().all(|&s| s));
+            let zeros = vec![0u64; sizes.len()];
+            if let Ok(text) = plan_limited(&lengths, dp, &d, &o, &MicroLimits { sizes: &zeros, ..limits }) {
+                prop_assert_eq!(text, plan(&lengths, dp, &d, &o).unwrap());
+            }
+        }
+    }
+
+    #[test]
+    fn a_sequence_over_a_limit_is_named() {
+        let names = ["images".to_string()];
+        let l = MicroLimits { sizes: &[1, 2, 9, 0], caps: &[4], names: &names };
+        let e = plan_limited(&[10, 20, 30, 40], 2, &DpOptions::default(), &MicroOptions::new(100), &l).unwrap_err();
+        assert!(e.to_string().contains("sequence 2 has 9 images, more than its cap 4"), "{e}");
+    }
+}

@@ -140,8 +140,8 @@ export interface LimitedMicroBatchOptions extends MicroBatchOptions {
   limits?: Named<Int>;
 }
 
-/** Options of `balance`. */
-export interface BalanceOptions extends MicroBatchOptions {
+/** Options of `balance` (`resources` and `limits` cap every rank's micro-batches; they need `maxTokenLen`). */
+export interface BalanceOptions extends LimitedMicroBatchOptions {
   /** The micro-batch cap; without it only the DP level is planned. */
   maxTokenLen?: Int;
   /** One label per sample (any values): samples with the same label stay on one rank. */

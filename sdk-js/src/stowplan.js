@@ -135,13 +135,13 @@ export class Stowplan {
   balance(lengths, dp, opts) {
     const o = options(opts, 'balance', [
       'cost', 'maxTokenLen', 'groups', 'minibatchSize', 'equalCount', 'minCount', 'divisibleBy', 'count', 'order',
-      'extraCosts',
+      'extraCosts', 'resources', 'limits',
     ]);
     const d = u32(dp, 'dp', 1, MAX_COUNT);
     const cost = costOption(o.cost, DEFAULTS.DpOptions.cost);
     const micro = given(o.maxTokenLen) ? microOptions(o.maxTokenLen, cost, o) : null;
     if (!micro) {
-      for (const key of ['minCount', 'divisibleBy', 'count', 'order']) {
+      for (const key of ['minCount', 'divisibleBy', 'count', 'order', 'resources', 'limits']) {
         if (given(o[key])) throw new InvalidArgumentError(`${key} needs maxTokenLen (micro-batches are planned only with a cap)`);
       }
     }
@@ -154,7 +154,15 @@ export class Stowplan {
       const dp = e ? call(() => this.k.multimodal.balanceDp(l, e, d, dpOpts)) : call(() => this.k.balance.balanceDp(l, d, dpOpts));
       return new Balance(dp, null, l);
     }
-    const p = e ? call(() => this.k.multimodal.plan(l, e, d, dpOpts, micro)) : call(() => this.k.balance.plan(l, d, dpOpts, micro));
+    let p;
+    if (given(o.resources) || given(o.limits)) {
+      if (!given(o.limits)) throw new InvalidArgumentError('resources needs limits (the cap of each resource)');
+      if (!given(o.resources)) throw new InvalidArgumentError("limits needs resources (the sequences' sizes in each)");
+      const lim = limitRows(o.resources, o.limits, l.length);
+      p = call(() => this.k.multiMicro.plan(l, e ?? undefined, lim, d, dpOpts, micro));
+    } else {
+      p = e ? call(() => this.k.multimodal.plan(l, e, d, dpOpts, micro)) : call(() => this.k.balance.plan(l, d, dpOpts, micro));
+    }
     return new Balance(p.dp, p.ranks.map((r) => new MicroBatches(r)), l);
   }
 

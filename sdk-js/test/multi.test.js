@@ -203,3 +203,44 @@ test('microBatches keeps every micro-batch within further limits (resources, lim
     (e) => e instanceof InfeasibleError && /images/.test(e.message),
   );
 });
+
+test('balance keeps every rank\'s micro-batches within further limits, one common count', () => {
+  const draw = rng(733);
+  let planned = 0;
+  for (let round = 0; round < 60; round++) {
+    const n = draw(8, 120);
+    const dp = draw(1, 4);
+    const cap = draw(400, 1200);
+    const lengths = Array.from({ length: n }, () => draw(1, 400));
+    const imageTokens = Array.from({ length: n }, () => draw(0, 300));
+    const images = Array.from({ length: n }, () => draw(0, 4));
+    const limits = { image_tokens: draw(300, 900), images: draw(4, 10) };
+    const what = JSON.stringify({ round, n, dp, cap, limits });
+    let b;
+    try {
+      b = stowplan.balance(lengths, dp, { maxTokenLen: cap, cost: 'attention', extraCosts: imageTokens, resources: { image_tokens: imageTokens, images }, limits });
+    } catch (e) {
+      // A rank with fewer samples than the common count needs.
+      assert.ok(e instanceof InvalidArgumentError && /rank/.test(e.message), `${what}: ${e.message}`);
+      continue;
+    }
+    planned++;
+    const seen = [];
+    b.microBatches.forEach((mb, r) => {
+      assert.equal(mb.count, b.count, what);
+      const mine = new Set(Array.from(b.ranks[r]));
+      for (const batch of mb.batches) {
+        const sum = (col) => batch.reduce((t, i) => t + col[i], 0);
+        assert.ok(sum(lengths) <= cap && sum(imageTokens) <= limits.image_tokens && sum(images) <= limits.images, what);
+        for (const i of batch) assert.ok(mine.has(i), what);
+        seen.push(...batch);
+      }
+    });
+    assert.deepStrictEqual(seen.sort((a, c) => a - c), Array.from({ length: n }, (_, i) => i), what);
+    // The DP level is the one without limits.
+    const plain = stowplan.balance(lengths, dp, { cost: 'attention', extraCosts: imageTokens });
+    assert.deepStrictEqual(b.ranks.map((r) => Array.from(r)), plain.ranks.map((r) => Array.from(r)), what);
+  }
+  assert.ok(planned > 20, `${planned} of 60 rounds planned`);
+  assert.throws(() => stowplan.balance([1, 2], 1, { resources: { images: [1, 1] }, limits: { images: 2 } }), /resources needs maxTokenLen/);
+});

@@ -222,12 +222,7 @@ pub(crate) fn micro_batches(
     let kernel = kernel(py, backend)?;
     let l = lengths.slice();
     let e = extra.as_ref().map(Lengths::slice);
-    let limited = match (resources, limits) {
-        (None, None) => None,
-        (Some(r), Some(c)) => Some(multi::limit_rows(py, r, c, l.len())?),
-        (Some(_), None) => return Err(invalid(py, "resources needs limits (the cap of each resource)".into())),
-        (None, Some(_)) => return Err(invalid(py, "limits needs resources (the sequences' sizes in each)".into())),
-    };
+    let limited = multi::limits_arg(py, resources, limits, l.len())?;
     let p = py
         .detach(|| match (&limited, e) {
             (Some((sizes, caps, names)), e) => {
@@ -422,8 +417,10 @@ fn labels(groups: Option<&Bound<'_, PyAny>>, n: usize) -> PyResult<Option<Vec<u3
 /// mini-batch); ``equal_count`` — every rank gets the same number of samples (default True);
 /// ``min_count``, ``divisible_by``, ``count``, ``order`` — as in :func:`micro_batches`, per
 /// rank; ``extra_costs`` — one extra cost per sample on top of ``cost`` (e.g. a multimodal
-/// sample's image tokens), counted by both levels; ``backend`` — ``"wasm"`` (default) or
-/// ``"native"``.
+/// sample's image tokens), counted by both levels; ``resources``/``limits`` — further caps
+/// per micro-batch, as in :func:`micro_batches` (with ``max_token_len``): every rank's
+/// micro-batches stay within every cap, one common count; ``backend`` — ``"wasm"`` (default)
+/// or ``"native"``.
 ///
 /// >>> b = balance([100, 900, 50, 950, 400, 600], 2)
 /// >>> [r.tolist() for r in b.ranks], b.tokens.tolist()
@@ -433,7 +430,8 @@ fn labels(groups: Option<&Bound<'_, PyAny>>, n: usize) -> PyResult<Option<Vec<u3
 /// (2, [[[1], [5, 6, 7]], [[0, 2, 4], [3]]])
 #[pyfunction]
 #[pyo3(signature = (lengths, dp, *, cost=None, max_token_len=None, groups=None, minibatch_size=None, equal_count=None,
-    min_count=None, divisible_by=None, count=None, order=None, extra_costs=None, backend=None))]
+    min_count=None, divisible_by=None, count=None, order=None, extra_costs=None, resources=None, limits=None,
+    backend=None))]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn balance(
     py: Python<'_>,
@@ -449,6 +447,8 @@ pub(crate) fn balance(
     count: Option<&Bound<'_, PyAny>>,
     order: Option<&Bound<'_, PyAny>>,
     extra_costs: Option<&Bound<'_, PyAny>>,
+    resources: Option<&Bound<'_, PyDict>>,
+    limits: Option<&Bound<'_, PyDict>>,
     backend: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<PyBalance> {
     str_options!(order, backend);
@@ -470,10 +470,19 @@ pub(crate) fn balance(
         equal_count: equal_count.unwrap_or(d.equal_count),
         extra_costs: extra.as_ref().map(Lengths::slice),
     };
-    let (plan, ranks): (DpPlan, Option<Vec<MicroPlan>>) = match micro {
-        None => (py.detach(|| kernel.balance_dp(l, dp, &options)).map_err(|e| to_py(py, e))?, None),
-        Some(m) => {
+    let limited = multi::limits_arg(py, resources, limits, l.len())?;
+    let (plan, ranks): (DpPlan, Option<Vec<MicroPlan>>) = match (micro, &limited) {
+        (None, Some(_)) => {
+            return Err(invalid(py, "limits cap micro-batches: give max_token_len with resources and limits".into()));
+        }
+        (None, None) => (py.detach(|| kernel.balance_dp(l, dp, &options)).map_err(|e| to_py(py, e))?, None),
+        (Some(m), None) => {
             let p = py.detach(|| kernel.plan(l, dp, &options, &m)).map_err(|e| to_py(py, e))?;
+            (p.dp, Some(p.ranks))
+        }
+        (Some(m), Some((sizes, caps, names))) => {
+            let lim = stowplan::MicroLimits { sizes, caps, names };
+            let p = py.detach(|| kernel.plan_limited(l, dp, &options, &m, &lim)).map_err(|e| to_py(py, e))?;
             (p.dp, Some(p.ranks))
         }
     };

@@ -1,10 +1,28 @@
 //! Limits beside the tokens (issue 31): the `resources=`/`limits=` options of
-//! `micro_batches`, read into the kernel's row layout.
+//! `micro_batches`, `balance` and `StaticPackPlan.from_lengths`, read into the kernel's row
+//! layout.
 
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
 use crate::{Lengths, invalid, u64_arg};
+
+/// ``resources`` and ``limits`` together (both or neither): the kernel's rows, caps and names
+/// (see [`limit_rows`]), or `None`.
+#[allow(clippy::type_complexity)]
+pub(crate) fn limits_arg(
+    py: Python<'_>,
+    resources: Option<&Bound<'_, PyDict>>,
+    limits: Option<&Bound<'_, PyDict>>,
+    n: usize,
+) -> PyResult<Option<(Vec<u64>, Vec<u64>, Vec<String>)>> {
+    match (resources, limits) {
+        (None, None) => Ok(None),
+        (Some(r), Some(c)) => limit_rows(py, r, c, n).map(Some),
+        (Some(_), None) => Err(invalid(py, "resources needs limits (the cap of each resource)".into())),
+        (None, Some(_)) => Err(invalid(py, "limits needs resources (the sequences' sizes in each)".into())),
+    }
+}
 
 /// `resources` (name → one size per sequence) and `limits` (the same names → cap) as the
 /// kernel's rows: sizes sequence by sequence, caps and names in `resources`' order. Errors

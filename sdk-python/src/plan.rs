@@ -94,12 +94,7 @@ impl PyStaticPackPlan {
         let lengths = Lengths::extract(lengths, "lengths")?;
         let kernel = kernel(py, backend)?;
         let l = lengths.slice();
-        let (sizes, caps, names) = match (resources, limits) {
-            (None, None) => Default::default(),
-            (Some(r), Some(c)) => crate::multi::limit_rows(py, r, c, l.len())?,
-            (Some(_), None) => return Err(invalid(py, "resources needs limits (the cap of each resource)".into())),
-            (None, Some(_)) => return Err(invalid(py, "limits needs resources (the samples' sizes in each)".into())),
-        };
+        let (sizes, caps, names) = crate::multi::limits_arg(py, resources, limits, l.len())?.unwrap_or_default();
         let max_segments = opt_u64(max_segments, "max_segments", 0)?.unwrap_or(0);
         let method: Option<MultiMethod> = opt_parse(py, method)?;
         if method.is_some() && caps.is_empty() && max_segments == 0 {

@@ -139,6 +139,49 @@ def test_micro_batches_keep_every_limit(rows, cap, image_cap, images_cap, backen
     assert [b.tolist() for b in text.batches] == [b.tolist() for b in plain.batches]
 
 
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(1, 400), st.integers(0, 300), st.integers(0, 4)), min_size=8, max_size=120),
+    st.integers(1, 4),
+    st.integers(400, 1200),
+    st.integers(300, 900),
+    st.integers(4, 10),
+)
+def test_balance_keeps_every_limit_on_every_rank(rows, dp, cap, image_cap, images_cap):
+    lengths = [r[0] for r in rows]
+    resources = {"image_tokens": [r[1] for r in rows], "images": [r[2] for r in rows]}
+    limits = {"image_tokens": image_cap, "images": images_cap}
+    try:
+        b = stowplan.balance(
+            lengths, dp, max_token_len=cap, resources=resources, limits=limits, cost="attention",
+            extra_costs=resources["image_tokens"],
+        )
+    except stowplan.InvalidArgumentError as e:
+        # A rank with fewer samples than the common count needs.
+        assert "rank" in str(e)
+        return
+    native = stowplan.balance(
+        lengths, dp, max_token_len=cap, resources=resources, limits=limits, cost="attention",
+        extra_costs=resources["image_tokens"], backend="native",
+    )
+    assert [[m.tolist() for m in r.batches] for r in b.micro_batches] == [[m.tolist() for m in r.batches] for r in native.micro_batches]
+    seen = []
+    for rank, mb in zip(b.ranks, b.micro_batches):
+        assert mb.count == b.count
+        for m in mb.batches:
+            assert set(m.tolist()) <= set(rank.tolist())
+            assert sum(lengths[i] for i in m) <= cap
+            for name, c in limits.items():
+                assert sum(resources[name][i] for i in m) <= c
+            seen += m.tolist()
+    assert sorted(seen) == list(range(len(rows)))
+    # The DP level is the one without limits (the extra costs count).
+    plain = stowplan.balance(lengths, dp, cost="attention", extra_costs=resources["image_tokens"])
+    assert [r.tolist() for r in b.ranks] == [r.tolist() for r in plain.ranks]
+    with pytest.raises(stowplan.InvalidArgumentError, match="give max_token_len with resources and limits"):
+        stowplan.balance(lengths, dp, resources=resources, limits=limits)
+
+
 def test_micro_batch_limit_errors_name_the_argument():
     lengths = [10, 20]
     for kwargs, error, match in [

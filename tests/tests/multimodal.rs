@@ -159,6 +159,29 @@ proptest! {
     }
 }
 
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(24))]
+
+    /// Both levels under limits: WASM ≡ native, extra costs included.
+    #[test]
+    fn limited_plans_agree_on_both_backends(
+        rows in proptest::collection::vec((1u64..500, 0u64..400, 0u64..5, 0u64..100), 8..80),
+        dp in 1u32..4,
+    ) {
+        use stowplan::{KernelApi, MicroLimits};
+        let lengths: Vec<u64> = rows.iter().map(|r| r.0).collect();
+        let extra: Vec<u64> = rows.iter().map(|r| r.3).collect();
+        let sizes: Vec<u64> = rows.iter().flat_map(|r| [r.1, r.2]).collect();
+        let limits = MicroLimits { sizes: &sizes, caps: &[800, 6], names: &[] };
+        let d = DpOptions { cost: Cost::ATTENTION, extra_costs: Some(&extra), ..DpOptions::default() };
+        let o = MicroOptions { cost: Cost::ATTENTION, ..MicroOptions::new(1000) };
+        let [native, wasm] = kernels();
+        let a = native.plan_limited(&lengths, dp, &d, &o, &limits);
+        let b = wasm.plan_limited(&lengths, dp, &d, &o, &limits);
+        prop_assert_eq!(format!("{a:?}"), format!("{b:?}"));
+    }
+}
+
 /// The streaming packer under limits on vlm-mix-100k's first 20,000 rows: both backends give
 /// the same bins call for call, a state saved on one continues on the other, and every bin
 /// keeps every limit.

@@ -132,6 +132,18 @@ pub trait KernelApi: Send + Sync + std::fmt::Debug {
     /// `wit/kernel.wit` (`balance.plan`).
     fn plan(&self, lengths: &[u64], dp: u32, dp_options: &DpOptions<'_>, micro: &MicroOptions) -> Result<Plan, Error>;
 
+    /// [`plan`](Self::plan) under further caps per micro-batch (image tokens, images …):
+    /// every rank's micro-batches within the token cap and every limit, one common count
+    /// (see `wit/kernel.wit`, `multi-micro.plan`).
+    fn plan_limited(
+        &self,
+        lengths: &[u64],
+        dp: u32,
+        dp_options: &DpOptions<'_>,
+        micro: &MicroOptions,
+        limits: &MicroLimits<'_>,
+    ) -> Result<Plan, Error>;
+
     /// verl 0.9.1 `rearrange_micro_batches`, exactly: the outer `Result` is a runtime
     /// failure of the kernel, the inner one verl's index lists or the exception it raises.
     fn verl_rearrange_micro_batches(

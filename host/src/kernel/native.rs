@@ -77,6 +77,17 @@ impl KernelApi for NativeKernel {
         Ok(k::plan(lengths, dp, dp_options, micro)?)
     }
 
+    fn plan_limited(
+        &self,
+        lengths: &[u64],
+        dp: u32,
+        dp_options: &DpOptions<'_>,
+        micro: &MicroOptions,
+        limits: &MicroLimits<'_>,
+    ) -> Result<Plan, Error> {
+        Ok(k::plan_limited(lengths, dp, dp_options, micro, limits)?)
+    }
+
     fn verl_rearrange_micro_batches(
         &self,
         seqlens: &[i64],

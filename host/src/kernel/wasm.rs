@@ -292,6 +292,19 @@ impl KernelApi for WasmKernel {
         .map(Into::into)
     }
 
+    fn plan_limited(
+        &self,
+        lengths: &[u64],
+        dp: u32,
+        dp_options: &DpOptions<'_>,
+        micro: &MicroOptions,
+        limits: &MicroLimits<'_>,
+    ) -> Result<Plan, Error> {
+        let (o, m, l) = (dp_options.into(), micro.into(), limits.into());
+        let e = dp_options.extra_costs;
+        call(|i, s| i.stowplan_kernel_multi_micro().call_plan(s, lengths, e, &l, dp, &o, m)).map(Into::into)
+    }
+
     fn verl_rearrange_micro_batches(
         &self,
         seqlens: &[i64],

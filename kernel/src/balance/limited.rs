@@ -4,7 +4,8 @@
 use alloc::string::String;
 use alloc::vec::Vec;
 
-use super::micro::{Caps, MicroOptions, MicroPlan, micro_checks, plan_micro, required_count};
+use super::micro::{Caps, MicroOptions, MicroPlan, Need, micro_checks, plan_micro, required_count};
+use super::{DpOptions, Plan, balance_dp};
 use crate::pack::OversizePolicy;
 use crate::{Error, invalid};
 
@@ -58,55 +59,132 @@ pub fn micro_batches_limited(
     options: &MicroOptions,
 ) -> Result<LimitedMicroPlan, Error> {
     let costs = micro_checks(lengths, extra, options)?;
-    let e = limits.caps.len();
-    if e == 0 || e >= crate::MAX_RESOURCES {
-        return invalid!("limits must have 1 to {} caps besides the tokens (got {e})", crate::MAX_RESOURCES - 1);
-    }
-    let (caps, names) = resources(lengths.len(), options.max_token_len, limits)?;
-    let n = lengths.len();
-    // Rows of all the resources, tokens first.
-    let r = e + 1;
-    let mut sizes = Vec::with_capacity(n * r);
-    for (i, &l) in lengths.iter().enumerate() {
-        sizes.push(l);
-        let row = &limits.sizes[i * e..(i + 1) * e];
-        if let Some(k) = (0..e).find(|&k| row[k] > limits.caps[k]) {
-            return Err(Error::Infeasible(alloc::format!(
-                "sequence {i} has {} {}, more than its cap {}; sequences are never split",
-                row[k],
-                names[k + 1],
-                limits.caps[k]
-            )));
-        }
-        sizes.extend_from_slice(row);
-    }
-    let multi = crate::MultiOptions {
-        capacities: &caps,
-        names: &names,
-        max_segments: 0,
-        align: 1,
-        method: if caps.iter().all(|&c| c <= crate::MAX_BALANCED_CAPACITY) {
-            crate::MultiMethod::Balanced
-        } else {
-            crate::MultiMethod::Bfd
-        },
-        oversize: OversizePolicy::Error,
-    };
-    let packing = crate::pack_multi(&sizes, &multi)?;
-    let bins: Vec<Vec<u32>> = (0..packing.packing.bins()).map(|b| packing.packing.bin(b).to_vec()).collect();
-    let lower_bounds: Vec<u64> = packing.lower_bounds.iter().map(|&b| b.max(1)).collect();
-    let lower = lower_bounds.iter().copied().max().unwrap_or(1);
-    // At most n (each sequence fits every cap alone).
-    let need = required_count(lower as u32, bins, n as u32, options)?;
-    let caps_view = Caps { sizes: &sizes, caps: &caps };
-    let plan = plan_micro(lengths, &costs, options, need, &caps_view)?;
-    let mut loads = Vec::with_capacity(plan.count() * e);
-    for b in 0..plan.count() {
-        for k in 1..r {
-            loads.push(plan.batch(b).iter().map(|&i| sizes[i as usize * r + k]).sum());
-        }
-    }
+    let rows = Rows::new(lengths, limits, options.max_token_len)?;
+    let (need, lower_bounds) = rows.need(lengths.len(), options)?;
+    let plan = plan_micro(lengths, &costs, options, need, &rows.caps())?;
+    let loads = rows.loads(&plan);
     Ok(LimitedMicroPlan { plan, loads, lower_bounds })
+}
+
+/// [`plan`](super::plan) under further caps per micro-batch: DP balancing of the cost (plus
+/// the extra costs), then every rank's micro-batches within the token cap and every limit,
+/// with one common count (`micro.count` if given, else the largest any rank needs under all
+/// the caps, as [`micro_batches_limited`] counts).
+///
+/// Errors: those of [`plan`](super::plan) and [`micro_batches_limited`] (a sequence over a
+/// limit is named by its global index).
+pub fn plan_limited(
+    lengths: &[u64],
+    dp: u32,
+    dp_options: &DpOptions<'_>,
+    micro: &MicroOptions,
+    limits: &MicroLimits<'_>,
+) -> Result<Plan, Error> {
+    let extra = dp_options.extra_costs;
+    micro_checks(lengths, extra, &MicroOptions { count: None, min_count: 0, ..*micro })?;
+    let all = Rows::new(lengths, limits, micro.max_token_len)?;
+    let dp_plan = balance_dp(lengths, dp, dp_options)?;
+    let r = all.caps.len();
+    let mut locals = Vec::with_capacity(dp as usize);
+    for q in 0..dp_plan.dp() {
+        let members = dp_plan.rank(q);
+        let local: Vec<u64> = members.iter().map(|&i| lengths[i as usize]).collect();
+        let local_extra: Option<Vec<u64>> = extra.map(|e| members.iter().map(|&i| e[i as usize]).collect());
+        let costs = micro_checks(&local, local_extra.as_deref(), micro)?;
+        let sizes: Vec<u64> = members.iter().flat_map(|&i| all.sizes[i as usize * r..][..r].iter().copied()).collect();
+        let rows = Rows { sizes, caps: all.caps.clone(), names: all.names.clone() };
+        let (need, _) = rows.need(local.len(), micro)?;
+        locals.push((local, costs, rows, need));
+    }
+    let count = micro.count.or_else(|| locals.iter().map(|l| l.3.required).max());
+    let opts = MicroOptions { count, ..*micro };
+    let mut ranks = Vec::with_capacity(locals.len());
+    for (q, (local, costs, rows, need)) in locals.into_iter().enumerate() {
+        let mut mp = plan_micro(&local, &costs, &opts, need, &rows.caps()).map_err(|e| match e {
+            Error::InvalidArgument(m) => Error::InvalidArgument(alloc::format!("rank {q}: {m}")),
+            Error::Infeasible(m) => Error::Infeasible(alloc::format!("rank {q}: {m}")),
+        })?;
+        let global = dp_plan.rank(q);
+        for i in &mut mp.indices {
+            *i = global[*i as usize];
+        }
+        ranks.push(mp);
+    }
+    Ok(Plan { dp: dp_plan, ranks })
+}
+
+/// A batch's sizes in every resource, row by row (tokens first), with every cap and name.
+struct Rows {
+    sizes: Vec<u64>,
+    caps: Vec<u64>,
+    names: Vec<String>,
+}
+
+impl Rows {
+    /// The rows of `lengths` under `limits` (1 to 7 caps), refusing a sequence over a cap.
+    fn new(lengths: &[u64], limits: &MicroLimits<'_>, max_token_len: u64) -> Result<Self, Error> {
+        let e = limits.caps.len();
+        if e == 0 || e >= crate::MAX_RESOURCES {
+            return invalid!("limits must have 1 to {} caps besides the tokens (got {e})", crate::MAX_RESOURCES - 1);
+        }
+        let (caps, names) = resources(lengths.len(), max_token_len, limits)?;
+        let mut sizes = Vec::with_capacity(lengths.len() * (e + 1));
+        for (i, &l) in lengths.iter().enumerate() {
+            sizes.push(l);
+            let row = &limits.sizes[i * e..(i + 1) * e];
+            if let Some(k) = (0..e).find(|&k| row[k] > limits.caps[k]) {
+                return Err(Error::Infeasible(alloc::format!(
+                    "sequence {i} has {} {}, more than its cap {}; sequences are never split",
+                    row[k],
+                    names[k + 1],
+                    limits.caps[k]
+                )));
+            }
+            sizes.extend_from_slice(row);
+        }
+        Ok(Self { sizes, caps, names })
+    }
+
+    /// The count the `n` rows need under every cap (the balanced fill's bins, or best-fit
+    /// decreasing's with a cap above 2^32 − 1, raised per `options`) and the bound of each
+    /// resource.
+    fn need(&self, n: usize, options: &MicroOptions) -> Result<(Need, Vec<u64>), Error> {
+        let caps = &self.caps;
+        let multi = crate::MultiOptions {
+            capacities: caps,
+            names: &self.names,
+            max_segments: 0,
+            align: 1,
+            method: if caps.iter().all(|&c| c <= crate::MAX_BALANCED_CAPACITY) {
+                crate::MultiMethod::Balanced
+            } else {
+                crate::MultiMethod::Bfd
+            },
+            oversize: OversizePolicy::Error,
+        };
+        let packing = crate::pack_multi(&self.sizes, &multi)?;
+        let bins: Vec<Vec<u32>> = (0..packing.packing.bins()).map(|b| packing.packing.bin(b).to_vec()).collect();
+        let lower_bounds: Vec<u64> = packing.lower_bounds.iter().map(|&b| b.max(1)).collect();
+        let lower = lower_bounds.iter().copied().max().unwrap_or(1);
+        // At most n (each sequence fits every cap alone).
+        Ok((required_count(lower as u32, bins, n as u32, options)?, lower_bounds))
+    }
+
+    fn caps(&self) -> Caps<'_> {
+        Caps { sizes: &self.sizes, caps: &self.caps }
+    }
+
+    /// Every micro-batch's load in each limited resource.
+    fn loads(&self, plan: &MicroPlan) -> Vec<u64> {
+        let r = self.caps.len();
+        let mut loads = Vec::with_capacity(plan.count() * (r - 1));
+        for b in 0..plan.count() {
+            for k in 1..r {
+                loads.push(plan.batch(b).iter().map(|&i| self.sizes[i as usize * r + k]).sum());
+            }
+        }
+        loads
+    }
 }
 
 /// Checks `limits` for `n` sequences (at most 7 caps, each ≥ 1; `E` sizes per sequence; names

@@ -156,6 +156,20 @@ impl multi_micro::Guest for Kernel {
             k::micro_batches_limited(&lengths, extra_costs.as_deref(), &l, &micro_options(options)).map_err(error)?;
         Ok(multi_micro::LimitedMicroPlan { plan: micro_plan(r.plan), loads: r.loads, lower_bounds: r.lower_bounds })
     }
+
+    fn plan(
+        lengths: Vec<u64>,
+        extra_costs: Option<Vec<u64>>,
+        limits: multi_micro::Limits,
+        dp: u32,
+        dp_opts: balance::DpOptions,
+        micro: balance::MicroOptions,
+    ) -> Result<balance::TwoLevel, types::Error> {
+        let l = k::MicroLimits { sizes: &limits.sizes, caps: &limits.caps, names: &limits.names };
+        let o = k::DpOptions { extra_costs: extra_costs.as_deref(), ..dp_options(&dp_opts) };
+        let p = k::plan_limited(&lengths, dp, &o, &micro_options(micro), &l).map_err(error)?;
+        Ok(balance::TwoLevel { dp: dp_plan(p.dp), ranks: p.ranks.into_iter().map(micro_plan).collect() })
+    }
 }
 
 impl verl::Guest for Kernel {

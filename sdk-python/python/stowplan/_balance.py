@@ -72,6 +72,8 @@ def balance(
     count: Optional[int] = None,
     order: Optional[str] = None,
     extra_costs: Any = None,
+    resources: Optional[Dict[str, Any]] = None,
+    limits: Optional[Dict[str, int]] = None,
     backend: Optional[str] = None,
 ) -> Any:
     """Balances a global batch over ``dp`` ranks, and with ``max_token_len`` also splits every
@@ -104,6 +106,9 @@ def balance(
       per rank;
     - ``extra_costs`` — one extra cost per sample on top of ``cost`` (e.g. a multimodal
       sample's image tokens), counted by both levels, not by the token cap;
+    - ``resources``, ``limits`` — further caps per micro-batch (with ``max_token_len``), as in
+      :func:`micro_batches`: name → the samples' sizes, name → the cap; every rank's
+      micro-batches stay within every cap, with one common count;
     - ``backend`` — ``"wasm"`` (default) or ``"native"``.
 
     Index spaces: ``order``, ``ranks[r]`` and ``micro_batches[r].batches`` of the result hold
@@ -157,6 +162,8 @@ def balance(
         count=count,
         order=order,
         extra_costs=extra_costs,
+        resources=resources,
+        limits=limits,
         backend=backend,
     )
 

@@ -250,6 +250,8 @@ def balance(
     count: Optional[int] = None,
     order: Optional[str] = None,
     extra_costs: Optional[_Lengths] = None,
+    resources: Optional[Dict[str, _Lengths]] = None,
+    limits: Optional[Dict[str, int]] = None,
     backend: Optional[str] = None,
 ) -> Balance:
     """DP balancing, and with ``max_token_len`` the micro-batches of every rank (global
