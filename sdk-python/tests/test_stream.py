@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pickle
 import random
-from typing import Any, List
+from typing import Any, Dict, List, Tuple
 
 import numpy as np
 import pytest
@@ -234,14 +234,19 @@ def test_torch_dataloader_gives_the_same_packs_with_workers() -> None:
     assert workers == plain == ids(list(dataset(source)))
 
 
+def stopped_after(source: List[dict], packs: int) -> Tuple[List[List[int]], Dict[str, Any]]:
+    """The ids of the first ``packs`` packs of a pass over ``source`` and the state after them."""
+    first = dataset(source)
+    it = iter(first)
+    head = ids([next(it) for _ in range(packs)])
+    return head, first.state_dict()
+
+
 def test_a_loaded_state_resumes_one_iteration_only() -> None:
     # Found in review: every later pass resumed from the checkpoint again.
     source = docs(120)
     whole = ids(list(dataset(source)))
-    first = dataset(source)
-    it = iter(first)
-    head = ids([next(it) for _ in range(3)])
-    state = first.state_dict()
+    head, state = stopped_after(source, 3)
     second = dataset(source)
     second.load_state_dict(state)
     assert head + ids(list(second)) == whole
@@ -253,10 +258,7 @@ def test_a_state_taken_before_the_first_pack_of_a_resumed_run_is_the_loaded_one(
     # lost the held samples.
     source = docs(150)
     whole = ids(list(dataset(source)))
-    first = dataset(source)
-    it = iter(first)
-    head = ids([next(it) for _ in range(4)])
-    state = first.state_dict()
+    head, state = stopped_after(source, 4)
     second = dataset(source)
     second.load_state_dict(state)
     iter(second)
@@ -488,10 +490,7 @@ def test_a_huge_consumed_no_longer_drops_the_rest_of_the_stream() -> None:
     # Found in review: consumed=10**12 skipped the whole source, 1,902 of 2,000 samples lost.
     source = docs(2000)
     whole = ids(list(dataset(source)))
-    first = dataset(source)
-    it = iter(first)
-    head = ids([next(it) for _ in range(5)])
-    state = first.state_dict()
+    head, state = stopped_after(source, 5)
     with pytest.raises(InvalidArgumentError, match=r"state\['consumed'\] is 1000000000000, but its packer bytes"):
         dataset(source).load_state_dict({**state, "consumed": 10**12})
     with pytest.raises(InvalidArgumentError, match=r"state\['consumed'\]"):
