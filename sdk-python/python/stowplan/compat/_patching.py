@@ -111,4 +111,5 @@ def controls(
     """
     for function in (is_patched, unpatch, patched):
         function.__module__ = module
+        function.__qualname__ = function.__name__
     return is_patched, unpatch, patched
