@@ -19,6 +19,23 @@ use stowplan::{
     Error, Kernel, OversizePolicy, PackMethod, PackOptions, PartitionMethod, PartitionOptions, VerlFunction,
 };
 
+/// A sample of `prompt_ids` then `completion_ids` with nothing else set: no masks, no
+/// logprobs, temperature 1, advantage 1, run 0; `extra_cost` as given.
+pub fn plain_sample<'a>(prompt_ids: &'a [i64], completion_ids: &'a [i64], extra_cost: u64) -> stowplan::Sample<'a> {
+    stowplan::Sample {
+        prompt_ids,
+        completion_ids,
+        prompt_mask: None,
+        completion_mask: None,
+        completion_logprobs: None,
+        temperature: stowplan::Temperature::One(1.0),
+        advantage: 1.0,
+        run: 0,
+        teacher_logprobs: None,
+        extra_cost,
+    }
+}
+
 /// The lengths of a shared workload (`../shared/workloads/NAME`, or `$STOWPLAN_WORKLOADS/NAME`).
 pub fn workload(name: &str) -> Vec<u64> {
     stowplan::input::parse_lengths(&workload_text(name)).expect("workload parses")

@@ -38,6 +38,8 @@ pub mod shuffle;
 pub mod slime;
 pub mod stream;
 pub mod verl;
+#[doc(hidden)]
+pub mod wit;
 
 pub use balance::{
     Cost, DpOptions, DpPlan, LimitedMicroPlan, MicroLimits, MicroOptions, MicroPlan, Order, Plan, balance_dp,

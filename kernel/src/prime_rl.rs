@@ -466,14 +466,25 @@ mod tests {
         parts.iter().map(|p| p.iter().map(|&i| u128::from(w[i as usize])).sum()).collect()
     }
 
+    /// What the refinement minimizes: (max load, spread).
+    fn score(loads: &[u128]) -> (u128, u128) {
+        let (hi, lo) = (*loads.iter().max().unwrap(), *loads.iter().min().unwrap());
+        (hi, hi - lo)
+    }
+
+    prop_compose! {
+        /// `k` groups and `k · m` weights below `max` (the equal-size KK needs `k | n`).
+        fn groups_and_weights(max_k: u32, max_m: usize, max: u64)(k in 1..max_k, m in 1..max_m)(
+            k in Just(k), m in Just(m), w in proptest::collection::vec(0..max, k as usize * m),
+        ) -> (u32, usize, Vec<u64>) {
+            (k, m, w)
+        }
+    }
+
     /// prime-rl's `_refine_by_swapping`, literally: every candidate's loads rebuilt in full.
     fn naive_refine(weights: &[u64], parts: &mut [Vec<u32>]) {
         let w = |i: u32| u128::from(weights[i as usize]);
-        let mut loads: Vec<u128> = parts.iter().map(|p| p.iter().map(|&i| w(i)).sum()).collect();
-        let score = |l: &[u128]| {
-            let (hi, lo) = (*l.iter().max().unwrap(), *l.iter().min().unwrap());
-            (hi, hi - lo)
-        };
+        let mut loads = loads(weights, parts);
         loop {
             let mut best = score(&loads);
             let mut best_swap = None;
@@ -504,11 +515,7 @@ mod tests {
         /// The refinement with its shortcuts (three largest/smallest loads, single-item
         /// groups) makes prime-rl's swaps, one for one.
         #[test]
-        fn refinement_equals_the_literal_loop(
-            k in 1u32..8, m in 1usize..5, seed in proptest::collection::vec(0u64..50, 40),
-        ) {
-            let w: Vec<u64> = seed.into_iter().take(k as usize * m).collect();
-            prop_assume!(w.len() == k as usize * m);
+        fn refinement_equals_the_literal_loop((k, _m, w) in groups_and_weights(8, 5, 50)) {
             let kk = karmarkar_karp(&w, k).unwrap();
             let (mut a, mut b) = (kk.clone(), kk);
             refine_by_swapping(&w, &mut a);
@@ -520,10 +527,8 @@ mod tests {
         /// refinement never worsens the KK result's (max load, spread).
         #[test]
         fn partitions_cover_every_index_once_and_refinement_never_worsens(
-            k in 1u32..7, m in 1usize..7, seed in proptest::collection::vec(0u64..1_000_000, 42),
+            (k, m, w) in groups_and_weights(7, 7, 1_000_000),
         ) {
-            let w: Vec<u64> = seed.into_iter().take(k as usize * m).collect();
-            prop_assume!(w.len() == k as usize * m);
             let kk = karmarkar_karp(&w, k).unwrap();
             let bp = balanced_partition(&w, k).unwrap();
             for parts in [&kk, &bp] {
@@ -533,9 +538,7 @@ mod tests {
                 all.sort_unstable();
                 prop_assert_eq!(all, (0..w.len() as u32).collect::<Vec<_>>());
             }
-            let (a, b) = (loads(&w, &kk), loads(&w, &bp));
-            let s = |l: &[u128]| { let (x, y) = (*l.iter().max().unwrap(), *l.iter().min().unwrap()); (x, x - y) };
-            prop_assert!(s(&b) <= s(&a));
+            prop_assert!(score(&loads(&w, &bp)) <= score(&loads(&w, &kk)));
         }
 
         /// Every sample is in exactly one bin, every rank gets the same number of bins,

@@ -290,6 +290,11 @@ pub(crate) fn number(obj: &Bound<'_, PyAny>, name: &str, what: &str) -> PyResult
     value.ok_or_else(|| invalid(obj.py(), format!("{name} must be {what} (got {})", repr(obj))))
 }
 
+/// An optional [`number`] (`None` stays `None`: the host's default).
+pub(crate) fn opt_number(obj: Option<&Bound<'_, PyAny>>, name: &str, what: &str) -> PyResult<Option<f64>> {
+    obj.map(|o| number(o, name, what)).transpose()
+}
+
 /// An argument whose `None` has a meaning of its own (no key, no bound), so only an omitted
 /// argument means the host's default: `#[pyo3(signature = (…, name = Nullable::Omitted))]`.
 #[derive(Debug)]

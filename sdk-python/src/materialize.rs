@@ -6,6 +6,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyTuple};
 use stowplan::{AlignOptions, Factor, MaterializeOptions, Padding, Sample};
 
+use crate::convert::{opt_i64, opt_number};
 use crate::layout::{NO_PARALLELISM, factor};
 use crate::micro_batch::wrap;
 use crate::{
@@ -292,17 +293,12 @@ pub fn materialize(
         cp,
         padding: if per_sequence { Padding::PerSequence(multiple) } else { Padding::PerMicroBatch(multiple) },
         cost: cost_arg(cost)?.unwrap_or(d.cost),
-        pad_token_id: pad_token_id
-            .map(|p| int(p, "pad_token_id", i64::MIN.into(), i64::MAX.into()))
-            .transpose()?
-            .unwrap_or(d.pad_token_id),
+        pad_token_id: opt_i64(pad_token_id, "pad_token_id")?.unwrap_or(d.pad_token_id),
         num_runs: opt_u32(num_runs, "num_runs", 1)?.or(d.num_runs),
         mix_runs: mix_runs.unwrap_or(d.mix_runs),
         allow_empty_completion: allow_empty_completion.unwrap_or(d.allow_empty_completion),
         loss_agg_mode: opt_parse(py, loss_agg_mode)?.unwrap_or(d.loss_agg_mode),
-        loss_scale_factor: loss_scale_factor
-            .map(|f| number(f, "loss_scale_factor", "a number of tokens"))
-            .transpose()?
+        loss_scale_factor: opt_number(loss_scale_factor, "loss_scale_factor", "a number of tokens")?
             .or(d.loss_scale_factor),
         multimodal_alone: multimodal_alone.unwrap_or(d.multimodal_alone),
         ..d

@@ -7,8 +7,9 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList};
 use stowplan::{Packer, PackerOptions, PackerState, RunConfig, RunProgress, TrainingBatch};
 
+use crate::convert::{opt_i64, opt_number};
 use crate::protocol::{duration, rank_list, training_batch};
-use crate::{cost_arg, int, kernel, number, opt_parse, opt_u32, opt_u64, str_options, to_py, u32_arg, u64_arg};
+use crate::{cost_arg, kernel, number, opt_parse, opt_u32, opt_u64, str_options, to_py, u32_arg, u64_arg};
 
 fn progress_dict<'py>(py: Python<'py>, run: u32, batch_size: u64, p: &RunProgress) -> PyResult<Bound<'py, PyDict>> {
     let d = PyDict::new(py);
@@ -74,10 +75,7 @@ impl PyPacker {
         let d = PackerOptions::new(u64_arg(seq_len, "seq_len", 1)?, u32_arg(dp, "dp", 1)?);
         let o = PackerOptions {
             pad_to_multiple_of: opt_u64(pad_to_multiple_of, "pad_to_multiple_of", 1)?.unwrap_or(d.pad_to_multiple_of),
-            pad_token_id: pad_token_id
-                .map(|t| int::<i64>(t, "pad_token_id", i64::MIN.into(), i64::MAX.into()))
-                .transpose()?
-                .unwrap_or(d.pad_token_id),
+            pad_token_id: opt_i64(pad_token_id, "pad_token_id")?.unwrap_or(d.pad_token_id),
             cost: cost_arg(cost)?.unwrap_or(d.cost),
             num_runs: opt_u32(num_runs, "num_runs", 1)?.unwrap_or(d.num_runs),
             threshold: opt_u64(threshold, "threshold", 1)?,
@@ -89,9 +87,7 @@ impl PyPacker {
             teacher_logprobs: teacher_logprobs.unwrap_or(d.teacher_logprobs),
             allow_empty_completion: allow_empty_completion.unwrap_or(d.allow_empty_completion),
             loss_agg_mode: opt_parse(py, loss_agg_mode)?.unwrap_or(d.loss_agg_mode),
-            loss_scale_factor: loss_scale_factor
-                .map(|f| number(f, "loss_scale_factor", "a number of tokens"))
-                .transpose()?
+            loss_scale_factor: opt_number(loss_scale_factor, "loss_scale_factor", "a number of tokens")?
                 .or(d.loss_scale_factor),
             loss_normalization: opt_parse(py, loss_normalization)?.unwrap_or(d.loss_normalization),
             ..d

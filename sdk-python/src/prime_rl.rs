@@ -7,42 +7,47 @@ use stowplan::kernel::prime_rl::BatchOptions;
 
 use crate::{int_vec, kernel, str_options, to_py, u32_arg, u64_arg};
 
-/// _prime_rl_karmarkar_karp(weights, num_partitions, *, backend=None) -> list[list[int]]:
-/// prime-rl's ``_karmarkar_karp`` (equal-size Karmarkar–Karp): groups in descending
-/// (total, members) order, members ascending. ``weights`` are integers in 0..=2**64-1;
-/// ``num_partitions`` ≥ 1 must divide their count (``InvalidArgumentError`` otherwise).
-#[pyfunction(name = "_prime_rl_karmarkar_karp")]
-#[pyo3(signature = (weights, num_partitions, *, backend=None))]
-pub fn karmarkar_karp(
-    py: Python<'_>,
-    weights: &Bound<'_, PyAny>,
-    num_partitions: &Bound<'_, PyAny>,
-    backend: Option<&Bound<'_, PyAny>>,
-) -> PyResult<Vec<Vec<u32>>> {
-    str_options!(backend);
-    let weights: Vec<u64> = int_vec(weights, "weights", 0, u64::MAX.into())?;
-    let k = u32_arg(num_partitions, "num_partitions", 1)?;
-    let kern = kernel(py, backend)?;
-    py.detach(|| kern.prime_rl_karmarkar_karp(&weights, k)).map_err(|e| to_py(py, e))
+/// Defines a pyfunction `(weights, num_partitions, *, backend=None) -> list[list[int]]` named
+/// `$py` in Python that runs `Kernel::$method`: prime-rl's two partition functions take the
+/// same arguments and check them the same way.
+macro_rules! partition_function {
+    ($(#[doc = $doc:tt])* $name:ident, $py:tt, $method:ident) => {
+        $(#[doc = $doc])*
+        #[pyfunction(name = $py)]
+        #[pyo3(signature = (weights, num_partitions, *, backend=None))]
+        pub fn $name(
+            py: Python<'_>,
+            weights: &Bound<'_, PyAny>,
+            num_partitions: &Bound<'_, PyAny>,
+            backend: Option<&Bound<'_, PyAny>>,
+        ) -> PyResult<Vec<Vec<u32>>> {
+            str_options!(backend);
+            let weights: Vec<u64> = int_vec(weights, "weights", 0, u64::MAX.into())?;
+            let k = u32_arg(num_partitions, "num_partitions", 1)?;
+            let kern = kernel(py, backend)?;
+            py.detach(|| kern.$method(&weights, k)).map_err(|e| to_py(py, e))
+        }
+    };
 }
 
-/// _prime_rl_balanced_partition(weights, num_partitions, *, backend=None) ->
-/// list[list[int]]: prime-rl's ``balanced_partition``: :func:`_prime_rl_karmarkar_karp`,
-/// then its pairwise-swap refinement (members keep their positions). Same arguments.
-#[pyfunction(name = "_prime_rl_balanced_partition")]
-#[pyo3(signature = (weights, num_partitions, *, backend=None))]
-pub fn balanced_partition(
-    py: Python<'_>,
-    weights: &Bound<'_, PyAny>,
-    num_partitions: &Bound<'_, PyAny>,
-    backend: Option<&Bound<'_, PyAny>>,
-) -> PyResult<Vec<Vec<u32>>> {
-    str_options!(backend);
-    let weights: Vec<u64> = int_vec(weights, "weights", 0, u64::MAX.into())?;
-    let k = u32_arg(num_partitions, "num_partitions", 1)?;
-    let kern = kernel(py, backend)?;
-    py.detach(|| kern.prime_rl_balanced_partition(&weights, k)).map_err(|e| to_py(py, e))
-}
+partition_function!(
+    /// _prime_rl_karmarkar_karp(weights, num_partitions, *, backend=None) -> list[list[int]]:
+    /// prime-rl's ``_karmarkar_karp`` (equal-size Karmarkar–Karp): groups in descending
+    /// (total, members) order, members ascending. ``weights`` are integers in 0..=2**64-1;
+    /// ``num_partitions`` ≥ 1 must divide their count (``InvalidArgumentError`` otherwise).
+    karmarkar_karp,
+    "_prime_rl_karmarkar_karp",
+    prime_rl_karmarkar_karp
+);
+
+partition_function!(
+    /// _prime_rl_balanced_partition(weights, num_partitions, *, backend=None) ->
+    /// list[list[int]]: prime-rl's ``balanced_partition``: :func:`_prime_rl_karmarkar_karp`,
+    /// then its pairwise-swap refinement (members keep their positions). Same arguments.
+    balanced_partition,
+    "_prime_rl_balanced_partition",
+    prime_rl_balanced_partition
+);
 
 /// The plan of prime-rl's ``prepare_batch`` (see :func:`_prime_rl_prepare_batch`).
 #[pyclass(frozen, module = "stowplan._stowplan", name = "PrimeRlBatchPlan")]

@@ -17,6 +17,7 @@ the CPU, STOWPLAN_REQUIRE_VERL=1, which turns the skip into a failure) runs it.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import os
 import pathlib
@@ -187,6 +188,32 @@ def roll_modules(monkeypatch):
     ROLL.batch_balance.calls.clear()
     yield types.SimpleNamespace(functionals=functionals, pipeline=pipeline, sequence_packing=sequence_packing, strategy=strategy)
     sr.unpatch()
+
+
+@contextlib.contextmanager
+def _patched_stand_ins():
+    """What :func:`roll_modules` sets up, for the hypothesis tests (which take no
+    function-scoped fixture): ROLL's stand-in modules in sys.modules, patched; unpatched and
+    sys.modules restored afterwards. Yields the modules by name."""
+    modules = {name: types.ModuleType(name) for name in ROLL_NAMES}
+    modules["roll.utils.functionals"].batch_balance = ROLL.batch_balance
+    exec(compile(SEQUENCE_PACKING, "stand-in", "exec"), modules["roll.utils.sequence_packing"].__dict__)
+    modules["roll.distributed.strategy.megatron_strategy"].make_micro_batch_iter_for_sequence_packing = getattr(
+        modules["roll.utils.sequence_packing"], MICRO
+    )
+    saved = {name: sys.modules.get(name) for name in ROLL_NAMES}
+    sys.modules.update(modules)
+    ROLL.batch_balance.calls.clear()
+    try:
+        sr.patch()
+        yield modules
+    finally:
+        sr.unpatch()
+        for name, module in saved.items():
+            if module is None:
+                sys.modules.pop(name, None)
+            else:
+                sys.modules[name] = module
 
 
 def _expected(lengths, dp_size, minibatch_size=None, keep_minibatch=False, prefix="global_seqlen"):
@@ -379,14 +406,7 @@ def test_outside_the_kernels_domain_goes_to_roll(roll_modules):
     positional=st.booleans(),
 )
 def test_patched_equals_compat_function(lengths, dp_size, minibatch, keep, positional):
-    modules = {name: types.ModuleType(name) for name in ROLL_NAMES}
-    modules["roll.utils.functionals"].batch_balance = ROLL.batch_balance
-    exec(compile(SEQUENCE_PACKING, "stand-in", "exec"), modules["roll.utils.sequence_packing"].__dict__)
-    saved = {name: sys.modules.get(name) for name in ROLL_NAMES}
-    sys.modules.update(modules)
-    ROLL.batch_balance.calls.clear()
-    try:
-        sr.patch()
+    with _patched_stand_ins() as modules:
         f = modules["roll.utils.functionals"].batch_balance
         try:
             _expected(lengths, dp_size, minibatch, keep)
@@ -404,13 +424,6 @@ def test_patched_equals_compat_function(lengths, dp_size, minibatch, keep, posit
                 assert [t.tolist() for t in batch.reorder_calls] == [[j for p in partitions for j in p]]
             return
         _check_call(f, lengths, dp_size, minibatch, keep, positional=positional)
-    finally:
-        sr.unpatch()
-        for name, module in saved.items():
-            if module is None:
-                sys.modules.pop(name, None)
-            else:
-                sys.modules[name] = module
 
 
 def test_readme_one_liner(roll_modules):
@@ -538,16 +551,7 @@ def test_micro_batches_all_reduce_over_dp(roll_modules, monkeypatch):
 def test_micro_batches_equal_compat_load_balance(lengths, extra_width, cap_factor, tp, cp, vp, min_num, is_train):
     width = max(lengths) + extra_width
     cap = width * cap_factor
-    modules = {name: types.ModuleType(name) for name in ROLL_NAMES}
-    modules["roll.utils.functionals"].batch_balance = ROLL.batch_balance
-    exec(compile(SEQUENCE_PACKING, "stand-in", "exec"), modules["roll.utils.sequence_packing"].__dict__)
-    modules["roll.distributed.strategy.megatron_strategy"].make_micro_batch_iter_for_sequence_packing = getattr(
-        modules["roll.utils.sequence_packing"], MICRO
-    )
-    saved = {name: sys.modules.get(name) for name in ROLL_NAMES}
-    sys.modules.update(modules)
-    try:
-        sr.patch()
+    with _patched_stand_ins() as modules:
         ns = types.SimpleNamespace(sequence_packing=modules["roll.utils.sequence_packing"], strategy=modules["roll.distributed.strategy.megatron_strategy"])
         try:
             want = sr.load_balance(lengths, cap, mask_width=width, min_num_micro_batches=min_num, tp=tp, cp=cp, vp=vp)
@@ -559,10 +563,3 @@ def test_micro_batches_equal_compat_load_balance(lengths, extra_width, cap_facto
         mini, micro_batches = _run_micro(ns, lengths, width, cap, tp=tp, cp=cp, vp=vp, min_num=min_num, is_train=is_train)
         _check_micro(mini, micro_batches, want)
         assert ns.sequence_packing.CALLS == []
-    finally:
-        sr.unpatch()
-        for name, module in saved.items():
-            if module is None:
-                sys.modules.pop(name, None)
-            else:
-                sys.modules[name] = module

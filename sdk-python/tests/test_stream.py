@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pickle
 import random
-from typing import Any, List
+from typing import Any, Dict, List, Tuple
 
 import numpy as np
 import pytest
@@ -234,16 +234,22 @@ def test_torch_dataloader_gives_the_same_packs_with_workers() -> None:
     assert workers == plain == ids(list(dataset(source)))
 
 
-def test_a_loaded_state_resumes_one_iteration_only() -> None:
-    # Found in review: every later pass resumed from the checkpoint again.
-    source = docs(120)
+def resumed(source: List[dict], packs: int) -> Tuple[List[List[int]], List[List[int]], Dict[str, Any], Any]:
+    """The ids of every pack of a pass over ``source``, of its first ``packs`` packs, the state
+    after them, and a new dataset that loaded that state."""
     whole = ids(list(dataset(source)))
     first = dataset(source)
     it = iter(first)
-    head = ids([next(it) for _ in range(3)])
+    head = ids([next(it) for _ in range(packs)])
     state = first.state_dict()
     second = dataset(source)
     second.load_state_dict(state)
+    return whole, head, state, second
+
+
+def test_a_loaded_state_resumes_one_iteration_only() -> None:
+    # Found in review: every later pass resumed from the checkpoint again.
+    whole, head, _, second = resumed(docs(120), 3)
     assert head + ids(list(second)) == whole
     assert ids(list(second)) == whole, "the next epoch starts from the beginning"
 
@@ -252,13 +258,7 @@ def test_a_state_taken_before_the_first_pack_of_a_resumed_run_is_the_loaded_one(
     # Found in review: iter() then state_dict() (what StatefulDataLoader does on a restart)
     # lost the held samples.
     source = docs(150)
-    whole = ids(list(dataset(source)))
-    first = dataset(source)
-    it = iter(first)
-    head = ids([next(it) for _ in range(4)])
-    state = first.state_dict()
-    second = dataset(source)
-    second.load_state_dict(state)
+    whole, head, state, second = resumed(source, 4)
     iter(second)
     again = second.state_dict()
     assert again == state
@@ -487,17 +487,11 @@ def test_inside_a_dataloader_worker_the_worker_is_checked_at_load(monkeypatch: p
 def test_a_huge_consumed_no_longer_drops_the_rest_of_the_stream() -> None:
     # Found in review: consumed=10**12 skipped the whole source, 1,902 of 2,000 samples lost.
     source = docs(2000)
-    whole = ids(list(dataset(source)))
-    first = dataset(source)
-    it = iter(first)
-    head = ids([next(it) for _ in range(5)])
-    state = first.state_dict()
+    whole, head, state, second = resumed(source, 5)
     with pytest.raises(InvalidArgumentError, match=r"state\['consumed'\] is 1000000000000, but its packer bytes"):
         dataset(source).load_state_dict({**state, "consumed": 10**12})
     with pytest.raises(InvalidArgumentError, match=r"state\['consumed'\]"):
         dataset(source).load_state_dict(resign({**state, "consumed": 10**12}))
-    second = dataset(source)
-    second.load_state_dict(state)
     assert head + ids(list(second)) == whole
 
 

@@ -174,18 +174,7 @@ proptest! {
 #[test]
 fn bad_loss_scale_factors_are_refused_naming_the_option() {
     let ids: Vec<i64> = (0..4).collect();
-    let samples = [Sample {
-        prompt_ids: &ids[..1],
-        completion_ids: &ids[1..],
-        prompt_mask: None,
-        completion_mask: None,
-        completion_logprobs: None,
-        temperature: Temperature::One(1.0),
-        advantage: 1.0,
-        run: 0,
-        teacher_logprobs: None,
-        extra_cost: 0,
-    }];
+    let samples = [stowplan_conformance::plain_sample(&ids[..1], &ids[1..], 0)];
     for bad in [0.0, 0.5, -1.0, 1e-300, 1e300, f64::NAN, f64::INFINITY] {
         let o = MaterializeOptions {
             loss_agg_mode: LossAggMode::SeqMeanTokenSumNorm,

@@ -3,9 +3,8 @@
 //! nothing; `multimodal_alone` gives every multimodal sample a micro-batch of its own.
 
 use proptest::prelude::*;
-use stowplan::{
-    Cost, DistributeOptions, DpOptions, Error, Kernel, MaterializeOptions, MicroOptions, Sample, Temperature,
-};
+use stowplan::{Cost, DistributeOptions, DpOptions, Error, Kernel, MaterializeOptions, MicroOptions};
+use stowplan_conformance::plain_sample;
 
 fn kernels() -> [Kernel; 2] {
     [Kernel::native(), Kernel::wasm().expect("wasm kernel")]
@@ -94,18 +93,7 @@ fn a_heavy_image_sample_moves_the_balance() {
 #[test]
 fn multimodal_samples_get_micro_batches_of_their_own() {
     let ids: Vec<i64> = (0..64).collect();
-    let sample = |n: usize, extra_cost: u64| Sample {
-        prompt_ids: &ids[..1],
-        completion_ids: &ids[1..n],
-        prompt_mask: None,
-        completion_mask: None,
-        completion_logprobs: None,
-        temperature: Temperature::One(1.0),
-        advantage: 1.0,
-        run: 0,
-        teacher_logprobs: None,
-        extra_cost,
-    };
+    let sample = |n: usize, extra_cost: u64| plain_sample(&ids[..1], &ids[1..n], extra_cost);
     let samples = [sample(4, 0), sample(5, 300), sample(3, 0), sample(6, 0), sample(4, 500), sample(2, 0)];
     for k in kernels() {
         let o = MaterializeOptions { multimodal_alone: true, ..MaterializeOptions::new(64, 1) };

@@ -5,7 +5,7 @@
 use stowplan_kernel::prime_rl as k;
 pub use stowplan_kernel::prime_rl::{BatchOptions, BatchPlan};
 
-use super::wasm::{call, wprime};
+use super::wasm::call;
 use super::{Backend, Kernel};
 use crate::Error;
 
@@ -46,14 +46,7 @@ impl Kernel {
         match self.backend() {
             Backend::Native => Ok(k::prepare_batch(lengths, runs, multimodal, labels, options)?),
             Backend::Wasm => {
-                let o = wprime::BatchOptions {
-                    seq_len: options.seq_len,
-                    num_train_workers: options.num_train_workers,
-                    linear: options.linear,
-                    quadratic: options.quadratic,
-                    pad_to_multiple_of: options.pad_to_multiple_of,
-                    multimodal_same_run: options.multimodal_same_run,
-                };
+                let o = options.into();
                 let p = call(|i, s| {
                     i.stowplan_kernel_prime_rl().call_prepare_batch(s, lengths, runs, multimodal, labels, o)
                 })?;

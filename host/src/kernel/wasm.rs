@@ -35,10 +35,10 @@ mod bindings {
     });
 }
 
+pub(super) use bindings::exports::stowplan::kernel as wit;
 pub(super) use bindings::exports::stowplan::kernel::{
     balance as wbal, layout as wlay, multi_micro as wmicro, multi_pack as wmulti, multi_plan as wmplan, pack as wpack,
-    pack_compact as wcompact, partition as wpart, peers as wpeers, plan as wplan, prime_rl as wprime,
-    streaming as wstream, types as wtypes, verl as wverl,
+    peers as wpeers, plan as wplan, streaming as wstream, types as wtypes, verl as wverl,
 };
 
 /// The kernel component, built by `cargo xtask build-kernel` (see `ARCHITECTURE.md`).
@@ -340,20 +340,7 @@ impl KernelApi for WasmKernel {
     }
 
     fn cp_layout(&self, lengths: &[u64], options: &AlignOptions) -> Result<CpLayout, Error> {
-        let l = call(|i, s| i.stowplan_kernel_layout().call_cp_layout(s, lengths, options.into()))?;
-        Ok(CpLayout {
-            factor: l.factor,
-            cp: options.cp,
-            cu_seqlens: l.cu_seqlens,
-            cu_seqlens_padded: l.cu_seqlens_padded,
-            max_seqlen: l.max_seqlen,
-            max_seqlen_padded: l.max_seqlen_padded,
-            run_offsets: l.run_offsets,
-            run_starts: l.run_starts,
-            run_lengths: l.run_lengths,
-            local_bounds: l.local_bounds,
-            rank_real_tokens: l.rank_real_tokens,
-        })
+        call(|i, s| i.stowplan_kernel_layout().call_cp_layout(s, lengths, options.into())).map(Into::into)
     }
 
     fn distribute(&self, lengths: &[u64], options: &DistributeOptions<'_>) -> Result<Distribution, Error> {

@@ -16,6 +16,10 @@ use exports::stowplan::kernel::{
     shuffle, streaming as stream, types, verl,
 };
 
+// The conversions between the WIT types above and the kernel's (`stowplan_kernel::wit`).
+use exports::stowplan::kernel as wit;
+k::wit_conversions!(wit);
+
 #[global_allocator]
 static ALLOC: dlmalloc::GlobalDlmalloc = dlmalloc::GlobalDlmalloc;
 
@@ -33,15 +37,11 @@ struct Kernel;
 mod prime_rl;
 
 fn error(e: k::Error) -> types::Error {
-    match e {
-        k::Error::InvalidArgument(m) => types::Error::InvalidArgument(m),
-        k::Error::Infeasible(m) => types::Error::Infeasible(m),
-    }
+    e.into()
 }
 
 fn groups_of(parts: Vec<Vec<u32>>) -> types::Groups {
-    let (offsets, indices) = k::flatten(&parts);
-    types::Groups { offsets, indices }
+    parts.into()
 }
 
 impl partition::Guest for Kernel {
@@ -50,52 +50,17 @@ impl partition::Guest for Kernel {
         kk: u32,
         options: partition::Options,
     ) -> Result<partition::Partitioning, types::Error> {
-        let method = match options.method {
-            partition::Method::Kk => k::PartitionMethod::Kk,
-            partition::Method::Greedy => k::PartitionMethod::Greedy,
-            partition::Method::Verl => k::PartitionMethod::Verl,
-        };
-        let opts = k::PartitionOptions { method, equal_size: options.equal_size, refine: options.refine };
-        let r = k::partition(&weights, kk, &opts).map_err(error)?;
-        Ok(partition::Partitioning {
-            groups: types::Groups { offsets: r.offsets, indices: r.indices },
-            sums: r.sums,
-            total: r.total,
-            spread: r.spread,
-            lower_bound: r.lower_bound,
-        })
-    }
-}
-
-fn method_of(m: pack::Method) -> k::PackMethod {
-    match m {
-        pack::Method::Bfd => k::PackMethod::Bfd,
-        pack::Method::Ffd => k::PackMethod::Ffd,
-        pack::Method::NextFit => k::PackMethod::NextFit,
+        k::partition(&weights, kk, &options.into()).map(Into::into).map_err(error)
     }
 }
 
 fn packing_of(r: k::Packing) -> pack::Packing {
-    pack::Packing {
-        bins: types::Groups { offsets: r.offsets, indices: r.indices },
-        loads: r.loads,
-        dropped: r.dropped,
-        single: r.single,
-        real_tokens: r.real_tokens,
-        aligned_tokens: r.aligned_tokens,
-        lower_bound: r.lower_bound,
-    }
+    r.into()
 }
 
 impl pack::Guest for Kernel {
     fn pack(lengths: Vec<u64>, options: pack::Options) -> Result<pack::Packing, types::Error> {
-        let opts = k::PackOptions {
-            capacity: options.capacity,
-            align: options.align,
-            method: method_of(options.method),
-            oversize: oversize_of(options.oversize),
-        };
-        k::pack(&lengths, &opts).map(packing_of).map_err(error)
+        k::pack(&lengths, &options.into()).map(packing_of).map_err(error)
     }
 }
 
@@ -106,7 +71,7 @@ impl multi_pack::Guest for Kernel {
             names: &options.names,
             max_segments: options.max_segments,
             align: options.align,
-            method: multi_method(options.method),
+            method: options.method.into(),
             oversize: oversize_of(options.oversize),
         };
         let r = k::pack_multi(&sizes, &opts).map_err(error)?;
@@ -115,15 +80,6 @@ impl multi_pack::Guest for Kernel {
             resource_loads: r.resource_loads,
             lower_bounds: r.lower_bounds,
         })
-    }
-}
-
-fn multi_method(m: multi_pack::MultiMethod) -> k::MultiMethod {
-    match m {
-        multi_pack::MultiMethod::Balanced => k::MultiMethod::Balanced,
-        multi_pack::MultiMethod::Bfd => k::MultiMethod::Bfd,
-        multi_pack::MultiMethod::Ffd => k::MultiMethod::Ffd,
-        multi_pack::MultiMethod::NextFit => k::MultiMethod::NextFit,
     }
 }
 
@@ -137,7 +93,7 @@ impl multi_plan::Guest for Kernel {
         let limits = k::PlanLimits {
             limits: k::MicroLimits { sizes: &l.sizes, caps: &l.caps, names: &l.names },
             max_segments: limits.max_segments,
-            method: multi_method(limits.method),
+            method: limits.method.into(),
         };
         let r = k::raw_plan_limited(&lengths, &plan_options(options), &limits).map_err(error)?;
         Ok(multi_plan::LimitedRawPlan { plan: raw_pack_plan(r.raw), loads: r.loads, lower_bounds: r.lower_bounds })
@@ -186,41 +142,17 @@ impl verl::Guest for Kernel {
                 k::verl::get_seqlen_balanced_partitions(&seqlens, kk, equal_size)
             }
         };
-        r.map(groups_of).map_err(|e| match e {
-            k::verl::PyError::AssertionError(m) => verl::PyError::AssertionError(m),
-            k::verl::PyError::IndexError(m) => verl::PyError::IndexError(m),
-            k::verl::PyError::TypeError(m) => verl::PyError::TypeError(m),
-            k::verl::PyError::ZeroDivisionError(m) => verl::PyError::ZeroDivisionError(m),
-            k::verl::PyError::MemoryError(m) => verl::PyError::MemoryError(m),
-            // Not raised by these three functions (only by the `peers` entry points).
-            k::verl::PyError::ValueError(m) => verl::PyError::AssertionError(m),
-        })
+        r.map(groups_of).map_err(Into::into)
     }
-}
-
-fn cost(c: balance::Cost) -> k::Cost {
-    k::Cost { linear: c.linear, quadratic: c.quadratic }
 }
 
 fn micro_options(o: balance::MicroOptions) -> k::MicroOptions {
-    k::MicroOptions {
-        max_token_len: o.max_token_len,
-        cost: cost(o.cost),
-        min_count: o.min_count,
-        divisible_by: o.divisible_by,
-        count: o.count,
-        order: match o.order {
-            balance::Order::None => k::Order::None,
-            balance::Order::CostDesc => k::Order::CostDesc,
-            balance::Order::Verl => k::Order::Verl,
-            balance::Order::Roll => k::Order::Roll,
-        },
-    }
+    o.into()
 }
 
 fn dp_options(o: &balance::DpOptions) -> k::DpOptions<'_> {
     k::DpOptions {
-        cost: cost(o.cost),
+        cost: o.cost.into(),
         groups: o.groups.as_deref(),
         minibatch_size: o.minibatch_size,
         equal_count: o.equal_count,
@@ -229,23 +161,11 @@ fn dp_options(o: &balance::DpOptions) -> k::DpOptions<'_> {
 }
 
 fn micro_plan(p: k::MicroPlan) -> balance::MicroPlan {
-    balance::MicroPlan {
-        batches: types::Groups { offsets: p.offsets, indices: p.indices },
-        tokens: p.tokens,
-        costs: p.costs,
-        restore: p.restore,
-        lower_bound: p.lower_bound,
-        required: p.required,
-    }
+    p.into()
 }
 
 fn dp_plan(p: k::DpPlan) -> balance::DpPlan {
-    balance::DpPlan {
-        ranks: types::Groups { offsets: p.offsets, indices: p.order },
-        tokens: p.tokens,
-        costs: p.costs,
-        cost_lower_bound: p.cost_lower_bound,
-    }
+    p.into()
 }
 
 impl balance::Guest for Kernel {
@@ -277,16 +197,7 @@ impl peers::Guest for Kernel {
         seqlens: Vec<i64>,
         o: peers::VerlMicroOptions,
     ) -> Result<types::Groups, peers::PyError> {
-        let opts = k::peers::VerlMicroOptions {
-            max_token_len: o.max_token_len,
-            min_num_micro_batch: o.min_num_micro_batch,
-            num_batches_divided_by: o.num_batches_divided_by,
-            use_dynamic_bsz_balance: o.use_dynamic_bsz_balance,
-            force_group_size: o.force_group_size,
-            padded_width: o.padded_width,
-            dp_num_micro_batches: o.dp_num_micro_batches,
-        };
-        k::peers::verl_rearrange_micro_batches(&seqlens, &opts).map(groups_of).map_err(py_error)
+        k::peers::verl_rearrange_micro_batches(&seqlens, &o.into()).map(groups_of).map_err(py_error)
     }
 
     fn balance_batch(
@@ -303,53 +214,17 @@ impl peers::Guest for Kernel {
     }
 
     fn roll_load_balance(lengths: Vec<i64>, o: peers::RollOptions) -> Result<peers::RollMicroBatches, peers::PyError> {
-        let opts = k::peers::RollLoadBalanceOptions {
-            mask_width: o.mask_width,
-            max_packed_sequence_length: o.max_packed_sequence_length,
-            min_num_micro_batches: o.min_num_micro_batches,
-            tp: o.tp,
-            cp: o.cp,
-            vp: o.vp,
-            dp_num_micro_batches: o.dp_num_micro_batches,
-        };
-        let r = k::peers::roll_load_balance(&lengths, &opts).map_err(py_error)?;
-        Ok(peers::RollMicroBatches {
-            micro_batches: groups_of(r.micro_batches),
-            kk_partitions: groups_of(r.kk_partitions),
-            pad_factor: r.pad_factor,
-            padded_lengths: r.padded_lengths,
-        })
+        k::peers::roll_load_balance(&lengths, &o.into()).map(Into::into).map_err(py_error)
     }
-}
-
-fn align_options(o: layout::AlignOptions) -> k::AlignOptions {
-    let factor = match o.factor {
-        layout::Factor::CpTp => k::Factor::CpTp,
-        layout::Factor::Roll => k::Factor::Roll,
-        layout::Factor::Multiple(m) => k::Factor::Multiple(m),
-    };
-    k::AlignOptions { cp: o.cp, tp: o.tp, factor, power_of_two: o.power_of_two }
 }
 
 impl layout::Guest for Kernel {
     fn pad_factor(options: layout::AlignOptions) -> Result<u64, types::Error> {
-        k::pad_factor(&align_options(options)).map_err(error)
+        k::pad_factor(&options.into()).map_err(error)
     }
 
     fn cp_layout(lengths: Vec<u64>, options: layout::AlignOptions) -> Result<layout::CpSplit, types::Error> {
-        let l = k::cp_layout(&lengths, &align_options(options)).map_err(error)?;
-        Ok(layout::CpSplit {
-            factor: l.factor,
-            cu_seqlens: l.cu_seqlens,
-            cu_seqlens_padded: l.cu_seqlens_padded,
-            max_seqlen: l.max_seqlen,
-            max_seqlen_padded: l.max_seqlen_padded,
-            run_offsets: l.run_offsets,
-            run_starts: l.run_starts,
-            run_lengths: l.run_lengths,
-            local_bounds: l.local_bounds,
-            rank_real_tokens: l.rank_real_tokens,
-        })
+        k::cp_layout(&lengths, &options.into()).map(Into::into).map_err(error)
     }
 
     fn prime_rl_ffd(
@@ -376,28 +251,13 @@ fn distribute_with(
     let opts = k::DistributeOptions {
         capacity: o.capacity,
         dp: o.dp,
-        cost: k::Cost { linear: o.cost.linear, quadratic: o.cost.quadratic },
-        padding: match o.padding {
-            layout::Padding::PerSequence(m) => k::Padding::PerSequence(m),
-            layout::Padding::PerMicroBatch(m) => k::Padding::PerMicroBatch(m),
-        },
+        cost: o.cost.into(),
+        padding: o.padding.into(),
         runs: o.runs.as_deref(),
         mix_runs: o.mix_runs,
         extra_costs: extra,
     };
-    let d = k::distribute(lengths, &opts).map_err(error)?;
-    Ok(layout::Distribution {
-        per_rank: d.per_rank,
-        batches: types::Groups { offsets: d.offsets, indices: d.indices },
-        tokens: d.tokens,
-        real_tokens: d.real_tokens,
-        costs: d.costs,
-        rank_costs: d.rank_costs,
-        packed: d.packed,
-        splits: d.splits,
-        dummies: d.dummies,
-        lower_bound: d.lower_bound,
-    })
+    k::distribute(lengths, &opts).map(Into::into).map_err(error)
 }
 
 impl multimodal::Guest for Kernel {
@@ -516,11 +376,7 @@ fn raw_pack_plan(r: k::RawPlan) -> plan::RawPackPlan {
 }
 
 fn oversize_of(o: pack::Oversize) -> k::OversizePolicy {
-    match o {
-        pack::Oversize::Error => k::OversizePolicy::Error,
-        pack::Oversize::Single => k::OversizePolicy::Single,
-        pack::Oversize::Drop => k::OversizePolicy::Drop,
-    }
+    o.into()
 }
 
 impl pack_compact::Guest for Kernel {
@@ -531,16 +387,7 @@ impl pack_compact::Guest for Kernel {
         oversize: pack::Oversize,
     ) -> Result<pack_compact::NextFitRuns, types::Error> {
         let o = k::PackOptions { capacity, align, method: k::PackMethod::NextFit, oversize: oversize_of(oversize) };
-        let r = k::next_fit_runs(&lengths, &o).map_err(error)?;
-        Ok(pack_compact::NextFitRuns {
-            starts: r.starts,
-            loads: r.loads,
-            dropped: r.dropped,
-            single: r.single,
-            real_tokens: r.real_tokens,
-            aligned_tokens: r.aligned_tokens,
-            lower_bound: r.lower_bound,
-        })
+        k::next_fit_runs(&lengths, &o).map(Into::into).map_err(error)
     }
 }
 
@@ -551,48 +398,9 @@ impl stream::Guest for Kernel {
     type Packer = StreamPacker;
 }
 
-fn stream_options(o: stream::Options) -> k::StreamOptions {
-    k::StreamOptions {
-        capacity: o.capacity,
-        align: o.align,
-        max_open_bins: o.max_open_bins,
-        max_buffered: o.max_buffered,
-        oversize: oversize_of(o.oversize),
-    }
-}
-
-fn options_of(o: &k::StreamOptions) -> stream::Options {
-    let oversize = match o.oversize {
-        k::OversizePolicy::Error => pack::Oversize::Error,
-        k::OversizePolicy::Single => pack::Oversize::Single,
-        k::OversizePolicy::Drop => pack::Oversize::Drop,
-    };
-    stream::Options {
-        capacity: o.capacity,
-        align: o.align,
-        max_open_bins: o.max_open_bins,
-        max_buffered: o.max_buffered,
-        oversize,
-    }
-}
-
-fn status_of(s: k::StreamStatus) -> stream::Status {
-    stream::Status {
-        next_index: s.next_index,
-        buffered: s.buffered,
-        open_bins: s.open_bins,
-        in_open_bins: s.in_open_bins,
-        oldest_held: s.oldest_held,
-    }
-}
-
-fn closed_of(c: k::Closed) -> stream::Closed {
-    stream::Closed { offsets: c.offsets, indices: c.indices, loads: c.loads, dropped: c.dropped }
-}
-
 impl stream::GuestPacker for StreamPacker {
     fn create(options: stream::Options) -> Result<stream::Packer, types::Error> {
-        let p = k::StreamPacker::new(stream_options(options)).map_err(error)?;
+        let p = k::StreamPacker::new(options.into()).map_err(error)?;
         Ok(stream::Packer::new(StreamPacker(core::cell::RefCell::new(p))))
     }
 
@@ -602,11 +410,11 @@ impl stream::GuestPacker for StreamPacker {
     }
 
     fn add(&self, lengths: Vec<u64>) -> Result<stream::Closed, types::Error> {
-        self.0.borrow_mut().add(&lengths).map(closed_of).map_err(error)
+        self.0.borrow_mut().add(&lengths).map(Into::into).map_err(error)
     }
 
     fn finish(&self) -> stream::Closed {
-        closed_of(self.0.borrow_mut().finish())
+        self.0.borrow_mut().finish().into()
     }
 
     fn save(&self) -> Vec<u8> {
@@ -614,10 +422,10 @@ impl stream::GuestPacker for StreamPacker {
     }
 
     fn status(&self) -> stream::Status {
-        status_of(self.0.borrow().status())
+        self.0.borrow().status().into()
     }
 
     fn options(&self) -> stream::Options {
-        options_of(self.0.borrow().options())
+        (*self.0.borrow().options()).into()
     }
 }

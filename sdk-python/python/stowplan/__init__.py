@@ -22,13 +22,25 @@ read-only objects whose arrays are numpy arrays owning the Rust vectors.
 (2, [1500, 1500])
 >>> p
 Partition(k=2, total=3000, max=1500, spread=0, lower_bound=1500)
+
+Trainer layout: alignment factors, context-parallel layouts and materialized micro-batches.
+
+>>> lay = stowplan.cp_layout([2, 4, 6, 1], cp=2)          # padded to multiples of 2·cp = 4
+>>> row = list(range(lay.padded_tokens))
+>>> [part.tolist() for part in lay.split(row)]            # what every CP rank receives
+[[0, 3, 4, 7, 8, 9, 14, 15, 16, 19], [1, 2, 5, 6, 10, 11, 12, 13, 17, 18]]
+>>> lay.unpack(lay.split(row)).tolist() == row
+True
+>>> samples = [{"prompt_ids": [1, 2], "completion_ids": [3], "advantage": 1.0}] * 3
+>>> m = stowplan.materialize(samples, capacity=8, dp=2)
+>>> m.per_rank, m.real_tokens, m.packed, m.splits, m.dummies
+(1, 9, 2, 0, 0)
 """
 
 from __future__ import annotations
 
 from . import _stowplan
 from ._balance import COSTS, Balance, MicroBatches, balance, micro_batches, rank_micro_batches
-from ._layout import CpLayout, Materialized, MicroBatch, cp_layout, materialize, pad_factor
 from ._fields import Payload, cp_slice, gather_payload, gather_tokens
 from ._plan import (
     LengthCache,
@@ -47,8 +59,9 @@ from .errors import *  # noqa: F401,F403  (every class of errors.__all__)
 
 __version__: str = _stowplan.__version__
 
-#: Partitions and packings are computed and held by the native module; their results are its
-#: frozen classes (numpy arrays owned without a copy), exported as they are.
+#: Partitions, packings and trainer layouts are computed and held by the native module; their
+#: results are its frozen classes (numpy arrays owned without a copy), exported as they are
+#: (documented in ``_stowplan.pyi``).
 partition = _stowplan.partition
 pack = _stowplan.pack
 pack_multi = _stowplan.pack_multi
@@ -57,6 +70,12 @@ Packing = _stowplan.Packing
 MultiPacking = _stowplan.MultiPacking
 StreamPacker = _stowplan.StreamPacker
 kernel_info = _stowplan.kernel_info
+pad_factor = _stowplan.pad_factor
+cp_layout = _stowplan.cp_layout
+CpLayout = _stowplan.CpLayout
+materialize = _stowplan.materialize
+Materialized = _stowplan.Materialized
+MicroBatch = _stowplan.MicroBatch
 
 
 def __getattr__(name: str) -> object:

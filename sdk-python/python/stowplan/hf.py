@@ -27,7 +27,7 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 import numpy as np
 
 from . import _stowplan
-from ._layout import materialize
+from ._stowplan import materialize
 from .arrow import DEFAULT_STRATEGY, POSITION_IDS, SEQ_LENGTHS, _check_columns, _pack, pack_batches, pack_table
 from .errors import InvalidArgumentError
 

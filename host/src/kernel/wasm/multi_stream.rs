@@ -34,8 +34,7 @@ impl WasmLimitedStream {
     /// The host's wrapper, with the options and limits the guest reports.
     fn wrap(mut self) -> Result<LimitedStreamPacker, Error> {
         let options = self.call(|g, s, p| g.call_options(s, p))?.into();
-        let l = self.call(|g, s, p| g.call_limits(s, p))?;
-        let limits = StreamLimits { caps: l.caps, names: l.names, max_segments: l.max_segments };
+        let limits = self.call(|g, s, p| g.call_limits(s, p))?.into();
         Ok(LimitedStreamPacker::new(Box::new(self), options, limits))
     }
 }
@@ -46,17 +45,13 @@ impl Drop for WasmLimitedStream {
     }
 }
 
-fn closed(c: wms::LimitedClosed) -> LimitedClosed {
-    LimitedClosed { closed: c.closed.into(), resource_loads: c.resource_loads }
-}
-
 impl StreamBackend<LimitedClosed> for WasmLimitedStream {
     fn add(&mut self, rows: &[u64]) -> Result<LimitedClosed, Error> {
-        Ok(closed(self.call(|g, s, p| g.call_add(s, p, rows))??))
+        Ok(self.call(|g, s, p| g.call_add(s, p, rows))??.into())
     }
 
     fn finish(&mut self) -> Result<LimitedClosed, Error> {
-        Ok(closed(self.call(|g, s, p| g.call_finish(s, p))?))
+        Ok(self.call(|g, s, p| g.call_finish(s, p))?.into())
     }
 
     fn save(&mut self) -> Result<Vec<u8>, Error> {
@@ -71,7 +66,7 @@ impl StreamBackend<LimitedClosed> for WasmLimitedStream {
 /// An empty packer in a new instance.
 pub(super) fn create(options: &StreamOptions, limits: &StreamLimits) -> Result<LimitedStreamPacker, Error> {
     let mut warm = instantiate()?;
-    let l = wms::Limits { caps: limits.caps.clone(), names: limits.names.clone(), max_segments: limits.max_segments };
+    let l: wms::Limits = limits.into();
     let packer = warm
         .instance
         .stowplan_kernel_multi_streaming()

@@ -7,7 +7,7 @@ use super::alloc::vec::Vec;
 use stowplan_kernel as k;
 
 use super::exports::stowplan::kernel::{multi_streaming as ms, streaming as stream, types};
-use super::{Kernel, closed_of, error, options_of, status_of, stream_options};
+use super::{Kernel, error};
 
 pub struct LimitedStreamPacker(RefCell<k::LimitedStreamPacker>);
 
@@ -15,14 +15,9 @@ impl ms::Guest for Kernel {
     type Packer = LimitedStreamPacker;
 }
 
-fn closed(c: k::LimitedClosed) -> ms::LimitedClosed {
-    ms::LimitedClosed { closed: closed_of(c.closed), resource_loads: c.resource_loads }
-}
-
 impl ms::GuestPacker for LimitedStreamPacker {
     fn create(options: stream::Options, limits: ms::Limits) -> Result<ms::Packer, types::Error> {
-        let l = k::StreamLimits { caps: limits.caps, names: limits.names, max_segments: limits.max_segments };
-        let p = k::LimitedStreamPacker::new(stream_options(options), l).map_err(error)?;
+        let p = k::LimitedStreamPacker::new(options.into(), limits.into()).map_err(error)?;
         Ok(ms::Packer::new(LimitedStreamPacker(RefCell::new(p))))
     }
 
@@ -32,11 +27,11 @@ impl ms::GuestPacker for LimitedStreamPacker {
     }
 
     fn add(&self, rows: Vec<u64>) -> Result<ms::LimitedClosed, types::Error> {
-        self.0.borrow_mut().add(&rows).map(closed).map_err(error)
+        self.0.borrow_mut().add(&rows).map(Into::into).map_err(error)
     }
 
     fn finish(&self) -> ms::LimitedClosed {
-        closed(self.0.borrow_mut().finish())
+        self.0.borrow_mut().finish().into()
     }
 
     fn save(&self) -> Vec<u8> {
@@ -44,15 +39,14 @@ impl ms::GuestPacker for LimitedStreamPacker {
     }
 
     fn status(&self) -> stream::Status {
-        status_of(self.0.borrow().status())
+        self.0.borrow().status().into()
     }
 
     fn options(&self) -> stream::Options {
-        options_of(self.0.borrow().options())
+        (*self.0.borrow().options()).into()
     }
 
     fn limits(&self) -> ms::Limits {
-        let l = self.0.borrow().limits().clone();
-        ms::Limits { caps: l.caps, names: l.names, max_segments: l.max_segments }
+        self.0.borrow().limits().into()
     }
 }

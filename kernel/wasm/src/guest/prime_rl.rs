@@ -23,15 +23,7 @@ impl w::Guest for Kernel {
         labels: Vec<u32>,
         o: w::BatchOptions,
     ) -> Result<w::BatchPlan, types::Error> {
-        let options = p::BatchOptions {
-            seq_len: o.seq_len,
-            num_train_workers: o.num_train_workers,
-            linear: o.linear,
-            quadratic: o.quadratic,
-            pad_to_multiple_of: o.pad_to_multiple_of,
-            multimodal_same_run: o.multimodal_same_run,
-        };
-        let plan = p::prepare_batch(&lengths, &runs, &multimodal, &labels, &options).map_err(error)?;
+        let plan = p::prepare_batch(&lengths, &runs, &multimodal, &labels, &o.into()).map_err(error)?;
         Ok(w::BatchPlan {
             bins: groups_of(plan.bins),
             multimodal: plan.multimodal,

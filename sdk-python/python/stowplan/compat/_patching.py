@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
-from typing import Any, Callable, Dict, Iterator, List, Tuple
+from typing import Any, Callable, ContextManager, Dict, Iterator, List, Tuple
 
 Table = Dict[str, Tuple[Any, Any]]
 
@@ -76,3 +76,40 @@ def scoped(is_patched: Callable[[], bool], patch: Callable[[], List[str]], unpat
     finally:
         if not already:
             unpatch()
+
+
+def controls(
+    table: Table, peer: str, patch: Callable[[], List[str]], module: str
+) -> Tuple[Callable[[], bool], Callable[[], List[str]], Callable[[], ContextManager[List[str]]]]:
+    """The ``is_patched``, ``unpatch`` and ``patched`` of a compat module (named ``module``)
+    whose ``patch`` fills ``table`` with ``peer``'s functions (``"verl"``, ``"ROLL"``)."""
+
+    def is_patched() -> bool:
+        return bool(table)
+
+    def unpatch() -> List[str]:
+        return restore(table)
+
+    @contextlib.contextmanager
+    def patched() -> Iterator[List[str]]:
+        with scoped(is_patched, patch, unpatch) as names:
+            yield names
+
+    is_patched.__doc__ = f"""Whether :func:`patch` is in effect ({peer}'s functions are stowplan's)."""
+    unpatch.__doc__ = f"""Restores {peer}'s own functions wherever :func:`patch` (or an import after it) bound
+    stowplan's; a no-op when not patched.
+
+    Returns:
+        The ``module.attribute`` names restored.
+    """
+    patched.__doc__ = f""":func:`patch` for the duration of a ``with`` block, then :func:`unpatch` — unless {peer}
+    was already patched when the block began (then it stays patched). Yields the names
+    :func:`patch` bound.
+
+    Raises:
+        ImportError: as :func:`patch`.
+    """
+    for function in (is_patched, unpatch, patched):
+        function.__module__ = module
+        function.__qualname__ = function.__name__
+    return is_patched, unpatch, patched

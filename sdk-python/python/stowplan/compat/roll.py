@@ -27,12 +27,11 @@ argument instead of being truncated.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import inspect
 import math
 import warnings
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -70,7 +69,7 @@ def get_pad_factor(cp: int, tp: int) -> int:
         (16, 48, 16)
     """
     if cp >= 1 and tp >= 1:
-        from .._layout import pad_factor
+        from .._stowplan import pad_factor
 
         return pad_factor(cp=cp, tp=tp, align="roll")
     # ROLL's edge cases (not valid parallel sizes): cp = 0 counts as no CP, tp = 0 gives 0.
@@ -211,7 +210,7 @@ def pack_sequences(
         >>> r["cu_seqlens_padded"].tolist()
         [0, 4, 8, 16, 20]
     """
-    from .._layout import materialize
+    from .._stowplan import materialize
 
     factor = get_pad_factor(cp, tp) if pad_factor is None else pad_factor
     sequences = [list(seq) for seq in sequences]
@@ -487,11 +486,6 @@ _REPLACEMENTS = {
 }
 
 
-def is_patched() -> bool:
-    """Whether :func:`patch` is in effect (ROLL's functions are stowplan's)."""
-    return bool(_PATCH)
-
-
 def patch() -> List[str]:
     """Replaces ROLL's :data:`PATCHED_FUNCTIONS` with stowplan's, in place: in their modules and
     in every loaded module that holds them under any name (``from roll.utils.functionals import
@@ -532,24 +526,4 @@ def patch() -> List[str]:
     return _patching.install(_PATCH)
 
 
-def unpatch() -> List[str]:
-    """Restores ROLL's own functions wherever :func:`patch` (or an import after it) bound
-    stowplan's; a no-op when not patched.
-
-    Returns:
-        The ``module.attribute`` names restored.
-    """
-    return _patching.restore(_PATCH)
-
-
-@contextlib.contextmanager
-def patched() -> Iterator[List[str]]:
-    """:func:`patch` for the duration of a ``with`` block, then :func:`unpatch` — unless ROLL
-    was already patched when the block began (then it stays patched). Yields the names
-    :func:`patch` bound.
-
-    Raises:
-        ImportError: as :func:`patch`.
-    """
-    with _patching.scoped(is_patched, patch, unpatch) as names:
-        yield names
+is_patched, unpatch, patched = _patching.controls(_PATCH, "ROLL", patch, __name__)

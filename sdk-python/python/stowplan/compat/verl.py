@@ -32,12 +32,11 @@ attention mask, :func:`rearrange_micro_batches` returns the index lists only.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import functools
 import sys
 import warnings
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -682,11 +681,6 @@ def _replacement(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
     return replacement
 
 
-def is_patched() -> bool:
-    """Whether :func:`patch` is in effect (verl's functions are stowplan's)."""
-    return bool(_PATCH)
-
-
 def patch() -> List[str]:
     """Replaces verl 0.9.1's balancing functions (:data:`PATCHED_FUNCTIONS`) with stowplan's,
     in place: in ``verl.utils.seqlen_balancing`` and in every loaded module that holds them
@@ -718,24 +712,4 @@ def patch() -> List[str]:
     return _patching.install(_PATCH)
 
 
-def unpatch() -> List[str]:
-    """Restores verl's own functions wherever :func:`patch` (or an import after it) bound
-    stowplan's; a no-op when not patched.
-
-    Returns:
-        The ``module.attribute`` names restored.
-    """
-    return _patching.restore(_PATCH)
-
-
-@contextlib.contextmanager
-def patched() -> Iterator[List[str]]:
-    """:func:`patch` for the duration of a ``with`` block, then :func:`unpatch` — unless verl
-    was already patched when the block began (then it stays patched). Yields the names
-    :func:`patch` bound.
-
-    Raises:
-        ImportError: as :func:`patch`.
-    """
-    with _patching.scoped(is_patched, patch, unpatch) as names:
-        yield names
+is_patched, unpatch, patched = _patching.controls(_PATCH, "verl", patch, __name__)

@@ -1,0 +1,261 @@
+//! The conversions between the kernel's types and the WIT types of `wit/kernel.wit`, written
+//! once for both sides of the component boundary: the guest (`kernel/wasm`, wit-bindgen) and
+//! the host (`host/src/kernel`, wasmtime's bindgen) each generate their own Rust types from
+//! the same WIT, with the same names, and each expands [`wit_conversions!`] over them.
+//!
+//! Every record and enum listed here converts both ways (`From` in each direction, and
+//! `From<&Kernel>` for the kernel's side, which the host sends by reference), so the guest
+//! takes what the host sends and gives back what the host takes with the same field lists.
+//! Types whose fields borrow (`DpOptions`, `DistributeOptions`, `MultiOptions`) or do not map
+//! one to one are converted by hand where they are used.
+
+#[doc(hidden)]
+pub use alloc::vec::Vec;
+
+/// Implements `From` both ways between the kernel's types and the WIT types of the module
+/// `$w` (the bindings' `exports::stowplan::kernel`, as seen from the caller).
+#[doc(hidden)]
+#[macro_export]
+macro_rules! wit_conversions {
+    ($w:ident) => {
+        const _: () = {
+            use $crate as k;
+            use $crate::slime as ks;
+            use $w::{
+                balance, layout, multi_micro, multi_pack, multi_streaming, pack, pack_compact, partition, peers,
+                prime_rl, slime, streaming, types, verl,
+            };
+
+            impl From<types::Groups> for $crate::wit::Vec<$crate::wit::Vec<u32>> {
+                fn from(g: types::Groups) -> Self {
+                    $crate::unflatten(&g.offsets, &g.indices)
+                }
+            }
+
+            impl From<$crate::wit::Vec<$crate::wit::Vec<u32>>> for types::Groups {
+                fn from(parts: $crate::wit::Vec<$crate::wit::Vec<u32>>) -> Self {
+                    let (offsets, indices) = $crate::flatten(&parts);
+                    types::Groups { offsets, indices }
+                }
+            }
+
+            $crate::__wit_enum!(k::Error, types::Error { InvalidArgument(m) => InvalidArgument, Infeasible(m) => Infeasible });
+            $crate::__wit_enum!(k::PartitionMethod, partition::Method { Kk => Kk, Greedy => Greedy, Verl => Verl });
+            $crate::__wit_enum!(k::PackMethod, pack::Method { Bfd => Bfd, Ffd => Ffd, NextFit => NextFit });
+            $crate::__wit_enum!(k::OversizePolicy, pack::Oversize { Error => Error, Single => Single, Drop => Drop });
+            $crate::__wit_enum!(k::MultiMethod, multi_pack::MultiMethod {
+                Balanced => Balanced, Bfd => Bfd, Ffd => Ffd, NextFit => NextFit
+            });
+            $crate::__wit_enum!(k::Order, balance::Order {
+                None => None, CostDesc => CostDesc, Verl => Verl, Roll => Roll
+            });
+            $crate::__wit_enum!(k::Factor, layout::Factor { CpTp => CpTp, Roll => Roll, Multiple(m) => Multiple });
+            $crate::__wit_enum!(k::Padding, layout::Padding {
+                PerSequence(m) => PerSequence, PerMicroBatch(m) => PerMicroBatch
+            });
+            // verl's three functions never raise `ValueError` (only the `peers` entry points do).
+            $crate::__wit_enum!(k::verl::PyError, verl::PyError {
+                AssertionError(m) => AssertionError,
+                IndexError(m) => IndexError,
+                TypeError(m) => TypeError,
+                ZeroDivisionError(m) => ZeroDivisionError,
+                MemoryError(m) => MemoryError;
+                k::verl::PyError::ValueError(m) => verl::PyError::AssertionError(m)
+            });
+            $crate::__wit_enum!(ks::SlimeError, slime::SlimeError {
+                AssertionError(m) => AssertionError,
+                InvalidArgument(m) => InvalidArgument,
+                MissingAttribute(m) => MissingAttribute
+            });
+            $crate::__wit_enum!(ks::Arg, slime::Arg { Missing => Missing, None => IsNone, Int(v) => Value });
+            $crate::__wit_enum!(ks::LayerFreq, slime::LayerFreq {
+                Missing => Missing, Every(f) => Every, Pattern(p) => Pattern
+            });
+            $crate::__wit_enum!(ks::PythonSum, slime::PythonSum { Naive => Naive, Neumaier => Neumaier });
+
+            $crate::__wit_record!(k::Cost, balance::Cost { linear, quadratic });
+            $crate::__wit_record!(k::PartitionOptions, partition::Options { method, equal_size, refine });
+            $crate::__wit_record!(k::PackOptions, pack::Options { capacity, align, method, oversize });
+            $crate::__wit_record!(k::MicroOptions, balance::MicroOptions {
+                max_token_len, cost, min_count, divisible_by, count, order
+            });
+            $crate::__wit_record!(k::peers::VerlMicroOptions, peers::VerlMicroOptions {
+                max_token_len,
+                min_num_micro_batch,
+                num_batches_divided_by,
+                use_dynamic_bsz_balance,
+                force_group_size,
+                padded_width,
+                dp_num_micro_batches,
+            });
+            $crate::__wit_record!(k::peers::RollLoadBalanceOptions, peers::RollOptions {
+                mask_width,
+                max_packed_sequence_length,
+                min_num_micro_batches,
+                tp,
+                cp,
+                vp,
+                dp_num_micro_batches,
+            });
+            $crate::__wit_record!(k::AlignOptions, layout::AlignOptions { cp, tp, factor, power_of_two });
+            $crate::__wit_record!(k::StreamOptions, streaming::Options {
+                capacity, align, max_open_bins, max_buffered, oversize
+            });
+            $crate::__wit_record!(k::prime_rl::BatchOptions, prime_rl::BatchOptions {
+                seq_len, num_train_workers, linear, quadratic, pad_to_multiple_of, multimodal_same_run
+            });
+            $crate::__wit_record!(ks::ScheduleArgs, slime::ScheduleArgs {
+                micro_batch_size,
+                use_dynamic_batch_size,
+                max_tokens_per_gpu,
+                balance_data,
+                balance_by_flops,
+                dp_size,
+                cp_size,
+                vpp_size,
+                microbatch_group_size_per_vp_stage,
+                global_batch_size,
+                python_sum,
+            });
+            $crate::__wit_record!(ks::FlopsArgs, slime::FlopsArgs {
+                hidden_size,
+                num_attention_heads,
+                num_query_groups,
+                vocab_size,
+                ffn_hidden_size,
+                num_experts,
+                num_layers,
+                kv_channels,
+                moe_ffn_hidden_size,
+                moe_router_topk,
+                moe_shared_expert_intermediate_size,
+                moe_layer_freq,
+                multi_latent_attention,
+                q_lora_rank,
+                kv_lora_rank,
+                qk_head_dim,
+                qk_pos_emb_head_dim,
+                v_head_dim,
+            });
+
+            $crate::__wit_record!(k::Partitioning, partition::Partitioning {
+                sums, total, spread, lower_bound; groups: types::Groups = (offsets, indices)
+            });
+            $crate::__wit_record!(k::Packing, pack::Packing {
+                loads, dropped, single, real_tokens, aligned_tokens, lower_bound;
+                bins: types::Groups = (offsets, indices)
+            });
+            $crate::__wit_record!(k::MicroPlan, balance::MicroPlan {
+                tokens, costs, restore, lower_bound, required; batches: types::Groups = (offsets, indices)
+            });
+            $crate::__wit_record!(k::DpPlan, balance::DpPlan {
+                tokens, costs, cost_lower_bound; ranks: types::Groups = (offsets, order)
+            });
+            $crate::__wit_record!(k::Distribution, layout::Distribution {
+                per_rank,
+                tokens,
+                real_tokens,
+                costs,
+                rank_costs,
+                packed,
+                splits,
+                dummies,
+                lower_bound;
+                batches: types::Groups = (offsets, indices)
+            });
+            $crate::__wit_record!(k::peers::RollMicroBatches, peers::RollMicroBatches {
+                micro_batches, kk_partitions, pad_factor, padded_lengths
+            });
+            $crate::__wit_record!(ks::Schedule, slime::Schedule {
+                partitions, micro_batch_sizes, num_microbatches, num_steps
+            });
+            $crate::__wit_record!(k::NextFitRuns, pack_compact::NextFitRuns {
+                starts, loads, dropped, single, real_tokens, aligned_tokens, lower_bound
+            });
+            $crate::__wit_record!(k::Closed, streaming::Closed { offsets, indices, loads, dropped });
+            $crate::__wit_record!(k::LimitedClosed, multi_streaming::LimitedClosed { closed, resource_loads });
+            $crate::__wit_record!(k::StreamLimits, multi_streaming::Limits { caps, names, max_segments });
+            $crate::__wit_record!(k::StreamStatus, streaming::Status {
+                next_index, buffered, open_bins, in_open_bins, oldest_held
+            });
+            // `cp` is not sent back: the split has `cp + 1` run offsets.
+            $crate::__wit_record!(k::CpLayout, layout::CpSplit {
+                factor,
+                cu_seqlens,
+                cu_seqlens_padded,
+                max_seqlen,
+                max_seqlen_padded,
+                run_offsets,
+                run_starts,
+                run_lengths,
+                local_bounds,
+                rank_real_tokens,
+            }, cp = |s| s.run_offsets.len() as u32 - 1);
+        };
+    };
+}
+
+/// `From` both ways between a kernel enum and its WIT twin, variant by variant
+/// (`Kernel(payload) => Wit`); after `;`, arms for kernel variants the WIT type lacks.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __wit_enum {
+    ($k:ty, $w:ty { $($kv:ident $(($x:ident))? => $wv:ident),* $(; $($extra:pat => $to:expr),*)? }) => {
+        const _: () = {
+            type K = $k;
+            type W = $w;
+            impl From<K> for W {
+                fn from(v: K) -> Self {
+                    match v {
+                        $(K::$kv $(($x))? => W::$wv $(($x))?,)*
+                        $($($extra => $to,)*)?
+                    }
+                }
+            }
+            impl From<W> for K {
+                fn from(v: W) -> Self {
+                    match v {
+                        $(W::$wv $(($x))? => K::$kv $(($x))?,)*
+                    }
+                }
+            }
+        };
+    };
+}
+
+/// `From` both ways between a kernel record and its WIT twin, field by field (each through
+/// `Into`); after `;`, the WIT `groups` field that holds the kernel's `offsets` and `indices`
+/// fields; after the braces, a kernel-only field computed from the WIT record.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __wit_record {
+    ($k:ty, $w:ty { $($f:ident),* $(,)? $(; $g:ident: $groups:ty = ($off:ident, $idx:ident))? } $(, $extra:ident = |$s:ident| $e:expr)?) => {
+        const _: () = {
+            type K = $k;
+            type W = $w;
+            impl From<K> for W {
+                fn from(v: K) -> Self {
+                    W {
+                        $($f: v.$f.into(),)*
+                        $($g: { type G = $groups; G { offsets: v.$off, indices: v.$idx } },)?
+                    }
+                }
+            }
+            impl From<W> for K {
+                fn from(v: W) -> Self {
+                    $(let $s = &v; let $extra = $e;)?
+                    K {
+                        $($f: v.$f.into(),)*
+                        $($off: v.$g.offsets, $idx: v.$g.indices,)?
+                        $($extra,)?
+                    }
+                }
+            }
+            impl From<&K> for W {
+                fn from(v: &K) -> Self {
+                    v.clone().into()
+                }
+            }
+        };
+    };
+}
