@@ -251,14 +251,15 @@ pub fn run(a: Args) -> Result<(), Failure> {
             let mut caps = vec![a.packing_length];
             caps.extend(&l.caps);
             let e = l.names.len();
-            // Each multi-sample pack's loads, tokens first.
+            // Each multi-sample pack's loads, tokens (aligned, as the cap counts them) first.
+            let aligned = |p: usize| -> u64 {
+                plan.raw.pack(p).iter().map(|&i| lengths[i as usize].div_ceil(a.align) * a.align).sum()
+            };
             let rows: Vec<Vec<u64>> = (0..plan.raw_len())
                 .filter(|&p| {
                     plan.raw.pack(p).len() > 1 || plan.raw.single_long.binary_search(&plan.raw.pack(p)[0]).is_err()
                 })
-                .map(|p| {
-                    std::iter::once(plan.raw.tokens[p]).chain(l.loads[p * e..(p + 1) * e].iter().copied()).collect()
-                })
+                .map(|p| std::iter::once(aligned(p)).chain(l.loads[p * e..(p + 1) * e].iter().copied()).collect())
                 .collect();
             Limits::new(names, &caps, l.max_segments, &l.lower_bounds, rows.iter().map(Vec::as_slice))
         }),
@@ -323,7 +324,11 @@ impl fmt::Display for Report<'_> {
             "  long samples  {:>12}  single-long packs, {} dropped{}",
             self.single_long,
             self.dropped_long,
-            if self.dropped_long == 0 { "" } else { " (length >= packing_length; --allow-single-long keeps them)" }
+            match (self.dropped_long, self.limits.is_some()) {
+                (0, _) => "",
+                (_, false) => " (length >= packing_length; --allow-single-long keeps them)",
+                (_, true) => " (length >= packing_length or over a limit; --allow-single-long keeps them)",
+            }
         )?;
         if let Some(l) = &self.limits {
             writeln!(f, "  method        {:>12}", self.method.unwrap_or_default())?;

@@ -6,10 +6,10 @@
 //! input. Each closed bin is one line of input indices (0-based): space-separated, or a JSON
 //! array with `--json`. A summary goes to stderr.
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::time::Instant;
 
-use stowplan::input::{LengthLines, TableRows};
+use stowplan::input::{LengthLines, MAX_TABLE_LINE, TableRows};
 use stowplan::{
     Closed, LimitedClosed, LimitedStreamPacker, Named, OversizePolicy, StreamLimits, StreamOptions, StreamPacker,
 };
@@ -147,27 +147,36 @@ pub fn run(s: Settings, common: &Common) -> Result<(), Failure> {
         emit(&mut packer, &lengths, &mut tally)?;
     } else {
         // A table: the header names the columns (tokens first), then a row per line, fed in
-        // batches of rows (each line at most --max-input-mib long).
+        // batches of rows; each line at most MAX_TABLE_LINE bytes.
         let names: Vec<&str> = s.limits.iter().map(|(n, _)| n.as_str()).collect();
         let mut table: Option<TableRows> = None;
         let mut rows: Vec<u64> = Vec::new();
-        let mut line = String::new();
+        let mut line: Vec<u8> = Vec::new();
         let mut no = 0u64;
         loop {
             line.clear();
-            let read = reader.read_line(&mut line).map_err(|e| Failure::bad(format!("reading {source}: {e}")))?;
+            // At most MAX_TABLE_LINE bytes and the newline are read: a longer line is refused.
+            let limit = (MAX_TABLE_LINE + 1) as u64;
+            let read = (&mut reader)
+                .take(limit)
+                .read_until(b'\n', &mut line)
+                .map_err(|e| Failure::bad(format!("reading {source}: {e}")))?;
             if read == 0 {
                 break;
             }
             no += 1;
-            if TableRows::skipped(&line) {
+            if line.len() > MAX_TABLE_LINE && line.last() != Some(&b'\n') {
+                return Err(Failure::bad(format!("{source}: table, line {no}: longer than {MAX_TABLE_LINE} bytes")));
+            }
+            let Ok(text) = std::str::from_utf8(&line) else {
+                return Err(Failure::bad(format!("{source}: table, line {no}: not UTF-8 text")));
+            };
+            if TableRows::skipped(text) {
                 continue;
             }
             match &table {
-                None => {
-                    table = Some(TableRows::new(&line, &names).map_err(|e| Failure::bad(format!("{source}: {e}")))?)
-                }
-                Some(t) => t.row(no, &line, &mut rows).map_err(|e| Failure::bad(format!("{source}: {e}")))?,
+                None => table = Some(TableRows::new(text, &names).map_err(|e| Failure::bad(format!("{source}: {e}")))?),
+                Some(t) => t.row(no, text, &mut rows).map_err(|e| Failure::bad(format!("{source}: {e}")))?,
             }
             if rows.len() >= ROWS_PER_CALL * (names.len() + 1) {
                 emit(&mut packer, &rows, &mut tally)?;
@@ -178,6 +187,9 @@ pub fn run(s: Settings, common: &Common) -> Result<(), Failure> {
             return Err(Failure::bad(format!(
                 "{source}: the table is empty: it needs a header line naming its columns"
             )));
+        }
+        if tally.lengths == 0 && rows.is_empty() {
+            return Err(Failure::bad(format!("{source}: the table has a header and no rows")));
         }
         emit(&mut packer, &rows, &mut tally)?;
     }

@@ -869,6 +869,21 @@ fn plan_with_limits_records_them_in_the_plan_file() {
         }
     }
     // Refused by name: --method without limits, a limit beside --column or --cache-dir.
+    // A plan with a segment limit alone writes and loads back (format 3, no limit's loads).
+    let seg_path = dir.join("segments.json");
+    let out = stowplan(
+        &["plan", "--packing-length", "1000", "--max-segments", "3", "--out", seg_path.to_str().unwrap()],
+        None,
+        &[],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let seg = stowplan::StaticPackPlan::load(&seg_path).unwrap();
+    assert!((0..seg.raw_len()).all(|p| seg.raw.pack(p).len() <= 3));
+    // The summary says why samples were dropped.
+    let out =
+        stowplan(&["plan", "--packing-length", "1200", "--lengths", "-", "--limit", "images=2"], Some(table), &[]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("or over a limit"), "{text}");
     let cases: [(&[&str], &str); 3] = [
         (&["--method", "bfd"], "--method applies with --limit or --max-segments"),
         (&["--limit", "images=2", "--column", "1"], "cannot be used with"),
@@ -944,6 +959,13 @@ fn stream_with_limits_reads_a_table_and_gives_the_library_bins() {
     let out = stowplan(&["pack", "--stream", "--limit", "images=3"], Some("tokens\timages\n5\t1\n6\tx\n"), &[]);
     assert_eq!(out.status.code(), Some(2));
     assert!(stderr(&out).contains("line 3, column \"images\""), "{}", stderr(&out));
+    let out = stowplan(&["pack", "--stream", "--limit", "images=3"], Some("tokens\timages\n"), &[]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("the table has a header and no rows"), "{}", stderr(&out));
+    let long = format!("tokens\timages\n{}\n", "1".repeat(70_000));
+    let out = stowplan(&["pack", "--stream", "--limit", "images=3"], Some(&long), &[]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("table, line 2: longer than 65536 bytes"), "{}", stderr(&out));
     let out = stowplan(&["pack", "--stream", "--limit", "images=3"], Some("tokens\timages\n5\t1\n6\t4\n"), &[]);
     assert_eq!(out.status.code(), Some(1));
     assert!(stderr(&out).contains("stream index 1 has 4 images, more than its cap 3"), "{}", stderr(&out));

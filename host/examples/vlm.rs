@@ -1,6 +1,8 @@
 //! Packing under several limits on `vlm-mix-100k.tsv` (issue 31): stowplan's multi-limit
 //! balanced fill, BFD and FFD beside what users do today (pack by tokens with BFD, then split every pack
-//! that breaks another limit), and beside single-resource BFD on the same rows for time.
+//! that breaks another limit), and beside single-resource BFD on the same rows for time; the
+//! static plan under the same limits (`raw_plan_limited`) and the streaming packer under them
+//! (`LimitedStreamPacker`, default bounds: 64 open bins, 4,096 buffered).
 //! Rounds interleave the contenders; prints packs, the gap to the per-resource lower bound
 //! and median times, through the WASM component and natively.
 //!
@@ -10,7 +12,10 @@
 use std::path::PathBuf;
 use std::time::Instant;
 
-use stowplan::{Backend, Kernel, MultiMethod, MultiOptions, OversizePolicy, PackOptions};
+use stowplan::{
+    Backend, Kernel, MicroLimits, MultiMethod, MultiOptions, OversizePolicy, PackOptions, PlanLimits, PlanOptions,
+    StreamLimits, StreamOptions,
+};
 
 const METHODS: [MultiMethod; 3] = [MultiMethod::Balanced, MultiMethod::Bfd, MultiMethod::Ffd];
 
@@ -20,6 +25,28 @@ const MAX_SEGMENTS: u64 = 64;
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
+}
+
+/// The static plan of the rows under the limits (the 5 long rows are already left out).
+fn plan(kernel: &Kernel, tokens: &[u64], extra: &[u64]) -> usize {
+    let limits = PlanLimits {
+        limits: MicroLimits { sizes: extra, caps: &CAPS[1..], names: &[] },
+        max_segments: MAX_SEGMENTS,
+        method: MultiMethod::Balanced,
+    };
+    // A row of exactly 16,384 tokens would be long in a static plan (seed 002); none is.
+    kernel.raw_plan_limited(tokens, &PlanOptions::new(CAPS[0]), &limits).expect("plan").raw.packs()
+}
+
+/// The streaming packer under the limits, fed 4,096 rows a call.
+fn stream(kernel: &Kernel, flat: &[u64]) -> usize {
+    let limits = StreamLimits { caps: CAPS[1..].to_vec(), names: Vec::new(), max_segments: MAX_SEGMENTS };
+    let mut p = kernel.limited_stream_packer(&StreamOptions::new(CAPS[0]), &limits).expect("stream");
+    let mut bins = 0;
+    for chunk in flat.chunks(3 * 4096) {
+        bins += p.add(chunk).expect("add").closed.bins();
+    }
+    bins + p.finish().expect("finish").closed.bins()
 }
 
 /// Today's way: BFD on tokens, then each pack cut, in member order, wherever the next member
@@ -90,8 +117,14 @@ fn main() {
             );
         }
     }
-    // Per kernel: single-resource BFD, each method, the baseline.
-    let per = METHODS.len() + 2;
+    let extra: Vec<u64> = rows.iter().flat_map(|r| [r[1], r[2]]).collect();
+    println!(
+        "static plan (balanced): {} packs; stream (64 open, 4,096 buffered): {} bins",
+        plan(&kernels[1].1, &tokens, &extra),
+        stream(&kernels[1].1, &flat)
+    );
+    // Per kernel: single-resource BFD, each method, the baseline, the plan, the stream.
+    let per = METHODS.len() + 4;
     let mut times: Vec<Vec<f64>> = vec![Vec::new(); 2 * per];
     for _ in 0..rounds {
         for (j, (_, k)) in kernels.iter().enumerate() {
@@ -105,6 +138,12 @@ fn main() {
             }
             let t = Instant::now();
             baseline(k, &rows);
+            times[j * per + per - 3].push(t.elapsed().as_secs_f64() * 1e3);
+            let t = Instant::now();
+            plan(k, &tokens, &extra);
+            times[j * per + per - 2].push(t.elapsed().as_secs_f64() * 1e3);
+            let t = Instant::now();
+            stream(k, &flat);
             times[j * per + per - 1].push(t.elapsed().as_secs_f64() * 1e3);
         }
     }
@@ -115,6 +154,13 @@ fn main() {
             .enumerate()
             .map(|(i, method)| format!("multi {method} {:.2} ms ({:.2}x)", m[1 + i], m[1 + i] / m[0]))
             .collect();
-        println!("{name}: single-resource BFD {:.2} ms, {}, baseline {:.2} ms", m[0], methods.join(", "), m[per - 1]);
+        println!(
+            "{name}: single-resource BFD {:.2} ms, {}, baseline {:.2} ms, static plan {:.2} ms, stream {:.2} ms",
+            m[0],
+            methods.join(", "),
+            m[per - 3],
+            m[per - 2],
+            m[per - 1]
+        );
     }
 }

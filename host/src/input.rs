@@ -233,6 +233,10 @@ pub fn parse_table(text: &str, names: &[&str]) -> Result<(String, Vec<u64>), Err
     Ok((table.first().to_string(), out))
 }
 
+/// The longest line a stream of table rows may have (`stowplan pack --stream --limit`):
+/// longer ones are refused before they are held, so memory stays bounded.
+pub const MAX_TABLE_LINE: usize = 1 << 16;
+
 /// A table's rows line by line (for [`parse_table`] and streams of rows): the header names
 /// the columns; each data line gives its first column, then the named ones, in that order.
 #[derive(Clone, Debug)]

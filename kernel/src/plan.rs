@@ -192,7 +192,19 @@ pub fn raw_plan_limited(
 ) -> Result<LimitedRawPlan, Error> {
     let (caps, names) = resources(lengths.len(), options.packing_length, &limits.limits)?;
     let e = caps.len() - 1;
-    if e == 0 && limits.max_segments == 0 {
+    let limited = e > 0 || limits.max_segments > 0;
+    if limited
+        && limits.method == MultiMethod::Balanced
+        && let Some(q) = caps.iter().position(|&c| c > crate::MAX_BALANCED_CAPACITY)
+    {
+        let what = if q == 0 { String::from("packing_length") } else { alloc::format!("the cap of {}", names[q]) };
+        return invalid!(
+            "{what} = {} is above {}, which the balanced method does not take; choose method bfd or ffd",
+            caps[q],
+            crate::MAX_BALANCED_CAPACITY
+        );
+    }
+    if !limited {
         let raw = raw_plan(lengths, options)?;
         let lower_bounds = alloc::vec![raw.aligned_tokens.div_ceil(options.packing_length)];
         return Ok(LimitedRawPlan { raw, loads: Vec::new(), lower_bounds });

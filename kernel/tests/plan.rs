@@ -275,6 +275,16 @@ fn limited_plan_errors_name_the_limit() {
     assert!(run(&[1, 2], &[5], &names(&["a", "b"]), 0).contains("one per cap (1) or none (got 2)"));
     assert!(run(&[0; 16], &[5; 8], &[], 0).contains("at most 7 caps"));
     assert!(run(&[1, 2], &[5], &names(&["segments"]), 3).contains("segment limit's name"));
+    // A packing length the balanced method cannot take, with a segment limit: named.
+    let big = PlanLimits {
+        limits: MicroLimits { sizes: &[], caps: &[], names: &[] },
+        max_segments: 3,
+        method: MultiMethod::Balanced,
+    };
+    let e = raw_plan_limited(&[3, 4], &PlanOptions::new(5_000_000_000), &big).unwrap_err().to_string();
+    assert!(e.contains("packing_length = 5000000000 is above 4294967295") && e.contains("bfd or ffd"), "{e}");
+    let bfd = PlanLimits { method: MultiMethod::Bfd, ..big };
+    assert_eq!(raw_plan_limited(&[3, 4], &PlanOptions::new(5_000_000_000), &bfd).unwrap().raw.packs(), 1);
     // Every sample over a limit, none kept: the error says so.
     let e = run(&[6, 7], &[5], &names(&["images"]), 0);
     assert!(e.contains("2 over a limit") && e.contains("allow_single_long"), "{e}");

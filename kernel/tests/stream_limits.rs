@@ -158,3 +158,17 @@ fn errors_name_the_item_and_the_limit() {
     assert_eq!(back.status(), q.status());
     assert_eq!(back.limits().names, ["images"]);
 }
+
+#[test]
+fn without_limits_the_state_is_the_plain_packers_inside_its_own_frame() {
+    let o = StreamOptions { max_buffered: 2, ..StreamOptions::new(10) };
+    let mut p = LimitedStreamPacker::new(o, StreamLimits::default()).unwrap();
+    let mut q = StreamPacker::new(o).unwrap();
+    assert_eq!(p.add(&[4, 6, 7, 3]).unwrap().closed, q.add(&[4, 6, 7, 3]).unwrap());
+    let state = p.save();
+    assert_eq!(&state[..4], b"SPSL");
+    let mut back = LimitedStreamPacker::restore(&state).unwrap();
+    assert_eq!(back.status(), q.status());
+    assert_eq!(back.add(&[2, 5]).unwrap().closed, q.add(&[2, 5]).unwrap());
+    assert_eq!(back.finish().closed, q.finish());
+}

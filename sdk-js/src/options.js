@@ -138,7 +138,7 @@ export function limitRows(resources, limits, n) {
   }
   for (const [what, keys] of [['resources', cols.map(([k]) => k)], ['limits', [...caps.keys()]]]) {
     if (keys.includes('tokens')) {
-      throw new InvalidArgumentError(`${what}['tokens']: the tokens are lengths and maxTokenLen, not a further limit`);
+      throw new InvalidArgumentError(`${what}['tokens']: the tokens are lengths and their cap (maxTokenLen, packingLength), not a further limit`);
     }
   }
   const names = cols.map(([name]) => name);

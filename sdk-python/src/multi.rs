@@ -46,7 +46,10 @@ pub(crate) fn limit_rows(
         if name == "tokens" {
             return Err(invalid(
                 py,
-                format!("{what}['tokens']: the tokens are lengths and max_token_len, not a further limit"),
+                format!(
+                    "{what}['tokens']: the tokens are lengths and their cap (max_token_len, packing_length), not a \
+                     further limit"
+                ),
             ));
         }
         Ok(name)

@@ -617,6 +617,13 @@ fn limited_plans_keep_every_limit_and_round_trip_through_format_3() {
     let doc = plan.to_json();
     assert_eq!(doc["format"], json!("stowplan.static-pack-plan/3"));
     assert_eq!(StaticPackPlan::from_json(&doc).unwrap(), *plan);
+    // A segment limit alone: format 3 with no limit's loads, and it loads back.
+    let segments = PlanLimits { limits: MicroLimits { sizes: &[], caps: &[], names: &[] }, max_segments: 3, ..limits };
+    let plan3 = StaticPackPlan::build_limited(&kernels()[1], &tokens[..500], &o, &segments, 2, false).unwrap();
+    let doc = plan3.to_json();
+    assert_eq!(doc["format"], json!("stowplan.static-pack-plan/3"));
+    assert_eq!(StaticPackPlan::from_json(&doc).unwrap(), plan3);
+    assert!((0..plan3.raw_len()).all(|p| plan3.raw.pack(p).len() <= 3));
     // Without limits, the plan of tokens only (format 2, unchanged).
     let none = PlanLimits { limits: MicroLimits { sizes: &[], caps: &[], names: &[] }, max_segments: 0, ..limits };
     let plain = StaticPackPlan::build_limited(&kernels()[0], &tokens, &o, &none, 8, false).unwrap();

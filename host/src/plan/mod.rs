@@ -310,7 +310,8 @@ impl StaticPackPlan {
                 caps: l.caps.clone(),
                 max_segments: l.max_segments,
                 method: l.method.as_str().to_string(),
-                loads: l.loads.chunks(l.names.len().max(1)).map(<[u64]>::to_vec).collect(),
+                // One row per pack, empty with a segment limit alone.
+                loads: (0..self.raw_len()).map(|p| l.loads[p * l.names.len()..][..l.names.len()].to_vec()).collect(),
             }),
             packing_length: self.options.packing_length,
             align: self.options.align,

@@ -13,29 +13,32 @@
 //!      room in the item's *dominant* resource (its largest size / cap, the first such
 //!      resource on ties); ties to the oldest bin;
 //!    - else, with fewer than `max_open_bins` open, into a new bin;
-//!    - else the open bin with the least token room (ties: the oldest) is topped up — it takes,
-//!      one by one, the first buffered item that fits it in every resource, until none does —
-//!      and closes; the item opens a new bin.
+//!    - else the open bin with the least token room (ties: the oldest) is topped up — going
+//!      through the first [`TOP_UP_SCAN`] buffered items in order, it takes each that still
+//!      fits it in every resource — and closes; the item opens a new bin.
 //! 3. A bin whose token room reaches 0, that holds `max_segments` items, or
 //!    [`MAX_BIN_ITEMS`], closes at once.
 //!
-//! [`LimitedStreamPacker::finish`] places the buffered items in buffer order by the same best
-//! fit, opening bins as needed (a bin reaching `max_segments` or [`MAX_BIN_ITEMS`] items
-//! closes at once), then closes every open bin, oldest first.
+//! [`LimitedStreamPacker::finish`] places the buffered items in buffer order by rule 2 (the
+//! bound on open bins holds there too), then closes every open bin, oldest first.
 //!
-//! With no cap and no segment limit every choice is the parent module's, so the bins are
-//! [`StreamPacker`](super::StreamPacker)'s, bit for bit. Each step scans the open bins and
-//! the buffer (O(`max_open_bins` + `max_buffered`) per item, never more): the defaults (64
-//! bins, 4,096 items) keep it cheap.
+//! With no cap and no segment limit the packer *is* a [`StreamPacker`](super::StreamPacker)
+//! (it delegates to one), so its bins are that packer's, bit for bit.
+//!
+//! Cost per item: O(log `max_buffered`) in and out of the buffer (an ordered map), a best fit
+//! over at most `max_open_bins` open bins, and for a top-up one pass over at most
+//! [`TOP_UP_SCAN`] buffered items.
 //!
 //! The state saves to bytes (`SPSL`, framed like the parent's `SPSK`: versioned, sha256) and
 //! restores exactly.
 
+use alloc::collections::BTreeMap;
 use alloc::string::String;
 use alloc::vec::Vec;
+use core::cmp::Reverse;
 
 use super::state::{Reader, frame, oversize_code, oversize_of, unframe};
-use super::{Closed, MAX_BIN_ITEMS, StreamOptions, StreamStatus};
+use super::{Closed, MAX_BIN_ITEMS, StreamOptions, StreamPacker, StreamStatus};
 use crate::balance::{MicroLimits, resources};
 use crate::multi::{dominant, fits, share};
 use crate::{Error, OversizePolicy, invalid};
@@ -71,10 +74,12 @@ impl LimitedClosed {
 #[derive(Clone, Debug)]
 struct Item {
     index: u64,
-    share: u128,
     /// Aligned tokens, then the size in each limit.
     sizes: Vec<u64>,
 }
+
+/// The buffer's order: share desc, then index asc.
+type Key = (Reverse<u128>, u64);
 
 /// An open bin.
 #[derive(Clone, Debug)]
@@ -92,10 +97,12 @@ pub struct LimitedStreamPacker {
     /// Every resource's cap, tokens (the capacity) first.
     caps: Vec<u64>,
     next_index: u64,
-    /// By share desc, index asc.
-    buffer: Vec<Item>,
+    /// Sizes by share desc, index asc.
+    buffer: BTreeMap<Key, Vec<u64>>,
     /// Oldest first.
     open: Vec<Bin>,
+    /// Without any limit: the plain packer, which does everything.
+    plain: Option<StreamPacker>,
 }
 
 impl LimitedStreamPacker {
@@ -107,7 +114,8 @@ impl LimitedStreamPacker {
         let micro = MicroLimits { sizes: &[], caps: &limits.caps, names: &limits.names };
         let (caps, names) = resources(0, options.capacity, &micro)?;
         let limits = StreamLimits { names: names[1..].to_vec(), ..limits };
-        Ok(Self { options, limits, caps, next_index: 0, buffer: Vec::new(), open: Vec::new() })
+        let plain = (caps.len() == 1 && limits.max_segments == 0).then(|| StreamPacker::new(options)).transpose()?;
+        Ok(Self { options, limits, caps, next_index: 0, buffer: BTreeMap::new(), open: Vec::new(), plain })
     }
 
     /// The options.
@@ -122,7 +130,10 @@ impl LimitedStreamPacker {
 
     /// Where the stream stands.
     pub fn status(&self) -> StreamStatus {
-        let held = self.buffer.iter().map(|i| i.index).chain(self.open.iter().flat_map(|b| b.members.iter().copied()));
+        if let Some(p) = &self.plain {
+            return p.status();
+        }
+        let held = self.buffer.keys().map(|k| k.1).chain(self.open.iter().flat_map(|b| b.members.iter().copied()));
         StreamStatus {
             next_index: self.next_index,
             buffered: self.buffer.len() as u32,
@@ -144,6 +155,9 @@ impl LimitedStreamPacker {
     /// `infeasible` for an oversized item under the `error` policy (naming its stream index,
     /// the resource, its size and the cap).
     pub fn add(&mut self, rows: &[u64]) -> Result<LimitedClosed, Error> {
+        if let Some(p) = &mut self.plain {
+            return p.add(rows).map(|closed| LimitedClosed { closed, resource_loads: Vec::new() });
+        }
         let r = self.caps.len();
         if !rows.len().is_multiple_of(r) {
             return invalid!(
@@ -195,33 +209,34 @@ impl LimitedStreamPacker {
                 }
                 continue;
             }
-            let item = Item { index, share: share(&sizes, &self.caps), sizes };
-            // After every item of the same share: their indices are smaller.
-            let at = self.buffer.partition_point(|b| b.share >= item.share);
-            self.buffer.insert(at, item);
+            self.buffer.insert((Reverse(share(&sizes, &self.caps)), index), sizes);
             while self.buffer.len() > self.options.max_buffered as usize {
-                let item = self.buffer.remove(0);
+                let Some(item) = self.pop_first() else { break };
                 self.place(item, &mut out);
             }
         }
         Ok(out)
     }
 
-    /// Places every buffered item (in buffer order, best fit, new bins as needed) and closes
-    /// every open bin, oldest first. The packer stays usable.
+    /// Places every buffered item (in buffer order, by rule 2) and closes every open bin,
+    /// oldest first. The packer stays usable.
     pub fn finish(&mut self) -> LimitedClosed {
+        if let Some(p) = &mut self.plain {
+            return LimitedClosed { closed: p.finish(), resource_loads: Vec::new() };
+        }
         let mut out = LimitedClosed::empty();
-        for item in core::mem::take(&mut self.buffer) {
-            let b = self.best_fit(&item.sizes).unwrap_or_else(|| self.open_bin());
-            self.put(b, item);
-            if self.at_most_items(b) {
-                self.close(b, &mut out);
-            }
+        while let Some(item) = self.pop_first() {
+            self.place(item, &mut out);
         }
         for bin in core::mem::take(&mut self.open) {
             self.push_bin(&mut out, bin);
         }
         out
+    }
+
+    /// The first buffered item, taken out.
+    fn pop_first(&mut self) -> Option<Item> {
+        self.buffer.pop_first().map(|((_, index), sizes)| Item { index, sizes })
     }
 
     /// Rule 2 for the first buffered item.
@@ -233,11 +248,26 @@ impl LimitedStreamPacker {
                     // The open bin with the least token room (the oldest on ties) is topped up
                     // from the buffer and closes.
                     let victim = (0..self.open.len()).min_by_key(|&b| (self.open[b].room[0], b)).unwrap_or(0);
-                    while !self.at_most_items(victim)
-                        && let Some(j) = self.buffer.iter().position(|i| fits(&i.sizes, &self.open[victim].room))
-                    {
-                        let taken = self.buffer.remove(j);
-                        self.put(victim, taken);
+                    // Room only shrinks: one pass over the first TOP_UP_SCAN buffered items, in
+                    // order, takes every item that fits when its turn comes.
+                    let mut room = self.open[victim].room.clone();
+                    let mut taken = Vec::new();
+                    let mut members = self.open[victim].members.len();
+                    for (key, sizes) in self.buffer.iter().take(TOP_UP_SCAN) {
+                        if members >= MAX_BIN_ITEMS
+                            || (self.limits.max_segments > 0 && members as u64 >= self.limits.max_segments)
+                        {
+                            break;
+                        }
+                        if fits(sizes, &room) {
+                            room.iter_mut().zip(sizes).for_each(|(r, s)| *r -= s);
+                            members += 1;
+                            taken.push(*key);
+                        }
+                    }
+                    for key in taken {
+                        let sizes = self.buffer.remove(&key).unwrap_or_default();
+                        self.put(victim, Item { index: key.1, sizes });
                     }
                     self.close(victim, out);
                 }
@@ -295,9 +325,9 @@ impl LimitedStreamPacker {
     }
 
     /// The whole state as bytes: `SPSL`, format version (u32 LE), payload length (u64 LE),
-    /// the payload (options, limits, the stream index, the buffered items by index with
-    /// their sizes, the open bins oldest first with their rooms and members), and the sha256
-    /// of everything before it.
+    /// the payload (options, limits, then the stream index, the buffered items by index with
+    /// their sizes, the open bins oldest first with their rooms and members — or, without any
+    /// limit, the plain packer's `SPSK` state), and the sha256 of everything before it.
     pub fn save(&self) -> Vec<u8> {
         let mut p = Vec::new();
         let o = &self.options;
@@ -313,13 +343,20 @@ impl LimitedStreamPacker {
             p.extend_from_slice(&(name.len() as u32).to_le_bytes());
             p.extend_from_slice(name.as_bytes());
         }
+        if let Some(plain) = &self.plain {
+            // Without limits: the plain packer's own state.
+            let inner = plain.save();
+            p.extend_from_slice(&(inner.len() as u64).to_le_bytes());
+            p.extend_from_slice(&inner);
+            return frame(STATE_MAGIC, STATE_VERSION, &p);
+        }
         p.extend_from_slice(&self.next_index.to_le_bytes());
-        let mut items: Vec<&Item> = self.buffer.iter().collect();
-        items.sort_unstable_by_key(|i| i.index);
+        let mut items: Vec<(u64, &Vec<u64>)> = self.buffer.iter().map(|(k, sizes)| (k.1, sizes)).collect();
+        items.sort_unstable_by_key(|&(index, _)| index);
         p.extend_from_slice(&(items.len() as u32).to_le_bytes());
-        for item in items {
-            p.extend_from_slice(&item.index.to_le_bytes());
-            item.sizes.iter().for_each(|s| p.extend_from_slice(&s.to_le_bytes()));
+        for (index, sizes) in items {
+            p.extend_from_slice(&index.to_le_bytes());
+            sizes.iter().for_each(|s| p.extend_from_slice(&s.to_le_bytes()));
         }
         p.extend_from_slice(&(self.open.len() as u32).to_le_bytes());
         for bin in &self.open {
@@ -360,6 +397,18 @@ impl LimitedStreamPacker {
             }
         }
         let mut packer = Self::new(options, StreamLimits { caps, names, max_segments })?;
+        if packer.plain.is_some() {
+            let len = r.u64()?;
+            if len != r.bytes.len() as u64 {
+                return invalid!("state is damaged: its plain packer's state does not fill the rest of it");
+            }
+            let plain = StreamPacker::restore(r.bytes)?;
+            if *plain.options() != options {
+                return invalid!("state's plain packer has other options than the state");
+            }
+            packer.plain = Some(plain);
+            return Ok(packer);
+        }
         let rows = packer.caps.len();
         packer.next_index = r.u64()?;
         let buffered = r.count(8 + 8 * rows, options.max_buffered, "buffered items")?;
@@ -374,10 +423,7 @@ impl LimitedStreamPacker {
                 return invalid!("state's buffered items are not in ascending index order");
             }
             held.push(index);
-            let item = Item { index, share: share(&sizes, &packer.caps), sizes };
-            let at =
-                packer.buffer.partition_point(|b| b.share > item.share || (b.share == item.share && b.index < index));
-            packer.buffer.insert(at, item);
+            packer.buffer.insert((Reverse(share(&sizes, &packer.caps)), index), sizes);
         }
         let open = r.count(8 * rows + 4, options.max_open_bins, "open bins")?;
         for _ in 0..open {
@@ -410,6 +456,10 @@ fn push(out: &mut LimitedClosed, mut members: Vec<u64>, loads: &[u64]) {
     out.closed.push(&mut members, loads[0]);
     out.resource_loads.extend_from_slice(&loads[1..]);
 }
+
+/// A top-up looks at this many buffered items at most (the first ones in buffer order), so
+/// that a step costs O(`max_open_bins` + 4,096) whatever `max_buffered` is.
+pub const TOP_UP_SCAN: usize = 4096;
 
 const STATE_MAGIC: &[u8; 4] = b"SPSL";
 const STATE_VERSION: u32 = 1;

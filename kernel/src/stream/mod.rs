@@ -43,7 +43,7 @@ mod limited;
 mod open_bins;
 mod state;
 
-pub use limited::{LimitedClosed, LimitedStreamPacker, StreamLimits};
+pub use limited::{LimitedClosed, LimitedStreamPacker, StreamLimits, TOP_UP_SCAN};
 
 use buffer::Buffer;
 use open_bins::OpenBins;
