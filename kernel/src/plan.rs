@@ -171,6 +171,8 @@ pub struct LimitedRawPlan {
     /// The lower bound of the multi-sample packs per resource: tokens (aligned), each limit,
     /// then the segments when `max_segments > 0`.
     pub lower_bounds: Vec<u64>,
+    /// Each limit's name (unnamed ones `resource 1`, `resource 2` …).
+    pub names: Vec<String>,
 }
 
 /// The raw plan of `lengths` under further limits per pack (image tokens, images, segments):
@@ -207,7 +209,7 @@ pub fn raw_plan_limited(
     if !limited {
         let raw = raw_plan(lengths, options)?;
         let lower_bounds = alloc::vec![raw.aligned_tokens.div_ceil(options.packing_length)];
-        return Ok(LimitedRawPlan { raw, loads: Vec::new(), lower_bounds });
+        return Ok(LimitedRawPlan { raw, loads: Vec::new(), lower_bounds, names: Vec::new() });
     }
     let sizes = limits.limits.sizes;
     let over = |i: usize| (0..e).any(|k| sizes[i * e + k] > caps[k + 1]);
@@ -242,7 +244,7 @@ pub fn raw_plan_limited(
             loads.push(raw.pack(p).iter().map(|&i| sizes[i as usize * e + k]).sum());
         }
     }
-    Ok(LimitedRawPlan { raw, loads, lower_bounds })
+    Ok(LimitedRawPlan { raw, loads, lower_bounds, names: names[1..].to_vec() })
 }
 
 /// The raw plan of `lengths`: long samples (`over` is true, or the token rule of [`raw_plan`])

@@ -50,7 +50,7 @@ impl From<&PlanLimits<'_>> for wmplan::PlanLimits {
 impl TryFrom<wmplan::LimitedRawPlan> for LimitedRawPlan {
     type Error = Error;
     fn try_from(r: wmplan::LimitedRawPlan) -> Result<Self, Error> {
-        Ok(LimitedRawPlan { raw: r.plan.try_into()?, loads: r.loads, lower_bounds: r.lower_bounds })
+        Ok(LimitedRawPlan { raw: r.plan.try_into()?, loads: r.loads, lower_bounds: r.lower_bounds, names: r.names })
     }
 }
 

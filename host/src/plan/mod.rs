@@ -113,12 +113,8 @@ impl StaticPackPlan {
         }
         let l = kernel.raw_plan_limited(lengths, options, limits)?;
         let aligned = kernel.aligned_plan(&l.raw, world_size, drop_last)?;
-        let e = limits.limits.caps.len();
-        let names = (0..e)
-            .map(|k| limits.limits.names.get(k).cloned().unwrap_or_else(|| format!("resource {}", k + 1)))
-            .collect();
         let limits = PackLimits {
-            names,
+            names: l.names,
             caps: limits.limits.caps.to_vec(),
             max_segments: limits.max_segments,
             method: limits.method,

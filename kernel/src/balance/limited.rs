@@ -5,7 +5,7 @@ use alloc::string::String;
 use alloc::vec::Vec;
 
 use super::micro::{Caps, MicroOptions, MicroPlan, Need, micro_checks, plan_micro, required_count};
-use super::{DpOptions, Plan, balance_dp};
+use super::{DpOptions, Plan, plan_ranks};
 use crate::pack::OversizePolicy;
 use crate::{Error, invalid};
 
@@ -80,37 +80,14 @@ pub fn plan_limited(
     micro: &MicroOptions,
     limits: &MicroLimits<'_>,
 ) -> Result<Plan, Error> {
-    let extra = dp_options.extra_costs;
-    micro_checks(lengths, extra, &MicroOptions { count: None, min_count: 0, ..*micro })?;
     let all = Rows::new(lengths, limits, micro.max_token_len)?;
-    let dp_plan = balance_dp(lengths, dp, dp_options)?;
     let r = all.caps.len();
-    let mut locals = Vec::with_capacity(dp as usize);
-    for q in 0..dp_plan.dp() {
-        let members = dp_plan.rank(q);
-        let local: Vec<u64> = members.iter().map(|&i| lengths[i as usize]).collect();
-        let local_extra: Option<Vec<u64>> = extra.map(|e| members.iter().map(|&i| e[i as usize]).collect());
-        let costs = micro_checks(&local, local_extra.as_deref(), micro)?;
+    plan_ranks(lengths, dp, dp_options, micro, |members, local| {
         let sizes: Vec<u64> = members.iter().flat_map(|&i| all.sizes[i as usize * r..][..r].iter().copied()).collect();
         let rows = Rows { sizes, caps: all.caps.clone(), names: all.names.clone() };
         let (need, _) = rows.need(local.len(), micro)?;
-        locals.push((local, costs, rows, need));
-    }
-    let count = micro.count.or_else(|| locals.iter().map(|l| l.3.required).max());
-    let opts = MicroOptions { count, ..*micro };
-    let mut ranks = Vec::with_capacity(locals.len());
-    for (q, (local, costs, rows, need)) in locals.into_iter().enumerate() {
-        let mut mp = plan_micro(&local, &costs, &opts, need, &rows.caps()).map_err(|e| match e {
-            Error::InvalidArgument(m) => Error::InvalidArgument(alloc::format!("rank {q}: {m}")),
-            Error::Infeasible(m) => Error::Infeasible(alloc::format!("rank {q}: {m}")),
-        })?;
-        let global = dp_plan.rank(q);
-        for i in &mut mp.indices {
-            *i = global[*i as usize];
-        }
-        ranks.push(mp);
-    }
-    Ok(Plan { dp: dp_plan, ranks })
+        Ok((need, rows.sizes, rows.caps))
+    })
 }
 
 /// A batch's sizes in every resource, row by row (tokens first), with every cap and name.

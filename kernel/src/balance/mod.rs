@@ -31,7 +31,7 @@ pub use micro::{MicroOptions, MicroPlan, micro_batches, micro_batches_with_extra
 pub use order::Order;
 pub(crate) use order::apply_order;
 
-use micro::{Caps, micro_checks, needed_count, plan_micro};
+use micro::{Caps, Need, micro_checks, needed_count, plan_micro};
 
 /// The cost of a sequence of `len` tokens: `linear·len + quadratic·len²`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -116,6 +116,21 @@ pub struct Plan {
 ///
 /// Errors: those of [`balance_dp`] and [`micro_batches`].
 pub fn plan(lengths: &[u64], dp: u32, dp_options: &DpOptions<'_>, micro: &MicroOptions) -> Result<Plan, Error> {
+    plan_ranks(lengths, dp, dp_options, micro, |_, local| {
+        Ok((needed_count(local, micro)?, local.to_vec(), alloc::vec![micro.max_token_len]))
+    })
+}
+
+/// The two levels: the global checks, DP balancing, then every rank's micro-batches with one
+/// common count. `rank(members, local lengths)` gives a rank's need, and its sizes row by row
+/// with the caps they are held to (the lengths and `max_token_len`, or more resources).
+fn plan_ranks(
+    lengths: &[u64],
+    dp: u32,
+    dp_options: &DpOptions<'_>,
+    micro: &MicroOptions,
+    rank: impl Fn(&[u32], &[u64]) -> Result<(Need, Vec<u64>, Vec<u64>), Error>,
+) -> Result<Plan, Error> {
     // Name an oversized sequence by its global index (the per-rank checks see local ones).
     let extra = dp_options.extra_costs;
     micro_checks(lengths, extra, &MicroOptions { count: None, min_count: 0, ..*micro })?;
@@ -123,19 +138,19 @@ pub fn plan(lengths: &[u64], dp: u32, dp_options: &DpOptions<'_>, micro: &MicroO
     // Each rank's lengths, costs and needs, computed once: the needs give the agreed count.
     let mut locals = Vec::with_capacity(dp as usize);
     for r in 0..dp_plan.dp() {
-        let local: Vec<u64> = dp_plan.rank(r).iter().map(|&i| lengths[i as usize]).collect();
-        let local_extra: Option<Vec<u64>> = extra.map(|e| dp_plan.rank(r).iter().map(|&i| e[i as usize]).collect());
+        let members = dp_plan.rank(r);
+        let local: Vec<u64> = members.iter().map(|&i| lengths[i as usize]).collect();
+        let local_extra: Option<Vec<u64>> = extra.map(|e| members.iter().map(|&i| e[i as usize]).collect());
         let costs = micro_checks(&local, local_extra.as_deref(), micro)?;
-        let need = needed_count(&local, micro)?;
-        locals.push((local, costs, need));
+        let (need, sizes, caps) = rank(members, &local)?;
+        locals.push((local, costs, need, sizes, caps));
     }
     let count = micro.count.or_else(|| locals.iter().map(|l| l.2.required).max());
     let opts = MicroOptions { count, ..*micro };
     let mut ranks = Vec::with_capacity(locals.len());
-    for (r, (local, costs, need)) in locals.into_iter().enumerate() {
-        let caps = [micro.max_token_len];
+    for (r, (local, costs, need, sizes, caps)) in locals.into_iter().enumerate() {
         let mut mp =
-            plan_micro(&local, &costs, &opts, need, &Caps { sizes: &local, caps: &caps }).map_err(|e| match e {
+            plan_micro(&local, &costs, &opts, need, &Caps { sizes: &sizes, caps: &caps }).map_err(|e| match e {
                 Error::InvalidArgument(m) => Error::InvalidArgument(alloc::format!("rank {r}: {m}")),
                 Error::Infeasible(m) => Error::Infeasible(alloc::format!("rank {r}: {m}")),
             })?;

@@ -96,7 +96,12 @@ impl multi_plan::Guest for Kernel {
             method: limits.method.into(),
         };
         let r = k::raw_plan_limited(&lengths, &plan_options(options), &limits).map_err(error)?;
-        Ok(multi_plan::LimitedRawPlan { plan: raw_pack_plan(r.raw), loads: r.loads, lower_bounds: r.lower_bounds })
+        Ok(multi_plan::LimitedRawPlan {
+            plan: raw_pack_plan(r.raw),
+            loads: r.loads,
+            lower_bounds: r.lower_bounds,
+            names: r.names,
+        })
     }
 }
 
