@@ -37,7 +37,7 @@ use alloc::string::String;
 use alloc::vec::Vec;
 use core::cmp::Reverse;
 
-use super::state::{Reader, frame, oversize_code, oversize_of, unframe};
+use super::state::{Reader, frame, read_options, unframe, write_options};
 use super::{Closed, MAX_BIN_ITEMS, StreamOptions, StreamPacker, StreamStatus};
 use crate::balance::{MicroLimits, resources};
 use crate::multi::{dominant, fits, share};
@@ -330,12 +330,7 @@ impl LimitedStreamPacker {
     /// limit, the plain packer's `SPSK` state), and the sha256 of everything before it.
     pub fn save(&self) -> Vec<u8> {
         let mut p = Vec::new();
-        let o = &self.options;
-        p.extend_from_slice(&o.capacity.to_le_bytes());
-        p.extend_from_slice(&o.align.to_le_bytes());
-        p.extend_from_slice(&o.max_open_bins.to_le_bytes());
-        p.extend_from_slice(&o.max_buffered.to_le_bytes());
-        p.push(oversize_code(o.oversize));
+        write_options(&mut p, &self.options);
         p.extend_from_slice(&self.limits.max_segments.to_le_bytes());
         p.extend_from_slice(&(self.limits.caps.len() as u32).to_le_bytes());
         for (cap, name) in self.limits.caps.iter().zip(&self.limits.names) {
@@ -374,13 +369,7 @@ impl LimitedStreamPacker {
     /// sha256 mismatch), or contents no packer can hold (checked in full).
     pub fn restore(state: &[u8]) -> Result<Self, Error> {
         let mut r = Reader { bytes: unframe(state, STATE_MAGIC, STATE_VERSION, "limited stream-packer")? };
-        let options = StreamOptions {
-            capacity: r.u64()?,
-            align: r.u64()?,
-            max_open_bins: r.u32()?,
-            max_buffered: r.u32()?,
-            oversize: oversize_of(r.u8()?)?,
-        };
+        let options = read_options(&mut r)?;
         let max_segments = r.u64()?;
         let e = r.count(12, crate::MAX_RESOURCES as u32 - 1, "limits")?;
         let (mut caps, mut names) = (Vec::new(), Vec::new());

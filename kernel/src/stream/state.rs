@@ -14,12 +14,7 @@ impl StreamPacker {
     /// bytes in every host.
     pub fn save(&self) -> Vec<u8> {
         let mut p = Vec::new();
-        let o = &self.options;
-        p.extend_from_slice(&o.capacity.to_le_bytes());
-        p.extend_from_slice(&o.align.to_le_bytes());
-        p.extend_from_slice(&o.max_open_bins.to_le_bytes());
-        p.extend_from_slice(&o.max_buffered.to_le_bytes());
-        p.push(oversize_code(o.oversize));
+        write_options(&mut p, &self.options);
         p.extend_from_slice(&self.next_index.to_le_bytes());
         let mut items = self.buffer.items();
         items.sort_unstable_by_key(|&(_, index)| index);
@@ -49,13 +44,7 @@ impl StreamPacker {
     /// later call misbehave).
     pub fn restore(state: &[u8]) -> Result<Self, Error> {
         let mut r = Reader { bytes: unframe(state, STATE_MAGIC, STATE_VERSION, "stream-packer")? };
-        let options = StreamOptions {
-            capacity: r.u64()?,
-            align: r.u64()?,
-            max_open_bins: r.u32()?,
-            max_buffered: r.u32()?,
-            oversize: oversize_of(r.u8()?)?,
-        };
+        let options = read_options(&mut r)?;
         let mut packer = Self::new(options)?;
         packer.next_index = r.u64()?;
         let buffered = r.count(16, options.max_buffered, "buffered items")?;
@@ -106,8 +95,29 @@ impl StreamPacker {
 const STATE_MAGIC: &[u8; 4] = b"SPSK";
 const STATE_VERSION: u32 = 1;
 
+/// A packer's options as saved: capacity, align (u64 LE), the bounds (u32 LE), the oversize
+/// policy's byte.
+pub(super) fn write_options(p: &mut Vec<u8>, o: &StreamOptions) {
+    p.extend_from_slice(&o.capacity.to_le_bytes());
+    p.extend_from_slice(&o.align.to_le_bytes());
+    p.extend_from_slice(&o.max_open_bins.to_le_bytes());
+    p.extend_from_slice(&o.max_buffered.to_le_bytes());
+    p.push(oversize_code(o.oversize));
+}
+
+/// Options written by [`write_options`] (checked by the packer that takes them).
+pub(super) fn read_options(r: &mut Reader<'_>) -> Result<StreamOptions, Error> {
+    Ok(StreamOptions {
+        capacity: r.u64()?,
+        align: r.u64()?,
+        max_open_bins: r.u32()?,
+        max_buffered: r.u32()?,
+        oversize: oversize_of(r.u8()?)?,
+    })
+}
+
 /// The byte an oversize policy is saved as.
-pub(super) fn oversize_code(o: OversizePolicy) -> u8 {
+fn oversize_code(o: OversizePolicy) -> u8 {
     match o {
         OversizePolicy::Error => 0,
         OversizePolicy::Single => 1,
@@ -116,7 +126,7 @@ pub(super) fn oversize_code(o: OversizePolicy) -> u8 {
 }
 
 /// The oversize policy saved as `code`.
-pub(super) fn oversize_of(code: u8) -> Result<OversizePolicy, Error> {
+fn oversize_of(code: u8) -> Result<OversizePolicy, Error> {
     match code {
         0 => Ok(OversizePolicy::Error),
         1 => Ok(OversizePolicy::Single),
