@@ -64,36 +64,42 @@ export class PeerError extends StowplanError {
 /**
  * A kernel message with its snake_case argument names spelt as this package's options are
  * (`max_token_len` → `maxTokenLen`): the kernel names arguments as the Rust and Python APIs
- * spell them. Quoted words are values, not names (`'cp_tp'`), and stay as they are.
- * @param {string} message
+ * spell them. Quoted words are values, not names (`'cp_tp'`), and stay as they are, and so
+ * do the caller's own `names` (resource names such as `image_tokens`, which messages name).
+ * @param {string} message @param {readonly string[]} [names]
  * @returns {string}
  */
-export function camelCased(message) {
-  return message.replace(/(?<!['"\w])([a-z][a-z0-9]*)((?:_[a-z0-9]+)+)(?!['"\w])/g, (_, head, rest) =>
-    head + rest.split('_').slice(1).map((w) => w[0].toUpperCase() + w.slice(1)).join(''),
+export function camelCased(message, names = []) {
+  return message.replace(/(?<!['"\w])([a-z][a-z0-9]*)((?:_[a-z0-9]+)+)(?!['"\w])/g, (word, head, rest) =>
+    names.includes(word) ? word : head + rest.split('_').slice(1).map((w) => w[0].toUpperCase() + w.slice(1)).join(''),
   );
 }
 
 /**
  * The error a kernel result error becomes: `invalid-argument` → InvalidArgumentError,
- * `infeasible` → InfeasibleError, with the host's message prefix.
- * @param {{tag: string, val: string}} e
+ * `infeasible` → InfeasibleError, with the host's message prefix (`names`: the caller's
+ * resource names, kept as spelt).
+ * @param {{tag: string, val: string}} e @param {readonly string[]} [names]
  * @returns {StowplanError}
  */
-export function fromKernel(e) {
-  if (e.tag === 'invalid-argument') return new InvalidArgumentError(`invalid argument: ${camelCased(e.val)}`);
-  if (e.tag === 'infeasible') return new InfeasibleError(`infeasible: ${camelCased(e.val)}`);
+export function fromKernel(e, names) {
+  if (e.tag === 'invalid-argument') return new InvalidArgumentError(`invalid argument: ${camelCased(e.val, names)}`);
+  if (e.tag === 'infeasible') return new InfeasibleError(`infeasible: ${camelCased(e.val, names)}`);
   return new KernelRuntimeError(`kernel runtime failure: unknown error ${JSON.stringify(e)}`);
 }
 
-/** Runs `f`, turning the kernel's result errors and traps into stowplan errors. */
-export function call(f) {
+/**
+ * Runs `f`, turning the kernel's result errors and traps into stowplan errors (`names`: the
+ * resource names the call was given, which its messages keep as spelt).
+ * @template T @param {() => T} f @param {readonly string[]} [names] @returns {T}
+ */
+export function call(f, names) {
   try {
     return f();
   } catch (e) {
     if (e && typeof e === 'object' && 'payload' in e) {
       const p = /** @type {any} */ (e).payload;
-      if (p && typeof p.tag === 'string' && typeof p.val === 'string') throw fromKernel(p);
+      if (p && typeof p.tag === 'string' && typeof p.val === 'string') throw fromKernel(p, names);
       if (p && typeof p.exception === 'string') throw new PeerError(p.exception, p.message);
     }
     if (e instanceof StowplanError) throw e;

@@ -162,6 +162,19 @@ export interface StreamPackerOptions {
   align?: Int;
   /** A length above the capacity: `'error'` (default; nothing applied), `'single'` or `'drop'`. */
   oversize?: 'error' | 'single' | 'drop';
+  /**
+   * Further limits per bin: each resource's name (not `tokens`) → its cap (≥ 1; up to 7). With
+   * limits, `add` takes every item's sizes in them (`resources`).
+   */
+  limits?: Named<Int>;
+  /** Items per bin at most (default 0: no segment limit). */
+  maxSegments?: Int;
+}
+
+/** Options of `StreamPacker#add`. */
+export interface StreamAddOptions {
+  /** With limits: each limit's name → these items' sizes in it, one per length. */
+  resources?: Named<Integers>;
 }
 
 /** Options of `padFactor` and `cpLayout`. */
@@ -471,6 +484,8 @@ export class ClosedBins {
   readonly dropped: BigUint64Array;
   /** Number of bins. */
   readonly numBins: number;
+  /** Under limits: each limit's name → every bin's load in it (empty without limits). */
+  readonly resourceLoads: Readonly<Record<string, BigUint64Array>>;
   /** The bins, as views into `indices`. */
   readonly bins: BigUint64Array[];
   /** Number of bins. */
@@ -499,6 +514,10 @@ export class StreamPacker {
   private constructor();
   /** The options it was made with. */
   readonly options: Readonly<{ capacity: bigint; align: bigint; maxOpenBins: number; maxBuffered: number; oversize: 'error' | 'single' | 'drop' }>;
+  /** Each limit's name → its cap per bin (empty without limits). */
+  readonly limits: Readonly<Record<string, bigint>>;
+  /** Items per bin at most (0n: no segment limit). */
+  readonly maxSegments: bigint;
   /** Stream indices dropped (oversize `drop`) by the last `add` that returned (`finish` drops none). */
   readonly lastDropped: BigUint64Array;
   /**
@@ -506,7 +525,7 @@ export class StreamPacker {
    * (InfeasibleError, InvalidArgumentError) the packer is exactly as before the call, also for
    * an add of more than 4,194,304 lengths, which is cut into several kernel calls.
    */
-  add(lengths: Integers): ClosedBins;
+  add(lengths: Integers, options?: StreamAddOptions): ClosedBins;
   /** Places every buffered length and closes every open bin; the packer stays usable. */
   finish(): ClosedBins;
   /** The whole state as bytes (framed, versioned, checksummed; the same from every host). */

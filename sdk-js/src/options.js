@@ -147,11 +147,7 @@ export function limitRows(resources, limits, n) {
   for (const [name, values] of cols) {
     if (!caps.has(name)) throw new InvalidArgumentError(`limits has no cap for resources['${name}']`);
     capList.push(u64(caps.get(name), `limits['${name}']`, 1n));
-    const col = u64Array(values, `resources['${name}']`);
-    if (col.length !== n) {
-      throw new InvalidArgumentError(`resources['${name}'] has ${col.length} sizes, lengths ${n}: one per sequence`);
-    }
-    sizes.push(col);
+    sizes.push(resourceColumn(name, values, n, 'sequence'));
   }
   for (const key of caps.keys()) {
     if (!names.includes(key)) {
@@ -159,6 +155,42 @@ export function limitRows(resources, limits, n) {
     }
   }
   return { sizes: rows(sizes, n), caps: BigUint64Array.from(capList), names };
+}
+
+/** `resources[name]`'s sizes, one per each of `n` items (`what`: an item's word in messages). */
+function resourceColumn(name, values, n, what) {
+  const col = u64Array(values, `resources['${name}']`);
+  if (col.length !== n) {
+    throw new InvalidArgumentError(`resources['${name}'] has ${col.length} sizes, lengths ${n}: one per ${what}`);
+  }
+  return col;
+}
+
+/**
+ * The rows of a limited `StreamPacker#add`: each item's length, then its size in each of the
+ * packer's limits (`names`, in the packer's order). `resources` must name exactly those limits
+ * (none for a packer with a segment limit alone).
+ */
+export function streamRows(lengths, resources, names) {
+  const n = lengths.length;
+  if (names.length === 0) {
+    if (given(resources)) throw new InvalidArgumentError('resources given to a packer without limits (streamPacker({limits}))');
+    return lengths;
+  }
+  if (!given(resources)) {
+    throw new InvalidArgumentError(`resources needs every limit's sizes (${names.join(', ')}), one per length`);
+  }
+  const cols = new Map(namedEntries(resources, 'resources', 'sizes'));
+  for (const key of cols.keys()) {
+    if (!names.includes(key)) {
+      throw new InvalidArgumentError(`resources['${key}'] is not one of the packer's limits (${names.join(', ')})`);
+    }
+  }
+  const sizes = names.map((name) => {
+    if (!cols.has(name)) throw new InvalidArgumentError(`resources has no sizes for limits['${name}']`);
+    return resourceColumn(name, cols.get(name), n, 'length');
+  });
+  return rows([lengths, ...sizes], n);
 }
 
 /** The kernel's sizes list of a table: item by item, a row of its sizes in every resource. */
@@ -228,6 +260,26 @@ export function planOptions(o) {
     packingLength: u64(o.packingLength, 'packingLength', 1n),
     align: alignOption(o, d.align),
     allowSingleLong: or(o, 'allowSingleLong', bool, d.allow_single_long),
+  };
+}
+
+/**
+ * The further limits of `streamPacker` (`limits`: name → cap per bin, `maxSegments`) as the
+ * kernel's `multi-streaming` limits, or null for a packer of tokens alone (no limit, no
+ * segment limit: the plain packer, as Python's).
+ */
+export function streamLimits(o) {
+  const maxSegments = or(o, 'maxSegments', (v, key) => u64(v, key), 0n);
+  if (!given(o.limits) && maxSegments === 0n) return null;
+  const entries = given(o.limits) ? namedEntries(o.limits, 'limits', 'cap') : [];
+  if (entries.length > MAX_RESOURCES - 1) {
+    throw new InvalidArgumentError(`limits must name at most ${MAX_RESOURCES - 1} resources (got ${entries.length})`);
+  }
+  // The kernel refuses "tokens" and checks the names again, naming the limit.
+  return {
+    caps: BigUint64Array.from(entries, ([name, cap]) => u64(cap, `limits['${name}']`, 1n)),
+    names: entries.map(([name]) => name),
+    maxSegments,
   };
 }
 

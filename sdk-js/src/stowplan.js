@@ -18,11 +18,12 @@ import {
   planOptions,
   resourceTable,
   rows,
+  streamLimits,
   streamOptions,
 } from './options.js';
 import { AlignedPlan, CpLayout, MultiPacking, Packing, Partition, RawPlan } from './results.js';
 import { Balance, MicroBatches } from './balance.js';
-import { StreamPacker } from './stream.js';
+import { StreamPacker, isLimitedState } from './stream.js';
 
 /**
  * A loaded kernel component with the whole API. The module's functions use one loaded at
@@ -99,7 +100,7 @@ export class Stowplan {
     // resources in its messages.
     const options_ = { capacities: BigUint64Array.from(capacity), names, maxSegments, ...shared };
     const all = rows(sizes, n);
-    const m = call(() => this.k.multiPack.pack(all, options_));
+    const m = call(() => this.k.multiPack.pack(all, options_), names);
     return new MultiPacking(m, sizes[0], names, capacity, maxSegments);
   }
 
@@ -117,7 +118,7 @@ export class Stowplan {
       if (!given(o.resources)) throw new InvalidArgumentError("limits needs resources (the sequences' sizes in each)");
       const lim = limitRows(o.resources, o.limits, l.length);
       const e = given(o.extraCosts) ? u64Array(o.extraCosts, 'extraCosts') : undefined;
-      return new MicroBatches(call(() => this.k.multiMicro.microBatches(l, e, lim, m)).plan);
+      return new MicroBatches(call(() => this.k.multiMicro.microBatches(l, e, lim, m), lim.names).plan);
     }
     if (given(o.extraCosts)) {
       const e = u64Array(o.extraCosts, 'extraCosts');
@@ -159,7 +160,7 @@ export class Stowplan {
       if (!given(o.limits)) throw new InvalidArgumentError('resources needs limits (the cap of each resource)');
       if (!given(o.resources)) throw new InvalidArgumentError("limits needs resources (the sequences' sizes in each)");
       const lim = limitRows(o.resources, o.limits, l.length);
-      p = call(() => this.k.multiMicro.plan(l, e ?? undefined, lim, d, dpOpts, micro));
+      p = call(() => this.k.multiMicro.plan(l, e ?? undefined, lim, d, dpOpts, micro), lim.names);
     } else {
       p = e ? call(() => this.k.multimodal.plan(l, e, d, dpOpts, micro)) : call(() => this.k.balance.plan(l, d, dpOpts, micro));
     }
@@ -218,7 +219,7 @@ export class Stowplan {
     }
     const lim = given(o.limits) ? limitRows(o.resources, o.limits, l.length) : { sizes: new BigUint64Array(0), caps: new BigUint64Array(0), names: [] };
     const method = given(o.method) ? oneOf(o.method, 'method', NAMES.MultiMethod) : NAMES.MultiMethod[0];
-    const r = call(() => this.k.multiPlan.rawPlan(l, p, { limits: lim, maxSegments, method }));
+    const r = call(() => this.k.multiPlan.rawPlan(l, p, { limits: lim, maxSegments, method }), lim.names);
     return new RawPlan(r.plan, p, { names: lim.names, caps: lim.caps, maxSegments, method, loads: r.loads, lowerBounds: r.lowerBounds });
   }
 
@@ -254,15 +255,19 @@ export class Stowplan {
    * A streaming packer: best fit with at most `maxOpenBins` open bins (1..=65536, default
    * 64) and `maxBuffered` lengths waiting (0..=1048576, default 4096; 0 places each length
    * on arrival); `align` rounds each length up first; `oversize` as in `pack`.
+   * Further limits per bin: `limits` maps each resource's name (not `tokens`) to its cap,
+   * `maxSegments` caps the items per bin (0: none); `add` then takes the items' `resources`.
    * The packer runs in a kernel instance of its own, made here (hence async).
    * @param {number | bigint} capacity @param {StreamPackerOptions} [opts]
    * @returns {Promise<StreamPacker>}
    */
   async streamPacker(capacity, opts) {
-    const o = options(opts, 'streamPacker', ['maxOpenBins', 'maxBuffered', 'align', 'oversize']);
+    const o = options(opts, 'streamPacker', ['maxOpenBins', 'maxBuffered', 'align', 'oversize', 'limits', 'maxSegments']);
     const so = streamOptions(capacity, o);
+    const lim = streamLimits(o);
     const k = await this.spawn();
-    return new StreamPacker(call(() => k.streaming.Packer.create(so)), k);
+    if (lim) return new StreamPacker(call(() => k.multiStreaming.Packer.create(so, lim), lim.names), k, true);
+    return new StreamPacker(call(() => k.streaming.Packer.create(so)), k, false);
   }
 
   /**
@@ -277,7 +282,8 @@ export class Stowplan {
     else if (state instanceof ArrayBuffer) bytes = new Uint8Array(state);
     else throw new InvalidArgumentError('state must be a Uint8Array or ArrayBuffer (the bytes of StreamPacker#state)');
     const k = await this.spawn();
-    return new StreamPacker(call(() => k.streaming.Packer.restore(bytes)), k);
+    if (isLimitedState(bytes)) return new StreamPacker(call(() => k.multiStreaming.Packer.restore(bytes)), k, true);
+    return new StreamPacker(call(() => k.streaming.Packer.restore(bytes)), k, false);
   }
 
   /**

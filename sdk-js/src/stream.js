@@ -1,7 +1,8 @@
 // The streaming packer: a kernel `streaming.packer` resource in a kernel instance of its own,
 // and the bins its calls close.
 import { InfeasibleError, InvalidArgumentError, KernelRuntimeError, call } from './errors.js';
-import { u64Array } from './convert.js';
+import { options as checkOptions, u64Array } from './convert.js';
+import { streamRows } from './options.js';
 import { lists } from './results.js';
 
 /**
@@ -13,8 +14,11 @@ const STREAM_CHUNK = 1 << 22;
 
 /** The bins one call of a `StreamPacker` closed (stream indices, bigints). */
 export class ClosedBins {
-  /** @param {any} c the kernel's closed bins */
-  constructor(c) {
+  /**
+   * @param {any} c the kernel's closed bins (with `resourceLoads`, bins × limits)
+   * @param {string[]} names the packer's limits
+   */
+  constructor(c, names) {
     /** Bin boundaries into `indices`. */
     this.offsets = c.offsets;
     /** Stream indices, bin after bin (ascending in each bin). */
@@ -25,6 +29,12 @@ export class ClosedBins {
     this.dropped = c.dropped;
     /** Number of bins. */
     this.numBins = this.offsets.length - 1;
+    /** Under limits: each limit's name → every bin's load in it (empty without limits). */
+    this.resourceLoads = Object.freeze(
+      Object.fromEntries(
+        names.map((name, q) => [name, BigUint64Array.from({ length: this.numBins }, (_, b) => c.resourceLoads[b * names.length + q])]),
+      ),
+    );
   }
 
   /** The bins, as views into `indices`. @returns {BigUint64Array[]} */
@@ -50,15 +60,34 @@ function concatClosed(parts) {
   const indices = new BigUint64Array(total('indices'));
   const loads = new BigUint64Array(total('loads'));
   const dropped = new BigUint64Array(total('dropped'));
-  let [bins, at, lo, dr] = [0, 0, 0, 0];
+  const resourceLoads = new BigUint64Array(total('resourceLoads'));
+  let [bins, at, lo, dr, rl] = [0, 0, 0, 0, 0];
   for (const p of parts) {
     for (let b = 1; b < p.offsets.length; b++) offsets[++bins] = at + p.offsets[b];
     indices.set(p.indices, at);
     loads.set(p.loads, lo);
     dropped.set(p.dropped, dr);
-    [at, lo, dr] = [at + p.indices.length, lo + p.loads.length, dr + p.dropped.length];
+    resourceLoads.set(p.resourceLoads, rl);
+    [at, lo, dr, rl] = [at + p.indices.length, lo + p.loads.length, dr + p.dropped.length, rl + p.resourceLoads.length];
   }
-  return { offsets, indices, loads, dropped };
+  return { offsets, indices, loads, dropped, resourceLoads };
+}
+
+/** No loads beside the tokens (a packer without limits). */
+const NO_LOADS = new BigUint64Array(0);
+
+/**
+ * Closed bins as one record: a limited packer's kernel result (`closed` and `resourceLoads`),
+ * a plain packer's (no resource loads) or `concatClosed`'s (already one record).
+ */
+function flat(c) {
+  if (c.closed) return { ...c.closed, resourceLoads: c.resourceLoads };
+  return c.resourceLoads ? c : { ...c, resourceLoads: NO_LOADS };
+}
+
+/** Whether `bytes` are a limited packer's state ("SPSL"; the kernel checks every byte). */
+export function isLimitedState(bytes) {
+  return bytes.length >= 4 && String.fromCharCode(...bytes.subarray(0, 4)) === 'SPSL';
 }
 
 /**
@@ -66,21 +95,35 @@ function concatClosed(parts) {
  * comes out when it closes, and memory stays bounded however long the stream. The kernel's
  * rule is item by item, so how the stream is cut into `add` calls changes nothing; the bins
  * are those of the Rust host, the CLI's `pack --stream` and Python's `StreamPacker`.
+ * Made with `limits` (or `maxSegments`), it is the kernel's `multi-streaming` packer: every
+ * bin stays within every limit too, and `add` takes each item's sizes in them.
  *
  * Each packer runs in a kernel instance of its own (as in the Rust host): its state lives in
  * that instance's linear memory, and a failure of the instance (a trap) ends that packer
  * only. `dispose()` frees it at once; otherwise the garbage collector does.
  */
 export class StreamPacker {
-  /** @param {any} handle the kernel's packer resource @param {any} instance its kernel instance */
-  constructor(handle, instance) {
+  /**
+   * @param {any} handle the kernel's packer resource (`streaming` or `multi-streaming`)
+   * @param {any} instance its kernel instance @param {boolean} limited which of the two
+   */
+  constructor(handle, instance, limited) {
     /** @private */
     this.p = handle;
     /** @private */
     this.instance = instance;
+    /** @private */
+    this.limited = limited;
     const o = call(() => handle.options());
     /** The options it was made with: capacity, align, maxOpenBins, maxBuffered, oversize. */
     this.options = Object.freeze({ ...o });
+    const l = limited ? call(() => handle.limits()) : { caps: NO_LOADS, names: [], maxSegments: 0n };
+    /** @private The limits' names, in the kernel's order. */
+    this.names = l.names;
+    /** Each limit's name → its cap per bin (empty without limits). */
+    this.limits = Object.freeze(Object.fromEntries(l.names.map((name, q) => [name, l.caps[q]])));
+    /** Items per bin at most (0n: no segment limit). */
+    this.maxSegments = l.maxSegments;
     /**
      * Stream indices dropped (oversize `drop`) by the last `add` or `finish` that returned
      * (`finish` places buffered lengths only, which are never oversized: it sets none).
@@ -94,13 +137,18 @@ export class StreamPacker {
    * `error`, InvalidArgumentError e.g. for a length whose rounding up to `align` overflows),
    * the packer is exactly as before the call, also when the add was cut into several kernel
    * calls (its state is saved before the first and restored after a refused one).
-   * @param {any} lengths
+   * A packer with limits takes `resources`: each limit's name → these items' sizes in it
+   * (InfeasibleError under `error` for an item over a limit, naming it and its index).
+   * @param {any} lengths @param {{ resources?: any }} [opts]
    * @returns {ClosedBins}
    */
-  add(lengths) {
+  add(lengths, opts) {
+    const o = checkOptions(opts, 'add', ['resources']);
     const l = u64Array(lengths, 'lengths');
-    // One kernel call: the kernel checks every length before it applies any.
-    if (l.length <= STREAM_CHUNK) return this.closed(call(() => this.live().add(l)));
+    const rows = streamRows(l, o.resources, this.names);
+    const width = this.names.length + 1;
+    // One kernel call: the kernel checks every item before it applies any.
+    if (l.length <= STREAM_CHUNK) return this.closed(call(() => this.live().add(rows), this.names));
     // Several: a later call may be refused after earlier ones were applied (the kernel checks
     // each call's lengths only), so the state before the first is kept to go back to. (No
     // call is refused for its count, which the kernel checks per call: it is at most
@@ -109,7 +157,7 @@ export class StreamPacker {
     const parts = [];
     try {
       for (let i = 0; i < l.length; i += STREAM_CHUNK) {
-        parts.push(call(() => this.live().add(l.subarray(i, i + STREAM_CHUNK))));
+        parts.push(flat(call(() => this.live().add(rows.subarray(i * width, (i + STREAM_CHUNK) * width)), this.names)));
       }
     } catch (e) {
       // A refusal leaves the instance sound: put the state back. A trap does not (the
@@ -166,7 +214,8 @@ export class StreamPacker {
     const p = this.live();
     this.p = null;
     release(p);
-    this.p = call(() => this.instance.streaming.Packer.restore(saved));
+    const kind = this.limited ? this.instance.multiStreaming : this.instance.streaming;
+    this.p = call(() => kind.Packer.restore(saved));
   }
 
   /** @private The resource, or a KernelRuntimeError once disposed. */
@@ -177,7 +226,7 @@ export class StreamPacker {
 
   /** @private @param {any} c */
   closed(c) {
-    const bins = new ClosedBins(c);
+    const bins = new ClosedBins(flat(c), this.names);
     this.lastDropped = bins.dropped;
     return bins;
   }

@@ -80,6 +80,19 @@ export function workload(name) {
   return Uint32Array.from(out);
 }
 
+/**
+ * vlm-mix-100k.tsv as columns: `tokens`, and `resources` (`image_tokens`, `images`), one
+ * entry per sample (the header names the columns).
+ */
+export function vlmTable() {
+  const text = readFileSync(join(WORKLOADS, 'vlm-mix-100k.tsv'), 'utf8');
+  const rows = text.trim().split('\n').slice(1).map((l) => l.split('\t').map(Number));
+  return {
+    tokens: rows.map((r) => r[0]),
+    resources: { image_tokens: rows.map((r) => r[1]), images: rows.map((r) => r[2]) },
+  };
+}
+
 /** Whether the CLI is there (the tests comparing with it fail, naming how to build it, when not). */
 export function requireCli() {
   if (!existsSync(CLI)) {

@@ -244,3 +244,12 @@ test('balance keeps every rank\'s micro-batches within further limits, one commo
   assert.ok(planned > 20, `${planned} of 60 rounds planned`);
   assert.throws(() => stowplan.balance([1, 2], 1, { resources: { images: [1, 1] }, limits: { images: 2 } }), /resources needs maxTokenLen/);
 });
+
+test("messages keep the caller's resource names as spelt (image_tokens, not camel-cased)", () => {
+  assert.throws(() => stowplan.packMulti({ tokens: [1], image_tokens: [9] }, { tokens: 10, image_tokens: 5 }),
+    (e) => e instanceof stowplan.InfeasibleError && /needs 9 image_tokens \(capacity 5\)/.test(e.message));
+  assert.throws(() => stowplan.microBatches([1], 10, { resources: { image_tokens: [9] }, limits: { image_tokens: 5 } }),
+    (e) => e instanceof stowplan.InfeasibleError && /has 9 image_tokens, more than its cap 5/.test(e.message));
+  // The kernel's own argument names are still spelt as this package's options.
+  assert.throws(() => stowplan.microBatches([20], 10), (e) => /maxTokenLen/.test(e.message) && !/max_token_len/.test(e.message));
+});

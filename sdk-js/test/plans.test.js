@@ -8,7 +8,7 @@ import { join } from 'node:path';
 import { test } from 'node:test';
 
 import * as stowplan from '../src/index.js';
-import { WORKLOADS, cliPlanText, requireCli, workload } from './helpers.js';
+import { WORKLOADS, cliPlanText, requireCli, vlmTable, workload } from './helpers.js';
 
 /** The CLI's JSON output (stdout) for `args`. */
 function cli(args, input) {
@@ -70,10 +70,7 @@ test('the pretrain-docs-1m checksums are the ones .ci/run and the Rust and Pytho
 });
 
 test('static plan of vlm-mix-100k under limits: the CLI\'s plan, every pack within every limit', () => {
-  const text = readFileSync(join(WORKLOADS, 'vlm-mix-100k.tsv'), 'utf8');
-  const rows = text.trim().split('\n').slice(1).map((l) => l.split('\t').map(Number));
-  const tokens = rows.map((r) => r[0]);
-  const resources = { image_tokens: rows.map((r) => r[1]), images: rows.map((r) => r[2]) };
+  const { tokens, resources } = vlmTable();
   const limits = { image_tokens: 8192, images: 32 };
   const raw = stowplan.rawPlan(tokens, { packingLength: 16384, resources, limits, maxSegments: 64 });
   const args = ['plan', '--lengths', join(WORKLOADS, 'vlm-mix-100k.tsv'), '--packing-length', '16384',

@@ -7,7 +7,7 @@ import { createHash } from 'node:crypto';
 import { test } from 'node:test';
 
 import * as stowplan from '../src/index.js';
-import { requireCli, workload } from './helpers.js';
+import { requireCli, vlmTable, workload } from './helpers.js';
 
 /** The bins as arrays of numbers. */
 const plain = (closed) => closed.bins.map((b) => Array.from(b, Number));
@@ -225,4 +225,75 @@ test('extra costs: zeros change nothing, the costs include them, caps count toke
     (e) => e instanceof stowplan.InvalidArgumentError && /extra/.test(e.message),
   );
   assert.throws(() => stowplan.balance([1, 2], 1, { extraCosts: [1, -1] }), /extraCosts\[1\]/);
+});
+
+test('under limits: the bins of `pack --stream --limit` on vlm-mix-100k whatever the chunks, within every limit, and restarts continue exactly', async () => {
+  const vlm = vlmTable();
+  const n = 40000;
+  const tokens = vlm.tokens.slice(0, n);
+  const resources = vlm.resources;
+  const head = { image_tokens: resources.image_tokens.slice(0, n), images: resources.images.slice(0, n) };
+  const rows = ['tokens\timage_tokens\timages', ...Array.from({ length: n }, (_, i) => `${tokens[i]}\t${head.image_tokens[i]}\t${head.images[i]}`)];
+  const limits = { image_tokens: 8192, images: 32 };
+  const text = execFileSync(requireCli(), ['pack', '--stream', '--json', '-c', '16384', '--oversize', 'drop',
+    '--limit', 'image_tokens=8192', '--limit', 'images=32', '--max-segments', '64', '-'], {
+    input: rows.join('\n') + '\n', encoding: 'utf8', maxBuffer: 1 << 26, stdio: ['pipe', 'pipe', 'ignore'],
+  });
+  const want = text.trim().split('\n').map((l) => JSON.parse(l));
+  const next = rng(11);
+  let p = await stowplan.streamPacker(16384, { oversize: 'drop', limits, maxSegments: 64 });
+  assert.deepStrictEqual([p.limits, p.maxSegments], [{ image_tokens: 8192n, images: 32n }, 64n]);
+  const got = [];
+  let restarted = 0;
+  /** The bins of one call, each checked against every limit and against its reported loads. */
+  const take = (closed) => {
+    closed.bins.forEach((bin, b) => {
+      const sum = (col) => bin.reduce((s, i) => s + col[Number(i)], 0);
+      assert.ok(bin.length <= 64 && sum(tokens) <= 16384);
+      for (const name of ['image_tokens', 'images']) {
+        assert.ok(sum(head[name]) <= limits[name]);
+        assert.equal(closed.resourceLoads[name][b], BigInt(sum(head[name])));
+      }
+    });
+    got.push(...plain(closed));
+  };
+  for (let i = 0; i < n; ) {
+    const k = 1 + next(3000);
+    const cut = (col) => col.slice(i, i + k);
+    take(p.add(cut(tokens), { resources: { images: cut(head.images), image_tokens: cut(head.image_tokens) } }));
+    i += k;
+    if (next(4) === 0) {
+      p = await stowplan.streamPackerFromState(p.state());
+      restarted++;
+    }
+  }
+  take(p.finish());
+  assert.ok(restarted > 3);
+  assert.deepStrictEqual(got, want);
+  // Refusals name the argument; a refused add applies nothing.
+  const before = p.state();
+  assert.throws(() => p.add([5]), /resources needs every limit's sizes \(image_tokens, images\)/);
+  assert.throws(() => p.add([5], { resources: { image_tokens: [1] } }), /resources has no sizes for limits\['images'\]/);
+  assert.throws(() => p.add([5], { resources: { image_tokens: [1], images: [1], audio: [1] } }), /resources\['audio'\] is not one of the packer's limits/);
+  assert.throws(() => p.add([5, 6], { resources: { image_tokens: [1], images: [1, 1] } }), /resources\['image_tokens'\] has 1 sizes, lengths 2/);
+  assert.deepStrictEqual(p.state(), before);
+  // Over a limit under `drop`: left out and listed.
+  p.add([5, 6], { resources: { image_tokens: [1, 9000], images: [1, 1] } });
+  assert.deepStrictEqual(Array.from(p.lastDropped), [BigInt(n + 1)]);
+  const strict = await stowplan.streamPacker(16384, { limits });
+  assert.throws(() => strict.add([5, 6], { resources: { image_tokens: [1, 9000], images: [1, 1] } }),
+    (e) => e instanceof stowplan.InfeasibleError && /stream index 1 has 9000 image_tokens, more than its cap 8192/.test(e.message));
+  assert.equal(strict.status().nextIndex, 0n);
+  for (const [opts, message] of [
+    [{ limits: { tokens: 5 } }, /not "tokens"/],
+    [{ limits: { images: 0 } }, /limits\['images'\] must be in 1\.\.=/],
+    [{ limits: [3] }, /limits must be an object or a Map/],
+    [{ maxSegments: -1 }, /maxSegments/],
+  ]) {
+    await assert.rejects(stowplan.streamPacker(100, opts), (e) => e instanceof stowplan.InvalidArgumentError && message.test(e.message), String(message));
+  }
+  // A segment limit alone: a limited packer taking lengths only.
+  const s = await stowplan.streamPacker(100, { maxSegments: 2, maxBuffered: 0 });
+  assert.deepStrictEqual(plain(s.add([1, 1, 1, 1, 1])), [[0, 1], [2, 3]]);
+  assert.throws(() => s.add([1], { resources: { images: [1] } }), /resources given to a packer without limits/);
 });
