@@ -4,10 +4,11 @@
 use std::fmt;
 
 use serde::Serialize;
-use stowplan::{Cost, DpOptions, DpPlan, MicroOptions, MicroPlan, Order, Plan};
+use stowplan::{Cost, DpOptions, DpPlan, MAX_RESOURCES, MicroLimits, MicroOptions, MicroPlan, Order, Plan};
 
 use crate::common::{Common, CostJson, CostText, KernelRun, ReadyKernel, min_max, named, print_report};
 use crate::failure::Failure;
+use crate::limits::{Limits, parse_limit, read_table, split_rows};
 
 /// The options of `stowplan balance`.
 #[derive(clap::Args, Debug)]
@@ -44,6 +45,18 @@ pub struct Args {
     /// Allow ranks to get different sample counts (needed with groups of different sizes).
     #[arg(long)]
     unequal_count: bool,
+    /// Another cap per micro-batch besides --max-token-len, NAME=CAP (vision-language
+    /// batches: --limit image_tokens=8192 --limit images=32). The input is then a table whose
+    /// header names its columns, tokens first (tab-, comma- or space-separated, as
+    /// `vlm-mix-100k.tsv`), and NAME is a column. Up to 7 limits; every micro-batch of every
+    /// rank stays within every one, with one count for all ranks.
+    #[arg(long = "limit", value_name = "NAME=CAP", value_parser = parse_limit, requires = "max_token_len")]
+    limits: Vec<(String, u64)>,
+    /// A column of the input table (its header's NAME, e.g. image_tokens) whose values are
+    /// added to each sample's cost: the ranks and micro-batches balance the cost model plus
+    /// it (a vision encoder's work beside the language model's).
+    #[arg(long, value_name = "NAME")]
+    extra_cost: Option<String>,
     /// Input, backend and output format.
     #[command(flatten)]
     common: Common,
@@ -182,11 +195,26 @@ struct MicroBatches {
     token_balance: Figures,
     /// Balance of the micro-batches' costs.
     cost_balance: Figures,
+    /// With `--limit`: every micro-batch's load in each limit, in `--limit` order.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    resource_loads: Vec<Vec<u64>>,
+}
+
+impl MicroBatches {
+    /// The micro-batches `p`, with their loads in the limits whose sizes `table` gives.
+    fn new(p: &MicroPlan, table: &Table) -> Self {
+        let mut m = Self::from(p);
+        if !table.caps.is_empty() {
+            m.resource_loads = m.batches.iter().map(|b| table.loads(b)).collect();
+        }
+        m
+    }
 }
 
 impl From<&MicroPlan> for MicroBatches {
     fn from(p: &MicroPlan) -> Self {
         Self {
+            resource_loads: Vec::new(),
             batches: stowplan::unflatten(&p.offsets, &p.indices),
             tokens: p.tokens.clone(),
             costs: p.costs.clone(),
@@ -253,17 +281,19 @@ enum Planned {
 }
 
 impl Levels {
-    /// The report's view of `planned` for `lengths`.
-    fn new(planned: &Planned, lengths: &[u64]) -> Self {
+    /// The report's view of `planned` for `lengths` (with the limits' sizes in `table`).
+    fn new(planned: &Planned, lengths: &[u64], table: &Table) -> Self {
         match planned {
-            Planned::Micro(m) => Self { micro_batches: Some(Micro::One(m.into())), ..Self::default() },
+            Planned::Micro(m) => {
+                Self { micro_batches: Some(Micro::One(MicroBatches::new(m, table))), ..Self::default() }
+            }
             Planned::Dp(d) => Self { dp: Some(Ranks::new(d, lengths)), ..Self::default() },
             Planned::Both(p) => {
                 let tokens: Vec<u64> = p.ranks.iter().flat_map(|r| r.tokens.iter().copied()).collect();
                 let costs: Vec<u64> = p.ranks.iter().flat_map(|r| r.costs.iter().copied()).collect();
                 Self {
                     dp: Some(Ranks::new(&p.dp, lengths)),
-                    micro_batches: Some(Micro::PerRank(p.ranks.iter().map(MicroBatches::from).collect())),
+                    micro_batches: Some(Micro::PerRank(p.ranks.iter().map(|m| MicroBatches::new(m, table)).collect())),
                     count: Some(p.ranks.first().map_or(0, MicroPlan::count)),
                     micro_batch_token_balance: Some(Figures::of(&tokens)),
                     micro_batch_cost_balance: Some(Figures::of(&costs)),
@@ -292,6 +322,13 @@ struct Report {
     /// The cost model balanced.
     #[serde(serialize_with = "cost_json")]
     cost: Cost,
+    /// `--extra-cost`: the column added to each sample's cost.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    extra_cost: Option<String>,
+    /// With `--limit`: every limit (the tokens first), with the fullest micro-batch's load and
+    /// ⌈Σ sizes / cap⌉ micro-batches over all ranks.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    limits: Option<Limits>,
     /// Kernel and timings.
     #[serde(flatten)]
     run: KernelRun,
@@ -300,6 +337,94 @@ struct Report {
 /// Serializes a cost as `{"linear": A, "quadratic": B}`.
 fn cost_json<S: serde::Serializer>(cost: &Cost, s: S) -> Result<S::Ok, S::Error> {
     CostJson::from(*cost).serialize(s)
+}
+
+/// The further columns of a `balance` input table: the limits' sizes and the extra costs.
+#[derive(Debug, Default)]
+struct Table {
+    /// Each sample's size in each limit, sample by sample (`caps.len()` a sample).
+    sizes: Vec<u64>,
+    /// Each limit's cap.
+    caps: Vec<u64>,
+    /// Each limit's name.
+    names: Vec<String>,
+    /// `--extra-cost`'s column, one value per sample.
+    extra: Option<Vec<u64>>,
+}
+
+impl Table {
+    /// The lengths of `text` and, with `--limit` or `--extra-cost`, the table's further
+    /// columns (a column both limits and adds to the cost is read once).
+    fn read(a: &Args, text: &crate::input::Text) -> Result<(Vec<u64>, Self), Failure> {
+        if a.limits.len() >= MAX_RESOURCES {
+            return Err(Failure::bad(format!(
+                "--limit: at most {} limits besides the tokens (got {})",
+                MAX_RESOURCES - 1,
+                a.limits.len()
+            )));
+        }
+        let mut columns: Vec<&str> = a.limits.iter().map(|(n, _)| n.as_str()).collect();
+        let extra_at = a.extra_cost.as_deref().map(|x| {
+            columns.iter().position(|&n| n == x).unwrap_or_else(|| {
+                columns.push(x);
+                columns.len() - 1
+            })
+        });
+        let (_, rows) = read_table(text, &columns)?;
+        let table = Self {
+            caps: a.limits.iter().map(|&(_, c)| c).collect(),
+            names: a.limits.iter().map(|(n, _)| n.clone()).collect(),
+            ..Self::default()
+        };
+        if columns.is_empty() {
+            return Ok((rows, table));
+        }
+        let w = columns.len();
+        let (lengths, rest) = split_rows(&rows, w + 1);
+        let e = table.caps.len();
+        let sizes = rest.chunks(w).flat_map(|r| r[..e].iter().copied()).collect();
+        let extra = extra_at.map(|q| rest.iter().skip(q).step_by(w).copied().collect());
+        Ok((lengths, Self { sizes, extra, ..table }))
+    }
+
+    /// The kernel's limits.
+    fn limits(&self) -> MicroLimits<'_> {
+        MicroLimits { sizes: &self.sizes, caps: &self.caps, names: &self.names }
+    }
+
+    /// The load of `members` in each limit.
+    fn loads(&self, members: &[u32]) -> Vec<u64> {
+        let e = self.caps.len();
+        (0..e).map(|q| members.iter().map(|&i| self.sizes[i as usize * e + q]).sum()).collect()
+    }
+
+    /// Every limit of a report (tokens first, capped at `max_token_len`), over the
+    /// micro-batches of `levels`.
+    fn report(&self, lengths: &[u64], max_token_len: u64, levels: &Levels) -> Option<Limits> {
+        if self.caps.is_empty() {
+            return None;
+        }
+        let e = self.caps.len();
+        let mut names = vec!["tokens".to_string()];
+        names.extend(self.names.iter().cloned());
+        let mut caps = vec![max_token_len];
+        caps.extend(&self.caps);
+        let total = |q: usize| -> u128 {
+            if q == 0 {
+                lengths.iter().map(|&l| u128::from(l)).sum()
+            } else {
+                self.sizes.iter().skip(q - 1).step_by(e).map(|&s| u128::from(s)).sum()
+            }
+        };
+        let bounds: Vec<u64> =
+            (0..=e).map(|q| u64::try_from(total(q).div_ceil(u128::from(caps[q]))).unwrap_or(u64::MAX).max(1)).collect();
+        let ranks = levels.micro_batches.as_ref().map_or(&[][..], Micro::ranks);
+        let rows: Vec<Vec<u64>> = ranks
+            .iter()
+            .flat_map(|m| m.tokens.iter().zip(&m.resource_loads).map(|(&t, l)| [&[t][..], l].concat()))
+            .collect();
+        Some(Limits::new(names, &caps, 0, &bounds, rows.iter().map(Vec::as_slice)))
+    }
 }
 
 /// Runs `stowplan balance`.
@@ -313,7 +438,7 @@ pub fn run(a: Args) -> Result<(), Failure> {
         return Err(Failure::bad("--group-size must be at least 1 (got 0)"));
     }
     let text = a.common.input.read()?;
-    let lengths = text.lengths()?;
+    let (lengths, table) = Table::read(&a, &text)?;
     let labels: Option<Vec<u32>> =
         a.group_size.map(|g| (0..lengths.len() as u64).map(|i| (i / u64::from(g)) as u32).collect());
     let dp_options = DpOptions {
@@ -321,7 +446,7 @@ pub fn run(a: Args) -> Result<(), Failure> {
         groups: labels.as_deref(),
         minibatch_size: a.minibatch_size,
         equal_count: !a.unequal_count,
-        extra_costs: None,
+        extra_costs: table.extra.as_deref(),
     };
     let micro = a.max_token_len.map(|cap| MicroOptions {
         max_token_len: cap,
@@ -331,22 +456,34 @@ pub fn run(a: Args) -> Result<(), Failure> {
         count: a.count,
         order: a.order,
     });
+    let limited = !table.caps.is_empty();
+    let extra = table.extra.as_deref();
     let kernel = ReadyKernel::new(a.common.backend)?;
     let (planned, run) = kernel.timed(|k| {
         Ok(match &micro {
-            Some(m) if a.dp == 1 => Planned::Micro(k.micro_batches(&lengths, m)?),
+            Some(m) if a.dp == 1 && limited => {
+                Planned::Micro(k.micro_batches_limited(&lengths, extra, &table.limits(), m)?.plan)
+            }
+            Some(m) if a.dp == 1 => Planned::Micro(match extra {
+                Some(e) => k.micro_batches_with_extra(&lengths, e, m)?,
+                None => k.micro_batches(&lengths, m)?,
+            }),
+            Some(m) if limited => Planned::Both(k.plan_limited(&lengths, a.dp, &dp_options, m, &table.limits())?),
             Some(m) => Planned::Both(k.plan(&lengths, a.dp, &dp_options, m)?),
             None => Planned::Dp(k.balance_dp(&lengths, a.dp, &dp_options)?),
         })
     })?;
+    let levels = Levels::new(&planned, &lengths, &table);
     let report = Report {
-        levels: Levels::new(&planned, &lengths),
+        limits: table.report(&lengths, a.max_token_len.unwrap_or(0), &levels),
+        levels,
         operation: "balance",
         source: text.source,
         n: lengths.len(),
         dp_size: a.dp,
         max_token_len: a.max_token_len,
         cost: a.cost,
+        extra_cost: a.extra_cost,
         run,
     };
     print_report(&report, a.common.json)
@@ -356,7 +493,8 @@ impl fmt::Display for Report {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let cap = self.max_token_len.map(|c| format!(", micro-batches ≤ {c} tokens")).unwrap_or_default();
         writeln!(f, "balance of {} lengths from {}: dp {}{cap}", self.n, self.source, self.dp_size)?;
-        writeln!(f, "  cost {}, backend {}", CostText(self.cost), self.run.backend)?;
+        let extra = self.extra_cost.as_deref().map(|c| format!(" + {c}")).unwrap_or_default();
+        writeln!(f, "  cost {}{extra}, backend {}", CostText(self.cost), self.run.backend)?;
         if let Some(dp) = &self.levels.dp {
             let (lo, hi) = min_max(dp.ranks.iter().map(Vec::len));
             writeln!(f, "  ranks              {:>12}  ({lo}..{hi} samples each)", dp.ranks.len())?;
@@ -392,6 +530,9 @@ impl fmt::Display for Report {
                 writeln!(f, "  mb cost            {costs}")?;
             }
         }
+        if let Some(l) = &self.limits {
+            l.write(f, "micro-batch", "micro-batches")?;
+        }
         self.run.time_line(f, 19, 12)
     }
 }
@@ -409,7 +550,8 @@ mod tests {
         let micro = MicroOptions { max_token_len: 500, cost: Cost::ATTENTION, ..MicroOptions::new(500) };
         let dp_options = DpOptions { cost: Cost::ATTENTION, ..DpOptions::default() };
         let p = kernel.plan(&LENGTHS, 2, &dp_options, &micro).expect("a plan");
-        let ours = serde_json::to_value(Levels::new(&Planned::Both(p.clone()), &LENGTHS)).expect("serializes");
+        let ours = serde_json::to_value(Levels::new(&Planned::Both(p.clone()), &LENGTHS, &Table::default()))
+            .expect("serializes");
         assert_eq!(ours, stowplan::json::plan(&p, &LENGTHS));
         let d = kernel.balance_dp(&LENGTHS, 4, &dp_options).expect("a DP plan");
         let ours = serde_json::to_value(Ranks::new(&d, &LENGTHS)).expect("serializes");

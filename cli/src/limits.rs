@@ -1,5 +1,5 @@
-//! `--limit NAME=CAP` and `--max-segments`, shared by `pack` and `plan`: parsing, reading the
-//! table they need, and the limits in a report.
+//! `--limit NAME=CAP` and `--max-segments`, shared by `pack`, `plan` and `balance`: parsing,
+//! reading the table they need, and the limits in a report.
 
 use std::fmt;
 
@@ -30,11 +30,26 @@ pub fn read_rows(text: &Text, limits: &[(String, u64)]) -> Result<(String, Vec<u
             limits.len()
         )));
     }
-    if limits.is_empty() {
+    let names: Vec<&str> = limits.iter().map(|(n, _)| n.as_str()).collect();
+    read_table(text, &names)
+}
+
+/// The columns `names` of the table `text` (its header names them, tokens first), row by row
+/// after the first column, and the first column's name; with no names, its lengths under the
+/// name `tokens`.
+pub fn read_table(text: &Text, names: &[&str]) -> Result<(String, Vec<u64>), Failure> {
+    if names.is_empty() {
         return Ok(("tokens".to_string(), text.lengths()?));
     }
-    let names: Vec<&str> = limits.iter().map(|(n, _)| n.as_str()).collect();
-    stowplan::input::parse_table(&text.text, &names).map_err(|e| Failure::bad(format!("{}: {e}", text.source)))
+    stowplan::input::parse_table(&text.text, names).map_err(|e| Failure::bad(format!("{}: {e}", text.source)))
+}
+
+/// A table's rows (tokens, then one size per further column) cut into the tokens and the
+/// further sizes, row by row (`width`: the values in a row).
+pub fn split_rows(rows: &[u64], width: usize) -> (Vec<u64>, Vec<u64>) {
+    let tokens = rows.iter().step_by(width).copied().collect();
+    let sizes = rows.chunks(width).flat_map(|row| row[1..].iter().copied()).collect();
+    (tokens, sizes)
 }
 
 /// Every limit in a report, with the segment limit.
@@ -88,17 +103,18 @@ impl Limits {
         Limits { resources, max_segments, segments_lower_bound }
     }
 
-    /// The limits for people, one line each; `unit` is what holds the items (`bin`, `pack`).
-    pub fn write(&self, f: &mut fmt::Formatter<'_>, unit: &str) -> fmt::Result {
+    /// The limits for people, one line each; `unit` is what holds the items (`bin`, `pack`,
+    /// `micro-batch`) and `units` its plural.
+    pub fn write(&self, f: &mut fmt::Formatter<'_>, unit: &str, units: &str) -> fmt::Result {
         for lim in &self.resources {
             writeln!(
                 f,
-                "  {:<12} {:>12}  per {unit} at most; fullest {unit} {}, lower bound {} {unit}s",
+                "  {:<12} {:>12}  per {unit} at most; fullest {unit} {}, lower bound {} {units}",
                 lim.name, lim.capacity, lim.max_load, lim.lower_bound
             )?;
         }
         if let Some(bound) = self.segments_lower_bound {
-            writeln!(f, "  segments     {:>12}  per {unit} at most; lower bound {bound} {unit}s", self.max_segments)?;
+            writeln!(f, "  segments     {:>12}  per {unit} at most; lower bound {bound} {units}", self.max_segments)?;
         }
         Ok(())
     }

@@ -240,7 +240,7 @@ impl fmt::Display for Report {
         writeln!(f, "  efficiency   {:>11.3}%  (real tokens / (regular bins × capacity))", 100.0 * self.efficiency)?;
         writeln!(f, "  oversized    {:>12}  single, {} dropped", r.single.len(), r.dropped.len())?;
         if let Some(l) = &self.limits {
-            l.limits.write(f, "bin")?;
+            l.limits.write(f, "bin", "bins")?;
         }
         self.run.time_line(f, 13, 12)
     }

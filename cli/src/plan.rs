@@ -11,7 +11,7 @@ use stowplan::{Backend, LengthCache, MicroLimits, MultiMethod, Named, PlanLimits
 use crate::common::{ReadyKernel, name, named, print_report};
 use crate::failure::Failure;
 use crate::input::{InputLimit, Text, read_path};
-use crate::limits::{Limits, parse_limit, read_rows};
+use crate::limits::{Limits, parse_limit, read_rows, split_rows};
 
 /// The options of `stowplan plan`.
 #[derive(clap::Args, Debug)]
@@ -183,9 +183,9 @@ pub fn run(a: Args) -> Result<(), Failure> {
         None if !a.limits.is_empty() => {
             // A table: tokens, then one column per limit.
             let (_, rows) = read_rows(&text, &a.limits)?;
-            let r = a.limits.len() + 1;
-            extra = rows.chunks(r).flat_map(|row| row[1..].iter().copied()).collect();
-            rows.iter().step_by(r).copied().collect()
+            let tokens;
+            (tokens, extra) = split_rows(&rows, a.limits.len() + 1);
+            tokens
         }
         None => parse(&text.text)?,
         Some(dir) => {
@@ -332,7 +332,7 @@ impl fmt::Display for Report<'_> {
         )?;
         if let Some(l) = &self.limits {
             writeln!(f, "  method        {:>12}", self.method.unwrap_or_default())?;
-            l.write(f, "pack")?;
+            l.write(f, "pack", "packs")?;
         }
         writeln!(f, "  raw sha256    {}", self.raw_checksum)?;
         writeln!(f, "  aligned sha256 {}", self.aligned_checksum)?;

@@ -970,3 +970,82 @@ fn stream_with_limits_reads_a_table_and_gives_the_library_bins() {
     assert_eq!(out.status.code(), Some(1));
     assert!(stderr(&out).contains("stream index 1 has 4 images, more than its cap 3"), "{}", stderr(&out));
 }
+
+#[test]
+fn balance_with_limits_gives_the_library_plan_within_every_limit() {
+    // 24 samples: tokens, image tokens, images; the images column also weighs the cost.
+    let rows: Vec<[u64; 3]> = (0..24u64).map(|i| [100 + (i * 37) % 400, (i * 53) % 300, i % 4]).collect();
+    let table: String = std::iter::once("tokens\timage_tokens\timages".to_string())
+        .chain(rows.iter().map(|r| format!("{}\t{}\t{}", r[0], r[1], r[2])))
+        .collect::<Vec<_>>()
+        .join("\n");
+    let args = [
+        "balance",
+        "--dp",
+        "2",
+        "--max-token-len",
+        "1000",
+        "--limit",
+        "image_tokens=500",
+        "--limit",
+        "images=5",
+        "--extra-cost",
+        "image_tokens",
+        "--cost",
+        "attention",
+        "--json",
+    ];
+    let v = json(&stowplan(&args, Some(&table), &[]));
+    let lengths: Vec<u64> = rows.iter().map(|r| r[0]).collect();
+    let sizes: Vec<u64> = rows.iter().flat_map(|r| [r[1], r[2]]).collect();
+    let extra: Vec<u64> = rows.iter().map(|r| r[1]).collect();
+    let names = ["image_tokens".to_string(), "images".to_string()];
+    let limits = stowplan::MicroLimits { sizes: &sizes, caps: &[500, 5], names: &names };
+    let dp = stowplan::DpOptions {
+        cost: stowplan::Cost::ATTENTION,
+        extra_costs: Some(&extra),
+        ..stowplan::DpOptions::default()
+    };
+    let micro = stowplan::MicroOptions { cost: stowplan::Cost::ATTENTION, ..stowplan::MicroOptions::new(1000) };
+    let want = stowplan::Kernel::native().plan_limited(&lengths, 2, &dp, &micro, &limits).unwrap();
+    assert_eq!(v["extra_cost"], "image_tokens");
+    for (r, rank) in want.ranks.iter().enumerate() {
+        let got = &v["micro_batches"][r];
+        let batches: Vec<Vec<u32>> = serde_json::from_value(got["batches"].clone()).unwrap();
+        assert_eq!(batches, stowplan::unflatten(&rank.offsets, &rank.indices), "rank {r}");
+        let loads: Vec<[u64; 2]> = serde_json::from_value(got["resource_loads"].clone()).unwrap();
+        for (b, members) in batches.iter().enumerate() {
+            let load = |q: usize| members.iter().map(|&i| rows[i as usize][q]).sum::<u64>();
+            assert!(load(0) <= 1000 && load(1) <= 500 && load(2) <= 5, "rank {r} micro-batch {b}");
+            assert_eq!(loads[b], [load(1), load(2)]);
+        }
+    }
+    let names: Vec<&str> =
+        v["limits"]["resources"].as_array().unwrap().iter().map(|r| r["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["tokens", "image_tokens", "images"]);
+    // One rank: the library's micro-batches under the limits; the summary names every limit.
+    let one = ["balance", "--max-token-len", "1000", "--limit", "images=5"];
+    let v = json(&stowplan(&[&one[..], &["--json"]].concat(), Some(&table), &[]));
+    let sizes: Vec<u64> = rows.iter().map(|r| r[2]).collect();
+    let names = ["images".to_string()];
+    let limits = stowplan::MicroLimits { sizes: &sizes, caps: &[5], names: &names };
+    let want = stowplan::Kernel::native()
+        .micro_batches_limited(&lengths, None, &limits, &stowplan::MicroOptions::new(1000))
+        .unwrap();
+    let batches: Vec<Vec<u32>> = serde_json::from_value(v["micro_batches"]["batches"].clone()).unwrap();
+    assert_eq!(batches, stowplan::unflatten(&want.plan.offsets, &want.plan.indices));
+    let text = String::from_utf8(stowplan(&one, Some(&table), &[]).stdout).unwrap();
+    assert!(text.contains("images") && text.contains("per micro-batch at most"), "{text}");
+    // Refusals name the argument.
+    let cases: [(&[&str], i32, &str); 4] = [
+        (&["balance", "--dp", "2", "--limit", "images=5"], 2, "--max-token-len"),
+        (&["balance", "--max-token-len", "1000", "--limit", "frames=5"], 2, "no column \"frames\""),
+        (&["balance", "--max-token-len", "1000", "--extra-cost", "frames"], 2, "no column \"frames\""),
+        (&["balance", "--max-token-len", "1000", "--limit", "images=2"], 1, "has 3 images, more than its cap 2"),
+    ];
+    for (args, code, message) in cases {
+        let out = stowplan(args, Some(&table), &[]);
+        assert_eq!(out.status.code(), Some(code), "{args:?}: {}", stderr(&out));
+        assert!(stderr(&out).contains(message), "{args:?}: {}", stderr(&out));
+    }
+}
