@@ -33,6 +33,7 @@ pub fn plain_sample<'a>(prompt_ids: &'a [i64], completion_ids: &'a [i64], extra_
         run: 0,
         teacher_logprobs: None,
         extra_cost,
+        resources: &[],
     }
 }
 
@@ -560,6 +561,7 @@ impl PrimeSample {
             run: self.lora,
             teacher_logprobs: self.teacher_logprobs.as_deref(),
             extra_cost: 0,
+            resources: &[],
         }
     }
 }

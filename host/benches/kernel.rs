@@ -182,6 +182,7 @@ fn materialize_cases(c: &mut Criterion) {
             run: 0,
             teacher_logprobs: None,
             extra_cost: 0,
+            resources: &[],
         })
         .collect();
     let opts = MaterializeOptions::new(65_536, 8).with_cp(2, 1).expect("cp options");

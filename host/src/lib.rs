@@ -53,8 +53,8 @@ pub use kernel::{
     VerlFunction,
 };
 pub use materialize::{
-    CpRuns, CpView, LossAggMode, MaterializeOptions, Materialized, MicroBatch, RejectReason, Sample, Temperature,
-    check_sample, materialize, materialize_plan,
+    CpRuns, CpView, LossAggMode, MaterializeOptions, Materialized, MicroBatch, RejectReason, Sample, SampleLimits,
+    Temperature, check_sample, materialize, materialize_limited, materialize_plan,
 };
 pub use packer::{
     BatchKey, IngestReport, LossNormalization, PackedStep, Packer, PackerOptions, PackerState, RECENT_CONTROLS,

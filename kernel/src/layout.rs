@@ -18,7 +18,7 @@
 
 use alloc::vec::Vec;
 
-use crate::balance::{Cost, costs, costs_with_extra};
+use crate::balance::{Cost, MicroLimits, Rows, costs, costs_with_extra};
 use crate::pack::{PackOptions, pack};
 use crate::partition::{PartitionMethod, PartitionOptions, partition};
 use crate::{Error, checked_len, checked_sum, invalid};
@@ -273,6 +273,9 @@ pub struct DistributeOptions<'a> {
     /// An extra cost per sample on top of `cost` (e.g. a multimodal sample's image tokens);
     /// `None`: none. Balancing counts it; the capacity counts tokens only.
     pub extra_costs: Option<&'a [u64]>,
+    /// Further caps per micro-batch beside the tokens (image tokens, images …), with every
+    /// sample's size in each; `None`: tokens only.
+    pub limits: Option<MicroLimits<'a>>,
 }
 
 impl DistributeOptions<'_> {
@@ -286,6 +289,7 @@ impl DistributeOptions<'_> {
             runs: None,
             mix_runs: false,
             extra_costs: None,
+            limits: None,
         }
     }
 }
@@ -314,7 +318,8 @@ pub struct Distribution {
     pub splits: u32,
     /// Dummy micro-batches added (only when there are fewer samples than `dp · per_rank`).
     pub dummies: u32,
-    /// `ceil(Σ padded sample tokens / capacity)`: no packing under the cap has fewer.
+    /// `ceil(Σ padded sample tokens / capacity)` (with limits, the largest of that and every
+    /// limit's `ceil(Σ sizes / cap)`): no packing under the caps has fewer.
     pub lower_bound: u32,
 }
 
@@ -334,7 +339,9 @@ impl Distribution {
 /// tokens and gives every one of `o.dp` ranks the same number of them.
 ///
 /// Steps: best-fit decreasing on the padded lengths, run by run (members never mix runs
-/// unless `mix_runs`); while the count is not a multiple of `dp`, the costliest micro-batch
+/// unless `mix_runs`) — under `limits`, the balanced fill of
+/// [`micro_batches_limited`](crate::micro_batches_limited) on the padded lengths and every
+/// limit, run by run, and `lower_bound` is the largest bound of any resource; while the count is not a multiple of `dp`, the costliest micro-batch
 /// with at least two samples (ties: lowest index) is split in two of balanced cost; if every
 /// micro-batch holds one sample, dummies fill the remaining slots; then equal-count
 /// Karmarkar–Karp plus swaps over micro-batch costs, the costliest part to rank 0. Inside a
@@ -343,7 +350,9 @@ impl Distribution {
 /// Errors: `invalid-argument` for empty `lengths`, a zero length (names the sample),
 /// `capacity`, `dp` or the padding multiple = 0, a per-micro-batch multiple above the
 /// capacity, `runs` of the wrong length, a cost or sum overflowing `u64`; `infeasible` for a
-/// sample whose padded length exceeds the capacity (names it; samples are never split).
+/// sample whose padded length exceeds the capacity (names it; samples are never split); with
+/// `limits`, those of [`micro_batches_limited`](crate::micro_batches_limited) (a sample over a
+/// cap is `infeasible`, named).
 pub fn distribute(lengths: &[u64], o: &DistributeOptions<'_>) -> Result<Distribution, Error> {
     let n = checked_len("lengths", lengths.len())?;
     if n == 0 {
@@ -393,8 +402,10 @@ pub fn distribute(lengths: &[u64], o: &DistributeOptions<'_>) -> Result<Distribu
         }
     }
     let item_costs = costs_with_extra(&sizes, &o.cost, o.extra_costs)?;
+    let rows = o.limits.as_ref().map(|l| Rows::new(&sizes, l, cap)).transpose()?;
     let total = checked_sum("padded lengths", sizes.iter().copied())?;
-    let lower_bound = checked_len("micro-batches", total.div_ceil(cap) as usize)?;
+    let resource_bound = rows.as_ref().and_then(|r| r.resource_bounds().max()).unwrap_or(0);
+    let lower_bound = checked_len("micro-batches", total.div_ceil(cap).max(resource_bound) as usize)?;
     let run_of = |i: u32| if o.mix_runs { 0 } else { o.runs.map_or(0, |r| r[i as usize]) };
 
     // Best-fit decreasing, one run at a time (runs in ascending order).
@@ -406,8 +417,13 @@ pub fn distribute(lengths: &[u64], o: &DistributeOptions<'_>) -> Result<Distribu
         let run = run_of(order[start]);
         let end = start + order[start..].iter().take_while(|&&i| run_of(i) == run).count();
         let members = &order[start..end];
-        let local: Vec<u64> = members.iter().map(|&i| sizes[i as usize]).collect();
-        let p = pack(&local, &PackOptions::new(cap))?;
+        let p = match &rows {
+            Some(rows) => rows.pack(members)?,
+            None => {
+                let local: Vec<u64> = members.iter().map(|&i| sizes[i as usize]).collect();
+                pack(&local, &PackOptions::new(cap))?
+            }
+        };
         for b in 0..p.offsets.len() - 1 {
             let span = &p.indices[p.offsets[b] as usize..p.offsets[b + 1] as usize];
             bins.push(span.iter().map(|&j| members[j as usize]).collect());

@@ -203,3 +203,87 @@ fn distribution_errors() {
         other => panic!("{other:?}"),
     }
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(200))]
+
+    /// Under limits: every micro-batch within the capacity and every cap, every sample once,
+    /// runs apart, the same count on every rank, and a lower bound no resource beats.
+    #[test]
+    fn limited_distribution_keeps_every_limit(
+        rows in prop::collection::vec((1u64..300, 0u64..500, 0u64..4), 1..60),
+        dp in 1u32..6,
+        cap in 320u64..1000,
+        image_cap in 500u64..1200,
+        images_cap in 3u64..9,
+        m in 1u64..5,
+        nruns in 1u32..3,
+    ) {
+        use stowplan_kernel::MicroLimits;
+        let lengths: Vec<u64> = rows.iter().map(|r| r.0).collect();
+        let sizes: Vec<u64> = rows.iter().flat_map(|r| [r.1, r.2]).collect();
+        let runs: Vec<u32> = (0..lengths.len() as u32).map(|i| (i * 5 + 1) % nruns).collect();
+        let caps = [image_cap, images_cap];
+        let names = ["image_tokens".to_string(), "images".to_string()];
+        let limits = MicroLimits { sizes: &sizes, caps: &caps, names: &names };
+        let o = DistributeOptions {
+            cost: Cost::ATTENTION,
+            padding: Padding::PerSequence(m),
+            runs: Some(&runs),
+            limits: Some(limits),
+            ..DistributeOptions::new(cap, dp)
+        };
+        let d = distribute(&lengths, &o).unwrap();
+        prop_assert_eq!(d.tokens.len(), (dp * d.per_rank) as usize);
+        let mut seen = vec![false; lengths.len()];
+        for b in 0..d.tokens.len() {
+            let members = d.batch(b);
+            prop_assert!(d.tokens[b] <= cap);
+            for q in 0..2 {
+                let load: u64 = members.iter().map(|&i| sizes[i as usize * 2 + q]).sum();
+                prop_assert!(load <= caps[q], "micro-batch {} holds {} of resource {} over {}", b, load, q, caps[q]);
+            }
+            prop_assert!(members.iter().all(|&i| runs[i as usize] == runs[members[0] as usize]));
+            for &i in members {
+                prop_assert!(!seen[i as usize]);
+                seen[i as usize] = true;
+            }
+        }
+        prop_assert!(seen.iter().all(|&s| s));
+        prop_assert!(d.packed >= d.lower_bound);
+        for q in 0..2 {
+            let total: u64 = sizes.iter().skip(q).step_by(2).sum();
+            prop_assert!(u64::from(d.lower_bound) >= total.div_ceil(caps[q]));
+        }
+        prop_assert_eq!(distribute(&lengths, &o).unwrap(), d);
+    }
+}
+
+#[test]
+fn limited_distribution_errors_name_the_sample_and_the_limit() {
+    use stowplan_kernel::MicroLimits;
+    let names = ["images".to_string()];
+    let sizes = [1, 9, 2];
+    let with = |sizes: &'static [u64], caps: &'static [u64]| DistributeOptions {
+        limits: Some(MicroLimits { sizes, caps, names: &[] }),
+        ..DistributeOptions::new(100, 2)
+    };
+    let o = DistributeOptions {
+        limits: Some(MicroLimits { sizes: &sizes, caps: &[4], names: &names }),
+        ..DistributeOptions::new(100, 2)
+    };
+    match distribute(&[10, 20, 30], &o) {
+        Err(Error::Infeasible(m)) => assert!(m.contains("sequence 1 has 9 images, more than its cap 4"), "{m}"),
+        other => panic!("{other:?}"),
+    }
+    for (o, message) in [
+        (with(&[1, 2], &[4]), "limit sizes must have 1 entries per sequence"),
+        (with(&[1, 2, 3], &[0]), "must be at least 1"),
+        (with(&[], &[]), "limits must have 1 to 7 caps"),
+    ] {
+        match distribute(&[10, 20, 30], &o) {
+            Err(Error::InvalidArgument(m)) => assert!(m.contains(message), "{m}"),
+            other => panic!("{message}: {other:?}"),
+        }
+    }
+}

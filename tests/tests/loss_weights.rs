@@ -94,6 +94,7 @@ proptest! {
                     run: c.run,
                     teacher_logprobs: None,
             extra_cost: 0,
+            resources: &[],
                 }
             })
             .collect();

@@ -48,6 +48,7 @@ fn borrow(o: &[Owned]) -> Vec<Sample<'_>> {
             run: s.run,
             teacher_logprobs: None,
             extra_cost: 0,
+            resources: &[],
         })
         .collect()
 }

@@ -125,7 +125,7 @@ proptest! {
         image_cap in 300u64..1000,
         images_cap in 3u64..12,
     ) {
-        use stowplan::{KernelApi, MicroLimits};
+        use stowplan::MicroLimits;
         let lengths: Vec<u64> = rows.iter().map(|r| r.0).collect();
         let extra: Vec<u64> = rows.iter().map(|r| r.3).collect();
         let sizes: Vec<u64> = rows.iter().flat_map(|r| [r.1, r.2]).collect();
@@ -156,7 +156,7 @@ proptest! {
         rows in proptest::collection::vec((1u64..500, 0u64..400, 0u64..5, 0u64..100), 8..80),
         dp in 1u32..4,
     ) {
-        use stowplan::{KernelApi, MicroLimits};
+        use stowplan::MicroLimits;
         let lengths: Vec<u64> = rows.iter().map(|r| r.0).collect();
         let extra: Vec<u64> = rows.iter().map(|r| r.3).collect();
         let sizes: Vec<u64> = rows.iter().flat_map(|r| [r.1, r.2]).collect();
@@ -213,4 +213,90 @@ fn limited_streams_agree_on_both_backends_and_states_cross_them() {
         .limited_stream_packer(&options, &stowplan::StreamLimits { caps: vec![0, 32], ..limits.clone() })
         .unwrap_err();
     assert!(e.to_string().contains("the cap of image_tokens must be at least 1"), "{e}");
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(24))]
+
+    /// Rows for every rank under limits (`multi-micro.distribute`): WASM ≡ native, extra costs
+    /// included or not.
+    #[test]
+    fn limited_distributions_agree_on_both_backends(
+        rows in proptest::collection::vec((1u64..500, 0u64..400, 0u64..5, 0u64..100), 1..80),
+        dp in 1u32..5,
+        with_extra in any::<bool>(),
+    ) {
+        use stowplan::MicroLimits;
+        let lengths: Vec<u64> = rows.iter().map(|r| r.0).collect();
+        let extra: Vec<u64> = rows.iter().map(|r| r.3).collect();
+        let sizes: Vec<u64> = rows.iter().flat_map(|r| [r.1, r.2]).collect();
+        let o = DistributeOptions {
+            cost: Cost::ATTENTION,
+            extra_costs: with_extra.then_some(&extra[..]),
+            limits: Some(MicroLimits { sizes: &sizes, caps: &[800, 6], names: &[] }),
+            ..DistributeOptions::new(1000, dp)
+        };
+        let [native, wasm] = kernels();
+        let (a, b) = (native.distribute(&lengths, &o), wasm.distribute(&lengths, &o));
+        prop_assert_eq!(format!("{a:?}"), format!("{b:?}"));
+    }
+}
+
+/// `materialize_limited` on vlm-mix-100k's first 3,000 rows for 4 ranks: every row within
+/// 16,384 tokens, 8,192 image tokens and 32 images, every sample once, the same rows on both
+/// backends; `resources` of the wrong size is refused naming the sample.
+#[test]
+fn materialize_limited_keeps_every_row_within_every_limit() {
+    let table = stowplan_conformance::workload_table("vlm-mix-100k.tsv", &["image_tokens", "images"]);
+    let rows: Vec<&[u64]> = table.chunks(3).take(3_000).filter(|r| r[0] <= 16_384).collect();
+    let ids = vec![7i64; 16_384];
+    let resources: Vec<[u64; 2]> = rows.iter().map(|r| [r[1], r[2]]).collect();
+    let samples: Vec<stowplan::Sample<'_>> = rows
+        .iter()
+        .zip(&resources)
+        .map(|(r, res)| stowplan::Sample { resources: res, ..plain_sample(&ids[..1], &ids[1..r[0] as usize], r[1]) })
+        .collect();
+    let limits = stowplan::SampleLimits { caps: vec![8_192, 32], names: vec!["image_tokens".into(), "images".into()] };
+    let o = MaterializeOptions { cost: Cost::ATTENTION, ..MaterializeOptions::new(16_384, 4) };
+    let [native, wasm] = kernels();
+    let m = stowplan::materialize_limited(&native, &samples, &o, &limits).unwrap();
+    let w = stowplan::materialize_limited(&wasm, &samples, &o, &limits).unwrap();
+    assert_eq!(m.distribution, w.distribution);
+    let mut seen = vec![false; samples.len()];
+    for mb in m.ranks.iter().flatten() {
+        assert!(mb.len() <= 16_384);
+        for q in 0..2 {
+            let load: u64 = mb.samples.iter().map(|&i| resources[i as usize][q]).sum();
+            assert!(load <= limits.caps[q], "a row holds {load} {} over {}", limits.names[q], limits.caps[q]);
+        }
+        for &i in &mb.samples {
+            assert!(!std::mem::replace(&mut seen[i as usize], true), "sample {i} twice");
+        }
+    }
+    assert!(seen.iter().all(|&s| s), "every sample placed");
+    // Token-only packing breaks the limits on this data; the limited rows do not.
+    let text: Vec<stowplan::Sample<'_>> = samples.iter().map(|s| stowplan::Sample { resources: &[], ..*s }).collect();
+    let e = stowplan::materialize(&native, &samples, &o).unwrap_err().to_string();
+    assert!(e.contains("samples[0].resources has 2 sizes but there are no limits"), "{e}");
+    let plain = stowplan::materialize(&native, &text, &o).unwrap();
+    let over = plain
+        .ranks
+        .iter()
+        .flatten()
+        .filter(|mb| mb.samples.iter().map(|&i| resources[i as usize][1]).sum::<u64>() > 32)
+        .count();
+    assert!(over > 0, "the unlimited rows break the image limit somewhere");
+    // Errors: resources of the wrong size; a sample over a limit.
+    let one = [5u64];
+    let mut bad = samples.clone();
+    bad[7].resources = &one;
+    let e = stowplan::materialize_limited(&native, &bad, &o, &limits).unwrap_err().to_string();
+    assert!(e.contains("samples[7].resources has 1 sizes; the limits are 2 (image_tokens, images)"), "{e}");
+    let many = [0u64, 40];
+    let mut bad = samples.clone();
+    bad[3].resources = &many;
+    match stowplan::materialize_limited(&wasm, &bad, &o, &limits) {
+        Err(Error::Infeasible(m)) => assert!(m.contains("sequence 3 has 40 images, more than its cap 32"), "{m}"),
+        other => panic!("{other:?}"),
+    }
 }

@@ -345,9 +345,13 @@ impl KernelApi for WasmKernel {
 
     fn distribute(&self, lengths: &[u64], options: &DistributeOptions<'_>) -> Result<Distribution, Error> {
         let o = options.into();
-        match options.extra_costs {
-            Some(e) => call(|i, s| i.stowplan_kernel_multimodal().call_distribute(s, lengths, e, &o)),
-            None => call(|i, s| i.stowplan_kernel_layout().call_distribute(s, lengths, &o)),
+        match (&options.limits, options.extra_costs) {
+            (Some(limits), e) => {
+                let l = limits.into();
+                call(|i, s| i.stowplan_kernel_multi_micro().call_distribute(s, lengths, e, &l, &o))
+            }
+            (None, Some(e)) => call(|i, s| i.stowplan_kernel_multimodal().call_distribute(s, lengths, e, &o)),
+            (None, None) => call(|i, s| i.stowplan_kernel_layout().call_distribute(s, lengths, &o)),
         }
         .map(Into::into)
     }

@@ -1,7 +1,7 @@
 //! Building rows: the options, the plan of every rank's micro-batches (the kernel's or a
 //! caller's), and the rows' arrays.
 
-use stowplan_kernel::{AlignOptions, Cost, DistributeOptions, Distribution, Factor, Padding};
+use stowplan_kernel::{AlignOptions, Cost, DistributeOptions, Distribution, Factor, MicroLimits, Padding};
 
 use super::micro_batch::to_i32;
 use super::sample::validate;
@@ -68,6 +68,18 @@ impl MaterializeOptions {
         let factor = stowplan_kernel::pad_factor(&AlignOptions::new(cp, tp))?;
         Ok(Self { cp, padding: Padding::PerSequence(factor), ..self })
     }
+}
+
+/// Further caps per micro-batch beside the capacity, for [`materialize_limited`]: a
+/// vision-language step's image tokens, images … Each sample's sizes are its
+/// [`Sample::resources`].
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SampleLimits {
+    /// Each resource's cap per micro-batch (each ≥ 1); at most 7.
+    pub caps: Vec<u64>,
+    /// Their names for messages, one per cap, all different and not `tokens` (or none:
+    /// `resource 1`, `resource 2`, …).
+    pub names: Vec<String>,
 }
 
 /// Every rank's micro-batches and what it took.
@@ -238,18 +250,63 @@ pub fn materialize(
     samples: &[Sample<'_>],
     options: &MaterializeOptions,
 ) -> Result<Materialized, Error> {
-    materialize_counted(kernel, samples, options, None)
+    materialize_counted(kernel, samples, options, &SampleLimits::default(), None)
 }
 
-/// [`materialize`] with the loss counts given per sample (`counts[i]`: those of the set
-/// sample `i` belongs to, which may reach beyond this call) instead of taken per run here.
+/// [`materialize`] under further caps per micro-batch (image tokens, images …): every row
+/// stays within the capacity and every one of `limits`, each sample's sizes being its
+/// [`Sample::resources`]. Each run's micro-batches are then the kernel's balanced fill under
+/// every cap (`multi-micro.distribute`) instead of best-fit decreasing; splits, dummies and the
+/// ranks' balance are [`materialize`]'s. With no limits it is [`materialize`].
+///
+/// Errors: those of [`materialize`]; a sample whose `resources` has neither 0 nor one entry
+/// per limit (named); those of the kernel's limits (`infeasible` for a sample over a cap,
+/// naming it, the resource, its size and the cap).
+pub fn materialize_limited(
+    kernel: &Kernel,
+    samples: &[Sample<'_>],
+    options: &MaterializeOptions,
+    limits: &SampleLimits,
+) -> Result<Materialized, Error> {
+    materialize_counted(kernel, samples, options, limits, None)
+}
+
+/// Every sample's sizes under `limits`, sample by sample (none without limits).
+fn resource_rows(samples: &[Sample<'_>], limits: &SampleLimits) -> Result<Vec<u64>, Error> {
+    let e = limits.caps.len();
+    let mut sizes = Vec::with_capacity(samples.len() * e);
+    for (i, s) in samples.iter().enumerate() {
+        match s.resources.len() {
+            0 => sizes.extend(std::iter::repeat_n(0, e)),
+            n if n == e => sizes.extend_from_slice(s.resources),
+            n if e == 0 => {
+                return Err(Error::InvalidArgument(format!(
+                    "samples[{i}].resources has {n} sizes but there are no limits: give the caps \
+                     (materialize_limited), or no resources"
+                )));
+            }
+            n => {
+                return Err(Error::InvalidArgument(format!(
+                    "samples[{i}].resources has {n} sizes; the limits are {e}{}: give one size per limit, or none",
+                    if limits.names.is_empty() { String::new() } else { format!(" ({})", limits.names.join(", ")) }
+                )));
+            }
+        }
+    }
+    Ok(sizes)
+}
+
+/// [`materialize_limited`] with the loss counts given per sample (`counts[i]`: those of the
+/// set sample `i` belongs to, which may reach beyond this call) instead of taken per run here.
 pub(crate) fn materialize_counted(
     kernel: &Kernel,
     samples: &[Sample<'_>],
     options: &MaterializeOptions,
+    limits: &SampleLimits,
     counts: Option<&[LossCounts]>,
 ) -> Result<Materialized, Error> {
     let num_runs = validate(samples, options)?;
+    let sizes = resource_rows(samples, limits)?;
     let lengths: Vec<u64> = samples.iter().map(|s| s.len() as u64).collect();
     let extra: Vec<u64> = samples.iter().map(|s| s.extra_cost).collect();
     let multimodal = extra.iter().any(|&e| e > 0);
@@ -284,6 +341,11 @@ pub(crate) fn materialize_counted(
             runs: Some(&labels),
             mix_runs: options.mix_runs,
             extra_costs: multimodal.then_some(&extra[..]),
+            limits: (!limits.caps.is_empty()).then_some(MicroLimits {
+                sizes: &sizes,
+                caps: &limits.caps,
+                names: &limits.names,
+            }),
         },
     )?;
     let plan: Vec<Vec<&[u32]>> =

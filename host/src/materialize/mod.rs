@@ -30,7 +30,7 @@ mod sample;
 mod weights;
 
 pub(crate) use build::materialize_counted;
-pub use build::{MaterializeOptions, Materialized, materialize, materialize_plan};
+pub use build::{MaterializeOptions, Materialized, SampleLimits, materialize, materialize_limited, materialize_plan};
 pub use cp::{CpRuns, CpView};
 pub use micro_batch::MicroBatch;
 pub use sample::{RejectReason, Sample, Temperature, check_sample};

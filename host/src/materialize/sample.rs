@@ -39,6 +39,10 @@ pub struct Sample<'a> {
     /// or vision tokens, which cost compute its text length does not show. Balancing over
     /// ranks and micro-batches counts it, the capacity does not. 0: a text sample.
     pub extra_cost: u64,
+    /// The sample's size in each of [`materialize_limited`](super::materialize_limited)'s
+    /// limits, in their order (its vision tokens, its images …); empty: 0 in every one (a
+    /// text sample).
+    pub resources: &'a [u64],
 }
 
 impl Sample<'_> {

@@ -387,6 +387,7 @@ impl Packer {
             &self.kernel,
             &samples,
             &self.options.materialize_options(),
+            &crate::materialize::SampleLimits::default(),
             counts,
         )?;
         let mean = m.distribution.rank_costs.iter().map(|&c| c as f64).sum::<f64>() / f64::from(self.options.dp);

@@ -62,6 +62,7 @@ impl TrainingSample {
             run,
             teacher_logprobs: self.teacher_logprobs.as_deref(),
             extra_cost: self.extra_cost,
+            resources: &[],
         }
     }
 }

@@ -91,7 +91,7 @@ pub fn plan_limited(
 }
 
 /// A batch's sizes in every resource, row by row (tokens first), with every cap and name.
-struct Rows {
+pub(crate) struct Rows {
     sizes: Vec<u64>,
     caps: Vec<u64>,
     names: Vec<String>,
@@ -99,7 +99,7 @@ struct Rows {
 
 impl Rows {
     /// The rows of `lengths` under `limits` (1 to 7 caps), refusing a sequence over a cap.
-    fn new(lengths: &[u64], limits: &MicroLimits<'_>, max_token_len: u64) -> Result<Self, Error> {
+    pub(crate) fn new(lengths: &[u64], limits: &MicroLimits<'_>, max_token_len: u64) -> Result<Self, Error> {
         let e = limits.caps.len();
         if e == 0 || e >= crate::MAX_RESOURCES {
             return invalid!("limits must have 1 to {} caps besides the tokens (got {e})", crate::MAX_RESOURCES - 1);
@@ -126,6 +126,17 @@ impl Rows {
     /// decreasing's with a cap above 2^32 − 1, raised per `options`) and the bound of each
     /// resource.
     fn need(&self, n: usize, options: &MicroOptions) -> Result<(Need, Vec<u64>), Error> {
+        let packing = self.fill(&self.sizes)?;
+        let bins: Vec<Vec<u32>> = (0..packing.packing.bins()).map(|b| packing.packing.bin(b).to_vec()).collect();
+        let lower_bounds: Vec<u64> = packing.lower_bounds.iter().map(|&b| b.max(1)).collect();
+        let lower = lower_bounds.iter().copied().max().unwrap_or(1);
+        // At most n (each sequence fits every cap alone).
+        Ok((required_count(lower as u32, bins, n as u32, options)?, lower_bounds))
+    }
+
+    /// Packs `sizes` (rows of these resources) under every cap: the balanced fill, or
+    /// best-fit decreasing with a cap above 2^32 − 1.
+    fn fill(&self, sizes: &[u64]) -> Result<crate::MultiPacking, Error> {
         let caps = &self.caps;
         let multi = crate::MultiOptions {
             capacities: caps,
@@ -139,12 +150,24 @@ impl Rows {
             },
             oversize: OversizePolicy::Error,
         };
-        let packing = crate::pack_multi(&self.sizes, &multi)?;
-        let bins: Vec<Vec<u32>> = (0..packing.packing.bins()).map(|b| packing.packing.bin(b).to_vec()).collect();
-        let lower_bounds: Vec<u64> = packing.lower_bounds.iter().map(|&b| b.max(1)).collect();
-        let lower = lower_bounds.iter().copied().max().unwrap_or(1);
-        // At most n (each sequence fits every cap alone).
-        Ok((required_count(lower as u32, bins, n as u32, options)?, lower_bounds))
+        crate::pack_multi(sizes, &multi)
+    }
+
+    /// The bins of the rows `members` under every cap (as [`fill`](Self::fill) packs them),
+    /// each a list of positions in `members`.
+    pub(crate) fn pack(&self, members: &[u32]) -> Result<crate::Packing, Error> {
+        let r = self.caps.len();
+        let sizes: Vec<u64> = members.iter().flat_map(|&i| self.sizes[i as usize * r..][..r].iter().copied()).collect();
+        Ok(self.fill(&sizes)?.packing)
+    }
+
+    /// `⌈Σ sizes / cap⌉` of every resource after the tokens (0 when its sizes are all 0).
+    pub(crate) fn resource_bounds(&self) -> impl Iterator<Item = u64> + '_ {
+        let r = self.caps.len();
+        (1..r).map(move |q| {
+            let total: u128 = self.sizes.iter().skip(q).step_by(r).map(|&s| u128::from(s)).sum();
+            u64::try_from(total.div_ceil(u128::from(self.caps[q]))).unwrap_or(u64::MAX)
+        })
     }
 
     fn caps(&self) -> Caps<'_> {

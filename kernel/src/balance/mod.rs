@@ -25,6 +25,7 @@ mod micro;
 mod order;
 
 pub use dp::{DpOptions, DpPlan, balance_dp};
+pub(crate) use limited::Rows;
 pub(crate) use limited::resources;
 pub use limited::{LimitedMicroPlan, MicroLimits, micro_batches_limited, plan_limited};
 pub use micro::{MicroOptions, MicroPlan, micro_batches, micro_batches_with_extra};

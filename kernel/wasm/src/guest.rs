@@ -105,6 +105,11 @@ impl multi_plan::Guest for Kernel {
     }
 }
 
+/// The kernel's view of `multi-micro.limits`.
+fn micro_limits(l: &multi_micro::Limits) -> k::MicroLimits<'_> {
+    k::MicroLimits { sizes: &l.sizes, caps: &l.caps, names: &l.names }
+}
+
 impl multi_micro::Guest for Kernel {
     fn micro_batches(
         lengths: Vec<u64>,
@@ -112,7 +117,7 @@ impl multi_micro::Guest for Kernel {
         limits: multi_micro::Limits,
         options: balance::MicroOptions,
     ) -> Result<multi_micro::LimitedMicroPlan, types::Error> {
-        let l = k::MicroLimits { sizes: &limits.sizes, caps: &limits.caps, names: &limits.names };
+        let l = micro_limits(&limits);
         let r =
             k::micro_batches_limited(&lengths, extra_costs.as_deref(), &l, &micro_options(options)).map_err(error)?;
         Ok(multi_micro::LimitedMicroPlan { plan: micro_plan(r.plan), loads: r.loads, lower_bounds: r.lower_bounds })
@@ -126,10 +131,19 @@ impl multi_micro::Guest for Kernel {
         dp_opts: balance::DpOptions,
         micro: balance::MicroOptions,
     ) -> Result<balance::TwoLevel, types::Error> {
-        let l = k::MicroLimits { sizes: &limits.sizes, caps: &limits.caps, names: &limits.names };
+        let l = micro_limits(&limits);
         let o = k::DpOptions { extra_costs: extra_costs.as_deref(), ..dp_options(&dp_opts) };
         let p = k::plan_limited(&lengths, dp, &o, &micro_options(micro), &l).map_err(error)?;
         Ok(balance::TwoLevel { dp: dp_plan(p.dp), ranks: p.ranks.into_iter().map(micro_plan).collect() })
+    }
+
+    fn distribute(
+        lengths: Vec<u64>,
+        extra_costs: Option<Vec<u64>>,
+        limits: multi_micro::Limits,
+        options: layout::DistributeOptions,
+    ) -> Result<layout::Distribution, types::Error> {
+        distribute_with(&lengths, extra_costs.as_deref(), Some(micro_limits(&limits)), &options)
     }
 }
 
@@ -243,14 +257,15 @@ impl layout::Guest for Kernel {
     }
 
     fn distribute(lengths: Vec<u64>, o: layout::DistributeOptions) -> Result<layout::Distribution, types::Error> {
-        distribute_with(&lengths, None, &o)
+        distribute_with(&lengths, None, None, &o)
     }
 }
 
-/// `layout.distribute` and `multimodal.distribute`.
+/// `layout.distribute`, `multimodal.distribute` and `multi-micro.distribute`.
 fn distribute_with(
     lengths: &[u64],
     extra: Option<&[u64]>,
+    limits: Option<k::MicroLimits<'_>>,
     o: &layout::DistributeOptions,
 ) -> Result<layout::Distribution, types::Error> {
     let opts = k::DistributeOptions {
@@ -261,6 +276,7 @@ fn distribute_with(
         runs: o.runs.as_deref(),
         mix_runs: o.mix_runs,
         extra_costs: extra,
+        limits,
     };
     k::distribute(lengths, &opts).map(Into::into).map_err(error)
 }
@@ -301,7 +317,7 @@ impl multimodal::Guest for Kernel {
         extra: Vec<u64>,
         options: layout::DistributeOptions,
     ) -> Result<layout::Distribution, types::Error> {
-        distribute_with(&lengths, Some(&extra), &options)
+        distribute_with(&lengths, Some(&extra), None, &options)
     }
 }
 
