@@ -20,12 +20,55 @@ pub(crate) struct OwnedSample {
     pub(crate) sample: stowplan::TrainingSample,
     temperature: f32,
     run: u32,
+    /// The sample's size in each limit of `materialize(limits=)`, in its order (empty: none).
+    resources: Vec<u64>,
 }
 
 impl OwnedSample {
     fn borrow(&self) -> Sample<'_> {
-        self.sample.as_sample(self.temperature, self.run)
+        Sample { resources: &self.resources, ..self.sample.as_sample(self.temperature, self.run) }
     }
+}
+
+/// Sample `i`'s ``resources`` (a mapping of limit names to its sizes; a limit it does not
+/// name is 0) in the order of `names`, the limits' names; empty when it has none. A name
+/// that is no limit is refused, as are resources where there are no limits (`names` empty:
+/// the packer, or `materialize` without `limits`), rather than ignored.
+fn sample_resources(i: usize, obj: &Bound<'_, PyAny>, names: &[String]) -> PyResult<Vec<u64>> {
+    let py = obj.py();
+    let Some(r) = get(obj, "resources")? else { return Ok(Vec::new()) };
+    let r = r.cast::<PyDict>().map_err(|_| {
+        invalid(py, format!("samples[{i}].resources must be a dict of limit names to sizes (got {})", r.get_type()))
+    })?;
+    if names.is_empty() {
+        return Err(invalid(
+            py,
+            format!(
+                "samples[{i}] has resources but this call has no limits: pass limits= (name → cap) to materialize \
+                 (the packer does not take resources)"
+            ),
+        ));
+    }
+    for k in r.keys() {
+        let known = k.extract::<String>().is_ok_and(|k| names.contains(&k));
+        if !known {
+            return Err(invalid(
+                py,
+                format!(
+                    "samples[{i}].resources names {}, which is not one of the limits ({})",
+                    k.repr().map(|r| r.to_string()).unwrap_or_default(),
+                    names.join(", ")
+                ),
+            ));
+        }
+    }
+    names
+        .iter()
+        .map(|name| match r.get_item(name)? {
+            Some(v) => int(&v, &format!("samples[{i}].resources['{name}']"), 0, u64::MAX.into()),
+            None => Ok(0),
+        })
+        .collect()
 }
 
 /// Field `name` of a sample given as a mapping or an object; `None` when absent or None.
@@ -46,7 +89,8 @@ fn token_ids(i: usize, name: &str, v: &Bound<'_, PyAny>) -> PyResult<Vec<i64>> {
     int_vec(v, &format!("samples[{i}].{name}"), i64::MIN.into(), i64::MAX.into())
 }
 
-pub(crate) fn extract_sample(i: usize, obj: &Bound<'_, PyAny>) -> PyResult<OwnedSample> {
+/// Sample `i` of a call; `names` are the call's limits (see [`sample_resources`]).
+pub(crate) fn extract_sample(i: usize, obj: &Bound<'_, PyAny>, names: &[String]) -> PyResult<OwnedSample> {
     let py = obj.py();
     let at = |name: &str| format!("samples[{i}].{name}");
     let need = |name: &str| -> PyResult<Bound<'_, PyAny>> {
@@ -87,6 +131,7 @@ pub(crate) fn extract_sample(i: usize, obj: &Bound<'_, PyAny>) -> PyResult<Owned
         },
         temperature: scalar("temperature", Some(1.0))? as f32,
         run,
+        resources: sample_resources(i, obj, names)?,
     })
 }
 
@@ -218,12 +263,16 @@ fn plan_arg(plan: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Vec<Vec<Vec<u32>
 /// the samples of the call or of ``plan``); ``loss_scale_factor`` — the horizon of
 /// ``"seq-mean-token-sum-norm"`` only, in tokens (default: the run's longest completion);
 /// ``multimodal_alone`` — every sample with an ``extra_cost`` gets a micro-batch of its own
-/// (prime-rl's rule; needs ``mix_runs`` False); ``plan`` — materialize this plan instead (``plan[r][j]`` = the sample
+/// (prime-rl's rule; needs ``mix_runs`` False); ``limits`` — further caps per micro-batch
+/// (resource name → cap, e.g. ``{"image_tokens": 8192, "images": 32}``): every row stays
+/// within ``capacity`` and each of them, a sample's sizes being its ``"resources"`` mapping (a
+/// limit it does not name is 0), and each run's rows are the balanced fill under all the caps;
+/// ``plan`` — materialize this plan instead (``plan[r][j]`` = the sample
 /// indices of rank ``r``'s micro-batch ``j``; ``[]`` = a dummy); ``backend``.
 ///
 /// Raises :class:`InvalidArgumentError` naming the sample and field (length mismatch, empty
 /// completion unless ``allow_empty_completion``, temperature ≤ 0, …) and
-/// :class:`InfeasibleError` for a sample longer than ``capacity``.
+/// :class:`InfeasibleError` for a sample longer than ``capacity`` or over a limit.
 ///
 /// >>> samples = [
 /// ...     {"prompt_ids": [11, 12], "completion_ids": [13, 14, 15], "advantage": 0.5},
@@ -240,7 +289,7 @@ fn plan_arg(plan: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Vec<Vec<Vec<u32>
 #[pyfunction]
 #[pyo3(signature = (samples, *, capacity, dp=None, cp=None, tp=None, padding=None, align=None, cost=None,
     pad_token_id=None, num_runs=None, mix_runs=None, allow_empty_completion=None, loss_agg_mode=None,
-    loss_scale_factor=None, multimodal_alone=None, plan=None, backend=None))]
+    loss_scale_factor=None, multimodal_alone=None, limits=None, plan=None, backend=None))]
 #[allow(clippy::too_many_arguments)]
 pub fn materialize(
     py: Python<'_>,
@@ -259,6 +308,7 @@ pub fn materialize(
     loss_agg_mode: Option<&Bound<'_, PyAny>>,
     loss_scale_factor: Option<&Bound<'_, PyAny>>,
     multimodal_alone: Option<bool>,
+    limits: Option<&Bound<'_, PyDict>>,
     plan: Option<&Bound<'_, PyAny>>,
     backend: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<PyMaterialized> {
@@ -303,11 +353,19 @@ pub fn materialize(
         multimodal_alone: multimodal_alone.unwrap_or(d.multimodal_alone),
         ..d
     };
+    let (caps, names) = crate::multi::caps_arg(py, limits)?;
+    let limits = stowplan::SampleLimits { caps, names };
+    if plan.is_some() && !limits.caps.is_empty() {
+        return Err(invalid(
+            py,
+            "limits applies to the rows materialize plans; a plan is materialized as given: pass one or the other".into(),
+        ));
+    }
     let owned: Vec<OwnedSample> = samples
         .try_iter()
         .map_err(|_| invalid(py, "samples must be an iterable of mappings or objects".into()))?
         .enumerate()
-        .map(|(i, s)| extract_sample(i, &s?))
+        .map(|(i, s)| extract_sample(i, &s?, &limits.names))
         .collect::<PyResult<_>>()?;
     let (ranks, distribution) = py
         .detach(|| -> Result<_, stowplan::Error> {
@@ -318,7 +376,7 @@ pub fn materialize(
                     Ok((stowplan::materialize_plan(&k, &borrowed, &p, &options)?, None))
                 }
                 None => {
-                    let m = stowplan::materialize(&k, &borrowed, &options)?;
+                    let m = stowplan::materialize_limited(&k, &borrowed, &options, &limits)?;
                     Ok((m.ranks, Some(m.distribution)))
                 }
             }

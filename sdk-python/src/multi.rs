@@ -1,11 +1,25 @@
 //! Limits beside the tokens (issue 31): the `resources=`/`limits=` options of
-//! `micro_batches`, `balance` and `StaticPackPlan.from_lengths`, read into the kernel's row
-//! layout.
+//! `micro_batches`, `balance`, `StaticPackPlan.from_lengths`, `StreamPacker` and
+//! `materialize`, read into the kernel's row layout.
 
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
 use crate::{Lengths, invalid, u64_arg};
+
+/// A ``limits`` dict (resource name → cap per bin or micro-batch, each ≥ 1) as caps and
+/// names in its order; empty without one. The kernel checks the names (not ``"tokens"``, at
+/// most 7) and names them in its messages.
+pub(crate) fn caps_arg(py: Python<'_>, limits: Option<&Bound<'_, PyDict>>) -> PyResult<(Vec<u64>, Vec<String>)> {
+    let (mut caps, mut names) = (Vec::new(), Vec::new());
+    for (k, v) in limits.into_iter().flat_map(|d| d.iter()) {
+        let name: String =
+            k.extract().map_err(|_| invalid(py, format!("limits' keys must be resource names (str), got {k}")))?;
+        caps.push(u64_arg(&v, &format!("limits['{name}']"), 1)?);
+        names.push(name);
+    }
+    Ok((caps, names))
+}
 
 /// ``resources`` and ``limits`` together (both or neither): the kernel's rows, caps and names
 /// (see [`limit_rows`]), or `None`.

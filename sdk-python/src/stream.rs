@@ -155,14 +155,8 @@ impl PyStreamPacker {
             ..d
         };
         let kernel = kernel(py, backend)?;
-        let mut l =
-            StreamLimits { max_segments: opt_u64(max_segments, "max_segments", 0)?.unwrap_or(0), ..Default::default() };
-        for (k, v) in limits.into_iter().flat_map(|d| d.iter()) {
-            let name: String =
-                k.extract().map_err(|_| invalid(py, format!("limits' keys must be resource names (str), got {k}")))?;
-            l.caps.push(u64_arg(&v, &format!("limits['{name}']"), 1)?);
-            l.names.push(name);
-        }
+        let (caps, names) = crate::multi::caps_arg(py, limits)?;
+        let l = StreamLimits { caps, names, max_segments: opt_u64(max_segments, "max_segments", 0)?.unwrap_or(0) };
         let inner = if l.caps.is_empty() && l.max_segments == 0 {
             py.detach(|| kernel.stream_packer(&options)).map(Inner::Plain)
         } else {

@@ -198,3 +198,60 @@ def test_micro_batch_limit_errors_name_the_argument():
     ]:
         with pytest.raises(error, match=match):
             stowplan.micro_batches(lengths, 100, **kwargs)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    rows=st.lists(st.tuples(st.integers(1, 60), st.integers(0, 300), st.integers(0, 4)), min_size=1, max_size=60),
+    dp=st.integers(1, 4),
+    image_cap=st.integers(300, 900),
+    images_cap=st.integers(4, 9),
+    backend=st.sampled_from(["wasm", "native"]),
+)
+def test_materialize_keeps_every_row_within_every_limit(rows, dp, image_cap, images_cap, backend):
+    # Text samples carry no resources; the others name one or both limits.
+    samples = []
+    for i, (n, it, im) in enumerate(rows):
+        s = {"prompt_ids": [3] * n, "completion_ids": [4], "advantage": 1.0, "extra_cost": it}
+        if it or im:
+            s["resources"] = {"images": im} if i % 3 == 0 else {"image_tokens": it, "images": im}
+        samples.append(s)
+    sizes = [(it if i % 3 else 0, im) if (it or im) else (0, 0) for i, (_, it, im) in enumerate(rows)]
+    limits = {"image_tokens": image_cap, "images": images_cap}
+    m = stowplan.materialize(samples, capacity=128, dp=dp, limits=limits, backend=backend)
+    seen = []
+    for rank in m.ranks:
+        assert len(rank) == m.per_rank
+        for mb in rank:
+            ids = mb.samples.tolist()
+            assert len(mb.input_ids) <= 128
+            assert sum(sizes[i][0] for i in ids) <= image_cap
+            assert sum(sizes[i][1] for i in ids) <= images_cap
+            seen += ids
+    assert sorted(seen) == list(range(len(rows)))
+    other = "native" if backend == "wasm" else "wasm"
+    again = stowplan.materialize(samples, capacity=128, dp=dp, limits=limits, backend=other)
+    assert [[mb.samples.tolist() for mb in r] for r in again.ranks] == [[mb.samples.tolist() for mb in r] for r in m.ranks]
+
+
+def test_materialize_limit_errors_name_the_sample_and_the_limit():
+    s = lambda **kw: {"prompt_ids": [1, 2], "completion_ids": [3], "advantage": 1.0, **kw}  # noqa: E731
+    limits = {"images": 2}
+    with pytest.raises(stowplan.InfeasibleError, match="sequence 1 has 3 images, more than its cap 2"):
+        stowplan.materialize([s(), s(resources={"images": 3})], capacity=16, limits=limits)
+    cases = [
+        ([s(resources={"image": 1})], limits, "samples\\[0\\].resources names 'image', which is not one of the limits \\(images\\)"),
+        ([s(resources={"images": 1})], None, "samples\\[0\\] has resources but this call has no limits"),
+        ([s(resources=[1])], limits, "samples\\[0\\].resources must be a dict"),
+        ([s(resources={"images": -1})], limits, "samples\\[0\\].resources\\['images'\\]"),
+        ([s()], {"images": 0}, "limits\\['images'\\]"),
+        ([s()], {"tokens": 5}, "tokens"),
+    ]
+    for samples, lim, message in cases:
+        with pytest.raises(stowplan.InvalidArgumentError, match=message):
+            stowplan.materialize(samples, capacity=16, limits=lim)
+    with pytest.raises(stowplan.InvalidArgumentError, match="a plan is materialized as given"):
+        stowplan.materialize([s()], capacity=16, limits=limits, plan=[[[0]]])
+    # The packer's batches take no resources: refused, not dropped.
+    with pytest.raises(stowplan.InvalidArgumentError, match="the packer does not take resources"):
+        stowplan.TrainingBatch(samples=[s(resources={"images": 1})], step=0).encode()

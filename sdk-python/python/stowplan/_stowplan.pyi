@@ -479,6 +479,7 @@ def materialize(
     loss_agg_mode: Optional[str] = None,
     loss_scale_factor: Optional[float] = None,
     multimodal_alone: Optional[bool] = None,
+    limits: Optional[Dict[str, int]] = None,
     plan: Optional[Sequence[Sequence[Sequence[int]]]] = None,
     backend: Optional[str] = None,
 ) -> Materialized: ...
