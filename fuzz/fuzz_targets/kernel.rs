@@ -120,6 +120,8 @@ enum Call {
         runs: Option<Vec<u32>>,
         mix_runs: bool,
         extra: Option<Vec<u64>>,
+        /// Further caps per micro-batch: the samples' sizes and the caps.
+        limits: Option<(Vec<u64>, Vec<u64>)>,
     },
     PrimeRlFfd {
         lengths: Vec<u64>,
@@ -302,7 +304,7 @@ fuzz_target!(|call: Call| match call {
         let factor = factor.map_or(Factor::CpTp, Factor::Multiple);
         let _ = k::cp_layout(&lengths, &AlignOptions { cp: count(cp), tp: count(tp), factor, power_of_two: false });
     }
-    Call::Distribute { lengths, capacity, dp, per_sequence, multiple, runs, mix_runs, extra } => {
+    Call::Distribute { lengths, capacity, dp, per_sequence, multiple, runs, mix_runs, extra, limits } => {
         let padding = if per_sequence { Padding::PerSequence(multiple) } else { Padding::PerMicroBatch(multiple) };
         let o = DistributeOptions {
             cost: Cost::TOKENS,
@@ -310,9 +312,19 @@ fuzz_target!(|call: Call| match call {
             runs: runs.as_deref(),
             mix_runs,
             extra_costs: extra.as_deref(),
+            limits: limits.as_ref().map(|(sizes, caps)| k::MicroLimits { sizes, caps, names: &[] }),
             ..DistributeOptions::new(capacity, count(dp))
         };
-        let _ = k::distribute(&lengths, &o);
+        if let (Ok(d), Some((sizes, caps))) = (k::distribute(&lengths, &o), &limits) {
+            // Every micro-batch within every cap.
+            let e = caps.len();
+            for b in 0..d.tokens.len() {
+                for (q, &cap) in caps.iter().enumerate() {
+                    let load: u64 = d.batch(b).iter().map(|&i| sizes[i as usize * e + q]).sum();
+                    assert!(load <= cap, "a micro-batch over a limit");
+                }
+            }
+        }
     }
     Call::PrimeRlFfd { lengths, runs, labels, seq_len } => {
         let _ = k::prime_rl_ffd(&lengths, &runs, &labels, seq_len);

@@ -358,7 +358,8 @@ pub fn materialize(
     if plan.is_some() && !limits.caps.is_empty() {
         return Err(invalid(
             py,
-            "limits applies to the rows materialize plans; a plan is materialized as given: pass one or the other".into(),
+            "limits applies to the rows materialize plans; a plan is materialized as given: pass one or the other"
+                .into(),
         ));
     }
     let owned: Vec<OwnedSample> = samples

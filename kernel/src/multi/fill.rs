@@ -458,10 +458,12 @@ impl<'a, const R: usize> Fill<'a, R> {
             }
         }
         let mut held: Vec<(u64, u32)> = Vec::with_capacity(SMALL_TRIES);
-        for &k in &keys {
+        // The rows gathered in key order first, in a pass of independent loads (the loop
+        // below would wait on each one).
+        let rows: Vec<[u64; R]> = keys.iter().map(|&k| self.row(small[(k & imask) as usize] as usize)).collect();
+        for (&k, &row) in keys.iter().zip(&rows) {
             let s = (k & imask) as usize;
             let i = small[s] as usize;
-            let row = self.row(i);
             let need = UNITS + 1 - (k >> ib);
             let mut found = None;
             for _ in 0..SMALL_TRIES {
