@@ -4,11 +4,11 @@
 use std::fmt;
 
 use serde::Serialize;
-use stowplan::{Cost, DpOptions, DpPlan, MAX_RESOURCES, MicroLimits, MicroOptions, MicroPlan, Order, Plan};
+use stowplan::{Cost, DpOptions, DpPlan, MicroLimits, MicroOptions, MicroPlan, Order, Plan};
 
 use crate::common::{Common, CostJson, CostText, KernelRun, ReadyKernel, min_max, named, print_report};
 use crate::failure::Failure;
-use crate::limits::{Limits, parse_limit, read_table, split_rows};
+use crate::limits::{Limits, check_limits, parse_limit, read_table, split_rows};
 
 /// The options of `stowplan balance`.
 #[derive(clap::Args, Debug)]
@@ -356,13 +356,7 @@ impl Table {
     /// The lengths of `text` and, with `--limit` or `--extra-cost`, the table's further
     /// columns (a column both limits and adds to the cost is read once).
     fn read(a: &Args, text: &crate::input::Text) -> Result<(Vec<u64>, Self), Failure> {
-        if a.limits.len() >= MAX_RESOURCES {
-            return Err(Failure::bad(format!(
-                "--limit: at most {} limits besides the tokens (got {})",
-                MAX_RESOURCES - 1,
-                a.limits.len()
-            )));
-        }
+        check_limits(&a.limits)?;
         let mut columns: Vec<&str> = a.limits.iter().map(|(n, _)| n.as_str()).collect();
         let extra_at = a.extra_cost.as_deref().map(|x| {
             columns.iter().position(|&n| n == x).unwrap_or_else(|| {

@@ -23,6 +23,14 @@ pub fn parse_limit(value: &str) -> Result<(String, u64), String> {
 /// (tokens first, then each limit's column), row by row, and the first column's name;
 /// without (a segment limit alone), its lengths under the name `tokens`.
 pub fn read_rows(text: &Text, limits: &[(String, u64)]) -> Result<(String, Vec<u64>), Failure> {
+    check_limits(limits)?;
+    let names: Vec<&str> = limits.iter().map(|(n, _)| n.as_str()).collect();
+    read_table(text, &names)
+}
+
+/// Checks the `--limit` flags: at most 7, none named `tokens` (the first column, capped by
+/// the command's own token flag) and no name twice.
+pub fn check_limits(limits: &[(String, u64)]) -> Result<(), Failure> {
     if limits.len() >= MAX_RESOURCES {
         return Err(Failure::bad(format!(
             "--limit: at most {} limits besides the tokens (got {})",
@@ -30,8 +38,17 @@ pub fn read_rows(text: &Text, limits: &[(String, u64)]) -> Result<(String, Vec<u
             limits.len()
         )));
     }
-    let names: Vec<&str> = limits.iter().map(|(n, _)| n.as_str()).collect();
-    read_table(text, &names)
+    for (k, (name, _)) in limits.iter().enumerate() {
+        if name == "tokens" {
+            return Err(Failure::bad(
+                "--limit tokens=…: the tokens are the first column, capped by the command's token flag, not a further limit",
+            ));
+        }
+        if limits[..k].iter().any(|(n, _)| n == name) {
+            return Err(Failure::bad(format!("--limit {name}=…: {name:?} is given twice")));
+        }
+    }
+    Ok(())
 }
 
 /// The columns `names` of the table `text` (its header names them, tokens first), row by row

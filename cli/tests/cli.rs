@@ -1037,8 +1037,10 @@ fn balance_with_limits_gives_the_library_plan_within_every_limit() {
     let text = String::from_utf8(stowplan(&one, Some(&table), &[]).stdout).unwrap();
     assert!(text.contains("images") && text.contains("per micro-batch at most"), "{text}");
     // Refusals name the argument.
-    let cases: [(&[&str], i32, &str); 4] = [
+    let cases: [(&[&str], i32, &str); 6] = [
         (&["balance", "--dp", "2", "--limit", "images=5"], 2, "--max-token-len"),
+        (&["balance", "--max-token-len", "1000", "--limit", "tokens=5"], 2, "not a further limit"),
+        (&["balance", "--max-token-len", "1000", "--limit", "images=5", "--limit", "images=6"], 2, "is given twice"),
         (&["balance", "--max-token-len", "1000", "--limit", "frames=5"], 2, "no column \"frames\""),
         (&["balance", "--max-token-len", "1000", "--extra-cost", "frames"], 2, "no column \"frames\""),
         (&["balance", "--max-token-len", "1000", "--limit", "images=2"], 1, "has 3 images, more than its cap 2"),

@@ -402,7 +402,7 @@ pub fn distribute(lengths: &[u64], o: &DistributeOptions<'_>) -> Result<Distribu
         }
     }
     let item_costs = costs_with_extra(&sizes, &o.cost, o.extra_costs)?;
-    let rows = o.limits.as_ref().map(|l| Rows::new(&sizes, l, cap)).transpose()?;
+    let rows = o.limits.as_ref().map(|l| Rows::new(&sizes, l, cap, "sample")).transpose()?;
     let total = checked_sum("padded lengths", sizes.iter().copied())?;
     let resource_bound = rows.as_ref().and_then(|r| r.resource_bounds().max()).unwrap_or(0);
     let lower_bound = checked_len("micro-batches", total.div_ceil(cap).max(resource_bound) as usize)?;

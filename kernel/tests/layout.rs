@@ -273,7 +273,7 @@ fn limited_distribution_errors_name_the_sample_and_the_limit() {
         ..DistributeOptions::new(100, 2)
     };
     match distribute(&[10, 20, 30], &o) {
-        Err(Error::Infeasible(m)) => assert!(m.contains("sequence 1 has 9 images, more than its cap 4"), "{m}"),
+        Err(Error::Infeasible(m)) => assert!(m.contains("sample 1 has 9 images, more than its cap 4"), "{m}"),
         other => panic!("{other:?}"),
     }
     for (o, message) in [

@@ -270,12 +270,15 @@ export function planOptions(o) {
  */
 export function streamLimits(o) {
   const maxSegments = or(o, 'maxSegments', (v, key) => u64(v, key), 0n);
-  if (!given(o.limits) && maxSegments === 0n) return null;
   const entries = given(o.limits) ? namedEntries(o.limits, 'limits', 'cap') : [];
+  if (entries.length === 0 && maxSegments === 0n) return null;
   if (entries.length > MAX_RESOURCES - 1) {
     throw new InvalidArgumentError(`limits must name at most ${MAX_RESOURCES - 1} resources (got ${entries.length})`);
   }
-  // The kernel refuses "tokens" and checks the names again, naming the limit.
+  if (entries.some(([name]) => name === 'tokens')) {
+    throw new InvalidArgumentError("limits['tokens']: the tokens are the lengths and their cap (capacity), not a further limit");
+  }
+  // The kernel checks the names again (none empty), naming the limit.
   return {
     caps: BigUint64Array.from(entries, ([name, cap]) => u64(cap, `limits['${name}']`, 1n)),
     names: entries.map(([name]) => name),

@@ -285,13 +285,16 @@ test('under limits: the bins of `pack --stream --limit` on vlm-mix-100k whatever
     (e) => e instanceof stowplan.InfeasibleError && /stream index 1 has 9000 image_tokens, more than its cap 8192/.test(e.message));
   assert.equal(strict.status().nextIndex, 0n);
   for (const [opts, message] of [
-    [{ limits: { tokens: 5 } }, /not "tokens"/],
+    [{ limits: { tokens: 5 } }, /limits\['tokens'\]: the tokens are the lengths and their cap/],
     [{ limits: { images: 0 } }, /limits\['images'\] must be in 1\.\.=/],
     [{ limits: [3] }, /limits must be an object or a Map/],
     [{ maxSegments: -1 }, /maxSegments/],
   ]) {
     await assert.rejects(stowplan.streamPacker(100, opts), (e) => e instanceof stowplan.InvalidArgumentError && message.test(e.message), String(message));
   }
+  // No limit and no segment limit: the plain packer, as Python's (its state is SPSK).
+  const none = await stowplan.streamPacker(100, { limits: {} });
+  assert.equal(String.fromCharCode(...none.state().subarray(0, 4)), 'SPSK');
   // A segment limit alone: a limited packer taking lengths only.
   const s = await stowplan.streamPacker(100, { maxSegments: 2, maxBuffered: 0 });
   assert.deepStrictEqual(plain(s.add([1, 1, 1, 1, 1])), [[0, 1], [2, 3]]);

@@ -44,8 +44,8 @@ fn sample_resources(i: usize, obj: &Bound<'_, PyAny>, names: &[String]) -> PyRes
         return Err(invalid(
             py,
             format!(
-                "samples[{i}] has resources but this call has no limits: pass limits= (name → cap) to materialize \
-                 (the packer does not take resources)"
+                "samples[{i}] has resources but this call has no limits to check them against: materialize takes \
+                 them with limits= (name → cap) and no plan; a given plan and the packer take no resources"
             ),
         ));
     }
@@ -151,7 +151,8 @@ pub struct PyMaterialized {
     /// Padding tokens over all micro-batches (dummies' padding included).
     #[pyo3(get)]
     padding_tokens: u64,
-    /// Micro-batches best-fit decreasing made (``None`` for a caller's ``plan``).
+    /// Micro-batches the packing made before any split: best-fit decreasing, or the balanced
+    /// fill under ``limits`` (``None`` for a caller's ``plan``).
     #[pyo3(get)]
     packed: Option<u32>,
     /// Heaviest micro-batches split to reach a multiple of ``dp`` (``None`` for a ``plan``).
@@ -161,7 +162,8 @@ pub struct PyMaterialized {
     /// samples than slots.
     #[pyo3(get)]
     dummies: u32,
-    /// No packing under the capacity has fewer micro-batches (``None`` for a ``plan``).
+    /// No packing under the capacity (and every limit) has fewer micro-batches (``None`` for a
+    /// ``plan``).
     #[pyo3(get)]
     lower_bound: Option<u32>,
     /// ``uint64`` array, cost per rank (``None`` for a caller's ``plan``).
@@ -245,7 +247,9 @@ fn plan_arg(plan: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Vec<Vec<Vec<u32>
 /// default 1.0) or ``completion_temperatures`` (one per completion token), ``run`` or
 /// ``lora`` (default 0), ``teacher_logprobs`` (every token; all samples or none) and
 /// ``extra_cost`` (default 0: a cost on top of the cost model's, in its units — a multimodal
-/// sample's image or vision tokens — that balancing counts and the capacity does not).
+/// sample's image or vision tokens — that balancing counts and the capacity does not) and,
+/// with ``limits``, ``resources`` (a dict of limit name → the sample's size in it, e.g.
+/// ``{"image_tokens": 1536, "images": 2}``; a limit it does not name is 0).
 ///
 /// Options (omitted or ``None``: the default): ``dp`` (default 1), ``cp``, ``tp`` (default
 /// 1); ``padding`` — ``"sequence"`` pads every sample to the factor (default when
@@ -308,7 +312,7 @@ pub fn materialize(
     loss_agg_mode: Option<&Bound<'_, PyAny>>,
     loss_scale_factor: Option<&Bound<'_, PyAny>>,
     multimodal_alone: Option<bool>,
-    limits: Option<&Bound<'_, PyDict>>,
+    limits: Option<&Bound<'_, PyAny>>,
     plan: Option<&Bound<'_, PyAny>>,
     backend: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<PyMaterialized> {

@@ -10,7 +10,15 @@ use crate::{Lengths, invalid, u64_arg};
 /// A ``limits`` dict (resource name → cap per bin or micro-batch, each ≥ 1) as caps and
 /// names in its order; empty without one. The kernel checks the names (not ``"tokens"``, at
 /// most 7) and names them in its messages.
-pub(crate) fn caps_arg(py: Python<'_>, limits: Option<&Bound<'_, PyDict>>) -> PyResult<(Vec<u64>, Vec<String>)> {
+pub(crate) fn caps_arg(py: Python<'_>, limits: Option<&Bound<'_, PyAny>>) -> PyResult<(Vec<u64>, Vec<String>)> {
+    let limits = limits
+        .filter(|l| !l.is_none())
+        .map(|l| {
+            l.cast::<PyDict>().map_err(|_| {
+                invalid(py, format!("limits must be a dict of resource name → cap (got {})", l.get_type()))
+            })
+        })
+        .transpose()?;
     let (mut caps, mut names) = (Vec::new(), Vec::new());
     for (k, v) in limits.into_iter().flat_map(|d| d.iter()) {
         let name: String =

@@ -141,7 +141,7 @@ impl PyStreamPacker {
         max_buffered: Option<&Bound<'_, PyAny>>,
         align: Option<&Bound<'_, PyAny>>,
         oversize: Option<&Bound<'_, PyAny>>,
-        limits: Option<&Bound<'_, PyDict>>,
+        limits: Option<&Bound<'_, PyAny>>,
         max_segments: Option<&Bound<'_, PyAny>>,
         backend: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {

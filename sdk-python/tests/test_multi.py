@@ -237,15 +237,16 @@ def test_materialize_keeps_every_row_within_every_limit(rows, dp, image_cap, ima
 def test_materialize_limit_errors_name_the_sample_and_the_limit():
     s = lambda **kw: {"prompt_ids": [1, 2], "completion_ids": [3], "advantage": 1.0, **kw}  # noqa: E731
     limits = {"images": 2}
-    with pytest.raises(stowplan.InfeasibleError, match="sequence 1 has 3 images, more than its cap 2"):
+    with pytest.raises(stowplan.InfeasibleError, match="sample 1 has 3 images, more than its cap 2"):
         stowplan.materialize([s(), s(resources={"images": 3})], capacity=16, limits=limits)
     cases = [
         ([s(resources={"image": 1})], limits, "samples\\[0\\].resources names 'image', which is not one of the limits \\(images\\)"),
-        ([s(resources={"images": 1})], None, "samples\\[0\\] has resources but this call has no limits"),
+        ([s(resources={"images": 1})], None, "samples\\[0\\] has resources but this call has no limits to check them against"),
         ([s(resources=[1])], limits, "samples\\[0\\].resources must be a dict"),
         ([s(resources={"images": -1})], limits, "samples\\[0\\].resources\\['images'\\]"),
         ([s()], {"images": 0}, "limits\\['images'\\]"),
         ([s()], {"tokens": 5}, "tokens"),
+        ([s()], [("images", 2)], "limits must be a dict of resource name → cap"),
     ]
     for samples, lim, message in cases:
         with pytest.raises(stowplan.InvalidArgumentError, match=message):
@@ -253,5 +254,5 @@ def test_materialize_limit_errors_name_the_sample_and_the_limit():
     with pytest.raises(stowplan.InvalidArgumentError, match="a plan is materialized as given"):
         stowplan.materialize([s()], capacity=16, limits=limits, plan=[[[0]]])
     # The packer's batches take no resources: refused, not dropped.
-    with pytest.raises(stowplan.InvalidArgumentError, match="the packer does not take resources"):
+    with pytest.raises(stowplan.InvalidArgumentError, match="the packer take no resources"):
         stowplan.TrainingBatch(samples=[s(resources={"images": 1})], step=0).encode()

@@ -296,7 +296,9 @@ fn materialize_limited_keeps_every_row_within_every_limit() {
     let mut bad = samples.clone();
     bad[3].resources = &many;
     match stowplan::materialize_limited(&wasm, &bad, &o, &limits) {
-        Err(Error::Infeasible(m)) => assert!(m.contains("sequence 3 has 40 images, more than its cap 32"), "{m}"),
+        Err(Error::Infeasible(m)) => {
+            assert!(m.contains("sample 3 has 40 images, more than its cap 32; samples are never split"), "{m}")
+        }
         other => panic!("{other:?}"),
     }
 }

@@ -77,6 +77,11 @@ fn damaged_states_and_bad_options_are_refused_on_both_backends() {
             Err(Error::InvalidArgument(m)) => assert!(m.contains("not a stowplan stream-packer state"), "{m}"),
             other => panic!("{other:?}"),
         }
+        // The right magic, cut short: truncated, not foreign.
+        match kernel.restore_stream_packer(&state[..20]) {
+            Err(Error::InvalidArgument(m)) => assert!(m.contains("20 bytes") && m.contains("(truncated)"), "{m}"),
+            other => panic!("{other:?}"),
+        }
         match kernel.stream_packer(&StreamOptions { max_open_bins: 0, ..StreamOptions::new(100) }) {
             Err(Error::InvalidArgument(m)) => assert!(m.contains("max_open_bins must be in 1..=65536"), "{m}"),
             other => panic!("{other:?}"),

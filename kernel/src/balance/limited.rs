@@ -59,7 +59,7 @@ pub fn micro_batches_limited(
     options: &MicroOptions,
 ) -> Result<LimitedMicroPlan, Error> {
     let costs = micro_checks(lengths, extra, options)?;
-    let rows = Rows::new(lengths, limits, options.max_token_len)?;
+    let rows = Rows::new(lengths, limits, options.max_token_len, "sequence")?;
     let (need, lower_bounds) = rows.need(lengths.len(), options)?;
     let plan = plan_micro(lengths, &costs, options, need, &rows.caps())?;
     let loads = rows.loads(&plan);
@@ -80,7 +80,7 @@ pub fn plan_limited(
     micro: &MicroOptions,
     limits: &MicroLimits<'_>,
 ) -> Result<Plan, Error> {
-    let all = Rows::new(lengths, limits, micro.max_token_len)?;
+    let all = Rows::new(lengths, limits, micro.max_token_len, "sequence")?;
     let r = all.caps.len();
     plan_ranks(lengths, dp, dp_options, micro, |members, local| {
         let sizes: Vec<u64> = members.iter().flat_map(|&i| all.sizes[i as usize * r..][..r].iter().copied()).collect();
@@ -98,8 +98,14 @@ pub(crate) struct Rows {
 }
 
 impl Rows {
-    /// The rows of `lengths` under `limits` (1 to 7 caps), refusing a sequence over a cap.
-    pub(crate) fn new(lengths: &[u64], limits: &MicroLimits<'_>, max_token_len: u64) -> Result<Self, Error> {
+    /// The rows of `lengths` under `limits` (1 to 7 caps), refusing an item over a cap; an item
+    /// is a `what` in messages (`sequence`, `sample`).
+    pub(crate) fn new(
+        lengths: &[u64],
+        limits: &MicroLimits<'_>,
+        max_token_len: u64,
+        what: &str,
+    ) -> Result<Self, Error> {
         let e = limits.caps.len();
         if e == 0 || e >= crate::MAX_RESOURCES {
             return invalid!("limits must have 1 to {} caps besides the tokens (got {e})", crate::MAX_RESOURCES - 1);
@@ -111,7 +117,7 @@ impl Rows {
             let row = &limits.sizes[i * e..(i + 1) * e];
             if let Some(k) = (0..e).find(|&k| row[k] > limits.caps[k]) {
                 return Err(Error::Infeasible(alloc::format!(
-                    "sequence {i} has {} {}, more than its cap {}; sequences are never split",
+                    "{what} {i} has {} {}, more than its cap {}; {what}s are never split",
                     row[k],
                     names[k + 1],
                     limits.caps[k]

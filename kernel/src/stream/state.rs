@@ -152,9 +152,16 @@ pub(super) fn frame(magic: &[u8; 4], version: u32, payload: &[u8]) -> Vec<u8> {
 /// version, its length and its sha256.
 pub(super) fn unframe<'a>(state: &'a [u8], magic: &[u8; 4], version: u32, what: &str) -> Result<&'a [u8], Error> {
     const HEAD: usize = 16;
-    if state.len() < HEAD + 32 || &state[..4] != magic {
+    if state.len() < 4 || &state[..4] != magic {
         let m = core::str::from_utf8(magic).unwrap_or("?");
         return invalid!("state is not a stowplan {what} state (it must start with \"{m}\")");
+    }
+    if state.len() < HEAD + 32 {
+        return invalid!(
+            "state is damaged: {} bytes, fewer than a {what} state's {} bytes of header and sha256 (truncated)",
+            state.len(),
+            HEAD + 32
+        );
     }
     let got = u32::from_le_bytes(state[4..8].try_into().unwrap_or_default());
     if got != version {
