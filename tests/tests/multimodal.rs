@@ -279,6 +279,11 @@ fn materialize_limited_keeps_every_row_within_every_limit() {
     let e = stowplan::materialize(&native, &samples, &o).unwrap_err().to_string();
     assert!(e.contains("samples[0].resources has 2 sizes but there are no limits"), "{e}");
     let plain = stowplan::materialize(&native, &text, &o).unwrap();
+    // A caller's plan is built as given: resources there would go unchecked, so are refused.
+    let p: Vec<Vec<&[u32]>> = plain.ranks.iter().map(|r| r.iter().map(|mb| &mb.samples[..]).collect()).collect();
+    let e = stowplan::materialize_plan(&native, &samples, &p, &o).unwrap_err().to_string();
+    assert!(e.contains("samples[0].resources has 2 sizes but there are no limits"), "{e}");
+    assert!(stowplan::materialize_plan(&native, &text, &p, &o).is_ok());
     let over = plain
         .ranks
         .iter()

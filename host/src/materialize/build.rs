@@ -282,7 +282,7 @@ fn resource_rows(samples: &[Sample<'_>], limits: &SampleLimits) -> Result<Vec<u6
             n if e == 0 => {
                 return Err(Error::InvalidArgument(format!(
                     "samples[{i}].resources has {n} sizes but there are no limits: give the caps \
-                     (materialize_limited), or no resources"
+                     (materialize_limited, which plans the rows), or no resources"
                 )));
             }
             n => {
@@ -368,7 +368,8 @@ pub(crate) fn materialize_counted(
 ///
 /// Errors: those of [`materialize`]; a plan of other than `dp` ranks, or ranks with different
 /// numbers of micro-batches; a sample index out of range or used twice; a row over the
-/// capacity; runs mixed in a row without `mix_runs`.
+/// capacity; runs mixed in a row without `mix_runs`; a sample with `resources` (nothing here
+/// checks them against limits).
 pub fn materialize_plan(
     kernel: &Kernel,
     samples: &[Sample<'_>],
@@ -376,6 +377,8 @@ pub fn materialize_plan(
     options: &MaterializeOptions,
 ) -> Result<Vec<Vec<MicroBatch>>, Error> {
     let num_runs = validate(samples, options)?;
+    // A given plan is built as it is: sizes under limits would go unchecked, so are refused.
+    resource_rows(samples, &SampleLimits::default())?;
     if plan.len() != options.dp as usize {
         return Err(Error::InvalidArgument(format!(
             "plan has {} ranks but dp is {}: give one list of micro-batches per data-parallel rank",
