@@ -12,7 +12,7 @@ use stowplan::serve::{CurveServer, ZmqTransport, curve};
 use stowplan::serve::{
     FsTransport, MAX_MESSAGE_BYTES, RejectedLimits, ServeOptions, ServeSummary, Server, Transport, ZmqEndpoints,
 };
-use stowplan::{Backend, Cost, LossAggMode, LossNormalization, PackerOptions, RunConfig, RunProgress};
+use stowplan::{Backend, Cost, LossAggMode, LossNormalization, PackerOptions, RunConfig, RunProgress, SampleLimits};
 
 use crate::common::{ReadyKernel, named, print_report};
 use crate::failure::Failure;
@@ -124,6 +124,12 @@ pub struct Args {
     /// length). Refused with another mode.
     #[arg(long)]
     loss_scale_factor: Option<f64>,
+    /// Another cap per micro-batch besides --seq-len, NAME=CAP (vision-language rollouts:
+    /// --limit image_tokens=8192 --limit images=32). A sample gives its size in each by name
+    /// (`resources`; a limit it does not name is 0); one over a cap, or naming another
+    /// resource, is rejected (`over_limit`, `unknown_resource`). Up to 7 limits.
+    #[arg(long = "limit", value_name = "NAME=CAP", value_parser = crate::limits::parse_limit)]
+    limit: Vec<(String, u64)>,
     /// Undecodable messages kept in STATE/rejected/ at most (the oldest are dropped first).
     #[arg(long, default_value_t = RejectedLimits::default().max_files)]
     rejected_max_files: usize,
@@ -235,7 +241,12 @@ pub fn run(a: Args) -> Result<(), Failure> {
     if a.batch_size == 0 {
         return Err(Failure::bad("--batch-size must be at least 1 (got 0)"));
     }
+    crate::limits::check_limits(&a.limit)?;
     let packer = PackerOptions {
+        limits: SampleLimits {
+            caps: a.limit.iter().map(|(_, cap)| *cap).collect(),
+            names: a.limit.iter().map(|(name, _)| name.clone()).collect(),
+        },
         pad_to_multiple_of: a.pad_to_multiple_of,
         pad_token_id: a.pad_token_id,
         cost: a.cost,
@@ -323,7 +334,7 @@ pub fn run(a: Args) -> Result<(), Failure> {
         state_dir = %state_dir.display(),
         seq_len = a.seq_len,
         dp = a.dp,
-        threshold = packer.threshold_tokens(),
+        threshold = server.packer().options().threshold_tokens(),
         next_step = server.packer().next_step(),
         pending_samples = server.packer().pending().0,
         "packer ready"

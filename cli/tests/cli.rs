@@ -473,6 +473,46 @@ fn filter_check_errors_exit_2_and_name_the_problem() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("panics on purpose"));
 }
 
+/// `serve --limit`: image samples are spread so that no micro-batch holds more images than
+/// the cap; a sample over it is rejected by name; bad limits are refused before serving.
+#[test]
+fn serve_keeps_micro_batches_within_limits() {
+    let root = temp_dir("serve-limits");
+    let sample = |images: u64| stowplan::TrainingSample {
+        prompt_ids: vec![1, 2],
+        completion_ids: vec![3; 10],
+        advantage: 1.0,
+        resources: vec![("images".to_string(), images)],
+        ..Default::default()
+    };
+    let samples = [2, 2, 2, 2, 2, 2, 5].map(sample).to_vec();
+    let batch = stowplan::TrainingBatch { run: 0, step: 0, temperature: 1.0, samples };
+    stowplan::serve::send_fs(&root, "run_0_step_0.bin", &batch.encode().unwrap()).unwrap();
+    let r = root.to_str().unwrap();
+    let args = ["serve", "--root", r, "--seq-len", "256", "--dp", "1", "--batch-size", "6", "--max-steps", "1"];
+    let out = stowplan(&[&args[..], &["--json", "--threshold", "10", "--limit", "images=4"]].concat(), None, &[]);
+    let v = json(&out);
+    assert_eq!(v["summary"]["samples"], 6, "{v}");
+    assert_eq!(v["runs"][0]["progress"]["rejected"]["over_limit"], 1, "{v}");
+    let b = stowplan::RankBatch::decode(&std::fs::read(root.join("rollouts/step_0/rank_0.bin")).unwrap()).unwrap();
+    // 72 tokens fit one micro-batch of 256; 12 images at 4 per micro-batch need 3.
+    assert_eq!(b.micro_batches.len(), 3);
+    assert!(b.micro_batches.iter().all(|mb| mb.samples.len() == 2));
+    for (limit, want) in [
+        ("tokens=9", "--limit tokens=…: the tokens are the first column"),
+        ("images=0", "CAP of at least 1"),
+        ("images", "expected NAME=CAP"),
+    ] {
+        let bad = stowplan(&[&args[..], &["--limit", limit]].concat(), None, &[]);
+        assert_eq!(bad.status.code(), Some(2), "{bad:?}");
+        assert!(String::from_utf8_lossy(&bad.stderr).contains(want), "{limit}: {bad:?}");
+    }
+    // The checkpoint records the limits: another cap is refused, naming it.
+    let bad = stowplan(&[&args[..], &["--limit", "images=8"]].concat(), None, &[]);
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("limits: [(\"images\", 4)]"), "{bad:?}");
+}
+
 #[test]
 fn serve_delivers_a_step_and_names_bad_options() {
     let root = temp_dir("serve");

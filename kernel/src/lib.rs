@@ -43,7 +43,7 @@ pub mod wit;
 
 pub use balance::{
     Cost, DpOptions, DpPlan, LimitedMicroPlan, MicroLimits, MicroOptions, MicroPlan, Order, Plan, balance_dp,
-    micro_batches, micro_batches_limited, micro_batches_with_extra, plan, plan_limited,
+    check_limits, micro_batches, micro_batches_limited, micro_batches_with_extra, plan, plan_limited,
 };
 pub use layout::{
     AlignOptions, CpLayout, DistributeOptions, Distribution, Factor, MAX_PARALLEL, Padding, cp_layout, distribute,

@@ -30,45 +30,44 @@ impl OwnedSample {
     }
 }
 
-/// Sample `i`'s ``resources`` (a mapping of limit names to its sizes; a limit it does not
-/// name is 0) in the order of `names`, the limits' names; empty when it has none. A name
-/// that is no limit is refused, as are resources where there are no limits (`names` empty:
-/// the packer, or `materialize` without `limits`), rather than ignored.
-fn sample_resources(i: usize, obj: &Bound<'_, PyAny>, names: &[String]) -> PyResult<Vec<u64>> {
+/// Sample `i`'s ``resources``: a mapping of limit names to its sizes, as the wire sample
+/// carries them (empty when it has none).
+fn resource_pairs(i: usize, obj: &Bound<'_, PyAny>) -> PyResult<Vec<(String, u64)>> {
     let py = obj.py();
     let Some(r) = get(obj, "resources")? else { return Ok(Vec::new()) };
     let r = r.cast::<PyDict>().map_err(|_| {
         invalid(py, format!("samples[{i}].resources must be a dict of limit names to sizes (got {})", r.get_type()))
     })?;
-    if names.is_empty() {
+    r.iter()
+        .map(|(k, v)| {
+            let name: String = k.extract().map_err(|_| {
+                invalid(py, format!("samples[{i}].resources' keys must be limit names (str), got {}", k.get_type()))
+            })?;
+            let size = int(&v, &format!("samples[{i}].resources['{name}']"), 0, u64::MAX.into())?;
+            Ok((name, size))
+        })
+        .collect()
+}
+
+/// Sample `i`'s resources in the order of `names`, the limits of `materialize(limits=)` (see
+/// [`stowplan::TrainingSample::resource_sizes`]): resources without limits are refused rather
+/// than ignored.
+fn aligned_resources(
+    py: Python<'_>,
+    i: usize,
+    sample: &stowplan::TrainingSample,
+    names: &[String],
+) -> PyResult<Vec<u64>> {
+    if names.is_empty() && !sample.resources.is_empty() {
         return Err(invalid(
             py,
             format!(
                 "samples[{i}] has resources but this call has no limits to check them against: materialize takes \
-                 them with limits= (name → cap) and no plan; a given plan and the packer take no resources"
+                 them with limits= (name → cap) and no plan, the packer with Packer(limits=); a given plan takes none"
             ),
         ));
     }
-    for k in r.keys() {
-        let known = k.extract::<String>().is_ok_and(|k| names.contains(&k));
-        if !known {
-            return Err(invalid(
-                py,
-                format!(
-                    "samples[{i}].resources names {}, which is not one of the limits ({})",
-                    k.repr().map(|r| r.to_string()).unwrap_or_default(),
-                    names.join(", ")
-                ),
-            ));
-        }
-    }
-    names
-        .iter()
-        .map(|name| match r.get_item(name)? {
-            Some(v) => int(&v, &format!("samples[{i}].resources['{name}']"), 0, u64::MAX.into()),
-            None => Ok(0),
-        })
-        .collect()
+    sample.resource_sizes(names).map_err(|e| invalid(py, format!("samples[{i}] {e}")))
 }
 
 /// Field `name` of a sample given as a mapping or an object; `None` when absent or None.
@@ -89,8 +88,10 @@ fn token_ids(i: usize, name: &str, v: &Bound<'_, PyAny>) -> PyResult<Vec<i64>> {
     int_vec(v, &format!("samples[{i}].{name}"), i64::MIN.into(), i64::MAX.into())
 }
 
-/// Sample `i` of a call; `names` are the call's limits (see [`sample_resources`]).
-pub(crate) fn extract_sample(i: usize, obj: &Bound<'_, PyAny>, names: &[String]) -> PyResult<OwnedSample> {
+/// Sample `i` of a call. With `names`, the limits of `materialize`, its resources are also
+/// put in their order (see [`aligned_resources`]); without, the wire sample carries them as
+/// given and the packer checks them when they arrive.
+pub(crate) fn extract_sample(i: usize, obj: &Bound<'_, PyAny>, names: Option<&[String]>) -> PyResult<OwnedSample> {
     let py = obj.py();
     let at = |name: &str| format!("samples[{i}].{name}");
     let need = |name: &str| -> PyResult<Bound<'_, PyAny>> {
@@ -114,25 +115,23 @@ pub(crate) fn extract_sample(i: usize, obj: &Bound<'_, PyAny>, names: &[String])
         (None, Some(v)) => int(&v, &at("lora"), 0, u32::MAX.into())?,
         (None, None) => 0,
     };
-    Ok(OwnedSample {
-        sample: stowplan::TrainingSample {
-            prompt_ids: token_ids(i, "prompt_ids", &need("prompt_ids")?)?,
-            completion_ids: token_ids(i, "completion_ids", &need("completion_ids")?)?,
-            prompt_mask: opt_b("prompt_mask")?,
-            completion_mask: opt_b("completion_mask")?,
-            completion_logprobs: opt_f("completion_logprobs")?,
-            completion_temperatures: opt_f("completion_temperatures")?,
-            teacher_logprobs: opt_f("teacher_logprobs")?,
-            advantage: scalar("advantage", None)? as f32,
-            extra_cost: get(obj, "extra_cost")?
-                .map(|v| int(&v, &at("extra_cost"), 0, u64::MAX.into()))
-                .transpose()?
-                .unwrap_or(0),
-        },
-        temperature: scalar("temperature", Some(1.0))? as f32,
-        run,
-        resources: sample_resources(i, obj, names)?,
-    })
+    let sample = stowplan::TrainingSample {
+        prompt_ids: token_ids(i, "prompt_ids", &need("prompt_ids")?)?,
+        completion_ids: token_ids(i, "completion_ids", &need("completion_ids")?)?,
+        prompt_mask: opt_b("prompt_mask")?,
+        completion_mask: opt_b("completion_mask")?,
+        completion_logprobs: opt_f("completion_logprobs")?,
+        completion_temperatures: opt_f("completion_temperatures")?,
+        teacher_logprobs: opt_f("teacher_logprobs")?,
+        advantage: scalar("advantage", None)? as f32,
+        extra_cost: get(obj, "extra_cost")?
+            .map(|v| int(&v, &at("extra_cost"), 0, u64::MAX.into()))
+            .transpose()?
+            .unwrap_or(0),
+        resources: resource_pairs(i, obj)?,
+    };
+    let resources = names.map(|names| aligned_resources(py, i, &sample, names)).transpose()?.unwrap_or_default();
+    Ok(OwnedSample { sample, temperature: scalar("temperature", Some(1.0))? as f32, run, resources })
 }
 
 /// Every rank's micro-batches (the result of :func:`materialize`).
@@ -370,7 +369,7 @@ pub fn materialize(
         .try_iter()
         .map_err(|_| invalid(py, "samples must be an iterable of mappings or objects".into()))?
         .enumerate()
-        .map(|(i, s)| extract_sample(i, &s?, &limits.names))
+        .map(|(i, s)| extract_sample(i, &s?, Some(&limits.names)))
         .collect::<PyResult<_>>()?;
     let (ranks, distribution) = py
         .detach(|| -> Result<_, stowplan::Error> {

@@ -48,7 +48,8 @@ impl PyPacker {
     #[new]
     #[pyo3(signature = (seq_len, dp, *, pad_to_multiple_of=None, pad_token_id=None, cost=None, num_runs=None,
         threshold=None, step_tokens=None, wait_timeout=None, teacher_logprobs=None, allow_empty_completion=None,
-        loss_agg_mode=None, loss_scale_factor=None, loss_normalization=None, backend=None, state=None, batches=None))]
+        loss_agg_mode=None, loss_scale_factor=None, loss_normalization=None, limits=None, backend=None, state=None,
+        batches=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -66,6 +67,7 @@ impl PyPacker {
         loss_agg_mode: Option<&Bound<'_, PyAny>>,
         loss_scale_factor: Option<&Bound<'_, PyAny>>,
         loss_normalization: Option<&Bound<'_, PyAny>>,
+        limits: Option<&Bound<'_, PyAny>>,
         backend: Option<&Bound<'_, PyAny>>,
         state: Option<&[u8]>,
         batches: Option<Vec<Vec<u8>>>,
@@ -90,6 +92,10 @@ impl PyPacker {
             loss_scale_factor: opt_number(loss_scale_factor, "loss_scale_factor", "a number of tokens")?
                 .or(d.loss_scale_factor),
             loss_normalization: opt_parse(py, loss_normalization)?.unwrap_or(d.loss_normalization),
+            limits: {
+                let (caps, names) = crate::multi::caps_arg(py, limits)?;
+                stowplan::SampleLimits { caps, names }
+            },
             ..d
         };
         o.validate().map_err(|e| to_py(py, e))?;

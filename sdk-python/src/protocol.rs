@@ -100,7 +100,7 @@ pub(crate) fn training_batch(
         .try_iter()
         .map_err(|_| invalid(py, "samples must be an iterable of mappings or objects".into()))?
         .enumerate()
-        .map(|(i, s)| extract_sample(i, &s?, &[]).map(|o| o.sample))
+        .map(|(i, s)| extract_sample(i, &s?, None).map(|o| o.sample))
         .collect::<PyResult<Vec<_>>>()?;
     Ok(TrainingBatch {
         run: u32_arg(run, "run", 0)?,

@@ -240,9 +240,10 @@ def test_materialize_limit_errors_name_the_sample_and_the_limit():
     with pytest.raises(stowplan.InfeasibleError, match="sample 1 has 3 images, more than its cap 2"):
         stowplan.materialize([s(), s(resources={"images": 3})], capacity=16, limits=limits)
     cases = [
-        ([s(resources={"image": 1})], limits, "samples\\[0\\].resources names 'image', which is not one of the limits \\(images\\)"),
+        ([s(resources={"image": 1})], limits, "samples\\[0\\] names resource \"image\", which is not one of the limits \\(images\\)"),
         ([s(resources={"images": 1})], None, "samples\\[0\\] has resources but this call has no limits to check them against"),
         ([s(resources=[1])], limits, "samples\\[0\\].resources must be a dict"),
+        ([s(resources={2: 1})], limits, "samples\\[0\\].resources' keys must be limit names"),
         ([s(resources={"images": -1})], limits, "samples\\[0\\].resources\\['images'\\]"),
         ([s()], {"images": 0}, "limits\\['images'\\]"),
         ([s()], {"tokens": 5}, "tokens"),
@@ -253,6 +254,7 @@ def test_materialize_limit_errors_name_the_sample_and_the_limit():
             stowplan.materialize(samples, capacity=16, limits=lim)
     with pytest.raises(stowplan.InvalidArgumentError, match="a plan is materialized as given"):
         stowplan.materialize([s()], capacity=16, limits=limits, plan=[[[0]]])
-    # The packer's batches take no resources: refused, not dropped.
-    with pytest.raises(stowplan.InvalidArgumentError, match="the packer take no resources"):
-        stowplan.TrainingBatch(samples=[s(resources={"images": 1})], step=0).encode()
+    # A given plan takes no resources: refused, not dropped (the packer checks them against
+    # its own limits; see test_packer).
+    with pytest.raises(stowplan.InvalidArgumentError, match="a given plan takes none"):
+        stowplan.materialize([s(resources={"images": 1})], capacity=16, plan=[[[0]]])

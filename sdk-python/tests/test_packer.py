@@ -127,6 +127,39 @@ def test_extra_costs_travel_and_balance_ranks():
         stowplan.TrainingBatch(run=0, step=2, samples=[sample(4, extra_cost=-1)]).encode()
 
 
+def test_limits_keep_every_micro_batch_within_each_and_reject_what_cannot_fit():
+    # Six 16-token image samples of 2 images each: one micro-batch by tokens, three under
+    # images=4; a sample over a cap or naming another resource is rejected, by name.
+    limits = {"images": 4, "image_tokens": 1024}
+    p = stowplan.Packer(seq_len=128, dp=1, limits=limits)
+    p.add_run(0, batch_size=6)
+    samples = [sample(14, resources={"images": 2, "image_tokens": 300}, extra_cost=300) for _ in range(6)]
+    samples += [sample(4), sample(4, resources={"images": 5}), sample(4, resources={"frames": 1})]
+    r = p.ingest(stowplan.TrainingBatch(run=0, step=0, samples=samples).encode())
+    assert r.accepted == 7
+    assert [x[:2] for x in r.rejected] == [(7, "over_limit"), (8, "unknown_resource")]
+    assert "5 images, over its limit 4" in r.rejected[0][2]
+    assert p.progress(0)["rejected"] == {"over_limit": 1, "unknown_resource": 1}
+    ranks, _ = p.pack(force=True)
+    per_mb = [[int(ranks[0].sample_indices[i]) for i in mb.samples] for mb in ranks[0].micro_batches]
+    assert len(per_mb) == 3
+    for mb in per_mb:
+        assert sum(samples[i].get("resources", {}).get("images", 0) for i in mb) <= 4
+    assert sorted(i for mb in per_mb for i in mb) == list(range(7))
+    # The checkpoint records the limits: restoring under others is refused, naming them.
+    state, batches = p.state(), [stowplan.TrainingBatch(run=0, step=0, samples=samples).encode()]
+    with pytest.raises(stowplan.CacheMismatchError, match="limits"):
+        stowplan.Packer.restore(state, batches, seq_len=128, dp=1, limits={"images": 8, "image_tokens": 1024})
+    # Without limits, resources are rejected rather than ignored; bad limits are refused.
+    q = stowplan.Packer(seq_len=128, dp=1)
+    q.add_run(0, batch_size=1)
+    r = q.ingest(stowplan.TrainingBatch(run=0, step=0, samples=[sample(4, resources={"images": 1})]))
+    assert r.rejected[0][1] == "unknown_resource" and "no limits" in r.rejected[0][2]
+    for bad, match in [({"tokens": 9}, "tokens"), ({"images": 0}, r"limits\['images'\]"), ([("images", 2)], "limits must be a dict")]:
+        with pytest.raises(stowplan.InvalidArgumentError, match=match):
+            stowplan.Packer(seq_len=128, dp=1, limits=bad)
+
+
 def _weight_sum(ranks) -> float:
     return sum(float(mb.loss_weights.sum()) for r in ranks for mb in r.micro_batches)
 

@@ -246,7 +246,7 @@ mod per_update {
                 loss_normalization: LossNormalization::Update,
                 ..PackerOptions::new(32, dp)
             };
-            let mut packer = Packer::new(Kernel::native(), options).unwrap();
+            let mut packer = Packer::new(Kernel::native(), options.clone()).unwrap();
             for (run, (batch_size, _)) in runs.iter().enumerate() {
                 packer.add_run(run as u32, RunConfig { batch_size: *batch_size }).unwrap();
             }
@@ -312,7 +312,7 @@ mod per_update {
                     packer.delivered(n).unwrap();
                     if *restore.next().unwrap() {
                         let state = PackerState::decode(&packer.state().encode().unwrap()).unwrap();
-                        packer = Packer::restore(Kernel::native(), options, state, |k| Ok(Arc::clone(&by_key[&k]))).unwrap();
+                        packer = Packer::restore(Kernel::native(), options.clone(), state, |k| Ok(Arc::clone(&by_key[&k]))).unwrap();
                     }
                 }
                 if !more {

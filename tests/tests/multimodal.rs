@@ -1,6 +1,9 @@
 //! Multimodal samples (issue 21, item 3): a per-sample extra cost that balancing over ranks
 //! and micro-batches counts and capacities do not, on both backends; zero extra costs change
-//! nothing; `multimodal_alone` gives every multimodal sample a micro-batch of its own.
+//! nothing; `multimodal_alone` gives every multimodal sample a micro-batch of its own; the
+//! packer runtime (`serve --limit`) keeps every micro-batch within every limit (issue 31).
+
+use std::sync::Arc;
 
 use proptest::prelude::*;
 use stowplan::{Cost, DistributeOptions, DpOptions, Error, Kernel, MaterializeOptions, MicroOptions};
@@ -306,4 +309,187 @@ fn materialize_limited_keeps_every_row_within_every_limit() {
         }
         other => panic!("{other:?}"),
     }
+}
+
+/// The packer runtime under limits (`serve --limit`): a text or image rollout sample.
+fn rollout(index: u32, len: usize, resources: &[(&str, u64)]) -> stowplan::TrainingSample {
+    stowplan::TrainingSample {
+        prompt_ids: vec![7; 1],
+        completion_ids: (0..len as i64 - 1).map(|t| i64::from(index) * 1000 + t).collect(),
+        advantage: 0.5,
+        extra_cost: resources.iter().find(|(n, _)| *n == "image_tokens").map_or(0, |r| r.1),
+        resources: resources.iter().map(|&(n, s)| (n.to_string(), s)).collect(),
+        ..Default::default()
+    }
+}
+
+fn limited_packer(dp: u32, limits: &[(&str, u64)]) -> Result<stowplan::Packer, Error> {
+    let options = stowplan::PackerOptions {
+        limits: stowplan::SampleLimits {
+            caps: limits.iter().map(|l| l.1).collect(),
+            names: limits.iter().map(|l| l.0.to_string()).collect(),
+        },
+        ..stowplan::PackerOptions::new(256, dp)
+    };
+    let mut p = stowplan::Packer::new(Kernel::native(), options)?;
+    p.add_run(0, stowplan::RunConfig { batch_size: 1 })?;
+    Ok(p)
+}
+
+/// Every micro-batch's load in each of `names` (micro-batches of every rank, in order).
+fn micro_loads(step: &stowplan::PackedStep, batch: &stowplan::TrainingBatch, names: &[String]) -> Vec<Vec<u64>> {
+    let mut loads = Vec::new();
+    for r in &step.ranks {
+        for mb in &r.micro_batches {
+            let mut load = vec![0; names.len()];
+            for &i in &mb.samples {
+                let sizes = batch.samples[r.keys[i as usize].index as usize].resource_sizes(names).unwrap();
+                for (l, s) in load.iter_mut().zip(sizes) {
+                    *l += s;
+                }
+            }
+            loads.push(load);
+        }
+    }
+    loads
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(24))]
+
+    /// Through the wire format and the packer: every micro-batch of every rank stays within
+    /// every limit, every sample within its caps is delivered once, the others are rejected
+    /// with the limit named, and a checkpoint restores the same step.
+    #[test]
+    fn the_packer_keeps_every_micro_batch_within_every_limit(
+        rows in proptest::collection::vec((2usize..200, 0u64..700, 0u64..5), 4..60),
+        dp in 1u32..4,
+    ) {
+        let limits = [("image_tokens", 600), ("images", 4)];
+        let names: Vec<String> = limits.iter().map(|l| l.0.to_string()).collect();
+        let samples = rows.iter().enumerate().map(|(i, &(len, it, im))| {
+            // Every third sample is text (no resources); some name one limit only.
+            let r: Vec<(&str, u64)> = match i % 3 { 0 => vec![], 1 => vec![("images", im)], _ => vec![("image_tokens", it), ("images", im)] };
+            rollout(i as u32, len, &r)
+        }).collect();
+        let batch = stowplan::TrainingBatch { run: 0, step: 0, temperature: 1.0, samples };
+        let batch = Arc::new(stowplan::TrainingBatch::decode(&batch.encode().unwrap()).unwrap());
+        let mut p = limited_packer(dp, &limits).unwrap();
+        let report = p.ingest(Arc::clone(&batch));
+        let over: Vec<u32> = (0..rows.len() as u32).filter(|&i| {
+            let s = &batch.samples[i as usize];
+            s.resource_sizes(&names).unwrap().iter().zip(&limits).any(|(size, l)| *size > l.1)
+        }).collect();
+        let rejected: Vec<u32> = report.rejected.iter().map(|r| r.0).collect();
+        prop_assert_eq!(&rejected, &over);
+        for (i, reason, message) in &report.rejected {
+            prop_assert_eq!(*reason, stowplan::RejectReason::OverLimit);
+            prop_assert!(message.contains("over its limit"), "sample {}: {}", i, message);
+        }
+        if report.accepted == 0 {
+            return Ok(());
+        }
+        let step = p.pack(true).unwrap().unwrap();
+        for load in micro_loads(&step, &batch, &names) {
+            for (l, (name, cap)) in load.iter().zip(&limits) {
+                prop_assert!(l <= cap, "a micro-batch has {} {}, over its limit {}", l, name, cap);
+            }
+        }
+        let mut delivered: Vec<u32> = step.ranks.iter().flat_map(|r| r.micro_batches.iter().flat_map(|mb| mb.samples.iter().map(|&i| r.keys[i as usize].index))).collect();
+        delivered.sort_unstable();
+        let accepted: Vec<u32> = (0..rows.len() as u32).filter(|i| !over.contains(i)).collect();
+        prop_assert_eq!(delivered, accepted);
+        // The checkpoint (limits recorded) rebuilds the same step.
+        let state = stowplan::PackerState::decode(&p.state().encode().unwrap()).unwrap();
+        let q = stowplan::Packer::restore(Kernel::native(), p.options().clone(), state, |_| Ok(Arc::clone(&batch))).unwrap();
+        prop_assert_eq!(q.rebuild_inflight().unwrap().unwrap().ranks, step.ranks);
+    }
+}
+
+#[test]
+fn the_packer_rejects_resources_it_has_no_limit_for_and_refuses_bad_limits() {
+    let batch = |samples| Arc::new(stowplan::TrainingBatch { run: 0, step: 0, temperature: 1.0, samples });
+    let mut p = limited_packer(1, &[("images", 2)]).unwrap();
+    let r = p.ingest(batch(vec![
+        rollout(0, 8, &[("images", 2)]),
+        rollout(1, 8, &[("frames", 1)]),
+        rollout(2, 8, &[("images", 1), ("images", 1)]),
+        rollout(3, 8, &[("images", 3)]),
+        rollout(4, 8, &[]),
+    ]));
+    let got: Vec<(u32, &str, &str)> = r.rejected.iter().map(|(i, k, m)| (*i, k.name(), m.as_str())).collect();
+    assert_eq!(
+        got,
+        [
+            (1, "unknown_resource", "the sample names resource \"frames\", which is not one of the limits (images)"),
+            (2, "unknown_resource", "the sample names resource \"images\" twice"),
+            (3, "over_limit", "3 images, over its limit 2 per micro-batch (samples are never split)"),
+        ]
+    );
+    assert_eq!(r.accepted, 2);
+    assert_eq!(p.progress(0).unwrap().rejected[&stowplan::RejectReason::OverLimit], 1);
+
+    // Without limits a sample with resources is rejected, not packed as if it had none.
+    let mut text = limited_packer(1, &[]).unwrap();
+    let r = text.ingest(batch(vec![rollout(0, 8, &[("images", 1)])]));
+    assert_eq!(r.rejected[0].1, stowplan::RejectReason::UnknownResource);
+    assert!(
+        r.rejected[0].2.contains("there are no limits to check it against (serve --limit NAME=CAP"),
+        "{}",
+        r.rejected[0].2
+    );
+
+    // Bad limits are refused when the packer is made, naming what is wrong.
+    for (limits, want) in [
+        (&[("tokens", 9)][..], "not \"tokens\""),
+        (&[("images", 2), ("images", 3)][..], "all different"),
+        (&[("images", 0)][..], "the cap of images must be at least 1"),
+        (&[("a", 1), ("b", 1), ("c", 1), ("d", 1), ("e", 1), ("f", 1), ("g", 1), ("h", 1)][..], "at most 7 caps"),
+    ] {
+        match limited_packer(1, limits) {
+            Err(Error::InvalidArgument(m)) => assert!(m.contains(want), "{limits:?}: {m}"),
+            other => panic!("{limits:?}: {other:?}"),
+        }
+    }
+    let unnamed = stowplan::PackerOptions {
+        limits: stowplan::SampleLimits { caps: vec![3], names: vec![] },
+        ..stowplan::PackerOptions::new(64, 1)
+    };
+    match stowplan::Packer::new(Kernel::native(), unnamed) {
+        Err(Error::InvalidArgument(m)) => assert!(m.contains("limits must name every cap: 1 caps, 0 names"), "{m}"),
+        other => panic!("{other:?}"),
+    }
+
+    // A checkpoint taken under other limits is refused, naming them.
+    let state = p.state();
+    let other = limited_packer(1, &[("images", 3)]).unwrap().options().clone();
+    match stowplan::Packer::restore(Kernel::native(), other, state, |_| unreachable!()) {
+        Err(Error::CacheMismatch(m)) => assert!(m.contains("limits: [(\"images\", 2)]"), "{m}"),
+        other => panic!("{other:?}"),
+    }
+}
+
+/// Limits change the step: a rollout of image-heavy samples that fits one micro-batch by
+/// tokens is split where the images would overflow, on both backends alike.
+#[test]
+fn limits_split_a_step_that_tokens_alone_would_not() {
+    let samples: Vec<_> = (0..6).map(|i| rollout(i, 20, &[("images", 2)])).collect();
+    let batch = Arc::new(stowplan::TrainingBatch { run: 0, step: 0, temperature: 1.0, samples });
+    let mut counts = Vec::new();
+    for limits in [&[][..], &[("images", 4)][..]] {
+        for kernel in kernels() {
+            let options = limited_packer(1, limits).unwrap().options().clone();
+            let mut p = stowplan::Packer::new(kernel, options).unwrap();
+            p.add_run(0, stowplan::RunConfig { batch_size: 1 }).unwrap();
+            if limits.is_empty() {
+                // The same samples as text: no resources.
+                let text: Vec<_> = (0..6).map(|i| rollout(i, 20, &[])).collect();
+                p.ingest(Arc::new(stowplan::TrainingBatch { samples: text, ..(*batch).clone() }));
+            } else {
+                p.ingest(Arc::clone(&batch));
+            }
+            counts.push(p.pack(true).unwrap().unwrap().ranks[0].micro_batches.len());
+        }
+    }
+    assert_eq!(counts, [1, 1, 3, 3]);
 }

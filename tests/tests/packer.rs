@@ -82,7 +82,7 @@ fn tokens_of(k: SampleKey, lens: &dyn Fn(SampleKey) -> usize) -> Vec<i64> {
 fn round_robin_is_fair_and_persists_across_steps() {
     // Budget of 4 samples of 10 tokens per step; run 0 has 8 pending, run 1 has 2, run 2 has 6.
     let mut p = packer(10, 1, 3, 100);
-    let mut p_opts = *p.options();
+    let mut p_opts = p.options().clone();
     p_opts.step_tokens = Some(40);
     let mut p2 = Packer::new(Kernel::native(), p_opts).unwrap();
     for r in 0..3 {
@@ -194,15 +194,17 @@ fn options_out_of_range_are_named() {
         other => panic!("{other:?}"),
     };
     let o = PackerOptions::new(1024, 4);
-    assert!(bad(PackerOptions { seq_len: 0, ..o }).contains("seq_len must be in 1..="));
-    assert!(bad(PackerOptions { dp: 0, ..o }).contains("dp must be in 1..=1048576 (got 0)"));
-    assert!(bad(PackerOptions { pad_to_multiple_of: 0, ..o }).contains("pad_to_multiple_of must be in 1..=seq_len"));
-    assert!(bad(PackerOptions { num_runs: 0, ..o }).contains("num_runs must be in 1..=1048576 (got 0)"));
-    assert!(bad(PackerOptions { dp: u32::MAX, ..o }).contains("dp must be in 1..=1048576"));
-    assert!(bad(PackerOptions { threshold: Some(0), ..o }).contains("threshold must be at least 1"));
-    assert!(bad(PackerOptions { step_tokens: Some(10), ..o }).contains("step_tokens must be at least seq_len"));
+    assert!(bad(PackerOptions { seq_len: 0, ..o.clone() }).contains("seq_len must be in 1..="));
+    assert!(bad(PackerOptions { dp: 0, ..o.clone() }).contains("dp must be in 1..=1048576 (got 0)"));
     assert!(
-        bad(PackerOptions { loss_scale_factor: Some(8.0), ..o })
+        bad(PackerOptions { pad_to_multiple_of: 0, ..o.clone() }).contains("pad_to_multiple_of must be in 1..=seq_len")
+    );
+    assert!(bad(PackerOptions { num_runs: 0, ..o.clone() }).contains("num_runs must be in 1..=1048576 (got 0)"));
+    assert!(bad(PackerOptions { dp: u32::MAX, ..o.clone() }).contains("dp must be in 1..=1048576"));
+    assert!(bad(PackerOptions { threshold: Some(0), ..o.clone() }).contains("threshold must be at least 1"));
+    assert!(bad(PackerOptions { step_tokens: Some(10), ..o.clone() }).contains("step_tokens must be at least seq_len"));
+    assert!(
+        bad(PackerOptions { loss_scale_factor: Some(8.0), ..o.clone() })
             .contains("only applies to loss_agg_mode 'seq-mean-token-sum-norm'")
     );
     let mut p = packer(16, 1, 1, 1);
@@ -256,13 +258,18 @@ fn restore_rebuilds_the_step_in_flight_byte_for_byte() {
     for b in &batches {
         p.ingest(Arc::new(b.clone()));
     }
-    let mut o = *p.options();
+    let mut o = p.options().clone();
     let step = p.pack(true).unwrap().unwrap();
     let state = p.state();
     let by_key: BTreeMap<BatchKey, TrainingBatch> = batches.iter().map(|b| (b.key(), b.clone())).collect();
     let load = |k: BatchKey| Ok(Arc::new(by_key[&k].clone()));
-    let q = Packer::restore(Kernel::wasm().unwrap(), o, PackerState::decode(&state.encode().unwrap()).unwrap(), load)
-        .unwrap();
+    let q = Packer::restore(
+        Kernel::wasm().unwrap(),
+        o.clone(),
+        PackerState::decode(&state.encode().unwrap()).unwrap(),
+        load,
+    )
+    .unwrap();
     let again = q.rebuild_inflight().unwrap().unwrap();
     for (a, b) in step.ranks.iter().zip(&again.ranks) {
         assert_eq!(a.encode().unwrap(), b.encode().unwrap());
@@ -286,7 +293,7 @@ proptest! {
         restore_at in 0usize..6,
     ) {
         let o = PackerOptions { num_runs: 3, step_tokens: budget, ..PackerOptions::new(40, dp) };
-        let mut p = Packer::new(Kernel::native(), o).unwrap();
+        let mut p = Packer::new(Kernel::native(), o.clone()).unwrap();
         for r in 0..3 { p.add_run(r, RunConfig { batch_size: 5 }).unwrap(); }
         let mut sent = BTreeMap::new();
         let mut lens = BTreeMap::new();
@@ -304,7 +311,7 @@ proptest! {
             n += 1;
             if n == restore_at {
                 let load = |k: BatchKey| Ok(Arc::new(sent[&k].clone()));
-                p = Packer::restore(Kernel::native(), o, p.state(), load).unwrap();
+                p = Packer::restore(Kernel::native(), o.clone(), p.state(), load).unwrap();
             }
         }
         let keys: Vec<SampleKey> = got.iter().map(|(k, _)| *k).collect();
@@ -379,7 +386,7 @@ fn serve_inbox_with(dir: &Path, o: &ServeOptions, t: FsTransport) -> (Packer, st
     watcher.join().unwrap();
     let state = PackerState::decode(&std::fs::read(o.state_dir.join("state.bin")).unwrap()).unwrap();
     let spool = o.state_dir.join("spool");
-    let packer = Packer::restore(Kernel::native(), o.packer, state, |k| {
+    let packer = Packer::restore(Kernel::native(), o.packer.clone(), state, |k| {
         Ok(Arc::new(TrainingBatch::decode(&std::fs::read(spool.join(stowplan::serve::batch_file_name(k))).unwrap())?))
     })
     .unwrap();

@@ -84,11 +84,15 @@ pub enum RejectReason {
     /// The sample's cost (the cost model's, plus its extra cost) does not fit in `u64`
     /// together with the costs of the samples pending beside it.
     CostOverflow,
+    /// A resource the packer has no limit for, or one named twice.
+    UnknownResource,
+    /// A resource over its cap per micro-batch (samples are never split).
+    OverLimit,
 }
 
 impl RejectReason {
     /// Every reason, in declaration order.
-    pub const ALL: [RejectReason; 9] = [
+    pub const ALL: [RejectReason; 11] = [
         RejectReason::LengthMismatch,
         RejectReason::NotFinite,
         RejectReason::Empty,
@@ -98,6 +102,8 @@ impl RejectReason {
         RejectReason::TooLong,
         RejectReason::InvalidTokenId,
         RejectReason::CostOverflow,
+        RejectReason::UnknownResource,
+        RejectReason::OverLimit,
     ];
 
     /// The reason's snake_case name (used in logs, metrics and Python).
@@ -112,6 +118,8 @@ impl RejectReason {
             RejectReason::TooLong => "too_long",
             RejectReason::InvalidTokenId => "invalid_token_id",
             RejectReason::CostOverflow => "cost_overflow",
+            RejectReason::UnknownResource => "unknown_resource",
+            RejectReason::OverLimit => "over_limit",
         }
     }
 }

@@ -44,6 +44,8 @@ struct OptionsRecord {
     loss_agg_mode: LossAggMode,
     loss_scale_factor: Option<f64>,
     loss_normalization: LossNormalization,
+    /// Each further limit per micro-batch: its name and cap.
+    limits: Vec<(String, u64)>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -104,6 +106,7 @@ impl PackerOptions {
             loss_agg_mode: self.loss_agg_mode,
             loss_scale_factor: self.loss_scale_factor,
             loss_normalization: self.loss_normalization,
+            limits: self.limits.names.iter().cloned().zip(self.limits.caps.iter().copied()).collect(),
         }
     }
 }
@@ -143,8 +146,8 @@ impl Packer {
         state: PackerState,
         mut load: impl FnMut(BatchKey) -> Result<Arc<TrainingBatch>, Error>,
     ) -> Result<Self, Error> {
-        let mut p = Self::new(kernel, options)?;
         let now = options.record();
+        let mut p = Self::new(kernel, options.clone())?;
         if state.options != now {
             let (a, b) = (format!("{:?}", state.options), format!("{now:?}"));
             return Err(Error::CacheMismatch(format!(

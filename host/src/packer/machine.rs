@@ -14,7 +14,7 @@ use super::{
 };
 use crate::Error;
 use crate::kernel::Kernel;
-use crate::materialize::{LossCounts, Materialized, RejectReason, Sample, check_sample};
+use crate::materialize::{LossCounts, Materialized, RejectReason, Sample, SampleLimits, check_sample};
 
 #[derive(Debug)]
 pub(super) struct Stored {
@@ -186,7 +186,7 @@ impl Packer {
             return report;
         }
         self.seen.insert(key);
-        let o = self.options;
+        let o = &self.options;
         let mut accepted = Vec::new();
         let known = self.runs.contains_key(&key.run);
         let mut pending_cost = self.runs.values().fold(0u64, |c, s| c.saturating_add(s.queue_cost));
@@ -198,6 +198,8 @@ impl Packer {
                 ))
             } else if s.len() as u64 > o.seq_len {
                 Err((RejectReason::TooLong, format!("{} tokens, over seq_len {}", s.len(), o.seq_len)))
+            } else if let Err(verdict) = check_resources(s, &o.limits) {
+                Err(verdict)
             } else {
                 let sample = s.as_sample(batch.temperature, key.run);
                 check_sample(&sample, o.allow_empty_completion, o.num_runs, o.teacher_logprobs).and_then(|()| {
@@ -374,12 +376,21 @@ impl Packer {
         let Some(inflight) = &self.inflight else {
             return Err(Error::InvalidArgument("no step in flight".into()));
         };
+        let names = &self.options.limits.names;
+        // Checked when they arrived (see `check_resources`).
+        let sizes = inflight
+            .keys
+            .iter()
+            .map(|k| self.batches[&k.batch()].batch.samples[k.index as usize].resource_sizes(names))
+            .collect::<Result<Vec<_>, String>>()
+            .map_err(|e| Error::Runtime(format!("a sample of the step in flight {e}")))?;
         let samples: Vec<Sample<'_>> = inflight
             .keys
             .iter()
-            .map(|k| {
+            .zip(&sizes)
+            .map(|(k, sizes)| {
                 let b = &self.batches[&k.batch()].batch;
-                b.samples[k.index as usize].as_sample(b.temperature, k.run)
+                Sample { resources: sizes, ..b.samples[k.index as usize].as_sample(b.temperature, k.run) }
             })
             .collect();
         let counts = (!inflight.counts.is_empty()).then_some(&inflight.counts[..]);
@@ -387,7 +398,7 @@ impl Packer {
             &self.kernel,
             &samples,
             &self.options.materialize_options(),
-            &crate::materialize::SampleLimits::default(),
+            &self.options.limits,
             counts,
         )?;
         let mean = m.distribution.rank_costs.iter().map(|&c| c as f64).sum::<f64>() / f64::from(self.options.dp);
@@ -470,5 +481,21 @@ impl Packer {
             self.controls.pop_front();
         }
         self.controls.push_back(id);
+    }
+}
+
+/// Checks a sample's resources against the packer's limits: each named once, each one of
+/// them, each within its cap.
+fn check_resources(s: &super::TrainingSample, limits: &SampleLimits) -> Result<(), (RejectReason, String)> {
+    let sizes = s.resource_sizes(&limits.names).map_err(|e| {
+        let hint = if limits.names.is_empty() { " (serve --limit NAME=CAP, Packer(limits=))" } else { "" };
+        (RejectReason::UnknownResource, format!("the sample {e}{hint}"))
+    })?;
+    match sizes.iter().zip(&limits.caps).zip(&limits.names).find(|((size, cap), _)| size > cap) {
+        Some(((size, cap), name)) => Err((
+            RejectReason::OverLimit,
+            format!("{size} {name}, over its limit {cap} per micro-batch (samples are never split)"),
+        )),
+        None => Ok(()),
     }
 }

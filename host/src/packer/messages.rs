@@ -33,6 +33,12 @@ pub struct TrainingSample {
     /// tokens): balancing over ranks and micro-batches counts it, the `seq_len` cap does not
     /// (see [`Sample::extra_cost`]). 0 for text.
     pub extra_cost: u64,
+    /// The sample's size in each further limit of a micro-batch, by the limit's name
+    /// (`("image_tokens", 1024)`, `("images", 2)`): a limit it does not name is 0. Each name
+    /// once, and each one of [`PackerOptions::limits`](super::PackerOptions::limits); the
+    /// packer rejects the sample otherwise (`unknown_resource`), or when a size is over its
+    /// cap (`over_limit`: samples are never split). Empty for text.
+    pub resources: Vec<(String, u64)>,
 }
 
 impl TrainingSample {
@@ -44,6 +50,33 @@ impl TrainingSample {
     /// Whether the sample has no tokens.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+
+    /// The sample's [`resources`](Self::resources) in the order of `names`, the limits' names
+    /// (a limit it does not name is 0); empty when it names none.
+    ///
+    /// Errors: a message (without the sample's name) for a resource named twice, one that is
+    /// not among `names`, or any resource when there are no limits.
+    pub fn resource_sizes(&self, names: &[String]) -> Result<Vec<u64>, String> {
+        if self.resources.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut sizes = vec![0; names.len()];
+        let mut named = vec![false; names.len()];
+        for (name, size) in &self.resources {
+            let Some(k) = names.iter().position(|n| n == name) else {
+                return Err(if names.is_empty() {
+                    format!("names resource {name:?}, but there are no limits to check it against")
+                } else {
+                    format!("names resource {name:?}, which is not one of the limits ({})", names.join(", "))
+                });
+            };
+            if std::mem::replace(&mut named[k], true) {
+                return Err(format!("names resource {name:?} twice"));
+            }
+            sizes[k] = *size;
+        }
+        Ok(sizes)
     }
 
     /// The sample as [`materialize`](crate::materialize::materialize) takes it.

@@ -6,10 +6,10 @@ use stowplan_kernel::{Cost, Padding};
 
 use super::LossNormalization;
 use crate::Error;
-use crate::materialize::{LossAggMode, MaterializeOptions};
+use crate::materialize::{LossAggMode, MaterializeOptions, SampleLimits};
 
 /// Options of a [`Packer`](super::Packer).
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct PackerOptions {
     /// Tokens of a micro-batch after padding (≥ 1); longer samples are rejected.
     pub seq_len: u64,
@@ -45,12 +45,17 @@ pub struct PackerOptions {
     /// losses), or the run's optimizer **update** of `batch_size` samples, however many packer
     /// steps it spans (its samples are then packed once the rest of their update has arrived).
     pub loss_normalization: LossNormalization,
+    /// Further caps per micro-batch beside `seq_len`, each named (image tokens, images …; at
+    /// most 7, none named `tokens`): every micro-batch stays within each, a sample's sizes
+    /// being its [`TrainingSample::resources`](super::TrainingSample::resources). None by
+    /// default (text).
+    pub limits: SampleLimits,
 }
 
 impl PackerOptions {
     /// `seq_len` and `dp`; no padding, pad token 1, token cost, one run, threshold
     /// `seq_len × dp`, every pending token per step, 10 s wait, no teacher logprobs,
-    /// `token-mean` loss weights normalized per packer step.
+    /// `token-mean` loss weights normalized per packer step, no further limits.
     pub fn new(seq_len: u64, dp: u32) -> Self {
         Self {
             seq_len,
@@ -67,6 +72,7 @@ impl PackerOptions {
             loss_scale_factor: None,
             allow_empty_completion: false,
             loss_normalization: LossNormalization::Step,
+            limits: SampleLimits::default(),
         }
     }
 
@@ -99,6 +105,14 @@ impl PackerOptions {
         if let Some(t) = self.step_tokens.filter(|&t| t < self.seq_len) {
             return bad(format!("step_tokens must be at least seq_len ({}) (got {t})", self.seq_len));
         }
+        if self.limits.names.len() != self.limits.caps.len() {
+            return bad(format!(
+                "limits must name every cap: {} caps, {} names",
+                self.limits.caps.len(),
+                self.limits.names.len()
+            ));
+        }
+        stowplan_kernel::check_limits(&self.limits.caps, &self.limits.names)?;
         crate::materialize::check_loss_scale_factor(self.loss_agg_mode, self.loss_scale_factor)
     }
 

@@ -181,11 +181,11 @@ impl<T: Transport> Server<T> {
             Ok(bytes) => {
                 let state = PackerState::decode(&bytes)
                     .map_err(|e| Error::CacheMismatch(format!("{}: {e}", state_path.display())))?;
-                (Packer::restore(kernel, options.packer, state, load)?, true)
+                (Packer::restore(kernel, options.packer.clone(), state, load)?, true)
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 refuse_orphaned_spool(&spool, &state_path)?;
-                (Packer::new(kernel, options.packer)?, false)
+                (Packer::new(kernel, options.packer.clone())?, false)
             }
             Err(e) => return Err(io("reading", &state_path, e)),
         };

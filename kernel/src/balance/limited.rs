@@ -193,6 +193,16 @@ impl Rows {
     }
 }
 
+/// Checks limits' caps and names alone, as every call under `limits` does before it reads
+/// a size: at most [`MAX_RESOURCES`](crate::MAX_RESOURCES) − 1 caps, each ≥ 1, names one per
+/// cap (or none), non-empty, all different and not `tokens`. For a caller that takes limits
+/// long before its first batch (the packer runtime) and refuses bad ones up front.
+///
+/// Errors: `invalid-argument` naming what is wrong (the messages of [`micro_batches_limited`]).
+pub fn check_limits(caps: &[u64], names: &[String]) -> Result<(), Error> {
+    resources(0, 1, &MicroLimits { sizes: &[], caps, names }).map(|_| ())
+}
+
 /// Checks `limits` for `n` sequences (at most 7 caps, each ≥ 1; `E` sizes per sequence; names
 /// one per cap or none, non-empty, all different and not `tokens`) and returns every
 /// resource's cap and name, the tokens (`tokens_cap`) first; unnamed resources are

@@ -27,7 +27,7 @@ mod order;
 pub use dp::{DpOptions, DpPlan, balance_dp};
 pub(crate) use limited::Rows;
 pub(crate) use limited::resources;
-pub use limited::{LimitedMicroPlan, MicroLimits, micro_batches_limited, plan_limited};
+pub use limited::{LimitedMicroPlan, MicroLimits, check_limits, micro_batches_limited, plan_limited};
 pub use micro::{MicroOptions, MicroPlan, micro_batches, micro_batches_with_extra};
 pub use order::Order;
 pub(crate) use order::apply_order;

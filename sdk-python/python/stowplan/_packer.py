@@ -51,7 +51,8 @@ class TrainingBatch:
     ``extra_cost`` (an integer ≥ 0, default 0: a multimodal sample's image or vision tokens in
     the cost model's units, which balancing over ranks counts and ``seq_len`` does not; a
     sample whose cost would overflow beside the pending ones is rejected as
-    ``cost_overflow``). ``(run, step)`` identifies the batch: the packer ignores a second batch with the same pair,
+    ``cost_overflow``), and ``resources`` (a dict of limit name → the sample's size in it, for
+    a packer with ``limits``; a limit it does not name is 0). ``(run, step)`` identifies the batch: the packer ignores a second batch with the same pair,
     so resending after a crash is safe.
     """
 
@@ -186,7 +187,11 @@ class Packer:
     samples the weights count over, ``"step"`` (a run's samples in the packer step, the
     default) or ``"update"`` (a run's optimizer update of ``batch_size`` samples, however many
     packer steps it spans, so that Σ weight × loss over all of them is the update's unpacked
-    loss; a run's samples are then packed once the rest of their update has arrived).
+    loss; a run's samples are then packed once the rest of their update has arrived), and
+    ``limits``: further caps per micro-batch by name (``{"image_tokens": 8192, "images": 32}``,
+    ``stowplan serve --limit``), which every micro-batch keeps, a sample's sizes being its
+    ``resources``; a sample over a cap is rejected as ``over_limit``, one naming a resource
+    without a limit as ``unknown_resource``.
     """
 
     def __init__(
@@ -206,6 +211,7 @@ class Packer:
         loss_agg_mode: Optional[str] = None,
         loss_scale_factor: Optional[float] = None,
         loss_normalization: Optional[str] = None,
+        limits: Optional[Dict[str, int]] = None,
         backend: Optional[str] = None,
         _state: Optional[bytes] = None,
         _batches: Optional[List[bytes]] = None,
@@ -226,6 +232,7 @@ class Packer:
             loss_agg_mode=loss_agg_mode,
             loss_scale_factor=loss_scale_factor,
             loss_normalization=loss_normalization,
+            limits=limits,
             backend=backend,
             state=_state,
             batches=_batches,

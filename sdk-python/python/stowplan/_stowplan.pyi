@@ -889,6 +889,7 @@ class Packer:
         loss_agg_mode: Optional[str] = None,
         loss_scale_factor: Optional[float] = None,
         loss_normalization: Optional[str] = None,
+        limits: Optional[Dict[str, int]] = None,
         backend: Optional[str] = None,
         state: Optional[bytes] = None,
         batches: Optional[List[bytes]] = None,
