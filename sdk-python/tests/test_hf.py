@@ -330,6 +330,29 @@ def test_dictionaries_formats_and_other_list_types(trl_pack):
                 same(a, b)
 
 
+def test_map_kwargs_that_change_batches_go_through_dataset_map(trl_pack):
+    # num_proc shards start new map batches and drop_last_batch drops rows: those go through
+    # Dataset.map; the rest (batch sizes, desc, an indices mapping) take the direct path.
+    ds = dataset_of(np.random.default_rng(3).integers(0, 40, size=500))
+    cases = [
+        (ds, {"num_proc": 2}),
+        (ds, {"batch_size": 64, "drop_last_batch": True}),
+        (ds, {"batch_size": 100, "desc": "packing", "load_from_cache_file": False}),
+        (ds, {"batch_size": 0}),
+        (ds, {"batch_size": None}),
+        (ds.shuffle(seed=1), {"batch_size": 70}),
+        (ds.select(range(450, 10, -3)), None),
+    ]
+    for data, kwargs in cases:
+        for strategy in compat_trl.STRATEGIES:
+            same(compat_trl.pack_dataset(data, 16, strategy, kwargs), trl_pack(data, 16, strategy, kwargs))
+    with pytest.raises(TypeError):  # batched given twice, as in TRL
+        compat_trl.pack_dataset(ds, 16, "bfd", {"batched": True})
+    # The direct path's fingerprint is deterministic and follows the options.
+    a, b, c = (compat_trl.pack_dataset(ds, n, "bfd") for n in (16, 16, 17))
+    assert a._fingerprint == b._fingerprint != c._fingerprint
+
+
 @pytest.mark.parametrize(
     "make, strategy, error",
     [

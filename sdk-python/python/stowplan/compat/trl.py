@@ -13,6 +13,15 @@ to have that room, which the kernel's best fit (ties to the oldest bin) does not
 per-batch fit here is this module's own, in Python over the batch's lengths. For one plan
 over the whole dataset, not bound to map batches, use :func:`stowplan.hf.pack_dataset`.
 
+A ``Dataset`` (or a ``DatasetDict`` of them) whose ``map_kwargs`` name at most the batch size
+and options that do not change the rows (``desc``, ``load_from_cache_file``,
+``keep_in_memory``) is packed without ``Dataset.map``: every map batch is planned as TRL plans
+it, then the whole output table is gathered at once (:mod:`stowplan.arrow`'s assembly, each
+sequence's values copied once) into an in-memory ``Dataset`` with TRL's columns, types and
+features, whose fingerprint hashes the input's and the options. Other ``map_kwargs``
+(``num_proc``, whose shards start new map batches, ``drop_last_batch`` …) and an
+``IterableDataset`` go through ``Dataset.map`` as TRL does.
+
 >>> from datasets import Dataset
 >>> from stowplan.compat.trl import pack_dataset
 >>> ds = Dataset.from_dict({"input_ids": [[1, 2, 3, 4, 5], [6, 7], [8, 9, 10], [11]],
@@ -64,15 +73,135 @@ def pack_dataset(dataset: Any, seq_length: int, strategy: str = "bfd", map_kwarg
     if strategy not in STRATEGIES:
         raise ValueError(f"Invalid packing strategy {strategy!r}, must be one of {STRATEGIES}.")
     fmt = _format(dataset)
+    if strategy != "wrapped" and "columns" in fmt:
+        fmt["columns"] = fmt["columns"] + [_SEQ_LENGTHS]
+    batch_size = _direct_batch_size(dataset, map_kwargs)
+    if batch_size is not False:
+        if isinstance(dataset, datasets.DatasetDict):
+            packed = datasets.DatasetDict({k: _pack_direct(d, seq_length, strategy, batch_size) for k, d in dataset.items()})
+        else:
+            packed = _pack_direct(dataset, seq_length, strategy, batch_size)
+        return packed.with_format(**fmt)
     dataset = dataset.with_format("arrow")
     if strategy == "wrapped":
         dataset = dataset.map(_pack_wrapped, batched=True, fn_kwargs={"seq_length": seq_length}, **map_kwargs)
     else:
         kwargs = {"seq_length": seq_length, "split": strategy == "bfd_split"}
         dataset = dataset.map(_pack_bfd, batched=True, fn_kwargs=kwargs, **map_kwargs)
-        if "columns" in fmt:
-            fmt["columns"] = fmt["columns"] + [_SEQ_LENGTHS]
     return dataset.with_format(**fmt)
+
+
+# Dataset.map arguments that do not change its output's rows.
+_ROW_NEUTRAL = {"desc", "load_from_cache_file", "keep_in_memory"}
+
+
+def _direct_batch_size(dataset: Any, map_kwargs: Dict[str, Any]) -> Any:
+    """The map batch size (``None``: the whole split) when ``dataset`` can be packed without
+    ``Dataset.map`` (see the module docs), else ``False``."""
+    splits = list(dataset.values()) if isinstance(dataset, datasets.DatasetDict) else [dataset]
+    # (Nulls, and an empty split, take TRL's own path.)
+    if not all(isinstance(d, datasets.Dataset) and d.num_rows > 0 for d in splits):
+        return False
+    if any(c.null_count for d in splits for c in d.data.table.columns):
+        return False
+    if not set(map_kwargs) <= _ROW_NEUTRAL | {"batch_size"}:
+        return False
+    size = map_kwargs.get("batch_size", 1000)  # Dataset.map's default
+    if size is None or (isinstance(size, int) and size <= 0):
+        return None  # datasets: the whole split is one batch
+    return size if isinstance(size, int) and not isinstance(size, bool) else False
+
+
+def _pack_direct(dataset: Any, seq_length: int, strategy: str, batch_size: Optional[int]) -> Any:
+    """One split packed map batch by map batch as :func:`_pack_bfd` / :func:`_pack_wrapped`
+    pack them, gathered into one table at once (see the module docs)."""
+    from ..arrow import _assemble, _Flat  # the one gather of packed rows
+
+    table = dataset.with_format("arrow")[:]  # the rows in order (an indices mapping applied), not copied
+    names = table.column_names
+    columns = [table.column(name) for name in names]
+    n = table.num_rows
+    size = n if batch_size is None else batch_size
+    lengths = _checked_lengths(names, columns, size)
+    offsets = np.concatenate(([0], np.cumsum(lengths)))  # in the flat values
+    batch_rows = np.arange(0, n, size, dtype=np.int64)  # each map batch's first row
+    if strategy == "wrapped":
+        # Each batch's tokens cut every seq_length from the batch's first token.
+        first = offsets[batch_rows]
+        total = np.append(first[1:], offsets[-1]) - first
+        pieces = -(-total // seq_length)
+        row_starts = np.repeat(first, pieces) + seq_length * (np.arange(int(pieces.sum())) - np.repeat(np.cumsum(pieces) - pieces, pieces))
+        row_ends = np.minimum(row_starts + seq_length, np.repeat(first + total, pieces))
+        starts, item_lengths, bin_offsets, contiguous = row_starts, row_ends - row_starts, np.arange(row_starts.size + 1), True
+    else:
+        rows = np.flatnonzero(lengths > 0)
+        if strategy == "bfd_split":
+            pieces = -(-lengths[rows] // seq_length)
+            item_rows = np.repeat(rows, pieces)
+            k = np.arange(item_rows.size, dtype=np.int64) - np.repeat(np.cumsum(pieces) - pieces, pieces)
+            starts = offsets[item_rows] + k * seq_length
+            item_lengths = np.minimum(lengths[item_rows] - k * seq_length, seq_length)
+        else:
+            item_rows = rows
+            starts, item_lengths = offsets[rows], np.minimum(lengths[rows], seq_length)
+        # The items of each map batch, fitted as TRL fits them; rows batch after batch.
+        bounds = np.searchsorted(item_rows, np.append(batch_rows, n))
+        order: List[int] = []
+        bin_sizes: List[int] = []
+        for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
+            for bin_ in _best_fit_decreasing(item_lengths[a:b], seq_length):
+                order.extend(a + i for i in bin_)
+                bin_sizes.append(len(bin_))
+        idx = np.asarray(order, dtype=np.int64)
+        starts, item_lengths = starts[idx], item_lengths[idx]
+        bin_offsets, contiguous = np.concatenate(([0], np.cumsum(bin_sizes, dtype=np.int64))), False
+    values = {name: _Flat.of(pc.list_flatten(c)) for name, c in zip(names, columns)}
+    types = {name: c.type for name, c in zip(names, columns)}
+    packed = _assemble(values, types, starts, item_lengths, bin_offsets, position_ids=False, contiguous=contiguous)
+    if strategy == "wrapped":
+        packed = packed.drop_columns([_SEQ_LENGTHS])
+    elif pa.types.is_large_list(columns[0].type):  # TRL's seq_lengths are list_value_length's type
+        packed = packed.set_column(len(names), _SEQ_LENGTHS, packed.column(_SEQ_LENGTHS).cast(pa.list_(pa.int64())))
+    features = _features(dataset.features, packed.schema)
+    fingerprint = datasets.fingerprint.Hasher.hash(
+        ["stowplan.compat.trl.pack_dataset", TRL_VERSION, dataset._fingerprint, seq_length, strategy, batch_size]
+    )
+    info = datasets.DatasetInfo(features=features)
+    return datasets.Dataset(datasets.table.InMemoryTable(packed), info=info, split=dataset.split, fingerprint=fingerprint)
+
+
+def _checked_lengths(names: List[str], columns: List[Any], batch_size: int) -> np.ndarray:
+    """The rows' lengths, the columns checked as TRL's first map batch checks them, column by
+    column: a column that is not a list raises ``TypeError`` unless a column before it has
+    other lengths in that batch (``ValueError``); with every column a list, other lengths in
+    any row raise ``ValueError`` (TRL's map reaches that batch)."""
+    not_list = [not (pa.types.is_list(c.type) or pa.types.is_large_list(c.type)) for c in columns]
+    lengths = None
+    for i, (name, column) in enumerate(zip(names, columns)):
+        if not_list[i]:
+            raise TypeError(f"Packing requires every column to be a list column; column {name!r} is {column.type}.")
+        these = pc.list_value_length(column).to_numpy(zero_copy_only=False).astype(np.int64)
+        if lengths is None:
+            lengths = these
+            continue
+        differ = these != lengths
+        if differ[:batch_size].any() if any(not_list) else differ.any():
+            raise ValueError(
+                f"All columns must have values of the same length: column {name!r} differs from {names[0]!r}."
+            )
+    return lengths
+
+
+def _features(source: Any, schema: Any) -> Any:
+    """The features ``Dataset.map`` gives a table of ``schema`` written over ``source``'s: a
+    column whose Arrow type is unchanged keeps its feature, the others are inferred."""
+    inferred = datasets.Features.from_arrow_schema(schema)
+    kept = {}
+    for field in schema:
+        old = source.get(field.name)
+        same = old is not None and datasets.Features({field.name: old}).arrow_schema.field(field.name).type == field.type
+        kept[field.name] = old if same else inferred[field.name]
+    return datasets.Features(kept)
 
 
 def _format(dataset: Any) -> Dict[str, Any]:
