@@ -499,7 +499,7 @@ fn serve_keeps_micro_batches_within_limits() {
     assert_eq!(b.micro_batches.len(), 3);
     assert!(b.micro_batches.iter().all(|mb| mb.samples.len() == 2));
     for (limit, want) in [
-        ("tokens=9", "--limit tokens=…: the tokens are the first column"),
+        ("tokens=9", "--limit tokens=…: the tokens are capped by the command's own token flag"),
         ("images=0", "CAP of at least 1"),
         ("images", "expected NAME=CAP"),
     ] {

@@ -57,8 +57,8 @@ pub use materialize::{
     Temperature, check_sample, materialize, materialize_limited, materialize_plan,
 };
 pub use packer::{
-    BatchKey, IngestReport, LossNormalization, PackedStep, Packer, PackerOptions, PackerState, RECENT_CONTROLS,
-    RankBatch, RunConfig, RunProgress, SampleKey, StepMetrics, TrainingBatch, TrainingSample,
+    BatchKey, IngestReport, LossNormalization, MAX_RESOURCE_NAME, PackedStep, Packer, PackerOptions, PackerState,
+    RECENT_CONTROLS, RankBatch, RunConfig, RunProgress, SampleKey, StepMetrics, TrainingBatch, TrainingSample,
 };
 pub use plan::config::{EffectiveBatch, PackingConfig, PackingMode};
 pub use plan::length_cache::LengthCache;

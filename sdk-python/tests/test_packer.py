@@ -148,7 +148,7 @@ def test_limits_keep_every_micro_batch_within_each_and_reject_what_cannot_fit():
     assert sorted(i for mb in per_mb for i in mb) == list(range(7))
     # The checkpoint records the limits: restoring under others is refused, naming them.
     state, batches = p.state(), [stowplan.TrainingBatch(run=0, step=0, samples=samples).encode()]
-    with pytest.raises(stowplan.CacheMismatchError, match="limits"):
+    with pytest.raises(stowplan.CacheMismatchError, match=r'limits: \[\("image_tokens", 1024\), \("images", 4\)\]'):
         stowplan.Packer.restore(state, batches, seq_len=128, dp=1, limits={"images": 8, "image_tokens": 1024})
     # Without limits, resources are rejected rather than ignored; bad limits are refused.
     q = stowplan.Packer(seq_len=128, dp=1)

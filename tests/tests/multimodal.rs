@@ -362,7 +362,7 @@ proptest! {
     /// with the limit named, and a checkpoint restores the same step.
     #[test]
     fn the_packer_keeps_every_micro_batch_within_every_limit(
-        rows in proptest::collection::vec((2usize..200, 0u64..700, 0u64..5), 4..60),
+        rows in proptest::collection::vec((2usize..200, 0u64..700, 0u64..7), 4..60),
         dp in 1u32..4,
     ) {
         let limits = [("image_tokens", 600), ("images", 4)];
@@ -384,7 +384,11 @@ proptest! {
         prop_assert_eq!(&rejected, &over);
         for (i, reason, message) in &report.rejected {
             prop_assert_eq!(*reason, stowplan::RejectReason::OverLimit);
-            prop_assert!(message.contains("over its limit"), "sample {}: {}", i, message);
+            // The first limit the sample breaks, named with its size and cap.
+            let sizes = batch.samples[*i as usize].resource_sizes(&names).unwrap();
+            let (size, (name, cap)) = sizes.iter().zip(&limits).find(|(s, l)| **s > l.1).unwrap();
+            let want = format!("{size} {name}, over its limit {cap} per micro-batch");
+            prop_assert!(message.starts_with(&want), "sample {}: {} (want {})", i, message, want);
         }
         if report.accepted == 0 {
             return Ok(());
@@ -445,6 +449,10 @@ fn the_packer_rejects_resources_it_has_no_limit_for_and_refuses_bad_limits() {
         (&[("images", 2), ("images", 3)][..], "all different"),
         (&[("images", 0)][..], "the cap of images must be at least 1"),
         (&[("a", 1), ("b", 1), ("c", 1), ("d", 1), ("e", 1), ("f", 1), ("g", 1), ("h", 1)][..], "at most 7 caps"),
+        // Above 2^32 - 1 the kernel's fill of a step would be best-fit decreasing, whose
+        // limits ingest does not check: refused, so that no accepted sample fails a step.
+        (&[("images", 1 << 32)][..], "the cap of images must be in 1..=4294967295 (got 4294967296)"),
+        (&[(&*"x".repeat(257), 1)][..], "limit names must have at most 256 bytes (got 257"),
     ] {
         match limited_packer(1, limits) {
             Err(Error::InvalidArgument(m)) => assert!(m.contains(want), "{limits:?}: {m}"),
@@ -458,6 +466,32 @@ fn the_packer_rejects_resources_it_has_no_limit_for_and_refuses_bad_limits() {
     match stowplan::Packer::new(Kernel::native(), unnamed) {
         Err(Error::InvalidArgument(m)) => assert!(m.contains("limits must name every cap: 1 caps, 0 names"), "{m}"),
         other => panic!("{other:?}"),
+    }
+
+    // The order limits are given in does not matter: they are kept sorted by name.
+    let ab = limited_packer(1, &[("b", 2), ("a", 1)]).unwrap();
+    assert_eq!(ab.options().limits.names, ["a", "b"]);
+    assert_eq!(ab.options().limits.caps, [1, 2]);
+    let state = ab.state();
+    let ba = limited_packer(1, &[("a", 1), ("b", 2)]).unwrap().options().clone();
+    stowplan::Packer::restore(Kernel::native(), ba, state, |_| unreachable!()).unwrap();
+
+    // A forged batch naming more resources than there can be limits, or a name longer than
+    // any limit's, is refused whole when decoded (it cannot fill memory with empty names);
+    // 7 resources and a name of 256 bytes are decoded.
+    for (resources, refused) in [
+        (vec![(String::new(), 0); 8], true),
+        (vec![(String::new(), 0); 7], false),
+        (vec![("x".repeat(257), 0)], true),
+        (vec![("x".repeat(256), 0)], false),
+    ] {
+        let s = stowplan::TrainingSample { resources, ..rollout(0, 4, &[]) };
+        let bytes = stowplan::TrainingBatch { samples: vec![s], ..Default::default() }.encode().unwrap();
+        match stowplan::TrainingBatch::decode(&bytes) {
+            Err(Error::InvalidArgument(m)) => assert!(refused && m.contains("corrupt training batch"), "{m}"),
+            Ok(b) => assert!(!refused, "{:?}", b.samples[0].resources.len()),
+            other => panic!("{other:?}"),
+        }
     }
 
     // A checkpoint taken under other limits is refused, naming them.

@@ -146,8 +146,8 @@ impl Packer {
         state: PackerState,
         mut load: impl FnMut(BatchKey) -> Result<Arc<TrainingBatch>, Error>,
     ) -> Result<Self, Error> {
-        let now = options.record();
-        let mut p = Self::new(kernel, options.clone())?;
+        let mut p = Self::new(kernel, options)?;
+        let now = p.options.record();
         if state.options != now {
             let (a, b) = (format!("{:?}", state.options), format!("{now:?}"));
             return Err(Error::CacheMismatch(format!(
@@ -176,7 +176,7 @@ impl Packer {
             let (mut tokens, mut cost) = (0, 0u64);
             for k in &r.queue {
                 tokens += check(k, &p)?;
-                let c = cost_of(&options.cost, &p.batches[&k.batch()].batch.samples[k.index as usize]);
+                let c = cost_of(&p.options.cost, &p.batches[&k.batch()].batch.samples[k.index as usize]);
                 cost = c.and_then(|c| cost.checked_add(c)).filter(|&c| all_costs.checked_add(c).is_some()).ok_or_else(
                     || Error::CacheMismatch(format!("the pending samples' costs overflow u64 at sample {k:?}")),
                 )?;
@@ -196,14 +196,14 @@ impl Packer {
             for k in &i.keys {
                 check(k, &p)?;
             }
-            let want = if options.loss_normalization == LossNormalization::Update { i.keys.len() } else { 0 };
+            let want = if p.options.loss_normalization == LossNormalization::Update { i.keys.len() } else { 0 };
             if i.counts.len() != want {
                 return Err(Error::CacheMismatch(format!(
                     "the packer state's step in flight has loss counts for {} of its {} samples (want {want} under \
                      loss_normalization '{}')",
                     i.counts.len(),
                     i.keys.len(),
-                    options.loss_normalization
+                    p.options.loss_normalization
                 )));
             }
         }

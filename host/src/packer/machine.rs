@@ -46,8 +46,14 @@ impl Packer {
     /// A packer without runs.
     ///
     /// Errors: `invalid-argument` naming the option out of range.
-    pub fn new(kernel: Kernel, options: PackerOptions) -> Result<Self, Error> {
+    pub fn new(kernel: Kernel, mut options: PackerOptions) -> Result<Self, Error> {
         options.validate()?;
+        // One order for the same limits, whatever order they were given in: the steps and
+        // the checkpoint's record do not depend on it.
+        let l = &mut options.limits;
+        let mut by_name: Vec<(String, u64)> = l.names.drain(..).zip(l.caps.drain(..)).collect();
+        by_name.sort();
+        (l.names, l.caps) = by_name.into_iter().unzip();
         Ok(Self {
             kernel,
             options,
@@ -344,7 +350,8 @@ impl Packer {
     /// The step stays in flight until [`Packer::delivered`]; until then the next call errors.
     ///
     /// Errors: a step still in flight; those of [`materialize`](crate::materialize::materialize) (a bug: samples were
-    /// checked when they arrived).
+    /// checked when they arrived, each resource within its cap, and every cap is one the
+    /// kernel's balanced fill takes, so no step can fail on them).
     pub fn pack(&mut self, force: bool) -> Result<Option<PackedStep>, Error> {
         if let Some(i) = &self.inflight {
             return Err(Error::InvalidArgument(format!(

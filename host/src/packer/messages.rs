@@ -37,9 +37,49 @@ pub struct TrainingSample {
     /// (`("image_tokens", 1024)`, `("images", 2)`): a limit it does not name is 0. Each name
     /// once, and each one of [`PackerOptions::limits`](super::PackerOptions::limits); the
     /// packer rejects the sample otherwise (`unknown_resource`), or when a size is over its
-    /// cap (`over_limit`: samples are never split). Empty for text.
+    /// cap (`over_limit`: samples are never split). Empty for text. At most
+    /// [`MAX_RESOURCES`](stowplan_kernel::MAX_RESOURCES) − 1 entries, each name at most
+    /// [`MAX_RESOURCE_NAME`] bytes: a batch with more is refused whole when decoded.
+    #[serde(deserialize_with = "bounded_resources")]
     pub resources: Vec<(String, u64)>,
 }
+
+/// The longest resource name, in bytes (of a limit and of a sample's resources).
+pub const MAX_RESOURCE_NAME: usize = 256;
+
+/// [`TrainingSample::resources`] as decoded: at most `MAX_RESOURCES − 1` entries and names of
+/// at most [`MAX_RESOURCE_NAME`] bytes, so that a forged batch cannot turn a few bytes of
+/// wire into many of memory (an entry is 2 bytes on the wire, 32 in memory).
+fn bounded_resources<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<(String, u64)>, D::Error> {
+    struct Bounded;
+    impl<'de> serde::de::Visitor<'de> for Bounded {
+        type Value = Vec<(String, u64)>;
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            write!(f, "at most {} resources, each named in at most {MAX_RESOURCE_NAME} bytes", MAX_NAMED)
+        }
+        fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+            use serde::de::Error as _;
+            let mut out = Vec::new();
+            while let Some((name, size)) = seq.next_element::<(String, u64)>()? {
+                if out.len() == MAX_NAMED {
+                    return Err(A::Error::custom(format!("a sample has more than {MAX_NAMED} resources")));
+                }
+                if name.len() > MAX_RESOURCE_NAME {
+                    return Err(A::Error::custom(format!(
+                        "a resource name has {} bytes, more than {MAX_RESOURCE_NAME}",
+                        name.len()
+                    )));
+                }
+                out.push((name, size));
+            }
+            Ok(out)
+        }
+    }
+    d.deserialize_seq(Bounded)
+}
+
+/// The most resources a sample names: every limit but the tokens.
+const MAX_NAMED: usize = stowplan_kernel::MAX_RESOURCES - 1;
 
 impl TrainingSample {
     /// Tokens (prompt + completion).

@@ -13,7 +13,8 @@
 //! its samples have been consumed, which sets `ready_to_update`; totals of samples and tokens.
 //! Invalid samples (array lengths that disagree, no tokens, an empty completion, more tokens
 //! than `seq_len`, non-finite values, teacher logprobs where the packer expects none or the
-//! reverse) are rejected one by one with a reason and counted; the rest of their batch is kept.
+//! reverse, a resource over its limit or one without a limit) are rejected one by one with a
+//! reason and counted; the rest of their batch is kept.
 //! A batch whose `(run, step)` was already received is a duplicate and ignored, so an
 //! orchestrator may resend after a restart.
 //!
@@ -36,7 +37,8 @@ mod update;
 pub use checkpoint::PackerState;
 pub use machine::{Packer, RECENT_CONTROLS};
 pub use messages::{
-    BatchKey, IngestReport, PackedStep, RankBatch, SampleKey, StepMetrics, TrainingBatch, TrainingSample,
+    BatchKey, IngestReport, MAX_RESOURCE_NAME, PackedStep, RankBatch, SampleKey, StepMetrics, TrainingBatch,
+    TrainingSample,
 };
 pub use options::PackerOptions;
 pub use run::{RunConfig, RunProgress};

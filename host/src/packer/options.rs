@@ -46,9 +46,11 @@ pub struct PackerOptions {
     /// steps it spans (its samples are then packed once the rest of their update has arrived).
     pub loss_normalization: LossNormalization,
     /// Further caps per micro-batch beside `seq_len`, each named (image tokens, images …; at
-    /// most 7, none named `tokens`): every micro-batch stays within each, a sample's sizes
-    /// being its [`TrainingSample::resources`](super::TrainingSample::resources). None by
-    /// default (text).
+    /// most 7, none named `tokens`, each cap at most 2^32 − 1, each name at most
+    /// [`MAX_RESOURCE_NAME`](super::MAX_RESOURCE_NAME) bytes): every micro-batch stays within
+    /// each, a sample's sizes being its
+    /// [`TrainingSample::resources`](super::TrainingSample::resources). Their order does not
+    /// matter: the packer keeps them sorted by name. None by default (text).
     pub limits: SampleLimits,
 }
 
@@ -113,6 +115,24 @@ impl PackerOptions {
             ));
         }
         stowplan_kernel::check_limits(&self.limits.caps, &self.limits.names)?;
+        for (name, &cap) in self.limits.names.iter().zip(&self.limits.caps) {
+            // Above it the kernel's fill of a step falls back to best-fit decreasing, whose
+            // item and step limits the samples were not checked against when they arrived.
+            if cap > stowplan_kernel::MAX_BALANCED_CAPACITY {
+                return bad(format!(
+                    "the cap of {name} must be in 1..={} (got {cap})",
+                    stowplan_kernel::MAX_BALANCED_CAPACITY
+                ));
+            }
+            if name.len() > super::MAX_RESOURCE_NAME {
+                return bad(format!(
+                    "limit names must have at most {} bytes (got {} for a name starting {:?})",
+                    super::MAX_RESOURCE_NAME,
+                    name.len(),
+                    name.chars().take(32).collect::<String>()
+                ));
+            }
+        }
         crate::materialize::check_loss_scale_factor(self.loss_agg_mode, self.loss_scale_factor)
     }
 
