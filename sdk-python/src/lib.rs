@@ -14,6 +14,7 @@
 //! `protocol`, `transport`, `packer`, `plan`, `stream`, `source`, `filter`, …). The helpers
 //! every binding module uses are re-exported here; this file registers the module.
 
+mod arrow;
 mod balance;
 mod convert;
 mod errors;
@@ -94,6 +95,7 @@ fn _stowplan(m: &Bound<'_, PyModule>) -> PyResult<()> {
         presets.set_item(name, PyTuple::new(m.py(), [c.linear, c.quadratic])?)?;
     }
     m.add("COST_PRESETS", presets)?;
+    arrow::register(m)?;
     layout::register(m)?;
     micro_batch::register(m)?;
     materialize::register(m)?;

@@ -362,3 +362,21 @@ def test_values_of_any_type_and_with_nulls_inside_rows(strategy):
     assert rows_of(packed, "flag") == [[v % 2 == 0 for v in r] for r in out]
     assert rows_of(packed, "maybe") == [[None if v % 3 == 0 else v for v in r] for r in out]
     assert rows_of(packed, "labels") == [[-v for v in r] for r in out]
+
+
+@pytest.mark.parametrize("strategy", ["bfd", "bfd_split", "wrapped"])
+def test_numbers_of_every_width_are_gathered_exactly(strategy):
+    # Every integer and float width (float16 through numpy, the others natively), over chunks.
+    lengths = [3, 5, 0, 2, 7, 1, 4, 9]
+    t = table_of(lengths, chunks=3)
+    offsets = pa.array(np.concatenate(([0], np.cumsum(lengths))).astype(np.int32))
+    flat = np.arange(sum(lengths))
+    dtypes = [np.int8, np.uint8, np.int16, np.uint16, np.int32, np.uint32, np.int64, np.uint64, np.float16, np.float32, np.float64]
+    for dt in dtypes:
+        t = t.append_column(np.dtype(dt).name, pa.ListArray.from_arrays(offsets, pa.array((flat * 3 + 1).astype(dt))))
+    packed = pack_table(t, 6, strategy=strategy, overflow="split" if strategy == "bfd_split" else None)
+    ids = rows_of(packed)
+    for dt in dtypes:
+        name = np.dtype(dt).name
+        assert packed.schema.field(name).type == t.schema.field(name).type
+        assert rows_of(packed, name) == [np.array([v * 3 + 1 for v in r]).astype(dt).tolist() for r in ids], name

@@ -68,6 +68,14 @@ class Packing:
     def bins(self) -> List[List[int]]: ...
     def __len__(self) -> int: ...
 
+def gather_runs(
+    chunks: List[np.ndarray], run_chunks: np.ndarray, run_starts: np.ndarray, run_lengths: np.ndarray
+) -> Optional[np.ndarray]:
+    """The runs (``run_lengths[i]`` values from ``run_starts[i]`` of ``chunks[run_chunks[i]]``)
+    one after the other as one new array; ``None`` for a dtype other than the integer,
+    float32 and float64 ones (stowplan.arrow's gather)."""
+    ...
+
 def pack(
     lengths: _Lengths,
     capacity: int,
