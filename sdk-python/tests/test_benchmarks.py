@@ -104,3 +104,21 @@ def test_bench_hf_runs_and_compat_matches_trl():
 def test_bench_hf_refuses_bad_arguments():
     bad = subprocess.run([sys.executable, str(HF_SCRIPT), "--contenders", "trl:ffd"], capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "--contenders: unknown ['trl:ffd']" in bad.stderr, bad.stderr
+
+
+FILL_SCRIPT = HERE.parent / "benchmarks" / "fill_peers.py"
+SFT = HERE.parents[2] / "shared" / "workloads" / "sft-chat-200k.txt"
+
+
+def test_fill_peers_runs_and_checks_every_output():
+    if not SFT.is_file():
+        pytest.skip(f"no shared workloads beside the checkout ({SFT})")
+    out = subprocess.run(
+        [sys.executable, str(FILL_SCRIPT), "--rows", "3000", "--workload", str(SFT)],
+        check=True, capture_output=True, text=True, timeout=300,
+    ).stdout
+    assert "| stowplan bfd | dataset |" in out and "| stowplan bfd | batch of 1000 |" in out, out
+    # Measured when installed (pip install --no-deps llamafactory), else skipped saying so.
+    assert "| LLaMA-Factory 0.9.5 greedy_knapsack | batch of 1000 |" in out or "# LLaMA-Factory is not installed" in out, out
+    bad = subprocess.run([sys.executable, str(FILL_SCRIPT), "--seq-length", "0"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "must be at least 1" in bad.stderr
