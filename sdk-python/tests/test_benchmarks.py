@@ -107,7 +107,6 @@ def test_bench_hf_refuses_bad_arguments():
 
 
 FILL_SCRIPT = HERE.parent / "benchmarks" / "fill_peers.py"
-SFT = HERE.parents[2] / "shared" / "workloads" / "sft-chat-200k.txt"
 
 
 def test_fill_peers_runs_and_checks_every_output():

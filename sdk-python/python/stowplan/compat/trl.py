@@ -47,6 +47,8 @@ try:
 except ImportError as exc:  # pragma: no cover - the hf extra installs them
     raise ImportError("stowplan.compat.trl needs datasets and pyarrow: pip install 'stowplan[hf]'") from exc
 
+from ..arrow import _assemble, _Flat, _items  # the items of rows, and the one gather of packed rows
+
 __all__ = ["pack_dataset", "STRATEGIES", "TRL_VERSION"]
 
 #: The TRL release whose output :func:`pack_dataset` reproduces (the tests compare with it).
@@ -115,8 +117,6 @@ def _direct_batch_size(dataset: Any, map_kwargs: Dict[str, Any]) -> Any:
 def _pack_direct(dataset: Any, seq_length: int, strategy: str, batch_size: Optional[int]) -> Any:
     """One split packed map batch by map batch as :func:`_pack_bfd` / :func:`_pack_wrapped`
     pack them, gathered into one table at once (see the module docs)."""
-    from ..arrow import _assemble, _Flat  # the one gather of packed rows
-
     table = dataset.with_format("arrow")[:]  # the rows in order (an indices mapping applied), not copied
     names = table.column_names
     columns = [table.column(name) for name in names]
@@ -134,16 +134,9 @@ def _pack_direct(dataset: Any, seq_length: int, strategy: str, batch_size: Optio
         row_ends = np.minimum(row_starts + seq_length, np.repeat(first + total, pieces))
         starts, item_lengths, bin_offsets, contiguous = row_starts, row_ends - row_starts, np.arange(row_starts.size + 1), True
     else:
-        rows = np.flatnonzero(lengths > 0)
-        if strategy == "bfd_split":
-            pieces = -(-lengths[rows] // seq_length)
-            item_rows = np.repeat(rows, pieces)
-            k = np.arange(item_rows.size, dtype=np.int64) - np.repeat(np.cumsum(pieces) - pieces, pieces)
-            starts = offsets[item_rows] + k * seq_length
-            item_lengths = np.minimum(lengths[item_rows] - k * seq_length, seq_length)
-        else:
-            item_rows = rows
-            starts, item_lengths = offsets[rows], np.minimum(lengths[rows], seq_length)
+        # Empty sequences left out, long ones truncated (or split into fragments), in row order.
+        starts, item_lengths = _items(lengths, seq_length, "split" if strategy == "bfd_split" else "truncate", names[0])
+        item_rows = np.searchsorted(offsets, starts, side="right") - 1
         # The items of each map batch, fitted as TRL fits them; rows batch after batch.
         bounds = np.searchsorted(item_rows, np.append(batch_rows, n))
         order: List[int] = []
@@ -179,16 +172,14 @@ def _checked_lengths(names: List[str], columns: List[Any], batch_size: int) -> n
     lengths = None
     for i, (name, column) in enumerate(zip(names, columns)):
         if not_list[i]:
-            raise TypeError(f"Packing requires every column to be a list column; column {name!r} is {column.type}.")
+            raise _not_a_list(name, column.type)
         these = pc.list_value_length(column).to_numpy(zero_copy_only=False).astype(np.int64)
         if lengths is None:
             lengths = these
             continue
         differ = these != lengths
         if differ[:batch_size].any() if any(not_list) else differ.any():
-            raise ValueError(
-                f"All columns must have values of the same length: column {name!r} differs from {names[0]!r}."
-            )
+            raise _lengths_differ(name, names[0])
     return lengths
 
 
@@ -217,16 +208,22 @@ def _format(dataset: Any) -> Dict[str, Any]:
     return fmt
 
 
+def _not_a_list(name: str, type_: Any) -> TypeError:
+    return TypeError(f"Packing requires every column to be a list column; column {name!r} is {type_}.")
+
+
+def _lengths_differ(name: str, first: str) -> ValueError:
+    return ValueError(f"All columns must have values of the same length: column {name!r} differs from {first!r}.")
+
+
 def _columns(batch: Any) -> List[Any]:
     """The batch's columns as arrays, checked as TRL checks them (in column order)."""
     columns = [c.chunks[0] for c in batch.combine_chunks().columns]
     for i, (name, column) in enumerate(zip(batch.column_names, columns)):
         if not (pa.types.is_list(column.type) or pa.types.is_large_list(column.type)):
-            raise TypeError(f"Packing requires every column to be a list column; column {name!r} is {column.type}.")
+            raise _not_a_list(name, column.type)
         if i > 0 and not columns[0].offsets.equals(column.offsets):
-            raise ValueError(
-                f"All columns must have values of the same length: column {name!r} differs from {batch.column_names[0]!r}."
-            )
+            raise _lengths_differ(name, batch.column_names[0])
     return columns
 
 
