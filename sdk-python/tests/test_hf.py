@@ -105,6 +105,55 @@ def test_columns_dictionaries_and_format():
     assert stowplan.hf.pack_dataset(restricted, 8, columns=["input_ids"]).format["columns"] == ["input_ids", "seq_lengths"]
 
 
+def test_cache_file_name_writes_the_same_rows_and_maps_them(tmp_path):
+    lengths = np.random.default_rng(5).integers(0, 300, size=1200)
+    ds = dataset_of(lengths)
+    in_memory = stowplan.hf.pack_dataset(ds, 512, position_ids=True)
+    path = tmp_path / "packed.arrow"
+    on_disk = stowplan.hf.pack_dataset(ds, 512, position_ids=True, cache_file_name=path)
+    assert table(on_disk) == table(in_memory) and on_disk.features == in_memory.features
+    assert [f["filename"] for f in on_disk.cache_files] == [str(path)]  # memory-mapped, not copied
+    assert not [p for p in tmp_path.iterdir() if p.name != "packed.arrow"]  # no temporary left
+    # The same packing again finds the file (same fingerprint) and does not write it again.
+    stamp = path.stat().st_mtime_ns
+    again = stowplan.hf.pack_dataset(ds, 512, position_ids=True, cache_file_name=path)
+    assert path.stat().st_mtime_ns == stamp and table(again) == table(in_memory)
+    # Other options: another fingerprint, so the file is replaced by the new rows.
+    other = stowplan.hf.pack_dataset(ds, 256, cache_file_name=path)
+    assert table(other) == table(stowplan.hf.pack_dataset(ds, 256))
+    # A file that is not ours (or is damaged) under that name is replaced, never read as rows.
+    # (A new file: truncating the one `other` maps would pull its pages away, a SIGBUS.)
+    expected = table(other)
+    path.unlink()
+    path.write_bytes(b"not an arrow stream")
+    assert table(stowplan.hf.pack_dataset(ds, 256, cache_file_name=str(path))) == expected
+
+
+def test_cache_file_name_of_a_dataset_dict_names_one_file_per_split(tmp_path):
+    ds = dataset_of([5, 2, 9, 4])
+    dd = datasets.DatasetDict(train=ds, test=ds.select([0, 1]))
+    files = {"train": tmp_path / "train.arrow", "test": tmp_path / "test.arrow"}
+    packed = stowplan.hf.pack_dataset(dd, 8, cache_file_name=files)
+    assert {k: table(v) for k, v in packed.items()} == {k: table(v) for k, v in stowplan.hf.pack_dataset(dd, 8).items()}
+    assert all(f.is_file() for f in files.values())
+    with pytest.raises(stowplan.InvalidArgumentError, match=r"one path per split \['test', 'train'\]"):
+        stowplan.hf.pack_dataset(dd, 8, cache_file_name=tmp_path / "one.arrow")
+
+
+def test_a_failed_write_leaves_no_file(tmp_path, monkeypatch):
+    ds = dataset_of([5, 2, 9, 4])
+    path = tmp_path / "packed.arrow"
+
+    def broken(*args, **kwargs):
+        yield from ()
+        raise OSError("disk full")
+
+    monkeypatch.setattr(stowplan.hf, "_pack", lambda *a: (stowplan.arrow._pack(*a)[0], broken(), "x"))
+    with pytest.raises(OSError, match="disk full"):
+        stowplan.hf.pack_dataset(ds, 8, cache_file_name=path)
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.parametrize(
     "call, fragment",
     [
@@ -118,6 +167,11 @@ def test_columns_dictionaries_and_format():
         (lambda ds: stowplan.hf.pack_dataset(ds, 8, columns=["ids"]), "column 'ids' is not in the table"),
         (lambda ds: stowplan.hf.pack_dataset(ds, 8), "column 'text' is not a list column (its type is string)"),
         (lambda ds: stowplan.hf.pack_dataset(ds, 8, scope="batch"), "column 'text' is not a list column (its type is string)"),
+        (lambda ds: stowplan.hf.pack_dataset(ds, 8, columns=["input_ids"], cache_file_name=3), "cache_file_name must be a path (got int)"),
+        (lambda ds: stowplan.hf.pack_dataset(ds, 8, columns=["input_ids"], cache_file_name=""), "cache_file_name must be a non-empty path"),
+        (lambda ds: stowplan.hf.pack_dataset(ds, 8, columns=["input_ids"], cache_file_name="/"), "is a directory; name a file"),
+        (lambda ds: stowplan.hf.pack_dataset(ds, 8, scope="batch", cache_file_name="x"), "cache_file_name applies to a Dataset packed with scope='dataset'"),
+        (lambda ds: stowplan.hf.pack_dataset(ds.to_iterable_dataset(), 8, cache_file_name="x"), "cache_file_name applies to a Dataset packed with scope='dataset'"),
     ],
 )
 def test_bad_input(call, fragment):

@@ -114,7 +114,8 @@ def pack_table(
     not a list, a null row, list columns whose lengths differ, a sequence longer than
     ``2**32-1``, an output column name among the packed columns.
     """
-    return _pack(table, seq_length, strategy, overflow, columns, position_ids, backend)[0]
+    schema, batches, _ = _pack(table, seq_length, strategy, overflow, columns, position_ids, backend)
+    return pa.Table.from_batches(list(batches), schema=schema)
 
 
 def _pack(
@@ -125,8 +126,10 @@ def _pack(
     columns: Optional[Sequence[str]],
     position_ids: bool,
     backend: Optional[str],
-) -> Tuple[Any, str]:
-    """:func:`pack_table`'s table and the sha256 of its plan and options (for fingerprints)."""
+) -> Tuple[Any, Iterator[Any], str]:
+    """:func:`pack_table`'s schema, its record batches (assembled as they are taken, so that a
+    writer holds one at a time) and the sha256 of its plan and options (for fingerprints). The
+    arguments are checked and the plan made before it returns."""
     if isinstance(table, pa.RecordBatch):
         table = pa.Table.from_batches([table])
     if not isinstance(table, pa.Table):
@@ -148,8 +151,9 @@ def _pack(
         digest.update(np.ascontiguousarray(a, dtype=np.int64).tobytes())
     values = {name: _Flat.of(pc.list_flatten(table.column(name))) for name in names}
     types = {name: table.schema.field(name).type for name in names}
-    out = _assemble(values, types, starts, item_lengths, bin_offsets, position_ids, contiguous=strategy == "wrapped")
-    return out, digest.hexdigest()
+    schema = _packed_schema(types, position_ids)
+    batches = _assembled(values, types, starts, item_lengths, bin_offsets, position_ids, contiguous=strategy == "wrapped")
+    return schema, batches, digest.hexdigest()
 
 
 def pack_batches(
@@ -560,16 +564,35 @@ def _assemble(
 ) -> Any:
     """The packed table: row r holds items bin_offsets[r]..bin_offsets[r+1] (an item is the
     ``item_lengths`` values from ``starts`` in every column's flat values, a :class:`_Flat`,
-    of list type ``types[name]``), built in chunks of at most _CHUNK_TOKENS tokens (or one row)."""
+    of list type ``types[name]``), one chunk per batch of :func:`_assembled`."""
+    batches = _assembled(values, types, starts, item_lengths, bin_offsets, position_ids, contiguous)
+    return pa.Table.from_batches(list(batches), schema=_packed_schema(types, position_ids))
+
+
+def _packed_schema(types: Dict[str, Any], position_ids: bool) -> Any:
+    """The packed table's schema: the packed columns, ``seq_lengths``, ``position_ids``."""
+    seq_type = pa.list_(pa.int32())
+    extra = [(SEQ_LENGTHS, seq_type)] + ([(POSITION_IDS, seq_type)] if position_ids else [])
+    return pa.schema(list(types.items()) + extra)
+
+
+def _assembled(
+    values: Dict[str, "_Flat"],
+    types: Dict[str, Any],
+    starts: np.ndarray,
+    item_lengths: np.ndarray,
+    bin_offsets: np.ndarray,
+    position_ids: bool,
+    contiguous: bool,
+) -> Iterator[Any]:
+    """:func:`_assemble`'s rows as record batches of at most _CHUNK_TOKENS tokens (or one
+    row), each built when it is taken."""
     names = list(values)
+    schema = _packed_schema(types, position_ids)
     n_rows = bin_offsets.size - 1
     item_ends = np.concatenate(([0], np.cumsum(item_lengths))).astype(np.int64)
     row_tokens = item_ends[bin_offsets]  # tokens before each row, and the total
     seq_type = pa.list_(pa.int32())
-    out: Dict[str, List[Any]] = {name: [] for name in names}
-    out[SEQ_LENGTHS] = []
-    if position_ids:
-        out[POSITION_IDS] = []
     r0 = 0
     while r0 < n_rows:
         r1 = int(np.searchsorted(row_tokens, row_tokens[r0] + _CHUNK_TOKENS, side="right")) - 1
@@ -583,17 +606,17 @@ def _assemble(
             taken = {name: values[name].slice(t0, t1 - t0) for name in names}
         else:
             taken = {name: values[name].gather(starts[i0:i1], lens) for name in names}
+        columns = []
         for name in names:
             t = types[name]
             if pa.types.is_large_list(t):
-                out[name].append(pa.LargeListArray.from_arrays(pa.array(row_off), taken[name], type=t))
+                columns.append(pa.LargeListArray.from_arrays(pa.array(row_off), taken[name], type=t))
             else:
-                out[name].append(pa.ListArray.from_arrays(pa.array(row_off.astype(np.int32)), taken[name], type=t))
+                columns.append(pa.ListArray.from_arrays(pa.array(row_off.astype(np.int32)), taken[name], type=t))
         seq_off = pa.array((bin_offsets[r0 : r1 + 1] - i0).astype(np.int32))
-        out[SEQ_LENGTHS].append(pa.ListArray.from_arrays(seq_off, pa.array(lens.astype(np.int32)), type=seq_type))
+        columns.append(pa.ListArray.from_arrays(seq_off, pa.array(lens.astype(np.int32)), type=seq_type))
         if position_ids:
             pos = (np.arange(t1 - t0, dtype=np.int64) - np.repeat(local, lens)).astype(np.int32)
-            out[POSITION_IDS].append(pa.ListArray.from_arrays(pa.array(row_off.astype(np.int32)), pa.array(pos), type=seq_type))
+            columns.append(pa.ListArray.from_arrays(pa.array(row_off.astype(np.int32)), pa.array(pos), type=seq_type))
+        yield pa.RecordBatch.from_arrays(columns, schema=schema)
         r0 = r1
-    arrays = [pa.chunked_array(out[k], type=types.get(k, seq_type)) for k in out]
-    return pa.Table.from_arrays(arrays, names=list(out))

@@ -73,6 +73,7 @@ def pack_dataset(
     max_open_bins: Optional[int] = None,
     max_buffered: Optional[int] = None,
     backend: Optional[str] = None,
+    cache_file_name: Any = None,
 ) -> Any:
     """``dataset`` (a ``datasets.Dataset``, ``IterableDataset`` or a dict of them, each split packed on its own) with
     its list columns packed into rows of at most ``seq_length`` tokens, as
@@ -86,6 +87,15 @@ def pack_dataset(
     everything) and ``map_kwargs`` is refused. With ``"batch"``, ``Dataset.map(batched=True,
     num_proc=num_proc, **map_kwargs)`` packs each batch (cached by ``datasets`` as maps are).
     The input's format type is kept.
+
+    ``cache_file_name`` (``scope="dataset"`` only; a path, or for a ``DatasetDict`` a dict of
+    one path per split): the packed rows are written there, one record batch at a time, as an
+    Arrow stream file (the format of datasets' cache files), and the result is memory-mapped
+    from it — so the packed copy is never held in memory (peak memory: the input, the plan and
+    one batch of at most 2**26 tokens). The file is written to a temporary name beside it,
+    flushed to disk and renamed, so it is whole or absent; its schema records the packed
+    dataset's fingerprint, and a re-run that finds the file with the same fingerprint maps it
+    without packing again (any other file of that name is replaced).
 
     A ``datasets.IterableDataset`` (or ``IterableDatasetDict``) is streamed: the result is an
     ``IterableDataset`` whose iteration reads the input in Arrow batches and packs them with
@@ -117,7 +127,8 @@ def pack_dataset(
                 max_buffered=max_buffered,
                 backend=backend,
             )
-            return splits({split: pack_dataset(ds, seq_length, **options) for split, ds in dataset.items()})
+            files = _split_files(cache_file_name, list(dataset))
+            return splits({split: pack_dataset(ds, seq_length, **options, cache_file_name=files[split]) for split, ds in dataset.items()})
     if not isinstance(dataset, (datasets.Dataset, datasets.IterableDataset)):
         raise InvalidArgumentError(
             f"dataset must be a datasets.Dataset, IterableDataset, DatasetDict or IterableDatasetDict (got {type(dataset).__name__})"
@@ -128,6 +139,11 @@ def pack_dataset(
         _stowplan._integer(num_proc, "num_proc", 1, 4096)
     if map_kwargs is not None and not isinstance(map_kwargs, dict):
         raise InvalidArgumentError(f"map_kwargs must be a dict of Dataset.map arguments (got {type(map_kwargs).__name__})")
+    if cache_file_name is not None and (scope != "dataset" or isinstance(dataset, datasets.IterableDataset)):
+        raise InvalidArgumentError(
+            "cache_file_name applies to a Dataset packed with scope='dataset' (scope='batch' takes map_kwargs' "
+            "cache_file_name; an IterableDataset is streamed, not written)"
+        )
     if isinstance(dataset, datasets.IterableDataset):
         if scope != "dataset" or map_kwargs:
             raise InvalidArgumentError(
@@ -145,12 +161,17 @@ def pack_dataset(
         if map_kwargs:
             raise InvalidArgumentError("map_kwargs applies to scope='batch' only; scope='dataset' makes one plan, not a map")
         table = source[:]  # the rows in the dataset's order (its indices mapping applied), zero-copy without one
-        packed, digest = _pack(table, seq_length, strategy, overflow, names, position_ids, backend)
+        schema, batches, digest = _pack(table, seq_length, strategy, overflow, names, position_ids, backend)
         fingerprint = hashlib.sha256(
             "\0".join(["stowplan.hf.pack_dataset", _stowplan.__version__, str(dataset._fingerprint), digest]).encode()
         ).hexdigest()[:16]
-        info = datasets.DatasetInfo(features=datasets.Features.from_arrow_schema(packed.schema))
-        out = datasets.Dataset(datasets.table.InMemoryTable(packed), info=info, split=dataset.split, fingerprint=fingerprint)
+        info = datasets.DatasetInfo(features=datasets.Features.from_arrow_schema(schema))
+        if cache_file_name is None:
+            packed = pa.Table.from_batches(list(batches), schema=schema)
+            out = datasets.Dataset(datasets.table.InMemoryTable(packed), info=info, split=dataset.split, fingerprint=fingerprint)
+        else:
+            path = _write_packed(cache_file_name, schema, batches, fingerprint)
+            out = datasets.Dataset.from_file(path, info=info, split=dataset.split)
     else:
         kept = names if names is not None else list(dataset.column_names)
         out = source.map(
@@ -173,6 +194,68 @@ def pack_dataset(
     if cols is not None:
         cols = [c for c in cols if c in out.column_names] + new
     return out.with_format(fmt.get("type"), columns=cols, output_all_columns=fmt.get("output_all_columns", False), **fmt.get("format_kwargs", {}))
+
+
+# The packed file's schema metadata key holding the packed dataset's fingerprint.
+_FINGERPRINT_KEY = b"stowplan.fingerprint"
+
+
+def _split_files(cache_file_name: Any, splits: List[str]) -> Dict[str, Any]:
+    """A ``DatasetDict``'s ``cache_file_name``: None for every split, or one path per split."""
+    if cache_file_name is None:
+        return {split: None for split in splits}
+    if not isinstance(cache_file_name, dict) or sorted(cache_file_name) != sorted(splits):
+        raise InvalidArgumentError(
+            f"cache_file_name of a DatasetDict must be a dict with one path per split {sorted(splits)} (got {cache_file_name!r})"
+        )
+    return cache_file_name
+
+
+def _write_packed(cache_file_name: Any, schema: Any, batches: Iterator[Any], fingerprint: str) -> str:
+    """Writes the packed batches to ``cache_file_name`` (an Arrow stream whose schema records
+    ``fingerprint``) atomically, unless that file already holds them; returns its path."""
+    import os
+
+    try:
+        path = os.fspath(cache_file_name)
+    except TypeError:
+        raise InvalidArgumentError(f"cache_file_name must be a path (got {type(cache_file_name).__name__})") from None
+    if not isinstance(path, str) or not path:
+        raise InvalidArgumentError(f"cache_file_name must be a non-empty path (got {cache_file_name!r})")
+    path = os.path.abspath(path)
+    if os.path.isdir(path):
+        raise InvalidArgumentError(f"cache_file_name {path!r} is a directory; name a file")
+    try:
+        with pa.memory_map(path) as f:
+            found = pa.ipc.open_stream(f).schema.metadata or {}
+        if found.get(_FINGERPRINT_KEY) == fingerprint.encode():
+            return path
+    except (OSError, pa.ArrowInvalid):
+        pass  # absent, or not a packed file of ours: (re)written below
+    tmp = f"{path}.{os.getpid()}.tmp"
+    schema = schema.with_metadata({_FINGERPRINT_KEY: fingerprint.encode()})
+    try:
+        with pa.OSFile(tmp, "wb") as sink:
+            with pa.ipc.new_stream(sink, schema) as writer:
+                for batch in batches:
+                    writer.write_batch(batch)
+            sink.flush()
+        fd = os.open(tmp, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+        fd = os.open(os.path.dirname(path), os.O_RDONLY)
+        try:
+            os.fsync(fd)  # the rename itself
+        finally:
+            os.close(fd)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+    return path
 
 
 def _pack_iterable(
