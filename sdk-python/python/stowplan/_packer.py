@@ -191,52 +191,15 @@ class Packer:
     ``limits``: further caps per micro-batch by name (``{"image_tokens": 8192, "images": 32}``,
     ``stowplan serve --limit``), which every micro-batch keeps, a sample's sizes being its
     ``resources``; a sample over a cap is rejected as ``over_limit``, one naming a resource
-    without a limit as ``unknown_resource``.
+    without a limit as ``unknown_resource``. ``backend``: the kernel's, as every function's
+    (``"wasm"``, the default, or ``"native"``). An unknown option is a ``TypeError`` naming it.
     """
 
-    def __init__(
-        self,
-        *,
-        seq_len: int,
-        dp: int,
-        pad_to_multiple_of: Optional[int] = None,
-        pad_token_id: Optional[int] = None,
-        cost: Any = None,
-        num_runs: Optional[int] = None,
-        threshold: Optional[int] = None,
-        step_tokens: Optional[int] = None,
-        wait_timeout: Optional[float] = None,
-        teacher_logprobs: Optional[bool] = None,
-        allow_empty_completion: Optional[bool] = None,
-        loss_agg_mode: Optional[str] = None,
-        loss_scale_factor: Optional[float] = None,
-        loss_normalization: Optional[str] = None,
-        limits: Optional[Dict[str, int]] = None,
-        backend: Optional[str] = None,
-        _state: Optional[bytes] = None,
-        _batches: Optional[List[bytes]] = None,
-    ) -> None:
-        # None: the host's default (stowplan::PackerOptions::new), the one `stowplan serve` uses.
-        self._inner = _stowplan.Packer(
-            seq_len,
-            dp,
-            pad_to_multiple_of=pad_to_multiple_of,
-            pad_token_id=pad_token_id,
-            cost=cost,
-            num_runs=num_runs,
-            threshold=threshold,
-            step_tokens=step_tokens,
-            wait_timeout=wait_timeout,
-            teacher_logprobs=teacher_logprobs,
-            allow_empty_completion=allow_empty_completion,
-            loss_agg_mode=loss_agg_mode,
-            loss_scale_factor=loss_scale_factor,
-            loss_normalization=loss_normalization,
-            limits=limits,
-            backend=backend,
-            state=_state,
-            batches=_batches,
-        )
+    def __init__(self, *, seq_len: int, dp: int, **options: Any) -> None:
+        # The options are the native packer's, named once in _stowplan.pyi (Packer); a None
+        # option is the host's default (stowplan::PackerOptions::new), the one `stowplan serve`
+        # uses.
+        self._inner = _stowplan.Packer(seq_len, dp, **options)
 
     def add_run(self, run: int, *, batch_size: int) -> None:
         """Adds run ``run`` (below ``num_runs``) whose step advances every ``batch_size`` samples."""
@@ -307,7 +270,7 @@ class Packer:
     def restore(cls, state: bytes, batches: Sequence["TrainingBatch | bytes"], **options: Any) -> "Packer":
         """A packer from :meth:`state` and the batches it names, with the same options."""
         encoded = [b if isinstance(b, bytes) else b.encode() for b in batches]
-        return cls(**options, _state=bytes(state), _batches=encoded)
+        return cls(**options, state=bytes(state), batches=encoded)
 
     def rebuild_inflight(self) -> Optional[List[RankBatch]]:
         """After :meth:`restore`: the step that was in flight, byte for byte as before."""
