@@ -46,7 +46,9 @@ import numpy as np
 
 HERE = pathlib.Path(__file__).resolve()
 DEFAULT_WORKLOAD = HERE.parents[3] / "shared" / "workloads" / "sft-chat-200k.txt"
-CONTENDERS = tuple(f"{who}:{s}" for who in ("trl", "stowplan", "compat") for s in ("bfd", "bfd_split", "wrapped"))
+# "stowplan-file": stowplan.hf with cache_file_name (the packed rows written to a file beside
+# the table, fsynced, and memory-mapped), so that the packed copy is not held in memory.
+CONTENDERS = tuple(f"{who}:{s}" for who in ("trl", "stowplan", "compat", "stowplan-file") for s in ("bfd", "bfd_split", "wrapped"))
 
 
 def read_lengths(path: pathlib.Path) -> np.ndarray:
@@ -76,8 +78,9 @@ def build_table(lengths: np.ndarray, first_id: int = 0) -> Any:
 
 
 def write_table(lengths: np.ndarray, path: pathlib.Path) -> None:
-    """The dataset's table as an Arrow IPC file, which each measurement reads into memory (so
-    no process carries the building's garbage into its peak RSS)."""
+    """The dataset's table as an Arrow IPC stream file (the format of the `datasets` cache
+    files), which each measurement reads into memory or memory-maps (so no process carries the
+    building's garbage into its peak RSS)."""
     import pyarrow as pa
 
     part = 100_000  # rows built at a time (the file is written piece by piece)
@@ -85,7 +88,7 @@ def write_table(lengths: np.ndarray, path: pathlib.Path) -> None:
     if total >= 2**31:
         raise SystemExit(f"--rows: {total:,} tokens do not fit list<int32> offsets; use fewer rows")
     schema = build_table(lengths[:1]).schema
-    with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, schema) as writer:
+    with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_stream(sink, schema) as writer:
         done = 0  # tokens before the part: the ids continue across parts
         for at in range(0, lengths.size, part):
             table = build_table(lengths[at : at + part], first_id=done)
@@ -94,14 +97,19 @@ def write_table(lengths: np.ndarray, path: pathlib.Path) -> None:
 
 
 def read_dataset(path: pathlib.Path, mmap: bool) -> Any:
-    """A ``datasets.Dataset`` of the IPC file's table: read into memory, or memory-mapped (its
-    pages the file's, which the OS can drop and read again)."""
+    """A ``datasets.Dataset`` of the file's table: read into memory, or memory-mapped by
+    ``Dataset.from_file`` as `datasets` maps its own cache files (its pages the file's, which
+    the OS can drop and read again). The in-memory ``Dataset`` gets a fingerprint: without
+    one, its constructor fingerprints the table by pickling it, a transient copy of 2.5x its
+    size (at 1M rows 24 GiB, which this machine's OOM killer ended)."""
     import datasets
     import pyarrow as pa
 
-    with (pa.memory_map(str(path)) if mmap else pa.OSFile(str(path), "rb")) as source:
-        table = pa.ipc.open_file(source).read_all()
-    return datasets.Dataset(datasets.table.InMemoryTable(table))
+    if mmap:
+        return datasets.Dataset.from_file(str(path))
+    with pa.OSFile(str(path), "rb") as source:
+        table = pa.ipc.open_stream(source).read_all()
+    return datasets.Dataset(datasets.table.InMemoryTable(table), fingerprint=f"bench_hf-{path.stat().st_size}")
 
 
 def _status(key: str) -> int:
@@ -135,6 +143,7 @@ def child(contender: str, seq_length: int, path: pathlib.Path, mmap: bool) -> Di
 
     datasets.disable_progress_bars()
     who, strategy = contender.split(":")
+    out_file = path.with_name(f"packed-{os.getpid()}.arrow") if who == "stowplan-file" else None
     if who == "trl":
         from trl import pack_dataset as pack
     elif who == "compat":
@@ -143,7 +152,7 @@ def child(contender: str, seq_length: int, path: pathlib.Path, mmap: bool) -> Di
         import stowplan.hf
 
         def pack(ds: Any, seq_length: int, strategy: str) -> Any:
-            return stowplan.hf.pack_dataset(ds, seq_length, strategy=strategy, scope="dataset")
+            return stowplan.hf.pack_dataset(ds, seq_length, strategy=strategy, scope="dataset", cache_file_name=out_file)
 
     import pyarrow as pa
 
@@ -157,7 +166,7 @@ def child(contender: str, seq_length: int, path: pathlib.Path, mmap: bool) -> Di
     seconds = time.perf_counter() - start
     peak = _status("VmHWM")
     tokens = int(pc.sum(pc.list_value_length(out.data.table.column("input_ids"))).as_py())  # (wrapped has no seq_lengths in TRL)
-    return {
+    result = {
         "contender": contender,
         "seconds": seconds,
         "peak_rss": peak,
@@ -168,6 +177,10 @@ def child(contender: str, seq_length: int, path: pathlib.Path, mmap: bool) -> Di
         "lower_bound": math.ceil(tokens / seq_length),
         "sha256": _digest(out),
     }
+    if out_file is not None:
+        del out
+        out_file.unlink()  # rounds do not pile packed copies up on the disk
+    return result
 
 
 def run(contenders: List[str], rows: int, rounds: int, seq_length: int, workload: pathlib.Path, mmap: bool) -> None:
@@ -232,7 +245,7 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=1_000_000, help="rows of the dataset (the workload tiled)")
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds (≥ 1)")
     ap.add_argument("--seq-length", type=int, default=8192, help="packed row length (≥ 1)")
-    ap.add_argument("--contenders", default=",".join(CONTENDERS), help=f"comma-separated, of {', '.join(CONTENDERS)}")
+    ap.add_argument("--contenders", default=",".join(c for c in CONTENDERS if not c.startswith("stowplan-file")), help=f"comma-separated, of {', '.join(CONTENDERS)}")
     ap.add_argument("--workload", type=pathlib.Path, default=DEFAULT_WORKLOAD, help="lengths file")
     ap.add_argument("--mmap", action="store_true", help="memory-map the table from its file instead of reading it into memory")
     ap.add_argument("--child", help=argparse.SUPPRESS)
