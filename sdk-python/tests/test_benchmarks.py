@@ -78,6 +78,26 @@ def test_bench_ray_runs_both_paths():
     assert "publish (ray.put x4)" in out and "deliver_s" in out, out
 
 
+LENGTHS_SCRIPT = HERE.parent / "benchmarks" / "ray_lengths.py"
+
+
+def test_ray_lengths_checks_both_paths():
+    """ray_lengths.py on 3,000 documents, 1 round: Ray Data and the local pool both give every
+    document's word count (the script exits non-zero otherwise) and are reported."""
+    pytest.importorskip("ray", reason="ray is not installed (pip install 'stowplan[ray]')")
+    pytest.importorskip("datasets")
+    if not (HERE.parents[2] / "shared" / "workloads" / "sft-chat-200k.txt").is_file():
+        pytest.skip("no shared workloads beside the checkout")
+    out = subprocess.run(
+        [sys.executable, str(LENGTHS_SCRIPT), "--rows", "3000", "--rounds", "1"],
+        check=True, capture_output=True, text=True, timeout=300,
+    ).stdout
+    assert "round 0 local:" in out and "round 0 ray:" in out, out
+    assert "| local |" in out and "| ray |" in out and "ray / local:" in out, out
+    bad = subprocess.run([sys.executable, str(LENGTHS_SCRIPT), "--rows", "0"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "must be at least 1" in bad.stderr, bad.stderr
+
+
 HF_SCRIPT = HERE.parent / "benchmarks" / "bench_hf.py"
 SFT = HERE.parents[2] / "shared" / "workloads" / "sft-chat-200k.txt"
 
