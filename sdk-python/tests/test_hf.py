@@ -112,21 +112,17 @@ def test_cache_file_name_writes_the_same_rows_and_maps_them(tmp_path):
     path = tmp_path / "packed.arrow"
     on_disk = stowplan.hf.pack_dataset(ds, 512, position_ids=True, cache_file_name=path)
     assert table(on_disk) == table(in_memory) and on_disk.features == in_memory.features
+    assert on_disk._fingerprint == in_memory._fingerprint  # the plan's, not the file's
     assert [f["filename"] for f in on_disk.cache_files] == [str(path)]  # memory-mapped, not copied
-    assert not [p for p in tmp_path.iterdir() if p.name != "packed.arrow"]  # no temporary left
-    # The same packing again finds the file (same fingerprint) and does not write it again.
-    stamp = path.stat().st_mtime_ns
-    again = stowplan.hf.pack_dataset(ds, 512, position_ids=True, cache_file_name=path)
-    assert path.stat().st_mtime_ns == stamp and table(again) == table(in_memory)
-    # Other options: another fingerprint, so the file is replaced by the new rows.
-    other = stowplan.hf.pack_dataset(ds, 256, cache_file_name=path)
-    assert table(other) == table(stowplan.hf.pack_dataset(ds, 256))
-    # A file that is not ours (or is damaged) under that name is replaced, never read as rows.
-    # (A new file: truncating the one `other` maps would pull its pages away, a SIGBUS.)
-    expected = table(other)
+    assert [p.name for p in tmp_path.iterdir()] == ["packed.arrow"]  # no temporary left
+    # Every call writes the file anew (a new file: the old one's pages stay valid for `on_disk`).
     path.unlink()
     path.write_bytes(b"not an arrow stream")
-    assert table(stowplan.hf.pack_dataset(ds, 256, cache_file_name=str(path))) == expected
+    other = stowplan.hf.pack_dataset(ds, 256, cache_file_name=str(path))
+    assert table(other) == table(stowplan.hf.pack_dataset(ds, 256)) and table(on_disk) == table(in_memory)
+    # All sequences empty: an empty file of the packed schema.
+    empty = stowplan.hf.pack_dataset(dataset_of([0, 0]), 8, cache_file_name=tmp_path / "empty.arrow")
+    assert len(empty) == 0 and empty.column_names == ["input_ids", "labels", "seq_lengths"]
 
 
 def test_cache_file_name_of_a_dataset_dict_names_one_file_per_split(tmp_path):
@@ -138,17 +134,36 @@ def test_cache_file_name_of_a_dataset_dict_names_one_file_per_split(tmp_path):
     assert all(f.is_file() for f in files.values())
     with pytest.raises(stowplan.InvalidArgumentError, match=r"one path per split \['test', 'train'\]"):
         stowplan.hf.pack_dataset(dd, 8, cache_file_name=tmp_path / "one.arrow")
+    with pytest.raises(stowplan.InvalidArgumentError, match="gives splits 'train' and 'test' the same file"):
+        stowplan.hf.pack_dataset(dd, 8, cache_file_name={"train": tmp_path / "a.arrow", "test": str(tmp_path / "." / "a.arrow")})
+
+
+def test_writers_of_one_path_at_once_each_leave_it_whole(tmp_path):
+    from concurrent.futures import ThreadPoolExecutor
+
+    ds = dataset_of(np.random.default_rng(6).integers(0, 200, size=600))
+    path = tmp_path / "packed.arrow"
+    with ThreadPoolExecutor(4) as pool:
+        outs = list(pool.map(lambda _: stowplan.hf.pack_dataset(ds, 256, cache_file_name=path), range(4)))
+    expected = table(stowplan.hf.pack_dataset(ds, 256))
+    assert all(table(o) == expected for o in outs)
+    assert [p.name for p in tmp_path.iterdir()] == ["packed.arrow"]
 
 
 def test_a_failed_write_leaves_no_file(tmp_path, monkeypatch):
     ds = dataset_of([5, 2, 9, 4])
     path = tmp_path / "packed.arrow"
 
-    def broken(*args, **kwargs):
-        yield from ()
-        raise OSError("disk full")
+    def broken(*args):
+        packed, digest = stowplan.arrow._pack(*args)
 
-    monkeypatch.setattr(stowplan.hf, "_pack", lambda *a: (stowplan.arrow._pack(*a)[0], broken(), "x"))
+        def failing():
+            yield next(iter(packed))
+            raise OSError("disk full")
+
+        return pa.RecordBatchReader.from_batches(packed.schema, failing()), digest
+
+    monkeypatch.setattr(stowplan.hf, "_pack", broken)
     with pytest.raises(OSError, match="disk full"):
         stowplan.hf.pack_dataset(ds, 8, cache_file_name=path)
     assert list(tmp_path.iterdir()) == []
@@ -170,6 +185,7 @@ def test_a_failed_write_leaves_no_file(tmp_path, monkeypatch):
         (lambda ds: stowplan.hf.pack_dataset(ds, 8, columns=["input_ids"], cache_file_name=3), "cache_file_name must be a path (got int)"),
         (lambda ds: stowplan.hf.pack_dataset(ds, 8, columns=["input_ids"], cache_file_name=""), "cache_file_name must be a non-empty path"),
         (lambda ds: stowplan.hf.pack_dataset(ds, 8, columns=["input_ids"], cache_file_name="/"), "is a directory; name a file"),
+        (lambda ds: stowplan.hf.pack_dataset(ds, 8, columns=["input_ids"], cache_file_name="/no/such/dir/p.arrow"), "its directory does not exist"),
         (lambda ds: stowplan.hf.pack_dataset(ds, 8, scope="batch", cache_file_name="x"), "cache_file_name applies to a Dataset packed with scope='dataset'"),
         (lambda ds: stowplan.hf.pack_dataset(ds.to_iterable_dataset(), 8, cache_file_name="x"), "cache_file_name applies to a Dataset packed with scope='dataset'"),
     ],

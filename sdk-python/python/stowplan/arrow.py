@@ -114,8 +114,7 @@ def pack_table(
     not a list, a null row, list columns whose lengths differ, a sequence longer than
     ``2**32-1``, an output column name among the packed columns.
     """
-    schema, batches, _ = _pack(table, seq_length, strategy, overflow, columns, position_ids, backend)
-    return pa.Table.from_batches(list(batches), schema=schema)
+    return _pack(table, seq_length, strategy, overflow, columns, position_ids, backend)[0].read_all()
 
 
 def _pack(
@@ -126,10 +125,10 @@ def _pack(
     columns: Optional[Sequence[str]],
     position_ids: bool,
     backend: Optional[str],
-) -> Tuple[Any, Iterator[Any], str]:
-    """:func:`pack_table`'s schema, its record batches (assembled as they are taken, so that a
-    writer holds one at a time) and the sha256 of its plan and options (for fingerprints). The
-    arguments are checked and the plan made before it returns."""
+) -> Tuple[Any, str]:
+    """:func:`pack_table`'s rows as a ``RecordBatchReader`` (each batch assembled as it is
+    read, so that a writer holds one at a time) and the sha256 of its plan and options (for
+    fingerprints). The arguments are checked and the plan made before it returns."""
     if isinstance(table, pa.RecordBatch):
         table = pa.Table.from_batches([table])
     if not isinstance(table, pa.Table):
@@ -151,9 +150,8 @@ def _pack(
         digest.update(np.ascontiguousarray(a, dtype=np.int64).tobytes())
     values = {name: _Flat.of(pc.list_flatten(table.column(name))) for name in names}
     types = {name: table.schema.field(name).type for name in names}
-    schema = _packed_schema(types, position_ids)
-    batches = _assembled(values, types, starts, item_lengths, bin_offsets, position_ids, contiguous=strategy == "wrapped")
-    return schema, batches, digest.hexdigest()
+    packed = _assemble(values, types, starts, item_lengths, bin_offsets, position_ids, contiguous=strategy == "wrapped")
+    return packed, digest.hexdigest()
 
 
 def pack_batches(
@@ -303,7 +301,7 @@ def _emit(bins: List[List[int]], held: Dict[int, "_Held"], types: Dict[str, Any]
         if h.waiting == 0:
             del held[first]
     values = {name: _Flat.join(f) if f else _Flat([], types[name].value_type) for name, f in joined.items()}
-    return _assemble(values, types, starts, item_lengths, bin_offsets, position_ids, contiguous=False)
+    return _assemble(values, types, starts, item_lengths, bin_offsets, position_ids, contiguous=False).read_all()
 
 
 def _wrap_step(
@@ -329,14 +327,14 @@ def _wrap_step(
     starts, item_lengths, bin_offsets = _wrapped(pieces, seq_length)
     total = int(pieces.sum())
     if final or total % seq_length == 0:
-        return None, _assemble(values, types, starts, item_lengths, bin_offsets, position_ids, contiguous=True)
+        return None, _assemble(values, types, starts, item_lengths, bin_offsets, position_ids, contiguous=True).read_all()
     cut = total - total % seq_length
     rest = (
         {n: v.view(cut, total - cut) for n, v in values.items()},
         item_lengths[bin_offsets[-2] :].astype(np.int64),
     )
     full = bin_offsets[:-1]
-    return rest, _assemble(values, types, starts[: full[-1]], item_lengths[: full[-1]], full, position_ids, contiguous=True)
+    return rest, _assemble(values, types, starts[: full[-1]], item_lengths[: full[-1]], full, position_ids, contiguous=True).read_all()
 
 
 def _check_strategy(strategy: Any, overflow: Any) -> Tuple[str, Optional[str]]:
@@ -553,6 +551,13 @@ class _Flat:
         return pa.array(gathered, type=self.type)
 
 
+def _packed_schema(types: Dict[str, Any], position_ids: bool) -> Any:
+    """The packed table's schema: the packed columns, ``seq_lengths``, ``position_ids``."""
+    seq_type = pa.list_(pa.int32())
+    extra = [(SEQ_LENGTHS, seq_type)] + ([(POSITION_IDS, seq_type)] if position_ids else [])
+    return pa.schema(list(types.items()) + extra)
+
+
 def _assemble(
     values: Dict[str, "_Flat"],
     types: Dict[str, Any],
@@ -562,33 +567,27 @@ def _assemble(
     position_ids: bool,
     contiguous: bool,
 ) -> Any:
-    """The packed table: row r holds items bin_offsets[r]..bin_offsets[r+1] (an item is the
+    """The packed rows as a ``pyarrow.RecordBatchReader`` (``read_all()``: the table, one
+    chunk per batch): row r holds items bin_offsets[r]..bin_offsets[r+1] (an item is the
     ``item_lengths`` values from ``starts`` in every column's flat values, a :class:`_Flat`,
-    of list type ``types[name]``), one chunk per batch of :func:`_assembled`."""
-    batches = _assembled(values, types, starts, item_lengths, bin_offsets, position_ids, contiguous)
-    return pa.Table.from_batches(list(batches), schema=_packed_schema(types, position_ids))
+    of list type ``types[name]``), in batches of at most _CHUNK_TOKENS tokens (or one row),
+    each built when it is read."""
+    schema = _packed_schema(types, position_ids)
+    batches = _batches(values, types, schema, starts, item_lengths, bin_offsets, position_ids, contiguous)
+    return pa.RecordBatchReader.from_batches(schema, batches)
 
 
-def _packed_schema(types: Dict[str, Any], position_ids: bool) -> Any:
-    """The packed table's schema: the packed columns, ``seq_lengths``, ``position_ids``."""
-    seq_type = pa.list_(pa.int32())
-    extra = [(SEQ_LENGTHS, seq_type)] + ([(POSITION_IDS, seq_type)] if position_ids else [])
-    return pa.schema(list(types.items()) + extra)
-
-
-def _assembled(
+def _batches(
     values: Dict[str, "_Flat"],
     types: Dict[str, Any],
+    schema: Any,
     starts: np.ndarray,
     item_lengths: np.ndarray,
     bin_offsets: np.ndarray,
     position_ids: bool,
     contiguous: bool,
 ) -> Iterator[Any]:
-    """:func:`_assemble`'s rows as record batches of at most _CHUNK_TOKENS tokens (or one
-    row), each built when it is taken."""
     names = list(values)
-    schema = _packed_schema(types, position_ids)
     n_rows = bin_offsets.size - 1
     item_ends = np.concatenate(([0], np.cumsum(item_lengths))).astype(np.int64)
     row_tokens = item_ends[bin_offsets]  # tokens before each row, and the total

@@ -89,13 +89,15 @@ def pack_dataset(
     The input's format type is kept.
 
     ``cache_file_name`` (``scope="dataset"`` only; a path, or for a ``DatasetDict`` a dict of
-    one path per split): the packed rows are written there, one record batch at a time, as an
-    Arrow stream file (the format of datasets' cache files), and the result is memory-mapped
-    from it — so the packed copy is never held in memory (peak memory: the input, the plan and
-    one batch of at most 2**26 tokens). The file is written to a temporary name beside it,
-    flushed to disk and renamed, so it is whole or absent; its schema records the packed
-    dataset's fingerprint, and a re-run that finds the file with the same fingerprint maps it
-    without packing again (any other file of that name is replaced).
+    one path per split, each its own file): the packed rows are written there, one record
+    batch at a time, as an Arrow stream file (the format of datasets' cache files), and the
+    result is memory-mapped from it with the same fingerprint as in memory — so the packed
+    copy is never held in memory (peak memory: the input, the plan and one batch of at most
+    2**26 tokens). The file is written to a temporary file of a unique name beside it, flushed
+    to disk and renamed over it, so it is whole or absent; every call writes it anew (the plan
+    is made again anyway). Give each packing its own path: the dataset reads its rows from
+    that path, as datasets' own cache files are read, so a later write to the same path (a
+    re-run with other options) replaces what it reads after pickling.
 
     A ``datasets.IterableDataset`` (or ``IterableDatasetDict``) is streamed: the result is an
     ``IterableDataset`` whose iteration reads the input in Arrow batches and packs them with
@@ -161,17 +163,16 @@ def pack_dataset(
         if map_kwargs:
             raise InvalidArgumentError("map_kwargs applies to scope='batch' only; scope='dataset' makes one plan, not a map")
         table = source[:]  # the rows in the dataset's order (its indices mapping applied), zero-copy without one
-        schema, batches, digest = _pack(table, seq_length, strategy, overflow, names, position_ids, backend)
+        packed, digest = _pack(table, seq_length, strategy, overflow, names, position_ids, backend)
         fingerprint = hashlib.sha256(
             "\0".join(["stowplan.hf.pack_dataset", _stowplan.__version__, str(dataset._fingerprint), digest]).encode()
         ).hexdigest()[:16]
-        info = datasets.DatasetInfo(features=datasets.Features.from_arrow_schema(schema))
+        info = datasets.DatasetInfo(features=datasets.Features.from_arrow_schema(packed.schema))
         if cache_file_name is None:
-            packed = pa.Table.from_batches(list(batches), schema=schema)
-            out = datasets.Dataset(datasets.table.InMemoryTable(packed), info=info, split=dataset.split, fingerprint=fingerprint)
+            table = datasets.table.InMemoryTable(packed.read_all())
         else:
-            path = _write_packed(cache_file_name, schema, batches, fingerprint)
-            out = datasets.Dataset.from_file(path, info=info, split=dataset.split)
+            table = datasets.table.MemoryMappedTable.from_file(_write_packed(cache_file_name, packed))
+        out = datasets.Dataset(table, info=info, split=dataset.split, fingerprint=fingerprint)
     else:
         kept = names if names is not None else list(dataset.column_names)
         out = source.map(
@@ -196,25 +197,36 @@ def pack_dataset(
     return out.with_format(fmt.get("type"), columns=cols, output_all_columns=fmt.get("output_all_columns", False), **fmt.get("format_kwargs", {}))
 
 
-# The packed file's schema metadata key holding the packed dataset's fingerprint.
-_FINGERPRINT_KEY = b"stowplan.fingerprint"
-
-
 def _split_files(cache_file_name: Any, splits: List[str]) -> Dict[str, Any]:
     """A ``DatasetDict``'s ``cache_file_name``: None for every split, or one path per split."""
+    import os
+
     if cache_file_name is None:
         return {split: None for split in splits}
     if not isinstance(cache_file_name, dict) or sorted(cache_file_name) != sorted(splits):
         raise InvalidArgumentError(
             f"cache_file_name of a DatasetDict must be a dict with one path per split {sorted(splits)} (got {cache_file_name!r})"
         )
+    seen: Dict[str, str] = {}
+    for split in splits:
+        try:
+            real = os.path.realpath(os.fspath(cache_file_name[split]))
+        except TypeError:
+            continue  # named by _write_packed's check
+        if real in seen:
+            raise InvalidArgumentError(
+                f"cache_file_name gives splits {seen[real]!r} and {split!r} the same file {real!r}: one file per split"
+            )
+        seen[real] = split
     return cache_file_name
 
 
-def _write_packed(cache_file_name: Any, schema: Any, batches: Iterator[Any], fingerprint: str) -> str:
-    """Writes the packed batches to ``cache_file_name`` (an Arrow stream whose schema records
-    ``fingerprint``) atomically, unless that file already holds them; returns its path."""
+def _write_packed(cache_file_name: Any, packed: Any) -> str:
+    """Writes the packed batches (a ``RecordBatchReader``) to ``cache_file_name`` as an Arrow
+    stream, atomically: a temporary file of a unique name beside it, fsynced, renamed over it,
+    the directory fsynced. Returns the absolute path."""
     import os
+    import tempfile
 
     try:
         path = os.fspath(cache_file_name)
@@ -223,38 +235,28 @@ def _write_packed(cache_file_name: Any, schema: Any, batches: Iterator[Any], fin
     if not isinstance(path, str) or not path:
         raise InvalidArgumentError(f"cache_file_name must be a non-empty path (got {cache_file_name!r})")
     path = os.path.abspath(path)
+    directory = os.path.dirname(path)
     if os.path.isdir(path):
         raise InvalidArgumentError(f"cache_file_name {path!r} is a directory; name a file")
+    if not os.path.isdir(directory):
+        raise InvalidArgumentError(f"cache_file_name {path!r}: its directory does not exist")
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=os.path.basename(path) + ".", suffix=".tmp")
     try:
-        with pa.memory_map(path) as f:
-            found = pa.ipc.open_stream(f).schema.metadata or {}
-        if found.get(_FINGERPRINT_KEY) == fingerprint.encode():
-            return path
-    except (OSError, pa.ArrowInvalid):
-        pass  # absent, or not a packed file of ours: (re)written below
-    tmp = f"{path}.{os.getpid()}.tmp"
-    schema = schema.with_metadata({_FINGERPRINT_KEY: fingerprint.encode()})
-    try:
-        with pa.OSFile(tmp, "wb") as sink:
-            with pa.ipc.new_stream(sink, schema) as writer:
-                for batch in batches:
+        with os.fdopen(fd, "wb") as sink:
+            with pa.ipc.new_stream(sink, packed.schema) as writer:
+                for batch in packed:
                     writer.write_batch(batch)
             sink.flush()
-        fd = os.open(tmp, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+            os.fsync(sink.fileno())
         os.replace(tmp, path)
-        fd = os.open(os.path.dirname(path), os.O_RDONLY)
-        try:
-            os.fsync(fd)  # the rename itself
-        finally:
-            os.close(fd)
     except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+        os.remove(tmp)
         raise
+    dir_fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)  # the rename itself
+    finally:
+        os.close(dir_fd)
     return path
 
 

@@ -688,6 +688,6 @@ def _assembler(ref: Any, names: List[str], position_ids: bool) -> Callable[[Any]
         offsets = plan["bin_offsets"][b0 : b1 + 1] - i0
         values = {name: _Flat.of(pc.list_flatten(group.column(name))) for name in names}
         types = {name: group.schema.field(name).type for name in names}
-        return _assemble(values, types, local, plan["item_len"][i0:i1], offsets, position_ids, contiguous=False)
+        return _assemble(values, types, local, plan["item_len"][i0:i1], offsets, position_ids, contiguous=False).read_all()
 
     return assemble

@@ -150,7 +150,7 @@ def _pack_direct(dataset: Any, seq_length: int, strategy: str, batch_size: Optio
         bin_offsets, contiguous = np.concatenate(([0], np.cumsum(bin_sizes, dtype=np.int64))), False
     values = {name: _Flat.of(pc.list_flatten(c)) for name, c in zip(names, columns)}
     types = {name: c.type for name, c in zip(names, columns)}
-    packed = _assemble(values, types, starts, item_lengths, bin_offsets, position_ids=False, contiguous=contiguous)
+    packed = _assemble(values, types, starts, item_lengths, bin_offsets, position_ids=False, contiguous=contiguous).read_all()
     if strategy == "wrapped":
         packed = packed.drop_columns([_SEQ_LENGTHS])
     elif pa.types.is_large_list(columns[0].type):  # TRL's seq_lengths are list_value_length's type
