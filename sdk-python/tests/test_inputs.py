@@ -162,6 +162,8 @@ REFUSED = [
     (lambda: stowplan.materialize(7, capacity=8), "samples must be an iterable of mappings or objects"),
     (lambda: stowplan.materialize([SAMPLE] * 2, capacity=8, cp=2).ranks[0][0].cp_view(1.0), "rank must be an integer in 0..=1 (got 1.0)"),
     (lambda: stowplan.Packer(seq_len=16.0, dp=1), "seq_len must be an integer in 1..=2**64-1 (got 16.0)"),
+    (lambda: stowplan.Packer(seq_len=16, dp=1, state=b""), "state is not an option of Packer: restore a checkpoint with Packer.restore"),
+    (lambda: stowplan.Packer.restore(b"", [], seq_len=16, dp=1, batches=[]), "batches is not an option of Packer"),
     (lambda: _packer().add_run(1.0, batch_size=2), "run must be an integer in 0..=2**32-1 (got 1.0)"),
     (lambda: _packer().add_run(1, batch_size=True), "batch_size must be an integer in 1..=2**64-1 (got True)"),
     (lambda: _packer().delivered(0.0), "step must be an integer in 0..=2**64-1 (got 0.0)"),

@@ -172,6 +172,12 @@ def _check_timeout(name: str, value: Optional[float]) -> None:
         raise _invalid(f"{name} must be None or a number of seconds ≥ 0 (got {value!r})")
 
 
+def _no_state(options: Dict[str, Any]) -> None:
+    for name in ("state", "batches"):
+        if name in options:
+            raise _invalid(f"{name} is not an option of Packer: restore a checkpoint with Packer.restore(state, batches, **options)")
+
+
 class Packer:
     """The packer runtime in process: per-run buffers, a token threshold with a wait timeout,
     round-robin selection across runs, per-run progress, packing, balancing and
@@ -199,6 +205,7 @@ class Packer:
         # The options are the native packer's, named once in _stowplan.pyi (Packer); a None
         # option is the host's default (stowplan::PackerOptions::new), the one `stowplan serve`
         # uses.
+        _no_state(options)
         self._inner = _stowplan.Packer(seq_len, dp, **options)
 
     def add_run(self, run: int, *, batch_size: int) -> None:
@@ -267,10 +274,13 @@ class Packer:
         return self._inner.needed_batches()
 
     @classmethod
-    def restore(cls, state: bytes, batches: Sequence["TrainingBatch | bytes"], **options: Any) -> "Packer":
+    def restore(cls, state: bytes, batches: Sequence["TrainingBatch | bytes"], /, **options: Any) -> "Packer":
         """A packer from :meth:`state` and the batches it names, with the same options."""
         encoded = [b if isinstance(b, bytes) else b.encode() for b in batches]
-        return cls(**options, state=bytes(state), batches=encoded)
+        _no_state(options)
+        packer = cls.__new__(cls)
+        packer._inner = _stowplan.Packer(**options, state=bytes(state), batches=encoded)
+        return packer
 
     def rebuild_inflight(self) -> Optional[List[RankBatch]]:
         """After :meth:`restore`: the step that was in flight, byte for byte as before."""
