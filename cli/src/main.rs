@@ -6,6 +6,7 @@
 //! One file per command: each parses its options, calls the library, and prints a typed
 //! report — as JSON with `--json` (its `Serialize`), else for people (its `Display`).
 
+mod arrow;
 mod balance;
 mod common;
 mod failure;

@@ -17,17 +17,20 @@ use crate::limits::{Limits, parse_limit, read_rows, split_rows};
 #[derive(clap::Args, Debug)]
 pub struct Args {
     /// The dataset's sample lengths: one integer per line or a JSON array (or, with
-    /// --column, a column of a tab/comma/space separated file); `-` reads standard input.
-    /// Without it the built-in workload (4,096 RL rollout lengths) is used.
+    /// --column, a column of a tab/comma/space separated file, or of an Arrow IPC file such as
+    /// a `datasets` cache file); `-` reads standard input. Without it the built-in workload
+    /// (4,096 RL rollout lengths) is used.
     #[arg(long)]
     lengths: Option<PathBuf>,
     /// The most input read.
     #[command(flatten)]
     limit: InputLimit,
-    /// Read lengths from this 1-based column of a delimited text file (a non-numeric first
-    /// line is a header).
+    /// Read lengths from this column: of a delimited text file, its 1-based number (a
+    /// non-numeric first line is a header); of an Arrow IPC file (file or stream, recognized by
+    /// its first bytes), its name: a list column gives each row's length (e.g. input_ids), an
+    /// integer column the lengths themselves (a build with the `arrow` feature).
     #[arg(long)]
-    column: Option<usize>,
+    column: Option<String>,
     /// The hard cap of a multi-sample pack, tokens (≥ 1).
     #[arg(long)]
     packing_length: u64,
@@ -159,19 +162,35 @@ struct Report<'a> {
 /// Runs `stowplan plan`.
 pub fn run(a: Args) -> Result<(), Failure> {
     let t0 = Instant::now();
-    let text = match &a.lengths {
-        Some(path) => read_path(path, a.limit)?,
-        None => Text::builtin(&WORKLOADS[0]),
-    };
-    let source = text.source.clone();
     let limited = !a.limits.is_empty() || a.max_segments > 0;
     if a.method.is_some() && !limited {
         return Err(Failure::bad(
             "--method applies with --limit or --max-segments; a plan of tokens only is best-fit decreasing (seed 002)",
         ));
     }
+    let arrow = match &a.lengths {
+        Some(path) => crate::arrow::sniff(path)?.map(|format| (path, format)),
+        None => None,
+    };
+    let text = match (&a.lengths, arrow) {
+        (Some(_), Some(_)) => Text { text: String::new(), source: String::new() },
+        (Some(path), None) => read_path(path, a.limit)?,
+        (None, _) => Text::builtin(&WORKLOADS[0]),
+    };
+    let source = match (arrow, &a.column) {
+        (Some((path, _)), Some(name)) => format!("{} (column {name})", path.display()),
+        _ => text.source.clone(),
+    };
+    let column = match (&a.column, arrow) {
+        (Some(c), None) => Some(c.parse::<usize>().ok().filter(|&c| c >= 1).ok_or_else(|| {
+            Failure::bad(format!(
+                "--column {c:?}: a text file's column is its 1-based number (a column name needs an Arrow IPC file)"
+            ))
+        })?),
+        _ => None,
+    };
     let parse = |text: &str| {
-        match a.column {
+        match column {
             Some(c) => stowplan::input::parse_column(text, c),
             None => stowplan::input::parse_lengths(text),
         }
@@ -179,20 +198,35 @@ pub fn run(a: Args) -> Result<(), Failure> {
     };
     let mut cache = None;
     let mut extra = Vec::new();
-    let lengths = match &a.cache_dir {
-        None if !a.limits.is_empty() => {
+    let lengths = match (&a.cache_dir, arrow) {
+        (_, Some((path, format))) => {
+            let name = a.column.as_deref().ok_or_else(|| {
+                Failure::bad(format!(
+                    "{} is an Arrow IPC {format}: name the column of token ids (or of lengths) with --column, e.g. --column input_ids",
+                    path.display()
+                ))
+            })?;
+            if !a.limits.is_empty() || a.cache_dir.is_some() {
+                return Err(Failure::bad(
+                    "--limit and --cache-dir read text (a table of sizes; lengths computed once): an Arrow IPC file \
+                     gives its token lengths directly, from --column",
+                ));
+            }
+            crate::arrow::lengths(path, format, name)?
+        }
+        (None, None) if !a.limits.is_empty() => {
             // A table: tokens, then one column per limit.
             let (_, rows) = read_rows(&text, &a.limits)?;
             let tokens;
             (tokens, extra) = split_rows(&rows, a.limits.len() + 1);
             tokens
         }
-        None => parse(&text.text)?,
-        Some(dir) => {
+        (None, None) => parse(&text.text)?,
+        (Some(dir), None) => {
             // The dataset identity: the content hash (the same data under another path is the
             // same dataset) and how lengths are read from it.
             let identity = format!("sha256:{}", stowplan::sha256_hex(text.text.as_bytes()));
-            let config = serde_json::json!({"column": a.column, "reader": "stowplan-cli"});
+            let config = serde_json::json!({"column": column, "reader": "stowplan-cli"});
             let samples = parse(&text.text)?;
             let mut c = LengthCache::open(dir, &identity, samples.len(), &config, None)?;
             let reused = c.known();

@@ -138,6 +138,30 @@ def test_cache_file_name_of_a_dataset_dict_names_one_file_per_split(tmp_path):
         stowplan.hf.pack_dataset(dd, 8, cache_file_name={"train": tmp_path / "a.arrow", "test": str(tmp_path / "." / "a.arrow")})
 
 
+def test_the_cli_plans_from_a_datasets_cache_file(tmp_path):
+    """`stowplan plan --lengths CACHE_FILE --column input_ids` reads the Arrow stream file
+    `datasets` wrote (no Python in the CLI) and makes the SDK's plan of the same lengths."""
+    import subprocess
+
+    cli = os.environ.get("STOWPLAN_BIN")
+    if not cli:
+        pytest.skip("STOWPLAN_BIN is not set (a stowplan binary built with the arrow feature)")
+    lengths = np.random.default_rng(8).integers(1, 400, size=700)
+    cache = tmp_path / "tokenized.arrow"
+    dataset_of(lengths).map(lambda batch: batch, batched=True, cache_file_name=str(cache))
+    out = subprocess.run(
+        [cli, "plan", "--lengths", str(cache), "--column", "input_ids", "--packing-length", "1024", "--world-size", "4", "--json"],
+        capture_output=True, text=True, timeout=120,
+    )
+    if "built without Arrow support" in out.stderr:
+        pytest.skip("the stowplan binary was built without the arrow feature")
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)
+    plan = stowplan.StaticPackPlan.from_lengths(lengths, packing_length=1024, world_size=4)
+    assert report["samples"] == 700
+    assert (report["raw_checksum"], report["aligned_checksum"]) == (plan.raw_checksum, plan.aligned_checksum)
+
+
 def test_writers_of_one_path_at_once_each_leave_it_whole(tmp_path):
     from concurrent.futures import ThreadPoolExecutor
 

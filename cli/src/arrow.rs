@@ -1,0 +1,253 @@
+//! Lengths from an Arrow IPC file (`stowplan plan --lengths FILE --column NAME`), the format
+//! of `datasets`' cache files and of `pyarrow.ipc` (file or stream): a list column's row
+//! lengths (read from its offsets, no value touched), or an integer column's values. Read
+//! record batch by record batch, only the named column (the `arrow` feature; a build without
+//! it recognizes the file and says how to get one).
+
+use std::fmt;
+use std::fs::File;
+use std::io::Read;
+use std::path::Path;
+
+use crate::failure::Failure;
+
+/// The two Arrow IPC layouts.
+#[derive(Clone, Copy, Debug)]
+pub enum Format {
+    /// The random-access file (`ARROW1` magic, a footer).
+    File,
+    /// The stream (what `datasets` writes for its cache files).
+    Stream,
+}
+
+impl fmt::Display for Format {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Format::File => "file",
+            Format::Stream => "stream",
+        })
+    }
+}
+
+/// The Arrow IPC format of `path` by its first bytes, or `None` for anything else (text).
+pub fn sniff(path: &Path) -> Result<Option<Format>, Failure> {
+    // Only a regular file: a pipe or a device (`-`, /dev/stdin) would lose what is read here.
+    if path.as_os_str() == "-" || !std::fs::metadata(path).is_ok_and(|m| m.is_file()) {
+        return Ok(None);
+    }
+    let mut head = [0u8; 8];
+    let mut n = 0;
+    let mut file = File::open(path).map_err(|e| Failure::bad(format!("reading {}: {e}", path.display())))?;
+    while n < head.len() {
+        match file.read(&mut head[n..]) {
+            Ok(0) => break,
+            Ok(k) => n += k,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(Failure::bad(format!("reading {}: {e}", path.display()))),
+        }
+    }
+    Ok(if head[..n].starts_with(b"ARROW1") {
+        Some(Format::File)
+    } else if n == head.len() && head[..4] == [0xff; 4] {
+        Some(Format::Stream) // the continuation marker before the schema message
+    } else {
+        None
+    })
+}
+
+/// The lengths of `column` in the Arrow IPC file at `path`.
+#[cfg(not(feature = "arrow"))]
+pub fn lengths(path: &Path, format: Format, _column: &str) -> Result<Vec<u64>, Failure> {
+    Err(Failure::bad(format!(
+        "{} is an Arrow IPC {format}: this stowplan was built without Arrow support; build it with \
+         `cargo build --release -p stowplan-cli --features arrow`",
+        path.display()
+    )))
+}
+
+/// The lengths of `column` in the Arrow IPC file at `path`: per row, a list's length (list,
+/// large list or fixed-size list of anything) or an integer's value. Errors name the file,
+/// the column and, for a null or negative value, the row.
+///
+/// The file is memory-mapped and decoded without copies (as `pyarrow.memory_map` reads it):
+/// of a file layout only the column is decoded, so the pages read are its offsets (a list) or
+/// values (integers), not the token ids; a stream's record batches are decoded whole, still
+/// without copying values. A file that is not well-formed is refused, also where the reader
+/// would panic on it.
+#[cfg(feature = "arrow")]
+pub fn lengths(path: &Path, format: Format, column: &str) -> Result<Vec<u64>, Failure> {
+    let shown = path.display();
+    let file = File::open(path).map_err(|e| Failure::bad(format!("reading {shown}: {e}")))?;
+    // SAFETY: the map is read only; as with any memory-mapped reader (pyarrow's too), the
+    // file must not be truncated while stowplan reads it.
+    #[allow(unsafe_code)]
+    let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| Failure::bad(format!("reading {shown}: {e}")))?;
+    let buffer = arrow_buffer::Buffer::from(bytes::Bytes::from_owner(map));
+    let quiet = std::panic::take_hook();
+    std::panic::set_hook(Box::new(|_| {}));
+    let read = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| decode(&buffer, format, column)));
+    std::panic::set_hook(quiet);
+    let out = match read {
+        Ok(Ok(out)) => out,
+        Ok(Err(Refusal::Arrow(e))) => {
+            return Err(Failure::bad(format!("{shown}: not a readable Arrow IPC {format}: {e}")));
+        }
+        Ok(Err(Refusal::Other(what))) => return Err(Failure::bad(format!("{shown}: {what}"))),
+        Err(_) => {
+            return Err(Failure::bad(format!("{shown}: not a readable Arrow IPC {format} (its reader failed on it)")));
+        }
+    };
+    tracing::debug!(n = out.len(), source = %shown, column, "read lengths from Arrow");
+    Ok(out)
+}
+
+/// Why [`decode`] refused a file.
+#[cfg(feature = "arrow")]
+enum Refusal {
+    /// The Arrow reader's error.
+    Arrow(arrow_schema::ArrowError),
+    /// Ours, already worded.
+    Other(String),
+}
+
+#[cfg(feature = "arrow")]
+impl From<arrow_schema::ArrowError> for Refusal {
+    fn from(e: arrow_schema::ArrowError) -> Self {
+        Refusal::Arrow(e)
+    }
+}
+
+/// [`lengths`] of the mapped file `buffer`.
+#[cfg(feature = "arrow")]
+fn decode(buffer: &arrow_buffer::Buffer, format: Format, column: &str) -> Result<Vec<u64>, Refusal> {
+    use std::sync::Arc;
+
+    use arrow_ipc::reader::{FileDecoder, StreamDecoder, read_footer_length};
+    use arrow_schema::{ArrowError, Schema};
+
+    let index = |schema: &Schema| {
+        let i = schema.index_of(column).map_err(|_| {
+            let names: Vec<&str> = schema.fields().iter().map(|f| f.name().as_str()).collect();
+            Refusal::Other(format!("no column {column:?} (columns: {names:?})"))
+        })?;
+        let t = schema.field(i).data_type();
+        if !readable(t) {
+            return Err(Refusal::Other(format!(
+                "column {column:?} has type {t}: give a list column (e.g. token ids) or an integer column of lengths"
+            )));
+        }
+        Ok(i)
+    };
+    let mut out = Vec::new();
+    let mut take = |array: &dyn arrow_array::Array| {
+        let row0 = out.len();
+        column_lengths(array, &mut out)
+            .map_err(|(row, what)| Refusal::Other(format!("column {column:?}, row {}: {what}", row0 + row)))
+    };
+    let bad = |what: &str| Refusal::Arrow(ArrowError::ParseError(what.to_string()));
+    match format {
+        Format::File => {
+            let n = buffer.len();
+            let trailer: [u8; 10] =
+                buffer.get(n.saturating_sub(10)..).and_then(|t| t.try_into().ok()).ok_or_else(|| bad("too short"))?;
+            let footer_len = read_footer_length(trailer)?;
+            let footer_at = n.checked_sub(10 + footer_len).ok_or_else(|| bad("the footer length is past the start"))?;
+            let footer = arrow_ipc::root_as_footer(&buffer[footer_at..n - 10])
+                .map_err(|e| bad(&format!("unable to read the footer: {e}")))?;
+            let schema =
+                arrow_ipc::convert::fb_to_schema(footer.schema().ok_or_else(|| bad("the footer has no schema"))?);
+            let i = index(&schema)?;
+            let mut decoder = FileDecoder::new(Arc::new(schema), footer.version()).with_projection(vec![i]);
+            // Each block's bytes, within the file.
+            let block = |b: &arrow_ipc::Block| {
+                let (at, meta, body) =
+                    (usize::try_from(b.offset()), usize::try_from(b.metaDataLength()), usize::try_from(b.bodyLength()));
+                match (at, meta, body) {
+                    (Ok(at), Ok(meta), Ok(body))
+                        if at.checked_add(meta).and_then(|e| e.checked_add(body)).is_some_and(|e| e <= n) =>
+                    {
+                        Ok(buffer.slice_with_length(at, meta + body))
+                    }
+                    _ => Err(bad("a block lies outside the file")),
+                }
+            };
+            for b in footer.dictionaries().iter().flatten() {
+                decoder.read_dictionary(b, &block(b)?)?;
+            }
+            for b in footer.recordBatches().iter().flatten() {
+                if let Some(batch) = decoder.read_record_batch(b, &block(b)?)? {
+                    take(batch.column(0).as_ref())?;
+                }
+            }
+        }
+        Format::Stream => {
+            let mut decoder = StreamDecoder::new();
+            let mut rest = buffer.clone();
+            let mut i = None;
+            while !rest.is_empty() {
+                let before = rest.len();
+                let batch = decoder.decode(&mut rest)?;
+                if i.is_none() {
+                    if let Some(schema) = decoder.schema() {
+                        i = Some(index(&schema)?);
+                    }
+                }
+                if let (Some(batch), Some(i)) = (batch, i) {
+                    take(batch.column(i).as_ref())?;
+                }
+                if rest.len() == before {
+                    return Err(bad("the stream makes no progress"));
+                }
+            }
+            decoder.finish()?;
+            if i.is_none() {
+                return Err(bad("the stream has no schema"));
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Whether [`column_lengths`] reads a column of type `t`.
+#[cfg(feature = "arrow")]
+fn readable(t: &arrow_schema::DataType) -> bool {
+    use arrow_schema::DataType;
+    matches!(t, DataType::List(_) | DataType::LargeList(_) | DataType::FixedSizeList(..)) || t.is_integer()
+}
+
+/// Appends each row's length of `array` (of a [`readable`] type) to `out`; an error is (row
+/// in `array`, what).
+#[cfg(feature = "arrow")]
+fn column_lengths(array: &dyn arrow_array::Array, out: &mut Vec<u64>) -> Result<(), (usize, String)> {
+    use arrow_array::cast::AsArray;
+    use arrow_array::types::{
+        Int8Type, Int16Type, Int32Type, Int64Type, UInt8Type, UInt16Type, UInt32Type, UInt64Type,
+    };
+    use arrow_schema::DataType;
+
+    if let Some(row) = (0..array.len()).find(|&r| array.is_null(r)) {
+        return Err((row, "null (every row needs a length)".into()));
+    }
+    macro_rules! integers {
+        ($t:ty) => {{
+            for (row, &v) in array.as_primitive::<$t>().values().iter().enumerate() {
+                out.push(u64::try_from(v).map_err(|_| (row, format!("the length {v} is negative")))?);
+            }
+        }};
+    }
+    match array.data_type() {
+        DataType::List(_) => out.extend(array.as_list::<i32>().offsets().lengths().map(|n| n as u64)),
+        DataType::LargeList(_) => out.extend(array.as_list::<i64>().offsets().lengths().map(|n| n as u64)),
+        DataType::FixedSizeList(_, n) => out.extend(std::iter::repeat_n(*n as u64, array.len())),
+        DataType::Int8 => integers!(Int8Type),
+        DataType::Int16 => integers!(Int16Type),
+        DataType::Int32 => integers!(Int32Type),
+        DataType::Int64 => integers!(Int64Type),
+        DataType::UInt8 => integers!(UInt8Type),
+        DataType::UInt16 => integers!(UInt16Type),
+        DataType::UInt32 => integers!(UInt32Type),
+        DataType::UInt64 => integers!(UInt64Type),
+        other => return Err((0, format!("its type {other} holds no lengths"))), // readable() refused it before
+    }
+    Ok(())
+}
