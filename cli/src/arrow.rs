@@ -69,11 +69,12 @@ pub fn lengths(path: &Path, format: Format, _column: &str) -> Result<Vec<u64>, F
 /// large list or fixed-size list of anything) or an integer's value. Errors name the file,
 /// the column and, for a null or negative value, the row.
 ///
-/// The file is memory-mapped and decoded without copies (as `pyarrow.memory_map` reads it):
-/// of a file layout only the column is decoded, so the pages read are its offsets (a list) or
-/// values (integers), not the token ids; a stream's record batches are decoded whole, still
-/// without copying values. A file that is not well-formed is refused, also where the reader
-/// would panic on it.
+/// The file is memory-mapped and only the column is decoded, without copies (as
+/// `pyarrow.memory_map` reads it): the pages read are its offsets (a list) or values
+/// (integers), not the token ids nor the other columns. A stream must end with its
+/// end-of-stream marker (a stream cut between two messages would otherwise read as fewer
+/// rows). A file that is not well-formed is refused, also where the reader would panic on it;
+/// compressed buffers (lz4, zstd) are refused as unsupported.
 #[cfg(feature = "arrow")]
 pub fn lengths(path: &Path, format: Format, column: &str) -> Result<Vec<u64>, Failure> {
     let shown = path.display();
@@ -93,8 +94,13 @@ pub fn lengths(path: &Path, format: Format, column: &str) -> Result<Vec<u64>, Fa
             return Err(Failure::bad(format!("{shown}: not a readable Arrow IPC {format}: {e}")));
         }
         Ok(Err(Refusal::Other(what))) => return Err(Failure::bad(format!("{shown}: {what}"))),
-        Err(_) => {
-            return Err(Failure::bad(format!("{shown}: not a readable Arrow IPC {format} (its reader failed on it)")));
+        Err(panic) => {
+            let why =
+                panic.downcast_ref::<&str>().map(|s| s.to_string()).or_else(|| panic.downcast_ref::<String>().cloned());
+            return Err(Failure::bad(format!(
+                "{shown}: not a readable Arrow IPC {format} (its reader failed on it: {})",
+                why.unwrap_or_else(|| "no message".into())
+            )));
         }
     };
     tracing::debug!(n = out.len(), source = %shown, column, "read lengths from Arrow");
@@ -122,7 +128,8 @@ impl From<arrow_schema::ArrowError> for Refusal {
 fn decode(buffer: &arrow_buffer::Buffer, format: Format, column: &str) -> Result<Vec<u64>, Refusal> {
     use std::sync::Arc;
 
-    use arrow_ipc::reader::{FileDecoder, StreamDecoder, read_footer_length};
+    use arrow_ipc::MessageHeader;
+    use arrow_ipc::reader::{FileDecoder, read_footer_length};
     use arrow_schema::{ArrowError, Schema};
 
     let index = |schema: &Schema| {
@@ -142,7 +149,7 @@ fn decode(buffer: &arrow_buffer::Buffer, format: Format, column: &str) -> Result
     let mut take = |array: &dyn arrow_array::Array| {
         let row0 = out.len();
         column_lengths(array, &mut out)
-            .map_err(|(row, what)| Refusal::Other(format!("column {column:?}, row {}: {what}", row0 + row)))
+            .map_err(|(row, what)| Refusal::Other(format!("column {column:?}, row {} (from 0): {what}", row0 + row)))
     };
     let bad = |what: &str| Refusal::Arrow(ArrowError::ParseError(what.to_string()));
     match format {
@@ -181,26 +188,60 @@ fn decode(buffer: &arrow_buffer::Buffer, format: Format, column: &str) -> Result
             }
         }
         Format::Stream => {
-            let mut decoder = StreamDecoder::new();
-            let mut rest = buffer.clone();
-            let mut i = None;
-            while !rest.is_empty() {
-                let before = rest.len();
-                let batch = decoder.decode(&mut rest)?;
-                if i.is_none() {
-                    if let Some(schema) = decoder.schema() {
-                        i = Some(index(&schema)?);
+            // The stream's messages walked here (each a length-prefixed flatbuffer and a body)
+            // and decoded like a file's blocks, so that only the column is decoded.
+            let n = buffer.len();
+            let word = |at: usize| -> Option<i32> {
+                Some(i32::from_le_bytes(buffer.get(at..at.checked_add(4)?)?.try_into().ok()?))
+            };
+            let mut decoder: Option<FileDecoder> = None;
+            let mut at = 0;
+            loop {
+                let first =
+                    word(at).ok_or_else(|| bad("the stream ends without its end-of-stream marker (cut short?)"))?;
+                let (prefix, meta) = if first == -1 {
+                    (8, word(at + 4).ok_or_else(|| bad("the stream is cut inside a message"))?)
+                } else {
+                    (4, first) // the format before Arrow 0.15: no continuation marker
+                };
+                if meta == 0 {
+                    break; // the end-of-stream marker
+                }
+                let meta = usize::try_from(meta).map_err(|_| bad("a message has a negative length"))?;
+                let head_end = (at + prefix)
+                    .checked_add(meta)
+                    .filter(|&e| e <= n)
+                    .ok_or_else(|| bad("a message lies outside the file"))?;
+                let message = arrow_ipc::root_as_message(&buffer[at + prefix..head_end])
+                    .map_err(|e| bad(&format!("unable to read a message: {e}")))?;
+                let body =
+                    usize::try_from(message.bodyLength()).map_err(|_| bad("a message has a negative body length"))?;
+                let end = head_end
+                    .checked_add(body)
+                    .filter(|&e| e <= n)
+                    .ok_or_else(|| bad("a message's body lies outside the file"))?;
+                let block = arrow_ipc::Block::new(at as i64, (prefix + meta) as i32, body as i64);
+                let data = buffer.slice_with_length(at, end - at);
+                match (message.header_type(), decoder.as_mut()) {
+                    (MessageHeader::Schema, None) => {
+                        let fb = message.header_as_schema().ok_or_else(|| bad("an empty schema"))?;
+                        let schema = arrow_ipc::convert::fb_to_schema(fb);
+                        let i = index(&schema)?;
+                        decoder = Some(FileDecoder::new(Arc::new(schema), message.version()).with_projection(vec![i]));
                     }
+                    (MessageHeader::Schema, Some(_)) => return Err(bad("a second schema in the stream")),
+                    (_, None) => return Err(bad("a message before the schema")),
+                    (MessageHeader::DictionaryBatch, Some(d)) => d.read_dictionary(&block, &data)?,
+                    (MessageHeader::RecordBatch, Some(d)) => {
+                        if let Some(batch) = d.read_record_batch(&block, &data)? {
+                            take(batch.column(0).as_ref())?;
+                        }
+                    }
+                    (other, Some(_)) => return Err(bad(&format!("an unexpected {other:?} message"))),
                 }
-                if let (Some(batch), Some(i)) = (batch, i) {
-                    take(batch.column(i).as_ref())?;
-                }
-                if rest.len() == before {
-                    return Err(bad("the stream makes no progress"));
-                }
+                at = end;
             }
-            decoder.finish()?;
-            if i.is_none() {
+            if decoder.is_none() {
                 return Err(bad("the stream has no schema"));
             }
         }

@@ -44,6 +44,12 @@ impl InputLimit {
                 self.max_input_mib
             )));
         }
+        if bytes.starts_with(b"ARROW1") || bytes.starts_with(&[0xff; 4]) {
+            return Err(Failure::bad(format!(
+                "{what} holds Arrow IPC data: `stowplan plan` reads it from a file path (--lengths FILE --column NAME), \
+                 not from a pipe"
+            )));
+        }
         String::from_utf8(bytes).map_err(|e| Failure::bad(format!("reading {what}: not UTF-8 text ({e})")))
     }
 }

@@ -28,7 +28,8 @@ pub struct Args {
     /// Read lengths from this column: of a delimited text file, its 1-based number (a
     /// non-numeric first line is a header); of an Arrow IPC file (file or stream, recognized by
     /// its first bytes), its name: a list column gives each row's length (e.g. input_ids), an
-    /// integer column the lengths themselves (a build with the `arrow` feature).
+    /// integer column the lengths themselves (a build with the `arrow` feature; the file is
+    /// memory-mapped, so --max-input-mib does not apply).
     #[arg(long)]
     column: Option<String>,
     /// The hard cap of a multi-sample pack, tokens (≥ 1).

@@ -141,8 +141,8 @@ mod with_arrow {
                 &["--column", "text"],
                 "column \"text\" has type Utf8: give a list column (e.g. token ids) or an integer column",
             ),
-            (&["--column", "input_ids"], "column \"input_ids\", row 3: null (every row needs a length)"),
-            (&["--column", "n"], "column \"n\", row 3: the length -4 is negative"),
+            (&["--column", "input_ids"], "column \"input_ids\", row 3 (from 0): null (every row needs a length)"),
+            (&["--column", "n"], "column \"n\", row 3 (from 0): the length -4 is negative"),
             (&["--column", "n", "--cache-dir", "/tmp"], "an Arrow IPC file gives its token lengths directly"),
         ];
         for (args, want) in cases {
@@ -187,6 +187,27 @@ mod with_arrow {
                 assert!(matches!(out.status.code(), Some(0 | 2)), "{:?}: {}", out.status, stderr(&out));
             }
         }
+        // A stream cut between two messages (here: its end-of-stream marker) is refused, not
+        // read as fewer rows.
+        let stream = dir.join("whole.stream");
+        write(&stream, true, &[batch(&[Some(3), Some(2)], &[3, 2]), batch(&[Some(1)], &[1])]);
+        let bytes = std::fs::read(&stream).unwrap();
+        std::fs::write(&cut, &bytes[..bytes.len() - 8]).unwrap();
+        let out = plan_json(&cut, &["--column", "n"]);
+        assert_eq!(out.status.code(), Some(2));
+        assert!(stderr(&out).contains("ends without its end-of-stream marker"), "{}", stderr(&out));
+        // Arrow data piped on standard input: said so, with the way that works.
+        let piped = Command::new(env!("CARGO_BIN_EXE_stowplan"))
+            .args(["plan", "--packing-length", "64", "--lengths", "-", "--column", "n"])
+            .stdin(std::fs::File::open(&stream).unwrap())
+            .output()
+            .unwrap();
+        assert_eq!(piped.status.code(), Some(2));
+        assert!(
+            stderr(&piped).contains("holds Arrow IPC data: `stowplan plan` reads it from a file path"),
+            "{}",
+            stderr(&piped)
+        );
         let text = dir.join("lengths.txt");
         std::fs::write(&text, "3\n4\n").unwrap();
         let out = plan_json(&text, &["--column", "input_ids"]);

@@ -148,7 +148,8 @@ def test_the_cli_plans_from_a_datasets_cache_file(tmp_path):
         pytest.skip("STOWPLAN_BIN is not set (a stowplan binary built with the arrow feature)")
     lengths = np.random.default_rng(8).integers(1, 400, size=700)
     cache = tmp_path / "tokenized.arrow"
-    dataset_of(lengths).map(lambda batch: batch, batched=True, cache_file_name=str(cache))
+    text = [f"sample {i}" for i in range(len(lengths))]  # a column the CLI neither reads nor decodes
+    dataset_of(lengths, text=text).map(lambda batch: batch, batched=True, cache_file_name=str(cache))
     out = subprocess.run(
         [cli, "plan", "--lengths", str(cache), "--column", "input_ids", "--packing-length", "1024", "--world-size", "4", "--json"],
         capture_output=True, text=True, timeout=120,
