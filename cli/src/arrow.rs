@@ -35,20 +35,13 @@ pub fn sniff(path: &Path) -> Result<Option<Format>, Failure> {
     if path.as_os_str() == "-" || !std::fs::metadata(path).is_ok_and(|m| m.is_file()) {
         return Ok(None);
     }
-    let mut head = [0u8; 8];
-    let mut n = 0;
-    let mut file = File::open(path).map_err(|e| Failure::bad(format!("reading {}: {e}", path.display())))?;
-    while n < head.len() {
-        match file.read(&mut head[n..]) {
-            Ok(0) => break,
-            Ok(k) => n += k,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(Failure::bad(format!("reading {}: {e}", path.display()))),
-        }
-    }
-    Ok(if head[..n].starts_with(b"ARROW1") {
+    let mut head = Vec::with_capacity(8);
+    File::open(path)
+        .and_then(|f| f.take(8).read_to_end(&mut head))
+        .map_err(|e| Failure::bad(format!("reading {}: {e}", path.display())))?;
+    Ok(if head.starts_with(b"ARROW1") {
         Some(Format::File)
-    } else if n == head.len() && head[..4] == [0xff; 4] {
+    } else if head.len() == 8 && head.starts_with(&[0xff; 4]) {
         Some(Format::Stream) // the continuation marker before the schema message
     } else {
         None

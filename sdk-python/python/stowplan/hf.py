@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import os
+import tempfile
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -199,8 +201,6 @@ def pack_dataset(
 
 def _split_files(cache_file_name: Any, splits: List[str]) -> Dict[str, Any]:
     """A ``DatasetDict``'s ``cache_file_name``: None for every split, or one path per split."""
-    import os
-
     if cache_file_name is None:
         return {split: None for split in splits}
     if not isinstance(cache_file_name, dict) or sorted(cache_file_name) != sorted(splits):
@@ -224,10 +224,8 @@ def _split_files(cache_file_name: Any, splits: List[str]) -> Dict[str, Any]:
 def _write_packed(cache_file_name: Any, packed: Any) -> str:
     """Writes the packed batches (a ``RecordBatchReader``) to ``cache_file_name`` as an Arrow
     stream, atomically: a temporary file of a unique name beside it, fsynced, renamed over it,
-    the directory fsynced. Returns the absolute path."""
-    import os
-    import tempfile
-
+    the directory fsynced. Returns the absolute path. (Not stowplan.write_atomic, which takes
+    the whole content: the point here is never to hold it.)"""
     try:
         path = os.fspath(cache_file_name)
     except TypeError:
