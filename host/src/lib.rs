@@ -8,11 +8,12 @@
 //! Layers, each depending only on those before it (ARCHITECTURE.md draws them):
 //! [`kernel`] (the two backends behind one dispatch) and `runtime` (hashes, atomic files,
 //! the compile cache) and [`wire`] (the one framed format) → [`plan`], `materialize`,
-//! `rollout`, `plugins` (feature `plugins`, on by default) → `packer` (the state machine,
-//! no I/O) → [`serve`] (the server loop and its transports; ZeroMQ with feature `zmq`).
+//! `rows` (packed rows of a table), `rollout`, `plugins` (feature `plugins`, on by default)
+//! → `packer` (the state machine, no I/O) → [`serve`] (the server loop and its transports;
+//! ZeroMQ with feature `zmq`).
 //!
-//! The API is the items re-exported here. `materialize`, `packer`, `rollout` and `runtime`
-//! are private: every public item of theirs is re-exported at the root. The other modules
+//! The API is the items re-exported here. `materialize`, `packer`, `rollout`, `rows` and
+//! `runtime` are private: every public item of theirs is re-exported at the root. The other modules
 //! stay public because their paths are the API: [`serve`] (the server, its transports, the
 //! [`serve::protocol`] state machines and their messages, whose names such as `Message` or
 //! `Receipt` only make sense under `serve::`), [`plan`], [`kernel`] (the backends and the
@@ -43,6 +44,7 @@ pub mod plan;
 #[cfg(feature = "plugins")]
 pub mod plugins;
 mod rollout;
+mod rows;
 mod runtime;
 pub mod serve;
 pub mod wire;
@@ -69,7 +71,11 @@ pub use rollout::{
     BufferColumns, BufferFilter, BufferView, DataSource, DataSourceOptions, FilterContext, Group, PopFirst,
     RolloutSample, Status, synthetic_buffer, validate_selection,
 };
-pub use runtime::{cache_dir, sha256_hex, write_atomic};
+pub use rows::{
+    MAX_ROW_LENGTH, MAX_SEQ_LENGTH, Overflow, PackedRows, RowItems, RowPacking, RowStrategy, check_row_lengths,
+    pack_rows, row_items, wrapped_rows,
+};
+pub use runtime::{AtomicFile, cache_dir, sha256_hex, write_atomic};
 pub use stowplan_kernel::peers::{DpReorder, RollLoadBalanceOptions, RollMicroBatches, VerlMicroOptions};
 pub use stowplan_kernel::slime;
 pub use stowplan_kernel::verl::{PyError, SeqlenUnbalance, UnbalanceError};

@@ -1,11 +1,124 @@
-//! Native help for `stowplan.arrow`: gathering runs of a column's flat values into the packed
-//! order, one copy per run without a Python object per run.
+//! Native help for `stowplan.arrow`: the host's packed rows of a table (which runs of the flat
+//! values make each packed row: `stowplan::pack_rows`, the strategies and overflow policies
+//! the CLI's `pack-dataset` applies too), and gathering runs of a column's flat values into
+//! the packed order, one copy per run without a Python object per run.
 
 use numpy::{PyArray1, PyArrayMethods, PyReadonlyArray1};
 use pyo3::prelude::*;
 use pyo3::types::PyList;
+use stowplan::{Overflow, RowPacking};
 
-use crate::invalid;
+use crate::{Lengths, invalid, kernel, opt_str, str_options, to_py, u64_arg};
+
+/// The items of packed rows as numpy `int64` arrays (what `stowplan.arrow`'s numpy code
+/// indexes with; every value is below 2**63, checked by the host).
+fn int64s<'py>(py: Python<'py>, values: Vec<u64>) -> Bound<'py, PyArray1<i64>> {
+    PyArray1::from_vec(py, values.into_iter().map(|v| v as i64).collect())
+}
+
+/// The `(strategy, overflow)` pair given to :func:`stowplan.arrow.pack_table`, a strategy
+/// that is not a string named in the error like an unknown one.
+fn row_packing_of(strategy: &Bound<'_, PyAny>, overflow: Option<&Bound<'_, PyAny>>) -> PyResult<RowPacking> {
+    let py = strategy.py();
+    let Ok(name) = strategy.extract::<String>() else {
+        let choices = stowplan::RowStrategy::choices();
+        return Err(invalid(py, format!("strategy must be {choices} (got {})", strategy.repr()?)));
+    };
+    let overflow = match overflow.filter(|o| !o.is_none()) {
+        Some(o) if o.extract::<String>().is_err() => {
+            let choices = Overflow::choices();
+            return Err(invalid(py, format!("overflow must be {choices} or None (got {})", o.repr()?)));
+        }
+        o => opt_str(o, "overflow")?,
+    };
+    RowPacking::parse(&name, overflow.as_deref()).map_err(|e| to_py(py, e))
+}
+
+/// row_packing(strategy, overflow) -> (str, str | None): the strategy's name (``next_fit``
+/// read as ``next-fit``) and its overflow policy (``None`` for ``wrapped``), checked together
+/// by the host (`stowplan::RowPacking::parse`). Errors: `InvalidArgumentError` naming the
+/// argument and what it may be.
+#[pyfunction]
+#[pyo3(signature = (strategy, overflow=None))]
+fn row_packing(strategy: &Bound<'_, PyAny>, overflow: Option<&Bound<'_, PyAny>>) -> PyResult<(String, Option<String>)> {
+    let p = row_packing_of(strategy, overflow)?;
+    Ok((p.strategy.to_string(), p.overflow.map(|o| o.to_string())))
+}
+
+/// pack_rows(lengths, seq_length, strategy="bfd", overflow=None, column="", backend=None)
+/// -> (starts, lengths, offsets): rows of ``lengths`` tokens (their values one after the
+/// other) packed into rows of at most ``seq_length`` tokens by the host's
+/// `stowplan::pack_rows`: packed row ``r`` is the items ``offsets[r]:offsets[r+1]``, item
+/// ``i`` the ``lengths[i]`` values from ``starts[i]`` (``int64`` arrays). Errors name
+/// ``column`` and the row: ``InfeasibleError`` for a long row under ``overflow="error"``,
+/// ``InvalidArgumentError`` otherwise.
+#[pyfunction]
+#[pyo3(signature = (lengths, seq_length, strategy, overflow=None, column="", backend=None))]
+#[allow(clippy::type_complexity)]
+fn pack_rows<'py>(
+    py: Python<'py>,
+    lengths: &Bound<'py, PyAny>,
+    seq_length: &Bound<'py, PyAny>,
+    strategy: &Bound<'py, PyAny>,
+    overflow: Option<&Bound<'py, PyAny>>,
+    column: &str,
+    backend: Option<&Bound<'py, PyAny>>,
+) -> PyResult<(Bound<'py, PyArray1<i64>>, Bound<'py, PyArray1<i64>>, Bound<'py, PyArray1<i64>>)> {
+    str_options!(backend);
+    let packing = row_packing_of(strategy, overflow)?;
+    let seq_length = u64_arg(seq_length, "seq_length", 1)?;
+    let lengths = Lengths::extract(lengths, "lengths")?;
+    let kernel = kernel(py, backend)?;
+    let l = lengths.slice();
+    let rows = py.detach(|| stowplan::pack_rows(&kernel, l, seq_length, packing, column)).map_err(|e| to_py(py, e))?;
+    Ok((int64s(py, rows.starts), int64s(py, rows.lengths), int64s(py, rows.offsets)))
+}
+
+/// row_items(lengths, seq_length, overflow, column="", row0=0) -> (starts, lengths): the
+/// items of rows of ``lengths`` tokens under ``overflow``, in row order (the host's
+/// `stowplan::row_items`), as ``int64`` arrays; errors number rows from ``row0``.
+#[pyfunction]
+#[pyo3(signature = (lengths, seq_length, overflow, column="", row0=0))]
+fn row_items<'py>(
+    py: Python<'py>,
+    lengths: &Bound<'py, PyAny>,
+    seq_length: &Bound<'py, PyAny>,
+    overflow: &str,
+    column: &str,
+    row0: u64,
+) -> PyResult<(Bound<'py, PyArray1<i64>>, Bound<'py, PyArray1<i64>>)> {
+    let overflow: Overflow = overflow.parse().map_err(|e| to_py(py, e))?;
+    let seq_length = u64_arg(seq_length, "seq_length", 1)?;
+    let lengths = Lengths::extract(lengths, "lengths")?;
+    let l = lengths.slice();
+    let items = py.detach(|| stowplan::row_items(l, seq_length, overflow, column, row0)).map_err(|e| to_py(py, e))?;
+    Ok((int64s(py, items.starts), int64s(py, items.lengths)))
+}
+
+/// check_row_lengths(lengths, column="", row0=0): refuses (`InvalidArgumentError`) a row
+/// longer than a plan takes (2**32-1), naming ``column`` and the row numbered from ``row0``.
+#[pyfunction]
+#[pyo3(signature = (lengths, column="", row0=0))]
+fn check_row_lengths(py: Python<'_>, lengths: &Bound<'_, PyAny>, column: &str, row0: u64) -> PyResult<()> {
+    let lengths = Lengths::extract(lengths, "lengths")?;
+    stowplan::check_row_lengths(lengths.slice(), column, row0).map_err(|e| to_py(py, e))
+}
+
+/// wrapped_rows(lengths, seq_length) -> (starts, lengths, offsets): every token of rows of
+/// ``lengths`` tokens cut into rows of ``seq_length`` (the host's `stowplan::wrapped_rows`).
+#[pyfunction]
+#[allow(clippy::type_complexity)]
+fn wrapped_rows<'py>(
+    py: Python<'py>,
+    lengths: &Bound<'py, PyAny>,
+    seq_length: &Bound<'py, PyAny>,
+) -> PyResult<(Bound<'py, PyArray1<i64>>, Bound<'py, PyArray1<i64>>, Bound<'py, PyArray1<i64>>)> {
+    let seq_length = u64_arg(seq_length, "seq_length", 1)?;
+    let lengths = Lengths::extract(lengths, "lengths")?;
+    let l = lengths.slice();
+    let rows = py.detach(|| stowplan::wrapped_rows(l, seq_length)).map_err(|e| to_py(py, e))?;
+    Ok((int64s(py, rows.starts), int64s(py, rows.lengths), int64s(py, rows.offsets)))
+}
 
 /// The number of values of the runs `(chunk, start, length)` of `chunks`, every run checked.
 /// Errors (as text) name the run that points outside its chunk or has a negative start or
@@ -99,6 +212,17 @@ fn gather_runs<'py>(
 
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(gather_runs, m)?)?;
+    m.add_function(wrap_pyfunction!(row_packing, m)?)?;
+    m.add_function(wrap_pyfunction!(pack_rows, m)?)?;
+    m.add_function(wrap_pyfunction!(row_items, m)?)?;
+    m.add_function(wrap_pyfunction!(wrapped_rows, m)?)?;
+    m.add_function(wrap_pyfunction!(check_row_lengths, m)?)?;
+    let strategies: Vec<&str> = stowplan::RowStrategy::ALL.iter().map(|s| s.name()).collect();
+    m.add("ROW_STRATEGIES", strategies)?;
+    m.add("OVERFLOWS", Overflow::ALL.iter().map(|o| o.name()).collect::<Vec<_>>())?;
+    m.add("DEFAULT_OVERFLOW", Overflow::default().name())?;
+    m.add("MAX_ROW_LENGTH", stowplan::MAX_ROW_LENGTH)?;
+    m.add("MAX_SEQ_LENGTH", stowplan::MAX_SEQ_LENGTH)?;
     Ok(())
 }
 

@@ -1,7 +1,8 @@
 //! Atomic file replacement: write a temporary file beside the target, fsync it, rename it
 //! over the target, fsync the directory. Readers see the old or the new file, never a torn
 //! one; a crash leaves at most a stale temporary file (named `.NAME.tmp.PID.N`), which
-//! readers ignore and the next write of the same process id replaces.
+//! readers ignore and the next write of the same process id replaces. [`write`] takes the
+//! whole content; [`AtomicFile`] takes it piece by piece.
 
 use std::fs::{File, OpenOptions};
 use std::io::Write;
@@ -43,54 +44,156 @@ pub(crate) fn create_new_with_mode(path: &Path, bytes: &[u8], mode: u32) -> Resu
 }
 
 /// How the temporary file goes into place.
-#[derive(Clone, Copy, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[cfg_attr(not(feature = "zmq"), allow(dead_code))]
 enum Place {
     /// Renamed over the target.
     Replace,
     /// Hard-linked to the target, which must not exist.
     CreateNew,
+    /// In place already (nothing to clean up).
+    Done,
 }
 
 /// The start of the error [`write_as`] returns for [`Place::CreateNew`] on an existing file.
 const EXISTS: &str = "exists: ";
 
 fn write_as(path: &Path, bytes: &[u8], mode: u32, place: Place) -> Result<(), Error> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
-    std::fs::create_dir_all(&dir).map_err(|e| io("creating directory", &dir, e))?;
-    let tmp = temp_path(path);
-    let result = (|| {
-        let mut f = OpenOptions::new()
+    let mut f = AtomicFile::open(path, mode, place)?;
+    f.write_all(bytes).map_err(|e| io("writing", &f.tmp, e))?;
+    f.finish()
+}
+
+/// A file written piece by piece (it is a [`Write`]) and put in place atomically by
+/// [`AtomicFile::commit`]: a temporary file beside the target, fsynced, renamed over the
+/// target, the directory fsynced. Dropped without a commit (an error, a panic), the
+/// temporary is removed and the target left as it was. For content too large to hold (a
+/// packed dataset); [`write`] is the one-call form.
+#[derive(Debug)]
+pub struct AtomicFile {
+    path: PathBuf,
+    dir: PathBuf,
+    tmp: PathBuf,
+    file: Option<std::io::BufWriter<File>>,
+    place: Place,
+}
+
+impl AtomicFile {
+    /// Starts replacing `path` (its parent directory created if needed).
+    pub fn create(path: &Path) -> Result<Self, Error> {
+        Self::open(path, 0o666, Place::Replace)
+    }
+
+    fn open(path: &Path, mode: u32, place: Place) -> Result<Self, Error> {
+        use std::os::unix::fs::OpenOptionsExt;
+        let dir = match path.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+            _ => PathBuf::from("."),
+        };
+        std::fs::create_dir_all(&dir).map_err(|e| io("creating directory", &dir, e))?;
+        let tmp = temp_path(path);
+        let file = OpenOptions::new()
             .write(true)
             .create(true)
             .truncate(true)
             .mode(mode)
             .open(&tmp)
             .map_err(|e| io("creating", &tmp, e))?;
-        f.write_all(bytes).map_err(|e| io("writing", &tmp, e))?;
-        f.sync_all().map_err(|e| io("syncing", &tmp, e))?;
-        match place {
-            Place::Replace => std::fs::rename(&tmp, path).map_err(|e| io("renaming into place", path, e))?,
-            Place::CreateNew => match std::fs::hard_link(&tmp, path) {
-                Ok(()) => std::fs::remove_file(&tmp).map_err(|e| io("removing", &tmp, e))?,
+        Ok(AtomicFile {
+            path: path.to_path_buf(),
+            dir,
+            tmp,
+            file: Some(std::io::BufWriter::with_capacity(1 << 20, file)),
+            place,
+        })
+    }
+
+    /// Puts the file in place: everything written is flushed and fsynced, then renamed over
+    /// the target, and the rename made durable. On an error the target is left as it was.
+    pub fn commit(self) -> Result<(), Error> {
+        self.finish()
+    }
+
+    fn finish(mut self) -> Result<(), Error> {
+        let file = self.file.take().expect("an AtomicFile is finished once");
+        let file = file.into_inner().map_err(|e| io("writing", &self.tmp, e.into_error()))?;
+        file.sync_all().map_err(|e| io("syncing", &self.tmp, e))?;
+        drop(file);
+        match self.place {
+            Place::Replace => {
+                std::fs::rename(&self.tmp, &self.path).map_err(|e| io("renaming into place", &self.path, e))?
+            }
+            Place::CreateNew => match std::fs::hard_link(&self.tmp, &self.path) {
+                Ok(()) => std::fs::remove_file(&self.tmp).map_err(|e| io("removing", &self.tmp, e))?,
                 Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-                    return Err(Error::Io(format!("{EXISTS}{}", path.display())));
+                    return Err(Error::Io(format!("{EXISTS}{}", self.path.display())));
                 }
-                Err(e) => return Err(io("linking into place", path, e)),
+                Err(e) => return Err(io("linking into place", &self.path, e)),
             },
+            Place::Done => {}
         }
+        self.place = Place::Done;
         // Make the rename itself durable.
-        if let Ok(d) = File::open(&dir) {
+        if let Ok(d) = File::open(&self.dir) {
             let _ = d.sync_all();
         }
         Ok(())
-    })();
-    if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
     }
-    result
+}
+
+impl Write for AtomicFile {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.file.as_mut().map_or(Ok(0), |f| f.write(buf))
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.file.as_mut().map_or(Ok(()), |f| f.flush())
+    }
+}
+
+impl Drop for AtomicFile {
+    fn drop(&mut self) {
+        if self.place != Place::Done {
+            drop(self.file.take());
+            let _ = std::fs::remove_file(&self.tmp);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn scratch(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("stowplan-atomic-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        dir
+    }
+
+    fn entries(dir: &Path) -> Vec<String> {
+        let mut names: Vec<String> =
+            std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+        names.sort();
+        names
+    }
+
+    #[test]
+    fn a_streamed_file_appears_whole_on_commit_and_not_at_all_without() {
+        let dir = scratch("stream");
+        let path = dir.join("out.arrow");
+        write(&path, b"old").unwrap();
+        let mut f = AtomicFile::create(&path).unwrap();
+        f.write_all(b"new ").unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), b"old", "the target is untouched while writing");
+        f.write_all(b"content").unwrap();
+        drop(f); // an error on the way: no commit
+        assert_eq!(std::fs::read(&path).unwrap(), b"old");
+        assert_eq!(entries(&dir), ["out.arrow"], "the temporary is removed");
+        let mut f = AtomicFile::create(&path).unwrap();
+        f.write_all(b"new content").unwrap();
+        f.commit().unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), b"new content");
+        assert_eq!(entries(&dir), ["out.arrow"]);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }

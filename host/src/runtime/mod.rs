@@ -3,7 +3,7 @@
 
 pub(crate) mod atomic;
 
-pub use atomic::write as write_atomic;
+pub use atomic::{AtomicFile, write as write_atomic};
 
 use std::path::{Path, PathBuf};
 

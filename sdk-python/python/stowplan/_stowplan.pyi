@@ -76,6 +76,46 @@ def gather_runs(
     float32 and float64 ones (stowplan.arrow's gather)."""
     ...
 
+ROW_STRATEGIES: List[str]
+OVERFLOWS: List[str]
+DEFAULT_OVERFLOW: str
+MAX_ROW_LENGTH: int
+MAX_SEQ_LENGTH: int
+
+def row_packing(strategy: str, overflow: Optional[str] = None) -> Tuple[str, Optional[str]]:
+    """The strategy's name (``next_fit`` read as ``next-fit``) and its overflow policy
+    (``None`` for ``wrapped``), checked together (stowplan.arrow's rules)."""
+    ...
+
+def pack_rows(
+    lengths: _Lengths,
+    seq_length: int,
+    strategy: str,
+    overflow: Optional[str] = None,
+    column: str = "",
+    backend: Optional[str] = None,
+) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Rows of ``lengths`` tokens packed into rows of at most ``seq_length`` tokens: the
+    items' flat starts and lengths in output order and each packed row's item offsets
+    (``int64``); errors name ``column`` and the row."""
+    ...
+
+def row_items(
+    lengths: _Lengths, seq_length: int, overflow: str, column: str = "", row0: int = 0
+) -> Tuple[np.ndarray, np.ndarray]:
+    """The items (flat start, length) of rows of ``lengths`` tokens under ``overflow``, in
+    row order (``int64``); errors number rows from ``row0``."""
+    ...
+
+def check_row_lengths(lengths: _Lengths, column: str = "", row0: int = 0) -> None:
+    """Refuses a row longer than 2**32-1 (the longest a plan takes), naming ``column`` and the
+    row numbered from ``row0``."""
+    ...
+
+def wrapped_rows(lengths: _Lengths, seq_length: int) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Every token cut into rows of ``seq_length``: :func:`pack_rows`'s arrays for ``wrapped``."""
+    ...
+
 def pack(
     lengths: _Lengths,
     capacity: int,

@@ -49,32 +49,32 @@ __all__ = [
 
 #: Packing strategies: the kernel's ``bfd``, ``ffd`` and ``next-fit`` (``next_fit`` is accepted
 #: too), TRL's ``bfd_split`` (``bfd`` with ``overflow="split"``) and ``wrapped`` (every token
-#: concatenated in row order and cut into rows of ``seq_length``).
-STRATEGIES = ("bfd", "ffd", "next-fit", "bfd_split", "wrapped")
+#: concatenated in row order and cut into rows of ``seq_length``). The host's list
+#: (``stowplan::RowStrategy``), which the CLI's ``pack-dataset`` takes too.
+STRATEGIES = tuple(_stowplan.ROW_STRATEGIES)
 #: The strategies of a stream (:func:`pack_batches`): ``bfd`` is the kernel's streaming best
 #: fit (:class:`stowplan.StreamPacker`: the largest of the ``max_buffered`` waiting sequences
 #: placed first, into the fullest of ``max_open_bins`` open bins it fits), ``next-fit`` the
 #: same packer with one open bin and no buffer (exactly the static ``next-fit``), ``bfd_split``
 #: and ``wrapped`` as in :data:`STRATEGIES`. ``ffd`` needs every length first: not streamed.
-STREAM_STRATEGIES = ("bfd", "next-fit", "bfd_split", "wrapped")
+STREAM_STRATEGIES = tuple(s for s in STRATEGIES if s != "ffd")
 #: What happens to a row longer than ``seq_length`` under ``bfd``, ``ffd`` and ``next-fit``:
 #: its first ``seq_length`` tokens are kept (``truncate``), it is cut into fragments of at most
 #: ``seq_length`` tokens packed as sequences of their own (``split``), it is left out
 #: (``drop``), or :class:`stowplan.InfeasibleError` names it (``error``).
-OVERFLOWS = ("truncate", "split", "drop", "error")
-DEFAULT_STRATEGY = "bfd"
+OVERFLOWS = tuple(_stowplan.OVERFLOWS)
+DEFAULT_STRATEGY = STRATEGIES[0]
 #: TRL's ``pack_dataset(strategy="bfd")`` truncates too.
-DEFAULT_OVERFLOW = "truncate"
+DEFAULT_OVERFLOW = _stowplan.DEFAULT_OVERFLOW
 #: The output column of each packed row's sequence lengths (TRL's name), ``list<int32>``.
 SEQ_LENGTHS = "seq_lengths"
 #: The optional output column of positions restarting at 0 at every sequence, ``list<int32>``.
 POSITION_IDS = "position_ids"
 #: The longest input sequence a plan takes (its lengths are ``u32``).
-MAX_SEQUENCE_LENGTH = 2**32 - 1
+MAX_SEQUENCE_LENGTH = _stowplan.MAX_ROW_LENGTH
 #: The largest ``seq_length``: a packed row is one Arrow list (``int32`` offsets).
-MAX_SEQ_LENGTH = 2**31 - 1
+MAX_SEQ_LENGTH = _stowplan.MAX_SEQ_LENGTH
 
-_METHODS = {"bfd": "bfd", "ffd": "ffd", "next-fit": "next-fit", "next_fit": "next-fit", "bfd_split": "bfd"}
 # Tokens per output chunk: bounds the memory of a chunk in the making and keeps int32 list
 # offsets in range; the packed rows do not depend on it.
 _CHUNK_TOKENS = 1 << 26
@@ -338,20 +338,8 @@ def _wrap_step(
 
 
 def _check_strategy(strategy: Any, overflow: Any) -> Tuple[str, Optional[str]]:
-    allowed = "'bfd', 'ffd', 'next-fit', 'bfd_split' or 'wrapped'"
-    if not isinstance(strategy, str) or (strategy not in _METHODS and strategy != "wrapped"):
-        raise InvalidArgumentError(f"strategy must be {allowed} (got {strategy!r})")
-    if overflow is not None and (not isinstance(overflow, str) or overflow not in OVERFLOWS):
-        raise InvalidArgumentError(f"overflow must be 'truncate', 'split', 'drop' or 'error' (got {overflow!r})")
-    if strategy == "wrapped":
-        if overflow is not None:
-            raise InvalidArgumentError(f"overflow does not apply to strategy 'wrapped' (got {overflow!r}); leave it None")
-        return strategy, None
-    if strategy == "bfd_split":
-        if overflow not in (None, "split"):
-            raise InvalidArgumentError(f"strategy 'bfd_split' splits long rows: overflow must be None or 'split' (got {overflow!r})")
-        return strategy, "split"
-    return _METHODS[strategy], DEFAULT_OVERFLOW if overflow is None else overflow
+    """The strategy's name and its overflow policy, checked together by the host."""
+    return _stowplan.row_packing(strategy, overflow)
 
 
 def _check_columns(table: Any, columns: Optional[Sequence[str]], position_ids: bool) -> List[str]:
@@ -408,11 +396,7 @@ def _lengths(table: Any, names: List[str], row0: int = 0) -> np.ndarray:
             )
     assert first is not None
     lengths = first.to_numpy().astype(np.int64, copy=False) if first.num_chunks else np.zeros(0, np.int64)
-    if lengths.size and int(lengths.max()) > MAX_SEQUENCE_LENGTH:
-        row = int(np.argmax(lengths > MAX_SEQUENCE_LENGTH))
-        raise InvalidArgumentError(
-            f"column {names[0]!r} row {row0 + row} has {int(lengths[row])} values, more than 2**32-1 (the longest sequence a plan takes)"
-        )
+    _stowplan.check_row_lengths(lengths, names[0], row0)
     return lengths
 
 
@@ -420,63 +404,23 @@ def _plan_items(
     lengths: np.ndarray, seq_length: int, strategy: str, overflow: Optional[str], first: str, backend: Optional[str]
 ) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The packed rows of rows of ``lengths`` tokens (flat in row order): items (flat start,
-    length) in output order and each output row's item offsets. Shared with
+    length) in output order and each output row's item offsets, by the host's
+    ``stowplan::pack_rows`` (errors name column ``first`` and the row). Shared with
     :func:`stowplan.ray.pack_dataset`, which assembles the same items on the cluster."""
-    if strategy == "wrapped":
-        return _wrapped(lengths, seq_length)
-    return _planned(lengths, seq_length, strategy, overflow, first, backend)
-
-
-def _planned(
-    lengths: np.ndarray, seq_length: int, strategy: str, overflow: Optional[str], first: str, backend: Optional[str]
-) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Items (flat start, length) in output order and each output row's item offsets, from the
-    kernel's plan."""
-    starts, item_lengths = _items(lengths, seq_length, overflow, first)
-    if item_lengths.size == 0:
-        return starts, item_lengths, np.zeros(1, dtype=np.int64)
-    plan = _stowplan.pack(item_lengths.astype(np.uint64), seq_length, method=_METHODS[strategy], backend=backend)
-    order = plan.indices.astype(np.int64)
-    return starts[order], item_lengths[order], plan.offsets.astype(np.int64)
+    return _stowplan.pack_rows(lengths, seq_length, strategy, overflow, first, backend)
 
 
 def _items(lengths: np.ndarray, seq_length: int, overflow: Optional[str], first: str, row0: int = 0) -> Tuple[np.ndarray, np.ndarray]:
     """The items to pack, in row order: (start in the flat values, length) of every non-empty
     row under ``overflow`` (truncated, cut into fragments, dropped when long, or refused with
-    the row numbered from ``row0``)."""
-    row_starts = np.concatenate(([0], np.cumsum(lengths)[:-1])).astype(np.int64)
-    keep = lengths > 0
-    long = lengths > seq_length
-    if overflow == "error" and long.any():
-        row = int(np.argmax(long))
-        raise InfeasibleError(
-            f"column {first!r} row {row0 + row} has {int(lengths[row])} values, more than seq_length = {seq_length} "
-            "(overflow='error'; 'truncate', 'split' or 'drop' handle it)"
-        )
-    if overflow == "drop":
-        keep &= ~long
-    rows = np.flatnonzero(keep)
-    if overflow == "split":
-        # Fragments of seq_length tokens, the last one of a sequence holding the remainder.
-        n_frag = -(-lengths[rows] // seq_length)
-        frag_rows = np.repeat(rows, n_frag)
-        first_frag = np.cumsum(n_frag) - n_frag
-        k = np.arange(frag_rows.size, dtype=np.int64) - np.repeat(first_frag, n_frag)
-        return row_starts[frag_rows] + k * seq_length, np.minimum(lengths[frag_rows] - k * seq_length, seq_length)
-    return row_starts[rows], np.minimum(lengths[rows], seq_length)
+    the row numbered from ``row0``), by the host's ``stowplan::row_items``."""
+    return _stowplan.row_items(lengths, seq_length, overflow or DEFAULT_OVERFLOW, first, row0)
 
 
 def _wrapped(lengths: np.ndarray, seq_length: int) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Every token in row order cut into rows of seq_length: the items are the pieces of the
-    sequences between sequence ends and row cuts."""
-    total = int(lengths.sum())
-    ends = np.cumsum(lengths[lengths > 0])
-    cuts = np.arange(0, total, seq_length, dtype=np.int64)
-    bounds = np.union1d(np.concatenate(([0], ends)), cuts)
-    starts = bounds[:-1]
-    item_lengths = np.diff(bounds)
-    bin_offsets = np.concatenate((np.searchsorted(starts, cuts), [starts.size])).astype(np.int64)
-    return starts, item_lengths, bin_offsets
+    sequences between sequence ends and row cuts (the host's ``stowplan::wrapped_rows``)."""
+    return _stowplan.wrapped_rows(lengths, seq_length)
 
 
 class _Flat:

@@ -1,0 +1,398 @@
+//! Packed rows of a table (issue 28): which runs of a tokenized table's flat values make each
+//! packed row of at most `seq_length` tokens. The one home of the strategies (`bfd`, `ffd`,
+//! `next-fit`, TRL's `bfd_split` and `wrapped`) and overflow policies (`truncate`, `split`,
+//! `drop`, `error`) that the SDK's `stowplan.arrow`/`stowplan.hf`/`compat.trl` and the CLI's
+//! `pack-dataset` apply; each of them then copies the runs with its own Arrow library.
+//!
+//! A table's rows hold sequences of `lengths[r]` tokens, one after the other in the flat
+//! values (row `r` starts at `Σ lengths[..r]`). An *item* is a run of a row's tokens (the
+//! whole row, its first `seq_length` tokens, or one fragment of it); a packed row is a list of
+//! items. Empty rows carry no token and make no item.
+
+use std::fmt;
+use std::str::FromStr;
+
+use crate::{Error, Kernel, PackMethod, PackOptions};
+
+/// How rows are packed: the kernel's plan under an [`Overflow`] policy, or `wrapped`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RowStrategy {
+    /// Best-fit decreasing (the default).
+    Bfd,
+    /// First-fit decreasing.
+    Ffd,
+    /// Next-fit in row order.
+    NextFit,
+    /// TRL's `bfd_split`: best-fit decreasing, a long row cut into fragments of at most
+    /// `seq_length` tokens (`bfd` with [`Overflow::Split`]).
+    BfdSplit,
+    /// Every token concatenated in row order and cut into rows of exactly `seq_length` (the
+    /// last one shorter).
+    Wrapped,
+}
+
+impl RowStrategy {
+    /// Every strategy, by name.
+    pub const ALL: [RowStrategy; 5] =
+        [RowStrategy::Bfd, RowStrategy::Ffd, RowStrategy::NextFit, RowStrategy::BfdSplit, RowStrategy::Wrapped];
+
+    /// Its name (`next_fit` is read as `next-fit` too).
+    pub fn name(self) -> &'static str {
+        match self {
+            RowStrategy::Bfd => "bfd",
+            RowStrategy::Ffd => "ffd",
+            RowStrategy::NextFit => "next-fit",
+            RowStrategy::BfdSplit => "bfd_split",
+            RowStrategy::Wrapped => "wrapped",
+        }
+    }
+
+    /// The strategies' names as an error lists them: `'bfd', 'ffd', … or 'wrapped'`.
+    pub fn choices() -> String {
+        alternatives(RowStrategy::ALL)
+    }
+
+    /// The kernel's packing method, `None` for `wrapped`.
+    pub fn method(self) -> Option<PackMethod> {
+        match self {
+            RowStrategy::Bfd | RowStrategy::BfdSplit => Some(PackMethod::Bfd),
+            RowStrategy::Ffd => Some(PackMethod::Ffd),
+            RowStrategy::NextFit => Some(PackMethod::NextFit),
+            RowStrategy::Wrapped => None,
+        }
+    }
+}
+
+impl fmt::Display for RowStrategy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for RowStrategy {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self, Error> {
+        if s == "next_fit" {
+            return Ok(RowStrategy::NextFit);
+        }
+        RowStrategy::ALL
+            .into_iter()
+            .find(|k| k.name() == s)
+            .ok_or_else(|| Error::InvalidArgument(format!("strategy must be {} (got '{s}')", RowStrategy::choices())))
+    }
+}
+
+/// What happens to a row longer than `seq_length` under `bfd`, `ffd` and `next-fit`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Overflow {
+    /// Its first `seq_length` tokens are kept (the default, as in TRL's `bfd`).
+    #[default]
+    Truncate,
+    /// It is cut into fragments of at most `seq_length` tokens, packed as sequences of their
+    /// own.
+    Split,
+    /// It is left out.
+    Drop,
+    /// [`Error::Infeasible`] names it.
+    Error,
+}
+
+impl Overflow {
+    /// Every policy, by name.
+    pub const ALL: [Overflow; 4] = [Overflow::Truncate, Overflow::Split, Overflow::Drop, Overflow::Error];
+
+    /// The policies' names as an error lists them.
+    pub fn choices() -> String {
+        alternatives(Overflow::ALL)
+    }
+
+    /// Its name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Overflow::Truncate => "truncate",
+            Overflow::Split => "split",
+            Overflow::Drop => "drop",
+            Overflow::Error => "error",
+        }
+    }
+}
+
+impl fmt::Display for Overflow {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for Overflow {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self, Error> {
+        Overflow::ALL
+            .into_iter()
+            .find(|k| k.name() == s)
+            .ok_or_else(|| Error::InvalidArgument(format!("overflow must be {} (got '{s}')", Overflow::choices())))
+    }
+}
+
+/// `'a', 'b' or 'c'`.
+fn alternatives<T: fmt::Display>(all: impl IntoIterator<Item = T>) -> String {
+    let names: Vec<String> = all.into_iter().map(|n| format!("'{n}'")).collect();
+    match names.split_last() {
+        Some((last, rest)) if !rest.is_empty() => format!("{} or {last}", rest.join(", ")),
+        _ => names.concat(),
+    }
+}
+
+/// A strategy with its overflow policy, checked together: `bfd_split` splits (an overflow of
+/// `split` or none), `wrapped` takes none, the others default to [`Overflow::Truncate`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RowPacking {
+    /// The strategy.
+    pub strategy: RowStrategy,
+    /// The overflow policy; `None` for `wrapped` only.
+    pub overflow: Option<Overflow>,
+}
+
+impl RowPacking {
+    /// `strategy` with `overflow` (by name, `None` for its default); errors name the argument
+    /// and what it may be.
+    pub fn parse(strategy: &str, overflow: Option<&str>) -> Result<Self, Error> {
+        let strategy: RowStrategy = strategy.parse()?;
+        let overflow = overflow.map(str::parse::<Overflow>).transpose()?;
+        let overflow = match (strategy, overflow) {
+            (RowStrategy::Wrapped, None) => None,
+            (RowStrategy::Wrapped, Some(o)) => {
+                return Err(Error::InvalidArgument(format!(
+                    "overflow does not apply to strategy 'wrapped' (got '{o}'); leave it None"
+                )));
+            }
+            (RowStrategy::BfdSplit, None | Some(Overflow::Split)) => Some(Overflow::Split),
+            (RowStrategy::BfdSplit, Some(o)) => {
+                return Err(Error::InvalidArgument(format!(
+                    "strategy 'bfd_split' splits long rows: overflow must be None or 'split' (got '{o}')"
+                )));
+            }
+            (_, o) => Some(o.unwrap_or_default()),
+        };
+        Ok(RowPacking { strategy, overflow })
+    }
+}
+
+/// Items (runs of the flat values) in row order.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RowItems {
+    /// Each item's first value in the flat values.
+    pub starts: Vec<u64>,
+    /// Each item's number of values (1..=`seq_length`).
+    pub lengths: Vec<u64>,
+}
+
+/// Packed rows: row `r` is the items `offsets[r]..offsets[r + 1]` (`starts[i]`, `lengths[i]`:
+/// a run of the flat values), one after the other.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PackedRows {
+    /// Each item's first value in the flat values, in output order.
+    pub starts: Vec<u64>,
+    /// Each item's number of values, in output order.
+    pub lengths: Vec<u64>,
+    /// `rows + 1` offsets into the items.
+    pub offsets: Vec<u64>,
+}
+
+impl PackedRows {
+    /// The number of packed rows.
+    pub fn rows(&self) -> usize {
+        self.offsets.len().saturating_sub(1)
+    }
+}
+
+/// The longest row a plan takes (a plan's lengths are `u32`).
+pub const MAX_ROW_LENGTH: u64 = u32::MAX as u64;
+
+/// Each row's first value in the flat values (`Σ lengths[..r]`), and the total; errors when
+/// the total does not fit an `i64` (the largest Arrow offset).
+fn row_starts(lengths: &[u64]) -> Result<(Vec<u64>, u64), Error> {
+    let mut starts = Vec::with_capacity(lengths.len());
+    let mut at = 0u64;
+    for &l in lengths {
+        starts.push(at);
+        at = at.checked_add(l).filter(|&t| t <= i64::MAX as u64).ok_or_else(|| {
+            Error::InvalidArgument("the rows hold more than 2**63-1 values in all: no table holds that many".into())
+        })?;
+    }
+    Ok((starts, at))
+}
+
+/// The items of rows of `lengths` tokens under `overflow`, in row order: a row's tokens
+/// (at most `seq_length`: truncated), its fragments of `seq_length` tokens and the remainder
+/// (`split`), nothing for a row longer than `seq_length` (`drop`), or [`Error::Infeasible`]
+/// naming `column` and the first long row, numbered from `row0` (`error`). Empty rows make no
+/// item. Errors: `seq_length` 0, a row longer than [`MAX_ROW_LENGTH`].
+pub fn row_items(
+    lengths: &[u64],
+    seq_length: u64,
+    overflow: Overflow,
+    column: &str,
+    row0: u64,
+) -> Result<RowItems, Error> {
+    check_seq_length(seq_length)?;
+    check_row_lengths(lengths, column, row0)?;
+    let (starts, _) = row_starts(lengths)?;
+    if overflow == Overflow::Error
+        && let Some(row) = lengths.iter().position(|&l| l > seq_length)
+    {
+        return Err(Error::Infeasible(format!(
+            "column '{column}' row {} has {} values, more than seq_length = {seq_length} \
+             (overflow='error'; 'truncate', 'split' or 'drop' handle it)",
+            row0 + row as u64,
+            lengths[row]
+        )));
+    }
+    let mut items = RowItems::default();
+    for (&start, &len) in starts.iter().zip(lengths) {
+        if len == 0 || (overflow == Overflow::Drop && len > seq_length) {
+            continue;
+        }
+        if overflow == Overflow::Split {
+            let mut at = 0;
+            while at < len {
+                items.starts.push(start + at);
+                items.lengths.push((len - at).min(seq_length));
+                at += seq_length;
+            }
+        } else {
+            items.starts.push(start);
+            items.lengths.push(len.min(seq_length));
+        }
+    }
+    Ok(items)
+}
+
+/// `wrapped`: every token of rows of `lengths` tokens, in row order, cut into packed rows of
+/// exactly `seq_length` tokens (the last one shorter); the items are the pieces of the rows
+/// between row ends and cuts.
+pub fn wrapped_rows(lengths: &[u64], seq_length: u64) -> Result<PackedRows, Error> {
+    check_seq_length(seq_length)?;
+    let (starts, _) = row_starts(lengths)?;
+    let mut out = PackedRows::default();
+    for (&start, &len) in starts.iter().zip(lengths) {
+        let (mut at, end) = (start, start + len);
+        while at < end {
+            if at % seq_length == 0 {
+                out.offsets.push(out.starts.len() as u64);
+            }
+            let piece = (end - at).min(seq_length - at % seq_length);
+            out.starts.push(at);
+            out.lengths.push(piece);
+            at += piece;
+        }
+    }
+    out.offsets.push(out.starts.len() as u64);
+    Ok(out)
+}
+
+/// Rows of `lengths` tokens packed by `packing` into rows of at most `seq_length` tokens: for
+/// the kernel's strategies, the items of [`row_items`] in the plan's bin order (a bin's items
+/// ascending by input row); for `wrapped`, [`wrapped_rows`]. Errors name `column` and the row.
+pub fn pack_rows(
+    kernel: &Kernel,
+    lengths: &[u64],
+    seq_length: u64,
+    packing: RowPacking,
+    column: &str,
+) -> Result<PackedRows, Error> {
+    let Some(method) = packing.strategy.method() else {
+        check_row_lengths(lengths, column, 0)?;
+        return wrapped_rows(lengths, seq_length);
+    };
+    let items = row_items(lengths, seq_length, packing.overflow.unwrap_or_default(), column, 0)?;
+    if items.lengths.is_empty() {
+        return Ok(PackedRows { offsets: vec![0], ..PackedRows::default() });
+    }
+    let plan = kernel.pack(&items.lengths, &PackOptions { method, ..PackOptions::new(seq_length) })?;
+    let order = plan.indices.iter().map(|&i| i as usize);
+    Ok(PackedRows {
+        starts: order.clone().map(|i| items.starts[i]).collect(),
+        lengths: order.map(|i| items.lengths[i]).collect(),
+        offsets: plan.offsets.iter().map(|&o| u64::from(o)).collect(),
+    })
+}
+
+fn check_seq_length(seq_length: u64) -> Result<(), Error> {
+    if seq_length == 0 || seq_length > MAX_SEQ_LENGTH {
+        return Err(Error::InvalidArgument(format!("seq_length must be in 1..=2**31-1 (got {seq_length})")));
+    }
+    Ok(())
+}
+
+/// The largest `seq_length`: a packed row is one Arrow list (`int32` offsets).
+pub const MAX_SEQ_LENGTH: u64 = i32::MAX as u64;
+
+/// Refuses a row longer than [`MAX_ROW_LENGTH`], naming `column` and the row (numbered from
+/// `row0`).
+pub fn check_row_lengths(lengths: &[u64], column: &str, row0: u64) -> Result<(), Error> {
+    if let Some(row) = lengths.iter().position(|&l| l > MAX_ROW_LENGTH) {
+        return Err(Error::InvalidArgument(format!(
+            "column '{column}' row {} has {} values, more than 2**32-1 (the longest sequence a plan takes)",
+            row0 + row as u64,
+            lengths[row]
+        )));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn items(lengths: &[u64], seq: u64, overflow: Overflow) -> Vec<(u64, u64)> {
+        let i = row_items(lengths, seq, overflow, "x", 0).unwrap();
+        i.starts.into_iter().zip(i.lengths).collect()
+    }
+
+    #[test]
+    fn overflow_policies_cut_long_rows_and_skip_empty_ones() {
+        let l = [5, 0, 2, 9];
+        assert_eq!(items(&l, 4, Overflow::Truncate), [(0, 4), (5, 2), (7, 4)]);
+        assert_eq!(items(&l, 4, Overflow::Split), [(0, 4), (4, 1), (5, 2), (7, 4), (11, 4), (15, 1)]);
+        assert_eq!(items(&l, 4, Overflow::Drop), [(5, 2)]);
+        let e = row_items(&l, 4, Overflow::Error, "input_ids", 10).unwrap_err();
+        assert!(matches!(&e, Error::Infeasible(m) if m.contains("column 'input_ids' row 10 has 5 values")), "{e}");
+        assert!(row_items(&l, 0, Overflow::Truncate, "x", 0).is_err());
+        let e = row_items(&[1, 1 << 32], 4, Overflow::Split, "x", 3).unwrap_err();
+        assert!(e.to_string().contains("column 'x' row 4 has 4294967296 values, more than 2**32-1"), "{e}");
+    }
+
+    #[test]
+    fn wrapped_cuts_every_seq_length_tokens() {
+        let w = wrapped_rows(&[3, 0, 1, 6], 4).unwrap();
+        assert_eq!(w.starts, [0, 3, 4, 8]);
+        assert_eq!(w.lengths, [3, 1, 4, 2]);
+        assert_eq!(w.offsets, [0, 2, 3, 4]);
+        assert_eq!(wrapped_rows(&[0, 0], 4).unwrap().offsets, [0]);
+    }
+
+    #[test]
+    fn strategies_and_overflows_are_checked_together() {
+        let p = |s: &str, o: Option<&str>| RowPacking::parse(s, o).map(|p| (p.strategy, p.overflow));
+        assert_eq!(p("bfd", None).unwrap(), (RowStrategy::Bfd, Some(Overflow::Truncate)));
+        assert_eq!(p("next_fit", Some("drop")).unwrap(), (RowStrategy::NextFit, Some(Overflow::Drop)));
+        assert_eq!(p("bfd_split", None).unwrap(), (RowStrategy::BfdSplit, Some(Overflow::Split)));
+        assert_eq!(p("wrapped", None).unwrap(), (RowStrategy::Wrapped, None));
+        let e = p("best", None).unwrap_err().to_string();
+        assert!(e.contains("strategy must be 'bfd', 'ffd', 'next-fit', 'bfd_split' or 'wrapped' (got 'best')"), "{e}");
+        assert!(p("bfd", Some("cut")).unwrap_err().to_string().contains("'truncate', 'split', 'drop' or 'error'"));
+        assert!(p("bfd_split", Some("drop")).is_err());
+        assert!(p("wrapped", Some("split")).is_err());
+    }
+
+    #[test]
+    fn planned_rows_follow_the_kernel_plan() {
+        let k = Kernel::native();
+        let bfd = RowPacking::parse("bfd", None).unwrap();
+        let r = pack_rows(&k, &[5, 2, 3, 1], 4, bfd, "x").unwrap();
+        // Items (0,4) (5,2) (7,3) (10,1): BFD bins {0}, {2,3}, {1}.
+        assert_eq!((r.starts, r.lengths, r.offsets), (vec![0, 7, 10, 5], vec![4, 3, 1, 2], vec![0, 1, 3, 4]));
+        let empty = pack_rows(&k, &[0, 0], 4, bfd, "x").unwrap();
+        assert_eq!(empty.rows(), 0);
+    }
+}
