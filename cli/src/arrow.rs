@@ -51,25 +51,75 @@ pub fn sniff(path: &Path) -> Result<Option<Format>, Failure> {
 /// The lengths of `column` in the Arrow IPC file at `path`.
 #[cfg(not(feature = "arrow"))]
 pub fn lengths(path: &Path, format: Format, _column: &str) -> Result<Vec<u64>, Failure> {
-    Err(Failure::bad(format!(
+    Err(without_arrow(path, format))
+}
+
+/// The refusal of an Arrow IPC file by a build without the `arrow` feature: says how to get
+/// one.
+#[cfg(not(feature = "arrow"))]
+pub fn without_arrow(path: &Path, format: Format) -> Failure {
+    Failure::bad(format!(
         "{} is an Arrow IPC {format}: this stowplan was built without Arrow support; build it with \
          `cargo build --release -p stowplan-cli --features arrow`",
         path.display()
-    )))
+    ))
 }
 
 /// The lengths of `column` in the Arrow IPC file at `path`: per row, a list's length (list,
 /// large list or fixed-size list of anything) or an integer's value. Errors name the file,
 /// the column and, for a null or negative value, the row.
 ///
-/// The file is memory-mapped and only the column is decoded, without copies (as
-/// `pyarrow.memory_map` reads it): the pages read are its offsets (a list) or values
-/// (integers), not the token ids nor the other columns. A stream must end with its
-/// end-of-stream marker (a stream cut between two messages would otherwise read as fewer
-/// rows). A file that is not well-formed is refused, also where the reader would panic on it;
-/// compressed buffers (lz4, zstd) are refused as unsupported.
+/// Only the column is decoded ([`read_batches`]): the pages read are its offsets (a list) or
+/// values (integers), not the token ids nor the other columns.
 #[cfg(feature = "arrow")]
 pub fn lengths(path: &Path, format: Format, column: &str) -> Result<Vec<u64>, Failure> {
+    let index = |schema: &arrow_schema::Schema| {
+        let i = column_index(schema, column)?;
+        let t = schema.field(i).data_type();
+        if !readable(t) {
+            return Err(format!(
+                "column {column:?} has type {t}: give a list column (e.g. token ids) or an integer column of lengths"
+            ));
+        }
+        Ok(vec![i])
+    };
+    let mut out = Vec::new();
+    read_batches(path, format, index, |batch| {
+        let row0 = out.len();
+        column_lengths(batch.column(0).as_ref(), &mut out)
+            .map_err(|(row, what)| format!("column {column:?}, row {} (from 0): {what}", row0 + row))
+    })?;
+    tracing::debug!(n = out.len(), source = %path.display(), column, "read lengths from Arrow");
+    Ok(out)
+}
+
+/// The index of `column` in `schema`, or the refusal listing the columns there are.
+#[cfg(feature = "arrow")]
+pub fn column_index(schema: &arrow_schema::Schema, column: &str) -> Result<usize, String> {
+    schema.index_of(column).map_err(|_| {
+        let names: Vec<&str> = schema.fields().iter().map(|f| f.name().as_str()).collect();
+        format!("no column {column:?} (columns: {names:?})")
+    })
+}
+
+/// Reads the Arrow IPC file at `path`: `pick` chooses the columns to decode from the schema
+/// (their indices, in the order wanted), and every record batch, those columns only, goes to
+/// `each` in file order. An error of `pick` or `each` is refused as it is, prefixed by the
+/// file's name.
+///
+/// The file is memory-mapped and the batches decoded without copies (as `pyarrow.memory_map`
+/// reads it): they point into the map, which lives as long as they do, and only the pages
+/// of the chosen columns are read. A stream must end with its end-of-stream marker (a stream
+/// cut between two messages would otherwise read as fewer rows). A file that is not
+/// well-formed is refused, also where the reader would panic on it; compressed buffers (lz4,
+/// zstd) are refused as unsupported.
+#[cfg(feature = "arrow")]
+pub fn read_batches(
+    path: &Path,
+    format: Format,
+    pick: impl FnOnce(&arrow_schema::Schema) -> Result<Vec<usize>, String>,
+    mut each: impl FnMut(arrow_array::RecordBatch) -> Result<(), String>,
+) -> Result<(), Failure> {
     let shown = path.display();
     let file = File::open(path).map_err(|e| Failure::bad(format!("reading {shown}: {e}")))?;
     // SAFETY: the map is read only; as with any memory-mapped reader (pyarrow's too), the
@@ -79,25 +129,23 @@ pub fn lengths(path: &Path, format: Format, column: &str) -> Result<Vec<u64>, Fa
     let buffer = arrow_buffer::Buffer::from(bytes::Bytes::from_owner(map));
     let quiet = std::panic::take_hook();
     std::panic::set_hook(Box::new(|_| {}));
-    let read = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| decode(&buffer, format, column)));
+    let pick = |schema: &arrow_schema::Schema| pick(schema).map_err(Refusal::Other);
+    let each = |batch| each(batch).map_err(Refusal::Other);
+    let read = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| decode(&buffer, format, pick, each)));
     std::panic::set_hook(quiet);
-    let out = match read {
-        Ok(Ok(out)) => out,
-        Ok(Err(Refusal::Arrow(e))) => {
-            return Err(Failure::bad(format!("{shown}: not a readable Arrow IPC {format}: {e}")));
-        }
-        Ok(Err(Refusal::Other(what))) => return Err(Failure::bad(format!("{shown}: {what}"))),
+    match read {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(Refusal::Arrow(e))) => Err(Failure::bad(format!("{shown}: not a readable Arrow IPC {format}: {e}"))),
+        Ok(Err(Refusal::Other(what))) => Err(Failure::bad(format!("{shown}: {what}"))),
         Err(panic) => {
             let why =
                 panic.downcast_ref::<&str>().map(|s| s.to_string()).or_else(|| panic.downcast_ref::<String>().cloned());
-            return Err(Failure::bad(format!(
+            Err(Failure::bad(format!(
                 "{shown}: not a readable Arrow IPC {format} (its reader failed on it: {})",
                 why.unwrap_or_else(|| "no message".into())
-            )));
+            )))
         }
-    };
-    tracing::debug!(n = out.len(), source = %shown, column, "read lengths from Arrow");
-    Ok(out)
+    }
 }
 
 /// Why [`decode`] refused a file.
@@ -116,33 +164,24 @@ impl From<arrow_schema::ArrowError> for Refusal {
     }
 }
 
-/// [`lengths`] of the mapped file `buffer`.
+/// [`read_batches`] of the mapped file `buffer`.
 #[cfg(feature = "arrow")]
-fn decode(buffer: &arrow_buffer::Buffer, format: Format, column: &str) -> Result<Vec<u64>, Refusal> {
+fn decode(
+    buffer: &arrow_buffer::Buffer,
+    format: Format,
+    pick: impl FnOnce(&arrow_schema::Schema) -> Result<Vec<usize>, Refusal>,
+    mut each: impl FnMut(arrow_array::RecordBatch) -> Result<(), Refusal>,
+) -> Result<(), Refusal> {
     use std::sync::Arc;
 
     use arrow_ipc::MessageHeader;
     use arrow_ipc::reader::{FileDecoder, read_footer_length};
-    use arrow_schema::{ArrowError, Schema};
+    use arrow_schema::ArrowError;
 
-    let index = |schema: &Schema| {
-        let i = schema.index_of(column).map_err(|_| {
-            let names: Vec<&str> = schema.fields().iter().map(|f| f.name().as_str()).collect();
-            Refusal::Other(format!("no column {column:?} (columns: {names:?})"))
-        })?;
-        let t = schema.field(i).data_type();
-        if !readable(t) {
-            return Err(Refusal::Other(format!(
-                "column {column:?} has type {t}: give a list column (e.g. token ids) or an integer column of lengths"
-            )));
-        }
-        Ok(i)
-    };
-    let mut out = Vec::new();
-    let mut take = |array: &dyn arrow_array::Array| {
-        let row0 = out.len();
-        column_lengths(array, &mut out)
-            .map_err(|(row, what)| Refusal::Other(format!("column {column:?}, row {} (from 0): {what}", row0 + row)))
+    let mut pick = Some(pick);
+    let mut decoder_for = |schema: arrow_schema::Schema, version| -> Result<FileDecoder, Refusal> {
+        let columns = pick.take().ok_or_else(|| Refusal::Other("a second schema".into()))?(&schema)?;
+        Ok(FileDecoder::new(Arc::new(schema), version).with_projection(columns))
     };
     let bad = |what: &str| Refusal::Arrow(ArrowError::ParseError(what.to_string()));
     match format {
@@ -156,8 +195,7 @@ fn decode(buffer: &arrow_buffer::Buffer, format: Format, column: &str) -> Result
                 .map_err(|e| bad(&format!("unable to read the footer: {e}")))?;
             let schema =
                 arrow_ipc::convert::fb_to_schema(footer.schema().ok_or_else(|| bad("the footer has no schema"))?);
-            let i = index(&schema)?;
-            let mut decoder = FileDecoder::new(Arc::new(schema), footer.version()).with_projection(vec![i]);
+            let mut decoder = decoder_for(schema, footer.version())?;
             // Each block's bytes, within the file.
             let block = |b: &arrow_ipc::Block| {
                 let (at, meta, body) =
@@ -176,13 +214,13 @@ fn decode(buffer: &arrow_buffer::Buffer, format: Format, column: &str) -> Result
             }
             for b in footer.recordBatches().iter().flatten() {
                 if let Some(batch) = decoder.read_record_batch(b, &block(b)?)? {
-                    take(batch.column(0).as_ref())?;
+                    each(batch)?;
                 }
             }
         }
         Format::Stream => {
             // The stream's messages walked here (each a length-prefixed flatbuffer and a body)
-            // and decoded like a file's blocks, so that only the column is decoded.
+            // and decoded like a file's blocks, so that only the chosen columns are decoded.
             let n = buffer.len();
             let word = |at: usize| -> Option<i32> {
                 Some(i32::from_le_bytes(buffer.get(at..at.checked_add(4)?)?.try_into().ok()?))
@@ -218,16 +256,14 @@ fn decode(buffer: &arrow_buffer::Buffer, format: Format, column: &str) -> Result
                 match (message.header_type(), decoder.as_mut()) {
                     (MessageHeader::Schema, None) => {
                         let fb = message.header_as_schema().ok_or_else(|| bad("an empty schema"))?;
-                        let schema = arrow_ipc::convert::fb_to_schema(fb);
-                        let i = index(&schema)?;
-                        decoder = Some(FileDecoder::new(Arc::new(schema), message.version()).with_projection(vec![i]));
+                        decoder = Some(decoder_for(arrow_ipc::convert::fb_to_schema(fb), message.version())?);
                     }
                     (MessageHeader::Schema, Some(_)) => return Err(bad("a second schema in the stream")),
                     (_, None) => return Err(bad("a message before the schema")),
                     (MessageHeader::DictionaryBatch, Some(d)) => d.read_dictionary(&block, &data)?,
                     (MessageHeader::RecordBatch, Some(d)) => {
                         if let Some(batch) = d.read_record_batch(&block, &data)? {
-                            take(batch.column(0).as_ref())?;
+                            each(batch)?;
                         }
                     }
                     (other, Some(_)) => return Err(bad(&format!("an unexpected {other:?} message"))),
@@ -239,7 +275,7 @@ fn decode(buffer: &arrow_buffer::Buffer, format: Format, column: &str) -> Result
             }
         }
     }
-    Ok(out)
+    Ok(())
 }
 
 /// Whether [`column_lengths`] reads a column of type `t`.

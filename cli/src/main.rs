@@ -15,6 +15,7 @@ mod input;
 mod keys;
 mod limits;
 mod pack;
+mod pack_dataset;
 mod partition;
 mod plan;
 mod serve;
@@ -54,6 +55,10 @@ enum Command {
     /// Build a static pack plan of a whole SFT dataset (packs fixed before training): at most
     /// PACKING_LENGTH tokens, aligned so that WORLD_SIZE ranks get the same number of packs.
     Plan(plan::Args),
+    /// Pack the rows of a tokenized table (an Arrow IPC file such as a `datasets` cache file)
+    /// into rows of at most SEQ_LENGTH tokens, written as an Arrow IPC stream (a build with the
+    /// `arrow` feature).
+    PackDataset(pack_dataset::Args),
     /// Inspect buffer-filter plugins (WebAssembly components of stowplan:filter/buffer-filter).
     #[command(subcommand)]
     Filter(filter::Command),
@@ -79,6 +84,7 @@ fn main() -> ExitCode {
         Command::Pack(a) => pack::run(a),
         Command::Balance(a) => balance::run(a),
         Command::Plan(a) => plan::run(a),
+        Command::PackDataset(a) => pack_dataset::run(a),
         Command::Filter(c) => filter::run(c),
         Command::Serve(a) => serve::run(a),
         Command::Keys(a) => keys::run(a),

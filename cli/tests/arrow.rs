@@ -3,6 +3,11 @@
 //! layout, the same plan as from the same lengths as text, and every refusal naming the file,
 //! the column and the row. Without the feature, an Arrow file is recognized and refused
 //! saying how to build a binary that reads it.
+//!
+//! `stowplan pack-dataset IN OUT`: the packed rows (the plan's, TRL's `bfd_split` and
+//! `wrapped`, every overflow policy) with `seq_lengths` and `position_ids`, and every refusal
+//! leaving OUT as it was. (Equality with `stowplan.arrow.pack_table`, row for row, on a real
+//! `datasets` cache file: `sdk-python/tests/test_hf.py`.)
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -43,12 +48,27 @@ fn without_the_feature_an_arrow_file_is_recognized_and_refused() {
     std::fs::remove_dir_all(dir).unwrap();
 }
 
+#[cfg(not(feature = "arrow"))]
+#[test]
+fn without_the_feature_pack_dataset_refuses_saying_how_to_build() {
+    let dir = temp_dir("without-pack");
+    let path = dir.join("data.arrow");
+    std::fs::write(&path, b"ARROW1\0\0 and the rest of a file").unwrap();
+    let out = stowplan(&["pack-dataset", path.to_str().unwrap(), "out.arrow", "--seq-length", "8"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("--features arrow"), "{}", stderr(&out));
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
 #[cfg(feature = "arrow")]
 mod with_arrow {
     use std::sync::Arc;
 
     use arrow_array::builder::{Int32Builder, ListBuilder};
-    use arrow_array::{ArrayRef, Int64Array, RecordBatch, StringArray};
+    use arrow_array::cast::AsArray;
+    use arrow_array::types::Int32Type;
+    use arrow_array::{Array, ArrayRef, Int64Array, RecordBatch, StringArray};
+    use arrow_ipc::reader::StreamReader;
     use arrow_ipc::writer::{FileWriter, StreamWriter};
     use arrow_schema::{DataType, Field, Schema};
 
@@ -213,6 +233,180 @@ mod with_arrow {
         let out = plan_json(&text, &["--column", "input_ids"]);
         assert_eq!(out.status.code(), Some(2));
         assert!(stderr(&out).contains("a text file's column is its 1-based number"), "{}", stderr(&out));
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    fn pack_dataset(input: &Path, output: &Path, args: &[&str]) -> Output {
+        let mut all = vec!["pack-dataset", input.to_str().unwrap(), output.to_str().unwrap()];
+        all.extend_from_slice(args);
+        stowplan(&all)
+    }
+
+    /// The rows of a list<int32> column of the packed table at `path`.
+    fn rows(path: &Path, column: &str) -> Vec<Vec<i32>> {
+        let reader = StreamReader::try_new(std::fs::File::open(path).unwrap(), None).unwrap();
+        let mut out = Vec::new();
+        for batch in reader {
+            let batch = batch.unwrap();
+            let list = batch.column_by_name(column).unwrap().as_list::<i32>();
+            for r in 0..list.len() {
+                out.push(list.value(r).as_primitive::<Int32Type>().values().to_vec());
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn pack_dataset_writes_the_packed_rows_of_every_strategy() {
+        let dir = temp_dir("pack-dataset");
+        // Rows of 5, 0, 2, 3 and 1 tokens in two batches, each row's values its number in
+        // its batch: 0, 1 | 0, 1, 2.
+        let input = dir.join("tokenized.arrow");
+        write(&input, false, &[batch(&[Some(5), Some(0)], &[5, 0]), batch(&[Some(2), Some(3), Some(1)], &[2, 3, 1])]);
+        let out = dir.join("packed.arrow");
+        let cases: [(&[&str], &[&[i32]], &[&[i32]]); 5] = [
+            // BFD over the items 4 (row 0 truncated), 2, 3, 1: bins {0}, {3, 4}, {2}.
+            (&[], &[&[0, 0, 0, 0], &[1, 1, 1, 2], &[0, 0]], &[&[4], &[3, 1], &[2]]),
+            (&["--overflow", "drop"], &[&[1, 1, 1, 2], &[0, 0]], &[&[3, 1], &[2]]),
+            // Items 4 and 1 (row 0's fragments), 2, 3, 1: bins {0}, {1, 3}, {2, 4}, a bin's
+            // items in item order.
+            (&["--strategy", "bfd_split"], &[&[0, 0, 0, 0], &[0, 1, 1, 1], &[0, 0, 2]], &[&[4], &[1, 3], &[2, 1]]),
+            (&["--strategy", "next-fit"], &[&[0, 0, 0, 0], &[0, 0], &[1, 1, 1, 2]], &[&[4], &[2], &[3, 1]]),
+            (&["--strategy", "wrapped"], &[&[0, 0, 0, 0], &[0, 0, 0, 1], &[1, 1, 2]], &[&[4], &[1, 2, 1], &[2, 1]]),
+        ];
+        for (args, want, seq_lengths) in cases {
+            let mut all = vec!["--seq-length", "4", "--columns", "input_ids", "--position-ids", "--json"];
+            all.extend_from_slice(args);
+            let report = json(&pack_dataset(&input, &out, &all));
+            assert_eq!(rows(&out, "input_ids"), want, "{args:?}");
+            assert_eq!(rows(&out, "seq_lengths"), seq_lengths, "{args:?}");
+            let positions: Vec<Vec<i32>> = seq_lengths.iter().map(|r| r.iter().flat_map(|&n| 0..n).collect()).collect();
+            assert_eq!(rows(&out, "position_ids"), positions, "{args:?}");
+            assert_eq!(report["rows"], 5);
+            assert_eq!(report["packed_rows"], want.len());
+            assert_eq!(report["bytes"], std::fs::metadata(&out).unwrap().len());
+        }
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn pack_dataset_refusals_name_the_column_and_row_and_leave_the_output_as_it_was() {
+        let dir = temp_dir("pack-refusals");
+        let good = dir.join("good.arrow");
+        write(&good, true, &[batch(&[Some(5), Some(2)], &[5, 2])]);
+        let nulls = dir.join("nulls.arrow");
+        write(&nulls, false, &[batch(&[Some(3), Some(2)], &[3, 2]), batch(&[Some(1), None], &[1, 4])]);
+        let empty = dir.join("empty.arrow");
+        write(&empty, false, &[batch(&[], &[])]);
+        // Two list columns whose rows differ in length at row 1.
+        let two = dir.join("two.arrow");
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("input_ids", DataType::List(Arc::new(Field::new_list_field(DataType::Int32, true))), true),
+            Field::new("labels", DataType::List(Arc::new(Field::new_list_field(DataType::Int32, true))), true),
+        ]));
+        let mismatched =
+            RecordBatch::try_new(schema, vec![list_column(&[Some(2), Some(3)]), list_column(&[Some(2), Some(4)])])
+                .unwrap();
+        write(&two, false, &[mismatched]);
+        let text = dir.join("lengths.txt");
+        std::fs::write(&text, "3\n4\n").unwrap();
+        let out = dir.join("packed.arrow");
+        std::fs::write(&out, b"the previous output").unwrap();
+        let s = |p: &Path| p.to_str().unwrap().to_string();
+        let cases: Vec<(Vec<String>, u8, String)> = vec![
+            (vec![s(&good), "--seq-length".into(), "0".into()], 2, "--seq-length must be in 1..=2^31-1 (got 0)".into()),
+            (
+                vec![s(&good), "--seq-length".into(), "2147483648".into()],
+                2,
+                "--seq-length must be in 1..=2^31-1".into(),
+            ),
+            (
+                vec![s(&good), "--seq-length".into(), "4".into()],
+                2,
+                "column \"n\" is not a list column (its type is Int64); pass --columns".into(),
+            ),
+            (
+                vec![s(&good), "--seq-length".into(), "4".into(), "--columns".into(), "ids".into()],
+                2,
+                "no column \"ids\" (columns: [\"input_ids\", \"n\", \"text\"])".into(),
+            ),
+            (
+                vec![s(&good), "--seq-length".into(), "4".into(), "--columns".into(), "input_ids,input_ids".into()],
+                2,
+                "column \"input_ids\" is named twice".into(),
+            ),
+            (
+                vec![s(&nulls), "--seq-length".into(), "4".into(), "--columns".into(), "input_ids".into()],
+                2,
+                "column \"input_ids\" has a null at row 3".into(),
+            ),
+            (
+                vec![s(&empty), "--seq-length".into(), "4".into(), "--columns".into(), "input_ids".into()],
+                2,
+                "the table is empty".into(),
+            ),
+            (
+                vec![s(&two), "--seq-length".into(), "4".into()],
+                2,
+                "column \"labels\" does not have the offsets of column \"input_ids\": row 1 has 4 values, not 3".into(),
+            ),
+            (
+                vec![
+                    s(&good),
+                    "--seq-length".into(),
+                    "4".into(),
+                    "--columns".into(),
+                    "input_ids".into(),
+                    "--overflow".into(),
+                    "error".into(),
+                ],
+                1,
+                "column 'input_ids' row 0 has 5 values, more than seq_length = 4".into(),
+            ),
+            (
+                vec![s(&good), "--seq-length".into(), "4".into(), "--strategy".into(), "best".into()],
+                2,
+                "strategy must be 'bfd', 'ffd', 'next-fit', 'bfd_split' or 'wrapped' (got 'best')".into(),
+            ),
+            (
+                vec![
+                    s(&good),
+                    "--seq-length".into(),
+                    "4".into(),
+                    "--strategy".into(),
+                    "wrapped".into(),
+                    "--overflow".into(),
+                    "drop".into(),
+                ],
+                2,
+                "overflow does not apply to strategy 'wrapped'".into(),
+            ),
+            (vec![s(&text), "--seq-length".into(), "4".into()], 2, "not an Arrow IPC file or stream".into()),
+        ];
+        for (args, code, want) in cases {
+            let mut all = vec!["pack-dataset".to_string(), args[0].clone(), s(&out)];
+            all.extend(args[1..].iter().cloned());
+            let all: Vec<&str> = all.iter().map(String::as_str).collect();
+            let got = stowplan(&all);
+            assert_eq!(got.status.code(), Some(i32::from(code)), "{args:?}: {}", stderr(&got));
+            assert!(stderr(&got).contains(&want), "{args:?}: {}", stderr(&got));
+            assert_eq!(std::fs::read(&out).unwrap(), b"the previous output", "{args:?}");
+        }
+        let mut names: Vec<String> =
+            std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+        names.sort();
+        assert_eq!(names, ["empty.arrow", "good.arrow", "lengths.txt", "nulls.arrow", "packed.arrow", "two.arrow"]);
+        // A damaged input is refused (or, where the damage is in the values, packed), never a crash.
+        let bytes = std::fs::read(&good).unwrap();
+        let damaged = dir.join("damaged.arrow");
+        for i in (0..bytes.len()).step_by(11) {
+            let mut copy = bytes.clone();
+            copy[i] ^= 0x5a;
+            std::fs::write(&damaged, &copy).unwrap();
+            let got =
+                pack_dataset(&damaged, &out, &["--seq-length", "4", "--columns", "input_ids", "--backend", "native"]);
+            assert!(matches!(got.status.code(), Some(0 | 2)), "byte {i}: {:?}: {}", got.status, stderr(&got));
+        }
         std::fs::remove_dir_all(dir).unwrap();
     }
 }

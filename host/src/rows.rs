@@ -327,6 +327,11 @@ fn check_seq_length(seq_length: u64) -> Result<(), Error> {
 /// The largest `seq_length`: a packed row is one Arrow list (`int32` offsets).
 pub const MAX_SEQ_LENGTH: u64 = i32::MAX as u64;
 
+/// The most tokens of one record batch of packed rows (or one row, if longer): bounds the
+/// memory of a batch in the making and keeps `int32` list offsets in range. The packed rows
+/// do not depend on it.
+pub const PACKED_BATCH_TOKENS: u64 = 1 << 26;
+
 /// Refuses a row longer than [`MAX_ROW_LENGTH`], naming `column` and the row (numbered from
 /// `row0`).
 pub fn check_row_lengths(lengths: &[u64], column: &str, row0: u64) -> Result<(), Error> {

@@ -223,6 +223,7 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("DEFAULT_OVERFLOW", Overflow::default().name())?;
     m.add("MAX_ROW_LENGTH", stowplan::MAX_ROW_LENGTH)?;
     m.add("MAX_SEQ_LENGTH", stowplan::MAX_SEQ_LENGTH)?;
+    m.add("PACKED_BATCH_TOKENS", stowplan::PACKED_BATCH_TOKENS)?;
     Ok(())
 }
 

@@ -163,6 +163,35 @@ def test_the_cli_plans_from_a_datasets_cache_file(tmp_path):
     assert (report["raw_checksum"], report["aligned_checksum"]) == (plan.raw_checksum, plan.aligned_checksum)
 
 
+@pytest.mark.parametrize("strategy,overflow", [("bfd", None), ("ffd", "drop"), ("next-fit", "split"), ("bfd_split", None), ("wrapped", None)])
+def test_the_cli_packs_a_datasets_cache_file_as_pack_dataset_does(tmp_path, strategy, overflow):
+    """`stowplan pack-dataset CACHE_FILE OUT` (no Python) writes the rows, columns and types of
+    `stowplan.hf.pack_dataset` on the same data, and `datasets` maps the file it writes."""
+    import subprocess
+
+    cli = os.environ.get("STOWPLAN_BIN")
+    if not cli:
+        pytest.skip("STOWPLAN_BIN is not set (a stowplan binary built with the arrow feature)")
+    lengths = np.random.default_rng(9).integers(0, 700, size=2300)
+    cache = tmp_path / "tokenized.arrow"
+    text = [f"sample {i}" for i in range(len(lengths))]  # a column left out of the packing
+    ds = dataset_of(lengths, text=text).map(lambda batch: batch, batched=True, batch_size=300, cache_file_name=str(cache))
+    out = tmp_path / "packed.arrow"
+    args = [cli, "pack-dataset", str(cache), str(out), "--seq-length", "512", "--strategy", strategy]
+    args += ["--columns", "input_ids,labels", "--position-ids", "--json"] + (["--overflow", overflow] if overflow else [])
+    run = subprocess.run(args, capture_output=True, text=True, timeout=120)
+    if "built without Arrow support" in run.stderr:
+        pytest.skip("the stowplan binary was built without the arrow feature")
+    assert run.returncode == 0, run.stderr
+    packed = datasets.Dataset.from_file(str(out))
+    want = stowplan.hf.pack_dataset(ds.select_columns(["input_ids", "labels"]), 512, strategy=strategy, overflow=overflow, position_ids=True)
+    assert packed.data.table.schema == want.data.table.schema
+    assert table(packed) == table(want)
+    report = json.loads(run.stdout)
+    assert (report["rows"], report["packed_rows"]) == (len(lengths), want.num_rows)
+    assert report["packed_tokens"] == sum(map(sum, table(want)["seq_lengths"]))
+
+
 def test_writers_of_one_path_at_once_each_leave_it_whole(tmp_path):
     from concurrent.futures import ThreadPoolExecutor
 

@@ -81,6 +81,7 @@ OVERFLOWS: List[str]
 DEFAULT_OVERFLOW: str
 MAX_ROW_LENGTH: int
 MAX_SEQ_LENGTH: int
+PACKED_BATCH_TOKENS: int
 
 def row_packing(strategy: str, overflow: Optional[str] = None) -> Tuple[str, Optional[str]]:
     """The strategy's name (``next_fit`` read as ``next-fit``) and its overflow policy

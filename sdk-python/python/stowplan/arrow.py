@@ -75,9 +75,9 @@ MAX_SEQUENCE_LENGTH = _stowplan.MAX_ROW_LENGTH
 #: The largest ``seq_length``: a packed row is one Arrow list (``int32`` offsets).
 MAX_SEQ_LENGTH = _stowplan.MAX_SEQ_LENGTH
 
-# Tokens per output chunk: bounds the memory of a chunk in the making and keeps int32 list
-# offsets in range; the packed rows do not depend on it.
-_CHUNK_TOKENS = 1 << 26
+# Tokens per output chunk (the host's, the CLI's too): bounds the memory of a chunk in the
+# making and keeps int32 list offsets in range; the packed rows do not depend on it.
+_CHUNK_TOKENS = _stowplan.PACKED_BATCH_TOKENS
 
 
 def pack_table(

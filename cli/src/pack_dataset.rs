@@ -1,0 +1,413 @@
+//! `stowplan pack-dataset IN OUT`: the rows of a tokenized table (an Arrow IPC file or stream,
+//! such as a `datasets` cache file) packed into rows of at most `--seq-length` tokens and
+//! written to OUT as an Arrow IPC stream (what `datasets.Dataset.from_file` and
+//! `pyarrow.ipc.open_stream` read), with no Python involved.
+//!
+//! The packed rows are the host's [`stowplan::pack_rows`] (the strategies and overflow
+//! policies of `stowplan.arrow.pack_table`, whose output this equals row for row); the values
+//! are copied run by run from the memory-mapped input with arrow-data's `MutableArrayData`,
+//! batch by batch, into an [`stowplan::AtomicFile`]: OUT appears whole or not at all.
+
+use std::fmt;
+use std::path::PathBuf;
+use std::time::Instant;
+
+use serde::Serialize;
+use stowplan::{Backend, RowPacking};
+
+use crate::common::{ReadyKernel, named, print_report};
+use crate::failure::Failure;
+
+/// The options of `stowplan pack-dataset`.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// The tokenized table: an Arrow IPC file or stream (e.g. a `datasets` cache file
+    /// `cache-*.arrow`, or `pyarrow.ipc` output), memory-mapped.
+    input: PathBuf,
+    /// Where the packed table goes: an Arrow IPC stream, written atomically (replaced whole,
+    /// never half-written).
+    output: PathBuf,
+    /// Tokens per packed row, at most (1..=2^31-1).
+    #[arg(long)]
+    seq_length: u64,
+    /// How rows are packed: best-fit decreasing, first-fit decreasing, next-fit in row order
+    /// (`bfd`, `ffd`, `next-fit`: whole sequences by the kernel's plan), TRL's `bfd_split`
+    /// (long rows cut into fragments of SEQ_LENGTH) or `wrapped` (every token in row order cut
+    /// into rows of exactly SEQ_LENGTH).
+    #[arg(long, default_value = "bfd")]
+    strategy: String,
+    /// A row longer than SEQ_LENGTH under bfd, ffd and next-fit: `truncate` (keep its first
+    /// SEQ_LENGTH tokens, the default), `split` into fragments, `drop` it, or `error` (exit 1
+    /// naming it).
+    #[arg(long)]
+    overflow: Option<String>,
+    /// The list columns to pack, comma-separated (default: every column, which must then all
+    /// be lists). The first one's list lengths are the sequence lengths; every other one must
+    /// have the same length in every row. Other columns are not carried over.
+    #[arg(long, value_delimiter = ',')]
+    columns: Option<Vec<String>>,
+    /// Also write `position_ids` (list<int32>, restarting at 0 at every sequence).
+    #[arg(long)]
+    position_ids: bool,
+    /// Which kernel plans: the WASM component (default) or the same code natively.
+    #[arg(long, value_parser = named::<Backend>(), default_value_t = Backend::default())]
+    backend: Backend,
+    /// Print the summary as JSON on stdout instead of for people.
+    #[arg(long)]
+    json: bool,
+}
+
+/// What `pack-dataset` did.
+#[derive(Debug, Serialize)]
+pub struct Report {
+    /// The input file.
+    input: PathBuf,
+    /// The packed table's file.
+    output: PathBuf,
+    /// The strategy.
+    strategy: &'static str,
+    /// The overflow policy (`null` for `wrapped`).
+    overflow: Option<&'static str>,
+    /// Tokens per packed row, at most.
+    seq_length: u64,
+    /// The packed columns.
+    columns: Vec<String>,
+    /// Rows read.
+    rows: u64,
+    /// Tokens read (the first column's values).
+    tokens: u64,
+    /// Packed rows written.
+    packed_rows: u64,
+    /// Tokens written (fewer than read when long rows were truncated or dropped).
+    packed_tokens: u64,
+    /// ⌈packed tokens / seq_length⌉: no packing of these tokens has fewer rows.
+    lower_bound: u64,
+    /// Packed tokens / (packed rows × seq_length).
+    fill: f64,
+    /// The output file's size.
+    bytes: u64,
+    /// Seconds reading and planning, and writing.
+    plan_s: f64,
+    /// Seconds copying the values and writing the file.
+    write_s: f64,
+}
+
+impl fmt::Display for Report {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let over =
+            if self.lower_bound == 0 { 0.0 } else { (self.packed_rows as f64 / self.lower_bound as f64 - 1.0) * 100.0 };
+        writeln!(f, "{} → {}", self.input.display(), self.output.display())?;
+        writeln!(
+            f,
+            "strategy {}{}, seq_length {}, columns {}",
+            self.strategy,
+            self.overflow.map(|o| format!(" (overflow {o})")).unwrap_or_default(),
+            self.seq_length,
+            self.columns.join(", ")
+        )?;
+        writeln!(f, "rows          {} → {} packed rows", self.rows, self.packed_rows)?;
+        writeln!(f, "tokens        {} → {}", self.tokens, self.packed_tokens)?;
+        writeln!(f, "lower bound   {} rows ({over:+.3} %)", self.lower_bound)?;
+        writeln!(f, "fill          {:.4}", self.fill)?;
+        writeln!(f, "written       {} bytes", self.bytes)?;
+        write!(f, "time          plan {:.2} s, write {:.2} s", self.plan_s, self.write_s)
+    }
+}
+
+/// Runs `stowplan pack-dataset`.
+pub fn run(args: Args) -> Result<(), Failure> {
+    let packing = RowPacking::parse(&args.strategy, args.overflow.as_deref())?;
+    if args.seq_length == 0 || args.seq_length > stowplan::MAX_SEQ_LENGTH {
+        return Err(Failure::bad(format!("--seq-length must be in 1..=2^31-1 (got {})", args.seq_length)));
+    }
+    let format = crate::arrow::sniff(&args.input)?.ok_or_else(|| {
+        Failure::bad(format!(
+            "{}: not an Arrow IPC file or stream (pack-dataset reads a regular file such as a `datasets` cache \
+             file, not standard input)",
+            args.input.display()
+        ))
+    })?;
+    let t = Instant::now();
+    let table = table::read(&args.input, format, args.columns.as_deref(), args.position_ids)?;
+    let kernel = ReadyKernel::new(args.backend)?;
+    let rows = stowplan::pack_rows(&kernel.kernel, &table.lengths, args.seq_length, packing, &table.names[0])?;
+    let plan_s = t.elapsed().as_secs_f64();
+    let t = Instant::now();
+    let bytes = table::write(&table, &rows, args.position_ids, &args.output)?;
+    let packed_tokens: u64 = rows.lengths.iter().sum();
+    let packed_rows = rows.rows() as u64;
+    let report = Report {
+        strategy: packing.strategy.name(),
+        overflow: packing.overflow.map(|o| o.name()),
+        seq_length: args.seq_length,
+        columns: table.names.clone(),
+        rows: table.lengths.len() as u64,
+        tokens: table.lengths.iter().sum(),
+        packed_rows,
+        packed_tokens,
+        lower_bound: packed_tokens.div_ceil(args.seq_length),
+        fill: if packed_rows == 0 { 0.0 } else { packed_tokens as f64 / (packed_rows * args.seq_length) as f64 },
+        bytes,
+        plan_s,
+        write_s: t.elapsed().as_secs_f64(),
+        input: args.input,
+        output: args.output,
+    };
+    print_report(&report, args.json)
+}
+
+#[cfg(not(feature = "arrow"))]
+mod table {
+    //! Without the `arrow` feature: the refusal saying how to build it.
+    use std::path::Path;
+
+    use stowplan::PackedRows;
+
+    use crate::arrow::Format;
+    use crate::failure::Failure;
+
+    /// Never built.
+    pub struct Table {
+        pub names: Vec<String>,
+        pub lengths: Vec<u64>,
+    }
+
+    pub fn read(path: &Path, format: Format, _: Option<&[String]>, _: bool) -> Result<Table, Failure> {
+        Err(crate::arrow::without_arrow(path, format))
+    }
+
+    pub fn write(_: &Table, _: &PackedRows, _: bool, path: &Path) -> Result<u64, Failure> {
+        Err(crate::arrow::without_arrow(path, Format::Stream))
+    }
+}
+
+#[cfg(feature = "arrow")]
+mod table {
+    //! Reading the table's list columns and writing the packed one.
+    use std::path::Path;
+    use std::sync::Arc;
+
+    use arrow_array::cast::AsArray;
+    use arrow_array::{Array, ArrayRef, GenericListArray, Int32Array, OffsetSizeTrait, RecordBatch};
+    use arrow_buffer::{OffsetBuffer, ScalarBuffer};
+    use arrow_data::ArrayData;
+    use arrow_data::transform::MutableArrayData;
+    use arrow_schema::{DataType, Field, FieldRef, Schema};
+    use stowplan::{AtomicFile, PACKED_BATCH_TOKENS, PackedRows};
+
+    use crate::arrow::{Format, column_index, read_batches};
+    use crate::failure::Failure;
+
+    /// The output column of each packed row's sequence lengths (TRL's name).
+    const SEQ_LENGTHS: &str = "seq_lengths";
+    /// The optional output column of positions restarting at every sequence.
+    const POSITION_IDS: &str = "position_ids";
+
+    /// The packed columns of the input: every batch's flat values, where each starts.
+    pub struct Table {
+        /// The packed columns' names, the first one giving the lengths.
+        pub names: Vec<String>,
+        /// The rows' lengths (the first column's).
+        pub lengths: Vec<u64>,
+        /// Each column's list type.
+        types: Vec<DataType>,
+        /// Per column, per input batch: its rows' values, one after the other.
+        values: Vec<Vec<ArrayData>>,
+        /// Each input batch's first value in the flat values, and the total.
+        bases: Vec<u64>,
+    }
+
+    /// Reads the list columns `columns` (default: every column) of the Arrow IPC file at
+    /// `path`, checking them as `stowplan.arrow` does: lists, no null row, the same lengths
+    /// in every row, rows no longer than a plan takes, at least one row.
+    pub fn read(path: &Path, format: Format, columns: Option<&[String]>, position_ids: bool) -> Result<Table, Failure> {
+        let mut table = Table { names: vec![], lengths: vec![], types: vec![], values: vec![], bases: vec![0] };
+        let pick = |schema: &Schema| -> Result<Vec<usize>, String> {
+            let names: Vec<String> = match columns {
+                Some(c) => c.to_vec(),
+                None => schema.fields().iter().map(|f| f.name().clone()).collect(),
+            };
+            if names.is_empty() || names.iter().any(String::is_empty) {
+                return Err("--columns must name at least one list column (and no empty name)".into());
+            }
+            let mut seen = std::collections::BTreeSet::new();
+            let mut picked = Vec::with_capacity(names.len());
+            for name in &names {
+                if !seen.insert(name) {
+                    return Err(format!("column {name:?} is named twice"));
+                }
+                if name == SEQ_LENGTHS || (position_ids && name == POSITION_IDS) {
+                    return Err(format!("column {name:?} is an output column of packing; leave it out with --columns"));
+                }
+                let i = column_index(schema, name)?;
+                let t = schema.field(i).data_type();
+                if !matches!(t, DataType::List(_) | DataType::LargeList(_)) {
+                    let hint = if columns.is_none() { "; pass --columns to pack only the list columns" } else { "" };
+                    return Err(format!("column {name:?} is not a list column (its type is {t}){hint}"));
+                }
+                table.types.push(t.clone());
+                picked.push(i);
+            }
+            table.names = names;
+            Ok(picked)
+        };
+        let mut rows = 0u64;
+        let mut lengths = Vec::new();
+        let mut values: Vec<Vec<ArrayData>> = Vec::new();
+        let mut bases = vec![0u64];
+        read_batches(path, format, pick, |batch| {
+            if values.is_empty() {
+                values = vec![Vec::new(); batch.num_columns()];
+            }
+            let schema = batch.schema();
+            let names: Vec<&str> = schema.fields().iter().map(|f| f.name().as_str()).collect();
+            let mut first: Option<Vec<u64>> = None;
+            for (c, column) in batch.columns().iter().enumerate() {
+                let name = names[c];
+                if let Some(row) = (0..column.len()).find(|&r| column.is_null(r)) {
+                    return Err(format!(
+                        "column {name:?} has a null at row {}; fill or filter nulls before packing",
+                        rows + row as u64
+                    ));
+                }
+                let (lens, flat) = match column.data_type() {
+                    DataType::List(_) => flat_values(column.as_list::<i32>()),
+                    _ => flat_values(column.as_list::<i64>()),
+                };
+                match &first {
+                    None => first = Some(lens),
+                    Some(f) => {
+                        if let Some(row) = (0..f.len()).find(|&r| f[r] != lens[r]) {
+                            return Err(format!(
+                                "column {name:?} does not have the offsets of column {:?}: row {} has {} values, not {}",
+                                names[0],
+                                rows + row as u64,
+                                lens[row],
+                                f[row]
+                            ));
+                        }
+                    }
+                }
+                values[c].push(flat);
+            }
+            let lens = first.unwrap_or_default();
+            let total = lens.iter().sum::<u64>();
+            bases.push(bases.last().copied().unwrap_or(0) + total);
+            rows += lens.len() as u64;
+            lengths.extend(lens);
+            Ok(())
+        })?;
+        let shown = path.display();
+        if lengths.is_empty() {
+            return Err(Failure::bad(format!("{shown}: the table is empty: there are no rows to pack")));
+        }
+        stowplan::check_row_lengths(&lengths, &table.names[0], 0).map_err(|e| Failure::bad(format!("{shown}: {e}")))?;
+        table.lengths = lengths;
+        table.values = values;
+        table.bases = bases;
+        Ok(table)
+    }
+
+    /// A list array's row lengths and its rows' values (sliced out of the child array).
+    fn flat_values<O: OffsetSizeTrait>(list: &GenericListArray<O>) -> (Vec<u64>, ArrayData) {
+        let offsets = list.value_offsets();
+        let (a, b) = (offsets[0].as_usize(), offsets[offsets.len() - 1].as_usize());
+        let lens = list.offsets().lengths().map(|n| n as u64).collect();
+        (lens, list.values().slice(a, b - a).to_data())
+    }
+
+    /// Writes `rows` of `table` to `path` as an Arrow IPC stream, atomically, in batches of
+    /// at most [`PACKED_BATCH_TOKENS`] tokens (or one row); returns the file's size.
+    pub fn write(table: &Table, rows: &PackedRows, position_ids: bool, path: &Path) -> Result<u64, Failure> {
+        let shown = path.display();
+        let arrow = |e: arrow_schema::ArrowError| Failure::bad(format!("writing {shown}: {e}"));
+        let seq_type = DataType::List(Arc::new(Field::new_list_field(DataType::Int32, true)));
+        let mut fields: Vec<Field> =
+            table.names.iter().zip(&table.types).map(|(n, t)| Field::new(n, t.clone(), true)).collect();
+        fields.push(Field::new(SEQ_LENGTHS, seq_type.clone(), true));
+        if position_ids {
+            fields.push(Field::new(POSITION_IDS, seq_type, true));
+        }
+        let schema = Arc::new(Schema::new(fields));
+        let file = AtomicFile::create(path)?;
+        let mut writer = arrow_ipc::writer::StreamWriter::try_new(file, &schema).map_err(arrow)?;
+        // Tokens before each row, and the total.
+        let mut item_ends = Vec::with_capacity(rows.lengths.len() + 1);
+        item_ends.push(0u64);
+        for &l in &rows.lengths {
+            item_ends.push(item_ends[item_ends.len() - 1] + l);
+        }
+        let row_tokens: Vec<u64> = rows.offsets.iter().map(|&o| item_ends[o as usize]).collect();
+        let n_rows = rows.rows();
+        let mut r0 = 0;
+        while r0 < n_rows {
+            let r1 = row_tokens.partition_point(|&t| t <= row_tokens[r0] + PACKED_BATCH_TOKENS) - 1;
+            let r1 = r1.max(r0 + 1).min(n_rows);
+            let batch = packed_batch(table, rows, &row_tokens, r0, r1, position_ids, &schema).map_err(arrow)?;
+            writer.write(&batch).map_err(arrow)?;
+            r0 = r1;
+        }
+        writer.finish().map_err(arrow)?;
+        writer.into_inner().map_err(arrow)?.commit()?;
+        Ok(std::fs::metadata(path).map(|m| m.len()).unwrap_or(0))
+    }
+
+    /// Packed rows `r0..r1` as one record batch.
+    fn packed_batch(
+        table: &Table,
+        rows: &PackedRows,
+        row_tokens: &[u64],
+        r0: usize,
+        r1: usize,
+        position_ids: bool,
+        schema: &Arc<Schema>,
+    ) -> Result<RecordBatch, arrow_schema::ArrowError> {
+        let (i0, i1) = (rows.offsets[r0] as usize, rows.offsets[r1] as usize);
+        let t0 = row_tokens[r0];
+        let tokens = (row_tokens[r1] - t0) as usize;
+        let row_off: Vec<u64> = row_tokens[r0..=r1].iter().map(|&t| t - t0).collect();
+        // Each item's input batch and first value there.
+        let runs: Vec<(usize, usize, usize)> = (i0..i1)
+            .map(|i| {
+                let (start, len) = (rows.starts[i], rows.lengths[i]);
+                let b = table.bases.partition_point(|&base| base <= start) - 1;
+                (b, (start - table.bases[b]) as usize, len as usize)
+            })
+            .collect();
+        let mut columns: Vec<ArrayRef> = Vec::with_capacity(schema.fields().len());
+        for (c, t) in table.types.iter().enumerate() {
+            let sources: Vec<&ArrayData> = table.values[c].iter().collect();
+            let nulls = sources.iter().any(|d| d.null_count() > 0);
+            let mut gathered = MutableArrayData::new(sources, nulls, tokens);
+            for &(b, at, len) in &runs {
+                gathered.extend(b, at, at + len);
+            }
+            let values = arrow_array::make_array(gathered.freeze());
+            columns.push(match t {
+                DataType::List(f) => list::<i32>(f, &row_off, values)?,
+                DataType::LargeList(f) => list::<i64>(f, &row_off, values)?,
+                other => unreachable!("read() takes list columns only, not {other}"),
+            });
+        }
+        let item = Arc::new(Field::new_list_field(DataType::Int32, true));
+        let seq_off: Vec<u64> = (r0..=r1).map(|r| rows.offsets[r] - i0 as u64).collect();
+        let lens = Int32Array::from_iter_values(rows.lengths[i0..i1].iter().map(|&l| l as i32));
+        columns.push(list::<i32>(&item, &seq_off, Arc::new(lens))?);
+        if position_ids {
+            let pos = Int32Array::from_iter_values(rows.lengths[i0..i1].iter().flat_map(|&l| 0..l as i32));
+            columns.push(list::<i32>(&item, &row_off, Arc::new(pos))?);
+        }
+        RecordBatch::try_new(schema.clone(), columns)
+    }
+
+    /// A list array of `values` cut at `offsets`.
+    fn list<O: OffsetSizeTrait>(
+        field: &FieldRef,
+        offsets: &[u64],
+        values: ArrayRef,
+    ) -> Result<ArrayRef, arrow_schema::ArrowError> {
+        let offsets: Vec<O> = offsets.iter().map(|&o| O::usize_as(o as usize)).collect();
+        let offsets = OffsetBuffer::new(ScalarBuffer::from(offsets));
+        Ok(Arc::new(GenericListArray::<O>::try_new(field.clone(), offsets, values, None)?))
+    }
+}
