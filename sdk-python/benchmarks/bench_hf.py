@@ -15,7 +15,11 @@ times), ``input_ids`` and ``labels`` ``list<int32>`` columns (distinct buffers),
 - ``stowplan:bfd``, ``stowplan:bfd_split``, ``stowplan:wrapped`` —
   ``stowplan.hf.pack_dataset(scope="dataset")``: one kernel plan over the whole dataset;
 - ``compat:bfd``, ``compat:bfd_split``, ``compat:wrapped`` — ``stowplan.compat.trl.pack_dataset``,
-  TRL's output row for row (checked here: the sha256 of its output against TRL's).
+  TRL's output row for row (checked here: the sha256 of its output against TRL's);
+- ``stowplan-file:*`` — ``stowplan.hf.pack_dataset(cache_file_name=...)``;
+- ``cli:*`` — ``stowplan pack-dataset TABLE OUT`` (``$STOWPLAN_BIN``, default
+  ``target/release/stowplan``, a build with the ``arrow`` feature) on the table's file, then
+  ``Dataset.from_file(OUT)``; its peak RSS is the larger of the CLI's and the Python side's.
 
 The table is written once to an Arrow IPC file in a temporary directory. Each measurement
 runs in a fresh subprocess (so each peak RSS is its own): the child reads the table into
@@ -48,7 +52,9 @@ HERE = pathlib.Path(__file__).resolve()
 DEFAULT_WORKLOAD = HERE.parents[3] / "shared" / "workloads" / "sft-chat-200k.txt"
 # "stowplan-file": stowplan.hf with cache_file_name (the packed rows written to a file beside
 # the table, fsynced, and memory-mapped), so that the packed copy is not held in memory.
-CONTENDERS = tuple(f"{who}:{s}" for who in ("trl", "stowplan", "compat", "stowplan-file") for s in ("bfd", "bfd_split", "wrapped"))
+# "cli": the `stowplan pack-dataset` command on the table's file, no Python packing.
+CONTENDERS = tuple(f"{who}:{s}" for who in ("trl", "stowplan", "compat", "stowplan-file", "cli") for s in ("bfd", "bfd_split", "wrapped"))
+CLI = pathlib.Path(os.environ.get("STOWPLAN_BIN") or HERE.parents[2] / "target" / "release" / "stowplan")
 
 
 def read_lengths(path: pathlib.Path) -> np.ndarray:
@@ -143,8 +149,16 @@ def child(contender: str, seq_length: int, path: pathlib.Path, mmap: bool) -> Di
 
     datasets.disable_progress_bars()
     who, strategy = contender.split(":")
-    out_file = path.with_name(f"packed-{os.getpid()}.arrow") if who == "stowplan-file" else None
-    if who == "trl":
+    out_file = path.with_name(f"packed-{os.getpid()}.arrow") if who in ("stowplan-file", "cli") else None
+    if who == "cli":
+
+        def pack(ds: Any, seq_length: int, strategy: str) -> Any:
+            args = [str(CLI), "pack-dataset", str(path), str(out_file), "--seq-length", str(seq_length)]
+            args += ["--strategy", strategy, "--columns", "input_ids,labels"]
+            subprocess.run(args, check=True, stdout=subprocess.DEVNULL)
+            return datasets.Dataset.from_file(str(out_file))
+
+    elif who == "trl":
         from trl import pack_dataset as pack
     elif who == "compat":
         from stowplan.compat.trl import pack_dataset as pack
@@ -164,7 +178,9 @@ def child(contender: str, seq_length: int, path: pathlib.Path, mmap: bool) -> Di
     start = time.perf_counter()
     out = pack(ds, seq_length, strategy=strategy)
     seconds = time.perf_counter() - start
-    peak = _status("VmHWM")
+    import resource
+
+    peak = max(_status("VmHWM"), resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024)
     tokens = int(pc.sum(pc.list_value_length(out.data.table.column("input_ids"))).as_py())  # (wrapped has no seq_lengths in TRL)
     result = {
         "contender": contender,
@@ -215,7 +231,7 @@ def report(contenders: List[str], rows: int, rounds: int, seq_length: int, workl
         "peak RSS = the process's peak while packing (its table and Python's ~0.3 GiB included); "
         "growth = peak minus the RSS just before the call\n"
     )
-    print("| contender | time (median) | per round | TRL's median / this (same strategy) | peak RSS | peak / table | growth | bins | lower bound | over LB | = TRL output |")
+    print("| contender | time (median) | per round | TRL's median / this (same strategy) | peak RSS | peak / table | growth | bins | lower bound | over LB | same output (compat: TRL's; cli, stowplan-file: stowplan's) |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for c in contenders:
         rs = results[c]
@@ -228,11 +244,14 @@ def report(contenders: List[str], rows: int, rounds: int, seq_length: int, workl
         x = rs[0]
         if len({y["sha256"] for y in rs}) != 1:
             raise AssertionError(f"{c}: the output changed between rounds")
+        # compat must give TRL's output; the file and CLI routes stowplan.hf's.
+        twin = {"compat": "trl", "cli": "stowplan", "stowplan-file": "stowplan"}.get(who)
+        theirs = results.get(f"{twin}:{strategy}")
         same = "–"
-        if who == "compat" and trl:
-            same = "yes" if x["sha256"] == trl[0]["sha256"] else "**NO**"
+        if theirs:
+            same = "yes" if x["sha256"] == theirs[0]["sha256"] else "**NO**"
             if same != "yes":
-                print(f"# {c}: output differs from TRL's", file=sys.stderr)
+                print(f"# {c}: output differs from {twin}:{strategy}'s", file=sys.stderr)
         excess = (x["bins"] / x["lower_bound"] - 1) * 100
         print(
             f"| {c} | {t:.2f} s | {' '.join('%.2f' % y['seconds'] for y in rs)} | {ratio} | {peak / 2**30:.2f} GiB | "

@@ -102,7 +102,22 @@ HF_SCRIPT = HERE.parent / "benchmarks" / "bench_hf.py"
 SFT = HERE.parents[2] / "shared" / "workloads" / "sft-chat-200k.txt"
 
 
-def test_bench_hf_runs_and_compat_matches_trl():
+def _cli_with_arrow(tmp_path):
+    """The test command's stowplan binary if it was built with the arrow feature, else None."""
+    cli = os.environ.get("STOWPLAN_BIN")
+    if not cli:
+        return None
+    import pyarrow as pa
+
+    probe = tmp_path / "probe.arrow"
+    table = pa.table({"input_ids": [[1, 2]]})
+    with pa.ipc.new_stream(str(probe), table.schema) as w:
+        w.write_table(table)
+    out = subprocess.run([cli, "pack-dataset", str(probe), str(tmp_path / "out.arrow"), "--seq-length", "4"], capture_output=True, text=True)
+    return None if "built without Arrow support" in out.stderr else cli
+
+
+def test_bench_hf_runs_and_compat_matches_trl(tmp_path):
     if not SFT.is_file():
         pytest.skip(f"no shared workloads beside the checkout ({SFT})")
     pytest.importorskip("datasets")
@@ -113,12 +128,15 @@ def test_bench_hf_runs_and_compat_matches_trl():
         contenders += ",trl:bfd,compat:bfd"
     except Exception:
         pass
+    if _cli_with_arrow(tmp_path):
+        contenders += ",cli:wrapped"
     args = [sys.executable, str(HF_SCRIPT), "--rows", "500", "--rounds", "1", "--seq-length", "2048", "--workload", str(SFT), "--contenders", contenders]
     out = subprocess.run(args, check=True, capture_output=True, text=True, timeout=600).stdout
     assert "| stowplan:bfd |" in out and "| stowplan:wrapped |" in out, out
-    if "compat:bfd" in contenders:
-        row = next(line for line in out.splitlines() if line.startswith("| compat:bfd |"))
-        assert row.endswith("| yes |"), out
+    for twin in ("compat:bfd", "cli:wrapped"):
+        if twin in contenders:
+            row = next(line for line in out.splitlines() if line.startswith(f"| {twin} |"))
+            assert row.endswith("| yes |"), out
 
 
 def test_bench_hf_refuses_bad_arguments():
