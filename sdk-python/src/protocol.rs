@@ -6,7 +6,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use numpy::IntoPyArray;
+use numpy::{IntoPyArray, PyReadonlyArray1};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList};
 use stowplan::serve::protocol::files::control_file_name;
@@ -157,6 +157,96 @@ fn write_atomic(py: Python<'_>, path: PathBuf, data: &[u8]) -> PyResult<()> {
     py.detach(|| stowplan::write_atomic(&path, data)).map_err(|e| to_py(py, e))
 }
 
+/// AtomicFile(path): a binary file written piece by piece (``write``) that replaces the file at
+/// ``path`` atomically on ``commit()`` (temporary file beside it, fsync, rename, fsync of the
+/// directory: the host's `stowplan::AtomicFile`, as ``write_atomic`` for content too large to
+/// hold); closed without a commit — ``close()``, or leaving a ``with`` block by an exception —
+/// the temporary file is removed and ``path`` left as it was. A sink for ``pyarrow`` writers.
+#[pyclass(name = "AtomicFile", module = "stowplan._stowplan")]
+pub(crate) struct PyAtomicFile {
+    file: Option<stowplan::AtomicFile>,
+    written: u64,
+}
+
+#[pymethods]
+impl PyAtomicFile {
+    #[new]
+    fn new(py: Python<'_>, path: PathBuf) -> PyResult<Self> {
+        let file = py.detach(|| stowplan::AtomicFile::create(&path)).map_err(|e| to_py(py, e))?;
+        Ok(PyAtomicFile { file: Some(file), written: 0 })
+    }
+
+    /// Appends ``data`` (``bytes`` or any contiguous buffer, e.g. a ``pyarrow.Buffer``);
+    /// returns its length.
+    fn write(&mut self, py: Python<'_>, data: &Bound<'_, PyAny>) -> PyResult<usize> {
+        use std::io::Write;
+        // Read in place: bytes as they are, any other buffer through numpy.frombuffer (the
+        // buffer protocol is not in the stable ABI this module is built for).
+        let array;
+        let bytes: &[u8] = match data.cast::<PyBytes>() {
+            Ok(b) => b.as_bytes(),
+            Err(_) => {
+                let numpy = py.import("numpy")?;
+                array = numpy.call_method1("frombuffer", (data, "uint8"))?.extract::<PyReadonlyArray1<'_, u8>>()?;
+                array.as_slice()?
+            }
+        };
+        let file = self.open(py)?;
+        py.detach(|| file.write_all(bytes)).map_err(|e| to_py(py, stowplan::Error::Io(format!("writing: {e}"))))?;
+        self.written += bytes.len() as u64;
+        Ok(bytes.len())
+    }
+
+    /// Bytes written so far.
+    fn tell(&self) -> u64 {
+        self.written
+    }
+
+    /// Nothing: the data reaches the disk on ``commit()``.
+    fn flush(&self) {}
+
+    /// Puts the file in place (flushed, fsynced, renamed over ``path``); the file is closed.
+    fn commit(&mut self, py: Python<'_>) -> PyResult<()> {
+        self.open(py)?;
+        match self.file.take() {
+            Some(file) => py.detach(|| file.commit()).map_err(|e| to_py(py, e)),
+            None => Ok(()), // (open() refused it already)
+        }
+    }
+
+    /// Abandons the file unless committed: the temporary file is removed.
+    fn close(&mut self) {
+        self.file = None;
+    }
+
+    /// Whether the file is committed or closed.
+    #[getter]
+    fn closed(&self) -> bool {
+        self.file.is_none()
+    }
+
+    /// ``True``: the file takes writes.
+    fn writable(&self) -> bool {
+        true
+    }
+
+    fn __enter__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    /// Leaving the ``with`` block closes the file; commit inside the block to keep it.
+    fn __exit__(&mut self, _exc_type: &Bound<'_, PyAny>, _exc: &Bound<'_, PyAny>, _tb: &Bound<'_, PyAny>) -> bool {
+        self.close();
+        false
+    }
+}
+
+impl PyAtomicFile {
+    fn open(&mut self, py: Python<'_>) -> PyResult<&mut stowplan::AtomicFile> {
+        self.file.as_mut().ok_or_else(|| invalid(py, "the AtomicFile is committed or closed".into()))
+    }
+}
+
 pub(crate) fn duration(py: Python<'_>, name: &str, seconds: f64) -> PyResult<Duration> {
     Duration::try_from_secs_f64(seconds)
         .map_err(|_| invalid(py, format!("{name} must be a number of seconds ≥ 0 (got {seconds})")))
@@ -294,6 +384,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(py_batch_file_name, m)?)?;
     m.add_function(wrap_pyfunction!(fs_send, m)?)?;
     m.add_function(wrap_pyfunction!(write_atomic, m)?)?;
+    m.add_class::<PyAtomicFile>()?;
     m.add_function(wrap_pyfunction!(py_control_file_name, m)?)?;
     m.add_function(wrap_pyfunction!(decode_rank_batch, m)?)?;
     m.add_function(wrap_pyfunction!(encode_rank_hello, m)?)?;

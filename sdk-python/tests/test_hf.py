@@ -192,6 +192,27 @@ def test_the_cli_packs_a_datasets_cache_file_as_pack_dataset_does(tmp_path, stra
     assert report["packed_tokens"] == sum(map(sum, table(want)["seq_lengths"]))
 
 
+def test_atomic_file_replaces_its_path_on_commit_only(tmp_path):
+    from stowplan._stowplan import AtomicFile
+
+    path = tmp_path / "out.bin"
+    path.write_bytes(b"old")
+    with pytest.raises(RuntimeError):
+        with AtomicFile(path) as f:
+            f.write(b"new ")
+            f.write(pa.py_buffer(b"content"))  # any buffer, as pyarrow's writers hand them
+            assert (f.tell(), path.read_bytes()) == (11, b"old")
+            raise RuntimeError("a failure before the commit")
+    assert path.read_bytes() == b"old" and [p.name for p in tmp_path.iterdir()] == ["out.bin"]
+    with AtomicFile(path) as f:
+        f.write(b"new content")
+        f.commit()
+        assert f.closed
+        with pytest.raises(stowplan.InvalidArgumentError, match="committed or closed"):
+            f.write(b"more")
+    assert path.read_bytes() == b"new content" and [p.name for p in tmp_path.iterdir()] == ["out.bin"]
+
+
 def test_writers_of_one_path_at_once_each_leave_it_whole(tmp_path):
     from concurrent.futures import ThreadPoolExecutor
 

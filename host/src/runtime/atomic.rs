@@ -1,7 +1,9 @@
 //! Atomic file replacement: write a temporary file beside the target, fsync it, rename it
 //! over the target, fsync the directory. Readers see the old or the new file, never a torn
 //! one; a crash leaves at most a stale temporary file (named `.NAME.tmp.PID.N`), which
-//! readers ignore and the next write of the same process id replaces. [`write`] takes the
+//! readers ignore. A temporary file is created new, never opened if it exists, so two
+//! writers never share one (threads of a process differ in N; processes that share a
+//! directory but not a pid namespace, in containers, take the next N). [`write`] takes the
 //! whole content; [`AtomicFile`] takes it piece by piece.
 
 use std::fs::{File, OpenOptions};
@@ -91,14 +93,15 @@ impl AtomicFile {
             _ => PathBuf::from("."),
         };
         std::fs::create_dir_all(&dir).map_err(|e| io("creating directory", &dir, e))?;
-        let tmp = temp_path(path);
-        let file = OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(mode)
-            .open(&tmp)
-            .map_err(|e| io("creating", &tmp, e))?;
+        let (tmp, file) = loop {
+            let tmp = temp_path(path);
+            match OpenOptions::new().write(true).create_new(true).mode(mode).open(&tmp) {
+                Ok(file) => break (tmp, file),
+                // Another writer's (or a crashed one's): take the next name.
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+                Err(e) => return Err(io("creating", &tmp, e)),
+            }
+        };
         Ok(AtomicFile {
             path: path.to_path_buf(),
             dir,

@@ -23,7 +23,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import os
-import tempfile
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -223,9 +222,9 @@ def _split_files(cache_file_name: Any, splits: List[str]) -> Dict[str, Any]:
 
 def _write_packed(cache_file_name: Any, packed: Any) -> str:
     """Writes the packed batches (a ``RecordBatchReader``) to ``cache_file_name`` as an Arrow
-    stream, atomically: a temporary file of a unique name beside it, fsynced, renamed over it,
-    the directory fsynced. Returns the absolute path. (Not stowplan.write_atomic, which takes
-    the whole content: the point here is never to hold it.)"""
+    stream, batch by batch and atomically (the host's ``AtomicFile``: a temporary file of a
+    unique name beside it, fsynced, renamed over it, the directory fsynced; removed if the
+    write fails). Returns the absolute path."""
     try:
         path = os.fspath(cache_file_name)
     except TypeError:
@@ -238,23 +237,11 @@ def _write_packed(cache_file_name: Any, packed: Any) -> str:
         raise InvalidArgumentError(f"cache_file_name {path!r} is a directory; name a file")
     if not os.path.isdir(directory):
         raise InvalidArgumentError(f"cache_file_name {path!r}: its directory does not exist")
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=os.path.basename(path) + ".", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as sink:
-            with pa.ipc.new_stream(sink, packed.schema) as writer:
-                for batch in packed:
-                    writer.write_batch(batch)
-            sink.flush()
-            os.fsync(sink.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        os.remove(tmp)
-        raise
-    dir_fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)  # the rename itself
-    finally:
-        os.close(dir_fd)
+    with _stowplan.AtomicFile(path) as sink:
+        with pa.ipc.new_stream(sink, packed.schema) as writer:
+            for batch in packed:
+                writer.write_batch(batch)
+        sink.commit()
     return path
 
 
