@@ -6,7 +6,12 @@
 //! The packed rows are the host's [`stowplan::pack_rows`] (the strategies and overflow
 //! policies of `stowplan.arrow.pack_table`, whose output this equals row for row); the values
 //! are copied run by run from the memory-mapped input with arrow-data's `MutableArrayData`,
-//! batch by batch, into an [`stowplan::AtomicFile`]: OUT appears whole or not at all.
+//! batch by batch (a thread gathers the next batch while the last one is written), into an
+//! [`stowplan::AtomicFile`]: OUT appears whole or not at all. Columns of numbers or booleans
+//! are packed (token ids, labels, masks, log-probabilities); other value types (strings,
+//! nested lists, dictionaries) are refused, naming the column: `stowplan.hf` packs those.
+//! SIGINT or SIGTERM while writing stops at the next batch and removes the temporary file (a
+//! second one ends the process at once; SIGKILL leaves the temporary `.OUT.tmp.*` behind).
 
 use std::fmt;
 use std::path::PathBuf;
@@ -15,7 +20,7 @@ use std::time::Instant;
 use serde::Serialize;
 use stowplan::{Backend, RowPacking};
 
-use crate::common::{ReadyKernel, named, print_report};
+use crate::common::{named, print_report};
 use crate::failure::Failure;
 
 /// The options of `stowplan pack-dataset`.
@@ -117,9 +122,8 @@ impl fmt::Display for Report {
 /// Runs `stowplan pack-dataset`.
 pub fn run(args: Args) -> Result<(), Failure> {
     let packing = RowPacking::parse(&args.strategy, args.overflow.as_deref())?;
-    if args.seq_length == 0 || args.seq_length > stowplan::MAX_SEQ_LENGTH {
-        return Err(Failure::bad(format!("--seq-length must be in 1..=2^31-1 (got {})", args.seq_length)));
-    }
+    stowplan::check_seq_length(args.seq_length).map_err(|e| Failure::bad(format!("--seq-length: {e}")))?;
+    check_output(&args.output)?;
     let format = crate::arrow::sniff(&args.input)?.ok_or_else(|| {
         Failure::bad(format!(
             "{}: not an Arrow IPC file or stream (pack-dataset reads a regular file such as a `datasets` cache \
@@ -127,18 +131,19 @@ pub fn run(args: Args) -> Result<(), Failure> {
             args.input.display()
         ))
     })?;
+    keep_freed_memory();
     let t = Instant::now();
     let table = table::read(&args.input, format, args.columns.as_deref(), args.position_ids)?;
-    let kernel = ReadyKernel::new(args.backend)?;
-    let rows = stowplan::pack_rows(&kernel.kernel, &table.lengths, args.seq_length, packing, &table.names[0])?;
+    let rows = stowplan::pack_rows(args.backend, &table.lengths, args.seq_length, packing, &table.names[0])
+        .map_err(|e| Failure { message: format!("{}: {e}", args.input.display()), ..Failure::from(e) })?;
     let plan_s = t.elapsed().as_secs_f64();
     let t = Instant::now();
     let bytes = table::write(&table, &rows, args.position_ids, &args.output)?;
     let packed_tokens: u64 = rows.lengths.iter().sum();
     let packed_rows = rows.rows() as u64;
     let report = Report {
-        strategy: packing.strategy.name(),
-        overflow: packing.overflow.map(|o| o.name()),
+        strategy: packing.strategy().name(),
+        overflow: packing.overflow().map(|o| o.name()),
         seq_length: args.seq_length,
         columns: table.names.clone(),
         rows: table.lengths.len() as u64,
@@ -146,7 +151,7 @@ pub fn run(args: Args) -> Result<(), Failure> {
         packed_rows,
         packed_tokens,
         lower_bound: packed_tokens.div_ceil(args.seq_length),
-        fill: if packed_rows == 0 { 0.0 } else { packed_tokens as f64 / (packed_rows * args.seq_length) as f64 },
+        fill: if packed_rows == 0 { 0.0 } else { packed_tokens as f64 / (packed_rows as f64 * args.seq_length as f64) },
         bytes,
         plan_s,
         write_s: t.elapsed().as_secs_f64(),
@@ -154,6 +159,33 @@ pub fn run(args: Args) -> Result<(), Failure> {
         output: args.output,
     };
     print_report(&report, args.json)
+}
+
+/// Has the C allocator keep what this one-shot command frees, from its heap: each record batch
+/// of the output (hundreds of MiB) then reuses the last one's pages instead of faulting in and
+/// zeroing fresh ones (measured: most of the kernel time of a write, before).
+fn keep_freed_memory() {
+    #[cfg(target_env = "gnu")]
+    // SAFETY: mallopt only changes the allocator's parameters; called before any thread.
+    #[allow(unsafe_code)]
+    unsafe {
+        libc::mallopt(libc::M_MMAP_MAX, 0);
+        libc::mallopt(libc::M_TRIM_THRESHOLD, i32::MAX);
+    }
+}
+
+/// Refuses an OUT that cannot be written before any work: a directory, or a file in a
+/// directory that does not exist.
+fn check_output(out: &std::path::Path) -> Result<(), Failure> {
+    let shown = out.display();
+    if out.as_os_str().is_empty() || out.is_dir() || out.file_name().is_none() {
+        return Err(Failure::bad(format!("OUT {shown:?} must name a file, not a directory")));
+    }
+    let dir = out.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."));
+    if !dir.is_dir() {
+        return Err(Failure::bad(format!("OUT {shown:?}: its directory {} does not exist", dir.display())));
+    }
+    Ok(())
 }
 
 #[cfg(not(feature = "arrow"))]
@@ -193,15 +225,10 @@ mod table {
     use arrow_data::ArrayData;
     use arrow_data::transform::MutableArrayData;
     use arrow_schema::{DataType, Field, FieldRef, Schema};
-    use stowplan::{AtomicFile, PACKED_BATCH_TOKENS, PackedRows};
+    use stowplan::{AtomicFile, PACKED_BATCH_TOKENS, POSITION_IDS, PackedRows, SEQ_LENGTHS};
 
     use crate::arrow::{Format, column_index, read_batches};
     use crate::failure::Failure;
-
-    /// The output column of each packed row's sequence lengths (TRL's name).
-    const SEQ_LENGTHS: &str = "seq_lengths";
-    /// The optional output column of positions restarting at every sequence.
-    const POSITION_IDS: &str = "position_ids";
 
     /// The packed columns of the input: every batch's flat values, where each starts.
     pub struct Table {
@@ -218,18 +245,22 @@ mod table {
     }
 
     /// Reads the list columns `columns` (default: every column) of the Arrow IPC file at
-    /// `path`, checking them as `stowplan.arrow` does: lists, no null row, the same lengths
-    /// in every row, rows no longer than a plan takes, at least one row.
+    /// `path`, checking them as `stowplan.arrow` does: lists (of numbers or booleans here), no
+    /// null row, the same lengths in every row, at least one row.
     pub fn read(path: &Path, format: Format, columns: Option<&[String]>, position_ids: bool) -> Result<Table, Failure> {
         let mut table = Table { names: vec![], lengths: vec![], types: vec![], values: vec![], bases: vec![0] };
         let pick = |schema: &Schema| -> Result<Vec<usize>, String> {
-            let names: Vec<String> = match columns {
-                Some(c) => c.to_vec(),
-                None => schema.fields().iter().map(|f| f.name().clone()).collect(),
-            };
-            if names.is_empty() || names.iter().any(String::is_empty) {
-                return Err("--columns must name at least one list column (and no empty name)".into());
+            let all: Vec<&String> = schema.fields().iter().map(|f| f.name()).collect();
+            if all.iter().collect::<std::collections::BTreeSet<_>>().len() != all.len() {
+                return Err(format!("the table has duplicate column names: {all:?}"));
             }
+            let names: Vec<String> = match columns {
+                Some(c) if c.is_empty() || c.iter().any(String::is_empty) => {
+                    return Err("--columns must name at least one list column (and no empty name)".into());
+                }
+                Some(c) => c.to_vec(),
+                None => all.into_iter().cloned().collect(),
+            };
             let mut seen = std::collections::BTreeSet::new();
             let mut picked = Vec::with_capacity(names.len());
             for name in &names {
@@ -241,9 +272,21 @@ mod table {
                 }
                 let i = column_index(schema, name)?;
                 let t = schema.field(i).data_type();
-                if !matches!(t, DataType::List(_) | DataType::LargeList(_)) {
-                    let hint = if columns.is_none() { "; pass --columns to pack only the list columns" } else { "" };
-                    return Err(format!("column {name:?} is not a list column (its type is {t}){hint}"));
+                let values = match t {
+                    DataType::List(f) | DataType::LargeList(f) => f.data_type(),
+                    _ => {
+                        let hint =
+                            if columns.is_none() { "; pass --columns to pack only the list columns" } else { "" };
+                        return Err(format!("column {name:?} is not a list column (its type is {t}){hint}"));
+                    }
+                };
+                // Fixed-width values only: their runs are copied as they are (variable-width
+                // or dictionary values could overflow their own offsets or keys in a batch).
+                if !(values.is_primitive() || *values == DataType::Boolean) {
+                    return Err(format!(
+                        "column {name:?} holds {values} values: pack-dataset packs lists of numbers or booleans \
+                         (stowplan.hf.pack_dataset packs any list column)"
+                    ));
                 }
                 table.types.push(t.clone());
                 picked.push(i);
@@ -301,7 +344,6 @@ mod table {
         if lengths.is_empty() {
             return Err(Failure::bad(format!("{shown}: the table is empty: there are no rows to pack")));
         }
-        stowplan::check_row_lengths(&lengths, &table.names[0], 0).map_err(|e| Failure::bad(format!("{shown}: {e}")))?;
         table.lengths = lengths;
         table.values = values;
         table.bases = bases;
@@ -316,9 +358,12 @@ mod table {
         (lens, list.values().slice(a, b - a).to_data())
     }
 
-    /// Writes `rows` of `table` to `path` as an Arrow IPC stream, atomically, in batches of
-    /// at most [`PACKED_BATCH_TOKENS`] tokens (or one row); returns the file's size.
+    /// Writes `rows` of `table` to `path` as an Arrow IPC stream, atomically, in the record
+    /// batches of [`stowplan::packed_batches`]: a scoped thread gathers each batch while the
+    /// one before is encoded and written. Returns the file's size.
     pub fn write(table: &Table, rows: &PackedRows, position_ids: bool, path: &Path) -> Result<u64, Failure> {
+        use std::sync::atomic::{AtomicBool, Ordering};
+
         let shown = path.display();
         let arrow = |e: arrow_schema::ArrowError| Failure::bad(format!("writing {shown}: {e}"));
         let seq_type = DataType::List(Arc::new(Field::new_list_field(DataType::Int32, true)));
@@ -329,24 +374,47 @@ mod table {
             fields.push(Field::new(POSITION_IDS, seq_type, true));
         }
         let schema = Arc::new(Schema::new(fields));
+        // A first SIGINT/SIGTERM stops at the next batch (the temporary file removed); a second
+        // one ends the process.
+        let stop = Arc::new(AtomicBool::new(false));
+        for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+            signal_hook::flag::register_conditional_shutdown(signal, 130, Arc::clone(&stop))
+                .and_then(|_| signal_hook::flag::register(signal, Arc::clone(&stop)))
+                .map_err(|e| Failure::bad(format!("installing a signal handler: {e}")))?;
+        }
         let file = AtomicFile::create(path)?;
         let mut writer = arrow_ipc::writer::StreamWriter::try_new(file, &schema).map_err(arrow)?;
         // Tokens before each row, and the total.
-        let mut item_ends = Vec::with_capacity(rows.lengths.len() + 1);
-        item_ends.push(0u64);
-        for &l in &rows.lengths {
-            item_ends.push(item_ends[item_ends.len() - 1] + l);
+        let mut row_tokens = Vec::with_capacity(rows.offsets.len());
+        let (mut tokens, mut item) = (0u64, 0usize);
+        for &o in &rows.offsets {
+            while item < o as usize {
+                tokens += rows.lengths[item];
+                item += 1;
+            }
+            row_tokens.push(tokens);
         }
-        let row_tokens: Vec<u64> = rows.offsets.iter().map(|&o| item_ends[o as usize]).collect();
-        let n_rows = rows.rows();
-        let mut r0 = 0;
-        while r0 < n_rows {
-            let r1 = row_tokens.partition_point(|&t| t <= row_tokens[r0] + PACKED_BATCH_TOKENS) - 1;
-            let r1 = r1.max(r0 + 1).min(n_rows);
-            let batch = packed_batch(table, rows, &row_tokens, r0, r1, position_ids, &schema).map_err(arrow)?;
-            writer.write(&batch).map_err(arrow)?;
-            r0 = r1;
-        }
+        let ends = stowplan::packed_batches(&rows.lengths, &rows.offsets, PACKED_BATCH_TOKENS);
+        std::thread::scope(|scope| -> Result<(), Failure> {
+            let (tx, rx) = std::sync::mpsc::sync_channel(1);
+            let (schema, row_tokens) = (&schema, &row_tokens);
+            scope.spawn(move || {
+                for w in ends.windows(2) {
+                    let batch = packed_batch(table, rows, row_tokens, w[0], w[1], position_ids, schema);
+                    let failed = batch.is_err();
+                    if tx.send(batch).is_err() || failed {
+                        break; // the writer stopped, or this is the error it reports
+                    }
+                }
+            });
+            for batch in rx {
+                if stop.load(Ordering::Relaxed) {
+                    return Err(Failure::bad(format!("interrupted: {shown} not written")));
+                }
+                writer.write(&batch.map_err(arrow)?).map_err(arrow)?;
+            }
+            Ok(())
+        })?;
         writer.finish().map_err(arrow)?;
         writer.into_inner().map_err(arrow)?.commit()?;
         Ok(std::fs::metadata(path).map(|m| m.len()).unwrap_or(0))

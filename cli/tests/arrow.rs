@@ -64,7 +64,7 @@ fn without_the_feature_pack_dataset_refuses_saying_how_to_build() {
 mod with_arrow {
     use std::sync::Arc;
 
-    use arrow_array::builder::{Int32Builder, ListBuilder};
+    use arrow_array::builder::{Int32Builder, ListBuilder, StringBuilder};
     use arrow_array::cast::AsArray;
     use arrow_array::types::Int32Type;
     use arrow_array::{Array, ArrayRef, Int64Array, RecordBatch, StringArray};
@@ -308,17 +308,34 @@ mod with_arrow {
             RecordBatch::try_new(schema, vec![list_column(&[Some(2), Some(3)]), list_column(&[Some(2), Some(4)])])
                 .unwrap();
         write(&two, false, &[mismatched]);
+        // A list of strings, and a schema naming a column twice.
+        let strings = dir.join("strings.arrow");
+        let mut words = ListBuilder::new(StringBuilder::new());
+        words.values().append_value("a");
+        words.append(true);
+        let field = Field::new("words", DataType::List(Arc::new(Field::new_list_field(DataType::Utf8, true))), true);
+        let words: ArrayRef = Arc::new(words.finish());
+        write(&strings, true, &[RecordBatch::try_new(Arc::new(Schema::new(vec![field])), vec![words]).unwrap()]);
+        let dup = dir.join("dup.arrow");
+        let list = DataType::List(Arc::new(Field::new_list_field(DataType::Int32, true)));
+        let twice = Schema::new(vec![Field::new("input_ids", list.clone(), true), Field::new("input_ids", list, true)]);
+        let columns = vec![list_column(&[Some(1)]), list_column(&[Some(1)])];
+        write(&dup, true, &[RecordBatch::try_new(Arc::new(twice), columns).unwrap()]);
         let text = dir.join("lengths.txt");
         std::fs::write(&text, "3\n4\n").unwrap();
         let out = dir.join("packed.arrow");
         std::fs::write(&out, b"the previous output").unwrap();
         let s = |p: &Path| p.to_str().unwrap().to_string();
         let cases: Vec<(Vec<String>, u8, String)> = vec![
-            (vec![s(&good), "--seq-length".into(), "0".into()], 2, "--seq-length must be in 1..=2^31-1 (got 0)".into()),
+            (
+                vec![s(&good), "--seq-length".into(), "0".into()],
+                2,
+                "--seq-length: invalid argument: seq_length must be in 1..=2**31-1 (got 0)".into(),
+            ),
             (
                 vec![s(&good), "--seq-length".into(), "2147483648".into()],
                 2,
-                "--seq-length must be in 1..=2^31-1".into(),
+                "seq_length must be in 1..=2**31-1 (got 2147483648)".into(),
             ),
             (
                 vec![s(&good), "--seq-length".into(), "4".into()],
@@ -382,6 +399,16 @@ mod with_arrow {
                 "overflow does not apply to strategy 'wrapped'".into(),
             ),
             (vec![s(&text), "--seq-length".into(), "4".into()], 2, "not an Arrow IPC file or stream".into()),
+            (
+                vec![s(&strings), "--seq-length".into(), "4".into()],
+                2,
+                "column \"words\" holds Utf8 values: pack-dataset packs lists of numbers or booleans".into(),
+            ),
+            (
+                vec![s(&dup), "--seq-length".into(), "4".into()],
+                2,
+                "the table has duplicate column names: [\"input_ids\", \"input_ids\"]".into(),
+            ),
         ];
         for (args, code, want) in cases {
             let mut all = vec!["pack-dataset".to_string(), args[0].clone(), s(&out)];
@@ -395,7 +422,26 @@ mod with_arrow {
         let mut names: Vec<String> =
             std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
         names.sort();
-        assert_eq!(names, ["empty.arrow", "good.arrow", "lengths.txt", "nulls.arrow", "packed.arrow", "two.arrow"]);
+        assert_eq!(
+            names,
+            [
+                "dup.arrow",
+                "empty.arrow",
+                "good.arrow",
+                "lengths.txt",
+                "nulls.arrow",
+                "packed.arrow",
+                "strings.arrow",
+                "two.arrow"
+            ]
+        );
+        // An OUT that cannot be written is refused before any work (no directory is made).
+        let args = ["--seq-length", "4", "--columns", "input_ids"];
+        let got = pack_dataset(&good, &dir, &args);
+        assert!(stderr(&got).contains("must name a file, not a directory"), "{}", stderr(&got));
+        let got = pack_dataset(&good, &dir.join("missing").join("out.arrow"), &args);
+        assert!(stderr(&got).contains("missing does not exist"), "{}", stderr(&got));
+        assert!(!dir.join("missing").exists());
         // A damaged input is refused (or, where the damage is in the values, packed), never a crash.
         let bytes = std::fs::read(&good).unwrap();
         let damaged = dir.join("damaged.arrow");

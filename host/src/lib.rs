@@ -72,8 +72,8 @@ pub use rollout::{
     RolloutSample, Status, synthetic_buffer, validate_selection,
 };
 pub use rows::{
-    MAX_ROW_LENGTH, MAX_SEQ_LENGTH, Overflow, PACKED_BATCH_TOKENS, PackedRows, RowItems, RowPacking, RowStrategy,
-    check_row_lengths, pack_rows, row_items, wrapped_rows,
+    MAX_ROW_LENGTH, MAX_SEQ_LENGTH, Overflow, PACKED_BATCH_TOKENS, POSITION_IDS, PackedRows, RowItems, RowPacking,
+    RowStrategy, SEQ_LENGTHS, check_row_lengths, check_seq_length, pack_rows, packed_batches, row_items, wrapped_rows,
 };
 pub use runtime::{AtomicFile, cache_dir, sha256_hex, write_atomic};
 pub use stowplan_kernel::peers::{DpReorder, RollLoadBalanceOptions, RollMicroBatches, VerlMicroOptions};

@@ -1,8 +1,11 @@
 //! Packed rows of a table (issue 28): which runs of a tokenized table's flat values make each
 //! packed row of at most `seq_length` tokens. The one home of the strategies (`bfd`, `ffd`,
-//! `next-fit`, TRL's `bfd_split` and `wrapped`) and overflow policies (`truncate`, `split`,
-//! `drop`, `error`) that the SDK's `stowplan.arrow`/`stowplan.hf`/`compat.trl` and the CLI's
-//! `pack-dataset` apply; each of them then copies the runs with its own Arrow library.
+//! `next-fit`, TRL's `bfd_split` and `wrapped`), the overflow policies (`truncate`, `split`,
+//! `drop`, `error`), the output columns' names and the cut into record batches that the
+//! SDK's `stowplan.arrow`/`stowplan.hf`/`stowplan.ray` and the CLI's `pack-dataset` apply;
+//! each of them copies the runs with its own Arrow library. (`compat.trl` takes its items
+//! from [`row_items`] but fits them by TRL's rule, per map batch, and cuts TRL's `wrapped`
+//! rows itself: they are TRL's, not these.)
 //!
 //! A table's rows hold sequences of `lengths[r]` tokens, one after the other in the flat
 //! values (row `r` starts at `Σ lengths[..r]`). An *item* is a run of a row's tokens (the
@@ -12,7 +15,7 @@
 use std::fmt;
 use std::str::FromStr;
 
-use crate::{Error, Kernel, PackMethod, PackOptions};
+use crate::{Backend, Error, Kernel, PackMethod, PackOptions};
 
 /// How rows are packed: the kernel's plan under an [`Overflow`] policy, or `wrapped`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -36,7 +39,7 @@ impl RowStrategy {
     pub const ALL: [RowStrategy; 5] =
         [RowStrategy::Bfd, RowStrategy::Ffd, RowStrategy::NextFit, RowStrategy::BfdSplit, RowStrategy::Wrapped];
 
-    /// Its name (`next_fit` is read as `next-fit` too).
+    /// Its name.
     pub fn name(self) -> &'static str {
         match self {
             RowStrategy::Bfd => "bfd",
@@ -71,6 +74,7 @@ impl fmt::Display for RowStrategy {
 
 impl FromStr for RowStrategy {
     type Err = Error;
+    /// A strategy by its name; `next_fit` is read as `next-fit` too.
     fn from_str(s: &str) -> Result<Self, Error> {
         if s == "next_fit" {
             return Ok(RowStrategy::NextFit);
@@ -142,14 +146,13 @@ fn alternatives<T: fmt::Display>(all: impl IntoIterator<Item = T>) -> String {
     }
 }
 
-/// A strategy with its overflow policy, checked together: `bfd_split` splits (an overflow of
-/// `split` or none), `wrapped` takes none, the others default to [`Overflow::Truncate`].
+/// A strategy with its overflow policy, checked together ([`RowPacking::parse`]): `bfd_split`
+/// splits (an overflow of `split` or none), `wrapped` takes none, the others default to
+/// [`Overflow::Truncate`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RowPacking {
-    /// The strategy.
-    pub strategy: RowStrategy,
-    /// The overflow policy; `None` for `wrapped` only.
-    pub overflow: Option<Overflow>,
+    strategy: RowStrategy,
+    overflow: Option<Overflow>,
 }
 
 impl RowPacking {
@@ -162,18 +165,28 @@ impl RowPacking {
             (RowStrategy::Wrapped, None) => None,
             (RowStrategy::Wrapped, Some(o)) => {
                 return Err(Error::InvalidArgument(format!(
-                    "overflow does not apply to strategy 'wrapped' (got '{o}'); leave it None"
+                    "overflow does not apply to strategy 'wrapped' (got '{o}'); leave it unset"
                 )));
             }
             (RowStrategy::BfdSplit, None | Some(Overflow::Split)) => Some(Overflow::Split),
             (RowStrategy::BfdSplit, Some(o)) => {
                 return Err(Error::InvalidArgument(format!(
-                    "strategy 'bfd_split' splits long rows: overflow must be None or 'split' (got '{o}')"
+                    "strategy 'bfd_split' splits long rows: overflow must be unset or 'split' (got '{o}')"
                 )));
             }
             (_, o) => Some(o.unwrap_or_default()),
         };
         Ok(RowPacking { strategy, overflow })
+    }
+
+    /// The strategy.
+    pub fn strategy(self) -> RowStrategy {
+        self.strategy
+    }
+
+    /// The overflow policy; `None` for `wrapped` only.
+    pub fn overflow(self) -> Option<Overflow> {
+        self.overflow
     }
 }
 
@@ -216,7 +229,10 @@ fn row_starts(lengths: &[u64]) -> Result<(Vec<u64>, u64), Error> {
     for &l in lengths {
         starts.push(at);
         at = at.checked_add(l).filter(|&t| t <= i64::MAX as u64).ok_or_else(|| {
-            Error::InvalidArgument("the rows hold more than 2**63-1 values in all: no table holds that many".into())
+            Error::InvalidArgument(format!(
+                "lengths: the rows hold more than 2**63-1 values in all (at row {})",
+                starts.len() - 1
+            ))
         })?;
     }
     Ok((starts, at))
@@ -226,7 +242,7 @@ fn row_starts(lengths: &[u64]) -> Result<(Vec<u64>, u64), Error> {
 /// (at most `seq_length`: truncated), its fragments of `seq_length` tokens and the remainder
 /// (`split`), nothing for a row longer than `seq_length` (`drop`), or [`Error::Infeasible`]
 /// naming `column` and the first long row, numbered from `row0` (`error`). Empty rows make no
-/// item. Errors: `seq_length` 0, a row longer than [`MAX_ROW_LENGTH`].
+/// item. Errors: `seq_length` 0.
 pub fn row_items(
     lengths: &[u64],
     seq_length: u64,
@@ -234,8 +250,9 @@ pub fn row_items(
     column: &str,
     row0: u64,
 ) -> Result<RowItems, Error> {
-    check_seq_length(seq_length)?;
-    check_row_lengths(lengths, column, row0)?;
+    if seq_length == 0 {
+        return Err(Error::InvalidArgument("seq_length must be at least 1 (got 0)".into()));
+    }
     let (starts, _) = row_starts(lengths)?;
     if overflow == Overflow::Error
         && let Some(row) = lengths.iter().position(|&l| l > seq_length)
@@ -269,7 +286,7 @@ pub fn row_items(
 
 /// `wrapped`: every token of rows of `lengths` tokens, in row order, cut into packed rows of
 /// exactly `seq_length` tokens (the last one shorter); the items are the pieces of the rows
-/// between row ends and cuts.
+/// between row ends and cuts. Errors: `seq_length` outside 1..=[`MAX_SEQ_LENGTH`].
 pub fn wrapped_rows(lengths: &[u64], seq_length: u64) -> Result<PackedRows, Error> {
     check_seq_length(seq_length)?;
     let (starts, _) = row_starts(lengths)?;
@@ -292,22 +309,26 @@ pub fn wrapped_rows(lengths: &[u64], seq_length: u64) -> Result<PackedRows, Erro
 
 /// Rows of `lengths` tokens packed by `packing` into rows of at most `seq_length` tokens: for
 /// the kernel's strategies, the items of [`row_items`] in the plan's bin order (a bin's items
-/// ascending by input row); for `wrapped`, [`wrapped_rows`]. Errors name `column` and the row.
+/// ascending by input row, planned on a kernel of `backend`, made only then); for `wrapped`,
+/// [`wrapped_rows`]. Errors name `column` and the row: `seq_length` outside
+/// 1..=[`MAX_SEQ_LENGTH`], a row longer than [`MAX_ROW_LENGTH`], and [`row_items`]'s.
 pub fn pack_rows(
-    kernel: &Kernel,
+    backend: Backend,
     lengths: &[u64],
     seq_length: u64,
     packing: RowPacking,
     column: &str,
 ) -> Result<PackedRows, Error> {
+    check_seq_length(seq_length)?;
+    check_row_lengths(lengths, column, 0)?;
     let Some(method) = packing.strategy.method() else {
-        check_row_lengths(lengths, column, 0)?;
         return wrapped_rows(lengths, seq_length);
     };
     let items = row_items(lengths, seq_length, packing.overflow.unwrap_or_default(), column, 0)?;
     if items.lengths.is_empty() {
         return Ok(PackedRows { offsets: vec![0], ..PackedRows::default() });
     }
+    let kernel = Kernel::new(backend)?;
     let plan = kernel.pack(&items.lengths, &PackOptions { method, ..PackOptions::new(seq_length) })?;
     let order = plan.indices.iter().map(|&i| i as usize);
     Ok(PackedRows {
@@ -317,7 +338,8 @@ pub fn pack_rows(
     })
 }
 
-fn check_seq_length(seq_length: u64) -> Result<(), Error> {
+/// Refuses a `seq_length` outside 1..=[`MAX_SEQ_LENGTH`] (a packed row is one Arrow list).
+pub fn check_seq_length(seq_length: u64) -> Result<(), Error> {
     if seq_length == 0 || seq_length > MAX_SEQ_LENGTH {
         return Err(Error::InvalidArgument(format!("seq_length must be in 1..=2**31-1 (got {seq_length})")));
     }
@@ -331,6 +353,35 @@ pub const MAX_SEQ_LENGTH: u64 = i32::MAX as u64;
 /// memory of a batch in the making and keeps `int32` list offsets in range. The packed rows
 /// do not depend on it.
 pub const PACKED_BATCH_TOKENS: u64 = 1 << 26;
+
+/// The output column of each packed row's sequence lengths (TRL's name), `list<int32>`.
+pub const SEQ_LENGTHS: &str = "seq_lengths";
+/// The optional output column of positions restarting at 0 at every sequence, `list<int32>`.
+pub const POSITION_IDS: &str = "position_ids";
+
+/// Where the record batches of packed rows end: `[0, r1, r2, …, rows]`, each batch the rows
+/// `r[k]..r[k+1]` holding at most `max_tokens` tokens ([`PACKED_BATCH_TOKENS`] for the
+/// output of `pack-dataset` and `stowplan.arrow`), or one row if that row is longer.
+/// `lengths` and `offsets` are a [`PackedRows`]'s.
+pub fn packed_batches(lengths: &[u64], offsets: &[u64], max_tokens: u64) -> Vec<usize> {
+    let mut item_end = Vec::with_capacity(lengths.len() + 1);
+    item_end.push(0u64);
+    for &l in lengths {
+        item_end.push(item_end[item_end.len() - 1] + l);
+    }
+    // Tokens before each row, and the total.
+    let row_tokens: Vec<u64> =
+        offsets.iter().map(|&o| item_end[usize::try_from(o).unwrap_or(usize::MAX).min(lengths.len())]).collect();
+    let rows = offsets.len().saturating_sub(1);
+    let mut ends = vec![0];
+    let mut r0 = 0;
+    while r0 < rows {
+        let last = row_tokens.partition_point(|&t| t <= row_tokens[r0].saturating_add(max_tokens)) - 1;
+        r0 = last.clamp(r0 + 1, rows);
+        ends.push(r0);
+    }
+    ends
+}
 
 /// Refuses a row longer than [`MAX_ROW_LENGTH`], naming `column` and the row (numbered from
 /// `row0`).
@@ -363,8 +414,13 @@ mod tests {
         let e = row_items(&l, 4, Overflow::Error, "input_ids", 10).unwrap_err();
         assert!(matches!(&e, Error::Infeasible(m) if m.contains("column 'input_ids' row 10 has 5 values")), "{e}");
         assert!(row_items(&l, 0, Overflow::Truncate, "x", 0).is_err());
-        let e = row_items(&[1, 1 << 32], 4, Overflow::Split, "x", 3).unwrap_err();
-        assert!(e.to_string().contains("column 'x' row 4 has 4294967296 values, more than 2**32-1"), "{e}");
+        // Any seq_length (compat.trl's, as TRL's) and row length; pack_rows bounds both.
+        assert_eq!(items(&[1 << 33], 1 << 32, Overflow::Split), [(0, 1 << 32), (1 << 32, 1 << 32)]);
+        let bfd = RowPacking::parse("bfd", None).unwrap();
+        let e = pack_rows(Backend::Native, &[1, 1 << 32], 4, bfd, "x").unwrap_err();
+        assert!(e.to_string().contains("column 'x' row 1 has 4294967296 values, more than 2**32-1"), "{e}");
+        let e = pack_rows(Backend::Native, &[1], 1 << 31, bfd, "x").unwrap_err();
+        assert!(e.to_string().contains("seq_length must be in 1..=2**31-1 (got 2147483648)"), "{e}");
     }
 
     #[test]
@@ -378,7 +434,7 @@ mod tests {
 
     #[test]
     fn strategies_and_overflows_are_checked_together() {
-        let p = |s: &str, o: Option<&str>| RowPacking::parse(s, o).map(|p| (p.strategy, p.overflow));
+        let p = |s: &str, o: Option<&str>| RowPacking::parse(s, o).map(|p| (p.strategy(), p.overflow()));
         assert_eq!(p("bfd", None).unwrap(), (RowStrategy::Bfd, Some(Overflow::Truncate)));
         assert_eq!(p("next_fit", Some("drop")).unwrap(), (RowStrategy::NextFit, Some(Overflow::Drop)));
         assert_eq!(p("bfd_split", None).unwrap(), (RowStrategy::BfdSplit, Some(Overflow::Split)));
@@ -392,12 +448,22 @@ mod tests {
 
     #[test]
     fn planned_rows_follow_the_kernel_plan() {
-        let k = Kernel::native();
+        let k = Backend::Native;
         let bfd = RowPacking::parse("bfd", None).unwrap();
-        let r = pack_rows(&k, &[5, 2, 3, 1], 4, bfd, "x").unwrap();
+        let r = pack_rows(k, &[5, 2, 3, 1], 4, bfd, "x").unwrap();
         // Items (0,4) (5,2) (7,3) (10,1): BFD bins {0}, {2,3}, {1}.
         assert_eq!((r.starts, r.lengths, r.offsets), (vec![0, 7, 10, 5], vec![4, 3, 1, 2], vec![0, 1, 3, 4]));
-        let empty = pack_rows(&k, &[0, 0], 4, bfd, "x").unwrap();
+        let empty = pack_rows(k, &[0, 0], 4, bfd, "x").unwrap();
         assert_eq!(empty.rows(), 0);
+    }
+
+    #[test]
+    fn batches_hold_at_most_packed_batch_tokens_or_one_row() {
+        let t = PACKED_BATCH_TOKENS;
+        // Rows of t/2, t/2, t/2, 2t and 1 tokens (one item each).
+        let lengths = [t / 2, t / 2, t / 2, 2 * t, 1];
+        let offsets = [0, 1, 2, 3, 4, 5];
+        assert_eq!(packed_batches(&lengths, &offsets, t), [0, 2, 3, 4, 5]);
+        assert_eq!(packed_batches(&[], &[0], t), [0]);
     }
 }

@@ -148,6 +148,9 @@ def child(contender: str, seq_length: int, path: pathlib.Path, mmap: bool) -> Di
     import pyarrow.compute as pc
 
     datasets.disable_progress_bars()
+    # A memory-mapped Dataset has cache files: without this, TRL's Dataset.map in a later
+    # round would load the packed rows its first round wrote instead of packing.
+    datasets.disable_caching()
     who, strategy = contender.split(":")
     out_file = path.with_name(f"packed-{os.getpid()}.arrow") if who in ("stowplan-file", "cli") else None
     if who == "cli":

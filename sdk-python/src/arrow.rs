@@ -6,9 +6,14 @@
 use numpy::{PyArray1, PyArrayMethods, PyReadonlyArray1};
 use pyo3::prelude::*;
 use pyo3::types::PyList;
-use stowplan::{Overflow, RowPacking};
+use stowplan::{Backend, Overflow, RowPacking};
 
-use crate::{Lengths, invalid, kernel, opt_str, str_options, to_py, u64_arg};
+use crate::{Lengths, invalid, opt_parse, opt_str, str_options, to_py, u64_arg};
+
+/// Two `int64` arrays (items' starts and lengths).
+type Int64Pair<'py> = (Bound<'py, PyArray1<i64>>, Bound<'py, PyArray1<i64>>);
+/// Three `int64` arrays (items' starts and lengths, rows' offsets).
+type Int64Triple<'py> = (Bound<'py, PyArray1<i64>>, Bound<'py, PyArray1<i64>>, Bound<'py, PyArray1<i64>>);
 
 /// The items of packed rows as numpy `int64` arrays (what `stowplan.arrow`'s numpy code
 /// indexes with; every value is below 2**63, checked by the host).
@@ -27,7 +32,7 @@ fn row_packing_of(strategy: &Bound<'_, PyAny>, overflow: Option<&Bound<'_, PyAny
     let overflow = match overflow.filter(|o| !o.is_none()) {
         Some(o) if o.extract::<String>().is_err() => {
             let choices = Overflow::choices();
-            return Err(invalid(py, format!("overflow must be {choices} or None (got {})", o.repr()?)));
+            return Err(invalid(py, format!("overflow must be {choices} (got {})", o.repr()?)));
         }
         o => opt_str(o, "overflow")?,
     };
@@ -42,10 +47,10 @@ fn row_packing_of(strategy: &Bound<'_, PyAny>, overflow: Option<&Bound<'_, PyAny
 #[pyo3(signature = (strategy, overflow=None))]
 fn row_packing(strategy: &Bound<'_, PyAny>, overflow: Option<&Bound<'_, PyAny>>) -> PyResult<(String, Option<String>)> {
     let p = row_packing_of(strategy, overflow)?;
-    Ok((p.strategy.to_string(), p.overflow.map(|o| o.to_string())))
+    Ok((p.strategy().to_string(), p.overflow().map(|o| o.to_string())))
 }
 
-/// pack_rows(lengths, seq_length, strategy="bfd", overflow=None, column="", backend=None)
+/// pack_rows(lengths, seq_length, strategy, overflow=None, column="", backend=None)
 /// -> (starts, lengths, offsets): rows of ``lengths`` tokens (their values one after the
 /// other) packed into rows of at most ``seq_length`` tokens by the host's
 /// `stowplan::pack_rows`: packed row ``r`` is the items ``offsets[r]:offsets[r+1]``, item
@@ -54,7 +59,6 @@ fn row_packing(strategy: &Bound<'_, PyAny>, overflow: Option<&Bound<'_, PyAny>>)
 /// ``InvalidArgumentError`` otherwise.
 #[pyfunction]
 #[pyo3(signature = (lengths, seq_length, strategy, overflow=None, column="", backend=None))]
-#[allow(clippy::type_complexity)]
 fn pack_rows<'py>(
     py: Python<'py>,
     lengths: &Bound<'py, PyAny>,
@@ -63,14 +67,14 @@ fn pack_rows<'py>(
     overflow: Option<&Bound<'py, PyAny>>,
     column: &str,
     backend: Option<&Bound<'py, PyAny>>,
-) -> PyResult<(Bound<'py, PyArray1<i64>>, Bound<'py, PyArray1<i64>>, Bound<'py, PyArray1<i64>>)> {
+) -> PyResult<Int64Triple<'py>> {
     str_options!(backend);
     let packing = row_packing_of(strategy, overflow)?;
     let seq_length = u64_arg(seq_length, "seq_length", 1)?;
+    let backend = opt_parse::<Backend>(py, backend)?.unwrap_or_default();
     let lengths = Lengths::extract(lengths, "lengths")?;
-    let kernel = kernel(py, backend)?;
     let l = lengths.slice();
-    let rows = py.detach(|| stowplan::pack_rows(&kernel, l, seq_length, packing, column)).map_err(|e| to_py(py, e))?;
+    let rows = py.detach(|| stowplan::pack_rows(backend, l, seq_length, packing, column)).map_err(|e| to_py(py, e))?;
     Ok((int64s(py, rows.starts), int64s(py, rows.lengths), int64s(py, rows.offsets)))
 }
 
@@ -86,13 +90,37 @@ fn row_items<'py>(
     overflow: &str,
     column: &str,
     row0: u64,
-) -> PyResult<(Bound<'py, PyArray1<i64>>, Bound<'py, PyArray1<i64>>)> {
+) -> PyResult<Int64Pair<'py>> {
     let overflow: Overflow = overflow.parse().map_err(|e| to_py(py, e))?;
     let seq_length = u64_arg(seq_length, "seq_length", 1)?;
     let lengths = Lengths::extract(lengths, "lengths")?;
     let l = lengths.slice();
     let items = py.detach(|| stowplan::row_items(l, seq_length, overflow, column, row0)).map_err(|e| to_py(py, e))?;
     Ok((int64s(py, items.starts), int64s(py, items.lengths)))
+}
+
+/// packed_batches(lengths, offsets, max_tokens) -> numpy int64 array: where the record
+/// batches of packed rows (items of ``lengths``, rows at ``offsets``) end, ``[0, r1, …,
+/// rows]``: at most ``max_tokens`` tokens each (``PACKED_BATCH_TOKENS``), or one longer row
+/// (the host's `stowplan::packed_batches`).
+#[pyfunction]
+fn packed_batches<'py>(
+    py: Python<'py>,
+    lengths: &Bound<'py, PyAny>,
+    offsets: &Bound<'py, PyAny>,
+    max_tokens: &Bound<'py, PyAny>,
+) -> PyResult<Bound<'py, PyArray1<i64>>> {
+    let max_tokens = u64_arg(max_tokens, "max_tokens", 1)?;
+    let (lengths, offsets) = (Lengths::extract(lengths, "lengths")?, Lengths::extract(offsets, "offsets")?);
+    let (l, o) = (lengths.slice(), offsets.slice());
+    if o.first().is_some_and(|&f| f != 0)
+        || o.windows(2).any(|w| w[0] > w[1])
+        || o.last().is_some_and(|&e| e as usize != l.len())
+    {
+        return Err(invalid(py, format!("offsets must rise from 0 to len(lengths) = {}", l.len())));
+    }
+    let ends = py.detach(|| stowplan::packed_batches(l, o, max_tokens));
+    Ok(int64s(py, ends.into_iter().map(|e| e as u64).collect()))
 }
 
 /// check_row_lengths(lengths, column="", row0=0): refuses (`InvalidArgumentError`) a row
@@ -107,12 +135,11 @@ fn check_row_lengths(py: Python<'_>, lengths: &Bound<'_, PyAny>, column: &str, r
 /// wrapped_rows(lengths, seq_length) -> (starts, lengths, offsets): every token of rows of
 /// ``lengths`` tokens cut into rows of ``seq_length`` (the host's `stowplan::wrapped_rows`).
 #[pyfunction]
-#[allow(clippy::type_complexity)]
 fn wrapped_rows<'py>(
     py: Python<'py>,
     lengths: &Bound<'py, PyAny>,
     seq_length: &Bound<'py, PyAny>,
-) -> PyResult<(Bound<'py, PyArray1<i64>>, Bound<'py, PyArray1<i64>>, Bound<'py, PyArray1<i64>>)> {
+) -> PyResult<Int64Triple<'py>> {
     let seq_length = u64_arg(seq_length, "seq_length", 1)?;
     let lengths = Lengths::extract(lengths, "lengths")?;
     let l = lengths.slice();
@@ -217,6 +244,9 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(row_items, m)?)?;
     m.add_function(wrap_pyfunction!(wrapped_rows, m)?)?;
     m.add_function(wrap_pyfunction!(check_row_lengths, m)?)?;
+    m.add_function(wrap_pyfunction!(packed_batches, m)?)?;
+    m.add("SEQ_LENGTHS", stowplan::SEQ_LENGTHS)?;
+    m.add("POSITION_IDS", stowplan::POSITION_IDS)?;
     let strategies: Vec<&str> = stowplan::RowStrategy::ALL.iter().map(|s| s.name()).collect();
     m.add("ROW_STRATEGIES", strategies)?;
     m.add("OVERFLOWS", Overflow::ALL.iter().map(|o| o.name()).collect::<Vec<_>>())?;

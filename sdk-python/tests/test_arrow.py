@@ -105,7 +105,7 @@ def test_output_is_chunked_without_changing_rows(monkeypatch):
 
     lengths = np.random.default_rng(5).integers(1, 50, size=500)
     expected = pack_table(table_of(lengths), 100, position_ids=True)
-    monkeypatch.setattr(arrow, "_CHUNK_TOKENS", 300)
+    monkeypatch.setattr(arrow, "_BATCH_TOKENS", 300)
     small = pack_table(table_of(lengths), 100, position_ids=True)
     assert small.column("input_ids").num_chunks > 10
     assert small.to_pydict() == expected.to_pydict()
@@ -132,7 +132,7 @@ def test_all_empty_or_dropped_gives_no_rows():
         (lambda t: pack_table(t, 4, strategy="best"), "strategy must be 'bfd', 'ffd', 'next-fit', 'bfd_split' or 'wrapped'"),
         (lambda t: pack_table(t, 4, overflow="wrap"), "overflow must be 'truncate', 'split', 'drop' or 'error'"),
         (lambda t: pack_table(t, 4, strategy="wrapped", overflow="drop"), "overflow does not apply to strategy 'wrapped'"),
-        (lambda t: pack_table(t, 4, strategy="bfd_split", overflow="drop"), "overflow must be None or 'split'"),
+        (lambda t: pack_table(t, 4, strategy="bfd_split", overflow="drop"), "overflow must be unset or 'split'"),
         (lambda t: pack_table(t, 4, position_ids=1), "position_ids must be True or False"),
         (lambda t: pack_table(t, 4, columns=["input_ids", "mask"]), "column 'mask' is not in the table"),
         (lambda t: pack_table(t, 4, columns="input_ids"), "columns must be a list of column names"),

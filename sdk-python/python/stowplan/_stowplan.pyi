@@ -82,6 +82,8 @@ DEFAULT_OVERFLOW: str
 MAX_ROW_LENGTH: int
 MAX_SEQ_LENGTH: int
 PACKED_BATCH_TOKENS: int
+SEQ_LENGTHS: str
+POSITION_IDS: str
 
 def row_packing(strategy: str, overflow: Optional[str] = None) -> Tuple[str, Optional[str]]:
     """The strategy's name (``next_fit`` read as ``next-fit``) and its overflow policy
@@ -106,6 +108,11 @@ def row_items(
 ) -> Tuple[np.ndarray, np.ndarray]:
     """The items (flat start, length) of rows of ``lengths`` tokens under ``overflow``, in
     row order (``int64``); errors number rows from ``row0``."""
+    ...
+
+def packed_batches(lengths: _Lengths, offsets: _Lengths, max_tokens: int) -> np.ndarray:
+    """Where the record batches of packed rows end: ``[0, r1, ..., rows]``, at most
+    ``max_tokens`` tokens each or one longer row (``int64``)."""
     ...
 
 def check_row_lengths(lengths: _Lengths, column: str = "", row0: int = 0) -> None:

@@ -2,8 +2,8 @@
 
 The list columns of a tokenized SFT table (``input_ids``, ``labels``, ``attention_mask``, any
 list column with the same per-row lengths) are regrouped into packed rows by one kernel plan
-(:func:`stowplan.pack` over the lengths read from the list offsets), and the packed rows are
-assembled from the columns' own chunks: each sequence's run of values copied once (numpy
+(the host's ``pack_rows`` over the lengths read from the list offsets: the same rows as the
+CLI's ``stowplan pack-dataset``), and the packed rows are assembled from the columns' own chunks: each sequence's run of values copied once (numpy
 slices concatenated; Arrow's ``take`` for values that are not numbers without nulls), and new
 offsets from the bins' token sums. No row becomes a Python object. Needs ``pyarrow`` (``pip install 'stowplan[hf]'``).
 
@@ -67,17 +67,16 @@ DEFAULT_STRATEGY = STRATEGIES[0]
 #: TRL's ``pack_dataset(strategy="bfd")`` truncates too.
 DEFAULT_OVERFLOW = _stowplan.DEFAULT_OVERFLOW
 #: The output column of each packed row's sequence lengths (TRL's name), ``list<int32>``.
-SEQ_LENGTHS = "seq_lengths"
+SEQ_LENGTHS = _stowplan.SEQ_LENGTHS
 #: The optional output column of positions restarting at 0 at every sequence, ``list<int32>``.
-POSITION_IDS = "position_ids"
+POSITION_IDS = _stowplan.POSITION_IDS
 #: The longest input sequence a plan takes (its lengths are ``u32``).
 MAX_SEQUENCE_LENGTH = _stowplan.MAX_ROW_LENGTH
 #: The largest ``seq_length``: a packed row is one Arrow list (``int32`` offsets).
 MAX_SEQ_LENGTH = _stowplan.MAX_SEQ_LENGTH
 
-# Tokens per output chunk (the host's, the CLI's too): bounds the memory of a chunk in the
-# making and keeps int32 list offsets in range; the packed rows do not depend on it.
-_CHUNK_TOKENS = _stowplan.PACKED_BATCH_TOKENS
+# Tokens per output record batch (the host's; the CLI's pack-dataset cuts its batches so too).
+_BATCH_TOKENS = _stowplan.PACKED_BATCH_TOKENS
 
 
 def pack_table(
@@ -190,7 +189,7 @@ def pack_batches(
     strategy, overflow = _check_strategy(strategy, overflow)
     if strategy == "ffd":
         raise InvalidArgumentError(
-            "strategy 'ffd' needs every length before the first bin: a stream takes 'bfd', 'next-fit', 'bfd_split' or 'wrapped'"
+            f"strategy 'ffd' needs every length before the first bin: a stream takes one of {', '.join(map(repr, STREAM_STRATEGIES))}"
         )
     if not isinstance(position_ids, bool):
         raise InvalidArgumentError(f"position_ids must be True or False (got {position_ids!r})")
@@ -514,8 +513,9 @@ def _assemble(
     """The packed rows as a ``pyarrow.RecordBatchReader`` (``read_all()``: the table, one
     chunk per batch): row r holds items bin_offsets[r]..bin_offsets[r+1] (an item is the
     ``item_lengths`` values from ``starts`` in every column's flat values, a :class:`_Flat`,
-    of list type ``types[name]``), in batches of at most _CHUNK_TOKENS tokens (or one row),
-    each built when it is read."""
+    of list type ``types[name]``), in batches of at most ``PACKED_BATCH_TOKENS`` tokens (or one row),
+    each built when it is read (cut where the host's ``packed_batches`` cuts: at most
+    ``PACKED_BATCH_TOKENS`` tokens per batch, as the CLI's ``pack-dataset`` writes them)."""
     schema = _packed_schema(types, position_ids)
     batches = _batches(values, types, schema, starts, item_lengths, bin_offsets, position_ids, contiguous)
     return pa.RecordBatchReader.from_batches(schema, batches)
@@ -532,14 +532,11 @@ def _batches(
     contiguous: bool,
 ) -> Iterator[Any]:
     names = list(values)
-    n_rows = bin_offsets.size - 1
     item_ends = np.concatenate(([0], np.cumsum(item_lengths))).astype(np.int64)
     row_tokens = item_ends[bin_offsets]  # tokens before each row, and the total
     seq_type = pa.list_(pa.int32())
-    r0 = 0
-    while r0 < n_rows:
-        r1 = int(np.searchsorted(row_tokens, row_tokens[r0] + _CHUNK_TOKENS, side="right")) - 1
-        r1 = min(max(r1, r0 + 1), n_rows)
+    ends = _stowplan.packed_batches(item_lengths, bin_offsets, _BATCH_TOKENS).tolist()
+    for r0, r1 in zip(ends[:-1], ends[1:]):
         i0, i1 = int(bin_offsets[r0]), int(bin_offsets[r1])
         t0, t1 = int(item_ends[i0]), int(item_ends[i1])
         lens = item_lengths[i0:i1]
@@ -562,4 +559,3 @@ def _batches(
             pos = (np.arange(t1 - t0, dtype=np.int64) - np.repeat(local, lens)).astype(np.int32)
             columns.append(pa.ListArray.from_arrays(pa.array(row_off.astype(np.int32)), pa.array(pos), type=seq_type))
         yield pa.RecordBatch.from_arrays(columns, schema=schema)
-        r0 = r1

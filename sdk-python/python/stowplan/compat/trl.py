@@ -240,11 +240,8 @@ def _pack_bfd(batch: Any, seq_length: int, split: bool) -> Any:
     columns = [pc.filter(c, keep) for c in columns]
     lengths = pc.filter(lengths, keep)
     if split:
-        n = lengths.to_numpy().astype(np.int64)
-        pieces = -(-n // seq_length)
-        first = np.repeat(np.cumsum(pieces) - pieces, pieces)
-        k = np.arange(int(pieces.sum()), dtype=np.int64) - first
-        frag = np.minimum(np.repeat(n, pieces) - k * seq_length, seq_length)
+        # The rows' fragments of seq_length tokens and the remainder, one after the other.
+        frag = _items(lengths.to_numpy().astype(np.int64), seq_length, "split", names[0])[1]
         ends = np.concatenate(([0], np.cumsum(frag)))
         columns = [type(c).from_arrays(_offsets(ends, c), c.flatten()) for c in columns]
     else:
