@@ -165,6 +165,7 @@ fn write_atomic(py: Python<'_>, path: PathBuf, data: &[u8]) -> PyResult<()> {
 #[pyclass(name = "AtomicFile", module = "stowplan._stowplan")]
 pub(crate) struct PyAtomicFile {
     file: Option<stowplan::AtomicFile>,
+    path: PathBuf,
     written: u64,
 }
 
@@ -173,7 +174,7 @@ impl PyAtomicFile {
     #[new]
     fn new(py: Python<'_>, path: PathBuf) -> PyResult<Self> {
         let file = py.detach(|| stowplan::AtomicFile::create(&path)).map_err(|e| to_py(py, e))?;
-        Ok(PyAtomicFile { file: Some(file), written: 0 })
+        Ok(PyAtomicFile { file: Some(file), path, written: 0 })
     }
 
     /// Appends ``data`` (``bytes`` or any contiguous buffer, e.g. a ``pyarrow.Buffer``);
@@ -191,8 +192,10 @@ impl PyAtomicFile {
                 array.as_slice()?
             }
         };
+        let path = self.path.display().to_string();
         let file = self.open(py)?;
-        py.detach(|| file.write_all(bytes)).map_err(|e| to_py(py, stowplan::Error::Io(format!("writing: {e}"))))?;
+        py.detach(|| file.write_all(bytes))
+            .map_err(|e| to_py(py, stowplan::Error::Io(format!("writing (the temporary file of) {path}: {e}"))))?;
         self.written += bytes.len() as u64;
         Ok(bytes.len())
     }
