@@ -130,6 +130,10 @@ pub struct Args {
     /// resource, is rejected (`over_limit`, `unknown_resource`). Up to 7 limits.
     #[arg(long = "limit", value_name = "NAME=CAP", value_parser = crate::limits::parse_limit)]
     limit: Vec<(String, u64)>,
+    /// At most this many samples (segments) per micro-batch, as some attention kernels need;
+    /// 0 means no limit.
+    #[arg(long, default_value_t = 0)]
+    max_segments: u64,
     /// Undecodable messages kept in STATE/rejected/ at most (the oldest are dropped first).
     #[arg(long, default_value_t = RejectedLimits::default().max_files)]
     rejected_max_files: usize,
@@ -246,6 +250,7 @@ pub fn run(a: Args) -> Result<(), Failure> {
         limits: SampleLimits {
             caps: a.limit.iter().map(|(_, cap)| *cap).collect(),
             names: a.limit.iter().map(|(name, _)| name.clone()).collect(),
+            max_segments: a.max_segments,
         },
         pad_to_multiple_of: a.pad_to_multiple_of,
         pad_token_id: a.pad_token_id,

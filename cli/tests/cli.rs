@@ -513,6 +513,29 @@ fn serve_keeps_micro_batches_within_limits() {
     assert!(String::from_utf8_lossy(&bad.stderr).contains("limits: [(\"images\", 4)]"), "{bad:?}");
 }
 
+/// `serve --max-segments`: at most that many samples in every micro-batch.
+#[test]
+fn serve_caps_the_samples_of_every_micro_batch() {
+    let root = temp_dir("serve-segments");
+    let sample = stowplan::TrainingSample {
+        prompt_ids: vec![1, 2],
+        completion_ids: vec![3; 4],
+        advantage: 1.0,
+        ..Default::default()
+    };
+    let batch = stowplan::TrainingBatch { run: 0, step: 0, temperature: 1.0, samples: vec![sample; 7] };
+    stowplan::serve::send_fs(&root, "run_0_step_0.bin", &batch.encode().unwrap()).unwrap();
+    let r = root.to_str().unwrap();
+    let args = ["serve", "--root", r, "--seq-len", "256", "--dp", "1", "--batch-size", "7", "--max-steps", "1"];
+    let v = json(&stowplan(&[&args[..], &["--json", "--threshold", "10", "--max-segments", "2"]].concat(), None, &[]));
+    assert_eq!(v["summary"]["samples"], 7, "{v}");
+    let b = stowplan::RankBatch::decode(&std::fs::read(root.join("rollouts/step_0/rank_0.bin")).unwrap()).unwrap();
+    // 42 tokens fit one micro-batch of 256; 7 samples at 2 per micro-batch need 4.
+    let sizes: Vec<usize> = b.micro_batches.iter().map(|mb| mb.samples.len()).collect();
+    assert_eq!((sizes.len(), sizes.iter().sum::<usize>()), (4, 7), "{sizes:?}");
+    assert!(sizes.iter().all(|&n| n <= 2), "{sizes:?}");
+}
+
 #[test]
 fn serve_delivers_a_step_and_names_bad_options() {
     let root = temp_dir("serve");

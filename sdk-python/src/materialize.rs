@@ -10,8 +10,8 @@ use crate::convert::{opt_i64, opt_number};
 use crate::layout::{NO_PARALLELISM, factor};
 use crate::micro_batch::wrap;
 use crate::{
-    cost_arg, float_vec, int, int_vec, invalid, kernel, mask_vec, number, opt_parse, opt_u32, str_options, to_py,
-    u64_arg,
+    cost_arg, float_vec, int, int_vec, invalid, kernel, mask_vec, number, opt_parse, opt_u32, opt_u64, str_options,
+    to_py, u64_arg,
 };
 
 /// Owned sample data extracted from Python: the packer's wire sample plus the run and the
@@ -270,6 +270,7 @@ fn plan_arg(plan: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Vec<Vec<Vec<u32>
 /// (resource name → cap, e.g. ``{"image_tokens": 8192, "images": 32}``): every row stays
 /// within ``capacity`` and each of them, a sample's sizes being its ``"resources"`` mapping (a
 /// limit it does not name is 0), and each run's rows are the balanced fill under all the caps;
+/// ``max_segments`` — at most this many samples per micro-batch (0 or ``None``: no limit);
 /// ``plan`` — materialize this plan instead (``plan[r][j]`` = the sample
 /// indices of rank ``r``'s micro-batch ``j``; ``[]`` = a dummy); ``backend``.
 ///
@@ -292,7 +293,7 @@ fn plan_arg(plan: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Vec<Vec<Vec<u32>
 #[pyfunction]
 #[pyo3(signature = (samples, *, capacity, dp=None, cp=None, tp=None, padding=None, align=None, cost=None,
     pad_token_id=None, num_runs=None, mix_runs=None, allow_empty_completion=None, loss_agg_mode=None,
-    loss_scale_factor=None, multimodal_alone=None, limits=None, plan=None, backend=None))]
+    loss_scale_factor=None, multimodal_alone=None, limits=None, max_segments=None, plan=None, backend=None))]
 #[allow(clippy::too_many_arguments)]
 pub fn materialize(
     py: Python<'_>,
@@ -312,6 +313,7 @@ pub fn materialize(
     loss_scale_factor: Option<&Bound<'_, PyAny>>,
     multimodal_alone: Option<bool>,
     limits: Option<&Bound<'_, PyAny>>,
+    max_segments: Option<&Bound<'_, PyAny>>,
     plan: Option<&Bound<'_, PyAny>>,
     backend: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<PyMaterialized> {
@@ -357,11 +359,13 @@ pub fn materialize(
         ..d
     };
     let (caps, names) = crate::multi::caps_arg(py, limits)?;
-    let limits = stowplan::SampleLimits { caps, names };
-    if plan.is_some() && !limits.caps.is_empty() {
+    let max_segments = opt_u64(max_segments, "max_segments", 0)?.unwrap_or(0);
+    let limits = stowplan::SampleLimits { caps, names, max_segments };
+    if plan.is_some() && !limits.is_empty() {
         return Err(invalid(
             py,
-            "limits applies to the rows materialize plans; a plan is materialized as given: pass one or the other"
+            "limits and max_segments apply to the rows materialize plans; a plan is materialized as given: pass one \
+             or the other"
                 .into(),
         ));
     }

@@ -48,8 +48,8 @@ impl PyPacker {
     #[new]
     #[pyo3(signature = (seq_len, dp, *, pad_to_multiple_of=None, pad_token_id=None, cost=None, num_runs=None,
         threshold=None, step_tokens=None, wait_timeout=None, teacher_logprobs=None, allow_empty_completion=None,
-        loss_agg_mode=None, loss_scale_factor=None, loss_normalization=None, limits=None, backend=None, state=None,
-        batches=None))]
+        loss_agg_mode=None, loss_scale_factor=None, loss_normalization=None, limits=None, max_segments=None,
+        backend=None, state=None, batches=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -68,6 +68,7 @@ impl PyPacker {
         loss_scale_factor: Option<&Bound<'_, PyAny>>,
         loss_normalization: Option<&Bound<'_, PyAny>>,
         limits: Option<&Bound<'_, PyAny>>,
+        max_segments: Option<&Bound<'_, PyAny>>,
         backend: Option<&Bound<'_, PyAny>>,
         state: Option<&[u8]>,
         batches: Option<Vec<Vec<u8>>>,
@@ -94,7 +95,8 @@ impl PyPacker {
             loss_normalization: opt_parse(py, loss_normalization)?.unwrap_or(d.loss_normalization),
             limits: {
                 let (caps, names) = crate::multi::caps_arg(py, limits)?;
-                stowplan::SampleLimits { caps, names }
+                let max_segments = opt_u64(max_segments, "max_segments", 0)?.unwrap_or(0);
+                stowplan::SampleLimits { caps, names, max_segments }
             },
             ..d
         };

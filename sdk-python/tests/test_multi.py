@@ -258,3 +258,37 @@ def test_materialize_limit_errors_name_the_sample_and_the_limit():
     # its own limits; see test_packer).
     with pytest.raises(stowplan.InvalidArgumentError, match="a given plan takes none"):
         stowplan.materialize([s(resources={"images": 1})], capacity=16, plan=[[[0]]])
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    lengths=st.lists(st.integers(1, 30), min_size=1, max_size=50),
+    dp=st.integers(1, 3),
+    max_segments=st.integers(1, 5),
+    with_images=st.booleans(),
+)
+def test_materialize_keeps_at_most_max_segments_samples_per_row(lengths, dp, max_segments, with_images):
+    samples = [{"prompt_ids": [3] * n, "completion_ids": [4], "advantage": 1.0} for n in lengths]
+    limits = None
+    if with_images:
+        limits = {"images": 4}
+        for i, s in enumerate(samples):
+            s["resources"] = {"images": i % 3}
+    m = stowplan.materialize(samples, capacity=128, dp=dp, limits=limits, max_segments=max_segments)
+    sizes = [len(mb.samples) for rank in m.ranks for mb in rank]
+    assert max(sizes) <= max_segments
+    assert sorted(int(i) for rank in m.ranks for mb in rank for i in mb.samples) == list(range(len(lengths)))
+    for rank in m.ranks:
+        for mb in rank:
+            if with_images:
+                assert sum(samples[int(i)]["resources"]["images"] for i in mb.samples) <= 4
+
+
+def test_max_segments_errors_name_the_argument():
+    s = {"prompt_ids": [1, 2], "completion_ids": [3], "advantage": 1.0}
+    with pytest.raises(stowplan.InvalidArgumentError, match="max_segments"):
+        stowplan.materialize([s], capacity=16, max_segments=-1)
+    with pytest.raises(stowplan.InvalidArgumentError, match="a plan is materialized as given"):
+        stowplan.materialize([s], capacity=16, max_segments=2, plan=[[[0]]])
+    with pytest.raises(stowplan.InvalidArgumentError, match="segments"):
+        stowplan.materialize([s], capacity=16, limits={"segments": 2}, max_segments=2)

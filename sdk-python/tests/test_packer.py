@@ -160,6 +160,23 @@ def test_limits_keep_every_micro_batch_within_each_and_reject_what_cannot_fit():
             stowplan.Packer(seq_len=128, dp=1, limits=bad)
 
 
+def test_max_segments_caps_the_samples_of_every_micro_batch():
+    p = stowplan.Packer(seq_len=128, dp=2, max_segments=3)
+    p.add_run(0, batch_size=10)
+    p.ingest(stowplan.TrainingBatch(run=0, step=0, samples=[sample(6) for _ in range(10)]))
+    ranks, _ = p.pack(force=True)
+    sizes = [len(mb.samples) for r in ranks for mb in r.micro_batches]
+    assert sum(sizes) == 10 and max(sizes) <= 3, sizes
+    # Recorded in the checkpoint; "segments" is not a limit name.
+    state, batches = p.state(), [stowplan.TrainingBatch(run=0, step=0, samples=[sample(6) for _ in range(10)]).encode()]
+    with pytest.raises(stowplan.CacheMismatchError, match=r'\("segments", 3\)'):
+        stowplan.Packer.restore(state, batches, seq_len=128, dp=2, max_segments=4)
+    with pytest.raises(stowplan.InvalidArgumentError, match='may not be named "segments"'):
+        stowplan.Packer(seq_len=128, dp=1, limits={"segments": 2})
+    with pytest.raises(stowplan.InvalidArgumentError, match="max_segments"):
+        stowplan.Packer(seq_len=128, dp=1, max_segments=-2)
+
+
 def _weight_sum(ranks) -> float:
     return sum(float(mb.loss_weights.sum()) for r in ranks for mb in r.micro_batches)
 

@@ -259,7 +259,11 @@ fn materialize_limited_keeps_every_row_within_every_limit() {
         .zip(&resources)
         .map(|(r, res)| stowplan::Sample { resources: res, ..plain_sample(&ids[..1], &ids[1..r[0] as usize], r[1]) })
         .collect();
-    let limits = stowplan::SampleLimits { caps: vec![8_192, 32], names: vec!["image_tokens".into(), "images".into()] };
+    let limits = stowplan::SampleLimits {
+        caps: vec![8_192, 32],
+        names: vec!["image_tokens".into(), "images".into()],
+        ..Default::default()
+    };
     let o = MaterializeOptions { cost: Cost::ATTENTION, ..MaterializeOptions::new(16_384, 4) };
     let [native, wasm] = kernels();
     let m = stowplan::materialize_limited(&native, &samples, &o, &limits).unwrap();
@@ -328,6 +332,7 @@ fn limited_packer(dp: u32, limits: &[(&str, u64)]) -> Result<stowplan::Packer, E
         limits: stowplan::SampleLimits {
             caps: limits.iter().map(|l| l.1).collect(),
             names: limits.iter().map(|l| l.0.to_string()).collect(),
+            ..Default::default()
         },
         ..stowplan::PackerOptions::new(256, dp)
     };
@@ -460,7 +465,7 @@ fn the_packer_rejects_resources_it_has_no_limit_for_and_refuses_bad_limits() {
         }
     }
     let unnamed = stowplan::PackerOptions {
-        limits: stowplan::SampleLimits { caps: vec![3], names: vec![] },
+        limits: stowplan::SampleLimits { caps: vec![3], names: vec![], ..Default::default() },
         ..stowplan::PackerOptions::new(64, 1)
     };
     match stowplan::Packer::new(Kernel::native(), unnamed) {
@@ -526,4 +531,70 @@ fn limits_split_a_step_that_tokens_alone_would_not() {
         }
     }
     assert_eq!(counts, [1, 1, 3, 3]);
+}
+
+/// `max_segments` caps the samples per micro-batch (a resource of size 1 per sample the
+/// samples do not give), with or without named limits, on both backends alike; the
+/// checkpoint records it (a restore with another cap is refused), and no limit may be named
+/// `segments`.
+#[test]
+fn max_segments_caps_the_samples_of_every_micro_batch() {
+    let samples: Vec<_> = (0..12).map(|i| rollout(i, 10, &[("images", 1)])).collect();
+    let batch = Arc::new(stowplan::TrainingBatch { run: 0, step: 0, temperature: 1.0, samples });
+    let with = |limits: &[(&str, u64)], max_segments| stowplan::PackerOptions {
+        limits: stowplan::SampleLimits {
+            caps: limits.iter().map(|l| l.1).collect(),
+            names: limits.iter().map(|l| l.0.to_string()).collect(),
+            max_segments,
+        },
+        ..stowplan::PackerOptions::new(256, 2)
+    };
+    for (limits, max_segments, most) in [(&[][..], 0, 12), (&[][..], 2, 2), (&[("images", 8)][..], 3, 3)] {
+        let mut steps = Vec::new();
+        for kernel in kernels() {
+            let mut p = stowplan::Packer::new(kernel, with(limits, max_segments)).unwrap();
+            p.add_run(0, stowplan::RunConfig { batch_size: 1 }).unwrap();
+            let text: Vec<_> = (0..12).map(|i| rollout(i, 10, &[])).collect();
+            let b = if limits.is_empty() {
+                Arc::new(stowplan::TrainingBatch { samples: text, ..(*batch).clone() })
+            } else {
+                Arc::clone(&batch)
+            };
+            assert_eq!(p.ingest(Arc::clone(&b)).accepted, 12);
+            let step = p.pack(true).unwrap().unwrap();
+            let sizes: Vec<usize> =
+                step.ranks.iter().flat_map(|r| r.micro_batches.iter().map(|mb| mb.samples.len())).collect();
+            assert_eq!(sizes.iter().sum::<usize>(), 12, "{limits:?} {max_segments}");
+            assert!(sizes.iter().all(|&n| n <= most), "{limits:?} {max_segments}: {sizes:?}");
+            if max_segments > 0 {
+                // The checkpoint records the cap: the same options restore it, another does not.
+                let state = stowplan::PackerState::decode(&p.state().encode().unwrap()).unwrap();
+                let q = stowplan::Packer::restore(Kernel::native(), p.options().clone(), state.clone(), |_| {
+                    Ok(Arc::clone(&b))
+                })
+                .unwrap();
+                assert_eq!(q.rebuild_inflight().unwrap().unwrap().ranks, step.ranks);
+                match stowplan::Packer::restore(
+                    Kernel::native(),
+                    with(limits, max_segments + 1),
+                    state,
+                    |_| unreachable!(),
+                ) {
+                    Err(Error::CacheMismatch(m)) => assert!(m.contains("(\"segments\","), "{m}"),
+                    other => panic!("{other:?}"),
+                }
+            }
+            steps.push(step.ranks);
+        }
+        assert_eq!(steps[0], steps[1], "WASM and native differ: {limits:?} {max_segments}");
+    }
+    match stowplan::Packer::new(Kernel::native(), with(&[("segments", 4)], 0)) {
+        Err(Error::InvalidArgument(m)) => assert!(m.contains("may not be named \"segments\""), "{m}"),
+        other => panic!("{other:?}"),
+    }
+    let six: Vec<(&str, u64)> = ["a", "b", "c", "d", "e", "f", "g"].iter().map(|n| (*n, 1)).collect();
+    match stowplan::Packer::new(Kernel::native(), with(&six, 4)) {
+        Err(Error::InvalidArgument(m)) => assert!(m.contains("at most 7 caps"), "{m}"),
+        other => panic!("{other:?}"),
+    }
 }

@@ -72,14 +72,39 @@ impl MaterializeOptions {
 
 /// Further caps per micro-batch beside the capacity, for [`materialize_limited`]: a
 /// vision-language step's image tokens, images … Each sample's sizes are its
-/// [`Sample::resources`].
+/// [`Sample::resources`]. `max_segments` caps the samples (segments) per micro-batch, as
+/// some attention kernels need: a resource of size 1 per sample named
+/// [`SEGMENTS`](stowplan_kernel::SEGMENTS) after the others, which the samples do not give.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct SampleLimits {
-    /// Each resource's cap per micro-batch (each ≥ 1); at most 7.
+    /// Each resource's cap per micro-batch (each ≥ 1); at most 7 with the segments.
     pub caps: Vec<u64>,
-    /// Their names for messages, one per cap, all different and not `tokens` (or none:
-    /// `resource 1`, `resource 2`, …).
+    /// Their names for messages, one per cap, all different and not `tokens` nor `segments`
+    /// (or none: `resource 1`, `resource 2`, …).
     pub names: Vec<String>,
+    /// At most this many samples per micro-batch; 0: no limit.
+    pub max_segments: u64,
+}
+
+impl SampleLimits {
+    /// Whether there is any limit.
+    pub fn is_empty(&self) -> bool {
+        self.caps.is_empty() && self.max_segments == 0
+    }
+
+    /// The caps and names the kernel gets: these, then `segments` with `max_segments` when
+    /// set (unnamed resources then named `resource 1`, `resource 2`, … as the kernel would).
+    pub fn kernel_caps(&self) -> (Vec<u64>, Vec<String>) {
+        let (mut caps, mut names) = (self.caps.clone(), self.names.clone());
+        if self.max_segments > 0 {
+            if names.is_empty() {
+                names = (1..=caps.len()).map(|k| format!("resource {k}")).collect();
+            }
+            caps.push(self.max_segments);
+            names.push(stowplan_kernel::SEGMENTS.into());
+        }
+        (caps, names)
+    }
 }
 
 /// Every rank's micro-batches and what it took.
@@ -271,10 +296,12 @@ pub fn materialize_limited(
     materialize_counted(kernel, samples, options, limits, None)
 }
 
-/// Every sample's sizes under `limits`, sample by sample (none without limits).
+/// Every sample's sizes under `limits`, sample by sample (none without limits), a 1 after
+/// them for the segments when `max_segments` is set.
 fn resource_rows(samples: &[Sample<'_>], limits: &SampleLimits) -> Result<Vec<u64>, Error> {
     let e = limits.caps.len();
-    let mut sizes = Vec::with_capacity(samples.len() * e);
+    let segments = usize::from(limits.max_segments > 0);
+    let mut sizes = Vec::with_capacity(samples.len() * (e + segments));
     for (i, s) in samples.iter().enumerate() {
         match s.resources.len() {
             0 => sizes.extend(std::iter::repeat_n(0, e)),
@@ -292,6 +319,7 @@ fn resource_rows(samples: &[Sample<'_>], limits: &SampleLimits) -> Result<Vec<u6
                 )));
             }
         }
+        sizes.extend(std::iter::repeat_n(1, segments));
     }
     Ok(sizes)
 }
@@ -307,6 +335,7 @@ pub(crate) fn materialize_counted(
 ) -> Result<Materialized, Error> {
     let num_runs = validate(samples, options)?;
     let sizes = resource_rows(samples, limits)?;
+    let (caps, names) = limits.kernel_caps();
     let lengths: Vec<u64> = samples.iter().map(|s| s.len() as u64).collect();
     let extra: Vec<u64> = samples.iter().map(|s| s.extra_cost).collect();
     let multimodal = extra.iter().any(|&e| e > 0);
@@ -341,11 +370,7 @@ pub(crate) fn materialize_counted(
             runs: Some(&labels),
             mix_runs: options.mix_runs,
             extra_costs: multimodal.then_some(&extra[..]),
-            limits: (!limits.caps.is_empty()).then_some(MicroLimits {
-                sizes: &sizes,
-                caps: &limits.caps,
-                names: &limits.names,
-            }),
+            limits: (!caps.is_empty()).then_some(MicroLimits { sizes: &sizes, caps: &caps, names: &names }),
         },
     )?;
     let plan: Vec<Vec<&[u32]>> =

@@ -44,7 +44,8 @@ struct OptionsRecord {
     loss_agg_mode: LossAggMode,
     loss_scale_factor: Option<f64>,
     loss_normalization: LossNormalization,
-    /// Each further limit per micro-batch: its name and cap.
+    /// Each further limit per micro-batch: its name and cap; `segments` last, with
+    /// `max_segments`, when set (no limit may have that name).
     limits: Vec<(String, u64)>,
 }
 
@@ -106,7 +107,10 @@ impl PackerOptions {
             loss_agg_mode: self.loss_agg_mode,
             loss_scale_factor: self.loss_scale_factor,
             loss_normalization: self.loss_normalization,
-            limits: self.limits.names.iter().cloned().zip(self.limits.caps.iter().copied()).collect(),
+            limits: {
+                let (caps, names) = self.limits.kernel_caps();
+                names.into_iter().zip(caps).collect()
+            },
         }
     }
 }

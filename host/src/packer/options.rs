@@ -50,7 +50,9 @@ pub struct PackerOptions {
     /// [`MAX_RESOURCE_NAME`](super::MAX_RESOURCE_NAME) bytes): every micro-batch stays within
     /// each, a sample's sizes being its
     /// [`TrainingSample::resources`](super::TrainingSample::resources). Their order does not
-    /// matter: the packer keeps them sorted by name. None by default (text).
+    /// matter: the packer keeps them sorted by name. None by default (text). Its
+    /// `max_segments` caps the samples per micro-batch (none may be named `segments`; with
+    /// it, at most 6 named limits).
     pub limits: SampleLimits,
 }
 
@@ -114,8 +116,15 @@ impl PackerOptions {
                 self.limits.names.len()
             ));
         }
-        stowplan_kernel::check_limits(&self.limits.caps, &self.limits.names)?;
-        for (name, &cap) in self.limits.names.iter().zip(&self.limits.caps) {
+        if self.limits.names.iter().any(|n| n == stowplan_kernel::SEGMENTS) {
+            return bad(format!(
+                "a limit may not be named {:?}: the samples per micro-batch are capped by max_segments",
+                stowplan_kernel::SEGMENTS
+            ));
+        }
+        let (caps, names) = self.limits.kernel_caps();
+        stowplan_kernel::check_limits(&caps, &names)?;
+        for (name, &cap) in names.iter().zip(&caps) {
             // Above it the kernel's fill of a step falls back to best-fit decreasing, whose
             // item and step limits the samples were not checked against when they arrived.
             if cap > stowplan_kernel::MAX_BALANCED_CAPACITY {

@@ -197,7 +197,9 @@ class Packer:
     ``limits``: further caps per micro-batch by name (``{"image_tokens": 8192, "images": 32}``,
     ``stowplan serve --limit``), which every micro-batch keeps, a sample's sizes being its
     ``resources``; a sample over a cap is rejected as ``over_limit``, one naming a resource
-    without a limit as ``unknown_resource``. ``backend``: the kernel's, as every function's
+    without a limit as ``unknown_resource``; ``max_segments``: at most this many samples per
+    micro-batch (``stowplan serve --max-segments``; no limit may be named ``"segments"``).
+    ``backend``: the kernel's, as every function's
     (``"wasm"``, the default, or ``"native"``). An unknown option is a ``TypeError`` naming it.
     """
 

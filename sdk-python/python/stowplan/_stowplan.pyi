@@ -536,6 +536,7 @@ def materialize(
     loss_scale_factor: Optional[float] = None,
     multimodal_alone: Optional[bool] = None,
     limits: Optional[Dict[str, int]] = None,
+    max_segments: Optional[int] = None,
     plan: Optional[Sequence[Sequence[Sequence[int]]]] = None,
     backend: Optional[str] = None,
 ) -> Materialized: ...
@@ -968,6 +969,7 @@ class Packer:
         loss_scale_factor: Optional[float] = None,
         loss_normalization: Optional[str] = None,
         limits: Optional[Dict[str, int]] = None,
+        max_segments: Optional[int] = None,
         backend: Optional[str] = None,
         state: Optional[bytes] = None,
         batches: Optional[List[bytes]] = None,
