@@ -156,7 +156,7 @@ pub fn read_path(path: &Path, limit: InputLimit) -> Result<Text, Failure> {
     }
     let file = std::fs::File::open(path).map_err(|e| Failure::bad(format!("reading {}: {e}", path.display())))?;
     let size = file.metadata().map(|m| m.len()).unwrap_or(0);
-    let bar = progress(size, "reading lengths");
+    let bar = progress(size, "reading lengths", "{bytes}/{total_bytes}");
     let text = limit.read(bar.wrap_read(file), &path.display().to_string())?;
     bar.finish_and_clear();
     Ok(Text { text, source: path.display().to_string() })
@@ -191,14 +191,15 @@ fn stdin_has_data() -> bool {
     !is_null
 }
 
-/// A progress bar on stderr, hidden unless stderr is a terminal.
-fn progress(len: u64, what: &str) -> indicatif::ProgressBar {
+/// A progress bar on stderr, hidden unless stderr is a terminal: `what`, the bar, `counter`
+/// (an indicatif template piece such as `{bytes}/{total_bytes}`) and the time taken.
+pub fn progress(len: u64, what: &str, counter: &str) -> indicatif::ProgressBar {
     let bar = if std::io::stderr().is_terminal() {
         indicatif::ProgressBar::new(len)
     } else {
         indicatif::ProgressBar::hidden()
     };
-    let style = indicatif::ProgressStyle::with_template("{msg:>16} [{bar:40}] {bytes}/{total_bytes} {elapsed}")
+    let style = indicatif::ProgressStyle::with_template(&format!("{{msg:>16}} [{{bar:40}}] {counter} {{elapsed}}"))
         .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
         .progress_chars("=> ");
     bar.set_style(style);

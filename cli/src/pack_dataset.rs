@@ -10,8 +10,9 @@
 //! [`stowplan::AtomicFile`]: OUT appears whole or not at all. Columns of numbers or booleans
 //! are packed (token ids, labels, masks, log-probabilities); other value types (strings,
 //! nested lists, dictionaries) are refused, naming the column: `stowplan.hf` packs those.
-//! SIGINT or SIGTERM while writing stops at the next batch and removes the temporary file (a
-//! second one ends the process at once; SIGKILL leaves the temporary `.OUT.tmp.*` behind).
+//! A progress bar counts the rows written on a terminal. SIGINT or SIGTERM while writing
+//! stops at the next batch and removes the temporary file (a second one ends the process at
+//! once; SIGKILL leaves the temporary `.OUT.tmp.*` behind).
 
 use std::fmt;
 use std::path::PathBuf;
@@ -407,12 +408,16 @@ mod table {
                     }
                 }
             });
+            let bar = crate::input::progress(rows.rows() as u64, "writing rows", "{human_pos}/{human_len}");
             for batch in rx {
                 if stop.load(Ordering::Relaxed) {
                     return Err(Failure::bad(format!("interrupted: {shown} not written")));
                 }
-                writer.write(&batch.map_err(arrow)?).map_err(arrow)?;
+                let batch = batch.map_err(arrow)?;
+                writer.write(&batch).map_err(arrow)?;
+                bar.inc(batch.num_rows() as u64);
             }
+            bar.finish_and_clear();
             Ok(())
         })?;
         writer.finish().map_err(arrow)?;

@@ -177,8 +177,44 @@ fn check_runs<T>(chunks: &[&[T]], which: &[i64], starts: &[i64], lengths: &[i64]
     Ok(total)
 }
 
-/// Copies the runs, checked by [`check_runs`], one after the other into `out`.
-fn fill<T: Copy>(out: &mut [T], chunks: &[&[T]], which: &[i64], starts: &[i64], lengths: &[i64]) {
+/// Below this many bytes [`fill`] copies on one thread.
+const PARALLEL_FILL_BYTES: usize = 32 << 20;
+
+/// Copies the runs, checked by [`check_runs`], one after the other into `out`: a large copy
+/// on every core (the runs split in shares of about equal size, each share's part of `out`
+/// its own), since the time is page faults and memory traffic, not the loop.
+fn fill<T: Copy + Send + Sync>(out: &mut [T], chunks: &[&[T]], which: &[i64], starts: &[i64], lengths: &[i64]) {
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(8);
+    let bytes = std::mem::size_of_val(out);
+    if threads < 2 || bytes < PARALLEL_FILL_BYTES {
+        return fill_one(out, chunks, which, starts, lengths);
+    }
+    let share = out.len().div_ceil(threads);
+    std::thread::scope(|scope| {
+        let (mut rest, mut run) = (out, 0);
+        while run < lengths.len() {
+            // The runs of this share: up to about `share` values (at least one run).
+            let first = run;
+            let mut n = 0;
+            while run < lengths.len() && (n == 0 || n + (lengths[run] as usize) <= share) {
+                n += lengths[run] as usize;
+                run += 1;
+            }
+            let (mine, tail) = rest.split_at_mut(n);
+            rest = tail;
+            let r = first..run;
+            let (w, s, l) = (&which[r.clone()], &starts[r.clone()], &lengths[r]);
+            if run == lengths.len() {
+                fill_one(mine, chunks, w, s, l); // the last share on this thread
+            } else {
+                scope.spawn(move || fill_one(mine, chunks, w, s, l));
+            }
+        }
+    });
+}
+
+/// [`fill`] on this thread.
+fn fill_one<T: Copy>(out: &mut [T], chunks: &[&[T]], which: &[i64], starts: &[i64], lengths: &[i64]) {
     let mut at = 0;
     for ((&c, &s), &l) in which.iter().zip(starts).zip(lengths) {
         let (s, l) = (s as usize, l as usize);
@@ -259,12 +295,32 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
 
 #[cfg(test)]
 mod tests {
-    use super::{check_runs, fill};
+    use super::{check_runs, fill, fill_one};
 
     fn gather(chunks: &[&[i32]], which: &[i64], starts: &[i64], lengths: &[i64]) -> Result<Vec<i32>, String> {
         let mut out = vec![0; check_runs(chunks, which, starts, lengths)?];
         fill(&mut out, chunks, which, starts, lengths);
         Ok(out)
+    }
+
+    #[test]
+    fn a_large_copy_split_over_threads_is_the_copy_on_one() {
+        // 12M values (48 MB, over PARALLEL_FILL_BYTES) in runs of 1..=997, out of order.
+        let chunk: Vec<i32> = (0..12_000_000).collect();
+        let (mut which, mut starts, mut lengths) = (vec![], vec![], vec![]);
+        let mut at = 0i64;
+        while at < 11_990_000 {
+            let l = 1 + (at * 7919) % 997;
+            which.push(0);
+            starts.push((at * 31) % (12_000_000 - l));
+            lengths.push(l);
+            at += l;
+        }
+        let mut one = vec![0; at as usize];
+        let mut many = one.clone();
+        fill_one(&mut one, &[&chunk], &which, &starts, &lengths);
+        fill(&mut many, &[&chunk], &which, &starts, &lengths);
+        assert!(one == many);
     }
 
     #[test]
