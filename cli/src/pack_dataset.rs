@@ -409,16 +409,17 @@ mod table {
                 }
             });
             let bar = crate::input::progress(rows.rows() as u64, "writing rows", "{human_pos}/{human_len}");
-            for batch in rx {
+            let written = rx.into_iter().try_for_each(|batch| {
                 if stop.load(Ordering::Relaxed) {
                     return Err(Failure::bad(format!("interrupted: {shown} not written")));
                 }
                 let batch = batch.map_err(arrow)?;
                 writer.write(&batch).map_err(arrow)?;
                 bar.inc(batch.num_rows() as u64);
-            }
-            bar.finish_and_clear();
-            Ok(())
+                Ok(())
+            });
+            bar.finish_and_clear(); // also before an error's message
+            written
         })?;
         writer.finish().map_err(arrow)?;
         writer.into_inner().map_err(arrow)?.commit()?;

@@ -127,11 +127,12 @@ pub struct Args {
     /// Another cap per micro-batch besides --seq-len, NAME=CAP (vision-language rollouts:
     /// --limit image_tokens=8192 --limit images=32). A sample gives its size in each by name
     /// (`resources`; a limit it does not name is 0); one over a cap, or naming another
-    /// resource, is rejected (`over_limit`, `unknown_resource`). Up to 7 limits.
+    /// resource, is rejected (`over_limit`, `unknown_resource`). Up to 7 limits (6 with
+    /// --max-segments); none named `segments`.
     #[arg(long = "limit", value_name = "NAME=CAP", value_parser = crate::limits::parse_limit)]
     limit: Vec<(String, u64)>,
     /// At most this many samples (segments) per micro-batch, as some attention kernels need;
-    /// 0 means no limit.
+    /// 0 means no limit. It is one more cap beside the --limit ones.
     #[arg(long, default_value_t = 0)]
     max_segments: u64,
     /// Undecodable messages kept in STATE/rejected/ at most (the oldest are dropped first).

@@ -184,32 +184,44 @@ const PARALLEL_FILL_BYTES: usize = 32 << 20;
 /// on every core (the runs split in shares of about equal size, each share's part of `out`
 /// its own), since the time is page faults and memory traffic, not the loop.
 fn fill<T: Copy + Send + Sync>(out: &mut [T], chunks: &[&[T]], which: &[i64], starts: &[i64], lengths: &[i64]) {
+    if std::mem::size_of_val(out) < PARALLEL_FILL_BYTES {
+        return fill_one(out, chunks, which, starts, lengths);
+    }
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(8);
-    let bytes = std::mem::size_of_val(out);
-    if threads < 2 || bytes < PARALLEL_FILL_BYTES {
+    if threads < 2 {
         return fill_one(out, chunks, which, starts, lengths);
     }
     let share = out.len().div_ceil(threads);
+    // The shares (each its runs and its part of `out`), taken from one queue by this thread
+    // and by helpers; a helper that cannot be started (a process limit) leaves its shares to
+    // the others.
+    let mut shares = Vec::new();
+    let (mut rest, mut run) = (out, 0);
+    while run < lengths.len() {
+        // Up to about `share` values (at least one run).
+        let first = run;
+        let mut n = 0;
+        while run < lengths.len() && (n == 0 || n + (lengths[run] as usize) <= share) {
+            n += lengths[run] as usize;
+            run += 1;
+        }
+        let (mine, tail) = std::mem::take(&mut rest).split_at_mut(n);
+        rest = tail;
+        shares.push((mine, &which[first..run], &starts[first..run], &lengths[first..run]));
+    }
+    let queue = std::sync::Mutex::new(shares);
+    let work = || {
+        while let Some((out, w, s, l)) = queue.lock().ok().and_then(|mut q| q.pop()) {
+            fill_one(out, chunks, w, s, l);
+        }
+    };
     std::thread::scope(|scope| {
-        let (mut rest, mut run) = (out, 0);
-        while run < lengths.len() {
-            // The runs of this share: up to about `share` values (at least one run).
-            let first = run;
-            let mut n = 0;
-            while run < lengths.len() && (n == 0 || n + (lengths[run] as usize) <= share) {
-                n += lengths[run] as usize;
-                run += 1;
-            }
-            let (mine, tail) = rest.split_at_mut(n);
-            rest = tail;
-            let r = first..run;
-            let (w, s, l) = (&which[r.clone()], &starts[r.clone()], &lengths[r]);
-            if run == lengths.len() {
-                fill_one(mine, chunks, w, s, l); // the last share on this thread
-            } else {
-                scope.spawn(move || fill_one(mine, chunks, w, s, l));
+        for _ in 1..threads {
+            if std::thread::Builder::new().spawn_scoped(scope, work).is_err() {
+                break;
             }
         }
+        work();
     });
 }
 
@@ -305,17 +317,19 @@ mod tests {
 
     #[test]
     fn a_large_copy_split_over_threads_is_the_copy_on_one() {
-        // 12M values (48 MB, over PARALLEL_FILL_BYTES) in runs of 1..=997, out of order.
+        // 12M values (48 MB, over PARALLEL_FILL_BYTES) in runs of 0..=996, out of order,
+        // with one run of 9M values (longer than any share) in the middle.
         let chunk: Vec<i32> = (0..12_000_000).collect();
         let (mut which, mut starts, mut lengths) = (vec![], vec![], vec![]);
         let mut at = 0i64;
         while at < 11_990_000 {
-            let l = 1 + (at * 7919) % 997;
+            let l = if lengths.len() == 1000 { 9_000_000 } else { (at * 7919) % 997 };
             which.push(0);
             starts.push((at * 31) % (12_000_000 - l));
             lengths.push(l);
-            at += l;
+            at += l.max(1);
         }
+        let at: i64 = lengths.iter().sum();
         let mut one = vec![0; at as usize];
         let mut many = one.clone();
         fill_one(&mut one, &[&chunk], &which, &starts, &lengths);

@@ -592,9 +592,15 @@ fn max_segments_caps_the_samples_of_every_micro_batch() {
         Err(Error::InvalidArgument(m)) => assert!(m.contains("may not be named \"segments\""), "{m}"),
         other => panic!("{other:?}"),
     }
-    let six: Vec<(&str, u64)> = ["a", "b", "c", "d", "e", "f", "g"].iter().map(|n| (*n, 1)).collect();
-    match stowplan::Packer::new(Kernel::native(), with(&six, 4)) {
-        Err(Error::InvalidArgument(m)) => assert!(m.contains("at most 7 caps"), "{m}"),
-        other => panic!("{other:?}"),
+    let seven: Vec<(&str, u64)> = ["a", "b", "c", "d", "e", "f", "g"].iter().map(|n| (*n, 1)).collect();
+    for (options, want) in [
+        (with(&seven, 4), "with max_segments, at most 6 named limits (the segments are one more cap; got 7)"),
+        (with(&[], 1 << 32), "max_segments must be in 0..=4294967295 (got 4294967296)"),
+    ] {
+        match stowplan::Packer::new(Kernel::native(), options) {
+            Err(Error::InvalidArgument(m)) => assert!(m.contains(want), "{m}"),
+            other => panic!("{other:?}"),
+        }
     }
+    stowplan::Packer::new(Kernel::native(), with(&seven[..6], 4)).unwrap();
 }

@@ -92,6 +92,38 @@ impl SampleLimits {
         self.caps.is_empty() && self.max_segments == 0
     }
 
+    /// Refuses what only the segments cap makes wrong, naming `max_segments`: a limit named
+    /// `segments`, more than 6 named limits beside it, a cap above
+    /// [`MAX_BALANCED_CAPACITY`](stowplan_kernel::MAX_BALANCED_CAPACITY). The rest is the
+    /// kernel's check of [`SampleLimits::kernel_caps`].
+    pub fn check(&self) -> Result<(), Error> {
+        let bad = |m: String| Err(Error::InvalidArgument(m));
+        if self.names.iter().any(|n| n == stowplan_kernel::SEGMENTS) {
+            return bad(format!(
+                "a limit may not be named {:?}: the samples per micro-batch are capped by max_segments",
+                stowplan_kernel::SEGMENTS
+            ));
+        }
+        if self.max_segments > 0 {
+            let most = stowplan_kernel::MAX_RESOURCES - 2;
+            if self.caps.len() > most {
+                return bad(format!(
+                    "with max_segments, at most {most} named limits (the segments are one more cap; got {})",
+                    self.caps.len()
+                ));
+            }
+            if self.max_segments > stowplan_kernel::MAX_BALANCED_CAPACITY {
+                return bad(format!(
+                    "max_segments must be in 0..={} (got {})",
+                    stowplan_kernel::MAX_BALANCED_CAPACITY,
+                    self.max_segments
+                ));
+            }
+        }
+        let (caps, names) = self.kernel_caps();
+        Ok(stowplan_kernel::check_limits(&caps, &names)?)
+    }
+
     /// The caps and names the kernel gets: these, then `segments` with `max_segments` when
     /// set (unnamed resources then named `resource 1`, `resource 2`, … as the kernel would).
     pub fn kernel_caps(&self) -> (Vec<u64>, Vec<String>) {
@@ -334,6 +366,9 @@ pub(crate) fn materialize_counted(
     counts: Option<&[LossCounts]>,
 ) -> Result<Materialized, Error> {
     let num_runs = validate(samples, options)?;
+    if !limits.is_empty() {
+        limits.check()?;
+    }
     let sizes = resource_rows(samples, limits)?;
     let (caps, names) = limits.kernel_caps();
     let lengths: Vec<u64> = samples.iter().map(|s| s.len() as u64).collect();

@@ -116,15 +116,8 @@ impl PackerOptions {
                 self.limits.names.len()
             ));
         }
-        if self.limits.names.iter().any(|n| n == stowplan_kernel::SEGMENTS) {
-            return bad(format!(
-                "a limit may not be named {:?}: the samples per micro-batch are capped by max_segments",
-                stowplan_kernel::SEGMENTS
-            ));
-        }
-        let (caps, names) = self.limits.kernel_caps();
-        stowplan_kernel::check_limits(&caps, &names)?;
-        for (name, &cap) in names.iter().zip(&caps) {
+        self.limits.check()?;
+        for (name, &cap) in self.limits.names.iter().zip(&self.limits.caps) {
             // Above it the kernel's fill of a step falls back to best-fit decreasing, whose
             // item and step limits the samples were not checked against when they arrived.
             if cap > stowplan_kernel::MAX_BALANCED_CAPACITY {

@@ -198,7 +198,8 @@ class Packer:
     ``stowplan serve --limit``), which every micro-batch keeps, a sample's sizes being its
     ``resources``; a sample over a cap is rejected as ``over_limit``, one naming a resource
     without a limit as ``unknown_resource``; ``max_segments``: at most this many samples per
-    micro-batch (``stowplan serve --max-segments``; no limit may be named ``"segments"``).
+    micro-batch (``stowplan serve --max-segments``; 0 or ``None``: no limit; one more cap
+    beside ``limits``, of which there may then be 6; no limit may be named ``"segments"``).
     ``backend``: the kernel's, as every function's
     (``"wasm"``, the default, or ``"native"``). An unknown option is a ``TypeError`` naming it.
     """
