@@ -3,6 +3,8 @@
 //! the CLI's `pack-dataset` applies too), and gathering runs of a column's flat values into
 //! the packed order, one copy per run without a Python object per run.
 
+use std::mem::MaybeUninit;
+
 use numpy::{PyArray1, PyArrayMethods, PyReadonlyArray1};
 use pyo3::prelude::*;
 use pyo3::types::PyList;
@@ -180,10 +182,17 @@ fn check_runs<T>(chunks: &[&[T]], which: &[i64], starts: &[i64], lengths: &[i64]
 /// Below this many bytes [`fill`] copies on one thread.
 const PARALLEL_FILL_BYTES: usize = 32 << 20;
 
-/// Copies the runs, checked by [`check_runs`], one after the other into `out`: a large copy
-/// on every core (the runs split in shares of about equal size, each share's part of `out`
-/// its own), since the time is page faults and memory traffic, not the loop.
-fn fill<T: Copy + Send + Sync>(out: &mut [T], chunks: &[&[T]], which: &[i64], starts: &[i64], lengths: &[i64]) {
+/// Copies the runs, checked by [`check_runs`], one after the other into `out` (fresh memory:
+/// every element written once): a large copy on every core (the runs split in shares of
+/// about equal size, each share's part of `out` its own), since the time is page faults and
+/// memory traffic, not the loop.
+fn fill<T: Copy + Send + Sync>(
+    out: &mut [MaybeUninit<T>],
+    chunks: &[&[T]],
+    which: &[i64],
+    starts: &[i64],
+    lengths: &[i64],
+) {
     if std::mem::size_of_val(out) < PARALLEL_FILL_BYTES {
         return fill_one(out, chunks, which, starts, lengths);
     }
@@ -226,11 +235,11 @@ fn fill<T: Copy + Send + Sync>(out: &mut [T], chunks: &[&[T]], which: &[i64], st
 }
 
 /// [`fill`] on this thread.
-fn fill_one<T: Copy>(out: &mut [T], chunks: &[&[T]], which: &[i64], starts: &[i64], lengths: &[i64]) {
+fn fill_one<T: Copy>(out: &mut [MaybeUninit<T>], chunks: &[&[T]], which: &[i64], starts: &[i64], lengths: &[i64]) {
     let mut at = 0;
     for ((&c, &s), &l) in which.iter().zip(starts).zip(lengths) {
         let (s, l) = (s as usize, l as usize);
-        out[at..at + l].copy_from_slice(&chunks[c as usize][s..s + l]);
+        out[at..at + l].write_copy_of_slice(&chunks[c as usize][s..s + l]);
         at += l;
     }
 }
@@ -269,9 +278,12 @@ fn gather_runs<'py>(
                     // (the runs cover 0..total, checked above).
                     let out = unsafe { PyArray1::<$t>::new(py, [total], false) };
                     {
-                        let mut rw = out.readwrite();
-                        let dst = rw.as_slice_mut()?;
+                        let rw = out.readwrite(); // (the borrow flag: nothing else reads it meanwhile)
+                        // SAFETY: the array's own fresh, contiguous `total` elements, seen as
+                        // not yet initialised while `fill` writes each of them once.
+                        let dst = unsafe { std::slice::from_raw_parts_mut(out.data().cast::<MaybeUninit<$t>>(), total) };
                         py.detach(|| fill(dst, &slices, which, starts, lengths));
+                        drop(rw);
                     }
                     return Ok(Some(out.into_any()));
                 }
@@ -307,12 +319,20 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
 
 #[cfg(test)]
 mod tests {
+    use std::mem::MaybeUninit;
+
     use super::{check_runs, fill, fill_one};
 
+    /// `out`'s values, every one written.
+    fn written(out: Vec<MaybeUninit<i32>>) -> Vec<i32> {
+        // SAFETY: the callers' fills cover every element (check_runs counted them).
+        out.into_iter().map(|v| unsafe { v.assume_init() }).collect()
+    }
+
     fn gather(chunks: &[&[i32]], which: &[i64], starts: &[i64], lengths: &[i64]) -> Result<Vec<i32>, String> {
-        let mut out = vec![0; check_runs(chunks, which, starts, lengths)?];
+        let mut out = vec![MaybeUninit::uninit(); check_runs(chunks, which, starts, lengths)?];
         fill(&mut out, chunks, which, starts, lengths);
-        Ok(out)
+        Ok(written(out))
     }
 
     #[test]
@@ -330,11 +350,11 @@ mod tests {
             at += l.max(1);
         }
         let at: i64 = lengths.iter().sum();
-        let mut one = vec![0; at as usize];
+        let mut one = vec![MaybeUninit::uninit(); at as usize];
         let mut many = one.clone();
         fill_one(&mut one, &[&chunk], &which, &starts, &lengths);
         fill(&mut many, &[&chunk], &which, &starts, &lengths);
-        assert!(one == many);
+        assert!(written(one) == written(many));
     }
 
     #[test]
