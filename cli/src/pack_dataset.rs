@@ -249,13 +249,13 @@ mod table {
     /// `path`, checking them as `stowplan.arrow` does: lists (of numbers or booleans here), no
     /// null row, the same lengths in every row, at least one row.
     pub fn read(path: &Path, format: Format, columns: Option<&[String]>, position_ids: bool) -> Result<Table, Failure> {
-        let mut table = Table { names: vec![], lengths: vec![], types: vec![], values: vec![], bases: vec![0] };
+        let (mut names, mut types) = (Vec::new(), Vec::new());
         let pick = |schema: &Schema| -> Result<Vec<usize>, String> {
             let all: Vec<&String> = schema.fields().iter().map(|f| f.name()).collect();
             if all.iter().collect::<std::collections::BTreeSet<_>>().len() != all.len() {
                 return Err(format!("the table has duplicate column names: {all:?}"));
             }
-            let names: Vec<String> = match columns {
+            let wanted: Vec<String> = match columns {
                 Some(c) if c.is_empty() || c.iter().any(String::is_empty) => {
                     return Err("--columns must name at least one list column (and no empty name)".into());
                 }
@@ -263,8 +263,8 @@ mod table {
                 None => all.into_iter().cloned().collect(),
             };
             let mut seen = std::collections::BTreeSet::new();
-            let mut picked = Vec::with_capacity(names.len());
-            for name in &names {
+            let mut picked = Vec::with_capacity(wanted.len());
+            for name in &wanted {
                 if !seen.insert(name) {
                     return Err(format!("column {name:?} is named twice"));
                 }
@@ -289,14 +289,13 @@ mod table {
                          (stowplan.hf.pack_dataset packs any list column)"
                     ));
                 }
-                table.types.push(t.clone());
+                types.push(t.clone());
                 picked.push(i);
             }
-            table.names = names;
+            names = wanted;
             Ok(picked)
         };
-        let mut rows = 0u64;
-        let mut lengths = Vec::new();
+        let mut lengths: Vec<u64> = Vec::new();
         let mut values: Vec<Vec<ArrayData>> = Vec::new();
         let mut bases = vec![0u64];
         read_batches(path, format, pick, |batch| {
@@ -304,10 +303,11 @@ mod table {
                 values = vec![Vec::new(); batch.num_columns()];
             }
             let schema = batch.schema();
-            let names: Vec<&str> = schema.fields().iter().map(|f| f.name().as_str()).collect();
+            let named: Vec<&str> = schema.fields().iter().map(|f| f.name().as_str()).collect();
+            let rows = lengths.len() as u64; // read before this batch
             let mut first: Option<Vec<u64>> = None;
             for (c, column) in batch.columns().iter().enumerate() {
-                let name = names[c];
+                let name = named[c];
                 if let Some(row) = (0..column.len()).find(|&r| column.is_null(r)) {
                     return Err(format!(
                         "column {name:?} has a null at row {}; fill or filter nulls before packing",
@@ -324,7 +324,7 @@ mod table {
                         if let Some(row) = (0..f.len()).find(|&r| f[r] != lens[r]) {
                             return Err(format!(
                                 "column {name:?} does not have the offsets of column {:?}: row {} has {} values, not {}",
-                                names[0],
+                                named[0],
                                 rows + row as u64,
                                 lens[row],
                                 f[row]
@@ -337,7 +337,6 @@ mod table {
             let lens = first.unwrap_or_default();
             let total = lens.iter().sum::<u64>();
             bases.push(bases.last().copied().unwrap_or(0) + total);
-            rows += lens.len() as u64;
             lengths.extend(lens);
             Ok(())
         })?;
@@ -345,10 +344,7 @@ mod table {
         if lengths.is_empty() {
             return Err(Failure::bad(format!("{shown}: the table is empty: there are no rows to pack")));
         }
-        table.lengths = lengths;
-        table.values = values;
-        table.bases = bases;
-        Ok(table)
+        Ok(Table { names, lengths, types, values, bases })
     }
 
     /// A list array's row lengths and its rows' values (sliced out of the child array).
@@ -385,17 +381,8 @@ mod table {
         }
         let file = AtomicFile::create(path)?;
         let mut writer = arrow_ipc::writer::StreamWriter::try_new(file, &schema).map_err(arrow)?;
-        // Tokens before each row, and the total.
-        let mut row_tokens = Vec::with_capacity(rows.offsets.len());
-        let (mut tokens, mut item) = (0u64, 0usize);
-        for &o in &rows.offsets {
-            while item < o as usize {
-                tokens += rows.lengths[item];
-                item += 1;
-            }
-            row_tokens.push(tokens);
-        }
-        let ends = stowplan::packed_batches(&rows.lengths, &rows.offsets, PACKED_BATCH_TOKENS);
+        let row_tokens = rows.row_tokens();
+        let ends = stowplan::packed_batches(&row_tokens, PACKED_BATCH_TOKENS);
         std::thread::scope(|scope| -> Result<(), Failure> {
             let (tx, rx) = std::sync::mpsc::sync_channel(1);
             let (schema, row_tokens) = (&schema, &row_tokens);

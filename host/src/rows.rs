@@ -216,6 +216,21 @@ impl PackedRows {
     pub fn rows(&self) -> usize {
         self.offsets.len().saturating_sub(1)
     }
+
+    /// The tokens before each packed row, and the total (`rows + 1` entries).
+    pub fn row_tokens(&self) -> Vec<u64> {
+        let (mut tokens, mut item) = (0u64, 0usize);
+        self.offsets
+            .iter()
+            .map(|&o| {
+                for &l in &self.lengths[item..o as usize] {
+                    tokens += l;
+                }
+                item = o as usize;
+                tokens
+            })
+            .collect()
+    }
 }
 
 /// The longest row a plan takes (a plan's lengths are `u32`).
@@ -362,17 +377,10 @@ pub const POSITION_IDS: &str = "position_ids";
 /// Where the record batches of packed rows end: `[0, r1, r2, …, rows]`, each batch the rows
 /// `r[k]..r[k+1]` holding at most `max_tokens` tokens ([`PACKED_BATCH_TOKENS`] for the
 /// output of `pack-dataset` and `stowplan.arrow`), or one row if that row is longer.
-/// `lengths` and `offsets` are a [`PackedRows`]'s.
-pub fn packed_batches(lengths: &[u64], offsets: &[u64], max_tokens: u64) -> Vec<usize> {
-    let mut item_end = Vec::with_capacity(lengths.len() + 1);
-    item_end.push(0u64);
-    for &l in lengths {
-        item_end.push(item_end[item_end.len() - 1] + l);
-    }
-    // Tokens before each row, and the total.
-    let row_tokens: Vec<u64> =
-        offsets.iter().map(|&o| item_end[usize::try_from(o).unwrap_or(usize::MAX).min(lengths.len())]).collect();
-    let rows = offsets.len().saturating_sub(1);
+/// `row_tokens` are the tokens before each row and the total ([`PackedRows::row_tokens`]),
+/// non-decreasing.
+pub fn packed_batches(row_tokens: &[u64], max_tokens: u64) -> Vec<usize> {
+    let rows = row_tokens.len().saturating_sub(1);
     let mut ends = vec![0];
     let mut r0 = 0;
     while r0 < rows {
@@ -461,9 +469,13 @@ mod tests {
     fn batches_hold_at_most_packed_batch_tokens_or_one_row() {
         let t = PACKED_BATCH_TOKENS;
         // Rows of t/2, t/2, t/2, 2t and 1 tokens (one item each).
-        let lengths = [t / 2, t / 2, t / 2, 2 * t, 1];
-        let offsets = [0, 1, 2, 3, 4, 5];
-        assert_eq!(packed_batches(&lengths, &offsets, t), [0, 2, 3, 4, 5]);
-        assert_eq!(packed_batches(&[], &[0], t), [0]);
+        let rows = PackedRows {
+            starts: vec![0; 5],
+            lengths: vec![t / 2, t / 2, t / 2, 2 * t, 1],
+            offsets: vec![0, 1, 2, 3, 4, 5],
+        };
+        assert_eq!(rows.row_tokens(), [0, t / 2, t, 3 * t / 2, 7 * t / 2, 7 * t / 2 + 1]);
+        assert_eq!(packed_batches(&rows.row_tokens(), t), [0, 2, 3, 4, 5]);
+        assert_eq!(packed_batches(&[0], t), [0]);
     }
 }

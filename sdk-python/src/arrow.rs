@@ -101,27 +101,23 @@ fn row_items<'py>(
     Ok((int64s(py, items.starts), int64s(py, items.lengths)))
 }
 
-/// packed_batches(lengths, offsets, max_tokens) -> numpy int64 array: where the record
-/// batches of packed rows (items of ``lengths``, rows at ``offsets``) end, ``[0, r1, …,
-/// rows]``: at most ``max_tokens`` tokens each (``PACKED_BATCH_TOKENS``), or one longer row
-/// (the host's `stowplan::packed_batches`).
+/// packed_batches(row_tokens, max_tokens) -> numpy int64 array: where the record batches of
+/// packed rows end (``row_tokens``: the tokens before each row, and the total),
+/// ``[0, r1, …, rows]``: at most ``max_tokens`` tokens each (``PACKED_BATCH_TOKENS``), or one
+/// longer row (the host's `stowplan::packed_batches`).
 #[pyfunction]
 fn packed_batches<'py>(
     py: Python<'py>,
-    lengths: &Bound<'py, PyAny>,
-    offsets: &Bound<'py, PyAny>,
+    row_tokens: &Bound<'py, PyAny>,
     max_tokens: &Bound<'py, PyAny>,
 ) -> PyResult<Bound<'py, PyArray1<i64>>> {
     let max_tokens = u64_arg(max_tokens, "max_tokens", 1)?;
-    let (lengths, offsets) = (Lengths::extract(lengths, "lengths")?, Lengths::extract(offsets, "offsets")?);
-    let (l, o) = (lengths.slice(), offsets.slice());
-    if o.first().is_some_and(|&f| f != 0)
-        || o.windows(2).any(|w| w[0] > w[1])
-        || o.last().is_some_and(|&e| e as usize != l.len())
-    {
-        return Err(invalid(py, format!("offsets must rise from 0 to len(lengths) = {}", l.len())));
+    let row_tokens = Lengths::extract(row_tokens, "row_tokens")?;
+    let t = row_tokens.slice();
+    if t.windows(2).any(|w| w[0] > w[1]) {
+        return Err(invalid(py, "row_tokens must not decrease".into()));
     }
-    let ends = py.detach(|| stowplan::packed_batches(l, o, max_tokens));
+    let ends = py.detach(|| stowplan::packed_batches(t, max_tokens));
     Ok(int64s(py, ends.into_iter().map(|e| e as u64).collect()))
 }
 

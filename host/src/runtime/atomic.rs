@@ -63,7 +63,7 @@ const EXISTS: &str = "exists: ";
 fn write_as(path: &Path, bytes: &[u8], mode: u32, place: Place) -> Result<(), Error> {
     let mut f = AtomicFile::open(path, mode, place)?;
     f.write_all(bytes).map_err(|e| io("writing", &f.tmp, e))?;
-    f.finish()
+    f.commit()
 }
 
 /// A file written piece by piece (it is a [`Write`]) and put in place atomically by
@@ -113,11 +113,7 @@ impl AtomicFile {
 
     /// Puts the file in place: everything written is flushed and fsynced, then renamed over
     /// the target, and the rename made durable. On an error the target is left as it was.
-    pub fn commit(self) -> Result<(), Error> {
-        self.finish()
-    }
-
-    fn finish(mut self) -> Result<(), Error> {
+    pub fn commit(mut self) -> Result<(), Error> {
         let file = self.file.take().expect("an AtomicFile is finished once");
         let file = file.into_inner().map_err(|e| io("writing", &self.tmp, e.into_error()))?;
         file.sync_all().map_err(|e| io("syncing", &self.tmp, e))?;

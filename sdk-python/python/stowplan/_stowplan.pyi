@@ -110,9 +110,10 @@ def row_items(
     row order (``int64``); errors number rows from ``row0``."""
     ...
 
-def packed_batches(lengths: _Lengths, offsets: _Lengths, max_tokens: int) -> np.ndarray:
-    """Where the record batches of packed rows end: ``[0, r1, ..., rows]``, at most
-    ``max_tokens`` tokens each or one longer row (``int64``)."""
+def packed_batches(row_tokens: _Lengths, max_tokens: int) -> np.ndarray:
+    """Where the record batches of packed rows end (``row_tokens``: the tokens before each
+    row, and the total): ``[0, r1, ..., rows]``, at most ``max_tokens`` tokens each or one
+    longer row (``int64``)."""
     ...
 
 def check_row_lengths(lengths: _Lengths, column: str = "", row0: int = 0) -> None:

@@ -535,7 +535,7 @@ def _batches(
     item_ends = np.concatenate(([0], np.cumsum(item_lengths))).astype(np.int64)
     row_tokens = item_ends[bin_offsets]  # tokens before each row, and the total
     seq_type = pa.list_(pa.int32())
-    ends = _stowplan.packed_batches(item_lengths, bin_offsets, _BATCH_TOKENS).tolist()
+    ends = _stowplan.packed_batches(row_tokens, _BATCH_TOKENS).tolist()
     for r0, r1 in zip(ends[:-1], ends[1:]):
         i0, i1 = int(bin_offsets[r0]), int(bin_offsets[r1])
         t0, t1 = int(item_ends[i0]), int(item_ends[i1])
