@@ -129,6 +129,11 @@ enum Call {
         labels: Vec<u32>,
         seq_len: u64,
     },
+    TrlBfd {
+        lengths: Vec<u64>,
+        batch_ends: Vec<u32>,
+        seq_length: u64,
+    },
     RawPlan {
         lengths: Vec<u64>,
         packing_length: u64,
@@ -329,6 +334,20 @@ fuzz_target!(|call: Call| match call {
     Call::PrimeRlFfd { lengths, runs, labels, seq_len } => {
         let _ = k::prime_rl_ffd(&lengths, &runs, &labels, seq_len);
     }
+    Call::TrlBfd { lengths, batch_ends, seq_length } => {
+        if let Ok((offsets, indices)) = k::trl::trl_bfd(&lengths, &batch_ends, seq_length) {
+            // Every sequence in one bin, no bin over seq_length.
+            let mut seen = vec![false; lengths.len()];
+            for w in offsets.windows(2) {
+                let bin = &indices[w[0] as usize..w[1] as usize];
+                assert!(bin.iter().map(|&i| lengths[i as usize]).sum::<u64>() <= seq_length, "a bin over seq_length");
+                for &i in bin {
+                    assert!(!std::mem::replace(&mut seen[i as usize], true), "a sequence in two bins");
+                }
+            }
+            assert!(seen.iter().all(|&s| s), "a sequence in no bin");
+        }
+    }
     Call::RawPlan { lengths, packing_length, align, allow_single_long, world_size, drop_last, limits } => {
         let options = PlanOptions { packing_length, align, allow_single_long };
         let raw = match &limits {
@@ -378,7 +397,7 @@ fuzz_target!(|call: Call| match call {
         let r = caps.len() + 1;
         let mut seen: Vec<u64> = Vec::new();
         let mut added = 0u64;
-        let mut check = |c: k::LimitedClosed, seen: &mut Vec<u64>| {
+        let check = |c: k::LimitedClosed, seen: &mut Vec<u64>| {
             for (b, loads) in c.resource_loads.chunks(caps.len().max(1)).enumerate().take(c.closed.bins()) {
                 let alone = c.closed.bin(b).len() == 1;
                 assert!(alone || loads.iter().zip(&caps).all(|(l, cap)| l <= cap), "a bin over a limit");

@@ -37,6 +37,7 @@ mod refine;
 pub mod shuffle;
 pub mod slime;
 pub mod stream;
+pub mod trl;
 pub mod verl;
 #[doc(hidden)]
 pub mod wit;

@@ -10,7 +10,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyList;
 use stowplan::{Backend, Overflow, RowPacking};
 
-use crate::{Lengths, invalid, opt_parse, opt_str, str_options, to_py, u64_arg};
+use crate::{Lengths, int_vec, invalid, kernel, opt_parse, opt_str, str_options, to_py, u64_arg};
 
 /// Two `int64` arrays (items' starts and lengths).
 type Int64Pair<'py> = (Bound<'py, PyArray1<i64>>, Bound<'py, PyArray1<i64>>);
@@ -19,8 +19,8 @@ type Int64Triple<'py> = (Bound<'py, PyArray1<i64>>, Bound<'py, PyArray1<i64>>, B
 
 /// The items of packed rows as numpy `int64` arrays (what `stowplan.arrow`'s numpy code
 /// indexes with; every value is below 2**63, checked by the host).
-fn int64s<'py>(py: Python<'py>, values: Vec<u64>) -> Bound<'py, PyArray1<i64>> {
-    PyArray1::from_vec(py, values.into_iter().map(|v| v as i64).collect())
+fn int64s<'py, T: Into<u64>>(py: Python<'py>, values: Vec<T>) -> Bound<'py, PyArray1<i64>> {
+    PyArray1::from_vec(py, values.into_iter().map(|v| v.into() as i64).collect())
 }
 
 /// The `(strategy, overflow)` pair given to :func:`stowplan.arrow.pack_table`, a strategy
@@ -143,6 +143,30 @@ fn wrapped_rows<'py>(
     let l = lengths.slice();
     let rows = py.detach(|| stowplan::wrapped_rows(l, seq_length)).map_err(|e| to_py(py, e))?;
     Ok((int64s(py, rows.starts), int64s(py, rows.lengths), int64s(py, rows.offsets)))
+}
+
+/// trl_bfd(lengths, batch_ends, seq_length, backend=None) -> (offsets, indices): TRL's best
+/// fit decreasing map batch by map batch (the kernel's `trl.bfd`, which
+/// :mod:`stowplan.compat.trl` packs with): batch ``j`` is the sequences before
+/// ``batch_ends[j]``; bin ``b`` is ``indices[offsets[b]:offsets[b+1]]`` (``int64`` arrays),
+/// members in the order they went in. Errors: `InvalidArgumentError` for a length outside
+/// ``1..=seq_length`` or ``batch_ends`` that are not the batches' ends.
+#[pyfunction]
+#[pyo3(signature = (lengths, batch_ends, seq_length, backend=None))]
+fn trl_bfd<'py>(
+    py: Python<'py>,
+    lengths: &Bound<'py, PyAny>,
+    batch_ends: &Bound<'py, PyAny>,
+    seq_length: &Bound<'py, PyAny>,
+    backend: Option<&str>,
+) -> PyResult<Int64Pair<'py>> {
+    let seq_length = u64_arg(seq_length, "seq_length", 1)?;
+    let lengths = Lengths::extract(lengths, "lengths")?;
+    let batch_ends: Vec<u32> = int_vec(batch_ends, "batch_ends", 0, u32::MAX.into())?;
+    let k = kernel(py, backend)?;
+    let l = lengths.slice();
+    let (offsets, indices) = py.detach(|| k.trl_bfd(l, &batch_ends, seq_length)).map_err(|e| to_py(py, e))?;
+    Ok((int64s(py, offsets), int64s(py, indices)))
 }
 
 /// The number of values of the runs `(chunk, start, length)` of `chunks`, every run checked.
@@ -301,6 +325,7 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(wrapped_rows, m)?)?;
     m.add_function(wrap_pyfunction!(check_row_lengths, m)?)?;
     m.add_function(wrap_pyfunction!(packed_batches, m)?)?;
+    m.add_function(wrap_pyfunction!(trl_bfd, m)?)?;
     m.add("SEQ_LENGTHS", stowplan::SEQ_LENGTHS)?;
     m.add("POSITION_IDS", stowplan::POSITION_IDS)?;
     let strategies: Vec<&str> = stowplan::RowStrategy::ALL.iter().map(|s| s.name()).collect();

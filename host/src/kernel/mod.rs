@@ -190,6 +190,10 @@ pub trait KernelApi: Send + Sync + std::fmt::Debug {
         seq_len: u64,
     ) -> Result<(Vec<Vec<u32>>, Vec<u32>), Error>;
 
+    /// TRL's best fit decreasing per map batch, exactly (see `wit/kernel.wit`, `trl.bfd`): the
+    /// bins as `(offsets, indices)`, members in the order they went in.
+    fn trl_bfd(&self, lengths: &[u64], batch_ends: &[u32], seq_length: u64) -> Result<(Vec<u32>, Vec<u32>), Error>;
+
     /// The seeded permutation of `0..n` for `(seed, epoch)` (see `wit/kernel.wit`,
     /// `shuffle.permutation`): the order data sources draw an epoch's prompts in.
     fn permutation(&self, n: u64, seed: u64, epoch: u64) -> Result<Vec<u32>, Error>;

@@ -135,6 +135,10 @@ impl KernelApi for NativeKernel {
         Ok(k::prime_rl_ffd(lengths, runs, labels, seq_len)?)
     }
 
+    fn trl_bfd(&self, lengths: &[u64], batch_ends: &[u32], seq_length: u64) -> Result<(Vec<u32>, Vec<u32>), Error> {
+        Ok(k::trl::trl_bfd(lengths, batch_ends, seq_length)?)
+    }
+
     fn permutation(&self, n: u64, seed: u64, epoch: u64) -> Result<Vec<u32>, Error> {
         Ok(k::shuffle::permutation(n, seed, epoch)?)
     }

@@ -367,6 +367,11 @@ impl KernelApi for WasmKernel {
             .map(|(bins, dropped)| (bins.into(), dropped))
     }
 
+    fn trl_bfd(&self, lengths: &[u64], batch_ends: &[u32], seq_length: u64) -> Result<(Vec<u32>, Vec<u32>), Error> {
+        call(|i, s| i.stowplan_kernel_trl().call_bfd(s, lengths, batch_ends, seq_length))
+            .map(|g| (g.offsets, g.indices))
+    }
+
     fn permutation(&self, n: u64, seed: u64, epoch: u64) -> Result<Vec<u32>, Error> {
         call(|i, s| i.stowplan_kernel_shuffle().call_permutation(s, n, seed, epoch))
     }

@@ -13,7 +13,7 @@ wit_bindgen::generate!({
 
 use exports::stowplan::kernel::{
     balance, layout, multi_micro, multi_pack, multi_plan, multimodal, pack, pack_compact, partition, peers, plan,
-    shuffle, streaming as stream, types, verl,
+    shuffle, streaming as stream, trl, types, verl,
 };
 
 // The conversions between the WIT types above and the kernel's (`stowplan_kernel::wit`).
@@ -398,6 +398,13 @@ fn raw_pack_plan(r: k::RawPlan) -> plan::RawPackPlan {
 
 fn oversize_of(o: pack::Oversize) -> k::OversizePolicy {
     o.into()
+}
+
+impl trl::Guest for Kernel {
+    fn bfd(lengths: Vec<u64>, batch_ends: Vec<u32>, seq_length: u64) -> Result<types::Groups, types::Error> {
+        let (offsets, indices) = k::trl::trl_bfd(&lengths, &batch_ends, seq_length).map_err(error)?;
+        Ok(types::Groups { offsets, indices })
+    }
 }
 
 impl pack_compact::Guest for Kernel {

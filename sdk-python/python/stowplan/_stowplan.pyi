@@ -125,6 +125,14 @@ def wrapped_rows(lengths: _Lengths, seq_length: int) -> Tuple[np.ndarray, np.nda
     """Every token cut into rows of ``seq_length``: :func:`pack_rows`'s arrays for ``wrapped``."""
     ...
 
+def trl_bfd(
+    lengths: _Lengths, batch_ends: _Lengths, seq_length: int, backend: Optional[str] = None
+) -> Tuple[np.ndarray, np.ndarray]:
+    """TRL's best fit decreasing map batch by map batch (batch ``j``: the sequences before
+    ``batch_ends[j]``): the bins' ``offsets`` and their members' ``indices`` in the order they
+    went in (``int64``)."""
+    ...
+
 def pack(
     lengths: _Lengths,
     capacity: int,

@@ -9,9 +9,9 @@ for an unknown strategy and for list columns of different lengths, ``TypeError``
 that is not a list). The batches are rebuilt with pyarrow compute, never as Python rows.
 
 TRL's best fit breaks ties between bins with the same room by the order in which they came
-to have that room, which the kernel's best fit (ties to the oldest bin) does not; so the
-per-batch fit here is this module's own, in Python over the batch's lengths. For one plan
-over the whole dataset, not bound to map batches, use :func:`stowplan.hf.pack_dataset`.
+to have that room, which the kernel's best fit (ties to the oldest bin) does not; the
+kernel's ``trl.bfd`` reproduces TRL's, every map batch in one call. For one plan over the
+whole dataset, not bound to map batches, use :func:`stowplan.hf.pack_dataset`.
 
 A ``Dataset`` (or a ``DatasetDict`` of them) whose ``map_kwargs`` name at most the batch size
 and options that do not change the rows (``desc``, ``load_from_cache_file``,
@@ -34,9 +34,7 @@ features, whose fingerprint hashes the input's and the options. Other ``map_kwar
 
 from __future__ import annotations
 
-from bisect import bisect_left, insort
-from collections import deque
-from typing import Any, Deque, Dict, List, Optional
+from typing import Any, Dict, List, Optional
 
 import numpy as np
 
@@ -47,6 +45,7 @@ try:
 except ImportError as exc:  # pragma: no cover - the hf extra installs them
     raise ImportError("stowplan.compat.trl needs datasets and pyarrow: pip install 'stowplan[hf]'") from exc
 
+from .. import _stowplan
 from ..arrow import _assemble, _Flat, _items  # the items of rows, and the one gather of packed rows
 
 __all__ = ["pack_dataset", "STRATEGIES", "TRL_VERSION"]
@@ -138,16 +137,9 @@ def _pack_direct(dataset: Any, seq_length: int, strategy: str, batch_size: Optio
         starts, item_lengths = _items(lengths, seq_length, "split" if strategy == "bfd_split" else "truncate", names[0])
         item_rows = np.searchsorted(offsets, starts, side="right") - 1
         # The items of each map batch, fitted as TRL fits them; rows batch after batch.
-        bounds = np.searchsorted(item_rows, np.append(batch_rows, n))
-        order: List[int] = []
-        bin_sizes: List[int] = []
-        for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
-            for bin_ in _best_fit_decreasing(item_lengths[a:b], seq_length):
-                order.extend(a + i for i in bin_)
-                bin_sizes.append(len(bin_))
-        idx = np.asarray(order, dtype=np.int64)
-        starts, item_lengths = starts[idx], item_lengths[idx]
-        bin_offsets, contiguous = np.concatenate(([0], np.cumsum(bin_sizes, dtype=np.int64))), False
+        batch_ends = np.searchsorted(item_rows, np.append(batch_rows[1:], n))
+        bin_offsets, idx = _stowplan.trl_bfd(item_lengths, batch_ends, seq_length)
+        starts, item_lengths, contiguous = starts[idx], item_lengths[idx], False
     values = {name: _Flat.of(pc.list_flatten(c)) for name, c in zip(names, columns)}
     types = {name: c.type for name, c in zip(names, columns)}
     packed = _assemble(values, types, starts, item_lengths, bin_offsets, position_ids=False, contiguous=contiguous).read_all()
@@ -248,46 +240,13 @@ def _pack_bfd(batch: Any, seq_length: int, split: bool) -> Any:
         columns = [pc.list_slice(c, 0, seq_length) for c in columns]
     lengths = pc.list_value_length(columns[0])
     n = lengths.to_numpy().astype(np.int64)
-    bins = _best_fit_decreasing(n, seq_length)
-    order = np.fromiter((i for b in bins for i in b), dtype=np.int64, count=len(n))
-    counts = np.concatenate(([0], np.cumsum([len(b) for b in bins]))).astype(np.int32)
+    counts, order = _stowplan.trl_bfd(n, [len(n)], seq_length)
+    counts = counts.astype(np.int32)
     ends = np.concatenate(([0], np.cumsum(n[order])))[counts]  # each row's first token
     idx = pa.array(order)
     out = [type(c).from_arrays(_offsets(ends, c), pc.take(c, idx).flatten()) for c in columns]
     out.append(pa.ListArray.from_arrays(pa.array(counts), pc.take(lengths, idx)))
     return pa.Table.from_arrays(out, names=names + [_SEQ_LENGTHS])
-
-
-def _best_fit_decreasing(lengths: np.ndarray, capacity: int) -> List[List[int]]:
-    """Items by length descending (ties: lower index first), each into the bin with the least
-    room that fits it — among bins with that room, the one that came to have it first — or a
-    new bin. Bins in creation order, items in the order they went in."""
-    order = np.argsort(-lengths, kind="stable").tolist()
-    rooms: List[int] = []  # the distinct rooms > 0 of open bins, ascending
-    waiting: Dict[int, Deque[int]] = {}  # room -> bins with that room, in the order they got it
-    bins: List[List[int]] = []
-    for i in order:
-        size = int(lengths[i])
-        at = bisect_left(rooms, size)
-        if at < len(rooms):
-            room = rooms[at]
-            queue = waiting[room]
-            b = queue.popleft()
-            if not queue:
-                del rooms[at], waiting[room]
-        else:
-            room, b = capacity, len(bins)
-            bins.append([])
-        bins[b].append(i)
-        room -= size
-        if room > 0:
-            queue = waiting.get(room)
-            if queue is None:
-                insort(rooms, room)
-                waiting[room] = deque([b])
-            else:
-                queue.append(b)
-    return bins
 
 
 def _pack_wrapped(batch: Any, seq_length: int) -> Any:
