@@ -1,7 +1,7 @@
 //! A set of integers `0..n` with ordered neighbour queries: a tree of 64-bit words (each bit
 //! of a level marks a non-zero word of the level below), so [`BitSet::next`] and
 //! [`BitSet::prev`] look at one word per level — three levels cover 2^18 values, four 2^24.
-//! Used by best fit's rooms (`pack`) and the streaming packer's buffer (`stream`).
+//! Used by best fit's rooms (`rooms`) and the streaming packer's buffer (`stream`).
 
 use alloc::vec::Vec;
 

@@ -34,6 +34,7 @@ pub mod peers;
 pub mod plan;
 pub mod prime_rl;
 mod refine;
+mod rooms;
 pub mod shuffle;
 pub mod slime;
 pub mod stream;

@@ -10,7 +10,7 @@
 use alloc::collections::VecDeque;
 use alloc::vec::Vec;
 
-use crate::pack::Rooms;
+use crate::rooms::Rooms;
 use crate::{Error, checked_len, invalid, sorted_desc};
 
 /// TRL's bins of `lengths` (the sequences after TRL's truncation or split, every one in

@@ -4,8 +4,8 @@
 //! exercise the room buckets, large ones the ordered set.
 
 use proptest::prelude::*;
-use stowplan_kernel::{Error, PackOptions, pack};
 use stowplan_kernel::trl::trl_bfd;
+use stowplan_kernel::{Error, PackOptions, pack};
 
 /// The rule, quadratically: bins as (room, when it got that room, members).
 fn reference(lengths: &[u64], batch_ends: &[u32], seq_length: u64) -> Vec<Vec<u32>> {
@@ -19,9 +19,8 @@ fn reference(lengths: &[u64], batch_ends: &[u32], seq_length: u64) -> Vec<Vec<u3
         let mut bins: Vec<(u64, u64, Vec<u32>)> = Vec::new();
         for i in order {
             let size = lengths[i];
-            let best = (0..bins.len())
-                .filter(|&b| bins[b].0 >= size && bins[b].0 > 0)
-                .min_by_key(|&b| (bins[b].0, bins[b].1));
+            let best =
+                (0..bins.len()).filter(|&b| bins[b].0 >= size && bins[b].0 > 0).min_by_key(|&b| (bins[b].0, bins[b].1));
             let b = best.unwrap_or_else(|| {
                 bins.push((seq_length, 0, Vec::new()));
                 bins.len() - 1
@@ -50,8 +49,10 @@ fn case() -> impl Strategy<Value = (Vec<u64>, Vec<u32>, u64)> {
             (Just(seq_length), Just(unit), sizes, proptest::collection::vec((0usize..6, 0u64..3), 0..120))
         })
         .prop_flat_map(|(seq_length, unit, sizes, picks)| {
-            let lengths: Vec<u64> =
-                picks.iter().map(|&(k, jitter)| (sizes[k % sizes.len()] * unit + jitter).clamp(1, seq_length)).collect();
+            let lengths: Vec<u64> = picks
+                .iter()
+                .map(|&(k, jitter)| (sizes[k % sizes.len()] * unit + jitter).clamp(1, seq_length))
+                .collect();
             let n = lengths.len();
             (Just(lengths), proptest::collection::vec(0..=n as u32, 0..5), Just(seq_length))
         })
