@@ -86,6 +86,23 @@ proptest! {
     }
 
     #[test]
+    fn wasm_and_native_agree_on_trl_bfd(
+        lengths in prop::collection::vec(0u64..70, 0..400),
+        mut batch_ends in prop::collection::vec(0u32..410, 0..6),
+        capacity in prop_oneof![0u64..70, (1u64 << 20)..(1 << 21)],
+        end_at_n in prop::bool::weighted(0.9),
+    ) {
+        // Mostly valid cuts (the last at the lengths' count); otherwise the same refusal.
+        batch_ends.sort_unstable();
+        if end_at_n {
+            batch_ends.retain(|&e| e as usize <= lengths.len());
+            batch_ends.push(lengths.len() as u32);
+        }
+        let native = Kernel::native().trl_bfd(&lengths, &batch_ends, capacity);
+        prop_assert_eq!(native, Kernel::wasm().unwrap().trl_bfd(&lengths, &batch_ends, capacity));
+    }
+
+    #[test]
     fn wasm_and_native_agree_on_pack_multi(
         (r, sizes) in (1usize..=4).prop_flat_map(|r| (Just(r), prop::collection::vec(prop_oneof![Just(0u64), 0u64..300], 0..400 * r))),
         caps in prop::collection::vec(0u64..600, 4), max_segments in 0u64..12, align in 0u64..4, m in 0..4usize, ov in 0..3usize,

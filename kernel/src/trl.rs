@@ -14,8 +14,9 @@ use crate::rooms::Rooms;
 use crate::{Error, checked_len, invalid, sorted_desc};
 
 /// TRL's bins of `lengths` (the sequences after TRL's truncation or split, every one in
-/// `1..=seq_length`), map batch by map batch: batch `j` is the sequences up to
-/// `batch_ends[j]` (non-decreasing, the last one `lengths.len()`; a batch may be empty).
+/// `1..=seq_length`), map batch by map batch: batch `j` is the indices
+/// `batch_ends[j - 1]..batch_ends[j]` (from 0 for `j` = 0; `batch_ends` non-decreasing, the
+/// last one `lengths.len()`; a batch may be empty).
 ///
 /// Returns the bins in flat form, `(offsets, indices)`: bin `b` holds
 /// `indices[offsets[b]..offsets[b + 1]]`, in the order the sequences went in; the bins of

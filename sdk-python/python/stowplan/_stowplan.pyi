@@ -128,8 +128,8 @@ def wrapped_rows(lengths: _Lengths, seq_length: int) -> Tuple[np.ndarray, np.nda
 def trl_bfd(
     lengths: _Lengths, batch_ends: _Lengths, seq_length: int, backend: Optional[str] = None
 ) -> Tuple[np.ndarray, np.ndarray]:
-    """TRL's best fit decreasing map batch by map batch (batch ``j``: the sequences before
-    ``batch_ends[j]``): the bins' ``offsets`` and their members' ``indices`` in the order they
+    """TRL's best fit decreasing map batch by map batch (batch ``j``: the sequences from
+    ``batch_ends[j-1]`` (0 for the first) to before ``batch_ends[j]``): the bins' ``offsets`` and their members' ``indices`` in the order they
     went in (``int64``)."""
     ...
 
