@@ -6,11 +6,13 @@ use stowplan::Error;
 pub const INFEASIBLE: u8 = 1;
 /// The exit code of bad input and of any other error.
 pub const BAD_INPUT: u8 = 2;
+/// The exit code of a command stopped by SIGINT or SIGTERM (128 + SIGINT, the shell's).
+pub const INTERRUPTED: u8 = 130;
 
 /// A failure of the CLI with its exit code.
 #[derive(Debug)]
 pub struct Failure {
-    /// The process's exit code: [`INFEASIBLE`] or [`BAD_INPUT`].
+    /// The process's exit code: [`INFEASIBLE`], [`BAD_INPUT`] or [`INTERRUPTED`].
     pub code: u8,
     /// What went wrong, printed after `stowplan: error: `.
     pub message: String,
@@ -20,6 +22,11 @@ impl Failure {
     /// Bad input or another error (exit 2).
     pub fn bad(message: impl Into<String>) -> Self {
         Self { code: BAD_INPUT, message: message.into() }
+    }
+
+    /// Stopped by a signal before finishing (exit 130).
+    pub fn interrupted(message: impl Into<String>) -> Self {
+        Self { code: INTERRUPTED, message: message.into() }
     }
 }
 

@@ -11,8 +11,8 @@
 //! are packed (token ids, labels, masks, log-probabilities); other value types (strings,
 //! nested lists, dictionaries) are refused, naming the column: `stowplan.hf` packs those.
 //! A progress bar counts the rows written on a terminal. SIGINT or SIGTERM while writing
-//! stops at the next batch and removes the temporary file (a second one ends the process at
-//! once; SIGKILL leaves the temporary `.OUT.tmp.*` behind).
+//! stops at the next batch, removes the temporary file and exits 130 (a second one ends the
+//! process at once; SIGKILL leaves the temporary `.OUT.tmp.*` behind).
 
 use std::fmt;
 use std::path::PathBuf;
@@ -229,7 +229,7 @@ mod table {
     use stowplan::{AtomicFile, PACKED_BATCH_TOKENS, POSITION_IDS, PackedRows, SEQ_LENGTHS};
 
     use crate::arrow::{Format, column_index, read_batches};
-    use crate::failure::Failure;
+    use crate::failure::{Failure, INTERRUPTED};
 
     /// The packed columns of the input: every batch's flat values, where each starts.
     pub struct Table {
@@ -375,7 +375,7 @@ mod table {
         // one ends the process.
         let stop = Arc::new(AtomicBool::new(false));
         for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
-            signal_hook::flag::register_conditional_shutdown(signal, 130, Arc::clone(&stop))
+            signal_hook::flag::register_conditional_shutdown(signal, INTERRUPTED.into(), Arc::clone(&stop))
                 .and_then(|_| signal_hook::flag::register(signal, Arc::clone(&stop)))
                 .map_err(|e| Failure::bad(format!("installing a signal handler: {e}")))?;
         }
@@ -398,7 +398,7 @@ mod table {
             let bar = crate::input::progress(rows.rows() as u64, "writing rows", "{human_pos}/{human_len}");
             let written = rx.into_iter().try_for_each(|batch| {
                 if stop.load(Ordering::Relaxed) {
-                    return Err(Failure::bad(format!("interrupted: {shown} not written")));
+                    return Err(Failure::interrupted(format!("interrupted: {shown} not written")));
                 }
                 let batch = batch.map_err(arrow)?;
                 writer.write(&batch).map_err(arrow)?;

@@ -455,4 +455,60 @@ mod with_arrow {
         }
         std::fs::remove_dir_all(dir).unwrap();
     }
+
+    /// SIGINT while `pack-dataset` writes: it stops at the next record batch, says so, exits
+    /// 130 and leaves neither OUT nor its temporary file. The signal is sent as soon as the
+    /// temporary file appears (the handler is installed before it is created); it races the
+    /// gather of the one record batch (24M values), so a run that finished first must have
+    /// written the whole table, and of up to 8 runs one must be interrupted.
+    #[test]
+    fn pack_dataset_stopped_by_sigint_leaves_no_output_and_no_temporary() {
+        let dir = temp_dir("sigint");
+        let input = dir.join("big.arrow");
+        let n_rows = 60_000usize;
+        let n: Vec<i64> = (0..n_rows as i64).collect();
+        write(&input, false, &[batch(&vec![Some(400); n_rows], &n)]);
+        let out = dir.join("packed.arrow");
+        let temporaries = || -> Vec<String> {
+            std::fs::read_dir(&dir)
+                .unwrap()
+                .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .filter(|name| name.starts_with(".packed.arrow.tmp."))
+                .collect()
+        };
+        let mut interrupted = 0;
+        for _ in 0..8 {
+            let _ = std::fs::remove_file(&out);
+            let mut child = Command::new(env!("CARGO_BIN_EXE_stowplan"))
+                .args(["pack-dataset", input.to_str().unwrap(), out.to_str().unwrap()])
+                .args(["--seq-length", "4096", "--columns", "input_ids"])
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap();
+            let started = std::time::Instant::now();
+            while temporaries().is_empty() && child.try_wait().unwrap().is_none() {
+                assert!(started.elapsed().as_secs() < 60, "pack-dataset never created its temporary file");
+                std::thread::sleep(std::time::Duration::from_micros(200));
+            }
+            // SAFETY: kill(2) on the child's pid (not yet reaped: try_wait saw it running or
+            // it exited and is a zombie, which ignores the signal).
+            unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGINT) };
+            let output = child.wait_with_output().unwrap();
+            assert!(temporaries().is_empty(), "a temporary file was left: {:?}", temporaries());
+            if output.status.success() {
+                // It finished before the signal: the whole table is there.
+                assert_eq!(rows(&out, "seq_lengths").iter().map(Vec::len).sum::<usize>(), n_rows);
+                continue;
+            }
+            assert_eq!(output.status.code(), Some(130), "stderr: {}", stderr(&output));
+            assert!(stderr(&output).contains("interrupted:"), "stderr: {}", stderr(&output));
+            assert!(stderr(&output).contains("not written"), "stderr: {}", stderr(&output));
+            assert!(!out.exists(), "an interrupted run left OUT");
+            interrupted += 1;
+            break;
+        }
+        assert_eq!(interrupted, 1, "SIGINT never arrived while pack-dataset was writing");
+        std::fs::remove_dir_all(dir).unwrap();
+    }
 }

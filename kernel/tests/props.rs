@@ -181,10 +181,12 @@ fn pack_case() -> impl Strategy<Value = (Vec<u64>, PackOptions)> {
     let oversize = prop_oneof![Just(OversizePolicy::Single), Just(OversizePolicy::Drop)];
     // Scaled by 2^11, capacities pass 2^20: BFD's rooms are then an ordered set, not buckets.
     let scale = prop_oneof![3 => Just(1u64), 1 => Just(1u64 << 11)];
-    (lengths, 1u64..1_500, 1u64..9, method, oversize, scale).prop_map(|(l, capacity, align, method, oversize, scale)| {
-        let l = l.into_iter().map(|x| x * scale).collect();
-        (l, PackOptions { capacity: capacity * scale, align, method, oversize })
-    })
+    (lengths, 1u64..1_500, 1u64..9, method, oversize, scale).prop_map(
+        |(l, capacity, align, method, oversize, scale)| {
+            let l = l.into_iter().map(|x| x * scale).collect();
+            (l, PackOptions { capacity: capacity * scale, align, method, oversize })
+        },
+    )
 }
 
 proptest! {
