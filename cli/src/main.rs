@@ -1,7 +1,8 @@
 //! `stowplan`: the command-line face of the kernel.
 //!
-//! Exit codes: 0 ok, 1 infeasible, 2 bad input or any other error. Logs go to stderr,
-//! filtered by `STOWPLAN_LOG` (e.g. `STOWPLAN_LOG=debug`).
+//! Exit codes: 0 ok, 1 infeasible, 2 bad input or any other error, 130 `pack-dataset`
+//! stopped by SIGINT/SIGTERM while writing. Logs go to stderr, filtered by `STOWPLAN_LOG`
+//! (e.g. `STOWPLAN_LOG=debug`).
 //!
 //! One file per command: each parses its options, calls the library, and prints a typed
 //! report — as JSON with `--json` (its `Serialize`), else for people (its `Display`).

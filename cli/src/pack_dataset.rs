@@ -11,8 +11,10 @@
 //! are packed (token ids, labels, masks, log-probabilities); other value types (strings,
 //! nested lists, dictionaries) are refused, naming the column: `stowplan.hf` packs those.
 //! A progress bar counts the rows written on a terminal. SIGINT or SIGTERM while writing
-//! stops at the next batch, removes the temporary file and exits 130 (a second one ends the
-//! process at once; SIGKILL leaves the temporary `.OUT.tmp.*` behind).
+//! stops at the next batch or before the output is finished, removes the temporary file and
+//! exits 130, OUT left as it was (one arriving during the final fsync and rename lets it
+//! finish, exit 0). A second one ends the process at once (exit 130), leaving the temporary
+//! `.OUT.tmp.*` behind, as SIGKILL does.
 
 use std::fmt;
 use std::path::PathBuf;
@@ -363,6 +365,7 @@ mod table {
 
         let shown = path.display();
         let arrow = |e: arrow_schema::ArrowError| Failure::bad(format!("writing {shown}: {e}"));
+        let interrupted = || Failure::interrupted(format!("interrupted: {shown} not written"));
         let seq_type = DataType::List(Arc::new(Field::new_list_field(DataType::Int32, true)));
         let mut fields: Vec<Field> =
             table.names.iter().zip(&table.types).map(|(n, t)| Field::new(n, t.clone(), true)).collect();
@@ -398,7 +401,7 @@ mod table {
             let bar = crate::input::progress(rows.rows() as u64, "writing rows", "{human_pos}/{human_len}");
             let written = rx.into_iter().try_for_each(|batch| {
                 if stop.load(Ordering::Relaxed) {
-                    return Err(Failure::interrupted(format!("interrupted: {shown} not written")));
+                    return Err(interrupted());
                 }
                 let batch = batch.map_err(arrow)?;
                 writer.write(&batch).map_err(arrow)?;
@@ -408,6 +411,9 @@ mod table {
             bar.finish_and_clear(); // also before an error's message
             written
         })?;
+        if stop.load(Ordering::Relaxed) {
+            return Err(interrupted()); // the last batch went out, the output is not finished
+        }
         writer.finish().map_err(arrow)?;
         writer.into_inner().map_err(arrow)?.commit()?;
         Ok(std::fs::metadata(path).map(|m| m.len()).unwrap_or(0))
