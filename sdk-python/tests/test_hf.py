@@ -527,6 +527,16 @@ def test_the_same_exception_types_as_trl(trl_pack):
         assert type(ours.value) is type(theirs.value)
 
 
+@pytest.mark.parametrize("strategy", compat_trl.STRATEGIES)
+@pytest.mark.parametrize("map_kwargs", [None, {"batch_size": 1, "num_proc": 1}])
+@pytest.mark.parametrize("seq_length", [0, -4, 2.5, "8", True, 2**64])
+def test_a_seq_length_that_is_not_a_positive_integer_is_refused_naming_it(strategy, map_kwargs, seq_length):
+    # TRL fails on 0 by strategy (AssertionError, IndexError, ZeroDivisionError) and packs a
+    # negative one into empty rows; the direct path once returned an empty table for 0.
+    with pytest.raises(stowplan.InvalidArgumentError, match=r"seq_length must be"):
+        compat_trl.pack_dataset(dataset_of([2, 3]), seq_length, strategy, map_kwargs)
+
+
 # --- stowplan.hf.TokenBudgetBatchSampler ------------------------------------------------------
 
 

@@ -73,6 +73,10 @@ def pack_dataset(dataset: Any, seq_length: int, strategy: str = "bfd", map_kwarg
         map_kwargs = {}
     if strategy not in STRATEGIES:
         raise ValueError(f"Invalid packing strategy {strategy!r}, must be one of {STRATEGIES}.")
+    # seq_length checked as the fit checks it, for every strategy (TRL itself fails on 0 with
+    # AssertionError, IndexError or ZeroDivisionError by strategy; a negative one gives empty
+    # rows): InvalidArgumentError (a ValueError) unless an integer in 1..=2**64-1.
+    _stowplan.trl_bfd(np.empty(0, dtype=np.int64), [0], seq_length)
     fmt = _format(dataset)
     if strategy != "wrapped" and "columns" in fmt:
         fmt["columns"] = fmt["columns"] + [_SEQ_LENGTHS]
