@@ -67,7 +67,8 @@ def pack_dataset(dataset: Any, seq_length: int, strategy: str = "bfd", map_kwarg
     instead; both drop empty sequences and add ``seq_lengths``. ``"wrapped"`` cuts the batch's
     concatenated tokens into rows of ``seq_length``. ``map_kwargs`` go to ``Dataset.map``.
     The format of the input (of its first split) is set on the output, ``seq_lengths`` added
-    to its columns.
+    to its columns. A ``seq_length`` that is not an integer in ``1..=2**64-1`` raises
+    :class:`stowplan.InvalidArgumentError` (a ``ValueError``; TRL fails by strategy).
     """
     if map_kwargs is None:
         map_kwargs = {}
