@@ -118,7 +118,7 @@ impl fmt::Display for Report {
         writeln!(f, "lower bound   {} rows ({over:+.3} %)", self.lower_bound)?;
         writeln!(f, "fill          {:.4}", self.fill)?;
         writeln!(f, "written       {} bytes", self.bytes)?;
-        write!(f, "time          plan {:.2} s, write {:.2} s", self.plan_s, self.write_s)
+        writeln!(f, "time          plan {:.2} s, write {:.2} s", self.plan_s, self.write_s)
     }
 }
 
@@ -126,7 +126,7 @@ impl fmt::Display for Report {
 pub fn run(args: Args) -> Result<(), Failure> {
     let packing = RowPacking::parse(&args.strategy, args.overflow.as_deref())?;
     stowplan::check_seq_length(args.seq_length).map_err(|e| Failure::bad(format!("--seq-length: {e}")))?;
-    check_output(&args.output)?;
+    check_paths(&args.input, &args.output)?;
     let format = crate::arrow::sniff(&args.input)?.ok_or_else(|| {
         Failure::bad(format!(
             "{}: not an Arrow IPC file or stream (pack-dataset reads a regular file such as a `datasets` cache \
@@ -177,10 +177,28 @@ fn keep_freed_memory() {
     }
 }
 
-/// Refuses an OUT that cannot be written before any work: a directory, or a file in a
+/// Refuses, before any work, an IN that is missing or not a file (with the system's reason),
+/// an OUT that is IN itself (the same file by any path: writing it would replace the table
+/// being read), and an OUT that cannot be written: a directory, or a file in a
 /// directory that does not exist.
-fn check_output(out: &std::path::Path) -> Result<(), Failure> {
+fn check_paths(input: &std::path::Path, out: &std::path::Path) -> Result<(), Failure> {
+    use std::os::unix::fs::MetadataExt;
+
     let shown = out.display();
+    if input.as_os_str() != "-" {
+        let found = std::fs::metadata(input).map_err(|e| Failure::bad(format!("IN {:?}: {e}", input.display())))?;
+        if found.is_dir() {
+            return Err(Failure::bad(format!("IN {:?} is a directory, not an Arrow IPC file", input.display())));
+        }
+        if let Ok(o) = std::fs::metadata(out)
+            && (o.dev(), o.ino()) == (found.dev(), found.ino())
+        {
+            return Err(Failure::bad(format!(
+                "OUT {shown:?} is the input file {:?}: packing would replace the table it reads; write to another path",
+                input.display()
+            )));
+        }
+    }
     if out.as_os_str().is_empty() || out.is_dir() || out.file_name().is_none() {
         return Err(Failure::bad(format!("OUT {shown:?} must name a file, not a directory")));
     }

@@ -442,6 +442,22 @@ mod with_arrow {
         let got = pack_dataset(&good, &dir.join("missing").join("out.arrow"), &args);
         assert!(stderr(&got).contains("missing does not exist"), "{}", stderr(&got));
         assert!(!dir.join("missing").exists());
+        // IN missing or a directory, and OUT that is IN (by its path or a hard link): refused
+        // before any work, the input left as it was.
+        let got = pack_dataset(&dir.join("nothing.arrow"), &out, &args);
+        assert!(stderr(&got).contains("nothing.arrow\": No such file or directory"), "{}", stderr(&got));
+        let got = pack_dataset(&dir, &out, &args);
+        assert!(stderr(&got).contains("is a directory, not an Arrow IPC file"), "{}", stderr(&got));
+        let good_bytes = std::fs::read(&good).unwrap();
+        let link = dir.join("link.arrow");
+        std::fs::hard_link(&good, &link).unwrap();
+        for same in [&good, &link] {
+            let got = pack_dataset(&good, same, &args);
+            assert_eq!(got.status.code(), Some(2), "{}", stderr(&got));
+            assert!(stderr(&got).contains("is the input file"), "{}", stderr(&got));
+            assert_eq!(std::fs::read(&good).unwrap(), good_bytes);
+        }
+        std::fs::remove_file(&link).unwrap();
         // A damaged input is refused (or, where the damage is in the values, packed), never a crash.
         let bytes = std::fs::read(&good).unwrap();
         let damaged = dir.join("damaged.arrow");

@@ -138,6 +138,25 @@ def test_cache_file_name_of_a_dataset_dict_names_one_file_per_split(tmp_path):
         stowplan.hf.pack_dataset(dd, 8, cache_file_name={"train": tmp_path / "a.arrow", "test": str(tmp_path / "." / "a.arrow")})
 
 
+def test_cache_file_name_may_not_be_a_file_of_the_dataset_being_packed(tmp_path):
+    # A saved dataset's own Arrow file (by its path or a hard link), for a Dataset and for any
+    # split of a DatasetDict: refused before any work, the saved dataset still loads.
+    dataset_of([5, 2, 9, 4]).save_to_disk(str(tmp_path / "saved"))
+    saved = datasets.load_from_disk(str(tmp_path / "saved"))
+    own = saved.cache_files[0]["filename"]
+    link = tmp_path / "link.arrow"
+    os.link(own, link)
+    before = pathlib.Path(own).read_bytes()
+    for target in (own, link):
+        with pytest.raises(stowplan.InvalidArgumentError, match="is a file of the dataset being packed"):
+            stowplan.hf.pack_dataset(saved, 8, cache_file_name=target)
+        dd = datasets.DatasetDict(train=dataset_of([3, 3]), test=saved)
+        with pytest.raises(stowplan.InvalidArgumentError, match="is a file of the dataset being packed"):
+            stowplan.hf.pack_dataset(dd, 8, cache_file_name={"train": target, "test": tmp_path / "test.arrow"})
+    assert pathlib.Path(own).read_bytes() == before and not (tmp_path / "test.arrow").exists()
+    assert table(datasets.load_from_disk(str(tmp_path / "saved"))) == table(saved)
+
+
 def test_the_cli_plans_from_a_datasets_cache_file(tmp_path):
     """`stowplan plan --lengths CACHE_FILE --column input_ids` reads the Arrow stream file
     `datasets` wrote (no Python in the CLI) and makes the SDK's plan of the same lengths."""

@@ -98,7 +98,8 @@ def pack_dataset(
     to disk and renamed over it, so it is whole or absent; every call writes it anew (the plan
     is made again anyway). Give each packing its own path: the dataset reads its rows from
     that path, as datasets' own cache files are read, so a later write to the same path (a
-    re-run with other options) replaces what it reads after pickling.
+    re-run with other options) replaces what it reads after pickling. A file of the dataset
+    being packed (of any split) is refused before any work.
 
     A ``datasets.IterableDataset`` (or ``IterableDatasetDict``) is streamed: the result is an
     ``IterableDataset`` whose iteration reads the input in Arrow batches and packs them with
@@ -130,7 +131,7 @@ def pack_dataset(
                 max_buffered=max_buffered,
                 backend=backend,
             )
-            files = _split_files(cache_file_name, list(dataset))
+            files = _split_files(cache_file_name, dataset)
             return splits({split: pack_dataset(ds, seq_length, **options, cache_file_name=files[split]) for split, ds in dataset.items()})
     if not isinstance(dataset, (datasets.Dataset, datasets.IterableDataset)):
         raise InvalidArgumentError(
@@ -163,16 +164,18 @@ def pack_dataset(
     if scope == "dataset":
         if map_kwargs:
             raise InvalidArgumentError("map_kwargs applies to scope='batch' only; scope='dataset' makes one plan, not a map")
+        inputs = [f["filename"] for f in dataset.cache_files]
+        path = None if cache_file_name is None else _checked_cache_file(cache_file_name, inputs)
         table = source[:]  # the rows in the dataset's order (its indices mapping applied), zero-copy without one
         packed, digest = _pack(table, seq_length, strategy, overflow, names, position_ids, backend)
         fingerprint = hashlib.sha256(
             "\0".join(["stowplan.hf.pack_dataset", _stowplan.__version__, str(dataset._fingerprint), digest]).encode()
         ).hexdigest()[:16]
         info = datasets.DatasetInfo(features=datasets.Features.from_arrow_schema(packed.schema))
-        if cache_file_name is None:
+        if path is None:
             table = datasets.table.InMemoryTable(packed.read_all())
         else:
-            table = datasets.table.MemoryMappedTable.from_file(_write_packed(cache_file_name, packed))
+            table = datasets.table.MemoryMappedTable.from_file(_write_packed(path, packed))
         out = datasets.Dataset(table, info=info, split=dataset.split, fingerprint=fingerprint)
     else:
         kept = names if names is not None else list(dataset.column_names)
@@ -198,8 +201,11 @@ def pack_dataset(
     return out.with_format(fmt.get("type"), columns=cols, output_all_columns=fmt.get("output_all_columns", False), **fmt.get("format_kwargs", {}))
 
 
-def _split_files(cache_file_name: Any, splits: List[str]) -> Dict[str, Any]:
-    """A ``DatasetDict``'s ``cache_file_name``: None for every split, or one path per split."""
+def _split_files(cache_file_name: Any, dataset: Any) -> Dict[str, Any]:
+    """A ``DatasetDict``'s ``cache_file_name``: None for every split, or one path per split,
+    each checked (:func:`_checked_cache_file`) against the files of every split before any
+    split is packed."""
+    splits = list(dataset)
     if cache_file_name is None:
         return {split: None for split in splits}
     if not isinstance(cache_file_name, dict) or sorted(cache_file_name) != sorted(splits):
@@ -207,11 +213,9 @@ def _split_files(cache_file_name: Any, splits: List[str]) -> Dict[str, Any]:
             f"cache_file_name of a DatasetDict must be a dict with one path per split {sorted(splits)} (got {cache_file_name!r})"
         )
     seen: Dict[str, str] = {}
+    inputs = [f["filename"] for ds in dataset.values() for f in ds.cache_files]
     for split in splits:
-        try:
-            real = os.path.realpath(os.fspath(cache_file_name[split]))
-        except TypeError:
-            continue  # named by _write_packed's check
+        real = os.path.realpath(_checked_cache_file(cache_file_name[split], inputs))
         if real in seen:
             raise InvalidArgumentError(
                 f"cache_file_name gives splits {seen[real]!r} and {split!r} the same file {real!r}: one file per split"
@@ -220,11 +224,10 @@ def _split_files(cache_file_name: Any, splits: List[str]) -> Dict[str, Any]:
     return cache_file_name
 
 
-def _write_packed(cache_file_name: Any, packed: Any) -> str:
-    """Writes the packed batches (a ``RecordBatchReader``) to ``cache_file_name`` as an Arrow
-    stream, batch by batch and atomically (the host's ``AtomicFile``: a temporary file of a
-    unique name beside it, fsynced, renamed over it, the directory fsynced; removed if the
-    write fails). Returns the absolute path."""
+def _checked_cache_file(cache_file_name: Any, inputs: List[str]) -> str:
+    """``cache_file_name`` as an absolute path, checked before any work: a non-empty path of
+    a file in an existing directory, and none of the ``inputs`` (the files of the dataset
+    being packed: writing one would replace the table being read)."""
     try:
         path = os.fspath(cache_file_name)
     except TypeError:
@@ -237,6 +240,20 @@ def _write_packed(cache_file_name: Any, packed: Any) -> str:
         raise InvalidArgumentError(f"cache_file_name {path!r} is a directory; name a file")
     if not os.path.isdir(directory):
         raise InvalidArgumentError(f"cache_file_name {path!r}: its directory does not exist")
+    for f in inputs:
+        if os.path.exists(path) and os.path.exists(f) and os.path.samefile(path, f):
+            raise InvalidArgumentError(
+                f"cache_file_name {path!r} is a file of the dataset being packed: writing it would replace its table; "
+                "name another file"
+            )
+    return path
+
+
+def _write_packed(path: str, packed: Any) -> str:
+    """Writes the packed batches (a ``RecordBatchReader``) to ``path`` (checked by
+    :func:`_checked_cache_file`) as an Arrow stream, batch by batch and atomically (the host's
+    ``AtomicFile``: a temporary file of a unique name beside it, fsynced, renamed over it, the
+    directory fsynced; removed if the write fails). Returns ``path``."""
     with _stowplan.AtomicFile(path) as sink:
         with pa.ipc.new_stream(sink, packed.schema) as writer:
             for batch in packed:
