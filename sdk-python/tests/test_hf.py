@@ -556,6 +556,15 @@ def test_a_seq_length_that_is_not_a_positive_integer_is_refused_naming_it(strate
         compat_trl.pack_dataset(dataset_of([2, 3]), seq_length, strategy, map_kwargs)
 
 
+@pytest.mark.parametrize("strategy", compat_trl.STRATEGIES)
+def test_a_seq_length_up_to_2_to_the_64_packs_as_one_row_per_batch(strategy):
+    # Beyond int64 too (the wrapped cut once overflowed numpy there); TRL: one row per batch.
+    ds = dataset_of([2, 3, 4])
+    for seq_length in (2**31, 2**63, 2**64 - 1):
+        out = compat_trl.pack_dataset(ds, seq_length, strategy, {"batch_size": 2})
+        assert sorted(len(r) for r in out["input_ids"]) == [4, 5]
+
+
 # --- stowplan.hf.TokenBudgetBatchSampler ------------------------------------------------------
 
 

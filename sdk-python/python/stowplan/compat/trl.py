@@ -130,7 +130,9 @@ def _pack_direct(dataset: Any, seq_length: int, strategy: str, batch_size: Optio
     offsets = np.concatenate(([0], np.cumsum(lengths)))  # in the flat values
     batch_rows = np.arange(0, n, size, dtype=np.int64)  # each map batch's first row
     if strategy == "wrapped":
-        # Each batch's tokens cut every seq_length from the batch's first token.
+        # Each batch's tokens cut every seq_length from the batch's first token (a seq_length
+        # above every batch's tokens cuts as that many: one row a batch; kept in int64).
+        seq_length = min(seq_length, int(offsets[-1]) + 1)
         first = offsets[batch_rows]
         total = np.append(first[1:], offsets[-1]) - first
         pieces = -(-total // seq_length)
