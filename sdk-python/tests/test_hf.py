@@ -716,12 +716,32 @@ def test_collator_splits_packed_rows_at_their_sequences():
         ([{"input_ids": [1, 2]}, {"input_ids": [1, 2], "seq_lengths": [1, 2]}], "features[1]: seq_lengths sum to 3"),
         ([{"input_ids": [1, 2], "seq_lengths": [2, 0]}], "features[0] holds an empty sequence"),
         ([{"input_ids": []}], "features[0] holds an empty sequence"),
+        # The integer rule of every entry point: nothing truncated or coerced.
+        ([{"input_ids": [1.9, 2.0]}], "features[0]['input_ids'] must hold integers, not float values"),
+        ([{"input_ids": [1, 2], "labels": [0.5, 7]}], "features[0]['labels'] must hold integers, not float values"),
+        ([{"input_ids": [1, 2], "seq_lengths": [True, True]}], "features[0]['seq_lengths'] must hold integers, not bool"),
+        ([{"input_ids": ["a"]}], "features[0]['input_ids'] must hold integers, not string values"),
+        ([{"input_ids": [2**64 - 1]}], "features[0]['input_ids'] must hold values in -2**63..=2**63-1"),
+        ([{"input_ids": [2**70, 1]}], "features[0]['input_ids'][0] must be in -2**63..=2**63-1"),
+        ([{"ids": [1]}], "features[0] has no input_ids (its keys: ['ids'])"),
+        ([[1, 2]], "features[0] must be a dict with input_ids (got list)"),
     ],
 )
 def test_collator_bad_input(features, fragment):
     with pytest.raises(stowplan.InvalidArgumentError) as info:
         stowplan.hf.PaddingFreeCollator()(features)
     assert fragment in str(info.value)
+
+
+def test_collator_return_tensors_pt_needs_torch_when_built():
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        with pytest.raises(stowplan.InvalidArgumentError, match="return_tensors='pt' needs torch"):
+            stowplan.hf.PaddingFreeCollator(return_tensors="pt")
+    else:
+        out = stowplan.hf.PaddingFreeCollator(return_tensors="pt")([{"input_ids": [1, 2]}])
+        assert out["input_ids"].tolist() == [[1, 2]]
 
 
 LOSS_AGG_MODES = ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]

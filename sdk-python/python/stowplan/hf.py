@@ -23,11 +23,12 @@ from __future__ import annotations
 import functools
 import hashlib
 import os
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
 from . import _stowplan
+from ._convert import as_integers
 from ._stowplan import materialize
 from .arrow import DEFAULT_STRATEGY, POSITION_IDS, SEQ_LENGTHS, _check_columns, _pack, pack_batches, pack_table
 from .errors import InvalidArgumentError
@@ -327,6 +328,28 @@ def _pack_batch(table: Any, **options: Any) -> Any:
     return pack_table(table, options.pop("seq_length"), **options)
 
 
+def _int64s(values: Any, name: str) -> np.ndarray:
+    """A feature's token ids, labels or sequence lengths as one ``int64`` row, by the integer
+    rule of every entry point (``stowplan._convert``: floats, bools and strings refused, values
+    exact): ``InvalidArgumentError`` naming ``name``. Lists go through numpy at once (their
+    elements one by one only when numpy cannot type them); arrays of any shape are flattened."""
+    if isinstance(values, (list, tuple)):
+        if len(values) == 0:
+            return np.zeros(0, dtype=np.int64)
+        try:
+            values = np.asarray(values)
+        except (ValueError, OverflowError):
+            values = list(values)  # ragged or mixed: checked element by element below
+    if isinstance(values, np.ndarray) and values.ndim > 1:
+        values = values.reshape(-1)
+    arr = as_integers(values, name)
+    if isinstance(arr, list):
+        return np.array(_stowplan._integers(arr, name, -(2**63), 2**63 - 1), dtype=np.int64)
+    if arr.dtype == np.uint64 and arr.size and int(arr.max()) > 2**63 - 1:
+        raise InvalidArgumentError(f"{name} must hold values in -2**63..=2**63-1 (got {int(arr.max())})")
+    return arr.astype(np.int64, copy=False)
+
+
 class PaddingFreeCollator:
     """Collates features into one padding-free row for the varlen FlashAttention/SDPA paths:
     ``input_ids`` and ``labels`` of shape (1, T) (int64), ``position_ids`` (1, T) restarting at
@@ -348,8 +371,10 @@ class PaddingFreeCollator:
     A feature is a dict with ``input_ids`` (list or array) and optionally ``labels`` (else the
     labels are the ``input_ids``); a feature with ``seq_lengths`` (a row of
     :func:`pack_dataset`) holds several sequences. Features without ``seq_lengths`` give exactly
-    what ``transformers.DataCollatorWithFlattening`` gives with the same options.
-    ``return_tensors``: ``"np"`` (default) or ``"pt"`` (torch tensors, without a copy).
+    what ``transformers.DataCollatorWithFlattening`` gives with the same options. Values are
+    integers, exactly (floats, bools and strings are refused naming the feature and key, as
+    by every entry point). ``return_tensors``: ``"np"`` (default) or ``"pt"`` (torch tensors,
+    without a copy; refused when built if torch is not importable).
 
     >>> c = PaddingFreeCollator(return_flash_attn_kwargs=True)
     >>> out = c([{"input_ids": [5, 6, 7, 8, 9], "seq_lengths": [3, 2]}, {"input_ids": [1, 2]}])
@@ -380,6 +405,11 @@ class PaddingFreeCollator:
                 raise InvalidArgumentError(f"{name} must be True or False (got {flag!r})")
         if return_tensors not in ("np", "pt"):
             raise InvalidArgumentError(f"return_tensors must be 'np' or 'pt' (got {return_tensors!r})")
+        if return_tensors == "pt":
+            try:
+                import torch  # noqa: F401
+            except ImportError as exc:
+                raise InvalidArgumentError(f"return_tensors='pt' needs torch, which is not importable ({exc}); use 'np'") from None
         self.return_position_ids = return_position_ids
         self.position_ids_start = _stowplan._integer(position_ids_start, "position_ids_start", -(2**62), 2**62)
         self.separator_id = _stowplan._integer(separator_id, "separator_id", -(2**63), 2**63 - 1)
@@ -402,11 +432,15 @@ class PaddingFreeCollator:
         labels: List[np.ndarray] = []
         lengths: List[np.ndarray] = []
         for i, f in enumerate(features):
-            x = np.asarray(f["input_ids"], dtype=np.int64).reshape(-1)
-            y = np.asarray(f["labels"], dtype=np.int64).reshape(-1) if "labels" in f else x
+            if not isinstance(f, Mapping):
+                raise InvalidArgumentError(f"features[{i}] must be a dict with input_ids (got {type(f).__name__})")
+            if "input_ids" not in f:
+                raise InvalidArgumentError(f"features[{i}] has no input_ids (its keys: {sorted(f)})")
+            x = _int64s(f["input_ids"], f"features[{i}]['input_ids']")
+            y = _int64s(f["labels"], f"features[{i}]['labels']") if "labels" in f else x
             if y.size != x.size:
                 raise InvalidArgumentError(f"features[{i}]: labels has {y.size} values, input_ids {x.size}")
-            seqs = np.asarray(f["seq_lengths"], dtype=np.int64).reshape(-1) if "seq_lengths" in f else np.array([x.size])
+            seqs = _int64s(f["seq_lengths"], f"features[{i}]['seq_lengths']") if "seq_lengths" in f else np.array([x.size])
             if int(seqs.sum()) != x.size:
                 raise InvalidArgumentError(f"features[{i}]: seq_lengths sum to {int(seqs.sum())}, not the {x.size} input_ids")
             if (seqs <= 0).any():
