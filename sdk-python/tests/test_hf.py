@@ -273,6 +273,7 @@ def test_a_failed_write_leaves_no_file(tmp_path, monkeypatch):
         (lambda ds: stowplan.hf.pack_dataset(ds.data.table, 8), "dataset must be a datasets.Dataset, IterableDataset, DatasetDict or IterableDatasetDict (got Table)"),
         (lambda ds: stowplan.hf.pack_dataset(ds, 0), "seq_length must be in 1..="),
         (lambda ds: stowplan.hf.pack_dataset(ds.select([]), 8, columns=["input_ids"]), "the table is empty"),
+        (lambda ds: stowplan.hf.pack_dataset(ds.select([]), 8, scope="batch"), "the table is empty"),
         (lambda ds: stowplan.hf.pack_dataset(ds, 8, columns=["ids"]), "column 'ids' is not in the table"),
         (lambda ds: stowplan.hf.pack_dataset(ds, 8), "column 'text' is not a list column (its type is string)"),
         (lambda ds: stowplan.hf.pack_dataset(ds, 8, scope="batch"), "column 'text' is not a list column (its type is string)"),

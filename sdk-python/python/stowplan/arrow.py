@@ -79,6 +79,12 @@ MAX_SEQ_LENGTH = _stowplan.MAX_SEQ_LENGTH
 _BATCH_TOKENS = _stowplan.PACKED_BATCH_TOKENS
 
 
+def _check_rows(rows: int) -> None:
+    """Refuses a table (or dataset) without rows: there is nothing to pack."""
+    if rows == 0:
+        raise InvalidArgumentError("the table is empty: there are no rows to pack")
+
+
 def pack_table(
     table: Any,
     seq_length: int,
@@ -137,8 +143,7 @@ def _pack(
     if not isinstance(position_ids, bool):
         raise InvalidArgumentError(f"position_ids must be True or False (got {position_ids!r})")
     names = _check_columns(table, columns, position_ids)
-    if table.num_rows == 0:
-        raise InvalidArgumentError("the table is empty: there are no rows to pack")
+    _check_rows(table.num_rows)
     if table.num_rows > MAX_SEQUENCE_LENGTH:
         raise InvalidArgumentError(f"the table has {table.num_rows} rows; at most 2**32-1 can be packed at once")
     lengths = _lengths(table, names)

@@ -30,7 +30,7 @@ import numpy as np
 from . import _stowplan
 from ._convert import as_integers
 from ._stowplan import materialize
-from .arrow import DEFAULT_STRATEGY, POSITION_IDS, SEQ_LENGTHS, _check_columns, _pack, pack_batches, pack_table
+from .arrow import DEFAULT_STRATEGY, POSITION_IDS, SEQ_LENGTHS, _check_columns, _check_rows, _pack, pack_batches, pack_table
 from .errors import InvalidArgumentError
 
 try:
@@ -179,6 +179,7 @@ def pack_dataset(
             table = datasets.table.MemoryMappedTable.from_file(_write_packed(path, packed))
         out = datasets.Dataset(table, info=info, split=dataset.split, fingerprint=fingerprint)
     else:
+        _check_rows(dataset.num_rows)  # Dataset.map would call nothing and add no columns
         kept = names if names is not None else list(dataset.column_names)
         out = source.map(
             _pack_batch,
