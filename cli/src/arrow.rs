@@ -135,6 +135,16 @@ pub fn read_batches(
     std::panic::set_hook(quiet);
     match read {
         Ok(Ok(())) => Ok(()),
+        // arrow-ipc built without its codecs says "lz4 IPC decompression requires the lz4
+        // feature": compression is refused by design, not for want of a build option.
+        Ok(Err(Refusal::Arrow(e))) if e.to_string().contains("decompression requires") => Err(Failure::bad(format!(
+            "{shown}: its record batches are compressed ({}); stowplan reads uncompressed Arrow IPC only (write it \
+             without compression, e.g. pyarrow's IpcWriteOptions(compression=None), as datasets does)",
+            e.to_string()
+                .split_whitespace()
+                .find(|w| ["lz4", "zstd", "LZ4", "ZSTD"].iter().any(|c| w.contains(c)))
+                .unwrap_or("a codec")
+        ))),
         Ok(Err(Refusal::Arrow(e))) => Err(Failure::bad(format!("{shown}: not a readable Arrow IPC {format}: {e}"))),
         Ok(Err(Refusal::Other(what))) => Err(Failure::bad(format!("{shown}: {what}"))),
         Err(panic) => {

@@ -36,7 +36,7 @@ pub struct Args {
     /// never half-written).
     output: PathBuf,
     /// Tokens per packed row, at most (1..=2^31-1).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true, value_parser = seq_length_arg)]
     seq_length: u64,
     /// How rows are packed: best-fit decreasing, first-fit decreasing, next-fit in row order
     /// (`bfd`, `ffd`, `next-fit`: whole sequences by the kernel's plan), TRL's `bfd_split`
@@ -125,7 +125,6 @@ impl fmt::Display for Report {
 /// Runs `stowplan pack-dataset`.
 pub fn run(args: Args) -> Result<(), Failure> {
     let packing = RowPacking::parse(&args.strategy, args.overflow.as_deref())?;
-    stowplan::check_seq_length(args.seq_length).map_err(|e| Failure::bad(format!("--seq-length: {e}")))?;
     check_paths(&args.input, &args.output)?;
     let format = crate::arrow::sniff(&args.input)?.ok_or_else(|| {
         Failure::bad(format!(
@@ -162,6 +161,14 @@ pub fn run(args: Args) -> Result<(), Failure> {
         output: args.output,
     };
     print_report(&report, args.json)
+}
+
+/// `--seq-length`: an integer in the host's range (`stowplan::check_seq_length`), refused
+/// naming that range whatever was given (a negative number, a fraction, a word).
+fn seq_length_arg(s: &str) -> Result<u64, String> {
+    let range = || format!("seq_length must be an integer in 1..={} (got {s})", stowplan::MAX_SEQ_LENGTH);
+    let n = s.trim().parse::<i128>().ok().and_then(|n| u64::try_from(n).ok()).ok_or_else(range)?;
+    stowplan::check_seq_length(n).map(|()| n).map_err(|e| e.to_string())
 }
 
 /// Has the C allocator keep what this one-shot command frees, from its heap: each record batch

@@ -182,6 +182,30 @@ def test_the_cli_plans_from_a_datasets_cache_file(tmp_path):
     assert (report["raw_checksum"], report["aligned_checksum"]) == (plan.raw_checksum, plan.aligned_checksum)
 
 
+@pytest.mark.parametrize("codec", ["zstd", "lz4"])
+def test_the_cli_refuses_a_compressed_file_saying_why(tmp_path, codec):
+    """A compressed Arrow IPC file (pyarrow writes one on request; datasets never does) is
+    refused by `plan` and `pack-dataset`, naming the codec and how to write it instead."""
+    import subprocess
+
+    cli = os.environ.get("STOWPLAN_BIN")
+    if not cli:
+        pytest.skip("STOWPLAN_BIN is not set (a stowplan binary built with the arrow feature)")
+    path = tmp_path / "compressed.arrow"
+    table = dataset_of([3, 5, 2]).data.table
+    with pa.ipc.new_file(str(path), table.schema, options=pa.ipc.IpcWriteOptions(compression=codec)) as w:
+        w.write_table(table)
+    for args in (["plan", "--lengths", str(path), "--column", "input_ids", "--packing-length", "8"],
+                 ["pack-dataset", str(path), str(tmp_path / "out.arrow"), "--seq-length", "8"]):
+        out = subprocess.run([cli, *args], capture_output=True, text=True, timeout=60)
+        if "built without Arrow support" in out.stderr:
+            pytest.skip("the stowplan binary was built without the arrow feature")
+        assert out.returncode == 2, out.stderr
+        assert f"its record batches are compressed ({codec}" in out.stderr.lower().replace("lz4_frame", "lz4"), out.stderr
+        assert "compression=None" in out.stderr, out.stderr
+    assert not (tmp_path / "out.arrow").exists()
+
+
 @pytest.mark.parametrize("strategy,overflow", [("bfd", None), ("ffd", "drop"), ("next-fit", "split"), ("bfd_split", None), ("wrapped", None)])
 def test_the_cli_packs_a_datasets_cache_file_as_pack_dataset_does(tmp_path, strategy, overflow):
     """`stowplan pack-dataset CACHE_FILE OUT` (no Python) writes the rows, columns and types of
@@ -274,6 +298,7 @@ def test_a_failed_write_leaves_no_file(tmp_path, monkeypatch):
         (lambda ds: stowplan.hf.pack_dataset(ds, 0), "seq_length must be in 1..="),
         (lambda ds: stowplan.hf.pack_dataset(ds.select([]), 8, columns=["input_ids"]), "the table is empty"),
         (lambda ds: stowplan.hf.pack_dataset(ds.select([]), 8, scope="batch"), "the table is empty"),
+        (lambda ds: stowplan.hf.pack_dataset(datasets.DatasetDict(train=ds, test=ds.select([])), 8, columns=["input_ids"]), "split 'test': the table is empty"),
         (lambda ds: stowplan.hf.pack_dataset(ds, 8, columns=["ids"]), "column 'ids' is not in the table"),
         (lambda ds: stowplan.hf.pack_dataset(ds, 8), "column 'text' is not a list column (its type is string)"),
         (lambda ds: stowplan.hf.pack_dataset(ds, 8, scope="batch"), "column 'text' is not a list column (its type is string)"),

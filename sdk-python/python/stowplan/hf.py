@@ -31,7 +31,7 @@ from . import _stowplan
 from ._convert import as_integers
 from ._stowplan import materialize
 from .arrow import DEFAULT_STRATEGY, POSITION_IDS, SEQ_LENGTHS, _check_columns, _check_rows, _pack, pack_batches, pack_table
-from .errors import InvalidArgumentError
+from .errors import InvalidArgumentError, StowplanError
 
 try:
     import datasets
@@ -133,7 +133,13 @@ def pack_dataset(
                 backend=backend,
             )
             files = _split_files(cache_file_name, dataset)
-            return splits({split: pack_dataset(ds, seq_length, **options, cache_file_name=files[split]) for split, ds in dataset.items()})
+            packed = {}
+            for split, ds in dataset.items():
+                try:
+                    packed[split] = pack_dataset(ds, seq_length, **options, cache_file_name=files[split])
+                except StowplanError as exc:  # which split, in the same error type
+                    raise type(exc)(f"split {split!r}: {exc}") from exc
+            return splits(packed)
     if not isinstance(dataset, (datasets.Dataset, datasets.IterableDataset)):
         raise InvalidArgumentError(
             f"dataset must be a datasets.Dataset, IterableDataset, DatasetDict or IterableDatasetDict (got {type(dataset).__name__})"
