@@ -6,7 +6,9 @@ use stowplan::Error;
 pub const INFEASIBLE: u8 = 1;
 /// The exit code of bad input and of any other error.
 pub const BAD_INPUT: u8 = 2;
-/// The exit code of a command stopped by SIGINT or SIGTERM (128 + SIGINT, the shell's).
+/// The exit code of a command stopped by SIGINT or SIGTERM (128 + SIGINT, the shell's):
+/// `pack-dataset`'s, which the `arrow` feature builds.
+#[cfg_attr(not(feature = "arrow"), allow(dead_code))]
 pub const INTERRUPTED: u8 = 130;
 
 /// A failure of the CLI with its exit code.
@@ -25,6 +27,7 @@ impl Failure {
     }
 
     /// Stopped by a signal before finishing (exit 130).
+    #[cfg_attr(not(feature = "arrow"), allow(dead_code))]
     pub fn interrupted(message: impl Into<String>) -> Self {
         Self { code: INTERRUPTED, message: message.into() }
     }
