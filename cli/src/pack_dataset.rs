@@ -166,9 +166,11 @@ pub fn run(args: Args) -> Result<(), Failure> {
 /// `--seq-length`: an integer in the host's range (`stowplan::check_seq_length`), refused
 /// naming that range whatever was given (a negative number, a fraction, a word).
 fn seq_length_arg(s: &str) -> Result<u64, String> {
-    let range = || format!("seq_length must be an integer in 1..={} (got {s})", stowplan::MAX_SEQ_LENGTH);
-    let n = s.trim().parse::<i128>().ok().and_then(|n| u64::try_from(n).ok()).ok_or_else(range)?;
-    stowplan::check_seq_length(n).map(|()| n).map_err(|e| e.to_string())
+    // Not a number, negative or past u64: checked as 0 (out of range like them).
+    let n = s.trim().parse::<i128>().ok().and_then(|n| u64::try_from(n).ok()).unwrap_or(0);
+    stowplan::check_seq_length(n)
+        .map(|()| n)
+        .map_err(|e| e.to_string().replace(&format!("(got {n})"), &format!("(got {s:?})")))
 }
 
 /// Has the C allocator keep what this one-shot command frees, from its heap: each record batch

@@ -327,21 +327,25 @@ mod with_arrow {
         std::fs::write(&out, b"the previous output").unwrap();
         let s = |p: &Path| p.to_str().unwrap().to_string();
         let cases: Vec<(Vec<String>, u8, String)> = vec![
-            (vec![s(&good), "--seq-length".into(), "0".into()], 2, "seq_length must be in 1..=2**31-1 (got 0)".into()),
+            (
+                vec![s(&good), "--seq-length".into(), "0".into()],
+                2,
+                "seq_length must be in 1..=2**31-1 (got \"0\")".into(),
+            ),
             (
                 vec![s(&good), "--seq-length".into(), "-1".into()],
                 2,
-                "seq_length must be an integer in 1..=2147483647 (got -1)".into(),
+                "seq_length must be in 1..=2**31-1 (got \"-1\")".into(),
             ),
             (
                 vec![s(&good), "--seq-length".into(), "2.5".into()],
                 2,
-                "seq_length must be an integer in 1..=2147483647 (got 2.5)".into(),
+                "seq_length must be in 1..=2**31-1 (got \"2.5\")".into(),
             ),
             (
                 vec![s(&good), "--seq-length".into(), "2147483648".into()],
                 2,
-                "seq_length must be in 1..=2**31-1 (got 2147483648)".into(),
+                "seq_length must be in 1..=2**31-1 (got \"2147483648\")".into(),
             ),
             (
                 vec![s(&good), "--seq-length".into(), "4".into()],

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import sys
 
 import numpy as np
 import pytest
@@ -308,6 +309,10 @@ def test_a_failed_write_leaves_no_file(tmp_path, monkeypatch):
         (lambda ds: stowplan.hf.pack_dataset(ds, 8, columns=["input_ids"], cache_file_name="/no/such/dir/p.arrow"), "its directory does not exist"),
         (lambda ds: stowplan.hf.pack_dataset(ds, 8, scope="batch", cache_file_name="x"), "cache_file_name applies to a Dataset packed with scope='dataset'"),
         (lambda ds: stowplan.hf.pack_dataset(ds.to_iterable_dataset(), 8, cache_file_name="x"), "cache_file_name applies to a Dataset packed with scope='dataset'"),
+        (
+            lambda ds: stowplan.hf.pack_dataset(datasets.IterableDatasetDict(train=ds.to_iterable_dataset()), 8, cache_file_name={"train": "x"}),
+            "split 'train': cache_file_name applies to a Dataset packed with scope='dataset'",
+        ),
     ],
 )
 def test_bad_input(call, fragment):
@@ -583,12 +588,17 @@ def test_a_seq_length_that_is_not_a_positive_integer_is_refused_naming_it(strate
 
 
 @pytest.mark.parametrize("strategy", compat_trl.STRATEGIES)
-def test_a_seq_length_up_to_2_to_the_64_packs_as_one_row_per_batch(strategy):
-    # Beyond int64 too (the wrapped cut once overflowed numpy there); TRL: one row per batch.
+@pytest.mark.parametrize("map_kwargs", [{"batch_size": 2}, {"batch_size": 2, "num_proc": 1}])
+def test_a_seq_length_up_to_2_to_the_64_packs_as_one_row_per_batch(strategy, map_kwargs):
+    # Beyond int64 too (the wrapped cut and Arrow's slice once overflowed there), a numpy
+    # unsigned scalar too, on both paths (direct, Dataset.map); TRL: one row per batch.
     ds = dataset_of([2, 3, 4])
-    for seq_length in (2**31, 2**63, 2**64 - 1):
-        out = compat_trl.pack_dataset(ds, seq_length, strategy, {"batch_size": 2})
-        assert sorted(len(r) for r in out["input_ids"]) == [4, 5]
+    for seq_length in (2**31, 2**63, 2**64 - 1, np.uint64(2**63), np.uint64(4)):
+        out = compat_trl.pack_dataset(ds, seq_length, strategy, map_kwargs)
+        if seq_length == 4:  # rows cut at 4 tokens: a plain case through the same conversion
+            assert sorted(len(r) for r in out["input_ids"]) == ([1, 4, 4] if strategy == "wrapped" else [2, 3, 4])
+        else:
+            assert sorted(len(r) for r in out["input_ids"]) == [4, 5]
 
 
 # --- stowplan.hf.TokenBudgetBatchSampler ------------------------------------------------------
@@ -759,15 +769,20 @@ def test_collator_bad_input(features, fragment):
     assert fragment in str(info.value)
 
 
-def test_collator_return_tensors_pt_needs_torch_when_built():
-    try:
-        import torch  # noqa: F401
-    except ImportError:
-        with pytest.raises(stowplan.InvalidArgumentError, match="return_tensors='pt' needs torch"):
-            stowplan.hf.PaddingFreeCollator(return_tensors="pt")
-    else:
-        out = stowplan.hf.PaddingFreeCollator(return_tensors="pt")([{"input_ids": [1, 2]}])
-        assert out["input_ids"].tolist() == [[1, 2]]
+def test_collator_return_tensors_pt_needs_torch_when_built(monkeypatch):
+    monkeypatch.setitem(sys.modules, "torch", None)  # torch not importable, installed or not
+    with pytest.raises(stowplan.InvalidArgumentError, match="return_tensors='pt' needs torch"):
+        stowplan.hf.PaddingFreeCollator(return_tensors="pt")
+
+
+def test_collator_takes_integer_arrays_of_any_shape_and_empty_ones():
+    c = stowplan.hf.PaddingFreeCollator()
+    two_d = c([{"input_ids": np.array([[5, 6, 7]], dtype=np.int32)}, {"input_ids": np.array([8], dtype=np.uint8)}])
+    assert two_d["input_ids"].tolist() == [[5, 6, 7, 8]] and two_d["input_ids"].dtype == np.int64
+    assert c([{"input_ids": (1, 2), "labels": np.array([3, 4]), "seq_lengths": np.array([[2]])}])["labels"].tolist() == [[-100, 4]]
+    # An empty (float-typed) array holds no sequence: the row of no sequences adds nothing.
+    empty = c([{"input_ids": np.array([]), "seq_lengths": np.array([])}, {"input_ids": [1, 2]}])
+    assert empty["input_ids"].tolist() == [[1, 2]] and empty["position_ids"].tolist() == [[0, 1]]
 
 
 LOSS_AGG_MODES = ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]

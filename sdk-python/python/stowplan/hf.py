@@ -28,7 +28,7 @@ from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 
 from . import _stowplan
-from ._convert import as_integers
+from ._convert import _array, as_integers
 from ._stowplan import materialize
 from .arrow import DEFAULT_STRATEGY, POSITION_IDS, SEQ_LENGTHS, _check_columns, _check_rows, _pack, pack_batches, pack_table
 from .errors import InvalidArgumentError, StowplanError
@@ -221,7 +221,8 @@ def _split_files(cache_file_name: Any, dataset: Any) -> Dict[str, Any]:
             f"cache_file_name of a DatasetDict must be a dict with one path per split {sorted(splits)} (got {cache_file_name!r})"
         )
     seen: Dict[str, str] = {}
-    inputs = [f["filename"] for ds in dataset.values() for f in ds.cache_files]
+    # (An IterableDataset has no files; its cache_file_name is refused split by split.)
+    inputs = [f["filename"] for ds in dataset.values() for f in getattr(ds, "cache_files", [])]
     for split in splits:
         real = os.path.realpath(_checked_cache_file(cache_file_name[split], inputs))
         if real in seen:
@@ -347,8 +348,14 @@ def _int64s(values: Any, name: str) -> np.ndarray:
             values = np.asarray(values)
         except (ValueError, OverflowError):
             values = list(values)  # ragged or mixed: checked element by element below
-    if isinstance(values, np.ndarray) and values.ndim > 1:
-        values = values.reshape(-1)
+    elif not isinstance(values, (str, bytes, bytearray)):
+        arr = _array(values, name)  # numpy, __array__ (torch), DLPack; None for anything else
+        values = values if arr is None else arr
+    if isinstance(values, np.ndarray):
+        if values.size == 0:
+            return np.zeros(0, dtype=np.int64)  # (an empty array is float by default)
+        if values.ndim != 1:
+            values = values.reshape(-1)  # (1, T) from a tokenizer, or a 0-d scalar
     arr = as_integers(values, name)
     if isinstance(arr, list):
         return np.array(_stowplan._integers(arr, name, -(2**63), 2**63 - 1), dtype=np.int64)

@@ -74,10 +74,11 @@ def pack_dataset(dataset: Any, seq_length: int, strategy: str = "bfd", map_kwarg
         map_kwargs = {}
     if strategy not in STRATEGIES:
         raise ValueError(f"Invalid packing strategy {strategy!r}, must be one of {STRATEGIES}.")
-    # seq_length checked as the fit checks it, for every strategy (TRL itself fails on 0 with
-    # AssertionError, IndexError or ZeroDivisionError by strategy; a negative one gives empty
-    # rows): InvalidArgumentError (a ValueError) unless an integer in 1..=2**64-1.
-    _stowplan.trl_bfd(np.empty(0, dtype=np.int64), [0], seq_length)
+    # seq_length checked for every strategy (TRL itself fails on 0 with AssertionError,
+    # IndexError or ZeroDivisionError by strategy; a negative one gives empty rows):
+    # InvalidArgumentError (a ValueError) unless an integer in 1..=2**64-1; then a Python int
+    # (numpy's unsigned scalars would turn int64 arithmetic into floats).
+    seq_length = _stowplan._integer(seq_length, "seq_length", 1, 2**64 - 1)
     fmt = _format(dataset)
     if strategy != "wrapped" and "columns" in fmt:
         fmt["columns"] = fmt["columns"] + [_SEQ_LENGTHS]
@@ -244,7 +245,7 @@ def _pack_bfd(batch: Any, seq_length: int, split: bool) -> Any:
         ends = np.concatenate(([0], np.cumsum(frag)))
         columns = [type(c).from_arrays(_offsets(ends, c), c.flatten()) for c in columns]
     else:
-        columns = [pc.list_slice(c, 0, seq_length) for c in columns]
+        columns = [pc.list_slice(c, 0, min(seq_length, 2**63 - 1)) for c in columns]  # Arrow's stop is int64
     lengths = pc.list_value_length(columns[0])
     n = lengths.to_numpy().astype(np.int64)
     counts, order = _stowplan.trl_bfd(n, [len(n)], seq_length)
@@ -261,6 +262,7 @@ def _pack_wrapped(batch: Any, seq_length: int) -> Any:
     columns = _columns(batch)
     values = [c.flatten() for c in columns]
     total = len(values[0])
-    ends = np.concatenate((np.arange(0, total, seq_length, dtype=np.int64), [total]))
+    step = min(seq_length, total + 1)  # a longer seq_length cuts the same (int64 arithmetic)
+    ends = np.concatenate((np.arange(0, total, step, dtype=np.int64), [total]))
     out = [type(c).from_arrays(_offsets(ends, c), v) for c, v in zip(columns, values)]
     return pa.Table.from_arrays(out, names=batch.column_names)
