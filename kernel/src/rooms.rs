@@ -1,7 +1,7 @@
 //! Open bins indexed by their remaining room, for best fit: [`Rooms`] finds the bin with the
 //! least room that fits an item, and [`SameRoom`] says which bin goes first among bins with
 //! the same room — the oldest (the kernel's `bfd`, `multi-pack`) or the one that reached the
-//! room first (TRL's best fit, `crate::trl`).
+//! room first (TRL's best fit, in `trl.rs`).
 
 use alloc::collections::{BTreeSet, BinaryHeap, VecDeque};
 use alloc::vec::Vec;
@@ -40,7 +40,7 @@ impl SameRoom for BinaryHeap<Reverse<u32>> {
     }
 }
 
-/// The bin that came to have the room first: TRL's best fit (`crate::trl`).
+/// The bin that came to have the room first: TRL's best fit (in `trl.rs`).
 impl SameRoom for VecDeque<u32> {
     const QUEUED: bool = true;
     fn push(&mut self, b: u32) {

@@ -148,8 +148,8 @@ fn wrapped_rows<'py>(
 /// trl_bfd(lengths, batch_ends, seq_length, backend=None) -> (offsets, indices): TRL's best
 /// fit decreasing map batch by map batch (the kernel's `trl.bfd`, which
 /// :mod:`stowplan.compat.trl` packs with): batch ``j`` is the sequences from
-/// ``batch_ends[j-1]`` (0 for the first) to before ``batch_ends[j]``; bin ``b`` is ``indices[offsets[b]:offsets[b+1]]`` (``int64`` arrays),
-/// members in the order they went in. Errors: `InvalidArgumentError` for a length outside
+/// ``batch_ends[j-1]`` (0 for the first) to before ``batch_ends[j]``; bin ``b`` is
+/// ``indices[offsets[b]:offsets[b+1]]`` (``int64`` arrays), members in the order they went in. Errors: `InvalidArgumentError` for a length outside
 /// ``1..=seq_length`` or ``batch_ends`` that are not the batches' ends.
 #[pyfunction]
 #[pyo3(signature = (lengths, batch_ends, seq_length, backend=None))]

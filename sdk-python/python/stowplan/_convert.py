@@ -82,6 +82,23 @@ def as_integers(values: Any, name: str) -> Union[np.ndarray, List[Any]]:
     return np.ascontiguousarray(arr, dtype=np.int64)
 
 
+def as_int64(values: Any, name: str, low: int) -> np.ndarray:
+    """``values`` (as :func:`as_integers` takes them) as a one-dimensional ``int64`` array of
+    values in ``low..=2**63-1``: lists checked element by element by the native layer (errors
+    name ``name[i]``), arrays at once."""
+    from ._stowplan import _integers  # (the native layer imports this module lazily)
+
+    arr = as_integers(values, name)
+    if isinstance(arr, list):
+        return np.array(_integers(arr, name, low, 2**63 - 1), dtype=np.int64)
+    bad = (arr < low) if arr.dtype == np.int64 else (arr > 2**63 - 1)
+    if bad.any():
+        i = int(np.argmax(bad))
+        lo = "-2**63" if low == -(2**63) else str(low)
+        raise InvalidArgumentError(f"{name} must hold values in {lo}..=2**63-1 (got {int(arr[i])} at [{i}])")
+    return arr.astype(np.int64, copy=False)
+
+
 def as_mask(values: Any, name: str) -> Union[np.ndarray, List[Any]]:
     """A loss mask as a ``bool`` array, an ``int64``/``uint64`` array (the native layer
     accepts only 0 and 1 in it) or a list (bools, or the integers 0 and 1)."""

@@ -27,7 +27,7 @@ import numpy as np
 
 from . import _stowplan
 from ._balance import balance
-from ._convert import as_integers
+from ._convert import as_int64
 from .errors import InfeasibleError, InvalidArgumentError
 
 try:  # A torch Sampler when torch is there, so DataLoader(batch_sampler=...) takes it as one.
@@ -178,11 +178,4 @@ def _lengths_of(lengths: Any, column: str) -> np.ndarray:
             raise InvalidArgumentError(f"length_column must be a column name (got {column!r})")
         names = _check_columns(table, [column], False)
         return _lengths(table, names)
-    values = as_integers(lengths, "lengths")
-    if isinstance(values, list):
-        values = np.array(_stowplan._integers(values, "lengths", 0, 2**63 - 1), dtype=np.int64)
-    bad = (values < 0) if values.dtype == np.int64 else (values > 2**63 - 1)
-    if bad.any():
-        i = int(np.argmax(bad))
-        raise InvalidArgumentError(f"lengths[{i}] must be in 0..=2**63-1 (got {int(values[i])})")
-    return values.astype(np.int64)
+    return as_int64(lengths, "lengths", 0)

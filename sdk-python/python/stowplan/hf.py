@@ -28,7 +28,7 @@ from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 
 from . import _stowplan
-from ._convert import _array, as_integers
+from ._convert import _array, as_int64
 from ._stowplan import materialize
 from .arrow import DEFAULT_STRATEGY, POSITION_IDS, SEQ_LENGTHS, _check_columns, _check_rows, _pack, pack_batches, pack_table
 from .errors import InvalidArgumentError, StowplanError
@@ -182,7 +182,8 @@ def pack_dataset(
         if path is None:
             table = datasets.table.InMemoryTable(packed.read_all())
         else:
-            table = datasets.table.MemoryMappedTable.from_file(_write_packed(path, packed))
+            _write_packed(path, packed)
+            table = datasets.table.MemoryMappedTable.from_file(path)
         out = datasets.Dataset(table, info=info, split=dataset.split, fingerprint=fingerprint)
     else:
         _check_rows(dataset.num_rows)  # Dataset.map would call nothing and add no columns
@@ -258,17 +259,16 @@ def _checked_cache_file(cache_file_name: Any, inputs: List[str]) -> str:
     return path
 
 
-def _write_packed(path: str, packed: Any) -> str:
+def _write_packed(path: str, packed: Any) -> None:
     """Writes the packed batches (a ``RecordBatchReader``) to ``path`` (checked by
     :func:`_checked_cache_file`) as an Arrow stream, batch by batch and atomically (the host's
     ``AtomicFile``: a temporary file of a unique name beside it, fsynced, renamed over it, the
-    directory fsynced; removed if the write fails). Returns ``path``."""
+    directory fsynced; removed if the write fails)."""
     with _stowplan.AtomicFile(path) as sink:
         with pa.ipc.new_stream(sink, packed.schema) as writer:
             for batch in packed:
                 writer.write_batch(batch)
         sink.commit()
-    return path
 
 
 def _pack_iterable(
@@ -356,12 +356,7 @@ def _int64s(values: Any, name: str) -> np.ndarray:
             return np.zeros(0, dtype=np.int64)  # (an empty array is float by default)
         if values.ndim != 1:
             values = values.reshape(-1)  # (1, T) from a tokenizer, or a 0-d scalar
-    arr = as_integers(values, name)
-    if isinstance(arr, list):
-        return np.array(_stowplan._integers(arr, name, -(2**63), 2**63 - 1), dtype=np.int64)
-    if arr.dtype == np.uint64 and arr.size and int(arr.max()) > 2**63 - 1:
-        raise InvalidArgumentError(f"{name} must hold values in -2**63..=2**63-1 (got {int(arr.max())})")
-    return arr.astype(np.int64, copy=False)
+    return as_int64(values, name, -(2**63))
 
 
 class PaddingFreeCollator:
