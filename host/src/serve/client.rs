@@ -465,7 +465,9 @@ mod zmq_clients {
 
         /// Takes the receipts that arrived (waiting up to `timeout` for the first) and resends
         /// what is due (everything unacknowledged after a restart of the packer, a message
-        /// after `resend_after` without a receipt). Returns the receipts of messages this
+        /// after `resend_after` without a receipt, one sent before the packer was first heard
+        /// from [`FIRST_CONTACT_GRACE`](super::super::protocol::sender::FIRST_CONTACT_GRACE)
+        /// after that). Returns the receipts of messages this
         /// sender had not seen acknowledged yet.
         pub fn poll(&mut self, timeout: Duration) -> Result<Vec<Receipt>, Error> {
             let mut out = Vec::new();

@@ -8,7 +8,9 @@ connect, from this host or others.
 
 :class:`ZmqSender` keeps every message until a receipt names it and sends the unacknowledged
 ones again when the packer restarts (its *incarnation* changes) or after ``resend_after``
-seconds; the packer ignores repeated batches (by run and step) and run changes (by the id
+seconds, and those sent before the packer was first heard from (its first heartbeat) two
+seconds after that (ZeroMQ drops what the packer publishes before the subscription reaches
+it, so such a message's receipt may be lost); the packer ignores repeated batches (by run and step) and run changes (by the id
 each message carries), so a packer killed mid-run or a lost receipt loses nothing and
 applies nothing twice.
 :class:`ZmqReceiver` says hello (rank, dp, the first step it lacks), acknowledges every step it
@@ -196,7 +198,8 @@ class ZmqSender:
     def poll(self, timeout: float = 0.0) -> List[Dict[str, Any]]:
         """Takes the receipts that arrived (waiting up to ``timeout`` seconds for the first)
         and resends what needs it: everything unacknowledged when the packer restarted, a
-        message after ``resend_after`` seconds without a receipt. Returns the receipts of
+        message after ``resend_after`` seconds without a receipt (one sent before the packer
+        was first heard from: two seconds after that, module docs). Returns the receipts of
         messages this sender had not seen acknowledged yet (dicts: ``kind`` — ``"batch"``,
         ``"add_run"``, ``"remove_run"`` —, ``run``; a batch's ``step``, ``accepted``,
         ``rejected``, ``duplicate``; a run change's ``error`` and ``duplicate``)."""

@@ -16,7 +16,11 @@
 //! 3. then pushes again what [`BatchSender::due_resends`]`(now)` returns: every message
 //!    still unacknowledged when the packer's incarnation changed since the last call (a
 //!    restart: what was in flight died with the old process), otherwise those sent
-//!    `resend_after` ago or longer without a receipt. The packer recognises a repeated
+//!    `resend_after` ago or longer without a receipt, and those sent before the first message
+//!    of the receipts socket arrived (the first contact) that are still unacknowledged
+//!    [`FIRST_CONTACT_GRACE`] after it: ZeroMQ drops what the packer publishes before the
+//!    sender's subscription reaches it (the slow joiner), so a receipt for a message taken
+//!    that early may never come. The packer recognises a repeated
 //!    training batch as a duplicate (by its `(run, step)`) and acknowledges it, so resending
 //!    a batch is always safe. A run change carries no such key: one applied before its
 //!    receipt was lost is applied again when resent (harmless for a lone `add_run`, but
@@ -95,6 +99,9 @@ pub struct BatchSender<P = Vec<u8>> {
     /// Oldest first.
     unacked: Vec<Pending<P>>,
     incarnation: Option<u64>,
+    /// When [`BatchSender::due_resends`] first ran after the first message of the receipts
+    /// socket (the first contact; drivers call it right after [`BatchSender::on_receipts`]).
+    contact: Option<Instant>,
     restarted: bool,
     resent: u64,
     max_message_bytes: u64,
@@ -103,6 +110,11 @@ pub struct BatchSender<P = Vec<u8>> {
 /// How long a message waits for its receipt before it is sent again, by default (the Rust
 /// client and the Python `ZmqSender` both use it).
 pub const DEFAULT_RESEND_AFTER: Duration = Duration::from_secs(30);
+
+/// How long after the first contact a message sent before it waits for its receipt before it
+/// is sent again (at most `resend_after`): two of the packer's heartbeats, by which time a
+/// receipt published after the subscription arrived has come.
+pub const FIRST_CONTACT_GRACE: Duration = Duration::from_secs(2 * super::HEARTBEAT.as_secs());
 
 impl<P> BatchSender<P> {
     /// A sender that resends a message `resend_after` after it was sent without a receipt.
@@ -116,6 +128,7 @@ impl<P> BatchSender<P> {
             resend_after,
             unacked: Vec::new(),
             incarnation: None,
+            contact: None,
             restarted: false,
             resent: 0,
             max_message_bytes: super::MAX_MESSAGE_BYTES,
@@ -189,12 +202,16 @@ impl<P> BatchSender<P> {
 
     /// The messages to push again now, oldest first: all unacknowledged ones when the
     /// packer's incarnation changed since the last call, otherwise those sent at least
-    /// `resend_after` before `now`. Each counts as sent at `now` again.
+    /// `resend_after` before `now`, or sent before the first contact and unacknowledged
+    /// [`FIRST_CONTACT_GRACE`] after it. Each counts as sent at `now` again.
     pub fn due_resends(&mut self, now: Instant) -> Vec<&P> {
+        if self.contact.is_none() && self.incarnation.is_some() {
+            self.contact = Some(now);
+        }
         let all = std::mem::take(&mut self.restarted);
         let mut out = Vec::new();
         for p in &mut self.unacked {
-            if all || now.saturating_duration_since(p.sent) >= self.resend_after {
+            if all || Self::wait_left(self.resend_after, self.contact, p.sent, now).is_zero() {
                 p.sent = now;
                 self.resent += 1;
                 out.push(&p.payload);
@@ -203,11 +220,24 @@ impl<P> BatchSender<P> {
         out
     }
 
-    /// How long until the oldest unacknowledged message is due again (`None`: nothing is
+    /// How long a message sent at `sent` still waits for its receipt at `now`: until
+    /// `resend_after` after it was sent, and if it was sent before the first `contact`, at
+    /// most until [`FIRST_CONTACT_GRACE`] (or `resend_after`, if shorter) after that.
+    fn wait_left(resend_after: Duration, contact: Option<Instant>, sent: Instant, now: Instant) -> Duration {
+        let left = resend_after.saturating_sub(now.saturating_duration_since(sent));
+        match contact {
+            Some(c) if sent <= c => {
+                left.min(FIRST_CONTACT_GRACE.min(resend_after).saturating_sub(now.saturating_duration_since(c)))
+            }
+            _ => left,
+        }
+    }
+
+    /// How long until the first unacknowledged message is due again (`None`: nothing is
     /// unacknowledged); a driver with nothing else to do may wait this long.
     pub fn next_resend_in(&self, now: Instant) -> Option<Duration> {
-        let oldest = self.unacked.iter().map(|p| p.sent).min()?;
-        Some(self.resend_after.saturating_sub(now.saturating_duration_since(oldest)))
+        let contact = self.contact.or(self.incarnation.map(|_| now));
+        self.unacked.iter().map(|p| Self::wait_left(self.resend_after, contact, p.sent, now)).min()
     }
 
     /// The messages not acknowledged yet, oldest first.
@@ -354,6 +384,35 @@ mod tests {
             "{e}"
         );
         assert!(BatchSender::<Vec<u8>>::new(Duration::ZERO).unwrap_err().to_string().contains("resend_after"));
+    }
+
+    #[test]
+    fn what_was_sent_before_the_first_contact_is_resent_soon_after_it() {
+        // The packer took "a" and published its receipt before this sender's subscription
+        // reached it (ZeroMQ dropped it): "a" goes again FIRST_CONTACT_GRACE after the first
+        // heartbeat heard, not resend_after after it was sent.
+        let t0 = Instant::now();
+        let mut s: BatchSender<&str> = BatchSender::new(sec(600)).unwrap();
+        s.track(MessageKey::Batch(BatchKey { run: 0, step: 0 }), "a", t0);
+        s.track(MessageKey::Batch(BatchKey { run: 0, step: 1 }), "b", t0);
+        assert!(s.due_resends(t0 + sec(5)).is_empty(), "no contact yet: the usual timeout");
+        assert_eq!(s.next_resend_in(t0 + sec(5)), Some(sec(595)));
+        s.on_receipts(&receipts(1, vec![receipt(0, 1)])).unwrap(); // first contact, at 6 s
+        assert_eq!(s.next_resend_in(t0 + sec(6)), Some(FIRST_CONTACT_GRACE));
+        assert!(s.due_resends(t0 + sec(6)).is_empty());
+        s.track(MessageKey::Batch(BatchKey { run: 0, step: 2 }), "c", t0 + sec(7)); // after contact
+        assert!(s.due_resends(t0 + sec(7)).is_empty());
+        assert_eq!(s.next_resend_in(t0 + sec(7)), Some(sec(1)));
+        assert_eq!(s.due_resends(t0 + sec(8)), vec![&"a"], "once the grace is over, what came before contact");
+        // "a" counts as sent at 8 s, after the contact: the usual timeout from now on.
+        assert!(s.due_resends(t0 + sec(100)).is_empty());
+        assert_eq!(s.due_resends(t0 + sec(607)), vec![&"c"]);
+        assert_eq!(s.due_resends(t0 + sec(608)), vec![&"a"]);
+        // A resend_after shorter than the grace wins.
+        let mut s: BatchSender<&str> = BatchSender::new(Duration::from_millis(500)).unwrap();
+        s.track(MessageKey::Batch(BatchKey { run: 0, step: 0 }), "a", t0);
+        s.on_receipts(&receipts(1, vec![])).unwrap();
+        assert_eq!(s.due_resends(t0 + Duration::from_millis(500)), vec![&"a"]);
     }
 
     #[test]
