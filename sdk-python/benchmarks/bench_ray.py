@@ -15,10 +15,13 @@ holds its micro-batches as numpy arrays.
 - Ray: a local Ray (`ray.init(num_cpus=2)`), a `PackerActor` with `checkpoint_dir` (the same
   durability: batch and state written atomically before the receipt; `--no-checkpoint`:
   without), 4 rank actors with
-  `RayReceiver`; the orchestrator `ray.put`s the encoded batch and sends the ref. The actor's
+  `RayReceiver`; the orchestrator puts the encoded batch in the object store (`stowplan.ray.put_batch`) and sends the ref. The actor's
   time is split by timing its methods (a subclass): fetching the batch from the object store,
-  ingest (decode + batch file), checkpoint, pack (kernel + materialize), publish (`ray.put` of
-  the 4 rank batches).
+  decode (ingest), the batch file (write + fsync, on the actor's writer thread, while the step
+  is packed), pack (kernel + materialize), checkpoint (the state), publish (`ray.put` of the 4
+  rank batches), and the send call as a whole (all of these but the fetch: with the pack
+  overlapping the batch file, less than their sum); "ranks after the send call" is the rest of
+  the end-to-end time (the ranks' take, object store get).
 
 Medians over rounds 1.. (round 0 is a warm-up). Figures go to BENCHMARKS.md.
 """
@@ -48,15 +51,33 @@ from packer_throughput import RANK, REPO, WORKLOAD, batch  # noqa: E402  (the sa
 
 
 def timed_packer_class(sray: Any) -> Any:
-    """PackerActor with its phases timed (seconds, summed until ``timings`` is read)."""
+    """PackerActor with its phases timed (seconds, summed until ``timings`` is read). The batch
+    file is written on the actor's writer thread while the step is packed: the two overlap."""
+
+    def timed(self: Any, key: str, fn: Any) -> Any:
+        def call(*args: Any, **kw: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kw)
+            finally:
+                self._add(key, time.perf_counter() - t0)
+
+        return call
 
     class TimedPacker(sray.PackerActor):
         def __init__(self, **kw: Any) -> None:
             self.t: Dict[str, float] = {}
+            write = sray._stowplan.write_atomic  # replaced in this actor's worker process only
+            batch_file = timed(self, "batch file (write + fsync)", write)
+            sray._stowplan.write_atomic = lambda path, data: (batch_file if "batches" in path else write)(path, data)
             super().__init__(**kw)
 
         def _add(self, key: str, dt: float) -> None:
             self.t[key] = self.t.get(key, 0.0) + dt
+
+        def _resume(self) -> None:
+            super()._resume()
+            self._packer.ingest = timed(self, "decode (ingest)", self._packer.ingest)
 
         def send(self, refs: Any) -> Any:
             import ray
@@ -65,31 +86,17 @@ def timed_packer_class(sray: Any) -> Any:
             # a list it is not, so the fetch from the object store is timed here.
             t0 = time.perf_counter()
             data = ray.get(refs[0])
-            t1 = time.perf_counter()
-            save0 = self.t.get("checkpoint", 0.0)
-            out = super().send(data)
-            self._add("fetch batch", t1 - t0)
-            self._add("ingest (decode + batch file)", time.perf_counter() - t1 - (self.t.get("checkpoint", 0.0) - save0))
-            return out
+            self._add("fetch batch", time.perf_counter() - t0)
+            return timed(self, "send (all of it)", super().send)(data)
+
+        def _pack_step(self, *, force: bool) -> Any:
+            return timed(self, "pack (kernel + materialize)", super()._pack_step)(force=force)
 
         def _save(self) -> None:
-            t0 = time.perf_counter()
-            super()._save()
-            self._add("checkpoint", time.perf_counter() - t0)
-
-        def pack(self, *, force: bool = False) -> Any:
-            t0 = time.perf_counter()
-            before = dict(self.t)
-            out = super().pack(force=force)
-            if out is not None:
-                inner = sum(self.t.get(k, 0.0) - before.get(k, 0.0) for k in ("checkpoint", "publish (ray.put x4)"))
-                self._add("pack (kernel + materialize)", time.perf_counter() - t0 - inner)
-            return out
+            timed(self, "checkpoint (state)", super()._save)()
 
         def _publish(self, ranks: List[Any]) -> None:
-            t0 = time.perf_counter()
-            super()._publish(ranks)
-            self._add("publish (ray.put x4)", time.perf_counter() - t0)
+            timed(self, "publish (ray.put x4)", super()._publish)(ranks)
 
         def timings(self) -> Dict[str, float]:
             out, self.t = self.t, {}
@@ -154,7 +161,7 @@ class RayPath:
         import ray
         import stowplan.ray as sray
 
-        self.ray = ray
+        self.ray, self.sray = ray, sray
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False,
                  object_store_memory=2 * 2**30)
         Packer = ray.remote(num_cpus=0)(timed_packer_class(sray))
@@ -169,13 +176,14 @@ class RayPath:
         pending = [r.step.remote() for r in self.ranks]  # the ranks wait for the step
         time.sleep(0.05)
         t0 = time.time()
-        ref = ray.put(data)
+        ref = self.sray.put_batch(data)  # read in place by the actor
         t1 = time.time()
         receipt = ray.get(self.packer.send.remote([ref]))
         t2 = time.time()
         assert receipt.accepted > 0 and not receipt.duplicate
         got = ray.get(pending)
-        out = {"put batch (driver)": t1 - t0, "send call (driver)": t2 - t1, "end to end": max(g[0] for g in got) - t0}
+        end = max(g[0] for g in got)
+        out = {"put batch (driver)": t1 - t0, "send call (driver)": t2 - t1, "ranks after the send call": end - t2, "end to end": end - t0}
         out.update(ray.get(self.packer.timings.remote()))
         out["tokens"] = sum(g[1] for g in got)
         return out

@@ -7,7 +7,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList};
 use stowplan::{Packer, PackerOptions, PackerState, RunConfig, RunProgress, TrainingBatch};
 
-use crate::convert::{opt_i64, opt_number};
+use crate::convert::{opt_i64, opt_number, with_bytes};
 use crate::protocol::{duration, rank_list, training_batch};
 use crate::{cost_arg, kernel, number, opt_parse, opt_u32, opt_u64, str_options, to_py, u32_arg, u64_arg};
 
@@ -156,10 +156,15 @@ impl PyPacker {
         Ok((r.accepted, rejected, r.duplicate))
     }
 
-    /// ingest_bytes(data): ingest an encoded training batch.
+    /// ingest_bytes(data): ingest an encoded training batch (``bytes`` or any contiguous
+    /// buffer, read in place).
     #[allow(clippy::type_complexity)]
-    fn ingest_bytes(&self, py: Python<'_>, data: &[u8]) -> PyResult<(u32, Vec<(u32, &'static str, String)>, bool)> {
-        let b = Arc::new(py.detach(|| TrainingBatch::decode(data)).map_err(|e| to_py(py, e))?);
+    fn ingest_bytes(
+        &self,
+        py: Python<'_>,
+        data: &Bound<'_, PyAny>,
+    ) -> PyResult<(u32, Vec<(u32, &'static str, String)>, bool)> {
+        let b = Arc::new(with_bytes(data, |data| py.detach(|| TrainingBatch::decode(data)).map_err(|e| to_py(py, e)))?);
         let r = self.lock(py)?.ingest(b);
         let rejected = r.rejected.into_iter().map(|(i, reason, m)| (i, reason.name(), m)).collect();
         Ok((r.accepted, rejected, r.duplicate))

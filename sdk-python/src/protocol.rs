@@ -6,13 +6,14 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use numpy::{IntoPyArray, PyReadonlyArray1};
+use numpy::IntoPyArray;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList};
 use stowplan::serve::protocol::files::control_file_name;
 use stowplan::serve::{Control, ControlMessage, RankMessage, Receipt, Receipts, ToRank, batch_file_name, send_fs};
 use stowplan::{RankBatch, RunConfig, TrainingBatch};
 
+use crate::convert::with_bytes;
 use crate::materialize::extract_sample;
 use crate::micro_batch::wrap;
 use crate::{invalid, number, to_py, u32_arg, u64_arg};
@@ -150,11 +151,12 @@ fn fs_send(py: Python<'_>, root: PathBuf, name: &str, data: &[u8]) -> PyResult<P
     py.detach(|| send_fs(&root, name, data)).map_err(|e| to_py(py, e))
 }
 
-/// write_atomic(path, data): replaces the file at ``path`` by ``data`` atomically (temporary
-/// file beside it, fsync, rename, fsync of the directory), as the host writes its own files.
+/// write_atomic(path, data): replaces the file at ``path`` by ``data`` (``bytes`` or any
+/// contiguous buffer, read in place) atomically (temporary file beside it, fsync, rename, fsync
+/// of the directory), as the host writes its own files.
 #[pyfunction]
-fn write_atomic(py: Python<'_>, path: PathBuf, data: &[u8]) -> PyResult<()> {
-    py.detach(|| stowplan::write_atomic(&path, data)).map_err(|e| to_py(py, e))
+fn write_atomic(py: Python<'_>, path: PathBuf, data: &Bound<'_, PyAny>) -> PyResult<()> {
+    with_bytes(data, |bytes| py.detach(|| stowplan::write_atomic(&path, bytes)).map_err(|e| to_py(py, e)))
 }
 
 /// AtomicFile(path): a binary file written piece by piece (``write``) that replaces the file at
@@ -177,27 +179,19 @@ impl PyAtomicFile {
         Ok(PyAtomicFile { file: Some(file), path, written: 0 })
     }
 
-    /// Appends ``data`` (``bytes`` or any contiguous buffer, e.g. a ``pyarrow.Buffer``);
-    /// returns its length.
+    /// Appends ``data`` (``bytes`` or any contiguous buffer, e.g. a ``pyarrow.Buffer``, read
+    /// in place); returns its length.
     fn write(&mut self, py: Python<'_>, data: &Bound<'_, PyAny>) -> PyResult<usize> {
         use std::io::Write;
-        // Read in place: bytes as they are, any other buffer through numpy.frombuffer (the
-        // buffer protocol is not in the stable ABI this module is built for).
-        let array;
-        let bytes: &[u8] = match data.cast::<PyBytes>() {
-            Ok(b) => b.as_bytes(),
-            Err(_) => {
-                let numpy = py.import("numpy")?;
-                array = numpy.call_method1("frombuffer", (data, "uint8"))?.extract::<PyReadonlyArray1<'_, u8>>()?;
-                array.as_slice()?
-            }
-        };
         let path = self.path.display().to_string();
         let file = self.open(py)?;
-        py.detach(|| file.write_all(bytes))
-            .map_err(|e| to_py(py, stowplan::Error::Io(format!("writing (the temporary file of) {path}: {e}"))))?;
-        self.written += bytes.len() as u64;
-        Ok(bytes.len())
+        let n = with_bytes(data, |bytes| {
+            py.detach(|| file.write_all(bytes))
+                .map_err(|e| to_py(py, stowplan::Error::Io(format!("writing (the temporary file of) {path}: {e}"))))?;
+            Ok(bytes.len())
+        })?;
+        self.written += n as u64;
+        Ok(n)
     }
 
     /// Bytes written so far.

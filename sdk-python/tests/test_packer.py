@@ -127,6 +127,26 @@ def test_extra_costs_travel_and_balance_ranks():
         stowplan.TrainingBatch(run=0, step=2, samples=[sample(4, extra_cost=-1)]).encode()
 
 
+def test_encoded_batches_are_read_from_any_contiguous_buffer(tmp_path):
+    # bytes, bytearray, memoryview and a numpy uint8 array (what ray.get of put_batch's object
+    # gives, read only) are the same batch; a duplicate by (run, step) whatever the buffer.
+    data = stowplan.TrainingBatch(run=0, step=0, samples=[sample(6) for _ in range(3)]).encode()
+    array = np.frombuffer(data, dtype=np.uint8)
+    assert not array.flags.writeable
+    for i, buf in enumerate([data, bytearray(data), memoryview(data), array]):
+        p = stowplan.Packer(seq_len=64, dp=1)
+        p.add_run(0, batch_size=3)
+        assert p.ingest(buf).accepted == 3, type(buf)
+        assert p.ingest(array).duplicate
+        stowplan._stowplan.write_atomic(tmp_path / f"b{i}", buf)
+        assert (tmp_path / f"b{i}").read_bytes() == data
+    p = stowplan.Packer(seq_len=64, dp=1)
+    with pytest.raises(stowplan.InvalidArgumentError, match="damaged"):
+        p.ingest(np.frombuffer(data[:-1] + b"x", dtype=np.uint8))
+    with pytest.raises(stowplan.InvalidArgumentError, match="data must be bytes or a contiguous buffer"):
+        p.ingest(np.zeros((4, 4), dtype=np.uint8)[:, 1])  # not contiguous
+
+
 def test_limits_keep_every_micro_batch_within_each_and_reject_what_cannot_fit():
     # Six 16-token image samples of 2 images each: one micro-batch by tokens, three under
     # images=4; a sample over a cap or naming another resource is rejected, by name.
@@ -534,6 +554,13 @@ def test_zmq_lost_batch_resent_and_receiver_order(tmp_path):
     sender = stowplan.ZmqSender(batches, receipts, resend_after=600, context=ctx)
     try:
         thread.start()
+        # Heard from first: a receipt published before the subscription reached the packer
+        # is lost (ZeroMQ's slow joiner), and the batch would be resent 2 s after contact
+        # and acknowledged as the duplicate it then is.
+        deadline = time.monotonic() + 30
+        while sender.incarnation is None:
+            assert time.monotonic() < deadline, "no heartbeat from the packer within 30 s"
+            sender.poll(0.1)
         sender.send(packer_procs.make_batch(0, 0))
         first = sender.flush(timeout=30)
         assert [(r["run"], r["step"], r["accepted"], r["rejected"], r["duplicate"]) for r in first] == [(0, 0, 12, 1, False)]

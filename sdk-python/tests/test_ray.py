@@ -87,7 +87,9 @@ def test_every_sample_is_delivered_once_across_ranks():
     receivers = [sray.RayReceiver(actor, r, timeout=20) for r in range(2)]
     seen = []
     for step in range(4):
-        report = ray.get(actor.send.remote(ray.put(_batch(0, step).encode())))
+        # put_batch's numpy array (read in place by the actor) and a plain bytes object
+        ref = sray.put_batch(_batch(0, step)) if step % 2 == 0 else ray.put(_batch(0, step).encode())
+        report = ray.get(actor.send.remote(ref))
         assert report.accepted == 4 and not report.duplicate
         for rx in receivers:
             b = rx.receive()
@@ -130,7 +132,52 @@ def test_a_killed_actor_resumes_from_its_checkpoint():
         assert not ray.get(actor.send.remote(_batch(0, 3))).duplicate
         seen += _keys(rx[0].receive()) + _keys(rx[1].receive())  # packer step 2: batches 2 and 3
         assert sorted(seen) == [(0, s, i) for s in range(4) for i in range(4)]
+        for r in rx:
+            r.flush()  # the last acknowledgements written before the directory goes
         ray.kill(actor)
+
+
+def test_a_batch_file_that_cannot_be_written_is_not_taken(monkeypatch):
+    """The batch file is written while the step is packed; if it fails, the actor goes back to
+    its checkpoint (no receipt, no step published) and the batch sent again is taken."""
+    with tempfile.TemporaryDirectory() as ckpt:
+        packer = sray.PackerActor(**OPTIONS, checkpoint_dir=ckpt)  # the plain class, in this process
+        packer.add_run(0, batch_size=4)
+        real = sray._stowplan.write_atomic
+
+        def failing(path, data):
+            if os.path.basename(os.path.dirname(path)) == "batches":
+                raise stowplan.StowplanIOError(f"{path}: no space left on device")
+            real(path, data)
+
+        monkeypatch.setattr(sray._stowplan, "write_atomic", failing)
+        with pytest.raises(stowplan.StowplanIOError, match="no space left"):
+            packer.send(_batch(0, 0))
+        assert packer.pending() == (0, 0) and packer.take(0, 0) is None  # nothing taken, nothing packed
+        assert os.listdir(os.path.join(ckpt, "batches")) == []
+        monkeypatch.setattr(sray._stowplan, "write_atomic", real)
+        report = packer.send(_batch(0, 0))
+        assert report.accepted == 4 and not report.duplicate
+        keys = _keys(ray.get(packer.take(0, 0))) + _keys(ray.get(packer.take(1, 0)))
+        assert sorted(keys) == [(0, 0, i) for i in range(4)]
+        assert sray.PackerActor(**OPTIONS, checkpoint_dir=ckpt).was_restored()  # and on disk
+
+
+def test_asking_for_the_next_step_acknowledges_the_one_in_flight():
+    actor = _actor(**OPTIONS)
+    ray.get(actor.add_run.remote(0, batch_size=4))
+    ray.get(actor.send.remote(_batch(0, 0)))
+    assert ray.get(actor.take.remote(0, 0)) is not None and ray.get(actor.take.remote(1, 0)) is not None
+    assert ray.get(actor.take.remote(0, 1)) is None  # rank 0 holds step 0: acknowledged by asking
+    assert ray.get(actor.next_step.remote()) == 0  # rank 1 has not
+    assert ray.get(actor.ack.remote(1, 0))  # completes the step
+    rx = sray.RayReceiver(actor, 0, start_step=1, timeout=20)
+    ray.get(actor.send.remote(_batch(0, 1)))
+    assert rx.receive().step == 1
+    rx.flush()  # rank 0's acknowledgement arrived: rank 1's completes the step
+    assert ray.get(actor.take.remote(1, 1)) is not None and ray.get(actor.ack.remote(1, 1))
+    assert ray.get(actor.next_step.remote()) == 2
+    ray.kill(actor)
 
 
 def _rank_worker_class():
@@ -259,6 +306,8 @@ def test_a_rank_cannot_take_a_delivered_step_and_bad_arguments_are_named():
             ray.get(actor.send.remote({"samples": []}))
         except ray.exceptions.RayTaskError as e:
             raise e.cause
+    with pytest.raises(stowplan.InvalidArgumentError, match="batch must be a stowplan.TrainingBatch or its encoded bytes"):
+        sray.put_batch({"samples": []})
     with pytest.raises(stowplan.StowplanTimeoutError, match="rank 0: step 1"):
         sray.RayReceiver(actor, 0, start_step=1, timeout=0.2).receive()
     ray.kill(actor)

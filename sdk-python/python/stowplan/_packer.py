@@ -34,6 +34,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
+import numpy as np
+
 from . import _stowplan
 
 __all__ = ["TrainingBatch", "FileSender", "FileReceiver", "RankBatch", "Packer", "IngestReport"]
@@ -224,9 +226,11 @@ class Packer:
         self._inner.clear_ready(run)
 
     def ingest(self, batch: "TrainingBatch | bytes") -> IngestReport:
-        """Buffers the batch's valid samples; invalid ones are rejected with a reason."""
-        if isinstance(batch, (bytes, bytearray, memoryview)):
-            accepted, rejected, duplicate = self._inner.ingest_bytes(bytes(batch))
+        """Buffers the batch's valid samples; invalid ones are rejected with a reason. ``batch``:
+        a :class:`TrainingBatch`, or its encoded bytes (``bytes`` or any contiguous buffer, such
+        as a numpy ``uint8`` array, read in place)."""
+        if isinstance(batch, (bytes, bytearray, memoryview, np.ndarray)):
+            accepted, rejected, duplicate = self._inner.ingest_bytes(batch)
         else:
             accepted, rejected, duplicate = self._inner.ingest(batch.run, batch.step, batch.temperature, batch.samples)
         return IngestReport(accepted, rejected, duplicate)

@@ -11,7 +11,8 @@ It holds a :class:`stowplan.Packer` (same options) and keeps its semantics: per-
 duplicate batches (by run and step) detected in the receipt, balancing, micro-batches,
 materialization with loss weights. Any worker sends batches with ``packer.send.remote(batch)``
 (a :class:`stowplan.TrainingBatch`, its encoded bytes, or an ``ObjectRef`` to either: put large
-batches in the object store once with ``ray.put(batch.encode())`` and pass the ref).
+batches in the object store once with :func:`put_batch` and pass the ref; the actor reads them
+there in place).
 
 Steps follow the packer's own rules, those ``stowplan serve`` applies: a step is packed when
 :meth:`stowplan.Packer.should_pack` says so (or on :meth:`PackerActor.pack`), every rank's
@@ -45,6 +46,7 @@ import os
 import struct
 import time
 import zlib
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Dict, Iterator, List, Optional, Set, Tuple
 
 import numpy as np
@@ -59,7 +61,7 @@ try:
 except ImportError as _e:  # pragma: no cover - the extra is missing
     raise ImportError("stowplan.ray needs Ray: pip install 'stowplan[ray]'") from _e
 
-__all__ = ["PackerActor", "RayReceiver", "RayRankBatch", "RayMicroBatch", "compute_lengths", "pack_dataset"]
+__all__ = ["PackerActor", "RayReceiver", "RayRankBatch", "RayMicroBatch", "put_batch", "compute_lengths", "pack_dataset"]
 
 _MICRO_FIELDS = (
     "samples",
@@ -165,26 +167,32 @@ class PackerActor:
         self._options = options
         self._dp: int = options["dp"]
         self._dir = None if checkpoint_dir is None else os.fspath(checkpoint_dir)
+        self._pool: Optional[ThreadPoolExecutor] = None
+        self._resume()
+        if self._dir is not None:
+            os.makedirs(os.path.join(self._dir, _BATCHES), exist_ok=True)
+
+    def _resume(self) -> None:
+        """The packer as the checkpoint on disk has it (a fresh one without a checkpoint), the
+        step in flight published again: what a restarted actor starts from."""
         self._inflight: Optional[Tuple[int, List[Any]]] = None  # (step, one ObjectRef per rank)
         self._acked: Set[int] = set()
         state = self._load() if self._dir is not None else None
         if state is None:
-            self._packer = Packer(**options)
+            self._packer = Packer(**self._options)
             self.restored = False
-        else:
-            header, packer_state = state
-            batches = []
-            for run, step in header["needed"]:
-                with open(os.path.join(self._dir, _BATCHES, _batch_name(run, step)), "rb") as f:
-                    batches.append(f.read())
-            self._packer = Packer.restore(packer_state, batches, **options)
-            self._acked = set(header["acked"])
-            inflight = self._packer.rebuild_inflight()
-            if inflight is not None:
-                self._publish(inflight)
-            self.restored = True
-        if self._dir is not None:
-            os.makedirs(os.path.join(self._dir, _BATCHES), exist_ok=True)
+            return
+        header, packer_state = state
+        batches = []
+        for run, step in header["needed"]:
+            with open(os.path.join(self._dir, _BATCHES, _batch_name(run, step)), "rb") as f:
+                batches.append(f.read())
+        self._packer = Packer.restore(packer_state, batches, **self._options)
+        self._acked = set(header["acked"])
+        inflight = self._packer.rebuild_inflight()
+        if inflight is not None:
+            self._publish(inflight)
+        self.restored = True
 
     # -- checkpoints ---------------------------------------------------------------------
 
@@ -241,28 +249,51 @@ class PackerActor:
 
     def send(self, batch: Any) -> IngestReport:
         """Buffers a :class:`TrainingBatch` (or its encoded bytes, or an ``ObjectRef`` to
-        either); returns the receipt, ``duplicate=True`` for a ``(run, step)`` seen before."""
+        either, such as :func:`put_batch` gives); returns the receipt, ``duplicate=True`` for a
+        ``(run, step)`` seen before. With ``checkpoint_dir`` the batch is on disk before the
+        receipt."""
         if isinstance(batch, ray.ObjectRef):
             batch = ray.get(batch)
         if isinstance(batch, TrainingBatch):
-            data = batch.encode()
-        elif isinstance(batch, (bytes, bytearray, memoryview)):
-            data = bytes(batch)
+            data: Any = batch.encode()
+        elif isinstance(batch, (bytes, bytearray, memoryview, np.ndarray)):
+            data = batch  # read in place (a numpy array: in the object store)
         else:
             raise InvalidArgumentError(
                 f"batch must be a stowplan.TrainingBatch, its encoded bytes or an ObjectRef to either (got {type(batch).__name__})"
             )
         before = set(self._packer.needed_batches())
         report = self._packer.ingest(data)
-        if self._dir is not None and not report.duplicate:
-            for run, step in set(self._packer.needed_batches()) - before:
-                _stowplan.write_atomic(os.path.join(self._dir, _BATCHES, _batch_name(run, step)), data)
+        if report.duplicate:
+            return report
+        if self._dir is None:
+            self.pack()
+            return report
+        # The batch file is written while the step is packed (both without the GIL); the
+        # state, which names the batch, only once the file is durable, and the receipt and
+        # the step's publication only after the state.
+        folder = os.path.join(self._dir, _BATCHES)
+        paths = [os.path.join(folder, _batch_name(run, step)) for run, step in set(self._packer.needed_batches()) - before]
+        written = self._threads().submit(lambda: [_stowplan.write_atomic(path, data) for path in paths])
+        try:
+            try:
+                packed = self._pack_step(force=False)
+            finally:
+                written.result()
             self._save()
+        except BaseException:
+            # Memory is ahead of the disk (the batch taken, perhaps a step packed): go back to
+            # the checkpoint, as a restart would, so that the batch sent again is taken, not
+            # called a duplicate of one that was never written.
+            self._resume()
+            raise
+        if packed is not None:
+            self._publish(packed)
         return report
 
-    def pack(self, *, force: bool = False) -> Optional[Dict[str, Any]]:
-        """Packs the next step if none is in flight and the packer should pack (or anything is
-        pending and ``force``); returns the step's figures, or None."""
+    def _pack_step(self, *, force: bool) -> Optional[List[Any]]:
+        """Packs the next step (see :meth:`pack`) and returns its rank batches; the caller
+        saves the state, then publishes them."""
         if self._inflight is not None:
             return None
         if not force and not self._packer.should_pack():
@@ -270,15 +301,32 @@ class PackerActor:
         out = self._packer.pack(force=force)
         if out is None:
             return None
-        ranks, metrics = out
         self._acked = set()
+        self._metrics = out[1]
+        return out[0]
+
+    def pack(self, *, force: bool = False) -> Optional[Dict[str, Any]]:
+        """Packs the next step if none is in flight and the packer should pack (or anything is
+        pending and ``force``); returns the step's figures, or None. :meth:`send` packs as soon
+        as the packer should, and :meth:`take` when a rank asks (after ``wait_timeout``)."""
+        ranks = self._pack_step(force=force)
+        if ranks is None:
+            return None
         self._save()
         self._publish(ranks)
-        return metrics
+        return self._metrics
 
     def _publish(self, ranks: List[Any]) -> None:
+        # One thread per rank: ray.put copies each rank's arrays into the object store without
+        # the GIL, so the copies overlap.
         step = ranks[0].step
-        self._inflight = (step, [ray.put(RayRankBatch.of(r)) for r in ranks])
+        self._inflight = (step, list(self._threads().map(lambda r: ray.put(RayRankBatch.of(r)), ranks)))
+
+    def _threads(self) -> ThreadPoolExecutor:
+        """The actor's worker threads: the batch file's writer, the copies of a publication."""
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="stowplan-packer")
+        return self._pool
 
     # -- trainer side --------------------------------------------------------------------
 
@@ -288,11 +336,14 @@ class PackerActor:
 
     def take(self, rank: int, step: int) -> Optional[Any]:
         """The ``ObjectRef`` of rank ``rank``'s batch of ``step``, or None while it is not
-        packed yet (a step is packed here when the packer should pack). Raises
-        :class:`InvalidArgumentError` for a step already delivered."""
+        packed yet (a step is packed here when the packer should pack). A rank asking for the
+        step after the one in flight holds that one: this acknowledges it (as :meth:`ack`).
+        Raises :class:`InvalidArgumentError` for a step already delivered."""
         self._check_rank(rank)
         if isinstance(step, bool) or not isinstance(step, int) or step < 0:
             raise InvalidArgumentError(f"step must be an integer >= 0 (got {step!r})")
+        if self._inflight is not None and step == self._inflight[0] + 1:
+            self.ack(rank, step - 1)
         if self._inflight is None:
             self.pack()
         current = self._inflight[0] if self._inflight is not None else self._packer.next_step
@@ -340,6 +391,18 @@ class PackerActor:
         return self.restored
 
 
+def put_batch(batch: "TrainingBatch | bytes") -> Any:
+    """Puts a :class:`stowplan.TrainingBatch` (or its encoded bytes) in the object store and
+    returns the ``ObjectRef`` to pass to :meth:`PackerActor.send`. The encoded bytes go in as a
+    numpy ``uint8`` array, which the actor reads in place; a ``bytes`` object would be copied
+    out of the store again by every ``ray.get``."""
+    if isinstance(batch, TrainingBatch):
+        batch = batch.encode()
+    if not isinstance(batch, (bytes, bytearray, memoryview)):
+        raise InvalidArgumentError(f"batch must be a stowplan.TrainingBatch or its encoded bytes (got {type(batch).__name__})")
+    return ray.put(np.frombuffer(batch, dtype=np.uint8))
+
+
 def _cause(e: BaseException) -> BaseException:
     """The StowplanError a Ray task raised (Ray Data wraps a UDF's in UserCodeException), or e."""
     seen: Optional[BaseException] = e
@@ -353,8 +416,9 @@ def _cause(e: BaseException) -> BaseException:
 class RayReceiver:
     """Trainer rank ``rank``'s batches from a :class:`PackerActor` handle: step ``start_step``,
     then the next, … Each step is acknowledged once it is fetched (the rank then holds it, as
-    :class:`stowplan.ZmqReceiver` does); an actor that dies and is restarted by Ray is waited
-    for. :meth:`receive` waits up to ``timeout`` seconds (``None``: forever) and raises
+    :class:`stowplan.ZmqReceiver` does), without waiting for the actor's answer (call
+    :meth:`flush` before the process ends); an actor that dies and is restarted by Ray is
+    waited for. :meth:`receive` waits up to ``timeout`` seconds (``None``: forever) and raises
     :class:`stowplan.StowplanTimeoutError` after that; ``poll``: seconds between asks while
     the step is not packed yet."""
 
@@ -373,6 +437,7 @@ class RayReceiver:
             raise InvalidArgumentError(f"poll must be a number of seconds > 0 (got {poll!r})")
         self.actor, self.rank, self.next_step = actor, rank, start_step
         self.timeout, self.poll = timeout, float(poll)
+        self._ack: Optional[Tuple[int, Any]] = None  # (step, ObjectRef) of the acknowledgement in flight
 
     def _call(self, method: Any, deadline: Optional[float], *args: Any) -> Any:
         """One actor call, retried while the actor is restarting."""
@@ -394,8 +459,12 @@ class RayReceiver:
         time.sleep(self.poll)
 
     def receive(self) -> RayRankBatch:
-        """Waits for the next step, acknowledges it and returns it."""
+        """Waits for the next step and returns it. Its acknowledgement is sent without waiting
+        for the actor: the next :meth:`receive` (or :meth:`flush`) makes sure it arrived, and
+        sends it again to an actor restarted since; asking for the next step acknowledges it
+        too."""
         deadline = None if self.timeout is None else time.monotonic() + self.timeout
+        self._settle(deadline)
         step = self.next_step
         while True:
             ref = self._call(self.actor.take, deadline, self.rank, step)
@@ -408,9 +477,26 @@ class RayReceiver:
                 self._wait(deadline)  # the actor died with the object: ask the new one
                 continue
             break
-        self._call(self.actor.ack, deadline, self.rank, step)
+        self._ack = (step, self.actor.ack.remote(self.rank, step))
         self.next_step = step + 1
         return batch
+
+    def flush(self) -> None:
+        """Waits until the acknowledgement of the last step received reached the actor (call it
+        before a rank's process ends, so that the step is not handed out again)."""
+        self._settle(None if self.timeout is None else time.monotonic() + self.timeout)
+
+    def _settle(self, deadline: Optional[float]) -> None:
+        if self._ack is None:
+            return
+        step, ref = self._ack
+        self._ack = None
+        try:
+            ray.get(ref)
+        except ray.exceptions.RayTaskError as e:
+            raise _cause(e) from None
+        except (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError):
+            self._call(self.actor.ack, deadline, self.rank, step)  # the actor restarted meanwhile
 
     def __iter__(self) -> Iterator[RayRankBatch]:
         while True:
