@@ -22,11 +22,11 @@ fn bound(v: i128) -> String {
     }
 }
 
-/// Calls `f` with the bytes of `data` read in place: `bytes` as they are, any other contiguous
-/// buffer (`bytearray`, `memoryview`, a numpy `uint8` array — what `ray.get` of a Ray object
-/// holding one gives —, a `pyarrow.Buffer`) through `numpy.frombuffer` (the buffer protocol is
-/// not in the stable ABI this module is built for).
-pub(crate) fn with_bytes<R>(data: &Bound<'_, PyAny>, f: impl FnOnce(&[u8]) -> PyResult<R>) -> PyResult<R> {
+/// Calls `f` with the bytes of argument `name` read in place: `bytes` as they are, any other
+/// contiguous buffer (`bytearray`, `memoryview`, a numpy `uint8` array — what `ray.get` of a
+/// Ray object holding one gives —, a `pyarrow.Buffer`) through `numpy.frombuffer` (the buffer
+/// protocol is not in the stable ABI this module is built for).
+pub(crate) fn with_bytes<R>(data: &Bound<'_, PyAny>, name: &str, f: impl FnOnce(&[u8]) -> PyResult<R>) -> PyResult<R> {
     if let Ok(b) = data.cast::<pyo3::types::PyBytes>() {
         return f(b.as_bytes());
     }
@@ -34,7 +34,7 @@ pub(crate) fn with_bytes<R>(data: &Bound<'_, PyAny>, f: impl FnOnce(&[u8]) -> Py
     let array = py
         .import("numpy")?
         .call_method1("frombuffer", (data, "uint8"))
-        .map_err(|e| invalid(py, format!("data must be bytes or a contiguous buffer ({e})")))?
+        .map_err(|e| invalid(py, format!("{name} must be bytes or a contiguous buffer ({e})")))?
         .extract::<PyReadonlyArray1<'_, u8>>()?;
     f(array.as_slice()?)
 }

@@ -156,15 +156,18 @@ impl PyPacker {
         Ok((r.accepted, rejected, r.duplicate))
     }
 
-    /// ingest_bytes(data): ingest an encoded training batch (``bytes`` or any contiguous
-    /// buffer, read in place).
+    /// ingest_bytes(data, name): ingest an encoded training batch (``bytes`` or any contiguous
+    /// buffer, read in place); errors name the argument ``name``.
     #[allow(clippy::type_complexity)]
     fn ingest_bytes(
         &self,
         py: Python<'_>,
         data: &Bound<'_, PyAny>,
+        name: &str,
     ) -> PyResult<(u32, Vec<(u32, &'static str, String)>, bool)> {
-        let b = Arc::new(with_bytes(data, |data| py.detach(|| TrainingBatch::decode(data)).map_err(|e| to_py(py, e)))?);
+        let b = Arc::new(with_bytes(data, name, |data| {
+            py.detach(|| TrainingBatch::decode(data)).map_err(|e| to_py(py, e))
+        })?);
         let r = self.lock(py)?.ingest(b);
         let rejected = r.rejected.into_iter().map(|(i, reason, m)| (i, reason.name(), m)).collect();
         Ok((r.accepted, rejected, r.duplicate))

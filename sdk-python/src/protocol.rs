@@ -156,7 +156,7 @@ fn fs_send(py: Python<'_>, root: PathBuf, name: &str, data: &[u8]) -> PyResult<P
 /// of the directory), as the host writes its own files.
 #[pyfunction]
 fn write_atomic(py: Python<'_>, path: PathBuf, data: &Bound<'_, PyAny>) -> PyResult<()> {
-    with_bytes(data, |bytes| py.detach(|| stowplan::write_atomic(&path, bytes)).map_err(|e| to_py(py, e)))
+    with_bytes(data, "data", |bytes| py.detach(|| stowplan::write_atomic(&path, bytes)).map_err(|e| to_py(py, e)))
 }
 
 /// AtomicFile(path): a binary file written piece by piece (``write``) that replaces the file at
@@ -185,7 +185,7 @@ impl PyAtomicFile {
         use std::io::Write;
         let path = self.path.display().to_string();
         let file = self.open(py)?;
-        let n = with_bytes(data, |bytes| {
+        let n = with_bytes(data, "data", |bytes| {
             py.detach(|| file.write_all(bytes))
                 .map_err(|e| to_py(py, stowplan::Error::Io(format!("writing (the temporary file of) {path}: {e}"))))?;
             Ok(bytes.len())

@@ -77,6 +77,17 @@ def make_batch(run: int, step: int) -> stowplan.TrainingBatch:
     return stowplan.TrainingBatch(samples=samples, step=step, run=run, temperature=0.8)
 
 
+def await_contact(sender: Any, timeout: float = 30.0) -> None:
+    """Polls a ZmqSender until the packer was heard from: a receipt published before the
+    sender's subscription reached the packer is lost (ZeroMQ's slow joiner), and the batch is
+    then resent and acknowledged as the duplicate it is, which a test asserting an exact
+    receipt must not see."""
+    deadline = time.monotonic() + timeout
+    while sender.incarnation is None:
+        assert time.monotonic() < deadline, f"no heartbeat from the packer within {timeout} s"
+        sender.poll(0.1)
+
+
 def expected_tokens(run: int, step: int) -> Dict[int, np.ndarray]:
     """Index → tokens of every valid sample of a batch."""
     b = make_batch(run, step)

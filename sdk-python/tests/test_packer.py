@@ -143,7 +143,7 @@ def test_encoded_batches_are_read_from_any_contiguous_buffer(tmp_path):
     p = stowplan.Packer(seq_len=64, dp=1)
     with pytest.raises(stowplan.InvalidArgumentError, match="damaged"):
         p.ingest(np.frombuffer(data[:-1] + b"x", dtype=np.uint8))
-    with pytest.raises(stowplan.InvalidArgumentError, match="data must be bytes or a contiguous buffer"):
+    with pytest.raises(stowplan.InvalidArgumentError, match="batch must be bytes or a contiguous buffer"):
         p.ingest(np.zeros((4, 4), dtype=np.uint8)[:, 1])  # not contiguous
 
 
@@ -554,13 +554,7 @@ def test_zmq_lost_batch_resent_and_receiver_order(tmp_path):
     sender = stowplan.ZmqSender(batches, receipts, resend_after=600, context=ctx)
     try:
         thread.start()
-        # Heard from first: a receipt published before the subscription reached the packer
-        # is lost (ZeroMQ's slow joiner), and the batch would be resent 2 s after contact
-        # and acknowledged as the duplicate it then is.
-        deadline = time.monotonic() + 30
-        while sender.incarnation is None:
-            assert time.monotonic() < deadline, "no heartbeat from the packer within 30 s"
-            sender.poll(0.1)
+        packer_procs.await_contact(sender)
         sender.send(packer_procs.make_batch(0, 0))
         first = sender.flush(timeout=30)
         assert [(r["run"], r["step"], r["accepted"], r["rejected"], r["duplicate"]) for r in first] == [(0, 0, 12, 1, False)]
@@ -724,6 +718,7 @@ def test_zmq_curve_admits_only_listed_keys(tmp_path):
                                   curve_secret_key=keys / "rank0.key_secret") as rank:
             with stowplan.ZmqSender(batches, receipts, curve_server_key=server_pub,
                                     curve_secret_key=tmp_path / "own" / "orchestrator.key_secret") as sender:
+                packer_procs.await_contact(sender)
                 sender.send(packer_procs.make_batch(0, 0))
                 [receipt] = sender.flush(timeout=30)
                 assert (receipt["step"], receipt["accepted"], receipt["duplicate"]) == (0, 12, False)

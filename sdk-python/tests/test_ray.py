@@ -163,6 +163,47 @@ def test_a_batch_file_that_cannot_be_written_is_not_taken(monkeypatch):
         assert sray.PackerActor(**OPTIONS, checkpoint_dir=ckpt).was_restored()  # and on disk
 
 
+def test_a_failed_publication_or_state_write_loses_nothing(monkeypatch):
+    with tempfile.TemporaryDirectory() as ckpt:
+        packer = sray.PackerActor(**OPTIONS, checkpoint_dir=ckpt)
+        real_save = sray.PackerActor._save
+
+        def failing_save(self):
+            raise stowplan.StowplanIOError("disk full")
+
+        # A run added in memory whose state cannot be written is undone: added again, not a no-op.
+        monkeypatch.setattr(sray.PackerActor, "_save", failing_save)
+        with pytest.raises(stowplan.StowplanIOError, match="disk full"):
+            packer.add_run(0, batch_size=4)
+        assert packer._packer.runs() == []
+        monkeypatch.setattr(sray.PackerActor, "_save", real_save)
+        packer.add_run(0, batch_size=4)
+
+        # The step is durable but its publication fails: the receipt is lost (a resend says
+        # duplicate) and the first rank that asks gets the step published again.
+        real_of = sray.RayRankBatch.of
+        monkeypatch.setattr(sray.RayRankBatch, "of", classmethod(lambda cls, b: (_ for _ in ()).throw(MemoryError("object store full"))))
+        with pytest.raises(MemoryError, match="object store full"):
+            packer.send(_batch(0, 0))
+        monkeypatch.setattr(sray.RayRankBatch, "of", real_of)
+        assert packer.send(_batch(0, 0)).duplicate
+        keys = _keys(ray.get(packer.take(0, 0))) + _keys(ray.get(packer.take(1, 0)))
+        assert sorted(keys) == [(0, 0, i) for i in range(4)]
+
+        # Going back to the checkpoint fails too: the actor refuses every call until restarted.
+        monkeypatch.setattr(sray._stowplan, "write_atomic", lambda path, data: (_ for _ in ()).throw(stowplan.StowplanIOError("disk gone")))
+        monkeypatch.setattr(sray.PackerActor, "_load", lambda self: (_ for _ in ()).throw(stowplan.StowplanIOError("unreadable")))
+        with pytest.raises(stowplan.StowplanIOError, match="disk gone"):
+            packer.send(_batch(0, 1))
+        for call in (lambda: packer.send(_batch(0, 1)), lambda: packer.take(0, 1), lambda: packer.ack(0, 0)):
+            with pytest.raises(stowplan.StowplanIOError, match="could not go back to its checkpoint .*unreadable.*restart it"):
+                call()
+        monkeypatch.undo()
+        again = sray.PackerActor(**OPTIONS, checkpoint_dir=ckpt)  # what Ray's restart does
+        assert again.was_restored() and again.next_step() == 0 and again.pending() == (0, 0)
+        assert not again.send(_batch(0, 1)).duplicate
+
+
 def test_asking_for_the_next_step_acknowledges_the_one_in_flight():
     actor = _actor(**OPTIONS)
     ray.get(actor.add_run.remote(0, batch_size=4))
@@ -170,7 +211,8 @@ def test_asking_for_the_next_step_acknowledges_the_one_in_flight():
     assert ray.get(actor.take.remote(0, 0)) is not None and ray.get(actor.take.remote(1, 0)) is not None
     assert ray.get(actor.take.remote(0, 1)) is None  # rank 0 holds step 0: acknowledged by asking
     assert ray.get(actor.next_step.remote()) == 0  # rank 1 has not
-    assert ray.get(actor.ack.remote(1, 0))  # completes the step
+    assert ray.get(actor.take.remote(1, 3)) is None  # a rank started past the step holds it too
+    assert ray.get(actor.next_step.remote()) == 1 and not ray.get(actor.ack.remote(1, 0))  # delivered
     rx = sray.RayReceiver(actor, 0, start_step=1, timeout=20)
     ray.get(actor.send.remote(_batch(0, 1)))
     assert rx.receive().step == 1

@@ -11,7 +11,7 @@
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use stowplan::serve::{
     Certificate, CurveClient, CurveServer, ServeOptions, Server, ZmqBatchSender, ZmqEndpoints, ZmqRankClient,
@@ -174,6 +174,13 @@ fn a_curve_packer_admits_only_the_client_keys_it_lists() {
     let rank = ZmqRankClient::connect(&ep.ranks, 0, 1, options).unwrap();
     let options = ZmqSenderOptions { curve: Some(orchestrator_keys), ..ZmqSenderOptions::default() };
     let mut orchestrator = ZmqBatchSender::connect(&ep.batches, &ep.receipts, options).unwrap();
+    // Heard from first: a receipt published before the subscription reached the packer is
+    // lost (ZeroMQ's slow joiner) and the batch resent as a duplicate, which `batches` counts.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while orchestrator.incarnation().is_none() {
+        assert!(Instant::now() < deadline, "no heartbeat from the packer within 30 s");
+        orchestrator.poll(Duration::from_millis(100)).unwrap();
+    }
     orchestrator.send(&batch(0)).unwrap();
     orchestrator.flush(Duration::from_secs(20)).unwrap();
     let step = rank.receive(Duration::from_secs(20)).unwrap();

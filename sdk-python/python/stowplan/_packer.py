@@ -227,10 +227,10 @@ class Packer:
 
     def ingest(self, batch: "TrainingBatch | bytes") -> IngestReport:
         """Buffers the batch's valid samples; invalid ones are rejected with a reason. ``batch``:
-        a :class:`TrainingBatch`, or its encoded bytes (``bytes`` or any contiguous buffer, such
-        as a numpy ``uint8`` array, read in place)."""
+        a :class:`TrainingBatch`, or its encoded bytes (``bytes``, ``bytearray``, a contiguous
+        ``memoryview`` or numpy ``uint8`` array: read in place)."""
         if isinstance(batch, (bytes, bytearray, memoryview, np.ndarray)):
-            accepted, rejected, duplicate = self._inner.ingest_bytes(batch)
+            accepted, rejected, duplicate = self._inner.ingest_bytes(batch, "batch")
         else:
             accepted, rejected, duplicate = self._inner.ingest(batch.run, batch.step, batch.temperature, batch.samples)
         return IngestReport(accepted, rejected, duplicate)

@@ -168,31 +168,54 @@ class PackerActor:
         self._dp: int = options["dp"]
         self._dir = None if checkpoint_dir is None else os.fspath(checkpoint_dir)
         self._pool: Optional[ThreadPoolExecutor] = None
-        self._resume()
+        self._broken: Optional[BaseException] = None
+        self.restored = self._resume()
         if self._dir is not None:
             os.makedirs(os.path.join(self._dir, _BATCHES), exist_ok=True)
 
-    def _resume(self) -> None:
-        """The packer as the checkpoint on disk has it (a fresh one without a checkpoint), the
-        step in flight published again: what a restarted actor starts from."""
-        self._inflight: Optional[Tuple[int, List[Any]]] = None  # (step, one ObjectRef per rank)
-        self._acked: Set[int] = set()
+    def _resume(self) -> bool:
+        """Takes the packer as the checkpoint on disk has it (a fresh one without a checkpoint)
+        and publishes its step in flight: what a restarted actor starts from. Returns whether
+        there was a checkpoint; changes nothing if it fails."""
         state = self._load() if self._dir is not None else None
         if state is None:
-            self._packer = Packer(**self._options)
-            self.restored = False
-            return
-        header, packer_state = state
-        batches = []
-        for run, step in header["needed"]:
-            with open(os.path.join(self._dir, _BATCHES, _batch_name(run, step)), "rb") as f:
-                batches.append(f.read())
-        self._packer = Packer.restore(packer_state, batches, **self._options)
-        self._acked = set(header["acked"])
-        inflight = self._packer.rebuild_inflight()
-        if inflight is not None:
-            self._publish(inflight)
-        self.restored = True
+            packer, acked = Packer(**self._options), set()
+        else:
+            header, packer_state = state
+            batches = []
+            for run, step in header["needed"]:
+                with open(os.path.join(self._dir, _BATCHES, _batch_name(run, step)), "rb") as f:
+                    batches.append(f.read())
+            packer, acked = Packer.restore(packer_state, batches, **self._options), set(header["acked"])
+        self._packer, self._acked = packer, acked
+        self._inflight: Optional[Tuple[int, List[Any]]] = None  # (step, one ObjectRef per rank)
+        self._published()
+        return state is not None
+
+    def _back_to_checkpoint(self) -> None:
+        """After a failed write: memory is ahead of the disk (a batch taken, perhaps a step
+        packed), so go back to the checkpoint, as a restart would, and a batch sent again is
+        taken, not called a duplicate of one never written. If even that fails, the actor
+        refuses every call until it is restarted."""
+        try:
+            self._resume()
+        except BaseException as e:  # noqa: BLE001 - kept, raised by every later call
+            self._broken = e
+
+    def _commit(self) -> None:
+        """Saves the state after a change in memory; if that fails, back to the checkpoint."""
+        try:
+            self._save()
+        except BaseException:
+            self._back_to_checkpoint()
+            raise
+
+    def _usable(self) -> None:
+        if self._broken is not None:
+            raise StowplanIOError(
+                f"this PackerActor could not go back to its checkpoint after a failed write ({self._broken}); "
+                "restart it (ray.kill(actor, no_restart=False)) to resume from checkpoint_dir"
+            )
 
     # -- checkpoints ---------------------------------------------------------------------
 
@@ -231,21 +254,24 @@ class PackerActor:
 
     def add_run(self, run: int, *, batch_size: int) -> None:
         """Adds run ``run`` (a no-op if it exists with this batch size)."""
+        self._usable()
         if any(r["run"] == run for r in self._packer.runs()):
             return
         self._packer.add_run(run, batch_size=batch_size)
-        self._save()
+        self._commit()
 
     def remove_run(self, run: int) -> int:
         """Removes run ``run``; returns how many of its pending samples were dropped."""
+        self._usable()
         dropped = self._packer.remove_run(run)
-        self._save()
+        self._commit()
         return dropped
 
     def clear_ready(self, run: int) -> None:
         """Clears the run's ``ready_to_update`` after the trainer updated it."""
+        self._usable()
         self._packer.clear_ready(run)
-        self._save()
+        self._commit()
 
     def send(self, batch: Any) -> IngestReport:
         """Buffers a :class:`TrainingBatch` (or its encoded bytes, or an ``ObjectRef`` to
@@ -257,11 +283,12 @@ class PackerActor:
         if isinstance(batch, TrainingBatch):
             data: Any = batch.encode()
         elif isinstance(batch, (bytes, bytearray, memoryview, np.ndarray)):
-            data = batch  # read in place (a numpy array: in the object store)
+            data = batch  # read in place (bytes, bytearray, memoryview or a numpy array: in the object store)
         else:
             raise InvalidArgumentError(
                 f"batch must be a stowplan.TrainingBatch, its encoded bytes or an ObjectRef to either (got {type(batch).__name__})"
             )
+        self._usable()
         before = set(self._packer.needed_batches())
         report = self._packer.ingest(data)
         if report.duplicate:
@@ -270,22 +297,19 @@ class PackerActor:
             self.pack()
             return report
         # The batch file is written while the step is packed (both without the GIL); the
-        # state, which names the batch, only once the file is durable, and the receipt and
-        # the step's publication only after the state.
-        folder = os.path.join(self._dir, _BATCHES)
-        paths = [os.path.join(folder, _batch_name(run, step)) for run, step in set(self._packer.needed_batches()) - before]
-        written = self._threads().submit(lambda: [_stowplan.write_atomic(path, data) for path in paths])
+        # state, which names the batch, only once the file is durable; the step is published
+        # after the state (if that fails, the batch is durable and take() publishes it again).
         try:
+            folder = os.path.join(self._dir, _BATCHES)
+            paths = [os.path.join(folder, _batch_name(run, step)) for run, step in set(self._packer.needed_batches()) - before]
+            written = self._threads().submit(lambda: [_stowplan.write_atomic(path, data) for path in paths])
             try:
                 packed = self._pack_step(force=False)
             finally:
                 written.result()
             self._save()
         except BaseException:
-            # Memory is ahead of the disk (the batch taken, perhaps a step packed): go back to
-            # the checkpoint, as a restart would, so that the batch sent again is taken, not
-            # called a duplicate of one that was never written.
-            self._resume()
+            self._back_to_checkpoint()
             raise
         if packed is not None:
             self._publish(packed)
@@ -309,18 +333,29 @@ class PackerActor:
         """Packs the next step if none is in flight and the packer should pack (or anything is
         pending and ``force``); returns the step's figures, or None. :meth:`send` packs as soon
         as the packer should, and :meth:`take` when a rank asks (after ``wait_timeout``)."""
+        self._usable()
         ranks = self._pack_step(force=force)
         if ranks is None:
             return None
-        self._save()
+        self._commit()
         self._publish(ranks)
         return self._metrics
 
     def _publish(self, ranks: List[Any]) -> None:
         # One thread per rank: ray.put copies each rank's arrays into the object store without
-        # the GIL, so the copies overlap.
+        # the GIL, so the copies overlap. Set only once every copy is in: a failure leaves the
+        # step unpublished, and _published() tries again.
         step = ranks[0].step
         self._inflight = (step, list(self._threads().map(lambda r: ray.put(RayRankBatch.of(r)), ranks)))
+
+    def _published(self) -> bool:
+        """Whether a step is in flight and published (a step whose publication failed is
+        rebuilt and published again here)."""
+        if self._inflight is None:
+            ranks = self._packer.rebuild_inflight()
+            if ranks is not None:
+                self._publish(ranks)
+        return self._inflight is not None
 
     def _threads(self) -> ThreadPoolExecutor:
         """The actor's worker threads: the batch file's writer, the copies of a publication."""
@@ -336,15 +371,16 @@ class PackerActor:
 
     def take(self, rank: int, step: int) -> Optional[Any]:
         """The ``ObjectRef`` of rank ``rank``'s batch of ``step``, or None while it is not
-        packed yet (a step is packed here when the packer should pack). A rank asking for the
-        step after the one in flight holds that one: this acknowledges it (as :meth:`ack`).
+        packed yet (a step is packed here when the packer should pack). A rank asking for a step
+        after the one in flight holds that one: this acknowledges it (as :meth:`ack`).
         Raises :class:`InvalidArgumentError` for a step already delivered."""
         self._check_rank(rank)
         if isinstance(step, bool) or not isinstance(step, int) or step < 0:
             raise InvalidArgumentError(f"step must be an integer >= 0 (got {step!r})")
-        if self._inflight is not None and step == self._inflight[0] + 1:
-            self.ack(rank, step - 1)
-        if self._inflight is None:
+        self._usable()
+        if self._published() and step > self._inflight[0]:
+            self.ack(rank, self._inflight[0])
+        if not self._published():
             self.pack()
         current = self._inflight[0] if self._inflight is not None else self._packer.next_step
         if step < current:
@@ -357,6 +393,7 @@ class PackerActor:
         """Rank ``rank`` holds ``step``; once every rank does the step is delivered. Returns
         whether this acknowledgement completed the step (repeats are ignored)."""
         self._check_rank(rank)
+        self._usable()
         if self._inflight is None or step < self._inflight[0] or rank in self._acked:
             if self._inflight is None and step >= self._packer.next_step:
                 raise InvalidArgumentError(f"step {step}: not delivered yet, nothing to acknowledge")
@@ -365,11 +402,11 @@ class PackerActor:
             raise InvalidArgumentError(f"step {step}: not delivered yet (step {self._inflight[0]} is in flight)")
         self._acked.add(rank)
         if len(self._acked) < self._dp:
-            self._save()
+            self._commit()
             return False
         self._packer.delivered(step)
         self._inflight, self._acked = None, set()
-        self._save()
+        self._commit()
         return True
 
     # -- inspection ----------------------------------------------------------------------
@@ -398,7 +435,7 @@ def put_batch(batch: "TrainingBatch | bytes") -> Any:
     out of the store again by every ``ray.get``."""
     if isinstance(batch, TrainingBatch):
         batch = batch.encode()
-    if not isinstance(batch, (bytes, bytearray, memoryview)):
+    if not isinstance(batch, (bytes, bytearray, memoryview, np.ndarray)):
         raise InvalidArgumentError(f"batch must be a stowplan.TrainingBatch or its encoded bytes (got {type(batch).__name__})")
     return ray.put(np.frombuffer(batch, dtype=np.uint8))
 
@@ -417,8 +454,9 @@ class RayReceiver:
     """Trainer rank ``rank``'s batches from a :class:`PackerActor` handle: step ``start_step``,
     then the next, … Each step is acknowledged once it is fetched (the rank then holds it, as
     :class:`stowplan.ZmqReceiver` does), without waiting for the actor's answer (call
-    :meth:`flush` before the process ends); an actor that dies and is restarted by Ray is
-    waited for. :meth:`receive` waits up to ``timeout`` seconds (``None``: forever) and raises
+    :meth:`flush` before the process ends); asking for a step acknowledges the step in flight
+    before it (a ``start_step`` past it says the rank holds it); an actor that dies and is
+    restarted by Ray is waited for. :meth:`receive` waits up to ``timeout`` seconds (``None``: forever) and raises
     :class:`stowplan.StowplanTimeoutError` after that; ``poll``: seconds between asks while
     the step is not packed yet."""
 

@@ -21,12 +21,8 @@
 //!    [`FIRST_CONTACT_GRACE`] after it: ZeroMQ drops what the packer publishes before the
 //!    sender's subscription reaches it (the slow joiner), so a receipt for a message taken
 //!    that early may never come. The packer recognises a repeated
-//!    training batch as a duplicate (by its `(run, step)`) and acknowledges it, so resending
-//!    a batch is always safe. A run change carries no such key: one applied before its
-//!    receipt was lost is applied again when resent (harmless for a lone `add_run`, but
-//!    `remove_run`, `add_run`, batch, then the resent `remove_run` drops the batch's samples).
-//!    Known limit, to be fixed by numbering run changes; send run changes and `flush` before
-//!    sending batches of that run.
+//!    training batch as a duplicate (by its `(run, step)`) and a run change by its id
+//!    ([`ControlMessage::id`]), and acknowledges either, so resending is always safe.
 //! 4. A flush is complete when [`BatchSender::is_flushed`]: nothing unacknowledged.
 //!
 //! The payload type `P` is whatever the driver pushes (`Vec<u8>` by default; the Python SDK
@@ -114,7 +110,7 @@ pub const DEFAULT_RESEND_AFTER: Duration = Duration::from_secs(30);
 /// How long after the first contact a message sent before it waits for its receipt before it
 /// is sent again (at most `resend_after`): two of the packer's heartbeats, by which time a
 /// receipt published after the subscription arrived has come.
-pub const FIRST_CONTACT_GRACE: Duration = Duration::from_secs(2 * super::HEARTBEAT.as_secs());
+pub const FIRST_CONTACT_GRACE: Duration = super::HEARTBEAT.saturating_mul(2);
 
 impl<P> BatchSender<P> {
     /// A sender that resends a message `resend_after` after it was sent without a receipt.
