@@ -64,6 +64,13 @@ fn kernel_info<'py>(py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
     Ok(d)
 }
 
+/// The extension's allocator. glibc's malloc hands the memory a packer step frees back to the
+/// system (it trims the build threads' arenas), so the next step faults every page in again:
+/// ~59,000 page faults and half of `Packer.pack`'s time on a 7.4M-token step. mimalloc keeps
+/// it for reuse (`local_dynamic_tls`: this library is loaded with `dlopen`).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// The native module.
 #[pymodule]
 fn _stowplan(m: &Bound<'_, PyModule>) -> PyResult<()> {

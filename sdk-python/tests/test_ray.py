@@ -179,29 +179,40 @@ def test_a_failed_publication_or_state_write_loses_nothing(monkeypatch):
         monkeypatch.setattr(sray.PackerActor, "_save", real_save)
         packer.add_run(0, batch_size=4)
 
-        # The step is durable but its publication fails: the receipt is lost (a resend says
-        # duplicate) and the first rank that asks gets the step published again.
+        # A publication that fails inside send (while the batch file is written) takes the batch
+        # back: no receipt, and the batch sent again is taken.
         real_of = sray.RayRankBatch.of
-        monkeypatch.setattr(sray.RayRankBatch, "of", classmethod(lambda cls, b: (_ for _ in ()).throw(MemoryError("object store full"))))
+        full = classmethod(lambda cls, b: (_ for _ in ()).throw(MemoryError("object store full")))
+        monkeypatch.setattr(sray.RayRankBatch, "of", full)
         with pytest.raises(MemoryError, match="object store full"):
             packer.send(_batch(0, 0))
         monkeypatch.setattr(sray.RayRankBatch, "of", real_of)
-        assert packer.send(_batch(0, 0)).duplicate
+        assert not packer.send(_batch(0, 0)).duplicate
         keys = _keys(ray.get(packer.take(0, 0))) + _keys(ray.get(packer.take(1, 0)))
         assert sorted(keys) == [(0, 0, i) for i in range(4)]
+        # One that fails after the state is saved (pack, or take packing after wait_timeout)
+        # leaves the step durable: the first rank that asks gets it published again.
+        assert packer.send(_batch(0, 1)).accepted == 4  # pending: step 0 is in flight
+        assert not packer.ack(0, 0) and packer.ack(1, 0)  # step 0 delivered; ack() does not pack
+        monkeypatch.setattr(sray.RayRankBatch, "of", full)
+        with pytest.raises(MemoryError, match="object store full"):
+            packer.pack()
+        monkeypatch.setattr(sray.RayRankBatch, "of", real_of)
+        keys = _keys(ray.get(packer.take(0, 1))) + _keys(ray.get(packer.take(1, 1)))
+        assert sorted(keys) == [(0, 1, i) for i in range(4)]
 
         # Going back to the checkpoint fails too: the actor refuses every call until restarted.
         monkeypatch.setattr(sray._stowplan, "write_atomic", lambda path, data: (_ for _ in ()).throw(stowplan.StowplanIOError("disk gone")))
         monkeypatch.setattr(sray.PackerActor, "_load", lambda self: (_ for _ in ()).throw(stowplan.StowplanIOError("unreadable")))
         with pytest.raises(stowplan.StowplanIOError, match="disk gone"):
-            packer.send(_batch(0, 1))
-        for call in (lambda: packer.send(_batch(0, 1)), lambda: packer.take(0, 1), lambda: packer.ack(0, 0)):
+            packer.send(_batch(0, 2))
+        for call in (lambda: packer.send(_batch(0, 2)), lambda: packer.take(0, 1), lambda: packer.ack(0, 1)):
             with pytest.raises(stowplan.StowplanIOError, match="could not go back to its checkpoint .*unreadable.*restart it"):
                 call()
         monkeypatch.undo()
         again = sray.PackerActor(**OPTIONS, checkpoint_dir=ckpt)  # what Ray's restart does
-        assert again.was_restored() and again.next_step() == 0 and again.pending() == (0, 0)
-        assert not again.send(_batch(0, 1)).duplicate
+        assert again.was_restored() and again.next_step() == 1 and again.pending() == (0, 0)
+        assert not again.send(_batch(0, 2)).duplicate
 
 
 def test_asking_for_the_next_step_acknowledges_the_one_in_flight():

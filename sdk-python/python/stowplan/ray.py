@@ -296,23 +296,23 @@ class PackerActor:
         if self._dir is None:
             self.pack()
             return report
-        # The batch file is written while the step is packed (both without the GIL); the
-        # state, which names the batch, only once the file is durable; the step is published
-        # after the state (if that fails, the batch is durable and take() publishes it again).
+        # The batch file is written while the step is packed and copied into the object store
+        # (all without the GIL); the state, which names the batch, is written once the file
+        # is durable, and only then can a rank (take, after this call) see the step.
         try:
             folder = os.path.join(self._dir, _BATCHES)
             paths = [os.path.join(folder, _batch_name(run, step)) for run, step in set(self._packer.needed_batches()) - before]
             written = self._threads().submit(lambda: [_stowplan.write_atomic(path, data) for path in paths])
             try:
                 packed = self._pack_step(force=False)
+                if packed is not None:
+                    self._publish(packed)
             finally:
                 written.result()
             self._save()
         except BaseException:
             self._back_to_checkpoint()
             raise
-        if packed is not None:
-            self._publish(packed)
         return report
 
     def _pack_step(self, *, force: bool) -> Optional[List[Any]]:
@@ -344,7 +344,7 @@ class PackerActor:
     def _publish(self, ranks: List[Any]) -> None:
         # One thread per rank: ray.put copies each rank's arrays into the object store without
         # the GIL, so the copies overlap. Set only once every copy is in: a failure leaves the
-        # step unpublished, and _published() tries again.
+        # step unpublished, and _published() tries again (send goes back to the checkpoint).
         step = ranks[0].step
         self._inflight = (step, list(self._threads().map(lambda r: ray.put(RayRankBatch.of(r)), ranks)))
 
@@ -358,9 +358,10 @@ class PackerActor:
         return self._inflight is not None
 
     def _threads(self) -> ThreadPoolExecutor:
-        """The actor's worker threads: the batch file's writer, the copies of a publication."""
+        """The actor's worker threads: the batch file's writer and a publication's copies, one
+        per rank."""
         if self._pool is None:
-            self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="stowplan-packer")
+            self._pool = ThreadPoolExecutor(max_workers=self._dp + 1, thread_name_prefix="stowplan-packer")
         return self._pool
 
     # -- trainer side --------------------------------------------------------------------
