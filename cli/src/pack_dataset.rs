@@ -51,8 +51,9 @@ pub struct Args {
     overflow: Option<String>,
     /// The list columns to pack, comma-separated (default: every column, which must then all
     /// be lists). The first one's list lengths are the sequence lengths; every other one must
-    /// have the same length in every row. Other columns are not carried over.
-    #[arg(long, value_delimiter = ',')]
+    /// have the same length in every row. Other columns are not carried over. Spaces around a
+    /// name are ignored.
+    #[arg(long, value_delimiter = ',', value_parser = column_arg)]
     columns: Option<Vec<String>>,
     /// Also write `position_ids` (list<int32>, restarting at 0 at every sequence).
     #[arg(long)]
@@ -165,6 +166,14 @@ pub fn run(args: Args) -> Result<(), Failure> {
 
 /// `--seq-length`: an integer in the host's range (`stowplan::check_seq_length`), refused
 /// naming that range whatever was given (a negative number, a fraction, a word).
+/// One name of `--columns`, spaces around it dropped (`--columns "input_ids, labels"`).
+fn column_arg(s: &str) -> Result<String, String> {
+    match s.trim() {
+        "" => Err("a column name is empty (--columns takes names separated by commas)".into()),
+        name => Ok(name.to_string()),
+    }
+}
+
 fn seq_length_arg(s: &str) -> Result<u64, String> {
     // Not a number, negative or past u64: checked as 0 (out of range like them).
     let n = s.trim().parse::<i128>().ok().and_then(|n| u64::try_from(n).ok()).unwrap_or(0);

@@ -363,6 +363,17 @@ mod with_arrow {
                 "column \"input_ids\" is named twice".into(),
             ),
             (
+                // Spaces around a name are dropped: the same name twice.
+                vec![s(&good), "--seq-length".into(), "4".into(), "--columns".into(), "input_ids, input_ids ".into()],
+                2,
+                "column \"input_ids\" is named twice".into(),
+            ),
+            (
+                vec![s(&good), "--seq-length".into(), "4".into(), "--columns".into(), "input_ids,".into()],
+                2,
+                "a column name is empty (--columns takes names separated by commas)".into(),
+            ),
+            (
                 vec![s(&nulls), "--seq-length".into(), "4".into(), "--columns".into(), "input_ids".into()],
                 2,
                 "column \"input_ids\" has a null at row 3".into(),

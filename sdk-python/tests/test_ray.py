@@ -113,7 +113,7 @@ def test_duplicates_are_detected():
 
 
 def test_a_killed_actor_resumes_from_its_checkpoint():
-    with tempfile.TemporaryDirectory() as ckpt:
+    with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as ckpt:  # ray.kill does not wait
         actor = _actor(**OPTIONS, checkpoint_dir=ckpt)
         ray.get(actor.add_run.remote(0, batch_size=4))
         rx = [sray.RayReceiver(actor, r, timeout=25) for r in range(2)]
