@@ -3,10 +3,12 @@ Data. A local Ray (2 CPUs) is started once for the module and shut down at its e
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pathlib
 import re
+import shutil
 import signal
 import tempfile
 import time
@@ -49,6 +51,17 @@ def _actor(**options):
     if Actor is None:
         Actor = ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=-1)(sray.PackerActor)
     return Actor.remote(**options)
+
+
+@contextlib.contextmanager
+def _checkpoint_dir():
+    """A temporary directory whose removal does not fail on a file that an actor which
+    ray.kill is still stopping (it does not wait) writes meanwhile."""
+    path = tempfile.mkdtemp()
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def _batch(run, step, n=4, offset=0):
@@ -113,7 +126,7 @@ def test_duplicates_are_detected():
 
 
 def test_a_killed_actor_resumes_from_its_checkpoint():
-    with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as ckpt:  # ray.kill does not wait
+    with _checkpoint_dir() as ckpt:
         actor = _actor(**OPTIONS, checkpoint_dir=ckpt)
         ray.get(actor.add_run.remote(0, batch_size=4))
         rx = [sray.RayReceiver(actor, r, timeout=25) for r in range(2)]
@@ -197,7 +210,12 @@ def test_a_failed_publication_or_state_write_loses_nothing(monkeypatch):
         monkeypatch.setattr(sray.RayRankBatch, "of", full)
         with pytest.raises(MemoryError, match="object store full"):
             packer.pack()
+        with pytest.warns(RuntimeWarning, match="publishing a packer step failed .*object store full"):
+            assert packer.take(0, 1) is None  # still full: the rank asks again
         monkeypatch.setattr(sray.RayRankBatch, "of", real_of)
+        # A batch sent meanwhile is taken and waits: the unpublished step is published first.
+        report = packer.send(_batch(0, 2))
+        assert report.accepted == 4 and not report.duplicate and packer.pending()[0] == 4
         keys = _keys(ray.get(packer.take(0, 1))) + _keys(ray.get(packer.take(1, 1)))
         assert sorted(keys) == [(0, 1, i) for i in range(4)]
 
@@ -205,14 +223,14 @@ def test_a_failed_publication_or_state_write_loses_nothing(monkeypatch):
         monkeypatch.setattr(sray._stowplan, "write_atomic", lambda path, data: (_ for _ in ()).throw(stowplan.StowplanIOError("disk gone")))
         monkeypatch.setattr(sray.PackerActor, "_load", lambda self: (_ for _ in ()).throw(stowplan.StowplanIOError("unreadable")))
         with pytest.raises(stowplan.StowplanIOError, match="disk gone"):
-            packer.send(_batch(0, 2))
-        for call in (lambda: packer.send(_batch(0, 2)), lambda: packer.take(0, 1), lambda: packer.ack(0, 1)):
+            packer.send(_batch(0, 3))
+        for call in (lambda: packer.send(_batch(0, 3)), lambda: packer.take(0, 1), lambda: packer.ack(0, 1), packer.pending):
             with pytest.raises(stowplan.StowplanIOError, match="could not go back to its checkpoint .*unreadable.*restart it"):
                 call()
         monkeypatch.undo()
         again = sray.PackerActor(**OPTIONS, checkpoint_dir=ckpt)  # what Ray's restart does
-        assert again.was_restored() and again.next_step() == 1 and again.pending() == (0, 0)
-        assert not again.send(_batch(0, 2)).duplicate
+        assert again.was_restored() and again.next_step() == 1 and again.pending()[0] == 4  # batch 2
+        assert again.send(_batch(0, 2)).duplicate and not again.send(_batch(0, 3)).duplicate
 
 
 def test_asking_for_the_next_step_acknowledges_the_one_in_flight():
@@ -222,7 +240,12 @@ def test_asking_for_the_next_step_acknowledges_the_one_in_flight():
     assert ray.get(actor.take.remote(0, 0)) is not None and ray.get(actor.take.remote(1, 0)) is not None
     assert ray.get(actor.take.remote(0, 1)) is None  # rank 0 holds step 0: acknowledged by asking
     assert ray.get(actor.next_step.remote()) == 0  # rank 1 has not
-    assert ray.get(actor.take.remote(1, 3)) is None  # a rank started past the step holds it too
+    with pytest.raises(stowplan.InvalidArgumentError, match="rank 1 asks for step 2 while step 0 is in flight"):
+        try:
+            ray.get(actor.take.remote(1, 2))  # more than one step ahead: refused, not skipped
+        except ray.exceptions.RayTaskError as e:
+            raise e.cause
+    assert ray.get(actor.take.remote(1, 1)) is None  # a rank started one past the step holds it
     assert ray.get(actor.next_step.remote()) == 1 and not ray.get(actor.ack.remote(1, 0))  # delivered
     rx = sray.RayReceiver(actor, 0, start_step=1, timeout=20)
     ray.get(actor.send.remote(_batch(0, 1)))

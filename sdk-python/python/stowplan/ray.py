@@ -45,6 +45,7 @@ import json
 import os
 import struct
 import time
+import warnings
 import zlib
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Dict, Iterator, List, Optional, Set, Tuple
@@ -53,7 +54,7 @@ import numpy as np
 
 from . import _stowplan
 from ._packer import IngestReport, Packer, TrainingBatch
-from .errors import InvalidArgumentError, StowplanIOError, StowplanTimeoutError
+from .errors import InvalidArgumentError, StowplanError, StowplanIOError, StowplanTimeoutError
 
 try:
     import ray
@@ -190,7 +191,10 @@ class PackerActor:
             packer, acked = Packer.restore(packer_state, batches, **self._options), set(header["acked"])
         self._packer, self._acked = packer, acked
         self._inflight: Optional[Tuple[int, List[Any]]] = None  # (step, one ObjectRef per rank)
-        self._published()
+        try:
+            self._published()
+        except Exception as e:  # noqa: BLE001 - the step is durable: take() publishes it
+            warnings.warn(f"stowplan.ray: publishing the step in flight failed ({e!r}); the next take() tries again", RuntimeWarning, stacklevel=1)
         return state is not None
 
     def _back_to_checkpoint(self) -> None:
@@ -319,7 +323,7 @@ class PackerActor:
     def _pack_step(self, *, force: bool) -> Optional[List[Any]]:
         """Packs the next step (see :meth:`pack`) and returns its rank batches; the caller
         saves the state, then publishes them."""
-        if self._inflight is not None:
+        if self._published():
             return None
         if not force and not self._packer.should_pack():
             return None
@@ -373,17 +377,32 @@ class PackerActor:
 
     def take(self, rank: int, step: int) -> Optional[Any]:
         """The ``ObjectRef`` of rank ``rank``'s batch of ``step``, or None while it is not
-        packed yet (a step is packed here when the packer should pack). A rank asking for a step
-        after the one in flight holds that one: this acknowledges it (as :meth:`ack`).
-        Raises :class:`InvalidArgumentError` for a step already delivered."""
+        packed yet (a step is packed here when the packer should pack). A rank asking for the
+        step after the one in flight holds that one: this acknowledges it (as :meth:`ack`).
+        Raises :class:`InvalidArgumentError` for a step already delivered, or more than one
+        step ahead of the one in flight. A step whose copies into the object store failed is
+        published again at the next call (a warning says so; None meanwhile)."""
         self._check_rank(rank)
         if isinstance(step, bool) or not isinstance(step, int) or step < 0:
             raise InvalidArgumentError(f"step must be an integer >= 0 (got {step!r})")
         self._usable()
-        if self._published() and step > self._inflight[0]:
-            self.ack(rank, self._inflight[0])
-        if not self._published():
-            self.pack()
+        try:
+            if self._published():
+                current = self._inflight[0]
+                if step == current + 1:
+                    self.ack(rank, current)  # asking for the next step: it holds this one
+                elif step > current + 1:
+                    raise InvalidArgumentError(
+                        f"rank {rank} asks for step {step} while step {current} is in flight: a rank is at most one step "
+                        "ahead (a start_step of another run, or a packer restarted without its checkpoint_dir?)"
+                    )
+            if not self._published():
+                self.pack()
+        except StowplanError:
+            raise
+        except Exception as e:  # noqa: BLE001 - the object store refused the copies; the step is durable
+            warnings.warn(f"stowplan.ray: publishing a packer step failed ({e!r}); the next take() tries again", RuntimeWarning, stacklevel=1)
+            return None
         current = self._inflight[0] if self._inflight is not None else self._packer.next_step
         if step < current:
             raise InvalidArgumentError(f"step {step} was delivered to every rank already (the packer is at step {current})")
@@ -415,14 +434,17 @@ class PackerActor:
 
     def progress(self, run: int) -> Dict[str, Any]:
         """Run ``run``'s progress (as :meth:`stowplan.Packer.progress`)."""
+        self._usable()
         return self._packer.progress(run)
 
     def pending(self) -> Tuple[int, int]:
         """Samples and tokens pending."""
+        self._usable()
         return self._packer.pending()
 
     def next_step(self) -> int:
         """The next packer step (the one in flight, if any)."""
+        self._usable()
         return self._packer.next_step
 
     def was_restored(self) -> bool:
@@ -447,7 +469,7 @@ class RayReceiver:
     then the next, … Each step is acknowledged once it is fetched (the rank then holds it, as
     :class:`stowplan.ZmqReceiver` does), without waiting for the actor's answer (call
     :meth:`flush` before the process ends); asking for a step acknowledges the step in flight
-    before it (a ``start_step`` past it says the rank holds it); an actor that dies and is
+    before it (a ``start_step`` one past it says the rank holds it); an actor that dies and is
     restarted by Ray is waited for. :meth:`receive` waits up to ``timeout`` seconds (``None``: forever) and raises
     :class:`stowplan.StowplanTimeoutError` after that; ``poll``: seconds between asks while
     the step is not packed yet."""
