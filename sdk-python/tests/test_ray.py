@@ -377,6 +377,14 @@ def test_a_rank_cannot_take_a_delivered_step_and_bad_arguments_are_named():
         sray.RayReceiver(actor, 0, timeout=-1)
     with pytest.raises(stowplan.InvalidArgumentError, match="actor must be"):
         sray.RayReceiver(object(), 0)
+    with pytest.raises(stowplan.InvalidArgumentError, match="PackerActor handle, as ray.remote.*got the class PackerActor"):
+        sray.RayReceiver(sray.PackerActor, 0)
+    with pytest.raises(stowplan.InvalidArgumentError, match="run 0 exists with batch_size 4 .got 7.: remove_run.0. first"):
+        try:
+            ray.get(actor.add_run.remote(0, batch_size=7))
+        except ray.exceptions.RayTaskError as e:
+            raise e.cause
+    ray.get(actor.add_run.remote(0, batch_size=4))  # the same again: harmless
     with pytest.raises(stowplan.InvalidArgumentError, match="batch must be"):
         try:
             ray.get(actor.send.remote({"samples": []}))
@@ -386,7 +394,9 @@ def test_a_rank_cannot_take_a_delivered_step_and_bad_arguments_are_named():
         sray.put_batch({"samples": []})
     with pytest.raises(stowplan.StowplanTimeoutError, match="rank 0: step 1"):
         sray.RayReceiver(actor, 0, start_step=1, timeout=0.2).receive()
-    ray.kill(actor)
+    ray.kill(actor)  # for good: a receiver's timeout names the dead actor
+    with pytest.raises(stowplan.StowplanTimeoutError, match=r"within 1 s; the packer actor did not answer .*dead for good"):
+        sray.RayReceiver(actor, 0, start_step=1, timeout=1).receive()
 
 
 ITEMS = [{"ids": list(range(i % 37 + (i * 7919) % 23))} for i in range(200)]

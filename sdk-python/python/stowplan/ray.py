@@ -258,10 +258,16 @@ class PackerActor:
     # -- orchestrator side ---------------------------------------------------------------
 
     def add_run(self, run: int, *, batch_size: int) -> None:
-        """Adds run ``run`` (a no-op if it exists with this batch size)."""
+        """Adds run ``run`` (a no-op if it exists with this batch size, so that a resent call is
+        harmless; refused if it exists with another)."""
         self._usable()
-        if any(r["run"] == run for r in self._packer.runs()):
-            return
+        for r in self._packer.runs():
+            if r["run"] == run:
+                if r["batch_size"] != batch_size:
+                    raise InvalidArgumentError(
+                        f"run {run} exists with batch_size {r['batch_size']} (got {batch_size!r}): remove_run({run}) first"
+                    )
+                return
         self._packer.add_run(run, batch_size=batch_size)
         self._commit()
 
@@ -470,15 +476,19 @@ class RayReceiver:
     :class:`stowplan.ZmqReceiver` does), without waiting for the actor's answer (call
     :meth:`flush` before the process ends); asking for a step acknowledges the step in flight
     before it (a ``start_step`` one past it says the rank holds it); an actor that dies and is
-    restarted by Ray is waited for. :meth:`receive` waits up to ``timeout`` seconds (``None``: forever) and raises
-    :class:`stowplan.StowplanTimeoutError` after that; ``poll``: seconds between asks while
-    the step is not packed yet."""
+    restarted by Ray is waited for, and so is one that died for good (no restarts left), which
+    the timeout error then names. :meth:`receive` waits up to ``timeout`` seconds (``None``:
+    forever) and raises :class:`stowplan.StowplanTimeoutError` after that; ``poll``: seconds
+    between asks while the step is not packed yet."""
 
     def __init__(
         self, actor: Any, rank: int, *, start_step: int = 0, timeout: Optional[float] = None, poll: float = 0.005
     ) -> None:
-        if not hasattr(actor, "take") or not hasattr(actor, "ack"):
-            raise InvalidArgumentError(f"actor must be a PackerActor handle (got {type(actor).__name__})")
+        if isinstance(actor, type) or not hasattr(actor, "take") or not hasattr(actor, "ack"):
+            what = f"the class {actor.__name__}" if isinstance(actor, type) else type(actor).__name__
+            raise InvalidArgumentError(
+                f"actor must be a PackerActor handle, as ray.remote(PackerActor).remote(...) returns (got {what})"
+            )
         if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
             raise InvalidArgumentError(f"rank must be an integer >= 0 (got {rank!r})")
         if isinstance(start_step, bool) or not isinstance(start_step, int) or start_step < 0:
@@ -490,24 +500,33 @@ class RayReceiver:
         self.actor, self.rank, self.next_step = actor, rank, start_step
         self.timeout, self.poll = timeout, float(poll)
         self._ack: Optional[Tuple[int, Any]] = None  # (step, ObjectRef) of the acknowledgement in flight
+        self._unreachable: Optional[BaseException] = None  # the actor's last failure while retrying
 
     def _call(self, method: Any, deadline: Optional[float], *args: Any) -> Any:
         """One actor call, retried while the actor is restarting."""
         while True:
             try:
-                return ray.get(method.remote(*args))
+                out = ray.get(method.remote(*args))
+                self._unreachable = None
+                return out
             except ray.exceptions.RayTaskError as e:
                 raise _cause(e) from None
             except (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError) as e:
                 if getattr(e, "actor_init_failed", False):
                     raise  # e.g. a damaged checkpoint: no restart can succeed
+                self._unreachable = e
                 self._wait(deadline)
 
     def _wait(self, deadline: Optional[float]) -> None:
         if deadline is not None and time.monotonic() >= deadline:
-            raise StowplanTimeoutError(
-                f"rank {self.rank}: step {self.next_step} did not arrive within {self.timeout} s"
-            )
+            why = ""
+            if self._unreachable is not None:
+                first = str(self._unreachable).strip().splitlines()[0] if str(self._unreachable).strip() else ""
+                why = (
+                    f"; the packer actor did not answer ({type(self._unreachable).__name__}: {first[:200]}): "
+                    "is it dead for good (no max_restarts left, or killed with no_restart=True)?"
+                )
+            raise StowplanTimeoutError(f"rank {self.rank}: step {self.next_step} did not arrive within {self.timeout} s{why}")
         time.sleep(self.poll)
 
     def receive(self) -> RayRankBatch:
