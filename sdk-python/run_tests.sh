@@ -38,4 +38,4 @@ if [ ! -x "$bin" ]; then
     (cd "$root" && cargo build --release --locked -p stowplan-cli --features zmq --bin stowplan)
 fi
 STOWPLAN_BIN="$bin" STOWPLAN_REQUIRE_SERVE=1 \
-STOWPLAN_REQUIRE_COMPONENTIZE_PY=1 STOWPLAN_REQUIRE_TRL=1 STOWPLAN_REQUIRE_RAY=1 "$venv/bin/python" -m pytest -q -W error -p no:cacheprovider -c "$here/pyproject.toml" "$here/tests"
+STOWPLAN_REQUIRE_COMPONENTIZE_PY=1 STOWPLAN_REQUIRE_TRL=1 STOWPLAN_REQUIRE_RAY=1 "$venv/bin/python" -m pytest -q -W error -p no:cacheprovider --durations=12 -c "$here/pyproject.toml" "$here/tests"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -380,3 +382,49 @@ def test_numbers_of_every_width_are_gathered_exactly(strategy):
         name = np.dtype(dt).name
         assert packed.schema.field(name).type == t.schema.field(name).type
         assert rows_of(packed, name) == [np.array([v * 3 + 1 for v in r]).astype(dt).tolist() for r in ids], name
+
+
+def _gather_in_numpy(chunks, which, starts, lengths):
+    return np.concatenate([chunks[c][s : s + n] for c, s, n in zip(which, starts, lengths)])
+
+
+def test_a_large_native_gather_split_over_threads_is_the_copy_on_one():
+    # 12M values (48 MB, over the 32 MiB from which gather_runs copies on every core) in runs
+    # of 0..=996, out of order, with one run of 9M values (longer than any share) in the middle.
+    from stowplan import _stowplan
+
+    chunk = np.arange(12_000_000, dtype=np.int32)
+    which, starts, lengths = [], [], []
+    at = 0
+    while at < 11_990_000:
+        n = 9_000_000 if len(lengths) == 1000 else (at * 7919) % 997
+        which.append(0)
+        starts.append((at * 31) % (12_000_000 - n))
+        lengths.append(n)
+        at += max(n, 1)
+    runs = [np.asarray(v, dtype=np.int64) for v in (which, starts, lengths)]
+    got = _stowplan.gather_runs([chunk], *runs)
+    assert got.dtype == np.int32 and got.nbytes > 32 << 20
+    assert np.array_equal(got, _gather_in_numpy([chunk], which, starts, lengths))
+
+
+def test_the_native_gather_copies_runs_in_order_and_names_bad_runs():
+    from stowplan import _stowplan
+
+    a, b = np.array([1, 2, 3, 4], dtype=np.int64), np.array([10, 20], dtype=np.int64)
+
+    def gather(chunks, *runs):
+        return _stowplan.gather_runs(chunks, *(np.asarray(r, dtype=np.int64) for r in runs))
+
+    assert gather([a, b], [1, 0, 0], [0, 2, 0], [2, 2, 1]).tolist() == [10, 20, 3, 4, 1]
+    for runs, fragment in [
+        (([0], [3], [2]), "run 0 (chunk 0, start 3, length 2)"),
+        (([1], [0], [1]), "outside its chunk"),
+        (([0], [-1], [1]), "outside"),
+        (([0], [0], [-1]), "outside"),
+        (([0, 0], [0], [1]), "one entry per run"),
+    ]:
+        with pytest.raises(stowplan.InvalidArgumentError, match=re.escape(fragment)):
+            gather([a], *runs)
+    with pytest.raises(stowplan.InvalidArgumentError, match="same dtype"):
+        gather([a, b.astype(np.int32)], [0], [0], [1])

@@ -61,16 +61,15 @@ fn differences(
 
 /// The builds of the README's two commands (`cargo run` of the CLI, then `cargo xtask test`):
 /// wasmtime is compiled once for all of them, the host library and the CLI of `cargo run`
-/// are the ones the tests and the wheel use, and the ZeroMQ tests' two cargo runs share one
-/// host library with the transport.
+/// are the ones the tests, the host's doc tests and the wheel use.
 #[test]
 fn the_quick_start_and_the_tests_compile_each_crate_once() {
     let cli = features(&["-p", "stowplan-cli", "-e", "normal,build"]);
     let with_dev = ["-e", "normal,build,dev"];
     let tests = features(&[&builds::WORKSPACE_TESTS[..], &with_dev].concat());
+    let doc = features(&[&builds::HOST_DOC[..2], &with_dev].concat());
     let wheel = features(&["-p", "stowplan-python", "-e", "normal,build"]);
-    let zmq_host = features(&[&builds::ZMQ_HOST[..], &with_dev].concat());
-    let zmq_rest = features(&[&builds::ZMQ_REST[..], &with_dev].concat());
+    let zmq = features(&[&builds::ZMQ[..], &with_dev].concat());
     let wasmtime = crates(&["-p", "wasmtime", "-e", "normal,build"]);
     let host = crates(&["-p", "stowplan", "-e", "normal,build"]);
     let cli_deps = crates(&["-p", "stowplan-cli", "-e", "normal,build"]);
@@ -79,16 +78,14 @@ fn the_quick_start_and_the_tests_compile_each_crate_once() {
             ("cargo run -p stowplan-cli", &cli),
             ("cargo test", &tests),
             ("the Python wheel", &wheel),
-            ("the host's ZeroMQ tests", &zmq_host),
-            ("the other ZeroMQ tests", &zmq_rest),
+            ("the ZeroMQ tests", &zmq),
         ],
         &wasmtime,
     );
     differ.extend(differences(&[("cargo run -p stowplan-cli", &cli), ("cargo test", &tests)], &cli_deps));
-    differ.extend(differences(&[("cargo run -p stowplan-cli", &cli), ("the Python wheel", &wheel)], &host));
     differ.extend(differences(
-        &[("the host's ZeroMQ tests", &zmq_host), ("the other ZeroMQ tests", &zmq_rest)],
-        &crates(&[&builds::ZMQ_HOST[..], &["-e", "normal,build"]].concat()),
+        &[("cargo run -p stowplan-cli", &cli), ("the Python wheel", &wheel), ("the host's doc tests", &doc)],
+        &host,
     ));
     differ.sort();
     differ.dedup();

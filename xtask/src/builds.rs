@@ -1,23 +1,47 @@
 //! The cargo selections of `cargo xtask test`, shared with `tests/tests/unify.rs` (which
 //! includes this file) so that the test checks the builds xtask actually runs.
 
-/// The workspace tests: everything but the host library, with the quick start's features.
-pub const WORKSPACE_TESTS: [&str; 3] = ["--workspace", "--exclude", "stowplan"];
+/// The workspace tests, with the quick start's features: everything but the host library
+/// (its tests run with the ZeroMQ transport, [`ZMQ`]), the kernel (its tests run in a debug
+/// build, where an overflow panics: running them in release too compiled them twice) and the
+/// Python extension (a cdylib that the wheel compiles; its test harness was a third compile
+/// of it, and `sdk-python/tests` test it through Python).
+pub const WORKSPACE_TESTS: [&str; 7] =
+    ["--workspace", "--exclude", "stowplan", "--exclude", "stowplan-kernel", "--exclude", "stowplan-python"];
 
-/// The host library's own tests, with the ZeroMQ transport.
-pub const ZMQ_HOST: [&str; 4] = ["-p", "stowplan", "--features", "zmq"];
+/// The host library's doc tests, on the library the quick start built.
+pub const HOST_DOC: [&str; 3] = ["-p", "stowplan", "--doc"];
 
-/// The conformance and CLI tests that speak ZeroMQ, with the transport (and the CLI with its
-/// Arrow reader: this is the build of the binary the SDK tests run).
-pub const ZMQ_REST: [&str; 6] = [
+/// One build with the ZeroMQ transport for the host library's own tests and the conformance
+/// and CLI tests that speak ZeroMQ (and the CLI with its Arrow reader: this is the build of
+/// the binary the SDK tests then run). One cargo run, so that cargo overlaps the compiles.
+pub const ZMQ: [&str; 8] = [
+    "-p",
+    "stowplan",
     "-p",
     "stowplan-conformance",
     "-p",
     "stowplan-cli",
     "--features",
-    "stowplan-conformance/zmq,stowplan-cli/zmq,stowplan-cli/arrow",
+    "stowplan/zmq,stowplan-conformance/zmq,stowplan-cli/zmq,stowplan-cli/arrow",
 ];
 
-/// The test targets of [`ZMQ_REST`] that are run.
-pub const ZMQ_REST_TESTS: [&str; 10] =
-    ["--test", "clients", "--test", "curve", "--test", "packer", "--test", "cli", "--test", "arrow"];
+/// The test targets of [`ZMQ`] that are run: the libraries' unit tests (the host's), the
+/// host's examples (built, as `cargo test` builds them), its WASM tests, and the tests that
+/// speak ZeroMQ or read Arrow.
+pub const ZMQ_TESTS: [&str; 14] = [
+    "--lib",
+    "--examples",
+    "--test",
+    "wasm",
+    "--test",
+    "clients",
+    "--test",
+    "curve",
+    "--test",
+    "packer",
+    "--test",
+    "cli",
+    "--test",
+    "arrow",
+];

@@ -13,12 +13,12 @@
 //! - `check-plugins`: rebuilds them and fails if the bytes differ from the committed ones
 //!   (exit 3 when the pinned toolchain or its target is not installed).
 //! - Both artifacts are built by the pinned Rust, whatever the toolchain running xtask.
-//! - `test`: every test of the project — `cargo test --release` of the workspace (kernel
-//!   proptests, conformance vectors on native and WASM, host and CLI tests), the kernel's
-//!   tests again in a debug build (overflow checks on), then the
-//!   Python SDK's tests when `sdk-python/` holds a package (see `sdk-python/README.md`), then
-//!   the JavaScript SDK's (`sdk-js/run_tests.sh`) when node and npm are installed (required
-//!   with `STOWPLAN_REQUIRE_NODE=1`).
+//! - `test`: every test of the project — `cargo test --release` of the workspace
+//!   (conformance vectors on native and WASM, CLI tests), the kernel's tests in a debug build
+//!   (overflow checks on), the host library's and the ZeroMQ transport's in one build with
+//!   the transport, then the Python SDK's tests when `sdk-python/` holds a package (see
+//!   `sdk-python/README.md`) with, beside them, the JavaScript SDK's (`sdk-js/run_tests.sh`)
+//!   when node and npm are installed (required with `STOWPLAN_REQUIRE_NODE=1`).
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
@@ -231,11 +231,17 @@ fn run(program: &str, args: &[&str]) -> Result<(), String> {
 }
 
 /// The JavaScript SDK's tests (`sdk-js/run_tests.sh`: Node tests, packed-package import,
-/// the explorer in headless Chromium) when node and npm are installed; without them, a loud
-/// warning — or a failure when `STOWPLAN_REQUIRE_NODE=1` (CI).
-fn js_tests() -> Result<(), String> {
+/// the explorer in headless Chromium), started in the background when node and npm are
+/// installed, its output kept in `target/sdk-js-tests.log` until [`JsTests::finish`]; without
+/// node and npm, a loud warning — or a failure when `STOWPLAN_REQUIRE_NODE=1` (CI). `bin` is
+/// the CLI its tests run.
+///
+/// They run beside the Python SDK's: both suites leave a core idle most of the time (the
+/// Python tests used 127 s of CPU in 249 s), so together they take the longer one's time
+/// instead of the sum (BENCHMARKS.md, "Build time").
+fn start_js_tests(bin: &Path) -> Result<Option<JsTests>, String> {
     if !root().join("sdk-js/run_tests.sh").is_file() {
-        return Ok(());
+        return Ok(None);
     }
     let found = |tool: &str| Command::new(tool).arg("--version").output().is_ok_and(|o| o.status.success());
     if !(found("node") && found("npm")) {
@@ -245,9 +251,46 @@ fn js_tests() -> Result<(), String> {
         eprintln!(
             "xtask: WARNING: node or npm not found: the JavaScript SDK's tests (sdk-js/run_tests.sh) DID NOT RUN"
         );
-        return Ok(());
+        return Ok(None);
     }
-    run("bash", &["sdk-js/run_tests.sh"])
+    let log = root().join("target/sdk-js-tests.log");
+    let file = std::fs::File::create(&log).map_err(|e| format!("creating {}: {e}", log.display()))?;
+    let err = file.try_clone().map_err(|e| format!("opening {} twice: {e}", log.display()))?;
+    eprintln!(
+        "xtask: $ STOWPLAN_BIN={} bash sdk-js/run_tests.sh > {} (in the background)",
+        bin.display(),
+        log.display()
+    );
+    let child = Command::new("bash")
+        .current_dir(root())
+        .arg("sdk-js/run_tests.sh")
+        .env("STOWPLAN_BIN", bin)
+        .stdin(std::process::Stdio::null())
+        .stdout(file)
+        .stderr(err)
+        .spawn()
+        .map_err(|e| format!("running bash sdk-js/run_tests.sh: {e}"))?;
+    Ok(Some(JsTests { child, log, start: std::time::Instant::now() }))
+}
+
+/// The JavaScript SDK's tests running in the background ([`start_js_tests`]).
+struct JsTests {
+    child: std::process::Child,
+    log: PathBuf,
+    start: std::time::Instant,
+}
+
+impl JsTests {
+    /// Waits for the tests, prints their output and time, and says whether they passed.
+    fn finish(mut self) -> Result<(), String> {
+        let status = self.child.wait().map_err(|e| format!("waiting for sdk-js/run_tests.sh: {e}"))?;
+        let output = std::fs::read(&self.log).map_err(|e| format!("reading {}: {e}", self.log.display()))?;
+        eprintln!("xtask: the JavaScript SDK's tests ({}):", self.log.display());
+        use std::io::Write;
+        std::io::stdout().write_all(&output).and_then(|()| std::io::stdout().flush()).ok();
+        eprintln!("xtask: JavaScript SDK: {:.0} s (beside the Python SDK's)", self.start.elapsed().as_secs_f64());
+        if status.success() { Ok(()) } else { Err(format!("`bash sdk-js/run_tests.sh` failed ({status})")) }
+    }
 }
 
 /// [`run`] with environment variables `env` set for the command.
@@ -274,9 +317,9 @@ fn system_libzmq() -> bool {
 
 /// The ZeroMQ transport's tests, in a build of their own: the quick start's build leaves the
 /// transport out (the CLI's `zmq` feature, off by default), so it does not compile libzmq.
-/// Every test of the host library (unit, integration, examples, doctests), the conformance
-/// tests that speak ZeroMQ (`clients`, `curve`, `packer`) and the CLI's, all with the
-/// transport, linked to the system libzmq where pkg-config finds it (it has CURVE, and the
+/// Every test of the host library (unit, integration, examples; its doctests ran with the
+/// workspace tests), the conformance tests that speak ZeroMQ (`clients`, `curve`, `packer`)
+/// and the CLI's, all with the transport, in one cargo run, linked to the system libzmq where pkg-config finds it (it has CURVE, and the
 /// CURVE tests must pass) and otherwise to the one `zmq-sys` builds from source (no CURVE:
 /// those tests are skipped, saying so, unless `STOWPLAN_REQUIRE_CURVE=1` makes that a
 /// failure). Returns the `stowplan` binary with the transport, copied to `target/zmq/stowplan`,
@@ -295,8 +338,7 @@ fn zmq_tests(cargo: &str) -> Result<(PathBuf, bool), String> {
         with.extend(["--config", SYSTEM_LIBZMQ]);
     }
     let env: &[(&str, &str)] = if curve { &[("STOWPLAN_EXPECT_CURVE", "1")] } else { &[] };
-    run_with(cargo, &[&with[..], &builds::ZMQ_HOST].concat(), env)?;
-    run_with(cargo, &[&with[..], &builds::ZMQ_REST, &builds::ZMQ_REST_TESTS].concat(), env)?;
+    run_with(cargo, &[&with[..], &builds::ZMQ, &builds::ZMQ_TESTS].concat(), env)?;
     // The CLI's integration test built it, with the transport, into target/release.
     let built = root().join("target/release/stowplan");
     let copy = root().join("target/zmq/stowplan");
@@ -314,40 +356,48 @@ fn timed<T>(what: &str, step: impl FnOnce() -> Result<T, String>) -> Result<T, S
     out
 }
 
+/// The Python SDK's tests (`sdk-python/run_tests.sh`) when `sdk-python/` holds a package: the
+/// serve tests run `bin` (with the ZeroMQ transport), and its CURVE tests must pass where it
+/// has CURVE.
+fn python_tests(bin: &Path, curve: bool) -> Result<(), String> {
+    let sdk_script = root().join("sdk-python/run_tests.sh");
+    if !sdk_script.is_file() {
+        return Ok(());
+    }
+    timed("Python SDK", || {
+        let mut sdk = Command::new("bash");
+        sdk.current_dir(root()).arg(&sdk_script).env("STOWPLAN_BIN", bin);
+        if curve {
+            sdk.env("STOWPLAN_CURVE_BIN", bin).env("STOWPLAN_REQUIRE_CURVE", "1");
+        }
+        eprintln!("xtask: $ bash {}", sdk_script.display());
+        let status = sdk.status().map_err(|e| format!("running {}: {e}", sdk_script.display()))?;
+        if status.success() { Ok(()) } else { Err(format!("`bash {}` failed ({status})", sdk_script.display())) }
+    })
+}
+
 fn run_tests() -> ExitCode {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let start = std::time::Instant::now();
     let result = (|| -> Result<(), String> {
-        // Everything but the host library's own tests, with the quick start's features: the
-        // library and the CLI built by `cargo run` are reused, not compiled again.
+        // The workspace's tests (builds::WORKSPACE_TESTS says which) and the host library's
+        // doc tests, with the quick start's features: the library and the CLI built by
+        // `cargo run` are reused, not compiled again.
         timed("Rust tests", || {
-            run(&cargo, &[&["test", "--release", "--locked"][..], &builds::WORKSPACE_TESTS].concat())
+            run(&cargo, &[&["test", "--release", "--locked"][..], &builds::WORKSPACE_TESTS].concat())?;
+            run(&cargo, &[&["test", "--release", "--locked"][..], &builds::HOST_DOC].concat())
         })?;
-        // The kernel's own tests again in a debug build, where an arithmetic overflow panics:
-        // the kernel promises an error, never a wrapped sum.
+        // The kernel's own tests, in a debug build, where an arithmetic overflow panics: the
+        // kernel promises an error, never a wrapped sum. (The conformance tests run the
+        // release kernel, natively and as the WASM component.)
         timed("kernel tests (debug build)", || run(&cargo, &["test", "--locked", "-p", "stowplan-kernel"]))?;
         let (bin, curve) = timed("host library and ZeroMQ tests", || zmq_tests(&cargo))?;
-        let sdk_script = root().join("sdk-python/run_tests.sh");
-        if sdk_script.is_file() {
-            timed("Python SDK", || {
-                let mut sdk = Command::new("bash");
-                // The serve tests run the binary with the ZeroMQ transport, and its CURVE
-                // tests must pass where it has CURVE.
-                sdk.current_dir(root()).arg(&sdk_script).env("STOWPLAN_BIN", &bin);
-                if curve {
-                    sdk.env("STOWPLAN_CURVE_BIN", &bin).env("STOWPLAN_REQUIRE_CURVE", "1");
-                }
-                eprintln!("xtask: $ bash {}", sdk_script.display());
-                let status = sdk.status().map_err(|e| format!("running {}: {e}", sdk_script.display()))?;
-                if status.success() {
-                    Ok(())
-                } else {
-                    Err(format!("`bash {}` failed ({status})", sdk_script.display()))
-                }
-            })?;
+        let js = start_js_tests(&bin)?;
+        let python = python_tests(&bin, curve);
+        match (python, js.map_or(Ok(()), JsTests::finish)) {
+            (Err(p), Err(j)) => Err(format!("{p}; {j}")),
+            (p, j) => p.and(j),
         }
-        timed("JavaScript SDK", js_tests)?;
-        Ok(())
     })();
     eprintln!("xtask: every test: {:.0} s", start.elapsed().as_secs_f64());
     match result {
