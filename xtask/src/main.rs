@@ -232,14 +232,13 @@ fn run(program: &str, args: &[&str]) -> Result<(), String> {
 
 /// The JavaScript SDK's tests (`sdk-js/run_tests.sh`: Node tests, packed-package import,
 /// the explorer in headless Chromium), started in the background when node and npm are
-/// installed, its output kept in `target/sdk-js-tests.log` until [`JsTests::finish`]; without
-/// node and npm, a loud warning — or a failure when `STOWPLAN_REQUIRE_NODE=1` (CI). `bin` is
-/// the CLI its tests run.
+/// installed; without them, a loud warning — or a failure when `STOWPLAN_REQUIRE_NODE=1` (CI).
+/// `bin` is the CLI its tests run.
 ///
 /// They run beside the Python SDK's: both suites leave a core idle most of the time (the
 /// Python tests used 127 s of CPU in 249 s), so together they take the longer one's time
 /// instead of the sum (BENCHMARKS.md, "Build time").
-fn start_js_tests(bin: &Path) -> Result<Option<JsTests>, String> {
+fn start_js_tests(bin: &Path) -> Result<Option<Background>, String> {
     if !root().join("sdk-js/run_tests.sh").is_file() {
         return Ok(None);
     }
@@ -253,43 +252,87 @@ fn start_js_tests(bin: &Path) -> Result<Option<JsTests>, String> {
         );
         return Ok(None);
     }
-    let log = root().join("target/sdk-js-tests.log");
-    let file = std::fs::File::create(&log).map_err(|e| format!("creating {}: {e}", log.display()))?;
-    let err = file.try_clone().map_err(|e| format!("opening {} twice: {e}", log.display()))?;
-    eprintln!(
-        "xtask: $ STOWPLAN_BIN={} bash sdk-js/run_tests.sh > {} (in the background)",
-        bin.display(),
-        log.display()
-    );
-    let child = Command::new("bash")
-        .current_dir(root())
-        .arg("sdk-js/run_tests.sh")
-        .env("STOWPLAN_BIN", bin)
-        .stdin(std::process::Stdio::null())
-        .stdout(file)
-        .stderr(err)
-        .spawn()
-        .map_err(|e| format!("running bash sdk-js/run_tests.sh: {e}"))?;
-    Ok(Some(JsTests { child, log, start: std::time::Instant::now() }))
+    Background::start("JavaScript SDK", &["sdk-js/run_tests.sh"], &[("STOWPLAN_BIN", bin.as_os_str())], "sdk-js-tests")
+        .map(Some)
 }
 
-/// The JavaScript SDK's tests running in the background ([`start_js_tests`]).
-struct JsTests {
-    child: std::process::Child,
+/// A script run in the background, its output kept in `target/NAME.log` until
+/// [`Background::finish`] prints it. Dropped unfinished (an earlier step failed), it is killed.
+struct Background {
+    what: &'static str,
     log: PathBuf,
-    start: std::time::Instant,
+    /// The script's exit status and how long it ran, from the thread waiting for it.
+    waiting: Option<std::thread::JoinHandle<std::io::Result<(std::process::ExitStatus, std::time::Duration)>>>,
+    /// Set when dropped unfinished: the waiting thread kills the script.
+    cancel: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 
-impl JsTests {
-    /// Waits for the tests, prints their output and time, and says whether they passed.
-    fn finish(mut self) -> Result<(), String> {
-        let status = self.child.wait().map_err(|e| format!("waiting for sdk-js/run_tests.sh: {e}"))?;
-        let output = std::fs::read(&self.log).map_err(|e| format!("reading {}: {e}", self.log.display()))?;
-        eprintln!("xtask: the JavaScript SDK's tests ({}):", self.log.display());
-        use std::io::Write;
-        std::io::stdout().write_all(&output).and_then(|()| std::io::stdout().flush()).ok();
-        eprintln!("xtask: JavaScript SDK: {:.0} s (beside the Python SDK's)", self.start.elapsed().as_secs_f64());
-        if status.success() { Ok(()) } else { Err(format!("`bash sdk-js/run_tests.sh` failed ({status})")) }
+impl Drop for Background {
+    fn drop(&mut self) {
+        if let Some(waiting) = self.waiting.take() {
+            self.cancel.store(true, std::sync::atomic::Ordering::Relaxed);
+            let _ = waiting.join();
+        }
+    }
+}
+
+impl Background {
+    /// Starts `bash ARGS` with `env` at the root, output to `target/{name}.log`.
+    fn start(
+        what: &'static str,
+        args: &[&str],
+        env: &[(&str, &std::ffi::OsStr)],
+        name: &str,
+    ) -> Result<Background, String> {
+        let log = root().join("target").join(format!("{name}.log"));
+        let file = std::fs::File::create(&log).map_err(|e| format!("creating {}: {e}", log.display()))?;
+        let err = file.try_clone().map_err(|e| format!("opening {} twice: {e}", log.display()))?;
+        let shown: String = env.iter().map(|(k, v)| format!("{k}={} ", v.to_string_lossy())).collect();
+        eprintln!("xtask: $ {shown}bash {} > {} (in the background)", args.join(" "), log.display());
+        let mut child = Command::new("bash")
+            .current_dir(root())
+            .args(args)
+            .envs(env.iter().copied())
+            .stdin(std::process::Stdio::null())
+            .stdout(file)
+            .stderr(err)
+            .spawn()
+            .map_err(|e| format!("running bash {}: {e}", args.join(" ")))?;
+        let start = std::time::Instant::now();
+        let cancel = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let cancelled = std::sync::Arc::clone(&cancel);
+        let waiting = std::thread::spawn(move || {
+            loop {
+                if let Some(status) = child.try_wait()? {
+                    return Ok((status, start.elapsed()));
+                }
+                if cancelled.load(std::sync::atomic::Ordering::Relaxed) {
+                    child.kill()?;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            }
+        });
+        Ok(Background { what, log, waiting: Some(waiting), cancel })
+    }
+
+    /// Waits for the script; with `show`, prints its output (always when it failed) and how
+    /// long it ran. Says whether it succeeded.
+    fn finish(mut self, show: bool) -> Result<(), String> {
+        let (status, took) = self
+            .waiting
+            .take()
+            .expect("waited for once")
+            .join()
+            .map_err(|_| format!("the thread waiting for the {} step panicked", self.what))?
+            .map_err(|e| format!("waiting for the {} step: {e}", self.what))?;
+        if show || !status.success() {
+            let output = std::fs::read(&self.log).map_err(|e| format!("reading {}: {e}", self.log.display()))?;
+            eprintln!("xtask: the {} step's output ({}):", self.what, self.log.display());
+            use std::io::Write;
+            std::io::stdout().write_all(&output).and_then(|()| std::io::stdout().flush()).ok();
+        }
+        eprintln!("xtask: {}: {:.0} s (in the background)", self.what, took.as_secs_f64());
+        if status.success() { Ok(()) } else { Err(format!("the {} step failed ({status})", self.what)) }
     }
 }
 
@@ -356,17 +399,38 @@ fn timed<T>(what: &str, step: impl FnOnce() -> Result<T, String>) -> Result<T, S
     out
 }
 
-/// The Python SDK's tests (`sdk-python/run_tests.sh`) when `sdk-python/` holds a package: the
-/// serve tests run `bin` (with the ZeroMQ transport), and its CURVE tests must pass where it
-/// has CURVE.
-fn python_tests(bin: &Path, curve: bool) -> Result<(), String> {
+/// The Python SDK's test dependencies (`sdk-python/run_tests.sh --deps-only`: a virtual
+/// environment, downloads and bytecode), made in the background while Rust compiles, when
+/// `sdk-python/` holds a package.
+fn start_python_deps() -> Result<Option<Background>, String> {
+    if !root().join("sdk-python/run_tests.sh").is_file() {
+        return Ok(None);
+    }
+    Background::start("Python test dependencies", &["sdk-python/run_tests.sh", "--deps-only"], &[], "sdk-python-deps")
+        .map(Some)
+}
+
+/// The Python SDK's tests (`sdk-python/run_tests.sh`) when `sdk-python/` holds a package, in
+/// the environment `deps` made (or, when there is none, one the script makes): the serve tests
+/// run `bin` (with the ZeroMQ transport), and its CURVE tests must pass where it has CURVE.
+fn python_tests(deps: Option<Background>, bin: &Path, curve: bool) -> Result<(), String> {
     let sdk_script = root().join("sdk-python/run_tests.sh");
     if !sdk_script.is_file() {
         return Ok(());
     }
+    let ready = match deps {
+        Some(deps) => deps.finish(false).is_ok(),
+        None => false,
+    };
+    if !ready {
+        eprintln!("xtask: the Python test dependencies were not made in the background: run_tests.sh makes them");
+    }
     timed("Python SDK", || {
         let mut sdk = Command::new("bash");
         sdk.current_dir(root()).arg(&sdk_script).env("STOWPLAN_BIN", bin);
+        if ready {
+            sdk.env("STOWPLAN_SDK_DEPS_READY", "1");
+        }
         if curve {
             sdk.env("STOWPLAN_CURVE_BIN", bin).env("STOWPLAN_REQUIRE_CURVE", "1");
         }
@@ -380,6 +444,7 @@ fn run_tests() -> ExitCode {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let start = std::time::Instant::now();
     let result = (|| -> Result<(), String> {
+        let deps = start_python_deps()?;
         // The workspace's tests (builds::WORKSPACE_TESTS says which) and the host library's
         // doc tests, with the quick start's features: the library and the CLI built by
         // `cargo run` are reused, not compiled again.
@@ -393,8 +458,8 @@ fn run_tests() -> ExitCode {
         timed("kernel tests (debug build)", || run(&cargo, &["test", "--locked", "-p", "stowplan-kernel"]))?;
         let (bin, curve) = timed("host library and ZeroMQ tests", || zmq_tests(&cargo))?;
         let js = start_js_tests(&bin)?;
-        let python = python_tests(&bin, curve);
-        match (python, js.map_or(Ok(()), JsTests::finish)) {
+        let python = python_tests(deps, &bin, curve);
+        match (python, js.map_or(Ok(()), |js| js.finish(true))) {
             (Err(p), Err(j)) => Err(format!("{p}; {j}")),
             (p, j) => p.and(j),
         }
