@@ -257,23 +257,13 @@ fn start_js_tests(bin: &Path) -> Result<Option<Background>, String> {
 }
 
 /// A script run in the background, its output kept in `target/NAME.log` until
-/// [`Background::finish`] prints it. Dropped unfinished (an earlier step failed), it is killed.
+/// [`Background::finish`] prints it.
 struct Background {
     what: &'static str,
     log: PathBuf,
-    /// The script's exit status and how long it ran, from the thread waiting for it.
-    waiting: Option<std::thread::JoinHandle<std::io::Result<(std::process::ExitStatus, std::time::Duration)>>>,
-    /// Set when dropped unfinished: the waiting thread kills the script.
-    cancel: std::sync::Arc<std::sync::atomic::AtomicBool>,
-}
-
-impl Drop for Background {
-    fn drop(&mut self) {
-        if let Some(waiting) = self.waiting.take() {
-            self.cancel.store(true, std::sync::atomic::Ordering::Relaxed);
-            let _ = waiting.join();
-        }
-    }
+    /// The script's exit status and how long it ran, from the thread waiting for it (so the
+    /// time is the script's, not how long xtask took to ask).
+    waiting: std::thread::JoinHandle<std::io::Result<(std::process::ExitStatus, std::time::Duration)>>,
 }
 
 impl Background {
@@ -299,38 +289,22 @@ impl Background {
             .spawn()
             .map_err(|e| format!("running bash {}: {e}", args.join(" ")))?;
         let start = std::time::Instant::now();
-        let cancel = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let cancelled = std::sync::Arc::clone(&cancel);
-        let waiting = std::thread::spawn(move || {
-            loop {
-                if let Some(status) = child.try_wait()? {
-                    return Ok((status, start.elapsed()));
-                }
-                if cancelled.load(std::sync::atomic::Ordering::Relaxed) {
-                    child.kill()?;
-                }
-                std::thread::sleep(std::time::Duration::from_millis(50));
-            }
-        });
-        Ok(Background { what, log, waiting: Some(waiting), cancel })
+        let waiting = std::thread::spawn(move || child.wait().map(|status| (status, start.elapsed())));
+        Ok(Background { what, log, waiting })
     }
 
-    /// Waits for the script; with `show`, prints its output (always when it failed) and how
-    /// long it ran. Says whether it succeeded.
-    fn finish(mut self, show: bool) -> Result<(), String> {
+    /// Waits for the script, prints its output and how long it ran, and says whether it
+    /// succeeded.
+    fn finish(self) -> Result<(), String> {
         let (status, took) = self
             .waiting
-            .take()
-            .expect("waited for once")
             .join()
             .map_err(|_| format!("the thread waiting for the {} step panicked", self.what))?
             .map_err(|e| format!("waiting for the {} step: {e}", self.what))?;
-        if show || !status.success() {
-            let output = std::fs::read(&self.log).map_err(|e| format!("reading {}: {e}", self.log.display()))?;
-            eprintln!("xtask: the {} step's output ({}):", self.what, self.log.display());
-            use std::io::Write;
-            std::io::stdout().write_all(&output).and_then(|()| std::io::stdout().flush()).ok();
-        }
+        let output = std::fs::read(&self.log).map_err(|e| format!("reading {}: {e}", self.log.display()))?;
+        eprintln!("xtask: the {} step's output ({}):", self.what, self.log.display());
+        use std::io::Write;
+        std::io::stdout().write_all(&output).and_then(|()| std::io::stdout().flush()).ok();
         eprintln!("xtask: {}: {:.0} s (in the background)", self.what, took.as_secs_f64());
         if status.success() { Ok(()) } else { Err(format!("the {} step failed ({status})", self.what)) }
     }
@@ -399,38 +373,17 @@ fn timed<T>(what: &str, step: impl FnOnce() -> Result<T, String>) -> Result<T, S
     out
 }
 
-/// The Python SDK's test dependencies (`sdk-python/run_tests.sh --deps-only`: a virtual
-/// environment, downloads and bytecode), made in the background while Rust compiles, when
-/// `sdk-python/` holds a package.
-fn start_python_deps() -> Result<Option<Background>, String> {
-    if !root().join("sdk-python/run_tests.sh").is_file() {
-        return Ok(None);
-    }
-    Background::start("Python test dependencies", &["sdk-python/run_tests.sh", "--deps-only"], &[], "sdk-python-deps")
-        .map(Some)
-}
-
-/// The Python SDK's tests (`sdk-python/run_tests.sh`) when `sdk-python/` holds a package, in
-/// the environment `deps` made (or, when there is none, one the script makes): the serve tests
-/// run `bin` (with the ZeroMQ transport), and its CURVE tests must pass where it has CURVE.
-fn python_tests(deps: Option<Background>, bin: &Path, curve: bool) -> Result<(), String> {
+/// The Python SDK's tests (`sdk-python/run_tests.sh`) when `sdk-python/` holds a package: the
+/// serve tests run `bin` (with the ZeroMQ transport), and its CURVE tests must pass where it
+/// has CURVE.
+fn python_tests(bin: &Path, curve: bool) -> Result<(), String> {
     let sdk_script = root().join("sdk-python/run_tests.sh");
     if !sdk_script.is_file() {
         return Ok(());
     }
-    let ready = match deps {
-        Some(deps) => deps.finish(false).is_ok(),
-        None => false,
-    };
-    if !ready {
-        eprintln!("xtask: the Python test dependencies were not made in the background: run_tests.sh makes them");
-    }
     timed("Python SDK", || {
         let mut sdk = Command::new("bash");
         sdk.current_dir(root()).arg(&sdk_script).env("STOWPLAN_BIN", bin);
-        if ready {
-            sdk.env("STOWPLAN_SDK_DEPS_READY", "1");
-        }
         if curve {
             sdk.env("STOWPLAN_CURVE_BIN", bin).env("STOWPLAN_REQUIRE_CURVE", "1");
         }
@@ -444,7 +397,6 @@ fn run_tests() -> ExitCode {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let start = std::time::Instant::now();
     let result = (|| -> Result<(), String> {
-        let deps = start_python_deps()?;
         // The workspace's tests (builds::WORKSPACE_TESTS says which) and the host library's
         // doc tests, with the quick start's features: the library and the CLI built by
         // `cargo run` are reused, not compiled again.
@@ -458,8 +410,8 @@ fn run_tests() -> ExitCode {
         timed("kernel tests (debug build)", || run(&cargo, &["test", "--locked", "-p", "stowplan-kernel"]))?;
         let (bin, curve) = timed("host library and ZeroMQ tests", || zmq_tests(&cargo))?;
         let js = start_js_tests(&bin)?;
-        let python = python_tests(deps, &bin, curve);
-        match (python, js.map_or(Ok(()), |js| js.finish(true))) {
+        let python = python_tests(&bin, curve);
+        match (python, js.map_or(Ok(()), Background::finish)) {
             (Err(p), Err(j)) => Err(format!("{p}; {j}")),
             (p, j) => p.and(j),
         }
