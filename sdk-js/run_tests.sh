@@ -16,9 +16,16 @@ cd "$here"
 
 echo "sdk-js: node $(node --version), npm $(npm --version 2>/dev/null)"
 # The locked versions, exactly: `npm ci` installs package-lock.json as it is (and fails if it
-# does not match package.json).
-npm ci --no-audit --no-fund --loglevel=error
-node scripts/build.mjs
+# does not match package.json). `--build-only` stops after the build: `cargo xtask test` builds
+# first, then runs the tests with STOWPLAN_SDK_JS_BUILT=1 beside the Python SDK's, whose
+# README test uses this build (so nothing may rebuild it while they run).
+if [ "${STOWPLAN_SDK_JS_BUILT:-0}" != "1" ]; then
+    npm ci --no-audit --no-fund --loglevel=error
+    node scripts/build.mjs
+fi
+if [ "${1:-}" = "--build-only" ]; then
+    exit 0
+fi
 
 if [ -z "${STOWPLAN_BIN:-}" ] && [ ! -x "$root/target/release/stowplan" ]; then
     (cd "$root" && cargo build --release --locked -p stowplan-cli --bin stowplan)
@@ -33,7 +40,8 @@ node --test test/*.test.js
 # kinds type-checked by a strict TypeScript consumer against the installed package's types.
 scratch="$(mktemp -d)"
 trap 'rm -rf "$scratch"' EXIT
-tarball="$(npm pack --silent --pack-destination "$scratch" | tail -1)"
+# --ignore-scripts: packed as built above (`prepack` would delete and rebuild generated/).
+tarball="$(npm pack --ignore-scripts --silent --pack-destination "$scratch" | tail -1)"
 (
     cd "$scratch"
     npm init -y > /dev/null

@@ -33,8 +33,9 @@ Each block is handled by its language, and a block of any other language fails t
   ``Type::item``, ``.method(`` and ``Type { field: .. }`` must name a ``fn``, ``const`` or
   ``pub`` field of the host or kernel crate.
 - ``js``: run with node against the built SDK (``sdk-js``, built here with ``npm ci`` and
-  ``node scripts/build.mjs`` when ``sdk-js/generated`` is missing, as in a fresh clone, where
-  ``sdk-js/run_tests.sh`` runs after this suite), imported by its package name. Without node
+  ``node scripts/build.mjs`` when ``sdk-js/generated`` is missing, as in a fresh clone run
+  without ``cargo xtask test``, which builds it first and runs ``sdk-js/run_tests.sh`` beside
+  this suite without building again), imported by its package name. Without node
   and npm it is skipped loudly, unless ``STOWPLAN_REQUIRE_NODE=1``.
 
 Files a block writes at the top of the repository (``plan.json``) are removed afterwards.
@@ -526,7 +527,8 @@ def _built_sdk_js():
             pytest.fail("node and npm are required (STOWPLAN_REQUIRE_NODE=1) for the README's JavaScript blocks")
         pytest.skip("SKIPPED LOUDLY: node or npm not found: the README's JavaScript blocks DID NOT RUN")
     if not (sdk / "generated").is_dir():
-        # A fresh clone: build the package as sdk-js/run_tests.sh (which runs after this suite) does.
+        # A fresh clone (not under `cargo xtask test`, which builds it first): build the package
+        # as sdk-js/run_tests.sh does.
         for cmd in (["npm", "ci", "--no-audit", "--no-fund", "--loglevel=error"], ["node", "scripts/build.mjs"]):
             proc = subprocess.run(cmd, cwd=sdk, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=600)
             assert proc.returncode == 0, f"sdk-js: {' '.join(cmd)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"

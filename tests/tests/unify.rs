@@ -67,7 +67,7 @@ fn the_quick_start_and_the_tests_compile_each_crate_once() {
     let cli = features(&["-p", "stowplan-cli", "-e", "normal,build"]);
     let with_dev = ["-e", "normal,build,dev"];
     let tests = features(&[&builds::WORKSPACE_TESTS[..], &with_dev].concat());
-    let doc = features(&[&builds::HOST_DOC[..2], &with_dev].concat());
+    let doc = features(&[&builds::HOST[..], &with_dev].concat());
     let wheel = features(&["-p", "stowplan-python", "-e", "normal,build"]);
     let zmq = features(&[&builds::ZMQ[..], &with_dev].concat());
     let wasmtime = crates(&["-p", "wasmtime", "-e", "normal,build"]);
@@ -105,4 +105,22 @@ fn the_library_and_the_wheel_leave_out_what_only_the_cli_uses() {
     assert!(!cli.keys().any(|(n, _)| n == "zmq-sys"), "the quick start's CLI compiles libzmq");
     let cli = features(&["-p", "stowplan-cli", "--features", "zmq", "-e", "normal"]);
     assert!(cli.keys().any(|(n, _)| n == "zmq-sys"), "the CLI's zmq feature has the ZeroMQ transport");
+}
+
+#[test]
+fn every_integration_test_of_the_host_library_runs_in_the_zeromq_build() {
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../host/tests");
+    let mut files = 0;
+    for entry in std::fs::read_dir(dir).expect("reads host/tests") {
+        let path = entry.expect("a directory entry").path();
+        if path.extension().is_some_and(|e| e == "rs") {
+            files += 1;
+            let name = path.file_stem().and_then(|s| s.to_str()).expect("a UTF-8 file name");
+            assert!(
+                builds::ZMQ_TESTS.windows(2).any(|w| w == ["--test", name]),
+                "host/tests/{name}.rs runs nowhere: add `--test {name}` to xtask/src/builds.rs's ZMQ_TESTS"
+            );
+        }
+    }
+    assert!(files > 0, "found host/tests/*.rs");
 }

@@ -9,8 +9,8 @@
 pub const WORKSPACE_TESTS: [&str; 7] =
     ["--workspace", "--exclude", "stowplan", "--exclude", "stowplan-kernel", "--exclude", "stowplan-python"];
 
-/// The host library's doc tests, on the library the quick start built.
-pub const HOST_DOC: [&str; 3] = ["-p", "stowplan", "--doc"];
+/// The host library, whose doc tests run on the library the quick start built (`--doc`).
+pub const HOST: [&str; 2] = ["-p", "stowplan"];
 
 /// One build with the ZeroMQ transport for the host library's own tests and the conformance
 /// and CLI tests that speak ZeroMQ (and the CLI with its Arrow reader: this is the build of
@@ -27,8 +27,9 @@ pub const ZMQ: [&str; 8] = [
 ];
 
 /// The test targets of [`ZMQ`] that are run: the libraries' unit tests (the host's), the
-/// host's examples (built, as `cargo test` builds them), its WASM tests, and the tests that
-/// speak ZeroMQ or read Arrow.
+/// host's examples (compiled, as `cargo test` compiles them, and their tests run: they have
+/// none), every integration test of the host (`tests/tests/unify.rs` checks that each file of
+/// `host/tests` is named here), and the tests that speak ZeroMQ or read Arrow.
 pub const ZMQ_TESTS: [&str; 14] = [
     "--lib",
     "--examples",

@@ -14,7 +14,8 @@
 //!   (exit 3 when the pinned toolchain or its target is not installed).
 //! - Both artifacts are built by the pinned Rust, whatever the toolchain running xtask.
 //! - `test`: every test of the project — `cargo test --release` of the workspace
-//!   (conformance vectors on native and WASM, CLI tests), the kernel's tests in a debug build
+//!   (conformance vectors on native and WASM, CLI tests) and the host library's doc tests,
+//!   the kernel's tests in a debug build
 //!   (overflow checks on), the host library's and the ZeroMQ transport's in one build with
 //!   the transport, then the Python SDK's tests when `sdk-python/` holds a package (see
 //!   `sdk-python/README.md`) with, beside them, the JavaScript SDK's (`sdk-js/run_tests.sh`)
@@ -231,9 +232,10 @@ fn run(program: &str, args: &[&str]) -> Result<(), String> {
 }
 
 /// The JavaScript SDK's tests (`sdk-js/run_tests.sh`: Node tests, packed-package import,
-/// the explorer in headless Chromium), started in the background when node and npm are
-/// installed; without them, a loud warning — or a failure when `STOWPLAN_REQUIRE_NODE=1` (CI).
-/// `bin` is the CLI its tests run.
+/// the explorer in headless Chromium) when node and npm are installed: the package built
+/// first (`--build-only`; the Python SDK's README test runs its blocks against that build),
+/// then the tests started in the background; without node and npm, a loud warning — or a
+/// failure when `STOWPLAN_REQUIRE_NODE=1` (CI). `bin` is the CLI its tests run.
 ///
 /// They run beside the Python SDK's: both suites leave a core idle most of the time (the
 /// Python tests used 127 s of CPU in 249 s), so together they take the longer one's time
@@ -252,8 +254,9 @@ fn start_js_tests(bin: &Path) -> Result<Option<Background>, String> {
         );
         return Ok(None);
     }
-    Background::start("JavaScript SDK", &["sdk-js/run_tests.sh"], &[("STOWPLAN_BIN", bin.as_os_str())], "sdk-js-tests")
-        .map(Some)
+    timed("JavaScript SDK build", || run("bash", &["sdk-js/run_tests.sh", "--build-only"]))?;
+    let env = [("STOWPLAN_BIN", bin.as_os_str()), ("STOWPLAN_SDK_JS_BUILT", "1".as_ref())];
+    Background::start("JavaScript SDK", &["sdk-js/run_tests.sh"], &env, "sdk-js-tests").map(Some)
 }
 
 /// A script run in the background, its output kept in `target/NAME.log` until
@@ -334,12 +337,12 @@ fn system_libzmq() -> bool {
 
 /// The ZeroMQ transport's tests, in a build of their own: the quick start's build leaves the
 /// transport out (the CLI's `zmq` feature, off by default), so it does not compile libzmq.
-/// Every test of the host library (unit, integration, examples; its doctests ran with the
-/// workspace tests), the conformance tests that speak ZeroMQ (`clients`, `curve`, `packer`)
-/// and the CLI's, all with the transport, in one cargo run, linked to the system libzmq where pkg-config finds it (it has CURVE, and the
-/// CURVE tests must pass) and otherwise to the one `zmq-sys` builds from source (no CURVE:
-/// those tests are skipped, saying so, unless `STOWPLAN_REQUIRE_CURVE=1` makes that a
-/// failure). Returns the `stowplan` binary with the transport, copied to `target/zmq/stowplan`,
+/// Every test of the host library (unit, integration, examples; its doctests run in the
+/// "Rust tests" step), the conformance tests that speak ZeroMQ (`clients`, `curve`, `packer`)
+/// and the CLI's, all with the transport, in one cargo run, linked to the system libzmq where
+/// pkg-config finds it (it has CURVE, and the CURVE tests must pass) and otherwise to the one
+/// `zmq-sys` builds from source (no CURVE: those tests are skipped, saying so, unless
+/// `STOWPLAN_REQUIRE_CURVE=1` makes that a failure). Returns the `stowplan` binary with the transport, copied to `target/zmq/stowplan`,
 /// and whether it has CURVE. Wasmtime is never compiled again (xtask/unify).
 fn zmq_tests(cargo: &str) -> Result<(PathBuf, bool), String> {
     let curve = system_libzmq();
@@ -402,16 +405,17 @@ fn run_tests() -> ExitCode {
         // `cargo run` are reused, not compiled again.
         timed("Rust tests", || {
             run(&cargo, &[&["test", "--release", "--locked"][..], &builds::WORKSPACE_TESTS].concat())?;
-            run(&cargo, &[&["test", "--release", "--locked"][..], &builds::HOST_DOC].concat())
+            run(&cargo, &[&["test", "--release", "--locked", "--doc"][..], &builds::HOST].concat())
         })?;
         // The kernel's own tests, in a debug build, where an arithmetic overflow panics: the
         // kernel promises an error, never a wrapped sum. (The conformance tests run the
         // release kernel, natively and as the WASM component.)
         timed("kernel tests (debug build)", || run(&cargo, &["test", "--locked", "-p", "stowplan-kernel"]))?;
         let (bin, curve) = timed("host library and ZeroMQ tests", || zmq_tests(&cargo))?;
-        let js = start_js_tests(&bin)?;
+        // A JavaScript step that cannot start does not keep the Python tests from running.
+        let js = start_js_tests(&bin);
         let python = python_tests(&bin, curve);
-        match (python, js.map_or(Ok(()), Background::finish)) {
+        match (python, js.and_then(|js| js.map_or(Ok(()), Background::finish))) {
             (Err(p), Err(j)) => Err(format!("{p}; {j}")),
             (p, j) => p.and(j),
         }
