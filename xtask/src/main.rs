@@ -15,8 +15,7 @@
 //! - Both artifacts are built by the pinned Rust, whatever the toolchain running xtask.
 //! - `test`: every test of the project — `cargo test --release` of the workspace
 //!   (conformance vectors on native and WASM, CLI tests) and the host library's doc tests,
-//!   the kernel's tests in a debug build
-//!   (overflow checks on), the host library's and the ZeroMQ transport's in one build with
+//!   the kernel's tests in a debug build (overflow checks on), the host library's and the ZeroMQ transport's in one build with
 //!   the transport, then the Python SDK's tests when `sdk-python/` holds a package (see
 //!   `sdk-python/README.md`) with, beside them, the JavaScript SDK's (`sdk-js/run_tests.sh`)
 //!   when node and npm are installed (required with `STOWPLAN_REQUIRE_NODE=1`).
@@ -342,8 +341,8 @@ fn system_libzmq() -> bool {
 /// and the CLI's, all with the transport, in one cargo run, linked to the system libzmq where
 /// pkg-config finds it (it has CURVE, and the CURVE tests must pass) and otherwise to the one
 /// `zmq-sys` builds from source (no CURVE: those tests are skipped, saying so, unless
-/// `STOWPLAN_REQUIRE_CURVE=1` makes that a failure). Returns the `stowplan` binary with the transport, copied to `target/zmq/stowplan`,
-/// and whether it has CURVE. Wasmtime is never compiled again (xtask/unify).
+/// `STOWPLAN_REQUIRE_CURVE=1` makes that a failure). Returns the `stowplan` binary with the
+/// transport, copied to `target/zmq/stowplan`, and whether it has CURVE. Wasmtime is never compiled again (xtask/unify).
 fn zmq_tests(cargo: &str) -> Result<(PathBuf, bool), String> {
     let curve = system_libzmq();
     if !curve {
