@@ -168,15 +168,7 @@ pub(crate) fn assemble(
     assign: &[u32],
     bins: usize,
 ) -> (Vec<u32>, Vec<u32>, Vec<u64>) {
-    let mut offsets = alloc::vec![0u32; bins + 1];
-    for &b in assign {
-        if b != NONE {
-            offsets[b as usize + 1] += 1;
-        }
-    }
-    for b in 0..bins {
-        offsets[b + 1] += offsets[b];
-    }
+    let offsets = bin_offsets(assign, bins);
     let mut fill: Vec<u32> = offsets[..bins].to_vec();
     let mut indices = alloc::vec![0u32; offsets[bins] as usize];
     let mut loads = alloc::vec![0u64; bins];
@@ -192,6 +184,21 @@ pub(crate) fn assemble(
         indices[offsets[b] as usize..offsets[b + 1] as usize].sort_unstable();
     }
     (offsets, indices, loads)
+}
+
+/// Where each of the `bins` bins starts among the members grouped by bin (`bins + 1`
+/// entries), from the bin each item went to ([`NONE`]: none).
+pub(crate) fn bin_offsets(assign: &[u32], bins: usize) -> Vec<u32> {
+    let mut offsets = alloc::vec![0u32; bins + 1];
+    for &b in assign {
+        if b != NONE {
+            offsets[b as usize + 1] += 1;
+        }
+    }
+    for b in 0..bins {
+        offsets[b + 1] += offsets[b];
+    }
+    offsets
 }
 
 /// "No bin": a dropped item's entry in the fit's bin list.

@@ -68,23 +68,24 @@ pub const MAX_BALANCED_CAPACITY: u64 = u32::MAX as u64;
 /// held in 32 bits).
 pub const MAX_BALANCED_ITEMS: usize = u32::MAX as usize - 16;
 
-/// Packs the items `items` of `work` (item `i`'s sizes in the `caps.len()` resources start at
-/// `work[i · stride]`; every item within every capacity, every capacity in
+/// Packs the items `items` of `work` (item `i`'s sizes in the `caps.len()` resources are
+/// `work[i · R..(i + 1) · R]`; every item within every capacity, every capacity in
 /// `1..=MAX_BALANCED_CAPACITY`, at most [`MAX_BALANCED_ITEMS`] items) with at most
 /// `max_segments` items per bin (0: no limit). Writes each item's bin to `assign` (one entry
-/// per entry of `items`, in its order) and returns the number of bins.
+/// per entry of `items`, in its order), appends every bin's load in every resource to
+/// `loads`, and returns the number of bins.
 pub(super) fn fill(
     work: &[u64],
-    stride: usize,
     items: &[u32],
     caps: &[u64],
     max_segments: u64,
     assign: &mut [u32],
+    loads: &mut Vec<u64>,
 ) -> usize {
     macro_rules! by_resources {
         ($($r:literal)*) => {
             match caps.len() {
-                $($r => Fill::<$r>::new(work, stride, items, caps, max_segments).run(assign),)*
+                $($r => Fill::<$r>::new(work, items, caps, max_segments).run(assign, loads),)*
                 _ => 0, // the caller checked 1 to 8 resources
             }
         };
@@ -101,7 +102,6 @@ fn index_bits(n: usize) -> u32 {
 struct Fill<'a, const R: usize> {
     /// The rows the items' sizes are read from (see [`fill`]).
     work: &'a [u64],
-    stride: usize,
     /// The items, by their row in `work`; the fill's item `j` is `items[j]`.
     items: &'a [u32],
     caps: [u64; R],
@@ -120,14 +120,13 @@ struct Fill<'a, const R: usize> {
 }
 
 impl<'a, const R: usize> Fill<'a, R> {
-    fn new(work: &'a [u64], stride: usize, items: &'a [u32], caps: &[u64], max_segments: u64) -> Self {
+    fn new(work: &'a [u64], items: &'a [u32], caps: &[u64], max_segments: u64) -> Self {
         let mut c = [0u64; R];
         c.copy_from_slice(caps);
         let segments = if max_segments == 0 { UNLIMITED } else { max_segments.min(u64::from(UNLIMITED - 1)) as u32 };
         let qb = (1..R).min_by_key(|&q| (c[q], q)).unwrap_or(0);
         Fill {
             work,
-            stride,
             items,
             caps: c,
             segments,
@@ -165,11 +164,11 @@ impl<'a, const R: usize> Fill<'a, R> {
     /// The sizes of item `j`.
     fn row(&self, j: usize) -> [u64; R] {
         let mut row = [0u64; R];
-        row.copy_from_slice(&self.work[self.items[j] as usize * self.stride..][..R]);
+        row.copy_from_slice(&self.work[self.items[j] as usize * R..][..R]);
         row
     }
 
-    fn run(mut self, assign: &mut [u32]) -> usize {
+    fn run(mut self, assign: &mut [u32], loads: &mut Vec<u64>) -> usize {
         let n = self.items.len();
         let ib = self.ib;
         // ⌊v·UNITS/cap⌋ ≥ (v·dn) >> 32 and ⌈v·UNITS/cap⌉ ≤ ((v·up) >> 32) + 1.
@@ -217,6 +216,9 @@ impl<'a, const R: usize> Fill<'a, R> {
         }
         if !text.is_empty() {
             self.best_fit_text(text, assign);
+        }
+        for room in &self.rooms {
+            loads.extend((0..R).map(|q| self.caps[q] - room[q]));
         }
         self.segs.len()
     }

@@ -28,10 +28,11 @@
 //! its bin comes first (BFD/FFD, by share desc, index asc) or at its place (next-fit), as in
 //! [`pack`].
 
+use alloc::borrow::Cow;
 use alloc::string::String;
 use alloc::vec::Vec;
 
-use crate::pack::{OversizePolicy, PackMethod, PackOptions, Packing, assemble, pack};
+use crate::pack::{OversizePolicy, PackMethod, PackOptions, Packing, assemble, bin_offsets, pack};
 use crate::{Error, checked_len, invalid};
 
 mod classic;
@@ -216,102 +217,73 @@ fn pack_multi_within(sizes: &[u64], options: &MultiOptions<'_>, max_steps: u64) 
              (pack larger inputs in windows)"
         );
     }
-    let rx = r + usize::from(max_segments > 0);
+    let Scan { work, sums, fit_sums, real_all, dropped, mut single, fitting } =
+        scan(sizes, capacities, align, oversize, names)?;
+    // The segment limit is one more resource, of size 1 per item.
     let mut caps: Vec<u64> = capacities.to_vec();
+    let mut lower_bounds: Vec<u64> = fit_sums.iter().zip(capacities).map(|(&s, &c)| s.div_ceil(c)).collect();
     if max_segments > 0 {
         caps.push(max_segments);
+        lower_bounds.push((fitting.len() as u64).div_ceil(max_segments));
     }
-    let mut work: Vec<u64> = Vec::with_capacity(n * rx);
-    let mut sums = alloc::vec![0u64; rx];
-    let mut fit_sums = alloc::vec![0u64; rx];
-    let (mut dropped, mut single) = (Vec::new(), Vec::new());
-    let mut real_all: u64 = 0;
-    for i in 0..n {
-        let row = &sizes[i * r..(i + 1) * r];
-        let tokens = match row[0].div_ceil(align).checked_mul(align) {
-            Some(a) => a,
-            None => {
-                return invalid!("sizes[{i}][0] ({}) = {} aligned to {align} overflows u64", name(names, 0), row[0]);
-            }
-        };
-        work.push(tokens);
-        work.extend_from_slice(&row[1..]);
-        if max_segments > 0 {
-            work.push(1);
-        }
-        let item = &work[i * rx..];
-        let mut over = None;
-        for (q, (&s, &c)) in item.iter().zip(&caps).enumerate() {
-            sums[q] = match sums[q].checked_add(s) {
-                Some(t) => t,
-                None => {
-                    let what = name(names, q);
-                    return invalid!("the sum of the sizes of {what} overflows u64 (at most {} allowed)", u64::MAX);
-                }
-            };
-            if s > c && over.is_none() {
-                over = Some((q, s, c));
-            }
-        }
-        real_all += row[0]; // ≤ the aligned sum, which did not overflow
-        match over {
-            None => {
-                for (f, &s) in fit_sums.iter_mut().zip(item) {
-                    *f += s;
-                }
-            }
-            Some((q, s, c)) => match oversize {
-                OversizePolicy::Error => return Err(over_limit(i, s, q, c, names, align)),
-                OversizePolicy::Single => single.push(i as u32),
-                OversizePolicy::Drop => dropped.push(i as u32),
-            },
-        }
-    }
-    let lower_bounds: Vec<u64> = fit_sums.iter().zip(&caps).map(|(&s, &c)| s.div_ceil(c)).collect();
     let lower_bound = lower_bounds.iter().copied().max().unwrap_or(0);
-    let mut assign: Vec<u32> = Vec::with_capacity(n);
-    let order: Vec<u32> = if method == MultiMethod::Balanced {
-        balanced(&work, &caps, r, max_segments, &mut single, oversize, &mut assign);
-        (0..n as u32).collect()
-    } else if method == MultiMethod::NextFit {
-        let order: Vec<u32> = (0..n as u32).collect();
-        next_fit(&work, &caps, &order, oversize, &mut assign);
-        order
-    } else {
-        let order = share_order(&work, &caps);
-        let mut items = order.iter().copied().peekable();
-        let mut singles = 0u32;
-        // Oversized items (the largest shares) come first: a bin each, or none.
-        while let Some(&i) = items.peek() {
-            if fits(&work[i as usize * rx..][..rx], &caps) {
-                break;
-            }
-            assign.push(if oversize == OversizePolicy::Single { singles } else { NONE });
-            singles += u32::from(oversize == OversizePolicy::Single);
-            items.next();
-        }
-        let rest = &order[order.len() - items.count()..];
-        let mins = RestMin::new(&work, &caps, rest);
-        if method == MultiMethod::Bfd {
-            best_fit(&work, &caps, rest, mins, singles, &mut assign, max_steps)?;
-        } else {
-            first_fit(&work, &caps, rest, mins, singles, lower_bound, &mut assign, max_steps)?;
-        }
-        order
-    };
-    let bins = assign.iter().filter(|&&b| b != NONE).map(|&b| b as usize + 1).max().unwrap_or(0);
-    let (offsets, indices, loads) = assemble(order.iter().map(|&i| (i, work[i as usize * rx])), &assign, bins);
-    let mut resource_loads = alloc::vec![0u64; bins * r];
-    for (&i, &b) in order.iter().zip(&assign) {
-        if b != NONE {
-            let (i, b) = (i as usize, b as usize);
-            for q in 0..r {
-                resource_loads[b * r + q] += work[i * rx + q];
-            }
-        }
-    }
     let dropped_real: u64 = dropped.iter().map(|&i| sizes[i as usize * r]).sum();
-    let dropped_aligned: u64 = dropped.iter().map(|&i| work[i as usize * rx]).sum();
+    let dropped_aligned: u64 = dropped.iter().map(|&i| work[i as usize * r]).sum();
+    let (offsets, indices, loads, resource_loads) = if method == MultiMethod::Balanced {
+        balanced(&work, &caps, r, &mut single, &fitting, oversize)
+    } else {
+        // The classic fits read the segment column beside the sizes.
+        let rx = caps.len();
+        let work: Cow<'_, [u64]> = if rx == r {
+            work
+        } else {
+            let mut wx = Vec::with_capacity(n * rx);
+            for row in work.chunks_exact(r) {
+                wx.extend_from_slice(row);
+                wx.push(1);
+            }
+            Cow::Owned(wx)
+        };
+        let mut assign: Vec<u32> = Vec::with_capacity(n);
+        let order: Vec<u32> = if method == MultiMethod::NextFit {
+            let order: Vec<u32> = (0..n as u32).collect();
+            next_fit(&work, &caps, &order, oversize, &mut assign);
+            order
+        } else {
+            let order = share_order(&work, &caps);
+            let mut items = order.iter().copied().peekable();
+            let mut singles = 0u32;
+            // Oversized items (the largest shares) come first: a bin each, or none.
+            while let Some(&i) = items.peek() {
+                if fits(&work[i as usize * rx..][..rx], &caps) {
+                    break;
+                }
+                assign.push(if oversize == OversizePolicy::Single { singles } else { NONE });
+                singles += u32::from(oversize == OversizePolicy::Single);
+                items.next();
+            }
+            let rest = &order[order.len() - items.count()..];
+            let mins = RestMin::new(&work, &caps, rest);
+            if method == MultiMethod::Bfd {
+                best_fit(&work, &caps, rest, mins, singles, &mut assign, max_steps)?;
+            } else {
+                first_fit(&work, &caps, rest, mins, singles, lower_bound, &mut assign, max_steps)?;
+            }
+            order
+        };
+        let bins = assign.iter().filter(|&&b| b != NONE).map(|&b| b as usize + 1).max().unwrap_or(0);
+        let (offsets, indices, loads) = assemble(order.iter().map(|&i| (i, work[i as usize * rx])), &assign, bins);
+        let mut resource_loads = alloc::vec![0u64; bins * r];
+        for (&i, &b) in order.iter().zip(&assign) {
+            if b != NONE {
+                let (i, b) = (i as usize, b as usize);
+                for q in 0..r {
+                    resource_loads[b * r + q] += work[i * rx + q];
+                }
+            }
+        }
+        (offsets, indices, loads, resource_loads)
+    };
     single.sort_unstable();
     let packing = Packing {
         offsets,
@@ -326,39 +298,162 @@ fn pack_multi_within(sizes: &[u64], options: &MultiOptions<'_>, max_steps: u64) 
     Ok(MultiPacking { packing, resource_loads, lower_bounds })
 }
 
-/// The balanced method over `work` (`caps.len()` values per item: the `r` resources, then the
-/// segment column with a segment limit): oversized items under `single` get the first bins, by
-/// share desc and index asc (`single` is left in that order), the others go to `fill::fill`;
-/// writes every item's bin to `assign` in index order ([`NONE`] for a dropped item).
+/// The balanced method over `work` (`r` values per item; `caps` holds the `r` capacities,
+/// then the segment limit when there is one): oversized items under `single` get the first
+/// bins, by share desc and index asc (`single` is left in that order), the `fitting` items go
+/// to `fill::fill`. Returns the bins' offsets, members (ascending), token loads and loads in
+/// every resource (`bins × r`).
 fn balanced(
     work: &[u64],
     caps: &[u64],
     r: usize,
-    max_segments: u64,
     single: &mut [u32],
+    fitting: &[u32],
     oversize: OversizePolicy,
-    assign: &mut Vec<u32>,
-) {
-    let rx = caps.len();
-    let n = work.len() / rx;
-    single.sort_unstable_by(|&a, &b| {
-        let (sa, sb) = (share(&work[a as usize * rx..][..rx], caps), share(&work[b as usize * rx..][..rx], caps));
-        sb.cmp(&sa).then(a.cmp(&b))
-    });
-    assign.clear();
-    assign.resize(n, NONE);
-    if oversize == OversizePolicy::Single {
+) -> (Vec<u32>, Vec<u32>, Vec<u64>, Vec<u64>) {
+    let n = work.len() / r;
+    let max_segments = caps.get(r).copied().unwrap_or(0);
+    // The share over the resources and the segment column (a constant term, added last as
+    // `share` would).
+    let segment_share = if max_segments > 0 { (1u128 << 64) / u128::from(max_segments) } else { 0 };
+    let share_of = |i: u32| share(&work[i as usize * r..][..r], &caps[..r]).saturating_add(segment_share);
+    single.sort_unstable_by(|&a, &b| share_of(b).cmp(&share_of(a)).then(a.cmp(&b)));
+    let mut assign = alloc::vec![NONE; n];
+    let mut resource_loads: Vec<u64> = Vec::new();
+    let first = if oversize == OversizePolicy::Single {
         for (bin, &i) in single.iter().enumerate() {
             assign[i as usize] = bin as u32;
+            resource_loads.extend_from_slice(&work[i as usize * r..][..r]);
+        }
+        single.len() as u32
+    } else {
+        0
+    };
+    let filled = if fitting.len() == n {
+        // Every item fits: the fill's item j is item j.
+        fill::fill(work, fitting, &caps[..r], max_segments, &mut assign, &mut resource_loads)
+    } else {
+        let mut bins = alloc::vec![NONE; fitting.len()];
+        let filled = fill::fill(work, fitting, &caps[..r], max_segments, &mut bins, &mut resource_loads);
+        for (&i, &b) in fitting.iter().zip(&bins) {
+            assign[i as usize] = first + b;
+        }
+        filled
+    };
+    let bins = first as usize + filled;
+    // Members by bin, ascending (the items are visited in index order).
+    let offsets = bin_offsets(&assign, bins);
+    let mut at: Vec<u32> = offsets[..bins].to_vec();
+    let mut indices = alloc::vec![0u32; offsets[bins] as usize];
+    for (i, &b) in assign.iter().enumerate() {
+        if b != NONE {
+            let at = &mut at[b as usize];
+            indices[*at as usize] = i as u32;
+            *at += 1;
         }
     }
-    let items: Vec<u32> = (0..n as u32).filter(|&i| fits(&work[i as usize * rx..][..rx], caps)).collect();
-    let mut bins = alloc::vec![NONE; items.len()];
-    fill::fill(work, rx, &items, &caps[..r], max_segments, &mut bins);
-    let first = if oversize == OversizePolicy::Single { single.len() as u32 } else { 0 };
-    for (&i, &b) in items.iter().zip(&bins) {
-        assign[i as usize] = first + b;
+    let loads = resource_loads.iter().step_by(r).copied().collect();
+    (offsets, indices, loads, resource_loads)
+}
+
+/// What [`scan`] finds in the rows.
+struct Scan<'a> {
+    /// The sizes, tokens aligned (the caller's rows when `align` is 1).
+    work: Cow<'a, [u64]>,
+    /// Each resource's sum over every item, and over the items within every capacity.
+    sums: Vec<u64>,
+    fit_sums: Vec<u64>,
+    /// The unaligned tokens of every item.
+    real_all: u64,
+    /// The oversized items, by the policy (in index order).
+    dropped: Vec<u32>,
+    single: Vec<u32>,
+    /// The items within every capacity, in index order.
+    fitting: Vec<u32>,
+}
+
+/// One pass over the rows of `sizes` (`capacities.len()` values each, 1 to
+/// [`MAX_RESOURCES`]): aligns the tokens and sorts the items into fitting and oversized
+/// ones. Errors, item by item: an aligned size or a resource's sum past 2^64 − 1, then an
+/// oversized item under the `error` policy.
+fn scan<'a>(
+    sizes: &'a [u64],
+    capacities: &[u64],
+    align: u64,
+    oversize: OversizePolicy,
+    names: &[String],
+) -> Result<Scan<'a>, Error> {
+    macro_rules! by_resources {
+        ($($r:literal)*) => {
+            match capacities.len() {
+                $($r => scan_rows::<$r>(sizes, capacities, align, oversize, names),)*
+                _ => invalid!("capacities must have 1 to {MAX_RESOURCES} entries"), // checked before
+            }
+        };
     }
+    by_resources!(1 2 3 4 5 6 7 8)
+}
+
+/// [`scan`] over `R` resources.
+fn scan_rows<'a, const R: usize>(
+    sizes: &'a [u64],
+    capacities: &[u64],
+    align: u64,
+    oversize: OversizePolicy,
+    names: &[String],
+) -> Result<Scan<'a>, Error> {
+    let n = sizes.len() / R;
+    let mut caps = [0u64; R];
+    caps.copy_from_slice(capacities);
+    let mut aligned: Vec<u64> = if align == 1 { Vec::new() } else { sizes.to_vec() };
+    let (mut sums, mut fit_sums) = ([0u64; R], [0u64; R]);
+    let mut real_all: u64 = 0;
+    let mut fitting: Vec<u32> = Vec::with_capacity(n);
+    let (mut dropped, mut single) = (Vec::new(), Vec::new());
+    for (i, row) in sizes.chunks_exact(R).enumerate() {
+        let mut item = [0u64; R];
+        item.copy_from_slice(row);
+        if align != 1 {
+            item[0] = match item[0].div_ceil(align).checked_mul(align) {
+                Some(a) => a,
+                None => {
+                    return invalid!(
+                        "sizes[{i}][0] ({}) = {} aligned to {align} overflows u64",
+                        name(names, 0),
+                        item[0]
+                    );
+                }
+            };
+            aligned[i * R] = item[0];
+        }
+        let mut over = 0u32;
+        for q in 0..R {
+            sums[q] = match sums[q].checked_add(item[q]) {
+                Some(t) => t,
+                None => {
+                    let what = name(names, q);
+                    return invalid!("the sum of the sizes of {what} overflows u64 (at most {} allowed)", u64::MAX);
+                }
+            };
+            over |= u32::from(item[q] > caps[q]) << q;
+        }
+        real_all += row[0]; // ≤ the aligned sum, which did not overflow
+        if over == 0 {
+            for q in 0..R {
+                fit_sums[q] += item[q];
+            }
+            fitting.push(i as u32);
+            continue;
+        }
+        let q = over.trailing_zeros() as usize;
+        match oversize {
+            OversizePolicy::Error => return Err(over_limit(i, item[q], q, caps[q], names, align)),
+            OversizePolicy::Single => single.push(i as u32),
+            OversizePolicy::Drop => dropped.push(i as u32),
+        }
+    }
+    let work = if align == 1 { Cow::Borrowed(sizes) } else { Cow::Owned(aligned) };
+    Ok(Scan { work, sums: sums.to_vec(), fit_sums: fit_sums.to_vec(), real_all, dropped, single, fitting })
 }
 
 /// The `infeasible` error of item `i`, which needs `s` of resource `q` (capacity `c`).
