@@ -234,57 +234,52 @@ impl<'a, const R: usize> Fill<'a, R> {
         // Positions: buckets one after the other, each (key asc, index desc) after a sentinel.
         let nb = self.bucket(self.caps[qb]) + 1;
         let kb = 64 - kcap.leading_zeros();
-        let by_bucket: Vec<(usize, u32, u32)> = if 4 + kb + ib <= 64 {
-            let mut keys: Vec<u64> = (0..m)
+        // (bucket, key, j) in position order: packed into one sortable u64 when they fit (the
+        // usual case), else sorted as tuples.
+        let (mut packed, mut keyed): (Vec<u64>, Vec<(usize, u32, u32)>) = (Vec::new(), Vec::new());
+        if 4 + kb + ib <= 64 {
+            packed = (0..m)
                 .rev()
                 .map(|j| {
                     let row = self.row(large[j] as usize);
                     ((self.bucket(row[qb]) as u64) << (kb + ib)) | (row[qk] << ib) | (imask - j as u64)
                 })
                 .collect();
-            radix_sort_high(&mut keys, ib);
-            keys.iter()
-                .map(|&k| {
-                    ((k >> (kb + ib)) as usize, ((k >> ib) & ((1 << kb) - 1)) as u32, (imask - (k & imask)) as u32)
-                })
-                .collect()
+            radix_sort_high(&mut packed, ib);
         } else {
-            let mut keyed: Vec<(usize, u32, u32)> = (0..m)
+            keyed = (0..m)
                 .map(|j| {
                     let row = self.row(large[j] as usize);
                     (self.bucket(row[qb]), row[qk] as u32, j as u32)
                 })
                 .collect();
             keyed.sort_unstable_by(|a, b| (a.0, a.1, b.2).cmp(&(b.0, b.1, a.2)));
-            keyed
-        };
-        let mut count = alloc::vec![0u32; nb];
-        for &(b, _, _) in &by_bucket {
-            count[b] += 1;
         }
+        let unpack = |k: u64| {
+            ((k >> (kb + ib)) as usize, ((k >> ib) & ((1 << kb) - 1)) as u32, (imask - (k & imask)) as u32)
+        };
+        let np = m + nb;
+        // Sizes in 32 bits (every capacity is below 2^32): half the memory the searches read.
+        let mut rec: Vec<[u32; R]> = alloc::vec![[0u32; R]; np];
+        let mut j_at = alloc::vec![0u32; np];
+        let mut key_at = alloc::vec![0u32; np];
+        let mut pos_of = alloc::vec![0u32; m];
+        let mut count = alloc::vec![0u32; nb];
+        // The t-th entry stands after the sentinels of its bucket and of every bucket before.
+        for (t, (b, key, j)) in packed.iter().map(|&k| unpack(k)).chain(keyed.iter().copied()).enumerate() {
+            let p = t + b + 1;
+            count[b] += 1;
+            pos_of[j as usize] = p as u32;
+            key_at[p] = key;
+            j_at[p] = j;
+            let row = self.row(large[j as usize] as usize);
+            rec[p] = row.map(|v| v as u32);
+        }
+        drop((packed, keyed));
         let mut start = alloc::vec![0usize; nb + 1];
         for b in 0..nb {
             start[b + 1] = start[b] + count[b] as usize + 1;
         }
-        let np = m + nb;
-        let mut rec: Vec<[u64; R]> = alloc::vec![[0u64; R]; np];
-        let mut j_at = alloc::vec![0u32; np];
-        let mut key_at = alloc::vec![0u32; np];
-        let mut pos_of = alloc::vec![0u32; m];
-        let mut cur = usize::MAX;
-        let mut p = 0;
-        for &(b, key, j) in &by_bucket {
-            if b != cur {
-                cur = b;
-                p = start[b] + 1;
-            }
-            pos_of[j as usize] = p as u32;
-            key_at[p] = key;
-            j_at[p] = j;
-            rec[p] = self.row(large[j as usize] as usize);
-            p += 1;
-        }
-        drop(by_bucket);
         // Directories: bucket b has ds slots (about 2 per item, at most one per key value),
         // slot(v) = ⌊v · ds / (kcap + 1)⌋, and first[s] = the first position whose slot is ≥ s.
         let mut dir_at = alloc::vec![0usize; nb + 1];
@@ -320,7 +315,7 @@ impl<'a, const R: usize> Fill<'a, R> {
         }
         // Per-bucket candidate of the current bin (a position; 0: none) with its sizes.
         let mut cand = alloc::vec![0usize; nb];
-        let mut cand_rec: Vec<[u64; R]> = alloc::vec![[0u64; R]; nb];
+        let mut cand_rec: Vec<[u32; R]> = alloc::vec![[0u32; R]; nb];
         let mut cand_norm: Vec<[u32; R]> = alloc::vec![[0u32; R]; nb];
         let mut left = [0u32; R];
         for &opener in &openers {
@@ -337,14 +332,14 @@ impl<'a, const R: usize> Fill<'a, R> {
             // Buckets with nothing left that fits this bin (rooms only shrink).
             let mut dead: u32 = 0;
             loop {
-                let b = self.bucket(rec[p][qb]);
+                let b = self.bucket(u64::from(rec[p][qb]));
                 alive.remove(p);
                 count[b] -= 1;
                 if count[b] == 0 {
                     nonempty &= !(1 << b);
                 }
                 for q in 0..R {
-                    room[q] -= rec[p][q];
+                    room[q] -= u64::from(rec[p][q]);
                 }
                 seg -= 1;
                 let j = j_at[p] as usize;
@@ -374,7 +369,7 @@ impl<'a, const R: usize> Fill<'a, R> {
                     let b = mask.trailing_zeros() as usize;
                     mask &= mask - 1;
                     let c = cand[b];
-                    if c != 0 && fits(&cand_rec[b], &room) {
+                    if c != 0 && fits32(&cand_rec[b], &room) {
                         let e = evenness(&cand_norm[b]);
                         if e < best || (e == best && j_at[c] < j_at[best_p]) {
                             (best, best_p) = (e, c);
@@ -397,8 +392,8 @@ impl<'a, const R: usize> Fill<'a, R> {
                     let mut c = alive.prev(lo - 1).unwrap_or(0);
                     let mut tries = 0;
                     while c > start[b] && tries < TRIES {
-                        if fits(&rec[c], &room) {
-                            let nc: [u32; R] = core::array::from_fn(|q| self.norm(rec[c][q], q));
+                        if fits32(&rec[c], &room) {
+                            let nc: [u32; R] = core::array::from_fn(|q| self.norm(u64::from(rec[c][q]), q));
                             let e = evenness(&nc);
                             if e < best || (e == best && j_at[c] < j_at[best_p]) {
                                 (best, best_p) = (e, c);
@@ -419,7 +414,7 @@ impl<'a, const R: usize> Fill<'a, R> {
                     break;
                 }
                 p = best_p;
-                cand[self.bucket(rec[p][qb])] = 0;
+                cand[self.bucket(u64::from(rec[p][qb]))] = 0;
             }
             self.rooms[bin] = room;
             self.segs[bin] = seg;
@@ -527,4 +522,10 @@ impl<'a, const R: usize> Fill<'a, R> {
 #[inline]
 fn fits<const R: usize>(item: &[u64; R], room: &[u64; R]) -> bool {
     (0..R).all(|q| item[q] <= room[q])
+}
+
+/// Whether `item` (sizes below 2^32) fits into `room` in every resource.
+#[inline]
+fn fits32<const R: usize>(item: &[u32; R], room: &[u64; R]) -> bool {
+    (0..R).all(|q| u64::from(item[q]) <= room[q])
 }
