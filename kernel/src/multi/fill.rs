@@ -68,29 +68,22 @@ pub const MAX_BALANCED_CAPACITY: u64 = u32::MAX as u64;
 /// held in 32 bits).
 pub const MAX_BALANCED_ITEMS: usize = u32::MAX as usize - 16;
 
-/// Packs the items `items` of `work` (item `i`'s sizes in the `caps.len()` resources are
-/// `work[i · R..(i + 1) · R]`; every item within every capacity, every capacity in
-/// `1..=MAX_BALANCED_CAPACITY`, at most [`MAX_BALANCED_ITEMS`] items) with at most
-/// `max_segments` items per bin (0: no limit). Writes each item's bin to `assign` (one entry
-/// per entry of `items`, in its order), appends every bin's load in every resource to
-/// `loads`, and returns the number of bins.
-pub(super) fn fill(
-    work: &[u64],
-    items: &[u32],
-    caps: &[u64],
+/// Packs the items of `classes` (rows that a pass sorted into classes with their `R` sizes;
+/// every item within every capacity, every capacity in `1..=MAX_BALANCED_CAPACITY`,
+/// at most [`MAX_BALANCED_ITEMS`] rows) with at most `max_segments` items per bin (0: no
+/// limit), into bins numbered from `first`. Writes each item's bin to `assign` (indexed by
+/// row), appends every bin's load in every resource to `loads`, and returns the number of
+/// bins.
+pub(super) fn fill<const R: usize>(
+    classes: Classes<R>,
     max_segments: u64,
+    first: u32,
     assign: &mut [u32],
     loads: &mut Vec<u64>,
 ) -> usize {
-    macro_rules! by_resources {
-        ($($r:literal)*) => {
-            match caps.len() {
-                $($r => Fill::<$r>::new(work, items, caps, max_segments).run(assign, loads),)*
-                _ => 0, // the caller checked 1 to 8 resources
-            }
-        };
-    }
-    by_resources!(1 2 3 4 5 6 7 8)
+    let segments = if max_segments == 0 { UNLIMITED } else { max_segments.min(u64::from(UNLIMITED - 1)) as u32 };
+    let Classes { scale, ib, .. } = classes;
+    Fill { scale, segments, ib, first, rooms: Vec::new(), segs: Vec::new() }.run(classes, assign, loads)
 }
 
 /// Bits needed for the indices `0..n`.
@@ -98,46 +91,18 @@ fn index_bits(n: usize) -> u32 {
     (usize::BITS - n.saturating_sub(1).leading_zeros()).max(1)
 }
 
-/// One call's state over `R` resources.
-struct Fill<'a, const R: usize> {
-    /// The rows the items' sizes are read from (see [`fill`]).
-    work: &'a [u64],
-    /// The items, by their row in `work`; the fill's item `j` is `items[j]`.
-    items: &'a [u32],
+/// The capacities and the shares and buckets measured against them.
+#[derive(Clone, Copy)]
+struct Scale<const R: usize> {
     caps: [u64; R],
-    /// Free segments of a new bin.
-    segments: u32,
     /// `⌊2^63 / cap⌋` per resource: `norm(v) = (v · mul) >> 32`, `v · 2^31 / cap` within one
     /// unit, at most 2^31 for `v ≤ cap`.
     muls: [u64; R],
     /// The bucket resource (the smallest capacity after tokens; 0 with one resource).
     qb: usize,
-    /// Bits of an index.
-    ib: u32,
-    /// Each bin's room per resource and free segments.
-    rooms: Vec<[u64; R]>,
-    segs: Vec<u32>,
 }
 
-impl<'a, const R: usize> Fill<'a, R> {
-    fn new(work: &'a [u64], items: &'a [u32], caps: &[u64], max_segments: u64) -> Self {
-        let mut c = [0u64; R];
-        c.copy_from_slice(caps);
-        let segments = if max_segments == 0 { UNLIMITED } else { max_segments.min(u64::from(UNLIMITED - 1)) as u32 };
-        let qb = (1..R).min_by_key(|&q| (c[q], q)).unwrap_or(0);
-        Fill {
-            work,
-            items,
-            caps: c,
-            segments,
-            muls: c.map(|cap| (1u64 << 63) / cap),
-            qb,
-            ib: index_bits(items.len()),
-            rooms: Vec::new(),
-            segs: Vec::new(),
-        }
-    }
-
+impl<const R: usize> Scale<R> {
     /// `v` (≤ the capacity of `q`) as a fraction of that capacity, in 2^-31 (within one unit;
     /// see the module).
     #[inline]
@@ -153,86 +118,169 @@ impl<'a, const R: usize> Fill<'a, R> {
         let u = if per == cap { v } else { v * per / cap };
         if u <= 4 { u as usize } else { 2 + (64 - (u - 1).leading_zeros()) as usize }
     }
+}
+
+/// The items sorted into the fill's three classes (see the module) as a pass over the rows
+/// meets them ([`Classes::add`]), with what phases 1a and 1b need to know of each class.
+pub(super) struct Classes<const R: usize> {
+    scale: Scale<R>,
+    /// Bits of a row index.
+    ib: u32,
+    /// `⌈UNITS · 2^32 / cap⌉` per resource: `((v · up) >> 32) + 1` ≥ `⌈v · UNITS / cap⌉`.
+    up: [u64; R],
+    /// Text items' keys: (cap0 − tokens, row).
+    text: Vec<u64>,
+    /// Large items' rows, their opener keys (2048 − share, j) with j the place in `large`,
+    /// and the sum of their shares per resource (`norm >> 8`).
+    large: Vec<u32>,
+    large_rows: Vec<[u32; R]>,
+    openers: Vec<u64>,
+    share_sum: [u64; R],
+    /// Small items' rows, their keys (UNITS + 1 − key, s) with s the place in `small`, and
+    /// their least and most size per resource.
+    small: Vec<u32>,
+    small_rows: Vec<[u32; R]>,
+    small_keys: Vec<u64>,
+    least: [u64; R],
+    most: [u64; R],
+}
+
+impl<const R: usize> Classes<R> {
+    /// The capacities.
+    pub(super) fn caps(&self) -> [u64; R] {
+        self.scale.caps
+    }
+
+    /// No item yet, for rows numbered below `n`, under `caps` (`R` entries, each in
+    /// `1..=MAX_BALANCED_CAPACITY`).
+    pub(super) fn new(caps: &[u64], n: usize) -> Self {
+        let mut c = [0u64; R];
+        c.copy_from_slice(caps);
+        Classes {
+            scale: Scale {
+                caps: c,
+                muls: c.map(|cap| (1u64 << 63) / cap),
+                qb: (1..R).min_by_key(|&q| (c[q], q)).unwrap_or(0),
+            },
+            ib: index_bits(n),
+            up: c.map(|cap| (UNITS << 32).div_ceil(cap)),
+            text: Vec::new(),
+            large: Vec::new(),
+            large_rows: Vec::new(),
+            openers: Vec::new(),
+            share_sum: [0; R],
+            small: Vec::new(),
+            small_rows: Vec::new(),
+            small_keys: Vec::new(),
+            least: [u64::MAX; R],
+            most: [0; R],
+        }
+    }
+
+    /// Sorts row `i` (its sizes `row`, within every capacity) into its class.
+    #[inline]
+    pub(super) fn add(&mut self, i: usize, row: &[u64; R]) {
+        let (ib, s) = (self.ib, self.scale);
+        if row[1..].iter().all(|&v| v == 0) {
+            self.text.push(((s.caps[0] - row[0]) << ib) | i as u64);
+            return;
+        }
+        let shares: [u32; R] = core::array::from_fn(|q| s.norm(row[q], q));
+        let top = u64::from(shares.iter().copied().max().unwrap_or(0) >> 20);
+        if s.bucket(row[s.qb]) >= LARGE_UNITS || top >= LARGE_SHARE {
+            for q in 0..R {
+                self.share_sum[q] += u64::from(shares[q] >> 8);
+            }
+            self.openers.push(((2048 - top) << ib) | self.large.len() as u64);
+            self.large.push(i as u32);
+            self.large_rows.push(row.map(|v| v as u32));
+        } else {
+            let mut key = 0u64;
+            for q in 0..R {
+                if q != s.qb {
+                    key = key.max(((row[q] * self.up[q]) >> 32) + 1);
+                }
+                self.least[q] = self.least[q].min(row[q]);
+                self.most[q] = self.most[q].max(row[q]);
+            }
+            self.small_keys.push(((UNITS + 1 - key.min(UNITS + 1)) << ib) | self.small.len() as u64);
+            self.small.push(i as u32);
+            self.small_rows.push(row.map(|v| v as u32));
+        }
+    }
+}
+
+/// One call's state over `R` resources.
+struct Fill<const R: usize> {
+    scale: Scale<R>,
+    /// Free segments of a new bin.
+    segments: u32,
+    /// Bits of a row index.
+    ib: u32,
+    /// The number of the first bin.
+    first: u32,
+    /// Each bin's room per resource and free segments.
+    rooms: Vec<[u64; R]>,
+    segs: Vec<u32>,
+}
+
+impl<const R: usize> Fill<R> {
+    /// See [`Scale::norm`].
+    #[inline]
+    fn norm(&self, v: u64, q: usize) -> u32 {
+        self.scale.norm(v, q)
+    }
+
+    /// See [`Scale::bucket`].
+    #[inline]
+    fn bucket(&self, v: u64) -> usize {
+        self.scale.bucket(v)
+    }
 
     /// A new bin with every capacity free; returns its number.
     fn open(&mut self) -> usize {
-        self.rooms.push(self.caps);
+        self.rooms.push(self.scale.caps);
         self.segs.push(self.segments);
         self.segs.len() - 1
     }
 
-    /// The sizes of item `j`.
-    fn row(&self, j: usize) -> [u64; R] {
-        let mut row = [0u64; R];
-        row.copy_from_slice(&self.work[self.items[j] as usize * R..][..R]);
-        row
-    }
-
-    fn run(mut self, assign: &mut [u32], loads: &mut Vec<u64>) -> usize {
-        let n = self.items.len();
-        let ib = self.ib;
-        // ⌊v·UNITS/cap⌋ ≥ (v·dn) >> 32 and ⌈v·UNITS/cap⌉ ≤ ((v·up) >> 32) + 1.
-        let dn = self.caps.map(|c| (UNITS << 32) / c);
-        let up = self.caps.map(|c| (UNITS << 32).div_ceil(c));
-        let mut large: Vec<u32> = Vec::new(); // item of each large item j
-        let mut openers: Vec<u64> = Vec::new(); // (2048 − share, j)
-        let mut share_sum = [0u64; R];
-        let mut small: Vec<u32> = Vec::new(); // item of each small item s
-        let mut small_keys: Vec<u64> = Vec::new(); // (UNITS + 1 − key, s)
-        let (mut least, mut most) = ([u64::MAX; R], [0u64; R]);
-        let mut text: Vec<u64> = Vec::new(); // (cap0 − tokens, i)
-        for i in 0..n {
-            let row = self.row(i);
-            if row[1..].iter().all(|&s| s == 0) {
-                text.push(((self.caps[0] - row[0]) << ib) | i as u64);
-                continue;
-            }
-            let shares: [u32; R] = core::array::from_fn(|q| self.norm(row[q], q));
-            let top = u64::from(shares.iter().copied().max().unwrap_or(0) >> 20);
-            if self.bucket(row[self.qb]) >= LARGE_UNITS || top >= LARGE_SHARE {
-                for q in 0..R {
-                    share_sum[q] += u64::from(shares[q] >> 8);
-                }
-                openers.push(((2048 - top) << ib) | large.len() as u64);
-                large.push(i as u32);
-            } else {
-                let mut key = 0u64;
-                for q in 0..R {
-                    if q != self.qb {
-                        key = key.max(((row[q] * up[q]) >> 32) + 1);
-                    }
-                    least[q] = least[q].min(row[q]);
-                    most[q] = most[q].max(row[q]);
-                }
-                small_keys.push(((UNITS + 1 - key.min(UNITS + 1)) << ib) | small.len() as u64);
-                small.push(i as u32);
-            }
-        }
+    fn run(mut self, classes: Classes<R>, assign: &mut [u32], loads: &mut Vec<u64>) -> usize {
+        let Classes {
+            text, large, large_rows, openers, share_sum, small, small_rows, small_keys, least, most, up, ..
+        } = classes;
+        // ⌊v·UNITS/cap⌋ ≥ (v·dn) >> 32.
+        let dn = self.scale.caps.map(|c| (UNITS << 32) / c);
         if !large.is_empty() {
-            self.balanced(&large, openers, &share_sum, assign);
+            self.balanced((&large, &large_rows), openers, &share_sum, assign);
         }
         if !small.is_empty() {
-            self.best_fit_small(&small, small_keys, (&least, &most), (&dn, &up), assign);
+            self.best_fit_small((&small, &small_rows), small_keys, (&least, &most), (&dn, &up), assign);
         }
         if !text.is_empty() {
             self.best_fit_text(text, assign);
         }
         for room in &self.rooms {
-            loads.extend((0..R).map(|q| self.caps[q] - room[q]));
+            loads.extend((0..R).map(|q| self.scale.caps[q] - room[q]));
         }
         self.segs.len()
     }
 
     /// Phase 1a (see the module).
-    fn balanced(&mut self, large: &[u32], mut openers: Vec<u64>, share_sum: &[u64; R], assign: &mut [u32]) {
-        let (ib, qb) = (self.ib, self.qb);
+    fn balanced(
+        &mut self,
+        (large, large_rows): (&[u32], &[[u32; R]]),
+        mut openers: Vec<u64>,
+        share_sum: &[u64; R],
+        assign: &mut [u32],
+    ) {
+        let (ib, qb) = (self.ib, self.scale.qb);
         let m = large.len();
         let imask = (1u64 << ib) - 1;
         let qk = (0..R).filter(|&q| q != qb).max_by_key(|&q| (share_sum[q], core::cmp::Reverse(q))).unwrap_or(0);
-        let kcap = self.caps[qk];
+        let kcap = self.scale.caps[qk];
         radix_sort_high(&mut openers, ib);
         // Positions: buckets one after the other, each (key asc, index desc) after a sentinel.
-        let nb = self.bucket(self.caps[qb]) + 1;
+        let nb = self.bucket(self.scale.caps[qb]) + 1;
         let kb = 64 - kcap.leading_zeros();
         // (bucket, key, j) in position order: packed into one sortable u64 when they fit (the
         // usual case), else sorted as tuples.
@@ -241,7 +289,7 @@ impl<'a, const R: usize> Fill<'a, R> {
             packed = (0..m)
                 .rev()
                 .map(|j| {
-                    let row = self.row(large[j] as usize);
+                    let row = large_rows[j].map(u64::from);
                     ((self.bucket(row[qb]) as u64) << (kb + ib)) | (row[qk] << ib) | (imask - j as u64)
                 })
                 .collect();
@@ -249,15 +297,14 @@ impl<'a, const R: usize> Fill<'a, R> {
         } else {
             keyed = (0..m)
                 .map(|j| {
-                    let row = self.row(large[j] as usize);
-                    (self.bucket(row[qb]), row[qk] as u32, j as u32)
+                    let row = large_rows[j];
+                    (self.bucket(u64::from(row[qb])), row[qk], j as u32)
                 })
                 .collect();
             keyed.sort_unstable_by(|a, b| (a.0, a.1, b.2).cmp(&(b.0, b.1, a.2)));
         }
-        let unpack = |k: u64| {
-            ((k >> (kb + ib)) as usize, ((k >> ib) & ((1 << kb) - 1)) as u32, (imask - (k & imask)) as u32)
-        };
+        let unpack =
+            |k: u64| ((k >> (kb + ib)) as usize, ((k >> ib) & ((1 << kb) - 1)) as u32, (imask - (k & imask)) as u32);
         let np = m + nb;
         // Sizes in 32 bits (every capacity is below 2^32): half the memory the searches read.
         let mut rec: Vec<[u32; R]> = alloc::vec![[0u32; R]; np];
@@ -272,8 +319,7 @@ impl<'a, const R: usize> Fill<'a, R> {
             pos_of[j as usize] = p as u32;
             key_at[p] = key;
             j_at[p] = j;
-            let row = self.row(large[j as usize] as usize);
-            rec[p] = row.map(|v| v as u32);
+            rec[p] = large_rows[j as usize];
         }
         drop((packed, keyed));
         let mut start = alloc::vec![0usize; nb + 1];
@@ -325,7 +371,7 @@ impl<'a, const R: usize> Fill<'a, R> {
                 continue;
             }
             let bin = self.open();
-            let mut room = self.caps;
+            let mut room = self.scale.caps;
             let mut seg = self.segments;
             let mut p = pos_of[o] as usize;
             cand.iter_mut().for_each(|c| *c = 0);
@@ -343,7 +389,7 @@ impl<'a, const R: usize> Fill<'a, R> {
                 }
                 seg -= 1;
                 let j = j_at[p] as usize;
-                assign[large[j] as usize] = bin as u32;
+                assign[large[j] as usize] = self.first + bin as u32;
                 if seg == 0 {
                     break;
                 }
@@ -424,13 +470,13 @@ impl<'a, const R: usize> Fill<'a, R> {
     /// Phase 1b (see the module).
     fn best_fit_small(
         &mut self,
-        small: &[u32],
+        (small, small_rows): (&[u32], &[[u32; R]]),
         mut keys: Vec<u64>,
         (least, most): (&[u64; R], &[u64; R]),
         (dn, up): (&[u64; R], &[u64; R]),
         assign: &mut [u32],
     ) {
-        let (ib, qb) = (self.ib, self.qb);
+        let (ib, qb) = (self.ib, self.scale.qb);
         let imask = (1u64 << ib) - 1;
         // The bucket resource stays out of the keys only when every small item has the same
         // size in it (then "room ≥ that size", asked of every indexed bin, is exact).
@@ -438,7 +484,7 @@ impl<'a, const R: usize> Fill<'a, R> {
         if with_qb {
             for k in keys.iter_mut() {
                 let s = (*k & imask) as usize;
-                let row = self.row(small[s] as usize);
+                let row = small_rows[s].map(u64::from);
                 let key = (0..R).map(|q| ((row[q] * up[q]) >> 32) + 1).max().unwrap_or(0);
                 *k = ((UNITS + 1 - key.min(UNITS + 1)) << ib) | s as u64;
             }
@@ -457,7 +503,7 @@ impl<'a, const R: usize> Fill<'a, R> {
         let mut held: Vec<(u64, u32)> = Vec::with_capacity(SMALL_TRIES);
         // The rows gathered in key order first, in a pass of independent loads (the loop
         // below would wait on each one).
-        let rows: Vec<[u64; R]> = keys.iter().map(|&k| self.row(small[(k & imask) as usize] as usize)).collect();
+        let rows: Vec<[u64; R]> = keys.iter().map(|&k| small_rows[(k & imask) as usize].map(u64::from)).collect();
         for (&k, &row) in keys.iter().zip(&rows) {
             let s = (k & imask) as usize;
             let i = small[s] as usize;
@@ -482,7 +528,7 @@ impl<'a, const R: usize> Fill<'a, R> {
                 self.rooms[b][q] -= row[q];
             }
             self.segs[b] -= 1;
-            assign[i] = b as u32;
+            assign[i] = self.first + b as u32;
             if viable(&self.rooms[b], self.segs[b]) {
                 index.insert(room_key(&self.rooms[b]), b as u32);
             }
@@ -493,7 +539,7 @@ impl<'a, const R: usize> Fill<'a, R> {
     fn best_fit_text(&mut self, mut keys: Vec<u64>, assign: &mut [u32]) {
         let ib = self.ib;
         let imask = (1u64 << ib) - 1;
-        let cap = self.caps[0];
+        let cap = self.scale.caps[0];
         radix_sort_high(&mut keys, ib);
         let mut index = RoomIndex::new(cap, keys.len() + self.segs.len());
         for b in 0..self.segs.len() {
@@ -508,7 +554,7 @@ impl<'a, const R: usize> Fill<'a, R> {
                 Some(found) => found,
                 None => (cap, self.open() as u32),
             };
-            assign[i] = b;
+            assign[i] = self.first + b;
             self.rooms[b as usize][0] = room - a;
             self.segs[b as usize] -= 1;
             if self.segs[b as usize] > 0 {

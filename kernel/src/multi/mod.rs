@@ -217,72 +217,43 @@ fn pack_multi_within(sizes: &[u64], options: &MultiOptions<'_>, max_steps: u64) 
              (pack larger inputs in windows)"
         );
     }
+    macro_rules! by_resources {
+        ($($r:literal)*) => {
+            match r {
+                $($r => pack_rows::<$r>(sizes, options, max_steps),)*
+                _ => invalid!("capacities must have 1 to {MAX_RESOURCES} entries (got {r})"), // checked above
+            }
+        };
+    }
+    by_resources!(1 2 3 4 5 6 7 8)
+}
+
+/// [`pack_multi_within`] over `R` resources, its arguments checked.
+fn pack_rows<const R: usize>(sizes: &[u64], options: &MultiOptions<'_>, max_steps: u64) -> Result<MultiPacking, Error> {
+    let MultiOptions { capacities, names, max_segments, align, method, oversize } = *options;
+    let (r, n) = (R, sizes.len() / R);
+    // The balanced fill sorts the items into its classes as the scan meets them.
+    let mut classes = (method == MultiMethod::Balanced).then(|| fill::Classes::<R>::new(capacities, n));
     let Scan { work, sums, fit_sums, real_all, dropped, mut single, fitting } =
-        scan(sizes, capacities, align, oversize, names)?;
+        scan_rows::<R>(sizes, capacities, align, oversize, names, |i, row| {
+            if let Some(classes) = classes.as_mut() {
+                classes.add(i, row);
+            }
+        })?;
     // The segment limit is one more resource, of size 1 per item.
     let mut caps: Vec<u64> = capacities.to_vec();
     let mut lower_bounds: Vec<u64> = fit_sums.iter().zip(capacities).map(|(&s, &c)| s.div_ceil(c)).collect();
     if max_segments > 0 {
         caps.push(max_segments);
-        lower_bounds.push((fitting.len() as u64).div_ceil(max_segments));
+        lower_bounds.push((fitting as u64).div_ceil(max_segments));
     }
     let lower_bound = lower_bounds.iter().copied().max().unwrap_or(0);
     let dropped_real: u64 = dropped.iter().map(|&i| sizes[i as usize * r]).sum();
     let dropped_aligned: u64 = dropped.iter().map(|&i| work[i as usize * r]).sum();
-    let (offsets, indices, loads, resource_loads) = if method == MultiMethod::Balanced {
-        balanced(&work, &caps, r, &mut single, &fitting, oversize)
+    let (offsets, indices, loads, resource_loads) = if let Some(classes) = classes {
+        balanced(&work, classes, max_segments, &mut single, oversize)
     } else {
-        // The classic fits read the segment column beside the sizes.
-        let rx = caps.len();
-        let work: Cow<'_, [u64]> = if rx == r {
-            work
-        } else {
-            let mut wx = Vec::with_capacity(n * rx);
-            for row in work.chunks_exact(r) {
-                wx.extend_from_slice(row);
-                wx.push(1);
-            }
-            Cow::Owned(wx)
-        };
-        let mut assign: Vec<u32> = Vec::with_capacity(n);
-        let order: Vec<u32> = if method == MultiMethod::NextFit {
-            let order: Vec<u32> = (0..n as u32).collect();
-            next_fit(&work, &caps, &order, oversize, &mut assign);
-            order
-        } else {
-            let order = share_order(&work, &caps);
-            let mut items = order.iter().copied().peekable();
-            let mut singles = 0u32;
-            // Oversized items (the largest shares) come first: a bin each, or none.
-            while let Some(&i) = items.peek() {
-                if fits(&work[i as usize * rx..][..rx], &caps) {
-                    break;
-                }
-                assign.push(if oversize == OversizePolicy::Single { singles } else { NONE });
-                singles += u32::from(oversize == OversizePolicy::Single);
-                items.next();
-            }
-            let rest = &order[order.len() - items.count()..];
-            let mins = RestMin::new(&work, &caps, rest);
-            if method == MultiMethod::Bfd {
-                best_fit(&work, &caps, rest, mins, singles, &mut assign, max_steps)?;
-            } else {
-                first_fit(&work, &caps, rest, mins, singles, lower_bound, &mut assign, max_steps)?;
-            }
-            order
-        };
-        let bins = assign.iter().filter(|&&b| b != NONE).map(|&b| b as usize + 1).max().unwrap_or(0);
-        let (offsets, indices, loads) = assemble(order.iter().map(|&i| (i, work[i as usize * rx])), &assign, bins);
-        let mut resource_loads = alloc::vec![0u64; bins * r];
-        for (&i, &b) in order.iter().zip(&assign) {
-            if b != NONE {
-                let (i, b) = (i as usize, b as usize);
-                for q in 0..r {
-                    resource_loads[b * r + q] += work[i * rx + q];
-                }
-            }
-        }
-        (offsets, indices, loads, resource_loads)
+        classic(&work, &caps, R, method, oversize, lower_bound, max_steps)?
     };
     single.sort_unstable();
     let packing = Packing {
@@ -298,51 +269,53 @@ fn pack_multi_within(sizes: &[u64], options: &MultiOptions<'_>, max_steps: u64) 
     Ok(MultiPacking { packing, resource_loads, lower_bounds })
 }
 
-/// The balanced method over `work` (`r` values per item; `caps` holds the `r` capacities,
-/// then the segment limit when there is one): oversized items under `single` get the first
-/// bins, by share desc and index asc (`single` is left in that order), the `fitting` items go
-/// to `fill::fill`. Returns the bins' offsets, members (ascending), token loads and loads in
-/// every resource (`bins × r`).
-fn balanced(
+/// The balanced method over `work` (`R` values per item) and its items sorted into
+/// `classes`: oversized items under `single` get the first bins, by share desc and index asc
+/// (`single` is left in that order), the classes' items go to `fill::fill`.
+fn balanced<const R: usize>(
+    work: &[u64],
+    classes: fill::Classes<R>,
+    max_segments: u64,
+    single: &mut [u32],
+    oversize: OversizePolicy,
+) -> Bins {
+    let (mut assign, mut resource_loads) = singles_first(work, &classes.caps(), max_segments, single, oversize);
+    let first = (resource_loads.len() / R) as u32;
+    let bins = first as usize + fill::fill(classes, max_segments, first, &mut assign, &mut resource_loads);
+    by_bin(&assign, bins, resource_loads, R)
+}
+
+/// The bin of every item (`work` holds `caps.len()` values per item) with the oversized
+/// items of `single` in the first bins under the `single` policy — by share desc, index asc,
+/// the order `single` is left in — and every other item in none yet; and those bins' loads.
+fn singles_first(
     work: &[u64],
     caps: &[u64],
-    r: usize,
+    max_segments: u64,
     single: &mut [u32],
-    fitting: &[u32],
     oversize: OversizePolicy,
-) -> (Vec<u32>, Vec<u32>, Vec<u64>, Vec<u64>) {
-    let n = work.len() / r;
-    let max_segments = caps.get(r).copied().unwrap_or(0);
+) -> (Vec<u32>, Vec<u64>) {
+    let r = caps.len();
     // The share over the resources and the segment column (a constant term, added last as
     // `share` would).
     let segment_share = if max_segments > 0 { (1u128 << 64) / u128::from(max_segments) } else { 0 };
-    let share_of = |i: u32| share(&work[i as usize * r..][..r], &caps[..r]).saturating_add(segment_share);
+    let share_of = |i: u32| share(&work[i as usize * r..][..r], caps).saturating_add(segment_share);
     single.sort_unstable_by(|&a, &b| share_of(b).cmp(&share_of(a)).then(a.cmp(&b)));
-    let mut assign = alloc::vec![NONE; n];
-    let mut resource_loads: Vec<u64> = Vec::new();
-    let first = if oversize == OversizePolicy::Single {
+    let mut assign = alloc::vec![NONE; work.len() / r];
+    let mut loads: Vec<u64> = Vec::new();
+    if oversize == OversizePolicy::Single {
         for (bin, &i) in single.iter().enumerate() {
             assign[i as usize] = bin as u32;
-            resource_loads.extend_from_slice(&work[i as usize * r..][..r]);
+            loads.extend_from_slice(&work[i as usize * r..][..r]);
         }
-        single.len() as u32
-    } else {
-        0
-    };
-    let filled = if fitting.len() == n {
-        // Every item fits: the fill's item j is item j.
-        fill::fill(work, fitting, &caps[..r], max_segments, &mut assign, &mut resource_loads)
-    } else {
-        let mut bins = alloc::vec![NONE; fitting.len()];
-        let filled = fill::fill(work, fitting, &caps[..r], max_segments, &mut bins, &mut resource_loads);
-        for (&i, &b) in fitting.iter().zip(&bins) {
-            assign[i as usize] = first + b;
-        }
-        filled
-    };
-    let bins = first as usize + filled;
-    // Members by bin, ascending (the items are visited in index order).
-    let offsets = bin_offsets(&assign, bins);
+    }
+    (assign, loads)
+}
+
+/// The `bins` bins from the bin of every item (`assign`, [`NONE`] for none) and their loads
+/// (`r` per bin): the members of each in index order.
+fn by_bin(assign: &[u32], bins: usize, resource_loads: Vec<u64>, r: usize) -> Bins {
+    let offsets = bin_offsets(assign, bins);
     let mut at: Vec<u32> = offsets[..bins].to_vec();
     let mut indices = alloc::vec![0u32; offsets[bins] as usize];
     for (i, &b) in assign.iter().enumerate() {
@@ -356,7 +329,78 @@ fn balanced(
     (offsets, indices, loads, resource_loads)
 }
 
-/// What [`scan`] finds in the rows.
+/// The bins of a fit: offsets, members (ascending in each bin), token loads, and loads in
+/// every resource (bins × resources).
+type Bins = (Vec<u32>, Vec<u32>, Vec<u64>, Vec<u64>);
+
+/// The classic methods (BFD, FFD, next-fit) over `work` (`r` values per item; `caps` holds
+/// the `r` capacities, then the segment limit when there is one). Not inlined: one copy
+/// serves every resource count.
+#[inline(never)]
+fn classic(
+    work: &[u64],
+    caps: &[u64],
+    r: usize,
+    method: MultiMethod,
+    oversize: OversizePolicy,
+    lower_bound: u64,
+    max_steps: u64,
+) -> Result<Bins, Error> {
+    let n = work.len() / r;
+    // The classic fits read the segment column beside the sizes.
+    let rx = caps.len();
+    let work: Cow<'_, [u64]> = if rx == r {
+        Cow::Borrowed(work)
+    } else {
+        let mut wx = Vec::with_capacity(n * rx);
+        for row in work.chunks_exact(r) {
+            wx.extend_from_slice(row);
+            wx.push(1);
+        }
+        Cow::Owned(wx)
+    };
+    let mut assign: Vec<u32> = Vec::with_capacity(n);
+    let order: Vec<u32> = if method == MultiMethod::NextFit {
+        let order: Vec<u32> = (0..n as u32).collect();
+        next_fit(&work, caps, &order, oversize, &mut assign);
+        order
+    } else {
+        let order = share_order(&work, caps);
+        let mut items = order.iter().copied().peekable();
+        let mut singles = 0u32;
+        // Oversized items (the largest shares) come first: a bin each, or none.
+        while let Some(&i) = items.peek() {
+            if fits(&work[i as usize * rx..][..rx], caps) {
+                break;
+            }
+            assign.push(if oversize == OversizePolicy::Single { singles } else { NONE });
+            singles += u32::from(oversize == OversizePolicy::Single);
+            items.next();
+        }
+        let rest = &order[order.len() - items.count()..];
+        let mins = RestMin::new(&work, caps, rest);
+        if method == MultiMethod::Bfd {
+            best_fit(&work, caps, rest, mins, singles, &mut assign, max_steps)?;
+        } else {
+            first_fit(&work, caps, rest, mins, singles, lower_bound, &mut assign, max_steps)?;
+        }
+        order
+    };
+    let bins = assign.iter().filter(|&&b| b != NONE).map(|&b| b as usize + 1).max().unwrap_or(0);
+    let (offsets, indices, loads) = assemble(order.iter().map(|&i| (i, work[i as usize * rx])), &assign, bins);
+    let mut resource_loads = alloc::vec![0u64; bins * r];
+    for (&i, &b) in order.iter().zip(&assign) {
+        if b != NONE {
+            let (i, b) = (i as usize, b as usize);
+            for q in 0..r {
+                resource_loads[b * r + q] += work[i * rx + q];
+            }
+        }
+    }
+    Ok((offsets, indices, loads, resource_loads))
+}
+
+/// What [`scan_rows`] finds in the rows.
 struct Scan<'a> {
     /// The sizes, tokens aligned (the caller's rows when `align` is 1).
     work: Cow<'a, [u64]>,
@@ -368,47 +412,28 @@ struct Scan<'a> {
     /// The oversized items, by the policy (in index order).
     dropped: Vec<u32>,
     single: Vec<u32>,
-    /// The items within every capacity, in index order.
-    fitting: Vec<u32>,
+    /// The number of items within every capacity.
+    fitting: usize,
 }
 
-/// One pass over the rows of `sizes` (`capacities.len()` values each, 1 to
-/// [`MAX_RESOURCES`]): aligns the tokens and sorts the items into fitting and oversized
-/// ones. Errors, item by item: an aligned size or a resource's sum past 2^64 − 1, then an
-/// oversized item under the `error` policy.
-fn scan<'a>(
-    sizes: &'a [u64],
-    capacities: &[u64],
-    align: u64,
-    oversize: OversizePolicy,
-    names: &[String],
-) -> Result<Scan<'a>, Error> {
-    macro_rules! by_resources {
-        ($($r:literal)*) => {
-            match capacities.len() {
-                $($r => scan_rows::<$r>(sizes, capacities, align, oversize, names),)*
-                _ => invalid!("capacities must have 1 to {MAX_RESOURCES} entries"), // checked before
-            }
-        };
-    }
-    by_resources!(1 2 3 4 5 6 7 8)
-}
-
-/// [`scan`] over `R` resources.
+/// One pass over the rows of `sizes` (`R` values each): aligns the tokens, sorts the items
+/// into fitting and oversized ones, and calls `fits(i, aligned sizes)` for every fitting
+/// item in index order. Errors, item by item: an aligned size or a resource's sum past
+/// 2^64 − 1, then an oversized item under the `error` policy.
 fn scan_rows<'a, const R: usize>(
     sizes: &'a [u64],
     capacities: &[u64],
     align: u64,
     oversize: OversizePolicy,
     names: &[String],
+    mut fits: impl FnMut(usize, &[u64; R]),
 ) -> Result<Scan<'a>, Error> {
-    let n = sizes.len() / R;
     let mut caps = [0u64; R];
     caps.copy_from_slice(capacities);
     let mut aligned: Vec<u64> = if align == 1 { Vec::new() } else { sizes.to_vec() };
     let (mut sums, mut fit_sums) = ([0u64; R], [0u64; R]);
     let mut real_all: u64 = 0;
-    let mut fitting: Vec<u32> = Vec::with_capacity(n);
+    let mut fitting = 0usize;
     let (mut dropped, mut single) = (Vec::new(), Vec::new());
     for (i, row) in sizes.chunks_exact(R).enumerate() {
         let mut item = [0u64; R];
@@ -442,7 +467,8 @@ fn scan_rows<'a, const R: usize>(
             for q in 0..R {
                 fit_sums[q] += item[q];
             }
-            fitting.push(i as u32);
+            fits(i, &item);
+            fitting += 1;
             continue;
         }
         let q = over.trailing_zeros() as usize;
