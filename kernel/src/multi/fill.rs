@@ -130,18 +130,25 @@ pub(super) struct Classes<const R: usize> {
     up: [u64; R],
     /// Text items' keys: (cap0 − tokens, row).
     text: Vec<u64>,
-    /// Large items' rows, their opener keys (2048 − share, j) with j the place in `large`,
-    /// and the sum of their shares per resource (`norm >> 8`).
+    /// Large items: their rows (item j is row `large[j]`), their sizes in 32 bits, their
+    /// opener keys (2048 − share, j), and the sum of their shares per resource (`norm >> 8`).
     large: Vec<u32>,
+    /// See `large`.
     large_rows: Vec<[u32; R]>,
+    /// See `large`.
     openers: Vec<u64>,
+    /// See `large`.
     share_sum: [u64; R],
-    /// Small items' rows, their keys (UNITS + 1 − key, s) with s the place in `small`, and
-    /// their least and most size per resource.
+    /// Small items: their rows (item s is row `small[s]`), their sizes in 32 bits, their keys
+    /// (UNITS + 1 − key, s), and their least and most size per resource.
     small: Vec<u32>,
+    /// See `small`.
     small_rows: Vec<[u32; R]>,
+    /// See `small`.
     small_keys: Vec<u64>,
+    /// See `small`.
     least: [u64; R],
+    /// See `small`.
     most: [u64; R],
 }
 

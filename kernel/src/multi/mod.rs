@@ -195,7 +195,7 @@ fn pack_multi_within(sizes: &[u64], options: &MultiOptions<'_>, max_steps: u64) 
         let lower_bounds = alloc::vec![packing.lower_bound];
         return Ok(MultiPacking { resource_loads: packing.loads.clone(), packing, lower_bounds });
     }
-    // The sizes the fit works on: tokens aligned, then the segment resource.
+    // The methods' own bounds.
     if method == MultiMethod::Balanced {
         if n > MAX_BALANCED_ITEMS {
             return invalid!(
@@ -417,7 +417,7 @@ struct Scan<'a> {
 }
 
 /// One pass over the rows of `sizes` (`R` values each): aligns the tokens, sorts the items
-/// into fitting and oversized ones, and calls `fits(i, aligned sizes)` for every fitting
+/// into fitting and oversized ones, and calls `on_fit(i, aligned sizes)` for every fitting
 /// item in index order. Errors, item by item: an aligned size or a resource's sum past
 /// 2^64 − 1, then an oversized item under the `error` policy.
 fn scan_rows<'a, const R: usize>(
@@ -426,7 +426,7 @@ fn scan_rows<'a, const R: usize>(
     align: u64,
     oversize: OversizePolicy,
     names: &[String],
-    mut fits: impl FnMut(usize, &[u64; R]),
+    mut on_fit: impl FnMut(usize, &[u64; R]),
 ) -> Result<Scan<'a>, Error> {
     let mut caps = [0u64; R];
     caps.copy_from_slice(capacities);
@@ -467,7 +467,7 @@ fn scan_rows<'a, const R: usize>(
             for q in 0..R {
                 fit_sums[q] += item[q];
             }
-            fits(i, &item);
+            on_fit(i, &item);
             fitting += 1;
             continue;
         }
