@@ -232,18 +232,6 @@ struct Fill<const R: usize> {
 }
 
 impl<const R: usize> Fill<R> {
-    /// See [`Scale::norm`].
-    #[inline]
-    fn norm(&self, v: u64, q: usize) -> u32 {
-        self.scale.norm(v, q)
-    }
-
-    /// See [`Scale::bucket`].
-    #[inline]
-    fn bucket(&self, v: u64) -> usize {
-        self.scale.bucket(v)
-    }
-
     /// A new bin with every capacity free; returns its number.
     fn open(&mut self) -> usize {
         self.rooms.push(self.scale.caps);
@@ -287,7 +275,7 @@ impl<const R: usize> Fill<R> {
         let kcap = self.scale.caps[qk];
         radix_sort_high(&mut openers, ib);
         // Positions: buckets one after the other, each (key asc, index desc) after a sentinel.
-        let nb = self.bucket(self.scale.caps[qb]) + 1;
+        let nb = self.scale.bucket(self.scale.caps[qb]) + 1;
         let kb = 64 - kcap.leading_zeros();
         // (bucket, key, j) in position order: packed into one sortable u64 when they fit (the
         // usual case), else sorted as tuples.
@@ -297,7 +285,7 @@ impl<const R: usize> Fill<R> {
                 .rev()
                 .map(|j| {
                     let row = large_rows[j].map(u64::from);
-                    ((self.bucket(row[qb]) as u64) << (kb + ib)) | (row[qk] << ib) | (imask - j as u64)
+                    ((self.scale.bucket(row[qb]) as u64) << (kb + ib)) | (row[qk] << ib) | (imask - j as u64)
                 })
                 .collect();
             radix_sort_high(&mut packed, ib);
@@ -305,7 +293,7 @@ impl<const R: usize> Fill<R> {
             keyed = (0..m)
                 .map(|j| {
                     let row = large_rows[j];
-                    (self.bucket(u64::from(row[qb])), row[qk], j as u32)
+                    (self.scale.bucket(u64::from(row[qb])), row[qk], j as u32)
                 })
                 .collect();
             keyed.sort_unstable_by(|a, b| (a.0, a.1, b.2).cmp(&(b.0, b.1, a.2)));
@@ -385,7 +373,7 @@ impl<const R: usize> Fill<R> {
             // Buckets with nothing left that fits this bin (rooms only shrink).
             let mut dead: u32 = 0;
             loop {
-                let b = self.bucket(u64::from(rec[p][qb]));
+                let b = self.scale.bucket(u64::from(rec[p][qb]));
                 alive.remove(p);
                 count[b] -= 1;
                 if count[b] == 0 {
@@ -400,10 +388,10 @@ impl<const R: usize> Fill<R> {
                 if seg == 0 {
                     break;
                 }
-                let bmax = self.bucket(room[qb]);
+                let bmax = self.scale.bucket(room[qb]);
                 let mut mask = nonempty & !dead & ((2u32 << bmax) - 1);
                 for q in 0..R {
-                    left[q] = self.norm(room[q], q);
+                    left[q] = self.scale.norm(room[q], q);
                 }
                 let evenness = |nc: &[u32; R]| {
                     let (mut hi, mut lo, mut sum) = (0u32, u32::MAX, 0u64);
@@ -422,7 +410,7 @@ impl<const R: usize> Fill<R> {
                     let b = mask.trailing_zeros() as usize;
                     mask &= mask - 1;
                     let c = cand[b];
-                    if c != 0 && fits32(&cand_rec[b], &room) {
+                    if c != 0 && fits(&cand_rec[b], &room) {
                         let e = evenness(&cand_norm[b]);
                         if e < best || (e == best && j_at[c] < j_at[best_p]) {
                             (best, best_p) = (e, c);
@@ -445,8 +433,8 @@ impl<const R: usize> Fill<R> {
                     let mut c = alive.prev(lo - 1).unwrap_or(0);
                     let mut tries = 0;
                     while c > start[b] && tries < TRIES {
-                        if fits32(&rec[c], &room) {
-                            let nc: [u32; R] = core::array::from_fn(|q| self.norm(u64::from(rec[c][q]), q));
+                        if fits(&rec[c], &room) {
+                            let nc: [u32; R] = core::array::from_fn(|q| self.scale.norm(u64::from(rec[c][q]), q));
                             let e = evenness(&nc);
                             if e < best || (e == best && j_at[c] < j_at[best_p]) {
                                 (best, best_p) = (e, c);
@@ -467,7 +455,7 @@ impl<const R: usize> Fill<R> {
                     break;
                 }
                 p = best_p;
-                cand[self.bucket(u64::from(rec[p][qb]))] = 0;
+                cand[self.scale.bucket(u64::from(rec[p][qb]))] = 0;
             }
             self.rooms[bin] = room;
             self.segs[bin] = seg;
@@ -510,7 +498,7 @@ impl<const R: usize> Fill<R> {
         let mut held: Vec<(u64, u32)> = Vec::with_capacity(SMALL_TRIES);
         // The rows gathered in key order first, in a pass of independent loads (the loop
         // below would wait on each one).
-        let rows: Vec<[u64; R]> = keys.iter().map(|&k| small_rows[(k & imask) as usize].map(u64::from)).collect();
+        let rows: Vec<[u32; R]> = keys.iter().map(|&k| small_rows[(k & imask) as usize]).collect();
         for (&k, &row) in keys.iter().zip(&rows) {
             let s = (k & imask) as usize;
             let i = small[s] as usize;
@@ -532,7 +520,7 @@ impl<const R: usize> Fill<R> {
                 None => self.open(),
             };
             for q in 0..R {
-                self.rooms[b][q] -= row[q];
+                self.rooms[b][q] -= u64::from(row[q]);
             }
             self.segs[b] -= 1;
             assign[i] = self.first + b as u32;
@@ -571,14 +559,8 @@ impl<const R: usize> Fill<R> {
     }
 }
 
-/// Whether `item` fits into `room` in every resource.
+/// Whether `item` (sizes in 32 or 64 bits) fits into `room` in every resource.
 #[inline]
-fn fits<const R: usize>(item: &[u64; R], room: &[u64; R]) -> bool {
-    (0..R).all(|q| item[q] <= room[q])
-}
-
-/// Whether `item` (sizes below 2^32) fits into `room` in every resource.
-#[inline]
-fn fits32<const R: usize>(item: &[u32; R], room: &[u64; R]) -> bool {
-    (0..R).all(|q| u64::from(item[q]) <= room[q])
+fn fits<T: Copy + Into<u64>, const R: usize>(item: &[T; R], room: &[u64; R]) -> bool {
+    (0..R).all(|q| item[q].into() <= room[q])
 }

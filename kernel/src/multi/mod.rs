@@ -231,29 +231,26 @@ fn pack_multi_within(sizes: &[u64], options: &MultiOptions<'_>, max_steps: u64) 
 /// [`pack_multi_within`] over `R` resources, its arguments checked.
 fn pack_rows<const R: usize>(sizes: &[u64], options: &MultiOptions<'_>, max_steps: u64) -> Result<MultiPacking, Error> {
     let MultiOptions { capacities, names, max_segments, align, method, oversize } = *options;
-    let (r, n) = (R, sizes.len() / R);
+    let n = sizes.len() / R;
     // The balanced fill sorts the items into its classes as the scan meets them.
     let mut classes = (method == MultiMethod::Balanced).then(|| fill::Classes::<R>::new(capacities, n));
-    let Scan { work, sums, fit_sums, real_all, dropped, mut single, fitting } =
+    let Scan { work, tokens, fit_sums, real_all, dropped, mut single, fitting } =
         scan_rows::<R>(sizes, capacities, align, oversize, names, |i, row| {
             if let Some(classes) = classes.as_mut() {
                 classes.add(i, row);
             }
         })?;
-    // The segment limit is one more resource, of size 1 per item.
-    let mut caps: Vec<u64> = capacities.to_vec();
     let mut lower_bounds: Vec<u64> = fit_sums.iter().zip(capacities).map(|(&s, &c)| s.div_ceil(c)).collect();
     if max_segments > 0 {
-        caps.push(max_segments);
         lower_bounds.push((fitting as u64).div_ceil(max_segments));
     }
     let lower_bound = lower_bounds.iter().copied().max().unwrap_or(0);
-    let dropped_real: u64 = dropped.iter().map(|&i| sizes[i as usize * r]).sum();
-    let dropped_aligned: u64 = dropped.iter().map(|&i| work[i as usize * r]).sum();
+    let dropped_real: u64 = dropped.iter().map(|&i| sizes[i as usize * R]).sum();
+    let dropped_aligned: u64 = dropped.iter().map(|&i| work[i as usize * R]).sum();
     let (offsets, indices, loads, resource_loads) = if let Some(classes) = classes {
         balanced(&work, classes, max_segments, &mut single, oversize)
     } else {
-        classic(&work, &caps, R, method, oversize, lower_bound, max_steps)?
+        classic(&work, capacities, max_segments, method, oversize, lower_bound, max_steps)?
     };
     single.sort_unstable();
     let packing = Packing {
@@ -263,7 +260,7 @@ fn pack_rows<const R: usize>(sizes: &[u64], options: &MultiOptions<'_>, max_step
         dropped,
         single,
         real_tokens: real_all - dropped_real,
-        aligned_tokens: sums[0] - dropped_aligned,
+        aligned_tokens: tokens - dropped_aligned,
         lower_bound,
     };
     Ok(MultiPacking { packing, resource_loads, lower_bounds })
@@ -333,22 +330,28 @@ fn by_bin(assign: &[u32], bins: usize, resource_loads: Vec<u64>, r: usize) -> Bi
 /// every resource (bins × resources).
 type Bins = (Vec<u32>, Vec<u32>, Vec<u64>, Vec<u64>);
 
-/// The classic methods (BFD, FFD, next-fit) over `work` (`r` values per item; `caps` holds
-/// the `r` capacities, then the segment limit when there is one). Not inlined: one copy
-/// serves every resource count.
+/// The classic methods (BFD, FFD, next-fit) over `work` (one value per capacity per item)
+/// with at most `max_segments` items per bin (0: no limit). Not inlined: one copy serves
+/// every resource count.
 #[inline(never)]
 fn classic(
     work: &[u64],
-    caps: &[u64],
-    r: usize,
+    capacities: &[u64],
+    max_segments: u64,
     method: MultiMethod,
     oversize: OversizePolicy,
     lower_bound: u64,
     max_steps: u64,
 ) -> Result<Bins, Error> {
+    let r = capacities.len();
     let n = work.len() / r;
-    // The classic fits read the segment column beside the sizes.
-    let rx = caps.len();
+    // The segment limit is one more resource, of size 1 per item: the classic fits read its
+    // column beside the sizes.
+    let mut caps: Vec<u64> = capacities.to_vec();
+    if max_segments > 0 {
+        caps.push(max_segments);
+    }
+    let (caps, rx) = (&caps[..], caps.len());
     let work: Cow<'_, [u64]> = if rx == r {
         Cow::Borrowed(work)
     } else {
@@ -404,8 +407,9 @@ fn classic(
 struct Scan<'a> {
     /// The sizes, tokens aligned (the caller's rows when `align` is 1).
     work: Cow<'a, [u64]>,
-    /// Each resource's sum over every item, and over the items within every capacity.
-    sums: Vec<u64>,
+    /// The aligned tokens of every item.
+    tokens: u64,
+    /// Each resource's sum over the items within every capacity.
     fit_sums: Vec<u64>,
     /// The unaligned tokens of every item.
     real_all: u64,
@@ -479,7 +483,7 @@ fn scan_rows<'a, const R: usize>(
         }
     }
     let work = if align == 1 { Cow::Borrowed(sizes) } else { Cow::Owned(aligned) };
-    Ok(Scan { work, sums: sums.to_vec(), fit_sums: fit_sums.to_vec(), real_all, dropped, single, fitting })
+    Ok(Scan { work, tokens: sums[0], fit_sums: fit_sums.to_vec(), real_all, dropped, single, fitting })
 }
 
 /// The `infeasible` error of item `i`, which needs `s` of resource `q` (capacity `c`).
