@@ -15,10 +15,11 @@
 //! - Both artifacts are built by the pinned Rust, whatever the toolchain running xtask.
 //! - `test`: every test of the project — `cargo test --release` of the workspace
 //!   (conformance vectors on native and WASM, CLI tests) and the host library's doc tests,
-//!   the kernel's tests in a debug build (overflow checks on), the host library's and the ZeroMQ transport's in one build with
-//!   the transport, then the Python SDK's tests when `sdk-python/` holds a package (see
-//!   `sdk-python/README.md`) with, beside them, the JavaScript SDK's (`sdk-js/run_tests.sh`)
-//!   when node and npm are installed (required with `STOWPLAN_REQUIRE_NODE=1`).
+//!   the kernel's tests in a debug build (overflow checks on), the host library's and the
+//!   ZeroMQ transport's in one build with the transport, then the Python SDK's tests when
+//!   `sdk-python/` holds a package (see `sdk-python/README.md`) with, beside them, the
+//!   JavaScript SDK's (`sdk-js/run_tests.sh`) when node and npm are installed (required with
+//!   `STOWPLAN_REQUIRE_NODE=1`).
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
@@ -239,7 +240,7 @@ fn run(program: &str, args: &[&str]) -> Result<(), String> {
 /// They run beside the Python SDK's: both suites leave a core idle most of the time (the
 /// Python tests used 127 s of CPU in 249 s), so together they take the longer one's time
 /// instead of the sum (BENCHMARKS.md, "Build time").
-fn start_js_tests(bin: &Path) -> Result<Option<Background>, String> {
+fn start_js_tests(bin: &Path) -> Result<Option<JsTests>, String> {
     if !root().join("sdk-js/run_tests.sh").is_file() {
         return Ok(None);
     }
@@ -254,61 +255,53 @@ fn start_js_tests(bin: &Path) -> Result<Option<Background>, String> {
         return Ok(None);
     }
     timed("JavaScript SDK build", || run("bash", &["sdk-js/run_tests.sh", "--build-only"]))?;
-    let env = [("STOWPLAN_BIN", bin.as_os_str()), ("STOWPLAN_SDK_JS_BUILT", "1".as_ref())];
-    Background::start("JavaScript SDK", &["sdk-js/run_tests.sh"], &env, "sdk-js-tests").map(Some)
+    let log = root().join("target/sdk-js-tests.log");
+    let file = std::fs::File::create(&log).map_err(|e| format!("creating {}: {e}", log.display()))?;
+    let err = file.try_clone().map_err(|e| format!("opening {} twice: {e}", log.display()))?;
+    eprintln!(
+        "xtask: $ STOWPLAN_BIN={} STOWPLAN_SDK_JS_BUILT=1 bash sdk-js/run_tests.sh > {} (in the background)",
+        bin.display(),
+        log.display()
+    );
+    let mut child = Command::new("bash")
+        .current_dir(root())
+        .arg("sdk-js/run_tests.sh")
+        .env("STOWPLAN_BIN", bin)
+        .env("STOWPLAN_SDK_JS_BUILT", "1")
+        .stdin(std::process::Stdio::null())
+        .stdout(file)
+        .stderr(err)
+        .spawn()
+        .map_err(|e| format!("running bash sdk-js/run_tests.sh: {e}"))?;
+    let start = std::time::Instant::now();
+    let waiting = std::thread::spawn(move || child.wait().map(|status| (status, start.elapsed())));
+    Ok(Some(JsTests { log, waiting }))
 }
 
-/// A script run in the background, its output kept in `target/NAME.log` until
-/// [`Background::finish`] prints it.
-struct Background {
-    what: &'static str,
+/// The JavaScript SDK's tests running in the background ([`start_js_tests`]), their output
+/// kept in `target/sdk-js-tests.log` until [`JsTests::finish`] prints it.
+struct JsTests {
     log: PathBuf,
     /// The script's exit status and how long it ran, from the thread waiting for it (so the
     /// time is the script's, not how long xtask took to ask).
     waiting: std::thread::JoinHandle<std::io::Result<(std::process::ExitStatus, std::time::Duration)>>,
 }
 
-impl Background {
-    /// Starts `bash ARGS` with `env` at the root, output to `target/{name}.log`.
-    fn start(
-        what: &'static str,
-        args: &[&str],
-        env: &[(&str, &std::ffi::OsStr)],
-        name: &str,
-    ) -> Result<Background, String> {
-        let log = root().join("target").join(format!("{name}.log"));
-        let file = std::fs::File::create(&log).map_err(|e| format!("creating {}: {e}", log.display()))?;
-        let err = file.try_clone().map_err(|e| format!("opening {} twice: {e}", log.display()))?;
-        let shown: String = env.iter().map(|(k, v)| format!("{k}={} ", v.to_string_lossy())).collect();
-        eprintln!("xtask: $ {shown}bash {} > {} (in the background)", args.join(" "), log.display());
-        let mut child = Command::new("bash")
-            .current_dir(root())
-            .args(args)
-            .envs(env.iter().copied())
-            .stdin(std::process::Stdio::null())
-            .stdout(file)
-            .stderr(err)
-            .spawn()
-            .map_err(|e| format!("running bash {}: {e}", args.join(" ")))?;
-        let start = std::time::Instant::now();
-        let waiting = std::thread::spawn(move || child.wait().map(|status| (status, start.elapsed())));
-        Ok(Background { what, log, waiting })
-    }
-
-    /// Waits for the script, prints its output and how long it ran, and says whether it
-    /// succeeded.
+impl JsTests {
+    /// Waits for the tests, prints their output and how long they ran, and says whether they
+    /// passed.
     fn finish(self) -> Result<(), String> {
         let (status, took) = self
             .waiting
             .join()
-            .map_err(|_| format!("the thread waiting for the {} step panicked", self.what))?
-            .map_err(|e| format!("waiting for the {} step: {e}", self.what))?;
+            .map_err(|_| "the thread waiting for sdk-js/run_tests.sh panicked".to_string())?
+            .map_err(|e| format!("waiting for sdk-js/run_tests.sh: {e}"))?;
         let output = std::fs::read(&self.log).map_err(|e| format!("reading {}: {e}", self.log.display()))?;
-        eprintln!("xtask: the {} step's output ({}):", self.what, self.log.display());
+        eprintln!("xtask: the JavaScript SDK step's output ({}):", self.log.display());
         use std::io::Write;
         std::io::stdout().write_all(&output).and_then(|()| std::io::stdout().flush()).ok();
-        eprintln!("xtask: {}: {:.0} s (in the background)", self.what, took.as_secs_f64());
-        if status.success() { Ok(()) } else { Err(format!("the {} step failed ({status})", self.what)) }
+        eprintln!("xtask: JavaScript SDK: {:.0} s (in the background)", took.as_secs_f64());
+        if status.success() { Ok(()) } else { Err(format!("`bash sdk-js/run_tests.sh` failed ({status})")) }
     }
 }
 
@@ -342,7 +335,8 @@ fn system_libzmq() -> bool {
 /// pkg-config finds it (it has CURVE, and the CURVE tests must pass) and otherwise to the one
 /// `zmq-sys` builds from source (no CURVE: those tests are skipped, saying so, unless
 /// `STOWPLAN_REQUIRE_CURVE=1` makes that a failure). Returns the `stowplan` binary with the
-/// transport, copied to `target/zmq/stowplan`, and whether it has CURVE. Wasmtime is never compiled again (xtask/unify).
+/// transport, copied to `target/zmq/stowplan`, and whether it has CURVE. Wasmtime is never
+/// compiled again (xtask/unify).
 fn zmq_tests(cargo: &str) -> Result<(PathBuf, bool), String> {
     let curve = system_libzmq();
     if !curve {
@@ -414,7 +408,7 @@ fn run_tests() -> ExitCode {
         // A JavaScript step that cannot start does not keep the Python tests from running.
         let js = start_js_tests(&bin);
         let python = python_tests(&bin, curve);
-        match (python, js.and_then(|js| js.map_or(Ok(()), Background::finish))) {
+        match (python, js.and_then(|js| js.map_or(Ok(()), JsTests::finish))) {
             (Err(p), Err(j)) => Err(format!("{p}; {j}")),
             (p, j) => p.and(j),
         }
