@@ -428,13 +428,9 @@ pub fn run(a: Args) -> Result<(), Failure> {
             "nothing to plan: give --dp N (N > 1) for DP balancing and/or --max-token-len T for micro-batches",
         ));
     }
-    if a.group_size == Some(0) {
-        return Err(Failure::bad("--group-size must be at least 1 (got 0)"));
-    }
     let text = a.common.input.read()?;
     let (lengths, table) = Table::read(&a, &text)?;
-    let labels: Option<Vec<u32>> =
-        a.group_size.map(|g| (0..lengths.len() as u64).map(|i| (i / u64::from(g)) as u32).collect());
+    let labels = a.group_size.map(|g| stowplan::group_labels(lengths.len(), g.into(), !a.unequal_count)).transpose()?;
     let dp_options = DpOptions {
         cost: a.cost,
         groups: labels.as_deref(),

@@ -91,6 +91,31 @@ pub use stowplan_kernel::{
     MultiOptions, MultiPacking, PlanLimits, SEGMENTS,
 };
 
+/// The group label of each of `n` samples when runs of `group_size` consecutive samples (one
+/// prompt's rollouts) stay on one rank: sample `i` gets `i / group_size`, for
+/// [`DpOptions::groups`]. The CLI's `--group-size` and Python's `balance(group_size=)`.
+///
+/// With `equal_count` (every rank the same number of samples, which needs groups of one size)
+/// `group_size` must divide `n`; without it any `group_size >= 1` is taken and the last run
+/// keeps the rest. Anything else is [`Error::InvalidArgument`] naming `group_size` and its
+/// range.
+pub fn group_labels(n: usize, group_size: i128, equal_count: bool) -> Result<Vec<u32>, Error> {
+    let divides = |g: u64| !equal_count || n == 0 || (n as u64).is_multiple_of(g);
+    let g = match u64::try_from(group_size) {
+        Ok(g) if g >= 1 && divides(g) => g,
+        _ => {
+            return Err(Error::InvalidArgument(format!(
+                "group_size must be in 1..={n} and divide the number of samples n = {n} (got {group_size}); \
+                 without equal counts (equal_count=False, --unequal-count) any group_size >= 1 is taken \
+                 (the last run keeps the rest)"
+            )));
+        }
+    };
+    (0..n as u64)
+        .map(|i| u32::try_from(i / g).map_err(|_| Error::InvalidArgument(format!("more than 2**32-1 groups of {g}"))))
+        .collect()
+}
+
 /// verl 0.9.1's `log_seqlen_unbalance` figures for `partitions` of `seqlens` (a metric,
 /// computed by the kernel crate natively on every backend; see
 /// [`stowplan_kernel::verl::log_seqlen_unbalance`]).

@@ -6,7 +6,9 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyTuple};
 use stowplan::{Cost, DpOptions, DpPlan, MicroOptions, MicroPlan};
 
-use crate::convert::{Lengths, cost_arg, kernel, opt_parse, opt_u32, repr, str_options, u32_arg, u64_arg};
+use crate::convert::{
+    Lengths, cost_arg, int, integer, kernel, opt_parse, opt_u32, repr, str_options, u32_arg, u64_arg,
+};
 use crate::errors::{invalid, to_py};
 use crate::multi;
 use crate::results::{LazyList, check_state, reduce, summary, vec_of, verl_unbalance, views};
@@ -410,9 +412,13 @@ fn labels(groups: Option<&Bound<'_, PyAny>>, n: usize) -> PyResult<Option<Vec<u3
 /// ``lengths``: tokens per sample of the global batch; ``dp``: number of data-parallel ranks,
 /// ``>= 1``. Options (omitted or ``None``: the default): ``cost`` — as in
 /// :func:`micro_batches`; ``max_token_len`` — the micro-batch cap (``None``: plan only the DP
-/// level); ``groups`` — one label per sample (e.g. uids): samples with the same label stay
-/// on one rank (equal counts need groups of one size and a group count divisible by
-/// ``dp``); ``minibatch_size`` — balance each run of this many consecutive samples
+/// level); ``groups`` — one label per sample (any hashable values, e.g. the prompt uid of
+/// each rollout; numpy arrays too): samples with the same label stay on one rank (equal counts
+/// need groups of one size and a group count divisible by ``dp``); ``group_size`` — the CLI's
+/// ``--group-size G``: runs of ``G`` consecutive samples (one prompt's ``G`` rollouts) stay on
+/// one rank, i.e. ``groups=[i // G for i in range(len(lengths))]``; it must be in
+/// ``1..=len(lengths)`` and divide ``len(lengths)`` (with ``equal_count=False`` the last run
+/// may be shorter); give ``groups`` or ``group_size``, not both; ``minibatch_size`` — balance each run of this many consecutive samples
 /// separately (verl's ``keep_minibatch``; each rank lists its samples mini-batch by
 /// mini-batch); ``equal_count`` — every rank gets the same number of samples (default True);
 /// ``min_count``, ``divisible_by``, ``count``, ``order`` — as in :func:`micro_batches`, per
@@ -422,16 +428,29 @@ fn labels(groups: Option<&Bound<'_, PyAny>>, n: usize) -> PyResult<Option<Vec<u3
 /// micro-batches stay within every cap, one common count; ``backend`` — ``"wasm"`` (default)
 /// or ``"native"``.
 ///
+/// Index spaces: ``order``, ``ranks[r]`` and ``micro_batches[r].batches`` of the result hold
+/// **global** sample indices (positions in ``lengths``). A rank holding only its share
+/// ``batch[plan.ranks[r]]`` slices it with :func:`rank_micro_batches` (rank-local positions);
+/// ``micro_batches[r].restore`` is rank-local already.
+///
+/// Raises ``InvalidArgumentError`` naming the argument and its range (``dp`` above the number
+/// of samples, counts that do not divide, ``groups`` of the wrong length or of different
+/// sizes, ``group_size`` with ``groups`` or not dividing the samples …) and
+/// ``InfeasibleError`` for a sample longer than ``max_token_len``.
+///
 /// >>> b = balance([100, 900, 50, 950, 400, 600], 2)
 /// >>> [r.tolist() for r in b.ranks], b.tokens.tolist()
 /// ([[1, 2, 5], [0, 3, 4]], [1550, 1450])
+/// >>> rollouts = [5, 7, 1, 1, 9, 9, 2, 3]               # 4 prompts × 2 rollouts, consecutive
+/// >>> [r.tolist() for r in balance(rollouts, 2, group_size=2).ranks]   # = groups=[0, 0, 1, 1, …]
+/// [[2, 3, 4, 5], [0, 1, 6, 7]]
 /// >>> b = balance([100, 900, 50, 950, 400, 600, 10, 20], 2, max_token_len=1000, cost="attention")
 /// >>> b.count, [[m.tolist() for m in r.batches] for r in b.micro_batches]
 /// (2, [[[1], [5, 6, 7]], [[0, 2, 4], [3]]])
 #[pyfunction]
-#[pyo3(signature = (lengths, dp, *, cost=None, max_token_len=None, groups=None, minibatch_size=None, equal_count=None,
-    min_count=None, divisible_by=None, count=None, order=None, extra_costs=None, resources=None, limits=None,
-    backend=None))]
+#[pyo3(signature = (lengths, dp, *, cost=None, max_token_len=None, groups=None, group_size=None, minibatch_size=None,
+    equal_count=None, min_count=None, divisible_by=None, count=None, order=None, extra_costs=None, resources=None,
+    limits=None, backend=None))]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn balance(
     py: Python<'_>,
@@ -440,6 +459,7 @@ pub(crate) fn balance(
     cost: Option<&Bound<'_, PyAny>>,
     max_token_len: Option<&Bound<'_, PyAny>>,
     groups: Option<&Bound<'_, PyAny>>,
+    group_size: Option<&Bound<'_, PyAny>>,
     minibatch_size: Option<&Bound<'_, PyAny>>,
     equal_count: Option<bool>,
     min_count: Option<&Bound<'_, PyAny>>,
@@ -460,14 +480,34 @@ pub(crate) fn balance(
         max_token_len.map(|t| micro_options(py, t, Some(cost), min_count, divisible_by, count, order)).transpose()?;
     let lengths = Lengths::extract(lengths, "lengths")?;
     let l = lengths.slice();
-    let labels = labels(groups, l.len())?;
+    let equal_count = equal_count.unwrap_or(d.equal_count);
+    let labels = match (groups, group_size) {
+        (Some(_), Some(_)) => {
+            return Err(invalid(
+                py,
+                "give groups (one label per sample) or group_size (runs of group_size consecutive samples), not both"
+                    .into(),
+            ));
+        }
+        (None, Some(g)) => {
+            let g = match integer(g) {
+                Some(Some(g)) => g,
+                not => {
+                    let what = if not.is_none() { "an integer " } else { "" };
+                    return Err(invalid(py, format!("group_size must be {what}in 1..={} (got {})", l.len(), repr(g))));
+                }
+            };
+            Some(stowplan::group_labels(l.len(), g, equal_count).map_err(|e| to_py(py, e))?)
+        }
+        (groups, None) => labels(groups, l.len())?,
+    };
     let extra = extra_costs.map(|e| Lengths::extract(e, "extra_costs")).transpose()?;
     let kernel = kernel(py, backend)?;
     let options = DpOptions {
         cost,
         groups: labels.as_deref(),
         minibatch_size,
-        equal_count: equal_count.unwrap_or(d.equal_count),
+        equal_count,
         extra_costs: extra.as_ref().map(Lengths::slice),
     };
     let limited = multi::limits_arg(py, resources, limits, l.len())?;
@@ -510,4 +550,70 @@ pub(crate) fn balance(
         lengths: lengths.array().unbind(),
         ranks: LazyList::default(),
     })
+}
+
+/// The micro-batches of rank ``rank`` of ``plan`` (a :class:`Balance` made with
+/// ``max_token_len``), as ``uint32`` arrays in the plan's micro-batch order.
+///
+/// With ``local=True`` (the default) the arrays hold **rank-local** positions: indices into
+/// the rank's own batch, the samples ``plan.ranks[rank]`` in that order
+/// (``batch[plan.ranks[rank]]``, which is what verl's and ROLL's dispatchers hand rank
+/// ``rank`` after reordering the global batch by ``plan.order``). With ``local=False`` they are
+/// the global sample indices, ``plan.micro_batches[rank].batches`` as they are.
+/// ``plan.micro_batches[rank].restore`` is already rank-local: ``outputs[restore]`` puts the
+/// rank's outputs, computed micro-batch after micro-batch, back in the order of
+/// ``plan.ranks[rank]``.
+///
+/// Raises ``InvalidArgumentError`` when ``plan`` is not a :class:`Balance`, has no
+/// micro-batches, or ``rank`` is not in ``0..=dp-1``.
+///
+/// >>> lengths = [100, 900, 50, 950, 400, 600, 10, 20]
+/// >>> plan = balance(lengths, 2, max_token_len=1000, cost="attention")
+/// >>> plan.ranks[1].tolist()                                   # global indices of rank 1's samples
+/// [0, 2, 3, 4]
+/// >>> [m.tolist() for m in plan.micro_batches[1].batches]     # global indices too
+/// [[0, 2, 4], [3]]
+/// >>> local = rank_micro_batches(plan, 1)                     # positions in rank 1's own batch
+/// >>> [m.tolist() for m in local]
+/// [[0, 1, 3], [2]]
+/// >>> mine = [lengths[i] for i in plan.ranks[1]]             # what rank 1 holds
+/// >>> [[mine[j] for j in m] for m in local]
+/// [[100, 50, 400], [950]]
+#[pyfunction]
+#[pyo3(signature = (plan, rank, *, local=true))]
+pub(crate) fn rank_micro_batches<'py>(
+    py: Python<'py>,
+    plan: &Bound<'py, PyAny>,
+    rank: &Bound<'py, PyAny>,
+    local: bool,
+) -> PyResult<Bound<'py, PyList>> {
+    let type_name = || plan.get_type().name().map_or_else(|_| "?".to_string(), |n| n.to_string());
+    let b = plan.cast::<PyBalance>().map_err(|_| {
+        invalid(py, format!("plan must be a stowplan.Balance, the result of stowplan.balance (got {})", type_name()))
+    })?;
+    let b = b.get();
+    let Some(micro) = &b.micro_batches else {
+        return Err(invalid(
+            py,
+            "plan has no micro-batches: make it with stowplan.balance(..., max_token_len=T)".into(),
+        ));
+    };
+    let rank: usize = int(rank, "rank", 0, b.dp as i128 - 1)?;
+    let mb = micro.bind(py).get_item(rank)?;
+    let mb = mb.cast::<PyMicroBatches>()?.get();
+    if !local {
+        return PyList::new(py, mb.batches(py)?.bind(py).iter());
+    }
+    let (offsets, order) = (vec_of(b.offsets.bind(py))?, vec_of(b.order.bind(py))?);
+    let modified = || PyValueError::new_err("the plan's arrays disagree (were they modified?)");
+    let span = offsets.get(rank).zip(offsets.get(rank + 1)).map(|(&lo, &hi)| lo as usize..hi as usize);
+    let mine = span.and_then(|s| order.get(s)).ok_or_else(modified)?;
+    // (global index, position in the rank's batch), sorted by global index.
+    let mut at: Vec<(u32, u32)> = mine.iter().zip(0u32..).map(|(&g, p)| (g, p)).collect();
+    at.sort_unstable();
+    let positions = vec_of(mb.indices.bind(py))?
+        .iter()
+        .map(|g| at.binary_search_by_key(g, |&(x, _)| x).map(|k| at[k].1).map_err(|_| modified()))
+        .collect::<PyResult<Vec<u32>>>()?;
+    views(mb.offsets.bind(py), &positions.into_pyarray(py))
 }

@@ -60,7 +60,7 @@ pub(crate) fn is_bool(obj: &Bound<'_, PyAny>) -> bool {
 /// `obj` as an exact integer: a Python int or anything with `__index__` (numpy and torch
 /// integers), never a bool, a float (even a whole one) or a string. `None`: not an integer;
 /// `Some(None)`: an integer outside the 128-bit range.
-fn integer(obj: &Bound<'_, PyAny>) -> Option<Option<i128>> {
+pub(crate) fn integer(obj: &Bound<'_, PyAny>) -> Option<Option<i128>> {
     if is_bool(obj) {
         return None;
     }

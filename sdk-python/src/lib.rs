@@ -79,6 +79,7 @@ fn _stowplan(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(pack_multi, m)?)?;
     m.add_function(wrap_pyfunction!(micro_batches, m)?)?;
     m.add_function(wrap_pyfunction!(balance::balance, m)?)?;
+    m.add_function(wrap_pyfunction!(balance::rank_micro_batches, m)?)?;
     m.add_function(wrap_pyfunction!(verl, m)?)?;
     m.add_function(wrap_pyfunction!(log_seqlen_unbalance, m)?)?;
     m.add_function(wrap_pyfunction!(verl_rearrange_micro_batches, m)?)?;

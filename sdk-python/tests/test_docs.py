@@ -7,7 +7,6 @@ import pathlib
 
 import stowplan
 import stowplan._stowplan
-import stowplan._balance
 import stowplan._fields
 import stowplan._plan
 import stowplan._source
@@ -26,7 +25,7 @@ import stowplan.compat.verl
 
 
 def test_docstring_examples():
-    for module in (stowplan, stowplan._stowplan, stowplan._balance, stowplan._fields, stowplan._plan, stowplan._source, stowplan._filter, stowplan._packer, stowplan._stream, stowplan._sampler, stowplan.arrow, stowplan.hf, stowplan.compat.trl, stowplan.compat.slime, stowplan.compat.verl, stowplan.compat.roll, stowplan.compat.prime_rl, stowplan.compat._prime_rl_head):
+    for module in (stowplan, stowplan._stowplan, stowplan._fields, stowplan._plan, stowplan._source, stowplan._filter, stowplan._packer, stowplan._stream, stowplan._sampler, stowplan.arrow, stowplan.hf, stowplan.compat.trl, stowplan.compat.slime, stowplan.compat.verl, stowplan.compat.roll, stowplan.compat.prime_rl, stowplan.compat._prime_rl_head):
         result = doctest.testmod(module, optionflags=doctest.NORMALIZE_WHITESPACE)
         assert result.failed == 0, module.__name__
     assert doctest.testmod(stowplan).attempted >= 4

@@ -37,7 +37,7 @@ use alloc::string::String;
 use alloc::vec::Vec;
 use core::cmp::Reverse;
 
-use super::state::{Reader, frame, read_options, unframe, write_options};
+use super::state::{Reader, check_end, frame, read_options, unframe, write_options};
 use super::{Closed, MAX_BIN_ITEMS, StreamOptions, StreamPacker, StreamStatus};
 use crate::balance::{MicroLimits, resources};
 use crate::multi::{dominant, fits, share};
@@ -428,13 +428,7 @@ impl LimitedStreamPacker {
             held.extend_from_slice(&members);
             packer.open.push(Bin { room, members });
         }
-        if !r.bytes.is_empty() {
-            return invalid!("state has {} bytes after its contents", r.bytes.len());
-        }
-        held.sort_unstable();
-        if held.windows(2).any(|w| w[0] == w[1]) || held.last().is_some_and(|&last| last >= packer.next_index) {
-            return invalid!("state holds an index twice or an index not yet added");
-        }
+        check_end(&r, held, packer.next_index)?;
         Ok(packer)
     }
 }

@@ -81,19 +81,26 @@ impl StreamPacker {
             packer.open.bins[b].members = members;
             packer.open.index(b);
         }
-        if !r.bytes.is_empty() {
-            return invalid!("state has {} bytes after its contents", r.bytes.len());
-        }
-        held.sort_unstable();
-        if held.windows(2).any(|w| w[0] == w[1]) || held.last().is_some_and(|&last| last >= packer.next_index) {
-            return invalid!("state holds an index twice or an index not yet added");
-        }
+        check_end(&r, held, packer.next_index)?;
         Ok(packer)
     }
 }
 
 const STATE_MAGIC: &[u8; 4] = b"SPSK";
 const STATE_VERSION: u32 = 1;
+
+/// The checks that end a restore: nothing after the contents, and the indices the state
+/// holds (buffered or in open bins) each once and below the next index to add.
+pub(super) fn check_end(r: &Reader<'_>, mut held: Vec<u64>, next_index: u64) -> Result<(), Error> {
+    if !r.bytes.is_empty() {
+        return invalid!("state has {} bytes after its contents", r.bytes.len());
+    }
+    held.sort_unstable();
+    if held.windows(2).any(|w| w[0] == w[1]) || held.last().is_some_and(|&last| last >= next_index) {
+        return invalid!("state holds an index twice or an index not yet added");
+    }
+    Ok(())
+}
 
 /// A packer's options as saved: capacity, align (u64 LE), the bounds (u32 LE), the oversize
 /// policy's byte.

@@ -29,6 +29,32 @@ fn panic(_: &core::panic::PanicInfo<'_>) -> ! {
     core::arch::wasm32::unreachable()
 }
 
+/// The methods both streaming packer resources (`streaming.packer`, `multi-streaming.packer`)
+/// share, over the resource's own type of closed bins.
+macro_rules! packer_methods {
+    ($closed:ty) => {
+        fn add(&self, lengths: Vec<u64>) -> Result<$closed, types::Error> {
+            self.0.borrow_mut().add(&lengths).map(Into::into).map_err(error)
+        }
+
+        fn finish(&self) -> $closed {
+            self.0.borrow_mut().finish().into()
+        }
+
+        fn save(&self) -> Vec<u8> {
+            self.0.borrow().save()
+        }
+
+        fn status(&self) -> stream::Status {
+            self.0.borrow().status().into()
+        }
+
+        fn options(&self) -> stream::Options {
+            (*self.0.borrow().options()).into()
+        }
+    };
+}
+
 mod multi_stream;
 mod slime;
 
@@ -437,23 +463,5 @@ impl stream::GuestPacker for StreamPacker {
         Ok(stream::Packer::new(StreamPacker(core::cell::RefCell::new(p))))
     }
 
-    fn add(&self, lengths: Vec<u64>) -> Result<stream::Closed, types::Error> {
-        self.0.borrow_mut().add(&lengths).map(Into::into).map_err(error)
-    }
-
-    fn finish(&self) -> stream::Closed {
-        self.0.borrow_mut().finish().into()
-    }
-
-    fn save(&self) -> Vec<u8> {
-        self.0.borrow().save()
-    }
-
-    fn status(&self) -> stream::Status {
-        self.0.borrow().status().into()
-    }
-
-    fn options(&self) -> stream::Options {
-        (*self.0.borrow().options()).into()
-    }
+    packer_methods!(stream::Closed);
 }

@@ -20,6 +20,11 @@ read-only objects whose arrays are numpy arrays owning the Rust vectors.
 >>> mb = stowplan.micro_batches([100, 900, 50, 950, 400, 600], 2000, cost="attention")
 >>> mb.count, mb.tokens.tolist()
 (2, [1500, 1500])
+>>> b = stowplan.balance([100, 900, 50, 950, 400, 600], 2)
+>>> b.token_balance["max"], b.log_seqlen_unbalance()["global_seqlen/balanced_max"]
+(1550, 1550)
+>>> stowplan.COSTS["attention"]
+(24576, 1)
 >>> p
 Partition(k=2, total=3000, max=1500, spread=0, lower_bound=1500)
 
@@ -40,7 +45,31 @@ True
 from __future__ import annotations
 
 from . import _stowplan
-from ._balance import COSTS, Balance, MicroBatches, balance, micro_batches, rank_micro_batches
+
+# Partitions, packings, balances and trainer layouts are computed and held by the native
+# module; their results are its frozen classes (numpy arrays owned without a copy), exported
+# as they are (documented in ``_stowplan.pyi``).
+from ._stowplan import (
+    Balance,
+    CpLayout,
+    Materialized,
+    MicroBatch,
+    MicroBatches,
+    MultiPacking,
+    Packing,
+    Partition,
+    StreamPacker,
+    balance,
+    cp_layout,
+    kernel_info,
+    materialize,
+    micro_batches,
+    pack,
+    pack_multi,
+    pad_factor,
+    partition,
+    rank_micro_batches,
+)
 from ._fields import Payload, cp_slice, gather_payload, gather_tokens
 from ._plan import (
     LengthCache,
@@ -59,24 +88,8 @@ from .errors import *  # noqa: F401,F403  (every class of errors.__all__)
 
 __version__: str = _stowplan.__version__
 
-#: Partitions, packings and trainer layouts are computed and held by the native module; their
-#: results are its frozen classes (numpy arrays owned without a copy), exported as they are
-#: (documented in ``_stowplan.pyi``).
-partition = _stowplan.partition
-pack = _stowplan.pack
-pack_multi = _stowplan.pack_multi
-Partition = _stowplan.Partition
-Packing = _stowplan.Packing
-MultiPacking = _stowplan.MultiPacking
-StreamPacker = _stowplan.StreamPacker
-kernel_info = _stowplan.kernel_info
-pad_factor = _stowplan.pad_factor
-cp_layout = _stowplan.cp_layout
-CpLayout = _stowplan.CpLayout
-materialize = _stowplan.materialize
-Materialized = _stowplan.Materialized
-MicroBatch = _stowplan.MicroBatch
-
+#: The kernel's named cost models: a sequence of ``L`` tokens costs ``linear·L + quadratic·L²``.
+COSTS = _stowplan.COST_PRESETS
 
 def __getattr__(name: str) -> object:
     # PackedIterableDataset imports torch (when installed) for its base class: only on use.

@@ -26,7 +26,7 @@ from typing import Any, Iterator, List, Optional
 import numpy as np
 
 from . import _stowplan
-from ._balance import balance
+from ._stowplan import balance
 from ._convert import as_int64
 from .errors import InfeasibleError, InvalidArgumentError
 

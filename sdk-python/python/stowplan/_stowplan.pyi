@@ -308,6 +308,7 @@ def balance(
     cost: Optional[_Cost] = None,
     max_token_len: Optional[int] = None,
     groups: Optional[Iterable[Any]] = None,
+    group_size: Optional[int] = None,
     minibatch_size: Optional[int] = None,
     equal_count: Optional[bool] = None,
     min_count: Optional[int] = None,
@@ -322,9 +323,12 @@ def balance(
     """DP balancing, and with ``max_token_len`` the micro-batches of every rank (global
     sample indices; see :class:`Balance`). ``groups``: one label per sample (any hashable,
     e.g. uids; numpy arrays too); samples with the same label stay on one rank (equal counts
-    need groups of one size and a group count divisible by ``dp``). ``stowplan.balance``,
-    the Python wrapper of this function, also takes ``group_size=G``: the CLI's
-    ``--group-size``, runs of ``G`` consecutive samples (``groups=[i // G ...]``)."""
+    need groups of one size and a group count divisible by ``dp``). ``group_size=G``: the
+    CLI's ``--group-size``, runs of ``G`` consecutive samples (``groups=[i // G ...]``)."""
+
+def rank_micro_batches(plan: Balance, rank: int, *, local: bool = True) -> List[npt.NDArray[np.uint32]]:
+    """Rank ``rank``'s micro-batches of ``plan`` (made with ``max_token_len``): rank-local
+    positions (into ``batch[plan.ranks[rank]]``), or with ``local=False`` global indices."""
 
 def verl(function: str, seqlens: List[int], k: int, equal_size: bool, *, backend: Optional[str] = None) -> List[List[int]]:
     """verl 0.9.1's ``function``; raises the builtin exception verl raises."""

@@ -26,25 +26,7 @@ impl ms::GuestPacker for LimitedStreamPacker {
         Ok(ms::Packer::new(LimitedStreamPacker(RefCell::new(p))))
     }
 
-    fn add(&self, rows: Vec<u64>) -> Result<ms::LimitedClosed, types::Error> {
-        self.0.borrow_mut().add(&rows).map(Into::into).map_err(error)
-    }
-
-    fn finish(&self) -> ms::LimitedClosed {
-        self.0.borrow_mut().finish().into()
-    }
-
-    fn save(&self) -> Vec<u8> {
-        self.0.borrow().save()
-    }
-
-    fn status(&self) -> stream::Status {
-        self.0.borrow().status().into()
-    }
-
-    fn options(&self) -> stream::Options {
-        (*self.0.borrow().options()).into()
-    }
+    packer_methods!(ms::LimitedClosed);
 
     fn limits(&self) -> ms::Limits {
         self.0.borrow().limits().into()
