@@ -1,93 +1,50 @@
-//! Errors: the exception classes of `stowplan.errors`, imported once, and the host's errors
-//! (and the peers' builtin exceptions) as Python exceptions.
+//! Errors: the host's errors as the exception classes `stowplan.errors` gives its error kinds,
+//! and the peers' builtin exceptions.
 
-use pyo3::exceptions::{PyAssertionError, PyIndexError, PyMemoryError, PyTypeError, PyValueError, PyZeroDivisionError};
+use pyo3::exceptions::{
+    PyAssertionError, PyIndexError, PyMemoryError, PyRuntimeError, PyTypeError, PyValueError, PyZeroDivisionError,
+};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
-use pyo3::types::PyType;
-use stowplan::{Error, FilterError, PyError};
+use pyo3::types::{PyDict, PyType};
+use stowplan::{Error, PyError};
 
-/// An exception class of `stowplan.errors` (`Class::NAMES` in the same order).
-#[derive(Clone, Copy, Debug)]
-enum Class {
-    InvalidArgument,
-    Infeasible,
-    KernelRuntime,
-    Config,
-    Io,
-    CacheMismatch,
-    Timeout,
-    FilterTimeout,
-    FilterOutOfFuel,
-    FilterMemoryLimit,
-    FilterTrap,
-    FilterInvalidResult,
-    FilterHashMismatch,
-    FilterGuest,
-    FilterLoad,
+/// The key of `e`'s class in `stowplan.errors._BY_KIND`: the host's [`Error::kind`], and for
+/// a buffer filter `filter-` and its [`FilterError::kind`](stowplan::FilterError::kind).
+fn kind(e: &Error) -> String {
+    match e {
+        Error::Filter(f) => format!("filter-{}", f.kind()),
+        e => e.kind().to_string(),
+    }
 }
 
-impl Class {
-    const COUNT: usize = 15;
-    const NAMES: [&'static str; Self::COUNT] = [
-        "InvalidArgumentError",
-        "InfeasibleError",
-        "KernelRuntimeError",
-        "ConfigError",
-        "StowplanIOError",
-        "CacheMismatchError",
-        "StowplanTimeoutError",
-        "FilterTimeoutError",
-        "FilterOutOfFuelError",
-        "FilterMemoryLimitError",
-        "FilterTrapError",
-        "FilterInvalidResultError",
-        "FilterHashMismatchError",
-        "FilterGuestError",
-        "FilterLoadError",
-    ];
-
-    fn of(e: &Error) -> Self {
-        match e {
-            Error::InvalidArgument(_) => Class::InvalidArgument,
-            Error::Infeasible(_) => Class::Infeasible,
-            Error::Runtime(_) => Class::KernelRuntime,
-            Error::Config(_) => Class::Config,
-            Error::Io(_) => Class::Io,
-            Error::CacheMismatch(_) => Class::CacheMismatch,
-            Error::Timeout(_) => Class::Timeout,
-            Error::Filter(f) => match f {
-                FilterError::Timeout(_) => Class::FilterTimeout,
-                FilterError::OutOfFuel(_) => Class::FilterOutOfFuel,
-                FilterError::MemoryLimit(_) => Class::FilterMemoryLimit,
-                FilterError::Trap(_) => Class::FilterTrap,
-                FilterError::InvalidResult(_) => Class::FilterInvalidResult,
-                FilterError::HashMismatch(_) => Class::FilterHashMismatch,
-                FilterError::Guest(_) => Class::FilterGuest,
-                FilterError::Load(_) => Class::FilterLoad,
-            },
-        }
-    }
-
-    /// The exception raising `message` as this class (the class is imported on first use
-    /// and kept for the life of the process).
-    fn err(self, py: Python<'_>, message: String) -> PyErr {
-        static CLASSES: [PyOnceLock<Py<PyType>>; Class::COUNT] = [const { PyOnceLock::new() }; Class::COUNT];
-        match CLASSES[self as usize].import(py, "stowplan.errors", Self::NAMES[self as usize]) {
-            Ok(class) => PyErr::from_type(class.clone(), message),
-            Err(e) => e,
-        }
+/// `message` raised as the `stowplan.errors` class of the host's error kind `kind` (the
+/// module's `_BY_KIND`, imported on first use and kept for the life of the process).
+fn raise(py: Python<'_>, kind: &str, message: String) -> PyErr {
+    static BY_KIND: PyOnceLock<Py<PyDict>> = PyOnceLock::new();
+    let class = BY_KIND.import(py, "stowplan.errors", "_BY_KIND").and_then(|by_kind| {
+        by_kind
+            .get_item(kind)?
+            .ok_or_else(|| {
+                PyRuntimeError::new_err(format!("stowplan.errors._BY_KIND has no class for the error kind {kind:?}"))
+            })?
+            .cast_into::<PyType>()
+            .map_err(PyErr::from)
+    });
+    match class {
+        Ok(class) => PyErr::from_type(class, message),
+        Err(e) => e,
     }
 }
 
 /// The host's error as the matching `stowplan.errors` class.
 pub(crate) fn to_py(py: Python<'_>, e: Error) -> PyErr {
-    Class::of(&e).err(py, e.to_string())
+    raise(py, &kind(&e), e.to_string())
 }
 
 /// `InvalidArgumentError(message)`.
 pub(crate) fn invalid(py: Python<'_>, message: String) -> PyErr {
-    Class::InvalidArgument.err(py, message)
+    raise(py, "invalid-argument", message)
 }
 
 /// A peer's exception (verl, ROLL) as the builtin class the peer raises.

@@ -101,6 +101,18 @@ def test_invalid_arguments_name_the_argument(call, fragment):
     assert isinstance(info.value, ValueError) and isinstance(info.value, stowplan.StowplanError)
 
 
+def test_every_error_class_has_one_host_kind():
+    """The native module raises the host's errors through ``stowplan.errors._BY_KIND``: every
+    concrete class is there once, under a kind; only the two base classes are not."""
+    from stowplan import errors
+
+    classes = [getattr(errors, name) for name in errors.__all__]
+    assert sorted(c.__name__ for c in errors._BY_KIND.values()) == sorted(
+        c.__name__ for c in classes if c not in (errors.StowplanError, errors.FilterError)
+    )
+    assert all(issubclass(c, errors.FilterError) == k.startswith("filter-") for k, c in errors._BY_KIND.items())
+
+
 def test_infeasible():
     with pytest.raises(stowplan.InfeasibleError, match=r"lengths\[1\] = 1001 .*capacity = 1000"):
         stowplan.pack([10, 1001], 1000)

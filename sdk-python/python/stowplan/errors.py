@@ -100,3 +100,24 @@ class FilterGuestError(FilterError):
 class FilterLoadError(FilterError):
     """The file is not a buffer-filter component this host can run (not a component, another
     world, or imports other than WASI)."""
+
+
+#: The class of each of the host's error kinds (``stowplan::Error::kind``; a buffer filter's
+#: ``filter-`` and ``FilterError::kind``): how the native module raises the host's errors.
+_BY_KIND = {
+    "invalid-argument": InvalidArgumentError,
+    "infeasible": InfeasibleError,
+    "runtime": KernelRuntimeError,
+    "config": ConfigError,
+    "io": StowplanIOError,
+    "cache-mismatch": CacheMismatchError,
+    "timeout": StowplanTimeoutError,
+    "filter-timeout": FilterTimeoutError,
+    "filter-out-of-fuel": FilterOutOfFuelError,
+    "filter-memory-limit": FilterMemoryLimitError,
+    "filter-trap": FilterTrapError,
+    "filter-invalid-result": FilterInvalidResultError,
+    "filter-hash-mismatch": FilterHashMismatchError,
+    "filter-guest": FilterGuestError,
+    "filter-load": FilterLoadError,
+}
