@@ -1,4 +1,5 @@
-"""The stubs (``stowplan/_stowplan.pyi``, written by hand) say what the compiled module is:
+"""The stubs (``stowplan/_stowplan.pyi`` and the topic stubs it re-exports from ``_stubs/``,
+written by hand) say what the compiled module is:
 the same public names, and for every function, method and constructor the same parameters
 — names, order, kind (positional or keyword-only) and defaults — as the signatures PyO3
 gives the compiled module (``__text_signature__``, read by :func:`inspect.signature`). And
@@ -18,7 +19,6 @@ import stowplan
 from stowplan import _stowplan
 
 STUB = pathlib.Path(stowplan.__file__).with_name("_stowplan.pyi")
-TREE = ast.parse(STUB.read_text())
 MAX_POSITIONAL = 6
 # sdk-python/src/packer.rs is being reworked separately; until then its constructor takes
 # every option positionally. Remove the entry with that rework (the test says when).
@@ -44,7 +44,19 @@ def _stub_members(body: List[ast.stmt]) -> Dict[str, ast.AST]:
     return out
 
 
-STUBS = _stub_members(TREE.body)
+def _stub_body(path: pathlib.Path) -> List[ast.stmt]:
+    """The statements of a stub file, each ``from .x.y import *`` replaced by the statements
+    of the stub it names (``_stowplan.pyi`` re-exports the topic stubs of ``_stubs/``)."""
+    body: List[ast.stmt] = []
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.ImportFrom) and node.level == 1 and [a.name for a in node.names] == ["*"]:
+            body += _stub_body(path.parent.joinpath(*str(node.module).split(".")).with_suffix(".pyi"))
+        else:
+            body.append(node)
+    return body
+
+
+STUBS = _stub_members(_stub_body(STUB))
 
 
 def _default(node: Optional[ast.expr]) -> Any:

@@ -1,0 +1,124 @@
+"""Stubs of ``stowplan._stowplan``: static pack plans and length caches (``src/plan.rs``)."""
+
+from typing import Any, Dict, List, Optional
+
+import numpy as np
+import numpy.typing as npt
+
+from ._types import _Lengths
+
+class StaticPackPlan:
+    """A static pack plan of an SFT dataset: the world-size independent raw plan of a dataset and
+    its alignment for ``world_size`` ranks. ``len(plan)`` is the number of aligned packs and
+    ``plan[i]`` the sample indices (ascending) of aligned pack ``i``."""
+
+    raw_offsets: npt.NDArray[np.uint32]
+    raw_indices: npt.NDArray[np.uint32]
+    raw_tokens: npt.NDArray[np.uint64]
+    aligned_packs: npt.NDArray[np.uint32]
+    n_raw_packs: int
+    n_aligned_packs: int
+    per_rank: int
+    samples: int
+    packing_length: int
+    align: int
+    allow_single_long: bool
+    world_size: int
+    drop_last: bool
+    pad_needed: int
+    repeated: List[int]
+    dropped_packs: int
+    dropped_pack_samples: int
+    single_long: List[int]
+    dropped_long: List[int]
+    lower_bound: int
+    #: Real tokens of every packed sample, the single-long ones included.
+    real_tokens: int
+    #: Fill of the multi-sample packs only, in 0..=1: their real tokens (``real_tokens``
+    #: minus the single-long packs') / (multi-sample packs × ``packing_length``).
+    efficiency: float
+    raw_checksum: str
+    aligned_checksum: str
+    #: The limits beside ``packing_length`` (name → cap per pack); ``None`` for tokens only.
+    limits: Optional[Dict[str, int]]
+    #: At most this many samples per multi-sample pack (0: no limit).
+    max_segments: int
+    #: The method under limits (``None``: best-fit decreasing on tokens).
+    method: Optional[str]
+    #: Every raw pack's load in each limit, ``(n_raw_packs, len(limits))`` uint64.
+    resource_loads: Optional[npt.NDArray[np.uint64]]
+    #: Lower bound per resource: ``tokens``, each limit, ``segments``.
+    lower_bounds: Optional[Dict[str, int]]
+    @staticmethod
+    def from_lengths(
+        lengths: _Lengths,
+        *,
+        packing_length: int,
+        world_size: Optional[int] = None,
+        drop_last: Optional[bool] = None,
+        allow_single_long: Optional[bool] = None,
+        align: Optional[int] = None,
+        resources: Optional[Dict[str, _Lengths]] = None,
+        limits: Optional[Dict[str, int]] = None,
+        max_segments: Optional[int] = None,
+        method: Optional[str] = None,
+        backend: Optional[str] = None,
+    ) -> "StaticPackPlan":
+        """Best-fit decreasing packs of at most ``packing_length`` aligned tokens; samples
+        with length >= packing_length alone (``allow_single_long``) or dropped; aligned for
+        ``world_size`` ranks by dropping the remainder (``drop_last``) or repeating the first
+        packs. ``resources``/``limits``/``max_segments``: further limits per pack (a sample
+        over one is long), packed by ``method`` (``balanced`` default)."""
+    @staticmethod
+    def load(path: Any) -> "StaticPackPlan":
+        """Reads a plan saved by :meth:`save` (or ``stowplan plan --out``), verifying both
+        checksums."""
+    def save(self, path: Any) -> None:
+        """Writes the plan (JSON, format ``stowplan.static-pack-plan/2``, ``/3`` with limits) atomically."""
+    def to_json(self) -> str: ...
+    def realign(self, world_size: int, *, drop_last: Optional[bool] = None, backend: Optional[str] = None) -> "StaticPackPlan":
+        """The same raw plan aligned for other ranks."""
+    def __len__(self) -> int: ...
+    def __getitem__(self, index: int) -> List[int]: ...
+    def pack(self, index: int) -> List[int]:
+        """Sample indices of aligned pack ``index`` (negative counts from the end)."""
+    def raw_packs(self) -> List[List[int]]:
+        """The raw packs as index lists."""
+    def log_lines(self) -> List[str]:
+        """The plan's log lines: raw and aligned pack counts, world size, drop_last, repeated or
+        dropped packs, long samples, and both checksums."""
+    def log(self, logger: Any = None) -> None:
+        """Writes :meth:`log_lines` to ``logger`` (default ``stowplan.plan``)."""
+
+class LengthCache:
+    """The fingerprinted per-sample length cache (run-scoped directory, atomic flushes)."""
+
+    known: int
+    complete: bool
+    flushes: int
+    persist_every: int
+    path: Any
+    fingerprint: str
+    def __init__(
+        self, cache_dir: Any, source: str, samples: int, config_json: Optional[str] = None, persist_every: Optional[int] = None
+    ) -> None: ...
+    def missing(self) -> npt.NDArray[np.uint32]:
+        """Sample indices whose length is not known yet."""
+    def set_many(self, indices: List[int], lengths: List[int]) -> None:
+        """Records lengths by sample index (flushing on cadence)."""
+    def flush(self) -> None: ...
+    def finish(self) -> npt.NDArray[np.uint64]:
+        """Flushes pending lengths and returns all of them."""
+    @staticmethod
+    def wait(
+        cache_dir: Any, source: str, samples: int, *, config_json: Optional[str] = None, timeout_s: Optional[float] = None
+    ) -> npt.NDArray[np.uint64]:
+        """Waits for rank 0's complete cache (timeout 0 = forever)."""
+
+def resolve_packing_config(config_json: str, world_size: int) -> Dict[str, Any]:
+    """The validated packing configuration (with ``batch_report``)."""
+
+def accumulation_warning(
+    world_size: int, per_device_train_batch_size: int, gradient_accumulation_steps: int, per_rank_batches: int
+) -> Optional[str]:
+    """Seed 002's partial accumulation window warning, or None."""
