@@ -9,7 +9,7 @@ use proptest::prelude::*;
 use serde_json::json;
 use stowplan::{
     BufferColumns, BufferFilter, BufferView, DataSource, DataSourceOptions, Error, FilterContext, FilterError,
-    FilterOptions, Group, Kernel, OnFailure, PopFirst, RolloutSample, Status, WasmFilter,
+    FilterOptions, Group, Kernel, OnFailure, PopFirst, Status, WasmFilter, synthetic_buffer,
 };
 
 fn dist(file: &str) -> PathBuf {
@@ -46,27 +46,20 @@ impl Buf {
     }
 }
 
-/// `groups` groups of `k` samples with one reward each (group `g`, sample `j`).
+/// `groups` groups of `k` samples with one reward each (group `g`, sample `j`): the host's
+/// synthetic buffer with this file's rewards, labels (even samples), metadata and lengths.
 fn buffer(groups: usize, k: usize, reward: impl Fn(usize, usize) -> Option<f64>) -> Buf {
-    let groups: Vec<Group> = (0..groups)
-        .map(|g| {
-            (0..k)
-                .map(|j| RolloutSample {
-                    index: (g * k + j) as u64,
-                    group: g as u64,
-                    prompt_index: g as u32,
-                    prompt: "\"p\"".into(),
-                    label: (j % 2 == 0).then(|| format!("label {g}")),
-                    metadata: format!("{{\"g\":{g}}}"),
-                    prompt_length: 10,
-                    response_length: (g * 7 + j) as u32,
-                    rewards: reward(g, j).into_iter().collect(),
-                    status: Status::Completed,
-                    payload: Vec::new(),
-                })
-                .collect()
-        })
-        .collect();
+    let mut groups = synthetic_buffer(groups, k, 0);
+    for (g, group) in groups.iter_mut().enumerate() {
+        for (j, s) in group.iter_mut().enumerate() {
+            s.prompt = "\"p\"".into();
+            s.label = (j % 2 == 0).then(|| format!("label {g}"));
+            s.metadata = format!("{{\"g\":{g}}}");
+            s.prompt_length = 10;
+            s.response_length = (g * 7 + j) as u32;
+            s.rewards = reward(g, j).into_iter().collect();
+        }
+    }
     let columns = BufferColumns::from_groups(&groups);
     Buf { groups, columns }
 }
