@@ -1,0 +1,208 @@
+//! The structure ARCHITECTURE.md promises ("Layers (invariants)"), checked on the sources:
+//! inside `host/src` a module uses only modules of its own row of the drawing or of the rows
+//! drawn above it (the layers it sits on), and in no crate of the workspace does a top-level module use a module that uses it
+//! back (directly or around a longer cycle).
+//!
+//! The sources are read as text: every `crate::name` outside comments is an edge from the
+//! file's top-level module to `name`, and a name the crate root re-exports (`pub use
+//! module::{Name, …}` in `lib.rs`) counts as its module, so an import through the re-exports
+//! cannot hide an edge.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fs;
+use std::path::{Path, PathBuf};
+
+/// The rows of the host's drawing in ARCHITECTURE.md, in the drawing's order (the foundation
+/// first). `error.rs`, `input.rs` and `json.rs` (the error type, input parsing and the JSON
+/// figures) sit in the first row.
+const HOST_ROWS: &[&[&str]] = &[
+    &["error", "input", "json", "kernel", "runtime", "wire"],
+    &["materialize", "plan", "plugins", "rollout", "rows"],
+    &["packer"],
+    &["serve"],
+];
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// Every crate of the repository with a `src` folder (its path from the root), build output
+/// and installed packages left out.
+fn crates(dir: &Path, out: &mut Vec<String>) {
+    if dir.join("Cargo.toml").exists() && dir.join("src").is_dir() {
+        out.push(dir.strip_prefix(root()).unwrap().to_string_lossy().into_owned());
+    }
+    for entry in fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_string_lossy();
+        if path.is_dir() && !matches!(name.as_ref(), "target" | "node_modules" | ".git" | "src") {
+            crates(&path, out);
+        }
+    }
+}
+
+fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    for entry in fs::read_dir(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())) {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            rust_files(&path, out);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push(path);
+        }
+    }
+}
+
+/// `text` without its comments (`//…` to the end of the line; strings are not special-cased,
+/// which no source here needs).
+fn code(text: &str) -> String {
+    text.lines().map(|l| l.find("//").map_or(l, |i| &l[..i])).collect::<Vec<_>>().join("\n")
+}
+
+fn ident(s: &str) -> &str {
+    let end = s.find(|c: char| !(c.is_ascii_alphanumeric() || c == '_')).unwrap_or(s.len());
+    &s[..end]
+}
+
+/// The first segment of every path after `crate::` (the segments of a `crate::{a::X, b}`
+/// group too).
+fn crate_refs(code: &str) -> Vec<&str> {
+    let mut out = Vec::new();
+    for (i, _) in code.match_indices("crate::") {
+        let rest = &code[i + "crate::".len()..];
+        if let Some(group) = rest.strip_prefix('{') {
+            let group = &group[..group.find('}').unwrap_or(group.len())];
+            out.extend(group.split(',').map(|p| ident(p.trim())).filter(|s| !s.is_empty()));
+        } else {
+            out.push(ident(rest));
+        }
+    }
+    out
+}
+
+/// Name → module of the crate root's `pub use module::…` re-exports.
+fn reexports(root_code: &str) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    for stmt in root_code.split(';') {
+        let Some(path) = stmt.trim().rsplit_once("pub use ").map(|(_, p)| p.trim()) else { continue };
+        let module = ident(path).to_string();
+        let names = match path.split_once('{') {
+            // `Name as Alias` re-exports the alias.
+            Some((_, names)) => names.split(',').map(|n| ident(n.trim().rsplit(' ').next().unwrap_or(""))).collect(),
+            None => vec![ident(path.rsplit("::").next().unwrap_or(""))],
+        };
+        for n in names.into_iter().filter(|n| !n.is_empty() && *n != module) {
+            out.insert(n.to_string(), module.clone());
+        }
+    }
+    out
+}
+
+/// Top-level module → the crate's top-level modules it uses (the root itself excluded).
+fn module_graph(krate: &str) -> BTreeMap<String, BTreeSet<String>> {
+    let src = root().join(krate).join("src");
+    let mut files = Vec::new();
+    rust_files(&src, &mut files);
+    let top = |f: &Path| {
+        let rel = f.strip_prefix(&src).unwrap();
+        let first = rel.components().next().unwrap().as_os_str().to_string_lossy().into_owned();
+        first.trim_end_matches(".rs").to_string()
+    };
+    let modules: BTreeSet<String> = files.iter().map(|f| top(f)).filter(|m| m != "lib" && m != "main").collect();
+    let root_code = ["lib.rs", "main.rs"]
+        .iter()
+        .map(|r| src.join(r))
+        .find(|p| p.exists())
+        .map(|p| code(&fs::read_to_string(p).unwrap()));
+    let names = root_code.as_deref().map(reexports).unwrap_or_default();
+    let mut graph: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for f in &files {
+        let from = top(f);
+        if !modules.contains(&from) {
+            continue;
+        }
+        for r in crate_refs(&code(&fs::read_to_string(f).unwrap())) {
+            let to = names.get(r).map_or(r, String::as_str);
+            if to != from && modules.contains(to) {
+                graph.entry(from.clone()).or_default().insert(to.to_string());
+            }
+        }
+    }
+    graph
+}
+
+/// The cycles of `graph`: each strongly connected component of more than one module, sorted.
+fn cycles(graph: &BTreeMap<String, BTreeSet<String>>) -> Vec<Vec<String>> {
+    let reach = |start: &str| {
+        let mut seen = BTreeSet::new();
+        let mut todo = vec![start.to_string()];
+        while let Some(m) = todo.pop() {
+            for n in graph.get(&m).into_iter().flatten() {
+                if seen.insert(n.clone()) {
+                    todo.push(n.clone());
+                }
+            }
+        }
+        seen
+    };
+    let reached: BTreeMap<&String, BTreeSet<String>> = graph.keys().map(|m| (m, reach(m))).collect();
+    let mut out: Vec<Vec<String>> = Vec::new();
+    for (m, r) in &reached {
+        let component: Vec<String> =
+            r.iter().filter(|n| *n == *m || reached.get(n).is_some_and(|back| back.contains(*m))).cloned().collect();
+        if r.contains(*m) && component.len() > 1 && !out.contains(&component) {
+            out.push(component);
+        }
+    }
+    out
+}
+
+#[test]
+fn host_modules_use_only_their_row_or_the_rows_they_sit_on() {
+    let row = |m: &str| HOST_ROWS.iter().position(|r| r.contains(&m));
+    let graph = module_graph("host");
+    let mut wrong = Vec::new();
+    for (from, tos) in &graph {
+        let Some(level) = row(from) else {
+            wrong.push(format!("{from} is in no row of the drawing (add it to HOST_ROWS and ARCHITECTURE.md)"));
+            continue;
+        };
+        for to in tos {
+            match row(to) {
+                Some(l) if l <= level => {}
+                Some(_) => wrong.push(format!("{from} (row {level}) uses {to}, a row that sits on it")),
+                None => {
+                    wrong.push(format!("{to} is in no row of the drawing (add it to HOST_ROWS and ARCHITECTURE.md)"))
+                }
+            }
+        }
+    }
+    assert!(wrong.is_empty(), "the host's layers: {wrong:#?}");
+    // The check sees the edges it should: serve sits on the packer, the packer on the wire.
+    assert!(graph["serve"].contains("packer") && graph["packer"].contains("wire"), "{graph:#?}");
+}
+
+#[test]
+fn no_crate_has_a_module_cycle() {
+    let mut all = Vec::new();
+    crates(&root(), &mut all);
+    assert!(all.len() >= 6 && all.contains(&"host".to_string()) && all.contains(&"kernel".to_string()), "{all:?}");
+    for krate in &all {
+        let found = cycles(&module_graph(krate));
+        assert!(found.is_empty(), "{krate}/src has module cycles: {found:?}");
+    }
+}
+
+#[test]
+fn the_checks_see_through_reexports_groups_and_comments() {
+    let text = "use crate::{a::X, b};\n// crate::commented\nfn f() -> crate::Y { crate::c::g() } /// crate::Doc\n";
+    assert_eq!(crate_refs(&code(text)), ["a", "b", "Y", "c"]);
+    let names = reexports(&code("mod a;\n#[cfg(x)]\npub use a::{X, Y as Z};\npub use b::W;\npub mod c;\n"));
+    assert_eq!(names.get("X").map(String::as_str), Some("a"));
+    assert_eq!(names.get("Z").map(String::as_str), Some("a"));
+    assert_eq!(names.get("W").map(String::as_str), Some("b"));
+    let graph: BTreeMap<String, BTreeSet<String>> = [("a", "b"), ("b", "c"), ("c", "a"), ("d", "a")]
+        .into_iter()
+        .map(|(f, t)| (f.to_string(), BTreeSet::from([t.to_string()])))
+        .collect();
+    assert_eq!(cycles(&graph), [["a", "b", "c"]]);
+}
