@@ -30,12 +30,12 @@ fn root() -> PathBuf {
 /// and installed packages left out.
 fn crates(dir: &Path, out: &mut Vec<String>) {
     if dir.join("Cargo.toml").exists() && dir.join("src").is_dir() {
-        out.push(dir.strip_prefix(root()).unwrap().to_string_lossy().into_owned());
+        out.push(dir.strip_prefix(root()).expect("below the root").to_string_lossy().into_owned());
     }
-    for entry in fs::read_dir(dir).unwrap() {
-        let path = entry.unwrap().path();
-        let name = path.file_name().unwrap().to_string_lossy();
-        if path.is_dir() && !matches!(name.as_ref(), "target" | "node_modules" | ".git" | "src") {
+    for entry in fs::read_dir(dir).expect("a readable folder") {
+        let path = entry.expect("a folder entry").path();
+        let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        if path.is_dir() && !matches!(name.as_str(), "target" | "node_modules" | ".git" | "src") {
             crates(&path, out);
         }
     }
@@ -43,7 +43,7 @@ fn crates(dir: &Path, out: &mut Vec<String>) {
 
 fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
     for entry in fs::read_dir(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())) {
-        let path = entry.unwrap().path();
+        let path = entry.expect("a folder entry").path();
         if path.is_dir() {
             rust_files(&path, out);
         } else if path.extension().is_some_and(|e| e == "rs") {
@@ -103,8 +103,8 @@ fn module_graph(krate: &str) -> BTreeMap<String, BTreeSet<String>> {
     let mut files = Vec::new();
     rust_files(&src, &mut files);
     let top = |f: &Path| {
-        let rel = f.strip_prefix(&src).unwrap();
-        let first = rel.components().next().unwrap().as_os_str().to_string_lossy().into_owned();
+        let rel = f.strip_prefix(&src).expect("below src");
+        let first = rel.components().next().expect("a path below src").as_os_str().to_string_lossy().into_owned();
         first.trim_end_matches(".rs").to_string()
     };
     let modules: BTreeSet<String> = files.iter().map(|f| top(f)).filter(|m| m != "lib" && m != "main").collect();
@@ -112,7 +112,7 @@ fn module_graph(krate: &str) -> BTreeMap<String, BTreeSet<String>> {
         .iter()
         .map(|r| src.join(r))
         .find(|p| p.exists())
-        .map(|p| code(&fs::read_to_string(p).unwrap()));
+        .map(|p| code(&fs::read_to_string(p).expect("a readable source")));
     let names = root_code.as_deref().map(reexports).unwrap_or_default();
     let mut graph: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
     for f in &files {
@@ -120,7 +120,7 @@ fn module_graph(krate: &str) -> BTreeMap<String, BTreeSet<String>> {
         if !modules.contains(&from) {
             continue;
         }
-        for r in crate_refs(&code(&fs::read_to_string(f).unwrap())) {
+        for r in crate_refs(&code(&fs::read_to_string(f).expect("a readable source"))) {
             let to = names.get(r).map_or(r, String::as_str);
             if to != from && modules.contains(to) {
                 graph.entry(from.clone()).or_default().insert(to.to_string());
