@@ -79,13 +79,10 @@ struct Figures {
 }
 
 impl Figures {
-    /// The figures of `values`.
+    /// The figures of `values` (the kernel's [`stowplan::Figures`]).
     fn of(values: &[u64]) -> Self {
-        let max = values.iter().copied().max().unwrap_or(0);
-        let min = values.iter().copied().min().unwrap_or(0);
-        let total: u128 = values.iter().map(|&v| u128::from(v)).sum();
-        let mean = if values.is_empty() { 0.0 } else { total as f64 / values.len() as f64 };
-        Self { max, min, mean, max_over_mean: if mean > 0.0 { max as f64 / mean } else { 1.0 }, spread: max - min }
+        let stowplan::Figures { max, min, mean, max_over_mean, spread } = stowplan::Figures::of(values);
+        Self { max, min, mean, max_over_mean, spread }
     }
 }
 
@@ -124,15 +121,9 @@ impl VerlUnbalance {
     fn of(lengths: &[u64], ranks: &[Vec<u32>]) -> Option<Self> {
         let seqlens: Vec<i64> = lengths.iter().map(|&l| i64::try_from(l).unwrap_or(i64::MAX)).collect();
         let parts: Vec<Vec<i64>> = ranks.iter().map(|r| r.iter().map(|&i| i64::from(i)).collect()).collect();
-        let u = stowplan::verl_log_seqlen_unbalance(&seqlens, &parts).ok()?;
-        Some(Self {
-            min: u.min as i64,
-            max: u.max as i64,
-            minmax_diff: (u.max - u.min) as i64,
-            balanced_min: u.balanced_min as i64,
-            balanced_max: u.balanced_max as i64,
-            mean: u.total as f64 / u.k as f64,
-        })
+        let stowplan::UnbalanceFigures { min, max, minmax_diff, balanced_min, balanced_max, mean } =
+            stowplan::verl_log_seqlen_unbalance(&seqlens, &parts).ok()?.figures();
+        Some(Self { min, max, minmax_diff, balanced_min, balanced_max, mean })
     }
 }
 

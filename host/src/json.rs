@@ -1,7 +1,7 @@
 //! Results as JSON values (the CLI's `--json` output and the conformance vectors' shape).
 
 use serde_json::{Value, json};
-use stowplan_kernel::{DpPlan, MicroPlan, Packing, Partitioning, Plan, unflatten as lists};
+use stowplan_kernel::{DpPlan, Figures, MicroPlan, Packing, Partitioning, Plan, unflatten as lists};
 
 /// `{"groups", "sums", "total", "spread", "lower_bound"}` of a partition.
 pub fn partition(p: &Partitioning) -> Value {
@@ -38,18 +38,15 @@ pub fn with(mut base: Value, extra: Value) -> Value {
 }
 
 /// `{"max", "min", "mean", "max_over_mean", "spread"}` of per-group totals (tokens or costs):
-/// the balance metrics of a plan. `max_over_mean` is 1.0 for a perfect balance.
+/// the balance metrics of a plan, the kernel's [`Figures`].
 pub fn summary(values: &[u64]) -> Value {
-    let max = values.iter().copied().max().unwrap_or(0);
-    let min = values.iter().copied().min().unwrap_or(0);
-    let total: u128 = values.iter().map(|&v| u128::from(v)).sum();
-    let mean = if values.is_empty() { 0.0 } else { total as f64 / values.len() as f64 };
+    let f = Figures::of(values);
     json!({
-        "max": max,
-        "min": min,
-        "mean": mean,
-        "max_over_mean": if mean > 0.0 { max as f64 / mean } else { 1.0 },
-        "spread": max - min,
+        "max": f.max,
+        "min": f.min,
+        "mean": f.mean,
+        "max_over_mean": f.max_over_mean,
+        "spread": f.spread,
     })
 }
 
@@ -96,14 +93,14 @@ pub fn verl_unbalance(
     seqlens: &[i64],
     partitions: &[Vec<i64>],
 ) -> Result<Value, stowplan_kernel::verl::UnbalanceError> {
-    let u = crate::verl_log_seqlen_unbalance(seqlens, partitions)?;
+    let u = crate::verl_log_seqlen_unbalance(seqlens, partitions)?.figures();
     Ok(json!({
-        format!("{prefix}/min"): u.min as i64,
-        format!("{prefix}/max"): u.max as i64,
-        format!("{prefix}/minmax_diff"): (u.max - u.min) as i64,
-        format!("{prefix}/balanced_min"): u.balanced_min as i64,
-        format!("{prefix}/balanced_max"): u.balanced_max as i64,
-        format!("{prefix}/mean"): u.total as f64 / u.k as f64,
+        format!("{prefix}/min"): u.min,
+        format!("{prefix}/max"): u.max,
+        format!("{prefix}/minmax_diff"): u.minmax_diff,
+        format!("{prefix}/balanced_min"): u.balanced_min,
+        format!("{prefix}/balanced_max"): u.balanced_max,
+        format!("{prefix}/mean"): u.mean,
     }))
 }
 

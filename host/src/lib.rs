@@ -78,11 +78,11 @@ pub use rows::{
 pub use runtime::{AtomicFile, cache_dir, sha256_hex, write_atomic};
 pub use stowplan_kernel::peers::{DpReorder, RollLoadBalanceOptions, RollMicroBatches, VerlMicroOptions};
 pub use stowplan_kernel::slime;
-pub use stowplan_kernel::verl::{PyError, SeqlenUnbalance, UnbalanceError};
+pub use stowplan_kernel::verl::{PyError, SeqlenUnbalance, UnbalanceError, UnbalanceFigures};
 pub use stowplan_kernel::{
-    AlignOptions, Cost, CpLayout, DistributeOptions, Distribution, DpOptions, DpPlan, Factor, MicroOptions, MicroPlan,
-    Order, OversizePolicy, PackMethod, PackOptions, Packing, Padding, PartitionMethod, PartitionOptions, Partitioning,
-    Plan,
+    AlignOptions, Cost, CpLayout, DistributeOptions, Distribution, DpOptions, DpPlan, Factor, Figures, MicroOptions,
+    MicroPlan, Order, OversizePolicy, PackMethod, PackOptions, Packing, Padding, PartitionMethod, PartitionOptions,
+    Partitioning, Plan,
 };
 pub use stowplan_kernel::{AlignedPlan, COST_PRESETS, MAX_COUNT, MAX_PARALLEL, Named, PlanOptions, RawPlan, unflatten};
 pub use stowplan_kernel::{Closed, LimitedClosed, StreamLimits, StreamOptions, StreamStatus, stream};

@@ -44,7 +44,7 @@ pub mod verl;
 pub mod wit;
 
 pub use balance::{
-    Cost, DpOptions, DpPlan, LimitedMicroPlan, MicroLimits, MicroOptions, MicroPlan, Order, Plan, balance_dp,
+    Cost, DpOptions, DpPlan, Figures, LimitedMicroPlan, MicroLimits, MicroOptions, MicroPlan, Order, Plan, balance_dp,
     check_limits, micro_batches, micro_batches_limited, micro_batches_with_extra, plan, plan_limited,
 };
 pub use layout::{

@@ -427,6 +427,57 @@ pub fn log_seqlen_unbalance(seqlens: &[i64], partitions: &[Vec<i64>]) -> Result<
     })
 }
 
+/// verl's `log_seqlen_unbalance` figures as a JSON metrics dict holds them: the sums wrapped
+/// to 64 bits (two's complement; exact for any batch whose total fits in 63 bits) and the
+/// mean of the partition sums.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct UnbalanceFigures {
+    /// `{prefix}/min`: the smallest chunk sum of the input order.
+    pub min: i64,
+    /// `{prefix}/max`: the largest chunk sum.
+    pub max: i64,
+    /// `{prefix}/minmax_diff`: `max − min`.
+    pub minmax_diff: i64,
+    /// `{prefix}/balanced_min`: the smallest partition sum.
+    pub balanced_min: i64,
+    /// `{prefix}/balanced_max`: the largest partition sum.
+    pub balanced_max: i64,
+    /// `{prefix}/mean`: every item's sum over the number of partitions.
+    pub mean: f64,
+}
+
+impl SeqlenUnbalance {
+    /// The figures in 64 bits, as the CLI's JSON and the WIT interface give them.
+    pub fn figures(&self) -> UnbalanceFigures {
+        UnbalanceFigures {
+            min: self.min as i64,
+            max: self.max as i64,
+            minmax_diff: (self.max - self.min) as i64,
+            balanced_min: self.balanced_min as i64,
+            balanced_max: self.balanced_max as i64,
+            mean: self.total as f64 / self.k as f64,
+        }
+    }
+}
+
+impl UnbalanceError {
+    /// The Python exception's class name (`ZeroDivisionError`, `ValueError`, `IndexError`).
+    pub fn type_name(&self) -> &'static str {
+        match self {
+            UnbalanceError::ZeroDivision(_) => "ZeroDivisionError",
+            UnbalanceError::Value(_) => "ValueError",
+            UnbalanceError::Index(_) => "IndexError",
+        }
+    }
+
+    /// The exception's message (`str(exc)`).
+    pub fn message(&self) -> &str {
+        match self {
+            UnbalanceError::ZeroDivision(m) | UnbalanceError::Value(m) | UnbalanceError::Index(m) => m,
+        }
+    }
+}
+
 /// A failure of [`log_seqlen_unbalance`], named by the Python exception verl raises.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum UnbalanceError {

@@ -74,6 +74,10 @@ macro_rules! wit_conversions {
             $crate::__wit_enum!(ks::PythonSum, slime::PythonSum { Naive => Naive, Neumaier => Neumaier });
 
             $crate::__wit_record!(k::Cost, balance::Cost { linear, quadratic });
+            $crate::__wit_record!(k::Figures, balance::Figures { max, min, mean, max_over_mean, spread });
+            $crate::__wit_record!(k::verl::UnbalanceFigures, peers::SeqlenUnbalance {
+                min, max, minmax_diff, balanced_min, balanced_max, mean
+            });
             $crate::__wit_record!(k::PartitionOptions, partition::Options { method, equal_size, refine });
             $crate::__wit_record!(k::PackOptions, pack::Options { capacity, align, method, oversize });
             $crate::__wit_record!(k::MicroOptions, balance::MicroOptions {

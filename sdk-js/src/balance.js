@@ -2,27 +2,33 @@
 // figures and their JSON text (byte-identical to the CLI's `stowplan balance --json`).
 import { F64, stringify } from './json.js';
 import { PeerError } from './errors.js';
-import { figures, figuresJson, logSeqlenUnbalance } from './figures.js';
+import { figuresJson, figuresOf, unbalanceOf } from './figures.js';
 import { lists, plainLists } from './results.js';
 
 /** Groups with `tokens` and `costs` (micro-batches, ranks): their balance figures. */
 class Totals {
+  /** @param {any} k the kernel's exports, which compute the figures */
+  constructor(k) {
+    /** @private */
+    Object.defineProperty(this, 'k', { value: k });
+  }
+
   /** Balance figures of the groups' tokens. @returns {Figures} */
   get tokenBalance() {
-    return figures(/** @type {any} */ (this).tokens);
+    return figuresOf(/** @type {any} */ (this).k, /** @type {any} */ (this).tokens);
   }
 
   /** Balance figures of the groups' costs. @returns {Figures} */
   get costBalance() {
-    return figures(/** @type {any} */ (this).costs);
+    return figuresOf(/** @type {any} */ (this).k, /** @type {any} */ (this).costs);
   }
 }
 
 /** Micro-batches of one batch (the result of `microBatches`, and each rank's in `balance`). */
 export class MicroBatches extends Totals {
-  /** @param {any} p the kernel's micro-plan */
-  constructor(p) {
-    super();
+  /** @param {any} p the kernel's micro-plan @param {any} k the kernel's exports */
+  constructor(p, k) {
+    super(k);
     /** Micro-batch boundaries into `indices`. */
     this.offsets = p.batches.offsets;
     /** Input indices, micro-batch after micro-batch (each ascending). */
@@ -61,8 +67,8 @@ export class MicroBatches extends Totals {
       count: this.count,
       lower_bound: this.lowerBound,
       required: this.required,
-      token_balance: figuresJson(this.tokens),
-      cost_balance: figuresJson(this.costs),
+      token_balance: figuresJson(this.tokenBalance),
+      cost_balance: figuresJson(this.costBalance),
     };
   }
 
@@ -82,9 +88,10 @@ export class Balance extends Totals {
    * @param {any} dpPlan the kernel's DP plan
    * @param {MicroBatches[] | null} ranks every rank's micro-batches, or null
    * @param {BigUint64Array} lengths the global lengths
+   * @param {any} k the kernel's exports
    */
-  constructor(dpPlan, ranks, lengths) {
-    super();
+  constructor(dpPlan, ranks, lengths, k) {
+    super(k);
     /** Rank boundaries into `order`. */
     this.offsets = dpPlan.ranks.offsets;
     /** The permutation to reorder the batch by: rank after rank, each ascending. */
@@ -120,7 +127,7 @@ export class Balance extends Totals {
    * @param {string} [prefix]
    */
   logSeqlenUnbalance(prefix = 'global_seqlen') {
-    return logSeqlenUnbalance(this.lengths, this.ranks, prefix);
+    return unbalanceOf(/** @type {any} */ (this).k, this.lengths, this.ranks, prefix);
   }
 
   /** This plan in the CLI's JSON shape (a value for `stringify`). @returns {object} */
@@ -139,8 +146,8 @@ export class Balance extends Totals {
         tokens: this.tokens,
         costs: this.costs,
         cost_lower_bound: this.costLowerBound,
-        token_balance: figuresJson(this.tokens),
-        cost_balance: figuresJson(this.costs),
+        token_balance: figuresJson(this.tokenBalance),
+        cost_balance: figuresJson(this.costBalance),
         verl_unbalance: verl,
       },
     };
@@ -158,8 +165,8 @@ export class Balance extends Totals {
       Object.assign(plan, {
         micro_batches: this.microBatches.map((m) => m.toPlan()),
         count: this.count,
-        micro_batch_token_balance: figuresJson(all('tokens')),
-        micro_batch_cost_balance: figuresJson(all('costs')),
+        micro_batch_token_balance: figuresJson(figuresOf(/** @type {any} */ (this).k, all('tokens'))),
+        micro_batch_cost_balance: figuresJson(figuresOf(/** @type {any} */ (this).k, all('costs'))),
       });
     }
     return plan;

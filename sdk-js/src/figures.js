@@ -1,81 +1,50 @@
-// Balance figures of a plan's per-group totals, computed as the Rust host computes them for
-// its JSON (host/src/json.rs `summary`), and verl's `log_seqlen_unbalance` figures as the
-// kernel reproduces them (kernel/src/verl.rs), for the CLI's JSON shape.
+// Balance figures and verl's `log_seqlen_unbalance` figures: the kernel computes both
+// (`balance.figures-of`, `peers.log-seqlen-unbalance`); this module only calls it and puts
+// the records in the shapes the SDK gives (camelCase figures, the CLI's JSON, verl's dict).
 import { F64 } from './json.js';
-import { PeerError } from './errors.js';
+import { call } from './errors.js';
+import { i64Array, u64Array } from './convert.js';
+
+const I64_MAX = (1n << 63n) - 1n;
 
 /**
  * Balance figures of per-group totals: `max`, `min`, `spread` (bigints), `mean` and
- * `maxOverMean` (numbers; 1 for a perfect balance) — computed as the Rust host does.
- * @param {BigUint64Array} values
+ * `maxOverMean` (numbers; 1 for a perfect balance), from the kernel `k` (a loaded
+ * component's exports).
+ * @param {any} k @param {any} values
  * @returns {Figures}
  */
-export function figures(values) {
-  let max = 0n;
-  let min = 0n;
-  let total = 0n;
-  for (let i = 0; i < values.length; i++) {
-    const v = values[i];
-    if (i === 0 || v > max) max = v;
-    if (i === 0 || v < min) min = v;
-    total += v;
-  }
-  const mean = values.length === 0 ? 0 : Number(total) / values.length;
-  return { max, min, mean, maxOverMean: mean > 0 ? Number(max) / mean : 1, spread: max - min };
+export function figuresOf(k, values) {
+  const v = u64Array(values, 'values');
+  return call(() => k.balance.figuresOf(v));
 }
 
 /** Figures in the CLI's JSON shape. */
-export function figuresJson(values) {
-  const f = figures(values);
+export function figuresJson(f) {
   return { max: f.max, min: f.min, mean: new F64(f.mean), max_over_mean: new F64(f.maxOverMean), spread: f.spread };
 }
 
 /**
- * verl's `log_seqlen_unbalance` figures of `ranks` (index lists) of `lengths`: chunk sums of
- * the input order in steps of `n / k` ("before") and rank sums ("after"), as verl computes
- * them. Throws a PeerError where verl's would fail (no ranks, fewer lengths than ranks).
- * @param {BigUint64Array | BigInt64Array} lengths
- * @param {ArrayLike<number>[]} ranks
- * @param {string} [prefix]
+ * verl's `log_seqlen_unbalance` figures of `ranks` (index lists; negative indices count from
+ * the end, as in Python) of `lengths`, from the kernel `k`: chunk sums of the input order in
+ * steps of `n / k` ("before") and rank sums ("after"). Lengths above 2^63 − 1 count as
+ * 2^63 − 1. Throws a PeerError where verl's would fail (no ranks, fewer lengths than ranks,
+ * an index outside the list).
+ * @param {any} k @param {BigUint64Array | BigInt64Array} lengths @param {ArrayLike<number>[]} ranks
+ * @param {string} prefix
  * @returns {Record<string, bigint | number>}
  */
-export function logSeqlenUnbalance(lengths, ranks, prefix = 'global_seqlen') {
-  const I64_MAX = (1n << 63n) - 1n;
-  const n = lengths.length;
-  const k = ranks.length;
-  if (k === 0) throw new PeerError('ZeroDivisionError', 'integer division or modulo by zero');
-  const chunk = Math.floor(n / k);
-  if (chunk === 0) throw new PeerError('ValueError', 'range() arg 3 must not be zero');
-  const seq = (i) => (lengths[i] > I64_MAX ? I64_MAX : BigInt.asIntN(64, lengths[i]));
-  let min = null;
-  let max = null;
-  let total = 0n;
-  for (let start = 0; start < n; start += chunk) {
-    let s = 0n;
-    for (let i = start; i < Math.min(n, start + chunk); i++) s += seq(i);
-    if (min === null || s < min) min = s;
-    if (max === null || s > max) max = s;
-    total += s;
-  }
-  let bmin = null;
-  let bmax = null;
-  for (const r of ranks) {
-    let s = 0n;
-    for (const raw of r) {
-      const i = raw < 0 ? raw + n : raw;
-      if (!(i >= 0 && i < n)) throw new PeerError('IndexError', 'list index out of range');
-      s += seq(i);
-    }
-    if (bmin === null || s < bmin) bmin = s;
-    if (bmax === null || s > bmax) bmax = s;
-  }
-  const w = (x) => BigInt.asIntN(64, x);
+export function unbalanceOf(k, lengths, ranks, prefix) {
+  const seqlens =
+    lengths instanceof BigInt64Array ? lengths : BigInt64Array.from(lengths, (l) => (BigInt(l) > I64_MAX ? I64_MAX : BigInt(l)));
+  const parts = Array.from(ranks, (r, i) => i64Array(r, `ranks[${i}]`));
+  const u = call(() => k.peers.logSeqlenUnbalance(seqlens, parts));
   return {
-    [`${prefix}/min`]: w(min),
-    [`${prefix}/max`]: w(max),
-    [`${prefix}/minmax_diff`]: w(max - min),
-    [`${prefix}/balanced_min`]: w(bmin),
-    [`${prefix}/balanced_max`]: w(bmax),
-    [`${prefix}/mean`]: Number(total) / k,
+    [`${prefix}/min`]: u.min,
+    [`${prefix}/max`]: u.max,
+    [`${prefix}/minmax_diff`]: u.minmaxDiff,
+    [`${prefix}/balanced_min`]: u.balancedMin,
+    [`${prefix}/balanced_max`]: u.balancedMax,
+    [`${prefix}/mean`]: u.mean,
   };
 }

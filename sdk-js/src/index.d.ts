@@ -28,7 +28,7 @@ export type Int = number | bigint;
 /** A cost model: a preset name or `[linear, quadratic]` (a sequence of L tokens costs `linear·L + quadratic·L²`). */
 export type Cost = 'tokens' | 'attention' | readonly [Int, Int];
 
-/** Balance figures of per-group totals, computed as the Rust host computes them. */
+/** Balance figures of per-group totals (the kernel's `balance.figures-of`). */
 export interface Figures {
   /** The largest total. */
   max: bigint;
@@ -543,6 +543,14 @@ export class Stowplan {
   static load(options?: { component?: Uint8Array | ArrayBuffer | URL | string }): Promise<Stowplan>;
   /** The loaded component. */
   kernelInfo(): KernelInfo;
+  /** Balance figures of per-group totals (the kernel's). */
+  figures(values: Integers): Figures;
+  /** verl's `log_seqlen_unbalance` figures of `ranks` of `lengths` (the kernel's reproduction). */
+  logSeqlenUnbalance(
+    lengths: BigUint64Array | BigInt64Array,
+    ranks: ArrayLike<number>[],
+    prefix?: string,
+  ): Record<string, bigint | number>;
   /** Splits `weights` into `k` groups with balanced sums. */
   partition(weights: Integers, k: Int, options?: PartitionOptions): Partition;
   /** Packs `lengths` into bins of `capacity` tokens. */
@@ -600,7 +608,7 @@ export function streamPacker(capacity: Int, options?: StreamPackerOptions): Prom
 /** The packer a `StreamPacker#state` saved (any host's): it continues exactly. */
 export function streamPackerFromState(state: Uint8Array | ArrayBuffer): Promise<StreamPacker>;
 /** Balance figures of per-group totals. */
-export function figures(values: BigUint64Array): Figures;
+export function figures(values: Integers): Figures;
 /** verl's `log_seqlen_unbalance` figures of `ranks` of `lengths`. */
 export function logSeqlenUnbalance(
   lengths: BigUint64Array | BigInt64Array,

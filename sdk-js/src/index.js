@@ -10,7 +10,7 @@
 // The package is split by job: errors.js (the error tree, kernel failures → errors),
 // convert.js (integers and lists), options.js (options → the kernel's, with the kernel's
 // names, presets, limits and defaults from the build manifest), results.js and balance.js (the
-// result classes), figures.js (balance figures), stream.js (the streaming packer),
+// result classes), figures.js (the kernel's balance figures in the SDK's shapes), stream.js (the streaming packer),
 // stowplan.js (the API on one loaded kernel), kernel.js (loading it). This module re-exports
 // the public API and loads the kernel once.
 import {
@@ -27,7 +27,6 @@ import { Stowplan } from './stowplan.js';
 
 export { InfeasibleError, InvalidArgumentError, KernelRuntimeError, PeerError, StowplanError };
 export { COSTS } from './options.js';
-export { figures, logSeqlenUnbalance } from './figures.js';
 export { AlignedPlan, CpLayout, MultiPacking, Packing, Partition, RawPlan } from './results.js';
 export { Balance, MicroBatches } from './balance.js';
 export { ClosedBins, StreamPacker } from './stream.js';
@@ -41,6 +40,10 @@ export const stowplan = await Stowplan.load();
 
 /** The loaded component's sha256, size and source. */
 export const kernelInfo = () => stowplan.kernelInfo();
+/** See `Stowplan#figures`. */
+export const figures = (values) => stowplan.figures(values);
+/** See `Stowplan#logSeqlenUnbalance`. */
+export const logSeqlenUnbalance = (lengths, ranks, prefix) => stowplan.logSeqlenUnbalance(lengths, ranks, prefix);
 /** See `Stowplan#partition`. */
 export const partition = (weights, k, opts) => stowplan.partition(weights, k, opts);
 /** See `Stowplan#pack`. */

@@ -24,6 +24,7 @@ import {
 import { AlignedPlan, CpLayout, MultiPacking, Packing, Partition, RawPlan } from './results.js';
 import { Balance, MicroBatches } from './balance.js';
 import { StreamPacker, isLimitedState } from './stream.js';
+import { figuresOf, unbalanceOf } from './figures.js';
 
 /**
  * A loaded kernel component with the whole API. The module's functions use one loaded at
@@ -53,6 +54,27 @@ export class Stowplan {
   /** The loaded component: its sha256 (checked against the pin), size and where it came from. */
   kernelInfo() {
     return this.info;
+  }
+
+  /**
+   * Balance figures of per-group totals (the kernel's): `max`, `min`, `spread` (bigints),
+   * `mean` and `maxOverMean` (numbers; 1 for a perfect balance).
+   * @param {any} values
+   * @returns {Figures}
+   */
+  figures(values) {
+    return figuresOf(this.k, values);
+  }
+
+  /**
+   * verl's `log_seqlen_unbalance` figures of `ranks` (index lists) of `lengths` (the
+   * kernel's reproduction); a PeerError where verl's would fail.
+   * @param {BigUint64Array | BigInt64Array} lengths @param {ArrayLike<number>[]} ranks
+   * @param {string} [prefix]
+   * @returns {Record<string, bigint | number>}
+   */
+  logSeqlenUnbalance(lengths, ranks, prefix = 'global_seqlen') {
+    return unbalanceOf(this.k, lengths, ranks, prefix);
   }
 
   /**
@@ -118,13 +140,13 @@ export class Stowplan {
       if (!given(o.resources)) throw new InvalidArgumentError("limits needs resources (the sequences' sizes in each)");
       const lim = limitRows(o.resources, o.limits, l.length);
       const e = given(o.extraCosts) ? u64Array(o.extraCosts, 'extraCosts') : undefined;
-      return new MicroBatches(call(() => this.k.multiMicro.microBatches(l, e, lim, m), lim.names).plan);
+      return new MicroBatches(call(() => this.k.multiMicro.microBatches(l, e, lim, m), lim.names).plan, this.k);
     }
     if (given(o.extraCosts)) {
       const e = u64Array(o.extraCosts, 'extraCosts');
-      return new MicroBatches(call(() => this.k.multimodal.microBatches(l, e, m)));
+      return new MicroBatches(call(() => this.k.multimodal.microBatches(l, e, m)), this.k);
     }
-    return new MicroBatches(call(() => this.k.balance.microBatches(l, m)));
+    return new MicroBatches(call(() => this.k.balance.microBatches(l, m)), this.k);
   }
 
   /**
@@ -153,7 +175,7 @@ export class Stowplan {
     const e = given(o.extraCosts) ? u64Array(o.extraCosts, 'extraCosts') : null;
     if (!micro) {
       const dp = e ? call(() => this.k.multimodal.balanceDp(l, e, d, dpOpts)) : call(() => this.k.balance.balanceDp(l, d, dpOpts));
-      return new Balance(dp, null, l);
+      return new Balance(dp, null, l, this.k);
     }
     let p;
     if (given(o.resources) || given(o.limits)) {
@@ -164,7 +186,7 @@ export class Stowplan {
     } else {
       p = e ? call(() => this.k.multimodal.plan(l, e, d, dpOpts, micro)) : call(() => this.k.balance.plan(l, d, dpOpts, micro));
     }
-    return new Balance(p.dp, p.ranks.map((r) => new MicroBatches(r)), l);
+    return new Balance(p.dp, p.ranks.map((r) => new MicroBatches(r, this.k)), l, this.k);
   }
 
   /**

@@ -11,6 +11,8 @@
 //!   (best-fit decreasing, which reaches the bin-packing lower bound on typical inputs),
 //!   raised to `min_count`, rounded up to `divisible_by`, or forced by `count`; then the
 //!   cost is balanced across that many micro-batches without any exceeding the cap.
+//! - **Figures** ([`Figures`]): `max`, `min`, `mean`, `max / mean` and the spread of the
+//!   per-group totals of a plan, the metrics every front end reports.
 //! - **Two-level plan** ([`plan`]): DP balancing, then every rank's micro-batches with one
 //!   common count (the largest any rank needs), computed from the global lengths alone, so
 //!   every rank derives the same plan without an all-reduce.
@@ -20,11 +22,13 @@ use alloc::vec::Vec;
 use crate::{Error, invalid};
 
 mod dp;
+mod figures;
 mod limited;
 mod micro;
 mod order;
 
 pub use dp::{DpOptions, DpPlan, balance_dp};
+pub use figures::Figures;
 pub(crate) use limited::Rows;
 pub(crate) use limited::resources;
 pub use limited::{LimitedMicroPlan, MicroLimits, check_limits, micro_batches_limited, plan_limited};

@@ -231,6 +231,10 @@ impl balance::Guest for Kernel {
         let p = k::plan(&lengths, dp, &dp_options(&dp_opts), &micro_options(micro)).map_err(error)?;
         Ok(balance::TwoLevel { dp: dp_plan(p.dp), ranks: p.ranks.into_iter().map(micro_plan).collect() })
     }
+
+    fn figures_of(values: Vec<u64>) -> balance::Figures {
+        k::Figures::of(&values).into()
+    }
 }
 
 fn py_error(e: k::verl::PyError) -> peers::PyError {
@@ -260,6 +264,15 @@ impl peers::Guest for Kernel {
 
     fn roll_load_balance(lengths: Vec<i64>, o: peers::RollOptions) -> Result<peers::RollMicroBatches, peers::PyError> {
         k::peers::roll_load_balance(&lengths, &o.into()).map(Into::into).map_err(py_error)
+    }
+
+    fn log_seqlen_unbalance(
+        seqlens: Vec<i64>,
+        partitions: Vec<Vec<i64>>,
+    ) -> Result<peers::SeqlenUnbalance, peers::PyError> {
+        let u = k::verl::log_seqlen_unbalance(&seqlens, &partitions)
+            .map_err(|e| peers::PyError { exception: e.type_name().into(), message: e.message().into() })?;
+        Ok(u.figures().into())
     }
 }
 
