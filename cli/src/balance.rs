@@ -4,6 +4,7 @@
 use std::fmt;
 
 use serde::Serialize;
+use stowplan::json::{Levels, Micro};
 use stowplan::{Cost, DpOptions, DpPlan, MicroLimits, MicroOptions, MicroPlan, Order, Plan};
 
 use crate::common::{Common, CostJson, CostText, KernelRun, ReadyKernel, min_max, named, print_report};
@@ -62,204 +63,6 @@ pub struct Args {
     common: Common,
 }
 
-/// Balance figures of per-rank or per-micro-batch totals (tokens or costs): the shape of
-/// `stowplan::json::summary`.
-#[derive(Clone, Copy, Debug, Serialize)]
-struct Figures {
-    /// The largest total.
-    max: u64,
-    /// The smallest total.
-    min: u64,
-    /// The mean total.
-    mean: f64,
-    /// `max / mean`: 1.0 for a perfect balance.
-    max_over_mean: f64,
-    /// `max - min`.
-    spread: u64,
-}
-
-impl Figures {
-    /// The figures of `values` (the kernel's [`stowplan::Figures`]).
-    fn of(values: &[u64]) -> Self {
-        let stowplan::Figures { max, min, mean, max_over_mean, spread } = stowplan::Figures::of(values);
-        Self { max, min, mean, max_over_mean, spread }
-    }
-}
-
-impl fmt::Display for Figures {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "max/mean {:.5}, spread {}", self.max_over_mean, self.spread)
-    }
-}
-
-/// verl's `log_seqlen_unbalance` figures of the DP ranks: the shape of
-/// `stowplan::json::verl_unbalance("global_seqlen", …)`.
-#[derive(Clone, Copy, Debug, Serialize)]
-struct VerlUnbalance {
-    /// Smallest chunk sum of the input order ("before").
-    #[serde(rename = "global_seqlen/min")]
-    min: i64,
-    /// Largest chunk sum of the input order.
-    #[serde(rename = "global_seqlen/max")]
-    max: i64,
-    /// `max - min`.
-    #[serde(rename = "global_seqlen/minmax_diff")]
-    minmax_diff: i64,
-    /// Smallest rank sum ("after").
-    #[serde(rename = "global_seqlen/balanced_min")]
-    balanced_min: i64,
-    /// Largest rank sum.
-    #[serde(rename = "global_seqlen/balanced_max")]
-    balanced_max: i64,
-    /// Mean rank sum.
-    #[serde(rename = "global_seqlen/mean")]
-    mean: f64,
-}
-
-impl VerlUnbalance {
-    /// verl's figures for `ranks` of `lengths`, or `None` where verl's would fail.
-    fn of(lengths: &[u64], ranks: &[Vec<u32>]) -> Option<Self> {
-        let seqlens: Vec<i64> = lengths.iter().map(|&l| i64::try_from(l).unwrap_or(i64::MAX)).collect();
-        let parts: Vec<Vec<i64>> = ranks.iter().map(|r| r.iter().map(|&i| i64::from(i)).collect()).collect();
-        let stowplan::UnbalanceFigures { min, max, minmax_diff, balanced_min, balanced_max, mean } =
-            stowplan::verl_log_seqlen_unbalance(&seqlens, &parts).ok()?.figures();
-        Some(Self { min, max, minmax_diff, balanced_min, balanced_max, mean })
-    }
-}
-
-/// The DP level: the shape of `stowplan::json::dp_plan`.
-#[derive(Debug, Serialize)]
-struct Ranks {
-    /// The input indices of each rank.
-    ranks: Vec<Vec<u32>>,
-    /// The permutation of the input, rank after rank.
-    order: Vec<u32>,
-    /// Tokens of each rank.
-    tokens: Vec<u64>,
-    /// Cost of each rank.
-    costs: Vec<u64>,
-    /// No assignment has a lighter costliest rank.
-    cost_lower_bound: u64,
-    /// Balance of the ranks' tokens.
-    token_balance: Figures,
-    /// Balance of the ranks' costs.
-    cost_balance: Figures,
-    /// verl's figures, or `None` where verl's `log_seqlen_unbalance` would fail.
-    verl_unbalance: Option<VerlUnbalance>,
-}
-
-impl Ranks {
-    /// The DP level `p` of `lengths`.
-    fn new(p: &DpPlan, lengths: &[u64]) -> Self {
-        let ranks = stowplan::unflatten(&p.offsets, &p.order);
-        Self {
-            verl_unbalance: VerlUnbalance::of(lengths, &ranks),
-            ranks,
-            order: p.order.clone(),
-            tokens: p.tokens.clone(),
-            costs: p.costs.clone(),
-            cost_lower_bound: p.cost_lower_bound,
-            token_balance: Figures::of(&p.tokens),
-            cost_balance: Figures::of(&p.costs),
-        }
-    }
-}
-
-/// One rank's (or the batch's) micro-batches: the shape of `stowplan::json::micro_plan`.
-#[derive(Debug, Serialize)]
-struct MicroBatches {
-    /// The input indices of each micro-batch.
-    batches: Vec<Vec<u32>>,
-    /// Tokens of each micro-batch.
-    tokens: Vec<u64>,
-    /// Cost of each micro-batch.
-    costs: Vec<u64>,
-    /// Puts outputs in micro-batch order back in input order.
-    restore: Vec<u32>,
-    /// Number of micro-batches.
-    count: usize,
-    /// No plan has fewer micro-batches.
-    lower_bound: u32,
-    /// The count these samples need on their own.
-    required: u32,
-    /// Balance of the micro-batches' tokens.
-    token_balance: Figures,
-    /// Balance of the micro-batches' costs.
-    cost_balance: Figures,
-    /// With `--limit`: every micro-batch's load in each limit, in `--limit` order.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    resource_loads: Vec<Vec<u64>>,
-}
-
-impl MicroBatches {
-    /// The micro-batches `p`, with their loads in the limits whose sizes `table` gives.
-    fn new(p: &MicroPlan, table: &Table) -> Self {
-        let mut m = Self::from(p);
-        if !table.caps.is_empty() {
-            m.resource_loads = m.batches.iter().map(|b| table.loads(b)).collect();
-        }
-        m
-    }
-}
-
-impl From<&MicroPlan> for MicroBatches {
-    fn from(p: &MicroPlan) -> Self {
-        Self {
-            resource_loads: Vec::new(),
-            batches: stowplan::unflatten(&p.offsets, &p.indices),
-            tokens: p.tokens.clone(),
-            costs: p.costs.clone(),
-            restore: p.restore.clone(),
-            count: p.count(),
-            lower_bound: p.lower_bound,
-            required: p.required,
-            token_balance: Figures::of(&p.tokens),
-            cost_balance: Figures::of(&p.costs),
-        }
-    }
-}
-
-/// `micro_batches` of a report: the batch's (with `--dp 1`) or every rank's.
-#[derive(Debug, Serialize)]
-#[serde(untagged)]
-enum Micro {
-    /// `--dp 1`: the batch's micro-batches.
-    One(MicroBatches),
-    /// Every rank's micro-batches, rank after rank.
-    PerRank(Vec<MicroBatches>),
-}
-
-impl Micro {
-    /// Every rank's micro-batches (one entry with `--dp 1`).
-    fn ranks(&self) -> &[MicroBatches] {
-        match self {
-            Micro::One(m) => std::slice::from_ref(m),
-            Micro::PerRank(r) => r,
-        }
-    }
-}
-
-/// The levels planned: the DP level, the micro-batches, or both (the shape of
-/// `stowplan::json::plan` when both).
-#[derive(Debug, Default, Serialize)]
-struct Levels {
-    /// The DP level (with `--dp N`, N > 1).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    dp: Option<Ranks>,
-    /// The micro-batches (with `--max-token-len`).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    micro_batches: Option<Micro>,
-    /// Both levels: the micro-batch count of every rank.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    count: Option<usize>,
-    /// Both levels: balance of the tokens of every micro-batch of every rank.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    micro_batch_token_balance: Option<Figures>,
-    /// Both levels: balance of the costs of every micro-batch of every rank.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    micro_batch_cost_balance: Option<Figures>,
-}
-
 /// What the kernel planned.
 #[derive(Debug)]
 enum Planned {
@@ -271,27 +74,20 @@ enum Planned {
     Both(Plan),
 }
 
-impl Levels {
-    /// The report's view of `planned` for `lengths` (with the limits' sizes in `table`).
-    fn new(planned: &Planned, lengths: &[u64], table: &Table) -> Self {
-        match planned {
-            Planned::Micro(m) => {
-                Self { micro_batches: Some(Micro::One(MicroBatches::new(m, table))), ..Self::default() }
-            }
-            Planned::Dp(d) => Self { dp: Some(Ranks::new(d, lengths)), ..Self::default() },
-            Planned::Both(p) => {
-                let tokens: Vec<u64> = p.ranks.iter().flat_map(|r| r.tokens.iter().copied()).collect();
-                let costs: Vec<u64> = p.ranks.iter().flat_map(|r| r.costs.iter().copied()).collect();
-                Self {
-                    dp: Some(Ranks::new(&p.dp, lengths)),
-                    micro_batches: Some(Micro::PerRank(p.ranks.iter().map(|m| MicroBatches::new(m, table)).collect())),
-                    count: Some(p.ranks.first().map_or(0, MicroPlan::count)),
-                    micro_batch_token_balance: Some(Figures::of(&tokens)),
-                    micro_batch_cost_balance: Some(Figures::of(&costs)),
-                }
-            }
+/// The report's view of `planned` for `lengths`, with every micro-batch's loads in the
+/// limits whose sizes `table` gives.
+fn levels(planned: &Planned, lengths: &[u64], table: &Table) -> Levels {
+    let mut levels = match planned {
+        Planned::Micro(m) => Levels::micro(m),
+        Planned::Dp(d) => Levels::dp(d, lengths),
+        Planned::Both(p) => Levels::both(p, lengths),
+    };
+    if !table.caps.is_empty() {
+        for m in levels.micro_batches.iter_mut().flat_map(Micro::ranks_mut) {
+            m.resource_loads = m.batches.iter().map(|b| table.loads(b)).collect();
         }
     }
+    levels
 }
 
 /// What `stowplan balance` reports.
@@ -454,7 +250,7 @@ pub fn run(a: Args) -> Result<(), Failure> {
             None => Planned::Dp(k.balance_dp(&lengths, a.dp, &dp_options)?),
         })
     })?;
-    let levels = Levels::new(&planned, &lengths, &table);
+    let levels = levels(&planned, &lengths, &table);
     let report = Report {
         limits: table.report(&lengths, a.max_token_len.unwrap_or(0), &levels),
         levels,
@@ -491,7 +287,7 @@ impl fmt::Display for Report {
                 writeln!(
                     f,
                     "  verl unbalance     before {}..{}, after {}..{} tokens",
-                    u.min, u.max, u.balanced_min, u.balanced_max
+                    u.figures.min, u.figures.max, u.figures.balanced_min, u.figures.balanced_max
                 )?;
             }
         }
@@ -515,30 +311,5 @@ impl fmt::Display for Report {
             l.write(f, "micro-batch", "micro-batches")?;
         }
         self.run.time_line(f, 19, 12)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// A small batch: 16 lengths, two groups of 8.
-    const LENGTHS: [u64; 16] = [5, 90, 12, 400, 33, 7, 250, 61, 8, 120, 75, 300, 18, 44, 9, 150];
-
-    #[test]
-    fn json_is_the_library_shape() {
-        let kernel = stowplan::Kernel::native();
-        let micro = MicroOptions { max_token_len: 500, cost: Cost::ATTENTION, ..MicroOptions::new(500) };
-        let dp_options = DpOptions { cost: Cost::ATTENTION, ..DpOptions::default() };
-        let p = kernel.plan(&LENGTHS, 2, &dp_options, &micro).expect("a plan");
-        let ours = serde_json::to_value(Levels::new(&Planned::Both(p.clone()), &LENGTHS, &Table::default()))
-            .expect("serializes");
-        assert_eq!(ours, stowplan::json::plan(&p, &LENGTHS));
-        let d = kernel.balance_dp(&LENGTHS, 4, &dp_options).expect("a DP plan");
-        let ours = serde_json::to_value(Ranks::new(&d, &LENGTHS)).expect("serializes");
-        assert_eq!(ours, stowplan::json::dp_plan(&d, &LENGTHS));
-        let m = kernel.micro_batches(&LENGTHS, &micro).expect("micro-batches");
-        let ours = serde_json::to_value(MicroBatches::from(&m)).expect("serializes");
-        assert_eq!(ours, stowplan::json::micro_plan(&m));
     }
 }

@@ -5,7 +5,8 @@
 //! (e.g. `STOWPLAN_LOG=debug`).
 //!
 //! One file per command: each parses its options, calls the library, and prints a typed
-//! report — as JSON with `--json` (its `Serialize`), else for people (its `Display`).
+//! report — as JSON with `--json` (its `Serialize`), else for people (its `Display`). The
+//! kernel's results inside a report are the library's typed reports (`stowplan::json`).
 
 mod arrow;
 mod balance;

@@ -3,6 +3,7 @@
 use std::fmt;
 
 use serde::Serialize;
+use stowplan::json::Bins;
 use stowplan::stream::{DEFAULT_MAX_BUFFERED, DEFAULT_MAX_OPEN_BINS, MAX_BUFFERED, MAX_OPEN_BINS};
 use stowplan::{MultiMethod, MultiOptions, MultiPacking, Named, OversizePolicy, PackOptions, Packing};
 
@@ -79,42 +80,6 @@ impl MultiLimits {
             .map(|(_, l)| l.as_slice());
         let limits = Limits::new(names, caps, max_segments, &p.lower_bounds, regular);
         MultiLimits { limits, resource_loads }
-    }
-}
-
-/// A packing as JSON: the shape of `stowplan::json::packing`.
-#[derive(Debug, Serialize)]
-struct Bins {
-    /// The input indices of each bin.
-    bins: Vec<Vec<u32>>,
-    /// The aligned load of each bin.
-    loads: Vec<u64>,
-    /// Lengths left out (`--oversize drop`).
-    dropped: Vec<u32>,
-    /// Lengths alone in a bin above the capacity (`--oversize single`).
-    single: Vec<u32>,
-    /// Real tokens packed.
-    real_tokens: u64,
-    /// Aligned tokens packed.
-    aligned_tokens: u64,
-    /// `aligned_tokens - real_tokens`.
-    padding_tokens: u64,
-    /// No packing of the lengths that fit uses fewer bins.
-    lower_bound: u64,
-}
-
-impl From<&Packing> for Bins {
-    fn from(p: &Packing) -> Self {
-        Self {
-            bins: stowplan::unflatten(&p.offsets, &p.indices),
-            loads: p.loads.clone(),
-            dropped: p.dropped.clone(),
-            single: p.single.clone(),
-            real_tokens: p.real_tokens,
-            aligned_tokens: p.aligned_tokens,
-            padding_tokens: p.padding_tokens(),
-            lower_bound: p.lower_bound,
-        }
     }
 }
 
@@ -243,18 +208,5 @@ impl fmt::Display for Report {
             l.limits.write(f, "bin", "bins")?;
         }
         self.run.time_line(f, 13, 12)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn json_is_the_library_shape() {
-        let options = PackOptions { align: 4, oversize: OversizePolicy::Single, ..PackOptions::new(10) };
-        let p = stowplan::Kernel::native().pack(&[5, 3, 7, 2, 6, 30], &options).expect("a packing");
-        let ours = serde_json::to_value(Bins::from(&p)).expect("serializes");
-        assert_eq!(ours, stowplan::json::packing(&p));
     }
 }

@@ -3,7 +3,8 @@
 use std::fmt;
 
 use serde::Serialize;
-use stowplan::{PartitionMethod, PartitionOptions, Partitioning};
+use stowplan::json::Groups;
+use stowplan::{PartitionMethod, PartitionOptions};
 
 use crate::common::{Common, KernelRun, ReadyKernel, min_max, name, named, print_report};
 use crate::failure::Failure;
@@ -26,33 +27,6 @@ pub struct Args {
     /// Input, backend and output format.
     #[command(flatten)]
     common: Common,
-}
-
-/// A partition as JSON: the shape of `stowplan::json::partition`.
-#[derive(Debug, Serialize)]
-struct Groups {
-    /// The input indices of each group.
-    groups: Vec<Vec<u32>>,
-    /// The sum of each group.
-    sums: Vec<u64>,
-    /// The sum of all lengths.
-    total: u64,
-    /// Largest group sum minus smallest.
-    spread: u64,
-    /// `max(ceil(total / k), longest length)`.
-    lower_bound: u64,
-}
-
-impl From<&Partitioning> for Groups {
-    fn from(p: &Partitioning) -> Self {
-        Self {
-            groups: stowplan::unflatten(&p.offsets, &p.indices),
-            sums: p.sums.clone(),
-            total: p.total,
-            spread: p.spread,
-            lower_bound: p.lower_bound,
-        }
-    }
 }
 
 /// What `stowplan partition` reports.
@@ -135,18 +109,5 @@ impl fmt::Display for Report {
         let (lo, hi) = min_max(r.groups.iter().map(Vec::len));
         writeln!(f, "  group sizes  {lo}..{hi} items")?;
         self.run.time_line(f, 13, 14)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn json_is_the_library_shape() {
-        let p = stowplan::Kernel::native().partition(&[100, 900, 50, 950, 400, 600], 2, &Default::default());
-        let p = p.expect("a partition");
-        let ours = serde_json::to_value(Groups::from(&p)).expect("serializes");
-        assert_eq!(ours, stowplan::json::partition(&p));
     }
 }

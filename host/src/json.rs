@@ -1,120 +1,375 @@
-//! Results as JSON values (the CLI's `--json` output and the conformance vectors' shape).
+//! Results as JSON: the typed reports (`Serialize`) of the kernel's results, one struct per
+//! shape. The CLI's `--json` prints them inside each command's report, the conformance vectors
+//! hold them, and the JavaScript SDK's `toPlan` reproduces them byte for byte. The figures in
+//! them are the kernel's ([`stowplan_kernel::Figures`], [`stowplan_kernel::verl`]).
 
-use serde_json::{Value, json};
-use stowplan_kernel::{DpPlan, Figures, MicroPlan, Packing, Partitioning, Plan, unflatten as lists};
+use std::fmt;
 
-/// `{"groups", "sums", "total", "spread", "lower_bound"}` of a partition.
-pub fn partition(p: &Partitioning) -> Value {
-    json!({
-        "groups": lists(&p.offsets, &p.indices),
-        "sums": p.sums,
-        "total": p.total,
-        "spread": p.spread,
-        "lower_bound": p.lower_bound,
-    })
+use serde::Serialize;
+use serde::ser::{SerializeMap, Serializer};
+use serde_json::Value;
+use stowplan_kernel::verl::{UnbalanceError, UnbalanceFigures};
+use stowplan_kernel::{DpPlan, MicroPlan, Packing, Partitioning, Plan, unflatten as lists};
+
+/// A partition: `{"groups", "sums", "total", "spread", "lower_bound"}`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Groups {
+    /// The input indices of each group.
+    pub groups: Vec<Vec<u32>>,
+    /// The sum of each group.
+    pub sums: Vec<u64>,
+    /// The sum of all lengths.
+    pub total: u64,
+    /// Largest group sum minus smallest.
+    pub spread: u64,
+    /// `max(ceil(total / k), longest length)`.
+    pub lower_bound: u64,
 }
 
-/// `{"bins", "loads", "dropped", "single", "real_tokens", "aligned_tokens", "padding_tokens",
-/// "lower_bound"}` of a packing.
-pub fn packing(p: &Packing) -> Value {
-    json!({
-        "bins": lists(&p.offsets, &p.indices),
-        "loads": p.loads,
-        "dropped": p.dropped,
-        "single": p.single,
-        "real_tokens": p.real_tokens,
-        "aligned_tokens": p.aligned_tokens,
-        "padding_tokens": p.padding_tokens(),
-        "lower_bound": p.lower_bound,
-    })
-}
-
-/// Adds `extra`'s keys to the object `base`.
-pub fn with(mut base: Value, extra: Value) -> Value {
-    if let (Some(b), Value::Object(e)) = (base.as_object_mut(), extra) {
-        b.extend(e);
+impl From<&Partitioning> for Groups {
+    fn from(p: &Partitioning) -> Self {
+        Self {
+            groups: lists(&p.offsets, &p.indices),
+            sums: p.sums.clone(),
+            total: p.total,
+            spread: p.spread,
+            lower_bound: p.lower_bound,
+        }
     }
-    base
 }
 
-/// `{"max", "min", "mean", "max_over_mean", "spread"}` of per-group totals (tokens or costs):
-/// the balance metrics of a plan, the kernel's [`Figures`].
+/// A packing: `{"bins", "loads", "dropped", "single", "real_tokens", "aligned_tokens",
+/// "padding_tokens", "lower_bound"}`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Bins {
+    /// The input indices of each bin.
+    pub bins: Vec<Vec<u32>>,
+    /// The aligned load of each bin.
+    pub loads: Vec<u64>,
+    /// Items left out (oversize policy `drop`).
+    pub dropped: Vec<u32>,
+    /// Items alone in a bin above the capacity (oversize policy `single`).
+    pub single: Vec<u32>,
+    /// Real tokens packed.
+    pub real_tokens: u64,
+    /// Aligned tokens packed.
+    pub aligned_tokens: u64,
+    /// `aligned_tokens - real_tokens`.
+    pub padding_tokens: u64,
+    /// No packing of the items that fit uses fewer bins.
+    pub lower_bound: u64,
+}
+
+impl From<&Packing> for Bins {
+    fn from(p: &Packing) -> Self {
+        Self {
+            bins: lists(&p.offsets, &p.indices),
+            loads: p.loads.clone(),
+            dropped: p.dropped.clone(),
+            single: p.single.clone(),
+            real_tokens: p.real_tokens,
+            aligned_tokens: p.aligned_tokens,
+            padding_tokens: p.padding_tokens(),
+            lower_bound: p.lower_bound,
+        }
+    }
+}
+
+/// Balance figures of per-group totals (tokens or costs of ranks or micro-batches), the
+/// kernel's [`stowplan_kernel::Figures`]: `{"max", "min", "mean", "max_over_mean", "spread"}`.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct Figures {
+    /// The largest total.
+    pub max: u64,
+    /// The smallest total.
+    pub min: u64,
+    /// The mean total.
+    pub mean: f64,
+    /// `max / mean`: 1.0 for a perfect balance.
+    pub max_over_mean: f64,
+    /// `max - min`.
+    pub spread: u64,
+}
+
+impl Figures {
+    /// The figures of `values`.
+    pub fn of(values: &[u64]) -> Self {
+        let stowplan_kernel::Figures { max, min, mean, max_over_mean, spread } = stowplan_kernel::Figures::of(values);
+        Self { max, min, mean, max_over_mean, spread }
+    }
+}
+
+impl fmt::Display for Figures {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "max/mean {:.5}, spread {}", self.max_over_mean, self.spread)
+    }
+}
+
+/// verl's `log_seqlen_unbalance` figures as its metrics dict: `{"{prefix}/min",
+/// "{prefix}/max", "{prefix}/minmax_diff", "{prefix}/balanced_min", "{prefix}/balanced_max",
+/// "{prefix}/mean"}` (the kernel's 64-bit [`UnbalanceFigures`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct VerlUnbalance {
+    /// The keys' prefix (`global_seqlen` in a DP report).
+    pub prefix: String,
+    /// The figures.
+    pub figures: UnbalanceFigures,
+}
+
+impl VerlUnbalance {
+    /// verl's figures for `partitions` of `seqlens` under `prefix`, or verl's error.
+    pub fn of(prefix: &str, seqlens: &[i64], partitions: &[Vec<i64>]) -> Result<Self, UnbalanceError> {
+        let u = crate::verl_log_seqlen_unbalance(seqlens, partitions)?;
+        Ok(Self { prefix: prefix.to_string(), figures: u.figures() })
+    }
+
+    /// The figures of DP `ranks` of `lengths` under `global_seqlen` (lengths above 2^63 − 1
+    /// count as 2^63 − 1), or `None` where verl's would fail.
+    pub fn of_ranks(lengths: &[u64], ranks: &[Vec<u32>]) -> Option<Self> {
+        let seqlens: Vec<i64> = lengths.iter().map(|&l| i64::try_from(l).unwrap_or(i64::MAX)).collect();
+        let parts: Vec<Vec<i64>> = ranks.iter().map(|r| r.iter().map(|&i| i64::from(i)).collect()).collect();
+        Self::of("global_seqlen", &seqlens, &parts).ok()
+    }
+}
+
+impl Serialize for VerlUnbalance {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let (p, u) = (&self.prefix, &self.figures);
+        let mut m = s.serialize_map(Some(6))?;
+        m.serialize_entry(&format!("{p}/min"), &u.min)?;
+        m.serialize_entry(&format!("{p}/max"), &u.max)?;
+        m.serialize_entry(&format!("{p}/minmax_diff"), &u.minmax_diff)?;
+        m.serialize_entry(&format!("{p}/balanced_min"), &u.balanced_min)?;
+        m.serialize_entry(&format!("{p}/balanced_max"), &u.balanced_max)?;
+        m.serialize_entry(&format!("{p}/mean"), &u.mean)?;
+        m.end()
+    }
+}
+
+/// One rank's (or a batch's) micro-batches: `{"batches", "tokens", "costs", "restore",
+/// "count", "lower_bound", "required", "token_balance", "cost_balance"}`, and
+/// `"resource_loads"` when the caller fills it.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct MicroBatches {
+    /// The input indices of each micro-batch.
+    pub batches: Vec<Vec<u32>>,
+    /// Tokens of each micro-batch.
+    pub tokens: Vec<u64>,
+    /// Cost of each micro-batch.
+    pub costs: Vec<u64>,
+    /// Puts outputs in micro-batch order back in input order.
+    pub restore: Vec<u32>,
+    /// Number of micro-batches.
+    pub count: usize,
+    /// No plan has fewer micro-batches.
+    pub lower_bound: u32,
+    /// The count these samples need on their own.
+    pub required: u32,
+    /// Balance of the micro-batches' tokens.
+    pub token_balance: Figures,
+    /// Balance of the micro-batches' costs.
+    pub cost_balance: Figures,
+    /// Under further limits: every micro-batch's load in each limit (left out when empty).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub resource_loads: Vec<Vec<u64>>,
+}
+
+impl From<&MicroPlan> for MicroBatches {
+    fn from(p: &MicroPlan) -> Self {
+        Self {
+            batches: lists(&p.offsets, &p.indices),
+            tokens: p.tokens.clone(),
+            costs: p.costs.clone(),
+            restore: p.restore.clone(),
+            count: p.count(),
+            lower_bound: p.lower_bound,
+            required: p.required,
+            token_balance: Figures::of(&p.tokens),
+            cost_balance: Figures::of(&p.costs),
+            resource_loads: Vec::new(),
+        }
+    }
+}
+
+/// The DP level: `{"ranks", "order", "tokens", "costs", "cost_lower_bound", "token_balance",
+/// "cost_balance", "verl_unbalance"}` (`verl_unbalance` null where verl's would fail).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Ranks {
+    /// The input indices of each rank.
+    pub ranks: Vec<Vec<u32>>,
+    /// The permutation of the input, rank after rank.
+    pub order: Vec<u32>,
+    /// Tokens of each rank.
+    pub tokens: Vec<u64>,
+    /// Cost of each rank.
+    pub costs: Vec<u64>,
+    /// No assignment has a lighter costliest rank.
+    pub cost_lower_bound: u64,
+    /// Balance of the ranks' tokens.
+    pub token_balance: Figures,
+    /// Balance of the ranks' costs.
+    pub cost_balance: Figures,
+    /// verl's figures for these ranks.
+    pub verl_unbalance: Option<VerlUnbalance>,
+}
+
+impl Ranks {
+    /// The DP level `p` of `lengths`.
+    pub fn new(p: &DpPlan, lengths: &[u64]) -> Self {
+        let ranks = lists(&p.offsets, &p.order);
+        Self {
+            verl_unbalance: VerlUnbalance::of_ranks(lengths, &ranks),
+            ranks,
+            order: p.order.clone(),
+            tokens: p.tokens.clone(),
+            costs: p.costs.clone(),
+            cost_lower_bound: p.cost_lower_bound,
+            token_balance: Figures::of(&p.tokens),
+            cost_balance: Figures::of(&p.costs),
+        }
+    }
+}
+
+/// The micro-batches of a plan: one batch's (no DP level) or every rank's.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(untagged)]
+pub enum Micro {
+    /// One batch's micro-batches.
+    One(MicroBatches),
+    /// Every rank's micro-batches, rank after rank.
+    PerRank(Vec<MicroBatches>),
+}
+
+impl Micro {
+    /// Every rank's micro-batches (one entry for one batch).
+    pub fn ranks(&self) -> &[MicroBatches] {
+        match self {
+            Micro::One(m) => std::slice::from_ref(m),
+            Micro::PerRank(r) => r,
+        }
+    }
+
+    /// The same, to fill in.
+    pub fn ranks_mut(&mut self) -> &mut [MicroBatches] {
+        match self {
+            Micro::One(m) => std::slice::from_mut(m),
+            Micro::PerRank(r) => r,
+        }
+    }
+}
+
+/// The levels of a plan: the DP level, the micro-batches, or both, with (both) the count of
+/// every rank and the balance over every micro-batch of every rank: `{"dp", "micro_batches",
+/// "count", "micro_batch_token_balance", "micro_batch_cost_balance"}`, each left out when the
+/// plan has no such level.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct Levels {
+    /// The DP level.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dp: Option<Ranks>,
+    /// The micro-batches.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub micro_batches: Option<Micro>,
+    /// Both levels: the micro-batch count of every rank.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub count: Option<usize>,
+    /// Both levels: balance of the tokens of every micro-batch of every rank.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub micro_batch_token_balance: Option<Figures>,
+    /// Both levels: balance of the costs of every micro-batch of every rank.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub micro_batch_cost_balance: Option<Figures>,
+}
+
+impl Levels {
+    /// One batch's micro-batches.
+    pub fn micro(m: &MicroPlan) -> Self {
+        Self { micro_batches: Some(Micro::One(m.into())), ..Self::default() }
+    }
+
+    /// The DP level of `lengths` alone.
+    pub fn dp(d: &DpPlan, lengths: &[u64]) -> Self {
+        Self { dp: Some(Ranks::new(d, lengths)), ..Self::default() }
+    }
+
+    /// Both levels of `lengths`.
+    pub fn both(p: &Plan, lengths: &[u64]) -> Self {
+        let tokens: Vec<u64> = p.ranks.iter().flat_map(|r| r.tokens.iter().copied()).collect();
+        let costs: Vec<u64> = p.ranks.iter().flat_map(|r| r.costs.iter().copied()).collect();
+        Self {
+            dp: Some(Ranks::new(&p.dp, lengths)),
+            micro_batches: Some(Micro::PerRank(p.ranks.iter().map(MicroBatches::from).collect())),
+            count: Some(p.ranks.first().map_or(0, MicroPlan::count)),
+            micro_batch_token_balance: Some(Figures::of(&tokens)),
+            micro_batch_cost_balance: Some(Figures::of(&costs)),
+        }
+    }
+}
+
+/// `report` as a JSON value (these reports always serialize; a float that is not finite
+/// becomes null, as in serde_json).
+fn value(report: &impl Serialize) -> Value {
+    serde_json::to_value(report).unwrap_or(Value::Null)
+}
+
+/// A partition's [`Groups`] as a value.
+pub fn partition(p: &Partitioning) -> Value {
+    value(&Groups::from(p))
+}
+
+/// A packing's [`Bins`] as a value.
+pub fn packing(p: &Packing) -> Value {
+    value(&Bins::from(p))
+}
+
+/// The [`Figures`] of per-group totals as a value.
 pub fn summary(values: &[u64]) -> Value {
-    let f = Figures::of(values);
-    json!({
-        "max": f.max,
-        "min": f.min,
-        "mean": f.mean,
-        "max_over_mean": f.max_over_mean,
-        "spread": f.spread,
-    })
+    value(&Figures::of(values))
 }
 
-/// A micro-batch plan: `{"batches", "tokens", "costs", "restore", "count", "lower_bound",
-/// "required", "token_balance", "cost_balance"}` (the balances as in [`summary`]).
-pub fn micro_plan(p: &MicroPlan) -> Value {
-    json!({
-        "batches": lists(&p.offsets, &p.indices),
-        "tokens": p.tokens,
-        "costs": p.costs,
-        "restore": p.restore,
-        "count": p.count(),
-        "lower_bound": p.lower_bound,
-        "required": p.required,
-        "token_balance": summary(&p.tokens),
-        "cost_balance": summary(&p.costs),
-    })
+/// verl's `log_seqlen_unbalance` dict ([`VerlUnbalance`]) for `partitions` of `seqlens`, or
+/// verl's error.
+pub fn verl_unbalance(prefix: &str, seqlens: &[i64], partitions: &[Vec<i64>]) -> Result<Value, UnbalanceError> {
+    VerlUnbalance::of(prefix, seqlens, partitions).map(|u| value(&u))
 }
 
-/// A DP plan: `{"ranks", "order", "tokens", "costs", "cost_lower_bound", "token_balance",
-/// "cost_balance", "verl_unbalance"}`; `verl_unbalance` holds verl's `log_seqlen_unbalance`
-/// figures (`global_seqlen/min` …) for these ranks, or null when verl's would fail.
-pub fn dp_plan(p: &DpPlan, lengths: &[u64]) -> Value {
-    let seqlens: Vec<i64> = lengths.iter().map(|&l| i64::try_from(l).unwrap_or(i64::MAX)).collect();
-    let ranks = lists(&p.offsets, &p.order);
-    let parts: Vec<Vec<i64>> = ranks.iter().map(|r| r.iter().map(|&i| i64::from(i)).collect()).collect();
-    let verl = verl_unbalance("global_seqlen", &seqlens, &parts).ok();
-    json!({
-        "ranks": ranks,
-        "order": p.order,
-        "tokens": p.tokens,
-        "costs": p.costs,
-        "cost_lower_bound": p.cost_lower_bound,
-        "token_balance": summary(&p.tokens),
-        "cost_balance": summary(&p.costs),
-        "verl_unbalance": verl,
-    })
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-/// verl's `log_seqlen_unbalance` dict (`{prefix}/min`, `/max`, `/minmax_diff`,
-/// `/balanced_min`, `/balanced_max`, `/mean`) for `partitions` of `seqlens`, or verl's error.
-pub fn verl_unbalance(
-    prefix: &str,
-    seqlens: &[i64],
-    partitions: &[Vec<i64>],
-) -> Result<Value, stowplan_kernel::verl::UnbalanceError> {
-    let u = crate::verl_log_seqlen_unbalance(seqlens, partitions)?.figures();
-    Ok(json!({
-        format!("{prefix}/min"): u.min,
-        format!("{prefix}/max"): u.max,
-        format!("{prefix}/minmax_diff"): u.minmax_diff,
-        format!("{prefix}/balanced_min"): u.balanced_min,
-        format!("{prefix}/balanced_max"): u.balanced_max,
-        format!("{prefix}/mean"): u.mean,
-    }))
-}
-
-/// A two-level plan: `{"dp": dp_plan, "micro_batches": [micro_plan per rank], "count",
-/// "micro_batch_token_balance", "micro_batch_cost_balance"}` (balances over every
-/// micro-batch of every rank).
-pub fn plan(p: &Plan, lengths: &[u64]) -> Value {
-    let tokens: Vec<u64> = p.ranks.iter().flat_map(|r| r.tokens.iter().copied()).collect();
-    let costs: Vec<u64> = p.ranks.iter().flat_map(|r| r.costs.iter().copied()).collect();
-    json!({
-        "dp": dp_plan(&p.dp, lengths),
-        "micro_batches": p.ranks.iter().map(micro_plan).collect::<Vec<_>>(),
-        "count": p.ranks.first().map_or(0, MicroPlan::count),
-        "micro_batch_token_balance": summary(&tokens),
-        "micro_batch_cost_balance": summary(&costs),
-    })
+    #[test]
+    fn the_shapes_and_their_keys() {
+        let p = Packing {
+            offsets: vec![0, 2, 3],
+            indices: vec![0, 2, 1],
+            loads: vec![8, 5],
+            dropped: vec![],
+            single: vec![],
+            real_tokens: 13,
+            aligned_tokens: 13,
+            lower_bound: 2,
+        };
+        let v = packing(&p);
+        assert_eq!(v["bins"], serde_json::json!([[0, 2], [1]]));
+        assert_eq!(v["padding_tokens"], 0);
+        let s = summary(&[1550, 1450]);
+        assert_eq!((s["max"].as_u64(), s["spread"].as_u64()), (Some(1550), Some(100)));
+        let u =
+            verl_unbalance("global_seqlen", &[100, 900, 50, 950], &[vec![0, 3], vec![1, 2]]).expect("verl's figures");
+        assert_eq!(u["global_seqlen/balanced_max"], 1050);
+        assert_eq!(u["global_seqlen/mean"], 1000.0);
+        assert!(verl_unbalance("p", &[1], &[vec![0], vec![0]]).is_err());
+        let m = MicroBatches::from(&MicroPlan {
+            offsets: vec![0, 1],
+            indices: vec![0],
+            tokens: vec![5],
+            costs: vec![5],
+            restore: vec![0],
+            lower_bound: 1,
+            required: 1,
+        });
+        let v = value(&m);
+        assert!(v.get("resource_loads").is_none(), "{v}");
+        assert_eq!(v["token_balance"]["max_over_mean"], 1.0);
+    }
 }
