@@ -6,7 +6,7 @@
 use std::fmt;
 
 use serde::Serialize;
-use serde::ser::{SerializeMap, Serializer};
+use serde::ser::{SerializeMap, SerializeStruct, Serializer};
 use serde_json::Value;
 use stowplan_kernel::verl::{UnbalanceError, UnbalanceFigures};
 use stowplan_kernel::{DpPlan, MicroPlan, Packing, Partitioning, Plan, unflatten as lists};
@@ -76,26 +76,35 @@ impl From<&Packing> for Bins {
 }
 
 /// Balance figures of per-group totals (tokens or costs of ranks or micro-batches), the
-/// kernel's [`stowplan_kernel::Figures`]: `{"max", "min", "mean", "max_over_mean", "spread"}`.
-#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
-pub struct Figures {
-    /// The largest total.
-    pub max: u64,
-    /// The smallest total.
-    pub min: u64,
-    /// The mean total.
-    pub mean: f64,
-    /// `max / mean`: 1.0 for a perfect balance.
-    pub max_over_mean: f64,
-    /// `max - min`.
-    pub spread: u64,
-}
+/// kernel's [`stowplan_kernel::Figures`] (its fields through `Deref`): `{"max", "min", "mean",
+/// "max_over_mean", "spread"}`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Figures(pub stowplan_kernel::Figures);
 
 impl Figures {
     /// The figures of `values`.
     pub fn of(values: &[u64]) -> Self {
-        let stowplan_kernel::Figures { max, min, mean, max_over_mean, spread } = stowplan_kernel::Figures::of(values);
-        Self { max, min, mean, max_over_mean, spread }
+        Self(stowplan_kernel::Figures::of(values))
+    }
+}
+
+impl std::ops::Deref for Figures {
+    type Target = stowplan_kernel::Figures;
+
+    fn deref(&self) -> &Self::Target {
+        &self.0
+    }
+}
+
+impl Serialize for Figures {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut m = s.serialize_struct("Figures", 5)?;
+        m.serialize_field("max", &self.max)?;
+        m.serialize_field("min", &self.min)?;
+        m.serialize_field("mean", &self.mean)?;
+        m.serialize_field("max_over_mean", &self.max_over_mean)?;
+        m.serialize_field("spread", &self.spread)?;
+        m.end()
     }
 }
 
