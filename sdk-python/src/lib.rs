@@ -16,6 +16,7 @@
 
 mod arrow;
 mod balance;
+mod config;
 mod convert;
 mod errors;
 mod filter;
@@ -51,7 +52,7 @@ use peers::{
     PyDpReorder, PyRollMicroBatches, balance_batch, log_seqlen_unbalance, roll_load_balance, verl,
     verl_rearrange_micro_batches,
 };
-pub(crate) use results::{json_to_py, reduce, reduce_by};
+pub(crate) use results::{reduce, reduce_by};
 
 /// The embedded kernel component's sha256 and its imports (always empty):
 /// ``{"sha256": …, "imports": […]}``.
@@ -111,6 +112,7 @@ fn _stowplan(m: &Bound<'_, PyModule>) -> PyResult<()> {
     packer::register(m)?;
     transport::register(m)?;
     plan::register(m)?;
+    config::register(m)?;
     prime_rl::register(m)?;
     source::register(m)?;
     filter::register(m)?;

@@ -1,5 +1,5 @@
-//! Static pack plans (seed 002) for Python: `StaticPackPlan`, `LengthCache` and the
-//! packing-config validation. Behaviour lives in the host crate; this converts.
+//! Static pack plans (seed 002) for Python: `StaticPackPlan` and `LengthCache` (the packing
+//! configuration is `config.rs`). Behaviour lives in the host crate; this converts.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -8,14 +8,11 @@ use numpy::{IntoPyArray, PyArray1, PyArrayMethods};
 use pyo3::exceptions::PyIndexError;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
-use stowplan::{
-    EffectiveBatch, LengthCache, MicroLimits, MultiMethod, Named, PackingConfig, PlanLimits, PlanOptions,
-    StaticPackPlan,
-};
+use stowplan::{LengthCache, MicroLimits, MultiMethod, Named, PlanLimits, PlanOptions, StaticPackPlan};
 
 use stowplan::plan::config::{DEFAULT_PRECOMPUTE_WORKERS, DEFAULT_WAIT_TIMEOUT_S};
 
-use crate::{Lengths, int, int_vec, invalid, json_to_py, kernel, number, opt_u64, repr, to_py, u64_arg};
+use crate::{Lengths, int, int_vec, invalid, kernel, number, opt_u64, repr, to_py, u64_arg};
 use crate::{opt_parse, str_options};
 
 /// How long one host wait runs before Python signals are checked.
@@ -590,48 +587,9 @@ fn world(world_size: &Bound<'_, PyAny>) -> PyResult<u32> {
     int(world_size, "world_size", 0, u32::MAX.into())
 }
 
-/// resolve_packing_config(config_json, world_size) -> dict: the validated configuration
-/// (`stowplan::PackingConfig`, defaults applied), plus `batch_report` (requested vs realized
-/// packs per optimizer step).
-#[pyfunction]
-fn resolve_packing_config<'py>(
-    py: Python<'py>,
-    config_json: &str,
-    world_size: &Bound<'_, PyAny>,
-) -> PyResult<Bound<'py, PyAny>> {
-    let config = json_value(py, Some(config_json), "config")?;
-    let c = PackingConfig::from_json(&config, world(world_size)?).map_err(|e| to_py(py, e))?;
-    let mut v = serde_json::to_value(&c).map_err(|e| invalid(py, format!("encoding the configuration: {e}")))?;
-    v["batch_report"] = serde_json::Value::String(c.batch.report());
-    json_to_py(py, &v)
-}
-
-/// accumulation_warning(world_size, per_device_train_batch_size, gradient_accumulation_steps,
-/// per_rank_batches) -> str | None: the partial accumulation window warning for derived sizes.
-#[pyfunction]
-fn accumulation_warning(
-    py: Python<'_>,
-    world_size: &Bound<'_, PyAny>,
-    per_device_train_batch_size: u64,
-    gradient_accumulation_steps: u64,
-    per_rank_batches: u64,
-) -> PyResult<Option<String>> {
-    let b = EffectiveBatch::derive(
-        world(world_size)?,
-        per_device_train_batch_size,
-        gradient_accumulation_steps,
-        None,
-        false,
-    )
-    .map_err(|e| to_py(py, e))?;
-    Ok(b.accumulation_warning(per_rank_batches))
-}
-
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyStaticPackPlan>()?;
     m.add_class::<PyLengthCache>()?;
-    m.add_function(wrap_pyfunction!(resolve_packing_config, m)?)?;
-    m.add_function(wrap_pyfunction!(accumulation_warning, m)?)?;
     // The host's defaults the Python driver of the length cache uses.
     m.add("DEFAULT_PRECOMPUTE_WORKERS", DEFAULT_PRECOMPUTE_WORKERS)?;
     m.add("DEFAULT_WAIT_TIMEOUT_S", DEFAULT_WAIT_TIMEOUT_S)?;

@@ -74,6 +74,37 @@ def test_stage1_dynamic_packing_mode_fails_fast() -> None:
     assert isinstance(stowplan.ConfigError("x"), ValueError)
 
 
+def test_packing_config_is_one_frozen_native_class() -> None:
+    """PackingConfig is the native class (issue 27): frozen, compared by value, picklable
+    (validated again on load), and its batch report is logged when it is built."""
+    import logging
+    import pickle
+
+    c = stowplan.PackingConfig.from_dict(config(packing=True, gradient_accumulation_steps=2), world_size=4)
+    assert type(c) is stowplan._stowplan.PackingConfig
+    with pytest.raises(AttributeError):
+        c.packing_length = 1  # type: ignore[misc]
+    back = pickle.loads(pickle.dumps(c))
+    assert back == c and back.batch_report == c.batch_report and back.world_size == 4
+    assert c != stowplan.PackingConfig.from_dict(config(packing=True, gradient_accumulation_steps=3), world_size=4)
+    assert c != "not a config" and "world_size=4" in repr(c)
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append  # type: ignore[method-assign]
+    logger = logging.getLogger("stowplan.plan")
+    logger.addHandler(handler)
+    old = logger.level
+    logger.setLevel(logging.INFO)
+    try:
+        stowplan.PackingConfig.from_dict(config(packing=True), world_size=2)
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(old)
+    assert any("effective batch" in r.getMessage() for r in records)
+    with pytest.raises(stowplan.InvalidArgumentError, match="config must be JSON-serializable"):
+        stowplan.PackingConfig.from_dict({"training": {"packing": object()}}, world_size=1)
+
+
 def test_stage1_eval_packing_defaults_to_static_pack_plan_behavior() -> None:
     c = stowplan.PackingConfig.from_dict(config(packing=True, dataloader_drop_last=True), world_size=4)
     assert c.eval_packing

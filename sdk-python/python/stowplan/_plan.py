@@ -22,7 +22,6 @@ from __future__ import annotations
 import json
 import logging
 import multiprocessing
-from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import numpy as np
@@ -41,145 +40,9 @@ __all__ = [
 
 StaticPackPlan = _stowplan.StaticPackPlan
 LengthCache = _stowplan.LengthCache
+PackingConfig = _stowplan.PackingConfig
 
 _log = logging.getLogger("stowplan.plan")
-
-
-@dataclass(frozen=True)
-class PackingConfig:
-    """The packing keys of a training configuration, validated (defaults applied).
-
-    Build with :meth:`from_dict`; every invalid key raises :class:`stowplan.ConfigError`
-    naming it. ``gradient_accumulation_steps`` and ``per_device_train_batch_size`` are the
-    values to train with (batch size forced to 1 by packing).
-    """
-
-    packing: bool
-    packing_mode: str
-    packing_length: Optional[int]
-    packing_length_key: Optional[str]
-    allow_single_long: bool
-    align: int
-    dataloader_drop_last: bool
-    eval_packing: bool
-    wait_timeout_s: int
-    persist_every: Optional[int]
-    precompute_workers: int
-    dataset_source: Optional[str]
-    world_size: int
-    per_device_train_batch_size: int
-    gradient_accumulation_steps: int
-    requested_packs_per_step: Optional[int]
-    configured_packs_per_step: int
-    realized_packs_per_step: int
-    batch_report: str
-
-    @classmethod
-    def from_dict(cls, config: Dict[str, Any], *, world_size: int) -> "PackingConfig":
-        """Validates ``config`` (``{"training": {...}, "template": {"max_length": N}, ...}``)
-        for ``world_size`` ranks and logs the requested vs realized packs per step.
-
-        ``config`` is a trainer configuration as a dict (JSON-serializable). The keys read
-        (anything else is ignored; a section may be missing or ``None``):
-
-        ===============================================  ========  ============  ====================================================
-        key                                              type      default       meaning (attribute of the result)
-        ===============================================  ========  ============  ====================================================
-        ``training.packing``                             bool      ``False``     pack the train split (``packing``)
-        ``training.packing_mode``                        str       ``"static"``  ``"static"`` only; ``"dynamic"`` is refused when
-                                                                                 packing is on (``packing_mode``)
-        ``training.eval_packing``                        bool      ``packing``   pack the eval split too (``eval_packing``)
-        ``training.packing_allow_single_long``           bool      ``False``     a sample of length >= the packing length gets a pack
-                                                                                 of its own; else it is dropped and listed
-                                                                                 (``allow_single_long``)
-        ``training.packing_align``                       int >= 1  1             round every length up to a multiple of this
-                                                                                 (``align``)
-        ``training.dataloader_drop_last``                bool      ``False``     drop the last ``packs mod world_size`` packs of the
-                                                                                 train plan instead of repeating the first ones
-                                                                                 (``dataloader_drop_last``; eval never drops)
-        ``training.packing_wait_timeout_s``              int >= 0  7200          seconds ranks > 0 wait for rank 0's length cache;
-                                                                                 0 waits forever (``wait_timeout_s``)
-        ``training.packing_length_cache_persist_every``  int >= 1  adaptive      flush the length cache every this many lengths;
-                                                                                 adaptive: about 1 % of the samples, 1,024..262,144
-                                                                                 (``persist_every``, ``None`` = adaptive)
-        ``training.packing_length_precompute_workers``   int >= 1  8             processes computing lengths; 1 = serial
-                                                                                 (``precompute_workers``)
-        ``training.per_device_train_batch_size``         int >= 1  1             as configured; packing trains one pack per device
-                                                                                 and step, so it becomes 1 and its factor moves
-                                                                                 into the accumulation steps
-        ``training.gradient_accumulation_steps``         int >= 1  1             as configured; with packing and no
-                                                                                 ``effective_batch_size`` the result's is
-                                                                                 ``per_device_train_batch_size × this``
-        ``training.effective_batch_size``                int >= 1  none          packs per optimizer step over all ranks; must be a
-                                                                                 multiple of ``world_size`` (× the per-device batch
-                                                                                 without packing); with packing, accumulation
-                                                                                 steps = ``effective_batch_size / world_size``
-        ``template.max_length``                          int >= 1  none          the packing length (``packing_length``; the key used
-                                                                                 is ``packing_length_key``); required when packing
-                                                                                 or eval packing is on
-        ``model.max_model_len``                          int >= 1  none          the packing length when ``template.max_length`` is
-                                                                                 unset
-        ``training_args.max_model_len``                  int >= 1  none          the packing length when neither of the above is set
-        ``custom.train_jsonl``                           str       none          the dataset's identity for the length cache
-                                                                                 (``dataset_source``)
-        ``custom.fusion_config``                         any       none          refused with packing or eval packing on (mixing
-                                                                                 schedules resample every epoch); else the identity
-        ===============================================  ========  ============  ====================================================
-
-        Refused with a :class:`stowplan.ConfigError` naming the key: a value of the wrong
-        type or out of range, ``training.packing_length`` (deprecated: set
-        ``template.max_length``), and any other ``training`` key starting with ``packing``
-        or ``eval_packing`` (a typo there would silently change the plan). The result's
-        ``world_size``, ``per_device_train_batch_size``, ``gradient_accumulation_steps``,
-        ``requested_packs_per_step``, ``configured_packs_per_step``,
-        ``realized_packs_per_step`` and ``batch_report`` are the batch arithmetic to train
-        with.
-
-        >>> import stowplan
-        >>> c = stowplan.PackingConfig.from_dict({"training": {"packing": True, "per_device_train_batch_size": 4,
-        ...     "gradient_accumulation_steps": 2}, "template": {"max_length": 16384}}, world_size=8)
-        >>> c.packing_length, c.per_device_train_batch_size, c.gradient_accumulation_steps, c.eval_packing
-        (16384, 1, 8, True)
-        """
-        try:
-            text = json.dumps(config)
-        except (TypeError, ValueError) as exc:
-            raise InvalidArgumentError(f"config must be JSON-serializable: {exc}") from None
-        r = _stowplan.resolve_packing_config(text, world_size)
-        b = r["batch"]
-        c = cls(
-            packing=r["packing"],
-            packing_mode=r["packing_mode"],
-            packing_length=r["packing_length"],
-            packing_length_key=r["packing_length_key"],
-            allow_single_long=r["allow_single_long"],
-            align=r["align"],
-            dataloader_drop_last=r["dataloader_drop_last"],
-            eval_packing=r["eval_packing"],
-            wait_timeout_s=r["wait_timeout_s"],
-            persist_every=r["persist_every"],
-            precompute_workers=r["precompute_workers"],
-            dataset_source=r["dataset_source"],
-            world_size=b["world_size"],
-            per_device_train_batch_size=b["per_device_train_batch_size"],
-            gradient_accumulation_steps=b["gradient_accumulation_steps"],
-            requested_packs_per_step=b["requested_packs_per_step"],
-            configured_packs_per_step=b["configured_packs_per_step"],
-            realized_packs_per_step=b["realized_packs_per_step"],
-            batch_report=r["batch_report"],
-        )
-        _log.info("%s", c.batch_report)
-        return c
-
-    def accumulation_warning(self, plan: Any) -> Optional[str]:
-        """The partial-accumulation-window warning for an epoch of ``plan`` (a
-        :class:`StaticPackPlan`), also logged at WARNING; ``None`` when windows are exact."""
-        w = _stowplan.accumulation_warning(
-            self.world_size, self.per_device_train_batch_size, self.gradient_accumulation_steps, plan.per_rank
-        )
-        if w is not None:
-            _log.warning("%s", w)
-        return w
 
 
 # Worker state of the precompute pool (inherited by fork, or set by the initializer).

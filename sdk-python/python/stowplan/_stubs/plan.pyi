@@ -1,4 +1,5 @@
-"""Stubs of ``stowplan._stowplan``: static pack plans and length caches (``src/plan.rs``)."""
+"""Stubs of ``stowplan._stowplan``: static pack plans, length caches and the packing
+configuration (``src/plan.rs``, ``src/config.rs``)."""
 
 from typing import Any, Dict, List, Optional
 
@@ -115,10 +116,34 @@ class LengthCache:
     ) -> npt.NDArray[np.uint64]:
         """Waits for rank 0's complete cache (timeout 0 = forever)."""
 
-def resolve_packing_config(config_json: str, world_size: int) -> Dict[str, Any]:
-    """The validated packing configuration (with ``batch_report``)."""
+class PackingConfig:
+    """The packing keys of a training configuration, validated (defaults applied); frozen,
+    compared by value, picklable. The keys read: :meth:`from_dict`."""
 
-def accumulation_warning(
-    world_size: int, per_device_train_batch_size: int, gradient_accumulation_steps: int, per_rank_batches: int
-) -> Optional[str]:
-    """Seed 002's partial accumulation window warning, or None."""
+    packing: bool
+    packing_mode: str
+    packing_length: Optional[int]
+    packing_length_key: Optional[str]
+    allow_single_long: bool
+    align: int
+    dataloader_drop_last: bool
+    eval_packing: bool
+    wait_timeout_s: int
+    persist_every: Optional[int]
+    precompute_workers: int
+    dataset_source: Optional[str]
+    world_size: int
+    per_device_train_batch_size: int
+    gradient_accumulation_steps: int
+    requested_packs_per_step: Optional[int]
+    configured_packs_per_step: int
+    realized_packs_per_step: int
+    batch_report: str
+    @staticmethod
+    def from_dict(config: Dict[str, Any], *, world_size: int) -> PackingConfig:
+        """Validates ``config`` for ``world_size`` ranks (a :class:`stowplan.ConfigError`
+        names an invalid key) and logs the requested vs realized packs per step."""
+    def accumulation_warning(self, plan: StaticPackPlan) -> Optional[str]:
+        """The partial-accumulation-window warning for an epoch of ``plan`` (logged at
+        WARNING), or ``None`` when windows are exact."""
+    def __eq__(self, other: object) -> bool: ...
