@@ -4,12 +4,12 @@
 use std::sync::{Arc, Mutex};
 
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyDict, PyList};
+use pyo3::types::{PyBytes, PyDict, PyList, PyTuple};
 use stowplan::{Packer, PackerOptions, PackerState, RunConfig, RunProgress, TrainingBatch};
 
 use crate::convert::{opt_i64, opt_number, with_bytes};
 use crate::protocol::{duration, rank_list, training_batch};
-use crate::{cost_arg, kernel, number, opt_parse, opt_u32, opt_u64, str_options, to_py, u32_arg, u64_arg};
+use crate::{cost_arg, invalid, kernel, number, opt_parse, opt_u32, opt_u64, str_options, to_py, u32_arg, u64_arg};
 
 fn progress_dict<'py>(py: Python<'py>, run: u32, batch_size: u64, p: &RunProgress) -> PyResult<Bound<'py, PyDict>> {
     let d = PyDict::new(py);
@@ -30,11 +30,92 @@ fn progress_dict<'py>(py: Python<'py>, run: u32, batch_size: u64, p: &RunProgres
     Ok(d)
 }
 
-/// The packer runtime in process (see `stowplan::packer`).
+/// The packer runtime in process: per-run buffers, a token threshold with a wait timeout,
+/// round-robin selection across runs, per-run progress, packing, balancing and
+/// materialization. ``stowplan serve`` runs the same code as a process.
+///
+/// Options (keyword-only) as in ``stowplan serve``: ``seq_len`` (micro-batch capacity; longer
+/// samples are rejected), ``dp`` (ranks), ``pad_to_multiple_of``, ``pad_token_id``, ``cost``
+/// (``"tokens"``, ``"attention"`` or ``(linear, quadratic)``), ``num_runs`` (length of
+/// ``lora_num_tokens``), ``threshold`` (default ``seq_len × dp``), ``step_tokens`` (default:
+/// all pending), ``wait_timeout`` (seconds), ``teacher_logprobs``,
+/// ``allow_empty_completion``, ``loss_agg_mode`` (each micro-batch's ``loss_weights``:
+/// ``"token-mean"`` by default, as :func:`stowplan.materialize`), ``loss_scale_factor`` and
+/// ``loss_normalization``: the samples the weights count over, ``"step"`` (a run's samples in
+/// the packer step, the default) or ``"update"`` (a run's optimizer update of ``batch_size``
+/// samples, however many packer steps it spans, so that Σ weight × loss over all of them is
+/// the update's unpacked loss; a run's samples are then packed once the rest of their update
+/// has arrived), and ``limits``: further caps per micro-batch by name (``{"image_tokens":
+/// 8192, "images": 32}``, ``stowplan serve --limit``), which every micro-batch keeps, a
+/// sample's sizes being its ``resources``; a sample over a cap is rejected as ``over_limit``,
+/// one naming a resource without a limit as ``unknown_resource``; ``max_segments``: at most
+/// this many samples per micro-batch (``stowplan serve --max-segments``; 0 or ``None``: no
+/// limit; one more cap beside ``limits``, of which there may then be 6; no limit may be named
+/// ``"segments"``). ``backend``: the kernel's, as every function's (``"wasm"``, the default,
+/// or ``"native"``). An omitted option (or ``None``) is the host's default
+/// (``stowplan::PackerOptions::new``, the one ``stowplan serve`` uses); an unknown one is a
+/// ``TypeError`` naming it. A checkpoint is restored with :meth:`restore`.
 #[derive(Debug)]
-#[pyclass(module = "stowplan._stowplan", name = "Packer")]
+#[pyclass(frozen, module = "stowplan._stowplan", name = "Packer")]
 pub struct PyPacker {
     inner: Arc<Mutex<Packer>>,
+    kernel: stowplan::Kernel,
+}
+
+/// What :meth:`Packer.ingest` did: samples buffered (``accepted``), samples rejected as
+/// ``(index, reason, message)`` (``rejected``), and whether the batch was a duplicate
+/// (``duplicate``). Frozen, compared by value, picklable.
+#[derive(Clone, Debug, PartialEq)]
+#[pyclass(frozen, eq, get_all, module = "stowplan._stowplan", name = "IngestReport")]
+pub struct PyIngestReport {
+    accepted: u32,
+    rejected: Vec<(u32, String, String)>,
+    duplicate: bool,
+}
+
+#[pymethods]
+impl PyIngestReport {
+    #[new]
+    #[pyo3(signature = (accepted, rejected=Vec::new(), duplicate=false))]
+    fn new(accepted: u32, rejected: Vec<(u32, String, String)>, duplicate: bool) -> Self {
+        Self { accepted, rejected, duplicate }
+    }
+
+    /// Pickles as its fields.
+    fn __reduce__<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyTuple>> {
+        let r = slf.get();
+        let args = (r.accepted, r.rejected.clone(), r.duplicate).into_pyobject(slf.py())?;
+        PyTuple::new(slf.py(), [slf.get_type().into_any(), args.into_any()])
+    }
+
+    fn __repr__(&self) -> String {
+        let py_bool = |b: bool| if b { "True" } else { "False" };
+        format!(
+            "IngestReport(accepted={}, rejected={} sample(s), duplicate={})",
+            self.accepted,
+            self.rejected.len(),
+            py_bool(self.duplicate)
+        )
+    }
+}
+
+impl From<stowplan::IngestReport> for PyIngestReport {
+    fn from(r: stowplan::IngestReport) -> Self {
+        let rejected = r.rejected.into_iter().map(|(i, reason, m)| (i, reason.name().to_string(), m)).collect();
+        Self { accepted: r.accepted, rejected, duplicate: r.duplicate }
+    }
+}
+
+/// A training batch argument: a `TrainingBatch` (anything with `run`, `step`, `temperature`
+/// and `samples`) or its encoded bytes (any contiguous buffer, read in place); errors name
+/// `name`.
+fn batch_arg(py: Python<'_>, batch: &Bound<'_, PyAny>, name: &str) -> PyResult<TrainingBatch> {
+    if batch.hasattr("samples")? {
+        let get = |attr: &str| batch.getattr(attr);
+        training_batch(py, &get("run")?, &get("step")?, &get("temperature")?, &get("samples")?)
+    } else {
+        with_bytes(batch, name, |data| py.detach(|| TrainingBatch::decode(data)).map_err(|e| to_py(py, e)))
+    }
 }
 
 impl PyPacker {
@@ -46,10 +127,10 @@ impl PyPacker {
 #[pymethods]
 impl PyPacker {
     #[new]
-    #[pyo3(signature = (seq_len, dp, *, pad_to_multiple_of=None, pad_token_id=None, cost=None, num_runs=None,
+    #[pyo3(signature = (*, seq_len, dp, pad_to_multiple_of=None, pad_token_id=None, cost=None, num_runs=None,
         threshold=None, step_tokens=None, wait_timeout=None, teacher_logprobs=None, allow_empty_completion=None,
         loss_agg_mode=None, loss_scale_factor=None, loss_normalization=None, limits=None, max_segments=None,
-        backend=None, state=None, batches=None))]
+        backend=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -70,8 +151,6 @@ impl PyPacker {
         limits: Option<&Bound<'_, PyAny>>,
         max_segments: Option<&Bound<'_, PyAny>>,
         backend: Option<&Bound<'_, PyAny>>,
-        state: Option<&[u8]>,
-        batches: Option<Vec<Vec<u8>>>,
     ) -> PyResult<Self> {
         str_options!(loss_agg_mode, loss_normalization, backend);
         // `None` (or an omitted option) is the host's default: `PackerOptions::new`.
@@ -100,18 +179,35 @@ impl PyPacker {
             },
             ..d
         };
-        o.validate().map_err(|e| to_py(py, e))?;
-        let k = kernel(py, backend)?;
-        let packer = match state {
-            None => Packer::new(k, o),
-            Some(bytes) => py.detach(|| {
-                let state = PackerState::decode(bytes)?;
-                let mut by_key = std::collections::HashMap::new();
-                for b in batches.unwrap_or_default() {
-                    let b = TrainingBatch::decode(&b)?;
-                    by_key.insert(b.key(), Arc::new(b));
-                }
-                Packer::restore(k, o, state, |key| {
+        let kernel = kernel(py, backend)?;
+        let packer = Packer::new(kernel, o).map_err(|e| to_py(py, e))?;
+        Ok(Self { inner: Arc::new(Mutex::new(packer)), kernel })
+    }
+
+    /// A packer from :meth:`state` and the batches it names (``TrainingBatch`` es or their
+    /// encoded bytes), with the same options (keywords, as the constructor's). A batch the
+    /// state needs and ``batches`` lacks is a ``CacheMismatchError`` naming it.
+    #[staticmethod]
+    #[pyo3(signature = (state, batches, /, **options))]
+    fn restore(
+        py: Python<'_>,
+        state: &Bound<'_, PyAny>,
+        batches: &Bound<'_, PyAny>,
+        options: Option<&Bound<'_, PyDict>>,
+    ) -> PyResult<Self> {
+        // The options parsed and checked as the constructor does.
+        let fresh = py.get_type::<Self>().call((), options)?;
+        let fresh = fresh.cast::<Self>()?.get();
+        let (kernel, options) = (fresh.kernel, fresh.lock(py)?.options().clone());
+        let state = with_bytes(state, "state", |b| PackerState::decode(b).map_err(|e| to_py(py, e)))?;
+        let mut by_key = std::collections::HashMap::new();
+        for (i, b) in batches.try_iter()?.enumerate() {
+            let b = batch_arg(py, &b?, &format!("batches[{i}]"))?;
+            by_key.insert(b.key(), Arc::new(b));
+        }
+        let packer = py
+            .detach(|| {
+                Packer::restore(kernel, options, state, |key| {
                     by_key.get(&key).cloned().ok_or_else(|| {
                         stowplan::Error::CacheMismatch(format!(
                             "the state needs batch run {} step {}, which batches lacks",
@@ -119,65 +215,47 @@ impl PyPacker {
                         ))
                     })
                 })
-            }),
-        }
-        .map_err(|e| to_py(py, e))?;
-        Ok(Self { inner: Arc::new(Mutex::new(packer)) })
+            })
+            .map_err(|e| to_py(py, e))?;
+        Ok(Self { inner: Arc::new(Mutex::new(packer)), kernel })
     }
 
+    /// Adds run ``run`` (below ``num_runs``) whose step advances every ``batch_size`` samples.
+    #[pyo3(signature = (run, *, batch_size))]
     fn add_run(&self, py: Python<'_>, run: &Bound<'_, PyAny>, batch_size: &Bound<'_, PyAny>) -> PyResult<()> {
         let (run, batch_size) = (u32_arg(run, "run", 0)?, u64_arg(batch_size, "batch_size", 1)?);
         self.lock(py)?.add_run(run, RunConfig { batch_size }).map_err(|e| to_py(py, e))
     }
 
+    /// Removes run ``run``; returns how many of its pending samples were dropped.
     fn remove_run(&self, py: Python<'_>, run: &Bound<'_, PyAny>) -> PyResult<usize> {
         let run = u32_arg(run, "run", 0)?;
         self.lock(py)?.remove_run(run).map(|(dropped, _)| dropped).map_err(|e| to_py(py, e))
     }
 
+    /// Clears the run's ``ready_to_update`` after the trainer updated it.
     fn clear_ready(&self, py: Python<'_>, run: &Bound<'_, PyAny>) -> PyResult<()> {
         let run = u32_arg(run, "run", 0)?;
         self.lock(py)?.clear_ready(run).map_err(|e| to_py(py, e))
     }
 
-    /// ingest(run, step, temperature, samples) -> (accepted, rejected [(index, reason, message)], duplicate)
-    #[allow(clippy::type_complexity)]
-    fn ingest(
-        &self,
-        py: Python<'_>,
-        run: &Bound<'_, PyAny>,
-        step: &Bound<'_, PyAny>,
-        temperature: &Bound<'_, PyAny>,
-        samples: &Bound<'_, PyAny>,
-    ) -> PyResult<(u32, Vec<(u32, &'static str, String)>, bool)> {
-        let b = Arc::new(training_batch(py, run, step, temperature, samples)?);
-        let r = self.lock(py)?.ingest(b);
-        let rejected = r.rejected.into_iter().map(|(i, reason, m)| (i, reason.name(), m)).collect();
-        Ok((r.accepted, rejected, r.duplicate))
+    /// Buffers the batch's valid samples; invalid ones are rejected with a reason. ``batch``:
+    /// a :class:`TrainingBatch`, or its encoded bytes (``bytes``, ``bytearray``, a contiguous
+    /// ``memoryview`` or numpy ``uint8`` array: read in place).
+    fn ingest(&self, py: Python<'_>, batch: &Bound<'_, PyAny>) -> PyResult<PyIngestReport> {
+        let b = Arc::new(batch_arg(py, batch, "batch")?);
+        Ok(self.lock(py)?.ingest(b).into())
     }
 
-    /// ingest_bytes(data, name): ingest an encoded training batch (``bytes`` or any contiguous
-    /// buffer, read in place); errors name the argument ``name``.
-    #[allow(clippy::type_complexity)]
-    fn ingest_bytes(
-        &self,
-        py: Python<'_>,
-        data: &Bound<'_, PyAny>,
-        name: &str,
-    ) -> PyResult<(u32, Vec<(u32, &'static str, String)>, bool)> {
-        let b = Arc::new(with_bytes(data, name, |data| {
-            py.detach(|| TrainingBatch::decode(data)).map_err(|e| to_py(py, e))
-        })?);
-        let r = self.lock(py)?.ingest(b);
-        let rejected = r.rejected.into_iter().map(|(i, reason, m)| (i, reason.name(), m)).collect();
-        Ok((r.accepted, rejected, r.duplicate))
-    }
-
+    /// Whether the threshold is reached or the oldest pending sample waited ``wait_timeout``.
     fn should_pack(&self, py: Python<'_>) -> PyResult<bool> {
         Ok(self.lock(py)?.should_pack(std::time::Instant::now()))
     }
 
-    /// pack(force) -> None or (list of RankBatch, metrics dict)
+    /// Packs the next step if :meth:`should_pack` (or anything is pending and ``force``): one
+    /// :class:`RankBatch` per rank and the step's figures (``None`` when nothing is packed).
+    /// Call :meth:`delivered` once the ranks have it.
+    #[pyo3(signature = (*, force=false))]
     fn pack<'py>(&self, py: Python<'py>, force: bool) -> PyResult<Option<(Bound<'py, PyList>, Bound<'py, PyDict>)>> {
         let inner = Arc::clone(&self.inner);
         let step = py
@@ -201,20 +279,25 @@ impl PyPacker {
         Ok(Some((ranks, d)))
     }
 
+    /// Marks the step in flight delivered; returns the ``(run, step)`` batches now done.
     fn delivered(&self, py: Python<'_>, step: &Bound<'_, PyAny>) -> PyResult<Vec<(u32, u64)>> {
         let step = u64_arg(step, "step", 0)?;
         let keys = self.lock(py)?.delivered(step).map_err(|e| to_py(py, e))?;
         Ok(keys.into_iter().map(|k| (k.run, k.step)).collect())
     }
 
+    /// Samples and tokens pending.
     fn pending(&self, py: Python<'_>) -> PyResult<(usize, u64)> {
         Ok(self.lock(py)?.pending())
     }
 
+    /// The next packer step (the one in flight, if any).
+    #[getter]
     fn next_step(&self, py: Python<'_>) -> PyResult<u64> {
         Ok(self.lock(py)?.next_step())
     }
 
+    /// Every run's configuration and progress (dicts as :meth:`progress` gives).
     fn runs<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
         let out = PyList::empty(py);
         let p = self.lock(py)?;
@@ -224,16 +307,31 @@ impl PyPacker {
         Ok(out)
     }
 
+    /// Run ``run``'s configuration and progress: ``run``, ``batch_size``, ``step``,
+    /// ``samples_this_step``, ``ready_to_update``, ``total_samples``, ``total_tokens``,
+    /// ``received_samples``, ``rejected`` (by reason), ``duplicate_batches``.
+    fn progress<'py>(&self, py: Python<'py>, run: &Bound<'_, PyAny>) -> PyResult<Bound<'py, PyDict>> {
+        let run = u32_arg(run, "run", 0)?;
+        let p = self.lock(py)?;
+        match p.runs().find(|(r, _, _)| *r == run) {
+            Some((run, c, progress)) => progress_dict(py, run, c.batch_size, progress),
+            None => Err(invalid(py, format!("run {run} does not exist"))),
+        }
+    }
+
+    /// The checkpoint (versioned bytes): progress, pending order, round-robin position and the
+    /// step in flight, without the batches' contents (see :meth:`needed_batches`).
     fn state<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
         let bytes = self.lock(py)?.state().encode().map_err(|e| to_py(py, e))?;
         Ok(PyBytes::new(py, &bytes))
     }
 
-    /// Every batch the state needs for a restore, as (run, step) pairs.
+    /// The ``(run, step)`` batches a restore of :meth:`state` needs.
     fn needed_batches(&self, py: Python<'_>) -> PyResult<Vec<(u32, u64)>> {
         Ok(self.lock(py)?.state().batches().into_iter().map(|k| (k.run, k.step)).collect())
     }
 
+    /// After :meth:`restore`: the step that was in flight, byte for byte as before.
     fn rebuild_inflight<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyList>>> {
         let step = self.lock(py)?.rebuild_inflight().map_err(|e| to_py(py, e))?;
         step.map(|s| rank_list(py, s.ranks)).transpose()
@@ -242,5 +340,6 @@ impl PyPacker {
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyPacker>()?;
+    m.add_class::<PyIngestReport>()?;
     Ok(())
 }

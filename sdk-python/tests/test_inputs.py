@@ -162,8 +162,8 @@ REFUSED = [
     (lambda: stowplan.materialize(7, capacity=8), "samples must be an iterable of mappings or objects"),
     (lambda: stowplan.materialize([SAMPLE] * 2, capacity=8, cp=2).ranks[0][0].cp_view(1.0), "rank must be an integer in 0..=1 (got 1.0)"),
     (lambda: stowplan.Packer(seq_len=16.0, dp=1), "seq_len must be an integer in 1..=2**64-1 (got 16.0)"),
-    (lambda: stowplan.Packer(seq_len=16, dp=1, state=b""), "state is not an option of Packer: restore a checkpoint with Packer.restore"),
-    (lambda: stowplan.Packer.restore(b"", [], seq_len=16, dp=1, batches=[]), "batches is not an option of Packer"),
+    (lambda: stowplan.Packer.restore(b"", [], seq_len=16, dp=1), "not an encoded stowplan packer state"),
+    (lambda: stowplan.Packer.restore(7, [], seq_len=16, dp=1), "state"),
     (lambda: _packer().add_run(1.0, batch_size=2), "run must be an integer in 0..=2**32-1 (got 1.0)"),
     (lambda: _packer().add_run(1, batch_size=True), "batch_size must be an integer in 1..=2**64-1 (got True)"),
     (lambda: _packer().delivered(0.0), "step must be an integer in 0..=2**64-1 (got 0.0)"),
@@ -209,6 +209,19 @@ def test_every_entry_point_refuses_inexact_integers_with_the_sdk_error(call, fra
         call()
     assert fragment in str(info.value)
     assert isinstance(info.value, stowplan.StowplanError) and isinstance(info.value, ValueError)
+
+
+def test_the_packer_takes_keywords_only_and_names_an_unknown_option():
+    """The native Packer is the public one (issue 27): options keyword-only; a checkpoint's
+    state and batches go to Packer.restore, never to the constructor."""
+    with pytest.raises(TypeError):
+        stowplan.Packer(16, 1)
+    with pytest.raises(TypeError, match="state"):
+        stowplan.Packer(seq_len=16, dp=1, state=b"")
+    with pytest.raises(TypeError, match="batches"):
+        stowplan.Packer.restore(b"", [], seq_len=16, dp=1, batches=[])
+    with pytest.raises(TypeError, match="positional"):
+        stowplan.Packer(seq_len=16, dp=1).add_run(0, 2)
 
 
 def test_token_ids_masks_and_numbers_of_every_kind_are_exact():

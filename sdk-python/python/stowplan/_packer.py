@@ -31,16 +31,17 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass, field
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
-
-import numpy as np
+from dataclasses import dataclass
+from typing import Any, Iterator, Optional, Sequence
 
 from . import _stowplan
 
 __all__ = ["TrainingBatch", "FileSender", "FileReceiver", "RankBatch", "Packer", "IngestReport"]
 
 RankBatch = _stowplan.RankBatch
+# The in-process packer runtime and what its ingest reports are the native classes.
+Packer = _stowplan.Packer
+IngestReport = _stowplan.IngestReport
 
 
 @dataclass
@@ -66,16 +67,6 @@ class TrainingBatch:
     def encode(self) -> bytes:
         """The batch in stowplan's versioned wire format (what the transports carry)."""
         return _stowplan.encode_training_batch(self.run, self.step, self.temperature, self.samples)
-
-
-@dataclass
-class IngestReport:
-    """What :meth:`Packer.ingest` did: samples buffered, samples rejected as
-    ``(index, reason, message)``, and whether the batch was a duplicate."""
-
-    accepted: int
-    rejected: List[Tuple[int, str, str]] = field(default_factory=list)
-    duplicate: bool = False
 
 
 class FileSender:
@@ -172,123 +163,3 @@ def _invalid(message: str) -> Exception:
 def _check_timeout(name: str, value: Optional[float]) -> None:
     if value is not None and not (isinstance(value, (int, float)) and value >= 0):
         raise _invalid(f"{name} must be None or a number of seconds ≥ 0 (got {value!r})")
-
-
-def _no_state(options: Dict[str, Any]) -> None:
-    for name in ("state", "batches"):
-        if name in options:
-            raise _invalid(f"{name} is not an option of Packer: restore a checkpoint with Packer.restore(state, batches, **options)")
-
-
-class Packer:
-    """The packer runtime in process: per-run buffers, a token threshold with a wait timeout,
-    round-robin selection across runs, per-run progress, packing, balancing and
-    materialization. ``stowplan serve`` runs the same code as a process.
-
-    Options as in ``stowplan serve``: ``seq_len`` (micro-batch capacity; longer samples are
-    rejected), ``dp`` (ranks), ``pad_to_multiple_of``, ``pad_token_id``, ``cost`` (``"tokens"``,
-    ``"attention"`` or ``(linear, quadratic)``), ``num_runs`` (length of ``lora_num_tokens``),
-    ``threshold`` (default ``seq_len × dp``), ``step_tokens`` (default: all pending),
-    ``wait_timeout`` (seconds), ``teacher_logprobs``, ``allow_empty_completion``,
-    ``loss_agg_mode`` (each micro-batch's ``loss_weights``: ``"token-mean"`` by default, as
-    :func:`stowplan.materialize`), ``loss_scale_factor`` and ``loss_normalization``: the
-    samples the weights count over, ``"step"`` (a run's samples in the packer step, the
-    default) or ``"update"`` (a run's optimizer update of ``batch_size`` samples, however many
-    packer steps it spans, so that Σ weight × loss over all of them is the update's unpacked
-    loss; a run's samples are then packed once the rest of their update has arrived), and
-    ``limits``: further caps per micro-batch by name (``{"image_tokens": 8192, "images": 32}``,
-    ``stowplan serve --limit``), which every micro-batch keeps, a sample's sizes being its
-    ``resources``; a sample over a cap is rejected as ``over_limit``, one naming a resource
-    without a limit as ``unknown_resource``; ``max_segments``: at most this many samples per
-    micro-batch (``stowplan serve --max-segments``; 0 or ``None``: no limit; one more cap
-    beside ``limits``, of which there may then be 6; no limit may be named ``"segments"``).
-    ``backend``: the kernel's, as every function's
-    (``"wasm"``, the default, or ``"native"``). An unknown option is a ``TypeError`` naming it.
-    """
-
-    def __init__(self, *, seq_len: int, dp: int, **options: Any) -> None:
-        # The options are the native packer's, named once in _stowplan.pyi (Packer); a None
-        # option is the host's default (stowplan::PackerOptions::new), the one `stowplan serve`
-        # uses.
-        _no_state(options)
-        self._inner = _stowplan.Packer(seq_len, dp, **options)
-
-    def add_run(self, run: int, *, batch_size: int) -> None:
-        """Adds run ``run`` (below ``num_runs``) whose step advances every ``batch_size`` samples."""
-        self._inner.add_run(run, batch_size)
-
-    def remove_run(self, run: int) -> int:
-        """Removes run ``run``; returns how many of its pending samples were dropped."""
-        return self._inner.remove_run(run)
-
-    def clear_ready(self, run: int) -> None:
-        """Clears the run's ``ready_to_update`` after the trainer updated it."""
-        self._inner.clear_ready(run)
-
-    def ingest(self, batch: "TrainingBatch | bytes") -> IngestReport:
-        """Buffers the batch's valid samples; invalid ones are rejected with a reason. ``batch``:
-        a :class:`TrainingBatch`, or its encoded bytes (``bytes``, ``bytearray``, a contiguous
-        ``memoryview`` or numpy ``uint8`` array: read in place)."""
-        if isinstance(batch, (bytes, bytearray, memoryview, np.ndarray)):
-            accepted, rejected, duplicate = self._inner.ingest_bytes(batch, "batch")
-        else:
-            accepted, rejected, duplicate = self._inner.ingest(batch.run, batch.step, batch.temperature, batch.samples)
-        return IngestReport(accepted, rejected, duplicate)
-
-    def should_pack(self) -> bool:
-        """Whether the threshold is reached or the oldest pending sample waited ``wait_timeout``."""
-        return self._inner.should_pack()
-
-    def pack(self, *, force: bool = False) -> Optional[Tuple[List[RankBatch], Dict[str, Any]]]:
-        """Packs the next step if :meth:`should_pack` (or anything is pending and ``force``):
-        one :class:`RankBatch` per rank and the step's figures. Call :meth:`delivered` once
-        the ranks have it."""
-        return self._inner.pack(force)
-
-    def delivered(self, step: int) -> List[Tuple[int, int]]:
-        """Marks the step in flight delivered; returns the ``(run, step)`` batches now done."""
-        return self._inner.delivered(step)
-
-    def pending(self) -> Tuple[int, int]:
-        """Samples and tokens pending."""
-        return self._inner.pending()
-
-    @property
-    def next_step(self) -> int:
-        """The next packer step (the one in flight, if any)."""
-        return self._inner.next_step()
-
-    def runs(self) -> List[Dict[str, Any]]:
-        """Every run's configuration and progress."""
-        return self._inner.runs()
-
-    def progress(self, run: int) -> Dict[str, Any]:
-        """Run ``run``'s progress: ``step``, ``samples_this_step``, ``ready_to_update``,
-        ``total_samples``, ``total_tokens``, ``received_samples``, ``rejected`` (by reason),
-        ``duplicate_batches``."""
-        for r in self.runs():
-            if r["run"] == run:
-                return r
-        raise _invalid(f"run {run} does not exist")
-
-    def state(self) -> bytes:
-        """The checkpoint (versioned bytes): progress, pending order, round-robin position and
-        the step in flight, without the batches' contents (see :meth:`needed_batches`)."""
-        return self._inner.state()
-
-    def needed_batches(self) -> List[Tuple[int, int]]:
-        """The ``(run, step)`` batches a restore of :meth:`state` needs."""
-        return self._inner.needed_batches()
-
-    @classmethod
-    def restore(cls, state: bytes, batches: Sequence["TrainingBatch | bytes"], /, **options: Any) -> "Packer":
-        """A packer from :meth:`state` and the batches it names, with the same options."""
-        encoded = [b if isinstance(b, bytes) else b.encode() for b in batches]
-        _no_state(options)
-        packer = cls.__new__(cls)
-        packer._inner = _stowplan.Packer(**options, state=bytes(state), batches=encoded)
-        return packer
-
-    def rebuild_inflight(self) -> Optional[List[RankBatch]]:
-        """After :meth:`restore`: the step that was in flight, byte for byte as before."""
-        return self._inner.rebuild_inflight()
