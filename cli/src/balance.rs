@@ -217,7 +217,12 @@ pub fn run(a: Args) -> Result<(), Failure> {
     }
     let text = a.common.input.read()?;
     let (lengths, table) = Table::read(&a, &text)?;
-    let labels = a.group_size.map(|g| stowplan::group_labels(lengths.len(), g.into(), !a.unequal_count)).transpose()?;
+    // Groups only matter to the DP level (none with --dp 1, as before).
+    let labels = a
+        .group_size
+        .filter(|_| a.dp > 1)
+        .map(|g| stowplan::group_labels(lengths.len(), g.into(), !a.unequal_count))
+        .transpose()?;
     let dp_options = DpOptions {
         cost: a.cost,
         groups: labels.as_deref(),

@@ -317,14 +317,21 @@ fn balance_errors_exit_with_the_right_code() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("nothing to plan"));
     // --group-size follows the host's rule (`stowplan::group_labels`), as Python's group_size=.
-    for (g, extra) in [("0", None), ("4", None), ("0", Some("--unequal-count"))] {
+    for (g, extra, want) in [
+        ("0", None, "group_size must be in 1..=6 and divide the number of samples n = 6 (got 0)"),
+        ("4", None, "group_size must be in 1..=6 and divide the number of samples n = 6 (got 4)"),
+        ("0", Some("--unequal-count"), "group_size must be at least 1 (got 0)"),
+    ] {
         let mut args = vec!["balance", "--dp", "2", "--group-size", g, "-"];
         args.extend(extra);
         let out = stowplan(&args, Some("5\n20\n3\n4\n1\n9\n"), &[]);
         assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
-        let want = format!("group_size must be in 1..=6 and divide the number of samples n = 6 (got {g})");
-        assert!(stderr(&out).contains(&want), "{}", stderr(&out));
+        assert!(stderr(&out).contains(want), "{}", stderr(&out));
     }
+    // Groups only matter to the DP level: with --dp 1 the size is not checked (as before).
+    let out =
+        stowplan(&["balance", "--max-token-len", "30", "--group-size", "4", "-"], Some("5\n20\n3\n4\n1\n9\n"), &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     let out = stowplan(
         &["balance", "--dp", "2", "--group-size", "4", "--unequal-count", "--json", "-"],
         Some("5\n20\n3\n4\n1\n9\n"),

@@ -96,18 +96,23 @@ pub use stowplan_kernel::{
 /// [`DpOptions::groups`]. The CLI's `--group-size` and Python's `balance(group_size=)`.
 ///
 /// With `equal_count` (every rank the same number of samples, which needs groups of one size)
-/// `group_size` must divide `n`; without it any `group_size >= 1` is taken and the last run
-/// keeps the rest. Anything else is [`Error::InvalidArgument`] naming `group_size` and its
-/// range.
+/// `group_size` must be in `1..=n` and divide `n`; without it any `group_size >= 1` is taken
+/// and the last run keeps the rest. Anything else is [`Error::InvalidArgument`] naming
+/// `group_size` and its range.
 pub fn group_labels(n: usize, group_size: i128, equal_count: bool) -> Result<Vec<u32>, Error> {
-    let divides = |g: u64| !equal_count || n == 0 || (n as u64).is_multiple_of(g);
     let g = match u64::try_from(group_size) {
-        Ok(g) if g >= 1 && divides(g) => g,
-        _ => {
+        Ok(g) if g >= 1 && (!equal_count || n == 0 || (n as u64).is_multiple_of(g)) => g,
+        _ if equal_count => {
             return Err(Error::InvalidArgument(format!(
                 "group_size must be in 1..={n} and divide the number of samples n = {n} (got {group_size}); \
                  without equal counts (equal_count=False, --unequal-count) any group_size >= 1 is taken \
                  (the last run keeps the rest)"
+            )));
+        }
+        _ => {
+            return Err(Error::InvalidArgument(format!(
+                "group_size must be at least 1 (got {group_size}): runs of group_size consecutive samples, \
+                 the last one keeping the rest"
             )));
         }
     };

@@ -1,9 +1,12 @@
 //! The packing keys of a training configuration for Python: `PackingConfig`, the host's
 //! `stowplan::PackingConfig` (validation, defaults and batch arithmetic live there).
 
+use std::hash::{Hash, Hasher};
+
+use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::PyTuple;
-use stowplan::{EffectiveBatch, PackingConfig, PackingMode};
+use pyo3::types::{PyDict, PyTuple};
+use stowplan::{EffectiveBatch, PackingConfig};
 
 use crate::convert::int;
 use crate::errors::{invalid, to_py};
@@ -13,22 +16,13 @@ use crate::results::reduce;
 ///
 /// Build with :meth:`from_dict`; every invalid key raises :class:`stowplan.ConfigError`
 /// naming it. ``gradient_accumulation_steps`` and ``per_device_train_batch_size`` are the
-/// values to train with (batch size forced to 1 by packing). Frozen; compares by its values;
-/// pickles.
+/// values to train with (batch size forced to 1 by packing). Frozen and hashable, compared by
+/// its values, picklable (the resolved values only, not the trainer configuration);
+/// :meth:`to_dict` gives every attribute.
 #[pyclass(frozen, module = "stowplan._stowplan", name = "PackingConfig")]
 #[derive(Debug)]
 pub struct PyPackingConfig {
     config: PackingConfig,
-    /// The configuration as given (JSON), for pickling: it is validated again on load.
-    source: String,
-}
-
-/// `training.packing_mode` as Python reads it.
-fn mode(m: PackingMode) -> &'static str {
-    match m {
-        PackingMode::Static => "static",
-        PackingMode::Dynamic => "dynamic",
-    }
 }
 
 /// `world_size`: an integer in `0..=2**32-1`.
@@ -37,14 +31,6 @@ fn world(world_size: &Bound<'_, PyAny>) -> PyResult<u32> {
 }
 
 impl PyPackingConfig {
-    /// The configuration of the JSON text `source` for `world_size` ranks.
-    fn resolve(py: Python<'_>, source: String, world_size: u32) -> PyResult<Self> {
-        let value: serde_json::Value =
-            serde_json::from_str(&source).map_err(|e| invalid(py, format!("config is not valid JSON: {e}")))?;
-        let config = PackingConfig::from_json(&value, world_size).map_err(|e| to_py(py, e))?;
-        Ok(Self { config, source })
-    }
-
     /// `logging.getLogger("stowplan.plan").<level>("%s", message)`.
     fn log(py: Python<'_>, level: &str, message: &str) -> PyResult<()> {
         let logger = py.import("logging")?.call_method1("getLogger", ("stowplan.plan",))?;
@@ -126,41 +112,61 @@ impl PyPackingConfig {
     #[staticmethod]
     #[pyo3(signature = (config, *, world_size))]
     fn from_dict(py: Python<'_>, config: &Bound<'_, PyAny>, world_size: &Bound<'_, PyAny>) -> PyResult<Self> {
-        let text = py
-            .import("json")?
-            .call_method1("dumps", (config,))
-            .map_err(|e| invalid(py, format!("config must be JSON-serializable: {}", e.value(py))))?;
-        let c = Self::resolve(py, text.extract()?, world(world_size)?)?;
+        let text: String = match py.import("json")?.call_method1("dumps", (config,)) {
+            Ok(text) => text.extract()?,
+            Err(e) if e.is_instance_of::<PyTypeError>(py) || e.is_instance_of::<PyValueError>(py) => {
+                return Err(invalid(py, format!("config must be JSON-serializable: {}", e.value(py))));
+            }
+            Err(e) => return Err(e),
+        };
+        let value: serde_json::Value =
+            serde_json::from_str(&text).map_err(|e| invalid(py, format!("config is not valid JSON: {e}")))?;
+        let config = PackingConfig::from_json(&value, world(world_size)?).map_err(|e| to_py(py, e))?;
+        let c = Self { config };
         Self::log(py, "info", &c.batch_report())?;
         Ok(c)
     }
 
-    /// The configuration pickled by ``__reduce__`` (validated again, not logged).
+    /// The configuration pickled by ``__reduce__`` (its resolved values as JSON).
     #[staticmethod]
-    fn _from_state(py: Python<'_>, source: String, world_size: u32) -> PyResult<Self> {
-        Self::resolve(py, source, world_size)
+    fn _from_state(py: Python<'_>, state: &str) -> PyResult<Self> {
+        let config = serde_json::from_str(state)
+            .map_err(|e| invalid(py, format!("PackingConfig: the pickled state is not a configuration: {e}")))?;
+        Ok(Self { config })
     }
 
-    /// Pickles as the configuration given and the world size.
+    /// Pickles as its resolved values (JSON).
     fn __reduce__<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyTuple>> {
-        let c = slf.get();
-        reduce(slf, (c.source.clone(), c.config.batch.world_size))
+        let state = serde_json::to_string(&slf.get().config)
+            .map_err(|e| invalid(slf.py(), format!("PackingConfig: encoding the state: {e}")))?;
+        reduce(slf, (state,))
     }
 
     fn __eq__(&self, other: &Bound<'_, PyAny>) -> bool {
         other.cast::<Self>().is_ok_and(|o| o.get().config == self.config)
     }
 
-    fn __repr__(&self) -> String {
-        format!(
-            "PackingConfig(packing={}, packing_length={:?}, world_size={}, per_device_train_batch_size={}, \
-             gradient_accumulation_steps={})",
-            if self.config.packing { "True" } else { "False" },
-            self.config.packing_length,
-            self.batch().world_size,
-            self.batch().per_device_train_batch_size,
-            self.batch().gradient_accumulation_steps,
-        )
+    fn __hash__(&self) -> u64 {
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        self.config.hash(&mut h);
+        h.finish()
+    }
+
+    /// Every attribute, by name (what ``dataclasses.asdict`` gave when this was a dataclass).
+    fn to_dict<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyDict>> {
+        let d = PyDict::new(slf.py());
+        for name in ATTRIBUTES {
+            d.set_item(name, slf.getattr(name)?)?;
+        }
+        Ok(d)
+    }
+
+    fn __repr__(slf: &Bound<'_, Self>) -> PyResult<String> {
+        let fields = ATTRIBUTES
+            .iter()
+            .map(|name| Ok(format!("{name}={}", slf.getattr(name)?.repr()?)))
+            .collect::<PyResult<Vec<_>>>()?;
+        Ok(format!("PackingConfig({})", fields.join(", ")))
     }
 
     /// The partial-accumulation-window warning for an epoch of ``plan`` (a
@@ -182,8 +188,12 @@ impl PyPackingConfig {
 
     /// ``training.packing_mode``: ``"static"`` or ``"dynamic"``.
     #[getter]
-    fn packing_mode(&self) -> &'static str {
-        mode(self.config.packing_mode)
+    fn packing_mode(&self) -> String {
+        // The host's own spelling (its serde name).
+        match serde_json::to_value(self.config.packing_mode) {
+            Ok(serde_json::Value::String(s)) => s,
+            _ => String::new(),
+        }
     }
 
     /// The per-pack cap (``None`` only when neither train nor eval packing is on).
@@ -288,6 +298,29 @@ impl PyPackingConfig {
         self.batch().report()
     }
 }
+
+/// The attributes, in the order `to_dict` and the repr give them.
+const ATTRIBUTES: [&str; 19] = [
+    "packing",
+    "packing_mode",
+    "packing_length",
+    "packing_length_key",
+    "allow_single_long",
+    "align",
+    "dataloader_drop_last",
+    "eval_packing",
+    "wait_timeout_s",
+    "persist_every",
+    "precompute_workers",
+    "dataset_source",
+    "world_size",
+    "per_device_train_batch_size",
+    "gradient_accumulation_steps",
+    "requested_packs_per_step",
+    "configured_packs_per_step",
+    "realized_packs_per_step",
+    "batch_report",
+];
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyPackingConfig>()

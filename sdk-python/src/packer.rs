@@ -88,14 +88,10 @@ impl PyIngestReport {
         PyTuple::new(slf.py(), [slf.get_type().into_any(), args.into_any()])
     }
 
-    fn __repr__(&self) -> String {
-        let py_bool = |b: bool| if b { "True" } else { "False" };
-        format!(
-            "IngestReport(accepted={}, rejected={} sample(s), duplicate={})",
-            self.accepted,
-            self.rejected.len(),
-            py_bool(self.duplicate)
-        )
+    fn __repr__(&self, py: Python<'_>) -> PyResult<String> {
+        let rejected = self.rejected.clone().into_pyobject(py)?.repr()?;
+        let duplicate = if self.duplicate { "True" } else { "False" };
+        Ok(format!("IngestReport(accepted={}, rejected={rejected}, duplicate={duplicate})", self.accepted))
     }
 }
 

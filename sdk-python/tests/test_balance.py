@@ -298,7 +298,7 @@ def test_group_size_with_unequal_counts_keeps_the_short_last_run():
         ({"group_size": -2}, r"group_size must be in 1..=8 .*\(got -2\)"),
         ({"group_size": 2.0}, r"group_size must be an integer in 1..=8 .*\(got 2.0\)"),
         ({"group_size": True}, r"group_size must be an integer in 1..=8 .*\(got True\)"),
-        ({"group_size": 0, "equal_count": False}, r"group_size must be in 1..=8"),
+        ({"group_size": 0, "equal_count": False}, r"group_size must be at least 1 \(got 0\)"),
         ({"group_size": 2**70}, r"group_size must be in 1..=8 .*\(got 1180591620717411303424\)"),
         ({"group_size": 2**200}, r"group_size must be in 1..=8 \(got 1606938044258990275541962092341162602522202993782792835301376\)"),
     ],

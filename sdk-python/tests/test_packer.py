@@ -8,6 +8,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import pickle
 import pathlib
 import signal
 import subprocess
@@ -63,6 +64,7 @@ def test_rejections_duplicates_and_errors():
         )
     )
     assert r.accepted == 1 and [(i, k) for i, k, _ in r.rejected] == [(1, "too_long"), (2, "length_mismatch"), (3, "not_finite")]
+    assert repr(r).startswith("IngestReport(accepted=1, rejected=[(1, 'too_long', ") and r == pickle.loads(pickle.dumps(r))
     assert p.progress(0)["rejected"] == {"length_mismatch": 1, "not_finite": 1, "too_long": 1}
     assert p.ingest(stowplan.TrainingBatch(run=0, step=3, samples=[sample(4)])).duplicate
     assert p.ingest(stowplan.TrainingBatch(run=5, step=0, samples=[sample(4)])).rejected[0][1] == "unknown_run"

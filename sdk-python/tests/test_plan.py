@@ -87,7 +87,13 @@ def test_packing_config_is_one_frozen_native_class() -> None:
     back = pickle.loads(pickle.dumps(c))
     assert back == c and back.batch_report == c.batch_report and back.world_size == 4
     assert c != stowplan.PackingConfig.from_dict(config(packing=True, gradient_accumulation_steps=3), world_size=4)
-    assert c != "not a config" and "world_size=4" in repr(c)
+    assert c != "not a config" and hash(back) == hash(c) and len({c, back}) == 1
+    getters = {n for n, v in vars(type(c)).items() if type(v).__name__ == "getset_descriptor"}
+    assert set(c.to_dict()) == getters and c.to_dict()["world_size"] == 4
+    assert repr(c).startswith("PackingConfig(packing=True, packing_mode='static', packing_length=") and "Some(" not in repr(c)
+    # The pickle holds the resolved values, not the trainer configuration it came from.
+    secret = stowplan.PackingConfig.from_dict({**config(packing=True), "custom": {"token": "s3cr3t"}}, world_size=1)
+    assert b"s3cr3t" not in pickle.dumps(secret) and pickle.loads(pickle.dumps(secret)) == secret
     records = []
     handler = logging.Handler()
     handler.emit = records.append  # type: ignore[method-assign]

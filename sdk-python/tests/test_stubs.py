@@ -20,8 +20,7 @@ from stowplan import _stowplan
 
 STUB = pathlib.Path(stowplan.__file__).with_name("_stowplan.pyi")
 MAX_POSITIONAL = 6
-# sdk-python/src/packer.rs is being reworked separately; until then its constructor takes
-# every option positionally. Remove the entry with that rework (the test says when).
+# Natives allowed more positional parameters (none: the test says when an entry is stale).
 POSITIONAL_EXEMPT: set = set()
 
 Param = Tuple[str, str, Any]  # (name, kind, default or NO_DEFAULT)
@@ -45,12 +44,16 @@ def _stub_members(body: List[ast.stmt]) -> Dict[str, ast.AST]:
 
 
 def _stub_body(path: pathlib.Path) -> List[ast.stmt]:
-    """The statements of a stub file, each ``from .x.y import *`` replaced by the statements
-    of the stub it names (``_stowplan.pyi`` re-exports the topic stubs of ``_stubs/``)."""
+    """The statements of a stub file with its relative imports resolved as a type checker
+    resolves them: ``from .x.y import *`` brings the public names of the stub it names,
+    ``from .x.y import name as name`` that one name (``_stowplan.pyi`` re-exports the topic
+    stubs of ``_stubs/``)."""
     body: List[ast.stmt] = []
     for node in ast.parse(path.read_text()).body:
-        if isinstance(node, ast.ImportFrom) and node.level == 1 and [a.name for a in node.names] == ["*"]:
-            body += _stub_body(path.parent.joinpath(*str(node.module).split(".")).with_suffix(".pyi"))
+        if isinstance(node, ast.ImportFrom) and node.level == 1:
+            members = _stub_members(_stub_body(path.parent.joinpath(*str(node.module).split(".")).with_suffix(".pyi")))
+            wanted = [a.name for a in node.names]
+            body += [m for n, m in members.items() if (n in wanted or (wanted == ["*"] and _public(n)))]  # type: ignore[misc]
         else:
             body.append(node)
     return body

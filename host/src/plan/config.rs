@@ -28,14 +28,14 @@
 
 use std::time::Duration;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use stowplan_kernel::PlanOptions;
 
 use crate::Error;
 
 /// How dataset-level packing builds its packs.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum PackingMode {
     /// A precomputed, countable pack plan (the only mode accepted for dataset-level packing).
@@ -66,7 +66,7 @@ const TRAINING_KEYS: &[&str] = &[
 ];
 
 /// A validated packing configuration for one run on `world_size` ranks.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct PackingConfig {
     /// `training.packing` (default false).
     pub packing: bool,
@@ -233,7 +233,7 @@ impl PackingConfig {
 /// Batch sizes after packing forced one pack per device and dataloader item.
 ///
 /// Units are packs (packed sequences) per `optimizer.step()`, across all ranks.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct EffectiveBatch {
     /// Learner ranks.
     pub world_size: u32,

@@ -21,6 +21,9 @@ from ._stubs.pack import *
 from ._stubs.rows import *
 from ._stubs.balance import *
 from ._stubs.peers import *
+from ._stubs.peers import _prime_rl_balanced_partition as _prime_rl_balanced_partition
+from ._stubs.peers import _prime_rl_karmarkar_karp as _prime_rl_karmarkar_karp
+from ._stubs.peers import _prime_rl_prepare_batch as _prime_rl_prepare_batch
 from ._stubs.layout import *
 from ._stubs.plan import *
 from ._stubs.source import *

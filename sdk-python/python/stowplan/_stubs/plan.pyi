@@ -118,7 +118,8 @@ class LengthCache:
 
 class PackingConfig:
     """The packing keys of a training configuration, validated (defaults applied); frozen,
-    compared by value, picklable. The keys read: :meth:`from_dict`."""
+    hashable, compared by value, picklable (its resolved values). The keys read:
+    :meth:`from_dict`."""
 
     packing: bool
     packing_mode: str
@@ -146,4 +147,7 @@ class PackingConfig:
     def accumulation_warning(self, plan: StaticPackPlan) -> Optional[str]:
         """The partial-accumulation-window warning for an epoch of ``plan`` (logged at
         WARNING), or ``None`` when windows are exact."""
+    def to_dict(self) -> Dict[str, Any]:
+        """Every attribute, by name."""
     def __eq__(self, other: object) -> bool: ...
+    def __hash__(self) -> int: ...
