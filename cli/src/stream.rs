@@ -11,7 +11,8 @@ use std::time::Instant;
 
 use stowplan::input::{LengthLines, MAX_TABLE_LINE, TableRows};
 use stowplan::{
-    Closed, LimitedClosed, LimitedStreamPacker, Named, OversizePolicy, StreamLimits, StreamOptions, StreamPacker,
+    ClosedBins, LimitedClosedBins, LimitedStreamPacker, Named, OversizePolicy, StreamLimits, StreamOptions,
+    StreamPacker,
 };
 
 use crate::common::{Common, ReadyKernel};
@@ -44,16 +45,16 @@ enum Packer {
 
 impl Packer {
     /// Adds rows; the closed bins, and (under limits) their loads in each limit.
-    fn add(&mut self, rows: &[u64]) -> Result<LimitedClosed, stowplan::Error> {
+    fn add(&mut self, rows: &[u64]) -> Result<LimitedClosedBins, stowplan::Error> {
         match self {
-            Packer::Plain(p) => p.add(rows).map(|closed| LimitedClosed { closed, resource_loads: Vec::new() }),
+            Packer::Plain(p) => p.add(rows).map(|closed| LimitedClosedBins { closed, resource_loads: Vec::new() }),
             Packer::Limited(p) => p.add(rows),
         }
     }
 
-    fn finish(&mut self) -> Result<LimitedClosed, stowplan::Error> {
+    fn finish(&mut self) -> Result<LimitedClosedBins, stowplan::Error> {
         match self {
-            Packer::Plain(p) => p.finish().map(|closed| LimitedClosed { closed, resource_loads: Vec::new() }),
+            Packer::Plain(p) => p.finish().map(|closed| LimitedClosedBins { closed, resource_loads: Vec::new() }),
             Packer::Limited(p) => p.finish(),
         }
     }
@@ -261,7 +262,7 @@ impl Tally {
     /// Counts closed bins. Every length that fits ends in a regular bin (load ≤ capacity and
     /// each limit's `caps`), so their loads add up to the aligned tokens the lower bound
     /// needs; a load above the capacity or a cap is an oversized item alone.
-    fn count(&mut self, c: &LimitedClosed, capacity: u64, caps: &[u64]) {
+    fn count(&mut self, c: &LimitedClosedBins, capacity: u64, caps: &[u64]) {
         let closed = &c.closed;
         self.bins += closed.bins() as u64;
         for (b, &load) in closed.loads.iter().enumerate() {
@@ -284,7 +285,7 @@ impl Tally {
 }
 
 /// One line per bin: indices separated by spaces, or a JSON array.
-fn write_bins(out: &mut impl Write, closed: &Closed, json: bool) -> std::io::Result<()> {
+fn write_bins(out: &mut impl Write, closed: &ClosedBins, json: bool) -> std::io::Result<()> {
     let mut digits = itoa::Buffer::new();
     for b in 0..closed.bins() {
         let members = closed.bin(b);

@@ -397,7 +397,7 @@ fuzz_target!(|call: Call| match call {
         let r = caps.len() + 1;
         let mut seen: Vec<u64> = Vec::new();
         let mut added = 0u64;
-        let check = |c: k::LimitedClosed, seen: &mut Vec<u64>| {
+        let check = |c: k::LimitedClosedBins, seen: &mut Vec<u64>| {
             for (b, loads) in c.resource_loads.chunks(caps.len().max(1)).enumerate().take(c.closed.bins()) {
                 let alone = c.closed.bin(b).len() == 1;
                 assert!(alone || loads.iter().zip(&caps).all(|(l, cap)| l <= cap), "a bin over a limit");
@@ -411,7 +411,7 @@ fuzz_target!(|call: Call| match call {
                 added += (rows.len() / r) as u64;
                 check(c, &mut seen);
             }
-            p = k::LimitedStreamPacker::restore(&p.save()).expect("a saved state restores");
+            p = k::LimitedStreamPacker::restore(&p.state()).expect("a saved state restores");
         }
         check(p.finish(), &mut seen);
         seen.sort_unstable();
@@ -442,7 +442,7 @@ fuzz_target!(|call: Call| match call {
             seen.extend_from_slice(&c.indices);
             seen.extend_from_slice(&c.dropped);
             if i == usize::from(save_after) {
-                p = k::StreamPacker::restore(&p.save()).expect("a saved state restores");
+                p = k::StreamPacker::restore(&p.state()).expect("a saved state restores");
             }
         }
         let c = p.finish();

@@ -85,7 +85,7 @@ pub use stowplan_kernel::{
     Partitioning, Plan,
 };
 pub use stowplan_kernel::{AlignedPlan, COST_PRESETS, MAX_COUNT, MAX_PARALLEL, Named, PlanOptions, RawPlan, unflatten};
-pub use stowplan_kernel::{Closed, LimitedClosed, StreamLimits, StreamOptions, StreamStatus, stream};
+pub use stowplan_kernel::{ClosedBins, LimitedClosedBins, StreamLimits, StreamOptions, StreamStatus, stream};
 pub use stowplan_kernel::{
     LimitedMicroPlan, LimitedRawPlan, MAX_BALANCED_CAPACITY, MAX_MULTI_ITEMS, MAX_RESOURCES, MicroLimits, MultiMethod,
     MultiOptions, MultiPacking, PlanLimits, SEGMENTS,

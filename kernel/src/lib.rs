@@ -61,7 +61,9 @@ pub use partition::{PartitionMethod, PartitionOptions, Partitioning, partition};
 pub use plan::{
     AlignedPlan, LimitedRawPlan, PlanLimits, PlanOptions, RawPlan, aligned_plan, raw_plan, raw_plan_limited,
 };
-pub use stream::{Closed, LimitedClosed, LimitedStreamPacker, StreamLimits, StreamOptions, StreamPacker, StreamStatus};
+pub use stream::{
+    ClosedBins, LimitedClosedBins, LimitedStreamPacker, StreamLimits, StreamOptions, StreamPacker, StreamStatus,
+};
 
 /// An error returned by a kernel operation. Mirrors the WIT `error` variant.
 #[derive(Clone, Debug, PartialEq, Eq)]

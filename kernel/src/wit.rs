@@ -176,8 +176,8 @@ macro_rules! wit_conversions {
             $crate::__wit_record!(k::NextFitRuns, pack_compact::NextFitRuns {
                 starts, loads, dropped, single, real_tokens, aligned_tokens, lower_bound
             });
-            $crate::__wit_record!(k::Closed, streaming::Closed { offsets, indices, loads, dropped });
-            $crate::__wit_record!(k::LimitedClosed, multi_streaming::LimitedClosed { closed, resource_loads });
+            $crate::__wit_record!(k::ClosedBins, streaming::Closed { offsets, indices, loads, dropped });
+            $crate::__wit_record!(k::LimitedClosedBins, multi_streaming::LimitedClosed { closed, resource_loads });
             $crate::__wit_record!(k::StreamLimits, multi_streaming::Limits { caps, names, max_segments });
             $crate::__wit_record!(k::StreamStatus, streaming::Status {
                 next_index, buffered, open_bins, in_open_bins, oldest_held

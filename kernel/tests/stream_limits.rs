@@ -4,7 +4,8 @@
 
 use proptest::prelude::*;
 use stowplan_kernel::{
-    Closed, Error, LimitedClosed, LimitedStreamPacker, OversizePolicy, StreamLimits, StreamOptions, StreamPacker,
+    ClosedBins, Error, LimitedClosedBins, LimitedStreamPacker, OversizePolicy, StreamLimits, StreamOptions,
+    StreamPacker,
 };
 
 fn options(capacity: u64, align: u64, max_open_bins: u32, max_buffered: u32, oversize: u8) -> StreamOptions {
@@ -13,7 +14,7 @@ fn options(capacity: u64, align: u64, max_open_bins: u32, max_buffered: u32, ove
 }
 
 /// Appends `b` to `a`, offsets shifted.
-fn extend(a: &mut LimitedClosed, b: LimitedClosed) {
+fn extend(a: &mut LimitedClosedBins, b: LimitedClosedBins) {
     let base = a.closed.indices.len() as u32;
     a.closed.offsets.extend(b.closed.offsets[1..].iter().map(|o| o + base));
     a.closed.indices.extend(b.closed.indices);
@@ -22,8 +23,8 @@ fn extend(a: &mut LimitedClosed, b: LimitedClosed) {
     a.resource_loads.extend(b.resource_loads);
 }
 
-fn empty() -> LimitedClosed {
-    LimitedClosed { closed: Closed { offsets: vec![0], ..Closed::default() }, resource_loads: Vec::new() }
+fn empty() -> LimitedClosedBins {
+    LimitedClosedBins { closed: ClosedBins { offsets: vec![0], ..ClosedBins::default() }, resource_loads: Vec::new() }
 }
 
 /// Runs `rows` through a packer in `cuts`-sized calls (a save and restore after each call
@@ -34,7 +35,7 @@ fn run(
     r: usize,
     cuts: &[usize],
     restore: bool,
-) -> Result<LimitedClosed, Error> {
+) -> Result<LimitedClosedBins, Error> {
     let mut out = empty();
     let mut at = 0;
     let mut k = 0;
@@ -44,7 +45,7 @@ fn run(
         let s = p.status();
         assert!(s.buffered <= p.options().max_buffered && s.open_bins <= p.options().max_open_bins);
         if restore {
-            p = LimitedStreamPacker::restore(&p.save()).expect("a saved state restores");
+            p = LimitedStreamPacker::restore(&p.state()).expect("a saved state restores");
         }
         at += step;
         k += 1;
@@ -141,9 +142,9 @@ fn errors_name_the_item_and_the_limit() {
     // States: damage and other kinds are refused.
     let mut q = LimitedStreamPacker::new(o, limits).unwrap();
     q.add(&[10, 1, 20, 2]).unwrap();
-    let state = q.save();
+    let state = q.state();
     assert!(
-        LimitedStreamPacker::restore(&StreamPacker::new(o).unwrap().save())
+        LimitedStreamPacker::restore(&StreamPacker::new(o).unwrap().state())
             .unwrap_err()
             .to_string()
             .contains("\"SPSL\"")
@@ -165,7 +166,7 @@ fn without_limits_the_state_is_the_plain_packers_inside_its_own_frame() {
     let mut p = LimitedStreamPacker::new(o, StreamLimits::default()).unwrap();
     let mut q = StreamPacker::new(o).unwrap();
     assert_eq!(p.add(&[4, 6, 7, 3]).unwrap().closed, q.add(&[4, 6, 7, 3]).unwrap());
-    let state = p.save();
+    let state = p.state();
     assert_eq!(&state[..4], b"SPSL");
     let mut back = LimitedStreamPacker::restore(&state).unwrap();
     assert_eq!(back.status(), q.status());

@@ -6,7 +6,7 @@ use std::sync::Mutex;
 use pyo3::prelude::*;
 use pyo3::types::{PyByteArray, PyBytes, PyDict, PyList, PyTuple};
 use stowplan::stream::{DEFAULT_MAX_BUFFERED, DEFAULT_MAX_OPEN_BINS, MAX_BUFFERED, MAX_OPEN_BINS};
-use stowplan::{Closed, LimitedStreamPacker, Named, StreamLimits, StreamOptions, StreamPacker};
+use stowplan::{ClosedBins, LimitedStreamPacker, Named, StreamLimits, StreamOptions, StreamPacker};
 
 use crate::str_options;
 use crate::{Lengths, int, invalid, kernel, opt_parse, opt_u64, to_py, u64_arg};
@@ -59,24 +59,24 @@ enum Inner {
 }
 
 impl Inner {
-    fn add(&mut self, rows: &[u64]) -> Result<Closed, stowplan::Error> {
+    fn add(&mut self, rows: &[u64]) -> Result<ClosedBins, stowplan::Error> {
         match self {
             Inner::Plain(p) => p.add(rows),
             Inner::Limited(p) => p.add(rows).map(|c| c.closed),
         }
     }
 
-    fn finish(&mut self) -> Result<Closed, stowplan::Error> {
+    fn finish(&mut self) -> Result<ClosedBins, stowplan::Error> {
         match self {
             Inner::Plain(p) => p.finish(),
             Inner::Limited(p) => p.finish().map(|c| c.closed),
         }
     }
 
-    fn save(&mut self) -> Result<Vec<u8>, stowplan::Error> {
+    fn state(&mut self) -> Result<Vec<u8>, stowplan::Error> {
         match self {
-            Inner::Plain(p) => p.save(),
-            Inner::Limited(p) => p.save(),
+            Inner::Plain(p) => p.state(),
+            Inner::Limited(p) => p.state(),
         }
     }
 
@@ -92,7 +92,7 @@ impl PyStreamPacker {
     fn run(
         &mut self,
         py: Python<'_>,
-        f: impl FnOnce(&mut Inner) -> Result<Closed, stowplan::Error> + Send,
+        f: impl FnOnce(&mut Inner) -> Result<ClosedBins, stowplan::Error> + Send,
     ) -> PyResult<Py<PyList>> {
         let inner = &self.inner;
         let closed = py
@@ -261,7 +261,7 @@ impl PyStreamPacker {
     /// The whole state as bytes (``SPSK`` framing, format version, sha256), for
     /// :meth:`from_state`.
     fn state<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
-        let bytes = self.with(py, |p| p.save())?;
+        let bytes = self.with(py, |p| p.state())?;
         Ok(PyBytes::new(py, &bytes))
     }
 

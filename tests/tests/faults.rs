@@ -154,7 +154,7 @@ fn every_flipped_bit_and_truncation_of_every_format_is_refused() {
         })
         .unwrap();
     stream.add(&[30, 70, 45, 10, 5, 60, 25, 90]).unwrap();
-    let stream_state = stream.save().unwrap();
+    let stream_state = stream.state().unwrap();
     let wasm = Kernel::wasm().unwrap();
     let cases: Vec<(&str, Vec<u8>, Box<dyn Fn(&[u8]) -> bool>)> = cases
         .into_iter()

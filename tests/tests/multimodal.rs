@@ -201,7 +201,7 @@ fn limited_streams_agree_on_both_backends_and_states_cross_them() {
         bins += x.closed.bins();
         if k == 5 {
             // Swap the states: native continues the WASM packer's stream and back.
-            let (sa, sb) = (a.save().unwrap(), b.save().unwrap());
+            let (sa, sb) = (a.state().unwrap(), b.state().unwrap());
             assert_eq!(sa, sb, "the same state bytes on both backends");
             a = native.restore_limited_stream_packer(&sb).unwrap();
             b = wasm.restore_limited_stream_packer(&sa).unwrap();

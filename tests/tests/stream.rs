@@ -3,11 +3,11 @@
 //! on the shared workloads the bins stay within 0.2 % of the offline lower bound.
 
 use proptest::prelude::*;
-use stowplan::{Closed, Error, Kernel, OversizePolicy, StreamOptions, StreamPacker};
+use stowplan::{ClosedBins, Error, Kernel, OversizePolicy, StreamOptions, StreamPacker};
 use stowplan_conformance::workload;
 
 /// Every closed bin as (members, load), and the dropped indices.
-fn collect(out: &mut (Vec<(Vec<u64>, u64)>, Vec<u64>), c: Closed) {
+fn collect(out: &mut (Vec<(Vec<u64>, u64)>, Vec<u64>), c: ClosedBins) {
     for b in 0..c.bins() {
         out.0.push((c.bin(b).to_vec(), c.loads[b]));
     }
@@ -50,8 +50,8 @@ proptest! {
         let mut out = (Vec::new(), Vec::new());
         collect(&mut out, a.add(&lengths[..cut]).unwrap());
         b.add(&lengths[..cut]).unwrap();
-        let state = a.save().unwrap();
-        prop_assert_eq!(&b.save().unwrap(), &state);
+        let state = a.state().unwrap();
+        prop_assert_eq!(&b.state().unwrap(), &state);
         prop_assert_eq!(a.status().unwrap(), b.status().unwrap());
         let mut restored = wasm.restore_stream_packer(&state).unwrap();
         prop_assert_eq!(restored.options(), &options);
@@ -66,7 +66,7 @@ fn damaged_states_and_bad_options_are_refused_on_both_backends() {
     for kernel in [Kernel::native(), Kernel::wasm().expect("wasm kernel")] {
         let mut p = kernel.stream_packer(&StreamOptions::new(100)).unwrap();
         p.add(&[30, 40, 50, 60]).unwrap();
-        let state = p.save().unwrap();
+        let state = p.state().unwrap();
         let mut bad = state.clone();
         bad[20] ^= 1;
         match kernel.restore_stream_packer(&bad) {
@@ -90,7 +90,7 @@ fn damaged_states_and_bad_options_are_refused_on_both_backends() {
             Err(Error::Infeasible(m)) => assert!(m.contains("stream index 5"), "{m}"),
             other => panic!("{other:?}"),
         }
-        assert_eq!(p.save().unwrap(), state, "a refused add applies nothing");
+        assert_eq!(p.state().unwrap(), state, "a refused add applies nothing");
     }
 }
 

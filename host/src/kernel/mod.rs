@@ -23,7 +23,7 @@ use stowplan_kernel::{
     MultiOptions, MultiPacking, Named, PackOptions, Packing, PartitionOptions, Partitioning, Plan, PlanOptions,
     RawPlan,
 };
-use stowplan_kernel::{Closed, LimitedClosed, StreamLimits, StreamOptions, StreamStatus};
+use stowplan_kernel::{ClosedBins, LimitedClosedBins, StreamLimits, StreamOptions, StreamStatus};
 use stowplan_kernel::{LimitedMicroPlan, LimitedRawPlan, MicroLimits, PlanLimits};
 
 /// Which implementation of the kernel runs a call.
@@ -218,7 +218,7 @@ pub trait KernelApi: Send + Sync + std::fmt::Debug {
     /// owns an instance of its own, which holds its state between calls.
     fn stream_packer(&self, options: &StreamOptions) -> Result<StreamPacker, Error>;
 
-    /// A streaming packer from [`StreamPacker::save`]'s bytes (damage and other versions are
+    /// A streaming packer from [`StreamPacker::state`]'s bytes (damage and other versions are
     /// refused with `invalid-argument`).
     fn restore_stream_packer(&self, state: &[u8]) -> Result<StreamPacker, Error>;
 
@@ -230,16 +230,16 @@ pub trait KernelApi: Send + Sync + std::fmt::Debug {
         limits: &StreamLimits,
     ) -> Result<LimitedStreamPacker, Error>;
 
-    /// A limited streaming packer from [`LimitedStreamPacker::save`]'s bytes.
+    /// A limited streaming packer from [`LimitedStreamPacker::state`]'s bytes.
     fn restore_limited_stream_packer(&self, state: &[u8]) -> Result<LimitedStreamPacker, Error>;
 }
 
-/// One backend's streaming packer; [`StreamPacker`] (`C` = [`Closed`]) and
-/// [`LimitedStreamPacker`] (`C` = [`LimitedClosed`]) wrap it.
+/// One backend's streaming packer; [`StreamPacker`] (`C` = [`ClosedBins`]) and
+/// [`LimitedStreamPacker`] (`C` = [`LimitedClosedBins`]) wrap it.
 pub(crate) trait StreamBackend<C>: Send + std::fmt::Debug {
     fn add(&mut self, rows: &[u64]) -> Result<C, Error>;
     fn finish(&mut self) -> Result<C, Error>;
-    fn save(&mut self) -> Result<Vec<u8>, Error>;
+    fn state(&mut self) -> Result<Vec<u8>, Error>;
     fn status(&mut self) -> Result<StreamStatus, Error>;
 }
 
@@ -249,12 +249,12 @@ pub(crate) trait StreamBackend<C>: Send + std::fmt::Debug {
 /// [`KernelApi::restore_stream_packer`]; the same bins on both backends.
 #[derive(Debug)]
 pub struct StreamPacker {
-    inner: Box<dyn StreamBackend<Closed>>,
+    inner: Box<dyn StreamBackend<ClosedBins>>,
     options: StreamOptions,
 }
 
 impl StreamPacker {
-    pub(crate) fn new(inner: Box<dyn StreamBackend<Closed>>, options: StreamOptions) -> Self {
+    pub(crate) fn new(inner: Box<dyn StreamBackend<ClosedBins>>, options: StreamOptions) -> Self {
         Self { inner, options }
     }
 
@@ -265,19 +265,19 @@ impl StreamPacker {
 
     /// Adds the next lengths of the stream; returns the bins that closed (stream indices).
     /// An error applies nothing.
-    pub fn add(&mut self, lengths: &[u64]) -> Result<Closed, Error> {
+    pub fn add(&mut self, lengths: &[u64]) -> Result<ClosedBins, Error> {
         self.inner.add(lengths)
     }
 
     /// Places every buffered item and closes every open bin; later lengths continue the
     /// stream's indices.
-    pub fn finish(&mut self) -> Result<Closed, Error> {
+    pub fn finish(&mut self) -> Result<ClosedBins, Error> {
         self.inner.finish()
     }
 
     /// The whole state as framed, versioned, checksummed bytes (identical on both backends).
-    pub fn save(&mut self) -> Result<Vec<u8>, Error> {
-        self.inner.save()
+    pub fn state(&mut self) -> Result<Vec<u8>, Error> {
+        self.inner.state()
     }
 
     /// Where the stream stands.
@@ -292,14 +292,14 @@ impl StreamPacker {
 /// or [`KernelApi::restore_limited_stream_packer`]; the same bins on both backends.
 #[derive(Debug)]
 pub struct LimitedStreamPacker {
-    inner: Box<dyn StreamBackend<LimitedClosed>>,
+    inner: Box<dyn StreamBackend<LimitedClosedBins>>,
     options: StreamOptions,
     limits: StreamLimits,
 }
 
 impl LimitedStreamPacker {
     pub(crate) fn new(
-        inner: Box<dyn StreamBackend<LimitedClosed>>,
+        inner: Box<dyn StreamBackend<LimitedClosedBins>>,
         options: StreamOptions,
         limits: StreamLimits,
     ) -> Self {
@@ -318,18 +318,18 @@ impl LimitedStreamPacker {
 
     /// Adds the next items, row by row (the length, then one size per limit); returns the
     /// bins that closed with their loads. An error applies nothing.
-    pub fn add(&mut self, rows: &[u64]) -> Result<LimitedClosed, Error> {
+    pub fn add(&mut self, rows: &[u64]) -> Result<LimitedClosedBins, Error> {
         self.inner.add(rows)
     }
 
     /// Places every buffered item and closes every open bin.
-    pub fn finish(&mut self) -> Result<LimitedClosed, Error> {
+    pub fn finish(&mut self) -> Result<LimitedClosedBins, Error> {
         self.inner.finish()
     }
 
     /// The whole state as framed (`SPSL`), versioned, checksummed bytes.
-    pub fn save(&mut self) -> Result<Vec<u8>, Error> {
-        self.inner.save()
+    pub fn state(&mut self) -> Result<Vec<u8>, Error> {
+        self.inner.state()
     }
 
     /// Where the stream stands.

@@ -8,7 +8,7 @@ use stowplan_kernel::{
     MultiOptions, MultiPacking, PackOptions, Packing, PartitionOptions, Partitioning, Plan, PlanOptions, RawPlan,
 };
 
-use stowplan_kernel::{Closed, LimitedClosed, StreamLimits, StreamOptions, StreamStatus};
+use stowplan_kernel::{ClosedBins, LimitedClosedBins, StreamLimits, StreamOptions, StreamStatus};
 use stowplan_kernel::{LimitedMicroPlan, LimitedRawPlan, MicroLimits, PlanLimits};
 
 use super::{KernelApi, LimitedStreamPacker, StreamBackend, StreamPacker, VerlFunction};
@@ -189,17 +189,17 @@ fn limited(packer: k::LimitedStreamPacker) -> Result<LimitedStreamPacker, Error>
     Ok(LimitedStreamPacker::new(Box::new(packer), options, limits))
 }
 
-impl StreamBackend<LimitedClosed> for k::LimitedStreamPacker {
-    fn add(&mut self, rows: &[u64]) -> Result<LimitedClosed, Error> {
+impl StreamBackend<LimitedClosedBins> for k::LimitedStreamPacker {
+    fn add(&mut self, rows: &[u64]) -> Result<LimitedClosedBins, Error> {
         Ok(k::LimitedStreamPacker::add(self, rows)?)
     }
 
-    fn finish(&mut self) -> Result<LimitedClosed, Error> {
+    fn finish(&mut self) -> Result<LimitedClosedBins, Error> {
         Ok(k::LimitedStreamPacker::finish(self))
     }
 
-    fn save(&mut self) -> Result<Vec<u8>, Error> {
-        Ok(k::LimitedStreamPacker::save(self))
+    fn state(&mut self) -> Result<Vec<u8>, Error> {
+        Ok(k::LimitedStreamPacker::state(self))
     }
 
     fn status(&mut self) -> Result<StreamStatus, Error> {
@@ -207,17 +207,17 @@ impl StreamBackend<LimitedClosed> for k::LimitedStreamPacker {
     }
 }
 
-impl StreamBackend<Closed> for k::StreamPacker {
-    fn add(&mut self, lengths: &[u64]) -> Result<Closed, Error> {
+impl StreamBackend<ClosedBins> for k::StreamPacker {
+    fn add(&mut self, lengths: &[u64]) -> Result<ClosedBins, Error> {
         Ok(k::StreamPacker::add(self, lengths)?)
     }
 
-    fn finish(&mut self) -> Result<Closed, Error> {
+    fn finish(&mut self) -> Result<ClosedBins, Error> {
         Ok(k::StreamPacker::finish(self))
     }
 
-    fn save(&mut self) -> Result<Vec<u8>, Error> {
-        Ok(k::StreamPacker::save(self))
+    fn state(&mut self) -> Result<Vec<u8>, Error> {
+        Ok(k::StreamPacker::state(self))
     }
 
     fn status(&mut self) -> Result<StreamStatus, Error> {

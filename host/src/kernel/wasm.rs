@@ -17,7 +17,7 @@ use stowplan_kernel::{
     MultiOptions, MultiPacking, PackOptions, Packing, PartitionOptions, Partitioning, Plan, PlanOptions, RawPlan,
 };
 
-use stowplan_kernel::{Closed, NextFitRuns, PackMethod, StreamLimits, StreamOptions, StreamStatus};
+use stowplan_kernel::{ClosedBins, NextFitRuns, PackMethod, StreamLimits, StreamOptions, StreamStatus};
 use stowplan_kernel::{LimitedMicroPlan, LimitedRawPlan, MicroLimits, PlanLimits};
 use wasmtime::component::ResourceAny;
 
@@ -463,16 +463,16 @@ impl Drop for WasmStream {
     }
 }
 
-impl StreamBackend<Closed> for WasmStream {
-    fn add(&mut self, lengths: &[u64]) -> Result<Closed, Error> {
+impl StreamBackend<ClosedBins> for WasmStream {
+    fn add(&mut self, lengths: &[u64]) -> Result<ClosedBins, Error> {
         Ok(self.call(|g, s, p| g.call_add(s, p, lengths))??.into())
     }
 
-    fn finish(&mut self) -> Result<Closed, Error> {
+    fn finish(&mut self) -> Result<ClosedBins, Error> {
         Ok(self.call(|g, s, p| g.call_finish(s, p))?.into())
     }
 
-    fn save(&mut self) -> Result<Vec<u8>, Error> {
+    fn state(&mut self) -> Result<Vec<u8>, Error> {
         self.call(|g, s, p| g.call_save(s, p))
     }
 

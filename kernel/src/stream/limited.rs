@@ -38,7 +38,7 @@ use alloc::vec::Vec;
 use core::cmp::Reverse;
 
 use super::state::{Reader, check_end, frame, read_options, unframe, write_options};
-use super::{Closed, MAX_BIN_ITEMS, StreamOptions, StreamPacker, StreamStatus};
+use super::{ClosedBins, MAX_BIN_ITEMS, StreamOptions, StreamPacker, StreamStatus};
 use crate::balance::{MicroLimits, resources};
 use crate::multi::{dominant, fits, share};
 use crate::{Error, OversizePolicy, invalid};
@@ -57,16 +57,16 @@ pub struct StreamLimits {
 
 /// Bins closed by one call of a [`LimitedStreamPacker`], with their loads in each limit.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct LimitedClosed {
+pub struct LimitedClosedBins {
     /// The bins, as [`StreamPacker`](super::StreamPacker) gives them (`loads`: aligned tokens).
-    pub closed: Closed,
+    pub closed: ClosedBins,
     /// Every closed bin's load in each limit, bin by bin (`bins × caps` entries).
     pub resource_loads: Vec<u64>,
 }
 
-impl LimitedClosed {
+impl LimitedClosedBins {
     fn empty() -> Self {
-        Self { closed: Closed::empty(), resource_loads: Vec::new() }
+        Self { closed: ClosedBins::empty(), resource_loads: Vec::new() }
     }
 }
 
@@ -154,9 +154,9 @@ impl LimitedStreamPacker {
     /// an aligned length above 2^64 − 1, or more than 2^32 − 1 items and held items together;
     /// `infeasible` for an oversized item under the `error` policy (naming its stream index,
     /// the resource, its size and the cap).
-    pub fn add(&mut self, rows: &[u64]) -> Result<LimitedClosed, Error> {
+    pub fn add(&mut self, rows: &[u64]) -> Result<LimitedClosedBins, Error> {
         if let Some(p) = &mut self.plain {
-            return p.add(rows).map(|closed| LimitedClosed { closed, resource_loads: Vec::new() });
+            return p.add(rows).map(|closed| LimitedClosedBins { closed, resource_loads: Vec::new() });
         }
         let r = self.caps.len();
         if !rows.len().is_multiple_of(r) {
@@ -198,7 +198,7 @@ impl LimitedStreamPacker {
             }
             items.push(sizes);
         }
-        let mut out = LimitedClosed::empty();
+        let mut out = LimitedClosedBins::empty();
         for sizes in items {
             let index = self.next_index;
             self.next_index += 1;
@@ -220,11 +220,11 @@ impl LimitedStreamPacker {
 
     /// Places every buffered item (in buffer order, by rule 2) and closes every open bin,
     /// oldest first. The packer stays usable.
-    pub fn finish(&mut self) -> LimitedClosed {
+    pub fn finish(&mut self) -> LimitedClosedBins {
         if let Some(p) = &mut self.plain {
-            return LimitedClosed { closed: p.finish(), resource_loads: Vec::new() };
+            return LimitedClosedBins { closed: p.finish(), resource_loads: Vec::new() };
         }
-        let mut out = LimitedClosed::empty();
+        let mut out = LimitedClosedBins::empty();
         while let Some(item) = self.pop_first() {
             self.place(item, &mut out);
         }
@@ -240,7 +240,7 @@ impl LimitedStreamPacker {
     }
 
     /// Rule 2 for the first buffered item.
-    fn place(&mut self, item: Item, out: &mut LimitedClosed) {
+    fn place(&mut self, item: Item, out: &mut LimitedClosedBins) {
         let b = match self.best_fit(&item.sizes) {
             Some(b) => b,
             None => {
@@ -314,12 +314,12 @@ impl LimitedStreamPacker {
         bin.members.push(item.index);
     }
 
-    fn close(&mut self, b: usize, out: &mut LimitedClosed) {
+    fn close(&mut self, b: usize, out: &mut LimitedClosedBins) {
         let bin = self.open.remove(b);
         self.push_bin(out, bin);
     }
 
-    fn push_bin(&self, out: &mut LimitedClosed, bin: Bin) {
+    fn push_bin(&self, out: &mut LimitedClosedBins, bin: Bin) {
         let loads: Vec<u64> = self.caps.iter().zip(&bin.room).map(|(c, r)| c - r).collect();
         push(out, bin.members, &loads);
     }
@@ -328,7 +328,7 @@ impl LimitedStreamPacker {
     /// the payload (options, limits, then the stream index, the buffered items by index with
     /// their sizes, the open bins oldest first with their rooms and members — or, without any
     /// limit, the plain packer's `SPSK` state), and the sha256 of everything before it.
-    pub fn save(&self) -> Vec<u8> {
+    pub fn state(&self) -> Vec<u8> {
         let mut p = Vec::new();
         write_options(&mut p, &self.options);
         p.extend_from_slice(&self.limits.max_segments.to_le_bytes());
@@ -340,7 +340,7 @@ impl LimitedStreamPacker {
         }
         if let Some(plain) = &self.plain {
             // Without limits: the plain packer's own state.
-            let inner = plain.save();
+            let inner = plain.state();
             p.extend_from_slice(&(inner.len() as u64).to_le_bytes());
             p.extend_from_slice(&inner);
             return frame(STATE_MAGIC, STATE_VERSION, &p);
@@ -364,7 +364,7 @@ impl LimitedStreamPacker {
         frame(STATE_MAGIC, STATE_VERSION, &p)
     }
 
-    /// A packer from [`save`](Self::save)'s bytes. Errors (`invalid-argument`, naming what is
+    /// A packer from [`state`](Self::state)'s bytes. Errors (`invalid-argument`, naming what is
     /// wrong): not a limited stream-packer state, another format version, damage (length or
     /// sha256 mismatch), or contents no packer can hold (checked in full).
     pub fn restore(state: &[u8]) -> Result<Self, Error> {
@@ -435,7 +435,7 @@ impl LimitedStreamPacker {
 
 /// Appends a bin of `members` (sorted here) whose loads in every resource are `loads`
 /// (tokens first).
-fn push(out: &mut LimitedClosed, mut members: Vec<u64>, loads: &[u64]) {
+fn push(out: &mut LimitedClosedBins, mut members: Vec<u64>, loads: &[u64]) {
     out.closed.push(&mut members, loads[0]);
     out.resource_loads.extend_from_slice(&loads[1..]);
 }

@@ -8,7 +8,7 @@
 //! [`StreamPacker::add`] calls):
 //! 1. An item whose aligned length exceeds the capacity follows the [`OversizePolicy`]:
 //!    `error` refuses the call (nothing of it is applied), `single` closes a bin holding it
-//!    alone at once, `drop` lists it in [`Closed::dropped`].
+//!    alone at once, `drop` lists it in [`ClosedBins::dropped`].
 //! 2. Otherwise it joins the buffer. While the buffer holds more than `max_buffered` items,
 //!    the largest buffered item (longest aligned length, then smallest index) is placed:
 //!    - into the open bin with the least room that fits it (best fit; ties to the oldest bin);
@@ -30,7 +30,7 @@
 //! Under further limits per bin (image tokens, images, segments), [`LimitedStreamPacker`]
 //! follows the same rule with every resource (see `stream/limited.rs`).
 //!
-//! The whole state saves to bytes ([`StreamPacker::save`]: framed, versioned, sha256) and
+//! The whole state saves to bytes ([`StreamPacker::state`]: framed, versioned, sha256) and
 //! restores exactly ([`StreamPacker::restore`]): a restarted stream gives the bins an
 //! uninterrupted one gives.
 
@@ -43,7 +43,7 @@ mod limited;
 mod open_bins;
 mod state;
 
-pub use limited::{LimitedClosed, LimitedStreamPacker, StreamLimits, TOP_UP_SCAN};
+pub use limited::{LimitedClosedBins, LimitedStreamPacker, StreamLimits, TOP_UP_SCAN};
 
 use buffer::Buffer;
 use open_bins::OpenBins;
@@ -110,7 +110,7 @@ impl StreamOptions {
 
 /// Bins closed by one call, in flat form, and the items it dropped.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Closed {
+pub struct ClosedBins {
     /// `bins + 1` offsets into `indices` (starting at 0).
     pub offsets: Vec<u32>,
     /// Stream indices (0-based, counted over every length ever added), bin by bin,
@@ -122,7 +122,7 @@ pub struct Closed {
     pub dropped: Vec<u64>,
 }
 
-impl Closed {
+impl ClosedBins {
     fn empty() -> Self {
         Self { offsets: alloc::vec![0], ..Self::default() }
     }
@@ -212,7 +212,7 @@ impl StreamPacker {
     /// Errors, with nothing applied: `invalid-argument` for an aligned length above 2^64 − 1,
     /// or more than 2^32 − 1 entries and held items together; `infeasible` for an oversized item under the `error`
     /// policy (naming its stream index).
-    pub fn add(&mut self, lengths: &[u64]) -> Result<Closed, Error> {
+    pub fn add(&mut self, lengths: &[u64]) -> Result<ClosedBins, Error> {
         let StreamOptions { capacity, align, oversize, .. } = self.options;
         let held = self.buffer.len() as u64 + self.open.held();
         if lengths.len() as u64 + held > u32::MAX as u64 {
@@ -240,7 +240,7 @@ impl StreamPacker {
                 )));
             }
         }
-        let mut out = Closed::empty();
+        let mut out = ClosedBins::empty();
         for &len in lengths {
             let index = self.next_index;
             self.next_index += 1;
@@ -264,8 +264,8 @@ impl StreamPacker {
     /// Places every buffered item (largest first, best fit, new bins as needed) and closes
     /// every open bin, oldest first. The packer stays usable: later lengths continue the
     /// stream's indices.
-    pub fn finish(&mut self) -> Closed {
-        let mut out = Closed::empty();
+    pub fn finish(&mut self) -> ClosedBins {
+        let mut out = ClosedBins::empty();
         while let Some((a, index)) = self.buffer.pop_at_most(u64::MAX) {
             let b = self.open.take_best(a).unwrap_or_else(|| self.open.new_bin());
             self.open.put(b, a, index);
@@ -280,7 +280,7 @@ impl StreamPacker {
     }
 
     /// The largest buffered item into a bin (rule 2 of the module docs).
-    fn place_largest(&mut self, out: &mut Closed) {
+    fn place_largest(&mut self, out: &mut ClosedBins) {
         let Some((a, index)) = self.buffer.pop_at_most(u64::MAX) else { return };
         let b = match self.open.take_best(a) {
             Some(b) => b,
@@ -324,7 +324,7 @@ mod tests {
         let mut bins = Vec::new();
         let mut dropped = Vec::new();
         let mut start = 0;
-        let mut take = |c: Closed, bins: &mut Vec<(Vec<u64>, u64)>| {
+        let mut take = |c: ClosedBins, bins: &mut Vec<(Vec<u64>, u64)>| {
             for b in 0..c.bins() {
                 bins.push((c.bin(b).to_vec(), c.loads[b]));
             }
@@ -393,9 +393,9 @@ mod tests {
             let at = at.min(lengths.len());
             let mut p = StreamPacker::new(o).unwrap();
             let first = p.add(&lengths[..at]).unwrap();
-            let state = p.save();
+            let state = p.state();
             let mut q = StreamPacker::restore(&state).unwrap();
-            prop_assert_eq!(q.save(), state);
+            prop_assert_eq!(q.state(), state);
             let mut bins: Vec<(Vec<u64>, u64)> = Vec::new();
             for c in [first, q.add(&lengths[at..]).unwrap(), q.finish()] {
                 for b in 0..c.bins() {
@@ -422,7 +422,7 @@ mod tests {
         ) {
             let mut p = StreamPacker::new(options(60, 3, 10, OversizePolicy::Error)).unwrap();
             p.add(&lengths).unwrap();
-            let state = p.save();
+            let state = p.state();
             let mut flipped = state.clone();
             let at = flip % flipped.len();
             flipped[at] ^= 1 << bit;
@@ -448,12 +448,12 @@ mod tests {
         );
         let mut p = StreamPacker::new(StreamOptions::new(10)).unwrap();
         p.add(&[3, 4]).unwrap();
-        let before = p.save();
+        let before = p.state();
         match p.add(&[1, 11, 2]) {
             Err(Error::Infeasible(m)) => assert!(m.contains("stream index 3"), "{m}"),
             other => panic!("{other:?}"),
         }
-        assert_eq!(p.save(), before, "a refused call applies nothing");
+        assert_eq!(p.state(), before, "a refused call applies nothing");
         let mut a = StreamPacker::new(StreamOptions { align: 1 << 40, ..StreamOptions::new(u64::MAX) }).unwrap();
         assert!(matches!(a.add(&[u64::MAX]), Err(Error::InvalidArgument(_))));
     }

@@ -4,7 +4,7 @@ use alloc::collections::BTreeSet;
 use alloc::vec::Vec;
 
 use super::buffer::NIL;
-use super::{BUCKET_CAPACITY, Closed, MAX_BIN_ITEMS};
+use super::{BUCKET_CAPACITY, ClosedBins, MAX_BIN_ITEMS};
 use crate::bits::BitSet;
 
 /// The open bins: a slab of bins (room, age, members) and an order of the *indexed* ones by
@@ -165,7 +165,7 @@ impl OpenBins {
     }
 
     /// Closes bin `b` (not in the order) into `out`.
-    pub(super) fn close(&mut self, b: usize, out: &mut Closed) {
+    pub(super) fn close(&mut self, b: usize, out: &mut ClosedBins) {
         let bin = &mut self.bins[b];
         bin.open = false;
         out.push(&mut bin.members, self.capacity - bin.room);
@@ -190,7 +190,7 @@ impl OpenBins {
     }
 
     /// Closes every open bin, oldest first, into `out`.
-    pub(super) fn close_all(&mut self, out: &mut Closed) {
+    pub(super) fn close_all(&mut self, out: &mut ClosedBins) {
         self.order.clear();
         for b in self.by_age() {
             self.close(b, out);

@@ -1,4 +1,4 @@
-//! The packer's state as bytes: [`StreamPacker::save`] and [`StreamPacker::restore`]
+//! The packer's state as bytes: [`StreamPacker::state`] and [`StreamPacker::restore`]
 //! (`SPSK`, framed, versioned, sha256).
 
 use alloc::vec::Vec;
@@ -12,7 +12,7 @@ impl StreamPacker {
     /// The whole state as bytes: `SPSK`, format version (u32 LE), payload length (u64 LE),
     /// the payload, and the sha256 of everything before it. The same state gives the same
     /// bytes in every host.
-    pub fn save(&self) -> Vec<u8> {
+    pub fn state(&self) -> Vec<u8> {
         let mut p = Vec::new();
         write_options(&mut p, &self.options);
         p.extend_from_slice(&self.next_index.to_le_bytes());
@@ -38,7 +38,7 @@ impl StreamPacker {
         frame(STATE_MAGIC, STATE_VERSION, &p)
     }
 
-    /// A packer from [`save`](Self::save)'s bytes. Errors (`invalid-argument`, naming what is
+    /// A packer from [`state`](Self::state)'s bytes. Errors (`invalid-argument`, naming what is
     /// wrong): not a stream state, another format version, a length or checksum mismatch
     /// (damage), or contents no packer can hold (checked in full, so no state can make a
     /// later call misbehave).

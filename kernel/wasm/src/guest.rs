@@ -42,7 +42,7 @@ macro_rules! packer_methods {
         }
 
         fn save(&self) -> Vec<u8> {
-            self.0.borrow().save()
+            self.0.borrow().state()
         }
 
         fn status(&self) -> stream::Status {

@@ -1,7 +1,7 @@
 //! The WASM backend of [`LimitedStreamPacker`]: the kernel component's `multi-streaming`
 //! interface, one instance per packer (its state stays in the guest's memory).
 
-use stowplan_kernel::{LimitedClosed, StreamLimits, StreamOptions, StreamStatus};
+use stowplan_kernel::{LimitedClosedBins, StreamLimits, StreamOptions, StreamStatus};
 use wasmtime::Store;
 use wasmtime::component::ResourceAny;
 
@@ -45,16 +45,16 @@ impl Drop for WasmLimitedStream {
     }
 }
 
-impl StreamBackend<LimitedClosed> for WasmLimitedStream {
-    fn add(&mut self, rows: &[u64]) -> Result<LimitedClosed, Error> {
+impl StreamBackend<LimitedClosedBins> for WasmLimitedStream {
+    fn add(&mut self, rows: &[u64]) -> Result<LimitedClosedBins, Error> {
         Ok(self.call(|g, s, p| g.call_add(s, p, rows))??.into())
     }
 
-    fn finish(&mut self) -> Result<LimitedClosed, Error> {
+    fn finish(&mut self) -> Result<LimitedClosedBins, Error> {
         Ok(self.call(|g, s, p| g.call_finish(s, p))?.into())
     }
 
-    fn save(&mut self) -> Result<Vec<u8>, Error> {
+    fn state(&mut self) -> Result<Vec<u8>, Error> {
         self.call(|g, s, p| g.call_save(s, p))
     }
 
