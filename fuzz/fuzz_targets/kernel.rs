@@ -378,7 +378,7 @@ fuzz_target!(|call: Call| match call {
     }
     Call::LimitedStream { capacity, caps, max_segments, max_open_bins, max_buffered, oversize, pieces, state } => {
         if let Some(bytes) = state {
-            if let Ok(mut p) = k::LimitedStreamPacker::restore(&bytes) {
+            if let Ok(mut p) = k::LimitedStreamPacker::from_state(&bytes) {
                 let r = p.limits().caps.len() + 1;
                 let _ = p.add(&vec![1; 3 * r]);
                 let _ = p.finish();
@@ -411,7 +411,7 @@ fuzz_target!(|call: Call| match call {
                 added += (rows.len() / r) as u64;
                 check(c, &mut seen);
             }
-            p = k::LimitedStreamPacker::restore(&p.state()).expect("a saved state restores");
+            p = k::LimitedStreamPacker::from_state(&p.state()).expect("a saved state restores");
         }
         check(p.finish(), &mut seen);
         seen.sort_unstable();
@@ -420,7 +420,7 @@ fuzz_target!(|call: Call| match call {
     Call::Stream { capacity, align, max_open_bins, max_buffered, oversize, pieces, save_after, state } => {
         if let Some(bytes) = state {
             // Arbitrary bytes: refused or a packer that keeps working.
-            if let Ok(mut p) = k::StreamPacker::restore(&bytes) {
+            if let Ok(mut p) = k::StreamPacker::from_state(&bytes) {
                 let _ = p.add(&[1, 2, 3]);
                 let _ = p.finish();
             }
@@ -442,7 +442,7 @@ fuzz_target!(|call: Call| match call {
             seen.extend_from_slice(&c.indices);
             seen.extend_from_slice(&c.dropped);
             if i == usize::from(save_after) {
-                p = k::StreamPacker::restore(&p.state()).expect("a saved state restores");
+                p = k::StreamPacker::from_state(&p.state()).expect("a saved state restores");
             }
         }
         let c = p.finish();

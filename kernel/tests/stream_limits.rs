@@ -45,7 +45,7 @@ fn run(
         let s = p.status();
         assert!(s.buffered <= p.options().max_buffered && s.open_bins <= p.options().max_open_bins);
         if restore {
-            p = LimitedStreamPacker::restore(&p.state()).expect("a saved state restores");
+            p = LimitedStreamPacker::from_state(&p.state()).expect("a saved state restores");
         }
         at += step;
         k += 1;
@@ -144,7 +144,7 @@ fn errors_name_the_item_and_the_limit() {
     q.add(&[10, 1, 20, 2]).unwrap();
     let state = q.state();
     assert!(
-        LimitedStreamPacker::restore(&StreamPacker::new(o).unwrap().state())
+        LimitedStreamPacker::from_state(&StreamPacker::new(o).unwrap().state())
             .unwrap_err()
             .to_string()
             .contains("\"SPSL\"")
@@ -152,10 +152,10 @@ fn errors_name_the_item_and_the_limit() {
     for at in [0, 5, 17, state.len() / 2, state.len() - 1] {
         let mut damaged = state.clone();
         damaged[at] ^= 1;
-        assert!(LimitedStreamPacker::restore(&damaged).is_err(), "a flip at {at} restored");
+        assert!(LimitedStreamPacker::from_state(&damaged).is_err(), "a flip at {at} restored");
     }
-    assert!(LimitedStreamPacker::restore(&state[..state.len() - 3]).is_err());
-    let back = LimitedStreamPacker::restore(&state).unwrap();
+    assert!(LimitedStreamPacker::from_state(&state[..state.len() - 3]).is_err());
+    let back = LimitedStreamPacker::from_state(&state).unwrap();
     assert_eq!(back.status(), q.status());
     assert_eq!(back.limits().names, ["images"]);
 }
@@ -168,7 +168,7 @@ fn without_limits_the_state_is_the_plain_packers_inside_its_own_frame() {
     assert_eq!(p.add(&[4, 6, 7, 3]).unwrap().closed, q.add(&[4, 6, 7, 3]).unwrap());
     let state = p.state();
     assert_eq!(&state[..4], b"SPSL");
-    let mut back = LimitedStreamPacker::restore(&state).unwrap();
+    let mut back = LimitedStreamPacker::from_state(&state).unwrap();
     assert_eq!(back.status(), q.status());
     assert_eq!(back.add(&[2, 5]).unwrap().closed, q.add(&[2, 5]).unwrap());
     assert_eq!(back.finish().closed, q.finish());

@@ -184,9 +184,9 @@ impl PyStreamPacker {
         let kernel = kernel(py, backend)?;
         // A limited packer's state starts with "SPSL"; the kernel checks every other byte.
         let inner = if bytes.starts_with(b"SPSL") {
-            py.detach(|| kernel.restore_limited_stream_packer(&bytes)).map(Inner::Limited)
+            py.detach(|| kernel.limited_stream_packer_from_state(&bytes)).map(Inner::Limited)
         } else {
-            py.detach(|| kernel.restore_stream_packer(&bytes)).map(Inner::Plain)
+            py.detach(|| kernel.stream_packer_from_state(&bytes)).map(Inner::Plain)
         }
         .map_err(|e| to_py(py, e))?;
         let options = match &inner {

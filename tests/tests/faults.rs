@@ -161,7 +161,7 @@ fn every_flipped_bit_and_truncation_of_every_format_is_refused() {
         .chain([(
             "stream packer state (SPSK)",
             stream_state,
-            Box::new(move |b: &[u8]| wasm.restore_stream_packer(b).is_ok()) as Box<dyn Fn(&[u8]) -> bool>,
+            Box::new(move |b: &[u8]| wasm.stream_packer_from_state(b).is_ok()) as Box<dyn Fn(&[u8]) -> bool>,
         )])
         .collect();
     let (mut all_tried, mut all_refused) = (0, 0);

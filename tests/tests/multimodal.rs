@@ -203,8 +203,8 @@ fn limited_streams_agree_on_both_backends_and_states_cross_them() {
             // Swap the states: native continues the WASM packer's stream and back.
             let (sa, sb) = (a.state().unwrap(), b.state().unwrap());
             assert_eq!(sa, sb, "the same state bytes on both backends");
-            a = native.restore_limited_stream_packer(&sb).unwrap();
-            b = wasm.restore_limited_stream_packer(&sa).unwrap();
+            a = native.limited_stream_packer_from_state(&sb).unwrap();
+            b = wasm.limited_stream_packer_from_state(&sa).unwrap();
             assert_eq!(b.limits(), &limits);
         }
     }

@@ -53,7 +53,7 @@ proptest! {
         let state = a.state().unwrap();
         prop_assert_eq!(&b.state().unwrap(), &state);
         prop_assert_eq!(a.status().unwrap(), b.status().unwrap());
-        let mut restored = wasm.restore_stream_packer(&state).unwrap();
+        let mut restored = wasm.stream_packer_from_state(&state).unwrap();
         prop_assert_eq!(restored.options(), &options);
         collect(&mut out, restored.add(&lengths[cut..]).unwrap());
         collect(&mut out, restored.finish().unwrap());
@@ -69,16 +69,16 @@ fn damaged_states_and_bad_options_are_refused_on_both_backends() {
         let state = p.state().unwrap();
         let mut bad = state.clone();
         bad[20] ^= 1;
-        match kernel.restore_stream_packer(&bad) {
+        match kernel.stream_packer_from_state(&bad) {
             Err(Error::InvalidArgument(m)) => assert!(m.contains("sha256"), "{m}"),
             other => panic!("{other:?}"),
         }
-        match kernel.restore_stream_packer(b"not a state at all, but long enough to be read as one..") {
+        match kernel.stream_packer_from_state(b"not a state at all, but long enough to be read as one..") {
             Err(Error::InvalidArgument(m)) => assert!(m.contains("not a stowplan stream-packer state"), "{m}"),
             other => panic!("{other:?}"),
         }
         // The right magic, cut short: truncated, not foreign.
-        match kernel.restore_stream_packer(&state[..20]) {
+        match kernel.stream_packer_from_state(&state[..20]) {
             Err(Error::InvalidArgument(m)) => assert!(m.contains("20 bytes") && m.contains("(truncated)"), "{m}"),
             other => panic!("{other:?}"),
         }

@@ -220,7 +220,7 @@ pub trait KernelApi: Send + Sync + std::fmt::Debug {
 
     /// A streaming packer from [`StreamPacker::state`]'s bytes (damage and other versions are
     /// refused with `invalid-argument`).
-    fn restore_stream_packer(&self, state: &[u8]) -> Result<StreamPacker, Error>;
+    fn stream_packer_from_state(&self, state: &[u8]) -> Result<StreamPacker, Error>;
 
     /// An empty streaming packer under further limits per bin (see `wit/kernel.wit`,
     /// `multi-streaming`).
@@ -231,7 +231,7 @@ pub trait KernelApi: Send + Sync + std::fmt::Debug {
     ) -> Result<LimitedStreamPacker, Error>;
 
     /// A limited streaming packer from [`LimitedStreamPacker::state`]'s bytes.
-    fn restore_limited_stream_packer(&self, state: &[u8]) -> Result<LimitedStreamPacker, Error>;
+    fn limited_stream_packer_from_state(&self, state: &[u8]) -> Result<LimitedStreamPacker, Error>;
 }
 
 /// One backend's streaming packer; [`StreamPacker`] (`C` = [`ClosedBins`]) and
@@ -246,7 +246,7 @@ pub(crate) trait StreamBackend<C>: Send + std::fmt::Debug {
 /// A streaming packer (`wit/kernel.wit`, `streaming`): lengths go in a few at a time with
 /// [`add`](Self::add), each bin comes out when it closes; memory is bounded by the options,
 /// whatever the length of the stream. Made by [`KernelApi::stream_packer`] or
-/// [`KernelApi::restore_stream_packer`]; the same bins on both backends.
+/// [`KernelApi::stream_packer_from_state`]; the same bins on both backends.
 #[derive(Debug)]
 pub struct StreamPacker {
     inner: Box<dyn StreamBackend<ClosedBins>>,
@@ -289,7 +289,7 @@ impl StreamPacker {
 /// A streaming packer under further limits per bin (`wit/kernel.wit`, `multi-streaming`):
 /// items go in as rows (the length, then one size per limit), each bin comes out when it
 /// closes, within the capacity and every limit. Made by [`KernelApi::limited_stream_packer`]
-/// or [`KernelApi::restore_limited_stream_packer`]; the same bins on both backends.
+/// or [`KernelApi::limited_stream_packer_from_state`]; the same bins on both backends.
 #[derive(Debug)]
 pub struct LimitedStreamPacker {
     inner: Box<dyn StreamBackend<LimitedClosedBins>>,

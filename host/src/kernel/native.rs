@@ -164,8 +164,8 @@ impl KernelApi for NativeKernel {
         Ok(StreamPacker::new(Box::new(k::StreamPacker::new(*options)?), *options))
     }
 
-    fn restore_stream_packer(&self, state: &[u8]) -> Result<StreamPacker, Error> {
-        let packer = k::StreamPacker::restore(state)?;
+    fn stream_packer_from_state(&self, state: &[u8]) -> Result<StreamPacker, Error> {
+        let packer = k::StreamPacker::from_state(state)?;
         let options = *packer.options();
         Ok(StreamPacker::new(Box::new(packer), options))
     }
@@ -178,8 +178,8 @@ impl KernelApi for NativeKernel {
         limited(k::LimitedStreamPacker::new(*options, limits.clone())?)
     }
 
-    fn restore_limited_stream_packer(&self, state: &[u8]) -> Result<LimitedStreamPacker, Error> {
-        limited(k::LimitedStreamPacker::restore(state)?)
+    fn limited_stream_packer_from_state(&self, state: &[u8]) -> Result<LimitedStreamPacker, Error> {
+        limited(k::LimitedStreamPacker::from_state(state)?)
     }
 }
 

@@ -406,7 +406,7 @@ impl KernelApi for WasmKernel {
         Ok(StreamPacker::new(Box::new(WasmStream { warm, packer }), *options))
     }
 
-    fn restore_stream_packer(&self, state: &[u8]) -> Result<StreamPacker, Error> {
+    fn stream_packer_from_state(&self, state: &[u8]) -> Result<StreamPacker, Error> {
         let mut warm = instantiate()?;
         let packer = warm
             .instance
@@ -427,7 +427,7 @@ impl KernelApi for WasmKernel {
         multi_stream::create(options, limits)
     }
 
-    fn restore_limited_stream_packer(&self, state: &[u8]) -> Result<LimitedStreamPacker, Error> {
+    fn limited_stream_packer_from_state(&self, state: &[u8]) -> Result<LimitedStreamPacker, Error> {
         multi_stream::restore(state)
     }
 }

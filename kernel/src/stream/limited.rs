@@ -367,7 +367,7 @@ impl LimitedStreamPacker {
     /// A packer from [`state`](Self::state)'s bytes. Errors (`invalid-argument`, naming what is
     /// wrong): not a limited stream-packer state, another format version, damage (length or
     /// sha256 mismatch), or contents no packer can hold (checked in full).
-    pub fn restore(state: &[u8]) -> Result<Self, Error> {
+    pub fn from_state(state: &[u8]) -> Result<Self, Error> {
         let mut r = Reader { bytes: unframe(state, STATE_MAGIC, STATE_VERSION, "limited stream-packer")? };
         let options = read_options(&mut r)?;
         let max_segments = r.u64()?;
@@ -391,7 +391,7 @@ impl LimitedStreamPacker {
             if len != r.bytes.len() as u64 {
                 return invalid!("state is damaged: its plain packer's state does not fill the rest of it");
             }
-            let plain = StreamPacker::restore(r.bytes)?;
+            let plain = StreamPacker::from_state(r.bytes)?;
             if *plain.options() != options {
                 return invalid!("state's plain packer has other options than the state");
             }

@@ -31,7 +31,7 @@
 //! follows the same rule with every resource (see `stream/limited.rs`).
 //!
 //! The whole state saves to bytes ([`StreamPacker::state`]: framed, versioned, sha256) and
-//! restores exactly ([`StreamPacker::restore`]): a restarted stream gives the bins an
+//! restores exactly ([`StreamPacker::from_state`]): a restarted stream gives the bins an
 //! uninterrupted one gives.
 
 use alloc::vec::Vec;
@@ -394,7 +394,7 @@ mod tests {
             let mut p = StreamPacker::new(o).unwrap();
             let first = p.add(&lengths[..at]).unwrap();
             let state = p.state();
-            let mut q = StreamPacker::restore(&state).unwrap();
+            let mut q = StreamPacker::from_state(&state).unwrap();
             prop_assert_eq!(q.state(), state);
             let mut bins: Vec<(Vec<u64>, u64)> = Vec::new();
             for c in [first, q.add(&lengths[at..]).unwrap(), q.finish()] {
@@ -426,8 +426,8 @@ mod tests {
             let mut flipped = state.clone();
             let at = flip % flipped.len();
             flipped[at] ^= 1 << bit;
-            prop_assert!(StreamPacker::restore(&flipped).is_err());
-            prop_assert!(StreamPacker::restore(&state[..cut % state.len()]).is_err());
+            prop_assert!(StreamPacker::from_state(&flipped).is_err());
+            prop_assert!(StreamPacker::from_state(&state[..cut % state.len()]).is_err());
         }
     }
 

@@ -1,4 +1,4 @@
-//! The packer's state as bytes: [`StreamPacker::state`] and [`StreamPacker::restore`]
+//! The packer's state as bytes: [`StreamPacker::state`] and [`StreamPacker::from_state`]
 //! (`SPSK`, framed, versioned, sha256).
 
 use alloc::vec::Vec;
@@ -42,7 +42,7 @@ impl StreamPacker {
     /// wrong): not a stream state, another format version, a length or checksum mismatch
     /// (damage), or contents no packer can hold (checked in full, so no state can make a
     /// later call misbehave).
-    pub fn restore(state: &[u8]) -> Result<Self, Error> {
+    pub fn from_state(state: &[u8]) -> Result<Self, Error> {
         let mut r = Reader { bytes: unframe(state, STATE_MAGIC, STATE_VERSION, "stream-packer")? };
         let options = read_options(&mut r)?;
         let mut packer = Self::new(options)?;

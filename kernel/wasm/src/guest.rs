@@ -472,7 +472,7 @@ impl stream::GuestPacker for StreamPacker {
     }
 
     fn restore(state: Vec<u8>) -> Result<stream::Packer, types::Error> {
-        let p = k::StreamPacker::restore(&state).map_err(error)?;
+        let p = k::StreamPacker::from_state(&state).map_err(error)?;
         Ok(stream::Packer::new(StreamPacker(core::cell::RefCell::new(p))))
     }
 

@@ -22,7 +22,7 @@ impl ms::GuestPacker for LimitedStreamPacker {
     }
 
     fn restore(state: Vec<u8>) -> Result<ms::Packer, types::Error> {
-        let p = k::LimitedStreamPacker::restore(&state).map_err(error)?;
+        let p = k::LimitedStreamPacker::from_state(&state).map_err(error)?;
         Ok(ms::Packer::new(LimitedStreamPacker(RefCell::new(p))))
     }
 
