@@ -37,7 +37,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Any, Dict, List
+from typing import Any, Callable, Dict, List
 
 import numpy as np
 
@@ -64,6 +64,16 @@ def timed_packer_class(sray: Any) -> Any:
 
         return call
 
+    class TimedIngest:
+        """The actor's packer with its ``ingest`` timed (the native Packer's methods cannot be
+        replaced on the instance); everything else is the packer's own."""
+
+        def __init__(self, packer: Any, ingest: Callable[..., Any]) -> None:
+            self._inner, self.ingest = packer, ingest
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self._inner, name)
+
     class TimedPacker(sray.PackerActor):
         def __init__(self, **kw: Any) -> None:
             self.t: Dict[str, float] = {}
@@ -77,7 +87,7 @@ def timed_packer_class(sray: Any) -> Any:
 
         def _resume(self) -> None:
             super()._resume()
-            self._packer.ingest = timed(self, "decode (ingest)", self._packer.ingest)
+            self._packer = TimedIngest(self._packer, timed(self, "decode (ingest)", self._packer.ingest))
 
         def send(self, refs: Any) -> Any:
             import ray
