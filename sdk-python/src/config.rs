@@ -10,6 +10,7 @@ use stowplan::{EffectiveBatch, PackingConfig};
 
 use crate::convert::int;
 use crate::errors::{invalid, to_py};
+use crate::plan::{plan_logger, world};
 use crate::results::reduce;
 
 /// The packing keys of a training configuration, validated (defaults applied).
@@ -25,16 +26,10 @@ pub struct PyPackingConfig {
     config: PackingConfig,
 }
 
-/// `world_size`: an integer in `0..=2**32-1`.
-fn world(world_size: &Bound<'_, PyAny>) -> PyResult<u32> {
-    int(world_size, "world_size", 0, u32::MAX.into())
-}
-
 impl PyPackingConfig {
-    /// `logging.getLogger("stowplan.plan").<level>("%s", message)`.
+    /// `message` logged at `level` on the plans' logger.
     fn log(py: Python<'_>, level: &str, message: &str) -> PyResult<()> {
-        let logger = py.import("logging")?.call_method1("getLogger", ("stowplan.plan",))?;
-        logger.call_method1(level, ("%s", message))?;
+        plan_logger(py)?.call_method1(level, ("%s", message))?;
         Ok(())
     }
 

@@ -394,7 +394,7 @@ impl PyStaticPackPlan {
     fn log(&self, py: Python<'_>, logger: Option<Bound<'_, PyAny>>) -> PyResult<()> {
         let logger = match logger {
             Some(l) => l,
-            None => py.import("logging")?.call_method1("getLogger", ("stowplan.plan",))?,
+            None => plan_logger(py)?,
         };
         for line in self.plan.log_records() {
             let level = if line.warning { "warning" } else { "info" };
@@ -583,8 +583,14 @@ fn sample_count(samples: &Bound<'_, PyAny>) -> PyResult<usize> {
     int(samples, "samples", 0, u64::MAX.into())
 }
 
-fn world(world_size: &Bound<'_, PyAny>) -> PyResult<u32> {
+/// `world_size`: an integer in `0..=2**32-1`.
+pub(crate) fn world(world_size: &Bound<'_, PyAny>) -> PyResult<u32> {
     int(world_size, "world_size", 0, u32::MAX.into())
+}
+
+/// `logging.getLogger("stowplan.plan")`, where static pack plans and their configuration log.
+pub(crate) fn plan_logger(py: Python<'_>) -> PyResult<Bound<'_, PyAny>> {
+    py.import("logging")?.call_method1("getLogger", ("stowplan.plan",))
 }
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
