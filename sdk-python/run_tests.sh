@@ -6,13 +6,18 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 root="$(dirname "$here")"
 venv="${STOWPLAN_SDK_VENV:-$root/target/sdk-venv}"
 python="${PYTHON:-python3}"
+# Each step's time, for the log (BENCHMARKS.md, "Build time").
+step_start=$SECONDS
+took() { echo "sdk: $1: $((SECONDS - step_start)) s"; step_start=$SECONDS; }
 
 rm -rf "$venv"
 "$python" -m venv "$venv"
 "$venv/bin/python" -m pip install --quiet --upgrade pip
+took "virtual environment"
 # The SDK exactly as a user installs it (pip builds the wheel with maturin), in the same cargo
 # target directory as the rest of the workspace: no second wasmtime build.
 CARGO_TARGET_DIR="$root/target" "$venv/bin/python" -m pip install --quiet "$here"
+took "pip install ./sdk-python (the wheel)"
 # The test dependencies (the 'test' extra, TRL, transformers, Ray) through uv, which resolves
 # and installs them in parallel. Bounded in time. Compiled to bytecode as pip does: without
 # .pyc files (and with PYTHONDONTWRITEBYTECODE set, as on CI machines) every import of
@@ -21,6 +26,7 @@ CARGO_TARGET_DIR="$root/target" "$venv/bin/python" -m pip install --quiet "$here
 uv="$venv/bin/uv"
 export UV_COMPILE_BYTECODE=1
 timeout 600 "$uv" pip install --quiet --python "$venv/bin/python" -r "$here/pyproject.toml" --extra test
+took "uv, the test extra"
 cd "$venv"   # import the installed package, not the source tree
 # TRL for tests/test_hf.py's comparisons, at the version stowplan.compat.trl reproduces: without
 # its dependencies (accelerate, torch …), plus the one package trl.data_utils imports beyond
@@ -30,6 +36,7 @@ timeout 600 "$uv" pip install --quiet --python "$venv/bin/python" --no-deps "trl
 # transformers, and Ray (the 'ray' extra) for tests/test_ray.py, which STOWPLAN_REQUIRE_RAY=1
 # makes fail instead of skip.
 timeout 600 "$uv" pip install --quiet --python "$venv/bin/python" "transformers>=4.56.2" "ray[data]>=2.9"
+took "TRL, transformers, Ray"
 "$venv/bin/python" -c "import stowplan; p = stowplan.partition([100, 900, 50, 950, 400, 600], 2); assert p.groups == [[0, 2, 3, 4], [1, 5]], p.groups; print('sdk: import ok,', stowplan.kernel_info()['sha256'][:12])"
 # The end-to-end packer tests run a `stowplan` binary: STOWPLAN_BIN (`cargo xtask test` passes
 # the one its ZeroMQ tests built, with the transport), else the workspace's, built when missing.

@@ -45,20 +45,26 @@ def _ray_start(args, env, log):
     )
 
 
-def _stop(proc, timeout=10):
-    """Stops a ``ray start --block`` and the Ray processes it started (its session): SIGTERM,
-    then SIGKILL to what is left after ``timeout`` seconds (a raylet may take longer)."""
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)  # --block stops its node's processes on SIGTERM
+def _stop(procs, timeout=3):
+    """Stops ``ray start --block`` children and the Ray processes each started (its session):
+    SIGTERM to all at once, then SIGKILL to what is left after ``timeout`` seconds. A node
+    given the time stopped within a second or took its whole 10 s grace period, which only
+    delayed the teardown: the test's temporary directory goes with it."""
+    for proc in procs:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)  # --block stops its node's processes on SIGTERM
+    deadline = time.monotonic() + timeout
+    for proc in procs:
         try:
-            proc.wait(timeout=timeout)
+            proc.wait(timeout=max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             pass
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)  # whatever of the session is left
-    except ProcessLookupError:
-        pass
-    proc.wait(timeout=10)
+    for proc in procs:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # whatever of the session is left
+        except ProcessLookupError:
+            pass
+        proc.wait(timeout=10)
 
 
 @pytest.fixture(scope="module")
@@ -80,8 +86,7 @@ def two_nodes():
         procs.append(_ray_start(["--address", f"127.0.0.1:{port}", "--resources", '{"node2": 1}'], ENV, log))
         yield f"127.0.0.1:{port}", deadline
     finally:
-        for p in reversed(procs):
-            _stop(p)
+        _stop(procs)
         log.close()
         shutil.rmtree(tmp, ignore_errors=True)
 
