@@ -111,8 +111,15 @@ impl WasmFilter {
         }
         let rt = runtime()?;
         let load = |what: &str, e: wasmtime::Error| Error::from(FilterError::Load(format!("{name}: {what}: {e:#}")));
-        let (component, origin) = crate::runtime::load_cached(&rt.engine, bytes, actual, "plugin")
-            .map_err(|e| load("not a WebAssembly component this host can compile", e))?;
+        let loaded = crate::runtime::load_cached(&rt.engine, bytes, actual, "plugin");
+        if let Some(functions) = &rt.functions {
+            // What the compile added (also when it failed part way), and the packs it read
+            // let go of.
+            functions.flush(actual);
+            let (reused, compiled) = functions.counts();
+            tracing::debug!(plugin = %name, reused, compiled, "functions of the plugins compiled in this process");
+        }
+        let (component, origin) = loaded.map_err(|e| load("not a WebAssembly component this host can compile", e))?;
         let imports = imports(&rt.engine, &component);
         let pre = rt.linker.instantiate_pre(&component).map_err(|e| {
             load(

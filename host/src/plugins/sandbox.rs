@@ -22,6 +22,8 @@ pub(super) struct Runtime {
     /// Plugin calls in flight; the ticker sleeps (parked) while it is 0.
     active: Arc<AtomicUsize>,
     ticker: std::thread::Thread,
+    /// The compiler's function cache, whose new entries are written after each compile.
+    pub(super) functions: Option<Arc<crate::runtime::FunctionCache>>,
 }
 
 static RUNTIME: OnceLock<Result<Runtime, Error>> = OnceLock::new();
@@ -49,7 +51,16 @@ fn init_runtime() -> Result<Runtime, Error> {
         config.cranelift_flag_set("enable_heap_access_spectre_mitigation", "false");
         config.cranelift_flag_set("enable_table_access_spectre_mitigation", "false");
     }
+    // Functions another plugin compiled are reused (plugins built by one tool share an
+    // engine: StarlingMonkey, CPython), from the compile cache's directory.
+    let functions = crate::runtime::function_cache();
+    if let Some(functions) = &functions {
+        config.enable_incremental_compilation(functions.clone()).map_err(|e| fail("enabling the function cache", e))?;
+    }
     let engine = Engine::new(&config).map_err(|e| fail("creating the plugin engine", e))?;
+    if let Some(functions) = &functions {
+        functions.attach(&engine);
+    }
     let mut linker: Linker<PluginState> = Linker::new(&engine);
     wasmtime_wasi::p2::add_to_linker_sync(&mut linker).map_err(|e| fail("adding WASI to the plugin linker", e))?;
     // Sleeping returns at once: with fixed clocks there is no time to wait for, and a
@@ -91,7 +102,7 @@ fn init_runtime() -> Result<Runtime, Error> {
             }
         })
         .map_err(|e| Error::Runtime(format!("starting the plugin epoch thread: {e}")))?;
-    Ok(Runtime { engine, linker, active, ticker: handle.thread().clone() })
+    Ok(Runtime { engine, linker, active, ticker: handle.thread().clone(), functions })
 }
 
 /// Marks a plugin call in flight (the ticker runs) until dropped.

@@ -2,8 +2,12 @@
 //! compiled WebAssembly components (the kernel's and plugins').
 
 pub(crate) mod atomic;
+#[cfg(feature = "plugins")]
+mod functions;
 
 pub use atomic::{AtomicFile, write as write_atomic};
+#[cfg(feature = "plugins")]
+pub(crate) use functions::FunctionCache;
 
 use std::path::{Path, PathBuf};
 
@@ -193,6 +197,33 @@ impl Cache {
     }
 }
 
+/// A hash of what makes `engine`'s compiled code usable by another engine (wasmtime's
+/// compatibility hash): it names cached artifacts and packs of the function cache.
+fn engine_hash(engine: &Engine) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::hash::DefaultHasher::new();
+    engine.precompile_compatibility_hash().hash(&mut h);
+    h.finish()
+}
+
+/// The compile cache of [`cache_dir`], or `None` (logged) if there is none or it is unusable.
+fn open_cache() -> Option<Cache> {
+    cache_dir().and_then(|dir| match Cache::open(&dir) {
+        Ok(c) => Some(c),
+        Err(e) => {
+            tracing::warn!("not using the compile cache: {e}");
+            None
+        }
+    })
+}
+
+/// The function cache ([`FunctionCache`]) of the compile cache, for an engine that compiles
+/// plugins; `None` where there is no usable compile cache.
+#[cfg(feature = "plugins")]
+pub(crate) fn function_cache() -> Option<std::sync::Arc<FunctionCache>> {
+    open_cache().map(|cache| std::sync::Arc::new(FunctionCache::new(cache)))
+}
+
 /// Compiles `bytes` (a component whose sha256 is `wasm_sha`) for `engine`, or loads the
 /// artifact precompiled earlier from the cache directory ([`cache_dir`]), named
 /// `{prefix}-{sha256}-{engine compatibility hash}.cwasm` (the whole sha256, also under the
@@ -206,17 +237,8 @@ pub(crate) fn load_cached(
     wasm_sha: &str,
     prefix: &str,
 ) -> wasmtime::Result<(Component, &'static str)> {
-    use std::hash::{Hash, Hasher};
-    let mut h = std::hash::DefaultHasher::new();
-    engine.precompile_compatibility_hash().hash(&mut h);
-    let name = format!("{prefix}-{wasm_sha}-{:016x}.cwasm", h.finish());
-    let cache = cache_dir().and_then(|dir| match Cache::open(&dir) {
-        Ok(c) => Some(c),
-        Err(e) => {
-            tracing::warn!("not using the compile cache: {e}");
-            None
-        }
-    });
+    let name = format!("{prefix}-{wasm_sha}-{:016x}.cwasm", engine_hash(engine));
+    let cache = open_cache();
     if let Some(cache) = &cache {
         match cache.read(&name) {
             // SAFETY: the bytes are an artifact written by `Cache::write` with
