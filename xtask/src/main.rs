@@ -15,8 +15,8 @@
 //! - Both artifacts are built by the pinned Rust, whatever the toolchain running xtask.
 //! - `test`: every test of the project — `cargo test --release` of the workspace
 //!   (conformance vectors on native and WASM, CLI tests) and the host library's doc tests,
-//!   the kernel's tests in a debug build (overflow checks on), the host library's and the
-//!   ZeroMQ transport's in one build with the transport, then the Python SDK's tests when
+//!   the kernel's tests in a debug build (overflow checks on) beside the host library's and
+//!   the ZeroMQ transport's in one build with the transport, then the Python SDK's tests when
 //!   `sdk-python/` holds a package (see `sdk-python/README.md`) with, beside them, the
 //!   JavaScript SDK's (`sdk-js/run_tests.sh`) when node and npm are installed (required with
 //!   `STOWPLAN_REQUIRE_NODE=1`).
@@ -240,7 +240,7 @@ fn run(program: &str, args: &[&str]) -> Result<(), String> {
 /// They run beside the Python SDK's: both suites leave a core idle most of the time (the
 /// Python tests used 127 s of CPU in 249 s), so together they take the longer one's time
 /// instead of the sum (BENCHMARKS.md, "Build time").
-fn start_js_tests(bin: &Path) -> Result<Option<JsTests>, String> {
+fn start_js_tests(bin: &Path) -> Result<Option<Background>, String> {
     if !root().join("sdk-js/run_tests.sh").is_file() {
         return Ok(None);
     }
@@ -255,53 +255,54 @@ fn start_js_tests(bin: &Path) -> Result<Option<JsTests>, String> {
         return Ok(None);
     }
     timed("JavaScript SDK build", || run("bash", &["sdk-js/run_tests.sh", "--build-only"]))?;
-    let log = root().join("target/sdk-js-tests.log");
-    let file = std::fs::File::create(&log).map_err(|e| format!("creating {}: {e}", log.display()))?;
-    let err = file.try_clone().map_err(|e| format!("opening {} twice: {e}", log.display()))?;
-    eprintln!(
-        "xtask: $ STOWPLAN_BIN={} STOWPLAN_SDK_JS_BUILT=1 bash sdk-js/run_tests.sh > {} (in the background)",
-        bin.display(),
-        log.display()
-    );
-    let mut child = Command::new("bash")
-        .current_dir(root())
-        .arg("sdk-js/run_tests.sh")
-        .env("STOWPLAN_BIN", bin)
-        .env("STOWPLAN_SDK_JS_BUILT", "1")
-        .stdin(std::process::Stdio::null())
-        .stdout(file)
-        .stderr(err)
-        .spawn()
-        .map_err(|e| format!("running bash sdk-js/run_tests.sh: {e}"))?;
-    let start = std::time::Instant::now();
-    let waiting = std::thread::spawn(move || child.wait().map(|status| (status, start.elapsed())));
-    Ok(Some(JsTests { log, waiting }))
+    let mut command = Command::new("bash");
+    command.arg("sdk-js/run_tests.sh").env("STOWPLAN_BIN", bin).env("STOWPLAN_SDK_JS_BUILT", "1");
+    Background::start("JavaScript SDK", command, "target/sdk-js-tests.log").map(Some)
 }
 
-/// The JavaScript SDK's tests running in the background ([`start_js_tests`]), their output
-/// kept in `target/sdk-js-tests.log` until [`JsTests::finish`] prints it.
-struct JsTests {
+/// A step running in the background, its output kept in a log file under `target/` until
+/// [`Background::finish`] prints it.
+struct Background {
+    what: &'static str,
     log: PathBuf,
-    /// The script's exit status and how long it ran, from the thread waiting for it (so the
-    /// time is the script's, not how long xtask took to ask).
+    /// The command's exit status and how long it ran, from the thread waiting for it (so the
+    /// time is the step's, not how long xtask took to ask).
     waiting: std::thread::JoinHandle<std::io::Result<(std::process::ExitStatus, std::time::Duration)>>,
 }
 
-impl JsTests {
-    /// Waits for the tests, prints their output and how long they ran, and says whether they
-    /// passed.
+impl Background {
+    /// Starts `command` in the workspace root, its output to `log` (relative to the root).
+    fn start(what: &'static str, mut command: Command, log: &str) -> Result<Self, String> {
+        let log = root().join(log);
+        let file = std::fs::File::create(&log).map_err(|e| format!("creating {}: {e}", log.display()))?;
+        let err = file.try_clone().map_err(|e| format!("opening {} twice: {e}", log.display()))?;
+        eprintln!("xtask: {what}: {command:?} > {} (in the background)", log.display());
+        let mut child = command
+            .current_dir(root())
+            .stdin(std::process::Stdio::null())
+            .stdout(file)
+            .stderr(err)
+            .spawn()
+            .map_err(|e| format!("running {what}: {e}"))?;
+        let start = std::time::Instant::now();
+        let waiting = std::thread::spawn(move || child.wait().map(|status| (status, start.elapsed())));
+        Ok(Self { what, log, waiting })
+    }
+
+    /// Waits for the step, prints its output and how long it ran, and says whether it passed.
     fn finish(self) -> Result<(), String> {
+        let what = self.what;
         let (status, took) = self
             .waiting
             .join()
-            .map_err(|_| "the thread waiting for sdk-js/run_tests.sh panicked".to_string())?
-            .map_err(|e| format!("waiting for sdk-js/run_tests.sh: {e}"))?;
+            .map_err(|_| format!("the thread waiting for {what} panicked"))?
+            .map_err(|e| format!("waiting for {what}: {e}"))?;
         let output = std::fs::read(&self.log).map_err(|e| format!("reading {}: {e}", self.log.display()))?;
-        eprintln!("xtask: the JavaScript SDK step's output ({}):", self.log.display());
+        eprintln!("xtask: {what}: its output ({}):", self.log.display());
         use std::io::Write;
         std::io::stdout().write_all(&output).and_then(|()| std::io::stdout().flush()).ok();
-        eprintln!("xtask: JavaScript SDK: {:.0} s (in the background)", took.as_secs_f64());
-        if status.success() { Ok(()) } else { Err(format!("`bash sdk-js/run_tests.sh` failed ({status})")) }
+        eprintln!("xtask: {what}: {:.0} s (in the background)", took.as_secs_f64());
+        if status.success() { Ok(()) } else { Err(format!("{what} failed ({status})")) }
     }
 }
 
@@ -402,13 +403,21 @@ fn run_tests() -> ExitCode {
         })?;
         // The kernel's own tests, in a debug build, where an arithmetic overflow panics: the
         // kernel promises an error, never a wrapped sum. (The conformance tests run the
-        // release kernel, natively and as the WASM component.)
-        timed("kernel tests (debug build)", || run(&cargo, &["test", "--locked", "-p", "stowplan-kernel"]))?;
-        let (bin, curve) = timed("host library and ZeroMQ tests", || zmq_tests(&cargo))?;
+        // release kernel, natively and as the WASM component.) Beside the ZeroMQ build: a
+        // debug build does not wait for the release build's lock, and it takes the core the
+        // release build leaves idle while its tests run.
+        let mut kernel = Command::new(&cargo);
+        kernel.args(["test", "--locked", "-p", "stowplan-kernel"]);
+        let kernel = Background::start("kernel tests (debug build)", kernel, "target/kernel-tests.log")?;
+        let zmq = timed("host library and ZeroMQ tests", || zmq_tests(&cargo));
+        let (bin, curve) = match (zmq, kernel.finish()) {
+            (Err(z), Err(k)) => Err(format!("{z}; {k}")),
+            (z, k) => k.and(z),
+        }?;
         // A JavaScript step that cannot start does not keep the Python tests from running.
         let js = start_js_tests(&bin);
         let python = python_tests(&bin, curve);
-        match (python, js.and_then(|js| js.map_or(Ok(()), JsTests::finish))) {
+        match (python, js.and_then(|js| js.map_or(Ok(()), Background::finish))) {
             (Err(p), Err(j)) => Err(format!("{p}; {j}")),
             (p, j) => p.and(j),
         }
