@@ -36,7 +36,7 @@ const KEY_BYTES: usize = 32;
 /// How every pack's file name starts.
 const PREFIX: &str = "functions-";
 /// The packs kept in a cache directory, in bytes in all; the oldest beyond it are removed.
-pub(crate) const MAX_PACK_BYTES: u64 = 512 << 20;
+const MAX_PACK_BYTES: u64 = 512 << 20;
 
 type Key = [u8; KEY_BYTES];
 
@@ -264,27 +264,30 @@ mod tests {
         (engine, cache)
     }
 
-    fn compile(dir: &std::path::Path, name: &str) -> (Vec<u8>, (u64, u64), Arc<FunctionCache>) {
+    /// `name` compiled by a new engine over the cache of `dir`: the code, and the cache's
+    /// (reused, compiled) counts.
+    fn compile(dir: &std::path::Path, name: &str) -> (Vec<u8>, (u64, u64)) {
         let (engine, cache) = engine(dir);
-        let compiled = engine.precompile_component(&plugin(name)).expect("compiles");
-        cache.flush(&super::super::sha256_hex(&plugin(name)));
-        (compiled, cache.counts(), cache)
+        let bytes = plugin(name);
+        let compiled = engine.precompile_component(&bytes).expect("compiles");
+        cache.flush(&super::super::sha256_hex(&bytes));
+        (compiled, cache.counts())
     }
 
     #[test]
     fn a_second_compile_reuses_the_functions_and_produces_the_same_bytes() {
         let dir = temp_dir("reuse");
         // (A module's identical functions are compiled once: the later ones are hits.)
-        let (first, (hits, misses), _) = compile(&dir, "pop_first.wasm");
+        let (first, (hits, misses)) = compile(&dir, "pop_first.wasm");
         assert!(misses > 100 && hits < misses, "{misses} functions compiled, {hits} reused");
         // (Not every function comes from the pack: Cranelift caches only what it can
         // serialize.)
-        let (again, (reused, compiled), _) = compile(&dir, "pop_first.wasm");
+        let (again, (reused, compiled)) = compile(&dir, "pop_first.wasm");
         assert_eq!(reused + compiled, hits + misses);
         assert!(reused > 4 * compiled, "{reused} reused, {compiled} compiled again");
         assert_eq!(again, first, "the cached code is the compiled code");
         // Another plugin of the same guest crate shares its standard library's functions.
-        let (_, (hits, misses), _) = compile(&dir, "top_reward.wasm");
+        let (_, (hits, misses)) = compile(&dir, "top_reward.wasm");
         assert!(hits > 50, "{hits} reused, {misses} compiled");
         std::fs::remove_dir_all(dir).unwrap();
     }
@@ -292,7 +295,7 @@ mod tests {
     #[test]
     fn a_damaged_pack_is_ignored_and_everything_compiled_again() {
         let dir = temp_dir("damaged");
-        let (first, _, _) = compile(&dir, "pop_first.wasm");
+        let (first, _) = compile(&dir, "pop_first.wasm");
         assert!(!engine(&dir).1.load().is_empty(), "the pack is read back");
         let pack = std::fs::read_dir(&dir)
             .unwrap()
@@ -306,7 +309,7 @@ mod tests {
         std::fs::write(&pack, bytes).unwrap();
         let (_, cache) = engine(&dir);
         assert!(cache.load().is_empty(), "nothing taken from a pack whose MAC fails");
-        let (again, _, _) = compile(&dir, "pop_first.wasm");
+        let (again, _) = compile(&dir, "pop_first.wasm");
         assert_eq!(again, first);
         std::fs::remove_dir_all(dir).unwrap();
     }
