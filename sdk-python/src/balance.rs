@@ -13,6 +13,36 @@ use crate::errors::{invalid, to_py};
 use crate::multi;
 use crate::results::{LazyList, check_state, reduce, summary, vec_of, verl_unbalance, views};
 
+/// The `#[pymethods]` of a result made of groups (`offsets` into `$members`, per-group
+/// `tokens` and `costs`): the methods given, the getter `$groups` (the groups as views, made
+/// once) and the figures of the tokens and the costs per `$per` group.
+macro_rules! grouped_methods {
+    ($class:ident, $groups:ident, $members:ident, $per:literal, $groups_doc:literal, { $($methods:tt)* }) => {
+        #[pymethods]
+        impl $class {
+            #[doc = $groups_doc]
+            #[getter]
+            fn $groups(&self, py: Python<'_>) -> PyResult<Py<PyList>> {
+                self.$groups.get(py, || views(self.offsets.bind(py), self.$members.bind(py)))
+            }
+
+            #[doc = concat!("``max``, ``min``, ``mean``, ``max_over_mean``, ``spread`` of the tokens per ", $per, ".")]
+            #[getter]
+            fn token_balance<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+                summary(self.tokens.bind(py))
+            }
+
+            #[doc = concat!("``max``, ``min``, ``mean``, ``max_over_mean``, ``spread`` of the cost per ", $per, ".")]
+            #[getter]
+            fn cost_balance<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+                summary(self.costs.bind(py))
+            }
+
+            $($methods)*
+        }
+    };
+}
+
 /// Micro-batches of one batch (the result of :func:`micro_batches`, or one rank's part of a
 /// :class:`Balance`, whose indices are then global).
 #[pyclass(frozen, module = "stowplan._stowplan", name = "MicroBatches")]
@@ -65,82 +95,72 @@ impl PyMicroBatches {
     }
 }
 
-#[pymethods]
-impl PyMicroBatches {
-    /// Pickles as its fields.
-    fn __reduce__<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyTuple>> {
-        let (py, p) = (slf.py(), slf.get());
-        let arrays = (
-            p.offsets.clone_ref(py),
-            p.indices.clone_ref(py),
-            p.tokens.clone_ref(py),
-            p.costs.clone_ref(py),
-            p.restore.clone_ref(py),
-        );
-        reduce(slf, (arrays, p.lower_bound, p.required))
-    }
-
-    /// The micro-batches pickled by ``__reduce__``.
-    #[staticmethod]
-    #[allow(clippy::type_complexity)]
-    fn _from_state(
-        arrays: (Py<PyArray1<u32>>, Py<PyArray1<u32>>, Py<PyArray1<u64>>, Py<PyArray1<u64>>, Py<PyArray1<u32>>),
-        lower_bound: u32,
-        required: u32,
-        py: Python<'_>,
-    ) -> PyResult<Self> {
-        let (offsets, indices, tokens, costs, restore) = arrays;
-        let n = indices.bind(py).len();
-        check_state(py, "MicroBatches", &offsets, n, &[tokens.bind(py).len(), costs.bind(py).len()])?;
-        if restore.bind(py).len() != n {
-            return Err(invalid(py, "MicroBatches: the pickled state is inconsistent (restore)".into()));
+grouped_methods!(
+    PyMicroBatches,
+    batches,
+    indices,
+    "micro-batch",
+    "List of ``uint32`` arrays (views of ``indices``), the input indices of each\nmicro-batch (ascending), in the requested order.",
+    {
+        /// Pickles as its fields.
+        fn __reduce__<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyTuple>> {
+            let (py, p) = (slf.py(), slf.get());
+            let arrays = (
+                p.offsets.clone_ref(py),
+                p.indices.clone_ref(py),
+                p.tokens.clone_ref(py),
+                p.costs.clone_ref(py),
+                p.restore.clone_ref(py),
+            );
+            reduce(slf, (arrays, p.lower_bound, p.required))
         }
-        let max_tokens = tokens.bind(py).to_vec()?.into_iter().max().unwrap_or(0);
-        Ok(Self {
-            count: offsets.bind(py).len().saturating_sub(1),
-            max_tokens,
-            lower_bound,
-            required,
-            offsets,
-            indices,
-            tokens,
-            costs,
-            restore,
-            batches: LazyList::default(),
-        })
-    }
 
-    /// List of ``uint32`` arrays (views of ``indices``), the input indices of each
-    /// micro-batch (ascending), in the requested order.
-    #[getter]
-    fn batches(&self, py: Python<'_>) -> PyResult<Py<PyList>> {
-        self.batches.get(py, || views(self.offsets.bind(py), self.indices.bind(py)))
-    }
+        /// The micro-batches pickled by ``__reduce__``.
+        #[staticmethod]
+        #[allow(clippy::type_complexity)]
+        fn _from_state(
+            arrays: (Py<PyArray1<u32>>, Py<PyArray1<u32>>, Py<PyArray1<u64>>, Py<PyArray1<u64>>, Py<PyArray1<u32>>),
+            lower_bound: u32,
+            required: u32,
+            py: Python<'_>,
+        ) -> PyResult<Self> {
+            let (offsets, indices, tokens, costs, restore) = arrays;
+            let n = indices.bind(py).len();
+            check_state(py, "MicroBatches", &offsets, n, &[tokens.bind(py).len(), costs.bind(py).len()])?;
+            if restore.bind(py).len() != n {
+                return Err(invalid(py, "MicroBatches: the pickled state is inconsistent (restore)".into()));
+            }
+            let max_tokens = tokens.bind(py).to_vec()?.into_iter().max().unwrap_or(0);
+            Ok(Self {
+                count: offsets.bind(py).len().saturating_sub(1),
+                max_tokens,
+                lower_bound,
+                required,
+                offsets,
+                indices,
+                tokens,
+                costs,
+                restore,
+                batches: LazyList::default(),
+            })
+        }
 
-    /// ``max``, ``min``, ``mean``, ``max_over_mean``, ``spread`` of the tokens per micro-batch.
-    #[getter]
-    fn token_balance<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        summary(self.tokens.bind(py))
-    }
+        fn __len__(&self) -> usize {
+            self.count
+        }
 
-    /// ``max``, ``min``, ``mean``, ``max_over_mean``, ``spread`` of the cost per micro-batch.
-    #[getter]
-    fn cost_balance<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        summary(self.costs.bind(py))
-    }
+        fn __iter__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+            Ok(self.batches(py)?.into_bound(py).try_iter()?.into_any())
+        }
 
-    fn __len__(&self) -> usize {
-        self.count
+        fn __repr__(&self) -> String {
+            format!(
+                "MicroBatches(count={}, lower_bound={}, max_tokens={})",
+                self.count, self.lower_bound, self.max_tokens
+            )
+        }
     }
-
-    fn __iter__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        Ok(self.batches(py)?.into_bound(py).try_iter()?.into_any())
-    }
-
-    fn __repr__(&self) -> String {
-        format!("MicroBatches(count={}, lower_bound={}, max_tokens={})", self.count, self.lower_bound, self.max_tokens)
-    }
-}
+);
 
 /// Micro-batch options from the arguments (`None`: `MicroOptions::new`'s defaults).
 fn micro_options(
@@ -275,94 +295,82 @@ pub struct PyBalance {
     ranks: LazyList,
 }
 
-#[pymethods]
-impl PyBalance {
-    /// Pickles as its fields.
-    fn __reduce__<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyTuple>> {
-        let (py, b) = (slf.py(), slf.get());
-        let arrays = (b.offsets.clone_ref(py), b.order.clone_ref(py), b.tokens.clone_ref(py), b.costs.clone_ref(py));
-        let micro = b.micro_batches.as_ref().map(|m| m.clone_ref(py));
-        reduce(slf, (arrays, b.cost_lower_bound, micro, b.count, b.lengths.clone_ref(py), b.max_cost))
-    }
+grouped_methods!(
+    PyBalance,
+    ranks,
+    order,
+    "rank",
+    "List of ``uint32`` arrays (views of ``order``), the input indices each rank gets\n(ascending; mini-batch by mini-batch with ``minibatch_size``).",
+    {
+        /// Pickles as its fields.
+        fn __reduce__<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyTuple>> {
+            let (py, b) = (slf.py(), slf.get());
+            let arrays =
+                (b.offsets.clone_ref(py), b.order.clone_ref(py), b.tokens.clone_ref(py), b.costs.clone_ref(py));
+            let micro = b.micro_batches.as_ref().map(|m| m.clone_ref(py));
+            reduce(slf, (arrays, b.cost_lower_bound, micro, b.count, b.lengths.clone_ref(py), b.max_cost))
+        }
 
-    /// The balance pickled by ``__reduce__``.
-    #[staticmethod]
-    #[allow(clippy::type_complexity)]
-    fn _from_state(
-        arrays: (Py<PyArray1<u32>>, Py<PyArray1<u32>>, Py<PyArray1<u64>>, Py<PyArray1<u64>>),
-        cost_lower_bound: u64,
-        micro_batches: Option<Py<PyList>>,
-        count: Option<usize>,
-        lengths: Py<PyAny>,
-        max_cost: u64,
-        py: Python<'_>,
-    ) -> PyResult<Self> {
-        let (offsets, order, tokens, costs) = arrays;
-        check_state(py, "Balance", &offsets, order.bind(py).len(), &[tokens.bind(py).len(), costs.bind(py).len()])?;
-        Ok(PyBalance {
-            dp: offsets.bind(py).len().saturating_sub(1),
-            offsets,
-            order,
-            tokens,
-            costs,
-            cost_lower_bound,
-            micro_batches,
-            count,
-            lengths,
-            max_cost,
-            ranks: LazyList::default(),
-        })
-    }
+        /// The balance pickled by ``__reduce__``.
+        #[staticmethod]
+        #[allow(clippy::type_complexity)]
+        fn _from_state(
+            arrays: (Py<PyArray1<u32>>, Py<PyArray1<u32>>, Py<PyArray1<u64>>, Py<PyArray1<u64>>),
+            cost_lower_bound: u64,
+            micro_batches: Option<Py<PyList>>,
+            count: Option<usize>,
+            lengths: Py<PyAny>,
+            max_cost: u64,
+            py: Python<'_>,
+        ) -> PyResult<Self> {
+            let (offsets, order, tokens, costs) = arrays;
+            check_state(py, "Balance", &offsets, order.bind(py).len(), &[tokens.bind(py).len(), costs.bind(py).len()])?;
+            Ok(PyBalance {
+                dp: offsets.bind(py).len().saturating_sub(1),
+                offsets,
+                order,
+                tokens,
+                costs,
+                cost_lower_bound,
+                micro_batches,
+                count,
+                lengths,
+                max_cost,
+                ranks: LazyList::default(),
+            })
+        }
 
-    /// List of ``uint32`` arrays (views of ``order``), the input indices each rank gets
-    /// (ascending; mini-batch by mini-batch with ``minibatch_size``).
-    #[getter]
-    fn ranks(&self, py: Python<'_>) -> PyResult<Py<PyList>> {
-        self.ranks.get(py, || views(self.offsets.bind(py), self.order.bind(py)))
-    }
+        /// verl's ``log_seqlen_unbalance`` metrics for these ranks (tokens).
+        #[pyo3(signature = (prefix="global_seqlen"))]
+        fn log_seqlen_unbalance<'py>(&self, py: Python<'py>, prefix: &str) -> PyResult<Bound<'py, PyDict>> {
+            let lengths = Lengths::extract(self.lengths.bind(py), "lengths")?;
+            let seqlens = lengths
+                .slice()
+                .iter()
+                .map(|&l| i64::try_from(l).map_err(|_| invalid(py, format!("length {l} is above 2**63-1"))))
+                .collect::<PyResult<Vec<_>>>()?;
+            let (o, i) = (vec_of(self.offsets.bind(py))?, vec_of(self.order.bind(py))?);
+            let parts = o
+                .windows(2)
+                .map(|w| i.get(w[0] as usize..w[1] as usize).map(|r| r.iter().map(|&x| i64::from(x)).collect()))
+                .collect::<Option<Vec<Vec<i64>>>>()
+                .ok_or_else(|| PyValueError::new_err("offsets do not delimit order (were the arrays modified?)"))?;
+            verl_unbalance(py, &seqlens, &parts, prefix)
+        }
 
-    /// ``max``, ``min``, ``mean``, ``max_over_mean``, ``spread`` of the tokens per rank.
-    #[getter]
-    fn token_balance<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        summary(self.tokens.bind(py))
-    }
+        fn __len__(&self) -> usize {
+            self.dp
+        }
 
-    /// ``max``, ``min``, ``mean``, ``max_over_mean``, ``spread`` of the cost per rank.
-    #[getter]
-    fn cost_balance<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        summary(self.costs.bind(py))
+        fn __repr__(&self) -> String {
+            let count = self.count.map_or_else(|| "None".to_string(), |c| c.to_string());
+            format!(
+                "Balance(dp={}, max_cost={}, cost_lower_bound={}, count={count})",
+                self.dp, self.max_cost, self.cost_lower_bound
+            )
+        }
     }
-
-    /// verl's ``log_seqlen_unbalance`` metrics for these ranks (tokens).
-    #[pyo3(signature = (prefix="global_seqlen"))]
-    fn log_seqlen_unbalance<'py>(&self, py: Python<'py>, prefix: &str) -> PyResult<Bound<'py, PyDict>> {
-        let lengths = Lengths::extract(self.lengths.bind(py), "lengths")?;
-        let seqlens = lengths
-            .slice()
-            .iter()
-            .map(|&l| i64::try_from(l).map_err(|_| invalid(py, format!("length {l} is above 2**63-1"))))
-            .collect::<PyResult<Vec<_>>>()?;
-        let (o, i) = (vec_of(self.offsets.bind(py))?, vec_of(self.order.bind(py))?);
-        let parts = o
-            .windows(2)
-            .map(|w| i.get(w[0] as usize..w[1] as usize).map(|r| r.iter().map(|&x| i64::from(x)).collect()))
-            .collect::<Option<Vec<Vec<i64>>>>()
-            .ok_or_else(|| PyValueError::new_err("offsets do not delimit order (were the arrays modified?)"))?;
-        verl_unbalance(py, &seqlens, &parts, prefix)
-    }
-
-    fn __len__(&self) -> usize {
-        self.dp
-    }
-
-    fn __repr__(&self) -> String {
-        let count = self.count.map_or_else(|| "None".to_string(), |c| c.to_string());
-        format!(
-            "Balance(dp={}, max_cost={}, cost_lower_bound={}, count={count})",
-            self.dp, self.max_cost, self.cost_lower_bound
-        )
-    }
-}
+);
 
 /// Group labels (any hashable values, e.g. uids; numpy arrays through ``tolist``) as dense
 /// ids, one per sample.

@@ -6,9 +6,9 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use pyo3::prelude::*;
-use pyo3::types::PyDict;
 use stowplan::{FilterOptions, OnFailure, WasmFilter};
 
+use crate::convert::pythonized;
 use crate::str_options;
 use crate::{Nullable, int, invalid, number, opt_parse, to_py, u64_arg};
 
@@ -106,14 +106,8 @@ impl PyFilter {
 
     /// Counters: calls, failures, fallbacks, instances.
     #[getter]
-    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let s = self.lock().stats();
-        let d = PyDict::new(py);
-        d.set_item("calls", s.calls)?;
-        d.set_item("failures", s.failures)?;
-        d.set_item("fallbacks", s.fallbacks)?;
-        d.set_item("instances", s.instances)?;
-        Ok(d)
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        pythonized(py, &self.lock().stats())
     }
 
     /// What the last call wrote: a list of ("stdout" | "stderr", text).

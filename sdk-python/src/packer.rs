@@ -7,27 +7,27 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyTuple};
 use stowplan::{Packer, PackerOptions, PackerState, RunConfig, RunProgress, TrainingBatch};
 
-use crate::convert::{opt_i64, opt_number, with_bytes};
+use crate::convert::{opt_i64, opt_number, pythonized, with_bytes};
 use crate::protocol::{duration, rank_list, training_batch};
 use crate::{cost_arg, invalid, kernel, number, opt_parse, opt_u32, opt_u64, str_options, to_py, u32_arg, u64_arg};
 
-fn progress_dict<'py>(py: Python<'py>, run: u32, batch_size: u64, p: &RunProgress) -> PyResult<Bound<'py, PyDict>> {
-    let d = PyDict::new(py);
-    d.set_item("run", run)?;
-    d.set_item("batch_size", batch_size)?;
-    d.set_item("step", p.step)?;
-    d.set_item("samples_this_step", p.samples_this_step)?;
-    d.set_item("ready_to_update", p.ready_to_update)?;
-    d.set_item("total_samples", p.total_samples)?;
-    d.set_item("total_tokens", p.total_tokens)?;
-    d.set_item("received_samples", p.received_samples)?;
-    let rejected = PyDict::new(py);
-    for (reason, n) in &p.rejected {
-        rejected.set_item(reason.name(), n)?;
-    }
-    d.set_item("rejected", rejected)?;
-    d.set_item("duplicate_batches", p.duplicate_batches)?;
-    Ok(d)
+/// A run's entry as :meth:`Packer.progress` gives it: the run, its configuration and its
+/// progress (`RunProgress`'s fields).
+#[derive(serde::Serialize)]
+struct RunEntry<'a> {
+    run: u32,
+    batch_size: u64,
+    #[serde(flatten)]
+    progress: &'a RunProgress,
+}
+
+fn progress_dict<'py>(
+    py: Python<'py>,
+    run: u32,
+    batch_size: u64,
+    progress: &RunProgress,
+) -> PyResult<Bound<'py, PyAny>> {
+    pythonized(py, &RunEntry { run, batch_size, progress })
 }
 
 /// The packer runtime in process: per-run buffers, a token threshold with a wait timeout,
@@ -252,7 +252,7 @@ impl PyPacker {
     /// :class:`RankBatch` per rank and the step's figures (``None`` when nothing is packed).
     /// Call :meth:`delivered` once the ranks have it.
     #[pyo3(signature = (*, force=false))]
-    fn pack<'py>(&self, py: Python<'py>, force: bool) -> PyResult<Option<(Bound<'py, PyList>, Bound<'py, PyDict>)>> {
+    fn pack<'py>(&self, py: Python<'py>, force: bool) -> PyResult<Option<(Bound<'py, PyList>, Bound<'py, PyAny>)>> {
         let inner = Arc::clone(&self.inner);
         let step = py
             .detach(move || match inner.lock() {
@@ -262,17 +262,7 @@ impl PyPacker {
             .map_err(|e| to_py(py, e))?;
         let Some(step) = step else { return Ok(None) };
         let ranks = rank_list(py, step.ranks)?;
-        let m = &step.metrics;
-        let d = PyDict::new(py);
-        d.set_item("step", m.step)?;
-        d.set_item("samples", m.samples)?;
-        d.set_item("real_tokens", m.real_tokens)?;
-        d.set_item("padding_tokens", m.padding_tokens)?;
-        d.set_item("micro_batches_per_rank", m.micro_batches_per_rank)?;
-        d.set_item("imbalance", m.imbalance)?;
-        d.set_item("pack_seconds", m.pack_seconds)?;
-        d.set_item("run_samples", m.run_samples.clone())?;
-        Ok(Some((ranks, d)))
+        Ok(Some((ranks, pythonized(py, &step.metrics)?)))
     }
 
     /// Marks the step in flight delivered; returns the ``(run, step)`` batches now done.
@@ -306,7 +296,7 @@ impl PyPacker {
     /// Run ``run``'s configuration and progress: ``run``, ``batch_size``, ``step``,
     /// ``samples_this_step``, ``ready_to_update``, ``total_samples``, ``total_tokens``,
     /// ``received_samples``, ``rejected`` (by reason), ``duplicate_batches``.
-    fn progress<'py>(&self, py: Python<'py>, run: &Bound<'_, PyAny>) -> PyResult<Bound<'py, PyDict>> {
+    fn progress<'py>(&self, py: Python<'py>, run: &Bound<'_, PyAny>) -> PyResult<Bound<'py, PyAny>> {
         let run = u32_arg(run, "run", 0)?;
         let p = self.lock(py)?;
         match p.runs().find(|(r, _, _)| *r == run) {

@@ -5,7 +5,7 @@ use numpy::{PyArray1, PyArrayMethods};
 use pyo3::exceptions::{PyIndexError, PyValueError, PyZeroDivisionError};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
-use pyo3::types::{PyBool, PyDict, PyList, PySlice, PyString, PyTuple};
+use pyo3::types::{PyDict, PyList, PySlice, PyTuple};
 use stowplan::UnbalanceError;
 
 use crate::errors::invalid;
@@ -82,31 +82,6 @@ impl LazyList {
     }
 }
 
-/// A JSON value (the host's `json` module output) as Python objects.
-pub(crate) fn json_to_py<'py>(py: Python<'py>, v: &serde_json::Value) -> PyResult<Bound<'py, PyAny>> {
-    use serde_json::Value;
-    Ok(match v {
-        Value::Null => py.None().into_bound(py),
-        Value::Bool(b) => PyBool::new(py, *b).to_owned().into_any(),
-        Value::Number(n) => match (n.as_u64(), n.as_i64()) {
-            (Some(u), _) => u.into_pyobject(py)?.into_any(),
-            (None, Some(i)) => i.into_pyobject(py)?.into_any(),
-            _ => n.as_f64().unwrap_or(f64::NAN).into_pyobject(py)?.into_any(),
-        },
-        Value::String(s) => PyString::new(py, s).into_any(),
-        Value::Array(a) => {
-            PyList::new(py, a.iter().map(|x| json_to_py(py, x)).collect::<PyResult<Vec<_>>>()?)?.into_any()
-        }
-        Value::Object(m) => {
-            let d = PyDict::new(py);
-            for (k, x) in m {
-                d.set_item(k, json_to_py(py, x)?)?;
-            }
-            d.into_any()
-        }
-    })
-}
-
 /// The contents of a 1-D numpy array (a copy; the arrays of results are small or read once).
 pub(crate) fn vec_of<T: numpy::Element + Copy>(a: &Bound<'_, PyArray1<T>>) -> PyResult<Vec<T>> {
     Ok(a.readonly().as_array().iter().copied().collect())
@@ -145,7 +120,7 @@ pub(crate) fn views<'py, T: numpy::Element>(
 /// `{"max", "min", "mean", "max_over_mean", "spread"}` of per-group totals
 /// (`stowplan::json::summary`, the CLI's balance metrics).
 pub(crate) fn summary<'py>(values: &Bound<'py, PyArray1<u64>>) -> PyResult<Bound<'py, PyAny>> {
-    json_to_py(values.py(), &stowplan::json::summary(&vec_of(values)?))
+    crate::convert::pythonized(values.py(), &stowplan::json::summary(&vec_of(values)?))
 }
 
 /// verl's `log_seqlen_unbalance` dict (`{prefix}/min`, `/max`, `/minmax_diff`,

@@ -25,7 +25,7 @@ struct Live {
 }
 
 /// Counters of a [`WasmFilter`].
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct FilterStats {
     /// Calls made.
     pub calls: u64,
