@@ -10,7 +10,7 @@ alternates) and times it end to end: the orchestrator starts sending → the las
 holds its micro-batches as numpy arrays.
 
 - ZeroMQ: `stowplan serve --transport zmq` (spools the batch, checkpoints), the orchestrator
-  PUSHes the encoded bytes with pyzmq, 4 rank processes use `stowplan.ZmqReceiver`
+  PUSHes the encoded bytes with pyzmq, 4 rank processes use `stowplan.ZmqRankClient`
   (packer_throughput.py's ranks); serve's own log splits its time (receive, pack, deliver).
 - Ray: a local Ray (`ray.init(num_cpus=2)`), a `PackerActor` with `checkpoint_dir` (the same
   durability: batch and state written atomically before the receipt; `--no-checkpoint`:

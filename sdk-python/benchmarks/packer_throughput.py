@@ -9,7 +9,7 @@ every rank's file, or send it over TCP and wait for every rank's acknowledgement
 checkpoint) and, end to end, from the orchestrator starting to send until the last rank has
 decoded its micro-batches (numpy arrays). The orchestrator waits for every rank before sending
 the next step, so steps do not overlap. The first step is a warm-up. Over zmq the orchestrator
-PUSHes the encoded batches with a bare pyzmq socket and the ranks use `stowplan.ZmqReceiver`,
+PUSHes the encoded batches with a bare pyzmq socket and the ranks use `stowplan.ZmqRankClient`,
 all over TCP on loopback.
 """
 
@@ -40,9 +40,9 @@ RANK = r"""
 import sys, time, stowplan
 root, rank, steps, out, dp = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], int(sys.argv[5])
 if root.startswith("tcp://"):
-    rx = stowplan.ZmqReceiver(root, rank, dp)
+    rx = stowplan.ZmqRankClient(root, rank, dp)
 else:
-    rx = stowplan.FileReceiver(root, rank, poll=0.001)
+    rx = stowplan.FileRankClient(root, rank, poll=0.001)
 with open(out, "w") as f:
     for _ in range(steps):
         b = rx.receive()

@@ -8,8 +8,8 @@
 
 The orchestrator sends deterministic batches (:func:`make_batch`) through
 ``stowplan.FileSender`` (or ``stowplan.ZmqSender``, then waits until the packer acknowledged
-everything); a rank receives its steps with ``stowplan.FileReceiver`` (or
-``stowplan.ZmqReceiver``) and saves, per step, the micro-batch count and every sample's key and
+everything); a rank receives its steps with ``stowplan.FileRankClient`` (or
+``stowplan.ZmqRankClient``) and saves, per step, the micro-batch count and every sample's key and
 tokens to ``OUT/rank{R}_step{N}.npz``.
 """
 
@@ -113,12 +113,12 @@ def orchestrator_zmq(batches: str, receipts: str, steps: int, runs: int, delay: 
 
 
 def rank(root: str, r: int, out: str) -> None:
-    for batch in stowplan.FileReceiver(root, r, poll=0.002):
+    for batch in stowplan.FileRankClient(root, r, poll=0.002):
         save(batch, r, out)
 
 
 def rank_zmq(endpoint: str, r: int, dp: int, out: str) -> None:
-    for batch in stowplan.ZmqReceiver(endpoint, r, dp):
+    for batch in stowplan.ZmqRankClient(endpoint, r, dp):
         save(batch, r, out)
 
 

@@ -199,3 +199,13 @@ def test_results_are_read_only_native_objects():
     assert [type(m) for m in b.micro_batches] == [stowplan.MicroBatches] * 2
     assert b.token_balance == {"max": 1550, "min": 1450, "mean": 1500.0, "max_over_mean": 1550 / 1500, "spread": 100}
     assert "Balance(dp=2" in repr(b) and "MicroBatches(count=" in repr(b.micro_batches[0])
+
+
+@pytest.mark.parametrize(
+    "old, new", [("ZmqReceiver", "ZmqRankClient"), ("FileReceiver", "FileRankClient"), ("Sample", "RolloutSample")]
+)
+def test_former_names_warn_and_give_the_new_class(old, new):
+    with pytest.warns(DeprecationWarning, match=f"stowplan.{old} is now stowplan.{new}"):
+        cls = getattr(stowplan, old)
+    assert cls is getattr(stowplan, new)
+    assert old not in stowplan.__all__ and new in stowplan.__all__

@@ -246,13 +246,13 @@ def test_file_sender_and_receiver_round_trip(tmp_path):
     sender = stowplan.FileSender(tmp_path)
     path = sender.send(stowplan.TrainingBatch(run=0, step=7, samples=[sample(3)]))
     assert path.endswith("inbox/run_0_step_7.bin")
-    receiver = stowplan.FileReceiver(tmp_path, 1, start_step=4, timeout=0.05)
+    receiver = stowplan.FileRankClient(tmp_path, 1, start_step=4, timeout=0.05)
     with pytest.raises(stowplan.StowplanTimeoutError, match="rank_1.bin did not appear"):
         receiver.receive()
     with pytest.raises(stowplan.InvalidArgumentError, match="rank must be"):
-        stowplan.FileReceiver(tmp_path, -1)
+        stowplan.FileRankClient(tmp_path, -1)
     with pytest.raises(stowplan.InvalidArgumentError, match="timeout must be"):
-        stowplan.FileReceiver(tmp_path, 0, timeout=-1)
+        stowplan.FileRankClient(tmp_path, 0, timeout=-1)
 
 
 def test_file_receiver_consume_removes_the_step(tmp_path):
@@ -262,10 +262,10 @@ def test_file_receiver_consume_removes_the_step(tmp_path):
     subprocess.run(serve, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=60)
     step_dir = tmp_path / "rollouts" / "step_0"
     assert sorted(os.listdir(step_dir)) == ["rank_0.bin", "rank_1.bin"]
-    assert stowplan.FileReceiver(tmp_path, 0, consume=True, timeout=5).receive().rank == 0
+    assert stowplan.FileRankClient(tmp_path, 0, consume=True, timeout=5).receive().rank == 0
     assert os.listdir(step_dir) == ["rank_1.bin"]
     # The last rank to take the step removes its directory.
-    assert stowplan.FileReceiver(tmp_path, 1, consume=True, timeout=5).receive().rank == 1
+    assert stowplan.FileRankClient(tmp_path, 1, consume=True, timeout=5).receive().rank == 1
     assert not step_dir.exists()
 
 
@@ -292,7 +292,7 @@ def rank_files(tmp_path: pathlib.Path, steps: int, dp: int = 2) -> Dict[Tuple[in
 
 
 def test_native_rank_receiver_core(tmp_path):
-    """The protocol core ZmqReceiver drives: hello cadence, order, hold-back, copies, limit, failure."""
+    """The protocol core ZmqRankClient drives: hello cadence, order, hold-back, copies, limit, failure."""
     raw = rank_files(tmp_path, 3)
     core = stowplan._stowplan.RankReceiver(0, 2, prefetch=2)
     assert (core.rank, core.dp, core.next_step, core.held_steps, core.error) == (0, 2, 0, [], None)
@@ -579,7 +579,7 @@ def test_zmq_lost_batch_resent_and_receiver_order(tmp_path):
             assert time.time() < deadline, f"steps received: {sorted(raw)}"
             time.sleep(0.05)
         # A rank started with another dp is refused with the reason.
-        with stowplan.ZmqReceiver(rank_ep, 0, 3, context=ctx) as wrong:
+        with stowplan.ZmqRankClient(rank_ep, 0, 3, context=ctx) as wrong:
             with pytest.raises(stowplan.InvalidArgumentError, match="dp 3"):
                 wrong.receive(timeout=10)
     finally:
@@ -599,7 +599,7 @@ def test_zmq_lost_batch_resent_and_receiver_order(tmp_path):
     # The receiver against a stand-in packer: steps out of order and a copy.
     router = ctx.socket(zmq.ROUTER)
     port = router.bind_to_random_port("tcp://127.0.0.1")
-    with stowplan.ZmqReceiver(f"tcp://127.0.0.1:{port}", 0, 2, timeout=10, prefetch=4, context=ctx) as rx:
+    with stowplan.ZmqRankClient(f"tcp://127.0.0.1:{port}", 0, 2, timeout=10, prefetch=4, context=ctx) as rx:
         assert router.poll(5000)
         peer, hello = router.recv_multipart()
         assert hello == stowplan._stowplan.encode_rank_hello(0, 2, 0)
@@ -623,13 +623,13 @@ def test_zmq_lost_batch_resent_and_receiver_order(tmp_path):
 
 def test_zmq_arguments_are_checked():
     with pytest.raises(stowplan.InvalidArgumentError, match="rank must be below dp 2"):
-        stowplan.ZmqReceiver("tcp://127.0.0.1:1", 2, 2)
+        stowplan.ZmqRankClient("tcp://127.0.0.1:1", 2, 2)
     with pytest.raises(stowplan.InvalidArgumentError, match="prefetch must be in 1"):
-        stowplan.ZmqReceiver("tcp://127.0.0.1:1", 0, 1, prefetch=0)
+        stowplan.ZmqRankClient("tcp://127.0.0.1:1", 0, 1, prefetch=0)
     with pytest.raises(stowplan.InvalidArgumentError, match="timeout"):
-        stowplan.ZmqReceiver("tcp://127.0.0.1:1", 0, 1, timeout=-1)
+        stowplan.ZmqRankClient("tcp://127.0.0.1:1", 0, 1, timeout=-1)
     with pytest.raises(stowplan.InvalidArgumentError, match="endpoint"):
-        stowplan.ZmqReceiver("nonsense", 0, 1)
+        stowplan.ZmqRankClient("nonsense", 0, 1)
     with pytest.raises(stowplan.InvalidArgumentError, match="resend_after"):
         stowplan.ZmqSender(resend_after=0)
     with pytest.raises(stowplan.InvalidArgumentError, match="endpoint"):
@@ -659,7 +659,7 @@ def _certificates(tmp_path: pathlib.Path) -> pathlib.Path:
 def test_zmq_curve_arguments_are_checked(tmp_path):
     keys = _certificates(tmp_path)
     with pytest.raises(stowplan.InvalidArgumentError, match="give both"):
-        stowplan.ZmqReceiver("tcp://127.0.0.1:1", 0, 1, curve_server_key=keys / "packer.key")
+        stowplan.ZmqRankClient("tcp://127.0.0.1:1", 0, 1, curve_server_key=keys / "packer.key")
     with pytest.raises(stowplan.InvalidArgumentError, match="give both"):
         stowplan.ZmqSender("tcp://127.0.0.1:1", curve_secret_key=keys / "rank0.key_secret")
     with pytest.raises(stowplan.InvalidArgumentError, match="no secret-key line"):
@@ -668,7 +668,7 @@ def test_zmq_curve_arguments_are_checked(tmp_path):
         stowplan.ZmqSender(curve_server_key=keys / "missing.key", curve_secret_key=keys / "rank0.key_secret")
     os.chmod(keys / "rank0.key_secret", 0o644)
     with pytest.raises(stowplan.InvalidArgumentError, match="chmod 600"):
-        stowplan.ZmqReceiver(curve_server_key=keys / "packer.key", curve_secret_key=keys / "rank0.key_secret")
+        stowplan.ZmqRankClient(curve_server_key=keys / "packer.key", curve_secret_key=keys / "rank0.key_secret")
 
 
 def curve_binary() -> str:
@@ -710,13 +710,13 @@ def test_zmq_curve_admits_only_listed_keys(tmp_path):
                 plain.send(packer_procs.make_batch(0, 5))
                 with pytest.raises(stowplan.StowplanTimeoutError):
                     plain.flush(timeout=2)
-        with stowplan.ZmqReceiver(rank_ep, 0, 1, timeout=1, curve_server_key=server_pub,
+        with stowplan.ZmqRankClient(rank_ep, 0, 1, timeout=1, curve_server_key=server_pub,
                                   curve_secret_key=keys / "stranger.key_secret") as stranger:
             with pytest.raises(stowplan.StowplanTimeoutError, match="clients directory holds this client's public key"):
                 stranger.receive()
         # The listed orchestrator and rank: every accepted sample once, encrypted. (A packer
         # started without a checkpoint takes messages once a rank has said hello.)
-        with stowplan.ZmqReceiver(rank_ep, 0, 1, timeout=30, curve_server_key=server_pub,
+        with stowplan.ZmqRankClient(rank_ep, 0, 1, timeout=30, curve_server_key=server_pub,
                                   curve_secret_key=keys / "rank0.key_secret") as rank:
             with stowplan.ZmqSender(batches, receipts, curve_server_key=server_pub,
                                     curve_secret_key=tmp_path / "own" / "orchestrator.key_secret") as sender:

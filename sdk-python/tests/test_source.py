@@ -87,7 +87,7 @@ def test_buffer_keeps_foreign_samples_and_validates_groups() -> None:
     assert ds.get_buffer_length() == 2
     back = ds.get_samples(3)
     assert back[:2] == mine, "buffered groups come first, as the objects that were added"
-    assert isinstance(back[2][0], stowplan.Sample) and back[2][0].index == 4
+    assert isinstance(back[2][0], stowplan.RolloutSample) and back[2][0].index == 4
 
 
 KILLED = """
@@ -204,7 +204,7 @@ def test_plain_json_samples_round_trip_through_save_and_load_without_pickle(tmp_
         {"index": drawn[0].index, "tokens": [1, 2, 3], "reward": 0.5, "nested": {"a": [None, True, 2**70, -1.25, "é"]}},
         {"index": drawn[1].index, "status": "aborted", "empty": {}, "list": [[], [1.0, float("inf")]]},
     ]
-    ds.add_samples([plain, drawn])  # plain JSON data, and stowplan.Sample objects
+    ds.add_samples([plain, drawn])  # plain JSON data, and stowplan.RolloutSample objects
     ds.save(tmp_path / "state.spds")
     again = stowplan.BufferedDataSource.from_records(_records(), n_samples_per_prompt=2)
     again.load(tmp_path / "state.spds")

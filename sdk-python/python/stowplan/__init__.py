@@ -80,9 +80,9 @@ from ._plan import (
     plan_dataset,
 )
 from ._filter import Filter
-from ._packer import FileReceiver, FileSender, IngestReport, Packer, RankBatch, TrainingBatch
-from ._zmq import ZmqReceiver, ZmqSender
-from ._source import BufferedDataSource, DataSource, Sample
+from ._packer import FileRankClient, FileSender, IngestReport, Packer, RankBatch, TrainingBatch
+from ._zmq import ZmqRankClient, ZmqSender
+from ._source import BufferedDataSource, DataSource, RolloutSample
 from . import errors as _errors
 from .errors import *  # noqa: F401,F403  (every class of errors.__all__)
 
@@ -91,12 +91,23 @@ __version__: str = _stowplan.__version__
 #: The kernel's named cost models: a sequence of ``L`` tokens costs ``linear·L + quadratic·L²``.
 COSTS = _stowplan.COST_PRESETS
 
+#: Former names (ARCHITECTURE.md, "Names across Rust, Python and JavaScript"), kept for a
+#: while: each use warns with ``DeprecationWarning`` and names its replacement.
+_RENAMED = {"ZmqReceiver": "ZmqRankClient", "FileReceiver": "FileRankClient", "Sample": "RolloutSample"}
+
+
 def __getattr__(name: str) -> object:
     # PackedIterableDataset imports torch (when installed) for its base class: only on use.
     if name == "PackedIterableDataset":
         from ._stream import PackedIterableDataset
 
         return PackedIterableDataset
+    if name in _RENAMED:
+        import warnings
+
+        new = _RENAMED[name]
+        warnings.warn(f"stowplan.{name} is now stowplan.{new}", DeprecationWarning, stacklevel=2)
+        return globals()[new]
     raise AttributeError(f"module 'stowplan' has no attribute {name!r}")
 
 __all__ = [
@@ -132,15 +143,15 @@ __all__ = [
     "plan_dataset",
     "DataSource",
     "BufferedDataSource",
-    "Sample",
+    "RolloutSample",
     "Filter",
     "Packer",
     "IngestReport",
     "TrainingBatch",
     "RankBatch",
     "FileSender",
-    "FileReceiver",
+    "FileRankClient",
     "ZmqSender",
-    "ZmqReceiver",
+    "ZmqRankClient",
     "kernel_info",
 ] + _errors.__all__

@@ -3,7 +3,7 @@ the in-process :class:`Packer`.
 
 ``stowplan serve --transport fs --root ROOT …`` runs the packer as a process. The
 orchestrator sends :class:`TrainingBatch` es with :class:`FileSender` (``ROOT/inbox/``), every
-trainer rank reads its micro-batches of each step with :class:`FileReceiver`
+trainer rank reads its micro-batches of each step with :class:`FileRankClient`
 (``ROOT/rollouts/step_{n}/rank_{r}.bin``) as numpy arrays.
 
 >>> import tempfile, stowplan
@@ -36,7 +36,7 @@ from typing import Any, Iterator, Optional, Sequence
 
 from . import _stowplan
 
-__all__ = ["TrainingBatch", "FileSender", "FileReceiver", "RankBatch", "Packer", "IngestReport"]
+__all__ = ["TrainingBatch", "FileSender", "FileRankClient", "RankBatch", "Packer", "IngestReport"]
 
 RankBatch = _stowplan.RankBatch
 # The in-process packer runtime and what its ingest reports are the native classes.
@@ -96,7 +96,7 @@ class FileSender:
         return self._control("remove_run", run, 1)
 
 
-class FileReceiver:
+class FileRankClient:
     """A trainer rank's side of the filesystem transport: waits for
     ``root/rollouts/step_{n}/rank_{rank}.bin`` and decodes it into a :class:`RankBatch` whose
     ``micro_batches`` hold numpy arrays.

@@ -3,7 +3,7 @@ host: prompts from a JSONL file, an epoch cursor with a seeded shuffle identical
 host, groups of ``n_samples_per_prompt`` samples with consecutive indices, a buffer served
 first (FIFO), and a saved state that includes the buffer.
 
-What the buffer keeps of a sample, and so what a saved state holds: a :class:`Sample` is
+What the buffer keeps of a sample, and so what a saved state holds: a :class:`RolloutSample` is
 kept as its fields; plain JSON data (dicts with string keys, lists, strings, ints, floats,
 bools, ``None``) as JSON; any other object pickled. Unpickling runs code chosen by whoever
 wrote the bytes, so a data source saves and loads pickled samples only when it was made with
@@ -33,11 +33,11 @@ from . import _stowplan
 from ._filter import Filter
 from .errors import CacheMismatchError, InvalidArgumentError
 
-__all__ = ["Sample", "DataSource", "BufferedDataSource"]
+__all__ = ["RolloutSample", "DataSource", "BufferedDataSource"]
 
 _UNKNOWN_PROMPT = 2**32 - 1
 
-# How a buffered sample's payload is encoded, by its first byte: empty for a Sample (its
+# How a buffered sample's payload is encoded, by its first byte: empty for a RolloutSample (its
 # fields say everything), JSON, or pickle. Pickles written before the tags (protocol >= 2)
 # begin with the PROTO opcode and are read as pickles too.
 _JSON = b"J"
@@ -51,7 +51,7 @@ _ALLOW_PICKLE = "allow_pickle=True"
 
 
 @dataclass
-class Sample:
+class RolloutSample:
     """A rollout sample drawn from a data source (slime's ``Sample`` fields that the data
     source and buffer filters use). Other samples put into the buffer come back equal: plain
     JSON data (dicts with string keys, lists, strings, ints, floats, bools, ``None``) through
@@ -137,7 +137,7 @@ def _plain(value: Any, depth: int = 0) -> bool:
 
 def _payload(sample: Any) -> bytes:
     """What the buffer keeps of ``sample`` besides the native fields (see ``_JSON``)."""
-    if isinstance(sample, Sample):
+    if isinstance(sample, RolloutSample):
         return b""
     if _plain(sample):
         return _JSON + json.dumps(sample).encode()
@@ -167,7 +167,7 @@ def _from_native(d: Dict[str, Any]) -> Any:
         return pickle.loads(payload)
     if payload:
         raise CacheMismatchError(f"buffered sample {d['index']}: a payload of no known encoding")
-    return Sample(
+    return RolloutSample(
         index=d["index"],
         group=d["group"],
         prompt_index=d["prompt_index"],
@@ -190,7 +190,7 @@ class DataSource:
     prompt's key in each record (default ``"prompt"``); ``label_key``, ``metadata_key`` —
     the label's and metadata's keys (defaults ``"label"``, ``"metadata"``; ``None``: none);
     ``backend`` — ``"wasm"`` (default) or ``"native"``; ``allow_pickle`` — save and load
-    buffered samples that are neither :class:`Sample` objects nor plain JSON data, pickled
+    buffered samples that are neither :class:`RolloutSample` objects nor plain JSON data, pickled
     (default False: :meth:`save` and :meth:`load` refuse them, since unpickling a state runs
     code chosen by whoever wrote it; set it only when every state this data source loads
     comes from a writer you trust).
@@ -278,13 +278,13 @@ class DataSource:
         """Writes the state — cursor, indices, metadata and the buffer — atomically.
 
         Without :attr:`allow_pickle`, a buffer holding a sample that would be saved pickled
-        (neither a :class:`Sample` nor plain JSON data) raises
+        (neither a :class:`RolloutSample` nor plain JSON data) raises
         :class:`~stowplan.InvalidArgumentError` and nothing is written."""
         path = os.fspath(path)
         where = _pickled(self._native.buffer_payload_heads(1))
         if where is not None and not self._allow_pickle:
             raise InvalidArgumentError(
-                f"cannot save {path}: buffered sample ({where}) is neither a stowplan.Sample nor plain JSON data "
+                f"cannot save {path}: buffered sample ({where}) is neither a stowplan.RolloutSample nor plain JSON data "
                 f"(dicts with string keys, lists, str, int, float, bool, None), so it would be saved pickled, and "
                 f"loading a pickle runs code chosen by whoever wrote the file; buffer such data instead, or make the "
                 f"data source with {_ALLOW_PICKLE} if every reader of the state trusts its writer"

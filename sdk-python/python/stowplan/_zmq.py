@@ -13,7 +13,7 @@ seconds after that (ZeroMQ drops what the packer publishes before the subscripti
 it, so such a message's receipt may be lost); the packer ignores repeated batches (by run and step) and run changes (by the id
 each message carries), so a packer killed mid-run or a lost receipt loses nothing and
 applies nothing twice.
-:class:`ZmqReceiver` says hello (rank, dp, the first step it lacks), acknowledges every step it
+:class:`ZmqRankClient` says hello (rank, dp, the first step it lacks), acknowledges every step it
 has decoded, drops copies of steps it already has and yields steps in order, holding back
 one that arrives early. The packer delivers nothing before every rank said hello.
 
@@ -26,7 +26,7 @@ packer does not list hears nothing, and its timeout error says what to check.
 
 Every protocol decision is the native cores' (``stowplan::serve::protocol``, the same code a
 Rust trainer or the packer itself runs): :class:`ZmqSender` drives a ``BatchSender``,
-:class:`ZmqReceiver` a ``RankReceiver``. Python keeps the pyzmq sockets, the receiver's
+:class:`ZmqRankClient` a ``RankReceiver``. Python keeps the pyzmq sockets, the receiver's
 background thread and the waiting.
 """
 
@@ -43,7 +43,7 @@ from . import _stowplan
 from ._packer import RankBatch, TrainingBatch, _check_timeout, _invalid
 from .errors import InvalidArgumentError
 
-__all__ = ["ZmqSender", "ZmqReceiver", "HEARTBEAT"]
+__all__ = ["ZmqSender", "ZmqRankClient", "HEARTBEAT"]
 
 #: Seconds between the packer's heartbeats and between a waiting rank's hellos.
 HEARTBEAT: float = _stowplan.HEARTBEAT
@@ -254,7 +254,7 @@ class ZmqSender:
         self.close()
 
 
-class ZmqReceiver:
+class ZmqRankClient:
     """A trainer rank's side: connects to ``endpoint`` (the packer's ``--zmq-ranks``) as rank
     ``rank`` of ``dp`` and yields its :class:`RankBatch` of step ``start_step``, then the
     next, …
@@ -381,7 +381,7 @@ class ZmqReceiver:
             self._cond.notify_all()
         self._thread.join()
 
-    def __enter__(self) -> "ZmqReceiver":
+    def __enter__(self) -> "ZmqRankClient":
         return self
 
     def __exit__(self, *exc: Any) -> None:

@@ -473,7 +473,7 @@ def put_batch(batch: "TrainingBatch | bytes") -> Any:
 class RayReceiver:
     """Trainer rank ``rank``'s batches from a :class:`PackerActor` handle: step ``start_step``,
     then the next, … Each step is acknowledged once it is fetched (the rank then holds it, as
-    :class:`stowplan.ZmqReceiver` does), without waiting for the actor's answer (call
+    :class:`stowplan.ZmqRankClient` does), without waiting for the actor's answer (call
     :meth:`flush` before the process ends); asking for a step acknowledges the step in flight
     before it (a ``start_step`` one past it says the rank holds it); an actor that dies and is
     restarted by Ray is waited for, and so is one that died for good (no restarts left), which

@@ -2,7 +2,7 @@
 //! [`RankReceiver`].
 //!
 //! The rank's socket is a DEALER connected to the packer's ranks endpoint; the driver (the
-//! Rust [`ZmqRankClient`](crate::serve::client), the Python SDK's `ZmqReceiver`) owns it and
+//! Rust [`ZmqRankClient`](crate::serve::client), the Python SDK's `ZmqRankClient`) owns it and
 //! loops:
 //!
 //! 1. [`RankReceiver::poll_hello`]`(now)`: when it returns bytes, send them (the hello is due
@@ -82,7 +82,7 @@ pub struct Received {
 }
 
 /// How many steps a rank receives and acknowledges ahead of the one its trainer takes, by
-/// default (the Rust client and the Python `ZmqReceiver` both use it).
+/// default (the Rust client and the Python `ZmqRankClient` both use it).
 pub const DEFAULT_PREFETCH: usize = 2;
 
 /// A trainer rank's receiver over ZeroMQ, without I/O (see the module docs).

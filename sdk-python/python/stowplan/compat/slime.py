@@ -15,7 +15,7 @@ fields: ``prompt_data``, ``input_key``, ``label_key``, ``metadata_key``,
 - ``args.buffer_filter_path`` (arbitrary Python imported by path) is refused: stowplan runs
   buffer filters as sandboxed WebAssembly components; pass one as
   ``RolloutDataSourceWithBuffer(args, filter=stowplan.Filter.load(path, sha256=...))``.
-- Buffered samples are saved as their fields (``stowplan.Sample``) or as JSON (plain dicts,
+- Buffered samples are saved as their fields (``stowplan.RolloutSample``) or as JSON (plain dicts,
   lists, strings, numbers, bools, ``None``); any other object — slime's own ``Sample`` class
   included — only pickled, which ``save`` and ``load`` refuse unless the data source is made
   with ``allow_pickle=True`` (loading a pickle runs code chosen by whoever wrote it; see
@@ -62,7 +62,9 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from .. import _stowplan
 from .._filter import Filter
-from .._source import BufferedDataSource, Sample
+from .._source import BufferedDataSource
+# slime's name for a rollout sample (``stowplan.RolloutSample``).
+from .._source import RolloutSample as Sample
 from ..errors import InvalidArgumentError
 
 __all__ = [
