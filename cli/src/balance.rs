@@ -5,7 +5,7 @@ use std::fmt;
 
 use serde::Serialize;
 use stowplan::json::{Levels, Micro};
-use stowplan::{Cost, DpOptions, DpPlan, MicroLimits, MicroOptions, MicroPlan, Order, Plan};
+use stowplan::{Balance, Cost, DpOptions, MicroBatches, MicroLimits, MicroOptions, Order, TwoLevelBalance};
 
 use crate::common::{Common, CostJson, CostText, KernelRun, ReadyKernel, min_max, named, print_report};
 use crate::failure::Failure;
@@ -67,11 +67,11 @@ pub struct Args {
 #[derive(Debug)]
 enum Planned {
     /// Micro-batches of the whole batch (`--dp 1`).
-    Micro(MicroPlan),
+    Micro(MicroBatches),
     /// The DP level only (no `--max-token-len`).
-    Dp(DpPlan),
+    Dp(Balance),
     /// Both levels.
-    Both(Plan),
+    Both(TwoLevelBalance),
 }
 
 /// The report's view of `planned` for `lengths`, with every micro-batch's loads in the

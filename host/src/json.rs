@@ -9,7 +9,7 @@ use serde::Serialize;
 use serde::ser::{SerializeMap, SerializeStruct, Serializer};
 use serde_json::Value;
 use stowplan_kernel::verl::{UnbalanceError, UnbalanceFigures};
-use stowplan_kernel::{DpPlan, MicroPlan, Packing, Partitioning, Plan, unflatten as lists};
+use stowplan_kernel::{Balance, Packing, Partition, TwoLevelBalance, unflatten as lists};
 
 /// A partition: `{"groups", "sums", "total", "spread", "lower_bound"}`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -26,8 +26,8 @@ pub struct Groups {
     pub lower_bound: u64,
 }
 
-impl From<&Partitioning> for Groups {
-    fn from(p: &Partitioning) -> Self {
+impl From<&Partition> for Groups {
+    fn from(p: &Partition) -> Self {
         Self {
             groups: lists(&p.offsets, &p.indices),
             sums: p.sums.clone(),
@@ -183,8 +183,8 @@ pub struct MicroBatches {
     pub resource_loads: Vec<Vec<u64>>,
 }
 
-impl From<&MicroPlan> for MicroBatches {
-    fn from(p: &MicroPlan) -> Self {
+impl From<&stowplan_kernel::MicroBatches> for MicroBatches {
+    fn from(p: &stowplan_kernel::MicroBatches) -> Self {
         Self {
             batches: lists(&p.offsets, &p.indices),
             tokens: p.tokens.clone(),
@@ -224,7 +224,7 @@ pub struct Ranks {
 
 impl Ranks {
     /// The DP level `p` of `lengths`.
-    pub fn new(p: &DpPlan, lengths: &[u64]) -> Self {
+    pub fn new(p: &Balance, lengths: &[u64]) -> Self {
         let ranks = lists(&p.offsets, &p.order);
         Self {
             verl_unbalance: VerlUnbalance::of_ranks(lengths, &ranks),
@@ -292,23 +292,23 @@ pub struct Levels {
 
 impl Levels {
     /// One batch's micro-batches.
-    pub fn micro(m: &MicroPlan) -> Self {
+    pub fn micro(m: &stowplan_kernel::MicroBatches) -> Self {
         Self { micro_batches: Some(Micro::One(m.into())), ..Self::default() }
     }
 
     /// The DP level of `lengths` alone.
-    pub fn dp(d: &DpPlan, lengths: &[u64]) -> Self {
+    pub fn dp(d: &Balance, lengths: &[u64]) -> Self {
         Self { dp: Some(Ranks::new(d, lengths)), ..Self::default() }
     }
 
     /// Both levels of `lengths`.
-    pub fn both(p: &Plan, lengths: &[u64]) -> Self {
+    pub fn both(p: &TwoLevelBalance, lengths: &[u64]) -> Self {
         let tokens: Vec<u64> = p.ranks.iter().flat_map(|r| r.tokens.iter().copied()).collect();
         let costs: Vec<u64> = p.ranks.iter().flat_map(|r| r.costs.iter().copied()).collect();
         Self {
             dp: Some(Ranks::new(&p.dp, lengths)),
             micro_batches: Some(Micro::PerRank(p.ranks.iter().map(MicroBatches::from).collect())),
-            count: Some(p.ranks.first().map_or(0, MicroPlan::count)),
+            count: Some(p.ranks.first().map_or(0, stowplan_kernel::MicroBatches::count)),
             micro_batch_token_balance: Some(Figures::of(&tokens)),
             micro_batch_cost_balance: Some(Figures::of(&costs)),
         }
@@ -322,7 +322,7 @@ fn value(report: &impl Serialize) -> Value {
 }
 
 /// A partition's [`Groups`] as a value.
-pub fn partition(p: &Partitioning) -> Value {
+pub fn partition(p: &Partition) -> Value {
     value(&Groups::from(p))
 }
 
@@ -368,7 +368,7 @@ mod tests {
         assert_eq!(u["global_seqlen/balanced_max"], 1050);
         assert_eq!(u["global_seqlen/mean"], 1000.0);
         assert!(verl_unbalance("p", &[1], &[vec![0], vec![0]]).is_err());
-        let m = MicroBatches::from(&MicroPlan {
+        let m = MicroBatches::from(&stowplan_kernel::MicroBatches {
             offsets: vec![0, 1],
             indices: vec![0],
             tokens: vec![5],

@@ -80,15 +80,18 @@ pub use stowplan_kernel::peers::{DpReorder, RollLoadBalanceOptions, RollMicroBat
 pub use stowplan_kernel::slime;
 pub use stowplan_kernel::verl::{PyError, SeqlenUnbalance, UnbalanceError, UnbalanceFigures};
 pub use stowplan_kernel::{
-    AlignOptions, Cost, CpLayout, DistributeOptions, Distribution, DpOptions, DpPlan, Factor, Figures, MicroOptions,
-    MicroPlan, Order, OversizePolicy, PackMethod, PackOptions, Packing, Padding, PartitionMethod, PartitionOptions,
-    Partitioning, Plan,
+    AlignOptions, Balance, Cost, CpLayout, DistributeOptions, Distribution, DpOptions, Factor, Figures, MicroBatches,
+    MicroOptions, Order, OversizePolicy, PackMethod, PackOptions, Packing, Padding, Partition, PartitionMethod,
+    PartitionOptions, TwoLevelBalance,
 };
 pub use stowplan_kernel::{AlignedPlan, COST_PRESETS, MAX_COUNT, MAX_PARALLEL, Named, PlanOptions, RawPlan, unflatten};
 pub use stowplan_kernel::{ClosedBins, LimitedClosedBins, StreamLimits, StreamOptions, StreamStatus, stream};
+/// Former names (see [`stowplan_kernel::renamed`]).
+#[allow(deprecated)]
+pub use stowplan_kernel::{DpPlan, LimitedMicroPlan, MicroPlan, Partitioning, Plan};
 pub use stowplan_kernel::{
-    LimitedMicroPlan, LimitedRawPlan, MAX_BALANCED_CAPACITY, MAX_MULTI_ITEMS, MAX_RESOURCES, MicroLimits, MultiMethod,
-    MultiOptions, MultiPacking, PlanLimits, SEGMENTS,
+    LimitedMicroBatches, LimitedRawPlan, MAX_BALANCED_CAPACITY, MAX_MULTI_ITEMS, MAX_RESOURCES, MicroLimits,
+    MultiMethod, MultiOptions, MultiPacking, PlanLimits, SEGMENTS,
 };
 
 /// The group label of each of `n` samples when runs of `group_size` consecutive samples (one

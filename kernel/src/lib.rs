@@ -44,8 +44,9 @@ pub mod verl;
 pub mod wit;
 
 pub use balance::{
-    Cost, DpOptions, DpPlan, Figures, LimitedMicroPlan, MicroLimits, MicroOptions, MicroPlan, Order, Plan, balance_dp,
-    check_limits, micro_batches, micro_batches_limited, micro_batches_with_extra, plan, plan_limited,
+    Balance, Cost, DpOptions, Figures, LimitedMicroBatches, MicroBatches, MicroLimits, MicroOptions, Order,
+    TwoLevelBalance, balance_dp, check_limits, micro_batches, micro_batches_limited, micro_batches_with_extra, plan,
+    plan_limited,
 };
 pub use layout::{
     AlignOptions, CpLayout, DistributeOptions, Distribution, Factor, MAX_PARALLEL, Padding, cp_layout, distribute,
@@ -56,8 +57,30 @@ pub use multi::{
     MultiOptions, MultiPacking, SEGMENTS, pack_multi,
 };
 pub use names::{COST_PRESETS, Named};
+/// Former names of the balancing and partitioning results (ARCHITECTURE.md, "Names across
+/// Rust, Python and JavaScript"), kept for a while.
+pub mod renamed {
+    /// Renamed [`MicroBatches`](crate::MicroBatches).
+    #[deprecated(note = "renamed `MicroBatches`")]
+    pub type MicroPlan = crate::MicroBatches;
+    /// Renamed [`LimitedMicroBatches`](crate::LimitedMicroBatches).
+    #[deprecated(note = "renamed `LimitedMicroBatches`")]
+    pub type LimitedMicroPlan = crate::LimitedMicroBatches;
+    /// Renamed [`Balance`](crate::Balance).
+    #[deprecated(note = "renamed `Balance`")]
+    pub type DpPlan = crate::Balance;
+    /// Renamed [`TwoLevelBalance`](crate::TwoLevelBalance).
+    #[deprecated(note = "renamed `TwoLevelBalance`")]
+    pub type Plan = crate::TwoLevelBalance;
+    /// Renamed [`Partition`](crate::Partition).
+    #[deprecated(note = "renamed `Partition`")]
+    pub type Partitioning = crate::Partition;
+}
+#[allow(deprecated)]
+pub use renamed::{DpPlan, LimitedMicroPlan, MicroPlan, Partitioning, Plan};
+
 pub use pack::{NextFitRuns, OversizePolicy, PackMethod, PackOptions, Packing, next_fit_runs, pack};
-pub use partition::{PartitionMethod, PartitionOptions, Partitioning, partition};
+pub use partition::{Partition, PartitionMethod, PartitionOptions, partition};
 pub use plan::{
     AlignedPlan, LimitedRawPlan, PlanLimits, PlanOptions, RawPlan, aligned_plan, raw_plan, raw_plan_limited,
 };

@@ -1,4 +1,4 @@
-//! Partitioning: split `n` weights into `k` groups with balanced sums.
+//! Partition: split `n` weights into `k` groups with balanced sums.
 //!
 //! Methods:
 //! - [`PartitionMethod::Kk`]: Karmarkar–Karp largest differencing (k-way). Memory is O(n + k)
@@ -52,7 +52,7 @@ impl Default for PartitionOptions {
 
 /// The result of [`partition`], in flat form.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Partitioning {
+pub struct Partition {
     /// `k + 1` offsets into `indices`: group `g` is `indices[offsets[g]..offsets[g + 1]]`.
     pub offsets: Vec<u32>,
     /// Every input index exactly once, grouped.
@@ -67,7 +67,7 @@ pub struct Partitioning {
     pub lower_bound: u64,
 }
 
-impl Partitioning {
+impl Partition {
     /// The number of groups.
     pub fn k(&self) -> usize {
         self.offsets.len().saturating_sub(1)
@@ -101,7 +101,7 @@ impl Partitioning {
 /// Errors (`invalid-argument`): `k == 0`; `weights` empty; `n < k`; `equal_size` with
 /// `n % k != 0`; the sum of weights overflows `u64`; `refine` with the `verl` method; the
 /// `verl` method with a weight above `i64::MAX` (verl works on Python ints).
-pub fn partition(weights: &[u64], k: u32, options: &PartitionOptions) -> Result<Partitioning, Error> {
+pub fn partition(weights: &[u64], k: u32, options: &PartitionOptions) -> Result<Partition, Error> {
     let n = checked_len("weights", weights.len())?;
     if k == 0 {
         return invalid!("k must be at least 1 (got 0)");
@@ -137,7 +137,7 @@ pub fn partition(weights: &[u64], k: u32, options: &PartitionOptions) -> Result<
             }
             let groups = crate::verl::get_seqlen_balanced_partitions(&signed, k, options.equal_size)
                 .map_err(|e| Error::InvalidArgument(alloc::format!("verl: {e}")))?;
-            return Ok(Partitioning::from_groups(weights, groups, k));
+            return Ok(Partition::from_groups(weights, groups, k));
         }
         PartitionMethod::Kk => karmarkar_karp(weights, k, options.equal_size),
         PartitionMethod::Greedy => lpt(weights, k, options.equal_size),
@@ -145,7 +145,7 @@ pub fn partition(weights: &[u64], k: u32, options: &PartitionOptions) -> Result<
     if options.refine {
         crate::refine::refine(weights, &mut groups, options.equal_size, None);
     }
-    Ok(Partitioning::from_groups(weights, canonical_order(weights, groups), k))
+    Ok(Partition::from_groups(weights, canonical_order(weights, groups), k))
 }
 
 /// Sorts members ascending and groups by (sum descending, smallest member ascending).

@@ -142,17 +142,17 @@ macro_rules! wit_conversions {
                 v_head_dim,
             });
 
-            $crate::__wit_record!(k::Partitioning, partition::Partitioning {
+            $crate::__wit_record!(k::Partition, partition::Partitioning {
                 sums, total, spread, lower_bound; groups: types::Groups = (offsets, indices)
             });
             $crate::__wit_record!(k::Packing, pack::Packing {
                 loads, dropped, single, real_tokens, aligned_tokens, lower_bound;
                 bins: types::Groups = (offsets, indices)
             });
-            $crate::__wit_record!(k::MicroPlan, balance::MicroPlan {
+            $crate::__wit_record!(k::MicroBatches, balance::MicroPlan {
                 tokens, costs, restore, lower_bound, required; batches: types::Groups = (offsets, indices)
             });
-            $crate::__wit_record!(k::DpPlan, balance::DpPlan {
+            $crate::__wit_record!(k::Balance, balance::DpPlan {
                 tokens, costs, cost_lower_bound; ranks: types::Groups = (offsets, order)
             });
             $crate::__wit_record!(k::Distribution, layout::Distribution {

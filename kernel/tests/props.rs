@@ -3,11 +3,11 @@
 
 use proptest::prelude::*;
 use stowplan_kernel::{
-    Error, OversizePolicy, PackMethod, PackOptions, Packing, PartitionMethod, PartitionOptions, Partitioning, pack,
+    Error, OversizePolicy, PackMethod, PackOptions, Packing, Partition, PartitionMethod, PartitionOptions, pack,
     partition,
 };
 
-fn check_partition(weights: &[u64], k: u32, opts: &PartitionOptions, p: &Partitioning) {
+fn check_partition(weights: &[u64], k: u32, opts: &PartitionOptions, p: &Partition) {
     let n = weights.len();
     assert_eq!(p.k(), k as usize, "k groups");
     let mut seen = vec![false; n];

@@ -4,7 +4,7 @@ use numpy::{IntoPyArray, PyArray1, PyArrayMethods, PyUntypedArrayMethods};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyTuple};
-use stowplan::{Cost, DpOptions, DpPlan, MicroOptions, MicroPlan};
+use stowplan::{Balance, Cost, DpOptions, MicroBatches, MicroOptions};
 
 use crate::convert::{
     Lengths, cost_arg, int, integer, kernel, opt_parse, opt_u32, repr, str_options, u32_arg, u64_arg,
@@ -79,7 +79,7 @@ pub struct PyMicroBatches {
 }
 
 impl PyMicroBatches {
-    fn new(py: Python<'_>, p: MicroPlan) -> Self {
+    fn new(py: Python<'_>, p: MicroBatches) -> Self {
         Self {
             count: p.offsets.len().saturating_sub(1),
             max_tokens: p.tokens.iter().copied().max().unwrap_or(0),
@@ -519,7 +519,7 @@ pub(crate) fn balance(
         extra_costs: extra.as_ref().map(Lengths::slice),
     };
     let limited = multi::limits_arg(py, resources, limits, l.len())?;
-    let (plan, ranks): (DpPlan, Option<Vec<MicroPlan>>) = match (micro, &limited) {
+    let (plan, ranks): (Balance, Option<Vec<MicroBatches>>) = match (micro, &limited) {
         (None, Some(_)) => {
             return Err(invalid(py, "limits cap micro-batches: give max_token_len with resources and limits".into()));
         }
@@ -537,7 +537,7 @@ pub(crate) fn balance(
     let (count, micro_batches) = match ranks {
         None => (None, None),
         Some(ranks) => {
-            let count = ranks.first().map_or(0, MicroPlan::count);
+            let count = ranks.first().map_or(0, MicroBatches::count);
             let list = PyList::empty(py);
             for r in ranks {
                 list.append(Py::new(py, PyMicroBatches::new(py, r))?)?;

@@ -3,7 +3,7 @@
 use numpy::{IntoPyArray, PyArray1, PyArrayMethods, PyUntypedArrayMethods};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyTuple};
-use stowplan::{MultiOptions, PackOptions, Packing, PartitionMethod, PartitionOptions, Partitioning};
+use stowplan::{MultiOptions, PackOptions, Packing, Partition, PartitionMethod, PartitionOptions};
 
 use crate::convert::{Lengths, kernel, opt_parse, opt_u64, str_options, u32_arg, u64_arg};
 use crate::errors::{invalid, to_py};
@@ -41,7 +41,7 @@ pub struct PyPartition {
 }
 
 impl PyPartition {
-    fn new(py: Python<'_>, p: Partitioning) -> Self {
+    fn new(py: Python<'_>, p: Partition) -> Self {
         Self {
             k: p.offsets.len().saturating_sub(1),
             max: p.sums.iter().copied().max().unwrap_or(0),

@@ -7,7 +7,7 @@
 use stowplan_kernel::peers::DpReorder;
 use stowplan_kernel::verl::PyError;
 use stowplan_kernel::{
-    AlignedPlan, DistributeOptions, DpOptions, MultiOptions, MultiPacking, Plan, PlanOptions, RawPlan,
+    AlignedPlan, DistributeOptions, DpOptions, MultiOptions, MultiPacking, PlanOptions, RawPlan, TwoLevelBalance,
 };
 
 use super::wasm::{wbal, wit, wlay, wmicro, wmplan, wmulti, wpeers, wplan, wtypes};
@@ -85,9 +85,9 @@ impl From<&DpOptions<'_>> for wbal::DpOptions {
     }
 }
 
-impl From<wbal::TwoLevel> for Plan {
+impl From<wbal::TwoLevel> for TwoLevelBalance {
     fn from(p: wbal::TwoLevel) -> Self {
-        Plan { dp: p.dp.into(), ranks: p.ranks.into_iter().map(Into::into).collect() }
+        TwoLevelBalance { dp: p.dp.into(), ranks: p.ranks.into_iter().map(Into::into).collect() }
     }
 }
 

@@ -19,12 +19,12 @@ use crate::Error;
 use stowplan_kernel::peers::{DpReorder, RollLoadBalanceOptions, RollMicroBatches, VerlMicroOptions};
 use stowplan_kernel::verl::PyError;
 use stowplan_kernel::{
-    AlignOptions, AlignedPlan, CpLayout, DistributeOptions, Distribution, DpOptions, DpPlan, MicroOptions, MicroPlan,
-    MultiOptions, MultiPacking, Named, PackOptions, Packing, PartitionOptions, Partitioning, Plan, PlanOptions,
-    RawPlan,
+    AlignOptions, AlignedPlan, Balance, CpLayout, DistributeOptions, Distribution, DpOptions, MicroBatches,
+    MicroOptions, MultiOptions, MultiPacking, Named, PackOptions, Packing, Partition, PartitionOptions, PlanOptions,
+    RawPlan, TwoLevelBalance,
 };
 use stowplan_kernel::{ClosedBins, LimitedClosedBins, StreamLimits, StreamOptions, StreamStatus};
-use stowplan_kernel::{LimitedMicroPlan, LimitedRawPlan, MicroLimits, PlanLimits};
+use stowplan_kernel::{LimitedMicroBatches, LimitedRawPlan, MicroLimits, PlanLimits};
 
 /// Which implementation of the kernel runs a call.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -78,7 +78,7 @@ pub enum VerlFunction {
 pub trait KernelApi: Send + Sync + std::fmt::Debug {
     /// Splits `weights` into `k` groups with balanced sums. See `wit/kernel.wit`
     /// (`partition`) for the methods, the order of the result and the errors.
-    fn partition(&self, weights: &[u64], k: u32, options: &PartitionOptions) -> Result<Partitioning, Error>;
+    fn partition(&self, weights: &[u64], k: u32, options: &PartitionOptions) -> Result<Partition, Error>;
 
     /// Packs `lengths` into bins of `options.capacity` tokens. See `wit/kernel.wit` (`pack`).
     fn pack(&self, lengths: &[u64], options: &PackOptions) -> Result<Packing, Error>;
@@ -100,7 +100,7 @@ pub trait KernelApi: Send + Sync + std::fmt::Debug {
     /// Splits one batch into micro-batches of at most `options.max_token_len` tokens with
     /// balanced costs. See `wit/kernel.wit` (`balance.micro-batches`) for the count, the
     /// order and the errors.
-    fn micro_batches(&self, lengths: &[u64], options: &MicroOptions) -> Result<MicroPlan, Error>;
+    fn micro_batches(&self, lengths: &[u64], options: &MicroOptions) -> Result<MicroBatches, Error>;
 
     /// [`micro_batches`](Self::micro_batches) where sample `i` also costs `extra[i]` (cost
     /// units, e.g. a multimodal sample's image tokens): the cap counts tokens, the balance
@@ -111,7 +111,7 @@ pub trait KernelApi: Send + Sync + std::fmt::Debug {
         lengths: &[u64],
         extra: &[u64],
         options: &MicroOptions,
-    ) -> Result<MicroPlan, Error>;
+    ) -> Result<MicroBatches, Error>;
 
     /// Micro-batches within the token cap and further caps per micro-batch (image tokens,
     /// images …), balancing the cost plus `extra` costs. See `wit/kernel.wit` (`multi-micro`)
@@ -122,15 +122,21 @@ pub trait KernelApi: Send + Sync + std::fmt::Debug {
         extra: Option<&[u64]>,
         limits: &MicroLimits<'_>,
         options: &MicroOptions,
-    ) -> Result<LimitedMicroPlan, Error>;
+    ) -> Result<LimitedMicroBatches, Error>;
 
     /// Reorders a global batch over `dp` ranks, minimizing the costliest rank. See
     /// `wit/kernel.wit` (`balance.balance-dp`).
-    fn balance_dp(&self, lengths: &[u64], dp: u32, options: &DpOptions<'_>) -> Result<DpPlan, Error>;
+    fn balance_dp(&self, lengths: &[u64], dp: u32, options: &DpOptions<'_>) -> Result<Balance, Error>;
 
     /// DP balancing, then every rank's micro-batches with one common count. See
     /// `wit/kernel.wit` (`balance.plan`).
-    fn plan(&self, lengths: &[u64], dp: u32, dp_options: &DpOptions<'_>, micro: &MicroOptions) -> Result<Plan, Error>;
+    fn plan(
+        &self,
+        lengths: &[u64],
+        dp: u32,
+        dp_options: &DpOptions<'_>,
+        micro: &MicroOptions,
+    ) -> Result<TwoLevelBalance, Error>;
 
     /// [`plan`](Self::plan) under further caps per micro-batch (image tokens, images …):
     /// every rank's micro-batches within the token cap and every limit, one common count
@@ -142,7 +148,7 @@ pub trait KernelApi: Send + Sync + std::fmt::Debug {
         dp_options: &DpOptions<'_>,
         micro: &MicroOptions,
         limits: &MicroLimits<'_>,
-    ) -> Result<Plan, Error>;
+    ) -> Result<TwoLevelBalance, Error>;
 
     /// verl 0.9.1 `rearrange_micro_batches`, exactly: the outer `Result` is a runtime
     /// failure of the kernel, the inner one verl's index lists or the exception it raises.

@@ -4,12 +4,13 @@ use stowplan_kernel as k;
 use stowplan_kernel::peers::{DpReorder, RollLoadBalanceOptions, RollMicroBatches, VerlMicroOptions};
 use stowplan_kernel::verl::PyError;
 use stowplan_kernel::{
-    AlignOptions, AlignedPlan, CpLayout, DistributeOptions, Distribution, DpOptions, DpPlan, MicroOptions, MicroPlan,
-    MultiOptions, MultiPacking, PackOptions, Packing, PartitionOptions, Partitioning, Plan, PlanOptions, RawPlan,
+    AlignOptions, AlignedPlan, Balance, CpLayout, DistributeOptions, Distribution, DpOptions, MicroBatches,
+    MicroOptions, MultiOptions, MultiPacking, PackOptions, Packing, Partition, PartitionOptions, PlanOptions, RawPlan,
+    TwoLevelBalance,
 };
 
 use stowplan_kernel::{ClosedBins, LimitedClosedBins, StreamLimits, StreamOptions, StreamStatus};
-use stowplan_kernel::{LimitedMicroPlan, LimitedRawPlan, MicroLimits, PlanLimits};
+use stowplan_kernel::{LimitedMicroBatches, LimitedRawPlan, MicroLimits, PlanLimits};
 
 use super::{KernelApi, LimitedStreamPacker, StreamBackend, StreamPacker, VerlFunction};
 use crate::Error;
@@ -19,7 +20,7 @@ use crate::Error;
 pub(super) struct NativeKernel;
 
 impl KernelApi for NativeKernel {
-    fn partition(&self, weights: &[u64], k: u32, options: &PartitionOptions) -> Result<Partitioning, Error> {
+    fn partition(&self, weights: &[u64], k: u32, options: &PartitionOptions) -> Result<Partition, Error> {
         Ok(k::partition(weights, k, options)?)
     }
 
@@ -46,7 +47,7 @@ impl KernelApi for NativeKernel {
         })
     }
 
-    fn micro_batches(&self, lengths: &[u64], options: &MicroOptions) -> Result<MicroPlan, Error> {
+    fn micro_batches(&self, lengths: &[u64], options: &MicroOptions) -> Result<MicroBatches, Error> {
         Ok(k::micro_batches(lengths, options)?)
     }
 
@@ -55,7 +56,7 @@ impl KernelApi for NativeKernel {
         lengths: &[u64],
         extra: &[u64],
         options: &MicroOptions,
-    ) -> Result<MicroPlan, Error> {
+    ) -> Result<MicroBatches, Error> {
         Ok(k::micro_batches_with_extra(lengths, Some(extra), options)?)
     }
 
@@ -65,15 +66,21 @@ impl KernelApi for NativeKernel {
         extra: Option<&[u64]>,
         limits: &MicroLimits<'_>,
         options: &MicroOptions,
-    ) -> Result<LimitedMicroPlan, Error> {
+    ) -> Result<LimitedMicroBatches, Error> {
         Ok(k::micro_batches_limited(lengths, extra, limits, options)?)
     }
 
-    fn balance_dp(&self, lengths: &[u64], dp: u32, options: &DpOptions<'_>) -> Result<DpPlan, Error> {
+    fn balance_dp(&self, lengths: &[u64], dp: u32, options: &DpOptions<'_>) -> Result<Balance, Error> {
         Ok(k::balance_dp(lengths, dp, options)?)
     }
 
-    fn plan(&self, lengths: &[u64], dp: u32, dp_options: &DpOptions<'_>, micro: &MicroOptions) -> Result<Plan, Error> {
+    fn plan(
+        &self,
+        lengths: &[u64],
+        dp: u32,
+        dp_options: &DpOptions<'_>,
+        micro: &MicroOptions,
+    ) -> Result<TwoLevelBalance, Error> {
         Ok(k::plan(lengths, dp, dp_options, micro)?)
     }
 
@@ -84,7 +91,7 @@ impl KernelApi for NativeKernel {
         dp_options: &DpOptions<'_>,
         micro: &MicroOptions,
         limits: &MicroLimits<'_>,
-    ) -> Result<Plan, Error> {
+    ) -> Result<TwoLevelBalance, Error> {
         Ok(k::plan_limited(lengths, dp, dp_options, micro, limits)?)
     }
 

@@ -13,12 +13,13 @@ use wasmtime::{Config, Engine, Store};
 use stowplan_kernel::peers::{DpReorder, RollLoadBalanceOptions, RollMicroBatches, VerlMicroOptions};
 use stowplan_kernel::verl::PyError;
 use stowplan_kernel::{
-    AlignOptions, AlignedPlan, CpLayout, DistributeOptions, Distribution, DpOptions, DpPlan, MicroOptions, MicroPlan,
-    MultiOptions, MultiPacking, PackOptions, Packing, PartitionOptions, Partitioning, Plan, PlanOptions, RawPlan,
+    AlignOptions, AlignedPlan, Balance, CpLayout, DistributeOptions, Distribution, DpOptions, MicroBatches,
+    MicroOptions, MultiOptions, MultiPacking, PackOptions, Packing, Partition, PartitionOptions, PlanOptions, RawPlan,
+    TwoLevelBalance,
 };
 
 use stowplan_kernel::{ClosedBins, NextFitRuns, PackMethod, StreamLimits, StreamOptions, StreamStatus};
-use stowplan_kernel::{LimitedMicroPlan, LimitedRawPlan, MicroLimits, PlanLimits};
+use stowplan_kernel::{LimitedMicroBatches, LimitedRawPlan, MicroLimits, PlanLimits};
 use wasmtime::component::ResourceAny;
 
 use super::{KernelApi, LimitedStreamPacker, StreamBackend, StreamPacker, VerlFunction};
@@ -198,7 +199,7 @@ pub(super) fn call<W>(
 pub(super) struct WasmKernel;
 
 impl KernelApi for WasmKernel {
-    fn partition(&self, weights: &[u64], k: u32, options: &PartitionOptions) -> Result<Partitioning, Error> {
+    fn partition(&self, weights: &[u64], k: u32, options: &PartitionOptions) -> Result<Partition, Error> {
         call(|i, s| i.stowplan_kernel_partition().call_partition(s, weights, k, options.into())).map(Into::into)
     }
 
@@ -248,7 +249,7 @@ impl KernelApi for WasmKernel {
         Ok(r.map(Into::into).map_err(Into::into))
     }
 
-    fn micro_batches(&self, lengths: &[u64], options: &MicroOptions) -> Result<MicroPlan, Error> {
+    fn micro_batches(&self, lengths: &[u64], options: &MicroOptions) -> Result<MicroBatches, Error> {
         call(|i, s| i.stowplan_kernel_balance().call_micro_batches(s, lengths, options.into())).map(Into::into)
     }
 
@@ -257,7 +258,7 @@ impl KernelApi for WasmKernel {
         lengths: &[u64],
         extra: &[u64],
         options: &MicroOptions,
-    ) -> Result<MicroPlan, Error> {
+    ) -> Result<MicroBatches, Error> {
         call(|i, s| i.stowplan_kernel_multimodal().call_micro_batches(s, lengths, extra, options.into()))
             .map(Into::into)
     }
@@ -268,13 +269,13 @@ impl KernelApi for WasmKernel {
         extra: Option<&[u64]>,
         limits: &MicroLimits<'_>,
         options: &MicroOptions,
-    ) -> Result<LimitedMicroPlan, Error> {
+    ) -> Result<LimitedMicroBatches, Error> {
         let l = limits.into();
         let p = call(|i, s| i.stowplan_kernel_multi_micro().call_micro_batches(s, lengths, extra, &l, options.into()))?;
-        Ok(LimitedMicroPlan { plan: p.plan.into(), loads: p.loads, lower_bounds: p.lower_bounds })
+        Ok(LimitedMicroBatches { plan: p.plan.into(), loads: p.loads, lower_bounds: p.lower_bounds })
     }
 
-    fn balance_dp(&self, lengths: &[u64], dp: u32, options: &DpOptions<'_>) -> Result<DpPlan, Error> {
+    fn balance_dp(&self, lengths: &[u64], dp: u32, options: &DpOptions<'_>) -> Result<Balance, Error> {
         let o = options.into();
         match options.extra_costs {
             Some(e) => call(|i, s| i.stowplan_kernel_multimodal().call_balance_dp(s, lengths, e, dp, &o)),
@@ -283,7 +284,13 @@ impl KernelApi for WasmKernel {
         .map(Into::into)
     }
 
-    fn plan(&self, lengths: &[u64], dp: u32, dp_options: &DpOptions<'_>, micro: &MicroOptions) -> Result<Plan, Error> {
+    fn plan(
+        &self,
+        lengths: &[u64],
+        dp: u32,
+        dp_options: &DpOptions<'_>,
+        micro: &MicroOptions,
+    ) -> Result<TwoLevelBalance, Error> {
         let (o, m) = (dp_options.into(), micro.into());
         match dp_options.extra_costs {
             Some(e) => call(|i, s| i.stowplan_kernel_multimodal().call_plan(s, lengths, e, dp, &o, m)),
@@ -299,7 +306,7 @@ impl KernelApi for WasmKernel {
         dp_options: &DpOptions<'_>,
         micro: &MicroOptions,
         limits: &MicroLimits<'_>,
-    ) -> Result<Plan, Error> {
+    ) -> Result<TwoLevelBalance, Error> {
         let (o, m, l) = (dp_options.into(), micro.into(), limits.into());
         let e = dp_options.extra_costs;
         call(|i, s| i.stowplan_kernel_multi_micro().call_plan(s, lengths, e, &l, dp, &o, m)).map(Into::into)

@@ -36,7 +36,7 @@ impl Default for DpOptions<'_> {
 
 /// A global batch reordered over `dp` ranks.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct DpPlan {
+pub struct Balance {
     /// `dp + 1` offsets into `order`: rank `r` gets `order[offsets[r]..offsets[r + 1]]`.
     pub offsets: Vec<u32>,
     /// The permutation of the input: rank after rank; inside a rank ascending by index
@@ -50,7 +50,7 @@ pub struct DpPlan {
     pub cost_lower_bound: u64,
 }
 
-impl DpPlan {
+impl Balance {
     /// Number of ranks.
     pub fn dp(&self) -> usize {
         self.offsets.len() - 1
@@ -70,7 +70,7 @@ impl DpPlan {
 /// multiple of `dp`, or with groups of different sizes or a group count not a multiple of
 /// `dp`; `minibatch_size` = 0, not dividing n, or not a multiple of `dp`; a group spanning
 /// two mini-batches; a cost overflowing `u64`.
-pub fn balance_dp(lengths: &[u64], dp: u32, options: &DpOptions<'_>) -> Result<DpPlan, Error> {
+pub fn balance_dp(lengths: &[u64], dp: u32, options: &DpOptions<'_>) -> Result<Balance, Error> {
     let n = checked_len("lengths", lengths.len())?;
     if dp == 0 {
         return invalid!("dp must be at least 1 (got 0)");
@@ -140,7 +140,7 @@ pub fn balance_dp(lengths: &[u64], dp: u32, options: &DpOptions<'_>) -> Result<D
     let (offsets, order) = crate::flatten(&ranks);
     let tokens = ranks.iter().map(|r| r.iter().map(|&i| lengths[i as usize]).sum()).collect();
     let cost_lower_bound = total_cost.div_ceil(u64::from(dp)).max(costliest);
-    Ok(DpPlan { offsets, order, tokens, costs: rank_cost, cost_lower_bound })
+    Ok(Balance { offsets, order, tokens, costs: rank_cost, cost_lower_bound })
 }
 
 /// The balancing units: one per sample, or one per group label (members ascending, units

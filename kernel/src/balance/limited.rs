@@ -4,8 +4,8 @@
 use alloc::string::String;
 use alloc::vec::Vec;
 
-use super::micro::{Caps, MicroOptions, MicroPlan, Need, micro_checks, plan_micro, required_count};
-use super::{DpOptions, Plan, plan_ranks};
+use super::micro::{Caps, MicroBatches, MicroOptions, Need, micro_checks, plan_micro, required_count};
+use super::{DpOptions, TwoLevelBalance, plan_ranks};
 use crate::pack::OversizePolicy;
 use crate::{Error, invalid};
 
@@ -24,10 +24,10 @@ pub struct MicroLimits<'a> {
 
 /// The result of [`micro_batches_limited`].
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct LimitedMicroPlan {
+pub struct LimitedMicroBatches {
     /// The micro-batches, as [`micro_batches`](super::micro_batches) gives them;
     /// `lower_bound` is the largest of `lower_bounds`.
-    pub plan: MicroPlan,
+    pub plan: MicroBatches,
     /// Every micro-batch's load in each limited resource, micro-batch by micro-batch, in the
     /// plan's order (`count × E` entries).
     pub loads: Vec<u64>,
@@ -57,13 +57,13 @@ pub fn micro_batches_limited(
     extra: Option<&[u64]>,
     limits: &MicroLimits<'_>,
     options: &MicroOptions,
-) -> Result<LimitedMicroPlan, Error> {
+) -> Result<LimitedMicroBatches, Error> {
     let costs = micro_checks(lengths, extra, options)?;
     let rows = Rows::new(lengths, limits, options.max_token_len, "sequence")?;
     let (need, lower_bounds) = rows.need(lengths.len(), options)?;
     let plan = plan_micro(lengths, &costs, options, need, &rows.caps())?;
     let loads = rows.loads(&plan);
-    Ok(LimitedMicroPlan { plan, loads, lower_bounds })
+    Ok(LimitedMicroBatches { plan, loads, lower_bounds })
 }
 
 /// [`plan`](super::plan) under further caps per micro-batch: DP balancing of the cost (plus
@@ -79,7 +79,7 @@ pub fn plan_limited(
     dp_options: &DpOptions<'_>,
     micro: &MicroOptions,
     limits: &MicroLimits<'_>,
-) -> Result<Plan, Error> {
+) -> Result<TwoLevelBalance, Error> {
     let all = Rows::new(lengths, limits, micro.max_token_len, "sequence")?;
     let r = all.caps.len();
     plan_ranks(lengths, dp, dp_options, micro, |members, local| {
@@ -181,7 +181,7 @@ impl Rows {
     }
 
     /// Every micro-batch's load in each limited resource.
-    fn loads(&self, plan: &MicroPlan) -> Vec<u64> {
+    fn loads(&self, plan: &MicroBatches) -> Vec<u64> {
         let r = self.caps.len();
         let mut loads = Vec::with_capacity(plan.count() * (r - 1));
         for b in 0..plan.count() {

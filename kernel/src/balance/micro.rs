@@ -39,7 +39,7 @@ impl MicroOptions {
 
 /// Micro-batches of one batch, in flat form.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct MicroPlan {
+pub struct MicroBatches {
     /// `count + 1` offsets into `indices`.
     pub offsets: Vec<u32>,
     /// Input indices, micro-batch after micro-batch (each micro-batch ascending).
@@ -58,7 +58,7 @@ pub struct MicroPlan {
     pub required: u32,
 }
 
-impl MicroPlan {
+impl MicroBatches {
     /// Number of micro-batches.
     pub fn count(&self) -> usize {
         self.offsets.len() - 1
@@ -78,7 +78,7 @@ impl MicroPlan {
 /// `min_count`, or a count (forced, or raised by `min_count`/`divisible_by`) above the number
 /// of sequences (micro-batches are never empty); `infeasible` for a sequence longer than the
 /// cap (never split) or a forced count the cap does not allow.
-pub fn micro_batches(lengths: &[u64], options: &MicroOptions) -> Result<MicroPlan, Error> {
+pub fn micro_batches(lengths: &[u64], options: &MicroOptions) -> Result<MicroBatches, Error> {
     micro_batches_with_extra(lengths, None, options)
 }
 
@@ -89,7 +89,7 @@ pub fn micro_batches_with_extra(
     lengths: &[u64],
     extra: Option<&[u64]>,
     options: &MicroOptions,
-) -> Result<MicroPlan, Error> {
+) -> Result<MicroBatches, Error> {
     let costs = micro_checks(lengths, extra, options)?;
     let need = needed_count(lengths, options)?;
     let caps = [options.max_token_len];
@@ -130,7 +130,7 @@ pub(super) fn plan_micro(
     options: &MicroOptions,
     need: Need,
     caps: &Caps<'_>,
-) -> Result<MicroPlan, Error> {
+) -> Result<MicroBatches, Error> {
     let m = match options.count {
         Some(c) => {
             check_count(c, options, lengths.len() as u32, need.lower_bound)?;
@@ -349,7 +349,7 @@ fn finish(
     order: Order,
     lower_bound: u32,
     required: u32,
-) -> MicroPlan {
+) -> MicroBatches {
     for g in &mut groups {
         g.sort_unstable();
     }
@@ -363,5 +363,5 @@ fn finish(
     for (pos, &i) in indices.iter().enumerate() {
         restore[i as usize] = pos as u32;
     }
-    MicroPlan { offsets, indices, tokens, costs: bin_costs, restore, lower_bound, required }
+    MicroBatches { offsets, indices, tokens, costs: bin_costs, restore, lower_bound, required }
 }

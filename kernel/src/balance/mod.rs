@@ -27,12 +27,12 @@ mod limited;
 mod micro;
 mod order;
 
-pub use dp::{DpOptions, DpPlan, balance_dp};
+pub use dp::{Balance, DpOptions, balance_dp};
 pub use figures::Figures;
 pub(crate) use limited::Rows;
 pub(crate) use limited::resources;
-pub use limited::{LimitedMicroPlan, MicroLimits, check_limits, micro_batches_limited, plan_limited};
-pub use micro::{MicroOptions, MicroPlan, micro_batches, micro_batches_with_extra};
+pub use limited::{LimitedMicroBatches, MicroLimits, check_limits, micro_batches_limited, plan_limited};
+pub use micro::{MicroBatches, MicroOptions, micro_batches, micro_batches_with_extra};
 pub use order::Order;
 pub(crate) use order::apply_order;
 
@@ -107,20 +107,25 @@ pub fn costs(lengths: &[u64], cost: &Cost) -> Result<Vec<u64>, Error> {
 
 /// Both levels: DP balancing, then every rank's micro-batches with one common count.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Plan {
+pub struct TwoLevelBalance {
     /// The DP level.
-    pub dp: DpPlan,
+    pub dp: Balance,
     /// Every rank's micro-batches (indices into the global input), rank after rank.
-    pub ranks: Vec<MicroPlan>,
+    pub ranks: Vec<MicroBatches>,
 }
 
 /// Plans `lengths` over `dp` ranks, then each rank's samples into micro-batches of at most
 /// `micro.max_token_len` tokens. Every rank gets the same count: `micro.count` if given,
-/// else the largest count any rank requires. Each rank's [`MicroPlan`] holds global
-/// indices, and its `restore` maps the rank's samples in [`DpPlan::rank`] order.
+/// else the largest count any rank requires. Each rank's [`MicroBatches`] holds global
+/// indices, and its `restore` maps the rank's samples in [`Balance::rank`] order.
 ///
 /// Errors: those of [`balance_dp`] and [`micro_batches`].
-pub fn plan(lengths: &[u64], dp: u32, dp_options: &DpOptions<'_>, micro: &MicroOptions) -> Result<Plan, Error> {
+pub fn plan(
+    lengths: &[u64],
+    dp: u32,
+    dp_options: &DpOptions<'_>,
+    micro: &MicroOptions,
+) -> Result<TwoLevelBalance, Error> {
     plan_ranks(lengths, dp, dp_options, micro, |_, local| {
         Ok((needed_count(local, micro)?, local.to_vec(), alloc::vec![micro.max_token_len]))
     })
@@ -135,7 +140,7 @@ fn plan_ranks(
     dp_options: &DpOptions<'_>,
     micro: &MicroOptions,
     rank: impl Fn(&[u32], &[u64]) -> Result<(Need, Vec<u64>, Vec<u64>), Error>,
-) -> Result<Plan, Error> {
+) -> Result<TwoLevelBalance, Error> {
     // Name an oversized sequence by its global index (the per-rank checks see local ones).
     let extra = dp_options.extra_costs;
     micro_checks(lengths, extra, &MicroOptions { count: None, min_count: 0, ..*micro })?;
@@ -165,5 +170,5 @@ fn plan_ranks(
         }
         ranks.push(mp);
     }
-    Ok(Plan { dp: dp_plan, ranks })
+    Ok(TwoLevelBalance { dp: dp_plan, ranks })
 }

@@ -205,11 +205,11 @@ fn dp_options(o: &balance::DpOptions) -> k::DpOptions<'_> {
     }
 }
 
-fn micro_plan(p: k::MicroPlan) -> balance::MicroPlan {
+fn micro_plan(p: k::MicroBatches) -> balance::MicroPlan {
     p.into()
 }
 
-fn dp_plan(p: k::DpPlan) -> balance::DpPlan {
+fn dp_plan(p: k::Balance) -> balance::DpPlan {
     p.into()
 }
 
