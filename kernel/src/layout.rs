@@ -54,10 +54,18 @@ pub struct AlignOptions {
     pub power_of_two: bool,
 }
 
+/// No parallelism (`cp` = `tp` = 1), the seed's factor, no power-of-two requirement: what
+/// every SDK takes for an omitted option (the JavaScript SDK through its build manifest).
+impl Default for AlignOptions {
+    fn default() -> Self {
+        Self { cp: 1, tp: 1, factor: Factor::CpTp, power_of_two: false }
+    }
+}
+
 impl AlignOptions {
-    /// `cp`, `tp`, the seed's factor, no power-of-two requirement.
+    /// `cp`, `tp`, and the other options' defaults.
     pub fn new(cp: u32, tp: u32) -> Self {
-        Self { cp, tp, factor: Factor::CpTp, power_of_two: false }
+        Self { cp, tp, ..Self::default() }
     }
 }
 

@@ -197,9 +197,10 @@ const defaults = {
   PackOptions: kernelDefaults('pack.rs', 'PackOptions', ['align', 'method', 'oversize']),
   MicroOptions: kernelDefaults('balance/micro.rs', 'MicroOptions', ['cost', 'min_count', 'divisible_by', 'order']),
   DpOptions: kernelDefaults('balance/dp.rs', 'DpOptions', ['cost', 'equal_count']),
-  AlignOptions: kernelDefaults('layout.rs', 'AlignOptions', ['power_of_two']),
+  AlignOptions: kernelDefaults('layout.rs', 'AlignOptions', ['cp', 'tp', 'power_of_two']),
   PlanOptions: kernelDefaults('plan.rs', 'PlanOptions', ['align', 'allow_single_long']),
   StreamOptions: kernelDefaults('stream/mod.rs', 'StreamOptions', ['align', 'oversize']),
+  StreamLimits: kernelDefaults('stream/limited.rs', 'StreamLimits', ['max_segments']),
   VerlMicroOptions: kernelDefaults('peers.rs', 'VerlMicroOptions', ['use_dynamic_bsz_balance', 'force_group_size']),
   RollLoadBalanceOptions: kernelDefaults('peers.rs', 'RollLoadBalanceOptions', ['min_num_micro_batches', 'tp', 'cp', 'vp']),
 };

@@ -232,13 +232,14 @@ export function dpOptions(cost, o, n) {
 }
 
 /**
- * Alignment options of `padFactor` and `cpLayout`. cp and tp default to 1 (no parallelism: the
- * kernel has no default for them); the factor rule to `cp_tp`.
+ * Alignment options of `padFactor` and `cpLayout`, with the kernel's defaults (cp and tp 1: no
+ * parallelism; the factor rule `cp_tp`).
  */
 export function alignOptions(o) {
   const parallel = (v, key) => u32(v, key, 1, MAX_PARALLEL);
-  const cp = or(o, 'cp', parallel, 1);
-  const tp = or(o, 'tp', parallel, 1);
+  const d = DEFAULTS.AlignOptions;
+  const cp = or(o, 'cp', parallel, d.cp);
+  const tp = or(o, 'tp', parallel, d.tp);
   let factor = { tag: 'cp-tp' };
   if (given(o.align)) {
     if (o.align === 'cp_tp' || o.align === 'cp-tp') factor = { tag: 'cp-tp' };
@@ -247,7 +248,7 @@ export function alignOptions(o) {
       throw new InvalidArgumentError(`align must be 'cp_tp', 'roll' or a positive integer (got ${JSON.stringify(o.align)})`);
     } else factor = { tag: 'multiple', val: u64(o.align, 'align', 1n) };
   }
-  return { cp, tp, factor, powerOfTwo: or(o, 'powerOfTwo', bool, DEFAULTS.AlignOptions.power_of_two) };
+  return { cp, tp, factor, powerOfTwo: or(o, 'powerOfTwo', bool, d.power_of_two) };
 }
 
 /** `cpLayout`'s message for a missing cp. */
@@ -263,13 +264,18 @@ export function planOptions(o) {
   };
 }
 
+/** `maxSegments`: at most this many items per bin; omitted, the kernel's default (0: no limit). */
+export function maxSegmentsOption(o) {
+  return or(o, 'maxSegments', (v, key) => u64(v, key), DEFAULTS.StreamLimits.max_segments);
+}
+
 /**
  * The further limits of `streamPacker` (`limits`: name → cap per bin, `maxSegments`) as the
  * kernel's `multi-streaming` limits, or null for a packer of tokens alone (no limit, no
  * segment limit: the plain packer, as Python's).
  */
 export function streamLimits(o) {
-  const maxSegments = or(o, 'maxSegments', (v, key) => u64(v, key), 0n);
+  const maxSegments = maxSegmentsOption(o);
   const entries = given(o.limits) ? namedEntries(o.limits, 'limits', 'cap') : [];
   if (entries.length === 0 && maxSegments === 0n) return null;
   if (entries.length > MAX_RESOURCES - 1) {

@@ -12,6 +12,7 @@ import {
   costOption,
   dpOptions,
   limitRows,
+  maxSegmentsOption,
   microOptions,
   packOptions,
   partitionOptions,
@@ -115,7 +116,7 @@ export class Stowplan {
    */
   packMulti(columns, capacities, opts) {
     const o = options(opts, 'packMulti', ['maxSegments', 'align', 'method', 'oversize']);
-    const maxSegments = given(o.maxSegments) ? u64(o.maxSegments, 'maxSegments') : 0n;
+    const maxSegments = maxSegmentsOption(o);
     const shared = packOptions(o, NAMES.MultiMethod);
     const { names, capacity, sizes, n } = resourceTable(columns, capacities);
     // The kernel checks the names (none twice, not the segment limit's) and names the
@@ -227,7 +228,7 @@ export class Stowplan {
     const o = options(opts, 'rawPlan', ['packingLength', 'align', 'allowSingleLong', 'resources', 'limits', 'maxSegments', 'method']);
     const p = planOptions(o);
     const l = u64Array(lengths, 'lengths');
-    const maxSegments = given(o.maxSegments) ? u64(o.maxSegments, 'maxSegments') : 0n;
+    const maxSegments = maxSegmentsOption(o);
     if (!given(o.resources) && !given(o.limits) && maxSegments === 0n) {
       if (given(o.method)) {
         throw new InvalidArgumentError('method applies with limits or maxSegments; a plan of tokens only is best-fit decreasing');

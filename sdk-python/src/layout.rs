@@ -9,9 +9,6 @@ use stowplan::{AlignOptions, CpRuns, Factor};
 
 use crate::{Lengths, invalid, kernel, opt_u32, str_options, to_py, u64_arg};
 
-/// No context or tensor parallelism: the `cp`/`tp` of an omitted argument.
-pub(crate) const NO_PARALLELISM: u32 = 1;
-
 /// `align`: `None` (omitted), `"cp_tp"`, `"roll"` or a multiple `>= 1`.
 pub(crate) fn factor(align: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Factor>> {
     let Some(a) = align else { return Ok(None) };
@@ -35,14 +32,13 @@ fn align_options(
     align: Option<&Bound<'_, PyAny>>,
     power_of_two: Option<bool>,
 ) -> PyResult<AlignOptions> {
-    let d = AlignOptions::new(
-        opt_u32(cp, "cp", 1)?.unwrap_or(NO_PARALLELISM),
-        opt_u32(tp, "tp", 1)?.unwrap_or(NO_PARALLELISM),
-    );
+    // Omitted options: the kernel's defaults (no parallelism, the seed's factor).
+    let d = AlignOptions::default();
     Ok(AlignOptions {
+        cp: opt_u32(cp, "cp", 1)?.unwrap_or(d.cp),
+        tp: opt_u32(tp, "tp", 1)?.unwrap_or(d.tp),
         factor: factor(align)?.unwrap_or(d.factor),
         power_of_two: power_of_two.unwrap_or(d.power_of_two),
-        ..d
     })
 }
 

@@ -7,7 +7,7 @@ use pyo3::types::{PyDict, PyList, PyTuple};
 use stowplan::{AlignOptions, Factor, MaterializeOptions, Padding, Sample};
 
 use crate::convert::{opt_i64, opt_number};
-use crate::layout::{NO_PARALLELISM, factor};
+use crate::layout::factor;
 use crate::micro_batch::wrap;
 use crate::{
     cost_arg, float_vec, int, int_vec, invalid, kernel, mask_vec, number, opt_parse, opt_u32, opt_u64, str_options,
@@ -322,12 +322,12 @@ pub fn materialize(
     let plan = plan_arg(plan)?;
     // With a plan, dp defaults to its number of ranks (the host checks a given dp against it).
     let default_dp = match plan.as_ref().map(Vec::len) {
-        None | Some(0) => NO_PARALLELISM,
+        None | Some(0) => 1,
         Some(n) => u32::try_from(n).map_err(|_| invalid(py, format!("plan has {n} ranks, over 2^32-1")))?,
     };
     let d = MaterializeOptions::new(capacity, opt_u32(dp, "dp", 1)?.unwrap_or(default_dp));
     let cp = opt_u32(cp, "cp", 1)?.unwrap_or(d.cp);
-    let tp = opt_u32(tp, "tp", 1)?.unwrap_or(NO_PARALLELISM);
+    let tp = opt_u32(tp, "tp", 1)?.unwrap_or(stowplan::AlignOptions::default().tp);
     let per_sequence = match padding {
         None => cp > 1,
         Some("sequence") => true,

@@ -50,7 +50,7 @@ impl MaterializeOptions {
         Self {
             capacity,
             dp,
-            cp: 1,
+            cp: AlignOptions::default().cp,
             padding: Padding::PerMicroBatch(1),
             cost: Cost::TOKENS,
             pad_token_id: 1,

@@ -44,7 +44,7 @@ use crate::multi::{dominant, fits, share};
 use crate::{Error, OversizePolicy, invalid};
 
 /// Further limits of a [`LimitedStreamPacker`] beside the tokens.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct StreamLimits {
     /// Each resource's cap per bin (each ≥ 1); up to 7.
     pub caps: Vec<u64>,
@@ -53,6 +53,14 @@ pub struct StreamLimits {
     pub names: Vec<String>,
     /// At most this many items per bin; 0 means no limit.
     pub max_segments: u64,
+}
+
+/// No further limit: no resource, no segment limit (what every SDK takes for omitted
+/// options, the JavaScript SDK through its build manifest).
+impl Default for StreamLimits {
+    fn default() -> Self {
+        Self { caps: Vec::new(), names: Vec::new(), max_segments: 0 }
+    }
 }
 
 /// Bins closed by one call of a [`LimitedStreamPacker`], with their loads in each limit.
