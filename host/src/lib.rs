@@ -36,7 +36,7 @@
 
 mod error;
 pub mod input;
-pub mod json;
+pub use stowplan_json as json;
 pub mod kernel;
 mod materialize;
 mod packer;

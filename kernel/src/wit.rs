@@ -155,6 +155,18 @@ macro_rules! wit_conversions {
             $crate::__wit_record!(k::Balance, balance::DpPlan {
                 tokens, costs, cost_lower_bound; ranks: types::Groups = (offsets, order)
             });
+
+            impl From<k::TwoLevelBalance> for balance::TwoLevel {
+                fn from(p: k::TwoLevelBalance) -> Self {
+                    balance::TwoLevel { dp: p.dp.into(), ranks: p.ranks.into_iter().map(Into::into).collect() }
+                }
+            }
+
+            impl From<balance::TwoLevel> for k::TwoLevelBalance {
+                fn from(p: balance::TwoLevel) -> Self {
+                    k::TwoLevelBalance { dp: p.dp.into(), ranks: p.ranks.into_iter().map(Into::into).collect() }
+                }
+            }
             $crate::__wit_record!(k::Distribution, layout::Distribution {
                 per_rank,
                 tokens,

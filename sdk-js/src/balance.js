@@ -1,16 +1,20 @@
 // The result classes of balance and microBatches: micro-batches and ranks, with their balance
-// figures and their JSON text (byte-identical to the CLI's `stowplan balance --json`).
-import { F64, stringify } from './json.js';
-import { PeerError } from './errors.js';
-import { figuresJson, figuresOf, unbalanceOf } from './figures.js';
-import { lists, plainLists } from './results.js';
+// figures and their JSON text, which the kernel writes (the CLI's `stowplan balance --json`).
+import { call } from './errors.js';
+import { figuresOf, unbalanceOf } from './figures.js';
+import { lists } from './results.js';
 
 /** Groups with `tokens` and `costs` (micro-batches, ranks): their balance figures. */
 class Totals {
-  /** @param {any} k the kernel's exports, which compute the figures */
-  constructor(k) {
+  /**
+   * @param {any} record the kernel's record of the result, which its JSON writer reads
+   * @param {any} k the kernel's exports, which compute the figures
+   */
+  constructor(record, k) {
     /** @private */
     Object.defineProperty(this, 'k', { value: k });
+    /** @private */
+    Object.defineProperty(this, 'record', { value: record });
   }
 
   /** Balance figures of the groups' tokens. @returns {Figures} */
@@ -28,7 +32,7 @@ class Totals {
 export class MicroBatches extends Totals {
   /** @param {any} p the kernel's micro-plan @param {any} k the kernel's exports */
   constructor(p, k) {
-    super(k);
+    super(p, k);
     /** Micro-batch boundaries into `indices`. */
     this.offsets = p.batches.offsets;
     /** Input indices, micro-batch after micro-batch (each ascending). */
@@ -57,28 +61,14 @@ export class MicroBatches extends Totals {
     return this.count;
   }
 
-  /** This plan in the CLI's JSON shape (a value for `stringify`). @returns {object} */
-  toPlan() {
-    return {
-      batches: plainLists(this.offsets, this.indices),
-      tokens: this.tokens,
-      costs: this.costs,
-      restore: this.restore,
-      count: this.count,
-      lower_bound: this.lowerBound,
-      required: this.required,
-      token_balance: figuresJson(this.tokenBalance),
-      cost_balance: figuresJson(this.costBalance),
-    };
-  }
-
   /**
    * The plan as JSON text, byte-identical to the `micro_batches` object of
-   * `stowplan balance --max-token-len T --json` (dp 1).
+   * `stowplan balance --max-token-len T --json` (dp 1); the kernel writes it.
    * @returns {string}
    */
   toJSONText() {
-    return stringify({ micro_batches: this.toPlan() });
+    const t = /** @type {any} */ (this);
+    return call(() => t.k.balance.microBatchesJson(t.record));
   }
 }
 
@@ -91,7 +81,7 @@ export class Balance extends Totals {
    * @param {any} k the kernel's exports
    */
   constructor(dpPlan, ranks, lengths, k) {
-    super(k);
+    super(dpPlan, k);
     /** Rank boundaries into `order`. */
     this.offsets = dpPlan.ranks.offsets;
     /** The permutation to reorder the batch by: rank after rank, each ascending. */
@@ -130,54 +120,15 @@ export class Balance extends Totals {
     return unbalanceOf(/** @type {any} */ (this).k, this.lengths, this.ranks, prefix);
   }
 
-  /** This plan in the CLI's JSON shape (a value for `stringify`). @returns {object} */
-  toPlan() {
-    let verl = null;
-    try {
-      const u = this.logSeqlenUnbalance();
-      verl = { ...u, 'global_seqlen/mean': new F64(/** @type {number} */ (u['global_seqlen/mean'])) };
-    } catch (e) {
-      if (!(e instanceof PeerError)) throw e;
-    }
-    const plan = {
-      dp: {
-        ranks: plainLists(this.offsets, this.order),
-        order: this.order,
-        tokens: this.tokens,
-        costs: this.costs,
-        cost_lower_bound: this.costLowerBound,
-        token_balance: figuresJson(this.tokenBalance),
-        cost_balance: figuresJson(this.costBalance),
-        verl_unbalance: verl,
-      },
-    };
-    if (this.microBatches) {
-      const all = (key) => {
-        const parts = this.microBatches.map((m) => m[key]);
-        const out = new BigUint64Array(parts.reduce((a, p) => a + p.length, 0));
-        let at = 0;
-        for (const p of parts) {
-          out.set(p, at);
-          at += p.length;
-        }
-        return out;
-      };
-      Object.assign(plan, {
-        micro_batches: this.microBatches.map((m) => m.toPlan()),
-        count: this.count,
-        micro_batch_token_balance: figuresJson(figuresOf(/** @type {any} */ (this).k, all('tokens'))),
-        micro_batch_cost_balance: figuresJson(figuresOf(/** @type {any} */ (this).k, all('costs'))),
-      });
-    }
-    return plan;
-  }
-
   /**
    * The plan as JSON text, byte-identical to the plan `stowplan balance --dp N [--max-token-len
-   * T] --json` prints (its keys before `operation`).
+   * T] --json` prints (its keys before `operation`); the kernel writes it.
    * @returns {string}
    */
   toJSONText() {
-    return stringify(this.toPlan());
+    const t = /** @type {any} */ (this);
+    if (!this.microBatches) return call(() => t.k.balance.dpJson(t.record, this.lengths));
+    const plan = { dp: t.record, ranks: this.microBatches.map((m) => /** @type {any} */ (m).record) };
+    return call(() => t.k.balance.twoLevelJson(plan, this.lengths));
   }
 }

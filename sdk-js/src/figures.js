@@ -1,7 +1,6 @@
 // Balance figures and verl's `log_seqlen_unbalance` figures: the kernel computes both
 // (`balance.figures-of`, `peers.log-seqlen-unbalance`); this module only calls it and puts
-// the records in the shapes the SDK gives (camelCase figures, the CLI's JSON, verl's dict).
-import { F64 } from './json.js';
+// the records in the shapes the SDK gives (camelCase figures, verl's dict).
 import { call } from './errors.js';
 import { i64Array, u64Array } from './convert.js';
 
@@ -17,11 +16,6 @@ const I64_MAX = (1n << 63n) - 1n;
 export function figuresOf(k, values) {
   const v = u64Array(values, 'values');
   return call(() => k.balance.figuresOf(v));
-}
-
-/** Figures in the CLI's JSON shape. */
-export function figuresJson(f) {
-  return { max: f.max, min: f.min, mean: new F64(f.mean), max_over_mean: new F64(f.maxOverMean), spread: f.spread };
 }
 
 /**

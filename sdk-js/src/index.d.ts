@@ -314,9 +314,7 @@ export class MicroBatches {
   readonly costBalance: Figures;
   /** Number of micro-batches. */
   readonly length: number;
-  /** The plan in the CLI's JSON shape (for `toJSONText`). */
-  toPlan(): object;
-  /** JSON text byte-identical to `stowplan balance --max-token-len T --json`'s plan. */
+  /** JSON text byte-identical to `stowplan balance --max-token-len T --json`'s plan (the kernel writes it). */
   toJSONText(): string;
 }
 
@@ -351,9 +349,7 @@ export class Balance {
   readonly length: number;
   /** verl's `log_seqlen_unbalance` metrics for these ranks. */
   logSeqlenUnbalance(prefix?: string): Record<string, bigint | number>;
-  /** The plan in the CLI's JSON shape (for `toJSONText`). */
-  toPlan(): object;
-  /** JSON text byte-identical to the plan `stowplan balance --dp N [--max-token-len T] --json` prints. */
+  /** JSON text byte-identical to the plan `stowplan balance --dp N [--max-token-len T] --json` prints (the kernel writes it). */
   toJSONText(): string;
 }
 

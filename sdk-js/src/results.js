@@ -16,11 +16,6 @@ export function lists(offsets, indices) {
   return out;
 }
 
-/** The lists of flat groups as plain arrays (for JSON). */
-export function plainLists(offsets, indices) {
-  return lists(offsets, indices).map((l) => Array.from(l));
-}
-
 /** A partition of the input indices into `k` groups (the result of `partition`). */
 export class Partition {
   /** @param {any} p the kernel's partitioning */

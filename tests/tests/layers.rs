@@ -13,10 +13,9 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 /// The rows of the host's drawing in ARCHITECTURE.md, in the drawing's order (the foundation
-/// first). `error.rs`, `input.rs` and `json.rs` (the error type, input parsing and the JSON
-/// figures) sit in the first row.
+/// first). `error.rs` and `input.rs` (the error type and input parsing) sit in the first row.
 const HOST_ROWS: &[&[&str]] = &[
-    &["error", "input", "json", "kernel", "runtime", "wire"],
+    &["error", "input", "kernel", "runtime", "wire"],
     &["materialize", "plan", "plugins", "rollout", "rows"],
     &["packer"],
     &["serve"],

@@ -6,9 +6,7 @@
 
 use stowplan_kernel::peers::DpReorder;
 use stowplan_kernel::verl::PyError;
-use stowplan_kernel::{
-    AlignedPlan, DistributeOptions, DpOptions, MultiOptions, MultiPacking, PlanOptions, RawPlan, TwoLevelBalance,
-};
+use stowplan_kernel::{AlignedPlan, DistributeOptions, DpOptions, MultiOptions, MultiPacking, PlanOptions, RawPlan};
 
 use super::wasm::{wbal, wit, wlay, wmicro, wmplan, wmulti, wpeers, wplan, wtypes};
 use crate::Error;
@@ -82,12 +80,6 @@ impl From<&DpOptions<'_>> for wbal::DpOptions {
             minibatch_size: o.minibatch_size,
             equal_count: o.equal_count,
         }
-    }
-}
-
-impl From<wbal::TwoLevel> for TwoLevelBalance {
-    fn from(p: wbal::TwoLevel) -> Self {
-        TwoLevelBalance { dp: p.dp.into(), ranks: p.ranks.into_iter().map(Into::into).collect() }
     }
 }
 

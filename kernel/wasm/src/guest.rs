@@ -2,6 +2,7 @@
 
 extern crate alloc;
 
+use alloc::string::String;
 use alloc::vec::Vec;
 
 use stowplan_kernel as k;
@@ -146,7 +147,7 @@ impl multi_micro::Guest for Kernel {
         let l = micro_limits(&limits);
         let r =
             k::micro_batches_limited(&lengths, extra_costs.as_deref(), &l, &micro_options(options)).map_err(error)?;
-        Ok(multi_micro::LimitedMicroPlan { plan: micro_plan(r.plan), loads: r.loads, lower_bounds: r.lower_bounds })
+        Ok(multi_micro::LimitedMicroPlan { plan: r.plan.into(), loads: r.loads, lower_bounds: r.lower_bounds })
     }
 
     fn plan(
@@ -160,7 +161,7 @@ impl multi_micro::Guest for Kernel {
         let l = micro_limits(&limits);
         let o = k::DpOptions { extra_costs: extra_costs.as_deref(), ..dp_options(&dp_opts) };
         let p = k::plan_limited(&lengths, dp, &o, &micro_options(micro), &l).map_err(error)?;
-        Ok(balance::TwoLevel { dp: dp_plan(p.dp), ranks: p.ranks.into_iter().map(micro_plan).collect() })
+        Ok(p.into())
     }
 
     fn distribute(
@@ -205,21 +206,13 @@ fn dp_options(o: &balance::DpOptions) -> k::DpOptions<'_> {
     }
 }
 
-fn micro_plan(p: k::MicroBatches) -> balance::MicroPlan {
-    p.into()
-}
-
-fn dp_plan(p: k::Balance) -> balance::DpPlan {
-    p.into()
-}
-
 impl balance::Guest for Kernel {
     fn micro_batches(lengths: Vec<u64>, options: balance::MicroOptions) -> Result<balance::MicroPlan, types::Error> {
-        k::micro_batches(&lengths, &micro_options(options)).map(micro_plan).map_err(error)
+        k::micro_batches(&lengths, &micro_options(options)).map(Into::into).map_err(error)
     }
 
     fn balance_dp(lengths: Vec<u64>, dp: u32, options: balance::DpOptions) -> Result<balance::DpPlan, types::Error> {
-        k::balance_dp(&lengths, dp, &dp_options(&options)).map(dp_plan).map_err(error)
+        k::balance_dp(&lengths, dp, &dp_options(&options)).map(Into::into).map_err(error)
     }
 
     fn plan(
@@ -229,12 +222,30 @@ impl balance::Guest for Kernel {
         micro: balance::MicroOptions,
     ) -> Result<balance::TwoLevel, types::Error> {
         let p = k::plan(&lengths, dp, &dp_options(&dp_opts), &micro_options(micro)).map_err(error)?;
-        Ok(balance::TwoLevel { dp: dp_plan(p.dp), ranks: p.ranks.into_iter().map(micro_plan).collect() })
+        Ok(p.into())
     }
 
     fn figures_of(values: Vec<u64>) -> balance::Figures {
         k::Figures::of(&values).into()
     }
+
+    fn micro_batches_json(plan: balance::MicroPlan) -> String {
+        json_text(&stowplan_json::Levels::micro(&plan.into()))
+    }
+
+    fn dp_json(plan: balance::DpPlan, lengths: Vec<u64>) -> String {
+        json_text(&stowplan_json::Levels::dp(&plan.into(), &lengths))
+    }
+
+    fn two_level_json(plan: balance::TwoLevel, lengths: Vec<u64>) -> String {
+        json_text(&stowplan_json::Levels::both(&plan.into(), &lengths))
+    }
+}
+
+/// A report's compact JSON text (serde_json, as the host's CLI prints it). Serializing these
+/// reports into memory cannot fail: their maps have string keys.
+fn json_text(report: &stowplan_json::Levels) -> String {
+    serde_json::to_string(report).unwrap_or_default()
 }
 
 fn py_error(e: k::verl::PyError) -> peers::PyError {
@@ -326,7 +337,7 @@ impl multimodal::Guest for Kernel {
         extra: Vec<u64>,
         options: balance::MicroOptions,
     ) -> Result<balance::MicroPlan, types::Error> {
-        k::micro_batches_with_extra(&lengths, Some(&extra), &micro_options(options)).map(micro_plan).map_err(error)
+        k::micro_batches_with_extra(&lengths, Some(&extra), &micro_options(options)).map(Into::into).map_err(error)
     }
 
     fn balance_dp(
@@ -336,7 +347,7 @@ impl multimodal::Guest for Kernel {
         options: balance::DpOptions,
     ) -> Result<balance::DpPlan, types::Error> {
         let o = k::DpOptions { extra_costs: Some(&extra), ..dp_options(&options) };
-        k::balance_dp(&lengths, dp, &o).map(dp_plan).map_err(error)
+        k::balance_dp(&lengths, dp, &o).map(Into::into).map_err(error)
     }
 
     fn plan(
@@ -348,7 +359,7 @@ impl multimodal::Guest for Kernel {
     ) -> Result<balance::TwoLevel, types::Error> {
         let o = k::DpOptions { extra_costs: Some(&extra), ..dp_options(&dp_opts) };
         let p = k::plan(&lengths, dp, &o, &micro_options(micro)).map_err(error)?;
-        Ok(balance::TwoLevel { dp: dp_plan(p.dp), ranks: p.ranks.into_iter().map(micro_plan).collect() })
+        Ok(p.into())
     }
 
     fn distribute(

@@ -1,9 +1,19 @@
 //! Results as JSON: the typed reports (`Serialize`) of the kernel's results, one struct per
-//! shape. The CLI's `--json` prints them inside each command's report, the conformance vectors
-//! hold them, and the JavaScript SDK's `toPlan` reproduces them byte for byte. The figures in
+//! shape, the one writer of these shapes (no_std, so that the WebAssembly kernel links it too).
+//! The CLI's `--json` prints them inside each command's report (the host re-exports this
+//! crate as `stowplan::json`), the conformance vectors hold them, and the JavaScript SDK's
+//! `toJSONText` gets them from the component (`balance.micro-batches-json` …). The figures in
 //! them are the kernel's ([`stowplan_kernel::Figures`], [`stowplan_kernel::verl`]).
 
-use std::fmt;
+#![no_std]
+#![deny(missing_docs)]
+
+extern crate alloc;
+
+use alloc::format;
+use alloc::string::{String, ToString};
+use alloc::vec::Vec;
+use core::fmt;
 
 use serde::Serialize;
 use serde::ser::{SerializeMap, SerializeStruct, Serializer};
@@ -88,7 +98,7 @@ impl Figures {
     }
 }
 
-impl std::ops::Deref for Figures {
+impl core::ops::Deref for Figures {
     type Target = stowplan_kernel::Figures;
 
     fn deref(&self) -> &Self::Target {
@@ -128,7 +138,7 @@ pub struct VerlUnbalance {
 impl VerlUnbalance {
     /// verl's figures for `partitions` of `seqlens` under `prefix`, or verl's error.
     pub fn of(prefix: &str, seqlens: &[i64], partitions: &[Vec<i64>]) -> Result<Self, UnbalanceError> {
-        let u = crate::verl_log_seqlen_unbalance(seqlens, partitions)?;
+        let u = stowplan_kernel::verl::log_seqlen_unbalance(seqlens, partitions)?;
         Ok(Self { prefix: prefix.to_string(), figures: u.figures() })
     }
 
@@ -253,7 +263,7 @@ impl Micro {
     /// Every rank's micro-batches (one entry for one batch).
     pub fn ranks(&self) -> &[MicroBatches] {
         match self {
-            Micro::One(m) => std::slice::from_ref(m),
+            Micro::One(m) => core::slice::from_ref(m),
             Micro::PerRank(r) => r,
         }
     }
@@ -261,7 +271,7 @@ impl Micro {
     /// The same, to fill in.
     pub fn ranks_mut(&mut self) -> &mut [MicroBatches] {
         match self {
-            Micro::One(m) => std::slice::from_mut(m),
+            Micro::One(m) => core::slice::from_mut(m),
             Micro::PerRank(r) => r,
         }
     }
@@ -345,6 +355,7 @@ pub fn verl_unbalance(prefix: &str, seqlens: &[i64], partitions: &[Vec<i64>]) ->
 #[cfg(test)]
 mod tests {
     use super::*;
+    use alloc::vec;
 
     #[test]
     fn the_shapes_and_their_keys() {
