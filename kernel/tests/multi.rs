@@ -8,6 +8,9 @@ use stowplan_kernel::{
     pack_multi,
 };
 
+#[path = "support/vlm.rs"]
+mod vlm;
+
 const METHODS: [MultiMethod; 4] = [MultiMethod::Bfd, MultiMethod::Ffd, MultiMethod::NextFit, MultiMethod::Balanced];
 /// `pack`'s method for each of [`METHODS`] with one resource.
 const SINGLE: [PackMethod; 4] = [PackMethod::Bfd, PackMethod::Ffd, PackMethod::NextFit, PackMethod::Bfd];
@@ -597,6 +600,7 @@ fn bad_arguments_are_named() {
 /// `min_count`), loads reported right; a batch that uses none of the limited resources gets
 /// `micro_batches_with_extra`'s plan exactly.
 mod limited_micro_batches {
+    use super::vlm::{VlmBatch, vlm_batch};
     use proptest::prelude::*;
     use stowplan_kernel::{Cost, Error, MicroLimits, MicroOptions, micro_batches_limited, micro_batches_with_extra};
 
@@ -605,23 +609,21 @@ mod limited_micro_batches {
 
         #[test]
         fn every_micro_batch_is_within_every_cap(
-            rows in proptest::collection::vec((1u64..400, 0u64..300, 0u64..4, 0u64..50), 1..80),
+            batch in vlm_batch(1..80, (400, 300, 4, 50)),
             cap in 400u64..1200,
             image_cap in 300u64..900,
             images_cap in 4u64..10,
             min_count in 0u32..4,
             attention in any::<bool>(),
         ) {
-            let lengths: Vec<u64> = rows.iter().map(|r| r.0).collect();
-            let extra: Vec<u64> = rows.iter().map(|r| r.3).collect();
-            let sizes: Vec<u64> = rows.iter().flat_map(|r| [r.1, r.2]).collect();
+            let VlmBatch { lengths, sizes, extra } = &batch;
             let caps = [image_cap, images_cap];
             let names = ["image_tokens".to_string(), "images".to_string()];
             let limits = MicroLimits { sizes: &sizes, caps: &caps, names: &names };
             let cost = if attention { Cost::ATTENTION } else { Cost::TOKENS };
-            let o = MicroOptions { cost, min_count: min_count.min(rows.len() as u32), ..MicroOptions::new(cap) };
+            let o = MicroOptions { cost, min_count: min_count.min(lengths.len() as u32), ..MicroOptions::new(cap) };
             let p = micro_batches_limited(&lengths, Some(&extra), &limits, &o).unwrap();
-            let mut seen = vec![false; rows.len()];
+            let mut seen = vec![false; lengths.len()];
             for b in 0..p.plan.count() {
                 let members = p.plan.batch(b);
                 prop_assert!(!members.is_empty());
@@ -641,13 +643,13 @@ mod limited_micro_batches {
             let bound = |sum: u64, c: u64| sum.div_ceil(c).max(1);
             let want = [
                 bound(lengths.iter().sum(), cap),
-                bound(rows.iter().map(|r| r.1).sum(), image_cap),
-                bound(rows.iter().map(|r| r.2).sum(), images_cap),
+                bound(sizes.iter().step_by(2).sum(), image_cap),
+                bound(sizes.iter().skip(1).step_by(2).sum(), images_cap),
             ];
             prop_assert_eq!(&p.lower_bounds[..], &want[..]);
             prop_assert!(p.plan.count() as u64 >= *want.iter().max().unwrap());
             // The count: the balanced fill's under all the caps, raised to min_count.
-            let rows3: Vec<u64> = rows.iter().flat_map(|r| [r.0, r.1, r.2]).collect();
+            let rows3: Vec<u64> = lengths.iter().zip(sizes.chunks(2)).flat_map(|(&l, s)| [l, s[0], s[1]]).collect();
             let all_caps = [cap, image_cap, images_cap];
             let fill = stowplan_kernel::pack_multi(&rows3, &stowplan_kernel::MultiOptions {
                 capacities: &all_caps,
@@ -692,6 +694,7 @@ mod limited_micro_batches {
 /// (the largest any rank needs), every sequence once; the DP level is `balance_dp`'s; a batch
 /// that uses none of the limited resources gets `plan`'s result exactly.
 mod limited_plans {
+    use super::vlm::{VlmBatch, vlm_batch};
     use proptest::prelude::*;
     use stowplan_kernel::{
         DpOptions, MicroLimits, MicroOptions, balance_dp, micro_batches_limited, plan, plan_limited,
@@ -702,15 +705,13 @@ mod limited_plans {
 
         #[test]
         fn every_rank_keeps_every_cap_with_one_count(
-            rows in proptest::collection::vec((1u64..400, 0u64..300, 0u64..4, 0u64..50), 8..120),
+            batch in vlm_batch(8..120, (400, 300, 4, 50)),
             dp in 1u32..5,
             cap in 400u64..1200,
             caps in (300u64..900, 4u64..10),
             extra_costs in any::<bool>(),
         ) {
-            let lengths: Vec<u64> = rows.iter().map(|r| r.0).collect();
-            let extra: Vec<u64> = rows.iter().map(|r| r.3).collect();
-            let sizes: Vec<u64> = rows.iter().flat_map(|r| [r.1, r.2]).collect();
+            let VlmBatch { lengths, sizes, extra } = &batch;
             let caps = [caps.0, caps.1];
             let limits = MicroLimits { sizes: &sizes, caps: &caps, names: &[] };
             let d = DpOptions { extra_costs: extra_costs.then_some(&extra[..]), ..DpOptions::default() };
@@ -725,7 +726,7 @@ mod limited_plans {
             };
             prop_assert_eq!(&p.dp, &balance_dp(&lengths, dp, &d).unwrap());
             let count = p.ranks[0].count();
-            let mut seen = vec![false; rows.len()];
+            let mut seen = vec![false; lengths.len()];
             for (q, mp) in p.ranks.iter().enumerate() {
                 prop_assert_eq!(mp.count(), count);
                 // The count is the largest any rank needs alone.

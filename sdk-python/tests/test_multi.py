@@ -16,6 +16,23 @@ import stowplan
 WORKLOADS = pathlib.Path(__file__).resolve().parents[3] / "shared" / "workloads"
 
 
+def vlm_rows(min_size, max_size, max_tokens=400):
+    """Rows ``(tokens, image tokens, images)`` of a vision-language batch."""
+    row = st.tuples(st.integers(1, max_tokens), st.integers(0, 300), st.integers(0, 4))
+    return st.lists(row, min_size=min_size, max_size=max_size)
+
+
+#: Caps for those rows: tokens, image tokens, images.
+VLM_CAPS = (st.integers(400, 1200), st.integers(300, 900), st.integers(4, 10))
+
+
+def vlm_batch(rows, image_cap, images_cap):
+    """The lengths, resources and limits of ``rows`` under those caps."""
+    lengths = [r[0] for r in rows]
+    resources = {"image_tokens": [r[1] for r in rows], "images": [r[2] for r in rows]}
+    return lengths, resources, {"image_tokens": image_cap, "images": images_cap}
+
+
 @st.composite
 def cases(draw):
     r = draw(st.integers(1, 4))
@@ -113,17 +130,9 @@ def test_errors_name_the_argument_and_the_resource():
 
 
 @settings(max_examples=80, deadline=None)
-@given(
-    st.lists(st.tuples(st.integers(1, 400), st.integers(0, 300), st.integers(0, 4)), min_size=1, max_size=60),
-    st.integers(400, 1200),
-    st.integers(300, 900),
-    st.integers(4, 10),
-    st.sampled_from(["wasm", "native"]),
-)
+@given(vlm_rows(1, 60), *VLM_CAPS, st.sampled_from(["wasm", "native"]))
 def test_micro_batches_keep_every_limit(rows, cap, image_cap, images_cap, backend):
-    lengths = [r[0] for r in rows]
-    resources = {"image_tokens": [r[1] for r in rows], "images": [r[2] for r in rows]}
-    limits = {"image_tokens": image_cap, "images": images_cap}
+    lengths, resources, limits = vlm_batch(rows, image_cap, images_cap)
     mb = stowplan.micro_batches(lengths, cap, resources=resources, limits=limits, cost="attention", backend=backend)
     seen = sorted(int(i) for b in mb.batches for i in b)
     assert seen == list(range(len(rows)))
@@ -140,17 +149,9 @@ def test_micro_batches_keep_every_limit(rows, cap, image_cap, images_cap, backen
 
 
 @settings(max_examples=60, deadline=None)
-@given(
-    st.lists(st.tuples(st.integers(1, 400), st.integers(0, 300), st.integers(0, 4)), min_size=8, max_size=120),
-    st.integers(1, 4),
-    st.integers(400, 1200),
-    st.integers(300, 900),
-    st.integers(4, 10),
-)
+@given(vlm_rows(8, 120), st.integers(1, 4), *VLM_CAPS)
 def test_balance_keeps_every_limit_on_every_rank(rows, dp, cap, image_cap, images_cap):
-    lengths = [r[0] for r in rows]
-    resources = {"image_tokens": [r[1] for r in rows], "images": [r[2] for r in rows]}
-    limits = {"image_tokens": image_cap, "images": images_cap}
+    lengths, resources, limits = vlm_batch(rows, image_cap, images_cap)
     try:
         b = stowplan.balance(
             lengths, dp, max_token_len=cap, resources=resources, limits=limits, cost="attention",
@@ -202,7 +203,7 @@ def test_micro_batch_limit_errors_name_the_argument():
 
 @settings(max_examples=60, deadline=None)
 @given(
-    rows=st.lists(st.tuples(st.integers(1, 60), st.integers(0, 300), st.integers(0, 4)), min_size=1, max_size=60),
+    rows=vlm_rows(1, 60, max_tokens=60),
     dp=st.integers(1, 4),
     image_cap=st.integers(300, 900),
     images_cap=st.integers(4, 9),

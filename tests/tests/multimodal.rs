@@ -9,6 +9,11 @@ use proptest::prelude::*;
 use stowplan::{Cost, DistributeOptions, DpOptions, Error, Kernel, MaterializeOptions, MicroOptions};
 use stowplan_conformance::plain_sample;
 
+// The kernel tests' batches (tokens, image tokens, images, extra cost).
+#[path = "../../kernel/tests/support/vlm.rs"]
+mod vlm;
+use vlm::{VlmBatch, vlm_batch};
+
 fn kernels() -> [Kernel; 2] {
     [Kernel::native(), Kernel::wasm().expect("wasm kernel")]
 }
@@ -124,14 +129,12 @@ proptest! {
     /// within every cap, and errors the same on both backends.
     #[test]
     fn limited_micro_batches_agree_on_both_backends(
-        rows in proptest::collection::vec((1u64..500, 0u64..400, 0u64..5, 0u64..100), 1..60),
+        batch in vlm_batch(1..60, (500, 400, 5, 100)),
         image_cap in 300u64..1000,
         images_cap in 3u64..12,
     ) {
         use stowplan::MicroLimits;
-        let lengths: Vec<u64> = rows.iter().map(|r| r.0).collect();
-        let extra: Vec<u64> = rows.iter().map(|r| r.3).collect();
-        let sizes: Vec<u64> = rows.iter().flat_map(|r| [r.1, r.2]).collect();
+        let VlmBatch { lengths, sizes, extra } = &batch;
         let caps = [image_cap, images_cap];
         let names = ["image_tokens".to_string(), "images".to_string()];
         let limits = MicroLimits { sizes: &sizes, caps: &caps, names: &names };
@@ -156,13 +159,11 @@ proptest! {
     /// Both levels under limits: WASM ≡ native, extra costs included.
     #[test]
     fn limited_plans_agree_on_both_backends(
-        rows in proptest::collection::vec((1u64..500, 0u64..400, 0u64..5, 0u64..100), 8..80),
+        batch in vlm_batch(8..80, (500, 400, 5, 100)),
         dp in 1u32..4,
     ) {
         use stowplan::MicroLimits;
-        let lengths: Vec<u64> = rows.iter().map(|r| r.0).collect();
-        let extra: Vec<u64> = rows.iter().map(|r| r.3).collect();
-        let sizes: Vec<u64> = rows.iter().flat_map(|r| [r.1, r.2]).collect();
+        let VlmBatch { lengths, sizes, extra } = &batch;
         let limits = MicroLimits { sizes: &sizes, caps: &[800, 6], names: &[] };
         let d = DpOptions { cost: Cost::ATTENTION, extra_costs: Some(&extra), ..DpOptions::default() };
         let o = MicroOptions { cost: Cost::ATTENTION, ..MicroOptions::new(1000) };
@@ -225,14 +226,12 @@ proptest! {
     /// included or not.
     #[test]
     fn limited_distributions_agree_on_both_backends(
-        rows in proptest::collection::vec((1u64..500, 0u64..400, 0u64..5, 0u64..100), 1..80),
+        batch in vlm_batch(1..80, (500, 400, 5, 100)),
         dp in 1u32..5,
         with_extra in any::<bool>(),
     ) {
         use stowplan::MicroLimits;
-        let lengths: Vec<u64> = rows.iter().map(|r| r.0).collect();
-        let extra: Vec<u64> = rows.iter().map(|r| r.3).collect();
-        let sizes: Vec<u64> = rows.iter().flat_map(|r| [r.1, r.2]).collect();
+        let VlmBatch { lengths, sizes, extra } = &batch;
         let o = DistributeOptions {
             cost: Cost::ATTENTION,
             extra_costs: with_extra.then_some(&extra[..]),
