@@ -79,6 +79,24 @@ pub mod renamed {
 #[allow(deprecated)]
 pub use renamed::{DpPlan, LimitedMicroPlan, MicroPlan, Partitioning, Plan};
 
+#[cfg(test)]
+#[allow(deprecated)]
+mod renamed_tests {
+    /// Code written against the former names still compiles and gets the same values.
+    #[test]
+    fn former_names_are_the_new_types() {
+        let lengths = [3, 5, 2, 7];
+        let micro: crate::MicroPlan = crate::micro_batches(&lengths, &crate::MicroOptions::new(8)).unwrap();
+        let dp: crate::DpPlan = crate::balance_dp(&lengths, 2, &crate::DpOptions::default()).unwrap();
+        let both: crate::Plan =
+            crate::plan(&lengths, 2, &crate::DpOptions::default(), &crate::MicroOptions::new(8)).unwrap();
+        let parts: crate::Partitioning = crate::partition(&lengths, 2, &crate::PartitionOptions::default()).unwrap();
+        assert_eq!(both.dp, dp);
+        assert_eq!(micro.indices.len(), 4);
+        assert_eq!(parts.total, 17);
+    }
+}
+
 pub use pack::{NextFitRuns, OversizePolicy, PackMethod, PackOptions, Packing, next_fit_runs, pack};
 pub use partition::{Partition, PartitionMethod, PartitionOptions, partition};
 pub use plan::{
