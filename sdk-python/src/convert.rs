@@ -22,16 +22,16 @@ fn bound(v: i128) -> String {
     }
 }
 
-/// Calls `f` with the bytes of argument `name` read in place: `bytes` as they are, any other
-/// contiguous buffer (`bytearray`, `memoryview`, a numpy `uint8` array — what `ray.get` of a
-/// Ray object holding one gives —, a `pyarrow.Buffer`) through `numpy.frombuffer` (the buffer
-/// protocol is not in the stable ABI this module is built for).
 /// `value` as Python objects through its `Serialize` (pythonize): a struct or map becomes a
 /// dict with its fields in order, a sequence a list, a unit variant its serde name.
 pub(crate) fn pythonized<'py, T: serde::Serialize + ?Sized>(py: Python<'py>, value: &T) -> PyResult<Bound<'py, PyAny>> {
     Ok(pythonize::pythonize(py, value)?)
 }
 
+/// Calls `f` with the bytes of argument `name` read in place: `bytes` as they are, any other
+/// contiguous buffer (`bytearray`, `memoryview`, a numpy `uint8` array — what `ray.get` of a
+/// Ray object holding one gives —, a `pyarrow.Buffer`) through `numpy.frombuffer` (the buffer
+/// protocol is not in the stable ABI this module is built for).
 pub(crate) fn with_bytes<R>(data: &Bound<'_, PyAny>, name: &str, f: impl FnOnce(&[u8]) -> PyResult<R>) -> PyResult<R> {
     if let Ok(b) = data.cast::<pyo3::types::PyBytes>() {
         return f(b.as_bytes());

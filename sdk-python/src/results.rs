@@ -118,9 +118,9 @@ pub(crate) fn views<'py, T: numpy::Element>(
 }
 
 /// `{"max", "min", "mean", "max_over_mean", "spread"}` of per-group totals
-/// (`stowplan::json::summary`, the CLI's balance metrics).
+/// (`stowplan::json::Figures`, the CLI's balance metrics, in its field order).
 pub(crate) fn summary<'py>(values: &Bound<'py, PyArray1<u64>>) -> PyResult<Bound<'py, PyAny>> {
-    crate::convert::pythonized(values.py(), &stowplan::json::summary(&vec_of(values)?))
+    crate::convert::pythonized(values.py(), &stowplan::json::Figures::of(&vec_of(values)?))
 }
 
 /// verl's `log_seqlen_unbalance` dict (`{prefix}/min`, `/max`, `/minmax_diff`,

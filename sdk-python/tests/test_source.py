@@ -302,3 +302,13 @@ def test_slime_data_source_takes_allow_pickle(tmp_path: pathlib.Path) -> None:
     again = RolloutDataSourceWithBuffer(args, allow_pickle=True)
     again.load(1)
     assert again.get_samples(1) == [[Opaque(0, "x")]]
+
+
+def test_a_sample_pickled_under_its_former_name_loads():
+    import pickle
+
+    sample = stowplan.RolloutSample(index=3, group=1, prompt_index=1, prompt="2+2?", rewards=[1.0])
+    # A pickle written before the rename names stowplan._source.Sample.
+    old = pickle.dumps(sample, protocol=0).replace(b"\nRolloutSample\n", b"\nSample\n")
+    assert b"\nSample\n" in old
+    assert pickle.loads(old) == sample

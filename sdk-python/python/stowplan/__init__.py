@@ -44,6 +44,8 @@ True
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from . import _stowplan
 
 # Partitions, packings, balances and trainer layouts are computed and held by the native
@@ -94,6 +96,11 @@ COSTS = _stowplan.COST_PRESETS
 #: Former names (ARCHITECTURE.md, "Names across Rust, Python and JavaScript"), kept for a
 #: while: each use warns with ``DeprecationWarning`` and names its replacement.
 _RENAMED = {"ZmqReceiver": "ZmqRankClient", "FileReceiver": "FileRankClient", "Sample": "RolloutSample"}
+
+if TYPE_CHECKING:  # what type checkers see of the former names (at run time: __getattr__)
+    ZmqReceiver = ZmqRankClient
+    FileReceiver = FileRankClient
+    Sample = RolloutSample
 
 
 def __getattr__(name: str) -> object:
