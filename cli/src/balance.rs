@@ -76,18 +76,13 @@ enum Planned {
 
 /// The report's view of `planned` for `lengths`, with every micro-batch's loads in the
 /// limits whose sizes `table` gives.
-fn levels(planned: &Planned, lengths: &[u64], table: &Table) -> Levels {
-    let mut levels = match planned {
+fn levels(planned: &Planned, lengths: &[u64], table: &Table) -> Result<Levels, Failure> {
+    let levels = match planned {
         Planned::Micro(m) => Levels::micro(m),
         Planned::Dp(d) => Levels::dp(d, lengths),
         Planned::Both(p) => Levels::both(p, lengths),
     };
-    if !table.caps.is_empty() {
-        for m in levels.micro_batches.iter_mut().flat_map(Micro::ranks_mut) {
-            m.resource_loads = m.batches.iter().map(|b| table.loads(b)).collect();
-        }
-    }
-    levels
+    Ok(levels.with_resource_loads(&table.sizes, table.caps.len()).map_err(stowplan::Error::from)?)
 }
 
 /// What `stowplan balance` reports.
@@ -173,12 +168,6 @@ impl Table {
         MicroLimits { sizes: &self.sizes, caps: &self.caps, names: &self.names }
     }
 
-    /// The load of `members` in each limit.
-    fn loads(&self, members: &[u32]) -> Vec<u64> {
-        let e = self.caps.len();
-        (0..e).map(|q| members.iter().map(|&i| self.sizes[i as usize * e + q]).sum()).collect()
-    }
-
     /// Every limit of a report (tokens first, capped at `max_token_len`), over the
     /// micro-batches of `levels`.
     fn report(&self, lengths: &[u64], max_token_len: u64, levels: &Levels) -> Option<Limits> {
@@ -255,7 +244,7 @@ pub fn run(a: Args) -> Result<(), Failure> {
             None => Planned::Dp(k.balance_dp(&lengths, a.dp, &dp_options)?),
         })
     })?;
-    let levels = levels(&planned, &lengths, &table);
+    let levels = levels(&planned, &lengths, &table)?;
     let report = Report {
         limits: table.report(&lengths, a.max_token_len.unwrap_or(0), &levels),
         levels,

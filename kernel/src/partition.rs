@@ -20,6 +20,10 @@ use core::cmp::Reverse;
 
 use crate::{Error, checked_len, checked_sum, flatten, invalid, sorted_desc};
 
+/// The former name (see [`crate::renamed`]).
+#[allow(deprecated)]
+pub use crate::renamed::Partitioning;
+
 /// Which partitioning algorithm to run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum PartitionMethod {

@@ -28,11 +28,21 @@ class Totals {
   }
 }
 
+/** The kernel's `reports.resource-sizes` of limits (`limitRows`), or of none. */
+function resourceSizes(limits) {
+  return limits ? { sizes: limits.sizes, resources: limits.caps.length } : { sizes: new BigUint64Array(0), resources: 0 };
+}
+
 /** Micro-batches of one batch (the result of `microBatches`, and each rank's in `balance`). */
 export class MicroBatches extends Totals {
-  /** @param {any} p the kernel's micro-plan @param {any} k the kernel's exports */
-  constructor(p, k) {
+  /**
+   * @param {any} p the kernel's micro-plan @param {any} k the kernel's exports
+   * @param {any} [limits] the further limits they keep (their sizes give `resource_loads`)
+   */
+  constructor(p, k, limits = null) {
     super(p, k);
+    /** @private */
+    Object.defineProperty(this, 'sizes', { value: resourceSizes(limits) });
     /** Micro-batch boundaries into `indices`. */
     this.offsets = p.batches.offsets;
     /** Input indices, micro-batch after micro-batch (each ascending). */
@@ -49,6 +59,8 @@ export class MicroBatches extends Totals {
     this.required = p.required;
     /** Number of micro-batches. */
     this.count = this.offsets.length - 1;
+    // Read-only, as in Python: toJSONText reads the kernel's record these fields come from.
+    Object.freeze(this);
   }
 
   /** The micro-batches, as views into `indices`. @returns {Uint32Array[]} */
@@ -68,7 +80,7 @@ export class MicroBatches extends Totals {
    */
   toJSONText() {
     const t = /** @type {any} */ (this);
-    return call(() => t.k.balance.microBatchesJson(t.record));
+    return call(() => t.k.reports.microBatchesJson(t.record, t.sizes));
   }
 }
 
@@ -100,6 +112,8 @@ export class Balance extends Totals {
     this.dp = this.offsets.length - 1;
     /** The global lengths planned. */
     this.lengths = lengths;
+    // Read-only, as in Python: toJSONText reads the kernel's records these fields come from.
+    Object.freeze(this);
   }
 
   /** Every rank's samples, as views into `order`. @returns {Uint32Array[]} */
@@ -127,8 +141,9 @@ export class Balance extends Totals {
    */
   toJSONText() {
     const t = /** @type {any} */ (this);
-    if (!this.microBatches) return call(() => t.k.balance.dpJson(t.record, this.lengths));
-    const plan = { dp: t.record, ranks: this.microBatches.map((m) => /** @type {any} */ (m).record) };
-    return call(() => t.k.balance.twoLevelJson(plan, this.lengths));
+    if (!this.microBatches) return call(() => t.k.reports.dpJson(t.record, this.lengths));
+    const ranks = this.microBatches.map((m) => /** @type {any} */ (m));
+    const plan = { dp: t.record, ranks: ranks.map((m) => m.record) };
+    return call(() => t.k.reports.twoLevelJson(plan, this.lengths, ranks[0]?.sizes ?? resourceSizes(null)));
   }
 }

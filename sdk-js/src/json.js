@@ -1,16 +1,8 @@
-// JSON text as the Rust host and the CLI print it (serde_json, compact): exact integers
-// (bigints and integer typed arrays written digit for digit) and floats in Rust's shortest
-// round-trip form (`1500.0`, `1.0333333333333334`, `1e16`), so that a plan exported here is
-// byte-identical to `stowplan balance --json`'s.
-
-/** A float, marked so that whole values print as Rust prints an f64 (`2.0`, not `2`). */
-export class F64 {
-  /** @param {number} value */
-  constructor(value) {
-    /** The value. */
-    this.value = value;
-  }
-}
+// JSON text in the Rust host's style (serde_json, compact) for values of the SDK's own
+// (`toJSONText(value)`, the explorer's export): exact integers (bigints and integer typed
+// arrays written digit for digit) and other floats in Rust's shortest round-trip form
+// (`1.0333333333333334`, `1e16`). The plans' JSON texts come from the kernel itself
+// (`MicroBatches.toJSONText`, `Balance.toJSONText`).
 
 /**
  * `x` as serde_json (ryu) writes an f64.
@@ -44,14 +36,13 @@ export function formatF64(x) {
 
 /**
  * The compact JSON text of `value`: objects keep their key order; bigints, integer numbers
- * and typed arrays print exactly; `F64` values print as Rust floats; `undefined` members are
- * left out and `null` stays `null`.
+ * and typed arrays print exactly, other numbers as Rust prints an f64; `undefined` members
+ * are left out and `null` stays `null`.
  * @param {unknown} value
  * @returns {string}
  */
 export function stringify(value) {
   if (value === null || value === undefined) return 'null';
-  if (value instanceof F64) return formatF64(value.value);
   switch (typeof value) {
     case 'bigint':
       return value.toString();

@@ -141,7 +141,7 @@ export class Stowplan {
       if (!given(o.resources)) throw new InvalidArgumentError("limits needs resources (the sequences' sizes in each)");
       const lim = limitRows(o.resources, o.limits, l.length);
       const e = given(o.extraCosts) ? u64Array(o.extraCosts, 'extraCosts') : undefined;
-      return new MicroBatches(call(() => this.k.multiMicro.microBatches(l, e, lim, m), lim.names).plan, this.k);
+      return new MicroBatches(call(() => this.k.multiMicro.microBatches(l, e, lim, m), lim.names).plan, this.k, lim);
     }
     if (given(o.extraCosts)) {
       const e = u64Array(o.extraCosts, 'extraCosts');
@@ -179,15 +179,17 @@ export class Stowplan {
       return new Balance(dp, null, l, this.k);
     }
     let p;
+    let lim = null;
     if (given(o.resources) || given(o.limits)) {
       if (!given(o.limits)) throw new InvalidArgumentError('resources needs limits (the cap of each resource)');
       if (!given(o.resources)) throw new InvalidArgumentError("limits needs resources (the sequences' sizes in each)");
-      const lim = limitRows(o.resources, o.limits, l.length);
-      p = call(() => this.k.multiMicro.plan(l, e ?? undefined, lim, d, dpOpts, micro), lim.names);
+      lim = limitRows(o.resources, o.limits, l.length);
+      const limits = lim;
+      p = call(() => this.k.multiMicro.plan(l, e ?? undefined, limits, d, dpOpts, micro), limits.names);
     } else {
       p = e ? call(() => this.k.multimodal.plan(l, e, d, dpOpts, micro)) : call(() => this.k.balance.plan(l, d, dpOpts, micro));
     }
-    return new Balance(p.dp, p.ranks.map((r) => new MicroBatches(r, this.k)), l, this.k);
+    return new Balance(p.dp, p.ranks.map((r) => new MicroBatches(r, this.k, lim)), l, this.k);
   }
 
   /**

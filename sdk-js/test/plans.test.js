@@ -132,6 +132,34 @@ test('balance plans: JSON text byte-identical to the plan of stowplan balance --
   }
 });
 
+test('balance plans under limits: JSON text byte-identical to the CLI\'s, resource loads included', () => {
+  const { tokens, resources } = vlmTable();
+  const n = 2000;
+  const lengths = tokens.slice(0, n);
+  const cut = { image_tokens: resources.image_tokens.slice(0, n), images: resources.images.slice(0, n) };
+  const input = `tokens\timage_tokens\timages\n${lengths.map((t, i) => `${t}\t${cut.image_tokens[i]}\t${cut.images[i]}`).join('\n')}\n`;
+  const limits = { image_tokens: 8192, images: 32 };
+  const flags = ['--max-token-len', '16384', '--limit', 'image_tokens=8192', '--limit', 'images=32'];
+  for (const dp of [1, 4]) {
+    const want = cliPlanText(cli(['balance', '-', '--json', '--dp', String(dp), ...flags], input));
+    assert.match(want, /"resource_loads":\[\[/, 'the CLI reports the loads');
+    const got =
+      dp === 1
+        ? stowplan.microBatches(lengths, 16384, { resources: cut, limits }).toJSONText()
+        : stowplan.balance(lengths, dp, { maxTokenLen: 16384, resources: cut, limits }).toJSONText();
+    assert.equal(got, want, `dp ${dp}`);
+  }
+});
+
+test('toJSONText of micro-batches whose arrays were changed in place is refused, not a trap', () => {
+  const mb = stowplan.microBatches([5, 6, 7], 12, { resources: { images: [1, 0, 2] }, limits: { images: 3 } });
+  assert.throws(() => {
+    mb.tokens = new BigUint64Array(0);
+  }, TypeError, 'the fields are read-only');
+  mb.indices[0] = 99;
+  assert.throws(() => mb.toJSONText(), /sample 99, beyond the 3 of sizes/);
+});
+
 /** The shuffle as wit/kernel.wit specifies it, written here with bigints: an independent reference. */
 function referencePermutation(n, seed, epoch) {
   const M = (1n << 64n) - 1n;

@@ -2,7 +2,7 @@
 //! shape, the one writer of these shapes (no_std, so that the WebAssembly kernel links it too).
 //! The CLI's `--json` prints them inside each command's report (the host re-exports this
 //! crate as `stowplan::json`), the conformance vectors hold them, and the JavaScript SDK's
-//! `toJSONText` gets them from the component (`balance.micro-batches-json` …). The figures in
+//! `toJSONText` gets them from the component (the `reports` interface of `wit/kernel.wit`). The figures in
 //! them are the kernel's ([`stowplan_kernel::Figures`], [`stowplan_kernel::verl`]).
 
 #![no_std]
@@ -19,7 +19,7 @@ use serde::Serialize;
 use serde::ser::{SerializeMap, SerializeStruct, Serializer};
 use serde_json::Value;
 use stowplan_kernel::verl::{UnbalanceError, UnbalanceFigures};
-use stowplan_kernel::{Balance, Packing, Partition, TwoLevelBalance, unflatten as lists};
+use stowplan_kernel::{Balance, Error, Packing, Partition, TwoLevelBalance, unflatten as lists};
 
 /// A partition: `{"groups", "sums", "total", "spread", "lower_bound"}`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -323,6 +323,48 @@ impl Levels {
             micro_batch_cost_balance: Some(Figures::of(&costs)),
         }
     }
+
+    /// These levels with every micro-batch's `resource_loads`: the sums of its samples'
+    /// sizes under further limits, `sizes` holding `resources` values per sample, sample
+    /// after sample (with no limits, `resources` 0: the levels as they are).
+    ///
+    /// Errors (`invalid-argument`): `resources` above the kernel's 7 further limits
+    /// ([`MAX_RESOURCES`](stowplan_kernel::MAX_RESOURCES) − 1), `sizes` not a whole number of
+    /// rows of `resources`, a micro-batch naming a sample beyond them, a load above u64.
+    pub fn with_resource_loads(mut self, sizes: &[u64], resources: usize) -> Result<Self, Error> {
+        if resources == 0 {
+            return Ok(self);
+        }
+        let most = stowplan_kernel::MAX_RESOURCES - 1;
+        if resources > most {
+            return Err(Error::InvalidArgument(format!("resources must be in 0..={most} (got {resources})")));
+        }
+        if sizes.len() % resources != 0 {
+            return Err(Error::InvalidArgument(format!(
+                "sizes: {} values are not a whole number of rows of {resources} (one per resource)",
+                sizes.len()
+            )));
+        }
+        let samples = sizes.len() / resources;
+        for m in self.micro_batches.iter_mut().flat_map(Micro::ranks_mut) {
+            m.resource_loads = Vec::with_capacity(m.batches.len());
+            for batch in &m.batches {
+                let mut loads = alloc::vec![0u64; resources];
+                for &i in batch {
+                    let row = sizes.get(i as usize * resources..(i as usize + 1) * resources).ok_or_else(|| {
+                        Error::InvalidArgument(format!("a micro-batch holds sample {i}, beyond the {samples} of sizes"))
+                    })?;
+                    for (load, &size) in loads.iter_mut().zip(row) {
+                        *load = load.checked_add(size).ok_or_else(|| {
+                            Error::InvalidArgument(format!("a micro-batch's load above 2^64 − 1 (sample {i})"))
+                        })?;
+                    }
+                }
+                m.resource_loads.push(loads);
+            }
+        }
+        Ok(self)
+    }
 }
 
 /// `report` as a JSON value (these reports always serialize; a float that is not finite
@@ -391,5 +433,31 @@ mod tests {
         let v = value(&m);
         assert!(v.get("resource_loads").is_none(), "{v}");
         assert_eq!(v["token_balance"]["max_over_mean"], 1.0);
+    }
+
+    #[test]
+    fn resource_loads_are_the_sums_of_the_sizes_and_bad_sizes_are_refused() {
+        let m = stowplan_kernel::MicroBatches {
+            offsets: vec![0, 2, 3],
+            indices: vec![0, 2, 1],
+            tokens: vec![9, 4],
+            costs: vec![9, 4],
+            restore: vec![0, 2, 1],
+            lower_bound: 2,
+            required: 2,
+        };
+        let sizes = [1, 10, 2, 20, 4, 40];
+        let l = Levels::micro(&m).with_resource_loads(&sizes, 2).unwrap();
+        assert_eq!(l.micro_batches.unwrap().ranks()[0].resource_loads, vec![vec![5, 50], vec![2, 20]]);
+        assert!(
+            Levels::micro(&m).with_resource_loads(&[], 0).unwrap().micro_batches.unwrap().ranks()[0]
+                .resource_loads
+                .is_empty()
+        );
+        let err = |sizes: &[u64], r: usize| Levels::micro(&m).with_resource_loads(sizes, r).unwrap_err().to_string();
+        assert!(err(&sizes, 8).contains("resources must be in 0..=7 (got 8)"));
+        assert!(err(&sizes[..5], 2).contains("5 values are not a whole number of rows of 2"));
+        assert!(err(&sizes[..4], 2).contains("sample 2, beyond the 2 of sizes"));
+        assert!(err(&[u64::MAX, 0, 1, 0, 1, 0], 2).contains("above 2^64 − 1"));
     }
 }

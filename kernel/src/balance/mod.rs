@@ -27,6 +27,9 @@ mod limited;
 mod micro;
 mod order;
 
+/// Former names (see [`crate::renamed`]).
+#[allow(deprecated)]
+pub use crate::renamed::{DpPlan, LimitedMicroPlan, MicroPlan, Plan};
 pub use dp::{Balance, DpOptions, balance_dp};
 pub use figures::Figures;
 pub(crate) use limited::Rows;

@@ -14,7 +14,7 @@ wit_bindgen::generate!({
 
 use exports::stowplan::kernel::{
     balance, layout, multi_micro, multi_pack, multi_plan, multimodal, pack, pack_compact, partition, peers, plan,
-    shuffle, streaming as stream, trl, types, verl,
+    reports, shuffle, streaming as stream, trl, types, verl,
 };
 
 // The conversions between the WIT types above and the kernel's (`stowplan_kernel::wit`).
@@ -228,24 +228,32 @@ impl balance::Guest for Kernel {
     fn figures_of(values: Vec<u64>) -> balance::Figures {
         k::Figures::of(&values).into()
     }
+}
 
-    fn micro_batches_json(plan: balance::MicroPlan) -> String {
-        json_text(&stowplan_json::Levels::micro(&plan.into()))
+impl reports::Guest for Kernel {
+    fn micro_batches_json(plan: balance::MicroPlan, sizes: reports::ResourceSizes) -> Result<String, types::Error> {
+        json_text(stowplan_json::Levels::micro(&plan.into()), &sizes)
     }
 
     fn dp_json(plan: balance::DpPlan, lengths: Vec<u64>) -> String {
-        json_text(&stowplan_json::Levels::dp(&plan.into(), &lengths))
+        let none = reports::ResourceSizes { sizes: Vec::new(), resources: 0 };
+        json_text(stowplan_json::Levels::dp(&plan.into(), &lengths), &none).unwrap_or_default()
     }
 
-    fn two_level_json(plan: balance::TwoLevel, lengths: Vec<u64>) -> String {
-        json_text(&stowplan_json::Levels::both(&plan.into(), &lengths))
+    fn two_level_json(
+        plan: balance::TwoLevel,
+        lengths: Vec<u64>,
+        sizes: reports::ResourceSizes,
+    ) -> Result<String, types::Error> {
+        json_text(stowplan_json::Levels::both(&plan.into(), &lengths), &sizes)
     }
 }
 
-/// A report's compact JSON text (serde_json, as the host's CLI prints it). Serializing these
-/// reports into memory cannot fail: their maps have string keys.
-fn json_text(report: &stowplan_json::Levels) -> String {
-    serde_json::to_string(report).unwrap_or_default()
+/// The compact JSON text of `levels` with the micro-batches' loads in `sizes` (serde_json, as
+/// the host's CLI prints it; these reports always serialize: their maps have string keys).
+fn json_text(levels: stowplan_json::Levels, sizes: &reports::ResourceSizes) -> Result<String, types::Error> {
+    let levels = levels.with_resource_loads(&sizes.sizes, sizes.resources as usize).map_err(error)?;
+    Ok(serde_json::to_string(&levels).unwrap_or_default())
 }
 
 fn py_error(e: k::verl::PyError) -> peers::PyError {
