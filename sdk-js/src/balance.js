@@ -105,7 +105,7 @@ export class Balance extends Totals {
     /** No assignment has a lighter costliest rank. */
     this.costLowerBound = dpPlan.costLowerBound;
     /** Every rank's micro-batches (indices are global), or null without `maxTokenLen`. */
-    this.microBatches = ranks;
+    this.microBatches = ranks && Object.freeze(ranks);
     /** The micro-batch count of every rank, or null without `maxTokenLen`. */
     this.count = ranks ? (ranks[0]?.count ?? 0) : null;
     /** Number of ranks. */

@@ -314,7 +314,10 @@ export class MicroBatches {
   readonly costBalance: Figures;
   /** Number of micro-batches. */
   readonly length: number;
-  /** JSON text byte-identical to `stowplan balance --max-token-len T --json`'s plan (the kernel writes it). */
+  /**
+   * JSON text byte-identical to `stowplan balance --max-token-len T --json`'s plan (the kernel writes it).
+   * @throws {InvalidArgumentError} when an array was edited to name a sample beyond the batch.
+   */
   toJSONText(): string;
 }
 
@@ -332,7 +335,7 @@ export class Balance {
   /** No assignment has a lighter costliest rank. */
   readonly costLowerBound: bigint;
   /** Every rank's micro-batches, or null without `maxTokenLen`. */
-  readonly microBatches: MicroBatches[] | null;
+  readonly microBatches: readonly MicroBatches[] | null;
   /** The micro-batch count of every rank, or null without `maxTokenLen`. */
   readonly count: number | null;
   /** Number of ranks. */
@@ -349,7 +352,10 @@ export class Balance {
   readonly length: number;
   /** verl's `log_seqlen_unbalance` metrics for these ranks. */
   logSeqlenUnbalance(prefix?: string): Record<string, bigint | number>;
-  /** JSON text byte-identical to the plan `stowplan balance --dp N [--max-token-len T] --json` prints (the kernel writes it). */
+  /**
+   * JSON text byte-identical to the plan `stowplan balance --dp N [--max-token-len T] --json` prints (the kernel writes it).
+   * @throws {InvalidArgumentError} when an array was edited to name a sample beyond the batch.
+   */
   toJSONText(): string;
 }
 

@@ -158,6 +158,14 @@ test('toJSONText of micro-batches whose arrays were changed in place is refused,
   }, TypeError, 'the fields are read-only');
   mb.indices[0] = 99;
   assert.throws(() => mb.toJSONText(), /sample 99, beyond the 3 of sizes/);
+  // Far beyond: the row's offset would wrap around 32 bits inside the component.
+  const two = stowplan.microBatches([5, 6, 7], 12, { resources: { images: [1, 0, 2], video: [0, 0, 1] }, limits: { images: 3, video: 1 } });
+  two.indices[0] = 2 ** 31;
+  assert.throws(() => two.toJSONText(), /sample 2147483648, beyond the 3 of sizes/);
+  const b = stowplan.balance([5, 6, 7, 8], 2, { maxTokenLen: 12 });
+  assert.throws(() => {
+    b.microBatches[0] = b.microBatches[1];
+  }, TypeError, "the ranks' micro-batches are read-only");
 });
 
 /** The shuffle as wit/kernel.wit specifies it, written here with bigints: an independent reference. */

@@ -329,10 +329,17 @@ impl Levels {
     /// after sample (with no limits, `resources` 0: the levels as they are).
     ///
     /// Errors (`invalid-argument`): `resources` above the kernel's 7 further limits
-    /// ([`MAX_RESOURCES`](stowplan_kernel::MAX_RESOURCES) − 1), `sizes` not a whole number of
-    /// rows of `resources`, a micro-batch naming a sample beyond them, a load above u64.
+    /// ([`MAX_RESOURCES`](stowplan_kernel::MAX_RESOURCES) − 1), sizes with `resources` 0,
+    /// `sizes` not a whole number of rows of `resources`, a micro-batch naming a sample beyond
+    /// them, a load above u64.
     pub fn with_resource_loads(mut self, sizes: &[u64], resources: usize) -> Result<Self, Error> {
         if resources == 0 {
+            if !sizes.is_empty() {
+                return Err(Error::InvalidArgument(format!(
+                    "sizes: {} values but resources is 0 (no limits: no sizes)",
+                    sizes.len()
+                )));
+            }
             return Ok(self);
         }
         let most = stowplan_kernel::MAX_RESOURCES - 1;
@@ -351,9 +358,14 @@ impl Levels {
             for batch in &m.batches {
                 let mut loads = alloc::vec![0u64; resources];
                 for &i in batch {
-                    let row = sizes.get(i as usize * resources..(i as usize + 1) * resources).ok_or_else(|| {
-                        Error::InvalidArgument(format!("a micro-batch holds sample {i}, beyond the {samples} of sizes"))
-                    })?;
+                    // Checked before any product: `i < samples` keeps `(i + 1) · resources`
+                    // within `sizes.len()` (usize is 32 bits in the component).
+                    if i as usize >= samples {
+                        return Err(Error::InvalidArgument(format!(
+                            "a micro-batch holds sample {i}, beyond the {samples} of sizes"
+                        )));
+                    }
+                    let row = &sizes[i as usize * resources..(i as usize + 1) * resources];
                     for (load, &size) in loads.iter_mut().zip(row) {
                         *load = load.checked_add(size).ok_or_else(|| {
                             Error::InvalidArgument(format!("a micro-batch's load above 2^64 − 1 (sample {i})"))
@@ -456,6 +468,7 @@ mod tests {
         );
         let err = |sizes: &[u64], r: usize| Levels::micro(&m).with_resource_loads(sizes, r).unwrap_err().to_string();
         assert!(err(&sizes, 8).contains("resources must be in 0..=7 (got 8)"));
+        assert!(err(&sizes, 0).contains("6 values but resources is 0"));
         assert!(err(&sizes[..5], 2).contains("5 values are not a whole number of rows of 2"));
         assert!(err(&sizes[..4], 2).contains("sample 2, beyond the 2 of sizes"));
         assert!(err(&[u64::MAX, 0, 1, 0, 1, 0], 2).contains("above 2^64 − 1"));

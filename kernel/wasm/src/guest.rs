@@ -236,8 +236,7 @@ impl reports::Guest for Kernel {
     }
 
     fn dp_json(plan: balance::DpPlan, lengths: Vec<u64>) -> String {
-        let none = reports::ResourceSizes { sizes: Vec::new(), resources: 0 };
-        json_text(stowplan_json::Levels::dp(&plan.into(), &lengths), &none).unwrap_or_default()
+        compact(&stowplan_json::Levels::dp(&plan.into(), &lengths))
     }
 
     fn two_level_json(
@@ -249,11 +248,17 @@ impl reports::Guest for Kernel {
     }
 }
 
-/// The compact JSON text of `levels` with the micro-batches' loads in `sizes` (serde_json, as
-/// the host's CLI prints it; these reports always serialize: their maps have string keys).
+/// The compact JSON text of `levels` with the micro-batches' loads in `sizes`.
 fn json_text(levels: stowplan_json::Levels, sizes: &reports::ResourceSizes) -> Result<String, types::Error> {
     let levels = levels.with_resource_loads(&sizes.sizes, sizes.resources as usize).map_err(error)?;
-    Ok(serde_json::to_string(&levels).unwrap_or_default())
+    Ok(compact(&levels))
+}
+
+/// `levels` as serde_json writes it compact, as the host's CLI prints it. These reports always
+/// serialize (their maps have string keys; a float that is not finite becomes null): a failure
+/// would be a bug, a trap the host reports, never an empty text.
+fn compact(levels: &stowplan_json::Levels) -> String {
+    serde_json::to_string(levels).expect("a report serializes")
 }
 
 fn py_error(e: k::verl::PyError) -> peers::PyError {

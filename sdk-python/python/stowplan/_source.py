@@ -70,10 +70,10 @@ class RolloutSample:
     status: str = "pending"
 
 
-
 # The former name, for pickles written before the rename (they name stowplan._source.Sample);
 # ``stowplan.Sample`` warns and gives RolloutSample.
 Sample = RolloutSample
+
 
 def _get(sample: Any, name: str, default: Any = None) -> Any:
     if isinstance(sample, dict):
