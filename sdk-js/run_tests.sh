@@ -20,7 +20,13 @@ echo "sdk-js: node $(node --version), npm $(npm --version 2>/dev/null)"
 # first, then runs the tests with STOWPLAN_SDK_JS_BUILT=1 beside the Python SDK's, whose
 # README test uses this build (so nothing may rebuild it while they run).
 if [ "${STOWPLAN_SDK_JS_BUILT:-0}" != "1" ]; then
-    npm ci --no-audit --no-fund --loglevel=error
+    # npm ci can fail on its own, e.g. ENOTEMPTY removing a directory it is extracting (seen
+    # once in CI on a fresh clone): one clean retry before giving up.
+    npm ci --no-audit --no-fund --loglevel=error || {
+        echo "sdk-js: npm ci failed; removing node_modules and retrying once" >&2
+        rm -rf node_modules
+        npm ci --no-audit --no-fund --loglevel=error
+    }
     node scripts/build.mjs
 fi
 if [ "${1:-}" = "--build-only" ]; then
