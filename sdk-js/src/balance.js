@@ -2,7 +2,7 @@
 // figures and their JSON text, which the kernel writes (the CLI's `stowplan balance --json`).
 import { call } from './errors.js';
 import { figuresOf, unbalanceOf } from './figures.js';
-import { lists } from './results.js';
+import { adopt, lists } from './results.js';
 
 /** Groups with `tokens` and `costs` (micro-batches, ranks): their balance figures. */
 class Totals {
@@ -43,20 +43,7 @@ export class MicroBatches extends Totals {
     super(p, k);
     /** @private */
     Object.defineProperty(this, 'sizes', { value: resourceSizes(limits) });
-    /** Micro-batch boundaries into `indices`. */
-    this.offsets = p.batches.offsets;
-    /** Input indices, micro-batch after micro-batch (each ascending). */
-    this.indices = p.batches.indices;
-    /** Tokens of each micro-batch (each ≤ the cap). */
-    this.tokens = p.tokens;
-    /** Cost of each micro-batch. */
-    this.costs = p.costs;
-    /** `restore[i]`: the position of input `i` in `indices` (outputs back in input order). */
-    this.restore = p.restore;
-    /** max(1, ceil(total tokens / cap)): no plan has fewer micro-batches. */
-    this.lowerBound = p.lowerBound;
-    /** The count this batch needs on its own (what `count` overrides). */
-    this.required = p.required;
+    adopt(this, p, 'batches');
     /** Number of micro-batches. */
     this.count = this.offsets.length - 1;
     // Read-only, as in Python: toJSONText reads the kernel's record these fields come from.
@@ -94,16 +81,7 @@ export class Balance extends Totals {
    */
   constructor(dpPlan, ranks, lengths, k) {
     super(dpPlan, k);
-    /** Rank boundaries into `order`. */
-    this.offsets = dpPlan.ranks.offsets;
-    /** The permutation to reorder the batch by: rank after rank, each ascending. */
-    this.order = dpPlan.ranks.indices;
-    /** Tokens of each rank. */
-    this.tokens = dpPlan.tokens;
-    /** Cost of each rank. */
-    this.costs = dpPlan.costs;
-    /** No assignment has a lighter costliest rank. */
-    this.costLowerBound = dpPlan.costLowerBound;
+    adopt(this, dpPlan, 'ranks', ['offsets', 'order']);
     /** Every rank's micro-batches (indices are global), or null without `maxTokenLen`. */
     this.microBatches = ranks && Object.freeze(ranks);
     /** The micro-batch count of every rank, or null without `maxTokenLen`. */

@@ -16,22 +16,32 @@ export function lists(offsets, indices) {
   return out;
 }
 
+/**
+ * Puts every field of the kernel's record `record` on `result`, named as jco names them
+ * (camelCase), with its `groups` field (a `types.groups`) flattened into two fields, `offsets`
+ * and `indices` unless `names` says otherwise. A result class takes the kernel's fields this
+ * way, so a field the kernel adds reaches JavaScript with no edit here; their docs are in
+ * index.d.ts (test/api.test.js checks that it declares every field).
+ * @param {object} result @param {any} record @param {string} groups
+ * @param {[string, string]} [names]
+ */
+export function adopt(result, record, groups, [offsets, indices] = ['offsets', 'indices']) {
+  const r = /** @type {Record<string, any>} */ (result);
+  for (const [name, value] of Object.entries(record)) {
+    if (name === groups) {
+      r[offsets] = value.offsets;
+      r[indices] = value.indices;
+    } else {
+      r[name] = value;
+    }
+  }
+}
+
 /** A partition of the input indices into `k` groups (the result of `partition`). */
 export class Partition {
   /** @param {any} p the kernel's partitioning */
   constructor(p) {
-    /** Group boundaries into `indices` (`k + 1` entries, first 0). */
-    this.offsets = p.groups.offsets;
-    /** Input indices, group after group (members ascending). */
-    this.indices = p.groups.indices;
-    /** Sum of each group, in group order. */
-    this.sums = p.sums;
-    /** Sum of all weights. */
-    this.total = p.total;
-    /** Largest group sum minus smallest. */
-    this.spread = p.spread;
-    /** max(ceil(total / k), largest weight): no partition has a lighter largest group. */
-    this.lowerBound = p.lowerBound;
+    adopt(this, p, 'groups');
     /** Number of groups. */
     this.k = this.offsets.length - 1;
     /** The largest group sum. */
@@ -53,20 +63,7 @@ export class Partition {
 export class Packing {
   /** @param {any} p the kernel's packing @param {BigUint64Array} lengths @param {bigint} capacity */
   constructor(p, lengths, capacity) {
-    /** Bin boundaries into `indices`. */
-    this.offsets = p.bins.offsets;
-    /** Input indices, bin after bin (members ascending). */
-    this.indices = p.bins.indices;
-    /** Aligned load of each bin. */
-    this.loads = p.loads;
-    /** Items left out under oversize policy `drop`, ascending. */
-    this.dropped = p.dropped;
-    /** Oversized items placed alone under oversize policy `single`, ascending. */
-    this.single = p.single;
-    /** Sum of the real lengths of the packed items. */
-    this.realTokens = p.realTokens;
-    /** Sum of their aligned lengths. */
-    this.alignedTokens = p.alignedTokens;
+    adopt(this, p, 'bins');
     /** Alignment padding: `alignedTokens - realTokens`. */
     this.paddingTokens = p.alignedTokens - p.realTokens;
     /** No packing of the items that fit uses fewer bins (`single` bins come on top). */
@@ -131,30 +128,11 @@ export class MultiPacking extends Packing {
 export class CpLayout {
   /** @param {any} s the kernel's cp-split @param {number} cp */
   constructor(s, cp) {
-    /** The pad factor; every sequence is padded to a multiple of it. */
-    this.factor = s.factor;
+    adopt(this, s, '');
     /** The CP size. */
     this.cp = cp;
-    /** `n + 1` cumulative real lengths. */
-    this.cuSeqlens = s.cuSeqlens;
-    /** `n + 1` cumulative padded lengths (sequence `i` is `[cuSeqlensPadded[i], cuSeqlensPadded[i+1])`). */
-    this.cuSeqlensPadded = s.cuSeqlensPadded;
-    /** The longest real length. */
-    this.maxSeqlen = s.maxSeqlen;
-    /** The longest padded length. */
-    this.maxSeqlenPadded = s.maxSeqlenPadded;
-    /** Every rank's sequence boundaries (`cuSeqlensPadded / cp`). */
-    this.localBounds = s.localBounds;
-    /** Real tokens per CP rank. */
-    this.rankRealTokens = s.rankRealTokens;
     /** Tokens of the padded row. */
     this.paddedTokens = s.cuSeqlensPadded.length ? s.cuSeqlensPadded[s.cuSeqlensPadded.length - 1] : 0n;
-    /** The gather runs: rank `r` takes runs `runOffsets[r] .. runOffsets[r+1]`. */
-    this.runOffsets = s.runOffsets;
-    /** Start of each run in the padded row. */
-    this.runStarts = s.runStarts;
-    /** Length of each run. */
-    this.runLengths = s.runLengths;
     this._gather = null;
   }
 
@@ -230,24 +208,7 @@ export class RawPlan {
    * @param {any} [limits] the limits beside the tokens and the kernel's loads and bounds
    */
   constructor(p, o, limits) {
-    /** Pack boundaries into `indices`. */
-    this.offsets = p.packs.offsets;
-    /** Sample indices, pack after pack (packs by smallest member; members ascending). */
-    this.indices = p.packs.indices;
-    /** Real tokens of each pack. */
-    this.tokens = p.tokens;
-    /** Long samples emitted as single-sample packs, ascending. */
-    this.singleLong = p.singleLong;
-    /** Long samples dropped (allowSingleLong false), ascending. */
-    this.dropped = p.dropped;
-    /** Sum of the real lengths of the packed samples. */
-    this.realTokens = p.realTokens;
-    /** Sum of the aligned lengths of the samples that are not long. */
-    this.alignedTokens = p.alignedTokens;
-    /** No plan of these samples has fewer packs. */
-    this.lowerBound = p.lowerBound;
-    /** sha256 (hex) of the canonical encoding of the packs (the CLI's `raw_checksum`). */
-    this.checksum = p.checksum;
+    adopt(this, p, 'packs');
     /** The options the plan was made with. */
     this.options = o;
     /** Number of packs. */
@@ -276,16 +237,7 @@ export class RawPlan {
 export class AlignedPlan {
   /** @param {any} p the kernel's aligned plan @param {RawPlan} raw @param {number} worldSize @param {boolean} dropLast */
   constructor(p, raw, worldSize, dropLast) {
-    /** The raw pack of every slot, in order; a multiple of `worldSize` long. */
-    this.packs = p.packs;
-    /** Raw packs `0 .. padNeeded` repeated at the end (dropLast false). */
-    this.padNeeded = p.padNeeded;
-    /** The last `droppedPacks` raw packs left out (dropLast true). */
-    this.droppedPacks = p.droppedPacks;
-    /** Samples in the dropped packs. */
-    this.droppedSamples = p.droppedSamples;
-    /** sha256 (hex) of the canonical encoding of the consumed packs (the CLI's `aligned_checksum`). */
-    this.checksum = p.checksum;
+    adopt(this, p, '');
     /** The raw plan aligned. */
     this.raw = raw;
     /** Ranks the plan is aligned for. */

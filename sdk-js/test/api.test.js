@@ -221,3 +221,38 @@ test("the kernel's errors name arguments as this package spells them (camelCase)
     message: /^invalid argument: minCount = 5 exceeds the number of sequences n = 2/,
   });
 });
+
+test('index.d.ts declares every field of every result (result classes take the kernel records whole)', async () => {
+  const ts = (await import('typescript')).default;
+  const path = join(PKG, 'src/index.d.ts');
+  const source = ts.createSourceFile(path, readFileSync(path, 'utf8'), ts.ScriptTarget.ES2022, true);
+  /** @type {Map<string, Set<string>>} */
+  const declared = new Map();
+  const visit = (node) => {
+    if (ts.isClassDeclaration(node) && node.name) {
+      const own = new Set(node.members.filter((m) => m.name).map((m) => m.name.getText(source)));
+      const base = node.heritageClauses?.[0]?.types[0]?.expression.getText(source);
+      declared.set(node.name.text, base ? new Set([...own, ...(declared.get(base) ?? [])]) : own);
+    }
+    ts.forEachChild(node, visit);
+  };
+  visit(source);
+  const raw = stowplan.rawPlan([5, 3, 7, 2, 6], { packingLength: 10 });
+  const results = {
+    Partition: stowplan.partition(DOCS, 2),
+    Packing: stowplan.pack([5, 3, 7, 2, 6], 10),
+    MultiPacking: stowplan.packMulti({ tokens: [5, 3, 7], images: [1, 0, 2] }, { tokens: 10, images: 2 }),
+    MicroBatches: stowplan.microBatches(DOCS, 2000),
+    Balance: stowplan.balance(DOCS, 2, { maxTokenLen: 2000 }),
+    CpLayout: stowplan.cpLayout([5, 3, 7], { cp: 2 }),
+    RawPlan: raw,
+    AlignedPlan: stowplan.alignedPlan(raw, 2),
+  };
+  for (const [name, result] of Object.entries(results)) {
+    assert.equal(result.constructor.name, name);
+    const fields = declared.get(name);
+    assert.ok(fields, `index.d.ts declares no class ${name}`);
+    const missing = Object.keys(result).filter((f) => !f.startsWith('_') && !fields.has(f));
+    assert.deepStrictEqual(missing, [], `${name}'s fields that index.d.ts does not declare`);
+  }
+});

@@ -4,6 +4,20 @@
 //! directly (`native.rs`). The choice is made in one place, [`Kernel`]'s `Deref`; the
 //! conversions between the WIT types and the kernel's live in `convert.rs`.
 
+/// The native backend's methods that call the kernel function of the same arguments, one
+/// line each instead of a restated signature: `try` returns the function's result with its
+/// error made the host's (`Ok(f(..)?)`); `ok` returns a peer's own `Result` as it is, inside
+/// the backend's (`Ok(f(..))`).
+macro_rules! forward {
+    ($(fn $name:ident($($arg:ident: $ty:ty),* $(,)?) -> $ret:ty = $how:ident $f:path;)*) => {
+        $(fn $name(&self, $($arg: $ty),*) -> Result<$ret, Error> {
+            forward!(@$how $f, $($arg),*)
+        })*
+    };
+    (@try $f:path, $($arg:ident),*) => { Ok($f($($arg),*)?) };
+    (@ok $f:path, $($arg:ident),*) => { Ok($f($($arg),*)) };
+}
+
 mod convert;
 mod native;
 pub mod prime_rl;

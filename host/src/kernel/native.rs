@@ -20,16 +20,33 @@ use crate::Error;
 pub(super) struct NativeKernel;
 
 impl KernelApi for NativeKernel {
-    fn partition(&self, weights: &[u64], k: u32, options: &PartitionOptions) -> Result<Partition, Error> {
-        Ok(k::partition(weights, k, options)?)
-    }
-
-    fn pack(&self, lengths: &[u64], options: &PackOptions) -> Result<Packing, Error> {
-        Ok(k::pack(lengths, options)?)
-    }
-
-    fn pack_multi(&self, sizes: &[u64], options: &MultiOptions<'_>) -> Result<MultiPacking, Error> {
-        Ok(k::pack_multi(sizes, options)?)
+    forward! {
+        fn partition(weights: &[u64], k: u32, options: &PartitionOptions) -> Partition = try k::partition;
+        fn pack(lengths: &[u64], options: &PackOptions) -> Packing = try k::pack;
+        fn pack_multi(sizes: &[u64], options: &MultiOptions<'_>) -> MultiPacking = try k::pack_multi;
+        fn micro_batches(lengths: &[u64], options: &MicroOptions) -> MicroBatches = try k::micro_batches;
+        fn micro_batches_limited(lengths: &[u64], extra: Option<&[u64]>, limits: &MicroLimits<'_>, options: &MicroOptions)
+            -> LimitedMicroBatches = try k::micro_batches_limited;
+        fn balance_dp(lengths: &[u64], dp: u32, options: &DpOptions<'_>) -> Balance = try k::balance_dp;
+        fn plan(lengths: &[u64], dp: u32, dp_options: &DpOptions<'_>, micro: &MicroOptions) -> TwoLevelBalance = try k::plan;
+        fn plan_limited(lengths: &[u64], dp: u32, dp_options: &DpOptions<'_>, micro: &MicroOptions, limits: &MicroLimits<'_>)
+            -> TwoLevelBalance = try k::plan_limited;
+        fn verl_rearrange_micro_batches(seqlens: &[i64], options: &VerlMicroOptions)
+            -> Result<Vec<Vec<u32>>, PyError> = ok k::peers::verl_rearrange_micro_batches;
+        fn balance_batch(seqlens: &[i64], dp: u32, minibatch_size: Option<i64>) -> Result<DpReorder, PyError>
+            = ok k::peers::balance_batch;
+        fn roll_load_balance(lengths: &[i64], options: &RollLoadBalanceOptions) -> Result<RollMicroBatches, PyError>
+            = ok k::peers::roll_load_balance;
+        fn pad_factor(options: &AlignOptions) -> u64 = try k::pad_factor;
+        fn cp_layout(lengths: &[u64], options: &AlignOptions) -> CpLayout = try k::cp_layout;
+        fn distribute(lengths: &[u64], options: &DistributeOptions<'_>) -> Distribution = try k::distribute;
+        fn prime_rl_ffd(lengths: &[u64], runs: &[u32], labels: &[u32], seq_len: u64) -> (Vec<Vec<u32>>, Vec<u32>)
+            = try k::prime_rl_ffd;
+        fn trl_bfd(lengths: &[u64], batch_ends: &[u32], seq_length: u64) -> (Vec<u32>, Vec<u32>) = try k::trl::trl_bfd;
+        fn permutation(n: u64, seed: u64, epoch: u64) -> Vec<u32> = try k::shuffle::permutation;
+        fn raw_plan(lengths: &[u64], options: &PlanOptions) -> RawPlan = try k::raw_plan;
+        fn raw_plan_limited(lengths: &[u64], options: &PlanOptions, limits: &PlanLimits<'_>) -> LimitedRawPlan
+            = try k::raw_plan_limited;
     }
 
     fn verl(
@@ -47,10 +64,6 @@ impl KernelApi for NativeKernel {
         })
     }
 
-    fn micro_batches(&self, lengths: &[u64], options: &MicroOptions) -> Result<MicroBatches, Error> {
-        Ok(k::micro_batches(lengths, options)?)
-    }
-
     fn micro_batches_with_extra(
         &self,
         lengths: &[u64],
@@ -58,109 +71,6 @@ impl KernelApi for NativeKernel {
         options: &MicroOptions,
     ) -> Result<MicroBatches, Error> {
         Ok(k::micro_batches_with_extra(lengths, Some(extra), options)?)
-    }
-
-    fn micro_batches_limited(
-        &self,
-        lengths: &[u64],
-        extra: Option<&[u64]>,
-        limits: &MicroLimits<'_>,
-        options: &MicroOptions,
-    ) -> Result<LimitedMicroBatches, Error> {
-        Ok(k::micro_batches_limited(lengths, extra, limits, options)?)
-    }
-
-    fn balance_dp(&self, lengths: &[u64], dp: u32, options: &DpOptions<'_>) -> Result<Balance, Error> {
-        Ok(k::balance_dp(lengths, dp, options)?)
-    }
-
-    fn plan(
-        &self,
-        lengths: &[u64],
-        dp: u32,
-        dp_options: &DpOptions<'_>,
-        micro: &MicroOptions,
-    ) -> Result<TwoLevelBalance, Error> {
-        Ok(k::plan(lengths, dp, dp_options, micro)?)
-    }
-
-    fn plan_limited(
-        &self,
-        lengths: &[u64],
-        dp: u32,
-        dp_options: &DpOptions<'_>,
-        micro: &MicroOptions,
-        limits: &MicroLimits<'_>,
-    ) -> Result<TwoLevelBalance, Error> {
-        Ok(k::plan_limited(lengths, dp, dp_options, micro, limits)?)
-    }
-
-    fn verl_rearrange_micro_batches(
-        &self,
-        seqlens: &[i64],
-        options: &VerlMicroOptions,
-    ) -> Result<Result<Vec<Vec<u32>>, PyError>, Error> {
-        Ok(k::peers::verl_rearrange_micro_batches(seqlens, options))
-    }
-
-    fn balance_batch(
-        &self,
-        seqlens: &[i64],
-        dp: u32,
-        minibatch_size: Option<i64>,
-    ) -> Result<Result<DpReorder, PyError>, Error> {
-        Ok(k::peers::balance_batch(seqlens, dp, minibatch_size))
-    }
-
-    fn roll_load_balance(
-        &self,
-        lengths: &[i64],
-        options: &RollLoadBalanceOptions,
-    ) -> Result<Result<RollMicroBatches, PyError>, Error> {
-        Ok(k::peers::roll_load_balance(lengths, options))
-    }
-
-    fn pad_factor(&self, options: &AlignOptions) -> Result<u64, Error> {
-        Ok(k::pad_factor(options)?)
-    }
-
-    fn cp_layout(&self, lengths: &[u64], options: &AlignOptions) -> Result<CpLayout, Error> {
-        Ok(k::cp_layout(lengths, options)?)
-    }
-
-    fn distribute(&self, lengths: &[u64], options: &DistributeOptions<'_>) -> Result<Distribution, Error> {
-        Ok(k::distribute(lengths, options)?)
-    }
-
-    fn prime_rl_ffd(
-        &self,
-        lengths: &[u64],
-        runs: &[u32],
-        labels: &[u32],
-        seq_len: u64,
-    ) -> Result<(Vec<Vec<u32>>, Vec<u32>), Error> {
-        Ok(k::prime_rl_ffd(lengths, runs, labels, seq_len)?)
-    }
-
-    fn trl_bfd(&self, lengths: &[u64], batch_ends: &[u32], seq_length: u64) -> Result<(Vec<u32>, Vec<u32>), Error> {
-        Ok(k::trl::trl_bfd(lengths, batch_ends, seq_length)?)
-    }
-
-    fn permutation(&self, n: u64, seed: u64, epoch: u64) -> Result<Vec<u32>, Error> {
-        Ok(k::shuffle::permutation(n, seed, epoch)?)
-    }
-
-    fn raw_plan(&self, lengths: &[u64], options: &PlanOptions) -> Result<RawPlan, Error> {
-        Ok(k::raw_plan(lengths, options)?)
-    }
-
-    fn raw_plan_limited(
-        &self,
-        lengths: &[u64],
-        options: &PlanOptions,
-        limits: &PlanLimits<'_>,
-    ) -> Result<LimitedRawPlan, Error> {
-        Ok(k::raw_plan_limited(lengths, options, limits)?)
     }
 
     fn aligned_plan(&self, raw: &RawPlan, world_size: u32, drop_last: bool) -> Result<AlignedPlan, Error> {

@@ -58,8 +58,13 @@ impl Kernel {
 }
 
 impl SlimeApi for NativeKernel {
-    fn first_fit_pack(&self, lengths: &[i64], max_tokens_per_bin: i64) -> Result<Vec<Vec<u32>>, Error> {
-        Ok(ks::first_fit_pack(lengths, max_tokens_per_bin))
+    forward! {
+        fn first_fit_pack(lengths: &[i64], max_tokens_per_bin: i64) -> Vec<Vec<u32>> = ok ks::first_fit_pack;
+        fn get_seqlen_balanced_partitions(weights: &[f64], k_partitions: u32, equal_size: bool)
+            -> Result<Vec<Vec<u32>>, SlimeError> = ok ks::get_seqlen_balanced_partitions;
+        fn calculate_fwd_flops(seqlens: &[u64], args: &FlopsArgs) -> Result<Flops, SlimeError> = ok ks::calculate_fwd_flops;
+        fn build_dp_schedule(args: &ScheduleArgs, model: &FlopsArgs, total_lengths: &[i64], rollout_indices: &[i64])
+            -> Result<Schedule, SlimeError> = ok ks::build_dp_schedule;
     }
 
     fn expand_bins_by_splitting(
@@ -69,28 +74,5 @@ impl SlimeApi for NativeKernel {
         lengths: &[i64],
     ) -> Result<Result<Vec<Vec<u32>>, SlimeError>, Error> {
         Ok(ks::expand_bins_by_splitting(bins.to_vec(), target_count, lengths))
-    }
-
-    fn get_seqlen_balanced_partitions(
-        &self,
-        weights: &[f64],
-        k_partitions: u32,
-        equal_size: bool,
-    ) -> Result<Result<Vec<Vec<u32>>, SlimeError>, Error> {
-        Ok(ks::get_seqlen_balanced_partitions(weights, k_partitions, equal_size))
-    }
-
-    fn calculate_fwd_flops(&self, seqlens: &[u64], args: &FlopsArgs) -> Result<Result<Flops, SlimeError>, Error> {
-        Ok(ks::calculate_fwd_flops(seqlens, args))
-    }
-
-    fn build_dp_schedule(
-        &self,
-        args: &ScheduleArgs,
-        model: &FlopsArgs,
-        total_lengths: &[i64],
-        rollout_indices: &[i64],
-    ) -> Result<Result<Schedule, SlimeError>, Error> {
-        Ok(ks::build_dp_schedule(args, model, total_lengths, rollout_indices))
     }
 }
