@@ -8,9 +8,10 @@ use std::mem::MaybeUninit;
 use numpy::{PyArray1, PyArrayMethods, PyReadonlyArray1};
 use pyo3::prelude::*;
 use pyo3::types::PyList;
-use stowplan::{Backend, Overflow, RowPacking};
+use stowplan::{Overflow, RowPacking};
 
-use crate::{Lengths, int_vec, invalid, kernel, opt_parse, opt_str, str_options, to_py, u64_arg};
+use crate::BackendArg;
+use crate::{Lengths, int_vec, invalid, kernel, opt_str, to_py, u64_arg};
 
 /// Two `int64` arrays (items' starts and lengths).
 type Int64Pair<'py> = (Bound<'py, PyArray1<i64>>, Bound<'py, PyArray1<i64>>);
@@ -68,12 +69,11 @@ fn pack_rows<'py>(
     strategy: &Bound<'py, PyAny>,
     overflow: Option<&Bound<'py, PyAny>>,
     column: &str,
-    backend: Option<&Bound<'py, PyAny>>,
+    backend: Option<BackendArg>,
 ) -> PyResult<Int64Triple<'py>> {
-    str_options!(backend);
     let packing = row_packing_of(strategy, overflow)?;
     let seq_length = u64_arg(seq_length, "seq_length", 1)?;
-    let backend = opt_parse::<Backend>(py, backend)?.unwrap_or_default();
+    let backend = BackendArg::or_default(backend);
     let lengths = Lengths::extract(lengths, "lengths")?;
     let l = lengths.slice();
     let rows = py.detach(|| stowplan::pack_rows(backend, l, seq_length, packing, column)).map_err(|e| to_py(py, e))?;
@@ -158,7 +158,7 @@ fn trl_bfd<'py>(
     lengths: &Bound<'py, PyAny>,
     batch_ends: &Bound<'py, PyAny>,
     seq_length: &Bound<'py, PyAny>,
-    backend: Option<&str>,
+    backend: Option<BackendArg>,
 ) -> PyResult<Int64Pair<'py>> {
     let seq_length = u64_arg(seq_length, "seq_length", 1)?;
     let lengths = Lengths::extract(lengths, "lengths")?;

@@ -6,6 +6,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyTuple};
 use stowplan::{Balance, Cost, DpOptions, MicroBatches, MicroOptions};
 
+use crate::BackendArg;
 use crate::convert::{
     Lengths, cost_arg, int, integer, kernel, opt_parse, opt_u32, repr, str_options, u32_arg, u64_arg,
 };
@@ -235,9 +236,9 @@ pub(crate) fn micro_batches(
     extra_costs: Option<&Bound<'_, PyAny>>,
     resources: Option<&Bound<'_, PyDict>>,
     limits: Option<&Bound<'_, PyDict>>,
-    backend: Option<&Bound<'_, PyAny>>,
+    backend: Option<BackendArg>,
 ) -> PyResult<PyMicroBatches> {
-    str_options!(order, backend);
+    str_options!(order);
     let options = micro_options(py, max_token_len, cost_arg(cost)?, min_count, divisible_by, count, order)?;
     let lengths = Lengths::extract(lengths, "lengths")?;
     let extra = extra_costs.map(|e| Lengths::extract(e, "extra_costs")).transpose()?;
@@ -477,9 +478,9 @@ pub(crate) fn balance(
     extra_costs: Option<&Bound<'_, PyAny>>,
     resources: Option<&Bound<'_, PyDict>>,
     limits: Option<&Bound<'_, PyDict>>,
-    backend: Option<&Bound<'_, PyAny>>,
+    backend: Option<BackendArg>,
 ) -> PyResult<PyBalance> {
-    str_options!(order, backend);
+    str_options!(order);
     let d = DpOptions::default();
     let cost = cost_arg(cost)?.unwrap_or(d.cost);
     let dp = u32_arg(dp, "dp", 1)?;

@@ -422,9 +422,31 @@ fn preset_names() -> String {
     names.join(" or ")
 }
 
+/// The ``backend=`` argument of every function that runs the kernel, read once here: a
+/// string naming a [`Backend`] (``"wasm"``, the default, or ``"native"``); anything else is an
+/// `InvalidArgumentError` naming the argument and the allowed values ([`opt_str`], [`parse`]).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct BackendArg(Backend);
+
+impl<'a, 'py> FromPyObject<'a, 'py> for BackendArg {
+    type Error = PyErr;
+
+    fn extract(obj: Borrowed<'a, 'py, PyAny>) -> PyResult<Self> {
+        let name = opt_str(Some(&obj.to_owned()), "backend")?.unwrap_or_default();
+        parse(obj.py(), &name).map(BackendArg)
+    }
+}
+
+impl BackendArg {
+    /// The backend asked for, or the host's default.
+    pub(crate) fn or_default(backend: Option<Self>) -> Backend {
+        backend.map(|b| b.0).unwrap_or_default()
+    }
+}
+
 /// The kernel on `backend` (`None`: the host's default backend).
-pub(crate) fn kernel<'a>(py: Python<'_>, backend: impl Into<Option<&'a str>>) -> PyResult<Kernel> {
-    let backend = opt_parse::<Backend>(py, backend.into())?.unwrap_or_default();
+pub(crate) fn kernel(py: Python<'_>, backend: Option<BackendArg>) -> PyResult<Kernel> {
+    let backend = BackendArg::or_default(backend);
     // Compiling the component (first call in a process) happens without the GIL.
     py.detach(|| Kernel::new(backend)).map_err(|e| to_py(py, e))
 }

@@ -7,7 +7,8 @@ use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyList, PyString};
 use stowplan::{AlignOptions, CpRuns, Factor};
 
-use crate::{Lengths, invalid, kernel, opt_u32, str_options, to_py, u64_arg};
+use crate::BackendArg;
+use crate::{Lengths, invalid, kernel, opt_u32, to_py, u64_arg};
 
 /// `align`: `None` (omitted), `"cp_tp"`, `"roll"` or a multiple `>= 1`.
 pub(crate) fn factor(align: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Factor>> {
@@ -61,9 +62,8 @@ pub fn pad_factor(
     tp: Option<&Bound<'_, PyAny>>,
     align: Option<&Bound<'_, PyAny>>,
     power_of_two: Option<bool>,
-    backend: Option<&Bound<'_, PyAny>>,
+    backend: Option<BackendArg>,
 ) -> PyResult<u64> {
-    str_options!(backend);
     let o = align_options(cp, tp, align, power_of_two)?;
     let k = kernel(py, backend)?;
     py.detach(|| k.pad_factor(&o)).map_err(|e| to_py(py, e))
@@ -172,9 +172,8 @@ pub fn cp_layout(
     tp: Option<&Bound<'_, PyAny>>,
     align: Option<&Bound<'_, PyAny>>,
     power_of_two: Option<bool>,
-    backend: Option<&Bound<'_, PyAny>>,
+    backend: Option<BackendArg>,
 ) -> PyResult<PyCpLayout> {
-    str_options!(backend);
     let o = align_options(Some(cp), tp, align, power_of_two)?;
     let lengths = Lengths::extract(lengths, "lengths")?;
     let k = kernel(py, backend)?;

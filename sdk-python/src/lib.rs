@@ -42,8 +42,8 @@ use stowplan::Kernel;
 
 use balance::{PyBalance, PyMicroBatches, micro_batches};
 pub(crate) use convert::{
-    Lengths, Nullable, cost_arg, float_vec, int, int_vec, is_bool, kernel, mask_vec, number, opt_parse, opt_str,
-    opt_u32, opt_u64, repr, str_options, u32_arg, u64_arg,
+    BackendArg, Lengths, Nullable, cost_arg, float_vec, int, int_vec, is_bool, kernel, mask_vec, number, opt_parse,
+    opt_str, opt_u32, opt_u64, repr, str_options, u32_arg, u64_arg,
 };
 use convert::{py_integer, py_integers};
 pub(crate) use errors::{invalid, to_py};

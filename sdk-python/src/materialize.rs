@@ -6,6 +6,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyTuple};
 use stowplan::{AlignOptions, Factor, MaterializeOptions, Padding, Sample};
 
+use crate::BackendArg;
 use crate::convert::{opt_i64, opt_number};
 use crate::layout::factor;
 use crate::micro_batch::wrap;
@@ -315,9 +316,9 @@ pub fn materialize(
     limits: Option<&Bound<'_, PyAny>>,
     max_segments: Option<&Bound<'_, PyAny>>,
     plan: Option<&Bound<'_, PyAny>>,
-    backend: Option<&Bound<'_, PyAny>>,
+    backend: Option<BackendArg>,
 ) -> PyResult<PyMaterialized> {
-    str_options!(padding, loss_agg_mode, backend);
+    str_options!(padding, loss_agg_mode);
     let capacity = u64_arg(capacity, "capacity", 1)?;
     let plan = plan_arg(plan)?;
     // With a plan, dp defaults to its number of ranks (the host checks a given dp against it).
@@ -444,9 +445,8 @@ pub fn prime_rl_ffd(
     runs: Vec<u32>,
     labels: Vec<u32>,
     seq_len: u64,
-    backend: Option<&Bound<'_, PyAny>>,
+    backend: Option<BackendArg>,
 ) -> PyResult<PyPrimeRlBins> {
-    str_options!(backend);
     let k = kernel(py, backend)?;
     let (bins, dropped) = py.detach(|| k.prime_rl_ffd(&lengths, &runs, &labels, seq_len)).map_err(|e| to_py(py, e))?;
     Ok(PyPrimeRlBins { bins, dropped })

@@ -5,6 +5,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyTuple};
 use stowplan::{MultiOptions, PackOptions, Packing, Partition, PartitionMethod, PartitionOptions};
 
+use crate::BackendArg;
 use crate::convert::{Lengths, kernel, opt_parse, opt_u64, str_options, u32_arg, u64_arg};
 use crate::errors::{invalid, to_py};
 use crate::results::{LazyList, check_state, lists, reduce};
@@ -142,9 +143,9 @@ pub(crate) fn partition(
     method: Option<&Bound<'_, PyAny>>,
     equal_size: Option<bool>,
     refine: Option<bool>,
-    backend: Option<&Bound<'_, PyAny>>,
+    backend: Option<BackendArg>,
 ) -> PyResult<PyPartition> {
-    str_options!(method, backend);
+    str_options!(method);
     let k = u32_arg(k, "k", 1)?;
     let d = PartitionOptions::default();
     let method = opt_parse(py, method)?.unwrap_or(d.method);
@@ -296,9 +297,9 @@ pub(crate) fn pack(
     align: Option<&Bound<'_, PyAny>>,
     method: Option<&Bound<'_, PyAny>>,
     oversize: Option<&Bound<'_, PyAny>>,
-    backend: Option<&Bound<'_, PyAny>>,
+    backend: Option<BackendArg>,
 ) -> PyResult<PyPacking> {
-    str_options!(method, oversize, backend);
+    str_options!(method, oversize);
     let d = PackOptions::new(u64_arg(capacity, "capacity", 1)?);
     let options = PackOptions {
         align: opt_u64(align, "align", 1)?.unwrap_or(d.align),
@@ -441,9 +442,9 @@ pub(crate) fn pack_multi(
     align: Option<&Bound<'_, PyAny>>,
     method: Option<&Bound<'_, PyAny>>,
     oversize: Option<&Bound<'_, PyAny>>,
-    backend: Option<&Bound<'_, PyAny>>,
+    backend: Option<BackendArg>,
 ) -> PyResult<PyMultiPacking> {
-    str_options!(method, oversize, backend);
+    str_options!(method, oversize);
     let d = PackOptions::new(1);
     let r = columns.len();
     if r == 0 || r > stowplan::MAX_RESOURCES {

@@ -7,6 +7,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyTuple};
 use stowplan::{Packer, PackerOptions, PackerState, RunConfig, RunProgress, TrainingBatch};
 
+use crate::BackendArg;
 use crate::convert::{opt_i64, opt_number, pythonized, with_bytes};
 use crate::protocol::{duration, rank_list, training_batch};
 use crate::{cost_arg, invalid, kernel, number, opt_parse, opt_u32, opt_u64, str_options, to_py, u32_arg, u64_arg};
@@ -146,9 +147,9 @@ impl PyPacker {
         loss_normalization: Option<&Bound<'_, PyAny>>,
         limits: Option<&Bound<'_, PyAny>>,
         max_segments: Option<&Bound<'_, PyAny>>,
-        backend: Option<&Bound<'_, PyAny>>,
+        backend: Option<BackendArg>,
     ) -> PyResult<Self> {
-        str_options!(loss_agg_mode, loss_normalization, backend);
+        str_options!(loss_agg_mode, loss_normalization);
         // `None` (or an omitted option) is the host's default: `PackerOptions::new`.
         let d = PackerOptions::new(u64_arg(seq_len, "seq_len", 1)?, u32_arg(dp, "dp", 1)?);
         let o = PackerOptions {

@@ -4,7 +4,8 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 use stowplan::{DpReorder, RollLoadBalanceOptions, RollMicroBatches, VerlFunction, VerlMicroOptions};
 
-use crate::convert::{int, int_vec, kernel, opt_i64, str_options};
+use crate::BackendArg;
+use crate::convert::{int, int_vec, kernel, opt_i64};
 use crate::errors::{invalid, peer_error, to_py};
 use crate::results::verl_unbalance;
 
@@ -20,9 +21,8 @@ pub(crate) fn verl<'py>(
     seqlens: &Bound<'py, PyAny>,
     k: &Bound<'py, PyAny>,
     equal_size: bool,
-    backend: Option<&Bound<'_, PyAny>>,
+    backend: Option<BackendArg>,
 ) -> PyResult<Bound<'py, PyList>> {
-    str_options!(backend);
     let seqlens: Vec<i64> = int_vec(seqlens, "seqlen_list", i64::MIN.into(), i64::MAX.into())?;
     let k: u32 = int(k, "k_partitions", 0, u32::MAX.into())?;
     let f = match function {
@@ -85,9 +85,8 @@ pub(crate) fn verl_rearrange_micro_batches<'py>(
     force_group_size: Option<&Bound<'py, PyAny>>,
     padded_width: Option<&Bound<'py, PyAny>>,
     dp_num_micro_batches: Option<&Bound<'py, PyAny>>,
-    backend: Option<&Bound<'_, PyAny>>,
+    backend: Option<BackendArg>,
 ) -> PyResult<Bound<'py, PyList>> {
-    str_options!(backend);
     let seqlens: Vec<i64> = int_vec(seqlens, "seqlen_list", i64::MIN.into(), i64::MAX.into())?;
     let (
         max_token_len,
@@ -163,9 +162,8 @@ pub(crate) fn balance_batch(
     seqlens: &Bound<'_, PyAny>,
     dp: &Bound<'_, PyAny>,
     minibatch_size: Option<&Bound<'_, PyAny>>,
-    backend: Option<&Bound<'_, PyAny>>,
+    backend: Option<BackendArg>,
 ) -> PyResult<PyDpReorder> {
-    str_options!(backend);
     let seqlens: Vec<i64> = int_vec(seqlens, "seqlen_list", i64::MIN.into(), i64::MAX.into())?;
     let dp: u32 = int(dp, "dp_size", 0, u32::MAX.into())?;
     let minibatch_size = opt_i64(minibatch_size, "minibatch_size")?;
@@ -236,9 +234,8 @@ pub(crate) fn roll_load_balance(
     cp: Option<&Bound<'_, PyAny>>,
     vp: Option<&Bound<'_, PyAny>>,
     dp_num_micro_batches: Option<&Bound<'_, PyAny>>,
-    backend: Option<&Bound<'_, PyAny>>,
+    backend: Option<BackendArg>,
 ) -> PyResult<PyRollMicroBatches> {
-    str_options!(backend);
     let lengths: Vec<i64> = int_vec(lengths, "lengths", i64::MIN.into(), i64::MAX.into())?;
     let (low, high) = (i64::MIN.into(), i64::MAX.into());
     let mask_width: i64 = int(mask_width, "mask_width", low, high)?;

@@ -12,6 +12,7 @@ use stowplan::{LengthCache, MicroLimits, MultiMethod, Named, PlanLimits, PlanOpt
 
 use stowplan::plan::config::{DEFAULT_PRECOMPUTE_WORKERS, DEFAULT_WAIT_TIMEOUT_S};
 
+use crate::BackendArg;
 use crate::{Lengths, int, int_vec, invalid, kernel, number, opt_u64, repr, to_py, u64_arg};
 use crate::{opt_parse, str_options};
 
@@ -78,9 +79,9 @@ impl PyStaticPackPlan {
         limits: Option<&Bound<'_, PyDict>>,
         max_segments: Option<&Bound<'_, PyAny>>,
         method: Option<&Bound<'_, PyAny>>,
-        backend: Option<&Bound<'_, PyAny>>,
+        backend: Option<BackendArg>,
     ) -> PyResult<Self> {
-        str_options!(method, backend);
+        str_options!(method);
         let d = PlanOptions::new(u64_arg(packing_length, "packing_length", 1)?);
         let options = PlanOptions {
             align: opt_u64(align, "align", 1)?.unwrap_or(d.align),
@@ -154,9 +155,8 @@ impl PyStaticPackPlan {
         py: Python<'_>,
         world_size: &Bound<'_, PyAny>,
         drop_last: Option<bool>,
-        backend: Option<&Bound<'_, PyAny>>,
+        backend: Option<BackendArg>,
     ) -> PyResult<Self> {
-        str_options!(backend);
         let world_size = world(world_size)?;
         let kernel = kernel(py, backend)?;
         let drop_last = drop_last.unwrap_or(false);

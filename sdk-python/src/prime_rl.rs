@@ -5,7 +5,8 @@
 use pyo3::prelude::*;
 use stowplan::kernel::prime_rl::BatchOptions;
 
-use crate::{int_vec, kernel, str_options, to_py, u32_arg, u64_arg};
+use crate::BackendArg;
+use crate::{int_vec, kernel, to_py, u32_arg, u64_arg};
 
 /// Defines a pyfunction `(weights, num_partitions, *, backend=None) -> list[list[int]]` named
 /// `$py` in Python that runs `Kernel::$method`: prime-rl's two partition functions take the
@@ -19,9 +20,8 @@ macro_rules! partition_function {
             py: Python<'_>,
             weights: &Bound<'_, PyAny>,
             num_partitions: &Bound<'_, PyAny>,
-            backend: Option<&Bound<'_, PyAny>>,
+            backend: Option<BackendArg>,
         ) -> PyResult<Vec<Vec<u32>>> {
-            str_options!(backend);
             let weights: Vec<u64> = int_vec(weights, "weights", 0, u64::MAX.into())?;
             let k = u32_arg(num_partitions, "num_partitions", 1)?;
             let kern = kernel(py, backend)?;
@@ -103,9 +103,8 @@ pub fn prepare_batch(
     quadratic: &Bound<'_, PyAny>,
     pad_to_multiple_of: Option<&Bound<'_, PyAny>>,
     multimodal_same_run: bool,
-    backend: Option<&Bound<'_, PyAny>>,
+    backend: Option<BackendArg>,
 ) -> PyResult<PyPrimeRlBatchPlan> {
-    str_options!(backend);
     let lengths: Vec<u64> = int_vec(lengths, "lengths", 0, u64::MAX.into())?;
     let runs: Vec<u32> = int_vec(runs, "runs", 0, u32::MAX.into())?;
     let multimodal: Vec<u32> = int_vec(multimodal, "multimodal", 0, u32::MAX.into())?;

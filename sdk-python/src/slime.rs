@@ -11,7 +11,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyFloat, PyInt, PyList, PyTuple};
 use stowplan::slime::{Arg, Flops, FlopsArgs, LayerFreq, PythonSum, ScheduleArgs, SlimeError};
 
-use crate::str_options;
+use crate::BackendArg;
 use crate::{int, int_vec, invalid, kernel, repr, to_py};
 
 const I64: (i128, i128) = (i64::MIN as i128, i64::MAX as i128);
@@ -85,9 +85,8 @@ fn slime_first_fit_pack<'py>(
     py: Python<'py>,
     total_lengths: &Bound<'py, PyAny>,
     max_tokens_per_bin: &Bound<'py, PyAny>,
-    backend: Option<&Bound<'_, PyAny>>,
+    backend: Option<BackendArg>,
 ) -> PyResult<Bound<'py, PyList>> {
-    str_options!(backend);
     let lengths: Vec<i64> = int_vec(total_lengths, "total_lengths", I64.0, I64.1)?;
     let cap: i64 = int(max_tokens_per_bin, "max_tokens_per_bin", I64.0, I64.1)?;
     let kernel = kernel(py, backend)?;
@@ -104,9 +103,8 @@ fn slime_expand_bins<'py>(
     bins: &Bound<'py, PyAny>,
     target_count: &Bound<'py, PyAny>,
     lengths: &Bound<'py, PyAny>,
-    backend: Option<&Bound<'_, PyAny>>,
+    backend: Option<BackendArg>,
 ) -> PyResult<Bound<'py, PyList>> {
-    str_options!(backend);
     let mut groups: Vec<Vec<u32>> = Vec::new();
     for (i, b) in bins.try_iter()?.enumerate() {
         groups.push(int_vec::<u32>(&b?, &format!("bins[{i}]"), 0, u32::MAX.into())?);
@@ -129,9 +127,8 @@ fn slime_balanced_partitions<'py>(
     weights: &Bound<'py, PyAny>,
     k_partitions: &Bound<'py, PyAny>,
     equal_size: bool,
-    backend: Option<&Bound<'_, PyAny>>,
+    backend: Option<BackendArg>,
 ) -> PyResult<Bound<'py, PyList>> {
-    str_options!(backend);
     let mut w: Vec<f64> = Vec::new();
     for (i, x) in weights.try_iter()?.enumerate() {
         let x = x?;
@@ -164,9 +161,8 @@ fn slime_fwd_flops<'py>(
     py: Python<'py>,
     seqlens: &Bound<'py, PyAny>,
     model: &Bound<'py, PyDict>,
-    backend: Option<&Bound<'_, PyAny>>,
+    backend: Option<BackendArg>,
 ) -> PyResult<Py<PyAny>> {
-    str_options!(backend);
     let seqlens: Vec<u64> = int_vec(seqlens, "seqlens", 0, i64::MAX.into())?;
     let args = flops_args(model)?;
     let kernel = kernel(py, backend)?;
@@ -205,9 +201,8 @@ fn slime_build_dp_schedule<'py>(
     microbatch_group_size_per_vp_stage: &Bound<'py, PyAny>,
     global_batch_size: &Bound<'py, PyAny>,
     python_sum: &str,
-    backend: Option<&Bound<'_, PyAny>>,
+    backend: Option<BackendArg>,
 ) -> PyResult<Bound<'py, PyTuple>> {
-    str_options!(backend);
     let lengths: Vec<i64> = int_vec(total_lengths, "total_lengths", 0, I64.1)?;
     let rids: Vec<i64> = int_vec(rollout_ids, "rollout_indices", I64.0, I64.1)?;
     let opt = |o: Option<&Bound<'py, PyAny>>, name: &str| -> PyResult<Option<i64>> {

@@ -7,6 +7,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList};
 use stowplan::{DataSource, DataSourceOptions, Group, RolloutSample, Status};
 
+use crate::BackendArg;
 use crate::filter::PyFilter;
 use crate::str_options;
 use crate::{Nullable, int, invalid, kernel, opt_u64, to_py, u32_arg};
@@ -118,9 +119,8 @@ impl PyDataSource {
         input_key: Option<String>,
         label_key: Nullable<'py>,
         metadata_key: Nullable<'py>,
-        backend: Option<&Bound<'_, PyAny>>,
+        backend: Option<BackendArg>,
     ) -> PyResult<Self> {
-        str_options!(backend);
         let options = options(n_samples_per_prompt, shuffle, seed, input_key, label_key, metadata_key)?;
         let kernel = kernel(py, backend)?;
         let inner = py.detach(|| DataSource::from_jsonl(&path, options, kernel)).map_err(|e| to_py(py, e))?;
@@ -144,9 +144,9 @@ impl PyDataSource {
         input_key: Option<String>,
         label_key: Nullable<'py>,
         metadata_key: Nullable<'py>,
-        backend: Option<&Bound<'_, PyAny>>,
+        backend: Option<BackendArg>,
     ) -> PyResult<Self> {
-        str_options!(identity, backend);
+        str_options!(identity);
         let options = options(n_samples_per_prompt, shuffle, seed, input_key, label_key, metadata_key)?;
         let kernel = kernel(py, backend)?;
         let mut records = Vec::with_capacity(records_json.len());

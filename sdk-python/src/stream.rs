@@ -8,6 +8,7 @@ use pyo3::types::{PyByteArray, PyBytes, PyDict, PyList, PyTuple};
 use stowplan::stream::{DEFAULT_MAX_BUFFERED, DEFAULT_MAX_OPEN_BINS, MAX_BUFFERED, MAX_OPEN_BINS};
 use stowplan::{ClosedBins, LimitedStreamPacker, Named, StreamLimits, StreamOptions, StreamPacker};
 
+use crate::BackendArg;
 use crate::str_options;
 use crate::{Lengths, int, invalid, kernel, opt_parse, opt_u64, to_py, u64_arg};
 
@@ -143,9 +144,9 @@ impl PyStreamPacker {
         oversize: Option<&Bound<'_, PyAny>>,
         limits: Option<&Bound<'_, PyAny>>,
         max_segments: Option<&Bound<'_, PyAny>>,
-        backend: Option<&Bound<'_, PyAny>>,
+        backend: Option<BackendArg>,
     ) -> PyResult<Self> {
-        str_options!(oversize, backend);
+        str_options!(oversize);
         let d = StreamOptions::new(u64_arg(capacity, "capacity", 1)?);
         let options = StreamOptions {
             max_open_bins: bounded(max_open_bins, "max_open_bins", 1, MAX_OPEN_BINS)?.unwrap_or(d.max_open_bins),
@@ -171,8 +172,7 @@ impl PyStreamPacker {
     /// :class:`InvalidArgumentError` and restore nothing.
     #[staticmethod]
     #[pyo3(signature = (state, *, backend=None))]
-    fn from_state(py: Python<'_>, state: &Bound<'_, PyAny>, backend: Option<&Bound<'_, PyAny>>) -> PyResult<Self> {
-        str_options!(backend);
+    fn from_state(py: Python<'_>, state: &Bound<'_, PyAny>, backend: Option<BackendArg>) -> PyResult<Self> {
         let bytes = if let Ok(b) = state.cast::<PyBytes>() {
             b.as_bytes().to_vec()
         } else if let Ok(b) = state.cast::<PyByteArray>() {

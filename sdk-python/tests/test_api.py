@@ -101,6 +101,60 @@ def test_invalid_arguments_name_the_argument(call, fragment):
     assert isinstance(info.value, ValueError) and isinstance(info.value, stowplan.StowplanError)
 
 
+def _native_callables_with_a_backend():
+    """Every function and class of the native module that takes ``backend=`` (read from
+    their signatures, so a new one is checked without an edit here)."""
+    import inspect
+
+    from stowplan import _stowplan as native
+
+    found = []
+    for name in dir(native):
+        obj = getattr(native, name)
+        members = [(name, obj)] + [(f"{name}.{k}", getattr(obj, k)) for k in vars(obj)] if inspect.isclass(obj) else [(name, obj)]
+        for label, member in members:
+            sig = getattr(member, "__text_signature__", None) or ""
+            if "backend=None" in sig and "$self" not in sig:
+                found.append((label, member, sig))
+    return found
+
+
+@pytest.mark.parametrize("bad", [1.5, "gpu", b"wasm"])
+def test_every_backend_argument_is_checked_the_same_way(bad):
+    """``backend`` is read by one converter everywhere: a wrong type or name is an
+    InvalidArgumentError naming it. The native module reads its arguments in order, so the
+    other required arguments only need a value of a type their converter takes (found by
+    trying, from pyo3's "while processing" errors); ``backend`` is then refused before the
+    function checks them."""
+    callables = _native_callables_with_a_backend()
+    assert len(callables) >= 25, [c[0] for c in callables]
+    candidates = [1, [], {}, "karmarkar_karp", False]
+    for label, member, sig in callables:
+        required, keyword = [], False
+        for part in sig.strip("()").split(", "):
+            if part == "*":
+                keyword = True
+            elif "=" not in part:
+                required.append((part, keyword))
+        choice = {name: 0 for name, _ in required}
+        while True:
+            args = [candidates[choice[n]] for n, kw in required if not kw]
+            kwargs = {n: candidates[choice[n]] for n, kw in required if kw}
+            try:
+                member(*args, **kwargs, backend=bad)
+            except TypeError as e:
+                said = " ".join([str(e), *getattr(e, "__notes__", [])])  # pyo3 names the argument in a note
+                name = said.rsplit("while processing '", 1)[-1].rstrip("'")
+                assert name in choice and choice[name] + 1 < len(candidates), (label, str(e))
+                choice[name] += 1
+                continue
+            except stowplan.InvalidArgumentError as e:
+                want = "backend must be 'wasm' or 'native'" if bad == "gpu" else "backend must be a string or None"
+                assert want in str(e), (label, str(e))
+                break
+            raise AssertionError(f"{label} accepted backend={bad!r}")
+
+
 def test_every_error_class_has_one_host_kind():
     """The native module raises the host's errors through ``stowplan.errors._BY_KIND``: every
     concrete class is there once, under a kind; only the two base classes are not."""
