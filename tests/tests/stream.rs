@@ -6,6 +6,10 @@ use proptest::prelude::*;
 use stowplan::{ClosedBins, Error, Kernel, OversizePolicy, StreamOptions, StreamPacker};
 use stowplan_conformance::workload;
 
+#[path = "../../kernel/tests/support/stream.rs"]
+mod support;
+use support::stream_case;
+
 /// Every closed bin as (members, load), and the dropped indices.
 fn collect(out: &mut (Vec<(Vec<u64>, u64)>, Vec<u64>), c: ClosedBins) {
     for b in 0..c.bins() {
@@ -30,16 +34,10 @@ proptest! {
     /// restores in the other and continues exactly.
     #[test]
     fn backends_agree_and_states_cross_backends(
-        lengths in proptest::collection::vec(0u64..700, 1..600),
-        capacity in 1u64..1000,
-        open in 1u32..9,
-        buffered in 0u32..64,
+        (lengths, options) in stream_case(700, 1..600, 1000, 9, 64),
         chunk in 1usize..200,
         cut in 0usize..600,
-        drop in any::<bool>(),
     ) {
-        let oversize = if drop { OversizePolicy::Drop } else { OversizePolicy::Single };
-        let options = StreamOptions { capacity, align: 1, max_open_bins: open, max_buffered: buffered, oversize };
         let (native, wasm) = (Kernel::native(), Kernel::wasm().expect("wasm kernel"));
         let whole = run(&mut native.stream_packer(&options).unwrap(), &lengths, chunk);
         prop_assert_eq!(&run(&mut wasm.stream_packer(&options).unwrap(), &lengths, chunk), &whole);

@@ -310,9 +310,14 @@ impl StreamPacker {
 }
 
 #[cfg(test)]
+#[path = "../../tests/support/stream.rs"]
+mod stream_support;
+
+#[cfg(test)]
 mod tests {
     use super::*;
     use proptest::prelude::*;
+    use stream_support::stream_case;
 
     fn options(capacity: u64, open: u32, buffered: u32, oversize: OversizePolicy) -> StreamOptions {
         StreamOptions { capacity, align: 1, max_open_bins: open, max_buffered: buffered, oversize }
@@ -345,15 +350,10 @@ mod tests {
         /// within their bounds, and how the stream is cut into calls changes nothing.
         #[test]
         fn bins_are_a_partition_within_bounds_whatever_the_cuts(
-            lengths in proptest::collection::vec(0u64..120, 1..400),
-            capacity in 1u64..150,
-            open in 1u32..6,
-            buffered in 0u32..40,
+            (lengths, o) in stream_case(120, 1..400, 150, 6, 40),
             cuts in proptest::collection::vec(0usize..400, 0..6),
-            drop in any::<bool>(),
         ) {
-            let oversize = if drop { OversizePolicy::Drop } else { OversizePolicy::Single };
-            let o = options(capacity, open, buffered, oversize);
+            let capacity = o.capacity;
             let (bins, dropped) = run(o, &lengths, &cuts);
             let (whole, whole_dropped) = run(o, &lengths, &[]);
             prop_assert_eq!(&bins, &whole);
@@ -382,13 +382,10 @@ mod tests {
         /// run; the ordered-set buffer (large capacities) makes the choices of the buckets.
         #[test]
         fn restore_continues_exactly_and_both_buffers_agree(
-            lengths in proptest::collection::vec(0u64..90, 1..300),
-            capacity in 1u64..100,
-            open in 1u32..5,
-            buffered in 0u32..30,
+            (lengths, o) in stream_case(90, 1..300, 100, 5, 30),
             at in 0usize..300,
         ) {
-            let o = options(capacity, open, buffered, OversizePolicy::Single);
+            let o = StreamOptions { oversize: OversizePolicy::Single, ..o };
             let (whole, _) = run(o, &lengths, &[]);
             let at = at.min(lengths.len());
             let mut p = StreamPacker::new(o).unwrap();
@@ -407,7 +404,7 @@ mod tests {
             // bucket limit.
             let scale = 2 * BUCKET_CAPACITY;
             let big: Vec<u64> = lengths.iter().map(|&l| l * scale).collect();
-            let (scaled, _) = run(options(capacity * scale, open, buffered, OversizePolicy::Single), &big, &[]);
+            let (scaled, _) = run(StreamOptions { capacity: o.capacity * scale, ..o }, &big, &[]);
             let unscaled: Vec<(Vec<u64>, u64)> = scaled.into_iter().map(|(m, l)| (m, l / scale)).collect();
             prop_assert_eq!(unscaled, whole);
         }
