@@ -6,6 +6,10 @@ use stowplan::Kernel;
 use stowplan_conformance::slime::check_slime_vector;
 use stowplan_conformance::{load_dir, vectors_dir};
 
+#[path = "../../kernel/tests/support/slime.rs"]
+mod slime_support;
+use stowplan::slime::{PythonSum, ScheduleArgs};
+
 #[test]
 fn slime_vectors_on_both_backends() {
     let vectors: Vec<_> =
@@ -23,9 +27,10 @@ fn slime_vectors_on_both_backends() {
 }
 
 mod backends_agree {
+    use super::slime_support::schedule_args;
     use proptest::prelude::*;
     use stowplan::Kernel;
-    use stowplan::slime::{Arg, FlopsArgs, PythonSum, ScheduleArgs};
+    use stowplan::slime::{Arg, FlopsArgs};
 
     fn qwen_like() -> FlopsArgs {
         FlopsArgs {
@@ -49,25 +54,8 @@ mod backends_agree {
         #[test]
         fn native_and_wasm_schedules_are_identical(
             lengths in proptest::collection::vec(0i64..40_000, 1..200),
-            dp in 1i64..9,
-            cap in 1000i64..40_000,
-            gbs in 1i64..4,
-            flags in 0u8..8,
-            neumaier in any::<bool>(),
+            a in schedule_args(1..9, 1000..40_000, 1..4, 1..2),
         ) {
-            let a = ScheduleArgs {
-                micro_batch_size: Some(2),
-                use_dynamic_batch_size: flags & 1 == 0,
-                max_tokens_per_gpu: Some(cap),
-                balance_data: flags & 2 != 0,
-                balance_by_flops: flags & 4 != 0,
-                dp_size: dp,
-                cp_size: 1,
-                vpp_size: 1,
-                microbatch_group_size_per_vp_stage: 1,
-                global_batch_size: gbs,
-                python_sum: if neumaier { PythonSum::Neumaier } else { PythonSum::Naive },
-            };
             let rids: Vec<i64> = (0..lengths.len() as i64).map(|i| i / 2).collect();
             let wasm = Kernel::wasm().expect("the WASM kernel loads");
             let native = Kernel::native();

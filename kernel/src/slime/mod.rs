@@ -69,12 +69,17 @@ pub use kk::{PythonSum, get_seqlen_balanced_partitions};
 pub use schedule::{Schedule, ScheduleArgs, build_dp_schedule};
 
 #[cfg(test)]
+#[path = "../../tests/support/slime.rs"]
+mod slime_support;
+
+#[cfg(test)]
 mod tests {
     use super::kk::Weight;
     use super::*;
     use alloc::vec;
     use alloc::vec::Vec;
     use proptest::prelude::*;
+    use slime_support::schedule_args;
 
     /// slime's first-fit as written: a linear scan of the bins for every length.
     fn first_fit_reference(lengths: &[i64], cap: i64) -> Vec<Vec<u32>> {
@@ -169,25 +174,16 @@ mod tests {
         #[test]
         fn dp_schedule_invariants(
             lengths in proptest::collection::vec(0i64..3000, 1..64),
-            dp in 1i64..5,
-            cap in 1i64..6000,
-            gbs in 1i64..8,
-            balance_data in any::<bool>(),
-            vpp in 1i64..3,
+            drawn in schedule_args(1..5, 1..6000, 1..8, 1..3),
         ) {
+            // First-fit by tokens (the cap invariant below), samples balanced by tokens.
             let a = ScheduleArgs {
                 micro_batch_size: None,
                 use_dynamic_batch_size: true,
-                max_tokens_per_gpu: Some(cap),
-                balance_data,
                 balance_by_flops: false,
-                dp_size: dp,
-                cp_size: 1,
-                vpp_size: vpp,
-                microbatch_group_size_per_vp_stage: 2,
-                global_batch_size: gbs,
-                python_sum: PythonSum::Naive,
+                ..drawn
             };
+            let (cap, gbs) = (a.max_tokens_per_gpu.unwrap_or(i64::MAX), a.global_batch_size);
             let rids: Vec<i64> = (0..lengths.len() as i64).collect();
             let s = match build_dp_schedule(&a, &small_model(), &lengths, &rids) {
                 Ok(s) => s,
