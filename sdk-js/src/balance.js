@@ -43,9 +43,9 @@ export class MicroBatches extends Totals {
     super(p, k);
     /** @private */
     Object.defineProperty(this, 'sizes', { value: resourceSizes(limits) });
-    adopt(this, p, 'batches');
     /** Number of micro-batches. */
-    this.count = this.offsets.length - 1;
+    this.count = p.batches.offsets.length - 1;
+    adopt(this, p, 'batches');
     // Read-only, as in Python: toJSONText reads the kernel's record these fields come from.
     Object.freeze(this);
   }
@@ -81,15 +81,15 @@ export class Balance extends Totals {
    */
   constructor(dpPlan, ranks, lengths, k) {
     super(dpPlan, k);
-    adopt(this, dpPlan, 'ranks', ['offsets', 'order']);
     /** Every rank's micro-batches (indices are global), or null without `maxTokenLen`. */
     this.microBatches = ranks && Object.freeze(ranks);
     /** The micro-batch count of every rank, or null without `maxTokenLen`. */
     this.count = ranks ? (ranks[0]?.count ?? 0) : null;
     /** Number of ranks. */
-    this.dp = this.offsets.length - 1;
+    this.dp = dpPlan.ranks.offsets.length - 1;
     /** The global lengths planned. */
     this.lengths = lengths;
+    adopt(this, dpPlan, 'ranks', ['offsets', 'order']);
     // Read-only, as in Python: toJSONText reads the kernel's records these fields come from.
     Object.freeze(this);
   }

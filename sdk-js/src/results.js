@@ -20,19 +20,27 @@ export function lists(offsets, indices) {
  * Puts every field of the kernel's record `record` on `result`, named as jco names them
  * (camelCase), with its `groups` field (a `types.groups`) flattened into two fields, `offsets`
  * and `indices` unless `names` says otherwise. A result class takes the kernel's fields this
- * way, so a field the kernel adds reaches JavaScript with no edit here; their docs are in
- * index.d.ts (test/api.test.js checks that it declares every field).
+ * way, last in its constructor, so a field the kernel adds reaches JavaScript with no edit
+ * here; their docs are in index.d.ts (test/api.test.js checks that it declares every field).
+ * A field whose name the class already uses (a getter, a method, a field of its own) is an
+ * error of this SDK, thrown rather than shadowed or overwritten.
  * @param {object} result @param {any} record @param {string} groups
  * @param {[string, string]} [names]
  */
 export function adopt(result, record, groups, [offsets, indices] = ['offsets', 'indices']) {
   const r = /** @type {Record<string, any>} */ (result);
+  const put = (/** @type {string} */ name, /** @type {any} */ value) => {
+    if (name in r) {
+      throw new Error(`stowplan: the kernel's field ${name} collides with ${result.constructor.name}.${name} (an SDK bug)`);
+    }
+    r[name] = value;
+  };
   for (const [name, value] of Object.entries(record)) {
     if (name === groups) {
-      r[offsets] = value.offsets;
-      r[indices] = value.indices;
+      put(offsets, value.offsets);
+      put(indices, value.indices);
     } else {
-      r[name] = value;
+      put(name, value);
     }
   }
 }
@@ -41,11 +49,11 @@ export function adopt(result, record, groups, [offsets, indices] = ['offsets', '
 export class Partition {
   /** @param {any} p the kernel's partitioning */
   constructor(p) {
-    adopt(this, p, 'groups');
     /** Number of groups. */
-    this.k = this.offsets.length - 1;
+    this.k = p.groups.offsets.length - 1;
     /** The largest group sum. */
-    this.max = this.sums.reduce((a, b) => (b > a ? b : a), 0n);
+    this.max = p.sums.reduce((/** @type {bigint} */ a, /** @type {bigint} */ b) => (b > a ? b : a), 0n);
+    adopt(this, p, 'groups');
   }
 
   /** The groups, as views into `indices`. @returns {Uint32Array[]} */
@@ -63,21 +71,19 @@ export class Partition {
 export class Packing {
   /** @param {any} p the kernel's packing @param {BigUint64Array} lengths @param {bigint} capacity */
   constructor(p, lengths, capacity) {
-    adopt(this, p, 'bins');
     /** Alignment padding: `alignedTokens - realTokens`. */
     this.paddingTokens = p.alignedTokens - p.realTokens;
-    /** No packing of the items that fit uses fewer bins (`single` bins come on top). */
-    this.lowerBound = p.lowerBound;
     /** The bin capacity. */
     this.capacity = capacity;
     /** Number of bins. */
-    this.numBins = this.offsets.length - 1;
-    const regular = this.numBins - this.single.length;
+    this.numBins = p.bins.offsets.length - 1;
+    const regular = this.numBins - p.single.length;
     let singleReal = 0n;
-    for (const i of this.single) singleReal += lengths[i];
+    for (const i of p.single) singleReal += lengths[i];
     /** Real tokens of the regular bins over their capacity (0 without regular bins). */
     this.efficiency =
-      regular === 0 || capacity === 0n ? 0 : Number(this.realTokens - singleReal) / (regular * Number(capacity));
+      regular === 0 || capacity === 0n ? 0 : Number(p.realTokens - singleReal) / (regular * Number(capacity));
+    adopt(this, p, 'bins');
   }
 
   /** The bins, as views into `indices`. @returns {Uint32Array[]} */
@@ -128,12 +134,12 @@ export class MultiPacking extends Packing {
 export class CpLayout {
   /** @param {any} s the kernel's cp-split @param {number} cp */
   constructor(s, cp) {
-    adopt(this, s, '');
     /** The CP size. */
     this.cp = cp;
     /** Tokens of the padded row. */
     this.paddedTokens = s.cuSeqlensPadded.length ? s.cuSeqlensPadded[s.cuSeqlensPadded.length - 1] : 0n;
     this._gather = null;
+    adopt(this, s, '');
   }
 
   /** Per CP rank, the positions of the padded row it receives, in its order. @returns {Uint32Array[]} */
@@ -208,11 +214,10 @@ export class RawPlan {
    * @param {any} [limits] the limits beside the tokens and the kernel's loads and bounds
    */
   constructor(p, o, limits) {
-    adopt(this, p, 'packs');
     /** The options the plan was made with. */
     this.options = o;
     /** Number of packs. */
-    this.numPacks = this.offsets.length - 1;
+    this.numPacks = p.packs.offsets.length - 1;
     /**
      * With limits: `{names, caps, maxSegments, method, loads, lowerBounds}` — every pack's
      * load in each limit (pack by pack) and the lower bound per resource (tokens, each
@@ -220,6 +225,7 @@ export class RawPlan {
      * Otherwise null.
      */
     this.limits = limits ?? null;
+    adopt(this, p, 'packs');
   }
 
   /** The packs, as views into `indices`. @returns {Uint32Array[]} */
@@ -237,13 +243,13 @@ export class RawPlan {
 export class AlignedPlan {
   /** @param {any} p the kernel's aligned plan @param {RawPlan} raw @param {number} worldSize @param {boolean} dropLast */
   constructor(p, raw, worldSize, dropLast) {
-    adopt(this, p, '');
     /** The raw plan aligned. */
     this.raw = raw;
     /** Ranks the plan is aligned for. */
     this.worldSize = worldSize;
     /** Whether the remainder was dropped instead of padded. */
     this.dropLast = dropLast;
+    adopt(this, p, '');
   }
 
   /** Sample indices of slot `i` (negative counts from the end). @param {number} i @returns {Uint32Array} */

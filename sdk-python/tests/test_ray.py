@@ -142,7 +142,7 @@ def test_a_killed_actor_resumes_from_its_checkpoint():
         # ray.kill returns before the actor is gone: under load the old actor may still answer
         # the call above, so wait for its successor, which must come from the checkpoint.
         deadline = time.monotonic() + 30
-        while not ray.get(actor.was_restored.remote()):
+        while not ray.get(actor.was_restored.remote(), timeout=max(0.1, deadline - time.monotonic())):
             assert time.monotonic() < deadline, "the killed actor was not restarted from its checkpoint"
             time.sleep(0.05)
         # The orchestrator resends what it is unsure of: step 2 was checkpointed, so a duplicate.

@@ -6,8 +6,8 @@
 
 /// The native backend's methods that call the kernel function of the same arguments, one
 /// line each instead of a restated signature: `try` returns the function's result with its
-/// error made the host's (`Ok(f(..)?)`); `ok` returns a peer's own `Result` as it is, inside
-/// the backend's (`Ok(f(..))`).
+/// error made the host's (`Ok(f(..)?)`); `ok` returns the function's own value as it is (a
+/// peer's `Result`, or a value that cannot fail), inside the backend's (`Ok(f(..))`).
 macro_rules! forward {
     ($(fn $name:ident($($arg:ident: $ty:ty),* $(,)?) -> $ret:ty = $how:ident $f:path;)*) => {
         $(fn $name(&self, $($arg: $ty),*) -> Result<$ret, Error> {
