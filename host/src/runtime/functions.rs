@@ -98,22 +98,9 @@ impl FunctionCache {
 
     /// The packs of `engine` (of any engine if `None`) in the directory, oldest first: name,
     /// modification time and size.
-    fn packs(&self, engine: Option<u64>) -> Vec<(String, std::time::SystemTime, u64)> {
-        let want = engine.map(|e| format!("{PREFIX}{e:016x}-"));
-        let mut packs: Vec<_> = std::fs::read_dir(&self.cache.dir)
-            .into_iter()
-            .flatten()
-            .flatten()
-            .filter_map(|entry| {
-                let name = entry.file_name().into_string().ok()?;
-                let ours = name.ends_with(".pack")
-                    && want.as_deref().map_or(name.starts_with(PREFIX), |w| name.starts_with(w));
-                let meta = entry.metadata().ok()?;
-                ours.then(|| (name, meta.modified().unwrap_or(std::time::UNIX_EPOCH), meta.len()))
-            })
-            .collect();
-        packs.sort_by(|a, b| (a.1, &a.0).cmp(&(b.1, &b.0)));
-        packs
+    fn packs(&self, engine: Option<u64>) -> Vec<super::Entry> {
+        let want = engine.map_or_else(|| PREFIX.to_string(), |e| format!("{PREFIX}{e:016x}-"));
+        self.cache.entries(|name| name.ends_with(".pack") && name.starts_with(&want))
     }
 
     /// The entries of this engine's packs on disk.
@@ -155,17 +142,7 @@ impl FunctionCache {
             tracing::debug!(%name, "not writing a pack of the function cache: {e}");
             return;
         }
-        let packs = self.packs(None);
-        let mut total: u64 = packs.iter().map(|p| p.2).sum();
-        for (old, _, len) in packs {
-            if total <= self.max_bytes || old == name {
-                break;
-            }
-            let path = self.cache.dir.join(&old);
-            let _ = std::fs::remove_file(path.with_extension("mac"));
-            let _ = std::fs::remove_file(&path);
-            total -= len;
-        }
+        self.cache.bound(|n| n.ends_with(".pack") && n.starts_with(PREFIX), self.max_bytes, &name);
     }
 }
 

@@ -95,6 +95,14 @@ type HmacSha256 = hmac::Hmac<sha2::Sha256>;
 /// File of the per-user key that authenticates cache entries (32 random bytes, mode 0600).
 const KEY_FILE: &str = "cache.key";
 
+/// The compiled components kept (`*.cwasm`: the kernel's, plugins'), in bytes in all: past
+/// it, the least recently used are removed. A JavaScript or Python plugin compiles to about
+/// 80 MB, so a user who edits one would otherwise keep every version.
+const MAX_ARTIFACT_BYTES: u64 = 2 << 30;
+
+/// An entry of the cache directory: name, last use (modification time) and size.
+type Entry = (String, std::time::SystemTime, u64);
+
 /// The effective user id of this process.
 fn own_uid() -> u32 {
     // SAFETY: geteuid has no preconditions and cannot fail.
@@ -167,6 +175,51 @@ impl Cache {
         mac.update(name.as_bytes());
         mac.update(&[0]);
         mac
+    }
+
+    /// The entries whose name `ours` accepts, least recently used first.
+    fn entries(&self, ours: impl Fn(&str) -> bool) -> Vec<Entry> {
+        let mut entries: Vec<Entry> = std::fs::read_dir(&self.dir)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|entry| {
+                let name = entry.file_name().into_string().ok()?;
+                let meta = entry.metadata().ok()?;
+                ours(&name).then(|| (name, meta.modified().unwrap_or(std::time::UNIX_EPOCH), meta.len()))
+            })
+            .collect();
+        entries.sort_by(|a, b| (a.1, &a.0).cmp(&(b.1, &b.0)));
+        entries
+    }
+
+    /// Removes the least recently used of the entries `ours` accepts (each with its MAC)
+    /// until they hold at most `max_bytes` in all; `keep`, the entry just written, stays.
+    /// Failing to remove one is ignored: the bound is kept at the next write.
+    fn bound(&self, ours: impl Fn(&str) -> bool, max_bytes: u64, keep: &str) {
+        let entries = self.entries(ours);
+        let mut total: u64 = entries.iter().map(|e| e.2).sum();
+        for (old, _, len) in entries {
+            if total <= max_bytes {
+                break;
+            }
+            if old == keep {
+                continue;
+            }
+            let path = self.dir.join(&old);
+            let _ = std::fs::remove_file(path.with_extension("mac"));
+            let _ = std::fs::remove_file(&path);
+            total -= len;
+        }
+    }
+
+    /// Marks entry `name` used now (its modification time), so that [`Cache::bound`] removes
+    /// it after the entries used less recently. Failing is ignored: it only orders removals.
+    fn touch(&self, name: &str) {
+        let _ = std::fs::File::options()
+            .write(true)
+            .open(self.dir.join(name))
+            .and_then(|f| f.set_modified(std::time::SystemTime::now()));
     }
 
     /// The bytes of entry `name` if it is private to this user and its MAC verifies.
@@ -245,7 +298,10 @@ pub(crate) fn load_cached(
             // `Engine::precompile_component` output for an engine with the same compatibility
             // hash (it is in the name), private to this user and authenticated by its MAC.
             Ok(cached) => match unsafe { Component::deserialize(engine, &cached) } {
-                Ok(c) => return Ok((c, "cache")),
+                Ok(c) => {
+                    cache.touch(&name);
+                    return Ok((c, "cache"));
+                }
                 Err(e) => tracing::warn!(%name, "ignoring an unusable cached component: {e:?}"),
             },
             Err(e) if cache.dir.join(&name).exists() => tracing::warn!("ignoring a cached component: {e}"),
@@ -254,11 +310,45 @@ pub(crate) fn load_cached(
     }
     let compiled = engine.precompile_component(bytes)?;
     if let Some(cache) = &cache {
-        if let Err(e) = cache.write(&name, &compiled) {
-            tracing::debug!(%name, "not caching the compiled component: {e}");
+        match cache.write(&name, &compiled) {
+            Ok(()) => cache.bound(|n| n.ends_with(".cwasm"), MAX_ARTIFACT_BYTES, &name),
+            Err(e) => tracing::debug!(%name, "not caching the compiled component: {e}"),
         }
     }
     // SAFETY: `compiled` was just produced by `precompile_component` on this engine.
     let component = unsafe { Component::deserialize(engine, &compiled) }?;
     Ok((component, "compiled"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn compiled_components_are_bounded_and_the_least_recently_used_go_first() {
+        let dir = std::env::temp_dir().join(format!("stowplan-cache-bound-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let cache = Cache::open(&dir).expect("opens the cache");
+        let cwasm = |n: &str| n.ends_with(".cwasm");
+        for name in ["a.cwasm", "b.cwasm", "c.cwasm"] {
+            cache.write(name, &[0; 1000]).expect("writes");
+            // Distinct modification times, oldest first.
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        cache.write("other.pack", &[0; 5000]).expect("writes");
+        // A use (a cache hit): "a" becomes the most recently used.
+        cache.touch("a.cwasm");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        cache.write("d.cwasm", &[0; 1000]).expect("writes");
+        cache.bound(cwasm, 2000, "d.cwasm");
+        let left: Vec<String> = cache.entries(cwasm).into_iter().map(|e| e.0).collect();
+        assert_eq!(left, ["a.cwasm", "d.cwasm"]);
+        assert!(!dir.join("b.mac").exists() && !dir.join("c.mac").exists(), "their MACs go with them");
+        assert!(dir.join("other.pack").exists(), "other entries are not counted or removed");
+        // The entry just written stays even when it alone is over the bound.
+        cache.bound(cwasm, 10, "d.cwasm");
+        let left: Vec<String> = cache.entries(cwasm).into_iter().map(|e| e.0).collect();
+        assert_eq!(left, ["d.cwasm"]);
+        std::fs::remove_dir_all(dir).unwrap();
+    }
 }
