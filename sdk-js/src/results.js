@@ -18,16 +18,16 @@ export function lists(offsets, indices) {
 
 /**
  * Puts every field of the kernel's record `record` on `result`, named as jco names them
- * (camelCase), with its `groups` field (a `types.groups`) flattened into two fields, `offsets`
- * and `indices` unless `names` says otherwise. A result class takes the kernel's fields this
+ * (camelCase), with its `groups` field, if it has one (a `types.groups`), flattened into two
+ * fields, `offsets` and `indices` unless `names` says otherwise. A result class takes the kernel's fields this
  * way, last in its constructor, so a field the kernel adds reaches JavaScript with no edit
  * here; their docs are in index.d.ts (test/api.test.js checks that it declares every field).
  * A field whose name the class already uses (a getter, a method, a field of its own) is an
  * error of this SDK, thrown rather than shadowed or overwritten.
- * @param {object} result @param {any} record @param {string} groups
+ * @param {object} result @param {any} record @param {string | null} [groups]
  * @param {[string, string]} [names]
  */
-export function adopt(result, record, groups, [offsets, indices] = ['offsets', 'indices']) {
+export function adopt(result, record, groups = null, [offsets, indices] = ['offsets', 'indices']) {
   const r = /** @type {Record<string, any>} */ (result);
   const put = (/** @type {string} */ name, /** @type {any} */ value) => {
     if (name in r) {
@@ -139,7 +139,7 @@ export class CpLayout {
     /** Tokens of the padded row. */
     this.paddedTokens = s.cuSeqlensPadded.length ? s.cuSeqlensPadded[s.cuSeqlensPadded.length - 1] : 0n;
     this._gather = null;
-    adopt(this, s, '');
+    adopt(this, s);
   }
 
   /** Per CP rank, the positions of the padded row it receives, in its order. @returns {Uint32Array[]} */
@@ -249,7 +249,7 @@ export class AlignedPlan {
     this.worldSize = worldSize;
     /** Whether the remainder was dropped instead of padded. */
     this.dropLast = dropLast;
-    adopt(this, p, '');
+    adopt(this, p);
   }
 
   /** Sample indices of slot `i` (negative counts from the end). @param {number} i @returns {Uint32Array} */

@@ -261,7 +261,7 @@ test('a kernel field that collides with a member of its result class is refused,
   const { adopt, Packing } = await import('../src/results.js');
   const p = stowplan.pack([5, 3, 7], 10);
   const record = { bins: { offsets: p.offsets, indices: p.indices }, efficiency: 2 };
-  assert.throws(() => adopt(Object.create(Packing.prototype), { length: 1 }, ''), /field length collides with Packing\.length/);
+  assert.throws(() => adopt(Object.create(Packing.prototype), { length: 1 }), /field length collides with Packing\.length/);
   const own = Object.create(Packing.prototype);
   own.efficiency = 0.5;
   assert.throws(() => adopt(own, record, 'bins'), /field efficiency collides/);

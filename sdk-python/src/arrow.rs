@@ -10,8 +10,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyList;
 use stowplan::{Overflow, RowPacking};
 
-use crate::BackendArg;
-use crate::{Lengths, int_vec, invalid, kernel, opt_str, to_py, u64_arg};
+use crate::{BackendArg, Lengths, int_vec, invalid, kernel, opt_str, to_py, u64_arg};
 
 /// Two `int64` arrays (items' starts and lengths).
 type Int64Pair<'py> = (Bound<'py, PyArray1<i64>>, Bound<'py, PyArray1<i64>>);

@@ -6,9 +6,8 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyTuple};
 use stowplan::{Balance, Cost, DpOptions, MicroBatches, MicroOptions};
 
-use crate::BackendArg;
 use crate::convert::{
-    Lengths, cost_arg, int, integer, kernel, opt_parse, opt_u32, repr, str_options, u32_arg, u64_arg,
+    BackendArg, Lengths, cost_arg, int, integer, kernel, opt_parse, opt_u32, repr, str_options, u32_arg, u64_arg,
 };
 use crate::errors::{invalid, to_py};
 use crate::multi;

@@ -7,8 +7,7 @@ use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyList, PyString};
 use stowplan::{AlignOptions, CpRuns, Factor};
 
-use crate::BackendArg;
-use crate::{Lengths, invalid, kernel, opt_u32, to_py, u64_arg};
+use crate::{BackendArg, Lengths, invalid, kernel, opt_u32, to_py, u64_arg};
 
 /// `align`: `None` (omitted), `"cp_tp"`, `"roll"` or a multiple `>= 1`.
 pub(crate) fn factor(align: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Factor>> {

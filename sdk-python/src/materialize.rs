@@ -6,13 +6,12 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyTuple};
 use stowplan::{AlignOptions, Factor, MaterializeOptions, Padding, Sample};
 
-use crate::BackendArg;
 use crate::convert::{opt_i64, opt_number};
 use crate::layout::factor;
 use crate::micro_batch::wrap;
 use crate::{
-    cost_arg, float_vec, int, int_vec, invalid, kernel, mask_vec, number, opt_parse, opt_u32, opt_u64, str_options,
-    to_py, u64_arg,
+    BackendArg, cost_arg, float_vec, int, int_vec, invalid, kernel, mask_vec, number, opt_parse, opt_u32, opt_u64,
+    str_options, to_py, u64_arg,
 };
 
 /// Owned sample data extracted from Python: the packer's wire sample plus the run and the

@@ -5,8 +5,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyTuple};
 use stowplan::{MultiOptions, PackOptions, Packing, Partition, PartitionMethod, PartitionOptions};
 
-use crate::BackendArg;
-use crate::convert::{Lengths, kernel, opt_parse, opt_u64, str_options, u32_arg, u64_arg};
+use crate::convert::{BackendArg, Lengths, kernel, opt_parse, opt_u64, str_options, u32_arg, u64_arg};
 use crate::errors::{invalid, to_py};
 use crate::results::{LazyList, check_state, lists, reduce};
 

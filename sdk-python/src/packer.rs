@@ -7,10 +7,11 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyTuple};
 use stowplan::{Packer, PackerOptions, PackerState, RunConfig, RunProgress, TrainingBatch};
 
-use crate::BackendArg;
 use crate::convert::{opt_i64, opt_number, pythonized, with_bytes};
 use crate::protocol::{duration, rank_list, training_batch};
-use crate::{cost_arg, invalid, kernel, number, opt_parse, opt_u32, opt_u64, str_options, to_py, u32_arg, u64_arg};
+use crate::{
+    BackendArg, cost_arg, invalid, kernel, number, opt_parse, opt_u32, opt_u64, str_options, to_py, u32_arg, u64_arg,
+};
 
 /// A run's entry as :meth:`Packer.progress` gives it: the run, its configuration and its
 /// progress (`RunProgress`'s fields).

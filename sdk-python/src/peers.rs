@@ -4,8 +4,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 use stowplan::{DpReorder, RollLoadBalanceOptions, RollMicroBatches, VerlFunction, VerlMicroOptions};
 
-use crate::BackendArg;
-use crate::convert::{int, int_vec, kernel, opt_i64};
+use crate::convert::{BackendArg, int, int_vec, kernel, opt_i64};
 use crate::errors::{invalid, peer_error, to_py};
 use crate::results::verl_unbalance;
 

@@ -12,8 +12,7 @@ use stowplan::{LengthCache, MicroLimits, MultiMethod, Named, PlanLimits, PlanOpt
 
 use stowplan::plan::config::{DEFAULT_PRECOMPUTE_WORKERS, DEFAULT_WAIT_TIMEOUT_S};
 
-use crate::BackendArg;
-use crate::{Lengths, int, int_vec, invalid, kernel, number, opt_u64, repr, to_py, u64_arg};
+use crate::{BackendArg, Lengths, int, int_vec, invalid, kernel, number, opt_u64, repr, to_py, u64_arg};
 use crate::{opt_parse, str_options};
 
 /// How long one host wait runs before Python signals are checked.

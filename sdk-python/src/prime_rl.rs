@@ -5,8 +5,7 @@
 use pyo3::prelude::*;
 use stowplan::kernel::prime_rl::BatchOptions;
 
-use crate::BackendArg;
-use crate::{int_vec, kernel, to_py, u32_arg, u64_arg};
+use crate::{BackendArg, int_vec, kernel, to_py, u32_arg, u64_arg};
 
 /// Defines a pyfunction `(weights, num_partitions, *, backend=None) -> list[list[int]]` named
 /// `$py` in Python that runs `Kernel::$method`: prime-rl's two partition functions take the

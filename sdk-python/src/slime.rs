@@ -11,8 +11,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyFloat, PyInt, PyList, PyTuple};
 use stowplan::slime::{Arg, Flops, FlopsArgs, LayerFreq, PythonSum, ScheduleArgs, SlimeError};
 
-use crate::BackendArg;
-use crate::{int, int_vec, invalid, kernel, repr, to_py};
+use crate::{BackendArg, int, int_vec, invalid, kernel, repr, to_py};
 
 const I64: (i128, i128) = (i64::MIN as i128, i64::MAX as i128);
 

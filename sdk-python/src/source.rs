@@ -7,10 +7,9 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList};
 use stowplan::{DataSource, DataSourceOptions, Group, RolloutSample, Status};
 
-use crate::BackendArg;
 use crate::filter::PyFilter;
 use crate::str_options;
-use crate::{Nullable, int, invalid, kernel, opt_u64, to_py, u32_arg};
+use crate::{BackendArg, Nullable, int, invalid, kernel, opt_u64, to_py, u32_arg};
 
 fn status_name(s: Status) -> &'static str {
     match s {

@@ -8,9 +8,8 @@ use pyo3::types::{PyByteArray, PyBytes, PyDict, PyList, PyTuple};
 use stowplan::stream::{DEFAULT_MAX_BUFFERED, DEFAULT_MAX_OPEN_BINS, MAX_BUFFERED, MAX_OPEN_BINS};
 use stowplan::{ClosedBins, LimitedStreamPacker, Named, StreamLimits, StreamOptions, StreamPacker};
 
-use crate::BackendArg;
 use crate::str_options;
-use crate::{Lengths, int, invalid, kernel, opt_parse, opt_u64, to_py, u64_arg};
+use crate::{BackendArg, Lengths, int, invalid, kernel, opt_parse, opt_u64, to_py, u64_arg};
 
 /// A streaming bin packer: lengths go in a few at a time, each bin comes out when it closes,
 /// and memory stays bounded however long the stream (``max_buffered`` lengths wait, at most
