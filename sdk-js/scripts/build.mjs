@@ -13,6 +13,9 @@
 //                                    options constructors set) and verl's names (the WIT's
 //                                    verl interface, kernel/src/verl.rs)
 //   generated/workloads/             the CLI's built-in workload, for the explorer
+//   generated/types/                 jco's TypeScript types of the WIT (wit/, with its docs):
+//                                    src/index.d.ts declares each result's kernel fields as
+//                                    these records, so a field the WIT adds needs no edit here
 //
 // No Rust or wasm toolchain is needed: jco (a pinned devDependency) does the transpiling.
 // Usage: node scripts/build.mjs [--component PATH] [--sha256-file PATH] [--out DIR]
@@ -71,6 +74,12 @@ for (const name of readdirSync(kernelDir).filter((f) => f.endsWith('.wasm')).sor
   rmSync(join(kernelDir, name));
 }
 if (Object.keys(modules).length === 0) fail('jco wrote no core module');
+
+// The records' types with their docs, from the WIT itself (the component's embedded WIT
+// carries no docs): the one home of a result field's name, type and meaning.
+execFileSync(process.execPath, [jco, 'types', join(root, 'wit'), '-o', join(out, 'types'), '--name', 'kernel', '--quiet'], {
+  stdio: 'inherit',
+});
 
 // The streaming packer's defaults and the kernel's limits, from the one place that knows them
 // (the kernel's source), so that the SDK's cannot drift from the Rust and Python ones.

@@ -3,6 +3,19 @@
 // Integers are exact: u64 values are bigints (scalars) and BigUint64Arrays (lists); u32 values
 // are numbers and Uint32Arrays. Inputs take numbers (safe integers) or bigints.
 
+// A result's fields that the kernel computes are declared as the kernel's records, jco's types of
+// the WIT (generated/types, made by scripts/build.mjs from wit/ with its docs): a field the WIT
+// adds reaches these types with no edit here. The result classes add what they compute.
+import type { Groups } from '../generated/types/interfaces/stowplan-kernel-types.js';
+import type { Partitioning } from '../generated/types/interfaces/stowplan-kernel-partition.js';
+import type { Packing as PackingRecord } from '../generated/types/interfaces/stowplan-kernel-pack.js';
+import type { MicroPlan, DpPlan } from '../generated/types/interfaces/stowplan-kernel-balance.js';
+import type { CpSplit } from '../generated/types/interfaces/stowplan-kernel-layout.js';
+import type { RawPackPlan, AlignedPackPlan } from '../generated/types/interfaces/stowplan-kernel-plan.js';
+
+/** The fields of kernel record `R` as a result holds them: read-only, its groups field `G` flattened into `offsets` and `indices`. */
+type Flat<R, G extends keyof R> = Readonly<Omit<R, G> & Groups>;
+
 /**
  * Lengths or weights: an array of integers (numbers or bigints), an integer typed array, or
  * another iterable of integers; at most 2**28 entries (268,435,456: the list must fit in the
@@ -207,21 +220,12 @@ export interface RawPlanOptions {
   method?: MultiMethod;
 }
 
+/** The kernel's fields of a `Partition` (see its class). */
+export interface Partition extends Flat<Partitioning, 'groups'> {}
+
 /** A partition of the input indices into `k` groups. */
 export class Partition {
   private constructor();
-  /** Group boundaries into `indices` (`k + 1` entries, first 0). */
-  readonly offsets: Uint32Array;
-  /** Input indices, group after group (members ascending). */
-  readonly indices: Uint32Array;
-  /** Sum of each group. */
-  readonly sums: BigUint64Array;
-  /** Sum of all weights. */
-  readonly total: bigint;
-  /** Largest group sum minus smallest. */
-  readonly spread: bigint;
-  /** max(ceil(total / k), largest weight). */
-  readonly lowerBound: bigint;
   /** Number of groups. */
   readonly k: number;
   /** The largest group sum. */
@@ -232,28 +236,15 @@ export class Partition {
   readonly length: number;
 }
 
+/** The kernel's fields of a `Packing` (see its class). */
+export interface Packing extends Flat<PackingRecord, 'bins'> {}
+
 /** Bins of a packing. */
 export class Packing {
   /** Made by `pack` (and, as the base of `MultiPacking`, `packMulti`). */
   protected constructor();
-  /** Bin boundaries into `indices`. */
-  readonly offsets: Uint32Array;
-  /** Input indices, bin after bin (members ascending). */
-  readonly indices: Uint32Array;
-  /** Aligned load of each bin. */
-  readonly loads: BigUint64Array;
-  /** Items left out under `oversize: 'drop'`. */
-  readonly dropped: Uint32Array;
-  /** Oversized items placed alone under `oversize: 'single'`. */
-  readonly single: Uint32Array;
-  /** Sum of the real lengths packed. */
-  readonly realTokens: bigint;
-  /** Sum of the aligned lengths packed. */
-  readonly alignedTokens: bigint;
   /** Alignment padding. */
   readonly paddingTokens: bigint;
-  /** No packing of the items that fit uses fewer bins. */
-  readonly lowerBound: bigint;
   /** Real tokens of the regular bins over their capacity. */
   readonly efficiency: number;
   /** The bin capacity. */
@@ -287,23 +278,12 @@ export class MultiPacking extends Packing {
   readonly lowerBounds: Record<string, bigint>;
 }
 
+/** The kernel's fields of a `MicroBatches` (see its class). */
+export interface MicroBatches extends Flat<MicroPlan, 'batches'> {}
+
 /** Micro-batches of one batch. */
 export class MicroBatches {
   private constructor();
-  /** Micro-batch boundaries into `indices`. */
-  readonly offsets: Uint32Array;
-  /** Input indices, micro-batch after micro-batch. */
-  readonly indices: Uint32Array;
-  /** Tokens of each micro-batch. */
-  readonly tokens: BigUint64Array;
-  /** Cost of each micro-batch. */
-  readonly costs: BigUint64Array;
-  /** `restore[i]`: the position of input `i` in `indices`. */
-  readonly restore: Uint32Array;
-  /** No plan has fewer micro-batches. */
-  readonly lowerBound: number;
-  /** The count this batch needs on its own. */
-  readonly required: number;
   /** Number of micro-batches. */
   readonly count: number;
   /** The micro-batches, as views into `indices`. */
@@ -321,19 +301,14 @@ export class MicroBatches {
   toJSONText(): string;
 }
 
+/** The kernel's fields of a `Balance` (see its class). */
+export interface Balance extends Readonly<Omit<DpPlan, 'ranks'> & Pick<Groups, 'offsets'>> {}
+
 /** A global batch over `dp` ranks, with every rank's micro-batches when a cap was given. */
 export class Balance {
   private constructor();
-  /** Rank boundaries into `order`. */
-  readonly offsets: Uint32Array;
   /** The permutation to reorder the batch by, rank after rank. */
   readonly order: Uint32Array;
-  /** Tokens of each rank. */
-  readonly tokens: BigUint64Array;
-  /** Cost of each rank. */
-  readonly costs: BigUint64Array;
-  /** No assignment has a lighter costliest rank. */
-  readonly costLowerBound: bigint;
   /** Every rank's micro-batches, or null without `maxTokenLen`. */
   readonly microBatches: readonly MicroBatches[] | null;
   /** The micro-batch count of every rank, or null without `maxTokenLen`. */
@@ -359,33 +334,16 @@ export class Balance {
   toJSONText(): string;
 }
 
+/** The kernel's fields of a `CpLayout` (see its class). */
+export interface CpLayout extends Readonly<CpSplit> {}
+
 /** One packed row split over context-parallel ranks. */
 export class CpLayout {
   private constructor();
-  /** The pad factor. */
-  readonly factor: bigint;
   /** The CP size. */
   readonly cp: number;
-  /** `n + 1` cumulative real lengths. */
-  readonly cuSeqlens: BigUint64Array;
-  /** `n + 1` cumulative padded lengths. */
-  readonly cuSeqlensPadded: BigUint64Array;
-  /** The longest real length. */
-  readonly maxSeqlen: bigint;
-  /** The longest padded length. */
-  readonly maxSeqlenPadded: bigint;
-  /** Every rank's sequence boundaries. */
-  readonly localBounds: BigUint64Array;
-  /** Real tokens per CP rank. */
-  readonly rankRealTokens: BigUint64Array;
   /** Tokens of the padded row. */
   readonly paddedTokens: bigint;
-  /** Gather runs per rank: rank `r` takes runs `runOffsets[r] .. runOffsets[r+1]`. */
-  readonly runOffsets: Uint32Array;
-  /** Start of each run in the padded row. */
-  readonly runStarts: BigUint64Array;
-  /** Length of each run. */
-  readonly runLengths: BigUint64Array;
   /** Per CP rank, the positions of the padded row it receives. */
   readonly gather: Uint32Array[];
   /** Every CP rank's part of `row` (the padded row), of the row's own type. */
@@ -394,27 +352,12 @@ export class CpLayout {
   unpack<T extends ArrayLike<unknown>>(rows: T[]): T;
 }
 
+/** The kernel's fields of a `RawPlan` (see its class). */
+export interface RawPlan extends Flat<RawPackPlan, 'packs'> {}
+
 /** A raw static pack plan. */
 export class RawPlan {
   private constructor();
-  /** Pack boundaries into `indices`. */
-  readonly offsets: Uint32Array;
-  /** Sample indices, pack after pack. */
-  readonly indices: Uint32Array;
-  /** Real tokens of each pack. */
-  readonly tokens: BigUint64Array;
-  /** Long samples emitted as single-sample packs. */
-  readonly singleLong: Uint32Array;
-  /** Long samples dropped. */
-  readonly dropped: Uint32Array;
-  /** Sum of the real lengths packed. */
-  readonly realTokens: bigint;
-  /** Sum of the aligned lengths of the samples that are not long. */
-  readonly alignedTokens: bigint;
-  /** No plan of these samples has fewer packs. */
-  readonly lowerBound: bigint;
-  /** sha256 (hex) of the canonical encoding of the packs. */
-  readonly checksum: string;
   /** The options the plan was made with. */
   readonly options: { packingLength: bigint; align: bigint; allowSingleLong: boolean };
   /** Number of packs. */
@@ -438,19 +381,12 @@ export class RawPlan {
   readonly length: number;
 }
 
+/** The kernel's fields of a `AlignedPlan` (see its class). */
+export interface AlignedPlan extends Readonly<AlignedPackPlan> {}
+
 /** The plan `worldSize` ranks consume. */
 export class AlignedPlan {
   private constructor();
-  /** The raw pack of every slot. */
-  readonly packs: Uint32Array;
-  /** Raw packs repeated at the end. */
-  readonly padNeeded: number;
-  /** Raw packs left out (dropLast). */
-  readonly droppedPacks: number;
-  /** Samples in the dropped packs. */
-  readonly droppedSamples: bigint;
-  /** sha256 (hex) of the canonical encoding of the consumed packs. */
-  readonly checksum: string;
   /** The raw plan aligned. */
   readonly raw: RawPlan;
   /** Ranks the plan is aligned for. */
