@@ -1,5 +1,6 @@
 """The stubs (``stowplan/_stowplan.pyi`` and the topic stubs it re-exports from ``_stubs/``,
-written by hand) say what the compiled module is:
+written by hand but for the kernel's result records, ``_stubs/_records.pyi``, which ``cargo
+xtask stubs`` writes from the WIT) say what the compiled module is:
 the same public names, and for every function, method and constructor the same parameters
 — names, order, kind (positional or keyword-only) and defaults — as the signatures PyO3
 gives the compiled module (``__text_signature__``, read by :func:`inspect.signature`). And
@@ -13,6 +14,7 @@ import pathlib
 import sys
 from typing import Any, Dict, List, Optional, Tuple
 
+import numpy as np
 import pytest
 
 import stowplan
@@ -60,6 +62,17 @@ def _stub_body(path: pathlib.Path) -> List[ast.stmt]:
 
 
 STUBS = _stub_members(_stub_body(STUB))
+# The kernel's result records (generated from the WIT), the base classes of result stubs.
+RECORDS = _stub_members(ast.parse(STUB.with_name("_stubs").joinpath("_records.pyi").read_text()).body)
+
+
+def _class_members(node: ast.ClassDef) -> Dict[str, ast.AST]:
+    """A stub class's members, its bases' (records of ``_records.pyi``) included."""
+    out: Dict[str, ast.AST] = {}
+    for base in node.bases:
+        out.update(_class_members(RECORDS[ast.unparse(base)]))  # type: ignore[arg-type]
+    out.update(_stub_members(node.body))
+    return out
 
 
 def _default(node: Optional[ast.expr]) -> Any:
@@ -104,7 +117,7 @@ def _callables() -> List[Tuple[str, Any, ast.FunctionDef, bool]]:
             out.append((name, getattr(_stowplan, name, None), node, False))
         elif isinstance(node, ast.ClassDef):
             cls = getattr(_stowplan, name, None)
-            for member, sub in _stub_members(node.body).items():
+            for member, sub in _class_members(node).items():
                 if not isinstance(sub, ast.FunctionDef) or "property" in _decorators(sub):
                     continue
                 if member == "__init__":
@@ -127,7 +140,7 @@ def test_the_stubs_and_the_module_have_the_same_names() -> None:
 @pytest.mark.parametrize("name", sorted(n for n, s in STUBS.items() if isinstance(s, ast.ClassDef)))
 def test_every_class_member_is_stubbed(name: str) -> None:
     cls = getattr(_stowplan, name)
-    stubbed = _stub_members(STUBS[name].body)  # type: ignore[attr-defined]
+    stubbed = _class_members(STUBS[name])  # type: ignore[arg-type]
     native = {n for n in cls.__dict__ if _public(n)}
     public = {n for n in stubbed if _public(n)}
     assert public == native, f"{name}: only native {sorted(native - public)}; only stubbed {sorted(public - native)}"
@@ -161,3 +174,32 @@ def test_at_most_six_positional_parameters(name: str, obj: Any, stub: ast.Functi
         assert len(positional) > MAX_POSITIONAL, f"{name} is fixed: remove it from POSITIONAL_EXEMPT"
         return
     assert len(positional) <= MAX_POSITIONAL, f"{name} takes {len(positional)} positional parameters: {positional}"
+
+
+def _record_results() -> Dict[str, Any]:
+    return {
+        "_Partitioning": stowplan.partition([5, 3, 7, 2], 2),
+        "_Packing": stowplan.pack([5, 3, 7, 2], 10),
+        "_MicroPlan": stowplan.micro_batches([5, 3, 7, 2], 10),
+        "_DpPlan": stowplan.balance([5, 3, 7, 2], 2),
+        "_CpSplit": stowplan.cp_layout([5, 3, 7], cp=2),
+    }
+
+
+def test_every_generated_record_is_a_result_base_and_its_types_are_the_values() -> None:
+    """Each record of ``_records.pyi`` is the base of a result's stub, and every field it
+    declares holds a value of the declared type (numpy dtype, int, float, bool, str)."""
+    bases = {ast.unparse(b) for node in STUBS.values() if isinstance(node, ast.ClassDef) for b in node.bases}
+    assert bases == set(RECORDS), "a generated record no result stub takes, or a base not generated"
+    results = _record_results()
+    assert set(results) == set(RECORDS), "test every generated record"
+    scalar = {"int": int, "float": float, "bool": bool, "str": str}
+    for record, value in results.items():
+        for field, node in _stub_members(RECORDS[record].body).items():  # type: ignore[attr-defined]
+            annotation = ast.unparse(node.annotation)  # type: ignore[attr-defined]
+            got = getattr(value, field)
+            if annotation.startswith("npt.NDArray[np."):
+                dtype = annotation[len("npt.NDArray[np.") : -1]
+                assert got.dtype == getattr(np, dtype), f"{record}.{field}: {got.dtype}, stubbed {annotation}"
+            else:
+                assert type(got) is scalar[annotation], f"{record}.{field}: {type(got).__name__}, stubbed {annotation}"

@@ -13,6 +13,9 @@
 //! - `check-plugins`: rebuilds them and fails if the bytes differ from the committed ones
 //!   (exit 3 when the pinned toolchain or its target is not installed).
 //! - Both artifacts are built by the pinned Rust, whatever the toolchain running xtask.
+//! - `stubs`: writes the Python stubs of the kernel's result records from the WIT
+//!   ([`stubs`]); `check-stubs` fails when the committed ones are stale. They build xtask
+//!   with its `stubs` feature (the WIT parser), which no other command needs.
 //! - `test`: every test of the project — `cargo test --release` of the workspace
 //!   (conformance vectors on native and WASM, CLI tests) and the host library's doc tests,
 //!   the kernel's tests in a debug build (overflow checks on) beside the host library's and
@@ -27,6 +30,8 @@ use std::process::{Command, ExitCode};
 use sha2::{Digest, Sha256};
 
 mod builds;
+#[cfg(feature = "stubs")]
+mod stubs;
 mod toolchain;
 
 use toolchain::Toolchain;
@@ -167,6 +172,7 @@ fn main() -> ExitCode {
     let sha_path = assets.join("stowplan_kernel.wasm.sha256");
     match cmd.as_str() {
         "test" => run_tests(),
+        "stubs" | "check-stubs" => stubs(cmd == "check-stubs"),
         "build-plugins" | "check-plugins" => match wasm_toolchain("plugins/dist") {
             Ok(toolchain) => plugins(&toolchain, cmd == "build-plugins"),
             Err(e) => {
@@ -220,8 +226,55 @@ fn main() -> ExitCode {
             }
         }
         _ => {
-            eprintln!("usage: cargo xtask test | build-kernel | check-kernel | build-plugins | check-plugins");
+            eprintln!(
+                "usage: cargo xtask test | build-kernel | check-kernel | build-plugins | check-plugins | stubs | \
+                 check-stubs"
+            );
             ExitCode::from(2)
+        }
+    }
+}
+
+/// Writes the Python stubs of the result records ([`stubs::OUT`]) from the WIT, or with
+/// `check` fails (1) when the committed file differs.
+#[cfg(feature = "stubs")]
+fn stubs(check: bool) -> ExitCode {
+    let root = root();
+    let path = root.join(stubs::OUT);
+    let text = match stubs::generate(&root.join("wit")) {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("xtask: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    if check {
+        if std::fs::read_to_string(&path).ok().as_deref() == Some(text.as_str()) {
+            println!("xtask: {} is what the WIT gives", stubs::OUT);
+            return ExitCode::SUCCESS;
+        }
+        eprintln!("xtask: {} is not what the WIT gives: run `cargo xtask stubs` and commit it", stubs::OUT);
+        return ExitCode::from(1);
+    }
+    if let Err(e) = std::fs::write(&path, text) {
+        eprintln!("xtask: writing {}: {e}", path.display());
+        return ExitCode::from(2);
+    }
+    println!("xtask: wrote {}", stubs::OUT);
+    ExitCode::SUCCESS
+}
+
+/// Without the `stubs` feature: runs xtask again with it (only these commands need the WIT
+/// parser, so the others do not build it).
+#[cfg(not(feature = "stubs"))]
+fn stubs(check: bool) -> ExitCode {
+    let cmd = if check { "check-stubs" } else { "stubs" };
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    match run(&cargo, &["run", "--quiet", "--release", "-p", "xtask", "--features", "stubs", "--", cmd]) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("xtask: {e}");
+            ExitCode::from(1)
         }
     }
 }

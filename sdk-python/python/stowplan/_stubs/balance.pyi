@@ -5,9 +5,10 @@ from typing import Any, Dict, Iterable, Iterator, List, Optional, Union
 import numpy as np
 import numpy.typing as npt
 
+from ._records import _DpPlan, _MicroPlan
 from ._types import _Cost, _Lengths
 
-class MicroBatches:
+class MicroBatches(_MicroPlan):
     """Micro-batches of one batch (the result of :func:`micro_batches`, or one rank's part
     of a :class:`Balance`).
 
@@ -18,13 +19,6 @@ class MicroBatches:
     those). ``restore`` is local in both: positions in the concatenated micro-batches, one
     per input of the call (of ``Balance.ranks[r]``, in that order, in a :class:`Balance`)."""
 
-    offsets: npt.NDArray[np.uint32]
-    indices: npt.NDArray[np.uint32]
-    tokens: npt.NDArray[np.uint64]
-    costs: npt.NDArray[np.uint64]
-    restore: npt.NDArray[np.uint32]
-    lower_bound: int
-    required: int
     count: int
     @property
     def batches(self) -> List[npt.NDArray[np.uint32]]: ...
@@ -54,7 +48,7 @@ def micro_batches(
     ``resources``/``limits``: further caps per micro-batch (name → sizes, name → cap). The
     result's indices are positions in ``lengths`` (one rank's batch gives local indices)."""
 
-class Balance:
+class Balance(_DpPlan):
     """A global batch over DP ranks (the result of :func:`balance`).
 
     Index spaces: ``order``, ``ranks[r]`` and ``micro_batches[r].batches`` hold **global**
@@ -63,11 +57,6 @@ class Balance:
     ``stowplan.rank_micro_batches(plan, r)`` (rank-local positions); ``micro_batches[r].restore``
     is rank-local already."""
 
-    offsets: npt.NDArray[np.uint32]
-    order: npt.NDArray[np.uint32]
-    tokens: npt.NDArray[np.uint64]
-    costs: npt.NDArray[np.uint64]
-    cost_lower_bound: int
     micro_batches: Optional[List[MicroBatches]]
     count: Optional[int]
     dp: int

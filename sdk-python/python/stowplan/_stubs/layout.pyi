@@ -6,6 +6,7 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence
 import numpy as np
 import numpy.typing as npt
 
+from ._records import _CpSplit
 from ._types import _Align, _Cost, _Lengths
 
 def pad_factor(
@@ -18,18 +19,11 @@ def pad_factor(
 ) -> int:
     """The alignment factor (align: None/'cp_tp', 'roll' or a multiple)."""
 
-class CpLayout:
+class CpLayout(_CpSplit):
     """One packed row split over CP ranks (the result of :func:`cp_layout`)."""
 
-    factor: int
     cp: int
-    cu_seqlens: npt.NDArray[np.uint64]
-    cu_seqlens_padded: npt.NDArray[np.uint64]
-    max_seqlen: int
-    max_seqlen_padded: int
     gather: List[npt.NDArray[np.uint64]]
-    local_bounds: npt.NDArray[np.uint64]
-    rank_real_tokens: npt.NDArray[np.uint64]
     padded_tokens: int
     def split(self, row: Any) -> List[npt.NDArray[Any]]: ...
     def unpack(self, rows: List[Any]) -> npt.NDArray[Any]: ...

@@ -6,17 +6,12 @@ from typing import Dict, List, Mapping, Optional
 import numpy as np
 import numpy.typing as npt
 
+from ._records import _Packing, _Partitioning
 from ._types import _Lengths
 
-class Partition:
+class Partition(_Partitioning):
     """``k`` groups of input indices (the result of :func:`partition`)."""
 
-    offsets: npt.NDArray[np.uint32]
-    indices: npt.NDArray[np.uint32]
-    sums: npt.NDArray[np.uint64]
-    total: int
-    spread: int
-    lower_bound: int
     k: int
     max: int
     @property
@@ -34,18 +29,10 @@ def partition(
 ) -> Partition:
     """``method``: ``"kk"`` (default), ``"greedy"`` or ``"verl"``."""
 
-class Packing:
+class Packing(_Packing):
     """Bins of input indices (the result of :func:`pack`)."""
 
-    offsets: npt.NDArray[np.uint32]
-    indices: npt.NDArray[np.uint32]
-    loads: npt.NDArray[np.uint64]
-    dropped: npt.NDArray[np.uint32]
-    single: npt.NDArray[np.uint32]
-    real_tokens: int
-    aligned_tokens: int
     padding_tokens: int
-    lower_bound: int
     efficiency: float
     capacity: int
     num_bins: int

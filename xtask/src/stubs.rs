@@ -1,0 +1,204 @@
+//! `cargo xtask stubs`: writes the Python stubs of the kernel's result records
+//! (`sdk-python/python/stowplan/_stubs/_records.pyi`) from the WIT (`wit/`), with its docs;
+//! `cargo xtask check-stubs` fails when the committed file is not what the WIT gives.
+//!
+//! The WIT is the one home of a result field's name, type and meaning: the JavaScript SDK
+//! takes jco's TypeScript types of it (`sdk-js/scripts/build.mjs`), and the Python stubs of
+//! [`RECORDS`] take their fields from this file. wit-parser (the Bytecode Alliance's, the
+//! version wasmtime already locks) reads the WIT as the component tools do.
+
+use std::fmt::Write as _;
+use std::path::Path;
+
+use wit_parser::{Docs, Record, Resolve, Type, TypeDefKind};
+
+/// The generated file, from the workspace root.
+pub const OUT: &str = "sdk-python/python/stowplan/_stubs/_records.pyi";
+
+/// A kernel record a Python result class holds as fields (its stub's base class).
+struct Stubbed {
+    /// The WIT interface that defines it.
+    interface: &'static str,
+    /// The record's name there.
+    record: &'static str,
+    /// Its groups field (a `groups` record), held flat as `offsets` and the members' name.
+    groups: Option<(&'static str, &'static str)>,
+    /// Fields the Python class does not hold as they are, and why.
+    skip: &'static [(&'static str, &'static str)],
+}
+
+/// The records whose fields the Python results hold.
+const RECORDS: &[Stubbed] = &[
+    Stubbed { interface: "partition", record: "partitioning", groups: Some(("groups", "indices")), skip: &[] },
+    Stubbed { interface: "pack", record: "packing", groups: Some(("bins", "indices")), skip: &[] },
+    Stubbed { interface: "balance", record: "micro-plan", groups: Some(("batches", "indices")), skip: &[] },
+    Stubbed { interface: "balance", record: "dp-plan", groups: Some(("ranks", "order")), skip: &[] },
+    Stubbed {
+        interface: "layout",
+        record: "cp-split",
+        groups: None,
+        skip: &[
+            ("run-offsets", "held as the per-rank `gather` positions"),
+            ("run-starts", "held as the per-rank `gather` positions"),
+            ("run-lengths", "held as the per-rank `gather` positions"),
+        ],
+    },
+];
+
+/// `kebab-case` → `snake_case`.
+fn snake(name: &str) -> String {
+    name.replace('-', "_")
+}
+
+/// `kebab-case` → `_UpperCamel`, the private base class of a record.
+fn class(record: &str) -> String {
+    let mut out = String::from("_");
+    for word in record.split('-') {
+        let mut chars = word.chars();
+        if let Some(first) = chars.next() {
+            out.extend(first.to_uppercase());
+            out.push_str(chars.as_str());
+        }
+    }
+    out
+}
+
+/// The WIT docs as a Python docstring body: kebab-case names in backticks become the
+/// Python's snake_case names.
+fn docstring(docs: &Docs) -> Option<String> {
+    let text = docs.contents.as_deref()?.trim();
+    let mut out = String::new();
+    for (i, part) in text.split('`').enumerate() {
+        if i % 2 == 1 {
+            out.push('`');
+            let named = part.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '[' || c == ']');
+            out.push_str(&if named { snake(part) } else { part.to_string() });
+            out.push('`');
+        } else {
+            out.push_str(part);
+        }
+    }
+    Some(out.replace('\\', "\\\\").replace("\"\"\"", "\\\"\\\"\\\""))
+}
+
+/// `"""…"""` at `indent`, one line or several.
+fn write_doc(out: &mut String, indent: &str, doc: &str) {
+    if doc.contains('\n') {
+        let body = doc.lines().map(|l| if l.is_empty() { String::new() } else { format!("{indent}{l}") });
+        let _ = writeln!(out, "{indent}\"\"\"{}\n{indent}\"\"\"", body.collect::<Vec<_>>().join("\n").trim_start());
+    } else {
+        let _ = writeln!(out, "{indent}\"\"\"{doc}\"\"\"");
+    }
+}
+
+/// The Python type of a field of WIT type `ty` as the results hold it (lists of numbers as
+/// numpy arrays).
+fn py_type(resolve: &Resolve, ty: &Type) -> Result<String, String> {
+    Ok(match ty {
+        Type::Bool => "bool".into(),
+        Type::U8 | Type::U16 | Type::U32 | Type::U64 | Type::S8 | Type::S16 | Type::S32 | Type::S64 => "int".into(),
+        Type::F32 | Type::F64 => "float".into(),
+        Type::String | Type::Char => "str".into(),
+        Type::ErrorContext => return Err("error-context has no Python type".into()),
+        Type::Id(id) => match &resolve.types[*id].kind {
+            TypeDefKind::Type(inner) => py_type(resolve, inner)?,
+            TypeDefKind::Option(inner) => format!("Optional[{}]", py_type(resolve, inner)?),
+            TypeDefKind::List(inner) => match dtype(inner) {
+                Some(d) => format!("npt.NDArray[np.{d}]"),
+                None => format!("List[{}]", py_type(resolve, inner)?),
+            },
+            other => return Err(format!("no Python type for a field of kind {}", other.as_str())),
+        },
+    })
+}
+
+/// The numpy dtype of a list of `ty`, for numbers.
+fn dtype(ty: &Type) -> Option<&'static str> {
+    Some(match ty {
+        Type::U8 => "uint8",
+        Type::U16 => "uint16",
+        Type::U32 => "uint32",
+        Type::U64 => "uint64",
+        Type::S8 => "int8",
+        Type::S16 => "int16",
+        Type::S32 => "int32",
+        Type::S64 => "int64",
+        Type::F32 => "float32",
+        Type::F64 => "float64",
+        _ => return None,
+    })
+}
+
+/// The record `name` of interface `interface`.
+fn record<'a>(resolve: &'a Resolve, interface: &str, name: &str) -> Result<(&'a Record, &'a Docs), String> {
+    let iface = resolve
+        .interfaces
+        .iter()
+        .map(|(_, i)| i)
+        .find(|i| i.name.as_deref() == Some(interface))
+        .ok_or_else(|| format!("the WIT has no interface {interface}"))?;
+    let id = iface.types.get(name).ok_or_else(|| format!("interface {interface} has no type {name}"))?;
+    let def = &resolve.types[*id];
+    match &def.kind {
+        TypeDefKind::Record(r) => Ok((r, &def.docs)),
+        TypeDefKind::Type(Type::Id(alias)) => match &resolve.types[*alias].kind {
+            TypeDefKind::Record(r) => Ok((r, &def.docs)),
+            _ => Err(format!("{interface}.{name} is not a record")),
+        },
+        _ => Err(format!("{interface}.{name} is not a record")),
+    }
+}
+
+/// The generated stub file of [`RECORDS`], from the WIT package in `wit`.
+pub fn generate(wit: &Path) -> Result<String, String> {
+    let mut resolve = Resolve::default();
+    resolve.push_dir(wit).map_err(|e| format!("reading {}: {e:#}", wit.display()))?;
+    let (groups, _) = record(&resolve, "types", "groups")?;
+    if groups.fields.iter().map(|f| f.name.as_str()).ne(["offsets", "indices"]) {
+        return Err("types.groups is not the record { offsets, indices } this generator flattens".into());
+    }
+    let mut out = String::from(
+        "\"\"\"The kernel's result records as the Python results hold them: fields, types and docs from\n\
+         the WIT (``wit/``), each record a private base class of its result's stub.\n\n\
+         Generated by ``cargo xtask stubs`` (``xtask/src/stubs.rs``): do not edit. CI runs ``cargo\n\
+         xtask check-stubs``, which fails when this file is not what the WIT gives.\"\"\"\n\n\
+         from typing import List, Optional\n\n\
+         import numpy as np\n\
+         import numpy.typing as npt\n",
+    );
+    for s in RECORDS {
+        let (rec, docs) = record(&resolve, s.interface, s.record)?;
+        let _ = write!(out, "\nclass {}:\n", class(s.record));
+        let _ =
+            writeln!(out, "    \"\"\"The fields of the kernel's `{}` record (interface `{}`).", s.record, s.interface);
+        if let Some(doc) = docstring(docs) {
+            let _ = writeln!(out);
+            for line in doc.lines() {
+                let _ = writeln!(out, "{}", if line.is_empty() { String::new() } else { format!("    {line}") });
+            }
+        }
+        let _ = writeln!(out, "    \"\"\"\n");
+        for name in s.skip.iter().map(|(n, _)| n) {
+            if !rec.fields.iter().any(|f| f.name == *name) {
+                return Err(format!("{}.{} has no field {name} to skip", s.interface, s.record));
+            }
+        }
+        for field in rec.fields.iter().filter(|f| !s.skip.iter().any(|(n, _)| *n == f.name)) {
+            if s.groups.is_some_and(|(g, _)| g == field.name) {
+                let members = s.groups.map_or("indices", |(_, m)| m);
+                for (g, name) in groups.fields.iter().zip(["offsets", members]) {
+                    let _ = writeln!(out, "    {name}: {}", py_type(&resolve, &g.ty)?);
+                    if let Some(doc) = docstring(&g.docs) {
+                        write_doc(&mut out, "    ", &doc);
+                    }
+                }
+                continue;
+            }
+            let _ = writeln!(out, "    {}: {}", snake(&field.name), py_type(&resolve, &field.ty)?);
+            if let Some(doc) = docstring(&field.docs) {
+                write_doc(&mut out, "    ", &doc);
+            }
+        }
+    }
+    Ok(out)
+}
