@@ -92,6 +92,13 @@ fn sample_from(d: &Bound<'_, PyDict>, at: &str, n_samples_per_prompt: u32) -> Py
     })
 }
 
+/// Where a data source's prompts come from: a JSONL file, or records as JSON texts.
+#[derive(FromPyObject)]
+enum Origin {
+    Path(PathBuf),
+    Records(Vec<String>),
+}
+
 /// The host data source; see `stowplan.DataSource` for the Python-facing class.
 #[pyclass(module = "stowplan._stowplan", name = "DataSource")]
 #[derive(Debug)]
@@ -101,41 +108,19 @@ pub struct PyDataSource {
 
 #[pymethods]
 impl PyDataSource {
-    /// DataSource(path, n_samples_per_prompt, *, shuffle=None, seed=None, input_key=None,
-    /// label_key=..., metadata_key=..., backend=None) over a JSONL file. Omitted options: the
+    /// DataSource(origin, n_samples_per_prompt, *, identity=None, shuffle=None, seed=None,
+    /// input_key=None, label_key=..., metadata_key=..., backend=None) over a JSONL file (a
+    /// path) or records given as JSON texts (a list of str); ``identity`` names records in
+    /// saved states (default ``records``; a file is named by its path). Omitted options: the
     /// host's defaults (no shuffle, seed 0, keys ``prompt``, ``label``, ``metadata``);
     /// ``label_key=None``/``metadata_key=None``: no such key.
     #[new]
-    #[pyo3(signature = (path, n_samples_per_prompt, *, shuffle=None, seed=None, input_key=None,
+    #[pyo3(signature = (origin, n_samples_per_prompt, *, identity=None, shuffle=None, seed=None, input_key=None,
         label_key=Nullable::Omitted, metadata_key=Nullable::Omitted, backend=None))]
     #[allow(clippy::too_many_arguments)]
     fn new<'py>(
         py: Python<'py>,
-        path: PathBuf,
-        n_samples_per_prompt: &Bound<'py, PyAny>,
-        shuffle: Option<bool>,
-        seed: Option<&Bound<'py, PyAny>>,
-        input_key: Option<String>,
-        label_key: Nullable<'py>,
-        metadata_key: Nullable<'py>,
-        backend: Option<BackendArg>,
-    ) -> PyResult<Self> {
-        let options = options(n_samples_per_prompt, shuffle, seed, input_key, label_key, metadata_key)?;
-        let kernel = kernel(py, backend)?;
-        let inner = py.detach(|| DataSource::from_jsonl(&path, options, kernel)).map_err(|e| to_py(py, e))?;
-        Ok(Self { inner })
-    }
-
-    /// from_records(records_json, n_samples_per_prompt, *, identity=None, …) over records
-    /// given as JSON texts; ``identity`` names them in saved states (default ``records``);
-    /// the other options as for the constructor.
-    #[staticmethod]
-    #[pyo3(signature = (records_json, n_samples_per_prompt, *, identity=None, shuffle=None, seed=None, input_key=None,
-        label_key=Nullable::Omitted, metadata_key=Nullable::Omitted, backend=None))]
-    #[allow(clippy::too_many_arguments)]
-    fn from_records<'py>(
-        py: Python<'py>,
-        records_json: Vec<String>,
+        origin: Origin,
         n_samples_per_prompt: &Bound<'py, PyAny>,
         identity: Option<&Bound<'_, PyAny>>,
         shuffle: Option<bool>,
@@ -148,13 +133,21 @@ impl PyDataSource {
         str_options!(identity);
         let options = options(n_samples_per_prompt, shuffle, seed, input_key, label_key, metadata_key)?;
         let kernel = kernel(py, backend)?;
-        let mut records = Vec::with_capacity(records_json.len());
-        for (i, r) in records_json.iter().enumerate() {
-            records.push(serde_json::from_str(r).map_err(|e| invalid(py, format!("records[{i}] is not JSON: {e}")))?);
-        }
-        let identity = identity.unwrap_or(RECORDS);
-        let inner = DataSource::from_records(records, identity, options, kernel).map_err(|e| to_py(py, e))?;
-        Ok(Self { inner })
+        let inner = match origin {
+            Origin::Path(_) if identity.is_some() => {
+                return Err(invalid(py, "identity names records; a file's source is named by its path".into()));
+            }
+            Origin::Path(path) => py.detach(|| DataSource::from_jsonl(&path, options, kernel)),
+            Origin::Records(texts) => {
+                let mut records = Vec::with_capacity(texts.len());
+                for (i, r) in texts.iter().enumerate() {
+                    let r = serde_json::from_str(r).map_err(|e| invalid(py, format!("records[{i}] is not JSON: {e}")))?;
+                    records.push(r);
+                }
+                DataSource::from_records(records, identity.unwrap_or(RECORDS), options, kernel)
+            }
+        };
+        Ok(Self { inner: inner.map_err(|e| to_py(py, e))? })
     }
 
     /// get_samples(n, *, rollout_id=None, filter=None) -> list of groups of sample dicts: the

@@ -35,6 +35,17 @@ fn exception(py: Python<'_>, e: stowplan::Error) -> Py<PyBaseException> {
     to_py(py, e).into_value(py)
 }
 
+/// The `waited` argument of the timeout errors: seconds ≥ 0.
+struct Waited(Duration);
+
+impl<'py> FromPyObject<'_, 'py> for Waited {
+    type Error = PyErr;
+
+    fn extract(obj: Borrowed<'_, 'py, PyAny>) -> PyResult<Self> {
+        seconds(&obj.to_owned(), "waited", false).map(Waited)
+    }
+}
+
 /// What a `RankReceiver` made of one rank batch: its `step`, where it went (`arrival`:
 /// "in_order" — the step expected next —, "held_back" — ahead of it —, or "duplicate" — a
 /// copy, dropped) and the acknowledgement to send back (`ack`, bytes).
@@ -174,15 +185,8 @@ impl PyRankReceiver {
 
     /// The StowplanTimeoutError of a wait of `waited` seconds for the next step from
     /// `endpoint`, naming the rank, the step and the steps held back.
-    fn timeout_error(
-        &self,
-        py: Python<'_>,
-        endpoint: &str,
-        waited: &Bound<'_, PyAny>,
-    ) -> PyResult<Py<PyBaseException>> {
-        let waited = seconds(waited, "waited", false)?;
-        let e = locked(&self.core).timeout_error(endpoint, waited);
-        Ok(exception(py, e))
+    fn timeout_error(&self, py: Python<'_>, endpoint: &str, waited: Waited) -> Py<PyBaseException> {
+        exception(py, locked(&self.core).timeout_error(endpoint, waited.0))
     }
 }
 
@@ -351,15 +355,8 @@ impl PyBatchSender {
 
     /// The StowplanTimeoutError of a flush that waited `waited` seconds for the packer at
     /// `endpoint`, naming how many messages are unacknowledged and the first three.
-    fn flush_timeout_error(
-        &self,
-        py: Python<'_>,
-        endpoint: &str,
-        waited: &Bound<'_, PyAny>,
-    ) -> PyResult<Py<PyBaseException>> {
-        let waited = seconds(waited, "waited", false)?;
-        let e = locked(&self.core).flush_timeout_error(endpoint, waited);
-        Ok(exception(py, e))
+    fn flush_timeout_error(&self, py: Python<'_>, endpoint: &str, waited: Waited) -> Py<PyBaseException> {
+        exception(py, locked(&self.core).flush_timeout_error(endpoint, waited.0))
     }
 }
 

@@ -127,10 +127,10 @@ def _native_callables_with_a_backend():
 # (anything else gets 1). The native module reads its arguments in order, so ``backend`` is
 # read, and refused, before the function checks these values.
 _SEQUENCES = {"lengths", "seqlens", "weights", "bins", "runs", "labels", "multimodal", "batch_ends", "total_lengths"}
-_SEQUENCES |= {"rollout_ids", "samples", "records_json"}
+_SEQUENCES |= {"rollout_ids", "samples"}
 _BOOLS = {"equal_size", "use_dynamic_batch_size", "balance_data", "balance_by_flops", "multimodal_same_run"}
 _OTHERS = {"function": "karmarkar_karp", "python_sum": "naive", "model": {}, "columns": {}, "capacities": {}}
-_OTHERS.update(path="x", state=b"")
+_OTHERS.update(path="x", origin="x", state=b"")
 
 
 def _placeholder(name):

@@ -74,6 +74,26 @@ def test_groups_and_the_documented_shuffle(tmp_path: pathlib.Path) -> None:
         stowplan.DataSource(tmp_path / "missing.jsonl", n_samples_per_prompt=1)
 
 
+def test_a_source_reads_a_file_or_records_and_refuses_a_mixup(tmp_path: pathlib.Path) -> None:
+    """One native constructor takes a path or records: the same samples either way,
+    ``identity`` for records only, a record that is not JSON named by its position."""
+    from stowplan import _stowplan
+
+    path = tmp_path / "prompts.jsonl"
+    write_prompts(path, 3)
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    from_file = stowplan.DataSource(path, n_samples_per_prompt=2).get_samples(3)
+    from_records = stowplan.DataSource.from_records(records, n_samples_per_prompt=2, identity="mine")
+    assert [(s.prompt, s.label) for g in from_file for s in g] == [(s.prompt, s.label) for g in from_records.get_samples(3) for s in g]
+    assert from_records._native.identity == "mine"
+    with pytest.raises(stowplan.InvalidArgumentError, match="identity names records"):
+        stowplan.DataSource(path, n_samples_per_prompt=2, identity="mine")
+    with pytest.raises(stowplan.InvalidArgumentError, match=r"records\[1\] is not JSON"):
+        _stowplan.DataSource(['{"prompt": "a"}', "{"], 1)
+    with pytest.raises(TypeError, match="origin"):
+        _stowplan.DataSource(7, 1)
+
+
 def test_buffer_keeps_foreign_samples_and_validates_groups() -> None:
     ds = stowplan.BufferedDataSource.from_records([{"prompt": f"p{i}"} for i in range(5)], n_samples_per_prompt=2)
     drawn = ds.get_samples(2)

@@ -231,7 +231,7 @@ class DataSource:
         (default ``"records"``); the other options (``allow_pickle`` too) as for the
         constructor."""
         self = cls.__new__(cls)
-        self._native = _stowplan.DataSource.from_records([json.dumps(r) for r in records], n_samples_per_prompt, **options)
+        self._native = _stowplan.DataSource([json.dumps(r) for r in records], n_samples_per_prompt, **options)
         self.n_samples_per_prompt = n_samples_per_prompt
         self.filter = filter
         self.allow_pickle = allow_pickle

@@ -14,19 +14,7 @@ class DataSource:
     identity: str
     def __init__(
         self,
-        path: Any,
-        n_samples_per_prompt: int,
-        *,
-        shuffle: Optional[bool] = None,
-        seed: Optional[int] = None,
-        input_key: Optional[str] = None,
-        label_key: Optional[str] = ...,
-        metadata_key: Optional[str] = ...,
-        backend: Optional[str] = None,
-    ) -> None: ...
-    @staticmethod
-    def from_records(
-        records_json: List[str],
+        origin: Any,
         n_samples_per_prompt: int,
         *,
         identity: Optional[str] = None,
@@ -36,7 +24,8 @@ class DataSource:
         label_key: Optional[str] = ...,
         metadata_key: Optional[str] = ...,
         backend: Optional[str] = None,
-    ) -> "DataSource": ...
+    ) -> None:
+        """``origin``: a JSONL file's path, or a list of records as JSON texts."""
     def get_samples(
         self, n: int, *, rollout_id: Optional[int] = None, filter: Optional["Filter"] = None
     ) -> List[List[Dict[str, Any]]]:
