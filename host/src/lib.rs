@@ -56,7 +56,7 @@ pub use kernel::{
 };
 pub use materialize::{
     CpRuns, CpView, LossAggMode, MaterializeOptions, Materialized, MicroBatch, RejectReason, Sample, SampleLimits,
-    Temperature, check_sample, materialize, materialize_limited, materialize_plan,
+    Temperature, TokenArrays, check_sample, materialize, materialize_limited, materialize_plan,
 };
 pub use packer::{
     BatchKey, IngestReport, LossNormalization, MAX_RESOURCE_NAME, PackedStep, Packer, PackerOptions, PackerState,

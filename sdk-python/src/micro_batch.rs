@@ -4,7 +4,7 @@
 use numpy::{IntoPyArray, PyArray1, PyArrayMethods, PyUntypedArrayMethods};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyTuple};
-use stowplan::{CpRuns, MicroBatch};
+use stowplan::{CpRuns, MicroBatch, TokenArrays};
 
 use crate::layout::scatter;
 use crate::{int, invalid, to_py};
@@ -49,16 +49,17 @@ pub struct PyMicroBatch {
 }
 
 pub(crate) fn wrap(py: Python<'_>, m: MicroBatch) -> PyMicroBatch {
+    let a = m.arrays;
     PyMicroBatch {
         samples: m.samples.into_pyarray(py).unbind(),
-        input_ids: m.input_ids.into_pyarray(py).unbind(),
-        position_ids: m.position_ids.into_pyarray(py).unbind(),
-        loss_mask: m.loss_mask.into_pyarray(py).unbind(),
-        loss_weights: m.loss_weights.into_pyarray(py).unbind(),
-        advantages: m.advantages.into_pyarray(py).unbind(),
-        inference_logprobs: m.inference_logprobs.into_pyarray(py).unbind(),
-        temperatures: m.temperatures.into_pyarray(py).unbind(),
-        teacher_logprobs: m.teacher_logprobs.map(|t| t.into_pyarray(py).unbind()),
+        input_ids: a.input_ids.into_pyarray(py).unbind(),
+        position_ids: a.position_ids.into_pyarray(py).unbind(),
+        loss_mask: a.loss_mask.into_pyarray(py).unbind(),
+        loss_weights: a.loss_weights.into_pyarray(py).unbind(),
+        advantages: a.advantages.into_pyarray(py).unbind(),
+        inference_logprobs: a.inference_logprobs.into_pyarray(py).unbind(),
+        temperatures: a.temperatures.into_pyarray(py).unbind(),
+        teacher_logprobs: a.teacher_logprobs.map(|t| t.into_pyarray(py).unbind()),
         cu_seqlens: m.cu_seqlens.into_pyarray(py).unbind(),
         cu_seqlens_padded: m.cu_seqlens_padded.into_pyarray(py).unbind(),
         max_seqlen: m.max_seqlen,
@@ -78,14 +79,16 @@ impl PyMicroBatch {
     fn to_rust(&self, py: Python<'_>) -> MicroBatch {
         MicroBatch {
             samples: vec_of(py, &self.samples),
-            input_ids: vec_of(py, &self.input_ids),
-            position_ids: vec_of(py, &self.position_ids),
-            loss_mask: vec_of(py, &self.loss_mask),
-            loss_weights: vec_of(py, &self.loss_weights),
-            advantages: vec_of(py, &self.advantages),
-            inference_logprobs: vec_of(py, &self.inference_logprobs),
-            temperatures: vec_of(py, &self.temperatures),
-            teacher_logprobs: self.teacher_logprobs.as_ref().map(|t| vec_of(py, t)),
+            arrays: TokenArrays {
+                input_ids: vec_of(py, &self.input_ids),
+                position_ids: vec_of(py, &self.position_ids),
+                loss_mask: vec_of(py, &self.loss_mask),
+                loss_weights: vec_of(py, &self.loss_weights),
+                advantages: vec_of(py, &self.advantages),
+                inference_logprobs: vec_of(py, &self.inference_logprobs),
+                temperatures: vec_of(py, &self.temperatures),
+                teacher_logprobs: self.teacher_logprobs.as_ref().map(|t| vec_of(py, t)),
+            },
             cu_seqlens: vec_of(py, &self.cu_seqlens),
             cu_seqlens_padded: vec_of(py, &self.cu_seqlens_padded),
             max_seqlen: self.max_seqlen,

@@ -141,7 +141,8 @@ impl PyDataSource {
             Origin::Records(texts) => {
                 let mut records = Vec::with_capacity(texts.len());
                 for (i, r) in texts.iter().enumerate() {
-                    let r = serde_json::from_str(r).map_err(|e| invalid(py, format!("records[{i}] is not JSON: {e}")))?;
+                    let r =
+                        serde_json::from_str(r).map_err(|e| invalid(py, format!("records[{i}] is not JSON: {e}")))?;
                     records.push(r);
                 }
                 DataSource::from_records(records, identity.unwrap_or(RECORDS), options, kernel)

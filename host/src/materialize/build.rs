@@ -3,7 +3,7 @@
 
 use stowplan_kernel::{AlignOptions, Cost, DistributeOptions, Distribution, Factor, MicroLimits, Padding};
 
-use super::micro_batch::to_i32;
+use super::micro_batch::{TokenArrays, to_i32};
 use super::sample::validate;
 use super::weights::loss_weights;
 use super::{CpRuns, LossAggMode, LossCounts, MicroBatch, Sample, Temperature};
@@ -173,6 +173,7 @@ fn per_token_bytes(m: &MicroBatch) -> u64 {
 /// Appends one sample's tokens (and per-sequence padding) to `mb`; `weight` is its loss
 /// tokens' weight.
 fn push_sample(mb: &mut MicroBatch, s: &Sample<'_>, pad: usize, pad_token_id: i64, weight: f32) {
+    let mb = &mut mb.arrays;
     let (p, c) = (s.prompt_ids.len(), s.completion_ids.len());
     let start = mb.loss_mask.len();
     mb.input_ids.extend_from_slice(s.prompt_ids);
@@ -243,14 +244,7 @@ fn build(
     let teacher = samples.first().is_some_and(|s| s.teacher_logprobs.is_some());
     let mut mb = MicroBatch {
         samples: members.to_vec(),
-        input_ids: Vec::with_capacity(total),
-        position_ids: Vec::with_capacity(total),
-        loss_mask: Vec::with_capacity(total),
-        loss_weights: Vec::with_capacity(total),
-        advantages: Vec::with_capacity(total),
-        inference_logprobs: Vec::with_capacity(total),
-        temperatures: Vec::with_capacity(total),
-        teacher_logprobs: teacher.then(|| Vec::with_capacity(total)),
+        arrays: TokenArrays::with_capacity(total, teacher),
         cu_seqlens: Vec::with_capacity(members.len() + 1),
         cu_seqlens_padded: Vec::with_capacity(members.len() + 1),
         max_seqlen: 0,

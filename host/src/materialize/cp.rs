@@ -4,8 +4,8 @@
 use serde::{Deserialize, Serialize};
 use stowplan_kernel::CpLayout;
 
-use super::MicroBatch;
 use super::micro_batch::to_i32;
+use super::{MicroBatch, TokenArrays};
 use crate::Error;
 
 /// The zigzag split of one row over CP ranks, as runs of the padded row.
@@ -97,31 +97,41 @@ impl CpRuns {
     }
 }
 
-/// One CP rank's share of a [`MicroBatch`].
+/// One CP rank's share of a [`MicroBatch`]: its part of every per-token array.
 #[derive(Clone, Debug, PartialEq)]
 pub struct CpView {
     /// The CP rank.
     pub rank: u32,
     /// Positions of the padded row this rank receives (its gather map).
     pub positions: Vec<u64>,
-    /// Token ids.
-    pub input_ids: Vec<i64>,
-    /// Position ids.
-    pub position_ids: Vec<i64>,
-    /// Loss mask.
-    pub loss_mask: Vec<bool>,
-    /// Loss weights.
-    pub loss_weights: Vec<f32>,
-    /// Advantages.
-    pub advantages: Vec<f32>,
-    /// Inference logprobs.
-    pub inference_logprobs: Vec<f32>,
-    /// Temperatures.
-    pub temperatures: Vec<f32>,
-    /// Teacher logprobs.
-    pub teacher_logprobs: Option<Vec<f32>>,
+    /// The micro-batch's per-token arrays at `positions` (`view.input_ids` reads through).
+    pub arrays: TokenArrays,
     /// Sequence boundaries in this rank's row (`cu_seqlens_padded / cp`).
     pub local_bounds: Vec<i32>,
+}
+
+impl std::ops::Deref for CpView {
+    type Target = TokenArrays;
+
+    fn deref(&self) -> &TokenArrays {
+        &self.arrays
+    }
+}
+
+impl TokenArrays {
+    /// CP rank `r`'s part of every array under `runs`.
+    fn gather(&self, runs: &CpRuns, r: usize) -> Result<TokenArrays, Error> {
+        Ok(TokenArrays {
+            input_ids: runs.gather(r, &self.input_ids)?,
+            position_ids: runs.gather(r, &self.position_ids)?,
+            loss_mask: runs.gather(r, &self.loss_mask)?,
+            loss_weights: runs.gather(r, &self.loss_weights)?,
+            advantages: runs.gather(r, &self.advantages)?,
+            inference_logprobs: runs.gather(r, &self.inference_logprobs)?,
+            temperatures: runs.gather(r, &self.temperatures)?,
+            teacher_logprobs: self.teacher_logprobs.as_ref().map(|t| runs.gather(r, t)).transpose()?,
+        })
+    }
 }
 
 impl MicroBatch {
@@ -136,14 +146,7 @@ impl MicroBatch {
         Ok(CpView {
             rank: r as u32,
             positions: runs.positions(r)?,
-            input_ids: runs.gather(r, &self.input_ids)?,
-            position_ids: runs.gather(r, &self.position_ids)?,
-            loss_mask: runs.gather(r, &self.loss_mask)?,
-            loss_weights: runs.gather(r, &self.loss_weights)?,
-            advantages: runs.gather(r, &self.advantages)?,
-            inference_logprobs: runs.gather(r, &self.inference_logprobs)?,
-            temperatures: runs.gather(r, &self.temperatures)?,
-            teacher_logprobs: self.teacher_logprobs.as_ref().map(|t| runs.gather(r, t)).transpose()?,
+            arrays: self.arrays.gather(runs, r)?,
             local_bounds: runs.local_bounds.clone(),
         })
     }

@@ -5,11 +5,11 @@ use serde::{Deserialize, Serialize};
 use super::CpRuns;
 use crate::{Error, wire};
 
-/// One micro-batch's arrays: one row, every per-token array of its length.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct MicroBatch {
-    /// The samples in the row, in order (empty for a dummy).
-    pub samples: Vec<u32>,
+/// The per-token arrays of one row, all of its length: a micro-batch's
+/// ([`MicroBatch::arrays`]) or a CP rank's share of one ([`CpView::arrays`](super::CpView)).
+/// Both dereference to it, so `mb.input_ids` reads the array.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct TokenArrays {
     /// Token ids.
     pub input_ids: Vec<i64>,
     /// Positions, restarting at 0 for every sample (and for the end padding segment).
@@ -27,6 +27,57 @@ pub struct MicroBatch {
     pub temperatures: Vec<f32>,
     /// Teacher logprobs (0 on padding), when the samples have them.
     pub teacher_logprobs: Option<Vec<f32>>,
+}
+
+impl TokenArrays {
+    /// Empty arrays with room for `n` tokens; teacher logprobs with `teacher`.
+    pub(super) fn with_capacity(n: usize, teacher: bool) -> Self {
+        TokenArrays {
+            input_ids: Vec::with_capacity(n),
+            position_ids: Vec::with_capacity(n),
+            loss_mask: Vec::with_capacity(n),
+            loss_weights: Vec::with_capacity(n),
+            advantages: Vec::with_capacity(n),
+            inference_logprobs: Vec::with_capacity(n),
+            temperatures: Vec::with_capacity(n),
+            teacher_logprobs: teacher.then(|| Vec::with_capacity(n)),
+        }
+    }
+
+    /// Tokens in the row (padding included).
+    pub fn len(&self) -> usize {
+        self.input_ids.len()
+    }
+
+    /// Whether the row has no tokens.
+    pub fn is_empty(&self) -> bool {
+        self.input_ids.is_empty()
+    }
+
+    /// Whether every array has the row's length.
+    fn same_lengths(&self) -> bool {
+        let n = self.input_ids.len();
+        [
+            self.position_ids.len(),
+            self.loss_mask.len(),
+            self.loss_weights.len(),
+            self.advantages.len(),
+            self.inference_logprobs.len(),
+            self.temperatures.len(),
+            self.teacher_logprobs.as_ref().map_or(n, Vec::len),
+        ]
+        .iter()
+        .all(|&l| l == n)
+    }
+}
+
+/// One micro-batch's arrays: one row, every per-token array of its length.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct MicroBatch {
+    /// The samples in the row, in order (empty for a dummy).
+    pub samples: Vec<u32>,
+    /// Every per-token array of the row (`mb.input_ids` reads through to them).
+    pub arrays: TokenArrays,
     /// `samples + 1` cumulative real lengths (a dummy: `[0, 0]`).
     pub cu_seqlens: Vec<i32>,
     /// `samples + 1` boundaries of the sequences in the row, padding included.
@@ -45,17 +96,21 @@ pub struct MicroBatch {
     pub cp_runs: Option<CpRuns>,
 }
 
+impl std::ops::Deref for MicroBatch {
+    type Target = TokenArrays;
+
+    fn deref(&self) -> &TokenArrays {
+        &self.arrays
+    }
+}
+
+impl std::ops::DerefMut for MicroBatch {
+    fn deref_mut(&mut self) -> &mut TokenArrays {
+        &mut self.arrays
+    }
+}
+
 impl MicroBatch {
-    /// Tokens in the row (padding included).
-    pub fn len(&self) -> usize {
-        self.input_ids.len()
-    }
-
-    /// Whether the row has no tokens.
-    pub fn is_empty(&self) -> bool {
-        self.input_ids.is_empty()
-    }
-
     /// Length of every sequence in the row, padding included (prime-rl's `sequence_lengths`).
     pub fn sequence_lengths(&self) -> Vec<i32> {
         self.cu_seqlens_padded.windows(2).map(|w| w[1] - w[0]).collect()
@@ -78,16 +133,7 @@ impl MicroBatch {
     /// Checks that every per-token array has the row's length (as a decoded row must).
     pub(crate) fn check_lengths(&self) -> Result<(), String> {
         let n = self.input_ids.len();
-        let lens = [
-            self.position_ids.len(),
-            self.loss_mask.len(),
-            self.loss_weights.len(),
-            self.advantages.len(),
-            self.inference_logprobs.len(),
-            self.temperatures.len(),
-            self.teacher_logprobs.as_ref().map_or(n, Vec::len),
-        ];
-        if lens.iter().any(|&l| l != n) || self.cu_seqlens_padded.last().is_some_and(|&t| t as usize != n) {
+        if !self.arrays.same_lengths() || self.cu_seqlens_padded.last().is_some_and(|&t| t as usize != n) {
             return Err("corrupt micro-batch: per-token arrays of different lengths".into());
         }
         Ok(())

@@ -32,7 +32,7 @@ mod weights;
 pub(crate) use build::materialize_counted;
 pub use build::{MaterializeOptions, Materialized, SampleLimits, materialize, materialize_limited, materialize_plan};
 pub use cp::{CpRuns, CpView};
-pub use micro_batch::MicroBatch;
+pub use micro_batch::{MicroBatch, TokenArrays};
 pub use sample::{RejectReason, Sample, Temperature, check_sample};
 pub use weights::LossAggMode;
 pub(crate) use weights::{LossCounts, check_loss_scale_factor};
