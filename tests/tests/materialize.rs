@@ -315,3 +315,17 @@ fn decode_rejects_bad_bytes() {
         assert!(MicroBatch::decode(&flipped).is_err(), "bit {bit} accepted");
     }
 }
+
+/// The micro-batch format's bytes are pinned: a change in the struct's layout (a field moved,
+/// a nesting that is not plain concatenation) that would make stored or sent micro-batches
+/// unreadable fails here, not in a trainer. Two samples, one rank, a CP split of 2.
+#[test]
+fn the_micro_batch_bytes_are_pinned() {
+    let data = owned(&[(2, 3, 0), (1, 2, 0)]);
+    let mut o = MaterializeOptions::new(64, 1);
+    o.cp = 2;
+    let m = stowplan::materialize(&Kernel::native(), &borrow(&data), &o).unwrap();
+    let hex: String = m.ranks[0][0].encode().unwrap().iter().map(|b| format!("{b:02x}")).collect();
+    let pinned = "53504d42030002000108d00fd20fd40fd60fd80fa01fa21fa41f080002040608000204080000010101000101080000000000000000cdcc4c3ecdcc4c3ecdcc4c3e00000000cdcc4c3ecdcc4c3e080000803f0000803f0000803f0000803f0000803f00000040000000400000004008000000000000000000000080000000be000080be0000000000000080000000be080000003f0000003f0000003f0000003f0000003f5c8f023f5c8f023f5c8f023f0003000a1003000a100a011008000000792ee121";
+    assert_eq!(hex, pinned);
+}
