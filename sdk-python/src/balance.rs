@@ -13,29 +13,98 @@ use crate::errors::{invalid, to_py};
 use crate::multi;
 use crate::results::{LazyList, check_state, reduce, summary, vec_of, verl_unbalance, views};
 
-/// The `#[pymethods]` of a result made of groups (`offsets` into `$members`, per-group
-/// `tokens` and `costs`): the methods given, the getter `$groups` (the groups as views, made
-/// once) and the figures of the tokens and the costs per `$per` group.
+/// The arrays of a result made of groups: `offsets` into the members (`indices`, `order`),
+/// the tokens and cost of each group, and the groups as views (made once).
+#[derive(Debug)]
+struct Grouped {
+    offsets: Py<PyArray1<u32>>,
+    members: Py<PyArray1<u32>>,
+    tokens: Py<PyArray1<u64>>,
+    costs: Py<PyArray1<u64>>,
+    groups: LazyList,
+}
+
+/// What pickles a [`Grouped`]: its four arrays.
+type GroupedState = (Py<PyArray1<u32>>, Py<PyArray1<u32>>, Py<PyArray1<u64>>, Py<PyArray1<u64>>);
+
+impl Grouped {
+    fn new(py: Python<'_>, offsets: Vec<u32>, members: Vec<u32>, tokens: Vec<u64>, costs: Vec<u64>) -> Self {
+        Grouped {
+            offsets: offsets.into_pyarray(py).unbind(),
+            members: members.into_pyarray(py).unbind(),
+            tokens: tokens.into_pyarray(py).unbind(),
+            costs: costs.into_pyarray(py).unbind(),
+            groups: LazyList::default(),
+        }
+    }
+
+    /// The number of groups.
+    fn count(&self, py: Python<'_>) -> usize {
+        self.offsets.bind(py).len().saturating_sub(1)
+    }
+
+    /// The arrays, for `__reduce__`.
+    fn state(&self, py: Python<'_>) -> GroupedState {
+        (self.offsets.clone_ref(py), self.members.clone_ref(py), self.tokens.clone_ref(py), self.costs.clone_ref(py))
+    }
+
+    /// The arrays `__reduce__` pickled, checked to be consistent (`what`: the class).
+    fn from_state(py: Python<'_>, what: &str, state: GroupedState) -> PyResult<Self> {
+        let (offsets, members, tokens, costs) = state;
+        check_state(py, what, &offsets, members.bind(py).len(), &[tokens.bind(py).len(), costs.bind(py).len()])?;
+        Ok(Grouped { offsets, members, tokens, costs, groups: LazyList::default() })
+    }
+}
+
+/// The `#[pymethods]` of a result made of groups (a [`Grouped`] in its field `grouped`):
+/// the methods given, the getters of its arrays (`offsets`, the members as `$members`,
+/// `tokens`, `costs`), the getter `$groups` (the groups as views) and the figures of the
+/// tokens and the costs per `$per` group.
 macro_rules! grouped_methods {
     ($class:ident, $groups:ident, $members:ident, $per:literal, $groups_doc:literal, { $($methods:tt)* }) => {
         #[pymethods]
         impl $class {
+            #[doc = concat!("``uint32`` array, the boundaries into ``", stringify!($members), "`` (one per ", $per, " and one more).")]
+            #[getter]
+            fn offsets(&self, py: Python<'_>) -> Py<PyArray1<u32>> {
+                self.grouped.offsets.clone_ref(py)
+            }
+
+            #[doc = concat!("``uint32`` array, the input indices ", $per, " after ", $per, ".")]
+            #[getter]
+            fn $members(&self, py: Python<'_>) -> Py<PyArray1<u32>> {
+                self.grouped.members.clone_ref(py)
+            }
+
+            #[doc = concat!("``uint64`` array, the tokens of each ", $per, ".")]
+            #[getter]
+            fn tokens(&self, py: Python<'_>) -> Py<PyArray1<u64>> {
+                self.grouped.tokens.clone_ref(py)
+            }
+
+            #[doc = concat!("``uint64`` array, the cost of each ", $per, ".")]
+            #[getter]
+            fn costs(&self, py: Python<'_>) -> Py<PyArray1<u64>> {
+                self.grouped.costs.clone_ref(py)
+            }
+
             #[doc = $groups_doc]
             #[getter]
             fn $groups(&self, py: Python<'_>) -> PyResult<Py<PyList>> {
-                self.$groups.get(py, || views(self.offsets.bind(py), self.$members.bind(py)))
+                let g = &self.grouped;
+                g.groups.get(py, || views(g.offsets.bind(py), g.members.bind(py)))
             }
 
             #[doc = concat!("``max``, ``min``, ``mean``, ``max_over_mean``, ``spread`` of the tokens per ", $per, ".")]
             #[getter]
             fn token_balance<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-                summary(self.tokens.bind(py))
+                summary(self.grouped.tokens.bind(py))
             }
 
             #[doc = concat!("``max``, ``min``, ``mean``, ``max_over_mean``, ``spread`` of the cost per ", $per, ".")]
             #[getter]
             fn cost_balance<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-                summary(self.costs.bind(py))
+                summary(self.grouped.costs.bind(py))
             }
 
             $($methods)*
@@ -48,18 +117,7 @@ macro_rules! grouped_methods {
 #[pyclass(frozen, module = "stowplan._stowplan", name = "MicroBatches")]
 #[derive(Debug)]
 pub struct PyMicroBatches {
-    /// ``uint32`` array of ``count + 1`` boundaries into ``indices``.
-    #[pyo3(get)]
-    offsets: Py<PyArray1<u32>>,
-    /// ``uint32`` array, every index once, micro-batch after micro-batch.
-    #[pyo3(get)]
-    indices: Py<PyArray1<u32>>,
-    /// ``uint64`` array, tokens of each micro-batch (each ``<= max_token_len``).
-    #[pyo3(get)]
-    tokens: Py<PyArray1<u64>>,
-    /// ``uint64`` array, cost of each micro-batch.
-    #[pyo3(get)]
-    costs: Py<PyArray1<u64>>,
+    grouped: Grouped,
     /// ``uint32`` array; ``outputs[restore]`` puts outputs computed in micro-batch order
     /// (concatenated) back in input order (in a :class:`Balance`: in the order of the rank's
     /// samples, ``Balance.ranks[r]``).
@@ -75,22 +133,19 @@ pub struct PyMicroBatches {
     #[pyo3(get)]
     count: usize,
     max_tokens: u64,
-    batches: LazyList,
 }
 
 impl PyMicroBatches {
     fn new(py: Python<'_>, p: MicroBatches) -> Self {
+        let max_tokens = p.tokens.iter().copied().max().unwrap_or(0);
+        let grouped = Grouped::new(py, p.offsets, p.indices, p.tokens, p.costs);
         Self {
-            count: p.offsets.len().saturating_sub(1),
-            max_tokens: p.tokens.iter().copied().max().unwrap_or(0),
+            count: grouped.count(py),
+            max_tokens,
             lower_bound: p.lower_bound,
             required: p.required,
-            offsets: p.offsets.into_pyarray(py).unbind(),
-            indices: p.indices.into_pyarray(py).unbind(),
-            tokens: p.tokens.into_pyarray(py).unbind(),
-            costs: p.costs.into_pyarray(py).unbind(),
             restore: p.restore.into_pyarray(py).unbind(),
-            batches: LazyList::default(),
+            grouped,
         }
     }
 }
@@ -105,14 +160,8 @@ grouped_methods!(
         /// Pickles as its fields.
         fn __reduce__<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyTuple>> {
             let (py, p) = (slf.py(), slf.get());
-            let arrays = (
-                p.offsets.clone_ref(py),
-                p.indices.clone_ref(py),
-                p.tokens.clone_ref(py),
-                p.costs.clone_ref(py),
-                p.restore.clone_ref(py),
-            );
-            reduce(slf, (arrays, p.lower_bound, p.required))
+            let (offsets, indices, tokens, costs) = p.grouped.state(py);
+            reduce(slf, ((offsets, indices, tokens, costs, p.restore.clone_ref(py)), p.lower_bound, p.required))
         }
 
         /// The micro-batches pickled by ``__reduce__``.
@@ -125,24 +174,12 @@ grouped_methods!(
             py: Python<'_>,
         ) -> PyResult<Self> {
             let (offsets, indices, tokens, costs, restore) = arrays;
-            let n = indices.bind(py).len();
-            check_state(py, "MicroBatches", &offsets, n, &[tokens.bind(py).len(), costs.bind(py).len()])?;
-            if restore.bind(py).len() != n {
+            let grouped = Grouped::from_state(py, "MicroBatches", (offsets, indices, tokens, costs))?;
+            if restore.bind(py).len() != grouped.members.bind(py).len() {
                 return Err(invalid(py, "MicroBatches: the pickled state is inconsistent (restore)".into()));
             }
-            let max_tokens = tokens.bind(py).to_vec()?.into_iter().max().unwrap_or(0);
-            Ok(Self {
-                count: offsets.bind(py).len().saturating_sub(1),
-                max_tokens,
-                lower_bound,
-                required,
-                offsets,
-                indices,
-                tokens,
-                costs,
-                restore,
-                batches: LazyList::default(),
-            })
+            let max_tokens = grouped.tokens.bind(py).to_vec()?.into_iter().max().unwrap_or(0);
+            Ok(Self { count: grouped.count(py), max_tokens, lower_bound, required, restore, grouped })
         }
 
         fn __len__(&self) -> usize {
@@ -262,19 +299,7 @@ pub(crate) fn micro_batches(
 #[pyclass(frozen, module = "stowplan._stowplan", name = "Balance")]
 #[derive(Debug)]
 pub struct PyBalance {
-    /// ``uint32`` array of ``dp + 1`` boundaries into ``order``.
-    #[pyo3(get)]
-    offsets: Py<PyArray1<u32>>,
-    /// ``uint32`` permutation of the input: ``batch[order]`` puts every rank's samples in one
-    /// contiguous, equal slice (how verl's and ROLL's dispatchers split a batch).
-    #[pyo3(get)]
-    order: Py<PyArray1<u32>>,
-    /// ``uint64`` array, tokens of each rank.
-    #[pyo3(get)]
-    tokens: Py<PyArray1<u64>>,
-    /// ``uint64`` array, cost of each rank.
-    #[pyo3(get)]
-    costs: Py<PyArray1<u64>>,
+    grouped: Grouped,
     /// ``max(ceil(total cost / dp), costliest group)``.
     #[pyo3(get)]
     cost_lower_bound: u64,
@@ -292,7 +317,6 @@ pub struct PyBalance {
     #[pyo3(get)]
     lengths: Py<PyAny>,
     max_cost: u64,
-    ranks: LazyList,
 }
 
 grouped_methods!(
@@ -305,17 +329,14 @@ grouped_methods!(
         /// Pickles as its fields.
         fn __reduce__<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyTuple>> {
             let (py, b) = (slf.py(), slf.get());
-            let arrays =
-                (b.offsets.clone_ref(py), b.order.clone_ref(py), b.tokens.clone_ref(py), b.costs.clone_ref(py));
             let micro = b.micro_batches.as_ref().map(|m| m.clone_ref(py));
-            reduce(slf, (arrays, b.cost_lower_bound, micro, b.count, b.lengths.clone_ref(py), b.max_cost))
+            reduce(slf, (b.grouped.state(py), b.cost_lower_bound, micro, b.count, b.lengths.clone_ref(py), b.max_cost))
         }
 
         /// The balance pickled by ``__reduce__``.
         #[staticmethod]
-        #[allow(clippy::type_complexity)]
         fn _from_state(
-            arrays: (Py<PyArray1<u32>>, Py<PyArray1<u32>>, Py<PyArray1<u64>>, Py<PyArray1<u64>>),
+            arrays: GroupedState,
             cost_lower_bound: u64,
             micro_batches: Option<Py<PyList>>,
             count: Option<usize>,
@@ -323,21 +344,8 @@ grouped_methods!(
             max_cost: u64,
             py: Python<'_>,
         ) -> PyResult<Self> {
-            let (offsets, order, tokens, costs) = arrays;
-            check_state(py, "Balance", &offsets, order.bind(py).len(), &[tokens.bind(py).len(), costs.bind(py).len()])?;
-            Ok(PyBalance {
-                dp: offsets.bind(py).len().saturating_sub(1),
-                offsets,
-                order,
-                tokens,
-                costs,
-                cost_lower_bound,
-                micro_batches,
-                count,
-                lengths,
-                max_cost,
-                ranks: LazyList::default(),
-            })
+            let grouped = Grouped::from_state(py, "Balance", arrays)?;
+            Ok(PyBalance { dp: grouped.count(py), grouped, cost_lower_bound, micro_batches, count, lengths, max_cost })
         }
 
         /// verl's ``log_seqlen_unbalance`` metrics for these ranks (tokens).
@@ -349,7 +357,7 @@ grouped_methods!(
                 .iter()
                 .map(|&l| i64::try_from(l).map_err(|_| invalid(py, format!("length {l} is above 2**63-1"))))
                 .collect::<PyResult<Vec<_>>>()?;
-            let (o, i) = (vec_of(self.offsets.bind(py))?, vec_of(self.order.bind(py))?);
+            let (o, i) = (vec_of(self.grouped.offsets.bind(py))?, vec_of(self.grouped.members.bind(py))?);
             let parts = o
                 .windows(2)
                 .map(|w| i.get(w[0] as usize..w[1] as usize).map(|r| r.iter().map(|&x| i64::from(x)).collect()))
@@ -545,18 +553,16 @@ pub(crate) fn balance(
             (Some(count), Some(list.unbind()))
         }
     };
+    let max_cost = plan.costs.iter().copied().max().unwrap_or(0);
+    let grouped = Grouped::new(py, plan.offsets, plan.order, plan.tokens, plan.costs);
     Ok(PyBalance {
-        dp: plan.offsets.len().saturating_sub(1),
-        max_cost: plan.costs.iter().copied().max().unwrap_or(0),
+        dp: grouped.count(py),
+        max_cost,
         cost_lower_bound: plan.cost_lower_bound,
-        offsets: plan.offsets.into_pyarray(py).unbind(),
-        order: plan.order.into_pyarray(py).unbind(),
-        tokens: plan.tokens.into_pyarray(py).unbind(),
-        costs: plan.costs.into_pyarray(py).unbind(),
+        grouped,
         micro_batches,
         count,
         lengths: lengths.array().unbind(),
-        ranks: LazyList::default(),
     })
 }
 
@@ -612,16 +618,16 @@ pub(crate) fn rank_micro_batches<'py>(
     if !local {
         return PyList::new(py, mb.batches(py)?.bind(py).iter());
     }
-    let (offsets, order) = (vec_of(b.offsets.bind(py))?, vec_of(b.order.bind(py))?);
+    let (offsets, order) = (vec_of(b.grouped.offsets.bind(py))?, vec_of(b.grouped.members.bind(py))?);
     let modified = || PyValueError::new_err("the plan's arrays disagree (were they modified?)");
     let span = offsets.get(rank).zip(offsets.get(rank + 1)).map(|(&lo, &hi)| lo as usize..hi as usize);
     let mine = span.and_then(|s| order.get(s)).ok_or_else(modified)?;
     // (global index, position in the rank's batch), sorted by global index.
     let mut at: Vec<(u32, u32)> = mine.iter().zip(0u32..).map(|(&g, p)| (g, p)).collect();
     at.sort_unstable();
-    let positions = vec_of(mb.indices.bind(py))?
+    let positions = vec_of(mb.grouped.members.bind(py))?
         .iter()
         .map(|g| at.binary_search_by_key(g, |&(x, _)| x).map(|k| at[k].1).map_err(|_| modified()))
         .collect::<PyResult<Vec<u32>>>()?;
-    views(mb.offsets.bind(py), &positions.into_pyarray(py))
+    views(mb.grouped.offsets.bind(py), &positions.into_pyarray(py))
 }
