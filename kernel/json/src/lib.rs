@@ -411,18 +411,20 @@ mod tests {
     use super::*;
     use alloc::vec;
 
+    /// The kernel's micro-batches of `lengths` under `cap`.
+    fn micro(lengths: &[u64], cap: u64) -> stowplan_kernel::MicroBatches {
+        stowplan_kernel::micro_batches(lengths, &stowplan_kernel::MicroOptions::new(cap)).expect("micro-batches")
+    }
+
     #[test]
     fn the_shapes_and_their_keys() {
-        let p = Packing {
-            offsets: vec![0, 2, 3],
-            indices: vec![0, 2, 1],
-            loads: vec![8, 5],
-            dropped: vec![],
-            single: vec![],
-            real_tokens: 13,
-            aligned_tokens: 13,
-            lower_bound: 2,
-        };
+        // Results come from the kernel, not listed field by field, so that a field the kernel
+        // adds needs no edit here.
+        let p = stowplan_kernel::pack(&[5, 5, 3], &stowplan_kernel::PackOptions::new(8)).expect("a packing");
+        assert_eq!(
+            (p.offsets.as_slice(), p.indices.as_slice(), p.loads.as_slice()),
+            (&[0, 2, 3][..], &[0, 2, 1][..], &[8, 5][..])
+        );
         let v = packing(&p);
         assert_eq!(v["bins"], serde_json::json!([[0, 2], [1]]));
         assert_eq!(v["padding_tokens"], 0);
@@ -433,15 +435,7 @@ mod tests {
         assert_eq!(u["global_seqlen/balanced_max"], 1050);
         assert_eq!(u["global_seqlen/mean"], 1000.0);
         assert!(verl_unbalance("p", &[1], &[vec![0], vec![0]]).is_err());
-        let m = MicroBatches::from(&stowplan_kernel::MicroBatches {
-            offsets: vec![0, 1],
-            indices: vec![0],
-            tokens: vec![5],
-            costs: vec![5],
-            restore: vec![0],
-            lower_bound: 1,
-            required: 1,
-        });
+        let m = MicroBatches::from(&micro(&[5], 5));
         let v = value(&m);
         assert!(v.get("resource_loads").is_none(), "{v}");
         assert_eq!(v["token_balance"]["max_over_mean"], 1.0);
@@ -449,15 +443,8 @@ mod tests {
 
     #[test]
     fn resource_loads_are_the_sums_of_the_sizes_and_bad_sizes_are_refused() {
-        let m = stowplan_kernel::MicroBatches {
-            offsets: vec![0, 2, 3],
-            indices: vec![0, 2, 1],
-            tokens: vec![9, 4],
-            costs: vec![9, 4],
-            restore: vec![0, 2, 1],
-            lower_bound: 2,
-            required: 2,
-        };
+        let m = micro(&[5, 6, 4], 9);
+        assert_eq!((m.offsets.as_slice(), m.indices.as_slice()), (&[0, 2, 3][..], &[0, 2, 1][..]));
         let sizes = [1, 10, 2, 20, 4, 40];
         let l = Levels::micro(&m).with_resource_loads(&sizes, 2).unwrap();
         assert_eq!(l.micro_batches.unwrap().ranks()[0].resource_loads, vec![vec![5, 50], vec![2, 20]]);
