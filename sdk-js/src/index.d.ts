@@ -302,11 +302,13 @@ export class MicroBatches {
 }
 
 /** The kernel's fields of a `Balance` (see its class). */
-export interface Balance extends Readonly<Omit<DpPlan, 'ranks'> & Pick<Groups, 'offsets'>> {}
+export interface Balance extends Readonly<Omit<DpPlan, 'ranks'>> {}
 
 /** A global batch over `dp` ranks, with every rank's micro-batches when a cap was given. */
 export class Balance {
   private constructor();
+  /** Rank boundaries into `order`: rank `r` gets `order[offsets[r] .. offsets[r + 1]]`. */
+  readonly offsets: Uint32Array;
   /** The permutation to reorder the batch by, rank after rank. */
   readonly order: Uint32Array;
   /** Every rank's micro-batches, or null without `maxTokenLen`. */

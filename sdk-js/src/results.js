@@ -21,7 +21,8 @@ export function lists(offsets, indices) {
  * (camelCase), with its `groups` field, if it has one (a `types.groups`), flattened into two
  * fields, `offsets` and `indices` unless `names` says otherwise. A result class takes the kernel's fields this
  * way, last in its constructor, so a field the kernel adds reaches JavaScript with no edit
- * here; their docs are in index.d.ts (test/api.test.js checks that it declares every field).
+ * here; their types and docs are the WIT's (index.d.ts declares each result as its record, from
+ * jco's types of the WIT; test/api.test.js checks that it declares every field).
  * A field whose name the class already uses (a getter, a method, a field of its own) is an
  * error of this SDK, thrown rather than shadowed or overwritten.
  * @param {object} result @param {any} record @param {string | null} [groups]

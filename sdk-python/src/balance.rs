@@ -57,11 +57,11 @@ impl Grouped {
 }
 
 /// The `#[pymethods]` of a result made of groups (a [`Grouped`] in its field `grouped`):
-/// the methods given, the getters of its arrays (`offsets`, the members as `$members`,
-/// `tokens`, `costs`), the getter `$groups` (the groups as views) and the figures of the
+/// the methods given, the getters of its arrays (`offsets`, the members as `$members`, with
+/// its doc, `tokens`, `costs`), the getter `$groups` (the groups as views) and the figures of the
 /// tokens and the costs per `$per` group.
 macro_rules! grouped_methods {
-    ($class:ident, $groups:ident, $members:ident, $per:literal, $groups_doc:literal, { $($methods:tt)* }) => {
+    ($class:ident, $groups:ident, $members:ident, $per:literal, $members_doc:literal, $groups_doc:literal, { $($methods:tt)* }) => {
         #[pymethods]
         impl $class {
             #[doc = concat!("``uint32`` array, the boundaries into ``", stringify!($members), "`` (one per ", $per, " and one more).")]
@@ -70,7 +70,7 @@ macro_rules! grouped_methods {
                 self.grouped.offsets.clone_ref(py)
             }
 
-            #[doc = concat!("``uint32`` array, the input indices ", $per, " after ", $per, ".")]
+            #[doc = $members_doc]
             #[getter]
             fn $members(&self, py: Python<'_>) -> Py<PyArray1<u32>> {
                 self.grouped.members.clone_ref(py)
@@ -155,6 +155,7 @@ grouped_methods!(
     batches,
     indices,
     "micro-batch",
+    "``uint32`` array, every input index once, micro-batch after micro-batch (ascending in each).",
     "List of ``uint32`` arrays (views of ``indices``), the input indices of each\nmicro-batch (ascending), in the requested order.",
     {
         /// Pickles as its fields.
@@ -324,6 +325,7 @@ grouped_methods!(
     ranks,
     order,
     "rank",
+    "``uint32`` permutation of the input: ``batch[order]`` puts every rank's samples in one\ncontiguous slice, rank after rank (how verl's and ROLL's dispatchers split a batch).",
     "List of ``uint32`` arrays (views of ``order``), the input indices each rank gets\n(ascending; mini-batch by mini-batch with ``minibatch_size``).",
     {
         /// Pickles as its fields.

@@ -93,10 +93,23 @@ fn sample_from(d: &Bound<'_, PyDict>, at: &str, n_samples_per_prompt: u32) -> Py
 }
 
 /// Where a data source's prompts come from: a JSONL file, or records as JSON texts.
-#[derive(FromPyObject)]
 enum Origin {
     Path(PathBuf),
     Records(Vec<String>),
+}
+
+impl<'py> FromPyObject<'_, 'py> for Origin {
+    type Error = PyErr;
+
+    fn extract(obj: Borrowed<'_, 'py, PyAny>) -> PyResult<Self> {
+        if let Ok(path) = obj.extract::<PathBuf>() {
+            return Ok(Origin::Path(path));
+        }
+        obj.extract::<Vec<String>>().map(Origin::Records).map_err(|_| {
+            let got = obj.get_type().name().map_or_else(|_| "?".to_string(), |n| n.to_string());
+            invalid(obj.py(), format!("origin must be a path (str or os.PathLike) or a list of JSON texts (got {got})"))
+        })
+    }
 }
 
 /// The host data source; see `stowplan.DataSource` for the Python-facing class.

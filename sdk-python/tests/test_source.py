@@ -90,7 +90,7 @@ def test_a_source_reads_a_file_or_records_and_refuses_a_mixup(tmp_path: pathlib.
         stowplan.DataSource(path, n_samples_per_prompt=2, identity="mine")
     with pytest.raises(stowplan.InvalidArgumentError, match=r"records\[1\] is not JSON"):
         _stowplan.DataSource(['{"prompt": "a"}', "{"], 1)
-    with pytest.raises(TypeError, match="origin"):
+    with pytest.raises(stowplan.InvalidArgumentError, match=r"origin must be a path .* \(got int\)"):
         _stowplan.DataSource(7, 1)
 
 

@@ -201,5 +201,7 @@ def test_every_generated_record_is_a_result_base_and_its_types_are_the_values() 
             if annotation.startswith("npt.NDArray[np."):
                 dtype = annotation[len("npt.NDArray[np.") : -1]
                 assert got.dtype == getattr(np, dtype), f"{record}.{field}: {got.dtype}, stubbed {annotation}"
-            else:
+            elif annotation in scalar:
                 assert type(got) is scalar[annotation], f"{record}.{field}: {type(got).__name__}, stubbed {annotation}"
+            else:
+                pytest.fail(f"{record}.{field}: this test cannot check a {annotation} yet: teach it")

@@ -318,14 +318,30 @@ fn decode_rejects_bad_bytes() {
 
 /// The micro-batch format's bytes are pinned: a change in the struct's layout (a field moved,
 /// a nesting that is not plain concatenation) that would make stored or sent micro-batches
-/// unreadable fails here, not in a trainer. Two samples, one rank, a CP split of 2.
+/// unreadable fails here, not in a trainer. Two samples with teacher logprobs, one rank, a CP
+/// split of 2 (per-sequence padding), so every optional part is present.
 #[test]
 fn the_micro_batch_bytes_are_pinned() {
     let data = owned(&[(2, 3, 0), (1, 2, 0)]);
-    let mut o = MaterializeOptions::new(64, 1);
-    o.cp = 2;
-    let m = stowplan::materialize(&Kernel::native(), &borrow(&data), &o).unwrap();
-    let hex: String = m.ranks[0][0].encode().unwrap().iter().map(|b| format!("{b:02x}")).collect();
-    let pinned = "53504d42030002000108d00fd20fd40fd60fd80fa01fa21fa41f080002040608000204080000010101000101080000000000000000cdcc4c3ecdcc4c3ecdcc4c3e00000000cdcc4c3ecdcc4c3e080000803f0000803f0000803f0000803f0000803f00000040000000400000004008000000000000000000000080000000be000080be0000000000000080000000be080000003f0000003f0000003f0000003f0000003f5c8f023f5c8f023f5c8f023f0003000a1003000a100a011008000000792ee121";
+    let teacher: Vec<Vec<f32>> = data.iter().map(|o| vec![-0.5; o.prompt.len() + o.completion.len()]).collect();
+    let mut samples = borrow(&data);
+    for (s, t) in samples.iter_mut().zip(&teacher) {
+        s.teacher_logprobs = Some(t);
+    }
+    let o = MaterializeOptions::new(64, 1).with_cp(2, 1).unwrap();
+    let m = stowplan::materialize(&Kernel::native(), &samples, &o).unwrap();
+    let mb = &m.ranks[0][0];
+    assert!(mb.cp_runs.is_some() && mb.teacher_logprobs.is_some(), "the pin covers the optional parts");
+    let hex: String = mb.encode().unwrap().iter().map(|b| format!("{b:02x}")).collect();
+    let pinned = concat!(
+        "53504d4203000200010cd00fd20fd40fd60fd80f020202a01fa21fa41f020c00020406080a0c0e000204060c00000101",
+        "01000000000101000c0000000000000000cdcc4c3ecdcc4c3ecdcc4c3e00000000000000000000000000000000cdcc4c",
+        "3ecdcc4c3e000000000c0000803f0000803f0000803f0000803f0000803f000000000000000000000000000000400000",
+        "004000000040000000000c000000000000000000000080000000be000080be0000000000000000000000000000000000",
+        "000080000000be000000000c0000003f0000003f0000003f0000003f0000003f0000803f0000803f0000803f5c8f023f",
+        "5c8f023f5c8f023f0000803f010c000000bf000000bf000000bf000000bf000000bf0000000000000000000000000000",
+        "00bf000000bf000000bf0000000003000a10030010181001180804000102030003050500060b02090502030104020300",
+        "080c6b76b6e0"
+    );
     assert_eq!(hex, pinned);
 }

@@ -270,11 +270,14 @@ fn stubs(check: bool) -> ExitCode {
 fn stubs(check: bool) -> ExitCode {
     let cmd = if check { "check-stubs" } else { "stubs" };
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    match run(&cargo, &["run", "--quiet", "--release", "-p", "xtask", "--features", "stubs", "--", cmd]) {
-        Ok(()) => ExitCode::SUCCESS,
+    let args = ["run", "--quiet", "--release", "-p", "xtask", "--features", "stubs", "--", cmd];
+    eprintln!("xtask: $ {cargo} {}", args.join(" "));
+    // Its own exit code: 1 a stale file, 2 the WIT or the file could not be read or written.
+    match Command::new(&cargo).current_dir(root()).args(args).status() {
+        Ok(status) => ExitCode::from(status.code().and_then(|c| u8::try_from(c).ok()).unwrap_or(2)),
         Err(e) => {
-            eprintln!("xtask: {e}");
-            ExitCode::from(1)
+            eprintln!("xtask: running {cargo}: {e}");
+            ExitCode::from(2)
         }
     }
 }

@@ -7,6 +7,7 @@
 //! [`RECORDS`] take their fields from this file. wit-parser (the Bytecode Alliance's, the
 //! version wasmtime already locks) reads the WIT as the component tools do.
 
+use std::collections::HashSet;
 use std::fmt::Write as _;
 use std::path::Path;
 
@@ -63,16 +64,16 @@ fn class(record: &str) -> String {
     out
 }
 
-/// The WIT docs as a Python docstring body: kebab-case names in backticks become the
-/// Python's snake_case names.
-fn docstring(docs: &Docs) -> Option<String> {
+/// The WIT docs as a Python docstring body: a name in backticks that is a record field or a
+/// function parameter of the WIT (`names`) becomes its Python snake_case; anything else in
+/// backticks (an enum case such as `next-fit`, an expression such as `n-1`) stays as written.
+fn docstring(docs: &Docs, names: &HashSet<String>) -> Option<String> {
     let text = docs.contents.as_deref()?.trim();
     let mut out = String::new();
     for (i, part) in text.split('`').enumerate() {
         if i % 2 == 1 {
             out.push('`');
-            let named = part.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '[' || c == ']');
-            out.push_str(&if named { snake(part) } else { part.to_string() });
+            out.push_str(&if names.contains(part) { snake(part) } else { part.to_string() });
             out.push('`');
         } else {
             out.push_str(part);
@@ -81,9 +82,22 @@ fn docstring(docs: &Docs) -> Option<String> {
     Some(out.replace('\\', "\\\\").replace("\"\"\"", "\\\"\\\"\\\""))
 }
 
+/// The names the docs may quote: every record field and function parameter of the WIT.
+fn wit_names(resolve: &Resolve) -> HashSet<String> {
+    let fields = resolve.types.iter().filter_map(|(_, t)| match &t.kind {
+        TypeDefKind::Record(r) => Some(r.fields.iter().map(|f| f.name.clone()).collect::<Vec<_>>()),
+        _ => None,
+    });
+    let params = resolve
+        .interfaces
+        .iter()
+        .map(|(_, i)| i.functions.values().flat_map(|f| f.params.iter().map(|p| p.name.clone())).collect::<Vec<_>>());
+    fields.chain(params).flatten().collect()
+}
+
 /// `"""…"""` at `indent`, one line or several.
 fn write_doc(out: &mut String, indent: &str, doc: &str) {
-    if doc.contains('\n') {
+    if doc.contains('\n') || doc.ends_with('"') {
         let body = doc.lines().map(|l| if l.is_empty() { String::new() } else { format!("{indent}{l}") });
         let _ = writeln!(out, "{indent}\"\"\"{}\n{indent}\"\"\"", body.collect::<Vec<_>>().join("\n").trim_start());
     } else {
@@ -153,6 +167,7 @@ fn record<'a>(resolve: &'a Resolve, interface: &str, name: &str) -> Result<(&'a 
 pub fn generate(wit: &Path) -> Result<String, String> {
     let mut resolve = Resolve::default();
     resolve.push_dir(wit).map_err(|e| format!("reading {}: {e:#}", wit.display()))?;
+    let names = wit_names(&resolve);
     let (groups, _) = record(&resolve, "types", "groups")?;
     if groups.fields.iter().map(|f| f.name.as_str()).ne(["offsets", "indices"]) {
         return Err("types.groups is not the record { offsets, indices } this generator flattens".into());
@@ -171,7 +186,7 @@ pub fn generate(wit: &Path) -> Result<String, String> {
         let _ = write!(out, "\nclass {}:\n", class(s.record));
         let _ =
             writeln!(out, "    \"\"\"The fields of the kernel's `{}` record (interface `{}`).", s.record, s.interface);
-        if let Some(doc) = docstring(docs) {
+        if let Some(doc) = docstring(docs, &names) {
             let _ = writeln!(out);
             for line in doc.lines() {
                 let _ = writeln!(out, "{}", if line.is_empty() { String::new() } else { format!("    {line}") });
@@ -184,18 +199,23 @@ pub fn generate(wit: &Path) -> Result<String, String> {
             }
         }
         for field in rec.fields.iter().filter(|f| !s.skip.iter().any(|(n, _)| *n == f.name)) {
-            if s.groups.is_some_and(|(g, _)| g == field.name) {
-                let members = s.groups.map_or("indices", |(_, m)| m);
-                for (g, name) in groups.fields.iter().zip(["offsets", members]) {
+            if let Some((_, members)) = s.groups.filter(|(g, _)| *g == field.name) {
+                // Flat: the groups field's own doc goes to the members, the boundaries say
+                // what they delimit.
+                let bounds = format!(
+                    "Boundaries into `{members}`: group `g` is `{members}[offsets[g]:offsets[g + 1]]` (one entry \
+                     more than there are groups, the first 0)."
+                );
+                let flat = "Flat, group after group, delimited by `offsets`.";
+                let doc = docstring(&field.docs, &names).map_or(flat.to_string(), |d| format!("{d}\n\n{flat}"));
+                for (g, (name, doc)) in groups.fields.iter().zip([("offsets", bounds), (members, doc)]) {
                     let _ = writeln!(out, "    {name}: {}", py_type(&resolve, &g.ty)?);
-                    if let Some(doc) = docstring(&g.docs) {
-                        write_doc(&mut out, "    ", &doc);
-                    }
+                    write_doc(&mut out, "    ", &doc);
                 }
                 continue;
             }
             let _ = writeln!(out, "    {}: {}", snake(&field.name), py_type(&resolve, &field.ty)?);
-            if let Some(doc) = docstring(&field.docs) {
+            if let Some(doc) = docstring(&field.docs, &names) {
                 write_doc(&mut out, "    ", &doc);
             }
         }

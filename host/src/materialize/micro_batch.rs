@@ -6,7 +6,7 @@ use super::CpRuns;
 use crate::{Error, wire};
 
 /// The per-token arrays of one row, all of its length: a micro-batch's
-/// ([`MicroBatch::arrays`]) or a CP rank's share of one ([`CpView::arrays`](super::CpView)).
+/// ([`MicroBatch::arrays`]) or a CP rank's share of one ([`CpView::arrays`](super::CpView::arrays)).
 /// Both dereference to it, so `mb.input_ids` reads the array.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct TokenArrays {

@@ -19,9 +19,12 @@ class _Partitioning:
     """
 
     offsets: npt.NDArray[np.uint32]
-    """Group boundaries into `indices`, non-decreasing, first 0, last `len(indices)`."""
+    """Boundaries into `indices`: group `g` is `indices[offsets[g]:offsets[g + 1]]` (one entry more than there are groups, the first 0)."""
     indices: npt.NDArray[np.uint32]
-    """Input indices (0-based), group after group."""
+    """The `k` groups.
+
+    Flat, group after group, delimited by `offsets`.
+    """
     sums: npt.NDArray[np.uint64]
     """Sum of the weights of each group, in group order (`k` entries)."""
     total: int
@@ -38,9 +41,12 @@ class _Packing:
     """
 
     offsets: npt.NDArray[np.uint32]
-    """Group boundaries into `indices`, non-decreasing, first 0, last `len(indices)`."""
+    """Boundaries into `indices`: group `g` is `indices[offsets[g]:offsets[g + 1]]` (one entry more than there are groups, the first 0)."""
     indices: npt.NDArray[np.uint32]
-    """Input indices (0-based), group after group."""
+    """The bins as index lists; every index not in `dropped` appears exactly once.
+
+    Flat, group after group, delimited by `offsets`.
+    """
     loads: npt.NDArray[np.uint64]
     """Aligned load of each bin, in bin order (≤ capacity except `single` bins)."""
     dropped: npt.NDArray[np.uint32]
@@ -65,9 +71,12 @@ class _MicroPlan:
     """
 
     offsets: npt.NDArray[np.uint32]
-    """Group boundaries into `indices`, non-decreasing, first 0, last `len(indices)`."""
+    """Boundaries into `indices`: group `g` is `indices[offsets[g]:offsets[g + 1]]` (one entry more than there are groups, the first 0)."""
     indices: npt.NDArray[np.uint32]
-    """Input indices (0-based), group after group."""
+    """The micro-batches as input indices, each ascending, in `order`. None is empty.
+
+    Flat, group after group, delimited by `offsets`.
+    """
     tokens: npt.NDArray[np.uint64]
     """Tokens of each micro-batch (each ≤ `max_token_len`)."""
     costs: npt.NDArray[np.uint64]
@@ -91,9 +100,13 @@ class _DpPlan:
     """
 
     offsets: npt.NDArray[np.uint32]
-    """Group boundaries into `indices`, non-decreasing, first 0, last `len(indices)`."""
+    """Boundaries into `order`: group `g` is `order[offsets[g]:offsets[g + 1]]` (one entry more than there are groups, the first 0)."""
     order: npt.NDArray[np.uint32]
-    """Input indices (0-based), group after group."""
+    """Rank `r` gets `ranks` group `r`, ascending (mini-batch by mini-batch). The
+    concatenation of the groups is the permutation to reorder the batch by.
+
+    Flat, group after group, delimited by `offsets`.
+    """
     tokens: npt.NDArray[np.uint64]
     """Tokens of each rank."""
     costs: npt.NDArray[np.uint64]
