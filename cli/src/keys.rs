@@ -7,7 +7,7 @@ use std::path::PathBuf;
 #[cfg(feature = "zmq")]
 use serde::Serialize;
 #[cfg(feature = "zmq")]
-use stowplan::serve::{Certificate, curve};
+use stowplan_zmq::{Certificate, curve};
 
 #[cfg(feature = "zmq")]
 use crate::common::print_report;

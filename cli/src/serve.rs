@@ -7,12 +7,12 @@ use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use serde::Serialize;
-#[cfg(feature = "zmq")]
-use stowplan::serve::{CurveServer, ZmqTransport, curve};
 use stowplan::serve::{
     FsTransport, MAX_MESSAGE_BYTES, RejectedLimits, ServeOptions, ServeSummary, Server, Transport, ZmqEndpoints,
 };
 use stowplan::{Backend, Cost, LossAggMode, LossNormalization, PackerOptions, RunConfig, RunProgress, SampleLimits};
+#[cfg(feature = "zmq")]
+use stowplan_zmq::{CurveServer, ZmqTransport, curve};
 
 use crate::common::{ReadyKernel, named, print_report};
 use crate::failure::Failure;

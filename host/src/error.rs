@@ -115,14 +115,16 @@ impl From<stowplan_kernel::Error> for Error {
     }
 }
 
+impl Error {
+    /// An [`Error::Io`] naming `what` was done to `path` (`reading /a/b: No such file …`).
+    pub fn io(what: &str, path: &std::path::Path, e: std::io::Error) -> Error {
+        Error::Io(format!("{what} {}: {e}", path.display()))
+    }
+}
+
 /// Formats a wasmtime error with its whole cause chain.
 pub(crate) fn runtime(context: &str, e: impl std::fmt::Debug) -> Error {
     Error::Runtime(format!("{context}: {e:?}"))
-}
-
-/// An [`Error::Io`] naming `what` was done to `path`.
-pub(crate) fn io(what: &str, path: &std::path::Path, e: std::io::Error) -> Error {
-    Error::Io(format!("{what} {}: {e}", path.display()))
 }
 
 /// At most `limit` bytes of `text` (cut at a character boundary), saying how long it was:

@@ -9,8 +9,8 @@
 //! [`kernel`] (the two backends behind one dispatch) and `runtime` (hashes, atomic files,
 //! the compile cache) and [`wire`] (the one framed format) → [`plan`], `materialize`,
 //! `rows` (packed rows of a table), `rollout`, `plugins` (feature `plugins`, on by default)
-//! → `packer` (the state machine, no I/O) → [`serve`] (the server loop and its transports;
-//! ZeroMQ with feature `zmq`).
+//! → `packer` (the state machine, no I/O) → [`serve`] (the server loop and the filesystem
+//! transport; the ZeroMQ transport is the `stowplan-zmq` crate, `host/zmq`).
 //!
 //! The API is the items re-exported here. `materialize`, `packer`, `rollout`, `rows` and
 //! `runtime` are private: every public item of theirs is re-exported at the root. The other modules
@@ -75,7 +75,7 @@ pub use rows::{
     MAX_ROW_LENGTH, MAX_SEQ_LENGTH, Overflow, PACKED_BATCH_TOKENS, POSITION_IDS, PackedRows, RowItems, RowPacking,
     RowStrategy, SEQ_LENGTHS, check_row_lengths, check_seq_length, pack_rows, packed_batches, row_items, wrapped_rows,
 };
-pub use runtime::{AtomicFile, cache_dir, sha256_hex, write_atomic};
+pub use runtime::{AtomicFile, cache_dir, create_atomic, sha256_hex, write_atomic};
 pub use stowplan_kernel::peers::{DpReorder, RollLoadBalanceOptions, RollMicroBatches, VerlMicroOptions};
 pub use stowplan_kernel::slime;
 pub use stowplan_kernel::verl::{PyError, SeqlenUnbalance, UnbalanceError, UnbalanceFigures};

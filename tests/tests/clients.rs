@@ -1,4 +1,4 @@
-//! The Rust clients of `stowplan serve` (`stowplan::serve::client`), end to end:
+//! The Rust clients of `stowplan serve` (`stowplan::serve::client` and `stowplan_zmq`), end to end:
 //! `ZmqBatchSender` and two `ZmqRankClient`s in threads against the `stowplan` binary
 //! (`serve --transport zmq`), killed with SIGKILL mid-run and restarted (every sample exactly
 //! once, in step order); a rank against a stand-in packer (steps out of order, a copy, the
@@ -22,10 +22,10 @@ use std::time::{Duration, Instant};
 
 use stowplan::serve::{
     Control, FileRankClient, FileRankOptions, FsTransport, MessageKey, RankMessage, Receipt, ServeOptions, Server,
-    ZmqBatchSender, ZmqEndpoints, ZmqRankClient, ZmqRankOptions, ZmqSenderOptions, ZmqTransport, batch_file_name,
-    send_fs,
+    ZmqEndpoints, batch_file_name, send_fs,
 };
 use stowplan::{Error, Kernel, PackerOptions, RankBatch, RunConfig, SampleKey, TrainingBatch, TrainingSample};
+use stowplan_zmq::{ZmqBatchSender, ZmqRankClient, ZmqRankOptions, ZmqSenderOptions, ZmqTransport};
 
 const SEQ_LEN: u64 = 256;
 const SAMPLES: u32 = 10;

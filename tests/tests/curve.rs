@@ -13,11 +13,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use stowplan::serve::{
-    Certificate, CurveClient, CurveServer, ServeOptions, Server, ZmqBatchSender, ZmqEndpoints, ZmqRankClient,
-    ZmqRankOptions, ZmqSenderOptions, ZmqTransport, curve_available,
-};
+use stowplan::serve::{ServeOptions, Server, ZmqEndpoints};
 use stowplan::{Error, Kernel, PackerOptions, RunConfig, TrainingBatch, TrainingSample};
+use stowplan_zmq::{
+    Certificate, CurveClient, CurveServer, ZmqBatchSender, ZmqRankClient, ZmqRankOptions, ZmqSenderOptions,
+    ZmqTransport, curve_available,
+};
 
 fn temp_dir(what: &str) -> std::path::PathBuf {
     let d = std::env::temp_dir().join(format!("stowplan-curve-{what}-{}", std::process::id()));
@@ -50,7 +51,7 @@ fn certificates_round_trip_and_bad_ones_are_refused_naming_the_file() {
     assert_eq!(Certificate::load_secret(&secret).unwrap(), ([3; 32], [5; 32]));
     use std::os::unix::fs::PermissionsExt;
     assert_eq!(std::fs::metadata(&secret).unwrap().permissions().mode() & 0o777, 0o600);
-    assert!(!format!("{pair:?}").contains(&stowplan::serve::curve::z85(&[5; 32])), "Debug never shows a secret key");
+    assert!(!format!("{pair:?}").contains(&stowplan_zmq::curve::z85(&[5; 32])), "Debug never shows a secret key");
 
     assert!(message(pair.save(&dir, "rank0")).contains("exists: not overwriting a key"));
     assert!(message(pair.save(&dir, "../x")).contains("name must be a file name"));

@@ -15,11 +15,13 @@ use stowplan::serve::{
     Control, ControlMessage, FsTransport, Incoming, ServeOptions, Server, Transport, receive_fs, send_fs,
 };
 #[cfg(feature = "zmq")]
-use stowplan::serve::{RankMessage, Receipt, Receipts, Refusal, ZmqEndpoints, ZmqTransport};
+use stowplan::serve::{RankMessage, Receipt, Receipts, Refusal, ZmqEndpoints};
 use stowplan::{
     BatchKey, Error, Kernel, Packer, PackerOptions, PackerState, RankBatch, RejectReason, RunConfig, SampleKey,
     TrainingBatch, TrainingSample,
 };
+#[cfg(feature = "zmq")]
+use stowplan_zmq::ZmqTransport;
 
 /// A deterministic sample: tokens from (run, step, index).
 fn sample(run: u32, step: u64, index: u32, len: usize) -> TrainingSample {
@@ -456,7 +458,7 @@ fn inbox_entries_that_are_not_regular_files_are_ignored() {
 #[test]
 #[cfg(feature = "zmq")]
 fn a_zmq_message_over_the_cap_is_dropped_before_the_packer_holds_it() {
-    use stowplan::serve::{ZmqBatchSender, ZmqSenderOptions};
+    use stowplan_zmq::{ZmqBatchSender, ZmqSenderOptions};
     let dir = std::env::temp_dir().join(format!("stowplan-packer-zmq-oversized-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let any = ZmqEndpoints {
@@ -473,7 +475,7 @@ fn a_zmq_message_over_the_cap_is_dropped_before_the_packer_holds_it() {
         std::thread::spawn(move || Server::open(Kernel::native(), t, o).unwrap().run(&stop, |_| {}).unwrap())
     };
     // A packer started without a checkpoint takes messages once a rank said hello.
-    let _rank = stowplan::serve::ZmqRankClient::connect(&ep.ranks, 0, 3, Default::default()).unwrap();
+    let _rank = stowplan_zmq::ZmqRankClient::connect(&ep.ranks, 0, 3, Default::default()).unwrap();
     // A raw sender of 1 MiB, past any sender's check.
     let ctx = zmq::Context::new();
     let push = ctx.socket(zmq::PUSH).unwrap();
@@ -1217,8 +1219,8 @@ fn a_packer_behind_its_ranks_stops_naming_the_rank() {
     push.send(batch(0, 0, &[5, 6]).encode().unwrap(), 0).unwrap();
     let clients: Vec<_> = (0..3)
         .map(|r| {
-            let options = stowplan::serve::ZmqRankOptions { start_step: 3, ..Default::default() };
-            stowplan::serve::ZmqRankClient::connect(&ranks, r, 3, options).unwrap()
+            let options = stowplan_zmq::ZmqRankOptions { start_step: 3, ..Default::default() };
+            stowplan_zmq::ZmqRankClient::connect(&ranks, r, 3, options).unwrap()
         })
         .collect();
     let stop = Arc::new(AtomicBool::new(false));

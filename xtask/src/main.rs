@@ -384,17 +384,14 @@ fn system_libzmq() -> bool {
     Command::new("pkg-config").args(["--exists", "libzmq"]).status().is_ok_and(|s| s.success())
 }
 
-/// The ZeroMQ transport's tests, in a build of their own: the quick start's build leaves the
-/// transport out (the CLI's `zmq` feature, off by default), so it does not compile libzmq.
-/// Every test of the host library (unit, integration, examples; its doctests run in the
-/// "Rust tests" step), the conformance tests that speak ZeroMQ (`clients`, `curve`, `packer`)
-/// and the CLI's, all with the transport, in one cargo run, linked to the system libzmq where
-/// pkg-config finds it (it has CURVE, and the CURVE tests must pass) and otherwise to the one
-/// `zmq-sys` builds from source (no CURVE: those tests are skipped, saying so, unless
-/// `STOWPLAN_REQUIRE_CURVE=1` makes that a failure). Returns the `stowplan` binary with the
-/// transport, copied to `target/zmq/stowplan`, and whether it has CURVE. Wasmtime is never
-/// compiled again (xtask/unify).
-fn zmq_tests(cargo: &str) -> Result<(PathBuf, bool), String> {
+/// The workspace's tests ([`builds::TESTS`]) in one cargo run, the ZeroMQ transport's
+/// included, linked to the system libzmq where pkg-config finds it (it has CURVE, and the
+/// CURVE tests must pass) and otherwise to the one `zmq-sys` builds from source (no CURVE:
+/// those tests are skipped, saying so, unless `STOWPLAN_REQUIRE_CURVE=1` makes that a
+/// failure). Returns the `stowplan` binary with the transport, copied to
+/// `target/zmq/stowplan`, and whether it has CURVE. Neither wasmtime nor the host library is
+/// compiled again (xtask/unify; `tests/tests/unify.rs`).
+fn rust_tests(cargo: &str) -> Result<(PathBuf, bool), String> {
     let curve = system_libzmq();
     if !curve {
         let hint = "the system libzmq is not installed (Debian: apt install libzmq3-dev pkg-config)";
@@ -408,8 +405,8 @@ fn zmq_tests(cargo: &str) -> Result<(PathBuf, bool), String> {
         with.extend(["--config", SYSTEM_LIBZMQ]);
     }
     let env: &[(&str, &str)] = if curve { &[("STOWPLAN_EXPECT_CURVE", "1")] } else { &[] };
-    run_with(cargo, &[&with[..], &builds::ZMQ, &builds::ZMQ_TESTS].concat(), env)?;
-    // The CLI's integration test built it, with the transport, into target/release.
+    run_with(cargo, &[&with[..], &builds::TESTS].concat(), env)?;
+    // The CLI's integration tests built it, with the transport, into target/release.
     let built = root().join("target/release/stowplan");
     let copy = root().join("target/zmq/stowplan");
     std::fs::create_dir_all(copy.parent().expect("a parent"))
@@ -450,25 +447,18 @@ fn run_tests() -> ExitCode {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let start = std::time::Instant::now();
     let result = (|| -> Result<(), String> {
-        // The workspace's tests (builds::WORKSPACE_TESTS says which) and the host library's
-        // doc tests, with the quick start's features: the library and the CLI built by
-        // `cargo run` are reused, not compiled again.
-        timed("Rust tests", || {
-            run(&cargo, &[&["test", "--release", "--locked"][..], &builds::WORKSPACE_TESTS].concat())?;
-            run(&cargo, &[&["test", "--release", "--locked", "--doc"][..], &builds::HOST].concat())
-        })?;
         // The kernel's own tests, in a debug build, where an arithmetic overflow panics: the
         // kernel promises an error, never a wrapped sum. (The conformance tests run the
-        // release kernel, natively and as the WASM component.) Beside the ZeroMQ build: a
-        // debug build does not wait for the release build's lock, and it takes the core the
-        // release build leaves idle while its tests run.
+        // release kernel, natively and as the WASM component.) Beside the release build: a
+        // debug build does not wait for its lock, and it takes the core the release build
+        // leaves idle (while it links, and while its tests run).
         let mut kernel = Command::new(&cargo);
         kernel.args(["test", "--locked", "-p", "stowplan-kernel"]);
         let kernel = Background::start("kernel tests (debug build)", kernel, "target/kernel-tests.log")?;
-        let zmq = timed("host library and ZeroMQ tests", || zmq_tests(&cargo));
-        let (bin, curve) = match (zmq, kernel.finish()) {
-            (Err(z), Err(k)) => Err(format!("{z}; {k}")),
-            (z, k) => k.and(z),
+        let rust = timed("Rust tests", || rust_tests(&cargo));
+        let (bin, curve) = match (rust, kernel.finish()) {
+            (Err(r), Err(k)) => Err(format!("{r}; {k}")),
+            (r, k) => k.and(r),
         }?;
         // A JavaScript step that cannot start does not keep the Python tests from running.
         let js = start_js_tests(&bin);

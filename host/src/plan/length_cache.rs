@@ -31,7 +31,6 @@ use sha2::{Digest, Sha256};
 
 use serde::{Deserialize, Serialize};
 
-use crate::error::io;
 use crate::{Error, wire};
 
 /// The cache file's name inside the cache directory.
@@ -116,9 +115,9 @@ impl LengthCache {
                 cache.lengths = stored.lengths;
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                std::fs::create_dir_all(dir).map_err(|e| io("creating directory", dir, e))?;
+                std::fs::create_dir_all(dir).map_err(|e| Error::io("creating directory", dir, e))?;
             }
-            Err(e) => return Err(io("reading", &cache.path, e)),
+            Err(e) => return Err(Error::io("reading", &cache.path, e)),
         }
         Ok(cache)
     }
@@ -138,7 +137,7 @@ impl LengthCache {
                 Ok(stored.complete.then_some(stored.lengths))
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(io("reading", &path, e)),
+            Err(e) => Err(Error::io("reading", &path, e)),
         }
     }
 

@@ -438,7 +438,7 @@ impl StaticPackPlan {
 
     /// Reads and verifies a plan saved by [`Self::save`].
     pub fn load(path: &Path) -> Result<Self, Error> {
-        let bytes = std::fs::read(path).map_err(|e| crate::error::io("reading", path, e))?;
+        let bytes = std::fs::read(path).map_err(|e| Error::io("reading", path, e))?;
         let value: serde_json::Value = serde_json::from_slice(&bytes)
             .map_err(|e| Error::InvalidArgument(format!("{}: not a plan document: {e}", path.display())))?;
         Self::from_json(&value)

@@ -31,7 +31,7 @@ fn stream_plugin(path: &Path, max_bytes: u64, mut keep: impl FnMut(&[u8])) -> Re
     if max_bytes == 0 {
         return Err(Error::InvalidArgument("max_plugin_bytes must be at least 1 (got 0)".into()));
     }
-    let io = |e| crate::error::io("reading the plugin", path, e);
+    let io = |e| Error::io("reading the plugin", path, e);
     let mut file = std::fs::File::open(path).map_err(io)?.take(max_bytes.saturating_add(1));
     let mut hasher = sha2::Sha256::new();
     let mut buf = vec![0u8; 1 << 16];

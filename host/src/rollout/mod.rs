@@ -22,7 +22,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::error::{FilterError, io};
+use crate::error::FilterError;
 use crate::kernel::Kernel;
 use crate::{Error, wire};
 
@@ -192,7 +192,7 @@ impl DataSource {
     /// A data source over the JSONL file `path` (its identity is the sha256 of the bytes).
     /// Errors name the line of a record that is not a JSON object or lacks the prompt key.
     pub fn from_jsonl(path: &Path, options: DataSourceOptions, kernel: Kernel) -> Result<Self, Error> {
-        let bytes = std::fs::read(path).map_err(|e| io("reading", path, e))?;
+        let bytes = std::fs::read(path).map_err(|e| Error::io("reading", path, e))?;
         let text = std::str::from_utf8(&bytes)
             .map_err(|e| Error::InvalidArgument(format!("{}: not UTF-8 text: {e}", path.display())))?;
         let mut records = Vec::new();
@@ -526,7 +526,7 @@ impl DataSource {
         path: &Path,
         check: impl FnOnce(&[Group]) -> Result<(), Error>,
     ) -> Result<(), Error> {
-        let bytes = std::fs::read(path).map_err(|e| io("reading the data source state", path, e))?;
+        let bytes = std::fs::read(path).map_err(|e| Error::io("reading the data source state", path, e))?;
         let bad = |what: String| Error::CacheMismatch(format!("{}: {what}", path.display()));
         let state: State = wire::decode(&wire::DATA_SOURCE_STATE, &bytes).map_err(|e| bad(e.to_string()))?;
         check(&state.buffer)?;

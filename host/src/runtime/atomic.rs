@@ -12,7 +12,6 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::Error;
-use crate::error::io;
 
 static COUNTER: AtomicU64 = AtomicU64::new(0);
 
@@ -37,8 +36,7 @@ pub(crate) fn write_with_mode(path: &Path, bytes: &[u8], mode: u32) -> Result<()
 /// Creates `path` with `bytes` atomically, never replacing a file: `Ok(false)` when `path`
 /// exists already (nothing written). A hard link puts the complete file in place, so the
 /// check and the creation are one step (no race with another writer).
-#[cfg_attr(not(feature = "zmq"), allow(dead_code))] // its one user (CURVE keys) needs `zmq`
-pub(crate) fn create_new_with_mode(path: &Path, bytes: &[u8], mode: u32) -> Result<bool, Error> {
+pub fn create_new_with_mode(path: &Path, bytes: &[u8], mode: u32) -> Result<bool, Error> {
     match write_as(path, bytes, mode, Place::CreateNew) {
         Err(Error::Io(m)) if m.starts_with(EXISTS) => Ok(false),
         r => r.map(|()| true),
@@ -47,7 +45,6 @@ pub(crate) fn create_new_with_mode(path: &Path, bytes: &[u8], mode: u32) -> Resu
 
 /// How the temporary file goes into place.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[cfg_attr(not(feature = "zmq"), allow(dead_code))]
 enum Place {
     /// Renamed over the target.
     Replace,
@@ -62,7 +59,7 @@ const EXISTS: &str = "exists: ";
 
 fn write_as(path: &Path, bytes: &[u8], mode: u32, place: Place) -> Result<(), Error> {
     let mut f = AtomicFile::open(path, mode, place)?;
-    f.write_all(bytes).map_err(|e| io("writing", &f.tmp, e))?;
+    f.write_all(bytes).map_err(|e| Error::io("writing", &f.tmp, e))?;
     f.commit()
 }
 
@@ -92,14 +89,14 @@ impl AtomicFile {
             Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
             _ => PathBuf::from("."),
         };
-        std::fs::create_dir_all(&dir).map_err(|e| io("creating directory", &dir, e))?;
+        std::fs::create_dir_all(&dir).map_err(|e| Error::io("creating directory", &dir, e))?;
         let (tmp, file) = loop {
             let tmp = temp_path(path);
             match OpenOptions::new().write(true).create_new(true).mode(mode).open(&tmp) {
                 Ok(file) => break (tmp, file),
                 // Another writer's (or a crashed one's): take the next name.
                 Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
-                Err(e) => return Err(io("creating", &tmp, e)),
+                Err(e) => return Err(Error::io("creating", &tmp, e)),
             }
         };
         Ok(AtomicFile {
@@ -115,19 +112,19 @@ impl AtomicFile {
     /// the target, and the rename made durable. On an error the target is left as it was.
     pub fn commit(mut self) -> Result<(), Error> {
         let file = self.file.take().expect("an AtomicFile is finished once");
-        let file = file.into_inner().map_err(|e| io("writing", &self.tmp, e.into_error()))?;
-        file.sync_all().map_err(|e| io("syncing", &self.tmp, e))?;
+        let file = file.into_inner().map_err(|e| Error::io("writing", &self.tmp, e.into_error()))?;
+        file.sync_all().map_err(|e| Error::io("syncing", &self.tmp, e))?;
         drop(file);
         match self.place {
             Place::Replace => {
-                std::fs::rename(&self.tmp, &self.path).map_err(|e| io("renaming into place", &self.path, e))?
+                std::fs::rename(&self.tmp, &self.path).map_err(|e| Error::io("renaming into place", &self.path, e))?
             }
             Place::CreateNew => match std::fs::hard_link(&self.tmp, &self.path) {
-                Ok(()) => std::fs::remove_file(&self.tmp).map_err(|e| io("removing", &self.tmp, e))?,
+                Ok(()) => std::fs::remove_file(&self.tmp).map_err(|e| Error::io("removing", &self.tmp, e))?,
                 Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
                     return Err(Error::Io(format!("{EXISTS}{}", self.path.display())));
                 }
-                Err(e) => return Err(io("linking into place", &self.path, e)),
+                Err(e) => return Err(Error::io("linking into place", &self.path, e)),
             },
             Place::Done => {}
         }

@@ -5,7 +5,7 @@ pub(crate) mod atomic;
 #[cfg(feature = "plugins")]
 mod functions;
 
-pub use atomic::{AtomicFile, write as write_atomic};
+pub use atomic::{AtomicFile, create_new_with_mode as create_atomic, write as write_atomic};
 #[cfg(feature = "plugins")]
 pub(crate) use functions::FunctionCache;
 
@@ -41,7 +41,7 @@ pub(crate) fn lock_exclusive(path: &Path, what: &str) -> Result<std::fs::File, c
         .create(true)
         .truncate(false)
         .open(path)
-        .map_err(|e| crate::error::io("creating", path, e))?;
+        .map_err(|e| crate::Error::io("creating", path, e))?;
     if let Err(e) = file.try_lock() {
         let mut holder = String::new();
         let _ = file.read_to_string(&mut holder);
@@ -54,7 +54,7 @@ pub(crate) fn lock_exclusive(path: &Path, what: &str) -> Result<std::fs::File, c
         .and_then(|()| file.rewind())
         .and_then(|()| writeln!(file, "pid {}", std::process::id()))
         .and_then(|()| file.flush());
-    written.map_err(|e| crate::error::io("writing", path, e))?;
+    written.map_err(|e| crate::Error::io("writing", path, e))?;
     Ok(file)
 }
 

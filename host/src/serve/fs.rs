@@ -9,7 +9,6 @@ use std::time::{Duration, Instant};
 use super::protocol::{self, files};
 use super::{Delivered, DeliveryMark, Incoming, MAX_MESSAGE_BYTES, Transport, per_rank};
 use crate::Error;
-use crate::error::io;
 use crate::packer::RankBatch;
 use crate::runtime::atomic;
 
@@ -36,7 +35,7 @@ impl FsTransport {
     pub fn new(root: impl Into<PathBuf>, poll: Duration) -> Result<Self, Error> {
         let root = root.into();
         for d in [root.join(files::INBOX), root.join(files::ROLLOUTS)] {
-            std::fs::create_dir_all(&d).map_err(|e| io("creating directory", &d, e))?;
+            std::fs::create_dir_all(&d).map_err(|e| Error::io("creating directory", &d, e))?;
         }
         let lock = crate::runtime::lock_exclusive(&root.join("serve.lock"), "this root")?;
         Ok(Self { root, poll, max_message_bytes: MAX_MESSAGE_BYTES, evidence: None, _lock: lock })
@@ -55,8 +54,8 @@ impl FsTransport {
     fn scan(&self) -> Result<Vec<PathBuf>, Error> {
         let inbox = self.root.join(files::INBOX);
         let mut files = Vec::new();
-        for e in std::fs::read_dir(&inbox).map_err(|e| io("listing", &inbox, e))? {
-            let e = e.map_err(|e| io("listing", &inbox, e))?;
+        for e in std::fs::read_dir(&inbox).map_err(|e| Error::io("listing", &inbox, e))? {
+            let e = e.map_err(|e| Error::io("listing", &inbox, e))?;
             let name = e.file_name();
             if !files::is_inbox_message(&name.to_string_lossy()) {
                 continue;
@@ -108,7 +107,7 @@ impl Transport for FsTransport {
                         Err(e) if std::fs::symlink_metadata(&p).is_ok_and(|m| !m.is_file()) => {
                             tracing::warn!(target: "stowplan::serve", file = %p.display(), error = %e, "inbox entry that is not a regular file ignored");
                         }
-                        Err(e) => return Err(io("reading", &p, e)),
+                        Err(e) => return Err(Error::io("reading", &p, e)),
                     }
                 }
                 return Ok(out);
@@ -156,12 +155,12 @@ impl FsTransport {
                 Some(Delivered { next_step: mark.next_step, evidence: format!("{} says so", path.display()) })
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
-            Err(e) => return Err(io("reading", &path, e)),
+            Err(e) => return Err(Error::io("reading", &path, e)),
         };
         let rollouts = self.root.join(files::ROLLOUTS);
         let mut last: Option<u64> = None;
-        for e in std::fs::read_dir(&rollouts).map_err(|e| io("listing", &rollouts, e))? {
-            let e = e.map_err(|e| io("listing", &rollouts, e))?;
+        for e in std::fs::read_dir(&rollouts).map_err(|e| Error::io("listing", &rollouts, e))? {
+            let e = e.map_err(|e| Error::io("listing", &rollouts, e))?;
             if let Some(n) = files::step_of_dir(&e.file_name().to_string_lossy()) {
                 last = last.max(Some(n));
             }
@@ -231,7 +230,7 @@ pub(crate) fn wait_for_file(path: &Path, timeout: Duration, poll: Duration) -> R
         match std::fs::read(path) {
             Ok(bytes) => return Ok(bytes),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(io("reading", path, e)),
+            Err(e) => return Err(Error::io("reading", path, e)),
         }
         let now = Instant::now();
         let left = deadline.map(|d| d.saturating_duration_since(now));

@@ -11,10 +11,10 @@
 //! again is recognised as a duplicate: nothing is lost and nothing is delivered twice.
 //!
 //! Two transports: [`FsTransport`] (files under a shared root) and `ZmqTransport` (ZeroMQ over
-//! TCP, for orchestrators and ranks on other hosts; feature `zmq`); [`protocol`] holds the
-//! messages both speak and each side's rules as state machines without I/O, [`client`] the
-//! Rust clients that drive them (a rank over files, [`FileRankClient`]; a rank and an
-//! orchestrator over ZeroMQ, `ZmqRankClient` and `ZmqBatchSender`, feature `zmq`).
+//! TCP, for orchestrators and ranks on other hosts; the `stowplan-zmq` crate, `host/zmq`);
+//! [`protocol`] holds the messages both speak and each side's rules as state machines without
+//! I/O, [`client`] the Rust client of a rank over files ([`FileRankClient`]; `stowplan-zmq` has
+//! the ZeroMQ ones, `ZmqRankClient` and `ZmqBatchSender`).
 //!
 //! State directory: `state.bin` (the [`PackerState`](crate::PackerState), replaced atomically), `spool/`
 //! (`run_{r}_step_{s}.bin`, the batches' encodings), `rejected/` (messages that could not be
@@ -24,22 +24,12 @@
 //! directory.
 
 pub mod client;
-#[cfg(feature = "zmq")]
-pub mod curve;
 mod fs;
 pub mod protocol;
 mod server;
 mod transport;
-#[cfg(feature = "zmq")]
-mod zmq;
-#[cfg(feature = "zmq")]
-mod zmq_support;
 
 pub use client::{FileRankClient, FileRankOptions};
-#[cfg(feature = "zmq")]
-pub use client::{ZmqBatchSender, ZmqRankClient, ZmqRankOptions, ZmqSenderOptions};
-#[cfg(feature = "zmq")]
-pub use curve::{Certificate, CurveClient, CurveServer, curve_available};
 pub(crate) use fs::wait_for_file;
 pub use fs::{FsTransport, receive_fs, send_fs};
 pub use protocol::{
@@ -48,9 +38,4 @@ pub use protocol::{
     batch_file_name,
 };
 pub use server::{RejectedLimits, ServeOptions, ServeSummary, Server, StepReport};
-pub(crate) use transport::per_rank;
-pub use transport::{Incoming, Message, Transport};
-#[cfg(feature = "zmq")]
-pub use zmq::ZmqTransport;
-#[cfg(feature = "zmq")]
-pub(crate) use zmq_support::{Throttled, zmq_error};
+pub use transport::{Incoming, Message, Transport, per_rank};

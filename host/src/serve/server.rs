@@ -12,7 +12,6 @@ use serde::Serialize;
 use super::protocol::files;
 use super::{Control, ControlMessage, Delivered, Incoming, Message, Receipt, Transport, batch_file_name};
 use crate::Error;
-use crate::error::io;
 use crate::kernel::Kernel;
 use crate::packer::{BatchKey, PackedStep, Packer, PackerOptions, PackerState, RunConfig, StepMetrics, TrainingBatch};
 use crate::runtime::atomic;
@@ -24,8 +23,8 @@ use crate::runtime::atomic;
 fn refuse_orphaned_spool(spool: &Path, state_path: &Path) -> Result<(), Error> {
     let mut orphans = 0usize;
     let mut first = None;
-    for e in std::fs::read_dir(spool).map_err(|e| io("listing", spool, e))? {
-        let name = e.map_err(|e| io("listing", spool, e))?.file_name().to_string_lossy().into_owned();
+    for e in std::fs::read_dir(spool).map_err(|e| Error::io("listing", spool, e))? {
+        let name = e.map_err(|e| Error::io("listing", spool, e))?.file_name().to_string_lossy().into_owned();
         if !files::is_temporary(&name) {
             orphans += 1;
             first = first.max(Some(name));
@@ -160,7 +159,7 @@ impl<T: Transport> Server<T> {
     pub fn open(kernel: Kernel, mut transport: T, options: ServeOptions) -> Result<Self, Error> {
         let dir = &options.state_dir;
         for d in [dir.join("spool"), dir.join("rejected")] {
-            std::fs::create_dir_all(&d).map_err(|e| io("creating directory", &d, e))?;
+            std::fs::create_dir_all(&d).map_err(|e| Error::io("creating directory", &d, e))?;
         }
         let lock = crate::runtime::lock_exclusive(&dir.join("lock"), "this state directory")?;
         let spool = dir.join("spool");
@@ -187,7 +186,7 @@ impl<T: Transport> Server<T> {
                 refuse_orphaned_spool(&spool, &state_path)?;
                 (Packer::new(kernel, options.packer.clone())?, false)
             }
-            Err(e) => return Err(io("reading", &state_path, e)),
+            Err(e) => return Err(Error::io("reading", &state_path, e)),
         };
         Delivered::check(transport.delivered()?.as_ref(), packer.issued(), &state_path, restored)?;
         if !restored {
@@ -221,7 +220,7 @@ impl<T: Transport> Server<T> {
         // Live batches were read from the spool by the restore already.
         let live: HashSet<String> = state.batches().into_iter().map(batch_file_name).collect();
         let mut files: Vec<PathBuf> = std::fs::read_dir(&spool)
-            .map_err(|e| io("listing", &spool, e))?
+            .map_err(|e| Error::io("listing", &spool, e))?
             .filter_map(Result::ok)
             .map(|e| e.path())
             .collect();
@@ -236,7 +235,7 @@ impl<T: Transport> Server<T> {
             if live.contains(&name) {
                 continue;
             }
-            let bytes = std::fs::read(&p).map_err(|e| io("reading", &p, e))?;
+            let bytes = std::fs::read(&p).map_err(|e| Error::io("reading", &p, e))?;
             let batch = match TrainingBatch::decode(&bytes) {
                 Ok(b) => Arc::new(b),
                 Err(e) => {
@@ -260,7 +259,7 @@ impl<T: Transport> Server<T> {
         let name = p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
         let to = self.options.state_dir.join("rejected").join(name);
         self.summary.undecodable += 1;
-        std::fs::rename(p, &to).map_err(|e| io("moving aside", p, e))?;
+        std::fs::rename(p, &to).map_err(|e| Error::io("moving aside", p, e))?;
         let cut = self.options.rejected.max_file_bytes.min(self.options.rejected.max_bytes);
         if std::fs::symlink_metadata(&to).is_ok_and(|m| m.is_file() && m.len() > cut) {
             use std::os::unix::fs::OpenOptionsExt;
@@ -269,7 +268,7 @@ impl<T: Transport> Server<T> {
                 .custom_flags(libc::O_NOFOLLOW)
                 .open(&to)
                 .and_then(|f| f.set_len(cut))
-                .map_err(|e| io("truncating", &to, e))?;
+                .map_err(|e| Error::io("truncating", &to, e))?;
         }
         self.prune_rejected()
     }
@@ -289,7 +288,7 @@ impl<T: Transport> Server<T> {
     fn prune_rejected(&mut self) -> Result<(), Error> {
         let dir = self.options.state_dir.join("rejected");
         let mut kept: Vec<(std::time::SystemTime, String, u64)> = std::fs::read_dir(&dir)
-            .map_err(|e| io("listing", &dir, e))?
+            .map_err(|e| Error::io("listing", &dir, e))?
             .filter_map(|e| e.ok())
             .filter_map(|e| {
                 let meta = e.metadata().ok().filter(|m| m.is_file())?;
@@ -306,7 +305,7 @@ impl<T: Transport> Server<T> {
                 break;
             }
             let p = dir.join(name);
-            std::fs::remove_file(&p).map_err(|e| io("removing", &p, e))?;
+            std::fs::remove_file(&p).map_err(|e| Error::io("removing", &p, e))?;
             total -= len;
             dropped += 1;
         }
@@ -392,7 +391,7 @@ impl<T: Transport> Server<T> {
                 }
                 let spooled = self.options.state_dir.join("spool").join(batch_file_name(batch.key()));
                 match &incoming.path {
-                    Some(p) => std::fs::rename(p, &spooled).map_err(|e| io("moving into the spool", p, e))?,
+                    Some(p) => std::fs::rename(p, &spooled).map_err(|e| Error::io("moving into the spool", p, e))?,
                     None => atomic::write(&spooled, &incoming.bytes)?,
                 }
                 self.ingest(batch, Some(&spooled)).map(Some)

@@ -107,7 +107,7 @@ impl<T: Transport + ?Sized> Transport for Box<T> {
 
 /// Runs `f` on every rank's batch, one thread per rank (encoding is the costly part of a
 /// delivery; one rank's encoding overlaps another's write).
-pub(crate) fn per_rank<T: Send>(
+pub fn per_rank<T: Send>(
     ranks: &[RankBatch],
     f: impl Fn(usize, &RankBatch) -> Result<T, Error> + Sync,
 ) -> Result<Vec<T>, Error> {

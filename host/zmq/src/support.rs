@@ -1,9 +1,9 @@
-//! What every ZeroMQ piece of `serve` shares: libzmq failures as errors, and logging an event
+//! What every ZeroMQ piece shares: libzmq failures as errors, and logging an event
 //! that may flood at most once per period.
 
 use std::time::{Duration, Instant};
 
-use crate::Error;
+use stowplan::Error;
 
 /// A libzmq failure while doing `what`, as an `io` error (every ZeroMQ piece of `serve`).
 pub(crate) fn zmq_error(what: &str, e: ::zmq::Error) -> Error {

@@ -1,11 +1,11 @@
-//! The ZeroMQ transport of `stowplan serve` (libzmq through the `zmq` crate).
+//! The ZeroMQ transport of `stowplan serve`, its server side (libzmq through the `zmq` crate).
 //!
 //! Three sockets, all bound by the packer so that orchestrators and ranks on other hosts
 //! connect to it over TCP: **batches** (PULL: training batches and control messages),
 //! **receipts** (PUB: a [`Receipts`] with the packer's incarnation once messages are
 //! durable, and an empty one every [`HEARTBEAT`]) and **ranks** (ROUTER: hellos and
 //! acknowledgements in, [`RankBatch`]es and [`Refusal`]s out). The protocol is described in
-//! [`super::protocol`]; this transport is its server side: the readiness barrier (every
+//! [`protocol`](stowplan::serve::protocol); this transport is its server side: the readiness barrier (every
 //! rank said hello), which connection serves each rank ([`RankSlots`]: one connection per
 //! rank, acknowledgements only from it, a second connection refused while the first is
 //! alive), and each step's delivery as a [`StepDelivery`] (resent to a rank served by a new
@@ -14,15 +14,16 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use super::curve::{CurveServer, ZapHandler, require_curve};
-use super::protocol::delivery::StepDelivery;
-use super::protocol::{
+use stowplan::serve::protocol::delivery::StepDelivery;
+use stowplan::serve::protocol::{
     Delivered, HEARTBEAT, OnHello, RANK_LEASE, RankMessage, RankSlots, Receipt, Receipts, Refusal, SlotEvent,
     ZmqEndpoints,
 };
-use super::{Incoming, MAX_MESSAGE_BYTES, Throttled, Transport, zmq_error};
-use crate::Error;
-use crate::packer::RankBatch;
+use stowplan::serve::{Incoming, MAX_MESSAGE_BYTES, Transport, per_rank};
+use stowplan::{Error, RankBatch};
+
+use crate::curve::{CurveServer, ZapHandler, require_curve};
+use crate::support::{Throttled, zmq_error};
 
 /// At most this many batch messages are taken per receive (bounds the memory of a burst).
 const RECEIVE_LIMIT: usize = 16;
@@ -98,10 +99,10 @@ const IGNORED_LOG_EVERY: Duration = Duration::from_secs(10);
 
 impl ZmqTransport {
     /// Binds the three sockets for `dp` ranks; with `curve`, every socket is a CURVE server
-    /// with its key pair and admits only the client keys it lists ([`super::curve`]).
+    /// with its key pair and admits only the client keys it lists ([`curve`](crate::curve)).
     ///
     /// Errors: `invalid-argument` for `dp` 0, or `curve` in a build without CURVE
-    /// ([`super::curve::require_curve`]); `io` naming the endpoint that cannot be bound
+    /// (`require_curve`); `io` naming the endpoint that cannot be bound
     /// (malformed, or the address is in use).
     pub fn bind(endpoints: &ZmqEndpoints, dp: u32, curve: Option<&CurveServer>) -> Result<Self, Error> {
         Self::bind_capped(endpoints, dp, curve, MAX_MESSAGE_BYTES)
@@ -403,7 +404,7 @@ impl Transport for ZmqTransport {
         if ranks.len() != dp {
             return Err(Error::InvalidArgument(format!("ranks: {} rank batches for dp {dp}", ranks.len())));
         }
-        let encoded = super::per_rank(ranks, |_, b| b.encode())?;
+        let encoded = per_rank(ranks, |_, b| b.encode())?;
         // Which ranks acknowledged, and the routing id each copy went to.
         let mut delivery = StepDelivery::new(step, dp);
         for (r, bytes) in encoded.into_iter().enumerate() {

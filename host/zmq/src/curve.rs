@@ -1,4 +1,4 @@
-//! CURVE authentication and encryption for the ZeroMQ transport (feature `zmq`).
+//! CURVE authentication and encryption for the ZeroMQ transport.
 //!
 //! With CURVE every connection to the packer is encrypted, and a peer gets through only with
 //! a key pair whose public key the packer accepts: the packer has a key pair of its own
@@ -24,11 +24,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use super::protocol::{curve_timeout_hint, secret_certificate_mode_error};
-use super::{Throttled, zmq_error};
-use crate::Error;
-use crate::error::io;
-use crate::runtime::atomic;
+use stowplan::Error;
+use stowplan::serve::protocol::{curve_timeout_hint, secret_certificate_mode_error};
+
+use crate::support::{Throttled, zmq_error};
 
 /// A CURVE key (public or secret): 32 bytes.
 pub type CurveKey = [u8; 32];
@@ -96,11 +95,11 @@ impl Certificate {
     /// certificate belong together is not checked here: a wrong pair fails the handshake.
     pub fn load(path: &Path) -> Result<Self, Error> {
         let bad = |what: String| Error::InvalidArgument(format!("certificate {}: {what}", path.display()));
-        let meta = std::fs::metadata(path).map_err(|e| io("reading the certificate", path, e))?;
+        let meta = std::fs::metadata(path).map_err(|e| Error::io("reading the certificate", path, e))?;
         if meta.len() > MAX_CERTIFICATE_BYTES {
             return Err(bad(format!("{} bytes: not a certificate (at most {MAX_CERTIFICATE_BYTES})", meta.len())));
         }
-        let text = std::fs::read_to_string(path).map_err(|e| io("reading the certificate", path, e))?;
+        let text = std::fs::read_to_string(path).map_err(|e| Error::io("reading the certificate", path, e))?;
         let (mut public, mut secret) = (None, None);
         for (n, line) in text.lines().enumerate() {
             let line = line.trim();
@@ -162,7 +161,7 @@ impl Certificate {
         let public_line = format!("    public-key = \"{}\"\n", z85(&self.public));
         let public = format!("{header}#   Public: give it to the peers\n\nmetadata\ncurve\n{public_line}");
         // Each file appears whole or not at all, and an existing one is never replaced.
-        if !atomic::create_new_with_mode(&public_path, public.as_bytes(), 0o644)? {
+        if !stowplan::create_atomic(&public_path, public.as_bytes(), 0o644)? {
             return Err(exists(&public_path));
         }
         let Some(secret) = &self.secret else { return Ok((public_path, None)) };
@@ -170,7 +169,7 @@ impl Certificate {
             "{header}#   SECRET: do not give this file to anyone nor change its permissions\n\nmetadata\ncurve\n{public_line}    secret-key = \"{}\"\n",
             z85(secret)
         );
-        if !atomic::create_new_with_mode(&secret_path, text.as_bytes(), 0o600)? {
+        if !stowplan::create_atomic(&secret_path, text.as_bytes(), 0o600)? {
             return Err(exists(&secret_path));
         }
         Ok((public_path, Some(secret_path)))
@@ -209,7 +208,8 @@ impl CurveServer {
     pub fn load(secret: &Path, clients: &Path) -> Result<Self, Error> {
         let (public, secret) = Certificate::load_secret(secret)?;
         let mut keys = Vec::new();
-        let entries = std::fs::read_dir(clients).map_err(|e| io("reading the client keys directory", clients, e))?;
+        let entries =
+            std::fs::read_dir(clients).map_err(|e| Error::io("reading the client keys directory", clients, e))?;
         let mut paths: Vec<PathBuf> = entries
             .filter_map(|e| e.ok().map(|e| e.path()))
             .filter(|p| p.extension().is_some_and(|x| x == "key"))
