@@ -427,9 +427,14 @@ def _check_python_names(block):
 # rust
 
 
+# The crates a README snippet may name, by the name it uses, and their sources.
+RUST_CRATES = {"stowplan": ROOT / "host/src", "stowplan_zmq": ROOT / "host/zmq/src"}
+
+
 def _rust_sources():
-    files = sorted((ROOT / "host/src").rglob("*.rs")) + sorted((ROOT / "kernel/src").rglob("*.rs"))
-    assert files, "host/src and kernel/src hold the crates' sources"
+    roots = [*RUST_CRATES.values(), ROOT / "kernel/src"]
+    files = [p for root in roots for p in sorted(root.rglob("*.rs"))]
+    assert files, "host/src, host/zmq/src and kernel/src hold the crates' sources"
     return {p: p.read_text() for p in files}
 
 
@@ -445,8 +450,8 @@ def _public_in(text, name):
     return re.search(item, text) is not None or re.search(reexport, text, re.S) is not None
 
 
-def _module_file(module):
-    base = ROOT / "host/src" / pathlib.Path(*module)
+def _module_file(crate, module):
+    base = RUST_CRATES[crate] / pathlib.Path(*module)
     for p in (base.with_suffix(".rs"), base / "mod.rs"):
         if p.is_file():
             return p
@@ -462,22 +467,21 @@ def test_rust_block(block):
     code = _strip_rust_strings(block.text)
     sources = _rust_sources()
     everything = "\n".join(sources.values())
-    lib = (ROOT / "host/src/lib.rs").read_text()
     problems, checked = [], 0
 
-    # stowplan:: paths, incl. `use stowplan::a::{B, C}`.
+    # Paths of the crates, incl. `use stowplan::a::{B, C}`.
     paths = []
-    for m in re.finditer(r"\bstowplan::((?:\w+::)*)(?:\{([^}]*)\}|(\w+))", code):
-        prefix = [p for p in m.group(1).split("::") if p]
-        for leaf in (m.group(2).split(",") if m.group(2) else [m.group(3)]):
+    for m in re.finditer(rf"\b({'|'.join(RUST_CRATES)})::((?:\w+::)*)(?:\{{([^}}]*)\}}|(\w+))", code):
+        prefix = [p for p in m.group(2).split("::") if p]
+        for leaf in (m.group(3).split(",") if m.group(3) else [m.group(4)]):
             if leaf.strip():
-                paths.append(prefix + [leaf.strip()])
-    for path in paths:
-        text = lib if len(path) == 1 else (_module_file(path[:-1]).read_text() if _module_file(path[:-1]) else "")
-        if _public_in(text, path[-1]):
+                paths.append((m.group(1), prefix + [leaf.strip()]))
+    for crate, path in paths:
+        module = _module_file(crate, path[:-1]) if len(path) > 1 else RUST_CRATES[crate] / "lib.rs"
+        if _public_in(module.read_text() if module else "", path[-1]):
             checked += 1
         else:
-            problems.append(f"stowplan::{'::'.join(path)} is not public")
+            problems.append(f"{crate}::{'::'.join(path)} is not public")
 
     # Type::item (fn or const), .method( and Type { field: ... }.
     for typ, item in re.findall(r"\b([A-Z]\w*)::([a-zA-Z_]\w*)", code):
@@ -486,14 +490,14 @@ def test_rust_block(block):
         if re.search(rf"\b(?:fn|const) {item}\b", everything) or re.search(rf"\b{typ}::{item}\b|^\s*{item}\b", everything, re.M):
             checked += 1
         else:
-            problems.append(f"{typ}::{item} is defined nowhere in host/src or kernel/src")
+            problems.append(f"{typ}::{item} is defined nowhere in the crates' sources")
     for method in re.findall(r"\.([a-z_]\w*)\(", code):
         if method in RUST_STD:
             continue
         if re.search(rf"\bfn {method}\b", everything):
             checked += 1
         else:
-            problems.append(f".{method}() is defined nowhere in host/src or kernel/src")
+            problems.append(f".{method}() is defined nowhere in the crates' sources")
     for m in re.finditer(r"\b([A-Z]\w*)\s*\{", code):
         depth, j = 1, m.end()
         while depth and j < len(code):
@@ -505,7 +509,7 @@ def test_rust_block(block):
         struct = re.search(rf"\bpub struct {m.group(1)}\b[^{{;]*\{{(.*?)\n\}}", everything, re.S)
         if struct is None:
             if fields:
-                problems.append(f"struct {m.group(1)} is defined nowhere in host/src or kernel/src")
+                problems.append(f"struct {m.group(1)} is defined nowhere in the crates' sources")
             continue
         for field in fields:
             if re.search(rf"\bpub {field}\s*:", struct.group(1)):
