@@ -113,19 +113,33 @@ fn restore_sigpipe() {
 
 /// Logs to stderr, filtered by `STOWPLAN_LOG`: warnings by default, and `serve`'s step
 /// events (a service logs them), as JSON with `serve --log-format json`.
+///
+/// The filter is a default level and levels per target, `warn,stowplan::serve=debug`
+/// (tracing-subscriber's `Targets`: no regular expressions, so the CLI does not compile a
+/// regex engine). A value that does not parse is said on stderr, and the default is used.
 fn init_logs(command: &Command) {
+    use tracing_subscriber::filter::Targets;
+    use tracing_subscriber::prelude::*;
     let (default_filter, json_logs) = match command {
         Command::Serve(a) => ("warn,stowplan::serve=info", a.log_format == serve::LogFormat::Json),
         _ => ("warn", false),
     };
-    let filter = tracing_subscriber::EnvFilter::try_from_env("STOWPLAN_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_filter));
-    let logs = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
-    if json_logs {
-        logs.json().init();
-    } else {
-        logs.with_ansi(std::io::stderr().is_terminal()).init();
-    }
+    let given = std::env::var("STOWPLAN_LOG").ok().filter(|v| !v.trim().is_empty());
+    let filter = given.and_then(|v| {
+        v.parse::<Targets>()
+            .map_err(|e| {
+                eprintln!(
+                    "stowplan: STOWPLAN_LOG={v:?} is not a log filter ({e}): expected a level or target=level \
+                     pairs, e.g. `debug` or `warn,stowplan::serve=debug` (levels: off, error, warn, info, debug, \
+                     trace); logging with the default, {default_filter:?}"
+                )
+            })
+            .ok()
+    });
+    let filter = filter.unwrap_or_else(|| default_filter.parse().expect("the default log filters parse"));
+    let logs = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+    let logs = if json_logs { logs.json().boxed() } else { logs.with_ansi(std::io::stderr().is_terminal()).boxed() };
+    tracing_subscriber::registry().with(logs.with_filter(filter)).init();
 }
 
 /// The process's allocator: the system's, with allocations of at least [`HUGE`] bytes marked

@@ -285,6 +285,32 @@ fn the_compile_cache_is_private_and_authenticated() {
 }
 
 #[test]
+fn stowplan_log_filters_by_level_and_target_and_a_bad_filter_is_said() {
+    use std::os::unix::fs::PermissionsExt;
+    // A cache directory others may write: the kernel is compiled, with a warning of target
+    // `stowplan::runtime`.
+    let dir = temp_dir("log");
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let args = ["partition", "-k", "2", "--json"];
+    let warned = |log: Option<&str>| {
+        let mut env = vec![("STOWPLAN_CACHE_DIR", dir.to_str().unwrap())];
+        env.extend(log.map(|l| ("STOWPLAN_LOG", l)));
+        let out = stowplan(&args, Some("5\n3\n"), &env);
+        assert!(out.status.success(), "{out:?}");
+        (stderr(&out).contains("not using the compile cache"), stderr(&out))
+    };
+    assert!(warned(None).0, "warnings by default");
+    assert!(!warned(Some("off")).0, "off");
+    assert!(!warned(Some("warn,stowplan::runtime=error")).0, "a target's own level");
+    assert!(warned(Some("error,stowplan::runtime=warn")).0, "a target's own level");
+    assert!(warned(Some("stowplan=debug")).0, "a parent target's level");
+    // A value that does not parse is said, and the default (warnings) applies.
+    let (shown, err) = warned(Some("stowplan=loud"));
+    assert!(shown && err.contains("STOWPLAN_LOG=\"stowplan=loud\" is not a log filter"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
 fn balance_two_level_on_the_default_workload() {
     let v = json(&stowplan(
         &["balance", "--dp", "8", "--max-token-len", "16384", "--cost", "attention", "--json"],
