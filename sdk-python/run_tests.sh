@@ -39,7 +39,8 @@ timeout 600 "$uv" pip install --quiet --python "$venv/bin/python" "transformers>
 took "TRL, transformers, Ray"
 "$venv/bin/python" -c "import stowplan; p = stowplan.partition([100, 900, 50, 950, 400, 600], 2); assert p.groups == [[0, 2, 3, 4], [1, 5]], p.groups; print('sdk: import ok,', stowplan.kernel_info()['sha256'][:12])"
 # The end-to-end packer tests run a `stowplan` binary: STOWPLAN_BIN (`cargo xtask test` passes
-# the one its ZeroMQ tests built, with the transport), else the workspace's, built when missing.
+# the one its Rust tests built, with the ZeroMQ transport), else the workspace's, built when
+# missing.
 bin="${STOWPLAN_BIN:-$root/target/release/stowplan}"
 if [ ! -x "$bin" ]; then
     (cd "$root" && cargo build --release --locked -p stowplan-cli --features zmq --bin stowplan)

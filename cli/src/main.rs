@@ -116,9 +116,9 @@ fn restore_sigpipe() {
 ///
 /// The filter is a default level and levels per target, `warn,stowplan::serve=debug`
 /// (tracing-subscriber's `Targets`: no regular expressions, so the CLI does not compile a
-/// regex engine). A value that does not parse is said on stderr, and the default is used.
+/// regex engine). A value that is not such a filter is said on stderr, and the default is
+/// used.
 fn init_logs(command: &Command) {
-    use tracing_subscriber::filter::Targets;
     use tracing_subscriber::prelude::*;
     let (default_filter, json_logs) = match command {
         Command::Serve(a) => ("warn,stowplan::serve=info", a.log_format == serve::LogFormat::Json),
@@ -126,7 +126,7 @@ fn init_logs(command: &Command) {
     };
     let given = std::env::var("STOWPLAN_LOG").ok().filter(|v| !v.trim().is_empty());
     let filter = given.and_then(|v| {
-        v.parse::<Targets>()
+        log_filter(&v)
             .map_err(|e| {
                 eprintln!(
                     "stowplan: STOWPLAN_LOG={v:?} is not a log filter ({e}): expected a level or target=level \
@@ -136,10 +136,22 @@ fn init_logs(command: &Command) {
             })
             .ok()
     });
-    let filter = filter.unwrap_or_else(|| default_filter.parse().expect("the default log filters parse"));
+    let filter = filter.unwrap_or_else(|| log_filter(default_filter).expect("the default log filters parse"));
     let logs = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
     let logs = if json_logs { logs.json().boxed() } else { logs.with_ansi(std::io::stderr().is_terminal()).boxed() };
     tracing_subscriber::registry().with(logs.with_filter(filter)).init();
+}
+
+/// `text` as a log filter: comma-separated directives, each a level or `target=level`, blank
+/// ones skipped (`Targets` reads an empty directive as the level `error`). Span and field
+/// selectors (`target[span{field}]=level`, which `Targets` would take as part of a target
+/// that matches nothing) are refused.
+fn log_filter(text: &str) -> Result<tracing_subscriber::filter::Targets, String> {
+    let directives: Vec<&str> = text.split(',').map(str::trim).filter(|d| !d.is_empty()).collect();
+    if let Some(d) = directives.iter().find(|d| d.contains(['[', ']', '{', '}'])) {
+        return Err(format!("{d:?} selects spans or fields, which this filter does not"));
+    }
+    directives.join(",").parse().map_err(|e| format!("{e}"))
 }
 
 /// The process's allocator: the system's, with allocations of at least [`HUGE`] bytes marked

@@ -292,21 +292,26 @@ fn stowplan_log_filters_by_level_and_target_and_a_bad_filter_is_said() {
     let dir = temp_dir("log");
     std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
     let args = ["partition", "-k", "2", "--json"];
-    let warned = |log: Option<&str>| {
-        let mut env = vec![("STOWPLAN_CACHE_DIR", dir.to_str().unwrap())];
-        env.extend(log.map(|l| ("STOWPLAN_LOG", l)));
+    // Every call sets STOWPLAN_LOG (empty: unset), whatever the caller's environment holds.
+    let warned = |log: &str| {
+        let env = [("STOWPLAN_CACHE_DIR", dir.to_str().unwrap()), ("STOWPLAN_LOG", log)];
         let out = stowplan(&args, Some("5\n3\n"), &env);
         assert!(out.status.success(), "{out:?}");
         (stderr(&out).contains("not using the compile cache"), stderr(&out))
     };
-    assert!(warned(None).0, "warnings by default");
-    assert!(!warned(Some("off")).0, "off");
-    assert!(!warned(Some("warn,stowplan::runtime=error")).0, "a target's own level");
-    assert!(warned(Some("error,stowplan::runtime=warn")).0, "a target's own level");
-    assert!(warned(Some("stowplan=debug")).0, "a parent target's level");
-    // A value that does not parse is said, and the default (warnings) applies.
-    let (shown, err) = warned(Some("stowplan=loud"));
-    assert!(shown && err.contains("STOWPLAN_LOG=\"stowplan=loud\" is not a log filter"), "{err}");
+    assert!(warned("").0, "warnings by default");
+    assert!(!warned("off").0, "off");
+    assert!(!warned("warn,stowplan::runtime=error").0, "a target's own level");
+    assert!(warned("error,stowplan::runtime=warn").0, "a target's own level");
+    assert!(warned("stowplan=debug").0, "a parent target's level");
+    // Blank directives are skipped (tracing-subscriber would read one as `error`).
+    let (shown, err) = warned("warn, ,");
+    assert!(shown && !err.contains("is not a log filter"), "{err}");
+    // A value that is not a filter is said, and the default (warnings) applies.
+    for bad in ["stowplan=loud", "stowplan[serve]=debug"] {
+        let (shown, err) = warned(bad);
+        assert!(shown && err.contains(&format!("STOWPLAN_LOG={bad:?} is not a log filter")), "{err}");
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -641,21 +646,33 @@ fn serve_delivers_a_step_and_names_bad_options() {
     let state = state.to_str().unwrap();
     let bad = stowplan(&[&["serve", "--transport", "fs", "--state-dir", state][..], &opts].concat(), None, &[]);
     assert!(String::from_utf8_lossy(&bad.stderr).contains("--root is required with --transport fs"), "{:?}", bad);
-    let zmq = ["serve", "--transport", "zmq", "--state-dir", state, "--zmq-ranks", "nonsense"];
-    let bad = stowplan(&[&zmq[..], &opts].concat(), None, &[]);
-    assert_ne!(bad.status.code(), Some(0));
-    let err = String::from_utf8_lossy(&bad.stderr);
     if cfg!(feature = "zmq") {
+        let zmq = ["serve", "--transport", "zmq", "--state-dir", state, "--zmq-ranks", "nonsense"];
+        let bad = stowplan(&[&zmq[..], &opts].concat(), None, &[]);
+        assert_ne!(bad.status.code(), Some(0));
+        let err = String::from_utf8_lossy(&bad.stderr);
         assert!(err.contains("binding the ranks socket") && err.contains("nonsense"), "{err}");
-    } else {
-        // The quick start's build has no ZeroMQ: the error says how to build it.
-        assert_eq!(bad.status.code(), Some(2));
-        assert!(err.contains("--transport zmq: this stowplan was built without the ZeroMQ transport"), "{err}");
-        assert!(err.contains("cargo build --release -p stowplan-cli --features zmq"), "{err}");
-        let keys = stowplan(&["keys", root.to_str().unwrap(), "packer"], None, &[]);
-        assert_eq!(keys.status.code(), Some(2));
-        assert!(String::from_utf8_lossy(&keys.stderr).contains("stowplan keys: this stowplan was built without"));
     }
+    let _ = std::fs::remove_dir_all(&root);
+}
+
+// The tests of what a build lacks are named `without_the_feature_…`: `cargo xtask test` runs
+// exactly those with the quick start's binary (xtask/src/builds.rs, QUICK_START_CLI;
+// tests/tests/unify.rs checks the naming).
+#[cfg(not(feature = "zmq"))]
+#[test]
+fn without_the_feature_serve_over_zmq_and_keys_say_how_to_build() {
+    let root = temp_dir("without-zmq");
+    let state = root.join("state");
+    let zmq = ["serve", "--transport", "zmq", "--state-dir", state.to_str().unwrap(), "--zmq-ranks", "tcp://*:0"];
+    let bad = stowplan(&[&zmq[..], &["--seq-len", "64", "--dp", "2", "--batch-size", "3"]].concat(), None, &[]);
+    assert_eq!(bad.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&bad.stderr);
+    assert!(err.contains("--transport zmq: this stowplan was built without the ZeroMQ transport"), "{err}");
+    assert!(err.contains("cargo build --release -p stowplan-cli --features zmq"), "{err}");
+    let keys = stowplan(&["keys", root.to_str().unwrap(), "packer"], None, &[]);
+    assert_eq!(keys.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&keys.stderr).contains("stowplan keys: this stowplan was built without"));
     let _ = std::fs::remove_dir_all(&root);
 }
 

@@ -1,4 +1,4 @@
-//! One build of each crate serves every command: `cargo run` of the CLI, the cargo run of
+//! One build of each crate serves every command: `cargo run` of the CLI, the cargo runs of
 //! `cargo xtask test` and the Python wheel must resolve the same features for every crate
 //! wasmtime depends on (a difference compiles wasmtime again, minutes on 2 cores), and for
 //! the host library's and the CLI's. `xtask/unify` turns on the union; this test fails when a
@@ -59,25 +59,34 @@ fn differences(
     differ
 }
 
-/// The builds of the README's two commands (`cargo run` of the CLI, then `cargo xtask test`)
-/// and the Python wheel: wasmtime and the host library are compiled once for all of them
-/// (the tests and the wheel use the library the quick start built), and the CLI's
-/// dependencies once for the quick start and the tests.
+/// The builds of the README's two commands (`cargo run` of the CLI, then the two cargo runs
+/// of `cargo xtask test`) and the Python wheel: wasmtime and the host library are compiled
+/// once for all of them (the tests and the wheel use the library the quick start built), the
+/// CLI's dependencies once for the quick start and the tests, and the quick start's CLI is
+/// the one its featureless tests run.
 #[test]
 fn the_quick_start_and_the_tests_compile_each_crate_once() {
     let cli = features(&["-p", "stowplan-cli", "-e", "normal,build"]);
     let tests = features(&[&builds::TESTS[..], &["-e", "normal,build,dev"]].concat());
     let wheel = features(&["-p", "stowplan-python", "-e", "normal,build"]);
+    let quick_cli = features(&[&builds::QUICK_START_CLI[..2], &["-e", "normal,build,dev"]].concat());
     let wasmtime = crates(&["-p", "wasmtime", "-e", "normal,build"]);
     let host = crates(&["-p", "stowplan", "-e", "normal,build"]);
     // The CLI itself differs (the tests turn on its `zmq` and `arrow` features); what it
     // depends on must not.
     let mut cli_deps = crates(&["-p", "stowplan-cli", "-e", "normal,build"]);
     cli_deps.remove("stowplan-cli");
-    let all = [("cargo run -p stowplan-cli", &cli), ("cargo xtask test", &tests), ("the Python wheel", &wheel)];
+    let all = [
+        ("cargo run -p stowplan-cli", &cli),
+        ("cargo xtask test", &tests),
+        ("the Python wheel", &wheel),
+        ("cargo xtask test, the CLI without its features", &quick_cli),
+    ];
     let mut differ = differences(&all, &wasmtime);
     differ.extend(differences(&all, &host));
     differ.extend(differences(&all[..2], &cli_deps));
+    // The quick start's CLI itself, too: its tests without features reuse its binary.
+    differ.extend(differences(&[all[0], all[3]], &crates(&["-p", "stowplan-cli", "-e", "normal,build"])));
     differ.sort();
     differ.dedup();
     assert!(differ.is_empty(), "features differ (add the union to xtask/unify/Cargo.toml):\n{}", differ.join("\n"));
@@ -99,4 +108,37 @@ fn the_library_and_the_wheel_leave_out_what_only_the_cli_uses() {
     assert!(cli.keys().any(|(n, _)| n == "zmq-sys"), "the CLI's zmq feature has the ZeroMQ transport");
     let tests = features(&[&builds::TESTS[..], &["-e", "normal"]].concat());
     assert!(tests.keys().any(|(n, _)| n == "stowplan-zmq"), "the tests build the ZeroMQ transport");
+}
+
+/// The CLI's tests of a build without a feature (`#[cfg(not(feature = …))]`) are the ones
+/// `cargo xtask test` runs with the quick start's binary, by their name's prefix: a test so
+/// gated under another name would run nowhere.
+#[test]
+fn every_test_of_a_build_without_a_feature_is_run_with_the_quick_start_binary() {
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../cli/tests");
+    let mut found = 0;
+    for entry in std::fs::read_dir(dir).expect("reads cli/tests") {
+        let path = entry.expect("a directory entry").path();
+        let text = std::fs::read_to_string(&path).expect("reads a test file");
+        let lines: Vec<&str> = text.lines().collect();
+        for (i, line) in lines.iter().enumerate() {
+            if !line.trim_start().starts_with("#[cfg(not(feature") {
+                continue;
+            }
+            // The item the attribute gates: a test function, after its other attributes.
+            let item = lines[i + 1..].iter().map(|l| l.trim()).find(|l| !l.starts_with("#[")).unwrap_or("");
+            if let Some(name) = item.strip_prefix("fn ").and_then(|f| f.split('(').next()) {
+                if lines[i + 1..].iter().take_while(|l| l.trim().starts_with("#[")).any(|l| l.trim() == "#[test]") {
+                    found += 1;
+                    assert!(
+                        name.starts_with(builds::WITHOUT_FEATURE),
+                        "{}: `{name}` is a test of a build without a feature: name it {}…, or xtask never runs it",
+                        path.display(),
+                        builds::WITHOUT_FEATURE
+                    );
+                }
+            }
+        }
+    }
+    assert!(found >= 3, "found the CLI's tests of builds without a feature ({found})");
 }

@@ -17,3 +17,14 @@ pub const TESTS: [&str; 7] = [
     "--features",
     "stowplan-cli/zmq,stowplan-cli/arrow,stowplan-conformance/zmq",
 ];
+
+/// The CLI's integration tests of what the quick start's binary lacks, with its features:
+/// what it says of the ZeroMQ transport and the Arrow reader it is built without (the tests
+/// under `cfg(not(feature = …))`, all named [`WITHOUT_FEATURE`]…; `tests/tests/unify.rs` checks
+/// it). Its binary and every dependency are those of the first command and of [`TESTS`]; only
+/// the two test harnesses compile again, and only those tests run.
+pub const QUICK_START_CLI: [&str; 8] =
+    ["-p", "stowplan-cli", "--test", "cli", "--test", "arrow", "--", WITHOUT_FEATURE];
+
+/// The name prefix of the CLI's tests of a build without a feature.
+pub const WITHOUT_FEATURE: &str = "without_the_feature_";

@@ -16,10 +16,11 @@
 //! - `stubs`: writes the Python stubs of the kernel's result records from the WIT
 //!   ([`stubs`]); `check-stubs` fails when the committed ones are stale. They build xtask
 //!   with its `stubs` feature (the WIT parser), which no other command needs.
-//! - `test`: every test of the project — `cargo test --release` of the workspace
-//!   (conformance vectors on native and WASM, CLI tests) and the host library's doc tests,
-//!   the kernel's tests in a debug build (overflow checks on) beside the host library's and
-//!   the ZeroMQ transport's in one build with the transport, then the Python SDK's tests when
+//! - `test`: every test of the project — one `cargo test --release` of the workspace
+//!   ([`builds::TESTS`]: conformance vectors on native and WASM, the host library's tests and
+//!   doc tests, the ZeroMQ transport's, the CLI's with its `zmq` and `arrow` features) with
+//!   the kernel's tests in a debug build (overflow checks on) beside it, the CLI's tests again
+//!   without its features ([`builds::QUICK_START_CLI`]), then the Python SDK's tests when
 //!   `sdk-python/` holds a package (see `sdk-python/README.md`) with, beside them, the
 //!   JavaScript SDK's (`sdk-js/run_tests.sh`) when node and npm are installed (required with
 //!   `STOWPLAN_REQUIRE_NODE=1`).
@@ -385,12 +386,13 @@ fn system_libzmq() -> bool {
 }
 
 /// The workspace's tests ([`builds::TESTS`]) in one cargo run, the ZeroMQ transport's
-/// included, linked to the system libzmq where pkg-config finds it (it has CURVE, and the
-/// CURVE tests must pass) and otherwise to the one `zmq-sys` builds from source (no CURVE:
-/// those tests are skipped, saying so, unless `STOWPLAN_REQUIRE_CURVE=1` makes that a
-/// failure). Returns the `stowplan` binary with the transport, copied to
-/// `target/zmq/stowplan`, and whether it has CURVE. Neither wasmtime nor the host library is
-/// compiled again (xtask/unify; `tests/tests/unify.rs`).
+/// included, then the CLI's without its features ([`builds::QUICK_START_CLI`]). The first is
+/// linked to the system libzmq where pkg-config finds it (it has CURVE, and the CURVE tests
+/// must pass) and otherwise to the one `zmq-sys` builds from source (no CURVE: those tests
+/// are skipped, saying so, unless `STOWPLAN_REQUIRE_CURVE=1` makes that a failure). Returns
+/// the `stowplan` binary with the transport, copied to `target/zmq/stowplan`, and whether it
+/// has CURVE. Neither wasmtime nor the host library is compiled again (xtask/unify;
+/// `tests/tests/unify.rs`).
 fn rust_tests(cargo: &str) -> Result<(PathBuf, bool), String> {
     let curve = system_libzmq();
     if !curve {
@@ -412,6 +414,8 @@ fn rust_tests(cargo: &str) -> Result<(PathBuf, bool), String> {
     std::fs::create_dir_all(copy.parent().expect("a parent"))
         .and_then(|()| std::fs::copy(&built, &copy))
         .map_err(|e| format!("copying {} to {}: {e}", built.display(), copy.display()))?;
+    // Then the quick start's binary, without the features (it replaces target/release/stowplan).
+    run(cargo, &[&["test", "--release", "--locked"][..], &builds::QUICK_START_CLI].concat())?;
     Ok((copy, curve))
 }
 
@@ -450,8 +454,8 @@ fn run_tests() -> ExitCode {
         // The kernel's own tests, in a debug build, where an arithmetic overflow panics: the
         // kernel promises an error, never a wrapped sum. (The conformance tests run the
         // release kernel, natively and as the WASM component.) Beside the release build: a
-        // debug build does not wait for its lock, and it takes the core the release build
-        // leaves idle (while it links, and while its tests run).
+        // debug build does not wait for its lock. It shares the cores with the release
+        // compile, and takes the one the release tests leave idle.
         let mut kernel = Command::new(&cargo);
         kernel.args(["test", "--locked", "-p", "stowplan-kernel"]);
         let kernel = Background::start("kernel tests (debug build)", kernel, "target/kernel-tests.log")?;

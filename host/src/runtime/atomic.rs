@@ -33,9 +33,10 @@ pub(crate) fn write_with_mode(path: &Path, bytes: &[u8], mode: u32) -> Result<()
     write_as(path, bytes, mode, Place::Replace)
 }
 
-/// Creates `path` with `bytes` atomically, never replacing a file: `Ok(false)` when `path`
-/// exists already (nothing written). A hard link puts the complete file in place, so the
-/// check and the creation are one step (no race with another writer).
+/// Creates `path` with `bytes` atomically, never replacing a file, the new file created with
+/// `mode` (less the umask): `Ok(false)` when `path` exists already (nothing written). A hard
+/// link puts the complete file in place, so the check and the creation are one step (no race
+/// with another writer).
 pub fn create_new_with_mode(path: &Path, bytes: &[u8], mode: u32) -> Result<bool, Error> {
     match write_as(path, bytes, mode, Place::CreateNew) {
         Err(Error::Io(m)) if m.starts_with(EXISTS) => Ok(false),

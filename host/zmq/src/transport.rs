@@ -102,8 +102,8 @@ impl ZmqTransport {
     /// with its key pair and admits only the client keys it lists ([`curve`](crate::curve)).
     ///
     /// Errors: `invalid-argument` for `dp` 0, or `curve` in a build without CURVE
-    /// (`require_curve`); `io` naming the endpoint that cannot be bound
-    /// (malformed, or the address is in use).
+    /// ([`require_curve`](crate::curve::require_curve)); `io` naming the endpoint that cannot
+    /// be bound (malformed, or the address is in use).
     pub fn bind(endpoints: &ZmqEndpoints, dp: u32, curve: Option<&CurveServer>) -> Result<Self, Error> {
         Self::bind_capped(endpoints, dp, curve, MAX_MESSAGE_BYTES)
     }
