@@ -1,5 +1,5 @@
-//! The cargo selection of `cargo xtask test`, shared with `tests/tests/unify.rs` (which
-//! includes this file) so that the test checks the build xtask actually runs.
+//! The cargo selections of `cargo xtask test`, shared with `tests/tests/unify.rs` (which
+//! includes this file) so that the test checks the builds xtask actually runs.
 
 /// Every test of the workspace in one cargo run (unit, integration, doc tests and examples),
 /// with the features the tests need: the CLI with the ZeroMQ transport and its Arrow reader,
