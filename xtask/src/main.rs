@@ -44,6 +44,19 @@ fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().map(Path::to_path_buf).unwrap_or_else(|| PathBuf::from("."))
 }
 
+/// Where the workspace's cargo runs put their artifacts: `CARGO_TARGET_DIR` (relative to the
+/// root when relative), else `target/` in the root.
+fn target_dir() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root().join("target"), |d| root().join(d))
+}
+
+/// Where the WebAssembly builds (the kernel, the plugins) put theirs: always `target/` in the
+/// root, whatever `CARGO_TARGET_DIR` says, so that the remapped paths cover it and the bytes do
+/// not depend on it.
+fn wasm_target_dir() -> PathBuf {
+    root().join("target")
+}
+
 fn hex(bytes: &[u8]) -> String {
     Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect()
 }
@@ -68,9 +81,10 @@ const PLUGINS: [&str; 3] = ["pop_first.wasm", "top_reward.wasm", "hostile.wasm"]
 
 /// Builds the kernel component; returns its bytes.
 fn build(toolchain: &Toolchain) -> Result<Vec<u8>, String> {
-    let root = root();
-    cargo_wasm(toolchain, &["-p", "stowplan-kernel-wasm", "--profile", PROFILE])?;
-    let out = root.join("target").join(TARGET).join(PROFILE).join("stowplan_kernel_wasm.wasm");
+    let target_dir = wasm_target_dir();
+    let dir = target_dir.to_string_lossy();
+    cargo_wasm(toolchain, &["-p", "stowplan-kernel-wasm", "--target-dir", &dir, "--profile", PROFILE])?;
+    let out = target_dir.join(TARGET).join(PROFILE).join("stowplan_kernel_wasm.wasm");
     std::fs::read(&out).map_err(|e| format!("reading {}: {e}", out.display()))
 }
 
@@ -79,12 +93,13 @@ fn build_plugins(toolchain: &Toolchain) -> Result<Vec<(&'static str, Vec<u8>)>, 
     let root = root();
     let manifest = root.join("plugins/Cargo.toml");
     let manifest = manifest.to_string_lossy().into_owned();
-    let target_dir = root.join("target").to_string_lossy().into_owned();
-    cargo_wasm(toolchain, &["--manifest-path", &manifest, "--target-dir", &target_dir, "--release", "--workspace"])?;
+    let target_dir = wasm_target_dir();
+    let dir = target_dir.to_string_lossy();
+    cargo_wasm(toolchain, &["--manifest-path", &manifest, "--target-dir", &dir, "--release", "--workspace"])?;
     PLUGINS
         .iter()
         .map(|&file| {
-            let out = root.join("target").join(TARGET).join("release").join(file);
+            let out = target_dir.join(TARGET).join("release").join(file);
             std::fs::read(&out).map(|b| (file, b)).map_err(|e| format!("reading {}: {e}", out.display()))
         })
         .collect()
@@ -409,7 +424,7 @@ fn rust_tests(cargo: &str) -> Result<(PathBuf, bool), String> {
     let env: &[(&str, &str)] = if curve { &[("STOWPLAN_EXPECT_CURVE", "1")] } else { &[] };
     run_with(cargo, &[&with[..], &builds::TESTS].concat(), env)?;
     // The CLI's integration tests built it, with the transport, into target/release.
-    let built = root().join("target/release/stowplan");
+    let built = target_dir().join("release/stowplan");
     let copy = root().join("target/zmq/stowplan");
     std::fs::create_dir_all(copy.parent().expect("a parent"))
         .and_then(|()| std::fs::copy(&built, &copy))
