@@ -16,13 +16,13 @@
 //! - `stubs`: writes the Python stubs of the kernel's result records from the WIT
 //!   ([`stubs`]); `check-stubs` fails when the committed ones are stale. They build xtask
 //!   with its `stubs` feature (the WIT parser), which no other command needs.
-//! - `test`: every test of the project — one `cargo test --release` of the workspace
-//!   ([`builds::TESTS`]: conformance vectors on native and WASM, the host library's tests and
-//!   doc tests, the ZeroMQ transport's, the CLI's with its `zmq` and `arrow` features) with
-//!   the kernel's tests in a debug build (overflow checks on) beside it, the CLI's tests again
-//!   without its features ([`builds::QUICK_START_CLI`]), then the Python SDK's tests when
-//!   `sdk-python/` holds a package (see `sdk-python/README.md`) with, beside them, the
-//!   JavaScript SDK's (`sdk-js/run_tests.sh`) when node and npm are installed (required with
+//! - `test`: every test of the project ([`test_command`]): one `cargo test --release` of the
+//!   workspace ([`builds::TESTS`]: conformance vectors on native and WASM, the host library's
+//!   tests and doc tests, the ZeroMQ transport's, the CLI's with its `zmq` and `arrow`
+//!   features), the kernel's tests in a debug build (overflow checks on), the CLI's tests
+//!   again without its features ([`builds::QUICK_START_CLI`]), the Python SDK's tests when
+//!   `sdk-python/` holds a package (see `sdk-python/README.md`) and the JavaScript SDK's
+//!   (`sdk-js/run_tests.sh`) when node and npm are installed (required with
 //!   `STOWPLAN_REQUIRE_NODE=1`).
 
 use std::path::{Path, PathBuf};
@@ -33,6 +33,7 @@ use sha2::{Digest, Sha256};
 mod builds;
 #[cfg(feature = "stubs")]
 mod stubs;
+mod test_command;
 mod toolchain;
 
 use toolchain::Toolchain;
@@ -187,7 +188,7 @@ fn main() -> ExitCode {
     let wasm_path = assets.join("stowplan_kernel.wasm");
     let sha_path = assets.join("stowplan_kernel.wasm.sha256");
     match cmd.as_str() {
-        "test" => run_tests(),
+        "test" => test_command::run_tests(),
         "stubs" | "check-stubs" => stubs(cmd == "check-stubs"),
         "build-plugins" | "check-plugins" => match wasm_toolchain("plugins/dist") {
             Ok(toolchain) => plugins(&toolchain, cmd == "build-plugins"),
@@ -303,81 +304,6 @@ fn run(program: &str, args: &[&str]) -> Result<(), String> {
     run_with(program, args, &[])
 }
 
-/// The JavaScript SDK's tests (`sdk-js/run_tests.sh`: Node tests, packed-package import,
-/// the explorer in headless Chromium) when node and npm are installed: the package built
-/// first (`--build-only`; the Python SDK's README test runs its blocks against that build),
-/// then the tests started in the background; without node and npm, a loud warning — or a
-/// failure when `STOWPLAN_REQUIRE_NODE=1` (CI). `bin` is the CLI its tests run.
-///
-/// They run beside the Python SDK's: both suites leave a core idle most of the time (the
-/// Python tests used 127 s of CPU in 249 s), so together they take the longer one's time
-/// instead of the sum (BENCHMARKS.md, "Build time").
-fn start_js_tests(bin: &Path) -> Result<Option<Background>, String> {
-    if !root().join("sdk-js/run_tests.sh").is_file() {
-        return Ok(None);
-    }
-    let found = |tool: &str| Command::new(tool).arg("--version").output().is_ok_and(|o| o.status.success());
-    if !(found("node") && found("npm")) {
-        if std::env::var("STOWPLAN_REQUIRE_NODE").is_ok_and(|v| v == "1") {
-            return Err("node and npm are required for the JavaScript SDK's tests (STOWPLAN_REQUIRE_NODE=1)".into());
-        }
-        eprintln!(
-            "xtask: WARNING: node or npm not found: the JavaScript SDK's tests (sdk-js/run_tests.sh) DID NOT RUN"
-        );
-        return Ok(None);
-    }
-    timed("JavaScript SDK build", || run("bash", &["sdk-js/run_tests.sh", "--build-only"]))?;
-    let mut command = Command::new("bash");
-    command.arg("sdk-js/run_tests.sh").env("STOWPLAN_BIN", bin).env("STOWPLAN_SDK_JS_BUILT", "1");
-    Background::start("JavaScript SDK", command, "target/sdk-js-tests.log").map(Some)
-}
-
-/// A step running in the background, its output kept in a log file under `target/` until
-/// [`Background::finish`] prints it.
-struct Background {
-    what: &'static str,
-    log: PathBuf,
-    /// The command's exit status and how long it ran, from the thread waiting for it (so the
-    /// time is the step's, not how long xtask took to ask).
-    waiting: std::thread::JoinHandle<std::io::Result<(std::process::ExitStatus, std::time::Duration)>>,
-}
-
-impl Background {
-    /// Starts `command` in the workspace root, its output to `log` (relative to the root).
-    fn start(what: &'static str, mut command: Command, log: &str) -> Result<Self, String> {
-        let log = root().join(log);
-        let file = std::fs::File::create(&log).map_err(|e| format!("creating {}: {e}", log.display()))?;
-        let err = file.try_clone().map_err(|e| format!("opening {} twice: {e}", log.display()))?;
-        eprintln!("xtask: {what}: {command:?} > {} (in the background)", log.display());
-        let mut child = command
-            .current_dir(root())
-            .stdin(std::process::Stdio::null())
-            .stdout(file)
-            .stderr(err)
-            .spawn()
-            .map_err(|e| format!("running {what}: {e}"))?;
-        let start = std::time::Instant::now();
-        let waiting = std::thread::spawn(move || child.wait().map(|status| (status, start.elapsed())));
-        Ok(Self { what, log, waiting })
-    }
-
-    /// Waits for the step, prints its output and how long it ran, and says whether it passed.
-    fn finish(self) -> Result<(), String> {
-        let what = self.what;
-        let (status, took) = self
-            .waiting
-            .join()
-            .map_err(|_| format!("the thread waiting for {what} panicked"))?
-            .map_err(|e| format!("waiting for {what}: {e}"))?;
-        let output = std::fs::read(&self.log).map_err(|e| format!("reading {}: {e}", self.log.display()))?;
-        eprintln!("xtask: {what}: its output ({}):", self.log.display());
-        use std::io::Write;
-        std::io::stdout().write_all(&output).and_then(|()| std::io::stdout().flush()).ok();
-        eprintln!("xtask: {what}: {:.0} s (in the background)", took.as_secs_f64());
-        if status.success() { Ok(()) } else { Err(format!("{what} failed ({status})")) }
-    }
-}
-
 /// [`run`] with environment variables `env` set for the command.
 fn run_with(program: &str, args: &[&str], env: &[(&str, &str)]) -> Result<(), String> {
     let shown: String = env.iter().map(|(k, v)| format!("{k}={v} ")).collect();
@@ -389,110 +315,4 @@ fn run_with(program: &str, args: &[&str], env: &[(&str, &str)]) -> Result<(), St
         .status()
         .map_err(|e| format!("running {program}: {e}"))?;
     if status.success() { Ok(()) } else { Err(format!("`{program} {}` failed ({status})", args.join(" "))) }
-}
-
-/// The cargo config of a build linking the system's libzmq, which has CURVE (the `zmq`
-/// crate's own build of libzmq has not; see the file).
-const SYSTEM_LIBZMQ: &str = ".cargo/system-libzmq.toml";
-
-/// Whether the system's libzmq is installed (pkg-config knows it).
-fn system_libzmq() -> bool {
-    Command::new("pkg-config").args(["--exists", "libzmq"]).status().is_ok_and(|s| s.success())
-}
-
-/// The workspace's tests ([`builds::TESTS`]) in one cargo run, the ZeroMQ transport's
-/// included, then the CLI's without its features ([`builds::QUICK_START_CLI`]). The first is
-/// linked to the system libzmq where pkg-config finds it (it has CURVE, and the CURVE tests
-/// must pass) and otherwise to the one `zmq-sys` builds from source (no CURVE: those tests
-/// are skipped, saying so, unless `STOWPLAN_REQUIRE_CURVE=1` makes that a failure). Returns
-/// the `stowplan` binary with the transport, copied to `target/zmq/stowplan`, and whether it
-/// has CURVE. Neither wasmtime nor the host library is compiled again (xtask/unify;
-/// `tests/tests/unify.rs`).
-fn rust_tests(cargo: &str) -> Result<(PathBuf, bool), String> {
-    let curve = system_libzmq();
-    if !curve {
-        let hint = "the system libzmq is not installed (Debian: apt install libzmq3-dev pkg-config)";
-        if std::env::var("STOWPLAN_REQUIRE_CURVE").as_deref() == Ok("1") {
-            return Err(format!("the CURVE tests are required (STOWPLAN_REQUIRE_CURVE=1) but {hint}"));
-        }
-        eprintln!("xtask: the ZeroMQ tests build libzmq from source and skip the CURVE tests: {hint}");
-    }
-    let mut with = vec!["test", "--release", "--locked"];
-    if curve {
-        with.extend(["--config", SYSTEM_LIBZMQ]);
-    }
-    let env: &[(&str, &str)] = if curve { &[("STOWPLAN_EXPECT_CURVE", "1")] } else { &[] };
-    run_with(cargo, &[&with[..], &builds::TESTS].concat(), env)?;
-    // The CLI's integration tests built it, with the transport, into target/release.
-    let built = target_dir().join("release/stowplan");
-    let copy = root().join("target/zmq/stowplan");
-    std::fs::create_dir_all(copy.parent().expect("a parent"))
-        .and_then(|()| std::fs::copy(&built, &copy))
-        .map_err(|e| format!("copying {} to {}: {e}", built.display(), copy.display()))?;
-    // Then the quick start's binary, without the features (it replaces target/release/stowplan).
-    run(cargo, &[&["test", "--release", "--locked"][..], &builds::QUICK_START_CLI].concat())?;
-    Ok((copy, curve))
-}
-
-/// Runs `step`, then prints how long it took (CI's log keeps each step's time).
-fn timed<T>(what: &str, step: impl FnOnce() -> Result<T, String>) -> Result<T, String> {
-    let start = std::time::Instant::now();
-    let out = step();
-    eprintln!("xtask: {what}: {:.0} s", start.elapsed().as_secs_f64());
-    out
-}
-
-/// The Python SDK's tests (`sdk-python/run_tests.sh`) when `sdk-python/` holds a package: the
-/// serve tests run `bin` (with the ZeroMQ transport), and its CURVE tests must pass where it
-/// has CURVE.
-fn python_tests(bin: &Path, curve: bool) -> Result<(), String> {
-    let sdk_script = root().join("sdk-python/run_tests.sh");
-    if !sdk_script.is_file() {
-        return Ok(());
-    }
-    timed("Python SDK", || {
-        let mut sdk = Command::new("bash");
-        sdk.current_dir(root()).arg(&sdk_script).env("STOWPLAN_BIN", bin);
-        if curve {
-            sdk.env("STOWPLAN_CURVE_BIN", bin).env("STOWPLAN_REQUIRE_CURVE", "1");
-        }
-        eprintln!("xtask: $ bash {}", sdk_script.display());
-        let status = sdk.status().map_err(|e| format!("running {}: {e}", sdk_script.display()))?;
-        if status.success() { Ok(()) } else { Err(format!("`bash {}` failed ({status})", sdk_script.display())) }
-    })
-}
-
-fn run_tests() -> ExitCode {
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let start = std::time::Instant::now();
-    let result = (|| -> Result<(), String> {
-        // The kernel's own tests, in a debug build, where an arithmetic overflow panics: the
-        // kernel promises an error, never a wrapped sum. (The conformance tests run the
-        // release kernel, natively and as the WASM component.) Beside the release build: a
-        // debug build does not wait for its lock. It shares the cores with the release
-        // compile, and takes the one the release tests leave idle.
-        let mut kernel = Command::new(&cargo);
-        kernel.args(["test", "--locked", "-p", "stowplan-kernel"]);
-        let kernel = Background::start("kernel tests (debug build)", kernel, "target/kernel-tests.log")?;
-        let rust = timed("Rust tests", || rust_tests(&cargo));
-        let (bin, curve) = match (rust, kernel.finish()) {
-            (Err(r), Err(k)) => Err(format!("{r}; {k}")),
-            (r, k) => k.and(r),
-        }?;
-        // A JavaScript step that cannot start does not keep the Python tests from running.
-        let js = start_js_tests(&bin);
-        let python = python_tests(&bin, curve);
-        match (python, js.and_then(|js| js.map_or(Ok(()), Background::finish))) {
-            (Err(p), Err(j)) => Err(format!("{p}; {j}")),
-            (p, j) => p.and(j),
-        }
-    })();
-    eprintln!("xtask: every test: {:.0} s", start.elapsed().as_secs_f64());
-    match result {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("xtask: {e}");
-            ExitCode::from(1)
-        }
-    }
 }
