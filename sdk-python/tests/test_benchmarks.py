@@ -60,6 +60,7 @@ def test_stream_packers_refuses_bad_arguments():
 RAY_SCRIPT = HERE.parent / "benchmarks" / "bench_ray.py"
 
 
+@pytest.mark.xdist_group("ray")  # one worker starts Ray (run_tests.sh)
 def test_bench_ray_runs_both_paths():
     """bench_ray.py on 256 rollouts, 2 rounds: both paths deliver every step and are reported."""
     pytest.importorskip("ray", reason="ray is not installed (pip install 'stowplan[ray]')")
@@ -81,6 +82,7 @@ def test_bench_ray_runs_both_paths():
 LENGTHS_SCRIPT = HERE.parent / "benchmarks" / "ray_lengths.py"
 
 
+@pytest.mark.xdist_group("ray")  # one worker starts Ray (run_tests.sh)
 def test_ray_lengths_checks_both_paths():
     """ray_lengths.py on 3,000 documents, 1 round: Ray Data and the local pool both give every
     document's word count (the script exits non-zero otherwise) and are reported."""

@@ -261,6 +261,7 @@ finally:
 """
 
 
+@pytest.mark.xdist_group("ray")  # one worker starts Ray (run_tests.sh)
 def test_a_trapping_plugin_fails_its_call_after_ray_took_the_signal_handlers():
     """Ray installs its own SIGSEGV/SIGILL handlers in ``ray.init``; plugin traps are explicit
     checks (no signal), so a trap stays a FilterTrapError instead of killing the process."""

@@ -6,13 +6,15 @@
 //!    (`sdk-python/run_tests.sh --env`: downloads, no compile); the JavaScript SDK's package
 //!    (`sdk-js/run_tests.sh --build-only`: `npm ci` and the jco build).
 //! 2. The workspace's tests in one cargo run ([`builds::TESTS`]). Once cargo has compiled them
-//!    it lets go of the target directory's lock and runs them; the Python SDK's wheel
-//!    (`run_tests.sh --wheel`: maturin compiles the extension against the host library just
-//!    built) starts then, beside the test binaries.
-//! 3. The JavaScript SDK's tests start in the background, running the CLI of step 2.
-//! 4. The CLI's tests without its features ([`builds::QUICK_START_CLI`]), once the wheel's
+//!    it lets go of the target directory's lock and runs them. Beside the test binaries then:
+//!    the Python SDK's wheel (`run_tests.sh --wheel`: maturin compiles the extension against
+//!    the host library just built) and the JavaScript SDK's tests, which run the CLI just
+//!    built.
+//! 3. The CLI's tests without its features ([`builds::QUICK_START_CLI`]), once the wheel's
 //!    cargo has let go of the lock.
-//! 5. The Python SDK's tests (`run_tests.sh --tests`), with the JavaScript SDK's beside them.
+//! 4. The Python SDK's tests (`run_tests.sh --tests`), on two pytest workers: the JavaScript
+//!    SDK's have mostly ended by then, and two workers take 0.7x the time of one only on
+//!    cores that nothing else uses.
 //!
 //! A failing step does not stop the steps that do not need it; every step started is
 //! waited for, and the command fails naming each step that failed.
@@ -68,7 +70,7 @@ fn every_test(cargo: &str) -> Result<(), String> {
         .then(|| js_step("JavaScript SDK build", "target/sdk-js-build.log", &["--build-only"], &[]))
         .and_then(|s| note(s, &mut failed));
 
-    let mut wheel = None;
+    let (mut wheel, mut bin, mut js_tests, mut js_build) = (None, None, None, js_build);
     let rust = timed("Rust tests", || {
         rust_tests(cargo, || {
             if let Some(env) = env.take() {
@@ -82,38 +84,36 @@ fn every_test(cargo: &str) -> Result<(), String> {
                     Err(e) => failed.push(e),
                 }
             }
+            bin = note(keep_cli(), &mut failed);
+            if let (Some(bin), Some(build)) = (&bin, js_build.take())
+                && note(build.finish(), &mut failed).is_some()
+            {
+                let bin = bin.display().to_string();
+                js_tests = note(
+                    js_step(
+                        "JavaScript SDK",
+                        "target/sdk-js-tests.log",
+                        &[],
+                        &[("STOWPLAN_BIN", &bin), ("STOWPLAN_SDK_JS_BUILT", "1")],
+                    ),
+                    &mut failed,
+                );
+            }
         })
     });
     // Awaited here when the tests never started running (they did not compile).
-    if let Some(env) = env.take() {
-        note(env.finish(), &mut failed);
+    for step in [env.take(), js_build.take()].into_iter().flatten() {
+        note(step.finish(), &mut failed);
     }
     note(kernel.finish(), &mut failed);
-    let js_built = js_build.is_some_and(|build| note(build.finish(), &mut failed).is_some());
     let rust = note(rust, &mut failed);
-
-    let js_tests = match &rust {
-        Some((bin, _)) if js_built => {
-            let bin = bin.display().to_string();
-            note(
-                js_step(
-                    "JavaScript SDK",
-                    "target/sdk-js-tests.log",
-                    &[],
-                    &[("STOWPLAN_BIN", &bin), ("STOWPLAN_SDK_JS_BUILT", "1")],
-                ),
-                &mut failed,
-            )
-        }
-        _ => None,
-    };
     if rust.is_some() {
         let args = [&["test", "--release", "--locked"][..], &builds::QUICK_START_CLI].concat();
         note(timed("the quick start's CLI", || run(cargo, &args)), &mut failed);
     }
     let wheel_built = wheel.is_some_and(|wheel| note(wheel.finish(), &mut failed).is_some());
-    match &rust {
-        Some((bin, curve)) if wheel_built => {
+    match (&rust, &bin) {
+        (Some(curve), Some(bin)) if wheel_built => {
             note(timed("Python SDK tests", || python_tests(bin, *curve)), &mut failed);
         }
         _ if python => failed.push("the Python SDK's tests did not run (a step they need failed)".into()),
@@ -148,11 +148,10 @@ fn system_libzmq() -> bool {
 /// CURVE tests must pass) and otherwise to the one `zmq-sys` builds from source (no CURVE:
 /// those tests are skipped, saying so, unless `STOWPLAN_REQUIRE_CURVE=1` makes that a
 /// failure). `running` is called once cargo has compiled every test target and runs the
-/// first (it no longer holds the target directory's lock then). Returns the `stowplan`
-/// binary with the transport, copied to `target/zmq/stowplan` (the quick start's CLI replaces
-/// `target/release/stowplan` next), and whether it has CURVE. Neither wasmtime nor the host
-/// library is compiled again (xtask/unify; `tests/tests/unify.rs`).
-fn rust_tests(cargo: &str, running: impl FnOnce()) -> Result<(PathBuf, bool), String> {
+/// first (it no longer holds the target directory's lock then). Returns whether the ZeroMQ
+/// transport has CURVE. Neither wasmtime nor the host library is compiled again
+/// (xtask/unify; `tests/tests/unify.rs`).
+fn rust_tests(cargo: &str, running: impl FnOnce()) -> Result<bool, String> {
     let curve = system_libzmq();
     if !curve {
         let hint = "the system libzmq is not installed (Debian: apt install libzmq3-dev pkg-config)";
@@ -196,13 +195,19 @@ fn rust_tests(cargo: &str, running: impl FnOnce()) -> Result<(PathBuf, bool), St
     if !status.success() {
         return Err(format!("`{cargo} {}` failed ({status})", args.join(" ")));
     }
-    // The CLI's integration tests built it, with the transport, into the target directory.
+    Ok(curve)
+}
+
+/// The `stowplan` binary with the ZeroMQ transport, which the CLI's integration tests built
+/// into the target directory, copied to `target/zmq/stowplan`: the SDKs' tests run it, and
+/// the quick start's CLI replaces the original next.
+fn keep_cli() -> Result<PathBuf, String> {
     let built = target_dir().join("release/stowplan");
     let copy = root().join("target/zmq/stowplan");
     std::fs::create_dir_all(copy.parent().expect("a parent"))
         .and_then(|()| std::fs::copy(&built, &copy))
         .map_err(|e| format!("copying {} to {}: {e}", built.display(), copy.display()))?;
-    Ok((copy, curve))
+    Ok(copy)
 }
 
 /// A phase of the Python SDK's test script ([`PYTHON_SDK`]), in the background.
