@@ -1,6 +1,6 @@
 //! Criterion benchmarks of the kernel on the shared workloads, WASM vs native.
 //!
-//! Run: `cargo bench -p stowplan --bench kernel` (workloads from `../shared/workloads`, or
+//! Run: `cargo bench -p stowplan-bench --bench kernel` (workloads from `../shared/workloads`, or
 //! `$STOWPLAN_WORKLOADS`). Before timing, each case prints its quality figures (largest
 //! group vs lower bound, spread, bins vs lower bound) so BENCHMARKS.md can quote both.
 
@@ -16,7 +16,7 @@ use stowplan::{
 fn workload(name: &str, take: usize) -> Vec<u64> {
     let dir = std::env::var_os("STOWPLAN_WORKLOADS")
         .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/workloads"));
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/workloads"));
     let path = dir.join(name);
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
     let mut v = stowplan::input::parse_lengths(&text).expect("workload parses");
@@ -294,7 +294,7 @@ fn filter_cases(c: &mut Criterion) {
         BufferColumns, BufferFilter, BufferView, DataSource, DataSourceOptions, FilterContext, FilterOptions, PopFirst,
         WasmFilter,
     };
-    let dist = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../plugins/dist");
+    let dist = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../plugins/dist");
     let groups = stowplan::plugins::synthetic_buffer(1000, 8, 0);
     let columns = BufferColumns::from_groups(&groups);
     let view = BufferView { groups: &groups, columns: &columns };
