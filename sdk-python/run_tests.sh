@@ -64,9 +64,10 @@ if [ "$phase" = all ] || [ "$phase" = --tests ]; then
         (cd "$root" && cargo build --release --locked -p stowplan-cli --features zmq --bin stowplan)
     fi
     # Two pytest-xdist workers: the suite waits on subprocesses, Ray and sockets much of its
-    # time, so two took 0.7x the time of one on two cores (four no better). The tests that
-    # start Ray share one worker (`xdist_group("ray")`, --dist loadgroup), so that two local
-    # Ray clusters never compete for the same ports.
+    # time (in `cargo xtask test`, with the JavaScript SDK's tests beside it: 137 s on one,
+    # 125-127 s on two; BENCHMARKS.md, "Build time"). The tests that start Ray share one
+    # worker (`xdist_group("ray")`, --dist loadgroup), so that two local Ray clusters never
+    # compete for the same ports.
     STOWPLAN_BIN="$bin" STOWPLAN_REQUIRE_SERVE=1 \
     STOWPLAN_REQUIRE_COMPONENTIZE_PY=1 STOWPLAN_REQUIRE_TRL=1 STOWPLAN_REQUIRE_RAY=1 "$venv/bin/python" -m pytest -q -W error -p no:cacheprovider --durations=12 \
         --numprocesses 2 --dist loadgroup -c "$here/pyproject.toml" "$here/tests"

@@ -12,9 +12,8 @@
 //!    built.
 //! 3. The CLI's tests without its features ([`builds::QUICK_START_CLI`]), once the wheel's
 //!    cargo has let go of the lock.
-//! 4. The Python SDK's tests (`run_tests.sh --tests`), on two pytest workers: the JavaScript
-//!    SDK's have mostly ended by then, and two workers take 0.7x the time of one only on
-//!    cores that nothing else uses.
+//! 4. The Python SDK's tests (`run_tests.sh --tests`), on two pytest workers, with the
+//!    JavaScript SDK's still running beside them.
 //!
 //! A failing step does not stop the steps that do not need it; every step started is
 //! waited for, and the command fails naming each step that failed.
