@@ -17,8 +17,9 @@ cd "$here"
 echo "sdk-js: node $(node --version), npm $(npm --version 2>/dev/null)"
 # The locked versions, exactly: `npm ci` installs package-lock.json as it is (and fails if it
 # does not match package.json). `--build-only` stops after the build: `cargo xtask test` builds
-# first, then runs the tests with STOWPLAN_SDK_JS_BUILT=1 beside the Python SDK's, whose
-# README test uses this build (so nothing may rebuild it while they run).
+# first, then runs the tests with STOWPLAN_SDK_JS_BUILT=1 beside the Rust test binaries and
+# then the Python SDK's tests, whose README test uses this build (so nothing may rebuild it
+# while they run).
 if [ "${STOWPLAN_SDK_JS_BUILT:-0}" != "1" ]; then
     # npm ci can fail on its own, e.g. ENOTEMPTY removing a directory it is extracting (seen
     # once in CI on a fresh clone): one clean retry before giving up.

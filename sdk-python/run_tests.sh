@@ -67,7 +67,8 @@ if [ "$phase" = all ] || [ "$phase" = --tests ]; then
     # time (in `cargo xtask test`, with the JavaScript SDK's tests beside it: 137 s on one,
     # 125-127 s on two; BENCHMARKS.md, "Build time"). The tests that start Ray share one
     # worker (`xdist_group("ray")`, --dist loadgroup), so that two local Ray clusters never
-    # compete for the same ports.
+    # compete for the same ports, and so do the README's (`xdist_group("readme")`), which run
+    # its blocks in the repository's root.
     STOWPLAN_BIN="$bin" STOWPLAN_REQUIRE_SERVE=1 \
     STOWPLAN_REQUIRE_COMPONENTIZE_PY=1 STOWPLAN_REQUIRE_TRL=1 STOWPLAN_REQUIRE_RAY=1 "$venv/bin/python" -m pytest -q -W error -p no:cacheprovider --durations=12 \
         --numprocesses 2 --dist loadgroup -c "$here/pyproject.toml" "$here/tests"

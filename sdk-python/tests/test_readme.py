@@ -65,6 +65,11 @@ import pytest
 import stowplan
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+# One xdist worker runs every test of this file (run_tests.sh: --dist loadgroup): the sh
+# blocks run in the repository's root and delete the files they left there, which would
+# delete another worker's files, and each block runs once per process (`_run_sh`).
+pytestmark = pytest.mark.xdist_group("readme")
 README = ROOT / "README.md"
 NOT_RUN = "# not run:"
 KINDS = ("sh", "text", "python", "rust", "js")

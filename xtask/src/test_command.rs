@@ -15,8 +15,9 @@
 //! 4. The Python SDK's tests (`run_tests.sh --tests`), on two pytest workers, with the
 //!    JavaScript SDK's still running beside them.
 //!
-//! A failing step does not stop the steps that do not need it; every step started is
-//! waited for, and the command fails naming each step that failed.
+//! A failing step does not stop the steps that do not need it (a failing Rust test stops
+//! none: what the later steps need is that the tests compiled); every step started is waited
+//! for, and the command fails naming each step that failed.
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -69,9 +70,10 @@ fn every_test(cargo: &str) -> Result<(), String> {
         .then(|| js_step("JavaScript SDK build", "target/sdk-js-build.log", &["--build-only"], &[]))
         .and_then(|s| note(s, &mut failed));
 
+    let curve = system_libzmq();
     let (mut wheel, mut bin, mut js_tests, mut js_build) = (None, None, None, js_build);
     let rust = timed("Rust tests", || {
-        rust_tests(cargo, || {
+        rust_tests(cargo, curve, || {
             if let Some(env) = env.take() {
                 match env.finish() {
                     Ok(()) => {
@@ -84,7 +86,8 @@ fn every_test(cargo: &str) -> Result<(), String> {
                 }
             }
             bin = note(keep_cli(), &mut failed);
-            if let (Some(bin), Some(build)) = (&bin, js_build.take())
+            if let Some(bin) = &bin
+                && let Some(build) = js_build.take()
                 && note(build.finish(), &mut failed).is_some()
             {
                 let bin = bin.display().to_string();
@@ -105,15 +108,16 @@ fn every_test(cargo: &str) -> Result<(), String> {
         note(step.finish(), &mut failed);
     }
     note(kernel.finish(), &mut failed);
-    let rust = note(rust, &mut failed);
-    if rust.is_some() {
+    note(rust, &mut failed);
+    // `bin` is there once the tests compiled, whether or not they all passed.
+    if bin.is_some() {
         let args = [&["test", "--release", "--locked"][..], &builds::QUICK_START_CLI].concat();
         note(timed("the quick start's CLI", || run(cargo, &args)), &mut failed);
     }
     let wheel_built = wheel.is_some_and(|wheel| note(wheel.finish(), &mut failed).is_some());
-    match (&rust, &bin) {
-        (Some(curve), Some(bin)) if wheel_built => {
-            note(timed("Python SDK tests", || python_tests(bin, *curve)), &mut failed);
+    match &bin {
+        Some(bin) if wheel_built => {
+            note(timed("Python SDK tests", || python_tests(bin, curve)), &mut failed);
         }
         _ if python => failed.push("the Python SDK's tests did not run (a step they need failed)".into()),
         _ => {}
@@ -143,15 +147,13 @@ fn system_libzmq() -> bool {
 }
 
 /// The workspace's tests ([`builds::TESTS`]) in one cargo run, the ZeroMQ transport's
-/// included, linked to the system libzmq where pkg-config finds it (it has CURVE, and the
-/// CURVE tests must pass) and otherwise to the one `zmq-sys` builds from source (no CURVE:
-/// those tests are skipped, saying so, unless `STOWPLAN_REQUIRE_CURVE=1` makes that a
+/// included, linked to the system libzmq where pkg-config finds it (`curve`: it has CURVE,
+/// and the CURVE tests must pass) and otherwise to the one `zmq-sys` builds from source (no
+/// CURVE: those tests are skipped, saying so, unless `STOWPLAN_REQUIRE_CURVE=1` makes that a
 /// failure). `running` is called once cargo has compiled every test target and runs the
-/// first (it no longer holds the target directory's lock then). Returns whether the ZeroMQ
-/// transport has CURVE. Neither wasmtime nor the host library is compiled again
-/// (xtask/unify; `tests/tests/unify.rs`).
-fn rust_tests(cargo: &str, running: impl FnOnce()) -> Result<bool, String> {
-    let curve = system_libzmq();
+/// first (it no longer holds the target directory's lock then). Neither wasmtime nor the
+/// host library is compiled again (xtask/unify; `tests/tests/unify.rs`).
+fn rust_tests(cargo: &str, curve: bool, running: impl FnOnce()) -> Result<(), String> {
     if !curve {
         let hint = "the system libzmq is not installed (Debian: apt install libzmq3-dev pkg-config)";
         if std::env::var("STOWPLAN_REQUIRE_CURVE").as_deref() == Ok("1") {
@@ -173,7 +175,8 @@ fn rust_tests(cargo: &str, running: impl FnOnce()) -> Result<bool, String> {
     let mut child = command.spawn().map_err(|e| format!("running {cargo}: {e}"))?;
     let stderr = child.stderr.take().expect("stderr is piped");
     // cargo's stderr (and the tests') passes through line by line; its first `Running` line
-    // says the compile is over.
+    // of a test binary says the compile is over (a verbose cargo's `Running `rustc …`` lines,
+    // with a backtick, come while it compiles).
     let (tx, started) = std::sync::mpsc::channel();
     let echo = std::thread::spawn(move || {
         let mut tx = Some(tx);
@@ -181,7 +184,7 @@ fn rust_tests(cargo: &str, running: impl FnOnce()) -> Result<bool, String> {
             let Ok(line) = line else { break };
             let line = String::from_utf8_lossy(&line);
             eprintln!("{line}");
-            if line.trim_start().starts_with("Running ") {
+            if line.trim_start().starts_with("Running ") && !line.contains('`') {
                 tx.take().map(|tx| tx.send(()));
             }
         }
@@ -194,7 +197,7 @@ fn rust_tests(cargo: &str, running: impl FnOnce()) -> Result<bool, String> {
     if !status.success() {
         return Err(format!("`{cargo} {}` failed ({status})", args.join(" ")));
     }
-    Ok(curve)
+    Ok(())
 }
 
 /// The `stowplan` binary with the ZeroMQ transport, which the CLI's integration tests built
@@ -251,8 +254,7 @@ fn js_sdk_present() -> Result<bool, String> {
 /// The JavaScript SDK's test script ([`JS_SDK`]: Node tests, packed-package import, the
 /// explorer in headless Chromium) in the background. `--build-only` builds the package,
 /// which the Python SDK's README test also runs its blocks against; the tests then run with
-/// `STOWPLAN_SDK_JS_BUILT=1`, so nothing rebuilds it beside them. Both suites leave a core
-/// idle much of the time, so together they take about the longer one's time.
+/// `STOWPLAN_SDK_JS_BUILT=1`, so nothing rebuilds it beside them.
 fn js_step(what: &'static str, log: &str, args: &[&str], env: &[(&str, &str)]) -> Result<Background, String> {
     let mut command = Command::new("bash");
     command.arg(JS_SDK).args(args).envs(env.iter().copied());
