@@ -621,6 +621,54 @@ def test_zmq_lost_batch_resent_and_receiver_order(tmp_path):
     ctx.term()
 
 
+def test_zmq_rank_client_raises_what_the_packer_sent_from_receive_however_soon_it_came(monkeypatch):
+    """What the packer sends that the rank refuses (here bytes that are no batch) is raised by
+    receive(), also when it came before the constructor returned: the constructor raises only
+    its own connect's failure. (The constructor took either once, by timing, and the refused
+    rank of test_zmq_lost_batch_resent_and_receiver_order failed in its constructor.)"""
+    import threading
+    import types
+
+    import zmq
+
+    import stowplan._zmq as szmq
+
+    ctx = zmq.Context()
+    router = ctx.socket(zmq.ROUTER)
+    router.linger = 0
+    port = router.bind_to_random_port("tcp://127.0.0.1")
+    answered = threading.Event()
+
+    def stand_in() -> None:
+        if router.poll(10_000):
+            peer, _hello = router.recv_multipart()
+            router.send_multipart([peer, b"not a rank batch"])
+            answered.set()
+
+    class LateConnected(threading.Event):
+        """The client's connect signal, seen only once the reply is in and read."""
+
+        def wait(self, timeout: Optional[float] = None) -> bool:
+            done = super().wait(timeout)
+            answered.wait(10)
+            time.sleep(0.5)
+            return done
+
+    thread = threading.Thread(target=stand_in, daemon=True)
+    thread.start()
+    monkeypatch.setattr(szmq, "threading", types.SimpleNamespace(
+        Event=LateConnected, Thread=threading.Thread, Condition=threading.Condition))
+    try:
+        with stowplan.ZmqRankClient(f"tcp://127.0.0.1:{port}", 0, 1, context=ctx) as rx:
+            assert answered.is_set() and rx._error is not None  # it came before the constructor returned
+            with pytest.raises(stowplan.StowplanError):
+                rx.receive(timeout=5)
+    finally:
+        thread.join(10)
+        router.close()
+        ctx.term()
+
+
 def test_zmq_arguments_are_checked():
     with pytest.raises(stowplan.InvalidArgumentError, match="rank must be below dp 2"):
         stowplan.ZmqRankClient("tcp://127.0.0.1:1", 2, 2)

@@ -293,13 +293,16 @@ class ZmqRankClient:
         self._ctx = context or zmq.Context.instance()
         self._cond = threading.Condition()
         self._error: Optional[BaseException] = None
+        # The connect's own failure, raised here. What the packer says later (a refusal, bad
+        # bytes) is `_error`, raised by receive(), however soon after the connect it came.
+        self._connect_error: Optional[BaseException] = None
         self._closed = False
         self._connected = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"stowplan-zmq-rank{rank}", daemon=True)
         self._thread.start()
         self._connected.wait()
-        if self._error is not None:
-            raise self._error
+        if self._connect_error is not None:
+            raise self._connect_error
 
     @property
     def next_step(self) -> int:
@@ -319,7 +322,7 @@ class ZmqRankClient:
             sock.connect(self.endpoint)
         except zmq.ZMQError as e:
             sock.close()
-            self._error = _invalid(f"endpoint: cannot connect to {self.endpoint!r}: {e}")
+            self._error = self._connect_error = _invalid(f"endpoint: cannot connect to {self.endpoint!r}: {e}")
             self._connected.set()
             return
         self._connected.set()
