@@ -149,30 +149,47 @@ enum Call {
         seed: u64,
         epoch: u64,
     },
-    /// A streaming packer fed in pieces, saved and restored between them (or restored from
-    /// arbitrary bytes): every index ends in exactly one bin or the dropped list.
+    /// A streaming packer fed in pieces, saved and restored after piece `save_after` (or
+    /// restored from arbitrary bytes): every index ends in exactly one bin or the dropped list.
     Stream {
-        capacity: u64,
-        align: u64,
-        max_open_bins: u32,
-        max_buffered: u32,
-        oversize: u8,
-        pieces: Vec<Vec<u64>>,
+        case: StreamCase,
         save_after: u8,
-        state: Option<Vec<u8>>,
     },
-    /// The streaming packer under limits: rows in pieces, a save and restore after each, or a
-    /// state of arbitrary bytes.
+    /// The streaming packer under limits (one cap per further resource; rows of the tokens and
+    /// then each resource's size): pieces of rows, a save and restore after each, or a state
+    /// of arbitrary bytes.
     LimitedStream {
-        capacity: u64,
+        case: StreamCase,
         caps: Vec<u64>,
         max_segments: u64,
-        max_open_bins: u32,
-        max_buffered: u32,
-        oversize: u8,
-        pieces: Vec<Vec<u64>>,
-        state: Option<Vec<u8>>,
     },
+}
+
+/// What both streaming packers take from the fuzzer: their options, the pieces fed to them,
+/// and the arbitrary bytes restored from instead when there are some.
+#[derive(Arbitrary, Debug)]
+struct StreamCase {
+    capacity: u64,
+    align: u64,
+    max_open_bins: u32,
+    max_buffered: u32,
+    oversize: u8,
+    pieces: Vec<Vec<u64>>,
+    state: Option<Vec<u8>>,
+}
+
+impl StreamCase {
+    /// The options, with at most `open` open bins and `buffered` held items (bounds that
+    /// keep a call fast; the kernel's own limits are tested where it checks them).
+    fn options(&self, open: u32, buffered: u32) -> k::StreamOptions {
+        k::StreamOptions {
+            capacity: self.capacity,
+            align: self.align,
+            max_open_bins: self.max_open_bins % open,
+            max_buffered: self.max_buffered % buffered,
+            oversize: pick::<OversizePolicy>(self.oversize),
+        }
+    }
 }
 
 fn pick<T: Named>(i: u8) -> T {
@@ -376,22 +393,16 @@ fuzz_target!(|call: Call| match call {
             let _ = k::aligned_plan(&raw.offsets, &raw.indices, count(world_size), drop_last);
         }
     }
-    Call::LimitedStream { capacity, caps, max_segments, max_open_bins, max_buffered, oversize, pieces, state } => {
-        if let Some(bytes) = state {
-            if let Ok(mut p) = k::LimitedStreamPacker::from_state(&bytes) {
+    Call::LimitedStream { case, caps, max_segments } => {
+        if let Some(bytes) = &case.state {
+            if let Ok(mut p) = k::LimitedStreamPacker::from_state(bytes) {
                 let r = p.limits().caps.len() + 1;
                 let _ = p.add(&vec![1; 3 * r]);
                 let _ = p.finish();
             }
             return;
         }
-        let o = k::StreamOptions {
-            capacity,
-            align: 1,
-            max_open_bins: max_open_bins % 70,
-            max_buffered: max_buffered % 200,
-            oversize: pick::<OversizePolicy>(oversize),
-        };
+        let o = case.options(70, 200);
         let limits = k::StreamLimits { caps: caps.clone(), names: Vec::new(), max_segments };
         let Ok(mut p) = k::LimitedStreamPacker::new(o, limits) else { return };
         let r = caps.len() + 1;
@@ -405,7 +416,7 @@ fuzz_target!(|call: Call| match call {
             seen.extend_from_slice(&c.closed.indices);
             seen.extend_from_slice(&c.closed.dropped);
         };
-        for piece in pieces.iter().take(8) {
+        for piece in case.pieces.iter().take(8) {
             let rows = &piece[..piece.len() / r * r];
             if let Ok(c) = p.add(rows) {
                 added += (rows.len() / r) as u64;
@@ -417,26 +428,19 @@ fuzz_target!(|call: Call| match call {
         seen.sort_unstable();
         assert!(seen.iter().copied().eq(0..added), "an item lost or repeated");
     }
-    Call::Stream { capacity, align, max_open_bins, max_buffered, oversize, pieces, save_after, state } => {
-        if let Some(bytes) = state {
+    Call::Stream { case, save_after } => {
+        if let Some(bytes) = &case.state {
             // Arbitrary bytes: refused or a packer that keeps working.
-            if let Ok(mut p) = k::StreamPacker::from_state(&bytes) {
+            if let Ok(mut p) = k::StreamPacker::from_state(bytes) {
                 let _ = p.add(&[1, 2, 3]);
                 let _ = p.finish();
             }
             return;
         }
-        let o = k::StreamOptions {
-            capacity,
-            align,
-            max_open_bins: max_open_bins % 70_000,
-            max_buffered: max_buffered % 2_000,
-            oversize: pick::<OversizePolicy>(oversize),
-        };
-        let Ok(mut p) = k::StreamPacker::new(o) else { return };
+        let Ok(mut p) = k::StreamPacker::new(case.options(70_000, 2_000)) else { return };
         let mut seen: Vec<u64> = Vec::new();
         let mut added = 0u64;
-        for (i, piece) in pieces.iter().enumerate() {
+        for (i, piece) in case.pieces.iter().enumerate() {
             let Ok(c) = p.add(piece) else { continue };
             added += piece.len() as u64;
             seen.extend_from_slice(&c.indices);
