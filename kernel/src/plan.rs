@@ -115,15 +115,37 @@ impl AlignedPlan {
     }
 }
 
-/// Lowercase hex of `bytes`.
+const DIGITS: &[u8; 16] = b"0123456789abcdef";
+
+/// Lowercase hex of `bytes`: how a checksum crosses the component boundary and stands in
+/// plan documents ([`unhex`] reads it back).
 pub fn hex(bytes: &[u8]) -> String {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
     let mut s = String::with_capacity(2 * bytes.len());
     for &b in bytes {
         s.push(DIGITS[(b >> 4) as usize] as char);
         s.push(DIGITS[(b & 15) as usize] as char);
     }
     s
+}
+
+/// A checksum that is not 64 lowercase hex digits (what [`unhex`] refuses), as it came.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MalformedChecksum(pub String);
+
+/// The sha256 that [`hex`] wrote: exactly 64 lowercase hex digits, else [`MalformedChecksum`].
+pub fn unhex(s: &str) -> Result<[u8; 32], MalformedChecksum> {
+    let digit = |c: u8| DIGITS.iter().position(|&d| d == c).map(|v| v as u8);
+    let mut out = [0u8; 32];
+    if s.len() != 2 * out.len() {
+        return Err(MalformedChecksum(s.into()));
+    }
+    for (byte, pair) in out.iter_mut().zip(s.as_bytes().chunks_exact(2)) {
+        match (digit(pair[0]), digit(pair[1])) {
+            (Some(high), Some(low)) => *byte = (high << 4) | low,
+            _ => return Err(MalformedChecksum(s.into())),
+        }
+    }
+    Ok(out)
 }
 
 /// The raw plan of `lengths` (one entry per sample, in tokens).

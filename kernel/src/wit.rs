@@ -6,8 +6,9 @@
 //! Every record and enum listed here converts both ways (`From` in each direction, and
 //! `From<&Kernel>` for the kernel's side, which the host sends by reference), so the guest
 //! takes what the host sends and gives back what the host takes with the same field lists.
-//! Types whose fields borrow (`DpOptions`, `DistributeOptions`, `MultiOptions`) or do not map
-//! one to one are converted by hand where they are used.
+//! Records with a checksum convert with `TryFrom` back to the kernel's type (the hex may be
+//! malformed). Types whose fields borrow (`DpOptions`, `DistributeOptions`, `MultiOptions`)
+//! or do not map one to one are converted by hand where they are used.
 
 #[doc(hidden)]
 pub use alloc::vec::Vec;
@@ -22,8 +23,8 @@ macro_rules! wit_conversions {
             use $crate as k;
             use $crate::slime as ks;
             use $w::{
-                balance, layout, multi_micro, multi_pack, multi_streaming, pack, pack_compact, partition, peers,
-                prime_rl, slime, streaming, types, verl,
+                balance, layout, multi_micro, multi_pack, multi_plan, multi_streaming, pack, pack_compact, partition,
+                peers, plan, prime_rl, slime, streaming, types, verl,
             };
 
             impl From<types::Groups> for $crate::wit::Vec<$crate::wit::Vec<u32>> {
@@ -185,6 +186,84 @@ macro_rules! wit_conversions {
             $crate::__wit_record!(ks::Schedule, slime::Schedule {
                 partitions, micro_batch_sizes, num_microbatches, num_steps
             });
+            $crate::__wit_record!(k::MultiPacking, multi_pack::MultiPacking { packing, resource_loads, lower_bounds });
+            $crate::__wit_record!(k::PlanOptions, plan::PlanOptions { packing_length, align, allow_single_long });
+            $crate::__wit_record!(k::RawPlan, plan::RawPackPlan {
+                tokens, single_long, dropped, real_tokens, aligned_tokens, lower_bound;
+                packs: types::Groups = (offsets, indices)
+            }, checksum);
+            $crate::__wit_record!(k::AlignedPlan, plan::AlignedPackPlan {
+                packs, pad_needed, dropped_packs, dropped_samples
+            }, checksum);
+
+            impl From<k::LimitedRawPlan> for multi_plan::LimitedRawPlan {
+                fn from(p: k::LimitedRawPlan) -> Self {
+                    multi_plan::LimitedRawPlan {
+                        plan: p.raw.into(),
+                        loads: p.loads,
+                        lower_bounds: p.lower_bounds,
+                        names: p.names,
+                    }
+                }
+            }
+
+            impl TryFrom<multi_plan::LimitedRawPlan> for k::LimitedRawPlan {
+                type Error = k::plan::MalformedChecksum;
+                fn try_from(p: multi_plan::LimitedRawPlan) -> Result<Self, Self::Error> {
+                    let raw = p.plan.try_into()?;
+                    Ok(k::LimitedRawPlan { raw, loads: p.loads, lower_bounds: p.lower_bounds, names: p.names })
+                }
+            }
+            $crate::__wit_record!(k::LimitedMicroBatches, multi_micro::LimitedMicroPlan { plan, loads, lower_bounds });
+
+            // The WIT has no 128-bit integer: an exact count of FLOPs crosses as (high, low).
+            impl From<ks::Flops> for slime::Flops {
+                fn from(f: ks::Flops) -> Self {
+                    match f {
+                        ks::Flops::Float(x) => slime::Flops::Floating(x),
+                        ks::Flops::Int(i) => slime::Flops::Integer(((i >> 64) as u64, i as u64)),
+                    }
+                }
+            }
+
+            impl From<slime::Flops> for ks::Flops {
+                fn from(f: slime::Flops) -> Self {
+                    match f {
+                        slime::Flops::Floating(x) => ks::Flops::Float(x),
+                        slime::Flops::Integer((high, low)) => ks::Flops::Int((u128::from(high) << 64) | u128::from(low)),
+                    }
+                }
+            }
+
+            // The ranks' dummy flags cross flat: rank `r`'s are as many as its bins.
+            impl From<k::prime_rl::BatchPlan> for prime_rl::BatchPlan {
+                fn from(p: k::prime_rl::BatchPlan) -> Self {
+                    prime_rl::BatchPlan {
+                        bins: p.bins.into(),
+                        multimodal: p.multimodal,
+                        padding: p.padding,
+                        costs: p.costs,
+                        ranks: p.ranks.into(),
+                        dummies: p.dummies.into_iter().flatten().collect(),
+                    }
+                }
+            }
+
+            impl From<prime_rl::BatchPlan> for k::prime_rl::BatchPlan {
+                fn from(p: prime_rl::BatchPlan) -> Self {
+                    let ranks: $crate::wit::Vec<$crate::wit::Vec<u32>> = p.ranks.into();
+                    let mut flags = p.dummies.into_iter();
+                    let dummies = ranks.iter().map(|r| flags.by_ref().take(r.len()).collect()).collect();
+                    k::prime_rl::BatchPlan {
+                        bins: p.bins.into(),
+                        multimodal: p.multimodal,
+                        padding: p.padding,
+                        costs: p.costs,
+                        ranks,
+                        dummies,
+                    }
+                }
+            }
             $crate::__wit_record!(k::NextFitRuns, pack_compact::NextFitRuns {
                 starts, loads, dropped, single, real_tokens, aligned_tokens, lower_bound
             });
@@ -242,29 +321,26 @@ macro_rules! __wit_enum {
 /// `From` both ways between a kernel record and its WIT twin, field by field (each through
 /// `Into`); after `;`, the WIT `groups` field that holds the kernel's `offsets` and `indices`
 /// fields; after the braces, a kernel-only field computed from the WIT record.
+///
+/// With `checksum` after the braces, the record carries a sha256 `checksum`, which the WIT
+/// carries as lowercase hex ([`plan::hex`](crate::plan::hex)): the way back is `TryFrom`,
+/// which refuses hex that is not a checksum ([`plan::unhex`](crate::plan::unhex)).
 #[doc(hidden)]
 #[macro_export]
 macro_rules! __wit_record {
-    ($k:ty, $w:ty { $($f:ident),* $(,)? $(; $g:ident: $groups:ty = ($off:ident, $idx:ident))? } $(, $extra:ident = |$s:ident| $e:expr)?) => {
+    ($k:ty, $w:ty { $($fields:tt)* } $(, $extra:ident = |$s:ident| $e:expr)?) => {
         const _: () = {
             type K = $k;
             type W = $w;
             impl From<K> for W {
                 fn from(v: K) -> Self {
-                    W {
-                        $($f: v.$f.into(),)*
-                        $($g: { type G = $groups; G { offsets: v.$off, indices: v.$idx } },)?
-                    }
+                    $crate::__wit_record!(@wit W, v { $($fields)* })
                 }
             }
             impl From<W> for K {
                 fn from(v: W) -> Self {
                     $(let $s = &v; let $extra = $e;)?
-                    K {
-                        $($f: v.$f.into(),)*
-                        $($off: v.$g.offsets, $idx: v.$g.indices,)?
-                        $($extra,)?
-                    }
+                    $crate::__wit_record!(@kernel K, v { $($fields)* } $($extra)?)
                 }
             }
             impl From<&K> for W {
@@ -273,5 +349,41 @@ macro_rules! __wit_record {
                 }
             }
         };
+    };
+    ($k:ty, $w:ty { $($fields:tt)* }, checksum) => {
+        const _: () = {
+            type K = $k;
+            type W = $w;
+            impl From<K> for W {
+                fn from(v: K) -> Self {
+                    $crate::__wit_record!(@wit W, v { $($fields)* } checksum: $crate::plan::hex(&v.checksum))
+                }
+            }
+            impl TryFrom<W> for K {
+                type Error = $crate::plan::MalformedChecksum;
+                fn try_from(v: W) -> Result<Self, Self::Error> {
+                    let checksum = $crate::plan::unhex(&v.checksum)?;
+                    Ok($crate::__wit_record!(@kernel K, v { $($fields)* } checksum))
+                }
+            }
+        };
+    };
+    // The WIT record of the kernel record `$v`, with the field `$x` set to `$xe`.
+    (@wit $w:ident, $v:ident { $($f:ident),* $(,)? $(; $g:ident: $groups:ty = ($off:ident, $idx:ident))? }
+        $($x:ident: $xe:expr)?) => {
+        $w {
+            $($x: $xe,)?
+            $($f: $v.$f.into(),)*
+            $($g: { type G = $groups; G { offsets: $v.$off, indices: $v.$idx } },)?
+        }
+    };
+    // The kernel record of the WIT record `$v`, with the field `$x` from the local `$x`.
+    (@kernel $k:ident, $v:ident { $($f:ident),* $(,)? $(; $g:ident: $groups:ty = ($off:ident, $idx:ident))? }
+        $($x:ident)?) => {
+        $k {
+            $($f: $v.$f.into(),)*
+            $($off: $v.$g.offsets, $idx: $v.$g.indices,)?
+            $($x,)?
+        }
     };
 }

@@ -314,3 +314,32 @@ fn a_sample_over_a_limit_is_long() {
     assert_eq!(drop.raw.dropped, [1]);
     assert_eq!(packs_of(&drop.raw), [vec![0], vec![2, 3]]);
 }
+
+proptest! {
+    /// The hex a checksum crosses the component boundary as reads back to the same bytes, and
+    /// any other string is refused, as it came: never a wrong checksum.
+    #[test]
+    fn checksum_hex_reads_back_and_nothing_else_does(
+        bytes in prop::array::uniform32(any::<u8>()),
+        other in "[0-9a-fA-Fg-z é]{0,70}",
+    ) {
+        use stowplan_kernel::plan::{MalformedChecksum, hex, unhex};
+        let h = hex(&bytes);
+        prop_assert_eq!(h.len(), 64);
+        prop_assert_eq!(unhex(&h), Ok(bytes));
+        match unhex(&other) {
+            Ok(b) => prop_assert_eq!(hex(&b), other),
+            Err(e) => prop_assert_eq!(e, MalformedChecksum(other)),
+        }
+    }
+}
+
+#[test]
+fn malformed_checksums_are_refused() {
+    use stowplan_kernel::plan::{MalformedChecksum, unhex};
+    let good = "0123456789abcdef".repeat(4);
+    assert!(unhex(&good).is_ok());
+    for bad in [&good[..63], &format!("{good}0"), &good.to_uppercase(), &good.replace('f', "g"), "", &"é".repeat(32)] {
+        assert_eq!(unhex(bad), Err(MalformedChecksum(bad.to_string())), "{bad:?}");
+    }
+}

@@ -6,11 +6,11 @@
 
 use stowplan_kernel::peers::DpReorder;
 use stowplan_kernel::verl::PyError;
-use stowplan_kernel::{AlignedPlan, DistributeOptions, DpOptions, MultiOptions, MultiPacking, PlanOptions, RawPlan};
+use stowplan_kernel::{DistributeOptions, DpOptions, MicroLimits, MultiOptions, PlanLimits};
 
-use super::wasm::{wbal, wit, wlay, wmicro, wmplan, wmulti, wpeers, wplan, wtypes};
+use super::VerlFunction;
+use super::wasm::{wbal, wit, wlay, wmicro, wmplan, wmulti, wpeers, wtypes, wverl};
 use crate::Error;
-use stowplan_kernel::{LimitedRawPlan, MicroLimits, PlanLimits};
 
 stowplan_kernel::wit_conversions!(wit);
 
@@ -45,16 +45,13 @@ impl From<&PlanLimits<'_>> for wmplan::PlanLimits {
     }
 }
 
-impl TryFrom<wmplan::LimitedRawPlan> for LimitedRawPlan {
-    type Error = Error;
-    fn try_from(r: wmplan::LimitedRawPlan) -> Result<Self, Error> {
-        Ok(LimitedRawPlan { raw: r.plan.try_into()?, loads: r.loads, lower_bounds: r.lower_bounds, names: r.names })
-    }
-}
-
-impl From<wmulti::MultiPacking> for MultiPacking {
-    fn from(r: wmulti::MultiPacking) -> Self {
-        MultiPacking { packing: r.packing.into(), resource_loads: r.resource_loads, lower_bounds: r.lower_bounds }
+impl From<VerlFunction> for wverl::Function {
+    fn from(f: VerlFunction) -> Self {
+        match f {
+            VerlFunction::KarmarkarKarp => wverl::Function::KarmarkarKarp,
+            VerlFunction::GreedyPartition => wverl::Function::GreedyPartition,
+            VerlFunction::GetSeqlenBalancedPartitions => wverl::Function::GetSeqlenBalancedPartitions,
+        }
     }
 }
 
@@ -106,51 +103,8 @@ impl From<&DistributeOptions<'_>> for wlay::DistributeOptions {
     }
 }
 
-impl From<&PlanOptions> for wplan::PlanOptions {
-    fn from(o: &PlanOptions) -> Self {
-        wplan::PlanOptions { packing_length: o.packing_length, align: o.align, allow_single_long: o.allow_single_long }
-    }
-}
-
-/// A sha256 the component returned as hex, as bytes.
-fn unhex(s: &str) -> Result<[u8; 32], Error> {
-    let bad = || Error::Runtime(format!("kernel returned a malformed checksum {s:?}"));
-    if s.len() != 64 {
-        return Err(bad());
-    }
-    let mut out = [0u8; 32];
-    for (j, byte) in out.iter_mut().enumerate() {
-        *byte = u8::from_str_radix(s.get(2 * j..2 * j + 2).ok_or_else(bad)?, 16).map_err(|_| bad())?;
-    }
-    Ok(out)
-}
-
-impl TryFrom<wplan::RawPackPlan> for RawPlan {
-    type Error = Error;
-    fn try_from(r: wplan::RawPackPlan) -> Result<Self, Error> {
-        Ok(RawPlan {
-            offsets: r.packs.offsets,
-            indices: r.packs.indices,
-            tokens: r.tokens,
-            single_long: r.single_long,
-            dropped: r.dropped,
-            real_tokens: r.real_tokens,
-            aligned_tokens: r.aligned_tokens,
-            lower_bound: r.lower_bound,
-            checksum: unhex(&r.checksum)?,
-        })
-    }
-}
-
-impl TryFrom<wplan::AlignedPackPlan> for AlignedPlan {
-    type Error = Error;
-    fn try_from(a: wplan::AlignedPackPlan) -> Result<Self, Error> {
-        Ok(AlignedPlan {
-            packs: a.packs,
-            pad_needed: a.pad_needed,
-            dropped_packs: a.dropped_packs,
-            dropped_samples: a.dropped_samples,
-            checksum: unhex(&a.checksum)?,
-        })
+impl From<stowplan_kernel::plan::MalformedChecksum> for Error {
+    fn from(e: stowplan_kernel::plan::MalformedChecksum) -> Self {
+        Error::Runtime(format!("kernel returned a malformed checksum {:?}", e.0))
     }
 }

@@ -47,20 +47,8 @@ impl Kernel {
             Backend::Native => Ok(k::prepare_batch(lengths, runs, multimodal, labels, options)?),
             Backend::Wasm => {
                 let o = options.into();
-                let p = call(|i, s| {
-                    i.stowplan_kernel_prime_rl().call_prepare_batch(s, lengths, runs, multimodal, labels, o)
-                })?;
-                let ranks: Vec<Vec<u32>> = p.ranks.into();
-                let mut flags = p.dummies.into_iter();
-                let dummies = ranks.iter().map(|r| flags.by_ref().take(r.len()).collect()).collect();
-                Ok(BatchPlan {
-                    bins: p.bins.into(),
-                    multimodal: p.multimodal,
-                    padding: p.padding,
-                    costs: p.costs,
-                    ranks,
-                    dummies,
-                })
+                call(|i, s| i.stowplan_kernel_prime_rl().call_prepare_batch(s, lengths, runs, multimodal, labels, o))
+                    .map(Into::into)
             }
         }
     }

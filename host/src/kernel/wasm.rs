@@ -39,7 +39,7 @@ mod bindings {
 pub(super) use bindings::exports::stowplan::kernel as wit;
 pub(super) use bindings::exports::stowplan::kernel::{
     balance as wbal, layout as wlay, multi_micro as wmicro, multi_pack as wmulti, multi_plan as wmplan, pack as wpack,
-    peers as wpeers, plan as wplan, streaming as wstream, types as wtypes, verl as wverl,
+    peers as wpeers, streaming as wstream, types as wtypes, verl as wverl,
 };
 
 /// The kernel component, built by `cargo xtask build-kernel` (see `ARCHITECTURE.md`).
@@ -240,11 +240,7 @@ impl KernelApi for WasmKernel {
         k: u32,
         equal_size: bool,
     ) -> Result<Result<Vec<Vec<u32>>, PyError>, Error> {
-        let f = match function {
-            VerlFunction::KarmarkarKarp => wverl::Function::KarmarkarKarp,
-            VerlFunction::GreedyPartition => wverl::Function::GreedyPartition,
-            VerlFunction::GetSeqlenBalancedPartitions => wverl::Function::GetSeqlenBalancedPartitions,
-        };
+        let f = function.into();
         let r = with_instance(|i, s| i.stowplan_kernel_verl().call_call(s, f, seqlens, k, equal_size))?;
         Ok(r.map(Into::into).map_err(Into::into))
     }
@@ -271,8 +267,8 @@ impl KernelApi for WasmKernel {
         options: &MicroOptions,
     ) -> Result<LimitedMicroBatches, Error> {
         let l = limits.into();
-        let p = call(|i, s| i.stowplan_kernel_multi_micro().call_micro_batches(s, lengths, extra, &l, options.into()))?;
-        Ok(LimitedMicroBatches { plan: p.plan.into(), loads: p.loads, lower_bounds: p.lower_bounds })
+        call(|i, s| i.stowplan_kernel_multi_micro().call_micro_batches(s, lengths, extra, &l, options.into()))
+            .map(Into::into)
     }
 
     fn balance_dp(&self, lengths: &[u64], dp: u32, options: &DpOptions<'_>) -> Result<Balance, Error> {
@@ -384,7 +380,7 @@ impl KernelApi for WasmKernel {
     }
 
     fn raw_plan(&self, lengths: &[u64], options: &PlanOptions) -> Result<RawPlan, Error> {
-        call(|i, s| i.stowplan_kernel_plan().call_raw_plan(s, lengths, options.into()))?.try_into()
+        Ok(call(|i, s| i.stowplan_kernel_plan().call_raw_plan(s, lengths, options.into()))?.try_into()?)
     }
 
     fn raw_plan_limited(
@@ -394,12 +390,12 @@ impl KernelApi for WasmKernel {
         limits: &PlanLimits<'_>,
     ) -> Result<LimitedRawPlan, Error> {
         let l = limits.into();
-        call(|i, s| i.stowplan_kernel_multi_plan().call_raw_plan(s, lengths, options.into(), &l))?.try_into()
+        Ok(call(|i, s| i.stowplan_kernel_multi_plan().call_raw_plan(s, lengths, options.into(), &l))?.try_into()?)
     }
 
     fn aligned_plan(&self, raw: &RawPlan, world_size: u32, drop_last: bool) -> Result<AlignedPlan, Error> {
         let packs = wtypes::Groups { offsets: raw.offsets.clone(), indices: raw.indices.clone() };
-        call(|i, s| i.stowplan_kernel_plan().call_align_plan(s, &packs, world_size, drop_last))?.try_into()
+        Ok(call(|i, s| i.stowplan_kernel_plan().call_align_plan(s, &packs, world_size, drop_last))?.try_into()?)
     }
 
     fn stream_packer(&self, options: &StreamOptions) -> Result<StreamPacker, Error> {

@@ -20,14 +20,7 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
     hex(&Sha256::digest(bytes))
 }
 
-/// Lowercase hex of a digest.
-pub(crate) fn hex(digest: &[u8]) -> String {
-    let mut out = String::with_capacity(digest.len() * 2);
-    for b in digest {
-        out.push_str(&format!("{b:02x}"));
-    }
-    out
-}
+pub(crate) use stowplan_kernel::plan::hex;
 
 /// Takes the exclusive lock of `path` (created if needed) for as long as the returned file
 /// lives, and writes this process's id into it; if another process holds it, an `io` error

@@ -102,11 +102,7 @@ impl multi_pack::Guest for Kernel {
             oversize: oversize_of(options.oversize),
         };
         let r = k::pack_multi(&sizes, &opts).map_err(error)?;
-        Ok(multi_pack::MultiPacking {
-            packing: packing_of(r.packing),
-            resource_loads: r.resource_loads,
-            lower_bounds: r.lower_bounds,
-        })
+        Ok(r.into())
     }
 }
 
@@ -122,13 +118,7 @@ impl multi_plan::Guest for Kernel {
             max_segments: limits.max_segments,
             method: limits.method.into(),
         };
-        let r = k::raw_plan_limited(&lengths, &plan_options(options), &limits).map_err(error)?;
-        Ok(multi_plan::LimitedRawPlan {
-            plan: raw_pack_plan(r.raw),
-            loads: r.loads,
-            lower_bounds: r.lower_bounds,
-            names: r.names,
-        })
+        k::raw_plan_limited(&lengths, &options.into(), &limits).map(Into::into).map_err(error)
     }
 }
 
@@ -147,7 +137,7 @@ impl multi_micro::Guest for Kernel {
         let l = micro_limits(&limits);
         let r =
             k::micro_batches_limited(&lengths, extra_costs.as_deref(), &l, &micro_options(options)).map_err(error)?;
-        Ok(multi_micro::LimitedMicroPlan { plan: r.plan.into(), loads: r.loads, lower_bounds: r.lower_bounds })
+        Ok(r.into())
     }
 
     fn plan(
@@ -415,7 +405,7 @@ unsafe extern "C" fn cabi_realloc(old_ptr: *mut u8, old_len: usize, align: usize
 
 impl plan::Guest for Kernel {
     fn raw_plan(lengths: Vec<u64>, options: plan::PlanOptions) -> Result<plan::RawPackPlan, types::Error> {
-        k::raw_plan(&lengths, &plan_options(options)).map(raw_pack_plan).map_err(error)
+        k::raw_plan(&lengths, &options.into()).map(Into::into).map_err(error)
     }
 
     fn align_plan(
@@ -423,39 +413,13 @@ impl plan::Guest for Kernel {
         world_size: u32,
         drop_last: bool,
     ) -> Result<plan::AlignedPackPlan, types::Error> {
-        let a = k::aligned_plan(&packs.offsets, &packs.indices, world_size, drop_last).map_err(error)?;
-        let checksum = a.checksum_hex();
-        Ok(plan::AlignedPackPlan {
-            packs: a.packs,
-            pad_needed: a.pad_needed,
-            dropped_packs: a.dropped_packs,
-            dropped_samples: a.dropped_samples,
-            checksum,
-        })
+        k::aligned_plan(&packs.offsets, &packs.indices, world_size, drop_last).map(Into::into).map_err(error)
     }
 }
 
 impl shuffle::Guest for Kernel {
     fn permutation(n: u64, seed: u64, epoch: u64) -> Result<Vec<u32>, types::Error> {
         k::shuffle::permutation(n, seed, epoch).map_err(error)
-    }
-}
-
-fn plan_options(o: plan::PlanOptions) -> k::PlanOptions {
-    k::PlanOptions { packing_length: o.packing_length, align: o.align, allow_single_long: o.allow_single_long }
-}
-
-fn raw_pack_plan(r: k::RawPlan) -> plan::RawPackPlan {
-    let checksum = r.checksum_hex();
-    plan::RawPackPlan {
-        packs: types::Groups { offsets: r.offsets, indices: r.indices },
-        tokens: r.tokens,
-        single_long: r.single_long,
-        dropped: r.dropped,
-        real_tokens: r.real_tokens,
-        aligned_tokens: r.aligned_tokens,
-        lower_bound: r.lower_bound,
-        checksum,
     }
 }
 

@@ -50,11 +50,7 @@ impl SlimeApi for WasmKernel {
     fn calculate_fwd_flops(&self, seqlens: &[u64], args: &FlopsArgs) -> Result<Result<Flops, SlimeError>, Error> {
         let a = args.into();
         let r = with_instance(|i, s| i.stowplan_kernel_slime().call_calculate_fwd_flops(s, seqlens, &a))?;
-        Ok(r.map(|f| match f {
-            ws::Flops::Floating(x) => Flops::Float(x),
-            ws::Flops::Integer((hi, lo)) => Flops::Int((u128::from(hi) << 64) | u128::from(lo)),
-        })
-        .map_err(err))
+        Ok(r.map(Into::into).map_err(err))
     }
 
     fn build_dp_schedule(

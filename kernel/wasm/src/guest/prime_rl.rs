@@ -23,14 +23,6 @@ impl w::Guest for Kernel {
         labels: Vec<u32>,
         o: w::BatchOptions,
     ) -> Result<w::BatchPlan, types::Error> {
-        let plan = p::prepare_batch(&lengths, &runs, &multimodal, &labels, &o.into()).map_err(error)?;
-        Ok(w::BatchPlan {
-            bins: groups_of(plan.bins),
-            multimodal: plan.multimodal,
-            padding: plan.padding,
-            costs: plan.costs,
-            ranks: groups_of(plan.ranks),
-            dummies: plan.dummies.into_iter().flatten().collect(),
-        })
+        p::prepare_batch(&lengths, &runs, &multimodal, &labels, &o.into()).map(Into::into).map_err(error)
     }
 }

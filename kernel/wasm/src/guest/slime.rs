@@ -33,10 +33,7 @@ impl slime::Guest for Kernel {
     }
 
     fn calculate_fwd_flops(seqlens: Vec<u64>, args: slime::FlopsArgs) -> Result<slime::Flops, slime::SlimeError> {
-        match ks::calculate_fwd_flops(&seqlens, &args.into()).map_err(slime_error)? {
-            ks::Flops::Float(f) => Ok(slime::Flops::Floating(f)),
-            ks::Flops::Int(i) => Ok(slime::Flops::Integer(((i >> 64) as u64, i as u64))),
-        }
+        ks::calculate_fwd_flops(&seqlens, &args.into()).map(Into::into).map_err(slime_error)
     }
 
     fn build_dp_schedule(
