@@ -10,24 +10,17 @@ use std::sync::OnceLock;
 use wasmtime::component::{Component, Linker};
 use wasmtime::{Config, Engine, Store};
 
-use stowplan_kernel::peers::{DpReorder, RollLoadBalanceOptions, RollMicroBatches, VerlMicroOptions};
-use stowplan_kernel::verl::PyError;
 use stowplan_kernel::{
-    AlignOptions, AlignedPlan, Balance, CpLayout, DistributeOptions, Distribution, DpOptions, MicroBatches,
-    MicroOptions, MultiOptions, MultiPacking, PackOptions, Packing, Partition, PartitionOptions, PlanOptions, RawPlan,
-    TwoLevelBalance,
+    AlignedPlan, ClosedBins, DistributeOptions, Distribution, NextFitRuns, PackMethod, PackOptions, Packing, RawPlan,
+    StreamOptions, StreamStatus,
 };
-
-use stowplan_kernel::{ClosedBins, NextFitRuns, PackMethod, StreamLimits, StreamOptions, StreamStatus};
-use stowplan_kernel::{LimitedMicroBatches, LimitedRawPlan, MicroLimits, PlanLimits};
 use wasmtime::component::ResourceAny;
 
-use super::{KernelApi, LimitedStreamPacker, StreamBackend, StreamPacker, VerlFunction};
+use super::{StreamBackend, StreamPacker};
 use crate::error::{Error, runtime};
 use crate::runtime::{self, sha256_hex};
 
-mod multi_stream;
-mod slime;
+pub(super) mod multi_stream;
 
 mod bindings {
     wasmtime::component::bindgen!({
@@ -150,7 +143,9 @@ thread_local! {
 /// Runs `f` on this thread's warm instance of the kernel (made from the shared
 /// pre-instantiation on first use). The kernel is pure, so reusing an instance cannot change
 /// a result; an instance that trapped is discarded, never reused.
-fn with_instance<R>(f: impl FnOnce(&bindings::Kernel, &mut Store<Tracker>) -> wasmtime::Result<R>) -> Result<R, Error> {
+pub(super) fn with_instance<R>(
+    f: impl FnOnce(&bindings::Kernel, &mut Store<Tracker>) -> wasmtime::Result<R>,
+) -> Result<R, Error> {
     with_warm(|w| f(&w.instance, &mut w.store))
 }
 
@@ -194,245 +189,94 @@ pub(super) fn call<W>(
     Ok(with_instance(f)??)
 }
 
-/// The embedded component.
+/// The embedded component (its [`KernelApi`](super::KernelApi) methods are in `api.rs`,
+/// beside the native backend's).
 #[derive(Debug)]
 pub(super) struct WasmKernel;
 
-impl KernelApi for WasmKernel {
-    fn partition(&self, weights: &[u64], k: u32, options: &PartitionOptions) -> Result<Partition, Error> {
-        call(|i, s| i.stowplan_kernel_partition().call_partition(s, weights, k, options.into())).map(Into::into)
-    }
+/// Runs a peer's function on a warm instance: the outer `Result` is a runtime failure of the
+/// kernel, the inner one the peer's own result or how the peer fails (the Python exception it
+/// raises, [`PyError`](stowplan_kernel::verl::PyError) or slime's error).
+pub(super) fn peer_call<W, T: From<W>, E, P: From<E>>(
+    f: impl FnOnce(&bindings::Kernel, &mut Store<Tracker>) -> wasmtime::Result<Result<W, E>>,
+) -> Result<Result<T, P>, Error> {
+    Ok(with_instance(f)?.map(Into::into).map_err(Into::into))
+}
 
-    fn pack(&self, lengths: &[u64], options: &PackOptions) -> Result<Packing, Error> {
-        // Next-fit's bins follow the input order: send the lengths as u32 when they fit and
-        // take the bins back as runs (half the bytes in, no member list out), then rebuild
-        // the member lists here — the component still decides every bin.
-        if options.method == PackMethod::NextFit {
-            let o: wpack::Options = options.into();
-            let runs = with_warm(|w| {
-                if !narrow_into(lengths, &mut w.narrow) {
-                    return Ok(None);
-                }
-                let r = w.instance.stowplan_kernel_pack_compact().call_next_fit(
-                    &mut w.store,
-                    &w.narrow,
-                    o.capacity,
-                    o.align,
-                    o.oversize,
-                );
-                r.map(Some)
-            })?;
-            if let Some(runs) = runs {
-                return Ok(NextFitRuns::from(runs?).into_packing(lengths.len()));
+/// [`KernelApi::pack`](super::KernelApi::pack). Next-fit's bins follow the input order: the
+/// lengths go in as u32 when they fit and the bins come back as runs (half the bytes in, no
+/// member list out), whose member lists are rebuilt here — the component still decides every
+/// bin.
+pub(super) fn pack(lengths: &[u64], options: &PackOptions) -> Result<Packing, Error> {
+    if options.method == PackMethod::NextFit {
+        let o: wpack::Options = options.into();
+        let runs = with_warm(|w| {
+            if !narrow_into(lengths, &mut w.narrow) {
+                return Ok(None);
             }
-        }
-        call(|i, s| i.stowplan_kernel_pack().call_pack(s, lengths, options.into())).map(Into::into)
-    }
-
-    fn pack_multi(&self, sizes: &[u64], options: &MultiOptions<'_>) -> Result<MultiPacking, Error> {
-        call(|i, s| i.stowplan_kernel_multi_pack().call_pack(s, sizes, &options.into())).map(Into::into)
-    }
-
-    fn verl(
-        &self,
-        function: VerlFunction,
-        seqlens: &[i64],
-        k: u32,
-        equal_size: bool,
-    ) -> Result<Result<Vec<Vec<u32>>, PyError>, Error> {
-        let f = function.into();
-        let r = with_instance(|i, s| i.stowplan_kernel_verl().call_call(s, f, seqlens, k, equal_size))?;
-        Ok(r.map(Into::into).map_err(Into::into))
-    }
-
-    fn micro_batches(&self, lengths: &[u64], options: &MicroOptions) -> Result<MicroBatches, Error> {
-        call(|i, s| i.stowplan_kernel_balance().call_micro_batches(s, lengths, options.into())).map(Into::into)
-    }
-
-    fn micro_batches_with_extra(
-        &self,
-        lengths: &[u64],
-        extra: &[u64],
-        options: &MicroOptions,
-    ) -> Result<MicroBatches, Error> {
-        call(|i, s| i.stowplan_kernel_multimodal().call_micro_batches(s, lengths, extra, options.into()))
-            .map(Into::into)
-    }
-
-    fn micro_batches_limited(
-        &self,
-        lengths: &[u64],
-        extra: Option<&[u64]>,
-        limits: &MicroLimits<'_>,
-        options: &MicroOptions,
-    ) -> Result<LimitedMicroBatches, Error> {
-        let l = limits.into();
-        call(|i, s| i.stowplan_kernel_multi_micro().call_micro_batches(s, lengths, extra, &l, options.into()))
-            .map(Into::into)
-    }
-
-    fn balance_dp(&self, lengths: &[u64], dp: u32, options: &DpOptions<'_>) -> Result<Balance, Error> {
-        let o = options.into();
-        match options.extra_costs {
-            Some(e) => call(|i, s| i.stowplan_kernel_multimodal().call_balance_dp(s, lengths, e, dp, &o)),
-            None => call(|i, s| i.stowplan_kernel_balance().call_balance_dp(s, lengths, dp, &o)),
-        }
-        .map(Into::into)
-    }
-
-    fn plan(
-        &self,
-        lengths: &[u64],
-        dp: u32,
-        dp_options: &DpOptions<'_>,
-        micro: &MicroOptions,
-    ) -> Result<TwoLevelBalance, Error> {
-        let (o, m) = (dp_options.into(), micro.into());
-        match dp_options.extra_costs {
-            Some(e) => call(|i, s| i.stowplan_kernel_multimodal().call_plan(s, lengths, e, dp, &o, m)),
-            None => call(|i, s| i.stowplan_kernel_balance().call_plan(s, lengths, dp, &o, m)),
-        }
-        .map(Into::into)
-    }
-
-    fn plan_limited(
-        &self,
-        lengths: &[u64],
-        dp: u32,
-        dp_options: &DpOptions<'_>,
-        micro: &MicroOptions,
-        limits: &MicroLimits<'_>,
-    ) -> Result<TwoLevelBalance, Error> {
-        let (o, m, l) = (dp_options.into(), micro.into(), limits.into());
-        let e = dp_options.extra_costs;
-        call(|i, s| i.stowplan_kernel_multi_micro().call_plan(s, lengths, e, &l, dp, &o, m)).map(Into::into)
-    }
-
-    fn verl_rearrange_micro_batches(
-        &self,
-        seqlens: &[i64],
-        options: &VerlMicroOptions,
-    ) -> Result<Result<Vec<Vec<u32>>, PyError>, Error> {
-        let r = with_instance(|i, s| {
-            i.stowplan_kernel_peers().call_verl_rearrange_micro_batches(s, seqlens, options.into())
+            let r = w.instance.stowplan_kernel_pack_compact().call_next_fit(
+                &mut w.store,
+                &w.narrow,
+                o.capacity,
+                o.align,
+                o.oversize,
+            );
+            r.map(Some)
         })?;
-        Ok(r.map(Into::into).map_err(Into::into))
-    }
-
-    fn balance_batch(
-        &self,
-        seqlens: &[i64],
-        dp: u32,
-        minibatch_size: Option<i64>,
-    ) -> Result<Result<DpReorder, PyError>, Error> {
-        let r = with_instance(|i, s| i.stowplan_kernel_peers().call_balance_batch(s, seqlens, dp, minibatch_size))?;
-        Ok(r.map(Into::into).map_err(Into::into))
-    }
-
-    fn roll_load_balance(
-        &self,
-        lengths: &[i64],
-        options: &RollLoadBalanceOptions,
-    ) -> Result<Result<RollMicroBatches, PyError>, Error> {
-        let r = with_instance(|i, s| i.stowplan_kernel_peers().call_roll_load_balance(s, lengths, options.into()))?;
-        Ok(r.map(Into::into).map_err(Into::into))
-    }
-
-    fn pad_factor(&self, options: &AlignOptions) -> Result<u64, Error> {
-        call(|i, s| i.stowplan_kernel_layout().call_pad_factor(s, options.into()))
-    }
-
-    fn cp_layout(&self, lengths: &[u64], options: &AlignOptions) -> Result<CpLayout, Error> {
-        call(|i, s| i.stowplan_kernel_layout().call_cp_layout(s, lengths, options.into())).map(Into::into)
-    }
-
-    fn distribute(&self, lengths: &[u64], options: &DistributeOptions<'_>) -> Result<Distribution, Error> {
-        let o = options.into();
-        match (&options.limits, options.extra_costs) {
-            (Some(limits), e) => {
-                let l = limits.into();
-                call(|i, s| i.stowplan_kernel_multi_micro().call_distribute(s, lengths, e, &l, &o))
-            }
-            (None, Some(e)) => call(|i, s| i.stowplan_kernel_multimodal().call_distribute(s, lengths, e, &o)),
-            (None, None) => call(|i, s| i.stowplan_kernel_layout().call_distribute(s, lengths, &o)),
+        if let Some(runs) = runs {
+            return Ok(NextFitRuns::from(runs?).into_packing(lengths.len()));
         }
-        .map(Into::into)
     }
+    call(|i, s| i.stowplan_kernel_pack().call_pack(s, lengths, options.into())).map(Into::into)
+}
 
-    fn prime_rl_ffd(
-        &self,
-        lengths: &[u64],
-        runs: &[u32],
-        labels: &[u32],
-        seq_len: u64,
-    ) -> Result<(Vec<Vec<u32>>, Vec<u32>), Error> {
-        call(|i, s| i.stowplan_kernel_layout().call_prime_rl_ffd(s, lengths, runs, labels, seq_len))
-            .map(|(bins, dropped)| (bins.into(), dropped))
+/// [`KernelApi::distribute`](super::KernelApi::distribute): under limits, with extra costs or
+/// plain, each an interface of its own.
+pub(super) fn distribute(lengths: &[u64], options: &DistributeOptions<'_>) -> Result<Distribution, Error> {
+    let o = options.into();
+    match (&options.limits, options.extra_costs) {
+        (Some(limits), e) => {
+            let l = limits.into();
+            call(|i, s| i.stowplan_kernel_multi_micro().call_distribute(s, lengths, e, &l, &o))
+        }
+        (None, Some(e)) => call(|i, s| i.stowplan_kernel_multimodal().call_distribute(s, lengths, e, &o)),
+        (None, None) => call(|i, s| i.stowplan_kernel_layout().call_distribute(s, lengths, &o)),
     }
+    .map(Into::into)
+}
 
-    fn trl_bfd(&self, lengths: &[u64], batch_ends: &[u32], seq_length: u64) -> Result<(Vec<u32>, Vec<u32>), Error> {
-        call(|i, s| i.stowplan_kernel_trl().call_bfd(s, lengths, batch_ends, seq_length))
-            .map(|g| (g.offsets, g.indices))
-    }
+/// [`KernelApi::aligned_plan`](super::KernelApi::aligned_plan): the raw plan's packs go in.
+pub(super) fn aligned_plan(raw: &RawPlan, world_size: u32, drop_last: bool) -> Result<AlignedPlan, Error> {
+    let packs = wtypes::Groups { offsets: raw.offsets.clone(), indices: raw.indices.clone() };
+    Ok(call(|i, s| i.stowplan_kernel_plan().call_align_plan(s, &packs, world_size, drop_last))?.try_into()?)
+}
 
-    fn permutation(&self, n: u64, seed: u64, epoch: u64) -> Result<Vec<u32>, Error> {
-        call(|i, s| i.stowplan_kernel_shuffle().call_permutation(s, n, seed, epoch))
-    }
+/// [`KernelApi::stream_packer`](super::KernelApi::stream_packer): a packer in an instance of
+/// its own.
+pub(super) fn stream_packer(options: &StreamOptions) -> Result<StreamPacker, Error> {
+    let mut warm = instantiate()?;
+    let packer = warm
+        .instance
+        .stowplan_kernel_streaming()
+        .packer()
+        .call_create(&mut warm.store, options.into())
+        .map_err(|e| runtime("kernel call trapped", e))??;
+    Ok(StreamPacker::new(Box::new(WasmStream { warm, packer }), *options))
+}
 
-    fn raw_plan(&self, lengths: &[u64], options: &PlanOptions) -> Result<RawPlan, Error> {
-        Ok(call(|i, s| i.stowplan_kernel_plan().call_raw_plan(s, lengths, options.into()))?.try_into()?)
-    }
-
-    fn raw_plan_limited(
-        &self,
-        lengths: &[u64],
-        options: &PlanOptions,
-        limits: &PlanLimits<'_>,
-    ) -> Result<LimitedRawPlan, Error> {
-        let l = limits.into();
-        Ok(call(|i, s| i.stowplan_kernel_multi_plan().call_raw_plan(s, lengths, options.into(), &l))?.try_into()?)
-    }
-
-    fn aligned_plan(&self, raw: &RawPlan, world_size: u32, drop_last: bool) -> Result<AlignedPlan, Error> {
-        let packs = wtypes::Groups { offsets: raw.offsets.clone(), indices: raw.indices.clone() };
-        Ok(call(|i, s| i.stowplan_kernel_plan().call_align_plan(s, &packs, world_size, drop_last))?.try_into()?)
-    }
-
-    fn stream_packer(&self, options: &StreamOptions) -> Result<StreamPacker, Error> {
-        let mut warm = instantiate()?;
-        let packer = warm
-            .instance
-            .stowplan_kernel_streaming()
-            .packer()
-            .call_create(&mut warm.store, options.into())
-            .map_err(|e| runtime("kernel call trapped", e))??;
-        Ok(StreamPacker::new(Box::new(WasmStream { warm, packer }), *options))
-    }
-
-    fn stream_packer_from_state(&self, state: &[u8]) -> Result<StreamPacker, Error> {
-        let mut warm = instantiate()?;
-        let packer = warm
-            .instance
-            .stowplan_kernel_streaming()
-            .packer()
-            .call_restore(&mut warm.store, state)
-            .map_err(|e| runtime("kernel call trapped", e))??;
-        let mut stream = WasmStream { warm, packer };
-        let options = stream.call(|g, s, p| g.call_options(s, p))?.into();
-        Ok(StreamPacker::new(Box::new(stream), options))
-    }
-
-    fn limited_stream_packer(
-        &self,
-        options: &StreamOptions,
-        limits: &StreamLimits,
-    ) -> Result<LimitedStreamPacker, Error> {
-        multi_stream::create(options, limits)
-    }
-
-    fn limited_stream_packer_from_state(&self, state: &[u8]) -> Result<LimitedStreamPacker, Error> {
-        multi_stream::restore(state)
-    }
+/// [`KernelApi::stream_packer_from_state`](super::KernelApi::stream_packer_from_state), with
+/// the options the guest reports.
+pub(super) fn stream_packer_from_state(state: &[u8]) -> Result<StreamPacker, Error> {
+    let mut warm = instantiate()?;
+    let packer = warm
+        .instance
+        .stowplan_kernel_streaming()
+        .packer()
+        .call_restore(&mut warm.store, state)
+        .map_err(|e| runtime("kernel call trapped", e))??;
+    let mut stream = WasmStream { warm, packer };
+    let options = stream.call(|g, s, p| g.call_options(s, p))?.into();
+    Ok(StreamPacker::new(Box::new(stream), options))
 }
 
 /// A streaming packer living in an instance of its own (its state stays in the guest's

@@ -64,7 +64,7 @@ impl StreamBackend<LimitedClosedBins> for WasmLimitedStream {
 }
 
 /// An empty packer in a new instance.
-pub(super) fn create(options: &StreamOptions, limits: &StreamLimits) -> Result<LimitedStreamPacker, Error> {
+pub(in crate::kernel) fn create(options: &StreamOptions, limits: &StreamLimits) -> Result<LimitedStreamPacker, Error> {
     let mut warm = instantiate()?;
     let l: wms::Limits = limits.into();
     let packer = warm
@@ -77,7 +77,7 @@ pub(super) fn create(options: &StreamOptions, limits: &StreamLimits) -> Result<L
 }
 
 /// A packer restored from `state` in a new instance.
-pub(super) fn restore(state: &[u8]) -> Result<LimitedStreamPacker, Error> {
+pub(in crate::kernel) fn restore(state: &[u8]) -> Result<LimitedStreamPacker, Error> {
     let mut warm = instantiate()?;
     let packer = warm
         .instance
