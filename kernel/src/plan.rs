@@ -117,8 +117,8 @@ impl AlignedPlan {
 
 const DIGITS: &[u8; 16] = b"0123456789abcdef";
 
-/// Lowercase hex of `bytes`: how a checksum crosses the component boundary and stands in
-/// plan documents ([`unhex`] reads it back).
+/// Lowercase hex of `bytes`: how a checksum crosses the component boundary ([`unhex`] reads
+/// it back there) and stands in plan documents.
 pub fn hex(bytes: &[u8]) -> String {
     let mut s = String::with_capacity(2 * bytes.len());
     for &b in bytes {
@@ -131,6 +131,12 @@ pub fn hex(bytes: &[u8]) -> String {
 /// A checksum that is not 64 lowercase hex digits (what [`unhex`] refuses), as it came.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct MalformedChecksum(pub String);
+
+impl core::fmt::Display for MalformedChecksum {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        write!(f, "malformed checksum {:?}: not 64 lowercase hex digits", self.0)
+    }
+}
 
 /// The sha256 that [`hex`] wrote: exactly 64 lowercase hex digits, else [`MalformedChecksum`].
 pub fn unhex(s: &str) -> Result<[u8; 32], MalformedChecksum> {

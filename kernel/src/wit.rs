@@ -3,12 +3,18 @@
 //! the host (`host/src/kernel`, wasmtime's bindgen) each generate their own Rust types from
 //! the same WIT, with the same names, and each expands [`wit_conversions!`] over them.
 //!
-//! Every record and enum listed here converts both ways (`From` in each direction, and
-//! `From<&Kernel>` for the kernel's side, which the host sends by reference), so the guest
-//! takes what the host sends and gives back what the host takes with the same field lists.
-//! Records with a checksum convert with `TryFrom` back to the kernel's type (the hex may be
-//! malformed). Types whose fields borrow (`DpOptions`, `DistributeOptions`, `MultiOptions`)
-//! or do not map one to one are converted by hand where they are used.
+//! Every record and enum listed here converts both ways, so the guest takes what the host
+//! sends and gives back what the host takes with the same field lists:
+//! - records field by field (`__wit_record!`): `From` in each direction, and `From<&Kernel>`
+//!   for the kernel's side, which the host sends by reference;
+//! - records with a checksum (`__wit_record!` with `checksum`): `From` to the WIT record
+//!   (the checksum as hex), `TryFrom` back (the hex may be malformed);
+//! - a few written out here, whose WIT form differs in shape: the limited raw plan (its plan
+//!   has a checksum), slime's FLOPs (a `u128` as two halves) and prime-rl's batch plan (the
+//!   dummy flags flat).
+//!
+//! Types whose fields borrow (`DpOptions`, `DistributeOptions`, `MultiOptions`, the limits)
+//! are converted by hand where they are used.
 
 #[doc(hidden)]
 pub use alloc::vec::Vec;

@@ -1,5 +1,5 @@
 //! [`KernelApi`]: every operation of the kernel, each written once — its signature, its docs
-//! and what each backend runs for it, side by side ([`backends!`](super::backends)).
+//! and what each backend runs for it, side by side (the macro `backends!` of `mod.rs`).
 //! The conversions the WASM bodies use are in `convert.rs`; the component, its instances and
 //! the longer WASM calls in `wasm.rs`.
 
@@ -14,7 +14,6 @@ use stowplan_kernel::{
 
 use super::wasm::{self, call, peer_call};
 use super::{LimitedStreamPacker, StreamPacker, VerlFunction, native};
-use crate::Error;
 
 backends! {
     /// Every operation of the kernel (`wit/kernel.wit`), as each backend implements it. Call

@@ -1,8 +1,8 @@
 //! Every conversion between the kernel crate's types and the component's WIT types: options
 //! go in with `From<&Options>`, results come out with `From<WitResult>` (or `TryFrom` where
-//! the component's answer is checked). The records and enums that map field by field are
-//! converted by `stowplan_kernel::wit_conversions!`, which the guest expands over its own
-//! bindings too; what is left here borrows, is checked, or is the host's own.
+//! the component's answer is checked: a checksum). Those that both sides of the boundary
+//! need are `stowplan_kernel::wit_conversions!`, which the guest expands over its own
+//! bindings too; what is left here borrows or is the host's own (its errors, `VerlFunction`).
 
 use stowplan_kernel::peers::DpReorder;
 use stowplan_kernel::verl::PyError;
@@ -105,6 +105,6 @@ impl From<&DistributeOptions<'_>> for wlay::DistributeOptions {
 
 impl From<stowplan_kernel::plan::MalformedChecksum> for Error {
     fn from(e: stowplan_kernel::plan::MalformedChecksum) -> Self {
-        Error::Runtime(format!("kernel returned a malformed checksum {:?}", e.0))
+        Error::Runtime(format!("kernel returned a {e}"))
     }
 }

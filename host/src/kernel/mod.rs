@@ -1,15 +1,17 @@
 //! The kernel behind one typed API: [`Kernel`] is a handle that dispatches every operation
 //! of `wit/kernel.wit` (the [`KernelApi`] trait) to one of two backends — the embedded
 //! WebAssembly component under wasmtime (`wasm.rs`, the default) or the kernel crate called
-//! directly (`native.rs`). The choice is made in one place, [`Kernel`]'s `Deref`; the
-//! conversions between the WIT types and the kernel's live in `convert.rs`.
+//! directly (`native.rs`). Each operation is declared once, in `api.rs`, with what each
+//! backend runs for it (`backends!`). The choice is made in one place, [`Kernel`]'s `Deref`;
+//! the conversions between the WIT types and the kernel's live in `convert.rs`.
 
 /// A trait of kernel operations and its implementations on both backends, from one list:
 /// each operation's docs and signature once, then what each backend runs for it (`native:`,
 /// `wasm:`, expressions over the arguments, each the whole `Result`). The trait is
 /// object-safe; [`NativeKernel`](native::NativeKernel) and [`WasmKernel`](wasm::WasmKernel)
 /// implement it. `impl Kernel { pub fn … }` instead makes inherent methods of [`Kernel`] that
-/// run their backend's expression.
+/// run their backend's expression. Paths and the error type are absolute (`$crate::…`), so
+/// the list may stand in any module below `kernel`.
 macro_rules! backends {
     ($(#[$tm:meta])* pub trait $api:ident { $(
         $(#[$m:meta])* fn $name:ident($($arg:ident: $ty:ty),* $(,)?) -> $ret:ty {
@@ -18,17 +20,17 @@ macro_rules! backends {
     )* }) => {
         $(#[$tm])*
         pub trait $api: Send + Sync + std::fmt::Debug {
-            $($(#[$m])* fn $name(&self, $($arg: $ty),*) -> Result<$ret, Error>;)*
+            $($(#[$m])* fn $name(&self, $($arg: $ty),*) -> Result<$ret, $crate::Error>;)*
         }
 
-        impl $api for super::native::NativeKernel {
-            $(fn $name(&self, $($arg: $ty),*) -> Result<$ret, Error> {
+        impl $api for $crate::kernel::native::NativeKernel {
+            $($(#[$m])* fn $name(&self, $($arg: $ty),*) -> Result<$ret, $crate::Error> {
                 $native
             })*
         }
 
-        impl $api for super::wasm::WasmKernel {
-            $(fn $name(&self, $($arg: $ty),*) -> Result<$ret, Error> {
+        impl $api for $crate::kernel::wasm::WasmKernel {
+            $($(#[$m])* fn $name(&self, $($arg: $ty),*) -> Result<$ret, $crate::Error> {
                 $wasm
             })*
         }
@@ -38,11 +40,11 @@ macro_rules! backends {
             native: $native:expr, wasm: $wasm:expr $(,)?
         }
     )* }) => {
-        impl super::Kernel {
-            $($(#[$m])* pub fn $name(&self, $($arg: $ty),*) -> Result<$ret, Error> {
+        impl $crate::kernel::Kernel {
+            $($(#[$m])* pub fn $name(&self, $($arg: $ty),*) -> Result<$ret, $crate::Error> {
                 match self.backend() {
-                    super::Backend::Native => $native,
-                    super::Backend::Wasm => $wasm,
+                    $crate::kernel::Backend::Native => $native,
+                    $crate::kernel::Backend::Wasm => $wasm,
                 }
             })*
         }

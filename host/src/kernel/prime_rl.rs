@@ -6,7 +6,6 @@ use stowplan_kernel::prime_rl as k;
 pub use stowplan_kernel::prime_rl::{BatchOptions, BatchPlan};
 
 use super::wasm::call;
-use crate::Error;
 
 backends! {
     impl Kernel {

@@ -7,7 +7,6 @@ use stowplan_kernel::slime::{self as ks, Flops, FlopsArgs, Schedule, ScheduleArg
 
 use super::wasm::{peer_call, with_instance, wtypes};
 use super::{Backend, Kernel, native::NativeKernel, wasm::WasmKernel};
-use crate::Error;
 
 backends! {
     /// slime's scheduling functions, as each backend implements them. The outer `Result` is a

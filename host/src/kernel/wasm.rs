@@ -1,5 +1,6 @@
-//! The WASM backend: the embedded kernel component run by wasmtime, and its [`KernelApi`]
-//! implementation (conversions in `convert.rs`).
+//! The WASM backend: the embedded kernel component run by wasmtime, its warm instances and
+//! the calls that take more than a line. The [`KernelApi`](super::KernelApi) methods are in
+//! `api.rs`, beside the native backend's; the conversions come from `convert.rs`.
 //!
 //! The component is compiled once per process (from a precompiled artifact cached on disk
 //! when possible) and instantiated per call from a shared `InstancePre` with an **empty
