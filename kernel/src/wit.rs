@@ -1,7 +1,8 @@
 //! The conversions between the kernel's types and the WIT types of `wit/kernel.wit`, written
 //! once for both sides of the component boundary: the guest (`kernel/wasm`, wit-bindgen) and
 //! the host (`host/src/kernel`, wasmtime's bindgen) each generate their own Rust types from
-//! the same WIT, with the same names, and each expands [`wit_conversions!`] over them.
+//! the same WIT, with the same names, and each expands
+//! [`wit_conversions!`](crate::wit_conversions) over them.
 //!
 //! Every record and enum listed here converts both ways, so the guest takes what the host
 //! sends and gives back what the host takes with the same field lists:

@@ -1,6 +1,6 @@
 //! prime-rl's HEAD packing (`wit/kernel.wit`, interface `prime-rl`) on either backend:
-//! inherent methods of [`Kernel`], kept apart from [`KernelApi`](super::KernelApi) so the
-//! interface stays self-contained.
+//! inherent methods of [`Kernel`](super::Kernel), kept apart from
+//! [`KernelApi`](super::KernelApi) so the interface stays self-contained.
 
 use stowplan_kernel::prime_rl as k;
 pub use stowplan_kernel::prime_rl::{BatchOptions, BatchPlan};
