@@ -255,29 +255,27 @@ pub(super) fn aligned_plan(raw: &RawPlan, world_size: u32, drop_last: bool) -> R
 /// [`KernelApi::stream_packer`](super::KernelApi::stream_packer): a packer in an instance of
 /// its own.
 pub(super) fn stream_packer(options: &StreamOptions) -> Result<StreamPacker, Error> {
-    let mut warm = instantiate()?;
-    let packer = warm
-        .instance
-        .stowplan_kernel_streaming()
-        .packer()
-        .call_create(&mut warm.store, options.into())
-        .map_err(|e| runtime("kernel call trapped", e))??;
+    let (warm, packer) = new_packer(|i, s| i.stowplan_kernel_streaming().packer().call_create(s, options.into()))?;
     Ok(StreamPacker::new(Box::new(WasmStream { warm, packer }), *options))
 }
 
 /// [`KernelApi::stream_packer_from_state`](super::KernelApi::stream_packer_from_state), with
 /// the options the guest reports.
 pub(super) fn stream_packer_from_state(state: &[u8]) -> Result<StreamPacker, Error> {
-    let mut warm = instantiate()?;
-    let packer = warm
-        .instance
-        .stowplan_kernel_streaming()
-        .packer()
-        .call_restore(&mut warm.store, state)
-        .map_err(|e| runtime("kernel call trapped", e))??;
+    let (warm, packer) = new_packer(|i, s| i.stowplan_kernel_streaming().packer().call_restore(s, state))?;
     let mut stream = WasmStream { warm, packer };
     let options = stream.call(|g, s, p| g.call_options(s, p))?.into();
     Ok(StreamPacker::new(Box::new(stream), options))
+}
+
+/// A packer resource that `f` makes (create or restore) in a new instance, with the instance,
+/// which then holds the packer's state between calls.
+fn new_packer(
+    f: impl FnOnce(&bindings::Kernel, &mut Store<Tracker>) -> wasmtime::Result<Result<ResourceAny, wtypes::Error>>,
+) -> Result<(Warm, ResourceAny), Error> {
+    let mut warm = instantiate()?;
+    let packer = f(&warm.instance, &mut warm.store).map_err(|e| runtime("kernel call trapped", e))??;
+    Ok((warm, packer))
 }
 
 /// A streaming packer living in an instance of its own (its state stays in the guest's

@@ -6,7 +6,7 @@ use wasmtime::Store;
 use wasmtime::component::ResourceAny;
 
 use super::bindings::exports::stowplan::kernel::multi_streaming as wms;
-use super::{Tracker, Warm, instantiate};
+use super::{Tracker, Warm, new_packer};
 use crate::error::{Error, runtime};
 use crate::kernel::{LimitedStreamPacker, StreamBackend};
 
@@ -65,25 +65,14 @@ impl StreamBackend<LimitedClosedBins> for WasmLimitedStream {
 
 /// An empty packer in a new instance.
 pub(in crate::kernel) fn create(options: &StreamOptions, limits: &StreamLimits) -> Result<LimitedStreamPacker, Error> {
-    let mut warm = instantiate()?;
     let l: wms::Limits = limits.into();
-    let packer = warm
-        .instance
-        .stowplan_kernel_multi_streaming()
-        .packer()
-        .call_create(&mut warm.store, options.into(), &l)
-        .map_err(|e| runtime("kernel call trapped", e))??;
+    let (warm, packer) =
+        new_packer(|i, s| i.stowplan_kernel_multi_streaming().packer().call_create(s, options.into(), &l))?;
     WasmLimitedStream { warm, packer }.wrap()
 }
 
 /// A packer restored from `state` in a new instance.
 pub(in crate::kernel) fn restore(state: &[u8]) -> Result<LimitedStreamPacker, Error> {
-    let mut warm = instantiate()?;
-    let packer = warm
-        .instance
-        .stowplan_kernel_multi_streaming()
-        .packer()
-        .call_restore(&mut warm.store, state)
-        .map_err(|e| runtime("kernel call trapped", e))??;
+    let (warm, packer) = new_packer(|i, s| i.stowplan_kernel_multi_streaming().packer().call_restore(s, state))?;
     WasmLimitedStream { warm, packer }.wrap()
 }
