@@ -20,6 +20,12 @@ pub struct PyFilter {
 }
 
 impl PyFilter {
+    /// The filter, locked with the GIL held ([`crate::lock`]: never waited for with it held).
+    fn locked(&self, py: Python<'_>) -> std::sync::MutexGuard<'_, WasmFilter> {
+        crate::lock(py, &self.inner)
+    }
+
+    /// The filter, locked without the GIL (inside `py.detach`).
     pub(crate) fn lock(&self) -> std::sync::MutexGuard<'_, WasmFilter> {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -82,38 +88,39 @@ impl PyFilter {
 
     /// The plugin's file name.
     #[getter]
-    fn name(&self) -> String {
-        self.lock().name().to_string()
+    fn name(&self, py: Python<'_>) -> String {
+        self.locked(py).name().to_string()
     }
 
     /// The component's sha256 (hex).
     #[getter]
-    fn sha256(&self) -> String {
-        self.lock().sha256().to_string()
+    fn sha256(&self, py: Python<'_>) -> String {
+        self.locked(py).sha256().to_string()
     }
 
     /// The component's imports (WASI interfaces).
     #[getter]
-    fn imports(&self) -> Vec<String> {
-        self.lock().imports().to_vec()
+    fn imports(&self, py: Python<'_>) -> Vec<String> {
+        self.locked(py).imports().to_vec()
     }
 
     /// Where the compiled code came from: "cache" or "compiled".
     #[getter]
-    fn origin(&self) -> &'static str {
-        self.lock().origin()
+    fn origin(&self, py: Python<'_>) -> &'static str {
+        self.locked(py).origin()
     }
 
     /// Counters: calls, failures, fallbacks, instances.
     #[getter]
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        pythonized(py, &self.lock().stats())
+        let stats = self.locked(py).stats();
+        pythonized(py, &stats)
     }
 
     /// What the last call wrote: a list of ("stdout" | "stderr", text).
     #[getter]
-    fn last_output(&self) -> Vec<(String, String)> {
-        self.lock().last_output().iter().map(|(s, t)| (s.to_string(), t.clone())).collect()
+    fn last_output(&self, py: Python<'_>) -> Vec<(String, String)> {
+        self.locked(py).last_output().iter().map(|(s, t)| (s.to_string(), t.clone())).collect()
     }
 }
 

@@ -54,6 +54,42 @@ use peers::{
 };
 pub(crate) use results::{reduce, reduce_by};
 
+/// Locks `m` without waiting for it while the GIL is held: a thread that holds the lock may
+/// need the GIL before it lets go (to build an exception, or to drop a Python object), so a
+/// thread waiting for the lock with the GIL held could deadlock the process. The wait runs
+/// with the GIL released, then the lock is taken with it held. `Err` for a poisoned lock (a
+/// panic while it was held), with its guard.
+pub(crate) fn lock_or_poisoned<'a, T: Send>(
+    py: Python<'_>,
+    m: &'a std::sync::Mutex<T>,
+) -> std::sync::LockResult<std::sync::MutexGuard<'a, T>> {
+    loop {
+        match m.try_lock() {
+            Ok(g) => return Ok(g),
+            Err(std::sync::TryLockError::Poisoned(p)) => return Err(p),
+            Err(std::sync::TryLockError::WouldBlock) => py.detach(|| drop(m.lock())),
+        }
+    }
+}
+
+/// Runs `f` (Rust work only) on `m`'s value with the GIL released, the lock waited for and
+/// held without it: for a value another thread holds for long stretches (a waiting receive),
+/// where [`lock`]'s GIL-held retry could lose the race every time. A poisoned lock is taken
+/// as it is.
+pub(crate) fn with_lock<T: Send, R: Send>(
+    py: Python<'_>,
+    m: &std::sync::Mutex<T>,
+    f: impl FnOnce(&mut T) -> R + Send,
+) -> R {
+    py.detach(|| f(&mut m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)))
+}
+
+/// [`lock_or_poisoned`], a poisoned lock taken as it is (for values no holder leaves halfway
+/// changed).
+pub(crate) fn lock<'a, T: Send>(py: Python<'_>, m: &'a std::sync::Mutex<T>) -> std::sync::MutexGuard<'a, T> {
+    lock_or_poisoned(py, m).unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 /// The embedded kernel component's sha256 and its imports (always empty):
 /// ``{"sha256": …, "imports": […]}``.
 #[pyfunction]

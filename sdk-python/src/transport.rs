@@ -3,12 +3,15 @@
 //!
 //! Every protocol decision is the host's (`stowplan::serve::protocol`): Python keeps the
 //! sockets, the background thread and the waiting. The cores sit behind a `Mutex` (frozen
-//! classes), so a receiver's thread and the trainer's thread can call them at once; a lock is
-//! never held while waiting for the GIL or running Python code (decoding runs with the GIL
-//! released before the lock is taken), so the two locks cannot deadlock.
+//! classes), so a receiver's thread and the trainer's thread can call them at once. Two rules
+//! keep the core's lock and the GIL from deadlocking: a lock is never waited for while the GIL
+//! is held ([`crate::lock`] waits with the GIL released; [`crate::with_lock`] does the work
+//! without it, for the file client, which a waiting receive holds for a second at a time), and
+//! never held while Python code runs (an exception is built once the lock is released;
+//! decoding runs before it is taken).
 
 use std::path::PathBuf;
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use pyo3::exceptions::PyBaseException;
@@ -22,13 +25,7 @@ use stowplan::serve::{
 };
 
 use crate::protocol::{PyRankBatch, control, receipt_list, seconds, wrap_rank};
-use crate::{invalid, to_py, u32_arg, u64_arg};
-
-/// Locks a core; a poisoned lock (a panic elsewhere) still holds a consistent core, as no
-/// core method panics halfway.
-fn locked<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
-}
+use crate::{invalid, lock, to_py, u32_arg, u64_arg, with_lock};
 
 /// The host's error as the exception instance Python raises (`raise core.timeout_error(…)`).
 fn exception(py: Python<'_>, e: stowplan::Error) -> Py<PyBaseException> {
@@ -102,50 +99,50 @@ impl PyRankReceiver {
 
     /// This rank.
     #[getter]
-    fn rank(&self) -> u32 {
-        locked(&self.core).rank()
+    fn rank(&self, py: Python<'_>) -> u32 {
+        lock(py, &self.core).rank()
     }
 
     /// The data-parallel size the rank was started with.
     #[getter]
-    fn dp(&self) -> u32 {
-        locked(&self.core).dp()
+    fn dp(&self, py: Python<'_>) -> u32 {
+        lock(py, &self.core).dp()
     }
 
     /// How many steps it holds at most before it stops reading.
     #[getter]
-    fn prefetch(&self) -> usize {
-        locked(&self.core).prefetch()
+    fn prefetch(&self, py: Python<'_>) -> usize {
+        lock(py, &self.core).prefetch()
     }
 
     /// The step `next_batch()` returns next.
     #[getter]
-    fn next_step(&self) -> u64 {
-        locked(&self.core).next_step()
+    fn next_step(&self, py: Python<'_>) -> u64 {
+        lock(py, &self.core).next_step()
     }
 
     /// The steps held (the next one if it arrived, and those held back), ascending.
     #[getter]
-    fn held_steps(&self) -> Vec<u64> {
-        locked(&self.core).held_steps()
+    fn held_steps(&self, py: Python<'_>) -> Vec<u64> {
+        lock(py, &self.core).held_steps()
     }
 
     /// The hello to send now (bytes), or None: due on the first call, then every heartbeat;
     /// never after a failure.
     fn poll_hello<'py>(&self, py: Python<'py>) -> Option<Bound<'py, PyBytes>> {
-        let hello = locked(&self.core).poll_hello(Instant::now());
+        let hello = lock(py, &self.core).poll_hello(Instant::now());
         hello.map(|h| PyBytes::new(py, &h))
     }
 
     /// Seconds until the next hello is due (0: now; inf: never, the receiver failed).
-    fn hello_due_in(&self) -> f64 {
-        let d = locked(&self.core).hello_due_in(Instant::now());
+    fn hello_due_in(&self, py: Python<'_>) -> f64 {
+        let d = lock(py, &self.core).hello_due_in(Instant::now());
         if d == Duration::MAX { f64::INFINITY } else { d.as_secs_f64() }
     }
 
     /// Whether to read the next message (fewer than `prefetch` steps held, no failure).
-    fn wants_message(&self) -> bool {
-        locked(&self.core).wants_message()
+    fn wants_message(&self, py: Python<'_>) -> bool {
+        lock(py, &self.core).wants_message()
     }
 
     /// Takes one message from the packer (decoded with the GIL released) and returns a
@@ -154,7 +151,7 @@ impl PyRankReceiver {
     fn on_message(&self, py: Python<'_>, data: &[u8]) -> PyResult<PyReceived> {
         let message = py.detach(|| ToRank::decode(data));
         // The lock is released before `to_py` (which may run Python code and switch threads).
-        let taken = locked(&self.core).take(message);
+        let taken = lock(py, &self.core).take(message);
         let r = taken.map_err(|e| to_py(py, e))?;
         let arrival = match r.arrival {
             Arrival::InOrder => "in_order",
@@ -165,28 +162,29 @@ impl PyRankReceiver {
     }
 
     /// Whether the step expected next is here.
-    fn has_next(&self) -> bool {
-        locked(&self.core).has_next()
+    fn has_next(&self, py: Python<'_>) -> bool {
+        lock(py, &self.core).has_next()
     }
 
     /// The step expected next as a RankBatch, if it arrived (the one after is expected from
     /// then on); None otherwise.
     fn next_batch(&self, py: Python<'_>) -> PyResult<Option<PyRankBatch>> {
-        let b = locked(&self.core).next_batch();
+        let b = lock(py, &self.core).next_batch();
         b.map(|b| wrap_rank(py, b)).transpose()
     }
 
     /// Why the receiver failed (the exception `on_message` raised), or None.
     #[getter]
     fn error(&self, py: Python<'_>) -> Option<Py<PyBaseException>> {
-        let e = locked(&self.core).error().cloned();
+        let e = lock(py, &self.core).error().cloned();
         e.map(|e| exception(py, e))
     }
 
     /// The StowplanTimeoutError of a wait of `waited` seconds for the next step from
     /// `endpoint`, naming the rank, the step and the steps held back.
     fn timeout_error(&self, py: Python<'_>, endpoint: &str, waited: Waited) -> Py<PyBaseException> {
-        exception(py, locked(&self.core).timeout_error(endpoint, waited.0))
+        let e = lock(py, &self.core).timeout_error(endpoint, waited.0);
+        exception(py, e)
     }
 }
 
@@ -264,8 +262,8 @@ impl PyBatchSender {
 
     /// The message cap.
     #[getter]
-    fn max_message_bytes(&self) -> u64 {
-        locked(&self.core).max_message_bytes()
+    fn max_message_bytes(&self, py: Python<'_>) -> u64 {
+        lock(py, &self.core).max_message_bytes()
     }
 
     /// Keeps `data` (an encoded training batch of run `run`, step `step`) until its receipt;
@@ -278,8 +276,12 @@ impl PyBatchSender {
         step: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyBytes>> {
         let batch = BatchKey { run: u32_arg(run, "run", 0)?, step: u64_arg(step, "step", 0)? };
-        let mut core = locked(&self.core);
-        core.check_batch_size(batch, data.as_bytes().len() as u64).map_err(|e| to_py(data.py(), e))?;
+        let py = data.py();
+        let mut core = lock(py, &self.core);
+        if let Err(e) = core.check_batch_size(batch, data.as_bytes().len() as u64) {
+            drop(core); // the exception is built without the lock
+            return Err(to_py(py, e));
+        }
         core.track(MessageKey::Batch(batch), data.clone().unbind(), Instant::now());
         Ok(data)
     }
@@ -302,7 +304,7 @@ impl PyBatchSender {
         };
         let (key, bytes) = MessageKey::new_control(control(py, kind, run, batch_size)?).map_err(|e| to_py(py, e))?;
         let bytes = PyBytes::new(py, &bytes);
-        locked(&self.core).track(key, bytes.clone().unbind(), Instant::now());
+        lock(py, &self.core).track(key, bytes.clone().unbind(), Instant::now());
         Ok(bytes)
     }
 
@@ -311,13 +313,13 @@ impl PyBatchSender {
     /// of the packer makes `due_resends()` return everything unacknowledged.
     fn on_receipts<'py>(&self, py: Python<'py>, data: &[u8]) -> PyResult<Bound<'py, PyList>> {
         let receipts = Receipts::decode(data).map_err(|e| to_py(py, e))?;
-        let taken = locked(&self.core).take(receipts);
+        let taken = lock(py, &self.core).take(receipts);
         receipt_list(py, taken)
     }
 
     /// The messages (bytes) to push again now, oldest first.
     fn due_resends<'py>(&self, py: Python<'py>) -> Bound<'py, PyList> {
-        let mut core = locked(&self.core);
+        let mut core = lock(py, &self.core);
         let due: Vec<Py<PyBytes>> = core.due_resends(Instant::now()).into_iter().map(|p| p.clone_ref(py)).collect();
         drop(core);
         PyList::new(py, due).unwrap_or_else(|_| PyList::empty(py))
@@ -325,38 +327,39 @@ impl PyBatchSender {
 
     /// The messages not acknowledged yet (MessageKey), oldest first.
     #[getter]
-    fn unacked(&self) -> Vec<PyMessageKey> {
-        locked(&self.core).unacked().into_iter().map(message_key).collect()
+    fn unacked(&self, py: Python<'_>) -> Vec<PyMessageKey> {
+        lock(py, &self.core).unacked().into_iter().map(message_key).collect()
     }
 
     /// Whether every message sent was acknowledged.
     #[getter]
-    fn flushed(&self) -> bool {
-        locked(&self.core).is_flushed()
+    fn flushed(&self, py: Python<'_>) -> bool {
+        lock(py, &self.core).is_flushed()
     }
 
     /// The packer process last heard from (None: no receipt yet).
     #[getter]
-    fn incarnation(&self) -> Option<u64> {
-        locked(&self.core).incarnation()
+    fn incarnation(&self, py: Python<'_>) -> Option<u64> {
+        lock(py, &self.core).incarnation()
     }
 
     /// Messages sent again (after a restart of the packer or a timeout).
     #[getter]
-    fn resent(&self) -> u64 {
-        locked(&self.core).resent()
+    fn resent(&self, py: Python<'_>) -> u64 {
+        lock(py, &self.core).resent()
     }
 
     /// Seconds a message waits for its receipt before it is sent again.
     #[getter]
-    fn resend_after(&self) -> f64 {
-        locked(&self.core).resend_after().as_secs_f64()
+    fn resend_after(&self, py: Python<'_>) -> f64 {
+        lock(py, &self.core).resend_after().as_secs_f64()
     }
 
     /// The StowplanTimeoutError of a flush that waited `waited` seconds for the packer at
     /// `endpoint`, naming how many messages are unacknowledged and the first three.
     fn flush_timeout_error(&self, py: Python<'_>, endpoint: &str, waited: Waited) -> Py<PyBaseException> {
-        exception(py, locked(&self.core).flush_timeout_error(endpoint, waited.0))
+        let e = lock(py, &self.core).flush_timeout_error(endpoint, waited.0);
+        exception(py, e)
     }
 }
 
@@ -397,13 +400,14 @@ impl PyFileRankClient {
 
     /// The step `receive()` returns next.
     #[getter]
-    fn next_step(&self) -> u64 {
-        locked(&self.client).next_step()
+    fn next_step(&self, py: Python<'_>) -> u64 {
+        with_lock(py, &self.client, |c| c.next_step())
     }
 
     /// This rank's file of `step`.
-    fn path(&self, step: &Bound<'_, PyAny>) -> PyResult<PathBuf> {
-        Ok(locked(&self.client).path(u64_arg(step, "step", 0)?))
+    fn path(&self, py: Python<'_>, step: &Bound<'_, PyAny>) -> PyResult<PathBuf> {
+        let step = u64_arg(step, "step", 0)?;
+        Ok(with_lock(py, &self.client, |c| c.path(step)))
     }
 
     /// Waits up to `timeout` seconds (None: forever) for step `step` (None: the next one) and
@@ -418,7 +422,7 @@ impl PyFileRankClient {
     ) -> PyResult<PyRankBatch> {
         let step = match step {
             Some(s) => u64_arg(s, "step", 0)?,
-            None => locked(&self.client).next_step(),
+            None => with_lock(py, &self.client, |c| c.next_step()),
         };
         let timeout = timeout.map(|t| seconds(t, "timeout", false)).transpose()?;
         let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
@@ -439,7 +443,7 @@ impl PyFileRankClient {
                 Ok(Ok(b)) => return wrap_rank(py, b),
                 Ok(Err(stowplan::Error::Timeout(_))) if left.is_none_or(|l| l > slice) => py.check_signals()?,
                 Ok(Err(stowplan::Error::Timeout(_))) => {
-                    let path = locked(&self.client).path(step);
+                    let path = with_lock(py, &self.client, |c| c.path(step));
                     return Err(to_py(py, missing_file_error(&path, timeout.unwrap_or(slice))));
                 }
                 Ok(Err(e)) => return Err(to_py(py, e)),

@@ -690,6 +690,68 @@ def test_zmq_arguments_are_checked():
                 s.flush(timeout=0.2)
 
 
+# Many short timeouts beside the background threads, in a child process bounded in time:
+# building the timeout error under the protocol core's lock, which waited for the GIL while
+# the receiver's (or sender's) background thread held the GIL and waited for that lock,
+# hung the whole process in 2 of 6 runs of 300 receives.
+_TIMEOUT_STRESS = r"""
+import sys, threading, stowplan, zmq
+port, calls = int(sys.argv[1]), int(sys.argv[2])
+ctx = zmq.Context()
+errors = []
+
+def guarded(fn):
+    def run(*args):
+        try:
+            fn(*args)
+        except BaseException as e:  # a failure in a thread must fail the run
+            errors.append(repr(e))
+    return run
+
+@guarded
+def rank(r):
+    with stowplan.ZmqRankClient(f"tcp://127.0.0.1:{port}", r, 4, context=ctx) as rx:
+        for _ in range(calls):
+            try:
+                rx.receive(timeout=0.01)
+            except stowplan.StowplanTimeoutError as e:
+                assert "step 0" in str(e), e
+            else:
+                errors.append("a step arrived from a dead port")
+
+@guarded
+def sender():
+    with stowplan.ZmqSender(f"tcp://127.0.0.1:{port}", f"tcp://127.0.0.1:{port + 1}", context=ctx) as s:
+        s.add_run(0, batch_size=1)
+        for _ in range(calls // 3):
+            try:
+                s.flush(timeout=0.01)
+            except stowplan.StowplanTimeoutError as e:
+                assert "not acknowledged" in str(e), e
+
+threads = [threading.Thread(target=rank, args=(r,)) for r in range(4)] + [threading.Thread(target=sender)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+print("ok", len(errors), *errors[:3])
+"""
+
+
+def test_zmq_short_timeouts_beside_the_background_threads_never_deadlock():
+    port = packer_procs.free_ports(2)[0]
+    for trial in range(3):
+        try:
+            run = subprocess.run(
+                [sys.executable, "-W", "ignore", "-c", _TIMEOUT_STRESS, str(port), "300"],
+                capture_output=True, text=True, timeout=120,
+            )
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"trial {trial}: 4 ZmqRankClients and a ZmqSender timing out every 10 ms deadlocked the process")
+        assert run.returncode == 0, run.stderr[-3000:]
+        assert run.stdout.split() == ["ok", "0"], run.stdout
+
+
 # --- CURVE: encrypted, authenticated ZeroMQ ---------------------------------------------------
 
 def _certificates(tmp_path: pathlib.Path) -> pathlib.Path:
