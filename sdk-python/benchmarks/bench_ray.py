@@ -79,7 +79,7 @@ def timed_packer_class(sray: Any) -> Any:
             self.t: Dict[str, float] = {}
             write = sray._stowplan.write_atomic  # replaced in this actor's worker process only
             batch_file = timed(self, "batch file (write + fsync)", write)
-            sray._stowplan.write_atomic = lambda path, data: (batch_file if "batches" in path else write)(path, data)
+            sray._stowplan.write_atomic = lambda path, data: (batch_file if "batches" in os.fspath(path) else write)(path, data)
             super().__init__(**kw)
 
         def _add(self, key: str, dt: float) -> None:
@@ -103,7 +103,12 @@ def timed_packer_class(sray: Any) -> Any:
             return timed(self, "pack (kernel + materialize)", super()._pack_step)(force=force)
 
         def _save(self) -> None:
-            timed(self, "checkpoint (state)", super()._save)()
+            # The checkpoint is written from the native packer, not the timing wrapper.
+            timing, self._packer = self._packer, getattr(self._packer, "_inner", self._packer)
+            try:
+                timed(self, "checkpoint (state)", super()._save)()
+            finally:
+                self._packer = timing
 
         def _publish(self, ranks: List[Any]) -> None:
             timed(self, "publish (ray.put x4)", super()._publish)(ranks)

@@ -1,6 +1,7 @@
 //! The packer runtime in process for Python (`Packer`): training batches in, every rank's
 //! batch of a step out.
 
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 use pyo3::prelude::*;
@@ -117,8 +118,22 @@ fn batch_arg(py: Python<'_>, batch: &Bound<'_, PyAny>, name: &str) -> PyResult<T
 }
 
 impl PyPacker {
+    /// The kernel and options the constructor makes of `options` (keywords), checked as it
+    /// checks them.
+    fn parsed(py: Python<'_>, options: Option<&Bound<'_, PyDict>>) -> PyResult<(stowplan::Kernel, PackerOptions)> {
+        let fresh = py.get_type::<Self>().call((), options)?;
+        let fresh = fresh.cast::<Self>()?.get();
+        let options = fresh.lock(py)?.options().clone();
+        Ok((fresh.kernel, options))
+    }
+
     fn lock(&self, py: Python<'_>) -> PyResult<std::sync::MutexGuard<'_, Packer>> {
-        self.inner.lock().map_err(|_| to_py(py, stowplan::Error::Runtime("the packer lock is poisoned".into())))
+        // Never waited for with the GIL held; no exception is built while it is held (each
+        // call's result is taken first, then converted).
+        crate::lock_or_poisoned(py, &self.inner).map_err(|poisoned| {
+            drop(poisoned); // its guard: released before the exception is built
+            to_py(py, stowplan::Error::Runtime("the packer lock is poisoned".into()))
+        })
     }
 }
 
@@ -193,10 +208,7 @@ impl PyPacker {
         batches: &Bound<'_, PyAny>,
         options: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<Self> {
-        // The options parsed and checked as the constructor does.
-        let fresh = py.get_type::<Self>().call((), options)?;
-        let fresh = fresh.cast::<Self>()?.get();
-        let (kernel, options) = (fresh.kernel, fresh.lock(py)?.options().clone());
+        let (kernel, options) = Self::parsed(py, options)?;
         let state = with_bytes(state, "state", |b| PackerState::decode(b).map_err(|e| to_py(py, e)))?;
         let mut by_key = std::collections::HashMap::new();
         for (i, b) in batches.try_iter()?.enumerate() {
@@ -222,19 +234,22 @@ impl PyPacker {
     #[pyo3(signature = (run, *, batch_size))]
     fn add_run(&self, py: Python<'_>, run: &Bound<'_, PyAny>, batch_size: &Bound<'_, PyAny>) -> PyResult<()> {
         let (run, batch_size) = (u32_arg(run, "run", 0)?, u64_arg(batch_size, "batch_size", 1)?);
-        self.lock(py)?.add_run(run, RunConfig { batch_size }).map_err(|e| to_py(py, e))
+        let added = self.lock(py)?.add_run(run, RunConfig { batch_size });
+        added.map_err(|e| to_py(py, e))
     }
 
     /// Removes run ``run``; returns how many of its pending samples were dropped.
     fn remove_run(&self, py: Python<'_>, run: &Bound<'_, PyAny>) -> PyResult<usize> {
         let run = u32_arg(run, "run", 0)?;
-        self.lock(py)?.remove_run(run).map(|(dropped, _)| dropped).map_err(|e| to_py(py, e))
+        let removed = self.lock(py)?.remove_run(run);
+        removed.map(|(dropped, _)| dropped).map_err(|e| to_py(py, e))
     }
 
     /// Clears the run's ``ready_to_update`` after the trainer updated it.
     fn clear_ready(&self, py: Python<'_>, run: &Bound<'_, PyAny>) -> PyResult<()> {
         let run = u32_arg(run, "run", 0)?;
-        self.lock(py)?.clear_ready(run).map_err(|e| to_py(py, e))
+        let cleared = self.lock(py)?.clear_ready(run);
+        cleared.map_err(|e| to_py(py, e))
     }
 
     /// Buffers the batch's valid samples; invalid ones are rejected with a reason. ``batch``:
@@ -270,7 +285,8 @@ impl PyPacker {
     /// Marks the step in flight delivered; returns the ``(run, step)`` batches now done.
     fn delivered(&self, py: Python<'_>, step: &Bound<'_, PyAny>) -> PyResult<Vec<(u32, u64)>> {
         let step = u64_arg(step, "step", 0)?;
-        let keys = self.lock(py)?.delivered(step).map_err(|e| to_py(py, e))?;
+        let keys = self.lock(py)?.delivered(step);
+        let keys = keys.map_err(|e| to_py(py, e))?;
         Ok(keys.into_iter().map(|k| (k.run, k.step)).collect())
     }
 
@@ -287,10 +303,12 @@ impl PyPacker {
 
     /// Every run's configuration and progress (dicts as :meth:`progress` gives).
     fn runs<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        // Copied out first: no Python object is made while the packer is locked.
+        let runs: Vec<(u32, u64, RunProgress)> =
+            self.lock(py)?.runs().map(|(run, c, progress)| (run, c.batch_size, progress.clone())).collect();
         let out = PyList::empty(py);
-        let p = self.lock(py)?;
-        for (run, c, progress) in p.runs() {
-            out.append(progress_dict(py, run, c.batch_size, progress)?)?;
+        for (run, batch_size, progress) in &runs {
+            out.append(progress_dict(py, *run, *batch_size, progress)?)?;
         }
         Ok(out)
     }
@@ -300,9 +318,9 @@ impl PyPacker {
     /// ``received_samples``, ``rejected`` (by reason), ``duplicate_batches``.
     fn progress<'py>(&self, py: Python<'py>, run: &Bound<'_, PyAny>) -> PyResult<Bound<'py, PyAny>> {
         let run = u32_arg(run, "run", 0)?;
-        let p = self.lock(py)?;
-        match p.runs().find(|(r, _, _)| *r == run) {
-            Some((run, c, progress)) => progress_dict(py, run, c.batch_size, progress),
+        let found = self.lock(py)?.runs().find(|(r, _, _)| *r == run).map(|(_, c, p)| (c.batch_size, p.clone()));
+        match found {
+            Some((batch_size, progress)) => progress_dict(py, run, batch_size, &progress),
             None => Err(invalid(py, format!("run {run} does not exist"))),
         }
     }
@@ -310,7 +328,8 @@ impl PyPacker {
     /// The checkpoint (versioned bytes): progress, pending order, round-robin position and the
     /// step in flight, without the batches' contents (see :meth:`needed_batches`).
     fn state<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
-        let bytes = self.lock(py)?.state().encode().map_err(|e| to_py(py, e))?;
+        let bytes = self.lock(py)?.state().encode();
+        let bytes = bytes.map_err(|e| to_py(py, e))?;
         Ok(PyBytes::new(py, &bytes))
     }
 
@@ -321,12 +340,111 @@ impl PyPacker {
 
     /// After :meth:`restore`: the step that was in flight, byte for byte as before.
     fn rebuild_inflight<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyList>>> {
-        let step = self.lock(py)?.rebuild_inflight().map_err(|e| to_py(py, e))?;
+        let step = self.lock(py)?.rebuild_inflight();
+        let step = step.map_err(|e| to_py(py, e))?;
         step.map(|s| rank_list(py, s.ranks)).transpose()
     }
 }
 
+/// CheckpointDir(path, *, owner): a packer's checkpoint directory (`stowplan::serve::CheckpointDir`:
+/// the state, the acknowledged ranks of its step in flight and the spool of batches),
+/// owned while this object lives; a second owner (another process or object) is refused
+/// with a ``StowplanIOError`` naming the first. ``owner`` names this one in the lock file.
+/// :class:`stowplan.ray.PackerActor` keeps its checkpoint with it.
+#[derive(Debug)]
+#[pyclass(frozen, module = "stowplan._stowplan", name = "CheckpointDir")]
+pub struct PyCheckpointDir {
+    /// `None` once closed.
+    inner: Mutex<Option<stowplan::serve::CheckpointDir>>,
+}
+
+impl PyCheckpointDir {
+    /// `f` on the open directory, without the GIL; a closed one is an `io` error.
+    fn with<R: Send>(
+        &self,
+        py: Python<'_>,
+        f: impl FnOnce(&stowplan::serve::CheckpointDir) -> Result<R, stowplan::Error> + Send,
+    ) -> PyResult<R> {
+        let out = crate::with_lock(py, &self.inner, |d| match d {
+            Some(d) => f(d),
+            None => Err(stowplan::Error::Io("this CheckpointDir was closed".into())),
+        });
+        out.map_err(|e| to_py(py, e))
+    }
+}
+
+#[pymethods]
+impl PyCheckpointDir {
+    #[new]
+    #[pyo3(signature = (path, *, owner))]
+    fn new(py: Python<'_>, path: PathBuf, owner: String) -> PyResult<Self> {
+        let inner = py.detach(|| stowplan::serve::CheckpointDir::open(path, &owner)).map_err(|e| to_py(py, e))?;
+        Ok(Self { inner: Mutex::new(Some(inner)) })
+    }
+
+    /// The directory.
+    #[getter]
+    fn path(&self, py: Python<'_>) -> PyResult<PathBuf> {
+        self.with(py, |d| Ok(d.path().to_path_buf()))
+    }
+
+    /// Where batch ``(run, step)`` is spooled.
+    fn batch_path(&self, py: Python<'_>, run: &Bound<'_, PyAny>, step: &Bound<'_, PyAny>) -> PyResult<PathBuf> {
+        let key = stowplan::BatchKey { run: u32_arg(run, "run", 0)?, step: u64_arg(step, "step", 0)? };
+        self.with(py, |d| Ok(d.batch_path(key)))
+    }
+
+    /// The packer the directory holds, restored with ``options`` (those of :class:`Packer`,
+    /// which must be the saved ones), as ``(packer, acked, reingested, set_aside)``: the
+    /// ranks that acknowledged its step in flight, the ``(run, step)`` batches spooled after
+    /// the checkpoint and ingested again, and the spool files that did not decode (moved to
+    /// ``rejected/``); ``None`` for a fresh directory. Everything is checked before anything
+    /// changes: a missing state beside spooled batches, a batch the state names that is
+    /// missing or damaged, a damaged state or a bad field is a ``CacheMismatchError`` naming
+    /// the file and what is wrong.
+    #[pyo3(signature = (**options))]
+    #[allow(clippy::type_complexity)]
+    fn load(
+        &self,
+        py: Python<'_>,
+        options: Option<&Bound<'_, PyDict>>,
+    ) -> PyResult<Option<(PyPacker, Vec<u32>, Vec<(u32, u64)>, Vec<PathBuf>)>> {
+        let (kernel, options) = PyPacker::parsed(py, options)?;
+        let loaded = self.with(py, |d| d.load(kernel, options))?;
+        Ok(loaded.map(|r| {
+            let packer = PyPacker { inner: Arc::new(Mutex::new(r.packer)), kernel };
+            let reingested = r.reingested.into_iter().map(|k| (k.run, k.step)).collect();
+            (packer, r.acked, reingested, r.set_aside)
+        }))
+    }
+
+    /// Writes the checkpoint of ``packer`` with the ranks ``acked`` that acknowledged its step
+    /// in flight (atomically), then deletes the spool files of batches it no longer needs.
+    /// ``InvalidArgumentError`` for ranks out of ``0..dp``, repeated, unsorted, all of them,
+    /// or without a step in flight.
+    fn save(&self, py: Python<'_>, packer: &PyPacker, acked: Vec<u32>) -> PyResult<()> {
+        let inner = Arc::clone(&packer.inner);
+        self.with(py, |d| match inner.lock() {
+            Ok(p) => d.save(&p, &acked),
+            Err(_) => Err(stowplan::Error::Runtime("the packer lock is poisoned".into())),
+        })
+    }
+
+    /// Lets go of the directory (another owner may take it from then on); every later call
+    /// is refused. Closing twice is harmless.
+    fn close(&self, py: Python<'_>) {
+        crate::with_lock(py, &self.inner, |d| drop(d.take()));
+    }
+
+    /// Whether :meth:`close` was called.
+    #[getter]
+    fn closed(&self, py: Python<'_>) -> bool {
+        crate::with_lock(py, &self.inner, |d| d.is_none())
+    }
+}
+
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<PyCheckpointDir>()?;
     m.add_class::<PyPacker>()?;
     m.add_class::<PyIngestReport>()?;
     Ok(())

@@ -179,6 +179,7 @@ def test_a_batch_file_that_cannot_be_written_is_not_taken(monkeypatch):
         assert report.accepted == 4 and not report.duplicate
         keys = _keys(ray.get(packer.take(0, 0))) + _keys(ray.get(packer.take(1, 0)))
         assert sorted(keys) == [(0, 0, i) for i in range(4)]
+        packer.close()  # a directory has one owner at a time
         assert sray.PackerActor(**OPTIONS, checkpoint_dir=ckpt).was_restored()  # and on disk
 
 
@@ -198,15 +199,18 @@ def test_a_failed_publication_or_state_write_loses_nothing(monkeypatch):
         monkeypatch.setattr(sray.PackerActor, "_save", real_save)
         packer.add_run(0, batch_size=4)
 
-        # A publication that fails inside send (while the batch file is written) takes the batch
-        # back: no receipt, and the batch sent again is taken.
+        # A publication that fails inside send (once the batch file is written) goes back to the
+        # checkpoint, which finds the batch in the spool and takes it again (as stowplan serve
+        # does with a batch spooled after its checkpoint): the batch sent again is a duplicate,
+        # and its samples are delivered once.
         real_of = sray.RayRankBatch.of
         full = classmethod(lambda cls, b: (_ for _ in ()).throw(MemoryError("object store full")))
         monkeypatch.setattr(sray.RayRankBatch, "of", full)
         with pytest.raises(MemoryError, match="object store full"):
             packer.send(_batch(0, 0))
         monkeypatch.setattr(sray.RayRankBatch, "of", real_of)
-        assert not packer.send(_batch(0, 0)).duplicate
+        assert packer.pending()[0] == 4  # back to the checkpoint, the spooled batch taken from the spool
+        assert packer.send(_batch(0, 0)).duplicate
         keys = _keys(ray.get(packer.take(0, 0))) + _keys(ray.get(packer.take(1, 0)))
         assert sorted(keys) == [(0, 0, i) for i in range(4)]
         # One that fails after the state is saved (pack, or take packing after wait_timeout)
@@ -234,9 +238,212 @@ def test_a_failed_publication_or_state_write_loses_nothing(monkeypatch):
             with pytest.raises(stowplan.StowplanIOError, match="could not go back to its checkpoint .*unreadable.*restart it"):
                 call()
         monkeypatch.undo()
+        packer.close()  # what the old actor's death does: it lets go of the directory
         again = sray.PackerActor(**OPTIONS, checkpoint_dir=ckpt)  # what Ray's restart does
         assert again.was_restored() and again.next_step() == 1 and again.pending()[0] == 4  # batch 2
         assert again.send(_batch(0, 2)).duplicate and not again.send(_batch(0, 3)).duplicate
+
+
+def _pending_actor(ckpt, steps=3):
+    """A plain actor (in this process) on ``ckpt`` holding ``steps`` batches of 4 samples
+    pending (nothing packed: the threshold is out of reach)."""
+    packer = sray.PackerActor(seq_len=64, dp=2, num_runs=1, threshold=10**6, checkpoint_dir=ckpt)
+    packer.add_run(0, batch_size=4)
+    for step in range(steps):
+        assert packer.send(_batch(0, step)).accepted == 4
+    return packer
+
+
+def _drain(packer):
+    """Every sample key the actor delivers from now on (both ranks take and acknowledge each
+    step; pending samples are packed by force)."""
+    keys = []
+    while True:
+        step = packer.next_step()
+        first = packer.take(0, step)
+        if first is None:
+            if packer.pack(force=True) is None:
+                return keys
+            continue
+        keys += _keys(ray.get(first)) + _keys(ray.get(packer.take(1, step)))
+        packer.ack(0, step)
+        packer.ack(1, step)
+
+
+def _spool(ckpt):
+    return sorted(os.listdir(os.path.join(ckpt, "batches")))
+
+
+def test_a_lost_state_file_is_refused_and_the_spool_kept():
+    """The state is deleted beside 3 spooled batches (12 samples pending): a new actor refuses
+    to start, naming the file, and deletes nothing; with the file back, every sample is
+    delivered once."""
+    with tempfile.TemporaryDirectory() as ckpt:
+        packer = _pending_actor(ckpt)
+        packer.close()
+        state = os.path.join(ckpt, "packer_state.bin")
+        saved = pathlib.Path(state).read_bytes()
+        os.unlink(state)
+        spool = _spool(ckpt)
+        assert spool == [f"run_0_step_{s}.bin" for s in range(3)]
+        for _ in range(2):
+            with pytest.raises(stowplan.CacheMismatchError, match=r"packer_state\.bin is missing but .*batches holds 3 spooled batch"):
+                sray.PackerActor(seq_len=64, dp=2, num_runs=1, threshold=10**6, checkpoint_dir=ckpt)
+            assert _spool(ckpt) == spool  # nothing deleted
+        with open(state, "wb") as f:
+            f.write(saved)
+        again = sray.PackerActor(seq_len=64, dp=2, num_runs=1, threshold=10**6, checkpoint_dir=ckpt)
+        assert again.was_restored() and again.pending()[0] == 12
+        assert sorted(_drain(again)) == [(0, s, i) for s in range(3) for i in range(4)]
+        assert _spool(ckpt) == []  # delivered: their files go
+
+
+def test_a_lost_state_file_is_refused_by_a_restarted_ray_actor():
+    with _checkpoint_dir() as ckpt:
+        actor = _actor(seq_len=64, dp=2, num_runs=1, threshold=10**6, checkpoint_dir=ckpt)
+        ray.get(actor.add_run.remote(0, batch_size=4))
+        for step in range(3):
+            ray.get(actor.send.remote(_batch(0, step)))
+        ray.kill(actor, no_restart=True)
+        deadline = time.monotonic() + 30
+        while True:  # ray.kill does not wait: the old actor lets go of the directory when it is gone
+            os.unlink(os.path.join(ckpt, "packer_state.bin")) if os.path.exists(os.path.join(ckpt, "packer_state.bin")) else None
+            fresh = _actor(seq_len=64, dp=2, num_runs=1, threshold=10**6, checkpoint_dir=ckpt)
+            try:
+                ray.get(fresh.pending.remote())
+            except ray.exceptions.RayActorError as e:
+                if "another stowplan packer" in str(e) and time.monotonic() < deadline:
+                    time.sleep(0.1)
+                    continue
+                assert "CacheMismatchError" in str(e) and "packer_state.bin is missing" in str(e), str(e)[-2000:]
+                break
+            raise AssertionError("a new actor started fresh beside 3 spooled batches")
+        assert _spool(ckpt) == [f"run_0_step_{s}.bin" for s in range(3)]
+
+
+def test_two_actors_on_one_checkpoint_dir_the_second_is_refused():
+    with tempfile.TemporaryDirectory() as ckpt:
+        first = _pending_actor(ckpt, steps=2)
+        with pytest.raises(stowplan.StowplanIOError, match=r"another stowplan packer uses this checkpoint directory, held by stowplan\.ray\.PackerActor, pid %d on " % os.getpid()):
+            sray.PackerActor(seq_len=64, dp=2, num_runs=1, threshold=10**6, checkpoint_dir=ckpt)
+        assert first.send(_batch(0, 2)).accepted == 4  # the first keeps working, its files intact
+        assert _spool(ckpt) == [f"run_0_step_{s}.bin" for s in range(3)]
+        first.close()
+        second = sray.PackerActor(seq_len=64, dp=2, num_runs=1, threshold=10**6, checkpoint_dir=ckpt)
+        assert sorted(_drain(second)) == [(0, s, i) for s in range(3) for i in range(4)]
+        with pytest.raises(stowplan.StowplanIOError, match="was closed"):
+            first.pending()
+
+
+def _forge(ckpt, change):
+    """Rewrites the actor's checkpoint through ``change(acked, state) -> (acked, state)``,
+    framed and checksummed as the actor writes it (so only the field is wrong)."""
+    import struct
+    import zlib
+
+    path = os.path.join(ckpt, "packer_state.bin")
+    data = pathlib.Path(path).read_bytes()
+    assert data[:4] == b"SPAC" and struct.unpack("<H", data[4:6])[0] == 1
+    body = data[6:-4]
+
+    def varint(b, i):
+        n = shift = 0
+        while True:
+            n |= (b[i] & 0x7F) << shift
+            i += 1
+            if b[i - 1] < 0x80:
+                return n, i
+            shift += 7
+
+    def enc(n):
+        out = bytearray()
+        while True:
+            out.append((n & 0x7F) | (0x80 if n > 0x7F else 0))
+            n >>= 7
+            if not n:
+                return bytes(out)
+
+    n, i = varint(body, 0)
+    state, rest = body[i : i + n], body[i + n :]
+    count, j = varint(rest, 0)
+    acked = []
+    for _ in range(count):
+        r, j = varint(rest, j)
+        acked.append(r)
+    acked, state = change(acked, state)
+    new = data[:6] + enc(len(state)) + state + enc(len(acked)) + b"".join(enc(r) for r in acked)
+    with open(path, "wb") as f:
+        f.write(new + struct.pack("<I", zlib.crc32(new)))
+
+
+def test_damaged_or_forged_checkpoint_fields_are_refused_naming_the_file():
+    with tempfile.TemporaryDirectory() as ckpt:
+        packer = sray.PackerActor(**OPTIONS, checkpoint_dir=ckpt)
+        packer.add_run(0, batch_size=4)
+        packer.send(_batch(0, 0))  # packed: step 0 in flight
+        packer.send(_batch(0, 1))  # pending
+        rank0 = _keys(ray.get(packer.take(0, 0)))
+        assert not packer.ack(0, 0)  # rank 0 acknowledged step 0, rank 1 not yet
+        for bad in (-1, True, 1.5, "0"):
+            with pytest.raises(stowplan.InvalidArgumentError, match=r"step must be an integer >= 0"):
+                packer.ack(1, bad)
+        packer.close()
+        path = os.path.join(ckpt, "packer_state.bin")
+        good = pathlib.Path(path).read_bytes()
+        spool = _spool(ckpt)
+        open_ = lambda: sray.PackerActor(**OPTIONS, checkpoint_dir=ckpt)  # noqa: E731
+        cases = {
+            "acked: rank 7 out of range 0..2": lambda a, s: ([0, 7], s),
+            r"acked: ranks \[1, 0\] must be ascending and distinct": lambda a, s: ([1, 0], s),
+            r"acked: ranks \[0, 0\] must be ascending and distinct": lambda a, s: ([0, 0], s),
+            "acked: all 2 ranks acknowledged the step in flight": lambda a, s: ([0, 1], s),
+            "state: .*damaged packer state": lambda a, s: (a, s[:-1] + bytes([s[-1] ^ 1])),
+            "state: .*packer state format version 99": lambda a, s: (a, s[:4] + b"\x63\x00" + s[6:]),
+        }
+        for message, change in cases.items():
+            with open(path, "wb") as f:
+                f.write(good)
+            _forge(ckpt, change)
+            with pytest.raises(stowplan.CacheMismatchError, match=re.escape(path) + ": " + message):
+                open_()
+        # The frame itself: another version, a flipped bit, a truncation, the old format.
+        for data, message in (
+            (good[:4] + b"\x63\x00" + good[6:], "packer checkpoint format version 99"),
+            (good[:20] + bytes([good[20] ^ 4]) + good[21:], "damaged packer checkpoint"),
+            (good[: len(good) // 2], "damaged packer checkpoint|corrupt"),
+            (b"SPRAYCK1" + good, "an earlier stowplan .format SPRAYCK1"),
+            (b"", "truncated packer checkpoint|not an encoded stowplan packer checkpoint"),
+        ):
+            with open(path, "wb") as f:
+                f.write(data)
+            with pytest.raises(stowplan.CacheMismatchError, match=message):
+                open_()
+        # A batch file the state needs: deleted, renamed, damaged, another batch's.
+        with open(path, "wb") as f:
+            f.write(good)
+        batch0 = os.path.join(ckpt, "batches", "run_0_step_0.bin")
+        saved = pathlib.Path(batch0).read_bytes()
+        os.rename(batch0, batch0 + ".moved")
+        with pytest.raises(stowplan.CacheMismatchError, match=re.escape(batch0) + r": a spooled batch the checkpoint needs \(run 0 step 0\) is missing"):
+            open_()
+        os.rename(batch0 + ".moved", batch0)
+        with open(batch0, "wb") as f:
+            f.write(saved[:-1] + bytes([saved[-1] ^ 1]))
+        with pytest.raises(stowplan.CacheMismatchError, match=re.escape(batch0) + ": .*damaged training batch"):
+            open_()
+        with open(batch0, "wb") as f:
+            f.write(pathlib.Path(os.path.join(ckpt, "batches", "run_0_step_1.bin")).read_bytes())
+        with pytest.raises(stowplan.CacheMismatchError, match=re.escape(batch0) + ": holds batch run 0 step 1"):
+            open_()
+        with open(batch0, "wb") as f:
+            f.write(saved)
+        assert _spool(ckpt) == spool  # every refusal deleted nothing
+        again = open_()  # all mended: nothing lost, nothing twice
+        assert again.was_restored() and again.pending()[0] == 4
+        assert again.take(0, 0) is not None  # step 0 rebuilt; rank 0's acknowledgement kept
+        rank1 = _keys(ray.get(again.take(1, 0)))
+        assert again.ack(1, 0)  # completes step 0: rank 0 is not asked again
+        assert sorted(rank0 + rank1 + _drain(again)) == [(0, s, i) for s in range(2) for i in range(4)]
 
 
 def test_asking_for_the_next_step_acknowledges_the_one_in_flight():

@@ -696,6 +696,55 @@ fn a_damaged_checkpoint_or_needed_spool_file_is_refused_naming_it() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// The in-process packer's checkpoint directory (the Ray actor's): one owner at a time, the
+/// state and the spool checked together before anything is deleted, the acknowledged ranks
+/// kept and checked, a batch spooled after the checkpoint ingested again.
+#[test]
+fn a_checkpoint_dir_has_one_owner_and_checks_state_and_spool_together() {
+    use stowplan::serve::CheckpointDir;
+    let dir = std::env::temp_dir().join(format!("stowplan-ckdir-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let options = PackerOptions { num_runs: 1, ..PackerOptions::new(64, 2) };
+    let ck = CheckpointDir::open(&dir, "test").unwrap();
+    let second = CheckpointDir::open(&dir, "test").unwrap_err().to_string();
+    assert!(second.contains("another stowplan packer uses this checkpoint directory, held by test, pid"), "{second}");
+    assert!(ck.load(Kernel::native(), options.clone()).unwrap().is_none(), "a fresh directory");
+    let mut p = packer(64, 2, 1, 4);
+    for step in 0..3 {
+        let b = batch(0, step, &[3, 4, 5]);
+        atomic_write(&ck.batch_path(b.key()), &b.encode().unwrap());
+        p.ingest(Arc::new(b));
+    }
+    let step = p.pack(true).unwrap().unwrap();
+    assert!(ck.save(&p, &[1, 0]).unwrap_err().to_string().contains("ascending and distinct"));
+    assert!(ck.save(&p, &[2]).unwrap_err().to_string().contains("rank 2 out of range 0..2"));
+    ck.save(&p, &[1]).unwrap();
+    // A batch spooled after the checkpoint (its receipt never sent): ingested again on load.
+    let late = batch(0, 3, &[2, 2]);
+    atomic_write(&ck.batch_path(late.key()), &late.encode().unwrap());
+    let r = ck.load(Kernel::native(), options.clone()).unwrap().unwrap();
+    assert_eq!(r.acked, [1]);
+    assert_eq!(r.reingested, [late.key()]);
+    let restored = r.packer;
+    let again = restored.rebuild_inflight().unwrap().unwrap();
+    for (a, b) in step.ranks.iter().zip(&again.ranks) {
+        assert_eq!(a.encode().unwrap(), b.encode().unwrap(), "the step in flight, byte for byte");
+    }
+    // The state gone beside the spool: refused, nothing deleted.
+    std::fs::remove_file(ck.state_path()).unwrap();
+    let spooled = std::fs::read_dir(dir.join("batches")).unwrap().count();
+    let e = ck.load(Kernel::native(), options.clone()).unwrap_err();
+    assert!(matches!(&e, Error::CacheMismatch(m) if m.contains("packer_state.bin is missing")), "{e}");
+    assert_eq!(std::fs::read_dir(dir.join("batches")).unwrap().count(), spooled);
+    drop(ck);
+    assert!(CheckpointDir::open(&dir, "test").is_ok(), "the first owner let go");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+fn atomic_write(path: &Path, bytes: &[u8]) {
+    stowplan::write_atomic(path, bytes).unwrap();
+}
+
 #[test]
 fn a_garbage_flood_keeps_rejected_within_its_bounds() {
     // 40 undecodable messages (one of 200 kB) into a rejected/ of at most 5 messages and
@@ -742,12 +791,15 @@ fn control_messages_and_a_second_server_on_the_same_state() {
     // A second server on the same root is refused, naming the holder (with another state
     // directory it used to run and overwrite the first one's step files) ...
     let second = FsTransport::new(&dir, Duration::from_millis(2)).unwrap_err().to_string();
-    assert!(second.contains("another stowplan serve uses this root, held by pid "), "{second}");
+    assert!(second.contains("another stowplan packer uses this root, held by stowplan serve, pid "), "{second}");
     // ... and so is one on the same state directory with another root.
     let other_root = dir.join("other-root");
     let t2 = FsTransport::new(&other_root, Duration::from_millis(2)).unwrap();
     let second = Server::open(Kernel::native(), t2, o.clone()).unwrap_err().to_string();
-    assert!(second.contains("another stowplan serve uses this state directory, held by pid"), "{second}");
+    assert!(
+        second.contains("another stowplan packer uses this state directory, held by stowplan serve, pid"),
+        "{second}"
+    );
     let summary = server.run(&AtomicBool::new(false), |_| {}).unwrap();
     assert_eq!((summary.steps, summary.samples, summary.rejected, summary.undecodable), (1, 2, 1, 1));
     assert!(dir.join("packer/rejected/garbage.bin").is_file(), "undecodable messages are kept aside");

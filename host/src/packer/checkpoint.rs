@@ -90,6 +90,16 @@ impl PackerState {
     pub fn seen(&self, key: BatchKey) -> bool {
         self.seen.contains(key)
     }
+
+    /// The step in flight (packed, not yet delivered to every rank), if any.
+    pub fn in_flight(&self) -> Option<u64> {
+        self.inflight.as_ref().map(|i| i.step)
+    }
+
+    /// The number of ranks the state was saved with.
+    pub fn dp(&self) -> u32 {
+        self.options.dp
+    }
 }
 
 impl PackerOptions {

@@ -23,11 +23,13 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
 pub(crate) use stowplan_kernel::plan::hex;
 
 /// Takes the exclusive lock of `path` (created if needed) for as long as the returned file
-/// lives, and writes this process's id into it; if another process holds it, an `io` error
-/// saying that another stowplan serve uses `what` and naming the holder's pid.
-pub(crate) fn lock_exclusive(path: &Path, what: &str) -> Result<std::fs::File, crate::Error> {
+/// lives, and writes who holds it into it (`owner`, e.g. "stowplan serve", this process's id
+/// and host); if another process holds it, an `io` error saying that another stowplan packer
+/// uses `what` and naming the holder as its file says. The lock is `flock`'s: the kernel
+/// drops it when its holder dies, so a crash never leaves a directory owned.
+pub(crate) fn lock_exclusive(path: &Path, what: &str, owner: &str) -> Result<std::fs::File, crate::Error> {
     use std::io::{Read, Seek, Write};
-    // Not truncated on open: the holder's pid must survive a refused second opener.
+    // Not truncated on open: the holder's name must survive a refused second opener.
     let mut file = std::fs::OpenOptions::new()
         .read(true)
         .write(true)
@@ -36,19 +38,43 @@ pub(crate) fn lock_exclusive(path: &Path, what: &str) -> Result<std::fs::File, c
         .open(path)
         .map_err(|e| crate::Error::io("creating", path, e))?;
     if let Err(e) = file.try_lock() {
+        let e = match e {
+            std::fs::TryLockError::WouldBlock => "the lock is held".to_string(),
+            // No lock at all (ENOLCK, or a filesystem without flock): not another owner.
+            std::fs::TryLockError::Error(e) => {
+                return Err(crate::Error::Io(format!(
+                    "{}: cannot lock it ({e}); a packer needs a directory on a filesystem with flock locks \
+                     (a local disk; on a network filesystem, one that supports them)",
+                    path.display()
+                )));
+            }
+        };
         let mut holder = String::new();
         let _ = file.read_to_string(&mut holder);
         let holder = holder.trim();
         let holder = if holder.is_empty() { String::new() } else { format!(", held by {holder}") };
-        return Err(crate::Error::Io(format!("{}: another stowplan serve uses {what}{holder} ({e})", path.display())));
+        return Err(crate::Error::Io(format!(
+            "{}: another stowplan packer uses {what}{holder} ({e}); a directory has one owner at a time: stop that \
+             one first, or use another directory",
+            path.display()
+        )));
     }
     let written = file
         .set_len(0)
         .and_then(|()| file.rewind())
-        .and_then(|()| writeln!(file, "pid {}", std::process::id()))
+        .and_then(|()| writeln!(file, "{owner}, pid {} on {}", std::process::id(), host_name()))
         .and_then(|()| file.flush());
     written.map_err(|e| crate::Error::io("writing", path, e))?;
     Ok(file)
+}
+
+/// This machine's host name (`?` when it cannot be read), for lock holders' names.
+fn host_name() -> String {
+    let mut buf = [0u8; 256];
+    // SAFETY: the buffer is valid for its length; gethostname writes at most that many bytes.
+    let ok = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) } == 0;
+    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    if ok && end > 0 { String::from_utf8_lossy(&buf[..end]).into_owned() } else { "?".into() }
 }
 
 /// Whether the environment variable `name` is set to anything but empty or `0`.

@@ -23,12 +23,14 @@
 //! `ROOT/serve.lock`: a second server on the same root is refused even with another state
 //! directory.
 
+mod checkpoint_dir;
 pub mod client;
 mod fs;
 pub mod protocol;
 mod server;
 mod transport;
 
+pub use checkpoint_dir::{CheckpointDir, Restored};
 pub use client::{FileRankClient, FileRankOptions};
 pub(crate) use fs::wait_for_file;
 pub use fs::{FsTransport, receive_fs, send_fs};

@@ -9,39 +9,13 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
+use super::checkpoint_dir::{read_spooled, refuse_orphaned_spool};
 use super::protocol::files;
 use super::{Control, ControlMessage, Delivered, Incoming, Message, Receipt, Transport, batch_file_name};
 use crate::Error;
 use crate::kernel::Kernel;
 use crate::packer::{BatchKey, PackedStep, Packer, PackerOptions, PackerState, RunConfig, StepMetrics, TrainingBatch};
 use crate::runtime::atomic;
-
-/// Refuses to start a new packer beside a spool that holds batches: the server checkpoints
-/// before it spools anything, so spooled batches without `state.bin` mean the checkpoint was
-/// lost, and with it which of their samples were delivered. Errors: `cache-mismatch` naming
-/// the missing file, the spool and the ways out; `io`.
-fn refuse_orphaned_spool(spool: &Path, state_path: &Path) -> Result<(), Error> {
-    let mut orphans = 0usize;
-    let mut first = None;
-    for e in std::fs::read_dir(spool).map_err(|e| Error::io("listing", spool, e))? {
-        let name = e.map_err(|e| Error::io("listing", spool, e))?.file_name().to_string_lossy().into_owned();
-        if !files::is_temporary(&name) {
-            orphans += 1;
-            first = first.max(Some(name));
-        }
-    }
-    match first {
-        None => Ok(()),
-        Some(name) => Err(Error::CacheMismatch(format!(
-            "refusing to start: {} is missing but {} holds {orphans} spooled batch(es) ({name} …): the checkpoint \
-             that says which of their samples were delivered is lost, and starting over would deliver them again \
-             under step numbers the ranks already have. Restore state.bin from a backup, or start over on purpose \
-             with an empty state directory, a new root and every rank restarted at step 0",
-            state_path.display(),
-            spool.display()
-        ))),
-    }
-}
 
 /// Options of a [`Server`].
 #[derive(Clone, Debug)]
@@ -161,29 +135,18 @@ impl<T: Transport> Server<T> {
         for d in [dir.join("spool"), dir.join("rejected")] {
             std::fs::create_dir_all(&d).map_err(|e| Error::io("creating directory", &d, e))?;
         }
-        let lock = crate::runtime::lock_exclusive(&dir.join("lock"), "this state directory")?;
+        let lock = crate::runtime::lock_exclusive(&dir.join("lock"), "this state directory", "stowplan serve")?;
         let spool = dir.join("spool");
         let state_path = dir.join("state.bin");
-        let load = |key: BatchKey| -> Result<Arc<TrainingBatch>, Error> {
-            let p = spool.join(batch_file_name(key));
-            let bytes = std::fs::read(&p).map_err(|e| {
-                Error::CacheMismatch(format!(
-                    "{}: a spooled batch the checkpoint needs is unreadable: {e}",
-                    p.display()
-                ))
-            })?;
-            TrainingBatch::decode(&bytes)
-                .map(Arc::new)
-                .map_err(|e| Error::CacheMismatch(format!("{}: {e}", p.display())))
-        };
         let (mut packer, restored) = match std::fs::read(&state_path) {
             Ok(bytes) => {
                 let state = PackerState::decode(&bytes)
                     .map_err(|e| Error::CacheMismatch(format!("{}: {e}", state_path.display())))?;
-                (Packer::restore(kernel, options.packer.clone(), state, load)?, true)
+                (Packer::restore(kernel, options.packer.clone(), state, |key| read_spooled(&spool, key))?, true)
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                refuse_orphaned_spool(&spool, &state_path)?;
+                let start_over = "an empty state directory, a new root and every rank restarted at step 0";
+                refuse_orphaned_spool(&spool, &state_path, start_over)?;
                 (Packer::new(kernel, options.packer.clone())?, false)
             }
             Err(e) => return Err(Error::io("reading", &state_path, e)),

@@ -52,6 +52,9 @@ pub const DATA_SOURCE_STATE: Format = Format { magic: *b"SPDS", version: 2, what
 /// How far the filesystem transport's packer has delivered (`ROOT/delivered.bin`): the
 /// evidence that survives ranks consuming their step files (`serve::DeliveryMark`).
 pub const DELIVERY_MARK: Format = Format { magic: *b"SPDM", version: 1, what: "delivery mark" };
+/// An in-process packer's checkpoint with the ranks that acknowledged its step in flight
+/// (`DIR/packer_state.bin`, `serve::CheckpointDir`: the Ray actor's).
+pub const ACTOR_CHECKPOINT: Format = Format { magic: *b"SPAC", version: 1, what: "packer checkpoint" };
 
 /// Every framed format, for documentation and for the tests that damage each kind.
 pub const FORMATS: &[Format] = &[
@@ -66,6 +69,7 @@ pub const FORMATS: &[Format] = &[
     LENGTH_CACHE,
     DATA_SOURCE_STATE,
     DELIVERY_MARK,
+    ACTOR_CHECKPOINT,
 ];
 
 impl Format {

@@ -20,10 +20,18 @@ Steps follow the packer's own rules, those ``stowplan serve`` applies: a step is
 batches done) once every rank acknowledged it; the next step is packed only then. A rank asking
 for a step already delivered is refused (those steps are gone).
 
-With ``checkpoint_dir`` the actor writes the packer's versioned state (:meth:`Packer.state`,
-the batches it names, the ranks that acknowledged the step in flight) after every change,
-atomically, and a new actor on the same directory (Ray's ``max_restarts``) resumes from it: the
-step in flight is rebuilt byte for byte, receipts of batches sent again say ``duplicate``.
+With ``checkpoint_dir`` the actor writes the packer's versioned state (:meth:`Packer.state`
+and the ranks that acknowledged the step in flight, framed as every durable file is:
+``packer_state.bin``, the ``SPAC`` format) after every change, atomically, beside the spool of
+the batches it names (``batches/``), and a new actor on the same directory (Ray's
+``max_restarts``) resumes from it: the step in flight is rebuilt byte for byte, receipts of
+batches sent again say ``duplicate``. The rules are ``stowplan serve``'s for its state
+directory (``stowplan::serve::CheckpointDir``): the directory has one owner at a time (a
+second actor on it is refused, naming the first; :meth:`PackerActor.close` or the actor's
+death lets go), and the state and the spool are checked together before anything is
+deleted, so a lost or damaged ``packer_state.bin`` beside spooled batches, a batch file
+missing, or a bad field is refused naming the file (``CacheMismatchError``), never a fresh
+start that would deliver those samples again or lose them.
 
 :class:`RayReceiver` is a trainer rank's side; it yields :class:`RayRankBatch` es whose numpy
 arrays are read-only views of the object store (zero-copy; ``torch.from_numpy`` takes them)
@@ -41,12 +49,9 @@ dataset's row order, equal to :func:`stowplan.compute_lengths` over the same row
 
 from __future__ import annotations
 
-import json
 import os
-import struct
 import time
 import warnings
-import zlib
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Dict, Iterator, List, Optional, Set, Tuple
 
@@ -145,16 +150,6 @@ def _rank(micro: List[RayMicroBatch], values: Tuple[Any, ...]) -> RayRankBatch:
     return RayRankBatch(micro, **dict(zip(_RANK_FIELDS, values)))
 
 
-# The checkpoint file: magic, CRC-32 of the rest, header length, JSON header, packer state.
-_MAGIC = b"SPRAYCK1"
-_STATE = "packer_state.bin"
-_BATCHES = "batches"
-
-
-def _batch_name(run: int, step: int) -> str:
-    return _stowplan.batch_file_name(run, step)
-
-
 class PackerActor:
     """The packer runtime as a Ray actor (wrap it with ``ray.remote``; module docs).
 
@@ -168,40 +163,62 @@ class PackerActor:
             raise InvalidArgumentError("seq_len and dp are required (the options of stowplan.Packer)")
         self._options = options
         self._dp: int = options["dp"]
-        self._dir = None if checkpoint_dir is None else os.fspath(checkpoint_dir)
         self._pool: Optional[ThreadPoolExecutor] = None
         self._broken: Optional[BaseException] = None
-        self.restored = self._resume()
+        self._closed = False
+        # The directory is owned while this actor lives: a second owner is refused naming
+        # the first, and nothing in it is read or deleted before it is owned.
+        self._dir: Optional[_stowplan.CheckpointDir] = (
+            None if checkpoint_dir is None else _stowplan.CheckpointDir(os.fspath(checkpoint_dir), owner="stowplan.ray.PackerActor")
+        )
+        try:
+            self.restored = self._resume()
+        except BaseException:
+            self.close()  # refused: the directory is let go at once, not when this object is collected
+            raise
+
+    def close(self) -> None:
+        """Lets go of ``checkpoint_dir`` (another actor may own it from then on) and of the
+        worker threads; the actor refuses every call after. Ray's ``ray.kill`` and a dead
+        process let go too."""
         if self._dir is not None:
-            os.makedirs(os.path.join(self._dir, _BATCHES), exist_ok=True)
+            self._dir.close()
+        self._dir, self._closed = None, True
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
 
     def _resume(self) -> bool:
         """Takes the packer as the checkpoint on disk has it (a fresh one without a checkpoint)
         and publishes its step in flight: what a restarted actor starts from. Returns whether
-        there was a checkpoint; changes nothing if it fails."""
-        state = self._load() if self._dir is not None else None
-        if state is None:
+        there was a checkpoint; changes nothing if it fails. The state and the spool of batch
+        files are checked together first (``stowplan::serve::CheckpointDir``, the rules
+        ``stowplan serve`` keeps): a missing state beside spooled batches, a batch the state
+        needs that is missing or damaged, or a damaged field is refused naming the file."""
+        loaded = self._load() if self._dir is not None else None
+        if loaded is None:
             packer, acked = Packer(**self._options), set()
         else:
-            header, packer_state = state
-            batches = []
-            for run, step in header["needed"]:
-                with open(os.path.join(self._dir, _BATCHES, _batch_name(run, step)), "rb") as f:
-                    batches.append(f.read())
-            packer, acked = Packer.restore(packer_state, batches, **self._options), set(header["acked"])
+            packer, acked_ranks, reingested, set_aside = loaded
+            acked = set(acked_ranks)
+            for path in set_aside:
+                warnings.warn(f"stowplan.ray: a spool file that does not decode was set aside: {os.fspath(path)}", RuntimeWarning, stacklevel=2)
         self._packer, self._acked = packer, acked
         self._inflight: Optional[Tuple[int, List[Any]]] = None  # (step, one ObjectRef per rank)
+        if loaded is not None and loaded[2]:
+            self._save()  # batches spooled after the checkpoint, ingested again: now in it
         try:
             self._published()
         except Exception as e:  # noqa: BLE001 - the step is durable: take() publishes it
             warnings.warn(f"stowplan.ray: publishing the step in flight failed ({e!r}); the next take() tries again", RuntimeWarning, stacklevel=1)
-        return state is not None
+        return loaded is not None
 
     def _back_to_checkpoint(self) -> None:
         """After a failed write: memory is ahead of the disk (a batch taken, perhaps a step
-        packed), so go back to the checkpoint, as a restart would, and a batch sent again is
-        taken, not called a duplicate of one never written. If even that fails, the actor
-        refuses every call until it is restarted."""
+        packed), so go back to the checkpoint, as a restart would: a batch whose file never
+        reached the spool is taken when sent again, one whose file did is taken from the spool
+        (and a resend is its duplicate), never one the disk does not hold. If even that fails,
+        the actor refuses every call until it is restarted."""
         try:
             self._resume()
         except BaseException as e:  # noqa: BLE001 - kept, raised by every later call
@@ -216,6 +233,8 @@ class PackerActor:
             raise
 
     def _usable(self) -> None:
+        if self._closed:
+            raise StowplanIOError("this PackerActor was closed: it let go of its checkpoint_dir (start a new one on it)")
         if self._broken is not None:
             raise StowplanIOError(
                 f"this PackerActor could not go back to its checkpoint after a failed write ({self._broken}); "
@@ -224,36 +243,13 @@ class PackerActor:
 
     # -- checkpoints ---------------------------------------------------------------------
 
-    def _load(self) -> Optional[Tuple[Dict[str, Any], bytes]]:
+    def _load(self) -> Optional[Tuple[Any, List[int], List[Tuple[int, int]], List[str]]]:
         assert self._dir is not None
-        path = os.path.join(self._dir, _STATE)
-        try:
-            with open(path, "rb") as f:
-                data = f.read()
-        except FileNotFoundError:
-            return None
-        except OSError as e:
-            raise StowplanIOError(f"checkpoint_dir: cannot read {path}: {e}") from e
-        if len(data) < 16 or data[:8] != _MAGIC:
-            raise InvalidArgumentError(f"checkpoint_dir: {path} is not a stowplan.ray checkpoint")
-        crc, hlen = struct.unpack("<II", data[8:16])
-        if zlib.crc32(data[12:]) != crc or 16 + hlen > len(data):
-            raise InvalidArgumentError(f"checkpoint_dir: {path} is damaged (CRC-32 mismatch)")
-        return json.loads(data[16 : 16 + hlen]), data[16 + hlen :]
+        return self._dir.load(**self._options)
 
     def _save(self) -> None:
-        if self._dir is None:
-            return
-        needed = [list(k) for k in self._packer.needed_batches()]
-        header = json.dumps({"version": 1, "needed": needed, "acked": sorted(self._acked)}).encode()
-        body = struct.pack("<I", len(header)) + header + self._packer.state()
-        _stowplan.write_atomic(os.path.join(self._dir, _STATE), _MAGIC + struct.pack("<I", zlib.crc32(body)) + body)
-        keep = {_batch_name(r, s) for r, s in needed}
-        folder = os.path.join(self._dir, _BATCHES)
-        for name in os.listdir(folder):
-            # Names starting with "." are write_atomic's temporary files.
-            if name not in keep and not name.startswith("."):
-                os.unlink(os.path.join(folder, name))
+        if self._dir is not None:
+            self._dir.save(self._packer, sorted(self._acked))
 
     # -- orchestrator side ---------------------------------------------------------------
 
@@ -311,8 +307,7 @@ class PackerActor:
         # (all without the GIL); the state, which names the batch, is written once the file
         # is durable, and only then can a rank (take, after this call) see the step.
         try:
-            folder = os.path.join(self._dir, _BATCHES)
-            paths = [os.path.join(folder, _batch_name(run, step)) for run, step in set(self._packer.needed_batches()) - before]
+            paths = [self._dir.batch_path(run, step) for run, step in set(self._packer.needed_batches()) - before]
             written = self._threads().submit(lambda: [_stowplan.write_atomic(path, data) for path in paths])
             try:
                 packed = self._pack_step(force=False)
@@ -420,6 +415,8 @@ class PackerActor:
         """Rank ``rank`` holds ``step``; once every rank does the step is delivered. Returns
         whether this acknowledgement completed the step (repeats are ignored)."""
         self._check_rank(rank)
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            raise InvalidArgumentError(f"step must be an integer >= 0 (got {step!r})")
         self._usable()
         if self._inflight is None or step < self._inflight[0] or rank in self._acked:
             if self._inflight is None and step >= self._packer.next_step:
