@@ -197,8 +197,8 @@ fn keep_freed_memory() {
 
 /// Refuses, before any work, an IN that is missing or not a file (with the system's reason),
 /// an OUT that is IN itself (the same file by any path: writing it would replace the table
-/// being read), and an OUT that cannot be written: a directory, or a file in a
-/// directory that does not exist.
+/// being read), and an OUT that cannot be written: a directory, a file in a directory that
+/// does not exist, or anything but a regular file (a device, a FIFO, a socket).
 fn check_paths(input: &std::path::Path, out: &std::path::Path) -> Result<(), Failure> {
     use std::os::unix::fs::MetadataExt;
 
@@ -224,7 +224,8 @@ fn check_paths(input: &std::path::Path, out: &std::path::Path) -> Result<(), Fai
     if !dir.is_dir() {
         return Err(Failure::bad(format!("OUT {shown:?}: its directory {} does not exist", dir.display())));
     }
-    Ok(())
+    // A device, a FIFO or a socket is never replaced (the rule of every writer).
+    Ok(stowplan::AtomicFile::check_target(out)?)
 }
 
 #[cfg(not(feature = "arrow"))]

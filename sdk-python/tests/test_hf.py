@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import re
 import sys
 
 import numpy as np
@@ -286,6 +287,31 @@ def test_a_failed_write_leaves_no_file(tmp_path, monkeypatch):
     with pytest.raises(OSError, match="disk full"):
         stowplan.hf.pack_dataset(ds, 8, cache_file_name=path)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_cache_file_name_that_is_not_a_regular_file_is_refused_and_left_alone(tmp_path, monkeypatch):
+    """A device, a FIFO or a socket is refused before any work (the rule of every writer of the
+    project, the host's AtomicFile): renaming over /dev/null made it a regular file."""
+    import socket
+    import stat
+
+    ds = dataset_of([3, 5, 2])
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    sock = socket.socket(socket.AF_UNIX)
+    sock.bind(str(tmp_path / "socket"))
+    packed = []
+    monkeypatch.setattr(stowplan.hf, "_pack", lambda *a: packed.append(a) or stowplan.arrow._pack(*a))
+    try:
+        for target, what in (("/dev/null", "a character device"), ("/dev/full", "a character device"), (fifo, "a FIFO"), (tmp_path / "socket", "a socket")):
+            mode = os.stat(target).st_mode
+            with pytest.raises(stowplan.InvalidArgumentError, match=f"{re.escape(str(target))}: exists and is {what}"):
+                stowplan.hf.pack_dataset(ds, 8, cache_file_name=target)
+            assert os.stat(target).st_mode == mode
+        assert stat.S_ISCHR(os.stat("/dev/null").st_mode) and packed == []  # refused before packing
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["fifo", "socket"]  # no temporary file
+    finally:
+        sock.close()
 
 
 @pytest.mark.parametrize(
@@ -757,6 +783,13 @@ def test_collator_splits_packed_rows_at_their_sequences():
         ([{"input_ids": [1, 2], "labels": [0.5, 7]}], "features[0]['labels'] must hold integers, not float values"),
         ([{"input_ids": [1, 2], "seq_lengths": [True, True]}], "features[0]['seq_lengths'] must hold integers, not bool"),
         ([{"input_ids": ["a"]}], "features[0]['input_ids'] must hold integers, not string values"),
+        # A bool among integers (numpy would make [True, 2] into [1, 2]), in a list or a row.
+        ([{"input_ids": [True, 2]}], "features[0]['input_ids'][0] must be an integer in -2**63..=2**63-1 (got True)"),
+        ([{"input_ids": [1, np.True_]}], "features[0]['input_ids'][1] must be an integer in -2**63..=2**63-1 (got"),
+        ([{"input_ids": [[1, True]]}], "features[0]['input_ids'][1] must be an integer in -2**63..=2**63-1 (got True)"),
+        ([{"input_ids": [[1, 2], [True, False]]}], "features[0]['input_ids'][2] must be an integer in -2**63..=2**63-1 (got True)"),
+        ([{"input_ids": [1, 2], "labels": [3, False]}], "features[0]['labels'][1] must be an integer"),
+        ([{"input_ids": [1, 2], "seq_lengths": [1, True]}], "features[0]['seq_lengths'][1] must be an integer"),
         ([{"input_ids": [2**64 - 1]}], "features[0]['input_ids'] must hold values in -2**63..=2**63-1"),
         ([{"input_ids": [2**70, 1]}], "features[0]['input_ids'][0] must be in -2**63..=2**63-1"),
         ([{"ids": [1]}], "features[0] has no input_ids (its keys: ['ids'])"),

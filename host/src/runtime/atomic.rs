@@ -5,6 +5,13 @@
 //! writers never share one (threads of a process differ in N; processes that share a
 //! directory but not a pid namespace, in containers, take the next N). [`write`] takes the
 //! whole content; [`AtomicFile`] takes it piece by piece.
+//!
+//! Every file stowplan writes (plans, packed datasets, caches, checkpoints, the spool, rank
+//! batches) goes through here, so one rule holds for all of them: **only a regular file is
+//! replaced.** A target that exists and is anything else (a device such as `/dev/null`, a
+//! FIFO, a socket, a directory, or a symlink to one) is refused with an `invalid-argument`
+//! error naming it, before anything is written and again just before the rename; renaming
+//! over it would replace the device node or FIFO itself.
 
 use std::fs::{File, OpenOptions};
 use std::io::Write;
@@ -84,8 +91,16 @@ impl AtomicFile {
         Self::open(path, 0o666, Place::Replace)
     }
 
+    /// Checks, without writing, that `path` may be replaced: it does not exist or is a
+    /// regular file (the module docs' rule, which every write checks again), for a caller
+    /// that refuses before long work. Errors: `invalid-argument` naming the path and what it is.
+    pub fn check_target(path: &Path) -> Result<(), Error> {
+        refuse_non_regular(path)
+    }
+
     fn open(path: &Path, mode: u32, place: Place) -> Result<Self, Error> {
         use std::os::unix::fs::OpenOptionsExt;
+        refuse_non_regular(path)?;
         let dir = match path.parent() {
             Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
             _ => PathBuf::from("."),
@@ -118,6 +133,7 @@ impl AtomicFile {
         drop(file);
         match self.place {
             Place::Replace => {
+                refuse_non_regular(&self.path)?;
                 std::fs::rename(&self.tmp, &self.path).map_err(|e| Error::io("renaming into place", &self.path, e))?
             }
             Place::CreateNew => match std::fs::hard_link(&self.tmp, &self.path) {
@@ -157,6 +173,33 @@ impl Drop for AtomicFile {
     }
 }
 
+/// Refuses a `path` that exists and is not a regular file (followed through symlinks): see
+/// the module docs. Errors: `invalid-argument` naming the path and what it is.
+fn refuse_non_regular(path: &Path) -> Result<(), Error> {
+    use std::os::unix::fs::FileTypeExt;
+    let Ok(meta) = std::fs::metadata(path) else { return Ok(()) };
+    let t = meta.file_type();
+    let what = if t.is_file() {
+        return Ok(());
+    } else if t.is_dir() {
+        "a directory"
+    } else if t.is_char_device() {
+        "a character device"
+    } else if t.is_block_device() {
+        "a block device"
+    } else if t.is_fifo() {
+        "a FIFO"
+    } else if t.is_socket() {
+        "a socket"
+    } else {
+        "not a regular file"
+    };
+    Err(Error::InvalidArgument(format!(
+        "{}: exists and is {what}; stowplan replaces only regular files (the rename would replace it): name a file",
+        path.display()
+    )))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -191,6 +234,42 @@ mod tests {
         f.commit().unwrap();
         assert_eq!(std::fs::read(&path).unwrap(), b"new content");
         assert_eq!(entries(&dir), ["out.arrow"]);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_target_that_is_not_a_regular_file_is_refused_and_left_alone() {
+        use std::os::unix::fs::FileTypeExt;
+        let dir = scratch("special");
+        std::fs::create_dir_all(&dir).unwrap();
+        let fifo = dir.join("fifo");
+        let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+        // SAFETY: a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        let socket = dir.join("socket");
+        let _listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+        let link = dir.join("null-link");
+        std::os::unix::fs::symlink("/dev/null", &link).unwrap();
+        let sub = dir.join("sub");
+        std::fs::create_dir(&sub).unwrap();
+        for (path, what) in [
+            (Path::new("/dev/null"), "a character device"),
+            (fifo.as_path(), "a FIFO"),
+            (socket.as_path(), "a socket"),
+            (link.as_path(), "a character device"),
+            (sub.as_path(), "a directory"),
+        ] {
+            let before = std::fs::symlink_metadata(path).unwrap().file_type();
+            for err in [write(path, b"x").unwrap_err(), AtomicFile::create(path).unwrap_err()] {
+                let m = err.to_string();
+                assert!(matches!(err, Error::InvalidArgument(_)), "{m}");
+                assert!(m.contains(&path.display().to_string()) && m.contains(what), "{m}");
+            }
+            let after = std::fs::symlink_metadata(path).unwrap().file_type();
+            assert_eq!(before, after, "{} was replaced", path.display());
+        }
+        assert!(std::fs::metadata("/dev/null").unwrap().file_type().is_char_device());
+        assert_eq!(entries(&dir), ["fifo", "null-link", "socket", "sub"], "no temporary file is left");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

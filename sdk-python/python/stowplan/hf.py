@@ -20,6 +20,7 @@ install 'stowplan[hf]'``).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import os
@@ -173,17 +174,21 @@ def pack_dataset(
             raise InvalidArgumentError("map_kwargs applies to scope='batch' only; scope='dataset' makes one plan, not a map")
         inputs = [f["filename"] for f in dataset.cache_files]
         path = None if cache_file_name is None else _checked_cache_file(cache_file_name, inputs)
-        table = source[:]  # the rows in the dataset's order (its indices mapping applied), zero-copy without one
-        packed, digest = _pack(table, seq_length, strategy, overflow, names, position_ids, backend)
-        fingerprint = hashlib.sha256(
-            "\0".join(["stowplan.hf.pack_dataset", _stowplan.__version__, str(dataset._fingerprint), digest]).encode()
-        ).hexdigest()[:16]
-        info = datasets.DatasetInfo(features=datasets.Features.from_arrow_schema(packed.schema))
-        if path is None:
-            table = datasets.table.InMemoryTable(packed.read_all())
-        else:
-            _write_packed(path, packed)
-            table = datasets.table.MemoryMappedTable.from_file(path)
+        # Opened before any work: the host refuses a target that is not a regular file (a
+        # device, a FIFO, a socket) there, and removes the temporary file if anything fails.
+        with contextlib.ExitStack() as stack:
+            sink = None if path is None else stack.enter_context(_stowplan.AtomicFile(path))
+            table = source[:]  # the rows in the dataset's order (its indices mapping applied), zero-copy without one
+            packed, digest = _pack(table, seq_length, strategy, overflow, names, position_ids, backend)
+            fingerprint = hashlib.sha256(
+                "\0".join(["stowplan.hf.pack_dataset", _stowplan.__version__, str(dataset._fingerprint), digest]).encode()
+            ).hexdigest()[:16]
+            info = datasets.DatasetInfo(features=datasets.Features.from_arrow_schema(packed.schema))
+            if sink is None:
+                table = datasets.table.InMemoryTable(packed.read_all())
+            else:
+                _write_packed(sink, packed)
+                table = datasets.table.MemoryMappedTable.from_file(path)
         out = datasets.Dataset(table, info=info, split=dataset.split, fingerprint=fingerprint)
     else:
         _check_rows(dataset.num_rows)  # Dataset.map would call nothing and add no columns
@@ -259,16 +264,15 @@ def _checked_cache_file(cache_file_name: Any, inputs: List[str]) -> str:
     return path
 
 
-def _write_packed(path: str, packed: Any) -> None:
-    """Writes the packed batches (a ``RecordBatchReader``) to ``path`` (checked by
-    :func:`_checked_cache_file`) as an Arrow stream, batch by batch and atomically (the host's
-    ``AtomicFile``: a temporary file of a unique name beside it, fsynced, renamed over it, the
-    directory fsynced; removed if the write fails)."""
-    with _stowplan.AtomicFile(path) as sink:
-        with pa.ipc.new_stream(sink, packed.schema) as writer:
-            for batch in packed:
-                writer.write_batch(batch)
-        sink.commit()
+def _write_packed(sink: Any, packed: Any) -> None:
+    """Writes the packed batches (a ``RecordBatchReader``) into ``sink`` (the host's
+    ``AtomicFile`` of the path :func:`_checked_cache_file` checked: a temporary file of a unique
+    name beside it, fsynced, renamed over it, the directory fsynced; removed if the write
+    fails) as an Arrow stream, batch by batch, and commits it."""
+    with pa.ipc.new_stream(sink, packed.schema) as writer:
+        for batch in packed:
+            writer.write_batch(batch)
+    sink.commit()
 
 
 def _pack_iterable(
@@ -340,10 +344,18 @@ def _int64s(values: Any, name: str) -> np.ndarray:
     """A feature's token ids, labels or sequence lengths as one ``int64`` row, by the integer
     rule of every entry point (``stowplan._convert``: floats, bools and strings refused, values
     exact): ``InvalidArgumentError`` naming ``name``. Lists go through numpy at once (their
-    elements one by one only when numpy cannot type them); arrays of any shape are flattened."""
+    elements one by one when numpy cannot type them, or would read a bool among integers as
+    one: ``[True, 2]`` is refused); arrays of any shape are flattened."""
     if isinstance(values, (list, tuple)):
         if len(values) == 0:
             return np.zeros(0, dtype=np.int64)
+        # A bool among other values goes element by element by the native rule, which refuses
+        # it: numpy would read [True, 2] as [1, 2]. Other lists go through numpy at once (all
+        # bools, all floats: refused there by dtype).
+        rows = values if all(isinstance(v, (list, tuple)) for v in values) else [values]  # (1, T) from a tokenizer
+        types = set().union(*map(lambda row: set(map(type, row)), rows))
+        if len(types) > 1 and (bool in types or np.bool_ in types):
+            return as_int64([v for r in rows for v in r], name, -(2**63))
         try:
             values = np.asarray(values)
         except (ValueError, OverflowError):
