@@ -189,9 +189,17 @@ fn decode(
     use arrow_schema::ArrowError;
 
     let mut pick = Some(pick);
-    let mut decoder_for = |schema: arrow_schema::Schema, version| -> Result<FileDecoder, Refusal> {
+    let mut decoder_for = |schema: arrow_schema::Schema, version| -> Result<Decoders, Refusal> {
         let columns = pick.take().ok_or_else(|| Refusal::Other("a second schema".into()))?(&schema)?;
-        Ok(FileDecoder::new(Arc::new(schema), version).with_projection(columns))
+        let schema = Arc::new(schema);
+        let checked = FileDecoder::new(Arc::clone(&schema), version).with_projection(columns.clone());
+        // SAFETY: the unchecked decoder's batches are never used: only validated, column by
+        // column (`ArrayData::validate_full`, made for untrusted data), to say where a batch
+        // the checked decoder refused is broken.
+        #[allow(unsafe_code)]
+        let unchecked =
+            unsafe { FileDecoder::new(schema, version).with_projection(columns).with_skip_validation(true) };
+        Ok(Decoders { checked, unchecked, rows: 0, batches: 0 })
     };
     let bad = |what: &str| Refusal::Arrow(ArrowError::ParseError(what.to_string()));
     match format {
@@ -235,7 +243,7 @@ fn decode(
             let word = |at: usize| -> Option<i32> {
                 Some(i32::from_le_bytes(buffer.get(at..at.checked_add(4)?)?.try_into().ok()?))
             };
-            let mut decoder: Option<FileDecoder> = None;
+            let mut decoder: Option<Decoders> = None;
             let mut at = 0;
             loop {
                 let first =
@@ -286,6 +294,96 @@ fn decode(
         }
     }
     Ok(())
+}
+
+/// A checked decoder and its unchecked twin, which only locates what the checked one refused
+/// (the column and the row a structurally invalid batch breaks the rules at).
+#[cfg(feature = "arrow")]
+struct Decoders {
+    checked: arrow_ipc::reader::FileDecoder,
+    unchecked: arrow_ipc::reader::FileDecoder,
+    /// Rows of the record batches read so far, and how many batches.
+    rows: usize,
+    batches: usize,
+}
+
+#[cfg(feature = "arrow")]
+impl Decoders {
+    fn read_dictionary(&mut self, block: &arrow_ipc::Block, data: &arrow_buffer::Buffer) -> Result<(), Refusal> {
+        self.checked.read_dictionary(block, data)?;
+        // (A dictionary the unchecked one cannot read only makes the location unknown.)
+        let _ = self.unchecked.read_dictionary(block, data);
+        Ok(())
+    }
+
+    /// The checked decoder's batch; its refusal names the column, the row and the record
+    /// batch where the unchecked decode finds the rule broken.
+    fn read_record_batch(
+        &mut self,
+        block: &arrow_ipc::Block,
+        data: &arrow_buffer::Buffer,
+    ) -> Result<Option<arrow_array::RecordBatch>, Refusal> {
+        let index = self.batches;
+        self.batches += 1;
+        match self.checked.read_record_batch(block, data) {
+            Ok(batch) => {
+                self.rows += batch.as_ref().map_or(0, |b| b.num_rows());
+                Ok(batch)
+            }
+            Err(e) => {
+                // Its own panic (the outer catch is for the checked decoder) only makes the
+                // location unknown.
+                let rows = self.rows;
+                let unchecked = &mut self.unchecked;
+                let at = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    match unchecked.read_record_batch(block, data) {
+                        Ok(Some(raw)) => locate(&raw, rows),
+                        _ => None,
+                    }
+                }))
+                .ok()
+                .flatten();
+                Err(match at {
+                    Some(at) => Refusal::Arrow(arrow_schema::ArrowError::InvalidArgumentError(format!(
+                        "{at} (record batch {index}): {e}"
+                    ))),
+                    None => Refusal::Arrow(e),
+                })
+            }
+        }
+    }
+}
+
+/// Where `batch` (decoded without validation; `first_row`: the rows before it) breaks the
+/// rules: `column "NAME", row R (from 0)`, the first row whose prefix of the column does not
+/// validate, the column alone when the fault is not a row's (every prefix, the empty one
+/// too, fails, or none does: a list's values, a null count), or the column whose length is
+/// not the batch's.
+#[cfg(feature = "arrow")]
+fn locate(batch: &arrow_array::RecordBatch, first_row: usize) -> Option<String> {
+    for (field, column) in batch.schema().fields().iter().zip(batch.columns()) {
+        let name = field.name();
+        if column.len() != batch.num_rows() {
+            return Some(format!("column {name:?} has {} rows, its record batch {}", column.len(), batch.num_rows()));
+        }
+        let data = column.to_data();
+        if data.validate_full().is_ok() {
+            continue;
+        }
+        let len = data.len();
+        if data.slice(0, 0).validate_full().is_err() || data.slice(0, len).validate_full().is_ok() {
+            return Some(format!("column {name:?}"));
+        }
+        // The shortest invalid prefix (the empty one is valid, the whole one not): its last
+        // row is the first that breaks a rule.
+        let (mut ok, mut bad) = (0usize, len);
+        while bad - ok > 1 {
+            let mid = ok + (bad - ok) / 2;
+            if data.slice(0, mid).validate_full().is_ok() { ok = mid } else { bad = mid }
+        }
+        return Some(format!("column {name:?}, row {} (from 0)", first_row + bad - 1));
+    }
+    None
 }
 
 /// Whether [`column_lengths`] reads a column of type `t`.

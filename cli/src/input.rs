@@ -33,25 +33,87 @@ pub struct InputLimit {
 }
 
 impl InputLimit {
-    /// Reads all of `reader` (named `what` in errors), refusing more than the limit.
-    fn read(&self, reader: impl Read, what: &str) -> Result<String, Failure> {
+    /// Reads all of `reader` (named `what` in errors), refusing more than the limit, Arrow
+    /// data, and anything that is not text at the first line that is not ([`check_text`]): a
+    /// binary stream (`/dev/urandom`, `/dev/zero`) is refused after its first chunk, not after
+    /// the limit's worth of it.
+    fn read(&self, mut reader: impl Read, what: &str) -> Result<String, Failure> {
         let limit = self.max_input_mib << 20;
         let mut bytes = Vec::new();
-        reader.take(limit + 1).read_to_end(&mut bytes).map_err(|e| Failure::bad(format!("reading {what}: {e}")))?;
-        if bytes.len() as u64 > limit {
-            return Err(Failure::bad(format!(
-                "{what} is larger than --max-input-mib {} MiB; raise the limit to read it",
-                self.max_input_mib
-            )));
+        let mut chunk = vec![0u8; 64 << 10];
+        // Bytes checked so far (a multi-byte character cut by a chunk's end waits for the next).
+        let (mut checked, mut lines) = (0usize, 1usize);
+        loop {
+            let n = match reader.read(&mut chunk) {
+                Ok(0) => break,
+                Ok(n) => n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(Failure::bad(format!("reading {what}: {e}"))),
+            };
+            bytes.extend_from_slice(&chunk[..n]);
+            if bytes.len() as u64 > limit {
+                return Err(Failure::bad(format!(
+                    "{what} is larger than --max-input-mib {} MiB; raise the limit to read it",
+                    self.max_input_mib
+                )));
+            }
+            // Arrow's magic (6 bytes) is looked for before anything is called not text.
+            if bytes.len() >= 6 {
+                if checked == 0 {
+                    refuse_arrow(&bytes, what)?;
+                }
+                checked = check_text(&bytes, checked, &mut lines, false, what)?;
+            }
         }
-        if bytes.starts_with(b"ARROW1") || bytes.starts_with(&[0xff; 4]) {
-            return Err(Failure::bad(format!(
-                "{what} holds Arrow IPC data: `stowplan plan` reads it from a file path (--lengths FILE --column NAME), \
-                 not from a pipe"
-            )));
-        }
+        refuse_arrow(&bytes, what)?;
+        check_text(&bytes, checked, &mut lines, true, what)?;
         String::from_utf8(bytes).map_err(|e| Failure::bad(format!("reading {what}: not UTF-8 text ({e})")))
     }
+}
+
+/// Refuses Arrow IPC bytes read from a pipe, saying where they are read instead.
+fn refuse_arrow(bytes: &[u8], what: &str) -> Result<(), Failure> {
+    if bytes.starts_with(b"ARROW1") || bytes.starts_with(&[0xff; 4]) {
+        return Err(Failure::bad(format!(
+            "{what} holds Arrow IPC data: `stowplan plan` reads it from a file path (--lengths FILE --column NAME), \
+             not from a pipe"
+        )));
+    }
+    Ok(())
+}
+
+/// Checks `bytes[from..]` as text: UTF-8 without control characters but tab, CR and LF;
+/// `lines` counts the lines seen (for the message). Returns how far the bytes are checked: a
+/// character cut at the end waits for more bytes unless `last`. Errors name the line.
+fn check_text(bytes: &[u8], from: usize, lines: &mut usize, last: bool, what: &str) -> Result<usize, Failure> {
+    let rest = &bytes[from..];
+    let (valid, bad) = match std::str::from_utf8(rest) {
+        Ok(t) => (t, None),
+        Err(e) => {
+            let t = std::str::from_utf8(&rest[..e.valid_up_to()]).unwrap_or_default();
+            let cut_at_end = e.error_len().is_none() && !last;
+            (t, if cut_at_end { None } else { Some(from + e.valid_up_to()) })
+        }
+    };
+    for (i, c) in valid.char_indices() {
+        if c == '\n' {
+            *lines += 1;
+        } else if c.is_control() && c != '\t' && c != '\r' {
+            return Err(binary(what, *lines, from + i, c as u32));
+        }
+    }
+    if let Some(at) = bad {
+        return Err(binary(what, *lines, at, u32::from(bytes[at])));
+    }
+    Ok(from + valid.len())
+}
+
+/// The refusal of input that is not text.
+fn binary(what: &str, line: usize, offset: usize, byte: u32) -> Failure {
+    Failure::bad(format!(
+        "{what}: line {line} is not text (0x{byte:02x} at byte {offset}): lengths are one integer per line or a JSON \
+         array"
+    ))
 }
 
 /// `--workload`'s parser: the names of [`WORKLOADS`], each listed in `--help` with its

@@ -80,6 +80,7 @@ fn main() -> ExitCode {
     if !matches!(cli.command, Command::Serve(_)) {
         restore_sigpipe();
     }
+    ignore_sigxfsz();
     init_logs(&cli.command);
     let result = match cli.command {
         Command::Partition(a) => partition::run(a),
@@ -108,6 +109,17 @@ fn restore_sigpipe() {
     // SAFETY: called before any thread exists; SIG_DFL is a valid action for SIGPIPE.
     unsafe {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+}
+
+/// Ignores SIGXFSZ, whose default action kills the process (with a core dump) when a write
+/// passes the file-size limit (`ulimit -f`): the write then fails with EFBIG instead, which
+/// every writer reports as an `io` error naming the file (exit 2), and the atomic writer
+/// removes its temporary file, as on a full disk.
+fn ignore_sigxfsz() {
+    // SAFETY: called before any thread exists; SIG_IGN is a valid action for SIGXFSZ.
+    unsafe {
+        libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
     }
 }
 

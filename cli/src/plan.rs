@@ -313,6 +313,17 @@ impl fmt::Display for Report<'_> {
         let single = self.single_long as u64;
         let regular_bound = self.lower_bound.saturating_sub(single);
         let over = self.n_raw_packs.saturating_sub(single).saturating_sub(regular_bound);
+        if self.dropped_long > 0 {
+            // First, where it cannot be missed: these samples are in no pack.
+            writeln!(
+                f,
+                "dropped {} of {} samples: length >= packing_length {}{}; --allow-single-long keeps them",
+                self.dropped_long,
+                self.samples,
+                self.packing_length,
+                if self.limits.is_some() { " or over a limit" } else { "" }
+            )?;
+        }
         writeln!(
             f,
             "static pack plan of {} samples from {}, packing_length {}, align {}, backend {}",

@@ -561,4 +561,135 @@ mod with_arrow {
         assert_eq!(interrupted, 1, "SIGINT never arrived while pack-dataset was writing");
         std::fs::remove_dir_all(dir).unwrap();
     }
+
+    /// A structurally invalid file (list offsets that go backwards in one row, which a writer
+    /// that trusts its arrays writes as they are) is refused naming the file, the column, the
+    /// row (counted over the whole file) and the rule broken, by `plan` and `pack-dataset`.
+    #[test]
+    fn a_structurally_invalid_column_is_refused_naming_the_column_and_the_row() {
+        use arrow_array::ListArray;
+        let dir = temp_dir("invalid");
+        let item = Arc::new(Field::new_list_field(DataType::Int32, true));
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("input_ids", DataType::List(Arc::clone(&item)), true),
+            Field::new("n", DataType::Int64, false),
+        ]));
+        let good = batch(&[Some(2), Some(1), Some(3)], &[2, 1, 3]).project(&[0, 1]).unwrap();
+        // Rows 0..3 of the second batch: [0, 2), [2, 4), [4, 3) (backwards), [3, 6).
+        let values = Arc::new(arrow_array::Int32Array::from(vec![1, 2, 3, 4, 5, 6]));
+        // SAFETY: the array is only written to a file (as bytes), never read here.
+        let broken = unsafe {
+            arrow_data::ArrayData::builder(DataType::List(Arc::clone(&item)))
+                .len(4)
+                .add_buffer(arrow_buffer::Buffer::from_vec(vec![0i32, 2, 4, 3, 6]))
+                .add_child_data(values.to_data())
+                .build_unchecked()
+        };
+        let broken = ListArray::from(broken);
+        let n = Arc::new(Int64Array::from(vec![2, 2, 0, 3]));
+        // SAFETY: as above; the batch's columns have its length.
+        let bad = unsafe { RecordBatch::new_unchecked(Arc::clone(&schema), vec![Arc::new(broken), n], 4) };
+        for stream in [false, true] {
+            let path = dir.join(if stream { "bad.stream.arrow" } else { "bad.file.arrow" });
+            write(&path, stream, &[good.clone(), bad.clone()]);
+            let shown = path.display().to_string();
+            let out = plan_json(&path, &["--column", "input_ids"]);
+            assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+            let err = stderr(&out);
+            assert!(err.contains(&shown), "{err}");
+            assert!(err.contains("column \"input_ids\", row 5 (from 0) (record batch 1)"), "{err}");
+            assert!(err.contains("offset"), "the rule broken: {err}");
+            let target = dir.join("packed.arrow");
+            let args =
+                ["pack-dataset", &shown, target.to_str().unwrap(), "--seq-length", "8", "--columns", "input_ids"];
+            let out = stowplan(&args);
+            assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+            assert!(stderr(&out).contains("column \"input_ids\", row 5 (from 0)"), "{}", stderr(&out));
+            assert!(!target.exists());
+        }
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    /// Under a file-size limit (`ulimit -f`) the write fails with EFBIG instead of SIGXFSZ
+    /// killing the process: exit 2 naming the file, OUT as it was, no temporary file left.
+    #[test]
+    fn pack_dataset_past_the_file_size_limit_is_an_error_not_a_signal() {
+        use std::os::unix::process::{CommandExt, ExitStatusExt};
+        let dir = temp_dir("fsize");
+        let input = dir.join("in.arrow");
+        let n_rows = 4_000usize;
+        let n: Vec<i64> = (0..n_rows as i64).collect();
+        write(&input, false, &[batch(&vec![Some(50); n_rows], &n)]);
+        let out = dir.join("packed.arrow");
+        std::fs::write(&out, b"the previous output").unwrap();
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_stowplan"));
+        cmd.args(["pack-dataset", input.to_str().unwrap(), out.to_str().unwrap(), "--seq-length", "512"]);
+        cmd.args(["--columns", "input_ids"]);
+        // SAFETY: setrlimit is async-signal-safe; the child only sets its own limit (64 KiB,
+        // well below the packed table's 800 KB) before exec.
+        unsafe {
+            cmd.pre_exec(|| {
+                let limit = libc::rlimit { rlim_cur: 64 << 10, rlim_max: 64 << 10 };
+                if libc::setrlimit(libc::RLIMIT_FSIZE, &limit) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let output = cmd.output().unwrap();
+        assert_eq!(output.status.signal(), None, "killed by a signal: {}", stderr(&output));
+        assert_eq!(output.status.code(), Some(2), "stderr: {}", stderr(&output));
+        assert!(stderr(&output).contains("File too large"), "stderr: {}", stderr(&output));
+        assert!(stderr(&output).contains("packed.arrow"), "stderr: {}", stderr(&output));
+        assert_eq!(std::fs::read(&out).unwrap(), b"the previous output");
+        let mut names: Vec<String> =
+            std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+        names.sort();
+        assert_eq!(names, ["in.arrow", "packed.arrow"], "a temporary file was left");
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    /// An output that is not a regular file (a device, a FIFO, a socket) is refused before
+    /// any work and left as it was: renaming over it turned /dev/null into a regular file.
+    #[test]
+    fn pack_dataset_refuses_an_output_that_is_not_a_regular_file() {
+        use std::os::unix::fs::FileTypeExt;
+        let dir = temp_dir("special-out");
+        let input = dir.join("in.arrow");
+        write(&input, false, &[batch(&[Some(5), Some(2)], &[5, 2])]);
+        let fifo = dir.join("fifo");
+        let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+        // SAFETY: a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        let socket = dir.join("socket");
+        let _listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+        for (target, what) in [
+            (PathBuf::from("/dev/null"), "a character device"),
+            (PathBuf::from("/dev/full"), "a character device"),
+            (fifo.clone(), "a FIFO"),
+            (socket.clone(), "a socket"),
+        ] {
+            let before = std::fs::symlink_metadata(&target).unwrap().file_type();
+            let output = stowplan(&[
+                "pack-dataset",
+                input.to_str().unwrap(),
+                target.to_str().unwrap(),
+                "--seq-length",
+                "8",
+                "--columns",
+                "input_ids",
+            ]);
+            assert_eq!(output.status.code(), Some(2), "{}: {}", target.display(), stderr(&output));
+            let err = stderr(&output);
+            assert!(err.contains(&format!("{}: exists and is {what}", target.display())), "{err}");
+            assert_eq!(
+                std::fs::symlink_metadata(&target).unwrap().file_type(),
+                before,
+                "{} replaced",
+                target.display()
+            );
+        }
+        assert!(std::fs::metadata("/dev/null").unwrap().file_type().is_char_device());
+        std::fs::remove_dir_all(dir).unwrap();
+    }
 }

@@ -139,13 +139,15 @@ fn standard_input_redirected_from_a_file_is_read() {
 
 #[test]
 fn input_is_bounded_and_errors_quote_an_excerpt() {
-    // /dev/zero never ends: the limit does (1 MiB here), naming the option.
-    let out = stowplan(&["pack", "/dev/zero", "--max-input-mib", "1"], None, &[]);
+    // Text beyond the limit (1 MiB here) is refused, naming the option.
+    let long = "1\n".repeat(600_000);
+    let out = stowplan(&["pack", "-", "--max-input-mib", "1"], Some(&long), &[]);
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("/dev/zero is larger than --max-input-mib 1 MiB"), "{err}");
-    let out = stowplan(&["plan", "--packing-length", "8", "--lengths", "/dev/zero", "--max-input-mib", "1"], None, &[]);
-    assert!(String::from_utf8_lossy(&out.stderr).contains("larger than --max-input-mib"), "{out:?}");
+    assert!(err.contains("standard input is larger than --max-input-mib 1 MiB"), "{err}");
+    // /dev/zero never ends, and is not text: refused at its first line, not after the limit.
+    let out = stowplan(&["plan", "--packing-length", "8", "--lengths", "/dev/zero"], None, &[]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("/dev/zero: line 1 is not text (0x00 at byte 0)"), "{out:?}");
     // A 5 MB bad line gives a short error.
     let line = "7".repeat(5 << 20) + "x\n";
     let out = stowplan(&["partition", "-"], Some(&line), &[]);
@@ -389,6 +391,14 @@ fn plan_summary_json_out_file_and_checksums_agree_with_the_library() {
     assert!(v["dropped_long"].as_u64().unwrap() > 0, "rl-math-8k has samples at the 8192 cap");
     // The long samples are announced on stderr (never dropped silently).
     assert!(String::from_utf8_lossy(&out.stderr).contains("dropped (allow_single_long=false)"));
+    // And the summary's first line says how many of how many.
+    let text = stowplan(&["plan", "--packing-length", "8192", "--world-size", "7"], None, &[]);
+    assert!(text.status.success(), "{}", stderr(&text));
+    let first = String::from_utf8_lossy(&text.stdout).lines().next().unwrap_or_default().to_string();
+    let dropped = v["dropped_long"].as_u64().unwrap();
+    let want =
+        format!("dropped {dropped} of 4096 samples: length >= packing_length 8192; --allow-single-long keeps them");
+    assert_eq!(first, want);
     // The saved plan loads (checksums verified) and matches the Rust API on the same input.
     let saved = stowplan::StaticPackPlan::load(&out_path).unwrap();
     assert_eq!(saved.raw_checksum(), v["raw_checksum"].as_str().unwrap());
@@ -825,6 +835,21 @@ fn devices_on_standard_input_are_read_not_taken_for_no_input() {
         assert!(out.stdout.is_empty(), "{device}: no bins printed");
         assert!(!stderr(&out).contains("built-in"), "{device}: {}", stderr(&out));
     }
+    // Binary input is refused at its first bad line, within the first chunk read, not after
+    // the default limit's 1 GiB of it (2.1 GB of memory and 20-50 s once).
+    for (args, what) in [(&["pack"][..], "standard input"), (&["pack", "/dev/urandom"][..], "/dev/urandom")] {
+        let out = stowplan_stdin_from(args, "/dev/urandom");
+        assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+        let err = stderr(&out);
+        let at = err.split(" at byte ").nth(1).and_then(|r| r.split(')').next()).and_then(|n| n.parse::<usize>().ok());
+        assert!(err.contains(&format!("{what}: line ")) && err.contains("is not text"), "{err}");
+        assert!(at.is_some_and(|n| n < 64 << 10), "refused past the first chunk: {err}");
+    }
+    // Text with a bad byte on line 3 names line 3; UTF-8 text and tabs pass.
+    let out = stowplan(&["pack", "-c", "8"], Some("1\n2\n3\u{1}\n"), &[]);
+    assert!(stderr(&out).contains("standard input: line 3 is not text (0x01 at byte 5)"), "{}", stderr(&out));
+    let out = stowplan(&["pack", "-c", "8"], Some("1\t\r\n2\n"), &[]);
+    assert!(out.status.success(), "{}", stderr(&out));
     let out = stowplan_stdin_from(&["pack", "--json"], "/dev/null");
     assert!(stderr(&out).contains("built-in rl-math-8k"), "{}", stderr(&out));
     assert!(out.status.success());
