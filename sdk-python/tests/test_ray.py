@@ -435,8 +435,25 @@ def test_damaged_or_forged_checkpoint_fields_are_refused_naming_the_file():
             f.write(pathlib.Path(os.path.join(ckpt, "batches", "run_0_step_1.bin")).read_bytes())
         with pytest.raises(stowplan.CacheMismatchError, match=re.escape(batch0) + ": holds batch run 0 step 1"):
             open_()
+        # Not a regular file (a FIFO blocked the read for ever; a symlink to /dev/zero filled
+        # memory): refused naming it, for the batch and for the state.
+        os.unlink(batch0)
+        os.symlink("/dev/zero", batch0)
+        with pytest.raises(stowplan.CacheMismatchError, match=re.escape(batch0) + ": not a regular file"):
+            open_()
+        os.unlink(batch0)
+        os.mkfifo(batch0)
+        with pytest.raises(stowplan.CacheMismatchError, match=re.escape(batch0) + ": not a regular file"):
+            open_()
+        os.unlink(batch0)
         with open(batch0, "wb") as f:
             f.write(saved)
+        os.rename(path, path + ".saved")
+        os.mkfifo(path)
+        with pytest.raises(stowplan.CacheMismatchError, match=re.escape(path) + ": not a regular file"):
+            open_()
+        os.unlink(path)
+        os.rename(path + ".saved", path)
         assert _spool(ckpt) == spool  # every refusal deleted nothing
         again = open_()  # all mended: nothing lost, nothing twice
         assert again.was_restored() and again.pending()[0] == 4

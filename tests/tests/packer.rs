@@ -678,7 +678,17 @@ fn a_damaged_checkpoint_or_needed_spool_file_is_refused_naming_it() {
         let e = open().unwrap_err().to_string();
         assert!(e.contains("state.bin") && e.contains("packer state"), "byte {byte}: {e}");
     }
+    // A FIFO for state.bin blocked the start for ever; a FIFO in the spool is set aside.
+    std::fs::remove_file(&state).unwrap();
+    make_fifo(&state);
+    let e = open().unwrap_err().to_string();
+    assert!(e.contains("state.bin: not a regular file"), "{e}");
+    std::fs::remove_file(&state).unwrap();
     std::fs::write(&state, &good).unwrap();
+    let stray = dir.join("packer/spool/run_7_step_7.bin");
+    make_fifo(&stray);
+    drop(open().unwrap());
+    assert!(!stray.exists() && dir.join("packer/rejected/run_7_step_7.bin").exists(), "the FIFO is set aside");
     // A spooled batch the checkpoint needs: refused naming the file.
     let spool = dir.join("packer/spool");
     let mut spooled: Vec<_> = std::fs::read_dir(&spool).unwrap().map(|e| e.unwrap().path()).collect();
@@ -736,9 +746,29 @@ fn a_checkpoint_dir_has_one_owner_and_checks_state_and_spool_together() {
     let e = ck.load(Kernel::native(), options.clone()).unwrap_err();
     assert!(matches!(&e, Error::CacheMismatch(m) if m.contains("packer_state.bin is missing")), "{e}");
     assert_eq!(std::fs::read_dir(dir.join("batches")).unwrap().count(), spooled);
+    // Not a regular file where the state or a needed batch belongs (a FIFO would block the
+    // read for ever, a symlink to /dev/zero fill memory): refused naming it.
+    make_fifo(&ck.state_path());
+    let e = ck.load(Kernel::native(), options.clone()).unwrap_err().to_string();
+    assert!(e.contains("packer_state.bin: not a regular file"), "{e}");
+    std::fs::remove_file(ck.state_path()).unwrap();
+    ck.save(&restored, &r.acked).unwrap();
+    let needed = ck.batch_path(BatchKey { run: 0, step: 0 });
+    std::fs::remove_file(&needed).unwrap();
+    std::os::unix::fs::symlink("/dev/zero", &needed).unwrap();
+    let e = ck.load(Kernel::native(), options.clone()).unwrap_err().to_string();
+    assert!(e.contains("run_0_step_0.bin: not a regular file"), "{e}");
     drop(ck);
     assert!(CheckpointDir::open(&dir, "test").is_ok(), "the first owner let go");
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A FIFO at `path` (made in process: a child spawned for it would hold, between its fork and
+/// exec, the lock files other tests open and close).
+fn make_fifo(path: &Path) {
+    let c = std::ffi::CString::new(path.to_str().unwrap()).unwrap();
+    // SAFETY: a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0, "mkfifo {}", path.display());
 }
 
 fn atomic_write(path: &Path, bytes: &[u8]) {

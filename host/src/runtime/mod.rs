@@ -77,6 +77,34 @@ fn host_name() -> String {
     if ok && end > 0 { String::from_utf8_lossy(&buf[..end]).into_owned() } else { "?".into() }
 }
 
+/// The most bytes a durable file (a checkpoint, a spooled batch, a delivery mark) is read up
+/// to: a larger one is refused, never read into memory whole.
+pub(crate) const MAX_DURABLE_BYTES: u64 = 4 << 30;
+
+/// Reads `path` whole if it is a regular file holding at most `max` bytes; `Ok(Err(size))`
+/// when it is larger (then at most `max + 1` bytes were read: a file that grows cannot make
+/// the read unbounded). Never through a symlink (`ELOOP`) and never blocking on a FIFO: a
+/// FIFO, a device or a directory is an `InvalidInput` error ("not a regular file").
+pub(crate) fn read_regular(path: &Path, max: u64) -> std::io::Result<Result<Vec<u8>, u64>> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK).open(path)?;
+    let meta = file.metadata()?;
+    if !meta.is_file() {
+        return Err(std::io::Error::new(std::io::ErrorKind::InvalidInput, "not a regular file"));
+    }
+    let size = meta.len();
+    if size > max {
+        return Ok(Err(size));
+    }
+    let mut bytes = Vec::with_capacity(size as usize);
+    file.take(max + 1).read_to_end(&mut bytes)?;
+    if bytes.len() as u64 > max {
+        return Ok(Err(bytes.len() as u64));
+    }
+    Ok(Ok(bytes))
+}
+
 /// Whether the environment variable `name` is set to anything but empty or `0`.
 pub(crate) fn env_flag(name: &str) -> bool {
     std::env::var(name).is_ok_and(|v| !v.is_empty() && v != "0")

@@ -109,9 +109,9 @@ impl CheckpointDir {
     pub fn load(&self, kernel: Kernel, options: PackerOptions) -> Result<Option<Restored>, Error> {
         let path = self.state_path();
         let spool = self.dir.join(SPOOL);
-        let bytes = match std::fs::read(&path) {
-            Ok(b) => b,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+        let bytes = match read_durable(&path)? {
+            Some(b) => b,
+            None => {
                 refuse_orphaned_spool(
                     &spool,
                     &path,
@@ -119,7 +119,6 @@ impl CheckpointDir {
                 )?;
                 return Ok(None);
             }
-            Err(e) => return Err(Error::io("reading", &path, e)),
         };
         let (state, acked) = decode(&path, &bytes)?;
         let needed = state.batches();
@@ -145,7 +144,7 @@ impl CheckpointDir {
             if names.contains(&name) || !is_batch_file(&p) {
                 continue;
             }
-            let bytes = std::fs::read(&p).map_err(|e| Error::io("reading", &p, e))?;
+            let Some(bytes) = read_durable(&p)? else { continue }; // gone meanwhile
             match TrainingBatch::decode(&bytes) {
                 Ok(batch) if batch_file_name(batch.key()) == name => {
                     let key = batch.key();
@@ -271,12 +270,10 @@ fn is_batch_file(p: &Path) -> bool {
 /// file when it is missing (deleted or renamed), unreadable, damaged or another batch.
 pub(crate) fn read_spooled(spool: &Path, key: BatchKey) -> Result<Arc<TrainingBatch>, Error> {
     let p = spool.join(batch_file_name(key));
-    let bytes = std::fs::read(&p).map_err(|e| {
-        let what =
-            if e.kind() == std::io::ErrorKind::NotFound { "missing (deleted or renamed?)" } else { "unreadable" };
+    let bytes = read_durable(&p)?.ok_or_else(|| {
         Error::CacheMismatch(format!(
-            "{}: a spooled batch the checkpoint needs (run {} step {}) is {what}: {e}; restore it from a backup, or \
-             start over with an empty directory",
+            "{}: a spooled batch the checkpoint needs (run {} step {}) is missing (deleted or renamed?); restore it \
+             from a backup, or start over with an empty directory",
             p.display(),
             key.run,
             key.step
@@ -295,6 +292,30 @@ pub(crate) fn read_spooled(spool: &Path, key: BatchKey) -> Result<Arc<TrainingBa
         )));
     }
     Ok(Arc::new(batch))
+}
+
+/// Reads a durable file of a packer's directory (a state, a spooled batch, a delivery mark):
+/// `None` when it does not exist. Only a regular file is read, never through a symlink, never
+/// blocking on a FIFO, at most [`MAX_DURABLE_BYTES`](crate::runtime::MAX_DURABLE_BYTES).
+/// Errors: `cache-mismatch` naming the file when it is anything else or larger; `io`.
+pub(crate) fn read_durable(path: &Path) -> Result<Option<Vec<u8>>, Error> {
+    let max = crate::runtime::MAX_DURABLE_BYTES;
+    match crate::runtime::read_regular(path, max) {
+        Ok(Ok(bytes)) => Ok(Some(bytes)),
+        Ok(Err(size)) => Err(Error::CacheMismatch(format!(
+            "{}: {size} bytes, more than a packer writes there ({max} at most): not this packer's file",
+            path.display()
+        ))),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) if e.kind() == std::io::ErrorKind::InvalidInput || e.raw_os_error() == Some(libc::ELOOP) => {
+            Err(Error::CacheMismatch(format!(
+                "{}: not a regular file (a symlink, FIFO, device or directory), which a packer never writes: put the \
+                 file back, or start over with an empty directory",
+                path.display()
+            )))
+        }
+        Err(e) => Err(Error::io("reading", path, e)),
+    }
 }
 
 /// Refuses to start a new packer beside a spool that holds batches: a packer checkpoints

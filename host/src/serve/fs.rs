@@ -95,7 +95,7 @@ impl Transport for FsTransport {
                     if held >= self.max_message_bytes {
                         break;
                     }
-                    match read_capped(&p, self.max_message_bytes) {
+                    match crate::runtime::read_regular(&p, self.max_message_bytes) {
                         Ok(Ok(bytes)) => {
                             held += bytes.len() as u64;
                             out.push(Incoming { bytes, path: Some(p), oversized: None })
@@ -143,7 +143,12 @@ impl FsTransport {
     /// directories.
     fn read_evidence(&self) -> Result<Option<Delivered>, Error> {
         let path = self.root.join(files::DELIVERY_MARK);
-        let marked = match std::fs::read(&path) {
+        // A regular file of a few bytes: a FIFO there must not block the start, nor a huge
+        // file be read whole.
+        let read = crate::runtime::read_regular(&path, 1 << 12).and_then(|r| {
+            r.map_err(|size| std::io::Error::new(std::io::ErrorKind::InvalidData, format!("{size} bytes, not a mark")))
+        });
+        let marked = match read {
             Ok(bytes) => {
                 let mark = DeliveryMark::decode(&bytes).map_err(|e| {
                     Error::CacheMismatch(format!(
@@ -171,30 +176,6 @@ impl FsTransport {
         });
         Ok(Delivered::max(marked, listed))
     }
-}
-
-/// Reads `path` whole if it holds at most `max` bytes; `Ok(Err(size))` when it is larger
-/// (then at most `max + 1` bytes were read: a file that grows, or a device, cannot make the
-/// read unbounded).
-fn read_capped(path: &Path, max: u64) -> std::io::Result<Result<Vec<u8>, u64>> {
-    use std::io::Read;
-    use std::os::unix::fs::OpenOptionsExt;
-    // Not through a symlink swapped in after the listing, and never blocking on a FIFO.
-    let file = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK).open(path)?;
-    let meta = file.metadata()?;
-    if !meta.is_file() {
-        return Err(std::io::Error::new(std::io::ErrorKind::InvalidInput, "not a regular file"));
-    }
-    let size = meta.len();
-    if size > max {
-        return Ok(Err(size));
-    }
-    let mut bytes = Vec::with_capacity(size as usize);
-    file.take(max + 1).read_to_end(&mut bytes)?;
-    if bytes.len() as u64 > max {
-        return Ok(Err(bytes.len() as u64));
-    }
-    Ok(Ok(bytes))
 }
 
 /// Writes `bytes` (an encoded [`TrainingBatch`](crate::TrainingBatch) or [`Control`](super::Control)) into `root/inbox/` under

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-use super::checkpoint_dir::{read_spooled, refuse_orphaned_spool};
+use super::checkpoint_dir::{read_durable, read_spooled, refuse_orphaned_spool};
 use super::protocol::files;
 use super::{Control, ControlMessage, Delivered, Incoming, Message, Receipt, Transport, batch_file_name};
 use crate::Error;
@@ -138,18 +138,17 @@ impl<T: Transport> Server<T> {
         let lock = crate::runtime::lock_exclusive(&dir.join("lock"), "this state directory", "stowplan serve")?;
         let spool = dir.join("spool");
         let state_path = dir.join("state.bin");
-        let (mut packer, restored) = match std::fs::read(&state_path) {
-            Ok(bytes) => {
+        let (mut packer, restored) = match read_durable(&state_path)? {
+            Some(bytes) => {
                 let state = PackerState::decode(&bytes)
                     .map_err(|e| Error::CacheMismatch(format!("{}: {e}", state_path.display())))?;
                 (Packer::restore(kernel, options.packer.clone(), state, |key| read_spooled(&spool, key))?, true)
             }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            None => {
                 let start_over = "an empty state directory, a new root and every rank restarted at step 0";
                 refuse_orphaned_spool(&spool, &state_path, start_over)?;
                 (Packer::new(kernel, options.packer.clone())?, false)
             }
-            Err(e) => return Err(Error::io("reading", &state_path, e)),
         };
         Delivered::check(transport.delivered()?.as_ref(), packer.issued(), &state_path, restored)?;
         if !restored {
@@ -198,7 +197,16 @@ impl<T: Transport> Server<T> {
             if live.contains(&name) {
                 continue;
             }
-            let bytes = std::fs::read(&p).map_err(|e| Error::io("reading", &p, e))?;
+            // A FIFO, a device or a symlink there is not a batch (nor read: it could block).
+            let bytes = match read_durable(&p) {
+                Ok(Some(bytes)) => bytes,
+                Ok(None) => continue,
+                Err(e) => {
+                    tracing::warn!(target: "stowplan::serve", file = %p.display(), error = %e, "unreadable spool entry set aside");
+                    self.set_aside(&p)?;
+                    continue;
+                }
+            };
             let batch = match TrainingBatch::decode(&bytes) {
                 Ok(b) => Arc::new(b),
                 Err(e) => {
