@@ -346,10 +346,11 @@ impl PyPacker {
     }
 }
 
-/// CheckpointDir(path, *, owner): a packer's checkpoint directory (`stowplan::serve::CheckpointDir`:
-/// the state, the acknowledged ranks of its step in flight and the spool of batches),
-/// owned while this object lives; a second owner (another process or object) is refused
-/// with a ``StowplanIOError`` naming the first. ``owner`` names this one in the lock file.
+/// CheckpointDir(path, *, owner, wait=0): a packer's checkpoint directory
+/// (`stowplan::serve::CheckpointDir`: the state, the acknowledged ranks of its step in flight
+/// and the spool of batches), owned while this object lives; a second owner (another process
+/// or object) is refused with a ``StowplanIOError`` naming the first, once it held the
+/// directory for ``wait`` seconds. ``owner`` names this one in the lock file.
 /// :class:`stowplan.ray.PackerActor` keeps its checkpoint with it.
 #[derive(Debug)]
 #[pyclass(frozen, module = "stowplan._stowplan", name = "CheckpointDir")]
@@ -376,9 +377,10 @@ impl PyCheckpointDir {
 #[pymethods]
 impl PyCheckpointDir {
     #[new]
-    #[pyo3(signature = (path, *, owner))]
-    fn new(py: Python<'_>, path: PathBuf, owner: String) -> PyResult<Self> {
-        let inner = py.detach(|| stowplan::serve::CheckpointDir::open(path, &owner)).map_err(|e| to_py(py, e))?;
+    #[pyo3(signature = (path, *, owner, wait=None))]
+    fn new(py: Python<'_>, path: PathBuf, owner: String, wait: Option<&Bound<'_, PyAny>>) -> PyResult<Self> {
+        let wait = wait.map(|w| crate::protocol::seconds(w, "lock_wait", false)).transpose()?.unwrap_or_default();
+        let inner = py.detach(|| stowplan::serve::CheckpointDir::open(path, &owner, wait)).map_err(|e| to_py(py, e))?;
         Ok(Self { inner: Mutex::new(Some(inner)) })
     }
 

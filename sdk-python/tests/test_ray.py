@@ -11,6 +11,7 @@ import re
 import shutil
 import signal
 import tempfile
+import threading
 import time
 
 import numpy as np
@@ -324,12 +325,20 @@ def test_a_lost_state_file_is_refused_by_a_restarted_ray_actor():
 def test_two_actors_on_one_checkpoint_dir_the_second_is_refused():
     with tempfile.TemporaryDirectory() as ckpt:
         first = _pending_actor(ckpt, steps=2)
-        with pytest.raises(stowplan.StowplanIOError, match=r"another stowplan packer uses this checkpoint directory, held by stowplan\.ray\.PackerActor, pid %d on " % os.getpid()):
-            sray.PackerActor(seq_len=64, dp=2, num_runs=1, threshold=10**6, checkpoint_dir=ckpt)
+        for wait in (0, 0.3):
+            with pytest.raises(stowplan.StowplanIOError, match=r"another stowplan packer uses this checkpoint directory, held by stowplan\.ray\.PackerActor, pid %d on " % os.getpid()):
+                sray.PackerActor(seq_len=64, dp=2, num_runs=1, threshold=10**6, checkpoint_dir=ckpt, lock_wait=wait)
+        with pytest.raises(stowplan.InvalidArgumentError, match="lock_wait must be a number of seconds"):
+            sray.PackerActor(seq_len=64, dp=2, num_runs=1, checkpoint_dir=ckpt, lock_wait=-1)
         assert first.send(_batch(0, 2)).accepted == 4  # the first keeps working, its files intact
         assert _spool(ckpt) == [f"run_0_step_{s}.bin" for s in range(3)]
-        first.close()
-        second = sray.PackerActor(seq_len=64, dp=2, num_runs=1, threshold=10**6, checkpoint_dir=ckpt)
+        # A second owner waits up to lock_wait for the first to let go (a restart whose
+        # predecessor is still dying), then takes the directory as it was left.
+        closer = threading.Timer(0.3, first.close)
+        closer.start()
+        second = sray.PackerActor(seq_len=64, dp=2, num_runs=1, threshold=10**6, checkpoint_dir=ckpt, lock_wait=30)
+        closer.join()
+        assert second.was_restored()
         assert sorted(_drain(second)) == [(0, s, i) for s in range(3) for i in range(4)]
         with pytest.raises(stowplan.StowplanIOError, match="was closed"):
             first.pending()

@@ -715,8 +715,8 @@ fn a_checkpoint_dir_has_one_owner_and_checks_state_and_spool_together() {
     let dir = std::env::temp_dir().join(format!("stowplan-ckdir-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let options = PackerOptions { num_runs: 1, ..PackerOptions::new(64, 2) };
-    let ck = CheckpointDir::open(&dir, "test").unwrap();
-    let second = CheckpointDir::open(&dir, "test").unwrap_err().to_string();
+    let ck = CheckpointDir::open(&dir, "test", Duration::ZERO).unwrap();
+    let second = CheckpointDir::open(&dir, "test", Duration::ZERO).unwrap_err().to_string();
     assert!(second.contains("another stowplan packer uses this checkpoint directory, held by test, pid"), "{second}");
     assert!(ck.load(Kernel::native(), options.clone()).unwrap().is_none(), "a fresh directory");
     let mut p = packer(64, 2, 1, 4);
@@ -759,7 +759,7 @@ fn a_checkpoint_dir_has_one_owner_and_checks_state_and_spool_together() {
     let e = ck.load(Kernel::native(), options.clone()).unwrap_err().to_string();
     assert!(e.contains("run_0_step_0.bin: not a regular file"), "{e}");
     drop(ck);
-    assert!(CheckpointDir::open(&dir, "test").is_ok(), "the first owner let go");
+    assert!(CheckpointDir::open(&dir, "test", Duration::ZERO).is_ok(), "the first owner let go");
     let _ = std::fs::remove_dir_all(&dir);
 }
 

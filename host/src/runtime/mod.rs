@@ -24,10 +24,16 @@ pub(crate) use stowplan_kernel::plan::hex;
 
 /// Takes the exclusive lock of `path` (created if needed) for as long as the returned file
 /// lives, and writes who holds it into it (`owner`, e.g. "stowplan serve", this process's id
-/// and host); if another process holds it, an `io` error saying that another stowplan packer
-/// uses `what` and naming the holder as its file says. The lock is `flock`'s: the kernel
-/// drops it when its holder dies, so a crash never leaves a directory owned.
-pub(crate) fn lock_exclusive(path: &Path, what: &str, owner: &str) -> Result<std::fs::File, crate::Error> {
+/// and host); if another process holds it for longer than `wait`, an `io` error saying that
+/// another stowplan packer uses `what` and naming the holder as its file says. The lock is
+/// `flock`'s: the kernel drops it when its holder dies, so a crash never leaves a directory
+/// owned (on a network filesystem, once the dead holder's lease expires: hence `wait`).
+pub(crate) fn lock_exclusive(
+    path: &Path,
+    what: &str,
+    owner: &str,
+    wait: std::time::Duration,
+) -> Result<std::fs::File, crate::Error> {
     use std::io::{Read, Seek, Write};
     // Not truncated on open: the holder's name must survive a refused second opener.
     let mut file = std::fs::OpenOptions::new()
@@ -37,9 +43,18 @@ pub(crate) fn lock_exclusive(path: &Path, what: &str, owner: &str) -> Result<std
         .truncate(false)
         .open(path)
         .map_err(|e| crate::Error::io("creating", path, e))?;
-    if let Err(e) = file.try_lock() {
+    let deadline = std::time::Instant::now().checked_add(wait);
+    let mut locked = file.try_lock();
+    while matches!(locked, Err(std::fs::TryLockError::WouldBlock))
+        && deadline.is_none_or(|d| std::time::Instant::now() < d)
+    {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        locked = file.try_lock();
+    }
+    if let Err(e) = locked {
         let e = match e {
-            std::fs::TryLockError::WouldBlock => "the lock is held".to_string(),
+            std::fs::TryLockError::WouldBlock if wait.is_zero() => "the lock is held".to_string(),
+            std::fs::TryLockError::WouldBlock => format!("the lock is held, waited {} s", wait.as_secs_f64()),
             // No lock at all (ENOLCK, or a filesystem without flock): not another owner.
             std::fs::TryLockError::Error(e) => {
                 return Err(crate::Error::Io(format!(

@@ -77,14 +77,16 @@ pub struct Restored {
 }
 
 impl CheckpointDir {
-    /// Opens (creating it and its spool if needed) and owns `dir`; `owner` names this owner
-    /// in the lock file (e.g. "stowplan.ray.PackerActor"). Errors: `io` for the directories,
-    /// or when another process owns `dir` (the message names it).
-    pub fn open(dir: impl Into<PathBuf>, owner: &str) -> Result<Self, Error> {
+    /// Opens (creating it and its spool if needed) and owns `dir`, waiting up to `wait` for
+    /// another owner to let go (a restart whose predecessor is still dying; on a network
+    /// filesystem, until a dead host's lease expires); `owner` names this owner in the lock
+    /// file (e.g. "stowplan.ray.PackerActor"). Errors: `io` for the directories, or when
+    /// another process owns `dir` after `wait` (the message names it).
+    pub fn open(dir: impl Into<PathBuf>, owner: &str, wait: std::time::Duration) -> Result<Self, Error> {
         let dir = dir.into();
         let spool = dir.join(SPOOL);
         std::fs::create_dir_all(&spool).map_err(|e| Error::io("creating directory", &spool, e))?;
-        let lock = crate::runtime::lock_exclusive(&dir.join("lock"), "this checkpoint directory", owner)?;
+        let lock = crate::runtime::lock_exclusive(&dir.join("lock"), "this checkpoint directory", owner, wait)?;
         Ok(Self { dir, _lock: lock })
     }
 

@@ -37,7 +37,8 @@ impl FsTransport {
         for d in [root.join(files::INBOX), root.join(files::ROLLOUTS)] {
             std::fs::create_dir_all(&d).map_err(|e| Error::io("creating directory", &d, e))?;
         }
-        let lock = crate::runtime::lock_exclusive(&root.join("serve.lock"), "this root", "stowplan serve")?;
+        let lock =
+            crate::runtime::lock_exclusive(&root.join("serve.lock"), "this root", "stowplan serve", Duration::ZERO)?;
         Ok(Self { root, poll, max_message_bytes: MAX_MESSAGE_BYTES, evidence: None, _lock: lock })
     }
 

@@ -135,7 +135,12 @@ impl<T: Transport> Server<T> {
         for d in [dir.join("spool"), dir.join("rejected")] {
             std::fs::create_dir_all(&d).map_err(|e| Error::io("creating directory", &d, e))?;
         }
-        let lock = crate::runtime::lock_exclusive(&dir.join("lock"), "this state directory", "stowplan serve")?;
+        let lock = crate::runtime::lock_exclusive(
+            &dir.join("lock"),
+            "this state directory",
+            "stowplan serve",
+            Duration::ZERO,
+        )?;
         let spool = dir.join("spool");
         let state_path = dir.join("state.bin");
         let (mut packer, restored) = match read_durable(&state_path)? {

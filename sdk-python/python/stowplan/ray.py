@@ -27,8 +27,8 @@ the batches it names (``batches/``), and a new actor on the same directory (Ray'
 ``max_restarts``) resumes from it: the step in flight is rebuilt byte for byte, receipts of
 batches sent again say ``duplicate``. The rules are ``stowplan serve``'s for its state
 directory (``stowplan::serve::CheckpointDir``): the directory has one owner at a time (a
-second actor on it is refused, naming the first; :meth:`PackerActor.close` or the actor's
-death lets go), and the state and the spool are checked together before anything is
+second actor on it waits ``lock_wait`` seconds, then is refused naming the first;
+:meth:`PackerActor.close` or the actor's death lets go), and the state and the spool are checked together before anything is
 deleted, so a lost or damaged ``packer_state.bin`` beside spooled batches, a batch file
 missing, or a bad field is refused naming the file (``CacheMismatchError``), never a fresh
 start that would deliver those samples again or lose them.
@@ -154,11 +154,16 @@ class PackerActor:
     """The packer runtime as a Ray actor (wrap it with ``ray.remote``; module docs).
 
     Options: those of :class:`stowplan.Packer` (``seq_len``, ``dp``, ``num_runs``,
-    ``threshold``, ``wait_timeout`` …), and ``checkpoint_dir``: where the state is kept and
-    resumed from (``None``: no checkpoints). Pass the same options to a restarted actor.
+    ``threshold``, ``wait_timeout`` …), ``checkpoint_dir``: where the state is kept and
+    resumed from (``None``: no checkpoints), and ``lock_wait``: seconds to wait for another
+    owner of ``checkpoint_dir`` to let go before this actor is refused (default 10: a restart
+    whose predecessor is still dying, or on a network filesystem a dead node's lock lease).
+    Pass the same options to a restarted actor.
     """
 
-    def __init__(self, *, checkpoint_dir: "Optional[os.PathLike[str] | str]" = None, **options: Any) -> None:
+    def __init__(
+        self, *, checkpoint_dir: "Optional[os.PathLike[str] | str]" = None, lock_wait: float = 10.0, **options: Any
+    ) -> None:
         if "dp" not in options or "seq_len" not in options:
             raise InvalidArgumentError("seq_len and dp are required (the options of stowplan.Packer)")
         self._options = options
@@ -169,7 +174,7 @@ class PackerActor:
         # The directory is owned while this actor lives: a second owner is refused naming
         # the first, and nothing in it is read or deleted before it is owned.
         self._dir: Optional[_stowplan.CheckpointDir] = (
-            None if checkpoint_dir is None else _stowplan.CheckpointDir(os.fspath(checkpoint_dir), owner="stowplan.ray.PackerActor")
+            None if checkpoint_dir is None else _stowplan.CheckpointDir(os.fspath(checkpoint_dir), owner="stowplan.ray.PackerActor", wait=lock_wait)
         )
         try:
             self.restored = self._resume()
