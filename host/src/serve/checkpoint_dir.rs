@@ -243,9 +243,7 @@ fn check_acked(state: &PackerState, acked: &[u32]) -> Result<(), String> {
 /// file that named it).
 fn named(path: &Path, e: Error) -> Error {
     match e {
-        Error::CacheMismatch(m) if !m.contains(&*path.to_string_lossy()) => {
-            Error::CacheMismatch(format!("{}: {m}", path.display()))
-        }
+        Error::CacheMismatch(m) => Error::CacheMismatch(format!("{}: {m}", path.display())),
         e => e,
     }
 }
@@ -265,7 +263,7 @@ fn spool_entries(spool: &Path) -> Result<Vec<String>, Error> {
 /// name: the only entries the spool's keeper reads, moves or deletes.
 fn is_batch_file(p: &Path) -> bool {
     let name = p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    name.starts_with("run_") && name.ends_with(".bin") && std::fs::symlink_metadata(p).is_ok_and(|m| m.is_file())
+    files::batch_of_file_name(&name).is_some() && std::fs::symlink_metadata(p).is_ok_and(|m| m.is_file())
 }
 
 /// The spooled batch `key` from `spool`, for a restore. Errors: `cache-mismatch` naming the

@@ -206,11 +206,12 @@ impl<T: Transport> Server<T> {
             let bytes = match read_durable(&p) {
                 Ok(Some(bytes)) => bytes,
                 Ok(None) => continue,
-                Err(e) => {
+                Err(e @ Error::CacheMismatch(_)) => {
                     tracing::warn!(target: "stowplan::serve", file = %p.display(), error = %e, "unreadable spool entry set aside");
                     self.set_aside(&p)?;
                     continue;
                 }
+                Err(e) => return Err(e),
             };
             let batch = match TrainingBatch::decode(&bytes) {
                 Ok(b) => Arc::new(b),

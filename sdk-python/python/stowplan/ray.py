@@ -28,10 +28,11 @@ the batches it names (``batches/``), and a new actor on the same directory (Ray'
 batches sent again say ``duplicate``. The rules are ``stowplan serve``'s for its state
 directory (``stowplan::serve::CheckpointDir``): the directory has one owner at a time (a
 second actor on it waits ``lock_wait`` seconds, then is refused naming the first;
-:meth:`PackerActor.close` or the actor's death lets go), and the state and the spool are checked together before anything is
-deleted, so a lost or damaged ``packer_state.bin`` beside spooled batches, a batch file
-missing, or a bad field is refused naming the file (``CacheMismatchError``), never a fresh
-start that would deliver those samples again or lose them.
+:meth:`PackerActor.close` or the actor's death lets go), and the state and the spool are
+checked together before anything is deleted, so a lost or damaged ``packer_state.bin``
+beside spooled batches, a batch file missing, or a bad field is refused naming the file
+(``CacheMismatchError``), never a fresh start that would deliver those samples again or lose
+them.
 
 :class:`RayReceiver` is a trainer rank's side; it yields :class:`RayRankBatch` es whose numpy
 arrays are read-only views of the object store (zero-copy; ``torch.from_numpy`` takes them)
@@ -202,7 +203,7 @@ class PackerActor:
         needs that is missing or damaged, or a damaged field is refused naming the file."""
         loaded = self._load() if self._dir is not None else None
         if loaded is None:
-            packer, acked = Packer(**self._options), set()
+            packer, acked, reingested = Packer(**self._options), set(), []
         else:
             packer, acked_ranks, reingested, set_aside = loaded
             acked = set(acked_ranks)
@@ -210,7 +211,7 @@ class PackerActor:
                 warnings.warn(f"stowplan.ray: a spool file that does not decode was set aside: {os.fspath(path)}", RuntimeWarning, stacklevel=2)
         self._packer, self._acked = packer, acked
         self._inflight: Optional[Tuple[int, List[Any]]] = None  # (step, one ObjectRef per rank)
-        if loaded is not None and loaded[2]:
+        if reingested:
             self._save()  # batches spooled after the checkpoint, ingested again: now in it
         try:
             self._published()
@@ -248,7 +249,7 @@ class PackerActor:
 
     # -- checkpoints ---------------------------------------------------------------------
 
-    def _load(self) -> Optional[Tuple[Any, List[int], List[Tuple[int, int]], List[str]]]:
+    def _load(self) -> Optional[Tuple[Any, List[int], List[Tuple[int, int]], List[Any]]]:
         assert self._dir is not None
         return self._dir.load(**self._options)
 
@@ -381,6 +382,11 @@ class PackerActor:
         if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < self._dp:
             raise InvalidArgumentError(f"rank must be an integer in 0..{self._dp - 1} (got {rank!r})")
 
+    @staticmethod
+    def _check_step(step: Any) -> None:
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            raise InvalidArgumentError(f"step must be an integer >= 0 (got {step!r})")
+
     def take(self, rank: int, step: int) -> Optional[Any]:
         """The ``ObjectRef`` of rank ``rank``'s batch of ``step``, or None while it is not
         packed yet (a step is packed here when the packer should pack). A rank asking for the
@@ -389,8 +395,7 @@ class PackerActor:
         step ahead of the one in flight. A step whose copies into the object store failed is
         published again at the next call (a warning says so; None meanwhile)."""
         self._check_rank(rank)
-        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
-            raise InvalidArgumentError(f"step must be an integer >= 0 (got {step!r})")
+        self._check_step(step)
         self._usable()
         try:
             if self._published():
@@ -420,8 +425,7 @@ class PackerActor:
         """Rank ``rank`` holds ``step``; once every rank does the step is delivered. Returns
         whether this acknowledgement completed the step (repeats are ignored)."""
         self._check_rank(rank)
-        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
-            raise InvalidArgumentError(f"step must be an integer >= 0 (got {step!r})")
+        self._check_step(step)
         self._usable()
         if self._inflight is None or step < self._inflight[0] or rank in self._acked:
             if self._inflight is None and step >= self._packer.next_step:

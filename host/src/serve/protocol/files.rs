@@ -40,6 +40,13 @@ pub fn batch_file_name(key: BatchKey) -> String {
     format!("run_{}_step_{}.bin", key.run, key.step)
 }
 
+/// The batch a file name names, if it is one [`batch_file_name`] writes.
+pub fn batch_of_file_name(name: &str) -> Option<BatchKey> {
+    let (run, step) = name.strip_prefix("run_")?.strip_suffix(".bin")?.split_once("_step_")?;
+    let key = BatchKey { run: run.parse().ok()?, step: step.parse().ok()? };
+    (batch_file_name(key) == name).then_some(key)
+}
+
 /// File name of a control message in an inbox: `control_{nanos:020}_{pid}_{kind}_{run}.bin`
 /// (`kind` `add_run` or `remove_run`), where the caller passes the time (`nanos`, e.g. since
 /// the Unix epoch) and its process id: names sort by time and never collide between
@@ -207,6 +214,10 @@ mod tests {
     #[test]
     fn names() {
         assert_eq!(batch_file_name(BatchKey { run: 2, step: 17 }), "run_2_step_17.bin");
+        assert_eq!(batch_of_file_name("run_2_step_17.bin"), Some(BatchKey { run: 2, step: 17 }));
+        for other in ["run_+2_step_17.bin", "run_2_step_17", "run_x_step_1.bin", ".run_2_step_17.bin.tmp.1.2"] {
+            assert_eq!(batch_of_file_name(other), None, "{other}");
+        }
         let add = Control::AddRun { run: 3, config: RunConfig { batch_size: 8 } };
         assert_eq!(control_file_name(&add, 42, 7), "control_00000000000000000042_7_add_run_3.bin");
         assert_eq!(
