@@ -446,3 +446,42 @@ def test_the_readme_one_liner_runs(sb, orig):
         assert sv.is_patched() and sb.rearrange_micro_batches is not orig["rearrange_micro_batches"]
     finally:
         sv.unpatch()
+
+
+def test_patch_runtime_env_patches_verl_in_real_ray_workers(sb):
+    """verl calls rearrange_micro_batches inside Ray worker actors: patch() in the driver does
+    not reach them; a runtime environment from stowplan.compat.patch_runtime_env does, before
+    any actor code (a real local Ray, a real verl imported by the actor)."""
+    import ray
+
+    from stowplan.compat import patch_runtime_env
+
+    @ray.remote
+    class Worker:
+        def where(self):
+            # Self-contained (Ray ships the class by value): verl's caller of the function,
+            # which imports it by name, loaded from its file as _engine_utils loads it.
+            import importlib.util
+            import pathlib
+
+            import verl.utils.seqlen_balancing as balancing
+
+            path = pathlib.Path(balancing.__file__).parents[1] / "workers" / "engine" / "utils.py"
+            spec = importlib.util.spec_from_file_location("verl.workers.engine.utils", path)
+            engine_utils = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(engine_utils)
+            return [balancing.rearrange_micro_batches.__module__, engine_utils.rearrange_micro_batches.__module__]
+
+    ray.init(num_cpus=1, include_dashboard=False, runtime_env=patch_runtime_env(["verl"]))
+    try:
+        assert ray.get(Worker.remote().where.remote(), timeout=120) == ["stowplan.compat.verl"] * 2
+        # The driver is not patched by it: only the workers are.
+        assert not sv.is_patched()
+    finally:
+        ray.shutdown()
+    # Without the runtime environment the worker runs verl's own.
+    ray.init(num_cpus=1, include_dashboard=False)
+    try:
+        assert ray.get(Worker.remote().where.remote(), timeout=120) == ["verl.utils.seqlen_balancing"] * 2
+    finally:
+        ray.shutdown()

@@ -12,4 +12,11 @@
   state), and its micro-batch schedule exactly (``first_fit_pack``,
   ``expand_bins_by_splitting``, ``get_seqlen_balanced_partitions``, ``calculate_fwd_flops``,
   ``build_dp_schedule``; ``patch()`` installs them into slime).
+
+A peer's ``patch()`` changes the calling process only; its Ray workers are patched through
+:func:`patch_runtime_env` (a runtime environment whose worker setup hook calls it there).
 """
+
+from ._workers import patch_runtime_env
+
+__all__ = ["patch_runtime_env"]
