@@ -13,6 +13,7 @@ import os
 import pathlib
 import re
 import sys
+import types
 
 import numpy as np
 import pytest
@@ -100,11 +101,11 @@ def test_columns_dictionaries_and_format():
     dd = datasets.DatasetDict(train=ds, test=ds.select([0]))
     packed = stowplan.hf.pack_dataset(dd, 8, columns=["input_ids"])
     assert isinstance(packed, datasets.DatasetDict) and list(packed) == ["train", "test"]
-    assert packed["train"].column_names == ["input_ids", "seq_lengths"] and len(packed["test"]) == 1
+    assert packed["train"].column_names == ["input_ids", "seq_lengths", "position_ids"] and len(packed["test"]) == 1
     assert packed["train"].format["type"] == "numpy"
     assert isinstance(packed["train"][0]["input_ids"], np.ndarray)
     restricted = dataset_of([5, 2, 9]).with_format(None, columns=["input_ids"])
-    assert stowplan.hf.pack_dataset(restricted, 8, columns=["input_ids"]).format["columns"] == ["input_ids", "seq_lengths"]
+    assert stowplan.hf.pack_dataset(restricted, 8, columns=["input_ids"]).format["columns"] == ["input_ids", "seq_lengths", "position_ids"]
 
 
 def test_cache_file_name_writes_the_same_rows_and_maps_them(tmp_path):
@@ -124,7 +125,7 @@ def test_cache_file_name_writes_the_same_rows_and_maps_them(tmp_path):
     assert table(other) == table(stowplan.hf.pack_dataset(ds, 256)) and table(on_disk) == table(in_memory)
     # All sequences empty: an empty file of the packed schema.
     empty = stowplan.hf.pack_dataset(dataset_of([0, 0]), 8, cache_file_name=tmp_path / "empty.arrow")
-    assert len(empty) == 0 and empty.column_names == ["input_ids", "labels", "seq_lengths"]
+    assert len(empty) == 0 and empty.column_names == ["input_ids", "labels", "seq_lengths", "position_ids"]
 
 
 def test_cache_file_name_of_a_dataset_dict_names_one_file_per_split(tmp_path):
@@ -424,7 +425,7 @@ def test_a_stream_loses_or_repeats_no_sample(lengths, seq_length, strategy, rows
 def test_stream_columns_overflow_format_and_dictionaries():
     stream = dataset_of([5, 2, 9, 0, 3]).to_iterable_dataset()
     packed = stowplan.hf.pack_dataset(stream, 4, columns=["input_ids"], overflow="drop")
-    assert list(packed.features) == ["input_ids", "seq_lengths"]
+    assert list(packed.features) == ["input_ids", "seq_lengths", "position_ids"]
     assert sorted(v for r in packed for v in r["input_ids"]) == [5, 6, 16, 17, 18]  # rows 0 and 2 dropped
     with pytest.raises(stowplan.InfeasibleError, match="column 'input_ids' row 2 has 9 values"):
         list(stowplan.hf.pack_dataset(stream, 8, overflow="error"))
@@ -716,7 +717,7 @@ def test_sampler_is_a_torch_sampler_when_torch_imports():
     try:
         from torch.utils.data import DataLoader, Sampler
     except ImportError:
-        assert type(s).__mro__[1] is object  # a plain iterable of index lists
+        assert not any(c.__module__.startswith("torch") for c in type(s).__mro__)  # a plain iterable of index lists
         assert all(isinstance(mb, list) for mb in s)
         return
     assert isinstance(s, Sampler)
@@ -822,7 +823,8 @@ LOSS_AGG_MODES = ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "se
 
 
 def weights_by_token(batch):
-    return dict(zip(batch["input_ids"][0].tolist(), batch["loss_weights"][0].tolist()))
+    """Each token's weight: the weight of the position predicting it (the one before)."""
+    return dict(zip(batch["shift_labels"][0].tolist(), batch["loss_weights"][0].tolist()))
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -843,32 +845,42 @@ def test_loss_weights_do_not_depend_on_packing(lengths, seq_length, masked, mode
     packed_ds = stowplan.hf.pack_dataset(ds, seq_length, strategy="ffd")
     packed = collate([packed_ds[i] for i in range(len(packed_ds))])
     assert packed["loss_weights"].dtype == np.float32 and packed["loss_weights"].shape == packed["input_ids"].shape
-    assert weights_by_token(packed) == weights_by_token(unpacked)  # token for token, however packed
-    # No weight where no loss is learnt: sequence starts and ignored labels.
-    lab, w = packed["labels"][0], packed["loss_weights"][0]
-    assert not w[lab == -100].any()
+    assert packed["shift_labels"].dtype == np.int64 and packed["shift_labels"].shape == packed["input_ids"].shape
+    weights = weights_by_token(packed)
+    weights.pop(-100, None)
+    assert weights == {k: v for k, v in weights_by_token(unpacked).items() if k != -100}  # token for token, however packed
+    # Aligned with the logits: position t predicts shift_labels[t] = labels[t + 1] in its
+    # sequence, and nothing is learnt (no weight) where shift_labels is -100: a sequence's
+    # last token, an ignored label.
+    lab, shift, w = packed["labels"][0], packed["shift_labels"][0], packed["loss_weights"][0]
+    assert not w[shift == -100].any()
+    learnt = shift != -100
+    assert (shift[:-1][learnt[:-1]] == lab[1:][learnt[:-1]]).all()
+    loss_tokens = int(learnt.sum())
+    assert loss_tokens == int((lab != -100).sum())
     # The modes' sums: token-mean weights sum to 1, and so do seq-mean-token-mean's (1/N per sequence).
-    loss_tokens = int((lab != -100).sum())
     if loss_tokens and mode in ("token-mean", "seq-mean-token-mean"):
         assert abs(float(w.sum()) - 1.0) < 1e-5
     if mode == "seq-mean-token-sum-norm":
-        assert set(w[lab != -100].tolist()) <= {np.float32(1 / 64)}
+        assert set(w[learnt].tolist()) <= {np.float32(1 / 64)}
 
 
 def test_loss_weights_are_the_kernels_materialize():
     features = [{"input_ids": [5, 6, 7, 8, 9], "seq_lengths": [3, 2]}, {"input_ids": [1, 2, 3], "labels": [-100, 4, -100]}]
     out = stowplan.hf.PaddingFreeCollator(return_loss_weights=True, loss_agg_mode="seq-mean-token-mean")(features)
-    # Sequences of 2, 1 and 1 loss tokens: weights 1/(3·2), 1/3, 1/3.
-    assert out["loss_weights"].tolist() == [[0.0, np.float32(1 / 6), np.float32(1 / 6), 0.0, np.float32(1 / 3), 0.0, np.float32(1 / 3), 0.0]]
+    # Sequences of 2, 1 and 1 loss tokens: weights 1/(3·2), 1/3, 1/3, each at the position
+    # that predicts the token.
+    assert out["loss_weights"].tolist() == [[np.float32(1 / 6), np.float32(1 / 6), 0.0, np.float32(1 / 3), 0.0, np.float32(1 / 3), 0.0, 0.0]]
+    assert out["shift_labels"].tolist() == [[6, 7, -100, 9, -100, 4, -100, -100]]
     samples = [
         {"prompt_ids": [], "completion_ids": [5, 6, 7], "completion_mask": [False, True, True], "advantage": 0.0},
         {"prompt_ids": [], "completion_ids": [8, 9], "completion_mask": [False, True], "advantage": 0.0},
         {"prompt_ids": [], "completion_ids": [1, 2, 3], "completion_mask": [False, True, False], "advantage": 0.0},
     ]
     m = stowplan.materialize(samples, capacity=8, loss_agg_mode="seq-mean-token-mean", plan=[[[0, 1, 2]]])
-    assert out["loss_weights"][0].tolist() == m.ranks[0][0].loss_weights.tolist()
+    assert out["loss_weights"][0].tolist() == m.ranks[0][0].loss_weights.tolist()[1:] + [0.0]
     plain = stowplan.hf.PaddingFreeCollator(return_loss_weights=True)(features)  # token-mean: 1/4 each
-    assert plain["loss_weights"].tolist() == [[0.0, 0.25, 0.25, 0.0, 0.25, 0.0, 0.25, 0.0]]
+    assert plain["loss_weights"].tolist() == [[0.25, 0.25, 0.0, 0.25, 0.0, 0.25, 0.0, 0.0]]
     assert "loss_weights" not in stowplan.hf.PaddingFreeCollator()(features)
 
 
@@ -927,3 +939,181 @@ def test_collator_is_data_collator_with_flattening(flattening, labels, options):
             assert (ours[k] == theirs[k]).all(), k
         else:
             assert type(ours[k]) is type(theirs[k]) and ours[k] == theirs[k], k
+
+
+# --- layouts, boundaries from position_ids, the padded sampler ----------------------------------
+
+
+def np_collator(**options):
+    return stowplan.hf.PaddingFreeCollator(return_tensors="np", **options)
+
+
+def test_collator_reads_boundaries_from_position_ids_when_seq_lengths_was_removed():
+    packed = stowplan.hf.pack_dataset(dataset_of([3, 2, 4, 1]), 5)
+    rows = [{k: r[k] for k in ("input_ids", "labels", "position_ids")} for r in packed]  # as Trainer leaves them
+    full = np_collator(return_seq_idx=True)([dict(r) for r in packed])
+    assert {k: v.tolist() for k, v in np_collator(return_seq_idx=True)(rows).items()} == {k: v.tolist() for k, v in full.items()}
+    with pytest.raises(stowplan.InvalidArgumentError, match="disagree"):
+        np_collator()([{"input_ids": [1, 2, 3], "seq_lengths": [3], "position_ids": [0, 1, 0]}])
+    with pytest.raises(stowplan.InvalidArgumentError, match="position_ids has 2 values, input_ids 3"):
+        np_collator()([{"input_ids": [1, 2, 3], "position_ids": [0, 1]}])
+
+
+def test_packed_true_refuses_a_row_without_boundaries_naming_what_removed_them():
+    with pytest.raises(stowplan.InvalidArgumentError) as info:
+        np_collator(packed=True)([{"input_ids": [1, 2, 3]}])
+    assert "remove_unused_columns" in str(info.value) and "features[0]" in str(info.value)
+    with pytest.raises(stowplan.InvalidArgumentError, match="packed row of 2 sequences, and packed=False"):
+        np_collator(packed=False)([{"input_ids": [1, 2, 3], "seq_lengths": [1, 2]}])
+
+
+def test_rows_layout_keeps_each_row_and_makes_its_padding_a_segment_of_its_own():
+    out = np_collator(layout="rows", return_seq_idx=True, return_loss_weights=True, pad_to_multiple_of=4)(
+        [{"input_ids": [5, 6, 7, 8, 9], "seq_lengths": [3, 2]}, {"input_ids": [1, 2]}]
+    )
+    assert out["input_ids"].tolist() == [[5, 6, 7, 8, 9, 0, 0, 0], [1, 2, 0, 0, 0, 0, 0, 0]]
+    assert out["position_ids"].tolist() == [[0, 1, 2, 0, 1, 0, 1, 2], [0, 1, 0, 1, 2, 3, 4, 5]]
+    assert out["labels"].tolist() == [[-100, 6, 7, -100, 9, -100, -100, -100], [-100, 2, -100, -100, -100, -100, -100, -100]]
+    assert out["seq_idx"].tolist() == [[0, 0, 0, 1, 1, -1, -1, -1], [2, 2, -1, -1, -1, -1, -1, -1]]
+    assert out["shift_labels"].tolist() == [[6, 7, -100, 9, -100, -100, -100, -100], [2, -100, -100, -100, -100, -100, -100, -100]]
+    assert out["loss_weights"].tolist() == [[0.25, 0.25, 0, 0.25, 0, 0, 0, 0], [0.25, 0, 0, 0, 0, 0, 0, 0]]
+    assert "attention_mask" not in out
+
+
+def test_padded_layout_pads_whole_samples_under_an_attention_mask():
+    out = np_collator(layout="padded", pad_token_id=7, return_loss_weights=True)([{"input_ids": [5, 6, 7]}, {"input_ids": [1, 2, 3, 4]}])
+    assert out["input_ids"].tolist() == [[5, 6, 7, 7], [1, 2, 3, 4]]
+    assert out["attention_mask"].tolist() == [[1, 1, 1, 0], [1, 1, 1, 1]]
+    assert out["labels"].tolist() == [[5, 6, 7, -100], [1, 2, 3, 4]]  # the model's own shift drops labels[0]
+    assert out["position_ids"].tolist() == [[0, 1, 2, 3], [0, 1, 2, 3]]
+    assert out["shift_labels"].tolist() == [[6, 7, -100, -100], [2, 3, 4, -100]]
+    assert abs(float(out["loss_weights"].sum()) - 1.0) < 1e-6 and out["loss_weights"][0, 2] == 0
+    with pytest.raises(stowplan.InvalidArgumentError, match="layout='padded' takes whole samples"):
+        np_collator(layout="padded")([{"input_ids": [1, 2, 3], "seq_lengths": [1, 2]}])
+
+
+@pytest.mark.parametrize(
+    "options, fragment",
+    [
+        ({"layout": "packed"}, "layout must be one of 'flat', 'rows', 'padded'"),
+        ({"packed": 1}, "packed must be True, False or None"),
+        ({"layout": "rows", "return_flash_attn_kwargs": True}, "return_flash_attn_kwargs describes one flat row"),
+        ({"layout": "rows", "return_position_ids": False}, "return_position_ids must be True"),
+        ({"layout": "padded", "packed": True}, "packed=True needs layout 'flat' or 'rows'"),
+        ({"pad_to_multiple_of": 0}, "pad_to_multiple_of must be in 1..="),
+        ({"return_tensors": "tf"}, "return_tensors must be 'pt', 'np' or None"),
+    ],
+)
+def test_collator_bad_options(options, fragment):
+    with pytest.raises(stowplan.InvalidArgumentError) as info:
+        stowplan.hf.PaddingFreeCollator(**options)
+    assert fragment in str(info.value)
+
+
+def test_collator_defaults_to_numpy_without_torch(monkeypatch):
+    monkeypatch.setitem(sys.modules, "torch", None)
+    assert stowplan.hf.PaddingFreeCollator().return_tensors == "np"
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    lengths=st.lists(st.integers(1, 300), min_size=4, max_size=120),
+    dp=st.integers(1, 4),
+    max_tokens=st.integers(300, 2000),
+    step=st.integers(1, 6),
+    accumulation=st.one_of(st.none(), st.integers(1, 3)),
+    cost=st.sampled_from(["attention", "tokens", (1, 0.001)]),
+)
+def test_padded_sampler_invariants(lengths, dp, max_tokens, step, accumulation, cost):
+    n = len(lengths) - len(lengths) % dp
+    lengths = lengths[:n]
+    if n < dp:
+        return
+    batch_size = min(n, step * dp * (accumulation or 1) * 2)
+    batch_size -= batch_size % dp
+    if batch_size == 0 or (accumulation and batch_size < accumulation * dp):
+        return
+    try:
+        samplers = [
+            stowplan.hf.PaddedBatchSampler(lengths, max_tokens, dp_size=dp, rank=r, batch_size=batch_size, accumulation_steps=accumulation, seed=3, cost=cost, drop_last=True)
+            for r in range(dp)
+        ]
+    except stowplan.InfeasibleError as exc:
+        assert accumulation is not None and "accumulation_steps" in str(exc)
+        return
+    per_rank = [list(s.steps()) for s in samplers]
+    seen = []
+    for steps in zip(*per_rank):
+        counts = {len(mbs) for mbs in steps}
+        assert len(counts) == 1  # every rank as many micro-batches in every step
+        if accumulation:
+            assert counts == {accumulation}
+        for mbs in steps:
+            for mb in mbs:
+                assert mb and len(mb) * max(lengths[i] for i in mb) <= max_tokens
+                seen.extend(mb)
+    assert sorted(seen) == sorted(set(seen)) and len(seen) == (n // batch_size) * batch_size  # each sample once
+    assert len(samplers[0]) == sum(len(mbs) for mbs in per_rank[0])
+
+
+def test_padded_sampler_groups_by_length_and_is_optimal_on_a_small_case():
+    lengths = [100, 900, 50, 950, 400, 600, 10, 20]
+    s = stowplan.hf.PaddedBatchSampler(lengths, 2000, shuffle=False, cost="tokens")
+    mbs = [[lengths[i] for i in mb] for mb in s]
+    # Sorted runs; 3 micro-batches are the fewest under 2,000 padded tokens, and the
+    # costliest (1,900 padded tokens) is the least any cut into 3 runs gives.
+    assert sorted(mbs, key=lambda mb: -mb[0]) == [[950, 900], [600, 400, 100], [50, 20, 10]]
+
+
+@pytest.mark.parametrize(
+    "call, error, fragment",
+    [
+        (lambda: stowplan.hf.PaddedBatchSampler([1, 2], 8, cost="flops"), stowplan.InvalidArgumentError, "cost must be 'attention', 'tokens' or (linear, quadratic)"),
+        (lambda: stowplan.hf.PaddedBatchSampler([1, 2], 8, cost=(0, 0)), stowplan.InvalidArgumentError, "not both 0"),
+        (lambda: stowplan.hf.PaddedBatchSampler([1, 9], 8), stowplan.InfeasibleError, "lengths[1] is 9 tokens, more than max_tokens = 8"),
+        (lambda: stowplan.hf.PaddedBatchSampler([1, 0], 8), stowplan.InvalidArgumentError, "lengths[1] is 0"),
+        (lambda: stowplan.hf.PaddedBatchSampler([1, 2], 8, accumulation_steps=3), stowplan.InvalidArgumentError, "cannot fill accumulation_steps = 3"),
+        (lambda: stowplan.hf.PaddedBatchSampler([8, 8], 8, accumulation_steps=1), stowplan.InfeasibleError, "need at least 2 micro-batches"),
+        (lambda: stowplan.hf.PaddedBatchSampler([1, 2, 3], 8, dp_size=2, batch_size=3), stowplan.InvalidArgumentError, "batch_size must be a multiple of dp_size"),
+    ],
+)
+def test_padded_sampler_bad_input(call, error, fragment):
+    with pytest.raises(error) as info:
+        call()
+    assert fragment in str(info.value)
+
+
+# --- the peers' patch() in Ray workers --------------------------------------------------------
+
+
+def test_patch_runtime_env_chains_a_hook_and_refuses_bad_input():
+    from stowplan.compat import _workers, patch_runtime_env
+
+    env = patch_runtime_env(["verl", "roll", "verl"], {"worker_process_setup_hook": "mine.setup", "pip": ["x"]})
+    assert env["worker_process_setup_hook"] == _workers.HOOK and env["pip"] == ["x"]
+    assert env["env_vars"] == {_workers.NEXT_HOOK_VARIABLE: "mine.setup", _workers.PEERS_VARIABLE: "verl,roll"}
+    assert patch_runtime_env("slime")["env_vars"] == {_workers.PEERS_VARIABLE: "slime"}
+    with pytest.raises(stowplan.InvalidArgumentError, match="peers must be a non-empty list"):
+        patch_runtime_env(["trl"])
+    with pytest.raises(stowplan.InvalidArgumentError, match="is a callable, which cannot be chained"):
+        patch_runtime_env(["verl"], {"worker_process_setup_hook": print})
+    with pytest.raises(stowplan.InvalidArgumentError, match="runtime_env must be a dict"):
+        patch_runtime_env(["verl"], [])
+
+
+def test_setup_worker_runs_the_chained_hook_and_skips_a_peer_not_installed(monkeypatch, caplog):
+    from stowplan.compat import _workers
+
+    calls = []
+    module = types.ModuleType("stowplan_test_hook")
+    module.setup = lambda: calls.append("mine")
+    monkeypatch.setitem(sys.modules, "stowplan_test_hook", module)
+    monkeypatch.setitem(sys.modules, "slime", None)  # slime not importable in this "worker"
+    monkeypatch.setenv(_workers.NEXT_HOOK_VARIABLE, "stowplan_test_hook.setup")
+    monkeypatch.setenv(_workers.PEERS_VARIABLE, "slime")
+    with caplog.at_level("WARNING", logger="stowplan"):
+        assert _workers.setup_worker() == []
+    assert calls == ["mine"] and "slime is not importable in this Ray worker" in caplog.text
+    monkeypatch.setenv(_workers.PEERS_VARIABLE, "nope")
+    with pytest.raises(stowplan.InvalidArgumentError, match="names 'nope'"):
+        _workers.setup_worker()

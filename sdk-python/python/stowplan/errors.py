@@ -7,6 +7,7 @@ raises :class:`KernelRuntimeError`. Static packing adds :class:`ConfigError` (a 
 configuration key is invalid), :class:`CacheMismatchError` (a cache artifact was made for
 other inputs or is damaged), :class:`StowplanIOError` and :class:`StowplanTimeoutError`.
 Buffer filters raise subclasses of :class:`FilterError`, one per way a plugin can fail.
+:func:`stowplan.hf.check_packing` raises :class:`PackingContaminationError`.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ __all__ = [
     "FilterHashMismatchError",
     "FilterGuestError",
     "FilterLoadError",
+    "PackingContaminationError",
 ]
 
 
@@ -63,6 +65,22 @@ class StowplanIOError(StowplanError, OSError):
 
 class StowplanTimeoutError(StowplanError, TimeoutError):
     """Waiting for another process's artifact took longer than allowed."""
+
+
+class PackingContaminationError(StowplanError):
+    """A model's outputs on a packed batch differ from its outputs on each sample alone: the
+    packed samples see each other. The message names the largest per-token difference (the
+    sample and token) and the likely cause; the attributes hold them too."""
+
+    def __init__(self, message: str, *, max_difference: float = 0.0, sample: int = -1, token: int = -1, cause: str = "") -> None:
+        super().__init__(message)
+        #: The largest absolute difference of a logit, packed against alone.
+        self.max_difference = max_difference
+        #: The sample (its order in the batch) and the token (in the sample) where it is.
+        self.sample = sample
+        self.token = token
+        #: The likely cause, in words.
+        self.cause = cause
 
 
 class FilterError(StowplanError):

@@ -1,21 +1,28 @@
-"""Pack a Hugging Face dataset with the kernel, and feed the packed rows to padding-free training (issue 28).
+"""Pack a Hugging Face dataset with the kernel, and train on the packed rows with transformers, TRL or a torch loop.
 
 :func:`pack_dataset` runs :func:`stowplan.arrow.pack_table` on a ``Dataset``'s Arrow table and
 returns an ordinary ``datasets.Dataset`` built from the packed table — no row becomes a Python
 object, and with ``scope="dataset"`` (the default) one plan covers the whole dataset, so bins
 cross what would be map batches and the result does not depend on ``num_proc``. An
 ``IterableDataset`` is streamed through the kernel's ``StreamPacker``
-(:func:`stowplan.arrow.pack_batches`). :class:`PaddingFreeCollator` collates packed rows for
-the varlen attention paths; :class:`TokenBudgetBatchSampler` forms micro-batches under a hard
-token cap, balanced over data-parallel ranks. Needs ``datasets`` and ``pyarrow`` (``pip
-install 'stowplan[hf]'``).
+(:func:`stowplan.arrow.pack_batches`).
+
+Training: :class:`PaddingFreeCollator` collates samples or packed rows in the layout an
+attention backend runs fastest (:data:`LAYOUTS`; :func:`recommend_layout` picks one for a
+model), torch tensors by default; :class:`TokenBudgetBatchSampler` forms micro-batches under a
+hard token cap and :class:`PaddedBatchSampler` length-grouped padded ones, both balanced over
+data-parallel ranks; :func:`check_packing` (and :class:`PackingCheckCallback`, for a
+``Trainer``) proves that the packed samples do not see each other, raising
+:class:`stowplan.errors.PackingContaminationError`. Needs ``datasets`` and ``pyarrow`` (``pip
+install 'stowplan[hf]'``); the samplers, the check and the callback need torch (and
+transformers).
 
 >>> from datasets import Dataset
 >>> import stowplan.hf
 >>> ds = Dataset.from_dict({"input_ids": [[1, 2, 3, 4, 5], [6, 7], [8, 9, 10], [11]]})
 >>> packed = stowplan.hf.pack_dataset(ds, 4)
 >>> packed[:]
-{'input_ids': [[1, 2, 3, 4], [8, 9, 10, 11], [6, 7]], 'seq_lengths': [[4], [3, 1], [2]]}
+{'input_ids': [[1, 2, 3, 4], [8, 9, 10, 11], [6, 7]], 'seq_lengths': [[4], [3, 1], [2]], 'position_ids': [[0, 1, 2, 3], [0, 1, 2, 0], [0, 1]]}
 """
 
 from __future__ import annotations
@@ -24,15 +31,12 @@ import contextlib
 import functools
 import hashlib
 import os
-from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
-
-import numpy as np
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from . import _stowplan
-from ._convert import _array, as_int64
-from ._stowplan import materialize
+from ._collate import DEFAULT_LAYOUT, LAYOUTS, PaddingFreeCollator, recommend_layout
 from .arrow import DEFAULT_STRATEGY, POSITION_IDS, SEQ_LENGTHS, _check_columns, _check_rows, _pack, pack_batches, pack_table
-from .errors import InvalidArgumentError, StowplanError
+from .errors import InvalidArgumentError, PackingContaminationError, StowplanError  # noqa: F401 (re-exported)
 
 try:
     import datasets
@@ -41,15 +45,33 @@ try:
 except ImportError as exc:  # pragma: no cover - the hf extra installs them
     raise ImportError("stowplan.hf needs datasets and pyarrow: pip install 'stowplan[hf]'") from exc
 
-__all__ = ["pack_dataset", "PaddingFreeCollator", "TokenBudgetBatchSampler", "SCOPES", "DEFAULT_SCOPE"]
+__all__ = [
+    "pack_dataset",
+    "PaddingFreeCollator",
+    "recommend_layout",
+    "LAYOUTS",
+    "DEFAULT_LAYOUT",
+    "TokenBudgetBatchSampler",
+    "PaddedBatchSampler",
+    "check_packing",
+    "PackingContaminationError",
+    "PackingCheckCallback",
+    "SCOPES",
+    "DEFAULT_SCOPE",
+]
 
 
 def __getattr__(name: str) -> Any:
-    # TokenBudgetBatchSampler subclasses torch's Sampler (when installed): torch loads on use.
-    if name == "TokenBudgetBatchSampler":
-        from ._sampler import TokenBudgetBatchSampler
+    # The samplers subclass torch's Sampler, the check runs torch and the callback is a
+    # transformers TrainerCallback (when installed): they load on use.
+    if name in ("TokenBudgetBatchSampler", "PaddedBatchSampler"):
+        from . import _sampler
 
-        return TokenBudgetBatchSampler
+        return getattr(_sampler, name)
+    if name in ("check_packing", "PackingCheckCallback"):
+        from . import _check
+
+        return getattr(_check, name)
     raise AttributeError(f"module 'stowplan.hf' has no attribute {name!r}")
 
 #: ``"dataset"``: one plan over the whole dataset (identical for any ``num_proc``);
@@ -71,7 +93,7 @@ def pack_dataset(
     num_proc: Optional[int] = None,
     overflow: Optional[str] = None,
     columns: Optional[Sequence[str]] = None,
-    position_ids: bool = False,
+    position_ids: bool = True,
     map_kwargs: Optional[Dict[str, Any]] = None,
     max_open_bins: Optional[int] = None,
     max_buffered: Optional[int] = None,
@@ -82,7 +104,11 @@ def pack_dataset(
     its list columns packed into rows of at most ``seq_length`` tokens, as
     :func:`stowplan.arrow.pack_table` packs a table (``strategy``, ``overflow``, ``columns``,
     ``position_ids`` and ``backend`` are its; the output has the packed columns,
-    ``seq_lengths`` and, on request, ``position_ids``; other columns are not carried over).
+    ``seq_lengths`` and ``position_ids``, unless ``position_ids=False``; other columns are not
+    carried over). Both boundary columns by default, so that the samples of a row stay apart
+    whatever trainer drops columns: ``transformers.Trainer`` (``remove_unused_columns=True``)
+    keeps ``position_ids``, a forward argument, and drops ``seq_lengths``; TRL's ``SFTTrainer``
+    keeps ``seq_lengths`` and drops ``position_ids``; :class:`PaddingFreeCollator` reads either.
 
     ``scope`` (see :data:`SCOPES`): with ``"dataset"`` the result is an in-memory ``Dataset``
     whose fingerprint is a sha256 of the input's fingerprint, the options and the plan, so a
@@ -338,177 +364,3 @@ def _pack_batch(table: Any, **options: Any) -> Any:
             empty[POSITION_IDS] = pa.array([], pa.list_(pa.int32()))
         return pa.table(empty)
     return pack_table(table, options.pop("seq_length"), **options)
-
-
-def _int64s(values: Any, name: str) -> np.ndarray:
-    """A feature's token ids, labels or sequence lengths as one ``int64`` row, by the integer
-    rule of every entry point (``stowplan._convert``: floats, bools and strings refused, values
-    exact): ``InvalidArgumentError`` naming ``name``. Lists go through numpy at once (their
-    elements one by one when numpy cannot type them, or would read a bool among integers as
-    one: ``[True, 2]`` is refused); arrays of any shape are flattened."""
-    if isinstance(values, (list, tuple)):
-        if len(values) == 0:
-            return np.zeros(0, dtype=np.int64)
-        # A bool among other values goes element by element by the native rule, which refuses
-        # it: numpy would read [True, 2] as [1, 2]. Other lists go through numpy at once (all
-        # bools, all floats: refused there by dtype).
-        rows = values if all(isinstance(v, (list, tuple)) for v in values) else [values]  # (1, T) from a tokenizer
-        types = set().union(*map(lambda row: set(map(type, row)), rows))
-        if len(types) > 1 and (bool in types or np.bool_ in types):
-            return as_int64([v for r in rows for v in r], name, -(2**63))
-        try:
-            values = np.asarray(values)
-        except (ValueError, OverflowError):
-            values = list(values)  # ragged or mixed: checked element by element below
-    elif not isinstance(values, (str, bytes, bytearray)):
-        arr = _array(values, name)  # numpy, __array__ (torch), DLPack; None for anything else
-        values = values if arr is None else arr
-    if isinstance(values, np.ndarray):
-        if values.size == 0:
-            return np.zeros(0, dtype=np.int64)  # (an empty array is float by default)
-        if values.ndim != 1:
-            values = values.reshape(-1)  # (1, T) from a tokenizer, or a 0-d scalar
-    return as_int64(values, name, -(2**63))
-
-
-class PaddingFreeCollator:
-    """Collates features into one padding-free row for the varlen FlashAttention/SDPA paths:
-    ``input_ids`` and ``labels`` of shape (1, T) (int64), ``position_ids`` (1, T) restarting at
-    ``position_ids_start`` at every sequence, ``labels`` = ``separator_id`` at each sequence's
-    first token (no token learns across a boundary), and with ``return_flash_attn_kwargs``
-    ``cu_seq_lens_q``/``cu_seq_lens_k`` (int32) and ``max_length_q``/``max_length_k`` (ints),
-    with ``return_seq_idx`` ``seq_idx`` (1, T) (int32, each token's sequence number), and with
-    ``return_loss_weights`` ``loss_weights`` (1, T) (float32).
-
-    ``loss_weights`` are the kernel's (:func:`stowplan.materialize`'s, the same definition):
-    each sequence is a sample whose loss tokens are the positions whose label is neither -100
-    nor ``separator_id`` (so never a sequence's first token), and Σ ``loss_weights × per-token
-    loss`` (the loss of predicting ``labels[t]`` at position ``t``) is the loss the sequences
-    give unpacked under ``loss_agg_mode`` — ``"token-mean"`` (default),
-    ``"seq-mean-token-mean"``, ``"seq-mean-token-sum"`` or ``"seq-mean-token-sum-norm"``
-    (horizon ``loss_scale_factor``; default the batch's longest sequence) — with the counts
-    taken over the collated batch, however its sequences were packed into rows.
-
-    A feature is a dict with ``input_ids`` (list or array) and optionally ``labels`` (else the
-    labels are the ``input_ids``); a feature with ``seq_lengths`` (a row of
-    :func:`pack_dataset`) holds several sequences. Features without ``seq_lengths`` give exactly
-    what ``transformers.DataCollatorWithFlattening`` gives with the same options. Values are
-    integers, exactly (floats, bools and strings are refused naming the feature and key, as
-    by every entry point). ``return_tensors``: ``"np"`` (default) or ``"pt"`` (torch tensors,
-    without a copy; refused when built if torch is not importable).
-
-    >>> c = PaddingFreeCollator(return_flash_attn_kwargs=True)
-    >>> out = c([{"input_ids": [5, 6, 7, 8, 9], "seq_lengths": [3, 2]}, {"input_ids": [1, 2]}])
-    >>> out["labels"].tolist(), out["position_ids"].tolist(), out["cu_seq_lens_q"].tolist()
-    ([[-100, 6, 7, -100, 9, -100, 2]], [[0, 1, 2, 0, 1, 0, 1]], [0, 3, 5, 7])
-    """
-
-    def __init__(
-        self,
-        *,
-        return_position_ids: bool = True,
-        position_ids_start: int = 0,
-        separator_id: int = -100,
-        return_flash_attn_kwargs: bool = False,
-        return_seq_idx: bool = False,
-        return_loss_weights: bool = False,
-        loss_agg_mode: Optional[str] = None,
-        loss_scale_factor: Optional[float] = None,
-        return_tensors: str = "np",
-    ) -> None:
-        for name, flag in (
-            ("return_position_ids", return_position_ids),
-            ("return_flash_attn_kwargs", return_flash_attn_kwargs),
-            ("return_seq_idx", return_seq_idx),
-            ("return_loss_weights", return_loss_weights),
-        ):
-            if not isinstance(flag, bool):
-                raise InvalidArgumentError(f"{name} must be True or False (got {flag!r})")
-        if return_tensors not in ("np", "pt"):
-            raise InvalidArgumentError(f"return_tensors must be 'np' or 'pt' (got {return_tensors!r})")
-        if return_tensors == "pt":
-            try:
-                import torch  # noqa: F401
-            except ImportError as exc:
-                raise InvalidArgumentError(f"return_tensors='pt' needs torch, which is not importable ({exc}); use 'np'") from None
-        self.return_position_ids = return_position_ids
-        self.position_ids_start = _stowplan._integer(position_ids_start, "position_ids_start", -(2**62), 2**62)
-        self.separator_id = _stowplan._integer(separator_id, "separator_id", -(2**63), 2**63 - 1)
-        self.return_flash_attn_kwargs = return_flash_attn_kwargs
-        self.return_seq_idx = return_seq_idx
-        self.return_loss_weights = return_loss_weights
-        if not return_loss_weights and (loss_agg_mode is not None or loss_scale_factor is not None):
-            raise InvalidArgumentError("loss_agg_mode and loss_scale_factor shape loss_weights: pass return_loss_weights=True")
-        self.loss_agg_mode = loss_agg_mode
-        self.loss_scale_factor = loss_scale_factor
-        if return_loss_weights:  # the kernel checks the mode and the horizon (its messages name them)
-            self._loss_weights(np.zeros(1, np.int64), np.zeros(1, np.int64), np.array([0, 1]))
-        self.return_tensors = return_tensors
-
-    def __call__(self, features: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
-        """The collated batch of ``features`` (see the class)."""
-        if len(features) == 0:
-            raise InvalidArgumentError("features must not be empty")
-        ids: List[np.ndarray] = []
-        labels: List[np.ndarray] = []
-        lengths: List[np.ndarray] = []
-        for i, f in enumerate(features):
-            if not isinstance(f, Mapping):
-                raise InvalidArgumentError(f"features[{i}] must be a dict with input_ids (got {type(f).__name__})")
-            if "input_ids" not in f:
-                raise InvalidArgumentError(f"features[{i}] has no input_ids (its keys: {sorted(f)})")
-            x = _int64s(f["input_ids"], f"features[{i}]['input_ids']")
-            y = _int64s(f["labels"], f"features[{i}]['labels']") if "labels" in f else x
-            if y.size != x.size:
-                raise InvalidArgumentError(f"features[{i}]: labels has {y.size} values, input_ids {x.size}")
-            seqs = _int64s(f["seq_lengths"], f"features[{i}]['seq_lengths']") if "seq_lengths" in f else np.array([x.size])
-            if int(seqs.sum()) != x.size:
-                raise InvalidArgumentError(f"features[{i}]: seq_lengths sum to {int(seqs.sum())}, not the {x.size} input_ids")
-            if (seqs <= 0).any():
-                raise InvalidArgumentError(f"features[{i}] holds an empty sequence; every sequence needs a token")
-            ids.append(x)
-            labels.append(y)
-            lengths.append(seqs)
-        n = np.concatenate(lengths)
-        cu = np.concatenate(([0], np.cumsum(n))).astype(np.int64)
-        total = int(cu[-1])
-        batch: Dict[str, Any] = {"input_ids": np.concatenate(ids)[None, :]}
-        lab = np.concatenate(labels)  # a new array: the features are not modified
-        lab[cu[:-1]] = self.separator_id
-        batch["labels"] = lab[None, :]
-        if self.return_position_ids:
-            batch["position_ids"] = (np.arange(total, dtype=np.int64) - np.repeat(cu[:-1], n) + self.position_ids_start)[None, :]
-        if self.return_seq_idx:
-            batch["seq_idx"] = np.repeat(np.arange(n.size, dtype=np.int32), n)[None, :]
-        if self.return_loss_weights:
-            batch["loss_weights"] = self._loss_weights(batch["input_ids"][0], lab, cu)[None, :]
-        if self.return_flash_attn_kwargs:
-            batch["cu_seq_lens_q"] = cu.astype(np.int32)
-            batch["cu_seq_lens_k"] = cu.astype(np.int32)  # two arrays, as transformers gives
-            batch["max_length_q"] = batch["max_length_k"] = int(n.max())
-        if self.return_tensors == "pt":
-            import torch
-
-            batch = {k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v for k, v in batch.items()}
-        return batch
-
-    def _loss_weights(self, ids: np.ndarray, labels: np.ndarray, cu: np.ndarray) -> np.ndarray:
-        """The kernel's loss weights of the row: every sequence a sample (no prompt, its tokens
-        the completion, masked where a label is -100 or the separator), all in one micro-batch
-        in row order."""
-        mask = (labels != -100) & (labels != self.separator_id)
-        empty = np.zeros(0, dtype=np.int64)
-        bounds = cu.tolist()
-        samples = [
-            {"prompt_ids": empty, "completion_ids": ids[a:b], "completion_mask": mask[a:b], "advantage": 0.0}
-            for a, b in zip(bounds[:-1], bounds[1:])
-        ]
-        row = materialize(
-            samples,
-            capacity=int(bounds[-1]),
-            plan=[[list(range(len(samples)))]],
-            loss_agg_mode=self.loss_agg_mode,
-            loss_scale_factor=self.loss_scale_factor,
-            allow_empty_completion=True,
-        ).ranks[0][0]
-        return row.loss_weights
