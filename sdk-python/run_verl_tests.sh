@@ -17,17 +17,8 @@ root="$(dirname "$here")"
 venv="${STOWPLAN_VERL_VENV:-$root/target/verl-venv}"
 python="${PYTHON:-python3}"
 
-if [ -e "$venv" ]; then
-    # A torch environment is some 10^5 files: deleting it takes a minute, so the old one is
-    # moved aside and deleted while this one is built.
-    stale="$venv.stale.$$"
-    mv "$venv" "$stale"
-    rm -rf "$stale" &
-fi
-"$python" -m venv "$venv"
-"$venv/bin/python" -m pip install --quiet --upgrade pip uv
-uv="$venv/bin/uv"
-export UV_COMPILE_BYTECODE=1   # importing torch and verl from .pyc files: see run_tests.sh
+. "$here/torch_venv.sh"
+torch_venv "$venv" "$python"
 verl_version="$(sed -n 's/^VERL_VERSION = "\(.*\)"$/\1/p' "$here/python/stowplan/compat/verl.py")"
 
 # torch (verl 0.9.1 names no version; the CUDA wheels from PyPI, used on the CPU) and the
