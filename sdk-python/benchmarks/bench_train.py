@@ -5,6 +5,7 @@ padded layouts, under the same token budget per micro-batch.
 Usage (in sdk-python/run_train_tests.sh's environment, or any with torch, transformers, TRL):
     python sdk-python/benchmarks/bench_train.py [--samples 384] [--budget 8192] [--steps 0]
         [--rounds 3] [--workload ../shared/workloads/sft-chat-200k.txt]
+    python sdk-python/benchmarks/bench_train.py --samplers    # the padded samplers' plans only
 
 The samples: ``--samples`` lengths drawn (seeded) from the workload, cut to 2,048 tokens, of
 random token ids; one "epoch" is all of them. Every contender plans the epoch into
@@ -158,6 +159,43 @@ def describe(args):
     return out
 
 
+def compare_samplers(args, dp=4, accum=4, step=256, rows=20000):
+    """PaddedBatchSampler against BatchRebalanceSampler on the same lengths (the workload's
+    first ``rows``, cut to 2,048), the same steps of ``step`` samples over ``dp`` ranks ×
+    ``accum`` accumulation slots, no token cap, each judged by BatchRebalanceSampler's cost
+    model (``bs·max_len + 0.001·bs·max_len²``): padding fraction and the costliest slot over
+    the mean slot, and the planning time."""
+    from transformers.trainer_pt_utils import BatchRebalanceSampler
+
+    import stowplan.hf
+
+    lengths = np.minimum(np.loadtxt(args.workload, dtype=np.int64), CUT)[:rows]
+
+    def judge(per_rank):
+        padded = real = 0
+        costs = []
+        for mbs in per_rank:
+            for mb in mbs:
+                m = int(lengths[mb].max())
+                padded, real = padded + len(mb) * m, real + int(lengths[mb].sum())
+                costs.append(len(mb) * m + 0.001 * len(mb) * m * m)
+        return 1 - real / padded, max(costs) / float(np.mean(costs)), len(costs)
+
+    plans = {
+        "BatchRebalanceSampler": lambda r: BatchRebalanceSampler(lengths.tolist(), step, dp, accum, seed=1, rank=r),
+        "PaddedBatchSampler": lambda r: stowplan.hf.PaddedBatchSampler(
+            lengths, 2**40, dp_size=dp, rank=r, batch_size=step, accumulation_steps=accum, seed=1, drop_last=True, cost=(1, 0.001)
+        ),
+    }
+    print(f"{'sampler':22} {'padding':>8} {'costliest slot / mean':>22} {'micro-batches':>13} {'plan time':>9}")
+    for name, make in plans.items():
+        start = time.perf_counter()
+        per_rank = [list(make(r)) for r in range(dp)]
+        took = time.perf_counter() - start
+        pad, slot, count = judge(per_rank)
+        print(f"{name:22} {pad:8.2%} {slot:22.3f} {count:13d} {took:8.2f}s")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--samples", type=int, default=384)
@@ -167,10 +205,13 @@ def main():
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--contenders", default=",".join(CONTENDERS))
     parser.add_argument("--workload", default=os.path.join(os.path.dirname(__file__), "../../../shared/workloads/sft-chat-200k.txt"))
+    parser.add_argument("--samplers", action="store_true", help="only compare the padded samplers' plans (no training)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         return child(args)
+    if args.samplers:
+        return compare_samplers(args)
     names = args.contenders.split(",")
     facts = describe(args)
     speeds = {n: [] for n in names}

@@ -788,7 +788,8 @@ def test_collator_splits_packed_rows_at_their_sequences():
         ([{"input_ids": [True, 2]}], "features[0]['input_ids'][0] must be an integer in -2**63..=2**63-1 (got True)"),
         ([{"input_ids": [1, np.True_]}], "features[0]['input_ids'][1] must be an integer in -2**63..=2**63-1 (got"),
         ([{"input_ids": [[1, True]]}], "features[0]['input_ids'][1] must be an integer in -2**63..=2**63-1 (got True)"),
-        ([{"input_ids": [[1, 2], [True, False]]}], "features[0]['input_ids'][2] must be an integer in -2**63..=2**63-1 (got True)"),
+        ([{"input_ids": [[1, 2], [True, False]]}], "features[0]['input_ids'] holds 2 rows: a feature is one sample or packed row"),
+        ([{"input_ids": np.ones((2, 3), dtype=np.int64)}], "features[0]['input_ids'] has shape (2, 3)"),
         ([{"input_ids": [1, 2], "labels": [3, False]}], "features[0]['labels'][1] must be an integer"),
         ([{"input_ids": [1, 2], "seq_lengths": [1, True]}], "features[0]['seq_lengths'][1] must be an integer"),
         ([{"input_ids": [2**64 - 1]}], "features[0]['input_ids'] must hold values in -2**63..=2**63-1"),
@@ -1000,14 +1001,28 @@ def test_padded_layout_pads_whole_samples_under_an_attention_mask():
         ({"layout": "rows", "return_flash_attn_kwargs": True}, "return_flash_attn_kwargs describes one flat row"),
         ({"layout": "rows", "return_position_ids": False}, "return_position_ids must be True"),
         ({"layout": "padded", "packed": True}, "packed=True needs layout 'flat' or 'rows'"),
-        ({"pad_to_multiple_of": 0}, "pad_to_multiple_of must be in 1..="),
+        ({"layout": "rows", "pad_to_multiple_of": 0}, "pad_to_multiple_of must be in 1..="),
         ({"return_tensors": "tf"}, "return_tensors must be 'pt', 'np' or None"),
+        ({"pad_to_multiple_of": 8}, "a flat row has no padding"),
     ],
 )
 def test_collator_bad_options(options, fragment):
     with pytest.raises(stowplan.InvalidArgumentError) as info:
         stowplan.hf.PaddingFreeCollator(**options)
     assert fragment in str(info.value)
+
+
+def test_collator_takes_any_iterable_of_features_and_refuses_a_batch_dict():
+    assert np_collator()(iter([{"input_ids": [1, 2]}]))["input_ids"].tolist() == [[1, 2]]
+    with pytest.raises(stowplan.InvalidArgumentError, match="features must be a list of dicts"):
+        np_collator()({"input_ids": [[1, 2]]})
+
+
+def test_loss_weights_learn_a_real_label_equal_to_the_separator():
+    out = np_collator(separator_id=2, return_loss_weights=True)([{"input_ids": [1, 2, 3, 2]}, {"input_ids": [5, 6]}])
+    assert out["labels"].tolist() == [[2, 2, 3, 2, 2, 6]]  # the separator at each first token
+    assert out["shift_labels"].tolist() == [[2, 3, 2, -100, 6, -100]]
+    assert out["loss_weights"].tolist() == [[0.25, 0.25, 0.25, 0, 0.25, 0]]
 
 
 def test_collator_defaults_to_numpy_without_torch(monkeypatch):
@@ -1023,8 +1038,9 @@ def test_collator_defaults_to_numpy_without_torch(monkeypatch):
     step=st.integers(1, 6),
     accumulation=st.one_of(st.none(), st.integers(1, 3)),
     cost=st.sampled_from(["attention", "tokens", (1, 0.001)]),
+    drop_last=st.booleans(),
 )
-def test_padded_sampler_invariants(lengths, dp, max_tokens, step, accumulation, cost):
+def test_padded_sampler_invariants(lengths, dp, max_tokens, step, accumulation, cost, drop_last):
     n = len(lengths) - len(lengths) % dp
     lengths = lengths[:n]
     if n < dp:
@@ -1035,7 +1051,7 @@ def test_padded_sampler_invariants(lengths, dp, max_tokens, step, accumulation, 
         return
     try:
         samplers = [
-            stowplan.hf.PaddedBatchSampler(lengths, max_tokens, dp_size=dp, rank=r, batch_size=batch_size, accumulation_steps=accumulation, seed=3, cost=cost, drop_last=True)
+            stowplan.hf.PaddedBatchSampler(lengths, max_tokens, dp_size=dp, rank=r, batch_size=batch_size, accumulation_steps=accumulation, seed=3, cost=cost, drop_last=drop_last)
             for r in range(dp)
         ]
     except stowplan.InfeasibleError as exc:
@@ -1052,8 +1068,18 @@ def test_padded_sampler_invariants(lengths, dp, max_tokens, step, accumulation, 
             for mb in mbs:
                 assert mb and len(mb) * max(lengths[i] for i in mb) <= max_tokens
                 seen.extend(mb)
-    assert sorted(seen) == sorted(set(seen)) and len(seen) == (n // batch_size) * batch_size  # each sample once
+    full = (n // batch_size) * batch_size
+    if drop_last:
+        assert sorted(seen) == sorted(set(seen)) and len(seen) == full  # each sample once
+    else:  # every sample at least once; only the last step's padding repeats (from the order's start)
+        assert set(seen) == set(range(n)) and len(seen) >= n
+        assert len(seen) - n == len(seen) - len(set(seen))
     assert len(samplers[0]) == sum(len(mbs) for mbs in per_rank[0])
+
+
+def test_padded_sampler_pads_a_short_last_step_to_its_accumulation_slots():
+    s = stowplan.hf.PaddedBatchSampler([10] * 5, 100, batch_size=4, accumulation_steps=2, shuffle=False)
+    assert [len(step) for step in s.steps()] == [2, 2] and sorted(i for mb in s for i in mb) == [0, 0, 1, 2, 3, 4]
 
 
 def test_padded_sampler_groups_by_length_and_is_optimal_on_a_small_case():
@@ -1099,6 +1125,11 @@ def test_patch_runtime_env_chains_a_hook_and_refuses_bad_input():
         patch_runtime_env(["verl"], {"worker_process_setup_hook": print})
     with pytest.raises(stowplan.InvalidArgumentError, match="runtime_env must be a dict"):
         patch_runtime_env(["verl"], [])
+    for bad in (None, [["verl"]], [1]):
+        with pytest.raises(stowplan.InvalidArgumentError, match="peers must be a non-empty list"):
+            patch_runtime_env(bad)
+    with pytest.raises(stowplan.InvalidArgumentError, match="env_vars'\\] must be a dict of strings"):
+        patch_runtime_env(["verl"], {"env_vars": "x"})
 
 
 def test_setup_worker_runs_the_chained_hook_and_skips_a_peer_not_installed(monkeypatch, caplog):
@@ -1113,7 +1144,19 @@ def test_setup_worker_runs_the_chained_hook_and_skips_a_peer_not_installed(monke
     monkeypatch.setenv(_workers.PEERS_VARIABLE, "slime")
     with caplog.at_level("WARNING", logger="stowplan"):
         assert _workers.setup_worker() == []
-    assert calls == ["mine"] and "slime is not importable in this Ray worker" in caplog.text
+    assert calls == ["mine"] and "slime is not installed in this Ray worker" in caplog.text
+    # A peer that is there but broken (another version, a missing dependency) fails loudly.
+    broken = types.ModuleType("stowplan_test_broken")
+
+    def patch():
+        raise ImportError("stowplan.compat.verl.patch() needs verl 0.9.1, found 0.8.0")
+
+    broken.patch = patch
+    monkeypatch.setitem(_workers.PEERS, "verl", "stowplan_test_broken")
+    monkeypatch.setitem(sys.modules, "stowplan_test_broken", broken)
+    monkeypatch.setenv(_workers.PEERS_VARIABLE, "verl")
+    with pytest.raises(ImportError, match="found 0.8.0"):
+        _workers.setup_worker()
     monkeypatch.setenv(_workers.PEERS_VARIABLE, "nope")
     with pytest.raises(stowplan.InvalidArgumentError, match="names 'nope'"):
         _workers.setup_worker()

@@ -175,10 +175,16 @@ def test_check_packing_with_flex_attention_forward():
         stowplan.hf.check_packing(model, batch, use_cache=True)
 
 
-def test_check_packing_names_a_lost_boundary_and_bad_arguments():
+def test_check_packing_catches_a_mask_beside_packed_positions_and_bad_arguments():
     model = tiny_llama()
-    # A row whose boundaries were lost reads as one sample: the check compares that one
-    # sample, and a mask that is not one run is refused.
+    packed = stowplan.hf.pack_dataset(corpus(6), 48)
+    batch = stowplan.hf.PaddingFreeCollator()([packed[i] for i in range(len(packed))])
+    # An all-ones attention_mask on a packed row: transformers then ignores the position_ids'
+    # boundaries, and the check, reading them within the mask, names it.
+    batch["attention_mask"] = torch.ones_like(batch["input_ids"])
+    with pytest.raises(PackingContaminationError) as info:
+        stowplan.hf.check_packing(model, batch, use_cache=False)
+    assert "attention_mask beside packed position_ids" in info.value.cause and info.value.max_difference > 1e-2
     with pytest.raises(InvalidArgumentError, match="batch must be a collated dict with input_ids"):
         stowplan.hf.check_packing(model, {"labels": torch.zeros(1, 2)})
     with pytest.raises(InvalidArgumentError, match="atol must be a number >= 0"):
@@ -302,7 +308,7 @@ def test_recipe_plain_torch_loop():
 # --- the padded sampler beside transformers' BatchRebalanceSampler ---------------------------
 
 
-def test_padded_sampler_pads_less_and_balances_better_than_batch_rebalance():
+def test_padded_sampler_balances_slots_at_least_as_well_as_batch_rebalance():
     from transformers.trainer_pt_utils import BatchRebalanceSampler
 
     rng = np.random.default_rng(0)

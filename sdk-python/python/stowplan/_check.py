@@ -35,12 +35,12 @@ _ATOL_HALF = 5e-2
 
 
 def _segments(batch: Dict[str, Any]) -> List[Tuple[int, int, int]]:
-    """``(row, start, end)`` of every sample of a collated batch: a row's unmasked tokens
-    under an ``attention_mask`` (one sample a row), else its ``position_ids`` segments (by
-    transformers' rule), else the ``cu_seq_lens_q`` of a (1, T) row, else the whole row."""
+    """``(row, start, end)`` of every sample of a collated batch: its ``position_ids`` segments
+    (by transformers' rule) within each row's unmasked tokens (the whole row without an
+    ``attention_mask``), else a ``(1, T)`` row's ``cu_seq_lens_q``, else each unmasked run."""
     ids = batch["input_ids"]
     rows, width = int(ids.shape[0]), int(ids.shape[1])
-    out: List[Tuple[int, int, int]] = []
+    runs = []
     if batch.get("attention_mask") is not None:
         mask = np.asarray(batch["attention_mask"].detach().cpu())
         for r in range(rows):
@@ -48,22 +48,24 @@ def _segments(batch: Dict[str, Any]) -> List[Tuple[int, int, int]]:
             if kept.size and kept[-1] - kept[0] + 1 != kept.size:
                 raise InvalidArgumentError(f"batch['attention_mask'] row {r} is not one run of ones: a padded row holds one sample")
             if kept.size:
-                out.append((r, int(kept[0]), int(kept[-1]) + 1))
-        return out
+                runs.append((r, int(kept[0]), int(kept[-1]) + 1))
+    else:
+        runs = [(r, 0, width) for r in range(rows)]
     if batch.get("position_ids") is not None:
         positions = np.asarray(batch["position_ids"].detach().cpu()).reshape(-1, width)
         if positions.shape[0] == 1 and rows > 1:
             positions = np.repeat(positions, rows, axis=0)
-        for r in range(rows):
-            start = 0
-            for n in boundaries_of_position_ids(positions[r]).tolist():
+        out = []
+        for r, a, b in runs:
+            start = a
+            for n in boundaries_of_position_ids(positions[r, a:b]).tolist():
                 out.append((r, start, start + n))
                 start += n
         return out
-    if batch.get("cu_seq_lens_q") is not None and rows == 1:
+    if batch.get("cu_seq_lens_q") is not None and rows == 1 and batch.get("attention_mask") is None:
         cu = np.asarray(batch["cu_seq_lens_q"].detach().cpu()).tolist()
         return [(0, a, b) for a, b in zip(cu[:-1], cu[1:]) if b > a]
-    return [(r, 0, width) for r in range(rows)]
+    return runs
 
 
 def _cause(model: Any, batch: Dict[str, Any], forward_kwargs: Dict[str, Any]) -> str:
@@ -72,6 +74,12 @@ def _cause(model: Any, batch: Dict[str, Any], forward_kwargs: Dict[str, Any]) ->
     impl = str(getattr(config, "_attn_implementation", "") or "")
     use_cache = forward_kwargs.get("use_cache", getattr(config, "use_cache", False))
     if batch.get("attention_mask") is not None:
+        rows = _segments(batch)
+        if len(rows) > len({r for r, _, _ in rows}):
+            return (
+                "the batch has an attention_mask beside packed position_ids: transformers reads the samples' boundaries "
+                "from position_ids only without an attention_mask; drop it (layout 'flat' or 'rows' returns none)"
+            )
         return "the padded rows mixed under their attention_mask: the model ignores it"
     if batch.get("position_ids") is None and batch.get("cu_seq_lens_q") is None:
         return (
@@ -103,9 +111,12 @@ def check_packing(model: Any, batch: Dict[str, Any], *, atol: Optional[float] = 
     for half precision — half-precision weights or logits, or accelerate's mixed precision), naming the sample, the token and the likely cause (``use_cache``, an attention
     implementation that ignores ``position_ids``, boundaries lost on the way).
 
-    The samples are read from the batch as the model reads them: a row's unmasked tokens
-    under an ``attention_mask``, else its ``position_ids`` segments, else ``cu_seq_lens_q``;
-    ``max_samples`` checks only the first ones. Each runs alone as ``(1, n)`` ``input_ids``
+    The samples are read from the batch: the ``position_ids`` segments of each row's
+    unmasked tokens (the whole row without an ``attention_mask``), else ``cu_seq_lens_q``;
+    ``max_samples`` checks only the first ones. The check sees the boundaries the batch
+    carries: a packed row that lost them before the collator (no ``seq_lengths`` or
+    ``position_ids``) is one sample to it as to the model — ``PaddingFreeCollator(packed=True)``
+    refuses such a row. Each runs alone as ``(1, n)`` ``input_ids``
     with ``position_ids`` from 0 and the same ``forward_kwargs``. The model runs in eval mode
     (no dropout) without gradients, and is put back in its mode. ``batch`` holds torch
     tensors or numpy arrays (moved to the model's device).
@@ -187,7 +198,9 @@ class PackingCheckCallback(_CallbackBase):  # type: ignore[misc,valid-type]
     (none for ``transformers.Trainer``, which sets ``model.config.use_cache``;
     ``use_cache=False`` for TRL's ``SFTTrainer``). ``atol`` and ``max_samples`` are
     :func:`check_packing`'s. The result is logged on the ``stowplan`` logger and kept in
-    ``max_difference``.
+    ``max_difference``. Under FSDP or DeepSpeed, whose forwards are collective, ranks checking
+    batches of different sizes would wait on each other: the check is skipped there with a
+    warning (run :func:`check_packing` on one process before sharding).
     """
 
     def __init__(self, *, atol: Optional[float] = None, max_samples: Optional[int] = None, **forward_kwargs: Any) -> None:
@@ -202,6 +215,9 @@ class PackingCheckCallback(_CallbackBase):  # type: ignore[misc,valid-type]
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, train_dataloader: Any = None, **kwargs: Any) -> Any:
         """Checks the first batch (see the class)."""
         if self.max_difference is not None or model is None or train_dataloader is None:
+            return control
+        if getattr(args, "fsdp", None) or getattr(args, "deepspeed", None):
+            _log.warning("stowplan: the packing check is skipped under FSDP/DeepSpeed (collective forwards); run check_packing before sharding")
             return control
         batch = _first_batch(train_dataloader)
         self.max_difference = check_packing(model, batch, atol=self.atol, max_samples=self.max_samples, **self.forward_kwargs)

@@ -106,6 +106,8 @@ def _int64s(values: Any, name: str) -> np.ndarray:
         # it: numpy would read [True, 2] as [1, 2]. Other lists go through numpy at once (all
         # bools, all floats: refused there by dtype).
         rows = values if all(isinstance(v, (list, tuple)) for v in values) else [values]  # (1, T) from a tokenizer
+        if len(rows) > 1:
+            raise InvalidArgumentError(f"{name} holds {len(rows)} rows: a feature is one sample or packed row, (T,) or (1, T)")
         types = set().union(*map(lambda row: set(map(type, row)), rows))
         if len(types) > 1 and (bool in types or np.bool_ in types):
             return as_int64([v for r in rows for v in r], name, -(2**63))
@@ -119,6 +121,8 @@ def _int64s(values: Any, name: str) -> np.ndarray:
     if isinstance(values, np.ndarray):
         if values.size == 0:
             return np.zeros(0, dtype=np.int64)  # (an empty array is float by default)
+        if values.ndim > 1 and values.size != values.shape[-1]:
+            raise InvalidArgumentError(f"{name} has shape {values.shape}: a feature is one sample or packed row, (T,) or (1, T)")
         if values.ndim != 1:
             values = values.reshape(-1)  # (1, T) from a tokenizer, or a 0-d scalar
     return as_int64(values, name, -(2**63))
@@ -148,7 +152,9 @@ class PaddingFreeCollator:
     - ``"rows"``: each feature one row of a (B, L) batch, L the longest row rounded up to
       ``pad_to_multiple_of``, samples separated by ``position_ids`` as above; a row's padding is
       a segment of its own (``pad_token_id``, label -100, positions from ``position_ids_start``)
-      that attends only to itself;
+      that attends only to itself. For dense-mask and flex attention: transformers' flash paths
+      read the boundaries from ``position_ids`` only in a (1, T) batch, so with flash attention
+      the samples of B > 1 rows would mix (use ``"flat"``; :func:`check_packing` names it);
     - ``"padded"``: each feature one sample, right-padded to the longest of the batch (rounded
       up to ``pad_to_multiple_of``) with ``pad_token_id``, ``labels`` -100 on the padding and an
       ``attention_mask`` (int64); a feature holding several sequences is refused.
@@ -171,7 +177,8 @@ class PaddingFreeCollator:
     ``"seq-mean-token-sum"`` or ``"seq-mean-token-sum-norm"`` (horizon ``loss_scale_factor``;
     default the batch's longest sequence) — with the counts taken over the collated batch,
     however its sequences were packed (the kernel's :func:`stowplan.materialize` weights, the
-    same definition). transformers' own loss takes ``shift_labels`` too.
+    same definition, moved one position back: ``materialize``'s sit on the label, these on the
+    logit that predicts it). transformers' own loss takes ``shift_labels`` too.
 
     Values are integers, exactly (floats, bools and strings are refused naming the feature and
     key, as by every entry point). ``return_tensors``: ``"pt"`` (torch tensors, without a copy)
@@ -219,6 +226,8 @@ class PaddingFreeCollator:
             raise InvalidArgumentError(f"return_flash_attn_kwargs describes one flat row: it needs layout='flat' (got layout={layout!r})")
         if layout == "rows" and not return_position_ids:
             raise InvalidArgumentError("layout='rows' separates the samples of a row by their position_ids: return_position_ids must be True")
+        if layout == "flat" and pad_to_multiple_of is not None:
+            raise InvalidArgumentError("pad_to_multiple_of pads the rows of layout 'rows' or 'padded'; a flat row has no padding")
         if layout == "padded" and packed:
             raise InvalidArgumentError("layout='padded' takes whole samples: packed=True needs layout 'flat' or 'rows'")
         if return_tensors is None:
@@ -242,7 +251,7 @@ class PaddingFreeCollator:
         self.loss_agg_mode = loss_agg_mode
         self.loss_scale_factor = loss_scale_factor
         if return_loss_weights:  # the kernel checks the mode and the horizon (its messages name them)
-            self._loss_weights(np.zeros(1, np.int64), np.zeros(1, np.int64), np.array([0, 1]))
+            self._loss_weights(np.zeros(1, np.int64), np.zeros(1, bool), np.array([0, 1]))
         self.return_tensors = return_tensors
 
     def _feature(self, i: int, f: Any) -> Any:
@@ -288,6 +297,9 @@ class PaddingFreeCollator:
 
     def __call__(self, features: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
         """The collated batch of ``features`` (see the class)."""
+        if isinstance(features, (Mapping, str, bytes)) or not hasattr(features, "__iter__"):
+            raise InvalidArgumentError(f"features must be a list of dicts, one per sample or packed row (got {type(features).__name__})")
+        features = list(features)
         if len(features) == 0:
             raise InvalidArgumentError("features must not be empty")
         parsed = [self._feature(i, f) for i, f in enumerate(features)]
@@ -298,18 +310,20 @@ class PaddingFreeCollator:
         total, starts = int(cu[-1]), cu[:-1]
         position = np.arange(total, dtype=np.int64) - np.repeat(starts, n) + self.position_ids_start
         seq = np.repeat(np.arange(n.size, dtype=np.int32), n)
-        if self.layout != "padded":
-            lab[starts] = self.separator_id
         if self.return_loss_weights:
             # Aligned with the logits: position t weighs (and shift_labels holds) the label of
-            # t + 1 in its sequence; a sequence's last position predicts nothing.
+            # t + 1 in its sequence; a sequence's first token is predicted by nothing in it,
+            # and its last position predicts nothing. Read before the separator goes in: a
+            # real label equal to separator_id is learnt.
             learnt = lab.copy()
-            learnt[starts] = -100  # a sequence's first token is predicted by nothing in it
+            learnt[starts] = -100
+            loss = learnt != -100
             weights = np.zeros(total, dtype=np.float32)
-            weights[:-1] = self._loss_weights(ids, learnt, cu)[1:]
-            loss = (learnt != -100) & (learnt != self.separator_id)
+            weights[:-1] = self._loss_weights(ids, loss, cu)[1:]
             shift = np.full(total, -100, dtype=np.int64)
             shift[:-1] = np.where(loss[1:], learnt[1:], -100)
+        if self.layout != "padded":
+            lab[starts] = self.separator_id
         batch: Dict[str, Any] = {}
         if self.layout == "flat":
             batch["input_ids"] = ids[None, :]
@@ -363,12 +377,10 @@ class PaddingFreeCollator:
             batch = {k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v for k, v in batch.items()}
         return batch
 
-    def _loss_weights(self, ids: np.ndarray, labels: np.ndarray, cu: np.ndarray) -> np.ndarray:
+    def _loss_weights(self, ids: np.ndarray, mask: np.ndarray, cu: np.ndarray) -> np.ndarray:
         """The kernel's loss weights of the concatenated sequences, each token's the weight of
         its own label (the caller shifts them): every sequence a sample (no prompt, its tokens
-        the completion, masked where a label is -100 or the separator), all in one micro-batch
-        in order."""
-        mask = (labels != -100) & (labels != self.separator_id)
+        the completion, learnt where ``mask``), all in one micro-batch in order."""
         empty = np.zeros(0, dtype=np.int64)
         bounds = cu.tolist()
         samples = [

@@ -108,6 +108,10 @@ class _StepSampler(_Base):  # type: ignore[misc,valid-type]
         ``DistributedSampler``)."""
         self.epoch = _stowplan._integer(epoch, "epoch", 0, 2**63 - 1)
 
+    def _least_step(self) -> int:
+        """The fewest samples a step can be planned from."""
+        return self.dp_size
+
     def _plan_step(self, samples: np.ndarray, rng: Any) -> List[List[int]]:
         raise NotImplementedError
 
@@ -121,9 +125,11 @@ class _StepSampler(_Base):  # type: ignore[misc,valid-type]
         full, rest = divmod(n, size)
         cuts = [order[k * size : (k + 1) * size] for k in range(full)]
         if rest and not self.drop_last:
+            # The last, shorter step padded with samples from the start of the order (as
+            # DistributedSampler pads) to a multiple of dp_size, and to the least a step needs.
             last = order[full * size :]
-            pad = (-rest) % dp
-            cuts.append(np.concatenate((last, order[:pad])) if pad else last)
+            need = max(rest + (-rest) % dp, self._least_step())
+            cuts.append(np.concatenate((last, np.resize(order, need - rest))) if need > rest else last)
         steps = [self._plan_step(samples, rng) for samples in cuts]
         self._plan, self._plan_epoch = steps, self.epoch
         return steps
@@ -153,7 +159,8 @@ class TokenBudgetBatchSampler(_StepSampler):
     same on every rank; steps' micro-batches are shuffled too); :meth:`set_epoch` sets the
     epoch. ``drop_last`` — drop a last step shorter than ``batch_size``; otherwise it is kept,
     padded with samples from the start of the epoch's order to a multiple of ``dp_size`` (as
-    ``DistributedSampler`` pads). ``cost`` — :func:`stowplan.balance`'s cost model for the rank
+    ``DistributedSampler`` pads; for :class:`PaddedBatchSampler` to at least
+    ``accumulation_steps × dp_size`` samples too). ``cost`` — :func:`stowplan.balance`'s cost model for the rank
     balance (``"tokens"``, ``"attention"`` or ``(linear, quadratic)``); the cap is in tokens.
 
     Without padding (``len(lengths)`` a multiple of ``dp_size``, ``batch_size`` dividing it or
@@ -277,6 +284,9 @@ class PaddedBatchSampler(_StepSampler):
             )
         self.backend = backend
         self._steps_of_epoch()  # checks the backend now, and plans epoch 0
+
+    def _least_step(self) -> int:
+        return self.dp_size * (self.accumulation_steps or 1)
 
     def _one(self, m: int) -> float:
         """The cost of one sample padded to ``m`` tokens."""

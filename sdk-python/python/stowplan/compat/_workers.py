@@ -21,6 +21,8 @@ __all__ = ["patch_runtime_env", "setup_worker", "PEERS"]
 
 #: The peers whose ``patch()`` the hook runs, and the module each ``patch`` lives in.
 PEERS = {"verl": "stowplan.compat.verl", "roll": "stowplan.compat.roll", "slime": "stowplan.compat.slime", "prime_rl": "stowplan.compat.prime_rl"}
+# The top-level package of each peer: its absence means "not installed here".
+_PACKAGES = {"verl": "verl", "roll": "roll", "slime": "slime", "prime_rl": "prime_rl"}
 #: The environment variables the hook reads: the peers (comma-separated) and a hook of the
 #: caller's that ran before (an import path), chained.
 PEERS_VARIABLE = "STOWPLAN_PATCH_PEERS"
@@ -34,14 +36,15 @@ def patch_runtime_env(peers: Iterable[str], runtime_env: Optional[Dict[str, Any]
     """``runtime_env`` (a Ray runtime environment dict; default empty) with a
     ``worker_process_setup_hook`` that runs ``stowplan.compat.<peer>.patch()`` for each of
     ``peers`` (``"verl"``, ``"roll"``, ``"slime"``, ``"prime_rl"``) in every Ray worker process,
-    before any actor code. Pass it to ``ray.init(runtime_env=...)`` before the peer's trainer
-    starts Ray (verl and ROLL call ``ray.init`` only when Ray is not running), or to an actor's
-    ``.options(runtime_env=...)``. A hook already there (an import path) runs first; a callable
+    before any actor code. Pass it to ``ray.init(runtime_env=...)`` (the job's environment: Ray
+    runs a setup hook only from there) before the peer's trainer starts Ray (verl and ROLL call
+    ``ray.init`` only when Ray is not running). A hook already there (an import path) runs first; a callable
     hook is refused (it cannot be chained through the environment). The input is not changed.
 
-    In the worker, a peer that is not installed there is skipped with a warning on the
-    ``stowplan`` logger (Ray starts workers of every kind); a peer whose ``patch()`` fails
-    otherwise fails the worker's start, loudly.
+    In the worker, a peer that is not installed there (its package not found) is skipped with a
+    warning on the ``stowplan`` logger (Ray starts workers of every kind); a peer whose
+    ``patch()`` fails otherwise (another version than the drop-in reproduces, a broken
+    dependency) fails the worker's start, loudly.
 
     >>> env = patch_runtime_env(["verl"], {"env_vars": {"A": "1"}})
     >>> env["worker_process_setup_hook"], env["env_vars"]
@@ -49,15 +52,21 @@ def patch_runtime_env(peers: Iterable[str], runtime_env: Optional[Dict[str, Any]
     """
     if isinstance(peers, str):
         peers = [peers]
-    names = list(peers)
-    if not names or any(p not in PEERS for p in names):
+    try:
+        names = list(peers)
+    except TypeError:
+        names = [peers]
+    if not names or any(not isinstance(p, str) or p not in PEERS for p in names):
         raise InvalidArgumentError(f"peers must be a non-empty list of {sorted(PEERS)} (got {names!r})")
     if runtime_env is None:
         runtime_env = {}
     if not isinstance(runtime_env, dict):
         raise InvalidArgumentError(f"runtime_env must be a dict (got {type(runtime_env).__name__})")
     env = dict(runtime_env)
-    variables = dict(env.get("env_vars") or {})
+    given = env.get("env_vars") or {}
+    if not isinstance(given, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in given.items()):
+        raise InvalidArgumentError(f"runtime_env['env_vars'] must be a dict of strings to strings (got {given!r})")
+    variables = dict(given)
     previous = env.get("worker_process_setup_hook")
     if previous is not None and previous != HOOK:
         if not isinstance(previous, str):
@@ -88,7 +97,19 @@ def setup_worker() -> List[str]:
                 importlib.import_module(compat.PATCH_TARGET)
             compat.patch()
         except ImportError as exc:
-            _log.warning("stowplan: %s is not importable in this Ray worker (%s): it runs %s's own functions", peer, exc, peer)
+            if not _not_installed(exc, _PACKAGES[peer]):
+                raise  # the peer is there and something is wrong with it: loudly
+            _log.warning("stowplan: %s is not installed in this Ray worker (%s): nothing to patch", peer, exc)
             continue
         patched.append(peer)
     return patched
+
+
+def _not_installed(exc: BaseException, package: str) -> bool:
+    """Whether ``exc`` (or an exception it was raised from) says ``package`` itself is not found."""
+    seen: BaseException = exc
+    while seen is not None:
+        if isinstance(seen, ModuleNotFoundError) and (seen.name or "").split(".")[0] == package:
+            return True
+        seen = seen.__cause__ or seen.__context__  # type: ignore[assignment]
+    return False
