@@ -169,7 +169,9 @@ def child(contender: str, seq_length: int, path: pathlib.Path, mmap: bool) -> Di
         import stowplan.hf
 
         def pack(ds: Any, seq_length: int, strategy: str) -> Any:
-            return stowplan.hf.pack_dataset(ds, seq_length, strategy=strategy, scope="dataset", cache_file_name=out_file)
+            # The columns TRL writes (and the CLI by default): no position_ids, which
+            # pack_dataset adds by default for trainers that drop seq_lengths.
+            return stowplan.hf.pack_dataset(ds, seq_length, strategy=strategy, scope="dataset", cache_file_name=out_file, position_ids=False)
 
     import pyarrow as pa
 
