@@ -70,10 +70,12 @@ def test_bench_ray_runs_both_paths():
         pytest.skip("STOWPLAN_BIN is not set (the stowplan binary the ZeroMQ path runs)")
     if not (HERE.parents[2] / "shared" / "workloads" / "rl-math-8k.txt").is_file():
         pytest.skip("no shared workloads beside the checkout")
-    out = subprocess.run(
+    run = subprocess.run(
         [sys.executable, str(RAY_SCRIPT), "--rounds", "2", "--samples", "256", "--bin", cli],
-        check=True, capture_output=True, text=True, timeout=300,
-    ).stdout
+        capture_output=True, text=True, timeout=300,
+    )
+    assert run.returncode == 0, f"bench_ray.py exited {run.returncode}; its stderr ends:\n{run.stderr[-4000:]}"
+    out = run.stdout
     assert "| zmq (`stowplan serve`) |" in out and "| ray (`stowplan.ray`) |" in out, out
     assert "round 1: zmq " in out and "(ray then zmq)" in out, out
     assert "publish (ray.put x4)" in out and "deliver_s" in out, out
