@@ -6,7 +6,7 @@ Re-exported by :mod:`stowplan.hf` (where users find them); needs numpy only (tor
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Dict, Mapping, Optional, Sequence
 
 import numpy as np
 
