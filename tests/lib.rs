@@ -781,3 +781,70 @@ fn round_floats(v: &Value) -> Value {
         other => other.clone(),
     }
 }
+
+/// Checks a prime-rl `distribute` vector (classic `prepare_batch`: packing, padding, dummies
+/// per modality group, round robin) against [`stowplan::materialize`] with
+/// [`DistributionMode::RoundRobin`](stowplan::DistributionMode::RoundRobin): the same
+/// micro-batches (samples in row order) on the same ranks, the same dummies (copies with the
+/// loss off) and token counts; `num_workers = 0` is the host's `invalid-argument` naming `dp`
+/// where prime-rl divides by zero. `Ok(false)`: an input the packer runtime has no notion
+/// of (training modes other than `rl`, zero-length samples).
+pub fn check_prime_rl_distribute(kernel: &Kernel, v: &Value) -> Result<bool, String> {
+    if v["kind"] != "distribute" {
+        return Ok(false);
+    }
+    let input = &v["input"];
+    let raw = input["samples"].as_array().ok_or("samples")?;
+    let seq_len = input["seq_len"].as_u64().ok_or("seq_len")?;
+    let num_loras = u32::try_from(input["num_loras"].as_u64().ok_or("num_loras")?).map_err(|e| e.to_string())?;
+    let dp = u32::try_from(input["num_workers"].as_u64().ok_or("num_workers")?).map_err(|e| e.to_string())?;
+    let multiple = input.get("pad_to_multiple_of").and_then(Value::as_u64).unwrap_or(1);
+    let samples: Vec<PrimeSample> = raw
+        .iter()
+        .enumerate()
+        .map(|(i, s)| PrimeSample::from_json(i, s).map(|s| s.truncated(seq_len as usize)))
+        .collect::<Result<_, _>>()?;
+    if samples.iter().any(|s| s.training_mode != "rl" || s.is_empty()) {
+        return Ok(false);
+    }
+    let borrowed: Vec<stowplan::Sample<'_>> =
+        samples.iter().map(|s| stowplan::Sample { extra_cost: u64::from(s.multimodal), ..s.sample() }).collect();
+    let options = stowplan::MaterializeOptions {
+        padding: stowplan::Padding::PerMicroBatch(multiple),
+        num_runs: Some(num_loras),
+        allow_empty_completion: true,
+        distribution: stowplan::DistributionMode::RoundRobin,
+        ..stowplan::MaterializeOptions::new(seq_len, dp)
+    };
+    let m = match (stowplan::materialize(kernel, &borrowed, &options), v.get("error")) {
+        (Err(e), Some(want)) if want["type"] == "ZeroDivisionError" && dp == 0 => {
+            return if e.to_string().contains("dp must be") { Ok(true) } else { Err(format!("raised {e}")) };
+        }
+        (Err(e), _) => return Err(format!("raised {e}")),
+        (Ok(_), Some(want)) => return Err(format!("returned, prime-rl raised {want}")),
+        (Ok(m), None) => m,
+    };
+    let bins = &v["output"]["bins"];
+    let mut got_ranks = Vec::new();
+    for rank in &m.ranks {
+        let mut entries = Vec::new();
+        for mb in rank {
+            let members = serde_json::json!(mb.samples);
+            let bin = bins.as_array().and_then(|b| b.iter().position(|x| x == &members));
+            entries.push(serde_json::json!({
+                "bin": bin,
+                "samples": members,
+                "dummy": mb.dummy,
+                "multimodal": mb.samples.iter().any(|&i| samples[i as usize].multimodal),
+                "num_tokens": mb.len(),
+            }));
+            if mb.dummy && (mb.loss_mask.iter().any(|&x| x) || mb.advantages.iter().any(|&a| a != 0.0)) {
+                return Err(format!("a dummy copy of bin {bin:?} trains"));
+            }
+        }
+        got_ranks.push(Value::Array(entries));
+    }
+    let got = Value::Array(got_ranks);
+    let want = &v["output"]["per_rank"];
+    if &got == want { Ok(true) } else { Err(format!("got {got}, prime-rl {want}")) }
+}

@@ -10,7 +10,10 @@ use serde::Serialize;
 use stowplan::serve::{
     FsTransport, MAX_MESSAGE_BYTES, RejectedLimits, ServeOptions, ServeSummary, Server, Transport, ZmqEndpoints,
 };
-use stowplan::{Backend, Cost, LossAggMode, LossNormalization, PackerOptions, RunConfig, RunProgress, SampleLimits};
+use stowplan::{
+    Backend, Cost, DistributionMode, LossAggMode, LossNormalization, PackerOptions, RunConfig, RunProgress,
+    SampleLimits,
+};
 #[cfg(feature = "zmq")]
 use stowplan_zmq::{CurveServer, ZmqTransport, curve};
 
@@ -131,6 +134,13 @@ pub struct Args {
     /// --max-segments); none named `segments`.
     #[arg(long = "limit", value_name = "NAME=CAP", value_parser = crate::limits::parse_limit)]
     limit: Vec<(String, u64)>,
+    /// How each step's micro-batches go to the ranks: `balanced` (best-fit decreasing, splits
+    /// before dummies, the cost balanced by Karmarkar–Karp) or `round-robin` (prime-rl's
+    /// classic trainer: first fit by run and descending length, runs sharing micro-batches,
+    /// each modality group completed to a multiple of --dp with copies of its first
+    /// micro-batch, loss off, micro-batch i to rank i % dp; no --limit).
+    #[arg(long, value_parser = named::<DistributionMode>(), default_value_t = defaults().distribution)]
+    distribution: DistributionMode,
     /// At most this many samples (segments) per micro-batch, as some attention kernels need;
     /// 0 means no limit. It is one more cap beside the --limit ones.
     #[arg(long, default_value_t = 0)]
@@ -265,6 +275,7 @@ pub fn run(a: Args) -> Result<(), Failure> {
         loss_agg_mode: a.loss_agg_mode,
         loss_scale_factor: a.loss_scale_factor,
         loss_normalization: a.loss_normalization,
+        distribution: a.distribution,
         ..PackerOptions::new(a.seq_len, a.dp)
     };
     let state_dir = match (&a.state_dir, &a.root) {

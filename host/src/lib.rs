@@ -55,8 +55,9 @@ pub use kernel::{
     VerlFunction,
 };
 pub use materialize::{
-    CpRuns, CpView, LossAggMode, MaterializeOptions, Materialized, MicroBatch, RejectReason, Sample, SampleLimits,
-    Temperature, TokenArrays, check_sample, materialize, materialize_limited, materialize_plan,
+    CpRuns, CpView, Dealt, DistributionMode, LossAggMode, MaterializeOptions, Materialized, MicroBatch, RejectReason,
+    Sample, SampleLimits, Temperature, TokenArrays, check_sample, materialize, materialize_limited, materialize_plan,
+    round_robin,
 };
 pub use packer::{
     BatchKey, IngestReport, LossNormalization, MAX_RESOURCE_NAME, PackedStep, Packer, PackerOptions, PackerState,

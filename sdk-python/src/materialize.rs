@@ -11,7 +11,7 @@ use crate::layout::factor;
 use crate::micro_batch::wrap;
 use crate::{
     BackendArg, cost_arg, float_vec, int, int_vec, invalid, kernel, mask_vec, number, opt_parse, opt_u32, opt_u64,
-    str_options, to_py, u64_arg,
+    str_options, to_py, u32_arg, u64_arg,
 };
 
 /// Owned sample data extracted from Python: the packer's wire sample plus the run and the
@@ -271,6 +271,11 @@ fn plan_arg(plan: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Vec<Vec<Vec<u32>
 /// within ``capacity`` and each of them, a sample's sizes being its ``"resources"`` mapping (a
 /// limit it does not name is 0), and each run's rows are the balanced fill under all the caps;
 /// ``max_segments`` — at most this many samples per micro-batch (0 or ``None``: no limit);
+/// ``distribution`` — how micro-batches go to ranks: ``"balanced"`` (the default) or
+/// ``"round-robin"``, prime-rl's classic trainer (first fit by run and descending length,
+/// runs sharing rows, each multimodal sample alone, each modality group completed to a
+/// multiple of ``dp`` with copies of its first micro-batch whose loss is off — ``dummy``
+/// True, tokens counted as padding — micro-batch ``i`` to rank ``i % dp``; no ``limits``);
 /// ``plan`` — materialize this plan instead (``plan[r][j]`` = the sample
 /// indices of rank ``r``'s micro-batch ``j``; ``[]`` = a dummy); ``backend``.
 ///
@@ -293,7 +298,8 @@ fn plan_arg(plan: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Vec<Vec<Vec<u32>
 #[pyfunction]
 #[pyo3(signature = (samples, *, capacity, dp=None, cp=None, tp=None, padding=None, align=None, cost=None,
     pad_token_id=None, num_runs=None, mix_runs=None, allow_empty_completion=None, loss_agg_mode=None,
-    loss_scale_factor=None, multimodal_alone=None, limits=None, max_segments=None, plan=None, backend=None))]
+    loss_scale_factor=None, multimodal_alone=None, limits=None, max_segments=None, distribution=None, plan=None,
+    backend=None))]
 #[allow(clippy::too_many_arguments)]
 pub fn materialize(
     py: Python<'_>,
@@ -314,10 +320,11 @@ pub fn materialize(
     multimodal_alone: Option<bool>,
     limits: Option<&Bound<'_, PyAny>>,
     max_segments: Option<&Bound<'_, PyAny>>,
+    distribution: Option<&Bound<'_, PyAny>>,
     plan: Option<&Bound<'_, PyAny>>,
     backend: Option<BackendArg>,
 ) -> PyResult<PyMaterialized> {
-    str_options!(padding, loss_agg_mode);
+    str_options!(padding, loss_agg_mode, distribution);
     let capacity = u64_arg(capacity, "capacity", 1)?;
     let plan = plan_arg(plan)?;
     // With a plan, dp defaults to its number of ranks (the host checks a given dp against it).
@@ -356,6 +363,7 @@ pub fn materialize(
         loss_scale_factor: opt_number(loss_scale_factor, "loss_scale_factor", "a number of tokens")?
             .or(d.loss_scale_factor),
         multimodal_alone: multimodal_alone.unwrap_or(d.multimodal_alone),
+        distribution: opt_parse(py, distribution)?.unwrap_or(d.distribution),
         ..d
     };
     let (caps, names) = crate::multi::caps_arg(py, limits)?;
@@ -451,9 +459,26 @@ pub fn prime_rl_ffd(
     Ok(PyPrimeRlBins { bins, dropped })
 }
 
+/// round_robin(multimodal, dp) -> list[list[tuple[int, bool]]]: prime-rl's classic deal of
+/// micro-batches to ``dp`` ranks, given which micro-batches hold a multimodal sample: the
+/// multimodal ones, then the text ones, each group completed to a multiple of ``dp`` with
+/// dummies copying its first micro-batch, entry ``i`` to rank ``i % dp``. Each rank's entries
+/// are ``(micro_batch, dummy)``; a dummy names the micro-batch it copies. Raises
+/// :class:`InvalidArgumentError` for ``dp`` outside 1..=2^20.
+///
+/// >>> round_robin([False, True, False], 2)
+/// [[(1, False), (0, False)], [(1, True), (2, False)]]
+#[pyfunction]
+pub fn round_robin(py: Python<'_>, multimodal: Vec<bool>, dp: &Bound<'_, PyAny>) -> PyResult<Vec<Vec<(u32, bool)>>> {
+    let dp = u32_arg(dp, "dp", 0)?;
+    let ranks = stowplan::round_robin(&multimodal, dp).map_err(|e| to_py(py, e))?;
+    Ok(ranks.into_iter().map(|r| r.into_iter().map(|d| (d.micro_batch, d.dummy)).collect()).collect())
+}
+
 /// Adds this module's functions and classes.
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(materialize, m)?)?;
+    m.add_function(wrap_pyfunction!(round_robin, m)?)?;
     m.add_function(wrap_pyfunction!(prime_rl_ffd, m)?)?;
     m.add_class::<PyMaterialized>()?;
     m.add_class::<PyPrimeRlBins>()?;

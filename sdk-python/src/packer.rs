@@ -54,7 +54,9 @@ fn progress_dict<'py>(
 /// one naming a resource without a limit as ``unknown_resource``; ``max_segments``: at most
 /// this many samples per micro-batch (``stowplan serve --max-segments``; 0 or ``None``: no
 /// limit; one more cap beside ``limits``, of which there may then be 6; no limit may be named
-/// ``"segments"``). ``backend``: the kernel's, as every function's (``"wasm"``, the default,
+/// ``"segments"``); ``distribution``: ``"balanced"`` (the default) or ``"round-robin"``,
+/// prime-rl's classic trainer (``stowplan serve --distribution``; see
+/// :func:`stowplan.materialize`; no ``limits``). ``backend``: the kernel's, as every function's (``"wasm"``, the default,
 /// or ``"native"``). An omitted option (or ``None``) is the host's default
 /// (``stowplan::PackerOptions::new``, the one ``stowplan serve`` uses); an unknown one is a
 /// ``TypeError`` naming it. A checkpoint is restored with :meth:`restore`.
@@ -143,7 +145,7 @@ impl PyPacker {
     #[pyo3(signature = (*, seq_len, dp, pad_to_multiple_of=None, pad_token_id=None, cost=None, num_runs=None,
         threshold=None, step_tokens=None, wait_timeout=None, teacher_logprobs=None, allow_empty_completion=None,
         loss_agg_mode=None, loss_scale_factor=None, loss_normalization=None, limits=None, max_segments=None,
-        backend=None))]
+        distribution=None, backend=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -163,9 +165,10 @@ impl PyPacker {
         loss_normalization: Option<&Bound<'_, PyAny>>,
         limits: Option<&Bound<'_, PyAny>>,
         max_segments: Option<&Bound<'_, PyAny>>,
+        distribution: Option<&Bound<'_, PyAny>>,
         backend: Option<BackendArg>,
     ) -> PyResult<Self> {
-        str_options!(loss_agg_mode, loss_normalization);
+        str_options!(loss_agg_mode, loss_normalization, distribution);
         // `None` (or an omitted option) is the host's default: `PackerOptions::new`.
         let d = PackerOptions::new(u64_arg(seq_len, "seq_len", 1)?, u32_arg(dp, "dp", 1)?);
         let o = PackerOptions {
@@ -190,6 +193,7 @@ impl PyPacker {
                 let max_segments = opt_u64(max_segments, "max_segments", 0)?.unwrap_or(0);
                 stowplan::SampleLimits { caps, names, max_segments }
             },
+            distribution: opt_parse(py, distribution)?.unwrap_or(d.distribution),
             ..d
         };
         let kernel = kernel(py, backend)?;

@@ -356,3 +356,75 @@ def test_multimodal_samples_get_micro_batches_of_their_own():
         stowplan.materialize(samples, capacity=32, multimodal_alone=True, mix_runs=True)
     with pytest.raises(InvalidArgumentError, match=r"samples\[0\]\.extra_cost"):
         stowplan.materialize([{**samples[0], "extra_cost": -1}], capacity=32)
+
+
+DISTRIBUTE = [v for v in load(VECTORS / "prime-rl") if v["kind"] == "distribute"]
+
+
+@pytest.mark.parametrize("backend", ["native", "wasm"])
+@pytest.mark.parametrize("v", DISTRIBUTE, ids=lambda v: v["name"])
+def test_prime_rl_round_robin_vectors(v, backend):
+    """prime-rl's classic ``prepare_batch`` (13 vectors made by its own code): the plan, the
+    micro-batches with their dummy copies, and the packer runtime's round robin."""
+    inp = v["input"]
+    samples = [_prime_sample(i, s) for i, s in enumerate(inp["samples"])]
+    kwargs = dict(
+        seq_len=inp["seq_len"], num_train_workers=inp["num_workers"], num_loras=inp["num_loras"],
+        pad_to_multiple_of=inp.get("pad_to_multiple_of", 1), backend=backend,
+    )
+    if "error" in v:
+        for call in (prime_rl.round_robin_plan, prime_rl.prepare_batch):
+            with pytest.raises(BaseException) as info:
+                call(samples, **kwargs)
+            assert (type(info.value).__name__, str(info.value)) == (v["error"]["type"], v["error"]["message"])
+        return
+    plan = prime_rl.round_robin_plan(samples, **kwargs)
+    assert plan["bins"] == v["output"]["bins"]
+    assert plan["per_rank"] == v["output"]["per_rank"]
+    assert plan["rank_tokens"] == [sum(e["num_tokens"] for e in r) for r in v["output"]["per_rank"]]
+    ranks = prime_rl.prepare_batch(samples, **kwargs)
+    alone = prime_rl.prepare_micro_batches(
+        samples, seq_len=inp["seq_len"], num_loras=inp["num_loras"], pad_to_multiple_of=inp.get("pad_to_multiple_of", 1)
+    )
+    for got, want in zip(ranks, v["output"]["per_rank"]):
+        assert len(got) == len(want)
+        for mb, entry in zip(got, want):
+            source = alone[entry["bin"]]
+            assert mb["input_ids"].tolist() == source["input_ids"].tolist()
+            if entry["dummy"]:
+                assert not mb["loss_mask"].any() and not mb["advantages"].any()
+            else:
+                assert mb["loss_mask"].tolist() == source["loss_mask"].tolist()
+    # The packer runtime's round robin deals the same micro-batches (no training modes there).
+    if any(s.get("training_mode", "rl") != "rl" for s in samples):
+        return
+    extra = [dict(s, run=s["lora"], extra_cost=1 if "mm_kwargs" in s else 0) for s in samples]
+    for s in extra:
+        for key in ("lora", "mm_kwargs", "training_mode"):
+            s.pop(key, None)
+    m = stowplan.materialize(
+        extra, capacity=inp["seq_len"], dp=inp["num_workers"], padding="micro_batch",
+        align=inp.get("pad_to_multiple_of", 1), num_runs=inp["num_loras"], allow_empty_completion=True,
+        distribution="round-robin", backend=backend,
+    )
+    got = [[(mb.samples.tolist(), bool(mb.dummy), len(mb.input_ids)) for mb in rank] for rank in m.ranks]
+    want = [[(e["samples"], e["dummy"], e["num_tokens"]) for e in rank] for rank in v["output"]["per_rank"]]
+    assert got == want
+
+
+def test_round_robin_errors_are_named():
+    with pytest.raises(InvalidArgumentError, match="num_train_workers must be at least 1"):
+        prime_rl.round_robin_plan([{"prompt_ids": [1], "completion_ids": [2]}], seq_len=4, num_train_workers=-2)
+    with pytest.raises(InvalidArgumentError, match="num_train_workers must be an integer"):
+        prime_rl.prepare_batch([], seq_len=4, num_train_workers=2.0)
+    with pytest.raises(InvalidArgumentError, match="distribution must be 'balanced' or 'round-robin'"):
+        stowplan.materialize([{"prompt_ids": [1], "completion_ids": [2], "advantage": 1.0}], capacity=4, distribution="rr")
+    with pytest.raises(InvalidArgumentError, match="round-robin takes no limits"):
+        stowplan.materialize(
+            [{"prompt_ids": [1], "completion_ids": [2], "advantage": 1.0, "resources": {"images": 1}}],
+            capacity=4, limits={"images": 2}, distribution="round-robin",
+        )
+    with pytest.raises(InvalidArgumentError, match="round-robin takes no limits"):
+        stowplan.Packer(seq_len=16, dp=2, limits={"images": 2}, distribution="round-robin")
+    with pytest.raises(InvalidArgumentError, match="dp must be in 1..="):
+        stowplan._stowplan.round_robin([True], 0)

@@ -53,6 +53,26 @@ def test_round_robin_progress_and_run_separation():
     assert not p.progress(2)["ready_to_update"]
 
 
+def test_round_robin_distribution_deals_prime_rls_way():
+    """``distribution="round-robin"``: prime-rl's classic deal, dummies copying a real row."""
+    p = stowplan.Packer(seq_len=16, dp=3, distribution="round-robin")
+    p.add_run(0, batch_size=4)
+    # Samples of 14, 10, 6 and 4 tokens; first fit by descending length under 16 tokens
+    # makes [14], [10, 6], [4]: three rows, one per rank.
+    p.ingest(stowplan.TrainingBatch(run=0, step=0, samples=[sample(n - 2) for n in (14, 10, 6, 4)]))
+    ranks, m = p.pack(force=True)
+    rows = [r.micro_batches[0] for r in ranks]
+    assert [len(mb.input_ids) for mb in rows] == [14, 16, 4] and not any(mb.dummy for mb in rows)
+    p.delivered(0)
+    # Two rows of 12 and 9 tokens on three ranks: a dummy copy of the first, dealt last.
+    p.ingest(stowplan.TrainingBatch(run=0, step=1, samples=[sample(n - 2) for n in (12, 9)]))
+    ranks, m = p.pack(force=True)
+    rows = [r.micro_batches[0] for r in ranks]
+    assert [mb.dummy for mb in rows] == [False, False, True]
+    assert rows[2].input_ids.tolist() == rows[0].input_ids.tolist() and not rows[2].loss_weights.any()
+    assert m["micro_batches_per_rank"] == 1
+
+
 def test_rejections_duplicates_and_errors():
     p = stowplan.Packer(seq_len=16, dp=1)
     p.add_run(0, batch_size=4)

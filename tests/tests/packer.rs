@@ -190,6 +190,59 @@ fn runs_can_be_added_and_removed_while_running() {
 }
 
 #[test]
+fn round_robin_distribution_deals_in_turn_with_dummy_copies_and_persists() {
+    use stowplan::DistributionMode;
+    let o = PackerOptions {
+        num_runs: 2,
+        pad_to_multiple_of: 4,
+        distribution: DistributionMode::RoundRobin,
+        ..PackerOptions::new(32, 2)
+    };
+    let mut p = Packer::new(Kernel::native(), o.clone()).unwrap();
+    for r in 0..2 {
+        p.add_run(r, RunConfig { batch_size: 100 }).unwrap();
+    }
+    p.ingest(Arc::new(batch(0, 0, &[30, 20, 9])));
+    p.ingest(Arc::new(batch(1, 0, &[12, 5])));
+    let state = p.state();
+    let step = p.pack(true).unwrap().unwrap();
+    // First fit by (run, -length) under 32 real tokens, runs sharing rows: [30], [20, 9],
+    // [12, 5]. Three rows on two ranks need one dummy, a copy of the first row, dealt last.
+    let rows: Vec<&stowplan::MicroBatch> =
+        (0..2).flat_map(|j| step.ranks.iter().map(move |r| &r.micro_batches[j])).collect();
+    assert_eq!(step.ranks[0].micro_batches.len(), step.ranks[1].micro_batches.len());
+    let (real, dummies): (Vec<&stowplan::MicroBatch>, Vec<&stowplan::MicroBatch>) =
+        rows.iter().partition(|mb| !mb.dummy);
+    assert_eq!(dummies.len(), 1);
+    assert!(rows.last().unwrap().dummy, "dummies come after the real rows of their group");
+    let dummy = dummies[0];
+    assert_eq!(dummy.input_ids, real[0].input_ids, "a dummy copies its group's first micro-batch");
+    assert!(dummy.loss_mask.iter().all(|&m| !m) && dummy.advantages.iter().all(|&a| a == 0.0));
+    assert!(dummy.loss_weights.iter().all(|&w| w == 0.0));
+    assert_eq!((dummy.real_tokens, dummy.padding_tokens), (0, dummy.len() as u64));
+    let lens: Vec<usize> =
+        real.iter().map(|mb| mb.cu_seqlens.windows(2).map(|w| (w[1] - w[0]) as usize).sum()).collect();
+    assert_eq!(lens.iter().sum::<usize>(), 30 + 20 + 9 + 12 + 5);
+    assert!(real.iter().all(|mb| mb.len() % 4 == 0 && mb.len() <= 32));
+    // Rows are in prime-rl's first-fit order: the longest first.
+    assert_eq!(lens[0], 30);
+    // The checkpoint names the distribution: restoring it with the balanced one is refused.
+    let balanced = PackerOptions { distribution: DistributionMode::Balanced, ..o.clone() };
+    let e = Packer::restore(Kernel::native(), balanced, PackerState::decode(&state.encode().unwrap()).unwrap(), |_| {
+        unreachable!("options are checked first")
+    })
+    .unwrap_err();
+    assert!(e.to_string().contains("RoundRobin"), "{e}");
+    // Round robin takes no limits.
+    let limited = PackerOptions {
+        limits: stowplan::SampleLimits { caps: vec![8], names: vec!["images".into()], max_segments: 0 },
+        ..o
+    };
+    let e = Packer::new(Kernel::native(), limited).unwrap_err();
+    assert!(e.to_string().contains("round-robin takes no limits"), "{e}");
+}
+
+#[test]
 fn options_out_of_range_are_named() {
     let bad = |o: PackerOptions| match Packer::new(Kernel::native(), o) {
         Err(Error::InvalidArgument(m)) => m,

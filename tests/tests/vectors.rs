@@ -147,6 +147,26 @@ fn prime_rl_packing_and_padding_vectors() {
     assert_eq!(checked, 2 * cases, "vectors checked");
 }
 
+#[test]
+fn prime_rl_round_robin_distribution_vectors() {
+    let all = stowplan_conformance::load_dir(&stowplan_conformance::vectors_dir().join("prime-rl"));
+    let cases = all.iter().filter(|(_, v)| v["kind"] == "distribute").count();
+    let mut checked = 0;
+    for (name, kernel) in kernels() {
+        for (file, v) in &all {
+            match stowplan_conformance::check_prime_rl_distribute(&kernel, v) {
+                Ok(true) => checked += 1,
+                Ok(false) => {}
+                Err(e) => panic!("{name}: {file}: {e}"),
+            }
+        }
+    }
+    // Every classic `prepare_batch` vector but the one with training modes (the packer runtime
+    // has none), on both kernels.
+    assert_eq!(cases, 13, "expected the prime-rl distribute vectors");
+    assert_eq!(checked, 2 * (cases - 1), "vectors checked");
+}
+
 /// A prime-rl vector built here: `samples` (triples or dicts) packed by the classic packer.
 fn prime_ffd(samples: serde_json::Value, num_loras: u32, outcome: serde_json::Value) -> serde_json::Value {
     let mut v =

@@ -6,7 +6,7 @@ use stowplan_kernel::{AlignOptions, Cost, DistributeOptions, Distribution, Facto
 use super::micro_batch::{TokenArrays, to_i32};
 use super::sample::validate;
 use super::weights::loss_weights;
-use super::{CpRuns, LossAggMode, LossCounts, MicroBatch, Sample, Temperature};
+use super::{CpRuns, DistributionMode, LossAggMode, LossCounts, MicroBatch, Sample, Temperature};
 use crate::Error;
 use crate::kernel::Kernel;
 
@@ -41,6 +41,11 @@ pub struct MaterializeOptions {
     /// Every sample with an extra cost (multimodal) gets a micro-batch of its own
     /// (prime-rl's rule). Needs `mix_runs` false.
     pub multimodal_alone: bool,
+    /// How micro-batches go to ranks: [`DistributionMode::Balanced`] (the default) or
+    /// prime-rl's classic [`DistributionMode::RoundRobin`] (which packs by its own rule:
+    /// runs share micro-batches, each multimodal sample in one of its own, so `mix_runs` and
+    /// `multimodal_alone` do not apply; no limits).
+    pub distribution: DistributionMode,
 }
 
 impl MaterializeOptions {
@@ -60,6 +65,7 @@ impl MaterializeOptions {
             loss_agg_mode: LossAggMode::TokenMean,
             loss_scale_factor: None,
             multimodal_alone: false,
+            distribution: DistributionMode::Balanced,
         }
     }
 
@@ -360,6 +366,9 @@ pub(crate) fn materialize_counted(
     counts: Option<&[LossCounts]>,
 ) -> Result<Materialized, Error> {
     let num_runs = validate(samples, options)?;
+    if options.distribution == DistributionMode::RoundRobin {
+        return super::round_robin::materialize(kernel, samples, options, limits, num_runs, counts);
+    }
     if !limits.is_empty() {
         limits.check()?;
     }
@@ -453,7 +462,7 @@ pub fn materialize_plan(
 
 /// [`materialize_plan`] after `validate` (which gave `num_runs`), with the loss counts of
 /// [`materialize_counted`].
-fn build_plan(
+pub(super) fn build_plan(
     kernel: &Kernel,
     samples: &[Sample<'_>],
     plan: &[Vec<&[u32]>],

@@ -26,6 +26,7 @@
 mod build;
 mod cp;
 mod micro_batch;
+mod round_robin;
 mod sample;
 mod weights;
 
@@ -33,6 +34,7 @@ pub(crate) use build::materialize_counted;
 pub use build::{MaterializeOptions, Materialized, SampleLimits, materialize, materialize_limited, materialize_plan};
 pub use cp::{CpRuns, CpView};
 pub use micro_batch::{MicroBatch, TokenArrays};
+pub use round_robin::{Dealt, DistributionMode, round_robin};
 pub use sample::{RejectReason, Sample, Temperature, check_sample};
 pub use weights::LossAggMode;
 pub(crate) use weights::{LossCounts, check_loss_scale_factor};

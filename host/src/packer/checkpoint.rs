@@ -14,7 +14,7 @@ use super::{
 };
 use crate::Error;
 use crate::kernel::Kernel;
-use crate::materialize::{LossAggMode, LossCounts};
+use crate::materialize::{DistributionMode, LossAggMode, LossCounts};
 use crate::wire;
 
 /// The packer's state without the batches' contents (see the module docs).
@@ -47,6 +47,7 @@ struct OptionsRecord {
     /// Each further limit per micro-batch: its name and cap; `segments` last, with
     /// `max_segments`, when set (no limit may have that name).
     limits: Vec<(String, u64)>,
+    distribution: DistributionMode,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -121,6 +122,7 @@ impl PackerOptions {
                 let (caps, names) = self.limits.kernel_caps();
                 names.into_iter().zip(caps).collect()
             },
+            distribution: self.distribution,
         }
     }
 }

@@ -6,7 +6,7 @@ use stowplan_kernel::{Cost, Padding};
 
 use super::LossNormalization;
 use crate::Error;
-use crate::materialize::{LossAggMode, MaterializeOptions, SampleLimits};
+use crate::materialize::{DistributionMode, LossAggMode, MaterializeOptions, SampleLimits};
 
 /// Options of a [`Packer`](super::Packer).
 #[derive(Clone, Debug, PartialEq)]
@@ -54,6 +54,10 @@ pub struct PackerOptions {
     /// `max_segments` caps the samples per micro-batch (none may be named `segments`; with
     /// it, at most 6 named limits).
     pub limits: SampleLimits,
+    /// How each step's micro-batches go to the ranks: balanced (the default) or prime-rl's
+    /// classic round robin with dummy copies ([`DistributionMode`]; round robin takes no
+    /// `limits`).
+    pub distribution: DistributionMode,
 }
 
 impl PackerOptions {
@@ -77,6 +81,7 @@ impl PackerOptions {
             allow_empty_completion: false,
             loss_normalization: LossNormalization::Step,
             limits: SampleLimits::default(),
+            distribution: DistributionMode::Balanced,
         }
     }
 
@@ -117,6 +122,11 @@ impl PackerOptions {
             ));
         }
         self.limits.check()?;
+        if self.distribution == DistributionMode::RoundRobin && !self.limits.is_empty() {
+            return bad("distribution round-robin takes no limits (prime-rl's classic packer has none); \
+                        use distribution balanced with limits"
+                .into());
+        }
         for (name, &cap) in self.limits.names.iter().zip(&self.limits.caps) {
             // Above it the kernel's fill of a step falls back to best-fit decreasing, whose
             // item and step limits the samples were not checked against when they arrived.
@@ -148,6 +158,7 @@ impl PackerOptions {
             allow_empty_completion: self.allow_empty_completion,
             loss_agg_mode: self.loss_agg_mode,
             loss_scale_factor: self.loss_scale_factor,
+            distribution: self.distribution,
             ..MaterializeOptions::new(self.seq_len, self.dp)
         }
     }

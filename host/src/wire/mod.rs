@@ -36,7 +36,7 @@ pub const CONTROL: Format = Format { magic: *b"SPCT", version: 3, what: "control
 /// One rank's share of a packed step (`RankBatch`), a file or a ZeroMQ message.
 pub const RANK_BATCH: Format = Format { magic: *b"SPRB", version: 3, what: "rank batch" };
 /// The packer's checkpoint (`PackerState`, `STATE/state.bin`).
-pub const PACKER_STATE: Format = Format { magic: *b"SPPS", version: 7, what: "packer state" };
+pub const PACKER_STATE: Format = Format { magic: *b"SPPS", version: 8, what: "packer state" };
 /// A trainer rank's hello or acknowledgement over ZeroMQ (`serve::RankMessage`).
 pub const RANK_MESSAGE: Format = Format { magic: *b"SPRM", version: 2, what: "rank message" };
 /// The packer's receipts for durable messages over ZeroMQ (`serve::Receipts`).

@@ -1,7 +1,7 @@
 """Stubs of ``stowplan._stowplan``: trainer layouts and materialized micro-batches
 (``src/layout.rs``, ``src/materialize.rs``)."""
 
-from typing import Any, Dict, Iterable, List, Optional, Sequence
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
 import numpy.typing as npt
@@ -106,6 +106,10 @@ def materialize(
     multimodal_alone: Optional[bool] = None,
     limits: Optional[Dict[str, int]] = None,
     max_segments: Optional[int] = None,
+    distribution: Optional[str] = None,
     plan: Optional[Sequence[Sequence[Sequence[int]]]] = None,
     backend: Optional[str] = None,
 ) -> Materialized: ...
+
+def round_robin(multimodal: Sequence[bool], dp: int) -> List[List[Tuple[int, bool]]]:
+    """prime-rl's classic deal: each rank's ``(micro_batch, dummy)`` entries."""

@@ -203,6 +203,7 @@ class Packer:
         loss_normalization: Optional[str] = None,
         limits: Optional[Dict[str, int]] = None,
         max_segments: Optional[int] = None,
+        distribution: Optional[str] = None,
         backend: Optional[str] = None,
     ) -> None: ...
     @staticmethod

@@ -3,6 +3,10 @@
 - :func:`pack_samples` — the classic packer (``packed_samples_into_micro_bs``): first-fit
   decreasing with key (LoRA, −length), LoRAs may share a bin, training modes may not, and
   every multimodal sample (one with ``mm_kwargs``) gets a bin of its own.
+- :func:`round_robin_plan` and :func:`prepare_batch` — the classic ``prepare_batch``:
+  micro-batches of each modality group completed to a multiple of the workers with dummy
+  copies of the group's first (loss off), multimodal first, micro-batch ``i`` to rank
+  ``i % W`` (the packer runtime's ``distribution="round-robin"``).
 - :func:`micro_batch_fields` — a micro-batch received from ``stowplan serve`` (or
   :class:`stowplan.Packer`) in prime-rl's trainer field layout.
 - :func:`prepare_micro_batches` — packing plus ``pad_micro_batch``: one dict per micro-batch
@@ -54,6 +58,7 @@ around) raise :class:`stowplan.InvalidArgumentError`. LoRA indices, ``seq_len``,
 
 from __future__ import annotations
 
+import copy
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -75,6 +80,8 @@ from ._prime_rl_head import (
 __all__ = [
     "pack_samples",
     "prepare_micro_batches",
+    "round_robin_plan",
+    "prepare_batch",
     "micro_batch_fields",
     "balanced_partition",
     "karmarkar_karp",
@@ -279,6 +286,14 @@ def prepare_micro_batches(
     ``IndexError`` for a LoRA index ≥ ``num_loras``, ``ZeroDivisionError`` for
     ``pad_to_multiple_of == 0`` (when there is a micro-batch to pad).
     """
+    return _micro_batches(samples, seq_len, num_loras, pad_to_multiple_of, variant, backend)[1]
+
+
+def _micro_batches(
+    samples: Sequence[Any], seq_len: int, num_loras: int, pad_to_multiple_of: int, variant: str, backend: Optional[str]
+) -> Tuple[List[List[int]], List[Dict[str, Any]]]:
+    """:func:`prepare_micro_batches`' micro-batches and the bins they are (zero-length samples
+    left out of the bins)."""
     if variant not in ("classic", "multilora"):
         raise ValueError(f"variant must be 'classic' or 'multilora' (got {variant!r})")
     _check_envs(samples)
@@ -350,7 +365,99 @@ def prepare_micro_batches(
             del d["teacher_logprobs"]
             d["ref_logprobs"] = None
         out.append(d)
-    return out
+    return [[i for i in b if lengths[i]] for b in bins], out
+
+
+def round_robin_plan(
+    samples: Sequence[Any],
+    *,
+    seq_len: int,
+    num_train_workers: int,
+    num_loras: int = 1,
+    pad_to_multiple_of: int = 1,
+    backend: Optional[str] = None,
+) -> Dict[str, Any]:
+    """The plan of prime-rl's classic ``prepare_batch`` (trainer ``batch.py`` at ``b5daec1``):
+    :func:`prepare_micro_batches`' packing and padding, then the micro-batches of each
+    modality group (multimodal first, then text) completed to a multiple of
+    ``num_train_workers`` with dummies — copies of the group's first micro-batch with the loss
+    switched off — and micro-batch ``i`` dealt to rank ``i % num_train_workers``. The deal is
+    the host's :func:`stowplan._stowplan.round_robin`, the one the packer runtime runs with
+    ``distribution="round-robin"``.
+
+    Returns ``{"bins", "per_rank", "rank_tokens"}``: ``bins`` as :func:`pack_samples` gives
+    them; ``per_rank[r]`` one entry per micro-batch of rank ``r``, ``{"bin", "samples",
+    "dummy", "multimodal", "num_tokens"}`` (a dummy names the bin it copies; ``num_tokens``
+    after padding); ``rank_tokens[r]`` the tokens rank ``r`` runs, dummies included (prime-rl's
+    dummies are full-size work).
+
+    Raises prime-rl's errors in its order (those of :func:`prepare_micro_batches`, then
+    ``ZeroDivisionError`` for ``num_train_workers == 0``); a negative ``num_train_workers``
+    (prime-rl indexes an empty list) raises :class:`stowplan.InvalidArgumentError`.
+
+    >>> plan = round_robin_plan(
+    ...     [{"prompt_ids": [1] * 60, "completion_ids": [2] * 30}, {"prompt_ids": [3] * 50, "completion_ids": [4]}],
+    ...     seq_len=100, num_train_workers=3)
+    >>> [[(e["bin"], e["dummy"]) for e in rank] for rank in plan["per_rank"]], plan["rank_tokens"]
+    ([[(0, False)], [(1, False)], [(0, True)]], [90, 51, 90])
+    """
+    bins, micro_batches = _micro_batches(samples, seq_len, num_loras, pad_to_multiple_of, "classic", backend)
+    deal = _deal(micro_batches, num_train_workers)
+    per_rank = [
+        [
+            {
+                "bin": b,
+                "samples": bins[b],
+                "dummy": dummy,
+                "multimodal": "mm_kwargs" in micro_batches[b],
+                "num_tokens": len(micro_batches[b]["input_ids"]),
+            }
+            for b, dummy in rank
+        ]
+        for rank in deal
+    ]
+    return {"bins": bins, "per_rank": per_rank, "rank_tokens": [sum(e["num_tokens"] for e in rank) for rank in per_rank]}
+
+
+def _deal(micro_batches: List[Dict[str, Any]], num_train_workers: Any) -> List[List[Tuple[int, bool]]]:
+    workers = _stowplan._integer(num_train_workers, "num_train_workers", *_I64)
+    if workers == 0:
+        raise ZeroDivisionError("integer modulo by zero")  # prime-rl's ``-len(group) % 0``
+    if workers < 0:
+        raise InvalidArgumentError(f"num_train_workers must be at least 1 (got {workers})")
+    return _stowplan.round_robin(["mm_kwargs" in d for d in micro_batches], workers)
+
+
+def prepare_batch(
+    samples: Sequence[Any],
+    *,
+    seq_len: int,
+    num_train_workers: int,
+    num_loras: int = 1,
+    pad_to_multiple_of: int = 1,
+    backend: Optional[str] = None,
+) -> List[List[Dict[str, Any]]]:
+    """prime-rl's classic ``prepare_batch``: every rank's micro-batches (dicts of
+    :func:`prepare_micro_batches`' classic fields) in :func:`round_robin_plan`'s deal. A dummy
+    is a deep copy of the micro-batch it names with ``advantages`` 0 and ``loss_mask`` False,
+    as prime-rl's ``_make_dummy_batch``; every dummy of a group is the same object, as in
+    prime-rl. Errors: those of :func:`round_robin_plan`.
+
+    >>> ranks = prepare_batch([{"prompt_ids": [1, 2], "completion_ids": [3]}], seq_len=8, num_train_workers=2)
+    >>> [(r[0]["input_ids"].tolist(), r[0]["loss_mask"].tolist()) for r in ranks]
+    [([1, 2, 3], [False, False, True]), ([1, 2, 3], [False, False, False])]
+    """
+    _, micro_batches = _micro_batches(samples, seq_len, num_loras, pad_to_multiple_of, "classic", backend)
+    deal = _deal(micro_batches, num_train_workers)
+    dummies: Dict[int, Dict[str, Any]] = {}
+    for rank in deal:
+        for b, dummy in rank:
+            if dummy and b not in dummies:
+                d = copy.deepcopy(micro_batches[b])
+                d["advantages"] = np.zeros_like(d["advantages"])
+                d["loss_mask"] = np.zeros_like(d["loss_mask"])
+                dummies[b] = d
+    return [[dummies[b] if dummy else micro_batches[b] for b, dummy in rank] for rank in deal]
 
 
 # ---------------------------------------------------------------------------------------------
