@@ -401,10 +401,15 @@ pub fn check_roll_vector(kernel: &Kernel, v: &Value) -> Result<bool, String> {
             Ok(true)
         }
         Some("cp_zigzag") => {
-            let Some(factor) = input["pad_factor_override"].as_u64() else { return Ok(false) };
+            // ROLL's pad_packed_seq_to (the last sequence takes the rest) is compat.roll's.
+            if input.get("pad_packed_seq_to").is_some() {
+                return Ok(false);
+            }
+            let factor =
+                input["pad_factor_override"].as_u64().map_or(stowplan::Factor::Roll, stowplan::Factor::Multiple);
             let lengths = u64s(&input["lengths"], "lengths")?;
             let o = stowplan::AlignOptions {
-                factor: stowplan::Factor::Multiple(factor),
+                factor,
                 ..stowplan::AlignOptions::new(
                     input["cp"].as_u64().ok_or("cp")? as u32,
                     input["tp"].as_u64().unwrap_or(1) as u32,

@@ -63,14 +63,11 @@ def test_verl_balance_batch_vectors(verl_vectors):
         assert global_idx == want["global_idx"] and parts == want["partitions"] and stats == want["stats"], v["name"]
 
 
-ROLL_NOT_MODELLED = {"algorithm", "dp_group_none"}
-
-
 def test_roll_vectors(roll_vectors):
     checked = 0
     for v in roll_vectors:
         inp = v["input"]
-        if v["kind"] not in ("load_balance", "batch_balance") or ROLL_NOT_MODELLED & inp.keys():
+        if v["kind"] not in ("load_balance", "batch_balance"):
             continue
         if v["kind"] == "load_balance":
             peers = inp.get("dp_peer_num_micro_batches")
@@ -83,6 +80,8 @@ def test_roll_vectors(roll_vectors):
                 cp=inp.get("cp", 1),
                 vp=inp.get("vp", 1),
                 dp_num_micro_batches=max(peers) if peers else None,
+                algorithm=inp.get("algorithm", "load_balance"),
+                dp_group=None if inp.get("dp_group_none") else ...,
             )
             keys = ("micro_batches", "num_micro_batches", "kk_partitions", "restored_positions")
         else:
@@ -103,7 +102,7 @@ def test_roll_vectors(roll_vectors):
                 assert got["pad_factor"] == v["output"]["derived"]["pad_factor"], v["name"]
                 assert got["padded_lengths"] == v["output"]["derived"]["padded_lengths"], v["name"]
         checked += 1
-    assert checked >= 26
+    assert checked >= 29  # the packer configuration checks (algorithm, dp_group) included
 
 
 def test_keep_minibatch_tail_is_reported_not_silent():
@@ -364,3 +363,21 @@ def test_roll_load_balance_without_a_cap_raises_rolls_assertion():
         roll.load_balance(DOCS, None)
     with pytest.raises(AssertionError, match="LoadBalancePacker: max_packed_sequence_length is None"):
         roll.load_balance(_mask([10, 20], 32), None)
+
+
+def test_roll_algorithm_none_chunks_the_mini_batch_like_roll():
+    """``algorithm="none"``: ROLL's ``SequencePackingPacker`` cuts ``len // micro_batch_size``
+    contiguous chunks with ``DataProto.chunk`` (``np.array_split``: the first ones longer)."""
+    r = roll.load_balance([5] * 7, 64, algorithm="none", micro_batch_size=3)
+    assert r["micro_batches"] == [[0, 1, 2, 3], [4, 5, 6]] and r["num_micro_batches"] == 2
+    assert r["restored_positions"] == list(range(7)) and r["kk_partitions"] == []
+    with pytest.raises(AssertionError, match="SequencePackingPacker: micro_batch_size is None"):
+        roll.load_balance([5, 6], 64, algorithm="none")
+    with pytest.raises(ZeroDivisionError):
+        roll.load_balance([5, 6], 64, algorithm="none", micro_batch_size=0)
+    with pytest.raises(ValueError, match="number sections must be larger than 0"):
+        roll.load_balance([5, 6], 64, algorithm="none", micro_batch_size=3)
+    with pytest.raises(ValueError, match="Illegal sequence packing algorithm greedy"):
+        roll.load_balance([5, 6], 64, algorithm="greedy")
+    with pytest.raises(AssertionError, match="LoadBalancePacker: dp_group is None"):
+        roll.load_balance([5, 6], None, dp_group=None)  # ROLL checks the group before the cap

@@ -428,3 +428,63 @@ def test_round_robin_errors_are_named():
         stowplan.Packer(seq_len=16, dp=2, limits={"images": 2}, distribution="round-robin")
     with pytest.raises(InvalidArgumentError, match="dp must be in 1..="):
         stowplan._stowplan.round_robin([True], 0)
+
+
+ZIGZAG = [v for v in load(VECTORS / "roll") if v["kind"] == "cp_zigzag"]
+
+
+@pytest.mark.parametrize("backend", ["native", "wasm"])
+@pytest.mark.parametrize("v", ZIGZAG, ids=lambda v: v["name"])
+def test_roll_pack_sequences_vectors(v, backend):
+    """ROLL's ``_pack_sequences`` and CP split (``pad_packed_seq_to`` included), from vectors
+    made by ROLL's own code: every rank's row and the boundaries; where ROLL raises
+    ``RuntimeError``, a :class:`roll.PackedLayoutError` (both a ``RuntimeError`` and an
+    ``InvalidArgumentError``) with stowplan's message."""
+    inp = v["input"]
+    pad = inp.get("pad_val", -1)
+    seqs = [list(inp["tokens"][i]) if "tokens" in inp else [1000 * i + j for j in range(n)] for i, n in enumerate(inp["lengths"])]
+    call = lambda: roll.pack_sequences(  # noqa: E731
+        seqs, cp=inp["cp"], tp=inp.get("tp", 1), pad_val=pad, pad_factor=inp.get("pad_factor_override"),
+        pad_packed_seq_to=inp.get("pad_packed_seq_to"), backend=backend,
+    )
+    if "error" in v:
+        assert v["error"]["type"] == "RuntimeError"
+        with pytest.raises(RuntimeError) as info:
+            call()
+        assert isinstance(info.value, roll.PackedLayoutError) and isinstance(info.value, InvalidArgumentError)
+        return
+    got = call()
+    out = v["output"]
+    assert got["cu_seqlens"].tolist() == out["cu_seqlens"]
+    assert got["cu_seqlens_padded"].tolist() == out["cu_seqlens_padded"]
+    assert got["max_seqlen"] == out["max_seqlen"] and got["qkv_format"] == out["qkv_format"]
+    assert got["pad_factor"] == (inp.get("pad_factor_override") or out["pad_factor"])
+    assert [row.tolist() for row in got["input_ids"]] == [r["tokens"] for r in out["ranks"]]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.integers(0, 40), min_size=1, max_size=6),
+    st.sampled_from([1, 2, 3]),
+    st.integers(0, 5),
+)
+def test_pad_packed_seq_to_gives_the_last_sequence_the_rest(lengths, cp, extra):
+    seqs = [[100 * i + j + 1 for j in range(n)] for i, n in enumerate(lengths)]
+    factor = 2 * cp * 2
+    before = sum(-(n // -factor) * factor for n in lengths[:-1])
+    room = -(lengths[-1] // -(2 * cp)) * (2 * cp) + 2 * cp * extra
+    r = roll.pack_sequences(seqs, cp=cp, pad_val=0, pad_factor=factor, pad_packed_seq_to=before + room)
+    assert r["cu_seqlens_padded"][-1] == before + room and r["cu_seqlens_padded"][-2] == before
+    rows = r["input_ids"]
+    assert all(len(row) == (before + room) // cp for row in rows)
+    # Every sequence comes back, padded, from its ranks' slices.
+    pieces = [roll.unpack_sequences(row, r["cu_seqlens_padded"], cp=cp) for row in rows]
+    for i, seq in enumerate(seqs):
+        tokens = [t for rank in pieces for t in rank[i].tolist() if t]
+        assert sorted(tokens) == seq
+    if cp > 1:
+        with pytest.raises(roll.PackedLayoutError, match="do not split into"):
+            roll.pack_sequences(seqs, cp=cp, pad_val=0, pad_factor=factor, pad_packed_seq_to=before + room + 1)
+    if before + lengths[-1] >= 1:
+        with pytest.raises(roll.PackedLayoutError, match="is below"):
+            roll.pack_sequences(seqs, cp=cp, pad_val=0, pad_factor=factor, pad_packed_seq_to=before + lengths[-1] - 1)

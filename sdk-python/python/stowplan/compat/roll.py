@@ -47,6 +47,7 @@ __all__ = [
     "batch_balance",
     "pack_sequences",
     "unpack_sequences",
+    "PackedLayoutError",
     "ROLL_COMMIT",
     "PATCHED_FUNCTIONS",
     "patch",
@@ -86,8 +87,12 @@ def load_balance(
     cp: int = 1,
     vp: int = 1,
     dp_num_micro_batches: Optional[int] = None,
+    algorithm: str = "load_balance",
+    micro_batch_size: Optional[int] = None,
+    dp_group: Any = ...,
 ) -> Dict[str, Any]:
-    """ROLL's ``load_balance`` micro-batching of one mini-batch.
+    """ROLL's ``load_balance`` micro-batching of one mini-batch (and, with
+    ``algorithm="none"``, ROLL's plain ``SequencePackingPacker``).
 
     Args:
         lengths: real tokens per sample (1-D) or the 2-D attention mask (its width is the
@@ -97,6 +102,14 @@ def load_balance(
         mask_width: the padded mask width; defaults to the mask's width or the longest length.
         min_num_micro_batches, tp, cp, vp: as in ROLL's config.
         dp_num_micro_batches: the MAX over DP ranks of their counts (ROLL's all-reduce).
+        algorithm: ROLL's ``SequencePackingConfig.algorithm``: ``"load_balance"`` or
+            ``"none"`` (the mini-batch cut into ``len // micro_batch_size`` contiguous chunks,
+            as ROLL's ``DataProto.chunk``; no reordering); another name raises ROLL's
+            ``ValueError``.
+        micro_batch_size: ``algorithm="none"``'s size (``None`` raises ROLL's
+            ``AssertionError``; 0 its ``ZeroDivisionError``).
+        dp_group: ROLL's data-parallel group, only checked against ``None`` as ROLL checks it
+            (``None`` raises ROLL's ``AssertionError``); omitted, a group is taken as given.
 
     Returns:
         ``{"micro_batches", "num_micro_batches", "kk_partitions", "restored_positions",
@@ -107,7 +120,15 @@ def load_balance(
         >>> load_balance([2, 4, 6, 1], 32)["micro_batches"]
         [[1, 2], [0, 3]]
     """
+    if algorithm not in ("none", "load_balance"):
+        raise ValueError(
+            f"Illegal sequence packing algorithm {algorithm}, algorithm must be in ['none', 'load_balance']"
+        )
     seqlens, width = _mask_or_lengths(lengths, "lengths")
+    if algorithm == "none":
+        return _chunks(seqlens, micro_batch_size, _stowplan._integer(cp, "cp", 0, 2**32 - 1), tp)
+    if dp_group is None:
+        raise AssertionError("LoadBalancePacker: dp_group is None")
     if max_packed_sequence_length is None:
         raise AssertionError("LoadBalancePacker: max_packed_sequence_length is None")
     if mask_width is None:
@@ -134,6 +155,28 @@ def load_balance(
         "restored_positions": restored,
         "pad_factor": r.pad_factor,
         "padded_lengths": r.padded_lengths,
+    }
+
+
+def _chunks(seqlens: List[int], micro_batch_size: Any, cp: int, tp: int) -> Dict[str, Any]:
+    """ROLL's ``SequencePackingPacker`` (``algorithm="none"``): ``len // micro_batch_size``
+    contiguous chunks, the first ``len % chunks`` of them one longer (``np.array_split``)."""
+    assert micro_batch_size is not None, "SequencePackingPacker: micro_batch_size is None"
+    size = _stowplan._integer(micro_batch_size, "micro_batch_size", *_I64)
+    count = len(seqlens) // size  # ROLL's ZeroDivisionError for 0
+    if not seqlens:
+        raise InvalidArgumentError("lengths must not be empty with algorithm 'none' (ROLL chunks an empty mini-batch)")
+    if count <= 0:
+        raise ValueError("number sections must be larger than 0.")  # numpy's, in ROLL's DataProto.chunk
+    batches = [part.tolist() for part in np.array_split(np.arange(len(seqlens)), count)]
+    factor = get_pad_factor(cp, tp)
+    return {
+        "micro_batches": batches,
+        "num_micro_batches": count,
+        "kk_partitions": [],
+        "restored_positions": list(range(len(seqlens))),
+        "pad_factor": factor,
+        "padded_lengths": [-(n // -factor) * factor if factor else n for n in seqlens],
     }
 
 
@@ -184,6 +227,14 @@ def _balance(seqlens: List[int], dp_size: Any, minibatch_size: Any, keep_minibat
     return reorder.partitions, reorder.kk_partitions, reorder.dropped
 
 
+class PackedLayoutError(InvalidArgumentError, RuntimeError):
+    """A packed layout ROLL's Megatron strategy cannot build, where ROLL (or torch inside it)
+    raises ``RuntimeError``: a sequence whose padded length does not split into ``2·cp``
+    zigzag chunks, or a ``pad_packed_seq_to`` below the tokens it must hold. Both an
+    :class:`stowplan.InvalidArgumentError` and a ``RuntimeError``; the message is stowplan's
+    (ROLL's is torch's shape error)."""
+
+
 def pack_sequences(
     sequences: Sequence[Any],
     *,
@@ -192,16 +243,25 @@ def pack_sequences(
     cp_rank: Optional[int] = None,
     pad_val: int = 0,
     pad_factor: Optional[int] = None,
+    pad_packed_seq_to: Optional[int] = None,
     backend: Optional[str] = None,
 ) -> Dict[str, Any]:
     """ROLL's sequence packing of ``sequences`` (each the valid tokens of one sample): every
     sequence padded with ``pad_val`` to a multiple of ``pad_factor`` (default ROLL's
     :func:`get_pad_factor`; stowplan's own default is ``2·cp·tp``), concatenated, and split over ``cp``
-    ranks — rank ``r`` gets chunks ``r`` and ``2·cp−1−r`` of every sequence.
+    ranks — rank ``r`` gets chunks ``r`` and ``2·cp−1−r`` of every sequence. With
+    ``pad_packed_seq_to`` (ROLL's argument of ``_pack_sequences``), the last sequence is
+    padded to whatever brings the packed total to it instead.
 
     Returns ``{"input_ids": the row of CP rank cp_rank (or a list with every rank's row when
     cp_rank is None), "cu_seqlens", "cu_seqlens_padded", "max_seqlen" (padded),
     "pad_factor", "qkv_format": "thd"}``.
+
+    Raises :class:`PackedLayoutError` (a ``RuntimeError``, as ROLL's) when a padded length
+    does not split into ``2·cp`` chunks (a ``pad_factor`` that is not a multiple of ``2·cp``,
+    or a ``pad_packed_seq_to`` that leaves the last sequence such a length) or when
+    ``pad_packed_seq_to`` is below the padded sequences before the last plus the last's tokens
+    (ROLL then returns boundaries that run backwards and a row longer than they say).
 
     Example (factor 2·cp·tp = 4; -1 marks padding):
         >>> r = pack_sequences([[0, 0], [1, 1, 1, 1], [2] * 6, [3]], cp=2, pad_val=-1, pad_factor=4)
@@ -209,9 +269,9 @@ def pack_sequences(
         [[0, -1, 1, 1, 2, 2, -1, -1, 3, -1], [0, -1, 1, 1, 2, 2, 2, 2, -1, -1]]
         >>> r["cu_seqlens_padded"].tolist()
         [0, 4, 8, 16, 20]
+        >>> pack_sequences([[5, 5, 5], [7]], pad_val=0, pad_factor=4, pad_packed_seq_to=12)["input_ids"][0].tolist()
+        [5, 5, 5, 0, 7, 0, 0, 0, 0, 0, 0, 0]
     """
-    from .._stowplan import materialize
-
     factor = get_pad_factor(cp, tp) if pad_factor is None else pad_factor
     sequences = [list(seq) for seq in sequences]
     if not sequences:
@@ -220,41 +280,77 @@ def pack_sequences(
             "max(): Expected reduction dim to be specified for input.numel() == 0. "
             "Specify the reduction dim with the 'dim' argument."
         )
-    # A zero-length sequence takes no token on any rank; it only repeats a boundary.
-    present = [i for i, seq in enumerate(sequences) if seq]
-    samples = [{"prompt_ids": sequences[i], "completion_ids": [], "advantage": 0.0} for i in present]
+    cps = _stowplan._integer(cp, "cp", 1, 2**32 - 1)
+    if pad_packed_seq_to is None:
+        rows, real, padded = _packed_rows(sequences, cps, factor, pad_val, backend)
+    else:
+        target = _stowplan._integer(pad_packed_seq_to, "pad_packed_seq_to", 0, 2**31 - 1)
+        rows, real, padded = _packed_rows(sequences[:-1], cps, factor, pad_val, backend)
+        last = len(sequences[-1])
+        room = target - int(padded.sum())
+        if room < last:
+            raise PackedLayoutError(
+                f"pad_packed_seq_to = {target} is below the {int(padded.sum())} padded tokens before the last "
+                f"sequence plus its {last}: give at least {int(padded.sum()) + last}"
+            )
+        if room % (2 * cps) if cps > 1 else False:
+            raise PackedLayoutError(
+                f"pad_packed_seq_to = {target} leaves the last sequence {room} tokens, which do not split into "
+                f"2·cp = {2 * cps} chunks"
+            )
+        if last:
+            tail, _, _ = _packed_rows(sequences[-1:], cps, room, pad_val, backend)
+        else:  # all padding: every rank takes its share
+            tail = [np.full(room // cps, pad_val, dtype=np.int64) for _ in range(cps)]
+        rows = [np.concatenate([a, b]) for a, b in zip(rows, tail)]
+        real, padded = np.append(real, last), np.append(padded, room)
     cu_real = np.zeros(len(sequences) + 1, dtype=np.int32)
     cu_padded = np.zeros(len(sequences) + 1, dtype=np.int32)
-    if samples:
-        m = materialize(
-            samples,
-            capacity=2**63,
-            cp=cp,
-            padding="sequence",
-            align=factor,
-            pad_token_id=pad_val,
-            allow_empty_completion=True,
-            plan=[[list(range(len(samples)))]],
-            backend=backend,
-        )
-        mb = m.ranks[0][0]
-        rows = [mb.cp_view(r)["input_ids"] for r in range(cp)] if cp > 1 else [mb.input_ids]
-        real = np.zeros(len(sequences), dtype=np.int32)
-        padded = np.zeros(len(sequences), dtype=np.int32)
-        real[present] = np.diff(mb.cu_seqlens)
-        padded[present] = mb.sequence_lengths
-        cu_real[1:], cu_padded[1:] = np.cumsum(real), np.cumsum(padded)
-    else:
-        rows = [np.zeros(0, dtype=np.int64) for _ in range(_stowplan._integer(cp, "cp", 1, 2**32 - 1))]
-    lengths = np.diff(cu_padded)
+    cu_real[1:], cu_padded[1:] = np.cumsum(real), np.cumsum(padded)
     return {
         "input_ids": rows if cp_rank is None else rows[cp_rank],
         "cu_seqlens": cu_real,
         "cu_seqlens_padded": cu_padded,
-        "max_seqlen": int(lengths.max()),
+        "max_seqlen": int(padded.max()),
         "pad_factor": factor,
         "qkv_format": "thd",
     }
+
+
+def _packed_rows(sequences: List[List[Any]], cp: int, factor: Any, pad_val: int, backend: Optional[str]) -> Tuple[List[Any], Any, Any]:
+    """Every CP rank's row of ``sequences`` each padded to a multiple of ``factor`` (built by
+    the host), with the real and padded length of each sequence; a zero-length sequence takes
+    no token on any rank."""
+    from .._stowplan import materialize
+
+    present = [i for i, seq in enumerate(sequences) if seq]
+    real = np.zeros(len(sequences), dtype=np.int64)
+    padded = np.zeros(len(sequences), dtype=np.int64)
+    if not present:
+        return [np.zeros(0, dtype=np.int64) for _ in range(cp)], real, padded
+    samples = [{"prompt_ids": sequences[i], "completion_ids": [], "advantage": 0.0} for i in present]
+    if cp > 1 and isinstance(factor, int) and not isinstance(factor, bool) and factor % (2 * cp):
+        # ROLL's CP split views each padded sequence as 2·cp chunks: torch refuses.
+        raise PackedLayoutError(
+            f"pad_factor = {factor} is not a multiple of 2·cp = {2 * cp}: a padded sequence does not split into "
+            f"2·cp equal chunks"
+        )
+    m = materialize(
+        samples,
+        capacity=2**63,
+        cp=cp,
+        padding="sequence",
+        align=factor,
+        pad_token_id=pad_val,
+        allow_empty_completion=True,
+        plan=[[list(range(len(samples)))]],
+        backend=backend,
+    )
+    mb = m.ranks[0][0]
+    rows = [mb.cp_view(r)["input_ids"] for r in range(cp)] if cp > 1 else [mb.input_ids]
+    real[present] = np.diff(mb.cu_seqlens)
+    padded[present] = mb.sequence_lengths
+    return rows, real, padded
 
 
 def unpack_sequences(row: Any, cu_seqlens_padded: Any, cp: int = 1) -> List[Any]:
