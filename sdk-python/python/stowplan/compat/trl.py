@@ -46,9 +46,10 @@ except ImportError as exc:  # pragma: no cover - the hf extra installs them
     raise ImportError("stowplan.compat.trl needs datasets and pyarrow: pip install 'stowplan[hf]'") from exc
 
 from .. import _stowplan
+from ..errors import InvalidArgumentError
 from ..arrow import _assemble, _Flat, _items  # the items of rows, and the one gather of packed rows
 
-__all__ = ["pack_dataset", "STRATEGIES", "TRL_VERSION"]
+__all__ = ["pack_dataset", "STRATEGIES", "TRL_VERSION", "PackingArgumentError", "PackingColumnTypeError"]
 
 #: The TRL release whose output :func:`pack_dataset` reproduces (the tests compare with it).
 TRL_VERSION = "1.16.0"
@@ -68,12 +69,16 @@ def pack_dataset(dataset: Any, seq_length: int, strategy: str = "bfd", map_kwarg
     concatenated tokens into rows of ``seq_length``. ``map_kwargs`` go to ``Dataset.map``.
     The format of the input (of its first split) is set on the output, ``seq_lengths`` added
     to its columns. A ``seq_length`` that is not an integer in ``1..=2**64-1`` raises
-    :class:`stowplan.InvalidArgumentError` (a ``ValueError``; TRL fails by strategy).
+    :class:`stowplan.InvalidArgumentError` (a ``ValueError``; TRL fails by strategy). TRL's
+    own refusals keep TRL's type and message and are stowplan's too:
+    :class:`PackingArgumentError` (a ``ValueError``: an unknown strategy, columns of different
+    lengths) and :class:`PackingColumnTypeError` (a ``TypeError``: a column that is not a list),
+    the column named in ``argument`` and in a note.
     """
     if map_kwargs is None:
         map_kwargs = {}
     if strategy not in STRATEGIES:
-        raise ValueError(f"Invalid packing strategy {strategy!r}, must be one of {STRATEGIES}.")
+        raise PackingArgumentError(f"Invalid packing strategy '{strategy}', must be one of {STRATEGIES}.", "strategy")
     # seq_length checked for every strategy (TRL itself fails on 0 with AssertionError,
     # IndexError or ZeroDivisionError by strategy; a negative one gives empty rows):
     # InvalidArgumentError (a ValueError) unless an integer in 1..=2**64-1; then a Python int
@@ -208,12 +213,37 @@ def _format(dataset: Any) -> Dict[str, Any]:
     return fmt
 
 
-def _not_a_list(name: str, type_: Any) -> TypeError:
-    return TypeError(f"Packing requires every column to be a list column; column {name!r} is {type_}.")
+class PackingArgumentError(InvalidArgumentError):
+    """What TRL's ``pack_dataset`` raises as ``ValueError`` (an unknown strategy, columns of
+    different lengths): an :class:`stowplan.InvalidArgumentError`, itself a ``ValueError``, with
+    TRL's message; ``argument`` names what was wrong (``"strategy"`` or the column), and so
+    does a note on Python 3.11+."""
+
+    def __init__(self, message: str, argument: str = "", detail: str = "") -> None:
+        super().__init__(message)
+        self.argument, self.detail = argument, detail
+        if detail and hasattr(self, "add_note"):
+            self.add_note(detail)
+
+    def __reduce__(self) -> Any:  # pickled whole (Dataset.map with num_proc sends it back)
+        return type(self), (self.args[0], self.argument, self.detail)
 
 
-def _lengths_differ(name: str, first: str) -> ValueError:
-    return ValueError(f"All columns must have values of the same length: column {name!r} differs from {first!r}.")
+class PackingColumnTypeError(PackingArgumentError, TypeError):
+    """TRL's ``TypeError`` for a column that is not a list column, with TRL's message: also an
+    :class:`stowplan.InvalidArgumentError`; ``argument`` is the column."""
+
+
+def _not_a_list(name: str, type_: Any) -> PackingColumnTypeError:
+    return PackingColumnTypeError(
+        "Packing requires all columns to be lists of lists.", name, f"stowplan: column {name!r} is {type_}."
+    )
+
+
+def _lengths_differ(name: str, first: str) -> PackingArgumentError:
+    return PackingArgumentError(
+        "All columns must have values of the same length.", name, f"stowplan: column {name!r} differs from {first!r}."
+    )
 
 
 def _columns(batch: Any) -> List[Any]:
