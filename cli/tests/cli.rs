@@ -643,7 +643,18 @@ fn serve_delivers_a_step_and_names_bad_options() {
             String::from_utf8_lossy(&bad.stderr).contains("--wait-timeout must be a number of seconds from 0 to 1e9")
         );
     }
-    // Restarting with other options than the checkpoint's is refused, naming them.
+    // An unknown distribution is refused listing the names; round robin with limits too.
+    let bad = stowplan(&[&args[..], &["--distribution", "rr"]].concat(), None, &[]);
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("round-robin"), "{:?}", bad);
+    let bad = stowplan(&[&args[..], &["--distribution", "round-robin", "--limit", "images=4"]].concat(), None, &[]);
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("round-robin takes no limits"), "{:?}", bad);
+    // Restarting with other options than the checkpoint's is refused, naming them (the
+    // distribution too).
+    let bad = stowplan(&[&args[..], &["--distribution", "round-robin"]].concat(), None, &[]);
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("saved with other options"), "{:?}", bad);
     let bad = stowplan(&["serve", "--root", r, "--seq-len", "128", "--dp", "2", "--batch-size", "3"], None, &[]);
     assert_eq!(bad.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&bad.stderr).contains("saved with other options"), "{:?}", bad);

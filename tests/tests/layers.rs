@@ -1,7 +1,8 @@
 //! The structure ARCHITECTURE.md promises ("Layers (invariants)"), checked on the sources:
 //! inside `host/src` a module uses only modules of its own row of the drawing or of the rows
 //! drawn above it (the layers it sits on), and in no crate of the workspace does a top-level module use a module that uses it
-//! back (directly or around a longer cycle).
+//! back (directly or around a longer cycle), nor does a file of a module folder use a sibling
+//! file that uses it back (`super::…` paths, seen through the folder's `mod.rs` re-exports).
 //!
 //! The sources are read as text: every `crate::name` outside comments is an edge from the
 //! file's top-level module to `name`, and a name the crate root re-exports (`pub use
@@ -191,6 +192,84 @@ fn no_crate_has_a_module_cycle() {
     }
 }
 
+/// The first segment of every path after `super::` (of a `super::{a::X, b}` group too).
+fn super_refs(code: &str) -> Vec<&str> {
+    let mut out = Vec::new();
+    for (i, _) in code.match_indices("super::") {
+        let rest = &code[i + "super::".len()..];
+        if let Some(group) = rest.strip_prefix('{') {
+            let group = &group[..group.find('}').unwrap_or(group.len())];
+            out.extend(group.split(',').map(|p| ident(p.trim())).filter(|s| !s.is_empty()));
+        } else {
+            out.push(ident(rest));
+        }
+    }
+    out
+}
+
+/// Name → sibling file of a folder's `mod.rs` `use` re-exports (`pub use`, `pub(crate) use` …).
+fn folder_reexports(mod_code: &str) -> BTreeMap<String, String> {
+    let public = mod_code.split(';').map(|stmt| {
+        let stmt = stmt.trim();
+        match stmt.find("use ") {
+            Some(i) if stmt[..i].trim_start().starts_with("pub") => format!("pub use {}", &stmt[i + 4..]),
+            _ => String::new(),
+        }
+    });
+    reexports(&public.collect::<Vec<_>>().join(";\n"))
+}
+
+/// For every module folder of `krate` (a `mod.rs` beside other files), its files' use of each
+/// other: file → the sibling files it names through `super::`.
+fn folder_graphs(krate: &str) -> Vec<(PathBuf, BTreeMap<String, BTreeSet<String>>)> {
+    let mut files = Vec::new();
+    rust_files(&root().join(krate).join("src"), &mut files);
+    let folders: BTreeSet<PathBuf> =
+        files.iter().filter(|f| f.ends_with("mod.rs")).filter_map(|f| f.parent().map(Path::to_path_buf)).collect();
+    let mut out = Vec::new();
+    for dir in folders {
+        let stem = |f: &Path| f.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+        let siblings: BTreeSet<String> = fs::read_dir(&dir)
+            .expect("a readable folder")
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.is_dir() || p.extension().is_some_and(|e| e == "rs"))
+            .map(|p| stem(&p))
+            .filter(|s| s != "mod")
+            .collect();
+        let names = folder_reexports(&code(&fs::read_to_string(dir.join("mod.rs")).expect("a readable mod.rs")));
+        let mut graph: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+        for f in files.iter().filter(|f| f.parent() == Some(dir.as_path()) && !f.ends_with("mod.rs")) {
+            let from = stem(f);
+            for r in super_refs(&code(&fs::read_to_string(f).expect("a readable source"))) {
+                let to = names.get(r).map_or(r, String::as_str);
+                if to != from && siblings.contains(to) {
+                    graph.entry(from.clone()).or_default().insert(to.to_string());
+                }
+            }
+        }
+        out.push((dir, graph));
+    }
+    out
+}
+
+#[test]
+fn no_module_folder_has_files_that_use_each_other() {
+    let mut all = Vec::new();
+    crates(&root(), &mut all);
+    let mut found = Vec::new();
+    let mut folders = 0;
+    for krate in &all {
+        for (dir, graph) in folder_graphs(krate) {
+            folders += 1;
+            for cycle in cycles(&graph) {
+                found.push(format!("{}: {cycle:?}", dir.strip_prefix(root()).unwrap_or(&dir).display()));
+            }
+        }
+    }
+    assert!(folders >= 5, "the check sees the module folders ({folders})");
+    assert!(found.is_empty(), "files of a module folder use each other: {found:#?}");
+}
+
 #[test]
 fn the_checks_see_through_reexports_groups_and_comments() {
     let text = "use crate::{a::X, b};\n// crate::commented\nfn f() -> crate::Y { crate::c::g() } /// crate::Doc\n";
@@ -204,4 +283,10 @@ fn the_checks_see_through_reexports_groups_and_comments() {
         .map(|(f, t)| (f.to_string(), BTreeSet::from([t.to_string()])))
         .collect();
     assert_eq!(cycles(&graph), [["a", "b", "c"]]);
+    assert_eq!(super_refs(&code("use super::{a::X, B};\nfn f() { super::c::g() } // super::d\n")), ["a", "B", "c"]);
+    let names = folder_reexports(&code("mod a;\npub use a::B;\npub(crate) use c::{D, E};\nuse f::G;\n"));
+    assert_eq!(
+        (names.get("B"), names.get("E"), names.get("G")),
+        (Some(&"a".to_string()), Some(&"c".to_string()), None)
+    );
 }

@@ -1,4 +1,4 @@
-//! One micro-batch's arrays ([`MicroBatch`]) and their byte encoding.
+//! One micro-batch's arrays ([`MicroBatch`](super::MicroBatch)) and their byte encoding.
 
 use serde::{Deserialize, Serialize};
 
@@ -140,8 +140,57 @@ impl MicroBatch {
     }
 }
 
-pub(super) fn to_i32(name: &str, v: u64) -> Result<i32, Error> {
-    i32::try_from(v).map_err(|_| {
-        Error::InvalidArgument(format!("{name}: {v} tokens in one row; at most {} fit in int32", i32::MAX))
-    })
+/// One CP rank's share of a [`MicroBatch`](super::MicroBatch): its part of every per-token array.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CpView {
+    /// The CP rank.
+    pub rank: u32,
+    /// Positions of the padded row this rank receives (its gather map).
+    pub positions: Vec<u64>,
+    /// The micro-batch's per-token arrays at `positions` (`view.input_ids` reads through).
+    pub arrays: TokenArrays,
+    /// Sequence boundaries in this rank's row (`cu_seqlens_padded / cp`).
+    pub local_bounds: Vec<i32>,
+}
+
+impl std::ops::Deref for CpView {
+    type Target = TokenArrays;
+
+    fn deref(&self) -> &TokenArrays {
+        &self.arrays
+    }
+}
+
+impl TokenArrays {
+    /// CP rank `r`'s part of every array under `runs`.
+    fn gather(&self, runs: &CpRuns, r: usize) -> Result<TokenArrays, Error> {
+        Ok(TokenArrays {
+            input_ids: runs.gather(r, &self.input_ids)?,
+            position_ids: runs.gather(r, &self.position_ids)?,
+            loss_mask: runs.gather(r, &self.loss_mask)?,
+            loss_weights: runs.gather(r, &self.loss_weights)?,
+            advantages: runs.gather(r, &self.advantages)?,
+            inference_logprobs: runs.gather(r, &self.inference_logprobs)?,
+            temperatures: runs.gather(r, &self.temperatures)?,
+            teacher_logprobs: self.teacher_logprobs.as_ref().map(|t| runs.gather(r, t)).transpose()?,
+        })
+    }
+}
+
+impl MicroBatch {
+    /// CP rank `r`'s share of the row. Errors: no CP split in this micro-batch (cp = 1 or
+    /// per-micro-batch padding), `r` ≥ cp.
+    pub fn cp_view(&self, r: usize) -> Result<CpView, Error> {
+        let Some(runs) = &self.cp_runs else {
+            return Err(Error::InvalidArgument(
+                "this micro-batch has no CP split: materialize with cp > 1 and per-sequence padding".into(),
+            ));
+        };
+        Ok(CpView {
+            rank: r as u32,
+            positions: runs.positions(r)?,
+            arrays: self.arrays.gather(runs, r)?,
+            local_bounds: runs.local_bounds.clone(),
+        })
+    }
 }

@@ -23,18 +23,28 @@
 //! `loss_weights × per-token loss` is the loss the unpacked samples give under that mode —
 //! however the samples were grouped into rows and ranks, with no all-reduce of counts.
 
+mod balanced;
 mod build;
 mod cp;
 mod micro_batch;
+mod options;
 mod round_robin;
 mod sample;
 mod weights;
 
-pub(crate) use build::materialize_counted;
-pub use build::{MaterializeOptions, Materialized, SampleLimits, materialize, materialize_limited, materialize_plan};
-pub use cp::{CpRuns, CpView};
-pub use micro_batch::{MicroBatch, TokenArrays};
-pub use round_robin::{Dealt, DistributionMode, round_robin};
+pub(crate) use balanced::materialize_counted;
+pub use balanced::{materialize, materialize_limited};
+pub use build::materialize_plan;
+pub use cp::CpRuns;
+pub use micro_batch::{CpView, MicroBatch, TokenArrays};
+pub use options::{DistributionMode, LossAggMode, MaterializeOptions, Materialized, SampleLimits};
+pub use round_robin::{Dealt, round_robin};
 pub use sample::{RejectReason, Sample, Temperature, check_sample};
-pub use weights::LossAggMode;
 pub(crate) use weights::{LossCounts, check_loss_scale_factor};
+
+/// `v` tokens as an `i32` row length or offset, or an error naming `name`.
+fn to_i32(name: &str, v: u64) -> Result<i32, crate::Error> {
+    i32::try_from(v).map_err(|_| {
+        crate::Error::InvalidArgument(format!("{name}: {v} tokens in one row; at most {} fit in int32", i32::MAX))
+    })
+}

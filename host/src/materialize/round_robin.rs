@@ -3,55 +3,12 @@
 //! copies of the group's first one, the multimodal group first, micro-batch `i` to rank
 //! `i % dp`.
 
-use serde::{Deserialize, Serialize};
 use stowplan_kernel::{Distribution, Padding};
 
 use super::build::build_plan;
 use super::{LossCounts, MaterializeOptions, Materialized, Sample, SampleLimits};
 use crate::Error;
 use crate::kernel::Kernel;
-
-/// How a step's micro-batches are given to the data-parallel ranks.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub enum DistributionMode {
-    /// stowplan's: best-fit decreasing, the costliest micro-batches split until every rank
-    /// has as many, dummies (one padding segment) only when nothing can be split, the cost
-    /// balanced over ranks by Karmarkar–Karp. The default.
-    #[default]
-    Balanced,
-    /// prime-rl's classic trainer: first fit by (run, descending length), runs sharing
-    /// micro-batches and every multimodal sample in one of its own; each modality group
-    /// completed to a multiple of the ranks with copies of its first micro-batch (the loss
-    /// switched off), the multimodal group first; micro-batch `i` to rank `i % dp`. No
-    /// balancing: `cost` only reports. As prime-rl's, the packing counts real tokens under
-    /// the capacity and pads each row after, so with per-micro-batch padding a row may pass
-    /// the capacity by less than the multiple (never when the capacity is a multiple of it).
-    RoundRobin,
-}
-
-impl stowplan_kernel::Named for DistributionMode {
-    const WHAT: &'static str = "distribution";
-    const ALL: &'static [Self] = &[DistributionMode::Balanced, DistributionMode::RoundRobin];
-    fn as_str(self) -> &'static str {
-        match self {
-            DistributionMode::Balanced => "balanced",
-            DistributionMode::RoundRobin => "round-robin",
-        }
-    }
-}
-
-impl std::str::FromStr for DistributionMode {
-    type Err = Error;
-    fn from_str(s: &str) -> Result<Self, Error> {
-        Ok(<Self as stowplan_kernel::Named>::parse_name(s)?)
-    }
-}
-
-impl std::fmt::Display for DistributionMode {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(stowplan_kernel::Named::as_str(*self))
-    }
-}
 
 /// One entry of a rank's micro-batches in a round-robin deal.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -2,69 +2,8 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{MaterializeOptions, Sample};
+use super::{LossAggMode, MaterializeOptions, Sample};
 use crate::Error;
-
-/// How a step's per-token losses become its loss (verl's `loss_agg_mode` names). With `m`
-/// a sample's loss mask, `ℓ` its per-token losses, `T_s = Σ_t m_t` its loss tokens, `N` the
-/// number of samples with `T_s > 0` and `T = Σ_s T_s`, the step's loss is:
-/// - `token-mean` (the default): `Σ_s Σ_t m_t·ℓ_t / T`;
-/// - `seq-mean-token-mean`: `(1/N) Σ_s (Σ_t m_t·ℓ_t / T_s)`, over samples with `T_s > 0`;
-/// - `seq-mean-token-sum`: `(1/N) Σ_s Σ_t m_t·ℓ_t`;
-/// - `seq-mean-token-sum-norm` (Dr. GRPO, as verl's `agg_loss` writes it): `Σ_s Σ_t m_t·ℓ_t
-///   / H` — no division by `N`, so the loss grows with the number of samples — with `H` the
-///   `loss_scale_factor` (tokens, 1..=2^64; default: the longest completion of the run in the
-///   step, which changes from step to step: pass verl's maximum response length for a
-///   constant horizon).
-///
-/// The counts are taken per run (LoRA adapter) over the samples of the call (of the plan's
-/// samples with `materialize_plan`; call once per mini-batch for mini-batch losses): each
-/// run's tokens add up to that run's loss. A token's weight is the factor of its sample
-/// (`1/T`, `1/(N·T_s)`, `1/N`, `1/H`) where its loss mask is true, 0 elsewhere (padding,
-/// tokens outside the mask, dummies).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub enum LossAggMode {
-    /// Every loss token of the step weighs the same.
-    #[default]
-    TokenMean,
-    /// Each sample's mean token loss, averaged over samples.
-    SeqMeanTokenMean,
-    /// Each sample's summed token loss, averaged over samples.
-    SeqMeanTokenSum,
-    /// Every sample's summed token loss over a constant horizon.
-    SeqMeanTokenSumNorm,
-}
-
-impl stowplan_kernel::Named for LossAggMode {
-    const WHAT: &'static str = "loss_agg_mode";
-    const ALL: &'static [Self] = &[
-        LossAggMode::TokenMean,
-        LossAggMode::SeqMeanTokenMean,
-        LossAggMode::SeqMeanTokenSum,
-        LossAggMode::SeqMeanTokenSumNorm,
-    ];
-    fn as_str(self) -> &'static str {
-        match self {
-            LossAggMode::TokenMean => "token-mean",
-            LossAggMode::SeqMeanTokenMean => "seq-mean-token-mean",
-            LossAggMode::SeqMeanTokenSum => "seq-mean-token-sum",
-            LossAggMode::SeqMeanTokenSumNorm => "seq-mean-token-sum-norm",
-        }
-    }
-}
-
-impl std::str::FromStr for LossAggMode {
-    type Err = Error;
-    fn from_str(s: &str) -> Result<Self, Error> {
-        Ok(<Self as stowplan_kernel::Named>::parse_name(s)?)
-    }
-}
-
-impl std::fmt::Display for LossAggMode {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(stowplan_kernel::Named::as_str(*self))
-    }
-}
 
 /// The counts a loss weight divides by (see [`LossAggMode`]) over a set of samples: a run's
 /// samples in a call (the default), or a set the caller chose (the packer runtime's optimizer

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use super::machine::Stored;
+use super::machine::{Inflight, Stored};
 use super::messages::cost_of;
 use super::run::RunState;
 use super::{
@@ -59,15 +59,6 @@ struct RunRecord {
     /// The loss counts of the update under way, once its first sample was packed
     /// ([`LossNormalization::Update`]).
     update: Option<LossCounts>,
-}
-
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub(super) struct Inflight {
-    pub(super) step: u64,
-    pub(super) keys: Vec<SampleKey>,
-    pub(super) ready: Vec<u32>,
-    /// Each key's update's loss counts under [`LossNormalization::Update`]; empty otherwise.
-    pub(super) counts: Vec<LossCounts>,
 }
 
 impl PackerState {

@@ -5,7 +5,8 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Instant;
 
-use super::checkpoint::Inflight;
+use serde::{Deserialize, Serialize};
+
 use super::messages::cost_of;
 use super::run::RunState;
 use super::{
@@ -15,6 +16,16 @@ use super::{
 use crate::Error;
 use crate::kernel::Kernel;
 use crate::materialize::{LossCounts, Materialized, RejectReason, Sample, SampleLimits, check_sample};
+
+/// The step packed but not yet delivered to every rank (saved in the checkpoint).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub(super) struct Inflight {
+    pub(super) step: u64,
+    pub(super) keys: Vec<SampleKey>,
+    pub(super) ready: Vec<u32>,
+    /// Each key's update's loss counts under [`LossNormalization::Update`]; empty otherwise.
+    pub(super) counts: Vec<LossCounts>,
+}
 
 #[derive(Debug)]
 pub(super) struct Stored {
