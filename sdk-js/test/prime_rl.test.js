@@ -116,3 +116,16 @@ test('prime-rl ffd_pack and pad_micro_batch vectors: the same bins, rows and err
     });
   }
 });
+
+test('prime-rl distribute vectors: the packing of the classic prepare_batch, bin for bin', () => {
+  // The deal itself (dummies, rank i % W) is the Rust host's, which the JS SDK does not carry;
+  // the bins it deals are the kernel's and must be prime-rl's here too.
+  const vectors = loadDir(join(VECTORS, 'prime-rl')).filter(([, v]) => v.kind === 'distribute' && !v.error);
+  assert.ok(vectors.length >= 12, `expected the prime-rl distribute vectors, found ${vectors.length}`);
+  for (const [name, v] of vectors) {
+    const i = v.input;
+    const samples = i.samples.map((s, k) => sample(k, s, i.seq_len));
+    const r = primeBins(samples, i.seq_len, i.num_loras, true);
+    assert.deepStrictEqual(r.bins, v.output.bins, name);
+  }
+});
