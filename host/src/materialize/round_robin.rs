@@ -202,6 +202,7 @@ pub(super) fn materialize(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::materialize::DistributionMode;
 
     #[test]
     fn groups_complete_apart_and_deal_in_turn() {

@@ -26,7 +26,7 @@ use std::ops::Range;
 /// The generated bindings of `stowplan:filter/buffer-filter`.
 pub mod bindings {
     wit_bindgen::generate!({
-        path: "../../wit/filter",
+        path: "wit",
         world: "buffer-filter",
         pub_export_macro: true,
         export_macro_name: "export_filter",
