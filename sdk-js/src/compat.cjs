@@ -2,17 +2,15 @@
 // The CommonJS entry of `stowplan/compat` (see index.cjs for why it is a promise):
 //
 //   const compat = await require('stowplan/compat').load();   // verl, rollLoadBalance, …
-let loading = null;
+const { entry } = require('./cjs_entry.cjs');
 
-/** @returns {Promise<typeof import('./compat.js')>} */
-function load() {
-  if (loading === null) {
-    loading = import('./compat.js').catch((e) => {
-      loading = null;
-      throw e;
-    });
-  }
-  return loading;
-}
+// The ES module's exports but `load` (test/cjs.test.js checks this list against them).
+const NAMES = [
+  'PeerError', 'balanceBatch', 'logSeqlenUnbalance', 'primeRlBalancedPartition', 'primeRlFfd',
+  'primeRlKarmarkarKarp', 'primeRlPrepareBatch', 'rollLoadBalance', 'slimeBalancedPartitions',
+  'slimeBuildDpSchedule', 'slimeExpandBins', 'slimeFirstFitPack', 'slimeFwdFlops', 'verl',
+  'verlRearrangeMicroBatches',
+];
 
-module.exports = { load };
+/** @type {{load: () => Promise<typeof import('./compat.js')>}} */
+module.exports = entry('stowplan/compat', () => import('./compat.js'), NAMES);

@@ -11,17 +11,17 @@
 // `load()` imports the ES module once (the same instance an `import` gets) and resolves to its
 // namespace, or rejects with the load's error (e.g. a KernelRuntimeError for a damaged
 // component); a rejected load is not cached, so calling it again tries again.
-let loading = null;
+const { entry } = require('./cjs_entry.cjs');
 
-/** @returns {Promise<typeof import('./index.js')>} */
-function load() {
-  if (loading === null) {
-    loading = import('./index.js').catch((e) => {
-      loading = null;
-      throw e;
-    });
-  }
-  return loading;
-}
+// The ES module's exports but `load` (test/cjs.test.js checks this list against them).
+const NAMES = [
+  'AlignedPlan', 'Balance', 'COSTS', 'ClosedBins', 'CpLayout', 'InfeasibleError',
+  'InvalidArgumentError', 'KernelRuntimeError', 'MicroBatches', 'MultiPacking', 'Packing',
+  'Partition', 'PeerError', 'RawPlan', 'Stowplan', 'StowplanError', 'StreamPacker', 'alignedPlan',
+  'balance', 'cpLayout', 'figures', 'internal', 'kernelInfo', 'logSeqlenUnbalance', 'microBatches',
+  'pack', 'packMulti', 'padFactor', 'partition', 'permutation', 'rawPlan', 'stowplan',
+  'streamPacker', 'streamPackerFromState', 'toJSONText',
+];
 
-module.exports = { load };
+/** @type {{load: () => Promise<typeof import('./index.js')>}} */
+module.exports = entry('stowplan', () => import('./index.js'), NAMES);

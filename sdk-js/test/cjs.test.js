@@ -25,3 +25,30 @@ test('require("stowplan/compat") hands back load() too', async () => {
   assert.equal(compat, esmCompat);
   assert.equal(compat.verl('karmarkar_karp', [1, 2, 3], 2, false).length, 2);
 });
+
+test('a name read from require() synchronously says what to call', () => {
+  for (const [specifier, cjs, esmNs] of [
+    ['stowplan', require('stowplan'), esm],
+    ['stowplan/compat', require('stowplan/compat'), esmCompat],
+  ]) {
+    // Every export of the ES module but load(), and nothing else, is refused with the way out.
+    for (const name of Object.keys(esmNs).filter((n) => n !== 'load')) {
+      assert.throws(
+        () => cjs[name],
+        (e) =>
+          e instanceof TypeError &&
+          e.message.includes(`require('${specifier}').${name} is not available synchronously`) &&
+          e.message.includes(`await require('${specifier}').load()`) &&
+          e.message.includes(`import { ${name} } from '${specifier}'`),
+        `${specifier}: ${name}`,
+      );
+    }
+    // What loaders and bundlers probe reads as absent, as on a plain object.
+    for (const probe of ['then', '__esModule', 'default', 'toJSON', 'noSuchName']) assert.equal(cjs[probe], undefined, probe);
+    assert.deepEqual(Object.keys(cjs), ['load']);
+  }
+  assert.throws(() => {
+    const { partition } = require('stowplan');
+    return partition;
+  }, /await require\('stowplan'\)\.load\(\)/);
+});
