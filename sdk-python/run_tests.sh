@@ -5,8 +5,10 @@
 # Three phases, all of them without an argument; `cargo xtask test` runs them one at a time so
 # that the first two overlap its Rust tests (BENCHMARKS.md, "Build time"):
 #   --env     a fresh virtual environment with the test dependencies (network, no compile);
-#   --wheel   `pip install ./sdk-python` into it (maturin compiles the extension);
-#   --tests   TRL at the version stowplan.compat.trl reproduces, then pytest.
+#   --wheel   `pip install ./sdk-python` into it (maturin compiles the extension), then the
+#             manylinux wheel (build_wheel.sh: the same library, linked and audited);
+#   --tests   the wheel in a clean environment without Rust (test_wheel.sh), TRL at the
+#             version stowplan.compat.trl reproduces, then pytest.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 root="$(dirname "$here")"
@@ -44,6 +46,10 @@ if [ "$phase" = all ] || [ "$phase" = --wheel ]; then
     # cargo target directory as the rest of the workspace: no second wasmtime build.
     CARGO_TARGET_DIR="$root/target" "$venv/bin/python" -m pip install --quiet "$here"
     took "pip install ./sdk-python (the wheel)"
+    # The wheel users install without Rust (manylinux, abi3): the same compiled library, so
+    # maturin only links and audits it; test_wheel.sh installs it below.
+    bash "$here/build_wheel.sh" "$venv/bin/python" > /dev/null
+    took "the manylinux wheel"
 fi
 
 if [ "$phase" = all ] || [ "$phase" = --tests ]; then
@@ -55,6 +61,10 @@ if [ "$phase" = all ] || [ "$phase" = --tests ]; then
     trl_version="$("$venv/bin/python" -c 'from stowplan.compat.trl import TRL_VERSION; print(TRL_VERSION)')"
     UV_COMPILE_BYTECODE=1 timeout 600 "$uv" pip install --quiet --python "$venv/bin/python" --no-deps "trl==$trl_version"
     took "TRL $trl_version"
+    # The manylinux wheel in a clean environment without Rust, with each extra.
+    wheels=("$root"/target/wheels/stowplan-*-abi3-manylinux_*.whl)
+    bash "$here/test_wheel.sh" "${wheels[0]}" "$uv" "$python"
+    took "the wheel in a clean environment, with each extra"
     "$venv/bin/python" -c "import stowplan; p = stowplan.partition([100, 900, 50, 950, 400, 600], 2); assert p.groups == [[0, 2, 3, 4], [1, 5]], p.groups; print('sdk: import ok,', stowplan.kernel_info()['sha256'][:12])"
     # The end-to-end packer tests run a `stowplan` binary: STOWPLAN_BIN (`cargo xtask test`
     # passes the one its Rust tests built, with the ZeroMQ transport), else the workspace's,
