@@ -32,7 +32,7 @@ import stowplan.ray as sray  # noqa: E402
 # One xdist worker runs every test that starts Ray (run_tests.sh: --dist loadgroup).
 pytestmark = [pytest.mark.filterwarnings("ignore::DeprecationWarning:ray.data.context"), pytest.mark.xdist_group("ray")]
 
-README = pathlib.Path(__file__).resolve().parents[2] / "README.md"
+GUIDE = pathlib.Path(__file__).resolve().parents[2] / "docs" / "packer-runtime.md"
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -744,11 +744,11 @@ RECIPES = ["verl", "slime"]
 
 
 @pytest.mark.parametrize("index", range(len(RECIPES)), ids=RECIPES)
-def test_the_readme_recipes_run(index):
-    """README.md's Ray recipes (the python block after each marker), run as written."""
+def test_the_guides_recipes_run(index):
+    """docs/packer-runtime.md's Ray recipes (the python block after each marker), run as written."""
     marker = "<!-- tested: sdk-python/tests/test_ray.py -->"
-    parts = README.read_text().split(marker)[1:]
+    parts = GUIDE.read_text().split(marker)[1:]
     assert len(parts) == len(RECIPES)
     block = parts[index].split("```python\n", 1)[1].split("```", 1)[0]
-    assert f"{RECIPES[index]}'s" in README.read_text().split(marker)[index]  # the prose above names it
-    exec(compile(block, f"README.md (Ray recipe, {RECIPES[index]}-style)", "exec"), {})
+    assert f"{RECIPES[index]}'s" in GUIDE.read_text().split(marker)[index]  # the prose above names it
+    exec(compile(block, f"docs/packer-runtime.md (Ray recipe, {RECIPES[index]}-style)", "exec"), {})

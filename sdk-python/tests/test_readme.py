@@ -1,4 +1,5 @@
-"""Every fenced code block of README.md, from a fresh clone (issue 32): none is silently ignored.
+"""Every fenced code block of README.md, CONTRIBUTING.md and the guides in docs/, from a fresh
+clone: none is silently ignored.
 
 Each block is handled by its language, and a block of any other language fails the test:
 
@@ -70,7 +71,10 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 # blocks run in the repository's root and delete the files they left there, which would
 # delete another worker's files, and each block runs once per process (`_run_sh`).
 pytestmark = pytest.mark.xdist_group("readme")
-README = ROOT / "README.md"
+# The README and the guides: every fenced block of each (the same rules in all of them).
+DOCS = [ROOT / "README.md", ROOT / "CONTRIBUTING.md", *sorted((ROOT / "docs").glob("*.md"))]
+# Guides whose `>>>` examples need torch and the trainers: test_train.py doctests them.
+DOCTESTED_ELSEWHERE = {"docs/train-with-hf.md": "sdk-python/tests/test_train.py"}
 NOT_RUN = "# not run:"
 KINDS = ("sh", "text", "python", "rust", "js")
 # Optional extras a runnable Python block may import, with the variable that makes them required.
@@ -80,14 +84,19 @@ CARGO_RUN = re.compile(r"cargo run (?:-q )?--release -p stowplan-cli --(?= |$)")
 
 @dataclasses.dataclass(frozen=True)
 class Block:
+    doc: str  # the file, relative to the repository root
     lang: str
     text: str
     line: int  # the line of the opening fence, 1-based
-    before: str  # the README's text between the previous block and this one
+    before: str  # the file's text between the previous block and this one
 
     @property
     def id(self):
-        return f"{self.lang}@{self.line}"
+        return f"{self.doc}:{self.lang}@{self.line}"
+
+    @property
+    def where(self):
+        return f"{self.doc}:{self.line}"
 
     @property
     def not_run_reason(self):
@@ -95,8 +104,9 @@ class Block:
         return first[len(NOT_RUN):].strip() if first.startswith(NOT_RUN) else None
 
 
-def _blocks():
-    lines = README.read_text(encoding="utf-8").split("\n")
+def _blocks(path):
+    doc = path.relative_to(ROOT).as_posix()
+    lines = path.read_text(encoding="utf-8").split("\n")
     out, i, last_end = [], 0, 0
     fence = re.compile(r"^(\s*)```(\S*)\s*$")
     while i < len(lines):
@@ -108,17 +118,17 @@ def _blocks():
         i += 1
         body = []
         while i < len(lines) and lines[i].strip() != "```":
-            assert lines[i].startswith(indent) or not lines[i].strip(), f"README.md:{i + 1}: line less indented than its fence"
+            assert lines[i].startswith(indent) or not lines[i].strip(), f"{doc}:{i + 1}: line less indented than its fence"
             body.append(lines[i][len(indent):])
             i += 1
-        assert i < len(lines), f"README.md:{start + 1}: unclosed code fence"
-        out.append(Block(lang, "\n".join(body) + "\n", start + 1, "\n".join(lines[last_end:start])))
+        assert i < len(lines), f"{doc}:{start + 1}: unclosed code fence"
+        out.append(Block(doc, lang, "\n".join(body) + "\n", start + 1, "\n".join(lines[last_end:start])))
         i += 1
         last_end = i
     return out
 
 
-BLOCKS = _blocks()
+BLOCKS = [b for path in DOCS for b in _blocks(path)]
 
 
 def _of(lang):
@@ -173,7 +183,7 @@ def _transcript(block):
     i = 0
     while i < len(lines):
         line = lines[i]
-        assert line.startswith("$ "), f"README.md:{block.line}: a transcript line outside a command's output: {line!r}"
+        assert line.startswith("$ "), f"{block.where}: a transcript line outside a command's output: {line!r}"
         cmd = line[2:]
         while cmd.rstrip().endswith("\\"):
             i += 1
@@ -226,14 +236,14 @@ def _run_sh(block):
     if any(l.startswith("$ ") for l in block.text.split("\n")):
         out = []
         for cmd, shown in _transcript(block):
-            actual = _bash(cmd, f"README.md:{block.line}: `{cmd}`", _timeout())
+            actual = _bash(cmd, f"{block.where}: `{cmd}`", _timeout())
             if shown:
                 assert _output_matches(shown, actual.split("\n")), (
-                    f"README.md:{block.line}: `{cmd}` printed\n{actual}\nwhere the README shows\n" + "\n".join(shown)
+                    f"{block.where}: `{cmd}` printed\n{actual}\nwhere the README shows\n" + "\n".join(shown)
                 )
             out.append(actual)
         return "".join(out)
-    return _bash(block.text, f"README.md:{block.line}: the sh block", _timeout())
+    return _bash(block.text, f"{block.where}: the sh block", _timeout())
 
 
 @pytest.mark.parametrize("block", _of("sh"), ids=lambda b: b.id)
@@ -241,7 +251,7 @@ def test_sh_block(block):
     reason = block.not_run_reason
     if reason is not None:
         # Not a skip: the README says why, where readers see it.
-        assert len(reason) >= 10, f"README.md:{block.line}: `# not run:` needs a reason"
+        assert len(reason) >= 10, f"{block.where}: `# not run:` needs a reason"
         return
     _run_sh(block)
 
@@ -269,14 +279,14 @@ def _check_synopsis(block):
             current = m.group(1)
             commands.setdefault(current, set())
             line = line[m.end():]
-        assert current is not None and (m or line.startswith(" ")), f"README.md:{block.line}: {line!r} is not part of a synopsis"
+        assert current is not None and (m or line.startswith(" ")), f"{block.where}: {line!r} is not part of a synopsis"
         commands[current] |= set(re.findall(r"(?<![\w-])(--[a-z0-9][a-z0-9-]*|-[a-zA-Z])\b", line))
     missing = {}
     for name, flags in commands.items():
         absent = flags - _help_flags(name.split())
         if absent:
             missing[name] = sorted(absent)
-    assert not missing, f"README.md:{block.line}: flags the synopsis lists that `--help` does not: {missing}"
+    assert not missing, f"{block.where}: flags the synopsis lists that `--help` does not: {missing}"
     return commands
 
 
@@ -286,15 +296,15 @@ def test_text_block(block):
         commands = _check_synopsis(block)
         assert commands, block.id
         return
-    earlier = [b for b in _of("sh") if b.line < block.line]
-    assert earlier, f"README.md:{block.line}: an output block with no sh block before it"
+    earlier = [b for b in _of("sh") if b.doc == block.doc and b.line < block.line]
+    assert earlier, f"{block.where}: an output block with no sh block before it"
     source = earlier[-1]
-    assert source.not_run_reason is None, f"README.md:{block.line}: shows the output of a block that does not run ({source.id})"
-    assert not source.text.startswith("$ "), f"README.md:{block.line}: a transcript ({source.id}) shows its own output"
+    assert source.not_run_reason is None, f"{block.where}: shows the output of a block that does not run ({source.id})"
+    assert not source.text.startswith("$ "), f"{block.where}: a transcript ({source.id}) shows its own output"
     actual = _run_sh(source)
     shown = block.text.rstrip("\n").split("\n")
     assert _output_matches(shown, actual.split("\n")), (
-        f"README.md:{block.line}: the output of README.md:{source.line} is\n{actual}\nwhere the README shows\n{block.text}"
+        f"{block.where}: the output of {source.where} is\n{actual}\nwhere the README shows\n{block.text}"
     )
 
 
@@ -337,25 +347,27 @@ def _python_kind(block):
 def test_python_block(block):
     kind = _python_kind(block)
     if kind == "doctest":
-        # test_docs.py runs doctest.testfile on the README, which sees only the `>>>` examples:
+        # test_docs.py (or the test DOCTESTED_ELSEWHERE names) runs doctest.testfile on the file,
+        # which sees only the `>>>` examples:
         # the block must be one from its first line (no code before that would go unrun).
-        assert block.text.lstrip().startswith(">>> "), f"README.md:{block.line}: code before the first `>>>` is never run"
+        assert block.text.lstrip().startswith(">>> "), f"{block.where}: code before the first `>>>` is never run"
         assert doctest.DocTestParser().get_examples(block.text), block.id
-        docs = (ROOT / "sdk-python/tests/test_docs.py").read_text()
-        assert 'doctest.testfile(str(root / name)' in docs and '"README.md"' in docs
+        runner = DOCTESTED_ELSEWHERE.get(block.doc, "sdk-python/tests/test_docs.py")
+        text = (ROOT / runner).read_text()
+        assert "doctest.testfile(" in text and f'"{block.doc}"' in text, f"{runner} does not doctest {block.doc}"
     elif kind == "tested":
         path = ROOT / _tested_by(block)
-        assert path.is_file(), f"README.md:{block.line}: {path} does not exist"
-        assert f"<!-- tested: {_tested_by(block)} -->" in path.read_text(), f"{path} does not run README.md:{block.line}"
+        assert path.is_file(), f"{block.where}: {path} does not exist"
+        assert f"<!-- tested: {_tested_by(block)} -->" in path.read_text(), f"{path} does not run {block.where}"
     elif kind == "sketch":
-        assert len(block.not_run_reason) >= 10, f"README.md:{block.line}: `# not run:` needs a reason"
+        assert len(block.not_run_reason) >= 10, f"{block.where}: `# not run:` needs a reason"
         _check_python_names(block)
     else:
         _check_python_names(block)
         imported = set(re.findall(r"^\s*(?:import|from) ([a-zA-Z_]\w*)", block.text, re.M))
         for extra, variable in EXTRAS.items():
             if extra in imported and importlib.util.find_spec(extra) is None and os.environ.get(variable) != "1":
-                pytest.skip(f"SKIPPED LOUDLY: README.md:{block.line} needs {extra}, which is not installed (pip install 'stowplan[{extra}]')")
+                pytest.skip(f"SKIPPED LOUDLY: {block.where} needs {extra}, which is not installed (pip install 'stowplan[{extra}]')")
         with tempfile.TemporaryDirectory() as tmp:
             proc = subprocess.run(
                 [sys.executable, "-c", block.text],
@@ -365,7 +377,7 @@ def test_python_block(block):
                 text=True,
                 timeout=120,
             )
-        assert proc.returncode == 0, f"README.md:{block.line} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
+        assert proc.returncode == 0, f"{block.where} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
 
 
 def _dotted(node):
@@ -395,7 +407,7 @@ def _resolve(dotted):
 
 def _check_python_names(block):
     """Every `stowplan` name the block uses exists; the keywords it passes are accepted."""
-    tree = ast.parse(block.text, f"README.md:{block.line}")
+    tree = ast.parse(block.text, f"{block.where}")
     problems = []
     checked = 0
     for node in ast.walk(tree):
@@ -424,8 +436,8 @@ def _check_python_names(block):
             unknown = [k for k in names if k not in signature.parameters and not takes_any]
             if unknown:
                 problems.append(f"{_dotted(node.func)}() takes no keyword {unknown} (signature {signature})")
-    assert not problems, f"README.md:{block.line}: " + "; ".join(problems)
-    assert checked, f"README.md:{block.line}: no stowplan name found to check"
+    assert not problems, f"{block.where}: " + "; ".join(problems)
+    assert checked, f"{block.where}: no stowplan name found to check"
 
 
 # ----------------------------------------------------------------------------------------------
@@ -521,8 +533,8 @@ def test_rust_block(block):
                 checked += 1
             else:
                 problems.append(f"{m.group(1)} has no public field {field}")
-    assert not problems, f"README.md:{block.line}: " + "; ".join(problems)
-    assert checked >= 3, f"README.md:{block.line}: only {checked} names checked"
+    assert not problems, f"{block.where}: " + "; ".join(problems)
+    assert checked >= 3, f"{block.where}: only {checked} names checked"
 
 
 # ----------------------------------------------------------------------------------------------
@@ -554,5 +566,5 @@ def test_js_block(block):
         script = pathlib.Path(tmp) / "readme.mjs"
         script.write_text(block.text)
         proc = subprocess.run(["node", str(script)], cwd=tmp, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, f"README.md:{block.line} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
-    assert proc.stdout.strip(), f"README.md:{block.line} printed nothing"
+    assert proc.returncode == 0, f"{block.where} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    assert proc.stdout.strip(), f"{block.where} printed nothing"

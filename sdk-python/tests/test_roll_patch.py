@@ -1,4 +1,4 @@
-"""stowplan.compat.roll.patch() (issue 30): ROLL's module-level ``batch_balance`` replaced in
+"""stowplan.compat.roll.patch(): ROLL's module-level ``batch_balance`` replaced in
 place by stowplan's, with ROLL's signature, ``DataProto.reorder`` call and metrics.
 
 ROLL is not on PyPI, so ROLL's modules are stand-ins registered under ROLL's real module names
@@ -12,7 +12,7 @@ vectors directly.
 Needs torch: the plain SDK suite skips this module loudly; sdk-python/run_verl_tests.sh (torch on
 the CPU, STOWPLAN_REQUIRE_VERL=1, which turns the skip into a failure) runs it.
 
-<!-- tested: sdk-python/tests/test_roll_patch.py --> (README.md's one-line block runs here.)
+<!-- tested: sdk-python/tests/test_roll_patch.py --> (docs/rl-balancing.md's one-line block runs here.)
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ except ImportError as exc:  # the plain SDK suite has no torch; run_verl_tests.s
     pytest.skip(_reason, allow_module_level=True)
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-README_MARKER = "<!-- tested: sdk-python/tests/test_roll_patch.py -->"
+GUIDE_MARKER = "<!-- tested: sdk-python/tests/test_roll_patch.py -->"
 ROLL_NAMES = (
     "roll",
     "roll.utils",
@@ -426,11 +426,11 @@ def test_patched_equals_compat_function(lengths, dp_size, minibatch, keep, posit
         _check_call(f, lengths, dp_size, minibatch, keep, positional=positional)
 
 
-def test_readme_one_liner(roll_modules):
-    text = (ROOT / "README.md").read_text()
-    assert text.count(README_MARKER) == 1
-    block = text.split(README_MARKER)[1].split("```python\n", 1)[1].split("```", 1)[0]
-    exec(compile(block, "README.md (ROLL in place)", "exec"), {})
+def test_the_guides_one_liner(roll_modules):
+    text = (ROOT / "docs" / "rl-balancing.md").read_text()
+    assert text.count(GUIDE_MARKER) == 1
+    block = text.split(GUIDE_MARKER)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    exec(compile(block, "docs/rl-balancing.md (ROLL in place)", "exec"), {})
     assert sr.is_patched() and roll_modules.pipeline.batch_balance is not ROLL.batch_balance
 
 

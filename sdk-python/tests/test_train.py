@@ -349,7 +349,7 @@ def test_the_train_with_hf_guide_runs():
     import doctest
     import pathlib
 
-    guide = pathlib.Path(__file__).resolve().parents[2] / "docs" / "train-with-hf.md"
+    guide = pathlib.Path(__file__).resolve().parents[2] / "docs/train-with-hf.md"
     result = doctest.testfile(str(guide), module_relative=False, optionflags=doctest.NORMALIZE_WHITESPACE | doctest.ELLIPSIS)
     assert result.failed == 0 and result.attempted >= 20, result
 

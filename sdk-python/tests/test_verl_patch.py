@@ -1,4 +1,4 @@
-"""stowplan.compat.verl against the REAL verl 0.9.1 (issue 30): the TensorDict/DataProto
+"""stowplan.compat.verl against the REAL verl 0.9.1: the TensorDict/DataProto
 functions verl's trainer calls — rearrange_micro_batches (dp_group included, over a real
 2-process gloo group), prepare_dynamic_batch, restore_dynamic_batch — give verl's results
 (every micro-batch tensor, every index list, the same exceptions with the same messages), and
@@ -9,7 +9,7 @@ Needs torch, tensordict and verl 0.9.1 (with the few packages ``import verl.prot
 sdk-python/run_verl_tests.sh builds that environment). Without them the tests skip loudly, and
 fail instead when STOWPLAN_REQUIRE_VERL=1 (as run_verl_tests.sh sets it).
 
-<!-- tested: sdk-python/tests/test_verl_patch.py --> (README.md's one-line block runs here.)
+<!-- tested: sdk-python/tests/test_verl_patch.py --> (docs/rl-balancing.md's one-line block runs here.)
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import verl_procs as vp  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-README_MARKER = "<!-- tested: sdk-python/tests/test_verl_patch.py -->"
+GUIDE_MARKER = "<!-- tested: sdk-python/tests/test_verl_patch.py -->"
 
 
 def _load_verl():
@@ -436,13 +436,13 @@ def test_patch_refuses_a_missing_or_different_verl(sb, monkeypatch):
     assert not sv.is_patched()
 
 
-def test_the_readme_one_liner_runs(sb, orig):
-    """README.md's block after the marker, run as written."""
-    text = (ROOT / "README.md").read_text()
-    assert text.count(README_MARKER) == 1
-    block = text.split(README_MARKER)[1].split("```python\n", 1)[1].split("```", 1)[0]
+def test_the_guides_one_liner_runs(sb, orig):
+    """docs/rl-balancing.md's block after the marker, run as written."""
+    text = (ROOT / "docs" / "rl-balancing.md").read_text()
+    assert text.count(GUIDE_MARKER) == 1
+    block = text.split(GUIDE_MARKER)[1].split("```python\n", 1)[1].split("```", 1)[0]
     try:
-        exec(compile(block, "README.md (verl in place)", "exec"), {})
+        exec(compile(block, "docs/rl-balancing.md (verl in place)", "exec"), {})
         assert sv.is_patched() and sb.rearrange_micro_batches is not orig["rearrange_micro_batches"]
     finally:
         sv.unpatch()
