@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs sdk-python/tests/test_verl_patch.py against the REAL verl (issue 30): a separate virtual
+# Runs sdk-python/tests/test_verl_patch.py against the REAL verl: a separate virtual
 # environment with torch (the CPU is enough), tensordict, verl at the version
 # stowplan.compat.verl reproduces (without its dependencies: vLLM, FSDP/Megatron stacks …), the
 # few packages `import verl.protocol` and verl's engine utilities need, and the SDK exactly as a

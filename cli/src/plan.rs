@@ -1,4 +1,4 @@
-//! `stowplan plan`: a static pack plan of a whole SFT dataset (seed 002).
+//! `stowplan plan`: a static pack plan of a whole SFT dataset (the static pack plan contract).
 
 use std::fmt;
 use std::path::PathBuf;
@@ -64,7 +64,7 @@ pub struct Args {
     max_segments: u64,
     /// With --limit or --max-segments: how the samples are packed (balanced fill by default,
     /// or best-fit / first-fit decreasing, next-fit). Without them the plan is best-fit
-    /// decreasing on tokens (seed 002).
+    /// decreasing on tokens, as the static pack plan contract fixes.
     #[arg(long, value_parser = named::<MultiMethod>())]
     method: Option<MultiMethod>,
     /// Write the plan here (format stowplan.static-pack-plan/2, or /3 with limits; every field
@@ -166,7 +166,7 @@ pub fn run(a: Args) -> Result<(), Failure> {
     let limited = !a.limits.is_empty() || a.max_segments > 0;
     if a.method.is_some() && !limited {
         return Err(Failure::bad(
-            "--method applies with --limit or --max-segments; a plan of tokens only is best-fit decreasing (seed 002)",
+            "--method applies with --limit or --max-segments; a plan of tokens only is best-fit decreasing",
         ));
     }
     let arrow = match &a.lengths {

@@ -1,4 +1,4 @@
-//! Packing under several limits on `vlm-mix-100k.tsv` (issue 31): stowplan's multi-limit
+//! Packing under several limits on `vlm-mix-100k.tsv`: stowplan's multi-limit
 //! balanced fill, BFD and FFD beside what users do today (pack by tokens with BFD, then split every pack
 //! that breaks another limit), and beside single-resource BFD on the same rows for time; the
 //! static plan under the same limits (`raw_plan_limited`) and the streaming packer under them
@@ -34,7 +34,7 @@ fn plan(kernel: &Kernel, tokens: &[u64], extra: &[u64]) -> usize {
         max_segments: MAX_SEGMENTS,
         method: MultiMethod::Balanced,
     };
-    // A row of exactly 16,384 tokens would be long in a static plan (seed 002); none is.
+    // A row of exactly 16,384 tokens would be long in a static plan (the static pack plan contract); none is.
     kernel.raw_plan_limited(tokens, &PlanOptions::new(CAPS[0]), &limits).expect("plan").raw.packs()
 }
 

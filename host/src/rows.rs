@@ -1,4 +1,4 @@
-//! Packed rows of a table (issue 28): which runs of a tokenized table's flat values make each
+//! Packed rows of a table: which runs of a tokenized table's flat values make each
 //! packed row of at most `seq_length` tokens. The one home of the strategies (`bfd`, `ffd`,
 //! `next-fit`, TRL's `bfd_split` and `wrapped`), the overflow policies (`truncate`, `split`,
 //! `drop`, `error`), the output columns' names and the cut into record batches that the

@@ -2,7 +2,7 @@
 //! sequence boundaries, the context-parallel zigzag split, and the distribution of packed
 //! micro-batches to data-parallel ranks with equal counts.
 //!
-//! - **Pad factor** ([`pad_factor`]): seed 001's `2·cp·tp` (only `tp` when `cp` = 1: without
+//! - **Pad factor** ([`pad_factor`]): the CP layout contract's `2·cp·tp` (only `tp` when `cp` = 1: without
 //!   a CP split the factor 2 buys nothing), ROLL's `lcm(16, 2·cp·tp)` / `lcm(16, tp)`, or a
 //!   caller's multiple.
 //! - **CP layout** ([`cp_layout`]): every sequence padded to a multiple of the factor and
@@ -26,7 +26,7 @@ use crate::{Error, checked_len, checked_sum, invalid};
 /// How the alignment factor is chosen.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum Factor {
-    /// Seed 001: `2·cp·tp` when `cp` > 1, else `tp` (the default).
+    /// The CP layout contract: `2·cp·tp` when `cp` > 1, else `tp` (the default).
     #[default]
     CpTp,
     /// ROLL's: `lcm(16, 2·cp·tp)` when `cp` > 1, else `lcm(16, tp)` (16 for tensor cores).

@@ -1,4 +1,4 @@
-//! Static pack plans for SFT datasets (the contract of seed 002).
+//! Static pack plans for SFT datasets (the static pack plan contract).
 //!
 //! A *raw plan* ([`raw_plan`]) groups the samples of a whole dataset into packs of at most
 //! `packing_length` tokens; it does not depend on the number of ranks. An *aligned plan*
@@ -386,7 +386,7 @@ fn plan_with(
 }
 
 /// The aligned plan of the raw plan given in flat form (`offsets`, `indices`) for
-/// `world_size` ranks, per seed 002:
+/// `world_size` ranks, per the static pack plan contract:
 /// - `world_size ≤ 1`: the raw plan;
 /// - `drop_last`: the first `floor(N / world_size) · world_size` packs;
 /// - otherwise: the raw plan followed by its first `pad_needed = (world_size − N mod

@@ -1,4 +1,4 @@
-//! Alignment, the context-parallel zigzag split and the distribution to ranks: the seed 001
+//! Alignment, the context-parallel zigzag split and the distribution to ranks: the CP layout contract's
 //! example exactly, invariants on random inputs, and the errors.
 
 use proptest::prelude::*;
@@ -6,7 +6,7 @@ use stowplan_kernel::{
     AlignOptions, Cost, CpLayout, DistributeOptions, Error, Factor, Padding, cp_layout, distribute, pad_factor,
 };
 
-/// The packed row CP rank `r` receives, with `None` for padding: what seed 001 prints.
+/// The packed row CP rank `r` receives, with `None` for padding: what the CP layout contract prints.
 fn rank_row(l: &CpLayout, lengths: &[u64], r: usize) -> Vec<Option<usize>> {
     let mut row = Vec::new();
     for (start, len) in l.runs(r) {

@@ -1,4 +1,4 @@
-//! Packing under several limits (`pack_multi`, issue 31): every pack within every limit, the
+//! Packing under several limits (`pack_multi`): every pack within every limit, the
 //! fits equal to naive implementations of the documented rules, one resource equal to `pack`
 //! bit for bit, and the errors.
 
@@ -594,7 +594,7 @@ fn bad_arguments_are_named() {
     assert!(msg(pack_multi(&many, &opts(&[10, 10]))).contains("at most 262144 items per call"));
 }
 
-/// Micro-batches under further limits (issue 31, item 2): every micro-batch within the token
+/// Micro-batches under further limits: every micro-batch within the token
 /// cap and every limit, every sequence exactly once, no empty micro-batch, the count at least
 /// the per-resource bound and at most best-fit decreasing's under all the caps (before
 /// `min_count`), loads reported right; a batch that uses none of the limited resources gets

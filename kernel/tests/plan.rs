@@ -1,4 +1,4 @@
-//! Static pack plans (seed 002): every invariant of the raw and aligned plans on random
+//! Static pack plans (the static pack plan contract): every invariant of the raw and aligned plans on random
 //! inputs, the checksum against an independent encoding, and the errors.
 
 use proptest::prelude::*;
@@ -27,7 +27,7 @@ fn aligned(l: u64, a: u64) -> u64 {
     l.div_ceil(a) * a
 }
 
-/// Checks every raw-plan invariant of seed 002 and returns the packs.
+/// Checks every raw-plan invariant of the static pack plan contract and returns the packs.
 fn check_raw(lengths: &[u64], o: &PlanOptions, r: &RawPlan) -> Vec<Vec<u32>> {
     check_raw_with(lengths, o, r, &|_| false)
 }

@@ -1,4 +1,4 @@
-// Packing under several limits (packMulti, issue 31): the CLI's bins and loads bin for bin
+// Packing under several limits (packMulti): the CLI's bins and loads bin for bin
 // (test/multi_vectors.json, written by scripts/multi-vectors.mjs), every bin within every
 // limit on seeded random tables, one resource equal to `pack`, and errors naming the argument.
 import assert from 'node:assert/strict';

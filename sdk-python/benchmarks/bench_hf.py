@@ -1,5 +1,5 @@
 """Packs a tokenized SFT dataset with TRL 1.16's ``pack_dataset`` and with stowplan, and prints
-time, peak memory and bins against the lower bound (issue 28, item 7).
+time, peak memory and bins against the lower bound.
 
 Usage:
     pip install './sdk-python[hf]' trl==1.16.0     # TRL's packing needs no torch

@@ -1,5 +1,5 @@
 """One 7.4M-token RL step to 4 trainer ranks through Ray (stowplan.ray) and through
-`stowplan serve` over ZeroMQ, in one run, rounds interleaved (issue 29).
+`stowplan serve` over ZeroMQ, in one run, rounds interleaved.
 
     python sdk-python/benchmarks/bench_ray.py [--rounds 6] [--bin target/release/stowplan]
 

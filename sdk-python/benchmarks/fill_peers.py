@@ -1,4 +1,4 @@
-"""Fill of the SFT frameworks' own packers beside stowplan's, on the same lengths (issue 28).
+"""Fill of the SFT frameworks' own packers beside stowplan's, on the same lengths.
 
 Usage:
     pip install --no-deps llamafactory==0.9.5   # its packing function only: no torch needed

@@ -1,6 +1,6 @@
 """Per-row lengths of N documents on Ray Data (`stowplan.ray.compute_lengths`) against local
 multiprocessing (`stowplan.compute_lengths` with a worker pool), in one run, rounds
-interleaved (issue 29).
+interleaved.
 
     python sdk-python/benchmarks/ray_lengths.py [--rows 10000000] [--rounds 2] [--workers 2]
 

@@ -25,7 +25,7 @@ pub(crate) fn factor(align: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Factor
     Ok(Some(Factor::Multiple(u64_arg(a, "align", 1)?)))
 }
 
-/// Alignment options from the arguments (`None`: no CP, no TP, seed 001's factor).
+/// Alignment options from the arguments (`None`: no CP, no TP, the CP layout contract's factor).
 fn align_options(
     cp: Option<&Bound<'_, PyAny>>,
     tp: Option<&Bound<'_, PyAny>>,

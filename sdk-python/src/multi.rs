@@ -1,4 +1,4 @@
-//! Limits beside the tokens (issue 31): the `resources=`/`limits=` options of
+//! Limits beside the tokens: the `resources=`/`limits=` options of
 //! `micro_batches`, `balance`, `StaticPackPlan.from_lengths`, `StreamPacker` and
 //! `materialize`, read into the kernel's row layout.
 

@@ -1,4 +1,4 @@
-//! Static pack plans (seed 002) for Python: `StaticPackPlan` and `LengthCache` (the packing
+//! Static pack plans (the static pack plan contract) for Python: `StaticPackPlan` and `LengthCache` (the packing
 //! configuration is `config.rs`). Behaviour lives in the host crate; this converts.
 
 use std::path::PathBuf;

@@ -1,4 +1,4 @@
-"""stowplan.arrow.pack_table: Arrow-native packing by the kernel's plan (issue 28, item 1)."""
+"""stowplan.arrow.pack_table: Arrow-native packing by the kernel's plan."""
 
 from __future__ import annotations
 

@@ -199,7 +199,7 @@ def test_balance_invariants(per_rank, dp, data):
 @given(per_rank=st.integers(1, 12), dp=st.integers(1, 5), minibatch=st.booleans(), data=st.data())
 def test_rank_micro_batches_are_rank_local(per_rank, dp, minibatch, data):
     """Balance.micro_batches[r].batches are global sample indices; rank_micro_batches gives
-    positions in the rank's own share batch[plan.ranks[r]] (issue 32, item 3.1)."""
+    positions in the rank's own share batch[plan.ranks[r]]."""
     lengths = np.array(data.draw(st.lists(st.integers(0, 500), min_size=per_rank * dp, max_size=per_rank * dp)))
     plan = stowplan.balance(lengths, dp, max_token_len=600, minibatch_size=dp if minibatch else None)
     for r in range(dp):
@@ -251,7 +251,7 @@ def _rollouts(prompts, per_prompt, seed):
 
 @pytest.mark.parametrize("dp, size, cap", [(2, 2, None), (4, 8, 16384), (4, 4, 9000), (3, 1, 5000)])
 def test_group_size_is_groups_of_consecutive_runs(dp, size, cap):
-    """group_size=G means what the CLI's --group-size G means: labels i // G (issue 32, item 3.2)."""
+    """group_size=G means what the CLI's --group-size G means: labels i // G."""
     lengths = _rollouts(dp * 6, size, seed=dp * 100 + size)
     a = stowplan.balance(lengths, dp, group_size=size, max_token_len=cap, cost="attention")
     b = stowplan.balance(lengths, dp, groups=[i // size for i in range(len(lengths))], max_token_len=cap, cost="attention")

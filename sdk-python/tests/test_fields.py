@@ -1,5 +1,5 @@
-"""Per-token fields of any shape and per-sample payload ranges in a micro-batch's layout
-(issue 31, item 3): stowplan's own per-token arrays are the oracle — ``input_ids`` and
+"""Per-token fields of any shape and per-sample payload ranges in a micro-batch's layout:
+stowplan's own per-token arrays are the oracle — ``input_ids`` and
 ``teacher_logprobs`` are per-token fields too, so gathering the samples' own token ids must
 give the row's ``input_ids`` and slicing them for a CP rank its ``cp_view``."""
 

@@ -1,4 +1,4 @@
-"""Buffer filters as sandboxed WebAssembly plugins, from Python (issue 7): the example plugins
+"""Buffer filters as sandboxed WebAssembly plugins, from Python: the example plugins
 (Rust, committed in plugins/dist; Python, built here with componentize-py), the hostile
 fixture against every bound, and a BufferedDataSource that keeps serving, with nothing lost,
 after each failure."""
@@ -74,7 +74,7 @@ def test_load_checks_the_pin_and_the_arguments():
 
 
 def test_plugin_files_are_hashed_as_they_stream_within_a_cap(tmp_path):
-    # Issue 33: /dev/zero grew to 24 GiB and was OOM-killed; the cap stops the read.
+    # /dev/zero once grew to 24 GiB and was OOM-killed; the cap stops the read.
     with pytest.raises(stowplan.InvalidArgumentError, match=r"larger than max_plugin_bytes \(1048576 bytes"):
         stowplan.Filter.hash("/dev/zero", max_plugin_bytes=1 << 20)
     with pytest.raises(stowplan.InvalidArgumentError, match="max_plugin_bytes"):

@@ -1,4 +1,4 @@
-"""stowplan.hf.pack_dataset and stowplan.compat.trl.pack_dataset (issue 28, items 2 and 3).
+"""stowplan.hf.pack_dataset and stowplan.compat.trl.pack_dataset.
 
 The compat tests compare with TRL's own ``trl.data_utils.pack_dataset`` when TRL is importable
 (run_tests.sh installs it without torch, see there); they skip loudly otherwise, and fail

@@ -155,7 +155,7 @@ REFUSED = [
     (lambda: stowplan.materialize([_sample(run=1.0)], capacity=8), "samples[0].run must be an integer in 0..=2**32-1 (got 1.0)"),
     (lambda: stowplan.materialize([_sample(lora=True)], capacity=8), "samples[0].lora must be an integer in 0..=2**32-1 (got True)"),
     (lambda: stowplan.materialize([SAMPLE], capacity=8, plan=[[[0.0]]]), "plan[0][0][0] must be an integer in 0..=2**32-1 (got 0.0)"),
-    # Issue 33: a plan of other than dp ranks, or uneven ranks, was accepted (per_rank from rank 0).
+    # A plan of other than dp ranks, or uneven ranks, was accepted (per_rank from rank 0).
     (lambda: stowplan.materialize([SAMPLE, SAMPLE], capacity=64, plan=[[[0], []], [[1]]]), "plan[1] has 1 micro-batches but plan[0] has 2"),
     (lambda: stowplan.materialize([SAMPLE, SAMPLE], capacity=64, dp=3, plan=[[[0]], [[1]]]), "plan has 2 ranks but dp is 3"),
     (lambda: stowplan.materialize([SAMPLE], capacity=8, pad_token_id=True), "pad_token_id must be an integer in -2**63..=2**63-1"),
@@ -212,7 +212,7 @@ def test_every_entry_point_refuses_inexact_integers_with_the_sdk_error(call, fra
 
 
 def test_the_packer_takes_keywords_only_and_names_an_unknown_option():
-    """The native Packer is the public one (issue 27): options keyword-only; a checkpoint's
+    """The native Packer is the public one: options keyword-only; a checkpoint's
     state and batches go to Packer.restore, never to the constructor."""
     with pytest.raises(TypeError):
         stowplan.Packer(16, 1)
@@ -252,7 +252,7 @@ def test_numpy_integers_are_integers_everywhere():
     assert verl.get_seqlen_balanced_partitions(np.array([1, 2, 3, 4]), np.int64(2), True) == [[0, 3], [1, 2]]
 
 
-# Issue 30: a string option given another type raised pyo3's TypeError naming neither the
+# A string option given another type raised pyo3's TypeError naming neither the
 # argument nor the function.
 WRONG_TYPE = [
     (lambda: stowplan.partition([1, 2, 3], 2, backend=3), "backend"),

@@ -236,7 +236,7 @@ def test_prime_rl_errors_come_in_prime_rls_order():
 
 
 # ------------------------------------------------------------------------------------------
-# Loss weights (issue 21)
+# Loss weights
 
 
 def _unpacked_loss(samples, losses, mode, horizon):
@@ -323,7 +323,7 @@ def test_loss_agg_mode_and_scale_factor_are_checked():
 
 
 # ------------------------------------------------------------------------------------------
-# Multimodal samples (issue 21): an extra cost per sample, balanced and not capped
+# Multimodal samples: an extra cost per sample, balanced and not capped
 
 
 def test_extra_costs_move_the_balance_not_the_cap():

@@ -1,4 +1,4 @@
-"""Packing under several limits at once from Python (issue 31): every bin within every
+"""Packing under several limits at once from Python: every bin within every
 capacity, one resource equal to ``pack``, the bound per resource, and errors naming the
 argument."""
 

@@ -1,4 +1,4 @@
-"""Every result class pickles and unpickles to an equal result (issue 30): results cross
+"""Every result class pickles and unpickles to an equal result: results cross
 process boundaries (multiprocessing, Ray's object store) as any Python value does."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Static pack plans (seed 002) from Python: one test per scenario of the seed, the length
+"""Static pack plans (the static pack plan contract) from Python: one test per scenario of the contract, the length
 cache (multiprocessing workers byte-identical to serial, crash resume, waiting ranks,
 fingerprints), PackedDataset with a sampler and DataLoader, and checksums that match the
 Rust API, the CLI and an independent hashlib encoding."""
@@ -75,7 +75,7 @@ def test_stage1_dynamic_packing_mode_fails_fast() -> None:
 
 
 def test_packing_config_is_one_frozen_native_class() -> None:
-    """PackingConfig is the native class (issue 27): frozen, compared by value, picklable
+    """PackingConfig is the native class: frozen, compared by value, picklable
     (validated again on load), and its batch report is logged when it is built."""
     import logging
     import pickle

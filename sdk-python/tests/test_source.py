@@ -1,4 +1,4 @@
-"""The rollout data source with a buffer from Python (seed 003): groups and indices, the
+"""The rollout data source with a buffer from Python (the rollout buffer contract): groups and indices, the
 documented shuffle reproduced in pure Python, the buffer with foreign sample objects, save →
 kill -9 → load across processes, and slime's method names."""
 

@@ -283,7 +283,7 @@ def test_states_are_accepted_as_bytearray() -> None:
 
 
 # ------------------------------------------------------------------------------------------
-# Damaged or edited PackedIterableDataset states (issue 33, item 4): every field is checked
+# Damaged or edited PackedIterableDataset states: every field is checked
 # (against the packer bytes, the dataset and the other fields, then a sha256 of them all), and
 # a refusal is an InvalidArgumentError naming the field.
 

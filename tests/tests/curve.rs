@@ -1,4 +1,4 @@
-//! CURVE on the ZeroMQ transport (issue 18 item 3): certificates, and a packer that admits
+//! CURVE on the ZeroMQ transport: certificates, and a packer that admits
 //! only the client keys it lists.
 //!
 //! Certificates are read, written and refused the same in every build. The transport's CURVE

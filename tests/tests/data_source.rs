@@ -1,4 +1,4 @@
-//! The rollout data source with a buffer (seed 003): groups and indices, epochs with the
+//! The rollout data source with a buffer (the rollout buffer contract): groups and indices, epochs with the
 //! seeded shuffle on both kernels, buffer-first draws through filters whose results are
 //! validated, add_samples validation, and save/load including the buffer.
 

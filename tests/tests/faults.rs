@@ -1,4 +1,4 @@
-//! Fault campaigns on the framed formats (issue 18): every single-bit flip, and every
+//! Fault campaigns on the framed formats: every single-bit flip, and every
 //! truncation, of a realistic encoding of each persisted or transported kind — the packer
 //! checkpoint (`state.bin`), a spooled training batch, a rank batch, a micro-batch, the
 //! protocol messages, the length cache, a data source's saved state and the streaming

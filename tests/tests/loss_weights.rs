@@ -1,4 +1,4 @@
-//! Loss weights (issue 21): for random samples (prompt and completion lengths, loss masks,
+//! Loss weights: for random samples (prompt and completion lengths, loss masks,
 //! runs), random per-token losses, dp, cp, capacities and every aggregation mode, the
 //! weighted sum over the materialized layout — every rank, micro-batch and token, and again
 //! over the CP ranks' views — equals the loss computed on the unpacked samples, per run; and
@@ -193,7 +193,7 @@ fn bad_loss_scale_factors_are_refused_naming_the_option() {
     assert!(e.contains("loss_agg_mode must be 'token-mean', 'seq-mean-token-mean', 'seq-mean-token-sum' or 'seq-mean-token-sum-norm'"), "{e}");
 }
 
-/// Issue 30, item 6: under `LossNormalization::Update` the weights count over each run's
+/// Under `LossNormalization::Update` the weights count over each run's
 /// optimizer update (`batch_size` samples in arrival order), however many packer steps it
 /// spans. Samples arrive in batches of random sizes interleaved across runs, packer steps are
 /// small (`step_tokens`), the packer is checkpointed and restored at random points; the sum

@@ -1,4 +1,4 @@
-//! Materialized micro-batches: the seed 001 CP example through real rows, invariants on
+//! Materialized micro-batches: the CP layout contract's CP example through real rows, invariants on
 //! random samples (every real token exactly once across ranks, micro-batches and CP ranks;
 //! unpack ∘ split = identity; padding never in the loss; positions restart per sample;
 //! equal counts per rank; encode/decode round trip), and the errors, on both kernels.
@@ -55,7 +55,7 @@ fn borrow(o: &[Owned]) -> Vec<Sample<'_>> {
 
 #[test]
 fn seed_001_rows_per_cp_rank() {
-    // Seed 001: lengths 2, 4, 6, 1 (all completion here), cp 2, tp 1, factor 4.
+    // The CP layout contract: lengths 2, 4, 6, 1 (all completion here), cp 2, tp 1, factor 4.
     let data = owned(&[(0, 2, 0), (0, 4, 0), (0, 6, 0), (0, 1, 0)]);
     let samples = borrow(&data);
     let opts = MaterializeOptions { pad_token_id: -1, ..MaterializeOptions::new(64, 1).with_cp(2, 1).unwrap() };

@@ -1,7 +1,7 @@
-//! Multimodal samples (issue 21, item 3): a per-sample extra cost that balancing over ranks
+//! Multimodal samples: a per-sample extra cost that balancing over ranks
 //! and micro-batches counts and capacities do not, on both backends; zero extra costs change
 //! nothing; `multimodal_alone` gives every multimodal sample a micro-batch of its own; the
-//! packer runtime (`serve --limit`) keeps every micro-batch within every limit (issue 31).
+//! packer runtime (`serve --limit`) keeps every micro-batch within every limit.
 
 use std::sync::Arc;
 
@@ -125,7 +125,7 @@ fn multimodal_samples_get_micro_batches_of_their_own() {
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(32))]
 
-    /// Micro-batches under further limits (issue 31, item 2): WASM ≡ native, every micro-batch
+    /// Micro-batches under further limits: WASM ≡ native, every micro-batch
     /// within every cap, and errors the same on both backends.
     #[test]
     fn limited_micro_batches_agree_on_both_backends(

@@ -448,7 +448,7 @@ fn serve_inbox_with(dir: &Path, o: &ServeOptions, t: FsTransport) -> (Packer, st
     (packer, summary)
 }
 
-/// Issue 33, case 2: a 6 GiB file dropped in the inbox was read whole into memory. A file
+/// A 6 GiB file dropped in the inbox was read whole into memory. A file
 /// over the message cap is now set aside into `rejected/` unread (cut to `rejected/`'s
 /// per-file bound), and the batches beside it are served.
 #[test]
@@ -504,7 +504,7 @@ fn inbox_entries_that_are_not_regular_files_are_ignored() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// Issue 33, case 2 over ZeroMQ: one 1 GiB message raised the packer's peak memory to 2 GiB.
+/// Over ZeroMQ: one 1 GiB message raised the packer's peak memory to 2 GiB.
 /// libzmq now drops the connection of a sender whose message is over the cap before the
 /// packer holds it, the senders refuse such a batch themselves (naming the cap), and batches
 /// within it go on.
@@ -559,7 +559,7 @@ fn a_zmq_message_over_the_cap_is_dropped_before_the_packer_holds_it() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// Issue 33, case 9: `state.bin` kept every batch key ever received (10k keys → 67 KB,
+/// `state.bin` once kept every batch key ever received (10k keys → 67 KB,
 /// rewritten at every checkpoint); keys are now ranges per run.
 #[test]
 fn the_checkpoint_does_not_grow_with_the_batches_received() {
@@ -1096,7 +1096,7 @@ fn wait_for_empty_spool(dir: &Path) {
     }
 }
 
-/// Issue 18 item 3: a second peer saying hello as rank 1 (an impostor, or a restarted trainer
+/// A second peer saying hello as rank 1 (an impostor, or a restarted trainer
 /// whose old process still runs) used to take the slot, receive rank 1's steps and acknowledge
 /// them while the real rank 1 waited for ever. Now it gets nothing but a refusal, its forged
 /// acknowledgements count for nothing, and the real rank gets every step exactly once.
@@ -1196,7 +1196,7 @@ fn spawn_zmq_server(
     (handle, ep, incarnation)
 }
 
-/// Issue 21: a step's rank batches carry loss weights for the packer's aggregation mode,
+/// A step's rank batches carry loss weights for the packer's aggregation mode,
 /// counted per run over the whole step: with every per-token loss 1, Σ weight over all ranks
 /// is 1 per run under token-mean and seq-mean-token-mean, the mean loss-token count per
 /// sequence under seq-mean-token-sum.
@@ -1232,7 +1232,7 @@ fn rank_batches_carry_the_steps_loss_weights() {
     }
 }
 
-/// Issue 33, case 1: a lost checkpoint used to restart the packer at step 0; it ingested the
+/// A lost checkpoint used to restart the packer at step 0; it ingested the
 /// spool again and rewrote `step_0` and `step_1`, which the ranks had consumed, so ranks going
 /// on at step 2 saw 22 of 36 samples. Every way of losing the checkpoint is now refused at
 /// start, naming the missing file and the way out, and the right checkpoint still resumes with
@@ -1377,7 +1377,7 @@ fn a_packer_behind_its_ranks_stops_naming_the_rank() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// Issue 31: a sample's extra cost (a multimodal sample's vision tokens) crosses the wire with
+/// A sample's extra cost (a multimodal sample's vision tokens) crosses the wire with
 /// it, and the packer balances ranks with it: four 16-token samples on 2 ranks split 2 + 2 as
 /// text, but with 48 extra on one of them that sample's rank gets nothing else.
 #[test]

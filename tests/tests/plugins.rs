@@ -1,4 +1,4 @@
-//! Buffer-filter plugins in the sandbox (issue 7): the example plugins of `plugins/dist/`
+//! Buffer-filter plugins in the sandbox: the example plugins of `plugins/dist/`
 //! against native references, the hostile fixture against every bound, and a data source
 //! that keeps serving, with nothing lost from its buffer, after each hostile call.
 

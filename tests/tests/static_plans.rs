@@ -1,4 +1,4 @@
-//! Seed 002 (static pack plans), one test per scenario of the seed (named after it), plus the
+//! The static pack plan contract, one test per scenario of the contract (named after it), plus the
 //! length cache (crash resume, workers, fingerprints, waiting), configuration errors, the
 //! saved plan, and the shared workloads on both kernels.
 
@@ -495,7 +495,7 @@ fn reseal(doc: &mut serde_json::Value) {
     doc["document_sha256"] = json!(stowplan::sha256_hex(canonical.as_bytes()));
 }
 
-/// Issue 33, case 5: a plan edited with its checksums recomputed (the recipe is documented)
+/// A plan edited with its checksums recomputed (the recipe is documented)
 /// loaded without structural checks. Each forgery below reseals correctly and is refused for
 /// its structure; an honest reseal of an unchanged plan still loads.
 #[test]

@@ -92,7 +92,7 @@ fn damaged_states_and_bad_options_are_refused_on_both_backends() {
     }
 }
 
-/// Issue 19's quality goal: with 64 open bins (and the default buffer), the bins of a
+/// The streaming quality goal: with 64 open bins (and the default buffer), the bins of a
 /// streamed workload are within 0.2 % of the offline lower bound of the items that fit.
 #[test]
 fn streamed_workloads_come_within_0_2_percent_of_the_lower_bound() {

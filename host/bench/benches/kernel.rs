@@ -286,7 +286,7 @@ fn plan_cases(c: &mut Criterion) {
     g.finish();
 }
 
-/// Buffer filters (issue 7): 64 of 1,000 buffered groups × 8 samples per call, the instance
+/// Buffer filters: 64 of 1,000 buffered groups × 8 samples per call, the instance
 /// reused, validation included; the native FIFO for scale; and a whole `get_samples` round
 /// (64 groups out through top-reward, 64 back in) on a data source holding 1,000.
 fn filter_cases(c: &mut Criterion) {

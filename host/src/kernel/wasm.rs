@@ -67,7 +67,7 @@ fn init() -> Result<Shared, Error> {
     let mut config = Config::new();
     config.wasm_component_model(true);
     // `STOWPLAN_PERFMAP=1`: wasmtime writes /tmp/perf-PID.map, so `perf` names the
-    // kernel's own functions in a profile (how the next-fit loop was tuned; BENCHMARKS.md).
+    // kernel's own functions in a profile (BENCHMARKS.md, "WASM against native", has the recipe).
     if runtime::env_flag("STOWPLAN_PERFMAP") {
         config.profiler(wasmtime::ProfilingStrategy::PerfMap);
     }

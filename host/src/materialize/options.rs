@@ -66,7 +66,7 @@ impl MaterializeOptions {
         }
     }
 
-    /// Seed 001's CP/TP alignment: per-sequence padding to `2·cp·tp` (`tp` when `cp` = 1).
+    /// The CP layout contract's CP/TP alignment: per-sequence padding to `2·cp·tp` (`tp` when `cp` = 1).
     pub fn with_cp(self, cp: u32, tp: u32) -> Result<Self, Error> {
         let factor = stowplan_kernel::pad_factor(&AlignOptions::new(cp, tp))?;
         Ok(Self { cp, padding: Padding::PerSequence(factor), ..self })

@@ -1,4 +1,4 @@
-//! Loss normalization per optimizer update (issue 30, item 6).
+//! Loss normalization per optimizer update.
 //!
 //! A run's optimizer update is `batch_size` of its samples ([`RunConfig`](super::RunConfig)),
 //! in the order they were accepted. Under [`LossNormalization::Update`] every sample's loss

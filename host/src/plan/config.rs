@@ -1,7 +1,7 @@
 //! Validation of a training configuration's packing keys, and the effective-batch
-//! arithmetic when packing forces one pack per device and step (seed 002).
+//! arithmetic when packing forces one pack per device and step (the static pack plan contract).
 //!
-//! The configuration is a JSON object shaped like a trainer config: the keys of seed 002
+//! The configuration is a JSON object shaped like a trainer config: the keys of the static pack plan contract
 //! under `training` (`packing`, `packing_mode`, `eval_packing`, `packing_allow_single_long`,
 //! `packing_wait_timeout_s`, `packing_length_cache_persist_every`,
 //! `packing_length_precompute_workers`, `dataloader_drop_last`, `effective_batch_size`,
@@ -256,7 +256,7 @@ pub struct EffectiveBatch {
 }
 
 impl EffectiveBatch {
-    /// Derives the accumulation steps (seed 002):
+    /// Derives the accumulation steps (the static pack plan contract):
     /// - with `effective_batch_size` E: it must be a multiple of `world_size × per-device
     ///   batch` (1 with packing), and `gradient_accumulation_steps = E / (world_size ×
     ///   per-device batch)`;
@@ -344,7 +344,7 @@ impl EffectiveBatch {
         )
     }
 
-    /// The warning seed 002 asks for when an epoch of `per_rank_batches` packed batches per
+    /// The warning the static pack plan contract asks for when an epoch of `per_rank_batches` packed batches per
     /// rank ends in a partial accumulation window; `None` when the windows are exact.
     pub fn accumulation_warning(&self, per_rank_batches: u64) -> Option<String> {
         let gas = self.gradient_accumulation_steps;

@@ -1,4 +1,4 @@
-//! The per-sample length cache of static packing (seed 002): lengths computed once by a
+//! The per-sample length cache of static packing (the static pack plan contract): lengths computed once by a
 //! caller-supplied function, persisted under a run-scoped directory with a fingerprint of
 //! what they depend on, flushed periodically and atomically, resumed after a crash.
 //!

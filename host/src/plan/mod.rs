@@ -1,4 +1,4 @@
-//! Static pack plans (seed 002): [`StaticPackPlan`] — the kernel's raw plan and its
+//! Static pack plans (the static pack plan contract): [`StaticPackPlan`] — the kernel's raw plan and its
 //! alignment, the pair training consumes — with its summary, log lines and a JSON form that
 //! is verified when loaded; the length cache ([`length_cache`]) and the training config
 //! ([`config`]) that feed it.
@@ -198,7 +198,7 @@ impl StaticPackPlan {
         self.raw.tokens[p]
     }
 
-    /// The lines seed 002 requires in the log: raw and aligned pack counts, world size and
+    /// The lines the static pack plan contract requires in the log: raw and aligned pack counts, world size and
     /// `drop_last`, the packs repeated (or dropped), long samples, and both checksums.
     pub fn log_lines(&self) -> Vec<String> {
         self.log_records().into_iter().map(|r| r.text).collect()

@@ -1,4 +1,4 @@
-//! The rollout data source with a buffer (seed 003: slime's `RolloutDataSource` and
+//! The rollout data source with a buffer (the rollout buffer contract: slime's `RolloutDataSource` and
 //! `RolloutDataSourceWithBuffer`), with a state that survives restarts **including the
 //! buffer**.
 //!

@@ -1,4 +1,4 @@
-"""Pack the rows of a ``pyarrow.Table`` into rows of at most ``seq_length`` tokens (issue 28).
+"""Pack the rows of a ``pyarrow.Table`` into rows of at most ``seq_length`` tokens.
 
 The list columns of a tokenized SFT table (``input_ids``, ``labels``, ``attention_mask``, any
 list column with the same per-row lengths) are regrouped into packed rows by one kernel plan
