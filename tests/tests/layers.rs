@@ -63,12 +63,12 @@ fn ident(s: &str) -> &str {
     &s[..end]
 }
 
-/// The first segment of every path after `crate::` (the segments of a `crate::{a::X, b}`
-/// group too).
-fn crate_refs(code: &str) -> Vec<&str> {
+/// The first segment of every path after `prefix` (`crate::` or `super::`; the segments of a
+/// `crate::{a::X, b}` group too).
+fn refs_after<'a>(code: &'a str, prefix: &str) -> Vec<&'a str> {
     let mut out = Vec::new();
-    for (i, _) in code.match_indices("crate::") {
-        let rest = &code[i + "crate::".len()..];
+    for (i, _) in code.match_indices(prefix) {
+        let rest = &code[i + prefix.len()..];
         if let Some(group) = rest.strip_prefix('{') {
             let group = &group[..group.find('}').unwrap_or(group.len())];
             out.extend(group.split(',').map(|p| ident(p.trim())).filter(|s| !s.is_empty()));
@@ -77,6 +77,10 @@ fn crate_refs(code: &str) -> Vec<&str> {
         }
     }
     out
+}
+
+fn crate_refs(code: &str) -> Vec<&str> {
+    refs_after(code, "crate::")
 }
 
 /// Name → module of the crate root's `pub use module::…` re-exports.
@@ -192,19 +196,8 @@ fn no_crate_has_a_module_cycle() {
     }
 }
 
-/// The first segment of every path after `super::` (of a `super::{a::X, b}` group too).
 fn super_refs(code: &str) -> Vec<&str> {
-    let mut out = Vec::new();
-    for (i, _) in code.match_indices("super::") {
-        let rest = &code[i + "super::".len()..];
-        if let Some(group) = rest.strip_prefix('{') {
-            let group = &group[..group.find('}').unwrap_or(group.len())];
-            out.extend(group.split(',').map(|p| ident(p.trim())).filter(|s| !s.is_empty()));
-        } else {
-            out.push(ident(rest));
-        }
-    }
-    out
+    refs_after(code, "super::")
 }
 
 /// Name → sibling file of a folder's `mod.rs` `use` re-exports (`pub use`, `pub(crate) use` …).
