@@ -39,9 +39,9 @@ def test_the_guides_examples_run():
     runs it."""
     root = pathlib.Path(__file__).resolve().parents[2]
     least = {"ARCHITECTURE.md": 8, "docs/rl-balancing.md": 8, "docs/sft-hf.md": 3, "docs/vlm.md": 6}
-    for name in ("ARCHITECTURE.md", "docs/rl-balancing.md", "docs/sft-hf.md", "docs/vlm.md"):
+    for name, examples in least.items():
         result = doctest.testfile(str(root / name), module_relative=False, optionflags=doctest.NORMALIZE_WHITESPACE)
-        assert result.failed == 0 and result.attempted >= least[name], (name, result)
+        assert result.failed == 0 and result.attempted >= examples, (name, result)
     # Every other guide with `>>>` examples must be listed above (test_readme.py checks the blocks).
     for path in (root / "docs").glob("*.md"):
         name = f"docs/{path.name}"
