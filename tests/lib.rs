@@ -16,19 +16,24 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 use stowplan::{
-    Error, Kernel, OversizePolicy, PackMethod, PackOptions, PartitionMethod, PartitionOptions, VerlFunction,
+    Error, Kernel,
+    kernel::{OversizePolicy, PackMethod, PackOptions, PartitionMethod, PartitionOptions, VerlFunction},
 };
 
 /// A sample of `prompt_ids` then `completion_ids` with nothing else set: no masks, no
 /// logprobs, temperature 1, advantage 1, run 0; `extra_cost` as given.
-pub fn plain_sample<'a>(prompt_ids: &'a [i64], completion_ids: &'a [i64], extra_cost: u64) -> stowplan::Sample<'a> {
-    stowplan::Sample {
+pub fn plain_sample<'a>(
+    prompt_ids: &'a [i64],
+    completion_ids: &'a [i64],
+    extra_cost: u64,
+) -> stowplan::materialize::Sample<'a> {
+    stowplan::materialize::Sample {
         prompt_ids,
         completion_ids,
         prompt_mask: None,
         completion_mask: None,
         completion_logprobs: None,
-        temperature: stowplan::Temperature::One(1.0),
+        temperature: stowplan::materialize::Temperature::One(1.0),
         advantage: 1.0,
         run: 0,
         teacher_logprobs: None,
@@ -87,7 +92,7 @@ fn u64s(v: &Value, what: &str) -> Result<Vec<u64>, String> {
 }
 
 fn lists(offsets: &[u32], indices: &[u32]) -> Value {
-    serde_json::to_value(stowplan::unflatten(offsets, indices)).unwrap_or(Value::Null)
+    serde_json::to_value(stowplan::kernel::unflatten(offsets, indices)).unwrap_or(Value::Null)
 }
 
 fn error_value(e: &Error) -> Value {
@@ -226,7 +231,7 @@ fn opt_i64(v: &Value) -> Option<i64> {
 /// Compares a peer's outcome with stowplan's: `want_ok` and `want` are the peer's success
 /// flag and result (or error type and message).
 fn compare_outcome<T: serde::Serialize>(
-    got: Result<T, stowplan::PyError>,
+    got: Result<T, stowplan::peers::verl::PyError>,
     want_ok: bool,
     want: &Value,
     want_error: (&Value, &Value),
@@ -272,7 +277,7 @@ fn compare_outcome<T: serde::Serialize>(
 pub fn check_verl_micro_batch_vector(kernel: &Kernel, v: &Value) -> Result<(), String> {
     let input = &v["input"];
     let seqlens = i64s(&input["seqlen_list"], "seqlen_list")?;
-    let options = stowplan::VerlMicroOptions {
+    let options = stowplan::peers::VerlMicroOptions {
         max_token_len: input["max_token_len"].as_i64().ok_or("max_token_len")?,
         min_num_micro_batch: opt_i64(&input["min_num_micro_batch"]),
         num_batches_divided_by: opt_i64(&input["num_batches_divided_by"]),
@@ -327,7 +332,7 @@ pub fn check_roll_vector(kernel: &Kernel, v: &Value) -> Result<bool, String> {
                 return Ok(false);
             }
             let lengths = i64s(&input["lengths"], "lengths")?;
-            let mut o = stowplan::RollLoadBalanceOptions::new(
+            let mut o = stowplan::peers::RollLoadBalanceOptions::new(
                 input["mask_width"].as_i64().ok_or("mask_width")?,
                 input["max_packed_sequence_length"].as_i64().ok_or("max_packed_sequence_length")?,
             );
@@ -389,9 +394,9 @@ pub fn check_roll_vector(kernel: &Kernel, v: &Value) -> Result<bool, String> {
                 // ROLL treats cp = 0 as no CP and gives 0 for tp = 0; stowplan rejects both.
                 return Ok(false);
             }
-            let o = stowplan::AlignOptions {
-                factor: stowplan::Factor::Roll,
-                ..stowplan::AlignOptions::new(cp as u32, tp as u32)
+            let o = stowplan::kernel::AlignOptions {
+                factor: stowplan::kernel::Factor::Roll,
+                ..stowplan::kernel::AlignOptions::new(cp as u32, tp as u32)
             };
             let got = kernel.pad_factor(&o).map_err(|e| e.to_string())?;
             let want = out["sequence_packing_pad_factor"].as_u64().ok_or("sequence_packing_pad_factor")?;
@@ -405,12 +410,13 @@ pub fn check_roll_vector(kernel: &Kernel, v: &Value) -> Result<bool, String> {
             if input.get("pad_packed_seq_to").is_some() {
                 return Ok(false);
             }
-            let factor =
-                input["pad_factor_override"].as_u64().map_or(stowplan::Factor::Roll, stowplan::Factor::Multiple);
+            let factor = input["pad_factor_override"]
+                .as_u64()
+                .map_or(stowplan::kernel::Factor::Roll, stowplan::kernel::Factor::Multiple);
             let lengths = u64s(&input["lengths"], "lengths")?;
-            let o = stowplan::AlignOptions {
+            let o = stowplan::kernel::AlignOptions {
                 factor,
-                ..stowplan::AlignOptions::new(
+                ..stowplan::kernel::AlignOptions::new(
                     input["cp"].as_u64().ok_or("cp")? as u32,
                     input["tp"].as_u64().unwrap_or(1) as u32,
                 )
@@ -553,15 +559,15 @@ impl PrimeSample {
         self.len() == 0
     }
 
-    /// The borrowed [`stowplan::Sample`].
-    pub fn sample(&self) -> stowplan::Sample<'_> {
-        stowplan::Sample {
+    /// The borrowed [`stowplan::materialize::Sample`].
+    pub fn sample(&self) -> stowplan::materialize::Sample<'_> {
+        stowplan::materialize::Sample {
             prompt_ids: &self.prompt_ids,
             completion_ids: &self.completion_ids,
             prompt_mask: Some(&self.prompt_mask),
             completion_mask: Some(&self.completion_mask),
             completion_logprobs: Some(&self.completion_logprobs),
-            temperature: stowplan::Temperature::PerToken(&self.completion_temperatures),
+            temperature: stowplan::materialize::Temperature::PerToken(&self.completion_temperatures),
             advantage: self.advantage,
             run: self.lora,
             teacher_logprobs: self.teacher_logprobs.as_deref(),
@@ -713,18 +719,20 @@ pub fn check_prime_rl_vector(kernel: &Kernel, v: &Value) -> Result<bool, String>
         .filter(|b| !b.is_empty())
         .collect();
     let opts = stowplan::MaterializeOptions {
-        padding: stowplan::Padding::PerMicroBatch(multiple.filter(|&m| m > 1).unwrap_or(1) as u64),
+        padding: stowplan::kernel::Padding::PerMicroBatch(multiple.filter(|&m| m > 1).unwrap_or(1) as u64),
         num_runs: Some(num_loras),
         mix_runs: true,
         allow_empty_completion: true,
         ..stowplan::MaterializeOptions::new(u64::MAX, 1)
     };
-    let borrowed: Vec<stowplan::Sample<'_>> = kept.iter().map(|&i| samples[i].sample()).collect();
+    let borrowed: Vec<stowplan::materialize::Sample<'_>> = kept.iter().map(|&i| samples[i].sample()).collect();
     let plan = vec![rows_plan.iter().map(Vec::as_slice).collect::<Vec<_>>()];
     let mut rows = if kept.is_empty() {
         Vec::new()
     } else {
-        stowplan::materialize_plan(kernel, &borrowed, &plan, &opts).map_err(|e| e.to_string())?.swap_remove(0)
+        stowplan::materialize::materialize_plan(kernel, &borrowed, &plan, &opts)
+            .map_err(|e| e.to_string())?
+            .swap_remove(0)
     }
     .into_iter();
     let want = out["micro_batches"].as_array().ok_or("micro_batches")?;
@@ -789,7 +797,7 @@ fn round_floats(v: &Value) -> Value {
 
 /// Checks a prime-rl `distribute` vector (classic `prepare_batch`: packing, padding, dummies
 /// per modality group, round robin) against [`stowplan::materialize`] with
-/// [`DistributionMode::RoundRobin`](stowplan::DistributionMode::RoundRobin): the same
+/// [`DistributionMode::RoundRobin`](stowplan::materialize::DistributionMode::RoundRobin): the same
 /// micro-batches (samples in row order) on the same ranks, the same dummies (copies with the
 /// loss off) and token counts; `num_workers = 0` is the host's `invalid-argument` naming `dp`
 /// where prime-rl divides by zero. `Ok(false)`: an input the packer runtime has no notion
@@ -812,13 +820,15 @@ pub fn check_prime_rl_distribute(kernel: &Kernel, v: &Value) -> Result<bool, Str
     if samples.iter().any(|s| s.training_mode != "rl" || s.is_empty()) {
         return Ok(false);
     }
-    let borrowed: Vec<stowplan::Sample<'_>> =
-        samples.iter().map(|s| stowplan::Sample { extra_cost: u64::from(s.multimodal), ..s.sample() }).collect();
+    let borrowed: Vec<stowplan::materialize::Sample<'_>> = samples
+        .iter()
+        .map(|s| stowplan::materialize::Sample { extra_cost: u64::from(s.multimodal), ..s.sample() })
+        .collect();
     let options = stowplan::MaterializeOptions {
-        padding: stowplan::Padding::PerMicroBatch(multiple),
+        padding: stowplan::kernel::Padding::PerMicroBatch(multiple),
         num_runs: Some(num_loras),
         allow_empty_completion: true,
-        distribution: stowplan::DistributionMode::RoundRobin,
+        distribution: stowplan::materialize::DistributionMode::RoundRobin,
         ..stowplan::MaterializeOptions::new(seq_len, dp)
     };
     let m = match (stowplan::materialize(kernel, &borrowed, &options), v.get("error")) {

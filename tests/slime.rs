@@ -1,11 +1,11 @@
 //! Checks of the slime oracle vectors (`vectors/slime/*.json`, schema
 //! `stowplan-peer-oracle/1`, made by running slime's own code at `peer_commit`) against
-//! stowplan's slime reproductions ([`stowplan::SlimeApi`], and verl's KK for integer
+//! stowplan's slime reproductions ([`stowplan::kernel::SlimeApi`], and verl's KK for integer
 //! `kk_partition` inputs).
 
 use serde_json::{Value, json};
-use stowplan::slime as ks;
-use stowplan::{Kernel, VerlFunction};
+use stowplan::peers::slime as ks;
+use stowplan::{Kernel, kernel::VerlFunction};
 
 fn i64s(v: &Value, what: &str) -> Result<Vec<i64>, String> {
     v.as_array()
@@ -139,7 +139,7 @@ pub fn check_slime_vector(kernel: &Kernel, v: &Value) -> Result<(), String> {
                 .verl(VerlFunction::GetSeqlenBalancedPartitions, &seqlens, k, eq)
                 .map_err(|e| e.to_string())?
                 .map_err(|e| match e {
-                    stowplan::PyError::AssertionError(m) => ks::SlimeError::AssertionError(m),
+                    stowplan::peers::verl::PyError::AssertionError(m) => ks::SlimeError::AssertionError(m),
                     other => ks::SlimeError::InvalidArgument(other.to_string()),
                 });
             outcome(r, v, |p| same(json!(p), &out["partitions"]))

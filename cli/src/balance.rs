@@ -5,7 +5,7 @@ use std::fmt;
 
 use serde::Serialize;
 use stowplan::json::{Levels, Micro};
-use stowplan::{Balance, Cost, DpOptions, MicroBatches, MicroLimits, MicroOptions, Order, TwoLevelBalance};
+use stowplan::kernel::{Balance, Cost, DpOptions, MicroBatches, MicroLimits, MicroOptions, Order, TwoLevelBalance};
 
 use crate::common::{Common, CostJson, CostText, KernelRun, ReadyKernel, min_max, named, print_report};
 use crate::failure::Failure;
@@ -210,7 +210,7 @@ pub fn run(a: Args) -> Result<(), Failure> {
     let labels = a
         .group_size
         .filter(|_| a.dp > 1)
-        .map(|g| stowplan::group_labels(lengths.len(), g.into(), !a.unequal_count))
+        .map(|g| stowplan::kernel::group_labels(lengths.len(), g.into(), !a.unequal_count))
         .transpose()?;
     let dp_options = DpOptions {
         cost: a.cost,

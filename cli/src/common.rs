@@ -10,7 +10,10 @@ use std::time::Instant;
 
 use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
 use serde::Serialize;
-use stowplan::{Backend, Cost, Kernel, Named};
+use stowplan::{
+    Backend, Kernel,
+    kernel::{Cost, Named},
+};
 
 use crate::failure::Failure;
 use crate::input::InputArgs;

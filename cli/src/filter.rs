@@ -7,7 +7,11 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 use stowplan::plugins::{MAX_PLUGIN_BYTES, hash_plugin, read_plugin};
-use stowplan::{BufferColumns, Error, FilterContext, FilterOptions, WasmFilter};
+use stowplan::{
+    Error, WasmFilter,
+    plugins::FilterOptions,
+    rollout::{BufferColumns, FilterContext},
+};
 
 use crate::common::{print_human, print_json};
 use crate::failure::Failure;

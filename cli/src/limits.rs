@@ -4,7 +4,7 @@
 use std::fmt;
 
 use serde::Serialize;
-use stowplan::MAX_RESOURCES;
+use stowplan::kernel::MAX_RESOURCES;
 
 use crate::failure::Failure;
 use crate::input::Text;

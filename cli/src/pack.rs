@@ -4,8 +4,8 @@ use std::fmt;
 
 use serde::Serialize;
 use stowplan::json::Bins;
-use stowplan::stream::{DEFAULT_MAX_BUFFERED, DEFAULT_MAX_OPEN_BINS, MAX_BUFFERED, MAX_OPEN_BINS};
-use stowplan::{MultiMethod, MultiOptions, MultiPacking, Named, OversizePolicy, PackOptions, Packing};
+use stowplan::kernel::stream::{DEFAULT_MAX_BUFFERED, DEFAULT_MAX_OPEN_BINS, MAX_BUFFERED, MAX_OPEN_BINS};
+use stowplan::kernel::{MultiMethod, MultiOptions, MultiPacking, Named, OversizePolicy, PackOptions, Packing};
 
 use crate::common::{Common, KernelRun, ReadyKernel, name, named, print_report};
 use crate::failure::Failure;

@@ -7,7 +7,7 @@
 //! policies of `stowplan.arrow.pack_table`, whose output this equals row for row); the values
 //! are copied run by run from the memory-mapped input with arrow-data's `MutableArrayData`,
 //! batch by batch (a thread gathers the next batch while the last one is written), into an
-//! [`stowplan::AtomicFile`]: OUT appears whole or not at all. Columns of numbers or booleans
+//! [`stowplan::runtime::AtomicFile`]: OUT appears whole or not at all. Columns of numbers or booleans
 //! are packed (token ids, labels, masks, log-probabilities); other value types (strings,
 //! nested lists, dictionaries) are refused, naming the column: `stowplan.hf` packs those.
 //! A progress bar counts the rows written on a terminal. SIGINT or SIGTERM while writing
@@ -21,7 +21,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use serde::Serialize;
-use stowplan::{Backend, RowPacking};
+use stowplan::{Backend, rows::RowPacking};
 
 use crate::common::{named, print_report};
 use crate::failure::Failure;
@@ -164,7 +164,7 @@ pub fn run(args: Args) -> Result<(), Failure> {
     print_report(&report, args.json)
 }
 
-/// `--seq-length`: an integer in the host's range (`stowplan::check_seq_length`), refused
+/// `--seq-length`: an integer in the host's range (`stowplan::rows::check_seq_length`), refused
 /// naming that range whatever was given (a negative number, a fraction, a word).
 /// One name of `--columns`, spaces around it dropped (`--columns "input_ids, labels"`).
 fn column_arg(s: &str) -> Result<String, String> {
@@ -177,7 +177,7 @@ fn column_arg(s: &str) -> Result<String, String> {
 fn seq_length_arg(s: &str) -> Result<u64, String> {
     // Not a number, negative or past u64: checked as 0 (out of range like them).
     let n = s.trim().parse::<i128>().ok().and_then(|n| u64::try_from(n).ok()).unwrap_or(0);
-    stowplan::check_seq_length(n)
+    stowplan::rows::check_seq_length(n)
         .map(|()| n)
         .map_err(|e| e.to_string().replace(&format!("(got {n})"), &format!("(got {s:?})")))
 }
@@ -225,7 +225,7 @@ fn check_paths(input: &std::path::Path, out: &std::path::Path) -> Result<(), Fai
         return Err(Failure::bad(format!("OUT {shown:?}: its directory {} does not exist", dir.display())));
     }
     // A device, a FIFO or a socket is never replaced (the rule of every writer).
-    Ok(stowplan::AtomicFile::check_target(out)?)
+    Ok(stowplan::runtime::AtomicFile::check_target(out)?)
 }
 
 #[cfg(not(feature = "arrow"))]
@@ -233,7 +233,7 @@ mod table {
     //! Without the `arrow` feature: the refusal saying how to build it.
     use std::path::Path;
 
-    use stowplan::PackedRows;
+    use stowplan::rows::PackedRows;
 
     use crate::arrow::Format;
     use crate::failure::Failure;
@@ -265,7 +265,10 @@ mod table {
     use arrow_data::ArrayData;
     use arrow_data::transform::MutableArrayData;
     use arrow_schema::{DataType, Field, FieldRef, Schema};
-    use stowplan::{AtomicFile, PACKED_BATCH_TOKENS, POSITION_IDS, PackedRows, SEQ_LENGTHS};
+    use stowplan::{
+        rows::{PACKED_BATCH_TOKENS, POSITION_IDS, PackedRows, SEQ_LENGTHS},
+        runtime::AtomicFile,
+    };
 
     use crate::arrow::{Format, column_index, read_batches};
     use crate::failure::{Failure, INTERRUPTED};
@@ -395,7 +398,7 @@ mod table {
     }
 
     /// Writes `rows` of `table` to `path` as an Arrow IPC stream, atomically, in the record
-    /// batches of [`stowplan::packed_batches`]: a scoped thread gathers each batch while the
+    /// batches of [`stowplan::rows::packed_batches`]: a scoped thread gathers each batch while the
     /// one before is encoded and written. Returns the file's size.
     pub fn write(table: &Table, rows: &PackedRows, position_ids: bool, path: &Path) -> Result<u64, Failure> {
         use std::sync::atomic::{AtomicBool, Ordering};
@@ -422,7 +425,7 @@ mod table {
         let file = AtomicFile::create(path)?;
         let mut writer = arrow_ipc::writer::StreamWriter::try_new(file, &schema).map_err(arrow)?;
         let row_tokens = rows.row_tokens();
-        let ends = stowplan::packed_batches(&row_tokens, PACKED_BATCH_TOKENS);
+        let ends = stowplan::rows::packed_batches(&row_tokens, PACKED_BATCH_TOKENS);
         std::thread::scope(|scope| -> Result<(), Failure> {
             let (tx, rx) = std::sync::mpsc::sync_channel(1);
             let (schema, row_tokens) = (&schema, &row_tokens);

@@ -4,7 +4,7 @@ use std::fmt;
 
 use serde::Serialize;
 use stowplan::json::Groups;
-use stowplan::{PartitionMethod, PartitionOptions};
+use stowplan::kernel::{PartitionMethod, PartitionOptions};
 
 use crate::common::{Common, KernelRun, ReadyKernel, min_max, name, named, print_report};
 use crate::failure::Failure;

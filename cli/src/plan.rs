@@ -6,7 +6,11 @@ use std::time::Instant;
 
 use serde::Serialize;
 use stowplan::input::WORKLOADS;
-use stowplan::{Backend, LengthCache, MicroLimits, MultiMethod, Named, PlanLimits, PlanOptions, StaticPackPlan};
+use stowplan::{
+    Backend, StaticPackPlan,
+    kernel::{MicroLimits, MultiMethod, Named, PlanLimits, PlanOptions},
+    plan::length_cache::LengthCache,
+};
 
 use crate::common::{ReadyKernel, name, named, print_report};
 use crate::failure::Failure;
@@ -227,7 +231,7 @@ pub fn run(a: Args) -> Result<(), Failure> {
         (Some(dir), None) => {
             // The dataset identity: the content hash (the same data under another path is the
             // same dataset) and how lengths are read from it.
-            let identity = format!("sha256:{}", stowplan::sha256_hex(text.text.as_bytes()));
+            let identity = format!("sha256:{}", stowplan::runtime::sha256_hex(text.text.as_bytes()));
             let config = serde_json::json!({"column": column, "reader": "stowplan-cli"});
             let samples = parse(&text.text)?;
             let mut c = LengthCache::open(dir, &identity, samples.len(), &config, None)?;

@@ -11,8 +11,10 @@ use stowplan::serve::{
     FsTransport, MAX_MESSAGE_BYTES, RejectedLimits, ServeOptions, ServeSummary, Server, Transport, ZmqEndpoints,
 };
 use stowplan::{
-    Backend, Cost, DistributionMode, LossAggMode, LossNormalization, PackerOptions, RunConfig, RunProgress,
-    SampleLimits,
+    Backend, PackerOptions,
+    kernel::Cost,
+    materialize::{DistributionMode, LossAggMode, SampleLimits},
+    packer::{LossNormalization, RunConfig, RunProgress},
 };
 #[cfg(feature = "zmq")]
 use stowplan_zmq::{CurveServer, ZmqTransport, curve};

@@ -11,8 +11,8 @@ use std::time::Instant;
 
 use stowplan::input::{LengthLines, MAX_TABLE_LINE, TableRows};
 use stowplan::{
-    ClosedBins, LimitedClosedBins, LimitedStreamPacker, Named, OversizePolicy, StreamLimits, StreamOptions,
     StreamPacker,
+    kernel::{ClosedBins, LimitedClosedBins, LimitedStreamPacker, Named, OversizePolicy, StreamLimits, StreamOptions},
 };
 
 use crate::common::{Common, ReadyKernel};

@@ -349,7 +349,7 @@ fn balance_errors_exit_with_the_right_code() {
     let out = stowplan(&["balance"], None, &[]);
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("nothing to plan"));
-    // --group-size follows the host's rule (`stowplan::group_labels`), as Python's group_size=.
+    // --group-size follows the host's rule (`stowplan::kernel::group_labels`), as Python's group_size=.
     for (g, extra, want) in [
         ("0", None, "group_size must be in 1..=6 and divide the number of samples n = 6 (got 0)"),
         ("4", None, "group_size must be in 1..=6 and divide the number of samples n = 6 (got 4)"),
@@ -406,7 +406,7 @@ fn plan_summary_json_out_file_and_checksums_agree_with_the_library() {
     let api = stowplan::StaticPackPlan::build(
         &stowplan::Kernel::native(),
         &lengths,
-        &stowplan::PlanOptions::new(8192),
+        &stowplan::kernel::PlanOptions::new(8192),
         7,
         false,
     )
@@ -557,7 +557,8 @@ fn serve_keeps_micro_batches_within_limits() {
     let v = json(&out);
     assert_eq!(v["summary"]["samples"], 6, "{v}");
     assert_eq!(v["runs"][0]["progress"]["rejected"]["over_limit"], 1, "{v}");
-    let b = stowplan::RankBatch::decode(&std::fs::read(root.join("rollouts/step_0/rank_0.bin")).unwrap()).unwrap();
+    let b =
+        stowplan::packer::RankBatch::decode(&std::fs::read(root.join("rollouts/step_0/rank_0.bin")).unwrap()).unwrap();
     // 72 tokens fit one micro-batch of 256; 12 images at 4 per micro-batch need 3.
     assert_eq!(b.micro_batches.len(), 3);
     assert!(b.micro_batches.iter().all(|mb| mb.samples.len() == 2));
@@ -592,7 +593,8 @@ fn serve_caps_the_samples_of_every_micro_batch() {
     let args = ["serve", "--root", r, "--seq-len", "256", "--dp", "1", "--batch-size", "7", "--max-steps", "1"];
     let v = json(&stowplan(&[&args[..], &["--json", "--threshold", "10", "--max-segments", "2"]].concat(), None, &[]));
     assert_eq!(v["summary"]["samples"], 7, "{v}");
-    let b = stowplan::RankBatch::decode(&std::fs::read(root.join("rollouts/step_0/rank_0.bin")).unwrap()).unwrap();
+    let b =
+        stowplan::packer::RankBatch::decode(&std::fs::read(root.join("rollouts/step_0/rank_0.bin")).unwrap()).unwrap();
     // 42 tokens fit one micro-batch of 256; 7 samples at 2 per micro-batch need 4.
     let sizes: Vec<usize> = b.micro_batches.iter().map(|mb| mb.samples.len()).collect();
     assert_eq!((sizes.len(), sizes.iter().sum::<usize>()), (4, 7), "{sizes:?}");
@@ -627,7 +629,7 @@ fn serve_delivers_a_step_and_names_bad_options() {
     assert!(logs.contains("step delivered") && logs.contains("imbalance"), "{logs}");
     for rank in 0..2 {
         let bytes = std::fs::read(root.join(format!("rollouts/step_0/rank_{rank}.bin"))).unwrap();
-        let b = stowplan::RankBatch::decode(&bytes).unwrap();
+        let b = stowplan::packer::RankBatch::decode(&bytes).unwrap();
         assert_eq!((b.step, b.rank, b.keys.len()), (0, rank, 6));
     }
     let bad = stowplan(&["serve", "--root", r, "--seq-len", "0", "--dp", "2", "--batch-size", "3"], None, &[]);
@@ -739,12 +741,12 @@ fn pack_stream_writes_one_bin_per_line() {
         .lines()
         .map(|l| serde_json::from_str(l).expect("a JSON array per line"))
         .collect();
-    let options = stowplan::StreamOptions {
+    let options = stowplan::kernel::StreamOptions {
         capacity: 10,
         align: 1,
         max_open_bins: 2,
         max_buffered: 3,
-        oversize: stowplan::OversizePolicy::Drop,
+        oversize: stowplan::kernel::OversizePolicy::Drop,
     };
     let mut packer = stowplan::Kernel::native().stream_packer(&options).unwrap();
     let mut want = Vec::new();
@@ -914,20 +916,20 @@ fn pack_with_limits_reads_a_table_and_keeps_every_bin_within_every_limit() {
     // The kernel's packing, bin for bin.
     let sizes: Vec<u64> = rows.iter().flatten().copied().collect();
     let caps = [1200, 2, 1000];
-    let o = stowplan::MultiOptions {
+    let o = stowplan::kernel::MultiOptions {
         capacities: &caps,
         names: &[],
         max_segments: 3,
         align: 1,
-        method: stowplan::MultiMethod::Balanced,
-        oversize: stowplan::OversizePolicy::Error,
+        method: stowplan::kernel::MultiMethod::Balanced,
+        oversize: stowplan::kernel::OversizePolicy::Error,
     };
     // Balanced fill is the default with limits.
     assert_eq!(v["method"], "balanced");
     let want = stowplan::Kernel::native().pack_multi(&sizes, &o).unwrap();
     assert_eq!(
         bins,
-        stowplan::unflatten(&want.packing.offsets, &want.packing.indices)
+        stowplan::kernel::unflatten(&want.packing.offsets, &want.packing.indices)
             .iter()
             .map(|b| b.iter().map(|&i| i as u64).collect::<Vec<_>>())
             .collect::<Vec<_>>()
@@ -1012,12 +1014,12 @@ fn plan_with_limits_records_them_in_the_plan_file() {
     let tokens = [900, 300, 700, 500, 200, 600, 1300, 400];
     let extra = [800, 2, 0, 0, 600, 1, 300, 1, 0, 0, 0, 0, 0, 0, 50, 3];
     let names = ["image_tokens".to_string(), "images".to_string()];
-    let limits = stowplan::PlanLimits {
-        limits: stowplan::MicroLimits { sizes: &extra, caps: &[1000, 2], names: &names },
+    let limits = stowplan::kernel::PlanLimits {
+        limits: stowplan::kernel::MicroLimits { sizes: &extra, caps: &[1000, 2], names: &names },
         max_segments: 3,
-        method: stowplan::MultiMethod::Balanced,
+        method: stowplan::kernel::MultiMethod::Balanced,
     };
-    let o = stowplan::PlanOptions { allow_single_long: true, ..stowplan::PlanOptions::new(1200) };
+    let o = stowplan::kernel::PlanOptions { allow_single_long: true, ..stowplan::kernel::PlanOptions::new(1200) };
     let want =
         stowplan::StaticPackPlan::build_limited(&stowplan::Kernel::native(), &tokens, &o, &limits, 1, false).unwrap();
     assert_eq!(saved, want);
@@ -1093,8 +1095,12 @@ fn stream_with_limits_reads_a_table_and_gives_the_library_bins() {
     let bins: Vec<Vec<u64>> =
         String::from_utf8(out.stdout.clone()).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
     // The library's packer on the same rows, in one call.
-    let options = stowplan::StreamOptions { max_open_bins: 8, max_buffered: 64, ..stowplan::StreamOptions::new(4096) };
-    let limits = stowplan::StreamLimits {
+    let options = stowplan::kernel::StreamOptions {
+        max_open_bins: 8,
+        max_buffered: 64,
+        ..stowplan::kernel::StreamOptions::new(4096)
+    };
+    let limits = stowplan::kernel::StreamLimits {
         caps: vec![1500, 5],
         names: vec!["image_tokens".into(), "images".into()],
         max_segments: 6,
@@ -1164,19 +1170,22 @@ fn balance_with_limits_gives_the_library_plan_within_every_limit() {
     let sizes: Vec<u64> = rows.iter().flat_map(|r| [r[1], r[2]]).collect();
     let extra: Vec<u64> = rows.iter().map(|r| r[1]).collect();
     let names = ["image_tokens".to_string(), "images".to_string()];
-    let limits = stowplan::MicroLimits { sizes: &sizes, caps: &[500, 5], names: &names };
-    let dp = stowplan::DpOptions {
-        cost: stowplan::Cost::ATTENTION,
+    let limits = stowplan::kernel::MicroLimits { sizes: &sizes, caps: &[500, 5], names: &names };
+    let dp = stowplan::kernel::DpOptions {
+        cost: stowplan::kernel::Cost::ATTENTION,
         extra_costs: Some(&extra),
-        ..stowplan::DpOptions::default()
+        ..stowplan::kernel::DpOptions::default()
     };
-    let micro = stowplan::MicroOptions { cost: stowplan::Cost::ATTENTION, ..stowplan::MicroOptions::new(1000) };
+    let micro = stowplan::kernel::MicroOptions {
+        cost: stowplan::kernel::Cost::ATTENTION,
+        ..stowplan::kernel::MicroOptions::new(1000)
+    };
     let want = stowplan::Kernel::native().plan_limited(&lengths, 2, &dp, &micro, &limits).unwrap();
     assert_eq!(v["extra_cost"], "image_tokens");
     for (r, rank) in want.ranks.iter().enumerate() {
         let got = &v["micro_batches"][r];
         let batches: Vec<Vec<u32>> = serde_json::from_value(got["batches"].clone()).unwrap();
-        assert_eq!(batches, stowplan::unflatten(&rank.offsets, &rank.indices), "rank {r}");
+        assert_eq!(batches, stowplan::kernel::unflatten(&rank.offsets, &rank.indices), "rank {r}");
         let loads: Vec<[u64; 2]> = serde_json::from_value(got["resource_loads"].clone()).unwrap();
         for (b, members) in batches.iter().enumerate() {
             let load = |q: usize| members.iter().map(|&i| rows[i as usize][q]).sum::<u64>();
@@ -1192,12 +1201,12 @@ fn balance_with_limits_gives_the_library_plan_within_every_limit() {
     let v = json(&stowplan(&[&one[..], &["--json"]].concat(), Some(&table), &[]));
     let sizes: Vec<u64> = rows.iter().map(|r| r[2]).collect();
     let names = ["images".to_string()];
-    let limits = stowplan::MicroLimits { sizes: &sizes, caps: &[5], names: &names };
+    let limits = stowplan::kernel::MicroLimits { sizes: &sizes, caps: &[5], names: &names };
     let want = stowplan::Kernel::native()
-        .micro_batches_limited(&lengths, None, &limits, &stowplan::MicroOptions::new(1000))
+        .micro_batches_limited(&lengths, None, &limits, &stowplan::kernel::MicroOptions::new(1000))
         .unwrap();
     let batches: Vec<Vec<u32>> = serde_json::from_value(v["micro_batches"]["batches"].clone()).unwrap();
-    assert_eq!(batches, stowplan::unflatten(&want.plan.offsets, &want.plan.indices));
+    assert_eq!(batches, stowplan::kernel::unflatten(&want.plan.offsets, &want.plan.indices));
     let text = String::from_utf8(stowplan(&one, Some(&table), &[]).stdout).unwrap();
     assert!(text.contains("images") && text.contains("per micro-batch at most"), "{text}");
     // Refusals name the argument.

@@ -7,7 +7,7 @@
 use libfuzzer_sys::fuzz_target;
 use stowplan::serve::{ControlMessage, DeliveryMark, Message, RankMessage, Receipts, Refusal};
 use stowplan::wire::{FORMATS, Format};
-use stowplan::{MicroBatch, PackerState, RankBatch, TrainingBatch};
+use stowplan::{materialize::MicroBatch, packer::{PackerState, RankBatch}, TrainingBatch};
 
 /// `body` framed as a message of `format`.
 fn frame(format: &Format, body: &[u8]) -> Vec<u8> {

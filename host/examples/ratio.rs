@@ -8,7 +8,10 @@
 use std::path::PathBuf;
 use std::time::Instant;
 
-use stowplan::{Kernel, OversizePolicy, PackMethod, PackOptions, PartitionOptions};
+use stowplan::{
+    Kernel,
+    kernel::{OversizePolicy, PackMethod, PackOptions, PartitionOptions},
+};
 
 fn workload(name: &str, take: usize) -> Vec<u64> {
     let dir = std::env::var_os("STOWPLAN_WORKLOADS")

@@ -13,8 +13,11 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use stowplan::{
-    Backend, Kernel, MicroLimits, MultiMethod, MultiOptions, OversizePolicy, PackOptions, PlanLimits, PlanOptions,
-    StreamLimits, StreamOptions,
+    Backend, Kernel,
+    kernel::{
+        MicroLimits, MultiMethod, MultiOptions, OversizePolicy, PackOptions, PlanLimits, PlanOptions, StreamLimits,
+        StreamOptions,
+    },
 };
 
 const METHODS: [MultiMethod; 3] = [MultiMethod::Balanced, MultiMethod::Bfd, MultiMethod::Ffd];

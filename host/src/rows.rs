@@ -15,7 +15,10 @@
 use std::fmt;
 use std::str::FromStr;
 
-use crate::{Backend, Error, Kernel, PackMethod, PackOptions};
+use crate::{
+    Backend, Error, Kernel,
+    kernel::{PackMethod, PackOptions},
+};
 
 /// How rows are packed: the kernel's plan under an [`Overflow`] policy, or `wrapped`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

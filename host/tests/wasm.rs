@@ -2,8 +2,11 @@
 
 use proptest::prelude::*;
 use stowplan::{
-    Backend, Kernel, MultiMethod, MultiOptions, OversizePolicy, PackMethod, PackOptions, PartitionMethod,
-    PartitionOptions, VerlFunction,
+    Backend, Kernel,
+    kernel::{
+        MultiMethod, MultiOptions, OversizePolicy, PackMethod, PackOptions, PartitionMethod, PartitionOptions,
+        VerlFunction,
+    },
 };
 
 #[test]
@@ -17,7 +20,10 @@ fn component_imports_nothing() {
 
 #[test]
 fn embedded_component_matches_recorded_hash() {
-    assert_eq!(stowplan::sha256_hex(stowplan::KERNEL_WASM), stowplan::KERNEL_WASM_SHA256.trim());
+    assert_eq!(
+        stowplan::runtime::sha256_hex(stowplan::kernel::KERNEL_WASM),
+        stowplan::kernel::KERNEL_WASM_SHA256.trim()
+    );
 }
 
 #[test]

@@ -17,7 +17,8 @@ use alloc::borrow::Cow;
 use alloc::vec::Vec;
 
 use crate::rooms::RoomIndex;
-use crate::{Error, checked_len, invalid, key_weight, sorted_desc, sorted_desc_keys};
+use crate::sort::{key_weight, sorted_desc, sorted_desc_keys};
+use crate::{Error, checked_len, invalid};
 
 /// The packing algorithm.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]

@@ -5,7 +5,7 @@
 //!   even without `equal_size` (empty sets are implicit), time O(n log n + merges).
 //! - [`PartitionMethod::Greedy`]: longest processing time first (LPT), O(n log n).
 //! - [`PartitionMethod::Verl`]: verl 0.9.1's `get_seqlen_balanced_partitions`, reproduced
-//!   exactly (group order and member order included); see [`crate::verl`].
+//!   exactly (group order and member order included); see [`crate::peers::verl`].
 //!
 //! With `refine`, the `kk` and `greedy` results are improved by pairwise moves and swaps
 //! between groups (see `refine.rs`): each accepted step strictly reduces the sum of
@@ -18,11 +18,8 @@ use alloc::collections::{BinaryHeap, VecDeque};
 use alloc::vec::Vec;
 use core::cmp::Reverse;
 
-use crate::{Error, checked_len, checked_sum, flatten, invalid, sorted_desc};
-
-/// The former name (see [`crate::renamed`]).
-#[allow(deprecated)]
-pub use crate::renamed::Partitioning;
+use crate::sort::sorted_desc;
+use crate::{Error, checked_len, checked_sum, flatten, invalid};
 
 /// Which partitioning algorithm to run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -139,7 +136,7 @@ pub fn partition(weights: &[u64], k: u32, options: &PartitionOptions) -> Result<
                     }
                 }
             }
-            let groups = crate::verl::get_seqlen_balanced_partitions(&signed, k, options.equal_size)
+            let groups = crate::peers::verl::get_seqlen_balanced_partitions(&signed, k, options.equal_size)
                 .map_err(|e| Error::InvalidArgument(alloc::format!("verl: {e}")))?;
             return Ok(Partition::from_groups(weights, groups, k));
         }

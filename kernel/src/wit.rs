@@ -28,7 +28,7 @@ macro_rules! wit_conversions {
     ($w:ident) => {
         const _: () = {
             use $crate as k;
-            use $crate::slime as ks;
+            use $crate::peers::slime as ks;
             use $w::{
                 balance, layout, multi_micro, multi_pack, multi_plan, multi_streaming, pack, pack_compact, partition,
                 peers, plan, prime_rl, slime, streaming, types, verl,
@@ -62,13 +62,13 @@ macro_rules! wit_conversions {
                 PerSequence(m) => PerSequence, PerMicroBatch(m) => PerMicroBatch
             });
             // verl's three functions never raise `ValueError` (only the `peers` entry points do).
-            $crate::__wit_enum!(k::verl::PyError, verl::PyError {
+            $crate::__wit_enum!(k::peers::verl::PyError, verl::PyError {
                 AssertionError(m) => AssertionError,
                 IndexError(m) => IndexError,
                 TypeError(m) => TypeError,
                 ZeroDivisionError(m) => ZeroDivisionError,
                 MemoryError(m) => MemoryError;
-                k::verl::PyError::ValueError(m) => verl::PyError::AssertionError(m)
+                k::peers::verl::PyError::ValueError(m) => verl::PyError::AssertionError(m)
             });
             $crate::__wit_enum!(ks::SlimeError, slime::SlimeError {
                 AssertionError(m) => AssertionError,
@@ -83,7 +83,7 @@ macro_rules! wit_conversions {
 
             $crate::__wit_record!(k::Cost, balance::Cost { linear, quadratic });
             $crate::__wit_record!(k::Figures, balance::Figures { max, min, mean, max_over_mean, spread });
-            $crate::__wit_record!(k::verl::UnbalanceFigures, peers::SeqlenUnbalance {
+            $crate::__wit_record!(k::peers::verl::UnbalanceFigures, peers::SeqlenUnbalance {
                 min, max, minmax_diff, balanced_min, balanced_max, mean
             });
             $crate::__wit_record!(k::PartitionOptions, partition::Options { method, equal_size, refine });
@@ -113,7 +113,7 @@ macro_rules! wit_conversions {
             $crate::__wit_record!(k::StreamOptions, streaming::Options {
                 capacity, align, max_open_bins, max_buffered, oversize
             });
-            $crate::__wit_record!(k::prime_rl::BatchOptions, prime_rl::BatchOptions {
+            $crate::__wit_record!(k::peers::prime_rl::BatchOptions, prime_rl::BatchOptions {
                 seq_len, num_train_workers, linear, quadratic, pad_to_multiple_of, multimodal_same_run
             });
             $crate::__wit_record!(ks::ScheduleArgs, slime::ScheduleArgs {
@@ -243,8 +243,8 @@ macro_rules! wit_conversions {
             }
 
             // The ranks' dummy flags cross flat: rank `r`'s are as many as its bins.
-            impl From<k::prime_rl::BatchPlan> for prime_rl::BatchPlan {
-                fn from(p: k::prime_rl::BatchPlan) -> Self {
+            impl From<k::peers::prime_rl::BatchPlan> for prime_rl::BatchPlan {
+                fn from(p: k::peers::prime_rl::BatchPlan) -> Self {
                     prime_rl::BatchPlan {
                         bins: p.bins.into(),
                         multimodal: p.multimodal,
@@ -256,12 +256,12 @@ macro_rules! wit_conversions {
                 }
             }
 
-            impl From<prime_rl::BatchPlan> for k::prime_rl::BatchPlan {
+            impl From<prime_rl::BatchPlan> for k::peers::prime_rl::BatchPlan {
                 fn from(p: prime_rl::BatchPlan) -> Self {
                     let ranks: $crate::wit::Vec<$crate::wit::Vec<u32>> = p.ranks.into();
                     let mut flags = p.dummies.into_iter();
                     let dummies = ranks.iter().map(|r| flags.by_ref().take(r.len()).collect()).collect();
-                    k::prime_rl::BatchPlan {
+                    k::peers::prime_rl::BatchPlan {
                         bins: p.bins.into(),
                         multimodal: p.multimodal,
                         padding: p.padding,

@@ -4,7 +4,7 @@
 //! exercise the room buckets, large ones the ordered set.
 
 use proptest::prelude::*;
-use stowplan_kernel::trl::trl_bfd;
+use stowplan_kernel::peers::trl::trl_bfd;
 use stowplan_kernel::{Error, PackOptions, pack};
 
 /// The rule, quadratically: bins as (room, when it got that room, members).

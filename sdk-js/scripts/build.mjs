@@ -11,7 +11,7 @@
 //                                    multi/mod.rs), its option names and cost presets
 //                                    (kernel/src/names.rs), its options' defaults (what its
 //                                    options constructors set) and verl's names (the WIT's
-//                                    verl interface, kernel/src/verl.rs)
+//                                    verl interface, kernel/src/peers/verl.rs)
 //   generated/workloads/             the CLI's built-in workload, for the explorer
 //   generated/types/                 jco's TypeScript types of the WIT (wit/, with its docs):
 //                                    src/index.d.ts declares each result's kernel fields as
@@ -210,8 +210,8 @@ const defaults = {
   PlanOptions: kernelDefaults('plan.rs', 'PlanOptions', ['align', 'allow_single_long']),
   StreamOptions: kernelDefaults('stream/mod.rs', 'StreamOptions', ['align', 'oversize']),
   StreamLimits: kernelDefaults('stream/limited.rs', 'StreamLimits', ['max_segments']),
-  VerlMicroOptions: kernelDefaults('peers.rs', 'VerlMicroOptions', ['use_dynamic_bsz_balance', 'force_group_size']),
-  RollLoadBalanceOptions: kernelDefaults('peers.rs', 'RollLoadBalanceOptions', ['min_num_micro_batches', 'tp', 'cp', 'vp']),
+  VerlMicroOptions: kernelDefaults('peers/micro.rs', 'VerlMicroOptions', ['use_dynamic_bsz_balance', 'force_group_size']),
+  RollLoadBalanceOptions: kernelDefaults('peers/micro.rs', 'RollLoadBalanceOptions', ['min_num_micro_batches', 'tp', 'cp', 'vp']),
 };
 /** The cases of `kind` (`enum`, `variant`) `name` of interface `iface` in wit/kernel.wit. */
 function witCases(iface, kind, name) {
@@ -222,10 +222,10 @@ function witCases(iface, kind, name) {
 }
 /**
  * The Python exception of each case of verl's py-error (its WIT tag → class name), from
- * PyError::type_name (kernel/src/verl.rs); the tag is the variant's name in kebab-case.
+ * PyError::type_name (kernel/src/peers/verl.rs); the tag is the variant's name in kebab-case.
  */
 function pyErrors() {
-  const { path, text } = kernelSource('verl.rs');
+  const { path, text } = kernelSource('peers/verl.rs');
   const kebab = (ident) => ident.replace(/(?<!^)([A-Z])/g, '-$1').toLowerCase();
   const names = Object.fromEntries([...text.matchAll(/PyError::(\w+)\(_\) => "(\w+)",/g)].map((m) => [kebab(m[1]), m[2]]));
   const out = {};
@@ -263,7 +263,7 @@ export const SEGMENTS = ${JSON.stringify(kernelString('multi/mod.rs', 'SEGMENTS'
 export const NAMES = ${literal(Object.fromEntries(Object.entries(names).map(([type, v]) => [type, v.map(([, name]) => name)])))};
 /** The kernel's cost presets, name → [linear, quadratic] (kernel/src/names.rs COST_PRESETS, balance/mod.rs). */
 export const COST_PRESETS = ${literal(costs.presets)};
-/** The Python exception of each case of verl's py-error, WIT tag → name (kernel/src/verl.rs PyError::type_name). */
+/** The Python exception of each case of verl's py-error, WIT tag → name (kernel/src/peers/verl.rs PyError::type_name). */
 export const PY_ERRORS = ${literal(pyErrors())};
 /** The verl functions the kernel reproduces: the cases of the verl interface's function enum (wit/kernel.wit). */
 export const VERL_FUNCTIONS = ${literal(witCases('verl', 'enum', 'function'))};

@@ -8,7 +8,7 @@ use std::mem::MaybeUninit;
 use numpy::{PyArray1, PyArrayMethods, PyReadonlyArray1};
 use pyo3::prelude::*;
 use pyo3::types::PyList;
-use stowplan::{Overflow, RowPacking};
+use stowplan::rows::{Overflow, RowPacking};
 
 use crate::{BackendArg, Lengths, int_vec, invalid, kernel, opt_str, to_py, u64_arg};
 
@@ -28,7 +28,7 @@ fn int64s<'py, T: Into<u64>>(py: Python<'py>, values: Vec<T>) -> Bound<'py, PyAr
 fn row_packing_of(strategy: &Bound<'_, PyAny>, overflow: Option<&Bound<'_, PyAny>>) -> PyResult<RowPacking> {
     let py = strategy.py();
     let Ok(name) = strategy.extract::<String>() else {
-        let choices = stowplan::RowStrategy::choices();
+        let choices = stowplan::rows::RowStrategy::choices();
         return Err(invalid(py, format!("strategy must be {choices} (got {})", strategy.repr()?)));
     };
     let overflow = match overflow.filter(|o| !o.is_none()) {
@@ -43,7 +43,7 @@ fn row_packing_of(strategy: &Bound<'_, PyAny>, overflow: Option<&Bound<'_, PyAny
 
 /// row_packing(strategy, overflow) -> (str, str | None): the strategy's name (``next_fit``
 /// read as ``next-fit``) and its overflow policy (``None`` for ``wrapped``), checked together
-/// by the host (`stowplan::RowPacking::parse`). Errors: `InvalidArgumentError` naming the
+/// by the host (`stowplan::rows::RowPacking::parse`). Errors: `InvalidArgumentError` naming the
 /// argument and what it may be.
 #[pyfunction]
 #[pyo3(signature = (strategy, overflow=None))]
@@ -81,7 +81,7 @@ fn pack_rows<'py>(
 
 /// row_items(lengths, seq_length, overflow, column="", row0=0) -> (starts, lengths): the
 /// items of rows of ``lengths`` tokens under ``overflow``, in row order (the host's
-/// `stowplan::row_items`), as ``int64`` arrays; errors number rows from ``row0``.
+/// `stowplan::rows::row_items`), as ``int64`` arrays; errors number rows from ``row0``.
 #[pyfunction]
 #[pyo3(signature = (lengths, seq_length, overflow, column="", row0=0))]
 fn row_items<'py>(
@@ -96,14 +96,15 @@ fn row_items<'py>(
     let seq_length = u64_arg(seq_length, "seq_length", 1)?;
     let lengths = Lengths::extract(lengths, "lengths")?;
     let l = lengths.slice();
-    let items = py.detach(|| stowplan::row_items(l, seq_length, overflow, column, row0)).map_err(|e| to_py(py, e))?;
+    let items =
+        py.detach(|| stowplan::rows::row_items(l, seq_length, overflow, column, row0)).map_err(|e| to_py(py, e))?;
     Ok((int64s(py, items.starts), int64s(py, items.lengths)))
 }
 
 /// packed_batches(row_tokens, max_tokens) -> numpy int64 array: where the record batches of
 /// packed rows end (``row_tokens``: the tokens before each row, and the total),
 /// ``[0, r1, …, rows]``: at most ``max_tokens`` tokens each (``PACKED_BATCH_TOKENS``), or one
-/// longer row (the host's `stowplan::packed_batches`).
+/// longer row (the host's `stowplan::rows::packed_batches`).
 #[pyfunction]
 fn packed_batches<'py>(
     py: Python<'py>,
@@ -116,7 +117,7 @@ fn packed_batches<'py>(
     if t.windows(2).any(|w| w[0] > w[1]) {
         return Err(invalid(py, "row_tokens must not decrease".into()));
     }
-    let ends = py.detach(|| stowplan::packed_batches(t, max_tokens));
+    let ends = py.detach(|| stowplan::rows::packed_batches(t, max_tokens));
     Ok(int64s(py, ends.into_iter().map(|e| e as u64).collect()))
 }
 
@@ -126,11 +127,11 @@ fn packed_batches<'py>(
 #[pyo3(signature = (lengths, column="", row0=0))]
 fn check_row_lengths(py: Python<'_>, lengths: &Bound<'_, PyAny>, column: &str, row0: u64) -> PyResult<()> {
     let lengths = Lengths::extract(lengths, "lengths")?;
-    stowplan::check_row_lengths(lengths.slice(), column, row0).map_err(|e| to_py(py, e))
+    stowplan::rows::check_row_lengths(lengths.slice(), column, row0).map_err(|e| to_py(py, e))
 }
 
 /// wrapped_rows(lengths, seq_length) -> (starts, lengths, offsets): every token of rows of
-/// ``lengths`` tokens cut into rows of ``seq_length`` (the host's `stowplan::wrapped_rows`).
+/// ``lengths`` tokens cut into rows of ``seq_length`` (the host's `stowplan::rows::wrapped_rows`).
 #[pyfunction]
 fn wrapped_rows<'py>(
     py: Python<'py>,
@@ -140,7 +141,7 @@ fn wrapped_rows<'py>(
     let seq_length = u64_arg(seq_length, "seq_length", 1)?;
     let lengths = Lengths::extract(lengths, "lengths")?;
     let l = lengths.slice();
-    let rows = py.detach(|| stowplan::wrapped_rows(l, seq_length)).map_err(|e| to_py(py, e))?;
+    let rows = py.detach(|| stowplan::rows::wrapped_rows(l, seq_length)).map_err(|e| to_py(py, e))?;
     Ok((int64s(py, rows.starts), int64s(py, rows.lengths), int64s(py, rows.offsets)))
 }
 
@@ -325,14 +326,14 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(check_row_lengths, m)?)?;
     m.add_function(wrap_pyfunction!(packed_batches, m)?)?;
     m.add_function(wrap_pyfunction!(trl_bfd, m)?)?;
-    m.add("SEQ_LENGTHS", stowplan::SEQ_LENGTHS)?;
-    m.add("POSITION_IDS", stowplan::POSITION_IDS)?;
-    let strategies: Vec<&str> = stowplan::RowStrategy::ALL.iter().map(|s| s.name()).collect();
+    m.add("SEQ_LENGTHS", stowplan::rows::SEQ_LENGTHS)?;
+    m.add("POSITION_IDS", stowplan::rows::POSITION_IDS)?;
+    let strategies: Vec<&str> = stowplan::rows::RowStrategy::ALL.iter().map(|s| s.name()).collect();
     m.add("ROW_STRATEGIES", strategies)?;
     m.add("OVERFLOWS", Overflow::ALL.iter().map(|o| o.name()).collect::<Vec<_>>())?;
     m.add("DEFAULT_OVERFLOW", Overflow::default().name())?;
-    m.add("MAX_ROW_LENGTH", stowplan::MAX_ROW_LENGTH)?;
-    m.add("MAX_SEQ_LENGTH", stowplan::MAX_SEQ_LENGTH)?;
-    m.add("PACKED_BATCH_TOKENS", stowplan::PACKED_BATCH_TOKENS)?;
+    m.add("MAX_ROW_LENGTH", stowplan::rows::MAX_ROW_LENGTH)?;
+    m.add("MAX_SEQ_LENGTH", stowplan::rows::MAX_SEQ_LENGTH)?;
+    m.add("PACKED_BATCH_TOKENS", stowplan::rows::PACKED_BATCH_TOKENS)?;
     Ok(())
 }

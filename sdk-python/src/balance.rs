@@ -4,7 +4,7 @@ use numpy::{IntoPyArray, PyArray1, PyArrayMethods, PyUntypedArrayMethods};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyTuple};
-use stowplan::{Balance, Cost, DpOptions, MicroBatches, MicroOptions};
+use stowplan::kernel::{Balance, Cost, DpOptions, MicroBatches, MicroOptions};
 
 use crate::convert::{
     BackendArg, Lengths, cost_arg, int, integer, kernel, opt_parse, opt_u32, repr, str_options, u32_arg, u64_arg,
@@ -286,7 +286,7 @@ pub(crate) fn micro_batches(
     let p = py
         .detach(|| match (&limited, e) {
             (Some((sizes, caps, names)), e) => {
-                let lim = stowplan::MicroLimits { sizes, caps, names };
+                let lim = stowplan::kernel::MicroLimits { sizes, caps, names };
                 kernel.micro_batches_limited(l, e, &lim, &options).map(|p| p.plan)
             }
             (None, Some(e)) => kernel.micro_batches_with_extra(l, e, &options),
@@ -515,7 +515,7 @@ pub(crate) fn balance(
                     return Err(invalid(py, format!("group_size must be {what}in 1..={} (got {})", l.len(), repr(g))));
                 }
             };
-            Some(stowplan::group_labels(l.len(), g, equal_count).map_err(|e| to_py(py, e))?)
+            Some(stowplan::kernel::group_labels(l.len(), g, equal_count).map_err(|e| to_py(py, e))?)
         }
         (groups, None) => labels(groups, l.len())?,
     };
@@ -539,7 +539,7 @@ pub(crate) fn balance(
             (p.dp, Some(p.ranks))
         }
         (Some(m), Some((sizes, caps, names))) => {
-            let lim = stowplan::MicroLimits { sizes, caps, names };
+            let lim = stowplan::kernel::MicroLimits { sizes, caps, names };
             let p = py.detach(|| kernel.plan_limited(l, dp, &options, &m, &lim)).map_err(|e| to_py(py, e))?;
             (p.dp, Some(p.ranks))
         }

@@ -6,7 +6,7 @@ use std::hash::{Hash, Hasher};
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
-use stowplan::{EffectiveBatch, PackingConfig};
+use stowplan::{PackingConfig, plan::config::EffectiveBatch};
 
 use crate::convert::int;
 use crate::errors::{invalid, to_py};

@@ -7,7 +7,7 @@ use pyo3::exceptions::PyOverflowError;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyBool, PyFloat, PyInt, PyList, PyString, PyTuple};
-use stowplan::{Backend, Cost, Error, Kernel};
+use stowplan::{Backend, Error, Kernel, kernel::Cost};
 
 use crate::errors::{invalid, to_py};
 
@@ -351,7 +351,7 @@ impl<'py> Nullable<'py> {
     }
 }
 
-/// An option name parsed with the host's spelling (`FromStr` of the kernel's [`stowplan::Named`]
+/// An option name parsed with the host's spelling (`FromStr` of the kernel's [`stowplan::kernel::Named`]
 /// enums and [`Backend`]): the error names the option and every allowed value.
 pub(crate) fn parse<T>(py: Python<'_>, name: &str) -> PyResult<T>
 where
@@ -418,7 +418,7 @@ pub(crate) fn cost_arg(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Cost>>
 
 /// `'tokens' or 'attention'`: the kernel's cost presets.
 fn preset_names() -> String {
-    let names: Vec<String> = stowplan::COST_PRESETS.iter().map(|(n, _)| format!("'{n}'")).collect();
+    let names: Vec<String> = stowplan::kernel::COST_PRESETS.iter().map(|(n, _)| format!("'{n}'")).collect();
     names.join(" or ")
 }
 

@@ -7,7 +7,7 @@ use pyo3::exceptions::{
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyDict, PyType};
-use stowplan::{Error, PyError};
+use stowplan::{Error, peers::verl::PyError};
 
 /// The key of `e`'s class in `stowplan.errors._BY_KIND`: the host's [`Error::kind`], and for
 /// a buffer filter `filter-` and its [`FilterError::kind`](stowplan::FilterError::kind).

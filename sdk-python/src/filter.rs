@@ -6,7 +6,10 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use pyo3::prelude::*;
-use stowplan::{FilterOptions, OnFailure, WasmFilter};
+use stowplan::{
+    WasmFilter,
+    plugins::{FilterOptions, OnFailure},
+};
 
 use crate::convert::pythonized;
 use crate::str_options;

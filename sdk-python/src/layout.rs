@@ -5,7 +5,10 @@ use numpy::{IntoPyArray, PyArray1, PyReadonlyArray1, PyUntypedArrayMethods};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyList, PyString};
-use stowplan::{AlignOptions, CpRuns, Factor};
+use stowplan::{
+    kernel::{AlignOptions, Factor},
+    materialize::CpRuns,
+};
 
 use crate::{BackendArg, Lengths, invalid, kernel, opt_u32, to_py, u64_arg};
 

@@ -1,7 +1,7 @@
 //! `stowplan._stowplan`: the native layer of the Python SDK.
 //!
 //! Thin by design: it converts arguments (numpy arrays read as slices without copying, option
-//! names parsed with the kernel's [`stowplan::Named`] spellings, integer ranges checked and named once,
+//! names parsed with the kernel's [`stowplan::kernel::Named`] spellings, integer ranges checked and named once,
 //! here), calls the Rust host with the GIL released, and returns frozen result classes whose
 //! getters hand out numpy arrays owning the Rust vectors (no copy). Options are keyword-only;
 //! an omitted option (or `None`) means the host's default (`PackOptions::new`,
@@ -96,7 +96,7 @@ pub(crate) fn lock<'a, T: Send>(py: Python<'_>, m: &'a std::sync::Mutex<T>) -> s
 fn kernel_info<'py>(py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
     let imports = py.detach(Kernel::wasm_imports).map_err(|e| to_py(py, e))?;
     let d = PyDict::new(py);
-    d.set_item("sha256", stowplan::KERNEL_WASM_SHA256.trim())?;
+    d.set_item("sha256", stowplan::kernel::KERNEL_WASM_SHA256.trim())?;
     d.set_item("imports", imports)?;
     Ok(d)
 }
@@ -136,7 +136,7 @@ fn _stowplan(m: &Bound<'_, PyModule>) -> PyResult<()> {
     stream::defaults(m)?;
     // The kernel's cost presets, name -> (linear, quadratic).
     let presets = PyDict::new(m.py());
-    for (name, c) in stowplan::COST_PRESETS {
+    for (name, c) in stowplan::kernel::COST_PRESETS {
         presets.set_item(name, PyTuple::new(m.py(), [c.linear, c.quadratic])?)?;
     }
     m.add("COST_PRESETS", presets)?;

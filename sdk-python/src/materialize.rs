@@ -4,7 +4,11 @@
 use numpy::{IntoPyArray, PyArray1};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyTuple};
-use stowplan::{AlignOptions, Factor, MaterializeOptions, Padding, Sample};
+use stowplan::{
+    MaterializeOptions,
+    kernel::{AlignOptions, Factor, Padding},
+    materialize::Sample,
+};
 
 use crate::convert::{opt_i64, opt_number};
 use crate::layout::factor;
@@ -334,7 +338,7 @@ pub fn materialize(
     };
     let d = MaterializeOptions::new(capacity, opt_u32(dp, "dp", 1)?.unwrap_or(default_dp));
     let cp = opt_u32(cp, "cp", 1)?.unwrap_or(d.cp);
-    let tp = opt_u32(tp, "tp", 1)?.unwrap_or(stowplan::AlignOptions::default().tp);
+    let tp = opt_u32(tp, "tp", 1)?.unwrap_or(stowplan::kernel::AlignOptions::default().tp);
     let per_sequence = match padding {
         None => cp > 1,
         Some("sequence") => true,
@@ -368,7 +372,7 @@ pub fn materialize(
     };
     let (caps, names) = crate::multi::caps_arg(py, limits)?;
     let max_segments = opt_u64(max_segments, "max_segments", 0)?.unwrap_or(0);
-    let limits = stowplan::SampleLimits { caps, names, max_segments };
+    let limits = stowplan::materialize::SampleLimits { caps, names, max_segments };
     if plan.is_some() && !limits.is_empty() {
         return Err(invalid(
             py,
@@ -389,10 +393,10 @@ pub fn materialize(
             match &plan {
                 Some(p) => {
                     let p: Vec<Vec<&[u32]>> = p.iter().map(|r| r.iter().map(Vec::as_slice).collect()).collect();
-                    Ok((stowplan::materialize_plan(&k, &borrowed, &p, &options)?, None))
+                    Ok((stowplan::materialize::materialize_plan(&k, &borrowed, &p, &options)?, None))
                 }
                 None => {
-                    let m = stowplan::materialize_limited(&k, &borrowed, &options, &limits)?;
+                    let m = stowplan::materialize::materialize_limited(&k, &borrowed, &options, &limits)?;
                     Ok((m.ranks, Some(m.distribution)))
                 }
             }
@@ -471,7 +475,7 @@ pub fn prime_rl_ffd(
 #[pyfunction]
 pub fn round_robin(py: Python<'_>, multimodal: Vec<bool>, dp: &Bound<'_, PyAny>) -> PyResult<Vec<Vec<(u32, bool)>>> {
     let dp = u32_arg(dp, "dp", 0)?;
-    let ranks = stowplan::round_robin(&multimodal, dp).map_err(|e| to_py(py, e))?;
+    let ranks = stowplan::materialize::round_robin(&multimodal, dp).map_err(|e| to_py(py, e))?;
     Ok(ranks.into_iter().map(|r| r.into_iter().map(|d| (d.micro_batch, d.dummy)).collect()).collect())
 }
 

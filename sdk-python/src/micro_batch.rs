@@ -4,7 +4,7 @@
 use numpy::{IntoPyArray, PyArray1, PyArrayMethods, PyUntypedArrayMethods};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyTuple};
-use stowplan::{CpRuns, MicroBatch, TokenArrays};
+use stowplan::materialize::{CpRuns, MicroBatch, TokenArrays};
 
 use crate::layout::scatter;
 use crate::{int, invalid, to_py};

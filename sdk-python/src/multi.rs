@@ -56,7 +56,7 @@ pub(crate) fn limit_rows(
     limits: &Bound<'_, PyDict>,
     n: usize,
 ) -> PyResult<(Vec<u64>, Vec<u64>, Vec<String>)> {
-    let most = stowplan::MAX_RESOURCES - 1;
+    let most = stowplan::kernel::MAX_RESOURCES - 1;
     if resources.is_empty() || resources.len() > most {
         return Err(invalid(py, format!("resources must name 1 to {most} resources (got {})", resources.len())));
     }

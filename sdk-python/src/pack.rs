@@ -3,7 +3,7 @@
 use numpy::{IntoPyArray, PyArray1, PyArrayMethods, PyUntypedArrayMethods};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyTuple};
-use stowplan::{MultiOptions, PackOptions, Packing, Partition, PartitionMethod, PartitionOptions};
+use stowplan::kernel::{MultiOptions, PackOptions, Packing, Partition, PartitionMethod, PartitionOptions};
 
 use crate::convert::{BackendArg, Lengths, kernel, opt_parse, opt_u64, str_options, u32_arg, u64_arg};
 use crate::errors::{invalid, to_py};
@@ -446,8 +446,11 @@ pub(crate) fn pack_multi(
     str_options!(method, oversize);
     let d = PackOptions::new(1);
     let r = columns.len();
-    if r == 0 || r > stowplan::MAX_RESOURCES {
-        return Err(invalid(py, format!("columns must name 1 to {} resources (got {r})", stowplan::MAX_RESOURCES)));
+    if r == 0 || r > stowplan::kernel::MAX_RESOURCES {
+        return Err(invalid(
+            py,
+            format!("columns must name 1 to {} resources (got {r})", stowplan::kernel::MAX_RESOURCES),
+        ));
     }
     let mut names = Vec::with_capacity(r);
     let mut caps = Vec::with_capacity(r);
@@ -509,7 +512,7 @@ pub(crate) fn pack_multi(
         bounds.set_item(name, p.lower_bounds[q])?;
     }
     if options.max_segments > 0 {
-        bounds.set_item(stowplan::SEGMENTS, p.lower_bounds[r])?;
+        bounds.set_item(stowplan::kernel::SEGMENTS, p.lower_bounds[r])?;
     }
     let bins = p.packing.bins();
     let loads = p.resource_loads.into_pyarray(py).reshape([bins, r])?.into_any().unbind();

@@ -6,7 +6,10 @@ use std::sync::{Arc, Mutex};
 
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyTuple};
-use stowplan::{Packer, PackerOptions, PackerState, RunConfig, RunProgress, TrainingBatch};
+use stowplan::{
+    Packer, PackerOptions, TrainingBatch,
+    packer::{PackerState, RunConfig, RunProgress},
+};
 
 use crate::convert::{opt_i64, opt_number, pythonized, with_bytes};
 use crate::protocol::{duration, rank_list, training_batch};
@@ -100,8 +103,8 @@ impl PyIngestReport {
     }
 }
 
-impl From<stowplan::IngestReport> for PyIngestReport {
-    fn from(r: stowplan::IngestReport) -> Self {
+impl From<stowplan::packer::IngestReport> for PyIngestReport {
+    fn from(r: stowplan::packer::IngestReport) -> Self {
         let rejected = r.rejected.into_iter().map(|(i, reason, m)| (i, reason.name().to_string(), m)).collect();
         Self { accepted: r.accepted, rejected, duplicate: r.duplicate }
     }
@@ -191,7 +194,7 @@ impl PyPacker {
             limits: {
                 let (caps, names) = crate::multi::caps_arg(py, limits)?;
                 let max_segments = opt_u64(max_segments, "max_segments", 0)?.unwrap_or(0);
-                stowplan::SampleLimits { caps, names, max_segments }
+                stowplan::materialize::SampleLimits { caps, names, max_segments }
             },
             distribution: opt_parse(py, distribution)?.unwrap_or(d.distribution),
             ..d
@@ -396,7 +399,7 @@ impl PyCheckpointDir {
 
     /// Where batch ``(run, step)`` is spooled.
     fn batch_path(&self, py: Python<'_>, run: &Bound<'_, PyAny>, step: &Bound<'_, PyAny>) -> PyResult<PathBuf> {
-        let key = stowplan::BatchKey { run: u32_arg(run, "run", 0)?, step: u64_arg(step, "step", 0)? };
+        let key = stowplan::packer::BatchKey { run: u32_arg(run, "run", 0)?, step: u64_arg(step, "step", 0)? };
         self.with(py, |d| Ok(d.batch_path(key)))
     }
 

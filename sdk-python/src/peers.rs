@@ -2,7 +2,10 @@
 
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
-use stowplan::{DpReorder, RollLoadBalanceOptions, RollMicroBatches, VerlFunction, VerlMicroOptions};
+use stowplan::{
+    kernel::VerlFunction,
+    peers::{DpReorder, RollLoadBalanceOptions, RollMicroBatches, VerlMicroOptions},
+};
 
 use crate::convert::{BackendArg, int, int_vec, kernel, opt_i64};
 use crate::errors::{invalid, peer_error, to_py};

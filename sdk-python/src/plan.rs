@@ -8,7 +8,11 @@ use numpy::{IntoPyArray, PyArray1, PyArrayMethods};
 use pyo3::exceptions::PyIndexError;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
-use stowplan::{LengthCache, MicroLimits, MultiMethod, Named, PlanLimits, PlanOptions, StaticPackPlan};
+use stowplan::{
+    StaticPackPlan,
+    kernel::{MicroLimits, MultiMethod, Named, PlanLimits, PlanOptions},
+    plan::length_cache::LengthCache,
+};
 
 use stowplan::plan::config::{DEFAULT_PRECOMPUTE_WORKERS, DEFAULT_WAIT_TIMEOUT_S};
 

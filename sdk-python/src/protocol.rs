@@ -11,7 +11,10 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList};
 use stowplan::serve::protocol::files::control_file_name;
 use stowplan::serve::{Control, ControlMessage, RankMessage, Receipt, Receipts, ToRank, batch_file_name, send_fs};
-use stowplan::{RankBatch, RunConfig, TrainingBatch};
+use stowplan::{
+    TrainingBatch,
+    packer::{RankBatch, RunConfig},
+};
 
 use crate::convert::with_bytes;
 use crate::materialize::extract_sample;
@@ -142,7 +145,7 @@ fn encode_control<'py>(
 /// batch_file_name(run, step) -> the inbox/spool file name of a batch.
 #[pyfunction(name = "batch_file_name")]
 fn py_batch_file_name(run: &Bound<'_, PyAny>, step: &Bound<'_, PyAny>) -> PyResult<String> {
-    Ok(batch_file_name(stowplan::BatchKey { run: u32_arg(run, "run", 0)?, step: u64_arg(step, "step", 0)? }))
+    Ok(batch_file_name(stowplan::packer::BatchKey { run: u32_arg(run, "run", 0)?, step: u64_arg(step, "step", 0)? }))
 }
 
 /// fs_send(root, name, data) -> path: writes an encoded message into ROOT/inbox atomically.
@@ -156,17 +159,19 @@ fn fs_send(py: Python<'_>, root: PathBuf, name: &str, data: &[u8]) -> PyResult<P
 /// of the directory), as the host writes its own files.
 #[pyfunction]
 fn write_atomic(py: Python<'_>, path: PathBuf, data: &Bound<'_, PyAny>) -> PyResult<()> {
-    with_bytes(data, "data", |bytes| py.detach(|| stowplan::write_atomic(&path, bytes)).map_err(|e| to_py(py, e)))
+    with_bytes(data, "data", |bytes| {
+        py.detach(|| stowplan::runtime::write_atomic(&path, bytes)).map_err(|e| to_py(py, e))
+    })
 }
 
 /// AtomicFile(path): a binary file written piece by piece (``write``) that replaces the file at
 /// ``path`` atomically on ``commit()`` (temporary file beside it, fsync, rename, fsync of the
-/// directory: the host's `stowplan::AtomicFile`, as ``write_atomic`` for content too large to
+/// directory: the host's `stowplan::runtime::AtomicFile`, as ``write_atomic`` for content too large to
 /// hold); closed without a commit — ``close()``, or leaving a ``with`` block by an exception —
 /// the temporary file is removed and ``path`` left as it was. A sink for ``pyarrow`` writers.
 #[pyclass(name = "AtomicFile", module = "stowplan._stowplan")]
 pub(crate) struct PyAtomicFile {
-    file: Option<stowplan::AtomicFile>,
+    file: Option<stowplan::runtime::AtomicFile>,
     path: PathBuf,
     written: u64,
 }
@@ -175,7 +180,7 @@ pub(crate) struct PyAtomicFile {
 impl PyAtomicFile {
     #[new]
     fn new(py: Python<'_>, path: PathBuf) -> PyResult<Self> {
-        let file = py.detach(|| stowplan::AtomicFile::create(&path)).map_err(|e| to_py(py, e))?;
+        let file = py.detach(|| stowplan::runtime::AtomicFile::create(&path)).map_err(|e| to_py(py, e))?;
         Ok(PyAtomicFile { file: Some(file), path, written: 0 })
     }
 
@@ -239,7 +244,7 @@ impl PyAtomicFile {
 }
 
 impl PyAtomicFile {
-    fn open(&mut self, py: Python<'_>) -> PyResult<&mut stowplan::AtomicFile> {
+    fn open(&mut self, py: Python<'_>) -> PyResult<&mut stowplan::runtime::AtomicFile> {
         self.file.as_mut().ok_or_else(|| invalid(py, "the AtomicFile is committed or closed".into()))
     }
 }

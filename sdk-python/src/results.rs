@@ -6,7 +6,7 @@ use pyo3::exceptions::{PyIndexError, PyValueError, PyZeroDivisionError};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyDict, PyList, PySlice, PyTuple};
-use stowplan::UnbalanceError;
+use stowplan::peers::verl::UnbalanceError;
 
 use crate::errors::invalid;
 
@@ -131,7 +131,7 @@ pub(crate) fn verl_unbalance<'py>(
     partitions: &[Vec<i64>],
     prefix: &str,
 ) -> PyResult<Bound<'py, PyDict>> {
-    let u = stowplan::verl_log_seqlen_unbalance(seqlens, partitions).map_err(|e| match e {
+    let u = stowplan::peers::verl::log_seqlen_unbalance(seqlens, partitions).map_err(|e| match e {
         UnbalanceError::ZeroDivision(m) => PyZeroDivisionError::new_err(m),
         UnbalanceError::Value(m) => PyValueError::new_err(m),
         UnbalanceError::Index(m) => PyIndexError::new_err(m),

@@ -1,5 +1,5 @@
 //! slime's micro-batch scheduling for Python (`stowplan.compat.slime`): thin conversions
-//! around the host's [`stowplan::SlimeApi`]; the algorithms live in the kernel.
+//! around the host's [`stowplan::kernel::SlimeApi`]; the algorithms live in the kernel.
 //!
 //! Failures: slime's `AssertionError`s as `AssertionError` with slime's message; arguments
 //! outside what slime handles as `InvalidArgumentError`; a model attribute slime would read
@@ -9,7 +9,7 @@
 use pyo3::exceptions::{PyAssertionError, PyAttributeError};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyFloat, PyInt, PyList, PyTuple};
-use stowplan::slime::{Arg, Flops, FlopsArgs, LayerFreq, PythonSum, ScheduleArgs, SlimeError};
+use stowplan::peers::slime::{Arg, Flops, FlopsArgs, LayerFreq, PythonSum, ScheduleArgs, SlimeError};
 
 use crate::{BackendArg, int, int_vec, invalid, kernel, repr, to_py};
 

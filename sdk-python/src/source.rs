@@ -5,7 +5,10 @@ use std::path::PathBuf;
 
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList};
-use stowplan::{DataSource, DataSourceOptions, Group, RolloutSample, Status};
+use stowplan::{
+    DataSource,
+    rollout::{DataSourceOptions, Group, RolloutSample, Status},
+};
 
 use crate::filter::PyFilter;
 use crate::str_options;
@@ -318,7 +321,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
 }
 
 /// The first `n` bytes of every sample's payload in `buffer`, group by group.
-fn payload_heads<'py>(py: Python<'py>, buffer: &[stowplan::Group], n: usize) -> PyResult<Bound<'py, PyList>> {
+fn payload_heads<'py>(py: Python<'py>, buffer: &[stowplan::rollout::Group], n: usize) -> PyResult<Bound<'py, PyList>> {
     let out = PyList::empty(py);
     for g in buffer {
         let heads: Vec<Bound<'py, PyBytes>> =

@@ -5,8 +5,11 @@ use std::sync::Mutex;
 
 use pyo3::prelude::*;
 use pyo3::types::{PyByteArray, PyBytes, PyDict, PyList, PyTuple};
-use stowplan::stream::{DEFAULT_MAX_BUFFERED, DEFAULT_MAX_OPEN_BINS, MAX_BUFFERED, MAX_OPEN_BINS};
-use stowplan::{ClosedBins, LimitedStreamPacker, Named, StreamLimits, StreamOptions, StreamPacker};
+use stowplan::kernel::stream::{DEFAULT_MAX_BUFFERED, DEFAULT_MAX_OPEN_BINS, MAX_BUFFERED, MAX_OPEN_BINS};
+use stowplan::{
+    StreamPacker,
+    kernel::{ClosedBins, LimitedStreamPacker, Named, StreamLimits, StreamOptions},
+};
 
 use crate::str_options;
 use crate::{BackendArg, Lengths, int, invalid, kernel, opt_parse, opt_u64, to_py, u64_arg};
@@ -80,7 +83,7 @@ impl Inner {
         }
     }
 
-    fn status(&mut self) -> Result<stowplan::StreamStatus, stowplan::Error> {
+    fn status(&mut self) -> Result<stowplan::kernel::StreamStatus, stowplan::Error> {
         match self {
             Inner::Plain(p) => p.status(),
             Inner::Limited(p) => p.status(),
@@ -123,7 +126,7 @@ impl PyStreamPacker {
         .map_err(|e| to_py(py, e))
     }
 
-    fn status(&self, py: Python<'_>) -> PyResult<stowplan::StreamStatus> {
+    fn status(&self, py: Python<'_>) -> PyResult<stowplan::kernel::StreamStatus> {
         self.with(py, |p| p.status())
     }
 }

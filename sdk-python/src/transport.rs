@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use pyo3::exceptions::PyBaseException;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList};
-use stowplan::BatchKey;
+use stowplan::packer::BatchKey;
 use stowplan::serve::protocol::files::missing_file_error;
 use stowplan::serve::{
     Arrival, BatchSender, Control, FileRankClient, FileRankOptions, HEARTBEAT, MessageKey, RankReceiver, Receipts,

@@ -24,7 +24,10 @@ use stowplan::serve::{
     Control, FileRankClient, FileRankOptions, FsTransport, MessageKey, RankMessage, Receipt, ServeOptions, Server,
     ZmqEndpoints, batch_file_name, send_fs,
 };
-use stowplan::{Error, Kernel, PackerOptions, RankBatch, RunConfig, SampleKey, TrainingBatch, TrainingSample};
+use stowplan::{
+    Error, Kernel, PackerOptions, TrainingBatch, TrainingSample,
+    packer::{RankBatch, RunConfig, SampleKey},
+};
 use stowplan_zmq::{ZmqBatchSender, ZmqRankClient, ZmqRankOptions, ZmqSenderOptions, ZmqTransport};
 
 const SEQ_LEN: u64 = 256;

@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use stowplan::serve::{ServeOptions, Server, ZmqEndpoints};
-use stowplan::{Error, Kernel, PackerOptions, RunConfig, TrainingBatch, TrainingSample};
+use stowplan::{Error, Kernel, PackerOptions, TrainingBatch, TrainingSample, packer::RunConfig};
 use stowplan_zmq::{
     Certificate, CurveClient, CurveServer, ZmqBatchSender, ZmqRankClient, ZmqRankOptions, ZmqSenderOptions,
     ZmqTransport, curve_available,

@@ -5,7 +5,8 @@
 use proptest::prelude::*;
 use serde_json::json;
 use stowplan::{
-    BufferFilter, BufferView, DataSource, DataSourceOptions, Error, FilterContext, FilterError, Group, Kernel, Status,
+    DataSource, Error, FilterError, Kernel,
+    rollout::{BufferFilter, BufferView, DataSourceOptions, FilterContext, Group, Status},
 };
 
 fn records(n: usize) -> Vec<serde_json::Value> {

@@ -11,8 +11,10 @@ use std::sync::Arc;
 
 use stowplan::serve::{Control, ControlMessage, DeliveryMark, Message, RankMessage, Receipt, Receipts, Refusal};
 use stowplan::{
-    DataSource, DataSourceOptions, Kernel, LengthCache, Packer, PackerOptions, PackerState, RankBatch, RunConfig,
-    TrainingBatch, TrainingSample,
+    DataSource, Kernel, Packer, PackerOptions, TrainingBatch, TrainingSample,
+    packer::{PackerState, RankBatch, RunConfig},
+    plan::length_cache::LengthCache,
+    rollout::DataSourceOptions,
 };
 
 /// A training batch of `n` samples with every optional field set.
@@ -70,7 +72,7 @@ fn every_flipped_bit_and_truncation_of_every_format_is_refused() {
         ("packer state (state.bin)", state.encode().unwrap(), Box::new(|b| PackerState::decode(b).is_ok())),
         ("spooled training batch", spooled.encode().unwrap(), Box::new(|b| TrainingBatch::decode(b).is_ok())),
         ("rank batch (rank_R.bin)", step.ranks[1].encode().unwrap(), Box::new(|b| RankBatch::decode(b).is_ok())),
-        ("micro-batch", micro.encode().unwrap(), Box::new(|b| stowplan::MicroBatch::decode(b).is_ok())),
+        ("micro-batch", micro.encode().unwrap(), Box::new(|b| stowplan::materialize::MicroBatch::decode(b).is_ok())),
         (
             "control message",
             ControlMessage::new(Control::AddRun { run: 3, config: RunConfig { batch_size: 8 } }).encode().unwrap(),
@@ -147,10 +149,10 @@ fn every_flipped_bit_and_truncation_of_every_format_is_refused() {
     // The streaming packer's state (SPSK, the kernel's own framing with a sha256): a packer
     // holding buffered items and open bins, restored through the WASM component.
     let mut stream = Kernel::native()
-        .stream_packer(&stowplan::StreamOptions {
+        .stream_packer(&stowplan::kernel::StreamOptions {
             max_open_bins: 3,
             max_buffered: 4,
-            ..stowplan::StreamOptions::new(100)
+            ..stowplan::kernel::StreamOptions::new(100)
         })
         .unwrap();
     stream.add(&[30, 70, 45, 10, 5, 60, 25, 90]).unwrap();

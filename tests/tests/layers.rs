@@ -283,3 +283,51 @@ fn the_checks_see_through_reexports_groups_and_comments() {
         (Some(&"a".to_string()), Some(&"c".to_string()), None)
     );
 }
+
+/// The names a crate root offers: its public modules, the leaves of its `pub use` statements
+/// (a group's every name, `X as Y` as `Y`) and its own public items.
+fn root_names(root_code: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for stmt in root_code.split(';') {
+        if let Some((_, path)) = stmt.rsplit_once("pub use ") {
+            let leaves = path.replace(['{', '}'], ",");
+            for leaf in leaves.split(',').map(str::trim).filter(|l| !l.is_empty() && !l.ends_with("::")) {
+                let name = leaf.rsplit(' ').next().unwrap_or(leaf).rsplit("::").next().unwrap_or(leaf);
+                out.push(ident(name).to_string());
+            }
+        } else if let Some((_, name)) = stmt.rsplit_once("pub mod ") {
+            out.push(ident(name.trim()).to_string());
+        }
+    }
+    for line in root_code.lines() {
+        for kind in ["fn", "struct", "enum", "const", "static", "trait", "type"] {
+            if let Some(rest) = line.strip_prefix(&format!("pub {kind} ")) {
+                out.push(ident(rest).to_string());
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// ARCHITECTURE.md, "Code map": the host's root offers its modules and a handful of entry
+/// types (at most 40 names), every other item lives in the module its path names, and no
+/// deprecated alias is kept there.
+#[test]
+fn the_host_root_offers_its_modules_and_the_entry_types() {
+    let text = code(&fs::read_to_string(root().join("host/src/lib.rs")).expect("host/src/lib.rs"));
+    let names = root_names(&text);
+    assert!(names.len() <= 40, "the host root offers {} names (at most 40): {names:?}", names.len());
+    for module in ["kernel", "materialize", "packer", "peers", "rollout", "rows", "runtime", "serve", "wire"] {
+        assert!(names.iter().any(|n| n == module), "the host root offers the module {module}: {names:?}");
+    }
+    assert!(!text.contains("deprecated"), "the host root keeps no deprecated alias");
+    let kernel = code(&fs::read_to_string(root().join("kernel/src/lib.rs")).expect("kernel/src/lib.rs"));
+    assert!(!kernel.contains("deprecated"), "the kernel root keeps no deprecated alias");
+}
+
+#[test]
+fn root_names_counts_modules_group_leaves_aliases_and_items() {
+    let text = "pub mod a;\n#[cfg(x)]\npub use a::{X, b::{Y, Z as W}};\npub use c::V;\nmod d;\npub fn f() {}\n";
+    assert_eq!(root_names(&code(text)), ["V", "W", "X", "Y", "a", "f"]);
+}

@@ -5,7 +5,11 @@
 //! per mini-batch when each mini-batch is materialized by a call of its own.
 
 use proptest::prelude::*;
-use stowplan::{Kernel, LossAggMode, MaterializeOptions, Named, Sample, Temperature};
+use stowplan::{
+    Kernel, MaterializeOptions,
+    kernel::Named,
+    materialize::{LossAggMode, Sample, Temperature},
+};
 
 /// One random sample: prompt mask, completion mask, run, and a loss for each of its tokens.
 #[derive(Clone, Debug)]
@@ -206,8 +210,10 @@ mod per_update {
 
     use proptest::prelude::*;
     use stowplan::{
-        BatchKey, Kernel, LossAggMode, LossNormalization, Named, Packer, PackerOptions, PackerState, RunConfig,
-        SampleKey, TrainingBatch, TrainingSample,
+        Kernel, Packer, PackerOptions, TrainingBatch, TrainingSample,
+        kernel::Named,
+        materialize::LossAggMode,
+        packer::{BatchKey, LossNormalization, PackerState, RunConfig, SampleKey},
     };
 
     use super::{Case, case, reference};

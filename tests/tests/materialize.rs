@@ -4,7 +4,11 @@
 //! equal counts per rank; encode/decode round trip), and the errors, on both kernels.
 
 use proptest::prelude::*;
-use stowplan::{Error, Kernel, MaterializeOptions, MicroBatch, Padding, Sample, Temperature};
+use stowplan::{
+    Error, Kernel, MaterializeOptions,
+    kernel::Padding,
+    materialize::{MicroBatch, Sample, Temperature},
+};
 
 fn kernels() -> Vec<Kernel> {
     vec![Kernel::native(), Kernel::wasm().expect("wasm kernel")]
@@ -61,7 +65,7 @@ fn seed_001_rows_per_cp_rank() {
     let opts = MaterializeOptions { pad_token_id: -1, ..MaterializeOptions::new(64, 1).with_cp(2, 1).unwrap() };
     for k in kernels() {
         let plan = vec![vec![&[0u32, 1, 2, 3][..]]];
-        let ranks = stowplan::materialize_plan(&k, &samples, &plan, &opts).unwrap();
+        let ranks = stowplan::materialize::materialize_plan(&k, &samples, &plan, &opts).unwrap();
         let mb = &ranks[0][0];
         assert_eq!(mb.cu_seqlens, [0, 2, 6, 12, 13]);
         assert_eq!(mb.cu_seqlens_padded, [0, 4, 8, 16, 20]);
@@ -184,7 +188,7 @@ fn materialize_errors_name_the_problem() {
     let mut samples = borrow(&data);
     let opts = MaterializeOptions::new(64, 1);
     let k = Kernel::native();
-    let inv = |r: Result<stowplan::Materialized, Error>| match r {
+    let inv = |r: Result<stowplan::materialize::Materialized, Error>| match r {
         Err(Error::InvalidArgument(m)) => m,
         other => panic!("expected invalid-argument, got {other:?}"),
     };
@@ -258,7 +262,9 @@ fn materialize_errors_name_the_problem() {
     }
     // A caller's plan: out of range, twice, runs mixed, over capacity.
     let plan = |p: Vec<Vec<&'static [u32]>>| p;
-    let e = |p: Vec<Vec<&[u32]>>, o: &MaterializeOptions| stowplan::materialize_plan(&k, &samples, &p, o).map(|_| ());
+    let e = |p: Vec<Vec<&[u32]>>, o: &MaterializeOptions| {
+        stowplan::materialize::materialize_plan(&k, &samples, &p, o).map(|_| ())
+    };
     assert!(
         matches!(e(plan(vec![vec![&[0, 7]]]), &opts), Err(Error::InvalidArgument(m)) if m.contains("names sample 7"))
     );
@@ -280,7 +286,7 @@ fn materialize_errors_name_the_problem() {
     assert!(e(plan(vec![vec![&[0], &[]], vec![&[1], &[]]]), &two).is_ok(), "dummies even the ranks");
     let mut s7 = samples.clone();
     s7[1].run = 1;
-    let mixed = stowplan::materialize_plan(&k, &s7, &[vec![&[0u32, 1][..]]], &opts).map(|_| ());
+    let mixed = stowplan::materialize::materialize_plan(&k, &s7, &[vec![&[0u32, 1][..]]], &opts).map(|_| ());
     assert!(matches!(mixed, Err(Error::InvalidArgument(m)) if m.contains("mixes runs 0 and 1")));
     // Dummies: 2 samples over 3 ranks: one dummy, zero loss, reported.
     let m = stowplan::materialize(&k, &samples, &MaterializeOptions::new(64, 3)).unwrap();

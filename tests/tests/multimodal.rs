@@ -6,7 +6,10 @@
 use std::sync::Arc;
 
 use proptest::prelude::*;
-use stowplan::{Cost, DistributeOptions, DpOptions, Error, Kernel, MaterializeOptions, MicroOptions};
+use stowplan::{
+    Error, Kernel, MaterializeOptions,
+    kernel::{Cost, DistributeOptions, DpOptions, MicroOptions},
+};
 use stowplan_conformance::plain_sample;
 
 // The kernel tests' batches (tokens, image tokens, images, extra cost).
@@ -133,7 +136,7 @@ proptest! {
         image_cap in 300u64..1000,
         images_cap in 3u64..12,
     ) {
-        use stowplan::MicroLimits;
+        use stowplan::kernel::MicroLimits;
         let VlmBatch { lengths, sizes, extra } = &batch;
         let caps = [image_cap, images_cap];
         let names = ["image_tokens".to_string(), "images".to_string()];
@@ -162,7 +165,7 @@ proptest! {
         batch in vlm_batch(8..80, (500, 400, 5, 100)),
         dp in 1u32..4,
     ) {
-        use stowplan::MicroLimits;
+        use stowplan::kernel::MicroLimits;
         let VlmBatch { lengths, sizes, extra } = &batch;
         let limits = MicroLimits { sizes: &sizes, caps: &[800, 6], names: &[] };
         let d = DpOptions { cost: Cost::ATTENTION, extra_costs: Some(&extra), ..DpOptions::default() };
@@ -181,9 +184,11 @@ proptest! {
 fn limited_streams_agree_on_both_backends_and_states_cross_them() {
     let rows = stowplan_conformance::workload_table("vlm-mix-100k.tsv", &["image_tokens", "images"]);
     let rows = &rows[..3 * 20_000];
-    let options =
-        stowplan::StreamOptions { oversize: stowplan::OversizePolicy::Drop, ..stowplan::StreamOptions::new(16_384) };
-    let limits = stowplan::StreamLimits {
+    let options = stowplan::kernel::StreamOptions {
+        oversize: stowplan::kernel::OversizePolicy::Drop,
+        ..stowplan::kernel::StreamOptions::new(16_384)
+    };
+    let limits = stowplan::kernel::StreamLimits {
         caps: vec![8_192, 32],
         names: vec!["image_tokens".into(), "images".into()],
         max_segments: 64,
@@ -214,7 +219,7 @@ fn limited_streams_agree_on_both_backends_and_states_cross_them() {
     bins += x.closed.bins();
     assert!(bins > 1_000, "{bins} bins");
     let e = wasm
-        .limited_stream_packer(&options, &stowplan::StreamLimits { caps: vec![0, 32], ..limits.clone() })
+        .limited_stream_packer(&options, &stowplan::kernel::StreamLimits { caps: vec![0, 32], ..limits.clone() })
         .unwrap_err();
     assert!(e.to_string().contains("the cap of image_tokens must be at least 1"), "{e}");
 }
@@ -230,7 +235,7 @@ proptest! {
         dp in 1u32..5,
         with_extra in any::<bool>(),
     ) {
-        use stowplan::MicroLimits;
+        use stowplan::kernel::MicroLimits;
         let VlmBatch { lengths, sizes, extra } = &batch;
         let o = DistributeOptions {
             cost: Cost::ATTENTION,
@@ -253,20 +258,23 @@ fn materialize_limited_keeps_every_row_within_every_limit() {
     let rows: Vec<&[u64]> = table.chunks(3).take(3_000).filter(|r| r[0] <= 16_384).collect();
     let ids = vec![7i64; 16_384];
     let resources: Vec<[u64; 2]> = rows.iter().map(|r| [r[1], r[2]]).collect();
-    let samples: Vec<stowplan::Sample<'_>> = rows
+    let samples: Vec<stowplan::materialize::Sample<'_>> = rows
         .iter()
         .zip(&resources)
-        .map(|(r, res)| stowplan::Sample { resources: res, ..plain_sample(&ids[..1], &ids[1..r[0] as usize], r[1]) })
+        .map(|(r, res)| stowplan::materialize::Sample {
+            resources: res,
+            ..plain_sample(&ids[..1], &ids[1..r[0] as usize], r[1])
+        })
         .collect();
-    let limits = stowplan::SampleLimits {
+    let limits = stowplan::materialize::SampleLimits {
         caps: vec![8_192, 32],
         names: vec!["image_tokens".into(), "images".into()],
         ..Default::default()
     };
     let o = MaterializeOptions { cost: Cost::ATTENTION, ..MaterializeOptions::new(16_384, 4) };
     let [native, wasm] = kernels();
-    let m = stowplan::materialize_limited(&native, &samples, &o, &limits).unwrap();
-    let w = stowplan::materialize_limited(&wasm, &samples, &o, &limits).unwrap();
+    let m = stowplan::materialize::materialize_limited(&native, &samples, &o, &limits).unwrap();
+    let w = stowplan::materialize::materialize_limited(&wasm, &samples, &o, &limits).unwrap();
     assert_eq!(m.distribution, w.distribution);
     let mut seen = vec![false; samples.len()];
     for mb in m.ranks.iter().flatten() {
@@ -281,15 +289,16 @@ fn materialize_limited_keeps_every_row_within_every_limit() {
     }
     assert!(seen.iter().all(|&s| s), "every sample placed");
     // Token-only packing breaks the limits on this data; the limited rows do not.
-    let text: Vec<stowplan::Sample<'_>> = samples.iter().map(|s| stowplan::Sample { resources: &[], ..*s }).collect();
+    let text: Vec<stowplan::materialize::Sample<'_>> =
+        samples.iter().map(|s| stowplan::materialize::Sample { resources: &[], ..*s }).collect();
     let e = stowplan::materialize(&native, &samples, &o).unwrap_err().to_string();
     assert!(e.contains("samples[0].resources has 2 sizes but there are no limits"), "{e}");
     let plain = stowplan::materialize(&native, &text, &o).unwrap();
     // A caller's plan is built as given: resources there would go unchecked, so are refused.
     let p: Vec<Vec<&[u32]>> = plain.ranks.iter().map(|r| r.iter().map(|mb| &mb.samples[..]).collect()).collect();
-    let e = stowplan::materialize_plan(&native, &samples, &p, &o).unwrap_err().to_string();
+    let e = stowplan::materialize::materialize_plan(&native, &samples, &p, &o).unwrap_err().to_string();
     assert!(e.contains("samples[0].resources has 2 sizes but there are no limits"), "{e}");
-    assert!(stowplan::materialize_plan(&native, &text, &p, &o).is_ok());
+    assert!(stowplan::materialize::materialize_plan(&native, &text, &p, &o).is_ok());
     let over = plain
         .ranks
         .iter()
@@ -301,12 +310,12 @@ fn materialize_limited_keeps_every_row_within_every_limit() {
     let one = [5u64];
     let mut bad = samples.clone();
     bad[7].resources = &one;
-    let e = stowplan::materialize_limited(&native, &bad, &o, &limits).unwrap_err().to_string();
+    let e = stowplan::materialize::materialize_limited(&native, &bad, &o, &limits).unwrap_err().to_string();
     assert!(e.contains("samples[7].resources has 1 sizes; the limits are 2 (image_tokens, images)"), "{e}");
     let many = [0u64, 40];
     let mut bad = samples.clone();
     bad[3].resources = &many;
-    match stowplan::materialize_limited(&wasm, &bad, &o, &limits) {
+    match stowplan::materialize::materialize_limited(&wasm, &bad, &o, &limits) {
         Err(Error::Infeasible(m)) => {
             assert!(m.contains("sample 3 has 40 images, more than its cap 32; samples are never split"), "{m}")
         }
@@ -328,7 +337,7 @@ fn rollout(index: u32, len: usize, resources: &[(&str, u64)]) -> stowplan::Train
 
 fn limited_packer(dp: u32, limits: &[(&str, u64)]) -> Result<stowplan::Packer, Error> {
     let options = stowplan::PackerOptions {
-        limits: stowplan::SampleLimits {
+        limits: stowplan::materialize::SampleLimits {
             caps: limits.iter().map(|l| l.1).collect(),
             names: limits.iter().map(|l| l.0.to_string()).collect(),
             ..Default::default()
@@ -336,12 +345,16 @@ fn limited_packer(dp: u32, limits: &[(&str, u64)]) -> Result<stowplan::Packer, E
         ..stowplan::PackerOptions::new(256, dp)
     };
     let mut p = stowplan::Packer::new(Kernel::native(), options)?;
-    p.add_run(0, stowplan::RunConfig { batch_size: 1 })?;
+    p.add_run(0, stowplan::packer::RunConfig { batch_size: 1 })?;
     Ok(p)
 }
 
 /// Every micro-batch's load in each of `names` (micro-batches of every rank, in order).
-fn micro_loads(step: &stowplan::PackedStep, batch: &stowplan::TrainingBatch, names: &[String]) -> Vec<Vec<u64>> {
+fn micro_loads(
+    step: &stowplan::packer::PackedStep,
+    batch: &stowplan::TrainingBatch,
+    names: &[String],
+) -> Vec<Vec<u64>> {
     let mut loads = Vec::new();
     for r in &step.ranks {
         for mb in &r.micro_batches {
@@ -387,7 +400,7 @@ proptest! {
         let rejected: Vec<u32> = report.rejected.iter().map(|r| r.0).collect();
         prop_assert_eq!(&rejected, &over);
         for (i, reason, message) in &report.rejected {
-            prop_assert_eq!(*reason, stowplan::RejectReason::OverLimit);
+            prop_assert_eq!(*reason, stowplan::materialize::RejectReason::OverLimit);
             // The first limit the sample breaks, named with its size and cap.
             let sizes = batch.samples[*i as usize].resource_sizes(&names).unwrap();
             let (size, (name, cap)) = sizes.iter().zip(&limits).find(|(s, l)| **s > l.1).unwrap();
@@ -408,7 +421,7 @@ proptest! {
         let accepted: Vec<u32> = (0..rows.len() as u32).filter(|i| !over.contains(i)).collect();
         prop_assert_eq!(delivered, accepted);
         // The checkpoint (limits recorded) rebuilds the same step.
-        let state = stowplan::PackerState::decode(&p.state().encode().unwrap()).unwrap();
+        let state = stowplan::packer::PackerState::decode(&p.state().encode().unwrap()).unwrap();
         let q = stowplan::Packer::restore(Kernel::native(), p.options().clone(), state, |_| Ok(Arc::clone(&batch))).unwrap();
         prop_assert_eq!(q.rebuild_inflight().unwrap().unwrap().ranks, step.ranks);
     }
@@ -435,12 +448,12 @@ fn the_packer_rejects_resources_it_has_no_limit_for_and_refuses_bad_limits() {
         ]
     );
     assert_eq!(r.accepted, 2);
-    assert_eq!(p.progress(0).unwrap().rejected[&stowplan::RejectReason::OverLimit], 1);
+    assert_eq!(p.progress(0).unwrap().rejected[&stowplan::materialize::RejectReason::OverLimit], 1);
 
     // Without limits a sample with resources is rejected, not packed as if it had none.
     let mut text = limited_packer(1, &[]).unwrap();
     let r = text.ingest(batch(vec![rollout(0, 8, &[("images", 1)])]));
-    assert_eq!(r.rejected[0].1, stowplan::RejectReason::UnknownResource);
+    assert_eq!(r.rejected[0].1, stowplan::materialize::RejectReason::UnknownResource);
     assert!(
         r.rejected[0].2.contains("there are no limits to check it against (serve --limit NAME=CAP"),
         "{}",
@@ -464,7 +477,7 @@ fn the_packer_rejects_resources_it_has_no_limit_for_and_refuses_bad_limits() {
         }
     }
     let unnamed = stowplan::PackerOptions {
-        limits: stowplan::SampleLimits { caps: vec![3], names: vec![], ..Default::default() },
+        limits: stowplan::materialize::SampleLimits { caps: vec![3], names: vec![], ..Default::default() },
         ..stowplan::PackerOptions::new(64, 1)
     };
     match stowplan::Packer::new(Kernel::native(), unnamed) {
@@ -518,7 +531,7 @@ fn limits_split_a_step_that_tokens_alone_would_not() {
         for kernel in kernels() {
             let options = limited_packer(1, limits).unwrap().options().clone();
             let mut p = stowplan::Packer::new(kernel, options).unwrap();
-            p.add_run(0, stowplan::RunConfig { batch_size: 1 }).unwrap();
+            p.add_run(0, stowplan::packer::RunConfig { batch_size: 1 }).unwrap();
             if limits.is_empty() {
                 // The same samples as text: no resources.
                 let text: Vec<_> = (0..6).map(|i| rollout(i, 20, &[])).collect();
@@ -541,7 +554,7 @@ fn max_segments_caps_the_samples_of_every_micro_batch() {
     let samples: Vec<_> = (0..12).map(|i| rollout(i, 10, &[("images", 1)])).collect();
     let batch = Arc::new(stowplan::TrainingBatch { run: 0, step: 0, temperature: 1.0, samples });
     let with = |limits: &[(&str, u64)], max_segments| stowplan::PackerOptions {
-        limits: stowplan::SampleLimits {
+        limits: stowplan::materialize::SampleLimits {
             caps: limits.iter().map(|l| l.1).collect(),
             names: limits.iter().map(|l| l.0.to_string()).collect(),
             max_segments,
@@ -552,7 +565,7 @@ fn max_segments_caps_the_samples_of_every_micro_batch() {
         let mut steps = Vec::new();
         for kernel in kernels() {
             let mut p = stowplan::Packer::new(kernel, with(limits, max_segments)).unwrap();
-            p.add_run(0, stowplan::RunConfig { batch_size: 1 }).unwrap();
+            p.add_run(0, stowplan::packer::RunConfig { batch_size: 1 }).unwrap();
             let text: Vec<_> = (0..12).map(|i| rollout(i, 10, &[])).collect();
             let b = if limits.is_empty() {
                 Arc::new(stowplan::TrainingBatch { samples: text, ..(*batch).clone() })
@@ -567,7 +580,7 @@ fn max_segments_caps_the_samples_of_every_micro_batch() {
             assert!(sizes.iter().all(|&n| n <= most), "{limits:?} {max_segments}: {sizes:?}");
             if max_segments > 0 {
                 // The checkpoint records the cap: the same options restore it, another does not.
-                let state = stowplan::PackerState::decode(&p.state().encode().unwrap()).unwrap();
+                let state = stowplan::packer::PackerState::decode(&p.state().encode().unwrap()).unwrap();
                 let q = stowplan::Packer::restore(Kernel::native(), p.options().clone(), state.clone(), |_| {
                     Ok(Arc::clone(&b))
                 })

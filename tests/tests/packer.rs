@@ -17,8 +17,9 @@ use stowplan::serve::{
 #[cfg(feature = "zmq")]
 use stowplan::serve::{RankMessage, Receipt, Receipts, Refusal, ZmqEndpoints};
 use stowplan::{
-    BatchKey, Error, Kernel, Packer, PackerOptions, PackerState, RankBatch, RejectReason, RunConfig, SampleKey,
-    TrainingBatch, TrainingSample,
+    Error, Kernel, Packer, PackerOptions, TrainingBatch, TrainingSample,
+    materialize::RejectReason,
+    packer::{BatchKey, PackerState, RankBatch, RunConfig, SampleKey},
 };
 #[cfg(feature = "zmq")]
 use stowplan_zmq::ZmqTransport;
@@ -191,7 +192,7 @@ fn runs_can_be_added_and_removed_while_running() {
 
 #[test]
 fn round_robin_distribution_deals_in_turn_with_dummy_copies_and_persists() {
-    use stowplan::DistributionMode;
+    use stowplan::materialize::DistributionMode;
     let o = PackerOptions {
         num_runs: 2,
         pad_to_multiple_of: 4,
@@ -208,10 +209,10 @@ fn round_robin_distribution_deals_in_turn_with_dummy_copies_and_persists() {
     let step = p.pack(true).unwrap().unwrap();
     // First fit by (run, -length) under 32 real tokens, runs sharing rows: [30], [20, 9],
     // [12, 5]. Three rows on two ranks need one dummy, a copy of the first row, dealt last.
-    let rows: Vec<&stowplan::MicroBatch> =
+    let rows: Vec<&stowplan::materialize::MicroBatch> =
         (0..2).flat_map(|j| step.ranks.iter().map(move |r| &r.micro_batches[j])).collect();
     assert_eq!(step.ranks[0].micro_batches.len(), step.ranks[1].micro_batches.len());
-    let (real, dummies): (Vec<&stowplan::MicroBatch>, Vec<&stowplan::MicroBatch>) =
+    let (real, dummies): (Vec<&stowplan::materialize::MicroBatch>, Vec<&stowplan::materialize::MicroBatch>) =
         rows.iter().partition(|mb| !mb.dummy);
     assert_eq!(dummies.len(), 1);
     assert!(rows.last().unwrap().dummy, "dummies come after the real rows of their group");
@@ -235,7 +236,7 @@ fn round_robin_distribution_deals_in_turn_with_dummy_copies_and_persists() {
     assert!(e.to_string().contains("RoundRobin"), "{e}");
     // Round robin takes no limits.
     let limited = PackerOptions {
-        limits: stowplan::SampleLimits { caps: vec![8], names: vec!["images".into()], max_segments: 0 },
+        limits: stowplan::materialize::SampleLimits { caps: vec![8], names: vec!["images".into()], max_segments: 0 },
         ..o
     };
     let e = Packer::new(Kernel::native(), limited).unwrap_err();
@@ -825,7 +826,7 @@ fn make_fifo(path: &Path) {
 }
 
 fn atomic_write(path: &Path, bytes: &[u8]) {
-    stowplan::write_atomic(path, bytes).unwrap();
+    stowplan::runtime::write_atomic(path, bytes).unwrap();
 }
 
 #[test]
@@ -1202,7 +1203,7 @@ fn spawn_zmq_server(
 /// sequence under seq-mean-token-sum.
 #[test]
 fn rank_batches_carry_the_steps_loss_weights() {
-    use stowplan::LossAggMode;
+    use stowplan::materialize::LossAggMode;
     for (mode, want) in [
         (LossAggMode::TokenMean, [1.0, 1.0]),
         (LossAggMode::SeqMeanTokenMean, [1.0, 1.0]),

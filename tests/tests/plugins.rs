@@ -8,8 +8,12 @@ use std::time::{Duration, Instant};
 use proptest::prelude::*;
 use serde_json::json;
 use stowplan::{
-    BufferColumns, BufferFilter, BufferView, DataSource, DataSourceOptions, Error, FilterContext, FilterError,
-    FilterOptions, Group, Kernel, OnFailure, PopFirst, Status, WasmFilter, synthetic_buffer,
+    DataSource, Error, FilterError, Kernel, WasmFilter,
+    plugins::{FilterOptions, OnFailure},
+    rollout::{
+        BufferColumns, BufferFilter, BufferView, DataSourceOptions, FilterContext, Group, PopFirst, Status,
+        synthetic_buffer,
+    },
 };
 
 fn dist(file: &str) -> PathBuf {
@@ -17,7 +21,7 @@ fn dist(file: &str) -> PathBuf {
 }
 
 fn sha(file: &str) -> String {
-    stowplan::sha256_hex(&std::fs::read(dist(file)).expect("plugins/dist is committed"))
+    stowplan::runtime::sha256_hex(&std::fs::read(dist(file)).expect("plugins/dist is committed"))
 }
 
 fn options(file: &str, config: serde_json::Value) -> FilterOptions {
@@ -94,11 +98,12 @@ fn loading_checks_the_pin_the_options_and_the_world() {
     assert_eq!(e.kind(), "io");
     // Not a component at all; a component of another world (the kernel).
     let junk = b"\0asm junk".to_vec();
-    let e = WasmFilter::from_bytes("junk.wasm", &junk, FilterOptions::new(&stowplan::sha256_hex(&junk))).unwrap_err();
+    let e = WasmFilter::from_bytes("junk.wasm", &junk, FilterOptions::new(&stowplan::runtime::sha256_hex(&junk)))
+        .unwrap_err();
     assert!(matches!(&e, Error::Filter(FilterError::Load(m)) if m.contains("junk.wasm")), "{e}");
-    let kernel = stowplan::KERNEL_WASM;
-    let e =
-        WasmFilter::from_bytes("kernel.wasm", kernel, FilterOptions::new(&stowplan::sha256_hex(kernel))).unwrap_err();
+    let kernel = stowplan::kernel::KERNEL_WASM;
+    let e = WasmFilter::from_bytes("kernel.wasm", kernel, FilterOptions::new(&stowplan::runtime::sha256_hex(kernel)))
+        .unwrap_err();
     assert!(matches!(&e, Error::Filter(FilterError::Load(m)) if m.contains("does not export `filter.select`")), "{e}");
 }
 

@@ -8,7 +8,7 @@ use stowplan_conformance::{load_dir, vectors_dir};
 
 #[path = "../../kernel/tests/support/slime.rs"]
 mod slime_support;
-use stowplan::slime::{PythonSum, ScheduleArgs};
+use stowplan::peers::slime::{PythonSum, ScheduleArgs};
 
 #[test]
 fn slime_vectors_on_both_backends() {
@@ -30,7 +30,7 @@ mod backends_agree {
     use super::slime_support::schedule_args;
     use proptest::prelude::*;
     use stowplan::Kernel;
-    use stowplan::slime::{Arg, FlopsArgs};
+    use stowplan::peers::slime::{Arg, FlopsArgs};
 
     fn qwen_like() -> FlopsArgs {
         FlopsArgs {

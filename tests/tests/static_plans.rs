@@ -7,8 +7,9 @@ use std::time::Duration;
 
 use serde_json::json;
 use stowplan::{
-    EffectiveBatch, Error, Kernel, LengthCache, MicroLimits, MultiMethod, PackingConfig, PlanLimits, PlanOptions,
-    StaticPackPlan,
+    Error, Kernel, PackingConfig, StaticPackPlan,
+    kernel::{MicroLimits, MultiMethod, PlanLimits, PlanOptions},
+    plan::{config::EffectiveBatch, length_cache::LengthCache},
 };
 use stowplan_conformance::{workload, workload_table};
 
@@ -43,7 +44,7 @@ fn stage1_dynamic_packing_mode_fails_fast() {
     assert!(e.contains("set training.packing_mode=static"), "{e}");
     // Defaults to static when omitted.
     let c = PackingConfig::from_json(&config(json!({"packing": true})), 1).unwrap();
-    assert_eq!(c.packing_mode, stowplan::PackingMode::Static);
+    assert_eq!(c.packing_mode, stowplan::plan::config::PackingMode::Static);
     assert_eq!(c.wait_timeout_s, 7200);
     assert_eq!(c.wait_timeout(), Some(Duration::from_secs(7200)));
     assert_eq!(c.precompute_workers, 8);
@@ -469,7 +470,7 @@ fn reseal(doc: &mut serde_json::Value) {
         indices.extend_from_slice(p);
         offsets.push(indices.len() as u32);
     }
-    let raw = stowplan::RawPlan {
+    let raw = stowplan::kernel::RawPlan {
         offsets,
         indices,
         tokens: Vec::new(),
@@ -492,7 +493,7 @@ fn reseal(doc: &mut serde_json::Value) {
     }
     doc["document_sha256"] = json!("");
     let canonical = serde_json::to_string(doc).unwrap();
-    doc["document_sha256"] = json!(stowplan::sha256_hex(canonical.as_bytes()));
+    doc["document_sha256"] = json!(stowplan::runtime::sha256_hex(canonical.as_bytes()));
 }
 
 /// A plan edited with its checksums recomputed (the recipe is documented)

@@ -3,7 +3,10 @@
 //! on the shared workloads the bins stay within 0.2 % of the offline lower bound.
 
 use proptest::prelude::*;
-use stowplan::{ClosedBins, Error, Kernel, OversizePolicy, StreamOptions, StreamPacker};
+use stowplan::{
+    Error, Kernel, StreamPacker,
+    kernel::{ClosedBins, OversizePolicy, StreamOptions},
+};
 use stowplan_conformance::workload;
 
 #[path = "../../kernel/tests/support/stream.rs"]

@@ -41,7 +41,7 @@ fn ints(v: &serde_json::Value) -> Vec<i64> {
 
 /// verl's `log_seqlen_unbalance` figures, as verl's dict would hold them.
 fn unbalance_dict(seqlens: &[i64], parts: &[Vec<i64>]) -> Result<serde_json::Value, (&'static str, String)> {
-    use stowplan::UnbalanceError as E;
+    use stowplan::peers::verl::UnbalanceError as E;
     stowplan::json::verl_unbalance("global_seqlen", seqlens, parts).map_err(|e| match e {
         E::ZeroDivision(m) => ("ZeroDivisionError", m),
         E::Value(m) => ("ValueError", m),

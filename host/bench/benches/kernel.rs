@@ -9,8 +9,14 @@ use std::time::Duration;
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use stowplan::{
-    Cost, DpOptions, Kernel, LengthCache, MaterializeOptions, MicroOptions, OversizePolicy, PackMethod, PackOptions,
-    PartitionMethod, PartitionOptions, PlanOptions, Sample, StaticPackPlan, Temperature, VerlMicroOptions,
+    Kernel, MaterializeOptions, StaticPackPlan,
+    kernel::{
+        Cost, DpOptions, MicroOptions, OversizePolicy, PackMethod, PackOptions, PartitionMethod, PartitionOptions,
+        PlanOptions,
+    },
+    materialize::{Sample, Temperature},
+    peers::VerlMicroOptions,
+    plan::length_cache::LengthCache,
 };
 
 fn workload(name: &str, take: usize) -> Vec<u64> {
@@ -291,8 +297,9 @@ fn plan_cases(c: &mut Criterion) {
 /// (64 groups out through top-reward, 64 back in) on a data source holding 1,000.
 fn filter_cases(c: &mut Criterion) {
     use stowplan::{
-        BufferColumns, BufferFilter, BufferView, DataSource, DataSourceOptions, FilterContext, FilterOptions, PopFirst,
-        WasmFilter,
+        DataSource, WasmFilter,
+        plugins::FilterOptions,
+        rollout::{BufferColumns, BufferFilter, BufferView, DataSourceOptions, FilterContext, PopFirst},
     };
     let dist = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../plugins/dist");
     let groups = stowplan::plugins::synthetic_buffer(1000, 8, 0);
@@ -303,14 +310,14 @@ fn filter_cases(c: &mut Criterion) {
     g.bench_function("native_pop_first/64_of_1000x8", |b| b.iter(|| PopFirst.select(&ctx, view).expect("fifo")));
     for name in ["pop_first", "top_reward"] {
         let path = dist.join(format!("{name}.wasm"));
-        let sha = stowplan::sha256_hex(&std::fs::read(&path).expect("plugins/dist"));
+        let sha = stowplan::runtime::sha256_hex(&std::fs::read(&path).expect("plugins/dist"));
         let mut f = WasmFilter::load(&path, FilterOptions::new(&sha)).expect("plugin");
         g.bench_function(BenchmarkId::new("wasm", format!("{name}/64_of_1000x8")), |b| {
             b.iter(|| f.select(&ctx, view).expect("select"))
         });
     }
     let path = dist.join("top_reward.wasm");
-    let sha = stowplan::sha256_hex(&std::fs::read(&path).expect("plugins/dist"));
+    let sha = stowplan::runtime::sha256_hex(&std::fs::read(&path).expect("plugins/dist"));
     let mut top = WasmFilter::load(&path, FilterOptions::new(&sha)).expect("plugin");
     let records = (0..2000).map(|i| serde_json::json!({ "prompt": format!("q{i}") })).collect();
     let mut ds = DataSource::from_records(records, "bench", DataSourceOptions::new(8), Kernel::native()).expect("ds");

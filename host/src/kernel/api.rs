@@ -4,8 +4,8 @@
 //! the longer WASM calls in `wasm.rs`.
 
 use stowplan_kernel as k;
+use stowplan_kernel::peers::verl::PyError;
 use stowplan_kernel::peers::{DpReorder, RollLoadBalanceOptions, RollMicroBatches, VerlMicroOptions};
-use stowplan_kernel::verl::PyError;
 use stowplan_kernel::{
     AlignOptions, AlignedPlan, Balance, CpLayout, DistributeOptions, Distribution, DpOptions, LimitedMicroBatches,
     LimitedRawPlan, MicroBatches, MicroLimits, MicroOptions, MultiOptions, MultiPacking, PackOptions, Packing,
@@ -46,10 +46,10 @@ backends! {
         /// kernel, the inner one verl's own result or the Python exception verl raises.
         fn verl(function: VerlFunction, seqlens: &[i64], k: u32, equal_size: bool) -> Result<Vec<Vec<u32>>, PyError> {
             native: Ok(match function {
-                VerlFunction::KarmarkarKarp => k::verl::karmarkar_karp(seqlens, k, equal_size),
-                VerlFunction::GreedyPartition => k::verl::greedy_partition(seqlens, k, equal_size),
+                VerlFunction::KarmarkarKarp => k::peers::verl::karmarkar_karp(seqlens, k, equal_size),
+                VerlFunction::GreedyPartition => k::peers::verl::greedy_partition(seqlens, k, equal_size),
                 VerlFunction::GetSeqlenBalancedPartitions => {
-                    k::verl::get_seqlen_balanced_partitions(seqlens, k, equal_size)
+                    k::peers::verl::get_seqlen_balanced_partitions(seqlens, k, equal_size)
                 }
             }),
             wasm: peer_call(|i, s| i.stowplan_kernel_verl().call_call(s, function.into(), seqlens, k, equal_size)),
@@ -159,7 +159,7 @@ backends! {
         }
 
         /// The padded packed layout of `lengths` and its zigzag split over `options.cp` ranks
-        /// (see `layout.cp-layout`). [`CpRuns::of`](crate::CpRuns::of) turns it into per-rank
+        /// (see `layout.cp-layout`). [`CpRuns::of`](crate::materialize::CpRuns::of) turns it into per-rank
         /// runs that gather a rank's share of a row and unpack the ranks' rows back into one.
         fn cp_layout(lengths: &[u64], options: &AlignOptions) -> CpLayout {
             native: Ok(k::cp_layout(lengths, options)?),
@@ -184,7 +184,7 @@ backends! {
         /// TRL's best fit decreasing per map batch, exactly (see `wit/kernel.wit`, `trl.bfd`): the
         /// bins as `(offsets, indices)`, members in the order they went in.
         fn trl_bfd(lengths: &[u64], batch_ends: &[u32], seq_length: u64) -> (Vec<u32>, Vec<u32>) {
-            native: Ok(k::trl::trl_bfd(lengths, batch_ends, seq_length)?),
+            native: Ok(k::peers::trl::trl_bfd(lengths, batch_ends, seq_length)?),
             wasm: call(|i, s| i.stowplan_kernel_trl().call_bfd(s, lengths, batch_ends, seq_length))
                 .map(|g| (g.offsets, g.indices)),
         }

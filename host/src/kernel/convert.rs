@@ -5,7 +5,7 @@
 //! bindings too; what is left here borrows or is the host's own (its errors, `VerlFunction`).
 
 use stowplan_kernel::peers::DpReorder;
-use stowplan_kernel::verl::PyError;
+use stowplan_kernel::peers::verl::PyError;
 use stowplan_kernel::{DistributeOptions, DpOptions, MicroLimits, MultiOptions, PlanLimits};
 
 use super::VerlFunction;

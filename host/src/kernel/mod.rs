@@ -65,8 +65,18 @@ pub use slime::SlimeApi;
 pub use wasm::{KERNEL_WASM, KERNEL_WASM_SHA256, RETAIN_MEMORY_BYTES};
 
 use crate::Error;
-use stowplan_kernel::Named;
-use stowplan_kernel::{ClosedBins, LimitedClosedBins, StreamLimits, StreamOptions, StreamStatus};
+/// The streaming packer's bounds and defaults (`stream::MAX_OPEN_BINS` …).
+pub use stowplan_kernel::stream;
+/// The operations' options and results, as the kernel crate defines them (the WIT records in
+/// Rust form).
+pub use stowplan_kernel::{
+    AlignOptions, AlignedPlan, Balance, COST_PRESETS, ClosedBins, Cost, CpLayout, DistributeOptions, Distribution,
+    DpOptions, Factor, Figures, LimitedClosedBins, LimitedMicroBatches, LimitedRawPlan, MAX_BALANCED_CAPACITY,
+    MAX_COUNT, MAX_MULTI_ITEMS, MAX_PARALLEL, MAX_RESOURCES, MicroBatches, MicroLimits, MicroOptions, MultiMethod,
+    MultiOptions, MultiPacking, Named, Order, OversizePolicy, PackMethod, PackOptions, Packing, Padding, Partition,
+    PartitionMethod, PartitionOptions, PlanLimits, PlanOptions, RawPlan, SEGMENTS, StreamLimits, StreamOptions,
+    StreamStatus, TwoLevelBalance, unflatten,
+};
 
 /// Which implementation of the kernel runs a call.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -221,7 +231,7 @@ impl LimitedStreamPacker {
 /// to create and to copy; `Send + Sync`.
 ///
 /// With [`Backend::Wasm`], the component is compiled once per process (or loaded
-/// precompiled from [`cache_dir`](crate::cache_dir)) and every call runs in this thread's
+/// precompiled from [`cache_dir`](crate::runtime::cache_dir)) and every call runs in this thread's
 /// warm instance, made from a shared pre-instantiation (tens of microseconds).
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Kernel {
@@ -254,7 +264,7 @@ impl Kernel {
     }
 
     /// Where the compiled WASM kernel came from in this process: `"cache"` (a precompiled
-    /// artifact from [`cache_dir`](crate::cache_dir)) or `"compiled"`; `None` for the native
+    /// artifact from [`cache_dir`](crate::runtime::cache_dir)) or `"compiled"`; `None` for the native
     /// backend.
     pub fn wasm_origin(&self) -> Option<&'static str> {
         match self.backend {
@@ -278,4 +288,34 @@ impl Deref for Kernel {
             Backend::Native => &native::NativeKernel,
         }
     }
+}
+
+/// The group label of each of `n` samples when runs of `group_size` consecutive samples (one
+/// prompt's rollouts) stay on one rank: sample `i` gets `i / group_size`, for
+/// [`DpOptions::groups`]. The CLI's `--group-size` and Python's `balance(group_size=)`.
+///
+/// With `equal_count` (every rank the same number of samples, which needs groups of one size)
+/// `group_size` must be in `1..=n` and divide `n`; without it any `group_size >= 1` is taken
+/// and the last run keeps the rest. Anything else is [`Error::InvalidArgument`] naming
+/// `group_size` and its range.
+pub fn group_labels(n: usize, group_size: i128, equal_count: bool) -> Result<Vec<u32>, Error> {
+    let g = match u64::try_from(group_size) {
+        Ok(g) if g >= 1 && (!equal_count || n == 0 || (n as u64).is_multiple_of(g)) => g,
+        _ if equal_count => {
+            return Err(Error::InvalidArgument(format!(
+                "group_size must be in 1..={n} and divide the number of samples n = {n} (got {group_size}); \
+                 without equal counts (equal_count=False, --unequal-count) any group_size >= 1 is taken \
+                 (the last run keeps the rest)"
+            )));
+        }
+        _ => {
+            return Err(Error::InvalidArgument(format!(
+                "group_size must be at least 1 (got {group_size}): runs of group_size consecutive samples, \
+                 the last one keeping the rest"
+            )));
+        }
+    };
+    (0..n as u64)
+        .map(|i| u32::try_from(i / g).map_err(|_| Error::InvalidArgument(format!("more than 2**32-1 groups of {g}"))))
+        .collect()
 }

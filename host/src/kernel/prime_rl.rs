@@ -2,8 +2,8 @@
 //! inherent methods of [`Kernel`](super::Kernel), kept apart from
 //! [`KernelApi`](super::KernelApi) so the interface stays self-contained.
 
-use stowplan_kernel::prime_rl as k;
-pub use stowplan_kernel::prime_rl::{BatchOptions, BatchPlan};
+use stowplan_kernel::peers::prime_rl as k;
+pub use stowplan_kernel::peers::prime_rl::{BatchOptions, BatchPlan};
 
 use super::wasm::call;
 

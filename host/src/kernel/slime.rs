@@ -1,9 +1,9 @@
 //! slime's micro-batch scheduling, reproduced exactly by the kernel (`wit/kernel.wit`,
-//! interface `slime`; `stowplan_kernel::slime`), on either backend: reach it with
+//! interface `slime`; `stowplan_kernel::peers::slime`), on either backend: reach it with
 //! [`Kernel::slime`].
 
 use stowplan_kernel::flatten;
-use stowplan_kernel::slime::{self as ks, Flops, FlopsArgs, Schedule, ScheduleArgs, SlimeError};
+use stowplan_kernel::peers::slime::{self as ks, Flops, FlopsArgs, Schedule, ScheduleArgs, SlimeError};
 
 use super::wasm::{peer_call, with_instance, wtypes};
 use super::{Backend, Kernel, native::NativeKernel, wasm::WasmKernel};
@@ -14,7 +14,7 @@ backends! {
     /// ([`SlimeError`]). Results are identical on both backends.
     pub trait SlimeApi {
         /// slime's `first_fit_pack(total_lengths, max_tokens_per_bin)`: bins in creation order
-        /// (see [`stowplan_kernel::slime::first_fit_pack`]).
+        /// (see [`stowplan_kernel::peers::slime::first_fit_pack`]).
         fn first_fit_pack(lengths: &[i64], max_tokens_per_bin: i64) -> Vec<Vec<u32>> {
             native: Ok(ks::first_fit_pack(lengths, max_tokens_per_bin)),
             wasm: with_instance(|i, s| i.stowplan_kernel_slime().call_first_fit_pack(s, lengths, max_tokens_per_bin))
@@ -22,7 +22,7 @@ backends! {
         }
 
         /// slime's `expand_bins_by_splitting(bins, target_count, lengths)`: the bins after the
-        /// call (see [`stowplan_kernel::slime::expand_bins_by_splitting`]).
+        /// call (see [`stowplan_kernel::peers::slime::expand_bins_by_splitting`]).
         fn expand_bins_by_splitting(bins: &[Vec<u32>], target_count: i64, lengths: &[i64])
             -> Result<Vec<Vec<u32>>, SlimeError> {
             native: Ok(ks::expand_bins_by_splitting(bins.to_vec(), target_count, lengths)),
@@ -34,7 +34,7 @@ backends! {
         }
 
         /// slime's `get_seqlen_balanced_partitions` on float weights (see
-        /// [`stowplan_kernel::slime::get_seqlen_balanced_partitions`]; integer lengths go to
+        /// [`stowplan_kernel::peers::slime::get_seqlen_balanced_partitions`]; integer lengths go to
         /// [`KernelApi::verl`](super::KernelApi::verl)).
         fn get_seqlen_balanced_partitions(weights: &[f64], k_partitions: u32, equal_size: bool)
             -> Result<Vec<Vec<u32>>, SlimeError> {
@@ -53,7 +53,7 @@ backends! {
             },
         }
 
-        /// slime's `build_dp_schedule` (see [`stowplan_kernel::slime::build_dp_schedule`]).
+        /// slime's `build_dp_schedule` (see [`stowplan_kernel::peers::slime::build_dp_schedule`]).
         fn build_dp_schedule(args: &ScheduleArgs, model: &FlopsArgs, total_lengths: &[i64], rollout_indices: &[i64])
             -> Result<Schedule, SlimeError> {
             native: Ok(ks::build_dp_schedule(args, model, total_lengths, rollout_indices)),

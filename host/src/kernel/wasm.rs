@@ -197,7 +197,7 @@ pub(super) struct WasmKernel;
 
 /// Runs a peer's function on a warm instance: the outer `Result` is a runtime failure of the
 /// kernel, the inner one the peer's own result or how the peer fails (the Python exception it
-/// raises, [`PyError`](stowplan_kernel::verl::PyError) or slime's error).
+/// raises, [`PyError`](stowplan_kernel::peers::verl::PyError) or slime's error).
 pub(super) fn peer_call<W, T: From<W>, E, P: From<E>>(
     f: impl FnOnce(&bindings::Kernel, &mut Store<Tracker>) -> wasmtime::Result<Result<W, E>>,
 ) -> Result<Result<T, P>, Error> {

@@ -3,11 +3,11 @@
 //! The kernel decides (which samples share a micro-batch, which rank gets it, the CP split);
 //! this module copies tokens natively, so token data never crosses into WASM. A row is the
 //! samples of one micro-batch concatenated (prompt then completion), with either
-//! - **per-micro-batch padding** ([`Padding::PerMicroBatch`](crate::Padding::PerMicroBatch), prime-rl's): one padding
+//! - **per-micro-batch padding** ([`Padding::PerMicroBatch`](crate::kernel::Padding::PerMicroBatch), prime-rl's): one padding
 //!   segment at the end up to a multiple, counted in the last sequence's length (in
 //!   `cu_seqlens_padded`) and in the last run's `lora_num_tokens`; its `position_ids` restart
 //!   at 0; or
-//! - **per-sequence padding** ([`Padding::PerSequence`](crate::Padding::PerSequence), ROLL's): every sample padded to a
+//! - **per-sequence padding** ([`Padding::PerSequence`](crate::kernel::Padding::PerSequence), ROLL's): every sample padded to a
 //!   multiple of the factor right after its tokens, `position_ids` continuing through its
 //!   padding; with `cp` > 1 each row also carries its zigzag split ([`CpRuns`]) and
 //!   [`MicroBatch::cp_view`] gives a CP rank's row.

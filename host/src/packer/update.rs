@@ -3,7 +3,7 @@
 //! A run's optimizer update is `batch_size` of its samples ([`RunConfig`](super::RunConfig)),
 //! in the order they were accepted. Under [`LossNormalization::Update`] every sample's loss
 //! weights count over its whole update (`T`, `N` and the longest completion of
-//! [`LossAggMode`](crate::LossAggMode)), however many packer steps the update spans, so the
+//! [`LossAggMode`](crate::materialize::LossAggMode)), however many packer steps the update spans, so the
 //! weighted sum over every rank, micro-batch and packer step of an update is the update's
 //! unpacked loss. Those counts are known only once every sample of the update has arrived, so
 //! under this rule a run's samples are packed only in whole updates' worth of arrivals: the

@@ -12,7 +12,7 @@
 //! workers in any order is byte-identical to a serial one once complete.
 //!
 //! ```no_run
-//! use stowplan::LengthCache;
+//! use stowplan::plan::length_cache::LengthCache;
 //!
 //! let config = serde_json::json!({"template": "chatml", "max_length": 16384});
 //! let mut cache = LengthCache::open("out/run1/stowplan".as_ref(), "data/train.jsonl", 1_000, &config, None)?;

@@ -4,7 +4,7 @@
 //! ([`config`]) that feed it.
 //!
 //! ```no_run
-//! use stowplan::{Kernel, PlanOptions, StaticPackPlan};
+//! use stowplan::{Kernel, kernel::PlanOptions, StaticPackPlan};
 //!
 //! let kernel = Kernel::wasm()?;
 //! let lengths = [900, 3_000, 120, 4_096, 2_000, 15_000];

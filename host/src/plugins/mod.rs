@@ -4,7 +4,7 @@
 //! - **Pinned**: [`WasmFilter::load`] refuses a file whose sha256 is not the one given
 //!   ([`FilterError::HashMismatch`](crate::FilterError::HashMismatch)).
 //! - **Compiled once**: the component is precompiled and cached on disk by its sha256 and
-//!   the engine's compatibility hash (the cache of the kernel, [`cache_dir`](crate::cache_dir)).
+//!   the engine's compatibility hash (the cache of the kernel, [`cache_dir`](crate::runtime::cache_dir)).
 //! - **Bounded**: every call (and every instantiation) runs with a fuel budget and an epoch
 //!   deadline (a ticker thread advances the epoch every millisecond while a call runs), and
 //!   in a store whose memory cannot grow past the limit (growth past it traps).

@@ -3,7 +3,7 @@
 //!
 //! The [`Server`] loop: receive messages (training batches and run changes), keep each
 //! accepted batch in a spool file, checkpoint, and whenever the packer is ready pack a step,
-//! checkpoint it as *in flight*, deliver every rank's [`RankBatch`](crate::RankBatch), mark it delivered,
+//! checkpoint it as *in flight*, deliver every rank's [`RankBatch`](crate::packer::RankBatch), mark it delivered,
 //! checkpoint again and drop the spool files of fully delivered batches. After a crash
 //! ([`Server::open`] on the same state directory) the step in flight is rebuilt from the spool
 //! and delivered again (identical bytes; receivers skip a step they already have), batches
@@ -16,7 +16,7 @@
 //! I/O, [`client`] the Rust client of a rank over files ([`FileRankClient`]; `stowplan-zmq` has
 //! the ZeroMQ ones, `ZmqRankClient` and `ZmqBatchSender`).
 //!
-//! State directory: `state.bin` (the [`PackerState`](crate::PackerState), replaced atomically), `spool/`
+//! State directory: `state.bin` (the [`PackerState`](crate::packer::PackerState), replaced atomically), `spool/`
 //! (`run_{r}_step_{s}.bin`, the batches' encodings), `rejected/` (messages that could not be
 //! decoded, kept for inspection), `lock` (held while a server runs; a second server on the
 //! same directory is refused, naming the holder's pid). The filesystem transport also holds

@@ -3,7 +3,10 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use stowplan::serve::protocol::{BatchSender, Control, MessageKey, RankReceiver, Receipt, ToRank};
-use stowplan::{Error, RankBatch, RunConfig, TrainingBatch};
+use stowplan::{
+    Error, TrainingBatch,
+    packer::{RankBatch, RunConfig},
+};
 
 use crate::curve::CurveClient;
 use crate::support::zmq_error;

@@ -161,7 +161,7 @@ impl Certificate {
         let public_line = format!("    public-key = \"{}\"\n", z85(&self.public));
         let public = format!("{header}#   Public: give it to the peers\n\nmetadata\ncurve\n{public_line}");
         // Each file appears whole or not at all, and an existing one is never replaced.
-        if !stowplan::create_atomic(&public_path, public.as_bytes(), 0o644)? {
+        if !stowplan::runtime::create_atomic(&public_path, public.as_bytes(), 0o644)? {
             return Err(exists(&public_path));
         }
         let Some(secret) = &self.secret else { return Ok((public_path, None)) };
@@ -169,7 +169,7 @@ impl Certificate {
             "{header}#   SECRET: do not give this file to anyone nor change its permissions\n\nmetadata\ncurve\n{public_line}    secret-key = \"{}\"\n",
             z85(secret)
         );
-        if !stowplan::create_atomic(&secret_path, text.as_bytes(), 0o600)? {
+        if !stowplan::runtime::create_atomic(&secret_path, text.as_bytes(), 0o600)? {
             return Err(exists(&secret_path));
         }
         Ok((public_path, Some(secret_path)))

@@ -20,7 +20,7 @@ use stowplan::serve::protocol::{
     ZmqEndpoints,
 };
 use stowplan::serve::{Incoming, MAX_MESSAGE_BYTES, Transport, per_rank};
-use stowplan::{Error, RankBatch};
+use stowplan::{Error, packer::RankBatch};
 
 use crate::curve::{CurveServer, ZapHandler, require_curve};
 use crate::support::{Throttled, zmq_error};

@@ -3,7 +3,7 @@
 //! The CLI's `--json` prints them inside each command's report (the host re-exports this
 //! crate as `stowplan::json`), the conformance vectors hold them, and the JavaScript SDK's
 //! `toJSONText` gets them from the component (the `reports` interface of `wit/kernel.wit`). The figures in
-//! them are the kernel's ([`stowplan_kernel::Figures`], [`stowplan_kernel::verl`]).
+//! them are the kernel's ([`stowplan_kernel::Figures`], [`stowplan_kernel::peers::verl`]).
 
 #![no_std]
 #![deny(missing_docs)]
@@ -18,7 +18,7 @@ use core::fmt;
 use serde::Serialize;
 use serde::ser::{SerializeMap, SerializeStruct, Serializer};
 use serde_json::Value;
-use stowplan_kernel::verl::{UnbalanceError, UnbalanceFigures};
+use stowplan_kernel::peers::verl::{UnbalanceError, UnbalanceFigures};
 use stowplan_kernel::{Balance, Error, Packing, Partition, TwoLevelBalance, unflatten as lists};
 
 /// A partition: `{"groups", "sums", "total", "spread", "lower_bound"}`.
@@ -138,7 +138,7 @@ pub struct VerlUnbalance {
 impl VerlUnbalance {
     /// verl's figures for `partitions` of `seqlens` under `prefix`, or verl's error.
     pub fn of(prefix: &str, seqlens: &[i64], partitions: &[Vec<i64>]) -> Result<Self, UnbalanceError> {
-        let u = stowplan_kernel::verl::log_seqlen_unbalance(seqlens, partitions)?;
+        let u = stowplan_kernel::peers::verl::log_seqlen_unbalance(seqlens, partitions)?;
         Ok(Self { prefix: prefix.to_string(), figures: u.figures() })
     }
 

@@ -5,11 +5,12 @@ use alloc::collections::BTreeSet;
 use alloc::vec::Vec;
 use core::cmp::Reverse;
 
-use super::order::{Order, apply_order};
 use super::{Cost, costs_with_extra};
+use crate::order::{Order, apply_order};
 use crate::pack::{OversizePolicy, PackMethod, PackOptions, pack};
 use crate::refine::{TokenCap, refine};
-use crate::{Error, checked_len, checked_sum, invalid, sorted_desc};
+use crate::sort::sorted_desc;
+use crate::{Error, checked_len, checked_sum, invalid};
 
 /// Options of [`micro_batches`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -25,19 +25,14 @@ mod dp;
 mod figures;
 mod limited;
 mod micro;
-mod order;
 
-/// Former names (see [`crate::renamed`]).
-#[allow(deprecated)]
-pub use crate::renamed::{DpPlan, LimitedMicroPlan, MicroPlan, Plan};
+pub use crate::order::Order;
 pub use dp::{Balance, DpOptions, balance_dp};
 pub use figures::Figures;
 pub(crate) use limited::Rows;
 pub(crate) use limited::resources;
 pub use limited::{LimitedMicroBatches, MicroLimits, check_limits, micro_batches_limited, plan_limited};
 pub use micro::{MicroBatches, MicroOptions, micro_batches, micro_batches_with_extra};
-pub use order::Order;
-pub(crate) use order::apply_order;
 
 use micro::{Caps, Need, micro_checks, needed_count, plan_micro};
 

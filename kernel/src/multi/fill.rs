@@ -45,8 +45,8 @@
 use alloc::vec::Vec;
 
 use crate::bits::BitSet;
-use crate::radix_sort_high;
 use crate::rooms::RoomIndex;
+use crate::sort::radix_sort_high;
 
 /// Candidates tried per bucket in phase 1a before the bucket is passed over for the bin.
 const TRIES: usize = 4;

@@ -172,10 +172,10 @@ impl verl::Guest for Kernel {
         equal_size: bool,
     ) -> Result<types::Groups, verl::PyError> {
         let r = match function {
-            verl::Function::KarmarkarKarp => k::verl::karmarkar_karp(&seqlens, kk, equal_size),
-            verl::Function::GreedyPartition => k::verl::greedy_partition(&seqlens, kk, equal_size),
+            verl::Function::KarmarkarKarp => k::peers::verl::karmarkar_karp(&seqlens, kk, equal_size),
+            verl::Function::GreedyPartition => k::peers::verl::greedy_partition(&seqlens, kk, equal_size),
             verl::Function::GetSeqlenBalancedPartitions => {
-                k::verl::get_seqlen_balanced_partitions(&seqlens, kk, equal_size)
+                k::peers::verl::get_seqlen_balanced_partitions(&seqlens, kk, equal_size)
             }
         };
         r.map(groups_of).map_err(Into::into)
@@ -251,7 +251,7 @@ fn compact(levels: &stowplan_json::Levels) -> String {
     serde_json::to_string(levels).expect("a report serializes")
 }
 
-fn py_error(e: k::verl::PyError) -> peers::PyError {
+fn py_error(e: k::peers::verl::PyError) -> peers::PyError {
     peers::PyError { exception: e.type_name().into(), message: e.message().into() }
 }
 
@@ -284,7 +284,7 @@ impl peers::Guest for Kernel {
         seqlens: Vec<i64>,
         partitions: Vec<Vec<i64>>,
     ) -> Result<peers::SeqlenUnbalance, peers::PyError> {
-        let u = k::verl::log_seqlen_unbalance(&seqlens, &partitions)
+        let u = k::peers::verl::log_seqlen_unbalance(&seqlens, &partitions)
             .map_err(|e| peers::PyError { exception: e.type_name().into(), message: e.message().into() })?;
         Ok(u.figures().into())
     }
@@ -429,7 +429,7 @@ fn oversize_of(o: pack::Oversize) -> k::OversizePolicy {
 
 impl trl::Guest for Kernel {
     fn bfd(lengths: Vec<u64>, batch_ends: Vec<u32>, seq_length: u64) -> Result<types::Groups, types::Error> {
-        let (offsets, indices) = k::trl::trl_bfd(&lengths, &batch_ends, seq_length).map_err(error)?;
+        let (offsets, indices) = k::peers::trl::trl_bfd(&lengths, &batch_ends, seq_length).map_err(error)?;
         Ok(types::Groups { offsets, indices })
     }
 }

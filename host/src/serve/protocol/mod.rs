@@ -32,7 +32,7 @@
 //! - **ranks** (ROUTER): each trainer rank connects a DEALER and says [`RankMessage::Hello`]
 //!   (rank, data-parallel size, the step it expects), again every [`HEARTBEAT`]. No step is
 //!   delivered before every rank said hello (the readiness barrier). A step is sent to each
-//!   rank as its encoded [`RankBatch`](crate::RankBatch); the rank answers
+//!   rank as its encoded [`RankBatch`](crate::packer::RankBatch); the rank answers
 //!   [`RankMessage::Ack`] once it has decoded it, and the step counts as delivered when every
 //!   rank acknowledged it; a rank asking for an earlier step (its hello's `next_step`) is
 //!   refused ([`Refusal::of_late_rank`]). A rank that reconnects (its new connection took the slot over, see

@@ -1,8 +1,8 @@
-//! Glue between the `prime-rl` WIT interface and `stowplan_kernel::prime_rl`.
+//! Glue between the `prime-rl` WIT interface and `stowplan_kernel::peers::prime_rl`.
 
 use super::Vec;
 
-use stowplan_kernel::prime_rl as p;
+use stowplan_kernel::peers::prime_rl as p;
 
 use super::exports::stowplan::kernel::prime_rl as w;
 use super::{Kernel, error, groups_of, types};

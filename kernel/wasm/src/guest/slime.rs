@@ -1,8 +1,8 @@
-//! Glue between the WIT `slime` interface and `stowplan_kernel::slime`.
+//! Glue between the WIT `slime` interface and `stowplan_kernel::peers::slime`.
 
 use super::alloc::vec::Vec;
 
-use stowplan_kernel::slime as ks;
+use stowplan_kernel::peers::slime as ks;
 
 use super::exports::stowplan::kernel::{slime, types};
 use super::{Kernel, groups_of};

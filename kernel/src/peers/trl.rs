@@ -11,7 +11,8 @@ use alloc::collections::VecDeque;
 use alloc::vec::Vec;
 
 use crate::rooms::Rooms;
-use crate::{Error, checked_len, invalid, sorted_desc};
+use crate::sort::sorted_desc;
+use crate::{Error, checked_len, invalid};
 
 /// TRL's bins of `lengths` (the sequences after TRL's truncation or split, every one in
 /// `1..=seq_length`), map batch by map batch: batch `j` is the indices

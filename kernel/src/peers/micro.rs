@@ -11,8 +11,8 @@
 
 use alloc::vec::Vec;
 
-use crate::balance::{Order, apply_order};
-use crate::verl::{PyError, get_seqlen_balanced_partitions};
+use crate::order::{Order, apply_order};
+use crate::peers::verl::{PyError, get_seqlen_balanced_partitions};
 
 /// `24576·s + s²` in torch `int64` arithmetic (wrapping), verl's and ROLL's workload.
 pub fn workload(s: i64) -> i64 {
@@ -199,7 +199,7 @@ pub fn balance_batch(seqlens: &[i64], dp: u32, minibatch_size: Option<i64>) -> R
     check_non_negative("seqlens", seqlens)?;
     // The result holds `dp` lists: refuse a `dp` verl would run out of memory on before
     // allocating them (the fuzzer found dp = 403177717 on no samples asking for 9.7 GB).
-    crate::verl::check_k(dp)?;
+    crate::peers::verl::check_k(dp)?;
     let w: Vec<i64> = seqlens.iter().map(|&s| workload(s)).collect();
     let mut ranks: Vec<Vec<u32>> = alloc::vec![Vec::new(); dp as usize];
     let mut kk_partitions = Vec::new();

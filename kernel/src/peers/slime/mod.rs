@@ -9,7 +9,7 @@
 //!   weights slime gives it (floats, or integers when the model has no layers). On integer
 //!   lengths slime's copy is verl's function (the source differs only in a docstring, type
 //!   annotations and the name of an unused loop variable), so integer callers use
-//!   [`verl::get_seqlen_balanced_partitions`](crate::verl::get_seqlen_balanced_partitions);
+//!   [`verl::get_seqlen_balanced_partitions`](crate::peers::verl::get_seqlen_balanced_partitions);
 //! - [`build_dp_schedule`] (`slime/utils/dp_schedule.py`): rollouts grouped by id in
 //!   first-occurrence order, steps of `global_batch_size` rollouts, first-fit (or FLOPs KK, or
 //!   fixed-size chunks) packing per step, alignment by splitting, and the micro-batches
@@ -69,7 +69,7 @@ pub use kk::{PythonSum, get_seqlen_balanced_partitions};
 pub use schedule::{Schedule, ScheduleArgs, build_dp_schedule};
 
 #[cfg(test)]
-#[path = "../../tests/support/slime.rs"]
+#[path = "../../../tests/support/slime.rs"]
 mod slime_support;
 
 #[cfg(test)]
@@ -160,10 +160,10 @@ mod tests {
         ) {
             let w: Vec<f64> = lengths.iter().map(|&l| l as f64).collect();
             let got = get_seqlen_balanced_partitions(&w, k, equal);
-            let want = crate::verl::get_seqlen_balanced_partitions(&lengths, k, equal);
+            let want = crate::peers::verl::get_seqlen_balanced_partitions(&lengths, k, equal);
             match (got, want) {
                 (Ok(g), Ok(w)) => prop_assert_eq!(g, w),
-                (Err(SlimeError::AssertionError(a)), Err(crate::verl::PyError::AssertionError(b))) => prop_assert_eq!(a, b),
+                (Err(SlimeError::AssertionError(a)), Err(crate::peers::verl::PyError::AssertionError(b))) => prop_assert_eq!(a, b),
                 (g, w) => prop_assert!(false, "slime {:?}, verl {:?}", g, w),
             }
         }

@@ -28,7 +28,7 @@ pub enum PyError {
     ZeroDivisionError(String),
     /// `MemoryError`: verl would materialise `n·k` sets; refused above [`MAX_VERL_K`] groups.
     MemoryError(String),
-    /// `ValueError` (raised by the micro-batch and DP entry points of [`peers`](super::peers)).
+    /// `ValueError` (raised by the micro-batch and DP entry points of [`peers`](super)).
     ValueError(String),
 }
 

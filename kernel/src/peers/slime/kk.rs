@@ -279,7 +279,7 @@ pub(crate) fn balanced_partitions<W: Weight>(w: &[W], k: u32, equal_size: bool) 
 /// Errors: `AssertionError` with slime's message for n < k and for `equal_size` with
 /// n % k ≠ 0; `invalid-argument` for k = 0 or a weight that is negative, NaN or infinite
 /// (outside what slime is given; integer lengths of any sign go to
-/// [`verl::get_seqlen_balanced_partitions`](crate::verl::get_seqlen_balanced_partitions)).
+/// [`verl::get_seqlen_balanced_partitions`](crate::peers::verl::get_seqlen_balanced_partitions)).
 pub fn get_seqlen_balanced_partitions(weights: &[f64], k: u32, equal_size: bool) -> Result<Vec<Vec<u32>>, SlimeError> {
     if let Some(i) = weights.iter().position(|w| !w.is_finite() || *w < 0.0) {
         return Err(bad!("seqlen_list[{i}] = {} must be a finite number ≥ 0", weights[i]));
