@@ -639,31 +639,31 @@ def test_a_seq_length_up_to_2_to_the_64_packs_as_one_row_per_batch(strategy, map
 # --- stowplan.hf.TokenBudgetBatchSampler ------------------------------------------------------
 
 
-def sampler_ranks(lengths, max_tokens, dp, **options):
-    return [stowplan.hf.TokenBudgetBatchSampler(lengths, max_tokens, dp_size=dp, rank=r, **options) for r in range(dp)]
+def sampler_ranks(lengths, capacity, dp, **options):
+    return [stowplan.hf.TokenBudgetBatchSampler(lengths, capacity, dp_size=dp, rank=r, **options) for r in range(dp)]
 
 
 @settings(max_examples=60, deadline=None)
 @given(
     lengths=st.lists(st.integers(0, 100), min_size=1, max_size=120),
-    max_tokens=st.integers(100, 400),
+    capacity=st.integers(100, 400),
     dp=st.integers(1, 4),
     per_rank=st.one_of(st.none(), st.integers(1, 12)),
     shuffle=st.booleans(),
     seed=st.integers(0, 2**64 - 1),
     cost=st.sampled_from([None, "attention"]),
 )
-def test_sampler_caps_every_micro_batch_and_gives_every_index_once(lengths, max_tokens, dp, per_rank, shuffle, seed, cost):
+def test_sampler_caps_every_micro_batch_and_gives_every_index_once(lengths, capacity, dp, per_rank, shuffle, seed, cost):
     n = len(lengths) - len(lengths) % dp
     if n == 0:
         return
     lengths = lengths[:n]
     batch_size = None if per_rank is None else per_rank * dp
-    ranks = sampler_ranks(lengths, max_tokens, dp, batch_size=batch_size, shuffle=shuffle, seed=seed, cost=cost)
+    ranks = sampler_ranks(lengths, capacity, dp, batch_size=batch_size, shuffle=shuffle, seed=seed, cost=cost)
     seen = []
     for s in ranks:
         for mb in s:
-            assert mb and sum(lengths[i] for i in mb) <= max_tokens  # the hard cap
+            assert mb and sum(lengths[i] for i in mb) <= capacity  # the hard cap
             assert all(type(i) is int for i in mb)
             seen.extend(mb)
     assert sorted(seen) == list(range(n))  # every index once per epoch over the ranks
@@ -736,14 +736,14 @@ def test_sampler_is_a_torch_sampler_when_torch_imports():
 @pytest.mark.parametrize(
     "call, error, fragment",
     [
-        (lambda: stowplan.hf.TokenBudgetBatchSampler([1, 2], 0), stowplan.InvalidArgumentError, "max_tokens must be in 1..="),
+        (lambda: stowplan.hf.TokenBudgetBatchSampler([1, 2], 0), stowplan.InvalidArgumentError, "capacity must be in 1..="),
         (lambda: stowplan.hf.TokenBudgetBatchSampler([1, 2], 8, dp_size=0), stowplan.InvalidArgumentError, "dp_size must be in 1..="),
         (lambda: stowplan.hf.TokenBudgetBatchSampler([1, 2], 8, dp_size=2, rank=2), stowplan.InvalidArgumentError, "rank must be in 0..=1"),
         (lambda: stowplan.hf.TokenBudgetBatchSampler([1, 2], 8, dp_size=3), stowplan.InvalidArgumentError, "lengths has 2 samples; dp_size = 3"),
         (lambda: stowplan.hf.TokenBudgetBatchSampler([], 8), stowplan.InvalidArgumentError, "lengths has 0 samples"),
         (lambda: stowplan.hf.TokenBudgetBatchSampler([1, 2], 8, dp_size=2, batch_size=3), stowplan.InvalidArgumentError, "batch_size must be a multiple of dp_size = 2"),
         (lambda: stowplan.hf.TokenBudgetBatchSampler([1, 2], 8, batch_size=4, drop_last=True), stowplan.InvalidArgumentError, "leaves no step"),
-        (lambda: stowplan.hf.TokenBudgetBatchSampler([1, 9], 8), stowplan.InfeasibleError, "lengths[1] is 9 tokens, more than max_tokens = 8"),
+        (lambda: stowplan.hf.TokenBudgetBatchSampler([1, 9], 8), stowplan.InfeasibleError, "lengths[1] is 9 tokens, more than capacity = 8"),
         (lambda: stowplan.hf.TokenBudgetBatchSampler([1, -2], 8), stowplan.InvalidArgumentError, "lengths[1] must be in 0..="),
         (lambda: stowplan.hf.TokenBudgetBatchSampler([1.0, 2.0], 8), stowplan.InvalidArgumentError, "lengths[0] must be an integer"),
         (lambda: stowplan.hf.TokenBudgetBatchSampler(np.array([1.0, 2.0]), 8), stowplan.InvalidArgumentError, "floats are refused"),
@@ -758,6 +758,18 @@ def test_sampler_bad_input(call, error, fragment):
     with pytest.raises(error) as info:
         call()
     assert fragment in str(info.value)
+
+
+@pytest.mark.parametrize("sampler", [stowplan.hf.TokenBudgetBatchSampler, stowplan.hf.PaddedBatchSampler])
+def test_the_samplers_former_cap_name_warns_and_names_capacity(sampler):
+    """``max_tokens=`` (the former name of the token cap) keeps working for one release: it warns,
+    naming ``capacity=``, and gives the same plan; both at once is refused."""
+    lengths = [5, 3, 8, 2, 7, 1]
+    with pytest.warns(DeprecationWarning, match=rf"{sampler.__name__}: max_tokens= is deprecated .* use capacity="):
+        old = sampler(lengths, max_tokens=10, seed=1)
+    assert list(old) == list(sampler(lengths, capacity=10, seed=1)) and old.capacity == 10
+    with pytest.raises(stowplan.InvalidArgumentError, match="give capacity= only"):
+        sampler(lengths, capacity=10, max_tokens=10)
 
 
 # --- stowplan.hf.PaddingFreeCollator ---------------------------------------------------------
@@ -1042,13 +1054,13 @@ def test_collator_defaults_to_numpy_without_torch(monkeypatch):
 @given(
     lengths=st.lists(st.integers(1, 300), min_size=4, max_size=120),
     dp=st.integers(1, 4),
-    max_tokens=st.integers(300, 2000),
+    capacity=st.integers(300, 2000),
     step=st.integers(1, 6),
     accumulation=st.one_of(st.none(), st.integers(1, 3)),
     cost=st.sampled_from(["attention", "tokens", (1, 0.001)]),
     drop_last=st.booleans(),
 )
-def test_padded_sampler_invariants(lengths, dp, max_tokens, step, accumulation, cost, drop_last):
+def test_padded_sampler_invariants(lengths, dp, capacity, step, accumulation, cost, drop_last):
     n = len(lengths) - len(lengths) % dp
     lengths = lengths[:n]
     if n < dp:
@@ -1059,7 +1071,7 @@ def test_padded_sampler_invariants(lengths, dp, max_tokens, step, accumulation, 
         return
     try:
         samplers = [
-            stowplan.hf.PaddedBatchSampler(lengths, max_tokens, dp_size=dp, rank=r, batch_size=batch_size, accumulation_steps=accumulation, seed=3, cost=cost, drop_last=drop_last)
+            stowplan.hf.PaddedBatchSampler(lengths, capacity, dp_size=dp, rank=r, batch_size=batch_size, accumulation_steps=accumulation, seed=3, cost=cost, drop_last=drop_last)
             for r in range(dp)
         ]
     except stowplan.InfeasibleError as exc:
@@ -1074,7 +1086,7 @@ def test_padded_sampler_invariants(lengths, dp, max_tokens, step, accumulation, 
             assert counts == {accumulation}
         for mbs in steps:
             for mb in mbs:
-                assert mb and len(mb) * max(lengths[i] for i in mb) <= max_tokens
+                assert mb and len(mb) * max(lengths[i] for i in mb) <= capacity
                 seen.extend(mb)
     full = (n // batch_size) * batch_size
     if drop_last:
@@ -1104,7 +1116,7 @@ def test_padded_sampler_groups_by_length_and_is_optimal_on_a_small_case():
     [
         (lambda: stowplan.hf.PaddedBatchSampler([1, 2], 8, cost="flops"), stowplan.InvalidArgumentError, "cost must be 'attention', 'tokens' or (linear, quadratic)"),
         (lambda: stowplan.hf.PaddedBatchSampler([1, 2], 8, cost=(0, 0)), stowplan.InvalidArgumentError, "not both 0"),
-        (lambda: stowplan.hf.PaddedBatchSampler([1, 9], 8), stowplan.InfeasibleError, "lengths[1] is 9 tokens, more than max_tokens = 8"),
+        (lambda: stowplan.hf.PaddedBatchSampler([1, 9], 8), stowplan.InfeasibleError, "lengths[1] is 9 tokens, more than capacity = 8"),
         (lambda: stowplan.hf.PaddedBatchSampler([1, 0], 8), stowplan.InvalidArgumentError, "lengths[1] is 0"),
         (lambda: stowplan.hf.PaddedBatchSampler([1, 2], 8, accumulation_steps=3), stowplan.InvalidArgumentError, "cannot fill accumulation_steps = 3"),
         (lambda: stowplan.hf.PaddedBatchSampler([8, 8], 8, accumulation_steps=1), stowplan.InfeasibleError, "need at least 2 micro-batches"),

@@ -5,7 +5,7 @@ concatenates whatever the loader hands it, so the loader must bound the tokens. 
 cuts each epoch into optimizer steps of ``batch_size`` samples (in a seeded random order), and
 plans every step with the kernel's :func:`stowplan.balance`: the step's samples spread over the
 ``dp_size`` ranks (the same number on each, the costliest rank as light as the heuristic
-finds), each rank's part cut into micro-batches of at most ``max_tokens`` tokens, **the same
+finds), each rank's part cut into micro-batches of at most ``capacity`` tokens, **the same
 number of micro-batches on every rank** (so the ranks stay in lockstep). Rank ``rank`` iterates
 its micro-batches, step after step, as lists of dataset indices (a DataLoader's
 ``batch_sampler``). Every rank computes the same plan from the lengths and the seed: no
@@ -28,6 +28,7 @@ import numpy as np
 from . import _stowplan
 from ._stowplan import balance
 from ._convert import as_int64
+from ._renamed import renamed
 from .errors import InfeasibleError, InvalidArgumentError
 
 try:  # A torch Sampler when torch is there, so DataLoader(batch_sampler=...) takes it as one.
@@ -94,12 +95,12 @@ class _StepSampler(_Base):  # type: ignore[misc,valid-type]
         self._plan: Optional[List[List[List[int]]]] = None
         self._plan_epoch = -1
 
-    def _check_cap(self, max_tokens: int) -> None:
-        long = self.lengths > max_tokens
+    def _check_cap(self, capacity: int) -> None:
+        long = self.lengths > capacity
         if long.any():
             i = int(np.argmax(long))
             raise InfeasibleError(
-                f"lengths[{i}] is {int(self.lengths[i])} tokens, more than max_tokens = {max_tokens} "
+                f"lengths[{i}] is {int(self.lengths[i])} tokens, more than capacity = {capacity} "
                 "(a sample is never split: pack or truncate it first)"
             )
 
@@ -147,11 +148,11 @@ class _StepSampler(_Base):  # type: ignore[misc,valid-type]
 
 class TokenBudgetBatchSampler(_StepSampler):
     """Yields rank ``rank``'s micro-batches (lists of sample indices) of each epoch; each
-    micro-batch holds at most ``max_tokens`` tokens.
+    micro-batch holds at most ``capacity`` tokens.
 
     ``lengths`` — tokens per sample (a sequence or array of ints), or a ``datasets.Dataset``
     (or ``pyarrow.Table``) whose ``length_column`` list lengths are read from its Arrow offsets
-    (a packed dataset's rows work too). ``max_tokens`` — the hard cap (``1..``); a sample longer
+    (a packed dataset's rows work too). ``capacity`` — the hard cap (``1..``); a sample longer
     than it raises :class:`InfeasibleError` naming it (pack or truncate first). ``dp_size`` /
     ``rank`` — the data-parallel ranks and this one. ``batch_size`` — samples per optimizer
     step over all ranks, a multiple of ``dp_size`` (default: the whole epoch is one step).
@@ -169,10 +170,11 @@ class TokenBudgetBatchSampler(_StepSampler):
     number of micro-batches of this rank in the epoch, the same on every rank.
     """
 
+    @renamed(max_tokens="capacity")
     def __init__(
         self,
         lengths: Any,
-        max_tokens: int,
+        capacity: int,
         *,
         dp_size: int = 1,
         rank: int = 0,
@@ -187,14 +189,14 @@ class TokenBudgetBatchSampler(_StepSampler):
         super().__init__(
             lengths, dp_size=dp_size, rank=rank, batch_size=batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last, length_column=length_column
         )
-        self.max_tokens = _stowplan._integer(max_tokens, "max_tokens", 1, 2**63 - 1)
-        self._check_cap(self.max_tokens)
+        self.capacity = _stowplan._integer(capacity, "capacity", 1, 2**63 - 1)
+        self._check_cap(self.capacity)
         self.cost = cost
         self.backend = backend
         self._steps_of_epoch()  # checks cost and backend now, and plans epoch 0
 
     def _plan_step(self, samples: np.ndarray, rng: Any) -> List[List[int]]:
-        plan = balance(self.lengths[samples], self.dp_size, max_token_len=self.max_tokens, cost=self.cost, backend=self.backend)
+        plan = balance(self.lengths[samples], self.dp_size, max_token_len=self.capacity, cost=self.cost, backend=self.backend)
         mbs = [samples[b.astype(np.int64)].tolist() for b in plan.micro_batches[self.rank].batches]
         if self.shuffle:  # the same permutation on every rank (the counts agree)
             mbs = [mbs[j] for j in rng.permutation(len(mbs))]
@@ -215,7 +217,7 @@ class PaddedBatchSampler(_StepSampler):
 
     Each optimizer step's ``batch_size`` samples (over all ranks) are sorted by length and cut
     into contiguous runs, so a micro-batch holds samples of like lengths: at most
-    ``max_tokens`` padded tokens (``bs · max_len``) each, and as few micro-batches as that cap
+    ``capacity`` padded tokens (``bs · max_len``) each, and as few micro-batches as that cap
     allows, rounded up to the same number on every rank — or exactly ``accumulation_steps``
     per rank when given (``InfeasibleError`` if the cap needs more). Among the cuts into that
     many runs, the one whose costliest micro-batch is cheapest is taken (a bisection on the
@@ -237,10 +239,11 @@ class PaddedBatchSampler(_StepSampler):
     [[950], [900]]
     """
 
+    @renamed(max_tokens="capacity")
     def __init__(
         self,
         lengths: Any,
-        max_tokens: int,
+        capacity: int,
         *,
         dp_size: int = 1,
         rank: int = 0,
@@ -256,8 +259,8 @@ class PaddedBatchSampler(_StepSampler):
         super().__init__(
             lengths, dp_size=dp_size, rank=rank, batch_size=batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last, length_column=length_column
         )
-        self.max_tokens = _stowplan._integer(max_tokens, "max_tokens", 1, 2**63 - 1)
-        self._check_cap(self.max_tokens)
+        self.capacity = _stowplan._integer(capacity, "capacity", 1, 2**63 - 1)
+        self._check_cap(self.capacity)
         if self.lengths.size and int(self.lengths.min()) < 1:
             i = int(np.argmin(self.lengths))
             raise InvalidArgumentError(f"lengths[{i}] is 0: a padded micro-batch holds samples of at least one token")
@@ -294,14 +297,14 @@ class PaddedBatchSampler(_StepSampler):
 
     def _runs(self, lengths: np.ndarray, limit: float, most: int) -> Optional[List[int]]:
         """The starts of the fewest contiguous runs of ``lengths`` (descending) with at most
-        ``max_tokens`` padded tokens and cost at most ``limit`` each; None beyond ``most`` runs."""
+        ``capacity`` padded tokens and cost at most ``limit`` each; None beyond ``most`` runs."""
         starts: List[int] = []
         i, n = 0, int(lengths.size)
         while i < n:
             if len(starts) == most:
                 return None
             m = int(lengths[i])
-            take = min(self.max_tokens // m, int(limit // self._one(m)) if limit < float("inf") else n)
+            take = min(self.capacity // m, int(limit // self._one(m)) if limit < float("inf") else n)
             if take < 1:
                 return None
             starts.append(i)
@@ -318,8 +321,8 @@ class PaddedBatchSampler(_StepSampler):
             count = self.accumulation_steps * dp
             if fewest > count:
                 raise InfeasibleError(
-                    f"a step's {n} samples need at least {fewest} micro-batches of max_tokens = {self.max_tokens} padded tokens, "
-                    f"more than accumulation_steps = {self.accumulation_steps} on each of {dp} ranks: raise max_tokens or accumulation_steps"
+                    f"a step's {n} samples need at least {fewest} micro-batches of capacity = {self.capacity} padded tokens, "
+                    f"more than accumulation_steps = {self.accumulation_steps} on each of {dp} ranks: raise capacity or accumulation_steps"
                 )
         else:
             count = fewest + (-fewest) % dp
