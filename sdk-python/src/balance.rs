@@ -633,3 +633,12 @@ pub(crate) fn rank_micro_batches<'py>(
         .collect::<PyResult<Vec<u32>>>()?;
     views(mb.grouped.offsets.bind(py), &positions.into_pyarray(py))
 }
+
+/// Registers balancing: `micro_batches`, `balance`, `rank_micro_batches` and their results.
+pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(micro_batches, m)?)?;
+    m.add_function(wrap_pyfunction!(balance, m)?)?;
+    m.add_function(wrap_pyfunction!(rank_micro_batches, m)?)?;
+    m.add_class::<PyMicroBatches>()?;
+    m.add_class::<PyBalance>()
+}

@@ -520,3 +520,29 @@ impl<'py> Lengths<'py> {
         }
     }
 }
+
+/// Registers the Python layer's integer checks (`_integer`, `_integers`).
+pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(py_integer, m)?)?;
+    m.add_function(wrap_pyfunction!(py_integers, m)?)
+}
+
+/// An argument of `call` given under its name (`new`) or its former name (`old`, deprecated
+/// for one release): the former warns through `stowplan._renamed.warn_renamed` (the one
+/// deprecation path, shared with the Python layer), both at once is `InvalidArgumentError`.
+pub(crate) fn renamed<'a, 'py>(
+    py: Python<'py>,
+    call: &str,
+    new: (&str, Option<&'a Bound<'py, PyAny>>),
+    old: (&str, Option<&'a Bound<'py, PyAny>>),
+) -> PyResult<Option<&'a Bound<'py, PyAny>>> {
+    let path = py.import("stowplan._renamed")?;
+    match (new.1, old.1) {
+        (Some(_), Some(_)) => Err(PyErr::from_value(path.getattr("both_given")?.call1((call, old.0, new.0))?)),
+        (None, Some(value)) => {
+            path.getattr("warn_renamed")?.call1((call, old.0, new.0, 2))?;
+            Ok(Some(value))
+        }
+        (value, None) => Ok(value),
+    }
+}

@@ -1,8 +1,8 @@
 //! `stowplan._stowplan`: the native layer of the Python SDK.
 //!
 //! Thin by design: it converts arguments (numpy arrays read as slices without copying, option
-//! names parsed with the kernel's [`stowplan::kernel::Named`] spellings, integer ranges checked and named once,
-//! here), calls the Rust host with the GIL released, and returns frozen result classes whose
+//! names parsed with the kernel's [`stowplan::kernel::Named`] spellings, integer ranges
+//! checked and named once, here), calls the Rust host with the GIL released, and returns frozen result classes whose
 //! getters hand out numpy arrays owning the Rust vectors (no copy). Options are keyword-only;
 //! an omitted option (or `None`) means the host's default (`PackOptions::new`,
 //! `PartitionOptions::default`, …), so no default is written twice. Errors become the
@@ -11,8 +11,10 @@
 //! One file per concept: `errors` (exceptions), `convert` (arguments), `results` (what the
 //! result classes share), `pack`, `balance` and `peers` (the functions and their result
 //! classes), then one file per host area (`layout`, `micro_batch`, `materialize`,
-//! `protocol`, `transport`, `packer`, `plan`, `stream`, `source`, `filter`, …). The helpers
-//! every binding module uses are re-exported here; this file registers the module.
+//! `protocol`, `transport`, `packer`, `plan`, `stream`, `source`, `filter`, …), and `info`
+//! (`kernel_info`, the cost presets). One registration style: each file registers its own
+//! functions and classes (`register(m)`), and this file calls each file's `register` and
+//! re-exports the helpers every binding module uses.
 
 mod arrow;
 mod balance;
@@ -20,6 +22,7 @@ mod config;
 mod convert;
 mod errors;
 mod filter;
+mod info;
 mod layout;
 mod materialize;
 mod micro_batch;
@@ -37,21 +40,12 @@ mod stream;
 mod transport;
 
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyTuple};
-use stowplan::Kernel;
 
-use balance::{PyBalance, PyMicroBatches, micro_batches};
 pub(crate) use convert::{
     BackendArg, Lengths, Nullable, cost_arg, float_vec, int, int_vec, is_bool, kernel, mask_vec, number, opt_parse,
     opt_str, opt_u32, opt_u64, repr, str_options, u32_arg, u64_arg,
 };
-use convert::{py_integer, py_integers};
 pub(crate) use errors::{invalid, to_py};
-use pack::{PyMultiPacking, PyPacking, PyPartition, pack_multi, partition};
-use peers::{
-    PyDpReorder, PyRollMicroBatches, balance_batch, log_seqlen_unbalance, roll_load_balance, verl,
-    verl_rearrange_micro_batches,
-};
 pub(crate) use results::{reduce, reduce_by};
 
 /// Locks `m` without waiting for it while the GIL is held: a thread that holds the lock may
@@ -90,56 +84,19 @@ pub(crate) fn lock<'a, T: Send>(py: Python<'_>, m: &'a std::sync::Mutex<T>) -> s
     lock_or_poisoned(py, m).unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
-/// The embedded kernel component's sha256 and its imports (always empty):
-/// ``{"sha256": …, "imports": […]}``.
-#[pyfunction]
-fn kernel_info<'py>(py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-    let imports = py.detach(Kernel::wasm_imports).map_err(|e| to_py(py, e))?;
-    let d = PyDict::new(py);
-    d.set_item("sha256", stowplan::kernel::KERNEL_WASM_SHA256.trim())?;
-    d.set_item("imports", imports)?;
-    Ok(d)
-}
-
-/// The extension's allocator. glibc's malloc hands the memory a packer step frees back to the
-/// system (it trims the build threads' arenas), so the next step faults every page in again:
-/// ~59,000 page faults and half of `Packer.pack`'s time on a 7.4M-token step. mimalloc keeps
-/// it for reuse (`local_dynamic_tls`: this library is loaded with `dlopen`).
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 /// The native module.
 #[pymodule]
 fn _stowplan(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add_function(wrap_pyfunction!(partition, m)?)?;
-    m.add_function(wrap_pyfunction!(pack::pack, m)?)?;
-    m.add_function(wrap_pyfunction!(pack_multi, m)?)?;
-    m.add_function(wrap_pyfunction!(micro_batches, m)?)?;
-    m.add_function(wrap_pyfunction!(balance::balance, m)?)?;
-    m.add_function(wrap_pyfunction!(balance::rank_micro_batches, m)?)?;
-    m.add_function(wrap_pyfunction!(verl, m)?)?;
-    m.add_function(wrap_pyfunction!(log_seqlen_unbalance, m)?)?;
-    m.add_function(wrap_pyfunction!(verl_rearrange_micro_batches, m)?)?;
-    m.add_function(wrap_pyfunction!(balance_batch, m)?)?;
-    m.add_function(wrap_pyfunction!(roll_load_balance, m)?)?;
-    m.add_function(wrap_pyfunction!(kernel_info, m)?)?;
-    m.add_function(wrap_pyfunction!(py_integer, m)?)?;
-    m.add_function(wrap_pyfunction!(py_integers, m)?)?;
-    m.add_class::<PyPartition>()?;
-    m.add_class::<PyPacking>()?;
-    m.add_class::<PyMultiPacking>()?;
-    m.add_class::<PyMicroBatches>()?;
-    m.add_class::<PyBalance>()?;
-    m.add_class::<PyDpReorder>()?;
-    m.add_class::<PyRollMicroBatches>()?;
-    m.add_class::<stream::PyStreamPacker>()?;
-    stream::defaults(m)?;
-    // The kernel's cost presets, name -> (linear, quadratic).
-    let presets = PyDict::new(m.py());
-    for (name, c) in stowplan::kernel::COST_PRESETS {
-        presets.set_item(name, PyTuple::new(m.py(), [c.linear, c.quadratic])?)?;
-    }
-    m.add("COST_PRESETS", presets)?;
+    // Each file registers its own functions and classes: one file per concept.
+    info::register(m)?;
+    convert::register(m)?;
+    pack::register(m)?;
+    balance::register(m)?;
+    peers::register(m)?;
+    stream::register(m)?;
     arrow::register(m)?;
     layout::register(m)?;
     micro_batch::register(m)?;

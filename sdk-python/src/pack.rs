@@ -523,3 +523,13 @@ pub(crate) fn pack_multi(
         lower_bounds: bounds.unbind(),
     })
 }
+
+/// Registers partitioning and packing: `partition`, `pack`, `pack_multi` and their results.
+pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(partition, m)?)?;
+    m.add_function(wrap_pyfunction!(pack, m)?)?;
+    m.add_function(wrap_pyfunction!(pack_multi, m)?)?;
+    m.add_class::<PyPartition>()?;
+    m.add_class::<PyPacking>()?;
+    m.add_class::<PyMultiPacking>()
+}

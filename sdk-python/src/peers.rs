@@ -264,3 +264,14 @@ pub(crate) fn roll_load_balance(
         Err(e) => Err(peer_error(&e)),
     }
 }
+
+/// Registers verl's and ROLL's reproductions and their results.
+pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(verl, m)?)?;
+    m.add_function(wrap_pyfunction!(log_seqlen_unbalance, m)?)?;
+    m.add_function(wrap_pyfunction!(verl_rearrange_micro_batches, m)?)?;
+    m.add_function(wrap_pyfunction!(balance_batch, m)?)?;
+    m.add_function(wrap_pyfunction!(roll_load_balance, m)?)?;
+    m.add_class::<PyDpReorder>()?;
+    m.add_class::<PyRollMicroBatches>()
+}

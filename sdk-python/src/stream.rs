@@ -386,7 +386,8 @@ fn bounded(obj: Option<&Bound<'_, PyAny>>, name: &str, low: u32, high: u32) -> P
 
 /// The kernel's defaults, for the docs and ``PackedIterableDataset``:
 /// ``{"max_open_bins": 64, "max_buffered": 4096}``.
-pub(crate) fn defaults(m: &Bound<'_, PyModule>) -> PyResult<()> {
+pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<PyStreamPacker>()?;
     let d = pyo3::types::PyDict::new(m.py());
     d.set_item("max_open_bins", DEFAULT_MAX_OPEN_BINS)?;
     d.set_item("max_buffered", DEFAULT_MAX_BUFFERED)?;

@@ -103,11 +103,11 @@ def test_chunked_and_sliced_tables():
 
 
 def test_output_is_chunked_without_changing_rows(monkeypatch):
-    import stowplan.arrow as arrow
+    import stowplan._rows as rows
 
     lengths = np.random.default_rng(5).integers(1, 50, size=500)
     expected = pack_table(table_of(lengths), 100, position_ids=True)
-    monkeypatch.setattr(arrow, "_BATCH_TOKENS", 300)
+    monkeypatch.setattr(rows, "BATCH_TOKENS", 300)
     small = pack_table(table_of(lengths), 100, position_ids=True)
     assert small.column("input_ids").num_chunks > 10
     assert small.to_pydict() == expected.to_pydict()

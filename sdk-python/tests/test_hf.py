@@ -275,9 +275,10 @@ def test_writers_of_one_path_at_once_each_leave_it_whole(tmp_path):
 def test_a_failed_write_leaves_no_file(tmp_path, monkeypatch):
     ds = dataset_of([5, 2, 9, 4])
     path = tmp_path / "packed.arrow"
+    pack = stowplan._rows.pack
 
     def broken(*args):
-        packed, digest = stowplan.arrow._pack(*args)
+        packed, digest = pack(*args)
 
         def failing():
             yield next(iter(packed))
@@ -285,7 +286,7 @@ def test_a_failed_write_leaves_no_file(tmp_path, monkeypatch):
 
         return pa.RecordBatchReader.from_batches(packed.schema, failing()), digest
 
-    monkeypatch.setattr(stowplan.hf, "_pack", broken)
+    monkeypatch.setattr(stowplan._rows, "pack", broken)
     with pytest.raises(OSError, match="disk full"):
         stowplan.hf.pack_dataset(ds, 8, cache_file_name=path)
     assert list(tmp_path.iterdir()) == []
@@ -303,7 +304,8 @@ def test_cache_file_name_that_is_not_a_regular_file_is_refused_and_left_alone(tm
     sock = socket.socket(socket.AF_UNIX)
     sock.bind(str(tmp_path / "socket"))
     packed = []
-    monkeypatch.setattr(stowplan.hf, "_pack", lambda *a: packed.append(a) or stowplan.arrow._pack(*a))
+    pack = stowplan._rows.pack
+    monkeypatch.setattr(stowplan._rows, "pack", lambda *a: packed.append(a) or pack(*a))
     try:
         for target, what in (("/dev/null", "a character device"), ("/dev/full", "a character device"), (fifo, "a FIFO"), (tmp_path / "socket", "a socket")):
             mode = os.stat(target).st_mode

@@ -331,3 +331,30 @@ fn root_names_counts_modules_group_leaves_aliases_and_items() {
     let text = "pub mod a;\n#[cfg(x)]\npub use a::{X, b::{Y, Z as W}};\npub use c::V;\nmod d;\npub fn f() {}\n";
     assert_eq!(root_names(&code(text)), ["V", "W", "X", "Y", "a", "f"]);
 }
+
+/// ARCHITECTURE.md, "Code map" (`sdk-python/`): one registration style in the Python SDK's
+/// native layer. Every file that defines a Python function or class registers them itself
+/// (`fn register(m)`), `lib.rs` calls each of those and registers nothing directly.
+#[test]
+fn every_python_binding_file_registers_its_own_items() {
+    let src = root().join("sdk-python/src");
+    let lib = code(&fs::read_to_string(src.join("lib.rs")).expect("sdk-python/src/lib.rs"));
+    assert!(
+        !lib.contains("add_function") && !lib.contains("add_class"),
+        "sdk-python/src/lib.rs registers items itself; move them to their file's register"
+    );
+    let mut files = Vec::new();
+    rust_files(&src, &mut files);
+    let mut binding = 0;
+    for f in &files {
+        let text = code(&fs::read_to_string(f).expect("a readable source"));
+        let stem = f.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+        if !(text.contains("#[pyfunction") || text.contains("#[pyclass")) {
+            continue;
+        }
+        binding += 1;
+        assert!(text.contains("fn register("), "sdk-python/src/{stem}.rs defines Python items but has no register");
+        assert!(lib.contains(&format!("{stem}::register(m)")), "sdk-python/src/lib.rs never calls {stem}::register");
+    }
+    assert!(binding >= 15, "the check sees the binding files ({binding})");
+}

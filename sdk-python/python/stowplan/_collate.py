@@ -11,7 +11,7 @@ from typing import Any, Dict, Mapping, Optional, Sequence
 import numpy as np
 
 from . import _stowplan
-from ._convert import _array, as_int64
+from ._convert import array_of, as_int64
 from ._stowplan import materialize
 from .errors import InvalidArgumentError
 
@@ -116,7 +116,7 @@ def _int64s(values: Any, name: str) -> np.ndarray:
         except (ValueError, OverflowError):
             values = list(values)  # ragged or mixed: checked element by element below
     elif not isinstance(values, (str, bytes, bytearray)):
-        arr = _array(values, name)  # numpy, __array__ (torch), DLPack; None for anything else
+        arr = array_of(values, name)  # numpy, __array__ (torch), DLPack; None for anything else
         values = values if arr is None else arr
     if isinstance(values, np.ndarray):
         if values.size == 0:

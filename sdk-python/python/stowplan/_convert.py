@@ -31,7 +31,7 @@ _KINDS = {"b": "bool", "f": "float", "c": "complex", "U": "string", "S": "bytes"
 _FLOAT_HINT = "floats are refused even when whole; convert with .astype(numpy.int64) once the values are known to be whole"
 
 
-def _array(values: Any, name: str) -> Optional[np.ndarray]:
+def array_of(values: Any, name: str) -> Optional[np.ndarray]:
     """``values`` as a numpy array when it is one or exposes ``__array__``/DLPack (CPU
     tensors are read without a copy), else ``None``."""
     if isinstance(values, np.ndarray):
@@ -51,7 +51,7 @@ def _sequence(values: Any, name: str, what: str, kinds: str) -> Union[np.ndarray
     a list of the elements (object arrays, other iterables) for the native layer to check."""
     if isinstance(values, (str, bytes, bytearray)):
         raise InvalidArgumentError(f"{name} must be a sequence of {what}, not {type(values).__name__}")
-    arr = _array(values, name)
+    arr = array_of(values, name)
     if arr is None:
         try:
             return list(values)

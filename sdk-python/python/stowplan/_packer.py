@@ -118,12 +118,12 @@ class FileRankClient:
         consume: bool = False,
     ) -> None:
         if not isinstance(rank, int) or isinstance(rank, bool) or rank < 0:
-            raise _invalid(f"rank must be an integer ≥ 0 (got {rank!r})")
+            raise invalid_argument(f"rank must be an integer ≥ 0 (got {rank!r})")
         if not isinstance(start_step, int) or isinstance(start_step, bool) or start_step < 0:
-            raise _invalid(f"start_step must be an integer ≥ 0 (got {start_step!r})")
-        _check_timeout("timeout", timeout)
+            raise invalid_argument(f"start_step must be an integer ≥ 0 (got {start_step!r})")
+        check_timeout("timeout", timeout)
         if isinstance(poll, bool) or not (isinstance(poll, (int, float)) and poll > 0):
-            raise _invalid(f"poll must be a number of seconds > 0 (got {poll!r})")
+            raise invalid_argument(f"poll must be a number of seconds > 0 (got {poll!r})")
         self.root = os.fspath(root)
         self.rank = rank
         self.next_step = start_step
@@ -142,7 +142,7 @@ class FileRankClient:
         """Waits for ``step`` (default: the next one) and returns it; the next call then
         waits for the step after. Raises ``stowplan.StowplanTimeoutError`` after ``timeout``
         (default: the receiver's)."""
-        _check_timeout("timeout", timeout)
+        check_timeout("timeout", timeout)
         step = self.next_step if step is None else step
         wait = self.timeout if timeout is None else timeout
         batch = self._client.receive(step=step, timeout=wait)
@@ -154,12 +154,12 @@ class FileRankClient:
             yield self.receive()
 
 
-def _invalid(message: str) -> Exception:
+def invalid_argument(message: str) -> Exception:
     from .errors import InvalidArgumentError
 
     return InvalidArgumentError(message)
 
 
-def _check_timeout(name: str, value: Optional[float]) -> None:
+def check_timeout(name: str, value: Optional[float]) -> None:
     if value is not None and not (isinstance(value, (int, float)) and value >= 0):
-        raise _invalid(f"{name} must be None or a number of seconds ≥ 0 (got {value!r})")
+        raise invalid_argument(f"{name} must be None or a number of seconds ≥ 0 (got {value!r})")

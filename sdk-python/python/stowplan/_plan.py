@@ -56,10 +56,10 @@ def _init_worker(dataset: Any, length_fn: Any) -> None:
 
 
 def _measure(indices: List[int]) -> List[int]:
-    return [_checked_length(_worker_fn(_worker_dataset[i]), i) for i in indices]
+    return [checked_length(_worker_fn(_worker_dataset[i]), i) for i in indices]
 
 
-def _checked_length(value: Any, index: int) -> int:
+def checked_length(value: Any, index: int) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise InvalidArgumentError(f"the length function returned {value!r} for sample {index}; it must return an int")
     return int(value)
@@ -111,7 +111,7 @@ def compute_lengths(
         known = np.setdiff1d(np.arange(n), np.asarray(missing, dtype=np.int64)) if missing else np.arange(n)
         picks = known[np.linspace(0, len(known) - 1, min(verify, len(known))).astype(np.int64)].tolist()
         # Recording a known index with another length raises CacheMismatchError.
-        cache.set_many(picks, [_checked_length(length_fn(dataset[i]), i) for i in picks])
+        cache.set_many(picks, [checked_length(length_fn(dataset[i]), i) for i in picks])
     if missing:
         _log.info("length cache %s: computing %d of %d lengths on %d worker(s)", cache.path, len(missing), n, workers)
     chunk = max(1, min(cache.persist_every, 4096) // workers)
@@ -122,7 +122,7 @@ def compute_lengths(
                 done: List[int] = []
                 try:
                     for i in part:
-                        done.append(_checked_length(length_fn(dataset[i]), i))
+                        done.append(checked_length(length_fn(dataset[i]), i))
                 finally:
                     # Record what this chunk measured, also when the length function failed.
                     cache.set_many(part[: len(done)], done)
@@ -230,7 +230,7 @@ def plan_dataset(
     if eval:
         drop_last = False  # evaluation sees every sample
     if cache_dir is None:
-        lengths = np.fromiter((_checked_length(length_fn(s), i) for i, s in enumerate(dataset)), dtype=np.int64)
+        lengths = np.fromiter((checked_length(length_fn(s), i) for i, s in enumerate(dataset)), dtype=np.int64)
     else:
         if source is None:
             raise InvalidArgumentError("source (the dataset's identity, e.g. its resolved path) is required with cache_dir")

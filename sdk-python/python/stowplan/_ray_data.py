@@ -11,13 +11,13 @@ import ray
 import ray.data
 
 from . import _stowplan
-from ._plan import _checked_length
+from ._plan import checked_length
 from .errors import InvalidArgumentError, StowplanError
 
 __all__ = ["compute_lengths", "pack_dataset"]
 
 
-def _cause(e: BaseException) -> BaseException:
+def cause_of(e: BaseException) -> BaseException:
     """The StowplanError a Ray task raised (Ray Data wraps a UDF's in UserCodeException), or e."""
     seen: Optional[BaseException] = e
     for _ in range(8):
@@ -89,7 +89,7 @@ def _column_lengths(column: str) -> Callable[[Any], Dict[str, np.ndarray]]:
 def _row_lengths(length_fn: Callable[[Dict[str, Any]], int]) -> Callable[[Any], Dict[str, np.ndarray]]:
     def lengths(table: Any) -> Dict[str, np.ndarray]:
         rows = table.to_pylist()
-        return {"length": np.array([_checked_length(length_fn(r), i) for i, r in enumerate(rows)], dtype=np.uint64)}
+        return {"length": np.array([checked_length(length_fn(r), i) for i, r in enumerate(rows)], dtype=np.uint64)}
 
     return lengths
 
@@ -126,13 +126,13 @@ def pack_dataset(
     counted within a batch of the dataset. Needs a Ray with
     ``ray.data.expressions.monotonically_increasing_id``.
     """
-    from . import arrow as sa
+    from . import _rows, arrow as sa
 
     pa = sa.pa
     if not isinstance(dataset, ray.data.Dataset):
         raise InvalidArgumentError(f"dataset must be a ray.data.Dataset (got {type(dataset).__name__})")
     seq_length = _stowplan._integer(seq_length, "seq_length", 1, sa.MAX_SEQ_LENGTH)
-    strategy, overflow = sa._check_strategy(strategy, overflow)
+    strategy, overflow = _rows.check_strategy(strategy, overflow)
     if not isinstance(position_ids, bool):
         raise InvalidArgumentError(f"position_ids must be True or False (got {position_ids!r})")
     if num_blocks is not None and (isinstance(num_blocks, bool) or not isinstance(num_blocks, int) or num_blocks < 1):
@@ -143,7 +143,7 @@ def pack_dataset(
     base = getattr(schema, "base_schema", schema)
     if not isinstance(base, pa.Schema):
         raise InvalidArgumentError(f"the dataset must hold Arrow blocks (its schema is {schema!r})")
-    names = sa._check_columns(base.empty_table(), columns, position_ids)
+    names = _rows.check_columns(base.empty_table(), columns, position_ids)
     try:
         from ray.data.expressions import monotonically_increasing_id
     except ImportError as e:  # pragma: no cover - older Ray
@@ -156,7 +156,7 @@ def pack_dataset(
         raise InvalidArgumentError("the dataset is empty: there are no rows to pack")
     if lengths.size > sa.MAX_SEQUENCE_LENGTH:
         raise InvalidArgumentError(f"the dataset has {lengths.size} rows; at most 2**32-1 can be packed at once")
-    starts, item_lengths, bin_offsets = sa._plan_items(lengths, seq_length, strategy, overflow, names[0], backend)
+    starts, item_lengths, bin_offsets = _rows.plan_items(lengths, seq_length, strategy, overflow, names[0], backend)
     plan = _block_plan(lengths, starts, item_lengths, bin_offsets, num_blocks)
     plan["uid_of_pair"] = uids[plan["pair_row"]]
     order = np.argsort(plan["uid_of_pair"], kind="stable")
@@ -207,7 +207,7 @@ class _execution:
         if self.saved[2] is not None:
             ctx.shuffle_strategy = self.saved[2]
         if isinstance(e, ray.exceptions.RayTaskError):
-            cause = _cause(e)
+            cause = cause_of(e)
             if cause is not e:
                 raise cause from None
 
@@ -216,9 +216,9 @@ def _uid_lengths(tagged: Any, names: List[str]) -> Tuple[np.ndarray, np.ndarray]
     """Every row's id and length (int64), in the dataset's row order, checked as pack_table checks."""
 
     def lengths(table: Any) -> Dict[str, np.ndarray]:
-        from .arrow import _lengths
+        from ._rows import column_lengths
 
-        return {_UID: table.column(_UID).to_numpy(), _LEN: _lengths(table, names)}
+        return {_UID: table.column(_UID).to_numpy(), _LEN: column_lengths(table, names)}
 
     parts = list(tagged.map_batches(lengths, batch_format="pyarrow", batch_size=None).iter_batches(batch_format="numpy", batch_size=None))
     if not parts:
@@ -284,7 +284,7 @@ def _assembler(ref: Any, names: List[str], position_ids: bool) -> Callable[[Any]
     def assemble(group: Any) -> Any:
         import pyarrow.compute as pc
 
-        from .arrow import _assemble, _Flat
+        from ._rows import assemble, Flat
 
         plan = ray.get(ref)
         block = int(group.column(_CHUNK)[0].as_py())
@@ -296,8 +296,8 @@ def _assembler(ref: Any, names: List[str], position_ids: bool) -> Callable[[Any]
         i0, i1 = int(plan["bin_offsets"][b0]), int(plan["bin_offsets"][b1])
         local = flat[np.searchsorted(rows, plan["item_row"][i0:i1])] + plan["item_off"][i0:i1]
         offsets = plan["bin_offsets"][b0 : b1 + 1] - i0
-        values = {name: _Flat.of(pc.list_flatten(group.column(name))) for name in names}
+        values = {name: Flat.of(pc.list_flatten(group.column(name))) for name in names}
         types = {name: group.schema.field(name).type for name in names}
-        return _assemble(values, types, local, plan["item_len"][i0:i1], offsets, position_ids, contiguous=False).read_all()
+        return assemble(values, types, local, plan["item_len"][i0:i1], offsets, position_ids, contiguous=False).read_all()
 
     return assemble

@@ -1,9 +1,10 @@
 """The deprecation path of renamed keyword arguments: one place that says how a former name
 keeps working for one release.
 
-``@renamed(seq_length="capacity")`` lets callers still pass ``seq_length=``: it warns a
+``@renamed(max_tokens="capacity")`` lets callers still pass ``max_tokens=``: it warns a
 ``DeprecationWarning`` naming the new name and passes the value on as ``capacity=``. Passing
-both is an :class:`~stowplan.errors.InvalidArgumentError`. The names themselves are written
+both is an :class:`~stowplan.errors.InvalidArgumentError`. The native layer's classes call
+:func:`warn_renamed` and :func:`both_given` for theirs (``Packer(seq_len=)``). The names themselves are written
 once, in ARCHITECTURE.md's names table ("Names across Rust, Python and JavaScript").
 """
 
@@ -18,6 +19,17 @@ from .errors import InvalidArgumentError
 F = TypeVar("F", bound=Callable[..., Any])
 
 
+def warn_renamed(where: str, old: str, new: str, stacklevel: int = 3) -> None:
+    """Warns that ``old=`` (an argument of ``where``) is deprecated in favour of ``new=``; the
+    native layer calls it too, so that the message is written once."""
+    warnings.warn(f"{where}: {old}= is deprecated and will be removed in the next release; use {new}=", DeprecationWarning, stacklevel=stacklevel)
+
+
+def both_given(where: str, old: str, new: str) -> InvalidArgumentError:
+    """The error of a call that gives an argument under both its names."""
+    return InvalidArgumentError(f"{where}: give {new}= only ({old}= is its former name, deprecated)")
+
+
 def renamed(**former: str) -> Callable[[F], F]:
     """A decorator accepting each ``former=new`` keyword under its former name, with a warning."""
 
@@ -29,12 +41,8 @@ def renamed(**former: str) -> Callable[[F], F]:
             for old, new in former.items():
                 if old in kwargs:
                     if new in kwargs:
-                        raise InvalidArgumentError(f"{where}: give {new}= only ({old}= is its former name, deprecated)")
-                    warnings.warn(
-                        f"{where}: {old}= is deprecated and will be removed in the next release; use {new}=",
-                        DeprecationWarning,
-                        stacklevel=2,
-                    )
+                        raise both_given(where, old, new)
+                    warn_renamed(where, old, new)
                     kwargs[new] = kwargs.pop(old)
             return function(*args, **kwargs)
 

@@ -371,10 +371,10 @@ def _lengths_of(lengths: Any, column: str) -> np.ndarray:
     elif type(lengths).__module__.startswith("pyarrow"):
         table = lengths
     if table is not None:
-        from .arrow import _check_columns, _lengths
+        from ._rows import check_columns, column_lengths
 
         if not isinstance(column, str):
             raise InvalidArgumentError(f"length_column must be a column name (got {column!r})")
-        names = _check_columns(table, [column], False)
-        return _lengths(table, names)
+        names = check_columns(table, [column], False)
+        return column_lengths(table, names)
     return as_int64(lengths, "lengths", 0)

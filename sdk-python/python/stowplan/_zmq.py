@@ -40,7 +40,7 @@ import warnings
 from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
 
 from . import _stowplan
-from ._packer import RankBatch, TrainingBatch, _check_timeout, _invalid
+from ._packer import RankBatch, TrainingBatch, check_timeout, invalid_argument
 from .errors import InvalidArgumentError
 
 __all__ = ["ZmqSender", "ZmqRankClient", "HEARTBEAT"]
@@ -75,7 +75,7 @@ class _Curve:
     def __init__(self, server_key: PathLike, secret_key: PathLike) -> None:
         zmq = _zmq()
         if not zmq.has("curve"):
-            raise _invalid("curve_server_key/curve_secret_key: this pyzmq's libzmq has no CURVE")
+            raise invalid_argument("curve_server_key/curve_secret_key: this pyzmq's libzmq has no CURVE")
         import zmq.auth
 
         path = os.fspath(secret_key)
@@ -84,21 +84,21 @@ class _Curve:
             self.public, self.secret = zmq.auth.load_certificate(path)
             mode = stat.S_IMODE(os.stat(path).st_mode)
         except (OSError, ValueError) as e:
-            raise _invalid(f"curve_server_key/curve_secret_key: {e}") from e
+            raise invalid_argument(f"curve_server_key/curve_secret_key: {e}") from e
         if self.secret is None:
-            raise _invalid(
+            raise invalid_argument(
                 f"curve_secret_key: certificate {path}: no secret-key line "
                 "(this is a public certificate; give NAME.key_secret)"
             )
         refused = _stowplan.secret_certificate_mode_error(path, mode)
         if refused is not None:
-            raise _invalid(f"curve_secret_key: {refused}")
+            raise invalid_argument(f"curve_secret_key: {refused}")
 
     @staticmethod
     def of(server_key: Optional[PathLike], secret_key: Optional[PathLike]) -> Optional["_Curve"]:
         """Both or neither: the keys, or None for plain TCP."""
         if (server_key is None) != (secret_key is None):
-            raise _invalid("curve_server_key and curve_secret_key: give both (CURVE) or neither (plain TCP)")
+            raise invalid_argument("curve_server_key and curve_secret_key: give both (CURVE) or neither (plain TCP)")
         return None if server_key is None else _Curve(server_key, secret_key)  # type: ignore[arg-type]
 
     def apply(self, sock: Any) -> None:
@@ -161,7 +161,7 @@ class ZmqSender:
             self._sub.connect(receipts)
         except zmq.ZMQError as e:
             self.close()
-            raise _invalid(f"endpoint/receipts: cannot connect to {endpoint!r} / {receipts!r}: {e}") from e
+            raise invalid_argument(f"endpoint/receipts: cannot connect to {endpoint!r} / {receipts!r}: {e}") from e
 
     @property
     def incarnation(self) -> Optional[int]:
@@ -221,7 +221,7 @@ class ZmqSender:
         """Waits until every message sent is acknowledged (resending as :meth:`poll` does);
         returns the receipts taken. Raises ``StowplanTimeoutError`` after ``timeout``
         seconds (``None``: no limit) naming what is still unacknowledged."""
-        _check_timeout("timeout", timeout)
+        check_timeout("timeout", timeout)
         deadline = None if timeout is None else time.monotonic() + timeout
         out = self.poll()
         while not self._core.flushed:
@@ -283,7 +283,7 @@ class ZmqRankClient:
         curve_server_key: Optional[PathLike] = None,
         curve_secret_key: Optional[PathLike] = None,
     ) -> None:
-        _check_timeout("timeout", timeout)
+        check_timeout("timeout", timeout)
         self._curve = _Curve.of(curve_server_key, curve_secret_key)
         # The core checks every argument (rank < dp too) and names it; None: the host's default.
         self._core = _stowplan.RankReceiver(rank, dp, next_step=start_step, prefetch=prefetch)
@@ -322,7 +322,7 @@ class ZmqRankClient:
             sock.connect(self.endpoint)
         except zmq.ZMQError as e:
             sock.close()
-            self._error = self._connect_error = _invalid(f"endpoint: cannot connect to {self.endpoint!r}: {e}")
+            self._error = self._connect_error = invalid_argument(f"endpoint: cannot connect to {self.endpoint!r}: {e}")
             self._connected.set()
             return
         self._connected.set()
@@ -355,7 +355,7 @@ class ZmqRankClient:
 
     def receive(self, *, timeout: Optional[float] = None) -> RankBatch:
         """Waits for the next step and returns it (``timeout``: the receiver's by default)."""
-        _check_timeout("timeout", timeout)
+        check_timeout("timeout", timeout)
         wait = self.timeout if timeout is None else timeout
         deadline = None if wait is None else time.monotonic() + wait
         with self._cond:
@@ -363,7 +363,7 @@ class ZmqRankClient:
                 if self._error is not None:
                     raise self._error
                 if self._closed:
-                    raise _invalid("receive: the receiver is closed")
+                    raise invalid_argument("receive: the receiver is closed")
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     e = self._core.timeout_error(self.endpoint, wait)

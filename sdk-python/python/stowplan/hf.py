@@ -35,7 +35,8 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from . import _stowplan
 from ._collate import DEFAULT_LAYOUT, LAYOUTS, PaddingFreeCollator, recommend_layout
-from .arrow import DEFAULT_STRATEGY, POSITION_IDS, SEQ_LENGTHS, _check_columns, _check_rows, _pack, pack_batches, pack_table
+from .arrow import DEFAULT_STRATEGY, POSITION_IDS, SEQ_LENGTHS, pack_batches, pack_table
+from . import _rows
 from .errors import InvalidArgumentError, PackingContaminationError, StowplanError  # noqa: F401 (re-exported)
 
 try:
@@ -205,7 +206,7 @@ def pack_dataset(
         with contextlib.ExitStack() as stack:
             sink = None if path is None else stack.enter_context(_stowplan.AtomicFile(path))
             table = source[:]  # the rows in the dataset's order (its indices mapping applied), zero-copy without one
-            packed, digest = _pack(table, seq_length, strategy, overflow, names, position_ids, backend)
+            packed, digest = _rows.pack(table, seq_length, strategy, overflow, names, position_ids, backend)
             fingerprint = hashlib.sha256(
                 "\0".join(["stowplan.hf.pack_dataset", _stowplan.__version__, str(dataset._fingerprint), digest]).encode()
             ).hexdigest()[:16]
@@ -217,7 +218,7 @@ def pack_dataset(
                 table = datasets.table.MemoryMappedTable.from_file(path)
         out = datasets.Dataset(table, info=info, split=dataset.split, fingerprint=fingerprint)
     else:
-        _check_rows(dataset.num_rows)  # Dataset.map would call nothing and add no columns
+        _rows.check_rows(dataset.num_rows)  # Dataset.map would call nothing and add no columns
         kept = names if names is not None else list(dataset.column_names)
         out = source.map(
             _pack_batch,
@@ -327,7 +328,7 @@ def _pack_iterable(
     features = None
     if dataset.features is not None:  # the output's types, and the columns checked now
         schema = dataset.features.arrow_schema
-        kept = _check_columns(schema.empty_table(), names, position_ids)
+        kept = _rows.check_columns(schema.empty_table(), names, position_ids)
         new = [pa.field(SEQ_LENGTHS, pa.list_(pa.int32()))] + ([pa.field(POSITION_IDS, pa.list_(pa.int32()))] if position_ids else [])
         features = datasets.Features.from_arrow_schema(pa.schema([schema.field(n) for n in kept] + new))
     generate = functools.partial(_packed_tables, dataset, seq_length, options)

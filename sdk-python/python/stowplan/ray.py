@@ -67,7 +67,7 @@ try:
 except ImportError as _e:  # pragma: no cover - the extra is missing
     raise ImportError("stowplan.ray needs Ray: pip install 'stowplan[ray]'") from _e
 
-from ._ray_data import _cause, compute_lengths, pack_dataset  # noqa: E402  (after Ray's import check)
+from ._ray_data import cause_of, compute_lengths, pack_dataset  # noqa: E402  (after Ray's import check)
 
 __all__ = ["PackerActor", "RayReceiver", "RayRankBatch", "RayMicroBatch", "put_batch", "compute_lengths", "pack_dataset"]
 
@@ -516,7 +516,7 @@ class RayReceiver:
                 self._unreachable = None
                 return out
             except ray.exceptions.RayTaskError as e:
-                raise _cause(e) from None
+                raise cause_of(e) from None
             except (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError) as e:
                 if getattr(e, "actor_init_failed", False):
                     raise  # e.g. a damaged checkpoint: no restart can succeed
@@ -571,7 +571,7 @@ class RayReceiver:
         try:
             ray.get(ref)
         except ray.exceptions.RayTaskError as e:
-            raise _cause(e) from None
+            raise cause_of(e) from None
         except (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError):
             self._call(self.actor.ack, deadline, self.rank, step)  # the actor restarted meanwhile
 

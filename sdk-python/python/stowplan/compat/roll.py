@@ -38,7 +38,8 @@ import numpy as np
 from .. import _stowplan
 from ..errors import InvalidArgumentError
 from . import _patching
-from .verl import _I64, _mask_or_lengths, _seqlens, log_seqlen_unbalance
+from ._inputs import I64, exact_ints, mask_or_lengths
+from .verl import log_seqlen_unbalance
 
 __all__ = [
     "get_pad_factor",
@@ -124,7 +125,7 @@ def load_balance(
         raise ValueError(
             f"Illegal sequence packing algorithm {algorithm}, algorithm must be in ['none', 'load_balance']"
         )
-    seqlens, width = _mask_or_lengths(lengths, "lengths")
+    seqlens, width = mask_or_lengths(lengths, "lengths")
     if algorithm == "none":
         return _chunks(seqlens, micro_batch_size, _stowplan._integer(cp, "cp", 0, 2**32 - 1), tp)
     if dp_group is None:
@@ -162,7 +163,7 @@ def _chunks(seqlens: List[int], micro_batch_size: Any, cp: int, tp: int) -> Dict
     """ROLL's ``SequencePackingPacker`` (``algorithm="none"``): ``len // micro_batch_size``
     contiguous chunks, the first ``len % chunks`` of them one longer (``np.array_split``)."""
     assert micro_batch_size is not None, "SequencePackingPacker: micro_batch_size is None"
-    size = _stowplan._integer(micro_batch_size, "micro_batch_size", *_I64)
+    size = _stowplan._integer(micro_batch_size, "micro_batch_size", *I64)
     count = len(seqlens) // size  # ROLL's ZeroDivisionError for 0
     if not seqlens:
         raise InvalidArgumentError("lengths must not be empty with algorithm 'none' (ROLL chunks an empty mini-batch)")
@@ -199,7 +200,7 @@ def batch_balance(lengths: Any, dp_size: int, *, minibatch_size: Optional[int] =
         >>> batch_balance([100, 900, 50, 950, 400, 600], 2)["rank_partitions"]
         [[2, 1, 5], [0, 3, 4]]
     """
-    seqlens, _ = _mask_or_lengths(lengths, "lengths")
+    seqlens, _ = mask_or_lengths(lengths, "lengths")
     partitions, kk, dropped = _balance(seqlens, dp_size, minibatch_size, keep_minibatch)
     if dropped:
         warnings.warn(
@@ -361,7 +362,7 @@ def unpack_sequences(row: Any, cu_seqlens_padded: Any, cp: int = 1) -> List[Any]
         >>> unpack_sequences(list(range(10)), [0, 4, 8, 16, 20], cp=2)
         [[0, 1], [2, 3], [4, 5, 6, 7], [8, 9]]
     """
-    bounds = [b // cp for b in _seqlens(cu_seqlens_padded, "cu_seqlens_padded")]
+    bounds = [b // cp for b in exact_ints(cu_seqlens_padded, "cu_seqlens_padded")]
     return [row[bounds[i] : bounds[i + 1]] for i in range(len(bounds) - 1)]
 
 
@@ -450,7 +451,7 @@ def _attention_lengths(batch: Any) -> List[int]:
     lengths = attention_mask.view(batch_size, -1).sum(-1)
     if hasattr(lengths, "detach"):
         lengths = lengths.detach().cpu()
-    return _seqlens(lengths, "batch.batch['attention_mask']")
+    return exact_ints(lengths, "batch.batch['attention_mask']")
 
 
 def _batch_balance_replacement(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -527,12 +528,12 @@ def _load_balance_iter(packer, mini_batch, tp_size, cp_size, vp_size, is_train, 
     cap = config.max_packed_sequence_length_train if is_train else config.max_packed_sequence_length_forward
     min_count = config.min_num_micro_batches_train if is_train else config.min_num_micro_batches_forward
     try:
-        lengths = _seqlens(attention_mask.sum(dim=1).detach().cpu(), "mini_batch.batch['attention_mask']")
+        lengths = exact_ints(attention_mask.sum(dim=1).detach().cpu(), "mini_batch.batch['attention_mask']")
         sizes = {"tp_size": tp_size, "cp_size": cp_size, "vp_size": vp_size, "mask width": mask_width, "min_num_micro_batches": min_count}
         for name, value in sizes.items():
-            _stowplan._integer(value, name, *_I64)
+            _stowplan._integer(value, name, *I64)
         if cap is not None:
-            _stowplan._integer(cap, "max_packed_sequence_length", *_I64)
+            _stowplan._integer(cap, "max_packed_sequence_length", *I64)
     except InvalidArgumentError:
         # Outside the kernel's domain (a float mask …): ROLL's own packer computes it.
         yield from type(packer).make_micro_batch_iter_for_sequence_packing(

@@ -47,7 +47,7 @@ except ImportError as exc:  # pragma: no cover - the hf extra installs them
 
 from .. import _stowplan
 from ..errors import InvalidArgumentError
-from ..arrow import _assemble, _Flat, _items  # the items of rows, and the one gather of packed rows
+from .._rows import assemble, Flat, row_items  # the items of rows, and the one gather of packed rows
 
 __all__ = ["pack_dataset", "STRATEGIES", "TRL_VERSION", "PackingArgumentError", "PackingColumnTypeError"]
 
@@ -147,15 +147,15 @@ def _pack_direct(dataset: Any, seq_length: int, strategy: str, batch_size: Optio
         starts, item_lengths, bin_offsets, contiguous = row_starts, row_ends - row_starts, np.arange(row_starts.size + 1), True
     else:
         # Empty sequences left out, long ones truncated (or split into fragments), in row order.
-        starts, item_lengths = _items(lengths, seq_length, "split" if strategy == "bfd_split" else "truncate", names[0])
+        starts, item_lengths = row_items(lengths, seq_length, "split" if strategy == "bfd_split" else "truncate", names[0])
         item_rows = np.searchsorted(offsets, starts, side="right") - 1
         # The items of each map batch, fitted as TRL fits them; rows batch after batch.
         batch_ends = np.searchsorted(item_rows, np.append(batch_rows[1:], n))
         bin_offsets, idx = _stowplan.trl_bfd(item_lengths, batch_ends, seq_length)
         starts, item_lengths, contiguous = starts[idx], item_lengths[idx], False
-    values = {name: _Flat.of(pc.list_flatten(c)) for name, c in zip(names, columns)}
+    values = {name: Flat.of(pc.list_flatten(c)) for name, c in zip(names, columns)}
     types = {name: c.type for name, c in zip(names, columns)}
-    packed = _assemble(values, types, starts, item_lengths, bin_offsets, position_ids=False, contiguous=contiguous).read_all()
+    packed = assemble(values, types, starts, item_lengths, bin_offsets, position_ids=False, contiguous=contiguous).read_all()
     if strategy == "wrapped":
         packed = packed.drop_columns([_SEQ_LENGTHS])
     elif pa.types.is_large_list(columns[0].type):  # TRL's seq_lengths are list_value_length's type
@@ -271,7 +271,7 @@ def _pack_bfd(batch: Any, seq_length: int, split: bool) -> Any:
     lengths = pc.filter(lengths, keep)
     if split:
         # The rows' fragments of seq_length tokens and the remainder, one after the other.
-        frag = _items(lengths.to_numpy().astype(np.int64), seq_length, "split", names[0])[1]
+        frag = row_items(lengths.to_numpy().astype(np.int64), seq_length, "split", names[0])[1]
         ends = np.concatenate(([0], np.cumsum(frag)))
         columns = [type(c).from_arrays(_offsets(ends, c), c.flatten()) for c in columns]
     else:

@@ -43,6 +43,7 @@ import numpy as np
 from .. import _stowplan
 from ..errors import InvalidArgumentError
 from . import _patching
+from ._inputs import I64, exact_ints, mask_or_lengths
 
 __all__ = [
     "karmarkar_karp",
@@ -74,22 +75,13 @@ _MAX_K = 2**32 - 1
 _ATTENTION = _stowplan.COST_PRESETS["attention"]
 
 
-# The peers compute with any Python int; the kernel models them in 64 bits.
-_I64 = (-(2**63), 2**63 - 1)
-
-
-def _seqlens(seqlen_list: Any, name: str = "seqlen_list") -> List[int]:
-    """Exact integers (a list, tuple, numpy array or tensor), else InvalidArgumentError."""
-    return _stowplan._integers(seqlen_list, name, *_I64)
-
-
 def _int(value: Any, name: str) -> int:
     """An exact integer, else InvalidArgumentError naming ``name``."""
-    return _stowplan._integer(value, name, *_I64)
+    return _stowplan._integer(value, name, *I64)
 
 
 def _call(function: str, seqlen_list: Any, k_partitions: int, equal_size: bool) -> List[List[int]]:
-    seqlens = _seqlens(seqlen_list)
+    seqlens = exact_ints(seqlen_list)
     k = _int(k_partitions, "k_partitions")
     n = len(seqlens)
     if k < 0:
@@ -153,29 +145,7 @@ def calculate_workload(seqlen_list: Any) -> Any:
     linear, quadratic = _ATTENTION
     if hasattr(seqlen_list, "__array__") or hasattr(seqlen_list, "dtype"):
         return linear * seqlen_list + quadratic * seqlen_list**2
-    return [linear * s + quadratic * s**2 for s in _seqlens(seqlen_list)]
-
-
-def _mask_or_lengths(batch: Any, name: str) -> Tuple[List[int], Optional[int]]:
-    """(lengths, padded width or None) from lengths (exact integers), a 2-D attention mask
-    (bools or integers; its row sums), or a mapping holding ``"attention_mask"``."""
-    if isinstance(batch, dict) or (hasattr(batch, "keys") and hasattr(batch, "__getitem__") and "attention_mask" in batch.keys()):
-        batch, name = batch["attention_mask"], "attention_mask"
-    if hasattr(batch, "detach"):  # a torch tensor: off the autograd graph and the GPU
-        batch = batch.detach().cpu()
-    nested = isinstance(batch, (list, tuple)) and len(batch) > 0 and isinstance(batch[0], (list, tuple, np.ndarray))
-    if isinstance(batch, np.ndarray) or hasattr(batch, "__array__") or nested:
-        try:
-            arr = np.asarray(batch)
-        except ValueError as exc:
-            raise InvalidArgumentError(f"{name} must be lengths (1-D) or an attention mask (2-D): {exc}") from None
-        if arr.ndim == 2:
-            if arr.dtype.kind not in "biu":
-                raise InvalidArgumentError(f"{name} (an attention mask) must hold bools or integers, not {arr.dtype}")
-            return [int(x) for x in arr.sum(axis=1).tolist()], int(arr.shape[1])
-        if arr.ndim != 1:
-            raise ValueError(f"expected lengths (1-D) or an attention mask (2-D), got shape {arr.shape}")
-    return _seqlens(batch, name), None
+    return [linear * s + quadratic * s**2 for s in exact_ints(seqlen_list)]
 
 
 def _is_tensordict(batch: Any) -> bool:
@@ -190,7 +160,7 @@ def _option(value: Any, name: str, low: int) -> Optional[int]:
         return None
     v = _int(value, name)
     if v < low:
-        raise InvalidArgumentError(f"{name} = {v} is out of range: must be None or in {low}..={_I64[1]}")
+        raise InvalidArgumentError(f"{name} = {v} is out of range: must be None or in {low}..={I64[1]}")
     return v
 
 
@@ -262,7 +232,7 @@ def rearrange_micro_batches(
             "dp_group needs a TensorDict batch (verl's input); with lengths or a mask pass dp_num_micro_batches "
             "(the MAX-reduced count) instead"
         )
-    seqlens, width = _mask_or_lengths(batch, "batch")
+    seqlens, width = mask_or_lengths(batch, "batch")
     return _stowplan.verl_rearrange_micro_batches(
         seqlens,
         max_token_len,
@@ -305,7 +275,7 @@ def _rearrange_tensordict(
     cap = _int(max_token_len, "max_token_len")
     group_size = _option(force_group_size, "force_group_size", 0)
     divided_by = _option(num_batches_divided_by, "num_batches_divided_by", 0)
-    min_count = _option(min_num_micro_batch, "min_num_micro_batch", _I64[0])
+    min_count = _option(min_num_micro_batch, "min_num_micro_batch", I64[0])
 
     input_ids = batch["input_ids"]
     if input_ids.is_nested:
@@ -327,7 +297,7 @@ def _rearrange_tensordict(
     lengths = [int(x) for x in lengths_t.long().cpu().tolist()]
     negative = next((i for i, n in enumerate(lengths) if n < 0), None)
     if negative is not None:
-        raise InvalidArgumentError(f"{source}: row {negative} counts {lengths[negative]} tokens; counts must be in 0..={_I64[1]}")
+        raise InvalidArgumentError(f"{source}: row {negative} counts {lengths[negative]} tokens; counts must be in 0..={I64[1]}")
     width = int(max_seq_len)
 
     sync = dist.is_available() and dist.is_initialized() and bool(same_micro_num_in_dp) and dp_group is not None
@@ -520,7 +490,7 @@ def restore_dynamic_batch(data: Any, batch_idx_list: List[List[int]]) -> Any:
     Raises:
         AssertionError: ``data`` has not one row per index (verl's message).
     """
-    indices = [i for part in batch_idx_list for i in _seqlens(part, "batch_idx_list")]
+    indices = [i for part in batch_idx_list for i in exact_ints(part, "batch_idx_list")]
     batch_size = data.shape[0] if hasattr(data, "shape") else len(data)
     assert len(indices) == batch_size, f"{len(indices)} vs. {batch_size}"
     revert = get_reverse_idx(indices)
@@ -540,7 +510,7 @@ def get_group_balanced_partitions(seqlen_list: List[int], uid_list: List[Any], k
     """verl's prefix-grouper balancing: contiguous runs of equal uids stay together; equal-size
     KK over the runs' workloads; each partition's samples ascending."""
     assert len(seqlen_list) == len(uid_list), "seqlen_list and uid_list must have same length"
-    seqlens = _seqlens(seqlen_list)
+    seqlens = exact_ints(seqlen_list)
     uids = list(uid_list.tolist() if hasattr(uid_list, "tolist") else uid_list)
     groups: List[List[int]] = []
     for i, uid in enumerate(uids):
@@ -582,7 +552,7 @@ def balance_batch(
         >>> global_idx
         [2, 1, 5, 0, 3, 4]
     """
-    seqlens, _ = _mask_or_lengths(seqlen_list, "seqlen_list")
+    seqlens, _ = mask_or_lengths(seqlen_list, "seqlen_list")
     if uid_list is not None:
         num_groups = len(set(uid_list.tolist() if hasattr(uid_list, "tolist") else uid_list))
         if num_groups % dp_size != 0:
