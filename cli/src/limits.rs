@@ -42,7 +42,7 @@ pub fn check_limits(limits: &[(String, u64)]) -> Result<(), Failure> {
         if name == "tokens" {
             return Err(Failure::bad(
                 "--limit tokens=…: the tokens are capped by the command's own token flag (--capacity, --packing-length, \
-                 --max-token-len, --seq-len), not a further limit",
+                 --max-token-len), not a further limit",
             ));
         }
         if limits[..k].iter().any(|(n, _)| n == name) {

@@ -73,9 +73,12 @@ pub struct Args {
     /// and ranks admitted.
     #[arg(long, requires = "zmq_curve_secret")]
     zmq_curve_clients: Option<PathBuf>,
-    /// Tokens of a micro-batch after padding (longer samples are rejected).
-    #[arg(long)]
-    seq_len: u64,
+    /// Tokens of a micro-batch after padding, the token cap (longer samples are rejected).
+    #[arg(long, required_unless_present = "seq_len", value_name = "TOKENS")]
+    capacity: Option<u64>,
+    /// The former name of --capacity, accepted with a warning for one release.
+    #[arg(long, hide = true, conflicts_with = "capacity")]
+    seq_len: Option<u64>,
     /// Data-parallel ranks (every rank gets the same number of micro-batches per step).
     #[arg(long)]
     dp: u32,
@@ -129,7 +132,7 @@ pub struct Args {
     /// length). Refused with another mode.
     #[arg(long)]
     loss_scale_factor: Option<f64>,
-    /// Another cap per micro-batch besides --seq-len, NAME=CAP (vision-language rollouts:
+    /// Another cap per micro-batch besides --capacity, NAME=CAP (vision-language rollouts:
     /// --limit image_tokens=8192 --limit images=32). A sample gives its size in each by name
     /// (`resources`; a limit it does not name is 0); one over a cap, or naming another
     /// resource, is rejected (`over_limit`, `unknown_resource`). Up to 7 limits (6 with
@@ -238,7 +241,7 @@ impl fmt::Display for Report<'_> {
 }
 
 /// The library's packer defaults, shown by `--help` and used when an option is not given
-/// (`seq_len` and `dp` have no default: they are required).
+/// (`capacity` and `dp` have no default: they are required).
 fn defaults() -> PackerOptions {
     PackerOptions::new(1, 1)
 }
@@ -249,6 +252,11 @@ const MAX_WAIT_TIMEOUT_S: f64 = 1e9;
 
 /// Runs `stowplan serve` until `--max-steps` or SIGINT/SIGTERM.
 pub fn run(a: Args) -> Result<(), Failure> {
+    if a.seq_len.is_some() {
+        eprintln!("stowplan: warning: --seq-len is deprecated and will be removed in the next release; use --capacity");
+    }
+    // clap requires one of the two (`required_unless_present`).
+    let capacity = a.capacity.or(a.seq_len).unwrap_or(0);
     if !(a.wait_timeout.is_finite() && (0.0..=MAX_WAIT_TIMEOUT_S).contains(&a.wait_timeout)) {
         return Err(Failure::bad(format!(
             "--wait-timeout must be a number of seconds from 0 to {MAX_WAIT_TIMEOUT_S:e} (got {:?})",
@@ -278,7 +286,7 @@ pub fn run(a: Args) -> Result<(), Failure> {
         loss_scale_factor: a.loss_scale_factor,
         loss_normalization: a.loss_normalization,
         distribution: a.distribution,
-        ..PackerOptions::new(a.seq_len, a.dp)
+        ..PackerOptions::new(capacity, a.dp)
     };
     let state_dir = match (&a.state_dir, &a.root) {
         (Some(d), _) => d.clone(),
@@ -351,7 +359,7 @@ pub fn run(a: Args) -> Result<(), Failure> {
         target: "stowplan::serve",
         transport = %endpoints,
         state_dir = %state_dir.display(),
-        seq_len = a.seq_len,
+        capacity,
         dp = a.dp,
         threshold = server.packer().options().threshold_tokens(),
         next_step = server.packer().next_step(),

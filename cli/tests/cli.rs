@@ -552,7 +552,7 @@ fn serve_keeps_micro_batches_within_limits() {
     let batch = stowplan::TrainingBatch { run: 0, step: 0, temperature: 1.0, samples };
     stowplan::serve::send_fs(&root, "run_0_step_0.bin", &batch.encode().unwrap()).unwrap();
     let r = root.to_str().unwrap();
-    let args = ["serve", "--root", r, "--seq-len", "256", "--dp", "1", "--batch-size", "6", "--max-steps", "1"];
+    let args = ["serve", "--root", r, "--capacity", "256", "--dp", "1", "--batch-size", "6", "--max-steps", "1"];
     let out = stowplan(&[&args[..], &["--json", "--threshold", "10", "--limit", "images=4"]].concat(), None, &[]);
     let v = json(&out);
     assert_eq!(v["summary"]["samples"], 6, "{v}");
@@ -590,7 +590,7 @@ fn serve_caps_the_samples_of_every_micro_batch() {
     let batch = stowplan::TrainingBatch { run: 0, step: 0, temperature: 1.0, samples: vec![sample; 7] };
     stowplan::serve::send_fs(&root, "run_0_step_0.bin", &batch.encode().unwrap()).unwrap();
     let r = root.to_str().unwrap();
-    let args = ["serve", "--root", r, "--seq-len", "256", "--dp", "1", "--batch-size", "7", "--max-steps", "1"];
+    let args = ["serve", "--root", r, "--capacity", "256", "--dp", "1", "--batch-size", "7", "--max-steps", "1"];
     let v = json(&stowplan(&[&args[..], &["--json", "--threshold", "10", "--max-segments", "2"]].concat(), None, &[]));
     assert_eq!(v["summary"]["samples"], 7, "{v}");
     let b =
@@ -619,7 +619,7 @@ fn serve_delivers_a_step_and_names_bad_options() {
     };
     stowplan::serve::send_fs(&root, "run_0_step_0.bin", &batch.encode().unwrap()).unwrap();
     let r = root.to_str().unwrap();
-    let args = ["serve", "--root", r, "--seq-len", "64", "--dp", "2", "--batch-size", "3", "--max-steps", "1"];
+    let args = ["serve", "--root", r, "--capacity", "64", "--dp", "2", "--batch-size", "3", "--max-steps", "1"];
     let out = stowplan(&[&args[..], &["--json", "--threshold", "10"]].concat(), None, &[]);
     let v = json(&out);
     assert_eq!(v["summary"]["steps"], 1);
@@ -632,10 +632,18 @@ fn serve_delivers_a_step_and_names_bad_options() {
         let b = stowplan::packer::RankBatch::decode(&bytes).unwrap();
         assert_eq!((b.step, b.rank, b.keys.len()), (0, rank, 6));
     }
-    let bad = stowplan(&["serve", "--root", r, "--seq-len", "0", "--dp", "2", "--batch-size", "3"], None, &[]);
+    // --seq-len, the former name of --capacity, still works for one release with a warning;
+    // both at once is a usage error.
+    let both = stowplan(&["serve", "--root", r, "--capacity", "64", "--seq-len", "64", "--dp", "2"], None, &[]);
+    assert_eq!(both.status.code(), Some(2), "{both:?}");
+    let old = stowplan(&["serve", "--root", r, "--seq-len", "0", "--dp", "2", "--batch-size", "3"], None, &[]);
+    let err = String::from_utf8_lossy(&old.stderr);
+    assert!(err.contains("--seq-len is deprecated") && err.contains("use --capacity"), "{old:?}");
+    assert!(err.contains("capacity must be in 1..="), "the former name reaches the same check: {old:?}");
+    let bad = stowplan(&["serve", "--root", r, "--capacity", "0", "--dp", "2", "--batch-size", "3"], None, &[]);
     assert_eq!(bad.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&bad.stderr).contains("seq_len must be in 1..="), "{:?}", bad);
-    let bad = stowplan(&["serve", "--root", r, "--seq-len", "64", "--dp", "2", "--batch-size", "0"], None, &[]);
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("capacity must be in 1..="), "{:?}", bad);
+    let bad = stowplan(&["serve", "--root", r, "--capacity", "64", "--dp", "2", "--batch-size", "0"], None, &[]);
     assert!(String::from_utf8_lossy(&bad.stderr).contains("--batch-size must be at least 1"), "{:?}", bad);
     // A wait beyond what a Duration holds is refused with its range (it used to panic).
     for wait in ["--wait-timeout=1e30", "--wait-timeout=-1", "--wait-timeout=nan"] {
@@ -657,11 +665,11 @@ fn serve_delivers_a_step_and_names_bad_options() {
     let bad = stowplan(&[&args[..], &["--distribution", "round-robin"]].concat(), None, &[]);
     assert_eq!(bad.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&bad.stderr).contains("saved with other options"), "{:?}", bad);
-    let bad = stowplan(&["serve", "--root", r, "--seq-len", "128", "--dp", "2", "--batch-size", "3"], None, &[]);
+    let bad = stowplan(&["serve", "--root", r, "--capacity", "128", "--dp", "2", "--batch-size", "3"], None, &[]);
     assert_eq!(bad.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&bad.stderr).contains("saved with other options"), "{:?}", bad);
     // Each transport names what it needs.
-    let opts = ["--seq-len", "64", "--dp", "2", "--batch-size", "3"];
+    let opts = ["--capacity", "64", "--dp", "2", "--batch-size", "3"];
     let bad = stowplan(&[&["serve", "--transport", "zmq"][..], &opts].concat(), None, &[]);
     assert_eq!(bad.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&bad.stderr).contains("--state-dir (or --root) is required"), "{:?}", bad);
@@ -688,7 +696,7 @@ fn without_the_feature_serve_over_zmq_and_keys_say_how_to_build() {
     let root = temp_dir("without-zmq");
     let state = root.join("state");
     let zmq = ["serve", "--transport", "zmq", "--state-dir", state.to_str().unwrap(), "--zmq-ranks", "tcp://*:0"];
-    let bad = stowplan(&[&zmq[..], &["--seq-len", "64", "--dp", "2", "--batch-size", "3"]].concat(), None, &[]);
+    let bad = stowplan(&[&zmq[..], &["--capacity", "64", "--dp", "2", "--batch-size", "3"]].concat(), None, &[]);
     assert_eq!(bad.status.code(), Some(2));
     let err = String::from_utf8_lossy(&bad.stderr);
     assert!(err.contains("--transport zmq: this stowplan was built without the ZeroMQ transport"), "{err}");

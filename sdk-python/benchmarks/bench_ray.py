@@ -140,7 +140,7 @@ class ZmqPath:
 
         ports = free_ports(3)
         batches, receipts, self.where = (f"tcp://127.0.0.1:{p}" for p in ports)
-        cmd = [binary, "serve", "--transport", "zmq", "--seq-len", str(seq_len), "--dp", str(dp), "--batch-size", str(n),
+        cmd = [binary, "serve", "--transport", "zmq", "--capacity", str(seq_len), "--dp", str(dp), "--batch-size", str(n),
                "--log-format", "json", "--poll-ms", "1", "--max-steps", str(rounds), "--state-dir", str(tmp / "state"),
                "--zmq-batches", batches, "--zmq-receipts", receipts, "--zmq-ranks", self.where]
         self.log = open(tmp / "serve.log", "w+")
@@ -180,7 +180,7 @@ class RayPath:
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False,
                  object_store_memory=2 * 2**30)
         Packer = ray.remote(num_cpus=0)(timed_packer_class(sray))
-        self.packer = Packer.remote(seq_len=seq_len, dp=dp, num_runs=1, checkpoint_dir=str(tmp / "ray-ckpt") if checkpoint else None)
+        self.packer = Packer.remote(capacity=seq_len, dp=dp, num_runs=1, checkpoint_dir=str(tmp / "ray-ckpt") if checkpoint else None)
         ray.get(self.packer.add_run.remote(0, batch_size=n))
         Rank = ray.remote(num_cpus=0)(rank_class(sray))
         self.ranks = [Rank.remote(self.packer, r) for r in range(dp)]

@@ -87,7 +87,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(dir=os.environ.get("STOWPLAN_BENCH_DIR")) as tmp:
         root = pathlib.Path(tmp) / "root"
         log = open(pathlib.Path(tmp) / "serve.log", "w+")
-        cmd = [a.bin, "serve", "--transport", a.transport, "--seq-len", str(a.seq_len), "--dp", str(a.dp),
+        cmd = [a.bin, "serve", "--transport", a.transport, "--capacity", str(a.seq_len), "--dp", str(a.dp),
                "--batch-size", str(len(lengths)), "--log-format", "json", "--poll-ms", "1", "--max-steps", str(a.steps)]
         if a.transport == "zmq":
             import zmq

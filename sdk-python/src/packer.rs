@@ -11,7 +11,7 @@ use stowplan::{
     packer::{PackerState, RunConfig, RunProgress},
 };
 
-use crate::convert::{opt_i64, opt_number, pythonized, with_bytes};
+use crate::convert::{opt_i64, opt_number, pythonized, renamed, with_bytes};
 use crate::protocol::{duration, rank_list, training_batch};
 use crate::{
     BackendArg, cost_arg, invalid, kernel, number, opt_parse, opt_u32, opt_u64, str_options, to_py, u32_arg, u64_arg,
@@ -40,10 +40,11 @@ fn progress_dict<'py>(
 /// round-robin selection across runs, per-run progress, packing, balancing and
 /// materialization. ``stowplan serve`` runs the same code as a process.
 ///
-/// Options (keyword-only) as in ``stowplan serve``: ``seq_len`` (micro-batch capacity; longer
-/// samples are rejected), ``dp`` (ranks), ``pad_to_multiple_of``, ``pad_token_id``, ``cost``
+/// Options (keyword-only) as in ``stowplan serve``: ``capacity`` (the tokens of a micro-batch
+/// after padding, the token cap; longer samples are rejected; ``seq_len=``, its former name,
+/// is deprecated), ``dp`` (ranks), ``pad_to_multiple_of``, ``pad_token_id``, ``cost``
 /// (``"tokens"``, ``"attention"`` or ``(linear, quadratic)``), ``num_runs`` (length of
-/// ``lora_num_tokens``), ``threshold`` (default ``seq_len × dp``), ``step_tokens`` (default:
+/// ``lora_num_tokens``), ``threshold`` (default ``capacity × dp``), ``step_tokens`` (default:
 /// all pending), ``wait_timeout`` (seconds), ``teacher_logprobs``,
 /// ``allow_empty_completion``, ``loss_agg_mode`` (each micro-batch's ``loss_weights``:
 /// ``"token-mean"`` by default, as :func:`stowplan.materialize`), ``loss_scale_factor`` and
@@ -145,14 +146,14 @@ impl PyPacker {
 #[pymethods]
 impl PyPacker {
     #[new]
-    #[pyo3(signature = (*, seq_len, dp, pad_to_multiple_of=None, pad_token_id=None, cost=None, num_runs=None,
+    #[pyo3(signature = (*, capacity=None, dp, pad_to_multiple_of=None, pad_token_id=None, cost=None, num_runs=None,
         threshold=None, step_tokens=None, wait_timeout=None, teacher_logprobs=None, allow_empty_completion=None,
         loss_agg_mode=None, loss_scale_factor=None, loss_normalization=None, limits=None, max_segments=None,
-        distribution=None, backend=None))]
+        distribution=None, backend=None, seq_len=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
-        seq_len: &Bound<'_, PyAny>,
+        capacity: Option<&Bound<'_, PyAny>>,
         dp: &Bound<'_, PyAny>,
         pad_to_multiple_of: Option<&Bound<'_, PyAny>>,
         pad_token_id: Option<&Bound<'_, PyAny>>,
@@ -170,10 +171,14 @@ impl PyPacker {
         max_segments: Option<&Bound<'_, PyAny>>,
         distribution: Option<&Bound<'_, PyAny>>,
         backend: Option<BackendArg>,
+        seq_len: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         str_options!(loss_agg_mode, loss_normalization, distribution);
+        let capacity = renamed(py, "Packer", ("capacity", capacity), ("seq_len", seq_len))?.ok_or_else(|| {
+            invalid(py, "Packer: capacity= is required (the tokens of a micro-batch after padding)".into())
+        })?;
         // `None` (or an omitted option) is the host's default: `PackerOptions::new`.
-        let d = PackerOptions::new(u64_arg(seq_len, "seq_len", 1)?, u32_arg(dp, "dp", 1)?);
+        let d = PackerOptions::new(u64_arg(capacity, "capacity", 1)?, u32_arg(dp, "dp", 1)?);
         let o = PackerOptions {
             pad_to_multiple_of: opt_u64(pad_to_multiple_of, "pad_to_multiple_of", 1)?.unwrap_or(d.pad_to_multiple_of),
             pad_token_id: opt_i64(pad_token_id, "pad_token_id")?.unwrap_or(d.pad_token_id),

@@ -109,7 +109,7 @@ def _sample(**fields):
 
 
 def _packer():
-    p = stowplan.Packer(seq_len=16, dp=1)
+    p = stowplan.Packer(capacity=16, dp=1)
     p.add_run(0, batch_size=1)
     return p
 
@@ -161,9 +161,9 @@ REFUSED = [
     (lambda: stowplan.materialize([SAMPLE], capacity=8, pad_token_id=True), "pad_token_id must be an integer in -2**63..=2**63-1"),
     (lambda: stowplan.materialize(7, capacity=8), "samples must be an iterable of mappings or objects"),
     (lambda: stowplan.materialize([SAMPLE] * 2, capacity=8, cp=2).ranks[0][0].cp_view(1.0), "rank must be an integer in 0..=1 (got 1.0)"),
-    (lambda: stowplan.Packer(seq_len=16.0, dp=1), "seq_len must be an integer in 1..=2**64-1 (got 16.0)"),
-    (lambda: stowplan.Packer.restore(b"", [], seq_len=16, dp=1), "not an encoded stowplan packer state"),
-    (lambda: stowplan.Packer.restore(7, [], seq_len=16, dp=1), "state"),
+    (lambda: stowplan.Packer(capacity=16.0, dp=1), "capacity must be an integer in 1..=2**64-1 (got 16.0)"),
+    (lambda: stowplan.Packer.restore(b"", [], capacity=16, dp=1), "not an encoded stowplan packer state"),
+    (lambda: stowplan.Packer.restore(7, [], capacity=16, dp=1), "state"),
     (lambda: _packer().add_run(1.0, batch_size=2), "run must be an integer in 0..=2**32-1 (got 1.0)"),
     (lambda: _packer().add_run(1, batch_size=True), "batch_size must be an integer in 1..=2**64-1 (got True)"),
     (lambda: _packer().delivered(0.0), "step must be an integer in 0..=2**64-1 (got 0.0)"),
@@ -217,11 +217,11 @@ def test_the_packer_takes_keywords_only_and_names_an_unknown_option():
     with pytest.raises(TypeError):
         stowplan.Packer(16, 1)
     with pytest.raises(TypeError, match="state"):
-        stowplan.Packer(seq_len=16, dp=1, state=b"")
+        stowplan.Packer(capacity=16, dp=1, state=b"")
     with pytest.raises(TypeError, match="batches"):
-        stowplan.Packer.restore(b"", [], seq_len=16, dp=1, batches=[])
+        stowplan.Packer.restore(b"", [], capacity=16, dp=1, batches=[])
     with pytest.raises(TypeError, match="positional"):
-        stowplan.Packer(seq_len=16, dp=1).add_run(0, 2)
+        stowplan.Packer(capacity=16, dp=1).add_run(0, 2)
 
 
 def test_token_ids_masks_and_numbers_of_every_kind_are_exact():
@@ -263,7 +263,7 @@ WRONG_TYPE = [
     (lambda: stowplan.materialize([SAMPLE], capacity=8, padding=["sequence"]), "padding"),
     (lambda: stowplan.StreamPacker(8, oversize=3), "oversize"),
     (lambda: stowplan.StreamPacker.from_state(b"", backend=1.5), "backend"),
-    (lambda: stowplan.Packer(seq_len=8, dp=1, loss_agg_mode=1), "loss_agg_mode"),
+    (lambda: stowplan.Packer(capacity=8, dp=1, loss_agg_mode=1), "loss_agg_mode"),
 ]
 
 

@@ -317,7 +317,7 @@ def test_loss_agg_mode_and_scale_factor_are_checked():
     with pytest.raises(InvalidArgumentError, match="loss_scale_factor must be a number"):
         stowplan.materialize([sample], capacity=8, loss_scale_factor="wide")
     with pytest.raises(InvalidArgumentError, match="only applies to loss_agg_mode 'seq-mean-token-sum-norm'"):
-        stowplan.Packer(seq_len=16, dp=1, loss_scale_factor=64)
+        stowplan.Packer(capacity=16, dp=1, loss_scale_factor=64)
     mb = stowplan.materialize([sample], capacity=8).ranks[0][0]
     assert mb.loss_weights.tolist() == [0.0, 0.5, 0.5] + [0.0] * (len(mb) - 3)
 
@@ -425,7 +425,7 @@ def test_round_robin_errors_are_named():
             capacity=4, limits={"images": 2}, distribution="round-robin",
         )
     with pytest.raises(InvalidArgumentError, match="round-robin takes no limits"):
-        stowplan.Packer(seq_len=16, dp=2, limits={"images": 2}, distribution="round-robin")
+        stowplan.Packer(capacity=16, dp=2, limits={"images": 2}, distribution="round-robin")
     with pytest.raises(InvalidArgumentError, match="dp must be in 1..="):
         stowplan._stowplan.round_robin([True], 0)
 

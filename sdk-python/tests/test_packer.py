@@ -33,7 +33,7 @@ def sample(n: int, adv: float = 1.0, **extra):
 
 
 def test_round_robin_progress_and_run_separation():
-    p = stowplan.Packer(seq_len=64, dp=2, num_runs=3, step_tokens=64)
+    p = stowplan.Packer(capacity=64, dp=2, num_runs=3, step_tokens=64)
     for r in range(3):
         p.add_run(r, batch_size=2)
     p.ingest(stowplan.TrainingBatch(run=0, step=0, samples=[sample(6) for _ in range(6)]))
@@ -55,7 +55,7 @@ def test_round_robin_progress_and_run_separation():
 
 def test_round_robin_distribution_deals_prime_rls_way():
     """``distribution="round-robin"``: prime-rl's classic deal, dummies copying a real row."""
-    p = stowplan.Packer(seq_len=16, dp=3, distribution="round-robin")
+    p = stowplan.Packer(capacity=16, dp=3, distribution="round-robin")
     p.add_run(0, batch_size=4)
     # Samples of 14, 10, 6 and 4 tokens; first fit by descending length under 16 tokens
     # makes [14], [10, 6], [4]: three rows, one per rank.
@@ -74,7 +74,7 @@ def test_round_robin_distribution_deals_prime_rls_way():
 
 
 def test_rejections_duplicates_and_errors():
-    p = stowplan.Packer(seq_len=16, dp=1)
+    p = stowplan.Packer(capacity=16, dp=1)
     p.add_run(0, batch_size=4)
     r = p.ingest(
         stowplan.TrainingBatch(
@@ -88,16 +88,24 @@ def test_rejections_duplicates_and_errors():
     assert p.progress(0)["rejected"] == {"length_mismatch": 1, "not_finite": 1, "too_long": 1}
     assert p.ingest(stowplan.TrainingBatch(run=0, step=3, samples=[sample(4)])).duplicate
     assert p.ingest(stowplan.TrainingBatch(run=5, step=0, samples=[sample(4)])).rejected[0][1] == "unknown_run"
-    with pytest.raises(stowplan.InvalidArgumentError, match=r"seq_len must be in 1\.\."):
-        stowplan.Packer(seq_len=0, dp=1)
+    with pytest.raises(stowplan.InvalidArgumentError, match=r"capacity must be in 1\.\."):
+        stowplan.Packer(capacity=0, dp=1)
     with pytest.raises(stowplan.InvalidArgumentError, match="dp must be in 1"):
-        stowplan.Packer(seq_len=8, dp=-1)
-    with pytest.raises(stowplan.InvalidArgumentError, match="step_tokens must be at least seq_len"):
-        stowplan.Packer(seq_len=8, dp=1, step_tokens=4)
+        stowplan.Packer(capacity=8, dp=-1)
+    with pytest.raises(stowplan.InvalidArgumentError, match="step_tokens must be at least capacity"):
+        stowplan.Packer(capacity=8, dp=1, step_tokens=4)
     with pytest.raises(stowplan.InvalidArgumentError, match="wait_timeout must be"):
-        stowplan.Packer(seq_len=8, dp=1, wait_timeout=-1)
+        stowplan.Packer(capacity=8, dp=1, wait_timeout=-1)
     with pytest.raises(stowplan.InvalidArgumentError, match="cost must be"):
-        stowplan.Packer(seq_len=8, dp=1, cost="flops")
+        stowplan.Packer(capacity=8, dp=1, cost="flops")
+    # The token cap's former name keeps working for one release, warning and naming capacity=.
+    with pytest.warns(DeprecationWarning, match=r"Packer: seq_len= is deprecated .* use capacity="):
+        old = stowplan.Packer(seq_len=8, dp=1)
+    assert old.state() == stowplan.Packer(capacity=8, dp=1).state()
+    with pytest.raises(stowplan.InvalidArgumentError, match=r"give capacity= only"):
+        stowplan.Packer(capacity=8, seq_len=8, dp=1)
+    with pytest.raises(stowplan.InvalidArgumentError, match=r"capacity= is required"):
+        stowplan.Packer(dp=1)
     with pytest.raises(stowplan.InvalidArgumentError, match="batch_size must be in 1"):
         p.add_run(0, batch_size=0)
     with pytest.raises(stowplan.InvalidArgumentError, match="already exists"):
@@ -111,7 +119,7 @@ def test_rejections_duplicates_and_errors():
 
 
 def test_state_restore_rebuilds_the_step_in_flight():
-    opts = dict(seq_len=32, dp=2, num_runs=2)
+    opts = dict(capacity=32, dp=2, num_runs=2)
     p = stowplan.Packer(**opts)
     p.add_run(0, batch_size=3)
     p.add_run(1, batch_size=3)
@@ -126,15 +134,15 @@ def test_state_restore_rebuilds_the_step_in_flight():
     for a, b in zip(ranks, again):
         for x, y in zip(a.micro_batches, b.micro_batches):
             assert x.to_bytes() == y.to_bytes()
-    with pytest.raises(stowplan.CacheMismatchError, match="seq_len: 64"):
-        stowplan.Packer.restore(state, batches, **{**opts, "seq_len": 64})
+    with pytest.raises(stowplan.CacheMismatchError, match="capacity: 64"):
+        stowplan.Packer.restore(state, batches, **{**opts, "capacity": 64})
     with pytest.raises(stowplan.CacheMismatchError, match="which batches lacks"):
         stowplan.Packer.restore(state, batches[:1], **opts)
 
 
 def test_extra_costs_travel_and_balance_ranks():
     # Four 16-token samples on 2 ranks; one carries 48 of vision cost, so it gets a rank alone.
-    p = stowplan.Packer(seq_len=64, dp=2)
+    p = stowplan.Packer(capacity=64, dp=2)
     p.add_run(0, batch_size=4)
     samples = [sample(14, extra_cost=48)] + [sample(14) for _ in range(3)]
     batch = stowplan.TrainingBatch(run=0, step=0, samples=samples)
@@ -156,13 +164,13 @@ def test_encoded_batches_are_read_from_any_contiguous_buffer(tmp_path):
     array = np.frombuffer(data, dtype=np.uint8)
     assert not array.flags.writeable
     for i, buf in enumerate([data, bytearray(data), memoryview(data), array]):
-        p = stowplan.Packer(seq_len=64, dp=1)
+        p = stowplan.Packer(capacity=64, dp=1)
         p.add_run(0, batch_size=3)
         assert p.ingest(buf).accepted == 3, type(buf)
         assert p.ingest(array).duplicate
         stowplan._stowplan.write_atomic(tmp_path / f"b{i}", buf)
         assert (tmp_path / f"b{i}").read_bytes() == data
-    p = stowplan.Packer(seq_len=64, dp=1)
+    p = stowplan.Packer(capacity=64, dp=1)
     with pytest.raises(stowplan.InvalidArgumentError, match="damaged"):
         p.ingest(np.frombuffer(data[:-1] + b"x", dtype=np.uint8))
     with pytest.raises(stowplan.InvalidArgumentError, match="batch must be bytes or a contiguous buffer"):
@@ -173,7 +181,7 @@ def test_limits_keep_every_micro_batch_within_each_and_reject_what_cannot_fit():
     # Six 16-token image samples of 2 images each: one micro-batch by tokens, three under
     # images=4; a sample over a cap or naming another resource is rejected, by name.
     limits = {"images": 4, "image_tokens": 1024}
-    p = stowplan.Packer(seq_len=128, dp=1, limits=limits)
+    p = stowplan.Packer(capacity=128, dp=1, limits=limits)
     p.add_run(0, batch_size=6)
     samples = [sample(14, resources={"images": 2, "image_tokens": 300}, extra_cost=300) for _ in range(6)]
     samples += [sample(4), sample(4, resources={"images": 5}), sample(4, resources={"frames": 1})]
@@ -191,19 +199,19 @@ def test_limits_keep_every_micro_batch_within_each_and_reject_what_cannot_fit():
     # The checkpoint records the limits: restoring under others is refused, naming them.
     state, batches = p.state(), [stowplan.TrainingBatch(run=0, step=0, samples=samples).encode()]
     with pytest.raises(stowplan.CacheMismatchError, match=r'limits: \[\("image_tokens", 1024\), \("images", 4\)\]'):
-        stowplan.Packer.restore(state, batches, seq_len=128, dp=1, limits={"images": 8, "image_tokens": 1024})
+        stowplan.Packer.restore(state, batches, capacity=128, dp=1, limits={"images": 8, "image_tokens": 1024})
     # Without limits, resources are rejected rather than ignored; bad limits are refused.
-    q = stowplan.Packer(seq_len=128, dp=1)
+    q = stowplan.Packer(capacity=128, dp=1)
     q.add_run(0, batch_size=1)
     r = q.ingest(stowplan.TrainingBatch(run=0, step=0, samples=[sample(4, resources={"images": 1})]))
     assert r.rejected[0][1] == "unknown_resource" and "no limits" in r.rejected[0][2]
     for bad, match in [({"tokens": 9}, "tokens"), ({"images": 0}, r"limits\['images'\]"), ([("images", 2)], "limits must be a dict")]:
         with pytest.raises(stowplan.InvalidArgumentError, match=match):
-            stowplan.Packer(seq_len=128, dp=1, limits=bad)
+            stowplan.Packer(capacity=128, dp=1, limits=bad)
 
 
 def test_max_segments_caps_the_samples_of_every_micro_batch():
-    p = stowplan.Packer(seq_len=128, dp=2, max_segments=3)
+    p = stowplan.Packer(capacity=128, dp=2, max_segments=3)
     p.add_run(0, batch_size=10)
     p.ingest(stowplan.TrainingBatch(run=0, step=0, samples=[sample(6) for _ in range(10)]))
     ranks, _ = p.pack(force=True)
@@ -212,11 +220,11 @@ def test_max_segments_caps_the_samples_of_every_micro_batch():
     # Recorded in the checkpoint; "segments" is not a limit name.
     state, batches = p.state(), [stowplan.TrainingBatch(run=0, step=0, samples=[sample(6) for _ in range(10)]).encode()]
     with pytest.raises(stowplan.CacheMismatchError, match=r'\("segments", 3\)'):
-        stowplan.Packer.restore(state, batches, seq_len=128, dp=2, max_segments=4)
+        stowplan.Packer.restore(state, batches, capacity=128, dp=2, max_segments=4)
     with pytest.raises(stowplan.InvalidArgumentError, match='may not be named "segments"'):
-        stowplan.Packer(seq_len=128, dp=1, limits={"segments": 2})
+        stowplan.Packer(capacity=128, dp=1, limits={"segments": 2})
     with pytest.raises(stowplan.InvalidArgumentError, match="max_segments"):
-        stowplan.Packer(seq_len=128, dp=1, max_segments=-2)
+        stowplan.Packer(capacity=128, dp=1, max_segments=-2)
 
 
 def _weight_sum(ranks) -> float:
@@ -227,7 +235,7 @@ def test_loss_normalization_per_update_spans_packer_steps():
     # An update of 4 samples arrives in two batches and is packed over two packer steps of
     # 32 tokens; every per-token loss is 1, so under token-mean the weights of the update's
     # steps add up to 1 (one loss), where per-step normalization gives 1 per packer step.
-    opts = dict(seq_len=32, dp=1, step_tokens=32, wait_timeout=0, loss_normalization="update")
+    opts = dict(capacity=32, dp=1, step_tokens=32, wait_timeout=0, loss_normalization="update")
     p = stowplan.Packer(**opts)
     p.add_run(0, batch_size=4)
     first = stowplan.TrainingBatch(run=0, step=0, samples=[sample(14), sample(6)])
@@ -257,7 +265,7 @@ def test_loss_normalization_per_update_spans_packer_steps():
     assert abs(_weight_sum(ranks) - 1.0) < 1e-6
     for bad, match in [("epoch", "loss_normalization must be 'step' or 'update'"), (3, "loss_normalization")]:
         with pytest.raises(stowplan.InvalidArgumentError, match=match):
-            stowplan.Packer(seq_len=8, dp=1, loss_normalization=bad)
+            stowplan.Packer(capacity=8, dp=1, loss_normalization=bad)
     with pytest.raises(stowplan.CacheMismatchError, match="loss_normalization"):
         stowplan.Packer.restore(p.state(), [], **{**opts, "loss_normalization": "step"})
 
@@ -277,7 +285,7 @@ def test_file_sender_and_receiver_round_trip(tmp_path):
 
 def test_file_receiver_consume_removes_the_step(tmp_path):
     stowplan.FileSender(tmp_path).send(stowplan.TrainingBatch(run=0, step=0, samples=[sample(3), sample(5)]))
-    serve = [serve_binary(), "serve", "--root", str(tmp_path), "--seq-len", "64", "--dp", "2", "--batch-size", "2",
+    serve = [serve_binary(), "serve", "--root", str(tmp_path), "--capacity", "64", "--dp", "2", "--batch-size", "2",
              "--wait-timeout", "0.01", "--max-steps", "1"]
     subprocess.run(serve, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=60)
     step_dir = tmp_path / "rollouts" / "step_0"
@@ -305,7 +313,7 @@ def rank_files(tmp_path: pathlib.Path, steps: int, dp: int = 2) -> Dict[Tuple[in
     sender = stowplan.FileSender(tmp_path)
     for step in range(steps + 1):
         sender.send(stowplan.TrainingBatch(run=0, step=step, samples=[sample(38), sample(38)]))
-    serve = [serve_binary(), "serve", "--root", str(tmp_path), "--seq-len", "64", "--dp", str(dp), "--batch-size", "2",
+    serve = [serve_binary(), "serve", "--root", str(tmp_path), "--capacity", "64", "--dp", str(dp), "--batch-size", "2",
              "--step-tokens", "128", "--wait-timeout", "0.01", "--max-steps", str(steps)]
     subprocess.run(serve, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=60)
     return {(r, s): (tmp_path / "rollouts" / f"step_{s}" / f"rank_{r}.bin").read_bytes() for r in range(dp) for s in range(steps)}
@@ -377,7 +385,7 @@ def test_native_batch_sender_core():
 
 
 def test_prime_rl_layout_of_a_received_micro_batch():
-    p = stowplan.Packer(seq_len=16, dp=1, num_runs=2, pad_to_multiple_of=4)
+    p = stowplan.Packer(capacity=16, dp=1, num_runs=2, pad_to_multiple_of=4)
     p.add_run(1, batch_size=1)
     p.ingest(stowplan.TrainingBatch(run=1, step=0, samples=[sample(3)], temperature=0.5))
     ranks, _ = p.pack(force=True)
@@ -424,7 +432,7 @@ def test_end_to_end_with_sigkill_and_restart(tmp_path, transport):
     out.mkdir()
     steps, runs, dp = 8, 2, 4
     proc = [sys.executable, str(HERE / "packer_procs.py")]
-    serve = [binary, "serve", "--transport", transport, "--seq-len", str(packer_procs.SEQ_LEN),
+    serve = [binary, "serve", "--transport", transport, "--capacity", str(packer_procs.SEQ_LEN),
              "--dp", str(dp), "--batch-size", "16", "--num-runs", str(runs), "--wait-timeout", "0.3",
              "--pad-to-multiple-of", "8", "--log-format", "json", "--poll-ms", "2",
              # Several steps even when every batch is pending at once (ranks slow to connect on
@@ -539,7 +547,7 @@ def test_zmq_lost_batch_resent_and_receiver_order(tmp_path):
     binary = serve_binary()
     batches, receipts, rank_ep = (f"tcp://127.0.0.1:{p}" for p in packer_procs.free_ports(3))
     serve = [binary, "serve", "--transport", "zmq", "--state-dir", str(tmp_path / "state"),
-             "--seq-len", str(packer_procs.SEQ_LEN), "--dp", "2", "--batch-size", "12", "--wait-timeout", "0.2",
+             "--capacity", str(packer_procs.SEQ_LEN), "--dp", "2", "--batch-size", "12", "--wait-timeout", "0.2",
              "--zmq-batches", batches, "--zmq-receipts", receipts, "--zmq-ranks", rank_ep]
     ctx = zmq.Context()
     raw: Dict[Tuple[int, int], bytes] = {}  # (rank, step) -> the bytes the packer sent
@@ -828,7 +836,7 @@ def test_zmq_curve_admits_only_listed_keys(tmp_path):
     server_pub = tmp_path / "own" / "packer.key"
     batches, receipts, rank_ep = (f"tcp://127.0.0.1:{p}" for p in packer_procs.free_ports(3))
     serve = [binary, "serve", "--transport", "zmq", "--state-dir", str(tmp_path / "state"),
-             "--seq-len", str(packer_procs.SEQ_LEN), "--dp", "1", "--batch-size", "12", "--wait-timeout", "0.2",
+             "--capacity", str(packer_procs.SEQ_LEN), "--dp", "1", "--batch-size", "12", "--wait-timeout", "0.2",
              "--zmq-batches", batches, "--zmq-receipts", receipts, "--zmq-ranks", rank_ep,
              "--zmq-curve-secret", str(tmp_path / "own" / "packer.key_secret"), "--zmq-curve-clients", str(clients)]
     logs = open(tmp_path / "serve.log", "wb")

@@ -93,7 +93,7 @@ def _keys(batch):
     return out
 
 
-OPTIONS = dict(seq_len=64, dp=2, num_runs=1, threshold=1)
+OPTIONS = dict(capacity=64, dp=2, num_runs=1, threshold=1)
 
 
 def test_every_sample_is_delivered_once_across_ranks():
@@ -248,7 +248,7 @@ def test_a_failed_publication_or_state_write_loses_nothing(monkeypatch):
 def _pending_actor(ckpt, steps=3):
     """A plain actor (in this process) on ``ckpt`` holding ``steps`` batches of 4 samples
     pending (nothing packed: the threshold is out of reach)."""
-    packer = sray.PackerActor(seq_len=64, dp=2, num_runs=1, threshold=10**6, checkpoint_dir=ckpt)
+    packer = sray.PackerActor(capacity=64, dp=2, num_runs=1, threshold=10**6, checkpoint_dir=ckpt)
     packer.add_run(0, batch_size=4)
     for step in range(steps):
         assert packer.send(_batch(0, step)).accepted == 4
@@ -289,11 +289,11 @@ def test_a_lost_state_file_is_refused_and_the_spool_kept():
         assert spool == [f"run_0_step_{s}.bin" for s in range(3)]
         for _ in range(2):
             with pytest.raises(stowplan.CacheMismatchError, match=r"packer_state\.bin is missing but .*batches holds 3 spooled batch"):
-                sray.PackerActor(seq_len=64, dp=2, num_runs=1, threshold=10**6, checkpoint_dir=ckpt)
+                sray.PackerActor(capacity=64, dp=2, num_runs=1, threshold=10**6, checkpoint_dir=ckpt)
             assert _spool(ckpt) == spool  # nothing deleted
         with open(state, "wb") as f:
             f.write(saved)
-        again = sray.PackerActor(seq_len=64, dp=2, num_runs=1, threshold=10**6, checkpoint_dir=ckpt)
+        again = sray.PackerActor(capacity=64, dp=2, num_runs=1, threshold=10**6, checkpoint_dir=ckpt)
         assert again.was_restored() and again.pending()[0] == 12
         assert sorted(_drain(again)) == [(0, s, i) for s in range(3) for i in range(4)]
         assert _spool(ckpt) == []  # delivered: their files go
@@ -301,7 +301,7 @@ def test_a_lost_state_file_is_refused_and_the_spool_kept():
 
 def test_a_lost_state_file_is_refused_by_a_restarted_ray_actor():
     with _checkpoint_dir() as ckpt:
-        actor = _actor(seq_len=64, dp=2, num_runs=1, threshold=10**6, checkpoint_dir=ckpt)
+        actor = _actor(capacity=64, dp=2, num_runs=1, threshold=10**6, checkpoint_dir=ckpt)
         ray.get(actor.add_run.remote(0, batch_size=4))
         for step in range(3):
             ray.get(actor.send.remote(_batch(0, step)))
@@ -309,7 +309,7 @@ def test_a_lost_state_file_is_refused_by_a_restarted_ray_actor():
         deadline = time.monotonic() + 30
         while True:  # ray.kill does not wait: the old actor lets go of the directory when it is gone
             os.unlink(os.path.join(ckpt, "packer_state.bin")) if os.path.exists(os.path.join(ckpt, "packer_state.bin")) else None
-            fresh = _actor(seq_len=64, dp=2, num_runs=1, threshold=10**6, checkpoint_dir=ckpt)
+            fresh = _actor(capacity=64, dp=2, num_runs=1, threshold=10**6, checkpoint_dir=ckpt)
             try:
                 ray.get(fresh.pending.remote())
             except ray.exceptions.RayActorError as e:
@@ -327,16 +327,16 @@ def test_two_actors_on_one_checkpoint_dir_the_second_is_refused():
         first = _pending_actor(ckpt, steps=2)
         for wait in (0, 0.3):
             with pytest.raises(stowplan.StowplanIOError, match=r"another stowplan packer uses this checkpoint directory, held by stowplan\.ray\.PackerActor, pid %d on " % os.getpid()):
-                sray.PackerActor(seq_len=64, dp=2, num_runs=1, threshold=10**6, checkpoint_dir=ckpt, lock_wait=wait)
+                sray.PackerActor(capacity=64, dp=2, num_runs=1, threshold=10**6, checkpoint_dir=ckpt, lock_wait=wait)
         with pytest.raises(stowplan.InvalidArgumentError, match="lock_wait must be a number of seconds"):
-            sray.PackerActor(seq_len=64, dp=2, num_runs=1, checkpoint_dir=ckpt, lock_wait=-1)
+            sray.PackerActor(capacity=64, dp=2, num_runs=1, checkpoint_dir=ckpt, lock_wait=-1)
         assert first.send(_batch(0, 2)).accepted == 4  # the first keeps working, its files intact
         assert _spool(ckpt) == [f"run_0_step_{s}.bin" for s in range(3)]
         # A second owner waits up to lock_wait for the first to let go (a restart whose
         # predecessor is still dying), then takes the directory as it was left.
         closer = threading.Timer(0.3, first.close)
         closer.start()
-        second = sray.PackerActor(seq_len=64, dp=2, num_runs=1, threshold=10**6, checkpoint_dir=ckpt, lock_wait=30)
+        second = sray.PackerActor(capacity=64, dp=2, num_runs=1, threshold=10**6, checkpoint_dir=ckpt, lock_wait=30)
         closer.join()
         assert second.was_restored()
         assert sorted(_drain(second)) == [(0, s, i) for s in range(3) for i in range(4)]

@@ -132,7 +132,7 @@ class Packer(sray.PackerActor):
         return ray.get_runtime_context().get_node_id()
 
 on_head = ray.util.scheduling_strategies.NodeAffinitySchedulingStrategy(head[0], soft=False)
-packer = ray.remote(num_cpus=0, scheduling_strategy=on_head)(Packer).remote(seq_len=64, dp=2, num_runs=1, threshold=1)
+packer = ray.remote(num_cpus=0, scheduling_strategy=on_head)(Packer).remote(capacity=64, dp=2, num_runs=1, threshold=1)
 ray.get(packer.add_run.remote(0, batch_size=6), timeout=60)
 ranks = [ray.remote(num_cpus=0, resources={"node2": 0.5})(Rank).remote(packer, r) for r in range(2)]
 out = {"head": head[0], "second": second[0], "rank_nodes": ray.get([r.node.remote() for r in ranks], timeout=60),

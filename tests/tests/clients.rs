@@ -127,7 +127,7 @@ impl Serve {
             .collect();
         let pairs = [
             ("--state-dir", self.state_dir.display().to_string()),
-            ("--seq-len", SEQ_LEN.to_string()),
+            ("--capacity", SEQ_LEN.to_string()),
             ("--dp", self.dp.to_string()),
             ("--batch-size", Self::BATCH_SIZE.to_string()),
             ("--num-runs", Self::NUM_RUNS.to_string()),

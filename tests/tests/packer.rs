@@ -47,9 +47,9 @@ fn batch(run: u32, step: u64, lens: &[usize]) -> TrainingBatch {
     }
 }
 
-fn packer(seq_len: u64, dp: u32, runs: u32, batch_size: u64) -> Packer {
+fn packer(capacity: u64, dp: u32, runs: u32, batch_size: u64) -> Packer {
     let mut p =
-        Packer::new(Kernel::native(), PackerOptions { num_runs: runs, ..PackerOptions::new(seq_len, dp) }).unwrap();
+        Packer::new(Kernel::native(), PackerOptions { num_runs: runs, ..PackerOptions::new(capacity, dp) }).unwrap();
     for r in 0..runs {
         p.add_run(r, RunConfig { batch_size }).unwrap();
     }
@@ -159,7 +159,7 @@ fn invalid_samples_are_rejected_with_reasons_and_the_rest_kept() {
             (6, RejectReason::TooLong),
         ]
     );
-    assert!(r.rejected[5].2.contains("20 tokens, over seq_len 16"), "{}", r.rejected[5].2);
+    assert!(r.rejected[5].2.contains("20 tokens, over capacity 16"), "{}", r.rejected[5].2);
     assert_eq!(p.progress(0).unwrap().rejected.values().sum::<u64>(), 6);
     // An unknown run: every sample rejected; a duplicate changes nothing.
     let u = p.ingest(Arc::new(batch(7, 0, &[4, 4])));
@@ -250,15 +250,18 @@ fn options_out_of_range_are_named() {
         other => panic!("{other:?}"),
     };
     let o = PackerOptions::new(1024, 4);
-    assert!(bad(PackerOptions { seq_len: 0, ..o.clone() }).contains("seq_len must be in 1..="));
+    assert!(bad(PackerOptions { capacity: 0, ..o.clone() }).contains("capacity must be in 1..="));
     assert!(bad(PackerOptions { dp: 0, ..o.clone() }).contains("dp must be in 1..=1048576 (got 0)"));
     assert!(
-        bad(PackerOptions { pad_to_multiple_of: 0, ..o.clone() }).contains("pad_to_multiple_of must be in 1..=seq_len")
+        bad(PackerOptions { pad_to_multiple_of: 0, ..o.clone() })
+            .contains("pad_to_multiple_of must be in 1..=capacity")
     );
     assert!(bad(PackerOptions { num_runs: 0, ..o.clone() }).contains("num_runs must be in 1..=1048576 (got 0)"));
     assert!(bad(PackerOptions { dp: u32::MAX, ..o.clone() }).contains("dp must be in 1..=1048576"));
     assert!(bad(PackerOptions { threshold: Some(0), ..o.clone() }).contains("threshold must be at least 1"));
-    assert!(bad(PackerOptions { step_tokens: Some(10), ..o.clone() }).contains("step_tokens must be at least seq_len"));
+    assert!(
+        bad(PackerOptions { step_tokens: Some(10), ..o.clone() }).contains("step_tokens must be at least capacity")
+    );
     assert!(
         bad(PackerOptions { loss_scale_factor: Some(8.0), ..o.clone() })
             .contains("only applies to loss_agg_mode 'seq-mean-token-sum-norm'")
@@ -331,9 +334,9 @@ fn restore_rebuilds_the_step_in_flight_byte_for_byte() {
         assert_eq!(a.encode().unwrap(), b.encode().unwrap());
     }
     assert_eq!(q.state(), state);
-    o.seq_len = 128;
+    o.capacity = 128;
     let e = Packer::restore(Kernel::native(), o, state, load).unwrap_err();
-    assert!(matches!(e, Error::CacheMismatch(ref m) if m.contains("seq_len: 128")), "{e}");
+    assert!(matches!(e, Error::CacheMismatch(ref m) if m.contains("capacity: 128")), "{e}");
 }
 
 proptest! {

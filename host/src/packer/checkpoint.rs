@@ -33,7 +33,7 @@ pub struct PackerState {
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 struct OptionsRecord {
-    seq_len: u64,
+    capacity: u64,
     dp: u32,
     pad_to_multiple_of: u64,
     pad_token_id: i64,
@@ -98,7 +98,7 @@ impl PackerOptions {
     /// The options that decide a step's contents, as saved in a [`PackerState`].
     fn record(&self) -> OptionsRecord {
         OptionsRecord {
-            seq_len: self.seq_len,
+            capacity: self.capacity,
             dp: self.dp,
             pad_to_multiple_of: self.pad_to_multiple_of,
             pad_token_id: self.pad_token_id,

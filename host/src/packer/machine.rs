@@ -213,8 +213,8 @@ impl Packer {
                     RejectReason::UnknownRun,
                     format!("run {} is not registered (runs: {:?})", key.run, self.runs.keys().collect::<Vec<_>>()),
                 ))
-            } else if s.len() as u64 > o.seq_len {
-                Err((RejectReason::TooLong, format!("{} tokens, over seq_len {}", s.len(), o.seq_len)))
+            } else if s.len() as u64 > o.capacity {
+                Err((RejectReason::TooLong, format!("{} tokens, over capacity {}", s.len(), o.capacity)))
             } else if let Err(verdict) = check_resources(s, &o.limits) {
                 Err(verdict)
             } else {

@@ -30,7 +30,7 @@ pub struct TrainingSample {
     /// The advantage (finite), repeated on every token.
     pub advantage: f32,
     /// A cost on top of the cost model's, in its units (a multimodal sample's image or vision
-    /// tokens): balancing over ranks and micro-batches counts it, the `seq_len` cap does not
+    /// tokens): balancing over ranks and micro-batches counts it, the `capacity` cap does not
     /// (see [`Sample::extra_cost`]). 0 for text.
     pub extra_cost: u64,
     /// The sample's size in each further limit of a micro-batch, by the limit's name

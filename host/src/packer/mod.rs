@@ -2,7 +2,7 @@
 //!
 //! An orchestrator sends [`TrainingBatch`]es (one run's samples of one orchestrator step,
 //! with their temperature). The [`Packer`] keeps one FIFO buffer per run, waits until it holds
-//! a token threshold (`seq_len × dp` by default) or a wait timeout has passed since the
+//! a token threshold (`capacity × dp` by default) or a wait timeout has passed since the
 //! oldest pending sample arrived, then selects samples **round-robin across runs** from a
 //! persistent position (one sample per run per turn, within the step's token budget), packs,
 //! balances and materializes them ([`materialize`](crate::materialize::materialize): runs never share a
@@ -12,7 +12,7 @@
 //! Per run it tracks progress like prime-rl: a run's step advances each time `batch_size` of
 //! its samples have been consumed, which sets `ready_to_update`; totals of samples and tokens.
 //! Invalid samples (array lengths that disagree, no tokens, an empty completion, more tokens
-//! than `seq_len`, non-finite values, teacher logprobs where the packer expects none or the
+//! than `capacity`, non-finite values, teacher logprobs where the packer expects none or the
 //! reverse, a resource over its limit or one without a limit) are rejected one by one with a
 //! reason and counted; the rest of their batch is kept.
 //! A batch whose `(run, step)` was already received is a duplicate and ignored, so an

@@ -12,7 +12,7 @@ use crate::materialize::{DistributionMode, LossAggMode, MaterializeOptions, Samp
 #[derive(Clone, Debug, PartialEq)]
 pub struct PackerOptions {
     /// Tokens of a micro-batch after padding (≥ 1); longer samples are rejected.
-    pub seq_len: u64,
+    pub capacity: u64,
     /// Data-parallel ranks (≥ 1).
     pub dp: u32,
     /// Per-micro-batch padding to a multiple of this (≥ 1; prime-rl's `pad_to_multiple_of`).
@@ -23,9 +23,9 @@ pub struct PackerOptions {
     pub cost: Cost,
     /// Length of `lora_num_tokens`; run indices are below it (≥ 1).
     pub num_runs: u32,
-    /// Pack once this many tokens are pending; `None`: `seq_len × dp` (prime-rl's).
+    /// Pack once this many tokens are pending; `None`: `capacity × dp` (prime-rl's).
     pub threshold: Option<u64>,
-    /// At most this many tokens per step; `None`: everything pending. At least `seq_len`.
+    /// At most this many tokens per step; `None`: everything pending. At least `capacity`.
     pub step_tokens: Option<u64>,
     /// Pack what is pending once the oldest pending sample waited this long, even below the
     /// threshold (prime-rl: 10 s).
@@ -45,7 +45,7 @@ pub struct PackerOptions {
     /// losses), or the run's optimizer **update** of `batch_size` samples, however many packer
     /// steps it spans (its samples are then packed once the rest of their update has arrived).
     pub loss_normalization: LossNormalization,
-    /// Further caps per micro-batch beside `seq_len`, each named (image tokens, images …; at
+    /// Further caps per micro-batch beside `capacity`, each named (image tokens, images …; at
     /// most 7, none named `tokens`, each cap at most 2^32 − 1, each name at most
     /// [`MAX_RESOURCE_NAME`](super::MAX_RESOURCE_NAME) bytes): every micro-batch stays within
     /// each, a sample's sizes being its
@@ -61,12 +61,12 @@ pub struct PackerOptions {
 }
 
 impl PackerOptions {
-    /// `seq_len` and `dp`; no padding, pad token 1, token cost, one run, threshold
-    /// `seq_len × dp`, every pending token per step, 10 s wait, no teacher logprobs,
+    /// `capacity` and `dp`; no padding, pad token 1, token cost, one run, threshold
+    /// `capacity × dp`, every pending token per step, 10 s wait, no teacher logprobs,
     /// `token-mean` loss weights normalized per packer step, no further limits.
-    pub fn new(seq_len: u64, dp: u32) -> Self {
+    pub fn new(capacity: u64, dp: u32) -> Self {
         Self {
-            seq_len,
+            capacity,
             dp,
             pad_to_multiple_of: 1,
             pad_token_id: 1,
@@ -87,22 +87,22 @@ impl PackerOptions {
 
     /// The token threshold in effect.
     pub fn threshold_tokens(&self) -> u64 {
-        self.threshold.unwrap_or(self.seq_len.saturating_mul(u64::from(self.dp)))
+        self.threshold.unwrap_or(self.capacity.saturating_mul(u64::from(self.dp)))
     }
 
     /// Checks every range; the message names the option.
     pub fn validate(&self) -> Result<(), Error> {
         let bad = |m: String| Err(Error::InvalidArgument(m));
-        if self.seq_len == 0 || self.seq_len > i32::MAX as u64 {
-            return bad(format!("seq_len must be in 1..={} (got {})", i32::MAX, self.seq_len));
+        if self.capacity == 0 || self.capacity > i32::MAX as u64 {
+            return bad(format!("capacity must be in 1..={} (got {})", i32::MAX, self.capacity));
         }
         if self.dp == 0 || self.dp > stowplan_kernel::MAX_COUNT {
             return bad(format!("dp must be in 1..={} (got {})", stowplan_kernel::MAX_COUNT, self.dp));
         }
-        if self.pad_to_multiple_of == 0 || self.pad_to_multiple_of > self.seq_len {
+        if self.pad_to_multiple_of == 0 || self.pad_to_multiple_of > self.capacity {
             return bad(format!(
-                "pad_to_multiple_of must be in 1..=seq_len ({}) (got {})",
-                self.seq_len, self.pad_to_multiple_of
+                "pad_to_multiple_of must be in 1..=capacity ({}) (got {})",
+                self.capacity, self.pad_to_multiple_of
             ));
         }
         if self.num_runs == 0 || self.num_runs > stowplan_kernel::MAX_COUNT {
@@ -111,8 +111,8 @@ impl PackerOptions {
         if self.threshold == Some(0) {
             return bad("threshold must be at least 1 token (got 0)".into());
         }
-        if let Some(t) = self.step_tokens.filter(|&t| t < self.seq_len) {
-            return bad(format!("step_tokens must be at least seq_len ({}) (got {t})", self.seq_len));
+        if let Some(t) = self.step_tokens.filter(|&t| t < self.capacity) {
+            return bad(format!("step_tokens must be at least capacity ({}) (got {t})", self.capacity));
         }
         if self.limits.names.len() != self.limits.caps.len() {
             return bad(format!(
@@ -159,7 +159,7 @@ impl PackerOptions {
             loss_agg_mode: self.loss_agg_mode,
             loss_scale_factor: self.loss_scale_factor,
             distribution: self.distribution,
-            ..MaterializeOptions::new(self.seq_len, self.dp)
+            ..MaterializeOptions::new(self.capacity, self.dp)
         }
     }
 }

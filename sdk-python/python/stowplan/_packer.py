@@ -8,7 +8,7 @@ trainer rank reads its micro-batches of each step with :class:`FileRankClient`
 
 >>> import tempfile, stowplan
 >>> root = tempfile.mkdtemp()
->>> packer = stowplan.Packer(seq_len=16, dp=2, num_runs=2)
+>>> packer = stowplan.Packer(capacity=16, dp=2, num_runs=2)
 >>> packer.add_run(0, batch_size=2); packer.add_run(1, batch_size=2)
 >>> batch = stowplan.TrainingBatch(run=1, step=0, samples=[
 ...     {"prompt_ids": [1, 2], "completion_ids": [3, 4, 5], "advantage": 0.5},
@@ -52,7 +52,7 @@ class TrainingBatch:
     ``advantage``, optionally ``prompt_mask``, ``completion_mask``, ``completion_logprobs``,
     ``completion_temperatures`` and ``teacher_logprobs`` (lists or numpy arrays), and
     ``extra_cost`` (an integer ≥ 0, default 0: a multimodal sample's image or vision tokens in
-    the cost model's units, which balancing over ranks counts and ``seq_len`` does not; a
+    the cost model's units, which balancing over ranks counts and ``capacity`` does not; a
     sample whose cost would overflow beside the pending ones is rejected as
     ``cost_overflow``), and ``resources`` (a dict of limit name → the sample's size in it, for
     a packer with ``limits``; a limit it does not name is 0). ``(run, step)`` identifies the batch: the packer ignores a second batch with the same pair,

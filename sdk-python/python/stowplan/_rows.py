@@ -139,13 +139,13 @@ def plan_items(
 def row_items(lengths: np.ndarray, seq_length: int, overflow: Optional[str], first: str, row0: int = 0) -> Tuple[np.ndarray, np.ndarray]:
     """The items to pack, in row order: (start in the flat values, length) of every non-empty
     row under ``overflow`` (truncated, cut into fragments, dropped when long, or refused with
-    the row numbered from ``row0``), by the host's ``stowplan::row_items``."""
+    the row numbered from ``row0``), by the host's ``stowplan::rows::row_items``."""
     return _stowplan.row_items(lengths, seq_length, overflow or _stowplan.DEFAULT_OVERFLOW, first, row0)
 
 
 def wrapped_rows(lengths: np.ndarray, seq_length: int) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Every token in row order cut into rows of seq_length: the items are the pieces of the
-    sequences between sequence ends and row cuts (the host's ``stowplan::wrapped_rows``)."""
+    sequences between sequence ends and row cuts (the host's ``stowplan::rows::wrapped_rows``)."""
     return _stowplan.wrapped_rows(lengths, seq_length)
 
 

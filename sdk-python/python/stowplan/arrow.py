@@ -51,7 +51,7 @@ __all__ = [
 #: Packing strategies: the kernel's ``bfd``, ``ffd`` and ``next-fit`` (``next_fit`` is accepted
 #: too), TRL's ``bfd_split`` (``bfd`` with ``overflow="split"``) and ``wrapped`` (every token
 #: concatenated in row order and cut into rows of ``seq_length``). The host's list
-#: (``stowplan::RowStrategy``), which the CLI's ``pack-dataset`` takes too.
+#: (``stowplan::rows::RowStrategy``), which the CLI's ``pack-dataset`` takes too.
 STRATEGIES = tuple(_stowplan.ROW_STRATEGIES)
 #: The strategies of a stream (:func:`pack_batches`): ``bfd`` is the kernel's streaming best
 #: fit (:class:`stowplan.StreamPacker`: the largest of the ``max_buffered`` waiting sequences

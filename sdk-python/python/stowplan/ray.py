@@ -5,7 +5,7 @@ through the object store, and dataset lengths on Ray Data.
 
     Actor = ray.remote(num_cpus=1, max_restarts=-1)(stowplan.ray.PackerActor)
     packer = Actor.options(name="packer", lifetime="detached").remote(
-        seq_len=16384, dp=4, num_runs=1, checkpoint_dir="/ckpt/packer")
+        capacity=16384, dp=4, num_runs=1, checkpoint_dir="/ckpt/packer")
 
 It holds a :class:`stowplan.Packer` (same options) and keeps its semantics: per-run buffers,
 duplicate batches (by run and step) detected in the receipt, balancing, micro-batches,
@@ -154,7 +154,7 @@ def _rank(micro: List[RayMicroBatch], values: Tuple[Any, ...]) -> RayRankBatch:
 class PackerActor:
     """The packer runtime as a Ray actor (wrap it with ``ray.remote``; module docs).
 
-    Options: those of :class:`stowplan.Packer` (``seq_len``, ``dp``, ``num_runs``,
+    Options: those of :class:`stowplan.Packer` (``capacity``, ``dp``, ``num_runs``,
     ``threshold``, ``wait_timeout`` …), ``checkpoint_dir``: where the state is kept and
     resumed from (``None``: no checkpoints), and ``lock_wait``: seconds to wait for another
     owner of ``checkpoint_dir`` to let go before this actor is refused (default 10: a restart
@@ -165,8 +165,8 @@ class PackerActor:
     def __init__(
         self, *, checkpoint_dir: "Optional[os.PathLike[str] | str]" = None, lock_wait: float = 10.0, **options: Any
     ) -> None:
-        if "dp" not in options or "seq_len" not in options:
-            raise InvalidArgumentError("seq_len and dp are required (the options of stowplan.Packer)")
+        if "dp" not in options or not ("capacity" in options or "seq_len" in options):
+            raise InvalidArgumentError("capacity and dp are required (the options of stowplan.Packer)")
         self._options = options
         self._dp: int = options["dp"]
         self._pool: Optional[ThreadPoolExecutor] = None

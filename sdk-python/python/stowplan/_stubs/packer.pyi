@@ -187,7 +187,7 @@ class Packer:
     def __init__(
         self,
         *,
-        seq_len: int,
+        capacity: Optional[int] = None,
         dp: int,
         pad_to_multiple_of: Optional[int] = None,
         pad_token_id: Optional[int] = None,
@@ -205,6 +205,7 @@ class Packer:
         max_segments: Optional[int] = None,
         distribution: Optional[str] = None,
         backend: Optional[str] = None,
+        seq_len: Optional[int] = None,
     ) -> None: ...
     @staticmethod
     def restore(state: bytes, batches: Iterable[Any], /, **options: Any) -> Packer:
