@@ -253,7 +253,7 @@ const MAX_WAIT_TIMEOUT_S: f64 = 1e9;
 /// Runs `stowplan serve` until `--max-steps` or SIGINT/SIGTERM.
 pub fn run(a: Args) -> Result<(), Failure> {
     if a.seq_len.is_some() {
-        eprintln!("stowplan: warning: --seq-len is deprecated and will be removed in the next release; use --capacity");
+        tracing::warn!(target: "stowplan::serve", "--seq-len is deprecated and will be removed in the next release; use --capacity");
     }
     // clap requires one of the two (`required_unless_present`).
     let capacity = a.capacity.or(a.seq_len).unwrap_or(0);

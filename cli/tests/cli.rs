@@ -634,8 +634,13 @@ fn serve_delivers_a_step_and_names_bad_options() {
     }
     // --seq-len, the former name of --capacity, still works for one release with a warning;
     // both at once is a usage error.
-    let both = stowplan(&["serve", "--root", r, "--capacity", "64", "--seq-len", "64", "--dp", "2"], None, &[]);
+    let both = stowplan(
+        &["serve", "--root", r, "--capacity", "64", "--seq-len", "64", "--dp", "2", "--batch-size", "3"],
+        None,
+        &[],
+    );
     assert_eq!(both.status.code(), Some(2), "{both:?}");
+    assert!(String::from_utf8_lossy(&both.stderr).contains("cannot be used with"), "{both:?}");
     let old = stowplan(&["serve", "--root", r, "--seq-len", "0", "--dp", "2", "--batch-size", "3"], None, &[]);
     let err = String::from_utf8_lossy(&old.stderr);
     assert!(err.contains("--seq-len is deprecated") && err.contains("use --capacity"), "{old:?}");

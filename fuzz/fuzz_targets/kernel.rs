@@ -282,9 +282,9 @@ fuzz_target!(|call: Call| match call {
     }
     Call::Verl { seqlens, k, equal_size, function } => {
         let _ = match function % 3 {
-            0 => k::verl::karmarkar_karp(&seqlens, count(k), equal_size),
-            1 => k::verl::greedy_partition(&seqlens, count(k), equal_size),
-            _ => k::verl::get_seqlen_balanced_partitions(&seqlens, count(k), equal_size),
+            0 => k::peers::verl::karmarkar_karp(&seqlens, count(k), equal_size),
+            1 => k::peers::verl::greedy_partition(&seqlens, count(k), equal_size),
+            _ => k::peers::verl::get_seqlen_balanced_partitions(&seqlens, count(k), equal_size),
         };
     }
     Call::VerlMicro { seqlens, max_token_len, min, divided_by, dynamic, group, width, dp_num } => {
@@ -352,7 +352,7 @@ fuzz_target!(|call: Call| match call {
         let _ = k::prime_rl_ffd(&lengths, &runs, &labels, seq_len);
     }
     Call::TrlBfd { lengths, batch_ends, seq_length } => {
-        if let Ok((offsets, indices)) = k::trl::trl_bfd(&lengths, &batch_ends, seq_length) {
+        if let Ok((offsets, indices)) = k::peers::trl::trl_bfd(&lengths, &batch_ends, seq_length) {
             // Every sequence in one bin, no bin over seq_length.
             let mut seen = vec![false; lengths.len()];
             for w in offsets.windows(2) {

@@ -5,7 +5,7 @@
 
 The step is `packer_throughput.py`'s: rollouts shaped like `shared/workloads/rl-math-8k.txt`
 (4,096 samples, 7,363,780 tokens, random token ids, completion logprobs), one ~47 MB encoded
-batch, `--seq-len 16384 --dp 4`. Every round sends one step through each path (the order
+batch, `--capacity 16384 --dp 4`. Every round sends one step through each path (the order
 alternates) and times it end to end: the orchestrator starts sending → the last of the 4 ranks
 holds its micro-batches as numpy arrays.
 
@@ -211,7 +211,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--dp", type=int, default=4)
-    ap.add_argument("--seq-len", type=int, default=16384)
+    ap.add_argument("--capacity", dest="seq_len", type=int, default=16384, help="the token cap of a micro-batch")
     ap.add_argument("--no-checkpoint", action="store_true", help="the Ray actor without checkpoint_dir (no durable writes)")
     ap.add_argument("--samples", type=int, default=None, help="the first N rollouts of the workload only (a quick check)")
     ap.add_argument("--bin", default=os.environ.get("STOWPLAN_BIN", str(REPO / "target" / "release" / "stowplan")))
@@ -219,7 +219,7 @@ def main() -> None:
     if a.rounds < 1 or (a.samples is not None and a.samples < 8):
         ap.error("--rounds must be at least 1 and --samples at least 8")
     lengths = np.loadtxt(WORKLOAD, dtype=np.int64)[: a.samples]
-    print(f"workload {WORKLOAD.name}: {len(lengths)} samples, {int(lengths.sum()):,} tokens a step; dp {a.dp}, seq_len {a.seq_len}")
+    print(f"workload {WORKLOAD.name}: {len(lengths)} samples, {int(lengths.sum()):,} tokens a step; dp {a.dp}, capacity {a.seq_len}")
     rng = np.random.default_rng(0)
     encoded = [batch(lengths, s, rng).encode() for s in range(a.rounds)]
     print(f"{a.rounds} batches of {len(encoded[0]) / 1e6:.0f} MB (each path sends the same bytes)")

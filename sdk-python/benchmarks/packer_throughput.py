@@ -73,13 +73,13 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--dp", type=int, default=4)
-    ap.add_argument("--seq-len", type=int, default=16384)
+    ap.add_argument("--capacity", dest="seq_len", type=int, default=16384, help="the token cap of a micro-batch")
     ap.add_argument("--transport", default="fs", choices=["fs", "zmq"])
     ap.add_argument("--bin", default=str(REPO / "target" / "release" / "stowplan"))
     a = ap.parse_args()
     lengths = np.loadtxt(WORKLOAD, dtype=np.int64)
     rng = np.random.default_rng(0)
-    print(f"workload {WORKLOAD.name}: {len(lengths)} samples, {int(lengths.sum()):,} tokens a step; dp {a.dp}, seq_len {a.seq_len}")
+    print(f"workload {WORKLOAD.name}: {len(lengths)} samples, {int(lengths.sum()):,} tokens a step; dp {a.dp}, capacity {a.seq_len}")
     t = time.perf_counter()
     encoded = [batch(lengths, s, rng).encode() for s in range(a.steps)]
     print(f"orchestrator: built and encoded {a.steps} batches in {time.perf_counter() - t:.1f} s "

@@ -18,11 +18,6 @@ fn kernel_info<'py>(py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
     Ok(d)
 }
 
-/// The extension's allocator. glibc's malloc hands the memory a packer step frees back to the
-/// system (it trims the build threads' arenas), so the next step faults every page in again:
-/// ~59,000 page faults and half of `Packer.pack`'s time on a 7.4M-token step. mimalloc keeps
-/// it for reuse (`local_dynamic_tls`: this library is loaded with `dlopen`).
-
 /// Registers `kernel_info` and `COST_PRESETS`.
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(kernel_info, m)?)?;

@@ -84,6 +84,10 @@ pub(crate) fn lock<'a, T: Send>(py: Python<'_>, m: &'a std::sync::Mutex<T>) -> s
     lock_or_poisoned(py, m).unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
+/// The extension's allocator. glibc's malloc hands the memory a packer step frees back to the
+/// system (it trims the build threads' arenas), so the next step faults every page in again:
+/// ~59,000 page faults and half of `Packer.pack`'s time on a 7.4M-token step. mimalloc keeps
+/// it for reuse (`local_dynamic_tls`: this library is loaded with `dlopen`).
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

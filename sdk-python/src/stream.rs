@@ -384,8 +384,8 @@ fn bounded(obj: Option<&Bound<'_, PyAny>>, name: &str, low: u32, high: u32) -> P
     obj.map(|o| int::<u32>(o, name, low.into(), high.into())).transpose()
 }
 
-/// The kernel's defaults, for the docs and ``PackedIterableDataset``:
-/// ``{"max_open_bins": 64, "max_buffered": 4096}``.
+/// Registers `StreamPacker` and the kernel's defaults as `STREAM_DEFAULTS` (for the docs and
+/// ``PackedIterableDataset``): ``{"max_open_bins": 64, "max_buffered": 4096}``.
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyStreamPacker>()?;
     let d = pyo3::types::PyDict::new(m.py());

@@ -767,11 +767,16 @@ def test_the_samplers_former_cap_name_warns_and_names_capacity(sampler):
     """``max_tokens=`` (the former name of the token cap) keeps working for one release: it warns,
     naming ``capacity=``, and gives the same plan; both at once is refused."""
     lengths = [5, 3, 8, 2, 7, 1]
-    with pytest.warns(DeprecationWarning, match=rf"{sampler.__name__}: max_tokens= is deprecated .* use capacity="):
+    with pytest.warns(DeprecationWarning, match=rf"{sampler.__name__}: max_tokens= is deprecated .* use capacity=") as caught:
         old = sampler(lengths, max_tokens=10, seed=1)
+    assert caught[0].filename == __file__  # the warning points at the caller
     assert list(old) == list(sampler(lengths, capacity=10, seed=1)) and old.capacity == 10
-    with pytest.raises(stowplan.InvalidArgumentError, match="give capacity= only"):
-        sampler(lengths, capacity=10, max_tokens=10)
+    with pytest.warns(DeprecationWarning, match="max_tokens= is deprecated") as caught:
+        assert old.max_tokens == 10
+    assert caught[0].filename == __file__
+    for both in (dict(capacity=10, max_tokens=10), dict(max_tokens=10)):
+        with pytest.raises(stowplan.InvalidArgumentError, match="give capacity= only"):
+            sampler(lengths, *([10] if len(both) == 1 else []), **both)
 
 
 # --- stowplan.hf.PaddingFreeCollator ---------------------------------------------------------

@@ -99,8 +99,9 @@ def test_rejections_duplicates_and_errors():
     with pytest.raises(stowplan.InvalidArgumentError, match="cost must be"):
         stowplan.Packer(capacity=8, dp=1, cost="flops")
     # The token cap's former name keeps working for one release, warning and naming capacity=.
-    with pytest.warns(DeprecationWarning, match=r"Packer: seq_len= is deprecated .* use capacity="):
+    with pytest.warns(DeprecationWarning, match=r"Packer: seq_len= is deprecated .* use capacity=") as caught:
         old = stowplan.Packer(seq_len=8, dp=1)
+    assert caught[0].filename == __file__  # the warning points at the caller
     assert old.state() == stowplan.Packer(capacity=8, dp=1).state()
     with pytest.raises(stowplan.InvalidArgumentError, match=r"give capacity= only"):
         stowplan.Packer(capacity=8, seq_len=8, dp=1)

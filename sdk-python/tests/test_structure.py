@@ -6,6 +6,7 @@ public name in a package-internal module (``stowplan._rows``: the packed rows th
 
 import ast
 import pathlib
+import sys
 
 import pytest
 
@@ -26,10 +27,13 @@ def private_imports(path: pathlib.Path) -> list:
     modules = {}  # local name -> the package module it is bound to
     found = []
     for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom) and node.level:
+        absolute = isinstance(node, ast.ImportFrom) and not node.level and (node.module or "").split(".")[0] == "stowplan"
+        if isinstance(node, ast.ImportFrom) and (node.level or absolute):
             base = here
             for _ in range(node.level - 1):
                 base = base.parent
+            if absolute:  # `from stowplan.x import _y`: the same, from the package's root
+                base, node.module = PACKAGE, ".".join(node.module.split(".")[1:]) or None
             source = (node.module or "").split(".")[-1]
             for alias in node.names:
                 target = base / (node.module or "").replace(".", "/") / alias.name if node.module else base / alias.name
@@ -61,11 +65,12 @@ def test_no_module_imports_another_modules_private_name():
         ("from . import arrow as sa\nsa._check_columns(1)\n", ["reads sa._check_columns"]),
         ("from . import _rows, _stowplan\n_rows.pack(1)\n_stowplan._integer(1)\n", []),
         ("from ._stowplan import _integers\n", []),
+        ("from stowplan.arrow import _pack\n", ["imports _pack from arrow"]),
     ],
 )
 def test_the_check_sees_private_imports_and_reads(tmp_path, source, expected, monkeypatch):
     """The check finds what it should (and only that) in a module of the package's shape."""
-    monkeypatch.setattr(__import__(__name__), "PACKAGE", tmp_path)
+    monkeypatch.setattr(sys.modules[__name__], "PACKAGE", tmp_path)
     for name in ("arrow", "_rows"):
         (tmp_path / f"{name}.py").write_text("")
     module = tmp_path / "m.py"

@@ -1,7 +1,7 @@
 //! slime's scheduling arguments for properties, shared by the kernel's tests of slime's
 //! schedule (`kernel/src/peers/slime/mod.rs`) and the conformance tests (`tests/tests/slime_vectors.rs`);
 //! both include this file. The including module has `ScheduleArgs` and `PythonSum` in scope
-//! (the kernel's, which the host re-exports as `stowplan::slime`).
+//! (the kernel's, which the host re-exports as `stowplan::peers::slime`).
 
 use core::ops::Range;
 use proptest::prelude::*;

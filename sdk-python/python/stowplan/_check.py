@@ -68,7 +68,7 @@ def _segments(batch: Dict[str, Any]) -> List[Tuple[int, int, int]]:
     return runs
 
 
-def cause_of(model: Any, batch: Dict[str, Any], forward_kwargs: Dict[str, Any]) -> str:
+def _cause(model: Any, batch: Dict[str, Any], forward_kwargs: Dict[str, Any]) -> str:
     """The likely reason the samples of ``batch`` mixed in ``model``."""
     config = getattr(model, "config", None)
     impl = str(getattr(config, "_attn_implementation", "") or "")
@@ -177,7 +177,7 @@ def check_packing(model: Any, batch: Dict[str, Any], *, atol: Optional[float] = 
         dtype = "half"
     limit = atol if atol is not None else _ATOL.get(dtype, _ATOL_HALF)
     if not worst <= limit:
-        cause = cause_of(model, tensors, forward_kwargs)
+        cause = _cause(model, tensors, forward_kwargs)
         raise PackingContaminationError(
             f"packed samples see each other: the logits of sample {where[0]} (of {len(segments)} in the batch) at its "
             f"token {where[1]} differ by {worst:.3g} from the sample run alone (tolerance {limit:g}). Likely cause: {cause}",

@@ -11,6 +11,7 @@ once, in ARCHITECTURE.md's names table ("Names across Rust, Python and JavaScrip
 from __future__ import annotations
 
 import functools
+import inspect
 import warnings
 from typing import Any, Callable, TypeVar
 
@@ -20,8 +21,9 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 def warn_renamed(where: str, old: str, new: str, stacklevel: int = 3) -> None:
-    """Warns that ``old=`` (an argument of ``where``) is deprecated in favour of ``new=``; the
-    native layer calls it too, so that the message is written once."""
+    """Warns that ``old=`` (an argument or attribute of ``where``) is deprecated in favour of
+    ``new=``, at the caller ``stacklevel`` frames up; the native layer calls it too, so that the
+    message is written once."""
     warnings.warn(f"{where}: {old}= is deprecated and will be removed in the next release; use {new}=", DeprecationWarning, stacklevel=stacklevel)
 
 
@@ -35,12 +37,15 @@ def renamed(**former: str) -> Callable[[F], F]:
 
     def wrap(function: F) -> F:
         where = getattr(function, "__qualname__", "the call").replace(".__init__", "")
+        positional = [
+            p.name for p in inspect.signature(function).parameters.values() if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+        ]
 
         @functools.wraps(function)
         def call(*args: Any, **kwargs: Any) -> Any:
             for old, new in former.items():
                 if old in kwargs:
-                    if new in kwargs:
+                    if new in kwargs or new in positional[: len(args)]:
                         raise both_given(where, old, new)
                     warn_renamed(where, old, new)
                     kwargs[new] = kwargs.pop(old)

@@ -28,7 +28,7 @@ import numpy as np
 from . import _stowplan
 from ._stowplan import balance
 from ._convert import as_int64
-from ._renamed import renamed
+from ._renamed import renamed, warn_renamed
 from .errors import InfeasibleError, InvalidArgumentError
 
 try:  # A torch Sampler when torch is there, so DataLoader(batch_sampler=...) takes it as one.
@@ -94,6 +94,12 @@ class _StepSampler(_Base):  # type: ignore[misc,valid-type]
         self.epoch = 0
         self._plan: Optional[List[List[List[int]]]] = None
         self._plan_epoch = -1
+
+    @property
+    def max_tokens(self) -> int:
+        """The former name of :attr:`capacity` (deprecated: it warns, naming ``capacity``)."""
+        warn_renamed(type(self).__name__, "max_tokens", "capacity", stacklevel=3)
+        return self.capacity
 
     def _check_cap(self, capacity: int) -> None:
         long = self.lengths > capacity

@@ -58,7 +58,7 @@ from typing import Any, Dict, Iterator, List, Optional, Set, Tuple
 
 import numpy as np
 
-from . import _stowplan
+from . import _renamed, _stowplan
 from ._packer import IngestReport, Packer, TrainingBatch
 from .errors import InvalidArgumentError, StowplanError, StowplanIOError, StowplanTimeoutError
 
@@ -67,7 +67,8 @@ try:
 except ImportError as _e:  # pragma: no cover - the extra is missing
     raise ImportError("stowplan.ray needs Ray: pip install 'stowplan[ray]'") from _e
 
-from ._ray_data import cause_of, compute_lengths, pack_dataset  # noqa: E402  (after Ray's import check)
+from . import _ray_data  # noqa: E402  (after Ray's import check)
+from ._ray_data import compute_lengths, pack_dataset  # noqa: E402
 
 __all__ = ["PackerActor", "RayReceiver", "RayRankBatch", "RayMicroBatch", "put_batch", "compute_lengths", "pack_dataset"]
 
@@ -165,7 +166,12 @@ class PackerActor:
     def __init__(
         self, *, checkpoint_dir: "Optional[os.PathLike[str] | str]" = None, lock_wait: float = 10.0, **options: Any
     ) -> None:
-        if "dp" not in options or not ("capacity" in options or "seq_len" in options):
+        if "seq_len" in options:  # the token cap's former name: deprecated, one release
+            if "capacity" in options:
+                raise _renamed.both_given("PackerActor", "seq_len", "capacity")
+            _renamed.warn_renamed("PackerActor", "seq_len", "capacity")
+            options["capacity"] = options.pop("seq_len")
+        if "dp" not in options or "capacity" not in options:
             raise InvalidArgumentError("capacity and dp are required (the options of stowplan.Packer)")
         self._options = options
         self._dp: int = options["dp"]
@@ -516,7 +522,7 @@ class RayReceiver:
                 self._unreachable = None
                 return out
             except ray.exceptions.RayTaskError as e:
-                raise cause_of(e) from None
+                raise _ray_data.cause_of(e) from None
             except (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError) as e:
                 if getattr(e, "actor_init_failed", False):
                     raise  # e.g. a damaged checkpoint: no restart can succeed
@@ -571,7 +577,7 @@ class RayReceiver:
         try:
             ray.get(ref)
         except ray.exceptions.RayTaskError as e:
-            raise cause_of(e) from None
+            raise _ray_data.cause_of(e) from None
         except (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError):
             self._call(self.actor.ack, deadline, self.rank, step)  # the actor restarted meanwhile
 
