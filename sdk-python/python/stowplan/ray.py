@@ -163,14 +163,10 @@ class PackerActor:
     Pass the same options to a restarted actor.
     """
 
+    @_renamed.renamed(seq_len="capacity")
     def __init__(
         self, *, checkpoint_dir: "Optional[os.PathLike[str] | str]" = None, lock_wait: float = 10.0, **options: Any
     ) -> None:
-        if "seq_len" in options:  # the token cap's former name: deprecated, one release
-            if "capacity" in options:
-                raise _renamed.both_given("PackerActor", "seq_len", "capacity")
-            _renamed.warn_renamed("PackerActor", "seq_len", "capacity")
-            options["capacity"] = options.pop("seq_len")
         if "dp" not in options or "capacity" not in options:
             raise InvalidArgumentError("capacity and dp are required (the options of stowplan.Packer)")
         self._options = options
