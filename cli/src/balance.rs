@@ -227,20 +227,14 @@ pub fn run(a: Args) -> Result<(), Failure> {
         count: a.count,
         order: a.order,
     });
-    let limited = !table.caps.is_empty();
-    let extra = table.extra.as_deref();
+    let limits = (!table.caps.is_empty()).then(|| table.limits());
     let kernel = ReadyKernel::new(a.common.backend)?;
     let (planned, run) = kernel.timed(|k| {
         Ok(match &micro {
-            Some(m) if a.dp == 1 && limited => {
-                Planned::Micro(k.micro_batches_limited(&lengths, extra, &table.limits(), m)?.plan)
+            Some(m) if a.dp == 1 => {
+                Planned::Micro(k.micro_batches(&lengths, dp_options.extra_costs, limits.as_ref(), m)?.plan)
             }
-            Some(m) if a.dp == 1 => Planned::Micro(match extra {
-                Some(e) => k.micro_batches_with_extra(&lengths, e, m)?,
-                None => k.micro_batches(&lengths, m)?,
-            }),
-            Some(m) if limited => Planned::Both(k.plan_limited(&lengths, a.dp, &dp_options, m, &table.limits())?),
-            Some(m) => Planned::Both(k.plan(&lengths, a.dp, &dp_options, m)?),
+            Some(m) => Planned::Both(k.plan(&lengths, a.dp, &dp_options, m, limits.as_ref())?),
             None => Planned::Dp(k.balance_dp(&lengths, a.dp, &dp_options)?),
         })
     })?;

@@ -1193,7 +1193,7 @@ fn balance_with_limits_gives_the_library_plan_within_every_limit() {
         cost: stowplan::kernel::Cost::ATTENTION,
         ..stowplan::kernel::MicroOptions::new(1000)
     };
-    let want = stowplan::Kernel::native().plan_limited(&lengths, 2, &dp, &micro, &limits).unwrap();
+    let want = stowplan::Kernel::native().plan(&lengths, 2, &dp, &micro, Some(&limits)).unwrap();
     assert_eq!(v["extra_cost"], "image_tokens");
     for (r, rank) in want.ranks.iter().enumerate() {
         let got = &v["micro_batches"][r];
@@ -1216,7 +1216,7 @@ fn balance_with_limits_gives_the_library_plan_within_every_limit() {
     let names = ["images".to_string()];
     let limits = stowplan::kernel::MicroLimits { sizes: &sizes, caps: &[5], names: &names };
     let want = stowplan::Kernel::native()
-        .micro_batches_limited(&lengths, None, &limits, &stowplan::kernel::MicroOptions::new(1000))
+        .micro_batches(&lengths, None, Some(&limits), &stowplan::kernel::MicroOptions::new(1000))
         .unwrap();
     let batches: Vec<Vec<u32>> = serde_json::from_value(v["micro_batches"]["batches"].clone()).unwrap();
     assert_eq!(batches, stowplan::kernel::unflatten(&want.plan.offsets, &want.plan.indices));

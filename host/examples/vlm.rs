@@ -1,7 +1,7 @@
 //! Packing under several limits on `vlm-mix-100k.tsv`: stowplan's multi-limit
 //! balanced fill, BFD and FFD beside what users do today (pack by tokens with BFD, then split every pack
 //! that breaks another limit), and beside single-resource BFD on the same rows for time; the
-//! static plan under the same limits (`raw_plan_limited`) and the streaming packer under them
+//! static plan under the same limits (`raw_plan` with limits) and the streaming packer under them
 //! (`LimitedStreamPacker`, default bounds: 64 open bins, 4,096 buffered).
 //! Rounds interleave the contenders; prints packs, the gap to the per-resource lower bound
 //! and median times, through the WASM component and natively.
@@ -38,7 +38,7 @@ fn plan(kernel: &Kernel, tokens: &[u64], extra: &[u64]) -> usize {
         method: MultiMethod::Balanced,
     };
     // A row of exactly 16,384 tokens would be long in a static plan (the static pack plan contract); none is.
-    kernel.raw_plan_limited(tokens, &PlanOptions::new(CAPS[0]), &limits).expect("plan").raw.packs()
+    kernel.raw_plan(tokens, &PlanOptions::new(CAPS[0]), Some(&limits)).expect("plan").raw.packs()
 }
 
 /// The streaming packer under the limits, fed 4,096 rows a call.

@@ -1,7 +1,7 @@
 //! # stowplan
 //!
 //! Plans how variable-length training sequences are stowed into micro-batches and ranks.
-//! The algorithms live in a sandboxed WebAssembly component (`stowplan:kernel@0.1.0`, see
+//! The algorithms live in a sandboxed WebAssembly component (`stowplan:kernel@0.2.0`, see
 //! `wit/kernel.wit`) embedded in this crate; [`Kernel`] runs it with wasmtime. A `native`
 //! backend calls the same kernel code directly, for comparison and tests.
 //!

@@ -28,6 +28,7 @@ mod bits;
 pub mod layout;
 pub mod multi;
 pub mod names;
+pub mod ops;
 mod order;
 pub mod pack;
 pub mod partition;

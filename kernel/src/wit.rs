@@ -29,10 +29,7 @@ macro_rules! wit_conversions {
         const _: () = {
             use $crate as k;
             use $crate::peers::slime as ks;
-            use $w::{
-                balance, layout, multi_micro, multi_pack, multi_plan, multi_streaming, pack, pack_compact, partition,
-                peers, plan, prime_rl, slime, streaming, types, verl,
-            };
+            use $w::{balance, layout, pack, partition, peers, plan, prime_rl, slime, streaming, types, verl};
 
             impl From<types::Groups> for $crate::wit::Vec<$crate::wit::Vec<u32>> {
                 fn from(g: types::Groups) -> Self {
@@ -51,7 +48,7 @@ macro_rules! wit_conversions {
             $crate::__wit_enum!(k::PartitionMethod, partition::Method { Kk => Kk, Greedy => Greedy, Verl => Verl });
             $crate::__wit_enum!(k::PackMethod, pack::Method { Bfd => Bfd, Ffd => Ffd, NextFit => NextFit });
             $crate::__wit_enum!(k::OversizePolicy, pack::Oversize { Error => Error, Single => Single, Drop => Drop });
-            $crate::__wit_enum!(k::MultiMethod, multi_pack::MultiMethod {
+            $crate::__wit_enum!(k::MultiMethod, pack::MultiMethod {
                 Balanced => Balanced, Bfd => Bfd, Ffd => Ffd, NextFit => NextFit
             });
             $crate::__wit_enum!(k::Order, balance::Order {
@@ -193,7 +190,7 @@ macro_rules! wit_conversions {
             $crate::__wit_record!(ks::Schedule, slime::Schedule {
                 partitions, micro_batch_sizes, num_microbatches, num_steps
             });
-            $crate::__wit_record!(k::MultiPacking, multi_pack::MultiPacking { packing, resource_loads, lower_bounds });
+            $crate::__wit_record!(k::MultiPacking, pack::MultiPacking { packing, resource_loads, lower_bounds });
             $crate::__wit_record!(k::PlanOptions, plan::PlanOptions { packing_length, align, allow_single_long });
             $crate::__wit_record!(k::RawPlan, plan::RawPackPlan {
                 tokens, single_long, dropped, real_tokens, aligned_tokens, lower_bound;
@@ -203,9 +200,9 @@ macro_rules! wit_conversions {
                 packs, pad_needed, dropped_packs, dropped_samples
             }, checksum);
 
-            impl From<k::LimitedRawPlan> for multi_plan::LimitedRawPlan {
+            impl From<k::LimitedRawPlan> for plan::LimitedRawPlan {
                 fn from(p: k::LimitedRawPlan) -> Self {
-                    multi_plan::LimitedRawPlan {
+                    plan::LimitedRawPlan {
                         plan: p.raw.into(),
                         loads: p.loads,
                         lower_bounds: p.lower_bounds,
@@ -214,14 +211,14 @@ macro_rules! wit_conversions {
                 }
             }
 
-            impl TryFrom<multi_plan::LimitedRawPlan> for k::LimitedRawPlan {
+            impl TryFrom<plan::LimitedRawPlan> for k::LimitedRawPlan {
                 type Error = k::plan::MalformedChecksum;
-                fn try_from(p: multi_plan::LimitedRawPlan) -> Result<Self, Self::Error> {
+                fn try_from(p: plan::LimitedRawPlan) -> Result<Self, Self::Error> {
                     let raw = p.plan.try_into()?;
                     Ok(k::LimitedRawPlan { raw, loads: p.loads, lower_bounds: p.lower_bounds, names: p.names })
                 }
             }
-            $crate::__wit_record!(k::LimitedMicroBatches, multi_micro::LimitedMicroPlan { plan, loads, lower_bounds });
+            $crate::__wit_record!(k::LimitedMicroBatches, balance::LimitedMicroPlan { plan, loads, lower_bounds });
 
             // The WIT has no 128-bit integer: an exact count of FLOPs crosses as (high, low).
             impl From<ks::Flops> for slime::Flops {
@@ -271,12 +268,12 @@ macro_rules! wit_conversions {
                     }
                 }
             }
-            $crate::__wit_record!(k::NextFitRuns, pack_compact::NextFitRuns {
+            $crate::__wit_record!(k::NextFitRuns, pack::NextFitRuns {
                 starts, loads, dropped, single, real_tokens, aligned_tokens, lower_bound
             });
             $crate::__wit_record!(k::ClosedBins, streaming::Closed { offsets, indices, loads, dropped });
-            $crate::__wit_record!(k::LimitedClosedBins, multi_streaming::LimitedClosed { closed, resource_loads });
-            $crate::__wit_record!(k::StreamLimits, multi_streaming::Limits { caps, names, max_segments });
+            $crate::__wit_record!(k::LimitedClosedBins, streaming::LimitedClosed { closed, resource_loads });
+            $crate::__wit_record!(k::StreamLimits, streaming::Limits { caps, names, max_segments });
             $crate::__wit_record!(k::StreamStatus, streaming::Status {
                 next_index, buffered, open_bins, in_open_bins, oldest_held
             });

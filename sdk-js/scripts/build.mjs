@@ -114,8 +114,8 @@ const limits = {
 // The kernel's option names, cost presets and option defaults, from the kernel's source too:
 // the SDK checks options against the kernel's own lists and fills in what the kernel's
 // constructors set, instead of restating them.
-/** wit/kernel.wit without its comments. */
-const WIT = readFileSync(join(root, 'wit/kernel.wit'), 'utf8').replace(/\/\/.*$/gm, '');
+/** The kernel's WIT package (wit/kernel.wit and wit/peers.wit) without its comments. */
+const WIT = ['kernel.wit', 'peers.wit'].map((f) => readFileSync(join(root, 'wit', f), 'utf8')).join('\n').replace(/\/\/.*$/gm, '');
 /** The kernel source `file` (under kernel/src) and its path. */
 function kernelSource(file) {
   const path = join(root, 'kernel/src', file);
@@ -139,7 +139,7 @@ function kernelNames() {
   const enums = [...WIT.matchAll(/\benum [\w-]+ \{([^}]*)\}/g)].map((m) => m[1].split(',').map((c) => c.trim()).filter(Boolean).sort().join());
   for (const [type, variants] of Object.entries(out)) {
     if (!enums.includes(variants.map(([, name]) => name).sort().join())) {
-      fail(`the names of ${type} in ${path} are not the cases of an enum of wit/kernel.wit`);
+      fail(`the names of ${type} in ${path} are not the cases of an enum of the kernel's WIT`);
     }
   }
   return out;
@@ -213,11 +213,11 @@ const defaults = {
   VerlMicroOptions: kernelDefaults('peers/micro.rs', 'VerlMicroOptions', ['use_dynamic_bsz_balance', 'force_group_size']),
   RollLoadBalanceOptions: kernelDefaults('peers/micro.rs', 'RollLoadBalanceOptions', ['min_num_micro_batches', 'tp', 'cp', 'vp']),
 };
-/** The cases of `kind` (`enum`, `variant`) `name` of interface `iface` in wit/kernel.wit. */
+/** The cases of `kind` (`enum`, `variant`) `name` of interface `iface` of the kernel's WIT. */
 function witCases(iface, kind, name) {
   const body = WIT.match(new RegExp(`\\binterface ${iface} \\{([\\s\\S]*?)\\n\\}`));
   const m = body?.[1].match(new RegExp(`\\b${kind} ${name} \\{([^}]*)\\}`));
-  if (!m) fail(`wit/kernel.wit has no ${kind} ${name} in interface ${iface}`);
+  if (!m) fail(`the kernel's WIT (wit/) has no ${kind} ${name} in interface ${iface}`);
   return m[1].split(',').map((c) => c.trim().replace(/\(.*\)$/, '')).filter(Boolean);
 }
 /**
@@ -265,7 +265,7 @@ export const NAMES = ${literal(Object.fromEntries(Object.entries(names).map(([ty
 export const COST_PRESETS = ${literal(costs.presets)};
 /** The Python exception of each case of verl's py-error, WIT tag → name (kernel/src/peers/verl.rs PyError::type_name). */
 export const PY_ERRORS = ${literal(pyErrors())};
-/** The verl functions the kernel reproduces: the cases of the verl interface's function enum (wit/kernel.wit). */
+/** The verl functions the kernel reproduces: the cases of the verl interface's function enum (wit/peers.wit). */
 export const VERL_FUNCTIONS = ${literal(witCases('verl', 'enum', 'function'))};
 /** The defaults the kernel's options constructors set, struct → field → value (enums and costs by name). */
 export const DEFAULTS = ${literal(defaults)};

@@ -138,7 +138,7 @@ export function primeRlFfd(lengths, runs, labels, seqLen, kernel = stowplan) {
   const r = u32Array(runs, 'runs');
   const lab = u32Array(labels, 'labels');
   const s = u64(seqLen, 'seqLen');
-  const [bins, dropped] = call(() => kernel.kernel.layout.primeRlFfd(l, r, lab, s));
+  const [bins, dropped] = call(() => kernel.kernel.primeRl.ffd(l, r, lab, s));
   return { bins: arrays(bins), dropped: Array.from(dropped) };
 }
 

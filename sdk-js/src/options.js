@@ -125,8 +125,20 @@ export function resourceTable(columns, capacities) {
 }
 
 /**
+ * The limits of `microBatches` and `balance` (`resources` with `limits`), or undefined
+ * without them; one given without the other is refused.
+ * @param {any} o the call's options @param {number} n the number of sequences
+ */
+export function microLimits(o, n) {
+  if (!given(o.resources) && !given(o.limits)) return undefined;
+  if (!given(o.limits)) throw new InvalidArgumentError('resources needs limits (the cap of each resource)');
+  if (!given(o.resources)) throw new InvalidArgumentError("limits needs resources (the sequences' sizes in each)");
+  return limitRows(o.resources, o.limits, n);
+}
+
+/**
  * The further limits of `microBatches` (`resources`: name → one size per sequence, `limits`:
- * the same names → cap) as the kernel's `multi-micro` limits: sizes sequence by sequence, caps
+ * the same names → cap) as the kernel's `balance.limits`: sizes sequence by sequence, caps
  * and names in `resources`' order. Errors name the key, as Python's `micro_batches` does.
  */
 export function limitRows(resources, limits, n) {
@@ -228,6 +240,7 @@ export function dpOptions(cost, o, n) {
     groups: given(o.groups) ? labelIds(o.groups, n) : undefined,
     minibatchSize: or(o, 'minibatchSize', (v, key) => u32(v, key, 1), undefined),
     equalCount: or(o, 'equalCount', bool, DEFAULTS.DpOptions.equal_count),
+    extraCosts: given(o.extraCosts) ? u64Array(o.extraCosts, 'extraCosts') : undefined,
   };
 }
 
@@ -271,7 +284,7 @@ export function maxSegmentsOption(o) {
 
 /**
  * The further limits of `streamPacker` (`limits`: name → cap per bin, `maxSegments`) as the
- * kernel's `multi-streaming` limits, or null for a packer of tokens alone (no limit, no
+ * kernel's `streaming.limits`, or null for a packer of tokens alone (no limit, no
  * segment limit: the plain packer, as Python's).
  */
 export function streamLimits(o) {

@@ -13,6 +13,7 @@ import {
   dpOptions,
   limitRows,
   maxSegmentsOption,
+  microLimits,
   microOptions,
   packOptions,
   partitionOptions,
@@ -24,7 +25,7 @@ import {
 } from './options.js';
 import { AlignedPlan, CpLayout, MultiPacking, Packing, Partition, RawPlan } from './results.js';
 import { Balance, MicroBatches } from './balance.js';
-import { StreamPacker, isLimitedState } from './stream.js';
+import { StreamPacker } from './stream.js';
 import { figuresOf, unbalanceOf } from './figures.js';
 
 /**
@@ -100,7 +101,7 @@ export class Stowplan {
     const o = options(opts, 'pack', ['align', 'method', 'oversize']);
     const options_ = { capacity: u64(capacity, 'capacity', 1n), ...packOptions(o) };
     const l = u64Array(lengths, 'lengths');
-    // Next-fit takes the `pack` interface here, not `pack-compact` as the Rust host does:
+    // Next-fit takes `pack.pack` here, not `pack.next-fit` as the Rust host does:
     // narrowing and rebuilding the members in JavaScript, a loop per element each, cost more
     // than jco's copies (1M lengths: 7.4 ms against 2.7 ms, BENCHMARKS.md).
     return new Packing(call(() => this.k.pack.pack(l, options_)), l, options_.capacity);
@@ -123,7 +124,7 @@ export class Stowplan {
     // resources in its messages.
     const options_ = { capacities: BigUint64Array.from(capacity), names, maxSegments, ...shared };
     const all = rows(sizes, n);
-    const m = call(() => this.k.multiPack.pack(all, options_), names);
+    const m = call(() => this.k.pack.packMulti(all, options_), names);
     return new MultiPacking(m, sizes[0], names, capacity, maxSegments);
   }
 
@@ -136,18 +137,10 @@ export class Stowplan {
     const o = options(opts, 'microBatches', ['cost', 'minCount', 'divisibleBy', 'count', 'order', 'extraCosts', 'resources', 'limits']);
     const m = microOptions(maxTokenLen, costOption(o.cost, DEFAULTS.MicroOptions.cost), o);
     const l = u64Array(lengths, 'lengths');
-    if (given(o.resources) || given(o.limits)) {
-      if (!given(o.limits)) throw new InvalidArgumentError('resources needs limits (the cap of each resource)');
-      if (!given(o.resources)) throw new InvalidArgumentError("limits needs resources (the sequences' sizes in each)");
-      const lim = limitRows(o.resources, o.limits, l.length);
-      const e = given(o.extraCosts) ? u64Array(o.extraCosts, 'extraCosts') : undefined;
-      return new MicroBatches(call(() => this.k.multiMicro.microBatches(l, e, lim, m), lim.names).plan, this.k, lim);
-    }
-    if (given(o.extraCosts)) {
-      const e = u64Array(o.extraCosts, 'extraCosts');
-      return new MicroBatches(call(() => this.k.multimodal.microBatches(l, e, m)), this.k);
-    }
-    return new MicroBatches(call(() => this.k.balance.microBatches(l, m)), this.k);
+    const lim = microLimits(o, l.length);
+    const e = given(o.extraCosts) ? u64Array(o.extraCosts, 'extraCosts') : undefined;
+    const p = call(() => this.k.balance.microBatches(l, e, lim, m), lim?.names);
+    return new MicroBatches(p.plan, this.k, lim ?? null);
   }
 
   /**
@@ -170,26 +163,13 @@ export class Stowplan {
       }
     }
     const l = u64Array(lengths, 'lengths');
-    const dpOpts = dpOptions(cost, o, l.length);
     // A multimodal sample's extra cost (image patches, vision tokens) is balanced over ranks
-    // and micro-batches; caps count tokens only.
-    const e = given(o.extraCosts) ? u64Array(o.extraCosts, 'extraCosts') : null;
-    if (!micro) {
-      const dp = e ? call(() => this.k.multimodal.balanceDp(l, e, d, dpOpts)) : call(() => this.k.balance.balanceDp(l, d, dpOpts));
-      return new Balance(dp, null, l, this.k);
-    }
-    let p;
-    let lim = null;
-    if (given(o.resources) || given(o.limits)) {
-      if (!given(o.limits)) throw new InvalidArgumentError('resources needs limits (the cap of each resource)');
-      if (!given(o.resources)) throw new InvalidArgumentError("limits needs resources (the sequences' sizes in each)");
-      lim = limitRows(o.resources, o.limits, l.length);
-      const limits = lim;
-      p = call(() => this.k.multiMicro.plan(l, e ?? undefined, limits, d, dpOpts, micro), limits.names);
-    } else {
-      p = e ? call(() => this.k.multimodal.plan(l, e, d, dpOpts, micro)) : call(() => this.k.balance.plan(l, d, dpOpts, micro));
-    }
-    return new Balance(p.dp, p.ranks.map((r) => new MicroBatches(r, this.k, lim)), l, this.k);
+    // and micro-batches; caps count tokens only (the kernel decides what the options change).
+    const dpOpts = dpOptions(cost, o, l.length);
+    if (!micro) return new Balance(call(() => this.k.balance.balanceDp(l, d, dpOpts)), null, l, this.k);
+    const lim = microLimits(o, l.length);
+    const p = call(() => this.k.balance.plan(l, d, dpOpts, micro, lim), lim?.names);
+    return new Balance(p.dp, p.ranks.map((r) => new MicroBatches(r, this.k, lim ?? null)), l, this.k);
   }
 
   /**
@@ -235,7 +215,7 @@ export class Stowplan {
       if (given(o.method)) {
         throw new InvalidArgumentError('method applies with limits or maxSegments; a plan of tokens only is best-fit decreasing');
       }
-      return new RawPlan(call(() => this.k.plan.rawPlan(l, p)), p);
+      return new RawPlan(call(() => this.k.plan.rawPlan(l, p, undefined)).plan, p);
     }
     if (given(o.resources) !== given(o.limits)) {
       throw new InvalidArgumentError(given(o.limits)
@@ -244,7 +224,7 @@ export class Stowplan {
     }
     const lim = given(o.limits) ? limitRows(o.resources, o.limits, l.length) : { sizes: new BigUint64Array(0), caps: new BigUint64Array(0), names: [] };
     const method = given(o.method) ? oneOf(o.method, 'method', NAMES.MultiMethod) : NAMES.MultiMethod[0];
-    const r = call(() => this.k.multiPlan.rawPlan(l, p, { limits: lim, maxSegments, method }), lim.names);
+    const r = call(() => this.k.plan.rawPlan(l, p, { limits: lim, maxSegments, method }), lim.names);
     return new RawPlan(r.plan, p, { names: lim.names, caps: lim.caps, maxSegments, method, loads: r.loads, lowerBounds: r.lowerBounds });
   }
 
@@ -291,8 +271,7 @@ export class Stowplan {
     const so = streamOptions(capacity, o);
     const lim = streamLimits(o);
     const k = await this.spawn();
-    if (lim) return new StreamPacker(call(() => k.multiStreaming.Packer.create(so, lim), lim.names), k, true);
-    return new StreamPacker(call(() => k.streaming.Packer.create(so)), k, false);
+    return new StreamPacker(call(() => k.streaming.Packer.create(so, lim ?? undefined), lim?.names), k);
   }
 
   /**
@@ -307,8 +286,7 @@ export class Stowplan {
     else if (state instanceof ArrayBuffer) bytes = new Uint8Array(state);
     else throw new InvalidArgumentError('state must be a Uint8Array or ArrayBuffer (the bytes of StreamPacker#state)');
     const k = await this.spawn();
-    if (isLimitedState(bytes)) return new StreamPacker(call(() => k.multiStreaming.Packer.restore(bytes)), k, true);
-    return new StreamPacker(call(() => k.streaming.Packer.restore(bytes)), k, false);
+    return new StreamPacker(call(() => k.streaming.Packer.restore(bytes)), k);
   }
 
   /**

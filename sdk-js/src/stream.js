@@ -77,17 +77,11 @@ function concatClosed(parts) {
 const NO_LOADS = new BigUint64Array(0);
 
 /**
- * Closed bins as one record: a limited packer's kernel result (`closed` and `resourceLoads`),
- * a plain packer's (no resource loads) or `concatClosed`'s (already one record).
+ * Closed bins as one record: the kernel's result (`closed` and `resourceLoads`) or
+ * `concatClosed`'s (already one record).
  */
 function flat(c) {
-  if (c.closed) return { ...c.closed, resourceLoads: c.resourceLoads };
-  return c.resourceLoads ? c : { ...c, resourceLoads: NO_LOADS };
-}
-
-/** Whether `bytes` are a limited packer's state ("SPSL"; the kernel checks every byte). */
-export function isLimitedState(bytes) {
-  return bytes.length >= 4 && String.fromCharCode(...bytes.subarray(0, 4)) === 'SPSL';
+  return c.closed ? { ...c.closed, resourceLoads: c.resourceLoads } : c;
 }
 
 /**
@@ -95,8 +89,8 @@ export function isLimitedState(bytes) {
  * comes out when it closes, and memory stays bounded however long the stream. The kernel's
  * rule is item by item, so how the stream is cut into `add` calls changes nothing; the bins
  * are those of the Rust host, the CLI's `pack --stream` and Python's `StreamPacker`.
- * Made with `limits` (or `maxSegments`), it is the kernel's `multi-streaming` packer: every
- * bin stays within every limit too, and `add` takes each item's sizes in them.
+ * Made with `limits` (or `maxSegments`), every bin stays within every limit too, and `add`
+ * takes each item's sizes in them.
  *
  * Each packer runs in a kernel instance of its own (as in the Rust host): its state lives in
  * that instance's linear memory, and a failure of the instance (a trap) ends that packer
@@ -104,20 +98,20 @@ export function isLimitedState(bytes) {
  */
 export class StreamPacker {
   /**
-   * @param {any} handle the kernel's packer resource (`streaming` or `multi-streaming`)
-   * @param {any} instance its kernel instance @param {boolean} limited which of the two
+   * @param {any} handle the kernel's packer resource (`streaming.packer`, plain or limited)
+   * @param {any} instance its kernel instance
    */
-  constructor(handle, instance, limited) {
+  constructor(handle, instance) {
     /** @private */
     this.p = handle;
     /** @private */
     this.instance = instance;
-    /** @private */
-    this.limited = limited;
     const o = call(() => handle.options());
     /** The options it was made with: capacity, align, maxOpenBins, maxBuffered, oversize. */
     this.options = Object.freeze({ ...o });
-    const l = limited ? call(() => handle.limits()) : { caps: NO_LOADS, names: [], maxSegments: 0n };
+    /** @private The limits the kernel reports: none for a plain packer. */
+    this.limited = call(() => handle.limits()) ?? null;
+    const l = this.limited ?? { caps: NO_LOADS, names: [], maxSegments: 0n };
     /** @private The limits' names, in the kernel's order. */
     this.names = l.names;
     /** Each limit's name → its cap per bin (empty without limits). */
@@ -214,8 +208,7 @@ export class StreamPacker {
     const p = this.live();
     this.p = null;
     release(p);
-    const kind = this.limited ? this.instance.multiStreaming : this.instance.streaming;
-    this.p = call(() => kind.Packer.restore(saved));
+    this.p = call(() => this.instance.streaming.Packer.restore(saved));
   }
 
   /** @private The resource, or a KernelRuntimeError once disposed. */

@@ -1,5 +1,5 @@
 // prime-rl's kernel-level vectors (tests/vectors/prime-rl, kinds ffd_pack and
-// pad_micro_batch): the classic packer's bins through the kernel's prime-rl-ffd, with the
+// pad_micro_batch): the classic packer's bins through the kernel's prime-rl.ffd, with the
 // placement of zero-length samples and the errors of tests/lib.rs `prime_bins`. ffd_pack:
 // bins, per-LoRA tokens and bin lengths identical. pad_micro_batch: the same micro-batches —
 // count, the members' token ids in row order, and the padded row length — or the same error

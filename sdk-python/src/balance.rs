@@ -283,17 +283,9 @@ pub(crate) fn micro_batches(
     let l = lengths.slice();
     let e = extra.as_ref().map(Lengths::slice);
     let limited = multi::limits_arg(py, resources, limits, l.len())?;
-    let p = py
-        .detach(|| match (&limited, e) {
-            (Some((sizes, caps, names)), e) => {
-                let lim = stowplan::kernel::MicroLimits { sizes, caps, names };
-                kernel.micro_batches_limited(l, e, &lim, &options).map(|p| p.plan)
-            }
-            (None, Some(e)) => kernel.micro_batches_with_extra(l, e, &options),
-            (None, None) => kernel.micro_batches(l, &options),
-        })
-        .map_err(|e| to_py(py, e))?;
-    Ok(PyMicroBatches::new(py, p))
+    let lim = limited.as_ref().map(|(sizes, caps, names)| stowplan::kernel::MicroLimits { sizes, caps, names });
+    let p = py.detach(|| kernel.micro_batches(l, e, lim.as_ref(), &options)).map_err(|e| to_py(py, e))?;
+    Ok(PyMicroBatches::new(py, p.plan))
 }
 
 /// A global batch over DP ranks (the result of :func:`balance`).
@@ -534,13 +526,9 @@ pub(crate) fn balance(
             return Err(invalid(py, "limits cap micro-batches: give max_token_len with resources and limits".into()));
         }
         (None, None) => (py.detach(|| kernel.balance_dp(l, dp, &options)).map_err(|e| to_py(py, e))?, None),
-        (Some(m), None) => {
-            let p = py.detach(|| kernel.plan(l, dp, &options, &m)).map_err(|e| to_py(py, e))?;
-            (p.dp, Some(p.ranks))
-        }
-        (Some(m), Some((sizes, caps, names))) => {
-            let lim = stowplan::kernel::MicroLimits { sizes, caps, names };
-            let p = py.detach(|| kernel.plan_limited(l, dp, &options, &m, &lim)).map_err(|e| to_py(py, e))?;
+        (Some(m), limited) => {
+            let lim = limited.as_ref().map(|(sizes, caps, names)| stowplan::kernel::MicroLimits { sizes, caps, names });
+            let p = py.detach(|| kernel.plan(l, dp, &options, &m, lim.as_ref())).map_err(|e| to_py(py, e))?;
             (p.dp, Some(p.ranks))
         }
     };

@@ -31,7 +31,7 @@ use crate::{BackendArg, Lengths, int, invalid, kernel, opt_parse, opt_u64, to_py
 /// (not ``"tokens"``) to its cap per bin (≥ 1, up to 7), ``max_segments`` caps the items per
 /// bin (default 0: none); :meth:`add` then takes ``resources``, each name → the items' sizes.
 /// Every bin stays within the capacity and every limit (the rule is the kernel's
-/// ``multi-streaming``; without limits it is the one above).
+/// ``streaming`` packer under limits; without limits it is the one above).
 ///
 /// Bins are lists of stream indices (0-based, counted over every length ever added),
 /// ascending. :meth:`state` saves everything (framed, versioned, checksummed bytes) and

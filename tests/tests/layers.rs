@@ -358,3 +358,62 @@ fn every_python_binding_file_registers_its_own_items() {
     }
     assert!(binding >= 15, "the check sees the binding files ({binding})");
 }
+
+/// The interfaces `wit/<file>` declares, in order.
+fn wit_interfaces(file: &str) -> Vec<String> {
+    let text = fs::read_to_string(root().join("wit").join(file)).expect("a WIT file");
+    text.lines().filter_map(|l| l.strip_prefix("interface ")).map(|l| ident_wit(l).to_string()).collect()
+}
+
+/// The WIT identifier (kebab-case) at the start of `s`.
+fn ident_wit(s: &str) -> &str {
+    let end = s.find(|c: char| !(c.is_ascii_alphanumeric() || c == '-')).unwrap_or(s.len());
+    &s[..end]
+}
+
+/// ARCHITECTURE.md, `wit/`: stowplan's own operations are at most ten interfaces, the peers'
+/// reproductions are in `peers.wit`, and the world exports exactly the interfaces of both.
+#[test]
+fn the_kernel_wit_is_ten_interfaces_at_most_beside_the_peers_file() {
+    let own = wit_interfaces("kernel.wit");
+    let peers = wit_interfaces("peers.wit");
+    assert!(own.len() <= 10, "wit/kernel.wit has {} interfaces (at most 10): {own:?}", own.len());
+    assert_eq!(peers, ["verl", "peers", "prime-rl", "slime", "trl"], "the peers' interfaces live in wit/peers.wit");
+    let text = fs::read_to_string(root().join("wit/kernel.wit")).expect("wit/kernel.wit");
+    let world = &text[text.find("world kernel {").expect("the kernel world")..];
+    let mut exported: Vec<String> =
+        world.lines().filter_map(|l| l.trim().strip_prefix("export ")).map(|l| ident_wit(l).to_string()).collect();
+    let mut all: Vec<String> = own.iter().chain(&peers).cloned().collect();
+    exported.sort();
+    all.sort();
+    assert_eq!(exported, all, "the world exports every interface of both files, and nothing else");
+}
+
+/// `KernelApi` holds stowplan's own operations, one method each (at most 18); the peers'
+/// entry points are `Kernel`'s inherent methods (`host/src/kernel/peers.rs`).
+#[test]
+fn kernel_api_has_one_method_per_operation() {
+    let api = code(&fs::read_to_string(root().join("host/src/kernel/api.rs")).expect("api.rs"));
+    let methods: Vec<&str> = api.lines().filter_map(|l| l.strip_prefix("        fn ")).map(ident).collect();
+    assert!(methods.len() <= 18, "KernelApi has {} methods (at most 18): {methods:?}", methods.len());
+    for peer in ["verl", "trl_bfd", "prime_rl_ffd", "balance_batch", "roll_load_balance"] {
+        assert!(!methods.contains(&peer), "KernelApi holds the peer's {peer}; it belongs in kernel/peers.rs");
+    }
+}
+
+/// The choice "limits, extra costs or plain" is the kernel's (`kernel/src/ops.rs`): no caller
+/// outside the kernel crate picks a variant of an operation by its options.
+#[test]
+fn the_limits_and_extra_costs_choice_is_written_once() {
+    let variants = ["micro_batches_limited(", "micro_batches_with_extra(", "plan_limited(", "raw_plan_limited("];
+    let mut files = Vec::new();
+    for dir in ["host/src", "cli/src", "sdk-python/src", "kernel/wasm/src"] {
+        rust_files(&root().join(dir), &mut files);
+    }
+    for file in files {
+        let text = code(&fs::read_to_string(&file).expect("a source file"));
+        for v in variants {
+            assert!(!text.contains(v), "{} calls {v}…): pass the options to the one operation", file.display());
+        }
+    }
+}

@@ -43,16 +43,16 @@ proptest! {
         let [native, wasm] = kernels();
         for k in [&native, &wasm] {
             prop_assert_eq!(
-                k.plan(lengths, dp, &DpOptions { extra_costs: Some(&zeros), ..dp_plain }, &micro).unwrap(),
-                k.plan(lengths, dp, &dp_plain, &micro).unwrap()
+                k.plan(lengths, dp, &DpOptions { extra_costs: Some(&zeros), ..dp_plain }, &micro, None).unwrap(),
+                k.plan(lengths, dp, &dp_plain, &micro, None).unwrap()
             );
-            prop_assert_eq!(k.micro_batches_with_extra(lengths, &zeros, &micro).unwrap(), k.micro_batches(lengths, &micro).unwrap());
+            prop_assert_eq!(k.micro_batches(lengths, Some(&zeros), None, &micro).map(|p| p.plan).unwrap(), k.micro_batches(lengths, None, None, &micro).map(|p| p.plan).unwrap());
             let d = DistributeOptions { cost: Cost::ATTENTION, ..DistributeOptions::new(cap, dp) };
             prop_assert_eq!(k.distribute(lengths, &DistributeOptions { extra_costs: Some(&zeros), ..d }).unwrap(), k.distribute(lengths, &d).unwrap());
         }
         let with = DpOptions { extra_costs: Some(&extra), ..dp_plain };
-        let p = native.plan(lengths, dp, &with, &micro).unwrap();
-        prop_assert_eq!(&p, &wasm.plan(lengths, dp, &with, &micro).unwrap());
+        let p = native.plan(lengths, dp, &with, &micro, None).unwrap();
+        prop_assert_eq!(&p, &wasm.plan(lengths, dp, &with, &micro, None).unwrap());
         let cost = |i: usize| Cost::ATTENTION.of(lengths[i]).unwrap() + extra[i];
         for r in 0..dp as usize {
             let rank_cost: u64 = p.dp.rank(r).iter().map(|&i| cost(i as usize)).sum();
@@ -87,12 +87,12 @@ fn a_heavy_image_sample_moves_the_balance() {
             Err(Error::InvalidArgument(m)) => assert!(m.contains("extra_costs has 3 entries; lengths has 6"), "{m}"),
             other => panic!("{other:?}"),
         }
-        let e = k.micro_batches_with_extra(&[1, 2], &[u64::MAX, 0], &MicroOptions::new(10));
+        let e = k.micro_batches(&[1, 2], Some(&[u64::MAX, 0]), None, &MicroOptions::new(10)).map(|p| p.plan);
         assert!(e.unwrap_err().to_string().contains("extra_costs[0]"), "names the sample");
         // Each cost fits, their sum does not: refused, never a wrapped micro-batch cost.
         let half = 1u64 << 63;
         for e in [
-            k.micro_batches_with_extra(&[1, 1], &[half, half], &MicroOptions::new(10)).unwrap_err(),
+            k.micro_batches(&[1, 1], Some(&[half, half]), None, &MicroOptions::new(10)).map(|p| p.plan).unwrap_err(),
             k.balance_dp(&[1, 1], 1, &DpOptions { extra_costs: Some(&[half, half]), ..DpOptions::default() })
                 .unwrap_err(),
         ] {
@@ -143,8 +143,8 @@ proptest! {
         let limits = MicroLimits { sizes: &sizes, caps: &caps, names: &names };
         let o = MicroOptions { cost: Cost::ATTENTION, ..MicroOptions::new(1000) };
         let [native, wasm] = kernels();
-        let a = native.micro_batches_limited(&lengths, Some(&extra), &limits, &o);
-        let b = wasm.micro_batches_limited(&lengths, Some(&extra), &limits, &o);
+        let a = native.micro_batches(&lengths, Some(&extra), Some(&limits), &o);
+        let b = wasm.micro_batches(&lengths, Some(&extra), Some(&limits), &o);
         prop_assert_eq!(format!("{a:?}"), format!("{b:?}"));
         if let Ok(p) = a {
             for m in 0..p.plan.count() {
@@ -171,8 +171,8 @@ proptest! {
         let d = DpOptions { cost: Cost::ATTENTION, extra_costs: Some(&extra), ..DpOptions::default() };
         let o = MicroOptions { cost: Cost::ATTENTION, ..MicroOptions::new(1000) };
         let [native, wasm] = kernels();
-        let a = native.plan_limited(&lengths, dp, &d, &o, &limits);
-        let b = wasm.plan_limited(&lengths, dp, &d, &o, &limits);
+        let a = native.plan(&lengths, dp, &d, &o, Some(&limits));
+        let b = wasm.plan(&lengths, dp, &d, &o, Some(&limits));
         prop_assert_eq!(format!("{a:?}"), format!("{b:?}"));
     }
 }
@@ -227,7 +227,7 @@ fn limited_streams_agree_on_both_backends_and_states_cross_them() {
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(24))]
 
-    /// Rows for every rank under limits (`multi-micro.distribute`): WASM ≡ native, extra costs
+    /// Rows for every rank under limits (`layout.distribute` with limits): WASM ≡ native, extra costs
     /// included or not.
     #[test]
     fn limited_distributions_agree_on_both_backends(

@@ -95,6 +95,36 @@ fn damaged_states_and_bad_options_are_refused_on_both_backends() {
     }
 }
 
+/// The component has one packer resource, plain or limited: a state of one kind handed to
+/// the other kind's restore is refused, with the same message on both backends.
+#[test]
+fn a_state_of_the_other_kind_is_refused_alike_on_both_backends() {
+    let limits = stowplan::kernel::StreamLimits { caps: vec![4], names: vec!["images".into()], max_segments: 0 };
+    let refusals: Vec<(String, String)> = [Kernel::native(), Kernel::wasm().expect("wasm kernel")]
+        .iter()
+        .map(|kernel| {
+            let mut plain = kernel.stream_packer(&StreamOptions::new(100)).unwrap();
+            plain.add(&[30, 40]).unwrap();
+            let mut limited = kernel.limited_stream_packer(&StreamOptions::new(100), &limits).unwrap();
+            limited.add(&[30, 1, 40, 2]).unwrap();
+            let as_plain = match kernel.stream_packer_from_state(&limited.state().unwrap()) {
+                Err(Error::InvalidArgument(m)) => m,
+                other => panic!("a limited state restored as a plain packer: {other:?}"),
+            };
+            let as_limited = match kernel.limited_stream_packer_from_state(&plain.state().unwrap()) {
+                Err(Error::InvalidArgument(m)) => m,
+                other => panic!("a plain state restored as a limited packer: {other:?}"),
+            };
+            // Each kind still restores its own state.
+            kernel.stream_packer_from_state(&plain.state().unwrap()).unwrap();
+            let back = kernel.limited_stream_packer_from_state(&limited.state().unwrap()).unwrap();
+            assert_eq!(back.limits(), &limits);
+            (as_plain, as_limited)
+        })
+        .collect();
+    assert_eq!(refusals[0], refusals[1], "native and WASM refuse alike");
+}
+
 /// The streaming quality goal: with 64 open bins (and the default buffer), the bins of a
 /// streamed workload are within 0.2 % of the offline lower bound of the items that fit.
 #[test]

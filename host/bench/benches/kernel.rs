@@ -108,7 +108,7 @@ fn balance_cases(c: &mut Criterion) {
     let attention = DpOptions { cost: Cost::ATTENTION, ..DpOptions::default() };
     let two_level = MicroOptions { cost: Cost::ATTENTION, ..micro };
     for (backend, kernel) in kernels() {
-        let p = kernel.micro_batches(&rl, &micro).expect("micro_batches");
+        let p = kernel.micro_batches(&rl, None, None, &micro).map(|p| p.plan).expect("micro_batches");
         eprintln!(
             "quality micro_batches cap 16384 [{backend}]: {} micro-batches, lower bound {}, largest {} tokens",
             p.count(),
@@ -116,9 +116,9 @@ fn balance_cases(c: &mut Criterion) {
             p.tokens.iter().max().unwrap_or(&0)
         );
         g.bench_with_input(BenchmarkId::new("micro_batches_cap16384", backend), &rl, |b, l| {
-            b.iter(|| kernel.micro_batches(l, &micro).expect("micro_batches"))
+            b.iter(|| kernel.micro_batches(l, None, None, &micro).map(|p| p.plan).expect("micro_batches"))
         });
-        let p = kernel.plan(&rl, 8, &attention, &two_level).expect("plan");
+        let p = kernel.plan(&rl, 8, &attention, &two_level, None).expect("plan");
         let max = *p.dp.costs.iter().max().unwrap_or(&0) as f64;
         let mean = p.dp.costs.iter().map(|&c| c as f64).sum::<f64>() / p.dp.costs.len() as f64;
         eprintln!(
@@ -127,7 +127,7 @@ fn balance_cases(c: &mut Criterion) {
             p.ranks[0].count()
         );
         g.bench_with_input(BenchmarkId::new("plan_dp8_attention_cap16384", backend), &rl, |b, l| {
-            b.iter(|| kernel.plan(l, 8, &attention, &two_level).expect("plan"))
+            b.iter(|| kernel.plan(l, 8, &attention, &two_level, None).expect("plan"))
         });
     }
     // verl's own algorithm (exact reproduction, add-one-and-retry loop) for comparison.

@@ -4,16 +4,14 @@
 //! the longer WASM calls in `wasm.rs`.
 
 use stowplan_kernel as k;
-use stowplan_kernel::peers::verl::PyError;
-use stowplan_kernel::peers::{DpReorder, RollLoadBalanceOptions, RollMicroBatches, VerlMicroOptions};
 use stowplan_kernel::{
     AlignOptions, AlignedPlan, Balance, CpLayout, DistributeOptions, Distribution, DpOptions, LimitedMicroBatches,
-    LimitedRawPlan, MicroBatches, MicroLimits, MicroOptions, MultiOptions, MultiPacking, PackOptions, Packing,
-    Partition, PartitionOptions, PlanLimits, PlanOptions, RawPlan, StreamLimits, StreamOptions, TwoLevelBalance,
+    LimitedRawPlan, MicroLimits, MicroOptions, MultiOptions, MultiPacking, PackOptions, Packing, Partition,
+    PartitionOptions, PlanLimits, PlanOptions, RawPlan, StreamLimits, StreamOptions, TwoLevelBalance,
 };
 
-use super::wasm::{self, call, peer_call};
-use super::{LimitedStreamPacker, StreamPacker, VerlFunction, native};
+use super::wasm::{self, call, wbal, wplan};
+use super::{LimitedStreamPacker, StreamPacker, native};
 
 backends! {
     /// Every operation of the kernel (`wit/kernel.wit`), as each backend implements it. Call
@@ -36,53 +34,24 @@ backends! {
         }
 
         /// Packs items under several limits at once: `sizes` row by row, one value per entry of
-        /// `options.capacities` (tokens first). See `wit/kernel.wit` (`multi-pack`).
+        /// `options.capacities` (tokens first). See `wit/kernel.wit` (`pack.pack-multi`).
         fn pack_multi(sizes: &[u64], options: &MultiOptions<'_>) -> MultiPacking {
             native: Ok(k::pack_multi(sizes, options)?),
-            wasm: call(|i, s| i.stowplan_kernel_multi_pack().call_pack(s, sizes, &options.into())).map(Into::into),
-        }
-
-        /// Runs verl 0.9.1's `function` exactly: the outer `Result` is a runtime failure of the
-        /// kernel, the inner one verl's own result or the Python exception verl raises.
-        fn verl(function: VerlFunction, seqlens: &[i64], k: u32, equal_size: bool) -> Result<Vec<Vec<u32>>, PyError> {
-            native: Ok(match function {
-                VerlFunction::KarmarkarKarp => k::peers::verl::karmarkar_karp(seqlens, k, equal_size),
-                VerlFunction::GreedyPartition => k::peers::verl::greedy_partition(seqlens, k, equal_size),
-                VerlFunction::GetSeqlenBalancedPartitions => {
-                    k::peers::verl::get_seqlen_balanced_partitions(seqlens, k, equal_size)
-                }
-            }),
-            wasm: peer_call(|i, s| i.stowplan_kernel_verl().call_call(s, function.into(), seqlens, k, equal_size)),
+            wasm: call(|i, s| i.stowplan_kernel_pack().call_pack_multi(s, sizes, &options.into())).map(Into::into),
         }
 
         /// Splits one batch into micro-batches of at most `options.max_token_len` tokens with
-        /// balanced costs. See `wit/kernel.wit` (`balance.micro-batches`) for the count, the
-        /// order and the errors.
-        fn micro_batches(lengths: &[u64], options: &MicroOptions) -> MicroBatches {
-            native: Ok(k::micro_batches(lengths, options)?),
-            wasm: call(|i, s| i.stowplan_kernel_balance().call_micro_batches(s, lengths, options.into()))
-                .map(Into::into),
-        }
-
-        /// [`micro_batches`](Self::micro_batches) where sample `i` also costs `extra[i]` (cost
-        /// units, e.g. a multimodal sample's image tokens): the cap counts tokens, the balance
-        /// costs (`wit/kernel.wit`, `multimodal`). [`DpOptions::extra_costs`] and
-        /// [`DistributeOptions::extra_costs`] do the same for the other balancing calls.
-        fn micro_batches_with_extra(lengths: &[u64], extra: &[u64], options: &MicroOptions) -> MicroBatches {
-            native: Ok(k::micro_batches_with_extra(lengths, Some(extra), options)?),
-            wasm: call(|i, s| i.stowplan_kernel_multimodal().call_micro_batches(s, lengths, extra, options.into()))
-                .map(Into::into),
-        }
-
-        /// Micro-batches within the token cap and further caps per micro-batch (image tokens,
-        /// images …), balancing the cost plus `extra` costs. See `wit/kernel.wit` (`multi-micro`)
-        /// and [`stowplan_kernel::micro_batches_limited`].
-        fn micro_batches_limited(lengths: &[u64], extra: Option<&[u64]>, limits: &MicroLimits<'_>,
+        /// balanced costs; sample `i` also costs `extra[i]` when given (cost units, e.g. a
+        /// multimodal sample's image tokens: the cap counts tokens, the balance costs), and
+        /// every micro-batch stays within `limits` when given (image tokens, images …). See
+        /// `wit/kernel.wit` (`balance.micro-batches`) for the count, the order and the errors;
+        /// [`stowplan_kernel::ops::micro_batches`] decides what the options change.
+        fn micro_batches(lengths: &[u64], extra: Option<&[u64]>, limits: Option<&MicroLimits<'_>>,
             options: &MicroOptions) -> LimitedMicroBatches {
-            native: Ok(k::micro_batches_limited(lengths, extra, limits, options)?),
+            native: Ok(k::ops::micro_batches(lengths, extra, limits, options)?),
             wasm: {
-                let (l, o) = (limits.into(), options.into());
-                call(|i, s| i.stowplan_kernel_multi_micro().call_micro_batches(s, lengths, extra, &l, o))
+                let l: Option<wbal::Limits> = limits.map(Into::into);
+                call(|i, s| i.stowplan_kernel_balance().call_micro_batches(s, lengths, extra, l.as_ref(), options.into()))
                     .map(Into::into)
             },
         }
@@ -93,63 +62,21 @@ backends! {
             native: Ok(k::balance_dp(lengths, dp, options)?),
             wasm: {
                 let o = options.into();
-                match options.extra_costs {
-                    Some(e) => call(|i, s| i.stowplan_kernel_multimodal().call_balance_dp(s, lengths, e, dp, &o)),
-                    None => call(|i, s| i.stowplan_kernel_balance().call_balance_dp(s, lengths, dp, &o)),
-                }
-                .map(Into::into)
+                call(|i, s| i.stowplan_kernel_balance().call_balance_dp(s, lengths, dp, &o)).map(Into::into)
             },
         }
 
-        /// DP balancing, then every rank's micro-batches with one common count. See
+        /// DP balancing, then every rank's micro-batches with one common count, within `limits`
+        /// when given (the extra costs of `dp_options` count at both levels). See
         /// `wit/kernel.wit` (`balance.plan`).
-        fn plan(lengths: &[u64], dp: u32, dp_options: &DpOptions<'_>, micro: &MicroOptions) -> TwoLevelBalance {
-            native: Ok(k::plan(lengths, dp, dp_options, micro)?),
+        fn plan(lengths: &[u64], dp: u32, dp_options: &DpOptions<'_>, micro: &MicroOptions,
+            limits: Option<&MicroLimits<'_>>) -> TwoLevelBalance {
+            native: Ok(k::ops::plan(lengths, dp, dp_options, micro, limits)?),
             wasm: {
-                let (o, m) = (dp_options.into(), micro.into());
-                match dp_options.extra_costs {
-                    Some(e) => call(|i, s| i.stowplan_kernel_multimodal().call_plan(s, lengths, e, dp, &o, m)),
-                    None => call(|i, s| i.stowplan_kernel_balance().call_plan(s, lengths, dp, &o, m)),
-                }
-                .map(Into::into)
+                let (o, l): (wbal::DpOptions, Option<wbal::Limits>) = (dp_options.into(), limits.map(Into::into));
+                call(|i, s| i.stowplan_kernel_balance().call_plan(s, lengths, dp, &o, micro.into(), l.as_ref()))
+                    .map(Into::into)
             },
-        }
-
-        /// [`plan`](Self::plan) under further caps per micro-batch (image tokens, images …):
-        /// every rank's micro-batches within the token cap and every limit, one common count
-        /// (see `wit/kernel.wit`, `multi-micro.plan`).
-        fn plan_limited(lengths: &[u64], dp: u32, dp_options: &DpOptions<'_>, micro: &MicroOptions,
-            limits: &MicroLimits<'_>) -> TwoLevelBalance {
-            native: Ok(k::plan_limited(lengths, dp, dp_options, micro, limits)?),
-            wasm: {
-                let (o, m, l) = (dp_options.into(), micro.into(), limits.into());
-                let e = dp_options.extra_costs;
-                call(|i, s| i.stowplan_kernel_multi_micro().call_plan(s, lengths, e, &l, dp, &o, m)).map(Into::into)
-            },
-        }
-
-        /// verl 0.9.1 `rearrange_micro_batches`, exactly: the outer `Result` is a runtime
-        /// failure of the kernel, the inner one verl's index lists or the exception it raises.
-        fn verl_rearrange_micro_batches(seqlens: &[i64], options: &VerlMicroOptions)
-            -> Result<Vec<Vec<u32>>, PyError> {
-            native: Ok(k::peers::verl_rearrange_micro_batches(seqlens, options)),
-            wasm: peer_call(|i, s| {
-                i.stowplan_kernel_peers().call_verl_rearrange_micro_batches(s, seqlens, options.into())
-            }),
-        }
-
-        /// verl's trainer `_balance_batch` reordering, which is also ROLL's `batch_balance`,
-        /// exactly (`minibatch_size` = verl's `keep_minibatch` with `ppo_mini_batch_size`).
-        fn balance_batch(seqlens: &[i64], dp: u32, minibatch_size: Option<i64>) -> Result<DpReorder, PyError> {
-            native: Ok(k::peers::balance_batch(seqlens, dp, minibatch_size)),
-            wasm: peer_call(|i, s| i.stowplan_kernel_peers().call_balance_batch(s, seqlens, dp, minibatch_size)),
-        }
-
-        /// ROLL's `LoadBalancePacker` micro-batching, exactly.
-        fn roll_load_balance(lengths: &[i64], options: &RollLoadBalanceOptions)
-            -> Result<RollMicroBatches, PyError> {
-            native: Ok(k::peers::roll_load_balance(lengths, options)),
-            wasm: peer_call(|i, s| i.stowplan_kernel_peers().call_roll_load_balance(s, lengths, options.into())),
         }
 
         /// The alignment factor for `options` (see `wit/kernel.wit`, `layout.pad-factor`).
@@ -173,22 +100,6 @@ backends! {
             wasm: wasm::distribute(lengths, options),
         }
 
-        /// prime-rl's classic first-fit-decreasing packer, exactly (see `layout.prime-rl-ffd`):
-        /// the bins (members in insertion order) and the zero-length samples prime-rl drops.
-        fn prime_rl_ffd(lengths: &[u64], runs: &[u32], labels: &[u32], seq_len: u64) -> (Vec<Vec<u32>>, Vec<u32>) {
-            native: Ok(k::prime_rl_ffd(lengths, runs, labels, seq_len)?),
-            wasm: call(|i, s| i.stowplan_kernel_layout().call_prime_rl_ffd(s, lengths, runs, labels, seq_len))
-                .map(|(bins, dropped)| (bins.into(), dropped)),
-        }
-
-        /// TRL's best fit decreasing per map batch, exactly (see `wit/kernel.wit`, `trl.bfd`): the
-        /// bins as `(offsets, indices)`, members in the order they went in.
-        fn trl_bfd(lengths: &[u64], batch_ends: &[u32], seq_length: u64) -> (Vec<u32>, Vec<u32>) {
-            native: Ok(k::peers::trl::trl_bfd(lengths, batch_ends, seq_length)?),
-            wasm: call(|i, s| i.stowplan_kernel_trl().call_bfd(s, lengths, batch_ends, seq_length))
-                .map(|g| (g.offsets, g.indices)),
-        }
-
         /// The seeded permutation of `0..n` for `(seed, epoch)` (see `wit/kernel.wit`,
         /// `shuffle.permutation`): the order data sources draw an epoch's prompts in.
         fn permutation(n: u64, seed: u64, epoch: u64) -> Vec<u32> {
@@ -196,19 +107,14 @@ backends! {
             wasm: call(|i, s| i.stowplan_kernel_shuffle().call_permutation(s, n, seed, epoch)),
         }
 
-        /// The raw plan of `lengths` (see `wit/kernel.wit`, `plan.raw-plan`).
-        fn raw_plan(lengths: &[u64], options: &PlanOptions) -> RawPlan {
-            native: Ok(k::raw_plan(lengths, options)?),
-            wasm: Ok(call(|i, s| i.stowplan_kernel_plan().call_raw_plan(s, lengths, options.into()))?.try_into()?),
-        }
-
-        /// The raw plan of `lengths` under further limits per pack: image tokens, images,
-        /// segments (see `wit/kernel.wit`, `multi-plan.raw-plan`).
-        fn raw_plan_limited(lengths: &[u64], options: &PlanOptions, limits: &PlanLimits<'_>) -> LimitedRawPlan {
-            native: Ok(k::raw_plan_limited(lengths, options, limits)?),
+        /// The raw plan of `lengths`, under further limits per pack when given: image tokens,
+        /// images, segments (see `wit/kernel.wit`, `plan.raw-plan`).
+        fn raw_plan(lengths: &[u64], options: &PlanOptions, limits: Option<&PlanLimits<'_>>) -> LimitedRawPlan {
+            native: Ok(k::ops::raw_plan(lengths, options, limits)?),
             wasm: {
-                let (o, l) = (options.into(), limits.into());
-                Ok(call(|i, s| i.stowplan_kernel_multi_plan().call_raw_plan(s, lengths, o, &l))?.try_into()?)
+                let l: Option<wplan::PlanLimits> = limits.map(Into::into);
+                Ok(call(|i, s| i.stowplan_kernel_plan().call_raw_plan(s, lengths, options.into(), l.as_ref()))?
+                    .try_into()?)
             },
         }
 
@@ -234,16 +140,16 @@ backends! {
         }
 
         /// An empty streaming packer under further limits per bin (see `wit/kernel.wit`,
-        /// `multi-streaming`).
+        /// `streaming`).
         fn limited_stream_packer(options: &StreamOptions, limits: &StreamLimits) -> LimitedStreamPacker {
             native: native::limited(k::LimitedStreamPacker::new(*options, limits.clone())?),
-            wasm: wasm::multi_stream::create(options, limits),
+            wasm: wasm::limited_stream_packer(options, limits),
         }
 
         /// A limited streaming packer from [`LimitedStreamPacker::state`]'s bytes.
         fn limited_stream_packer_from_state(state: &[u8]) -> LimitedStreamPacker {
             native: native::limited(k::LimitedStreamPacker::from_state(state)?),
-            wasm: wasm::multi_stream::restore(state),
+            wasm: wasm::limited_stream_packer_from_state(state),
         }
     }
 }

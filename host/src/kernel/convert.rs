@@ -9,7 +9,7 @@ use stowplan_kernel::peers::verl::PyError;
 use stowplan_kernel::{DistributeOptions, DpOptions, MicroLimits, MultiOptions, PlanLimits};
 
 use super::VerlFunction;
-use super::wasm::{wbal, wit, wlay, wmicro, wmplan, wmulti, wpeers, wtypes, wverl};
+use super::wasm::{wbal, wit, wlay, wpack, wpeers, wplan, wtypes, wverl};
 use crate::Error;
 
 stowplan_kernel::wit_conversions!(wit);
@@ -20,9 +20,9 @@ impl From<wtypes::Error> for Error {
     }
 }
 
-impl From<&MultiOptions<'_>> for wmulti::Options {
+impl From<&MultiOptions<'_>> for wpack::MultiOptions {
     fn from(o: &MultiOptions<'_>) -> Self {
-        wmulti::Options {
+        wpack::MultiOptions {
             capacities: o.capacities.to_vec(),
             names: o.names.to_vec(),
             max_segments: o.max_segments,
@@ -33,15 +33,15 @@ impl From<&MultiOptions<'_>> for wmulti::Options {
     }
 }
 
-impl From<&MicroLimits<'_>> for wmicro::Limits {
+impl From<&MicroLimits<'_>> for wbal::Limits {
     fn from(l: &MicroLimits<'_>) -> Self {
-        wmicro::Limits { sizes: l.sizes.to_vec(), caps: l.caps.to_vec(), names: l.names.to_vec() }
+        wbal::Limits { sizes: l.sizes.to_vec(), caps: l.caps.to_vec(), names: l.names.to_vec() }
     }
 }
 
-impl From<&PlanLimits<'_>> for wmplan::PlanLimits {
+impl From<&PlanLimits<'_>> for wplan::PlanLimits {
     fn from(l: &PlanLimits<'_>) -> Self {
-        wmplan::PlanLimits { limits: (&l.limits).into(), max_segments: l.max_segments, method: l.method.into() }
+        wplan::PlanLimits { limits: (&l.limits).into(), max_segments: l.max_segments, method: l.method.into() }
     }
 }
 
@@ -76,6 +76,7 @@ impl From<&DpOptions<'_>> for wbal::DpOptions {
             groups: o.groups.map(<[u32]>::to_vec),
             minibatch_size: o.minibatch_size,
             equal_count: o.equal_count,
+            extra_costs: o.extra_costs.map(<[u64]>::to_vec),
         }
     }
 }
@@ -99,6 +100,8 @@ impl From<&DistributeOptions<'_>> for wlay::DistributeOptions {
             padding: o.padding.into(),
             runs: o.runs.map(<[u32]>::to_vec),
             mix_runs: o.mix_runs,
+            extra_costs: o.extra_costs.map(<[u64]>::to_vec),
+            limits: o.limits.as_ref().map(Into::into),
         }
     }
 }

@@ -54,6 +54,7 @@ macro_rules! backends {
 mod api;
 mod convert;
 mod native;
+mod peers;
 pub mod prime_rl;
 mod slime;
 mod wasm;
@@ -175,7 +176,7 @@ impl StreamPacker {
     }
 }
 
-/// A streaming packer under further limits per bin (`wit/kernel.wit`, `multi-streaming`):
+/// A streaming packer under further limits per bin (`wit/kernel.wit`, `streaming` with limits):
 /// items go in as rows (the length, then one size per limit), each bin comes out when it
 /// closes, within the capacity and every limit. Made by [`KernelApi::limited_stream_packer`]
 /// or [`KernelApi::limited_stream_packer_from_state`]; the same bins on both backends.

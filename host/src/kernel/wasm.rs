@@ -12,16 +12,14 @@ use wasmtime::component::{Component, Linker};
 use wasmtime::{Config, Engine, Store};
 
 use stowplan_kernel::{
-    AlignedPlan, ClosedBins, DistributeOptions, Distribution, NextFitRuns, PackMethod, PackOptions, Packing, RawPlan,
-    StreamOptions, StreamStatus,
+    AlignedPlan, ClosedBins, DistributeOptions, Distribution, LimitedClosedBins, NextFitRuns, PackMethod, PackOptions,
+    Packing, RawPlan, StreamLimits, StreamOptions, StreamStatus,
 };
 use wasmtime::component::ResourceAny;
 
-use super::{StreamBackend, StreamPacker};
+use super::{LimitedStreamPacker, StreamBackend, StreamPacker};
 use crate::error::{Error, runtime};
 use crate::runtime::{self, sha256_hex};
-
-pub(super) mod multi_stream;
 
 mod bindings {
     wasmtime::component::bindgen!({
@@ -32,8 +30,8 @@ mod bindings {
 
 pub(super) use bindings::exports::stowplan::kernel as wit;
 pub(super) use bindings::exports::stowplan::kernel::{
-    balance as wbal, layout as wlay, multi_micro as wmicro, multi_pack as wmulti, multi_plan as wmplan, pack as wpack,
-    peers as wpeers, streaming as wstream, types as wtypes, verl as wverl,
+    balance as wbal, layout as wlay, pack as wpack, peers as wpeers, plan as wplan, streaming as wstream,
+    types as wtypes, verl as wverl,
 };
 
 /// The kernel component, built by `cargo xtask build-kernel` (see `ARCHITECTURE.md`).
@@ -215,7 +213,7 @@ pub(super) fn pack(lengths: &[u64], options: &PackOptions) -> Result<Packing, Er
             if !narrow_into(lengths, &mut w.narrow) {
                 return Ok(None);
             }
-            let r = w.instance.stowplan_kernel_pack_compact().call_next_fit(
+            let r = w.instance.stowplan_kernel_pack().call_next_fit(
                 &mut w.store,
                 &w.narrow,
                 o.capacity,
@@ -231,19 +229,10 @@ pub(super) fn pack(lengths: &[u64], options: &PackOptions) -> Result<Packing, Er
     call(|i, s| i.stowplan_kernel_pack().call_pack(s, lengths, options.into())).map(Into::into)
 }
 
-/// [`KernelApi::distribute`](super::KernelApi::distribute): under limits, with extra costs or
-/// plain, each an interface of its own.
+/// [`KernelApi::distribute`](super::KernelApi::distribute).
 pub(super) fn distribute(lengths: &[u64], options: &DistributeOptions<'_>) -> Result<Distribution, Error> {
     let o = options.into();
-    match (&options.limits, options.extra_costs) {
-        (Some(limits), e) => {
-            let l = limits.into();
-            call(|i, s| i.stowplan_kernel_multi_micro().call_distribute(s, lengths, e, &l, &o))
-        }
-        (None, Some(e)) => call(|i, s| i.stowplan_kernel_multimodal().call_distribute(s, lengths, e, &o)),
-        (None, None) => call(|i, s| i.stowplan_kernel_layout().call_distribute(s, lengths, &o)),
-    }
-    .map(Into::into)
+    call(|i, s| i.stowplan_kernel_layout().call_distribute(s, lengths, &o)).map(Into::into)
 }
 
 /// [`KernelApi::aligned_plan`](super::KernelApi::aligned_plan): the raw plan's packs go in.
@@ -255,31 +244,53 @@ pub(super) fn aligned_plan(raw: &RawPlan, world_size: u32, drop_last: bool) -> R
 /// [`KernelApi::stream_packer`](super::KernelApi::stream_packer): a packer in an instance of
 /// its own.
 pub(super) fn stream_packer(options: &StreamOptions) -> Result<StreamPacker, Error> {
-    let (warm, packer) = new_packer(|i, s| i.stowplan_kernel_streaming().packer().call_create(s, options.into()))?;
-    Ok(StreamPacker::new(Box::new(WasmStream { warm, packer }), *options))
+    let stream = WasmStream::new(|i, s| i.stowplan_kernel_streaming().packer().call_create(s, options.into(), None))?;
+    Ok(StreamPacker::new(Box::new(stream), *options))
 }
 
 /// [`KernelApi::stream_packer_from_state`](super::KernelApi::stream_packer_from_state), with
-/// the options the guest reports.
+/// the options the guest reports. A limited packer's state is refused here, as the native
+/// backend refuses it.
 pub(super) fn stream_packer_from_state(state: &[u8]) -> Result<StreamPacker, Error> {
-    let (warm, packer) = new_packer(|i, s| i.stowplan_kernel_streaming().packer().call_restore(s, state))?;
-    let mut stream = WasmStream { warm, packer };
+    let mut stream = restore(state, false)?;
     let options = stream.call(|g, s, p| g.call_options(s, p))?.into();
     Ok(StreamPacker::new(Box::new(stream), options))
 }
 
-/// A packer resource that `f` makes (create or restore) in a new instance, with the instance,
-/// which then holds the packer's state between calls.
-fn new_packer(
-    f: impl FnOnce(&bindings::Kernel, &mut Store<Tracker>) -> wasmtime::Result<Result<ResourceAny, wtypes::Error>>,
-) -> Result<(Warm, ResourceAny), Error> {
-    let mut warm = instantiate()?;
-    let packer = f(&warm.instance, &mut warm.store).map_err(|e| runtime("kernel call trapped", e))??;
-    Ok((warm, packer))
+/// [`KernelApi::limited_stream_packer`](super::KernelApi::limited_stream_packer).
+pub(super) fn limited_stream_packer(
+    options: &StreamOptions,
+    limits: &StreamLimits,
+) -> Result<LimitedStreamPacker, Error> {
+    let l: wstream::Limits = limits.into();
+    let stream =
+        WasmStream::new(|i, s| i.stowplan_kernel_streaming().packer().call_create(s, options.into(), Some(&l)))?;
+    stream.limited()
+}
+
+/// [`KernelApi::limited_stream_packer_from_state`](super::KernelApi::limited_stream_packer_from_state).
+pub(super) fn limited_stream_packer_from_state(state: &[u8]) -> Result<LimitedStreamPacker, Error> {
+    restore(state, true)?.limited()
+}
+
+/// A packer restored from `state` in a new instance, when `state` is of the kind asked for
+/// (`limited`: `SPSL`), else the kernel's own refusal of the other kind.
+fn restore(state: &[u8], limited: bool) -> Result<WasmStream, Error> {
+    if stowplan_kernel::stream::is_limited_state(state) != limited {
+        // The kernel's message for a state of the other kind, as the native backend gives it.
+        let e = if limited {
+            stowplan_kernel::LimitedStreamPacker::from_state(state).err()
+        } else {
+            stowplan_kernel::StreamPacker::from_state(state).err()
+        };
+        return Err(e.map_or_else(|| Error::Runtime("a stream-packer state of the other kind".into()), Into::into));
+    }
+    WasmStream::new(|i, s| i.stowplan_kernel_streaming().packer().call_restore(s, state))
 }
 
 /// A streaming packer living in an instance of its own (its state stays in the guest's
-/// memory between calls; the resource is dropped with it).
+/// memory between calls; the resource is dropped with it): the component's one packer
+/// resource, plain or limited.
 struct WasmStream {
     warm: Warm,
     packer: ResourceAny,
@@ -292,12 +303,28 @@ impl std::fmt::Debug for WasmStream {
 }
 
 impl WasmStream {
+    /// The packer resource that `f` makes (create or restore) in a new instance.
+    fn new(
+        f: impl FnOnce(&bindings::Kernel, &mut Store<Tracker>) -> wasmtime::Result<Result<ResourceAny, wtypes::Error>>,
+    ) -> Result<Self, Error> {
+        let mut warm = instantiate()?;
+        let packer = f(&warm.instance, &mut warm.store).map_err(|e| runtime("kernel call trapped", e))??;
+        Ok(WasmStream { warm, packer })
+    }
+
     fn call<R>(
         &mut self,
         f: impl FnOnce(&wstream::GuestPacker<'_>, &mut Store<Tracker>, ResourceAny) -> wasmtime::Result<R>,
     ) -> Result<R, Error> {
         let guest = self.warm.instance.stowplan_kernel_streaming();
         f(&guest.packer(), &mut self.warm.store, self.packer).map_err(|e| runtime("kernel call trapped", e))
+    }
+
+    /// The host's limited wrapper, with the options and limits the guest reports.
+    fn limited(mut self) -> Result<LimitedStreamPacker, Error> {
+        let options = self.call(|g, s, p| g.call_options(s, p))?.into();
+        let limits = self.call(|g, s, p| g.call_limits(s, p))?.map(Into::into).unwrap_or_default();
+        Ok(LimitedStreamPacker::new(Box::new(self), options, limits))
     }
 }
 
@@ -309,13 +336,32 @@ impl Drop for WasmStream {
     }
 }
 
+impl StreamBackend<LimitedClosedBins> for WasmStream {
+    fn add(&mut self, rows: &[u64]) -> Result<LimitedClosedBins, Error> {
+        Ok(self.call(|g, s, p| g.call_add(s, p, rows))??.into())
+    }
+
+    fn finish(&mut self) -> Result<LimitedClosedBins, Error> {
+        Ok(self.call(|g, s, p| g.call_finish(s, p))?.into())
+    }
+
+    fn state(&mut self) -> Result<Vec<u8>, Error> {
+        self.call(|g, s, p| g.call_save(s, p))
+    }
+
+    fn status(&mut self) -> Result<StreamStatus, Error> {
+        Ok(self.call(|g, s, p| g.call_status(s, p))?.into())
+    }
+}
+
+/// A plain packer's bins (the component sends no resource loads for them).
 impl StreamBackend<ClosedBins> for WasmStream {
     fn add(&mut self, lengths: &[u64]) -> Result<ClosedBins, Error> {
-        Ok(self.call(|g, s, p| g.call_add(s, p, lengths))??.into())
+        Ok(self.call(|g, s, p| g.call_add(s, p, lengths))??.closed.into())
     }
 
     fn finish(&mut self) -> Result<ClosedBins, Error> {
-        Ok(self.call(|g, s, p| g.call_finish(s, p))?.into())
+        Ok(self.call(|g, s, p| g.call_finish(s, p))?.closed.into())
     }
 
     fn state(&mut self) -> Result<Vec<u8>, Error> {

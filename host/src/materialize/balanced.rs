@@ -28,7 +28,7 @@ pub fn materialize(
 /// [`materialize`](super::materialize) under further caps per micro-batch (image tokens, images …): every row
 /// stays within the capacity and every one of `limits`, each sample's sizes being its
 /// [`Sample::resources`](super::Sample::resources). Each run's micro-batches are then the kernel's balanced fill under
-/// every cap (`multi-micro.distribute`) instead of best-fit decreasing; splits, dummies and the
+/// every cap (`layout.distribute` with limits) instead of best-fit decreasing; splits, dummies and the
 /// ranks' balance are [`materialize`](super::materialize)'s. With no limits it is [`materialize`](super::materialize).
 ///
 /// Errors: those of [`materialize`](super::materialize); a sample whose `resources` has neither 0 nor one entry

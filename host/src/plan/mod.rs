@@ -92,13 +92,13 @@ impl StaticPackPlan {
         world_size: u32,
         drop_last: bool,
     ) -> Result<Self, Error> {
-        let raw = kernel.raw_plan(lengths, options)?;
+        let raw = kernel.raw_plan(lengths, options, None)?.raw;
         let aligned = kernel.aligned_plan(&raw, world_size, drop_last)?;
         Ok(Self { options: *options, limits: None, samples: lengths.len() as u64, world_size, drop_last, raw, aligned })
     }
 
     /// [`Self::build`] under further limits per pack (image tokens, images, segments; see
-    /// `wit/kernel.wit`, `multi-plan`). Unnamed limits are called `resource 1`, `resource 2` …
+    /// `wit/kernel.wit`, `plan.raw-plan`). Unnamed limits are called `resource 1`, `resource 2` …
     /// in the plan. With no limit and no segment limit it is [`Self::build`].
     pub fn build_limited(
         kernel: &Kernel,
@@ -111,7 +111,7 @@ impl StaticPackPlan {
         if limits.limits.caps.is_empty() && limits.max_segments == 0 {
             return Self::build(kernel, lengths, options, world_size, drop_last);
         }
-        let l = kernel.raw_plan_limited(lengths, options, limits)?;
+        let l = kernel.raw_plan(lengths, options, Some(limits))?;
         let aligned = kernel.aligned_plan(&l.raw, world_size, drop_last)?;
         let limits = PackLimits {
             names: l.names,

@@ -453,4 +453,10 @@ fn push(out: &mut LimitedClosedBins, mut members: Vec<u64>, loads: &[u64]) {
 pub const TOP_UP_SCAN: usize = 4096;
 
 const STATE_MAGIC: &[u8; 4] = b"SPSL";
+
+/// Whether `state` is (or claims to be) a limited packer's: it starts with `SPSL`. What
+/// decides which packer restores a state; the restore checks every other byte.
+pub fn is_limited_state(state: &[u8]) -> bool {
+    state.starts_with(STATE_MAGIC)
+}
 const STATE_VERSION: u32 = 1;

@@ -43,7 +43,7 @@ mod limited;
 mod open_bins;
 mod state;
 
-pub use limited::{LimitedClosedBins, LimitedStreamPacker, StreamLimits, TOP_UP_SCAN};
+pub use limited::{LimitedClosedBins, LimitedStreamPacker, StreamLimits, TOP_UP_SCAN, is_limited_state};
 
 use buffer::Buffer;
 use open_bins::OpenBins;

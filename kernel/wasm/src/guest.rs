@@ -12,10 +12,7 @@ wit_bindgen::generate!({
     world: "kernel",
 });
 
-use exports::stowplan::kernel::{
-    balance, layout, multi_micro, multi_pack, multi_plan, multimodal, pack, pack_compact, partition, peers, plan,
-    reports, shuffle, streaming as stream, trl, types, verl,
-};
+use exports::stowplan::kernel::{balance, layout, pack, partition, peers, plan, reports, shuffle, trl, types, verl};
 
 // The conversions between the WIT types above and the kernel's (`stowplan_kernel::wit`).
 use exports::stowplan::kernel as wit;
@@ -30,34 +27,8 @@ fn panic(_: &core::panic::PanicInfo<'_>) -> ! {
     core::arch::wasm32::unreachable()
 }
 
-/// The methods both streaming packer resources (`streaming.packer`, `multi-streaming.packer`)
-/// share, over the resource's own type of closed bins.
-macro_rules! packer_methods {
-    ($closed:ty) => {
-        fn add(&self, lengths: Vec<u64>) -> Result<$closed, types::Error> {
-            self.0.borrow_mut().add(&lengths).map(Into::into).map_err(error)
-        }
-
-        fn finish(&self) -> $closed {
-            self.0.borrow_mut().finish().into()
-        }
-
-        fn save(&self) -> Vec<u8> {
-            self.0.borrow().state()
-        }
-
-        fn status(&self) -> stream::Status {
-            self.0.borrow().status().into()
-        }
-
-        fn options(&self) -> stream::Options {
-            (*self.0.borrow().options()).into()
-        }
-    };
-}
-
-mod multi_stream;
 mod slime;
+mod stream_packer;
 
 struct Kernel;
 
@@ -89,10 +60,18 @@ impl pack::Guest for Kernel {
     fn pack(lengths: Vec<u64>, options: pack::Options) -> Result<pack::Packing, types::Error> {
         k::pack(&lengths, &options.into()).map(packing_of).map_err(error)
     }
-}
 
-impl multi_pack::Guest for Kernel {
-    fn pack(sizes: Vec<u64>, options: multi_pack::Options) -> Result<multi_pack::MultiPacking, types::Error> {
+    fn next_fit(
+        lengths: Vec<u32>,
+        capacity: u64,
+        align: u64,
+        oversize: pack::Oversize,
+    ) -> Result<pack::NextFitRuns, types::Error> {
+        let o = k::PackOptions { capacity, align, method: k::PackMethod::NextFit, oversize: oversize_of(oversize) };
+        k::next_fit_runs(&lengths, &o).map(Into::into).map_err(error)
+    }
+
+    fn pack_multi(sizes: Vec<u64>, options: pack::MultiOptions) -> Result<pack::MultiPacking, types::Error> {
         let opts = k::MultiOptions {
             capacities: &options.capacities,
             names: &options.names,
@@ -106,62 +85,9 @@ impl multi_pack::Guest for Kernel {
     }
 }
 
-impl multi_plan::Guest for Kernel {
-    fn raw_plan(
-        lengths: Vec<u64>,
-        options: plan::PlanOptions,
-        limits: multi_plan::PlanLimits,
-    ) -> Result<multi_plan::LimitedRawPlan, types::Error> {
-        let l = &limits.limits;
-        let limits = k::PlanLimits {
-            limits: k::MicroLimits { sizes: &l.sizes, caps: &l.caps, names: &l.names },
-            max_segments: limits.max_segments,
-            method: limits.method.into(),
-        };
-        k::raw_plan_limited(&lengths, &options.into(), &limits).map(Into::into).map_err(error)
-    }
-}
-
-/// The kernel's view of `multi-micro.limits`.
-fn micro_limits(l: &multi_micro::Limits) -> k::MicroLimits<'_> {
+/// The kernel's view of `balance.limits`.
+fn micro_limits(l: &balance::Limits) -> k::MicroLimits<'_> {
     k::MicroLimits { sizes: &l.sizes, caps: &l.caps, names: &l.names }
-}
-
-impl multi_micro::Guest for Kernel {
-    fn micro_batches(
-        lengths: Vec<u64>,
-        extra_costs: Option<Vec<u64>>,
-        limits: multi_micro::Limits,
-        options: balance::MicroOptions,
-    ) -> Result<multi_micro::LimitedMicroPlan, types::Error> {
-        let l = micro_limits(&limits);
-        let r =
-            k::micro_batches_limited(&lengths, extra_costs.as_deref(), &l, &micro_options(options)).map_err(error)?;
-        Ok(r.into())
-    }
-
-    fn plan(
-        lengths: Vec<u64>,
-        extra_costs: Option<Vec<u64>>,
-        limits: multi_micro::Limits,
-        dp: u32,
-        dp_opts: balance::DpOptions,
-        micro: balance::MicroOptions,
-    ) -> Result<balance::TwoLevel, types::Error> {
-        let l = micro_limits(&limits);
-        let o = k::DpOptions { extra_costs: extra_costs.as_deref(), ..dp_options(&dp_opts) };
-        let p = k::plan_limited(&lengths, dp, &o, &micro_options(micro), &l).map_err(error)?;
-        Ok(p.into())
-    }
-
-    fn distribute(
-        lengths: Vec<u64>,
-        extra_costs: Option<Vec<u64>>,
-        limits: multi_micro::Limits,
-        options: layout::DistributeOptions,
-    ) -> Result<layout::Distribution, types::Error> {
-        distribute_with(&lengths, extra_costs.as_deref(), Some(micro_limits(&limits)), &options)
-    }
 }
 
 impl verl::Guest for Kernel {
@@ -192,13 +118,20 @@ fn dp_options(o: &balance::DpOptions) -> k::DpOptions<'_> {
         groups: o.groups.as_deref(),
         minibatch_size: o.minibatch_size,
         equal_count: o.equal_count,
-        extra_costs: None,
+        extra_costs: o.extra_costs.as_deref(),
     }
 }
 
 impl balance::Guest for Kernel {
-    fn micro_batches(lengths: Vec<u64>, options: balance::MicroOptions) -> Result<balance::MicroPlan, types::Error> {
-        k::micro_batches(&lengths, &micro_options(options)).map(Into::into).map_err(error)
+    fn micro_batches(
+        lengths: Vec<u64>,
+        extra_costs: Option<Vec<u64>>,
+        limits: Option<balance::Limits>,
+        options: balance::MicroOptions,
+    ) -> Result<balance::LimitedMicroPlan, types::Error> {
+        let l = limits.as_ref().map(micro_limits);
+        let r = k::ops::micro_batches(&lengths, extra_costs.as_deref(), l.as_ref(), &micro_options(options));
+        r.map(Into::into).map_err(error)
     }
 
     fn balance_dp(lengths: Vec<u64>, dp: u32, options: balance::DpOptions) -> Result<balance::DpPlan, types::Error> {
@@ -210,8 +143,10 @@ impl balance::Guest for Kernel {
         dp: u32,
         dp_opts: balance::DpOptions,
         micro: balance::MicroOptions,
+        limits: Option<balance::Limits>,
     ) -> Result<balance::TwoLevel, types::Error> {
-        let p = k::plan(&lengths, dp, &dp_options(&dp_opts), &micro_options(micro)).map_err(error)?;
+        let l = limits.as_ref().map(micro_limits);
+        let p = k::ops::plan(&lengths, dp, &dp_options(&dp_opts), &micro_options(micro), l.as_ref()).map_err(error)?;
         Ok(p.into())
     }
 
@@ -299,78 +234,18 @@ impl layout::Guest for Kernel {
         k::cp_layout(&lengths, &options.into()).map(Into::into).map_err(error)
     }
 
-    fn prime_rl_ffd(
-        lengths: Vec<u64>,
-        runs: Vec<u32>,
-        labels: Vec<u32>,
-        seq_len: u64,
-    ) -> Result<(types::Groups, Vec<u32>), types::Error> {
-        let (bins, dropped) = k::prime_rl_ffd(&lengths, &runs, &labels, seq_len).map_err(error)?;
-        Ok((groups_of(bins), dropped))
-    }
-
     fn distribute(lengths: Vec<u64>, o: layout::DistributeOptions) -> Result<layout::Distribution, types::Error> {
-        distribute_with(&lengths, None, None, &o)
-    }
-}
-
-/// `layout.distribute`, `multimodal.distribute` and `multi-micro.distribute`.
-fn distribute_with(
-    lengths: &[u64],
-    extra: Option<&[u64]>,
-    limits: Option<k::MicroLimits<'_>>,
-    o: &layout::DistributeOptions,
-) -> Result<layout::Distribution, types::Error> {
-    let opts = k::DistributeOptions {
-        capacity: o.capacity,
-        dp: o.dp,
-        cost: o.cost.into(),
-        padding: o.padding.into(),
-        runs: o.runs.as_deref(),
-        mix_runs: o.mix_runs,
-        extra_costs: extra,
-        limits,
-    };
-    k::distribute(lengths, &opts).map(Into::into).map_err(error)
-}
-
-impl multimodal::Guest for Kernel {
-    fn micro_batches(
-        lengths: Vec<u64>,
-        extra: Vec<u64>,
-        options: balance::MicroOptions,
-    ) -> Result<balance::MicroPlan, types::Error> {
-        k::micro_batches_with_extra(&lengths, Some(&extra), &micro_options(options)).map(Into::into).map_err(error)
-    }
-
-    fn balance_dp(
-        lengths: Vec<u64>,
-        extra: Vec<u64>,
-        dp: u32,
-        options: balance::DpOptions,
-    ) -> Result<balance::DpPlan, types::Error> {
-        let o = k::DpOptions { extra_costs: Some(&extra), ..dp_options(&options) };
-        k::balance_dp(&lengths, dp, &o).map(Into::into).map_err(error)
-    }
-
-    fn plan(
-        lengths: Vec<u64>,
-        extra: Vec<u64>,
-        dp: u32,
-        dp_opts: balance::DpOptions,
-        micro: balance::MicroOptions,
-    ) -> Result<balance::TwoLevel, types::Error> {
-        let o = k::DpOptions { extra_costs: Some(&extra), ..dp_options(&dp_opts) };
-        let p = k::plan(&lengths, dp, &o, &micro_options(micro)).map_err(error)?;
-        Ok(p.into())
-    }
-
-    fn distribute(
-        lengths: Vec<u64>,
-        extra: Vec<u64>,
-        options: layout::DistributeOptions,
-    ) -> Result<layout::Distribution, types::Error> {
-        distribute_with(&lengths, Some(&extra), None, &options)
+        let opts = k::DistributeOptions {
+            capacity: o.capacity,
+            dp: o.dp,
+            cost: o.cost.into(),
+            padding: o.padding.into(),
+            runs: o.runs.as_deref(),
+            mix_runs: o.mix_runs,
+            extra_costs: o.extra_costs.as_deref(),
+            limits: o.limits.as_ref().map(micro_limits),
+        };
+        k::distribute(&lengths, &opts).map(Into::into).map_err(error)
     }
 }
 
@@ -404,8 +279,17 @@ unsafe extern "C" fn cabi_realloc(old_ptr: *mut u8, old_len: usize, align: usize
 }
 
 impl plan::Guest for Kernel {
-    fn raw_plan(lengths: Vec<u64>, options: plan::PlanOptions) -> Result<plan::RawPackPlan, types::Error> {
-        k::raw_plan(&lengths, &options.into()).map(Into::into).map_err(error)
+    fn raw_plan(
+        lengths: Vec<u64>,
+        options: plan::PlanOptions,
+        limits: Option<plan::PlanLimits>,
+    ) -> Result<plan::LimitedRawPlan, types::Error> {
+        let l = limits.as_ref().map(|p| k::PlanLimits {
+            limits: micro_limits(&p.limits),
+            max_segments: p.max_segments,
+            method: p.method.into(),
+        });
+        k::ops::raw_plan(&lengths, &options.into(), l.as_ref()).map(Into::into).map_err(error)
     }
 
     fn align_plan(
@@ -432,37 +316,4 @@ impl trl::Guest for Kernel {
         let (offsets, indices) = k::peers::trl::trl_bfd(&lengths, &batch_ends, seq_length).map_err(error)?;
         Ok(types::Groups { offsets, indices })
     }
-}
-
-impl pack_compact::Guest for Kernel {
-    fn next_fit(
-        lengths: Vec<u32>,
-        capacity: u64,
-        align: u64,
-        oversize: pack::Oversize,
-    ) -> Result<pack_compact::NextFitRuns, types::Error> {
-        let o = k::PackOptions { capacity, align, method: k::PackMethod::NextFit, oversize: oversize_of(oversize) };
-        k::next_fit_runs(&lengths, &o).map(Into::into).map_err(error)
-    }
-}
-
-/// A streaming packer behind the `stream.packer` resource (methods take `&self`).
-struct StreamPacker(core::cell::RefCell<k::StreamPacker>);
-
-impl stream::Guest for Kernel {
-    type Packer = StreamPacker;
-}
-
-impl stream::GuestPacker for StreamPacker {
-    fn create(options: stream::Options) -> Result<stream::Packer, types::Error> {
-        let p = k::StreamPacker::new(options.into()).map_err(error)?;
-        Ok(stream::Packer::new(StreamPacker(core::cell::RefCell::new(p))))
-    }
-
-    fn restore(state: Vec<u8>) -> Result<stream::Packer, types::Error> {
-        let p = k::StreamPacker::from_state(&state).map_err(error)?;
-        Ok(stream::Packer::new(StreamPacker(core::cell::RefCell::new(p))))
-    }
-
-    packer_methods!(stream::Closed);
 }

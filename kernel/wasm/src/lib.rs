@@ -1,4 +1,4 @@
-//! The stowplan kernel as a WebAssembly component (`stowplan:kernel/kernel@0.1.0`).
+//! The stowplan kernel as a WebAssembly component (`stowplan:kernel/kernel@0.2.0`).
 //!
 //! Built for `wasm32-wasip2` by `cargo xtask build-kernel`; the result is committed as
 //! `host/assets/stowplan_kernel.wasm`. `no_std` with its own allocator and panic handler, so

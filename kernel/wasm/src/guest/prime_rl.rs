@@ -25,4 +25,14 @@ impl w::Guest for Kernel {
     ) -> Result<w::BatchPlan, types::Error> {
         p::prepare_batch(&lengths, &runs, &multimodal, &labels, &o.into()).map(Into::into).map_err(error)
     }
+
+    fn ffd(
+        lengths: Vec<u64>,
+        runs: Vec<u32>,
+        labels: Vec<u32>,
+        seq_len: u64,
+    ) -> Result<(types::Groups, Vec<u32>), types::Error> {
+        let (bins, dropped) = stowplan_kernel::prime_rl_ffd(&lengths, &runs, &labels, seq_len).map_err(error)?;
+        Ok((groups_of(bins), dropped))
+    }
 }
