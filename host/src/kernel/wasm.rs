@@ -354,21 +354,22 @@ impl StreamBackend<LimitedClosedBins> for WasmStream {
     }
 }
 
-/// A plain packer's bins (the component sends no resource loads for them).
+/// A plain packer's bins: the limited calls' bins (the component sends no resource loads
+/// for them).
 impl StreamBackend<ClosedBins> for WasmStream {
     fn add(&mut self, lengths: &[u64]) -> Result<ClosedBins, Error> {
-        Ok(self.call(|g, s, p| g.call_add(s, p, lengths))??.closed.into())
+        StreamBackend::<LimitedClosedBins>::add(self, lengths).map(|c| c.closed)
     }
 
     fn finish(&mut self) -> Result<ClosedBins, Error> {
-        Ok(self.call(|g, s, p| g.call_finish(s, p))?.closed.into())
+        StreamBackend::<LimitedClosedBins>::finish(self).map(|c| c.closed)
     }
 
     fn state(&mut self) -> Result<Vec<u8>, Error> {
-        self.call(|g, s, p| g.call_save(s, p))
+        StreamBackend::<LimitedClosedBins>::state(self)
     }
 
     fn status(&mut self) -> Result<StreamStatus, Error> {
-        Ok(self.call(|g, s, p| g.call_status(s, p))?.into())
+        StreamBackend::<LimitedClosedBins>::status(self)
     }
 }
