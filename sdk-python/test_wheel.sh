@@ -26,7 +26,7 @@ run() { "$scratch/venv/bin/python" -c "$1"; }
 install "$wheel"
 run '
 import stowplan
-plan = stowplan.StaticPackPlan.from_lengths([5, 3, 7, 2, 6, 4], packing_length=8, world_size=2)
+plan = stowplan.StaticPackPlan.from_lengths([5, 3, 7, 2, 6, 4], capacity=8, world_size=2)
 assert len(plan) % 2 == 0 and plan.raw_checksum, plan
 assert stowplan.__file__.startswith("'"$scratch"'"), stowplan.__file__
 print("wheel: plan of", len(plan), "packs from", stowplan.__file__)'

@@ -18,7 +18,10 @@ pub struct Args {
     #[arg(long, default_value_t = 1)]
     dp: u32,
     /// Hard cap on the tokens of a micro-batch. Without it, only the DP level is planned.
-    #[arg(long)]
+    #[arg(long, group = "cap")]
+    capacity: Option<u64>,
+    /// The former name of --capacity, accepted with a warning for one release.
+    #[arg(long, hide = true, group = "cap", conflicts_with = "capacity")]
     max_token_len: Option<u64>,
     /// Cost of a sequence of L tokens: `tokens` (L), `attention` (24576·L + L², verl's and
     /// ROLL's workload) or `A,B` for A·L + B·L².
@@ -46,12 +49,12 @@ pub struct Args {
     /// Allow ranks to get different sample counts (needed with groups of different sizes).
     #[arg(long)]
     unequal_count: bool,
-    /// Another cap per micro-batch besides --max-token-len, NAME=CAP (vision-language
+    /// Another cap per micro-batch besides --capacity, NAME=CAP (vision-language
     /// batches: --limit image_tokens=8192 --limit images=32). The input is then a table whose
     /// header names its columns, tokens first (tab-, comma- or space-separated, as
     /// `vlm-mix-100k.tsv`), and NAME is a column. Up to 7 limits; every micro-batch of every
     /// rank stays within every one, with one count for all ranks.
-    #[arg(long = "limit", value_name = "NAME=CAP", value_parser = parse_limit, requires = "max_token_len")]
+    #[arg(long = "limit", value_name = "NAME=CAP", value_parser = parse_limit, requires = "cap")]
     limits: Vec<(String, u64)>,
     /// A column of the input table (its header's NAME, e.g. image_tokens) whose values are
     /// added to each sample's cost: the ranks and micro-batches balance the cost model plus
@@ -68,7 +71,7 @@ pub struct Args {
 enum Planned {
     /// Micro-batches of the whole batch (`--dp 1`).
     Micro(MicroBatches),
-    /// The DP level only (no `--max-token-len`).
+    /// The DP level only (no `--capacity`).
     Dp(Balance),
     /// Both levels.
     Both(TwoLevelBalance),
@@ -100,7 +103,7 @@ struct Report {
     /// Number of DP ranks.
     dp_size: u32,
     /// The micro-batch cap, if micro-batches were planned.
-    max_token_len: Option<u64>,
+    capacity: Option<u64>,
     /// The cost model balanced.
     #[serde(serialize_with = "cost_json")]
     cost: Cost,
@@ -168,16 +171,16 @@ impl Table {
         MicroLimits { sizes: &self.sizes, caps: &self.caps, names: &self.names }
     }
 
-    /// Every limit of a report (tokens first, capped at `max_token_len`), over the
+    /// Every limit of a report (tokens first, capped at `capacity`), over the
     /// micro-batches of `levels`.
-    fn report(&self, lengths: &[u64], max_token_len: u64, levels: &Levels) -> Option<Limits> {
+    fn report(&self, lengths: &[u64], capacity: u64, levels: &Levels) -> Option<Limits> {
         if self.caps.is_empty() {
             return None;
         }
         let e = self.caps.len();
         let mut names = vec!["tokens".to_string()];
         names.extend(self.names.iter().cloned());
-        let mut caps = vec![max_token_len];
+        let mut caps = vec![capacity];
         caps.extend(&self.caps);
         let total = |q: usize| -> u128 {
             if q == 0 {
@@ -199,9 +202,10 @@ impl Table {
 
 /// Runs `stowplan balance`.
 pub fn run(a: Args) -> Result<(), Failure> {
-    if a.dp == 1 && a.max_token_len.is_none() {
+    let capacity = crate::common::capacity("balance", a.capacity, ("max-token-len", a.max_token_len));
+    if a.dp == 1 && capacity.is_none() {
         return Err(Failure::bad(
-            "nothing to plan: give --dp N (N > 1) for DP balancing and/or --max-token-len T for micro-batches",
+            "nothing to plan: give --dp N (N > 1) for DP balancing and/or --capacity T for micro-batches",
         ));
     }
     let text = a.common.input.read()?;
@@ -219,8 +223,8 @@ pub fn run(a: Args) -> Result<(), Failure> {
         equal_count: !a.unequal_count,
         extra_costs: table.extra.as_deref(),
     };
-    let micro = a.max_token_len.map(|cap| MicroOptions {
-        max_token_len: cap,
+    let micro = capacity.map(|cap| MicroOptions {
+        capacity: cap,
         cost: a.cost,
         min_count: a.min_count,
         divisible_by: a.divisible_by,
@@ -240,13 +244,13 @@ pub fn run(a: Args) -> Result<(), Failure> {
     })?;
     let levels = levels(&planned, &lengths, &table)?;
     let report = Report {
-        limits: table.report(&lengths, a.max_token_len.unwrap_or(0), &levels),
+        limits: table.report(&lengths, capacity.unwrap_or(0), &levels),
         levels,
         operation: "balance",
         source: text.source,
         n: lengths.len(),
         dp_size: a.dp,
-        max_token_len: a.max_token_len,
+        capacity,
         cost: a.cost,
         extra_cost: a.extra_cost,
         run,
@@ -256,7 +260,7 @@ pub fn run(a: Args) -> Result<(), Failure> {
 
 impl fmt::Display for Report {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let cap = self.max_token_len.map(|c| format!(", micro-batches ≤ {c} tokens")).unwrap_or_default();
+        let cap = self.capacity.map(|c| format!(", micro-batches ≤ {c} tokens")).unwrap_or_default();
         writeln!(f, "balance of {} lengths from {}: dp {}{cap}", self.n, self.source, self.dp_size)?;
         let extra = self.extra_cost.as_deref().map(|c| format!(" + {c}")).unwrap_or_default();
         writeln!(f, "  cost {}{extra}, backend {}", CostText(self.cost), self.run.backend)?;
@@ -291,7 +295,7 @@ impl fmt::Display for Report {
                 )?;
                 let tokens = self.levels.micro_batch_token_balance.unwrap_or(first.token_balance);
                 let costs = self.levels.micro_batch_cost_balance.unwrap_or(first.cost_balance);
-                writeln!(f, "  largest mb tokens  {:>12}  (cap {})", tokens.max, self.max_token_len.unwrap_or(0))?;
+                writeln!(f, "  largest mb tokens  {:>12}  (cap {})", tokens.max, self.capacity.unwrap_or(0))?;
                 writeln!(f, "  mb cost            {costs}")?;
             }
         }

@@ -226,3 +226,17 @@ mod tests {
         assert_eq!(min_max([]), (0, 0));
     }
 }
+
+/// The token cap a command was given: `--capacity`, or its former flag `--{former}` (hidden,
+/// `conflicts_with = "capacity"`), which keeps working for one release with a warning that
+/// names the new flag. The one place the commands' former cap flags are handled.
+pub fn capacity(command: &str, capacity: Option<u64>, former: (&str, Option<u64>)) -> Option<u64> {
+    if former.1.is_some() {
+        tracing::warn!(
+            target: "stowplan::cli",
+            "stowplan {command}: --{} is deprecated and will be removed in the next release; use --capacity",
+            former.0
+        );
+    }
+    capacity.or(former.1)
+}

@@ -41,8 +41,7 @@ pub fn check_limits(limits: &[(String, u64)]) -> Result<(), Failure> {
     for (k, (name, _)) in limits.iter().enumerate() {
         if name == "tokens" {
             return Err(Failure::bad(
-                "--limit tokens=…: the tokens are capped by the command's own token flag (--capacity, --packing-length, \
-                 --max-token-len), not a further limit",
+                "--limit tokens=…: the tokens are capped by the command's --capacity, not a further limit",
             ));
         }
         if limits[..k].iter().any(|(n, _)| n == name) {

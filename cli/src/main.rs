@@ -58,7 +58,7 @@ enum Command {
     /// PACKING_LENGTH tokens, aligned so that WORLD_SIZE ranks get the same number of packs.
     Plan(plan::Args),
     /// Pack the rows of a tokenized table (an Arrow IPC file such as a `datasets` cache file)
-    /// into rows of at most SEQ_LENGTH tokens, written as an Arrow IPC stream (a build with the
+    /// into rows of at most CAPACITY tokens, written as an Arrow IPC stream (a build with the
     /// `arrow` feature).
     PackDataset(pack_dataset::Args),
     /// Inspect buffer-filter plugins (WebAssembly components of stowplan:filter/buffer-filter).

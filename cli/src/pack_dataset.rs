@@ -1,5 +1,5 @@
 //! `stowplan pack-dataset IN OUT`: the rows of a tokenized table (an Arrow IPC file or stream,
-//! such as a `datasets` cache file) packed into rows of at most `--seq-length` tokens and
+//! such as a `datasets` cache file) packed into rows of at most `--capacity` tokens and
 //! written to OUT as an Arrow IPC stream (what `datasets.Dataset.from_file` and
 //! `pyarrow.ipc.open_stream` read), with no Python involved.
 //!
@@ -36,16 +36,19 @@ pub struct Args {
     /// never half-written).
     output: PathBuf,
     /// Tokens per packed row, at most (1..=2^31-1).
-    #[arg(long, allow_negative_numbers = true, value_parser = seq_length_arg)]
-    seq_length: u64,
+    #[arg(long, allow_negative_numbers = true, value_parser = capacity_arg, required_unless_present = "seq_length")]
+    capacity: Option<u64>,
+    /// The former name of --capacity, accepted with a warning for one release.
+    #[arg(long, hide = true, allow_negative_numbers = true, value_parser = capacity_arg, conflicts_with = "capacity")]
+    seq_length: Option<u64>,
     /// How rows are packed: best-fit decreasing, first-fit decreasing, next-fit in row order
     /// (`bfd`, `ffd`, `next-fit`: whole sequences by the kernel's plan), TRL's `bfd_split`
-    /// (long rows cut into fragments of SEQ_LENGTH) or `wrapped` (every token in row order cut
-    /// into rows of exactly SEQ_LENGTH).
+    /// (long rows cut into fragments of CAPACITY) or `wrapped` (every token in row order cut
+    /// into rows of exactly CAPACITY).
     #[arg(long, default_value = "bfd")]
     strategy: String,
-    /// A row longer than SEQ_LENGTH under bfd, ffd and next-fit: `truncate` (keep its first
-    /// SEQ_LENGTH tokens, the default), `split` into fragments, `drop` it, or `error` (exit 1
+    /// A row longer than CAPACITY under bfd, ffd and next-fit: `truncate` (keep its first
+    /// CAPACITY tokens, the default), `split` into fragments, `drop` it, or `error` (exit 1
     /// naming it).
     #[arg(long)]
     overflow: Option<String>,
@@ -78,7 +81,7 @@ pub struct Report {
     /// The overflow policy (`null` for `wrapped`).
     overflow: Option<&'static str>,
     /// Tokens per packed row, at most.
-    seq_length: u64,
+    capacity: u64,
     /// The packed columns.
     columns: Vec<String>,
     /// Rows read.
@@ -89,9 +92,9 @@ pub struct Report {
     packed_rows: u64,
     /// Tokens written (fewer than read when long rows were truncated or dropped).
     packed_tokens: u64,
-    /// ⌈packed tokens / seq_length⌉: no packing of these tokens has fewer rows.
+    /// ⌈packed tokens / capacity⌉: no packing of these tokens has fewer rows.
     lower_bound: u64,
-    /// Packed tokens / (packed rows × seq_length).
+    /// Packed tokens / (packed rows × capacity).
     fill: f64,
     /// The output file's size.
     bytes: u64,
@@ -108,10 +111,10 @@ impl fmt::Display for Report {
         writeln!(f, "{} → {}", self.input.display(), self.output.display())?;
         writeln!(
             f,
-            "strategy {}{}, seq_length {}, columns {}",
+            "strategy {}{}, capacity {}, columns {}",
             self.strategy,
             self.overflow.map(|o| format!(" (overflow {o})")).unwrap_or_default(),
-            self.seq_length,
+            self.capacity,
             self.columns.join(", ")
         )?;
         writeln!(f, "rows          {} → {} packed rows", self.rows, self.packed_rows)?;
@@ -125,6 +128,8 @@ impl fmt::Display for Report {
 
 /// Runs `stowplan pack-dataset`.
 pub fn run(args: Args) -> Result<(), Failure> {
+    // clap requires one of the two (`required_unless_present`).
+    let capacity = crate::common::capacity("pack-dataset", args.capacity, ("seq-length", args.seq_length)).unwrap_or(0);
     let packing = RowPacking::parse(&args.strategy, args.overflow.as_deref())?;
     check_paths(&args.input, &args.output)?;
     let format = crate::arrow::sniff(&args.input)?.ok_or_else(|| {
@@ -137,7 +142,7 @@ pub fn run(args: Args) -> Result<(), Failure> {
     keep_freed_memory();
     let t = Instant::now();
     let table = table::read(&args.input, format, args.columns.as_deref(), args.position_ids)?;
-    let rows = stowplan::pack_rows(args.backend, &table.lengths, args.seq_length, packing, &table.names[0])
+    let rows = stowplan::pack_rows(args.backend, &table.lengths, capacity, packing, &table.names[0])
         .map_err(|e| Failure { message: format!("{}: {e}", args.input.display()), ..Failure::from(e) })?;
     let plan_s = t.elapsed().as_secs_f64();
     let t = Instant::now();
@@ -147,14 +152,14 @@ pub fn run(args: Args) -> Result<(), Failure> {
     let report = Report {
         strategy: packing.strategy().name(),
         overflow: packing.overflow().map(|o| o.name()),
-        seq_length: args.seq_length,
+        capacity,
         columns: table.names.clone(),
         rows: table.lengths.len() as u64,
         tokens: table.lengths.iter().sum(),
         packed_rows,
         packed_tokens,
-        lower_bound: packed_tokens.div_ceil(args.seq_length),
-        fill: if packed_rows == 0 { 0.0 } else { packed_tokens as f64 / (packed_rows as f64 * args.seq_length as f64) },
+        lower_bound: packed_tokens.div_ceil(capacity),
+        fill: if packed_rows == 0 { 0.0 } else { packed_tokens as f64 / (packed_rows as f64 * capacity as f64) },
         bytes,
         plan_s,
         write_s: t.elapsed().as_secs_f64(),
@@ -164,7 +169,7 @@ pub fn run(args: Args) -> Result<(), Failure> {
     print_report(&report, args.json)
 }
 
-/// `--seq-length`: an integer in the host's range (`stowplan::rows::check_seq_length`), refused
+/// `--capacity`: an integer in the host's range (`stowplan::rows::check_capacity`), refused
 /// naming that range whatever was given (a negative number, a fraction, a word).
 /// One name of `--columns`, spaces around it dropped (`--columns "input_ids, labels"`).
 fn column_arg(s: &str) -> Result<String, String> {
@@ -174,10 +179,10 @@ fn column_arg(s: &str) -> Result<String, String> {
     }
 }
 
-fn seq_length_arg(s: &str) -> Result<u64, String> {
+fn capacity_arg(s: &str) -> Result<u64, String> {
     // Not a number, negative or past u64: checked as 0 (out of range like them).
     let n = s.trim().parse::<i128>().ok().and_then(|n| u64::try_from(n).ok()).unwrap_or(0);
-    stowplan::rows::check_seq_length(n)
+    stowplan::rows::check_capacity(n)
         .map(|()| n)
         .map_err(|e| e.to_string().replace(&format!("(got {n})"), &format!("(got {s:?})")))
 }

@@ -37,8 +37,11 @@ pub struct Args {
     #[arg(long)]
     column: Option<String>,
     /// The hard cap of a multi-sample pack, tokens (≥ 1).
-    #[arg(long)]
-    packing_length: u64,
+    #[arg(long, required_unless_present = "packing_length")]
+    capacity: Option<u64>,
+    /// The former name of --capacity, accepted with a warning for one release.
+    #[arg(long, hide = true, conflicts_with = "capacity")]
+    packing_length: Option<u64>,
     /// Learner ranks the plan is aligned for (≥ 1).
     #[arg(long, default_value_t = 1)]
     world_size: u32,
@@ -107,7 +110,7 @@ struct Report<'a> {
     /// Number of samples.
     samples: usize,
     /// The hard cap of a multi-sample pack.
-    packing_length: u64,
+    capacity: u64,
     /// Lengths were rounded up to a multiple of this.
     align: u64,
     /// Whether long samples got packs of their own.
@@ -124,13 +127,13 @@ struct Report<'a> {
     packs_per_rank: usize,
     /// No raw plan has fewer packs.
     lower_bound: u64,
-    /// Tokens in multi-sample packs / (multi-sample packs × packing_length).
+    /// Tokens in multi-sample packs / (multi-sample packs × capacity).
     efficiency: f64,
     /// Real tokens packed, every pack.
     real_tokens: u64,
-    /// Real tokens of the single-long packs (each may be over `packing_length`).
+    /// Real tokens of the single-long packs (each may be over `capacity`).
     single_long_tokens: u64,
-    /// Samples alone in a pack (length ≥ packing_length, `--allow-single-long`).
+    /// Samples alone in a pack (length ≥ capacity, `--allow-single-long`).
     single_long: usize,
     /// Samples dropped for their length.
     dropped_long: usize,
@@ -166,6 +169,8 @@ struct Report<'a> {
 
 /// Runs `stowplan plan`.
 pub fn run(a: Args) -> Result<(), Failure> {
+    // clap requires one of the two (`required_unless_present`).
+    let capacity = crate::common::capacity("plan", a.capacity, ("packing-length", a.packing_length)).unwrap_or(0);
     let t0 = Instant::now();
     let limited = !a.limits.is_empty() || a.max_segments > 0;
     if a.method.is_some() && !limited {
@@ -243,8 +248,7 @@ pub fn run(a: Args) -> Result<(), Failure> {
     };
     let read_ms = t0.elapsed().as_secs_f64() * 1e3;
     let kernel = ReadyKernel::new(a.backend)?;
-    let options =
-        PlanOptions { packing_length: a.packing_length, align: a.align, allow_single_long: a.allow_single_long };
+    let options = PlanOptions { capacity, align: a.align, allow_single_long: a.allow_single_long };
     let t = Instant::now();
     let names: Vec<String> = a.limits.iter().map(|(n, _)| n.clone()).collect();
     let caps: Vec<u64> = a.limits.iter().map(|&(_, c)| c).collect();
@@ -264,7 +268,7 @@ pub fn run(a: Args) -> Result<(), Failure> {
         source,
         backend: kernel.kernel.backend(),
         samples: lengths.len(),
-        packing_length: a.packing_length,
+        capacity,
         align: a.align,
         allow_single_long: a.allow_single_long,
         world_size: a.world_size,
@@ -288,7 +292,7 @@ pub fn run(a: Args) -> Result<(), Failure> {
         limits: plan.limits.as_ref().map(|l| {
             let mut names = vec!["tokens".to_string()];
             names.extend(l.names.iter().cloned());
-            let mut caps = vec![a.packing_length];
+            let mut caps = vec![capacity];
             caps.extend(&l.caps);
             let e = l.names.len();
             // Each multi-sample pack's loads, tokens (aligned, as the cap counts them) first.
@@ -321,17 +325,17 @@ impl fmt::Display for Report<'_> {
             // First, where it cannot be missed: these samples are in no pack.
             writeln!(
                 f,
-                "dropped {} of {} samples: length >= packing_length {}{}; --allow-single-long keeps them",
+                "dropped {} of {} samples: length >= capacity {}{}; --allow-single-long keeps them",
                 self.dropped_long,
                 self.samples,
-                self.packing_length,
+                self.capacity,
                 if self.limits.is_some() { " or over a limit" } else { "" }
             )?;
         }
         writeln!(
             f,
-            "static pack plan of {} samples from {}, packing_length {}, align {}, backend {}",
-            self.samples, self.source, self.packing_length, self.align, self.backend
+            "static pack plan of {} samples from {}, capacity {}, align {}, backend {}",
+            self.samples, self.source, self.capacity, self.align, self.backend
         )?;
         writeln!(
             f,
@@ -357,7 +361,7 @@ impl fmt::Display for Report<'_> {
         }
         writeln!(
             f,
-            "  efficiency    {:>11.3}%  (tokens in multi-sample packs / (multi-sample packs × packing_length))",
+            "  efficiency    {:>11.3}%  (tokens in multi-sample packs / (multi-sample packs × capacity))",
             100.0 * self.efficiency
         )?;
         let multi_packs = self.n_raw_packs - self.single_long as u64;
@@ -377,8 +381,8 @@ impl fmt::Display for Report<'_> {
             self.dropped_long,
             match (self.dropped_long, self.limits.is_some()) {
                 (0, _) => "",
-                (_, false) => " (length >= packing_length; --allow-single-long keeps them)",
-                (_, true) => " (length >= packing_length or over a limit; --allow-single-long keeps them)",
+                (_, false) => " (length >= capacity; --allow-single-long keeps them)",
+                (_, true) => " (length >= capacity or over a limit; --allow-single-long keeps them)",
             }
         )?;
         if let Some(l) = &self.limits {

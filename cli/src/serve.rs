@@ -252,11 +252,8 @@ const MAX_WAIT_TIMEOUT_S: f64 = 1e9;
 
 /// Runs `stowplan serve` until `--max-steps` or SIGINT/SIGTERM.
 pub fn run(a: Args) -> Result<(), Failure> {
-    if a.seq_len.is_some() {
-        tracing::warn!(target: "stowplan::serve", "--seq-len is deprecated and will be removed in the next release; use --capacity");
-    }
     // clap requires one of the two (`required_unless_present`).
-    let capacity = a.capacity.or(a.seq_len).unwrap_or(0);
+    let capacity = crate::common::capacity("serve", a.capacity, ("seq-len", a.seq_len)).unwrap_or(0);
     if !(a.wait_timeout.is_finite() && (0.0..=MAX_WAIT_TIMEOUT_S).contains(&a.wait_timeout)) {
         return Err(Failure::bad(format!(
             "--wait-timeout must be a number of seconds from 0 to {MAX_WAIT_TIMEOUT_S:e} (got {:?})",

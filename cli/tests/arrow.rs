@@ -24,7 +24,7 @@ fn temp_dir(name: &str) -> PathBuf {
 }
 
 fn plan_json(lengths: &Path, column: &[&str]) -> Output {
-    let mut args = vec!["plan", "--packing-length", "64", "--world-size", "2", "--json", "--lengths"];
+    let mut args = vec!["plan", "--capacity", "64", "--world-size", "2", "--json", "--lengths"];
     args.push(lengths.to_str().unwrap());
     args.extend_from_slice(column);
     stowplan(&args)
@@ -54,7 +54,7 @@ fn without_the_feature_pack_dataset_refuses_saying_how_to_build() {
     let dir = temp_dir("without-pack");
     let path = dir.join("data.arrow");
     std::fs::write(&path, b"ARROW1\0\0 and the rest of a file").unwrap();
-    let out = stowplan(&["pack-dataset", path.to_str().unwrap(), "out.arrow", "--seq-length", "8"]);
+    let out = stowplan(&["pack-dataset", path.to_str().unwrap(), "out.arrow", "--capacity", "8"]);
     assert_eq!(out.status.code(), Some(2));
     assert!(stderr(&out).contains("--features arrow"), "{}", stderr(&out));
     std::fs::remove_dir_all(dir).unwrap();
@@ -194,7 +194,7 @@ mod with_arrow {
                 std::fs::write(&damaged, &copy).unwrap();
                 let out = stowplan(&[
                     "plan",
-                    "--packing-length",
+                    "--capacity",
                     "64",
                     "--backend",
                     "native",
@@ -218,7 +218,7 @@ mod with_arrow {
         assert!(stderr(&out).contains("ends without its end-of-stream marker"), "{}", stderr(&out));
         // Arrow data piped on standard input: said so, with the way that works.
         let piped = Command::new(env!("CARGO_BIN_EXE_stowplan"))
-            .args(["plan", "--packing-length", "64", "--lengths", "-", "--column", "n"])
+            .args(["plan", "--capacity", "64", "--lengths", "-", "--column", "n"])
             .stdin(std::fs::File::open(&stream).unwrap())
             .output()
             .unwrap();
@@ -275,7 +275,7 @@ mod with_arrow {
             (&["--strategy", "wrapped"], &[&[0, 0, 0, 0], &[0, 0, 0, 1], &[1, 1, 2]], &[&[4], &[1, 2, 1], &[2, 1]]),
         ];
         for (args, want, seq_lengths) in cases {
-            let mut all = vec!["--seq-length", "4", "--columns", "input_ids", "--position-ids", "--json"];
+            let mut all = vec!["--capacity", "4", "--columns", "input_ids", "--position-ids", "--json"];
             all.extend_from_slice(args);
             let report = json(&pack_dataset(&input, &out, &all));
             assert_eq!(rows(&out, "input_ids"), want, "{args:?}");
@@ -327,71 +327,67 @@ mod with_arrow {
         std::fs::write(&out, b"the previous output").unwrap();
         let s = |p: &Path| p.to_str().unwrap().to_string();
         let cases: Vec<(Vec<String>, u8, String)> = vec![
+            (vec![s(&good), "--capacity".into(), "0".into()], 2, "capacity must be in 1..=2**31-1 (got \"0\")".into()),
             (
-                vec![s(&good), "--seq-length".into(), "0".into()],
+                vec![s(&good), "--capacity".into(), "-1".into()],
                 2,
-                "seq_length must be in 1..=2**31-1 (got \"0\")".into(),
+                "capacity must be in 1..=2**31-1 (got \"-1\")".into(),
             ),
             (
-                vec![s(&good), "--seq-length".into(), "-1".into()],
+                vec![s(&good), "--capacity".into(), "2.5".into()],
                 2,
-                "seq_length must be in 1..=2**31-1 (got \"-1\")".into(),
+                "capacity must be in 1..=2**31-1 (got \"2.5\")".into(),
             ),
             (
-                vec![s(&good), "--seq-length".into(), "2.5".into()],
+                vec![s(&good), "--capacity".into(), "2147483648".into()],
                 2,
-                "seq_length must be in 1..=2**31-1 (got \"2.5\")".into(),
+                "capacity must be in 1..=2**31-1 (got \"2147483648\")".into(),
             ),
             (
-                vec![s(&good), "--seq-length".into(), "2147483648".into()],
-                2,
-                "seq_length must be in 1..=2**31-1 (got \"2147483648\")".into(),
-            ),
-            (
-                vec![s(&good), "--seq-length".into(), "4".into()],
+                vec![s(&good), "--capacity".into(), "4".into()],
                 2,
                 "column \"n\" is not a list column (its type is Int64); pass --columns".into(),
             ),
             (
-                vec![s(&good), "--seq-length".into(), "4".into(), "--columns".into(), "ids".into()],
+                vec![s(&good), "--capacity".into(), "4".into(), "--columns".into(), "ids".into()],
                 2,
                 "no column \"ids\" (columns: [\"input_ids\", \"n\", \"text\"])".into(),
             ),
             (
-                vec![s(&good), "--seq-length".into(), "4".into(), "--columns".into(), "input_ids,input_ids".into()],
+                vec![s(&good), "--capacity".into(), "4".into(), "--columns".into(), "input_ids,input_ids".into()],
                 2,
                 "column \"input_ids\" is named twice".into(),
             ),
             (
                 // Spaces around a name are dropped: the same name twice.
-                vec![s(&good), "--seq-length".into(), "4".into(), "--columns".into(), "input_ids, input_ids ".into()],
+                vec![s(&good), "--capacity".into(), "4".into(), "--columns".into(), "input_ids, input_ids ".into()],
                 2,
                 "column \"input_ids\" is named twice".into(),
             ),
             (
-                vec![s(&good), "--seq-length".into(), "4".into(), "--columns".into(), "input_ids,".into()],
+                vec![s(&good), "--capacity".into(), "4".into(), "--columns".into(), "input_ids,".into()],
                 2,
                 "a column name is empty (--columns takes names separated by commas)".into(),
             ),
             (
-                vec![s(&nulls), "--seq-length".into(), "4".into(), "--columns".into(), "input_ids".into()],
+                vec![s(&nulls), "--capacity".into(), "4".into(), "--columns".into(), "input_ids".into()],
                 2,
                 "column \"input_ids\" has a null at row 3".into(),
             ),
             (
-                vec![s(&empty), "--seq-length".into(), "4".into(), "--columns".into(), "input_ids".into()],
+                vec![s(&empty), "--capacity".into(), "4".into(), "--columns".into(), "input_ids".into()],
                 2,
                 "the table is empty".into(),
             ),
             (
-                vec![s(&two), "--seq-length".into(), "4".into()],
+                vec![s(&two), "--capacity".into(), "4".into()],
                 2,
                 "column \"labels\" does not have the offsets of column \"input_ids\": row 1 has 4 values, not 3".into(),
             ),
             (
                 vec![
                     s(&good),
-                    "--seq-length".into(),
+                    "--capacity".into(),
                     "4".into(),
                     "--columns".into(),
                     "input_ids".into(),
@@ -399,17 +395,17 @@ mod with_arrow {
                     "error".into(),
                 ],
                 1,
-                "column 'input_ids' row 0 has 5 values, more than seq_length = 4".into(),
+                "column 'input_ids' row 0 has 5 values, more than capacity = 4".into(),
             ),
             (
-                vec![s(&good), "--seq-length".into(), "4".into(), "--strategy".into(), "best".into()],
+                vec![s(&good), "--capacity".into(), "4".into(), "--strategy".into(), "best".into()],
                 2,
                 "strategy must be 'bfd', 'ffd', 'next-fit', 'bfd_split' or 'wrapped' (got 'best')".into(),
             ),
             (
                 vec![
                     s(&good),
-                    "--seq-length".into(),
+                    "--capacity".into(),
                     "4".into(),
                     "--strategy".into(),
                     "wrapped".into(),
@@ -419,14 +415,14 @@ mod with_arrow {
                 2,
                 "overflow does not apply to strategy 'wrapped'".into(),
             ),
-            (vec![s(&text), "--seq-length".into(), "4".into()], 2, "not an Arrow IPC file or stream".into()),
+            (vec![s(&text), "--capacity".into(), "4".into()], 2, "not an Arrow IPC file or stream".into()),
             (
-                vec![s(&strings), "--seq-length".into(), "4".into()],
+                vec![s(&strings), "--capacity".into(), "4".into()],
                 2,
                 "column \"words\" holds Utf8 values: pack-dataset packs lists of numbers or booleans".into(),
             ),
             (
-                vec![s(&dup), "--seq-length".into(), "4".into()],
+                vec![s(&dup), "--capacity".into(), "4".into()],
                 2,
                 "the table has duplicate column names: [\"input_ids\", \"input_ids\"]".into(),
             ),
@@ -457,7 +453,7 @@ mod with_arrow {
             ]
         );
         // An OUT that cannot be written is refused before any work (no directory is made).
-        let args = ["--seq-length", "4", "--columns", "input_ids"];
+        let args = ["--capacity", "4", "--columns", "input_ids"];
         let got = pack_dataset(&good, &dir, &args);
         assert!(stderr(&got).contains("must name a file, not a directory"), "{}", stderr(&got));
         let got = pack_dataset(&good, &dir.join("missing").join("out.arrow"), &args);
@@ -487,7 +483,7 @@ mod with_arrow {
             copy[i] ^= 0x5a;
             std::fs::write(&damaged, &copy).unwrap();
             let got =
-                pack_dataset(&damaged, &out, &["--seq-length", "4", "--columns", "input_ids", "--backend", "native"]);
+                pack_dataset(&damaged, &out, &["--capacity", "4", "--columns", "input_ids", "--backend", "native"]);
             assert!(matches!(got.status.code(), Some(0 | 2)), "byte {i}: {:?}: {}", got.status, stderr(&got));
         }
         std::fs::remove_dir_all(dir).unwrap();
@@ -519,7 +515,7 @@ mod with_arrow {
             std::fs::write(&out, before).unwrap();
             let mut child = Command::new(env!("CARGO_BIN_EXE_stowplan"))
                 .args(["pack-dataset", input.to_str().unwrap(), out.to_str().unwrap()])
-                .args(["--seq-length", "4096", "--columns", "input_ids"])
+                .args(["--capacity", "4096", "--columns", "input_ids"])
                 .stdout(std::process::Stdio::null())
                 .stderr(std::process::Stdio::piped())
                 .spawn()
@@ -600,8 +596,7 @@ mod with_arrow {
             assert!(err.contains("column \"input_ids\", row 5 (from 0) (record batch 1)"), "{err}");
             assert!(err.contains("offset"), "the rule broken: {err}");
             let target = dir.join("packed.arrow");
-            let args =
-                ["pack-dataset", &shown, target.to_str().unwrap(), "--seq-length", "8", "--columns", "input_ids"];
+            let args = ["pack-dataset", &shown, target.to_str().unwrap(), "--capacity", "8", "--columns", "input_ids"];
             let out = stowplan(&args);
             assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
             assert!(stderr(&out).contains("column \"input_ids\", row 5 (from 0)"), "{}", stderr(&out));
@@ -623,7 +618,7 @@ mod with_arrow {
         let out = dir.join("packed.arrow");
         std::fs::write(&out, b"the previous output").unwrap();
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_stowplan"));
-        cmd.args(["pack-dataset", input.to_str().unwrap(), out.to_str().unwrap(), "--seq-length", "512"]);
+        cmd.args(["pack-dataset", input.to_str().unwrap(), out.to_str().unwrap(), "--capacity", "512"]);
         cmd.args(["--columns", "input_ids"]);
         // SAFETY: setrlimit is async-signal-safe; the child only sets its own limit (64 KiB,
         // well below the packed table's 800 KB) before exec.
@@ -674,7 +669,7 @@ mod with_arrow {
                 "pack-dataset",
                 input.to_str().unwrap(),
                 target.to_str().unwrap(),
-                "--seq-length",
+                "--capacity",
                 "8",
                 "--columns",
                 "input_ids",

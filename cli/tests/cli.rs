@@ -109,7 +109,7 @@ fn piped_standard_input_is_read_without_file() {
     // Every lengths-reading command.
     let v = json(&stowplan(&["pack", "-c", "10", "--json"], Some("[5, 3, 7]"), &[]));
     assert_eq!(v["n"], 3);
-    let v = json(&stowplan(&["balance", "--max-token-len", "10", "--json"], Some("5\n3\n7\n"), &[]));
+    let v = json(&stowplan(&["balance", "--capacity", "10", "--json"], Some("5\n3\n7\n"), &[]));
     assert_eq!(v["n"], 3);
 }
 
@@ -146,7 +146,7 @@ fn input_is_bounded_and_errors_quote_an_excerpt() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("standard input is larger than --max-input-mib 1 MiB"), "{err}");
     // /dev/zero never ends, and is not text: refused at its first line, not after the limit.
-    let out = stowplan(&["plan", "--packing-length", "8", "--lengths", "/dev/zero"], None, &[]);
+    let out = stowplan(&["plan", "--capacity", "8", "--lengths", "/dev/zero"], None, &[]);
     assert!(String::from_utf8_lossy(&out.stderr).contains("/dev/zero: line 1 is not text (0x00 at byte 0)"), "{out:?}");
     // A 5 MB bad line gives a short error.
     let line = "7".repeat(5 << 20) + "x\n";
@@ -319,11 +319,8 @@ fn stowplan_log_filters_by_level_and_target_and_a_bad_filter_is_said() {
 
 #[test]
 fn balance_two_level_on_the_default_workload() {
-    let v = json(&stowplan(
-        &["balance", "--dp", "8", "--max-token-len", "16384", "--cost", "attention", "--json"],
-        None,
-        &[],
-    ));
+    let v =
+        json(&stowplan(&["balance", "--dp", "8", "--capacity", "16384", "--cost", "attention", "--json"], None, &[]));
     assert_eq!(v["operation"], "balance");
     assert_eq!(v["dp"]["ranks"].as_array().unwrap().len(), 8);
     let per_rank = v["micro_batches"].as_array().unwrap();
@@ -331,13 +328,13 @@ fn balance_two_level_on_the_default_workload() {
     assert!(per_rank.iter().all(|m| m["count"].as_u64() == Some(count)));
     assert!(v["micro_batch_token_balance"]["max"].as_u64().unwrap() <= 16_384);
     assert!(v["dp"]["verl_unbalance"]["global_seqlen/balanced_max"].is_i64());
-    let text = String::from_utf8(stowplan(&["balance", "--max-token-len", "16384"], None, &[]).stdout).unwrap();
+    let text = String::from_utf8(stowplan(&["balance", "--capacity", "16384"], None, &[]).stdout).unwrap();
     assert!(text.contains("micro-batches") && text.contains("lower bound 450"), "{text}");
 }
 
 #[test]
 fn balance_errors_exit_with_the_right_code() {
-    let out = stowplan(&["balance", "--max-token-len", "10", "-"], Some("5\n20\n"), &[]);
+    let out = stowplan(&["balance", "--capacity", "10", "-"], Some("5\n20\n"), &[]);
     assert_eq!(out.status.code(), Some(1), "infeasible: a sequence longer than the cap");
     assert!(String::from_utf8_lossy(&out.stderr).contains("sequence 1 has 20 tokens"));
     let out = stowplan(&["balance", "--dp", "4", "-"], Some("5\n20\n"), &[]);
@@ -362,8 +359,7 @@ fn balance_errors_exit_with_the_right_code() {
         assert!(stderr(&out).contains(want), "{}", stderr(&out));
     }
     // Groups only matter to the DP level: with --dp 1 the size is not checked (as before).
-    let out =
-        stowplan(&["balance", "--max-token-len", "30", "--group-size", "4", "-"], Some("5\n20\n3\n4\n1\n9\n"), &[]);
+    let out = stowplan(&["balance", "--capacity", "30", "--group-size", "4", "-"], Some("5\n20\n3\n4\n1\n9\n"), &[]);
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     let out = stowplan(
         &["balance", "--dp", "2", "--group-size", "4", "--unequal-count", "--json", "-"],
@@ -378,7 +374,7 @@ fn plan_summary_json_out_file_and_checksums_agree_with_the_library() {
     let dir = temp_dir("cli-plan");
     let out_path = dir.join("plan.json");
     let out = stowplan(
-        &["plan", "--packing-length", "8192", "--world-size", "7", "--out", out_path.to_str().unwrap(), "--json"],
+        &["plan", "--capacity", "8192", "--world-size", "7", "--out", out_path.to_str().unwrap(), "--json"],
         None,
         &[],
     );
@@ -392,12 +388,11 @@ fn plan_summary_json_out_file_and_checksums_agree_with_the_library() {
     // The long samples are announced on stderr (never dropped silently).
     assert!(String::from_utf8_lossy(&out.stderr).contains("dropped (allow_single_long=false)"));
     // And the summary's first line says how many of how many.
-    let text = stowplan(&["plan", "--packing-length", "8192", "--world-size", "7"], None, &[]);
+    let text = stowplan(&["plan", "--capacity", "8192", "--world-size", "7"], None, &[]);
     assert!(text.status.success(), "{}", stderr(&text));
     let first = String::from_utf8_lossy(&text.stdout).lines().next().unwrap_or_default().to_string();
     let dropped = v["dropped_long"].as_u64().unwrap();
-    let want =
-        format!("dropped {dropped} of 4096 samples: length >= packing_length 8192; --allow-single-long keeps them");
+    let want = format!("dropped {dropped} of 4096 samples: length >= capacity 8192; --allow-single-long keeps them");
     assert_eq!(first, want);
     // The saved plan loads (checksums verified) and matches the Rust API on the same input.
     let saved = stowplan::StaticPackPlan::load(&out_path).unwrap();
@@ -413,7 +408,7 @@ fn plan_summary_json_out_file_and_checksums_agree_with_the_library() {
     .unwrap();
     assert_eq!(api, saved);
     // Human summary.
-    let out = stowplan(&["plan", "--packing-length", "8192", "--world-size", "7", "--drop-last"], None, &[]);
+    let out = stowplan(&["plan", "--capacity", "8192", "--world-size", "7", "--drop-last"], None, &[]);
     let text = String::from_utf8(out.stdout).unwrap();
     assert!(text.contains("raw packs") && text.contains("aligned sha256") && text.contains("dropped"), "{text}");
     let _ = std::fs::remove_dir_all(dir);
@@ -431,7 +426,7 @@ fn plan_reads_a_column_and_keeps_a_length_cache() {
         data.to_str().unwrap(),
         "--column",
         "2",
-        "--packing-length",
+        "--capacity",
         "1000",
         "--allow-single-long",
         "--cache-dir",
@@ -456,15 +451,15 @@ fn plan_reads_a_column_and_keeps_a_length_cache() {
 
 #[test]
 fn plan_errors_exit_with_the_right_code() {
-    let out = stowplan(&["plan", "--packing-length", "0"], None, &[]);
+    let out = stowplan(&["plan", "--capacity", "0"], None, &[]);
     assert_eq!(out.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("packing_length must be at least 1"));
-    let out = stowplan(&["plan", "--packing-length", "8", "-"], Some("9\n10\n"), &[]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("capacity must be at least 1"));
+    let out = stowplan(&["plan", "--capacity", "8", "-"], Some("9\n10\n"), &[]);
     assert_eq!(out.status.code(), Some(2), "FILE is --lengths: a positional argument is refused");
-    let out = stowplan(&["plan", "--lengths", "-", "--packing-length", "8"], Some("9\n10\n"), &[]);
+    let out = stowplan(&["plan", "--lengths", "-", "--capacity", "8"], Some("9\n10\n"), &[]);
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("produced no packs"));
-    let out = stowplan(&["plan", "--lengths", "-", "--packing-length", "8", "--world-size", "0"], Some("3\n"), &[]);
+    let out = stowplan(&["plan", "--lengths", "-", "--capacity", "8", "--world-size", "0"], Some("3\n"), &[]);
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("world_size must be at least 1"));
 }
@@ -563,7 +558,7 @@ fn serve_keeps_micro_batches_within_limits() {
     assert_eq!(b.micro_batches.len(), 3);
     assert!(b.micro_batches.iter().all(|mb| mb.samples.len() == 2));
     for (limit, want) in [
-        ("tokens=9", "--limit tokens=…: the tokens are capped by the command's own token flag"),
+        ("tokens=9", "--limit tokens=…: the tokens are capped by the command's --capacity"),
         ("images=0", "CAP of at least 1"),
         ("images", "expected NAME=CAP"),
     ] {
@@ -1004,7 +999,7 @@ fn plan_with_limits_records_them_in_the_plan_file() {
         "plan",
         "--lengths",
         "-",
-        "--packing-length",
+        "--capacity",
         "1200",
         "--limit",
         "image_tokens=1000",
@@ -1051,7 +1046,7 @@ fn plan_with_limits_records_them_in_the_plan_file() {
     // A plan with a segment limit alone writes and loads back (format 3, no limit's loads).
     let seg_path = dir.join("segments.json");
     let out = stowplan(
-        &["plan", "--packing-length", "1000", "--max-segments", "3", "--out", seg_path.to_str().unwrap()],
+        &["plan", "--capacity", "1000", "--max-segments", "3", "--out", seg_path.to_str().unwrap()],
         None,
         &[],
     );
@@ -1059,8 +1054,7 @@ fn plan_with_limits_records_them_in_the_plan_file() {
     let seg = stowplan::StaticPackPlan::load(&seg_path).unwrap();
     assert!((0..seg.raw_len()).all(|p| seg.raw.pack(p).len() <= 3));
     // The summary says why samples were dropped.
-    let out =
-        stowplan(&["plan", "--packing-length", "1200", "--lengths", "-", "--limit", "images=2"], Some(table), &[]);
+    let out = stowplan(&["plan", "--capacity", "1200", "--lengths", "-", "--limit", "images=2"], Some(table), &[]);
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("or over a limit"), "{text}");
     let cases: [(&[&str], &str); 3] = [
@@ -1069,8 +1063,7 @@ fn plan_with_limits_records_them_in_the_plan_file() {
         (&["--max-segments", "2", "--cache-dir", "/tmp"], "cannot be used with"),
     ];
     for (extra, message) in cases {
-        let out =
-            stowplan(&[&["plan", "--packing-length", "1200", "--lengths", "-"], extra].concat(), Some(table), &[]);
+        let out = stowplan(&[&["plan", "--capacity", "1200", "--lengths", "-"], extra].concat(), Some(table), &[]);
         assert_eq!(out.status.code(), Some(2), "{extra:?}: {}", stderr(&out));
         assert!(stderr(&out).contains(message), "{extra:?}: {}", stderr(&out));
     }
@@ -1166,7 +1159,7 @@ fn balance_with_limits_gives_the_library_plan_within_every_limit() {
         "balance",
         "--dp",
         "2",
-        "--max-token-len",
+        "--capacity",
         "1000",
         "--limit",
         "image_tokens=500",
@@ -1210,7 +1203,7 @@ fn balance_with_limits_gives_the_library_plan_within_every_limit() {
         v["limits"]["resources"].as_array().unwrap().iter().map(|r| r["name"].as_str().unwrap()).collect();
     assert_eq!(names, ["tokens", "image_tokens", "images"]);
     // One rank: the library's micro-batches under the limits; the summary names every limit.
-    let one = ["balance", "--max-token-len", "1000", "--limit", "images=5"];
+    let one = ["balance", "--capacity", "1000", "--limit", "images=5"];
     let v = json(&stowplan(&[&one[..], &["--json"]].concat(), Some(&table), &[]));
     let sizes: Vec<u64> = rows.iter().map(|r| r[2]).collect();
     let names = ["images".to_string()];
@@ -1224,16 +1217,44 @@ fn balance_with_limits_gives_the_library_plan_within_every_limit() {
     assert!(text.contains("images") && text.contains("per micro-batch at most"), "{text}");
     // Refusals name the argument.
     let cases: [(&[&str], i32, &str); 6] = [
-        (&["balance", "--dp", "2", "--limit", "images=5"], 2, "--max-token-len"),
-        (&["balance", "--max-token-len", "1000", "--limit", "tokens=5"], 2, "not a further limit"),
-        (&["balance", "--max-token-len", "1000", "--limit", "images=5", "--limit", "images=6"], 2, "is given twice"),
-        (&["balance", "--max-token-len", "1000", "--limit", "frames=5"], 2, "no column \"frames\""),
-        (&["balance", "--max-token-len", "1000", "--extra-cost", "frames"], 2, "no column \"frames\""),
-        (&["balance", "--max-token-len", "1000", "--limit", "images=2"], 1, "has 3 images, more than its cap 2"),
+        (&["balance", "--dp", "2", "--limit", "images=5"], 2, "--capacity"),
+        (&["balance", "--capacity", "1000", "--limit", "tokens=5"], 2, "not a further limit"),
+        (&["balance", "--capacity", "1000", "--limit", "images=5", "--limit", "images=6"], 2, "is given twice"),
+        (&["balance", "--capacity", "1000", "--limit", "frames=5"], 2, "no column \"frames\""),
+        (&["balance", "--capacity", "1000", "--extra-cost", "frames"], 2, "no column \"frames\""),
+        (&["balance", "--capacity", "1000", "--limit", "images=2"], 1, "has 3 images, more than its cap 2"),
     ];
     for (args, code, message) in cases {
         let out = stowplan(args, Some(&table), &[]);
         assert_eq!(out.status.code(), Some(code), "{args:?}: {}", stderr(&out));
         assert!(stderr(&out).contains(message), "{args:?}: {}", stderr(&out));
     }
+}
+
+#[test]
+fn the_caps_former_flags_work_for_one_release_warn_and_name_capacity() {
+    // Timings differ between runs: compare the plans and the cap they report.
+    let plan_of = |v: serde_json::Value| {
+        let keys = ["capacity", "dp", "micro_batches", "count", "raw_checksum", "aligned_checksum", "n_raw_packs"];
+        keys.map(|k| v.get(k).cloned())
+    };
+    let cases: [(&[&str], &str); 2] = [
+        (&["balance", "--dp", "2", "--json", "-"], "--max-token-len"),
+        (&["plan", "--lengths", "-", "--json"], "--packing-length"),
+    ];
+    for (args, former) in cases {
+        let new = stowplan(&[args, &["--capacity", "12"]].concat(), Some("5\n3\n7\n9\n"), &[]);
+        let old = stowplan(&[args, &[former, "12"]].concat(), Some("5\n3\n7\n9\n"), &[]);
+        assert_eq!(plan_of(json(&old)), plan_of(json(&new)), "{former}");
+        assert!(!stderr(&new).contains("deprecated"), "{}", stderr(&new));
+        let warned = format!("{former} is deprecated and will be removed in the next release; use --capacity");
+        assert!(stderr(&old).contains(&warned), "{former}: {}", stderr(&old));
+        let both = stowplan(&[args, &["--capacity", "12", former, "12"]].concat(), Some("5\n3\n7\n9\n"), &[]);
+        assert_eq!(both.status.code(), Some(2), "{former}: {}", stderr(&both));
+        assert!(stderr(&both).contains("cannot be used with"), "{former}: {}", stderr(&both));
+    }
+    // Without either, the command says which flag it needs.
+    let out = stowplan(&["plan", "--lengths", "-"], Some("5\n"), &[]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("--capacity"), "{}", stderr(&out));
 }

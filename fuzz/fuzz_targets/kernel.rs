@@ -44,7 +44,7 @@ enum Call {
     },
     MicroBatches {
         lengths: Vec<u64>,
-        max_token_len: u64,
+        capacity: u64,
         cost: (u64, u64),
         min_count: u32,
         divisible_by: u32,
@@ -63,7 +63,7 @@ enum Call {
     Plan {
         lengths: Vec<u64>,
         dp: u32,
-        max_token_len: u64,
+        capacity: u64,
         minibatch_size: Option<u32>,
         order: u8,
     },
@@ -136,7 +136,7 @@ enum Call {
     },
     RawPlan {
         lengths: Vec<u64>,
-        packing_length: u64,
+        capacity: u64,
         align: u64,
         allow_single_long: bool,
         world_size: u32,
@@ -252,9 +252,9 @@ fuzz_target!(|call: Call| match call {
             }
         }
     }
-    Call::MicroBatches { lengths, max_token_len, cost: c, min_count, divisible_by, forced, order } => {
+    Call::MicroBatches { lengths, capacity, cost: c, min_count, divisible_by, forced, order } => {
         let o = MicroOptions {
-            max_token_len,
+            capacity,
             cost: cost(c),
             min_count: count(min_count),
             divisible_by: count(divisible_by),
@@ -262,7 +262,7 @@ fuzz_target!(|call: Call| match call {
             order: pick::<Order>(order),
         };
         if let Ok(p) = k::micro_batches(&lengths, &o) {
-            assert!(p.tokens.iter().all(|&t| t <= max_token_len), "a micro-batch over the cap");
+            assert!(p.tokens.iter().all(|&t| t <= capacity), "a micro-batch over the cap");
         }
     }
     Call::BalanceDp { lengths, dp, cost: c, groups, minibatch_size, equal_count, extra } => {
@@ -275,9 +275,9 @@ fuzz_target!(|call: Call| match call {
         };
         let _ = k::balance_dp(&lengths, count(dp), &o);
     }
-    Call::Plan { lengths, dp, max_token_len, minibatch_size, order } => {
+    Call::Plan { lengths, dp, capacity, minibatch_size, order } => {
         let d = DpOptions { minibatch_size, ..DpOptions::default() };
-        let m = MicroOptions { order: pick::<Order>(order), ..MicroOptions::new(max_token_len) };
+        let m = MicroOptions { order: pick::<Order>(order), ..MicroOptions::new(capacity) };
         let _ = k::plan(&lengths, count(dp), &d, &m);
     }
     Call::Verl { seqlens, k, equal_size, function } => {
@@ -365,8 +365,8 @@ fuzz_target!(|call: Call| match call {
             assert!(seen.iter().all(|&s| s), "a sequence in no bin");
         }
     }
-    Call::RawPlan { lengths, packing_length, align, allow_single_long, world_size, drop_last, limits } => {
-        let options = PlanOptions { packing_length, align, allow_single_long };
+    Call::RawPlan { lengths, capacity, align, allow_single_long, world_size, drop_last, limits } => {
+        let options = PlanOptions { capacity, align, allow_single_long };
         let raw = match &limits {
             None => k::raw_plan(&lengths, &options),
             Some((sizes, caps, max_segments, method)) => {

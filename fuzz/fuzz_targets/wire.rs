@@ -7,7 +7,7 @@
 use libfuzzer_sys::fuzz_target;
 use stowplan::serve::{ControlMessage, DeliveryMark, Message, RankMessage, Receipts, Refusal};
 use stowplan::wire::{FORMATS, Format};
-use stowplan::{materialize::MicroBatch, packer::{PackerState, RankBatch}, TrainingBatch};
+use stowplan::{materialize::MaterializedBatch, packer::{PackerState, RankBatch}, TrainingBatch};
 
 /// `body` framed as a message of `format`.
 fn frame(format: &Format, body: &[u8]) -> Vec<u8> {
@@ -32,7 +32,7 @@ fn all(bytes: &[u8]) {
     check(bytes, TrainingBatch::decode, |v| v.encode().expect("encodes"));
     check(bytes, RankBatch::decode, |v| v.encode().expect("encodes"));
     check(bytes, PackerState::decode, |v| v.encode().expect("encodes"));
-    check(bytes, MicroBatch::decode, |v| v.encode().expect("encodes"));
+    check(bytes, MaterializedBatch::decode, |v| v.encode().expect("encodes"));
     check(bytes, RankMessage::decode, |v| v.encode().expect("encodes"));
     check(bytes, Receipts::decode, |v| v.encode().expect("encodes"));
     check(bytes, Refusal::decode, |v| v.encode().expect("encodes"));

@@ -1,5 +1,5 @@
 //! Packed rows of a table: which runs of a tokenized table's flat values make each
-//! packed row of at most `seq_length` tokens. The one home of the strategies (`bfd`, `ffd`,
+//! packed row of at most `capacity` tokens. The one home of the strategies (`bfd`, `ffd`,
 //! `next-fit`, TRL's `bfd_split` and `wrapped`), the overflow policies (`truncate`, `split`,
 //! `drop`, `error`), the output columns' names and the cut into record batches that the
 //! SDK's `stowplan.arrow`/`stowplan.hf`/`stowplan.ray` and the CLI's `pack-dataset` apply;
@@ -9,7 +9,7 @@
 //!
 //! A table's rows hold sequences of `lengths[r]` tokens, one after the other in the flat
 //! values (row `r` starts at `Σ lengths[..r]`). An *item* is a run of a row's tokens (the
-//! whole row, its first `seq_length` tokens, or one fragment of it); a packed row is a list of
+//! whole row, its first `capacity` tokens, or one fragment of it); a packed row is a list of
 //! items. Empty rows carry no token and make no item.
 
 use std::fmt;
@@ -30,9 +30,9 @@ pub enum RowStrategy {
     /// Next-fit in row order.
     NextFit,
     /// TRL's `bfd_split`: best-fit decreasing, a long row cut into fragments of at most
-    /// `seq_length` tokens (`bfd` with [`Overflow::Split`]).
+    /// `capacity` tokens (`bfd` with [`Overflow::Split`]).
     BfdSplit,
-    /// Every token concatenated in row order and cut into rows of exactly `seq_length` (the
+    /// Every token concatenated in row order and cut into rows of exactly `capacity` (the
     /// last one shorter).
     Wrapped,
 }
@@ -89,13 +89,13 @@ impl FromStr for RowStrategy {
     }
 }
 
-/// What happens to a row longer than `seq_length` under `bfd`, `ffd` and `next-fit`.
+/// What happens to a row longer than `capacity` under `bfd`, `ffd` and `next-fit`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum Overflow {
-    /// Its first `seq_length` tokens are kept (the default, as in TRL's `bfd`).
+    /// Its first `capacity` tokens are kept (the default, as in TRL's `bfd`).
     #[default]
     Truncate,
-    /// It is cut into fragments of at most `seq_length` tokens, packed as sequences of their
+    /// It is cut into fragments of at most `capacity` tokens, packed as sequences of their
     /// own.
     Split,
     /// It is left out.
@@ -198,7 +198,7 @@ impl RowPacking {
 pub struct RowItems {
     /// Each item's first value in the flat values.
     pub starts: Vec<u64>,
-    /// Each item's number of values (1..=`seq_length`).
+    /// Each item's number of values (1..=`capacity`).
     pub lengths: Vec<u64>,
 }
 
@@ -257,26 +257,26 @@ fn row_starts(lengths: &[u64]) -> Result<(Vec<u64>, u64), Error> {
 }
 
 /// The items of rows of `lengths` tokens under `overflow`, in row order: a row's tokens
-/// (at most `seq_length`: truncated), its fragments of `seq_length` tokens and the remainder
-/// (`split`), nothing for a row longer than `seq_length` (`drop`), or [`Error::Infeasible`]
+/// (at most `capacity`: truncated), its fragments of `capacity` tokens and the remainder
+/// (`split`), nothing for a row longer than `capacity` (`drop`), or [`Error::Infeasible`]
 /// naming `column` and the first long row, numbered from `row0` (`error`). Empty rows make no
-/// item. Errors: `seq_length` 0.
+/// item. Errors: `capacity` 0.
 pub fn row_items(
     lengths: &[u64],
-    seq_length: u64,
+    capacity: u64,
     overflow: Overflow,
     column: &str,
     row0: u64,
 ) -> Result<RowItems, Error> {
-    if seq_length == 0 {
-        return Err(Error::InvalidArgument("seq_length must be at least 1 (got 0)".into()));
+    if capacity == 0 {
+        return Err(Error::InvalidArgument("capacity must be at least 1 (got 0)".into()));
     }
     let (starts, _) = row_starts(lengths)?;
     if overflow == Overflow::Error
-        && let Some(row) = lengths.iter().position(|&l| l > seq_length)
+        && let Some(row) = lengths.iter().position(|&l| l > capacity)
     {
         return Err(Error::Infeasible(format!(
-            "column '{column}' row {} has {} values, more than seq_length = {seq_length} \
+            "column '{column}' row {} has {} values, more than capacity = {capacity} \
              (overflow='error'; 'truncate', 'split' or 'drop' handle it)",
             row0 + row as u64,
             lengths[row]
@@ -284,38 +284,38 @@ pub fn row_items(
     }
     let mut items = RowItems::default();
     for (&start, &len) in starts.iter().zip(lengths) {
-        if len == 0 || (overflow == Overflow::Drop && len > seq_length) {
+        if len == 0 || (overflow == Overflow::Drop && len > capacity) {
             continue;
         }
         if overflow == Overflow::Split {
             let mut at = 0;
             while at < len {
                 items.starts.push(start + at);
-                items.lengths.push((len - at).min(seq_length));
-                at += seq_length;
+                items.lengths.push((len - at).min(capacity));
+                at += capacity;
             }
         } else {
             items.starts.push(start);
-            items.lengths.push(len.min(seq_length));
+            items.lengths.push(len.min(capacity));
         }
     }
     Ok(items)
 }
 
 /// `wrapped`: every token of rows of `lengths` tokens, in row order, cut into packed rows of
-/// exactly `seq_length` tokens (the last one shorter); the items are the pieces of the rows
-/// between row ends and cuts. Errors: `seq_length` outside 1..=[`MAX_SEQ_LENGTH`].
-pub fn wrapped_rows(lengths: &[u64], seq_length: u64) -> Result<PackedRows, Error> {
-    check_seq_length(seq_length)?;
+/// exactly `capacity` tokens (the last one shorter); the items are the pieces of the rows
+/// between row ends and cuts. Errors: `capacity` outside 1..=[`MAX_CAPACITY`].
+pub fn wrapped_rows(lengths: &[u64], capacity: u64) -> Result<PackedRows, Error> {
+    check_capacity(capacity)?;
     let (starts, _) = row_starts(lengths)?;
     let mut out = PackedRows::default();
     for (&start, &len) in starts.iter().zip(lengths) {
         let (mut at, end) = (start, start + len);
         while at < end {
-            if at % seq_length == 0 {
+            if at % capacity == 0 {
                 out.offsets.push(out.starts.len() as u64);
             }
-            let piece = (end - at).min(seq_length - at % seq_length);
+            let piece = (end - at).min(capacity - at % capacity);
             out.starts.push(at);
             out.lengths.push(piece);
             at += piece;
@@ -325,29 +325,29 @@ pub fn wrapped_rows(lengths: &[u64], seq_length: u64) -> Result<PackedRows, Erro
     Ok(out)
 }
 
-/// Rows of `lengths` tokens packed by `packing` into rows of at most `seq_length` tokens: for
+/// Rows of `lengths` tokens packed by `packing` into rows of at most `capacity` tokens: for
 /// the kernel's strategies, the items of [`row_items`] in the plan's bin order (a bin's items
 /// ascending by input row, planned on a kernel of `backend`, made only then); for `wrapped`,
-/// [`wrapped_rows`]. Errors name `column` and the row: `seq_length` outside
-/// 1..=[`MAX_SEQ_LENGTH`], a row longer than [`MAX_ROW_LENGTH`], and [`row_items`]'s.
+/// [`wrapped_rows`]. Errors name `column` and the row: `capacity` outside
+/// 1..=[`MAX_CAPACITY`], a row longer than [`MAX_ROW_LENGTH`], and [`row_items`]'s.
 pub fn pack_rows(
     backend: Backend,
     lengths: &[u64],
-    seq_length: u64,
+    capacity: u64,
     packing: RowPacking,
     column: &str,
 ) -> Result<PackedRows, Error> {
-    check_seq_length(seq_length)?;
+    check_capacity(capacity)?;
     check_row_lengths(lengths, column, 0)?;
     let Some(method) = packing.strategy.method() else {
-        return wrapped_rows(lengths, seq_length);
+        return wrapped_rows(lengths, capacity);
     };
-    let items = row_items(lengths, seq_length, packing.overflow.unwrap_or_default(), column, 0)?;
+    let items = row_items(lengths, capacity, packing.overflow.unwrap_or_default(), column, 0)?;
     if items.lengths.is_empty() {
         return Ok(PackedRows { offsets: vec![0], ..PackedRows::default() });
     }
     let kernel = Kernel::new(backend)?;
-    let plan = kernel.pack(&items.lengths, &PackOptions { method, ..PackOptions::new(seq_length) })?;
+    let plan = kernel.pack(&items.lengths, &PackOptions { method, ..PackOptions::new(capacity) })?;
     let order = plan.indices.iter().map(|&i| i as usize);
     Ok(PackedRows {
         starts: order.clone().map(|i| items.starts[i]).collect(),
@@ -356,16 +356,16 @@ pub fn pack_rows(
     })
 }
 
-/// Refuses a `seq_length` outside 1..=[`MAX_SEQ_LENGTH`] (a packed row is one Arrow list).
-pub fn check_seq_length(seq_length: u64) -> Result<(), Error> {
-    if seq_length == 0 || seq_length > MAX_SEQ_LENGTH {
-        return Err(Error::InvalidArgument(format!("seq_length must be in 1..=2**31-1 (got {seq_length})")));
+/// Refuses a `capacity` outside 1..=[`MAX_CAPACITY`] (a packed row is one Arrow list).
+pub fn check_capacity(capacity: u64) -> Result<(), Error> {
+    if capacity == 0 || capacity > MAX_CAPACITY {
+        return Err(Error::InvalidArgument(format!("capacity must be in 1..=2**31-1 (got {capacity})")));
     }
     Ok(())
 }
 
-/// The largest `seq_length`: a packed row is one Arrow list (`int32` offsets).
-pub const MAX_SEQ_LENGTH: u64 = i32::MAX as u64;
+/// The largest `capacity`: a packed row is one Arrow list (`int32` offsets).
+pub const MAX_CAPACITY: u64 = i32::MAX as u64;
 
 /// The most tokens of one record batch of packed rows (or one row, if longer): bounds the
 /// memory of a batch in the making and keeps `int32` list offsets in range. The packed rows
@@ -425,17 +425,17 @@ mod tests {
         let e = row_items(&l, 4, Overflow::Error, "input_ids", 10).unwrap_err();
         assert!(matches!(&e, Error::Infeasible(m) if m.contains("column 'input_ids' row 10 has 5 values")), "{e}");
         assert!(row_items(&l, 0, Overflow::Truncate, "x", 0).is_err());
-        // Any seq_length (compat.trl's, as TRL's) and row length; pack_rows bounds both.
+        // Any capacity (compat.trl's, as TRL's) and row length; pack_rows bounds both.
         assert_eq!(items(&[1 << 33], 1 << 32, Overflow::Split), [(0, 1 << 32), (1 << 32, 1 << 32)]);
         let bfd = RowPacking::parse("bfd", None).unwrap();
         let e = pack_rows(Backend::Native, &[1, 1 << 32], 4, bfd, "x").unwrap_err();
         assert!(e.to_string().contains("column 'x' row 1 has 4294967296 values, more than 2**32-1"), "{e}");
         let e = pack_rows(Backend::Native, &[1], 1 << 31, bfd, "x").unwrap_err();
-        assert!(e.to_string().contains("seq_length must be in 1..=2**31-1 (got 2147483648)"), "{e}");
+        assert!(e.to_string().contains("capacity must be in 1..=2**31-1 (got 2147483648)"), "{e}");
     }
 
     #[test]
-    fn wrapped_cuts_every_seq_length_tokens() {
+    fn wrapped_cuts_every_capacity_tokens() {
         let w = wrapped_rows(&[3, 0, 1, 6], 4).unwrap();
         assert_eq!(w.starts, [0, 3, 4, 8]);
         assert_eq!(w.lengths, [3, 1, 4, 2]);

@@ -1,18 +1,18 @@
 //! Static pack plans for SFT datasets (the static pack plan contract).
 //!
 //! A *raw plan* ([`raw_plan`]) groups the samples of a whole dataset into packs of at most
-//! `packing_length` tokens; it does not depend on the number of ranks. An *aligned plan*
+//! `capacity` tokens; it does not depend on the number of ranks. An *aligned plan*
 //! ([`aligned_plan`]) is what training consumes: the raw plan truncated (`drop_last`) or
 //! padded by repeating its first packs so that every one of `world_size` ranks gets the same
 //! number of packs.
 //!
 //! Rules of the raw plan:
-//! - a sample is *long* when `length ≥ packing_length` (or its aligned length exceeds
-//!   `packing_length`); with `allow_single_long` it becomes a pack of its own (which may
-//!   exceed `packing_length`), otherwise it is dropped; both are listed;
+//! - a sample is *long* when `length ≥ capacity` (or its aligned length exceeds
+//!   `capacity`); with `allow_single_long` it becomes a pack of its own (which may
+//!   exceed `capacity`), otherwise it is dropped; both are listed;
 //! - the other samples are packed by best-fit decreasing on aligned lengths (ties: the lower
 //!   index first, then the oldest pack), never split or truncated; a pack's aligned total is
-//!   at most `packing_length`;
+//!   at most `capacity`;
 //! - inside a pack, indices ascend; packs are ordered by their smallest index (packs are
 //!   disjoint, so no two packs share a smallest index and the lexicographic tie-break of the
 //!   seed never has to decide).
@@ -36,18 +36,18 @@ use crate::{Error, checked_len, invalid};
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PlanOptions {
     /// The hard per-pack cap in tokens, at least 1.
-    pub packing_length: u64,
+    pub capacity: u64,
     /// Every length is rounded up to a multiple of `align` (at least 1) before packing.
     pub align: u64,
-    /// Long samples (`length ≥ packing_length`) become single-sample packs when true and
+    /// Long samples (`length ≥ capacity`) become single-sample packs when true and
     /// are dropped when false.
     pub allow_single_long: bool,
 }
 
 impl PlanOptions {
-    /// Options with `packing_length` and the defaults: `align` 1, long samples dropped.
-    pub fn new(packing_length: u64) -> Self {
-        Self { packing_length, align: 1, allow_single_long: false }
+    /// Options with `capacity` and the defaults: `align` 1, long samples dropped.
+    pub fn new(capacity: u64) -> Self {
+        Self { capacity, align: 1, allow_single_long: false }
     }
 }
 
@@ -68,7 +68,7 @@ pub struct RawPlan {
     pub real_tokens: u64,
     /// Aligned tokens of the samples in multi-sample-capable packs (all but `single_long`).
     pub aligned_tokens: u64,
-    /// `ceil(aligned_tokens / packing_length)` + the number of single-long packs: no plan of
+    /// `ceil(aligned_tokens / capacity)` + the number of single-long packs: no plan of
     /// the same samples has fewer packs.
     pub lower_bound: u64,
     /// sha256 of the canonical encoding of the packs (see the module docs).
@@ -157,7 +157,7 @@ pub fn unhex(s: &str) -> Result<[u8; 32], MalformedChecksum> {
 /// The raw plan of `lengths` (one entry per sample, in tokens).
 ///
 /// Errors: `invalid-argument` for no samples, more than 2^32 − 1 samples, a zero length
-/// (naming the first), `packing_length == 0`, `align == 0`, an aligned length or a total
+/// (naming the first), `capacity == 0`, `align == 0`, an aligned length or a total
 /// above 2^64 − 1; `infeasible` when every sample is long and `allow_single_long` is false
 /// (the plan would have no pack).
 pub fn raw_plan(lengths: &[u64], options: &PlanOptions) -> Result<RawPlan, Error> {
@@ -167,7 +167,7 @@ pub fn raw_plan(lengths: &[u64], options: &PlanOptions) -> Result<RawPlan, Error
         |_| false,
         |fit_aligned, _| {
             let opts = PackOptions {
-                capacity: options.packing_length,
+                capacity: options.capacity,
                 align: 1,
                 method: PackMethod::Bfd,
                 oversize: OversizePolicy::Error,
@@ -177,7 +177,7 @@ pub fn raw_plan(lengths: &[u64], options: &PlanOptions) -> Result<RawPlan, Error
     )
 }
 
-/// Further limits of a raw plan beside `packing_length` (see [`raw_plan_limited`]).
+/// Further limits of a raw plan beside `capacity` (see [`raw_plan_limited`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PlanLimits<'a> {
     /// Every sample's size in each limited resource, and each resource's cap per pack and name
@@ -208,7 +208,7 @@ pub struct LimitedRawPlan {
 /// - A sample is also *long* when its size in a limited resource is above that resource's cap;
 ///   `allow_single_long` decides for it as for a long sample.
 /// - The other samples are packed by [`pack_multi`](crate::pack_multi) with `method` under
-///   every cap (tokens: `packing_length`, on aligned lengths) and `max_segments`.
+///   every cap (tokens: `capacity`, on aligned lengths) and `max_segments`.
 /// - With no limit and no segment limit, the raw plan is [`raw_plan`]'s, bit for bit,
 ///   whatever `method`.
 ///
@@ -220,14 +220,14 @@ pub fn raw_plan_limited(
     options: &PlanOptions,
     limits: &PlanLimits<'_>,
 ) -> Result<LimitedRawPlan, Error> {
-    let (caps, names) = resources(lengths.len(), options.packing_length, &limits.limits)?;
+    let (caps, names) = resources(lengths.len(), options.capacity, &limits.limits)?;
     let e = caps.len() - 1;
     let limited = e > 0 || limits.max_segments > 0;
     if limited
         && limits.method == MultiMethod::Balanced
         && let Some(q) = caps.iter().position(|&c| c > crate::MAX_BALANCED_CAPACITY)
     {
-        let what = if q == 0 { String::from("packing_length") } else { alloc::format!("the cap of {}", names[q]) };
+        let what = if q == 0 { String::from("capacity") } else { alloc::format!("the cap of {}", names[q]) };
         return invalid!(
             "{what} = {} is above {}, which the balanced method does not take; choose method bfd or ffd",
             caps[q],
@@ -236,7 +236,7 @@ pub fn raw_plan_limited(
     }
     if !limited {
         let raw = raw_plan(lengths, options)?;
-        let lower_bounds = alloc::vec![raw.aligned_tokens.div_ceil(options.packing_length)];
+        let lower_bounds = alloc::vec![raw.aligned_tokens.div_ceil(options.capacity)];
         return Ok(LimitedRawPlan { raw, loads: Vec::new(), lower_bounds, names: Vec::new() });
     }
     let sizes = limits.limits.sizes;
@@ -285,12 +285,12 @@ fn plan_with(
     pack_fit: impl FnOnce(&[u64], &[u32]) -> Result<Packing, Error>,
 ) -> Result<RawPlan, Error> {
     let n = checked_len("lengths", lengths.len())?;
-    let PlanOptions { packing_length, align, allow_single_long } = *options;
+    let PlanOptions { capacity, align, allow_single_long } = *options;
     if n == 0 {
         return invalid!("lengths must not be empty (a plan needs at least one sample)");
     }
-    if packing_length == 0 {
-        return invalid!("packing_length must be at least 1 token (got 0)");
+    if capacity == 0 {
+        return invalid!("capacity must be at least 1 token (got 0)");
     }
     if align == 0 {
         return invalid!("align must be at least 1 (got 0)");
@@ -312,7 +312,7 @@ fn plan_with(
         };
         let over_i = over(i);
         over_limit += usize::from(over_i);
-        if len >= packing_length || a > packing_length || over_i {
+        if len >= capacity || a > capacity || over_i {
             long.push(i as u32);
         } else {
             fit_index.push(i as u32);
@@ -345,14 +345,14 @@ fn plan_with(
     if packs.is_empty() && over_limit > 0 {
         return Err(Error::Infeasible(alloc::format!(
             "static packing produced no packs: all {n} samples are long ({over_limit} over a limit, the others \
-             with length >= packing_length = {packing_length}) and allow_single_long is false; raise the limits or \
+             with length >= capacity = {capacity}) and allow_single_long is false; raise the limits or \
              set allow_single_long = true"
         )));
     }
     if packs.is_empty() {
         return Err(Error::Infeasible(alloc::format!(
-            "static packing produced no packs: all {n} samples have length >= packing_length = {packing_length} \
-             and allow_single_long is false; raise packing_length or set allow_single_long = true"
+            "static packing produced no packs: all {n} samples have length >= capacity = {capacity} \
+             and allow_single_long is false; raise capacity or set allow_single_long = true"
         )));
     }
     // Packs are disjoint, so their first indices are distinct: sorting by it is total.
@@ -370,7 +370,7 @@ fn plan_with(
         indices.extend_from_slice(pack);
         offsets.push(indices.len() as u32);
     }
-    let lower_bound = aligned_tokens.div_ceil(packing_length) + single_long.len() as u64;
+    let lower_bound = aligned_tokens.div_ceil(capacity) + single_long.len() as u64;
     let checksum = checksum(&offsets, &indices, 0..packs.len() as u32);
     Ok(RawPlan {
         offsets,

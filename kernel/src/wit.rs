@@ -86,7 +86,7 @@ macro_rules! wit_conversions {
             $crate::__wit_record!(k::PartitionOptions, partition::Options { method, equal_size, refine });
             $crate::__wit_record!(k::PackOptions, pack::Options { capacity, align, method, oversize });
             $crate::__wit_record!(k::MicroOptions, balance::MicroOptions {
-                max_token_len, cost, min_count, divisible_by, count, order
+                capacity, cost, min_count, divisible_by, count, order
             });
             $crate::__wit_record!(k::peers::VerlMicroOptions, peers::VerlMicroOptions {
                 max_token_len,
@@ -191,7 +191,7 @@ macro_rules! wit_conversions {
                 partitions, micro_batch_sizes, num_microbatches, num_steps
             });
             $crate::__wit_record!(k::MultiPacking, pack::MultiPacking { packing, resource_loads, lower_bounds });
-            $crate::__wit_record!(k::PlanOptions, plan::PlanOptions { packing_length, align, allow_single_long });
+            $crate::__wit_record!(k::PlanOptions, plan::PlanOptions { capacity, align, allow_single_long });
             $crate::__wit_record!(k::RawPlan, plan::RawPackPlan {
                 tokens, single_long, dropped, real_tokens, aligned_tokens, lower_bound;
                 packs: types::Groups = (offsets, indices)

@@ -35,8 +35,7 @@ fn check_raw(lengths: &[u64], o: &PlanOptions, r: &RawPlan) -> Vec<Vec<u32>> {
 /// [`check_raw`] where a sample is also long when `over_limit` says so.
 fn check_raw_with(lengths: &[u64], o: &PlanOptions, r: &RawPlan, over_limit: &dyn Fn(usize) -> bool) -> Vec<Vec<u32>> {
     let packs = packs_of(r);
-    let long =
-        |i: usize| lengths[i] >= o.packing_length || aligned(lengths[i], o.align) > o.packing_length || over_limit(i);
+    let long = |i: usize| lengths[i] >= o.capacity || aligned(lengths[i], o.align) > o.capacity || over_limit(i);
     let mut seen = vec![0u32; lengths.len()];
     for (p, pack) in packs.iter().enumerate() {
         assert!(!pack.is_empty());
@@ -47,7 +46,7 @@ fn check_raw_with(lengths: &[u64], o: &PlanOptions, r: &RawPlan, over_limit: &dy
         }
         if pack.len() >= 2 || !long(pack[0] as usize) {
             let sum: u64 = pack.iter().map(|&i| aligned(lengths[i as usize], o.align)).sum();
-            assert!(sum <= o.packing_length, "pack {p} holds {sum} > {}", o.packing_length);
+            assert!(sum <= o.capacity, "pack {p} holds {sum} > {}", o.capacity);
             assert!(pack.iter().all(|&i| !long(i as usize)), "a long sample shares pack {p}");
         }
         assert_eq!(r.tokens[p], pack.iter().map(|&i| lengths[i as usize]).sum::<u64>());
@@ -75,7 +74,7 @@ fn arb_case() -> impl Strategy<Value = (Vec<u64>, PlanOptions)> {
     (1u64..200, prop::sample::select(vec![1u64, 1, 4, 8]), any::<bool>()).prop_flat_map(|(cap, align, single)| {
         (
             prop::collection::vec(1u64..cap + cap / 2 + 2, 1..120),
-            Just(PlanOptions { packing_length: cap, align, allow_single_long: single }),
+            Just(PlanOptions { capacity: cap, align, allow_single_long: single }),
         )
     })
 }
@@ -94,7 +93,7 @@ proptest! {
             Err(Error::Infeasible(m)) => {
                 // Only when every sample is long and dropped.
                 prop_assert!(!o.allow_single_long, "{}", m);
-                prop_assert!(lengths.iter().all(|&l| l >= o.packing_length || aligned(l, o.align) > o.packing_length));
+                prop_assert!(lengths.iter().all(|&l| l >= o.capacity || aligned(l, o.align) > o.capacity));
             }
             Err(e) => prop_assert!(false, "unexpected {e}"),
         }
@@ -138,7 +137,7 @@ proptest! {
 
 #[test]
 fn long_samples_follow_the_policy() {
-    // length >= packing_length is long, even when it would fit exactly.
+    // length >= capacity is long, even when it would fit exactly.
     let lengths = [10, 4, 3, 12, 6, 2];
     let keep = PlanOptions { allow_single_long: true, ..PlanOptions::new(10) };
     let r = raw_plan(&lengths, &keep).unwrap();
@@ -170,7 +169,7 @@ fn ties_break_by_index() {
 fn errors_name_the_argument() {
     let msg = |e: Error| e.to_string();
     assert!(msg(raw_plan(&[], &PlanOptions::new(8)).unwrap_err()).contains("lengths must not be empty"));
-    assert!(msg(raw_plan(&[1], &PlanOptions::new(0)).unwrap_err()).contains("packing_length must be at least 1"));
+    assert!(msg(raw_plan(&[1], &PlanOptions::new(0)).unwrap_err()).contains("capacity must be at least 1"));
     let o = PlanOptions { align: 0, ..PlanOptions::new(8) };
     assert!(msg(raw_plan(&[1], &o).unwrap_err()).contains("align must be at least 1"));
     assert!(msg(raw_plan(&[3, 0], &PlanOptions::new(8)).unwrap_err()).contains("lengths[1] = 0"));
@@ -248,8 +247,8 @@ proptest! {
             }
             Err(Error::Infeasible(m)) => {
                 prop_assert!(!o.allow_single_long, "{}", m);
-                prop_assert!((0..lengths.len()).all(|i| over(i) || lengths[i] >= o.packing_length
-                    || aligned(lengths[i], o.align) > o.packing_length));
+                prop_assert!((0..lengths.len()).all(|i| over(i) || lengths[i] >= o.capacity
+                    || aligned(lengths[i], o.align) > o.capacity));
             }
             Err(e) => prop_assert!(false, "unexpected {e}"),
         }
@@ -282,7 +281,7 @@ fn limited_plan_errors_name_the_limit() {
         method: MultiMethod::Balanced,
     };
     let e = raw_plan_limited(&[3, 4], &PlanOptions::new(5_000_000_000), &big).unwrap_err().to_string();
-    assert!(e.contains("packing_length = 5000000000 is above 4294967295") && e.contains("bfd or ffd"), "{e}");
+    assert!(e.contains("capacity = 5000000000 is above 4294967295") && e.contains("bfd or ffd"), "{e}");
     let bfd = PlanLimits { method: MultiMethod::Bfd, ..big };
     assert_eq!(raw_plan_limited(&[3, 4], &PlanOptions::new(5_000_000_000), &bfd).unwrap().raw.packs(), 1);
     // Every sample over a limit, none kept: the error says so.

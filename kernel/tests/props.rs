@@ -502,7 +502,7 @@ mod balance {
             cost in cost(),
             order in order(),
         ) {
-            let o = MicroOptions { max_token_len: cap, cost, min_count, divisible_by, count: None, order };
+            let o = MicroOptions { capacity: cap, cost, min_count, divisible_by, count: None, order };
             let p = match micro_batches(&lengths, &o) {
                 Ok(p) => p,
                 Err(Error::InvalidArgument(m)) => {
@@ -614,8 +614,8 @@ mod balance {
         assert!(matches!(&e, Error::Infeasible(m) if m.contains("sequence 1 has 150 tokens")), "{e}");
         let e = micro_batches(&[60, 60, 60], &MicroOptions { count: Some(1), ..o }).unwrap_err();
         assert!(matches!(&e, Error::Infeasible(m) if m.contains("count = 1 is below")), "{e}");
-        let e = micro_batches(&[60, 60, 60], &MicroOptions { max_token_len: 0, ..o }).unwrap_err();
-        assert!(matches!(&e, Error::InvalidArgument(m) if m.contains("max_token_len")), "{e}");
+        let e = micro_batches(&[60, 60, 60], &MicroOptions { capacity: 0, ..o }).unwrap_err();
+        assert!(matches!(&e, Error::InvalidArgument(m) if m.contains("capacity")), "{e}");
         let e = micro_batches(&[60, 60, 60], &MicroOptions { divisible_by: 0, ..o }).unwrap_err();
         assert!(matches!(&e, Error::InvalidArgument(m) if m.contains("divisible_by")), "{e}");
         // Forced below what best-fit finds but not below the bound: 3 × 60 into 2 × 100 is impossible.

@@ -6,7 +6,7 @@
 // and options (its keys before "operation"), byte for byte: with cp/tp above 1, for the
 // lengths padded to the pad factor, which the export names in its file name. After the plan
 // come the run's description as the CLI writes it ("operation", "source", "n", "dp_size",
-// "max_token_len", "cost") and the page's settings ("settings", with the shareable URL).
+// "capacity", "cost") and the page's settings ("settings", with the shareable URL).
 //
 // The settings live in the page's URL (query parameters, see PARAMS): loading the URL restores
 // them and plans. Every plan attempt ends in one of two states, which the status line names:
@@ -510,7 +510,7 @@ function makePlan(s, url) {
     plan.ranks = [mb];
     text = mb.toJSONText();
   } else {
-    const b = sp.balance(padded, dp, cap === null ? { cost } : { cost, maxTokenLen: cap, order });
+    const b = sp.balance(padded, dp, cap === null ? { cost } : { cost, capacity: cap, order });
     plan.balance = b;
     plan.ranks = b.microBatches;
     text = b.toJSONText();
@@ -536,7 +536,7 @@ function makePlan(s, url) {
     order, cp, tp, pad_factor: factor, url,
   };
   const described = {
-    operation: 'balance', source: s.source, n: lengths.length, dp_size: dp, max_token_len: cap,
+    operation: 'balance', source: s.source, n: lengths.length, dp_size: dp, capacity: cap,
     cost: { linear: A, quadratic: B }, settings, kernel_sha256: sp.kernelInfo().sha256,
   };
   plan.exportText = `${text.slice(0, -1)},${sp.toJSONText(described).slice(1)}`;

@@ -81,9 +81,9 @@ export class Balance extends Totals {
    */
   constructor(dpPlan, ranks, lengths, k) {
     super(dpPlan, k);
-    /** Every rank's micro-batches (indices are global), or null without `maxTokenLen`. */
+    /** Every rank's micro-batches (indices are global), or null without `capacity`. */
     this.microBatches = ranks && Object.freeze(ranks);
-    /** The micro-batch count of every rank, or null without `maxTokenLen`. */
+    /** The micro-batch count of every rank, or null without `capacity`. */
     this.count = ranks ? (ranks[0]?.count ?? 0) : null;
     /** Number of ranks. */
     this.dp = dpPlan.ranks.offsets.length - 1;

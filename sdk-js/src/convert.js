@@ -105,7 +105,16 @@ export function oneOf(v, name, allowed) {
 }
 
 /**
- * `options` (an object or undefined) checked for unknown keys; returns it (or `{}`).
+ * Options renamed, former name → name (ARCHITECTURE.md's names table): a former name keeps
+ * working for one release with a warning naming the new one (`options` applies it).
+ */
+const RENAMED = Object.freeze({ maxTokenLen: 'capacity', packingLength: 'capacity' });
+
+/**
+ * `options` (an object or undefined) checked for unknown keys; returns it (or `{}`). A
+ * former option name (`RENAMED`) of a known option is taken under its new name, with a
+ * `DeprecationWarning` (`process.emitWarning`, or `console.warn` outside Node); both names at
+ * once are refused.
  * @param {unknown} options @param {string} fn @param {readonly string[]} known
  * @returns {Record<string, any>}
  */
@@ -114,12 +123,27 @@ export function options(options, fn, known) {
   if (typeof options !== 'object' || Array.isArray(options)) {
     throw new InvalidArgumentError(`the options of ${fn} must be an object (got ${show(options)})`);
   }
+  /** @type {Record<string, any>} */
+  let out = options;
   for (const key of Object.keys(options)) {
-    if (!known.includes(key)) {
+    const renamed = Object.hasOwn(RENAMED, key) ? RENAMED[/** @type {keyof RENAMED} */ (key)] : undefined;
+    if (renamed !== undefined && known.includes(renamed)) {
+      if (given(/** @type {Record<string, any>} */ (options)[renamed])) {
+        throw new InvalidArgumentError(`${fn}: give ${renamed} only (${key} is its former name, deprecated)`);
+      }
+      const message = `${fn}: ${key} is deprecated and will be removed in the next release; use ${renamed}`;
+      if (typeof process !== 'undefined' && typeof process.emitWarning === 'function') {
+        process.emitWarning(message, 'DeprecationWarning');
+      } else {
+        console.warn(`DeprecationWarning: ${message}`);
+      }
+      const { [key]: value, ...rest } = /** @type {Record<string, any>} */ (out);
+      out = { ...rest, [renamed]: value };
+    } else if (!known.includes(key)) {
       throw new InvalidArgumentError(`unknown option '${key}' of ${fn}; known: ${known.join(', ')}`);
     }
   }
-  return /** @type {Record<string, any>} */ (options);
+  return out;
 }
 
 /** Whether `v` is an option that was given (not undefined or null). */

@@ -63,7 +63,7 @@ export class PeerError extends StowplanError {
 
 /**
  * A kernel message with its snake_case argument names spelt as this package's options are
- * (`max_token_len` → `maxTokenLen`): the kernel names arguments as the Rust and Python APIs
+ * (`min_count` → `minCount`): the kernel names arguments as the Rust and Python APIs
  * spell them. Quoted words are values, not names (`'cp_tp'`), and stay as they are, and so
  * do the caller's own `names` (resource names such as `image_tokens`, which messages name).
  * @param {string} message @param {readonly string[]} [names]

@@ -146,16 +146,18 @@ export interface MicroBatchOptions {
 export interface LimitedMicroBatchOptions extends MicroBatchOptions {
   /**
    * Each further resource's size per sequence (image tokens, images …), name → sizes; not
-   * `tokens` (those are the lengths and `maxTokenLen`). 1 to 7 resources; needs `limits`.
+   * `tokens` (those are the lengths and `capacity`). 1 to 7 resources; needs `limits`.
    */
   resources?: Named<Integers>;
   /** Each resource's cap per micro-batch (≥ 1), the same names as `resources`. */
   limits?: Named<Int>;
 }
 
-/** Options of `balance` (`resources` and `limits` cap every rank's micro-batches; they need `maxTokenLen`). */
+/** Options of `balance` (`resources` and `limits` cap every rank's micro-batches; they need `capacity`). */
 export interface BalanceOptions extends LimitedMicroBatchOptions {
   /** The micro-batch cap; without it only the DP level is planned. */
+  capacity?: Int;
+  /** @deprecated The former name of `capacity` (warns; removed in the next release). */
   maxTokenLen?: Int;
   /** One label per sample (any values): samples with the same label stay on one rank. */
   groups?: Iterable<unknown>;
@@ -202,10 +204,20 @@ export interface AlignOptions {
   powerOfTwo?: boolean;
 }
 
-/** Options of `rawPlan`. */
-export interface RawPlanOptions {
-  /** The hard cap of a multi-sample pack, tokens (≥ 1). */
-  packingLength: Int;
+/** Options of `rawPlan`: `capacity` (or, deprecated, `packingLength`) and the rest. */
+export type RawPlanOptions = RawPlanOptionsBase & (
+  | {
+      /** The hard cap of a multi-sample pack, tokens (≥ 1). */
+      capacity: Int;
+    }
+  | {
+      /** @deprecated The former name of `capacity` (warns; removed in the next release). */
+      packingLength: Int;
+    }
+);
+
+/** The options of `rawPlan` beside its cap. */
+export interface RawPlanOptionsBase {
   /** Round each length up to a multiple of this before packing (default 1). */
   align?: Int;
   /** A long sample becomes a pack of its own (true) or is dropped (false, default). */
@@ -311,9 +323,9 @@ export class Balance {
   readonly offsets: Uint32Array;
   /** The permutation to reorder the batch by, rank after rank. */
   readonly order: Uint32Array;
-  /** Every rank's micro-batches, or null without `maxTokenLen`. */
+  /** Every rank's micro-batches, or null without `capacity`. */
   readonly microBatches: readonly MicroBatches[] | null;
-  /** The micro-batch count of every rank, or null without `maxTokenLen`. */
+  /** The micro-batch count of every rank, or null without `capacity`. */
   readonly count: number | null;
   /** Number of ranks. */
   readonly dp: number;
@@ -361,7 +373,7 @@ export interface RawPlan extends Flat<RawPackPlan, 'packs'> {}
 export class RawPlan {
   private constructor();
   /** The options the plan was made with. */
-  readonly options: { packingLength: bigint; align: bigint; allowSingleLong: boolean };
+  readonly options: { capacity: bigint; align: bigint; allowSingleLong: boolean };
   /** Number of packs. */
   readonly numPacks: number;
   /**
@@ -497,9 +509,9 @@ export class Stowplan {
   pack(lengths: Integers, capacity: Int, options?: PackOptions): Packing;
   /** Packs items under several limits: `columns` name → sizes (tokens first), `capacities` name → capacity. */
   packMulti(columns: Named<Integers>, capacities: Named<Int>, options?: MultiPackOptions): MultiPacking;
-  /** Splits one batch into micro-batches of at most `maxTokenLen` tokens. */
-  microBatches(lengths: Integers, maxTokenLen: Int, options?: LimitedMicroBatchOptions): MicroBatches;
-  /** Balances a global batch over `dp` ranks (and every rank's micro-batches with `maxTokenLen`). */
+  /** Splits one batch into micro-batches of at most `capacity` tokens. */
+  microBatches(lengths: Integers, capacity: Int, options?: LimitedMicroBatchOptions): MicroBatches;
+  /** Balances a global batch over `dp` ranks (and every rank's micro-batches with `capacity`). */
   balance(lengths: Integers, dp: Int, options?: BalanceOptions): Balance;
   /** The multiple every sequence length is padded to. */
   padFactor(options?: AlignOptions): bigint;
@@ -529,9 +541,9 @@ export function partition(weights: Integers, k: Int, options?: PartitionOptions)
 export function pack(lengths: Integers, capacity: Int, options?: PackOptions): Packing;
 /** Packs items under several limits: `columns` name → sizes (tokens first), `capacities` name → capacity. */
 export function packMulti(columns: Named<Integers>, capacities: Named<Int>, options?: MultiPackOptions): MultiPacking;
-/** Splits one batch into micro-batches of at most `maxTokenLen` tokens. */
-export function microBatches(lengths: Integers, maxTokenLen: Int, options?: LimitedMicroBatchOptions): MicroBatches;
-/** Balances a global batch over `dp` ranks (and every rank's micro-batches with `maxTokenLen`). */
+/** Splits one batch into micro-batches of at most `capacity` tokens. */
+export function microBatches(lengths: Integers, capacity: Int, options?: LimitedMicroBatchOptions): MicroBatches;
+/** Balances a global batch over `dp` ranks (and every rank's micro-batches with `capacity`). */
 export function balance(lengths: Integers, dp: Int, options?: BalanceOptions): Balance;
 /** The multiple every sequence length is padded to. */
 export function padFactor(options?: AlignOptions): bigint;

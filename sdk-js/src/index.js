@@ -51,7 +51,7 @@ export const pack = (lengths, capacity, opts) => stowplan.pack(lengths, capacity
 /** See `Stowplan#packMulti`. */
 export const packMulti = (columns, capacities, opts) => stowplan.packMulti(columns, capacities, opts);
 /** See `Stowplan#microBatches`. */
-export const microBatches = (lengths, maxTokenLen, opts) => stowplan.microBatches(lengths, maxTokenLen, opts);
+export const microBatches = (lengths, capacity, opts) => stowplan.microBatches(lengths, capacity, opts);
 /** See `Stowplan#balance`. */
 export const balance = (lengths, dp, opts) => stowplan.balance(lengths, dp, opts);
 /** See `Stowplan#padFactor`. */

@@ -150,7 +150,7 @@ export function limitRows(resources, limits, n) {
   }
   for (const [what, keys] of [['resources', cols.map(([k]) => k)], ['limits', [...caps.keys()]]]) {
     if (keys.includes('tokens')) {
-      throw new InvalidArgumentError(`${what}['tokens']: the tokens are lengths and their cap (maxTokenLen, packingLength), not a further limit`);
+      throw new InvalidArgumentError(`${what}['tokens']: the tokens are lengths and their cap (capacity), not a further limit`);
     }
   }
   const names = cols.map(([name]) => name);
@@ -219,12 +219,12 @@ export function rows(sizes, n) {
 }
 
 /** Micro-batch options shared by `microBatches` and `balance`, with the kernel's defaults. */
-export function microOptions(maxTokenLen, cost, o) {
+export function microOptions(capacity, cost, o) {
   const d = DEFAULTS.MicroOptions;
   const count = (low) => (v, key) => u32(v, key, low, MAX_COUNT);
   const divisibleBy = or(o, 'divisibleBy', count(1), d.divisible_by);
   return {
-    maxTokenLen: u64(maxTokenLen, 'maxTokenLen', 1n),
+    capacity: u64(capacity, 'capacity', 1n),
     cost,
     minCount: or(o, 'minCount', count(0), d.min_count),
     divisibleBy,
@@ -271,7 +271,7 @@ export const CP_NEEDED = `cpLayout needs cp (in 1..=${MAX_PARALLEL})`;
 export function planOptions(o) {
   const d = DEFAULTS.PlanOptions;
   return {
-    packingLength: u64(o.packingLength, 'packingLength', 1n),
+    capacity: u64(o.capacity, 'capacity', 1n),
     align: alignOption(o, d.align),
     allowSingleLong: or(o, 'allowSingleLong', bool, d.allow_single_long),
   };

@@ -211,7 +211,7 @@ export class CpLayout {
 /** A raw static pack plan (the result of `rawPlan`): world-size independent. */
 export class RawPlan {
   /**
-   * @param {any} p the kernel's raw plan @param {{packingLength: bigint, align: bigint, allowSingleLong: boolean}} o
+   * @param {any} p the kernel's raw plan @param {{capacity: bigint, align: bigint, allowSingleLong: boolean}} o
    * @param {any} [limits] the limits beside the tokens and the kernel's loads and bounds
    */
   constructor(p, o, limits) {

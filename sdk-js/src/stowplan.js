@@ -129,13 +129,13 @@ export class Stowplan {
   }
 
   /**
-   * Splits one batch into micro-batches of at most `maxTokenLen` tokens, balancing a cost.
-   * @param {any} lengths @param {number | bigint} maxTokenLen @param {MicroBatchOptions} [opts]
+   * Splits one batch into micro-batches of at most `capacity` tokens, balancing a cost.
+   * @param {any} lengths @param {number | bigint} capacity @param {MicroBatchOptions} [opts]
    * @returns {MicroBatches}
    */
-  microBatches(lengths, maxTokenLen, opts) {
+  microBatches(lengths, capacity, opts) {
     const o = options(opts, 'microBatches', ['cost', 'minCount', 'divisibleBy', 'count', 'order', 'extraCosts', 'resources', 'limits']);
-    const m = microOptions(maxTokenLen, costOption(o.cost, DEFAULTS.MicroOptions.cost), o);
+    const m = microOptions(capacity, costOption(o.cost, DEFAULTS.MicroOptions.cost), o);
     const l = u64Array(lengths, 'lengths');
     const lim = microLimits(o, l.length);
     const e = given(o.extraCosts) ? u64Array(o.extraCosts, 'extraCosts') : undefined;
@@ -144,22 +144,22 @@ export class Stowplan {
   }
 
   /**
-   * Balances a global batch over `dp` ranks; with `maxTokenLen` also every rank's
+   * Balances a global batch over `dp` ranks; with `capacity` also every rank's
    * micro-batches (the same count on every rank).
    * @param {any} lengths @param {number | bigint} dp @param {BalanceOptions} [opts]
    * @returns {Balance}
    */
   balance(lengths, dp, opts) {
     const o = options(opts, 'balance', [
-      'cost', 'maxTokenLen', 'groups', 'minibatchSize', 'equalCount', 'minCount', 'divisibleBy', 'count', 'order',
+      'cost', 'capacity', 'groups', 'minibatchSize', 'equalCount', 'minCount', 'divisibleBy', 'count', 'order',
       'extraCosts', 'resources', 'limits',
     ]);
     const d = u32(dp, 'dp', 1, MAX_COUNT);
     const cost = costOption(o.cost, DEFAULTS.DpOptions.cost);
-    const micro = given(o.maxTokenLen) ? microOptions(o.maxTokenLen, cost, o) : null;
+    const micro = given(o.capacity) ? microOptions(o.capacity, cost, o) : null;
     if (!micro) {
       for (const key of ['minCount', 'divisibleBy', 'count', 'order', 'resources', 'limits']) {
-        if (given(o[key])) throw new InvalidArgumentError(`${key} needs maxTokenLen (micro-batches are planned only with a cap)`);
+        if (given(o[key])) throw new InvalidArgumentError(`${key} needs capacity (micro-batches are planned only with a cap)`);
       }
     }
     const l = u64Array(lengths, 'lengths');
@@ -199,7 +199,7 @@ export class Stowplan {
 
   /**
    * The raw static pack plan of a dataset's sample lengths (best-fit decreasing; packs of at
-   * most `packingLength` aligned tokens). Further limits per pack: `resources` maps each name
+   * most `capacity` aligned tokens). Further limits per pack: `resources` maps each name
    * to the samples' sizes in it and `limits` each name to its cap (as `microBatches`),
    * `maxSegments` caps the samples per pack; a sample over a limit is long, and the samples
    * are packed by `method` (`balanced` by default; with limits only).
@@ -207,7 +207,7 @@ export class Stowplan {
    * @returns {RawPlan}
    */
   rawPlan(lengths, opts) {
-    const o = options(opts, 'rawPlan', ['packingLength', 'align', 'allowSingleLong', 'resources', 'limits', 'maxSegments', 'method']);
+    const o = options(opts, 'rawPlan', ['capacity', 'align', 'allowSingleLong', 'resources', 'limits', 'maxSegments', 'method']);
     const p = planOptions(o);
     const l = u64Array(lengths, 'lengths');
     const maxSegments = maxSegmentsOption(o);

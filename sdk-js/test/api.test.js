@@ -34,7 +34,7 @@ test('the Python docs examples give the same results here', () => {
   assert.deepStrictEqual(bal.ranks.map((x) => Array.from(x)), [[1, 2, 5], [0, 3, 4]]);
   assert.equal(bal.tokenBalance.max, 1550n);
   assert.equal(bal.logSeqlenUnbalance()['global_seqlen/balanced_max'], 1550n);
-  const two = stowplan.balance([...DOCS, 10, 20], 2, { maxTokenLen: 1000, cost: 'attention' });
+  const two = stowplan.balance([...DOCS, 10, 20], 2, { capacity: 1000, cost: 'attention' });
   assert.equal(two.count, 2);
   assert.deepStrictEqual(two.microBatches.map((r) => r.batches.map((x) => Array.from(x))), [[[1], [5, 6, 7]], [[0, 2, 4], [3]]]);
   assert.deepStrictEqual([stowplan.padFactor({ cp: 2, tp: 2 }), stowplan.padFactor({ cp: 3, align: 'roll' }), stowplan.padFactor({ tp: 3 })], [8n, 48n, 3n]);
@@ -62,8 +62,8 @@ test('arrays, typed arrays and bigints give identical results; results are typed
     BigInt64Array.from(DOCS, BigInt),
     new Set(DOCS),
   ];
-  const want = stowplan.balance(DOCS, 2, { maxTokenLen: 1000 }).toJSONText();
-  for (const f of forms) assert.equal(stowplan.balance(f, 2, { maxTokenLen: 1000 }).toJSONText(), want, f.constructor.name);
+  const want = stowplan.balance(DOCS, 2, { capacity: 1000 }).toJSONText();
+  for (const f of forms) assert.equal(stowplan.balance(f, 2, { capacity: 1000 }).toJSONText(), want, f.constructor.name);
   const p = stowplan.partition(Uint8Array.from([3, 1, 2, 2]), 2n);
   assert.ok(p.offsets instanceof Uint32Array && p.indices instanceof Uint32Array && p.sums instanceof BigUint64Array);
   // Exact above 2**53: bigints go through unchanged.
@@ -96,20 +96,20 @@ test('bad input is refused naming the argument and the allowed range', () => {
     [() => stowplan.pack(DOCS, 0), /^capacity must be in 1\.\.=2\*\*64-1 \(got 0\)$/],
     [() => stowplan.pack(DOCS, 1000, { align: 0 }), /^align must be in 1\.\.=2\*\*64-1 \(got 0\)$/],
     [() => stowplan.pack(DOCS, 1000, { oversize: 'skip' }), /^oversize must be one of 'error', 'single', 'drop' \(got "skip"\)$/],
-    [() => stowplan.microBatches(DOCS, 0), /^maxTokenLen must be in 1\.\.=2\*\*64-1 \(got 0\)$/],
+    [() => stowplan.microBatches(DOCS, 0), /^capacity must be in 1\.\.=2\*\*64-1 \(got 0\)$/],
     [() => stowplan.microBatches(DOCS, 2000, { cost: 'flops' }), /^cost must be 'tokens' or 'attention' or a \[linear, quadratic\] pair of integers \(got "flops"\)$/],
     [() => stowplan.microBatches(DOCS, 2000, { cost: [1, -1] }), /^cost quadratic coefficient must be in 0\.\.=2\*\*64-1 \(got -1\)$/],
     [() => stowplan.microBatches(DOCS, 2000, { divisibleBy: 0 }), /^divisibleBy must be in 1\.\.=1048576 \(got 0\)$/],
     [() => stowplan.microBatches(DOCS, 2000, { count: 2 ** 21 }), /^count must be in 1\.\.=1048576 \(got 2097152\)$/],
     [() => stowplan.balance(DOCS, 0), /^dp must be in 1\.\.=1048576 \(got 0\)$/],
-    [() => stowplan.balance(DOCS, 2, { order: 'verl' }), /^order needs maxTokenLen/],
+    [() => stowplan.balance(DOCS, 2, { order: 'verl' }), /^order needs capacity/],
     [() => stowplan.balance(DOCS, 2, { groups: [1, 2] }), /^groups must hold one label per sample \(6; got 2\)$/],
     [() => stowplan.padFactor({ cp: 0 }), /^cp must be in 1\.\.=65536 \(got 0\)$/],
     [() => stowplan.padFactor({ tp: 65537 }), /^tp must be in 1\.\.=65536 \(got 65537\)$/],
     [() => stowplan.padFactor({ align: 'megatron' }), /^align must be 'cp_tp', 'roll' or a positive integer \(got "megatron"\)$/],
     [() => stowplan.cpLayout([1, 2], {}), /^cpLayout needs cp \(in 1\.\.=65536\)$/],
-    [() => stowplan.rawPlan([1, 2], {}), /^packingLength must be an integer in 1\.\.=2\*\*64-1 \(got undefined\)$/],
-    [() => stowplan.alignedPlan(stowplan.rawPlan([1, 2], { packingLength: 4 }), 0), /^worldSize must be in 1\.\.=2\*\*32-1 \(got 0\)$/],
+    [() => stowplan.rawPlan([1, 2], {}), /^capacity must be an integer in 1\.\.=2\*\*64-1 \(got undefined\)$/],
+    [() => stowplan.alignedPlan(stowplan.rawPlan([1, 2], { capacity: 4 }), 0), /^worldSize must be in 1\.\.=2\*\*32-1 \(got 0\)$/],
     [() => stowplan.alignedPlan({}, 1), /^raw must be a RawPlan/],
     [() => stowplan.permutation(2n ** 64n, 1), /^n must be in 0\.\.=2\*\*64-1 \(got 18446744073709551616n\)$/],
   ];
@@ -145,7 +145,7 @@ test('a list longer than a kernel call can take is refused before anything is re
     ['lengths', 8, (l) => stowplan.balance(l, 2)],
     ['extraCosts', 8, (l) => stowplan.balance([1, 2], 1, { extraCosts: l })],
     ['lengths', 8, (l) => stowplan.cpLayout(l, { cp: 2 })],
-    ['lengths', 8, (l) => stowplan.rawPlan(l, { packingLength: 10 })],
+    ['lengths', 8, (l) => stowplan.rawPlan(l, { capacity: 10 })],
     ['lengths', 8, (l) => packer.add(l)],
     ['seqlens', 8, (l) => verl('karmarkar_karp', l, 2, false)],
     ['seqlens', 8, (l) => verlRearrangeMicroBatches(l, 10)],
@@ -211,10 +211,10 @@ test("the component's sha256 is checked at load: a changed byte is refused, the 
 });
 
 test("the kernel's errors name arguments as this package spells them (camelCase)", () => {
-  // The kernel names arguments as the Rust and Python APIs do (max_token_len, min_count).
+  // The kernel names arguments as the Rust and Python APIs do (capacity, min_count).
   assert.throws(() => stowplan.microBatches([5, 6], 4), {
     name: 'InfeasibleError',
-    message: 'infeasible: sequence 0 has 5 tokens, more than maxTokenLen = 4; sequences are never split',
+    message: 'infeasible: sequence 0 has 5 tokens, more than capacity = 4; sequences are never split',
   });
   assert.throws(() => stowplan.microBatches([5, 6], 10, { minCount: 5 }), {
     name: 'InvalidArgumentError',
@@ -240,13 +240,13 @@ test('index.d.ts declares every field of every result (result classes take the k
     const instance = checker.getDeclaredTypeOfSymbol(symbol);
     declared.set(symbol.name, new Set(checker.getPropertiesOfType(instance).map((p) => p.name)));
   }
-  const raw = stowplan.rawPlan([5, 3, 7, 2, 6], { packingLength: 10 });
+  const raw = stowplan.rawPlan([5, 3, 7, 2, 6], { capacity: 10 });
   const results = {
     Partition: stowplan.partition(DOCS, 2),
     Packing: stowplan.pack([5, 3, 7, 2, 6], 10),
     MultiPacking: stowplan.packMulti({ tokens: [5, 3, 7], images: [1, 0, 2] }, { tokens: 10, images: 2 }),
     MicroBatches: stowplan.microBatches(DOCS, 2000),
-    Balance: stowplan.balance(DOCS, 2, { maxTokenLen: 2000 }),
+    Balance: stowplan.balance(DOCS, 2, { capacity: 2000 }),
     CpLayout: stowplan.cpLayout([5, 3, 7], { cp: 2 }),
     RawPlan: raw,
     AlignedPlan: stowplan.alignedPlan(raw, 2),
@@ -268,4 +268,28 @@ test('a kernel field that collides with a member of its result class is refused,
   const own = Object.create(Packing.prototype);
   own.efficiency = 0.5;
   assert.throws(() => adopt(own, record, 'bins'), /field efficiency collides/);
+});
+
+test('a former option name works for one release, warns naming the new one, and not beside it', async () => {
+  const warnings = [];
+  const keep = (w) => warnings.push(w);
+  process.on('warning', keep);
+  try {
+    const want = stowplan.balance(DOCS, 2, { capacity: 1000 }).toJSONText();
+    assert.equal(stowplan.balance(DOCS, 2, { maxTokenLen: 1000 }).toJSONText(), want);
+    const raw = stowplan.rawPlan([5, 3, 7, 2, 6], { capacity: 10 });
+    assert.deepStrictEqual(stowplan.rawPlan([5, 3, 7, 2, 6], { packingLength: 10 }).packs, raw.packs);
+    assert.throws(() => stowplan.balance(DOCS, 2, { capacity: 1000, maxTokenLen: 1000 }), {
+      name: 'InvalidArgumentError',
+      message: 'balance: give capacity only (maxTokenLen is its former name, deprecated)',
+    });
+    // An unknown option stays unknown, whatever its name once meant elsewhere.
+    assert.throws(() => stowplan.microBatches(DOCS, 1000, { maxTokenLen: 1000 }), /unknown option 'maxTokenLen' of microBatches/);
+    await new Promise((resolve) => setImmediate(resolve)); // warnings are emitted on the next tick
+  } finally {
+    process.off('warning', keep);
+  }
+  const names = warnings.map((w) => `${w.name}: ${w.message}`);
+  assert.ok(names.includes('DeprecationWarning: balance: maxTokenLen is deprecated and will be removed in the next release; use capacity'), names.join('\n'));
+  assert.ok(names.some((n) => n.startsWith('DeprecationWarning: rawPlan: packingLength is deprecated')), names.join('\n'));
 });

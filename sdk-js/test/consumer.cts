@@ -8,7 +8,7 @@ async function main(): Promise<string> {
   const sp = await stowplan.load();
   const p: Partition = sp.partition([100, 900, 50n], 2, { method: 'kk' });
   const groups: Uint32Array[] = p.groups;
-  const b: Balance = sp.balance(Uint32Array.from([1, 2, 3, 4]), 2, { maxTokenLen: 4 });
+  const b: Balance = sp.balance(Uint32Array.from([1, 2, 3, 4]), 2, { capacity: 4 });
   const multi: MultiPacking = sp.packMulti({ tokens: [900, 300] }, { tokens: 1200 }, { maxSegments: 2 });
   const packer: StreamPacker = await sp.streamPacker(16384);
   packer.dispose();

@@ -218,7 +218,7 @@ test('balance keeps every rank\'s micro-batches within further limits, one commo
     const what = JSON.stringify({ round, n, dp, cap, limits });
     let b;
     try {
-      b = stowplan.balance(lengths, dp, { maxTokenLen: cap, cost: 'attention', extraCosts: imageTokens, resources: { image_tokens: imageTokens, images }, limits });
+      b = stowplan.balance(lengths, dp, { capacity: cap, cost: 'attention', extraCosts: imageTokens, resources: { image_tokens: imageTokens, images }, limits });
     } catch (e) {
       // A rank with fewer samples than the common count needs.
       assert.ok(e instanceof InvalidArgumentError && /rank/.test(e.message), `${what}: ${e.message}`);
@@ -242,7 +242,7 @@ test('balance keeps every rank\'s micro-batches within further limits, one commo
     assert.deepStrictEqual(b.ranks.map((r) => Array.from(r)), plain.ranks.map((r) => Array.from(r)), what);
   }
   assert.ok(planned > 20, `${planned} of 60 rounds planned`);
-  assert.throws(() => stowplan.balance([1, 2], 1, { resources: { images: [1, 1] }, limits: { images: 2 } }), /resources needs maxTokenLen/);
+  assert.throws(() => stowplan.balance([1, 2], 1, { resources: { images: [1, 1] }, limits: { images: 2 } }), /resources needs capacity/);
 });
 
 test("messages keep the caller's resource names as spelt (image_tokens, not camel-cased)", () => {
@@ -250,6 +250,6 @@ test("messages keep the caller's resource names as spelt (image_tokens, not came
     (e) => e instanceof stowplan.InfeasibleError && /needs 9 image_tokens \(capacity 5\)/.test(e.message));
   assert.throws(() => stowplan.microBatches([1], 10, { resources: { image_tokens: [9] }, limits: { image_tokens: 5 } }),
     (e) => e instanceof stowplan.InfeasibleError && /has 9 image_tokens, more than its cap 5/.test(e.message));
-  // The kernel's own argument names are still spelt as this package's options.
-  assert.throws(() => stowplan.microBatches([20], 10), (e) => /maxTokenLen/.test(e.message) && !/max_token_len/.test(e.message));
+  // The kernel names the cap as this package's argument does.
+  assert.throws(() => stowplan.microBatches([20], 10), (e) => /more than capacity = 10/.test(e.message));
 });

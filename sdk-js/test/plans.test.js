@@ -37,12 +37,12 @@ const PLANS = [
   ['pretrain-docs-1m.txt', 32768, 8, true],
 ];
 
-for (const [name, packingLength, worldSize, allowSingleLong] of PLANS) {
+for (const [name, capacity, worldSize, allowSingleLong] of PLANS) {
   test(`static plan of ${name}: raw and aligned checksums identical to the CLI's`, () => {
     const lengths = workload(name);
-    const raw = stowplan.rawPlan(lengths, { packingLength, allowSingleLong });
+    const raw = stowplan.rawPlan(lengths, { capacity, allowSingleLong });
     const aligned = stowplan.alignedPlan(raw, worldSize);
-    const args = ['plan', '--lengths', join(WORKLOADS, name), '--packing-length', String(packingLength), '--world-size', String(worldSize), '--json'];
+    const args = ['plan', '--lengths', join(WORKLOADS, name), '--capacity', String(capacity), '--world-size', String(worldSize), '--json'];
     if (allowSingleLong) args.push('--allow-single-long');
     const want = JSON.parse(cli(args));
     assert.equal(raw.checksum, want.raw_checksum);
@@ -63,7 +63,7 @@ for (const [name, packingLength, worldSize, allowSingleLong] of PLANS) {
 }
 
 test('the pretrain-docs-1m checksums are the ones .ci/run and the Rust and Python tests record', () => {
-  const raw = stowplan.rawPlan(workload('pretrain-docs-1m.txt'), { packingLength: 32768, allowSingleLong: true });
+  const raw = stowplan.rawPlan(workload('pretrain-docs-1m.txt'), { capacity: 32768, allowSingleLong: true });
   assert.equal(raw.checksum, '91be2b30eb63eb8ea8dfa3502beb5c34c1e552987e449f43f3529e14d2f00621');
   assert.equal(stowplan.alignedPlan(raw, 8).checksum, '99091bdfbffa874e2671f2a1cccfb8ecadad68451a4fea34ca6d77e7adaddacc');
   assert.equal(raw.singleLong.length, 1048);
@@ -72,8 +72,8 @@ test('the pretrain-docs-1m checksums are the ones .ci/run and the Rust and Pytho
 test('static plan of vlm-mix-100k under limits: the CLI\'s plan, every pack within every limit', () => {
   const { tokens, resources } = vlmTable();
   const limits = { image_tokens: 8192, images: 32 };
-  const raw = stowplan.rawPlan(tokens, { packingLength: 16384, resources, limits, maxSegments: 64 });
-  const args = ['plan', '--lengths', join(WORKLOADS, 'vlm-mix-100k.tsv'), '--packing-length', '16384',
+  const raw = stowplan.rawPlan(tokens, { capacity: 16384, resources, limits, maxSegments: 64 });
+  const args = ['plan', '--lengths', join(WORKLOADS, 'vlm-mix-100k.tsv'), '--capacity', '16384',
     '--limit', 'image_tokens=8192', '--limit', 'images=32', '--max-segments', '64', '--json'];
   const want = JSON.parse(cli(args));
   assert.equal(raw.checksum, want.raw_checksum);
@@ -91,22 +91,22 @@ test('static plan of vlm-mix-100k under limits: the CLI\'s plan, every pack with
     assert.equal(raw.limits.loads[2 * p + 1], BigInt(im));
   });
   // By name: method needs limits; resources and limits go together.
-  assert.throws(() => stowplan.rawPlan([1, 2], { packingLength: 10, method: 'bfd' }), /method applies with limits or maxSegments/);
-  assert.throws(() => stowplan.rawPlan([1, 2], { packingLength: 10, limits: { images: 2 } }), /limits needs resources/);
-  assert.throws(() => stowplan.rawPlan([1, 2], { packingLength: 10, maxSegments: 1, method: 'worst' }), /method must be one of/);
+  assert.throws(() => stowplan.rawPlan([1, 2], { capacity: 10, method: 'bfd' }), /method applies with limits or maxSegments/);
+  assert.throws(() => stowplan.rawPlan([1, 2], { capacity: 10, limits: { images: 2 } }), /limits needs resources/);
+  assert.throws(() => stowplan.rawPlan([1, 2], { capacity: 10, maxSegments: 1, method: 'worst' }), /method must be one of/);
   // A segment limit alone; without limits, no limits.
-  assert.deepStrictEqual(stowplan.rawPlan([1, 2, 3], { packingLength: 10, maxSegments: 2 }).packs.map((p) => Array.from(p)), [[0], [1, 2]]);
-  assert.equal(stowplan.rawPlan([1, 2, 3], { packingLength: 10 }).limits, null);
+  assert.deepStrictEqual(stowplan.rawPlan([1, 2, 3], { capacity: 10, maxSegments: 2 }).packs.map((p) => Array.from(p)), [[0], [1, 2]]);
+  assert.equal(stowplan.rawPlan([1, 2, 3], { capacity: 10 }).limits, null);
 });
 
 test('drop-last and world size 1: the aligned plan drops the remainder, or is the raw plan', () => {
-  const raw = stowplan.rawPlan([5, 9, 3, 7, 8, 2, 6], { packingLength: 10 });
+  const raw = stowplan.rawPlan([5, 9, 3, 7, 8, 2, 6], { capacity: 10 });
   const one = stowplan.alignedPlan(raw, 1);
   assert.equal(one.checksum, raw.checksum);
   const dropped = stowplan.alignedPlan(raw, 4, { dropLast: true });
   assert.equal(dropped.length % 4, 0);
   assert.equal(dropped.droppedPacks, raw.length % 4);
-  const want = JSON.parse(cli(['plan', '--lengths', '-', '--packing-length', '10', '--world-size', '4', '--drop-last', '--json'], '5\n9\n3\n7\n8\n2\n6\n'));
+  const want = JSON.parse(cli(['plan', '--lengths', '-', '--capacity', '10', '--world-size', '4', '--drop-last', '--json'], '5\n9\n3\n7\n8\n2\n6\n'));
   assert.equal(dropped.checksum, want.aligned_checksum);
   assert.equal(raw.checksum, want.raw_checksum);
 });
@@ -115,19 +115,19 @@ test('balance plans: JSON text byte-identical to the plan of stowplan balance --
   const lengths = workload('rl-math-8k.txt');
   const input = `${Array.from(lengths).join('\n')}\n`;
   const cases = [
-    [['--dp', '8', '--max-token-len', '16384', '--cost', 'attention'], { dp: 8, maxTokenLen: 16384, cost: 'attention' }],
+    [['--dp', '8', '--capacity', '16384', '--cost', 'attention'], { dp: 8, capacity: 16384, cost: 'attention' }],
     [['--dp', '4'], { dp: 4 }],
-    [['--dp', '8', '--max-token-len', '32768', '--order', 'verl', '--min-count', '3'], { dp: 8, maxTokenLen: 32768, order: 'verl', minCount: 3 }],
-    [['--dp', '16', '--max-token-len', '20000', '--cost', '7,3', '--group-size', '8'], { dp: 16, maxTokenLen: 20000, cost: [7, 3], groups: Array.from(lengths, (_, i) => Math.floor(i / 8)) }],
-    [['--max-token-len', '16384', '--cost', 'attention', '--order', 'roll'], { dp: 1, maxTokenLen: 16384, cost: 'attention', order: 'roll' }],
+    [['--dp', '8', '--capacity', '32768', '--order', 'verl', '--min-count', '3'], { dp: 8, capacity: 32768, order: 'verl', minCount: 3 }],
+    [['--dp', '16', '--capacity', '20000', '--cost', '7,3', '--group-size', '8'], { dp: 16, capacity: 20000, cost: [7, 3], groups: Array.from(lengths, (_, i) => Math.floor(i / 8)) }],
+    [['--capacity', '16384', '--cost', 'attention', '--order', 'roll'], { dp: 1, capacity: 16384, cost: 'attention', order: 'roll' }],
   ];
   for (const [args, o] of cases) {
     const want = cliPlanText(cli(['balance', '-', '--json', ...args], input));
-    const { dp, maxTokenLen, ...rest } = o;
+    const { dp, capacity, ...rest } = o;
     const got =
       dp === 1
-        ? stowplan.microBatches(lengths, maxTokenLen, rest).toJSONText()
-        : stowplan.balance(lengths, dp, { maxTokenLen, ...rest }).toJSONText();
+        ? stowplan.microBatches(lengths, capacity, rest).toJSONText()
+        : stowplan.balance(lengths, dp, { capacity, ...rest }).toJSONText();
     assert.equal(got, want, args.join(' '));
   }
 });
@@ -139,14 +139,14 @@ test('balance plans under limits: JSON text byte-identical to the CLI\'s, resour
   const cut = { image_tokens: resources.image_tokens.slice(0, n), images: resources.images.slice(0, n) };
   const input = `tokens\timage_tokens\timages\n${lengths.map((t, i) => `${t}\t${cut.image_tokens[i]}\t${cut.images[i]}`).join('\n')}\n`;
   const limits = { image_tokens: 8192, images: 32 };
-  const flags = ['--max-token-len', '16384', '--limit', 'image_tokens=8192', '--limit', 'images=32'];
+  const flags = ['--capacity', '16384', '--limit', 'image_tokens=8192', '--limit', 'images=32'];
   for (const dp of [1, 4]) {
     const want = cliPlanText(cli(['balance', '-', '--json', '--dp', String(dp), ...flags], input));
     assert.match(want, /"resource_loads":\[\[/, 'the CLI reports the loads');
     const got =
       dp === 1
         ? stowplan.microBatches(lengths, 16384, { resources: cut, limits }).toJSONText()
-        : stowplan.balance(lengths, dp, { maxTokenLen: 16384, resources: cut, limits }).toJSONText();
+        : stowplan.balance(lengths, dp, { capacity: 16384, resources: cut, limits }).toJSONText();
     assert.equal(got, want, `dp ${dp}`);
   }
 });
@@ -162,7 +162,7 @@ test('toJSONText of micro-batches whose arrays were changed in place is refused,
   const two = stowplan.microBatches([5, 6, 7], 12, { resources: { images: [1, 0, 2], video: [0, 0, 1] }, limits: { images: 3, video: 1 } });
   two.indices[0] = 2 ** 31;
   assert.throws(() => two.toJSONText(), /sample 2147483648, beyond the 3 of sizes/);
-  const b = stowplan.balance([5, 6, 7, 8], 2, { maxTokenLen: 12 });
+  const b = stowplan.balance([5, 6, 7, 8], 2, { capacity: 12 });
   assert.throws(() => {
     b.microBatches[0] = b.microBatches[1];
   }, TypeError, "the ranks' micro-batches are read-only");

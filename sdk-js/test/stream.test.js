@@ -205,8 +205,8 @@ test('extra costs: zeros change nothing, the costs include them, caps count toke
   const plainMicro = stowplan.microBatches(lengths, 16384, { cost: 'attention' });
   const zeroMicro = stowplan.microBatches(lengths, 16384, { cost: 'attention', extraCosts: zeros });
   assert.deepStrictEqual([zeroMicro.offsets, zeroMicro.indices, zeroMicro.costs], [plainMicro.offsets, plainMicro.indices, plainMicro.costs]);
-  const plainBalance = stowplan.balance(lengths, 4, { maxTokenLen: 16384 });
-  const zeroBalance = stowplan.balance(lengths, 4, { maxTokenLen: 16384, extraCosts: zeros });
+  const plainBalance = stowplan.balance(lengths, 4, { capacity: 16384 });
+  const zeroBalance = stowplan.balance(lengths, 4, { capacity: 16384, extraCosts: zeros });
   assert.deepStrictEqual(zeroBalance.ranks, plainBalance.ranks);
 
   // One sample with a heavy image: its micro-batch's cost shows it, its tokens do not.

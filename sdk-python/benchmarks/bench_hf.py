@@ -156,7 +156,7 @@ def child(contender: str, seq_length: int, path: pathlib.Path, mmap: bool) -> Di
     if who == "cli":
 
         def pack(ds: Any, seq_length: int, strategy: str) -> Any:
-            args = [str(CLI), "pack-dataset", str(path), str(out_file), "--seq-length", str(seq_length)]
+            args = [str(CLI), "pack-dataset", str(path), str(out_file), "--capacity", str(seq_length)]
             args += ["--strategy", strategy, "--columns", "input_ids,labels"]
             subprocess.run(args, check=True, stdout=subprocess.DEVNULL)
             return datasets.Dataset.from_file(str(out_file))

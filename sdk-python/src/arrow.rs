@@ -52,52 +52,52 @@ fn row_packing(strategy: &Bound<'_, PyAny>, overflow: Option<&Bound<'_, PyAny>>)
     Ok((p.strategy().to_string(), p.overflow().map(|o| o.to_string())))
 }
 
-/// pack_rows(lengths, seq_length, strategy, overflow=None, column="", backend=None)
+/// pack_rows(lengths, capacity, strategy, overflow=None, column="", backend=None)
 /// -> (starts, lengths, offsets): rows of ``lengths`` tokens (their values one after the
-/// other) packed into rows of at most ``seq_length`` tokens by the host's
+/// other) packed into rows of at most ``capacity`` tokens by the host's
 /// `stowplan::pack_rows`: packed row ``r`` is the items ``offsets[r]:offsets[r+1]``, item
 /// ``i`` the ``lengths[i]`` values from ``starts[i]`` (``int64`` arrays). Errors name
 /// ``column`` and the row: ``InfeasibleError`` for a long row under ``overflow="error"``,
 /// ``InvalidArgumentError`` otherwise.
 #[pyfunction]
-#[pyo3(signature = (lengths, seq_length, strategy, overflow=None, column="", backend=None))]
+#[pyo3(signature = (lengths, capacity, strategy, overflow=None, column="", backend=None))]
 fn pack_rows<'py>(
     py: Python<'py>,
     lengths: &Bound<'py, PyAny>,
-    seq_length: &Bound<'py, PyAny>,
+    capacity: &Bound<'py, PyAny>,
     strategy: &Bound<'py, PyAny>,
     overflow: Option<&Bound<'py, PyAny>>,
     column: &str,
     backend: Option<BackendArg>,
 ) -> PyResult<Int64Triple<'py>> {
     let packing = row_packing_of(strategy, overflow)?;
-    let seq_length = u64_arg(seq_length, "seq_length", 1)?;
+    let capacity = u64_arg(capacity, "capacity", 1)?;
     let backend = BackendArg::or_default(backend);
     let lengths = Lengths::extract(lengths, "lengths")?;
     let l = lengths.slice();
-    let rows = py.detach(|| stowplan::pack_rows(backend, l, seq_length, packing, column)).map_err(|e| to_py(py, e))?;
+    let rows = py.detach(|| stowplan::pack_rows(backend, l, capacity, packing, column)).map_err(|e| to_py(py, e))?;
     Ok((int64s(py, rows.starts), int64s(py, rows.lengths), int64s(py, rows.offsets)))
 }
 
-/// row_items(lengths, seq_length, overflow, column="", row0=0) -> (starts, lengths): the
+/// row_items(lengths, capacity, overflow, column="", row0=0) -> (starts, lengths): the
 /// items of rows of ``lengths`` tokens under ``overflow``, in row order (the host's
 /// `stowplan::rows::row_items`), as ``int64`` arrays; errors number rows from ``row0``.
 #[pyfunction]
-#[pyo3(signature = (lengths, seq_length, overflow, column="", row0=0))]
+#[pyo3(signature = (lengths, capacity, overflow, column="", row0=0))]
 fn row_items<'py>(
     py: Python<'py>,
     lengths: &Bound<'py, PyAny>,
-    seq_length: &Bound<'py, PyAny>,
+    capacity: &Bound<'py, PyAny>,
     overflow: &str,
     column: &str,
     row0: u64,
 ) -> PyResult<Int64Pair<'py>> {
     let overflow: Overflow = overflow.parse().map_err(|e| to_py(py, e))?;
-    let seq_length = u64_arg(seq_length, "seq_length", 1)?;
+    let capacity = u64_arg(capacity, "capacity", 1)?;
     let lengths = Lengths::extract(lengths, "lengths")?;
     let l = lengths.slice();
     let items =
-        py.detach(|| stowplan::rows::row_items(l, seq_length, overflow, column, row0)).map_err(|e| to_py(py, e))?;
+        py.detach(|| stowplan::rows::row_items(l, capacity, overflow, column, row0)).map_err(|e| to_py(py, e))?;
     Ok((int64s(py, items.starts), int64s(py, items.lengths)))
 }
 
@@ -130,18 +130,18 @@ fn check_row_lengths(py: Python<'_>, lengths: &Bound<'_, PyAny>, column: &str, r
     stowplan::rows::check_row_lengths(lengths.slice(), column, row0).map_err(|e| to_py(py, e))
 }
 
-/// wrapped_rows(lengths, seq_length) -> (starts, lengths, offsets): every token of rows of
-/// ``lengths`` tokens cut into rows of ``seq_length`` (the host's `stowplan::rows::wrapped_rows`).
+/// wrapped_rows(lengths, capacity) -> (starts, lengths, offsets): every token of rows of
+/// ``lengths`` tokens cut into rows of ``capacity`` (the host's `stowplan::rows::wrapped_rows`).
 #[pyfunction]
 fn wrapped_rows<'py>(
     py: Python<'py>,
     lengths: &Bound<'py, PyAny>,
-    seq_length: &Bound<'py, PyAny>,
+    capacity: &Bound<'py, PyAny>,
 ) -> PyResult<Int64Triple<'py>> {
-    let seq_length = u64_arg(seq_length, "seq_length", 1)?;
+    let capacity = u64_arg(capacity, "capacity", 1)?;
     let lengths = Lengths::extract(lengths, "lengths")?;
     let l = lengths.slice();
-    let rows = py.detach(|| stowplan::rows::wrapped_rows(l, seq_length)).map_err(|e| to_py(py, e))?;
+    let rows = py.detach(|| stowplan::rows::wrapped_rows(l, capacity)).map_err(|e| to_py(py, e))?;
     Ok((int64s(py, rows.starts), int64s(py, rows.lengths), int64s(py, rows.offsets)))
 }
 
@@ -333,7 +333,7 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("OVERFLOWS", Overflow::ALL.iter().map(|o| o.name()).collect::<Vec<_>>())?;
     m.add("DEFAULT_OVERFLOW", Overflow::default().name())?;
     m.add("MAX_ROW_LENGTH", stowplan::rows::MAX_ROW_LENGTH)?;
-    m.add("MAX_SEQ_LENGTH", stowplan::rows::MAX_SEQ_LENGTH)?;
+    m.add("MAX_CAPACITY", stowplan::rows::MAX_CAPACITY)?;
     m.add("PACKED_BATCH_TOKENS", stowplan::rows::PACKED_BATCH_TOKENS)?;
     Ok(())
 }

@@ -7,7 +7,8 @@ use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyTuple};
 use stowplan::kernel::{Balance, Cost, DpOptions, MicroBatches, MicroOptions};
 
 use crate::convert::{
-    BackendArg, Lengths, cost_arg, int, integer, kernel, opt_parse, opt_u32, repr, str_options, u32_arg, u64_arg,
+    BackendArg, Lengths, cost_arg, int, integer, kernel, opt_parse, opt_u32, renamed, repr, str_options, u32_arg,
+    u64_arg,
 };
 use crate::errors::{invalid, to_py};
 use crate::multi;
@@ -123,7 +124,7 @@ pub struct PyMicroBatches {
     /// samples, ``Balance.ranks[r]``).
     #[pyo3(get)]
     restore: Py<PyArray1<u32>>,
-    /// ``max(1, ceil(total tokens / max_token_len))``.
+    /// ``max(1, ceil(total tokens / capacity))``.
     #[pyo3(get)]
     lower_bound: u32,
     /// The count this batch needs on its own (the count ``count=`` overrides).
@@ -203,14 +204,14 @@ grouped_methods!(
 /// Micro-batch options from the arguments (`None`: `MicroOptions::new`'s defaults).
 fn micro_options(
     py: Python<'_>,
-    max_token_len: &Bound<'_, PyAny>,
+    capacity: &Bound<'_, PyAny>,
     cost: Option<Cost>,
     min_count: Option<&Bound<'_, PyAny>>,
     divisible_by: Option<&Bound<'_, PyAny>>,
     count: Option<&Bound<'_, PyAny>>,
     order: Option<&str>,
 ) -> PyResult<MicroOptions> {
-    let d = MicroOptions::new(u64_arg(max_token_len, "max_token_len", 1)?);
+    let d = MicroOptions::new(u64_arg(capacity, "capacity", 1)?);
     Ok(MicroOptions {
         cost: cost.unwrap_or(d.cost),
         min_count: opt_u32(min_count, "min_count", 0)?.unwrap_or(d.min_count),
@@ -221,13 +222,13 @@ fn micro_options(
     })
 }
 
-/// Splits one rank's batch into micro-batches of at most ``max_token_len`` tokens.
+/// Splits one rank's batch into micro-batches of at most ``capacity`` tokens.
 ///
 /// The cap is hard: no micro-batch ever exceeds it. The count is the smallest the cap allows
 /// (the bin-packing lower bound on typical inputs), raised to ``min_count``, rounded up to a
 /// multiple of ``divisible_by`` — or exactly ``count``. The cost is balanced across them.
 ///
-/// ``lengths``: tokens per sequence (list, numpy array, CPU tensor …); ``max_token_len``: the
+/// ``lengths``: tokens per sequence (list, numpy array, CPU tensor …); ``capacity``: the
 /// cap, ``>= 1``. Options (omitted or ``None``: the default): ``cost`` — ``"tokens"``
 /// (default), ``"attention"`` (``24576·L + L²``, verl's and ROLL's workload) or a
 /// ``(linear, quadratic)`` pair of integers; ``min_count`` — at least this many
@@ -242,11 +243,12 @@ fn micro_options(
 /// tokens, images …; one array-like each) and ``limits`` the same names to the cap (``>= 1``),
 /// up to 7; every micro-batch then stays within every cap, the count is best-fit decreasing's
 /// under all of them, and ``lower_bound`` is the largest per-resource bound; ``backend`` —
-/// ``"wasm"`` (default) or ``"native"``.
+/// ``"wasm"`` (default) or ``"native"``. ``max_token_len=`` is the former name of ``capacity``,
+/// accepted with a ``DeprecationWarning`` for one release.
 ///
-/// Raises :class:`InfeasibleError` for a sequence longer than ``max_token_len`` or over a
+/// Raises :class:`InfeasibleError` for a sequence longer than ``capacity`` or over a
 /// limit (named) or a ``count`` below what the caps allow; :class:`InvalidArgumentError` for empty input,
-/// ``max_token_len`` 0, a count above the number of sequences (micro-batches are never
+/// ``capacity`` 0, a count above the number of sequences (micro-batches are never
 /// empty), ``count`` not a multiple of ``divisible_by`` …
 ///
 /// >>> mb = micro_batches([100, 900, 50, 950, 400, 600], 2000)
@@ -258,13 +260,13 @@ fn micro_options(
 /// >>> [b.tolist() for b in vlm.batches]  # at most 3 images per micro-batch
 /// [[0, 2], [1, 3]]
 #[pyfunction]
-#[pyo3(signature = (lengths, max_token_len, *, cost=None, min_count=None, divisible_by=None, count=None, order=None,
-    extra_costs=None, resources=None, limits=None, backend=None))]
+#[pyo3(signature = (lengths, capacity=None, *, cost=None, min_count=None, divisible_by=None, count=None, order=None,
+    extra_costs=None, resources=None, limits=None, backend=None, max_token_len=None))]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn micro_batches(
     py: Python<'_>,
     lengths: &Bound<'_, PyAny>,
-    max_token_len: &Bound<'_, PyAny>,
+    capacity: Option<&Bound<'_, PyAny>>,
     cost: Option<&Bound<'_, PyAny>>,
     min_count: Option<&Bound<'_, PyAny>>,
     divisible_by: Option<&Bound<'_, PyAny>>,
@@ -274,9 +276,12 @@ pub(crate) fn micro_batches(
     resources: Option<&Bound<'_, PyDict>>,
     limits: Option<&Bound<'_, PyDict>>,
     backend: Option<BackendArg>,
+    max_token_len: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<PyMicroBatches> {
     str_options!(order);
-    let options = micro_options(py, max_token_len, cost_arg(cost)?, min_count, divisible_by, count, order)?;
+    let capacity = renamed(py, "micro_batches", ("capacity", capacity), ("max_token_len", max_token_len))?
+        .ok_or_else(|| invalid(py, "micro_batches: capacity (the tokens of a micro-batch, >= 1) is required".into()))?;
+    let options = micro_options(py, capacity, cost_arg(cost)?, min_count, divisible_by, count, order)?;
     let lengths = Lengths::extract(lengths, "lengths")?;
     let extra = extra_costs.map(|e| Lengths::extract(e, "extra_costs")).transpose()?;
     let kernel = kernel(py, backend)?;
@@ -296,11 +301,11 @@ pub struct PyBalance {
     /// ``max(ceil(total cost / dp), costliest group)``.
     #[pyo3(get)]
     cost_lower_bound: u64,
-    /// With ``max_token_len``, one :class:`MicroBatches` per rank (global indices, the same
+    /// With ``capacity``, one :class:`MicroBatches` per rank (global indices, the same
     /// count on every rank); else ``None``.
     #[pyo3(get)]
     micro_batches: Option<Py<PyList>>,
-    /// Micro-batches per rank (``None`` without ``max_token_len``).
+    /// Micro-batches per rank (``None`` without ``capacity``).
     #[pyo3(get)]
     count: Option<usize>,
     /// The number of ranks.
@@ -411,7 +416,7 @@ fn labels(groups: Option<&Bound<'_, PyAny>>, n: usize) -> PyResult<Option<Vec<u3
     Ok(Some(out))
 }
 
-/// Balances a global batch over ``dp`` ranks, and with ``max_token_len`` also splits every
+/// Balances a global batch over ``dp`` ranks, and with ``capacity`` also splits every
 /// rank's part into micro-batches (the same count on every rank).
 ///
 /// Every rank gets the same number of samples (``equal_count``), and the costliest rank is
@@ -421,7 +426,7 @@ fn labels(groups: Option<&Bound<'_, PyAny>>, n: usize) -> PyResult<Option<Vec<u3
 ///
 /// ``lengths``: tokens per sample of the global batch; ``dp``: number of data-parallel ranks,
 /// ``>= 1``. Options (omitted or ``None``: the default): ``cost`` — as in
-/// :func:`micro_batches`; ``max_token_len`` — the micro-batch cap (``None``: plan only the DP
+/// :func:`micro_batches`; ``capacity`` — the micro-batch cap (``None``: plan only the DP
 /// level); ``groups`` — one label per sample (any hashable values, e.g. the prompt uid of
 /// each rollout; numpy arrays too): samples with the same label stay on one rank (equal counts
 /// need groups of one size and a group count divisible by ``dp``); ``group_size`` — the CLI's
@@ -434,9 +439,9 @@ fn labels(groups: Option<&Bound<'_, PyAny>>, n: usize) -> PyResult<Option<Vec<u3
 /// ``min_count``, ``divisible_by``, ``count``, ``order`` — as in :func:`micro_batches`, per
 /// rank; ``extra_costs`` — one extra cost per sample on top of ``cost`` (e.g. a multimodal
 /// sample's image tokens), counted by both levels; ``resources``/``limits`` — further caps
-/// per micro-batch, as in :func:`micro_batches` (with ``max_token_len``): every rank's
+/// per micro-batch, as in :func:`micro_batches` (with ``capacity``): every rank's
 /// micro-batches stay within every cap, one common count; ``backend`` — ``"wasm"`` (default)
-/// or ``"native"``.
+/// or ``"native"``. ``max_token_len=`` is the former name of ``capacity`` (deprecated).
 ///
 /// Index spaces: ``order``, ``ranks[r]`` and ``micro_batches[r].batches`` of the result hold
 /// **global** sample indices (positions in ``lengths``). A rank holding only its share
@@ -446,7 +451,7 @@ fn labels(groups: Option<&Bound<'_, PyAny>>, n: usize) -> PyResult<Option<Vec<u3
 /// Raises ``InvalidArgumentError`` naming the argument and its range (``dp`` above the number
 /// of samples, counts that do not divide, ``groups`` of the wrong length or of different
 /// sizes, ``group_size`` with ``groups`` or not dividing the samples …) and
-/// ``InfeasibleError`` for a sample longer than ``max_token_len``.
+/// ``InfeasibleError`` for a sample longer than ``capacity``.
 ///
 /// >>> b = balance([100, 900, 50, 950, 400, 600], 2)
 /// >>> [r.tolist() for r in b.ranks], b.tokens.tolist()
@@ -454,20 +459,20 @@ fn labels(groups: Option<&Bound<'_, PyAny>>, n: usize) -> PyResult<Option<Vec<u3
 /// >>> rollouts = [5, 7, 1, 1, 9, 9, 2, 3]               # 4 prompts × 2 rollouts, consecutive
 /// >>> [r.tolist() for r in balance(rollouts, 2, group_size=2).ranks]   # = groups=[0, 0, 1, 1, …]
 /// [[2, 3, 4, 5], [0, 1, 6, 7]]
-/// >>> b = balance([100, 900, 50, 950, 400, 600, 10, 20], 2, max_token_len=1000, cost="attention")
+/// >>> b = balance([100, 900, 50, 950, 400, 600, 10, 20], 2, capacity=1000, cost="attention")
 /// >>> b.count, [[m.tolist() for m in r.batches] for r in b.micro_batches]
 /// (2, [[[1], [5, 6, 7]], [[0, 2, 4], [3]]])
 #[pyfunction]
-#[pyo3(signature = (lengths, dp, *, cost=None, max_token_len=None, groups=None, group_size=None, minibatch_size=None,
+#[pyo3(signature = (lengths, dp, *, cost=None, capacity=None, groups=None, group_size=None, minibatch_size=None,
     equal_count=None, min_count=None, divisible_by=None, count=None, order=None, extra_costs=None, resources=None,
-    limits=None, backend=None))]
+    limits=None, backend=None, max_token_len=None))]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn balance(
     py: Python<'_>,
     lengths: &Bound<'_, PyAny>,
     dp: &Bound<'_, PyAny>,
     cost: Option<&Bound<'_, PyAny>>,
-    max_token_len: Option<&Bound<'_, PyAny>>,
+    capacity: Option<&Bound<'_, PyAny>>,
     groups: Option<&Bound<'_, PyAny>>,
     group_size: Option<&Bound<'_, PyAny>>,
     minibatch_size: Option<&Bound<'_, PyAny>>,
@@ -480,14 +485,16 @@ pub(crate) fn balance(
     resources: Option<&Bound<'_, PyDict>>,
     limits: Option<&Bound<'_, PyDict>>,
     backend: Option<BackendArg>,
+    max_token_len: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<PyBalance> {
     str_options!(order);
+    let capacity = renamed(py, "balance", ("capacity", capacity), ("max_token_len", max_token_len))?;
     let d = DpOptions::default();
     let cost = cost_arg(cost)?.unwrap_or(d.cost);
     let dp = u32_arg(dp, "dp", 1)?;
     let minibatch_size = opt_u32(minibatch_size, "minibatch_size", 1)?.or(d.minibatch_size);
     let micro =
-        max_token_len.map(|t| micro_options(py, t, Some(cost), min_count, divisible_by, count, order)).transpose()?;
+        capacity.map(|t| micro_options(py, t, Some(cost), min_count, divisible_by, count, order)).transpose()?;
     let lengths = Lengths::extract(lengths, "lengths")?;
     let l = lengths.slice();
     let equal_count = equal_count.unwrap_or(d.equal_count);
@@ -523,7 +530,7 @@ pub(crate) fn balance(
     let limited = multi::limits_arg(py, resources, limits, l.len())?;
     let (plan, ranks): (Balance, Option<Vec<MicroBatches>>) = match (micro, &limited) {
         (None, Some(_)) => {
-            return Err(invalid(py, "limits cap micro-batches: give max_token_len with resources and limits".into()));
+            return Err(invalid(py, "limits cap micro-batches: give capacity with resources and limits".into()));
         }
         (None, None) => (py.detach(|| kernel.balance_dp(l, dp, &options)).map_err(|e| to_py(py, e))?, None),
         (Some(m), limited) => {
@@ -557,7 +564,7 @@ pub(crate) fn balance(
 }
 
 /// The micro-batches of rank ``rank`` of ``plan`` (a :class:`Balance` made with
-/// ``max_token_len``), as ``uint32`` arrays in the plan's micro-batch order.
+/// ``capacity``), as ``uint32`` arrays in the plan's micro-batch order.
 ///
 /// With ``local=True`` (the default) the arrays hold **rank-local** positions: indices into
 /// the rank's own batch, the samples ``plan.ranks[rank]`` in that order
@@ -572,7 +579,7 @@ pub(crate) fn balance(
 /// micro-batches, or ``rank`` is not in ``0..=dp-1``.
 ///
 /// >>> lengths = [100, 900, 50, 950, 400, 600, 10, 20]
-/// >>> plan = balance(lengths, 2, max_token_len=1000, cost="attention")
+/// >>> plan = balance(lengths, 2, capacity=1000, cost="attention")
 /// >>> plan.ranks[1].tolist()                                   # global indices of rank 1's samples
 /// [0, 2, 3, 4]
 /// >>> [m.tolist() for m in plan.micro_batches[1].batches]     # global indices too
@@ -597,10 +604,7 @@ pub(crate) fn rank_micro_batches<'py>(
     })?;
     let b = b.get();
     let Some(micro) = &b.micro_batches else {
-        return Err(invalid(
-            py,
-            "plan has no micro-batches: make it with stowplan.balance(..., max_token_len=T)".into(),
-        ));
+        return Err(invalid(py, "plan has no micro-batches: make it with stowplan.balance(..., capacity=T)".into()));
     };
     let rank: usize = int(rank, "rank", 0, b.dp as i128 - 1)?;
     let mb = micro.bind(py).get_item(rank)?;

@@ -79,8 +79,8 @@ impl PyPackingConfig {
     ///                                                                          multiple of ``world_size`` (× the per-device batch
     ///                                                                          without packing); with packing, accumulation
     ///                                                                          steps = ``effective_batch_size / world_size``
-    /// ``template.max_length``                          int >= 1  none          the packing length (``packing_length``; the key used
-    ///                                                                          is ``packing_length_key``); required when packing
+    /// ``template.max_length``                          int >= 1  none          the packing length (``capacity``; the key used
+    ///                                                                          is ``capacity_key``); required when packing
     ///                                                                          or eval packing is on
     /// ``model.max_model_len``                          int >= 1  none          the packing length when ``template.max_length`` is
     ///                                                                          unset
@@ -102,7 +102,7 @@ impl PyPackingConfig {
     ///
     /// >>> c = PackingConfig.from_dict({"training": {"packing": True, "per_device_train_batch_size": 4,
     /// ...     "gradient_accumulation_steps": 2}, "template": {"max_length": 16384}}, world_size=8)
-    /// >>> c.packing_length, c.per_device_train_batch_size, c.gradient_accumulation_steps, c.eval_packing
+    /// >>> c.capacity, c.per_device_train_batch_size, c.gradient_accumulation_steps, c.eval_packing
     /// (16384, 1, 8, True)
     #[staticmethod]
     #[pyo3(signature = (config, *, world_size))]
@@ -191,16 +191,30 @@ impl PyPackingConfig {
         }
     }
 
-    /// The per-pack cap (``None`` only when neither train nor eval packing is on).
+    /// The per-pack token cap (``None`` only when neither train nor eval packing is on).
     #[getter]
-    fn packing_length(&self) -> Option<u64> {
-        self.config.packing_length
+    fn capacity(&self) -> Option<u64> {
+        self.config.capacity
     }
 
-    /// The key ``packing_length`` came from.
+    /// The key the capacity came from (e.g. ``"template.max_length"``).
     #[getter]
-    fn packing_length_key(&self) -> Option<&str> {
-        self.config.packing_length_key.as_deref()
+    fn capacity_key(&self) -> Option<&str> {
+        self.config.capacity_key.as_deref()
+    }
+
+    /// The former name of :attr:`capacity` (deprecated: warns, for one release).
+    #[getter]
+    fn packing_length(&self, py: Python<'_>) -> PyResult<Option<u64>> {
+        crate::convert::warn_renamed(py, "PackingConfig", "packing_length", "capacity", false)?;
+        Ok(self.config.capacity)
+    }
+
+    /// The former name of :attr:`capacity_key` (deprecated: warns, for one release).
+    #[getter]
+    fn packing_length_key(&self, py: Python<'_>) -> PyResult<Option<&str>> {
+        crate::convert::warn_renamed(py, "PackingConfig", "packing_length_key", "capacity_key", false)?;
+        Ok(self.config.capacity_key.as_deref())
     }
 
     /// ``training.packing_allow_single_long``.
@@ -298,8 +312,8 @@ impl PyPackingConfig {
 const ATTRIBUTES: [&str; 19] = [
     "packing",
     "packing_mode",
-    "packing_length",
-    "packing_length_key",
+    "capacity",
+    "capacity_key",
     "allow_single_long",
     "align",
     "dataloader_drop_last",

@@ -540,9 +540,17 @@ pub(crate) fn renamed<'a, 'py>(
     match (new.1, old.1) {
         (Some(_), Some(_)) => Err(PyErr::from_value(path.getattr("both_given")?.call1((call, old.0, new.0))?)),
         (None, Some(value)) => {
-            path.getattr("warn_renamed")?.call1((call, old.0, new.0, 2))?;
+            warn_renamed(py, call, old.0, new.0, true)?;
             Ok(Some(value))
         }
         (value, None) => Ok(value),
     }
+}
+
+/// Warns that `old` (an argument of `call`, or with `argument` false an attribute) is
+/// deprecated in favour of `new`, through `stowplan._renamed.warn_renamed`, at the Python
+/// caller of the native call.
+pub(crate) fn warn_renamed(py: Python<'_>, call: &str, old: &str, new: &str, argument: bool) -> PyResult<()> {
+    py.import("stowplan._renamed")?.getattr("warn_renamed")?.call1((call, old, new, 2, argument))?;
+    Ok(())
 }

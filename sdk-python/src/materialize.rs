@@ -142,7 +142,7 @@ pub(crate) fn extract_sample(i: usize, obj: &Bound<'_, PyAny>, names: Option<&[S
 #[pyclass(frozen, module = "stowplan._stowplan", name = "Materialized")]
 #[derive(Debug)]
 pub struct PyMaterialized {
-    /// ``ranks[r]`` is rank ``r``'s list of :class:`MicroBatch` (the same count on every rank).
+    /// ``ranks[r]`` is rank ``r``'s list of :class:`MaterializedBatch` (the same count on every rank).
     #[pyo3(get)]
     ranks: Py<PyList>,
     /// Micro-batches per rank.
@@ -256,7 +256,7 @@ fn plan_arg(plan: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Vec<Vec<Vec<u32>
 ///
 /// Options (omitted or ``None``: the default): ``dp`` (default 1), ``cp``, ``tp`` (default
 /// 1); ``padding`` — ``"sequence"`` pads every sample to the factor (default when
-/// ``cp > 1``; rows then carry their CP split, see ``MicroBatch.cp_view``),
+/// ``cp > 1``; rows then carry their CP split, see ``MaterializedBatch.cp_view``),
 /// ``"micro_batch"`` pads each row's total (prime-rl's ``pad_to_multiple_of``; default when
 /// ``cp == 1``); ``align`` — as for :func:`pad_factor` (an integer is used as is); ``cost``
 /// — as in :func:`micro_batches`; ``pad_token_id`` (default 1, prime-rl's); ``num_runs`` —
@@ -297,7 +297,7 @@ fn plan_arg(plan: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Vec<Vec<Vec<u32>
 /// ([11, 12, 13, 14, 15, 1, 1, 1, 21, 22, 23, 1], [0, 8, 12])
 /// >>> mb.cp_view(1)["input_ids"].tolist()
 /// [13, 14, 15, 1, 22, 23]
-/// >>> MicroBatch.from_bytes(mb.to_bytes()).input_ids.tolist() == mb.input_ids.tolist()
+/// >>> MaterializedBatch.from_bytes(mb.to_bytes()).input_ids.tolist() == mb.input_ids.tolist()
 /// True
 #[pyfunction]
 #[pyo3(signature = (samples, *, capacity, dp=None, cp=None, tp=None, padding=None, align=None, cost=None,

@@ -4,15 +4,15 @@
 use numpy::{IntoPyArray, PyArray1, PyArrayMethods, PyUntypedArrayMethods};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyTuple};
-use stowplan::materialize::{CpRuns, MicroBatch, TokenArrays};
+use stowplan::materialize::{CpRuns, MaterializedBatch, TokenArrays};
 
 use crate::layout::scatter;
 use crate::{int, invalid, to_py};
 
 /// One materialized micro-batch; every per-token field is a numpy array of the row's length.
 #[derive(Debug)]
-#[pyclass(frozen, module = "stowplan._stowplan", name = "MicroBatch")]
-pub struct PyMicroBatch {
+#[pyclass(frozen, module = "stowplan._stowplan", name = "MaterializedBatch")]
+pub struct PyMaterializedBatch {
     #[pyo3(get)]
     samples: Py<PyArray1<u32>>,
     #[pyo3(get)]
@@ -48,9 +48,9 @@ pub struct PyMicroBatch {
     cp_runs: Option<CpRuns>,
 }
 
-pub(crate) fn wrap(py: Python<'_>, m: MicroBatch) -> PyMicroBatch {
+pub(crate) fn wrap(py: Python<'_>, m: MaterializedBatch) -> PyMaterializedBatch {
     let a = m.arrays;
-    PyMicroBatch {
+    PyMaterializedBatch {
         samples: m.samples.into_pyarray(py).unbind(),
         input_ids: a.input_ids.into_pyarray(py).unbind(),
         position_ids: a.position_ids.into_pyarray(py).unbind(),
@@ -75,9 +75,9 @@ fn vec_of<T: numpy::Element + Copy>(py: Python<'_>, a: &Py<PyArray1<T>>) -> Vec<
     a.bind(py).to_vec().unwrap_or_else(|_| a.bind(py).readonly().as_array().iter().copied().collect())
 }
 
-impl PyMicroBatch {
-    fn to_rust(&self, py: Python<'_>) -> MicroBatch {
-        MicroBatch {
+impl PyMaterializedBatch {
+    fn to_rust(&self, py: Python<'_>) -> MaterializedBatch {
+        MaterializedBatch {
             samples: vec_of(py, &self.samples),
             arrays: TokenArrays {
                 input_ids: vec_of(py, &self.input_ids),
@@ -102,7 +102,7 @@ impl PyMicroBatch {
 }
 
 #[pymethods]
-impl PyMicroBatch {
+impl PyMaterializedBatch {
     /// Pickles as its framed, checksummed bytes (:meth:`to_bytes`).
     fn __reduce__<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyTuple>> {
         crate::reduce_by(slf, "from_bytes", (slf.get().to_bytes(slf.py())?,))
@@ -114,7 +114,7 @@ impl PyMicroBatch {
 
     fn __repr__(&self, py: Python<'_>) -> String {
         format!(
-            "MicroBatch(tokens={}, samples={}, real_tokens={}, padding_tokens={}, dummy={}, cp={})",
+            "MaterializedBatch(tokens={}, samples={}, real_tokens={}, padding_tokens={}, dummy={}, cp={})",
             self.input_ids.bind(py).len(),
             self.samples.bind(py).len(),
             self.real_tokens,
@@ -195,14 +195,14 @@ impl PyMicroBatch {
 
     /// Decodes what `to_bytes` wrote; a clear error for anything else.
     #[staticmethod]
-    fn from_bytes(py: Python<'_>, data: &[u8]) -> PyResult<PyMicroBatch> {
-        let m = MicroBatch::decode(data).map_err(|e| to_py(py, e))?;
+    fn from_bytes(py: Python<'_>, data: &[u8]) -> PyResult<PyMaterializedBatch> {
+        let m = MaterializedBatch::decode(data).map_err(|e| to_py(py, e))?;
         Ok(wrap(py, m))
     }
 }
 
 /// Adds this module's functions and classes.
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add_class::<PyMicroBatch>()?;
+    m.add_class::<PyMaterializedBatch>()?;
     Ok(())
 }

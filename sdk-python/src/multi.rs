@@ -69,7 +69,7 @@ pub(crate) fn limit_rows(
             return Err(invalid(
                 py,
                 format!(
-                    "{what}['tokens']: the tokens are lengths and their cap (max_token_len, packing_length), not a \
+                    "{what}['tokens']: the tokens are lengths and their cap (capacity), not a \
                      further limit"
                 ),
             ));

@@ -44,13 +44,13 @@ pub struct PyStaticPackPlan {
 
 #[pymethods]
 impl PyStaticPackPlan {
-    /// from_lengths(lengths, *, packing_length, world_size=None, drop_last=None,
+    /// from_lengths(lengths, *, capacity, world_size=None, drop_last=None,
     /// allow_single_long=None, align=None, resources=None, limits=None, max_segments=None,
     /// method=None, backend=None)
     ///
     /// Plans the samples of ``lengths`` (tokens per sample, dataset order): packs of at most
-    /// ``packing_length`` aligned tokens by best-fit decreasing, long samples (length >=
-    /// packing_length) alone (``allow_single_long``, default False) or dropped, then aligned
+    /// ``capacity`` aligned tokens by best-fit decreasing, long samples (length >=
+    /// capacity) alone (``allow_single_long``, default False) or dropped, then aligned
     /// for ``world_size`` ranks (default 1) by dropping the remainder (``drop_last``, default
     /// False) or repeating the first packs. ``align``: every length is rounded up to a
     /// multiple of it (default 1).
@@ -61,19 +61,21 @@ impl PyStaticPackPlan {
     /// per pack (default 0: none). A sample over a limit is long. ``method``: ``"balanced"``
     /// (default), ``"bfd"``, ``"ffd"`` or ``"next-fit"``, with limits only. The plan then
     /// records the limits (:attr:`limits`, saved in format ``stowplan.static-pack-plan/3``).
+    /// ``packing_length=`` is the former name of ``capacity`` (deprecated: warns, for one
+    /// release).
     ///
-    /// >>> plan = StaticPackPlan.from_lengths([900, 300, 700, 500], packing_length=1200,
+    /// >>> plan = StaticPackPlan.from_lengths([900, 300, 700, 500], capacity=1200,
     /// ...     resources={"images": [2, 0, 1, 1]}, limits={"images": 2})
     /// >>> plan.raw_packs(), plan.limits
     /// ([[0, 1], [2, 3]], {'images': 2})
     #[staticmethod]
-    #[pyo3(signature = (lengths, *, packing_length, world_size=None, drop_last=None, allow_single_long=None,
-        align=None, resources=None, limits=None, max_segments=None, method=None, backend=None))]
+    #[pyo3(signature = (lengths, *, capacity=None, world_size=None, drop_last=None, allow_single_long=None,
+        align=None, resources=None, limits=None, max_segments=None, method=None, backend=None, packing_length=None))]
     #[allow(clippy::too_many_arguments)]
     fn from_lengths(
         py: Python<'_>,
         lengths: &Bound<'_, PyAny>,
-        packing_length: &Bound<'_, PyAny>,
+        capacity: Option<&Bound<'_, PyAny>>,
         world_size: Option<&Bound<'_, PyAny>>,
         drop_last: Option<bool>,
         allow_single_long: Option<bool>,
@@ -83,9 +85,14 @@ impl PyStaticPackPlan {
         max_segments: Option<&Bound<'_, PyAny>>,
         method: Option<&Bound<'_, PyAny>>,
         backend: Option<BackendArg>,
+        packing_length: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         str_options!(method);
-        let d = PlanOptions::new(u64_arg(packing_length, "packing_length", 1)?);
+        let call = "StaticPackPlan.from_lengths";
+        let capacity =
+            crate::convert::renamed(py, call, ("capacity", capacity), ("packing_length", packing_length))?
+                .ok_or_else(|| invalid(py, format!("{call}: capacity (the tokens of a pack, >= 1) is required")))?;
+        let d = PlanOptions::new(u64_arg(capacity, "capacity", 1)?);
         let options = PlanOptions {
             align: opt_u64(align, "align", 1)?.unwrap_or(d.align),
             allow_single_long: allow_single_long.unwrap_or(d.allow_single_long),
@@ -209,7 +216,7 @@ impl PyStaticPackPlan {
         self.plan.raw.tokens.clone().into_pyarray(py)
     }
 
-    /// The limits beside ``packing_length`` (name → cap per pack), or ``None`` for a plan of
+    /// The limits beside ``capacity`` (name → cap per pack), or ``None`` for a plan of
     /// tokens only.
     #[getter]
     fn limits<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyDict>>> {
@@ -289,8 +296,15 @@ impl PyStaticPackPlan {
 
     /// The per-pack cap in tokens.
     #[getter]
-    fn packing_length(&self) -> u64 {
-        self.plan.options.packing_length
+    fn capacity(&self) -> u64 {
+        self.plan.options.capacity
+    }
+
+    /// The former name of :attr:`capacity` (deprecated: warns, for one release).
+    #[getter]
+    fn packing_length(&self, py: Python<'_>) -> PyResult<u64> {
+        crate::convert::warn_renamed(py, "StaticPackPlan", "packing_length", "capacity", false)?;
+        Ok(self.plan.options.capacity)
     }
 
     /// The alignment of every length.
@@ -366,7 +380,7 @@ impl PyStaticPackPlan {
     }
 
     /// Fill of the multi-sample packs: their tokens (``real_tokens`` minus the single-long
-    /// packs') / (multi-sample packs × packing_length).
+    /// packs') / (multi-sample packs × capacity).
     #[getter]
     fn efficiency(&self) -> f64 {
         self.plan.efficiency()
@@ -412,10 +426,10 @@ impl PyStaticPackPlan {
 
     fn __repr__(&self) -> String {
         format!(
-            "StaticPackPlan(samples={}, packing_length={}, n_raw_packs={}, n_aligned_packs={}, world_size={}, \
+            "StaticPackPlan(samples={}, capacity={}, n_raw_packs={}, n_aligned_packs={}, world_size={}, \
              drop_last={}, raw_checksum='{}')",
             self.plan.samples,
-            self.plan.options.packing_length,
+            self.plan.options.capacity,
             self.plan.raw_len(),
             self.plan.len(),
             self.plan.world_size,

@@ -256,17 +256,57 @@ def test_results_are_read_only_native_objects():
     assert isinstance(p, stowplan.Partition) and p.groups is p.groups
     with pytest.raises(AttributeError):
         p.total = 0
-    b = stowplan.balance(DOCS, 2, max_token_len=2000)
+    b = stowplan.balance(DOCS, 2, capacity=2000)
     assert [type(m) for m in b.micro_batches] == [stowplan.MicroBatches] * 2
     assert b.token_balance == {"max": 1550, "min": 1450, "mean": 1500.0, "max_over_mean": 1550 / 1500, "spread": 100}
     assert "Balance(dp=2" in repr(b) and "MicroBatches(count=" in repr(b.micro_batches[0])
 
 
 @pytest.mark.parametrize(
-    "old, new", [("ZmqReceiver", "ZmqRankClient"), ("FileReceiver", "FileRankClient"), ("Sample", "RolloutSample")]
+    "old, new",
+    [("ZmqReceiver", "ZmqRankClient"), ("FileReceiver", "FileRankClient"), ("Sample", "RolloutSample"), ("MicroBatch", "MaterializedBatch")],
 )
 def test_former_names_warn_and_give_the_new_class(old, new):
     with pytest.warns(DeprecationWarning, match=f"stowplan.{old} is now stowplan.{new}"):
         cls = getattr(stowplan, old)
     assert cls is getattr(stowplan, new)
     assert old not in stowplan.__all__ and new in stowplan.__all__
+
+
+LENGTHS = [100, 900, 50, 950, 400, 600]
+CONFIG = {"training": {"packing": True}, "template": {"max_length": 1000}}
+
+
+@pytest.mark.parametrize(
+    "call, old, new",
+    [
+        (lambda **k: stowplan.micro_batches(LENGTHS, **k).batches, "max_token_len", "capacity"),
+        (lambda **k: stowplan.balance(LENGTHS, 2, **k).micro_batches[0].batches, "max_token_len", "capacity"),
+        (lambda **k: stowplan.StaticPackPlan.from_lengths(LENGTHS, **k).raw_packs(), "packing_length", "capacity"),
+        (lambda **k: stowplan.plan_dataset(LENGTHS, int, log=False, **k).raw_packs(), "packing_length", "capacity"),
+    ],
+)
+def test_the_caps_former_names_warn_name_capacity_and_give_the_same_plan(call, old, new):
+    want = call(**{new: 1000})
+    with pytest.warns(DeprecationWarning, match=rf"{old}= is deprecated and will be removed in the next release; use {new}="):
+        got = call(**{old: 1000})
+    assert [list(map(int, b)) for b in got] == [list(map(int, b)) for b in want]
+    with pytest.raises(stowplan.InvalidArgumentError, match=rf"give {new}= only \({old}= is its former name, deprecated\)"):
+        call(**{new: 1000, old: 1000})
+
+
+def test_the_cap_is_required_and_named():
+    with pytest.raises(stowplan.InvalidArgumentError, match=r"micro_batches: capacity .* is required"):
+        stowplan.micro_batches(LENGTHS)
+    with pytest.raises(stowplan.InvalidArgumentError, match=r"StaticPackPlan.from_lengths: capacity .* is required"):
+        stowplan.StaticPackPlan.from_lengths(LENGTHS)
+
+
+def test_the_caps_former_attribute_names_warn_and_name_capacity():
+    plan = stowplan.StaticPackPlan.from_lengths(LENGTHS, capacity=1000)
+    with pytest.warns(DeprecationWarning, match=r"StaticPackPlan: packing_length is deprecated .*; use capacity$"):
+        assert plan.packing_length == plan.capacity == 1000
+    c = stowplan.PackingConfig.from_dict(CONFIG, world_size=1)
+    with pytest.warns(DeprecationWarning, match=r"PackingConfig: packing_length_key is deprecated .*; use capacity_key$"):
+        assert c.packing_length_key == c.capacity_key == "template.max_length"
+    assert "capacity=1000" in repr(c) and "packing_length" not in repr(c) and c.to_dict()["capacity"] == 1000

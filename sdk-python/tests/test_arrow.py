@@ -74,7 +74,7 @@ def test_overflow_policies():
     assert sorted(v for r in rows_of(split) for v in r) == list(range(12))
     assert sorted(n for r in rows_of(split, "seq_lengths") for n in r) == [2, 3, 3, 4]
     assert pack_table(t, 4, strategy="bfd_split").equals(split)
-    with pytest.raises(stowplan.InfeasibleError, match=r"column 'input_ids' row 1 has 7 values, more than seq_length = 4"):
+    with pytest.raises(stowplan.InfeasibleError, match=r"column 'input_ids' row 1 has 7 values, more than capacity = 4"):
         pack_table(t, 4, overflow="error")
     assert rows_of(pack_table(t, 7, overflow="error")) == [[2, 3, 4, 5, 6, 7, 8], [0, 1, 9, 10, 11]]
 
@@ -128,9 +128,9 @@ def test_all_empty_or_dropped_gives_no_rows():
 @pytest.mark.parametrize(
     "call, fragment",
     [
-        (lambda t: pack_table(t, 0), "seq_length must be in 1..=2147483647"),
-        (lambda t: pack_table(t, 2**31), "seq_length must be in 1..=2147483647"),
-        (lambda t: pack_table(t, 4.0), "seq_length must be an integer"),
+        (lambda t: pack_table(t, 0), "capacity must be in 1..=2147483647"),
+        (lambda t: pack_table(t, 2**31), "capacity must be in 1..=2147483647"),
+        (lambda t: pack_table(t, 4.0), "capacity must be an integer"),
         (lambda t: pack_table(t, 4, strategy="best"), "strategy must be 'bfd', 'ffd', 'next-fit', 'bfd_split' or 'wrapped'"),
         (lambda t: pack_table(t, 4, overflow="wrap"), "overflow must be 'truncate', 'split', 'drop' or 'error'"),
         (lambda t: pack_table(t, 4, strategy="wrapped", overflow="drop"), "overflow does not apply to strategy 'wrapped'"),
@@ -322,7 +322,7 @@ def test_stream_memory_is_let_go():
         (lambda b: pack_batches(b, 8, strategy="wrapped", max_buffered=3), stowplan.InvalidArgumentError, "do not apply to strategy 'wrapped'"),
         (lambda b: pack_batches(b, 8, strategy="next-fit", max_open_bins=2), stowplan.InvalidArgumentError, "max_open_bins=1, max_buffered=0"),
         (lambda b: pack_batches(b, 8, max_open_bins=0), stowplan.InvalidArgumentError, "max_open_bins"),
-        (lambda b: pack_batches(b, 0), stowplan.InvalidArgumentError, "seq_length must be in 1..="),
+        (lambda b: pack_batches(b, 0), stowplan.InvalidArgumentError, "capacity must be in 1..="),
         (lambda b: pack_batches(b, 8, overflow="wrap"), stowplan.InvalidArgumentError, "overflow must be 'truncate', 'split', 'drop' or 'error'"),
         (lambda b: list(pack_batches([], 8)), stowplan.InvalidArgumentError, "the stream is empty"),
         (lambda b: list(pack_batches([b[0].slice(0, 0)], 8)), stowplan.InvalidArgumentError, "the stream is empty"),

@@ -146,7 +146,7 @@ def test_rl_math_workload_hits_the_lower_bound():
     mb = stowplan.micro_batches(lengths, 16384)
     assert mb.count == mb.lower_bound == 450
     assert int(mb.tokens.max()) <= 16384
-    b = stowplan.balance(lengths, 8, max_token_len=16384, cost="attention")
+    b = stowplan.balance(lengths, 8, capacity=16384, cost="attention")
     assert b.cost_balance["max_over_mean"] < 1.005
     assert {m.count for m in b.micro_batches} == {b.count}
 
@@ -183,7 +183,7 @@ def test_micro_batch_invariants(lengths, cap, min_count, div, cost, order):
 @given(per_rank=st.integers(1, 12), dp=st.integers(1, 6), data=st.data())
 def test_balance_invariants(per_rank, dp, data):
     lengths = data.draw(st.lists(st.integers(0, 500), min_size=per_rank * dp, max_size=per_rank * dp))
-    b = stowplan.balance(lengths, dp, cost="attention", max_token_len=600)
+    b = stowplan.balance(lengths, dp, cost="attention", capacity=600)
     assert [len(r) for r in b.ranks] == [per_rank] * dp
     assert sorted(b.order.tolist()) == list(range(len(lengths)))
     assert b.costs.max() >= b.cost_lower_bound
@@ -201,7 +201,7 @@ def test_rank_micro_batches_are_rank_local(per_rank, dp, minibatch, data):
     """Balance.micro_batches[r].batches are global sample indices; rank_micro_batches gives
     positions in the rank's own share batch[plan.ranks[r]]."""
     lengths = np.array(data.draw(st.lists(st.integers(0, 500), min_size=per_rank * dp, max_size=per_rank * dp)))
-    plan = stowplan.balance(lengths, dp, max_token_len=600, minibatch_size=dp if minibatch else None)
+    plan = stowplan.balance(lengths, dp, capacity=600, minibatch_size=dp if minibatch else None)
     for r in range(dp):
         mine = lengths[plan.ranks[r]]  # what rank r holds, in the dispatchers' order
         local = stowplan.rank_micro_batches(plan, r)
@@ -213,11 +213,11 @@ def test_rank_micro_batches_are_rank_local(per_rank, dp, minibatch, data):
 
 
 def test_rank_micro_batches_refuses_what_it_cannot_answer():
-    plan = stowplan.balance(DOCS, 2, max_token_len=2000)
+    plan = stowplan.balance(DOCS, 2, capacity=2000)
     for rank in (2, -1, True, 1.0):
         with pytest.raises(stowplan.InvalidArgumentError, match=r"rank must be (an integer )?in 0..=1"):
             stowplan.rank_micro_batches(plan, rank)
-    with pytest.raises(stowplan.InvalidArgumentError, match="no micro-batches.*max_token_len"):
+    with pytest.raises(stowplan.InvalidArgumentError, match="no micro-batches.*capacity"):
         stowplan.rank_micro_batches(stowplan.balance(DOCS, 2), 0)
     with pytest.raises(stowplan.InvalidArgumentError, match="must be a stowplan.Balance"):
         stowplan.rank_micro_batches(stowplan.micro_batches(DOCS, 2000), 0)
@@ -253,8 +253,8 @@ def _rollouts(prompts, per_prompt, seed):
 def test_group_size_is_groups_of_consecutive_runs(dp, size, cap):
     """group_size=G means what the CLI's --group-size G means: labels i // G."""
     lengths = _rollouts(dp * 6, size, seed=dp * 100 + size)
-    a = stowplan.balance(lengths, dp, group_size=size, max_token_len=cap, cost="attention")
-    b = stowplan.balance(lengths, dp, groups=[i // size for i in range(len(lengths))], max_token_len=cap, cost="attention")
+    a = stowplan.balance(lengths, dp, group_size=size, capacity=cap, cost="attention")
+    b = stowplan.balance(lengths, dp, groups=[i // size for i in range(len(lengths))], capacity=cap, cost="attention")
     assert a.order.tolist() == b.order.tolist() and a.offsets.tolist() == b.offsets.tolist()
     if cap is not None:
         assert [[m.tolist() for m in x.batches] for x in a.micro_batches] == [[m.tolist() for m in x.batches] for x in b.micro_batches]
@@ -274,7 +274,7 @@ def test_group_size_agrees_with_the_cli(tmp_path, dp, size, cap):
     if cap is not None:
         args += ["--max-token-len", str(cap)]
     out = json.loads(subprocess.run(args, check=True, capture_output=True, text=True, timeout=60).stdout)
-    plan = stowplan.balance(lengths, dp, group_size=size, max_token_len=cap, cost="attention")
+    plan = stowplan.balance(lengths, dp, group_size=size, capacity=cap, cost="attention")
     assert [r.tolist() for r in plan.ranks] == out["dp"]["ranks"]
     if cap is not None:
         assert [[m.tolist() for m in x.batches] for x in plan.micro_batches] == [m["batches"] for m in out["micro_batches"]]
@@ -311,7 +311,7 @@ def test_group_size_errors_name_the_argument_and_range(kwargs, match):
     "call, error, match",
     [
         (lambda: stowplan.micro_batches([10, 20000], 16384), stowplan.InfeasibleError, "sequence 1 has 20000 tokens"),
-        (lambda: stowplan.micro_batches([10, 20], 0), stowplan.InvalidArgumentError, "max_token_len must be in 1"),
+        (lambda: stowplan.micro_batches([10, 20], 0), stowplan.InvalidArgumentError, "capacity must be in 1"),
         (lambda: stowplan.micro_batches([], 10), stowplan.InvalidArgumentError, "lengths must not be empty"),
         (lambda: stowplan.micro_batches([6, 6, 6], 10, count=1), stowplan.InfeasibleError, "count = 1 is below"),
         (lambda: stowplan.micro_batches([6, 6, 6], 10, count=4), stowplan.InvalidArgumentError, "exceeds the number of sequences"),
@@ -328,7 +328,7 @@ def test_group_size_errors_name_the_argument_and_range(kwargs, match):
         (lambda: stowplan.balance([1, 2, 3, 4], 2, groups=[0, 0, 0, 1]), stowplan.InvalidArgumentError, "different sizes"),
         (lambda: stowplan.balance([1, 2, 3, 4], 2, groups=[0, 1]), stowplan.InvalidArgumentError, "one label per sample"),
         (lambda: stowplan.balance([1, 2, 3, 4], 2, minibatch_size=3), stowplan.InvalidArgumentError, "minibatch_size"),
-        (lambda: stowplan.balance([1, 2, 3, 4], 2, max_token_len=3), stowplan.InfeasibleError, "sequence 3 has 4 tokens"),
+        (lambda: stowplan.balance([1, 2, 3, 4], 2, capacity=3), stowplan.InfeasibleError, "sequence 3 has 4 tokens"),
     ],
 )
 def test_errors_name_the_argument(call, error, match):
@@ -345,8 +345,8 @@ def test_unequal_groups_with_unequal_counts():
 
 def test_backends_agree():
     lengths = np.loadtxt(stowplan_workload(), dtype=np.int64)[:1024]
-    a = stowplan.balance(lengths, 4, max_token_len=8192, cost="attention", order="verl")
-    n = stowplan.balance(lengths, 4, max_token_len=8192, cost="attention", order="verl", backend="native")
+    a = stowplan.balance(lengths, 4, capacity=8192, cost="attention", order="verl")
+    n = stowplan.balance(lengths, 4, capacity=8192, cost="attention", order="verl", backend="native")
     assert (a.order == n.order).all()
     assert all((x.indices == y.indices).all() for x, y in zip(a.micro_batches, n.micro_batches))
 

@@ -117,7 +117,7 @@ def _cli_with_arrow(tmp_path):
     table = pa.table({"input_ids": [[1, 2]]})
     with pa.ipc.new_stream(str(probe), table.schema) as w:
         w.write_table(table)
-    out = subprocess.run([cli, "pack-dataset", str(probe), str(tmp_path / "out.arrow"), "--seq-length", "4"], capture_output=True, text=True)
+    out = subprocess.run([cli, "pack-dataset", str(probe), str(tmp_path / "out.arrow"), "--capacity", "4"], capture_output=True, text=True)
     return None if "built without Arrow support" in out.stderr else cli
 
 

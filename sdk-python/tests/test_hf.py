@@ -181,7 +181,7 @@ def test_the_cli_plans_from_a_datasets_cache_file(tmp_path):
         pytest.skip("the stowplan binary was built without the arrow feature")
     assert out.returncode == 0, out.stderr
     report = json.loads(out.stdout)
-    plan = stowplan.StaticPackPlan.from_lengths(lengths, packing_length=1024, world_size=4)
+    plan = stowplan.StaticPackPlan.from_lengths(lengths, capacity=1024, world_size=4)
     assert report["samples"] == 700
     assert (report["raw_checksum"], report["aligned_checksum"]) == (plan.raw_checksum, plan.aligned_checksum)
 
@@ -326,7 +326,7 @@ def test_cache_file_name_that_is_not_a_regular_file_is_refused_and_left_alone(tm
         (lambda ds: stowplan.hf.pack_dataset(ds, 8, map_kwargs={"batch_size": 10}), "map_kwargs applies to scope='batch' only"),
         (lambda ds: stowplan.hf.pack_dataset(ds, 8, scope="batch", map_kwargs=[1]), "map_kwargs must be a dict"),
         (lambda ds: stowplan.hf.pack_dataset(ds.data.table, 8), "dataset must be a datasets.Dataset, IterableDataset, DatasetDict or IterableDatasetDict (got Table)"),
-        (lambda ds: stowplan.hf.pack_dataset(ds, 0), "seq_length must be in 1..="),
+        (lambda ds: stowplan.hf.pack_dataset(ds, 0), "capacity must be in 1..="),
         (lambda ds: stowplan.hf.pack_dataset(ds.select([]), 8, columns=["input_ids"]), "the table is empty"),
         (lambda ds: stowplan.hf.pack_dataset(ds.select([]), 8, scope="batch"), "the table is empty"),
         (lambda ds: stowplan.hf.pack_dataset(datasets.DatasetDict(train=ds, test=ds.select([])), 8, columns=["input_ids"]), "split 'test': the table is empty"),

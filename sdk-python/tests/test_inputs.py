@@ -125,7 +125,7 @@ REFUSED = [
     (lambda: stowplan.partition([1.5, 2], 1), "weights[0] must be an integer in 0..=2**64-1"),
     (lambda: stowplan.pack([1, 2], 10.0), "capacity must be an integer in 1..=2**64-1 (got 10.0)"),
     (lambda: stowplan.pack([1, 2], 10, align=np.float64(2)), "align must be an integer in 1..=2**64-1"),
-    (lambda: stowplan.micro_batches([1, 2], 1.5), "max_token_len must be an integer in 1..=2**64-1"),
+    (lambda: stowplan.micro_batches([1, 2], 1.5), "capacity must be an integer in 1..=2**64-1"),
     (lambda: stowplan.micro_batches([1, 2], 10, min_count=True), "min_count must be an integer in 0..=2**32-1"),
     (lambda: stowplan.micro_batches([1, 2], 10, cost=(1.5, 0)), "cost linear coefficient must be an integer"),
     (lambda: stowplan.balance([1, 2, 3, 4], 2.0), "dp must be an integer in 1..=2**32-1 (got 2.0)"),
@@ -171,8 +171,8 @@ REFUSED = [
     (lambda: _packer().ingest(stowplan.TrainingBatch([SAMPLE], step=0, temperature="1")), "temperature must be a number > 0 (got '1')"),
     (lambda: _packer().ingest(stowplan.TrainingBatch([_sample(prompt_ids=[1.5])], step=0)), "samples[0].prompt_ids[0] must be an integer"),
     (lambda: stowplan.TrainingBatch([SAMPLE], step=0, run=True).encode(), "run must be an integer in 0..=2**32-1 (got True)"),
-    (lambda: stowplan.StaticPackPlan.from_lengths([100, 200.0], packing_length=512), "lengths[1] must be an integer in 0..=2**64-1 (got 200.0)"),
-    (lambda: stowplan.StaticPackPlan.from_lengths([100], packing_length=512, world_size=True), "world_size must be an integer"),
+    (lambda: stowplan.StaticPackPlan.from_lengths([100, 200.0], capacity=512), "lengths[1] must be an integer in 0..=2**64-1 (got 200.0)"),
+    (lambda: stowplan.StaticPackPlan.from_lengths([100], capacity=512, world_size=True), "world_size must be an integer"),
     (lambda: _source().get_samples(1.5), "num_samples must be an integer in 0..=2**64-1 (got 1.5)"),
     (lambda: _source().get_samples(1, rollout_id=True), "rollout_id must be an integer in 0..=2**64-1 (got True)"),
     (lambda: _source().add_samples([[{"index": 1.0}]]), "groups[0][0].index must be an integer in 0..=2**64-1 (got 1.0)"),
@@ -248,7 +248,7 @@ def test_the_packer_rejects_a_sample_with_a_negative_token_id_and_keeps_the_rest
 def test_numpy_integers_are_integers_everywhere():
     p = stowplan.partition(np.array([3, 1, 2, 2]), np.int64(2))
     assert p.groups == [[0, 1], [2, 3]]
-    assert stowplan.balance([1, 2, 3, 4], np.uint8(2), max_token_len=np.int32(10)).count == 1
+    assert stowplan.balance([1, 2, 3, 4], np.uint8(2), capacity=np.int32(10)).count == 1
     assert verl.get_seqlen_balanced_partitions(np.array([1, 2, 3, 4]), np.int64(2), True) == [[0, 3], [1, 2]]
 
 

@@ -73,7 +73,7 @@ def test_every_token_once_across_ranks_and_cp(shape, dp, cp):
             views = [mb.cp_view(r) for r in range(cp)]
             assert mb.cp_unpack([v["input_ids"] for v in views]).tolist() == mb.input_ids.tolist()
             assert sorted(int(p) for v in views for p in v["positions"]) == list(range(len(mb)))
-        back = stowplan.MicroBatch.from_bytes(mb.to_bytes())
+        back = stowplan.MaterializedBatch.from_bytes(mb.to_bytes())
         assert back.input_ids.tolist() == mb.input_ids.tolist() and back.loss_mask.tolist() == mb.loss_mask.tolist()
     expected = sorted(t for s in samples for t in list(s["prompt_ids"]) + s["completion_ids"].tolist())
     assert sorted(seen) == expected, "every real token exactly once"
@@ -96,7 +96,7 @@ def test_materialize_errors_and_dummies():
     with pytest.raises(stowplan.InvalidArgumentError, match="no CP split"):
         stowplan.materialize(good, capacity=64).ranks[0][0].cp_view(0)
     with pytest.raises(stowplan.InvalidArgumentError, match="missing the SPMB header"):
-        stowplan.MicroBatch.from_bytes(b"garbage")
+        stowplan.MaterializedBatch.from_bytes(b"garbage")
     m = stowplan.materialize(good, capacity=64, dp=3)
     assert m.dummies == 1 and m.per_rank == 1
     dummy = next(mb for r in m.ranks for mb in r if mb.dummy)

@@ -154,7 +154,7 @@ def test_balance_keeps_every_limit_on_every_rank(rows, dp, cap, image_cap, image
     lengths, resources, limits = vlm_batch(rows, image_cap, images_cap)
     try:
         b = stowplan.balance(
-            lengths, dp, max_token_len=cap, resources=resources, limits=limits, cost="attention",
+            lengths, dp, capacity=cap, resources=resources, limits=limits, cost="attention",
             extra_costs=resources["image_tokens"],
         )
     except stowplan.InvalidArgumentError as e:
@@ -162,7 +162,7 @@ def test_balance_keeps_every_limit_on_every_rank(rows, dp, cap, image_cap, image
         assert "rank" in str(e)
         return
     native = stowplan.balance(
-        lengths, dp, max_token_len=cap, resources=resources, limits=limits, cost="attention",
+        lengths, dp, capacity=cap, resources=resources, limits=limits, cost="attention",
         extra_costs=resources["image_tokens"], backend="native",
     )
     assert [[m.tolist() for m in r.batches] for r in b.micro_batches] == [[m.tolist() for m in r.batches] for r in native.micro_batches]
@@ -179,7 +179,7 @@ def test_balance_keeps_every_limit_on_every_rank(rows, dp, cap, image_cap, image
     # The DP level is the one without limits (the extra costs count).
     plain = stowplan.balance(lengths, dp, cost="attention", extra_costs=resources["image_tokens"])
     assert [r.tolist() for r in b.ranks] == [r.tolist() for r in plain.ranks]
-    with pytest.raises(stowplan.InvalidArgumentError, match="give max_token_len with resources and limits"):
+    with pytest.raises(stowplan.InvalidArgumentError, match="give capacity with resources and limits"):
         stowplan.balance(lengths, dp, resources=resources, limits=limits)
 
 

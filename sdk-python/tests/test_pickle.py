@@ -45,13 +45,13 @@ def test_multi_packing():
 
 def test_micro_batches_and_balance():
     lengths = np.array([3000, 100, 5000, 2500, 800, 1200, 4000, 600], dtype=np.int64)
-    mb = stowplan.micro_batches(lengths, max_token_len=6000)
+    mb = stowplan.micro_batches(lengths, capacity=6000)
     names = ["offsets", "indices", "tokens", "costs", "restore", "lower_bound", "required", "count"]
     back = roundtrip(mb)
     assert fields(back, names) == fields(mb, names)
     assert [b.tolist() for b in back.batches] == [b.tolist() for b in mb.batches]
     assert back.token_balance == mb.token_balance
-    bal = stowplan.balance(lengths, dp=2, max_token_len=6000)
+    bal = stowplan.balance(lengths, dp=2, capacity=6000)
     back = roundtrip(bal)
     names = ["offsets", "order", "tokens", "costs", "cost_lower_bound", "count", "dp", "lengths"]
     assert fields(back, names) == fields(bal, names)
@@ -79,7 +79,7 @@ def test_materialized_and_its_micro_batches():
 
 
 def test_static_pack_plan_and_stream_packer():
-    plan = stowplan.StaticPackPlan.from_lengths([5, 3, 7, 2, 6, 30], packing_length=10, world_size=2)
+    plan = stowplan.StaticPackPlan.from_lengths([5, 3, 7, 2, 6, 30], capacity=10, world_size=2)
     back = roundtrip(plan)
     assert back == plan and back.aligned_checksum == plan.aligned_checksum
     sp = stowplan.StreamPacker(10, max_open_bins=2)
@@ -89,7 +89,7 @@ def test_static_pack_plan_and_stream_packer():
 
 
 def test_damaged_state_is_refused():
-    plan = stowplan.StaticPackPlan.from_lengths([5, 3, 7, 2, 6], packing_length=10)
+    plan = stowplan.StaticPackPlan.from_lengths([5, 3, 7, 2, 6], capacity=10)
     damaged = plan.to_json().replace('"samples":5', '"samples":6')
     with pytest.raises(stowplan.StowplanError):
         type(plan)._from_state(damaged)

@@ -83,14 +83,15 @@ def test_packing_config_is_one_frozen_native_class() -> None:
     c = stowplan.PackingConfig.from_dict(config(packing=True, gradient_accumulation_steps=2), world_size=4)
     assert type(c) is stowplan._stowplan.PackingConfig
     with pytest.raises(AttributeError):
-        c.packing_length = 1  # type: ignore[misc]
+        c.capacity = 1  # type: ignore[misc]
     back = pickle.loads(pickle.dumps(c))
     assert back == c and back.batch_report == c.batch_report and back.world_size == 4
     assert c != stowplan.PackingConfig.from_dict(config(packing=True, gradient_accumulation_steps=3), world_size=4)
     assert c != "not a config" and hash(back) == hash(c) and len({c, back}) == 1
     getters = {n for n, v in vars(type(c)).items() if type(v).__name__ == "getset_descriptor"}
-    assert set(c.to_dict()) == getters and c.to_dict()["world_size"] == 4
-    assert repr(c).startswith("PackingConfig(packing=True, packing_mode='static', packing_length=") and "Some(" not in repr(c)
+    former = {"packing_length", "packing_length_key"}  # deprecated names of capacity, capacity_key
+    assert set(c.to_dict()) == getters - former and c.to_dict()["world_size"] == 4
+    assert repr(c).startswith("PackingConfig(packing=True, packing_mode='static', capacity=") and "Some(" not in repr(c)
     # The pickle holds the resolved values, not the trainer configuration it came from.
     secret = stowplan.PackingConfig.from_dict({**config(packing=True), "custom": {"token": "s3cr3t"}}, world_size=1)
     assert b"s3cr3t" not in pickle.dumps(secret) and pickle.loads(pickle.dumps(secret)) == secret
@@ -134,7 +135,7 @@ def test_stage1_eval_packing_defaults_to_static_pack_plan_behavior() -> None:
 def test_static_packing_produces_a_fixed_length_pack_dataset_for_an_epoch(allow: bool) -> None:
     lengths = workload("rl-math-8k.txt")
     samples = [{"input_ids": np.zeros(int(n), dtype=np.int32), "index": i} for i, n in enumerate(lengths)]
-    plan = stowplan.StaticPackPlan.from_lengths(lengths, packing_length=8192, world_size=8, allow_single_long=allow)
+    plan = stowplan.StaticPackPlan.from_lengths(lengths, capacity=8192, world_size=8, allow_single_long=allow)
     ds = stowplan.PackedDataset(samples, plan)
     assert len(ds) == plan.n_aligned_packs == len(plan.aligned_packs)
     assert len(ds) % 8 == 0
@@ -154,7 +155,7 @@ def test_static_packing_produces_a_fixed_length_pack_dataset_for_an_epoch(allow:
 def test_identical_inputs_produce_identical_pack_plans() -> None:
     lengths = workload("sft-chat-200k.txt")
     plans = [
-        stowplan.StaticPackPlan.from_lengths(lengths, packing_length=16384, world_size=8, backend=b)
+        stowplan.StaticPackPlan.from_lengths(lengths, capacity=16384, world_size=8, backend=b)
         for b in ("wasm", "native", "wasm")
     ]
     assert plans[0] == plans[1] == plans[2]
@@ -168,7 +169,7 @@ def test_identical_inputs_produce_identical_pack_plans() -> None:
 
 def test_pretrain_docs_checksums_match_the_cli_and_rust() -> None:
     lengths = workload("pretrain-docs-1m.txt")
-    plan = stowplan.StaticPackPlan.from_lengths(lengths, packing_length=32768, world_size=8, allow_single_long=True)
+    plan = stowplan.StaticPackPlan.from_lengths(lengths, capacity=32768, world_size=8, allow_single_long=True)
     assert (plan.raw_checksum, plan.aligned_checksum) == (DOCS_RAW, DOCS_ALIGNED)
     assert len(plan.single_long) == 1048
 
@@ -177,7 +178,7 @@ def test_pretrain_docs_checksums_match_the_cli_and_rust() -> None:
 
 
 def test_ddp_drop_last_pads_repeats_deterministically_when_disabled(caplog: pytest.LogCaptureFixture) -> None:
-    plan = stowplan.StaticPackPlan.from_lengths(remainder_lengths(), packing_length=1000, world_size=4)
+    plan = stowplan.StaticPackPlan.from_lengths(remainder_lengths(), capacity=1000, world_size=4)
     n = plan.n_raw_packs
     assert n % 4 != 0
     assert len(plan) == -(-n // 4) * 4
@@ -192,12 +193,12 @@ def test_ddp_drop_last_pads_repeats_deterministically_when_disabled(caplog: pyte
 
 
 def test_ddp_drop_last_drops_a_deterministic_remainder_subset_when_enabled() -> None:
-    plan = stowplan.StaticPackPlan.from_lengths(remainder_lengths(), packing_length=1000, world_size=4, drop_last=True)
+    plan = stowplan.StaticPackPlan.from_lengths(remainder_lengths(), capacity=1000, world_size=4, drop_last=True)
     n = plan.n_raw_packs
     assert len(plan) == n // 4 * 4
     assert plan.aligned_packs.tolist() == list(range(len(plan)))
     assert plan.dropped_packs == n % 4
-    again = stowplan.StaticPackPlan.from_lengths(remainder_lengths(), packing_length=1000, world_size=4, drop_last=True)
+    again = stowplan.StaticPackPlan.from_lengths(remainder_lengths(), capacity=1000, world_size=4, drop_last=True)
     assert again == plan
     assert plan.realign(4, drop_last=False).raw_checksum == plan.raw_checksum
 
@@ -214,7 +215,7 @@ def test_multimodal_samples_have_deterministic_planning_lengths(tmp_path: pathli
     )
     assert np.array_equal(serial, parallel)
     assert (tmp_path / "a" / "lengths.splc").read_bytes() == (tmp_path / "b" / "lengths.splc").read_bytes()
-    plan = stowplan.StaticPackPlan.from_lengths(serial, packing_length=16384)
+    plan = stowplan.StaticPackPlan.from_lengths(serial, capacity=16384)
     assert int(plan.raw_tokens.max()) <= 16384
 
 
@@ -333,7 +334,7 @@ class EpochDataset(list):  # type: ignore[type-arg]
 def test_packed_dataset_with_a_shuffling_sampler() -> None:
     lengths = remainder_lengths()
     data = [{"id": i, "n": n} for i, n in enumerate(lengths)]
-    plan = stowplan.StaticPackPlan.from_lengths(lengths, packing_length=1000, world_size=2)
+    plan = stowplan.StaticPackPlan.from_lengths(lengths, capacity=1000, world_size=2)
     ds = stowplan.PackedDataset(data, plan)
     # A sampler shuffles pack indices per epoch (as torch's DistributedSampler does); the
     # packs themselves never change and every rank sees the same number.
@@ -357,7 +358,7 @@ def test_packed_dataset_with_torch_dataloader() -> None:
 
     lengths = remainder_lengths()
     data = [{"input_ids": np.arange(n)} for n in lengths]
-    ds = stowplan.PackedDataset(data, stowplan.StaticPackPlan.from_lengths(lengths, packing_length=1000))
+    ds = stowplan.PackedDataset(data, stowplan.StaticPackPlan.from_lengths(lengths, capacity=1000))
     loader = DataLoader(ds, batch_size=None, sampler=RandomSampler(ds, generator=torch.Generator().manual_seed(0)))
     packs = list(loader)
     assert len(packs) == len(ds)
@@ -380,24 +381,24 @@ def test_config_errors_name_the_key() -> None:
 
 
 def test_plan_errors_name_the_argument(tmp_path: pathlib.Path) -> None:
-    with pytest.raises(stowplan.InvalidArgumentError, match="packing_length must be"):
-        stowplan.StaticPackPlan.from_lengths([1, 2], packing_length=0)
+    with pytest.raises(stowplan.InvalidArgumentError, match="capacity must be"):
+        stowplan.StaticPackPlan.from_lengths([1, 2], capacity=0)
     with pytest.raises(stowplan.InvalidArgumentError, match="world_size must be"):
-        stowplan.StaticPackPlan.from_lengths([1, 2], packing_length=8, world_size=0)
+        stowplan.StaticPackPlan.from_lengths([1, 2], capacity=8, world_size=0)
     with pytest.raises(stowplan.InvalidArgumentError, match=r"lengths\[1\] = 0"):
-        stowplan.StaticPackPlan.from_lengths([1, 0], packing_length=8)
+        stowplan.StaticPackPlan.from_lengths([1, 0], capacity=8)
     with pytest.raises(stowplan.InvalidArgumentError, match=r"lengths\[0\] must be in 0..=2\*\*64-1 \(got -1\)"):
-        stowplan.StaticPackPlan.from_lengths([-1], packing_length=8)
+        stowplan.StaticPackPlan.from_lengths([-1], capacity=8)
     with pytest.raises(stowplan.InfeasibleError, match="produced no packs"):
-        stowplan.StaticPackPlan.from_lengths([9, 8], packing_length=8)
+        stowplan.StaticPackPlan.from_lengths([9, 8], capacity=8)
     with pytest.raises(stowplan.InfeasibleError, match="drops all 1 packs"):
-        stowplan.StaticPackPlan.from_lengths([3], packing_length=8, world_size=2, drop_last=True)
+        stowplan.StaticPackPlan.from_lengths([3], capacity=8, world_size=2, drop_last=True)
     with pytest.raises(stowplan.StowplanIOError):
         stowplan.StaticPackPlan.load(tmp_path / "missing.json")
 
 
 def test_saved_plans_round_trip(tmp_path: pathlib.Path) -> None:
-    plan = stowplan.StaticPackPlan.from_lengths(remainder_lengths(), packing_length=1000, world_size=4)
+    plan = stowplan.StaticPackPlan.from_lengths(remainder_lengths(), capacity=1000, world_size=4)
     path = tmp_path / "plan.json"
     plan.save(path)
     assert stowplan.StaticPackPlan.load(path) == plan
@@ -420,7 +421,7 @@ def test_plan_dataset_end_to_end(tmp_path: pathlib.Path) -> None:
     again = stowplan.plan_dataset(data, vl_length, config=cfg, cache_dir=tmp_path, rank=2, log=False)
     assert plan == again
     direct = stowplan.StaticPackPlan.from_lengths(
-        [vl_length(r) for r in data], packing_length=2048, world_size=4, allow_single_long=True
+        [vl_length(r) for r in data], capacity=2048, world_size=4, allow_single_long=True
     )
     assert plan.aligned_checksum == direct.aligned_checksum
     assert multiprocessing.current_process().name == "MainProcess"
@@ -445,7 +446,7 @@ def test_limited_plans_keep_every_limit(rows: List[Any], caps: Any, max_segments
     limits = {"image_tokens": caps[0], "images": caps[1]}
     try:
         plan = stowplan.StaticPackPlan.from_lengths(
-            tokens, packing_length=100, resources=resources, limits=limits, max_segments=max_segments,
+            tokens, capacity=100, resources=resources, limits=limits, max_segments=max_segments,
             method=method, allow_single_long=single, world_size=2,
         )
     except stowplan.InfeasibleError:
@@ -471,7 +472,7 @@ def test_limited_plans_keep_every_limit(rows: List[Any], caps: Any, max_segments
     assert again.raw_packs() == plan.raw_packs() and again.limits == limits
     assert json.loads(plan.to_json())["format"] == "stowplan.static-pack-plan/3"
     native = stowplan.StaticPackPlan.from_lengths(
-        tokens, packing_length=100, resources=resources, limits=limits, max_segments=max_segments,
+        tokens, capacity=100, resources=resources, limits=limits, max_segments=max_segments,
         method=method, allow_single_long=single, world_size=2, backend="native",
     )
     assert native.raw_checksum == plan.raw_checksum
@@ -480,18 +481,18 @@ def test_limited_plans_keep_every_limit(rows: List[Any], caps: Any, max_segments
 def test_limited_plan_errors_name_the_argument() -> None:
     plan = stowplan.StaticPackPlan.from_lengths
     with pytest.raises(stowplan.InvalidArgumentError, match="method applies with limits or max_segments"):
-        plan([1, 2], packing_length=10, method="bfd")
+        plan([1, 2], capacity=10, method="bfd")
     with pytest.raises(stowplan.InvalidArgumentError, match="resources needs limits"):
-        plan([1, 2], packing_length=10, resources={"images": [1, 1]})
+        plan([1, 2], capacity=10, resources={"images": [1, 1]})
     with pytest.raises(stowplan.InvalidArgumentError, match="limits has no cap for resources\\['images'\\]"):
-        plan([1, 2], packing_length=10, resources={"images": [1, 1]}, limits={"frames": 2})
+        plan([1, 2], capacity=10, resources={"images": [1, 1]}, limits={"frames": 2})
     with pytest.raises(stowplan.InvalidArgumentError, match="limits\\['images'\\]"):
-        plan([1, 2], packing_length=10, resources={"images": [1, 1]}, limits={"images": 0})
+        plan([1, 2], capacity=10, resources={"images": [1, 1]}, limits={"images": 0})
     with pytest.raises(stowplan.InvalidArgumentError, match="method"):
-        plan([1, 2], packing_length=10, max_segments=2, method="worst-fit")
+        plan([1, 2], capacity=10, max_segments=2, method="worst-fit")
     with pytest.raises(stowplan.InfeasibleError, match="over a limit"):
-        plan([1, 2], packing_length=10, resources={"images": [3, 3]}, limits={"images": 2})
+        plan([1, 2], capacity=10, resources={"images": [3, 3]}, limits={"images": 2})
     # Without limits: a plan of tokens only, format 2, no limit attributes.
-    p = plan([1, 2], packing_length=10)
+    p = plan([1, 2], capacity=10)
     assert (p.limits, p.method, p.resource_loads, p.lower_bounds, p.max_segments) == (None, None, None, None, 0)
     assert json.loads(p.to_json())["format"] == "stowplan.static-pack-plan/2"

@@ -653,8 +653,8 @@ def test_compute_lengths_equals_the_local_lengths(blocks):
     assert got.dtype == np.uint64 and got.tolist() == local.tolist()
     by_column = sray.compute_lengths(ds, column="ids")
     assert by_column.tolist() == [len(r["ids"]) for r in ITEMS]
-    a = stowplan.StaticPackPlan.from_lengths(got, packing_length=64, world_size=2)
-    b = stowplan.StaticPackPlan.from_lengths(local, packing_length=64, world_size=2)
+    a = stowplan.StaticPackPlan.from_lengths(got, capacity=64, world_size=2)
+    b = stowplan.StaticPackPlan.from_lengths(local, capacity=64, world_size=2)
     assert (a.raw_checksum, a.aligned_checksum) == (b.raw_checksum, b.aligned_checksum)
 
 
@@ -726,7 +726,7 @@ def test_pack_dataset_names_bad_input():
     ds = ray.data.from_arrow(_sft_table(20))
     with pytest.raises(stowplan.InvalidArgumentError, match="column 'source' is not a list column"):
         sray.pack_dataset(ds, 64)
-    with pytest.raises(stowplan.InvalidArgumentError, match="seq_length"):
+    with pytest.raises(stowplan.InvalidArgumentError, match="capacity must be"):
         sray.pack_dataset(ds, 0, columns=["input_ids"])
     with pytest.raises(stowplan.InvalidArgumentError, match="num_blocks must be"):
         sray.pack_dataset(ds, 64, columns=["input_ids"], num_blocks=0)

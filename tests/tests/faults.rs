@@ -72,7 +72,11 @@ fn every_flipped_bit_and_truncation_of_every_format_is_refused() {
         ("packer state (state.bin)", state.encode().unwrap(), Box::new(|b| PackerState::decode(b).is_ok())),
         ("spooled training batch", spooled.encode().unwrap(), Box::new(|b| TrainingBatch::decode(b).is_ok())),
         ("rank batch (rank_R.bin)", step.ranks[1].encode().unwrap(), Box::new(|b| RankBatch::decode(b).is_ok())),
-        ("micro-batch", micro.encode().unwrap(), Box::new(|b| stowplan::materialize::MicroBatch::decode(b).is_ok())),
+        (
+            "micro-batch",
+            micro.encode().unwrap(),
+            Box::new(|b| stowplan::materialize::MaterializedBatch::decode(b).is_ok()),
+        ),
         (
             "control message",
             ControlMessage::new(Control::AddRun { run: 3, config: RunConfig { batch_size: 8 } }).encode().unwrap(),

@@ -7,7 +7,7 @@ use proptest::prelude::*;
 use stowplan::{
     Error, Kernel, MaterializeOptions,
     kernel::Padding,
-    materialize::{MicroBatch, Sample, Temperature},
+    materialize::{MaterializedBatch, Sample, Temperature},
 };
 
 fn kernels() -> Vec<Kernel> {
@@ -89,7 +89,7 @@ fn seed_001_rows_per_cp_rank() {
     }
 }
 
-fn check_rows(samples: &[Sample<'_>], mbs: &[&MicroBatch], per_sequence: bool) {
+fn check_rows(samples: &[Sample<'_>], mbs: &[&MaterializedBatch], per_sequence: bool) {
     let mut seen = vec![0usize; samples.len()];
     for mb in mbs {
         let n = mb.len();
@@ -148,7 +148,7 @@ proptest! {
         prop_assert_eq!(m.ranks.len(), dp as usize);
         let per_rank = m.ranks[0].len();
         prop_assert!(m.ranks.iter().all(|r| r.len() == per_rank && per_rank >= 1), "equal counts, none starved");
-        let all: Vec<&MicroBatch> = m.ranks.iter().flatten().collect();
+        let all: Vec<&MaterializedBatch> = m.ranks.iter().flatten().collect();
         check_rows(&samples, &all, per_sequence);
         for mb in &all {
             prop_assert!(mb.len() <= 256);
@@ -166,7 +166,7 @@ proptest! {
                 prop_assert!(views.iter().all(|v| v.input_ids.len() == mb.len() / cp as usize));
             }
             // Serialization round trip.
-            prop_assert_eq!(&MicroBatch::decode(&mb.encode().unwrap()).unwrap(), *mb);
+            prop_assert_eq!(&MaterializedBatch::decode(&mb.encode().unwrap()).unwrap(), *mb);
         }
     }
 }
@@ -300,7 +300,7 @@ fn decode_rejects_bad_bytes() {
     let data = owned(&[(2, 3, 0)]);
     let m = stowplan::materialize(&Kernel::native(), &borrow(&data), &MaterializeOptions::new(64, 1)).unwrap();
     let bytes = m.ranks[0][0].encode().unwrap();
-    let err = |b: &[u8]| match MicroBatch::decode(b) {
+    let err = |b: &[u8]| match MaterializedBatch::decode(b) {
         Err(Error::InvalidArgument(m)) => m,
         other => panic!("{other:?}"),
     };
@@ -318,7 +318,7 @@ fn decode_rejects_bad_bytes() {
     for bit in (0..bytes.len() * 8).step_by(7) {
         let mut flipped = bytes.clone();
         flipped[bit / 8] ^= 1 << (bit % 8);
-        assert!(MicroBatch::decode(&flipped).is_err(), "bit {bit} accepted");
+        assert!(MaterializedBatch::decode(&flipped).is_err(), "bit {bit} accepted");
     }
 }
 

@@ -209,11 +209,13 @@ fn round_robin_distribution_deals_in_turn_with_dummy_copies_and_persists() {
     let step = p.pack(true).unwrap().unwrap();
     // First fit by (run, -length) under 32 real tokens, runs sharing rows: [30], [20, 9],
     // [12, 5]. Three rows on two ranks need one dummy, a copy of the first row, dealt last.
-    let rows: Vec<&stowplan::materialize::MicroBatch> =
+    let rows: Vec<&stowplan::materialize::MaterializedBatch> =
         (0..2).flat_map(|j| step.ranks.iter().map(move |r| &r.micro_batches[j])).collect();
     assert_eq!(step.ranks[0].micro_batches.len(), step.ranks[1].micro_batches.len());
-    let (real, dummies): (Vec<&stowplan::materialize::MicroBatch>, Vec<&stowplan::materialize::MicroBatch>) =
-        rows.iter().partition(|mb| !mb.dummy);
+    let (real, dummies): (
+        Vec<&stowplan::materialize::MaterializedBatch>,
+        Vec<&stowplan::materialize::MaterializedBatch>,
+    ) = rows.iter().partition(|mb| !mb.dummy);
     assert_eq!(dummies.len(), 1);
     assert!(rows.last().unwrap().dummy, "dummies come after the real rows of their group");
     let dummy = dummies[0];

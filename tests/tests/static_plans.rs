@@ -196,7 +196,7 @@ fn multimodal_samples_have_deterministic_planning_lengths() {
     // Written back by index: the cache files are byte-identical.
     let bytes = |d: &Path| std::fs::read(d.join(stowplan::plan::length_cache::FILE_NAME)).unwrap();
     assert_eq!(bytes(&serial_dir), bytes(&parallel_dir));
-    // The planning lengths drive sum(length) <= packing_length without splitting a sample.
+    // The planning lengths drive sum(length) <= capacity without splitting a sample.
     let plan = StaticPackPlan::build(&Kernel::wasm().unwrap(), &a, &PlanOptions::new(16_384), 8, false).unwrap();
     assert!(plan.raw.tokens.iter().all(|&t| t <= 16_384));
     let _ = std::fs::remove_dir_all(serial_dir);
@@ -389,7 +389,7 @@ fn config_rejects_what_the_seed_forbids() {
         2,
     )
     .unwrap();
-    assert_eq!((c.packing_length, c.packing_length_key.as_deref()), (Some(2048), Some("model.max_model_len")));
+    assert_eq!((c.capacity, c.capacity_key.as_deref()), (Some(2048), Some("model.max_model_len")));
     assert_eq!(c.dataset_source.as_deref(), Some("a.jsonl"));
     // Dynamic mode is fine when dataset-level packing is off.
     let off = PackingConfig::from_json(&json!({"training": {"packing_mode": "dynamic"}}), 1).unwrap();

@@ -256,7 +256,7 @@ fn plan_cases(c: &mut Criterion) {
                  single-long, {} dropped, efficiency {:.3}%, raw {} aligned {}",
                 p.raw_len(),
                 p.raw.lower_bound,
-                sum.div_ceil(opts.packing_length),
+                sum.div_ceil(opts.capacity),
                 p.len(),
                 p.raw.single_long.len(),
                 p.raw.dropped.len(),

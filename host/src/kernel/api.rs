@@ -40,7 +40,7 @@ backends! {
             wasm: call(|i, s| i.stowplan_kernel_pack().call_pack_multi(s, sizes, &options.into())).map(Into::into),
         }
 
-        /// Splits one batch into micro-batches of at most `options.max_token_len` tokens with
+        /// Splits one batch into micro-batches of at most `options.capacity` tokens with
         /// balanced costs; sample `i` also costs `extra[i]` when given (cost units, e.g. a
         /// multimodal sample's image tokens: the cap counts tokens, the balance costs), and
         /// every micro-batch stays within `limits` when given (image tokens, images …). See

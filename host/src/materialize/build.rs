@@ -6,14 +6,14 @@ use stowplan_kernel::{AlignOptions, Factor, Padding};
 use super::sample::validate;
 use super::weights::loss_weights;
 use super::{
-    CpRuns, LossCounts, MaterializeOptions, MicroBatch, Sample, SampleLimits, Temperature, TokenArrays, to_i32,
+    CpRuns, LossCounts, MaterializeOptions, MaterializedBatch, Sample, SampleLimits, Temperature, TokenArrays, to_i32,
 };
 use crate::Error;
 use crate::kernel::Kernel;
 
 /// Appends one sample's tokens (and per-sequence padding) to `mb`; `weight` is its loss
 /// tokens' weight.
-fn push_sample(mb: &mut MicroBatch, s: &Sample<'_>, pad: usize, pad_token_id: i64, weight: f32) {
+fn push_sample(mb: &mut MaterializedBatch, s: &Sample<'_>, pad: usize, pad_token_id: i64, weight: f32) {
     let mb = &mut mb.arrays;
     let (p, c) = (s.prompt_ids.len(), s.completion_ids.len());
     let start = mb.loss_mask.len();
@@ -54,7 +54,7 @@ fn push_sample(mb: &mut MicroBatch, s: &Sample<'_>, pad: usize, pad_token_id: i6
 }
 
 /// Appends a padding segment of `pad` tokens whose positions restart at 0.
-fn push_padding(mb: &mut MicroBatch, pad: usize, pad_token_id: i64) {
+fn push_padding(mb: &mut MaterializedBatch, pad: usize, pad_token_id: i64) {
     mb.input_ids.extend(std::iter::repeat_n(pad_token_id, pad));
     mb.position_ids.extend(0..pad as i64);
     mb.loss_mask.extend(std::iter::repeat_n(false, pad));
@@ -75,7 +75,7 @@ fn build(
     num_runs: u32,
     o: &MaterializeOptions,
     weights: &[f32],
-) -> Result<(MicroBatch, Vec<u64>), Error> {
+) -> Result<(MaterializedBatch, Vec<u64>), Error> {
     let m = o.padding.multiple() as usize;
     let per_sequence = matches!(o.padding, Padding::PerSequence(_));
     let real: usize = members.iter().map(|&i| samples[i as usize].len()).sum();
@@ -83,7 +83,7 @@ fn build(
     let body: usize = members.iter().map(|&i| samples[i as usize].len()).map(|l| l + seq_pad(l)).sum();
     let total = if members.is_empty() { m } else { body.div_ceil(m) * m };
     let teacher = samples.first().is_some_and(|s| s.teacher_logprobs.is_some());
-    let mut mb = MicroBatch {
+    let mut mb = MaterializedBatch {
         samples: members.to_vec(),
         arrays: TokenArrays::with_capacity(total, teacher),
         cu_seqlens: Vec::with_capacity(members.len() + 1),
@@ -173,7 +173,7 @@ pub fn materialize_plan(
     samples: &[Sample<'_>],
     plan: &[Vec<&[u32]>],
     options: &MaterializeOptions,
-) -> Result<Vec<Vec<MicroBatch>>, Error> {
+) -> Result<Vec<Vec<MaterializedBatch>>, Error> {
     let num_runs = validate(samples, options)?;
     // A given plan is built as it is: sizes under limits would go unchecked, so are refused.
     resource_rows(samples, &SampleLimits::default())?;
@@ -204,7 +204,7 @@ pub(super) fn build_plan(
     options: &MaterializeOptions,
     num_runs: u32,
     counts: Option<&[LossCounts]>,
-) -> Result<Vec<Vec<MicroBatch>>, Error> {
+) -> Result<Vec<Vec<MaterializedBatch>>, Error> {
     if options.cp == 0 {
         return Err(Error::InvalidArgument("cp must be at least 1 (got 0)".into()));
     }
@@ -249,7 +249,7 @@ pub(super) fn build_plan(
         plan.iter().enumerate().flat_map(|(r, rank)| rank.iter().map(move |m| (r, *m))).collect();
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(jobs.len().max(1));
     let chunk = jobs.len().div_ceil(threads).max(1);
-    let built: Vec<Result<Vec<(MicroBatch, Vec<u64>)>, Error>> = std::thread::scope(|scope| {
+    let built: Vec<Result<Vec<(MaterializedBatch, Vec<u64>)>, Error>> = std::thread::scope(|scope| {
         let handles: Vec<_> = jobs
             .chunks(chunk)
             .map(|part| {
@@ -261,7 +261,7 @@ pub(super) fn build_plan(
             .map(|h| h.join().unwrap_or_else(|_| Err(Error::Runtime("a build thread panicked".into()))))
             .collect()
     });
-    let mut ranks: Vec<Vec<MicroBatch>> = plan.iter().map(|r| Vec::with_capacity(r.len())).collect();
+    let mut ranks: Vec<Vec<MaterializedBatch>> = plan.iter().map(|r| Vec::with_capacity(r.len())).collect();
     let mut job = jobs.iter();
     for part in built {
         for (mut mb, real_lengths) in part? {

@@ -1,4 +1,4 @@
-//! One micro-batch's arrays ([`MicroBatch`](super::MicroBatch)) and their byte encoding.
+//! One micro-batch's arrays ([`MaterializedBatch`](super::MaterializedBatch)) and their byte encoding.
 
 use serde::{Deserialize, Serialize};
 
@@ -6,7 +6,7 @@ use super::CpRuns;
 use crate::{Error, wire};
 
 /// The per-token arrays of one row, all of its length: a micro-batch's
-/// ([`MicroBatch::arrays`]) or a CP rank's share of one ([`CpView::arrays`](super::CpView::arrays)).
+/// ([`MaterializedBatch::arrays`]) or a CP rank's share of one ([`CpView::arrays`](super::CpView::arrays)).
 /// Both dereference to it, so `mb.input_ids` reads the array.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct TokenArrays {
@@ -73,7 +73,7 @@ impl TokenArrays {
 
 /// One micro-batch's arrays: one row, every per-token array of its length.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct MicroBatch {
+pub struct MaterializedBatch {
     /// The samples in the row, in order (empty for a dummy).
     pub samples: Vec<u32>,
     /// Every per-token array of the row (`mb.input_ids` reads through to them).
@@ -96,7 +96,7 @@ pub struct MicroBatch {
     pub cp_runs: Option<CpRuns>,
 }
 
-impl std::ops::Deref for MicroBatch {
+impl std::ops::Deref for MaterializedBatch {
     type Target = TokenArrays;
 
     fn deref(&self) -> &TokenArrays {
@@ -104,13 +104,13 @@ impl std::ops::Deref for MicroBatch {
     }
 }
 
-impl std::ops::DerefMut for MicroBatch {
+impl std::ops::DerefMut for MaterializedBatch {
     fn deref_mut(&mut self) -> &mut TokenArrays {
         &mut self.arrays
     }
 }
 
-impl MicroBatch {
+impl MaterializedBatch {
     /// Length of every sequence in the row, padding included (prime-rl's `sequence_lengths`).
     pub fn sequence_lengths(&self) -> Vec<i32> {
         self.cu_seqlens_padded.windows(2).map(|w| w[1] - w[0]).collect()
@@ -121,11 +121,11 @@ impl MicroBatch {
         wire::encode(&wire::MICRO_BATCH, self, self.len() * 24)
     }
 
-    /// Decodes what [`MicroBatch::encode`] wrote. Errors name what is wrong: not a
+    /// Decodes what [`MaterializedBatch::encode`] wrote. Errors name what is wrong: not a
     /// micro-batch, another version, a corrupt or truncated body, trailing bytes, arrays of
     /// different lengths.
     pub fn decode(bytes: &[u8]) -> Result<Self, Error> {
-        let mb: MicroBatch = wire::decode(&wire::MICRO_BATCH, bytes)?;
+        let mb: MaterializedBatch = wire::decode(&wire::MICRO_BATCH, bytes)?;
         mb.check_lengths().map_err(|m| Error::InvalidArgument(format!("bytes: {m}")))?;
         Ok(mb)
     }
@@ -140,7 +140,7 @@ impl MicroBatch {
     }
 }
 
-/// One CP rank's share of a [`MicroBatch`](super::MicroBatch): its part of every per-token array.
+/// One CP rank's share of a [`MaterializedBatch`](super::MaterializedBatch): its part of every per-token array.
 #[derive(Clone, Debug, PartialEq)]
 pub struct CpView {
     /// The CP rank.
@@ -177,7 +177,7 @@ impl TokenArrays {
     }
 }
 
-impl MicroBatch {
+impl MaterializedBatch {
     /// CP rank `r`'s share of the row. Errors: no CP split in this micro-batch (cp = 1 or
     /// per-micro-batch padding), `r` ≥ cp.
     pub fn cp_view(&self, r: usize) -> Result<CpView, Error> {

@@ -10,7 +10,7 @@
 //! - **per-sequence padding** ([`Padding::PerSequence`](crate::kernel::Padding::PerSequence), ROLL's): every sample padded to a
 //!   multiple of the factor right after its tokens, `position_ids` continuing through its
 //!   padding; with `cp` > 1 each row also carries its zigzag split ([`CpRuns`]) and
-//!   [`MicroBatch::cp_view`] gives a CP rank's row.
+//!   [`MaterializedBatch::cp_view`] gives a CP rank's row.
 //!
 //! Padding values (prime-rl's): token `pad_token_id`, loss mask false, advantage 0,
 //! inference and teacher logprob 0, temperature 1, loss weight 0. A dummy micro-batch (only
@@ -36,7 +36,7 @@ pub(crate) use balanced::materialize_counted;
 pub use balanced::{materialize, materialize_limited};
 pub use build::materialize_plan;
 pub use cp::CpRuns;
-pub use micro_batch::{CpView, MicroBatch, TokenArrays};
+pub use micro_batch::{CpView, MaterializedBatch, TokenArrays};
 pub use options::{DistributionMode, LossAggMode, MaterializeOptions, Materialized, SampleLimits};
 pub use round_robin::{Dealt, round_robin};
 pub use sample::{RejectReason, Sample, Temperature, check_sample};

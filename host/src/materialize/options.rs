@@ -4,7 +4,7 @@
 use serde::{Deserialize, Serialize};
 use stowplan_kernel::{AlignOptions, Cost, Distribution, Padding};
 
-use super::MicroBatch;
+use super::MaterializedBatch;
 use crate::Error;
 
 /// Options of [`materialize`](super::materialize).
@@ -146,7 +146,7 @@ impl SampleLimits {
 #[derive(Clone, Debug, PartialEq)]
 pub struct Materialized {
     /// `ranks[r]`: rank `r`'s micro-batches (the same number on every rank).
-    pub ranks: Vec<Vec<MicroBatch>>,
+    pub ranks: Vec<Vec<MaterializedBatch>>,
     /// The kernel's plan (which samples, which rank, splits, dummies).
     pub distribution: Distribution,
     /// Real tokens over all micro-batches.
@@ -167,7 +167,7 @@ impl Materialized {
     }
 }
 
-fn per_token_bytes(m: &MicroBatch) -> u64 {
+fn per_token_bytes(m: &MaterializedBatch) -> u64 {
     // ids, positions (8 each), mask (1), loss weights, advantages, logprobs, temperatures (4
     // each), teacher (4).
     8 + 8 + 1 + 4 + 4 + 4 + 4 + if m.teacher_logprobs.is_some() { 4 } else { 0 }

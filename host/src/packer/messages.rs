@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 use stowplan_kernel::Cost;
 
 use crate::Error;
-use crate::materialize::{MicroBatch, RejectReason, Sample, Temperature};
+use crate::materialize::{MaterializedBatch, RejectReason, Sample, Temperature};
 use crate::wire;
 
 /// One rollout sample as the orchestrator sends it (prime-rl's `TrainingSample` fields).
@@ -220,7 +220,7 @@ pub struct RankBatch {
     /// Every sample of the step; a micro-batch's `samples` index this list.
     pub keys: Vec<SampleKey>,
     /// This rank's micro-batches (the same number on every rank).
-    pub micro_batches: Vec<MicroBatch>,
+    pub micro_batches: Vec<MaterializedBatch>,
     /// Runs whose step completed with this packer step (`ready_to_update`).
     pub ready_to_update: Vec<u32>,
 }

@@ -20,7 +20,7 @@
 //!     "template": {"max_length": 16384},
 //! });
 //! let c = PackingConfig::from_json(&config, 8)?;
-//! assert_eq!(c.packing_length, Some(16384));
+//! assert_eq!(c.capacity, Some(16384));
 //! assert_eq!(c.batch.gradient_accumulation_steps, 8); // 4 × 2 per device, batch size forced to 1
 //! assert_eq!(c.batch.realized_packs_per_step, 64);
 //! # Ok::<(), stowplan::Error>(())
@@ -74,9 +74,9 @@ pub struct PackingConfig {
     pub packing_mode: PackingMode,
     /// The per-pack cap: `template.max_length`, else `model.max_model_len` (else
     /// `training_args.max_model_len`); `None` only when neither train nor eval packing is on.
-    pub packing_length: Option<u64>,
-    /// The key `packing_length` came from.
-    pub packing_length_key: Option<String>,
+    pub capacity: Option<u64>,
+    /// The key the capacity came from (e.g. `template.max_length`).
+    pub capacity_key: Option<String>,
     /// `training.packing_allow_single_long` (default false: long samples are dropped).
     pub allow_single_long: bool,
     /// `training.packing_align` (stowplan; default 1).
@@ -165,15 +165,15 @@ impl PackingConfig {
             Some(Value::String(s)) => Some(s.clone()),
             Some(other) => Some(other.to_string()),
         };
-        let (mut packing_length, mut packing_length_key) = (None, None);
+        let (mut capacity, mut capacity_key) = (None, None);
         for (sec, key) in [("template", "max_length"), ("model", "max_model_len"), ("training_args", "max_model_len")] {
             if let Some(v) = get_positive(section(sec)?, sec, key)? {
-                packing_length = Some(v);
-                packing_length_key = Some(format!("{sec}.{key}"));
+                capacity = Some(v);
+                capacity_key = Some(format!("{sec}.{key}"));
                 break;
             }
         }
-        if (packing || eval_packing) && packing_length.is_none() {
+        if (packing || eval_packing) && capacity.is_none() {
             return Err(cfg("packing is on but no packing length is configured: set template.max_length (or \
                  model.max_model_len)"
                 .to_string()));
@@ -190,8 +190,8 @@ impl PackingConfig {
         Ok(Self {
             packing,
             packing_mode,
-            packing_length,
-            packing_length_key,
+            capacity,
+            capacity_key,
             allow_single_long: get_bool(training, "training", "packing_allow_single_long")?.unwrap_or(false),
             align: get_positive(training, "training", "packing_align")?.unwrap_or(1),
             dataloader_drop_last: get_bool(training, "training", "dataloader_drop_last")?.unwrap_or(false),
@@ -211,8 +211,8 @@ impl PackingConfig {
 
     /// The plan options of train and eval packing; `None` without a packing length.
     pub fn plan_options(&self) -> Option<PlanOptions> {
-        self.packing_length.map(|packing_length| PlanOptions {
-            packing_length,
+        self.capacity.map(|capacity| PlanOptions {
+            capacity,
             align: self.align,
             allow_single_long: self.allow_single_long,
         })

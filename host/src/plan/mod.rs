@@ -33,7 +33,7 @@ pub mod length_cache;
 
 /// Format tag of [`StaticPackPlan::to_json`] for a plan of tokens only. Version 2 adds
 /// `document_sha256`, which covers every field (version 1 checksummed only the packs, so an
-/// edited `packing_length` or `dropped_samples` loaded and made the plan's log lie).
+/// edited `capacity` or `dropped_samples` loaded and made the plan's log lie).
 pub const PLAN_FORMAT: &str = "stowplan.static-pack-plan/2";
 
 /// Format tag of a plan under further limits ([`StaticPackPlan::limits`]): version 2 plus a
@@ -41,7 +41,7 @@ pub const PLAN_FORMAT: &str = "stowplan.static-pack-plan/2";
 /// loads), checked on load. A reader of version 2 only refuses it rather than drop the limits.
 pub const LIMITED_PLAN_FORMAT: &str = "stowplan.static-pack-plan/3";
 
-/// The limits of a static plan beside `packing_length`, and what the plan holds of each.
+/// The limits of a static plan beside `capacity`, and what the plan holds of each.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PackLimits {
     /// Each limited resource's name (a column of the input: `image_tokens`, `images` …).
@@ -68,7 +68,7 @@ pub struct PackLimits {
 pub struct StaticPackPlan {
     /// The options the raw plan was built with.
     pub options: PlanOptions,
-    /// The limits beside `packing_length` ([`Self::build_limited`]); `None` for a plan of
+    /// The limits beside `capacity` ([`Self::build_limited`]); `None` for a plan of
     /// tokens only.
     pub limits: Option<PackLimits>,
     /// Number of samples the plan was built from.
@@ -181,11 +181,10 @@ impl StaticPackPlan {
         if regular == 0 {
             return 0.0;
         }
-        (self.raw.real_tokens - self.single_long_tokens()) as f64
-            / (regular as f64 * self.options.packing_length as f64)
+        (self.raw.real_tokens - self.single_long_tokens()) as f64 / (regular as f64 * self.options.capacity as f64)
     }
 
-    /// Real tokens of the single-long packs (each may hold more than `packing_length`):
+    /// Real tokens of the single-long packs (each may hold more than `capacity`):
     /// `raw.real_tokens` minus this is what the multi-sample packs hold.
     pub fn single_long_tokens(&self) -> u64 {
         self.raw.single_long.iter().map(|&i| self.single_tokens(i)).sum()
@@ -211,12 +210,12 @@ impl StaticPackPlan {
         let warn = |text: String| LogLine { warning: true, text };
         let mut lines = vec![info(format!(
             "static pack plan: N_raw_packs={} N_aligned_packs={} world_size={} dataloader_drop_last={} \
-             packing_length={} samples={}",
+             capacity={} samples={}",
             self.raw_len(),
             self.len(),
             self.world_size,
             self.drop_last,
-            self.options.packing_length,
+            self.options.capacity,
             self.samples
         ))];
         if let Some(l) = &self.limits {
@@ -257,7 +256,7 @@ impl StaticPackPlan {
             lines.push(info(format!(
                 "static pack plan: {} long samples (length >= {}{}) emitted as single-sample packs: {}",
                 self.raw.single_long.len(),
-                self.options.packing_length,
+                self.options.capacity,
                 self.over_a_limit(),
                 index_list(self.raw.single_long.iter().copied())
             )));
@@ -266,7 +265,7 @@ impl StaticPackPlan {
             lines.push(warn(format!(
                 "static pack plan: {} long samples (length >= {}{}) dropped (allow_single_long=false): {}",
                 self.raw.dropped.len(),
-                self.options.packing_length,
+                self.options.capacity,
                 self.over_a_limit(),
                 index_list(self.raw.dropped.iter().copied())
             )));
@@ -309,7 +308,7 @@ impl StaticPackPlan {
                 // One row per pack, empty with a segment limit alone.
                 loads: (0..self.raw_len()).map(|p| l.loads[p * l.names.len()..][..l.names.len()].to_vec()).collect(),
             }),
-            packing_length: self.options.packing_length,
+            packing_length: self.options.capacity,
             align: self.options.align,
             allow_single_long: self.options.allow_single_long,
             samples: self.samples,
@@ -344,7 +343,7 @@ impl StaticPackPlan {
     /// after an edit, and they prove nothing about who wrote the file. The structure is
     /// checked whatever the hashes say, so even a forged plan that loads is a plan: every
     /// sample `0..samples` is in exactly one pack or in `dropped_samples`, never both; packs
-    /// are non-empty with ascending members; no pack records more than `packing_length`
+    /// are non-empty with ascending members; no pack records more than `capacity`
     /// tokens unless it is a single long sample listed in `single_long` (only with
     /// `allow_single_long`); `real_tokens` is the packs' sum and `lower_bound` follows from
     /// `aligned_tokens`. It cannot know the samples' lengths: a forger who lies consistently
@@ -414,11 +413,8 @@ impl StaticPackPlan {
             lower_bound: doc.lower_bound,
             checksum: raw_check.checksum,
         };
-        let options = PlanOptions {
-            packing_length: doc.packing_length,
-            align: doc.align,
-            allow_single_long: doc.allow_single_long,
-        };
+        let options =
+            PlanOptions { capacity: doc.packing_length, align: doc.align, allow_single_long: doc.allow_single_long };
         Ok(Self {
             options,
             limits,
@@ -462,6 +458,7 @@ struct PlanDoc {
     /// Absent in format 2 (so its documents and their sha256 are unchanged).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     limits: Option<LimitsDoc>,
+    /// The plan's token cap (`PlanOptions::capacity`), under the key its formats have always used.
     packing_length: u64,
     align: u64,
     allow_single_long: bool,

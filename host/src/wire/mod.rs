@@ -43,7 +43,7 @@ pub const RANK_MESSAGE: Format = Format { magic: *b"SPRM", version: 2, what: "ra
 pub const RECEIPTS: Format = Format { magic: *b"SPRC", version: 3, what: "receipts" };
 /// The packer's refusal of a rank's hello (`serve::Refusal`).
 pub const REFUSAL: Format = Format { magic: *b"SPRX", version: 2, what: "refusal" };
-/// One materialized micro-batch (`MicroBatch::encode`).
+/// One materialized micro-batch (`MaterializedBatch::encode`).
 pub const MICRO_BATCH: Format = Format { magic: *b"SPMB", version: 3, what: "micro-batch" };
 /// The per-sample length cache of static packing (`DIR/lengths.splc`).
 pub const LENGTH_CACHE: Format = Format { magic: *b"SPLC", version: 2, what: "length cache" };

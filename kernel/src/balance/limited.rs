@@ -59,7 +59,7 @@ pub fn micro_batches_limited(
     options: &MicroOptions,
 ) -> Result<LimitedMicroBatches, Error> {
     let costs = micro_checks(lengths, extra, options)?;
-    let rows = Rows::new(lengths, limits, options.max_token_len, "sequence")?;
+    let rows = Rows::new(lengths, limits, options.capacity, "sequence")?;
     let (need, lower_bounds) = rows.need(lengths.len(), options)?;
     let plan = plan_micro(lengths, &costs, options, need, &rows.caps())?;
     let loads = rows.loads(&plan);
@@ -80,7 +80,7 @@ pub fn plan_limited(
     micro: &MicroOptions,
     limits: &MicroLimits<'_>,
 ) -> Result<TwoLevelBalance, Error> {
-    let all = Rows::new(lengths, limits, micro.max_token_len, "sequence")?;
+    let all = Rows::new(lengths, limits, micro.capacity, "sequence")?;
     let r = all.caps.len();
     plan_ranks(lengths, dp, dp_options, micro, |members, local| {
         let sizes: Vec<u64> = members.iter().flat_map(|&i| all.sizes[i as usize * r..][..r].iter().copied()).collect();
@@ -100,17 +100,12 @@ pub(crate) struct Rows {
 impl Rows {
     /// The rows of `lengths` under `limits` (1 to 7 caps), refusing an item over a cap; an item
     /// is a `what` in messages (`sequence`, `sample`).
-    pub(crate) fn new(
-        lengths: &[u64],
-        limits: &MicroLimits<'_>,
-        max_token_len: u64,
-        what: &str,
-    ) -> Result<Self, Error> {
+    pub(crate) fn new(lengths: &[u64], limits: &MicroLimits<'_>, capacity: u64, what: &str) -> Result<Self, Error> {
         let e = limits.caps.len();
         if e == 0 || e >= crate::MAX_RESOURCES {
             return invalid!("limits must have 1 to {} caps besides the tokens (got {e})", crate::MAX_RESOURCES - 1);
         }
-        let (caps, names) = resources(lengths.len(), max_token_len, limits)?;
+        let (caps, names) = resources(lengths.len(), capacity, limits)?;
         let mut sizes = Vec::with_capacity(lengths.len() * (e + 1));
         for (i, &l) in lengths.iter().enumerate() {
             sizes.push(l);

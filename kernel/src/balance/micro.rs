@@ -16,7 +16,7 @@ use crate::{Error, checked_len, checked_sum, invalid};
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MicroOptions {
     /// Hard cap on the tokens of every micro-batch (≥ 1).
-    pub max_token_len: u64,
+    pub capacity: u64,
     /// The cost balanced across micro-batches.
     pub cost: Cost,
     /// At least this many micro-batches (0 and 1 mean no minimum).
@@ -31,10 +31,10 @@ pub struct MicroOptions {
 }
 
 impl MicroOptions {
-    /// Options with cap `max_token_len`, token cost, no minimum, no rounding, no forced
+    /// Options with cap `capacity`, token cost, no minimum, no rounding, no forced
     /// count, input order.
-    pub fn new(max_token_len: u64) -> Self {
-        Self { max_token_len, cost: Cost::TOKENS, min_count: 0, divisible_by: 1, count: None, order: Order::None }
+    pub fn new(capacity: u64) -> Self {
+        Self { capacity, cost: Cost::TOKENS, min_count: 0, divisible_by: 1, count: None, order: Order::None }
     }
 }
 
@@ -45,14 +45,14 @@ pub struct MicroBatches {
     pub offsets: Vec<u32>,
     /// Input indices, micro-batch after micro-batch (each micro-batch ascending).
     pub indices: Vec<u32>,
-    /// Tokens of each micro-batch (each ≤ `max_token_len`).
+    /// Tokens of each micro-batch (each ≤ `capacity`).
     pub tokens: Vec<u64>,
     /// Cost of each micro-batch.
     pub costs: Vec<u64>,
     /// `restore[i]` is the position of input `i` in `indices`: outputs computed in
     /// micro-batch order are put back in input order by `outputs[restore]`.
     pub restore: Vec<u32>,
-    /// `max(1, ceil(total tokens / max_token_len))`: no plan has fewer micro-batches.
+    /// `max(1, ceil(total tokens / capacity))`: no plan has fewer micro-batches.
     pub lower_bound: u32,
     /// The count this batch needs on its own: the smallest count found under the cap,
     /// raised to `min_count` and rounded up to `divisible_by` (what `count` overrides).
@@ -72,9 +72,9 @@ impl MicroBatches {
 }
 
 /// Splits one batch (`lengths`, tokens) into micro-batches of at most
-/// `options.max_token_len` tokens, balancing `options.cost` across them.
+/// `options.capacity` tokens, balancing `options.cost` across them.
 ///
-/// Errors: `invalid-argument` for empty `lengths`, `max_token_len` = 0, `divisible_by` = 0,
+/// Errors: `invalid-argument` for empty `lengths`, `capacity` = 0, `divisible_by` = 0,
 /// a cost overflowing `u64`, `count` = 0 / not a multiple of `divisible_by` / below
 /// `min_count`, or a count (forced, or raised by `min_count`/`divisible_by`) above the number
 /// of sequences (micro-batches are never empty); `infeasible` for a sequence longer than the
@@ -93,7 +93,7 @@ pub fn micro_batches_with_extra(
 ) -> Result<MicroBatches, Error> {
     let costs = micro_checks(lengths, extra, options)?;
     let need = needed_count(lengths, options)?;
-    let caps = [options.max_token_len];
+    let caps = [options.capacity];
     plan_micro(lengths, &costs, options, need, &Caps { sizes: lengths, caps: &caps })
 }
 
@@ -150,9 +150,9 @@ pub(super) fn micro_checks(lengths: &[u64], extra: Option<&[u64]>, options: &Mic
     if n == 0 {
         return invalid!("lengths must not be empty (a batch needs at least one sequence)");
     }
-    let cap = options.max_token_len;
+    let cap = options.capacity;
     if cap == 0 {
-        return invalid!("max_token_len must be at least 1 (got 0)");
+        return invalid!("capacity must be at least 1 (got 0)");
     }
     if options.divisible_by == 0 {
         return invalid!("divisible_by must be at least 1 (got 0)");
@@ -164,7 +164,7 @@ pub(super) fn micro_checks(lengths: &[u64], extra: Option<&[u64]>, options: &Mic
     }
     if let Some((i, &l)) = lengths.iter().enumerate().find(|&(_, &l)| l > cap) {
         return Err(Error::Infeasible(alloc::format!(
-            "sequence {i} has {l} tokens, more than max_token_len = {cap}; sequences are never split"
+            "sequence {i} has {l} tokens, more than capacity = {cap}; sequences are never split"
         )));
     }
     checked_sum("lengths", lengths.iter().copied())?;
@@ -184,7 +184,7 @@ pub(super) struct Need {
 
 pub(super) fn needed_count(lengths: &[u64], options: &MicroOptions) -> Result<Need, Error> {
     let n = lengths.len() as u32;
-    let cap = options.max_token_len;
+    let cap = options.capacity;
     let opts = PackOptions { capacity: cap, align: 1, method: PackMethod::Bfd, oversize: OversizePolicy::Error };
     let packing = pack(lengths, &opts)?;
     let bins: Vec<Vec<u32>> = (0..packing.bins()).map(|b| packing.bin(b).to_vec()).collect();
@@ -241,9 +241,9 @@ fn check_count(c: u32, options: &MicroOptions, n: u32, lower_bound: u32) -> Resu
     }
     if c < lower_bound {
         return Err(Error::Infeasible(alloc::format!(
-            "count = {c} is below what max_token_len = {} allows: the tokens need at least {lower_bound} \
+            "count = {c} is below what capacity = {} allows: the tokens need at least {lower_bound} \
              micro-batches",
-            options.max_token_len
+            options.capacity
         )));
     }
     Ok(())

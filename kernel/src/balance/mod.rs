@@ -113,7 +113,7 @@ pub struct TwoLevelBalance {
 }
 
 /// Plans `lengths` over `dp` ranks, then each rank's samples into micro-batches of at most
-/// `micro.max_token_len` tokens. Every rank gets the same count: `micro.count` if given,
+/// `micro.capacity` tokens. Every rank gets the same count: `micro.count` if given,
 /// else the largest count any rank requires. Each rank's [`MicroBatches`] holds global
 /// indices, and its `restore` maps the rank's samples in [`Balance::rank`] order.
 ///
@@ -125,13 +125,13 @@ pub fn plan(
     micro: &MicroOptions,
 ) -> Result<TwoLevelBalance, Error> {
     plan_ranks(lengths, dp, dp_options, micro, |_, local| {
-        Ok((needed_count(local, micro)?, local.to_vec(), alloc::vec![micro.max_token_len]))
+        Ok((needed_count(local, micro)?, local.to_vec(), alloc::vec![micro.capacity]))
     })
 }
 
 /// The two levels: the global checks, DP balancing, then every rank's micro-batches with one
 /// common count. `rank(members, local lengths)` gives a rank's need, and its sizes row by row
-/// with the caps they are held to (the lengths and `max_token_len`, or more resources).
+/// with the caps they are held to (the lengths and `capacity`, or more resources).
 fn plan_ranks(
     lengths: &[u64],
     dp: u32,

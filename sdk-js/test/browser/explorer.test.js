@@ -177,7 +177,7 @@ test('rl-math-8k over 8 ranks, cap 16384, attention cost, cp 2 × tp 2: figures,
   const factor = Number(stowplan.padFactor({ cp: 2, tp: 2 }));
   assert.equal(factor, 8);
   const padded = RAW.map((l) => Math.ceil(l / factor) * factor);
-  const [wantText, want] = cliPlan(padded, ['--dp', '8', '--max-token-len', '16384', '--cost', 'attention']);
+  const [wantText, want] = cliPlan(padded, ['--dp', '8', '--capacity', '16384', '--cost', 'attention']);
   const [text, name] = await exported(page);
   assert.equal(cliPlanText(text), wantText, 'the exported plan is byte-identical to the CLI plan');
   assert.equal(name, 'stowplan-plan-dp8-cap16384-padded8.json');
@@ -233,7 +233,7 @@ test('dp 64: a summary and a fill map instead of 64 rows, the page under 2,500 p
   const { page, errors } = await open();
   await plan(page, { dp: 64, cap: 16384, cost: 'attention' });
   await assertPlanned(page, 64);
-  const [, want] = cliPlan(RAW, ['--dp', '64', '--max-token-len', '16384', '--cost', 'attention']);
+  const [, want] = cliPlan(RAW, ['--dp', '64', '--capacity', '16384', '--cost', 'attention']);
   assert.deepStrictEqual(await data(page, '#after .rank-col', 'cost'), want.dp.costs.map(String));
   const summary = await page.textContent('#summary');
   assert.match(summary, /^Summary4,096 sequences, [\d,]+ tokens, over 64 ranks, micro-batches ≤ 16,384 tokens, attention cost\./);
@@ -262,7 +262,7 @@ test('error then recover: after a failure the charts are cleared and the status 
   await assertPlanned(page, 8);
   // An infeasible cap: the previous plan's charts must not stay.
   await plan(page, { dp: 8, cap: 100, cost: 'attention' });
-  await assertFailed(page, /^InfeasibleError: infeasible: sequence \d+ has \d+ tokens, more than maxTokenLen = 100/);
+  await assertFailed(page, /^InfeasibleError: infeasible: sequence \d+ has \d+ tokens, more than capacity = 100/);
   await shoot(page, 'explorer-error.png');
   await plan(page, { dp: 8, cap: 16384, cost: 'attention' });
   await assertPlanned(page, 8);
@@ -296,12 +296,12 @@ test('the settings round-trip through the URL and are in the exported JSON', asy
   });
   const [text, name] = await exported(page);
   const padded = lengths.map((l) => Math.ceil(l / 2) * 2);
-  assert.equal(cliPlanText(text), cliPlan(padded, ['--dp', '2', '--max-token-len', '1000', '--cost', '3,1', '--order', 'verl'])[0]);
+  assert.equal(cliPlanText(text), cliPlan(padded, ['--dp', '2', '--capacity', '1000', '--cost', '3,1', '--order', 'verl'])[0]);
   assert.equal(name, 'stowplan-plan-dp2-cap1000-padded2.json');
   const json = JSON.parse(text);
   assert.deepStrictEqual(
-    { operation: json.operation, source: json.source, n: json.n, dp_size: json.dp_size, max_token_len: json.max_token_len, cost: json.cost },
-    { operation: 'balance', source: 'pasted lengths', n: 8, dp_size: 2, max_token_len: 1000, cost: { linear: 3, quadratic: 1 } },
+    { operation: json.operation, source: json.source, n: json.n, dp_size: json.dp_size, capacity: json.capacity, cost: json.cost },
+    { operation: 'balance', source: 'pasted lengths', n: 8, dp_size: 2, capacity: 1000, cost: { linear: 3, quadratic: 1 } },
   );
   assert.deepStrictEqual(json.settings, {
     workload: null, lengths_in_url: true, dp: 2, cap: 1000, cost: 'custom', cost_ab: '3,1', order: 'verl', cp: 1, tp: 2, pad_factor: 2, url,
@@ -354,7 +354,7 @@ test('pasted lengths: DP level only and micro-batches only, each export identica
   await page.waitForSelector('#fig-count');
   assert.equal(await page.textContent('#status'), 'Planned 8 lengths: one rank, cap 1,000 tokens, attention cost.');
   assert.equal(await page.isHidden('#dp-charts'), true, 'one rank: no balancing to chart');
-  assert.equal(cliPlanText((await exported(page))[0]), cliPlan(lengths, ['--max-token-len', '1000', '--cost', 'attention'])[0]);
+  assert.equal(cliPlanText((await exported(page))[0]), cliPlan(lengths, ['--capacity', '1000', '--cost', 'attention'])[0]);
   assert.deepStrictEqual(errors, []);
   await page.close();
 });
@@ -362,7 +362,7 @@ test('pasted lengths: DP level only and micro-batches only, each export identica
 test('bad input is shown, naming the argument, and nothing is exported', async () => {
   const { page } = await open();
   await plan(page, { dp: 2, cap: 100, cost: 'tokens', cp: 1, tp: 1 });
-  await assertFailed(page, /^InfeasibleError: infeasible: sequence \d+ has \d+ tokens, more than maxTokenLen = 100/);
+  await assertFailed(page, /^InfeasibleError: infeasible: sequence \d+ has \d+ tokens, more than capacity = 100/);
   await plan(page, { dp: 8, cap: 16384, cost: 'tokens', cp: 70000, tp: 1 });
   assert.equal(await page.textContent('#error'), 'InvalidArgumentError: cp must be in 1..=65536 (got 70000)');
   await assertFailed(page, /^InvalidArgumentError: cp must be in 1\.\.=65536 \(got 70000\)$/);

@@ -54,8 +54,8 @@ from . import _stowplan
 from ._stowplan import (
     Balance,
     CpLayout,
+    MaterializedBatch,
     Materialized,
-    MicroBatch,
     MicroBatches,
     MultiPacking,
     Packing,
@@ -95,12 +95,18 @@ COSTS = _stowplan.COST_PRESETS
 
 #: Former names (ARCHITECTURE.md, "Names across Rust, Python and JavaScript"), kept for a
 #: while: each use warns with ``DeprecationWarning`` and names its replacement.
-_RENAMED = {"ZmqReceiver": "ZmqRankClient", "FileReceiver": "FileRankClient", "Sample": "RolloutSample"}
+_RENAMED = {
+    "ZmqReceiver": "ZmqRankClient",
+    "FileReceiver": "FileRankClient",
+    "Sample": "RolloutSample",
+    "MicroBatch": "MaterializedBatch",
+}
 
 if TYPE_CHECKING:  # what type checkers see of the former names (at run time: __getattr__)
     ZmqReceiver = ZmqRankClient
     FileReceiver = FileRankClient
     Sample = RolloutSample
+    MicroBatch = MaterializedBatch
 
 
 def __getattr__(name: str) -> object:
@@ -141,7 +147,7 @@ __all__ = [
     "gather_payload",
     "Payload",
     "Materialized",
-    "MicroBatch",
+    "MaterializedBatch",
     "StaticPackPlan",
     "PackedDataset",
     "PackingConfig",

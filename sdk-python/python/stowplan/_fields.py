@@ -1,6 +1,6 @@
 """Per-token fields of any shape and per-sample payloads, laid out like a micro-batch.
 
-A materialized micro-batch (:class:`stowplan.MicroBatch`, also the micro-batches of a
+A materialized micro-batch (:class:`stowplan.MaterializedBatch`, also the micro-batches of a
 :class:`stowplan.RankBatch`) says which samples its row holds (``samples``, in row order) and
 where each starts (``cu_seqlens_padded``); stowplan's own per-token arrays (``input_ids``,
 ``loss_weights`` …) follow that layout. These functions put the caller's data in the same

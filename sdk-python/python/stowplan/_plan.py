@@ -6,7 +6,7 @@ stable ``len``. Per-epoch randomness comes from the sampler shuffling pack indic
 
 >>> import stowplan
 >>> plan = stowplan.StaticPackPlan.from_lengths(
-...     [900, 3000, 120, 4096, 2000, 1500], packing_length=4096, world_size=2)
+...     [900, 3000, 120, 4096, 2000, 1500], capacity=4096, world_size=2)
 >>> plan.raw_packs()
 [[0, 1, 2], [4, 5]]
 >>> len(plan), plan.dropped_long, plan.pad_needed
@@ -27,6 +27,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 import numpy as np
 
 from . import _stowplan
+from ._renamed import renamed
 from .errors import InvalidArgumentError
 
 __all__ = [
@@ -181,12 +182,13 @@ class PackedDataset:
         return f"PackedDataset({len(self)} packs of {self.plan.samples} samples, world_size={self.plan.world_size})"
 
 
+@renamed(packing_length="capacity")
 def plan_dataset(
     dataset: Sequence[Any],
     length_fn: Callable[[Any], int],
     *,
     config: Optional[PackingConfig] = None,
-    packing_length: Optional[int] = None,
+    capacity: Optional[int] = None,
     world_size: int = 1,
     drop_last: bool = False,
     allow_single_long: bool = False,
@@ -204,19 +206,20 @@ def plan_dataset(
 ) -> Any:
     """The static pack plan of ``dataset``: planning lengths (cached under ``cache_dir`` when
     given, see :func:`compute_lengths`), the raw plan and its alignment, logged (pack
-    counts, world size, drop_last, repeats, long samples, checksums). With ``config`` (a :class:`PackingConfig`) the packing length, long-sample
+    counts, world size, drop_last, repeats, long samples, checksums). With ``config`` (a :class:`PackingConfig`) the capacity, long-sample
     policy, alignment, ``drop_last`` (never for ``eval=True``), world size, workers, flush
     cadence, wait timeout and dataset source come from it, and a partial accumulation window
     is warned about. ``workers``, ``wait_timeout_s`` and ``backend`` left ``None`` take the
     host's defaults. (``align`` and ``allow_single_long`` are spelled out because they enter
-    the length cache's fingerprint as given.)
+    the length cache's fingerprint as given.) ``packing_length=`` is the former name of
+    ``capacity`` (deprecated: warns, for one release).
     """
     if config is not None:
         if not isinstance(config, PackingConfig):
             raise InvalidArgumentError(f"config must be a stowplan.PackingConfig (got {type(config).__name__})")
-        if config.packing_length is None:
+        if config.capacity is None:
             raise InvalidArgumentError("config has no packing length (packing is off)")
-        packing_length = config.packing_length
+        capacity = config.capacity
         world_size = config.world_size
         drop_last = False if eval else config.dataloader_drop_last
         allow_single_long = config.allow_single_long
@@ -225,8 +228,8 @@ def plan_dataset(
         persist_every = config.persist_every
         wait_timeout_s = config.wait_timeout_s
         source = source if source is not None else config.dataset_source
-    if packing_length is None:
-        raise InvalidArgumentError("packing_length is required (or pass config=PackingConfig.from_dict(...))")
+    if capacity is None:
+        raise InvalidArgumentError("capacity is required (or pass config=PackingConfig.from_dict(...))")
     if eval:
         drop_last = False  # evaluation sees every sample
     if cache_dir is None:
@@ -235,7 +238,7 @@ def plan_dataset(
         if source is None:
             raise InvalidArgumentError("source (the dataset's identity, e.g. its resolved path) is required with cache_dir")
         fingerprint_config = {
-            "packing_length": packing_length,
+            "packing_length": capacity,  # the length cache's fingerprint key, as its files have it
             "align": align,
             "allow_single_long": allow_single_long,
             "length": length_config,
@@ -253,7 +256,7 @@ def plan_dataset(
         )
     plan = StaticPackPlan.from_lengths(
         lengths,
-        packing_length=packing_length,
+        capacity=capacity,
         world_size=world_size,
         drop_last=drop_last,
         allow_single_long=allow_single_long,

@@ -12,6 +12,7 @@ import ray.data
 
 from . import _stowplan
 from ._plan import checked_length
+from ._renamed import renamed
 from .errors import InvalidArgumentError, StowplanError
 
 __all__ = ["compute_lengths", "pack_dataset"]
@@ -100,9 +101,10 @@ _BLOCK_TOKENS = 1 << 24
 _UID, _ROW, _CHUNK, _LEN = "__stowplan_uid", "__stowplan_row", "__stowplan_block", "__stowplan_length"
 
 
+@renamed(seq_length="capacity")
 def pack_dataset(
     dataset: Any,
-    seq_length: int,
+    capacity: int,
     *,
     strategy: str = "bfd",
     overflow: Optional[str] = None,
@@ -111,7 +113,7 @@ def pack_dataset(
     backend: Optional[str] = None,
     num_blocks: Optional[int] = None,
 ) -> Any:
-    """The rows of a Ray Dataset packed into rows of at most ``seq_length`` tokens: the rows
+    """The rows of a Ray Dataset packed into rows of at most ``capacity`` tokens: the rows
     :func:`stowplan.arrow.pack_table` gives for the same rows (same options, same columns and
     types, same order), as a materialized Ray Dataset, whatever the number of blocks.
 
@@ -131,7 +133,7 @@ def pack_dataset(
     pa = sa.pa
     if not isinstance(dataset, ray.data.Dataset):
         raise InvalidArgumentError(f"dataset must be a ray.data.Dataset (got {type(dataset).__name__})")
-    seq_length = _stowplan._integer(seq_length, "seq_length", 1, sa.MAX_SEQ_LENGTH)
+    capacity = _stowplan._integer(capacity, "capacity", 1, sa.MAX_CAPACITY)
     strategy, overflow = _rows.check_strategy(strategy, overflow)
     if not isinstance(position_ids, bool):
         raise InvalidArgumentError(f"position_ids must be True or False (got {position_ids!r})")
@@ -156,7 +158,7 @@ def pack_dataset(
         raise InvalidArgumentError("the dataset is empty: there are no rows to pack")
     if lengths.size > sa.MAX_SEQUENCE_LENGTH:
         raise InvalidArgumentError(f"the dataset has {lengths.size} rows; at most 2**32-1 can be packed at once")
-    starts, item_lengths, bin_offsets = _rows.plan_items(lengths, seq_length, strategy, overflow, names[0], backend)
+    starts, item_lengths, bin_offsets = _rows.plan_items(lengths, capacity, strategy, overflow, names[0], backend)
     plan = _block_plan(lengths, starts, item_lengths, bin_offsets, num_blocks)
     plan["uid_of_pair"] = uids[plan["pair_row"]]
     order = np.argsort(plan["uid_of_pair"], kind="stable")

@@ -20,11 +20,14 @@ from .errors import InvalidArgumentError
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-def warn_renamed(where: str, old: str, new: str, stacklevel: int = 3) -> None:
-    """Warns that ``old=`` (an argument or attribute of ``where``) is deprecated in favour of
-    ``new=``, at the caller ``stacklevel`` frames up; the native layer calls it too, so that the
-    message is written once."""
-    warnings.warn(f"{where}: {old}= is deprecated and will be removed in the next release; use {new}=", DeprecationWarning, stacklevel=stacklevel)
+def warn_renamed(where: str, old: str, new: str, stacklevel: int = 3, argument: bool = True) -> None:
+    """Warns that ``old`` (an argument of ``where``, shown ``old=``, or with ``argument=False``
+    an attribute or constant) is deprecated in favour of ``new``, at the caller ``stacklevel``
+    frames up; the native layer calls it too, so that the message is written once."""
+    eq = "=" if argument else ""
+    warnings.warn(
+        f"{where}: {old}{eq} is deprecated and will be removed in the next release; use {new}{eq}", DeprecationWarning, stacklevel=stacklevel
+    )
 
 
 def both_given(where: str, old: str, new: str) -> InvalidArgumentError:

@@ -29,7 +29,7 @@ def check_rows(rows: int) -> None:
 
 def pack(
     table: Any,
-    seq_length: int,
+    capacity: int,
     strategy: str,
     overflow: Optional[str],
     columns: Optional[Sequence[str]],
@@ -43,7 +43,7 @@ def pack(
         table = pa.Table.from_batches([table])
     if not isinstance(table, pa.Table):
         raise InvalidArgumentError(f"table must be a pyarrow.Table or RecordBatch (got {type(table).__name__})")
-    seq_length = _stowplan._integer(seq_length, "seq_length", 1, _stowplan.MAX_SEQ_LENGTH)
+    capacity = _stowplan._integer(capacity, "capacity", 1, _stowplan.MAX_CAPACITY)
     strategy, overflow = check_strategy(strategy, overflow)
     if not isinstance(position_ids, bool):
         raise InvalidArgumentError(f"position_ids must be True or False (got {position_ids!r})")
@@ -52,9 +52,9 @@ def pack(
     if table.num_rows > _stowplan.MAX_ROW_LENGTH:
         raise InvalidArgumentError(f"the table has {table.num_rows} rows; at most 2**32-1 can be packed at once")
     lengths = column_lengths(table, names)
-    starts, item_lengths, bin_offsets = plan_items(lengths, seq_length, strategy, overflow, names[0], backend)
+    starts, item_lengths, bin_offsets = plan_items(lengths, capacity, strategy, overflow, names[0], backend)
     digest = hashlib.sha256()
-    digest.update(repr((seq_length, strategy, overflow, names, position_ids)).encode())
+    digest.update(repr((capacity, strategy, overflow, names, position_ids)).encode())
     for a in (starts, item_lengths, bin_offsets):
         digest.update(np.ascontiguousarray(a, dtype=np.int64).tobytes())
     values = {name: Flat.of(pc.list_flatten(table.column(name))) for name in names}
@@ -127,26 +127,26 @@ def column_lengths(table: Any, names: List[str], row0: int = 0) -> np.ndarray:
 
 
 def plan_items(
-    lengths: np.ndarray, seq_length: int, strategy: str, overflow: Optional[str], first: str, backend: Optional[str]
+    lengths: np.ndarray, capacity: int, strategy: str, overflow: Optional[str], first: str, backend: Optional[str]
 ) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The packed rows of rows of ``lengths`` tokens (flat in row order): items (flat start,
     length) in output order and each output row's item offsets, by the host's
     ``stowplan::pack_rows`` (errors name column ``first`` and the row). Shared with
     :func:`stowplan.ray.pack_dataset`, which assembles the same items on the cluster."""
-    return _stowplan.pack_rows(lengths, seq_length, strategy, overflow, first, backend)
+    return _stowplan.pack_rows(lengths, capacity, strategy, overflow, first, backend)
 
 
-def row_items(lengths: np.ndarray, seq_length: int, overflow: Optional[str], first: str, row0: int = 0) -> Tuple[np.ndarray, np.ndarray]:
+def row_items(lengths: np.ndarray, capacity: int, overflow: Optional[str], first: str, row0: int = 0) -> Tuple[np.ndarray, np.ndarray]:
     """The items to pack, in row order: (start in the flat values, length) of every non-empty
     row under ``overflow`` (truncated, cut into fragments, dropped when long, or refused with
     the row numbered from ``row0``), by the host's ``stowplan::rows::row_items``."""
-    return _stowplan.row_items(lengths, seq_length, overflow or _stowplan.DEFAULT_OVERFLOW, first, row0)
+    return _stowplan.row_items(lengths, capacity, overflow or _stowplan.DEFAULT_OVERFLOW, first, row0)
 
 
-def wrapped_rows(lengths: np.ndarray, seq_length: int) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Every token in row order cut into rows of seq_length: the items are the pieces of the
+def wrapped_rows(lengths: np.ndarray, capacity: int) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Every token in row order cut into rows of capacity: the items are the pieces of the
     sequences between sequence ends and row cuts (the host's ``stowplan::rows::wrapped_rows``)."""
-    return _stowplan.wrapped_rows(lengths, seq_length)
+    return _stowplan.wrapped_rows(lengths, capacity)
 
 
 class Flat:

@@ -202,7 +202,7 @@ class TokenBudgetBatchSampler(_StepSampler):
         self._steps_of_epoch()  # checks cost and backend now, and plans epoch 0
 
     def _plan_step(self, samples: np.ndarray, rng: Any) -> List[List[int]]:
-        plan = balance(self.lengths[samples], self.dp_size, max_token_len=self.capacity, cost=self.cost, backend=self.backend)
+        plan = balance(self.lengths[samples], self.dp_size, capacity=self.capacity, cost=self.cost, backend=self.backend)
         mbs = [samples[b.astype(np.int64)].tolist() for b in plan.micro_batches[self.rank].batches]
         if self.shuffle:  # the same permutation on every rank (the counts agree)
             mbs = [mbs[j] for j in rng.permutation(len(mbs))]

@@ -1,4 +1,4 @@
-"""Pack the rows of a ``pyarrow.Table`` into rows of at most ``seq_length`` tokens.
+"""Pack the rows of a ``pyarrow.Table`` into rows of at most ``capacity`` tokens.
 
 The list columns of a tokenized SFT table (``input_ids``, ``labels``, ``attention_mask``, any
 list column with the same per-row lengths) are regrouped into packed rows by one kernel plan
@@ -24,6 +24,7 @@ from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tupl
 import numpy as np
 
 from . import _stowplan
+from ._renamed import renamed, warn_renamed
 from .errors import InvalidArgumentError
 
 try:
@@ -45,12 +46,12 @@ __all__ = [
     "SEQ_LENGTHS",
     "POSITION_IDS",
     "MAX_SEQUENCE_LENGTH",
-    "MAX_SEQ_LENGTH",
+    "MAX_CAPACITY",
 ]
 
 #: Packing strategies: the kernel's ``bfd``, ``ffd`` and ``next-fit`` (``next_fit`` is accepted
 #: too), TRL's ``bfd_split`` (``bfd`` with ``overflow="split"``) and ``wrapped`` (every token
-#: concatenated in row order and cut into rows of ``seq_length``). The host's list
+#: concatenated in row order and cut into rows of ``capacity``). The host's list
 #: (``stowplan::rows::RowStrategy``), which the CLI's ``pack-dataset`` takes too.
 STRATEGIES = tuple(_stowplan.ROW_STRATEGIES)
 #: The strategies of a stream (:func:`pack_batches`): ``bfd`` is the kernel's streaming best
@@ -59,9 +60,9 @@ STRATEGIES = tuple(_stowplan.ROW_STRATEGIES)
 #: same packer with one open bin and no buffer (exactly the static ``next-fit``), ``bfd_split``
 #: and ``wrapped`` as in :data:`STRATEGIES`. ``ffd`` needs every length first: not streamed.
 STREAM_STRATEGIES = tuple(s for s in STRATEGIES if s != "ffd")
-#: What happens to a row longer than ``seq_length`` under ``bfd``, ``ffd`` and ``next-fit``:
-#: its first ``seq_length`` tokens are kept (``truncate``), it is cut into fragments of at most
-#: ``seq_length`` tokens packed as sequences of their own (``split``), it is left out
+#: What happens to a row longer than ``capacity`` under ``bfd``, ``ffd`` and ``next-fit``:
+#: its first ``capacity`` tokens are kept (``truncate``), it is cut into fragments of at most
+#: ``capacity`` tokens packed as sequences of their own (``split``), it is left out
 #: (``drop``), or :class:`stowplan.InfeasibleError` names it (``error``).
 OVERFLOWS = tuple(_stowplan.OVERFLOWS)
 DEFAULT_STRATEGY = STRATEGIES[0]
@@ -73,12 +74,21 @@ SEQ_LENGTHS = _stowplan.SEQ_LENGTHS
 POSITION_IDS = _stowplan.POSITION_IDS
 #: The longest input sequence a plan takes (its lengths are ``u32``).
 MAX_SEQUENCE_LENGTH = _stowplan.MAX_ROW_LENGTH
-#: The largest ``seq_length``: a packed row is one Arrow list (``int32`` offsets).
-MAX_SEQ_LENGTH = _stowplan.MAX_SEQ_LENGTH
+#: The largest ``capacity``: a packed row is one Arrow list (``int32`` offsets).
+MAX_CAPACITY = _stowplan.MAX_CAPACITY
 
+
+def __getattr__(name: str) -> Any:
+    # The former name of MAX_CAPACITY, for one release.
+    if name == "MAX_SEQ_LENGTH":
+        warn_renamed("stowplan.arrow", "MAX_SEQ_LENGTH", "MAX_CAPACITY", argument=False)
+        return MAX_CAPACITY
+    raise AttributeError(f"module 'stowplan.arrow' has no attribute {name!r}")
+
+@renamed(seq_length="capacity")
 def pack_table(
     table: Any,
-    seq_length: int,
+    capacity: int,
     *,
     strategy: str = DEFAULT_STRATEGY,
     overflow: Optional[str] = None,
@@ -87,7 +97,7 @@ def pack_table(
     backend: Optional[str] = None,
 ) -> Any:
     """The rows of ``table`` (a ``pyarrow.Table`` or ``RecordBatch``) packed into rows of at most
-    ``seq_length`` tokens, as a new ``pyarrow.Table``.
+    ``capacity`` tokens, as a new ``pyarrow.Table``.
 
     ``columns`` are the list columns to pack (default: every column, which must then all be
     lists); the first one's list lengths are the sequence lengths, and every other one must
@@ -99,23 +109,24 @@ def pack_table(
     ``strategy`` (see :data:`STRATEGIES`): ``bfd``/``ffd``/``next-fit`` pack whole sequences by
     the kernel's plan (rows in the plan's bin order, a row's sequences ascending by input row);
     ``bfd_split`` is ``bfd`` with ``overflow="split"``; ``wrapped`` concatenates every token in
-    row order and cuts rows of exactly ``seq_length`` (the last one shorter), ``seq_lengths``
+    row order and cuts rows of exactly ``capacity`` (the last one shorter), ``seq_lengths``
     then giving the pieces of the input sequences in each row. ``overflow`` (see
     :data:`OVERFLOWS`, default :data:`DEFAULT_OVERFLOW` as in TRL) applies to ``bfd``, ``ffd``
     and ``next-fit``. Empty sequences carry no token and are left out (as TRL does).
     ``backend``: the kernel's (``"wasm"``, default, or ``"native"``).
 
     Bad input raises :class:`stowplan.InvalidArgumentError` naming the argument, column and row:
-    ``seq_length`` outside ``1..=2**31-1``, an empty table, a missing column, a column that is
+    ``capacity`` outside ``1..=2**31-1``, an empty table, a missing column, a column that is
     not a list, a null row, list columns whose lengths differ, a sequence longer than
     ``2**32-1``, an output column name among the packed columns.
     """
-    return _rows.pack(table, seq_length, strategy, overflow, columns, position_ids, backend)[0].read_all()
+    return _rows.pack(table, capacity, strategy, overflow, columns, position_ids, backend)[0].read_all()
 
 
+@renamed(seq_length="capacity")
 def pack_batches(
     batches: Iterable[Any],
-    seq_length: int,
+    capacity: int,
     *,
     strategy: str = DEFAULT_STRATEGY,
     overflow: Optional[str] = None,
@@ -126,7 +137,7 @@ def pack_batches(
     backend: Optional[str] = None,
 ) -> Iterator[Any]:
     """The rows of a stream of ``pyarrow.Table``/``RecordBatch`` batches packed into rows of at
-    most ``seq_length`` tokens, yielded as ``pyarrow.Table``s (each holding the rows that closed
+    most ``capacity`` tokens, yielded as ``pyarrow.Table``s (each holding the rows that closed
     while a batch was read, or at the end of the stream) with the columns of :func:`pack_table`.
 
     Bounded memory, however long the stream: the kernel's :class:`stowplan.StreamPacker`
@@ -145,7 +156,7 @@ def pack_batches(
     >>> [t.to_pydict() for t in pack_batches(stream, 4)]       # the stream packer's best fit
     [{'input_ids': [[1, 2, 3, 4], [7, 8, 9], [5, 6]], 'seq_lengths': [[3, 1], [3], [2]]}]
     """
-    seq_length = _stowplan._integer(seq_length, "seq_length", 1, MAX_SEQ_LENGTH)
+    capacity = _stowplan._integer(capacity, "capacity", 1, MAX_CAPACITY)
     strategy, overflow = _rows.check_strategy(strategy, overflow)
     if strategy == "ffd":
         raise InvalidArgumentError(
@@ -162,10 +173,10 @@ def pack_batches(
             raise InvalidArgumentError(
                 f"strategy 'next-fit' is the stream packer with max_open_bins=1, max_buffered=0 (got {max_open_bins!r}, {max_buffered!r})"
             )
-        packer = _stowplan.StreamPacker(seq_length, max_open_bins=1, max_buffered=0, backend=backend)
+        packer = _stowplan.StreamPacker(capacity, max_open_bins=1, max_buffered=0, backend=backend)
     else:
-        packer = _stowplan.StreamPacker(seq_length, max_open_bins=max_open_bins, max_buffered=max_buffered, backend=backend)
-    return _stream(iter(batches), seq_length, strategy, overflow, columns, position_ids, packer)
+        packer = _stowplan.StreamPacker(capacity, max_open_bins=max_open_bins, max_buffered=max_buffered, backend=backend)
+    return _stream(iter(batches), capacity, strategy, overflow, columns, position_ids, packer)
 
 
 class _Held:
@@ -182,7 +193,7 @@ class _Held:
 
 def _stream(
     batches: Iterator[Any],
-    seq_length: int,
+    capacity: int,
     strategy: str,
     overflow: Optional[str],
     columns: Optional[Sequence[str]],
@@ -213,9 +224,9 @@ def _stream(
         lengths = _rows.column_lengths(batch, names, rows)
         values = {name: _rows.Flat.of(pc.list_flatten(batch.column(name))) for name in names}
         if strategy == "wrapped":
-            carry, out = _wrap_step(carry, values, lengths, seq_length, types, position_ids, final=False)
+            carry, out = _wrap_step(carry, values, lengths, capacity, types, position_ids, final=False)
         else:
-            starts, item_lengths = _rows.row_items(lengths, seq_length, overflow, names[0], rows)
+            starts, item_lengths = _rows.row_items(lengths, capacity, overflow, names[0], rows)
             if item_lengths.size:
                 held[items] = _Held(values, starts, item_lengths)
                 items += item_lengths.size
@@ -226,7 +237,7 @@ def _stream(
     if names is None or rows == 0:
         raise InvalidArgumentError("the stream is empty: there are no rows to pack")
     if strategy == "wrapped":
-        out = _wrap_step(carry, None, None, seq_length, types, position_ids, final=True)[1]
+        out = _wrap_step(carry, None, None, capacity, types, position_ids, final=True)[1]
     else:
         out = _emit(packer.finish(), held, types, position_ids)
     if out.num_rows:
@@ -267,7 +278,7 @@ def _wrap_step(
     carry: Optional[Tuple[Dict[str, "_rows.Flat"], np.ndarray]],
     values: Optional[Dict[str, "_rows.Flat"]],
     lengths: Optional[np.ndarray],
-    seq_length: int,
+    capacity: int,
     types: Dict[str, Any],
     position_ids: bool,
     final: bool,
@@ -283,11 +294,11 @@ def _wrap_step(
         if carry is not None:
             values = {n: _rows.Flat.join([carry[0][n], values[n]]) for n in values}
             pieces = np.concatenate((carry[1], pieces))
-    starts, item_lengths, bin_offsets = _rows.wrapped_rows(pieces, seq_length)
+    starts, item_lengths, bin_offsets = _rows.wrapped_rows(pieces, capacity)
     total = int(pieces.sum())
-    if final or total % seq_length == 0:
+    if final or total % capacity == 0:
         return None, _rows.assemble(values, types, starts, item_lengths, bin_offsets, position_ids, contiguous=True).read_all()
-    cut = total - total % seq_length
+    cut = total - total % capacity
     rest = (
         {n: v.view(cut, total - cut) for n, v in values.items()},
         item_lengths[bin_offsets[-2] :].astype(np.int64),

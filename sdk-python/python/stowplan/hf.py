@@ -37,6 +37,7 @@ from . import _stowplan
 from ._collate import DEFAULT_LAYOUT, LAYOUTS, PaddingFreeCollator, recommend_layout
 from .arrow import DEFAULT_STRATEGY, POSITION_IDS, SEQ_LENGTHS, pack_batches, pack_table
 from . import _rows
+from ._renamed import renamed
 from .errors import InvalidArgumentError, PackingContaminationError, StowplanError  # noqa: F401 (re-exported)
 
 try:
@@ -85,9 +86,10 @@ DEFAULT_SCOPE = "dataset"
 _STREAM_ROWS = 1000
 
 
+@renamed(seq_length="capacity")
 def pack_dataset(
     dataset: Any,
-    seq_length: int,
+    capacity: int,
     *,
     strategy: str = DEFAULT_STRATEGY,
     scope: str = DEFAULT_SCOPE,
@@ -102,7 +104,7 @@ def pack_dataset(
     cache_file_name: Any = None,
 ) -> Any:
     """``dataset`` (a ``datasets.Dataset``, ``IterableDataset`` or a dict of them, each split packed on its own) with
-    its list columns packed into rows of at most ``seq_length`` tokens, as
+    its list columns packed into rows of at most ``capacity`` tokens, as
     :func:`stowplan.arrow.pack_table` packs a table (``strategy``, ``overflow``, ``columns``,
     ``position_ids`` and ``backend`` are its; the output has the packed columns,
     ``seq_lengths`` and ``position_ids``, unless ``position_ids=False``; other columns are not
@@ -137,7 +139,7 @@ def pack_dataset(
     Columns and overflow are as above; ``strategy`` is one of
     :data:`stowplan.arrow.STREAM_STRATEGIES` (``ffd`` needs every length first); ``scope``
     must be ``"dataset"`` (one packer over the whole stream); ``num_proc`` changes nothing.
-    Every sample goes out once, in rows of at most ``seq_length`` tokens, and a re-iteration
+    Every sample goes out once, in rows of at most ``capacity`` tokens, and a re-iteration
     gives the same rows (resume with datasets' ``state_dict``, which replays the stream).
     Argument errors are raised here; errors in the data (nulls, a non-list column, …) when the
     iteration reaches them, naming the row in the stream.
@@ -164,7 +166,7 @@ def pack_dataset(
             packed = {}
             for split, ds in dataset.items():
                 try:
-                    packed[split] = pack_dataset(ds, seq_length, **options, cache_file_name=files[split])
+                    packed[split] = pack_dataset(ds, capacity, **options, cache_file_name=files[split])
                 except StowplanError as exc:  # which split, in the same error type
                     raise type(exc)(f"split {split!r}: {exc}") from exc
             return splits(packed)
@@ -188,7 +190,7 @@ def pack_dataset(
             raise InvalidArgumentError(
                 f"an IterableDataset is packed by one stream packer: scope must be 'dataset' and map_kwargs None (got scope={scope!r})"
             )
-        return _pack_iterable(dataset, seq_length, strategy, overflow, columns, position_ids, max_open_bins, max_buffered, backend)
+        return _pack_iterable(dataset, capacity, strategy, overflow, columns, position_ids, max_open_bins, max_buffered, backend)
     if max_open_bins is not None or max_buffered is not None:
         raise InvalidArgumentError(
             "max_open_bins and max_buffered bound the stream packer of an IterableDataset; a Dataset is planned whole: leave them None"
@@ -206,7 +208,7 @@ def pack_dataset(
         with contextlib.ExitStack() as stack:
             sink = None if path is None else stack.enter_context(_stowplan.AtomicFile(path))
             table = source[:]  # the rows in the dataset's order (its indices mapping applied), zero-copy without one
-            packed, digest = _rows.pack(table, seq_length, strategy, overflow, names, position_ids, backend)
+            packed, digest = _rows.pack(table, capacity, strategy, overflow, names, position_ids, backend)
             fingerprint = hashlib.sha256(
                 "\0".join(["stowplan.hf.pack_dataset", _stowplan.__version__, str(dataset._fingerprint), digest]).encode()
             ).hexdigest()[:16]
@@ -226,7 +228,7 @@ def pack_dataset(
             num_proc=num_proc,
             remove_columns=[c for c in dataset.column_names if c not in kept],
             fn_kwargs={
-                "seq_length": seq_length,
+                "capacity": capacity,
                 "strategy": strategy,
                 "overflow": overflow,
                 "columns": names,
@@ -304,7 +306,7 @@ def _write_packed(sink: Any, packed: Any) -> None:
 
 def _pack_iterable(
     dataset: Any,
-    seq_length: int,
+    capacity: int,
     strategy: str,
     overflow: Optional[str],
     columns: Optional[Sequence[str]],
@@ -324,14 +326,14 @@ def _pack_iterable(
         "max_buffered": max_buffered,
         "backend": backend,
     }
-    pack_batches([], seq_length, **options)  # checks the arguments now (iterates nothing)
+    pack_batches([], capacity, **options)  # checks the arguments now (iterates nothing)
     features = None
     if dataset.features is not None:  # the output's types, and the columns checked now
         schema = dataset.features.arrow_schema
         kept = _rows.check_columns(schema.empty_table(), names, position_ids)
         new = [pa.field(SEQ_LENGTHS, pa.list_(pa.int32()))] + ([pa.field(POSITION_IDS, pa.list_(pa.int32()))] if position_ids else [])
         features = datasets.Features.from_arrow_schema(pa.schema([schema.field(n) for n in kept] + new))
-    generate = functools.partial(_packed_tables, dataset, seq_length, options)
+    generate = functools.partial(_packed_tables, dataset, capacity, options)
     out = datasets.IterableDataset(
         ArrowExamplesIterable(generate, {}),
         info=datasets.DatasetInfo(features=features),
@@ -341,7 +343,7 @@ def _pack_iterable(
     return out.with_format(formatting.format_type) if formatting is not None and formatting.format_type else out
 
 
-def _packed_tables(dataset: Any, seq_length: int, options: Dict[str, Any]) -> Iterator[Tuple[str, Any]]:
+def _packed_tables(dataset: Any, capacity: int, options: Dict[str, Any]) -> Iterator[Tuple[str, Any]]:
     """The packed tables of one iteration of ``dataset`` (keyed as datasets wants)."""
     if getattr(dataset._ex_iterable, "iter_arrow", None) is not None:  # Arrow all the way (Parquet, to_iterable_dataset …)
         batches = dataset.with_format("arrow").iter(batch_size=_STREAM_ROWS)
@@ -351,7 +353,7 @@ def _packed_tables(dataset: Any, seq_length: int, options: Dict[str, Any]) -> It
         # the features when known.
         schema = dataset.features.arrow_schema if dataset.features is not None else None
         batches = (pa.table(b, schema=schema) for b in dataset.with_format(None).iter(batch_size=_STREAM_ROWS))
-    for i, table in enumerate(pack_batches(batches, seq_length, **options)):
+    for i, table in enumerate(pack_batches(batches, capacity, **options)):
         yield str(i), table
 
 
@@ -364,4 +366,4 @@ def _pack_batch(table: Any, **options: Any) -> Any:
         if options["position_ids"]:
             empty[POSITION_IDS] = pa.array([], pa.list_(pa.int32()))
         return pa.table(empty)
-    return pack_table(table, options.pop("seq_length"), **options)
+    return pack_table(table, options.pop("capacity"), **options)

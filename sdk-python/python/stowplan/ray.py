@@ -96,7 +96,7 @@ _RANK_FIELDS = ("step", "rank", "dp", "sample_runs", "sample_steps", "sample_ind
 
 
 class RayMicroBatch:
-    """One micro-batch of a :class:`RayRankBatch`: the fields of :class:`stowplan.MicroBatch`
+    """One micro-batch of a :class:`RayRankBatch`: the fields of :class:`stowplan.MaterializedBatch`
     (``input_ids``, ``position_ids``, ``loss_mask``, ``loss_weights``, ``advantages``,
     ``cu_seqlens`` …) as read-only numpy arrays read in place from the object store."""
 

@@ -78,7 +78,7 @@ class _MicroPlan:
     Flat, group after group, delimited by `offsets`.
     """
     tokens: npt.NDArray[np.uint64]
-    """Tokens of each micro-batch (each ≤ `max_token_len`)."""
+    """Tokens of each micro-batch (each ≤ `capacity`)."""
     costs: npt.NDArray[np.uint64]
     """Cost of each micro-batch."""
     restore: npt.NDArray[np.uint32]
@@ -86,7 +86,7 @@ class _MicroPlan:
     in micro-batch order come back in input order as `outputs[restore]`.
     """
     lower_bound: int
-    """max(1, ceil(total tokens / max-token-len)): no plan has fewer micro-batches."""
+    """max(1, ceil(total tokens / capacity)): no plan has fewer micro-batches."""
     required: int
     """The count this batch needs on its own (what `count` overrides): the smallest count
     found under the cap (best-fit decreasing), raised to `min_count`, rounded up to

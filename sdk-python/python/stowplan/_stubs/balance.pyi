@@ -31,7 +31,7 @@ class MicroBatches(_MicroPlan):
 
 def micro_batches(
     lengths: _Lengths,
-    max_token_len: int,
+    capacity: Optional[int] = None,
     *,
     cost: Optional[_Cost] = None,
     min_count: Optional[int] = None,
@@ -42,8 +42,10 @@ def micro_batches(
     resources: Optional[Dict[str, _Lengths]] = None,
     limits: Optional[Dict[str, int]] = None,
     backend: Optional[str] = None,
+    max_token_len: Optional[int] = None,
 ) -> MicroBatches:
-    """``cost``: ``"tokens"`` (default), ``"attention"`` or ``(linear, quadratic)``;
+    """``capacity``: the tokens of a micro-batch, at most (required; ``max_token_len`` is its
+    former name, deprecated). ``cost``: ``"tokens"`` (default), ``"attention"`` or ``(linear, quadratic)``;
     ``order``: ``"none"`` (default), ``"cost_desc"``, ``"verl"`` or ``"roll"``;
     ``resources``/``limits``: further caps per micro-batch (name → sizes, name → cap). The
     result's indices are positions in ``lengths`` (one rank's batch gives local indices)."""
@@ -75,7 +77,7 @@ def balance(
     dp: int,
     *,
     cost: Optional[_Cost] = None,
-    max_token_len: Optional[int] = None,
+    capacity: Optional[int] = None,
     groups: Optional[Iterable[Any]] = None,
     group_size: Optional[int] = None,
     minibatch_size: Optional[int] = None,
@@ -88,13 +90,14 @@ def balance(
     resources: Optional[Dict[str, _Lengths]] = None,
     limits: Optional[Dict[str, int]] = None,
     backend: Optional[str] = None,
+    max_token_len: Optional[int] = None,
 ) -> Balance:
-    """DP balancing, and with ``max_token_len`` the micro-batches of every rank (global
+    """DP balancing, and with ``capacity`` (``max_token_len``: its former name, deprecated) the micro-batches of every rank (global
     sample indices; see :class:`Balance`). ``groups``: one label per sample (any hashable,
     e.g. uids; numpy arrays too); samples with the same label stay on one rank (equal counts
     need groups of one size and a group count divisible by ``dp``). ``group_size=G``: the
     CLI's ``--group-size``, runs of ``G`` consecutive samples (``groups=[i // G ...]``)."""
 
 def rank_micro_batches(plan: Balance, rank: int, *, local: bool = True) -> List[npt.NDArray[np.uint32]]:
-    """Rank ``rank``'s micro-batches of ``plan`` (made with ``max_token_len``): rank-local
+    """Rank ``rank``'s micro-batches of ``plan`` (made with ``capacity``): rank-local
     positions (into ``batch[plan.ranks[rank]]``), or with ``local=False`` global indices."""

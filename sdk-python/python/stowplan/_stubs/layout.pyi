@@ -38,7 +38,7 @@ def cp_layout(
     backend: Optional[str] = None,
 ) -> CpLayout: ...
 
-class MicroBatch:
+class MaterializedBatch:
     """One materialized micro-batch; per-token fields are numpy arrays of the row's length."""
 
     samples: npt.NDArray[np.uint32]
@@ -70,12 +70,12 @@ class MicroBatch:
     def to_bytes(self) -> bytes:
         """The SPMB wire format: header, format version, postcard body, CRC-32."""
     @staticmethod
-    def from_bytes(data: bytes) -> "MicroBatch": ...
+    def from_bytes(data: bytes) -> "MaterializedBatch": ...
 
 class Materialized:
     """Every rank's micro-batches (the result of :func:`materialize`)."""
 
-    ranks: List[List[MicroBatch]]
+    ranks: List[List[MaterializedBatch]]
     per_rank: int
     real_tokens: int
     padding_tokens: int

@@ -6,7 +6,7 @@ from typing import Any, Dict, Iterable, List, Optional, Tuple
 import numpy as np
 import numpy.typing as npt
 
-from .layout import MicroBatch
+from .layout import MaterializedBatch
 
 class RankBatch:
     """What one rank receives for one packer step: its micro-batches (numpy arrays) and the
@@ -16,7 +16,7 @@ class RankBatch:
     step: int
     rank: int
     dp: int
-    micro_batches: List[MicroBatch]
+    micro_batches: List[MaterializedBatch]
     sample_runs: npt.NDArray[np.uint32]
     sample_steps: npt.NDArray[np.uint64]
     sample_indices: npt.NDArray[np.uint32]

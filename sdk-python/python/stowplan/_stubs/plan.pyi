@@ -21,6 +21,8 @@ class StaticPackPlan:
     n_aligned_packs: int
     per_rank: int
     samples: int
+    capacity: int
+    #: The former name of :attr:`capacity` (deprecated).
     packing_length: int
     align: int
     allow_single_long: bool
@@ -36,11 +38,11 @@ class StaticPackPlan:
     #: Real tokens of every packed sample, the single-long ones included.
     real_tokens: int
     #: Fill of the multi-sample packs only, in 0..=1: their real tokens (``real_tokens``
-    #: minus the single-long packs') / (multi-sample packs × ``packing_length``).
+    #: minus the single-long packs') / (multi-sample packs × ``capacity``).
     efficiency: float
     raw_checksum: str
     aligned_checksum: str
-    #: The limits beside ``packing_length`` (name → cap per pack); ``None`` for tokens only.
+    #: The limits beside ``capacity`` (name → cap per pack); ``None`` for tokens only.
     limits: Optional[Dict[str, int]]
     #: At most this many samples per multi-sample pack (0: no limit).
     max_segments: int
@@ -54,7 +56,7 @@ class StaticPackPlan:
     def from_lengths(
         lengths: _Lengths,
         *,
-        packing_length: int,
+        capacity: Optional[int] = None,
         world_size: Optional[int] = None,
         drop_last: Optional[bool] = None,
         allow_single_long: Optional[bool] = None,
@@ -64,9 +66,10 @@ class StaticPackPlan:
         max_segments: Optional[int] = None,
         method: Optional[str] = None,
         backend: Optional[str] = None,
+        packing_length: Optional[int] = None,
     ) -> "StaticPackPlan":
-        """Best-fit decreasing packs of at most ``packing_length`` aligned tokens; samples
-        with length >= packing_length alone (``allow_single_long``) or dropped; aligned for
+        """Best-fit decreasing packs of at most ``capacity`` aligned tokens (required;
+        ``packing_length``: its former name, deprecated); samples with length >= capacity alone (``allow_single_long``) or dropped; aligned for
         ``world_size`` ranks by dropping the remainder (``drop_last``) or repeating the first
         packs. ``resources``/``limits``/``max_segments``: further limits per pack (a sample
         over one is long), packed by ``method`` (``balanced`` default)."""
@@ -123,6 +126,9 @@ class PackingConfig:
 
     packing: bool
     packing_mode: str
+    capacity: Optional[int]
+    capacity_key: Optional[str]
+    #: The former names of :attr:`capacity` and :attr:`capacity_key` (deprecated).
     packing_length: Optional[int]
     packing_length_key: Optional[str]
     allow_single_long: bool

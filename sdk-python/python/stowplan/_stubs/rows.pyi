@@ -18,7 +18,7 @@ ROW_STRATEGIES: List[str]
 OVERFLOWS: List[str]
 DEFAULT_OVERFLOW: str
 MAX_ROW_LENGTH: int
-MAX_SEQ_LENGTH: int
+MAX_CAPACITY: int
 PACKED_BATCH_TOKENS: int
 SEQ_LENGTHS: str
 POSITION_IDS: str
@@ -30,19 +30,19 @@ def row_packing(strategy: str, overflow: Optional[str] = None) -> Tuple[str, Opt
 
 def pack_rows(
     lengths: _Lengths,
-    seq_length: int,
+    capacity: int,
     strategy: str,
     overflow: Optional[str] = None,
     column: str = "",
     backend: Optional[str] = None,
 ) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Rows of ``lengths`` tokens packed into rows of at most ``seq_length`` tokens: the
+    """Rows of ``lengths`` tokens packed into rows of at most ``capacity`` tokens: the
     items' flat starts and lengths in output order and each packed row's item offsets
     (``int64``); errors name ``column`` and the row."""
     ...
 
 def row_items(
-    lengths: _Lengths, seq_length: int, overflow: str, column: str = "", row0: int = 0
+    lengths: _Lengths, capacity: int, overflow: str, column: str = "", row0: int = 0
 ) -> Tuple[np.ndarray, np.ndarray]:
     """The items (flat start, length) of rows of ``lengths`` tokens under ``overflow``, in
     row order (``int64``); errors number rows from ``row0``."""
@@ -59,8 +59,8 @@ def check_row_lengths(lengths: _Lengths, column: str = "", row0: int = 0) -> Non
     row numbered from ``row0``."""
     ...
 
-def wrapped_rows(lengths: _Lengths, seq_length: int) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Every token cut into rows of ``seq_length``: :func:`pack_rows`'s arrays for ``wrapped``."""
+def wrapped_rows(lengths: _Lengths, capacity: int) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Every token cut into rows of ``capacity``: :func:`pack_rows`'s arrays for ``wrapped``."""
     ...
 
 def trl_bfd(

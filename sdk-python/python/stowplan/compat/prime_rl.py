@@ -205,7 +205,7 @@ def _check_loras(prepared: List[Dict[str, Any]], bins: List[List[int]], num_lora
 
 
 def micro_batch_fields(mb: Any) -> Dict[str, Any]:
-    """A :class:`stowplan.MicroBatch` as prime-rl's trainer reads a micro-batch (its
+    """A :class:`stowplan.MaterializedBatch` as prime-rl's trainer reads a micro-batch (its
     multi-LoRA ``MicroBatch`` fields): ``input_ids``, ``position_ids``, ``loss_mask``,
     ``advantages``, ``inference_logprobs``, ``temperatures``, ``teacher_logprobs`` (or None),
     ``lora_num_tokens``, ``sequence_lengths`` and ``seq_lens`` (the padded lengths, the end
@@ -249,7 +249,7 @@ def pack_samples(
 
 def _empty_micro_batch(num_loras: int, teacher: bool) -> Dict[str, Any]:
     """The fields of a micro-batch without tokens (a bin only zero-length samples opened),
-    in the dtypes of :class:`stowplan.MicroBatch`."""
+    in the dtypes of :class:`stowplan.MaterializedBatch`."""
     f32 = lambda: np.zeros(0, dtype=np.float32)  # noqa: E731
     return {
         "input_ids": np.zeros(0, dtype=np.int64),
