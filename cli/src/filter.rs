@@ -6,11 +6,11 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
-use stowplan::plugins::{MAX_PLUGIN_BYTES, hash_plugin, read_plugin};
+use stowplan::filter::{MAX_PLUGIN_BYTES, hash_plugin, read_plugin};
 use stowplan::{
-    Error, WasmFilter,
-    plugins::FilterOptions,
-    rollout::{BufferColumns, FilterContext},
+    Error, Filter,
+    filter::FilterOptions,
+    source::{BufferColumns, FilterContext},
 };
 
 use crate::common::{print_human, print_json};
@@ -193,9 +193,9 @@ fn check(a: CheckArgs) -> Result<(), Failure> {
     };
     let name = a.plugin.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     let t = Instant::now();
-    let mut filter = WasmFilter::from_bytes(&name, &bytes, options)?;
+    let mut filter = Filter::from_bytes(&name, &bytes, options)?;
     let load_ms = t.elapsed().as_secs_f64() * 1e3;
-    let groups = stowplan::plugins::synthetic_buffer(a.groups as usize, a.samples_per_group as usize, a.seed);
+    let groups = stowplan::filter::synthetic_buffer(a.groups as usize, a.samples_per_group as usize, a.seed);
     let t = Instant::now();
     let buffer = BufferColumns::from_groups(&groups);
     let columns_encode_us = t.elapsed().as_secs_f64() * 1e6;

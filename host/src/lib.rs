@@ -8,17 +8,17 @@
 //! Layers, each depending only on those before it (ARCHITECTURE.md draws them):
 //! [`kernel`] (the two backends behind one dispatch) and [`runtime`] (hashes, atomic files,
 //! the compile cache) and [`wire`] (the one framed format) → [`plan`], [`materialize`],
-//! [`rows`] (packed rows of a table), [`rollout`], `plugins` (feature `plugins`, on by default)
+//! [`rows`] (packed rows of a table), [`source`] (the data source), `filter` (buffer-filter plugins; feature `plugins`, on by default)
 //! → [`packer`] (the state machine, no I/O) → [`serve`] (the server loop and the filesystem
 //! transport; the ZeroMQ transport is the `stowplan-zmq` crate, `host/zmq`).
 //!
 //! The root re-exports the entry types only; everything else is reached through its module,
 //! whose name says what it belongs to: [`kernel`] (the operations, their options and
 //! results: `kernel::PartitionOptions`, `kernel::Packing` …), [`peers`] (the peers' exact
-//! reproductions: `peers::verl`, `peers::slime` …), [`materialize`], [`packer`], [`rollout`],
+//! reproductions: `peers::verl`, `peers::slime` …), [`materialize`], [`packer`], [`source`],
 //! [`rows`], [`runtime`], [`plan`], [`serve`] (with [`serve::protocol`], whose names such as
 //! `Message` only make sense under `serve::`), [`wire`], [`json`] and [`input`] (the CLI's and
-//! SDKs' shared output and input formats) and `plugins`.
+//! SDKs' shared output and input formats) and `filter`.
 //!
 //! ```no_run
 //! use stowplan::Kernel;
@@ -41,22 +41,22 @@ pub mod kernel;
 pub mod materialize;
 pub mod packer;
 pub use stowplan_kernel::peers;
-pub mod plan;
 #[cfg(feature = "plugins")]
-pub mod plugins;
-pub mod rollout;
+pub mod filter;
+pub mod plan;
 pub mod rows;
 pub mod runtime;
 pub mod serve;
+pub mod source;
 pub mod wire;
 
 pub use error::{Error, FilterError};
+#[cfg(feature = "plugins")]
+pub use filter::Filter;
 pub use kernel::{Backend, Kernel, KernelApi, StreamPacker};
 pub use materialize::{MaterializeOptions, materialize};
 pub use packer::{Packer, PackerOptions, TrainingBatch, TrainingSample};
 pub use plan::StaticPackPlan;
 pub use plan::config::PackingConfig;
-#[cfg(feature = "plugins")]
-pub use plugins::WasmFilter;
-pub use rollout::DataSource;
 pub use rows::pack_rows;
+pub use source::DataSource;

@@ -1,5 +1,5 @@
 //! Buffer-filter plugins for Python (`stowplan._stowplan.Filter`): the host's sandboxed
-//! `WasmFilter`, behind a mutex so the class is shareable and calls can release the GIL.
+//! `Filter`, behind a mutex so the class is shareable and calls can release the GIL.
 
 use std::path::PathBuf;
 use std::sync::Mutex;
@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use pyo3::prelude::*;
 use stowplan::{
-    WasmFilter,
-    plugins::{FilterOptions, OnFailure},
+    Filter,
+    filter::{FilterOptions, OnFailure},
 };
 
 use crate::convert::pythonized;
@@ -19,17 +19,17 @@ use crate::{Nullable, int, invalid, number, opt_parse, to_py, u64_arg};
 #[pyclass(module = "stowplan._stowplan", name = "Filter")]
 #[derive(Debug)]
 pub struct PyFilter {
-    pub(crate) inner: Mutex<WasmFilter>,
+    pub(crate) inner: Mutex<Filter>,
 }
 
 impl PyFilter {
     /// The filter, locked with the GIL held ([`crate::lock`]: never waited for with it held).
-    fn locked(&self, py: Python<'_>) -> std::sync::MutexGuard<'_, WasmFilter> {
+    fn locked(&self, py: Python<'_>) -> std::sync::MutexGuard<'_, Filter> {
         crate::lock(py, &self.inner)
     }
 
     /// The filter, locked without the GIL (inside `py.detach`).
-    pub(crate) fn lock(&self) -> std::sync::MutexGuard<'_, WasmFilter> {
+    pub(crate) fn lock(&self) -> std::sync::MutexGuard<'_, Filter> {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
@@ -85,7 +85,7 @@ impl PyFilter {
                 .unwrap_or(d.max_plugin_bytes),
             ..d
         };
-        let filter = py.detach(|| WasmFilter::load(&path, options)).map_err(|e| to_py(py, e))?;
+        let filter = py.detach(|| Filter::load(&path, options)).map_err(|e| to_py(py, e))?;
         Ok(Self { inner: Mutex::new(filter) })
     }
 
@@ -134,12 +134,12 @@ impl PyFilter {
 #[pyo3(signature = (path, max_plugin_bytes=None))]
 fn hash_plugin(py: Python<'_>, path: PathBuf, max_plugin_bytes: Option<&Bound<'_, PyAny>>) -> PyResult<String> {
     let max = max_plugin_bytes.map(|v| u64_arg(v, "max_plugin_bytes", 0)).transpose()?;
-    let max = max.unwrap_or(stowplan::plugins::MAX_PLUGIN_BYTES);
-    py.detach(|| stowplan::plugins::hash_plugin(&path, max)).map_err(|e| to_py(py, e))
+    let max = max.unwrap_or(stowplan::filter::MAX_PLUGIN_BYTES);
+    py.detach(|| stowplan::filter::hash_plugin(&path, max)).map_err(|e| to_py(py, e))
 }
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add("MAX_PLUGIN_BYTES", stowplan::plugins::MAX_PLUGIN_BYTES)?;
+    m.add("MAX_PLUGIN_BYTES", stowplan::filter::MAX_PLUGIN_BYTES)?;
     m.add_function(wrap_pyfunction!(hash_plugin, m)?)?;
     m.add_class::<PyFilter>()
 }

@@ -7,7 +7,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList};
 use stowplan::{
     DataSource,
-    rollout::{DataSourceOptions, Group, RolloutSample, Status},
+    source::{DataSourceOptions, Group, RolloutSample, Status},
 };
 
 use crate::filter::PyFilter;
@@ -321,7 +321,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
 }
 
 /// The first `n` bytes of every sample's payload in `buffer`, group by group.
-fn payload_heads<'py>(py: Python<'py>, buffer: &[stowplan::rollout::Group], n: usize) -> PyResult<Bound<'py, PyList>> {
+fn payload_heads<'py>(py: Python<'py>, buffer: &[stowplan::source::Group], n: usize) -> PyResult<Bound<'py, PyList>> {
     let out = PyList::empty(py);
     for g in buffer {
         let heads: Vec<Bound<'py, PyBytes>> =

@@ -6,7 +6,7 @@ use proptest::prelude::*;
 use serde_json::json;
 use stowplan::{
     DataSource, Error, FilterError, Kernel,
-    rollout::{BufferFilter, BufferView, DataSourceOptions, FilterContext, Group, Status},
+    source::{BufferFilter, BufferView, DataSourceOptions, FilterContext, Group, Status},
 };
 
 fn records(n: usize) -> Vec<serde_json::Value> {

@@ -14,7 +14,7 @@ use stowplan::{
     DataSource, Kernel, Packer, PackerOptions, TrainingBatch, TrainingSample,
     packer::{PackerState, RankBatch, RunConfig},
     plan::length_cache::LengthCache,
-    rollout::DataSourceOptions,
+    source::DataSourceOptions,
 };
 
 /// A training batch of `n` samples with every optional field set.

@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 /// first). `error.rs` and `input.rs` (the error type and input parsing) sit in the first row.
 const HOST_ROWS: &[&[&str]] = &[
     &["error", "input", "kernel", "runtime", "wire"],
-    &["materialize", "plan", "plugins", "rollout", "rows"],
+    &["materialize", "plan", "filter", "rows", "source"],
     &["packer"],
     &["serve"],
 ];
@@ -318,7 +318,7 @@ fn the_host_root_offers_its_modules_and_the_entry_types() {
     let text = code(&fs::read_to_string(root().join("host/src/lib.rs")).expect("host/src/lib.rs"));
     let names = root_names(&text);
     assert!(names.len() <= 40, "the host root offers {} names (at most 40): {names:?}", names.len());
-    for module in ["kernel", "materialize", "packer", "peers", "rollout", "rows", "runtime", "serve", "wire"] {
+    for module in ["kernel", "materialize", "packer", "peers", "rows", "runtime", "source", "serve", "wire"] {
         assert!(names.iter().any(|n| n == module), "the host root offers the module {module}: {names:?}");
     }
     assert!(!text.contains("deprecated"), "the host root keeps no deprecated alias");

@@ -8,9 +8,9 @@ use std::time::{Duration, Instant};
 use proptest::prelude::*;
 use serde_json::json;
 use stowplan::{
-    DataSource, Error, FilterError, Kernel, WasmFilter,
-    plugins::{FilterOptions, OnFailure},
-    rollout::{
+    DataSource, Error, Filter, FilterError, Kernel,
+    filter::{FilterOptions, OnFailure},
+    source::{
         BufferColumns, BufferFilter, BufferView, DataSourceOptions, FilterContext, Group, PopFirst, Status,
         synthetic_buffer,
     },
@@ -28,11 +28,11 @@ fn options(file: &str, config: serde_json::Value) -> FilterOptions {
     FilterOptions { config: config.to_string(), ..FilterOptions::new(&sha(file)) }
 }
 
-fn load(file: &str, options: FilterOptions) -> WasmFilter {
-    WasmFilter::load(&dist(file), options).expect("plugin loads")
+fn load(file: &str, options: FilterOptions) -> Filter {
+    Filter::load(&dist(file), options).expect("plugin loads")
 }
 
-fn hostile(mode: &str, tweak: impl FnOnce(&mut FilterOptions)) -> WasmFilter {
+fn hostile(mode: &str, tweak: impl FnOnce(&mut FilterOptions)) -> Filter {
     let mut o = options("hostile.wasm", json!({ "mode": mode }));
     tweak(&mut o);
     load("hostile.wasm", o)
@@ -76,13 +76,13 @@ fn ctx(wanted: u32, k: u32) -> FilterContext {
 fn loading_checks_the_pin_the_options_and_the_world() {
     let path = dist("pop_first.wasm");
     let wrong = "0".repeat(64);
-    let e = WasmFilter::load(&path, FilterOptions::new(&wrong)).unwrap_err();
+    let e = Filter::load(&path, FilterOptions::new(&wrong)).unwrap_err();
     assert!(matches!(&e, Error::Filter(FilterError::HashMismatch(m)) if m.contains(&sha("pop_first.wasm"))), "{e}");
-    let e = WasmFilter::load(&path, FilterOptions::new("abc")).unwrap_err();
+    let e = Filter::load(&path, FilterOptions::new("abc")).unwrap_err();
     assert!(matches!(&e, Error::InvalidArgument(m) if m.contains("sha256 must be 64 hex digits")), "{e}");
     // The pin may carry a `sha256:` prefix and upper-case digits.
     let prefixed = format!("sha256:{}", sha("pop_first.wasm").to_uppercase());
-    WasmFilter::load(&path, FilterOptions::new(&prefixed)).expect("prefixed pin");
+    Filter::load(&path, FilterOptions::new(&prefixed)).expect("prefixed pin");
     let base = FilterOptions::new(&sha("pop_first.wasm"));
     for (o, needle) in [
         (FilterOptions { timeout: Duration::ZERO, ..base.clone() }, "timeout must be in 1 ms"),
@@ -91,18 +91,18 @@ fn loading_checks_the_pin_the_options_and_the_world() {
         (FilterOptions { output_limit: 1 << 30, ..base.clone() }, "output_limit must be at most 16 MiB"),
         (FilterOptions { config: "{nope".into(), ..base.clone() }, "config must be JSON"),
     ] {
-        let e = WasmFilter::load(&path, o).unwrap_err();
+        let e = Filter::load(&path, o).unwrap_err();
         assert!(matches!(&e, Error::InvalidArgument(m) if m.contains(needle)), "{needle}: {e}");
     }
-    let e = WasmFilter::load(&dist("missing.wasm"), base).unwrap_err();
+    let e = Filter::load(&dist("missing.wasm"), base).unwrap_err();
     assert_eq!(e.kind(), "io");
     // Not a component at all; a component of another world (the kernel).
     let junk = b"\0asm junk".to_vec();
-    let e = WasmFilter::from_bytes("junk.wasm", &junk, FilterOptions::new(&stowplan::runtime::sha256_hex(&junk)))
-        .unwrap_err();
+    let e =
+        Filter::from_bytes("junk.wasm", &junk, FilterOptions::new(&stowplan::runtime::sha256_hex(&junk))).unwrap_err();
     assert!(matches!(&e, Error::Filter(FilterError::Load(m)) if m.contains("junk.wasm")), "{e}");
     let kernel = stowplan::kernel::KERNEL_WASM;
-    let e = WasmFilter::from_bytes("kernel.wasm", kernel, FilterOptions::new(&stowplan::runtime::sha256_hex(kernel)))
+    let e = Filter::from_bytes("kernel.wasm", kernel, FilterOptions::new(&stowplan::runtime::sha256_hex(kernel)))
         .unwrap_err();
     assert!(matches!(&e, Error::Filter(FilterError::Load(m)) if m.contains("does not export `filter.select`")), "{e}");
 }

@@ -297,12 +297,12 @@ fn plan_cases(c: &mut Criterion) {
 /// (64 groups out through top-reward, 64 back in) on a data source holding 1,000.
 fn filter_cases(c: &mut Criterion) {
     use stowplan::{
-        DataSource, WasmFilter,
-        plugins::FilterOptions,
-        rollout::{BufferColumns, BufferFilter, BufferView, DataSourceOptions, FilterContext, PopFirst},
+        DataSource, Filter,
+        filter::FilterOptions,
+        source::{BufferColumns, BufferFilter, BufferView, DataSourceOptions, FilterContext, PopFirst},
     };
     let dist = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../plugins/dist");
-    let groups = stowplan::plugins::synthetic_buffer(1000, 8, 0);
+    let groups = stowplan::filter::synthetic_buffer(1000, 8, 0);
     let columns = BufferColumns::from_groups(&groups);
     let view = BufferView { groups: &groups, columns: &columns };
     let ctx = FilterContext { rollout_id: Some(0), wanted: 64, n_samples_per_prompt: 8 };
@@ -311,14 +311,14 @@ fn filter_cases(c: &mut Criterion) {
     for name in ["pop_first", "top_reward"] {
         let path = dist.join(format!("{name}.wasm"));
         let sha = stowplan::runtime::sha256_hex(&std::fs::read(&path).expect("plugins/dist"));
-        let mut f = WasmFilter::load(&path, FilterOptions::new(&sha)).expect("plugin");
+        let mut f = Filter::load(&path, FilterOptions::new(&sha)).expect("plugin");
         g.bench_function(BenchmarkId::new("wasm", format!("{name}/64_of_1000x8")), |b| {
             b.iter(|| f.select(&ctx, view).expect("select"))
         });
     }
     let path = dist.join("top_reward.wasm");
     let sha = stowplan::runtime::sha256_hex(&std::fs::read(&path).expect("plugins/dist"));
-    let mut top = WasmFilter::load(&path, FilterOptions::new(&sha)).expect("plugin");
+    let mut top = Filter::load(&path, FilterOptions::new(&sha)).expect("plugin");
     let records = (0..2000).map(|i| serde_json::json!({ "prompt": format!("q{i}") })).collect();
     let mut ds = DataSource::from_records(records, "bench", DataSourceOptions::new(8), Kernel::native()).expect("ds");
     ds.add_samples(groups.clone()).expect("fill the buffer");

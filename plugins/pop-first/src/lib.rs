@@ -1,5 +1,5 @@
 //! `pop-first`: the oldest groups first (FIFO), slime's default buffer filter. The host has
-//! the same policy built in natively (`stowplan::rollout::PopFirst`); this plugin is its reference
+//! the same policy built in natively (`stowplan::source::PopFirst`); this plugin is its reference
 //! WebAssembly twin and the smallest example of a filter.
 
 use stowplan_filter_guest::{Buffer, Context, Guest, fifo};

@@ -1,7 +1,7 @@
 //! Buffer-filter plugins: WebAssembly components of the world `stowplan:filter/buffer-filter`
 //! (`wit/filter/filter.wit`) run in a sandbox.
 //!
-//! - **Pinned**: [`WasmFilter::load`] refuses a file whose sha256 is not the one given
+//! - **Pinned**: [`Filter::load`] refuses a file whose sha256 is not the one given
 //!   ([`FilterError::HashMismatch`](crate::FilterError::HashMismatch)).
 //! - **Compiled once**: the component is precompiled and cached on disk by its sha256 and
 //!   the engine's compatibility hash (the cache of the kernel, [`cache_dir`](crate::runtime::cache_dir)).
@@ -14,18 +14,18 @@
 //!   cannot block the host), randomness from a constant seed. stdout and stderr are captured
 //!   up to [`FilterOptions::output_limit`] bytes per call and logged (target
 //!   `stowplan::plugin`).
-//! - **Checked**: every selection is validated ([`validate_selection`](crate::rollout::validate_selection)).
+//! - **Checked**: every selection is validated ([`validate_selection`](crate::source::validate_selection)).
 //! - **Contained**: an instance that trapped is discarded and the next call gets a fresh one.
 //!   [`OnFailure::Fallback`] turns any failure into a FIFO selection with a warning.
 
 mod file;
-mod filter;
 mod imports;
 mod options;
 mod sandbox;
+mod wasm;
 
 pub use file::{MAX_PLUGIN_BYTES, hash_plugin, read_plugin};
-pub use filter::{FilterStats, WasmFilter};
 pub use options::{FilterOptions, OnFailure};
+pub use wasm::{Filter, FilterStats};
 
-pub use crate::rollout::columns::synthetic_buffer;
+pub use crate::source::columns::synthetic_buffer;

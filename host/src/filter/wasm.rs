@@ -1,4 +1,4 @@
-//! The filter: a loaded plugin ([`WasmFilter`]), its instances and calls, and its counters.
+//! The filter: a loaded plugin ([`Filter`]), its instances and calls, and its counters.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -13,9 +13,9 @@ use super::sandbox::{Capture, FixedClock, InFlight, Limiter, PluginState, SEED, 
 use super::{FilterOptions, OnFailure};
 use crate::Error;
 use crate::error::{FilterError, excerpt};
-use crate::rollout::columns::wit as bindings;
-use crate::rollout::{BufferColumns, BufferFilter, BufferView, FilterContext, PopFirst, validate_selection};
 use crate::runtime::sha256_hex;
+use crate::source::columns::wit as bindings;
+use crate::source::{BufferColumns, BufferFilter, BufferView, FilterContext, PopFirst, validate_selection};
 use bindings::stowplan::filter::types as wt;
 
 /// A live instance, reused while nothing traps.
@@ -24,7 +24,7 @@ struct Live {
     filter: bindings::BufferFilter,
 }
 
-/// Counters of a [`WasmFilter`].
+/// Counters of a [`Filter`].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct FilterStats {
     /// Calls made.
@@ -39,7 +39,7 @@ pub struct FilterStats {
 
 /// A buffer-filter plugin loaded into the sandbox (see the module docs). Implements
 /// [`BufferFilter`], so it plugs into [`crate::DataSource::get_samples`].
-pub struct WasmFilter {
+pub struct Filter {
     name: String,
     sha256: String,
     options: FilterOptions,
@@ -53,9 +53,9 @@ pub struct WasmFilter {
     stats: FilterStats,
 }
 
-impl std::fmt::Debug for WasmFilter {
+impl std::fmt::Debug for Filter {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("WasmFilter")
+        f.debug_struct("Filter")
             .field("name", &self.name)
             .field("sha256", &self.sha256)
             .field("options", &self.options)
@@ -64,7 +64,7 @@ impl std::fmt::Debug for WasmFilter {
     }
 }
 
-impl WasmFilter {
+impl Filter {
     /// Loads the plugin at `path`. Errors: [`Error::Io`] (unreadable file),
     /// [`Error::InvalidArgument`] (options out of range, naming the option; a file over
     /// `max_plugin_bytes`, refused without reading it whole),
@@ -335,7 +335,7 @@ impl WasmFilter {
     }
 }
 
-impl BufferFilter for WasmFilter {
+impl BufferFilter for Filter {
     fn select(&mut self, ctx: &FilterContext, buffer: BufferView<'_>) -> Result<Vec<u32>, Error> {
         match self.try_select(ctx, buffer.columns) {
             Ok(picks) => Ok(picks),
@@ -371,7 +371,7 @@ mod tests {
         assert_eq!(declared_imports(&bytes), Ok(vec!["foo:bar/baz".to_string()]));
         assert!(!allowed_import("foo:bar/baz") && allowed_import("wasi:io/streams@0.2.0"));
         assert!(!allowed_import("wasi:io/streams@0.3.0") && !allowed_import("wasi:io/streams"));
-        let e = WasmFilter::from_bytes("foreign.wasm", &bytes, FilterOptions::new(&sha256_hex(&bytes))).unwrap_err();
+        let e = Filter::from_bytes("foreign.wasm", &bytes, FilterOptions::new(&sha256_hex(&bytes))).unwrap_err();
         assert!(e.to_string().contains("it also imports [\"foo:bar/baz\"]"), "{e}");
         // A core module is refused as such, before compiling.
         let module = b"\0asm\x01\x00\x00\x00";
