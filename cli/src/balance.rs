@@ -1,5 +1,5 @@
 //! `stowplan balance`: balance a global batch over DP ranks and/or split it into
-//! micro-batches of at most MAX_TOKEN_LEN tokens, balancing a cost model.
+//! micro-batches of at most CAPACITY tokens, balancing a cost model.
 
 use std::fmt;
 

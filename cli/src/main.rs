@@ -52,10 +52,10 @@ enum Command {
     /// Pack lengths into bins of at most CAPACITY tokens, e.g. sequences into packed micro-batches.
     Pack(pack::Args),
     /// Balance a global batch over DP ranks and/or split it into micro-batches of at most
-    /// MAX_TOKEN_LEN tokens (a hard cap), balancing a cost model.
+    /// CAPACITY tokens (a hard cap), balancing a cost model.
     Balance(balance::Args),
     /// Build a static pack plan of a whole SFT dataset (packs fixed before training): at most
-    /// PACKING_LENGTH tokens, aligned so that WORLD_SIZE ranks get the same number of packs.
+    /// CAPACITY tokens, aligned so that WORLD_SIZE ranks get the same number of packs.
     Plan(plan::Args),
     /// Pack the rows of a tokenized table (an Arrow IPC file such as a `datasets` cache file)
     /// into rows of at most CAPACITY tokens, written as an Arrow IPC stream (a build with the

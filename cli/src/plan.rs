@@ -48,7 +48,7 @@ pub struct Args {
     /// Drop the last N_raw_packs mod WORLD_SIZE packs instead of repeating the first ones.
     #[arg(long)]
     drop_last: bool,
-    /// Emit samples with length ≥ PACKING_LENGTH as single-sample packs (default: drop them,
+    /// Emit samples with length ≥ CAPACITY as single-sample packs (default: drop them,
     /// listed in the summary).
     #[arg(long)]
     allow_single_long: bool,
