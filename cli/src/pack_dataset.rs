@@ -4,12 +4,13 @@
 //! `pyarrow.ipc.open_stream` read), with no Python involved.
 //!
 //! The packed rows are the host's [`stowplan::pack_rows`] (the strategies and overflow
-//! policies of `stowplan.arrow.pack_table`, whose output this equals row for row); the values
-//! are copied run by run from the memory-mapped input with arrow-data's `MutableArrayData`,
+//! policies of `stowplan.arrow.pack_table`), assembled by the host's
+//! [`stowplan_arrow`], the code `stowplan.arrow.pack_table` runs too, so the output
+//! equals it row for row: the values are copied run by run from the memory-mapped input,
 //! batch by batch (a thread gathers the next batch while the last one is written), into an
-//! [`stowplan::runtime::AtomicFile`]: OUT appears whole or not at all. Columns of numbers or booleans
-//! are packed (token ids, labels, masks, log-probabilities); other value types (strings,
-//! nested lists, dictionaries) are refused, naming the column: `stowplan.hf` packs those.
+//! [`stowplan::runtime::AtomicFile`]: OUT appears whole or not at all. Lists of numbers,
+//! booleans, strings, binaries and lists of those are packed; other value types
+//! (dictionaries, structs, views) are refused, naming the column.
 //! A progress bar counts the rows written on a terminal. SIGINT or SIGTERM while writing
 //! stops at the next batch or before the output is finished, removes the temporary file and
 //! exits 130, OUT left as it was (one arriving during the final fsync and rename lets it
@@ -145,17 +146,18 @@ pub fn run(args: Args) -> Result<(), Failure> {
     let rows = stowplan::pack_rows(args.backend, &table.lengths, capacity, packing, &table.names[0])
         .map_err(|e| Failure { message: format!("{}: {e}", args.input.display()), ..Failure::from(e) })?;
     let plan_s = t.elapsed().as_secs_f64();
-    let t = Instant::now();
-    let bytes = table::write(&table, &rows, args.position_ids, &args.output)?;
     let packed_tokens: u64 = rows.lengths.iter().sum();
     let packed_rows = rows.rows() as u64;
+    let (names, rows_read, tokens) = (table.names.clone(), table.lengths.len() as u64, table.lengths.iter().sum());
+    let t = Instant::now();
+    let bytes = table::write(table, rows, args.position_ids, &args.output)?;
     let report = Report {
         strategy: packing.strategy().name(),
         overflow: packing.overflow().map(|o| o.name()),
         capacity,
-        columns: table.names.clone(),
-        rows: table.lengths.len() as u64,
-        tokens: table.lengths.iter().sum(),
+        columns: names,
+        rows: rows_read,
+        tokens,
         packed_rows,
         packed_tokens,
         lower_bound: packed_tokens.div_ceil(capacity),
@@ -253,172 +255,80 @@ mod table {
         Err(crate::arrow::without_arrow(path, format))
     }
 
-    pub fn write(_: &Table, _: &PackedRows, _: bool, path: &Path) -> Result<u64, Failure> {
+    pub fn write(_: Table, _: PackedRows, _: bool, path: &Path) -> Result<u64, Failure> {
         Err(crate::arrow::without_arrow(path, Format::Stream))
     }
 }
 
 #[cfg(feature = "arrow")]
 mod table {
-    //! Reading the table's list columns and writing the packed one.
+    //! Reading the table's list columns and writing the packed one: the host's assembly
+    //! ([`stowplan_arrow`]) on the memory-mapped file's batches.
     use std::path::Path;
     use std::sync::Arc;
 
-    use arrow_array::cast::AsArray;
-    use arrow_array::{Array, ArrayRef, GenericListArray, Int32Array, OffsetSizeTrait, RecordBatch};
-    use arrow_buffer::{OffsetBuffer, ScalarBuffer};
-    use arrow_data::ArrayData;
-    use arrow_data::transform::MutableArrayData;
-    use arrow_schema::{DataType, Field, FieldRef, Schema};
-    use stowplan::{
-        rows::{PACKED_BATCH_TOKENS, POSITION_IDS, PackedRows, SEQ_LENGTHS},
-        runtime::AtomicFile,
-    };
+    use stowplan::rows::PackedRows;
+    use stowplan::runtime::AtomicFile;
+    use stowplan_arrow::{ListColumns, Values, assemble, select};
 
-    use crate::arrow::{Format, column_index, read_batches};
+    use crate::arrow::{Format, read_batches};
     use crate::failure::{Failure, INTERRUPTED};
 
-    /// The packed columns of the input: every batch's flat values, where each starts.
+    /// The packed columns of the input.
     pub struct Table {
         /// The packed columns' names, the first one giving the lengths.
         pub names: Vec<String>,
         /// The rows' lengths (the first column's).
         pub lengths: Vec<u64>,
-        /// Each column's list type.
-        types: Vec<DataType>,
-        /// Per column, per input batch: its rows' values, one after the other.
-        values: Vec<Vec<ArrayData>>,
-        /// Each input batch's first value in the flat values, and the total.
-        bases: Vec<u64>,
+        /// The columns' flat values.
+        values: Values,
+    }
+
+    /// The host's message without its kind (the CLI prefixes the file).
+    fn message(e: stowplan::Error) -> String {
+        match e {
+            stowplan::Error::InvalidArgument(m) | stowplan::Error::Infeasible(m) => m,
+            other => other.to_string(),
+        }
     }
 
     /// Reads the list columns `columns` (default: every column) of the Arrow IPC file at
-    /// `path`, checking them as `stowplan.arrow` does: lists (of numbers or booleans here), no
-    /// null row, the same lengths in every row, at least one row.
+    /// `path`, checked by the host ([`select`], [`ListColumns::push`]): lists, no null row, the
+    /// same lengths in every row, at least one row.
     pub fn read(path: &Path, format: Format, columns: Option<&[String]>, position_ids: bool) -> Result<Table, Failure> {
-        let (mut names, mut types) = (Vec::new(), Vec::new());
-        let pick = |schema: &Schema| -> Result<Vec<usize>, String> {
-            let all: Vec<&String> = schema.fields().iter().map(|f| f.name()).collect();
-            if all.iter().collect::<std::collections::BTreeSet<_>>().len() != all.len() {
-                return Err(format!("the table has duplicate column names: {all:?}"));
-            }
-            let wanted: Vec<String> = match columns {
-                Some(c) if c.is_empty() || c.iter().any(String::is_empty) => {
-                    return Err("--columns must name at least one list column (and no empty name)".into());
-                }
-                Some(c) => c.to_vec(),
-                None => all.into_iter().cloned().collect(),
-            };
-            let mut seen = std::collections::BTreeSet::new();
-            let mut picked = Vec::with_capacity(wanted.len());
-            for name in &wanted {
-                if !seen.insert(name) {
-                    return Err(format!("column {name:?} is named twice"));
-                }
-                if name == SEQ_LENGTHS || (position_ids && name == POSITION_IDS) {
-                    return Err(format!("column {name:?} is an output column of packing; leave it out with --columns"));
-                }
-                let i = column_index(schema, name)?;
-                let t = schema.field(i).data_type();
-                let values = match t {
-                    DataType::List(f) | DataType::LargeList(f) => f.data_type(),
-                    _ => {
-                        let hint =
-                            if columns.is_none() { "; pass --columns to pack only the list columns" } else { "" };
-                        return Err(format!("column {name:?} is not a list column (its type is {t}){hint}"));
-                    }
-                };
-                // Fixed-width values only: their runs are copied as they are (variable-width
-                // or dictionary values could overflow their own offsets or keys in a batch).
-                if !(values.is_primitive() || *values == DataType::Boolean) {
-                    return Err(format!(
-                        "column {name:?} holds {values} values: pack-dataset packs lists of numbers or booleans \
-                         (stowplan.hf.pack_dataset packs any list column)"
-                    ));
-                }
-                types.push(t.clone());
-                picked.push(i);
-            }
-            names = wanted;
-            Ok(picked)
-        };
-        let mut lengths: Vec<u64> = Vec::new();
-        let mut values: Vec<Vec<ArrayData>> = Vec::new();
-        let mut bases = vec![0u64];
+        let mut taken: Option<ListColumns> = None;
+        let pick = |schema: &arrow_schema::Schema| select(schema, columns, position_ids, "--columns").map_err(message);
         read_batches(path, format, pick, |batch| {
-            if values.is_empty() {
-                values = vec![Vec::new(); batch.num_columns()];
-            }
-            let schema = batch.schema();
-            let named: Vec<&str> = schema.fields().iter().map(|f| f.name().as_str()).collect();
-            let rows = lengths.len() as u64; // read before this batch
-            let mut first: Option<Vec<u64>> = None;
-            for (c, column) in batch.columns().iter().enumerate() {
-                let name = named[c];
-                if let Some(row) = (0..column.len()).find(|&r| column.is_null(r)) {
-                    return Err(format!(
-                        "column {name:?} has a null at row {}; fill or filter nulls before packing",
-                        rows + row as u64
-                    ));
+            let cols = match &mut taken {
+                Some(c) => c,
+                None => {
+                    let picked = (0..batch.num_columns()).collect();
+                    taken.insert(ListColumns::new(&batch.schema(), picked, 0).map_err(message)?)
                 }
-                let (lens, flat) = match column.data_type() {
-                    DataType::List(_) => flat_values(column.as_list::<i32>()),
-                    _ => flat_values(column.as_list::<i64>()),
-                };
-                match &first {
-                    None => first = Some(lens),
-                    Some(f) => {
-                        if let Some(row) = (0..f.len()).find(|&r| f[r] != lens[r]) {
-                            return Err(format!(
-                                "column {name:?} does not have the offsets of column {:?}: row {} has {} values, not {}",
-                                named[0],
-                                rows + row as u64,
-                                lens[row],
-                                f[row]
-                            ));
-                        }
-                    }
-                }
-                values[c].push(flat);
-            }
-            let lens = first.unwrap_or_default();
-            let total = lens.iter().sum::<u64>();
-            bases.push(bases.last().copied().unwrap_or(0) + total);
-            lengths.extend(lens);
-            Ok(())
+            };
+            cols.push(&batch).map_err(message)
         })?;
         let shown = path.display();
-        if lengths.is_empty() {
-            return Err(Failure::bad(format!("{shown}: the table is empty: there are no rows to pack")));
-        }
-        Ok(Table { names, lengths, types, values, bases })
-    }
-
-    /// A list array's row lengths and its rows' values (sliced out of the child array).
-    fn flat_values<O: OffsetSizeTrait>(list: &GenericListArray<O>) -> (Vec<u64>, ArrayData) {
-        let offsets = list.value_offsets();
-        let (a, b) = (offsets[0].as_usize(), offsets[offsets.len() - 1].as_usize());
-        let lens = list.offsets().lengths().map(|n| n as u64).collect();
-        (lens, list.values().slice(a, b - a).to_data())
+        let empty = || Failure::bad(format!("{shown}: the table is empty: there are no rows to pack"));
+        let cols = taken.ok_or_else(empty)?;
+        let names = cols.names().to_vec();
+        let (lengths, values) = cols.finish().map_err(|e| Failure::bad(format!("{shown}: {}", message(e))))?;
+        Ok(Table { names, lengths, values })
     }
 
     /// Writes `rows` of `table` to `path` as an Arrow IPC stream, atomically, in the record
-    /// batches of [`stowplan::rows::packed_batches`]: a scoped thread gathers each batch while the
-    /// one before is encoded and written. Returns the file's size.
-    pub fn write(table: &Table, rows: &PackedRows, position_ids: bool, path: &Path) -> Result<u64, Failure> {
+    /// batches of the host's assembly: a scoped thread gathers each batch while the one
+    /// before is encoded and written. Returns the file's size.
+    pub fn write(table: Table, rows: PackedRows, position_ids: bool, path: &Path) -> Result<u64, Failure> {
         use std::sync::atomic::{AtomicBool, Ordering};
 
         let shown = path.display();
         let arrow = |e: arrow_schema::ArrowError| Failure::bad(format!("writing {shown}: {e}"));
         let interrupted = || Failure::interrupted(format!("interrupted: {shown} not written"));
-        let seq_type = DataType::List(Arc::new(Field::new_list_field(DataType::Int32, true)));
-        let mut fields: Vec<Field> =
-            table.names.iter().zip(&table.types).map(|(n, t)| Field::new(n, t.clone(), true)).collect();
-        fields.push(Field::new(SEQ_LENGTHS, seq_type.clone(), true));
-        if position_ids {
-            fields.push(Field::new(POSITION_IDS, seq_type, true));
-        }
-        let schema = Arc::new(Schema::new(fields));
+        let packed_rows = rows.rows() as u64;
+        let batches =
+            assemble(table.values, rows, position_ids).map_err(|e| Failure::bad(format!("{shown}: {}", message(e))))?;
+        let schema = arrow_array::RecordBatchReader::schema(&batches);
         // A first SIGINT/SIGTERM stops at the next batch (the temporary file removed); a second
         // one ends the process.
         let stop = Arc::new(AtomicBool::new(false));
@@ -429,21 +339,17 @@ mod table {
         }
         let file = AtomicFile::create(path)?;
         let mut writer = arrow_ipc::writer::StreamWriter::try_new(file, &schema).map_err(arrow)?;
-        let row_tokens = rows.row_tokens();
-        let ends = stowplan::rows::packed_batches(&row_tokens, PACKED_BATCH_TOKENS);
         std::thread::scope(|scope| -> Result<(), Failure> {
             let (tx, rx) = std::sync::mpsc::sync_channel(1);
-            let (schema, row_tokens) = (&schema, &row_tokens);
             scope.spawn(move || {
-                for w in ends.windows(2) {
-                    let batch = packed_batch(table, rows, row_tokens, w[0], w[1], position_ids, schema);
+                for batch in batches {
                     let failed = batch.is_err();
                     if tx.send(batch).is_err() || failed {
                         break; // the writer stopped, or this is the error it reports
                     }
                 }
             });
-            let bar = crate::input::progress(rows.rows() as u64, "writing rows", "{human_pos}/{human_len}");
+            let bar = crate::input::progress(packed_rows, "writing rows", "{human_pos}/{human_len}");
             let written = rx.into_iter().try_for_each(|batch| {
                 if stop.load(Ordering::Relaxed) {
                     return Err(interrupted());
@@ -462,64 +368,5 @@ mod table {
         writer.finish().map_err(arrow)?;
         writer.into_inner().map_err(arrow)?.commit()?;
         Ok(std::fs::metadata(path).map(|m| m.len()).unwrap_or(0))
-    }
-
-    /// Packed rows `r0..r1` as one record batch.
-    fn packed_batch(
-        table: &Table,
-        rows: &PackedRows,
-        row_tokens: &[u64],
-        r0: usize,
-        r1: usize,
-        position_ids: bool,
-        schema: &Arc<Schema>,
-    ) -> Result<RecordBatch, arrow_schema::ArrowError> {
-        let (i0, i1) = (rows.offsets[r0] as usize, rows.offsets[r1] as usize);
-        let t0 = row_tokens[r0];
-        let tokens = (row_tokens[r1] - t0) as usize;
-        let row_off: Vec<u64> = row_tokens[r0..=r1].iter().map(|&t| t - t0).collect();
-        // Each item's input batch and first value there.
-        let runs: Vec<(usize, usize, usize)> = (i0..i1)
-            .map(|i| {
-                let (start, len) = (rows.starts[i], rows.lengths[i]);
-                let b = table.bases.partition_point(|&base| base <= start) - 1;
-                (b, (start - table.bases[b]) as usize, len as usize)
-            })
-            .collect();
-        let mut columns: Vec<ArrayRef> = Vec::with_capacity(schema.fields().len());
-        for (c, t) in table.types.iter().enumerate() {
-            let sources: Vec<&ArrayData> = table.values[c].iter().collect();
-            let nulls = sources.iter().any(|d| d.null_count() > 0);
-            let mut gathered = MutableArrayData::new(sources, nulls, tokens);
-            for &(b, at, len) in &runs {
-                gathered.extend(b, at, at + len);
-            }
-            let values = arrow_array::make_array(gathered.freeze());
-            columns.push(match t {
-                DataType::List(f) => list::<i32>(f, &row_off, values)?,
-                DataType::LargeList(f) => list::<i64>(f, &row_off, values)?,
-                other => unreachable!("read() takes list columns only, not {other}"),
-            });
-        }
-        let item = Arc::new(Field::new_list_field(DataType::Int32, true));
-        let seq_off: Vec<u64> = (r0..=r1).map(|r| rows.offsets[r] - i0 as u64).collect();
-        let lens = Int32Array::from_iter_values(rows.lengths[i0..i1].iter().map(|&l| l as i32));
-        columns.push(list::<i32>(&item, &seq_off, Arc::new(lens))?);
-        if position_ids {
-            let pos = Int32Array::from_iter_values(rows.lengths[i0..i1].iter().flat_map(|&l| 0..l as i32));
-            columns.push(list::<i32>(&item, &row_off, Arc::new(pos))?);
-        }
-        RecordBatch::try_new(schema.clone(), columns)
-    }
-
-    /// A list array of `values` cut at `offsets`.
-    fn list<O: OffsetSizeTrait>(
-        field: &FieldRef,
-        offsets: &[u64],
-        values: ArrayRef,
-    ) -> Result<ArrayRef, arrow_schema::ArrowError> {
-        let offsets: Vec<O> = offsets.iter().map(|&o| O::usize_as(o as usize)).collect();
-        let offsets = OffsetBuffer::new(ScalarBuffer::from(offsets));
-        Ok(Arc::new(GenericListArray::<O>::try_new(field.clone(), offsets, values, None)?))
     }
 }

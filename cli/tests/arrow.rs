@@ -64,7 +64,7 @@ fn without_the_feature_pack_dataset_refuses_saying_how_to_build() {
 mod with_arrow {
     use std::sync::Arc;
 
-    use arrow_array::builder::{Int32Builder, ListBuilder, StringBuilder};
+    use arrow_array::builder::{Int32Builder, ListBuilder, StringDictionaryBuilder};
     use arrow_array::cast::AsArray;
     use arrow_array::types::Int32Type;
     use arrow_array::{Array, ArrayRef, Int64Array, RecordBatch, StringArray};
@@ -308,12 +308,13 @@ mod with_arrow {
             RecordBatch::try_new(schema, vec![list_column(&[Some(2), Some(3)]), list_column(&[Some(2), Some(4)])])
                 .unwrap();
         write(&two, false, &[mismatched]);
-        // A list of strings, and a schema naming a column twice.
+        // A list of dictionary-encoded strings, and a schema naming a column twice.
         let strings = dir.join("strings.arrow");
-        let mut words = ListBuilder::new(StringBuilder::new());
+        let mut words = ListBuilder::new(StringDictionaryBuilder::<arrow_array::types::Int32Type>::new());
         words.values().append_value("a");
         words.append(true);
-        let field = Field::new("words", DataType::List(Arc::new(Field::new_list_field(DataType::Utf8, true))), true);
+        let dict = DataType::Dictionary(Box::new(DataType::Int32), Box::new(DataType::Utf8));
+        let field = Field::new("words", DataType::List(Arc::new(Field::new_list_field(dict, true))), true);
         let words: ArrayRef = Arc::new(words.finish());
         write(&strings, true, &[RecordBatch::try_new(Arc::new(Schema::new(vec![field])), vec![words]).unwrap()]);
         let dup = dir.join("dup.arrow");
@@ -346,23 +347,23 @@ mod with_arrow {
             (
                 vec![s(&good), "--capacity".into(), "4".into()],
                 2,
-                "column \"n\" is not a list column (its type is Int64); pass --columns".into(),
+                "column 'n' is not a list column (its type is Int64); name the list columns to pack with --columns".into(),
             ),
             (
                 vec![s(&good), "--capacity".into(), "4".into(), "--columns".into(), "ids".into()],
                 2,
-                "no column \"ids\" (columns: [\"input_ids\", \"n\", \"text\"])".into(),
+                "column 'ids' is not in the table (its columns: ['input_ids', 'n', 'text'])".into(),
             ),
             (
                 vec![s(&good), "--capacity".into(), "4".into(), "--columns".into(), "input_ids,input_ids".into()],
                 2,
-                "column \"input_ids\" is named twice".into(),
+                "--columns must not repeat a name: 'input_ids' is named twice".into(),
             ),
             (
                 // Spaces around a name are dropped: the same name twice.
                 vec![s(&good), "--capacity".into(), "4".into(), "--columns".into(), "input_ids, input_ids ".into()],
                 2,
-                "column \"input_ids\" is named twice".into(),
+                "--columns must not repeat a name: 'input_ids' is named twice".into(),
             ),
             (
                 vec![s(&good), "--capacity".into(), "4".into(), "--columns".into(), "input_ids,".into()],
@@ -372,7 +373,7 @@ mod with_arrow {
             (
                 vec![s(&nulls), "--capacity".into(), "4".into(), "--columns".into(), "input_ids".into()],
                 2,
-                "column \"input_ids\" has a null at row 3".into(),
+                "column 'input_ids' has a null at row 3".into(),
             ),
             (
                 vec![s(&empty), "--capacity".into(), "4".into(), "--columns".into(), "input_ids".into()],
@@ -382,7 +383,7 @@ mod with_arrow {
             (
                 vec![s(&two), "--capacity".into(), "4".into()],
                 2,
-                "column \"labels\" does not have the offsets of column \"input_ids\": row 1 has 4 values, not 3".into(),
+                "column 'labels' does not have the offsets of column 'input_ids': row 1 has 4 values, not 3".into(),
             ),
             (
                 vec![
@@ -419,12 +420,12 @@ mod with_arrow {
             (
                 vec![s(&strings), "--capacity".into(), "4".into()],
                 2,
-                "column \"words\" holds Utf8 values: pack-dataset packs lists of numbers or booleans".into(),
+                "column 'words' holds Dictionary(Int32, Utf8) values, which packing does not take (decode the dictionary first".into(),
             ),
             (
                 vec![s(&dup), "--capacity".into(), "4".into()],
                 2,
-                "the table has duplicate column names: [\"input_ids\", \"input_ids\"]".into(),
+                "the table has duplicate column names: ['input_ids', 'input_ids']".into(),
             ),
         ];
         for (args, code, want) in cases {

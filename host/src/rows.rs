@@ -2,8 +2,8 @@
 //! packed row of at most `capacity` tokens. The one home of the strategies (`bfd`, `ffd`,
 //! `next-fit`, TRL's `bfd_split` and `wrapped`), the overflow policies (`truncate`, `split`,
 //! `drop`, `error`), the output columns' names and the cut into record batches that the
-//! SDK's `stowplan.arrow`/`stowplan.hf`/`stowplan.ray` and the CLI's `pack-dataset` apply;
-//! each of them copies the runs with its own Arrow library. (`compat.trl` takes its items
+//! SDK's `stowplan.arrow`/`stowplan.hf`/`stowplan.ray` and the CLI's `pack-dataset` apply,
+//! and the crate `stowplan-arrow` assembles the packed rows from Arrow data. (`compat.trl` takes its items
 //! from [`row_items`] but fits them by TRL's rule, per map batch, and cuts TRL's `wrapped`
 //! rows itself: they are TRL's, not these.)
 //!

@@ -17,6 +17,12 @@ times), ``input_ids`` and ``labels`` ``list<int32>`` columns (distinct buffers),
 - ``compat:bfd``, ``compat:bfd_split``, ``compat:wrapped`` — ``stowplan.compat.trl.pack_dataset``,
   TRL's output row for row (checked here: the sha256 of its output against TRL's);
 - ``stowplan-file:*`` — ``stowplan.hf.pack_dataset(cache_file_name=...)``;
+- ``copy:floor`` — the copy floor: the same columns' flat values copied once into fresh memory
+  (``numpy.concatenate``, one core) and rebuilt as a ``Dataset`` of the unpacked rows, what
+  any packing that copies the values costs at least;
+- ``before-stowplan:*``, ``before-compat:*`` — ``stowplan:*``, ``compat:*`` with another stowplan first on the child's
+  ``PYTHONPATH`` (``--before DIR``, e.g. ``pip install --no-deps --target DIR`` of an older
+  checkout's ``sdk-python``): before and after a change, in the same run;
 - ``cli:*`` — ``stowplan pack-dataset TABLE OUT`` (``$STOWPLAN_BIN``, default
   ``target/release/stowplan``, a build with the ``arrow`` feature) on the table's file, then
   ``Dataset.from_file(OUT)``; its peak RSS is the larger of the CLI's and the Python side's.
@@ -53,7 +59,7 @@ DEFAULT_WORKLOAD = HERE.parents[3] / "shared" / "workloads" / "sft-chat-200k.txt
 # "stowplan-file": stowplan.hf with cache_file_name (the packed rows written to a file beside
 # the table, fsynced, and memory-mapped), so that the packed copy is not held in memory.
 # "cli": the `stowplan pack-dataset` command on the table's file, no Python packing.
-CONTENDERS = tuple(f"{who}:{s}" for who in ("trl", "stowplan", "compat", "stowplan-file", "cli") for s in ("bfd", "bfd_split", "wrapped"))
+CONTENDERS = tuple(f"{who}:{s}" for who in ("trl", "stowplan", "compat", "stowplan-file", "cli", "before-stowplan", "before-compat") for s in ("bfd", "bfd_split", "wrapped")) + ("copy:floor",)
 CLI = pathlib.Path(os.environ.get("STOWPLAN_BIN") or HERE.parents[2] / "target" / "release" / "stowplan")
 
 
@@ -152,6 +158,7 @@ def child(contender: str, seq_length: int, path: pathlib.Path, mmap: bool) -> Di
     # round would load the packed rows its first round wrote instead of packing.
     datasets.disable_caching()
     who, strategy = contender.split(":")
+    who = who.removeprefix("before-")  # (the other stowplan is on the PYTHONPATH)
     out_file = path.with_name(f"packed-{os.getpid()}.arrow") if who in ("stowplan-file", "cli") else None
     if who == "cli":
 
@@ -160,6 +167,20 @@ def child(contender: str, seq_length: int, path: pathlib.Path, mmap: bool) -> Di
             args += ["--strategy", strategy, "--columns", "input_ids,labels"]
             subprocess.run(args, check=True, stdout=subprocess.DEVNULL)
             return datasets.Dataset.from_file(str(out_file))
+
+    elif who == "copy":
+
+        def pack(ds: Any, seq_length: int, strategy: str) -> Any:
+            import pyarrow as pa
+
+            table = ds.data.table
+            columns = {}
+            for name in ("input_ids", "labels"):
+                lens = pc.list_value_length(table.column(name)).to_numpy()
+                offsets = pa.array(np.concatenate(([0], np.cumsum(lens))))
+                values = np.concatenate([c.to_numpy() for c in pc.list_flatten(table.column(name)).chunks])
+                columns[name] = pa.LargeListArray.from_arrays(offsets, pa.array(values))
+            return datasets.Dataset(datasets.table.InMemoryTable(pa.table(columns)), fingerprint="copy")
 
     elif who == "trl":
         from trl import pack_dataset as pack
@@ -204,22 +225,23 @@ def child(contender: str, seq_length: int, path: pathlib.Path, mmap: bool) -> Di
     return result
 
 
-def run(contenders: List[str], rows: int, rounds: int, seq_length: int, workload: pathlib.Path, mmap: bool) -> None:
+def run(contenders: List[str], rows: int, rounds: int, seq_length: int, workload: pathlib.Path, mmap: bool, before: Any = None) -> None:
     results: Dict[str, List[Dict[str, Any]]] = {c: [] for c in contenders}
     with tempfile.TemporaryDirectory(prefix="bench_hf_") as tmp:
         path = pathlib.Path(tmp) / "table.arrow"
         write_table(np.resize(read_lengths(workload), rows), path)
-        _rounds(contenders, rounds, seq_length, path, mmap, results)
+        _rounds(contenders, rounds, seq_length, path, mmap, results, before)
     report(contenders, rows, rounds, seq_length, workload, mmap, results)
 
 
-def _rounds(contenders: List[str], rounds: int, seq_length: int, path: pathlib.Path, mmap: bool, results: Dict[str, List[Dict[str, Any]]]) -> None:
+def _rounds(contenders: List[str], rounds: int, seq_length: int, path: pathlib.Path, mmap: bool, results: Dict[str, List[Dict[str, Any]]], before: Any = None) -> None:
     for r in range(rounds):
         order = contenders[r % len(contenders) :] + contenders[: r % len(contenders)]
         for c in order:
             args = [sys.executable, str(HERE), "--child", c, "--seq-length", str(seq_length), "--table", str(path)]
             args += ["--mmap"] if mmap else []
-            proc = subprocess.run(args, capture_output=True, text=True)
+            env = dict(os.environ, PYTHONPATH=str(before)) if c.startswith("before-") else None
+            proc = subprocess.run(args, capture_output=True, text=True, env=env)
             if proc.returncode != 0:
                 sys.exit(f"{c} failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
             res = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -244,13 +266,16 @@ def report(contenders: List[str], rows: int, rounds: int, seq_length: int, workl
         who, strategy = c.split(":")
         trl = results.get(f"trl:{strategy}")
         ratio = f"{statistics.median(x['seconds'] for x in trl) / t:.1f}×" if trl and who != "trl" else "–"
+        floor = results.get("copy:floor")
+        if floor and who != "copy":
+            ratio += f"; {t / statistics.median(x['seconds'] for x in floor):.2f}× the copy floor"
         peak = max(x["peak_rss"] for x in rs)
         growth = max(x["peak_rss"] - x["rss_before"] for x in rs)
         x = rs[0]
         if len({y["sha256"] for y in rs}) != 1:
             raise AssertionError(f"{c}: the output changed between rounds")
         # compat must give TRL's output; the file and CLI routes stowplan.hf's.
-        twin = {"compat": "trl", "cli": "stowplan", "stowplan-file": "stowplan"}.get(who)
+        twin = {"compat": "trl", "cli": "stowplan", "stowplan-file": "stowplan", "before-stowplan": "stowplan", "before-compat": "compat"}.get(who)
         theirs = results.get(f"{twin}:{strategy}")
         same = "–"
         if theirs:
@@ -272,6 +297,7 @@ def main() -> None:
     ap.add_argument("--contenders", default=",".join(c for c in CONTENDERS if not c.startswith("stowplan-file")), help=f"comma-separated, of {', '.join(CONTENDERS)}")
     ap.add_argument("--workload", type=pathlib.Path, default=DEFAULT_WORKLOAD, help="lengths file")
     ap.add_argument("--mmap", action="store_true", help="memory-map the table from its file instead of reading it into memory")
+    ap.add_argument("--before", type=pathlib.Path, help="a directory holding another stowplan, for the before-*:* contenders")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--table", type=pathlib.Path, help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -286,7 +312,9 @@ def main() -> None:
     unknown = [c for c in contenders if c not in CONTENDERS]
     if unknown or not contenders:
         ap.error(f"--contenders: unknown {unknown} (choose from {', '.join(CONTENDERS)})")
-    run(contenders, a.rows, a.rounds, a.seq_length, a.workload, a.mmap)
+    if any(c.startswith("before-") for c in contenders) and not (a.before and a.before.is_dir()):
+        ap.error("--contenders before-*:* need --before DIR, a directory holding another stowplan")
+    run(contenders, a.rows, a.rounds, a.seq_length, a.workload, a.mmap, a.before)
 
 
 if __name__ == "__main__":

@@ -1,14 +1,19 @@
 //! Native help for `stowplan.arrow`: the host's packed rows of a table (which runs of the flat
 //! values make each packed row: `stowplan::pack_rows`, the strategies and overflow policies
-//! the CLI's `pack-dataset` applies too), and gathering runs of a column's flat values into
-//! the packed order, one copy per run without a Python object per run.
+//! the CLI's `pack-dataset` applies too), and their assembly (`stowplan-arrow`, the
+//! CLI's code) on pyarrow's own buffers through the Arrow C Data Interface (the PyCapsule
+//! protocol: `__arrow_c_stream__`, `__arrow_c_array__`, `__arrow_c_schema__`): a table in, a
+//! stream of packed record batches out, no copy but the packed values'.
 
-use std::mem::MaybeUninit;
-
-use numpy::{PyArray1, PyArrayMethods, PyReadonlyArray1};
+use arrow_array::ffi::{FFI_ArrowArray, FFI_ArrowSchema, from_ffi};
+use arrow_array::ffi_stream::{ArrowArrayStreamReader, FFI_ArrowArrayStream};
+use arrow_data::ArrayData;
+use arrow_schema::DataType;
+use numpy::PyArray1;
 use pyo3::prelude::*;
-use pyo3::types::PyList;
-use stowplan::rows::{Overflow, RowPacking};
+use pyo3::types::{PyCapsule, PyList};
+use stowplan::rows::{Overflow, PackedRows, RowPacking};
+use stowplan_arrow::{ListColumns, PackedBatches, Values, assemble, select};
 
 use crate::{BackendArg, Lengths, int_vec, invalid, kernel, opt_str, to_py, u64_arg};
 
@@ -101,35 +106,6 @@ fn row_items<'py>(
     Ok((int64s(py, items.starts), int64s(py, items.lengths)))
 }
 
-/// packed_batches(row_tokens, max_tokens) -> numpy int64 array: where the record batches of
-/// packed rows end (``row_tokens``: the tokens before each row, and the total),
-/// ``[0, r1, …, rows]``: at most ``max_tokens`` tokens each (``PACKED_BATCH_TOKENS``), or one
-/// longer row (the host's `stowplan::rows::packed_batches`).
-#[pyfunction]
-fn packed_batches<'py>(
-    py: Python<'py>,
-    row_tokens: &Bound<'py, PyAny>,
-    max_tokens: &Bound<'py, PyAny>,
-) -> PyResult<Bound<'py, PyArray1<i64>>> {
-    let max_tokens = u64_arg(max_tokens, "max_tokens", 1)?;
-    let row_tokens = Lengths::extract(row_tokens, "row_tokens")?;
-    let t = row_tokens.slice();
-    if t.windows(2).any(|w| w[0] > w[1]) {
-        return Err(invalid(py, "row_tokens must not decrease".into()));
-    }
-    let ends = py.detach(|| stowplan::rows::packed_batches(t, max_tokens));
-    Ok(int64s(py, ends.into_iter().map(|e| e as u64).collect()))
-}
-
-/// check_row_lengths(lengths, column="", row0=0): refuses (`InvalidArgumentError`) a row
-/// longer than a plan takes (2**32-1), naming ``column`` and the row numbered from ``row0``.
-#[pyfunction]
-#[pyo3(signature = (lengths, column="", row0=0))]
-fn check_row_lengths(py: Python<'_>, lengths: &Bound<'_, PyAny>, column: &str, row0: u64) -> PyResult<()> {
-    let lengths = Lengths::extract(lengths, "lengths")?;
-    stowplan::rows::check_row_lengths(lengths.slice(), column, row0).map_err(|e| to_py(py, e))
-}
-
 /// wrapped_rows(lengths, capacity) -> (starts, lengths, offsets): every token of rows of
 /// ``lengths`` tokens cut into rows of ``capacity`` (the host's `stowplan::rows::wrapped_rows`).
 #[pyfunction]
@@ -169,162 +145,272 @@ fn trl_bfd<'py>(
     Ok((int64s(py, offsets), int64s(py, indices)))
 }
 
-/// The number of values of the runs `(chunk, start, length)` of `chunks`, every run checked.
-/// Errors (as text) name the run that points outside its chunk or has a negative start or
-/// length.
-fn check_runs<T>(chunks: &[&[T]], which: &[i64], starts: &[i64], lengths: &[i64]) -> Result<usize, String> {
-    if which.len() != starts.len() || starts.len() != lengths.len() {
-        return Err(format!(
-            "run_chunks, run_starts and run_lengths must have one entry per run (got {}, {} and {})",
-            which.len(),
-            starts.len(),
-            lengths.len()
-        ));
+/// What `obj`'s Arrow PyCapsule `method` returns (the object keeps the capsules alive while
+/// they are read); an object without it is refused as not `expected`, naming `what`.
+fn exported<'py>(obj: &Bound<'py, PyAny>, method: &str, what: &str, expected: &str) -> PyResult<Bound<'py, PyAny>> {
+    if !obj.hasattr(method)? {
+        let got = obj.get_type().name()?;
+        return Err(invalid(obj.py(), format!("{what} must be {expected} (got {got})")));
     }
-    let mut total = 0usize;
-    for (i, ((&c, &s), &l)) in which.iter().zip(starts).zip(lengths).enumerate() {
-        let inside = usize::try_from(c)
-            .ok()
-            .and_then(|c| chunks.get(c))
-            .zip(usize::try_from(s).ok().zip(usize::try_from(l).ok()))
-            .is_some_and(|(chunk, (s, l))| s.checked_add(l).is_some_and(|e| e <= chunk.len()));
-        if !inside {
-            return Err(format!(
-                "run {i} (chunk {c}, start {s}, length {l}) is outside its chunk ({} chunks)",
-                chunks.len()
-            ));
-        }
-        total += l as usize;
-    }
-    Ok(total)
+    obj.call_method0(method)
 }
 
-/// Below this many bytes [`fill`] copies on one thread.
-const PARALLEL_FILL_BYTES: usize = 32 << 20;
+/// The Arrow C stream of `obj` (its `__arrow_c_stream__`: a pyarrow `Table`, a
+/// `RecordBatchReader`, …), as arrow-rs reads it; `what` names the argument in the refusal of
+/// anything else.
+fn import_stream(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<ArrowArrayStreamReader> {
+    let py = obj.py();
+    let capsule = exported(obj, "__arrow_c_stream__", what, "a pyarrow.Table or RecordBatch")?;
+    let capsule = capsule.cast::<PyCapsule>()?;
+    let ptr = capsule.pointer_checked(Some(c"arrow_array_stream"))?;
+    // SAFETY: a capsule named "arrow_array_stream" holds an `ArrowArrayStream` (the Arrow
+    // PyCapsule interface); `from_raw` moves it out, leaving the capsule's released.
+    let stream = unsafe { FFI_ArrowArrayStream::from_raw(ptr.as_ptr().cast()) };
+    ArrowArrayStreamReader::try_new(stream).map_err(|e| invalid(py, format!("{what}: {e}")))
+}
 
-/// Copies the runs, checked by [`check_runs`], one after the other into `out` (fresh memory:
-/// every element written once): a large copy on every core (the runs split in shares of
-/// about equal size, each share's part of `out` its own), since the time is page faults and
-/// memory traffic, not the loop.
-fn fill<T: Copy + Send + Sync>(
-    out: &mut [MaybeUninit<T>],
-    chunks: &[&[T]],
-    which: &[i64],
-    starts: &[i64],
-    lengths: &[i64],
-) {
-    if std::mem::size_of_val(out) < PARALLEL_FILL_BYTES {
-        return fill_one(out, chunks, which, starts, lengths);
+/// The Arrow data of `obj` (its `__arrow_c_array__`: a pyarrow `Array`), checked (its
+/// buffers' sizes and offsets) before any value is read.
+fn import_array(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<ArrayData> {
+    let py = obj.py();
+    let (schema, array): (Bound<'_, PyAny>, Bound<'_, PyAny>) =
+        exported(obj, "__arrow_c_array__", what, "a pyarrow.Array")?.extract()?;
+    let schema = schema.cast::<PyCapsule>()?.pointer_checked(Some(c"arrow_schema"))?;
+    let array = array.cast::<PyCapsule>()?.pointer_checked(Some(c"arrow_array"))?;
+    // SAFETY: capsules so named hold an `ArrowSchema` and an `ArrowArray` (the Arrow
+    // PyCapsule interface); the array is moved out (its capsule's left released), the schema
+    // read in place while its capsule lives.
+    let data = unsafe {
+        let array = FFI_ArrowArray::from_raw(array.as_ptr().cast());
+        from_ffi(array, &*schema.as_ptr().cast::<FFI_ArrowSchema>())
     }
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(8);
-    if threads < 2 {
-        return fill_one(out, chunks, which, starts, lengths);
+    .and_then(|d| d.validate_data().map(|()| d))
+    .map_err(|e| invalid(py, format!("{what}: {e}")))?;
+    Ok(data)
+}
+
+/// The Arrow type of `obj` (its `__arrow_c_schema__`: a pyarrow `DataType` or `Field`).
+fn import_type(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<DataType> {
+    let py = obj.py();
+    let schema = import_schema(obj, what)?;
+    DataType::try_from(&schema).map_err(|e| invalid(py, format!("{what}: {e}")))
+}
+
+/// The Arrow schema of `obj` (its `__arrow_c_schema__`: a pyarrow `Schema`, `DataType` or
+/// `Field`), moved out of its capsule.
+fn import_schema(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<FFI_ArrowSchema> {
+    let capsule = exported(obj, "__arrow_c_schema__", what, "a pyarrow type or schema")?;
+    let ptr = capsule.cast::<PyCapsule>()?.pointer_checked(Some(c"arrow_schema"))?;
+    // SAFETY: a capsule named "arrow_schema" holds an `ArrowSchema`; moved out (its
+    // capsule's left released, as the interface's consumers do).
+    Ok(unsafe { FFI_ArrowSchema::from_raw(ptr.as_ptr().cast()) })
+}
+
+/// Packed rows as an Arrow C stream (`__arrow_c_stream__`, what
+/// ``pyarrow.RecordBatchReader.from_stream`` reads): each record batch assembled by the host
+/// when it is read. Read once.
+#[pyclass(module = "stowplan._stowplan", name = "PackedStream")]
+struct PackedStream {
+    batches: Option<PackedBatches>,
+}
+
+#[pymethods]
+impl PackedStream {
+    /// The stream as a PyCapsule (``requested_schema`` is not honoured: the packed schema is
+    /// the only one). Errors: `InvalidArgumentError` when it was read already.
+    #[pyo3(signature = (requested_schema=None))]
+    fn __arrow_c_stream__<'py>(
+        &mut self,
+        py: Python<'py>,
+        requested_schema: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyCapsule>> {
+        let _ = requested_schema;
+        let batches = self.batches.take().ok_or_else(|| invalid(py, "the packed stream was read already".into()))?;
+        PyCapsule::new_with_value(py, FFI_ArrowArrayStream::new(Box::new(batches)), c"arrow_array_stream")
     }
-    let share = out.len().div_ceil(threads);
-    // The shares (each its runs and its part of `out`), taken from one queue by this thread
-    // and by helpers; a helper that cannot be started (a process limit) leaves its shares to
-    // the others.
-    let mut shares = Vec::new();
-    let (mut rest, mut run) = (out, 0);
-    while run < lengths.len() {
-        // Up to about `share` values (at least one run).
-        let first = run;
-        let mut n = 0;
-        while run < lengths.len() && (n == 0 || n + (lengths[run] as usize) <= share) {
-            n += lengths[run] as usize;
-            run += 1;
-        }
-        let (mine, tail) = std::mem::take(&mut rest).split_at_mut(n);
-        rest = tail;
-        shares.push((mine, &which[first..run], &starts[first..run], &lengths[first..run]));
+
+    /// The number of packed rows in the stream (0 once read).
+    fn __len__(&self) -> usize {
+        self.batches.as_ref().map_or(0, PackedBatches::rows)
     }
-    let queue = std::sync::Mutex::new(shares);
-    let work = || {
-        while let Some((out, w, s, l)) = queue.lock().ok().and_then(|mut q| q.pop()) {
-            fill_one(out, chunks, w, s, l);
-        }
+}
+
+/// `columns` as the host takes them: `None` or a list of names.
+fn column_names(columns: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Vec<String>>> {
+    let Some(c) = columns.filter(|c| !c.is_none()) else { return Ok(None) };
+    let py = c.py();
+    let bad = || -> PyResult<PyErr> {
+        Ok(invalid(py, format!("columns must be a list of column names (got {})", c.repr()?)))
     };
-    std::thread::scope(|scope| {
-        for _ in 1..threads {
-            if std::thread::Builder::new().spawn_scoped(scope, work).is_err() {
-                break;
+    if c.cast::<pyo3::types::PyString>().is_ok() {
+        return Err(bad()?);
+    }
+    match c.extract::<Vec<String>>() {
+        Ok(names) => Ok(Some(names)),
+        Err(_) => Err(bad()?),
+    }
+}
+
+/// The picked columns of the record batches of `reader`, every batch checked.
+fn take_columns(
+    py: Python<'_>,
+    reader: ArrowArrayStreamReader,
+    columns: Option<&[String]>,
+    position_ids: bool,
+    row0: u64,
+) -> PyResult<ListColumns> {
+    use arrow_array::RecordBatchReader;
+    let schema = reader.schema();
+    let picked = select(&schema, columns, position_ids, "columns").map_err(|e| to_py(py, e))?;
+    let mut taken = ListColumns::new(&schema, picked, row0).map_err(|e| to_py(py, e))?;
+    py.detach(|| {
+        for batch in reader {
+            let reading =
+                |e: arrow_schema::ArrowError| stowplan::Error::InvalidArgument(format!("reading the table: {e}"));
+            let batch = batch.map_err(reading)?;
+            // The buffers came from another library: their sizes and offsets are checked
+            // before any value is read through them.
+            for &i in taken.picked() {
+                batch.column(i).to_data().validate_data().map_err(reading)?;
             }
+            taken.push(&batch)?;
         }
-        work();
-    });
+        Ok(())
+    })
+    .map_err(|e| to_py(py, e))?;
+    Ok(taken)
 }
 
-/// [`fill`] on this thread.
-fn fill_one<T: Copy>(out: &mut [MaybeUninit<T>], chunks: &[&[T]], which: &[i64], starts: &[i64], lengths: &[i64]) {
-    let mut at = 0;
-    for ((&c, &s), &l) in which.iter().zip(starts).zip(lengths) {
-        let (s, l) = (s as usize, l as usize);
-        out[at..at + l].write_copy_of_slice(&chunks[c as usize][s..s + l]);
-        at += l;
-    }
-}
-
-/// gather_runs(chunks, run_chunks, run_starts, run_lengths) -> numpy array or None: the runs
-/// (`run_lengths[i]` values from `run_starts[i]` of `chunks[run_chunks[i]]`) one after the
-/// other, as one new array of the chunks' dtype; `None` when that dtype is not one of the
-/// integer or float32/float64 types (the caller then gathers another way). The copying runs
-/// without the GIL.
-///
-/// Errors: `InvalidArgumentError` naming a run outside its chunk, run arrays of different
-/// lengths, chunks of different dtypes.
+/// pack_table(table, capacity, strategy, *, overflow=None, columns=None, position_ids=False,
+/// backend=None) -> (PackedStream, digest): the rows of ``table`` (anything with
+/// ``__arrow_c_stream__``: a ``pyarrow.Table``) packed as :func:`stowplan.arrow.pack_table`
+/// packs them, in one call: the columns checked and read, the plan made (``pack_rows``) and
+/// the packed rows assembled by the host (``stowplan-arrow``, the CLI's
+/// ``pack-dataset`` code), without a copy of the input; ``digest`` is the sha256 of the
+/// options and the plan (for fingerprints). Errors: `InvalidArgumentError` naming the
+/// argument, column and row; `InfeasibleError` for a long row under ``overflow="error"``.
 #[pyfunction]
-fn gather_runs<'py>(
+#[pyo3(signature = (table, capacity, strategy, *, overflow=None, columns=None, position_ids=false, backend=None))]
+#[allow(clippy::too_many_arguments)]
+fn pack_table(
+    py: Python<'_>,
+    table: &Bound<'_, PyAny>,
+    capacity: &Bound<'_, PyAny>,
+    strategy: &Bound<'_, PyAny>,
+    overflow: Option<&Bound<'_, PyAny>>,
+    columns: Option<&Bound<'_, PyAny>>,
+    position_ids: bool,
+    backend: Option<BackendArg>,
+) -> PyResult<(PackedStream, String)> {
+    let capacity = u64_arg(capacity, "capacity", 1)?;
+    stowplan::rows::check_capacity(capacity).map_err(|e| to_py(py, e))?;
+    let packing = row_packing_of(strategy, overflow)?;
+    let columns = column_names(columns)?;
+    let backend = BackendArg::or_default(backend);
+    let reader = import_stream(table, "table")?;
+    let taken = take_columns(py, reader, columns.as_deref(), position_ids, 0)?;
+    let (lengths, values) = taken.finish().map_err(|e| to_py(py, e))?;
+    let first = values.names()[0].clone();
+    let rows =
+        py.detach(|| stowplan::pack_rows(backend, &lengths, capacity, packing, &first)).map_err(|e| to_py(py, e))?;
+    let mut hashed = format!(
+        "{capacity} {} {:?} {:?} {position_ids}\n",
+        packing.strategy(),
+        packing.overflow().map(|o| o.name()),
+        values.names()
+    )
+    .into_bytes();
+    for a in [&rows.starts, &rows.lengths, &rows.offsets] {
+        hashed.extend(a.iter().flat_map(|v| v.to_le_bytes()));
+    }
+    let digest = stowplan::runtime::sha256_hex(&hashed);
+    let batches = assemble(values, rows, position_ids).map_err(|e| to_py(py, e))?;
+    Ok((PackedStream { batches: Some(batches) }, digest))
+}
+
+/// assemble_rows(names, types, chunks, starts, lengths, offsets, *, position_ids=False)
+/// -> PackedStream: packed row ``r`` the items ``offsets[r]:offsets[r+1]``, item ``i`` the
+/// ``lengths[i]`` values from ``starts[i]`` of every column's flat values (column ``c``:
+/// ``names[c]``, of list type ``types[c]``, its values the pyarrow arrays ``chunks[c]`` one
+/// after the other), assembled by the host as :func:`pack_table` assembles them (the items
+/// of :func:`stowplan.arrow.pack_batches`, :mod:`stowplan.ray` and :mod:`stowplan.compat.trl`).
+/// Errors: `InvalidArgumentError` for an item outside the values, offsets that are not
+/// packed rows', chunks of another type than their list's values.
+#[pyfunction]
+#[pyo3(signature = (names, types, chunks, starts, lengths, offsets, *, position_ids=false))]
+#[allow(clippy::too_many_arguments)]
+fn assemble_rows(
+    py: Python<'_>,
+    names: Vec<String>,
+    types: &Bound<'_, PyList>,
+    chunks: &Bound<'_, PyList>,
+    starts: &Bound<'_, PyAny>,
+    lengths: &Bound<'_, PyAny>,
+    offsets: &Bound<'_, PyAny>,
+    position_ids: bool,
+) -> PyResult<PackedStream> {
+    let types = types.iter().map(|t| import_type(&t, "types")).collect::<PyResult<Vec<_>>>()?;
+    let mut data = Vec::with_capacity(chunks.len());
+    for (c, column) in chunks.iter().enumerate() {
+        let column =
+            column.cast::<PyList>().map_err(|_| invalid(py, format!("chunks[{c}] must be a list of arrays")))?;
+        data.push(column.iter().map(|a| import_array(&a, "chunks")).collect::<PyResult<Vec<_>>>()?);
+    }
+    let values = Values::new(names, types, data).map_err(|e| to_py(py, e))?;
+    let rows = PackedRows {
+        starts: Lengths::extract(starts, "starts")?.slice().to_vec(),
+        lengths: Lengths::extract(lengths, "lengths")?.slice().to_vec(),
+        offsets: Lengths::extract(offsets, "offsets")?.slice().to_vec(),
+    };
+    let batches = py.detach(|| assemble(values, rows, position_ids)).map_err(|e| to_py(py, e))?;
+    Ok(PackedStream { batches: Some(batches) })
+}
+
+/// check_columns(schema, columns=None, position_ids=False) -> list[str]: the list columns of
+/// ``schema`` (a ``pyarrow.Schema``) to pack, checked by the host (``columns``: default every
+/// column). Errors: `InvalidArgumentError` naming the column.
+#[pyfunction]
+#[pyo3(signature = (schema, columns=None, position_ids=false))]
+fn check_columns(
+    py: Python<'_>,
+    schema: &Bound<'_, PyAny>,
+    columns: Option<&Bound<'_, PyAny>>,
+    position_ids: bool,
+) -> PyResult<Vec<String>> {
+    let ffi = import_schema(schema, "schema")?;
+    let schema = arrow_schema::Schema::try_from(&ffi).map_err(|e| invalid(py, format!("schema: {e}")))?;
+    let columns = column_names(columns)?;
+    let picked = select(&schema, columns.as_deref(), position_ids, "columns").map_err(|e| to_py(py, e))?;
+    Ok(picked.into_iter().map(|i| schema.field(i).name().clone()).collect())
+}
+
+/// column_lengths(table, columns, row0=0) -> numpy int64 array: the rows' lengths of
+/// ``table``'s list ``columns`` (the first one's), every row checked as :func:`pack_table`
+/// checks it (errors number rows from ``row0``), no value read.
+#[pyfunction]
+#[pyo3(signature = (table, columns, row0=0))]
+fn column_lengths<'py>(
     py: Python<'py>,
-    chunks: &Bound<'py, PyList>,
-    run_chunks: PyReadonlyArray1<'py, i64>,
-    run_starts: PyReadonlyArray1<'py, i64>,
-    run_lengths: PyReadonlyArray1<'py, i64>,
-) -> PyResult<Option<Bound<'py, PyAny>>> {
-    let (which, starts, lengths) = (run_chunks.as_slice()?, run_starts.as_slice()?, run_lengths.as_slice()?);
-    macro_rules! by_dtype {
-        ($($t:ty),*) => {$(
-            if let Some(first) = chunks.iter().next() {
-                if first.extract::<PyReadonlyArray1<'py, $t>>().is_ok() {
-                    let arrays = chunks
-                        .iter()
-                        .map(|c| c.extract::<PyReadonlyArray1<'py, $t>>())
-                        .collect::<PyResult<Vec<_>>>()
-                        .map_err(|_| invalid(py, "chunks must all have the same dtype".into()))?;
-                    let slices = arrays.iter().map(|a| a.as_slice()).collect::<Result<Vec<_>, _>>()?;
-                    let total = check_runs(&slices, which, starts, lengths).map_err(|m| invalid(py, m))?;
-                    // numpy's allocator (large arrays on huge pages) rather than a Vec: the
-                    // page faults of a fresh gigabyte otherwise cost more than the copy.
-                    // SAFETY: every element is written by `fill` before the array is returned
-                    // (the runs cover 0..total, checked above).
-                    let out = unsafe { PyArray1::<$t>::new(py, [total], false) };
-                    {
-                        let rw = out.readwrite(); // (the borrow flag: nothing else reads it meanwhile)
-                        // SAFETY: the array's own fresh, contiguous `total` elements, seen as
-                        // not yet initialised while `fill` writes each of them once.
-                        let dst = unsafe { std::slice::from_raw_parts_mut(out.data().cast::<MaybeUninit<$t>>(), total) };
-                        py.detach(|| fill(dst, &slices, which, starts, lengths));
-                        drop(rw);
-                    }
-                    return Ok(Some(out.into_any()));
-                }
-            }
-        )*};
-    }
-    by_dtype!(i32, i64, u32, u64, i16, u16, i8, u8, f32, f64);
-    if chunks.is_empty() {
-        return Err(invalid(py, "chunks must hold at least one array".into()));
-    }
-    Ok(None)
+    table: &Bound<'py, PyAny>,
+    columns: &Bound<'py, PyAny>,
+    row0: u64,
+) -> PyResult<Bound<'py, PyArray1<i64>>> {
+    let columns = column_names(Some(columns))?;
+    let reader = import_stream(table, "table")?;
+    let taken = take_columns(py, reader, columns.as_deref(), false, row0)?;
+    Ok(int64s(py, taken.lengths().to_vec()))
 }
 
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add_function(wrap_pyfunction!(gather_runs, m)?)?;
+    m.add_class::<PackedStream>()?;
+    m.add_function(wrap_pyfunction!(pack_table, m)?)?;
+    m.add_function(wrap_pyfunction!(assemble_rows, m)?)?;
+    m.add_function(wrap_pyfunction!(check_columns, m)?)?;
+    m.add_function(wrap_pyfunction!(column_lengths, m)?)?;
     m.add_function(wrap_pyfunction!(row_packing, m)?)?;
     m.add_function(wrap_pyfunction!(pack_rows, m)?)?;
     m.add_function(wrap_pyfunction!(row_items, m)?)?;
     m.add_function(wrap_pyfunction!(wrapped_rows, m)?)?;
-    m.add_function(wrap_pyfunction!(check_row_lengths, m)?)?;
-    m.add_function(wrap_pyfunction!(packed_batches, m)?)?;
     m.add_function(wrap_pyfunction!(trl_bfd, m)?)?;
     m.add("SEQ_LENGTHS", stowplan::rows::SEQ_LENGTHS)?;
     m.add("POSITION_IDS", stowplan::rows::POSITION_IDS)?;

@@ -102,17 +102,6 @@ def test_chunked_and_sliced_tables():
     assert [v for r in rows_of(packed) for v in r] == [v for r in sliced.column("input_ids").to_pylist() for v in r]
 
 
-def test_output_is_chunked_without_changing_rows(monkeypatch):
-    import stowplan._rows as rows
-
-    lengths = np.random.default_rng(5).integers(1, 50, size=500)
-    expected = pack_table(table_of(lengths), 100, position_ids=True)
-    monkeypatch.setattr(rows, "BATCH_TOKENS", 300)
-    small = pack_table(table_of(lengths), 100, position_ids=True)
-    assert small.column("input_ids").num_chunks > 10
-    assert small.to_pydict() == expected.to_pydict()
-
-
 def test_record_batches_and_native_backend():
     t = table_of([4, 1, 3, 3])
     a = pack_table(t.to_batches()[0], 5)
@@ -140,8 +129,12 @@ def test_all_empty_or_dropped_gives_no_rows():
         (lambda t: pack_table(t, 4, columns="input_ids"), "columns must be a list of column names"),
         (lambda t: pack_table(t, 4, columns=[]), "columns must name at least one list column"),
         (lambda t: pack_table(t, 4, columns=["labels", "labels"]), "columns must not repeat a name"),
-        (lambda t: pack_table(t.append_column("text", pa.array(["a", "b", "c"])), 4), "column 'text' is not a list column (its type is string); pass columns="),
+        (lambda t: pack_table(t.append_column("text", pa.array(["a", "b", "c"])), 4), "column 'text' is not a list column (its type is Utf8); name the list columns to pack with columns"),
         (lambda t: pack_table(t.append_column("seq_lengths", t.column("labels")), 4), "column 'seq_lengths' is an output column"),
+        (
+            lambda t: pack_table(t.append_column("tag", pa.array([["a"], ["b"], ["a"]], type=pa.list_(pa.dictionary(pa.int32(), pa.string())))), 4),
+            "column 'tag' holds Dictionary(Int32, Utf8) values, which packing does not take (decode the dictionary first",
+        ),
         (lambda t: pack_table(t.append_column("position_ids", t.column("labels")), 4, position_ids=True), "column 'position_ids' is an output column"),
         (lambda t: pack_table(t.slice(0, 0), 4), "the table is empty"),
         (lambda t: pack_table([[1, 2]], 4), "table must be a pyarrow.Table or RecordBatch (got list)"),
@@ -384,47 +377,61 @@ def test_numbers_of_every_width_are_gathered_exactly(strategy):
         assert rows_of(packed, name) == [np.array([v * 3 + 1 for v in r]).astype(dt).tolist() for r in ids], name
 
 
-def _gather_in_numpy(chunks, which, starts, lengths):
-    return np.concatenate([chunks[c][s : s + n] for c, s, n in zip(which, starts, lengths)])
+def _assemble(chunks, starts, lengths, offsets=None, position_ids=False):
+    from stowplan import _rows
+
+    flat = _rows.Flat([pa.array(c) for c in chunks], pa.array(chunks[0]).type)
+    if offsets is None:
+        offsets = [0, len(lengths)]
+    types = {"x": pa.list_(flat.type)}
+    return _rows.assemble({"x": flat}, types, np.asarray(starts), np.asarray(lengths), np.asarray(offsets), position_ids).read_all()
+
+
+def test_the_packed_stream_is_read_once_and_strings_and_nested_lists_are_packed():
+    from stowplan import _stowplan
+
+    t = pa.table({"ids": [[1, 2], [3], [4, 5]], "words": [["a", "bb"], ["c"], ["d", "e"]], "nested": [[[1], [2, 3]], [[]], [[4], [5]]]})
+    stream, digest = _stowplan.pack_table(t, 3, "next-fit")
+    assert len(stream) == 2 and len(digest) == 64
+    packed = pa.RecordBatchReader.from_stream(stream).read_all()
+    assert packed.column("words").to_pylist() == [["a", "bb", "c"], ["d", "e"]]
+    assert packed.column("nested").to_pylist() == [[[1], [2, 3], []], [[4], [5]]]
+    with pytest.raises(stowplan.InvalidArgumentError, match="the packed stream was read already"):
+        pa.RecordBatchReader.from_stream(stream)
+    # The same plan gives the same digest; another capacity another one.
+    assert _stowplan.pack_table(t, 3, "next-fit")[1] == digest != _stowplan.pack_table(t, 4, "next-fit")[1]
 
 
 def test_a_large_native_gather_split_over_threads_is_the_copy_on_one():
-    # 12M values (48 MB, over the 32 MiB from which gather_runs copies on every core) in runs
-    # of 0..=996, out of order, with one run of 9M values (longer than any share) in the middle.
-    from stowplan import _stowplan
-
+    # 12M values (48 MB, over the 32 MiB from which the host copies on every core) in runs of
+    # 0..=996, out of order, with one run of 9M values (longer than any share) in the middle.
     chunk = np.arange(12_000_000, dtype=np.int32)
-    which, starts, lengths = [], [], []
+    starts, lengths = [], []
     at = 0
     while at < 11_990_000:
-        n = 9_000_000 if len(lengths) == 1000 else (at * 7919) % 997
-        which.append(0)
+        n = 9_000_000 if len(lengths) == 1000 else (at * 7919) % 997 or 1
         starts.append((at * 31) % (12_000_000 - n))
         lengths.append(n)
-        at += max(n, 1)
-    runs = [np.asarray(v, dtype=np.int64) for v in (which, starts, lengths)]
-    got = _stowplan.gather_runs([chunk], *runs)
-    assert got.dtype == np.int32 and got.nbytes > 32 << 20
-    assert np.array_equal(got, _gather_in_numpy([chunk], which, starts, lengths))
+        at += n
+    got = _assemble([chunk], starts, lengths)
+    flat = got.column("x").combine_chunks().flatten().to_numpy()
+    assert flat.dtype == np.int32 and flat.nbytes > 32 << 20
+    assert np.array_equal(flat, np.concatenate([chunk[s : s + n] for s, n in zip(starts, lengths)]))
+    assert got.column("seq_lengths").to_pylist() == [lengths]
 
 
-def test_the_native_gather_copies_runs_in_order_and_names_bad_runs():
-    from stowplan import _stowplan
-
+def test_the_native_assembly_copies_items_across_chunks_and_names_bad_items():
     a, b = np.array([1, 2, 3, 4], dtype=np.int64), np.array([10, 20], dtype=np.int64)
-
-    def gather(chunks, *runs):
-        return _stowplan.gather_runs(chunks, *(np.asarray(r, dtype=np.int64) for r in runs))
-
-    assert gather([a, b], [1, 0, 0], [0, 2, 0], [2, 2, 1]).tolist() == [10, 20, 3, 4, 1]
-    for runs, fragment in [
-        (([0], [3], [2]), "run 0 (chunk 0, start 3, length 2)"),
-        (([1], [0], [1]), "outside its chunk"),
-        (([0], [-1], [1]), "outside"),
-        (([0], [0], [-1]), "outside"),
-        (([0, 0], [0], [1]), "one entry per run"),
+    # Values 0..6 over two chunks: an item may cross from one chunk to the next.
+    got = _assemble([a, b], [4, 2, 0, 3], [2, 2, 1, 2], [0, 2, 4], position_ids=True)
+    assert got.column("x").to_pylist() == [[10, 20, 3, 4], [1, 4, 10]]
+    assert got.column("position_ids").to_pylist() == [[0, 1, 0, 1], [0, 0, 1]]
+    for args, fragment in [
+        (([5], [2]), "item 0 (start 5, length 2) is outside the columns' 6 values"),
+        (([0], [1], [0, 2]), "offsets must rise from 0 to the number of items (1)"),
+        (([0, 1], [1]), "one item length per start"),
     ]:
         with pytest.raises(stowplan.InvalidArgumentError, match=re.escape(fragment)):
-            gather([a], *runs)
-    with pytest.raises(stowplan.InvalidArgumentError, match="same dtype"):
-        gather([a, b.astype(np.int32)], [0], [0], [1])
+            _assemble([a, b], *args)
+    with pytest.raises(stowplan.InvalidArgumentError, match="chunk 1 holds Int32 values, not Int64"):
+        _assemble([a, b.astype(np.int32)], [0], [1])

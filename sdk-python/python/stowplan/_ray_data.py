@@ -300,6 +300,6 @@ def _assembler(ref: Any, names: List[str], position_ids: bool) -> Callable[[Any]
         offsets = plan["bin_offsets"][b0 : b1 + 1] - i0
         values = {name: Flat.of(pc.list_flatten(group.column(name))) for name in names}
         types = {name: group.schema.field(name).type for name in names}
-        return assemble(values, types, local, plan["item_len"][i0:i1], offsets, position_ids, contiguous=False).read_all()
+        return assemble(values, types, local, plan["item_len"][i0:i1], offsets, position_ids).read_all()
 
     return assemble

@@ -2,10 +2,13 @@
 
 The list columns of a tokenized SFT table (``input_ids``, ``labels``, ``attention_mask``, any
 list column with the same per-row lengths) are regrouped into packed rows by one kernel plan
-(the host's ``pack_rows`` over the lengths read from the list offsets: the same rows as the
-CLI's ``stowplan pack-dataset``), and the packed rows are assembled from the columns' own chunks: each sequence's run of values copied once (numpy
-slices concatenated; Arrow's ``take`` for values that are not numbers without nulls), and new
-offsets from the bins' token sums. No row becomes a Python object. Needs ``pyarrow`` (``pip install 'stowplan[hf]'``).
+(the host's ``pack_rows`` over the lengths read from the list offsets) and assembled by the
+host (``stowplan-arrow``, the code of the CLI's ``stowplan pack-dataset``, so the rows
+are the same): :func:`pack_table` is one native call that reads the table's buffers in place
+through the Arrow C Data Interface and copies each sequence's run of values once into the
+packed record batches (no row becomes a Python object). Lists of numbers, booleans, strings,
+binaries and lists of those are packed; dictionaries, structs and views are refused naming the
+column. Needs ``pyarrow`` (``pip install 'stowplan[hf]'``).
 
 >>> import pyarrow as pa
 >>> from stowplan.arrow import pack_table
@@ -117,8 +120,10 @@ def pack_table(
 
     Bad input raises :class:`stowplan.InvalidArgumentError` naming the argument, column and row:
     ``capacity`` outside ``1..=2**31-1``, an empty table, a missing column, a column that is
-    not a list, a null row, list columns whose lengths differ, a sequence longer than
-    ``2**32-1``, an output column name among the packed columns.
+    not a list or holds values packing does not take (dictionaries, structs, views), a null
+    row, list columns whose lengths differ, a sequence longer than ``2**32-1``, an output
+    column name among the packed columns, strings or inner lists of one output record batch
+    past their ``int32`` offsets (use the ``large_`` types).
     """
     return _rows.pack(table, capacity, strategy, overflow, columns, position_ids, backend)[0].read_all()
 
@@ -271,7 +276,7 @@ def _emit(bins: List[List[int]], held: Dict[int, "_Held"], types: Dict[str, Any]
         if h.waiting == 0:
             del held[first]
     values = {name: _rows.Flat.join(f) if f else _rows.Flat([], types[name].value_type) for name, f in joined.items()}
-    return _rows.assemble(values, types, starts, item_lengths, bin_offsets, position_ids, contiguous=False).read_all()
+    return _rows.assemble(values, types, starts, item_lengths, bin_offsets, position_ids).read_all()
 
 
 def _wrap_step(
@@ -297,13 +302,13 @@ def _wrap_step(
     starts, item_lengths, bin_offsets = _rows.wrapped_rows(pieces, capacity)
     total = int(pieces.sum())
     if final or total % capacity == 0:
-        return None, _rows.assemble(values, types, starts, item_lengths, bin_offsets, position_ids, contiguous=True).read_all()
+        return None, _rows.assemble(values, types, starts, item_lengths, bin_offsets, position_ids).read_all()
     cut = total - total % capacity
     rest = (
         {n: v.view(cut, total - cut) for n, v in values.items()},
         item_lengths[bin_offsets[-2] :].astype(np.int64),
     )
     full = bin_offsets[:-1]
-    return rest, _rows.assemble(values, types, starts[: full[-1]], item_lengths[: full[-1]], full, position_ids, contiguous=True).read_all()
+    return rest, _rows.assemble(values, types, starts[: full[-1]], item_lengths[: full[-1]], full, position_ids).read_all()
 
 

@@ -1,17 +1,53 @@
 """Stubs of ``stowplan._stowplan``: packed rows of Arrow tables (``src/arrow.rs``)."""
 
-from typing import List, Optional, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from ._types import _Lengths
 
-def gather_runs(
-    chunks: List[np.ndarray], run_chunks: np.ndarray, run_starts: np.ndarray, run_lengths: np.ndarray
-) -> Optional[np.ndarray]:
-    """The runs (``run_lengths[i]`` values from ``run_starts[i]`` of ``chunks[run_chunks[i]]``)
-    one after the other as one new array; ``None`` for a dtype other than the integer,
-    float32 and float64 ones (stowplan.arrow's gather)."""
+class PackedStream:
+    """Packed rows as an Arrow C stream (``pyarrow.RecordBatchReader.from_stream`` reads it),
+    each record batch assembled by the host when it is read; read once."""
+
+    def __arrow_c_stream__(self, requested_schema: Optional[object] = None) -> object: ...
+    def __len__(self) -> int: ...
+
+def pack_table(
+    table: object,
+    capacity: int,
+    strategy: str,
+    *,
+    overflow: Optional[str] = None,
+    columns: Optional[Sequence[str]] = None,
+    position_ids: bool = False,
+    backend: Optional[str] = None,
+) -> Tuple[PackedStream, str]:
+    """The rows of ``table`` (anything with ``__arrow_c_stream__``) checked, planned and
+    assembled by the host in one call, and the sha256 of the options and plan."""
+    ...
+
+def assemble_rows(
+    names: List[str],
+    types: List[object],
+    chunks: List[List[object]],
+    starts: _Lengths,
+    lengths: _Lengths,
+    offsets: _Lengths,
+    *,
+    position_ids: bool = False,
+) -> PackedStream:
+    """Packed rows of given items (``starts``, ``lengths``; rows at ``offsets``) of every
+    column's flat values (``chunks[c]``, pyarrow arrays of ``types[c]``'s values)."""
+    ...
+
+def check_columns(schema: object, columns: Optional[Sequence[str]] = None, position_ids: bool = False) -> List[str]:
+    """The list columns of ``schema`` to pack (default: every column), checked by the host."""
+    ...
+
+def column_lengths(table: object, columns: Sequence[str], row0: int = 0) -> np.ndarray:
+    """The rows' lengths of ``table``'s list ``columns`` (``int64``), every row checked;
+    errors number rows from ``row0``."""
     ...
 
 ROW_STRATEGIES: List[str]
@@ -46,17 +82,6 @@ def row_items(
 ) -> Tuple[np.ndarray, np.ndarray]:
     """The items (flat start, length) of rows of ``lengths`` tokens under ``overflow``, in
     row order (``int64``); errors number rows from ``row0``."""
-    ...
-
-def packed_batches(row_tokens: _Lengths, max_tokens: int) -> np.ndarray:
-    """Where the record batches of packed rows end (``row_tokens``: the tokens before each
-    row, and the total): ``[0, r1, ..., rows]``, at most ``max_tokens`` tokens each or one
-    longer row (``int64``)."""
-    ...
-
-def check_row_lengths(lengths: _Lengths, column: str = "", row0: int = 0) -> None:
-    """Refuses a row longer than 2**32-1 (the longest a plan takes), naming ``column`` and the
-    row numbered from ``row0``."""
     ...
 
 def wrapped_rows(lengths: _Lengths, capacity: int) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -144,7 +144,7 @@ def _pack_direct(dataset: Any, seq_length: int, strategy: str, batch_size: Optio
         pieces = -(-total // seq_length)
         row_starts = np.repeat(first, pieces) + seq_length * (np.arange(int(pieces.sum())) - np.repeat(np.cumsum(pieces) - pieces, pieces))
         row_ends = np.minimum(row_starts + seq_length, np.repeat(first + total, pieces))
-        starts, item_lengths, bin_offsets, contiguous = row_starts, row_ends - row_starts, np.arange(row_starts.size + 1), True
+        starts, item_lengths, bin_offsets = row_starts, row_ends - row_starts, np.arange(row_starts.size + 1)
     else:
         # Empty sequences left out, long ones truncated (or split into fragments), in row order.
         starts, item_lengths = row_items(lengths, seq_length, "split" if strategy == "bfd_split" else "truncate", names[0])
@@ -152,10 +152,10 @@ def _pack_direct(dataset: Any, seq_length: int, strategy: str, batch_size: Optio
         # The items of each map batch, fitted as TRL fits them; rows batch after batch.
         batch_ends = np.searchsorted(item_rows, np.append(batch_rows[1:], n))
         bin_offsets, idx = _stowplan.trl_bfd(item_lengths, batch_ends, seq_length)
-        starts, item_lengths, contiguous = starts[idx], item_lengths[idx], False
+        starts, item_lengths = starts[idx], item_lengths[idx]
     values = {name: Flat.of(pc.list_flatten(c)) for name, c in zip(names, columns)}
     types = {name: c.type for name, c in zip(names, columns)}
-    packed = assemble(values, types, starts, item_lengths, bin_offsets, position_ids=False, contiguous=contiguous).read_all()
+    packed = assemble(values, types, starts, item_lengths, bin_offsets, position_ids=False).read_all()
     if strategy == "wrapped":
         packed = packed.drop_columns([_SEQ_LENGTHS])
     elif pa.types.is_large_list(columns[0].type):  # TRL's seq_lengths are list_value_length's type
