@@ -18,10 +18,10 @@ pub struct Args {
     #[arg(long, default_value_t = 1)]
     dp: u32,
     /// Hard cap on the tokens of a micro-batch. Without it, only the DP level is planned.
-    #[arg(long, group = "cap")]
+    #[arg(long)]
     capacity: Option<u64>,
     /// The former name of --capacity, accepted with a warning for one release.
-    #[arg(long, hide = true, group = "cap", conflicts_with = "capacity")]
+    #[arg(long, hide = true, conflicts_with = "capacity")]
     max_token_len: Option<u64>,
     /// Cost of a sequence of L tokens: `tokens` (L), `attention` (24576·L + L², verl's and
     /// ROLL's workload) or `A,B` for A·L + B·L².
@@ -54,7 +54,7 @@ pub struct Args {
     /// header names its columns, tokens first (tab-, comma- or space-separated, as
     /// `vlm-mix-100k.tsv`), and NAME is a column. Up to 7 limits; every micro-batch of every
     /// rank stays within every one, with one count for all ranks.
-    #[arg(long = "limit", value_name = "NAME=CAP", value_parser = parse_limit, requires = "cap")]
+    #[arg(long = "limit", value_name = "NAME=CAP", value_parser = parse_limit)]
     limits: Vec<(String, u64)>,
     /// A column of the input table (its header's NAME, e.g. image_tokens) whose values are
     /// added to each sample's cost: the ranks and micro-batches balance the cost model plus
@@ -203,6 +203,10 @@ impl Table {
 /// Runs `stowplan balance`.
 pub fn run(a: Args) -> Result<(), Failure> {
     let capacity = crate::common::capacity("balance", a.capacity, ("max-token-len", a.max_token_len));
+    if capacity.is_none() && !a.limits.is_empty() {
+        // (Checked here rather than by clap, whose message would show the former, hidden name.)
+        return Err(Failure::bad("--limit needs --capacity T: the limits cap micro-batches besides their tokens"));
+    }
     if a.dp == 1 && capacity.is_none() {
         return Err(Failure::bad(
             "nothing to plan: give --dp N (N > 1) for DP balancing and/or --capacity T for micro-batches",

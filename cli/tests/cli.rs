@@ -1253,8 +1253,12 @@ fn the_caps_former_flags_work_for_one_release_warn_and_name_capacity() {
         assert_eq!(both.status.code(), Some(2), "{former}: {}", stderr(&both));
         assert!(stderr(&both).contains("cannot be used with"), "{former}: {}", stderr(&both));
     }
-    // Without either, the command says which flag it needs.
+    // Without either, the command says which flag it needs, never the former name.
     let out = stowplan(&["plan", "--lengths", "-"], Some("5\n"), &[]);
     assert_eq!(out.status.code(), Some(2));
     assert!(stderr(&out).contains("--capacity"), "{}", stderr(&out));
+    let out = stowplan(&["balance", "--limit", "images=3", "-"], Some("5\t1\n"), &[]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("--limit needs --capacity T"), "{}", stderr(&out));
+    assert!(!stderr(&out).contains("max-token-len"), "{}", stderr(&out));
 }
