@@ -587,6 +587,11 @@ def test_a_rank_worker_killed_mid_step_loses_and_repeats_nothing():
         assert _kill_worker(ranks[0], pid, dying) == 2
         ray.get(actor.send.remote(_batch(0, 2)))
         assert ray.get([rk.train.remote() for rk in ranks], timeout=30) == [2, 2]
+        # The ranks acknowledge without waiting for the actor's answer, and the driver's call
+        # is not ordered after theirs: the step moves on once both acknowledgements arrive.
+        deadline = time.monotonic() + 20
+        while ray.get(actor.next_step.remote()) != 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
         assert ray.get(actor.next_step.remote()) == 3
 
         trained = []
