@@ -134,8 +134,9 @@ pub struct Values {
 
 impl Values {
     /// The columns `names` of list types `types`, each the flat values `chunks[c]` (one after
-    /// the other). Refused (`InvalidArgument`): lengths that differ, a type that is not a list
-    /// of values [`assemble`] takes, a chunk whose type is not its list's value type.
+    /// the other). Refused (`InvalidArgument`): entries that do not pair up, a type that is not
+    /// a list of values [`assemble`] takes, a chunk whose type is not its list's value type.
+    /// Columns of different lengths are taken: [`assemble`] bounds items by the shortest.
     pub fn new(names: Vec<String>, types: Vec<DataType>, chunks: Vec<Vec<ArrayData>>) -> Result<Self, Error> {
         if names.is_empty() || names.len() != types.len() || types.len() != chunks.len() {
             return Err(invalid(format!(
@@ -357,9 +358,14 @@ fn assemble_cut(
     let ends = packed_batches(&row_tokens, batch_tokens);
     let schema = packed_schema(&values, position_ids);
     let batches = PackedBatches { values, rows, row_tokens, ends, next: 0, position_ids, schema };
-    for w in batches.ends.windows(2) {
+    // Only values with int32 offsets (strings, binaries, lists) can pass them: the usual
+    // token columns skip this pass over the runs.
+    let checked: Vec<usize> = (0..batches.values.names.len())
+        .filter(|&c| batches.values.chunks[c].first().is_some_and(|d| int32_offsets(d.data_type())))
+        .collect();
+    for w in batches.ends.windows(2).filter(|_| !checked.is_empty()) {
         let (i0, i1) = (batches.rows.offsets[w[0]] as usize, batches.rows.offsets[w[1]] as usize);
-        for c in 0..batches.values.names.len() {
+        for &c in &checked {
             let runs = batches.runs(c, i0, i1);
             let sources: Vec<&ArrayData> = batches.values.chunks[c].iter().collect();
             if let Err(what) = fits(&sources, &runs) {
@@ -372,6 +378,15 @@ fn assemble_cut(
         }
     }
     Ok(batches)
+}
+
+/// Whether values of type `t` hold `int32` offsets at some depth (what [`fits`] checks).
+fn int32_offsets(t: &DataType) -> bool {
+    match t {
+        DataType::Utf8 | DataType::Binary | DataType::List(_) => true,
+        DataType::LargeList(f) | DataType::FixedSizeList(f, _) => int32_offsets(f.data_type()),
+        _ => false,
+    }
 }
 
 /// Refuses runs whose gathered values would pass an `int32` offset of their type (at any
@@ -444,11 +459,6 @@ impl PackedBatches {
     /// The number of packed rows (in all batches).
     pub fn rows(&self) -> usize {
         self.rows.rows()
-    }
-
-    /// The number of record batches (in all).
-    pub fn batches(&self) -> usize {
-        self.ends.len().saturating_sub(1)
     }
 
     /// Column `c`'s runs `(chunk, start in the chunk, length)` of items `i0..i1`, an item
