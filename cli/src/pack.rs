@@ -157,7 +157,7 @@ pub fn run(a: Args) -> Result<(), Failure> {
     }
     let lengths = text.lengths()?;
     let method = a.method.unwrap_or_default().single();
-    let options = PackOptions { capacity: a.capacity, align: a.align, method, oversize: a.oversize };
+    let options = PackOptions { align: a.align, method, oversize: a.oversize, ..PackOptions::new(a.capacity) };
     let kernel = ReadyKernel::new(a.common.backend)?;
     let (p, run) = kernel.timed(|k| k.pack(&lengths, &options))?;
     print_report(&Report::new(&a, text.source, &p, &lengths, None, run), a.common.json)

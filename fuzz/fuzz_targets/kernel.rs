@@ -221,10 +221,10 @@ fuzz_target!(|call: Call| match call {
     }
     Call::Pack { lengths, capacity, align, method, oversize } => {
         let o = PackOptions {
-            capacity,
             align,
             method: pick::<PackMethod>(method),
             oversize: pick::<OversizePolicy>(oversize),
+            ..PackOptions::new(capacity)
         };
         if let Ok(p) = k::pack(&lengths, &o) {
             let mut all = p.indices.clone();

@@ -40,7 +40,7 @@ fn main() {
     let docs2 = docs.clone();
     let docs3 = docs.clone();
     let d16b = d16.clone();
-    let single = |method| PackOptions { capacity: 32_768, align: 1, method, oversize: OversizePolicy::Single };
+    let single = |method| PackOptions { method, oversize: OversizePolicy::Single, ..PackOptions::new(32_768) };
     let cases: Vec<Case> = vec![
         (
             "partition unequal 262144 k1024",

@@ -83,10 +83,10 @@ proptest! {
     #[test]
     fn wasm_and_native_agree_on_pack(lengths in pack_lengths(), capacity in 0u64..4_000, align in 0u64..8, m in 0..3usize, ov in 0..3usize) {
         let o = PackOptions {
-            capacity,
             align,
             method: [PackMethod::Bfd, PackMethod::Ffd, PackMethod::NextFit][m],
             oversize: [OversizePolicy::Error, OversizePolicy::Single, OversizePolicy::Drop][ov],
+            ..PackOptions::new(capacity)
         };
         prop_assert_eq!(Kernel::native().pack(&lengths, &o), Kernel::wasm().unwrap().pack(&lengths, &o));
     }

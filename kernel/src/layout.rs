@@ -40,6 +40,7 @@ pub enum Factor {
 /// asking for 33 GB); 65,536 is far above any real deployment and keeps `2·cp·tp` in `u64`.
 pub const MAX_PARALLEL: u32 = 1 << 16;
 
+crate::__options! { $ __align_options;
 /// Parallel sizes and the factor choice.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct AlignOptions {
@@ -52,6 +53,7 @@ pub struct AlignOptions {
     pub factor: Factor,
     /// Require `cp` and `tp` to be powers of two (some ring-attention kernels need it).
     pub power_of_two: bool,
+}
 }
 
 /// No parallelism (`cp` = `tp` = 1), the seed's factor, no power-of-two requirement: what

@@ -44,6 +44,7 @@ pub enum OversizePolicy {
     Drop,
 }
 
+crate::__options! { $ __pack_options;
 /// Options of [`pack`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PackOptions {
@@ -55,6 +56,7 @@ pub struct PackOptions {
     pub method: PackMethod,
     /// The oversize policy.
     pub oversize: OversizePolicy,
+}
 }
 
 impl PackOptions {

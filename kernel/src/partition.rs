@@ -33,6 +33,7 @@ pub enum PartitionMethod {
     Verl,
 }
 
+crate::__options! { $ __partition_options;
 /// Options of [`partition`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PartitionOptions {
@@ -43,6 +44,7 @@ pub struct PartitionOptions {
     /// Improve `kk`/`greedy` results by bounded pairwise moves and swaps. Must be `false`
     /// with [`PartitionMethod::Verl`] (verl's output is reproduced as is).
     pub refine: bool,
+}
 }
 
 impl Default for PartitionOptions {

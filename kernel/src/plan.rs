@@ -29,9 +29,10 @@ use sha2::{Digest, Sha256};
 
 use crate::balance::{MicroLimits, resources};
 use crate::multi::{MultiMethod, MultiOptions, pack_multi};
-use crate::pack::{OversizePolicy, PackMethod, PackOptions, Packing, pack};
+use crate::pack::{OversizePolicy, PackOptions, Packing, pack};
 use crate::{Error, checked_len, invalid};
 
+crate::__options! { $ __plan_options;
 /// Options of [`raw_plan`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PlanOptions {
@@ -42,6 +43,7 @@ pub struct PlanOptions {
     /// Long samples (`length ≥ capacity`) become single-sample packs when true and
     /// are dropped when false.
     pub allow_single_long: bool,
+}
 }
 
 impl PlanOptions {
@@ -166,12 +168,7 @@ pub fn raw_plan(lengths: &[u64], options: &PlanOptions) -> Result<RawPlan, Error
         options,
         |_| false,
         |fit_aligned, _| {
-            let opts = PackOptions {
-                capacity: options.capacity,
-                align: 1,
-                method: PackMethod::Bfd,
-                oversize: OversizePolicy::Error,
-            };
+            let opts = PackOptions::new(options.capacity);
             pack(fit_aligned, &opts)
         },
     )

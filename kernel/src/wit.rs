@@ -28,6 +28,7 @@ macro_rules! wit_conversions {
     ($w:ident) => {
         const _: () = {
             use $crate as k;
+            use $crate::__wit_record;
             use $crate::peers::slime as ks;
             use $w::{balance, layout, pack, partition, peers, plan, prime_rl, slime, streaming, types, verl};
 
@@ -83,11 +84,9 @@ macro_rules! wit_conversions {
             $crate::__wit_record!(k::peers::verl::UnbalanceFigures, peers::SeqlenUnbalance {
                 min, max, minmax_diff, balanced_min, balanced_max, mean
             });
-            $crate::__wit_record!(k::PartitionOptions, partition::Options { method, equal_size, refine });
-            $crate::__wit_record!(k::PackOptions, pack::Options { capacity, align, method, oversize });
-            $crate::__wit_record!(k::MicroOptions, balance::MicroOptions {
-                capacity, cost, min_count, divisible_by, count, order
-            });
+            $crate::__partition_options!(__wit_record { @options k::PartitionOptions, partition::Options });
+            $crate::__pack_options!(__wit_record { @options k::PackOptions, pack::Options });
+            $crate::__micro_options!(__wit_record { @options k::MicroOptions, balance::MicroOptions });
             $crate::__wit_record!(k::peers::VerlMicroOptions, peers::VerlMicroOptions {
                 max_token_len,
                 min_num_micro_batch,
@@ -106,10 +105,8 @@ macro_rules! wit_conversions {
                 vp,
                 dp_num_micro_batches,
             });
-            $crate::__wit_record!(k::AlignOptions, layout::AlignOptions { cp, tp, factor, power_of_two });
-            $crate::__wit_record!(k::StreamOptions, streaming::Options {
-                capacity, align, max_open_bins, max_buffered, oversize
-            });
+            $crate::__align_options!(__wit_record { @options k::AlignOptions, layout::AlignOptions });
+            $crate::__stream_options!(__wit_record { @options k::StreamOptions, streaming::Options });
             $crate::__wit_record!(k::peers::prime_rl::BatchOptions, prime_rl::BatchOptions {
                 seq_len, num_train_workers, linear, quadratic, pad_to_multiple_of, multimodal_same_run
             });
@@ -191,7 +188,7 @@ macro_rules! wit_conversions {
                 partitions, micro_batch_sizes, num_microbatches, num_steps
             });
             $crate::__wit_record!(k::MultiPacking, pack::MultiPacking { packing, resource_loads, lower_bounds });
-            $crate::__wit_record!(k::PlanOptions, plan::PlanOptions { capacity, align, allow_single_long });
+            $crate::__plan_options!(__wit_record { @options k::PlanOptions, plan::PlanOptions });
             $crate::__wit_record!(k::RawPlan, plan::RawPackPlan {
                 tokens, single_long, dropped, real_tokens, aligned_tokens, lower_bound;
                 packs: types::Groups = (offsets, indices)
@@ -294,6 +291,30 @@ macro_rules! wit_conversions {
     };
 }
 
+/// Declares a kernel options struct as written (its docs, derives and `pub` fields) and,
+/// named by `$fields`, a hidden macro that hands the struct's field list to a callback:
+/// `$fields!(cb { args… })` expands `cb! { args… { field: Type, … } }`. Every field list of
+/// an options struct (the WIT conversions here, the Python SDK's keyword options) comes from
+/// that macro, so a field added to the struct reaches them without another edit. `$d` is a
+/// `$` token (the macro it defines has metavariables of its own).
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __options {
+    ($d:tt $fields:ident;
+     $(#[$m:meta])* pub struct $name:ident { $($(#[$fm:meta])* pub $f:ident: $t:ty),* $(,)? }) => {
+        $(#[$m])*
+        pub struct $name {
+            $($(#[$fm])* pub $f: $t,)*
+        }
+
+        #[doc(hidden)]
+        #[macro_export]
+        macro_rules! $fields {
+            ($d cb:ident { $d($d args:tt)* }) => { $d cb! { $d($d args)* { $($f: $t),* } } };
+        }
+    };
+}
+
 /// `From` both ways between a kernel enum and its WIT twin, variant by variant
 /// (`Kernel(payload) => Wit`); after `;`, arms for kernel variants the WIT type lacks.
 #[doc(hidden)]
@@ -332,6 +353,10 @@ macro_rules! __wit_enum {
 #[doc(hidden)]
 #[macro_export]
 macro_rules! __wit_record {
+    // The field list of an options struct ([`__options!`](crate::__options)'s callback form).
+    (@options $k:ty, $w:ty { $($f:ident: $t:ty),* }) => {
+        $crate::__wit_record!($k, $w { $($f),* });
+    };
     ($k:ty, $w:ty { $($fields:tt)* } $(, $extra:ident = |$s:ident| $e:expr)?) => {
         const _: () = {
             type K = $k;

@@ -354,7 +354,7 @@ proptest! {
         lengths in prop::collection::vec(0u64..200, 1..150), capacity in 1u64..150, align in 1u64..5,
         m in 0usize..4, ov in 0usize..3, zeros: bool,
     ) {
-        let o = PackOptions { capacity, align, method: SINGLE[m], oversize: POLICIES[ov] };
+        let o = PackOptions { align, method: SINGLE[m], oversize: POLICIES[ov], ..PackOptions::new(capacity) };
         let want = pack(&lengths, &o);
         let one = pack_multi(&lengths, &MultiOptions { capacities: &[capacity], names: &[], max_segments: 0, align, method: METHODS[m], oversize: o.oversize });
         prop_assert_eq!(one.as_ref().map(|p| &p.packing), want.as_ref());

@@ -184,7 +184,7 @@ fn pack_case() -> impl Strategy<Value = (Vec<u64>, PackOptions)> {
     (lengths, 1u64..1_500, 1u64..9, method, oversize, scale).prop_map(
         |(l, capacity, align, method, oversize, scale)| {
             let l = l.into_iter().map(|x| x * scale).collect();
-            (l, PackOptions { capacity: capacity * scale, align, method, oversize })
+            (l, PackOptions { align, method, oversize, ..PackOptions::new(capacity * scale) })
         },
     )
 }
@@ -314,7 +314,7 @@ fn next_fit_case() -> impl Strategy<Value = (Vec<u64>, PackOptions)> {
     let align = prop_oneof![4 => Just(1u64), 1 => 2u64..9];
     let oversize = prop_oneof![Just(OversizePolicy::Single), Just(OversizePolicy::Drop), Just(OversizePolicy::Error)];
     (lengths, capacity, align, oversize).prop_map(|(l, capacity, align, oversize)| {
-        (l, PackOptions { capacity, align, method: PackMethod::NextFit, oversize })
+        (l, PackOptions { align, method: PackMethod::NextFit, oversize, ..PackOptions::new(capacity) })
     })
 }
 
@@ -384,7 +384,7 @@ fn next_fit_full_blocks_near_the_fast_path_bound_overflow_as_the_rule_says() {
     for (capacity, lengths) in cases {
         {
             for oversize in [OversizePolicy::Error, OversizePolicy::Drop, OversizePolicy::Single] {
-                let o = PackOptions { capacity, align: 1, method: PackMethod::NextFit, oversize };
+                let o = PackOptions { method: PackMethod::NextFit, oversize, ..PackOptions::new(capacity) };
                 let e = stowplan_kernel::next_fit_runs(&lengths, &o).unwrap_err();
                 assert!(is_reference_error(&e, reference_next_fit(&lengths, &o).unwrap_err()), "{e:?}");
             }

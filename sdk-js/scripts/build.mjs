@@ -165,11 +165,16 @@ function kernelCosts() {
 }
 const names = kernelNames();
 const costs = kernelCosts();
+/** Struct → field → Rust type of the options whose every field the SDK takes (`kernelDefaults` without `fields`). */
+const optionTypes = {};
 /**
  * The defaults of `fields` of the kernel's options struct `type` (in `file`): the values its
  * constructor (`impl Default for Type` or `impl Type { pub fn new(…) }`) writes in its
  * `Self { field: value, … }`. Integers of u64/i64 fields become bigints, of u32 fields
- * numbers; an enum value becomes its name (names.rs), a cost its preset's name.
+ * numbers; an enum value becomes its name (names.rs), a cost its preset's name. Without
+ * `fields`: every field the constructor gives a value (not those it takes as parameters),
+ * and their Rust types go to `optionTypes`, so that a field the kernel adds is an option of
+ * the SDK without an edit here.
  */
 function kernelDefaults(file, type, fields) {
   const { path, text } = kernelSource(file);
@@ -185,6 +190,10 @@ function kernelDefaults(file, type, fields) {
     if (m) values[m[1]] = m[2].trim();
   }
   const out = {};
+  if (!fields) {
+    fields = Object.keys(types).filter((f) => f in values);
+    optionTypes[type] = Object.fromEntries(fields.map((f) => [f, types[f]]));
+  }
   for (const field of fields) {
     const [v, t] = [values[field], types[field]];
     const what = `${type}'s ${field} (${v} of ${t}, ${path})`;
@@ -203,7 +212,7 @@ function kernelDefaults(file, type, fields) {
 }
 const defaults = {
   PartitionOptions: kernelDefaults('partition.rs', 'PartitionOptions', ['method', 'equal_size', 'refine']),
-  PackOptions: kernelDefaults('pack.rs', 'PackOptions', ['align', 'method', 'oversize']),
+  PackOptions: kernelDefaults('pack.rs', 'PackOptions'),
   MicroOptions: kernelDefaults('balance/micro.rs', 'MicroOptions', ['cost', 'min_count', 'divisible_by', 'order']),
   DpOptions: kernelDefaults('balance/dp.rs', 'DpOptions', ['cost', 'equal_count']),
   AlignOptions: kernelDefaults('layout.rs', 'AlignOptions', ['cp', 'tp', 'power_of_two']),
@@ -269,6 +278,8 @@ export const PY_ERRORS = ${literal(pyErrors())};
 export const VERL_FUNCTIONS = ${literal(witCases('verl', 'enum', 'function'))};
 /** The defaults the kernel's options constructors set, struct → field → value (enums and costs by name). */
 export const DEFAULTS = ${literal(defaults)};
+/** The Rust types of the options structs whose every field is an option, struct → field → type. */
+export const OPTION_TYPES = ${literal(optionTypes)};
 `;
 writeFileSync(join(out, 'manifest.js'), manifest);
 

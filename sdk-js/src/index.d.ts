@@ -8,7 +8,7 @@
 // adds reaches these types with no edit here. The result classes add what they compute.
 import type { Groups } from '../generated/types/interfaces/stowplan-kernel-types.js';
 import type { Partitioning } from '../generated/types/interfaces/stowplan-kernel-partition.js';
-import type { Packing as PackingRecord } from '../generated/types/interfaces/stowplan-kernel-pack.js';
+import type { Packing as PackingRecord, Options as PackRecord } from '../generated/types/interfaces/stowplan-kernel-pack.js';
 import type { MicroPlan, DpPlan } from '../generated/types/interfaces/stowplan-kernel-balance.js';
 import type { CpSplit } from '../generated/types/interfaces/stowplan-kernel-layout.js';
 import type { RawPackPlan, AlignedPackPlan } from '../generated/types/interfaces/stowplan-kernel-plan.js';
@@ -93,15 +93,19 @@ export interface PartitionOptions {
   refine?: boolean;
 }
 
-/** Options of `pack`. */
-export interface PackOptions {
-  /** Round each length up to a multiple of this before packing (default 1). */
-  align?: Int;
-  /** `'bfd'` (best-fit decreasing, default), `'ffd'` or `'next-fit'`. */
-  method?: 'bfd' | 'ffd' | 'next-fit' | 'next_fit';
-  /** An item longer than the capacity: `'error'` (default), `'single'` (a bin of its own) or `'drop'`. */
-  oversize?: 'error' | 'single' | 'drop';
-}
+/**
+ * The options of a kernel options record as a call takes them: every field optional
+ * (omitted or `null`: the kernel's default), integers as numbers or bigints, enum names also
+ * with `_` for `-`; the fields and their docs are the WIT's (generated/types).
+ */
+export type KernelOptions<R> = {
+  [K in keyof R]?: (R[K] extends bigint ? Int : R[K] extends string ? R[K] | Underscored<R[K]> : R[K]) | null;
+};
+/** An option name with `_` for `-` (`'next_fit'` for `'next-fit'`). */
+type Underscored<S extends string> = S extends `${infer A}-${infer B}` ? `${A}_${Underscored<B>}` : S;
+
+/** Options of `pack`: the kernel's pack options record but `capacity` (an argument of its own). */
+export type PackOptions = KernelOptions<Omit<PackRecord, 'capacity'>>;
 
 /** Options of `packMulti`: `pack`'s (`align` rounds the tokens only; an item over any capacity is oversized) and a segment limit. */
 export interface MultiPackOptions extends Omit<PackOptions, 'method'> {

@@ -4,7 +4,7 @@
 // resources, the alignment rule, group labels).
 import { InvalidArgumentError } from './errors.js';
 import { bool, checkEntries, given, oneOf, u32, u64, u64Array } from './convert.js';
-import { COST_PRESETS, DEFAULTS, LIMITS, NAMES, SEGMENTS, STREAM } from '../generated/manifest.js';
+import { COST_PRESETS, DEFAULTS, LIMITS, NAMES, OPTION_TYPES, SEGMENTS, STREAM } from '../generated/manifest.js';
 
 export { DEFAULTS, SEGMENTS };
 
@@ -62,16 +62,51 @@ export function partitionOptions(o) {
   };
 }
 
+/** `snake_case` → `camelCase`. */
+const camel = (name) => name.replace(/_([a-z0-9])/g, (_, c) => c.toUpperCase());
+
+/** The check of an option of Rust type `rust` (build manifest): an integer, a bool or a named enum. */
+function fieldCheck(rust, type, field) {
+  if (rust === 'u64') return (v, key) => u64(v, key);
+  if (rust === 'u32') return (v, key) => u32(v, key);
+  if (rust === 'bool') return bool;
+  if (Object.hasOwn(NAMES, rust)) return (v, key) => oneOf(v, key, NAMES[rust]);
+  throw new Error(`the build manifest's ${type}.${field} has Rust type ${rust}, which options.js cannot check yet: teach it`);
+}
+
 /**
- * The options `pack` and `packMulti` share (align, method, oversize), with the kernel's
- * defaults; `methods` are the names of the call's methods (`packMulti`: `NAMES.MultiMethod`,
- * whose first, `balanced`, is its default).
+ * The option keys of the kernel options struct `type` whose every field is an option (the
+ * build manifest's `OPTION_TYPES`, read from the kernel's source), camelCase.
  */
-export function packOptions(o, methods = NAMES.PackMethod) {
+export function optionKeys(type) {
+  return Object.keys(OPTION_TYPES[type]).map(camel);
+}
+
+/**
+ * The options `o` of the kernel options struct `type`, field by field from the build
+ * manifest (the kernel's fields, Rust types and defaults): each camelCase key of `o` checked
+ * by its type, an omitted one the kernel's default; the kernel checks the ranges (and names
+ * the option). A field the kernel adds is an option here without an edit.
+ */
+export function kernelOptions(o, type) {
+  /** @type {Record<string, any>} */
+  const out = {};
+  for (const [field, rust] of Object.entries(OPTION_TYPES[type])) {
+    out[camel(field)] = or(o, camel(field), fieldCheck(rust, type, field), DEFAULTS[type][field]);
+  }
+  return out;
+}
+
+/**
+ * The options `packMulti` shares with `pack` (align, method, oversize), with the kernel's
+ * defaults; its methods are `NAMES.MultiMethod`, whose first, `balanced`, is its default.
+ */
+export function packMultiOptions(o) {
   const d = DEFAULTS.PackOptions;
+  const methods = NAMES.MultiMethod;
   return {
     align: alignOption(o, d.align),
-    method: or(o, 'method', (v, key) => oneOf(v, key, methods), methods === NAMES.PackMethod ? d.method : methods[0]),
+    method: or(o, 'method', (v, key) => oneOf(v, key, methods), methods[0]),
     oversize: or(o, 'oversize', (v, key) => oneOf(v, key, NAMES.OversizePolicy), d.oversize),
   };
 }

@@ -11,11 +11,13 @@ import {
   alignOptions,
   costOption,
   dpOptions,
+  kernelOptions,
   limitRows,
   maxSegmentsOption,
   microLimits,
   microOptions,
-  packOptions,
+  optionKeys,
+  packMultiOptions,
   partitionOptions,
   planOptions,
   resourceTable,
@@ -98,8 +100,8 @@ export class Stowplan {
    * @returns {Packing}
    */
   pack(lengths, capacity, opts) {
-    const o = options(opts, 'pack', ['align', 'method', 'oversize']);
-    const options_ = { capacity: u64(capacity, 'capacity', 1n), ...packOptions(o) };
+    const o = options(opts, 'pack', optionKeys('PackOptions'));
+    const options_ = { ...kernelOptions(o, 'PackOptions'), capacity: u64(capacity, 'capacity', 1n) };
     const l = u64Array(lengths, 'lengths');
     // Next-fit takes `pack.pack` here, not `pack.next-fit` as the Rust host does:
     // narrowing and rebuilding the members in JavaScript, a loop per element each, cost more
@@ -118,7 +120,7 @@ export class Stowplan {
   packMulti(columns, capacities, opts) {
     const o = options(opts, 'packMulti', ['maxSegments', 'align', 'method', 'oversize']);
     const maxSegments = maxSegmentsOption(o);
-    const shared = packOptions(o, NAMES.MultiMethod);
+    const shared = packMultiOptions(o);
     const { names, capacity, sizes, n } = resourceTable(columns, capacities);
     // The kernel checks the names (none twice, not the segment limit's) and names the
     // resources in its messages.

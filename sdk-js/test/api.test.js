@@ -94,7 +94,7 @@ test('bad input is refused naming the argument and the allowed range', () => {
     [() => stowplan.partition(DOCS, 2, { refines: true }), /^unknown option 'refines' of partition; known: method, equalSize, refine$/],
     [() => stowplan.partition(DOCS, 2, { equalSize: 1 }), /^equalSize must be true or false \(got 1\)$/],
     [() => stowplan.pack(DOCS, 0), /^capacity must be in 1\.\.=2\*\*64-1 \(got 0\)$/],
-    [() => stowplan.pack(DOCS, 1000, { align: 0 }), /^align must be in 1\.\.=2\*\*64-1 \(got 0\)$/],
+    [() => stowplan.pack(DOCS, 1000, { align: 0 }), /^invalid argument: align must be at least 1 \(got 0\)$/],
     [() => stowplan.pack(DOCS, 1000, { oversize: 'skip' }), /^oversize must be one of 'error', 'single', 'drop' \(got "skip"\)$/],
     [() => stowplan.microBatches(DOCS, 0), /^capacity must be in 1\.\.=2\*\*64-1 \(got 0\)$/],
     [() => stowplan.microBatches(DOCS, 2000, { cost: 'flops' }), /^cost must be 'tokens' or 'attention' or a \[linear, quadratic\] pair of integers \(got "flops"\)$/],

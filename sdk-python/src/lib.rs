@@ -8,7 +8,8 @@
 //! `PartitionOptions::default`, …), so no default is written twice. Errors become the
 //! exception classes of `stowplan.errors`, imported once per process.
 //!
-//! One file per concept: `errors` (exceptions), `convert` (arguments), `results` (what the
+//! One file per concept: `errors` (exceptions), `convert` (arguments), `options` (keyword
+//! options from a kernel options struct's field list), `results` (what the
 //! result classes share), `pack`, `balance` and `peers` (the functions and their result
 //! classes), then one file per host area (`layout`, `micro_batch`, `materialize`,
 //! `protocol`, `transport`, `packer`, `plan`, `stream`, `source`, `filter`, …), and `info`
@@ -27,6 +28,7 @@ mod layout;
 mod materialize;
 mod micro_batch;
 mod multi;
+mod options;
 mod pack;
 mod packer;
 mod peers;

@@ -7,6 +7,7 @@ use stowplan::kernel::{MultiOptions, PackOptions, Packing, Partition, PartitionM
 
 use crate::convert::{BackendArg, Lengths, kernel, opt_parse, opt_u64, str_options, u32_arg, u64_arg};
 use crate::errors::{invalid, to_py};
+use crate::options::options;
 use crate::results::{LazyList, check_state, lists, reduce};
 
 /// The result of :func:`partition`: ``k`` groups of input indices.
@@ -275,42 +276,34 @@ impl PyPacking {
 
 /// Packs ``lengths`` (tokens) into bins of at most ``capacity`` tokens (``>= 1``).
 ///
-/// ``lengths``: non-negative integers (list, numpy array, CPU tensor, DLPack …). Options
-/// (omitted or ``None``: the default): ``align`` — each length is rounded up to a multiple of
-/// it first (``>= 1``, default 1); ``method`` — ``"bfd"`` (best-fit decreasing, default),
-/// ``"ffd"`` (first-fit decreasing) or ``"next-fit"`` (keeps the input order);
-/// ``oversize`` — what to do with a length above ``capacity``: ``"error"`` (default, raises
-/// :class:`InfeasibleError`), ``"single"`` (its own bin) or ``"drop"`` (left out, listed in
-/// ``dropped``); ``backend`` — ``"wasm"`` (default) or ``"native"``.
+/// ``lengths``: non-negative integers (list, numpy array, CPU tensor, DLPack …).
+/// ``options``: keyword-only, the fields of the kernel's pack options record other than
+/// ``capacity``, each omitted or ``None`` for the kernel's default — ``align`` (lengths rounded
+/// up to a multiple of it first), ``method`` (``"bfd"`` by default, ``"ffd"``, ``"next-fit"``),
+/// ``oversize`` (``"error"`` by default: :class:`InfeasibleError`; ``"single"``, ``"drop"``)
+/// and any the kernel adds (the stubs' ``_PackOptions``, generated from the WIT, document
+/// them all). ``backend``: ``"wasm"`` (default) or ``"native"``.
 ///
 /// Returns a :class:`Packing`; bins in creation order, members ascending.
 ///
 /// >>> pack([5, 3, 7, 2, 6], 10).bins
 /// [[1, 2], [3, 4], [0]]
 #[pyfunction]
-#[pyo3(signature = (lengths, capacity, *, align=None, method=None, oversize=None, backend=None))]
+#[pyo3(signature = (lengths, capacity, *, backend=None, **options))]
 pub(crate) fn pack(
     py: Python<'_>,
     lengths: &Bound<'_, PyAny>,
     capacity: &Bound<'_, PyAny>,
-    align: Option<&Bound<'_, PyAny>>,
-    method: Option<&Bound<'_, PyAny>>,
-    oversize: Option<&Bound<'_, PyAny>>,
     backend: Option<BackendArg>,
+    options: Option<&Bound<'_, PyDict>>,
 ) -> PyResult<PyPacking> {
-    str_options!(method, oversize);
-    let d = PackOptions::new(u64_arg(capacity, "capacity", 1)?);
-    let options = PackOptions {
-        align: opt_u64(align, "align", 1)?.unwrap_or(d.align),
-        method: opt_parse(py, method)?.unwrap_or(d.method),
-        oversize: opt_parse(py, oversize)?.unwrap_or(d.oversize),
-        ..d
-    };
+    let mut o = PackOptions::new(u64_arg(capacity, "capacity", 1)?);
+    options!(__pack_options, options, "pack", &["capacity"], o);
     let lengths = Lengths::extract(lengths, "lengths")?;
     let kernel = kernel(py, backend)?;
     let l = lengths.slice();
-    let p: Packing = py.detach(|| kernel.pack(l, &options)).map_err(|e| to_py(py, e))?;
-    Ok(PyPacking::new(py, p, l, options.capacity))
+    let p: Packing = py.detach(|| kernel.pack(l, &o)).map_err(|e| to_py(py, e))?;
+    Ok(PyPacking::new(py, p, l, o.capacity))
 }
 
 impl PyPacking {

@@ -88,7 +88,7 @@ def test_native_backend_agrees():
         (lambda: stowplan.partition(DOCS, 2, method="verl", refine=True), "refine must be false"),
         (lambda: stowplan.partition(DOCS, 2, backend="gpu"), "backend must be 'wasm' or 'native'"),
         (lambda: stowplan.pack(DOCS, 0), "capacity must be in 1..="),
-        (lambda: stowplan.pack(DOCS, 1000, align=0), "align must be in 1..="),
+        (lambda: stowplan.pack(DOCS, 1000, align=0), "align must be at least 1 (got 0)"),
         (lambda: stowplan.pack(DOCS, 1000, method="worst"), "method must be 'bfd', 'ffd' or 'next-fit'"),
         (lambda: stowplan.pack(DOCS, 1000, oversize="truncate"), "oversize must be 'error', 'single' or 'drop'"),
         (lambda: stowplan.pack([2**63, 2**63], 2**64 - 1), "overflows"),

@@ -5,12 +5,15 @@ and the range; contiguous ``uint64``/``int64`` arrays are still read in place.""
 
 from __future__ import annotations
 
+import ast
 import enum
 import pathlib
+import re
 import sys
 from types import SimpleNamespace
 
 import numpy as np
+
 import pytest
 
 import stowplan
@@ -124,7 +127,7 @@ REFUSED = [
     (lambda: stowplan.partition([1, 2], True), "k must be an integer in 1..=2**32-1 (got True)"),
     (lambda: stowplan.partition([1.5, 2], 1), "weights[0] must be an integer in 0..=2**64-1"),
     (lambda: stowplan.pack([1, 2], 10.0), "capacity must be an integer in 1..=2**64-1 (got 10.0)"),
-    (lambda: stowplan.pack([1, 2], 10, align=np.float64(2)), "align must be an integer in 1..=2**64-1"),
+    (lambda: stowplan.pack([1, 2], 10, align=np.float64(2)), "align must be an integer in 0..=2**64-1"),
     (lambda: stowplan.micro_batches([1, 2], 1.5), "capacity must be an integer in 1..=2**64-1"),
     (lambda: stowplan.micro_batches([1, 2], 10, min_count=True), "min_count must be an integer in 0..=2**32-1"),
     (lambda: stowplan.micro_batches([1, 2], 10, cost=(1.5, 0)), "cost linear coefficient must be an integer"),
@@ -209,6 +212,30 @@ def test_every_entry_point_refuses_inexact_integers_with_the_sdk_error(call, fra
         call()
     assert fragment in str(info.value)
     assert isinstance(info.value, stowplan.StowplanError) and isinstance(info.value, ValueError)
+
+
+def _stub_options(name: str) -> list:
+    """The fields of the generated ``TypedDict`` ``name`` in ``_stubs/_options.pyi`` (from
+    the WIT), in order."""
+    path = pathlib.Path(stowplan.__file__).with_name("_stubs") / "_options.pyi"
+    (cls,) = [n for n in ast.parse(path.read_text()).body if isinstance(n, ast.ClassDef) and n.name == name]
+    return [n.target.id for n in cls.body if isinstance(n, ast.AnnAssign)]
+
+
+def test_pack_takes_the_kernel_records_fields_as_its_keyword_options():
+    """``pack``'s keyword options are the kernel struct's fields (the binding sets them from
+    the struct's own field list) and the stub's (generated from the WIT): the same names;
+    ``None`` is each one's default; an unknown one is a TypeError listing them."""
+    fields = _stub_options("_PackOptions")
+    assert {"align", "method", "oversize"} <= set(fields) and "capacity" not in fields
+    default = stowplan.pack([5, 3, 7, 2, 6], 10)
+    assert stowplan.pack([5, 3, 7, 2, 6], 10, **{f: None for f in fields}).bins == default.bins
+    listed = re.escape(", ".join(fields))
+    with pytest.raises(TypeError, match=rf"^pack\(\) got an unexpected keyword argument 'aling' \(its options: {listed}\)$"):
+        stowplan.pack([1, 2], 10, aling=2)
+    assert stowplan.pack([3, 3, 3], 8, align=4, method="next_fit").bins == [[0, 1], [2]]
+    with pytest.raises(stowplan.InvalidArgumentError, match="oversize must be a string or None"):
+        stowplan.pack([1, 2], 10, oversize=1)
 
 
 def test_the_packer_takes_keywords_only_and_names_an_unknown_option():

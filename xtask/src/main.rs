@@ -252,33 +252,37 @@ fn main() -> ExitCode {
     }
 }
 
-/// Writes the Python stubs of the result records ([`stubs::OUT`]) from the WIT, or with
-/// `check` fails (1) when the committed file differs.
+/// Writes the Python stubs generated from the WIT ([`stubs::OUT`], [`stubs::OPTIONS_OUT`]), or
+/// with `check` fails (1) when a committed file differs.
 #[cfg(feature = "stubs")]
 fn stubs(check: bool) -> ExitCode {
     let root = root();
-    let path = root.join(stubs::OUT);
-    let text = match stubs::generate(&root.join("wit")) {
-        Ok(t) => t,
+    let files = match stubs::generate(&root.join("wit")) {
+        Ok(f) => f,
         Err(e) => {
             eprintln!("xtask: {e}");
             return ExitCode::from(2);
         }
     };
-    if check {
-        if std::fs::read_to_string(&path).ok().as_deref() == Some(text.as_str()) {
-            println!("xtask: {} is what the WIT gives", stubs::OUT);
-            return ExitCode::SUCCESS;
+    let mut stale = false;
+    for (out, text) in files {
+        let path = root.join(out);
+        if check {
+            if std::fs::read_to_string(&path).ok().as_deref() == Some(text.as_str()) {
+                println!("xtask: {out} is what the WIT gives");
+            } else {
+                eprintln!("xtask: {out} is not what the WIT gives: run `cargo xtask stubs` and commit it");
+                stale = true;
+            }
+            continue;
         }
-        eprintln!("xtask: {} is not what the WIT gives: run `cargo xtask stubs` and commit it", stubs::OUT);
-        return ExitCode::from(1);
+        if let Err(e) = std::fs::write(&path, text) {
+            eprintln!("xtask: writing {}: {e}", path.display());
+            return ExitCode::from(2);
+        }
+        println!("xtask: wrote {out}");
     }
-    if let Err(e) = std::fs::write(&path, text) {
-        eprintln!("xtask: writing {}: {e}", path.display());
-        return ExitCode::from(2);
-    }
-    println!("xtask: wrote {}", stubs::OUT);
-    ExitCode::SUCCESS
+    if stale { ExitCode::from(1) } else { ExitCode::SUCCESS }
 }
 
 /// Without the `stubs` feature: runs xtask again with it (only these commands need the WIT

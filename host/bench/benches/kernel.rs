@@ -73,7 +73,7 @@ fn pack_cases(c: &mut Criterion) {
     let mut g = c.benchmark_group("pack");
     g.sample_size(10).warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(5));
     for (method, label) in [(PackMethod::Bfd, "bfd"), (PackMethod::Ffd, "ffd"), (PackMethod::NextFit, "next-fit")] {
-        let opts = PackOptions { capacity: 32_768, align: 1, method, oversize: OversizePolicy::Single };
+        let opts = PackOptions { method, oversize: OversizePolicy::Single, ..PackOptions::new(32_768) };
         for (backend, kernel) in kernels() {
             let p = kernel.pack(&lengths, &opts).expect("pack");
             let regular = p.bins() - p.single.len();

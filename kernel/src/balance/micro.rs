@@ -7,11 +7,12 @@ use core::cmp::Reverse;
 
 use super::{Cost, costs_with_extra};
 use crate::order::{Order, apply_order};
-use crate::pack::{OversizePolicy, PackMethod, PackOptions, pack};
+use crate::pack::{PackOptions, pack};
 use crate::refine::{TokenCap, refine};
 use crate::sort::sorted_desc;
 use crate::{Error, checked_len, checked_sum, invalid};
 
+crate::__options! { $ __micro_options;
 /// Options of [`micro_batches`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MicroOptions {
@@ -28,6 +29,7 @@ pub struct MicroOptions {
     pub count: Option<u32>,
     /// The order of the micro-batches.
     pub order: Order,
+}
 }
 
 impl MicroOptions {
@@ -185,7 +187,7 @@ pub(super) struct Need {
 pub(super) fn needed_count(lengths: &[u64], options: &MicroOptions) -> Result<Need, Error> {
     let n = lengths.len() as u32;
     let cap = options.capacity;
-    let opts = PackOptions { capacity: cap, align: 1, method: PackMethod::Bfd, oversize: OversizePolicy::Error };
+    let opts = PackOptions::new(cap);
     let packing = pack(lengths, &opts)?;
     let bins: Vec<Vec<u32>> = (0..packing.bins()).map(|b| packing.bin(b).to_vec()).collect();
     // Every length is ≤ cap, so ceil(total / cap) ≤ n fits in u32.

@@ -171,7 +171,7 @@ fn pack_multi_within(sizes: &[u64], options: &MultiOptions<'_>, max_steps: u64) 
     }
     let n = sizes.len() / r;
     checked_len("sizes' rows", n)?;
-    let pack_options = PackOptions { capacity: capacities[0], align, method: method.single(), oversize };
+    let pack_options = PackOptions { align, method: method.single(), oversize, ..PackOptions::new(capacities[0]) };
     if r == 1 && max_segments == 0 {
         let packing = match pack(sizes, &pack_options) {
             Ok(p) => p,

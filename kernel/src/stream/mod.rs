@@ -63,6 +63,7 @@ pub const MAX_BIN_ITEMS: usize = 1 << 16;
 /// ordered set (the same choices, slower).
 const BUCKET_CAPACITY: u64 = 1 << 20;
 
+crate::__options! { $ __stream_options;
 /// Options of a [`StreamPacker`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct StreamOptions {
@@ -76,6 +77,7 @@ pub struct StreamOptions {
     pub max_buffered: u32,
     /// What happens to an item whose aligned length exceeds the capacity.
     pub oversize: OversizePolicy,
+}
 }
 
 impl StreamOptions {

@@ -67,7 +67,12 @@ impl pack::Guest for Kernel {
         align: u64,
         oversize: pack::Oversize,
     ) -> Result<pack::NextFitRuns, types::Error> {
-        let o = k::PackOptions { capacity, align, method: k::PackMethod::NextFit, oversize: oversize_of(oversize) };
+        let o = k::PackOptions {
+            align,
+            method: k::PackMethod::NextFit,
+            oversize: oversize_of(oversize),
+            ..k::PackOptions::new(capacity)
+        };
         k::next_fit_runs(&lengths, &o).map(Into::into).map_err(error)
     }
 

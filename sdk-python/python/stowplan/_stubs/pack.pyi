@@ -5,7 +5,9 @@ from typing import Dict, List, Mapping, Optional
 
 import numpy as np
 import numpy.typing as npt
+from typing_extensions import Unpack
 
+from ._options import _PackOptions
 from ._records import _Packing, _Partitioning
 from ._types import _Lengths
 
@@ -44,13 +46,10 @@ def pack(
     lengths: _Lengths,
     capacity: int,
     *,
-    align: Optional[int] = None,
-    method: Optional[str] = None,
-    oversize: Optional[str] = None,
     backend: Optional[str] = None,
+    **options: Unpack[_PackOptions],
 ) -> Packing:
-    """``method``: ``"bfd"`` (default), ``"ffd"`` or ``"next-fit"``; ``oversize``:
-    ``"error"`` (default), ``"single"`` or ``"drop"``."""
+    """``options``: the fields of :class:`_PackOptions` (the kernel's, with their docs)."""
 
 class MultiPacking:
     """Bins under several limits (the result of :func:`pack_multi`)."""

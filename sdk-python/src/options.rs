@@ -1,0 +1,106 @@
+//! Keyword options into a kernel options struct, field by field, from the struct's own field
+//! list: `options!(PackOptions, kwargs, "pack", &mut options)` sets every field that `kwargs`
+//! names from its value (`None`: the default the struct already holds), each value checked by
+//! its type ([`OptionArg`]). The field names, types and count come from the kernel
+//! (`stowplan_kernel::__options!`, which declares the struct), so an option the kernel adds
+//! is a keyword here without an edit; the ranges of the values are the kernel's checks, which
+//! name the option.
+
+use pyo3::exceptions::PyTypeError;
+use pyo3::prelude::*;
+use stowplan::kernel::{MultiMethod, Order, OversizePolicy, PackMethod, PartitionMethod};
+
+use crate::convert::{int, is_bool, opt_str, parse, repr};
+use crate::errors::invalid;
+
+/// A kernel option's value from its Python form, refused with an `InvalidArgumentError`
+/// naming the option.
+pub(crate) trait OptionArg: Sized {
+    /// `obj` (never `None`) as the option `name`.
+    fn extract(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<Self>;
+}
+
+impl OptionArg for u64 {
+    fn extract(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<Self> {
+        int(obj, name, 0, u64::MAX.into())
+    }
+}
+
+impl OptionArg for u32 {
+    fn extract(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<Self> {
+        int(obj, name, 0, u32::MAX.into())
+    }
+}
+
+impl OptionArg for bool {
+    fn extract(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<Self> {
+        if is_bool(obj) {
+            return obj.is_truthy();
+        }
+        Err(invalid(obj.py(), format!("{name} must be True or False (got {})", repr(obj))))
+    }
+}
+
+/// Named enums: a string, one of the kernel's names (`stowplan::kernel::Named`, whose
+/// error lists them).
+macro_rules! named_options {
+    ($($t:ty),*) => {$(
+        impl OptionArg for $t {
+            fn extract(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<Self> {
+                let s = opt_str(Some(obj), name)?.unwrap_or_default();
+                parse(obj.py(), &s)
+            }
+        }
+    )*};
+}
+named_options!(PartitionMethod, PackMethod, MultiMethod, OversizePolicy, Order);
+
+/// The callback of a kernel options struct's field macro (see [`options!`]): sets the fields
+/// `$kwargs` names on `$target` (for the function `$call`, whose own parameters `$own` are
+/// not options) and returns the names it set.
+macro_rules! set_options {
+    ($kwargs:expr, $call:expr, $own:expr, $target:expr; { $($f:ident: $t:ty),* }) => {{
+        let mut given: Vec<&'static str> = Vec::new();
+        if let Some(kwargs) = $kwargs {
+            for (key, value) in kwargs.iter() {
+                let key = key.cast::<pyo3::types::PyString>()?.to_cow()?.into_owned();
+                let own: &[&str] = $own;
+                match key.as_str() {
+                    $(k if k == stringify!($f) && !own.contains(&k) => {
+                        if !value.is_none() {
+                            $target.$f = $crate::options::OptionArg::extract(&value, stringify!($f))?;
+                        }
+                        given.push(stringify!($f));
+                    })*
+                    _ => {
+                        let names: &[&str] = &[$(stringify!($f)),*];
+                        let names: Vec<&str> = names.iter().copied().filter(|n| !own.contains(n)).collect();
+                        return Err($crate::options::unexpected($call, &key, &names));
+                    }
+                }
+            }
+        }
+        given
+    }};
+}
+pub(crate) use set_options;
+
+/// Sets the fields of the kernel options struct `$target` (of type `$fields`' struct) that
+/// the keyword options `$kwargs` (`Option<&Bound<PyDict>>`) name, for the function `$call`
+/// whose parameters `$own` are its own (a positional `capacity`); returns the names given.
+/// An unknown keyword is a `TypeError` naming the function's options.
+macro_rules! options {
+    ($fields:ident, $kwargs:expr, $call:expr, $own:expr, $target:expr) => {{
+        use $crate::options::set_options;
+        stowplan_kernel::$fields!(set_options { $kwargs, $call, $own, $target; })
+    }};
+}
+pub(crate) use options;
+
+/// Python's error for an unexpected keyword, with the options `call` takes.
+pub(crate) fn unexpected(call: &str, key: &str, names: &[&str]) -> PyErr {
+    PyTypeError::new_err(format!(
+        "{call}() got an unexpected keyword argument '{key}' (its options: {})",
+        names.join(", ")
+    ))
+}
