@@ -125,8 +125,8 @@ pub fn run_stowplan_vector(kernel: &Kernel, v: &Value) -> Result<Value, String> 
         }
         Some("pack") => {
             let lengths = u64s(&input["lengths"], "input.lengths")?;
+            let capacity = input["capacity"].as_u64().ok_or("input.capacity missing")?;
             let options = PackOptions {
-                capacity: input["capacity"].as_u64().ok_or("input.capacity missing")?,
                 align: input["align"].as_u64().unwrap_or(1),
                 method: match input["method"].as_str().unwrap_or("bfd") {
                     "bfd" => PackMethod::Bfd,
@@ -140,6 +140,7 @@ pub fn run_stowplan_vector(kernel: &Kernel, v: &Value) -> Result<Value, String> 
                     "drop" => OversizePolicy::Drop,
                     m => return Err(format!("unknown oversize policy {m}")),
                 },
+                ..PackOptions::new(capacity)
             };
             Ok(match kernel.pack(&lengths, &options) {
                 Ok(p) => stowplan::json::packing(&p),

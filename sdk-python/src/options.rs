@@ -57,7 +57,7 @@ named_options!(PartitionMethod, PackMethod, MultiMethod, OversizePolicy, Order);
 
 /// The callback of a kernel options struct's field macro (see [`options!`]): sets the fields
 /// `$kwargs` names on `$target` (for the function `$call`, whose own parameters `$own` are
-/// not options) and returns the names it set.
+/// not options) and returns the names it set (given, not `None`).
 macro_rules! set_options {
     ($kwargs:expr, $call:expr, $own:expr, $target:expr; { $($f:ident: $t:ty),* }) => {{
         let mut given: Vec<&'static str> = Vec::new();
@@ -69,8 +69,8 @@ macro_rules! set_options {
                     $(k if k == stringify!($f) && !own.contains(&k) => {
                         if !value.is_none() {
                             $target.$f = $crate::options::OptionArg::extract(&value, stringify!($f))?;
+                            given.push(stringify!($f));
                         }
-                        given.push(stringify!($f));
                     })*
                     _ => {
                         let names: &[&str] = &[$(stringify!($f)),*];
@@ -87,7 +87,8 @@ pub(crate) use set_options;
 
 /// Sets the fields of the kernel options struct `$target` (of type `$fields`' struct) that
 /// the keyword options `$kwargs` (`Option<&Bound<PyDict>>`) name, for the function `$call`
-/// whose parameters `$own` are its own (a positional `capacity`); returns the names given.
+/// whose parameters `$own` are its own (a positional `capacity`); returns the names given a
+/// value (not `None`).
 /// An unknown keyword is a `TypeError` naming the function's options.
 macro_rules! options {
     ($fields:ident, $kwargs:expr, $call:expr, $own:expr, $target:expr) => {{

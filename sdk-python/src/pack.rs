@@ -118,13 +118,14 @@ impl PyPartition {
 /// read without copying when contiguous), or anything with ``__array__``/DLPack such as a
 /// CPU torch tensor. ``k``: number of groups, ``1 <= k <= len(weights)``.
 ///
-/// Options (omitted or ``None``: the default): ``method`` — ``"kk"`` (Karmarkar–Karp,
-/// default), ``"greedy"`` (LPT) or ``"verl"`` (verl 0.9.1's exact
-/// ``get_seqlen_balanced_partitions`` output); ``equal_size`` — every group gets
-/// ``len(weights) / k`` items (must divide; default False); ``refine`` — improve
-/// ``kk``/``greedy`` by pairwise moves/swaps (default True except for ``"verl"``, which never
-/// refines); ``backend`` — ``"wasm"`` (default) or ``"native"`` (same kernel code, compiled
-/// natively).
+/// ``options``: keyword-only, the fields of the kernel's partition options record, each
+/// omitted or ``None`` for the kernel's default — ``method`` (``"kk"``, Karmarkar–Karp, by
+/// default; ``"greedy"``, LPT; ``"verl"``, verl 0.9.1's exact
+/// ``get_seqlen_balanced_partitions`` output), ``equal_size`` (every group gets
+/// ``len(weights) / k`` items; must divide), ``refine`` (improve ``kk``/``greedy`` by pairwise
+/// moves/swaps; by default on except for ``"verl"``, which never refines) and any the kernel
+/// adds (the stubs' ``_PartitionOptions``, generated from the WIT, document them all).
+/// ``backend``: ``"wasm"`` (default) or ``"native"`` (same kernel code, compiled natively).
 ///
 /// Returns a :class:`Partition`: groups ordered by sum descending (ties: smallest member
 /// first), members ascending; verl's order for ``method="verl"``. Raises
@@ -135,23 +136,22 @@ impl PyPartition {
 /// >>> partition([3, 1, 2, 2], 2).groups
 /// [[0, 1], [2, 3]]
 #[pyfunction]
-#[pyo3(signature = (weights, k, *, method=None, equal_size=None, refine=None, backend=None))]
+#[pyo3(signature = (weights, k, *, backend=None, **options))]
 pub(crate) fn partition(
     py: Python<'_>,
     weights: &Bound<'_, PyAny>,
     k: &Bound<'_, PyAny>,
-    method: Option<&Bound<'_, PyAny>>,
-    equal_size: Option<bool>,
-    refine: Option<bool>,
     backend: Option<BackendArg>,
+    options: Option<&Bound<'_, PyDict>>,
 ) -> PyResult<PyPartition> {
-    str_options!(method);
     let k = u32_arg(k, "k", 1)?;
-    let d = PartitionOptions::default();
-    let method = opt_parse(py, method)?.unwrap_or(d.method);
+    let mut options_ = PartitionOptions::default();
+    let given = options!(__partition_options, options, "partition", &[], options_);
     // verl's output is reproduced as is: never refined unless asked (which the kernel refuses).
-    let refine = refine.unwrap_or(d.refine && method != PartitionMethod::Verl);
-    let options = PartitionOptions { method, equal_size: equal_size.unwrap_or(d.equal_size), refine };
+    if options_.method == PartitionMethod::Verl && !given.contains(&"refine") {
+        options_.refine = false;
+    }
+    let options = options_;
     let weights = Lengths::extract(weights, "weights")?;
     let kernel = kernel(py, backend)?;
     let w = weights.slice();

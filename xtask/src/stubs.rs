@@ -32,8 +32,10 @@ struct KeywordOptions {
 }
 
 /// The records whose fields Python functions take as `**options`.
-const OPTIONS: &[KeywordOptions] =
-    &[KeywordOptions { interface: "pack", record: "options", function: "pack", own: &["capacity"] }];
+const OPTIONS: &[KeywordOptions] = &[
+    KeywordOptions { interface: "partition", record: "options", function: "partition", own: &[] },
+    KeywordOptions { interface: "pack", record: "options", function: "pack", own: &["capacity"] },
+];
 
 /// A kernel record a Python result class holds as fields (its stub's base class).
 struct Stubbed {
@@ -234,7 +236,7 @@ fn options(resolve: &Resolve, names: &HashSet<String>) -> Result<String, String>
         let _ = write!(out, "\nclass {}(TypedDict, total=False):\n", options_class(o.function));
         let _ = write!(
             out,
-            "    \"\"\"The keyword options of :func:`{}`: the fields of the kernel's `{}` record (interface `{}`)",
+            "    \"\"\"The keyword options of :func:`{}`: the fields of the kernel's `{}` record\n    (interface `{}`)",
             o.function, o.record, o.interface
         );
         if o.own.is_empty() {

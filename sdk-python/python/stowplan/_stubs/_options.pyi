@@ -9,6 +9,23 @@ from typing import Literal, Optional
 
 from typing_extensions import TypedDict
 
+class _PartitionOptions(TypedDict, total=False):
+    """The keyword options of :func:`partition`: the fields of the kernel's `options` record (interface `partition`).
+
+    Options of `partition`.
+    """
+
+    method: Optional[Literal["kk", "greedy", "verl"]]
+    """The algorithm (default `kk`)."""
+    equal_size: Optional[bool]
+    """Every group gets exactly n / k items; n must be a multiple of k."""
+    refine: Optional[bool]
+    """Improve `kk`/`greedy` results by pairwise moves (not with `equal_size`) and swaps
+    between groups, each step moving weight d with 0 < d < gap (closest to gap / 2)
+    from a heavier to a lighter group; stops when no step helps the heaviest or the
+    lightest group, when the spread is ≤ 1, or after 8·k + 2048 steps.
+    """
+
 class _PackOptions(TypedDict, total=False):
     """The keyword options of :func:`pack`: the fields of the kernel's `options` record (interface `pack`) but `capacity`.
 

@@ -7,7 +7,7 @@ import numpy as np
 import numpy.typing as npt
 from typing_extensions import Unpack
 
-from ._options import _PackOptions
+from ._options import _PackOptions, _PartitionOptions
 from ._records import _Packing, _Partitioning
 from ._types import _Lengths
 
@@ -24,12 +24,10 @@ def partition(
     weights: _Lengths,
     k: int,
     *,
-    method: Optional[str] = None,
-    equal_size: Optional[bool] = None,
-    refine: Optional[bool] = None,
     backend: Optional[str] = None,
+    **options: Unpack[_PartitionOptions],
 ) -> Partition:
-    """``method``: ``"kk"`` (default), ``"greedy"`` or ``"verl"``."""
+    """``options``: the fields of :class:`_PartitionOptions` (the kernel's, with their docs)."""
 
 class Packing(_Packing):
     """Bins of input indices (the result of :func:`pack`)."""
