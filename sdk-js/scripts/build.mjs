@@ -211,7 +211,7 @@ function kernelDefaults(file, type, fields) {
   return out;
 }
 const defaults = {
-  PartitionOptions: kernelDefaults('partition.rs', 'PartitionOptions', ['method', 'equal_size', 'refine']),
+  PartitionOptions: kernelDefaults('partition.rs', 'PartitionOptions'),
   PackOptions: kernelDefaults('pack.rs', 'PackOptions'),
   MicroOptions: kernelDefaults('balance/micro.rs', 'MicroOptions', ['cost', 'min_count', 'divisible_by', 'order']),
   DpOptions: kernelDefaults('balance/dp.rs', 'DpOptions', ['cost', 'equal_count']),

@@ -7,7 +7,7 @@
 // the WIT (generated/types, made by scripts/build.mjs from wit/ with its docs): a field the WIT
 // adds reaches these types with no edit here. The result classes add what they compute.
 import type { Groups } from '../generated/types/interfaces/stowplan-kernel-types.js';
-import type { Partitioning } from '../generated/types/interfaces/stowplan-kernel-partition.js';
+import type { Partitioning, Options as PartitionRecord } from '../generated/types/interfaces/stowplan-kernel-partition.js';
 import type { Packing as PackingRecord, Options as PackRecord } from '../generated/types/interfaces/stowplan-kernel-pack.js';
 import type { MicroPlan, DpPlan } from '../generated/types/interfaces/stowplan-kernel-balance.js';
 import type { CpSplit } from '../generated/types/interfaces/stowplan-kernel-layout.js';
@@ -83,16 +83,6 @@ export class PeerError extends StowplanError {
 /** The kernel's named cost models, name → `[linear, quadratic]`. */
 export const COSTS: Readonly<{ tokens: readonly [bigint, bigint]; attention: readonly [bigint, bigint] }>;
 
-/** Options of `partition`. */
-export interface PartitionOptions {
-  /** `'kk'` (Karmarkar–Karp, default), `'greedy'` (LPT) or `'verl'` (verl 0.9.1's exact output). */
-  method?: 'kk' | 'greedy' | 'verl';
-  /** Every group gets `n / k` items (must divide; default false). */
-  equalSize?: boolean;
-  /** Improve `kk`/`greedy` by moves and swaps (default true except for `'verl'`). */
-  refine?: boolean;
-}
-
 /**
  * The options of a kernel options record as a call takes them: every field optional
  * (omitted or `null`: the kernel's default), integers as numbers or bigints, enum names also
@@ -103,6 +93,9 @@ export type KernelOptions<R> = {
 };
 /** An option name with `_` for `-` (`'next_fit'` for `'next-fit'`). */
 type Underscored<S extends string> = S extends `${infer A}-${infer B}` ? `${A}_${Underscored<B>}` : S;
+
+/** Options of `partition`: the kernel's partition options record (`refine` by default except for `'verl'`). */
+export type PartitionOptions = KernelOptions<PartitionRecord>;
 
 /** Options of `pack`: the kernel's pack options record but `capacity` (an argument of its own). */
 export type PackOptions = KernelOptions<Omit<PackRecord, 'capacity'>>;

@@ -50,16 +50,12 @@ function alignOption(o, fallback) {
   return or(o, 'align', (v, key) => u64(v, key, 1n), fallback);
 }
 
-/** The options of `partition`, with the kernel's defaults. */
+/** The options of `partition`: the kernel's (`kernelOptions`), but verl never refines unless asked. */
 export function partitionOptions(o) {
-  const d = DEFAULTS.PartitionOptions;
-  const method = or(o, 'method', (v, key) => oneOf(v, key, NAMES.PartitionMethod), d.method);
-  return {
-    method,
-    equalSize: or(o, 'equalSize', bool, d.equal_size),
-    // verl's output is reproduced as is: not refined unless asked (which the kernel refuses).
-    refine: or(o, 'refine', bool, d.refine && method !== 'verl'),
-  };
+  const out = kernelOptions(o, 'PartitionOptions');
+  // verl's output is reproduced as is: not refined unless asked (which the kernel refuses).
+  if (out.method === 'verl' && !given(o.refine)) out.refine = false;
+  return out;
 }
 
 /** `snake_case` → `camelCase`. */

@@ -87,7 +87,7 @@ export class Stowplan {
    * @returns {Partition}
    */
   partition(weights, k, opts) {
-    const o = options(opts, 'partition', ['method', 'equalSize', 'refine']);
+    const o = options(opts, 'partition', optionKeys('PartitionOptions'));
     const kk = u32(k, 'k', 1, MAX_COUNT);
     const options_ = partitionOptions(o);
     const w = u64Array(weights, 'weights');

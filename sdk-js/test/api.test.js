@@ -293,3 +293,27 @@ test('a former option name works for one release, warns naming the new one, and 
   assert.ok(names.includes('DeprecationWarning: balance: maxTokenLen is deprecated and will be removed in the next release; use capacity'), names.join('\n'));
   assert.ok(names.some((n) => n.startsWith('DeprecationWarning: rawPlan: packingLength is deprecated')), names.join('\n'));
 });
+
+test("pack's and partition's options are the fields of the kernel's WIT records", () => {
+  // The WIT record's fields, camelCase, from wit/kernel.wit itself.
+  const wit = readFileSync(join(ROOT, 'wit/kernel.wit'), 'utf8').replace(/\/\/.*$/gm, '');
+  const fields = (iface) => {
+    const body = wit.match(new RegExp(`\\binterface ${iface} \\{([\\s\\S]*?)\\n\\}`))[1];
+    const record = body.match(/\brecord options \{([^}]*)\}/)[1];
+    return [...record.matchAll(/([\w-]+):/g)].map((m) => m[1].replace(/-([a-z0-9])/g, (_, c) => c.toUpperCase()));
+  };
+  const unknown = (f) => {
+    try {
+      f();
+    } catch (e) {
+      return e.message.match(/known: (.*)$/)[1].split(', ');
+    }
+    assert.fail('an unknown option was taken');
+  };
+  assert.deepStrictEqual(unknown(() => stowplan.pack([1], 4, { alignn: 2 })), fields('pack').filter((f) => f !== 'capacity'));
+  assert.deepStrictEqual(unknown(() => stowplan.partition([1, 2], 2, { methd: 'kk' })), fields('partition'));
+  // Every one takes null as its default; verl is not refined unless asked.
+  assert.deepStrictEqual(stowplan.pack(DOCS, 1000, { align: null, method: null, oversize: null }).bins, stowplan.pack(DOCS, 1000).bins);
+  assert.deepStrictEqual(stowplan.partition(DOCS, 2, { method: 'verl' }).groups, stowplan.partition(DOCS, 2, { method: 'verl', refine: false }).groups);
+  assert.throws(() => stowplan.partition(DOCS, 2, { method: 'verl', refine: true }), InvalidArgumentError);
+});

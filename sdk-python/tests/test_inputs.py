@@ -298,3 +298,21 @@ WRONG_TYPE = [
 def test_a_string_option_of_another_type_is_refused_naming_it(call, name):
     with pytest.raises(stowplan.InvalidArgumentError, match=f"^{name} must be a string or None"):
         call()
+
+
+def test_partition_takes_the_kernel_records_fields_as_its_keyword_options():
+    """``partition``'s keyword options are the stub's ``_PartitionOptions`` (the WIT's
+    fields); ``None`` is each one's default, verl unrefined unless ``refine`` is given."""
+    fields = _stub_options("_PartitionOptions")
+    assert {"method", "equal_size", "refine"} <= set(fields)
+    weights = [100, 900, 50, 950, 400, 600]
+    assert stowplan.partition(weights, 2, **{f: None for f in fields}).groups == stowplan.partition(weights, 2).groups
+    listed = re.escape(", ".join(fields))
+    with pytest.raises(TypeError, match=rf"^partition\(\) got an unexpected keyword argument 'methd' \(its options: {listed}\)$"):
+        stowplan.partition(weights, 2, methd="kk")
+    verl = stowplan.partition(weights, 2, method="verl", refine=None)
+    assert verl.groups == stowplan.partition(weights, 2, method="verl", refine=False).groups
+    with pytest.raises(stowplan.InvalidArgumentError, match="refine"):
+        stowplan.partition(weights, 2, method="verl", refine=True)
+    with pytest.raises(stowplan.InvalidArgumentError, match="equal_size must be True or False"):
+        stowplan.partition(weights, 2, equal_size=1)

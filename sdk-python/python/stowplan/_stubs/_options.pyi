@@ -10,7 +10,8 @@ from typing import Literal, Optional
 from typing_extensions import TypedDict
 
 class _PartitionOptions(TypedDict, total=False):
-    """The keyword options of :func:`partition`: the fields of the kernel's `options` record (interface `partition`).
+    """The keyword options of :func:`partition`: the fields of the kernel's `options` record
+    (interface `partition`).
 
     Options of `partition`.
     """
@@ -27,7 +28,8 @@ class _PartitionOptions(TypedDict, total=False):
     """
 
 class _PackOptions(TypedDict, total=False):
-    """The keyword options of :func:`pack`: the fields of the kernel's `options` record (interface `pack`) but `capacity`.
+    """The keyword options of :func:`pack`: the fields of the kernel's `options` record
+    (interface `pack`) but `capacity`.
 
     Options of `pack`.
     """
