@@ -248,7 +248,7 @@ pub fn run(a: Args) -> Result<(), Failure> {
     };
     let read_ms = t0.elapsed().as_secs_f64() * 1e3;
     let kernel = ReadyKernel::new(a.backend)?;
-    let options = PlanOptions { capacity, align: a.align, allow_single_long: a.allow_single_long };
+    let options = PlanOptions { align: a.align, allow_single_long: a.allow_single_long, ..PlanOptions::new(capacity) };
     let t = Instant::now();
     let names: Vec<String> = a.limits.iter().map(|(n, _)| n.clone()).collect();
     let caps: Vec<u64> = a.limits.iter().map(|&(_, c)| c).collect();

@@ -216,7 +216,7 @@ const defaults = {
   MicroOptions: kernelDefaults('balance/micro.rs', 'MicroOptions', ['cost', 'min_count', 'divisible_by', 'order']),
   DpOptions: kernelDefaults('balance/dp.rs', 'DpOptions', ['cost', 'equal_count']),
   AlignOptions: kernelDefaults('layout.rs', 'AlignOptions', ['cp', 'tp', 'power_of_two']),
-  PlanOptions: kernelDefaults('plan.rs', 'PlanOptions', ['align', 'allow_single_long']),
+  PlanOptions: kernelDefaults('plan.rs', 'PlanOptions'),
   StreamOptions: kernelDefaults('stream/mod.rs', 'StreamOptions', ['align', 'oversize']),
   StreamLimits: kernelDefaults('stream/limited.rs', 'StreamLimits', ['max_segments']),
   VerlMicroOptions: kernelDefaults('peers/micro.rs', 'VerlMicroOptions', ['use_dynamic_bsz_balance', 'force_group_size']),

@@ -11,7 +11,7 @@ import type { Partitioning, Options as PartitionRecord } from '../generated/type
 import type { Packing as PackingRecord, Options as PackRecord } from '../generated/types/interfaces/stowplan-kernel-pack.js';
 import type { MicroPlan, DpPlan } from '../generated/types/interfaces/stowplan-kernel-balance.js';
 import type { CpSplit } from '../generated/types/interfaces/stowplan-kernel-layout.js';
-import type { RawPackPlan, AlignedPackPlan } from '../generated/types/interfaces/stowplan-kernel-plan.js';
+import type { RawPackPlan, AlignedPackPlan, PlanOptions as PlanRecord } from '../generated/types/interfaces/stowplan-kernel-plan.js';
 
 /** The fields of kernel record `R` as a result holds them: read-only, its groups field `G` flattened into `offsets` and `indices`. */
 type Flat<R, G extends keyof R> = Readonly<Omit<R, G> & Groups>;
@@ -213,12 +213,8 @@ export type RawPlanOptions = RawPlanOptionsBase & (
     }
 );
 
-/** The options of `rawPlan` beside its cap. */
-export interface RawPlanOptionsBase {
-  /** Round each length up to a multiple of this before packing (default 1). */
-  align?: Int;
-  /** A long sample becomes a pack of its own (true) or is dropped (false, default). */
-  allowSingleLong?: boolean;
+/** The options of `rawPlan` beside its cap: the kernel's plan options record's, and further limits. */
+export interface RawPlanOptionsBase extends KernelOptions<Omit<PlanRecord, 'capacity'>> {
   /** Each further resource's sizes per sample (image tokens, images …); with `limits`. */
   resources?: Named<Integers>;
   /** Each resource's cap per pack (≥ 1); a sample over one is long. */

@@ -298,14 +298,9 @@ export function alignOptions(o) {
 /** `cpLayout`'s message for a missing cp. */
 export const CP_NEEDED = `cpLayout needs cp (in 1..=${MAX_PARALLEL})`;
 
-/** The options of `rawPlan`, with the kernel's defaults. */
+/** The options of `rawPlan`: its cap and the kernel's plan options (`kernelOptions`). */
 export function planOptions(o) {
-  const d = DEFAULTS.PlanOptions;
-  return {
-    capacity: u64(o.capacity, 'capacity', 1n),
-    align: alignOption(o, d.align),
-    allowSingleLong: or(o, 'allowSingleLong', bool, d.allow_single_long),
-  };
+  return { ...kernelOptions(o, 'PlanOptions'), capacity: u64(o.capacity, 'capacity', 1n) };
 }
 
 /** `maxSegments`: at most this many items per bin; omitted, the kernel's default (0: no limit). */

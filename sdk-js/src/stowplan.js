@@ -209,7 +209,7 @@ export class Stowplan {
    * @returns {RawPlan}
    */
   rawPlan(lengths, opts) {
-    const o = options(opts, 'rawPlan', ['capacity', 'align', 'allowSingleLong', 'resources', 'limits', 'maxSegments', 'method']);
+    const o = options(opts, 'rawPlan', ['capacity', ...optionKeys('PlanOptions'), 'resources', 'limits', 'maxSegments', 'method']);
     const p = planOptions(o);
     const l = u64Array(lengths, 'lengths');
     const maxSegments = maxSegmentsOption(o);

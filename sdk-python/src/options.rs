@@ -89,7 +89,7 @@ pub(crate) use set_options;
 /// the keyword options `$kwargs` (`Option<&Bound<PyDict>>`) name, for the function `$call`
 /// whose parameters `$own` are its own (a positional `capacity`); returns the names given a
 /// value (not `None`).
-/// An unknown keyword is a `TypeError` naming the function's options.
+/// An unknown keyword is a `TypeError` naming the kernel options the function takes.
 macro_rules! options {
     ($fields:ident, $kwargs:expr, $call:expr, $own:expr, $target:expr) => {{
         use $crate::options::set_options;
@@ -101,7 +101,7 @@ pub(crate) use options;
 /// Python's error for an unexpected keyword, with the options `call` takes.
 pub(crate) fn unexpected(call: &str, key: &str, names: &[&str]) -> PyErr {
     PyTypeError::new_err(format!(
-        "{call}() got an unexpected keyword argument '{key}' (its options: {})",
+        "{call}() got an unexpected keyword argument '{key}' (its kernel options: {})",
         names.join(", ")
     ))
 }

@@ -44,16 +44,17 @@ pub struct PyStaticPackPlan {
 
 #[pymethods]
 impl PyStaticPackPlan {
-    /// from_lengths(lengths, *, capacity, world_size=None, drop_last=None,
-    /// allow_single_long=None, align=None, resources=None, limits=None, max_segments=None,
-    /// method=None, backend=None)
+    /// from_lengths(lengths, *, capacity, world_size=None, drop_last=None, resources=None,
+    /// limits=None, max_segments=None, method=None, backend=None, **options)
     ///
     /// Plans the samples of ``lengths`` (tokens per sample, dataset order): packs of at most
     /// ``capacity`` aligned tokens by best-fit decreasing, long samples (length >=
     /// capacity) alone (``allow_single_long``, default False) or dropped, then aligned
     /// for ``world_size`` ranks (default 1) by dropping the remainder (``drop_last``, default
     /// False) or repeating the first packs. ``align``: every length is rounded up to a
-    /// multiple of it (default 1).
+    /// multiple of it (default 1). ``options`` are the kernel's plan options but ``capacity``
+    /// (``align``, ``allow_single_long`` and any the kernel adds: the stubs'
+    /// ``_FromLengthsOptions``, generated from the WIT), each ``None`` for its default.
     ///
     /// Further limits per pack (vision-language data): ``resources`` maps each name (not
     /// ``"tokens"``) to the samples' sizes in it (image tokens, images …) and ``limits`` the
@@ -69,8 +70,8 @@ impl PyStaticPackPlan {
     /// >>> plan.raw_packs(), plan.limits
     /// ([[0, 1], [2, 3]], {'images': 2})
     #[staticmethod]
-    #[pyo3(signature = (lengths, *, capacity=None, world_size=None, drop_last=None, allow_single_long=None,
-        align=None, resources=None, limits=None, max_segments=None, method=None, backend=None, packing_length=None))]
+    #[pyo3(signature = (lengths, *, capacity=None, world_size=None, drop_last=None, resources=None, limits=None,
+        max_segments=None, method=None, backend=None, packing_length=None, **options))]
     #[allow(clippy::too_many_arguments)]
     fn from_lengths(
         py: Python<'_>,
@@ -78,26 +79,22 @@ impl PyStaticPackPlan {
         capacity: Option<&Bound<'_, PyAny>>,
         world_size: Option<&Bound<'_, PyAny>>,
         drop_last: Option<bool>,
-        allow_single_long: Option<bool>,
-        align: Option<&Bound<'_, PyAny>>,
         resources: Option<&Bound<'_, PyDict>>,
         limits: Option<&Bound<'_, PyDict>>,
         max_segments: Option<&Bound<'_, PyAny>>,
         method: Option<&Bound<'_, PyAny>>,
         backend: Option<BackendArg>,
         packing_length: Option<&Bound<'_, PyAny>>,
+        options: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<Self> {
         str_options!(method);
         let call = "StaticPackPlan.from_lengths";
         let capacity =
             crate::convert::renamed(py, call, ("capacity", capacity), ("packing_length", packing_length))?
                 .ok_or_else(|| invalid(py, format!("{call}: capacity (the tokens of a pack, >= 1) is required")))?;
-        let d = PlanOptions::new(u64_arg(capacity, "capacity", 1)?);
-        let options = PlanOptions {
-            align: opt_u64(align, "align", 1)?.unwrap_or(d.align),
-            allow_single_long: allow_single_long.unwrap_or(d.allow_single_long),
-            ..d
-        };
+        let mut plan_options = PlanOptions::new(u64_arg(capacity, "capacity", 1)?);
+        crate::options::options!(__plan_options, options, call, &["capacity"], plan_options);
+        let options = plan_options;
         let world_size = world_size.map(world).transpose()?.unwrap_or(ONE_RANK);
         let lengths = Lengths::extract(lengths, "lengths")?;
         let kernel = kernel(py, backend)?;

@@ -25,7 +25,7 @@ struct KeywordOptions {
     interface: &'static str,
     /// The record's name there.
     record: &'static str,
-    /// The function that takes them.
+    /// The function that takes them (a method as `Class.method`).
     function: &'static str,
     /// Fields the function takes as parameters of its own.
     own: &'static [&'static str],
@@ -35,6 +35,12 @@ struct KeywordOptions {
 const OPTIONS: &[KeywordOptions] = &[
     KeywordOptions { interface: "partition", record: "options", function: "partition", own: &[] },
     KeywordOptions { interface: "pack", record: "options", function: "pack", own: &["capacity"] },
+    KeywordOptions {
+        interface: "plan",
+        record: "plan-options",
+        function: "StaticPackPlan.from_lengths",
+        own: &["capacity"],
+    },
 ];
 
 /// A kernel record a Python result class holds as fields (its stub's base class).
@@ -163,9 +169,11 @@ fn option_type(resolve: &Resolve, ty: &Type) -> Result<String, String> {
     })
 }
 
-/// `function`'s options class, `pack` → `_PackOptions`.
+/// `function`'s options class, `pack` → `_PackOptions`, `StaticPackPlan.from_lengths` →
+/// `_FromLengthsOptions`.
 fn options_class(function: &str) -> String {
-    format!("{}Options", class(&function.replace('_', "-")))
+    let name = function.rsplit('.').next().unwrap_or(function);
+    format!("{}Options", class(&name.replace('_', "-")))
 }
 
 /// The numpy dtype of a list of `ty`, for numbers.
@@ -236,7 +244,7 @@ fn options(resolve: &Resolve, names: &HashSet<String>) -> Result<String, String>
         let _ = write!(out, "\nclass {}(TypedDict, total=False):\n", options_class(o.function));
         let _ = write!(
             out,
-            "    \"\"\"The keyword options of :func:`{}`: the fields of the kernel's `{}` record\n    (interface `{}`)",
+            "    \"\"\"The keyword options of :func:`{}`:\n    the fields of the kernel's `{}` record (interface `{}`)",
             o.function, o.record, o.interface
         );
         if o.own.is_empty() {

@@ -10,8 +10,8 @@ from typing import Literal, Optional
 from typing_extensions import TypedDict
 
 class _PartitionOptions(TypedDict, total=False):
-    """The keyword options of :func:`partition`: the fields of the kernel's `options` record
-    (interface `partition`).
+    """The keyword options of :func:`partition`:
+    the fields of the kernel's `options` record (interface `partition`).
 
     Options of `partition`.
     """
@@ -28,8 +28,8 @@ class _PartitionOptions(TypedDict, total=False):
     """
 
 class _PackOptions(TypedDict, total=False):
-    """The keyword options of :func:`pack`: the fields of the kernel's `options` record
-    (interface `pack`) but `capacity`.
+    """The keyword options of :func:`pack`:
+    the fields of the kernel's `options` record (interface `pack`) but `capacity`.
 
     Options of `pack`.
     """
@@ -42,3 +42,18 @@ class _PackOptions(TypedDict, total=False):
     """The algorithm (default `bfd`)."""
     oversize: Optional[Literal["error", "single", "drop"]]
     """The oversize policy (default `error`)."""
+
+class _FromLengthsOptions(TypedDict, total=False):
+    """The keyword options of :func:`StaticPackPlan.from_lengths`:
+    the fields of the kernel's `plan-options` record (interface `plan`) but `capacity`.
+
+    Options of `raw-plan`.
+    """
+
+    align: Optional[int]
+    """Each length is rounded up to a multiple of `align` (≥ 1) before packing."""
+    allow_single_long: Optional[bool]
+    """A long sample (length ≥ capacity, or aligned length > capacity)
+    becomes a pack of its own when true (that pack may exceed capacity) and is
+    dropped when false. Either way it is listed in the result.
+    """

@@ -5,7 +5,9 @@ from typing import Any, Dict, List, Optional
 
 import numpy as np
 import numpy.typing as npt
+from typing_extensions import Unpack
 
+from ._options import _FromLengthsOptions
 from ._types import _Lengths
 
 class StaticPackPlan:
@@ -59,20 +61,20 @@ class StaticPackPlan:
         capacity: Optional[int] = None,
         world_size: Optional[int] = None,
         drop_last: Optional[bool] = None,
-        allow_single_long: Optional[bool] = None,
-        align: Optional[int] = None,
         resources: Optional[Dict[str, _Lengths]] = None,
         limits: Optional[Dict[str, int]] = None,
         max_segments: Optional[int] = None,
         method: Optional[str] = None,
         backend: Optional[str] = None,
         packing_length: Optional[int] = None,
+        **options: Unpack[_FromLengthsOptions],
     ) -> "StaticPackPlan":
         """Best-fit decreasing packs of at most ``capacity`` aligned tokens (required;
         ``packing_length``: its former name, deprecated); samples with length >= capacity alone (``allow_single_long``) or dropped; aligned for
         ``world_size`` ranks by dropping the remainder (``drop_last``) or repeating the first
         packs. ``resources``/``limits``/``max_segments``: further limits per pack (a sample
-        over one is long), packed by ``method`` (``balanced`` default)."""
+        over one is long), packed by ``method`` (``balanced`` default). ``options``: the fields
+        of :class:`_FromLengthsOptions` (``align``, ``allow_single_long``: the kernel's)."""
     @staticmethod
     def load(path: Any) -> "StaticPackPlan":
         """Reads a plan saved by :meth:`save` (or ``stowplan plan --out``), verifying both
