@@ -32,7 +32,7 @@ function bound(v) {
 }
 
 /** A value for a message. */
-function show(v) {
+export function show(v) {
   if (typeof v === 'bigint') return `${v}n`;
   if (typeof v === 'string') return JSON.stringify(v);
   if (v === null || v === undefined || typeof v === 'number' || typeof v === 'boolean') return String(v);

@@ -3,7 +3,7 @@
 // kernel's source), and the checks of the options made of several values (a cost, a table of
 // resources, the alignment rule, group labels).
 import { InvalidArgumentError } from './errors.js';
-import { bool, checkEntries, given, oneOf, u32, u64, u64Array } from './convert.js';
+import { bool, checkEntries, given, oneOf, show, u32, u64, u64Array } from './convert.js';
 import { COST_PRESETS, DEFAULTS, LIMITS, NAMES, OPTION_TYPES, SEGMENTS, STREAM } from '../generated/manifest.js';
 
 export { DEFAULTS, SEGMENTS };
@@ -61,10 +61,26 @@ export function partitionOptions(o) {
 /** `snake_case` → `camelCase`. */
 const camel = (name) => name.replace(/_([a-z0-9])/g, (_, c) => c.toUpperCase());
 
+/**
+ * An unsigned integer option through `check` (at most `max`): the kernel checks its lower
+ * bound and says it, so this says only what it must be to reach the kernel.
+ */
+function unsigned(check, max) {
+  return (v, key) => {
+    try {
+      return check(v, key);
+    } catch (e) {
+      if (!(e instanceof InvalidArgumentError)) throw e;
+      const whole = typeof v === 'bigint' || Number.isInteger(v);
+      throw new InvalidArgumentError(whole ? `${key} must not be negative or above ${max} (got ${show(v)})` : `${key} must be an integer (got ${show(v)})`);
+    }
+  };
+}
+
 /** The check of an option of Rust type `rust` (build manifest): an integer, a bool or a named enum. */
 function fieldCheck(rust, type, field) {
-  if (rust === 'u64') return (v, key) => u64(v, key);
-  if (rust === 'u32') return (v, key) => u32(v, key);
+  if (rust === 'u64') return unsigned((v, key) => u64(v, key), '2**64-1');
+  if (rust === 'u32') return unsigned((v, key) => u32(v, key), '2**32-1');
   if (rust === 'bool') return bool;
   if (Object.hasOwn(NAMES, rust)) return (v, key) => oneOf(v, key, NAMES[rust]);
   throw new Error(`the build manifest's ${type}.${field} has Rust type ${rust}, which options.js cannot check yet: teach it`);

@@ -12,7 +12,7 @@ use stowplan::{Backend, Error, Kernel, kernel::Cost};
 use crate::errors::{invalid, to_py};
 
 /// `2**64-1` for `u64::MAX` and the like: how a range bound reads in a message.
-fn bound(v: i128) -> String {
+pub(crate) fn bound(v: i128) -> String {
     match v {
         v if v == i128::from(u64::MAX) => "2**64-1".into(),
         v if v == i128::from(u32::MAX) => "2**32-1".into(),

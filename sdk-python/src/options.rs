@@ -10,7 +10,7 @@ use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use stowplan::kernel::{MultiMethod, Order, OversizePolicy, PackMethod, PartitionMethod};
 
-use crate::convert::{int, is_bool, opt_str, parse, repr};
+use crate::convert::{bound, integer, is_bool, opt_str, parse, repr};
 use crate::errors::invalid;
 
 /// A kernel option's value from its Python form, refused with an `InvalidArgumentError`
@@ -20,15 +20,26 @@ pub(crate) trait OptionArg: Sized {
     fn extract(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<Self>;
 }
 
+/// An unsigned integer option, `T` at most `high`: the kernel checks its lower bound (and
+/// says it), so this says only what it must be to reach the kernel.
+fn unsigned<T: TryFrom<i128>>(obj: &Bound<'_, PyAny>, name: &str, high: i128) -> PyResult<T> {
+    match integer(obj) {
+        None => Err(invalid(obj.py(), format!("{name} must be an integer (got {})", repr(obj)))),
+        Some(v) => v.and_then(|v| T::try_from(v).ok()).ok_or_else(|| {
+            invalid(obj.py(), format!("{name} must not be negative or above {} (got {})", bound(high), repr(obj)))
+        }),
+    }
+}
+
 impl OptionArg for u64 {
     fn extract(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<Self> {
-        int(obj, name, 0, u64::MAX.into())
+        unsigned(obj, name, u64::MAX.into())
     }
 }
 
 impl OptionArg for u32 {
     fn extract(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<Self> {
-        int(obj, name, 0, u32::MAX.into())
+        unsigned(obj, name, u32::MAX.into())
     }
 }
 
@@ -101,7 +112,7 @@ pub(crate) use options;
 /// Python's error for an unexpected keyword, with the options `call` takes.
 pub(crate) fn unexpected(call: &str, key: &str, names: &[&str]) -> PyErr {
     PyTypeError::new_err(format!(
-        "{call}() got an unexpected keyword argument '{key}' (its kernel options: {})",
+        "{call}() got an unexpected keyword argument '{key}' (besides the parameters of its signature, it takes the kernel options {})",
         names.join(", ")
     ))
 }

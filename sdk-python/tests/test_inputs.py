@@ -127,7 +127,7 @@ REFUSED = [
     (lambda: stowplan.partition([1, 2], True), "k must be an integer in 1..=2**32-1 (got True)"),
     (lambda: stowplan.partition([1.5, 2], 1), "weights[0] must be an integer in 0..=2**64-1"),
     (lambda: stowplan.pack([1, 2], 10.0), "capacity must be an integer in 1..=2**64-1 (got 10.0)"),
-    (lambda: stowplan.pack([1, 2], 10, align=np.float64(2)), "align must be an integer in 0..=2**64-1"),
+    (lambda: stowplan.pack([1, 2], 10, align=np.float64(2)), "align must be an integer (got"),
     (lambda: stowplan.micro_batches([1, 2], 1.5), "capacity must be an integer in 1..=2**64-1"),
     (lambda: stowplan.micro_batches([1, 2], 10, min_count=True), "min_count must be an integer in 0..=2**32-1"),
     (lambda: stowplan.micro_batches([1, 2], 10, cost=(1.5, 0)), "cost linear coefficient must be an integer"),
@@ -231,7 +231,7 @@ def test_pack_takes_the_kernel_records_fields_as_its_keyword_options():
     default = stowplan.pack([5, 3, 7, 2, 6], 10)
     assert stowplan.pack([5, 3, 7, 2, 6], 10, **{f: None for f in fields}).bins == default.bins
     listed = re.escape(", ".join(fields))
-    with pytest.raises(TypeError, match=rf"^pack\(\) got an unexpected keyword argument 'aling' \(its kernel options: {listed}\)$"):
+    with pytest.raises(TypeError, match=rf"^pack\(\) got an unexpected keyword argument 'aling' \(besides the parameters of its signature, it takes the kernel options {listed}\)$"):
         stowplan.pack([1, 2], 10, aling=2)
     assert stowplan.pack([3, 3, 3], 8, align=4, method="next_fit").bins == [[0, 1], [2]]
     with pytest.raises(stowplan.InvalidArgumentError, match="oversize must be a string or None"):
@@ -308,7 +308,7 @@ def test_partition_takes_the_kernel_records_fields_as_its_keyword_options():
     weights = [100, 900, 50, 950, 400, 600]
     assert stowplan.partition(weights, 2, **{f: None for f in fields}).groups == stowplan.partition(weights, 2).groups
     listed = re.escape(", ".join(fields))
-    with pytest.raises(TypeError, match=rf"^partition\(\) got an unexpected keyword argument 'methd' \(its kernel options: {listed}\)$"):
+    with pytest.raises(TypeError, match=rf"^partition\(\) got an unexpected keyword argument 'methd' \(besides the parameters of its signature, it takes the kernel options {listed}\)$"):
         stowplan.partition(weights, 2, methd="kk")
     verl = stowplan.partition(weights, 2, method="verl", refine=None)
     assert verl.groups == stowplan.partition(weights, 2, method="verl", refine=False).groups
@@ -327,5 +327,5 @@ def test_static_pack_plan_takes_the_kernel_plan_options_as_keywords():
     assert plan.raw_packs() == stowplan.StaticPackPlan.from_lengths([900, 300, 1500], capacity=1200, allow_single_long=True).raw_packs()
     assert [2] in plan.raw_packs()
     listed = re.escape(", ".join(fields))
-    with pytest.raises(TypeError, match=rf"got an unexpected keyword argument 'allow_long' \(its kernel options: {listed}\)$"):
+    with pytest.raises(TypeError, match=rf"got an unexpected keyword argument 'allow_long' \(besides the parameters of its signature, it takes the kernel options {listed}\)$"):
         stowplan.StaticPackPlan.from_lengths([1, 2], capacity=4, allow_long=True)

@@ -159,7 +159,10 @@ fn option_type(resolve: &Resolve, ty: &Type) -> Result<String, String> {
         Type::Id(id) => match &resolve.types[*id].kind {
             TypeDefKind::Type(inner) => return option_type(resolve, inner),
             TypeDefKind::Enum(e) => {
-                let cases: Vec<String> = e.cases.iter().map(|c| format!("\"{}\"", c.name)).collect();
+                // The names as the kernel parses them: `_` for `-` too (`next_fit`).
+                let mut cases: Vec<String> = e.cases.iter().map(|c| format!("\"{}\"", c.name)).collect();
+                cases
+                    .extend(e.cases.iter().filter(|c| c.name.contains('-')).map(|c| format!("\"{}\"", snake(&c.name))));
                 format!("Optional[Literal[{}]]", cases.join(", "))
             }
             TypeDefKind::Option(inner) => format!("Optional[{}]", py_type(resolve, inner)?),

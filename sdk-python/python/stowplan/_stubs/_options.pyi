@@ -38,7 +38,7 @@ class _PackOptions(TypedDict, total=False):
     """Each length is rounded up to a multiple of `align` (≥ 1) before packing; 1 means
     no alignment.
     """
-    method: Optional[Literal["bfd", "ffd", "next-fit"]]
+    method: Optional[Literal["bfd", "ffd", "next-fit", "next_fit"]]
     """The algorithm (default `bfd`)."""
     oversize: Optional[Literal["error", "single", "drop"]]
     """The oversize policy (default `error`)."""
