@@ -1,6 +1,6 @@
 //! Keyword options into a kernel options struct, field by field, from the struct's own field
-//! list: `options!(PackOptions, kwargs, "pack", &mut options)` sets every field that `kwargs`
-//! names from its value (`None`: the default the struct already holds), each value checked by
+//! list: `options!(__pack_options, kwargs, "pack", &["capacity"], o)` sets every field of
+//! `o: PackOptions` that `kwargs` names from its value (`None`: the default the struct already holds), each value checked by
 //! its type ([`OptionArg`]). The field names, types and count come from the kernel
 //! (`stowplan_kernel::__options!`, which declares the struct), so an option the kernel adds
 //! is a keyword here without an edit; the ranges of the values are the kernel's checks, which
@@ -8,7 +8,7 @@
 
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
-use stowplan::kernel::{MultiMethod, Order, OversizePolicy, PackMethod, PartitionMethod};
+use stowplan::kernel::{OversizePolicy, PackMethod, PartitionMethod};
 
 use crate::convert::{bound, integer, is_bool, opt_str, parse, repr};
 use crate::errors::invalid;
@@ -64,7 +64,7 @@ macro_rules! named_options {
         }
     )*};
 }
-named_options!(PartitionMethod, PackMethod, MultiMethod, OversizePolicy, Order);
+named_options!(PartitionMethod, PackMethod, OversizePolicy);
 
 /// The callback of a kernel options struct's field macro (see [`options!`]): sets the fields
 /// `$kwargs` names on `$target` (for the function `$call`, whose own parameters `$own` are

@@ -145,17 +145,16 @@ pub(crate) fn partition(
     options: Option<&Bound<'_, PyDict>>,
 ) -> PyResult<PyPartition> {
     let k = u32_arg(k, "k", 1)?;
-    let mut options_ = PartitionOptions::default();
-    let given = options!(__partition_options, options, "partition", &[], options_);
+    let mut o = PartitionOptions::default();
+    let given = options!(__partition_options, options, "partition", &[], o);
     // verl's output is reproduced as is: never refined unless asked (which the kernel refuses).
-    if options_.method == PartitionMethod::Verl && !given.contains(&"refine") {
-        options_.refine = false;
+    if o.method == PartitionMethod::Verl && !given.contains(&"refine") {
+        o.refine = false;
     }
-    let options = options_;
     let weights = Lengths::extract(weights, "weights")?;
     let kernel = kernel(py, backend)?;
     let w = weights.slice();
-    let p = py.detach(|| kernel.partition(w, k, &options)).map_err(|e| to_py(py, e))?;
+    let p = py.detach(|| kernel.partition(w, k, &o)).map_err(|e| to_py(py, e))?;
     Ok(PyPartition::new(py, p))
 }
 

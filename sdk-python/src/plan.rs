@@ -92,9 +92,8 @@ impl PyStaticPackPlan {
         let capacity =
             crate::convert::renamed(py, call, ("capacity", capacity), ("packing_length", packing_length))?
                 .ok_or_else(|| invalid(py, format!("{call}: capacity (the tokens of a pack, >= 1) is required")))?;
-        let mut plan_options = PlanOptions::new(u64_arg(capacity, "capacity", 1)?);
-        crate::options::options!(__plan_options, options, call, &["capacity"], plan_options);
-        let options = plan_options;
+        let mut o = PlanOptions::new(u64_arg(capacity, "capacity", 1)?);
+        crate::options::options!(__plan_options, options, call, &["capacity"], o);
         let world_size = world_size.map(world).transpose()?.unwrap_or(ONE_RANK);
         let lengths = Lengths::extract(lengths, "lengths")?;
         let kernel = kernel(py, backend)?;
@@ -115,7 +114,7 @@ impl PyStaticPackPlan {
         };
         let drop_last = drop_last.unwrap_or(false);
         let plan = py
-            .detach(|| StaticPackPlan::build_limited(&kernel, l, &options, &limits, world_size, drop_last))
+            .detach(|| StaticPackPlan::build_limited(&kernel, l, &o, &limits, world_size, drop_last))
             .map_err(|e| to_py(py, e))?;
         Ok(Self { plan })
     }
